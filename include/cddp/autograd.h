@@ -1,0 +1,36 @@
+/* cddp/autograd.h: reverse-mode differentiation over the context's tape, and the per-parameter
+ * "gradient ready" hooks that DistributedDataParallel uses to overlap communication with backward.
+ *
+ * Forward ops record nodes on the tape in the order they run, which is a topological order.
+ * cddp_backward walks the tape in reverse from the loss, visiting only the nodes the loss depends
+ * on. Gradients are added (+=) into tensors' grad buffers: a parameter's grad is a view into its
+ * model's flat gradient block and is never zeroed here (cddp_model_zero_grad does that, as
+ * optimizer.zero_grad() does in PyTorch); other tensors get zeroed arena buffers.
+ *
+ * Ready hooks. Before walking, backward counts, for every parameter, the recorded uses that the
+ * loss depends on. After the backward of a node that uses a parameter, its count drops; when the
+ * count reaches zero the parameter's gradient is final and its hook fires. So a hook fires
+ * exactly once per backward, after the last contribution (a parameter used twice fires after its
+ * second), in the reverse order of last use; a parameter the loss does not depend on never fires.
+ */
+#ifndef CDDP_AUTOGRAD_H
+#define CDDP_AUTOGRAD_H
+
+#include "cddp/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Back-propagates from loss, a float32 tensor with one element, seeding d(loss) = 1. Blocking,
+ * runs hooks on the calling thread. Fails (CDDP_ESTATE) if loss does not require a gradient or
+ * backward already ran on this step's tape; propagates the context's latched error. */
+CDDP_API int cddp_backward(cddp_ctx *ctx, cddp_tensor *loss);
+
+/* Sets t's ready hook (NULL clears it). t is normally a parameter. */
+CDDP_API void cddp_tensor_set_ready_hook(cddp_tensor *t, cddp_ready_hook hook, void *user);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

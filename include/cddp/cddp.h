@@ -1,0 +1,13 @@
+/* cddp/cddp.h: everything. Include this, link with -lcddp (pkg-config --libs cddp). */
+#ifndef CDDP_CDDP_H
+#define CDDP_CDDP_H
+
+#include "cddp/core.h"
+#include "cddp/tensor.h"
+#include "cddp/autograd.h"
+#include "cddp/nn.h"
+#include "cddp/optim.h"
+#include "cddp/checkpoint.h"
+#include "cddp/data.h"
+
+#endif

@@ -1,0 +1,147 @@
+/* cddp/core.h: status codes, error messages, logging, allocation, the step arena and the
+ * CDDP_* environment knobs.
+ *
+ * Everything in cddp reports failure the same way: a function returns a cddp_status (0 is
+ * success, failures are negative) and writes a sentence into a cddp_error that says what failed,
+ * on which rank, and what to do about it. Handles (contexts, models, optimizers) carry their own
+ * cddp_error; free functions take a caller-owned one. Only programmer errors (a shape mismatch
+ * while building a graph, a NULL where an object is required) abort, with file:line.
+ *
+ * The knobs are declared once, in CDDP_KNOB_LIST below, with their defaults and a sentence of
+ * documentation; README.md lists the same table (a test checks that they agree).
+ */
+#ifndef CDDP_CORE_H
+#define CDDP_CORE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CDDP_API __attribute__((visibility("default")))
+
+/* Status codes: X(NAME, value, message). cddp_status_name() gives "CDDP_E<NAME>" style names. */
+#define CDDP_STATUS_LIST(X)                                                                        \
+    X(OK, 0, "success")                                                                            \
+    X(EINVAL, -1, "invalid argument")                                                              \
+    X(ENOMEM, -2, "out of memory")                                                                 \
+    X(EIO, -3, "input/output error")                                                               \
+    X(EFORMAT, -4, "corrupt or unsupported file")                                                  \
+    X(ESHAPE, -5, "shape, dtype or name mismatch")                                                 \
+    X(ERANGE, -6, "value out of range")                                                            \
+    X(ENOENT, -7, "no such file or key")                                                           \
+    X(ETIMEDOUT, -8, "timed out")                                                                  \
+    X(ESTATE, -9, "operation not valid in the current state")                                      \
+    X(EUNSUPPORTED, -10, "not supported")
+
+typedef enum cddp_status {
+#define CDDP__STATUS_ENUM(name, value, msg) CDDP_##name = value,
+    CDDP_STATUS_LIST(CDDP__STATUS_ENUM)
+#undef CDDP__STATUS_ENUM
+} cddp_status;
+
+/* "CDDP_EINVAL" for CDDP_EINVAL; "CDDP_UNKNOWN" for a value not in the list. Never NULL. */
+CDDP_API const char *cddp_status_name(int status);
+/* The one-line meaning of a status ("invalid argument"). Never NULL. */
+CDDP_API const char *cddp_status_str(int status);
+
+/* An error: the status and a message that names what failed. Zero-initialise, or cddp_error_clear. */
+#define CDDP_ERROR_MSG_MAX 512
+typedef struct cddp_error {
+    int code;
+    char msg[CDDP_ERROR_MSG_MAX];
+} cddp_error;
+
+CDDP_API void cddp_error_clear(cddp_error *err);
+/* Fills err (if not NULL) with code and a printf-formatted message; returns code. A message is
+ * prefixed with "rank N: " when the process knows its rank (see cddp_log_set_rank). */
+CDDP_API int cddp_error_set(cddp_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The message, or the status meaning when no message was set. Never NULL. */
+CDDP_API const char *cddp_error_msg(const cddp_error *err);
+
+/* Logging. Lines look like "[cddp rank 1] W data: message" and go to stderr. The threshold
+ * comes from CDDP_LOG_LEVEL (error, warn, info, debug); the rank from cddp_log_set_rank, or from
+ * the RANK environment variable that launchers set. */
+typedef enum cddp_log_level {
+    CDDP_LOG_ERROR = 0,
+    CDDP_LOG_WARN = 1,
+    CDDP_LOG_INFO = 2,
+    CDDP_LOG_DEBUG = 3,
+} cddp_log_level;
+
+CDDP_API void cddp_log_set_rank(int rank);
+CDDP_API int cddp_log_rank(void); /* -1 when unknown */
+CDDP_API bool cddp_log_enabled(cddp_log_level level);
+CDDP_API void cddp_log(cddp_log_level level, const char *subsystem, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Allocation. These never abort: NULL means out of memory and the caller reports CDDP_ENOMEM.
+ * cddp_aligned_alloc returns 64-byte aligned memory (for parameter and gradient blocks) that
+ * must be released with cddp_aligned_free. Both frees accept NULL. */
+CDDP_API void *cddp_malloc(size_t bytes);
+CDDP_API void *cddp_calloc(size_t count, size_t size);
+CDDP_API void *cddp_realloc(void *ptr, size_t bytes);
+CDDP_API void cddp_free(void *ptr);
+CDDP_API void *cddp_aligned_alloc(size_t bytes);
+CDDP_API void cddp_aligned_free(void *ptr);
+CDDP_API char *cddp_strdup(const char *s);
+
+/* The step arena: bump allocation for a step's activations and tape, one reset per step.
+ *
+ * The arena grows in chunks as a step needs more, up to max_bytes; after a reset that followed a
+ * step needing several chunks it keeps one chunk of the high-water size, so a steady training
+ * loop allocates nothing after its first step. Running past max_bytes fails with a message that
+ * says how much was needed and how to raise the limit (CDDP_ARENA_MB). */
+typedef struct cddp_arena cddp_arena;
+
+/* max_bytes 0 takes CDDP_ARENA_MB. Returns NULL when out of memory. */
+CDDP_API cddp_arena *cddp_arena_create(size_t initial_bytes, size_t max_bytes);
+CDDP_API void cddp_arena_destroy(cddp_arena *arena);
+/* 64-byte aligned, uninitialised memory valid until the next reset. NULL on failure, with err
+ * filled (CDDP_ENOMEM) if err is not NULL. */
+CDDP_API void *cddp_arena_alloc(cddp_arena *arena, size_t bytes, cddp_error *err);
+CDDP_API void cddp_arena_reset(cddp_arena *arena);
+CDDP_API size_t cddp_arena_used(const cddp_arena *arena);
+CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
+
+/* Environment knobs: X(ID, type, default, doc). type is INT or STR. Each knob is read from the
+ * environment variable CDDP_<ID>. An INT knob whose variable is not a number in range logs an
+ * error naming the variable and uses the default. */
+#define CDDP_KNOB_LIST(X)                                                                          \
+    X(LOG_LEVEL, STR, "warn", "Log threshold: error, warn, info or debug.")                       \
+    X(ARENA_MB, INT, "4096", "Most memory, in MiB, that one step's arena may grow to.")           \
+    X(DATA, STR, "/usr/share/datasets/fashion-mnist",                                             \
+      "Folder with the (Fashion-)MNIST IDX files (Debian's dataset-fashion-mnist).")
+
+typedef enum cddp_knob {
+#define CDDP__KNOB_ENUM(id, type, def, doc) CDDP_KNOB_##id,
+    CDDP_KNOB_LIST(CDDP__KNOB_ENUM)
+#undef CDDP__KNOB_ENUM
+        CDDP_KNOB_COUNT
+} cddp_knob;
+
+CDDP_API const char *cddp_knob_name(cddp_knob knob);    /* "CDDP_ARENA_MB" */
+CDDP_API const char *cddp_knob_default(cddp_knob knob); /* "4096" */
+CDDP_API const char *cddp_knob_doc(cddp_knob knob);
+/* The value from the environment when set and non-empty, else the default. */
+CDDP_API const char *cddp_knob_str(cddp_knob knob);
+CDDP_API long cddp_knob_int(cddp_knob knob);
+
+/* Programmer errors: print file:line and the message, then abort. */
+CDDP_API void cddp__panic(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4), noreturn));
+#define CDDP_PANIC(...) cddp__panic(__FILE__, __LINE__, __VA_ARGS__)
+#define CDDP_CHECK(cond, ...)                                                                      \
+    do {                                                                                           \
+        if (!(cond)) cddp__panic(__FILE__, __LINE__, __VA_ARGS__);                                 \
+    } while (0)
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,136 @@
+/* cddp/nn.h: models: named parameters in one flat block, and Sequential stacks of modules.
+ *
+ * A model owns two contiguous float32 blocks of the same layout, one for parameter values and one
+ * for their gradients; each named parameter is a tensor viewing its range of both (llm.c style).
+ * So an optimizer updates one array, a checkpoint writes ranges of it, and DistributedDataParallel
+ * reduces ranges of the gradient block with no packing copies.
+ *
+ * Building a model has two phases. First declare: add modules (Linear, Conv2d, ...) to the
+ * sequence and/or raw parameters with their initialisers. Then cddp_model_build allocates the
+ * blocks and initialises every parameter, in declaration order, from one seed: the same seed
+ * gives bit-identical weights in every process. Names follow PyTorch's state_dict: a module added
+ * as "fc1" owns "fc1.weight" and "fc1.bias"; a module added with a NULL name is named after its
+ * position in the sequence ("0.weight", "2.bias"), as in nn.Sequential.
+ */
+#ifndef CDDP_NN_H
+#define CDDP_NN_H
+
+#include "cddp/autograd.h"
+#include "cddp/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum cddp_module_kind {
+    CDDP_MODULE_LINEAR,
+    CDDP_MODULE_CONV2D,
+    CDDP_MODULE_MAX_POOL2D,
+    CDDP_MODULE_RELU,
+    CDDP_MODULE_GELU,
+    CDDP_MODULE_TANH,
+    CDDP_MODULE_SIGMOID,
+    CDDP_MODULE_DROPOUT,
+    CDDP_MODULE_FLATTEN,
+} cddp_module_kind;
+
+/* A module description; make one with the cddp_nn_* constructors below. */
+typedef struct cddp_module {
+    cddp_module_kind kind;
+    int64_t in, out;             /* Linear: features; Conv2d: channels */
+    int kernel, stride, padding; /* Conv2d and MaxPool2d */
+    float p;                     /* Dropout probability */
+    bool bias;                   /* Linear and Conv2d: has a bias */
+} cddp_module;
+
+/* PyTorch's defaults: bias on; Linear and Conv2d weights and biases drawn from
+ * U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (kaiming_uniform with a = sqrt(5)). */
+static inline cddp_module cddp_nn_linear(int64_t in, int64_t out) {
+    return (cddp_module){.kind = CDDP_MODULE_LINEAR, .in = in, .out = out, .bias = true};
+}
+static inline cddp_module cddp_nn_conv2d(int64_t in, int64_t out, int kernel, int stride,
+                                         int padding) {
+    return (cddp_module){.kind = CDDP_MODULE_CONV2D, .in = in, .out = out, .kernel = kernel,
+                         .stride = stride, .padding = padding, .bias = true};
+}
+/* stride 0 means stride = kernel, as in PyTorch. */
+static inline cddp_module cddp_nn_max_pool2d(int kernel, int stride) {
+    return (cddp_module){.kind = CDDP_MODULE_MAX_POOL2D, .kernel = kernel, .stride = stride};
+}
+static inline cddp_module cddp_nn_relu(void) {
+    return (cddp_module){.kind = CDDP_MODULE_RELU};
+}
+static inline cddp_module cddp_nn_gelu(void) {
+    return (cddp_module){.kind = CDDP_MODULE_GELU};
+}
+static inline cddp_module cddp_nn_tanh(void) {
+    return (cddp_module){.kind = CDDP_MODULE_TANH};
+}
+static inline cddp_module cddp_nn_sigmoid(void) {
+    return (cddp_module){.kind = CDDP_MODULE_SIGMOID};
+}
+static inline cddp_module cddp_nn_dropout(float p) {
+    return (cddp_module){.kind = CDDP_MODULE_DROPOUT, .p = p};
+}
+static inline cddp_module cddp_nn_flatten(void) {
+    return (cddp_module){.kind = CDDP_MODULE_FLATTEN};
+}
+
+/* How a raw parameter starts. */
+typedef enum cddp_init_kind {
+    CDDP_INIT_CONSTANT, /* every element = a (zero-initialised struct: zeros) */
+    CDDP_INIT_UNIFORM,  /* U(a, b) */
+    CDDP_INIT_NORMAL,   /* N(mean a, std b) */
+} cddp_init_kind;
+
+typedef struct cddp_init {
+    cddp_init_kind kind;
+    float a, b;
+} cddp_init;
+
+typedef struct cddp_model cddp_model;
+
+/* NULL when out of memory. */
+CDDP_API cddp_model *cddp_model_create(void);
+CDDP_API void cddp_model_destroy(cddp_model *m);
+/* The message of the model's last failure. */
+CDDP_API const char *cddp_model_error(const cddp_model *m);
+
+/* Declaration phase (before build). name may be NULL (position in the sequence); names must be
+ * unique. Fails with CDDP_EINVAL on a bad description or a duplicate name, CDDP_ESTATE after
+ * build. */
+CDDP_API int cddp_model_add(cddp_model *m, const char *name, cddp_module module);
+/* A parameter for a custom forward; *index (if not NULL) receives its index. */
+CDDP_API int cddp_model_add_param(cddp_model *m, const char *name, int ndim, const int64_t *shape,
+                                  cddp_init init, int *index);
+
+/* Allocates the flat blocks, initialises the parameters from seed and zeroes the gradients. */
+CDDP_API int cddp_model_build(cddp_model *m, uint64_t seed);
+
+CDDP_API int cddp_model_num_params(const cddp_model *m);
+/* The i-th parameter, in declaration order (0 <= i < num_params). */
+CDDP_API cddp_tensor *cddp_model_param(const cddp_model *m, int i);
+/* The parameter with this name, or NULL. */
+CDDP_API cddp_tensor *cddp_model_find(const cddp_model *m, const char *name);
+/* Total parameter elements, and the flat value and gradient blocks (numel floats each). */
+CDDP_API size_t cddp_model_numel(const cddp_model *m);
+CDDP_API float *cddp_model_data(const cddp_model *m);
+CDDP_API float *cddp_model_grad(const cddp_model *m);
+/* Offset, in elements, of parameter i in the flat blocks. */
+CDDP_API size_t cddp_model_param_offset(const cddp_model *m, int i);
+/* Sets every gradient to zero (gradients accumulate across backward calls until then). */
+CDDP_API void cddp_model_zero_grad(cddp_model *m);
+/* Training mode (the default) enables dropout; evaluation mode disables it. */
+CDDP_API void cddp_model_set_training(cddp_model *m, bool training);
+CDDP_API bool cddp_model_training(const cddp_model *m);
+/* Sets the gradient-ready hook of every parameter (see autograd.h). */
+CDDP_API void cddp_model_set_ready_hook(cddp_model *m, cddp_ready_hook hook, void *user);
+
+/* Runs the module sequence on x. Shape mismatches abort (programmer error); data errors latch in
+ * ctx. The model must be built and have modules. */
+CDDP_API cddp_tensor *cddp_model_forward(cddp_model *m, cddp_ctx *ctx, cddp_tensor *x);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,69 @@
+/* cddp/optim.h: SGD and AdamW over a model's flat parameter block, with PyTorch's update rules.
+ *
+ * An optimizer reads the model's gradient block and updates its parameter block in place. Its
+ * state (momentum buffer, or AdamW's two moment estimates) lives in flat blocks of the same
+ * layout, so a checkpoint saves it per parameter by name. The update rules are PyTorch 1.13's
+ * (torch.optim.SGD and torch.optim.AdamW, single-tensor path), element for element:
+ *
+ *   SGD:   g = grad + weight_decay * p
+ *          buf = g on the first step, else momentum * buf + (1 - dampening) * g
+ *          g = g + momentum * buf (nesterov) or buf (momentum != 0)
+ *          p = p - lr * g
+ *   AdamW: p = p * (1 - lr * weight_decay)
+ *          m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+ *          p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+ */
+#ifndef CDDP_OPTIM_H
+#define CDDP_OPTIM_H
+
+#include "cddp/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cddp_sgd_options {
+    float lr;
+    float momentum;     /* 0: plain SGD */
+    float dampening;    /* 0 */
+    float weight_decay; /* 0 */
+    bool nesterov;      /* needs momentum > 0 and dampening == 0 */
+} cddp_sgd_options;
+
+typedef struct cddp_adamw_options {
+    float lr;           /* PyTorch default 1e-3 */
+    float beta1, beta2; /* 0.9, 0.999 */
+    float eps;          /* 1e-8 */
+    float weight_decay; /* 1e-2 */
+} cddp_adamw_options;
+
+/* PyTorch's AdamW defaults with the given learning rate. */
+CDDP_API cddp_adamw_options cddp_adamw_defaults(float lr);
+
+typedef struct cddp_optim cddp_optim;
+
+/* The model must be built and outlive the optimizer. NULL on invalid options (err says which)
+ * or out of memory. */
+CDDP_API cddp_optim *cddp_optim_sgd(cddp_model *m, const cddp_sgd_options *opts, cddp_error *err);
+CDDP_API cddp_optim *cddp_optim_adamw(cddp_model *m, const cddp_adamw_options *opts,
+                                      cddp_error *err);
+CDDP_API void cddp_optim_destroy(cddp_optim *opt);
+
+/* One update from the current gradients. Does not zero them. */
+CDDP_API void cddp_optim_step(cddp_optim *opt);
+CDDP_API void cddp_optim_set_lr(cddp_optim *opt, float lr);
+CDDP_API float cddp_optim_lr(const cddp_optim *opt);
+/* Steps taken so far (AdamW's bias correction uses it; SGD uses it for the first momentum). */
+CDDP_API int64_t cddp_optim_steps(const cddp_optim *opt);
+CDDP_API void cddp_optim_set_steps(cddp_optim *opt, int64_t steps);
+CDDP_API const char *cddp_optim_name(const cddp_optim *opt); /* "sgd" or "adamw" */
+
+/* State blocks, for checkpoints: 0 for plain SGD, 1 for SGD with momentum ("momentum_buffer"),
+ * 2 for AdamW ("exp_avg", "exp_avg_sq"). Each holds cddp_model_numel floats. */
+CDDP_API int cddp_optim_num_states(const cddp_optim *opt);
+CDDP_API float *cddp_optim_state(const cddp_optim *opt, int i, const char **name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

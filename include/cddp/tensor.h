@@ -1,0 +1,193 @@
+/* cddp/tensor.h: tensors, the step context, random numbers and the differentiable ops.
+ *
+ * A tensor is float32, int32 or int64, up to 4-D, contiguous and row-major. Tensors made by ops
+ * live in a context's step arena and stay valid until cddp_ctx_reset; parameter tensors belong to
+ * a model (nn.h) and are views into its flat parameter and gradient blocks.
+ *
+ * Ops take the context first and return a new tensor. When gradients are enabled and an input
+ * requires a gradient, the op also records a node on the context's tape so that
+ * cddp_backward (autograd.h) can run it in reverse. Errors that depend on data (a label out of
+ * range, the arena running out) latch in the context: the op returns NULL, every later op given
+ * NULL or run on a failed context returns NULL too, and cddp_ctx_status/cddp_ctx_error say what
+ * happened, so a training loop checks once per step. Shape mismatches are programmer errors and
+ * abort with file:line and both shapes.
+ */
+#ifndef CDDP_TENSOR_H
+#define CDDP_TENSOR_H
+
+#include "cddp/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum cddp_dtype {
+    CDDP_F32 = 0,
+    CDDP_I32 = 1,
+    CDDP_I64 = 2,
+} cddp_dtype;
+
+CDDP_API const char *cddp_dtype_name(cddp_dtype dtype); /* "float32", "int32", "int64" */
+CDDP_API size_t cddp_dtype_size(cddp_dtype dtype);
+
+#define CDDP_MAX_DIMS 4
+
+typedef struct cddp_tensor cddp_tensor;
+
+/* Called once per backward, the moment param's gradient is final (see autograd.h). */
+typedef void (*cddp_ready_hook)(void *user, cddp_tensor *param);
+
+/* The fields are read-only for users; ops and the model own them. */
+struct cddp_tensor {
+    cddp_dtype dtype;
+    int ndim;
+    int64_t shape[CDDP_MAX_DIMS];
+    int64_t numel;
+    void *data;         /* numel elements of dtype */
+    float *grad;        /* float32, numel; NULL until a gradient reaches a non-parameter */
+    bool requires_grad; /* gradients flow to this tensor */
+    bool is_param;      /* a model parameter: grad is persistent and accumulates (+=) */
+    int param_index;    /* index in its model, -1 for other tensors */
+    const char *name;   /* parameter name, NULL for other tensors */
+    cddp_ready_hook ready_hook;
+    void *ready_user;
+    struct cddp__node *node; /* the op that made it, NULL for leaves (internal) */
+    int pending;             /* contributions still to come in this backward (internal) */
+};
+
+static inline float *cddp_f32(const cddp_tensor *t) {
+    return (float *)t->data;
+}
+
+/* Shape arguments are (ndim, const int64_t *shape); CDDP_SHAPE(2, 3) spells both. */
+#define CDDP_SHAPE(...)                                                                            \
+    (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (const int64_t[]) {                 \
+        __VA_ARGS__                                                                                \
+    }
+
+/* Random numbers: xoshiro256** seeded through splitmix64. Two generators seeded alike produce
+ * the same stream on every machine, which is how every rank draws identical initial weights. */
+typedef struct cddp_rng {
+    uint64_t s[4];
+} cddp_rng;
+
+CDDP_API void cddp_rng_seed(cddp_rng *rng, uint64_t seed);
+CDDP_API uint64_t cddp_rng_next(cddp_rng *rng);
+CDDP_API float cddp_rng_uniform(cddp_rng *rng);  /* [0, 1) with 24 random bits */
+CDDP_API double cddp_rng_normal(cddp_rng *rng);  /* standard normal (Box-Muller) */
+CDDP_API uint64_t cddp_rng_below(cddp_rng *rng, uint64_t n); /* uniform in [0, n), unbiased */
+
+/* The step context: arena, tape, random generator and the no-grad switch. */
+typedef struct cddp_ctx cddp_ctx;
+
+typedef struct cddp_ctx_options {
+    size_t arena_initial_bytes; /* 0: 16 MiB */
+    size_t arena_max_bytes;     /* 0: CDDP_ARENA_MB */
+    uint64_t seed;              /* seeds the context's generator (dropout, random tensors) */
+} cddp_ctx_options;
+
+/* opts may be NULL for defaults (seed 0). NULL when out of memory. */
+CDDP_API cddp_ctx *cddp_ctx_create(const cddp_ctx_options *opts);
+CDDP_API void cddp_ctx_destroy(cddp_ctx *ctx);
+/* Ends a step: releases every tensor made since the last reset, the tape, and a latched error. */
+CDDP_API void cddp_ctx_reset(cddp_ctx *ctx);
+CDDP_API int cddp_ctx_status(const cddp_ctx *ctx);
+CDDP_API const char *cddp_ctx_error(const cddp_ctx *ctx);
+/* Latches an error into the context (first one wins), for code built on top of the ops. */
+CDDP_API int cddp_ctx_fail(cddp_ctx *ctx, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+CDDP_API cddp_rng *cddp_ctx_rng(cddp_ctx *ctx);
+CDDP_API cddp_arena *cddp_ctx_arena(cddp_ctx *ctx);
+/* Turns recording on or off (off = evaluation: no tape, no saved values); returns the old value. */
+CDDP_API bool cddp_ctx_set_grad_enabled(cddp_ctx *ctx, bool enabled);
+CDDP_API bool cddp_ctx_grad_enabled(const cddp_ctx *ctx);
+
+/* Creation. Tensors live in the arena until the next reset. */
+CDDP_API cddp_tensor *cddp_empty(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const int64_t *shape);
+CDDP_API cddp_tensor *cddp_zeros(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const int64_t *shape);
+CDDP_API cddp_tensor *cddp_ones(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const int64_t *shape);
+/* Copies numel elements of dtype from data. */
+CDDP_API cddp_tensor *cddp_from_data(cddp_ctx *ctx, cddp_dtype dtype, int ndim,
+                                     const int64_t *shape, const void *data);
+/* Wraps caller memory without copying; the caller keeps it alive and unchanged until reset. */
+CDDP_API cddp_tensor *cddp_wrap(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const int64_t *shape,
+                                void *data);
+CDDP_API cddp_tensor *cddp_uniform(cddp_ctx *ctx, int ndim, const int64_t *shape, float lo,
+                                   float hi, cddp_rng *rng);
+CDDP_API cddp_tensor *cddp_normal(cddp_ctx *ctx, int ndim, const int64_t *shape, float mean,
+                                  float std, cddp_rng *rng);
+/* Fill an existing float32 tensor (for initialising parameters). */
+CDDP_API void cddp_fill(cddp_tensor *t, float value);
+CDDP_API void cddp_fill_uniform(cddp_tensor *t, float lo, float hi, cddp_rng *rng);
+CDDP_API void cddp_fill_normal(cddp_tensor *t, float mean, float std, cddp_rng *rng);
+/* Marks a leaf tensor as needing a gradient (its grad appears after backward). */
+CDDP_API cddp_tensor *cddp_requires_grad(cddp_ctx *ctx, cddp_tensor *t);
+/* Element i as double, whatever the dtype. */
+CDDP_API double cddp_get(const cddp_tensor *t, int64_t i);
+
+/* Views: share data with x. One dimension of reshape may be -1 (inferred). */
+CDDP_API cddp_tensor *cddp_reshape(cddp_ctx *ctx, cddp_tensor *x, int ndim, const int64_t *shape);
+/* (N, ...) -> (N, prod(...)), as nn.Flatten(). */
+CDDP_API cddp_tensor *cddp_flatten(cddp_ctx *ctx, cddp_tensor *x);
+
+typedef enum cddp_reduction {
+    CDDP_REDUCE_MEAN = 0,
+    CDDP_REDUCE_SUM = 1,
+} cddp_reduction;
+
+/* Matrix product of 2-D tensors: op(a) (M,K) x op(b) (K,N) -> (M,N), op = transpose when the
+ * flag is set. Runs on cblas_sgemm. */
+CDDP_API cddp_tensor *cddp_matmul(cddp_ctx *ctx, cddp_tensor *a, cddp_tensor *b, bool trans_a,
+                                  bool trans_b);
+/* x (N,in) . w (out,in)^T + b (out) -> (N,out); b may be NULL. */
+CDDP_API cddp_tensor *cddp_linear(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_tensor *b);
+
+/* Elementwise with NumPy broadcasting (shapes aligned at the right; size-1 dims stretch). */
+CDDP_API cddp_tensor *cddp_add(cddp_ctx *ctx, cddp_tensor *a, cddp_tensor *b);
+CDDP_API cddp_tensor *cddp_sub(cddp_ctx *ctx, cddp_tensor *a, cddp_tensor *b);
+CDDP_API cddp_tensor *cddp_mul(cddp_ctx *ctx, cddp_tensor *a, cddp_tensor *b);
+CDDP_API cddp_tensor *cddp_div(cddp_ctx *ctx, cddp_tensor *a, cddp_tensor *b);
+CDDP_API cddp_tensor *cddp_scale(cddp_ctx *ctx, cddp_tensor *x, float s);
+
+CDDP_API cddp_tensor *cddp_relu(cddp_ctx *ctx, cddp_tensor *x);
+/* GELU with the exact erf form, as PyTorch's default. */
+CDDP_API cddp_tensor *cddp_gelu(cddp_ctx *ctx, cddp_tensor *x);
+CDDP_API cddp_tensor *cddp_tanh(cddp_ctx *ctx, cddp_tensor *x);
+CDDP_API cddp_tensor *cddp_sigmoid(cddp_ctx *ctx, cddp_tensor *x);
+/* Along the last dimension, with the row maximum subtracted first (no overflow). */
+CDDP_API cddp_tensor *cddp_softmax(cddp_ctx *ctx, cddp_tensor *x);
+CDDP_API cddp_tensor *cddp_log_softmax(cddp_ctx *ctx, cddp_tensor *x);
+
+/* logits (N,C) float32, labels (N) int32 or int64 in [0,C) -> scalar. A label out of range
+ * fails the context with a message naming the sample, the label and C. */
+CDDP_API cddp_tensor *cddp_cross_entropy(cddp_ctx *ctx, cddp_tensor *logits, cddp_tensor *labels,
+                                         cddp_reduction reduction);
+/* pred and target of the same shape -> scalar mean or sum of squared differences. */
+CDDP_API cddp_tensor *cddp_mse_loss(cddp_ctx *ctx, cddp_tensor *pred, cddp_tensor *target,
+                                    cddp_reduction reduction);
+CDDP_API cddp_tensor *cddp_sum(cddp_ctx *ctx, cddp_tensor *x);  /* all elements -> scalar */
+CDDP_API cddp_tensor *cddp_mean(cddp_ctx *ctx, cddp_tensor *x); /* all elements -> scalar */
+
+/* x (N,C,H,W), w (O,C,KH,KW), b (O) or NULL -> (N,O,OH,OW), OH = (H + 2p - KH) / stride + 1.
+ * im2col + GEMM per sample. */
+CDDP_API cddp_tensor *cddp_conv2d(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_tensor *b,
+                                  int stride, int padding);
+/* x (N,C,H,W) -> (N,C,OH,OW); padding counts as -infinity. */
+CDDP_API cddp_tensor *cddp_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel, int stride,
+                                      int padding);
+/* Zeroes each element with probability p and scales the rest by 1/(1-p), drawing from the
+ * context's generator; the identity when !training or p == 0. */
+CDDP_API cddp_tensor *cddp_dropout(cddp_ctx *ctx, cddp_tensor *x, float p, bool training);
+
+/* Index of the largest element along the last dimension (first one on ties) -> int64 tensor
+ * with the last dimension removed. Not differentiable. */
+CDDP_API cddp_tensor *cddp_argmax(cddp_ctx *ctx, cddp_tensor *x);
+/* How many rows of logits (N,C) have their argmax equal to the label (N). */
+CDDP_API int64_t cddp_count_correct(const cddp_tensor *logits, const cddp_tensor *labels);
+/* count_correct / N (0 for N = 0). */
+CDDP_API double cddp_accuracy(const cddp_tensor *logits, const cddp_tensor *labels);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,50 @@
+#!/bin/sh
+# Installs the Debian packages a make target needs, and nothing when they are all present.
+#
+# Usage: scripts/deps.sh build|test|demo|bench
+#
+# Each target names the packages it needs; the script asks dpkg which are missing. If none are,
+# it does nothing (apt is never called). If some are and we are root, it runs `apt-get update`
+# once and installs them quietly. If we are not root, it prints the exact command to run and
+# exits 1 so that make stops before a confusing compiler error.
+set -eu
+
+build_pkgs="cmake make gcc pkg-config libopenblas-dev zlib1g-dev libcjson-dev"
+test_pkgs="$build_pkgs libcmocka-dev dataset-fashion-mnist python3-numpy"
+demo_pkgs="$build_pkgs dataset-fashion-mnist"
+bench_pkgs="$test_pkgs python3-torch"
+
+case "${1:-}" in
+build) want=$build_pkgs ;;
+test) want=$test_pkgs ;;
+demo) want=$demo_pkgs ;;
+bench) want=$bench_pkgs ;;
+*)
+    echo "usage: $0 build|test|demo|bench" >&2
+    exit 2
+    ;;
+esac
+
+missing=""
+for p in $want; do
+    status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+    case "$status" in
+    *"install ok installed"*) ;;
+    *) missing="$missing $p" ;;
+    esac
+done
+[ -z "$missing" ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "cddp: missing Debian packages:$missing" >&2
+    echo "cddp: install them as root, then run make again:" >&2
+    echo "    apt-get update && apt-get install -y$missing" >&2
+    exit 1
+fi
+
+echo "cddp: installing missing Debian packages:$missing"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# shellcheck disable=SC2086
+apt-get install -y -qq --no-install-recommends $missing >/dev/null
+echo "cddp: installed:$missing"

@@ -1,0 +1,116 @@
+/* arena.c: the per-step bump allocator.
+ *
+ * A step's tensors and tape nodes are allocated here and released all at once by a reset. The
+ * arena is a list of chunks; allocation bumps an offset in the newest chunk and opens a new one
+ * when it does not fit. A reset after a step that needed more than one chunk replaces them by a
+ * single chunk of the high-water size, so the steady state is one chunk and zero mallocs a step.
+ */
+#include "core/internal.h"
+
+#include <stdlib.h>
+
+#define ARENA_ALIGN 64
+
+typedef struct chunk {
+    struct chunk *prev;
+    size_t size; /* usable bytes after the header */
+    size_t used;
+    /* data follows, ARENA_ALIGN aligned */
+} chunk;
+
+struct cddp_arena {
+    chunk *head;
+    size_t max_bytes;
+    size_t total;      /* bytes in all chunks */
+    size_t used;       /* bytes handed out since the last reset (including padding) */
+    size_t high_water; /* the largest `used` seen */
+};
+
+#define CHUNK_HEADER ((sizeof(chunk) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN)
+
+static chunk *chunk_new(size_t size, chunk *prev) {
+    chunk *c = cddp_aligned_alloc(CHUNK_HEADER + size);
+    if (!c) return NULL;
+    c->prev = prev;
+    c->size = size;
+    c->used = 0;
+    return c;
+}
+
+cddp_arena *cddp_arena_create(size_t initial_bytes, size_t max_bytes) {
+    cddp_arena *a = cddp_calloc(1, sizeof *a);
+    if (!a) return NULL;
+    a->max_bytes = max_bytes ? max_bytes : (size_t)cddp_knob_int(CDDP_KNOB_ARENA_MB) << 20;
+    if (initial_bytes < (1u << 16)) initial_bytes = 1u << 16;
+    a->head = chunk_new(initial_bytes, NULL);
+    if (!a->head) {
+        cddp_free(a);
+        return NULL;
+    }
+    a->total = initial_bytes;
+    return a;
+}
+
+void cddp_arena_destroy(cddp_arena *a) {
+    if (!a) return;
+    for (chunk *c = a->head, *p; c; c = p) {
+        p = c->prev;
+        cddp_aligned_free(c);
+    }
+    cddp_free(a);
+}
+
+void *cddp_arena_alloc(cddp_arena *a, size_t bytes, cddp_error *err) {
+    size_t need = (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+    if (need == 0) need = ARENA_ALIGN;
+    chunk *c = a->head;
+    if (c->size - c->used < need) {
+        if (a->used + need > a->max_bytes) {
+            cddp_error_set(err, CDDP_ENOMEM,
+                           "step arena exhausted: this step needs at least %zu MiB but the limit "
+                           "is %zu MiB; raise CDDP_ARENA_MB or use a smaller batch",
+                           (a->used + need + (1u << 20) - 1) >> 20, a->max_bytes >> 20);
+            return NULL;
+        }
+        /* Grow geometrically so that a big step costs O(log n) chunks. */
+        size_t size = CDDP_MAX(need, a->total);
+        c = chunk_new(size, a->head);
+        if (!c) {
+            cddp_error_set(err, CDDP_ENOMEM, "step arena: cannot allocate %zu MiB more (used %zu "
+                                             "MiB so far)", size >> 20, a->used >> 20);
+            return NULL;
+        }
+        a->head = c;
+        a->total += size;
+    }
+    void *p = (char *)c + CHUNK_HEADER + c->used;
+    c->used += need;
+    a->used += need;
+    if (a->used > a->high_water) a->high_water = a->used;
+    return p;
+}
+
+void cddp_arena_reset(cddp_arena *a) {
+    if (a->head->prev) {
+        /* Several chunks: replace them by one that holds the whole high-water mark. */
+        chunk *one = chunk_new(a->high_water, NULL);
+        if (one) {
+            for (chunk *c = a->head, *p; c; c = p) {
+                p = c->prev;
+                cddp_aligned_free(c);
+            }
+            a->head = one;
+            a->total = a->high_water;
+        }
+    }
+    for (chunk *c = a->head; c; c = c->prev) c->used = 0;
+    a->used = 0;
+}
+
+size_t cddp_arena_used(const cddp_arena *a) {
+    return a->used;
+}
+
+size_t cddp_arena_high_water(const cddp_arena *a) {
+    return a->high_water;
+}

@@ -1,0 +1,56 @@
+/* atomic.c: write-to-temporary, fsync, rename (the contract is in io/internal.h). */
+#include "core/internal.h"
+#include "io/internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <string.h>
+#include <unistd.h>
+
+int cddp__atomic_open(cddp__atomic_file *af, const char *path, cddp_error *err) {
+    af->path = path;
+    af->f = NULL;
+    int n = snprintf(af->tmp, sizeof af->tmp, "%s.tmp.%ld", path, (long)getpid());
+    if (n < 0 || (size_t)n >= sizeof af->tmp)
+        return cddp_error_set(err, CDDP_EINVAL, "%s: path too long", path);
+    af->f = fopen(af->tmp, "wb");
+    if (!af->f)
+        return cddp_error_set(err, CDDP_EIO, "cannot create %s: %s (does the folder exist and is "
+                              "it writable?)", af->tmp, strerror(errno));
+    return CDDP_OK;
+}
+
+int cddp__atomic_write(cddp__atomic_file *af, const void *data, size_t bytes, cddp_error *err) {
+    if (bytes && fwrite(data, 1, bytes, af->f) != bytes)
+        return cddp_error_set(err, CDDP_EIO, "writing %s: %s", af->tmp, strerror(errno));
+    return CDDP_OK;
+}
+
+static void sync_folder(const char *path) {
+    char copy[4096];
+    snprintf(copy, sizeof copy, "%s", path);
+    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+int cddp__atomic_close(cddp__atomic_file *af, int rc, cddp_error *err) {
+    if (!af->f) return rc;
+    if (rc == CDDP_OK && (fflush(af->f) != 0 || fsync(fileno(af->f)) != 0))
+        rc = cddp_error_set(err, CDDP_EIO, "flushing %s: %s", af->tmp, strerror(errno));
+    if (fclose(af->f) != 0 && rc == CDDP_OK)
+        rc = cddp_error_set(err, CDDP_EIO, "closing %s: %s", af->tmp, strerror(errno));
+    af->f = NULL;
+    if (rc == CDDP_OK && rename(af->tmp, af->path) != 0)
+        rc = cddp_error_set(err, CDDP_EIO, "renaming %s to %s: %s", af->tmp, af->path,
+                            strerror(errno));
+    if (rc != CDDP_OK) {
+        unlink(af->tmp);
+        return rc;
+    }
+    sync_folder(af->path);
+    return CDDP_OK;
+}

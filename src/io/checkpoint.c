@@ -1,0 +1,180 @@
+/* checkpoint.c: model and optimizer state in a safetensors file.
+ *
+ * Layout: each parameter under its own name; with an optimizer, each state block per parameter
+ * as "optim.<state>.<param>" (for example "optim.exp_avg.fc1.weight"), and in the metadata
+ * "cddp_format" = "checkpoint-1", "optimizer", "optimizer_steps" and "lr". Loading checks the
+ * whole file against the model before it copies anything, and reports every difference at once.
+ */
+#include "cddp/checkpoint.h"
+#include "core/internal.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STATE_PREFIX "optim."
+
+static cddp_st_tensor param_entry(const cddp_tensor *p, const char *name, const void *data) {
+    cddp_st_tensor t = {.name = name, .dtype = CDDP_F32, .ndim = p->ndim, .data = data};
+    memcpy(t.shape, p->shape, sizeof t.shape);
+    return t;
+}
+
+int cddp_checkpoint_save(const char *path, const cddp_model *m, const cddp_optim *opt,
+                         const char *const *metadata, cddp_error *err) {
+    int np = cddp_model_num_params(m), ns = opt ? cddp_optim_num_states(opt) : 0;
+    int n = np * (1 + ns), rc = CDDP_OK, nmeta = 0;
+    cddp_st_tensor *list = cddp_calloc((size_t)n, sizeof *list);
+    char **names = cddp_calloc((size_t)n, sizeof *names);
+    while (metadata && metadata[nmeta]) nmeta++;
+    const char **meta = cddp_calloc((size_t)nmeta + 10, sizeof *meta);
+    char steps[32], lr[32];
+    if (!list || !names || !meta) {
+        rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    for (int i = 0; i < np; i++) {
+        const cddp_tensor *p = cddp_model_param(m, i);
+        list[i] = param_entry(p, p->name, p->data);
+        for (int s = 0; s < ns; s++) {
+            const char *sname;
+            const float *block = cddp_optim_state(opt, s, &sname);
+            size_t len = strlen(STATE_PREFIX) + strlen(sname) + strlen(p->name) + 2;
+            char *nm = names[np + s * np + i] = cddp_malloc(len);
+            if (!nm) {
+                rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
+                goto out;
+            }
+            snprintf(nm, len, STATE_PREFIX "%s.%s", sname, p->name);
+            list[np + s * np + i] = param_entry(p, nm, block + cddp_model_param_offset(m, i));
+        }
+    }
+    int k = 0;
+    meta[k++] = "cddp_format";
+    meta[k++] = "checkpoint-1";
+    if (opt) {
+        snprintf(steps, sizeof steps, "%" PRId64, cddp_optim_steps(opt));
+        snprintf(lr, sizeof lr, "%.9g", (double)cddp_optim_lr(opt));
+        meta[k++] = "optimizer";
+        meta[k++] = cddp_optim_name(opt);
+        meta[k++] = "optimizer_steps";
+        meta[k++] = steps;
+        meta[k++] = "lr";
+        meta[k++] = lr;
+    }
+    for (int i = 0; i < nmeta; i++) meta[k++] = metadata[i];
+    meta[k] = NULL;
+    rc = cddp_safetensors_write(path, list, n, meta, err);
+out:
+    for (int i = 0; names && i < n; i++) cddp_free(names[i]);
+    cddp_free(names);
+    cddp_free(list);
+    cddp_free(meta);
+    return rc;
+}
+
+/* Appends one difference to the report; the report keeps the first ones that fit. */
+static void report(char *buf, size_t cap, int *count, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void report(char *buf, size_t cap, int *count, const char *fmt, ...) {
+    size_t len = strlen(buf);
+    if (len + 8 < cap) {
+        if ((*count)++) len += (size_t)snprintf(buf + len, cap - len, "; ");
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(buf + len, cap - len, fmt, ap);
+        va_end(ap);
+    } else {
+        (*count)++;
+    }
+}
+
+static const char *shape_text(int ndim, const int64_t *shape, char *buf, size_t n) {
+    int k = snprintf(buf, n, "(");
+    for (int i = 0; i < ndim && k < (int)n; i++)
+        k += snprintf(buf + k, n - (size_t)k, i ? ",%" PRId64 : "%" PRId64, shape[i]);
+    if (k < (int)n) snprintf(buf + k, n - (size_t)k, ")");
+    return buf;
+}
+
+/* Checks one file tensor against a parameter's dtype and shape. */
+static void compare(const cddp_st_tensor *t, const cddp_tensor *p, const char *name, char *buf,
+                    size_t cap, int *count) {
+    char a[64], b[64];
+    if (!t) {
+        report(buf, cap, count, "'%s' is missing from the file", name);
+    } else if (t->dtype != CDDP_F32) {
+        report(buf, cap, count, "'%s' is %s in the file but float32 in the model", name,
+               cddp_dtype_name(t->dtype));
+    } else if (t->ndim != p->ndim || memcmp(t->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim)) {
+        report(buf, cap, count, "'%s' has shape %s in the file but %s in the model", name,
+               shape_text(t->ndim, t->shape, a, sizeof a), shape_text(p->ndim, p->shape, b, sizeof b));
+    }
+}
+
+int cddp_checkpoint_load(const char *path, cddp_model *m, cddp_optim *opt, cddp_safetensors **file,
+                         cddp_error *err) {
+    if (file) *file = NULL;
+    cddp_safetensors *f = cddp_safetensors_read(path, err);
+    if (!f) return err ? err->code : CDDP_EFORMAT;
+    char diff[CDDP_ERROR_MSG_MAX - 128] = "";
+    char sname_buf[512];
+    int ndiff = 0, np = cddp_model_num_params(m);
+    for (int i = 0; i < np; i++) {
+        const cddp_tensor *p = cddp_model_param(m, i);
+        compare(cddp_safetensors_find(f, p->name), p, p->name, diff, sizeof diff, &ndiff);
+    }
+    for (int i = 0; i < cddp_safetensors_count(f); i++) {
+        const char *name = cddp_safetensors_at(f, i)->name;
+        if (strncmp(name, STATE_PREFIX, strlen(STATE_PREFIX)) != 0 && !cddp_model_find(m, name))
+            report(diff, sizeof diff, &ndiff, "'%s' is in the file but not in the model", name);
+    }
+    const char *kind = cddp_safetensors_meta(f, "optimizer");
+    const char *steps = cddp_safetensors_meta(f, "optimizer_steps");
+    if (opt) {
+        if (!kind || !steps) {
+            report(diff, sizeof diff, &ndiff, "the file has no optimizer state (saved without "
+                   "an optimizer?)");
+        } else if (strcmp(kind, cddp_optim_name(opt)) != 0) {
+            report(diff, sizeof diff, &ndiff, "the file holds %s state but the optimizer is %s",
+                   kind, cddp_optim_name(opt));
+        } else {
+            for (int s = 0; s < cddp_optim_num_states(opt); s++)
+                for (int i = 0; i < np; i++) {
+                    const char *sn;
+                    const cddp_tensor *p = cddp_model_param(m, i);
+                    cddp_optim_state(opt, s, &sn);
+                    snprintf(sname_buf, sizeof sname_buf, STATE_PREFIX "%s.%s", sn, p->name);
+                    compare(cddp_safetensors_find(f, sname_buf), p, sname_buf, diff, sizeof diff,
+                            &ndiff);
+                }
+        }
+    }
+    if (ndiff) {
+        cddp_error_set(err, CDDP_ESHAPE, "%s does not match the model (%d difference%s): %s", path,
+                       ndiff, ndiff > 1 ? "s" : "", diff);
+        cddp_safetensors_destroy(f);
+        return CDDP_ESHAPE;
+    }
+    /* Everything matches: copy. */
+    for (int i = 0; i < np; i++) {
+        cddp_tensor *p = cddp_model_param(m, i);
+        memcpy(p->data, cddp_safetensors_find(f, p->name)->data, (size_t)p->numel * 4);
+        for (int s = 0; opt && s < cddp_optim_num_states(opt); s++) {
+            const char *sn;
+            float *block = cddp_optim_state(opt, s, &sn);
+            snprintf(sname_buf, sizeof sname_buf, STATE_PREFIX "%s.%s", sn, p->name);
+            memcpy(block + cddp_model_param_offset(m, i), cddp_safetensors_find(f, sname_buf)->data,
+                   (size_t)p->numel * 4);
+        }
+    }
+    if (opt) {
+        cddp_optim_set_steps(opt, strtoll(steps, NULL, 10));
+        const char *lr = cddp_safetensors_meta(f, "lr");
+        if (lr) cddp_optim_set_lr(opt, strtof(lr, NULL));
+    }
+    if (file) *file = f;
+    else cddp_safetensors_destroy(f);
+    return CDDP_OK;
+}

@@ -1,0 +1,300 @@
+/* safetensors.c: reading and writing the safetensors format (see cddp/checkpoint.h).
+ *
+ * The reader trusts nothing: the header length is checked against the file size before any
+ * allocation, the JSON is parsed with cJSON, and every entry's dtype, shape and byte range is
+ * checked against the data section, so a truncated or corrupt file is an error that names the
+ * file and the entry, never a crash. The data section is read into a 64-byte aligned buffer so
+ * that tensors can be used in place.
+ */
+#include "cddp/checkpoint.h"
+#include "core/internal.h"
+#include "io/internal.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assumes little endian");
+
+#define MAX_HEADER (100u << 20) /* the format's own limit on the JSON header */
+
+struct cddp_safetensors {
+    cddp_st_tensor *tensors;
+    int n;
+    char **meta; /* key, value pairs */
+    int nmeta;
+    void *data;
+};
+
+static const char *st_dtype(cddp_dtype d) {
+    return d == CDDP_F32 ? "F32" : d == CDDP_I32 ? "I32" : "I64";
+}
+
+static int parse_dtype(const char *s, cddp_dtype *d) {
+    if (strcmp(s, "F32") == 0) *d = CDDP_F32;
+    else if (strcmp(s, "I32") == 0) *d = CDDP_I32;
+    else if (strcmp(s, "I64") == 0) *d = CDDP_I64;
+    else return -1;
+    return 0;
+}
+
+static int64_t numel_of(const cddp_st_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+
+int cddp_safetensors_write(const char *path, const cddp_st_tensor *tensors, int n,
+                           const char *const *metadata, cddp_error *err) {
+    int rc = CDDP_OK;
+    char *json = NULL, *header = NULL;
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
+    if (metadata && metadata[0]) {
+        cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
+        for (int i = 0; meta && metadata[i]; i += 2) {
+            if (!metadata[i + 1]) {
+                rc = cddp_error_set(err, CDDP_EINVAL, "%s: metadata key '%s' has no value", path,
+                                    metadata[i]);
+                goto out;
+            }
+            cJSON_AddStringToObject(meta, metadata[i], metadata[i + 1]);
+        }
+    }
+    uint64_t offset = 0;
+    for (int i = 0; i < n; i++) {
+        const cddp_st_tensor *t = &tensors[i];
+        if (strcmp(t->name, "__metadata__") == 0 || cJSON_GetObjectItemCaseSensitive(root, t->name)) {
+            rc = cddp_error_set(err, CDDP_EINVAL, "%s: tensor name '%s' is reserved or repeated",
+                                path, t->name);
+            goto out;
+        }
+        uint64_t bytes = (uint64_t)numel_of(t) * cddp_dtype_size(t->dtype);
+        cJSON *e = cJSON_AddObjectToObject(root, t->name);
+        cJSON *shape = e ? cJSON_AddArrayToObject(e, "shape") : NULL;
+        cJSON *offs = shape ? cJSON_AddArrayToObject(e, "data_offsets") : NULL;
+        if (!offs || !cJSON_AddStringToObject(e, "dtype", st_dtype(t->dtype))) {
+            rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
+            goto out;
+        }
+        for (int d = 0; d < t->ndim; d++)
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[d]));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)offset));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(offset + bytes)));
+        offset += bytes;
+    }
+    json = cJSON_PrintUnformatted(root);
+    if (!json) {
+        rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    /* Pad the header with spaces so the data starts 8-byte aligned, as the format recommends. */
+    size_t len = strlen(json), padded = (len + 7) / 8 * 8;
+    header = cddp_malloc(8 + padded);
+    if (!header) {
+        rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    uint64_t hl = padded;
+    memcpy(header, &hl, 8);
+    memcpy(header + 8, json, len);
+    memset(header + 8 + len, ' ', padded - len);
+    cddp__atomic_file af;
+    rc = cddp__atomic_open(&af, path, err);
+    if (rc) goto out;
+    rc = cddp__atomic_write(&af, header, 8 + padded, err);
+    for (int i = 0; rc == CDDP_OK && i < n; i++)
+        rc = cddp__atomic_write(&af, tensors[i].data,
+                                (size_t)numel_of(&tensors[i]) * cddp_dtype_size(tensors[i].dtype),
+                                err);
+    rc = cddp__atomic_close(&af, rc, err);
+out:
+    cddp_free(header);
+    cJSON_free(json);
+    cJSON_Delete(root);
+    return rc;
+}
+
+void cddp_safetensors_destroy(cddp_safetensors *f) {
+    if (!f) return;
+    for (int i = 0; i < f->n; i++) cddp_free((char *)f->tensors[i].name);
+    for (int i = 0; i < 2 * f->nmeta; i++) cddp_free(f->meta[i]);
+    cddp_free(f->tensors);
+    cddp_free(f->meta);
+    cddp_aligned_free(f->data);
+    cddp_free(f);
+}
+
+/* A JSON number that is a non-negative integer representable exactly; -1 otherwise. */
+static int64_t json_uint(const cJSON *v) {
+    if (!cJSON_IsNumber(v)) return -1;
+    double d = v->valuedouble;
+    if (!(d >= 0 && d <= 9007199254740992.0) || d != (double)(int64_t)d) return -1;
+    return (int64_t)d;
+}
+
+static int parse_entry(const char *path, const cJSON *e, uint64_t data_len, cddp_st_tensor *t,
+                       cddp_error *err) {
+    const char *name = e->string;
+    const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
+    const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    if (!cJSON_IsObject(e) || !cJSON_IsString(dtype) || !cJSON_IsArray(shape) ||
+        !cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
+        return cddp_error_set(err, CDDP_EFORMAT, "%s: tensor '%s' lacks dtype, shape or a "
+                              "two-element data_offsets", path, name);
+    if (parse_dtype(dtype->valuestring, &t->dtype) != 0)
+        return cddp_error_set(err, CDDP_EUNSUPPORTED, "%s: tensor '%s' has dtype %s; cddp reads "
+                              "F32, I32 and I64", path, name, dtype->valuestring);
+    int nd = cJSON_GetArraySize(shape);
+    if (nd > CDDP_MAX_DIMS)
+        return cddp_error_set(err, CDDP_EUNSUPPORTED, "%s: tensor '%s' has %d dimensions; cddp "
+                              "reads up to %d", path, name, nd, CDDP_MAX_DIMS);
+    t->ndim = nd;
+    uint64_t numel = 1;
+    for (int d = 0; d < nd; d++) {
+        int64_t s = json_uint(cJSON_GetArrayItem(shape, d));
+        if (s < 0 || (s > 0 && numel > UINT64_MAX / 16 / (uint64_t)s))
+            return cddp_error_set(err, CDDP_EFORMAT, "%s: tensor '%s' has an invalid shape", path,
+                                  name);
+        t->shape[d] = s;
+        numel *= (uint64_t)s;
+    }
+    int64_t b = json_uint(cJSON_GetArrayItem(offs, 0)), end = json_uint(cJSON_GetArrayItem(offs, 1));
+    uint64_t want = numel * cddp_dtype_size(t->dtype);
+    if (b < 0 || end < b || (uint64_t)end > data_len)
+        return cddp_error_set(err, CDDP_EFORMAT, "%s: tensor '%s' has data_offsets [%" PRId64
+                              ", %" PRId64 "] outside the %" PRIu64 "-byte data section (is the "
+                              "file truncated?)", path, name, b, end, data_len);
+    if ((uint64_t)(end - b) != want)
+        return cddp_error_set(err, CDDP_EFORMAT, "%s: tensor '%s' spans %" PRId64 " bytes but its "
+                              "shape and dtype need %" PRIu64, path, name, end - b, want);
+    t->data = (const void *)(uintptr_t)b; /* an offset until the data is read */
+    return CDDP_OK;
+}
+
+cddp_safetensors *cddp_safetensors_read(const char *path, cddp_error *err) {
+    int rc = CDDP_OK;
+    cJSON *root = NULL;
+    char *header = NULL;
+    cddp_safetensors *f = cddp_calloc(1, sizeof *f);
+    FILE *fp = fopen(path, "rb");
+    if (!f) {
+        rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    if (!fp) {
+        rc = cddp_error_set(err, errno == ENOENT ? CDDP_ENOENT : CDDP_EIO, "cannot open %s: %s",
+                            path, strerror(errno));
+        goto out;
+    }
+    struct stat st;
+    uint64_t hl = 0;
+    if (fstat(fileno(fp), &st) != 0 || st.st_size < 8 || fread(&hl, 8, 1, fp) != 1) {
+        rc = cddp_error_set(err, CDDP_EFORMAT, "%s: too short to be a safetensors file", path);
+        goto out;
+    }
+    uint64_t size = (uint64_t)st.st_size;
+    if (hl < 2 || hl > MAX_HEADER || hl > size - 8) {
+        rc = cddp_error_set(err, CDDP_EFORMAT, "%s: header length %" PRIu64 " does not fit a "
+                            "%" PRIu64 "-byte file (not safetensors, or truncated)", path, hl, size);
+        goto out;
+    }
+    header = cddp_malloc(hl + 1);
+    if (!header || fread(header, 1, hl, fp) != hl) {
+        rc = cddp_error_set(err, header ? CDDP_EIO : CDDP_ENOMEM, "%s: cannot read the header",
+                            path);
+        goto out;
+    }
+    header[hl] = '\0';
+    root = cJSON_ParseWithLength(header, hl);
+    if (!cJSON_IsObject(root)) {
+        rc = cddp_error_set(err, CDDP_EFORMAT, "%s: the header is not a JSON object", path);
+        goto out;
+    }
+    uint64_t data_len = size - 8 - hl;
+    int count = cJSON_GetArraySize(root);
+    f->tensors = cddp_calloc((size_t)count, sizeof *f->tensors);
+    f->meta = cddp_calloc((size_t)count * 2 + 2, sizeof *f->meta);
+    if (!f->tensors || !f->meta) {
+        rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    const cJSON *e;
+    cJSON_ArrayForEach(e, root) {
+        if (strcmp(e->string, "__metadata__") == 0) {
+            const cJSON *kv;
+            if (!cJSON_IsObject(e)) {
+                rc = cddp_error_set(err, CDDP_EFORMAT, "%s: __metadata__ is not an object", path);
+                goto out;
+            }
+            int nkv = cJSON_GetArraySize(e);
+            char **meta = cddp_realloc(f->meta, (size_t)(2 * nkv + 2) * sizeof *meta);
+            if (!meta) {
+                rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
+                goto out;
+            }
+            f->meta = meta;
+            cJSON_ArrayForEach(kv, e) {
+                if (!cJSON_IsString(kv)) {
+                    rc = cddp_error_set(err, CDDP_EFORMAT, "%s: metadata '%s' is not a string",
+                                        path, kv->string);
+                    goto out;
+                }
+                f->meta[2 * f->nmeta] = cddp_strdup(kv->string);
+                f->meta[2 * f->nmeta + 1] = cddp_strdup(kv->valuestring);
+                f->nmeta++;
+            }
+            continue;
+        }
+        cddp_st_tensor *t = &f->tensors[f->n];
+        rc = parse_entry(path, e, data_len, t, err);
+        if (rc) goto out;
+        t->name = cddp_strdup(e->string);
+        f->n++;
+    }
+    f->data = cddp_aligned_alloc(data_len);
+    if (!f->data || (data_len && fread(f->data, 1, data_len, fp) != data_len)) {
+        rc = cddp_error_set(err, f->data ? CDDP_EIO : CDDP_ENOMEM, "%s: cannot read %" PRIu64
+                            " bytes of tensor data", path, data_len);
+        goto out;
+    }
+    for (int i = 0; i < f->n; i++)
+        f->tensors[i].data = (const char *)f->data + (uintptr_t)f->tensors[i].data;
+out:
+    if (fp) fclose(fp);
+    cJSON_Delete(root);
+    cddp_free(header);
+    if (rc != CDDP_OK) {
+        cddp_safetensors_destroy(f);
+        return NULL;
+    }
+    return f;
+}
+
+int cddp_safetensors_count(const cddp_safetensors *f) {
+    return f->n;
+}
+
+const cddp_st_tensor *cddp_safetensors_at(const cddp_safetensors *f, int i) {
+    CDDP_CHECK(i >= 0 && i < f->n, "tensor index %d out of range (%d tensors)", i, f->n);
+    return &f->tensors[i];
+}
+
+const cddp_st_tensor *cddp_safetensors_find(const cddp_safetensors *f, const char *name) {
+    for (int i = 0; i < f->n; i++)
+        if (strcmp(f->tensors[i].name, name) == 0) return &f->tensors[i];
+    return NULL;
+}
+
+const char *cddp_safetensors_meta(const cddp_safetensors *f, const char *key) {
+    for (int i = 0; i < f->nmeta; i++)
+        if (strcmp(f->meta[2 * i], key) == 0) return f->meta[2 * i + 1];
+    return NULL;
+}
