@@ -223,8 +223,10 @@ static void softmax_rows(const float *x, float *y, int64_t rows, int64_t C, bool
         double sum = 0.0;
         for (int64_t j = 0; j < C; j++) sum += exp((double)(a[j] - m));
         if (take_log) {
-            float lse = m + (float)log(sum);
-            for (int64_t j = 0; j < C; j++) b[j] = a[j] - lse;
+            /* (a - m) is exact for nearby values; subtracting m + log(sum) at once would round
+             * at the magnitude of m. */
+            float ls = (float)log(sum);
+            for (int64_t j = 0; j < C; j++) b[j] = (a[j] - m) - ls;
         } else {
             for (int64_t j = 0; j < C; j++) b[j] = (float)(exp((double)(a[j] - m)) / sum);
         }

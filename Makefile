@@ -1,0 +1,47 @@
+# The user's interface to cddp. Every target installs the Debian packages it needs first
+# (scripts/deps.sh: nothing happens when they are present), then drives CMake in build/.
+#
+#   make          build everything into build/ (programs in build/bin/)
+#   make test     build with -Wall -Wextra -Werror and run the whole suite (ctest)
+#   make demo     train on Fashion-MNIST
+#   make bench    cddp against PyTorch, side by side (installs python3-torch)
+#   make install  headers, libraries, pkg-config and CMake files under PREFIX (default /usr/local)
+
+BUILD ?= build
+PREFIX ?= /usr/local
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_CONFIGURE = cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCDDP_WERROR=ON \
+                  -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_FLAGS) >/dev/null
+
+.PHONY: all build test demo bench install clean
+
+all: build
+
+build:
+	@scripts/deps.sh build
+	@$(CMAKE_CONFIGURE)
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test:
+	@scripts/deps.sh test
+	@$(CMAKE_CONFIGURE)
+	@cmake --build $(BUILD) -j $(JOBS)
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+demo:
+	@scripts/deps.sh demo
+	@$(CMAKE_CONFIGURE)
+	@cmake --build $(BUILD) -j $(JOBS) --target fashion_mnist
+	$(BUILD)/bin/fashion_mnist --epochs 2 --save $(BUILD)/fashion_mnist.safetensors
+
+bench:
+	@scripts/deps.sh bench
+	@$(CMAKE_CONFIGURE)
+	@cmake --build $(BUILD) -j $(JOBS) --target bench_mlp
+	bench/mlp_vs_torch.sh $(BUILD)/bin/bench_mlp
+
+install: build
+	cmake --install $(BUILD)
+
+clean:
+	rm -rf $(BUILD) build-asan

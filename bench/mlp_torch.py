@@ -1,0 +1,65 @@
+#!/usr/bin/python3
+"""mlp_torch.py: PyTorch's side of bench/mlp_vs_torch.sh, in the setting of bench_mlp.c.
+
+The MLP 784-512-512-10, one epoch of Fashion-MNIST at batch 32, SGD lr 0.01, one thread: the
+training set normalised once up front, a seeded shuffle, and the clock around the training loop
+only (batch gathering included). Prints one JSON line.
+"""
+import argparse
+import gzip
+import json
+import os
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def idx(path):
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    ndim = raw[3]
+    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--data", default=os.environ.get("CDDP_DATA",
+                                                    "/usr/share/datasets/fashion-mnist"))
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    x = torch.tensor(idx(os.path.join(a.data, "train-images-idx3-ubyte.gz")), dtype=torch.float32)
+    x = ((x / 255.0 - 0.1307) / 0.3081).reshape(-1, 784)
+    y = torch.tensor(idx(os.path.join(a.data, "train-labels-idx1-ubyte.gz")), dtype=torch.int64)
+    model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                          nn.Linear(512, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr)
+    loss_fn = nn.CrossEntropyLoss()
+    n, samples, train_s = x.shape[0], 0, 0.0
+    for _ in range(a.epochs):
+        order = torch.randperm(n)
+        t0 = time.perf_counter()
+        for first in range(0, n, a.batch_size):
+            idx_b = order[first:first + a.batch_size]
+            xb, yb = x[idx_b], y[idx_b]
+            loss = loss_fn(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            samples += xb.shape[0]
+        train_s += time.perf_counter() - t0
+    print(json.dumps({"impl": "pytorch", "version": torch.__version__, "batch": a.batch_size,
+                      "threads": a.threads, "samples": samples, "train_s": round(train_s, 3),
+                      "samples_per_s": round(samples / train_s, 1),
+                      "final_loss": round(loss.item(), 4)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+#!/bin/sh
+# check_run.sh: runs a program and checks what it did, for ctest.
+#
+#   check_run.sh [--exit N] [--stdout TEXT] [--stderr TEXT] [--json-min KEY=MIN] -- PROGRAM ARGS
+#
+# --exit: the exit status must be N. --stdout/--stderr: that stream must contain TEXT.
+# --json-min: the last line of stdout is JSON whose number KEY must be >= MIN.
+set -u
+want_exit="" ; want_out="" ; want_err="" ; json_min=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --exit) want_exit=$2; shift 2 ;;
+    --stdout) want_out=$2; shift 2 ;;
+    --stderr) want_err=$2; shift 2 ;;
+    --json-min) json_min=$2; shift 2 ;;
+    --) shift; break ;;
+    *) echo "check_run.sh: unknown option $1" >&2; exit 2 ;;
+    esac
+done
+out=$(mktemp) ; err=$(mktemp)
+trap 'rm -f "$out" "$err"' EXIT
+"$@" >"$out" 2>"$err"
+rc=$?
+cat "$out"; cat "$err" >&2
+fail=0
+if [ -n "$want_exit" ] && [ "$rc" -ne "$want_exit" ]; then
+    echo "FAIL: exit status $rc, expected $want_exit" >&2; fail=1
+fi
+if [ -n "$want_out" ] && ! grep -qF -- "$want_out" "$out"; then
+    echo "FAIL: stdout lacks '$want_out'" >&2; fail=1
+fi
+if [ -n "$want_err" ] && ! grep -qF -- "$want_err" "$err"; then
+    echo "FAIL: stderr lacks '$want_err'" >&2; fail=1
+fi
+if [ -n "$json_min" ]; then
+    key=${json_min%%=*} ; min=${json_min#*=}
+    val=$(tail -n 1 "$out" | sed -n "s/.*\"$key\": *\([-0-9.eE+]*\).*/\1/p")
+    if [ -z "$val" ]; then
+        echo "FAIL: no \"$key\" in the last line of stdout" >&2; fail=1
+    elif ! awk -v v="$val" -v m="$min" 'BEGIN { exit !(v + 0 >= m + 0) }'; then
+        echo "FAIL: $key = $val, below $min" >&2; fail=1
+    else
+        echo "ok: $key = $val >= $min"
+    fi
+fi
+exit $fail

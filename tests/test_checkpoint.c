@@ -1,0 +1,337 @@
+/* test_checkpoint.c: safetensors files and checkpoints: round trips, mismatches named exactly,
+ * corrupt files rejected, atomic writes that survive a killed writer, and files from Python.
+ *
+ * Run as `test_checkpoint --write-interop PATH` it only writes a file for
+ * tests/reference/check_interop.py to read with NumPy (the other direction of interoperability).
+ */
+#include "helpers.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char dir[256];
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/cddp-test-ckpt-%ld", (long)getpid());
+    return mkdir(dir, 0700);
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    return system(cmd);
+}
+
+static void path_in(char *buf, size_t n, const char *name) {
+    snprintf(buf, n, "%s/%s", dir, name);
+}
+
+static cddp_model *net(int64_t hidden, uint64_t seed) {
+    cddp_model *m = cddp_model_create();
+    assert_int_equal(cddp_model_add(m, "fc", cddp_nn_linear(3, hidden)), 0);
+    assert_int_equal(cddp_model_add(m, "act", cddp_nn_relu()), 0);
+    assert_int_equal(cddp_model_add(m, "out", cddp_nn_linear(hidden, 2)), 0);
+    assert_int_equal(cddp_model_build(m, seed), 0);
+    return m;
+}
+
+static void train_steps(cddp_model *m, cddp_optim *opt, int steps) {
+    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    float x[] = {1, 2, 3, -1, 0.5f, 2};
+    int64_t y[] = {0, 1};
+    for (int i = 0; i < steps; i++) {
+        cddp_ctx_reset(ctx);
+        cddp_tensor *logits = cddp_model_forward(m, ctx, cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(2, 3), x));
+        cddp_tensor *loss = cddp_cross_entropy(ctx, logits, cddp_wrap(ctx, CDDP_I64, CDDP_SHAPE(2), y),
+                                               CDDP_REDUCE_MEAN);
+        cddp_model_zero_grad(m);
+        assert_int_equal(cddp_backward(ctx, loss), CDDP_OK);
+        cddp_optim_step(opt);
+    }
+    cddp_ctx_destroy(ctx);
+}
+
+static void test_round_trip_and_resume(void **state) {
+    (void)state;
+    char path[512];
+    path_in(path, sizeof path, "ckpt.safetensors");
+    cddp_error err = {0};
+    cddp_adamw_options aw = cddp_adamw_defaults(0.01f);
+    cddp_model *a = net(5, 1);
+    cddp_optim *oa = cddp_optim_adamw(a, &aw, &err);
+    train_steps(a, oa, 2);
+    const char *meta[] = {"epoch", "3", "note", "hello", NULL};
+    assert_int_equal(cddp_checkpoint_save(path, a, oa, meta, &err), CDDP_OK);
+
+    cddp_model *b = net(5, 99); /* other weights, to be overwritten */
+    cddp_optim *ob = cddp_optim_adamw(b, &aw, &err);
+    cddp_safetensors *f = NULL;
+    assert_int_equal(cddp_checkpoint_load(path, b, ob, &f, &err), CDDP_OK);
+    assert_string_equal(cddp_safetensors_meta(f, "epoch"), "3");
+    assert_string_equal(cddp_safetensors_meta(f, "note"), "hello");
+    assert_string_equal(cddp_safetensors_meta(f, "optimizer"), "adamw");
+    assert_null(cddp_safetensors_meta(f, "missing"));
+    assert_non_null(cddp_safetensors_find(f, "optim.exp_avg.fc.weight"));
+    cddp_safetensors_destroy(f);
+    size_t n = cddp_model_numel(a) * sizeof(float);
+    assert_memory_equal(cddp_model_data(a), cddp_model_data(b), n);
+    for (int s = 0; s < 2; s++)
+        assert_memory_equal(cddp_optim_state(oa, s, NULL), cddp_optim_state(ob, s, NULL), n);
+    assert_int_equal(cddp_optim_steps(ob), 2);
+    /* Resumed training is bit-identical to uninterrupted training. */
+    train_steps(a, oa, 2);
+    train_steps(b, ob, 2);
+    assert_memory_equal(cddp_model_data(a), cddp_model_data(b), n);
+    cddp_optim_destroy(oa);
+    cddp_optim_destroy(ob);
+    cddp_model_destroy(a);
+    cddp_model_destroy(b);
+}
+
+static void test_mismatch_is_named_and_changes_nothing(void **state) {
+    (void)state;
+    char path[512];
+    path_in(path, sizeof path, "small.safetensors");
+    cddp_error err = {0};
+    cddp_model *a = net(4, 1);
+    assert_int_equal(cddp_checkpoint_save(path, a, NULL, NULL, &err), CDDP_OK);
+    cddp_model *b = net(5, 2);
+    size_t n = cddp_model_numel(b) * sizeof(float);
+    float *before = malloc(n);
+    memcpy(before, cddp_model_data(b), n);
+    assert_int_equal(cddp_checkpoint_load(path, b, NULL, NULL, &err), CDDP_ESHAPE);
+    assert_non_null(strstr(err.msg, "'fc.weight' has shape (4,3) in the file but (5,3) in the model"));
+    assert_non_null(strstr(err.msg, "'out.weight' has shape (2,4) in the file but (2,5)"));
+    assert_non_null(strstr(err.msg, "3 differences"));
+    assert_memory_equal(before, cddp_model_data(b), n);
+    free(before);
+    /* Names: a model with another layer name. */
+    cddp_model *c = cddp_model_create();
+    assert_int_equal(cddp_model_add(c, "fc", cddp_nn_linear(3, 4)), 0);
+    assert_int_equal(cddp_model_add(c, "head", cddp_nn_linear(4, 2)), 0);
+    assert_int_equal(cddp_model_build(c, 0), 0);
+    assert_int_equal(cddp_checkpoint_load(path, c, NULL, NULL, &err), CDDP_ESHAPE);
+    assert_non_null(strstr(err.msg, "'head.weight' is missing from the file"));
+    assert_non_null(strstr(err.msg, "'out.weight' is in the file but not in the model"));
+    /* An optimizer asked for, none saved; and the wrong kind. */
+    cddp_sgd_options so = {.lr = 0.1f, .momentum = 0.9f};
+    cddp_optim *sgd = cddp_optim_sgd(a, &so, &err);
+    assert_int_equal(cddp_checkpoint_load(path, a, sgd, NULL, &err), CDDP_ESHAPE);
+    assert_non_null(strstr(err.msg, "no optimizer state"));
+    assert_int_equal(cddp_checkpoint_save(path, a, sgd, NULL, &err), CDDP_OK);
+    cddp_adamw_options aw = cddp_adamw_defaults(0.1f);
+    cddp_optim *adam = cddp_optim_adamw(a, &aw, &err);
+    assert_int_equal(cddp_checkpoint_load(path, a, adam, NULL, &err), CDDP_ESHAPE);
+    assert_non_null(strstr(err.msg, "holds sgd state but the optimizer is adamw"));
+    cddp_optim_destroy(sgd);
+    cddp_optim_destroy(adam);
+    cddp_model_destroy(a);
+    cddp_model_destroy(b);
+    cddp_model_destroy(c);
+}
+
+static void write_bytes(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    fclose(f);
+}
+
+static char *read_all(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc(*n);
+    assert_int_equal(fread(buf, 1, *n, f), *n);
+    fclose(f);
+    return buf;
+}
+
+static void expect_read_error(const char *path, int code, const char *text) {
+    cddp_error err = {0};
+    assert_null(cddp_safetensors_read(path, &err));
+    assert_int_equal(err.code, code);
+    if (!strstr(err.msg, text)) fail_msg("error '%s' lacks '%s'", err.msg, text);
+    assert_non_null(strstr(err.msg, path));
+}
+
+static void test_corrupt_files(void **state) {
+    (void)state;
+    char good[512], bad[512];
+    path_in(good, sizeof good, "good.safetensors");
+    path_in(bad, sizeof bad, "bad.safetensors");
+    cddp_error err = {0};
+    cddp_model *m = net(8, 1);
+    assert_int_equal(cddp_checkpoint_save(good, m, NULL, NULL, &err), CDDP_OK);
+    size_t n;
+    char *blob = read_all(good, &n);
+    /* Truncated data. */
+    write_bytes(bad, blob, n - 10);
+    expect_read_error(bad, CDDP_EFORMAT, "is the file truncated?");
+    /* Truncated inside the header, and too short for a header. */
+    write_bytes(bad, blob, 20);
+    expect_read_error(bad, CDDP_EFORMAT, "header length");
+    write_bytes(bad, blob, 5);
+    expect_read_error(bad, CDDP_EFORMAT, "too short");
+    /* A header length that points past the end. */
+    char *copy = malloc(n);
+    memcpy(copy, blob, n);
+    uint64_t huge = 1ull << 40;
+    memcpy(copy, &huge, 8);
+    write_bytes(bad, copy, n);
+    expect_read_error(bad, CDDP_EFORMAT, "header length");
+    /* Broken JSON. */
+    memcpy(copy, blob, n);
+    copy[8] = '[';
+    write_bytes(bad, copy, n);
+    expect_read_error(bad, CDDP_EFORMAT, "not a JSON object");
+    /* A dtype cddp does not read. */
+    memcpy(copy, blob, n);
+    char *dt = strstr(copy + 8, "\"F32\"");
+    assert_non_null(dt);
+    memcpy(dt, "\"BF6\"", 5);
+    write_bytes(bad, copy, n);
+    expect_read_error(bad, CDDP_EUNSUPPORTED, "dtype BF6");
+    /* A shape that disagrees with its byte range. */
+    memcpy(copy, blob, n);
+    char *shape = strstr(copy + 8, "[8,3]");
+    assert_non_null(shape);
+    shape[1] = '7';
+    write_bytes(bad, copy, n);
+    expect_read_error(bad, CDDP_EFORMAT, "shape and dtype need");
+    /* No file at all. */
+    path_in(bad, sizeof bad, "absent.safetensors");
+    expect_read_error(bad, CDDP_ENOENT, "cannot open");
+    free(copy);
+    free(blob);
+    cddp_model_destroy(m);
+}
+
+static int count_temporaries(void) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strstr(e->d_name, ".tmp.")) n++;
+    closedir(d);
+    return n;
+}
+
+static void test_failed_write_leaves_nothing(void **state) {
+    (void)state;
+    cddp_error err = {0};
+    cddp_model *m = net(4, 1);
+    assert_int_equal(cddp_checkpoint_save("/nonexistent-dir/x.safetensors", m, NULL, NULL, &err),
+                     CDDP_EIO);
+    assert_non_null(strstr(err.msg, "cannot create /nonexistent-dir/x.safetensors.tmp."));
+    /* The final rename fails (the target is a folder): the temporary is removed. */
+    char target[512];
+    path_in(target, sizeof target, "a-folder");
+    assert_int_equal(mkdir(target, 0700), 0);
+    char inner[600];
+    snprintf(inner, sizeof inner, "%s/keep", target);
+    write_bytes(inner, "x", 1);
+    assert_int_equal(cddp_checkpoint_save(target, m, NULL, NULL, &err), CDDP_EIO);
+    assert_non_null(strstr(err.msg, "renaming"));
+    assert_int_equal(count_temporaries(), 0);
+    cddp_model_destroy(m);
+}
+
+/* A writer killed mid-save never leaves a torn checkpoint under the final name: the file there
+ * is always one complete save (every weight equal to that save's constant). */
+static void test_killed_writer_never_tears_the_file(void **state) {
+    (void)state;
+    char path[512];
+    path_in(path, sizeof path, "big.safetensors");
+    cddp_error err = {0};
+    cddp_model *m = cddp_model_create();
+    assert_int_equal(cddp_model_add_param(m, "w", CDDP_SHAPE(4 << 20), (cddp_init){0}, NULL), 0);
+    assert_int_equal(cddp_model_build(m, 0), 0);
+    assert_int_equal(cddp_checkpoint_save(path, m, NULL, NULL, &err), CDDP_OK);
+    for (int round = 0; round < 3; round++) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            for (int k = 1;; k++) {
+                float *d = cddp_model_data(m);
+                for (size_t i = 0; i < cddp_model_numel(m); i++) d[i] = (float)k;
+                if (cddp_checkpoint_save(path, m, NULL, NULL, &err) != CDDP_OK) _exit(1);
+            }
+        }
+        usleep(30000 + 40000 * (useconds_t)round);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        cddp_model *r = cddp_model_create();
+        assert_int_equal(cddp_model_add_param(r, "w", CDDP_SHAPE(4 << 20), (cddp_init){0}, NULL), 0);
+        assert_int_equal(cddp_model_build(r, 0), 0);
+        assert_int_equal(cddp_checkpoint_load(path, r, NULL, NULL, &err), CDDP_OK);
+        const float *d = cddp_model_data(r);
+        for (size_t i = 1; i < cddp_model_numel(r); i++)
+            if (d[i] != d[0]) fail_msg("torn checkpoint: w[0] = %g but w[%zu] = %g", d[0], i, d[i]);
+        cddp_model_destroy(r);
+    }
+    cddp_model_destroy(m);
+}
+
+/* The fixtures under tests/reference were written by Python (safetensors_np.py). */
+static void test_reads_python_written_files(void **state) {
+    (void)state;
+    char path[4096];
+    source_path(path, sizeof path, "tests/reference/cnn.safetensors");
+    cddp_error err = {0};
+    cddp_safetensors *f = cddp_safetensors_read(path, &err);
+    if (!f) fail_msg("%s", err.msg);
+    assert_string_equal(cddp_safetensors_meta(f, "generator"), "tests/reference/make_fixtures.py");
+    const cddp_st_tensor *w = cddp_safetensors_find(f, "init.0.weight");
+    assert_non_null(w);
+    assert_int_equal(w->dtype, CDDP_F32);
+    assert_int_equal(w->ndim, 4);
+    assert_int_equal(w->shape[0], 4);
+    assert_int_equal(w->shape[1], 1);
+    assert_int_equal(w->shape[2], 3);
+    assert_int_equal((uintptr_t)w->data % sizeof(float), 0); /* usable in place */
+    const cddp_st_tensor *y = cddp_safetensors_find(f, "y.0");
+    assert_int_equal(y->dtype, CDDP_I64);
+    for (int i = 0; i < 8; i++) assert_true(((const int64_t *)y->data)[i] >= 0 &&
+                                            ((const int64_t *)y->data)[i] < 10);
+    cddp_safetensors_destroy(f);
+}
+
+/* The file check_interop.py reads: known values of each dtype, and metadata. */
+static int write_interop(const char *path) {
+    float f32[6] = {1.5f, -2.25f, 3.0f, 0.0f, 1e-3f, -7.0f};
+    int64_t i64[3] = {-5, 0, 1ll << 40};
+    int32_t i32[1] = {42};
+    cddp_st_tensor t[3] = {
+        {.name = "weights", .dtype = CDDP_F32, .ndim = 2, .shape = {2, 3}, .data = f32},
+        {.name = "labels", .dtype = CDDP_I64, .ndim = 1, .shape = {3}, .data = i64},
+        {.name = "scalar", .dtype = CDDP_I32, .ndim = 0, .data = i32},
+    };
+    const char *meta[] = {"writer", "cddp", "epoch", "7", NULL};
+    cddp_error err = {0};
+    if (cddp_safetensors_write(path, t, 3, meta, &err) != CDDP_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--write-interop") == 0) return write_interop(argv[2]);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip_and_resume),
+        cmocka_unit_test(test_mismatch_is_named_and_changes_nothing),
+        cmocka_unit_test(test_corrupt_files),
+        cmocka_unit_test(test_failed_write_leaves_nothing),
+        cmocka_unit_test(test_killed_writer_never_tears_the_file),
+        cmocka_unit_test(test_reads_python_written_files),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

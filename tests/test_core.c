@@ -1,0 +1,143 @@
+/* test_core.c: status codes, error messages, knobs (and their README table), logging, arena. */
+#include "helpers.h"
+
+static void test_status_names(void **state) {
+    (void)state;
+    assert_string_equal(cddp_status_name(CDDP_OK), "CDDP_OK");
+    assert_string_equal(cddp_status_name(CDDP_EINVAL), "CDDP_EINVAL");
+    assert_string_equal(cddp_status_name(CDDP_ETIMEDOUT), "CDDP_ETIMEDOUT");
+    assert_string_equal(cddp_status_name(-999), "CDDP_UNKNOWN");
+    assert_string_equal(cddp_status_str(CDDP_ENOMEM), "out of memory");
+    assert_string_equal(cddp_status_str(12345), "unknown status");
+    /* Failures are negative and distinct. */
+    int codes[] = {CDDP_EINVAL, CDDP_ENOMEM, CDDP_EIO,      CDDP_EFORMAT,     CDDP_ESHAPE,
+                   CDDP_ERANGE, CDDP_ENOENT, CDDP_ETIMEDOUT, CDDP_ESTATE, CDDP_EUNSUPPORTED};
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
+        assert_true(codes[i] < 0);
+        for (size_t j = 0; j < i; j++) assert_int_not_equal(codes[i], codes[j]);
+    }
+}
+
+static void test_error_messages(void **state) {
+    (void)state;
+    cddp_error err = {0};
+    assert_string_equal(cddp_error_msg(&err), "success");
+    cddp_log_set_rank(-1);
+    assert_int_equal(cddp_error_set(&err, CDDP_EIO, "disk %s failed", "sda"), CDDP_EIO);
+    assert_int_equal(err.code, CDDP_EIO);
+    assert_string_equal(cddp_error_msg(&err), "disk sda failed");
+    cddp_log_set_rank(3);
+    cddp_error_set(&err, CDDP_EINVAL, "bad count %d", 7);
+    assert_string_equal(cddp_error_msg(&err), "rank 3: bad count 7");
+    cddp_log_set_rank(-1);
+    /* A status without a message reads as its meaning. */
+    cddp_error_clear(&err);
+    err.code = CDDP_ENOENT;
+    assert_string_equal(cddp_error_msg(&err), "no such file or key");
+    /* NULL errors are allowed and the code still comes back. */
+    assert_int_equal(cddp_error_set(NULL, CDDP_ERANGE, "x"), CDDP_ERANGE);
+    /* Long messages are cut, not overflowed. */
+    char big[2000];
+    memset(big, 'a', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    cddp_error_set(&err, CDDP_EIO, "%s", big);
+    assert_int_equal(strlen(err.msg), CDDP_ERROR_MSG_MAX - 1);
+}
+
+static void test_knobs(void **state) {
+    (void)state;
+    unsetenv("CDDP_ARENA_MB");
+    assert_string_equal(cddp_knob_name(CDDP_KNOB_ARENA_MB), "CDDP_ARENA_MB");
+    assert_int_equal(cddp_knob_int(CDDP_KNOB_ARENA_MB), 4096);
+    setenv("CDDP_ARENA_MB", "12", 1);
+    assert_int_equal(cddp_knob_int(CDDP_KNOB_ARENA_MB), 12);
+    setenv("CDDP_ARENA_MB", "12abc", 1); /* not a number: the default, with a logged error */
+    assert_int_equal(cddp_knob_int(CDDP_KNOB_ARENA_MB), 4096);
+    setenv("CDDP_ARENA_MB", "", 1); /* empty counts as unset */
+    assert_int_equal(cddp_knob_int(CDDP_KNOB_ARENA_MB), 4096);
+    unsetenv("CDDP_ARENA_MB");
+    setenv("CDDP_DATA", "/tmp/x", 1);
+    assert_string_equal(cddp_knob_str(CDDP_KNOB_DATA), "/tmp/x");
+    unsetenv("CDDP_DATA");
+    assert_string_equal(cddp_knob_str(CDDP_KNOB_DATA), "/usr/share/datasets/fashion-mnist");
+    for (int k = 0; k < CDDP_KNOB_COUNT; k++) {
+        assert_int_equal(strncmp(cddp_knob_name(k), "CDDP_", 5), 0);
+        assert_true(strlen(cddp_knob_doc(k)) > 10);
+    }
+}
+
+/* README.md's table of environment variables lists every knob with its default. */
+static void test_readme_lists_every_knob(void **state) {
+    (void)state;
+    char path[4096];
+    source_path(path, sizeof path, "README.md");
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    static char text[1 << 20];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    for (int k = 0; k < CDDP_KNOB_COUNT; k++) {
+        char row[256];
+        snprintf(row, sizeof row, "| `%s` | `%s` |", cddp_knob_name(k), cddp_knob_default(k));
+        if (!strstr(text, row)) fail_msg("README.md lacks the row starting %s", row);
+    }
+}
+
+static void test_logging_levels(void **state) {
+    (void)state;
+    /* ctest runs with CDDP_LOG_LEVEL=error. */
+    assert_true(cddp_log_enabled(CDDP_LOG_ERROR));
+    assert_false(cddp_log_enabled(CDDP_LOG_WARN));
+    assert_false(cddp_log_enabled(CDDP_LOG_DEBUG));
+}
+
+static void test_arena(void **state) {
+    (void)state;
+    cddp_arena *a = cddp_arena_create(1 << 16, 64 << 20);
+    assert_non_null(a);
+    cddp_error err = {0};
+    /* Alignment, and growth past the first chunk. */
+    for (int i = 0; i < 100; i++) {
+        void *p = cddp_arena_alloc(a, 10000 + (size_t)i, &err);
+        assert_non_null(p);
+        assert_int_equal((uintptr_t)p % 64, 0);
+        memset(p, i, 10000);
+    }
+    size_t hw = cddp_arena_high_water(a);
+    assert_true(hw >= 100 * 10000);
+    cddp_arena_reset(a);
+    assert_int_equal(cddp_arena_used(a), 0);
+    /* The same step again fits in the coalesced chunk. */
+    for (int i = 0; i < 100; i++) assert_non_null(cddp_arena_alloc(a, 10000 + (size_t)i, &err));
+    assert_int_equal(cddp_arena_high_water(a), hw);
+    /* Past the limit: an error naming the need and the knob. */
+    assert_null(cddp_arena_alloc(a, 100 << 20, &err));
+    assert_int_equal(err.code, CDDP_ENOMEM);
+    assert_non_null(strstr(err.msg, "CDDP_ARENA_MB"));
+    assert_non_null(strstr(err.msg, "needs at least"));
+    cddp_arena_destroy(a);
+    cddp_arena_destroy(NULL);
+}
+
+static void test_alloc(void **state) {
+    (void)state;
+    void *p = cddp_aligned_alloc(1000);
+    assert_non_null(p);
+    assert_int_equal((uintptr_t)p % 64, 0);
+    cddp_aligned_free(p);
+    cddp_aligned_free(NULL);
+    char *s = cddp_strdup("abc");
+    assert_string_equal(s, "abc");
+    cddp_free(s);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_status_names),  cmocka_unit_test(test_error_messages),
+        cmocka_unit_test(test_knobs),         cmocka_unit_test(test_readme_lists_every_knob),
+        cmocka_unit_test(test_logging_levels), cmocka_unit_test(test_arena),
+        cmocka_unit_test(test_alloc),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,329 @@
+/* test_gradcheck.c: every op's backward against central finite differences.
+ *
+ * For each op, 30 cases with random shapes and arguments. A case builds the op on fresh inputs,
+ * reduces the output to a scalar L = sum(out * R) with a fixed random R (so that every output
+ * element carries a different weight), and compares dL/dx from cddp_backward with
+ * (L(x + h) - L(x - h)) / 2h, computed in double from the op's output, for up to 40 elements of
+ * each differentiable input. Inputs stay away from kinks (ReLU at 0, ties in max-pooling, small
+ * denominators) by construction, so a mismatch is a wrong gradient, not a non-differentiable
+ * point. Tolerance: |numeric - analytic| <= 2e-3 + 1e-2 |analytic| with h = 1e-2 in float32.
+ */
+#include "helpers.h"
+
+enum {
+    OP_MATMUL, OP_LINEAR, OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_SCALE, OP_RELU, OP_GELU, OP_TANH,
+    OP_SIGMOID, OP_SOFTMAX, OP_LOG_SOFTMAX, OP_CROSS_ENTROPY, OP_MSE, OP_SUM, OP_MEAN, OP_CONV2D,
+    OP_MAX_POOL2D, OP_DROPOUT, OP_RESHAPE, OP_COUNT
+};
+
+static const char *op_names[OP_COUNT] = {
+    "matmul", "linear", "add", "sub", "mul", "div", "scale", "relu", "gelu", "tanh", "sigmoid",
+    "softmax", "log_softmax", "cross_entropy", "mse_loss", "sum", "mean", "conv2d", "max_pool2d",
+    "dropout", "reshape"};
+
+#define CASES    30
+#define MAX_IN   3
+#define H        1e-2f
+#define CHECKED  40
+
+typedef struct gc_case {
+    int op, nin;
+    int ndim[MAX_IN];
+    int64_t shape[MAX_IN][4];
+    float *data[MAX_IN];
+    int64_t labels[64];
+    bool ta, tb, bias;
+    int stride, pad, kernel;
+    float s;
+    cddp_reduction red;
+} gc_case;
+
+static cddp_ctx *ctx;
+static cddp_rng rng;
+
+static int64_t rnd(int64_t lo, int64_t hi) { /* inclusive */
+    return lo + (int64_t)cddp_rng_below(&rng, (uint64_t)(hi - lo + 1));
+}
+
+static float rndf(float lo, float hi) {
+    return lo + (hi - lo) * cddp_rng_uniform(&rng);
+}
+
+static int64_t numel(const gc_case *c, int i) {
+    int64_t n = 1;
+    for (int d = 0; d < c->ndim[i]; d++) n *= c->shape[i][d];
+    return n;
+}
+
+static void set_shape(gc_case *c, int i, int nd, int64_t a, int64_t b, int64_t d2, int64_t d3) {
+    int64_t s[4] = {a, b, d2, d3};
+    c->ndim[i] = nd;
+    memcpy(c->shape[i], s, sizeof s);
+}
+
+/* Broadcast-compatible shapes for a and b, right-aligned, 1 to 4 dimensions. */
+static void broadcast_shapes(gc_case *c) {
+    int nd = (int)rnd(1, 4);
+    int na = (int)rnd(1, nd), nb = rnd(0, 1) ? nd : (int)rnd(1, nd);
+    if (na < nd && nb < nd) na = nd;
+    c->ndim[0] = na;
+    c->ndim[1] = nb;
+    for (int d = 0; d < nd; d++) {
+        int64_t s = rnd(1, 3);
+        int ia = d - (nd - na), ib = d - (nd - nb);
+        if (ia >= 0) c->shape[0][ia] = rnd(0, 3) ? s : 1;
+        if (ib >= 0) c->shape[1][ib] = rnd(0, 3) ? s : 1;
+        if (ia >= 0 && ib >= 0 && c->shape[0][ia] == 1 && c->shape[1][ib] == 1 && s > 1)
+            c->shape[0][ia] = s;
+    }
+}
+
+static void any_shape(gc_case *c, int i) {
+    c->ndim[i] = (int)rnd(1, 4);
+    for (int d = 0; d < c->ndim[i]; d++) c->shape[i][d] = rnd(1, 4);
+}
+
+/* Random arguments and inputs for one case of op. */
+static void make_case(gc_case *c, int op) {
+    memset(c, 0, sizeof *c);
+    c->op = op;
+    c->nin = 1;
+    c->red = rnd(0, 1) ? CDDP_REDUCE_SUM : CDDP_REDUCE_MEAN;
+    switch (op) {
+    case OP_MATMUL: {
+        int64_t M = rnd(1, 6), K = rnd(1, 6), N = rnd(1, 6);
+        c->ta = rnd(0, 1);
+        c->tb = rnd(0, 1);
+        c->nin = 2;
+        set_shape(c, 0, 2, c->ta ? K : M, c->ta ? M : K, 0, 0);
+        set_shape(c, 1, 2, c->tb ? N : K, c->tb ? K : N, 0, 0);
+        break;
+    }
+    case OP_LINEAR: {
+        int64_t N = rnd(1, 5), in = rnd(1, 6), out = rnd(1, 5);
+        c->bias = rnd(0, 1);
+        c->nin = c->bias ? 3 : 2;
+        set_shape(c, 0, 2, N, in, 0, 0);
+        set_shape(c, 1, 2, out, in, 0, 0);
+        set_shape(c, 2, 1, out, 0, 0, 0);
+        break;
+    }
+    case OP_ADD:
+    case OP_SUB:
+    case OP_MUL:
+    case OP_DIV:
+        c->nin = 2;
+        broadcast_shapes(c);
+        break;
+    case OP_CROSS_ENTROPY:
+        set_shape(c, 0, 2, rnd(1, 6), rnd(2, 7), 0, 0);
+        for (int64_t i = 0; i < c->shape[0][0]; i++) c->labels[i] = rnd(0, c->shape[0][1] - 1);
+        break;
+    case OP_MSE:
+        c->nin = 2;
+        any_shape(c, 0);
+        c->ndim[1] = c->ndim[0];
+        memcpy(c->shape[1], c->shape[0], sizeof c->shape[0]);
+        break;
+    case OP_CONV2D: {
+        c->kernel = (int)rnd(1, 3);
+        c->stride = (int)rnd(1, 2);
+        c->pad = (int)rnd(0, 2);
+        c->bias = rnd(0, 1);
+        c->nin = c->bias ? 3 : 2;
+        int64_t C = rnd(1, 3), O = rnd(1, 3);
+        int64_t Hh = rnd(c->kernel, 6), Ww = rnd(c->kernel, 6);
+        set_shape(c, 0, 4, rnd(1, 2), C, Hh, Ww);
+        set_shape(c, 1, 4, O, C, c->kernel, c->kernel);
+        set_shape(c, 2, 1, O, 0, 0, 0);
+        break;
+    }
+    case OP_MAX_POOL2D:
+        c->kernel = (int)rnd(1, 3);
+        c->stride = (int)rnd(1, 3);
+        c->pad = (int)rnd(0, c->kernel / 2);
+        set_shape(c, 0, 4, rnd(1, 2), rnd(1, 3), rnd(c->kernel, 6), rnd(c->kernel, 6));
+        break;
+    case OP_SCALE: c->s = rndf(-3, 3); any_shape(c, 0); break;
+    case OP_DROPOUT: c->s = rndf(0.1f, 0.8f); any_shape(c, 0); break;
+    default: any_shape(c, 0); break;
+    }
+    for (int i = 0; i < c->nin; i++) {
+        int64_t n = numel(c, i);
+        c->data[i] = malloc(sizeof(float) * (size_t)n);
+        for (int64_t k = 0; k < n; k++) {
+            float v = rndf(-1, 1);
+            if (op == OP_RELU) v = (v < 0 ? -1.0f : 1.0f) * rndf(0.05f, 1.0f); /* no kink */
+            if (op == OP_DIV && i == 1) v = (rnd(0, 1) ? 1.0f : -1.0f) * rndf(1.0f, 2.0f);
+            c->data[i][k] = v;
+        }
+    }
+    if (op == OP_MAX_POOL2D) {
+        /* Distinct values 0.05 apart, shuffled: no window has a near tie. */
+        int64_t n = numel(c, 0);
+        for (int64_t k = 0; k < n; k++) c->data[0][k] = 0.05f * (float)k - 1.0f;
+        for (int64_t k = n - 1; k > 0; k--) {
+            int64_t j = rnd(0, k);
+            float t = c->data[0][k];
+            c->data[0][k] = c->data[0][j];
+            c->data[0][j] = t;
+        }
+    }
+}
+
+static cddp_tensor *forward(gc_case *c, cddp_tensor **in) {
+    switch (c->op) {
+    case OP_MATMUL: return cddp_matmul(ctx, in[0], in[1], c->ta, c->tb);
+    case OP_LINEAR: return cddp_linear(ctx, in[0], in[1], c->bias ? in[2] : NULL);
+    case OP_ADD: return cddp_add(ctx, in[0], in[1]);
+    case OP_SUB: return cddp_sub(ctx, in[0], in[1]);
+    case OP_MUL: return cddp_mul(ctx, in[0], in[1]);
+    case OP_DIV: return cddp_div(ctx, in[0], in[1]);
+    case OP_SCALE: return cddp_scale(ctx, in[0], c->s);
+    case OP_RELU: return cddp_relu(ctx, in[0]);
+    case OP_GELU: return cddp_gelu(ctx, in[0]);
+    case OP_TANH: return cddp_tanh(ctx, in[0]);
+    case OP_SIGMOID: return cddp_sigmoid(ctx, in[0]);
+    case OP_SOFTMAX: return cddp_softmax(ctx, in[0]);
+    case OP_LOG_SOFTMAX: return cddp_log_softmax(ctx, in[0]);
+    case OP_CROSS_ENTROPY: {
+        cddp_tensor *y = cddp_wrap(ctx, CDDP_I64, 1, c->shape[0], c->labels);
+        return cddp_cross_entropy(ctx, in[0], y, c->red);
+    }
+    case OP_MSE: return cddp_mse_loss(ctx, in[0], in[1], c->red);
+    case OP_SUM: return cddp_sum(ctx, in[0]);
+    case OP_MEAN: return cddp_mean(ctx, in[0]);
+    case OP_CONV2D: return cddp_conv2d(ctx, in[0], in[1], c->bias ? in[2] : NULL, c->stride, c->pad);
+    case OP_MAX_POOL2D: return cddp_max_pool2d(ctx, in[0], c->kernel, c->stride, c->pad);
+    case OP_DROPOUT:
+        cddp_rng_seed(cddp_ctx_rng(ctx), 99); /* the same mask at every evaluation */
+        return cddp_dropout(ctx, in[0], c->s, true);
+    case OP_RESHAPE: return cddp_flatten(ctx, cddp_reshape(ctx, in[0], CDDP_SHAPE(-1)));
+    }
+    return NULL;
+}
+
+/* Builds the case; returns L = sum(out * R) in double. With grads, also back-propagates L and
+ * copies each input's gradient into grads[i]. */
+static double evaluate(gc_case *c, const float *R, float **grads) {
+    cddp_ctx_reset(ctx);
+    cddp_tensor *in[MAX_IN];
+    for (int i = 0; i < c->nin; i++) {
+        in[i] = cddp_wrap(ctx, CDDP_F32, c->ndim[i], c->shape[i], c->data[i]);
+        if (grads) cddp_requires_grad(ctx, in[i]);
+    }
+    cddp_tensor *out = forward(c, in);
+    assert_non_null(out);
+    double L = 0.0;
+    for (int64_t k = 0; k < out->numel; k++) L += (double)cddp_f32(out)[k] * R[k];
+    if (grads) {
+        cddp_tensor *r = cddp_wrap(ctx, CDDP_F32, out->ndim, out->shape, (void *)R);
+        cddp_tensor *loss = cddp_sum(ctx, cddp_mul(ctx, out, r));
+        assert_int_equal(cddp_backward(ctx, loss), CDDP_OK);
+        for (int i = 0; i < c->nin; i++) {
+            int64_t n = numel(c, i);
+            if (in[i]->grad) memcpy(grads[i], in[i]->grad, sizeof(float) * (size_t)n);
+            else memset(grads[i], 0, sizeof(float) * (size_t)n);
+        }
+    }
+    return L;
+}
+
+static void check_op(int op) {
+    int checked = 0;
+    for (int k = 0; k < CASES; k++) {
+        gc_case c;
+        make_case(&c, op);
+        /* R has the output's size, which a grad-free evaluation tells. */
+        cddp_ctx_reset(ctx);
+        cddp_tensor *probe_in[MAX_IN];
+        for (int i = 0; i < c.nin; i++)
+            probe_in[i] = cddp_wrap(ctx, CDDP_F32, c.ndim[i], c.shape[i], c.data[i]);
+        int64_t out_n = forward(&c, probe_in)->numel;
+        float *R = malloc(sizeof(float) * (size_t)out_n);
+        for (int64_t j = 0; j < out_n; j++) R[j] = rndf(-1, 1);
+        float *grads[MAX_IN];
+        for (int i = 0; i < c.nin; i++) grads[i] = malloc(sizeof(float) * (size_t)numel(&c, i));
+        evaluate(&c, R, grads);
+        for (int i = 0; i < c.nin; i++) {
+            int64_t n = numel(&c, i);
+            for (int t = 0; t < CHECKED && t < n; t++) {
+                int64_t e = n <= CHECKED ? t : rnd(0, n - 1);
+                float keep = c.data[i][e];
+                c.data[i][e] = keep + H;
+                double up = evaluate(&c, R, NULL);
+                c.data[i][e] = keep - H;
+                double down = evaluate(&c, R, NULL);
+                c.data[i][e] = keep;
+                double num = (up - down) / (2.0 * H), ana = grads[i][e];
+                if (!(fabs(num - ana) <= 2e-3 + 1e-2 * fabs(ana)))
+                    fail_msg("%s case %d: d/d input%d[%lld] analytic %.6g, numeric %.6g", op_names[op],
+                             k, i, (long long)e, ana, num);
+                checked++;
+            }
+        }
+        for (int i = 0; i < c.nin; i++) {
+            free(grads[i]);
+            free(c.data[i]);
+        }
+        free(R);
+    }
+    assert_true(checked >= CASES); /* every case compared something */
+}
+
+#define GC_TEST(name, op)                                                                          \
+    static void test_grad_##name(void **state) {                                                   \
+        (void)state;                                                                               \
+        check_op(op);                                                                              \
+    }
+GC_TEST(matmul, OP_MATMUL)
+GC_TEST(linear, OP_LINEAR)
+GC_TEST(add, OP_ADD)
+GC_TEST(sub, OP_SUB)
+GC_TEST(mul, OP_MUL)
+GC_TEST(div, OP_DIV)
+GC_TEST(scale, OP_SCALE)
+GC_TEST(relu, OP_RELU)
+GC_TEST(gelu, OP_GELU)
+GC_TEST(tanh, OP_TANH)
+GC_TEST(sigmoid, OP_SIGMOID)
+GC_TEST(softmax, OP_SOFTMAX)
+GC_TEST(log_softmax, OP_LOG_SOFTMAX)
+GC_TEST(cross_entropy, OP_CROSS_ENTROPY)
+GC_TEST(mse_loss, OP_MSE)
+GC_TEST(sum, OP_SUM)
+GC_TEST(mean, OP_MEAN)
+GC_TEST(conv2d, OP_CONV2D)
+GC_TEST(max_pool2d, OP_MAX_POOL2D)
+GC_TEST(dropout, OP_DROPOUT)
+GC_TEST(reshape, OP_RESHAPE)
+
+static int setup(void **state) {
+    (void)state;
+    cddp_rng_seed(&rng, 2024);
+    ctx = cddp_ctx_create(NULL);
+    return ctx ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    cddp_ctx_destroy(ctx);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_grad_matmul),        cmocka_unit_test(test_grad_linear),
+        cmocka_unit_test(test_grad_add),           cmocka_unit_test(test_grad_sub),
+        cmocka_unit_test(test_grad_mul),           cmocka_unit_test(test_grad_div),
+        cmocka_unit_test(test_grad_scale),         cmocka_unit_test(test_grad_relu),
+        cmocka_unit_test(test_grad_gelu),          cmocka_unit_test(test_grad_tanh),
+        cmocka_unit_test(test_grad_sigmoid),       cmocka_unit_test(test_grad_softmax),
+        cmocka_unit_test(test_grad_log_softmax),   cmocka_unit_test(test_grad_cross_entropy),
+        cmocka_unit_test(test_grad_mse_loss),      cmocka_unit_test(test_grad_sum),
+        cmocka_unit_test(test_grad_mean),          cmocka_unit_test(test_grad_conv2d),
+        cmocka_unit_test(test_grad_max_pool2d),    cmocka_unit_test(test_grad_dropout),
+        cmocka_unit_test(test_grad_reshape),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,177 @@
+/* test_nn.c: parameter naming and layout, PyTorch's initialisation, model errors, and a custom
+ * model built from raw ops (the seed's linear regression). */
+#include "helpers.h"
+
+static void test_sequential_names_and_layout(void **state) {
+    (void)state;
+    cddp_model *m = cddp_model_create();
+    assert_int_equal(cddp_model_add(m, NULL, cddp_nn_flatten()), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, NULL, cddp_nn_linear(784, 16)), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, NULL, cddp_nn_relu()), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, "head", cddp_nn_linear(16, 10)), CDDP_OK);
+    assert_int_equal(cddp_model_build(m, 0), CDDP_OK);
+    const char *names[] = {"1.weight", "1.bias", "head.weight", "head.bias"};
+    int64_t sizes[] = {16 * 784, 16, 10 * 16, 10};
+    assert_int_equal(cddp_model_num_params(m), 4);
+    size_t off = 0;
+    for (int i = 0; i < 4; i++) {
+        cddp_tensor *p = cddp_model_param(m, i);
+        assert_string_equal(p->name, names[i]);
+        assert_int_equal(p->numel, sizes[i]);
+        assert_int_equal(cddp_model_param_offset(m, i), off);
+        /* Views into the flat blocks, back to back. */
+        assert_ptr_equal(p->data, cddp_model_data(m) + off);
+        assert_ptr_equal(p->grad, cddp_model_grad(m) + off);
+        assert_ptr_equal(cddp_model_find(m, names[i]), p);
+        off += (size_t)sizes[i];
+    }
+    assert_int_equal(cddp_model_numel(m), off);
+    assert_null(cddp_model_find(m, "0.weight"));
+    cddp_tensor *w = cddp_model_find(m, "head.weight");
+    assert_int_equal(w->shape[0], 10);
+    assert_int_equal(w->shape[1], 16);
+    cddp_model_destroy(m);
+}
+
+/* U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for Linear and Conv2d weights and biases. */
+static void check_uniform(const cddp_tensor *p, double bound) {
+    double s = 0, s2 = 0;
+    for (int64_t i = 0; i < p->numel; i++) {
+        double v = cddp_f32(p)[i];
+        assert_true(fabs(v) <= bound);
+        s += v;
+        s2 += v * v;
+    }
+    double n = (double)p->numel;
+    if (n >= 1000) {
+        assert_close(s / n, 0.0, 0, bound * 0.05);
+        assert_close(sqrt(s2 / n), bound / sqrt(3.0), 0.03, 0);
+    }
+}
+
+static void test_pytorch_default_init(void **state) {
+    (void)state;
+    cddp_model *m = cddp_model_create();
+    assert_int_equal(cddp_model_add(m, "fc", cddp_nn_linear(784, 512)), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, "conv", cddp_nn_conv2d(3, 64, 5, 1, 2)), CDDP_OK);
+    assert_int_equal(cddp_model_build(m, 11), CDDP_OK);
+    check_uniform(cddp_model_find(m, "fc.weight"), 1.0 / sqrt(784.0));
+    check_uniform(cddp_model_find(m, "fc.bias"), 1.0 / sqrt(784.0));
+    check_uniform(cddp_model_find(m, "conv.weight"), 1.0 / sqrt(75.0));
+    check_uniform(cddp_model_find(m, "conv.bias"), 1.0 / sqrt(75.0));
+    assert_int_equal(cddp_model_find(m, "conv.weight")->ndim, 4);
+    /* Gradients start at zero. */
+    for (size_t i = 0; i < cddp_model_numel(m); i++) assert_true(cddp_model_grad(m)[i] == 0.0f);
+    cddp_model_destroy(m);
+}
+
+static cddp_model *small(uint64_t seed) {
+    cddp_model *m = cddp_model_create();
+    assert_int_equal(cddp_model_add(m, NULL, cddp_nn_linear(5, 4)), CDDP_OK);
+    assert_int_equal(cddp_model_build(m, seed), CDDP_OK);
+    return m;
+}
+
+/* One seed, the same weights: how every rank starts identical. */
+static void test_seeded_init_is_reproducible(void **state) {
+    (void)state;
+    cddp_model *a = small(5), *b = small(5), *c = small(6);
+    size_t n = cddp_model_numel(a) * sizeof(float);
+    assert_memory_equal(cddp_model_data(a), cddp_model_data(b), n);
+    assert_memory_not_equal(cddp_model_data(a), cddp_model_data(c), n);
+    cddp_model_destroy(a);
+    cddp_model_destroy(b);
+    cddp_model_destroy(c);
+}
+
+static void test_model_errors(void **state) {
+    (void)state;
+    cddp_model *m = cddp_model_create();
+    assert_int_equal(cddp_model_add(m, "fc", cddp_nn_linear(4, 4)), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, "fc", cddp_nn_linear(4, 4)), CDDP_EINVAL);
+    assert_non_null(strstr(cddp_model_error(m), "'fc.weight' is already used"));
+    assert_int_equal(cddp_model_add(m, "bad", cddp_nn_linear(0, 4)), CDDP_EINVAL);
+    assert_non_null(strstr(cddp_model_error(m), "must be positive"));
+    assert_int_equal(cddp_model_add(m, "drop", cddp_nn_dropout(1.5f)), CDDP_EINVAL);
+    assert_int_equal(cddp_model_add(m, "conv", cddp_nn_conv2d(1, 1, 3, 0, 0)), CDDP_EINVAL);
+    assert_int_equal(cddp_model_add_param(m, "p", CDDP_SHAPE(2, -1), (cddp_init){0}, NULL),
+                     CDDP_EINVAL);
+    assert_int_equal(cddp_model_build(m, 0), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, "late", cddp_nn_relu()), CDDP_ESTATE);
+    assert_non_null(strstr(cddp_model_error(m), "already built"));
+    assert_int_equal(cddp_model_build(m, 0), CDDP_ESTATE);
+    cddp_model_destroy(m);
+    cddp_model_destroy(NULL);
+}
+
+static void test_forward_shapes_and_training_mode(void **state) {
+    (void)state;
+    cddp_model *m = cddp_model_create();
+    assert_int_equal(cddp_model_add(m, "conv", cddp_nn_conv2d(1, 4, 3, 1, 1)), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, "act", cddp_nn_gelu()), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, "pool", cddp_nn_max_pool2d(2, 0)), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, "flat", cddp_nn_flatten()), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, "drop", cddp_nn_dropout(0.5f)), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, "fc", cddp_nn_linear(4 * 14 * 14, 3)), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, "out", cddp_nn_tanh()), CDDP_OK);
+    assert_int_equal(cddp_model_build(m, 0), CDDP_OK);
+    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_tensor *x = cddp_ones(ctx, CDDP_F32, CDDP_SHAPE(2, 1, 28, 28));
+    cddp_tensor *train = cddp_model_forward(m, ctx, x);
+    assert_int_equal(train->ndim, 2);
+    assert_int_equal(train->shape[0], 2);
+    assert_int_equal(train->shape[1], 3);
+    cddp_model_set_training(m, false);
+    assert_false(cddp_model_training(m));
+    cddp_tensor *eval1 = cddp_model_forward(m, ctx, x), *eval2 = cddp_model_forward(m, ctx, x);
+    /* Without dropout the output is deterministic; with it, it differs. */
+    assert_memory_equal(eval1->data, eval2->data, 6 * sizeof(float));
+    assert_memory_not_equal(eval1->data, train->data, 6 * sizeof(float));
+    cddp_ctx_destroy(ctx);
+    cddp_model_destroy(m);
+}
+
+/* The OneFlow seed's model: one (2,1) parameter w starting at zero, y = x w, MSE with sum
+ * reduction, SGD lr 0.01 for 500 iterations, on both ranks' data at once. w must reach [2, 3]. */
+static void test_custom_model_linear_regression(void **state) {
+    (void)state;
+    cddp_model *m = cddp_model_create();
+    int w;
+    assert_int_equal(cddp_model_add_param(m, "w", CDDP_SHAPE(2, 1), (cddp_init){0}, &w), CDDP_OK);
+    assert_int_equal(cddp_model_build(m, 0), CDDP_OK);
+    cddp_error err = {0};
+    cddp_optim *opt = cddp_optim_sgd(m, &(cddp_sgd_options){.lr = 0.01f}, &err);
+    assert_non_null(opt);
+    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    float x[] = {1, 2, 2, 3, 4, 6, 3, 1}, y[] = {8, 13, 26, 9};
+    float loss = 0;
+    for (int i = 0; i < 500; i++) {
+        cddp_ctx_reset(ctx);
+        cddp_tensor *pred = cddp_matmul(ctx, cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(4, 2), x),
+                                        cddp_model_param(m, w), false, false);
+        cddp_tensor *l = cddp_mse_loss(ctx, pred, cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(4, 1), y),
+                                       CDDP_REDUCE_SUM);
+        cddp_model_zero_grad(m);
+        assert_int_equal(cddp_backward(ctx, l), CDDP_OK);
+        cddp_optim_step(opt);
+        loss = (float)cddp_get(l, 0);
+    }
+    assert_close(cddp_model_data(m)[0], 2.0, 0, 1e-3);
+    assert_close(cddp_model_data(m)[1], 3.0, 0, 1e-3);
+    assert_true(loss < 1e-6f);
+    cddp_ctx_destroy(ctx);
+    cddp_optim_destroy(opt);
+    cddp_model_destroy(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sequential_names_and_layout),
+        cmocka_unit_test(test_pytorch_default_init),
+        cmocka_unit_test(test_seeded_init_is_reproducible),
+        cmocka_unit_test(test_model_errors),
+        cmocka_unit_test(test_forward_shapes_and_training_mode),
+        cmocka_unit_test(test_custom_model_linear_regression),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,388 @@
+/* test_ops.c: forward values of every op against hand-computed or naively computed results. */
+#include "helpers.h"
+
+static cddp_ctx *ctx;
+
+static int setup(void **state) {
+    (void)state;
+    ctx = cddp_ctx_create(&(cddp_ctx_options){.seed = 7});
+    return ctx ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    cddp_ctx_destroy(ctx);
+    return 0;
+}
+
+static cddp_tensor *vec(int64_t n, const float *v) {
+    return cddp_from_data(ctx, CDDP_F32, 1, (int64_t[]){n}, v);
+}
+
+static void test_creation(void **state) {
+    (void)state;
+    cddp_ctx_reset(ctx);
+    cddp_tensor *z = cddp_zeros(ctx, CDDP_F32, CDDP_SHAPE(2, 3));
+    cddp_tensor *o = cddp_ones(ctx, CDDP_I64, CDDP_SHAPE(4));
+    assert_int_equal(z->ndim, 2);
+    assert_int_equal(z->numel, 6);
+    for (int i = 0; i < 6; i++) assert_true(cddp_get(z, i) == 0.0);
+    for (int i = 0; i < 4; i++) assert_true(cddp_get(o, i) == 1.0);
+    int32_t raw[3] = {5, -2, 9};
+    cddp_tensor *c = cddp_from_data(ctx, CDDP_I32, CDDP_SHAPE(3), raw);
+    raw[0] = 0; /* from_data copies */
+    assert_true(cddp_get(c, 0) == 5.0 && cddp_get(c, 2) == 9.0);
+    float buf[2] = {1, 2};
+    cddp_tensor *w = cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(2), buf);
+    assert_ptr_equal(w->data, buf); /* wrap does not */
+    assert_int_equal(cddp_dtype_size(CDDP_I64), 8);
+    assert_string_equal(cddp_dtype_name(CDDP_I32), "int32");
+    cddp_tensor *s = cddp_zeros(ctx, CDDP_F32, 0, NULL);
+    assert_int_equal(s->numel, 1); /* a scalar */
+}
+
+static void test_rng(void **state) {
+    (void)state;
+    cddp_rng a, b;
+    cddp_rng_seed(&a, 123);
+    cddp_rng_seed(&b, 123);
+    for (int i = 0; i < 1000; i++) assert_true(cddp_rng_next(&a) == cddp_rng_next(&b));
+    cddp_rng_seed(&b, 124);
+    assert_true(cddp_rng_next(&a) != cddp_rng_next(&b));
+    /* Moments of uniform and normal draws. */
+    double su = 0, sn = 0, sn2 = 0;
+    int n = 200000;
+    for (int i = 0; i < n; i++) {
+        float u = cddp_rng_uniform(&a);
+        assert_true(u >= 0.0f && u < 1.0f);
+        su += u;
+        double g = cddp_rng_normal(&a);
+        sn += g;
+        sn2 += g * g;
+    }
+    assert_close(su / n, 0.5, 0, 0.005);
+    assert_close(sn / n, 0.0, 0, 0.01);
+    assert_close(sqrt(sn2 / n), 1.0, 0, 0.01);
+    int counts[7] = {0};
+    for (int i = 0; i < 70000; i++) counts[cddp_rng_below(&a, 7)]++;
+    for (int i = 0; i < 7; i++) assert_close(counts[i], 10000, 0, 400);
+    /* Tensors drawn from equal seeds are equal: every rank gets the same initial weights. */
+    cddp_ctx_reset(ctx);
+    cddp_rng r1, r2;
+    cddp_rng_seed(&r1, 9);
+    cddp_rng_seed(&r2, 9);
+    cddp_tensor *t1 = cddp_normal(ctx, CDDP_SHAPE(50), 1.0f, 2.0f, &r1);
+    cddp_tensor *t2 = cddp_normal(ctx, CDDP_SHAPE(50), 1.0f, 2.0f, &r2);
+    assert_memory_equal(t1->data, t2->data, 50 * sizeof(float));
+    cddp_tensor *u = cddp_uniform(ctx, CDDP_SHAPE(1000), -3.0f, -2.0f, &r1);
+    for (int i = 0; i < 1000; i++) assert_true(cddp_f32(u)[i] >= -3.0f && cddp_f32(u)[i] < -2.0f);
+}
+
+static void fill_random(cddp_tensor *t, cddp_rng *r) {
+    cddp_fill_uniform(t, -1.0f, 1.0f, r);
+}
+
+static void test_matmul_and_linear(void **state) {
+    (void)state;
+    cddp_rng r;
+    cddp_rng_seed(&r, 1);
+    for (int tr = 0; tr < 4; tr++) {
+        bool ta = tr & 1, tb = tr & 2;
+        int64_t M = 3 + tr, K = 5, N = 4;
+        cddp_ctx_reset(ctx);
+        cddp_tensor *a = cddp_empty(ctx, CDDP_F32, 2, ta ? (int64_t[]){K, M} : (int64_t[]){M, K});
+        cddp_tensor *b = cddp_empty(ctx, CDDP_F32, 2, tb ? (int64_t[]){N, K} : (int64_t[]){K, N});
+        fill_random(a, &r);
+        fill_random(b, &r);
+        cddp_tensor *c = cddp_matmul(ctx, a, b, ta, tb);
+        assert_int_equal(c->shape[0], M);
+        assert_int_equal(c->shape[1], N);
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double s = 0;
+                for (int64_t k = 0; k < K; k++)
+                    s += (double)cddp_f32(a)[ta ? k * M + i : i * K + k] *
+                         cddp_f32(b)[tb ? j * K + k : k * N + j];
+                assert_close(cddp_f32(c)[i * N + j], s, 1e-5, 1e-6);
+            }
+    }
+    cddp_ctx_reset(ctx);
+    cddp_tensor *x = cddp_empty(ctx, CDDP_F32, CDDP_SHAPE(3, 4));
+    cddp_tensor *w = cddp_empty(ctx, CDDP_F32, CDDP_SHAPE(2, 4));
+    cddp_tensor *bias = cddp_empty(ctx, CDDP_F32, CDDP_SHAPE(2));
+    fill_random(x, &r);
+    fill_random(w, &r);
+    fill_random(bias, &r);
+    cddp_tensor *y = cddp_linear(ctx, x, w, bias), *y0 = cddp_linear(ctx, x, w, NULL);
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 2; j++) {
+            double s = 0;
+            for (int k = 0; k < 4; k++) s += (double)cddp_f32(x)[i * 4 + k] * cddp_f32(w)[j * 4 + k];
+            assert_close(cddp_f32(y0)[i * 2 + j], s, 1e-5, 1e-6);
+            assert_close(cddp_f32(y)[i * 2 + j], s + cddp_f32(bias)[j], 1e-5, 1e-6);
+        }
+}
+
+static void test_broadcasting(void **state) {
+    (void)state;
+    cddp_ctx_reset(ctx);
+    /* (2,3) + (3): the row is added to each row. */
+    float av[] = {1, 2, 3, 4, 5, 6}, bv[] = {10, 20, 30};
+    cddp_tensor *a = cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(2, 3), av);
+    cddp_tensor *b = vec(3, bv);
+    float want_add[] = {11, 22, 33, 14, 25, 36};
+    cddp_tensor *s = cddp_add(ctx, a, b);
+    assert_int_equal(s->ndim, 2);
+    for (int i = 0; i < 6; i++) assert_true(cddp_f32(s)[i] == want_add[i]);
+    cddp_tensor *d = cddp_sub(ctx, b, a); /* (3) - (2,3) */
+    for (int i = 0; i < 6; i++) assert_true(cddp_f32(d)[i] == bv[i % 3] - av[i]);
+    /* (4,1,3) * (2,1) -> (4,2,3) */
+    cddp_rng r;
+    cddp_rng_seed(&r, 2);
+    cddp_tensor *x = cddp_empty(ctx, CDDP_F32, CDDP_SHAPE(4, 1, 3));
+    cddp_tensor *y = cddp_empty(ctx, CDDP_F32, CDDP_SHAPE(2, 1));
+    fill_random(x, &r);
+    fill_random(y, &r);
+    cddp_tensor *m = cddp_mul(ctx, x, y), *q = cddp_div(ctx, x, y);
+    assert_int_equal(m->ndim, 3);
+    assert_int_equal(m->shape[0], 4);
+    assert_int_equal(m->shape[1], 2);
+    assert_int_equal(m->shape[2], 3);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 2; j++)
+            for (int k = 0; k < 3; k++) {
+                float xv = cddp_f32(x)[i * 3 + k], yv = cddp_f32(y)[j];
+                assert_true(cddp_f32(m)[(i * 2 + j) * 3 + k] == xv * yv);
+                assert_true(cddp_f32(q)[(i * 2 + j) * 3 + k] == xv / yv);
+            }
+    cddp_tensor *sc = cddp_scale(ctx, a, -2.0f);
+    for (int i = 0; i < 6; i++) assert_true(cddp_f32(sc)[i] == -2.0f * av[i]);
+}
+
+static void test_activations(void **state) {
+    (void)state;
+    cddp_ctx_reset(ctx);
+    float v[] = {-2.0f, -1.0f, 0.0f, 0.5f, 1.0f, 3.0f};
+    cddp_tensor *x = vec(6, v);
+    cddp_tensor *r = cddp_relu(ctx, x), *g = cddp_gelu(ctx, x), *t = cddp_tanh(ctx, x),
+                *s = cddp_sigmoid(ctx, x);
+    /* GELU reference values: x * Phi(x) from the normal CDF. */
+    double gelu_ref[] = {-0.04550026389635842, -0.15865525393145707, 0.0, 0.34573123063700656,
+                         0.8413447460685429, 2.9959502669189897};
+    for (int i = 0; i < 6; i++) {
+        assert_true(cddp_f32(r)[i] == (v[i] > 0 ? v[i] : 0.0f));
+        assert_close(cddp_f32(g)[i], gelu_ref[i], 1e-6, 1e-7);
+        assert_close(cddp_f32(t)[i], tanh(v[i]), 1e-6, 1e-7);
+        assert_close(cddp_f32(s)[i], 1.0 / (1.0 + exp(-v[i])), 1e-6, 1e-7);
+    }
+}
+
+static void test_softmax_is_stable(void **state) {
+    (void)state;
+    cddp_ctx_reset(ctx);
+    float v[] = {1000, 1001, 1002, -1000, -1001, -1002};
+    cddp_tensor *x = cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(2, 3), v);
+    cddp_tensor *p = cddp_softmax(ctx, x), *lp = cddp_log_softmax(ctx, x);
+    double want[] = {0.09003057317038046, 0.24472847105479764, 0.6652409557748219};
+    for (int i = 0; i < 3; i++) {
+        assert_close(cddp_f32(p)[i], want[i], 1e-6, 0);
+        assert_close(cddp_f32(p)[3 + i], want[2 - i], 1e-6, 0);
+        assert_close(cddp_f32(lp)[i], log(want[i]), 1e-6, 0);
+        assert_true(isfinite(cddp_f32(lp)[3 + i]));
+    }
+}
+
+static void test_losses(void **state) {
+    (void)state;
+    cddp_ctx_reset(ctx);
+    float lv[] = {1, 2, 3, 1, 2, 3};
+    int64_t yv[] = {2, 0};
+    cddp_tensor *logits = cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(2, 3), lv);
+    cddp_tensor *labels = cddp_from_data(ctx, CDDP_I64, CDDP_SHAPE(2), yv);
+    double l0 = -log(0.6652409557748219), l1 = -log(0.09003057317038046);
+    assert_close(cddp_get(cddp_cross_entropy(ctx, logits, labels, CDDP_REDUCE_SUM), 0), l0 + l1,
+                 1e-6, 0);
+    assert_close(cddp_get(cddp_cross_entropy(ctx, logits, labels, CDDP_REDUCE_MEAN), 0),
+                 (l0 + l1) / 2, 1e-6, 0);
+    int32_t y32[] = {2, 0};
+    cddp_tensor *labels32 = cddp_from_data(ctx, CDDP_I32, CDDP_SHAPE(2), y32);
+    assert_close(cddp_get(cddp_cross_entropy(ctx, logits, labels32, CDDP_REDUCE_SUM), 0), l0 + l1,
+                 1e-6, 0);
+    float pv[] = {1, 2, 3}, tv[] = {1, 1, 1};
+    cddp_tensor *p = vec(3, pv), *t = vec(3, tv);
+    assert_close(cddp_get(cddp_mse_loss(ctx, p, t, CDDP_REDUCE_SUM), 0), 5.0, 1e-7, 0);
+    assert_close(cddp_get(cddp_mse_loss(ctx, p, t, CDDP_REDUCE_MEAN), 0), 5.0 / 3, 1e-6, 0);
+    assert_close(cddp_get(cddp_sum(ctx, logits), 0), 12.0, 1e-7, 0);
+    assert_close(cddp_get(cddp_mean(ctx, logits), 0), 2.0, 1e-7, 0);
+}
+
+static void test_bad_label_fails_the_step(void **state) {
+    (void)state;
+    cddp_ctx_reset(ctx);
+    float lv[] = {1, 2, 3, 1, 2, 3};
+    int64_t yv[] = {2, 10};
+    cddp_tensor *logits = cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(2, 3), lv);
+    cddp_tensor *labels = cddp_from_data(ctx, CDDP_I64, CDDP_SHAPE(2), yv);
+    assert_null(cddp_cross_entropy(ctx, logits, labels, CDDP_REDUCE_MEAN));
+    assert_int_equal(cddp_ctx_status(ctx), CDDP_ERANGE);
+    assert_non_null(strstr(cddp_ctx_error(ctx), "label 10 of sample 1"));
+    assert_non_null(strstr(cddp_ctx_error(ctx), "3 classes"));
+    /* The failure latches: later ops return NULL, backward reports the first error. */
+    assert_null(cddp_relu(ctx, logits));
+    assert_null(cddp_sum(ctx, NULL));
+    assert_int_equal(cddp_backward(ctx, NULL), CDDP_ERANGE);
+    int64_t neg[] = {-1, 0};
+    cddp_ctx_reset(ctx);
+    assert_int_equal(cddp_ctx_status(ctx), CDDP_OK);
+    logits = cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(2, 3), lv);
+    labels = cddp_from_data(ctx, CDDP_I64, CDDP_SHAPE(2), neg);
+    assert_null(cddp_cross_entropy(ctx, logits, labels, CDDP_REDUCE_SUM));
+    assert_non_null(strstr(cddp_ctx_error(ctx), "label -1 of sample 0"));
+}
+
+static void test_conv2d_matches_direct(void **state) {
+    (void)state;
+    cddp_rng r;
+    cddp_rng_seed(&r, 3);
+    int configs[][2] = {{1, 0}, {1, 1}, {2, 1}, {2, 0}, {3, 2}};
+    for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
+        int stride = configs[c][0], pad = configs[c][1];
+        int64_t N = 2, C = 3, H = 7, W = 6, O = 4, K = 3;
+        cddp_ctx_reset(ctx);
+        cddp_tensor *x = cddp_empty(ctx, CDDP_F32, CDDP_SHAPE(N, C, H, W));
+        cddp_tensor *w = cddp_empty(ctx, CDDP_F32, CDDP_SHAPE(O, C, K, K));
+        cddp_tensor *b = cddp_empty(ctx, CDDP_F32, CDDP_SHAPE(O));
+        fill_random(x, &r);
+        fill_random(w, &r);
+        fill_random(b, &r);
+        cddp_tensor *y = cddp_conv2d(ctx, x, w, b, stride, pad);
+        int64_t OH = (H + 2 * pad - K) / stride + 1, OW = (W + 2 * pad - K) / stride + 1;
+        assert_int_equal(y->shape[2], OH);
+        assert_int_equal(y->shape[3], OW);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t o = 0; o < O; o++)
+                for (int64_t oh = 0; oh < OH; oh++)
+                    for (int64_t ow = 0; ow < OW; ow++) {
+                        double s = cddp_f32(b)[o];
+                        for (int64_t ci = 0; ci < C; ci++)
+                            for (int64_t kh = 0; kh < K; kh++)
+                                for (int64_t kw = 0; kw < K; kw++) {
+                                    int64_t ih = oh * stride - pad + kh, iw = ow * stride - pad + kw;
+                                    if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                                    s += (double)cddp_f32(x)[((n * C + ci) * H + ih) * W + iw] *
+                                         cddp_f32(w)[((o * C + ci) * K + kh) * K + kw];
+                                }
+                        assert_close(cddp_f32(y)[((n * O + o) * OH + oh) * OW + ow], s, 1e-5, 1e-5);
+                    }
+    }
+}
+
+static void test_max_pool(void **state) {
+    (void)state;
+    cddp_ctx_reset(ctx);
+    float v[16];
+    for (int i = 0; i < 16; i++) v[i] = (float)(i + 1);
+    cddp_tensor *x = cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(1, 1, 4, 4), v);
+    cddp_tensor *y = cddp_max_pool2d(ctx, x, 2, 0, 0); /* stride 0 = kernel */
+    float want[] = {6, 8, 14, 16};
+    assert_int_equal(y->numel, 4);
+    for (int i = 0; i < 4; i++) assert_true(cddp_f32(y)[i] == want[i]);
+    /* Kernel 3, stride 2, padding 1: windows clipped at the border. */
+    y = cddp_max_pool2d(ctx, x, 3, 2, 1);
+    float want2[] = {6, 8, 14, 16};
+    assert_int_equal(y->shape[2], 2);
+    for (int i = 0; i < 4; i++) assert_true(cddp_f32(y)[i] == want2[i]);
+    /* NaN propagates. */
+    v[5] = NAN;
+    x = cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(1, 1, 4, 4), v);
+    y = cddp_max_pool2d(ctx, x, 2, 2, 0);
+    assert_true(isnan(cddp_f32(y)[0]));
+    assert_true(cddp_f32(y)[1] == 8);
+}
+
+static void test_dropout(void **state) {
+    (void)state;
+    cddp_ctx_reset(ctx);
+    int64_t n = 100000;
+    cddp_tensor *x = cddp_ones(ctx, CDDP_F32, CDDP_SHAPE(n));
+    assert_ptr_equal(cddp_dropout(ctx, x, 0.3f, false), x); /* evaluation: identity */
+    assert_ptr_equal(cddp_dropout(ctx, x, 0.0f, true), x);
+    cddp_rng_seed(cddp_ctx_rng(ctx), 5);
+    cddp_tensor *y = cddp_dropout(ctx, x, 0.3f, true);
+    int64_t zeros = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float v = cddp_f32(y)[i];
+        if (v == 0.0f) zeros++;
+        else assert_close(v, 1.0 / 0.7, 1e-6, 0);
+    }
+    assert_close((double)zeros / (double)n, 0.3, 0, 0.01);
+    cddp_rng_seed(cddp_ctx_rng(ctx), 5); /* the same seed, the same mask */
+    cddp_tensor *y2 = cddp_dropout(ctx, x, 0.3f, true);
+    assert_memory_equal(y->data, y2->data, (size_t)n * sizeof(float));
+    cddp_tensor *all = cddp_dropout(ctx, x, 1.0f, true);
+    for (int64_t i = 0; i < 10; i++) assert_true(cddp_f32(all)[i] == 0.0f);
+}
+
+static void test_argmax_and_accuracy(void **state) {
+    (void)state;
+    cddp_ctx_reset(ctx);
+    float lv[] = {0.1f, 0.9f, 0.0f, 5, 5, 1, -1, -2, -0.5f};
+    int64_t yv[] = {1, 1, 2};
+    cddp_tensor *logits = cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(3, 3), lv);
+    cddp_tensor *labels = cddp_from_data(ctx, CDDP_I64, CDDP_SHAPE(3), yv);
+    cddp_tensor *am = cddp_argmax(ctx, logits);
+    assert_int_equal(am->dtype, CDDP_I64);
+    assert_int_equal(am->numel, 3);
+    assert_true(cddp_get(am, 0) == 1 && cddp_get(am, 1) == 0 && cddp_get(am, 2) == 2);
+    assert_int_equal(cddp_count_correct(logits, labels), 2); /* the tie picks index 0 */
+    assert_close(cddp_accuracy(logits, labels), 2.0 / 3.0, 1e-12, 0);
+}
+
+static void test_views(void **state) {
+    (void)state;
+    cddp_ctx_reset(ctx);
+    cddp_tensor *x = cddp_zeros(ctx, CDDP_F32, CDDP_SHAPE(2, 3, 4));
+    cddp_tensor *v = cddp_reshape(ctx, x, CDDP_SHAPE(-1, 4));
+    assert_int_equal(v->shape[0], 6);
+    assert_ptr_equal(v->data, x->data);
+    cddp_tensor *f = cddp_flatten(ctx, x);
+    assert_int_equal(f->ndim, 2);
+    assert_int_equal(f->shape[1], 12);
+    cddp_f32(f)[5] = 3.0f;
+    assert_true(cddp_f32(x)[5] == 3.0f);
+}
+
+static void test_no_grad_records_nothing(void **state) {
+    (void)state;
+    cddp_ctx_reset(ctx);
+    cddp_tensor *w = cddp_requires_grad(ctx, cddp_ones(ctx, CDDP_F32, CDDP_SHAPE(3)));
+    bool old = cddp_ctx_set_grad_enabled(ctx, false);
+    assert_true(old);
+    cddp_tensor *y = cddp_sum(ctx, cddp_relu(ctx, w));
+    assert_false(y->requires_grad);
+    assert_null(y->node);
+    assert_int_equal(cddp_backward(ctx, y), CDDP_ESTATE);
+    assert_non_null(strstr(cddp_ctx_error(ctx), "gradients disabled"));
+    cddp_ctx_set_grad_enabled(ctx, true);
+    cddp_ctx_reset(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_creation),
+        cmocka_unit_test(test_rng),
+        cmocka_unit_test(test_matmul_and_linear),
+        cmocka_unit_test(test_broadcasting),
+        cmocka_unit_test(test_activations),
+        cmocka_unit_test(test_softmax_is_stable),
+        cmocka_unit_test(test_losses),
+        cmocka_unit_test(test_bad_label_fails_the_step),
+        cmocka_unit_test(test_conv2d_matches_direct),
+        cmocka_unit_test(test_max_pool),
+        cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_argmax_and_accuracy),
+        cmocka_unit_test(test_views),
+        cmocka_unit_test(test_no_grad_records_nothing),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
