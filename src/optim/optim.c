@@ -88,26 +88,33 @@ void cddp_optim_destroy(cddp_optim *opt) {
     cddp_free(opt);
 }
 
-static void sgd_step(cddp_optim *opt, float *p, const float *grad, size_t n) {
+/* One straight loop per configuration: the per-element branches of a general loop would keep
+ * the compiler from vectorising, and this pass over the whole model runs every step. */
+static void sgd_step(cddp_optim *opt, float *restrict p, const float *restrict grad, size_t n) {
     const cddp_sgd_options *o = &opt->sgd;
-    float lr = opt->lr, wd = o->weight_decay, mom = o->momentum, damp = 1.0f - o->dampening;
-    float *buf = opt->state[0];
-    bool first = opt->steps == 0;
-    for (size_t i = 0; i < n; i++) {
-        float g = grad[i];
-        if (wd != 0.0f) g += wd * p[i];
-        if (mom != 0.0f) {
-            buf[i] = first ? g : mom * buf[i] + damp * g;
-            g = o->nesterov ? g + mom * buf[i] : buf[i];
-        }
-        p[i] -= lr * g;
+    const float lr = opt->lr, wd = o->weight_decay, mom = o->momentum, damp = 1.0f - o->dampening;
+    if (mom == 0.0f) {
+        if (wd == 0.0f)
+            for (size_t i = 0; i < n; i++) p[i] -= lr * grad[i];
+        else
+            for (size_t i = 0; i < n; i++) p[i] -= lr * (grad[i] + wd * p[i]);
+        return;
     }
+    float *restrict buf = opt->state[0];
+    if (opt->steps == 0) /* PyTorch starts the buffer as a copy of the first gradient */
+        for (size_t i = 0; i < n; i++) buf[i] = grad[i] + wd * p[i];
+    else
+        for (size_t i = 0; i < n; i++) buf[i] = mom * buf[i] + damp * (grad[i] + wd * p[i]);
+    if (o->nesterov)
+        for (size_t i = 0; i < n; i++) p[i] -= lr * (grad[i] + wd * p[i] + mom * buf[i]);
+    else
+        for (size_t i = 0; i < n; i++) p[i] -= lr * buf[i];
 }
 
-static void adamw_step(cddp_optim *opt, float *p, const float *grad, size_t n) {
+static void adamw_step(cddp_optim *opt, float *restrict p, const float *restrict grad, size_t n) {
     const cddp_adamw_options *o = &opt->adamw;
     float lr = opt->lr, b1 = o->beta1, b2 = o->beta2, eps = o->eps;
-    float *m = opt->state[0], *v = opt->state[1];
+    float *restrict m = opt->state[0], *restrict v = opt->state[1];
     /* Scalars in double, as Python computes them, then rounded once to float. */
     double t = (double)(opt->steps + 1);
     float step_size = (float)((double)lr / (1.0 - pow(b1, t)));
