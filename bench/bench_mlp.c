@@ -35,16 +35,27 @@ int main(int argc, char **argv) {
     int c;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
-        case 'b': batch = atoi(optarg); break;
-        case 'l': lr = strtof(optarg, NULL); break;
-        case 'e': epochs = atoi(optarg); break;
-        case 't': threads = atoi(optarg); break;
-        case 'd': data = optarg; break;
+        case 'b':
+            batch = atoi(optarg);
+            break;
+        case 'l':
+            lr = strtof(optarg, NULL);
+            break;
+        case 'e':
+            epochs = atoi(optarg);
+            break;
+        case 't':
+            threads = atoi(optarg);
+            break;
+        case 'd':
+            data = optarg;
+            break;
         case 'h':
             printf("usage: bench_mlp [--batch-size N] [--lr X] [--epochs N] [--threads N] "
                    "[--data DIR]\n");
             return 0;
-        default: return 2;
+        default:
+            return 2;
         }
     }
     if (batch < 1 || epochs < 1 || threads < 1) {
@@ -61,7 +72,8 @@ int main(int argc, char **argv) {
     int64_t n = train.n;
     float *images = malloc(sizeof(float) * (size_t)(n * 784));
     float *x = malloc(sizeof(float) * (size_t)batch * 784);
-    int64_t *y = malloc(sizeof(int64_t) * (size_t)batch), *order = malloc(sizeof(int64_t) * (size_t)n);
+    int64_t *y = malloc(sizeof(int64_t) * (size_t)batch),
+            *order = malloc(sizeof(int64_t) * (size_t)n);
     cddp_mnist_normalize(&train, 0, n, 0.1307f, 0.3081f, images);
 
     cddp_model *m = cddp_model_create();
@@ -96,9 +108,9 @@ int main(int argc, char **argv) {
             }
             cddp_ctx_reset(ctx);
             cddp_tensor *in = cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(b, 784), x);
-            cddp_tensor *l = cddp_cross_entropy(ctx, cddp_model_forward(m, ctx, in),
-                                                cddp_wrap(ctx, CDDP_I64, CDDP_SHAPE(b), y),
-                                                CDDP_REDUCE_MEAN);
+            cddp_tensor *l =
+                cddp_cross_entropy(ctx, cddp_model_forward(m, ctx, in),
+                                   cddp_wrap(ctx, CDDP_I64, CDDP_SHAPE(b), y), CDDP_REDUCE_MEAN);
             cddp_model_zero_grad(m);
             if (cddp_backward(ctx, l) != CDDP_OK) {
                 fprintf(stderr, "bench_mlp: %s\n", cddp_ctx_error(ctx));

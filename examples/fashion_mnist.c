@@ -30,58 +30,101 @@ typedef struct options {
 } options;
 
 static void usage(FILE *out) {
-    fprintf(out,
-            "usage: fashion_mnist [options]\n"
-            "Trains an MLP or a CNN on Fashion-MNIST and prints test accuracy every epoch.\n\n"
-            "  --epochs N          epochs to train (default 3)\n"
-            "  --batch-size N      samples per step (default 64)\n"
-            "  --lr X              learning rate (default 0.01)\n"
-            "  --momentum X        SGD momentum (default 0.9)\n"
-            "  --optimizer NAME    sgd or adamw (default sgd)\n"
-            "  --model NAME        mlp (784-512-512-10) or cnn (2 conv + pool + 2 fc) (default mlp)\n"
-            "  --data DIR          folder with the IDX files (default $CDDP_DATA or Debian's\n"
-            "                      /usr/share/datasets/fashion-mnist)\n"
-            "  --seed N            seed for weights and shuffling (default 0)\n"
-            "  --limit N           train on the first N samples only (default: all)\n"
-            "  --log-every N       print the loss every N steps (default 100; 0: never)\n"
-            "  --target-acc X      stop after the first epoch whose test accuracy reaches X\n"
-            "  --save PATH         write a safetensors checkpoint after the last epoch\n"
-            "  --json              end with one JSON line of results\n"
-            "  -h, --help          show this help\n");
+    fprintf(
+        out,
+        "usage: fashion_mnist [options]\n"
+        "Trains an MLP or a CNN on Fashion-MNIST and prints test accuracy every epoch.\n\n"
+        "  --epochs N          epochs to train (default 3)\n"
+        "  --batch-size N      samples per step (default 64)\n"
+        "  --lr X              learning rate (default 0.01)\n"
+        "  --momentum X        SGD momentum (default 0.9)\n"
+        "  --optimizer NAME    sgd or adamw (default sgd)\n"
+        "  --model NAME        mlp (784-512-512-10) or cnn (2 conv + pool + 2 fc) (default mlp)\n"
+        "  --data DIR          folder with the IDX files (default $CDDP_DATA or Debian's\n"
+        "                      /usr/share/datasets/fashion-mnist)\n"
+        "  --seed N            seed for weights and shuffling (default 0)\n"
+        "  --limit N           train on the first N samples only (default: all)\n"
+        "  --log-every N       print the loss every N steps (default 100; 0: never)\n"
+        "  --target-acc X      stop after the first epoch whose test accuracy reaches X\n"
+        "  --save PATH         write a safetensors checkpoint after the last epoch\n"
+        "  --json              end with one JSON line of results\n"
+        "  -h, --help          show this help\n");
 }
 
 static int parse_args(int argc, char **argv, options *o) {
-    *o = (options){.epochs = 3, .batch = 64, .log_every = 100, .lr = 0.01f, .momentum = 0.9f,
-                   .optimizer = "sgd", .model = "mlp", .limit = -1};
-    static const struct option longopts[] = {
-        {"epochs", required_argument, 0, 'e'},     {"batch-size", required_argument, 0, 'b'},
-        {"lr", required_argument, 0, 'l'},         {"momentum", required_argument, 0, 'M'},
-        {"optimizer", required_argument, 0, 'o'},  {"model", required_argument, 0, 'm'},
-        {"data", required_argument, 0, 'd'},       {"seed", required_argument, 0, 's'},
-        {"limit", required_argument, 0, 'n'},      {"log-every", required_argument, 0, 'L'},
-        {"target-acc", required_argument, 0, 't'}, {"save", required_argument, 0, 'S'},
-        {"json", no_argument, 0, 'j'},             {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    *o = (options){.epochs = 3,
+                   .batch = 64,
+                   .log_every = 100,
+                   .lr = 0.01f,
+                   .momentum = 0.9f,
+                   .optimizer = "sgd",
+                   .model = "mlp",
+                   .limit = -1};
+    static const struct option longopts[] = {{"epochs", required_argument, 0, 'e'},
+                                             {"batch-size", required_argument, 0, 'b'},
+                                             {"lr", required_argument, 0, 'l'},
+                                             {"momentum", required_argument, 0, 'M'},
+                                             {"optimizer", required_argument, 0, 'o'},
+                                             {"model", required_argument, 0, 'm'},
+                                             {"data", required_argument, 0, 'd'},
+                                             {"seed", required_argument, 0, 's'},
+                                             {"limit", required_argument, 0, 'n'},
+                                             {"log-every", required_argument, 0, 'L'},
+                                             {"target-acc", required_argument, 0, 't'},
+                                             {"save", required_argument, 0, 'S'},
+                                             {"json", no_argument, 0, 'j'},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
     int c;
     char *end;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         end = NULL;
         switch (c) {
-        case 'e': o->epochs = (int)strtol(optarg, &end, 10); break;
-        case 'b': o->batch = (int)strtol(optarg, &end, 10); break;
-        case 'l': o->lr = strtof(optarg, &end); break;
-        case 'M': o->momentum = strtof(optarg, &end); break;
-        case 'o': o->optimizer = optarg; break;
-        case 'm': o->model = optarg; break;
-        case 'd': o->data = optarg; break;
-        case 's': o->seed = strtoull(optarg, &end, 10); break;
-        case 'n': o->limit = strtoll(optarg, &end, 10); break;
-        case 'L': o->log_every = (int)strtol(optarg, &end, 10); break;
-        case 't': o->target_acc = strtof(optarg, &end); break;
-        case 'S': o->save = optarg; break;
-        case 'j': o->json = true; break;
-        case 'h': usage(stdout); exit(0);
-        default: usage(stderr); return -1;
+        case 'e':
+            o->epochs = (int)strtol(optarg, &end, 10);
+            break;
+        case 'b':
+            o->batch = (int)strtol(optarg, &end, 10);
+            break;
+        case 'l':
+            o->lr = strtof(optarg, &end);
+            break;
+        case 'M':
+            o->momentum = strtof(optarg, &end);
+            break;
+        case 'o':
+            o->optimizer = optarg;
+            break;
+        case 'm':
+            o->model = optarg;
+            break;
+        case 'd':
+            o->data = optarg;
+            break;
+        case 's':
+            o->seed = strtoull(optarg, &end, 10);
+            break;
+        case 'n':
+            o->limit = strtoll(optarg, &end, 10);
+            break;
+        case 'L':
+            o->log_every = (int)strtol(optarg, &end, 10);
+            break;
+        case 't':
+            o->target_acc = strtof(optarg, &end);
+            break;
+        case 'S':
+            o->save = optarg;
+            break;
+        case 'j':
+            o->json = true;
+            break;
+        case 'h':
+            usage(stdout);
+            exit(0);
+        default:
+            usage(stderr);
+            return -1;
         }
         if (end && *end) {
             fprintf(stderr, "fashion_mnist: '%s' is not a number\n", optarg);
@@ -241,8 +284,8 @@ int main(int argc, char **argv) {
             cddp_tensor *in = cnn ? cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(n, 1, 28, 28), x)
                                   : cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(n, 784), x);
             cddp_tensor *labels = cddp_wrap(ctx, CDDP_I64, CDDP_SHAPE(n), y);
-            cddp_tensor *loss = cddp_cross_entropy(ctx, cddp_model_forward(m, ctx, in), labels,
-                                                   CDDP_REDUCE_MEAN);
+            cddp_tensor *loss =
+                cddp_cross_entropy(ctx, cddp_model_forward(m, ctx, in), labels, CDDP_REDUCE_MEAN);
             cddp_model_zero_grad(m);
             if (cddp_backward(ctx, loss) != CDDP_OK) {
                 cddp_error_set(&err, cddp_ctx_status(ctx), "%s", cddp_ctx_error(ctx));

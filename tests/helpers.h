@@ -20,7 +20,7 @@
 #define assert_close(a, b, rtol, atol)                                                             \
     do {                                                                                           \
         double a__ = (double)(a), b__ = (double)(b);                                               \
-        if (!(fabs(a__ - b__) <= (atol) + (rtol) * fabs(b__))) {                                   \
+        if (!(fabs(a__ - b__) <= (atol) + (rtol)*fabs(b__))) {                                     \
             fail_msg("%s = %.9g but %s = %.9g (rtol %g, atol %g)", #a, a__, #b, b__,               \
                      (double)(rtol), (double)(atol));                                              \
         }                                                                                          \

@@ -94,8 +94,9 @@ static void test_parameter_used_twice(void **state) {
     (void)state;
     cddp_model *m = cddp_model_create();
     int w;
-    assert_int_equal(cddp_model_add_param(m, "w", CDDP_SHAPE(2, 2),
-                                          (cddp_init){CDDP_INIT_UNIFORM, -1, 1}, &w), CDDP_OK);
+    assert_int_equal(
+        cddp_model_add_param(m, "w", CDDP_SHAPE(2, 2), (cddp_init){CDDP_INIT_UNIFORM, -1, 1}, &w),
+        CDDP_OK);
     assert_int_equal(cddp_model_build(m, 3), CDDP_OK);
     cddp_ctx *ctx = cddp_ctx_create(NULL);
     hook_log log = {0};

@@ -46,9 +46,10 @@ static void train_steps(cddp_model *m, cddp_optim *opt, int steps) {
     int64_t y[] = {0, 1};
     for (int i = 0; i < steps; i++) {
         cddp_ctx_reset(ctx);
-        cddp_tensor *logits = cddp_model_forward(m, ctx, cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(2, 3), x));
-        cddp_tensor *loss = cddp_cross_entropy(ctx, logits, cddp_wrap(ctx, CDDP_I64, CDDP_SHAPE(2), y),
-                                               CDDP_REDUCE_MEAN);
+        cddp_tensor *logits =
+            cddp_model_forward(m, ctx, cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(2, 3), x));
+        cddp_tensor *loss = cddp_cross_entropy(
+            ctx, logits, cddp_wrap(ctx, CDDP_I64, CDDP_SHAPE(2), y), CDDP_REDUCE_MEAN);
         cddp_model_zero_grad(m);
         assert_int_equal(cddp_backward(ctx, loss), CDDP_OK);
         cddp_optim_step(opt);
@@ -105,7 +106,8 @@ static void test_mismatch_is_named_and_changes_nothing(void **state) {
     float *before = malloc(n);
     memcpy(before, cddp_model_data(b), n);
     assert_int_equal(cddp_checkpoint_load(path, b, NULL, NULL, &err), CDDP_ESHAPE);
-    assert_non_null(strstr(err.msg, "'fc.weight' has shape (4,3) in the file but (5,3) in the model"));
+    assert_non_null(
+        strstr(err.msg, "'fc.weight' has shape (4,3) in the file but (5,3) in the model"));
     assert_non_null(strstr(err.msg, "'out.weight' has shape (2,4) in the file but (2,5)"));
     assert_non_null(strstr(err.msg, "3 differences"));
     assert_memory_equal(before, cddp_model_data(b), n);
@@ -269,7 +271,8 @@ static void test_killed_writer_never_tears_the_file(void **state) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
         cddp_model *r = cddp_model_create();
-        assert_int_equal(cddp_model_add_param(r, "w", CDDP_SHAPE(4 << 20), (cddp_init){0}, NULL), 0);
+        assert_int_equal(cddp_model_add_param(r, "w", CDDP_SHAPE(4 << 20), (cddp_init){0}, NULL),
+                         0);
         assert_int_equal(cddp_model_build(r, 0), 0);
         assert_int_equal(cddp_checkpoint_load(path, r, NULL, NULL, &err), CDDP_OK);
         const float *d = cddp_model_data(r);
@@ -299,8 +302,8 @@ static void test_reads_python_written_files(void **state) {
     assert_int_equal((uintptr_t)w->data % sizeof(float), 0); /* usable in place */
     const cddp_st_tensor *y = cddp_safetensors_find(f, "y.0");
     assert_int_equal(y->dtype, CDDP_I64);
-    for (int i = 0; i < 8; i++) assert_true(((const int64_t *)y->data)[i] >= 0 &&
-                                            ((const int64_t *)y->data)[i] < 10);
+    for (int i = 0; i < 8; i++)
+        assert_true(((const int64_t *)y->data)[i] >= 0 && ((const int64_t *)y->data)[i] < 10);
     cddp_safetensors_destroy(f);
 }
 

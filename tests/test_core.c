@@ -10,8 +10,8 @@ static void test_status_names(void **state) {
     assert_string_equal(cddp_status_str(CDDP_ENOMEM), "out of memory");
     assert_string_equal(cddp_status_str(12345), "unknown status");
     /* Failures are negative and distinct. */
-    int codes[] = {CDDP_EINVAL, CDDP_ENOMEM, CDDP_EIO,      CDDP_EFORMAT,     CDDP_ESHAPE,
-                   CDDP_ERANGE, CDDP_ENOENT, CDDP_ETIMEDOUT, CDDP_ESTATE, CDDP_EUNSUPPORTED};
+    int codes[] = {CDDP_EINVAL, CDDP_ENOMEM, CDDP_EIO,       CDDP_EFORMAT, CDDP_ESHAPE,
+                   CDDP_ERANGE, CDDP_ENOENT, CDDP_ETIMEDOUT, CDDP_ESTATE,  CDDP_EUNSUPPORTED};
     for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
         assert_true(codes[i] < 0);
         for (size_t j = 0; j < i; j++) assert_int_not_equal(codes[i], codes[j]);
@@ -134,8 +134,8 @@ static void test_alloc(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_status_names),  cmocka_unit_test(test_error_messages),
-        cmocka_unit_test(test_knobs),         cmocka_unit_test(test_readme_lists_every_knob),
+        cmocka_unit_test(test_status_names),   cmocka_unit_test(test_error_messages),
+        cmocka_unit_test(test_knobs),          cmocka_unit_test(test_readme_lists_every_knob),
         cmocka_unit_test(test_logging_levels), cmocka_unit_test(test_arena),
         cmocka_unit_test(test_alloc),
     };

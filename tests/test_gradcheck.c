@@ -11,20 +11,39 @@
 #include "helpers.h"
 
 enum {
-    OP_MATMUL, OP_LINEAR, OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_SCALE, OP_RELU, OP_GELU, OP_TANH,
-    OP_SIGMOID, OP_SOFTMAX, OP_LOG_SOFTMAX, OP_CROSS_ENTROPY, OP_MSE, OP_SUM, OP_MEAN, OP_CONV2D,
-    OP_MAX_POOL2D, OP_DROPOUT, OP_RESHAPE, OP_COUNT
+    OP_MATMUL,
+    OP_LINEAR,
+    OP_ADD,
+    OP_SUB,
+    OP_MUL,
+    OP_DIV,
+    OP_SCALE,
+    OP_RELU,
+    OP_GELU,
+    OP_TANH,
+    OP_SIGMOID,
+    OP_SOFTMAX,
+    OP_LOG_SOFTMAX,
+    OP_CROSS_ENTROPY,
+    OP_MSE,
+    OP_SUM,
+    OP_MEAN,
+    OP_CONV2D,
+    OP_MAX_POOL2D,
+    OP_DROPOUT,
+    OP_RESHAPE,
+    OP_COUNT
 };
 
 static const char *op_names[OP_COUNT] = {
-    "matmul", "linear", "add", "sub", "mul", "div", "scale", "relu", "gelu", "tanh", "sigmoid",
-    "softmax", "log_softmax", "cross_entropy", "mse_loss", "sum", "mean", "conv2d", "max_pool2d",
-    "dropout", "reshape"};
+    "matmul",   "linear", "add",  "sub",     "mul",        "div",         "scale",
+    "relu",     "gelu",   "tanh", "sigmoid", "softmax",    "log_softmax", "cross_entropy",
+    "mse_loss", "sum",    "mean", "conv2d",  "max_pool2d", "dropout",     "reshape"};
 
-#define CASES    30
-#define MAX_IN   3
-#define H        1e-2f
-#define CHECKED  40
+#define CASES   30
+#define MAX_IN  3
+#define H       1e-2f
+#define CHECKED 40
 
 typedef struct gc_case {
     int op, nin;
@@ -144,9 +163,17 @@ static void make_case(gc_case *c, int op) {
         c->pad = (int)rnd(0, c->kernel / 2);
         set_shape(c, 0, 4, rnd(1, 2), rnd(1, 3), rnd(c->kernel, 6), rnd(c->kernel, 6));
         break;
-    case OP_SCALE: c->s = rndf(-3, 3); any_shape(c, 0); break;
-    case OP_DROPOUT: c->s = rndf(0.1f, 0.8f); any_shape(c, 0); break;
-    default: any_shape(c, 0); break;
+    case OP_SCALE:
+        c->s = rndf(-3, 3);
+        any_shape(c, 0);
+        break;
+    case OP_DROPOUT:
+        c->s = rndf(0.1f, 0.8f);
+        any_shape(c, 0);
+        break;
+    default:
+        any_shape(c, 0);
+        break;
     }
     for (int i = 0; i < c->nin; i++) {
         int64_t n = numel(c, i);
@@ -173,32 +200,51 @@ static void make_case(gc_case *c, int op) {
 
 static cddp_tensor *forward(gc_case *c, cddp_tensor **in) {
     switch (c->op) {
-    case OP_MATMUL: return cddp_matmul(ctx, in[0], in[1], c->ta, c->tb);
-    case OP_LINEAR: return cddp_linear(ctx, in[0], in[1], c->bias ? in[2] : NULL);
-    case OP_ADD: return cddp_add(ctx, in[0], in[1]);
-    case OP_SUB: return cddp_sub(ctx, in[0], in[1]);
-    case OP_MUL: return cddp_mul(ctx, in[0], in[1]);
-    case OP_DIV: return cddp_div(ctx, in[0], in[1]);
-    case OP_SCALE: return cddp_scale(ctx, in[0], c->s);
-    case OP_RELU: return cddp_relu(ctx, in[0]);
-    case OP_GELU: return cddp_gelu(ctx, in[0]);
-    case OP_TANH: return cddp_tanh(ctx, in[0]);
-    case OP_SIGMOID: return cddp_sigmoid(ctx, in[0]);
-    case OP_SOFTMAX: return cddp_softmax(ctx, in[0]);
-    case OP_LOG_SOFTMAX: return cddp_log_softmax(ctx, in[0]);
+    case OP_MATMUL:
+        return cddp_matmul(ctx, in[0], in[1], c->ta, c->tb);
+    case OP_LINEAR:
+        return cddp_linear(ctx, in[0], in[1], c->bias ? in[2] : NULL);
+    case OP_ADD:
+        return cddp_add(ctx, in[0], in[1]);
+    case OP_SUB:
+        return cddp_sub(ctx, in[0], in[1]);
+    case OP_MUL:
+        return cddp_mul(ctx, in[0], in[1]);
+    case OP_DIV:
+        return cddp_div(ctx, in[0], in[1]);
+    case OP_SCALE:
+        return cddp_scale(ctx, in[0], c->s);
+    case OP_RELU:
+        return cddp_relu(ctx, in[0]);
+    case OP_GELU:
+        return cddp_gelu(ctx, in[0]);
+    case OP_TANH:
+        return cddp_tanh(ctx, in[0]);
+    case OP_SIGMOID:
+        return cddp_sigmoid(ctx, in[0]);
+    case OP_SOFTMAX:
+        return cddp_softmax(ctx, in[0]);
+    case OP_LOG_SOFTMAX:
+        return cddp_log_softmax(ctx, in[0]);
     case OP_CROSS_ENTROPY: {
         cddp_tensor *y = cddp_wrap(ctx, CDDP_I64, 1, c->shape[0], c->labels);
         return cddp_cross_entropy(ctx, in[0], y, c->red);
     }
-    case OP_MSE: return cddp_mse_loss(ctx, in[0], in[1], c->red);
-    case OP_SUM: return cddp_sum(ctx, in[0]);
-    case OP_MEAN: return cddp_mean(ctx, in[0]);
-    case OP_CONV2D: return cddp_conv2d(ctx, in[0], in[1], c->bias ? in[2] : NULL, c->stride, c->pad);
-    case OP_MAX_POOL2D: return cddp_max_pool2d(ctx, in[0], c->kernel, c->stride, c->pad);
+    case OP_MSE:
+        return cddp_mse_loss(ctx, in[0], in[1], c->red);
+    case OP_SUM:
+        return cddp_sum(ctx, in[0]);
+    case OP_MEAN:
+        return cddp_mean(ctx, in[0]);
+    case OP_CONV2D:
+        return cddp_conv2d(ctx, in[0], in[1], c->bias ? in[2] : NULL, c->stride, c->pad);
+    case OP_MAX_POOL2D:
+        return cddp_max_pool2d(ctx, in[0], c->kernel, c->stride, c->pad);
     case OP_DROPOUT:
         cddp_rng_seed(cddp_ctx_rng(ctx), 99); /* the same mask at every evaluation */
         return cddp_dropout(ctx, in[0], c->s, true);
-    case OP_RESHAPE: return cddp_flatten(ctx, cddp_reshape(ctx, in[0], CDDP_SHAPE(-1)));
+    case OP_RESHAPE:
+        return cddp_flatten(ctx, cddp_reshape(ctx, in[0], CDDP_SHAPE(-1)));
     }
     return NULL;
 }
@@ -222,8 +268,10 @@ static double evaluate(gc_case *c, const float *R, float **grads) {
         assert_int_equal(cddp_backward(ctx, loss), CDDP_OK);
         for (int i = 0; i < c->nin; i++) {
             int64_t n = numel(c, i);
-            if (in[i]->grad) memcpy(grads[i], in[i]->grad, sizeof(float) * (size_t)n);
-            else memset(grads[i], 0, sizeof(float) * (size_t)n);
+            if (in[i]->grad)
+                memcpy(grads[i], in[i]->grad, sizeof(float) * (size_t)n);
+            else
+                memset(grads[i], 0, sizeof(float) * (size_t)n);
         }
     }
     return L;
@@ -257,8 +305,8 @@ static void check_op(int op) {
                 c.data[i][e] = keep;
                 double num = (up - down) / (2.0 * H), ana = grads[i][e];
                 if (!(fabs(num - ana) <= 2e-3 + 1e-2 * fabs(ana)))
-                    fail_msg("%s case %d: d/d input%d[%lld] analytic %.6g, numeric %.6g", op_names[op],
-                             k, i, (long long)e, ana, num);
+                    fail_msg("%s case %d: d/d input%d[%lld] analytic %.6g, numeric %.6g",
+                             op_names[op], k, i, (long long)e, ana, num);
                 checked++;
             }
         }
@@ -313,16 +361,16 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_grad_matmul),        cmocka_unit_test(test_grad_linear),
-        cmocka_unit_test(test_grad_add),           cmocka_unit_test(test_grad_sub),
-        cmocka_unit_test(test_grad_mul),           cmocka_unit_test(test_grad_div),
-        cmocka_unit_test(test_grad_scale),         cmocka_unit_test(test_grad_relu),
-        cmocka_unit_test(test_grad_gelu),          cmocka_unit_test(test_grad_tanh),
-        cmocka_unit_test(test_grad_sigmoid),       cmocka_unit_test(test_grad_softmax),
-        cmocka_unit_test(test_grad_log_softmax),   cmocka_unit_test(test_grad_cross_entropy),
-        cmocka_unit_test(test_grad_mse_loss),      cmocka_unit_test(test_grad_sum),
-        cmocka_unit_test(test_grad_mean),          cmocka_unit_test(test_grad_conv2d),
-        cmocka_unit_test(test_grad_max_pool2d),    cmocka_unit_test(test_grad_dropout),
+        cmocka_unit_test(test_grad_matmul),      cmocka_unit_test(test_grad_linear),
+        cmocka_unit_test(test_grad_add),         cmocka_unit_test(test_grad_sub),
+        cmocka_unit_test(test_grad_mul),         cmocka_unit_test(test_grad_div),
+        cmocka_unit_test(test_grad_scale),       cmocka_unit_test(test_grad_relu),
+        cmocka_unit_test(test_grad_gelu),        cmocka_unit_test(test_grad_tanh),
+        cmocka_unit_test(test_grad_sigmoid),     cmocka_unit_test(test_grad_softmax),
+        cmocka_unit_test(test_grad_log_softmax), cmocka_unit_test(test_grad_cross_entropy),
+        cmocka_unit_test(test_grad_mse_loss),    cmocka_unit_test(test_grad_sum),
+        cmocka_unit_test(test_grad_mean),        cmocka_unit_test(test_grad_conv2d),
+        cmocka_unit_test(test_grad_max_pool2d),  cmocka_unit_test(test_grad_dropout),
         cmocka_unit_test(test_grad_reshape),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

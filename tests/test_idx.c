@@ -69,7 +69,7 @@ static void test_every_type_gzip_and_raw(void **state) {
         int type;
         const void *v;
         size_t esize;
-    } cases[] = {{CDDP_IDX_U8, u8, 1},  {CDDP_IDX_I8, i8, 1},   {CDDP_IDX_I16, i16, 2},
+    } cases[] = {{CDDP_IDX_U8, u8, 1},   {CDDP_IDX_I8, i8, 1},   {CDDP_IDX_I16, i16, 2},
                  {CDDP_IDX_I32, i32, 4}, {CDDP_IDX_F32, f32, 4}, {CDDP_IDX_F64, f64, 8}};
     uint32_t shapes[][5] = {{6}, {2, 3}, {3, 1, 2}, {1, 2, 1, 3, 1}};
     int ndims[] = {1, 2, 3, 5};

@@ -117,7 +117,8 @@ static void test_matmul_and_linear(void **state) {
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 2; j++) {
             double s = 0;
-            for (int k = 0; k < 4; k++) s += (double)cddp_f32(x)[i * 4 + k] * cddp_f32(w)[j * 4 + k];
+            for (int k = 0; k < 4; k++)
+                s += (double)cddp_f32(x)[i * 4 + k] * cddp_f32(w)[j * 4 + k];
             assert_close(cddp_f32(y0)[i * 2 + j], s, 1e-5, 1e-6);
             assert_close(cddp_f32(y)[i * 2 + j], s + cddp_f32(bias)[j], 1e-5, 1e-6);
         }
@@ -167,8 +168,8 @@ static void test_activations(void **state) {
     cddp_tensor *r = cddp_relu(ctx, x), *g = cddp_gelu(ctx, x), *t = cddp_tanh(ctx, x),
                 *s = cddp_sigmoid(ctx, x);
     /* GELU reference values: x * Phi(x) from the normal CDF. */
-    double gelu_ref[] = {-0.04550026389635842, -0.15865525393145707, 0.0, 0.34573123063700656,
-                         0.8413447460685429, 2.9959502669189897};
+    double gelu_ref[] = {-0.04550026389635842, -0.15865525393145707, 0.0,
+                         0.34573123063700656,  0.8413447460685429,   2.9959502669189897};
     for (int i = 0; i < 6; i++) {
         assert_true(cddp_f32(r)[i] == (v[i] > 0 ? v[i] : 0.0f));
         assert_close(cddp_f32(g)[i], gelu_ref[i], 1e-6, 1e-7);
@@ -267,7 +268,8 @@ static void test_conv2d_matches_direct(void **state) {
                         for (int64_t ci = 0; ci < C; ci++)
                             for (int64_t kh = 0; kh < K; kh++)
                                 for (int64_t kw = 0; kw < K; kw++) {
-                                    int64_t ih = oh * stride - pad + kh, iw = ow * stride - pad + kw;
+                                    int64_t ih = oh * stride - pad + kh,
+                                            iw = ow * stride - pad + kw;
                                     if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
                                     s += (double)cddp_f32(x)[((n * C + ci) * H + ih) * W + iw] *
                                          cddp_f32(w)[((o * C + ci) * K + kh) * K + kw];
@@ -312,8 +314,10 @@ static void test_dropout(void **state) {
     int64_t zeros = 0;
     for (int64_t i = 0; i < n; i++) {
         float v = cddp_f32(y)[i];
-        if (v == 0.0f) zeros++;
-        else assert_close(v, 1.0 / 0.7, 1e-6, 0);
+        if (v == 0.0f)
+            zeros++;
+        else
+            assert_close(v, 1.0 / 0.7, 1e-6, 0);
     }
     assert_close((double)zeros / (double)n, 0.3, 0, 0.01);
     cddp_rng_seed(cddp_ctx_rng(ctx), 5); /* the same seed, the same mask */

@@ -6,8 +6,9 @@
 /* A one-element model whose gradient is set by hand before each step. */
 static cddp_model *scalar_model(float init) {
     cddp_model *m = cddp_model_create();
-    assert_int_equal(cddp_model_add_param(m, "p", CDDP_SHAPE(1),
-                                          (cddp_init){CDDP_INIT_CONSTANT, init, 0}, NULL), CDDP_OK);
+    assert_int_equal(
+        cddp_model_add_param(m, "p", CDDP_SHAPE(1), (cddp_init){CDDP_INIT_CONSTANT, init, 0}, NULL),
+        CDDP_OK);
     assert_int_equal(cddp_model_build(m, 0), CDDP_OK);
     return m;
 }
@@ -50,7 +51,8 @@ static void test_sgd_rules(void **state) {
     }
     /* weight decay with no gradient: p = 1 - 0.1 (0.1 p) = 0.99, then 0.9801, 0.970299 */
     cddp_model *m = scalar_model(1.0f);
-    cddp_optim *opt = cddp_optim_sgd(m, &(cddp_sgd_options){.lr = 0.1f, .weight_decay = 0.1f}, &err);
+    cddp_optim *opt =
+        cddp_optim_sgd(m, &(cddp_sgd_options){.lr = 0.1f, .weight_decay = 0.1f}, &err);
     run_steps(opt, m, 0.0f, (double[]){0.99, 0.9801, 0.970299}, 3);
     assert_int_equal(cddp_optim_num_states(opt), 0);
     cddp_optim_set_lr(opt, 0.5f);

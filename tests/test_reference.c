@@ -2,10 +2,10 @@
  *
  * tests/reference/{mlp,cnn}.safetensors come from tests/reference/make_fixtures.py (PyTorch,
  * computed in float64): initial weights, three batches, the loss and every gradient at init, and
- * the parameters after 3 SGD-momentum steps and after 3 AdamW steps (eps 1e-5, see there). cddp loads the same initial
- * weights and must agree within 1e-5 relative: for each tensor, max |cddp - torch| over the
- * tensor is at most 1e-5 times max |torch| (and the losses within 1e-5 of their value). Reading
- * these files also checks that cddp reads safetensors written by Python.
+ * the parameters after 3 SGD-momentum steps and after 3 AdamW steps (eps 1e-5, see there). cddp
+ * loads the same initial weights and must agree within 1e-5 relative: for each tensor, max |cddp -
+ * torch| over the tensor is at most 1e-5 times max |torch| (and the losses within 1e-5 of their
+ * value). Reading these files also checks that cddp reads safetensors written by Python.
  */
 #include "helpers.h"
 
@@ -95,8 +95,8 @@ static double step_loss(cddp_ctx *ctx, cddp_model *m, cddp_safetensors *f, int i
     cddp_ctx_reset(ctx);
     cddp_tensor *in = cddp_wrap(ctx, CDDP_F32, x->ndim, x->shape, (void *)x->data);
     cddp_tensor *labels = cddp_wrap(ctx, CDDP_I64, y->ndim, y->shape, (void *)y->data);
-    cddp_tensor *loss = cddp_cross_entropy(ctx, cddp_model_forward(m, ctx, in), labels,
-                                           CDDP_REDUCE_MEAN);
+    cddp_tensor *loss =
+        cddp_cross_entropy(ctx, cddp_model_forward(m, ctx, in), labels, CDDP_REDUCE_MEAN);
     cddp_model_zero_grad(m);
     assert_int_equal(cddp_backward(ctx, loss), CDDP_OK);
     return cddp_get(loss, 0);
@@ -131,9 +131,9 @@ static void check_model(cddp_model *(*make)(void), const char *name) {
         load_init(m, f);
         cddp_adamw_options aw = cddp_adamw_defaults(1e-3f);
         aw.eps = 1e-5f; /* see make_fixtures.py: keeps noise-level gradients from deciding steps */
-        cddp_optim *opt = o == 0 ? cddp_optim_sgd(m, &(cddp_sgd_options){.lr = 0.01f,
-                                                                          .momentum = 0.9f}, &err)
-                                 : cddp_optim_adamw(m, &aw, &err);
+        cddp_optim *opt =
+            o == 0 ? cddp_optim_sgd(m, &(cddp_sgd_options){.lr = 0.01f, .momentum = 0.9f}, &err)
+                   : cddp_optim_adamw(m, &aw, &err);
         assert_non_null(opt);
         const char *tag = o == 0 ? "sgd" : "adamw";
         const float *losses = get(f, "loss.", tag)->data;

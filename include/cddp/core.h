@@ -49,7 +49,8 @@ CDDP_API const char *cddp_status_name(int status);
 /* The one-line meaning of a status ("invalid argument"). Never NULL. */
 CDDP_API const char *cddp_status_str(int status);
 
-/* An error: the status and a message that names what failed. Zero-initialise, or cddp_error_clear. */
+/* An error: the status and a message that names what failed. Zero-initialise, or cddp_error_clear.
+ */
 #define CDDP_ERROR_MSG_MAX 512
 typedef struct cddp_error {
     int code;
@@ -113,9 +114,9 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
  * environment variable CDDP_<ID>. An INT knob whose variable is not a number in range logs an
  * error naming the variable and uses the default. */
 #define CDDP_KNOB_LIST(X)                                                                          \
-    X(LOG_LEVEL, STR, "warn", "Log threshold: error, warn, info or debug.")                       \
-    X(ARENA_MB, INT, "4096", "Most memory, in MiB, that one step's arena may grow to.")           \
-    X(DATA, STR, "/usr/share/datasets/fashion-mnist",                                             \
+    X(LOG_LEVEL, STR, "warn", "Log threshold: error, warn, info or debug.")                        \
+    X(ARENA_MB, INT, "4096", "Most memory, in MiB, that one step's arena may grow to.")            \
+    X(DATA, STR, "/usr/share/datasets/fashion-mnist",                                              \
       "Folder with the (Fashion-)MNIST IDX files (Debian's dataset-fashion-mnist).")
 
 typedef enum cddp_knob {

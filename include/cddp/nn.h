@@ -50,8 +50,13 @@ static inline cddp_module cddp_nn_linear(int64_t in, int64_t out) {
 }
 static inline cddp_module cddp_nn_conv2d(int64_t in, int64_t out, int kernel, int stride,
                                          int padding) {
-    return (cddp_module){.kind = CDDP_MODULE_CONV2D, .in = in, .out = out, .kernel = kernel,
-                         .stride = stride, .padding = padding, .bias = true};
+    return (cddp_module){.kind = CDDP_MODULE_CONV2D,
+                         .in = in,
+                         .out = out,
+                         .kernel = kernel,
+                         .stride = stride,
+                         .padding = padding,
+                         .bias = true};
 }
 /* stride 0 means stride = kernel, as in PyTorch. */
 static inline cddp_module cddp_nn_max_pool2d(int kernel, int stride) {

@@ -73,8 +73,8 @@ typedef struct cddp_rng {
 
 CDDP_API void cddp_rng_seed(cddp_rng *rng, uint64_t seed);
 CDDP_API uint64_t cddp_rng_next(cddp_rng *rng);
-CDDP_API float cddp_rng_uniform(cddp_rng *rng);  /* [0, 1) with 24 random bits */
-CDDP_API double cddp_rng_normal(cddp_rng *rng);  /* standard normal (Box-Muller) */
+CDDP_API float cddp_rng_uniform(cddp_rng *rng);              /* [0, 1) with 24 random bits */
+CDDP_API double cddp_rng_normal(cddp_rng *rng);              /* standard normal (Box-Muller) */
 CDDP_API uint64_t cddp_rng_below(cddp_rng *rng, uint64_t n); /* uniform in [0, n), unbiased */
 
 /* The step context: arena, tape, random generator and the no-grad switch. */

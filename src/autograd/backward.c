@@ -57,7 +57,8 @@ static void binary_backward(cddp_ctx *ctx, cddp__node *n, const float *dy) {
             if (db) db[ib] -= dy[i] * x[ia] / (y[ib] * y[ib]);
         });
         break;
-    default: CDDP_PANIC("binary_backward: op %d", (int)n->op);
+    default:
+        CDDP_PANIC("binary_backward: op %d", (int)n->op);
     }
 }
 
@@ -131,7 +132,9 @@ static void node_backward(cddp_ctx *ctx, cddp__node *n) {
     case CDDP_OP_ADD:
     case CDDP_OP_SUB:
     case CDDP_OP_MUL:
-    case CDDP_OP_DIV: binary_backward(ctx, n, dy); break;
+    case CDDP_OP_DIV:
+        binary_backward(ctx, n, dy);
+        break;
     case CDDP_OP_SCALE: /* y = s x: dx = s dy */
         if (dx)
             for (int64_t i = 0; i < numel; i++) dx[i] += n->arg.scalar * dy[i];

@@ -76,8 +76,10 @@ void *cddp_arena_alloc(cddp_arena *a, size_t bytes, cddp_error *err) {
         size_t size = CDDP_MAX(need, a->total);
         c = chunk_new(size, a->head);
         if (!c) {
-            cddp_error_set(err, CDDP_ENOMEM, "step arena: cannot allocate %zu MiB more (used %zu "
-                                             "MiB so far)", size >> 20, a->used >> 20);
+            cddp_error_set(err, CDDP_ENOMEM,
+                           "step arena: cannot allocate %zu MiB more (used %zu "
+                           "MiB so far)",
+                           size >> 20, a->used >> 20);
             return NULL;
         }
         a->head = c;

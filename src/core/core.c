@@ -14,7 +14,8 @@
 const char *cddp_status_name(int status) {
     switch (status) {
 #define CDDP__STATUS_NAME(name, value, msg)                                                        \
-    case value: return "CDDP_" #name;
+    case value:                                                                                    \
+        return "CDDP_" #name;
         CDDP_STATUS_LIST(CDDP__STATUS_NAME)
 #undef CDDP__STATUS_NAME
     }
@@ -24,7 +25,8 @@ const char *cddp_status_name(int status) {
 const char *cddp_status_str(int status) {
     switch (status) {
 #define CDDP__STATUS_STR(name, value, msg)                                                         \
-    case value: return msg;
+    case value:                                                                                    \
+        return msg;
         CDDP_STATUS_LIST(CDDP__STATUS_STR)
 #undef CDDP__STATUS_STR
     }
@@ -84,8 +86,10 @@ static int parse_log_level(const char *s) {
     for (int i = 0; i < (int)CDDP_ARRAY_LEN(names); i++)
         if (strcasecmp(s, names[i]) == 0) return i;
     if (strcasecmp(s, "warning") == 0) return CDDP_LOG_WARN;
-    fprintf(stderr, "[cddp] E core: CDDP_LOG_LEVEL=%s is not one of error, warn, info, debug; "
-                    "using warn\n", s);
+    fprintf(stderr,
+            "[cddp] E core: CDDP_LOG_LEVEL=%s is not one of error, warn, info, debug; "
+            "using warn\n",
+            s);
     return CDDP_LOG_WARN;
 }
 
@@ -161,8 +165,8 @@ static const struct {
     bool is_int;
 } knobs[] = {
 #define CDDP__KNOB_ROW(id, type, def, doc) {"CDDP_" #id, def, doc, CDDP__KNOB_IS_##type},
-#define CDDP__KNOB_IS_INT true
-#define CDDP__KNOB_IS_STR false
+#define CDDP__KNOB_IS_INT                  true
+#define CDDP__KNOB_IS_STR                  false
     CDDP_KNOB_LIST(CDDP__KNOB_ROW)
 #undef CDDP__KNOB_ROW
 };

@@ -16,11 +16,15 @@
 static size_t idx_elem_size(int type) {
     switch (type) {
     case CDDP_IDX_U8:
-    case CDDP_IDX_I8: return 1;
-    case CDDP_IDX_I16: return 2;
+    case CDDP_IDX_I8:
+        return 1;
+    case CDDP_IDX_I16:
+        return 2;
     case CDDP_IDX_I32:
-    case CDDP_IDX_F32: return 4;
-    case CDDP_IDX_F64: return 8;
+    case CDDP_IDX_F32:
+        return 4;
+    case CDDP_IDX_F64:
+        return 8;
     }
     return 0;
 }
@@ -66,8 +70,8 @@ int cddp_idx_read(const char *path, size_t max_bytes, cddp_idx *out, cddp_error 
     if (max_bytes == 0) max_bytes = (size_t)16 << 30;
     gzFile gz = gzopen(path, "rb");
     if (!gz)
-        return cddp_error_set(err, errno == ENOENT ? CDDP_ENOENT : CDDP_EIO,
-                              "cannot open %s: %s", path, errno ? strerror(errno) : "zlib error");
+        return cddp_error_set(err, errno == ENOENT ? CDDP_ENOENT : CDDP_EIO, "cannot open %s: %s",
+                              path, errno ? strerror(errno) : "zlib error");
     gzbuffer(gz, 1 << 18);
     uint8_t magic[4];
     if (gz_read_full(gz, magic, 4, &why) != 4) {
@@ -119,14 +123,17 @@ int cddp_idx_read(const char *path, size_t max_bytes, cddp_idx *out, cddp_error 
         else
             rc = cddp_error_set(err, CDDP_EFORMAT,
                                 "%s: truncated: the header promises %zu data bytes but the file "
-                                "holds %" PRId64, path, bytes, got);
+                                "holds %" PRId64,
+                                path, bytes, got);
         goto fail;
     }
     uint8_t extra;
     got = gz_read_full(gz, &extra, 1, &why);
     if (got != 0) {
-        rc = cddp_error_set(err, CDDP_EFORMAT, "%s: %s after the %zu data bytes the header "
-                            "promises", path, got < 0 ? why : "extra bytes", bytes);
+        rc = cddp_error_set(err, CDDP_EFORMAT,
+                            "%s: %s after the %zu data bytes the header "
+                            "promises",
+                            path, got < 0 ? why : "extra bytes", bytes);
         goto fail;
     }
     gzclose(gz);
@@ -153,8 +160,10 @@ static int read_either(const char *dir, const char *name, cddp_idx *out, cddp_er
     snprintf(path, sizeof path, "%s/%s", dir, name);
     rc = cddp_idx_read(path, 0, out, err);
     if (rc == CDDP_ENOENT)
-        cddp_error_set(err, rc, "%s/%s(.gz) not found; install Debian's dataset-fashion-mnist or "
-                       "point --data / CDDP_DATA at a folder with the IDX files", dir, name);
+        cddp_error_set(err, rc,
+                       "%s/%s(.gz) not found; install Debian's dataset-fashion-mnist or "
+                       "point --data / CDDP_DATA at a folder with the IDX files",
+                       dir, name);
     return rc;
 }
 
@@ -171,19 +180,21 @@ int cddp_mnist_load(const char *dir, bool train, cddp_mnist *out, cddp_error *er
     rc = read_either(dir, name, &lb, err);
     if (rc) goto fail;
     if (im.type != CDDP_IDX_U8 || im.ndim != 3 || lb.type != CDDP_IDX_U8 || lb.ndim != 1) {
-        rc = cddp_error_set(err, CDDP_EFORMAT, "%s: %s files must be uint8 images (N,rows,cols) "
-                            "and uint8 labels (N)", dir, split);
+        rc = cddp_error_set(err, CDDP_EFORMAT,
+                            "%s: %s files must be uint8 images (N,rows,cols) "
+                            "and uint8 labels (N)",
+                            dir, split);
         goto fail;
     }
     if (im.dims[0] != lb.dims[0]) {
-        rc = cddp_error_set(err, CDDP_EFORMAT, "%s: %" PRId64 " %s images but %" PRId64
-                            " labels", dir, im.dims[0], split, lb.dims[0]);
+        rc = cddp_error_set(err, CDDP_EFORMAT, "%s: %" PRId64 " %s images but %" PRId64 " labels",
+                            dir, im.dims[0], split, lb.dims[0]);
         goto fail;
     }
     for (int64_t i = 0; i < lb.count; i++)
         if (((uint8_t *)lb.data)[i] > 9) {
-            rc = cddp_error_set(err, CDDP_EFORMAT, "%s: %s label %" PRId64 " is %d, not 0..9",
-                                dir, split, i, ((uint8_t *)lb.data)[i]);
+            rc = cddp_error_set(err, CDDP_EFORMAT, "%s: %s label %" PRId64 " is %d, not 0..9", dir,
+                                split, i, ((uint8_t *)lb.data)[i]);
             goto fail;
         }
     out->n = im.dims[0];
@@ -205,8 +216,8 @@ void cddp_mnist_free(cddp_mnist *ds) {
     memset(ds, 0, sizeof *ds);
 }
 
-void cddp_mnist_normalize(const cddp_mnist *ds, int64_t first, int64_t count, float mean,
-                          float std, float *dst) {
+void cddp_mnist_normalize(const cddp_mnist *ds, int64_t first, int64_t count, float mean, float std,
+                          float *dst) {
     CDDP_CHECK(first >= 0 && count >= 0 && first + count <= ds->n,
                "images [%lld, %lld) out of range for %lld", (long long)first,
                (long long)(first + count), (long long)ds->n);

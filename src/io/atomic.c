@@ -16,8 +16,10 @@ int cddp__atomic_open(cddp__atomic_file *af, const char *path, cddp_error *err) 
         return cddp_error_set(err, CDDP_EINVAL, "%s: path too long", path);
     af->f = fopen(af->tmp, "wb");
     if (!af->f)
-        return cddp_error_set(err, CDDP_EIO, "cannot create %s: %s (does the folder exist and is "
-                              "it writable?)", af->tmp, strerror(errno));
+        return cddp_error_set(err, CDDP_EIO,
+                              "cannot create %s: %s (does the folder exist and is "
+                              "it writable?)",
+                              af->tmp, strerror(errno));
     return CDDP_OK;
 }
 

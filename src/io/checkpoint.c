@@ -107,9 +107,11 @@ static void compare(const cddp_st_tensor *t, const cddp_tensor *p, const char *n
     } else if (t->dtype != CDDP_F32) {
         report(buf, cap, count, "'%s' is %s in the file but float32 in the model", name,
                cddp_dtype_name(t->dtype));
-    } else if (t->ndim != p->ndim || memcmp(t->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim)) {
+    } else if (t->ndim != p->ndim ||
+               memcmp(t->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim)) {
         report(buf, cap, count, "'%s' has shape %s in the file but %s in the model", name,
-               shape_text(t->ndim, t->shape, a, sizeof a), shape_text(p->ndim, p->shape, b, sizeof b));
+               shape_text(t->ndim, t->shape, a, sizeof a),
+               shape_text(p->ndim, p->shape, b, sizeof b));
     }
 }
 
@@ -134,7 +136,8 @@ int cddp_checkpoint_load(const char *path, cddp_model *m, cddp_optim *opt, cddp_
     const char *steps = cddp_safetensors_meta(f, "optimizer_steps");
     if (opt) {
         if (!kind || !steps) {
-            report(diff, sizeof diff, &ndiff, "the file has no optimizer state (saved without "
+            report(diff, sizeof diff, &ndiff,
+                   "the file has no optimizer state (saved without "
                    "an optimizer?)");
         } else if (strcmp(kind, cddp_optim_name(opt)) != 0) {
             report(diff, sizeof diff, &ndiff, "the file holds %s state but the optimizer is %s",
@@ -174,7 +177,9 @@ int cddp_checkpoint_load(const char *path, cddp_model *m, cddp_optim *opt, cddp_
         const char *lr = cddp_safetensors_meta(f, "lr");
         if (lr) cddp_optim_set_lr(opt, strtof(lr, NULL));
     }
-    if (file) *file = f;
-    else cddp_safetensors_destroy(f);
+    if (file)
+        *file = f;
+    else
+        cddp_safetensors_destroy(f);
     return CDDP_OK;
 }

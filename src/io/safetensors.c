@@ -37,10 +37,14 @@ static const char *st_dtype(cddp_dtype d) {
 }
 
 static int parse_dtype(const char *s, cddp_dtype *d) {
-    if (strcmp(s, "F32") == 0) *d = CDDP_F32;
-    else if (strcmp(s, "I32") == 0) *d = CDDP_I32;
-    else if (strcmp(s, "I64") == 0) *d = CDDP_I64;
-    else return -1;
+    if (strcmp(s, "F32") == 0)
+        *d = CDDP_F32;
+    else if (strcmp(s, "I32") == 0)
+        *d = CDDP_I32;
+    else if (strcmp(s, "I64") == 0)
+        *d = CDDP_I64;
+    else
+        return -1;
     return 0;
 }
 
@@ -70,7 +74,8 @@ int cddp_safetensors_write(const char *path, const cddp_st_tensor *tensors, int 
     uint64_t offset = 0;
     for (int i = 0; i < n; i++) {
         const cddp_st_tensor *t = &tensors[i];
-        if (strcmp(t->name, "__metadata__") == 0 || cJSON_GetObjectItemCaseSensitive(root, t->name)) {
+        if (strcmp(t->name, "__metadata__") == 0 ||
+            cJSON_GetObjectItemCaseSensitive(root, t->name)) {
             rc = cddp_error_set(err, CDDP_EINVAL, "%s: tensor name '%s' is reserved or repeated",
                                 path, t->name);
             goto out;
@@ -147,15 +152,21 @@ static int parse_entry(const char *path, const cJSON *e, uint64_t data_len, cddp
     const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
     if (!cJSON_IsObject(e) || !cJSON_IsString(dtype) || !cJSON_IsArray(shape) ||
         !cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
-        return cddp_error_set(err, CDDP_EFORMAT, "%s: tensor '%s' lacks dtype, shape or a "
-                              "two-element data_offsets", path, name);
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s: tensor '%s' lacks dtype, shape or a "
+                              "two-element data_offsets",
+                              path, name);
     if (parse_dtype(dtype->valuestring, &t->dtype) != 0)
-        return cddp_error_set(err, CDDP_EUNSUPPORTED, "%s: tensor '%s' has dtype %s; cddp reads "
-                              "F32, I32 and I64", path, name, dtype->valuestring);
+        return cddp_error_set(err, CDDP_EUNSUPPORTED,
+                              "%s: tensor '%s' has dtype %s; cddp reads "
+                              "F32, I32 and I64",
+                              path, name, dtype->valuestring);
     int nd = cJSON_GetArraySize(shape);
     if (nd > CDDP_MAX_DIMS)
-        return cddp_error_set(err, CDDP_EUNSUPPORTED, "%s: tensor '%s' has %d dimensions; cddp "
-                              "reads up to %d", path, name, nd, CDDP_MAX_DIMS);
+        return cddp_error_set(err, CDDP_EUNSUPPORTED,
+                              "%s: tensor '%s' has %d dimensions; cddp "
+                              "reads up to %d",
+                              path, name, nd, CDDP_MAX_DIMS);
     t->ndim = nd;
     uint64_t numel = 1;
     for (int d = 0; d < nd; d++) {
@@ -166,15 +177,20 @@ static int parse_entry(const char *path, const cJSON *e, uint64_t data_len, cddp
         t->shape[d] = s;
         numel *= (uint64_t)s;
     }
-    int64_t b = json_uint(cJSON_GetArrayItem(offs, 0)), end = json_uint(cJSON_GetArrayItem(offs, 1));
+    int64_t b = json_uint(cJSON_GetArrayItem(offs, 0)),
+            end = json_uint(cJSON_GetArrayItem(offs, 1));
     uint64_t want = numel * cddp_dtype_size(t->dtype);
     if (b < 0 || end < b || (uint64_t)end > data_len)
-        return cddp_error_set(err, CDDP_EFORMAT, "%s: tensor '%s' has data_offsets [%" PRId64
-                              ", %" PRId64 "] outside the %" PRIu64 "-byte data section (is the "
-                              "file truncated?)", path, name, b, end, data_len);
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s: tensor '%s' has data_offsets [%" PRId64 ", %" PRId64
+                              "] outside the %" PRIu64 "-byte data section (is the "
+                              "file truncated?)",
+                              path, name, b, end, data_len);
     if ((uint64_t)(end - b) != want)
-        return cddp_error_set(err, CDDP_EFORMAT, "%s: tensor '%s' spans %" PRId64 " bytes but its "
-                              "shape and dtype need %" PRIu64, path, name, end - b, want);
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s: tensor '%s' spans %" PRId64 " bytes but its "
+                              "shape and dtype need %" PRIu64,
+                              path, name, end - b, want);
     t->data = (const void *)(uintptr_t)b; /* an offset until the data is read */
     return CDDP_OK;
 }
@@ -202,8 +218,10 @@ cddp_safetensors *cddp_safetensors_read(const char *path, cddp_error *err) {
     }
     uint64_t size = (uint64_t)st.st_size;
     if (hl < 2 || hl > MAX_HEADER || hl > size - 8) {
-        rc = cddp_error_set(err, CDDP_EFORMAT, "%s: header length %" PRIu64 " does not fit a "
-                            "%" PRIu64 "-byte file (not safetensors, or truncated)", path, hl, size);
+        rc = cddp_error_set(err, CDDP_EFORMAT,
+                            "%s: header length %" PRIu64 " does not fit a "
+                            "%" PRIu64 "-byte file (not safetensors, or truncated)",
+                            path, hl, size);
         goto out;
     }
     header = cddp_malloc(hl + 1);
@@ -261,8 +279,8 @@ cddp_safetensors *cddp_safetensors_read(const char *path, cddp_error *err) {
     }
     f->data = cddp_aligned_alloc(data_len);
     if (!f->data || (data_len && fread(f->data, 1, data_len, fp) != data_len)) {
-        rc = cddp_error_set(err, f->data ? CDDP_EIO : CDDP_ENOMEM, "%s: cannot read %" PRIu64
-                            " bytes of tensor data", path, data_len);
+        rc = cddp_error_set(err, f->data ? CDDP_EIO : CDDP_ENOMEM,
+                            "%s: cannot read %" PRIu64 " bytes of tensor data", path, data_len);
         goto out;
     }
     for (int i = 0; i < f->n; i++)

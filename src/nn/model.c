@@ -121,8 +121,10 @@ int cddp_model_add(cddp_model *m, const char *name, cddp_module mod) {
                               "cannot add module '%s': the model is already built", name);
     bool has_weight = mod.kind == CDDP_MODULE_LINEAR || mod.kind == CDDP_MODULE_CONV2D;
     if (has_weight && (mod.in <= 0 || mod.out <= 0))
-        return cddp_error_set(&m->err, CDDP_EINVAL, "module '%s': in=%lld and out=%lld must be "
-                              "positive", name, (long long)mod.in, (long long)mod.out);
+        return cddp_error_set(&m->err, CDDP_EINVAL,
+                              "module '%s': in=%lld and out=%lld must be "
+                              "positive",
+                              name, (long long)mod.in, (long long)mod.out);
     if ((mod.kind == CDDP_MODULE_CONV2D || mod.kind == CDDP_MODULE_MAX_POOL2D) &&
         (mod.kernel <= 0 || mod.stride < 0 || mod.padding < 0 ||
          (mod.kind == CDDP_MODULE_CONV2D && mod.stride == 0)))
@@ -195,9 +197,15 @@ int cddp_model_build(cddp_model *m, uint64_t seed) {
         t->param_index = i;
         t->name = d->name;
         switch (d->init.kind) {
-        case CDDP_INIT_CONSTANT: cddp_fill(t, d->init.a); break;
-        case CDDP_INIT_UNIFORM: cddp_fill_uniform(t, d->init.a, d->init.b, &rng); break;
-        case CDDP_INIT_NORMAL: cddp_fill_normal(t, d->init.a, d->init.b, &rng); break;
+        case CDDP_INIT_CONSTANT:
+            cddp_fill(t, d->init.a);
+            break;
+        case CDDP_INIT_UNIFORM:
+            cddp_fill_uniform(t, d->init.a, d->init.b, &rng);
+            break;
+        case CDDP_INIT_NORMAL:
+            cddp_fill_normal(t, d->init.a, d->init.b, &rng);
+            break;
         }
     }
     m->built = true;
@@ -272,19 +280,33 @@ cddp_tensor *cddp_model_forward(cddp_model *m, cddp_ctx *ctx, cddp_tensor *x) {
         cddp_tensor *w = e->weight >= 0 ? &m->params[e->weight] : NULL;
         cddp_tensor *b = e->bias >= 0 ? &m->params[e->bias] : NULL;
         switch (e->mod.kind) {
-        case CDDP_MODULE_LINEAR: x = cddp_linear(ctx, x, w, b); break;
+        case CDDP_MODULE_LINEAR:
+            x = cddp_linear(ctx, x, w, b);
+            break;
         case CDDP_MODULE_CONV2D:
             x = cddp_conv2d(ctx, x, w, b, e->mod.stride, e->mod.padding);
             break;
         case CDDP_MODULE_MAX_POOL2D:
             x = cddp_max_pool2d(ctx, x, e->mod.kernel, e->mod.stride, e->mod.padding);
             break;
-        case CDDP_MODULE_RELU: x = cddp_relu(ctx, x); break;
-        case CDDP_MODULE_GELU: x = cddp_gelu(ctx, x); break;
-        case CDDP_MODULE_TANH: x = cddp_tanh(ctx, x); break;
-        case CDDP_MODULE_SIGMOID: x = cddp_sigmoid(ctx, x); break;
-        case CDDP_MODULE_DROPOUT: x = cddp_dropout(ctx, x, e->mod.p, m->training); break;
-        case CDDP_MODULE_FLATTEN: x = cddp_flatten(ctx, x); break;
+        case CDDP_MODULE_RELU:
+            x = cddp_relu(ctx, x);
+            break;
+        case CDDP_MODULE_GELU:
+            x = cddp_gelu(ctx, x);
+            break;
+        case CDDP_MODULE_TANH:
+            x = cddp_tanh(ctx, x);
+            break;
+        case CDDP_MODULE_SIGMOID:
+            x = cddp_sigmoid(ctx, x);
+            break;
+        case CDDP_MODULE_DROPOUT:
+            x = cddp_dropout(ctx, x, e->mod.p, m->training);
+            break;
+        case CDDP_MODULE_FLATTEN:
+            x = cddp_flatten(ctx, x);
+            break;
         }
     }
     return x;

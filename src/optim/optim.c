@@ -27,8 +27,7 @@ cddp_adamw_options cddp_adamw_defaults(float lr) {
     return (cddp_adamw_options){lr, 0.9f, 0.999f, 1e-8f, 1e-2f};
 }
 
-static cddp_optim *optim_new(cddp_model *m, opt_kind kind, int nstates, float lr,
-                             cddp_error *err) {
+static cddp_optim *optim_new(cddp_model *m, opt_kind kind, int nstates, float lr, cddp_error *err) {
     if (!(lr >= 0.0f)) {
         cddp_error_set(err, CDDP_EINVAL, "learning rate %g must be >= 0", (double)lr);
         return NULL;
@@ -134,8 +133,10 @@ void cddp_optim_step(cddp_optim *opt) {
     float *p = cddp_model_data(opt->model);
     const float *g = cddp_model_grad(opt->model);
     size_t n = cddp_model_numel(opt->model);
-    if (opt->kind == OPT_SGD) sgd_step(opt, p, g, n);
-    else adamw_step(opt, p, g, n);
+    if (opt->kind == OPT_SGD)
+        sgd_step(opt, p, g, n);
+    else
+        adamw_step(opt, p, g, n);
     opt->steps++;
 }
 
@@ -166,6 +167,7 @@ int cddp_optim_num_states(const cddp_optim *opt) {
 float *cddp_optim_state(const cddp_optim *opt, int i, const char **name) {
     CDDP_CHECK(i >= 0 && i < opt->nstates, "optimizer state %d out of range (%d states)", i,
                opt->nstates);
-    if (name) *name = opt->kind == OPT_SGD ? "momentum_buffer" : (i == 0 ? "exp_avg" : "exp_avg_sq");
+    if (name)
+        *name = opt->kind == OPT_SGD ? "momentum_buffer" : (i == 0 ? "exp_avg" : "exp_avg_sq");
     return opt->state[i];
 }

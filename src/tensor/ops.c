@@ -94,8 +94,9 @@ cddp_tensor *cddp_linear(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_ten
                "linear: input %s does not fit weight %s (want (N,in) and (out,in))", SHAPE(x),
                SHAPE(w));
     int64_t N = x->shape[0], in = x->shape[1], outf = w->shape[0];
-    if (b) CDDP_CHECK(b->ndim == 1 && b->shape[0] == outf, "linear: bias %s for weight %s",
-                      SHAPE(b), SHAPE(w));
+    if (b)
+        CDDP_CHECK(b->ndim == 1 && b->shape[0] == outf, "linear: bias %s for weight %s", SHAPE(b),
+                   SHAPE(w));
     cddp_tensor *y = cddp_empty(ctx, CDDP_F32, 2, (int64_t[]){N, outf});
     if (!y) return NULL;
     float *yd = y->data;
@@ -129,24 +130,29 @@ static cddp_tensor *binary(cddp_ctx *ctx, cddp__op op, cddp_tensor *a, cddp_tens
     case CDDP_OP_ADD:
         if (bc.same)
             for (int64_t i = 0; i < out->numel; i++) z[i] = x[i] + y[i];
-        else CDDP__BCAST_FOR(&bc, i, ia, ib, z[i] = x[ia] + y[ib]);
+        else
+            CDDP__BCAST_FOR(&bc, i, ia, ib, z[i] = x[ia] + y[ib]);
         break;
     case CDDP_OP_SUB:
         if (bc.same)
             for (int64_t i = 0; i < out->numel; i++) z[i] = x[i] - y[i];
-        else CDDP__BCAST_FOR(&bc, i, ia, ib, z[i] = x[ia] - y[ib]);
+        else
+            CDDP__BCAST_FOR(&bc, i, ia, ib, z[i] = x[ia] - y[ib]);
         break;
     case CDDP_OP_MUL:
         if (bc.same)
             for (int64_t i = 0; i < out->numel; i++) z[i] = x[i] * y[i];
-        else CDDP__BCAST_FOR(&bc, i, ia, ib, z[i] = x[ia] * y[ib]);
+        else
+            CDDP__BCAST_FOR(&bc, i, ia, ib, z[i] = x[ia] * y[ib]);
         break;
     case CDDP_OP_DIV:
         if (bc.same)
             for (int64_t i = 0; i < out->numel; i++) z[i] = x[i] / y[i];
-        else CDDP__BCAST_FOR(&bc, i, ia, ib, z[i] = x[ia] / y[ib]);
+        else
+            CDDP__BCAST_FOR(&bc, i, ia, ib, z[i] = x[ia] / y[ib]);
         break;
-    default: CDDP_PANIC("binary: op %d is not elementwise", (int)op);
+    default:
+        CDDP_PANIC("binary: op %d is not elementwise", (int)op);
     }
     if (!record(ctx, op, out, 2, (cddp_tensor *[]){a, b}, NULL)) return NULL;
     return out;
@@ -189,7 +195,8 @@ static cddp_tensor *unary(cddp_ctx *ctx, cddp__op op, cddp_tensor *x, float s) {
     case CDDP_OP_SIGMOID:
         for (int64_t i = 0; i < n; i++) y[i] = 1.0f / (1.0f + expf(-a[i]));
         break;
-    default: CDDP_PANIC("unary: op %d is not elementwise", (int)op);
+    default:
+        CDDP_PANIC("unary: op %d is not elementwise", (int)op);
     }
     cddp__node *node;
     if (!record(ctx, op, out, 1, &x, &node)) return NULL;
@@ -306,8 +313,7 @@ cddp_tensor *cddp_mse_loss(cddp_ctx *ctx, cddp_tensor *pred, cddp_tensor *target
     need_f32("mse_loss", target);
     CDDP_CHECK(pred->numel == target->numel && pred->ndim == target->ndim &&
                    memcmp(pred->shape, target->shape, sizeof(int64_t) * (size_t)pred->ndim) == 0,
-               "mse_loss: prediction %s and target %s differ in shape", SHAPE(pred),
-               SHAPE(target));
+               "mse_loss: prediction %s and target %s differ in shape", SHAPE(pred), SHAPE(target));
     const float *p = pred->data, *t = target->data;
     double s = 0.0;
     for (int64_t i = 0; i < pred->numel; i++) s += (double)(p[i] - t[i]) * (double)(p[i] - t[i]);
@@ -344,13 +350,14 @@ cddp_tensor *cddp_conv2d(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_ten
     need_f32("conv2d", x);
     need_f32("conv2d", w);
     CDDP_CHECK(x->ndim == 4 && w->ndim == 4 && x->shape[1] == w->shape[1],
-               "conv2d: input %s does not fit weight %s (want (N,C,H,W) and (O,C,KH,KW))",
-               SHAPE(x), SHAPE(w));
+               "conv2d: input %s does not fit weight %s (want (N,C,H,W) and (O,C,KH,KW))", SHAPE(x),
+               SHAPE(w));
     CDDP_CHECK(stride >= 1 && padding >= 0, "conv2d: stride %d, padding %d", stride, padding);
     int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
     int64_t O = w->shape[0], KH = w->shape[2], KW = w->shape[3];
-    if (b) CDDP_CHECK(b->ndim == 1 && b->shape[0] == O, "conv2d: bias %s for weight %s",
-                      SHAPE(b), SHAPE(w));
+    if (b)
+        CDDP_CHECK(b->ndim == 1 && b->shape[0] == O, "conv2d: bias %s for weight %s", SHAPE(b),
+                   SHAPE(w));
     CDDP_CHECK(H + 2 * padding >= KH && W + 2 * padding >= KW,
                "conv2d: kernel %s is larger than the padded input %s", SHAPE(w), SHAPE(x));
     int64_t OH = (H + 2 * padding - KH) / stride + 1, OW = (W + 2 * padding - KW) / stride + 1;

@@ -14,9 +14,12 @@
 
 const char *cddp_dtype_name(cddp_dtype dtype) {
     switch (dtype) {
-    case CDDP_F32: return "float32";
-    case CDDP_I32: return "int32";
-    case CDDP_I64: return "int64";
+    case CDDP_F32:
+        return "float32";
+    case CDDP_I32:
+        return "int32";
+    case CDDP_I64:
+        return "int64";
     }
     return "unknown";
 }
@@ -194,9 +197,15 @@ cddp_tensor *cddp_ones(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const int64_t 
     if (!t) return NULL;
     for (int64_t i = 0; i < t->numel; i++) {
         switch (dtype) {
-        case CDDP_F32: ((float *)t->data)[i] = 1.0f; break;
-        case CDDP_I32: ((int32_t *)t->data)[i] = 1; break;
-        case CDDP_I64: ((int64_t *)t->data)[i] = 1; break;
+        case CDDP_F32:
+            ((float *)t->data)[i] = 1.0f;
+            break;
+        case CDDP_I32:
+            ((int32_t *)t->data)[i] = 1;
+            break;
+        case CDDP_I64:
+            ((int64_t *)t->data)[i] = 1;
+            break;
         }
     }
     return t;
@@ -260,9 +269,12 @@ double cddp_get(const cddp_tensor *t, int64_t i) {
     CDDP_CHECK(i >= 0 && i < t->numel, "index %lld out of range for %lld elements", (long long)i,
                (long long)t->numel);
     switch (t->dtype) {
-    case CDDP_F32: return ((const float *)t->data)[i];
-    case CDDP_I32: return ((const int32_t *)t->data)[i];
-    case CDDP_I64: return (double)((const int64_t *)t->data)[i];
+    case CDDP_F32:
+        return ((const float *)t->data)[i];
+    case CDDP_I32:
+        return ((const int32_t *)t->data)[i];
+    case CDDP_I64:
+        return (double)((const int64_t *)t->data)[i];
     }
     return 0;
 }

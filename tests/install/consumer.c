@@ -14,7 +14,8 @@ int main(void) {
     double first = 0, last = 0;
     for (int i = 0; i < 20; i++) {
         cddp_ctx_reset(ctx);
-        cddp_tensor *pred = cddp_model_forward(m, ctx, cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(2, 2), x));
+        cddp_tensor *pred =
+            cddp_model_forward(m, ctx, cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(2, 2), x));
         cddp_tensor *loss = cddp_mse_loss(ctx, pred, cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(2, 1), y),
                                           CDDP_REDUCE_MEAN);
         cddp_model_zero_grad(m);
