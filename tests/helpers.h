@@ -36,4 +36,21 @@ static inline void source_path(char *buf, size_t n, const char *rel) {
     snprintf(buf, n, "%s/%s", source_dir(), rel);
 }
 
+/* A private temporary folder per test program: test_dir, made by temp_dir_setup and removed
+ * with its contents by temp_dir_teardown (use them as cmocka group setup/teardown). */
+static char test_dir[256];
+
+static inline int temp_dir_setup(void **state) {
+    (void)state;
+    snprintf(test_dir, sizeof test_dir, "/tmp/cddp-test-XXXXXX");
+    return mkdtemp(test_dir) ? 0 : -1;
+}
+
+static inline int temp_dir_teardown(void **state) {
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", test_dir);
+    return system(cmd);
+}
+
 #endif

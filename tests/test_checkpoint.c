@@ -12,23 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static char dir[256];
-
-static int setup(void **state) {
-    (void)state;
-    snprintf(dir, sizeof dir, "/tmp/cddp-test-ckpt-%ld", (long)getpid());
-    return mkdir(dir, 0700);
-}
-
-static int teardown(void **state) {
-    (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    return system(cmd);
-}
-
 static void path_in(char *buf, size_t n, const char *name) {
-    snprintf(buf, n, "%s/%s", dir, name);
+    snprintf(buf, n, "%s/%s", test_dir, name);
 }
 
 static cddp_model *net(int64_t hidden, uint64_t seed) {
@@ -217,7 +202,7 @@ static void test_corrupt_files(void **state) {
 }
 
 static int count_temporaries(void) {
-    DIR *d = opendir(dir);
+    DIR *d = opendir(test_dir);
     int n = 0;
     struct dirent *e;
     while ((e = readdir(d)))
@@ -336,5 +321,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_killed_writer_never_tears_the_file),
         cmocka_unit_test(test_reads_python_written_files),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, temp_dir_setup, temp_dir_teardown);
 }

@@ -6,24 +6,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
-static char dir[256];
-
-static int setup(void **state) {
-    (void)state;
-    snprintf(dir, sizeof dir, "/tmp/cddp-test-idx-%ld", (long)getpid());
-    return mkdir(dir, 0700);
-}
-
-static int teardown(void **state) {
-    (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    return system(cmd);
-}
-
-/* Writes bytes to dir/name, gzip-compressed when gz. */
+/* Writes bytes to test_dir/name, gzip-compressed when gz. */
 static void put(const char *name, const void *data, size_t n, bool gz, char *path, size_t cap) {
-    snprintf(path, cap, "%s/%s", dir, name);
+    snprintf(path, cap, "%s/%s", test_dir, name);
     if (gz) {
         gzFile f = gzopen(path, "wb");
         assert_non_null(f);
@@ -193,13 +178,13 @@ static void test_mnist_errors(void **state) {
     put("train-labels-idx1-ubyte.gz", buf, n, true, path, sizeof path);
     cddp_mnist ds;
     cddp_error err = {0};
-    assert_int_equal(cddp_mnist_load(dir, true, &ds, &err), CDDP_EFORMAT);
+    assert_int_equal(cddp_mnist_load(test_dir, true, &ds, &err), CDDP_EFORMAT);
     assert_non_null(strstr(err.msg, "3 train images but 2 labels"));
     uint8_t badlab[3] = {1, 12, 3};
     uint32_t l3[1] = {3};
     n = make_idx(buf, CDDP_IDX_U8, 1, l3, badlab, 1, 3);
     put("train-labels-idx1-ubyte.gz", buf, n, true, path, sizeof path);
-    assert_int_equal(cddp_mnist_load(dir, true, &ds, &err), CDDP_EFORMAT);
+    assert_int_equal(cddp_mnist_load(test_dir, true, &ds, &err), CDDP_EFORMAT);
     assert_non_null(strstr(err.msg, "label 1 is 12"));
     assert_int_equal(cddp_mnist_load("/nonexistent", false, &ds, &err), CDDP_ENOENT);
     assert_non_null(strstr(err.msg, "dataset-fashion-mnist"));
@@ -213,5 +198,5 @@ int main(void) {
         cmocka_unit_test(test_fashion_mnist),
         cmocka_unit_test(test_mnist_errors),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, temp_dir_setup, temp_dir_teardown);
 }
