@@ -393,6 +393,34 @@ cddp_tensor *cddp_conv2d(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_ten
     return out;
 }
 
+/* The common 2x2, stride 2, unpadded pooling, with the general loop's results (the first
+ * maximum in row-major window order wins; a NaN wins and stays) in straight-line code. */
+static void pool2x2(const float *x, int64_t planes, int64_t H, int64_t W, int64_t OH, int64_t OW,
+                    float *y, int32_t *arg) {
+    for (int64_t nc = 0; nc < planes; nc++) {
+        const float *src = x + nc * H * W;
+        for (int64_t oh = 0; oh < OH; oh++) {
+            const float *r0 = src + 2 * oh * W, *r1 = r0 + W;
+            float *dst = y + (nc * OH + oh) * OW;
+            int32_t *ai = arg ? arg + (nc * OH + oh) * OW : NULL;
+            for (int64_t ow = 0; ow < OW; ow++) {
+                float v[4] = {r0[2 * ow], r0[2 * ow + 1], r1[2 * ow], r1[2 * ow + 1]};
+                int best;
+                if (isnan(v[0]) || isnan(v[1]) || isnan(v[2]) || isnan(v[3])) {
+                    best = isnan(v[0]) ? 0 : isnan(v[1]) ? 1 : isnan(v[2]) ? 2 : 3;
+                } else {
+                    /* Pairwise selects, no data-dependent branches; strict > keeps the first
+                     * of equal values. */
+                    int i01 = v[1] > v[0], i23 = 2 + (v[3] > v[2]);
+                    best = v[i23] > v[i01] ? i23 : i01;
+                }
+                dst[ow] = v[best];
+                if (ai) ai[ow] = (int32_t)((2 * oh + (best >> 1)) * W + 2 * ow + (best & 1));
+            }
+        }
+    }
+}
+
 cddp_tensor *cddp_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel, int stride, int padding) {
     if (FAILED(ctx) || !x) return NULL;
     need_f32("max_pool2d", x);
@@ -411,6 +439,10 @@ cddp_tensor *cddp_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel, int stri
     bool rec = will_record(ctx, 1, &x);
     int32_t *arg = rec ? cddp__ctx_alloc(ctx, (size_t)out->numel * sizeof(int32_t)) : NULL;
     if (rec && !arg) return NULL;
+    if (kernel == 2 && stride == 2 && padding == 0) {
+        pool2x2(cddp_f32(x), N * C, H, W, OH, OW, cddp_f32(out), arg);
+        goto pooled;
+    }
     for (int64_t nc = 0; nc < N * C; nc++) {
         const float *src = cddp_f32(x) + nc * H * W;
         float *dst = cddp_f32(out) + nc * OH * OW;
@@ -438,6 +470,7 @@ cddp_tensor *cddp_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel, int stri
             }
         }
     }
+pooled:;
     cddp__node *node;
     if (!record(ctx, CDDP_OP_MAX_POOL2D, out, 1, &x, &node)) return NULL;
     if (node) {

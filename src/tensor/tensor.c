@@ -292,6 +292,16 @@ void cddp__gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
                 (blasint)(tb ? K : N), beta, C, (blasint)N);
 }
 
+/* The output columns ow whose input column iw = ow * stride - pad + kw lies in [0, W):
+ * [*lo, *hi). The others read the zero padding. */
+static void valid_columns(int64_t W, int64_t OW, int64_t kw, int stride, int pad, int64_t *lo,
+                          int64_t *hi) {
+    int64_t first = pad - kw > 0 ? (pad - kw + stride - 1) / stride : 0;
+    int64_t end = W + pad - kw > 0 ? (W + pad - kw + stride - 1) / stride : 0;
+    *lo = CDDP_MIN(first, OW);
+    *hi = CDDP_MAX(*lo, CDDP_MIN(end, OW));
+}
+
 void cddp__im2col(const float *x, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
                   int stride, int pad, int64_t OH, int64_t OW, int64_t ld, float *col) {
     for (int64_t c = 0; c < C; c++)
@@ -306,10 +316,14 @@ void cddp__im2col(const float *x, int64_t C, int64_t H, int64_t W, int64_t KH, i
                         continue;
                     }
                     const float *src = x + (c * H + ih) * W;
-                    for (int64_t ow = 0; ow < OW; ow++) {
-                        int64_t iw = ow * stride - pad + kw;
-                        dst[ow] = (iw >= 0 && iw < W) ? src[iw] : 0.0f;
-                    }
+                    int64_t lo, hi, shift = kw - pad;
+                    valid_columns(W, OW, kw, stride, pad, &lo, &hi);
+                    memset(dst, 0, (size_t)lo * sizeof(float));
+                    if (stride == 1)
+                        memcpy(dst + lo, src + lo + shift, (size_t)(hi - lo) * sizeof(float));
+                    else
+                        for (int64_t ow = lo; ow < hi; ow++) dst[ow] = src[ow * stride + shift];
+                    memset(dst + hi, 0, (size_t)(OW - hi) * sizeof(float));
                 }
             }
 }
@@ -325,10 +339,9 @@ void cddp__col2im(const float *col, int64_t C, int64_t H, int64_t W, int64_t KH,
                     if (ih < 0 || ih >= H) continue;
                     float *dst = x + (c * H + ih) * W;
                     const float *src = row + oh * OW;
-                    for (int64_t ow = 0; ow < OW; ow++) {
-                        int64_t iw = ow * stride - pad + kw;
-                        if (iw >= 0 && iw < W) dst[iw] += src[ow];
-                    }
+                    int64_t lo, hi, shift = kw - pad;
+                    valid_columns(W, OW, kw, stride, pad, &lo, &hi);
+                    for (int64_t ow = lo; ow < hi; ow++) dst[ow * stride + shift] += src[ow];
                 }
             }
 }
