@@ -4,7 +4,7 @@
 #   make          build everything into build/ (programs in build/bin/)
 #   make test     build with -Wall -Wextra -Werror and run the whole suite (ctest)
 #   make demo     train on Fashion-MNIST
-#   make bench    cddp against PyTorch, side by side (installs python3-torch)
+#   make bench    cddp against PyTorch side by side (installs python3-torch); the data pipeline
 #   make install  headers, libraries, pkg-config and CMake files under PREFIX (default /usr/local)
 
 BUILD ?= build
@@ -37,8 +37,9 @@ demo:
 bench:
 	@scripts/deps.sh bench
 	@$(CMAKE_CONFIGURE)
-	@cmake --build $(BUILD) -j $(JOBS) --target bench_mlp
+	@cmake --build $(BUILD) -j $(JOBS) --target bench_mlp bench_data
 	bench/mlp_vs_torch.sh $(BUILD)/bin/bench_mlp
+	$(BUILD)/bin/bench_data
 
 install: build
 	cmake --install $(BUILD)

@@ -133,6 +133,13 @@ CDDP_API const char *cddp_knob_doc(cddp_knob knob);
 CDDP_API const char *cddp_knob_str(cddp_knob knob);
 CDDP_API long cddp_knob_int(cddp_knob knob);
 
+/* The rank and world size a launcher left in the environment, looked up in this order:
+ * RANK/WORLD_SIZE (cddprun, torchrun), OMPI_COMM_WORLD_RANK/SIZE (Open MPI's mpirun),
+ * PMI_RANK/PMI_SIZE (MPICH, Intel MPI), SLURM_PROCID/SLURM_NTASKS (Slurm's srun).
+ * CDDP_OK with both filled; CDDP_ENOENT (rank 0, world 1) when none is set; CDDP_EINVAL, with err
+ * naming the variables, when a pair is malformed or the rank is not in [0, world). */
+CDDP_API int cddp_env_rank_world(int *rank, int *world, cddp_error *err);
+
 /* Programmer errors: print file:line and the message, then abort. */
 CDDP_API void cddp__panic(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4), noreturn));

@@ -1,4 +1,10 @@
-/* cddp/data.h: datasets. For now: IDX files (gzip or raw) and (Fashion-)MNIST loading.
+/* cddp/data.h: datasets, the DistributedSampler, and a prefetching DataLoader.
+ *
+ * The pipeline is the one of PyTorch and MindSpore: a dataset knows its length and fetches
+ * sample i; a sampler decides which samples this rank sees in which order; a loader collates the
+ * sampler's choice into contiguous batch buffers, on a background thread when asked to, applying
+ * transforms on the way. The data layer does not know the communication layer: a sampler is told
+ * its rank and world size, or reads them from the launcher's environment.
  *
  * IDX is the format of MNIST and Fashion-MNIST: two zero bytes, a type byte, a dimension count,
  * the dimensions as big-endian uint32, then the elements, big-endian. The reader accepts every
@@ -56,6 +62,168 @@ CDDP_API void cddp_mnist_free(cddp_mnist *ds);
 /* Writes images [first, first + count) as float32 (x / 255 - mean) / std into dst. */
 CDDP_API void cddp_mnist_normalize(const cddp_mnist *ds, int64_t first, int64_t count, float mean,
                                    float std, float *dst);
+
+/* ---- Datasets --------------------------------------------------------------------------- */
+
+/* A sample is a fixed set of fields (an image and a label, say), each with a fixed dtype and
+ * shape; a batch of B samples holds each field as one (B, shape...) array. */
+#define CDDP_MAX_FIELDS 4
+
+typedef struct cddp_field {
+    const char *name;
+    cddp_dtype dtype;
+    int ndim;
+    int64_t shape[CDDP_MAX_DIMS - 1]; /* one dimension is left for the batch */
+} cddp_field;
+
+/* What a dataset implements, so that users can plug in their own. get writes sample i's fields
+ * into out[0..nfields), each numel(field) elements of its dtype, and returns CDDP_OK or a
+ * failure with err filled. get is called from one thread at a time (the loader's worker when
+ * prefetching). destroy (may be NULL) releases self. */
+typedef struct cddp_dataset_ops {
+    int64_t (*length)(void *self);
+    int (*get)(void *self, int64_t i, void *const *out, cddp_error *err);
+    void (*destroy)(void *self);
+} cddp_dataset_ops;
+
+typedef struct cddp_dataset cddp_dataset;
+
+/* Wraps an implementation. The dataset owns self (released through ops->destroy). NULL with err
+ * filled on invalid fields or out of memory (self is then released too). */
+CDDP_API cddp_dataset *cddp_dataset_create(const cddp_dataset_ops *ops, void *self, int nfields,
+                                           const cddp_field *fields, cddp_error *err);
+CDDP_API void cddp_dataset_destroy(cddp_dataset *ds);
+CDDP_API int64_t cddp_dataset_len(const cddp_dataset *ds);
+CDDP_API int cddp_dataset_num_fields(const cddp_dataset *ds);
+CDDP_API const cddp_field *cddp_dataset_field(const cddp_dataset *ds, int f);
+/* Bytes of one sample's field f. */
+CDDP_API size_t cddp_field_bytes(const cddp_field *field);
+/* Fetches sample i (0 <= i < len) into out; an index out of range is CDDP_ERANGE. */
+CDDP_API int cddp_dataset_get(cddp_dataset *ds, int64_t i, void *const *out, cddp_error *err);
+
+/* (Fashion-)MNIST as a dataset: field 0 "image" float32 (1, rows, cols) with the raw pixel values
+ * 0..255 (the loader's transforms rescale and normalise), field 1 "label" int64 (). dir as for
+ * cddp_mnist_load. */
+CDDP_API cddp_dataset *cddp_dataset_mnist(const char *dir, bool train, cddp_error *err);
+
+/* An in-memory dataset of n samples: data[f] holds n samples of field f back to back and is
+ * copied, so the caller may free it at once. */
+CDDP_API cddp_dataset *cddp_dataset_from_arrays(int64_t n, int nfields, const cddp_field *fields,
+                                                const void *const *data, cddp_error *err);
+
+/* MindSpore's num_shards/shard_id: a view of ds holding samples shard_id, shard_id + num_shards,
+ * shard_id + 2 num_shards, ... Every sample is in exactly one shard; shard sizes differ by at
+ * most one; nothing is padded or repeated. The view takes ownership of ds. */
+CDDP_API cddp_dataset *cddp_dataset_shard(cddp_dataset *ds, int num_shards, int shard_id,
+                                          cddp_error *err);
+
+/* ---- DistributedSampler ------------------------------------------------------------------- */
+
+/* PyTorch's DistributedSampler, plus what its users ask for.
+ *
+ * Each epoch every rank draws the same permutation of [0, N) from seed + epoch (or takes
+ * 0..N-1 without shuffle), then takes every num_replicas-th index starting at its rank. With
+ * drop_last false the permutation is first padded by repeating its start so that every rank gets
+ * ceil(N / replicas) samples; with drop_last true it is cut to floor(N / replicas) per rank. In
+ * the uneven mode every sample is seen exactly once per epoch and ranks get ceil or floor of
+ * N / replicas (use it with DDP's join).
+ *
+ * Epochs: cddp_sampler_set_epoch works as in PyTorch and always wins. A program that never calls
+ * it does not see the same order every epoch (PyTorch's classic pitfall): each cddp_sampler_begin
+ * after the first advances the epoch by one unless set_epoch or set_state was called since.
+ *
+ * Resuming: the state (epoch, samples consumed) goes into a checkpoint; a new sampler given that
+ * state continues with the next unseen sample of that epoch. */
+typedef struct cddp_sampler_options {
+    int num_replicas; /* 0: from the launcher's environment (cddp_env_rank_world), else 1 */
+    int rank;         /* -1: from the launcher's environment, else 0 */
+    bool shuffle;
+    uint64_t seed;
+    bool drop_last;
+    bool uneven;
+} cddp_sampler_options;
+
+/* PyTorch's defaults: replicas and rank from the environment, shuffle on, seed 0, keep the tail. */
+CDDP_API cddp_sampler_options cddp_sampler_defaults(void);
+
+typedef struct cddp_sampler_state {
+    int64_t epoch;
+    int64_t consumed; /* samples of this epoch already handed out on this rank */
+} cddp_sampler_state;
+
+typedef struct cddp_sampler cddp_sampler;
+
+/* NULL with err filled when the options are invalid (rank outside [0, replicas), a malformed
+ * launcher environment, uneven with drop_last). */
+CDDP_API cddp_sampler *cddp_sampler_create(int64_t dataset_len, const cddp_sampler_options *opts,
+                                           cddp_error *err);
+CDDP_API void cddp_sampler_destroy(cddp_sampler *s);
+CDDP_API void cddp_sampler_set_epoch(cddp_sampler *s, int64_t epoch);
+CDDP_API int64_t cddp_sampler_epoch(const cddp_sampler *s);
+/* Samples this rank sees per epoch (PyTorch's len(sampler)). */
+CDDP_API int64_t cddp_sampler_len(const cddp_sampler *s);
+CDDP_API int cddp_sampler_rank(const cddp_sampler *s);
+CDDP_API int cddp_sampler_num_replicas(const cddp_sampler *s);
+/* This rank's indices for an epoch, all cddp_sampler_len of them, into out. Pure: the same
+ * epoch gives the same list on every call and every machine. */
+CDDP_API void cddp_sampler_indices(const cddp_sampler *s, int64_t epoch, int64_t *out);
+/* Starts an iteration (advancing the epoch as described above) and returns how many indices it
+ * will yield; cddp_sampler_next then yields them, -1 at the end. */
+CDDP_API int64_t cddp_sampler_begin(cddp_sampler *s);
+CDDP_API int64_t cddp_sampler_next(cddp_sampler *s);
+CDDP_API cddp_sampler_state cddp_sampler_get_state(const cddp_sampler *s);
+/* Sets the position; the next cddp_sampler_begin continues from it. CDDP_ERANGE if consumed is
+ * negative or beyond the epoch. */
+CDDP_API int cddp_sampler_set_state(cddp_sampler *s, cddp_sampler_state state, cddp_error *err);
+
+/* ---- DataLoader --------------------------------------------------------------------------- */
+
+/* Options; zero-initialised means batch of 1, no transforms, no prefetching. Transforms act on
+ * field `image_field` (float32, shape (C,H,W)) in this order: random crop, random horizontal
+ * flip, rescale, normalise. Random transforms draw from a generator seeded by (seed, epoch,
+ * position in the epoch), so results are the same with or without prefetching. */
+typedef struct cddp_loader_options {
+    int64_t batch_size;
+    bool drop_last;  /* drop a last batch smaller than batch_size */
+    int prefetch;    /* batches prepared ahead on a background thread; 0: on the caller's */
+    int image_field; /* the field transforms apply to */
+    bool rescale;    /* x = x * rescale_scale + rescale_shift (MindSpore's Rescale) */
+    float rescale_scale, rescale_shift;
+    int normalize_channels; /* 0: no normalisation; 1: mean[0]/std[0] for all; C: per channel */
+    float mean[4], std[4];  /* x = (x - mean[c]) / std[c] */
+    bool random_hflip;      /* flip left-right with probability 1/2 */
+    int random_crop_padding; /* > 0: pad by this many zeros, crop back at a random offset */
+    uint64_t seed;
+} cddp_loader_options;
+
+/* One collated batch, valid until the next cddp_loader_next/begin/destroy. */
+typedef struct cddp_batch {
+    int64_t size;                  /* samples in this batch */
+    int64_t index;                 /* batch number in the epoch */
+    void *data[CDDP_MAX_FIELDS];   /* field f: size * numel(field f) elements, contiguous */
+    const int64_t *indices;        /* the dataset index of each sample, in order */
+    const cddp_dataset *dataset;
+} cddp_batch;
+
+typedef struct cddp_loader cddp_loader;
+
+/* sampler may be NULL (every sample in order, once per epoch). The loader borrows the dataset
+ * and the sampler: both must outlive it. NULL with err filled on invalid options. */
+CDDP_API cddp_loader *cddp_loader_create(cddp_dataset *ds, cddp_sampler *sampler,
+                                         const cddp_loader_options *opts, cddp_error *err);
+/* Stops the worker (if any) and frees the buffers. */
+CDDP_API void cddp_loader_destroy(cddp_loader *l);
+/* Starts an epoch (cddp_sampler_begin) and returns its number of batches. Abandons an epoch in
+ * progress. */
+CDDP_API int64_t cddp_loader_begin(cddp_loader *l);
+/* The next batch: 1 with *batch filled, 0 at the end of the epoch, a failure status (the
+ * dataset's error, in err) otherwise. Marks the batch's samples consumed in the sampler, so the
+ * sampler's state is always "what the training loop has received". */
+CDDP_API int cddp_loader_next(cddp_loader *l, cddp_batch *batch, cddp_error *err);
+/* Seconds the caller spent blocked in cddp_loader_next since the loader was created. */
+CDDP_API double cddp_loader_wait_seconds(const cddp_loader *l);
+/* Field f of a batch as a tensor (B, shape...) viewing the batch's buffer (no copy). */
+CDDP_API cddp_tensor *cddp_batch_tensor(cddp_ctx *ctx, const cddp_batch *batch, int f);
 
 #ifdef __cplusplus
 }

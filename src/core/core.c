@@ -210,3 +210,36 @@ long cddp_knob_int(cddp_knob knob) {
     }
     return x;
 }
+
+/* Parses a decimal int in [0, 2^30) or returns -1. */
+static long env_int(const char *name) {
+    const char *v = getenv(name);
+    if (!v || !*v) return -2;
+    char *end = NULL;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    return (errno || *end || x < 0 || x >= 1L << 30) ? -1 : x;
+}
+
+int cddp_env_rank_world(int *rank, int *world, cddp_error *err) {
+    static const char *pairs[][2] = {{"RANK", "WORLD_SIZE"},
+                                     {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                     {"PMI_RANK", "PMI_SIZE"},
+                                     {"SLURM_PROCID", "SLURM_NTASKS"}};
+    *rank = 0;
+    *world = 1;
+    for (size_t i = 0; i < CDDP_ARRAY_LEN(pairs); i++) {
+        long r = env_int(pairs[i][0]), w = env_int(pairs[i][1]);
+        if (r == -2 && w == -2) continue;
+        if (r < 0 || w < 1 || r >= w)
+            return cddp_error_set(err, CDDP_EINVAL,
+                                  "%s=%s and %s=%s do not describe a rank in [0, world size); "
+                                  "was the program started by a launcher?",
+                                  pairs[i][0], getenv(pairs[i][0]) ? getenv(pairs[i][0]) : "(unset)",
+                                  pairs[i][1], getenv(pairs[i][1]) ? getenv(pairs[i][1]) : "(unset)");
+        *rank = (int)r;
+        *world = (int)w;
+        return CDDP_OK;
+    }
+    return CDDP_ENOENT;
+}

@@ -1,0 +1,11 @@
+/* data/internal.h: what the loader needs from the sampler beyond the public API. */
+#ifndef CDDP_DATA_INTERNAL_H
+#define CDDP_DATA_INTERNAL_H
+
+#include "cddp/data.h"
+
+/* Marks n more samples of the current epoch consumed, without counting as an explicit epoch
+ * choice (so automatic epoch advance still applies at the next begin). */
+void cddp__sampler_advance(cddp_sampler *s, int64_t n);
+
+#endif

@@ -1,0 +1,176 @@
+/* sampler.c: the DistributedSampler (semantics in cddp/data.h).
+ *
+ * Padding, as PyTorch does it. With N samples and R replicas and drop_last false, every rank
+ * gets S = ceil(N / R) samples, so the permutation p of [0, N) is extended to T = S * R entries
+ * by repeating its beginning (p[0], p[1], ... and around again if T - N > N, which happens only
+ * when N < R). Rank r then takes entries r, r + R, r + 2R, ... of the extended list. With
+ * drop_last the list is cut to T = floor(N / R) * R instead. So the ranks together see every
+ * sample at least once (padding) or all but the N - T dropped ones (drop_last), and each sees the
+ * same count, which DDP needs to keep the ranks in lockstep. The uneven mode takes entries r,
+ * r + R, ... of p itself: every sample exactly once, counts differing by at most one.
+ *
+ * The permutation for an epoch is a Fisher-Yates shuffle driven by cddp_rng seeded with
+ * seed + epoch, so every rank computes the same one without communicating.
+ */
+#include "cddp/data.h"
+#include "core/internal.h"
+#include "data/internal.h"
+
+#include <string.h>
+
+struct cddp_sampler {
+    int64_t n;
+    cddp_sampler_options o;
+    int64_t per_rank; /* samples this rank yields per epoch */
+    int64_t total;    /* the padded or cut list length (not used in the uneven mode) */
+    int64_t epoch, consumed;
+    bool explicit_epoch; /* set_epoch or set_state since the last begin */
+    bool begun;          /* begin has run at least once */
+    int64_t *order;      /* this epoch's indices, valid for order_epoch */
+    int64_t order_epoch;
+};
+
+cddp_sampler_options cddp_sampler_defaults(void) {
+    return (cddp_sampler_options){.num_replicas = 0, .rank = -1, .shuffle = true};
+}
+
+cddp_sampler *cddp_sampler_create(int64_t n, const cddp_sampler_options *opts, cddp_error *err) {
+    cddp_sampler_options o = *opts;
+    if (n < 0) {
+        cddp_error_set(err, CDDP_EINVAL, "sampler: dataset length %lld", (long long)n);
+        return NULL;
+    }
+    if (o.num_replicas <= 0 || o.rank < 0) {
+        int rank, world;
+        int rc = cddp_env_rank_world(&rank, &world, err);
+        if (rc == CDDP_EINVAL) return NULL;
+        if (o.num_replicas <= 0) o.num_replicas = world;
+        if (o.rank < 0) o.rank = rank;
+    }
+    if (o.rank >= o.num_replicas) {
+        cddp_error_set(err, CDDP_EINVAL,
+                       "sampler: rank %d is out of range for %d replicas (want 0 <= rank < "
+                       "num_replicas)",
+                       o.rank, o.num_replicas);
+        return NULL;
+    }
+    if (o.uneven && o.drop_last) {
+        cddp_error_set(err, CDDP_EINVAL, "sampler: uneven and drop_last exclude each other "
+                                         "(uneven sees every sample once; drop_last drops some)");
+        return NULL;
+    }
+    cddp_sampler *s = cddp_calloc(1, sizeof *s);
+    if (!s) goto oom;
+    s->n = n;
+    s->o = o;
+    int64_t R = o.num_replicas;
+    if (o.uneven) {
+        s->per_rank = n > o.rank ? (n - o.rank + R - 1) / R : 0;
+        s->total = n;
+    } else {
+        s->per_rank = o.drop_last ? n / R : (n + R - 1) / R;
+        s->total = s->per_rank * R;
+    }
+    s->order = cddp_malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    if (!s->order) goto oom;
+    s->order_epoch = -1;
+    return s;
+oom:
+    cddp_sampler_destroy(s);
+    cddp_error_set(err, CDDP_ENOMEM, "sampler: out of memory for %lld indices", (long long)n);
+    return NULL;
+}
+
+void cddp_sampler_destroy(cddp_sampler *s) {
+    if (!s) return;
+    cddp_free(s->order);
+    cddp_free(s);
+}
+
+void cddp_sampler_set_epoch(cddp_sampler *s, int64_t epoch) {
+    s->epoch = epoch;
+    s->consumed = 0;
+    s->explicit_epoch = true;
+}
+
+int64_t cddp_sampler_epoch(const cddp_sampler *s) {
+    return s->epoch;
+}
+
+int64_t cddp_sampler_len(const cddp_sampler *s) {
+    return s->per_rank;
+}
+
+int cddp_sampler_rank(const cddp_sampler *s) {
+    return s->o.rank;
+}
+
+int cddp_sampler_num_replicas(const cddp_sampler *s) {
+    return s->o.num_replicas;
+}
+
+/* The permutation of [0, n) for epoch (identity without shuffle). */
+static void permutation(const cddp_sampler *s, int64_t epoch, int64_t *p) {
+    for (int64_t i = 0; i < s->n; i++) p[i] = i;
+    if (!s->o.shuffle) return;
+    cddp_rng rng;
+    cddp_rng_seed(&rng, s->o.seed + (uint64_t)epoch);
+    for (int64_t i = s->n - 1; i > 0; i--) {
+        int64_t j = (int64_t)cddp_rng_below(&rng, (uint64_t)i + 1), t = p[i];
+        p[i] = p[j];
+        p[j] = t;
+    }
+}
+
+void cddp_sampler_indices(const cddp_sampler *s, int64_t epoch, int64_t *out) {
+    int64_t *p = s->order;
+    if (s->order_epoch != epoch) {
+        /* The cache is an optimisation of a pure function, so it may change under const. */
+        permutation(s, epoch, p);
+        ((cddp_sampler *)s)->order_epoch = epoch;
+    }
+    int64_t R = s->o.num_replicas;
+    /* Entry k of the padded list is p[k mod n]: the padding repeats the start. */
+    for (int64_t j = 0; j < s->per_rank; j++) out[j] = p[(s->o.rank + j * R) % s->n];
+}
+
+int64_t cddp_sampler_begin(cddp_sampler *s) {
+    if (s->begun && !s->explicit_epoch) {
+        s->epoch++;
+        s->consumed = 0;
+        cddp_log(CDDP_LOG_DEBUG, "data",
+                 "sampler: epoch advanced to %lld (cddp_sampler_set_epoch was not called)",
+                 (long long)s->epoch);
+    }
+    s->begun = true;
+    s->explicit_epoch = false;
+    return s->per_rank - s->consumed;
+}
+
+int64_t cddp_sampler_next(cddp_sampler *s) {
+    if (s->consumed >= s->per_rank) return -1;
+    if (s->order_epoch != s->epoch) permutation(s, s->epoch, s->order), s->order_epoch = s->epoch;
+    int64_t k = s->o.rank + s->consumed * s->o.num_replicas;
+    s->consumed++;
+    return s->order[k % s->n];
+}
+
+cddp_sampler_state cddp_sampler_get_state(const cddp_sampler *s) {
+    return (cddp_sampler_state){s->epoch, s->consumed};
+}
+
+int cddp_sampler_set_state(cddp_sampler *s, cddp_sampler_state st, cddp_error *err) {
+    if (st.consumed < 0 || st.consumed > s->per_rank)
+        return cddp_error_set(err, CDDP_ERANGE,
+                              "sampler state: %lld samples consumed, but an epoch has %lld on "
+                              "rank %d (was the state saved with another world size or dataset?)",
+                              (long long)st.consumed, (long long)s->per_rank, s->o.rank);
+    s->epoch = st.epoch;
+    s->consumed = st.consumed;
+    s->explicit_epoch = true;
+    return CDDP_OK;
+}
+
+void cddp__sampler_advance(cddp_sampler *s, int64_t n) {
+    s->consumed = CDDP_MIN(s->consumed + n, s->per_rank);
+}
