@@ -24,9 +24,12 @@ static double now_s(void) {
 }
 
 static cddp_loader *make_loader(cddp_dataset *ds, cddp_sampler *s, int64_t batch, int prefetch) {
-    cddp_loader_options lo = {.batch_size = batch,     .prefetch = prefetch,
-                              .rescale = true,         .rescale_scale = 1.0f / 255.0f,
-                              .normalize_channels = 1, .mean = {0.1307f},
+    cddp_loader_options lo = {.batch_size = batch,
+                              .prefetch = prefetch,
+                              .rescale = true,
+                              .rescale_scale = 1.0f / 255.0f,
+                              .normalize_channels = 1,
+                              .mean = {0.1307f},
                               .std = {0.3081f}};
     cddp_error err = {0};
     cddp_loader *l = cddp_loader_create(ds, s, &lo, &err);
@@ -54,11 +57,20 @@ int main(int argc, char **argv) {
     int c;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
-        case 'b': batch = atoll(optarg); break;
-        case 'p': prefetch = atoi(optarg); break;
-        case 'd': data = optarg; break;
-        case 'h': printf("usage: bench_data [--batch-size N] [--prefetch N] [--data DIR]\n"); return 0;
-        default: return 2;
+        case 'b':
+            batch = atoll(optarg);
+            break;
+        case 'p':
+            prefetch = atoi(optarg);
+            break;
+        case 'd':
+            data = optarg;
+            break;
+        case 'h':
+            printf("usage: bench_data [--batch-size N] [--prefetch N] [--data DIR]\n");
+            return 0;
+        default:
+            return 2;
         }
     }
     if (batch < 1 || prefetch < 1) fail("--batch-size and --prefetch must be >= 1");
@@ -91,7 +103,8 @@ int main(int argc, char **argv) {
         cddp_model_add(m, NULL, cddp_nn_relu());
         cddp_model_add(m, NULL, cddp_nn_linear(512, 10));
         if (cddp_model_build(m, 0)) fail(cddp_model_error(m));
-        cddp_optim *opt = cddp_optim_sgd(m, &(cddp_sgd_options){.lr = 0.01f, .momentum = 0.9f}, &err);
+        cddp_optim *opt =
+            cddp_optim_sgd(m, &(cddp_sgd_options){.lr = 0.01f, .momentum = 0.9f}, &err);
         cddp_ctx *ctx = cddp_ctx_create(NULL);
         l = make_loader(ds, s, batch, depths[k]);
         n = 0;
@@ -99,9 +112,9 @@ int main(int argc, char **argv) {
         cddp_loader_begin(l);
         while (cddp_loader_next(l, &b, &err) == 1) {
             cddp_ctx_reset(ctx);
-            cddp_tensor *loss = cddp_cross_entropy(
-                ctx, cddp_model_forward(m, ctx, cddp_batch_tensor(ctx, &b, 0)),
-                cddp_batch_tensor(ctx, &b, 1), CDDP_REDUCE_MEAN);
+            cddp_tensor *loss =
+                cddp_cross_entropy(ctx, cddp_model_forward(m, ctx, cddp_batch_tensor(ctx, &b, 0)),
+                                   cddp_batch_tensor(ctx, &b, 1), CDDP_REDUCE_MEAN);
             cddp_model_zero_grad(m);
             if (cddp_backward(ctx, loss)) fail(cddp_ctx_error(ctx));
             cddp_optim_step(opt);

@@ -5,8 +5,9 @@
  *   build/bin/fashion_mnist --model cnn --optimizer adamw --lr 1e-3 --json
  *
  * The loop is the one every cddp program has: reset the step context, forward, loss, zero the
- * gradients, backward, optimizer step. Images are normalised as the seed does,
- * (x / 255 - 0.1307) / 0.3081, and the training order is reshuffled each epoch from --seed.
+ * gradients, backward, optimizer step. The data comes as in the seeds: a dataset, a
+ * DistributedSampler (set_epoch every epoch), and a DataLoader that rescales and normalises
+ * ((x / 255 - 0.1307) / 0.3081) on a background thread while the step runs.
  */
 #include <cddp/cddp.h>
 
@@ -19,6 +20,17 @@
 
 #define MEAN 0.1307f
 #define STD  0.3081f
+
+/* The seed's transforms: Rescale(1/255), Normalize(0.1307, 0.3081), two batches prepared ahead. */
+static cddp_loader_options loader_options(int64_t batch) {
+    return (cddp_loader_options){.batch_size = batch,
+                                 .prefetch = 2,
+                                 .rescale = true,
+                                 .rescale_scale = 1.0f / 255.0f,
+                                 .normalize_channels = 1,
+                                 .mean = {MEAN},
+                                 .std = {STD}};
+}
 
 typedef struct options {
     int epochs, batch, log_every;
@@ -183,41 +195,34 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Copies the samples idx[0..n) into a normalised image batch and an int64 label batch. */
-static void gather(const cddp_mnist *ds, const int64_t *idx, int64_t n, float *x, int64_t *y) {
-    int64_t px = ds->rows * ds->cols;
-    for (int64_t i = 0; i < n; i++) {
-        cddp_mnist_normalize(ds, idx[i], 1, MEAN, STD, x + i * px);
-        y[i] = ds->labels[idx[i]];
-    }
+/* The images of a batch as the model wants them: (B,1,28,28) for the CNN, (B,784) for the MLP. */
+static cddp_tensor *images(cddp_ctx *ctx, const cddp_batch *b, bool cnn) {
+    cddp_tensor *x = cddp_batch_tensor(ctx, b, 0);
+    return cnn ? x : cddp_flatten(ctx, x);
 }
 
 /* Test accuracy over the whole split, in evaluation mode, 250 images at a time (the CNN's
  * im2col columns for a batch of B take B * 0.6 MB of arena). */
-static int evaluate(cddp_model *m, cddp_ctx *ctx, const cddp_mnist *test, bool cnn, double *acc) {
-    enum { B = 250 };
-    static float x[B * 784];
-    static int64_t y[B], idx[B];
-    int64_t correct = 0;
+static int evaluate(cddp_model *m, cddp_ctx *ctx, cddp_loader *test, bool cnn, double *acc,
+                    cddp_error *err) {
+    int64_t correct = 0, seen = 0;
     bool old = cddp_ctx_set_grad_enabled(ctx, false);
     cddp_model_set_training(m, false);
-    for (int64_t first = 0; first < test->n; first += B) {
-        int64_t n = test->n - first < B ? test->n - first : B;
-        for (int64_t i = 0; i < n; i++) idx[i] = first + i;
-        gather(test, idx, n, x, y);
+    cddp_batch b;
+    int rc;
+    cddp_loader_begin(test);
+    while ((rc = cddp_loader_next(test, &b, err)) == 1) {
         cddp_ctx_reset(ctx);
-        cddp_tensor *in = cnn ? cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(n, 1, 28, 28), x)
-                              : cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(n, 784), x);
-        cddp_tensor *logits = cddp_model_forward(m, ctx, in);
-        cddp_tensor *labels = cddp_wrap(ctx, CDDP_I64, CDDP_SHAPE(n), y);
-        if (!logits || !labels) break;
-        correct += cddp_count_correct(logits, labels);
+        cddp_tensor *logits = cddp_model_forward(m, ctx, images(ctx, &b, cnn));
+        if (!logits) break;
+        correct += cddp_count_correct(logits, cddp_batch_tensor(ctx, &b, 1));
+        seen += b.size;
     }
-    int rc = cddp_ctx_status(ctx);
+    if (rc == 1) rc = cddp_error_set(err, cddp_ctx_status(ctx), "%s", cddp_ctx_error(ctx));
     cddp_ctx_reset(ctx);
     cddp_ctx_set_grad_enabled(ctx, old);
     cddp_model_set_training(m, true);
-    *acc = (double)correct / (double)test->n;
+    *acc = seen ? (double)correct / (double)seen : 0.0;
     return rc;
 }
 
@@ -226,28 +231,51 @@ int main(int argc, char **argv) {
     if (parse_args(argc, argv, &o) != 0) return 2;
     int status = 1;
     cddp_error err = {0};
-    cddp_mnist train = {0}, test = {0};
+    cddp_dataset *train = NULL, *test = NULL;
+    cddp_sampler *sampler = NULL;
+    cddp_loader *train_loader = NULL, *test_loader = NULL;
     cddp_model *m = NULL;
     cddp_optim *opt = NULL;
     cddp_ctx *ctx = NULL;
-    float *x = NULL;
-    int64_t *y = NULL, *order = NULL;
     bool cnn = strcmp(o.model, "cnn") == 0;
 
-    if (cddp_mnist_load(o.data, true, &train, &err) || cddp_mnist_load(o.data, false, &test, &err))
-        goto fail;
-    if (train.rows * train.cols != 784 || test.rows * test.cols != 784) {
+    train = cddp_dataset_mnist(o.data, true, &err);
+    test = train ? cddp_dataset_mnist(o.data, false, &err) : NULL;
+    if (!test) goto fail;
+    if (cddp_field_bytes(cddp_dataset_field(train, 0)) != 784 * sizeof(float)) {
         cddp_error_set(&err, CDDP_EFORMAT, "expected 28x28 images");
         goto fail;
     }
-    int64_t n_train = o.limit >= 0 && o.limit < train.n ? o.limit : train.n;
+    if (o.limit >= 0 && o.limit < cddp_dataset_len(train)) {
+        /* --limit: the first samples, copied into an in-memory dataset. */
+        int64_t n = o.limit;
+        float *img = malloc(sizeof(float) * 784 * (size_t)(n ? n : 1));
+        int64_t *lab = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+        for (int64_t i = 0; i < n && img && lab; i++)
+            cddp_dataset_get(train, i, (void *const[]){img + 784 * i, lab + i}, &err);
+        cddp_field f[2] = {*cddp_dataset_field(train, 0), *cddp_dataset_field(train, 1)};
+        cddp_dataset *prefix =
+            img && lab ? cddp_dataset_from_arrays(n, 2, f, (const void *const[]){img, lab}, &err)
+                       : NULL;
+        free(img);
+        free(lab);
+        if (!prefix) goto fail;
+        cddp_dataset_destroy(train);
+        train = prefix;
+    }
+    cddp_sampler_options so = cddp_sampler_defaults();
+    so.seed = o.seed;
+    sampler = cddp_sampler_create(cddp_dataset_len(train), &so, &err);
+    if (!sampler) goto fail;
+    cddp_loader_options lo = loader_options(o.batch);
+    train_loader = cddp_loader_create(train, sampler, &lo, &err);
+    lo = loader_options(250);
+    test_loader = train_loader ? cddp_loader_create(test, NULL, &lo, &err) : NULL;
+    if (!test_loader) goto fail;
 
     m = cddp_model_create();
     ctx = cddp_ctx_create(&(cddp_ctx_options){.seed = o.seed});
-    x = malloc(sizeof(float) * 784 * (size_t)o.batch);
-    y = malloc(sizeof(int64_t) * (size_t)o.batch);
-    order = malloc(sizeof(int64_t) * (size_t)(n_train ? n_train : 1));
-    if (!m || !ctx || !x || !y || !order) {
+    if (!m || !ctx) {
         cddp_error_set(&err, CDDP_ENOMEM, "out of memory");
         goto fail;
     }
@@ -266,27 +294,17 @@ int main(int argc, char **argv) {
     double train_s = 0.0, acc = 0.0, last_loss = NAN;
     int64_t samples = 0;
     int epochs_run = 0;
-    cddp_rng shuffle;
     for (int epoch = 0; epoch < o.epochs; epoch++) {
-        /* Fisher-Yates with a generator seeded by (seed, epoch): a fresh order every epoch. */
-        cddp_rng_seed(&shuffle, o.seed * 1000003u + (uint64_t)epoch);
-        for (int64_t i = 0; i < n_train; i++) order[i] = i;
-        for (int64_t i = n_train - 1; i > 0; i--) {
-            int64_t j = (int64_t)cddp_rng_below(&shuffle, (uint64_t)i + 1), t = order[i];
-            order[i] = order[j];
-            order[j] = t;
-        }
+        cddp_sampler_set_epoch(sampler, epoch);
         double t0 = now_s();
-        int64_t step = 0;
-        for (int64_t first = 0; first < n_train; first += o.batch, step++) {
-            int64_t n = n_train - first < o.batch ? n_train - first : o.batch;
-            gather(&train, order + first, n, x, y);
+        cddp_batch b;
+        int rc;
+        cddp_loader_begin(train_loader);
+        while ((rc = cddp_loader_next(train_loader, &b, &err)) == 1) {
             cddp_ctx_reset(ctx);
-            cddp_tensor *in = cnn ? cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(n, 1, 28, 28), x)
-                                  : cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(n, 784), x);
-            cddp_tensor *labels = cddp_wrap(ctx, CDDP_I64, CDDP_SHAPE(n), y);
             cddp_tensor *loss =
-                cddp_cross_entropy(ctx, cddp_model_forward(m, ctx, in), labels, CDDP_REDUCE_MEAN);
+                cddp_cross_entropy(ctx, cddp_model_forward(m, ctx, images(ctx, &b, cnn)),
+                                   cddp_batch_tensor(ctx, &b, 1), CDDP_REDUCE_MEAN);
             cddp_model_zero_grad(m);
             if (cddp_backward(ctx, loss) != CDDP_OK) {
                 cddp_error_set(&err, cddp_ctx_status(ctx), "%s", cddp_ctx_error(ctx));
@@ -294,16 +312,15 @@ int main(int argc, char **argv) {
             }
             cddp_optim_step(opt);
             last_loss = cddp_get(loss, 0);
-            samples += n;
-            if (o.log_every && step % o.log_every == 0)
-                printf("epoch: %d, step: %lld, loss is %.6f\n", epoch, (long long)step, last_loss);
+            samples += b.size;
+            if (o.log_every && b.index % o.log_every == 0)
+                printf("epoch: %d, step: %lld, loss is %.6f\n", epoch, (long long)b.index,
+                       last_loss);
         }
+        if (rc < 0) goto fail;
         train_s += now_s() - t0;
         epochs_run++;
-        if (evaluate(m, ctx, &test, cnn, &acc) != CDDP_OK) {
-            cddp_error_set(&err, cddp_ctx_status(ctx), "%s", cddp_ctx_error(ctx));
-            goto fail;
-        }
+        if (evaluate(m, ctx, test_loader, cnn, &acc, &err) < 0) goto fail;
         printf("epoch: %d, test accuracy: %.4f\n", epoch, acc);
         fflush(stdout);
         if (o.target_acc > 0 && acc >= o.target_acc) break;
@@ -329,10 +346,10 @@ done:
     cddp_optim_destroy(opt);
     cddp_model_destroy(m);
     cddp_ctx_destroy(ctx);
-    cddp_mnist_free(&train);
-    cddp_mnist_free(&test);
-    free(x);
-    free(y);
-    free(order);
+    cddp_loader_destroy(train_loader);
+    cddp_loader_destroy(test_loader);
+    cddp_sampler_destroy(sampler);
+    cddp_dataset_destroy(train);
+    cddp_dataset_destroy(test);
     return status;
 }

@@ -14,8 +14,8 @@ static int64_t probe_len(void *self) {
 
 static int probe_get(void *self, int64_t i, void *const *out, cddp_error *err) {
     probe *p = self;
-    if (i == p->fail_at) return cddp_error_set(err, CDDP_EIO, "probe: sample %lld is unreadable",
-                                               (long long)i);
+    if (i == p->fail_at)
+        return cddp_error_set(err, CDDP_EIO, "probe: sample %lld is unreadable", (long long)i);
     float *img = out[0];
     for (int k = 0; k < 6; k++) img[k] = (float)(i * 10 + k);
     *(int64_t *)out[1] = i;
@@ -80,7 +80,8 @@ static void test_loader_yields_the_samplers_choice(void **state) {
                 assert_int_equal(n, drop ? 32 : 35); /* 35 per rank; 4 whole batches of 8 */
                 assert_memory_equal(idx, want, sizeof(int64_t) * (size_t)n);
                 for (int64_t j = 0; j < n; j++)
-                    for (int k = 0; k < 6; k++) assert_true(img[6 * j + k] == (float)(want[j] * 10 + k));
+                    for (int k = 0; k < 6; k++)
+                        assert_true(img[6 * j + k] == (float)(want[j] * 10 + k));
                 free(idx);
                 free(img);
             }
@@ -111,10 +112,16 @@ static void test_prefetch_changes_nothing(void **state) {
     for (int prefetch = 0; prefetch <= 4; prefetch += 4) {
         cddp_sampler_options so = {2, 0, true, 11, false, false};
         cddp_sampler *s = cddp_sampler_create(cddp_dataset_len(ds), &so, &err);
-        cddp_loader_options lo = {.batch_size = 64, .prefetch = prefetch, .rescale = true,
-                                  .rescale_scale = 1 / 255.0f, .normalize_channels = 1,
-                                  .mean = {0.1307f}, .std = {0.3081f}, .random_hflip = true,
-                                  .random_crop_padding = 2, .seed = 3};
+        cddp_loader_options lo = {.batch_size = 64,
+                                  .prefetch = prefetch,
+                                  .rescale = true,
+                                  .rescale_scale = 1 / 255.0f,
+                                  .normalize_channels = 1,
+                                  .mean = {0.1307f},
+                                  .std = {0.3081f},
+                                  .random_hflip = true,
+                                  .random_crop_padding = 2,
+                                  .seed = 3};
         cddp_loader *l = cddp_loader_create(ds, s, &lo, &err);
         assert_non_null(l);
         uint8_t *all = malloc(5000 * 784 * 4 + 5000 * 8);
@@ -155,8 +162,12 @@ static void test_transforms(void **state) {
     cddp_dataset *ds = cddp_dataset_from_arrays(n, 1, &f, (const void *const[]){img}, &err);
     img[0] = -100; /* the dataset holds a copy */
     /* Rescale then per-channel normalise. */
-    cddp_loader_options lo = {.batch_size = n, .rescale = true, .rescale_scale = 0.5f,
-                              .rescale_shift = 1.0f, .normalize_channels = 2, .mean = {1, 2},
+    cddp_loader_options lo = {.batch_size = n,
+                              .rescale = true,
+                              .rescale_scale = 0.5f,
+                              .rescale_shift = 1.0f,
+                              .normalize_channels = 2,
+                              .mean = {1, 2},
                               .std = {2, 4}};
     cddp_loader *l = cddp_loader_create(ds, NULL, &lo, &err);
     cddp_batch b;
@@ -292,6 +303,15 @@ static void test_dataset_errors_reach_the_caller(void **state) {
     assert_int_equal(cddp_dataset_get(ds, 3, (void *const[]){img, &label}, &err), CDDP_OK);
     assert_int_equal(label, 3);
     cddp_dataset_destroy(ds);
+    /* A sampler made for another dataset. */
+    cddp_sampler_options so = {1, 0, false, 0, false, false};
+    cddp_sampler *s = cddp_sampler_create(41, &so, &err);
+    cddp_loader_options lo = {.batch_size = 4};
+    ds = probe_dataset(40, -1);
+    assert_null(cddp_loader_create(ds, s, &lo, &err));
+    assert_non_null(strstr(err.msg, "made for 41 samples but the dataset has 40"));
+    cddp_sampler_destroy(s);
+    cddp_dataset_destroy(ds);
     /* Bad field descriptions. */
     cddp_field bad = {"x", CDDP_F32, 2, {3, 0}};
     assert_null(cddp_dataset_from_arrays(1, 1, &bad, (const void *const[]){img}, &err));
@@ -318,7 +338,8 @@ static void test_shards_partition_fashion_mnist(void **state) {
     assert_non_null(all);
     int64_t n = cddp_dataset_len(all);
     assert_int_equal(n, 60000);
-    uint64_t *want = malloc(sizeof(uint64_t) * (size_t)n), *got = malloc(sizeof(uint64_t) * (size_t)n);
+    uint64_t *want = malloc(sizeof(uint64_t) * (size_t)n),
+             *got = malloc(sizeof(uint64_t) * (size_t)n);
     float img[784];
     int64_t label;
     for (int64_t i = 0; i < n; i++) {
@@ -331,7 +352,8 @@ static void test_shards_partition_fashion_mnist(void **state) {
         int S = counts[c];
         int64_t k = 0;
         for (int id = 0; id < S; id++) {
-            cddp_dataset *sh = cddp_dataset_shard(cddp_dataset_mnist(NULL, true, &err), S, id, &err);
+            cddp_dataset *sh =
+                cddp_dataset_shard(cddp_dataset_mnist(NULL, true, &err), S, id, &err);
             assert_non_null(sh);
             int64_t len = cddp_dataset_len(sh);
             assert_true(len == n / S || len == n / S + 1);

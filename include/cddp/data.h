@@ -163,6 +163,8 @@ CDDP_API int64_t cddp_sampler_epoch(const cddp_sampler *s);
 /* Samples this rank sees per epoch (PyTorch's len(sampler)). */
 CDDP_API int64_t cddp_sampler_len(const cddp_sampler *s);
 CDDP_API int cddp_sampler_rank(const cddp_sampler *s);
+/* The dataset length the sampler was made for. */
+CDDP_API int64_t cddp_sampler_dataset_len(const cddp_sampler *s);
 CDDP_API int cddp_sampler_num_replicas(const cddp_sampler *s);
 /* This rank's indices for an epoch, all cddp_sampler_len of them, into out. Pure: the same
  * epoch gives the same list on every call and every machine. */
@@ -189,19 +191,19 @@ typedef struct cddp_loader_options {
     int image_field; /* the field transforms apply to */
     bool rescale;    /* x = x * rescale_scale + rescale_shift (MindSpore's Rescale) */
     float rescale_scale, rescale_shift;
-    int normalize_channels; /* 0: no normalisation; 1: mean[0]/std[0] for all; C: per channel */
-    float mean[4], std[4];  /* x = (x - mean[c]) / std[c] */
-    bool random_hflip;      /* flip left-right with probability 1/2 */
+    int normalize_channels;  /* 0: no normalisation; 1: mean[0]/std[0] for all; C: per channel */
+    float mean[4], std[4];   /* x = (x - mean[c]) / std[c] */
+    bool random_hflip;       /* flip left-right with probability 1/2 */
     int random_crop_padding; /* > 0: pad by this many zeros, crop back at a random offset */
     uint64_t seed;
 } cddp_loader_options;
 
 /* One collated batch, valid until the next cddp_loader_next/begin/destroy. */
 typedef struct cddp_batch {
-    int64_t size;                  /* samples in this batch */
-    int64_t index;                 /* batch number in the epoch */
-    void *data[CDDP_MAX_FIELDS];   /* field f: size * numel(field f) elements, contiguous */
-    const int64_t *indices;        /* the dataset index of each sample, in order */
+    int64_t size;                /* samples in this batch */
+    int64_t index;               /* batch number in the epoch */
+    void *data[CDDP_MAX_FIELDS]; /* field f: size * numel(field f) elements, contiguous */
+    const int64_t *indices;      /* the dataset index of each sample, in order */
     const cddp_dataset *dataset;
 } cddp_batch;
 

@@ -232,11 +232,12 @@ int cddp_env_rank_world(int *rank, int *world, cddp_error *err) {
         long r = env_int(pairs[i][0]), w = env_int(pairs[i][1]);
         if (r == -2 && w == -2) continue;
         if (r < 0 || w < 1 || r >= w)
-            return cddp_error_set(err, CDDP_EINVAL,
-                                  "%s=%s and %s=%s do not describe a rank in [0, world size); "
-                                  "was the program started by a launcher?",
-                                  pairs[i][0], getenv(pairs[i][0]) ? getenv(pairs[i][0]) : "(unset)",
-                                  pairs[i][1], getenv(pairs[i][1]) ? getenv(pairs[i][1]) : "(unset)");
+            return cddp_error_set(
+                err, CDDP_EINVAL,
+                "%s=%s and %s=%s do not describe a rank in [0, world size); "
+                "was the program started by a launcher?",
+                pairs[i][0], getenv(pairs[i][0]) ? getenv(pairs[i][0]) : "(unset)", pairs[i][1],
+                getenv(pairs[i][1]) ? getenv(pairs[i][1]) : "(unset)");
         *rank = (int)r;
         *world = (int)w;
         return CDDP_OK;

@@ -151,8 +151,8 @@ static void arrays_destroy(void *self) {
 cddp_dataset *cddp_dataset_from_arrays(int64_t n, int nfields, const cddp_field *fields,
                                        const void *const *data, cddp_error *err) {
     if (n < 0 || nfields < 1 || nfields > CDDP_MAX_FIELDS) {
-        cddp_error_set(err, CDDP_EINVAL, "arrays dataset: %lld samples of %d fields",
-                       (long long)n, nfields);
+        cddp_error_set(err, CDDP_EINVAL, "arrays dataset: %lld samples of %d fields", (long long)n,
+                       nfields);
         return NULL;
     }
     arrays *a = cddp_calloc(1, sizeof *a);

@@ -62,8 +62,8 @@ static void transform(cddp_loader *l, float *img, int64_t position) {
     const cddp_loader_options *o = &l->o;
     int64_t C = l->image_c, H = l->image_h, W = l->image_w, plane = H * W;
     cddp_rng rng;
-    cddp_rng_seed(&rng, o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)l->epoch * 0xBF58476D1CE4E5B9ull +
-                            (uint64_t)position);
+    cddp_rng_seed(&rng, o->seed * 0x9E3779B97F4A7C15ull +
+                            (uint64_t)l->epoch * 0xBF58476D1CE4E5B9ull + (uint64_t)position);
     if (o->random_crop_padding > 0) {
         int64_t p = o->random_crop_padding;
         int64_t oy = (int64_t)cddp_rng_below(&rng, (uint64_t)(2 * p + 1)) - p;
@@ -153,28 +153,37 @@ cddp_loader *cddp_loader_create(cddp_dataset *ds, cddp_sampler *sampler,
     if (o.batch_size == 0) o.batch_size = 1;
     int nf = cddp_dataset_num_fields(ds);
     if (o.batch_size < 0 || o.prefetch < 0 || o.random_crop_padding < 0) {
-        cddp_error_set(err, CDDP_EINVAL, "loader: batch_size %lld, prefetch %d and "
+        cddp_error_set(err, CDDP_EINVAL,
+                       "loader: batch_size %lld, prefetch %d and "
                        "random_crop_padding %d must not be negative",
                        (long long)o.batch_size, o.prefetch, o.random_crop_padding);
         return NULL;
     }
-    if (sampler && cddp_sampler_len(sampler) > 0 && cddp_dataset_len(ds) == 0) {
-        cddp_error_set(err, CDDP_EINVAL, "loader: the sampler was made for another dataset");
+    if (sampler && cddp_sampler_dataset_len(sampler) != cddp_dataset_len(ds)) {
+        cddp_error_set(err, CDDP_EINVAL,
+                       "loader: the sampler was made for %lld samples but the "
+                       "dataset has %lld",
+                       (long long)cddp_sampler_dataset_len(sampler),
+                       (long long)cddp_dataset_len(ds));
         return NULL;
     }
     const cddp_field *img = NULL;
     if (has_transforms(&o)) {
-        img = o.image_field >= 0 && o.image_field < nf ? cddp_dataset_field(ds, o.image_field)
-                                                      : NULL;
+        img =
+            o.image_field >= 0 && o.image_field < nf ? cddp_dataset_field(ds, o.image_field) : NULL;
         if (!img || img->dtype != CDDP_F32 || img->ndim != 3) {
-            cddp_error_set(err, CDDP_EINVAL, "loader: transforms need field %d to be a float32 "
-                           "(C,H,W) image", o.image_field);
+            cddp_error_set(err, CDDP_EINVAL,
+                           "loader: transforms need field %d to be a float32 "
+                           "(C,H,W) image",
+                           o.image_field);
             return NULL;
         }
         int nc = o.normalize_channels;
         if (nc != 0 && nc != 1 && nc != img->shape[0]) {
-            cddp_error_set(err, CDDP_EINVAL, "loader: normalize_channels %d must be 0, 1 or the "
-                           "image's %lld channels", nc, (long long)img->shape[0]);
+            cddp_error_set(err, CDDP_EINVAL,
+                           "loader: normalize_channels %d must be 0, 1 or the "
+                           "image's %lld channels",
+                           nc, (long long)img->shape[0]);
             return NULL;
         }
         for (int k = 0; k < nc && k < 4; k++)
@@ -266,9 +275,12 @@ int64_t cddp_loader_begin(cddp_loader *l) {
     l->held = -1;
     for (int k = 0; k < l->nslots; k++) l->slots[k].ready = false;
     if (l->o.prefetch > 0 && l->nbatches > 0) {
-        if (pthread_create(&l->thread, NULL, worker, l) == 0) l->running = true;
-        else cddp_log(CDDP_LOG_WARN, "data", "loader: cannot start the prefetch thread; loading "
-                      "on the caller's thread");
+        if (pthread_create(&l->thread, NULL, worker, l) == 0)
+            l->running = true;
+        else
+            cddp_log(CDDP_LOG_WARN, "data",
+                     "loader: cannot start the prefetch thread; loading "
+                     "on the caller's thread");
     }
     return l->nbatches;
 }

@@ -55,8 +55,9 @@ cddp_sampler *cddp_sampler_create(int64_t n, const cddp_sampler_options *opts, c
         return NULL;
     }
     if (o.uneven && o.drop_last) {
-        cddp_error_set(err, CDDP_EINVAL, "sampler: uneven and drop_last exclude each other "
-                                         "(uneven sees every sample once; drop_last drops some)");
+        cddp_error_set(err, CDDP_EINVAL,
+                       "sampler: uneven and drop_last exclude each other "
+                       "(uneven sees every sample once; drop_last drops some)");
         return NULL;
     }
     cddp_sampler *s = cddp_calloc(1, sizeof *s);
@@ -99,6 +100,10 @@ int64_t cddp_sampler_epoch(const cddp_sampler *s) {
 
 int64_t cddp_sampler_len(const cddp_sampler *s) {
     return s->per_rank;
+}
+
+int64_t cddp_sampler_dataset_len(const cddp_sampler *s) {
+    return s->n;
 }
 
 int cddp_sampler_rank(const cddp_sampler *s) {
