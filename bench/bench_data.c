@@ -9,19 +9,12 @@
  * Both with prefetch 0 (loading on the training thread) and with --prefetch (a worker thread).
  * Prints one JSON line per measurement and a table.
  */
-#include <cddp/cddp.h>
+#include "common.h"
 
 #include <cblas.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static cddp_loader *make_loader(cddp_dataset *ds, cddp_sampler *s, int64_t batch, int prefetch) {
     cddp_loader_options lo = {.batch_size = batch,
@@ -88,27 +81,20 @@ int main(int argc, char **argv) {
         cddp_loader *l = make_loader(ds, s, batch, depths[k]);
         cddp_batch b;
         int64_t n = 0;
-        double t0 = now_s();
+        double t0 = cddp_now_s();
         cddp_loader_begin(l);
         while (cddp_loader_next(l, &b, &err) == 1) n += b.size;
-        load_rate[k] = (double)n / (now_s() - t0);
+        load_rate[k] = (double)n / (cddp_now_s() - t0);
         cddp_loader_destroy(l);
 
         /* 2. Training fed by the loader. */
-        cddp_model *m = cddp_model_create();
-        cddp_model_add(m, NULL, cddp_nn_flatten());
-        cddp_model_add(m, NULL, cddp_nn_linear(784, 512));
-        cddp_model_add(m, NULL, cddp_nn_relu());
-        cddp_model_add(m, NULL, cddp_nn_linear(512, 512));
-        cddp_model_add(m, NULL, cddp_nn_relu());
-        cddp_model_add(m, NULL, cddp_nn_linear(512, 10));
-        if (cddp_model_build(m, 0)) fail(cddp_model_error(m));
+        cddp_model *m = bench_mlp_model(true);
         cddp_optim *opt =
             cddp_optim_sgd(m, &(cddp_sgd_options){.lr = 0.01f, .momentum = 0.9f}, &err);
         cddp_ctx *ctx = cddp_ctx_create(NULL);
         l = make_loader(ds, s, batch, depths[k]);
         n = 0;
-        t0 = now_s();
+        t0 = cddp_now_s();
         cddp_loader_begin(l);
         while (cddp_loader_next(l, &b, &err) == 1) {
             cddp_ctx_reset(ctx);
@@ -120,7 +106,7 @@ int main(int argc, char **argv) {
             cddp_optim_step(opt);
             n += b.size;
         }
-        double total = now_s() - t0;
+        double total = cddp_now_s() - t0;
         wait_share[k] = cddp_loader_wait_seconds(l) / total;
         step_rate[k] = (double)n / total;
         printf("{\"prefetch\": %d, \"batch\": %lld, \"load_samples_per_s\": %.0f, "

@@ -6,20 +6,13 @@
  * run: the training set normalised once up front, a seeded shuffle, plain SGD, and the clock
  * around the training loop only (batch gathering included). Prints one JSON line.
  */
-#include <cddp/cddp.h>
+#include "common.h"
 
 #include <cblas.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 int main(int argc, char **argv) {
     int batch = 32, epochs = 1, threads = 1;
@@ -76,16 +69,7 @@ int main(int argc, char **argv) {
             *order = malloc(sizeof(int64_t) * (size_t)n);
     cddp_mnist_normalize(&train, 0, n, 0.1307f, 0.3081f, images);
 
-    cddp_model *m = cddp_model_create();
-    cddp_model_add(m, NULL, cddp_nn_linear(784, 512));
-    cddp_model_add(m, NULL, cddp_nn_relu());
-    cddp_model_add(m, NULL, cddp_nn_linear(512, 512));
-    cddp_model_add(m, NULL, cddp_nn_relu());
-    cddp_model_add(m, NULL, cddp_nn_linear(512, 10));
-    if (cddp_model_build(m, 0) != CDDP_OK) {
-        fprintf(stderr, "bench_mlp: %s\n", cddp_model_error(m));
-        return 1;
-    }
+    cddp_model *m = bench_mlp_model(false);
     cddp_optim *opt = cddp_optim_sgd(m, &(cddp_sgd_options){.lr = lr}, &err);
     cddp_ctx *ctx = cddp_ctx_create(NULL);
     cddp_rng rng;
@@ -99,7 +83,7 @@ int main(int argc, char **argv) {
             order[i] = order[j];
             order[j] = t;
         }
-        double t0 = now_s();
+        double t0 = cddp_now_s();
         for (int64_t first = 0; first < n; first += batch) {
             int64_t b = n - first < batch ? n - first : batch;
             for (int64_t i = 0; i < b; i++) {
@@ -120,7 +104,7 @@ int main(int argc, char **argv) {
             loss = cddp_get(l, 0);
             samples += b;
         }
-        train_s += now_s() - t0;
+        train_s += cddp_now_s() - t0;
     }
     printf("{\"impl\": \"cddp\", \"batch\": %d, \"threads\": %d, \"samples\": %lld, "
            "\"train_s\": %.3f, \"samples_per_s\": %.1f, \"final_loss\": %.4f}\n",

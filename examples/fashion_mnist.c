@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define MEAN 0.1307f
 #define STD  0.3081f
@@ -189,12 +188,6 @@ static int build_cnn(cddp_model *m) {
     return rc;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* The images of a batch as the model wants them: (B,1,28,28) for the CNN, (B,784) for the MLP. */
 static cddp_tensor *images(cddp_ctx *ctx, const cddp_batch *b, bool cnn) {
     cddp_tensor *x = cddp_batch_tensor(ctx, b, 0);
@@ -296,7 +289,7 @@ int main(int argc, char **argv) {
     int epochs_run = 0;
     for (int epoch = 0; epoch < o.epochs; epoch++) {
         cddp_sampler_set_epoch(sampler, epoch);
-        double t0 = now_s();
+        double t0 = cddp_now_s();
         cddp_batch b;
         int rc;
         cddp_loader_begin(train_loader);
@@ -318,7 +311,7 @@ int main(int argc, char **argv) {
                        last_loss);
         }
         if (rc < 0) goto fail;
-        train_s += now_s() - t0;
+        train_s += cddp_now_s() - t0;
         epochs_run++;
         if (evaluate(m, ctx, test_loader, cnn, &acc, &err) < 0) goto fail;
         printf("epoch: %d, test accuracy: %.4f\n", epoch, acc);

@@ -133,6 +133,9 @@ CDDP_API const char *cddp_knob_doc(cddp_knob knob);
 CDDP_API const char *cddp_knob_str(cddp_knob knob);
 CDDP_API long cddp_knob_int(cddp_knob knob);
 
+/* Seconds on the monotonic clock (for measuring intervals; the origin is arbitrary). */
+CDDP_API double cddp_now_s(void);
+
 /* The rank and world size a launcher left in the environment, looked up in this order:
  * RANK/WORLD_SIZE (cddprun, torchrun), OMPI_COMM_WORLD_RANK/SIZE (Open MPI's mpirun),
  * PMI_RANK/PMI_SIZE (MPICH, Intel MPI), SLURM_PROCID/SLURM_NTASKS (Slurm's srun).

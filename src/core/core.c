@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 const char *cddp_status_name(int status) {
     switch (status) {
@@ -243,4 +244,10 @@ int cddp_env_rank_world(int *rank, int *world, cddp_error *err) {
         return CDDP_OK;
     }
     return CDDP_ENOENT;
+}
+
+double cddp_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }

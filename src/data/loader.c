@@ -14,7 +14,6 @@
 
 #include <pthread.h>
 #include <string.h>
-#include <time.h>
 
 typedef struct slot {
     void *data[CDDP_MAX_FIELDS];
@@ -50,12 +49,6 @@ struct cddp_loader {
     pthread_cond_t changed;
     double wait_s;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* The transforms, on one (C,H,W) image, in the documented order. */
 static void transform(cddp_loader *l, float *img, int64_t position) {
@@ -286,7 +279,7 @@ int64_t cddp_loader_begin(cddp_loader *l) {
 }
 
 int cddp_loader_next(cddp_loader *l, cddp_batch *batch, cddp_error *err) {
-    double t0 = now_s();
+    double t0 = cddp_now_s();
     pthread_mutex_lock(&l->mu);
     if (l->held >= 0) { /* release the previous batch's slot to the worker */
         l->slots[l->held].ready = false;
@@ -306,7 +299,7 @@ int cddp_loader_next(cddp_loader *l, cddp_batch *batch, cddp_error *err) {
         fill(l, s, b);
         s->ready = true;
     }
-    l->wait_s += now_s() - t0;
+    l->wait_s += cddp_now_s() - t0;
     if (s->status != CDDP_OK) {
         if (err) *err = s->err;
         l->next_batch = l->nbatches; /* the epoch cannot go on past a failed sample */
