@@ -127,13 +127,18 @@ static void permutation(const cddp_sampler *s, int64_t epoch, int64_t *p) {
     }
 }
 
-void cddp_sampler_indices(const cddp_sampler *s, int64_t epoch, int64_t *out) {
-    int64_t *p = s->order;
+/* The permutation of an epoch, computed once and kept until another epoch is asked for. The
+ * cache is an optimisation of a pure function, so it may change under const. */
+static const int64_t *cached_permutation(const cddp_sampler *s, int64_t epoch) {
     if (s->order_epoch != epoch) {
-        /* The cache is an optimisation of a pure function, so it may change under const. */
-        permutation(s, epoch, p);
+        permutation(s, epoch, s->order);
         ((cddp_sampler *)s)->order_epoch = epoch;
     }
+    return s->order;
+}
+
+void cddp_sampler_indices(const cddp_sampler *s, int64_t epoch, int64_t *out) {
+    const int64_t *p = cached_permutation(s, epoch);
     int64_t R = s->o.num_replicas;
     /* Entry k of the padded list is p[k mod n]: the padding repeats the start. */
     for (int64_t j = 0; j < s->per_rank; j++) out[j] = p[(s->o.rank + j * R) % s->n];
@@ -154,7 +159,7 @@ int64_t cddp_sampler_begin(cddp_sampler *s) {
 
 int64_t cddp_sampler_next(cddp_sampler *s) {
     if (s->consumed >= s->per_rank) return -1;
-    if (s->order_epoch != s->epoch) permutation(s, s->epoch, s->order), s->order_epoch = s->epoch;
+    cached_permutation(s, s->epoch);
     int64_t k = s->o.rank + s->consumed * s->o.num_replicas;
     s->consumed++;
     return s->order[k % s->n];
