@@ -9,5 +9,6 @@
 #include "cddp/optim.h"
 #include "cddp/checkpoint.h"
 #include "cddp/data.h"
+#include "cddp/store.h"
 
 #endif

@@ -117,7 +117,9 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
     X(LOG_LEVEL, STR, "warn", "Log threshold: error, warn, info or debug.")                        \
     X(ARENA_MB, INT, "4096", "Most memory, in MiB, that one step's arena may grow to.")            \
     X(DATA, STR, "/usr/share/datasets/fashion-mnist",                                              \
-      "Folder with the (Fashion-)MNIST IDX files (Debian's dataset-fashion-mnist).")
+      "Folder with the (Fashion-)MNIST IDX files (Debian's dataset-fashion-mnist).")              \
+    X(RDZV_TIMEOUT_S, INT, "300",                                                                  \
+      "Seconds that rendezvous may take: store connections and waits, nodes arriving.")
 
 typedef enum cddp_knob {
 #define CDDP__KNOB_ENUM(id, type, def, doc) CDDP_KNOB_##id,

@@ -1,0 +1,191 @@
+/* net.c: TCP sockets with deadlines (contracts in core/net.h). */
+#include "core/net.h"
+#include "core/internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+int cddp__net_poll_ms(double deadline) {
+    if (deadline < 0) return -1;
+    double left = deadline - cddp_now_s();
+    if (left <= 0) return 0;
+    return left > 1e6 ? 1000000000 : (int)(left * 1000.0) + 1;
+}
+
+static void set_nodelay(int fd) {
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+void cddp__net_nonblocking(int fd) {
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    set_nodelay(fd);
+}
+
+int cddp__net_listen(const char *host, int port, int *fd_out, int *bound, cddp_error *err) {
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE},
+                    *res = NULL;
+    int g = getaddrinfo(host, ps, &hints, &res);
+    if (g != 0)
+        return cddp_error_set(err, CDDP_EINVAL, "cannot resolve the master address '%s': %s", host,
+                              gai_strerror(g));
+    int fd = -1, e = 0;
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) {
+            e = errno;
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 1024) == 0) break;
+        e = errno;
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    if (fd < 0) {
+        if (e == EADDRINUSE)
+            return cddp_error_set(err, CDDP_EIO,
+                                  "%s:%d is already in use — another job? choose --master_port or "
+                                  "--standalone",
+                                  host, port);
+        return cddp_error_set(
+            err, CDDP_EIO, "cannot listen on %s:%d: %s%s", host, port, strerror(e),
+            e == EADDRNOTAVAIL ? " (is that address one of this machine's?)" : "");
+    }
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    getsockname(fd, (struct sockaddr *)&ss, &len);
+    *bound = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                            : ((struct sockaddr_in *)&ss)->sin_port);
+    *fd_out = fd;
+    return CDDP_OK;
+}
+
+/* One non-blocking connect attempt bounded by the deadline: 0, or an errno. */
+static int try_connect(const struct addrinfo *a, const char *local, double deadline, int *fd_out) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) return errno;
+    if (local) {
+        struct addrinfo hints = {.ai_family = a->ai_family, .ai_socktype = SOCK_STREAM}, *la;
+        if (getaddrinfo(local, NULL, &hints, &la) == 0) {
+            int rc = bind(fd, la->ai_addr, la->ai_addrlen);
+            freeaddrinfo(la);
+            if (rc != 0) {
+                int e = errno;
+                close(fd);
+                return e;
+            }
+        }
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    int rc = connect(fd, a->ai_addr, a->ai_addrlen), e = rc == 0 ? 0 : errno;
+    if (e == EINPROGRESS) {
+        struct pollfd p = {fd, POLLOUT, 0};
+        int pr;
+        do pr = poll(&p, 1, cddp__net_poll_ms(deadline));
+        while (pr < 0 && errno == EINTR);
+        socklen_t len = sizeof e;
+        if (pr == 0)
+            e = ETIMEDOUT;
+        else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0)
+            e = errno;
+    }
+    if (e) {
+        close(fd);
+        return e;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    set_nodelay(fd);
+    *fd_out = fd;
+    return 0;
+}
+
+int cddp__net_connect(const char *host, int port, const char *local, double deadline, int *fd,
+                      cddp_error *err) {
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    double start = cddp_now_s(), pause = 0.01;
+    for (;;) {
+        struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+        int g = getaddrinfo(host, ps, &hints, &res), e = 0;
+        if (g == 0) {
+            for (struct addrinfo *a = res; a; a = a->ai_next)
+                if ((e = try_connect(a, local, deadline, fd)) == 0) break;
+            freeaddrinfo(res);
+            if (e == 0) return CDDP_OK;
+        }
+        double now = cddp_now_s();
+        if (deadline >= 0 && now >= deadline) {
+            double waited = now - start;
+            if (g != 0)
+                return cddp_error_set(err, CDDP_ETIMEDOUT,
+                                      "cannot resolve '%s' (tried for %.1f s): %s; check "
+                                      "--master_addr",
+                                      host, waited, gai_strerror(g));
+            return cddp_error_set(err, CDDP_ETIMEDOUT,
+                                  "cannot reach %s:%d (tried for %.1f s): %s; is the master "
+                                  "(node 0) up, and are --master_addr and --master_port right?",
+                                  host, port, waited, strerror(e));
+        }
+        /* Not up yet: retry with a growing pause (never past the deadline), as a worker waits
+         * for rank 0's server. */
+        double nap = deadline >= 0 && deadline - now < pause ? deadline - now : pause;
+        usleep((useconds_t)(nap * 1e6) + 1);
+        pause = pause * 2 > 0.5 ? 0.5 : pause * 2;
+    }
+}
+
+int cddp__net_write_all(int fd, const void *buf, size_t n, double deadline, cddp_error *err) {
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            p += w;
+            n -= (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd pf = {fd, POLLOUT, 0};
+            int pr = poll(&pf, 1, cddp__net_poll_ms(deadline));
+            if (pr == 0) return cddp_error_set(err, CDDP_ETIMEDOUT, "timed out sending");
+            continue;
+        }
+        return cddp_error_set(err, CDDP_EIO, "send failed: %s", strerror(errno));
+    }
+    return CDDP_OK;
+}
+
+int cddp__net_read_all(int fd, void *buf, size_t n, double deadline, cddp_error *err) {
+    char *p = buf;
+    while (n > 0) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        int pr = poll(&pf, 1, cddp__net_poll_ms(deadline));
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr == 0) return cddp_error_set(err, CDDP_ETIMEDOUT, "timed out waiting for a reply");
+        ssize_t r = recv(fd, p, n, 0);
+        if (r > 0) {
+            p += r;
+            n -= (size_t)r;
+        } else if (r == 0) {
+            return cddp_error_set(err, CDDP_EIO, "the peer closed the connection");
+        } else if (errno != EINTR && errno != EAGAIN) {
+            return cddp_error_set(err, CDDP_EIO, "recv failed: %s", strerror(errno));
+        }
+    }
+    return CDDP_OK;
+}

@@ -1,0 +1,296 @@
+/* test_store.c: the rendezvous store: every operation, waits, many clients, hostile frames, the
+ * job token, and the errors users meet (port in use, unreachable or unresolvable master). */
+#include "helpers.h"
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static cddp_store_server *srv;
+static int port;
+
+static int setup(void **state) {
+    (void)state;
+    cddp_error err = {0};
+    srv = cddp_store_server_start("127.0.0.1", 0, "secret", &err);
+    if (!srv) fprintf(stderr, "%s\n", err.msg);
+    port = srv ? cddp_store_server_port(srv) : 0;
+    return srv ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    cddp_store_server_stop(srv);
+    return 0;
+}
+
+static cddp_store *client(void) {
+    cddp_error err = {0};
+    cddp_store_options o = {"127.0.0.1", port, "secret", 5.0, NULL};
+    cddp_store *s = cddp_store_connect(&o, &err);
+    if (!s) fail_msg("%s", err.msg);
+    return s;
+}
+
+static void test_operations(void **state) {
+    (void)state;
+    cddp_store *s = client();
+    cddp_error err = {0};
+    void *v;
+    size_t n;
+    int64_t count0, count;
+    assert_int_equal(cddp_store_num_keys(s, &count0, &err), 0);
+    assert_int_equal(cddp_store_set_str(s, "key0", "value0", &err), 0);
+    assert_int_equal(cddp_store_set(s, "bin", "\0\1\2", 3, &err), 0);
+    assert_int_equal(cddp_store_get(s, "key0", 1, &v, &n, &err), 0);
+    assert_string_equal(v, "value0");
+    assert_int_equal(n, 6);
+    cddp_free(v);
+    assert_int_equal(cddp_store_get(s, "bin", 1, &v, &n, &err), 0);
+    assert_int_equal(n, 3);
+    assert_memory_equal(v, "\0\1\2", 3);
+    cddp_free(v);
+    /* add accumulates (PyTorch's StoreTestBase: 6 + 15 = 21) and reads back as text. */
+    int64_t r;
+    assert_int_equal(cddp_store_add(s, "key3", 6, &r, &err), 0);
+    assert_int_equal(r, 6);
+    assert_int_equal(cddp_store_add(s, "key3", 15, &r, &err), 0);
+    assert_int_equal(r, 21);
+    assert_int_equal(cddp_store_get(s, "key3", 1, &v, &n, &err), 0);
+    assert_string_equal(v, "21");
+    cddp_free(v);
+    assert_int_equal(cddp_store_add(s, "key0", 1, &r, &err), CDDP_ESTATE); /* not a number */
+    assert_non_null(strstr(err.msg, "not an integer"));
+    /* compare_set: missing key with empty expected sets; missing with a value does not; a wrong
+     * expected value leaves the key; the right one replaces it. */
+    assert_int_equal(cddp_store_compare_set(s, "cs", "", 0, "first", 5, &v, &n, &err), 0);
+    assert_string_equal(v, "first");
+    cddp_free(v);
+    assert_int_equal(cddp_store_compare_set(s, "cs2", "x", 1, "y", 1, &v, &n, &err), 0);
+    assert_string_equal(v, "x");
+    cddp_free(v);
+    assert_int_equal(cddp_store_wait(s, (const char *[]){"cs2"}, 1, 0, &err), CDDP_ETIMEDOUT);
+    assert_int_equal(cddp_store_compare_set(s, "cs", "wrong", 5, "second", 6, &v, &n, &err), 0);
+    assert_string_equal(v, "first");
+    cddp_free(v);
+    assert_int_equal(cddp_store_compare_set(s, "cs", "first", 5, "second", 6, &v, &n, &err), 0);
+    assert_string_equal(v, "second");
+    cddp_free(v);
+    /* num_keys and delete. */
+    assert_int_equal(cddp_store_num_keys(s, &count, &err), 0);
+    assert_int_equal(count, count0 + 4); /* key0, bin, key3, cs */
+    bool deleted;
+    assert_int_equal(cddp_store_delete(s, "key0", &deleted, &err), 0);
+    assert_true(deleted);
+    assert_int_equal(cddp_store_delete(s, "key0", &deleted, &err), 0);
+    assert_false(deleted);
+    assert_int_equal(cddp_store_num_keys(s, &count, &err), 0);
+    assert_int_equal(count, count0 + 3);
+    assert_int_equal(cddp_store_get(s, "key0", 0.05, &v, &n, &err), CDDP_ETIMEDOUT);
+    cddp_store_close(s);
+}
+
+typedef struct later {
+    const char *key;
+    double delay;
+} later;
+
+static void *set_later(void *arg) {
+    later *l = arg;
+    usleep((useconds_t)(l->delay * 1e6));
+    cddp_store *s = client();
+    cddp_store_set_str(s, l->key, "arrived", NULL);
+    cddp_store_close(s);
+    return NULL;
+}
+
+static void test_waits(void **state) {
+    (void)state;
+    cddp_store *s = client();
+    cddp_error err = {0};
+    /* A wait on missing keys times out after the timeout, not before, naming what is missing. */
+    double t0 = cddp_now_s();
+    assert_int_equal(cddp_store_wait(s, (const char *[]){"w1", "w2"}, 2, 0.25, &err),
+                     CDDP_ETIMEDOUT);
+    double took = cddp_now_s() - t0;
+    assert_true(took >= 0.25 && took < 2.0);
+    assert_non_null(strstr(err.msg, "waiting for keys: w1, w2"));
+    cddp_store_set_str(s, "w1", "x", &err);
+    assert_int_equal(cddp_store_wait(s, (const char *[]){"w1", "w2"}, 2, 0.1, &err),
+                     CDDP_ETIMEDOUT);
+    assert_non_null(strstr(err.msg, "keys: w2"));
+    assert_null(strstr(err.msg, "w1,"));
+    /* A get blocks until another client sets the key. */
+    pthread_t th;
+    later l = {"w3", 0.2};
+    pthread_create(&th, NULL, set_later, &l);
+    void *v;
+    size_t n;
+    t0 = cddp_now_s();
+    assert_int_equal(cddp_store_get(s, "w3", 5, &v, &n, &err), 0);
+    assert_true(cddp_now_s() - t0 >= 0.15);
+    assert_string_equal(v, "arrived");
+    cddp_free(v);
+    pthread_join(th, NULL);
+    /* Present keys return at once. */
+    assert_int_equal(cddp_store_wait(s, (const char *[]){"w1", "w3"}, 2, 0, &err), 0);
+    cddp_store_close(s);
+}
+
+#define CLIENTS 16
+#define ROUNDS  50
+
+static void *worker(void *arg) {
+    int id = (int)(intptr_t)arg;
+    cddp_store *s = client();
+    cddp_error err = {0};
+    char key[32], val[32];
+    for (int r = 0; r < ROUNDS; r++) {
+        snprintf(key, sizeof key, "c%d/%d", id, r);
+        snprintf(val, sizeof val, "%d", id * 1000 + r);
+        if (cddp_store_set_str(s, key, val, &err)) fail_msg("%s", err.msg);
+        if (cddp_store_add(s, "total", 1, NULL, &err)) fail_msg("%s", err.msg);
+    }
+    /* Everyone's keys, once they exist. */
+    for (int other = 0; other < CLIENTS; other++) {
+        snprintf(key, sizeof key, "c%d/%d", other, ROUNDS - 1);
+        void *v;
+        size_t n;
+        if (cddp_store_get(s, key, 10, &v, &n, &err)) fail_msg("%s", err.msg);
+        if (atoi(v) != other * 1000 + ROUNDS - 1) fail_msg("%s holds %s", key, (char *)v);
+        cddp_free(v);
+    }
+    cddp_store_close(s);
+    return NULL;
+}
+
+static void test_sixteen_clients(void **state) {
+    (void)state;
+    pthread_t th[CLIENTS];
+    for (int i = 0; i < CLIENTS; i++) pthread_create(&th[i], NULL, worker, (void *)(intptr_t)i);
+    for (int i = 0; i < CLIENTS; i++) pthread_join(th[i], NULL);
+    cddp_store *s = client();
+    void *v;
+    size_t n;
+    cddp_error err = {0};
+    assert_int_equal(cddp_store_get(s, "total", 1, &v, &n, &err), 0);
+    assert_int_equal(atoi(v), CLIENTS * ROUNDS);
+    cddp_free(v);
+    cddp_store_close(s);
+}
+
+static int raw_connect(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(0x7f000001)};
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+/* Reads until the server closes the connection; true if it did within 2 s. */
+static bool closed_by_server(int fd) {
+    struct timeval tv = {2, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char b[256];
+    ssize_t r;
+    while ((r = recv(fd, b, sizeof b, 0)) > 0) {}
+    return r == 0;
+}
+
+static void test_hostile_frames(void **state) {
+    (void)state;
+    /* Garbage instead of a frame. */
+    int fd = raw_connect();
+    assert_int_equal(send(fd, "GET / HTTP/1.1\r\n\r\n", 18, 0), 18);
+    assert_true(closed_by_server(fd));
+    close(fd);
+    /* A header announcing more than the limit. */
+    uint8_t h[12] = {'C', 'D', 'D', 'S', 1, 0, 1, 0, 0xff, 0xff, 0xff, 0x7f};
+    fd = raw_connect();
+    assert_int_equal(send(fd, h, 12, 0), 12);
+    assert_true(closed_by_server(fd));
+    close(fd);
+    /* A request before the token. */
+    uint8_t nk[12] = {'C', 'D', 'D', 'S', 1, 0, 7, 0, 0, 0, 0, 0};
+    fd = raw_connect();
+    assert_int_equal(send(fd, nk, 12, 0), 12);
+    assert_true(closed_by_server(fd));
+    close(fd);
+    /* A truncated frame left open while others work, then abandoned: nobody stalls. */
+    uint8_t part[12] = {'C', 'D', 'D', 'S', 1, 0, 1, 0, 100, 0, 0, 0};
+    int stuck = raw_connect();
+    assert_int_equal(send(stuck, part, 12, 0), 12);
+    assert_int_equal(send(stuck, "abc", 3, 0), 3);
+    cddp_store *s = client();
+    cddp_error err = {0};
+    int64_t count;
+    assert_int_equal(cddp_store_set_str(s, "still", "serving", &err), 0);
+    assert_int_equal(cddp_store_num_keys(s, &count, &err), 0);
+    close(stuck);
+    /* A malformed payload (a field longer than the frame). */
+    uint8_t bad[16] = {'C', 'D', 'D', 'S', 1, 0, 1, 0, 4, 0, 0, 0, 0xff, 0xff, 0, 0};
+    fd = raw_connect();
+    assert_int_equal(send(fd, bad, 16, 0), 16);
+    assert_true(closed_by_server(fd));
+    close(fd);
+    void *v;
+    size_t n;
+    assert_int_equal(cddp_store_get(s, "still", 1, &v, &n, &err), 0);
+    assert_string_equal(v, "serving");
+    cddp_free(v);
+    cddp_store_close(s);
+}
+
+static void test_wrong_token(void **state) {
+    (void)state;
+    cddp_error err = {0};
+    cddp_store_options o = {"127.0.0.1", port, "guess", 2.0, NULL};
+    assert_null(cddp_store_connect(&o, &err));
+    assert_non_null(strstr(err.msg, "wrong job token"));
+    o.token = NULL;
+    assert_null(cddp_store_connect(&o, &err));
+    assert_non_null(strstr(err.msg, "wrong job token"));
+}
+
+static void test_user_errors(void **state) {
+    (void)state;
+    cddp_error err = {0};
+    /* The port is taken. */
+    assert_null(cddp_store_server_start("127.0.0.1", port, "t", &err));
+    char want[128];
+    snprintf(want, sizeof want,
+             "127.0.0.1:%d is already in use — another job? choose "
+             "--master_port or --standalone",
+             port);
+    assert_string_equal(err.msg, want);
+    /* Nobody listens: retried until the deadline, then named. */
+    cddp_store_server *tmp = cddp_store_server_start("127.0.0.1", 0, "t", &err);
+    int dead_port = cddp_store_server_port(tmp);
+    cddp_store_server_stop(tmp);
+    cddp_store_options o = {"127.0.0.1", dead_port, "t", 0.5, NULL};
+    double t0 = cddp_now_s();
+    assert_null(cddp_store_connect(&o, &err));
+    assert_true(cddp_now_s() - t0 >= 0.4);
+    assert_int_equal(err.code, CDDP_ETIMEDOUT);
+    snprintf(want, sizeof want, "cannot reach 127.0.0.1:%d", dead_port);
+    assert_non_null(strstr(err.msg, want));
+    assert_non_null(strstr(err.msg, "--master_addr and --master_port"));
+    /* A name that does not resolve. */
+    o.host = "no-such-host.invalid";
+    assert_null(cddp_store_connect(&o, &err));
+    assert_non_null(strstr(err.msg, "cannot resolve 'no-such-host.invalid'"));
+    /* An address that is not this machine's. */
+    assert_null(cddp_store_server_start("192.0.2.1", 0, "t", &err));
+    assert_non_null(strstr(err.msg, "cannot listen on 192.0.2.1:0"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_operations),      cmocka_unit_test(test_waits),
+        cmocka_unit_test(test_sixteen_clients), cmocka_unit_test(test_hostile_frames),
+        cmocka_unit_test(test_wrong_token),     cmocka_unit_test(test_user_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
