@@ -1,0 +1,191 @@
+#!/bin/sh
+# launcher_test.sh BUILD_DIR SCENARIO: cddprun scenarios through the real binary, for ctest.
+# Each scenario prints what it checks and exits 0 (pass), 1 (fail) or 77 (skipped, with why).
+set -u
+build=$1
+scenario=$2
+R="$build/bin/cddprun"
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS RANK WORLD_SIZE
+export CDDP_LOG_LEVEL=error
+
+fail() { echo "FAIL: $*"; exit 1; }
+expect_in() { grep -qF -- "$1" "$2" || { echo "--- $2:"; cat "$2"; fail "'$1' not in $2"; }; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Waits up to $2 seconds for every pid listed in file(s) $1 to be gone.
+all_gone() {
+    end=$(( $(date +%s) + $2 ))
+    while [ "$(date +%s)" -le "$end" ]; do
+        alive=0
+        for f in $1; do kill -0 "$(cat "$f")" 2>/dev/null && alive=1; done
+        [ $alive = 0 ] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+case "$scenario" in
+env)
+    # The environment contract in every worker; ranks a permutation of 0..N-1.
+    "$R" --standalone --nproc_per_node 3 sh -c "env > $work/env.\$RANK" > "$work/out" 2>&1 ||
+        fail "cddprun exited $?"
+    for r in 0 1 2; do
+        f="$work/env.$r"
+        [ -f "$f" ] || fail "no worker with RANK=$r"
+        for v in "RANK=$r" "LOCAL_RANK=$r" WORLD_SIZE=3 LOCAL_WORLD_SIZE=3 GROUP_RANK=0 \
+            MASTER_ADDR=127.0.0.1 CDDP_RESTART_COUNT=0 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1; do
+            grep -qx "$v" "$f" || fail "rank $r lacks $v"
+        done
+        for v in MASTER_PORT CDDP_RUN_ID CDDP_STORE_ADDR CDDP_STORE_PORT CDDP_STORE_TOKEN; do
+            grep -q "^$v=." "$f" || fail "rank $r lacks $v"
+        done
+    done
+    [ "$(grep -h '^CDDP_RUN_ID=' "$work"/env.* | sort -u | wc -l)" = 1 ] || fail "run ids differ"
+    [ "$(ls "$work"/env.* | wc -l)" = 3 ] || fail "not 3 workers"
+    expect_in "setting OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1" "$work/out"
+    # Options from the environment, and threads left alone when set.
+    CDDPRUN_NPROC_PER_NODE=2 CDDPRUN_STANDALONE=1 OMP_NUM_THREADS=3 OPENBLAS_NUM_THREADS=3 \
+        "$R" sh -c "env > $work/e2.\$RANK" || fail "env options run failed"
+    [ "$(ls "$work"/e2.* | wc -l)" = 2 ] || fail "CDDPRUN_NPROC_PER_NODE=2 did not give 2 workers"
+    grep -qx OMP_NUM_THREADS=3 "$work/e2.0" || fail "OMP_NUM_THREADS was overridden"
+    echo "ok: environment contract in 3 workers, ranks 0..2; CDDPRUN_* options" ;;
+multinode)
+    # 2 nodes x 2 processes on 127.0.0.1 and 127.0.0.2; ranks contiguous per node.
+    port=$(free_port)
+    common="--nnodes 2 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port $port --token t"
+    "$R" $common --node_rank 0 --local_addr 127.0.0.1 sh -c "env > $work/env.\$RANK" > "$work/n0" 2>&1 &
+    p0=$!
+    "$R" $common --node_rank 1 --local_addr 127.0.0.2 sh -c "env > $work/env.\$RANK" > "$work/n1" 2>&1 ||
+        fail "node 1 exited $?"
+    wait $p0 || fail "node 0 exited $?"
+    for r in 0 1 2 3; do
+        node=$((r / 2)); addr=127.0.0.$((node + 1))
+        grep -qx "WORLD_SIZE=4" "$work/env.$r" || fail "rank $r: WORLD_SIZE"
+        grep -qx "GROUP_RANK=$node" "$work/env.$r" || fail "rank $r: GROUP_RANK"
+        grep -qx "LOCAL_RANK=$((r % 2))" "$work/env.$r" || fail "rank $r: LOCAL_RANK"
+        grep -qx "CDDP_LOCAL_ADDR=$addr" "$work/env.$r" || fail "rank $r: host"
+    done
+    echo "ok: 2 nodes x 2 workers over loopback, ranks 0..3 contiguous per node" ;;
+exit3)
+    "$R" --standalone --nproc_per_node 3 --grace_period 2 sh -c \
+        "echo \$\$ > $work/pid.\$RANK; if [ \$RANK = 1 ]; then sleep 0.3; exit 3; fi; sleep 60" \
+        > "$work/out" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] || fail "cddprun exited 0"
+    expect_in "root cause: rank 1 (local rank 1, host" "$work/out"
+    expect_in "exited with code 3" "$work/out"
+    all_gone "$work/pid.0 $work/pid.2" 2 || fail "other workers still alive"
+    echo "ok: exit 3 reported with rank and code; others stopped; cddprun exited $rc" ;;
+sigkill)
+    "$R" --standalone --nproc_per_node 2 --grace_period 2 sh -c \
+        "echo \$\$ > $work/pid.\$RANK; if [ \$RANK = 0 ]; then sleep 0.2; kill -9 \$\$; fi; sleep 60" \
+        > "$work/out" 2>&1 && fail "cddprun exited 0"
+    expect_in "rank 0 (local rank 0, host" "$work/out"
+    expect_in "was killed by SIGKILL (signal 9)" "$work/out"
+    all_gone "$work/pid.1" 2 || fail "rank 1 still alive"
+    echo "ok: a SIGKILLed worker is reported as SIGKILL; the other is gone" ;;
+sigterm)
+    # SIGTERM to the launcher: no worker (nor a worker's child) left 5 s later.
+    "$R" --standalone --nproc_per_node 2 sh -c \
+        "echo \$\$ > $work/pid.\$RANK; sleep 60 & echo \$! > $work/child.\$RANK; wait" > "$work/out" 2>&1 &
+    lp=$!
+    for i in $(seq 50); do [ -f "$work/child.1" ] && [ -f "$work/child.0" ] && break; sleep 0.1; done
+    kill -TERM $lp
+    wait $lp
+    rc=$?
+    [ $rc = 143 ] || fail "cddprun exited $rc, expected 143 (128 + SIGTERM)"
+    all_gone "$work/pid.0 $work/pid.1 $work/child.0 $work/child.1" 5 || fail "a worker outlived cddprun"
+    # SIGKILL to the launcher: the workers die with it.
+    "$R" --standalone --nproc_per_node 2 sh -c "echo \$\$ > $work/k.\$RANK; sleep 60" > /dev/null 2>&1 &
+    lp=$!
+    for i in $(seq 50); do [ -f "$work/k.1" ] && [ -f "$work/k.0" ] && break; sleep 0.1; done
+    kill -KILL $lp
+    all_gone "$work/k.0 $work/k.1" 5 || fail "a worker outlived a SIGKILLed cddprun"
+    echo "ok: SIGTERM and SIGKILL to cddprun leave no worker behind" ;;
+restart)
+    "$R" --standalone --max_restarts 1 --nproc_per_node 2 sh -c \
+        "echo \$CDDP_RESTART_COUNT >> $work/count.\$RANK; [ \$CDDP_RESTART_COUNT != 0 ] || [ \$RANK != 1 ]" \
+        > "$work/out" 2>&1 || { cat "$work/out"; fail "the job did not succeed after a restart"; }
+    expect_in "restarting the group (restart 1 of 1)" "$work/out"
+    [ "$(cat "$work/count.1" | tr "\n" " ")" = "0 1 " ] || fail "rank 1 ran $(cat "$work/count.1")"
+    "$R" --standalone --max_restarts 2 sh -c "exit 5" > "$work/out2" 2>&1 && fail "a failing job succeeded"
+    expect_in "attempt 3 of 3" "$work/out2"
+    echo "ok: --max_restarts 1 recovers a worker that fails once; 2 restarts of a broken job end in failure" ;;
+errors)
+    check_error() { # exit code, text, args...
+        want=$1 text=$2; shift 2
+        "$R" "$@" > "$work/err" 2>&1
+        rc=$?
+        [ "$rc" = "$want" ] || { cat "$work/err"; fail "cddprun $* exited $rc, expected $want"; }
+        expect_in "$text" "$work/err"
+        [ "$(grep -c '^cddprun:' "$work/err")" -le 2 ] || { cat "$work/err"; fail "a stack of errors for $*"; }
+    }
+    check_error 2 "--nproc_per_node 0: expected an integer" --nproc_per_node 0 true
+    check_error 2 "--nproc-per-node x: expected an integer" --nproc-per-node x true
+    check_error 2 "--no_python and -m/--module exclude each other" --no_python -m json.tool
+    check_error 2 "program './no-such-program' not found" ./no-such-program
+    check_error 2 "unknown option or missing value: --bogus" --bogus true
+    check_error 2 "--redirect_stdout_and_stderr needs --logdir" --redirect_stdout_and_stderr true
+    check_error 2 "--node_rank 2 is out of range for --nnodes 2" --nnodes 2 --node_rank 2 true
+    port=$(free_port)
+    "$R" --master_port "$port" sh -c 'sleep 3' > /dev/null 2>&1 &
+    held=$!
+    sleep 0.5
+    check_error 1 "127.0.0.1:$port is already in use — another job? choose --master_port or --standalone" \
+        --master_port "$port" true
+    kill $held; wait $held
+    dead=$(free_port)
+    CDDP_RDZV_TIMEOUT_S=1 check_error 1 "cannot reach 127.0.0.1:$dead" \
+        --nnodes 2 --node_rank 1 --master_port "$dead" --token t true
+    CDDP_RDZV_TIMEOUT_S=1 check_error 1 "node(s) 1 of 2 did not arrive within 1 s" \
+        --nnodes 2 --node_rank 0 --master_port "$dead" --token t true
+    "$R" --help > "$work/help" || fail "--help failed"
+    for o in --nnodes --node_rank --nproc_per_node --master_addr --master_port --module --no_python \
+        --redirect_stdout_and_stderr --logdir --standalone --max_restarts --tee --monitor_interval; do
+        expect_in "$o" "$work/help"
+    done
+    echo "ok: usage errors, port in use, unreachable master, missing node: one clear message each" ;;
+logs)
+    "$R" --standalone --nproc_per_node 2 --logdir "$work/logs" sh -c \
+        'echo "out of $RANK"; echo "err of $RANK" >&2' > "$work/console" 2>&1 || fail "run failed"
+    for r in 0 1; do
+        grep -qx "out of $r" "$work/logs/rank.$r/stdout" || fail "rank.$r/stdout"
+        grep -qx "err of $r" "$work/logs/rank.$r/stderr" || fail "rank.$r/stderr"
+    done
+    expect_in "out of 1" "$work/console"
+    # Redirect: files only. A second run overwrites the first.
+    "$R" --standalone --nproc_per_node 2 --logdir "$work/logs" --redirect_stdout_and_stderr sh -c \
+        'echo "second $RANK"' > "$work/console2" 2>&1 || fail "redirect run failed"
+    grep -q "second" "$work/console2" && fail "--redirect_stdout_and_stderr still printed to the console"
+    [ "$(cat "$work/logs/rank.1/stdout")" = "second 1" ] || fail "the second run did not overwrite"
+    # Tee: console lines prefixed with the rank.
+    "$R" --standalone --nproc_per_node 2 --tee sh -c 'echo "hello"' > "$work/tee" 2>&1
+    expect_in "[rank 0]: hello" "$work/tee"
+    expect_in "[rank 1]: hello" "$work/tee"
+    # A failure report points at the log.
+    "$R" --standalone --logdir "$work/logs2" sh -c 'echo boom >&2; exit 4' > "$work/f" 2>&1
+    expect_in "log: $work/logs2/rank.0/stderr" "$work/f"
+    echo "ok: --logdir files, --redirect_stdout_and_stderr, overwrite, --tee, log paths in reports" ;;
+python)
+    printf 'import os\nprint("py", os.environ["RANK"])\n' > "$work/hello.py"
+    "$R" --standalone --nproc_per_node 2 --tee "$work/hello.py" > "$work/out" 2>&1 || fail "a .py program failed"
+    expect_in "[rank 1]: py 1" "$work/out"
+    "$R" --standalone -m timeit -n 1 pass > "$work/m" 2>&1 || fail "-m failed"
+    expect_in "1 loop" "$work/m"
+    "$R" --standalone --no_python "$work/hello.py" > "$work/np" 2>&1 && fail "--no_python ran a non-executable .py"
+    echo "ok: .py under python3, -m, --no_python" ;;
+torch)
+    # A torchrun-style PyTorch script, unchanged, under cddprun (Debian's python3-torch).
+    if ! /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
+        echo "SKIPPED: Debian's python3-torch is not installed (apt-get install python3-torch)"
+        exit 77
+    fi
+    "$R" --standalone --nproc_per_node 2 --no_python /usr/bin/python3 "$here/torch_ddp.py" \
+        > "$work/out" 2>&1 || { cat "$work/out"; fail "the PyTorch script failed"; }
+    expect_in "rank 0 of 2: allreduce sum 3.0" "$work/out"
+    expect_in "rank 1 of 2: allreduce sum 3.0" "$work/out"
+    echo "ok: torch.distributed (gloo, env://) runs under cddprun unchanged" ;;
+*) fail "unknown scenario $scenario" ;;
+esac
