@@ -10,5 +10,6 @@
 #include "cddp/checkpoint.h"
 #include "cddp/data.h"
 #include "cddp/store.h"
+#include "cddp/comm.h"
 
 #endif

@@ -119,7 +119,9 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
     X(DATA, STR, "/usr/share/datasets/fashion-mnist",                                              \
       "Folder with the (Fashion-)MNIST IDX files (Debian's dataset-fashion-mnist).")              \
     X(RDZV_TIMEOUT_S, INT, "300",                                                                  \
-      "Seconds that rendezvous may take: store connections and waits, nodes arriving.")
+      "Seconds that rendezvous may take: store connections and waits, nodes arriving.")          \
+    X(TIMEOUT_S, INT, "300", "Default deadline, in seconds, of every collective.")                \
+    X(SHM_CHUNK_KB, INT, "1024", "Per-rank shared-memory staging buffer, in KiB (the pipeline chunk).")
 
 typedef enum cddp_knob {
 #define CDDP__KNOB_ENUM(id, type, def, doc) CDDP_KNOB_##id,

@@ -1,0 +1,92 @@
+/* cddp/comm.h: process groups and collective communication on raw buffers.
+ *
+ * A group is made from the environment a launcher leaves (cddprun or torchrun: RANK, WORLD_SIZE,
+ * LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; or mpirun / srun's variables) or from
+ * explicit options. Rank 0 hosts a rendezvous store at MASTER_ADDR:MASTER_PORT (as
+ * torch.distributed's env:// does); the ranks meet there, find out which of them share a host,
+ * and connect. comm knows nothing of tensors: it moves counts of a dtype.
+ *
+ * Transports. Ranks on one host use a shared-memory segment; it is created by rank 0, mapped by
+ * everyone, and unlinked as soon as every rank has mapped it, so no name is left in /dev/shm
+ * whatever happens to the processes afterwards. (Groups that span hosts need the TCP transport,
+ * which is not built yet: creating one fails with CDDP_EUNSUPPORTED.)
+ *
+ * Safety. Every collective has a deadline (CDDP_TIMEOUT_S, or the per-call timeout). While it
+ * waits, a rank checks that its peers are alive: a dead peer fails the collective within a second
+ * with an error naming the rank. Each collective carries a fingerprint (sequence number, kind, op,
+ * dtype, count, root) that every rank checks against every other, so ranks that call different
+ * collectives or pass different arguments fail with a message naming both sides instead of
+ * hanging or computing garbage. A failure latches: every later call on the group fails at once
+ * with the first error.
+ */
+#ifndef CDDP_COMM_H
+#define CDDP_COMM_H
+
+#include "cddp/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum cddp_comm_dtype {
+    CDDP_COMM_F32,
+    CDDP_COMM_F64,
+    CDDP_COMM_I32,
+    CDDP_COMM_I64,
+    CDDP_COMM_BF16, /* reduced in float32, rounded to nearest even */
+    CDDP_COMM_F16,  /* reduced in float32, rounded to nearest even */
+} cddp_comm_dtype;
+
+typedef enum cddp_comm_op {
+    CDDP_COMM_SUM,
+    CDDP_COMM_MEAN, /* the sum divided by the world size (integers: truncated) */
+    CDDP_COMM_MIN,
+    CDDP_COMM_MAX,
+    CDDP_COMM_PRODUCT,
+} cddp_comm_op;
+
+CDDP_API size_t cddp_comm_dtype_size(cddp_comm_dtype dtype);
+CDDP_API const char *cddp_comm_dtype_name(cddp_comm_dtype dtype);
+CDDP_API const char *cddp_comm_op_name(cddp_comm_op op);
+
+/* Zero-initialised options mean "from the environment". */
+typedef struct cddp_comm_options {
+    int rank, world_size;    /* world_size 0: from the environment */
+    const char *master_addr; /* NULL: MASTER_ADDR, else 127.0.0.1 */
+    int master_port;         /* 0: MASTER_PORT */
+    const char *token;       /* NULL: CDDP_STORE_TOKEN, else "cddp" */
+    double timeout_s;        /* default deadline of every call; 0: CDDP_TIMEOUT_S */
+} cddp_comm_options;
+
+typedef struct cddp_comm cddp_comm;
+
+/* Makes the group: rendezvous, host discovery, transport setup. Blocks until every rank arrived
+ * or CDDP_RDZV_TIMEOUT_S passed. NULL with err filled on failure. */
+CDDP_API cddp_comm *cddp_comm_create(const cddp_comm_options *opts, cddp_error *err);
+/* Leaves the group and frees it; accepts NULL. Not a collective: no rank waits for another. */
+CDDP_API void cddp_comm_destroy(cddp_comm *c);
+
+CDDP_API int cddp_comm_rank(const cddp_comm *c);
+CDDP_API int cddp_comm_size(const cddp_comm *c);
+CDDP_API int cddp_comm_local_rank(const cddp_comm *c);
+CDDP_API int cddp_comm_local_size(const cddp_comm *c);
+/* The group's first error, or NULL while it is healthy. */
+CDDP_API const char *cddp_comm_error(const cddp_comm *c);
+
+/* Collectives. timeout_s < 0 takes the group's default. send and recv may be the same buffer
+ * (in place). count may be 0. On failure the group is failed from then on. */
+CDDP_API int cddp_comm_allreduce(cddp_comm *c, const void *send, void *recv, int64_t count,
+                                 cddp_comm_dtype dtype, cddp_comm_op op, double timeout_s,
+                                 cddp_error *err);
+/* root's count elements of buf reach every rank's buf. */
+CDDP_API int cddp_comm_broadcast(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dtype,
+                                 int root, double timeout_s, cddp_error *err);
+/* Each rank's count elements, in rank order, into recv (world_size * count). */
+CDDP_API int cddp_comm_allgather(cddp_comm *c, const void *send, void *recv, int64_t count,
+                                 cddp_comm_dtype dtype, double timeout_s, cddp_error *err);
+CDDP_API int cddp_comm_barrier(cddp_comm *c, double timeout_s, cddp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,628 @@
+/* comm.c: process groups, rendezvous, and the shared-memory collectives.
+ *
+ * Rendezvous. Rank 0 starts a store at MASTER_ADDR:MASTER_PORT; every rank connects, posts its
+ * host identity (boot id + hostname) and pid, and reads everyone's. Ranks on one host then share
+ * a segment that rank 0 creates, everyone maps, and rank 0 unlinks once all have mapped it.
+ *
+ * The segment holds, per rank, a control block (an arrival counter, the pid, fingerprints) and a
+ * staging slot of CDDP_SHM_CHUNK_KB. Synchronisation is a counter barrier: a rank bumps its
+ * counter to the next step and waits until every counter reached it. Waiting spins briefly,
+ * then yields, then sleeps in short naps, so that eight ranks on two cores still make progress;
+ * every few milliseconds it checks the deadline and whether the peers' processes still exist.
+ *
+ * Allreduce, per chunk of the message (bandwidth: each rank reads (n-1)/n of every other rank's
+ * chunk once and writes its slice once, the 2(n-1)/n of a ring, with no ring latency):
+ *   1. every rank copies its chunk into its slot;                              barrier
+ *      (the first barrier of a collective also checks every rank's fingerprint)
+ *   2. rank r reduces slice r of the chunk over all slots, in rank order, and writes the result
+ *      into slice r of its own slot (no other rank reads that region in this phase); barrier
+ *   3. every rank copies slice q from rank q's slot, for every q;              barrier
+ * Each slice is reduced by one rank in one order, so every rank receives bit-identical results.
+ */
+
+#include "cddp/comm.h"
+#include "cddp/store.h"
+#include "core/internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SEG_MAGIC 0x4344445053484d31ull /* "CDDPSHM1" */
+#define CTL_SIZE  256
+
+enum { K_ALLREDUCE, K_BROADCAST, K_ALLGATHER, K_BARRIER };
+
+typedef struct fingerprint {
+    uint64_t seq;
+    int32_t kind, op, dtype, root;
+    int64_t count;
+} fingerprint;
+
+typedef struct ctl {
+    _Atomic uint64_t arrive;
+    int32_t pid;
+    int32_t pad;
+    fingerprint fp[2]; /* by sequence parity: a peer is at most one collective ahead */
+} ctl;
+
+_Static_assert(sizeof(ctl) <= CTL_SIZE, "control block too large");
+
+typedef struct seg_header {
+    uint64_t magic;
+    int32_t world;
+    int32_t pad;
+    uint64_t chunk;
+} seg_header;
+
+struct cddp_comm {
+    int rank, world, local_rank, local_world;
+    double timeout;
+    cddp_error failed; /* latched */
+    uint64_t seq, step;
+    /* shared memory */
+    uint8_t *seg;
+    size_t seg_size, chunk;
+    float *acc; /* float32 accumulator for one slice */
+    uint8_t *tmp;
+};
+
+size_t cddp_comm_dtype_size(cddp_comm_dtype d) {
+    switch (d) {
+    case CDDP_COMM_F32:
+    case CDDP_COMM_I32:
+        return 4;
+    case CDDP_COMM_F64:
+    case CDDP_COMM_I64:
+        return 8;
+    case CDDP_COMM_BF16:
+    case CDDP_COMM_F16:
+        return 2;
+    }
+    return 0;
+}
+
+const char *cddp_comm_dtype_name(cddp_comm_dtype d) {
+    static const char *n[] = {"float32", "float64", "int32", "int64", "bfloat16", "float16"};
+    return (unsigned)d < CDDP_ARRAY_LEN(n) ? n[d] : "unknown";
+}
+
+const char *cddp_comm_op_name(cddp_comm_op op) {
+    static const char *n[] = {"sum", "mean", "min", "max", "product"};
+    return (unsigned)op < CDDP_ARRAY_LEN(n) ? n[op] : "unknown";
+}
+
+int cddp_comm_rank(const cddp_comm *c) {
+    return c->rank;
+}
+int cddp_comm_size(const cddp_comm *c) {
+    return c->world;
+}
+int cddp_comm_local_rank(const cddp_comm *c) {
+    return c->local_rank;
+}
+int cddp_comm_local_size(const cddp_comm *c) {
+    return c->local_world;
+}
+const char *cddp_comm_error(const cddp_comm *c) {
+    return c->failed.code ? c->failed.msg : NULL;
+}
+
+static ctl *ctl_of(const cddp_comm *c, int r) {
+    return (ctl *)(c->seg + 4096 + (size_t)r * CTL_SIZE);
+}
+
+static uint8_t *slot_of(const cddp_comm *c, int r) {
+    return c->seg + 4096 + (size_t)c->world * CTL_SIZE + (size_t)r * c->chunk;
+}
+
+/* Latches err as the group's failure; returns its code. */
+static int fail(cddp_comm *c, cddp_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(cddp_comm *c, cddp_error *err, int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    cddp__error_vset(&c->failed, code, fmt, ap);
+    va_end(ap);
+    if (err) *err = c->failed;
+    return code;
+}
+
+/* ---- waiting ----------------------------------------------------------------------------- */
+
+static void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Every rank arrives at the next step, or the group fails (deadline, dead peer). */
+static int sync_all(cddp_comm *c, double deadline, cddp_error *err) {
+    uint64_t step = ++c->step;
+    atomic_store_explicit(&ctl_of(c, c->rank)->arrive, step, memory_order_release);
+    double next_check = 0;
+    for (int r = 0; r < c->world; r++) {
+        _Atomic uint64_t *a = &ctl_of(c, r)->arrive;
+        for (long spins = 0; atomic_load_explicit(a, memory_order_acquire) < step; spins++) {
+            if (spins < 2000) {
+                relax();
+                continue;
+            }
+            if (spins < 2200) {
+                sched_yield();
+                continue;
+            }
+            nanosleep(&(struct timespec){0, 20000}, NULL);
+            double now = cddp_now_s();
+            if (now < next_check) continue;
+            next_check = now + 0.01;
+            pid_t pid = ctl_of(c, r)->pid;
+            if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)
+                return fail(c, err, CDDP_EIO,
+                            "rank %d (pid %d) died during collective #%" PRIu64
+                            "; the group is unusable (the launcher's report says why it died)",
+                            r, (int)pid, c->seq);
+            if (deadline >= 0 && now > deadline)
+                return fail(c, err, CDDP_ETIMEDOUT,
+                            "collective #%" PRIu64 " timed out waiting for rank %d (is it "
+                            "stopped, stuck, or calling another collective?); raise "
+                            "CDDP_TIMEOUT_S or the call's timeout if it is only slow",
+                            c->seq, r);
+        }
+    }
+    return CDDP_OK;
+}
+
+/* ---- fingerprints ------------------------------------------------------------------------ */
+
+static void describe(const fingerprint *f, char *out, size_t n) {
+    switch (f->kind) {
+    case K_ALLREDUCE:
+        snprintf(out, n, "allreduce(%s, %s, count %" PRId64 ")", cddp_comm_op_name(f->op),
+                 cddp_comm_dtype_name(f->dtype), f->count);
+        break;
+    case K_BROADCAST:
+        snprintf(out, n, "broadcast(%s, count %" PRId64 ", root %d)",
+                 cddp_comm_dtype_name(f->dtype), f->count, f->root);
+        break;
+    case K_ALLGATHER:
+        snprintf(out, n, "allgather(%s, count %" PRId64 ")", cddp_comm_dtype_name(f->dtype),
+                 f->count);
+        break;
+    default:
+        snprintf(out, n, "barrier()");
+        break;
+    }
+}
+
+/* Starts a collective: checks the group, publishes the fingerprint, meets everyone, and checks
+ * that every rank called the same thing. */
+static int begin(cddp_comm *c, int kind, int op, cddp_comm_dtype dtype, int64_t count, int root,
+                 double *deadline, double timeout_s, cddp_error *err) {
+    if (c->failed.code) {
+        if (err) *err = c->failed;
+        return c->failed.code;
+    }
+    if (count < 0) return cddp_error_set(err, CDDP_EINVAL, "count %" PRId64 " < 0", count);
+    if (root < 0 || root >= c->world)
+        return cddp_error_set(err, CDDP_EINVAL, "root %d is not a rank of this group (0..%d)", root,
+                              c->world - 1);
+    c->seq++;
+    *deadline = cddp_now_s() + (timeout_s >= 0 ? timeout_s : c->timeout);
+    if (c->world == 1) return CDDP_OK;
+    fingerprint mine = {c->seq, kind, op, (int32_t)dtype, root, count};
+    ctl_of(c, c->rank)->fp[c->seq & 1] = mine;
+    CDDP_TRY(sync_all(c, *deadline, err));
+    for (int r = 0; r < c->world; r++) {
+        const fingerprint *f = &ctl_of(c, r)->fp[c->seq & 1];
+        if (memcmp(f, &mine, sizeof mine) != 0) {
+            char a[128], b[128];
+            describe(&mine, a, sizeof a);
+            describe(f, b, sizeof b);
+            return fail(c, err, CDDP_ESHAPE,
+                        "collective #%" PRIu64 " differs between ranks: this rank (%d) called %s "
+                        "but rank %d called %s; did every rank call the same collectives in the "
+                        "same order with the same arguments?",
+                        c->seq, c->rank, a, r, b);
+        }
+    }
+    return CDDP_OK;
+}
+
+/* ---- reduction kernels ------------------------------------------------------------------- */
+
+static float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+static float f16_to_f32(uint16_t h) {
+    _Float16 x;
+    memcpy(&x, &h, 2);
+    return (float)x;
+}
+
+static uint16_t f32_to_f16(float f) {
+    _Float16 x = (_Float16)f;
+    uint16_t h;
+    memcpy(&h, &x, 2);
+    return h;
+}
+
+#define REDUCE_LOOP(T, dst, src, n, op)                                                            \
+    do {                                                                                           \
+        T *d__ = (T *)(dst);                                                                       \
+        const T *s__ = (const T *)(src);                                                           \
+        switch (op) {                                                                              \
+        case CDDP_COMM_SUM:                                                                        \
+        case CDDP_COMM_MEAN:                                                                       \
+            for (int64_t i = 0; i < (n); i++) d__[i] += s__[i];                                    \
+            break;                                                                                 \
+        case CDDP_COMM_PRODUCT:                                                                    \
+            for (int64_t i = 0; i < (n); i++) d__[i] *= s__[i];                                    \
+            break;                                                                                 \
+        case CDDP_COMM_MIN:                                                                        \
+            for (int64_t i = 0; i < (n); i++) d__[i] = s__[i] < d__[i] ? s__[i] : d__[i];          \
+            break;                                                                                 \
+        case CDDP_COMM_MAX:                                                                        \
+            for (int64_t i = 0; i < (n); i++) d__[i] = s__[i] > d__[i] ? s__[i] : d__[i];          \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
+/* Reduces elements [lo, lo + n) of every rank's slot, in rank order, into dst. */
+static void reduce_slice(cddp_comm *c, cddp_comm_dtype dt, cddp_comm_op op, int64_t lo, int64_t n,
+                         uint8_t *dst) {
+    size_t es = cddp_comm_dtype_size(dt);
+    int W = c->world;
+    if (dt == CDDP_COMM_BF16 || dt == CDDP_COMM_F16) {
+        float (*to)(uint16_t) = dt == CDDP_COMM_BF16 ? bf16_to_f32 : f16_to_f32;
+        float *acc = c->acc, *tmp = (float *)c->tmp;
+        for (int r = 0; r < W; r++) {
+            const uint16_t *s = (const uint16_t *)(slot_of(c, r) + (size_t)lo * es);
+            float *into = r == 0 ? acc : tmp;
+            for (int64_t i = 0; i < n; i++) into[i] = to(s[i]);
+            if (r) REDUCE_LOOP(float, acc, tmp, n, op);
+        }
+        if (op == CDDP_COMM_MEAN)
+            for (int64_t i = 0; i < n; i++) acc[i] /= (float)W;
+        uint16_t (*from)(float) = dt == CDDP_COMM_BF16 ? f32_to_bf16 : f32_to_f16;
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = from(acc[i]);
+        return;
+    }
+    uint8_t *acc = c->tmp;
+    memcpy(acc, slot_of(c, 0) + (size_t)lo * es, (size_t)n * es);
+    for (int r = 1; r < W; r++) {
+        const uint8_t *s = slot_of(c, r) + (size_t)lo * es;
+        switch (dt) {
+        case CDDP_COMM_F32:
+            REDUCE_LOOP(float, acc, s, n, op);
+            break;
+        case CDDP_COMM_F64:
+            REDUCE_LOOP(double, acc, s, n, op);
+            break;
+        case CDDP_COMM_I32:
+            REDUCE_LOOP(int32_t, acc, s, n, op);
+            break;
+        case CDDP_COMM_I64:
+            REDUCE_LOOP(int64_t, acc, s, n, op);
+            break;
+        default:
+            break;
+        }
+    }
+    if (op == CDDP_COMM_MEAN) {
+        for (int64_t i = 0; i < n; i++) switch (dt) {
+            case CDDP_COMM_F32:
+                ((float *)acc)[i] /= (float)W;
+                break;
+            case CDDP_COMM_F64:
+                ((double *)acc)[i] /= (double)W;
+                break;
+            case CDDP_COMM_I32:
+                ((int32_t *)acc)[i] /= W;
+                break;
+            case CDDP_COMM_I64:
+                ((int64_t *)acc)[i] /= W;
+                break;
+            default:
+                break;
+            }
+    }
+    memcpy(dst, acc, (size_t)n * es);
+}
+
+/* ---- collectives ------------------------------------------------------------------------- */
+
+int cddp_comm_allreduce(cddp_comm *c, const void *send, void *recv, int64_t count,
+                        cddp_comm_dtype dt, cddp_comm_op op, double timeout_s, cddp_error *err) {
+    double deadline;
+    if ((unsigned)dt > CDDP_COMM_F16 || (unsigned)op > CDDP_COMM_PRODUCT)
+        return cddp_error_set(err, CDDP_EINVAL, "allreduce: unknown dtype %d or op %d", (int)dt,
+                              (int)op);
+    CDDP_TRY(begin(c, K_ALLREDUCE, op, dt, count, 0, &deadline, timeout_s, err));
+    size_t es = cddp_comm_dtype_size(dt);
+    if (c->world == 1) {
+        if (recv != send) memmove(recv, send, (size_t)count * es);
+        if (op == CDDP_COMM_MEAN || op == CDDP_COMM_SUM || c->world == 1) return CDDP_OK;
+    }
+    int64_t per = (int64_t)(c->chunk / es);
+    int W = c->world, me = c->rank;
+    for (int64_t off = 0; off < count; off += per) {
+        int64_t n = CDDP_MIN(per, count - off);
+        memcpy(slot_of(c, me), (const uint8_t *)send + (size_t)off * es, (size_t)n * es);
+        CDDP_TRY(sync_all(c, deadline, err));
+        int64_t lo = n * me / W, hi = n * (me + 1) / W;
+        reduce_slice(c, dt, op, lo, hi - lo, slot_of(c, me) + (size_t)lo * es);
+        CDDP_TRY(sync_all(c, deadline, err));
+        for (int q = 0; q < W; q++) {
+            int64_t qlo = n * q / W, qhi = n * (q + 1) / W;
+            memcpy((uint8_t *)recv + (size_t)(off + qlo) * es, slot_of(c, q) + (size_t)qlo * es,
+                   (size_t)(qhi - qlo) * es);
+        }
+        CDDP_TRY(sync_all(c, deadline, err));
+    }
+    return CDDP_OK;
+}
+
+int cddp_comm_broadcast(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dt, int root,
+                        double timeout_s, cddp_error *err) {
+    double deadline;
+    CDDP_TRY(begin(c, K_BROADCAST, 0, dt, count, root, &deadline, timeout_s, err));
+    if (c->world == 1) return CDDP_OK;
+    size_t es = cddp_comm_dtype_size(dt);
+    int64_t per = (int64_t)(c->chunk / es);
+    for (int64_t off = 0; off < count; off += per) {
+        int64_t n = CDDP_MIN(per, count - off);
+        uint8_t *p = (uint8_t *)buf + (size_t)off * es;
+        if (c->rank == root) memcpy(slot_of(c, root), p, (size_t)n * es);
+        CDDP_TRY(sync_all(c, deadline, err));
+        if (c->rank != root) memcpy(p, slot_of(c, root), (size_t)n * es);
+        CDDP_TRY(sync_all(c, deadline, err));
+    }
+    return CDDP_OK;
+}
+
+int cddp_comm_allgather(cddp_comm *c, const void *send, void *recv, int64_t count,
+                        cddp_comm_dtype dt, double timeout_s, cddp_error *err) {
+    double deadline;
+    CDDP_TRY(begin(c, K_ALLGATHER, 0, dt, count, 0, &deadline, timeout_s, err));
+    size_t es = cddp_comm_dtype_size(dt);
+    if (c->world == 1) {
+        if (recv != send) memmove(recv, send, (size_t)count * es);
+        return CDDP_OK;
+    }
+    int64_t per = (int64_t)(c->chunk / es);
+    for (int64_t off = 0; off < count; off += per) {
+        int64_t n = CDDP_MIN(per, count - off);
+        memcpy(slot_of(c, c->rank), (const uint8_t *)send + (size_t)off * es, (size_t)n * es);
+        CDDP_TRY(sync_all(c, deadline, err));
+        for (int q = 0; q < c->world; q++)
+            memcpy((uint8_t *)recv + (size_t)(q * count + off) * es, slot_of(c, q), (size_t)n * es);
+        CDDP_TRY(sync_all(c, deadline, err));
+    }
+    return CDDP_OK;
+}
+
+int cddp_comm_barrier(cddp_comm *c, double timeout_s, cddp_error *err) {
+    double deadline;
+    return begin(c, K_BARRIER, 0, CDDP_COMM_F32, 0, 0, &deadline, timeout_s, err);
+}
+
+/* ---- the group --------------------------------------------------------------------------- */
+
+/* This host's identity: the kernel's boot id and the hostname. */
+static void host_identity(char *out, size_t n) {
+    char boot[64] = "", host[128] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
+        fclose(f);
+        boot[strcspn(boot, "\n")] = '\0';
+    }
+    gethostname(host, sizeof host - 1);
+    snprintf(out, n, "%s/%s", boot, host);
+}
+
+static int setup_shm(cddp_comm *c, cddp_store *st, cddp_error *err) {
+    long kb = cddp_knob_int(CDDP_KNOB_SHM_CHUNK_KB);
+    c->chunk = (size_t)(kb < 4 ? 4 : kb) * 1024;
+    c->seg_size = 4096 + (size_t)c->world * CTL_SIZE + (size_t)c->world * c->chunk;
+    c->acc = cddp_aligned_alloc(c->chunk / 2 * sizeof(float) + 64);
+    c->tmp = cddp_aligned_alloc(c->chunk / 2 * sizeof(float) + c->chunk);
+    if (!c->acc || !c->tmp) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    char name[96], key[64];
+    int fd = -1;
+    if (c->rank == 0) {
+        uint64_t rnd = (uint64_t)(cddp_now_s() * 1e9) ^ ((uint64_t)getpid() << 20);
+        snprintf(name, sizeof name, "/cddp-%d-%" PRIx64, (int)getpid(), rnd);
+        fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+        if (fd < 0 || ftruncate(fd, (off_t)c->seg_size) != 0) {
+            int e = errno;
+            if (fd >= 0) {
+                close(fd);
+                shm_unlink(name);
+            }
+            return cddp_error_set(err, CDDP_EIO,
+                                  "cannot create the shared-memory segment %s "
+                                  "(%zu MiB): %s; is /dev/shm full?",
+                                  name, c->seg_size >> 20, strerror(e));
+        }
+        CDDP_TRY(cddp_store_set_str(st, "comm/shm", name, err));
+    } else {
+        void *v;
+        size_t n;
+        CDDP_TRY(cddp_store_get(st, "comm/shm", -1, &v, &n, err));
+        snprintf(name, sizeof name, "%s", (char *)v);
+        cddp_free(v);
+        fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+        if (fd < 0)
+            return cddp_error_set(err, CDDP_EIO, "cannot open the shared-memory segment %s: %s",
+                                  name, strerror(errno));
+    }
+    void *p = mmap(NULL, c->seg_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        if (c->rank == 0) shm_unlink(name);
+        return cddp_error_set(err, CDDP_EIO, "cannot map %s: %s", name, strerror(errno));
+    }
+    c->seg = p;
+    ctl_of(c, c->rank)->pid = (int32_t)getpid();
+    if (c->rank == 0) {
+        seg_header *h = (seg_header *)c->seg;
+        h->world = c->world;
+        h->chunk = c->chunk;
+        atomic_thread_fence(memory_order_release);
+        h->magic = SEG_MAGIC;
+    }
+    snprintf(key, sizeof key, "comm/mapped/%d", c->rank);
+    CDDP_TRY(cddp_store_set_str(st, key, "1", err));
+    /* Once every rank has mapped the segment its name goes: nothing is left in /dev/shm, whatever
+     * happens to the processes afterwards. */
+    if (c->rank == 0) {
+        const char **keys = cddp_calloc((size_t)c->world, sizeof *keys);
+        char(*k)[32] = cddp_calloc((size_t)c->world, 32);
+        for (int r = 0; r < c->world; r++) {
+            snprintf(k[r], 32, "comm/mapped/%d", r);
+            keys[r] = k[r];
+        }
+        int rc = cddp_store_wait(st, keys, c->world, -1, err);
+        shm_unlink(name);
+        cddp_free(keys);
+        cddp_free(k);
+        CDDP_TRY(rc);
+        CDDP_TRY(cddp_store_set_str(st, "comm/ready", "1", err));
+    } else {
+        const char *k = "comm/ready";
+        CDDP_TRY(cddp_store_wait(st, &k, 1, -1, err));
+        if (((seg_header *)c->seg)->magic != SEG_MAGIC || ((seg_header *)c->seg)->world != c->world)
+            return cddp_error_set(err, CDDP_EIO,
+                                  "the shared-memory segment %s is not this "
+                                  "group's",
+                                  name);
+    }
+    return CDDP_OK;
+}
+
+cddp_comm *cddp_comm_create(const cddp_comm_options *opts, cddp_error *err) {
+    cddp_comm_options o = opts ? *opts : (cddp_comm_options){0};
+    cddp_comm *c = cddp_calloc(1, sizeof *c);
+    cddp_store_server *srv = NULL;
+    cddp_store *st = NULL;
+    int rc = CDDP_OK;
+    if (!c) {
+        cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+        return NULL;
+    }
+    if (o.world_size <= 0) {
+        rc = cddp_env_rank_world(&o.rank, &o.world_size, err);
+        if (rc == CDDP_EINVAL) goto out;
+        rc = CDDP_OK;
+    }
+    if (o.rank < 0 || o.rank >= o.world_size) {
+        rc = cddp_error_set(err, CDDP_EINVAL, "rank %d is not in [0, %d)", o.rank, o.world_size);
+        goto out;
+    }
+    c->rank = o.rank;
+    c->world = o.world_size;
+    c->local_world = 1;
+    c->timeout = o.timeout_s > 0 ? o.timeout_s : (double)cddp_knob_int(CDDP_KNOB_TIMEOUT_S);
+    cddp_log_set_rank(c->rank);
+    if (c->world == 1) goto out;
+
+    const char *addr = o.master_addr ? o.master_addr : getenv("MASTER_ADDR");
+    if (!addr || !*addr) addr = "127.0.0.1";
+    int port = o.master_port;
+    if (port <= 0) {
+        const char *p = getenv("MASTER_PORT");
+        port = p ? atoi(p) : 0;
+    }
+    if (port <= 0 || port > 65535) {
+        rc = cddp_error_set(err, CDDP_EINVAL,
+                            "MASTER_PORT is not set (or not a port): start the "
+                            "program with cddprun or torchrun, or pass master_port");
+        goto out;
+    }
+    const char *token = o.token ? o.token : getenv("CDDP_STORE_TOKEN");
+    if (!token) token = "cddp";
+    if (c->rank == 0 && !(srv = cddp_store_server_start(addr, port, token, err))) {
+        rc = err ? err->code : CDDP_EIO;
+        goto out;
+    }
+    cddp_store_options so = {addr, port, token, 0, NULL};
+    if (!(st = cddp_store_connect(&so, err))) {
+        rc = err ? err->code : CDDP_EIO;
+        goto out;
+    }
+    /* Who shares a host with whom. */
+    char me[256], key[64];
+    host_identity(me, sizeof me);
+    snprintf(key, sizeof key, "comm/host/%d", c->rank);
+    CDDP_TRY_GOTO(cddp_store_set_str(st, key, me, err), out);
+    int local = 0, before = 0;
+    for (int r = 0; r < c->world; r++) {
+        void *v;
+        size_t n;
+        snprintf(key, sizeof key, "comm/host/%d", r);
+        CDDP_TRY_GOTO(cddp_store_get(st, key, -1, &v, &n, err), out);
+        if (strcmp(v, me) == 0) {
+            local++;
+            if (r < c->rank) before++;
+        }
+        cddp_free(v);
+    }
+    c->local_rank = before;
+    c->local_world = local;
+    if (local != c->world) {
+        rc = cddp_error_set(err, CDDP_EUNSUPPORTED,
+                            "the group spans hosts (%d of %d ranks on this one), which needs the "
+                            "TCP transport; cddp does not have it yet",
+                            local, c->world);
+        goto out;
+    }
+    CDDP_TRY_GOTO(setup_shm(c, st, err), out);
+    /* Rank 0's store may go once everyone has left the rendezvous. */
+    snprintf(key, sizeof key, "comm/done/%d", c->rank);
+    CDDP_TRY_GOTO(cddp_store_set_str(st, key, "1", err), out);
+    if (c->rank == 0)
+        for (int r = 1; r < c->world; r++) {
+            snprintf(key, sizeof key, "comm/done/%d", r);
+            const char *k = key;
+            CDDP_TRY_GOTO(cddp_store_wait(st, &k, 1, -1, err), out);
+        }
+out:
+    cddp_store_close(st);
+    cddp_store_server_stop(srv);
+    if (rc != CDDP_OK) {
+        cddp_comm_destroy(c);
+        return NULL;
+    }
+    return c;
+}
+
+void cddp_comm_destroy(cddp_comm *c) {
+    if (!c) return;
+    if (c->seg) munmap(c->seg, c->seg_size);
+    cddp_aligned_free(c->acc);
+    cddp_aligned_free(c->tmp);
+    cddp_free(c);
+}

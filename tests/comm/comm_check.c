@@ -1,0 +1,273 @@
+/* comm_check.c: collectives checked across real processes, started by cddprun.
+ *
+ *   cddprun --nproc_per_node W comm_check matrix      every op x dtype x count, exact results
+ *   cddprun --nproc_per_node W comm_check kill        the last rank SIGKILLs itself mid-stream
+ *   cddprun --nproc_per_node W comm_check stop        rank 1 is SIGSTOPped; the others time out
+ *   cddprun --nproc_per_node W comm_check mismatch K  rank 1 passes another count/op/dtype/root
+ *   cddprun --nproc_per_node W comm_check deadline    rank 0 alone in a barrier with 0.5 s
+ * Prints "ok: ..." and exits 0 when every check holds on this rank; exits 1 with the reason
+ * otherwise. In the failure modes a survivor exits 0 when it got the right error in time.
+ */
+#include <cddp/cddp.h>
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int rank, world;
+
+static void die(const char *fmt, const char *a, double b) {
+    fprintf(stderr, "comm_check rank %d: ", rank);
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, "\n");
+    exit(1);
+}
+
+/* Element i of a buffer of dtype, as double, and back (the test's own conversions). */
+static double get(const void *b, cddp_comm_dtype dt, int64_t i) {
+    switch (dt) {
+    case CDDP_COMM_F32:
+        return ((const float *)b)[i];
+    case CDDP_COMM_F64:
+        return ((const double *)b)[i];
+    case CDDP_COMM_I32:
+        return ((const int32_t *)b)[i];
+    case CDDP_COMM_I64:
+        return (double)((const int64_t *)b)[i];
+    case CDDP_COMM_BF16: {
+        uint32_t u = (uint32_t)((const uint16_t *)b)[i] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    case CDDP_COMM_F16:
+        return (double)((const _Float16 *)b)[i];
+    }
+    return NAN;
+}
+
+/* Small integers only: exact in every dtype. */
+static void set(void *b, cddp_comm_dtype dt, int64_t i, int v) {
+    switch (dt) {
+    case CDDP_COMM_F32:
+        ((float *)b)[i] = (float)v;
+        break;
+    case CDDP_COMM_F64:
+        ((double *)b)[i] = v;
+        break;
+    case CDDP_COMM_I32:
+        ((int32_t *)b)[i] = v;
+        break;
+    case CDDP_COMM_I64:
+        ((int64_t *)b)[i] = v;
+        break;
+    case CDDP_COMM_BF16: {
+        float f = (float)v;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        ((uint16_t *)b)[i] = (uint16_t)(u >> 16); /* exact for small integers */
+        break;
+    }
+    case CDDP_COMM_F16:
+        ((_Float16 *)b)[i] = (_Float16)v;
+        break;
+    }
+}
+
+/* Rank r contributes r + 1 + (i mod 3); for products, r + 1 at i mod 3 == 0 and 1 elsewhere. */
+static int input(cddp_comm_op op, int r, int64_t i) {
+    if (op == CDDP_COMM_PRODUCT) return i % 3 == 0 ? r + 1 : 1;
+    return r + 1 + (int)(i % 3);
+}
+
+static double expected(cddp_comm_op op, cddp_comm_dtype dt, int64_t i) {
+    int k = (int)(i % 3);
+    double sum = world * (world + 1) / 2.0 + world * k, prod = 1;
+    for (int r = 1; r <= world; r++) prod *= r;
+    switch (op) {
+    case CDDP_COMM_SUM:
+        return sum;
+    case CDDP_COMM_MEAN:
+        if (dt == CDDP_COMM_I32 || dt == CDDP_COMM_I64) return (double)((int64_t)sum / world);
+        return sum / world;
+    case CDDP_COMM_MIN:
+        return 1 + k;
+    case CDDP_COMM_MAX:
+        return world + k;
+    case CDDP_COMM_PRODUCT:
+        return k == 0 ? prod : 1;
+    }
+    return NAN;
+}
+
+static int matrix(cddp_comm *c) {
+    cddp_error err = {0};
+    int64_t counts[] = {0, 1, 7, 1000, (1 << 20) + 3};
+    int checks = 0;
+    /* Room for the largest allreduce, and for the allgather of world x 300001 floats below. */
+    size_t cap = ((1 << 20) + 3) * 8;
+    if ((size_t)world * 300001 * 4 > cap) cap = (size_t)world * 300001 * 4;
+    uint8_t *in = malloc(cap), *out = malloc(cap);
+    for (int dt = 0; dt <= CDDP_COMM_F16; dt++)
+        for (int op = 0; op <= CDDP_COMM_PRODUCT; op++) {
+            /* bf16 holds integers exactly only up to 256: 6! = 720 is not one of them. */
+            if (dt == CDDP_COMM_BF16 && op == CDDP_COMM_PRODUCT && world > 5) continue;
+            for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++)
+                for (int inplace = 0; inplace < 2; inplace++) {
+                    int64_t n = counts[ci];
+                    for (int64_t i = 0; i < n; i++) set(in, dt, i, input(op, rank, i));
+                    memset(out, 0xAB, cap);
+                    void *dst = inplace ? in : out;
+                    if (cddp_comm_allreduce(c, in, dst, n, dt, op, -1, &err))
+                        die("allreduce failed: %s%.0f", err.msg, 0);
+                    for (int64_t i = 0; i < n; i++) {
+                        double got = get(dst, dt, i), want = expected(op, dt, i);
+                        if (got != want) {
+                            char what[160];
+                            snprintf(what, sizeof what,
+                                     "allreduce %s %s count %lld %s: element "
+                                     "%lld is %g, want",
+                                     cddp_comm_op_name(op), cddp_comm_dtype_name(dt), (long long)n,
+                                     inplace ? "in place" : "out of place", (long long)i, got);
+                            die("%s %g", what, want);
+                        }
+                    }
+                    checks++;
+                }
+        }
+    /* Broadcast from every root, allgather, barrier. */
+    for (int root = 0; root < world; root++) {
+        int64_t n = 1000 + root;
+        for (int64_t i = 0; i < n; i++) ((int64_t *)in)[i] = rank == root ? 7 * i + root : -1;
+        if (cddp_comm_broadcast(c, in, n, CDDP_COMM_I64, root, -1, &err))
+            die("broadcast failed: %s%.0f", err.msg, 0);
+        for (int64_t i = 0; i < n; i++)
+            if (((int64_t *)in)[i] != 7 * i + root)
+                die("broadcast from %s: element %.0f wrong", "root", (double)i);
+        checks++;
+    }
+    int64_t n = 300001;
+    for (int64_t i = 0; i < n; i++) ((float *)in)[i] = (float)(rank * 1000 + i % 1000);
+    if (cddp_comm_allgather(c, in, out, n, CDDP_COMM_F32, -1, &err))
+        die("allgather failed: %s%.0f", err.msg, 0);
+    for (int r = 0; r < world; r++)
+        for (int64_t i = 0; i < n; i++)
+            if (((float *)out)[r * n + i] != (float)(r * 1000 + i % 1000))
+                die("allgather: %s element %.0f wrong", "an", (double)(r * n + i));
+    checks++;
+    /* Many small collectives back to back, each checked (sequence numbers, slot reuse). */
+    for (int k = 0; k < 1000; k++) {
+        int64_t v[3] = {k, rank, 1};
+        if (cddp_comm_allreduce(c, v, v, 3, CDDP_COMM_I64, CDDP_COMM_SUM, -1, &err))
+            die("allreduce #%s%.0f failed", err.msg, k);
+        if (v[0] != (int64_t)k * world || v[1] != world * (world - 1) / 2 || v[2] != world)
+            die("%s small allreduce %.0f wrong", "", k);
+        if (k % 100 == 0 && cddp_comm_barrier(c, -1, &err)) die("barrier: %s%.0f", err.msg, 0);
+    }
+    checks++;
+    printf("ok: rank %d of %d: %d collective checks exact\n", rank, world, checks);
+    free(in);
+    free(out);
+    return 0;
+}
+
+/* The survivors' side of the failure modes: the collective must fail with text, in time. */
+static int expect_failure(int rc, const cddp_error *err, const char *text, double t0, double min_s,
+                          double max_s) {
+    double took = cddp_now_s() - t0;
+    if (rc == CDDP_OK) die("the collective %ssucceeded; expected a failure%.0f", "", 0);
+    if (!strstr(err->msg, text))
+        die("the error '%s' lacks the expected text (%g s)", err->msg, took);
+    if (took < min_s || took > max_s) die("the error came after %s%g s", "", took);
+    printf("ok: rank %d failed as expected after %.2f s: %s\n", rank, took, err->msg);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: comm_check matrix|kill|stop|mismatch KIND|deadline\n");
+        return 2;
+    }
+    const char *mode = argv[1];
+    cddp_error err = {0};
+    bool survivor_mode = strcmp(mode, "matrix") != 0;
+    if (survivor_mode) signal(SIGTERM, SIG_IGN); /* outlive cddprun's stop long enough to report */
+    cddp_comm *c = cddp_comm_create(NULL, &err);
+    if (!c) die("cannot create the group: %s%.0f", err.msg, 0);
+    rank = cddp_comm_rank(c);
+    world = cddp_comm_size(c);
+    int status = 0;
+    double t0;
+    float buf[64] = {0};
+    if (!strcmp(mode, "matrix")) {
+        status = matrix(c);
+    } else if (!strcmp(mode, "kill")) {
+        /* The last rank dies at the 50th collective; the others must say so within 5 s. */
+        int rc = 0;
+        t0 = 0;
+        for (int k = 0; k < 100000 && rc == 0; k++) {
+            if (k == 50 && rank == world - 1) raise(SIGKILL);
+            if (k == 50) t0 = cddp_now_s();
+            rc = cddp_comm_allreduce(c, buf, buf, 64, CDDP_COMM_F32, CDDP_COMM_SUM, 60, &err);
+        }
+        char text[64];
+        snprintf(text, sizeof text, "rank %d (pid", world - 1);
+        status = expect_failure(rc, &err, text, t0, 0, 5.0);
+    } else if (!strcmp(mode, "stop")) {
+        if (rank == 1) {
+            /* A helper wakes this rank after the others have timed out; it then just leaves. */
+            pid_t me = getpid();
+            if (fork() == 0) {
+                sleep(3);
+                kill(me, SIGCONT);
+                _exit(0);
+            }
+            raise(SIGSTOP);
+            status = 0;
+        } else {
+            t0 = cddp_now_s();
+            int rc = cddp_comm_allreduce(c, buf, buf, 64, CDDP_COMM_F32, CDDP_COMM_SUM, 1.0, &err);
+            status = expect_failure(rc, &err, "timed out waiting for rank 1", t0, 1.0, 2.0);
+        }
+    } else if (!strcmp(mode, "mismatch") && argc > 2) {
+        const char *kind = argv[2];
+        bool odd = rank == 1;
+        int64_t count = odd && !strcmp(kind, "count") ? 999 : 1000;
+        cddp_comm_op op = odd && !strcmp(kind, "op") ? CDDP_COMM_MAX : CDDP_COMM_SUM;
+        cddp_comm_dtype dt = odd && !strcmp(kind, "dtype") ? CDDP_COMM_I32 : CDDP_COMM_F32;
+        float *big = calloc(1000, sizeof(float));
+        /* A few good collectives first, so the mismatch is not at the start. */
+        for (int k = 0; k < 5; k++)
+            if (cddp_comm_allreduce(c, big, big, 1000, CDDP_COMM_F32, CDDP_COMM_SUM, 10, &err))
+                die("a good allreduce failed: %s%.0f", err.msg, 0);
+        t0 = cddp_now_s();
+        int rc;
+        if (!strcmp(kind, "root"))
+            rc = cddp_comm_broadcast(c, big, 1000, CDDP_COMM_F32, odd ? 1 : 0, 10, &err);
+        else if (!strcmp(kind, "kind") && odd)
+            rc = cddp_comm_broadcast(c, big, 1000, CDDP_COMM_F32, 0, 10, &err);
+        else
+            rc = cddp_comm_allreduce(c, big, big, count, dt, op, 10, &err);
+        status = expect_failure(rc, &err, "differs between ranks", t0, 0, 2.0);
+        if (status == 0 && !strstr(err.msg, "collective #6"))
+            die("no sequence number in '%s'%.0f", err.msg, 0);
+        /* The failure latches. */
+        if (cddp_comm_barrier(c, 1, &err) == CDDP_OK) die("the group still works%s%.0f", "", 0);
+        free(big);
+    } else if (!strcmp(mode, "deadline")) {
+        if (rank == 0) {
+            t0 = cddp_now_s();
+            int rc = cddp_comm_barrier(c, 0.5, &err);
+            status = expect_failure(rc, &err, "timed out", t0, 0.5, 1.0);
+        } else {
+            sleep(2);
+        }
+    } else {
+        die("unknown mode %s%.0f", mode, 0);
+    }
+    cddp_comm_destroy(c);
+    return status;
+}

@@ -1,0 +1,27 @@
+#!/bin/sh
+# comm_failure.sh BUILD_DIR MODE WORLD [ARG]: runs `comm_check MODE ARG` on WORLD ranks under
+# cddprun and checks that every rank expected to see the failure reported it correctly and in
+# time (each writes "ok: ..." to its log; see tests/comm/comm_check.c).
+set -u
+build=$1 mode=$2 world=$3 arg=${4:-}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+case "$mode" in
+kill | stop) want=$((world - 1)) ;; # every survivor
+mismatch) want=$world ;;            # every rank, the odd one included
+deadline) want=1 ;;                 # rank 0, alone in the barrier
+*) echo "unknown mode $mode"; exit 2 ;;
+esac
+OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$build/bin/cddprun" --standalone --nproc_per_node "$world" \
+    --grace_period 10 --logdir "$work/logs" "$build/bin/comm_check" "$mode" $arg > "$work/launcher" 2>&1
+got=$(cat "$work"/logs/rank.*/stdout | grep -c '^ok: ')
+if [ "$got" != "$want" ]; then
+    echo "FAIL: $got of $want ranks reported the failure correctly"
+    for f in "$work"/logs/rank.*/std*; do echo "--- $f"; cat "$f"; done
+    echo "--- launcher"; cat "$work/launcher"
+    exit 1
+fi
+cat "$work"/logs/rank.*/stdout
+left=$(ls /dev/shm | grep -c '^cddp-' || true)
+[ "$left" = 0 ] || { echo "FAIL: $left cddp segments left in /dev/shm"; exit 1; }
+echo "ok: $mode on $world ranks: $got ranks failed as expected; nothing left in /dev/shm"
