@@ -1,17 +1,20 @@
 #!/bin/sh
 # check_run.sh: runs a program and checks what it did, for ctest.
 #
-#   check_run.sh [--exit N] [--stdout TEXT] [--stderr TEXT] [--json-min KEY=MIN] -- PROGRAM ARGS
+#   check_run.sh [--exit N] [--stdout TEXT] [--stderr TEXT] [--stdout-not RE] [--json-min KEY=MIN]
+#                -- PROGRAM ARGS
 #
 # --exit: the exit status must be N. --stdout/--stderr: that stream must contain TEXT.
+# --stdout-not: no line of stdout may match the extended regular expression RE.
 # --json-min: the last line of stdout is JSON whose number KEY must be >= MIN.
 set -u
-want_exit="" ; want_out="" ; want_err="" ; json_min=""
+want_exit="" ; want_out="" ; want_err="" ; json_min="" ; not_out=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --exit) want_exit=$2; shift 2 ;;
     --stdout) want_out=$2; shift 2 ;;
     --stderr) want_err=$2; shift 2 ;;
+    --stdout-not) not_out=$2; shift 2 ;;
     --json-min) json_min=$2; shift 2 ;;
     --) shift; break ;;
     *) echo "check_run.sh: unknown option $1" >&2; exit 2 ;;
@@ -31,6 +34,9 @@ if [ -n "$want_out" ] && ! grep -qF -- "$want_out" "$out"; then
 fi
 if [ -n "$want_err" ] && ! grep -qF -- "$want_err" "$err"; then
     echo "FAIL: stderr lacks '$want_err'" >&2; fail=1
+fi
+if [ -n "$not_out" ] && grep -qE -- "$not_out" "$out"; then
+    echo "FAIL: stdout has a line matching '$not_out'" >&2; fail=1
 fi
 if [ -n "$json_min" ]; then
     key=${json_min%%=*} ; min=${json_min#*=}
