@@ -10,7 +10,7 @@
 set -eu
 
 build_pkgs="cmake make gcc pkg-config libopenblas-dev zlib1g-dev libcjson-dev"
-test_pkgs="$build_pkgs libcmocka-dev dataset-fashion-mnist python3-numpy"
+test_pkgs="$build_pkgs libcmocka-dev dataset-fashion-mnist python3-numpy libopenmpi-dev openmpi-bin"
 demo_pkgs="$build_pkgs dataset-fashion-mnist"
 bench_pkgs="$test_pkgs python3-torch"
 

@@ -6,6 +6,10 @@
  * torch.distributed's env:// does); the ranks meet there, find out which of them share a host,
  * and connect. comm knows nothing of tensors: it moves counts of a dtype.
  *
+ * Backends. Under mpirun or srun (when cddp is built with MPI), or with CDDP_BACKEND=mpi, the
+ * collectives are MPI's, with the same fingerprint checks (deadlines and dead peers are then
+ * MPI's business: mpirun ends the job when a rank dies). Otherwise:
+ *
  * Transports. Ranks on one host use a shared-memory segment; it is created by rank 0, mapped by
  * everyone, and unlinked as soon as every rank has mapped it, so no name is left in /dev/shm
  * whatever happens to the processes afterwards. (Groups that span hosts need the TCP transport,
@@ -70,6 +74,8 @@ CDDP_API int cddp_comm_rank(const cddp_comm *c);
 CDDP_API int cddp_comm_size(const cddp_comm *c);
 CDDP_API int cddp_comm_local_rank(const cddp_comm *c);
 CDDP_API int cddp_comm_local_size(const cddp_comm *c);
+/* "self" (one rank), "shm" or "mpi". */
+CDDP_API const char *cddp_comm_backend(const cddp_comm *c);
 /* The group's first error, or NULL while it is healthy. */
 CDDP_API const char *cddp_comm_error(const cddp_comm *c);
 

@@ -22,6 +22,7 @@
 
 #include "cddp/comm.h"
 #include "cddp/store.h"
+#include "comm/internal.h"
 #include "core/internal.h"
 
 #include <errno.h>
@@ -36,45 +37,6 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
-
-#define SEG_MAGIC 0x4344445053484d31ull /* "CDDPSHM1" */
-#define CTL_SIZE  256
-
-enum { K_ALLREDUCE, K_BROADCAST, K_ALLGATHER, K_BARRIER };
-
-typedef struct fingerprint {
-    uint64_t seq;
-    int32_t kind, op, dtype, root;
-    int64_t count;
-} fingerprint;
-
-typedef struct ctl {
-    _Atomic uint64_t arrive;
-    int32_t pid;
-    int32_t pad;
-    fingerprint fp[2]; /* by sequence parity: a peer is at most one collective ahead */
-} ctl;
-
-_Static_assert(sizeof(ctl) <= CTL_SIZE, "control block too large");
-
-typedef struct seg_header {
-    uint64_t magic;
-    int32_t world;
-    int32_t pad;
-    uint64_t chunk;
-} seg_header;
-
-struct cddp_comm {
-    int rank, world, local_rank, local_world;
-    double timeout;
-    cddp_error failed; /* latched */
-    uint64_t seq, step;
-    /* shared memory */
-    uint8_t *seg;
-    size_t seg_size, chunk;
-    float *acc; /* float32 accumulator for one slice */
-    uint8_t *tmp;
-};
 
 size_t cddp_comm_dtype_size(cddp_comm_dtype d) {
     switch (d) {
@@ -113,6 +75,10 @@ int cddp_comm_local_rank(const cddp_comm *c) {
 int cddp_comm_local_size(const cddp_comm *c) {
     return c->local_world;
 }
+const char *cddp_comm_backend(const cddp_comm *c) {
+    return c->backend == BACKEND_MPI ? "mpi" : c->backend == BACKEND_SHM ? "shm" : "self";
+}
+
 const char *cddp_comm_error(const cddp_comm *c) {
     return c->failed.code ? c->failed.msg : NULL;
 }
@@ -125,10 +91,7 @@ static uint8_t *slot_of(const cddp_comm *c, int r) {
     return c->seg + 4096 + (size_t)c->world * CTL_SIZE + (size_t)r * c->chunk;
 }
 
-/* Latches err as the group's failure; returns its code. */
-static int fail(cddp_comm *c, cddp_error *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(cddp_comm *c, cddp_error *err, int code, const char *fmt, ...) {
+int cddp__comm_fail(cddp_comm *c, cddp_error *err, int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     cddp__error_vset(&c->failed, code, fmt, ap);
@@ -167,16 +130,18 @@ static int sync_all(cddp_comm *c, double deadline, cddp_error *err) {
             next_check = now + 0.01;
             pid_t pid = ctl_of(c, r)->pid;
             if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)
-                return fail(c, err, CDDP_EIO,
-                            "rank %d (pid %d) died during collective #%" PRIu64
-                            "; the group is unusable (the launcher's report says why it died)",
-                            r, (int)pid, c->seq);
+                return cddp__comm_fail(
+                    c, err, CDDP_EIO,
+                    "rank %d (pid %d) died during collective #%" PRIu64
+                    "; the group is unusable (the launcher's report says why it died)",
+                    r, (int)pid, c->seq);
             if (deadline >= 0 && now > deadline)
-                return fail(c, err, CDDP_ETIMEDOUT,
-                            "collective #%" PRIu64 " timed out waiting for rank %d (is it "
-                            "stopped, stuck, or calling another collective?); raise "
-                            "CDDP_TIMEOUT_S or the call's timeout if it is only slow",
-                            c->seq, r);
+                return cddp__comm_fail(c, err, CDDP_ETIMEDOUT,
+                                       "collective #%" PRIu64
+                                       " timed out waiting for rank %d (is it "
+                                       "stopped, stuck, or calling another collective?); raise "
+                                       "CDDP_TIMEOUT_S or the call's timeout if it is only slow",
+                                       c->seq, r);
         }
     }
     return CDDP_OK;
@@ -218,21 +183,27 @@ static int begin(cddp_comm *c, int kind, int op, cddp_comm_dtype dtype, int64_t 
                               c->world - 1);
     c->seq++;
     *deadline = cddp_now_s() + (timeout_s >= 0 ? timeout_s : c->timeout);
-    if (c->world == 1) return CDDP_OK;
     fingerprint mine = {c->seq, kind, op, (int32_t)dtype, root, count};
+    if (c->backend == BACKEND_SELF) return CDDP_OK;
+    if (c->backend == BACKEND_MPI) return cddp__mpi_fingerprints(c, &mine, err);
     ctl_of(c, c->rank)->fp[c->seq & 1] = mine;
     CDDP_TRY(sync_all(c, *deadline, err));
+    return cddp__comm_check_fingerprints(c, &mine, &ctl_of(c, 0)->fp[c->seq & 1], CTL_SIZE, err);
+}
+
+int cddp__comm_check_fingerprints(cddp_comm *c, const fingerprint *mine, const fingerprint *fps,
+                                  size_t stride, cddp_error *err) {
     for (int r = 0; r < c->world; r++) {
-        const fingerprint *f = &ctl_of(c, r)->fp[c->seq & 1];
-        if (memcmp(f, &mine, sizeof mine) != 0) {
+        const fingerprint *f = (const fingerprint *)((const uint8_t *)fps + (size_t)r * stride);
+        if (memcmp(f, mine, sizeof *mine) != 0) {
             char a[128], b[128];
-            describe(&mine, a, sizeof a);
+            describe(mine, a, sizeof a);
             describe(f, b, sizeof b);
-            return fail(c, err, CDDP_ESHAPE,
-                        "collective #%" PRIu64 " differs between ranks: this rank (%d) called %s "
-                        "but rank %d called %s; did every rank call the same collectives in the "
-                        "same order with the same arguments?",
-                        c->seq, c->rank, a, r, b);
+            return cddp__comm_fail(c, err, CDDP_ESHAPE,
+                                   "collective #%" PRIu64 " differs between ranks: this rank (%d) "
+                                   "called %s but rank %d called %s; did every rank call the same "
+                                   "collectives in the same order with the same arguments?",
+                                   c->seq, c->rank, a, r, b);
         }
     }
     return CDDP_OK;
@@ -240,14 +211,14 @@ static int begin(cddp_comm *c, int kind, int op, cddp_comm_dtype dtype, int64_t 
 
 /* ---- reduction kernels ------------------------------------------------------------------- */
 
-static float bf16_to_f32(uint16_t h) {
+float cddp__bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 
-static uint16_t f32_to_bf16(float f) {
+uint16_t cddp__f32_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
@@ -255,13 +226,13 @@ static uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-static float f16_to_f32(uint16_t h) {
+float cddp__f16_to_f32(uint16_t h) {
     _Float16 x;
     memcpy(&x, &h, 2);
     return (float)x;
 }
 
-static uint16_t f32_to_f16(float f) {
+uint16_t cddp__f32_to_f16(float f) {
     _Float16 x = (_Float16)f;
     uint16_t h;
     memcpy(&h, &x, 2);
@@ -295,7 +266,7 @@ static void reduce_slice(cddp_comm *c, cddp_comm_dtype dt, cddp_comm_op op, int6
     size_t es = cddp_comm_dtype_size(dt);
     int W = c->world;
     if (dt == CDDP_COMM_BF16 || dt == CDDP_COMM_F16) {
-        float (*to)(uint16_t) = dt == CDDP_COMM_BF16 ? bf16_to_f32 : f16_to_f32;
+        float (*to)(uint16_t) = dt == CDDP_COMM_BF16 ? cddp__bf16_to_f32 : cddp__f16_to_f32;
         float *acc = c->acc, *tmp = (float *)c->tmp;
         for (int r = 0; r < W; r++) {
             const uint16_t *s = (const uint16_t *)(slot_of(c, r) + (size_t)lo * es);
@@ -305,7 +276,7 @@ static void reduce_slice(cddp_comm *c, cddp_comm_dtype dt, cddp_comm_op op, int6
         }
         if (op == CDDP_COMM_MEAN)
             for (int64_t i = 0; i < n; i++) acc[i] /= (float)W;
-        uint16_t (*from)(float) = dt == CDDP_COMM_BF16 ? f32_to_bf16 : f32_to_f16;
+        uint16_t (*from)(float) = dt == CDDP_COMM_BF16 ? cddp__f32_to_bf16 : cddp__f32_to_f16;
         for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = from(acc[i]);
         return;
     }
@@ -365,6 +336,7 @@ int cddp_comm_allreduce(cddp_comm *c, const void *send, void *recv, int64_t coun
         if (recv != send) memmove(recv, send, (size_t)count * es);
         return CDDP_OK;
     }
+    if (c->backend == BACKEND_MPI) return cddp__mpi_allreduce(c, send, recv, count, dt, op, err);
     int64_t per = (int64_t)(c->chunk / es);
     int W = c->world, me = c->rank;
     for (int64_t off = 0; off < count; off += per) {
@@ -389,6 +361,7 @@ int cddp_comm_broadcast(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype 
     double deadline;
     CDDP_TRY(begin(c, K_BROADCAST, 0, dt, count, root, &deadline, timeout_s, err));
     if (c->world == 1) return CDDP_OK;
+    if (c->backend == BACKEND_MPI) return cddp__mpi_broadcast(c, buf, count, dt, root, err);
     size_t es = cddp_comm_dtype_size(dt);
     int64_t per = (int64_t)(c->chunk / es);
     for (int64_t off = 0; off < count; off += per) {
@@ -411,6 +384,7 @@ int cddp_comm_allgather(cddp_comm *c, const void *send, void *recv, int64_t coun
         if (recv != send) memmove(recv, send, (size_t)count * es);
         return CDDP_OK;
     }
+    if (c->backend == BACKEND_MPI) return cddp__mpi_allgather(c, send, recv, count, dt, err);
     int64_t per = (int64_t)(c->chunk / es);
     for (int64_t off = 0; off < count; off += per) {
         int64_t n = CDDP_MIN(per, count - off);
@@ -533,6 +507,28 @@ cddp_comm *cddp_comm_create(const cddp_comm_options *opts, cddp_error *err) {
         cddp_error_set(err, CDDP_ENOMEM, "out of memory");
         return NULL;
     }
+    /* The backend: CDDP_BACKEND, or MPI automatically when mpirun/srun started us and MPI is
+     * built in. */
+    const char *want = cddp_knob_str(CDDP_KNOB_BACKEND);
+    bool under_mpi = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE");
+    if (strcmp(want, "auto") && strcmp(want, "shm") && strcmp(want, "mpi")) {
+        rc = cddp_error_set(err, CDDP_EINVAL, "CDDP_BACKEND=%s: expected auto, shm or mpi", want);
+        goto out;
+    }
+    if (!strcmp(want, "mpi") ||
+        (!strcmp(want, "auto") && under_mpi && cddp__mpi_available() && o.world_size <= 0)) {
+        if (!cddp__mpi_available()) {
+            rc = cddp_error_set(err, CDDP_EUNSUPPORTED,
+                                "CDDP_BACKEND=mpi, but this cddp was "
+                                "built without MPI (install libopenmpi-dev and rebuild)");
+            goto out;
+        }
+        c->backend = BACKEND_MPI;
+        c->timeout = o.timeout_s > 0 ? o.timeout_s : (double)cddp_knob_int(CDDP_KNOB_TIMEOUT_S);
+        rc = cddp__mpi_init(c, err);
+        if (rc == CDDP_OK) cddp_log_set_rank(c->rank);
+        goto out;
+    }
     if (o.world_size <= 0) {
         rc = cddp_env_rank_world(&o.rank, &o.world_size, err);
         if (rc == CDDP_EINVAL) goto out;
@@ -545,6 +541,7 @@ cddp_comm *cddp_comm_create(const cddp_comm_options *opts, cddp_error *err) {
     c->rank = o.rank;
     c->world = o.world_size;
     c->local_world = 1;
+    c->backend = o.world_size == 1 ? BACKEND_SELF : BACKEND_SHM;
     c->timeout = o.timeout_s > 0 ? o.timeout_s : (double)cddp_knob_int(CDDP_KNOB_TIMEOUT_S);
     cddp_log_set_rank(c->rank);
     if (c->world == 1) goto out;
@@ -621,6 +618,7 @@ out:
 
 void cddp_comm_destroy(cddp_comm *c) {
     if (!c) return;
+    if (c->backend == BACKEND_MPI) cddp__mpi_finalize(c);
     if (c->seg) munmap(c->seg, c->seg_size);
     cddp_aligned_free(c->acc);
     cddp_aligned_free(c->tmp);

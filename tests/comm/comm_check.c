@@ -168,7 +168,8 @@ static int matrix(cddp_comm *c) {
         if (k % 100 == 0 && cddp_comm_barrier(c, -1, &err)) die("barrier: %s%.0f", err.msg, 0);
     }
     checks++;
-    printf("ok: rank %d of %d: %d collective checks exact\n", rank, world, checks);
+    printf("ok: rank %d of %d (%s backend): %d collective checks exact\n", rank, world,
+           cddp_comm_backend(c), checks);
     free(in);
     free(out);
     return 0;
@@ -183,6 +184,7 @@ static int expect_failure(int rc, const cddp_error *err, const char *text, doubl
         die("the error '%s' lacks the expected text (%g s)", err->msg, took);
     if (took < min_s || took > max_s) die("the error came after %s%g s", "", took);
     printf("ok: rank %d failed as expected after %.2f s: %s\n", rank, took, err->msg);
+    fflush(stdout);
     return 0;
 }
 
