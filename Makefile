@@ -4,7 +4,8 @@
 #   make          build everything into build/ (programs in build/bin/)
 #   make test     build with -Wall -Wextra -Werror and run the whole suite (ctest)
 #   make demo     train on Fashion-MNIST
-#   make bench    cddp against PyTorch side by side (installs python3-torch); data; launch
+#   make bench    cddp side by side with PyTorch and Open MPI (installs python3-torch): training,
+#                 data, launching, allreduce
 #   make install  headers, libraries, pkg-config and CMake files under PREFIX (default /usr/local)
 
 BUILD ?= build
@@ -37,10 +38,11 @@ demo:
 bench:
 	@scripts/deps.sh bench
 	@$(CMAKE_CONFIGURE)
-	@cmake --build $(BUILD) -j $(JOBS) --target bench_mlp bench_data rdzv_barrier cddprun
+	@cmake --build $(BUILD) -j $(JOBS)
 	bench/mlp_vs_torch.sh $(BUILD)/bin/bench_mlp
 	$(BUILD)/bin/bench_data
 	bench/launch_bench.sh $(BUILD)
+	bench/compare_allreduce.sh $(BUILD) 2
 
 install: build
 	cmake --install $(BUILD)

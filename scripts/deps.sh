@@ -12,7 +12,7 @@ set -eu
 build_pkgs="cmake make gcc pkg-config libopenblas-dev zlib1g-dev libcjson-dev"
 test_pkgs="$build_pkgs libcmocka-dev dataset-fashion-mnist python3-numpy libopenmpi-dev openmpi-bin"
 demo_pkgs="$build_pkgs dataset-fashion-mnist"
-bench_pkgs="$test_pkgs python3-torch"
+bench_pkgs="$test_pkgs python3-torch"  # test_pkgs brings Open MPI
 
 case "${1:-}" in
 build) want=$build_pkgs ;;

@@ -6,9 +6,9 @@
  *
  * The segment holds, per rank, a control block (an arrival counter, the pid, fingerprints) and a
  * staging slot of CDDP_SHM_CHUNK_KB. Synchronisation is a counter barrier: a rank bumps its
- * counter to the next step and waits until every counter reached it. Waiting spins briefly,
- * then yields, then sleeps in short naps, so that eight ranks on two cores still make progress;
- * every few milliseconds it checks the deadline and whether the peers' processes still exist.
+ * counter to the next step and waits until every counter reached it. Waiting spins for 20 us,
+ * then yields until 2 ms, then naps, so that eight ranks on two cores still make progress;
+ * every 10 ms it checks the deadline and whether the peers' processes still exist.
  *
  * Allreduce, per chunk of the message (bandwidth: each rank reads (n-1)/n of every other rank's
  * chunk once and writes its slice once, the 2(n-1)/n of a ring, with no ring latency):
@@ -108,38 +108,44 @@ static void relax(void) {
 #endif
 }
 
-/* Every rank arrives at the next step, or the group fails (deadline, dead peer). */
+/* Every rank arrives at the next step, or the group fails (deadline, dead peer).
+ *
+ * Waiting has three regimes, by time since the wait began: spin (the peer is about to arrive:
+ * the latency path), yield (the peer is running but behind; with more ranks than cores this
+ * hands it the core), nap (the peer is stopped or far behind: do not burn a core). A nap costs
+ * tens of microseconds on a loaded machine, so it is only for waits that are long anyway. */
 static int sync_all(cddp_comm *c, double deadline, cddp_error *err) {
     uint64_t step = ++c->step;
     atomic_store_explicit(&ctl_of(c, c->rank)->arrive, step, memory_order_release);
-    double next_check = 0;
+    double start = 0, next_check = 0;
     for (int r = 0; r < c->world; r++) {
         _Atomic uint64_t *a = &ctl_of(c, r)->arrive;
-        for (long spins = 0; atomic_load_explicit(a, memory_order_acquire) < step; spins++) {
-            if (spins < 2000) {
-                relax();
-                continue;
-            }
-            if (spins < 2200) {
-                sched_yield();
-                continue;
-            }
-            nanosleep(&(struct timespec){0, 20000}, NULL);
+        for (unsigned spins = 0; atomic_load_explicit(a, memory_order_acquire) < step; spins++) {
+            relax();
+            if (spins % 64) continue;
             double now = cddp_now_s();
+            if (start == 0) start = now;
+            if (now - start < 20e-6) continue;
+            if (now - start < 2e-3)
+                sched_yield();
+            else
+                nanosleep(&(struct timespec){0, 50000}, NULL);
             if (now < next_check) continue;
             next_check = now + 0.01;
+            /* A peer may arrive, finish and exit between the load above and this check; its
+             * arrival is written before it exits, so it is dead only if it has not arrived. */
             pid_t pid = ctl_of(c, r)->pid;
-            if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)
-                return cddp__comm_fail(
-                    c, err, CDDP_EIO,
-                    "rank %d (pid %d) died during collective #%" PRIu64
-                    "; the group is unusable (the launcher's report says why it died)",
-                    r, (int)pid, c->seq);
+            if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH &&
+                atomic_load_explicit(a, memory_order_acquire) < step)
+                return cddp__comm_fail(c, err, CDDP_EIO,
+                                       "rank %d (pid %d) died during collective #%" PRIu64
+                                       "; the group is unusable (the launcher's report says why "
+                                       "it died)",
+                                       r, (int)pid, c->seq);
             if (deadline >= 0 && now > deadline)
                 return cddp__comm_fail(c, err, CDDP_ETIMEDOUT,
-                                       "collective #%" PRIu64
-                                       " timed out waiting for rank %d (is it "
-                                       "stopped, stuck, or calling another collective?); raise "
+                                       "collective #%" PRIu64 " timed out waiting for rank %d (is "
+                                       "it stopped, stuck, or calling another collective?); raise "
                                        "CDDP_TIMEOUT_S or the call's timeout if it is only slow",
                                        c->seq, r);
         }
