@@ -117,12 +117,14 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
     X(LOG_LEVEL, STR, "warn", "Log threshold: error, warn, info or debug.")                        \
     X(ARENA_MB, INT, "4096", "Most memory, in MiB, that one step's arena may grow to.")            \
     X(DATA, STR, "/usr/share/datasets/fashion-mnist",                                              \
-      "Folder with the (Fashion-)MNIST IDX files (Debian's dataset-fashion-mnist).")              \
+      "Folder with the (Fashion-)MNIST IDX files (Debian's dataset-fashion-mnist).")               \
     X(RDZV_TIMEOUT_S, INT, "300",                                                                  \
-      "Seconds that rendezvous may take: store connections and waits, nodes arriving.")          \
-    X(TIMEOUT_S, INT, "300", "Default deadline, in seconds, of every collective.")                \
-    X(SHM_CHUNK_KB, INT, "1024", "Per-rank shared-memory staging buffer, in KiB (the pipeline chunk).") \
-    X(BACKEND, STR, "auto", "Collectives backend: auto (MPI under mpirun/srun when built in, else shm), shm or mpi.")
+      "Seconds that rendezvous may take: store connections and waits, nodes arriving.")            \
+    X(TIMEOUT_S, INT, "300", "Default deadline, in seconds, of every collective.")                 \
+    X(SHM_CHUNK_KB, INT, "1024",                                                                   \
+      "Per-rank shared-memory staging buffer, in KiB (the pipeline chunk).")                       \
+    X(BACKEND, STR, "auto",                                                                        \
+      "Collectives backend: auto (MPI under mpirun/srun when built in, else shm), shm or mpi.")
 
 typedef enum cddp_knob {
 #define CDDP__KNOB_ENUM(id, type, def, doc) CDDP_KNOB_##id,
