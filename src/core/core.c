@@ -251,3 +251,11 @@ double cddp_now_s(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+const char *cddp__shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
+    int k = snprintf(buf, n, "(");
+    for (int i = 0; i < ndim && k < (int)n; i++)
+        k += snprintf(buf + k, n - (size_t)k, i ? ",%lld" : "%lld", (long long)shape[i]);
+    if (k < (int)n) snprintf(buf + k, n - (size_t)k, ")");
+    return buf;
+}

@@ -24,6 +24,9 @@
 #define CDDP_MIN(a, b)    ((a) < (b) ? (a) : (b))
 #define CDDP_MAX(a, b)    ((a) > (b) ? (a) : (b))
 
+/* Writes a shape as "(2,3,4)" into buf (n bytes, always terminated) and returns buf. */
+const char *cddp__shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
+
 /* vsnprintf into err after an optional prefix; used by cddp_error_set and friends. */
 int cddp__error_vset(cddp_error *err, int code, const char *fmt, va_list ap);
 

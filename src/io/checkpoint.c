@@ -90,14 +90,6 @@ static void report(char *buf, size_t cap, int *count, const char *fmt, ...) {
     }
 }
 
-static const char *shape_text(int ndim, const int64_t *shape, char *buf, size_t n) {
-    int k = snprintf(buf, n, "(");
-    for (int i = 0; i < ndim && k < (int)n; i++)
-        k += snprintf(buf + k, n - (size_t)k, i ? ",%" PRId64 : "%" PRId64, shape[i]);
-    if (k < (int)n) snprintf(buf + k, n - (size_t)k, ")");
-    return buf;
-}
-
 /* Checks one file tensor against a parameter's dtype and shape. */
 static void compare(const cddp_st_tensor *t, const cddp_tensor *p, const char *name, char *buf,
                     size_t cap, int *count) {
@@ -110,8 +102,8 @@ static void compare(const cddp_st_tensor *t, const cddp_tensor *p, const char *n
     } else if (t->ndim != p->ndim ||
                memcmp(t->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim)) {
         report(buf, cap, count, "'%s' has shape %s in the file but %s in the model", name,
-               shape_text(t->ndim, t->shape, a, sizeof a),
-               shape_text(p->ndim, p->shape, b, sizeof b));
+               cddp__shape_str(t->ndim, t->shape, a, sizeof a),
+               cddp__shape_str(p->ndim, p->shape, b, sizeof b));
     }
 }
 

@@ -12,15 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *shape_str(const cddp_tensor *t, char *buf, size_t n) {
-    int k = snprintf(buf, n, "(");
-    for (int i = 0; i < t->ndim && k < (int)n; i++)
-        k += snprintf(buf + k, n - (size_t)k, i ? ",%lld" : "%lld", (long long)t->shape[i]);
-    if (k < (int)n) snprintf(buf + k, n - (size_t)k, ")");
-    return buf;
-}
-
-#define SHAPE(t) shape_str((t), (char[64]){0}, 64)
+#define SHAPE(t) cddp__shape_str((t)->ndim, (t)->shape, (char[64]){0}, 64)
 
 static void need_f32(const char *op, const cddp_tensor *t) {
     CDDP_CHECK(t->dtype == CDDP_F32, "%s needs float32 input, got %s", op,
