@@ -920,9 +920,10 @@ int main(int argc, char **argv) {
             double until = cddp_now_s() + (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
             while (!got_signal && cddp_now_s() < until &&
                    cddp_store_wait(j.store, &ks, 1, 0.2, &err) == CDDP_ETIMEDOUT) {
-                if (status == 0 && remote_failure(&j, key, sizeof key)) {
+                char why[CDDP_ERROR_MSG_MAX];
+                if (status == 0 && remote_failure(&j, why, sizeof why)) {
                     fprintf(stderr, "cddprun: another node failed after this one finished: %s\n",
-                            key);
+                            why);
                     status = 1;
                 }
             }
