@@ -3,8 +3,8 @@
  *   bench_mlp [--batch-size 32] [--lr 0.01] [--epochs 1] [--threads 1] [--data DIR]
  *
  * The setting of bench/mlp_torch.py, so that bench/mlp_vs_torch.sh can compare the two in one
- * run: the training set normalised once up front, a seeded shuffle, plain SGD, and the clock
- * around the training loop only (batch gathering included). Prints one JSON line.
+ * run: the training set normalised once up front, a seeded shuffle (the sampler's), plain SGD, and
+ * the clock around the training loop only (batch gathering included). Prints one JSON line.
  */
 #include "common.h"
 
@@ -72,17 +72,17 @@ int main(int argc, char **argv) {
     cddp_model *m = bench_mlp_model(false);
     cddp_optim *opt = cddp_optim_sgd(m, &(cddp_sgd_options){.lr = lr}, &err);
     cddp_ctx *ctx = cddp_ctx_create(NULL);
-    cddp_rng rng;
-    cddp_rng_seed(&rng, 0);
+    /* The library's shuffle: a one-replica DistributedSampler, a new order every epoch. */
+    cddp_sampler_options so = {.num_replicas = 1, .rank = 0, .shuffle = true};
+    cddp_sampler *sampler = cddp_sampler_create(n, &so, &err);
+    if (!sampler) {
+        fprintf(stderr, "bench_mlp: %s\n", err.msg);
+        return 1;
+    }
     double train_s = 0, loss = 0;
     int64_t samples = 0;
     for (int e = 0; e < epochs; e++) {
-        for (int64_t i = 0; i < n; i++) order[i] = i;
-        for (int64_t i = n - 1; i > 0; i--) {
-            int64_t j = (int64_t)cddp_rng_below(&rng, (uint64_t)i + 1), t = order[i];
-            order[i] = order[j];
-            order[j] = t;
-        }
+        cddp_sampler_indices(sampler, e, order);
         double t0 = cddp_now_s();
         for (int64_t first = 0; first < n; first += batch) {
             int64_t b = n - first < batch ? n - first : batch;
@@ -109,6 +109,7 @@ int main(int argc, char **argv) {
     printf("{\"impl\": \"cddp\", \"batch\": %d, \"threads\": %d, \"samples\": %lld, "
            "\"train_s\": %.3f, \"samples_per_s\": %.1f, \"final_loss\": %.4f}\n",
            batch, threads, (long long)samples, train_s, (double)samples / train_s, loss);
+    cddp_sampler_destroy(sampler);
     cddp_ctx_destroy(ctx);
     cddp_optim_destroy(opt);
     cddp_model_destroy(m);
