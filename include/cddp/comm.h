@@ -15,6 +15,13 @@
  * whatever happens to the processes afterwards. (Groups that span hosts need the TCP transport,
  * which is not built yet: creating one fails with CDDP_EUNSUPPORTED.)
  *
+ * Async work. Every collective also has an _async form that queues it on the group's
+ * communication thread (started on first use) and returns a handle at once; queued work runs in
+ * issue order, and a blocking call first waits for the queue to drain, so the order in which a
+ * rank issues collectives is the order in which they run. Wait on each handle exactly once
+ * (cddp_comm_wait frees it); cddp_comm_test says whether it finished. A waiting thread sleeps
+ * on a condition variable: it does not take the CPU from the ranks that are computing.
+ *
  * Safety. Every collective has a deadline (CDDP_TIMEOUT_S, or the per-call timeout). While it
  * waits, a rank checks that its peers are alive: a dead peer fails the collective within a second
  * with an error naming the rank. Each collective carries a fingerprint (sequence number, kind, op,
@@ -90,7 +97,57 @@ CDDP_API int cddp_comm_broadcast(cddp_comm *c, void *buf, int64_t count, cddp_co
 /* Each rank's count elements, in rank order, into recv (world_size * count). */
 CDDP_API int cddp_comm_allgather(cddp_comm *c, const void *send, void *recv, int64_t count,
                                  cddp_comm_dtype dtype, double timeout_s, cddp_error *err);
+/* Reduces world_size * count elements of every rank's send, then rank r receives elements
+ * [r * count, (r + 1) * count) of the result in recv (count elements). recv may not overlap send
+ * except at send + rank * count (in place). */
+CDDP_API int cddp_comm_reduce_scatter(cddp_comm *c, const void *send, void *recv, int64_t count,
+                                      cddp_comm_dtype dtype, cddp_comm_op op, double timeout_s,
+                                      cddp_error *err);
+/* Each rank's count elements, in rank order, into root's recv (world_size * count); recv is
+ * ignored on the other ranks (may be NULL). */
+CDDP_API int cddp_comm_gather(cddp_comm *c, const void *send, void *recv, int64_t count,
+                              cddp_comm_dtype dtype, int root, double timeout_s, cddp_error *err);
+/* root's send (world_size * count elements) in rank-sized parts: part r into rank r's recv
+ * (count elements); send is ignored on the other ranks (may be NULL). */
+CDDP_API int cddp_comm_scatter(cddp_comm *c, const void *send, void *recv, int64_t count,
+                               cddp_comm_dtype dtype, int root, double timeout_s, cddp_error *err);
 CDDP_API int cddp_comm_barrier(cddp_comm *c, double timeout_s, cddp_error *err);
+
+/* ---- async work ------------------------------------------------------------------------- */
+
+typedef struct cddp_comm_work cddp_comm_work;
+
+/* Queue the collective; NULL with err set when it cannot be queued (bad arguments, the group
+ * already failed). The buffers must stay valid and untouched until the work is waited on. The
+ * deadline (timeout_s, or the group's) counts from when the work starts running. */
+CDDP_API cddp_comm_work *cddp_comm_allreduce_async(cddp_comm *c, const void *send, void *recv,
+                                                   int64_t count, cddp_comm_dtype dtype,
+                                                   cddp_comm_op op, double timeout_s,
+                                                   cddp_error *err);
+CDDP_API cddp_comm_work *cddp_comm_broadcast_async(cddp_comm *c, void *buf, int64_t count,
+                                                   cddp_comm_dtype dtype, int root,
+                                                   double timeout_s, cddp_error *err);
+CDDP_API cddp_comm_work *cddp_comm_allgather_async(cddp_comm *c, const void *send, void *recv,
+                                                   int64_t count, cddp_comm_dtype dtype,
+                                                   double timeout_s, cddp_error *err);
+CDDP_API cddp_comm_work *cddp_comm_reduce_scatter_async(cddp_comm *c, const void *send, void *recv,
+                                                        int64_t count, cddp_comm_dtype dtype,
+                                                        cddp_comm_op op, double timeout_s,
+                                                        cddp_error *err);
+CDDP_API cddp_comm_work *cddp_comm_barrier_async(cddp_comm *c, double timeout_s, cddp_error *err);
+
+/* Waits until w finished, returns its status (err filled on failure) and frees w. timeout_s < 0
+ * waits as long as the work's own deadline allows; a timeout_s that passes first aborts the group
+ * (the work can no longer be trusted to finish) and returns CDDP_ETIMEDOUT. */
+CDDP_API int cddp_comm_wait(cddp_comm_work *w, double timeout_s, cddp_error *err);
+/* true once w finished (successfully or not); w stays valid until waited on. */
+CDDP_API bool cddp_comm_test(cddp_comm_work *w);
+
+/* Fails the group from any thread: the collective running now, queued work and every later
+ * call fail with reason, here and on every peer of the shared-memory transport (which fail with
+ * "rank R aborted the group: reason"). On the MPI backend a running MPI call cannot be
+ * interrupted, so abort calls MPI_Abort, which ends the job. */
+CDDP_API void cddp_comm_abort(cddp_comm *c, const char *reason);
 
 #ifdef __cplusplus
 }

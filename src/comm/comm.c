@@ -108,6 +108,23 @@ static void relax(void) {
 #endif
 }
 
+/* Latches an abort of this group, local (cddp_comm_abort on this rank) or by a peer. */
+static int check_abort(cddp_comm *c, cddp_error *err) {
+    if (atomic_load_explicit(&c->aborted, memory_order_acquire)) {
+        char why[sizeof c->abort_reason];
+        pthread_mutex_lock(&c->mu);
+        memcpy(why, c->abort_reason, sizeof why);
+        pthread_mutex_unlock(&c->mu);
+        return cddp__comm_fail(c, err, CDDP_EIO, "the group was aborted on this rank: %s", why);
+    }
+    if (!c->seg) return CDDP_OK;
+    int who = atomic_load_explicit(&((seg_header *)c->seg)->abort_rank, memory_order_acquire) - 1;
+    if (who >= 0)
+        return cddp__comm_fail(c, err, CDDP_EIO, "rank %d aborted the group: %.127s", who,
+                               ctl_of(c, who)->abort_reason);
+    return CDDP_OK;
+}
+
 /* Every rank arrives at the next step, or the group fails (deadline, dead peer).
  *
  * Waiting has three regimes, by time since the wait began: spin (the peer is about to arrive:
@@ -123,6 +140,7 @@ static int sync_all(cddp_comm *c, double deadline, cddp_error *err) {
         for (unsigned spins = 0; atomic_load_explicit(a, memory_order_acquire) < step; spins++) {
             relax();
             if (spins % 64) continue;
+            CDDP_TRY(check_abort(c, err));
             double now = cddp_now_s();
             if (start == 0) start = now;
             if (now - start < 20e-6) continue;
@@ -136,12 +154,14 @@ static int sync_all(cddp_comm *c, double deadline, cddp_error *err) {
              * arrival is written before it exits, so it is dead only if it has not arrived. */
             pid_t pid = ctl_of(c, r)->pid;
             if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH &&
-                atomic_load_explicit(a, memory_order_acquire) < step)
+                atomic_load_explicit(a, memory_order_acquire) < step) {
+                CDDP_TRY(check_abort(c, err)); /* it may have aborted the group, then exited */
                 return cddp__comm_fail(c, err, CDDP_EIO,
                                        "rank %d (pid %d) died during collective #%" PRIu64
                                        "; the group is unusable (the launcher's report says why "
                                        "it died)",
                                        r, (int)pid, c->seq);
+            }
             if (deadline >= 0 && now > deadline)
                 return cddp__comm_fail(c, err, CDDP_ETIMEDOUT,
                                        "collective #%" PRIu64 " timed out waiting for rank %d (is "
@@ -169,27 +189,45 @@ static void describe(const fingerprint *f, char *out, size_t n) {
         snprintf(out, n, "allgather(%s, count %" PRId64 ")", cddp_comm_dtype_name(f->dtype),
                  f->count);
         break;
+    case K_REDUCE_SCATTER:
+        snprintf(out, n, "reduce_scatter(%s, %s, count %" PRId64 ")", cddp_comm_op_name(f->op),
+                 cddp_comm_dtype_name(f->dtype), f->count);
+        break;
+    case K_GATHER:
+    case K_SCATTER:
+        snprintf(out, n, "%s(%s, count %" PRId64 ", root %d)",
+                 f->kind == K_GATHER ? "gather" : "scatter", cddp_comm_dtype_name(f->dtype),
+                 f->count, f->root);
+        break;
     default:
         snprintf(out, n, "barrier()");
         break;
     }
 }
 
+int cddp__comm_check(const cddp_comm *c, const coll *a, cddp_error *err) {
+    if ((unsigned)a->dtype > CDDP_COMM_F16 || (unsigned)a->op > CDDP_COMM_PRODUCT)
+        return cddp_error_set(err, CDDP_EINVAL, "unknown dtype %d or op %d", (int)a->dtype,
+                              (int)a->op);
+    if (a->count < 0) return cddp_error_set(err, CDDP_EINVAL, "count %" PRId64 " < 0", a->count);
+    if (a->root < 0 || a->root >= c->world)
+        return cddp_error_set(err, CDDP_EINVAL, "root %d is not a rank of this group (0..%d)",
+                              a->root, c->world - 1);
+    return CDDP_OK;
+}
+
 /* Starts a collective: checks the group, publishes the fingerprint, meets everyone, and checks
  * that every rank called the same thing. */
-static int begin(cddp_comm *c, int kind, int op, cddp_comm_dtype dtype, int64_t count, int root,
-                 double *deadline, double timeout_s, cddp_error *err) {
+static int begin(cddp_comm *c, const coll *a, double *deadline, cddp_error *err) {
     if (c->failed.code) {
         if (err) *err = c->failed;
         return c->failed.code;
     }
-    if (count < 0) return cddp_error_set(err, CDDP_EINVAL, "count %" PRId64 " < 0", count);
-    if (root < 0 || root >= c->world)
-        return cddp_error_set(err, CDDP_EINVAL, "root %d is not a rank of this group (0..%d)", root,
-                              c->world - 1);
+    CDDP_TRY(cddp__comm_check(c, a, err));
+    CDDP_TRY(check_abort(c, err));
     c->seq++;
-    *deadline = cddp_now_s() + (timeout_s >= 0 ? timeout_s : c->timeout);
-    fingerprint mine = {c->seq, kind, op, (int32_t)dtype, root, count};
+    *deadline = cddp_now_s() + (a->timeout_s >= 0 ? a->timeout_s : c->timeout);
+    fingerprint mine = {c->seq, a->kind, a->op, (int32_t)a->dtype, a->root, a->count};
     if (c->backend == BACKEND_SELF) return CDDP_OK;
     if (c->backend == BACKEND_MPI) return cddp__mpi_fingerprints(c, &mine, err);
     ctl_of(c, c->rank)->fp[c->seq & 1] = mine;
@@ -328,33 +366,27 @@ static void reduce_slice(cddp_comm *c, cddp_comm_dtype dt, cddp_comm_op op, int6
     memcpy(dst, acc, (size_t)n * es);
 }
 
-/* ---- collectives ------------------------------------------------------------------------- */
+/* ---- collectives on the shared-memory segment --------------------------------------------- */
 
-int cddp_comm_allreduce(cddp_comm *c, const void *send, void *recv, int64_t count,
-                        cddp_comm_dtype dt, cddp_comm_op op, double timeout_s, cddp_error *err) {
-    double deadline;
-    if ((unsigned)dt > CDDP_COMM_F16 || (unsigned)op > CDDP_COMM_PRODUCT)
-        return cddp_error_set(err, CDDP_EINVAL, "allreduce: unknown dtype %d or op %d", (int)dt,
-                              (int)op);
-    CDDP_TRY(begin(c, K_ALLREDUCE, op, dt, count, 0, &deadline, timeout_s, err));
-    size_t es = cddp_comm_dtype_size(dt);
-    if (c->world == 1) { /* every op of one value is that value */
-        if (recv != send) memmove(recv, send, (size_t)count * es);
-        return CDDP_OK;
-    }
-    if (c->backend == BACKEND_MPI) return cddp__mpi_allreduce(c, send, recv, count, dt, op, err);
-    int64_t per = (int64_t)(c->chunk / es);
+/* Elements per slot for one round; every slot holds at least world * 8 bytes. */
+static int64_t per_round(const cddp_comm *c, size_t es, int parts) {
+    return CDDP_MAX((int64_t)(c->chunk / es) / parts, 1);
+}
+
+static int shm_allreduce(cddp_comm *c, const coll *a, double deadline, cddp_error *err) {
+    size_t es = cddp_comm_dtype_size(a->dtype);
+    int64_t per = per_round(c, es, 1);
     int W = c->world, me = c->rank;
-    for (int64_t off = 0; off < count; off += per) {
-        int64_t n = CDDP_MIN(per, count - off);
-        memcpy(slot_of(c, me), (const uint8_t *)send + (size_t)off * es, (size_t)n * es);
+    for (int64_t off = 0; off < a->count; off += per) {
+        int64_t n = CDDP_MIN(per, a->count - off);
+        memcpy(slot_of(c, me), (const uint8_t *)a->send + (size_t)off * es, (size_t)n * es);
         CDDP_TRY(sync_all(c, deadline, err));
         int64_t lo = n * me / W, hi = n * (me + 1) / W;
-        reduce_slice(c, dt, op, lo, hi - lo, slot_of(c, me) + (size_t)lo * es);
+        reduce_slice(c, a->dtype, a->op, lo, hi - lo, slot_of(c, me) + (size_t)lo * es);
         CDDP_TRY(sync_all(c, deadline, err));
         for (int q = 0; q < W; q++) {
             int64_t qlo = n * q / W, qhi = n * (q + 1) / W;
-            memcpy((uint8_t *)recv + (size_t)(off + qlo) * es, slot_of(c, q) + (size_t)qlo * es,
+            memcpy((uint8_t *)a->recv + (size_t)(off + qlo) * es, slot_of(c, q) + (size_t)qlo * es,
                    (size_t)(qhi - qlo) * es);
         }
         CDDP_TRY(sync_all(c, deadline, err));
@@ -362,50 +394,210 @@ int cddp_comm_allreduce(cddp_comm *c, const void *send, void *recv, int64_t coun
     return CDDP_OK;
 }
 
-int cddp_comm_broadcast(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dt, int root,
-                        double timeout_s, cddp_error *err) {
-    double deadline;
-    CDDP_TRY(begin(c, K_BROADCAST, 0, dt, count, root, &deadline, timeout_s, err));
-    if (c->world == 1) return CDDP_OK;
-    if (c->backend == BACKEND_MPI) return cddp__mpi_broadcast(c, buf, count, dt, root, err);
-    size_t es = cddp_comm_dtype_size(dt);
-    int64_t per = (int64_t)(c->chunk / es);
-    for (int64_t off = 0; off < count; off += per) {
-        int64_t n = CDDP_MIN(per, count - off);
-        uint8_t *p = (uint8_t *)buf + (size_t)off * es;
-        if (c->rank == root) memcpy(slot_of(c, root), p, (size_t)n * es);
+/* Per round, every rank stages n elements of each of the world's blocks (block q at q * n in
+ * its slot); rank r reduces region r over all slots straight into its recv. */
+static int shm_reduce_scatter(cddp_comm *c, const coll *a, double deadline, cddp_error *err) {
+    size_t es = cddp_comm_dtype_size(a->dtype);
+    int W = c->world, me = c->rank;
+    int64_t per = per_round(c, es, W);
+    for (int64_t off = 0; off < a->count; off += per) {
+        int64_t n = CDDP_MIN(per, a->count - off);
+        for (int q = 0; q < W; q++)
+            memcpy(slot_of(c, me) + (size_t)(q * n) * es,
+                   (const uint8_t *)a->send + (size_t)(q * a->count + off) * es, (size_t)n * es);
         CDDP_TRY(sync_all(c, deadline, err));
-        if (c->rank != root) memcpy(p, slot_of(c, root), (size_t)n * es);
+        reduce_slice(c, a->dtype, a->op, me * n, n, (uint8_t *)a->recv + (size_t)off * es);
         CDDP_TRY(sync_all(c, deadline, err));
     }
     return CDDP_OK;
+}
+
+static int shm_broadcast(cddp_comm *c, const coll *a, double deadline, cddp_error *err) {
+    size_t es = cddp_comm_dtype_size(a->dtype);
+    int64_t per = per_round(c, es, 1);
+    for (int64_t off = 0; off < a->count; off += per) {
+        int64_t n = CDDP_MIN(per, a->count - off);
+        uint8_t *p = (uint8_t *)a->recv + (size_t)off * es;
+        if (c->rank == a->root) memcpy(slot_of(c, a->root), p, (size_t)n * es);
+        CDDP_TRY(sync_all(c, deadline, err));
+        if (c->rank != a->root) memcpy(p, slot_of(c, a->root), (size_t)n * es);
+        CDDP_TRY(sync_all(c, deadline, err));
+    }
+    return CDDP_OK;
+}
+
+/* allgather (root -1: everyone receives) and gather (only root receives). */
+static int shm_gather(cddp_comm *c, const coll *a, int root, double deadline, cddp_error *err) {
+    size_t es = cddp_comm_dtype_size(a->dtype);
+    int64_t per = per_round(c, es, 1);
+    for (int64_t off = 0; off < a->count; off += per) {
+        int64_t n = CDDP_MIN(per, a->count - off);
+        memcpy(slot_of(c, c->rank), (const uint8_t *)a->send + (size_t)off * es, (size_t)n * es);
+        CDDP_TRY(sync_all(c, deadline, err));
+        if (root < 0 || root == c->rank)
+            for (int q = 0; q < c->world; q++)
+                memcpy((uint8_t *)a->recv + (size_t)(q * a->count + off) * es, slot_of(c, q),
+                       (size_t)n * es);
+        CDDP_TRY(sync_all(c, deadline, err));
+    }
+    return CDDP_OK;
+}
+
+/* root stages n elements of every rank's part (part q at q * n in its slot). */
+static int shm_scatter(cddp_comm *c, const coll *a, double deadline, cddp_error *err) {
+    size_t es = cddp_comm_dtype_size(a->dtype);
+    int W = c->world;
+    int64_t per = per_round(c, es, W);
+    for (int64_t off = 0; off < a->count; off += per) {
+        int64_t n = CDDP_MIN(per, a->count - off);
+        if (c->rank == a->root)
+            for (int q = 0; q < W; q++)
+                memcpy(slot_of(c, a->root) + (size_t)(q * n) * es,
+                       (const uint8_t *)a->send + (size_t)(q * a->count + off) * es,
+                       (size_t)n * es);
+        CDDP_TRY(sync_all(c, deadline, err));
+        memcpy((uint8_t *)a->recv + (size_t)off * es,
+               slot_of(c, a->root) + (size_t)(c->rank * n) * es, (size_t)n * es);
+        CDDP_TRY(sync_all(c, deadline, err));
+    }
+    return CDDP_OK;
+}
+
+/* One rank: every collective is a copy of its own part (the mean of one value is the value). */
+static void self_execute(const coll *a) {
+    size_t bytes = (size_t)a->count * cddp_comm_dtype_size(a->dtype);
+    if (a->kind != K_BROADCAST && a->kind != K_BARRIER && a->recv != a->send)
+        memmove(a->recv, a->send, bytes);
+}
+
+int cddp__comm_execute(cddp_comm *c, const coll *a, cddp_error *err) {
+    double deadline = 0;
+    CDDP_TRY(begin(c, a, &deadline, err));
+    if (a->kind == K_BARRIER) return CDDP_OK;
+    if (c->backend == BACKEND_SELF) {
+        self_execute(a);
+        return CDDP_OK;
+    }
+    if (c->backend == BACKEND_MPI) switch (a->kind) {
+        case K_ALLREDUCE:
+            return cddp__mpi_allreduce(c, a->send, a->recv, a->count, a->dtype, a->op, err);
+        case K_BROADCAST:
+            return cddp__mpi_broadcast(c, a->recv, a->count, a->dtype, a->root, err);
+        case K_ALLGATHER:
+            return cddp__mpi_allgather(c, a->send, a->recv, a->count, a->dtype, err);
+        case K_REDUCE_SCATTER:
+            return cddp__mpi_reduce_scatter(c, a->send, a->recv, a->count, a->dtype, a->op, err);
+        case K_GATHER:
+            return cddp__mpi_gather(c, a->send, a->recv, a->count, a->dtype, a->root, err);
+        default:
+            return cddp__mpi_scatter(c, a->send, a->recv, a->count, a->dtype, a->root, err);
+        }
+    switch (a->kind) {
+    case K_ALLREDUCE:
+        return shm_allreduce(c, a, deadline, err);
+    case K_BROADCAST:
+        return shm_broadcast(c, a, deadline, err);
+    case K_ALLGATHER:
+        return shm_gather(c, a, -1, deadline, err);
+    case K_REDUCE_SCATTER:
+        return shm_reduce_scatter(c, a, deadline, err);
+    case K_GATHER:
+        return shm_gather(c, a, a->root, deadline, err);
+    default:
+        return shm_scatter(c, a, deadline, err);
+    }
+}
+
+/* ---- the public calls: blocking, and queued on the communication thread ------------------- */
+
+#define CALL(k, s, r, n, dt, o, rt, t)                                                             \
+    (&(coll){.kind = (k),                                                                          \
+             .send = (s),                                                                          \
+             .recv = (r),                                                                          \
+             .count = (n),                                                                         \
+             .dtype = (dt),                                                                        \
+             .op = (o),                                                                            \
+             .root = (rt),                                                                         \
+             .timeout_s = (t)})
+
+int cddp_comm_allreduce(cddp_comm *c, const void *send, void *recv, int64_t count,
+                        cddp_comm_dtype dt, cddp_comm_op op, double timeout_s, cddp_error *err) {
+    return cddp__comm_run(c, CALL(K_ALLREDUCE, send, recv, count, dt, op, 0, timeout_s), err);
+}
+
+int cddp_comm_broadcast(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dt, int root,
+                        double timeout_s, cddp_error *err) {
+    return cddp__comm_run(c, CALL(K_BROADCAST, buf, buf, count, dt, 0, root, timeout_s), err);
 }
 
 int cddp_comm_allgather(cddp_comm *c, const void *send, void *recv, int64_t count,
                         cddp_comm_dtype dt, double timeout_s, cddp_error *err) {
-    double deadline;
-    CDDP_TRY(begin(c, K_ALLGATHER, 0, dt, count, 0, &deadline, timeout_s, err));
-    size_t es = cddp_comm_dtype_size(dt);
-    if (c->world == 1) {
-        if (recv != send) memmove(recv, send, (size_t)count * es);
-        return CDDP_OK;
-    }
-    if (c->backend == BACKEND_MPI) return cddp__mpi_allgather(c, send, recv, count, dt, err);
-    int64_t per = (int64_t)(c->chunk / es);
-    for (int64_t off = 0; off < count; off += per) {
-        int64_t n = CDDP_MIN(per, count - off);
-        memcpy(slot_of(c, c->rank), (const uint8_t *)send + (size_t)off * es, (size_t)n * es);
-        CDDP_TRY(sync_all(c, deadline, err));
-        for (int q = 0; q < c->world; q++)
-            memcpy((uint8_t *)recv + (size_t)(q * count + off) * es, slot_of(c, q), (size_t)n * es);
-        CDDP_TRY(sync_all(c, deadline, err));
-    }
-    return CDDP_OK;
+    return cddp__comm_run(c, CALL(K_ALLGATHER, send, recv, count, dt, 0, 0, timeout_s), err);
+}
+
+int cddp_comm_reduce_scatter(cddp_comm *c, const void *send, void *recv, int64_t count,
+                             cddp_comm_dtype dt, cddp_comm_op op, double timeout_s,
+                             cddp_error *err) {
+    return cddp__comm_run(c, CALL(K_REDUCE_SCATTER, send, recv, count, dt, op, 0, timeout_s), err);
+}
+
+int cddp_comm_gather(cddp_comm *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dt,
+                     int root, double timeout_s, cddp_error *err) {
+    return cddp__comm_run(c, CALL(K_GATHER, send, recv, count, dt, 0, root, timeout_s), err);
+}
+
+int cddp_comm_scatter(cddp_comm *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dt,
+                      int root, double timeout_s, cddp_error *err) {
+    return cddp__comm_run(c, CALL(K_SCATTER, send, recv, count, dt, 0, root, timeout_s), err);
 }
 
 int cddp_comm_barrier(cddp_comm *c, double timeout_s, cddp_error *err) {
-    double deadline;
-    return begin(c, K_BARRIER, 0, CDDP_COMM_F32, 0, 0, &deadline, timeout_s, err);
+    return cddp__comm_run(c, CALL(K_BARRIER, NULL, NULL, 0, CDDP_COMM_F32, 0, 0, timeout_s), err);
+}
+
+cddp_comm_work *cddp_comm_allreduce_async(cddp_comm *c, const void *send, void *recv, int64_t count,
+                                          cddp_comm_dtype dt, cddp_comm_op op, double timeout_s,
+                                          cddp_error *err) {
+    return cddp__comm_enqueue(c, CALL(K_ALLREDUCE, send, recv, count, dt, op, 0, timeout_s), err);
+}
+
+cddp_comm_work *cddp_comm_broadcast_async(cddp_comm *c, void *buf, int64_t count,
+                                          cddp_comm_dtype dt, int root, double timeout_s,
+                                          cddp_error *err) {
+    return cddp__comm_enqueue(c, CALL(K_BROADCAST, buf, buf, count, dt, 0, root, timeout_s), err);
+}
+
+cddp_comm_work *cddp_comm_allgather_async(cddp_comm *c, const void *send, void *recv, int64_t count,
+                                          cddp_comm_dtype dt, double timeout_s, cddp_error *err) {
+    return cddp__comm_enqueue(c, CALL(K_ALLGATHER, send, recv, count, dt, 0, 0, timeout_s), err);
+}
+
+cddp_comm_work *cddp_comm_reduce_scatter_async(cddp_comm *c, const void *send, void *recv,
+                                               int64_t count, cddp_comm_dtype dt, cddp_comm_op op,
+                                               double timeout_s, cddp_error *err) {
+    return cddp__comm_enqueue(c, CALL(K_REDUCE_SCATTER, send, recv, count, dt, op, 0, timeout_s),
+                              err);
+}
+
+cddp_comm_work *cddp_comm_barrier_async(cddp_comm *c, double timeout_s, cddp_error *err) {
+    return cddp__comm_enqueue(c, CALL(K_BARRIER, NULL, NULL, 0, CDDP_COMM_F32, 0, 0, timeout_s),
+                              err);
+}
+
+void cddp_comm_abort(cddp_comm *c, const char *reason) {
+    if (!c) return;
+    if (!reason || !*reason) reason = "cddp_comm_abort was called";
+    pthread_mutex_lock(&c->mu);
+    if (!atomic_load(&c->aborted)) snprintf(c->abort_reason, sizeof c->abort_reason, "%s", reason);
+    pthread_mutex_unlock(&c->mu);
+    atomic_store_explicit(&c->aborted, 1, memory_order_release);
+    if (c->seg) { /* tell the peers: the reason first, then the flag */
+        snprintf(ctl_of(c, c->rank)->abort_reason, sizeof ctl_of(c, c->rank)->abort_reason, "%s",
+                 reason);
+        int32_t none = 0;
+        atomic_compare_exchange_strong(&((seg_header *)c->seg)->abort_rank, &none, c->rank + 1);
+    }
+    if (c->backend == BACKEND_MPI) cddp__mpi_abort(c);
 }
 
 /* ---- the group --------------------------------------------------------------------------- */
@@ -425,7 +617,7 @@ static void host_identity(char *out, size_t n) {
 
 static int setup_shm(cddp_comm *c, cddp_store *st, cddp_error *err) {
     long kb = cddp_knob_int(CDDP_KNOB_SHM_CHUNK_KB);
-    c->chunk = (size_t)(kb < 4 ? 4 : kb) * 1024;
+    c->chunk = CDDP_MAX((size_t)(kb < 4 ? 4 : kb) * 1024, (size_t)c->world * 64);
     c->seg_size = 4096 + (size_t)c->world * CTL_SIZE + (size_t)c->world * c->chunk;
     c->acc = cddp_aligned_alloc(c->chunk / 2 * sizeof(float) + 64);
     c->tmp = cddp_aligned_alloc(c->chunk / 2 * sizeof(float) + c->chunk);
@@ -509,7 +701,8 @@ cddp_comm *cddp_comm_create(const cddp_comm_options *opts, cddp_error *err) {
     cddp_store_server *srv = NULL;
     cddp_store *st = NULL;
     int rc = CDDP_OK;
-    if (!c) {
+    if (!c || cddp__comm_work_init(c) != CDDP_OK) {
+        cddp_free(c);
         cddp_error_set(err, CDDP_ENOMEM, "out of memory");
         return NULL;
     }
@@ -624,6 +817,7 @@ out:
 
 void cddp_comm_destroy(cddp_comm *c) {
     if (!c) return;
+    cddp__comm_work_fini(c);
     if (c->backend == BACKEND_MPI) cddp__mpi_finalize(c);
     if (c->seg) munmap(c->seg, c->seg_size);
     cddp_aligned_free(c->acc);

@@ -10,13 +10,14 @@
 
 #include "cddp/comm.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 
 #define SEG_MAGIC 0x4344445053484d31ull /* "CDDPSHM1" */
 #define CTL_SIZE  256
 
-enum { K_ALLREDUCE, K_BROADCAST, K_ALLGATHER, K_BARRIER };
+enum { K_ALLREDUCE, K_BROADCAST, K_ALLGATHER, K_BARRIER, K_REDUCE_SCATTER, K_GATHER, K_SCATTER };
 enum { BACKEND_SELF, BACKEND_SHM, BACKEND_MPI };
 
 typedef struct fingerprint {
@@ -29,7 +30,8 @@ typedef struct ctl {
     _Atomic uint64_t arrive;
     int32_t pid;
     int32_t pad;
-    fingerprint fp[2]; /* by sequence parity: a peer is at most one collective ahead */
+    fingerprint fp[2];      /* by sequence parity: a peer is at most one collective ahead */
+    char abort_reason[128]; /* written before the header's abort_rank */
 } ctl;
 
 _Static_assert(sizeof(ctl) <= CTL_SIZE, "control block too large");
@@ -37,9 +39,31 @@ _Static_assert(sizeof(ctl) <= CTL_SIZE, "control block too large");
 typedef struct seg_header {
     uint64_t magic;
     int32_t world;
-    int32_t pad;
+    _Atomic int32_t abort_rank; /* 1 + the first rank that aborted the group, or 0 */
     uint64_t chunk;
 } seg_header;
+
+/* One collective call: what every backend executes, inline or on the communication thread. */
+typedef struct coll {
+    int kind;
+    cddp_comm_op op;
+    cddp_comm_dtype dtype;
+    int root;
+    int64_t count;
+    const void *send;
+    void *recv;
+    double timeout_s; /* < 0: the group's */
+} coll;
+
+struct cddp_comm_work {
+    coll call;
+    cddp_comm *group;
+    int status;
+    cddp_error err;
+    bool done;
+    struct cddp_comm_work *next;     /* in the queue, or in the free list */
+    struct cddp_comm_work *all_next; /* every handle the group made, for destroy */
+};
 
 struct cddp_comm {
     int backend;
@@ -55,7 +79,29 @@ struct cddp_comm {
     /* mpi */
     void *mpi;      /* the group's MPI_Comm, duplicated from MPI_COMM_WORLD */
     bool mpi_owner; /* this group initialised MPI and finalises it */
+    /* abort, from any thread: the flag is read by waits, the reason under mu */
+    _Atomic int aborted;
+    char abort_reason[128];
+    /* async work (work.c): one thread runs queued calls in issue order; a blocking call runs
+     * on its caller once the queue is empty and the thread idle. All under mu. */
+    pthread_mutex_t mu;
+    pthread_cond_t queued, finished;
+    pthread_t thread;
+    bool thread_started, stopping, thread_busy, inline_busy;
+    cddp_comm_work *head, *tail, *free_list, *all;
 };
+
+/* Checks a call's arguments before it runs or is queued. */
+int cddp__comm_check(const cddp_comm *c, const coll *a, cddp_error *err);
+/* Runs a call now, on this thread (comm.c). */
+int cddp__comm_execute(cddp_comm *c, const coll *a, cddp_error *err);
+/* Runs a call on the caller's thread once queued work is done (work.c). */
+int cddp__comm_run(cddp_comm *c, const coll *a, cddp_error *err);
+/* Queues a call on the communication thread (work.c). */
+cddp_comm_work *cddp__comm_enqueue(cddp_comm *c, const coll *a, cddp_error *err);
+/* Initialises and tears down the async state (work.c). */
+int cddp__comm_work_init(cddp_comm *c);
+void cddp__comm_work_fini(cddp_comm *c);
 
 /* Latches the failure into the group and err; returns code. */
 int cddp__comm_fail(cddp_comm *c, cddp_error *err, int code, const char *fmt, ...)
@@ -80,5 +126,12 @@ int cddp__mpi_broadcast(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype 
                         cddp_error *err);
 int cddp__mpi_allgather(cddp_comm *c, const void *send, void *recv, int64_t count,
                         cddp_comm_dtype dt, cddp_error *err);
+int cddp__mpi_reduce_scatter(cddp_comm *c, const void *send, void *recv, int64_t count,
+                             cddp_comm_dtype dt, cddp_comm_op op, cddp_error *err);
+int cddp__mpi_gather(cddp_comm *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dt,
+                     int root, cddp_error *err);
+int cddp__mpi_scatter(cddp_comm *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dt,
+                      int root, cddp_error *err);
+void cddp__mpi_abort(cddp_comm *c);
 
 #endif

@@ -41,6 +41,25 @@ int cddp__mpi_allgather(cddp_comm *c, const void *send, void *recv, int64_t coun
     return cddp_error_set(err, CDDP_EUNSUPPORTED, "cddp was built without MPI");
 }
 
+int cddp__mpi_reduce_scatter(cddp_comm *c, const void *send, void *recv, int64_t count,
+                             cddp_comm_dtype dt, cddp_comm_op op, cddp_error *err) {
+    (void)c, (void)send, (void)recv, (void)count, (void)dt, (void)op;
+    return cddp_error_set(err, CDDP_EUNSUPPORTED, "cddp was built without MPI");
+}
+int cddp__mpi_gather(cddp_comm *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dt,
+                     int root, cddp_error *err) {
+    (void)c, (void)send, (void)recv, (void)count, (void)dt, (void)root;
+    return cddp_error_set(err, CDDP_EUNSUPPORTED, "cddp was built without MPI");
+}
+int cddp__mpi_scatter(cddp_comm *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dt,
+                      int root, cddp_error *err) {
+    (void)c, (void)send, (void)recv, (void)count, (void)dt, (void)root;
+    return cddp_error_set(err, CDDP_EUNSUPPORTED, "cddp was built without MPI");
+}
+void cddp__mpi_abort(cddp_comm *c) {
+    (void)c;
+}
+
 #else
 
 #include <mpi.h>
@@ -200,6 +219,54 @@ int cddp__mpi_allgather(cddp_comm *c, const void *send, void *recv, int64_t coun
                                "on the MPI backend");
     int rc = MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, COMM(c));
     return rc == MPI_SUCCESS ? CDDP_OK : mpi_error(c, err, rc, "Allgather");
+}
+
+/* The reduction over the whole send buffer, then this rank's part: simple rather than
+ * bandwidth-optimal (MPI_Reduce_scatter_block has no mean and no 16-bit float types). */
+int cddp__mpi_reduce_scatter(cddp_comm *c, const void *send, void *recv, int64_t count,
+                             cddp_comm_dtype dt, cddp_comm_op op, cddp_error *err) {
+    size_t es = cddp_comm_dtype_size(dt), part = (size_t)count * es;
+    uint8_t *all = cddp_malloc(part * (size_t)c->world + 1);
+    if (!all) return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
+    int rc = cddp__mpi_allreduce(c, send, all, count * c->world, dt, op, err);
+    if (rc == CDDP_OK) memmove(recv, all + part * (size_t)c->rank, part);
+    cddp_free(all);
+    return rc;
+}
+
+static int part_bytes(cddp_comm *c, int64_t count, cddp_comm_dtype dt, const char *what,
+                      cddp_error *err) {
+    int64_t bytes = count * (int64_t)cddp_comm_dtype_size(dt);
+    if (bytes > PIECE)
+        return cddp__comm_fail(c, err, CDDP_EUNSUPPORTED,
+                               "%s of more than 1 GiB per rank on the MPI backend", what);
+    return CDDP_OK;
+}
+
+int cddp__mpi_gather(cddp_comm *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dt,
+                     int root, cddp_error *err) {
+    CDDP_TRY(part_bytes(c, count, dt, "gather", err));
+    int bytes = (int)(count * (int64_t)cddp_comm_dtype_size(dt));
+    int rc = MPI_Gather(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, root, COMM(c));
+    return rc == MPI_SUCCESS ? CDDP_OK : mpi_error(c, err, rc, "Gather");
+}
+
+int cddp__mpi_scatter(cddp_comm *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dt,
+                      int root, cddp_error *err) {
+    CDDP_TRY(part_bytes(c, count, dt, "scatter", err));
+    int bytes = (int)(count * (int64_t)cddp_comm_dtype_size(dt));
+    int rc = MPI_Scatter(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, root, COMM(c));
+    return rc == MPI_SUCCESS ? CDDP_OK : mpi_error(c, err, rc, "Scatter");
+}
+
+/* A running MPI call cannot be interrupted: the job ends. */
+void cddp__mpi_abort(cddp_comm *c) {
+    char why[sizeof c->abort_reason];
+    pthread_mutex_lock(&c->mu);
+    memcpy(why, c->abort_reason, sizeof why);
+    pthread_mutex_unlock(&c->mu);
+    cddp_log(CDDP_LOG_ERROR, "comm", "aborting the MPI job: %s", why);
+    MPI_Abort(COMM(c), 1);
 }
 
 #endif

@@ -1,7 +1,9 @@
 /* comm_check.c: collectives checked across real processes, started by cddprun.
  *
  *   cddprun --nproc_per_node W comm_check matrix      every op x dtype x count, exact results
- *   cddprun --nproc_per_node W comm_check kill        the last rank SIGKILLs itself mid-stream
+ *   cddprun --nproc_per_node W comm_check kill [async] the last rank SIGKILLs itself mid-stream
+ *                                                     (async: with 8 queued collectives in flight)
+ *   cddprun --nproc_per_node W comm_check abort       rank 1 aborts the group from a second thread
  *   cddprun --nproc_per_node W comm_check stop        rank 1 is SIGSTOPped; the others time out
  *   cddprun --nproc_per_node W comm_check mismatch K  rank 1 passes another count/op/dtype/root
  *   cddprun --nproc_per_node W comm_check deadline    rank 0 alone in a barrier with 0.5 s
@@ -11,6 +13,7 @@
 #include <cddp/cddp.h>
 
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,6 +161,84 @@ static int matrix(cddp_comm *c) {
             if (((float *)out)[r * n + i] != (float)(r * 1000 + i % 1000))
                 die("allgather: %s element %.0f wrong", "an", (double)(r * n + i));
     checks++;
+    /* reduce_scatter: block q of rank r's input holds input(op, r, q * n + j), so this rank's
+     * part of the result is expected(op, dt, rank * n + j). */
+    int64_t rs_counts[] = {0, 1, 7, 1000, 131075};
+    for (int dt = 0; dt <= CDDP_COMM_F16; dt++)
+        for (int op = 0; op <= CDDP_COMM_PRODUCT; op++) {
+            if (dt == CDDP_COMM_BF16 && op == CDDP_COMM_PRODUCT && world > 5) continue;
+            for (size_t ci = 0; ci < sizeof rs_counts / sizeof rs_counts[0]; ci++)
+                for (int inplace = 0; inplace < 2; inplace++) {
+                    int64_t m = rs_counts[ci];
+                    if ((size_t)(m * world) * 8 > cap) continue;
+                    for (int64_t i = 0; i < m * world; i++) set(in, dt, i, input(op, rank, i));
+                    memset(out, 0xAB, cap);
+                    size_t es = cddp_comm_dtype_size(dt);
+                    void *dst = inplace ? (void *)(in + (size_t)(rank * m) * es) : out;
+                    if (cddp_comm_reduce_scatter(c, in, dst, m, dt, op, -1, &err))
+                        die("reduce_scatter failed: %s%.0f", err.msg, 0);
+                    for (int64_t j = 0; j < m; j++) {
+                        double got = get(dst, dt, j), want = expected(op, dt, rank * m + j);
+                        if (got != want) {
+                            char what[160];
+                            snprintf(what, sizeof what,
+                                     "reduce_scatter %s %s count %lld %s: element %lld is %g, "
+                                     "want",
+                                     cddp_comm_op_name(op), cddp_comm_dtype_name(dt), (long long)m,
+                                     inplace ? "in place" : "out of place", (long long)j, got);
+                            die("%s %g", what, want);
+                        }
+                    }
+                    checks++;
+                }
+        }
+    /* gather to and scatter from every root, with a count that does not divide evenly into
+     * rounds. */
+    for (int root = 0; root < world; root++) {
+        int64_t m = 70001 + root;
+        for (int64_t i = 0; i < m; i++) ((int32_t *)in)[i] = (int32_t)(rank * 100000 + i);
+        memset(out, 0xAB, cap);
+        if (cddp_comm_gather(c, in, rank == root ? out : NULL, m, CDDP_COMM_I32, root, -1, &err))
+            die("gather failed: %s%.0f", err.msg, 0);
+        if (rank == root)
+            for (int r = 0; r < world; r++)
+                for (int64_t i = 0; i < m; i++)
+                    if (((int32_t *)out)[r * m + i] != (int32_t)(r * 100000 + i))
+                        die("gather to %s: element %.0f wrong", "root", (double)(r * m + i));
+        if (rank == root)
+            for (int64_t i = 0; i < m * world; i++) ((int32_t *)in)[i] = (int32_t)(3 * i + root);
+        memset(out, 0xAB, cap);
+        if (cddp_comm_scatter(c, rank == root ? in : NULL, out, m, CDDP_COMM_I32, root, -1, &err))
+            die("scatter failed: %s%.0f", err.msg, 0);
+        for (int64_t i = 0; i < m; i++)
+            if (((int32_t *)out)[i] != (int32_t)(3 * (rank * m + i) + root))
+                die("scatter from %s: element %.0f wrong", "root", (double)i);
+        checks += 2;
+    }
+    /* 1000 queued allreduces in flight at once, then each checked; a blocking barrier in the
+     * middle of the stream runs after the first half, as issued. */
+    enum { INFLIGHT = 1000 };
+    int64_t(*bufs)[4] = malloc(sizeof *bufs * INFLIGHT);
+    cddp_comm_work **works = malloc(sizeof *works * INFLIGHT);
+    for (int k = 0; k < INFLIGHT; k++) {
+        for (int j = 0; j < 4; j++) bufs[k][j] = (int64_t)k * 10 + j + rank;
+        works[k] = cddp_comm_allreduce_async(c, bufs[k], bufs[k], 4, CDDP_COMM_I64,
+                                             k % 2 ? CDDP_COMM_MAX : CDDP_COMM_SUM, -1, &err);
+        if (!works[k]) die("queueing allreduce failed: %s%.0f", err.msg, k);
+        if (k == INFLIGHT / 2 && cddp_comm_barrier(c, -1, &err))
+            die("barrier among queued work: %s%.0f", err.msg, 0);
+    }
+    for (int k = 0; k < INFLIGHT; k++) {
+        if (cddp_comm_wait(works[k], -1, &err)) die("queued allreduce failed: %s%.0f", err.msg, k);
+        for (int j = 0; j < 4; j++) {
+            int64_t base = (int64_t)k * 10 + j;
+            int64_t want = k % 2 ? base + world - 1 : base * world + world * (world - 1) / 2;
+            if (bufs[k][j] != want) die("queued allreduce %s%.0f wrong", "", k);
+        }
+    }
+    free(bufs);
+    free(works);
+    checks++;
     /* Many small collectives back to back, each checked (sequence numbers, slot reuse). */
     for (int k = 0; k < 1000; k++) {
         int64_t v[3] = {k, rank, 1};
@@ -188,9 +269,16 @@ static int expect_failure(int rc, const cddp_error *err, const char *text, doubl
     return 0;
 }
 
+static void *abort_later(void *c) {
+    usleep(300000);
+    cddp_comm_abort(c, "test abort");
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: comm_check matrix|kill|stop|mismatch KIND|deadline\n");
+        fprintf(stderr,
+                "usage: comm_check matrix|kill [async]|abort|stop|mismatch KIND|deadline\n");
         return 2;
     }
     const char *mode = argv[1];
@@ -207,13 +295,33 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "matrix")) {
         status = matrix(c);
     } else if (!strcmp(mode, "kill")) {
-        /* The last rank dies at the 50th collective; the others must say so within 5 s. */
+        /* The last rank dies at the 50th collective; the others must say so within 5 s. With
+         * "async", 8 queued collectives are in flight when it dies, and every one must fail. */
+        bool async = argc > 2 && !strcmp(argv[2], "async");
+        enum { DEPTH = 8 };
+        float bufs[DEPTH][64] = {{0}};
+        cddp_comm_work *w[DEPTH] = {0};
         int rc = 0;
         t0 = 0;
         for (int k = 0; k < 100000 && rc == 0; k++) {
             if (k == 50 && rank == world - 1) raise(SIGKILL);
             if (k == 50) t0 = cddp_now_s();
-            rc = cddp_comm_allreduce(c, buf, buf, 64, CDDP_COMM_F32, CDDP_COMM_SUM, 60, &err);
+            if (!async) {
+                rc = cddp_comm_allreduce(c, buf, buf, 64, CDDP_COMM_F32, CDDP_COMM_SUM, 60, &err);
+                continue;
+            }
+            int slot = k % DEPTH;
+            if (w[slot]) rc = cddp_comm_wait(w[slot], -1, &err);
+            w[slot] = NULL;
+            if (rc == 0)
+                w[slot] = cddp_comm_allreduce_async(c, bufs[slot], bufs[slot], 64, CDDP_COMM_F32,
+                                                    CDDP_COMM_SUM, 60, &err);
+            if (rc == 0 && !w[slot]) rc = err.code;
+        }
+        for (int i = 0; i < DEPTH; i++) { /* the rest fail too, with the same error */
+            cddp_error e2 = {0};
+            if (w[i] && cddp_comm_wait(w[i], -1, &e2) == CDDP_OK)
+                die("queued work %s%.0f succeeded after the failure", "", i);
         }
         char text[64];
         snprintf(text, sizeof text, "rank %d (pid", world - 1);
@@ -259,6 +367,22 @@ int main(int argc, char **argv) {
         /* The failure latches. */
         if (cddp_comm_barrier(c, 1, &err) == CDDP_OK) die("the group still works%s%.0f", "", 0);
         free(big);
+    } else if (!strcmp(mode, "abort")) {
+        /* Rank 1's second thread aborts the group while every rank's main thread is in a stream
+         * of collectives: every rank's stream must fail, naming rank 1 and the reason. */
+        if (rank == 1) {
+            pthread_t th;
+            pthread_create(&th, NULL, abort_later, c);
+            pthread_detach(th);
+        }
+        int rc = 0;
+        t0 = cddp_now_s();
+        for (int k = 0; k < 10000000 && rc == 0; k++)
+            rc = cddp_comm_allreduce(c, buf, buf, 64, CDDP_COMM_F32, CDDP_COMM_SUM, 60, &err);
+        status = expect_failure(rc, &err,
+                                rank == 1 ? "aborted on this rank: test abort"
+                                          : "rank 1 aborted the group: test abort",
+                                t0, 0.2, 3.0);
     } else if (!strcmp(mode, "deadline")) {
         if (rank == 0) {
             t0 = cddp_now_s();
