@@ -2,13 +2,14 @@
 # check_run.sh: runs a program and checks what it did, for ctest.
 #
 #   check_run.sh [--exit N] [--stdout TEXT] [--stderr TEXT] [--stdout-not RE] [--json-min KEY=MIN]
-#                -- PROGRAM ARGS
+#                [--stdout-count RE N] -- PROGRAM ARGS
 #
 # --exit: the exit status must be N. --stdout/--stderr: that stream must contain TEXT.
 # --stdout-not: no line of stdout may match the extended regular expression RE.
 # --json-min: the last line of stdout is JSON whose number KEY must be >= MIN.
+# --stdout-count: exactly N lines of stdout match the extended regular expression RE.
 set -u
-want_exit="" ; want_out="" ; want_err="" ; json_min="" ; not_out=""
+want_exit="" ; want_out="" ; want_err="" ; json_min="" ; not_out="" ; count_re="" ; count_n=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --exit) want_exit=$2; shift 2 ;;
@@ -16,6 +17,7 @@ while [ $# -gt 0 ]; do
     --stderr) want_err=$2; shift 2 ;;
     --stdout-not) not_out=$2; shift 2 ;;
     --json-min) json_min=$2; shift 2 ;;
+    --stdout-count) count_re=$2; count_n=$3; shift 3 ;;
     --) shift; break ;;
     *) echo "check_run.sh: unknown option $1" >&2; exit 2 ;;
     esac
@@ -37,6 +39,12 @@ if [ -n "$want_err" ] && ! grep -qF -- "$want_err" "$err"; then
 fi
 if [ -n "$not_out" ] && grep -qE -- "$not_out" "$out"; then
     echo "FAIL: stdout has a line matching '$not_out'" >&2; fail=1
+fi
+if [ -n "$count_re" ]; then
+    got=$(grep -cE -- "$count_re" "$out")
+    if [ "$got" -ne "$count_n" ]; then
+        echo "FAIL: $got lines of stdout match '$count_re', expected $count_n" >&2; fail=1
+    fi
 fi
 if [ -n "$json_min" ]; then
     key=${json_min%%=*} ; min=${json_min#*=}

@@ -27,6 +27,17 @@ extern "C" {
  * backward already ran on this step's tape; propagates the context's latched error. */
 CDDP_API int cddp_backward(cddp_ctx *ctx, cddp_tensor *loss);
 
+/* A callback that runs once when the current backward has walked the whole tape (after every
+ * ready hook). Returning non-zero fails the backward: cddp_backward returns that status and the
+ * context holds err's message. */
+typedef int (*cddp_backward_callback)(void *user, cddp_ctx *ctx, cddp_error *err);
+
+/* Queues fn to run at the end of the backward now running on this thread, as PyTorch's
+ * Engine.queue_callback: meant for ready hooks (DistributedDataParallel queues the wait for its
+ * gradient buckets from the first hook of each backward). At most 8 per backward. CDDP_ESTATE
+ * outside a backward, CDDP_ENOMEM when full. */
+CDDP_API int cddp_backward_queue_callback(cddp_backward_callback fn, void *user);
+
 /* Sets t's ready hook (NULL clears it). t is normally a parameter. */
 CDDP_API void cddp_tensor_set_ready_hook(cddp_tensor *t, cddp_ready_hook hook, void *user);
 

@@ -11,5 +11,6 @@
 #include "cddp/data.h"
 #include "cddp/store.h"
 #include "cddp/comm.h"
+#include "cddp/ddp.h"
 
 #endif

@@ -131,6 +131,19 @@ CDDP_API bool cddp_model_training(const cddp_model *m);
 /* Sets the gradient-ready hook of every parameter (see autograd.h). */
 CDDP_API void cddp_model_set_ready_hook(cddp_model *m, cddp_ready_hook hook, void *user);
 
+/* Step events, for observers such as DistributedDataParallel's timeline: the start of
+ * cddp_model_forward, and the start and end of an optimizer step on this model. */
+typedef enum cddp_model_event {
+    CDDP_EVENT_FORWARD,
+    CDDP_EVENT_OPTIM_BEGIN,
+    CDDP_EVENT_OPTIM_END,
+} cddp_model_event;
+typedef void (*cddp_model_event_hook)(void *user, cddp_model *m, cddp_model_event event);
+/* One observer per model; NULL clears it. */
+CDDP_API void cddp_model_set_event_hook(cddp_model *m, cddp_model_event_hook hook, void *user);
+/* Calls the observer, if any (optimizers call it around their step). */
+CDDP_API void cddp_model_notify(cddp_model *m, cddp_model_event event);
+
 /* Runs the module sequence on x. Shape mismatches abort (programmer error); data errors latch in
  * ctx. The model must be built and have modules. */
 CDDP_API cddp_tensor *cddp_model_forward(cddp_model *m, cddp_ctx *ctx, cddp_tensor *x);

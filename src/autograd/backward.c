@@ -17,6 +17,32 @@
 #include <math.h>
 #include <string.h>
 
+/* The context whose backward runs on this thread, for cddp_backward_queue_callback. */
+static _Thread_local cddp_ctx *current;
+
+int cddp_backward_queue_callback(cddp_backward_callback fn, void *user) {
+    if (!current) return CDDP_ESTATE;
+    if (current->ncallbacks == (int)(sizeof current->callbacks / sizeof current->callbacks[0]))
+        return CDDP_ENOMEM;
+    current->callbacks[current->ncallbacks].fn = fn;
+    current->callbacks[current->ncallbacks].user = user;
+    current->ncallbacks++;
+    return CDDP_OK;
+}
+
+/* Runs the queued callbacks, all of them even after a failure (each may own waits that must
+ * end); the first failure is the backward's. */
+static int run_callbacks(cddp_ctx *ctx) {
+    int rc = CDDP_OK;
+    for (int i = 0; i < ctx->ncallbacks; i++) {
+        cddp_error e = {0};
+        int st = ctx->callbacks[i].fn(ctx->callbacks[i].user, ctx, &e);
+        if (st != CDDP_OK && rc == CDDP_OK) rc = cddp_ctx_fail(ctx, st, "%s", cddp_error_msg(&e));
+    }
+    ctx->ncallbacks = 0;
+    return rc;
+}
+
 void cddp_tensor_set_ready_hook(cddp_tensor *t, cddp_ready_hook hook, void *user) {
     t->ready_hook = hook;
     t->ready_user = user;
@@ -290,6 +316,8 @@ int cddp_backward(cddp_ctx *ctx, cddp_tensor *loss) {
                              "backward already ran on this step's tape; call cddp_ctx_reset "
                              "before the next forward");
     ctx->backward_done = true;
+    ctx->backward_t0 = cddp_now_s();
+    ctx->ncallbacks = 0;
 
     /* Pass 1 and 2: mark needed nodes and count parameter uses. */
     for (cddp__node *n = ctx->tape; n; n = n->prev) {
@@ -312,11 +340,14 @@ int cddp_backward(cddp_ctx *ctx, cddp_tensor *loss) {
     float *seed = cddp__ensure_grad(ctx, loss);
     if (!seed) return ctx->err.code;
     seed[0] += 1.0f;
+    current = ctx;
     for (cddp__node *n = ctx->tape; n; n = n->prev) {
         if (!n->needed) continue;
         if (n->out->grad) node_backward(ctx, n);
-        if (ctx->err.code != CDDP_OK) return ctx->err.code;
+        if (ctx->err.code != CDDP_OK) break;
         release_inputs(n);
     }
-    return CDDP_OK;
+    current = NULL;
+    int rc = run_callbacks(ctx);
+    return ctx->err.code != CDDP_OK ? ctx->err.code : rc;
 }

@@ -120,7 +120,7 @@ static int check_abort(cddp_comm *c, cddp_error *err) {
     if (!c->seg) return CDDP_OK;
     int who = atomic_load_explicit(&((seg_header *)c->seg)->abort_rank, memory_order_acquire) - 1;
     if (who >= 0)
-        return cddp__comm_fail(c, err, CDDP_EIO, "rank %d aborted the group: %.127s", who,
+        return cddp__comm_fail(c, err, CDDP_EIO, "rank %d aborted the group: %.319s", who,
                                ctl_of(c, who)->abort_reason);
     return CDDP_OK;
 }

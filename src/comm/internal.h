@@ -15,7 +15,7 @@
 #include <stddef.h>
 
 #define SEG_MAGIC 0x4344445053484d31ull /* "CDDPSHM1" */
-#define CTL_SIZE  256
+#define CTL_SIZE  512
 
 enum { K_ALLREDUCE, K_BROADCAST, K_ALLGATHER, K_BARRIER, K_REDUCE_SCATTER, K_GATHER, K_SCATTER };
 enum { BACKEND_SELF, BACKEND_SHM, BACKEND_MPI };
@@ -31,7 +31,7 @@ typedef struct ctl {
     int32_t pid;
     int32_t pad;
     fingerprint fp[2];      /* by sequence parity: a peer is at most one collective ahead */
-    char abort_reason[128]; /* written before the header's abort_rank */
+    char abort_reason[320]; /* written before the header's abort_rank */
 } ctl;
 
 _Static_assert(sizeof(ctl) <= CTL_SIZE, "control block too large");
@@ -61,6 +61,7 @@ struct cddp_comm_work {
     int status;
     cddp_error err;
     bool done;
+    double t_start, t_end; /* when it ran (cddp_now_s), for DDP's statistics and timeline */
     struct cddp_comm_work *next;     /* in the queue, or in the free list */
     struct cddp_comm_work *all_next; /* every handle the group made, for destroy */
 };
@@ -81,7 +82,7 @@ struct cddp_comm {
     bool mpi_owner; /* this group initialised MPI and finalises it */
     /* abort, from any thread: the flag is read by waits, the reason under mu */
     _Atomic int aborted;
-    char abort_reason[128];
+    char abort_reason[320];
     /* async work (work.c): one thread runs queued calls in issue order; a blocking call runs
      * on its caller once the queue is empty and the thread idle. All under mu. */
     pthread_mutex_t mu;
@@ -99,6 +100,9 @@ int cddp__comm_execute(cddp_comm *c, const coll *a, cddp_error *err);
 int cddp__comm_run(cddp_comm *c, const coll *a, cddp_error *err);
 /* Queues a call on the communication thread (work.c). */
 cddp_comm_work *cddp__comm_enqueue(cddp_comm *c, const coll *a, cddp_error *err);
+/* cddp_comm_wait that also reports when the work ran. */
+int cddp__comm_wait_timed(cddp_comm_work *w, double timeout_s, cddp_error *err, double *t_start,
+                          double *t_end);
 /* Initialises and tears down the async state (work.c). */
 int cddp__comm_work_init(cddp_comm *c);
 void cddp__comm_work_fini(cddp_comm *c);

@@ -62,8 +62,12 @@ static void *thread_main(void *arg) {
         c->thread_busy = true;
         pthread_mutex_unlock(&c->mu);
         cddp_error e = {0};
+        double t0 = cddp_now_s();
         int st = cddp__comm_execute(c, &w->call, &e);
+        double t1 = cddp_now_s();
         pthread_mutex_lock(&c->mu);
+        w->t_start = t0;
+        w->t_end = t1;
         w->status = st;
         w->err = e;
         w->done = true;
@@ -134,6 +138,11 @@ bool cddp_comm_test(cddp_comm_work *w) {
 }
 
 int cddp_comm_wait(cddp_comm_work *w, double timeout_s, cddp_error *err) {
+    return cddp__comm_wait_timed(w, timeout_s, err, NULL, NULL);
+}
+
+int cddp__comm_wait_timed(cddp_comm_work *w, double timeout_s, cddp_error *err, double *t_start,
+                          double *t_end) {
     cddp_comm *c = w->group;
     bool timed_out = false;
     pthread_mutex_lock(&c->mu);
@@ -156,6 +165,8 @@ int cddp_comm_wait(cddp_comm_work *w, double timeout_s, cddp_error *err) {
     while (!w->done) pthread_cond_wait(&c->finished, &c->mu);
     int st = w->status;
     if (st != CDDP_OK && err && !timed_out) *err = w->err;
+    if (t_start) *t_start = w->t_start;
+    if (t_end) *t_end = w->t_end;
     w->next = c->free_list;
     c->free_list = w;
     pthread_mutex_unlock(&c->mu);

@@ -61,10 +61,13 @@ void cddp_error_clear(cddp_error *err) {
 int cddp__error_vset(cddp_error *err, int code, const char *fmt, va_list ap) {
     if (!err) return code;
     err->code = code;
-    int n = 0;
+    char text[sizeof err->msg], prefix[32] = "";
+    vsnprintf(text, sizeof text, fmt, ap);
     int rank = cddp_log_rank();
-    if (rank >= 0) n = snprintf(err->msg, sizeof err->msg, "rank %d: ", rank);
-    vsnprintf(err->msg + n, sizeof err->msg - (size_t)n, fmt, ap);
+    /* A message passed on ("%s", other.msg) already carries this rank's prefix. */
+    if (rank >= 0) snprintf(prefix, sizeof prefix, "rank %d: ", rank);
+    if (strncmp(text, prefix, strlen(prefix)) == 0) prefix[0] = '\0';
+    snprintf(err->msg, sizeof err->msg, "%s%s", prefix, text);
     return code;
 }
 

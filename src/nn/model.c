@@ -37,7 +37,18 @@ struct cddp_model {
     float *data, *grad;
     size_t numel;
     bool built, training;
+    cddp_model_event_hook event_hook;
+    void *event_user;
 };
+
+void cddp_model_set_event_hook(cddp_model *m, cddp_model_event_hook hook, void *user) {
+    m->event_hook = hook;
+    m->event_user = user;
+}
+
+void cddp_model_notify(cddp_model *m, cddp_model_event event) {
+    if (m->event_hook) m->event_hook(m->event_user, m, event);
+}
 
 cddp_model *cddp_model_create(void) {
     cddp_model *m = cddp_calloc(1, sizeof *m);
@@ -275,6 +286,7 @@ cddp_tensor *cddp_model_forward(cddp_model *m, cddp_ctx *ctx, cddp_tensor *x) {
     check_built(m);
     CDDP_CHECK(m->nmods > 0, "cddp_model_forward: the model has no modules; write the forward "
                              "with ops on its parameters instead");
+    cddp_model_notify(m, CDDP_EVENT_FORWARD);
     for (int i = 0; i < m->nmods && x; i++) {
         const module_entry *e = &m->mods[i];
         cddp_tensor *w = e->weight >= 0 ? &m->params[e->weight] : NULL;

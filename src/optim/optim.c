@@ -133,11 +133,13 @@ void cddp_optim_step(cddp_optim *opt) {
     float *p = cddp_model_data(opt->model);
     const float *g = cddp_model_grad(opt->model);
     size_t n = cddp_model_numel(opt->model);
+    cddp_model_notify(opt->model, CDDP_EVENT_OPTIM_BEGIN);
     if (opt->kind == OPT_SGD)
         sgd_step(opt, p, g, n);
     else
         adamw_step(opt, p, g, n);
     opt->steps++;
+    cddp_model_notify(opt->model, CDDP_EVENT_OPTIM_END);
 }
 
 void cddp_optim_set_lr(cddp_optim *opt, float lr) {

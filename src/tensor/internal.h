@@ -65,6 +65,13 @@ struct cddp_ctx {
     bool grad_enabled;
     bool backward_done;
     cddp_error err;
+    double backward_t0; /* when the last backward began (cddp_now_s) */
+    /* callbacks queued during the running backward (cddp_backward_queue_callback) */
+    int ncallbacks;
+    struct {
+        int (*fn)(void *, cddp_ctx *, cddp_error *);
+        void *user;
+    } callbacks[8];
 };
 
 /* Records a node for op when gradients are enabled and an input requires one; marks out as

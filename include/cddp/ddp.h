@@ -1,0 +1,124 @@
+/* cddp/ddp.h: DistributedDataParallel: one call wraps a model, and every backward then ends
+ * with the gradients averaged (or summed) across the group.
+ *
+ *   cddp_comm *group = cddp_comm_create(NULL, &err);          // from cddprun's environment
+ *   cddp_ddp *ddp = cddp_ddp_wrap(model, group, NULL, &err);  // the one added call
+ *   ... the single-process loop, unchanged: forward, loss, zero_grad, backward, step ...
+ *
+ * Wrapping checks that every rank has the same parameters (count, names, shapes) and the same
+ * options, failing on every rank with a message naming the rank and the value that differ, then
+ * copies rank 0's parameters to everyone. From then on the parameters' ready hooks (autograd.h)
+ * drive communication: the gradient block is cut into buckets, ranges of whole parameters in
+ * reverse declaration order (the order backward produces them): a first bucket of 1 MiB, then
+ * bucket_cap_mb each. When every gradient of a bucket is ready, its allreduce is queued on the
+ * group's communication thread, always in bucket order, while backward goes on computing the
+ * earlier layers. cddp_backward returns once every bucket is reduced. After the first step the
+ * buckets are rebuilt in the order rank 0's gradients actually became ready.
+ *
+ * A parameter that gets no gradient in a synchronised backward is an error naming it (on every
+ * rank: the rank that saw it aborts the group with that message), unless find_unused_parameters
+ * is set: then it counts as ready with this rank's current gradient as its contribution (zero
+ * after zero_grad), and a parameter no rank used keeps its gradient untouched.
+ *
+ * Statistics: cddp_ddp_stats gives the last step's forward, backward, communication and wait
+ * times; CDDP_DDP_STATS=1 prints them on rank 0 every CDDP_DDP_STATS_EVERY steps.
+ * CDDP_TIMELINE=FILE writes a Chrome trace (forward, backward, each bucket's allreduce, the
+ * optimizer step; one row per rank) that opens in Perfetto or chrome://tracing.
+ */
+#ifndef CDDP_DDP_H
+#define CDDP_DDP_H
+
+#include "cddp/checkpoint.h"
+#include "cddp/comm.h"
+#include "cddp/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* How each bucket travels: as float32, or compressed to a 16-bit float for the allreduce (the
+ * sum accumulates in float32; the mean is applied in float32 after decompression). */
+typedef enum cddp_ddp_hook {
+    CDDP_DDP_HOOK_NONE,
+    CDDP_DDP_HOOK_BF16,
+    CDDP_DDP_HOOK_FP16,
+} cddp_ddp_hook;
+
+/* Zero-initialised options are PyTorch's defaults; see cddp_ddp_defaults. */
+typedef struct cddp_ddp_options {
+    double bucket_cap_mb;        /* 0: 25 (the first bucket is at most 1 MiB, as in PyTorch) */
+    bool sum;                    /* sum the gradients instead of averaging (MindSpore's
+                                    gradients_mean=False) */
+    bool find_unused_parameters; /* allow parameters without a gradient in a backward */
+    cddp_ddp_hook hook;
+    bool join;        /* uneven inputs: ranks may run out of batches at different steps (each
+                         synchronised step then also reduces who is still training) */
+    bool join_throw;  /* with join: fail every rank when one runs out, instead of shadowing */
+    double timeout_s; /* deadline of each collective; 0: the group's */
+} cddp_ddp_options;
+
+typedef struct cddp_ddp cddp_ddp;
+
+/* Wraps a built model. Collective: every rank calls it with its model; the group and the model
+ * must outlive the wrapper. NULL with err set (the same message on every rank) on failure. */
+CDDP_API cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options *opts,
+                                 cddp_error *err);
+/* Unhooks the model and frees the wrapper (waits for nothing still queued: call it after the
+ * last backward returned). Accepts NULL. */
+CDDP_API void cddp_ddp_destroy(cddp_ddp *ddp);
+
+CDDP_API cddp_model *cddp_ddp_model(const cddp_ddp *ddp);
+CDDP_API cddp_comm *cddp_ddp_group(const cddp_ddp *ddp);
+CDDP_API int cddp_ddp_rank(const cddp_ddp *ddp);
+CDDP_API int cddp_ddp_world_size(const cddp_ddp *ddp);
+CDDP_API int cddp_ddp_local_rank(const cddp_ddp *ddp);
+
+/* Gradient accumulation: while on, backward only accumulates local gradients (no
+ * communication); the first backward after turning it off reduces the accumulated sum. */
+CDDP_API void cddp_ddp_no_sync(cddp_ddp *ddp, bool on);
+
+/* Uneven inputs (needs the join option). Call when this rank has no more batches: it then shadows
+ * the other ranks' gradient allreduces (contributing zeros) until every rank has joined, and
+ * finally every rank takes the parameters of the rank that trained longest, so the models agree.
+ * With join_throw, every rank's next synchronised backward fails instead, naming the rank that ran
+ * out. Every rank must call it once after its last step. */
+CDDP_API int cddp_ddp_join(cddp_ddp *ddp, cddp_error *err);
+
+/* The group's barrier, with the wrapper's deadline. */
+CDDP_API int cddp_ddp_barrier(cddp_ddp *ddp, cddp_error *err);
+
+/* printf on rank 0 only (the seeds' "print on the main process"); returns what printf did, or 0
+ * on other ranks. */
+CDDP_API int cddp_ddp_print0(const cddp_ddp *ddp, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Rank 0 writes the checkpoint (the model's own parameter names: no "module." prefix) and every
+ * rank returns its status. Collective. */
+CDDP_API int cddp_ddp_save(cddp_ddp *ddp, const char *path, const cddp_optim *opt,
+                           const char *const *metadata, cddp_error *err);
+/* Every rank loads the checkpoint (see cddp_checkpoint_load); fails on every rank if any rank
+ * failed. Collective. */
+CDDP_API int cddp_ddp_load(cddp_ddp *ddp, const char *path, cddp_optim *opt,
+                           cddp_safetensors **file, cddp_error *err);
+
+/* The last synchronised step, in seconds. forward: from cddp_model_forward to backward (0 for
+ * models with a hand-written forward); backward: the tape walk; comm: the buckets' allreduces,
+ * summed; wait: after the walk, until the last bucket was reduced; overlap: the share of comm
+ * hidden behind the walk, 1 - wait / comm. */
+typedef struct cddp_ddp_stats {
+    int64_t steps; /* synchronised backwards so far */
+    double forward_s, backward_s, comm_s, wait_s, overlap;
+    int buckets;
+    size_t bytes; /* gradient bytes reduced per step */
+} cddp_ddp_stats;
+CDDP_API cddp_ddp_stats cddp_ddp_stats_get(const cddp_ddp *ddp);
+
+/* The buckets, for tools and tests: how many, and bucket b's parameter indices in launch order
+ * (returns the count; fills up to cap). */
+CDDP_API int cddp_ddp_num_buckets(const cddp_ddp *ddp);
+CDDP_API int cddp_ddp_bucket_params(const cddp_ddp *ddp, int b, int *params, int cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,446 @@
+/* ddp_check.c: DistributedDataParallel across real processes, started by cddprun, checked
+ * against a single-process reference computed in the same program.
+ *
+ *   ddp_check equal mlp|cnn [CAP_MB]  5 SGD-momentum steps, batch B per rank on rank slices, vs
+ *                                     one model on the whole N*B batch: within 1e-5 relative
+ *   ddp_check nosync                  2 accumulation steps per update (no_sync), same equality
+ *   ddp_check sum                     sum mode: N times the mean's gradients
+ *   ddp_check unused                  a branch used on some steps and ranks, a parameter no
+ *                                     rank uses: find_unused_parameters matches the reference;
+ *                                     buckets are rebuilt in rank 0's ready order
+ *   ddp_check unused_noflag           the same model without the flag: every rank fails
+ *                                     naming the parameter and the flag
+ *   ddp_check join                    rank i has 3 + i batches: join, final parameters equal
+ *                                     the reference on every rank
+ *   ddp_check join_throw              the same with join_throw: every rank fails naming rank 0
+ *   ddp_check mismatch shape|option   rank 1 wraps another model / other options
+ *   ddp_check resume DIR              3 steps, save on rank 0, load everywhere, 3 more = 6
+ *                                     uninterrupted steps, bit for bit
+ * Prints "ok: ..." and exits 0 when every check holds on this rank; exits 1 saying why.
+ */
+#include <cddp/cddp.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { B = 8, D = 6, H = 5, O = 3, STEPS = 5 };
+
+static int rank, world;
+
+#define FAIL(...)                                                                                  \
+    do {                                                                                           \
+        fprintf(stderr, "ddp_check rank %d: ", rank);                                              \
+        fprintf(stderr, __VA_ARGS__);                                                              \
+        fprintf(stderr, "\n");                                                                     \
+        exit(1);                                                                                   \
+    } while (0)
+
+/* ---- models and data --------------------------------------------------------------------- */
+
+typedef enum { MLP, CNN, CUSTOM } kind;
+static int in_features(kind k) {
+    return k == CNN ? 64 : D;
+}
+
+static cddp_model *make_model(kind k, uint64_t seed, bool odd) {
+    cddp_model *m = cddp_model_create();
+    int rc = 0;
+    if (k == MLP) {
+        rc |= cddp_model_add(m, "fc1", cddp_nn_linear(D, odd ? 7 : 16));
+        rc |= cddp_model_add(m, "relu1", cddp_nn_relu());
+        rc |= cddp_model_add(m, "fc2", cddp_nn_linear(odd ? 7 : 16, 16));
+        rc |= cddp_model_add(m, "relu2", cddp_nn_relu());
+        rc |= cddp_model_add(m, "fc3", cddp_nn_linear(16, O));
+    } else if (k == CNN) {
+        rc |= cddp_model_add(m, "conv1", cddp_nn_conv2d(1, 4, 3, 1, 1));
+        rc |= cddp_model_add(m, "relu1", cddp_nn_relu());
+        rc |= cddp_model_add(m, "pool1", cddp_nn_max_pool2d(2, 2));
+        rc |= cddp_model_add(m, "conv2", cddp_nn_conv2d(4, 8, 3, 1, 1));
+        rc |= cddp_model_add(m, "relu2", cddp_nn_relu());
+        rc |= cddp_model_add(m, "pool2", cddp_nn_max_pool2d(2, 2));
+        rc |= cddp_model_add(m, "flatten", cddp_nn_flatten());
+        rc |= cddp_model_add(m, "fc", cddp_nn_linear(32, O));
+    } else {
+        cddp_init u = {CDDP_INIT_UNIFORM, -0.5f, 0.5f};
+        rc |= cddp_model_add_param(m, "a.weight", 2, (int64_t[]){H, D}, u, NULL);
+        rc |= cddp_model_add_param(m, "b.weight", 2, (int64_t[]){H, H}, u, NULL);
+        rc |= cddp_model_add_param(m, "branch.weight", 2, (int64_t[]){H, H}, u, NULL);
+        rc |= cddp_model_add_param(m, "head.weight", 2, (int64_t[]){O, H}, u, NULL);
+        rc |= cddp_model_add_param(m, "never.weight", 1, (int64_t[]){3}, u, NULL);
+    }
+    if (rc || cddp_model_build(m, seed)) FAIL("cannot build the model: %s", cddp_model_error(m));
+    return m;
+}
+
+/* Sample i of step s: the same values in every process. */
+static void sample(int s, int64_t i, float *x, int n, int64_t *label) {
+    cddp_rng r;
+    cddp_rng_seed(&r, (uint64_t)s * 100003u + (uint64_t)i);
+    for (int k = 0; k < n; k++) x[k] = cddp_rng_uniform(&r) * 2 - 1;
+    *label = (int64_t)(cddp_rng_next(&r) % O);
+}
+
+/* The loss of samples [first, first + count) of step s; CUSTOM uses the branch when branch. */
+static cddp_tensor *loss_of(cddp_ctx *ctx, cddp_model *m, kind k, int s, int64_t first,
+                            int64_t count, bool branch) {
+    int n = in_features(k);
+    float *x = malloc(sizeof(float) * (size_t)(n * count));
+    int64_t *y = malloc(sizeof(int64_t) * (size_t)count);
+    for (int64_t i = 0; i < count; i++) sample(s, first + i, x + i * n, n, y + i);
+    cddp_tensor *xt = k == CNN ? cddp_from_data(ctx, CDDP_F32, 4, (int64_t[]){count, 1, 8, 8}, x)
+                               : cddp_from_data(ctx, CDDP_F32, 2, (int64_t[]){count, n}, x);
+    cddp_tensor *yt = cddp_from_data(ctx, CDDP_I64, 1, (int64_t[]){count}, y);
+    free(x);
+    free(y);
+    cddp_tensor *out;
+    if (k != CUSTOM) {
+        out = cddp_model_forward(m, ctx, xt);
+    } else {
+        cddp_tensor *h = cddp_relu(ctx, cddp_linear(ctx, xt, cddp_model_find(m, "a.weight"), NULL));
+        if (branch)
+            h = cddp_add(ctx, h,
+                         cddp_relu(ctx, cddp_linear(ctx, h, cddp_model_find(m, "branch.weight"),
+                                                    NULL)));
+        h = cddp_relu(ctx, cddp_linear(ctx, h, cddp_model_find(m, "b.weight"), NULL));
+        out = cddp_linear(ctx, h, cddp_model_find(m, "head.weight"), NULL);
+    }
+    return cddp_cross_entropy(ctx, out, yt, CDDP_REDUCE_MEAN);
+}
+
+static bool uses_branch(int s, int r) {
+    return (s + r) % 2 == 0;
+}
+
+/* Every parameter within 1e-5 of the reference, relative to the tensor's largest value. */
+static void compare(const cddp_model *got, const cddp_model *ref, const char *when) {
+    for (int i = 0; i < cddp_model_num_params(ref); i++) {
+        const cddp_tensor *a = cddp_model_param(got, i), *b = cddp_model_param(ref, i);
+        double dmax = 0, rmax = 0;
+        for (int64_t e = 0; e < b->numel; e++) {
+            dmax = fmax(dmax, fabs(cddp_f32(a)[e] - cddp_f32(b)[e]));
+            rmax = fmax(rmax, fabs(cddp_f32(b)[e]));
+        }
+        if (dmax > 1e-5 * rmax)
+            FAIL("%s: %s differs from the single-process reference by %g (largest value %g)",
+                 when, b->name, dmax, rmax);
+    }
+}
+
+static cddp_optim *sgd(cddp_model *m) {
+    cddp_error err = {0};
+    cddp_optim *o = cddp_optim_sgd(m, &(cddp_sgd_options){.lr = 0.1f, .momentum = 0.9f}, &err);
+    if (!o) FAIL("sgd: %s", err.msg);
+    return o;
+}
+
+static cddp_ddp *wrap(cddp_model *m, cddp_comm *g, cddp_ddp_options o) {
+    cddp_error err = {0};
+    cddp_ddp *d = cddp_ddp_wrap(m, g, &o, &err);
+    if (!d) FAIL("wrap: %s", err.msg);
+    return d;
+}
+
+static void backward(cddp_ctx *ctx, cddp_tensor *loss, const char *what) {
+    if (cddp_backward(ctx, loss) != CDDP_OK) FAIL("%s: backward: %s", what, cddp_ctx_error(ctx));
+}
+
+/* ---- modes ------------------------------------------------------------------------------- */
+
+/* DDP on slices vs the reference on the whole batch; accumulate micro-steps with no_sync. */
+static int equal(cddp_comm *g, kind k, double cap_mb, int accumulate) {
+    cddp_model *m = make_model(k, 1, false), *ref = make_model(k, 1, false);
+    cddp_ddp *d = wrap(m, g, (cddp_ddp_options){.bucket_cap_mb = cap_mb});
+    cddp_optim *om = sgd(m), *oref = sgd(ref);
+    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    for (int s = 0; s < STEPS; s++) {
+        cddp_model_zero_grad(m);
+        cddp_model_zero_grad(ref);
+        for (int a = 0; a < accumulate; a++) {
+            int step = s * accumulate + a;
+            cddp_ddp_no_sync(d, a + 1 < accumulate);
+            cddp_ctx_reset(ctx);
+            backward(ctx, loss_of(ctx, m, k, step, (int64_t)rank * B, B, false), "ddp");
+            cddp_ctx_reset(ctx);
+            backward(ctx, loss_of(ctx, ref, k, step, 0, (int64_t)world * B, false), "reference");
+        }
+        cddp_optim_step(om);
+        cddp_optim_step(oref);
+        char when[64];
+        snprintf(when, sizeof when, "after step %d", s + 1);
+        compare(m, ref, when);
+    }
+    cddp_ddp_stats st = cddp_ddp_stats_get(d);
+    if (st.steps != STEPS) FAIL("the statistics count %lld synchronised steps", (long long)st.steps);
+    printf("ok: rank %d of %d: %s, %d buckets, %d accumulation step(s): %d steps equal the "
+           "single-process reference\n",
+           rank, world, k == MLP ? "mlp" : "cnn", cddp_ddp_num_buckets(d), accumulate, STEPS);
+    cddp_ctx_destroy(ctx);
+    cddp_optim_destroy(om);
+    cddp_optim_destroy(oref);
+    cddp_ddp_destroy(d);
+    cddp_model_destroy(m);
+    cddp_model_destroy(ref);
+    return 0;
+}
+
+static int sum_mode(cddp_comm *g) {
+    cddp_model *m = make_model(MLP, 1, false), *ref = make_model(MLP, 1, false);
+    cddp_ddp *d = wrap(m, g, (cddp_ddp_options){.sum = true});
+    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_model_zero_grad(m);
+    cddp_model_zero_grad(ref);
+    backward(ctx, loss_of(ctx, m, MLP, 0, (int64_t)rank * B, B, false), "ddp");
+    cddp_ctx_reset(ctx);
+    backward(ctx, loss_of(ctx, ref, MLP, 0, 0, (int64_t)world * B, false), "reference");
+    const float *a = cddp_model_grad(m), *b = cddp_model_grad(ref);
+    double dmax = 0, rmax = 0;
+    for (size_t e = 0; e < cddp_model_numel(m); e++) {
+        dmax = fmax(dmax, fabs(a[e] - world * b[e]));
+        rmax = fmax(rmax, fabs(world * b[e]));
+    }
+    if (dmax > 1e-5 * rmax) FAIL("sum: gradients are not %d x the mean's (off by %g)", world, dmax);
+    printf("ok: rank %d of %d: sum mode gives %d x the mean's gradients\n", rank, world, world);
+    cddp_ctx_destroy(ctx);
+    cddp_ddp_destroy(d);
+    cddp_model_destroy(m);
+    cddp_model_destroy(ref);
+    return 0;
+}
+
+/* The branch is used when (step + rank) is even; never.weight by nobody. */
+static int unused(cddp_comm *g, bool flag) {
+    cddp_model *m = make_model(CUSTOM, 2, false), *ref = make_model(CUSTOM, 2, false);
+    cddp_ddp *d = wrap(m, g,
+                       (cddp_ddp_options){.bucket_cap_mb = 0.0002,
+                                          .find_unused_parameters = flag});
+    cddp_optim *om = sgd(m), *oref = sgd(ref);
+    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_tensor *never = cddp_model_find(m, "never.weight");
+    for (int s = 0; s < STEPS; s++) {
+        cddp_model_zero_grad(m);
+        cddp_model_zero_grad(ref);
+        for (int e = 0; e < 3; e++) never->grad[e] = 7.0f + (float)e; /* must stay untouched */
+        cddp_ctx_reset(ctx);
+        int rc = cddp_backward(ctx, loss_of(ctx, m, CUSTOM, s, (int64_t)rank * B, B,
+                                            uses_branch(s, rank)));
+        if (!flag) {
+            if (rc == CDDP_OK) continue; /* every rank used the branch this step */
+            const char *msg = cddp_ctx_error(ctx);
+            /* never.weight is unused everywhere; the branch is named by the ranks that did not
+             * use it (the others report the first such rank's message). */
+            if (!strstr(msg, "'never.weight'") || !strstr(msg, "find_unused_parameters"))
+                FAIL("the error '%s' does not name the parameter and the flag", msg);
+            char own[64];
+            snprintf(own, sizeof own, "rank %d: parameters", rank);
+            if (strstr(msg, own) && !uses_branch(s, rank) && !strstr(msg, "'branch.weight'"))
+                FAIL("the error '%s' does not name branch.weight", msg);
+            printf("ok: rank %d of %d failed as expected at step %d: %s\n", rank, world, s, msg);
+            exit(0);
+        }
+        if (rc != CDDP_OK) FAIL("backward: %s", cddp_ctx_error(ctx));
+        for (int e = 0; e < 3; e++)
+            if (never->grad[e] != 7.0f + (float)e)
+                FAIL("never.weight's gradient changed to %g", never->grad[e]);
+        cddp_tensor *total = NULL;
+        cddp_ctx_reset(ctx);
+        for (int r = 0; r < world; r++) {
+            cddp_tensor *l = cddp_scale(
+                ctx, loss_of(ctx, ref, CUSTOM, s, (int64_t)r * B, B, uses_branch(s, r)),
+                1.0f / (float)world);
+            total = total ? cddp_add(ctx, total, l) : l;
+        }
+        backward(ctx, total, "reference");
+        for (int e = 0; e < 3; e++) never->grad[e] = 0; /* the reference's is zero */
+        cddp_optim_step(om);
+        cddp_optim_step(oref);
+        char when[64];
+        snprintf(when, sizeof when, "after step %d", s + 1);
+        compare(m, ref, when);
+        if (s == 0) { /* rank 0's ready order: head, b, branch, a; then never */
+            int want[3][2] = {{3, 1}, {2, -1}, {0, 4}}, got[5];
+            if (cddp_ddp_num_buckets(d) != 3) FAIL("%d buckets after the rebuild, want 3",
+                                                   cddp_ddp_num_buckets(d));
+            for (int b = 0; b < 3; b++) {
+                int n = cddp_ddp_bucket_params(d, b, got, 5);
+                for (int j = 0; j < n; j++)
+                    if (n > 2 || got[j] != want[b][j])
+                        FAIL("bucket %d after the rebuild holds parameter %d (position %d)", b,
+                             got[j], j);
+            }
+        }
+    }
+    if (!flag) FAIL("no step failed without find_unused_parameters%s", "");
+    printf("ok: rank %d of %d: find_unused_parameters matches the reference over %d steps; "
+           "buckets rebuilt in ready order; an unused parameter's gradient untouched\n",
+           rank, world, STEPS);
+    cddp_ctx_destroy(ctx);
+    cddp_optim_destroy(om);
+    cddp_optim_destroy(oref);
+    cddp_ddp_destroy(d);
+    cddp_model_destroy(m);
+    cddp_model_destroy(ref);
+    return 0;
+}
+
+/* Rank r has 3 + r batches. */
+static int join(cddp_comm *g, bool throw) {
+    cddp_model *m = make_model(MLP, 3, false), *ref = make_model(MLP, 3, false);
+    cddp_ddp *d = wrap(m, g, (cddp_ddp_options){.join = true, .join_throw = throw});
+    cddp_optim *om = sgd(m), *oref = sgd(ref);
+    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_error err = {0};
+    for (int s = 0; s < 3 + rank; s++) {
+        cddp_model_zero_grad(m);
+        cddp_ctx_reset(ctx);
+        int rc = cddp_backward(ctx, loss_of(ctx, m, MLP, s, (int64_t)rank * B, B, false));
+        if (rc != CDDP_OK && throw) {
+            const char *msg = cddp_ctx_error(ctx);
+            if (!strstr(msg, "rank 0 ran out of inputs"))
+                FAIL("the error '%s' does not say that rank 0 ran out of inputs", msg);
+            printf("ok: rank %d of %d failed as expected at step %d: %s\n", rank, world, s, msg);
+            exit(0);
+        }
+        if (rc != CDDP_OK) FAIL("backward at step %d: %s", s, cddp_ctx_error(ctx));
+        cddp_optim_step(om);
+    }
+    int rc = cddp_ddp_join(d, &err);
+    if (throw) {
+        if (world == 1 && rc == CDDP_OK) {
+            printf("ok: rank 0 of 1: join_throw with one rank has nobody to shadow\n");
+            exit(0);
+        }
+        if (rc == CDDP_OK || !strstr(err.msg, "ran out of inputs"))
+            FAIL("join with join_throw: '%s'", rc ? err.msg : "succeeded");
+        printf("ok: rank %d of %d failed as expected in join: %s\n", rank, world, err.msg);
+        exit(0);
+    }
+    if (rc != CDDP_OK) FAIL("join: %s", err.msg);
+    /* The reference: step s averages the gradients of the ranks that still had data. */
+    for (int s = 0; s < 3 + world - 1; s++) {
+        cddp_model_zero_grad(ref);
+        cddp_ctx_reset(ctx);
+        cddp_tensor *total = NULL;
+        for (int r = 0; r < world; r++) {
+            if (s >= 3 + r) continue;
+            cddp_tensor *l = cddp_scale(ctx, loss_of(ctx, ref, MLP, s, (int64_t)r * B, B, false),
+                                        1.0f / (float)world);
+            total = total ? cddp_add(ctx, total, l) : l;
+        }
+        backward(ctx, total, "reference");
+        cddp_optim_step(oref);
+    }
+    compare(m, ref, "after join");
+    printf("ok: rank %d of %d: %d batches, joined; the final parameters equal the reference\n",
+           rank, world, 3 + rank);
+    cddp_ctx_destroy(ctx);
+    cddp_optim_destroy(om);
+    cddp_optim_destroy(oref);
+    cddp_ddp_destroy(d);
+    cddp_model_destroy(m);
+    cddp_model_destroy(ref);
+    return 0;
+}
+
+static int mismatch(cddp_comm *g, const char *what) {
+    bool odd = rank == 1;
+    cddp_model *m = make_model(MLP, 1, odd && !strcmp(what, "shape"));
+    cddp_ddp_options o = {.find_unused_parameters = odd && !strcmp(what, "option")};
+    cddp_error err = {0};
+    cddp_ddp *d = cddp_ddp_wrap(m, g, &o, &err);
+    if (d) FAIL("the wrap succeeded although rank 1 differs (%s)", what);
+    const char *want = !strcmp(what, "shape") ? "parameter 0 differs: rank 1 has 'fc1.weight' (7,6)"
+                                              : "rank 1 wraps with find_unused_parameters = 1";
+    if (!strstr(err.msg, want)) FAIL("the error '%s' lacks '%s'", err.msg, want);
+    printf("ok: rank %d of %d failed as expected: %s\n", rank, world, err.msg);
+    cddp_model_destroy(m);
+    return 0;
+}
+
+/* 6 steps straight vs 3 steps, save, a fresh model loading it, 3 steps: bit for bit. */
+static int resume(cddp_comm *g, const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/resume.safetensors", dir);
+    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_error err = {0};
+    cddp_model *straight = make_model(MLP, 4, false);
+    cddp_ddp *d = wrap(straight, g, (cddp_ddp_options){0});
+    cddp_optim *o = sgd(straight);
+    for (int s = 0; s < 6; s++) {
+        cddp_model_zero_grad(straight);
+        cddp_ctx_reset(ctx);
+        backward(ctx, loss_of(ctx, straight, MLP, s, (int64_t)rank * B, B, false), "straight");
+        cddp_optim_step(o);
+    }
+    cddp_optim_destroy(o);
+    cddp_ddp_destroy(d);
+
+    cddp_model *first = make_model(MLP, 4, false);
+    d = wrap(first, g, (cddp_ddp_options){0});
+    o = sgd(first);
+    for (int s = 0; s < 3; s++) {
+        cddp_model_zero_grad(first);
+        cddp_ctx_reset(ctx);
+        backward(ctx, loss_of(ctx, first, MLP, s, (int64_t)rank * B, B, false), "first half");
+        cddp_optim_step(o);
+    }
+    if (cddp_ddp_save(d, path, o, NULL, &err) != CDDP_OK) FAIL("save: %s", err.msg);
+    cddp_optim_destroy(o);
+    cddp_ddp_destroy(d);
+    cddp_model_destroy(first);
+
+    cddp_model *second = make_model(MLP, 99, false); /* other weights: the load must matter */
+    d = wrap(second, g, (cddp_ddp_options){0});
+    o = sgd(second);
+    if (cddp_ddp_load(d, path, o, NULL, &err) != CDDP_OK) FAIL("load: %s", err.msg);
+    for (int s = 3; s < 6; s++) {
+        cddp_model_zero_grad(second);
+        cddp_ctx_reset(ctx);
+        backward(ctx, loss_of(ctx, second, MLP, s, (int64_t)rank * B, B, false), "second half");
+        cddp_optim_step(o);
+    }
+    if (memcmp(cddp_model_data(second), cddp_model_data(straight),
+               cddp_model_numel(straight) * sizeof(float)) != 0)
+        FAIL("3 + 3 steps through a checkpoint differ from 6 straight steps%s", "");
+    printf("ok: rank %d of %d: 3 steps, save, load, 3 steps = 6 steps, bit for bit\n", rank, world);
+    cddp_optim_destroy(o);
+    cddp_ddp_destroy(d);
+    cddp_model_destroy(second);
+    cddp_model_destroy(straight);
+    cddp_ctx_destroy(ctx);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: ddp_check equal mlp|cnn [CAP_MB] | nosync | sum | unused | "
+                        "unused_noflag | join | join_throw | mismatch shape|option | resume DIR\n");
+        return 2;
+    }
+    cddp_error err = {0};
+    cddp_comm *g = cddp_comm_create(NULL, &err);
+    if (!g) FAIL("cannot create the group: %s", err.msg);
+    rank = cddp_comm_rank(g);
+    world = cddp_comm_size(g);
+    const char *mode = argv[1];
+    int status;
+    if (!strcmp(mode, "equal") && argc > 2)
+        status = equal(g, !strcmp(argv[2], "cnn") ? CNN : MLP, argc > 3 ? atof(argv[3]) : 0, 1);
+    else if (!strcmp(mode, "nosync"))
+        status = equal(g, MLP, 0.0005, 2);
+    else if (!strcmp(mode, "sum"))
+        status = sum_mode(g);
+    else if (!strcmp(mode, "unused") || !strcmp(mode, "unused_noflag"))
+        status = unused(g, !strcmp(mode, "unused"));
+    else if (!strcmp(mode, "join") || !strcmp(mode, "join_throw"))
+        status = join(g, !strcmp(mode, "join_throw"));
+    else if (!strcmp(mode, "mismatch") && argc > 2)
+        status = mismatch(g, argv[2]);
+    else if (!strcmp(mode, "resume") && argc > 2)
+        status = resume(g, argv[2]);
+    else
+        FAIL("unknown mode %s", mode);
+    cddp_comm_destroy(g);
+    return status;
+}
