@@ -1,21 +1,31 @@
 /* fashion_mnist.c: train the MindSpore seed's MLP (784-512-512-10) or a small CNN on
- * Fashion-MNIST, in one process, and report test accuracy every epoch.
+ * Fashion-MNIST, data-parallel, and report test accuracy every epoch.
  *
- *   build/bin/fashion_mnist --epochs 3 --model mlp
- *   build/bin/fashion_mnist --model cnn --optimizer adamw --lr 1e-3 --json
+ *   cddprun --nproc_per_node 2 build/bin/fashion_mnist --epochs 2
+ *   build/bin/fashion_mnist --model cnn --optimizer adamw --lr 1e-3 --json     (one process)
  *
  * The loop is the one every cddp program has: reset the step context, forward, loss, zero the
- * gradients, backward, optimizer step. The data comes as in the seeds: a dataset, a
- * DistributedSampler (set_epoch every epoch), and a DataLoader that rescales and normalises
- * ((x / 255 - 0.1307) / 0.3081) on a background thread while the step runs.
+ * gradients, backward, optimizer step. Data parallelism adds the seeds' two changes: a
+ * DistributedSampler gives each rank its part of every epoch (set_epoch reshuffles), and the
+ * model is wrapped with DistributedDataParallel, which averages the gradients during backward.
+ * The DataLoader rescales and normalises ((x / 255 - 0.1307) / 0.3081) on a background thread
+ * while the step runs. The test set is sharded across ranks and the correct counts summed.
+ *
+ * Rank 0 prints progress (a bar on a terminal, lines otherwise), writes a checkpoint after every
+ * epoch (model, optimizer, epoch, random state) to OUT/checkpoint.safetensors, the metrics to
+ * OUT/metrics.csv and the curves to OUT/curves.svg. --resume continues from a checkpoint.
  */
 #include <cddp/cddp.h>
 
+#include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define MEAN 0.1307f
 #define STD  0.3081f
@@ -34,7 +44,8 @@ static cddp_loader_options loader_options(int64_t batch) {
 typedef struct options {
     int epochs, batch, log_every;
     float lr, momentum, target_acc;
-    const char *optimizer, *model, *data, *save;
+    const char *optimizer, *model, *data, *save, *out, *resume, *hook;
+    double bucket_cap_mb;
     uint64_t seed;
     int64_t limit;
     bool json;
@@ -43,10 +54,11 @@ typedef struct options {
 static void usage(FILE *out) {
     fprintf(
         out,
-        "usage: fashion_mnist [options]\n"
-        "Trains an MLP or a CNN on Fashion-MNIST and prints test accuracy every epoch.\n\n"
+        "usage: [cddprun --nproc_per_node N] fashion_mnist [options]\n"
+        "Trains an MLP or a CNN on Fashion-MNIST, data-parallel over the launcher's ranks, and\n"
+        "prints test accuracy every epoch.\n\n"
         "  --epochs N          epochs to train (default 3)\n"
-        "  --batch-size N      samples per step (default 64)\n"
+        "  --batch-size N      samples per step on each rank (default 64)\n"
         "  --lr X              learning rate (default 0.01)\n"
         "  --momentum X        SGD momentum (default 0.9)\n"
         "  --optimizer NAME    sgd or adamw (default sgd)\n"
@@ -58,6 +70,11 @@ static void usage(FILE *out) {
         "  --log-every N       print the loss every N steps (default 100; 0: never)\n"
         "  --target-acc X      stop after the first epoch whose test accuracy reaches X\n"
         "  --save PATH         write a safetensors checkpoint after the last epoch\n"
+        "  --out DIR           rank 0 writes checkpoint.safetensors (every epoch), metrics.csv\n"
+        "                      and curves.svg here (default runs/fashion_mnist; 'none': no files)\n"
+        "  --resume PATH       continue from a checkpoint written by --out or --save\n"
+        "  --hook NAME         gradient compression: none, bf16 or fp16 (default none)\n"
+        "  --bucket-cap-mb X   DDP bucket size in MiB (default 25)\n"
         "  --json              end with one JSON line of results\n"
         "  -h, --help          show this help\n");
 }
@@ -70,6 +87,8 @@ static int parse_args(int argc, char **argv, options *o) {
                    .momentum = 0.9f,
                    .optimizer = "sgd",
                    .model = "mlp",
+                   .out = "runs/fashion_mnist",
+                   .hook = "none",
                    .limit = -1};
     static const struct option longopts[] = {{"epochs", required_argument, 0, 'e'},
                                              {"batch-size", required_argument, 0, 'b'},
@@ -83,6 +102,10 @@ static int parse_args(int argc, char **argv, options *o) {
                                              {"log-every", required_argument, 0, 'L'},
                                              {"target-acc", required_argument, 0, 't'},
                                              {"save", required_argument, 0, 'S'},
+                                             {"out", required_argument, 0, 'O'},
+                                             {"resume", required_argument, 0, 'R'},
+                                             {"hook", required_argument, 0, 'H'},
+                                             {"bucket-cap-mb", required_argument, 0, 'B'},
                                              {"json", no_argument, 0, 'j'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
@@ -127,6 +150,18 @@ static int parse_args(int argc, char **argv, options *o) {
         case 'S':
             o->save = optarg;
             break;
+        case 'O':
+            o->out = optarg;
+            break;
+        case 'R':
+            o->resume = optarg;
+            break;
+        case 'H':
+            o->hook = optarg;
+            break;
+        case 'B':
+            o->bucket_cap_mb = strtod(optarg, &end);
+            break;
         case 'j':
             o->json = true;
             break;
@@ -153,6 +188,10 @@ static int parse_args(int argc, char **argv, options *o) {
     if (strcmp(o->optimizer, "sgd") != 0 && strcmp(o->optimizer, "adamw") != 0) {
         fprintf(stderr, "fashion_mnist: --optimizer must be sgd or adamw, not '%s'\n",
                 o->optimizer);
+        return -1;
+    }
+    if (strcmp(o->hook, "none") && strcmp(o->hook, "bf16") && strcmp(o->hook, "fp16")) {
+        fprintf(stderr, "fashion_mnist: --hook must be none, bf16 or fp16, not '%s'\n", o->hook);
         return -1;
     }
     if (strcmp(o->model, "mlp") != 0 && strcmp(o->model, "cnn") != 0) {
@@ -195,9 +234,10 @@ static cddp_tensor *images(cddp_ctx *ctx, const cddp_batch *b, bool cnn) {
 }
 
 /* Test accuracy over the whole split, in evaluation mode, 250 images at a time (the CNN's
- * im2col columns for a batch of B take B * 0.6 MB of arena). */
-static int evaluate(cddp_model *m, cddp_ctx *ctx, cddp_loader *test, bool cnn, double *acc,
-                    cddp_error *err) {
+ * im2col columns for a batch of B take B * 0.6 MB of arena): each rank counts its shard, and an
+ * allreduce sums the counts. */
+static int evaluate(cddp_model *m, cddp_ctx *ctx, cddp_loader *test, bool cnn, cddp_comm *group,
+                    double *acc, cddp_error *err) {
     int64_t correct = 0, seen = 0;
     bool old = cddp_ctx_set_grad_enabled(ctx, false);
     cddp_model_set_training(m, false);
@@ -215,8 +255,111 @@ static int evaluate(cddp_model *m, cddp_ctx *ctx, cddp_loader *test, bool cnn, d
     cddp_ctx_reset(ctx);
     cddp_ctx_set_grad_enabled(ctx, old);
     cddp_model_set_training(m, true);
-    *acc = seen ? (double)correct / (double)seen : 0.0;
-    return rc;
+    if (rc < 0) return rc;
+    int64_t counts[2] = {correct, seen};
+    if (cddp_comm_allreduce(group, counts, counts, 2, CDDP_COMM_I64, CDDP_COMM_SUM, -1, err))
+        return -1;
+    *acc = counts[1] ? (double)counts[0] / (double)counts[1] : 0.0;
+    return 0;
+}
+
+/* ---- rank 0's files: metrics and curves ---------------------------------------------------- */
+
+typedef struct curve {
+    int n;
+    double loss[4096], acc[4096]; /* per epoch */
+} curve;
+
+/* The loss and accuracy per epoch as an SVG line chart (two panels). */
+static void write_svg(const char *path, const curve *c) {
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    double lmax = 1e-9;
+    for (int i = 0; i < c->n; i++) lmax = fmax(lmax, c->loss[i]);
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"720\" height=\"300\" "
+               "font-family=\"sans-serif\" font-size=\"12\">\n"
+               "<rect width=\"720\" height=\"300\" fill=\"white\"/>\n");
+    const char *title[2] = {"training loss (last step of the epoch)", "test accuracy"};
+    for (int p = 0; p < 2; p++) {
+        double x0 = 50 + p * 360, y0 = 30, w = 290, h = 220;
+        double top = p ? 1.0 : lmax;
+        fprintf(f, "<text x=\"%.0f\" y=\"18\">%s</text>\n", x0, title[p]);
+        fprintf(f,
+                "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" "
+                "stroke=\"#888\"/>\n",
+                x0, y0, w, h);
+        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%.3g</text>\n", x0 - 4, y0 + 10,
+                top);
+        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">0</text>\n", x0 - 4, y0 + h);
+        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">epoch</text>\n", x0 + w / 2,
+                y0 + h + 30);
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"",
+                p ? "#d62728" : "#1f77b4");
+        for (int i = 0; i < c->n; i++) {
+            double v = p ? c->acc[i] : c->loss[i];
+            double x = x0 + (c->n > 1 ? w * i / (c->n - 1) : w / 2), y = y0 + h - h * v / top;
+            fprintf(f, "%.1f,%.1f ", x, y);
+        }
+        fprintf(f, "\"/>\n");
+        for (int i = 0; i < c->n; i++) {
+            double v = p ? c->acc[i] : c->loss[i];
+            double x = x0 + (c->n > 1 ? w * i / (c->n - 1) : w / 2), y = y0 + h - h * v / top;
+            fprintf(f,
+                    "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"><title>epoch %d: "
+                    "%.4f</title></circle>\n",
+                    x, y, p ? "#d62728" : "#1f77b4", i, v);
+        }
+    }
+    fprintf(f, "</svg>\n");
+    fclose(f);
+}
+
+/* A progress bar on a terminal, a line every log_every steps otherwise. */
+static void progress(const options *o, bool tty, int epoch, int64_t step, int64_t steps,
+                     double loss) {
+    if (tty) {
+        int filled = steps ? (int)(30 * (step + 1) / steps) : 30;
+        if (step % 10 && step + 1 != steps) return;
+        printf("\repoch %d [%.*s%*s] %3d%% loss %.4f", epoch, filled,
+               "##############################", 30 - filled, "",
+               steps ? (int)(100 * (step + 1) / steps) : 100, loss);
+        if (step + 1 == steps) printf("\n");
+        fflush(stdout);
+    } else if (o->log_every && step % o->log_every == 0) {
+        printf("epoch: %d, step: %lld, loss is %.6f\n", epoch, (long long)step, loss);
+    }
+}
+
+/* The context's random state, as hex, for the checkpoint. */
+static void rng_hex(const cddp_rng *r, char *out) {
+    for (int i = 0; i < 4; i++) sprintf(out + 16 * i, "%016" PRIx64, r->s[i]);
+}
+
+static bool rng_parse(const char *hex, cddp_rng *r) {
+    if (!hex || strlen(hex) != 64) return false;
+    for (int i = 0; i < 4; i++) {
+        char part[17];
+        memcpy(part, hex + 16 * i, 16);
+        part[16] = '\0';
+        r->s[i] = strtoull(part, NULL, 16);
+    }
+    return true;
+}
+
+/* mkdir -p */
+static int make_dirs(const char *path, cddp_error *err) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return cddp_error_set(err, CDDP_EIO, "cannot create %s: %s", buf, strerror(errno));
+            if (!(*p = c)) break;
+        }
+    }
+    return CDDP_OK;
 }
 
 int main(int argc, char **argv) {
@@ -224,13 +367,23 @@ int main(int argc, char **argv) {
     if (parse_args(argc, argv, &o) != 0) return 2;
     int status = 1;
     cddp_error err = {0};
+    cddp_comm *group = NULL;
+    cddp_ddp *ddp = NULL;
     cddp_dataset *train = NULL, *test = NULL;
     cddp_sampler *sampler = NULL;
     cddp_loader *train_loader = NULL, *test_loader = NULL;
     cddp_model *m = NULL;
     cddp_optim *opt = NULL;
     cddp_ctx *ctx = NULL;
+    FILE *csv = NULL;
+    static curve curves;
     bool cnn = strcmp(o.model, "cnn") == 0;
+    bool files = strcmp(o.out, "none") != 0 && *o.out;
+
+    /* The group: one process on its own, or the ranks cddprun (or mpirun) started. */
+    if (!(group = cddp_comm_create(NULL, &err))) goto fail;
+    int rank = cddp_comm_rank(group), world = cddp_comm_size(group);
+    bool tty = rank == 0 && isatty(STDOUT_FILENO);
 
     train = cddp_dataset_mnist(o.data, true, &err);
     test = train ? cddp_dataset_mnist(o.data, false, &err) : NULL;
@@ -256,10 +409,16 @@ int main(int argc, char **argv) {
         cddp_dataset_destroy(train);
         train = prefix;
     }
+    /* Each rank trains on its part of every epoch and evaluates its shard of the test set. */
     cddp_sampler_options so = cddp_sampler_defaults();
     so.seed = o.seed;
     sampler = cddp_sampler_create(cddp_dataset_len(train), &so, &err);
     if (!sampler) goto fail;
+    if (world > 1) {
+        cddp_dataset *shard = cddp_dataset_shard(test, world, rank, &err);
+        if (!shard) goto fail;
+        test = shard;
+    }
     cddp_loader_options lo = loader_options(o.batch);
     train_loader = cddp_loader_create(train, sampler, &lo, &err);
     lo = loader_options(250);
@@ -267,7 +426,7 @@ int main(int argc, char **argv) {
     if (!test_loader) goto fail;
 
     m = cddp_model_create();
-    ctx = cddp_ctx_create(&(cddp_ctx_options){.seed = o.seed});
+    ctx = cddp_ctx_create(&(cddp_ctx_options){.seed = o.seed + (uint64_t)rank});
     if (!m || !ctx) {
         cddp_error_set(&err, CDDP_ENOMEM, "out of memory");
         goto fail;
@@ -283,13 +442,46 @@ int main(int argc, char **argv) {
         opt = cddp_optim_adamw(m, &aw, &err);
     }
     if (!opt) goto fail;
+    /* The one call that makes it data-parallel. */
+    cddp_ddp_options dopt = {.bucket_cap_mb = o.bucket_cap_mb,
+                             .hook = !strcmp(o.hook, "bf16")   ? CDDP_DDP_HOOK_BF16
+                                     : !strcmp(o.hook, "fp16") ? CDDP_DDP_HOOK_FP16
+                                                               : CDDP_DDP_HOOK_NONE};
+    if (!(ddp = cddp_ddp_wrap(m, group, &dopt, &err))) goto fail;
+
+    int first_epoch = 0;
+    if (o.resume) {
+        cddp_safetensors *f = NULL;
+        if (cddp_ddp_load(ddp, o.resume, opt, &f, &err) != CDDP_OK) goto fail;
+        const char *ep = cddp_safetensors_meta(f, "epoch");
+        first_epoch = ep ? atoi(ep) : 0;
+        cddp_rng r;
+        char key[32];
+        snprintf(key, sizeof key, "rng.%d", rank);
+        if (rng_parse(cddp_safetensors_meta(f, key), &r)) *cddp_ctx_rng(ctx) = r;
+        cddp_safetensors_destroy(f);
+        cddp_ddp_print0(ddp, "resumed from %s after epoch %d\n", o.resume, first_epoch);
+    }
+    char ckpt[4096] = "", csv_path[4096] = "", svg_path[4096] = "";
+    if (files) {
+        if (rank == 0 && make_dirs(o.out, &err) != CDDP_OK) goto fail;
+        snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", o.out);
+        snprintf(csv_path, sizeof csv_path, "%s/metrics.csv", o.out);
+        snprintf(svg_path, sizeof svg_path, "%s/curves.svg", o.out);
+        if (rank == 0 && !(csv = fopen(csv_path, o.resume ? "a" : "w"))) {
+            cddp_error_set(&err, CDDP_EIO, "cannot write %s: %s", csv_path, strerror(errno));
+            goto fail;
+        }
+        if (csv && !o.resume) fprintf(csv, "epoch,loss,test_acc,samples_per_s,world\n");
+    }
 
     double train_s = 0.0, acc = 0.0, last_loss = NAN;
     int64_t samples = 0;
     int epochs_run = 0;
-    for (int epoch = 0; epoch < o.epochs; epoch++) {
+    for (int epoch = first_epoch; epoch < o.epochs; epoch++) {
         cddp_sampler_set_epoch(sampler, epoch);
         double t0 = cddp_now_s();
+        int64_t steps = (cddp_sampler_len(sampler) + o.batch - 1) / o.batch, epoch_samples = 0;
         cddp_batch b;
         int rc;
         cddp_loader_begin(train_loader);
@@ -305,37 +497,83 @@ int main(int argc, char **argv) {
             }
             cddp_optim_step(opt);
             last_loss = cddp_get(loss, 0);
-            samples += b.size;
-            if (o.log_every && b.index % o.log_every == 0)
-                printf("epoch: %d, step: %lld, loss is %.6f\n", epoch, (long long)b.index,
-                       last_loss);
+            epoch_samples += b.size;
+            if (rank == 0) progress(&o, tty, epoch, b.index, steps, last_loss);
         }
         if (rc < 0) goto fail;
-        train_s += cddp_now_s() - t0;
+        double epoch_s = cddp_now_s() - t0;
+        train_s += epoch_s;
+        samples += epoch_samples;
         epochs_run++;
-        if (evaluate(m, ctx, test_loader, cnn, &acc, &err) < 0) goto fail;
-        printf("epoch: %d, test accuracy: %.4f\n", epoch, acc);
+        if (evaluate(m, ctx, test_loader, cnn, group, &acc, &err) < 0) goto fail;
+        cddp_ddp_print0(ddp, "epoch: %d, test accuracy: %.4f\n", epoch, acc);
+        if (files) { /* the checkpoint, then the metrics that point to it */
+            char ep[16], rngs[64][80], keys[64][16];
+            snprintf(ep, sizeof ep, "%d", epoch + 1);
+            const char *meta[2 * 66 + 1] = {"epoch", ep, "model", o.model};
+            int nm = 4;
+            /* Every rank's random state travels to rank 0 through an allgather. */
+            uint64_t mine[4], *all = malloc(sizeof mine * (size_t)world);
+            memcpy(mine, cddp_ctx_rng(ctx)->s, sizeof mine);
+            if (!all || cddp_comm_allgather(group, mine, all, 4, CDDP_COMM_I64, -1, &err)) {
+                free(all);
+                goto fail;
+            }
+            for (int r = 0; r < world && r < 64; r++) {
+                cddp_rng rr;
+                memcpy(rr.s, all + 4 * r, sizeof mine);
+                rng_hex(&rr, rngs[r]);
+                snprintf(keys[r], sizeof keys[r], "rng.%d", r);
+                meta[nm++] = keys[r];
+                meta[nm++] = rngs[r];
+            }
+            meta[nm] = NULL;
+            free(all);
+            if (cddp_ddp_save(ddp, ckpt, opt, meta, &err) != CDDP_OK) goto fail;
+            double sps = epoch_s > 0 ? (double)epoch_samples * world / epoch_s : 0;
+            if (csv) {
+                fprintf(csv, "%d,%.6f,%.4f,%.1f,%d\n", epoch, last_loss, acc, sps, world);
+                fflush(csv);
+            }
+            if (rank == 0 && curves.n < 4096) {
+                curves.loss[curves.n] = last_loss;
+                curves.acc[curves.n++] = acc;
+                write_svg(svg_path, &curves);
+            }
+        }
         fflush(stdout);
         if (o.target_acc > 0 && acc >= o.target_acc) break;
     }
     if (o.save) {
         char ep[16];
-        snprintf(ep, sizeof ep, "%d", epochs_run);
+        snprintf(ep, sizeof ep, "%d", first_epoch + epochs_run);
         const char *meta[] = {"epoch", ep, "model", o.model, NULL};
-        if (cddp_checkpoint_save(o.save, m, opt, meta, &err) != CDDP_OK) goto fail;
-        printf("saved %s\n", o.save);
+        if (cddp_ddp_save(ddp, o.save, opt, meta, &err) != CDDP_OK) goto fail;
+        cddp_ddp_print0(ddp, "saved %s\n", o.save);
     }
-    if (o.json)
+    if (files)
+        cddp_ddp_print0(ddp, "checkpoint: %s\nmetrics: %s\ncurves: %s\n", ckpt, csv_path, svg_path);
+    int64_t total = samples;
+    if (cddp_comm_allreduce(group, &total, &total, 1, CDDP_COMM_I64, CDDP_COMM_SUM, -1, &err))
+        goto fail;
+    if (o.json && rank == 0) {
+        cddp_ddp_stats st = cddp_ddp_stats_get(ddp);
         printf("{\"model\": \"%s\", \"optimizer\": \"%s\", \"epochs\": %d, \"batch_per_rank\": %d, "
-               "\"world\": 1, \"train_samples\": %lld, \"train_s\": %.3f, \"samples_per_s\": %.1f, "
-               "\"final_loss\": %.6f, \"test_acc\": %.4f}\n",
-               o.model, o.optimizer, epochs_run, o.batch, (long long)samples, train_s,
-               train_s > 0 ? (double)samples / train_s : 0.0, last_loss, acc);
+               "\"world\": %d, \"hook\": \"%s\", \"train_samples\": %lld, \"train_s\": %.3f, "
+               "\"samples_per_s\": %.1f, \"final_loss\": %.6f, \"test_acc\": %.4f, "
+               "\"last_step\": {\"forward_ms\": %.3f, \"backward_ms\": %.3f, \"allreduce_ms\": "
+               "%.3f, \"wait_ms\": %.3f, \"overlap\": %.3f}}\n",
+               o.model, o.optimizer, epochs_run, o.batch, world, o.hook, (long long)total, train_s,
+               train_s > 0 ? (double)total / train_s : 0.0, last_loss, acc, st.forward_s * 1e3,
+               st.backward_s * 1e3, st.comm_s * 1e3, st.wait_s * 1e3, st.overlap);
+    }
     status = 0;
     goto done;
 fail:
     fprintf(stderr, "fashion_mnist: %s\n", cddp_error_msg(&err));
 done:
+    if (csv) fclose(csv);
+    cddp_ddp_destroy(ddp);
     cddp_optim_destroy(opt);
     cddp_model_destroy(m);
     cddp_ctx_destroy(ctx);
@@ -344,5 +582,6 @@ done:
     cddp_sampler_destroy(sampler);
     cddp_dataset_destroy(train);
     cddp_dataset_destroy(test);
+    cddp_comm_destroy(group);
     return status;
 }

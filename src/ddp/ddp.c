@@ -127,8 +127,11 @@ int cddp_ddp_print0(const cddp_ddp *d, const char *fmt, ...) {
     return n;
 }
 
+/* A timeline is for profiling a stretch of training: it keeps the first million events. */
+#define MAX_EVENTS ((size_t)1 << 20)
+
 static void record(cddp_ddp *d, const char *name, int b, int tid, double t0, double t1) {
-    if (!d->timeline) return;
+    if (!d->timeline || d->nevents >= MAX_EVENTS) return;
     if (d->nevents == d->cap_events) {
         size_t cap = d->cap_events ? d->cap_events * 2 : 1024;
         event *e = cddp_realloc(d->events, cap * sizeof *e);

@@ -1,0 +1,108 @@
+#!/bin/sh
+# examples_test.sh BUILD_DIR SCENARIO: the examples, data-parallel under the real cddprun.
+#
+#   ddp_train       2 ranks fit w = [[2], [3]] within 1e-3, both of them
+#   linear_sampler  4 ranks; rank 0's model.safetensors loads back (NumPy) with Linear's names
+#   fashion_mnist   2 ranks, 1 epoch: test accuracy >= 0.84; the checkpoint, metrics and curves
+#                   exist; the DDP timeline is one JSON array with both ranks' buckets
+#   resume          a 2-rank, 2-epoch run killed after its first checkpoint, then resumed, ends
+#                   within 0.5 points of the uninterrupted run
+#   bf16            1 epoch with bf16 gradient compression within 0.5 points of float32
+set -u
+build=$1 scenario=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work" || exit 1
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 CDDP_LOG_LEVEL=error
+run() { "$build/bin/cddprun" --standalone "$@"; }
+fail() { echo "FAIL: $*"; exit 1; }
+acc_of() { tail -n 1 "$1" | sed -n 's/.*"test_acc": *\([0-9.]*\).*/\1/p'; }
+FM="$build/bin/fashion_mnist"
+PY=/usr/bin/python3
+
+case "$scenario" in
+ddp_train)
+    run --nproc_per_node 2 --tee "$build/bin/ddp_train" > out 2>&1 || { cat out; fail "ddp_train failed"; }
+    cat out
+    for r in 0 1; do
+        w0=$(grep "^\[rank $r\]: w:" out | sed 's/.*\[\[\(.*\)\],/\1/')
+        w1=$(grep "^\[rank $r\]: *\[[0-9.-]*\]\]" out | sed 's/.*\[\(.*\)\]\]/\1/')
+        awk -v a="$w0" -v b="$w1" 'BEGIN { d1 = a - 2; d2 = b - 3; exit !(a != "" && b != "" && d1 * d1 < 1e-6 && d2 * d2 < 1e-6) }' \
+            || fail "rank $r: w = [$w0, $w1], not within 1e-3 of [2, 3]"
+    done
+    grep -q "^\[rank 1\]: 500/500 loss:" out || fail "no loss line at iteration 500"
+    echo "ok: both ranks converged to w = [[2], [3]]"
+    ;;
+linear_sampler)
+    run --nproc_per_node 4 "$build/bin/linear_sampler" > out 2>&1 || { cat out; fail "linear_sampler failed"; }
+    cat out
+    [ "$(grep -c '^rank: ' out)" = 4 ] || fail "not every rank started"
+    [ "$(grep -c '^saved ' out)" = 1 ] || fail "'saved' printed $(grep -c '^saved ' out) times, expected once (rank 0)"
+    $PY - "$CDDP_SOURCE_DIR/tests/reference" <<'PYEOF' || fail "model.safetensors does not load back"
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import safetensors_np
+t, meta = safetensors_np.load("model.safetensors")
+assert sorted(t) == ["0.bias", "0.weight"], sorted(t)
+assert t["0.weight"].shape == (1, 10) and t["0.bias"].shape == (1,)
+assert all(np.isfinite(v).all() for v in t.values())
+print("ok: model.safetensors loads back: 0.weight (1, 10), 0.bias (1,)")
+PYEOF
+    ;;
+fashion_mnist)
+    CDDP_TIMELINE=$work/timeline.json CDDP_DDP_STATS=1 CDDP_DDP_STATS_EVERY=200 \
+        run --nproc_per_node 2 "$FM" --epochs 1 --batch-size 32 --out run --json > out 2>&1 \
+        || { cat out; fail "training failed"; }
+    tail -n 3 out
+    acc=$(acc_of out)
+    awk -v a="$acc" 'BEGIN { exit !(a >= 0.84) }' || fail "test accuracy $acc < 0.84"
+    grep -q '"world": 2' out || fail "the JSON line does not say world 2"
+    grep -q '^\[cddp ddp\] step 200: forward' out || fail "no CDDP_DDP_STATS line"
+    for f in run/checkpoint.safetensors run/metrics.csv run/curves.svg; do
+        [ -s "$f" ] || fail "$f is missing"
+    done
+    [ "$(wc -l < run/metrics.csv)" = 2 ] || fail "metrics.csv should hold a header and 1 epoch"
+    $PY - <<'PYEOF' || fail "the timeline is not what Perfetto opens"
+import json
+ev = json.load(open("timeline.json"))
+for r in (0, 1):
+    names = {e["name"] for e in ev if e.get("pid") == r and e.get("ph") == "X"}
+    for want in ("forward", "backward", "allreduce bucket", "optimizer step"):
+        assert want in names, (r, want, names)
+print("ok: timeline.json holds %d events from both ranks" % len(ev))
+PYEOF
+    echo "ok: 2 ranks, 1 epoch, test accuracy $acc"
+    ;;
+resume)
+    args="--epochs 2 --batch-size 32 --json"
+    run --nproc_per_node 2 "$FM" $args --out straight > straight.out 2>&1 || { cat straight.out; fail "the uninterrupted run failed"; }
+    run --nproc_per_node 2 "$FM" $args --out killed > killed.out 2>&1 &
+    pid=$!
+    for _ in $(seq 600); do [ -s killed/checkpoint.safetensors ] && break; sleep 0.1; done
+    kill -9 $pid 2>/dev/null
+    pkill -9 -f "$FM $args --out killed" 2>/dev/null
+    wait $pid 2>/dev/null
+    [ -s killed/checkpoint.safetensors ] || fail "no checkpoint after the first epoch"
+    grep -q "epoch: 1, test accuracy" killed.out && fail "the run finished before it was killed"
+    run --nproc_per_node 2 "$FM" $args --out killed --resume killed/checkpoint.safetensors > resumed.out 2>&1 \
+        || { cat resumed.out; fail "the resumed run failed"; }
+    grep -q "resumed from killed/checkpoint.safetensors after epoch 1" resumed.out || fail "did not resume after epoch 1"
+    a=$(acc_of straight.out) b=$(acc_of resumed.out)
+    echo "uninterrupted: $a, killed after epoch 1 and resumed: $b"
+    awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; exit !(a != "" && b != "" && d * d <= 0.005 * 0.005) }' \
+        || fail "resumed accuracy $b is not within 0.5 points of $a"
+    echo "ok: resumed to $b (uninterrupted $a)"
+    ;;
+bf16)
+    run --nproc_per_node 2 "$FM" --epochs 1 --out none --json > f32.out 2>&1 || { cat f32.out; fail "float32 run failed"; }
+    run --nproc_per_node 2 "$FM" --epochs 1 --out none --json --hook bf16 > bf16.out 2>&1 || { cat bf16.out; fail "bf16 run failed"; }
+    a=$(acc_of f32.out) b=$(acc_of bf16.out)
+    echo "float32: $a, bf16 compression: $b"
+    awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; exit !(a != "" && b != "" && d * d <= 0.005 * 0.005) }' \
+        || fail "bf16 accuracy $b is not within 0.5 points of float32's $a"
+    grep -q '"hook": "bf16"' bf16.out || fail "the bf16 run did not use the hook"
+    echo "ok: bf16 $b vs float32 $a"
+    ;;
+*) echo "unknown scenario $scenario"; exit 2 ;;
+esac
