@@ -3,7 +3,7 @@
 #
 #   make          build everything into build/ (programs in build/bin/)
 #   make test     build with -Wall -Wextra -Werror and run the whole suite (ctest)
-#   make demo     train on Fashion-MNIST
+#   make demo     train on Fashion-MNIST with 2 data-parallel ranks
 #   make bench    cddp side by side with PyTorch and Open MPI (installs python3-torch): training,
 #                 data, launching, allreduce
 #   make install  headers, libraries, pkg-config and CMake files under PREFIX (default /usr/local)
@@ -32,8 +32,15 @@ test:
 demo:
 	@scripts/deps.sh demo
 	@$(CMAKE_CONFIGURE)
-	@cmake --build $(BUILD) -j $(JOBS) --target fashion_mnist
-	$(BUILD)/bin/fashion_mnist --epochs 2 --save $(BUILD)/fashion_mnist.safetensors
+	@cmake --build $(BUILD) -j $(JOBS) --target fashion_mnist cddprun
+	$(BUILD)/bin/cddprun --nproc_per_node 2 --logdir $(BUILD)/demo/logs --tee \
+		$(BUILD)/bin/fashion_mnist --epochs 2 --out $(BUILD)/demo
+	@echo
+	@echo "Trained data-parallel on 2 ranks. Find:"
+	@echo "  the checkpoint  $(BUILD)/demo/checkpoint.safetensors (every epoch; --resume continues from it)"
+	@echo "  the curves      $(BUILD)/demo/curves.svg (loss and test accuracy per epoch)"
+	@echo "  the metrics     $(BUILD)/demo/metrics.csv"
+	@echo "  the logs        $(BUILD)/demo/logs/ (one folder per rank)"
 
 bench:
 	@scripts/deps.sh bench
@@ -43,6 +50,7 @@ bench:
 	$(BUILD)/bin/bench_data
 	bench/launch_bench.sh $(BUILD)
 	bench/compare_allreduce.sh $(BUILD) 2
+	bench/ddp_vs_torch.sh $(BUILD)
 
 install: build
 	cmake --install $(BUILD)

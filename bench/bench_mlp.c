@@ -1,10 +1,16 @@
-/* bench_mlp.c: training throughput of the MLP (784-512-512-10) on Fashion-MNIST, one thread.
+/* bench_mlp.c: training throughput of the MLP (784-512-512-10) on Fashion-MNIST, one thread per
+ * rank, on one rank or data-parallel under cddprun.
  *
  *   bench_mlp [--batch-size 32] [--lr 0.01] [--epochs 1] [--threads 1] [--data DIR]
+ *             [--bucket-cap-mb X]
+ *   cddprun --nproc_per_node 2 bench_mlp ...
  *
- * The setting of bench/mlp_torch.py, so that bench/mlp_vs_torch.sh can compare the two in one
- * run: the training set normalised once up front, a seeded shuffle (the sampler's), plain SGD, and
- * the clock around the training loop only (batch gathering included). Prints one JSON line.
+ * The setting of bench/mlp_torch.py, so that bench/mlp_vs_torch.sh and bench/ddp_vs_torch.sh can
+ * compare the two in one run: the training set normalised once up front, a seeded shuffle (the
+ * DistributedSampler's, each rank its part), plain SGD, the batch size per rank, and the clock
+ * around the training loop only (batch gathering included). With more than one rank the model is
+ * wrapped with DistributedDataParallel. Rank 0 prints one JSON line: samples/s over all ranks,
+ * and the last step's DDP time split.
  */
 #include "common.h"
 
@@ -17,12 +23,14 @@
 int main(int argc, char **argv) {
     int batch = 32, epochs = 1, threads = 1;
     float lr = 0.01f;
+    double cap_mb = 0;
     const char *data = NULL;
     static const struct option longopts[] = {{"batch-size", required_argument, 0, 'b'},
                                              {"lr", required_argument, 0, 'l'},
                                              {"epochs", required_argument, 0, 'e'},
                                              {"threads", required_argument, 0, 't'},
                                              {"data", required_argument, 0, 'd'},
+                                             {"bucket-cap-mb", required_argument, 0, 'B'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     int c;
@@ -43,9 +51,12 @@ int main(int argc, char **argv) {
         case 'd':
             data = optarg;
             break;
+        case 'B':
+            cap_mb = strtod(optarg, NULL);
+            break;
         case 'h':
-            printf("usage: bench_mlp [--batch-size N] [--lr X] [--epochs N] [--threads N] "
-                   "[--data DIR]\n");
+            printf("usage: [cddprun --nproc_per_node N] bench_mlp [--batch-size N] [--lr X] "
+                   "[--epochs N] [--threads N] [--data DIR] [--bucket-cap-mb X]\n");
             return 0;
         default:
             return 2;
@@ -62,6 +73,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_mlp: %s\n", err.msg);
         return 1;
     }
+    cddp_comm *group = cddp_comm_create(NULL, &err);
+    if (!group) {
+        fprintf(stderr, "bench_mlp: %s\n", err.msg);
+        return 1;
+    }
+    int rank = cddp_comm_rank(group), world = cddp_comm_size(group);
     int64_t n = train.n;
     float *images = malloc(sizeof(float) * (size_t)(n * 784));
     float *x = malloc(sizeof(float) * (size_t)batch * 784);
@@ -70,11 +87,19 @@ int main(int argc, char **argv) {
     cddp_mnist_normalize(&train, 0, n, 0.1307f, 0.3081f, images);
 
     cddp_model *m = bench_mlp_model(false);
+    cddp_ddp *ddp = NULL;
+    if (world > 1 &&
+        !(ddp = cddp_ddp_wrap(m, group, &(cddp_ddp_options){.bucket_cap_mb = cap_mb}, &err))) {
+        fprintf(stderr, "bench_mlp: %s\n", err.msg);
+        return 1;
+    }
     cddp_optim *opt = cddp_optim_sgd(m, &(cddp_sgd_options){.lr = lr}, &err);
     cddp_ctx *ctx = cddp_ctx_create(NULL);
-    /* The library's shuffle: a one-replica DistributedSampler, a new order every epoch. */
-    cddp_sampler_options so = {.num_replicas = 1, .rank = 0, .shuffle = true};
+    /* The library's shuffle: the DistributedSampler, a new order every epoch, each rank its
+     * part (n / world samples). */
+    cddp_sampler_options so = {.num_replicas = world, .rank = rank, .shuffle = true};
     cddp_sampler *sampler = cddp_sampler_create(n, &so, &err);
+    int64_t per_rank = sampler ? cddp_sampler_len(sampler) : 0;
     if (!sampler) {
         fprintf(stderr, "bench_mlp: %s\n", err.msg);
         return 1;
@@ -84,8 +109,8 @@ int main(int argc, char **argv) {
     for (int e = 0; e < epochs; e++) {
         cddp_sampler_indices(sampler, e, order);
         double t0 = cddp_now_s();
-        for (int64_t first = 0; first < n; first += batch) {
-            int64_t b = n - first < batch ? n - first : batch;
+        for (int64_t first = 0; first < per_rank; first += batch) {
+            int64_t b = per_rank - first < batch ? per_rank - first : batch;
             for (int64_t i = 0; i < b; i++) {
                 memcpy(x + i * 784, images + order[first + i] * 784, 784 * sizeof(float));
                 y[i] = train.labels[order[first + i]];
@@ -106,9 +131,23 @@ int main(int argc, char **argv) {
         }
         train_s += cddp_now_s() - t0;
     }
-    printf("{\"impl\": \"cddp\", \"batch\": %d, \"threads\": %d, \"samples\": %lld, "
-           "\"train_s\": %.3f, \"samples_per_s\": %.1f, \"final_loss\": %.4f}\n",
-           batch, threads, (long long)samples, train_s, (double)samples / train_s, loss);
+    /* Every rank's samples over the slowest rank's time. */
+    double sums[2] = {(double)samples, 0}, slowest = train_s;
+    if (cddp_comm_allreduce(group, sums, sums, 1, CDDP_COMM_F64, CDDP_COMM_SUM, -1, &err) ||
+        cddp_comm_allreduce(group, &slowest, &slowest, 1, CDDP_COMM_F64, CDDP_COMM_MAX, -1, &err)) {
+        fprintf(stderr, "bench_mlp: %s\n", err.msg);
+        return 1;
+    }
+    cddp_ddp_stats st = ddp ? cddp_ddp_stats_get(ddp) : (cddp_ddp_stats){0};
+    if (rank == 0)
+        printf("{\"impl\": \"cddp\", \"world\": %d, \"batch\": %d, \"threads\": %d, "
+               "\"samples\": %.0f, \"train_s\": %.3f, \"samples_per_s\": %.1f, "
+               "\"final_loss\": %.4f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, "
+               "\"allreduce_ms\": %.3f, \"wait_ms\": %.3f, \"overlap\": %.2f, \"buckets\": %d}\n",
+               world, batch, threads, sums[0], slowest, sums[0] / slowest, loss, st.forward_s * 1e3,
+               st.backward_s * 1e3, st.comm_s * 1e3, st.wait_s * 1e3, st.overlap, st.buckets);
+    cddp_ddp_destroy(ddp);
+    cddp_comm_destroy(group);
     cddp_sampler_destroy(sampler);
     cddp_ctx_destroy(ctx);
     cddp_optim_destroy(opt);

@@ -1,9 +1,12 @@
 #!/usr/bin/python3
-"""mlp_torch.py: PyTorch's side of bench/mlp_vs_torch.sh, in the setting of bench_mlp.c.
+"""mlp_torch.py: PyTorch's side of bench/mlp_vs_torch.sh and bench/ddp_vs_torch.sh, in the
+setting of bench_mlp.c.
 
-The MLP 784-512-512-10, one epoch of Fashion-MNIST at batch 32, SGD lr 0.01, one thread: the
-training set normalised once up front, a seeded shuffle, and the clock around the training loop
-only (batch gathering included). Prints one JSON line.
+The MLP 784-512-512-10, one epoch of Fashion-MNIST at batch 32 per rank, SGD lr 0.01, one thread
+per rank: the training set normalised once up front, a seeded shuffle (each rank its
+DistributedSampler part), and the clock around the training loop only (batch gathering included).
+With WORLD_SIZE > 1 (RANK, MASTER_ADDR, MASTER_PORT set, as cddprun or torchrun do) the model is
+wrapped with DistributedDataParallel over gloo. Rank 0 prints one JSON line.
 """
 import argparse
 import gzip
@@ -13,6 +16,7 @@ import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
 
@@ -40,13 +44,18 @@ def main():
     y = torch.tensor(idx(os.path.join(a.data, "train-labels-idx1-ubyte.gz")), dtype=torch.int64)
     model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                           nn.Linear(512, 10))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1:
+        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
+        model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr)
     loss_fn = nn.CrossEntropyLoss()
     n, samples, train_s = x.shape[0], 0, 0.0
     for _ in range(a.epochs):
-        order = torch.randperm(n)
+        order = torch.randperm(n)[rank::world]  # what DistributedSampler gives this rank
         t0 = time.perf_counter()
-        for first in range(0, n, a.batch_size):
+        for first in range(0, order.shape[0], a.batch_size):
             idx_b = order[first:first + a.batch_size]
             xb, yb = x[idx_b], y[idx_b]
             loss = loss_fn(model(xb), yb)
@@ -55,10 +64,18 @@ def main():
             opt.step()
             samples += xb.shape[0]
         train_s += time.perf_counter() - t0
-    print(json.dumps({"impl": "pytorch", "version": torch.__version__, "batch": a.batch_size,
-                      "threads": a.threads, "samples": samples, "train_s": round(train_s, 3),
-                      "samples_per_s": round(samples / train_s, 1),
-                      "final_loss": round(loss.item(), 4)}))
+    if world > 1:  # every rank's samples over the slowest rank's time
+        t = torch.tensor([float(samples), train_s], dtype=torch.float64)
+        dist.all_reduce(t[:1])
+        dist.all_reduce(t[1:], op=dist.ReduceOp.MAX)
+        samples, train_s = int(t[0].item()), t[1].item()
+        dist.destroy_process_group()
+    if rank == 0:
+        print(json.dumps({"impl": "pytorch", "version": torch.__version__, "world": world,
+                          "batch": a.batch_size, "threads": a.threads, "samples": samples,
+                          "train_s": round(train_s, 3),
+                          "samples_per_s": round(samples / train_s, 1),
+                          "final_loss": round(loss.item(), 4)}))
 
 
 if __name__ == "__main__":

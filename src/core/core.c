@@ -67,7 +67,11 @@ int cddp__error_vset(cddp_error *err, int code, const char *fmt, va_list ap) {
     /* A message passed on ("%s", other.msg) already carries this rank's prefix. */
     if (rank >= 0) snprintf(prefix, sizeof prefix, "rank %d: ", rank);
     if (strncmp(text, prefix, strlen(prefix)) == 0) prefix[0] = '\0';
-    snprintf(err->msg, sizeof err->msg, "%s%s", prefix, text);
+    size_t np = strlen(prefix), nt = strlen(text);
+    if (np + nt >= sizeof err->msg) nt = sizeof err->msg - 1 - np; /* cut the message's end */
+    memcpy(err->msg, prefix, np);
+    memcpy(err->msg + np, text, nt);
+    err->msg[np + nt] = '\0';
     return code;
 }
 
