@@ -154,6 +154,10 @@ logs)
         grep -qx "out of $r" "$work/logs/rank.$r/stdout" || fail "rank.$r/stdout"
         grep -qx "err of $r" "$work/logs/rank.$r/stderr" || fail "rank.$r/stderr"
     done
+    # A log folder whose parents do not exist yet is created with them.
+    "$R" --standalone --nproc_per_node 2 --logdir "$work/deep/er/logs" sh -c 'echo "deep $RANK"' \
+        > /dev/null 2>&1 || fail "run with a nested --logdir failed"
+    grep -qx "deep 1" "$work/deep/er/logs/rank.1/stdout" || fail "nested --logdir not created"
     expect_in "out of 1" "$work/console"
     # Redirect: files only. A second run overwrites the first.
     "$R" --standalone --nproc_per_node 2 --logdir "$work/logs" --redirect_stdout_and_stderr sh -c \

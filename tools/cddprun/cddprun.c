@@ -436,11 +436,24 @@ static void drain(const job *j, worker *w, stream *s) {
     }
 }
 
+/* mkdir -p: every missing folder of path. */
+static int make_dirs(const char *path) {
+    char buf[PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1;; p++)
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST) return errno;
+            if (!(*p = c)) return 0;
+        }
+}
+
 static int open_log(const job *j, int local, const char *name, int *fd, char *path, size_t n) {
     char dir[PATH_MAX - 16];
     snprintf(dir, sizeof dir, "%s/rank.%d", j->o.logdir, j->base + local);
-    if (mkdir(j->o.logdir, 0777) != 0 && errno != EEXIST) return errno;
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST) return errno;
+    int e = make_dirs(dir);
+    if (e) return e;
     snprintf(path, n, "%s/%s", dir, name);
     /* The first attempt overwrites an earlier run's files; restarts append. */
     int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (j->round == 0 ? O_TRUNC : O_APPEND);
