@@ -355,13 +355,10 @@ static int rebuild(cddp_ddp *d, cddp_error *err) {
     CDDP_TRY(
         cddp_comm_broadcast(d->group, order, d->nparams, CDDP_COMM_I32, 0, timeout_of(d), err));
     d->rebuilt = true;
-    bool same = true;
-    for (int k = 0; k < d->nbuckets && same; k++)
-        for (int j = 0, at = 0; j < d->buckets[k].nparams; j++, at++) {
-            int pos = 0;
-            for (int q = 0; q < k; q++) pos += d->buckets[q].nparams;
-            if (order[pos + j] != d->buckets[k].params[j]) same = false;
-        }
+    bool same = true; /* the buckets already follow this order */
+    for (int k = 0, pos = 0; k < d->nbuckets && same; pos += d->buckets[k++].nparams)
+        for (int j = 0; j < d->buckets[k].nparams && same; j++)
+            same = order[pos + j] == d->buckets[k].params[j];
     return same ? CDDP_OK : build_buckets(d, order, err);
 }
 
