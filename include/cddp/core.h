@@ -124,10 +124,10 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
     X(SHM_CHUNK_KB, INT, "1024",                                                                   \
       "Per-rank shared-memory staging buffer, in KiB (the pipeline chunk).")                       \
     X(BACKEND, STR, "auto",                                                                        \
-      "Collectives backend: auto (MPI under mpirun/srun when built in, else shm), shm or mpi.")     \
+      "Collectives backend: auto (MPI under mpirun/srun when built in, else shm), shm or mpi.")    \
     X(DDP_STATS, INT, "0", "1: rank 0 prints DistributedDataParallel's step timings.")             \
     X(DDP_STATS_EVERY, INT, "100", "Steps between two CDDP_DDP_STATS lines.")                      \
-    X(TIMELINE, STR, "off",                                                                         \
+    X(TIMELINE, STR, "off",                                                                        \
       "File for a Chrome-trace timeline of DDP steps, every rank in one file (Perfetto).")
 
 typedef enum cddp_knob {

@@ -61,8 +61,8 @@ struct cddp_comm_work {
     int status;
     cddp_error err;
     bool done;
-    double t_start, t_end; /* when it ran (cddp_now_s), for DDP's statistics and timeline */
-    struct cddp_comm_work *next;     /* in the queue, or in the free list */
+    double t_start, t_end;       /* when it ran (cddp_now_s), for DDP's statistics and timeline */
+    struct cddp_comm_work *next; /* in the queue, or in the free list */
     struct cddp_comm_work *all_next; /* every handle the group made, for destroy */
 };
 

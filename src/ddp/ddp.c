@@ -406,8 +406,8 @@ static int finish(void *user, cddp_ctx *ctx, cddp_error *err) {
         size_t at = 0;
         for (int i = 0, shown = 0; i < d->nparams; i++)
             if (!d->ready[i] && at < sizeof names)
-                at += (size_t)snprintf(names + at, sizeof names - at, "%s'%s'",
-                                       shown++ ? ", " : "", cddp_model_param(d->model, i)->name);
+                at += (size_t)snprintf(names + at, sizeof names - at, "%s'%s'", shown++ ? ", " : "",
+                                       cddp_model_param(d->model, i)->name);
         rc = cddp_error_set(err, CDDP_ESTATE,
                             "%s %s got no gradient in this backward; if some parameters are "
                             "unused on some steps, wrap with find_unused_parameters = true",

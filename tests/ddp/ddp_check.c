@@ -100,9 +100,9 @@ static cddp_tensor *loss_of(cddp_ctx *ctx, cddp_model *m, kind k, int s, int64_t
     } else {
         cddp_tensor *h = cddp_relu(ctx, cddp_linear(ctx, xt, cddp_model_find(m, "a.weight"), NULL));
         if (branch)
-            h = cddp_add(ctx, h,
-                         cddp_relu(ctx, cddp_linear(ctx, h, cddp_model_find(m, "branch.weight"),
-                                                    NULL)));
+            h = cddp_add(
+                ctx, h,
+                cddp_relu(ctx, cddp_linear(ctx, h, cddp_model_find(m, "branch.weight"), NULL)));
         h = cddp_relu(ctx, cddp_linear(ctx, h, cddp_model_find(m, "b.weight"), NULL));
         out = cddp_linear(ctx, h, cddp_model_find(m, "head.weight"), NULL);
     }
@@ -123,8 +123,8 @@ static void compare(const cddp_model *got, const cddp_model *ref, const char *wh
             rmax = fmax(rmax, fabs(cddp_f32(b)[e]));
         }
         if (dmax > 1e-5 * rmax)
-            FAIL("%s: %s differs from the single-process reference by %g (largest value %g)",
-                 when, b->name, dmax, rmax);
+            FAIL("%s: %s differs from the single-process reference by %g (largest value %g)", when,
+                 b->name, dmax, rmax);
     }
 }
 
@@ -172,7 +172,8 @@ static int equal(cddp_comm *g, kind k, double cap_mb, int accumulate) {
         compare(m, ref, when);
     }
     cddp_ddp_stats st = cddp_ddp_stats_get(d);
-    if (st.steps != STEPS) FAIL("the statistics count %lld synchronised steps", (long long)st.steps);
+    if (st.steps != STEPS)
+        FAIL("the statistics count %lld synchronised steps", (long long)st.steps);
     printf("ok: rank %d of %d: %s, %d buckets, %d accumulation step(s): %d steps equal the "
            "single-process reference\n",
            rank, world, k == MLP ? "mlp" : "cnn", cddp_ddp_num_buckets(d), accumulate, STEPS);
@@ -212,9 +213,8 @@ static int sum_mode(cddp_comm *g) {
 /* The branch is used when (step + rank) is even; never.weight by nobody. */
 static int unused(cddp_comm *g, bool flag) {
     cddp_model *m = make_model(CUSTOM, 2, false), *ref = make_model(CUSTOM, 2, false);
-    cddp_ddp *d = wrap(m, g,
-                       (cddp_ddp_options){.bucket_cap_mb = 0.0002,
-                                          .find_unused_parameters = flag});
+    cddp_ddp *d =
+        wrap(m, g, (cddp_ddp_options){.bucket_cap_mb = 0.0002, .find_unused_parameters = flag});
     cddp_optim *om = sgd(m), *oref = sgd(ref);
     cddp_ctx *ctx = cddp_ctx_create(NULL);
     cddp_tensor *never = cddp_model_find(m, "never.weight");
@@ -223,8 +223,8 @@ static int unused(cddp_comm *g, bool flag) {
         cddp_model_zero_grad(ref);
         for (int e = 0; e < 3; e++) never->grad[e] = 7.0f + (float)e; /* must stay untouched */
         cddp_ctx_reset(ctx);
-        int rc = cddp_backward(ctx, loss_of(ctx, m, CUSTOM, s, (int64_t)rank * B, B,
-                                            uses_branch(s, rank)));
+        int rc = cddp_backward(
+            ctx, loss_of(ctx, m, CUSTOM, s, (int64_t)rank * B, B, uses_branch(s, rank)));
         if (!flag) {
             if (rc == CDDP_OK) continue; /* every rank used the branch this step */
             const char *msg = cddp_ctx_error(ctx);
@@ -246,9 +246,9 @@ static int unused(cddp_comm *g, bool flag) {
         cddp_tensor *total = NULL;
         cddp_ctx_reset(ctx);
         for (int r = 0; r < world; r++) {
-            cddp_tensor *l = cddp_scale(
-                ctx, loss_of(ctx, ref, CUSTOM, s, (int64_t)r * B, B, uses_branch(s, r)),
-                1.0f / (float)world);
+            cddp_tensor *l =
+                cddp_scale(ctx, loss_of(ctx, ref, CUSTOM, s, (int64_t)r * B, B, uses_branch(s, r)),
+                           1.0f / (float)world);
             total = total ? cddp_add(ctx, total, l) : l;
         }
         backward(ctx, total, "reference");
@@ -260,8 +260,8 @@ static int unused(cddp_comm *g, bool flag) {
         compare(m, ref, when);
         if (s == 0) { /* rank 0's ready order: head, b, branch, a; then never */
             int want[3][2] = {{3, 1}, {2, -1}, {0, 4}}, got[5];
-            if (cddp_ddp_num_buckets(d) != 3) FAIL("%d buckets after the rebuild, want 3",
-                                                   cddp_ddp_num_buckets(d));
+            if (cddp_ddp_num_buckets(d) != 3)
+                FAIL("%d buckets after the rebuild, want 3", cddp_ddp_num_buckets(d));
             for (int b = 0; b < 3; b++) {
                 int n = cddp_ddp_bucket_params(d, b, got, 5);
                 for (int j = 0; j < n; j++)
