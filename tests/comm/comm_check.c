@@ -106,41 +106,61 @@ static double expected(cddp_comm_op op, cddp_comm_dtype dt, int64_t i) {
     return NAN;
 }
 
-static int matrix(cddp_comm *c) {
+/* allreduce, or reduce_scatter (scatter), over every dtype x op x count, in place and out of
+ * place; returns the number of checks. reduce_scatter: block q of rank r's input holds
+ * input(op, r, q * n + j), so this rank's part of the result is expected(op, dt, rank * n + j). */
+static int reductions(cddp_comm *c, uint8_t *in, uint8_t *out, size_t cap, bool scatter) {
+    static const int64_t allreduce_counts[] = {0, 1, 7, 1000, (1 << 20) + 3},
+                         scatter_counts[] = {0, 1, 7, 1000, 131075};
+    const int64_t *counts = scatter ? scatter_counts : allreduce_counts;
+    const char *name = scatter ? "reduce_scatter" : "allreduce";
     cddp_error err = {0};
-    int64_t counts[] = {0, 1, 7, 1000, (1 << 20) + 3};
     int checks = 0;
-    /* Room for the largest allreduce, and for the allgather of world x 300001 floats below. */
-    size_t cap = ((1 << 20) + 3) * 8;
-    if ((size_t)world * 300001 * 4 > cap) cap = (size_t)world * 300001 * 4;
-    uint8_t *in = malloc(cap), *out = malloc(cap);
     for (int dt = 0; dt <= CDDP_COMM_F16; dt++)
         for (int op = 0; op <= CDDP_COMM_PRODUCT; op++) {
             /* bf16 holds integers exactly only up to 256: 6! = 720 is not one of them. */
             if (dt == CDDP_COMM_BF16 && op == CDDP_COMM_PRODUCT && world > 5) continue;
-            for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++)
+            for (size_t ci = 0; ci < 5; ci++)
                 for (int inplace = 0; inplace < 2; inplace++) {
-                    int64_t n = counts[ci];
-                    for (int64_t i = 0; i < n; i++) set(in, dt, i, input(op, rank, i));
+                    int64_t n = counts[ci], total = scatter ? n * world : n;
+                    int64_t first = scatter ? rank * n : 0;
+                    if ((size_t)total * 8 > cap) continue;
+                    for (int64_t i = 0; i < total; i++) set(in, dt, i, input(op, rank, i));
                     memset(out, 0xAB, cap);
-                    void *dst = inplace ? in : out;
-                    if (cddp_comm_allreduce(c, in, dst, n, dt, op, -1, &err))
-                        die("allreduce failed: %s%.0f", err.msg, 0);
-                    for (int64_t i = 0; i < n; i++) {
-                        double got = get(dst, dt, i), want = expected(op, dt, i);
+                    size_t es = cddp_comm_dtype_size(dt);
+                    void *dst = inplace ? (void *)(in + (size_t)first * es) : out;
+                    int rc = scatter ? cddp_comm_reduce_scatter(c, in, dst, n, dt, op, -1, &err)
+                                     : cddp_comm_allreduce(c, in, dst, n, dt, op, -1, &err);
+                    if (rc) {
+                        char why[600];
+                        snprintf(why, sizeof why, "%s failed: %s", name, err.msg);
+                        die("%s%.0f", why, 0);
+                    }
+                    for (int64_t j = 0; j < n; j++) {
+                        double got = get(dst, dt, j), want = expected(op, dt, first + j);
                         if (got != want) {
                             char what[160];
                             snprintf(what, sizeof what,
-                                     "allreduce %s %s count %lld %s: element "
-                                     "%lld is %g, want",
+                                     "%s %s %s count %lld %s: element %lld is %g, want", name,
                                      cddp_comm_op_name(op), cddp_comm_dtype_name(dt), (long long)n,
-                                     inplace ? "in place" : "out of place", (long long)i, got);
+                                     inplace ? "in place" : "out of place", (long long)j, got);
                             die("%s %g", what, want);
                         }
                     }
                     checks++;
                 }
         }
+    return checks;
+}
+
+static int matrix(cddp_comm *c) {
+    cddp_error err = {0};
+    int checks = 0;
+    /* Room for the largest allreduce, and for the allgather of world x 300001 floats below. */
+    size_t cap = ((1 << 20) + 3) * 8;
+    if ((size_t)world * 300001 * 4 > cap) cap = (size_t)world * 300001 * 4;
+    uint8_t *in = malloc(cap), *out = malloc(cap);
+    checks += reductions(c, in, out, cap, false);
     /* Broadcast from every root, allgather, barrier. */
     for (int root = 0; root < world; root++) {
         int64_t n = 1000 + root;
@@ -161,37 +181,7 @@ static int matrix(cddp_comm *c) {
             if (((float *)out)[r * n + i] != (float)(r * 1000 + i % 1000))
                 die("allgather: %s element %.0f wrong", "an", (double)(r * n + i));
     checks++;
-    /* reduce_scatter: block q of rank r's input holds input(op, r, q * n + j), so this rank's
-     * part of the result is expected(op, dt, rank * n + j). */
-    int64_t rs_counts[] = {0, 1, 7, 1000, 131075};
-    for (int dt = 0; dt <= CDDP_COMM_F16; dt++)
-        for (int op = 0; op <= CDDP_COMM_PRODUCT; op++) {
-            if (dt == CDDP_COMM_BF16 && op == CDDP_COMM_PRODUCT && world > 5) continue;
-            for (size_t ci = 0; ci < sizeof rs_counts / sizeof rs_counts[0]; ci++)
-                for (int inplace = 0; inplace < 2; inplace++) {
-                    int64_t m = rs_counts[ci];
-                    if ((size_t)(m * world) * 8 > cap) continue;
-                    for (int64_t i = 0; i < m * world; i++) set(in, dt, i, input(op, rank, i));
-                    memset(out, 0xAB, cap);
-                    size_t es = cddp_comm_dtype_size(dt);
-                    void *dst = inplace ? (void *)(in + (size_t)(rank * m) * es) : out;
-                    if (cddp_comm_reduce_scatter(c, in, dst, m, dt, op, -1, &err))
-                        die("reduce_scatter failed: %s%.0f", err.msg, 0);
-                    for (int64_t j = 0; j < m; j++) {
-                        double got = get(dst, dt, j), want = expected(op, dt, rank * m + j);
-                        if (got != want) {
-                            char what[160];
-                            snprintf(what, sizeof what,
-                                     "reduce_scatter %s %s count %lld %s: element %lld is %g, "
-                                     "want",
-                                     cddp_comm_op_name(op), cddp_comm_dtype_name(dt), (long long)m,
-                                     inplace ? "in place" : "out of place", (long long)j, got);
-                            die("%s %g", what, want);
-                        }
-                    }
-                    checks++;
-                }
-        }
+    checks += reductions(c, in, out, cap, true);
     /* gather to and scatter from every root, with a count that does not divide evenly into
      * rounds. */
     for (int root = 0; root < world; root++) {
