@@ -146,6 +146,17 @@ static void backward(cddp_ctx *ctx, cddp_tensor *loss, const char *what) {
     if (cddp_backward(ctx, loss) != CDDP_OK) FAIL("%s: backward: %s", what, cddp_ctx_error(ctx));
 }
 
+/* Frees what a mode made (the optimizers may be NULL). */
+static void release(cddp_ctx *ctx, cddp_optim *om, cddp_optim *oref, cddp_ddp *d, cddp_model *m,
+                    cddp_model *ref) {
+    cddp_ctx_destroy(ctx);
+    cddp_optim_destroy(om);
+    cddp_optim_destroy(oref);
+    cddp_ddp_destroy(d);
+    cddp_model_destroy(m);
+    cddp_model_destroy(ref);
+}
+
 /* ---- modes ------------------------------------------------------------------------------- */
 
 /* DDP on slices vs the reference on the whole batch; accumulate micro-steps with no_sync. */
@@ -177,12 +188,7 @@ static int equal(cddp_comm *g, kind k, double cap_mb, int accumulate) {
     printf("ok: rank %d of %d: %s, %d buckets, %d accumulation step(s): %d steps equal the "
            "single-process reference\n",
            rank, world, k == MLP ? "mlp" : "cnn", cddp_ddp_num_buckets(d), accumulate, STEPS);
-    cddp_ctx_destroy(ctx);
-    cddp_optim_destroy(om);
-    cddp_optim_destroy(oref);
-    cddp_ddp_destroy(d);
-    cddp_model_destroy(m);
-    cddp_model_destroy(ref);
+    release(ctx, om, oref, d, m, ref);
     return 0;
 }
 
@@ -203,10 +209,7 @@ static int sum_mode(cddp_comm *g) {
     }
     if (dmax > 1e-5 * rmax) FAIL("sum: gradients are not %d x the mean's (off by %g)", world, dmax);
     printf("ok: rank %d of %d: sum mode gives %d x the mean's gradients\n", rank, world, world);
-    cddp_ctx_destroy(ctx);
-    cddp_ddp_destroy(d);
-    cddp_model_destroy(m);
-    cddp_model_destroy(ref);
+    release(ctx, NULL, NULL, d, m, ref);
     return 0;
 }
 
@@ -275,12 +278,7 @@ static int unused(cddp_comm *g, bool flag) {
     printf("ok: rank %d of %d: find_unused_parameters matches the reference over %d steps; "
            "buckets rebuilt in ready order; an unused parameter's gradient untouched\n",
            rank, world, STEPS);
-    cddp_ctx_destroy(ctx);
-    cddp_optim_destroy(om);
-    cddp_optim_destroy(oref);
-    cddp_ddp_destroy(d);
-    cddp_model_destroy(m);
-    cddp_model_destroy(ref);
+    release(ctx, om, oref, d, m, ref);
     return 0;
 }
 
@@ -334,12 +332,7 @@ static int join(cddp_comm *g, bool throw) {
     compare(m, ref, "after join");
     printf("ok: rank %d of %d: %d batches, joined; the final parameters equal the reference\n",
            rank, world, 3 + rank);
-    cddp_ctx_destroy(ctx);
-    cddp_optim_destroy(om);
-    cddp_optim_destroy(oref);
-    cddp_ddp_destroy(d);
-    cddp_model_destroy(m);
-    cddp_model_destroy(ref);
+    release(ctx, om, oref, d, m, ref);
     return 0;
 }
 
