@@ -6,7 +6,9 @@
  * after --warmup, out of place and in place, algbw = bytes / time and busbw = algbw * 2(n-1)/n
  * (what each rank's link carries in a bandwidth-optimal allreduce), and #wrong: elements that
  * differ from the exact expected value (inputs are small integers). Rank 0 prints the table, or
- * one JSON line per size with --json.
+ * one JSON line per size with --json. --registered places the buffers in memory from
+ * cddp_comm_alloc, which the shared-memory transport reads in place (as DDP's gradients are);
+ * without it they are plain memory, as a user's buffer would be.
  */
 #include <cddp/cddp.h>
 
@@ -31,7 +33,7 @@ static int64_t parse_size(const char *s) {
 int main(int argc, char **argv) {
     int64_t min_bytes = 4 << 10, max_bytes = 64 << 20;
     int iters = 20, warmup = 5;
-    bool json = false;
+    bool json = false, registered = false;
     cddp_comm_op op = CDDP_COMM_SUM;
     static const struct option lo[] = {{"min-bytes", required_argument, 0, 'b'},
                                        {"max-bytes", required_argument, 0, 'e'},
@@ -39,6 +41,7 @@ int main(int argc, char **argv) {
                                        {"warmup", required_argument, 0, 'w'},
                                        {"op", required_argument, 0, 'o'},
                                        {"json", no_argument, 0, 'j'},
+                                       {"registered", no_argument, 0, 'r'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
     int c;
@@ -64,9 +67,13 @@ int main(int argc, char **argv) {
         case 'j':
             json = true;
             break;
+        case 'r':
+            registered = true;
+            break;
         case 'h':
             printf("usage: cddp-bench-allreduce [--min-bytes 4K] [--max-bytes 64M] [--iters 20] "
-                   "[--warmup 5] [--op sum|min|max] [--json]   (float32; run under cddprun)\n");
+                   "[--warmup 5] [--op sum|min|max] [--registered] [--json]\n"
+                   "   (float32; run under cddprun)\n");
             return 0;
         default:
             return 2;
@@ -84,13 +91,21 @@ int main(int argc, char **argv) {
         return 1;
     }
     int rank = cddp_comm_rank(g), n = cddp_comm_size(g);
-    float *send = cddp_aligned_alloc((size_t)max_bytes),
-          *recv = cddp_aligned_alloc((size_t)max_bytes);
+    float *send = registered ? cddp_comm_alloc(g, (size_t)max_bytes, &err)
+                             : cddp_aligned_alloc((size_t)max_bytes);
+    float *recv = registered ? cddp_comm_alloc(g, (size_t)max_bytes, &err)
+                             : cddp_aligned_alloc((size_t)max_bytes);
+    if (!send || !recv) {
+        fprintf(stderr, "cddp-bench-allreduce: %s\n", err.code ? err.msg : "out of memory");
+        return 1;
+    }
     if (rank == 0 && !json)
-        printf("# cddp allreduce, %d ranks, float32 %s\n#%12s %12s %10s %10s %10s %7s %10s %10s "
+        printf("# cddp allreduce, %d ranks, float32 %s, %s buffers\n#%12s %12s %10s %10s %10s %7s "
+               "%10s %10s "
                "%10s %7s\n",
-               n, cddp_comm_op_name(op), "size(B)", "count", "time(us)", "algbw(GB/s)", "busbw",
-               "#wrong", "time(us)", "algbw", "busbw", "#wrong");
+               n, cddp_comm_op_name(op), registered ? "registered" : "plain", "size(B)", "count",
+               "time(us)", "algbw(GB/s)", "busbw", "#wrong", "time(us)", "algbw", "busbw",
+               "#wrong");
     for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
         int64_t count = bytes / 4;
         double t[2], wrong[2];
@@ -120,18 +135,23 @@ int main(int argc, char **argv) {
         double f = n > 1 ? 2.0 * (n - 1) / n : 1.0;
         if (rank != 0) continue;
         if (json)
-            printf("{\"impl\": \"cddp\", \"ranks\": %d, \"bytes\": %lld, \"time_us\": %.2f, "
-                   "\"algbw\": %.3f, \"busbw\": %.3f, \"wrong\": %.0f, \"time_us_inplace\": %.2f, "
-                   "\"busbw_inplace\": %.3f, \"wrong_inplace\": %.0f}\n",
-                   n, (long long)bytes, t[0] * 1e6, alg[0], alg[0] * f, wrong[0], t[1] * 1e6,
-                   alg[1] * f, wrong[1]);
+            printf("{\"impl\": \"cddp\", \"registered\": %s, \"ranks\": %d, \"bytes\": %lld, "
+                   "\"time_us\": %.2f, \"algbw\": %.3f, \"busbw\": %.3f, \"wrong\": %.0f, "
+                   "\"time_us_inplace\": %.2f, \"busbw_inplace\": %.3f, \"wrong_inplace\": %.0f}\n",
+                   registered ? "true" : "false", n, (long long)bytes, t[0] * 1e6, alg[0],
+                   alg[0] * f, wrong[0], t[1] * 1e6, alg[1] * f, wrong[1]);
         else
             printf(" %12lld %12lld %10.2f %10.3f %10.3f %7.0f %10.2f %10.3f %10.3f %7.0f\n",
                    (long long)bytes, (long long)count, t[0] * 1e6, alg[0], alg[0] * f, wrong[0],
                    t[1] * 1e6, alg[1], alg[1] * f, wrong[1]);
     }
-    cddp_aligned_free(send);
-    cddp_aligned_free(recv);
+    if (registered) {
+        cddp_comm_free(g, send);
+        cddp_comm_free(g, recv);
+    } else {
+        cddp_aligned_free(send);
+        cddp_aligned_free(recv);
+    }
     cddp_comm_destroy(g);
     return 0;
 }

@@ -113,6 +113,20 @@ CDDP_API int cddp_comm_scatter(cddp_comm *c, const void *send, void *recv, int64
                                cddp_comm_dtype dtype, int root, double timeout_s, cddp_error *err);
 CDDP_API int cddp_comm_barrier(cddp_comm *c, double timeout_s, cddp_error *err);
 
+/* ---- memory the transport reads in place ------------------------------------------------ */
+
+/* Collective: every rank calls it with the same bytes. Returns memory (64-byte aligned) that
+ * collectives read in place: an in-place allreduce whose buffer lies in it, at the same offset
+ * on every rank, copies nothing in or out on the shared-memory transport (each rank reduces its
+ * slice straight from its peers' blocks). On other backends, or with CDDP_SHM_ZERO_COPY=0, it
+ * is plain memory. Every other use works as with any memory. NULL with err set when a rank
+ * cannot get the memory (then on every rank, and the group stays usable: fall back to
+ * malloc). */
+CDDP_API void *cddp_comm_alloc(cddp_comm *c, size_t bytes, cddp_error *err);
+/* Frees memory from cddp_comm_alloc; accepts NULL. Not a collective, but every collective on the
+ * memory must have finished (waited on) first. Call before cddp_comm_destroy. */
+CDDP_API void cddp_comm_free(cddp_comm *c, void *p);
+
 /* ---- async work ------------------------------------------------------------------------- */
 
 typedef struct cddp_comm_work cddp_comm_work;

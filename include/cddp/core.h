@@ -123,6 +123,8 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
     X(TIMEOUT_S, INT, "300", "Default deadline, in seconds, of every collective.")                 \
     X(SHM_CHUNK_KB, INT, "1024",                                                                   \
       "Per-rank shared-memory staging buffer, in KiB (the pipeline chunk).")                       \
+    X(SHM_ZERO_COPY, INT, "1",                                                                     \
+      "1: cddp_comm_alloc (DDP's gradients) returns shared memory that allreduce reads in place.") \
     X(BACKEND, STR, "auto",                                                                        \
       "Collectives backend: auto (MPI under mpirun/srun when built in, else shm), shm or mpi.")    \
     X(DDP_STATS, INT, "0", "1: rank 0 prints DistributedDataParallel's step timings.")             \

@@ -7,8 +7,9 @@
  * The segment holds, per rank, a control block (an arrival counter, the pid, fingerprints) and a
  * staging slot of CDDP_SHM_CHUNK_KB. Synchronisation is a counter barrier: a rank bumps its
  * counter to the next step and waits until every counter reached it. Waiting spins for 20 us,
- * then yields until 2 ms, then naps, so that eight ranks on two cores still make progress;
- * every 10 ms it checks the deadline and whether the peers' processes still exist.
+ * then blocks on a futex in the segment that arrivals wake, so that eight ranks on two cores
+ * still make progress; every 10 ms it checks the deadline and whether the peers' processes still
+ * exist.
  *
  * Allreduce, per chunk of the message (bandwidth: each rank reads (n-1)/n of every other rank's
  * chunk once and writes its slice once, the 2(n-1)/n of a ring, with no ring latency):
@@ -28,13 +29,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -125,15 +128,39 @@ static int check_abort(cddp_comm *c, cddp_error *err) {
     return CDDP_OK;
 }
 
+/* Wakes every rank blocked in sync_all (after an arrival or an abort), if any is. */
+static void wake_sleepers(cddp_comm *c) {
+    seg_header *h = (seg_header *)c->seg;
+    if (atomic_load(&h->sleepers) > 0) {
+        atomic_fetch_add(&h->wake, 1);
+        syscall(SYS_futex, &h->wake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
+}
+
+/* Blocks until a rank arrives or aborts (wake_sleepers), or for at most 10 ms. The arrival
+ * store and the sleepers load of wake_sleepers, and the sleepers increment and the arrival load
+ * here, are sequentially consistent: either this rank sees the arrival, or the arriving rank
+ * sees the sleeper and bumps the futex word, so a wake-up is never lost. */
+static void sleep_until_arrival(cddp_comm *c, _Atomic uint64_t *arrive, uint64_t step) {
+    seg_header *h = (seg_header *)c->seg;
+    uint32_t seen = atomic_load(&h->wake);
+    atomic_fetch_add(&h->sleepers, 1);
+    if (atomic_load(arrive) < step && !atomic_load(&h->abort_rank) && !atomic_load(&c->aborted))
+        syscall(SYS_futex, &h->wake, FUTEX_WAIT, seen, &(struct timespec){0, 10000000}, NULL, 0);
+    atomic_fetch_sub(&h->sleepers, 1);
+}
+
 /* Every rank arrives at the next step, or the group fails (deadline, dead peer).
  *
- * Waiting has three regimes, by time since the wait began: spin (the peer is about to arrive:
- * the latency path), yield (the peer is running but behind; with more ranks than cores this
- * hands it the core), nap (the peer is stopped or far behind: do not burn a core). A nap costs
- * tens of microseconds on a loaded machine, so it is only for waits that are long anyway. */
+ * A waiting rank spins for 20 us (the peer is about to arrive: the latency path), then blocks
+ * on a futex in the segment until an arrival wakes it (the peer is computing, stopped, or far
+ * behind: leave the core to whoever works; with more ranks than cores this is what lets the
+ * late rank run). Every 10 ms at most it checks the deadline and whether the peers' processes
+ * still exist. */
 static int sync_all(cddp_comm *c, double deadline, cddp_error *err) {
     uint64_t step = ++c->step;
-    atomic_store_explicit(&ctl_of(c, c->rank)->arrive, step, memory_order_release);
+    atomic_store(&ctl_of(c, c->rank)->arrive, step);
+    wake_sleepers(c);
     double start = 0, next_check = 0;
     for (int r = 0; r < c->world; r++) {
         _Atomic uint64_t *a = &ctl_of(c, r)->arrive;
@@ -144,10 +171,8 @@ static int sync_all(cddp_comm *c, double deadline, cddp_error *err) {
             double now = cddp_now_s();
             if (start == 0) start = now;
             if (now - start < 20e-6) continue;
-            if (now - start < 2e-3)
-                sched_yield();
-            else
-                nanosleep(&(struct timespec){0, 50000}, NULL);
+            sleep_until_arrival(c, a, step);
+            now = cddp_now_s();
             if (now < next_check) continue;
             next_check = now + 0.01;
             /* A peer may arrive, finish and exit between the load above and this check; its
@@ -199,6 +224,9 @@ static void describe(const fingerprint *f, char *out, size_t n) {
                  f->kind == K_GATHER ? "gather" : "scatter", cddp_comm_dtype_name(f->dtype),
                  f->count, f->root);
         break;
+    case K_ALLOC:
+        snprintf(out, n, "alloc(%" PRId64 " bytes)", f->count);
+        break;
     default:
         snprintf(out, n, "barrier()");
         break;
@@ -216,9 +244,27 @@ int cddp__comm_check(const cddp_comm *c, const coll *a, cddp_error *err) {
     return CDDP_OK;
 }
 
+/* The registration that holds [p, p + bytes) on this rank, with p's offset in it; NULL if none. */
+static const reg *find_reg(const cddp_comm *c, const void *p, size_t bytes, size_t *offset) {
+    uintptr_t at = (uintptr_t)p;
+    for (int i = 0; i < MAX_REGS; i++) {
+        const reg *g = &c->regs[i];
+        uintptr_t b = (uintptr_t)(g->id ? g->base[c->rank] : NULL);
+        if (g->id && at >= b && at + bytes <= b + g->bytes) {
+            *offset = at - b;
+            return g;
+        }
+    }
+    return NULL;
+}
+
 /* Starts a collective: checks the group, publishes the fingerprint, meets everyone, and checks
- * that every rank called the same thing. */
-static int begin(cddp_comm *c, const coll *a, double *deadline, cddp_error *err) {
+ * that every rank called the same thing. *direct (with *offset) is the registration that holds
+ * the buffer at the same offset on every rank, for an in-place allreduce on the shm transport;
+ * every rank reaches the same answer, since each compares every rank's. */
+static int begin(cddp_comm *c, const coll *a, double *deadline, const reg **direct, size_t *offset,
+                 cddp_error *err) {
+    *direct = NULL;
     if (c->failed.code) {
         if (err) *err = c->failed;
         return c->failed.code;
@@ -230,8 +276,20 @@ static int begin(cddp_comm *c, const coll *a, double *deadline, cddp_error *err)
     fingerprint mine = {c->seq, a->kind, a->op, (int32_t)a->dtype, a->root, a->count};
     if (c->backend == BACKEND_SELF) return CDDP_OK;
     if (c->backend == BACKEND_MPI) return cddp__mpi_fingerprints(c, &mine, err);
+    const reg *g = NULL;
+    reg_at at = {0, 0};
+    size_t es = cddp_comm_dtype_size(a->dtype);
+    if (a->kind == K_ALLREDUCE && a->send == a->recv && a->count > 0 &&
+        (g = find_reg(c, a->recv, (size_t)a->count * es, offset)))
+        at = (reg_at){g->id, *offset};
+    ctl_of(c, c->rank)->at[c->seq & 1] = at;
     ctl_of(c, c->rank)->fp[c->seq & 1] = mine;
     CDDP_TRY(sync_all(c, *deadline, err));
+    for (int r = 0; r < c->world && g; r++) {
+        const reg_at *their = &ctl_of(c, r)->at[c->seq & 1];
+        if (their->id != at.id || their->offset != at.offset) g = NULL;
+    }
+    *direct = g;
     return cddp__comm_check_fingerprints(c, &mine, &ctl_of(c, 0)->fp[c->seq & 1], CTL_SIZE, err);
 }
 
@@ -304,66 +362,76 @@ uint16_t cddp__f32_to_f16(float f) {
         }                                                                                          \
     } while (0)
 
-/* Reduces elements [lo, lo + n) of every rank's slot, in rank order, into dst. */
-static void reduce_slice(cddp_comm *c, cddp_comm_dtype dt, cddp_comm_op op, int64_t lo, int64_t n,
-                         uint8_t *dst) {
+#define MEAN_LOOP(T, buf, n, W)                                                                    \
+    do {                                                                                           \
+        T *b__ = (T *)(buf);                                                                       \
+        for (int64_t i = 0; i < (n); i++) b__[i] /= (T)(W);                                        \
+    } while (0)
+
+/* Elements one block of a reduction holds: small enough for L1, so each source is read once
+ * from memory and the destination written once. */
+#define RBLOCK 2048
+
+/* Reduces elements [lo, lo + n) of src[0], ..., src[world - 1], in rank order, into dst. dst
+ * may be the same range of one of the sources: each block is read whole before it is written. */
+static void reduce_slice(cddp_comm *c, cddp_comm_dtype dt, cddp_comm_op op, uint8_t *const *src,
+                         int64_t lo, int64_t n, uint8_t *dst) {
     size_t es = cddp_comm_dtype_size(dt);
     int W = c->world;
-    if (dt == CDDP_COMM_BF16 || dt == CDDP_COMM_F16) {
-        float (*to)(uint16_t) = dt == CDDP_COMM_BF16 ? cddp__bf16_to_f32 : cddp__f16_to_f32;
-        float *acc = c->acc, *tmp = (float *)c->tmp;
-        for (int r = 0; r < W; r++) {
-            const uint16_t *s = (const uint16_t *)(slot_of(c, r) + (size_t)lo * es);
-            float *into = r == 0 ? acc : tmp;
-            for (int64_t i = 0; i < n; i++) into[i] = to(s[i]);
-            if (r) REDUCE_LOOP(float, acc, tmp, n, op);
+    bool half = dt == CDDP_COMM_BF16 || dt == CDDP_COMM_F16;
+    float (*to)(uint16_t) = dt == CDDP_COMM_BF16 ? cddp__bf16_to_f32 : cddp__f16_to_f32;
+    uint16_t (*from)(float) = dt == CDDP_COMM_BF16 ? cddp__f32_to_bf16 : cddp__f32_to_f16;
+    for (int64_t at = 0; at < n; at += RBLOCK) {
+        int64_t m = CDDP_MIN(RBLOCK, n - at);
+        size_t first = (size_t)(lo + at) * es;
+        if (half) {
+            float *acc = c->acc, *tmp = (float *)c->tmp;
+            for (int r = 0; r < W; r++) {
+                const uint16_t *s = (const uint16_t *)(src[r] + first);
+                float *into = r == 0 ? acc : tmp;
+                for (int64_t i = 0; i < m; i++) into[i] = to(s[i]);
+                if (r) REDUCE_LOOP(float, acc, tmp, m, op);
+            }
+            if (op == CDDP_COMM_MEAN) MEAN_LOOP(float, acc, m, W);
+            uint16_t *d = (uint16_t *)(dst + (size_t)at * es);
+            for (int64_t i = 0; i < m; i++) d[i] = from(acc[i]);
+            continue;
         }
-        if (op == CDDP_COMM_MEAN)
-            for (int64_t i = 0; i < n; i++) acc[i] /= (float)W;
-        uint16_t (*from)(float) = dt == CDDP_COMM_BF16 ? cddp__f32_to_bf16 : cddp__f32_to_f16;
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = from(acc[i]);
-        return;
-    }
-    uint8_t *acc = c->tmp;
-    memcpy(acc, slot_of(c, 0) + (size_t)lo * es, (size_t)n * es);
-    for (int r = 1; r < W; r++) {
-        const uint8_t *s = slot_of(c, r) + (size_t)lo * es;
-        switch (dt) {
-        case CDDP_COMM_F32:
-            REDUCE_LOOP(float, acc, s, n, op);
-            break;
-        case CDDP_COMM_F64:
-            REDUCE_LOOP(double, acc, s, n, op);
-            break;
-        case CDDP_COMM_I32:
-            REDUCE_LOOP(int32_t, acc, s, n, op);
-            break;
-        case CDDP_COMM_I64:
-            REDUCE_LOOP(int64_t, acc, s, n, op);
-            break;
-        default:
-            break;
-        }
-    }
-    if (op == CDDP_COMM_MEAN) {
-        for (int64_t i = 0; i < n; i++) switch (dt) {
+        uint8_t *acc = c->tmp;
+        memcpy(acc, src[0] + first, (size_t)m * es);
+        for (int r = 1; r < W; r++) {
+            const uint8_t *s = src[r] + first;
+            switch (dt) {
             case CDDP_COMM_F32:
-                ((float *)acc)[i] /= (float)W;
+                REDUCE_LOOP(float, acc, s, m, op);
                 break;
             case CDDP_COMM_F64:
-                ((double *)acc)[i] /= (double)W;
+                REDUCE_LOOP(double, acc, s, m, op);
                 break;
             case CDDP_COMM_I32:
-                ((int32_t *)acc)[i] /= W;
-                break;
-            case CDDP_COMM_I64:
-                ((int64_t *)acc)[i] /= W;
+                REDUCE_LOOP(int32_t, acc, s, m, op);
                 break;
             default:
+                REDUCE_LOOP(int64_t, acc, s, m, op);
                 break;
             }
+        }
+        if (op == CDDP_COMM_MEAN) switch (dt) {
+            case CDDP_COMM_F32:
+                MEAN_LOOP(float, acc, m, W);
+                break;
+            case CDDP_COMM_F64:
+                MEAN_LOOP(double, acc, m, W);
+                break;
+            case CDDP_COMM_I32:
+                MEAN_LOOP(int32_t, acc, m, W);
+                break;
+            default:
+                MEAN_LOOP(int64_t, acc, m, W);
+                break;
+            }
+        memcpy(dst + (size_t)at * es, acc, (size_t)m * es);
     }
-    memcpy(dst, acc, (size_t)n * es);
 }
 
 /* ---- collectives on the shared-memory segment --------------------------------------------- */
@@ -379,19 +447,42 @@ static int shm_allreduce(cddp_comm *c, const coll *a, double deadline, cddp_erro
     int W = c->world, me = c->rank;
     for (int64_t off = 0; off < a->count; off += per) {
         int64_t n = CDDP_MIN(per, a->count - off);
-        memcpy(slot_of(c, me), (const uint8_t *)a->send + (size_t)off * es, (size_t)n * es);
+        memcpy(c->slots[me], (const uint8_t *)a->send + (size_t)off * es, (size_t)n * es);
         CDDP_TRY(sync_all(c, deadline, err));
         int64_t lo = n * me / W, hi = n * (me + 1) / W;
-        reduce_slice(c, a->dtype, a->op, lo, hi - lo, slot_of(c, me) + (size_t)lo * es);
+        reduce_slice(c, a->dtype, a->op, c->slots, lo, hi - lo, c->slots[me] + (size_t)lo * es);
         CDDP_TRY(sync_all(c, deadline, err));
         for (int q = 0; q < W; q++) {
             int64_t qlo = n * q / W, qhi = n * (q + 1) / W;
-            memcpy((uint8_t *)a->recv + (size_t)(off + qlo) * es, slot_of(c, q) + (size_t)qlo * es,
+            memcpy((uint8_t *)a->recv + (size_t)(off + qlo) * es, c->slots[q] + (size_t)qlo * es,
                    (size_t)(qhi - qlo) * es);
         }
         CDDP_TRY(sync_all(c, deadline, err));
     }
     return CDDP_OK;
+}
+
+/* In place in registered memory (every rank's buffer at the same offset of the same
+ * registration; begin() has met everyone, so every buffer holds its input): rank r reduces
+ * slice r of every rank's buffer straight into its own; barrier; every rank copies slice q from
+ * rank q's buffer; barrier (after which no peer reads this rank's buffer any more). Nothing is
+ * copied in or out, and the message needs no chunks. */
+static int shm_allreduce_direct(cddp_comm *c, const coll *a, const reg *g, size_t offset,
+                                double deadline, cddp_error *err) {
+    size_t es = cddp_comm_dtype_size(a->dtype);
+    int W = c->world, me = c->rank;
+    int64_t n = a->count;
+    for (int r = 0; r < W; r++) c->src[r] = g->base[r] + offset;
+    int64_t lo = n * me / W, hi = n * (me + 1) / W;
+    reduce_slice(c, a->dtype, a->op, c->src, lo, hi - lo, c->src[me] + (size_t)lo * es);
+    CDDP_TRY(sync_all(c, deadline, err));
+    for (int q = 0; q < W; q++) {
+        if (q == me) continue;
+        int64_t qlo = n * q / W, qhi = n * (q + 1) / W;
+        memcpy(c->src[me] + (size_t)qlo * es, c->src[q] + (size_t)qlo * es,
+               (size_t)(qhi - qlo) * es);
+    }
+    return sync_all(c, deadline, err);
 }
 
 /* Per round, every rank stages n elements of each of the world's blocks (block q at q * n in
@@ -403,10 +494,11 @@ static int shm_reduce_scatter(cddp_comm *c, const coll *a, double deadline, cddp
     for (int64_t off = 0; off < a->count; off += per) {
         int64_t n = CDDP_MIN(per, a->count - off);
         for (int q = 0; q < W; q++)
-            memcpy(slot_of(c, me) + (size_t)(q * n) * es,
+            memcpy(c->slots[me] + (size_t)(q * n) * es,
                    (const uint8_t *)a->send + (size_t)(q * a->count + off) * es, (size_t)n * es);
         CDDP_TRY(sync_all(c, deadline, err));
-        reduce_slice(c, a->dtype, a->op, me * n, n, (uint8_t *)a->recv + (size_t)off * es);
+        reduce_slice(c, a->dtype, a->op, c->slots, me * n, n,
+                     (uint8_t *)a->recv + (size_t)off * es);
         CDDP_TRY(sync_all(c, deadline, err));
     }
     return CDDP_OK;
@@ -418,9 +510,9 @@ static int shm_broadcast(cddp_comm *c, const coll *a, double deadline, cddp_erro
     for (int64_t off = 0; off < a->count; off += per) {
         int64_t n = CDDP_MIN(per, a->count - off);
         uint8_t *p = (uint8_t *)a->recv + (size_t)off * es;
-        if (c->rank == a->root) memcpy(slot_of(c, a->root), p, (size_t)n * es);
+        if (c->rank == a->root) memcpy(c->slots[a->root], p, (size_t)n * es);
         CDDP_TRY(sync_all(c, deadline, err));
-        if (c->rank != a->root) memcpy(p, slot_of(c, a->root), (size_t)n * es);
+        if (c->rank != a->root) memcpy(p, c->slots[a->root], (size_t)n * es);
         CDDP_TRY(sync_all(c, deadline, err));
     }
     return CDDP_OK;
@@ -432,11 +524,11 @@ static int shm_gather(cddp_comm *c, const coll *a, int root, double deadline, cd
     int64_t per = per_round(c, es, 1);
     for (int64_t off = 0; off < a->count; off += per) {
         int64_t n = CDDP_MIN(per, a->count - off);
-        memcpy(slot_of(c, c->rank), (const uint8_t *)a->send + (size_t)off * es, (size_t)n * es);
+        memcpy(c->slots[c->rank], (const uint8_t *)a->send + (size_t)off * es, (size_t)n * es);
         CDDP_TRY(sync_all(c, deadline, err));
         if (root < 0 || root == c->rank)
             for (int q = 0; q < c->world; q++)
-                memcpy((uint8_t *)a->recv + (size_t)(q * a->count + off) * es, slot_of(c, q),
+                memcpy((uint8_t *)a->recv + (size_t)(q * a->count + off) * es, c->slots[q],
                        (size_t)n * es);
         CDDP_TRY(sync_all(c, deadline, err));
     }
@@ -452,12 +544,12 @@ static int shm_scatter(cddp_comm *c, const coll *a, double deadline, cddp_error 
         int64_t n = CDDP_MIN(per, a->count - off);
         if (c->rank == a->root)
             for (int q = 0; q < W; q++)
-                memcpy(slot_of(c, a->root) + (size_t)(q * n) * es,
+                memcpy(c->slots[a->root] + (size_t)(q * n) * es,
                        (const uint8_t *)a->send + (size_t)(q * a->count + off) * es,
                        (size_t)n * es);
         CDDP_TRY(sync_all(c, deadline, err));
         memcpy((uint8_t *)a->recv + (size_t)off * es,
-               slot_of(c, a->root) + (size_t)(c->rank * n) * es, (size_t)n * es);
+               c->slots[a->root] + (size_t)(c->rank * n) * es, (size_t)n * es);
         CDDP_TRY(sync_all(c, deadline, err));
     }
     return CDDP_OK;
@@ -470,10 +562,113 @@ static void self_execute(const coll *a) {
         memmove(a->recv, a->send, bytes);
 }
 
+/* ---- registered memory ------------------------------------------------------------------ */
+
+static void unmap_reg(cddp_comm *c, reg *g) {
+    for (int r = 0; r < c->world && g->base; r++)
+        if (g->base[r] && g->base[r] != MAP_FAILED) munmap(g->base[r], g->bytes);
+    cddp_free(g->base);
+    *g = (reg){0};
+}
+
+/* Maps shared-memory block name (bytes); MAP_FAILED with errno set on failure. */
+static void *map_block(const char *name, size_t bytes, bool create) {
+    int fd =
+        shm_open(name, create ? O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC : O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) return MAP_FAILED;
+    int e = 0;
+    /* Reserve the pages now: a full /dev/shm is an error here, not a SIGBUS on first touch. */
+    if (create && (e = ftruncate(fd, (off_t)bytes) != 0 ? errno : 0) == 0)
+        e = posix_fallocate(fd, 0, (off_t)bytes);
+    void *p = e ? MAP_FAILED : mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (!e && p == MAP_FAILED) e = errno;
+    close(fd);
+    if (e && create) shm_unlink(name);
+    errno = e;
+    return p;
+}
+
+/* cddp_comm_alloc on the shm transport. Each rank makes a block of its own in /dev/shm and posts
+ * its name; barrier; each maps every peer's block; barrier; each unlinks its name (every rank
+ * has it mapped, so nothing stays in /dev/shm). A rank that could not make or map a block makes
+ * every rank fail the same way, and the group stays usable. */
+static int shm_alloc(cddp_comm *c, size_t bytes, double deadline, void **out, cddp_error *err) {
+    int W = c->world, me = c->rank, slot = -1;
+    for (int i = 0; i < MAX_REGS && slot < 0; i++)
+        if (!c->regs[i].id) slot = i;
+    reg *g = slot >= 0 ? &c->regs[slot] : NULL;
+    uint64_t id = ++c->nallocs;
+    ctl *mine = ctl_of(c, me);
+    snprintf(mine->reg_name, sizeof mine->reg_name, "/cddp-%d-m%" PRIu64, (int)getpid(), id);
+    mine->reg_made = ENOSPC;
+    if (g && (g->base = cddp_calloc((size_t)W, sizeof *g->base))) {
+        g->bytes = bytes;
+        g->base[me] = map_block(mine->reg_name, bytes, true);
+        mine->reg_made = g->base[me] == MAP_FAILED ? errno : 0;
+    }
+    CDDP_TRY(sync_all(c, deadline, err));
+    int bad = -1, why = 0;
+    for (int r = 0; r < W && bad < 0; r++)
+        if (ctl_of(c, r)->reg_made) bad = r, why = ctl_of(c, r)->reg_made;
+    if (bad < 0) {
+        mine->reg_mapped = 0;
+        for (int r = 0; r < W && !mine->reg_mapped; r++)
+            if (r != me &&
+                (g->base[r] = map_block(ctl_of(c, r)->reg_name, bytes, false)) == MAP_FAILED)
+                mine->reg_mapped = errno;
+        int rc = sync_all(c, deadline, err);
+        shm_unlink(mine->reg_name);
+        CDDP_TRY(rc);
+        for (int r = 0; r < W && bad < 0; r++)
+            if (ctl_of(c, r)->reg_mapped) bad = r, why = ctl_of(c, r)->reg_mapped;
+    } else if (g && g->base && g->base[me] != MAP_FAILED) {
+        shm_unlink(mine->reg_name);
+    }
+    if (bad >= 0) {
+        if (g) unmap_reg(c, g);
+        return cddp_error_set(err, CDDP_ENOMEM,
+                              "cannot allocate %zu MiB of shared memory on rank %d: %s (is "
+                              "/dev/shm too small? under docker, raise --shm-size; or set "
+                              "CDDP_SHM_ZERO_COPY=0 to use plain memory)",
+                              bytes >> 20, bad, slot < 0 ? "too many allocations" : strerror(why));
+    }
+    g->id = id;
+    *out = g->base[me];
+    return CDDP_OK;
+}
+
+static int alloc_execute(cddp_comm *c, const coll *a, double deadline, cddp_error *err) {
+    size_t bytes = (size_t)a->count;
+    void **out = a->recv;
+    if (c->backend == BACKEND_SHM && bytes > 0 && cddp_knob_int(CDDP_KNOB_SHM_ZERO_COPY))
+        return shm_alloc(c, bytes, deadline, out, err);
+    if (!(*out = cddp_aligned_alloc(bytes ? bytes : 64)))
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory (%zu bytes)", bytes);
+    return CDDP_OK;
+}
+
+static void free_execute(cddp_comm *c, void *p) {
+    for (int i = 0; i < MAX_REGS; i++)
+        if (c->regs[i].id && c->regs[i].base[c->rank] == p) {
+            unmap_reg(c, &c->regs[i]);
+            return;
+        }
+    cddp_aligned_free(p);
+}
+
+/* ---- running a call ---------------------------------------------------------------------- */
+
 int cddp__comm_execute(cddp_comm *c, const coll *a, cddp_error *err) {
     double deadline = 0;
-    CDDP_TRY(begin(c, a, &deadline, err));
+    const reg *direct;
+    size_t offset = 0;
+    if (a->kind == K_FREE) {
+        free_execute(c, a->recv);
+        return CDDP_OK;
+    }
+    CDDP_TRY(begin(c, a, &deadline, &direct, &offset, err));
     if (a->kind == K_BARRIER) return CDDP_OK;
+    if (a->kind == K_ALLOC) return alloc_execute(c, a, deadline, err);
     if (c->backend == BACKEND_SELF) {
         self_execute(a);
         return CDDP_OK;
@@ -494,6 +689,7 @@ int cddp__comm_execute(cddp_comm *c, const coll *a, cddp_error *err) {
         }
     switch (a->kind) {
     case K_ALLREDUCE:
+        if (direct) return shm_allreduce_direct(c, a, direct, offset, deadline, err);
         return shm_allreduce(c, a, deadline, err);
     case K_BROADCAST:
         return shm_broadcast(c, a, deadline, err);
@@ -551,6 +747,20 @@ int cddp_comm_scatter(cddp_comm *c, const void *send, void *recv, int64_t count,
     return cddp__comm_run(c, CALL(K_SCATTER, send, recv, count, dt, 0, root, timeout_s), err);
 }
 
+void *cddp_comm_alloc(cddp_comm *c, size_t bytes, cddp_error *err) {
+    void *p = NULL;
+    if (bytes > INT64_MAX) {
+        cddp_error_set(err, CDDP_EINVAL, "cannot allocate %zu bytes", bytes);
+        return NULL;
+    }
+    int rc = cddp__comm_run(c, CALL(K_ALLOC, NULL, &p, (int64_t)bytes, 0, 0, 0, -1), err);
+    return rc == CDDP_OK ? p : NULL;
+}
+
+void cddp_comm_free(cddp_comm *c, void *p) {
+    if (c && p) cddp__comm_run(c, CALL(K_FREE, NULL, p, 0, 0, 0, 0, -1), NULL);
+}
+
 int cddp_comm_barrier(cddp_comm *c, double timeout_s, cddp_error *err) {
     return cddp__comm_run(c, CALL(K_BARRIER, NULL, NULL, 0, CDDP_COMM_F32, 0, 0, timeout_s), err);
 }
@@ -596,6 +806,7 @@ void cddp_comm_abort(cddp_comm *c, const char *reason) {
                  reason);
         int32_t none = 0;
         atomic_compare_exchange_strong(&((seg_header *)c->seg)->abort_rank, &none, c->rank + 1);
+        wake_sleepers(c);
     }
     if (c->backend == BACKEND_MPI) cddp__mpi_abort(c);
 }
@@ -619,9 +830,12 @@ static int setup_shm(cddp_comm *c, cddp_store *st, cddp_error *err) {
     long kb = cddp_knob_int(CDDP_KNOB_SHM_CHUNK_KB);
     c->chunk = CDDP_MAX((size_t)(kb < 4 ? 4 : kb) * 1024, (size_t)c->world * 64);
     c->seg_size = 4096 + (size_t)c->world * CTL_SIZE + (size_t)c->world * c->chunk;
-    c->acc = cddp_aligned_alloc(c->chunk / 2 * sizeof(float) + 64);
-    c->tmp = cddp_aligned_alloc(c->chunk / 2 * sizeof(float) + c->chunk);
-    if (!c->acc || !c->tmp) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    c->acc = cddp_aligned_alloc(RBLOCK * sizeof(float));
+    c->tmp = cddp_aligned_alloc(RBLOCK * sizeof(double));
+    c->slots = cddp_calloc((size_t)c->world, sizeof *c->slots);
+    c->src = cddp_calloc((size_t)c->world, sizeof *c->src);
+    if (!c->acc || !c->tmp || !c->slots || !c->src)
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
     char name[96], key[64];
     int fd = -1;
     if (c->rank == 0) {
@@ -658,6 +872,7 @@ static int setup_shm(cddp_comm *c, cddp_store *st, cddp_error *err) {
         return cddp_error_set(err, CDDP_EIO, "cannot map %s: %s", name, strerror(errno));
     }
     c->seg = p;
+    for (int r = 0; r < c->world; r++) c->slots[r] = slot_of(c, r);
     ctl_of(c, c->rank)->pid = (int32_t)getpid();
     if (c->rank == 0) {
         seg_header *h = (seg_header *)c->seg;
@@ -819,8 +1034,12 @@ void cddp_comm_destroy(cddp_comm *c) {
     if (!c) return;
     cddp__comm_work_fini(c);
     if (c->backend == BACKEND_MPI) cddp__mpi_finalize(c);
+    for (int i = 0; i < MAX_REGS; i++)
+        if (c->regs[i].id) unmap_reg(c, &c->regs[i]);
     if (c->seg) munmap(c->seg, c->seg_size);
     cddp_aligned_free(c->acc);
     cddp_aligned_free(c->tmp);
+    cddp_free(c->slots);
+    cddp_free(c->src);
     cddp_free(c);
 }

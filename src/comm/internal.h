@@ -17,7 +17,17 @@
 #define SEG_MAGIC 0x4344445053484d31ull /* "CDDPSHM1" */
 #define CTL_SIZE  512
 
-enum { K_ALLREDUCE, K_BROADCAST, K_ALLGATHER, K_BARRIER, K_REDUCE_SCATTER, K_GATHER, K_SCATTER };
+enum {
+    K_ALLREDUCE,
+    K_BROADCAST,
+    K_ALLGATHER,
+    K_BARRIER,
+    K_REDUCE_SCATTER,
+    K_GATHER,
+    K_SCATTER,
+    K_ALLOC, /* cddp_comm_alloc: count is the byte size, recv receives the pointer */
+    K_FREE,  /* cddp_comm_free, local: recv is the memory */
+};
 enum { BACKEND_SELF, BACKEND_SHM, BACKEND_MPI };
 
 typedef struct fingerprint {
@@ -26,11 +36,22 @@ typedef struct fingerprint {
     int64_t count;
 } fingerprint;
 
+/* Where a collective's buffer lies in registered memory: the registration's number (0: not
+ * registered) and the byte offset in it. Equal on every rank: the collective reads in place. */
+typedef struct reg_at {
+    uint64_t id;
+    uint64_t offset;
+} reg_at;
+
 typedef struct ctl {
     _Atomic uint64_t arrive;
     int32_t pid;
+    int32_t reg_made;   /* cddp_comm_alloc: 0, or the errno that kept this rank's block */
+    fingerprint fp[2];  /* by sequence parity: a peer is at most one collective ahead */
+    reg_at at[2];       /* by sequence parity, like fp */
+    int32_t reg_mapped; /* cddp_comm_alloc: 0, or the errno that kept a peer's block */
     int32_t pad;
-    fingerprint fp[2];      /* by sequence parity: a peer is at most one collective ahead */
+    char reg_name[48];      /* cddp_comm_alloc: this rank's block, for the peers to map */
     char abort_reason[320]; /* written before the header's abort_rank */
 } ctl;
 
@@ -41,7 +62,18 @@ typedef struct seg_header {
     int32_t world;
     _Atomic int32_t abort_rank; /* 1 + the first rank that aborted the group, or 0 */
     uint64_t chunk;
+    _Atomic uint32_t wake;    /* futex word: bumped by every arrival that has sleepers to wake */
+    _Atomic int32_t sleepers; /* ranks blocked on wake */
 } seg_header;
+
+/* Memory from cddp_comm_alloc: on the shm transport every rank's block, mapped by every rank. */
+typedef struct reg {
+    uint64_t id; /* 1, 2, ...: the group's n-th allocation, the same on every rank; 0: free */
+    size_t bytes;
+    uint8_t **base; /* base[r]: rank r's block (base[rank] is the caller's) */
+} reg;
+
+#define MAX_REGS 16
 
 /* One collective call: what every backend executes, inline or on the communication thread. */
 typedef struct coll {
@@ -75,8 +107,12 @@ struct cddp_comm {
     /* shm */
     uint8_t *seg;
     size_t seg_size, chunk;
-    float *acc; /* float32 accumulator for one slice */
+    float *acc; /* float32 accumulator for one block of a reduction */
     uint8_t *tmp;
+    uint8_t **slots; /* slots[r]: rank r's staging slot */
+    uint8_t **src;   /* scratch: the sources of one reduction */
+    reg regs[MAX_REGS];
+    uint64_t nallocs;
     /* mpi */
     void *mpi;      /* the group's MPI_Comm, duplicated from MPI_COMM_WORLD */
     bool mpi_owner; /* this group initialised MPI and finalises it */

@@ -153,6 +153,55 @@ static int reductions(cddp_comm *c, uint8_t *in, uint8_t *out, size_t cap, bool 
     return checks;
 }
 
+/* The same reductions in memory from cddp_comm_alloc: in place, the shm transport reads every
+ * rank's block where it is. Then buffers at an offset (the same on every rank: still in place;
+ * different offsets, or plain memory on one rank: the staged path), and a second allocation
+ * after freeing the first. */
+static int registered(cddp_comm *c, uint8_t *out, size_t cap) {
+    cddp_error err = {0};
+    uint8_t *mem = cddp_comm_alloc(c, cap + 4096, &err), *plain = malloc(cap + 4096);
+    if (!mem) die("cddp_comm_alloc failed: %s%.0f", err.msg, 0);
+    int checks = reductions(c, mem, out, cap, false);
+    static const size_t offsets[][2] = {{8, 8}, {0, 4096}, {64, 0}};
+    for (int k = 0; k < 3; k++) {
+        bool mine_plain = k == 2 && rank == world - 1;
+        uint8_t *base = mine_plain ? plain : mem;
+        size_t at = offsets[k][rank == world - 1];
+        int64_t n = 100003;
+        for (int64_t i = 0; i < n; i++) ((float *)(base + at))[i] = (float)input(0, rank, i);
+        if (cddp_comm_allreduce(c, base + at, base + at, n, CDDP_COMM_F32, CDDP_COMM_SUM, -1,
+                                &err))
+            die("allreduce at an offset failed: %s%.0f", err.msg, 0);
+        for (int64_t i = 0; i < n; i++)
+            if (((float *)(base + at))[i] != expected(0, CDDP_COMM_F32, i))
+                die("allreduce at offset case %s%.0f wrong", "", k);
+        checks++;
+    }
+    cddp_comm_free(c, mem);
+    if (!(mem = cddp_comm_alloc(c, 1 << 20, &err))) die("second alloc failed: %s%.0f", err.msg, 0);
+    for (int64_t i = 0; i < 1000; i++) ((double *)mem)[i] = (double)input(3, rank, i);
+    if (cddp_comm_allreduce(c, mem, mem, 1000, CDDP_COMM_F64, CDDP_COMM_MAX, -1, &err))
+        die("allreduce in a second allocation failed: %s%.0f", err.msg, 0);
+    for (int64_t i = 0; i < 1000; i++)
+        if (((double *)mem)[i] != expected(CDDP_COMM_MAX, CDDP_COMM_F64, i))
+            die("allreduce in a second allocation: %s element %.0f wrong", "", (double)i);
+    cddp_comm_free(c, mem);
+    free(plain);
+    checks++;
+    /* More than /dev/shm holds: every rank fails with a message that says so, and the group
+     * stays usable. */
+    if (!strcmp(cddp_comm_backend(c), "shm")) {
+        if (cddp_comm_alloc(c, (size_t)1 << 50, &err))
+            die("allocating a PiB of shared memory %s%.0f", "succeeded", 0);
+        if (!strstr(err.msg, "cannot allocate") || !strstr(err.msg, "/dev/shm"))
+            die("the failed allocation says '%s'%.0f", err.msg, 0);
+        if (cddp_comm_barrier(c, -1, &err))
+            die("the group failed with the allocation: %s%.0f", err.msg, 0);
+        checks++;
+    }
+    return checks;
+}
+
 static int matrix(cddp_comm *c) {
     cddp_error err = {0};
     int checks = 0;
@@ -239,6 +288,7 @@ static int matrix(cddp_comm *c) {
         if (k % 100 == 0 && cddp_comm_barrier(c, -1, &err)) die("barrier: %s%.0f", err.msg, 0);
     }
     checks++;
+    checks += registered(c, out, cap);
     printf("ok: rank %d of %d (%s backend): %d collective checks exact\n", rank, world,
            cddp_comm_backend(c), checks);
     free(in);
@@ -347,6 +397,8 @@ int main(int argc, char **argv) {
         int rc;
         if (!strcmp(kind, "root"))
             rc = cddp_comm_broadcast(c, big, 1000, CDDP_COMM_F32, odd ? 1 : 0, 10, &err);
+        else if (!strcmp(kind, "alloc"))
+            rc = cddp_comm_alloc(c, odd ? 8192 : 4096, &err) ? CDDP_OK : err.code;
         else if (!strcmp(kind, "kind") && odd)
             rc = cddp_comm_broadcast(c, big, 1000, CDDP_COMM_F32, 0, 10, &err);
         else
