@@ -9,8 +9,11 @@
  * options, failing on every rank with a message naming the rank and the value that differ, then
  * copies rank 0's parameters to everyone. From then on the parameters' ready hooks (autograd.h)
  * drive communication: the gradient block is cut into buckets, ranges of whole parameters in
- * reverse declaration order (the order backward produces them): a first bucket of 1 MiB, then
- * bucket_cap_mb each. When every gradient of a bucket is ready, its allreduce is queued on the
+ * reverse declaration order (the order backward produces them); a bucket closes once it holds
+ * at least 1 MiB (the first) or bucket_cap_mb (the others), as in PyTorch. On the shared-memory
+ * transport the gradient block is moved into memory from cddp_comm_alloc, so each bucket's
+ * allreduce reads the peers' gradients in place. When every gradient of a bucket is ready, its
+ * allreduce is queued on the
  * group's communication thread, always in bucket order, while backward goes on computing the
  * earlier layers. cddp_backward returns once every bucket is reduced. After the first step the
  * buckets are rebuilt in the order rank 0's gradients actually became ready.
@@ -46,7 +49,7 @@ typedef enum cddp_ddp_hook {
 
 /* Zero-initialised options are PyTorch's defaults; see cddp_ddp_defaults. */
 typedef struct cddp_ddp_options {
-    double bucket_cap_mb;        /* 0: 25 (the first bucket is at most 1 MiB, as in PyTorch) */
+    double bucket_cap_mb;        /* 0: 25 (the first bucket closes at 1 MiB, as in PyTorch) */
     bool sum;                    /* sum the gradients instead of averaging (MindSpore's
                                     gradients_mean=False) */
     bool find_unused_parameters; /* allow parameters without a gradient in a backward */

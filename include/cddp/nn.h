@@ -123,6 +123,12 @@ CDDP_API float *cddp_model_data(const cddp_model *m);
 CDDP_API float *cddp_model_grad(const cddp_model *m);
 /* Offset, in elements, of parameter i in the flat blocks. */
 CDDP_API size_t cddp_model_param_offset(const cddp_model *m, int i);
+/* Moves the gradient block into block (numel floats, 64-byte aligned, owned by the caller, who
+ * keeps it alive until the model is destroyed or the block is moved again), copying the current
+ * gradients; block NULL moves them back into memory of the model's own. Every parameter's grad
+ * follows. DistributedDataParallel uses it to place the gradients where the transport reads
+ * them in place. CDDP_ENOMEM (nothing changed) when the model cannot allocate. */
+CDDP_API int cddp_model_set_grad_block(cddp_model *m, float *block);
 /* Sets every gradient to zero (gradients accumulate across backward calls until then). */
 CDDP_API void cddp_model_zero_grad(cddp_model *m);
 /* Training mode (the default) enables dropout; evaluation mode disables it. */

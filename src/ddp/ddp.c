@@ -56,6 +56,7 @@ typedef struct event {
 struct cddp_ddp {
     cddp_model *model;
     cddp_comm *group;
+    float *grad_block; /* the model's gradients, in memory from cddp_comm_alloc (or NULL) */
     cddp_ddp_options o;
     int rank, world, nparams;
     double timeout;
@@ -159,45 +160,46 @@ static void free_buckets(cddp_ddp *d) {
     d->nbuckets = 0;
 }
 
-/* Cuts order (every parameter once) into buckets: the first up to 1 MiB, the rest up to
- * bucket_cap_mb; a parameter larger than the cap gets a bucket of its own. */
+/* Cuts order (every parameter once) into buckets as PyTorch does: parameters join the open
+ * bucket until it holds at least its limit, which closes it; the first bucket's limit is 1 MiB,
+ * the others' bucket_cap_mb. A small first bucket starts communication early in backward. */
 static int build_buckets(cddp_ddp *d, const int *order, cddp_error *err) {
     free_buckets(d);
     size_t cap = (size_t)(d->o.bucket_cap_mb * 1024 * 1024);
     d->buckets = cddp_calloc((size_t)d->nparams, sizeof *d->buckets);
     if (!d->buckets) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
     size_t limit = CDDP_MIN(FIRST_BUCKET_BYTES, cap), bytes = 0;
+    bool open = false;
     for (int k = 0; k < d->nparams; k++) {
         int i = order[k];
-        size_t pb = (size_t)cddp_model_param(d->model, i)->numel * sizeof(float);
-        if (d->nbuckets == 0 || (bytes > 0 && bytes + pb > limit)) {
-            if (d->nbuckets > 0) limit = cap;
+        if (!open) {
             bucket *nb = &d->buckets[d->nbuckets++];
             nb->params = cddp_malloc(sizeof(int) * (size_t)d->nparams);
             if (!nb->params) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
             bytes = 0;
+            open = true;
         }
         bucket *b = &d->buckets[d->nbuckets - 1];
         b->params[b->nparams++] = i;
         b->numel += (size_t)cddp_model_param(d->model, i)->numel;
         d->bucket_of[i] = d->nbuckets - 1;
-        bytes += pb;
+        bytes += (size_t)cddp_model_param(d->model, i)->numel * sizeof(float);
+        if (bytes >= limit) {
+            open = false;
+            limit = cap;
+        }
     }
     for (int k = 0; k < d->nbuckets; k++) {
         bucket *b = &d->buckets[k];
-        /* Contiguous when the parameters tile one range, lowest offset first or last. */
+        /* Contiguous when the parameters (disjoint ranges) tile one range, in whatever order:
+         * the allreduce of the range does not care in which order they became ready. */
         size_t lo = (size_t)-1, hi = 0;
         for (int j = 0; j < b->nparams; j++) {
             size_t off = cddp_model_param_offset(d->model, b->params[j]);
             lo = CDDP_MIN(lo, off);
             hi = CDDP_MAX(hi, off + (size_t)cddp_model_param(d->model, b->params[j])->numel);
         }
-        bool ordered = true;
-        for (int j = 1; j < b->nparams && ordered; j++)
-            ordered = cddp_model_param_offset(d->model, b->params[j]) +
-                          (size_t)cddp_model_param(d->model, b->params[j])->numel ==
-                      cddp_model_param_offset(d->model, b->params[j - 1]);
-        b->offset = ordered && hi - lo == b->numel ? (int64_t)lo : -1;
+        b->offset = hi - lo == b->numel ? (int64_t)lo : -1;
         if (b->offset < 0 && d->o.hook == CDDP_DDP_HOOK_NONE &&
             !(b->stage = cddp_aligned_alloc(b->numel * sizeof(float) + 64)))
             return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
@@ -626,6 +628,10 @@ void cddp_ddp_destroy(cddp_ddp *d) {
         cddp_model_set_ready_hook(d->model, NULL, NULL);
         cddp_model_set_event_hook(d->model, NULL, NULL);
     }
+    /* The model takes its gradients back into memory of its own; if it cannot, the block stays
+     * (leaked) rather than leaving the model pointing at freed memory. */
+    if (d->grad_block && d->model && cddp_model_set_grad_block(d->model, NULL) == CDDP_OK)
+        cddp_comm_free(d->group, d->grad_block);
     free_buckets(d);
     cddp_free(d->bucket_of);
     cddp_free(d->ready);
@@ -637,6 +643,35 @@ void cddp_ddp_destroy(cddp_ddp *d) {
     cddp_free(d->timeline);
     cddp_free(d->events);
     cddp_free(d);
+}
+
+/* Moves the gradient block into memory the shared-memory transport reads in place, so that a
+ * bucket's allreduce copies nothing in or out. The 16-bit hooks pack every bucket anyway, and
+ * other backends have no such memory: the gradients stay where they are. If the memory cannot be
+ * had (a small /dev/shm), training goes on with plain memory after a warning. */
+static int place_gradients(cddp_ddp *d, cddp_error *err) {
+    if (d->o.hook != CDDP_DDP_HOOK_NONE || strcmp(cddp_comm_backend(d->group), "shm") != 0 ||
+        !cddp_knob_int(CDDP_KNOB_SHM_ZERO_COPY))
+        return CDDP_OK;
+    cddp_error e = {0};
+    float *block = cddp_comm_alloc(d->group, cddp_model_numel(d->model) * sizeof(float), &e);
+    if (!block) {
+        if (cddp_comm_error(d->group)) { /* the group failed: a peer died, say */
+            *err = e;
+            return e.code;
+        }
+        cddp_log(CDDP_LOG_WARN, "ddp",
+                 "gradients stay in plain memory (one more copy per "
+                 "allreduce): %s",
+                 e.msg);
+        return CDDP_OK;
+    }
+    if (cddp_model_set_grad_block(d->model, block) != CDDP_OK) {
+        cddp_comm_free(d->group, block);
+        return cddp_error_set(err, CDDP_ENOMEM, "%s", cddp_model_error(d->model));
+    }
+    d->grad_block = block;
+    return CDDP_OK;
 }
 
 cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options *opts,
@@ -705,6 +740,7 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
                   out);
     for (int k = 0; k < d->nparams; k++) d->ready_order[k] = d->nparams - 1 - k;
     CDDP_TRY_GOTO(build_buckets(d, d->ready_order, err), out);
+    CDDP_TRY_GOTO(place_gradients(d, err), out);
     reset_step(d);
     cddp_model_set_ready_hook(m, on_ready, d);
     cddp_model_set_event_hook(m, on_event, d);

@@ -37,6 +37,7 @@ struct cddp_model {
     float *data, *grad;
     size_t numel;
     bool built, training;
+    bool grad_lent; /* grad is the caller's (cddp_model_set_grad_block), not ours to free */
     cddp_model_event_hook event_hook;
     void *event_user;
 };
@@ -63,7 +64,7 @@ void cddp_model_destroy(cddp_model *m) {
     cddp_free(m->mods);
     cddp_free(m->params);
     cddp_aligned_free(m->data);
-    cddp_aligned_free(m->grad);
+    if (!m->grad_lent) cddp_aligned_free(m->grad);
     cddp_free(m);
 }
 
@@ -262,6 +263,20 @@ float *cddp_model_grad(const cddp_model *m) {
 size_t cddp_model_param_offset(const cddp_model *m, int i) {
     CDDP_CHECK(i >= 0 && i < m->nparams, "parameter index %d out of range", i);
     return m->decls[i].offset;
+}
+
+int cddp_model_set_grad_block(cddp_model *m, float *block) {
+    check_built(m);
+    float *to = block ? block : cddp_aligned_alloc(m->numel * sizeof(float));
+    if (!to)
+        return cddp_error_set(&m->err, CDDP_ENOMEM, "cannot allocate %zu MiB for the gradients",
+                              (m->numel * sizeof(float)) >> 20);
+    if (to != m->grad) memcpy(to, m->grad, m->numel * sizeof(float));
+    if (!m->grad_lent) cddp_aligned_free(m->grad);
+    m->grad = to;
+    m->grad_lent = block != NULL;
+    for (int i = 0; i < m->nparams; i++) m->params[i].grad = m->grad + m->decls[i].offset;
+    return CDDP_OK;
 }
 
 void cddp_model_zero_grad(cddp_model *m) {
