@@ -372,10 +372,11 @@ uint16_t cddp__f32_to_f16(float f) {
  * from memory and the destination written once. */
 #define RBLOCK 2048
 
-/* Reduces elements [lo, lo + n) of src[0], ..., src[world - 1], in rank order, into dst. dst
- * may be the same range of one of the sources: each block is read whole before it is written. */
+/* Reduces elements [lo, lo + n) of src[0], ..., src[world - 1], in rank order, into dst, and
+ * into dst2 too unless it is NULL. dst may be the same range of one of the sources: each block
+ * is read whole before it is written. */
 static void reduce_slice(cddp_comm *c, cddp_comm_dtype dt, cddp_comm_op op, uint8_t *const *src,
-                         int64_t lo, int64_t n, uint8_t *dst) {
+                         int64_t lo, int64_t n, uint8_t *dst, uint8_t *dst2) {
     size_t es = cddp_comm_dtype_size(dt);
     int W = c->world;
     bool half = dt == CDDP_COMM_BF16 || dt == CDDP_COMM_F16;
@@ -395,6 +396,7 @@ static void reduce_slice(cddp_comm *c, cddp_comm_dtype dt, cddp_comm_op op, uint
             if (op == CDDP_COMM_MEAN) MEAN_LOOP(float, acc, m, W);
             uint16_t *d = (uint16_t *)(dst + (size_t)at * es);
             for (int64_t i = 0; i < m; i++) d[i] = from(acc[i]);
+            if (dst2) memcpy(dst2 + (size_t)at * es, d, (size_t)m * es);
             continue;
         }
         uint8_t *acc = c->tmp;
@@ -431,6 +433,7 @@ static void reduce_slice(cddp_comm *c, cddp_comm_dtype dt, cddp_comm_op op, uint
                 break;
             }
         memcpy(dst + (size_t)at * es, acc, (size_t)m * es);
+        if (dst2) memcpy(dst2 + (size_t)at * es, acc, (size_t)m * es);
     }
 }
 
@@ -441,23 +444,43 @@ static int64_t per_round(const cddp_comm *c, size_t es, int parts) {
     return CDDP_MAX((int64_t)(c->chunk / es) / parts, 1);
 }
 
+/* Per round of n elements, slice q (elements [n q / W, n (q + 1) / W)) is staged in part q of a
+ * slot, at the same place in every round:
+ *   1. every rank copies every slice but its own into its slot;                 barrier
+ *   2. rank r reduces slice r from every peer's slot and its own send buffer, in rank order,
+ *      into its recv and into part r of its slot;                               barrier
+ *   3. every rank copies slice q from part q of rank q's slot.
+ * The next round's step 1 writes only parts that step 3 does not read, so no barrier is needed
+ * between rounds, nor at the end: the next collective begins with one. */
 static int shm_allreduce(cddp_comm *c, const coll *a, double deadline, cddp_error *err) {
     size_t es = cddp_comm_dtype_size(a->dtype);
-    int64_t per = per_round(c, es, 1);
     int W = c->world, me = c->rank;
+    size_t part = c->chunk / (size_t)W / 64 * 64; /* bytes, a multiple of the cache line */
+    int64_t per = (int64_t)(part / es) * W;
+    const uint8_t *send = a->send;
+    uint8_t *recv = a->recv;
     for (int64_t off = 0; off < a->count; off += per) {
         int64_t n = CDDP_MIN(per, a->count - off);
-        memcpy(c->slots[me], (const uint8_t *)a->send + (size_t)off * es, (size_t)n * es);
+        for (int q = 0; q < W; q++) {
+            int64_t qlo = n * q / W, qhi = n * (q + 1) / W;
+            if (q != me)
+                memcpy(c->slots[me] + (size_t)q * part, send + (size_t)(off + qlo) * es,
+                       (size_t)(qhi - qlo) * es);
+        }
         CDDP_TRY(sync_all(c, deadline, err));
         int64_t lo = n * me / W, hi = n * (me + 1) / W;
-        reduce_slice(c, a->dtype, a->op, c->slots, lo, hi - lo, c->slots[me] + (size_t)lo * es);
+        for (int q = 0; q < W; q++) /* so that element lo of source q is element lo of slice */
+            c->src[q] = q == me ? (uint8_t *)send + (size_t)off * es
+                                : c->slots[q] + (size_t)me * part - (size_t)lo * es;
+        reduce_slice(c, a->dtype, a->op, c->src, lo, hi - lo, recv + (size_t)(off + lo) * es,
+                     c->slots[me] + (size_t)me * part);
         CDDP_TRY(sync_all(c, deadline, err));
         for (int q = 0; q < W; q++) {
             int64_t qlo = n * q / W, qhi = n * (q + 1) / W;
-            memcpy((uint8_t *)a->recv + (size_t)(off + qlo) * es, c->slots[q] + (size_t)qlo * es,
-                   (size_t)(qhi - qlo) * es);
+            if (q != me)
+                memcpy(recv + (size_t)(off + qlo) * es, c->slots[q] + (size_t)q * part,
+                       (size_t)(qhi - qlo) * es);
         }
-        CDDP_TRY(sync_all(c, deadline, err));
     }
     return CDDP_OK;
 }
@@ -474,7 +497,7 @@ static int shm_allreduce_direct(cddp_comm *c, const coll *a, const reg *g, size_
     int64_t n = a->count;
     for (int r = 0; r < W; r++) c->src[r] = g->base[r] + offset;
     int64_t lo = n * me / W, hi = n * (me + 1) / W;
-    reduce_slice(c, a->dtype, a->op, c->src, lo, hi - lo, c->src[me] + (size_t)lo * es);
+    reduce_slice(c, a->dtype, a->op, c->src, lo, hi - lo, c->src[me] + (size_t)lo * es, NULL);
     CDDP_TRY(sync_all(c, deadline, err));
     for (int q = 0; q < W; q++) {
         if (q == me) continue;
@@ -497,8 +520,8 @@ static int shm_reduce_scatter(cddp_comm *c, const coll *a, double deadline, cddp
             memcpy(c->slots[me] + (size_t)(q * n) * es,
                    (const uint8_t *)a->send + (size_t)(q * a->count + off) * es, (size_t)n * es);
         CDDP_TRY(sync_all(c, deadline, err));
-        reduce_slice(c, a->dtype, a->op, c->slots, me * n, n,
-                     (uint8_t *)a->recv + (size_t)off * es);
+        reduce_slice(c, a->dtype, a->op, c->slots, me * n, n, (uint8_t *)a->recv + (size_t)off * es,
+                     NULL);
         CDDP_TRY(sync_all(c, deadline, err));
     }
     return CDDP_OK;
