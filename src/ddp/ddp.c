@@ -162,29 +162,38 @@ static void free_buckets(cddp_ddp *d) {
 
 /* Cuts order (every parameter once) into buckets as PyTorch does: parameters join the open
  * bucket until it holds at least its limit, which closes it; the first bucket's limit is 1 MiB,
- * the others' bucket_cap_mb. A small first bucket starts communication early in backward. */
+ * the others' bucket_cap_mb. A small first bucket starts communication early in backward.
+ * One refinement: a bucket that reached its limit but is not one range of the flat block stays
+ * open (up to twice its limit) while the next parameters make it one, since backward produces
+ * a layer's weight and bias together but not always in declaration order; a bucket that is one
+ * range is reduced in place, with no packing copy. */
 static int build_buckets(cddp_ddp *d, const int *order, cddp_error *err) {
     free_buckets(d);
     size_t cap = (size_t)(d->o.bucket_cap_mb * 1024 * 1024);
     d->buckets = cddp_calloc((size_t)d->nparams, sizeof *d->buckets);
     if (!d->buckets) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
-    size_t limit = CDDP_MIN(FIRST_BUCKET_BYTES, cap), bytes = 0;
+    size_t limit = CDDP_MIN(FIRST_BUCKET_BYTES, cap), first = 0, end = 0;
     bool open = false;
     for (int k = 0; k < d->nparams; k++) {
         int i = order[k];
+        size_t off = cddp_model_param_offset(d->model, i);
+        size_t n = (size_t)cddp_model_param(d->model, i)->numel;
         if (!open) {
             bucket *nb = &d->buckets[d->nbuckets++];
             nb->params = cddp_malloc(sizeof(int) * (size_t)d->nparams);
             if (!nb->params) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
-            bytes = 0;
+            first = off;
+            end = off + n;
             open = true;
         }
         bucket *b = &d->buckets[d->nbuckets - 1];
         b->params[b->nparams++] = i;
-        b->numel += (size_t)cddp_model_param(d->model, i)->numel;
+        b->numel += n;
         d->bucket_of[i] = d->nbuckets - 1;
-        bytes += (size_t)cddp_model_param(d->model, i)->numel * sizeof(float);
-        if (bytes >= limit) {
+        first = CDDP_MIN(first, off);
+        end = CDDP_MAX(end, off + n);
+        size_t bytes = b->numel * sizeof(float);
+        if ((bytes >= limit && end - first == b->numel) || bytes >= 2 * limit) {
             open = false;
             limit = cap;
         }
@@ -200,6 +209,12 @@ static int build_buckets(cddp_ddp *d, const int *order, cddp_error *err) {
             hi = CDDP_MAX(hi, off + (size_t)cddp_model_param(d->model, b->params[j])->numel);
         }
         b->offset = hi - lo == b->numel ? (int64_t)lo : -1;
+        char names[160] = "";
+        for (int j = 0, at = 0; j < b->nparams && at < (int)sizeof names; j++)
+            at += snprintf(names + at, sizeof names - (size_t)at, "%s%s", j ? " " : "",
+                           cddp_model_param(d->model, b->params[j])->name);
+        cddp_log(CDDP_LOG_DEBUG, "ddp", "bucket %d: %zu elements, %s: %s", k, b->numel,
+                 b->offset >= 0 ? "one range" : "packed", names);
         if (b->offset < 0 && d->o.hook == CDDP_DDP_HOOK_NONE &&
             !(b->stage = cddp_aligned_alloc(b->numel * sizeof(float) + 64)))
             return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
