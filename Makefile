@@ -4,8 +4,9 @@
 #   make          build everything into build/ (programs in build/bin/)
 #   make test     build with -Wall -Wextra -Werror and run the whole suite (ctest)
 #   make demo     train on Fashion-MNIST with 2 data-parallel ranks
-#   make bench    cddp side by side with PyTorch and Open MPI (installs python3-torch): training,
-#                 data, launching, allreduce
+#   make bench    bench/compare: cddp side by side with PyTorch and Open MPI (installs
+#                 python3-torch): training, data, launching, allreduce, data-parallel training;
+#                 writes docs/BENCHMARKS.md, docs/img/ and README.md's headline table
 #   make install  headers, libraries, pkg-config and CMake files under PREFIX (default /usr/local)
 
 BUILD ?= build
@@ -46,11 +47,7 @@ bench:
 	@scripts/deps.sh bench
 	@$(CMAKE_CONFIGURE)
 	@cmake --build $(BUILD) -j $(JOBS)
-	bench/mlp_vs_torch.sh $(BUILD)/bin/bench_mlp
-	$(BUILD)/bin/bench_data
-	bench/launch_bench.sh $(BUILD)
-	bench/compare_allreduce.sh $(BUILD) 2
-	bench/ddp_vs_torch.sh $(BUILD)
+	bench/compare $(BUILD)
 
 install: build
 	cmake --install $(BUILD)

@@ -1,0 +1,411 @@
+#!/usr/bin/env python3
+"""report.py OUT_DIR TEMPLATE BENCHMARKS_MD IMG_DIR README: bench/compare's write-up.
+
+Reads the outputs that bench/compare left in OUT_DIR (mlp.txt, data.txt, launch.txt,
+allreduce.txt, ddp.txt, machine.txt), fills the @NAME@ placeholders of TEMPLATE with tables and
+writes BENCHMARKS_MD, draws the plots as SVG into IMG_DIR, and replaces the block between
+<!-- bench:headline:begin --> and <!-- bench:headline:end --> in README. Only the standard
+library: the plots are written as SVG by hand. Fails (exit 1, naming the file) when an output is
+missing or does not parse, so a broken run never produces a half-filled page.
+"""
+import json
+import math
+import os
+import re
+import sys
+
+
+class ReportError(Exception):
+    pass
+
+
+def read(out, name):
+    path = os.path.join(out, name)
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as e:
+        raise ReportError(f"{path}: {e.strerror}") from None
+
+
+def json_lines(text, prefix=""):
+    rows = []
+    for line in text.splitlines():
+        if line.startswith(prefix + "{"):
+            rows.append(json.loads(line[len(prefix):]))
+    return rows
+
+
+def fmt(v, digits=0):
+    return f"{v:.{digits}f}" if v is not None else "-"
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+# ---- the outputs ---------------------------------------------------------------------------
+
+def parse_mlp(text):
+    runs = json_lines(text)
+    cddp = [r["samples_per_s"] for r in runs if r["impl"] == "cddp"]
+    torch = [r["samples_per_s"] for r in runs if r["impl"] == "pytorch"]
+    if not cddp or not torch:
+        raise ReportError("mlp.txt: no cddp or PyTorch run")
+    version = next(r["version"] for r in runs if r["impl"] == "pytorch")
+    return {"cddp": cddp, "torch": torch, "version": version}
+
+
+def parse_data(text):
+    rows = json_lines(text)
+    if len(rows) < 2:
+        raise ReportError("data.txt: want the runs with and without prefetching")
+    return rows
+
+
+def parse_launch(text):
+    rows = []
+    for line in text.splitlines():
+        m = re.match(r"(.*?):\s+median ([\d.]+) ms \(min ([\d.]+), max ([\d.]+), (\d+) runs\)", line)
+        if m:
+            rows.append((m.group(1).strip(), float(m.group(2)), float(m.group(3)),
+                         float(m.group(4)), int(m.group(5))))
+    if len(rows) < 2:
+        raise ReportError("launch.txt: no timings")
+    return rows
+
+
+ALLREDUCE_COLS = ["cddp", "cddp_bw", "reg", "reg_bw", "mpi", "mpi_bw", "gloo", "gloo_bw"]
+
+
+def parse_allreduce(text):
+    rows = []
+    for line in text.splitlines():
+        cells = [c.split() for c in line.split("|")]
+        if len(cells) < 5 or not cells[0] or not cells[0][0].isdigit():
+            continue
+        vals = [float(x) if x != "-" else None for c in cells[1:5] for x in c]
+        if len(vals) != 8:
+            raise ReportError(f"allreduce.txt: cannot read the row '{line}'")
+        rows.append(dict(bytes=int(cells[0][0]), **dict(zip(ALLREDUCE_COLS, vals))))
+    if not rows:
+        raise ReportError("allreduce.txt: no table")
+    if "WRONG RESULTS" in text:
+        raise ReportError("allreduce.txt: an allreduce returned wrong results")
+    return rows
+
+
+def parse_ddp(text):
+    cddp = json_lines(text)
+    torch = json_lines(text, "torch ")
+
+    def best(runs, world):
+        v = [r["samples_per_s"] for r in runs if r["world"] == world]
+        return max(v) if v else None
+
+    res = {w: (best(cddp, w), best(torch, w)) for w in (1, 2)}
+    if None in res[1] + res[2]:
+        raise ReportError("ddp.txt: want cddp and PyTorch runs on 1 and 2 ranks")
+    last = [r for r in cddp if r["world"] == 2][-1]
+    version = torch[0]["version"]
+    return {"best": res, "split": last, "version": version,
+            "rounds": len([r for r in cddp if r["world"] == 1])}
+
+
+def parse_machine(text):
+    return dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+
+
+# ---- tables --------------------------------------------------------------------------------
+
+def mlp_table(m):
+    c, t = max(m["cddp"]), max(m["torch"])
+    return "\n".join([
+        f"| implementation | samples/s (best of {len(m['cddp'])}) | runs |",
+        "|---|---|---|",
+        f"| cddp | {c:.0f} | {', '.join(f'{v:.0f}' for v in m['cddp'])} |",
+        f"| PyTorch {m['version']} | {t:.0f} | {', '.join(f'{v:.0f}' for v in m['torch'])} |",
+        f"| **cddp / PyTorch** | **{ratio(c, t)}** | |",
+    ])
+
+
+def data_table(rows):
+    out = ["| prefetch | loading + collation, samples/s | MLP training, samples/s | "
+           "share of step time waiting for data |", "|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['prefetch']} | {r['load_samples_per_s']:.0f} | "
+                   f"{r['train_samples_per_s']:.0f} | {100 * r['wait_share']:.2f}% |")
+    return "\n".join(out)
+
+
+def launch_table(rows):
+    out = ["| what | median | min | max | runs |", "|---|---|---|---|---|"]
+    for name, med, lo, hi, n in rows:
+        out.append(f"| `{name}` | {med:.1f} ms | {lo:.1f} | {hi:.1f} | {n} |")
+    return "\n".join(out)
+
+
+def human(b):
+    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= size:
+            return f"{b // size} {unit}"
+    return f"{b} B"
+
+
+def allreduce_table(rows):
+    out = ["| size | cddp µs | busbw | cddp registered µs | busbw | Open MPI µs | busbw | "
+           "gloo µs | busbw | Open MPI / cddp | Open MPI / cddp registered | gloo / cddp |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append("| " + " | ".join([
+            human(r["bytes"]), fmt(r["cddp"], 2), fmt(r["cddp_bw"], 2), fmt(r["reg"], 2),
+            fmt(r["reg_bw"], 2), fmt(r["mpi"], 2), fmt(r["mpi_bw"], 2), fmt(r["gloo"], 1),
+            fmt(r["gloo_bw"], 3), ratio(r["mpi"], r["cddp"]), ratio(r["mpi"], r["reg"]),
+            ratio(r["gloo"], r["cddp"])]) + " |")
+    return "\n".join(out)
+
+
+def verdict(ok):
+    return "**met**" if ok else "**not met**"
+
+
+def allreduce_targets(rows):
+    by = {r["bytes"]: r for r in rows}
+    lines = []
+
+    def check(size, what, want, bw):
+        r = by.get(size)
+        if not r or not r["mpi"]:
+            lines.append(f"- {what}: not measured (no Open MPI numbers at {human(size)})")
+            return
+        for key, label in (("cddp", "plain buffers"), ("reg", "registered buffers")):
+            if r[key] is None:
+                continue
+            x = r["mpi"] / r[key]
+            ok = x >= want
+            detail = (f"{r[key + '_bw']:.2f} vs {r['mpi_bw']:.2f} GB/s" if bw else
+                      f"{r[key]:.2f} vs {r['mpi']:.2f} µs")
+            lines.append(f"- {what}, {label}: {x:.2f}x Open MPI ({detail}) — {verdict(ok)}")
+
+    check(4096, "4 KiB latency at most 2x Open MPI's (ratio >= 0.5x)", 0.5, False)
+    check(1 << 20, "busbw >= 1x Open MPI at 1 MiB", 1.0, True)
+    check(16 << 20, "busbw >= 2x Open MPI at 16 MiB", 2.0, True)
+    check(64 << 20, "busbw >= 2x Open MPI at 64 MiB", 2.0, True)
+    return "\n".join(lines)
+
+
+def ddp_table(d):
+    (c1, t1), (c2, t2) = d["best"][1], d["best"][2]
+    return "\n".join([
+        "| MLP, batch 32 per rank, 1 thread per rank | 1 rank | 2 ranks | 2 ranks / 1 rank |",
+        "|---|---|---|---|",
+        f"| cddp DDP (samples/s, best of {d['rounds']}) | {c1:.0f} | {c2:.0f} | {ratio(c2, c1)} |",
+        f"| PyTorch {d['version']} DDP, gloo | {t1:.0f} | {t2:.0f} | {ratio(t2, t1)} |",
+        f"| cddp / PyTorch | {ratio(c1, t1)} | **{ratio(c2, t2)}** | |",
+    ])
+
+
+def ddp_split(d):
+    s = d["split"]
+    return (f"forward {s['forward_ms']:.2f} ms, backward {s['backward_ms']:.2f} ms, allreduce "
+            f"{s['allreduce_ms']:.2f} ms in {s['buckets']} buckets, waited {s['wait_ms']:.2f} ms "
+            f"after backward, overlap {100 * s['overlap']:.0f}%")
+
+
+def ddp_targets(d):
+    (c1, _), (c2, t2) = d["best"][1], d["best"][2]
+    return "\n".join([
+        f"- cddp on 2 ranks >= 3.5x PyTorch DDP on 2 ranks: {c2 / t2:.2f}x — {verdict(c2 / t2 >= 3.5)}",
+        f"- cddp on 2 ranks >= 1.7x cddp on 1 rank: {c2 / c1:.2f}x — {verdict(c2 / c1 >= 1.7)}",
+    ])
+
+
+def headline(mlp, ar, ddp, machine):
+    by = {r["bytes"]: r for r in ar}
+    (c1, t1), (c2, t2) = ddp["best"][1], ddp["best"][2]
+    rows = [f"Latest `bench/compare` run ({machine.get('date', '?')}, "
+            f"{machine.get('cpu', '?')}); ratios > 1: cddp is faster.", "",
+            "| comparison | cddp | peer | cddp / peer |", "|---|---|---|---|",
+            f"| MLP training, 1 process (samples/s) | {max(mlp['cddp']):.0f} | PyTorch "
+            f"{max(mlp['torch']):.0f} | {ratio(max(mlp['cddp']), max(mlp['torch']))} |",
+            f"| DDP training, 2 ranks (samples/s) | {c2:.0f} | PyTorch DDP gloo {t2:.0f} | "
+            f"{ratio(c2, t2)} |",
+            f"| DDP scaling, 1 → 2 ranks | {ratio(c2, c1)} | PyTorch {ratio(t2, t1)} | |"]
+    for size in (4096, 1 << 20, 64 << 20):
+        r = by.get(size)
+        if r and r["mpi"]:
+            rows.append(f"| allreduce {human(size)}, 2 ranks (µs) | {r['cddp']:.2f} | "
+                        f"Open MPI {r['mpi']:.2f} | {ratio(r['mpi'], r['cddp'])} |")
+    return "\n".join(rows)
+
+
+# ---- plots ---------------------------------------------------------------------------------
+
+COLORS = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd"]
+W, H, L, R, T, B = 680, 380, 64, 170, 36, 48
+
+
+def svg(body, title):
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+            f'font-family="sans-serif" font-size="12">\n'
+            f'<rect width="{W}" height="{H}" fill="white"/>\n'
+            f'<text x="{L}" y="22" font-size="14" font-weight="bold">{title}</text>\n'
+            + body + "</svg>\n")
+
+
+def nice_top(v):
+    if v <= 0:
+        return 1.0
+    e = 10 ** math.floor(math.log10(v))
+    for m in (1, 2, 2.5, 5, 10):
+        if m * e >= v:
+            return m * e
+    return 10 * e
+
+
+def busbw_plot(rows):
+    series = [("cddp", "cddp_bw"), ("cddp, registered", "reg_bw"), ("Open MPI", "mpi_bw"),
+              ("gloo", "gloo_bw")]
+    xs = [math.log2(r["bytes"]) for r in rows]
+    x0, x1 = min(xs), max(xs)
+    top = nice_top(max(r[k] or 0 for r in rows for _, k in series))
+    pw, ph = W - L - R, H - T - B
+
+    def px(x):
+        return L + (x - x0) / (x1 - x0 or 1) * pw
+
+    def py(y):
+        return T + ph - y / top * ph
+
+    body = [f'<rect x="{L}" y="{T}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>']
+    for i in range(6):
+        y = top * i / 5
+        body.append(f'<line x1="{L}" y1="{py(y):.1f}" x2="{L + pw}" y2="{py(y):.1f}" '
+                    f'stroke="#ddd"/><text x="{L - 6}" y="{py(y) + 4:.1f}" '
+                    f'text-anchor="end">{y:g}</text>')
+    for r in rows:
+        if r["bytes"] in (4096, 65536, 1 << 20, 16 << 20, 64 << 20) or r is rows[-1]:
+            x = px(math.log2(r["bytes"]))
+            body.append(f'<text x="{x:.1f}" y="{T + ph + 16}" text-anchor="middle">'
+                        f'{human(r["bytes"]).replace(" ", "")}</text>')
+    body.append(f'<text x="{L + pw / 2}" y="{H - 8}" text-anchor="middle">message size '
+                f'(float32 sum, in place, 2 ranks)</text>')
+    body.append(f'<text x="16" y="{T + ph / 2}" text-anchor="middle" '
+                f'transform="rotate(-90 16 {T + ph / 2})">busbw (GB/s)</text>')
+    for i, (name, key) in enumerate(series):
+        pts = [(px(math.log2(r["bytes"])), py(r[key])) for r in rows if r[key] is not None]
+        if not pts:
+            continue
+        c = COLORS[i]
+        body.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="'
+                    + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + '"/>')
+        body += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{c}"/>' for x, y in pts]
+        ly = T + 12 + 20 * i
+        body.append(f'<line x1="{L + pw + 12}" y1="{ly}" x2="{L + pw + 32}" y2="{ly}" '
+                    f'stroke="{c}" stroke-width="2"/><text x="{L + pw + 38}" y="{ly + 4}">'
+                    f'{name}</text>')
+    return svg("\n".join(body) + "\n", "Allreduce bus bandwidth")
+
+
+def ddp_plot(d):
+    (c1, t1), (c2, t2) = d["best"][1], d["best"][2]
+    groups = [("1 rank", c1, t1), ("2 ranks", c2, t2)]
+    top = nice_top(max(c1, c2, t1, t2))
+    pw, ph = W - L - R, H - T - B
+    body = [f'<rect x="{L}" y="{T}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>']
+    for i in range(6):
+        y = top * i / 5
+        yy = T + ph - y / top * ph
+        body.append(f'<line x1="{L}" y1="{yy:.1f}" x2="{L + pw}" y2="{yy:.1f}" stroke="#ddd"/>'
+                    f'<text x="{L - 6}" y="{yy + 4:.1f}" text-anchor="end">{y:g}</text>')
+    bw = pw / 6
+    for g, (label, *vals) in enumerate(groups):
+        gx = L + pw * (0.25 + 0.5 * g) - bw
+        for k, v in enumerate(vals):
+            h = v / top * ph
+            x = gx + k * bw
+            body.append(f'<rect x="{x:.1f}" y="{T + ph - h:.1f}" width="{bw * 0.9:.1f}" '
+                        f'height="{h:.1f}" fill="{COLORS[2 * k]}"/><text x="{x + bw * 0.45:.1f}" '
+                        f'y="{T + ph - h - 4:.1f}" text-anchor="middle">{v:.0f}</text>')
+        body.append(f'<text x="{gx + bw:.1f}" y="{T + ph + 16}" text-anchor="middle">{label}'
+                    f'</text>')
+    for k, name in enumerate(("cddp DDP", "PyTorch DDP (gloo)")):
+        ly = T + 12 + 20 * k
+        body.append(f'<rect x="{L + pw + 12}" y="{ly - 6}" width="20" height="10" '
+                    f'fill="{COLORS[2 * k]}"/><text x="{L + pw + 38}" y="{ly + 4}">{name}</text>')
+    body.append(f'<text x="16" y="{T + ph / 2}" text-anchor="middle" '
+                f'transform="rotate(-90 16 {T + ph / 2})">samples/s</text>')
+    body.append(f'<text x="{L + pw / 2}" y="{H - 8}" text-anchor="middle">MLP 784-512-512-10, '
+                f'batch 32 per rank, one thread per rank</text>')
+    return svg("\n".join(body) + "\n", "Data-parallel training throughput")
+
+
+# ---- putting it together -------------------------------------------------------------------
+
+def fill(template, values):
+    def sub(m):
+        if m.group(1) not in values:
+            raise ReportError(f"the template names @{m.group(1)}@, which the report lacks")
+        return values[m.group(1)]
+    return re.sub(r"@([A-Z_]+)@", sub, template)
+
+
+def replace_block(text, block, path):
+    begin, end = "<!-- bench:headline:begin -->", "<!-- bench:headline:end -->"
+    i, j = text.find(begin), text.find(end)
+    if i < 0 or j < i:
+        raise ReportError(f"{path}: no {begin} ... {end} block")
+    return text[:i + len(begin)] + "\n" + block + "\n" + text[j:]
+
+
+def write(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def main(argv):
+    if len(argv) != 6:
+        print(__doc__.splitlines()[0], file=sys.stderr)
+        return 2
+    out, template, md, img, readme = argv[1:]
+    try:
+        mlp = parse_mlp(read(out, "mlp.txt"))
+        data = parse_data(read(out, "data.txt"))
+        launch = parse_launch(read(out, "launch.txt"))
+        ar = parse_allreduce(read(out, "allreduce.txt"))
+        ddp = parse_ddp(read(out, "ddp.txt"))
+        machine = parse_machine(read(out, "machine.txt"))
+        with open(template) as f:
+            tpl = f.read()
+        with open(readme) as f:
+            readme_text = f.read()
+        head = headline(mlp, ar, ddp, machine)
+        page = fill(tpl, {
+            "DATE": machine.get("date", "?"),
+            "MACHINE": ", ".join(f"{k} {v}" for k, v in machine.items() if k != "date"),
+            "HEADLINE": head,
+            "MLP_TABLE": mlp_table(mlp),
+            "DATA_TABLE": data_table(data),
+            "LAUNCH_TABLE": launch_table(launch),
+            "ALLREDUCE_TABLE": allreduce_table(ar),
+            "ALLREDUCE_TARGETS": allreduce_targets(ar),
+            "DDP_TABLE": ddp_table(ddp),
+            "DDP_SPLIT": ddp_split(ddp),
+            "DDP_TARGETS": ddp_targets(ddp),
+        })
+        readme_text = replace_block(readme_text, head, readme)
+    except (ReportError, ValueError, KeyError, json.JSONDecodeError) as e:
+        print(f"report.py: {e}", file=sys.stderr)
+        return 1
+    os.makedirs(img, exist_ok=True)
+    write(os.path.join(img, "allreduce_busbw.svg"), busbw_plot(ar))
+    write(os.path.join(img, "ddp_throughput.svg"), ddp_plot(ddp))
+    write(md, page)
+    write(readme, readme_text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
