@@ -113,6 +113,17 @@ CDDP_API int cddp_comm_scatter(cddp_comm *c, const void *send, void *recv, int64
                                cddp_comm_dtype dtype, int root, double timeout_s, cddp_error *err);
 CDDP_API int cddp_comm_barrier(cddp_comm *c, double timeout_s, cddp_error *err);
 
+/* Point to point. send gives count elements of buf to rank dst, which takes them with a recv
+ * from this rank of the same count and dtype; messages between two ranks arrive in the order
+ * they were sent. send returns once dst has the data (so two ranks that both send first wait
+ * for each other: pair them, e.g. even ranks send first) or at the deadline. A count or dtype
+ * that differs from the receiver's fails on both ranks, naming both sides (on the MPI backend
+ * only the receiver learns of it). Sending to or receiving from oneself is CDDP_EINVAL. */
+CDDP_API int cddp_comm_send(cddp_comm *c, const void *buf, int64_t count, cddp_comm_dtype dtype,
+                            int dst, double timeout_s, cddp_error *err);
+CDDP_API int cddp_comm_recv(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dtype, int src,
+                            double timeout_s, cddp_error *err);
+
 /* ---- memory the transport reads in place ------------------------------------------------ */
 
 /* Collective: every rank calls it with the same bytes. Returns memory (64-byte aligned) that

@@ -94,6 +94,16 @@ static uint8_t *slot_of(const cddp_comm *c, int r) {
     return c->seg + 4096 + (size_t)c->world * CTL_SIZE + (size_t)r * c->chunk;
 }
 
+/* Rank r's slot for the messages it sends: apart from the collectives' slots, which a peer may
+ * still read after this rank has left a collective. */
+static uint8_t *send_slot_of(const cddp_comm *c, int r) {
+    return slot_of(c, c->world + r);
+}
+
+static pair *pair_of(const cddp_comm *c, int from, int to) {
+    return (pair *)(slot_of(c, 2 * c->world) + ((size_t)from * c->world + to) * PAIR_SIZE);
+}
+
 int cddp__comm_fail(cddp_comm *c, cddp_error *err, int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -150,51 +160,57 @@ static void sleep_until_arrival(cddp_comm *c, _Atomic uint64_t *arrive, uint64_t
     atomic_fetch_sub(&h->sleepers, 1);
 }
 
-/* Every rank arrives at the next step, or the group fails (deadline, dead peer).
+/* Waits until *a (written by rank who) reaches at least target, or the group fails (deadline,
+ * dead peer, abort). The errors name the wait as "what #num".
  *
  * A waiting rank spins for 20 us (the peer is about to arrive: the latency path), then blocks
  * on a futex in the segment until an arrival wakes it (the peer is computing, stopped, or far
  * behind: leave the core to whoever works; with more ranks than cores this is what lets the
- * late rank run). Every 10 ms at most it checks the deadline and whether the peers' processes
- * still exist. */
+ * late rank run). Every 10 ms at most it checks the deadline and whether the peer's process
+ * still exists. */
+static int wait_for(cddp_comm *c, _Atomic uint64_t *a, uint64_t target, int who, const char *what,
+                    uint64_t num, double deadline, cddp_error *err) {
+    double start = 0, next_check = 0;
+    for (unsigned spins = 0; atomic_load_explicit(a, memory_order_acquire) < target; spins++) {
+        relax();
+        if (spins % 64) continue;
+        CDDP_TRY(check_abort(c, err));
+        double now = cddp_now_s();
+        if (start == 0) start = now;
+        if (now - start < 20e-6) continue;
+        sleep_until_arrival(c, a, target);
+        now = cddp_now_s();
+        if (now < next_check) continue;
+        next_check = now + 0.01;
+        /* A peer may arrive, finish and exit between the load above and this check; its
+         * arrival is written before it exits, so it is dead only if it has not arrived. */
+        pid_t pid = ctl_of(c, who)->pid;
+        if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH &&
+            atomic_load_explicit(a, memory_order_acquire) < target) {
+            CDDP_TRY(check_abort(c, err)); /* it may have aborted the group, then exited */
+            return cddp__comm_fail(c, err, CDDP_EIO,
+                                   "rank %d (pid %d) died during %s #%" PRIu64
+                                   "; the group is unusable (the launcher's report says why it "
+                                   "died)",
+                                   who, (int)pid, what, num);
+        }
+        if (deadline >= 0 && now > deadline)
+            return cddp__comm_fail(c, err, CDDP_ETIMEDOUT,
+                                   "%s #%" PRIu64 " timed out waiting for rank %d (is it "
+                                   "stopped, stuck, or calling something else?); raise "
+                                   "CDDP_TIMEOUT_S or the call's timeout if it is only slow",
+                                   what, num, who);
+    }
+    return CDDP_OK;
+}
+
+/* Every rank arrives at the next step, or the group fails (deadline, dead peer). */
 static int sync_all(cddp_comm *c, double deadline, cddp_error *err) {
     uint64_t step = ++c->step;
     atomic_store(&ctl_of(c, c->rank)->arrive, step);
     wake_sleepers(c);
-    double start = 0, next_check = 0;
-    for (int r = 0; r < c->world; r++) {
-        _Atomic uint64_t *a = &ctl_of(c, r)->arrive;
-        for (unsigned spins = 0; atomic_load_explicit(a, memory_order_acquire) < step; spins++) {
-            relax();
-            if (spins % 64) continue;
-            CDDP_TRY(check_abort(c, err));
-            double now = cddp_now_s();
-            if (start == 0) start = now;
-            if (now - start < 20e-6) continue;
-            sleep_until_arrival(c, a, step);
-            now = cddp_now_s();
-            if (now < next_check) continue;
-            next_check = now + 0.01;
-            /* A peer may arrive, finish and exit between the load above and this check; its
-             * arrival is written before it exits, so it is dead only if it has not arrived. */
-            pid_t pid = ctl_of(c, r)->pid;
-            if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH &&
-                atomic_load_explicit(a, memory_order_acquire) < step) {
-                CDDP_TRY(check_abort(c, err)); /* it may have aborted the group, then exited */
-                return cddp__comm_fail(c, err, CDDP_EIO,
-                                       "rank %d (pid %d) died during collective #%" PRIu64
-                                       "; the group is unusable (the launcher's report says why "
-                                       "it died)",
-                                       r, (int)pid, c->seq);
-            }
-            if (deadline >= 0 && now > deadline)
-                return cddp__comm_fail(c, err, CDDP_ETIMEDOUT,
-                                       "collective #%" PRIu64 " timed out waiting for rank %d (is "
-                                       "it stopped, stuck, or calling another collective?); raise "
-                                       "CDDP_TIMEOUT_S or the call's timeout if it is only slow",
-                                       c->seq, r);
-        }
-    }
+    for (int r = 0; r < c->world; r++)
+        CDDP_TRY(wait_for(c, &ctl_of(c, r)->arrive, step, r, "collective", c->seq, deadline, err));
     return CDDP_OK;
 }
 
@@ -679,6 +695,77 @@ static void free_execute(cddp_comm *c, void *p) {
     cddp_aligned_free(p);
 }
 
+/* ---- point to point ----------------------------------------------------------------------- */
+
+/* A message goes chunk by chunk through the sender's send slot: the sender copies a chunk in and
+ * counts it posted; the receiver checks the message's count and dtype against its own, copies
+ * the chunk out and counts it taken; the sender waits for that before the next chunk, and
+ * returns only when the last one was taken. */
+static int shm_p2p(cddp_comm *c, const coll *a, cddp_error *err) {
+    double deadline = cddp_now_s() + (a->timeout_s >= 0 ? a->timeout_s : c->timeout);
+    size_t bytes = (size_t)a->count * cddp_comm_dtype_size(a->dtype), off = 0;
+    int peer = a->root, me = c->rank;
+    bool sending = a->kind == K_SEND;
+    pair *p = sending ? pair_of(c, me, peer) : pair_of(c, peer, me);
+    do {
+        size_t n = CDDP_MIN(c->chunk, bytes - off);
+        if (sending) {
+            uint64_t k = atomic_load(&p->posted) + 1;
+            memcpy(send_slot_of(c, me), (const uint8_t *)a->send + off, n);
+            p->count = a->count;
+            p->dtype = (int32_t)a->dtype;
+            atomic_store(&p->posted, k);
+            wake_sleepers(c);
+            CDDP_TRY(wait_for(c, &p->taken, k, peer, "send", k, deadline, err));
+            if (atomic_load(&p->refused))
+                return cddp__comm_fail(c, err, CDDP_ESHAPE,
+                                       "send to rank %d of count %" PRId64 " %s, but rank %d "
+                                       "receives count %" PRId64 " %s",
+                                       peer, a->count, cddp_comm_dtype_name(a->dtype), peer,
+                                       p->want_count, cddp_comm_dtype_name(p->want_dtype));
+        } else {
+            uint64_t k = atomic_load(&p->taken) + 1;
+            CDDP_TRY(wait_for(c, &p->posted, k, peer, "recv", k, deadline, err));
+            if (p->count != a->count || p->dtype != (int32_t)a->dtype) {
+                p->want_count = a->count;
+                p->want_dtype = (int32_t)a->dtype;
+                atomic_store(&p->refused, 1);
+                atomic_store(&p->taken, k);
+                wake_sleepers(c);
+                return cddp__comm_fail(c, err, CDDP_ESHAPE,
+                                       "recv from rank %d of count %" PRId64 " %s, but rank %d "
+                                       "sends count %" PRId64 " %s",
+                                       peer, a->count, cddp_comm_dtype_name(a->dtype), peer,
+                                       p->count, cddp_comm_dtype_name(p->dtype));
+            }
+            memcpy((uint8_t *)a->recv + off, send_slot_of(c, peer), n);
+            atomic_store(&p->taken, k);
+            wake_sleepers(c);
+        }
+        off += n;
+    } while (off < bytes);
+    return CDDP_OK;
+}
+
+static int p2p_execute(cddp_comm *c, const coll *a, cddp_error *err) {
+    if (c->failed.code) {
+        if (err) *err = c->failed;
+        return c->failed.code;
+    }
+    const char *verb = a->kind == K_SEND ? "send to" : "receive from";
+    if (a->root < 0 || a->root >= c->world)
+        return cddp_error_set(err, CDDP_EINVAL, "cannot %s rank %d: the group has ranks 0..%d",
+                              verb, a->root, c->world - 1);
+    CDDP_TRY(cddp__comm_check(c, a, err));
+    if (a->root == c->rank)
+        return cddp_error_set(err, CDDP_EINVAL, "rank %d cannot %s itself", c->rank, verb);
+    CDDP_TRY(check_abort(c, err));
+    if (c->backend == BACKEND_MPI)
+        return a->kind == K_SEND ? cddp__mpi_send(c, a->send, a->count, a->dtype, a->root, err)
+                                 : cddp__mpi_recv(c, a->recv, a->count, a->dtype, a->root, err);
+    return shm_p2p(c, a, err);
+}
+
 /* ---- running a call ---------------------------------------------------------------------- */
 
 int cddp__comm_execute(cddp_comm *c, const coll *a, cddp_error *err) {
@@ -689,6 +776,7 @@ int cddp__comm_execute(cddp_comm *c, const coll *a, cddp_error *err) {
         free_execute(c, a->recv);
         return CDDP_OK;
     }
+    if (a->kind == K_SEND || a->kind == K_RECV) return p2p_execute(c, a, err);
     CDDP_TRY(begin(c, a, &deadline, &direct, &offset, err));
     if (a->kind == K_BARRIER) return CDDP_OK;
     if (a->kind == K_ALLOC) return alloc_execute(c, a, deadline, err);
@@ -768,6 +856,16 @@ int cddp_comm_gather(cddp_comm *c, const void *send, void *recv, int64_t count, 
 int cddp_comm_scatter(cddp_comm *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dt,
                       int root, double timeout_s, cddp_error *err) {
     return cddp__comm_run(c, CALL(K_SCATTER, send, recv, count, dt, 0, root, timeout_s), err);
+}
+
+int cddp_comm_send(cddp_comm *c, const void *buf, int64_t count, cddp_comm_dtype dt, int dst,
+                   double timeout_s, cddp_error *err) {
+    return cddp__comm_run(c, CALL(K_SEND, buf, NULL, count, dt, 0, dst, timeout_s), err);
+}
+
+int cddp_comm_recv(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dt, int src,
+                   double timeout_s, cddp_error *err) {
+    return cddp__comm_run(c, CALL(K_RECV, NULL, buf, count, dt, 0, src, timeout_s), err);
 }
 
 void *cddp_comm_alloc(cddp_comm *c, size_t bytes, cddp_error *err) {
@@ -852,7 +950,8 @@ static void host_identity(char *out, size_t n) {
 static int setup_shm(cddp_comm *c, cddp_store *st, cddp_error *err) {
     long kb = cddp_knob_int(CDDP_KNOB_SHM_CHUNK_KB);
     c->chunk = CDDP_MAX((size_t)(kb < 4 ? 4 : kb) * 1024, (size_t)c->world * 64);
-    c->seg_size = 4096 + (size_t)c->world * CTL_SIZE + (size_t)c->world * c->chunk;
+    c->seg_size = 4096 + (size_t)c->world * CTL_SIZE + 2 * (size_t)c->world * c->chunk +
+                  (size_t)c->world * c->world * PAIR_SIZE;
     c->acc = cddp_aligned_alloc(RBLOCK * sizeof(float));
     c->tmp = cddp_aligned_alloc(RBLOCK * sizeof(double));
     c->slots = cddp_calloc((size_t)c->world, sizeof *c->slots);

@@ -27,6 +27,8 @@ enum {
     K_SCATTER,
     K_ALLOC, /* cddp_comm_alloc: count is the byte size, recv receives the pointer */
     K_FREE,  /* cddp_comm_free, local: recv is the memory */
+    K_SEND,  /* point to point: root is the peer */
+    K_RECV,
 };
 enum { BACKEND_SELF, BACKEND_SHM, BACKEND_MPI };
 
@@ -65,6 +67,20 @@ typedef struct seg_header {
     _Atomic uint32_t wake;    /* futex word: bumped by every arrival that has sleepers to wake */
     _Atomic int32_t sleepers; /* ranks blocked on wake */
 } seg_header;
+
+/* Point to point from rank s to rank r (one per ordered pair, after the slots): the sender puts
+ * each chunk in its own slot and counts it in posted; the receiver copies it out and counts it
+ * in taken. The message's count and dtype travel along; a receiver that expected another one
+ * says so in refused. */
+typedef struct pair {
+    _Atomic uint64_t posted, taken;
+    int64_t count, want_count;
+    int32_t dtype, want_dtype;
+    _Atomic int32_t refused;
+} pair;
+
+#define PAIR_SIZE 64
+_Static_assert(sizeof(pair) <= PAIR_SIZE, "pair too large");
 
 /* Memory from cddp_comm_alloc: on the shm transport every rank's block, mapped by every rank. */
 typedef struct reg {
@@ -172,6 +188,10 @@ int cddp__mpi_gather(cddp_comm *c, const void *send, void *recv, int64_t count, 
                      int root, cddp_error *err);
 int cddp__mpi_scatter(cddp_comm *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dt,
                       int root, cddp_error *err);
+int cddp__mpi_send(cddp_comm *c, const void *buf, int64_t count, cddp_comm_dtype dt, int peer,
+                   cddp_error *err);
+int cddp__mpi_recv(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dt, int peer,
+                   cddp_error *err);
 void cddp__mpi_abort(cddp_comm *c);
 
 #endif

@@ -56,12 +56,23 @@ int cddp__mpi_scatter(cddp_comm *c, const void *send, void *recv, int64_t count,
     (void)c, (void)send, (void)recv, (void)count, (void)dt, (void)root;
     return cddp_error_set(err, CDDP_EUNSUPPORTED, "cddp was built without MPI");
 }
+int cddp__mpi_send(cddp_comm *c, const void *buf, int64_t count, cddp_comm_dtype dt, int peer,
+                   cddp_error *err) {
+    (void)c, (void)buf, (void)count, (void)dt, (void)peer;
+    return cddp_error_set(err, CDDP_EUNSUPPORTED, "cddp was built without MPI");
+}
+int cddp__mpi_recv(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dt, int peer,
+                   cddp_error *err) {
+    (void)c, (void)buf, (void)count, (void)dt, (void)peer;
+    return cddp_error_set(err, CDDP_EUNSUPPORTED, "cddp was built without MPI");
+}
 void cddp__mpi_abort(cddp_comm *c) {
     (void)c;
 }
 
 #else
 
+#include <inttypes.h>
 #include <mpi.h>
 #include <string.h>
 
@@ -260,6 +271,34 @@ int cddp__mpi_scatter(cddp_comm *c, const void *send, void *recv, int64_t count,
 }
 
 /* A running MPI call cannot be interrupted: the job ends. */
+/* One message of count elements as bytes (the dtype is checked through the count in bytes: the
+ * receiver probes the message's size first and fails naming both sides when it differs; the
+ * sender learns of it only through the job ending, as MPI gives no way back). */
+int cddp__mpi_send(cddp_comm *c, const void *buf, int64_t count, cddp_comm_dtype dt, int peer,
+                   cddp_error *err) {
+    CDDP_TRY(part_bytes(c, count, dt, "send", err));
+    int n = (int)(count * (int64_t)cddp_comm_dtype_size(dt));
+    int rc = MPI_Send(buf, n, MPI_BYTE, peer, 7, COMM(c));
+    return rc == MPI_SUCCESS ? CDDP_OK : mpi_error(c, err, rc, "Send");
+}
+
+int cddp__mpi_recv(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dt, int peer,
+                   cddp_error *err) {
+    CDDP_TRY(part_bytes(c, count, dt, "recv", err));
+    int n = (int)(count * (int64_t)cddp_comm_dtype_size(dt)), got;
+    MPI_Status st;
+    int rc = MPI_Probe(peer, 7, COMM(c), &st);
+    if (rc != MPI_SUCCESS) return mpi_error(c, err, rc, "Probe");
+    MPI_Get_count(&st, MPI_BYTE, &got);
+    if (got != n)
+        return cddp__comm_fail(c, err, CDDP_ESHAPE,
+                               "recv from rank %d of %d bytes (count %" PRId64 " %s), but rank %d "
+                               "sent %d bytes",
+                               peer, n, count, cddp_comm_dtype_name(dt), peer, got);
+    rc = MPI_Recv(buf, n, MPI_BYTE, peer, 7, COMM(c), MPI_STATUS_IGNORE);
+    return rc == MPI_SUCCESS ? CDDP_OK : mpi_error(c, err, rc, "Recv");
+}
+
 void cddp__mpi_abort(cddp_comm *c) {
     char why[sizeof c->abort_reason];
     pthread_mutex_lock(&c->mu);

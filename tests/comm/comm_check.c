@@ -220,6 +220,43 @@ static int registered(cddp_comm *c, uint8_t *out, size_t cap) {
     return checks;
 }
 
+/* Around the ring: every rank sends to rank + 1 and receives from rank - 1 (even ranks send
+ * first, so the chain unwinds), for counts of 0, 1, 1000 and several chunks, two messages in a
+ * row each time (they arrive in order). Then the errors that need no peer. */
+static int point_to_point(cddp_comm *c, uint8_t *in, uint8_t *out, size_t cap) {
+    cddp_error err = {0};
+    static const int64_t counts[] = {0, 1, 1000, (1 << 20) + 3};
+    int next = (rank + 1) % world, prev = (rank + world - 1) % world, checks = 0;
+    for (size_t ci = 0; ci < 4 && world > 1; ci++) {
+        int64_t n = counts[ci];
+        if ((size_t)n * 8 > cap) continue;
+        for (int m = 0; m < 2; m++) {
+            for (int64_t i = 0; i < n; i++) ((int64_t *)in)[i] = rank * 1000003 + i * 7 + m;
+            memset(out, 0xAB, (size_t)n * 8);
+            for (int turn = 0; turn < 2; turn++)
+                if ((turn == 0) == (rank % 2 == 0)) {
+                    if (cddp_comm_send(c, in, n, CDDP_COMM_I64, next, -1, &err))
+                        die("send failed: %s%.0f", err.msg, (double)n);
+                } else if (cddp_comm_recv(c, out, n, CDDP_COMM_I64, prev, -1, &err)) {
+                    die("recv failed: %s%.0f", err.msg, (double)n);
+                }
+            for (int64_t i = 0; i < n; i++)
+                if (((int64_t *)out)[i] != prev * 1000003 + i * 7 + m)
+                    die("recv of %s: element %.0f wrong", "a message", (double)i);
+            checks++;
+        }
+    }
+    if (cddp_comm_send(c, in, 1, CDDP_COMM_I64, rank, -1, &err) != CDDP_EINVAL ||
+        !strstr(err.msg, "itself"))
+        die("sending to oneself: %s%.0f", err.msg, 0);
+    if (cddp_comm_recv(c, out, 1, CDDP_COMM_I64, world, -1, &err) != CDDP_EINVAL ||
+        !strstr(err.msg, "the group has ranks"))
+        die("receiving from a rank that is not there: %s%.0f", err.msg, 0);
+    if (cddp_comm_barrier(c, -1, &err))
+        die("the group failed with bad arguments: %s%.0f", err.msg, 0);
+    return checks + 1;
+}
+
 static int matrix(cddp_comm *c) {
     cddp_error err = {0};
     int checks = 0;
@@ -307,6 +344,7 @@ static int matrix(cddp_comm *c) {
     }
     checks++;
     checks += registered(c, out, cap);
+    checks += point_to_point(c, in, out, cap);
     printf("ok: rank %d of %d (%s backend): %d collective checks exact\n", rank, world,
            cddp_comm_backend(c), checks);
     free(in);
@@ -413,6 +451,17 @@ int main(int argc, char **argv) {
                 die("a good allreduce failed: %s%.0f", err.msg, 0);
         t0 = cddp_now_s();
         int rc;
+        if (!strcmp(kind, "p2p")) { /* rank 0 sends float32, rank 1 expects int32 */
+            rc = rank == 0 ? cddp_comm_send(c, big, 1000, CDDP_COMM_F32, 1, 10, &err)
+                           : cddp_comm_recv(c, big, 1000, CDDP_COMM_I32, 0, 10, &err);
+            status = expect_failure(rc, &err,
+                                    rank ? "but rank 0 sends count 1000 float32"
+                                         : "but rank 1 receives count 1000 int32",
+                                    t0, 0, 2.0);
+            if (cddp_comm_barrier(c, 1, &err) == CDDP_OK) die("the group still works%s%.0f", "", 0);
+            free(big);
+            goto done;
+        }
         if (!strcmp(kind, "root"))
             rc = cddp_comm_broadcast(c, big, 1000, CDDP_COMM_F32, odd ? 1 : 0, 10, &err);
         else if (!strcmp(kind, "alloc"))
@@ -454,6 +503,7 @@ int main(int argc, char **argv) {
     } else {
         die("unknown mode %s%.0f", mode, 0);
     }
+done:
     cddp_comm_destroy(c);
     return status;
 }
