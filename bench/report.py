@@ -95,6 +95,21 @@ def parse_allreduce(text):
     return rows
 
 
+def parse_allreduce_tcp(text):
+    """The TCP table's rows ('tcp BYTES | cddp busbw | ompi busbw | ratio'); [] if absent."""
+    rows = []
+    for line in text.splitlines():
+        if not line.startswith("tcp "):
+            continue
+        cells = [c.split() for c in line.split("|")]
+        vals = [float(x) if x != "-" else None for c in cells[1:3] for x in c]
+        if len(vals) != 4:
+            raise ReportError(f"allreduce.txt: cannot read the TCP row '{line}'")
+        rows.append(dict(bytes=int(cells[0][1]), **dict(zip(["cddp", "cddp_bw", "mpi", "mpi_bw"],
+                                                               vals))))
+    return rows
+
+
 def parse_ddp(text):
     cddp = json_lines(text)
     torch = json_lines(text, "torch ")
@@ -192,6 +207,26 @@ def allreduce_targets(rows):
     check(16 << 20, "busbw >= 2x Open MPI at 16 MiB", 2.0, True)
     check(64 << 20, "busbw >= 2x Open MPI at 64 MiB", 2.0, True)
     return "\n".join(lines)
+
+
+def allreduce_tcp_table(rows):
+    if not rows:
+        return "(not measured in this run)"
+    out = ["| size | cddp TCP µs | busbw | Open MPI TCP µs | busbw | Open MPI / cddp |",
+           "|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append("| " + " | ".join([
+            human(r["bytes"]), fmt(r["cddp"], 1), fmt(r["cddp_bw"], 2), fmt(r["mpi"], 1),
+            fmt(r["mpi_bw"], 2), ratio(r["mpi"], r["cddp"])]) + " |")
+    timed = [r for r in rows if r["cddp"] and r["mpi"]]
+    if timed:
+        at_least = sum(1 for r in timed if r["mpi"] >= r["cddp"])
+        big = [r for r in timed if r["bytes"] >= 1 << 20]
+        x = (math.prod(r["mpi"] / r["cddp"] for r in big) ** (1 / len(big))) if big else None
+        out += ["", f"cddp is at least as fast at {at_least} of {len(timed)} sizes"
+                + (f"; from 1 MiB up, geometric mean {x:.2f}x Open MPI's speed — "
+                   f"{verdict(x >= 1.0)} (target: >= 1x)" if x else "") + "."]
+    return "\n".join(out)
 
 
 def ddp_table(d):
@@ -374,7 +409,9 @@ def main(argv):
         mlp = parse_mlp(read(out, "mlp.txt"))
         data = parse_data(read(out, "data.txt"))
         launch = parse_launch(read(out, "launch.txt"))
-        ar = parse_allreduce(read(out, "allreduce.txt"))
+        ar_text = read(out, "allreduce.txt")
+        ar = parse_allreduce(ar_text)
+        ar_tcp = parse_allreduce_tcp(ar_text)
         ddp = parse_ddp(read(out, "ddp.txt"))
         machine = parse_machine(read(out, "machine.txt"))
         with open(template) as f:
@@ -391,6 +428,7 @@ def main(argv):
             "LAUNCH_TABLE": launch_table(launch),
             "ALLREDUCE_TABLE": allreduce_table(ar),
             "ALLREDUCE_TARGETS": allreduce_targets(ar),
+            "ALLREDUCE_TCP_TABLE": allreduce_tcp_table(ar_tcp),
             "DDP_TABLE": ddp_table(ddp),
             "DDP_SPLIT": ddp_split(ddp),
             "DDP_TARGETS": ddp_targets(ddp),

@@ -12,8 +12,10 @@
  *
  * Transports. Ranks on one host use a shared-memory segment; it is created by rank 0, mapped by
  * everyone, and unlinked as soon as every rank has mapped it, so no name is left in /dev/shm
- * whatever happens to the processes afterwards. (Groups that span hosts need the TCP transport,
- * which is not built yet: creating one fails with CDDP_EUNSUPPORTED.)
+ * whatever happens to the processes afterwards. A group that spans hosts uses TCP between every
+ * pair of ranks (a data and a control connection each), with a hierarchical allreduce: shared
+ * memory within each host, a ring between the hosts' leaders. CDDP_TRANSPORT=tcp|shm forces one
+ * (tcp: every pair over TCP, even on one host). cddp_comm_backend says "shm" or "tcp".
  *
  * Async work. Every collective also has an _async form that queues it on the group's
  * communication thread (started on first use) and returns a handle at once; queued work runs in
@@ -23,8 +25,9 @@
  * on a condition variable: it does not take the CPU from the ranks that are computing.
  *
  * Safety. Every collective has a deadline (CDDP_TIMEOUT_S, or the per-call timeout). While it
- * waits, a rank checks that its peers are alive: a dead peer fails the collective within a second
- * with an error naming the rank. Each collective carries a fingerprint (sequence number, kind, op,
+ * waits, a rank checks that its peers are alive (their pids on shared memory, their control
+ * connections over TCP): a dead peer fails the collective within a second with an error naming
+ * the rank. Each collective carries a fingerprint (sequence number, kind, op,
  * dtype, count, root) that every rank checks against every other, so ranks that call different
  * collectives or pass different arguments fail with a message naming both sides instead of
  * hanging or computing garbage. A failure latches: every later call on the group fails at once

@@ -123,6 +123,17 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
     X(TIMEOUT_S, INT, "300", "Default deadline, in seconds, of every collective.")                 \
     X(SHM_CHUNK_KB, INT, "1024",                                                                   \
       "Per-rank shared-memory staging buffer, in KiB (the pipeline chunk).")                       \
+    X(TRANSPORT, STR, "auto",                                                                      \
+      "Between ranks: auto (shared memory on one host, TCP across hosts), shm or tcp.")            \
+    X(HOST_ID, STR, "auto",                                                                        \
+      "This host's identity for grouping ranks (auto: boot id and hostname).")                     \
+    X(LOCAL_ADDR, STR, "auto",                                                                     \
+      "Address the TCP transport listens on; cddprun sets it from --local_addr or the hostname "   \
+      "(auto: 127.0.0.1 when MASTER_ADDR is local, else the hostname).")                           \
+    X(TCP_SMALL_KB, INT, "64",                                                                     \
+      "TCP allreduces up to this size take the one-hop path (every rank sends to every other).")   \
+    X(TCP_CHUNK_KB, INT, "256",                                                                    \
+      "TCP ring pipeline chunk, in KiB (reduced while the next arrives).")                         \
     X(SHM_ZERO_COPY, INT, "1",                                                                     \
       "1: cddp_comm_alloc (DDP's gradients) returns shared memory that allreduce reads in place.") \
     X(BACKEND, STR, "auto",                                                                        \

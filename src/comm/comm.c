@@ -79,7 +79,8 @@ int cddp_comm_local_size(const cddp_comm *c) {
     return c->local_world;
 }
 const char *cddp_comm_backend(const cddp_comm *c) {
-    return c->backend == BACKEND_MPI ? "mpi" : c->backend == BACKEND_SHM ? "shm" : "self";
+    static const char *names[] = {"self", "shm", "tcp", "mpi"};
+    return names[c->backend];
 }
 
 const char *cddp_comm_error(const cddp_comm *c) {
@@ -109,6 +110,7 @@ int cddp__comm_fail(cddp_comm *c, cddp_error *err, int code, const char *fmt, ..
     va_start(ap, fmt);
     cddp__error_vset(&c->failed, code, fmt, ap);
     va_end(ap);
+    if (c->backend == BACKEND_TCP) cddp__tcp_failed(c);
     if (err) *err = c->failed;
     return code;
 }
@@ -243,6 +245,10 @@ static void describe(const fingerprint *f, char *out, size_t n) {
     case K_ALLOC:
         snprintf(out, n, "alloc(%" PRId64 " bytes)", f->count);
         break;
+    case K_SEND:
+        snprintf(out, n, "send(%s, count %" PRId64 ", to rank %d)", cddp_comm_dtype_name(f->dtype),
+                 f->count, f->root);
+        break;
     default:
         snprintf(out, n, "barrier()");
         break;
@@ -292,6 +298,7 @@ static int begin(cddp_comm *c, const coll *a, double *deadline, const reg **dire
     fingerprint mine = {c->seq, a->kind, a->op, (int32_t)a->dtype, a->root, a->count};
     if (c->backend == BACKEND_SELF) return CDDP_OK;
     if (c->backend == BACKEND_MPI) return cddp__mpi_fingerprints(c, &mine, err);
+    if (c->backend == BACKEND_TCP) return cddp__tcp_fingerprints(c, a, &mine, *deadline, err);
     const reg *g = NULL;
     reg_at at = {0, 0};
     size_t es = cddp_comm_dtype_size(a->dtype);
@@ -357,32 +364,49 @@ uint16_t cddp__f32_to_f16(float f) {
     return h;
 }
 
-#define REDUCE_LOOP(T, dst, src, n, op)                                                            \
-    do {                                                                                           \
-        T *d__ = (T *)(dst);                                                                       \
-        const T *s__ = (const T *)(src);                                                           \
-        switch (op) {                                                                              \
-        case CDDP_COMM_SUM:                                                                        \
-        case CDDP_COMM_MEAN:                                                                       \
-            for (int64_t i = 0; i < (n); i++) d__[i] += s__[i];                                    \
-            break;                                                                                 \
-        case CDDP_COMM_PRODUCT:                                                                    \
-            for (int64_t i = 0; i < (n); i++) d__[i] *= s__[i];                                    \
-            break;                                                                                 \
-        case CDDP_COMM_MIN:                                                                        \
-            for (int64_t i = 0; i < (n); i++) d__[i] = s__[i] < d__[i] ? s__[i] : d__[i];          \
-            break;                                                                                 \
-        case CDDP_COMM_MAX:                                                                        \
-            for (int64_t i = 0; i < (n); i++) d__[i] = s__[i] > d__[i] ? s__[i] : d__[i];          \
-            break;                                                                                 \
-        }                                                                                          \
-    } while (0)
+/* dst[i] op= src[i] for n elements of a 4- or 8-byte dtype (16-bit ones are reduced in
+ * float32 by their callers). */
+void cddp__comm_combine(cddp_comm_dtype dt, cddp_comm_op op, void *dst, const void *src,
+                        int64_t n) {
+    switch (dt) {
+    case CDDP_COMM_F64:
+        CDDP__REDUCE_LOOP(double, dst, src, n, op);
+        break;
+    case CDDP_COMM_I32:
+        CDDP__REDUCE_LOOP(int32_t, dst, src, n, op);
+        break;
+    case CDDP_COMM_I64:
+        CDDP__REDUCE_LOOP(int64_t, dst, src, n, op);
+        break;
+    default:
+        CDDP__REDUCE_LOOP(float, dst, src, n, op);
+        break;
+    }
+}
 
 #define MEAN_LOOP(T, buf, n, W)                                                                    \
     do {                                                                                           \
         T *b__ = (T *)(buf);                                                                       \
         for (int64_t i = 0; i < (n); i++) b__[i] /= (T)(W);                                        \
     } while (0)
+
+/* buf[i] /= W for n elements of a 4- or 8-byte dtype (integers: truncated): the mean's end. */
+void cddp__comm_divide(cddp_comm_dtype dt, void *buf, int64_t n, int W) {
+    switch (dt) {
+    case CDDP_COMM_F64:
+        MEAN_LOOP(double, buf, n, W);
+        break;
+    case CDDP_COMM_I32:
+        MEAN_LOOP(int32_t, buf, n, W);
+        break;
+    case CDDP_COMM_I64:
+        MEAN_LOOP(int64_t, buf, n, W);
+        break;
+    default:
+        MEAN_LOOP(float, buf, n, W);
+        break;
+    }
+}
 
 /* Elements one block of a reduction holds: small enough for L1, so each source is read once
  * from memory and the destination written once. */
@@ -407,7 +431,7 @@ static void reduce_slice(cddp_comm *c, cddp_comm_dtype dt, cddp_comm_op op, uint
                 const uint16_t *s = (const uint16_t *)(src[r] + first);
                 float *into = r == 0 ? acc : tmp;
                 for (int64_t i = 0; i < m; i++) into[i] = to(s[i]);
-                if (r) REDUCE_LOOP(float, acc, tmp, m, op);
+                if (r) CDDP__REDUCE_LOOP(float, acc, tmp, m, op);
             }
             if (op == CDDP_COMM_MEAN) MEAN_LOOP(float, acc, m, W);
             uint16_t *d = (uint16_t *)(dst + (size_t)at * es);
@@ -417,37 +441,8 @@ static void reduce_slice(cddp_comm *c, cddp_comm_dtype dt, cddp_comm_op op, uint
         }
         uint8_t *acc = c->tmp;
         memcpy(acc, src[0] + first, (size_t)m * es);
-        for (int r = 1; r < W; r++) {
-            const uint8_t *s = src[r] + first;
-            switch (dt) {
-            case CDDP_COMM_F32:
-                REDUCE_LOOP(float, acc, s, m, op);
-                break;
-            case CDDP_COMM_F64:
-                REDUCE_LOOP(double, acc, s, m, op);
-                break;
-            case CDDP_COMM_I32:
-                REDUCE_LOOP(int32_t, acc, s, m, op);
-                break;
-            default:
-                REDUCE_LOOP(int64_t, acc, s, m, op);
-                break;
-            }
-        }
-        if (op == CDDP_COMM_MEAN) switch (dt) {
-            case CDDP_COMM_F32:
-                MEAN_LOOP(float, acc, m, W);
-                break;
-            case CDDP_COMM_F64:
-                MEAN_LOOP(double, acc, m, W);
-                break;
-            case CDDP_COMM_I32:
-                MEAN_LOOP(int32_t, acc, m, W);
-                break;
-            default:
-                MEAN_LOOP(int64_t, acc, m, W);
-                break;
-            }
+        for (int r = 1; r < W; r++) cddp__comm_combine(dt, op, acc, src[r] + first, m);
+        if (op == CDDP_COMM_MEAN) cddp__comm_divide(dt, acc, m, W);
         memcpy(dst + (size_t)at * es, acc, (size_t)m * es);
         if (dst2) memcpy(dst2 + (size_t)at * es, acc, (size_t)m * es);
     }
@@ -763,6 +758,9 @@ static int p2p_execute(cddp_comm *c, const coll *a, cddp_error *err) {
     if (c->backend == BACKEND_MPI)
         return a->kind == K_SEND ? cddp__mpi_send(c, a->send, a->count, a->dtype, a->root, err)
                                  : cddp__mpi_recv(c, a->recv, a->count, a->dtype, a->root, err);
+    if (c->backend == BACKEND_TCP)
+        return cddp__tcp_p2p(c, a, cddp_now_s() + (a->timeout_s >= 0 ? a->timeout_s : c->timeout),
+                             err);
     return shm_p2p(c, a, err);
 }
 
@@ -798,6 +796,7 @@ int cddp__comm_execute(cddp_comm *c, const coll *a, cddp_error *err) {
         default:
             return cddp__mpi_scatter(c, a->send, a->recv, a->count, a->dtype, a->root, err);
         }
+    if (c->backend == BACKEND_TCP) return cddp__tcp_execute(c, a, deadline, err);
     switch (a->kind) {
     case K_ALLREDUCE:
         if (direct) return shm_allreduce_direct(c, a, direct, offset, deadline, err);
@@ -929,6 +928,8 @@ void cddp_comm_abort(cddp_comm *c, const char *reason) {
         atomic_compare_exchange_strong(&((seg_header *)c->seg)->abort_rank, &none, c->rank + 1);
         wake_sleepers(c);
     }
+    if (c->backend == BACKEND_TCP) cddp__tcp_abort(c, reason);
+    if (c->host) cddp_comm_abort(c->host, reason);
     if (c->backend == BACKEND_MPI) cddp__mpi_abort(c);
 }
 
@@ -936,6 +937,11 @@ void cddp_comm_abort(cddp_comm *c, const char *reason) {
 
 /* This host's identity: the kernel's boot id and the hostname. */
 static void host_identity(char *out, size_t n) {
+    const char *id = cddp_knob_str(CDDP_KNOB_HOST_ID);
+    if (*id && strcmp(id, "auto") != 0) {
+        snprintf(out, n, "%s", id);
+        return;
+    }
     char boot[64] = "", host[128] = "";
     FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
     if (f) {
@@ -975,11 +981,13 @@ static int setup_shm(cddp_comm *c, cddp_store *st, cddp_error *err) {
                                   "(%zu MiB): %s; is /dev/shm full?",
                                   name, c->seg_size >> 20, strerror(e));
         }
-        CDDP_TRY(cddp_store_set_str(st, "comm/shm", name, err));
+        snprintf(key, sizeof key, "%scomm/shm", c->key_prefix);
+        CDDP_TRY(cddp_store_set_str(st, key, name, err));
     } else {
         void *v;
         size_t n;
-        CDDP_TRY(cddp_store_get(st, "comm/shm", -1, &v, &n, err));
+        snprintf(key, sizeof key, "%scomm/shm", c->key_prefix);
+        CDDP_TRY(cddp_store_get(st, key, -1, &v, &n, err));
         snprintf(name, sizeof name, "%s", (char *)v);
         cddp_free(v);
         fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
@@ -1003,15 +1011,15 @@ static int setup_shm(cddp_comm *c, cddp_store *st, cddp_error *err) {
         atomic_thread_fence(memory_order_release);
         h->magic = SEG_MAGIC;
     }
-    snprintf(key, sizeof key, "comm/mapped/%d", c->rank);
+    snprintf(key, sizeof key, "%scomm/mapped/%d", c->key_prefix, c->rank);
     CDDP_TRY(cddp_store_set_str(st, key, "1", err));
     /* Once every rank has mapped the segment its name goes: nothing is left in /dev/shm, whatever
      * happens to the processes afterwards. */
     if (c->rank == 0) {
         const char **keys = cddp_calloc((size_t)c->world, sizeof *keys);
-        char(*k)[32] = cddp_calloc((size_t)c->world, 32);
+        char(*k)[64] = cddp_calloc((size_t)c->world, 64);
         for (int r = 0; r < c->world; r++) {
-            snprintf(k[r], 32, "comm/mapped/%d", r);
+            snprintf(k[r], 64, "%scomm/mapped/%d", c->key_prefix, r);
             keys[r] = k[r];
         }
         int rc = cddp_store_wait(st, keys, c->world, -1, err);
@@ -1019,9 +1027,11 @@ static int setup_shm(cddp_comm *c, cddp_store *st, cddp_error *err) {
         cddp_free(keys);
         cddp_free(k);
         CDDP_TRY(rc);
-        CDDP_TRY(cddp_store_set_str(st, "comm/ready", "1", err));
+        snprintf(key, sizeof key, "%scomm/ready", c->key_prefix);
+        CDDP_TRY(cddp_store_set_str(st, key, "1", err));
     } else {
-        const char *k = "comm/ready";
+        snprintf(key, sizeof key, "%scomm/ready", c->key_prefix);
+        const char *k = key;
         CDDP_TRY(cddp_store_wait(st, &k, 1, -1, err));
         if (((seg_header *)c->seg)->magic != SEG_MAGIC || ((seg_header *)c->seg)->world != c->world)
             return cddp_error_set(err, CDDP_EIO,
@@ -1030,6 +1040,41 @@ static int setup_shm(cddp_comm *c, cddp_store *st, cddp_error *err) {
                                   name);
     }
     return CDDP_OK;
+}
+
+/* The hosts' leaders (each host's lowest rank), from every rank's host identity. */
+static int find_leaders(cddp_comm *c, const char *const *hosts, cddp_error *err) {
+    if (!(c->leaders = cddp_calloc((size_t)c->world, sizeof(int))))
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    c->leader_index = -1;
+    for (int r = 0; r < c->world; r++) {
+        int first = 0;
+        while (strcmp(hosts[first], hosts[r]) != 0) first++;
+        if (r == c->rank) c->host_leader = first;
+        if (first != r) continue;
+        if (r == c->rank) c->leader_index = c->nleaders;
+        c->leaders[c->nleaders++] = r;
+    }
+    return CDDP_OK;
+}
+
+/* The shm group of the ranks on this host, for the hierarchical allreduce. Its rendezvous keys
+ * are named after the host's leader; its communication thread never starts (the group's own
+ * thread runs its calls). */
+static int setup_host_group(cddp_comm *c, cddp_store *st, cddp_error *err) {
+    if (c->local_world == 1) return CDDP_OK;
+    cddp_comm *h = cddp_calloc(1, sizeof *h);
+    if (!h || cddp__comm_work_init(h) != CDDP_OK) {
+        cddp_free(h);
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    }
+    c->host = h;
+    h->backend = BACKEND_SHM;
+    h->rank = h->local_rank = c->local_rank;
+    h->world = h->local_world = c->local_world;
+    h->timeout = c->timeout;
+    snprintf(h->key_prefix, sizeof h->key_prefix, "comm/h%d/", c->host_leader);
+    return setup_shm(h, st, err);
 }
 
 cddp_comm *cddp_comm_create(const cddp_comm_options *opts, cddp_error *err) {
@@ -1112,27 +1157,58 @@ cddp_comm *cddp_comm_create(const cddp_comm_options *opts, cddp_error *err) {
     snprintf(key, sizeof key, "comm/host/%d", c->rank);
     CDDP_TRY_GOTO(cddp_store_set_str(st, key, me, err), out);
     int local = 0, before = 0;
-    for (int r = 0; r < c->world; r++) {
-        void *v;
+    char **hosts = cddp_calloc((size_t)c->world, sizeof *hosts);
+    if (!hosts) {
+        rc = cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int r = 0; r < c->world && rc == CDDP_OK; r++) {
         size_t n;
         snprintf(key, sizeof key, "comm/host/%d", r);
-        CDDP_TRY_GOTO(cddp_store_get(st, key, -1, &v, &n, err), out);
-        if (strcmp(v, me) == 0) {
+        if ((rc = cddp_store_get(st, key, -1, (void **)&hosts[r], &n, err)) != CDDP_OK) break;
+        if (strcmp(hosts[r], me) == 0) {
             local++;
             if (r < c->rank) before++;
         }
-        cddp_free(v);
     }
+    if (rc == CDDP_OK) rc = find_leaders(c, (const char *const *)hosts, err);
+    for (int r = 0; r < c->world; r++) cddp_free(hosts[r]);
+    cddp_free(hosts);
+    if (rc != CDDP_OK) goto out;
     c->local_rank = before;
     c->local_world = local;
-    if (local != c->world) {
+    /* The transport: shared memory when every rank is on this host, else TCP; CDDP_TRANSPORT
+     * forces one. (Every rank reaches the same choice: the host count is the same for all.) */
+    const char *tr = cddp_knob_str(CDDP_KNOB_TRANSPORT);
+    if (strcmp(tr, "auto") && strcmp(tr, "shm") && strcmp(tr, "tcp")) {
+        rc = cddp_error_set(err, CDDP_EINVAL, "CDDP_TRANSPORT=%s: expected auto, shm or tcp", tr);
+        goto out;
+    }
+    if (!strcmp(tr, "shm") && local != c->world) {
         rc = cddp_error_set(err, CDDP_EUNSUPPORTED,
-                            "the group spans hosts (%d of %d ranks on this one), which needs the "
-                            "TCP transport; cddp does not have it yet",
+                            "CDDP_TRANSPORT=shm, but the group spans hosts (%d of %d ranks on "
+                            "this one): unset it to use TCP between the hosts",
                             local, c->world);
         goto out;
     }
-    CDDP_TRY_GOTO(setup_shm(c, st, err), out);
+    if (!strcmp(tr, "tcp") || local != c->world) {
+        c->backend = BACKEND_TCP;
+        double rdzv = cddp_now_s() + (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
+        CDDP_TRY_GOTO(cddp__tcp_setup(c, st, rdzv, err), out);
+        /* Across hosts with several ranks on some, allreduce goes through each host's shared
+         * memory (CDDP_TRANSPORT=tcp keeps everything on TCP). */
+        if (!strcmp(tr, "auto") && c->nleaders > 1 && c->nleaders < c->world) {
+            CDDP_TRY_GOTO(setup_host_group(c, st, err), out);
+            cddp_log(CDDP_LOG_INFO, "comm",
+                     "TCP between %d hosts; allreduce is hierarchical: shared memory among this "
+                     "host's %d ranks, a TCP ring between the hosts' leaders",
+                     c->nleaders, c->local_world);
+        } else {
+            c->nleaders = 0;
+        }
+    } else {
+        CDDP_TRY_GOTO(setup_shm(c, st, err), out);
+    }
     /* Rank 0's store may go once everyone has left the rendezvous. */
     snprintf(key, sizeof key, "comm/done/%d", c->rank);
     CDDP_TRY_GOTO(cddp_store_set_str(st, key, "1", err), out);
@@ -1156,6 +1232,9 @@ void cddp_comm_destroy(cddp_comm *c) {
     if (!c) return;
     cddp__comm_work_fini(c);
     if (c->backend == BACKEND_MPI) cddp__mpi_finalize(c);
+    cddp__tcp_close(c);
+    cddp_comm_destroy(c->host);
+    cddp_free(c->leaders);
     for (int i = 0; i < MAX_REGS; i++)
         if (c->regs[i].id) unmap_reg(c, &c->regs[i]);
     if (c->seg) munmap(c->seg, c->seg_size);

@@ -30,7 +30,7 @@ enum {
     K_SEND,  /* point to point: root is the peer */
     K_RECV,
 };
-enum { BACKEND_SELF, BACKEND_SHM, BACKEND_MPI };
+enum { BACKEND_SELF, BACKEND_SHM, BACKEND_TCP, BACKEND_MPI };
 
 typedef struct fingerprint {
     uint64_t seq;
@@ -129,6 +129,16 @@ struct cddp_comm {
     uint8_t **src;   /* scratch: the sources of one reduction */
     reg regs[MAX_REGS];
     uint64_t nallocs;
+    char
+        key_prefix[32]; /* of its rendezvous keys: "" for a group, "comm/h<leader>/" for a host's */
+    /* tcp (comm/tcp.c) */
+    struct cddp__tcp *tcp;
+    /* Hierarchical allreduce across hosts (tcp): the shm group of this host's ranks (NULL when
+     * this rank is alone on its host), and the global ranks of the hosts' leaders (local rank 0),
+     * in rank order; leader_index is this rank's place among them, -1 if it is not one. */
+    cddp_comm *host;
+    int *leaders;
+    int nleaders, leader_index, host_leader;
     /* mpi */
     void *mpi;      /* the group's MPI_Comm, duplicated from MPI_COMM_WORLD */
     bool mpi_owner; /* this group initialised MPI and finalises it */
@@ -170,6 +180,43 @@ float cddp__bf16_to_f32(uint16_t h);
 uint16_t cddp__f32_to_bf16(float f);
 float cddp__f16_to_f32(uint16_t h);
 uint16_t cddp__f32_to_f16(float f);
+
+/* dst[i] op= src[i] for n elements of type T (sum and mean add). */
+#define CDDP__REDUCE_LOOP(T, dst, src, n, op)                                                      \
+    do {                                                                                           \
+        T *d__ = (T *)(dst);                                                                       \
+        const T *s__ = (const T *)(src);                                                           \
+        switch (op) {                                                                              \
+        case CDDP_COMM_SUM:                                                                        \
+        case CDDP_COMM_MEAN:                                                                       \
+            for (int64_t i = 0; i < (n); i++) d__[i] += s__[i];                                    \
+            break;                                                                                 \
+        case CDDP_COMM_PRODUCT:                                                                    \
+            for (int64_t i = 0; i < (n); i++) d__[i] *= s__[i];                                    \
+            break;                                                                                 \
+        case CDDP_COMM_MIN:                                                                        \
+            for (int64_t i = 0; i < (n); i++) d__[i] = s__[i] < d__[i] ? s__[i] : d__[i];          \
+            break;                                                                                 \
+        case CDDP_COMM_MAX:                                                                        \
+            for (int64_t i = 0; i < (n); i++) d__[i] = s__[i] > d__[i] ? s__[i] : d__[i];          \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
+void cddp__comm_combine(cddp_comm_dtype dt, cddp_comm_op op, void *dst, const void *src, int64_t n);
+void cddp__comm_divide(cddp_comm_dtype dt, void *buf, int64_t n, int W);
+
+/* The TCP transport (comm/tcp.c): a full mesh between the ranks, ring collectives. */
+struct cddp_store;
+int cddp__tcp_setup(cddp_comm *c, struct cddp_store *st, double deadline, cddp_error *err);
+void cddp__tcp_close(cddp_comm *c);
+/* Tells every peer that this rank aborted the group (reason) or failed (its latched error). */
+void cddp__tcp_abort(cddp_comm *c, const char *reason);
+void cddp__tcp_failed(cddp_comm *c);
+int cddp__tcp_fingerprints(cddp_comm *c, const coll *a, const fingerprint *mine, double deadline,
+                           cddp_error *err);
+int cddp__tcp_execute(cddp_comm *c, const coll *a, double deadline, cddp_error *err);
+int cddp__tcp_p2p(cddp_comm *c, const coll *a, double deadline, cddp_error *err);
 
 /* The MPI backend (comm/mpi.c, built when CMake finds MPI). */
 bool cddp__mpi_available(void);

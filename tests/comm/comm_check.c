@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 static int rank, world;
+static const char *backend = "?";
 
 static void die(const char *fmt, const char *a, double b) {
     fprintf(stderr, "comm_check rank %d: ", rank);
@@ -345,8 +346,8 @@ static int matrix(cddp_comm *c) {
     checks++;
     checks += registered(c, out, cap);
     checks += point_to_point(c, in, out, cap);
-    printf("ok: rank %d of %d (%s backend): %d collective checks exact\n", rank, world,
-           cddp_comm_backend(c), checks);
+    printf("ok: rank %d of %d (%s backend): %d collective checks exact; %d ranks on this host\n",
+           rank, world, cddp_comm_backend(c), checks, cddp_comm_local_size(c));
     free(in);
     free(out);
     return 0;
@@ -360,7 +361,8 @@ static int expect_failure(int rc, const cddp_error *err, const char *text, doubl
     if (!strstr(err->msg, text))
         die("the error '%s' lacks the expected text (%g s)", err->msg, took);
     if (took < min_s || took > max_s) die("the error came after %s%g s", "", took);
-    printf("ok: rank %d failed as expected after %.2f s: %s\n", rank, took, err->msg);
+    printf("ok: rank %d (%s backend) failed as expected after %.2f s: %s\n", rank, backend, took,
+           err->msg);
     fflush(stdout);
     return 0;
 }
@@ -385,6 +387,7 @@ int main(int argc, char **argv) {
     if (!c) die("cannot create the group: %s%.0f", err.msg, 0);
     rank = cddp_comm_rank(c);
     world = cddp_comm_size(c);
+    backend = cddp_comm_backend(c);
     int status = 0;
     double t0;
     float buf[64] = {0};

@@ -1,7 +1,8 @@
 #!/bin/sh
 # comm_failure.sh BUILD_DIR MODE WORLD [ARG]: runs `comm_check MODE ARG` on WORLD ranks under
 # cddprun and checks that every rank expected to see the failure reported it correctly and in
-# time (each writes "ok: ..." to its log; see tests/comm/comm_check.c).
+# time (each writes "ok: ..." to its log; see tests/comm/comm_check.c), on the transport
+# CDDP_TRANSPORT names when it is set.
 set -u
 build=$1 mode=$2 world=$3 arg=${4:-}
 work=$(mktemp -d)
@@ -23,6 +24,10 @@ if [ "$got" != "$want" ]; then
     exit 1
 fi
 cat "$work"/logs/rank.*/stdout
+if [ -n "${CDDP_TRANSPORT:-}" ] && grep -h '^ok: ' "$work"/logs/rank.*/stdout | grep -qv "($CDDP_TRANSPORT backend)"; then
+    echo "FAIL: CDDP_TRANSPORT=$CDDP_TRANSPORT, but a rank used another backend"
+    exit 1
+fi
 # A segment is this job's leftover if it was not there before the job and is still there a
 # second later (tests running side by side create segments that live for milliseconds).
 segments() { ls /dev/shm | grep '^cddp-' | sort; }

@@ -1,0 +1,810 @@
+/* tcp.c: the TCP transport: a full mesh of connections between the ranks, ring collectives.
+ *
+ * Setup. Every rank listens on its address (CDDP_LOCAL_ADDR, which cddprun sets from
+ * --local_addr or the hostname; else 127.0.0.1 when the master is local, else the hostname),
+ * posts it in the rendezvous store, connects twice to every lower rank (saying who it is, which
+ * connection and its pid) and accepts every higher one. Each pair of ranks has
+ *
+ *   - a data connection, for the collectives' bytes: non-blocking, TCP_NODELAY, 4 MiB buffers,
+ *     every transfer a loop that sends and receives at once (full duplex) with the collective's
+ *     deadline;
+ *   - a control connection, for one notice: this rank aborted the group (and why), failed (and
+ *     with which error), or left it (cddp_comm_destroy). A rank that dies sends none, so its
+ *     peers read end-of-file with no notice: it died. A transfer that cannot progress watches
+ *     every control connection, so every survivor learns of a failure at once and names the
+ *     rank at its root, even when it is waiting for another rank.
+ *
+ * Fingerprints. Each collective starts with every rank sending its fingerprint to every other and
+ * reading theirs (one hop of latency, whatever the world size); a point-to-point message carries a
+ * fingerprint of kind send, so a rank that is in a collective when a message arrives reports both
+ * sides too.
+ *
+ * Allreduce. Up to CDDP_TCP_SMALL_KB (the latency path), every rank sends its whole buffer to
+ * every other and reduces all of them in rank order: one hop. Above it, the bandwidth-optimal ring
+ * (each rank sends and receives 2(n-1)/n of the data): the message is cut into n segments.
+ * Reduce-scatter: at step s (0..n-2) rank r sends segment (r - s - 1) mod n to r + 1 and receives
+ * segment (r - s - 2) mod n from r - 1, which it adds into its copy, in pipeline chunks of
+ * CDDP_TCP_CHUNK_KB so that adding one overlaps receiving the next; after n - 1 steps rank r holds
+ * segment r reduced over every rank. Allgather: at step s rank r sends segment (r - s) mod n and
+ * receives segment (r - s - 1) mod n. Every element is reduced by one rank, in one order, and
+ * copied to the others, so all ranks get bit-identical results. 16-bit types travel as float32
+ * (converted on the way in and out), so that they accumulate in float32 as on shared memory.
+ */
+#include "comm/internal.h"
+#include "core/internal.h"
+#include "core/net.h"
+
+#include "cddp/store.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define TCP_MAGIC 0x43444450544350ull /* "CDDPTCP" */
+
+enum { CH_DATA, CH_CONTROL };
+/* What a peer's control connection said: nothing yet, or its one notice, or end-of-file. */
+enum { PEER_LIVE, PEER_ABORTED, PEER_FAILED, PEER_LEFT, PEER_DIED };
+
+typedef struct notice {
+    uint64_t magic;
+    int32_t kind; /* PEER_ABORTED, PEER_FAILED or PEER_LEFT */
+    int32_t pad;
+    char why[sizeof(((cddp_error *)0)->msg)];
+} notice;
+
+typedef struct hello {
+    uint64_t magic;
+    int32_t rank, channel, pid, pad;
+} hello;
+
+struct cddp__tcp {
+    int *data, *control; /* per peer; -1 for this rank */
+    int *pid;            /* each peer's process id, for the errors */
+    int *state;          /* PEER_* per peer, from its control connection */
+    notice *notes;       /* each peer's notice, as it arrives */
+    size_t *noted;       /* bytes of it so far */
+    struct pollfd *pfd;  /* 3 per rank: sends, receives, control connections */
+    _Atomic int told;    /* this rank's notice went out */
+    fingerprint pending; /* the running collective's (a small allreduce sends it with its data) */
+    uint8_t *scratch;
+    size_t scratch_size, chunk, small;
+};
+
+/* ---- setup ------------------------------------------------------------------------------- */
+
+static void local_address(char *out, size_t n) {
+    const char *knob = cddp_knob_str(CDDP_KNOB_LOCAL_ADDR), *master = getenv("MASTER_ADDR");
+    if (*knob && strcmp(knob, "auto") != 0)
+        snprintf(out, n, "%s", knob);
+    else if (!master || !*master || !strncmp(master, "127.", 4) || !strcmp(master, "localhost"))
+        snprintf(out, n, "127.0.0.1");
+    else if (gethostname(out, n - 1) != 0)
+        snprintf(out, n, "127.0.0.1");
+}
+
+static void big_buffers(int fd) {
+    int size = 4 << 20;
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+}
+
+static int connect_lower(cddp_comm *c, cddp_store *st, int r, double deadline, cddp_error *err) {
+    struct cddp__tcp *t = c->tcp;
+    void *v = NULL;
+    size_t len;
+    char key[64], host[256];
+    int port = 0;
+    snprintf(key, sizeof key, "comm/tcp/%d", r);
+    CDDP_TRY(cddp_store_get(st, key, -1, &v, &len, err));
+    int rc = CDDP_OK;
+    if (sscanf(v, "%255s %d", host, &port) != 2)
+        rc = cddp_error_set(err, CDDP_EIO, "rank %d posted a bad address '%s'", r, (char *)v);
+    for (int ch = CH_DATA; ch <= CH_CONTROL && rc == CDDP_OK; ch++) {
+        int *fd = ch == CH_DATA ? &t->data[r] : &t->control[r];
+        if ((rc = cddp__net_connect(host, port, NULL, deadline, fd, err)) != CDDP_OK) break;
+        hello h = {TCP_MAGIC, c->rank, ch, (int)getpid(), 0};
+        rc = cddp__net_write_all(*fd, &h, sizeof h, deadline, err);
+    }
+    cddp_free(v);
+    return rc;
+}
+
+/* Accepts the two connections of every higher rank; strangers are turned away. */
+static int accept_higher(cddp_comm *c, int listen_fd, const char *addr, int port, double deadline,
+                         cddp_error *err) {
+    struct cddp__tcp *t = c->tcp;
+    int W = c->world, me = c->rank, want = 2 * (W - 1 - me);
+    for (int got = 0; got < want;) {
+        struct pollfd pf = {listen_fd, POLLIN, 0};
+        if (poll(&pf, 1, cddp__net_poll_ms(deadline)) <= 0)
+            return cddp_error_set(
+                err, CDDP_ETIMEDOUT,
+                "rank %d: only %d of the %d connections from higher ranks reached "
+                "%s:%d in time (a firewall between the hosts? set "
+                "cddprun --local_addr to an address the others can reach)",
+                me, got, want, addr, port);
+        int fd = accept(listen_fd, NULL, NULL);
+        if (fd < 0) continue;
+        hello h;
+        double soon = CDDP_MIN(deadline, cddp_now_s() + 5);
+        int *slot = NULL;
+        if (cddp__net_read_all(fd, &h, sizeof h, soon, NULL) == CDDP_OK && h.magic == TCP_MAGIC &&
+            h.rank > me && h.rank < W && (h.channel == CH_DATA || h.channel == CH_CONTROL))
+            slot = h.channel == CH_DATA ? &t->data[h.rank] : &t->control[h.rank];
+        if (!slot || *slot >= 0) {
+            close(fd);
+            continue;
+        }
+        *slot = fd;
+        t->pid[h.rank] = h.pid;
+        got++;
+    }
+    return CDDP_OK;
+}
+
+int cddp__tcp_setup(cddp_comm *c, cddp_store *st, double deadline, cddp_error *err) {
+    int W = c->world, me = c->rank, listen_fd = -1, port = 0;
+    struct cddp__tcp *t = c->tcp = cddp_calloc(1, sizeof *t);
+    if (!t || !(t->data = cddp_malloc(sizeof(int) * (size_t)W)) ||
+        !(t->control = cddp_malloc(sizeof(int) * (size_t)W)) ||
+        !(t->pid = cddp_calloc((size_t)W, sizeof(int))) ||
+        !(t->state = cddp_calloc((size_t)W, sizeof(int))) ||
+        !(t->notes = cddp_calloc((size_t)W, sizeof(notice))) ||
+        !(t->noted = cddp_calloc((size_t)W, sizeof(size_t))) ||
+        !(t->pfd = cddp_calloc((size_t)W * 3, sizeof(struct pollfd)))) {
+        if (t) cddp_free(t->control), t->control = NULL; /* nothing for close to close */
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    }
+    for (int r = 0; r < W; r++) t->data[r] = t->control[r] = -1;
+    t->pid[me] = (int)getpid();
+    t->chunk = (size_t)CDDP_MAX(cddp_knob_int(CDDP_KNOB_TCP_CHUNK_KB), 4) << 10;
+    t->small = (size_t)CDDP_MAX(cddp_knob_int(CDDP_KNOB_TCP_SMALL_KB), 0) << 10;
+    char addr[256], key[64], val[300];
+    local_address(addr, sizeof addr);
+    CDDP_TRY(cddp__net_listen(addr, 0, &listen_fd, &port, err));
+    snprintf(key, sizeof key, "comm/tcp/%d", me);
+    snprintf(val, sizeof val, "%s %d", addr, port);
+    int rc = cddp_store_set_str(st, key, val, err);
+    for (int r = 0; r < me && rc == CDDP_OK; r++) rc = connect_lower(c, st, r, deadline, err);
+    if (rc == CDDP_OK) rc = accept_higher(c, listen_fd, addr, port, deadline, err);
+    close(listen_fd);
+    if (rc != CDDP_OK) return rc;
+    for (int r = 0; r < W; r++)
+        if (r != me) {
+            big_buffers(t->data[r]);
+            cddp__net_nonblocking(t->data[r]);
+            cddp__net_nonblocking(t->control[r]);
+        }
+    return CDDP_OK;
+}
+
+/* ---- notices ----------------------------------------------------------------------------- */
+
+/* Sends this rank's notice to every peer, once: the first of abort, failure or leaving counts. */
+static void tell(cddp_comm *c, int kind, const char *why) {
+    struct cddp__tcp *t = c->tcp;
+    if (!t || atomic_exchange(&t->told, 1)) return;
+    notice n = {TCP_MAGIC, kind, 0, {0}};
+    int skip = 0; /* the "rank N: " the error starts with: the peers name this rank themselves */
+    sscanf(why, "rank %*d: %n", &skip);
+    snprintf(n.why, sizeof n.why, "%s", why + skip);
+    for (int r = 0; r < c->world; r++)
+        if (t->control[r] >= 0) {
+            /* A few hundred bytes into an idle socket's buffer: this does not block. */
+            if (send(t->control[r], &n, sizeof n, MSG_DONTWAIT | MSG_NOSIGNAL) != sizeof n)
+                cddp_log(CDDP_LOG_DEBUG, "comm", "could not tell rank %d: %s", r, strerror(errno));
+            shutdown(t->control[r], SHUT_WR);
+        }
+}
+
+void cddp__tcp_abort(cddp_comm *c, const char *reason) {
+    tell(c, PEER_ABORTED, reason);
+}
+
+void cddp__tcp_failed(cddp_comm *c) {
+    tell(c, PEER_FAILED, c->failed.msg);
+    /* This host's ranks may be waiting for this one in shared memory, which the notice does
+     * not reach: they learn of it from the host group's abort. */
+    if (c->host && !atomic_load(&c->host->aborted)) cddp_comm_abort(c->host, c->failed.msg);
+}
+
+/* Reads what peer r's control connection holds so far; returns its state. */
+static int peer_state(cddp_comm *c, int r) {
+    struct cddp__tcp *t = c->tcp;
+    while (t->state[r] == PEER_LIVE) {
+        ssize_t k = recv(t->control[r], (char *)&t->notes[r] + t->noted[r],
+                         sizeof(notice) - t->noted[r], MSG_DONTWAIT);
+        if (k > 0 && (t->noted[r] += (size_t)k) == sizeof(notice))
+            t->state[r] = t->notes[r].magic == TCP_MAGIC && t->notes[r].kind >= PEER_ABORTED &&
+                                  t->notes[r].kind <= PEER_LEFT
+                              ? t->notes[r].kind
+                              : PEER_DIED;
+        else if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
+            t->state[r] = PEER_DIED; /* closed with no notice (or a partial one) */
+        else if (k < 0 && errno == EAGAIN)
+            break;
+    }
+    t->notes[r].why[sizeof t->notes[r].why - 1] = '\0';
+    return t->state[r];
+}
+
+/* The failure a peer's notice (or its death) makes of this rank's call. */
+static int peer_failure(cddp_comm *c, int r, const char *what, cddp_error *err) {
+    struct cddp__tcp *t = c->tcp;
+    switch (t->state[r]) {
+    case PEER_DIED:
+        return cddp__comm_fail(c, err, CDDP_EIO,
+                               "rank %d (pid %d) died during %s #%" PRIu64
+                               "; the group is unusable (the launcher's report says why it died)",
+                               r, t->pid[r], what, c->seq);
+    case PEER_ABORTED:
+        return cddp__comm_fail(c, err, CDDP_EIO, "rank %d aborted the group: %.319s", r,
+                               t->notes[r].why);
+    case PEER_FAILED:
+        return cddp__comm_fail(c, err, CDDP_EIO, "rank %d failed: %.400s", r, t->notes[r].why);
+    default: /* PEER_LEFT */
+        return cddp__comm_fail(c, err, CDDP_EIO,
+                               "rank %d left the group (cddp_comm_destroy) while this rank was "
+                               "in %s #%" PRIu64 " with it; did every rank call the same "
+                               "collectives?",
+                               r, what, c->seq);
+    }
+}
+
+/* The root of a failure among the peers whose control connection is readable now: a death
+ * first, then an abort, then a failure (which a death or an abort elsewhere may have caused;
+ * unless settled, this waits a moment for one). A peer that left is not a failure by itself.
+ * CDDP_OK when there is none. */
+static int check_peers(cddp_comm *c, const char *what, bool settled, cddp_error *err) {
+    struct cddp__tcp *t = c->tcp;
+    static const int severity[] = {[PEER_FAILED] = 1, [PEER_ABORTED] = 2, [PEER_DIED] = 3};
+    int worst = -1;
+    for (int r = 0; r < c->world; r++) {
+        if (r == c->rank || t->control[r] < 0) continue;
+        int s = peer_state(c, r);
+        if (s == PEER_LEFT || s == PEER_LIVE) continue;
+        if (worst < 0 || severity[s] > severity[t->state[worst]]) worst = r;
+    }
+    if (worst >= 0 && t->state[worst] == PEER_FAILED && !settled) {
+        /* A peer failed because of something: if a rank died or aborted, its own connections
+         * say so within moments, and that is the error to report. */
+        for (double until = cddp_now_s() + 0.2; cddp_now_s() < until;) {
+            int np = 0;
+            bool root = false;
+            for (int r = 0; r < c->world; r++) {
+                if (t->control[r] < 0) continue;
+                int st = peer_state(c, r);
+                root |= st == PEER_DIED || st == PEER_ABORTED;
+                if (st == PEER_LIVE) t->pfd[np++] = (struct pollfd){t->control[r], POLLIN, 0};
+            }
+            if (root || np == 0) break;
+            poll(t->pfd, (nfds_t)np, 10);
+        }
+        return check_peers(c, what, true, err);
+    }
+    return worst < 0 ? CDDP_OK : peer_failure(c, worst, what, err);
+}
+
+/* Peer r closed its data connection: waits a moment for its notice, then names the cause. */
+static int peer_closed(cddp_comm *c, int r, const char *what, cddp_error *err) {
+    struct cddp__tcp *t = c->tcp;
+    double until = cddp_now_s() + 1.0;
+    while (peer_state(c, r) == PEER_LIVE && cddp_now_s() < until) {
+        struct pollfd pf = {t->control[r], POLLIN, 0};
+        poll(&pf, 1, 10);
+    }
+    if (t->state[r] == PEER_LIVE)
+        return cddp__comm_fail(c, err, CDDP_EIO,
+                               "%s #%" PRIu64 ": rank %d closed the connection: it died or "
+                               "failed; the launcher's report says why",
+                               what, c->seq, r);
+    if (t->state[r] == PEER_FAILED) CDDP_TRY(check_peers(c, what, false, err)); /* the root cause */
+    return peer_failure(c, r, what, err);
+}
+
+/* ---- moving bytes ------------------------------------------------------------------------ */
+
+typedef struct xfer {
+    int peer;
+    uint8_t *buf;
+    size_t n, done;
+} xfer;
+
+static bool receives_left(const xfer *in, int nin) {
+    for (int i = 0; i < nin; i++)
+        if (in[i].done < in[i].n) return true;
+    return false;
+}
+
+/* Sends and receives every transfer at once, or fails (latching the group) on the deadline, an
+ * abort of this rank, or a peer's failure. Tries the sockets first and polls only when none can
+ * progress, watching every control connection meanwhile. With until_received, returns once the
+ * receives are complete, the sends perhaps not (the caller calls again to go on with them). */
+static int move_some(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, bool until_received,
+                     const char *what, double deadline, cddp_error *err) {
+    struct cddp__tcp *t = c->tcp;
+    for (;;) {
+        bool progress = false, left = false;
+        for (int i = 0; i < nout; i++) {
+            xfer *x = &out[i];
+            if (x->done == x->n) continue;
+            ssize_t k = send(t->data[x->peer], x->buf + x->done, x->n - x->done,
+                             MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (k > 0)
+                x->done += (size_t)k, progress = true;
+            else if (errno != EAGAIN && errno != EINTR)
+                return peer_closed(c, x->peer, what, err);
+            left |= x->done < x->n;
+        }
+        for (int i = 0; i < nin; i++) {
+            xfer *x = &in[i];
+            if (x->done == x->n) continue;
+            ssize_t k = recv(t->data[x->peer], x->buf + x->done, x->n - x->done, MSG_DONTWAIT);
+            if (k > 0)
+                x->done += (size_t)k, progress = true;
+            else if (k == 0 || (errno != EAGAIN && errno != EINTR))
+                return peer_closed(c, x->peer, what, err);
+            left |= x->done < x->n;
+        }
+        if (!left || (until_received && !receives_left(in, nin))) return CDDP_OK;
+        if (progress) continue;
+        if (atomic_load(&c->aborted))
+            return cddp__comm_fail(c, err, CDDP_EIO, "the group was aborted on this rank: %s",
+                                   c->abort_reason);
+        int np = 0, waiting_for = -1;
+        for (int i = 0; i < nout; i++)
+            if (out[i].done < out[i].n) {
+                t->pfd[np++] = (struct pollfd){t->data[out[i].peer], POLLOUT, 0};
+                waiting_for = out[i].peer;
+            }
+        for (int i = 0; i < nin; i++)
+            if (in[i].done < in[i].n) {
+                t->pfd[np++] = (struct pollfd){t->data[in[i].peer], POLLIN, 0};
+                waiting_for = in[i].peer;
+            }
+        int first_control = np;
+        for (int r = 0; r < c->world; r++)
+            if (t->control[r] >= 0 && t->state[r] == PEER_LIVE)
+                t->pfd[np++] = (struct pollfd){t->control[r], POLLIN, 0};
+        int ms = cddp__net_poll_ms(deadline);
+        int pr = poll(t->pfd, (nfds_t)np, ms < 0 || ms > 10 ? 10 : ms);
+        if (pr < 0 && errno != EINTR)
+            return cddp__comm_fail(c, err, CDDP_EIO, "%s: poll: %s", what, strerror(errno));
+        /* Bytes that arrived before a peer's notice are read first: a receiver that failed on
+         * a mismatch answered the sender before it said so. */
+        bool data_ready = false, control_ready = false;
+        for (int i = 0; i < np && pr > 0; i++)
+            *(i < first_control ? &data_ready : &control_ready) |= t->pfd[i].revents != 0;
+        if (control_ready && !data_ready) CDDP_TRY(check_peers(c, what, false, err));
+        if (pr <= 0 && deadline >= 0 && cddp_now_s() > deadline)
+            return cddp__comm_fail(c, err, CDDP_ETIMEDOUT,
+                                   "%s #%" PRIu64 " timed out waiting for rank %d (is it "
+                                   "stopped, stuck, or calling something else?); raise "
+                                   "CDDP_TIMEOUT_S or the call's timeout if it is only slow",
+                                   what, c->seq, waiting_for);
+    }
+}
+
+static int move(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, const char *what,
+                double deadline, cddp_error *err) {
+    return move_some(c, out, nout, in, nin, false, what, deadline, err);
+}
+
+/* Sends sn bytes to rank to while receiving rn bytes from rank from. */
+static int exchange(cddp_comm *c, int to, const void *sbuf, size_t sn, int from, void *rbuf,
+                    size_t rn, const char *what, double deadline, cddp_error *err) {
+    xfer out = {to, (uint8_t *)sbuf, sn, 0}, in = {from, rbuf, rn, 0};
+    return move(c, &out, to >= 0, &in, from >= 0, what, deadline, err);
+}
+
+static int send_to(cddp_comm *c, int to, const void *buf, size_t n, double deadline,
+                   cddp_error *err) {
+    return exchange(c, to, buf, n, -1, NULL, 0, "collective", deadline, err);
+}
+
+static int recv_from(cddp_comm *c, int from, void *buf, size_t n, double deadline,
+                     cddp_error *err) {
+    return exchange(c, -1, NULL, 0, from, buf, n, "collective", deadline, err);
+}
+
+static uint8_t *scratch(cddp_comm *c, size_t bytes) {
+    struct cddp__tcp *t = c->tcp;
+    if (bytes > t->scratch_size) {
+        cddp_aligned_free(t->scratch);
+        t->scratch_size = bytes;
+        if (!(t->scratch = cddp_aligned_alloc(bytes + 64))) t->scratch_size = 0;
+    }
+    return t->scratch;
+}
+
+/* Every rank's message is a fingerprint header of HDR bytes (its collective's), then its data. */
+#define HDR 64
+
+/* Sends this rank's message (n bytes at all + rank * stride: the header, then the data) to every
+ * peer and receives each peer's into all + r * stride: first the headers, which are checked
+ * against this rank's fingerprint, then the data. A collective that differs thus fails before
+ * any of its data is taken for this one's. */
+static int all_to_all(cddp_comm *c, uint8_t *all, size_t stride, size_t n, double deadline,
+                      cddp_error *err) {
+    int W = c->world, me = c->rank;
+    xfer *x = cddp_malloc(sizeof *x * 2 * (size_t)W);
+    if (!x) return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
+    xfer *out = x, *in = x + W - 1;
+    int k = 0;
+    for (int r = 0; r < W; r++)
+        if (r != me) {
+            out[k] = (xfer){r, all + (size_t)me * stride, n, 0};
+            in[k] = (xfer){r, all + (size_t)r * stride, HDR, 0};
+            k++;
+        }
+    int rc = move_some(c, out, W - 1, in, W - 1, n > HDR, "collective", deadline, err);
+    if (rc == CDDP_OK)
+        rc = cddp__comm_check_fingerprints(c, (const fingerprint *)(all + (size_t)me * stride),
+                                           (const fingerprint *)all, stride, err);
+    for (int i = 0; i < W - 1 && rc == CDDP_OK; i++) {
+        in[i].buf += HDR;
+        in[i].n = n - HDR;
+        in[i].done = 0;
+    }
+    if (rc == CDDP_OK) rc = move(c, out, W - 1, in, W - 1, "collective", deadline, err);
+    cddp_free(x);
+    return rc;
+}
+
+/* ---- fingerprints ------------------------------------------------------------------------ */
+
+/* Every rank's fingerprint to every other, checked; except before a small allreduce, which sends
+ * it with its data (one hop for both). */
+int cddp__tcp_fingerprints(cddp_comm *c, const coll *a, const fingerprint *mine, double deadline,
+                           cddp_error *err) {
+    struct cddp__tcp *t = c->tcp;
+    t->pending = *mine;
+    if (a->kind == K_ALLREDUCE && (size_t)a->count * cddp_comm_dtype_size(a->dtype) <= t->small)
+        return CDDP_OK;
+    uint8_t *all = scratch(c, HDR * (size_t)c->world);
+    if (!all) return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
+    memset(all + (size_t)c->rank * HDR, 0, HDR);
+    memcpy(all + (size_t)c->rank * HDR, mine, sizeof *mine);
+    return all_to_all(c, all, HDR, HDR, deadline, err);
+}
+
+/* ---- collectives ------------------------------------------------------------------------- */
+
+static bool is_half(cddp_comm_dtype dt) {
+    return dt == CDDP_COMM_BF16 || dt == CDDP_COMM_F16;
+}
+
+/* 16-bit values to float32, and back (rounded to nearest even). */
+static void widen(cddp_comm_dtype dt, const void *src, float *dst, int64_t n) {
+    float (*to)(uint16_t) = dt == CDDP_COMM_BF16 ? cddp__bf16_to_f32 : cddp__f16_to_f32;
+    for (int64_t i = 0; i < n; i++) dst[i] = to(((const uint16_t *)src)[i]);
+}
+
+static void narrow(cddp_comm_dtype dt, const float *src, void *dst, int64_t n) {
+    uint16_t (*from)(float) = dt == CDDP_COMM_BF16 ? cddp__f32_to_bf16 : cddp__f32_to_f16;
+    for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = from(src[i]);
+}
+
+static int64_t seg_lo(int64_t n, int q, int W) {
+    return n * q / W;
+}
+
+/* A ring: n members (global ranks; NULL: ranks 0..n-1), this rank at idx. */
+typedef struct ring {
+    const int *members;
+    int n, idx;
+} ring;
+
+static int ring_peer(const ring *g, int i) {
+    i = ((i % g->n) + g->n) % g->n;
+    return g->members ? g->members[i] : i;
+}
+
+/* Ring reduce-scatter over buf (count elements of dt, 4 or 8 bytes each) cut into n segments:
+ * afterwards segment idx of buf holds the reduction over the ring (the others are partial). */
+static int ring_reduce_scatter(cddp_comm *c, const ring *g, uint8_t *buf, int64_t count,
+                               cddp_comm_dtype dt, cddp_comm_op op, double deadline,
+                               cddp_error *err) {
+    int W = g->n, me = g->idx, next = ring_peer(g, me + 1), prev = ring_peer(g, me - 1);
+    size_t es = dt == CDDP_COMM_F64 || dt == CDDP_COMM_I64 ? 8 : 4;
+    uint8_t *tmp = scratch(c, c->tcp->chunk);
+    if (!tmp) return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
+    int64_t per = (int64_t)(c->tcp->chunk / es);
+    for (int s = 0; s < W - 1; s++) {
+        int sq = ((me - s - 1) % W + W) % W, rq = ((me - s - 2) % W + W) % W;
+        int64_t slo = seg_lo(count, sq, W), sn = seg_lo(count, sq + 1, W) - slo;
+        int64_t rlo = seg_lo(count, rq, W), rn = seg_lo(count, rq + 1, W) - rlo;
+        /* The segment streams out while the incoming one is received chunk by chunk, each
+         * chunk added while the next is on its way. */
+        xfer out = {next, buf + (size_t)slo * es, (size_t)sn * es, 0};
+        for (int64_t at = 0; at < rn; at += per) {
+            int64_t kr = CDDP_MIN(per, rn - at);
+            xfer in = {prev, tmp, (size_t)kr * es, 0};
+            CDDP_TRY(move_some(c, &out, 1, &in, 1, true, "collective", deadline, err));
+            cddp__comm_combine(dt, op, buf + (size_t)(rlo + at) * es, tmp, kr);
+        }
+        CDDP_TRY(move(c, &out, 1, NULL, 0, "collective", deadline, err));
+    }
+    return CDDP_OK;
+}
+
+/* Ring allgather of the n segments of buf: member idx starts with segment idx. */
+static int ring_allgather(cddp_comm *c, const ring *g, uint8_t *buf, int64_t count, size_t es,
+                          double deadline, cddp_error *err) {
+    int W = g->n, me = g->idx, next = ring_peer(g, me + 1), prev = ring_peer(g, me - 1);
+    for (int s = 0; s < W - 1; s++) {
+        int sq = ((me - s) % W + W) % W, rq = ((me - s - 1) % W + W) % W;
+        int64_t slo = seg_lo(count, sq, W), sn = seg_lo(count, sq + 1, W) - slo;
+        int64_t rlo = seg_lo(count, rq, W), rn = seg_lo(count, rq + 1, W) - rlo;
+        CDDP_TRY(exchange(c, next, buf + (size_t)slo * es, (size_t)sn * es, prev,
+                          buf + (size_t)rlo * es, (size_t)rn * es, "collective", deadline, err));
+    }
+    return CDDP_OK;
+}
+
+/* Ring allreduce of buf (4- or 8-byte elements) over g; mean divides by the group's size. */
+static int ring_allreduce(cddp_comm *c, const ring *g, uint8_t *buf, int64_t n, cddp_comm_dtype dt,
+                          cddp_comm_op op, double deadline, cddp_error *err) {
+    size_t es = cddp_comm_dtype_size(dt);
+    CDDP_TRY(ring_reduce_scatter(c, g, buf, n, dt, op, deadline, err));
+    if (op == CDDP_COMM_MEAN) {
+        int64_t lo = seg_lo(n, g->idx, g->n);
+        cddp__comm_divide(dt, buf + (size_t)lo * es, seg_lo(n, g->idx + 1, g->n) - lo, c->world);
+    }
+    return ring_allgather(c, g, buf, n, es, deadline, err);
+}
+
+/* The latency path: every rank sends its fingerprint and buffer to every other and reduces all
+ * the buffers in rank order. */
+static int small_allreduce(cddp_comm *c, const coll *a, double deadline, cddp_error *err) {
+    int W = c->world;
+    size_t es = cddp_comm_dtype_size(a->dtype), bytes = (size_t)a->count * es;
+    size_t stride = HDR + ((bytes + 63) & ~(size_t)63), n = HDR + bytes;
+    bool half = is_half(a->dtype);
+    uint8_t *all = scratch(c, stride * (size_t)W + (half ? 2 * (size_t)a->count * 4 : 0));
+    if (!all) return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
+    uint8_t *mine = all + (size_t)c->rank * stride;
+    memset(mine, 0, HDR);
+    memcpy(mine, &c->tcp->pending, sizeof c->tcp->pending);
+    memcpy(mine + HDR, a->send, bytes);
+    CDDP_TRY(all_to_all(c, all, stride, n, deadline, err));
+    uint8_t *first = all + HDR;
+    if (half) { /* accumulate in float32, round once */
+        float *acc = (float *)(all + stride * (size_t)W), *tmp = acc + a->count;
+        widen(a->dtype, first, acc, a->count);
+        for (int r = 1; r < W; r++) {
+            widen(a->dtype, first + (size_t)r * stride, tmp, a->count);
+            cddp__comm_combine(CDDP_COMM_F32, a->op, acc, tmp, a->count);
+        }
+        if (a->op == CDDP_COMM_MEAN) cddp__comm_divide(CDDP_COMM_F32, acc, a->count, W);
+        narrow(a->dtype, acc, a->recv, a->count);
+        return CDDP_OK;
+    }
+    for (int r = 1; r < W; r++)
+        cddp__comm_combine(a->dtype, a->op, first, first + (size_t)r * stride, a->count);
+    if (a->op == CDDP_COMM_MEAN) cddp__comm_divide(a->dtype, first, a->count, W);
+    memcpy(a->recv, first, bytes);
+    return CDDP_OK;
+}
+
+/* A call on this host's shm group failed: the root cause is most often a rank whose TCP
+ * connections say so too (it died or aborted), named by its global rank; else the host group's
+ * own error, whose ranks are local ranks. */
+static int host_failure(cddp_comm *c, const cddp_error *e, cddp_error *err) {
+    struct cddp__tcp *t = c->tcp;
+    if (atomic_load(&c->aborted))
+        return cddp__comm_fail(c, err, CDDP_EIO, "the group was aborted on this rank: %s",
+                               c->abort_reason);
+    for (double until = cddp_now_s() + 1.0; cddp_now_s() < until;) {
+        CDDP_TRY(check_peers(c, "collective", false, err));
+        int np = 0;
+        for (int r = 0; r < c->world; r++)
+            if (t->control[r] >= 0 && t->state[r] == PEER_LIVE)
+                t->pfd[np++] = (struct pollfd){t->control[r], POLLIN, 0};
+        poll(t->pfd, (nfds_t)np, 10);
+    }
+    return cddp__comm_fail(c, err, e->code,
+                           "in this host's shared memory, whose ranks are numbered 0..%d there "
+                           "(this host's ranks in order): %s",
+                           c->local_world - 1, e->msg);
+}
+
+static int on_host(cddp_comm *c, int kind, cddp_comm_op op, cddp_comm_dtype dt, void *buf,
+                   int64_t n, double deadline, cddp_error *err) {
+    coll a = {.kind = kind,
+              .op = op,
+              .dtype = dt,
+              .root = 0,
+              .count = n,
+              .send = buf,
+              .recv = buf,
+              .timeout_s = CDDP_MAX(deadline - cddp_now_s(), 1e-3)};
+    cddp_error e = {0};
+    if (cddp__comm_execute(c->host, &a, &e) != CDDP_OK) return host_failure(c, &e, err);
+    return CDDP_OK;
+}
+
+/* Across hosts: reduce on each host over shared memory, a ring of the hosts' leaders over TCP,
+ * a broadcast on each host. Every step runs in float32 for 16-bit types, and a mean is a sum
+ * divided once at the end, so the result is what the flat ring gives. */
+static int hierarchical_allreduce(cddp_comm *c, uint8_t *buf, int64_t n, cddp_comm_dtype dt,
+                                  cddp_comm_op op, double deadline, cddp_error *err) {
+    cddp_comm_op sum = op == CDDP_COMM_MEAN ? CDDP_COMM_SUM : op;
+    if (c->host) CDDP_TRY(on_host(c, K_ALLREDUCE, sum, dt, buf, n, deadline, err));
+    if (c->leader_index >= 0) {
+        ring g = {c->leaders, c->nleaders, c->leader_index};
+        CDDP_TRY(ring_allreduce(c, &g, buf, n, dt, sum, deadline, err));
+        if (op == CDDP_COMM_MEAN) cddp__comm_divide(dt, buf, n, c->world);
+    }
+    if (c->host) CDDP_TRY(on_host(c, K_BROADCAST, sum, dt, buf, n, deadline, err));
+    return CDDP_OK;
+}
+
+static int tcp_allreduce(cddp_comm *c, const coll *a, double deadline, cddp_error *err) {
+    size_t es = cddp_comm_dtype_size(a->dtype);
+    int64_t n = a->count;
+    if ((size_t)n * es <= c->tcp->small) return small_allreduce(c, a, deadline, err);
+    uint8_t *buf = a->recv;
+    float *wide = NULL;
+    cddp_comm_dtype dt = a->dtype;
+    if (is_half(dt)) { /* float32 on the wire and in the sums */
+        if (!(wide = cddp_aligned_alloc((size_t)n * sizeof(float) + 64)))
+            return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
+        widen(dt, a->send, wide, n);
+        buf = (uint8_t *)wide;
+        dt = CDDP_COMM_F32;
+    } else if (a->send != a->recv) {
+        memcpy(buf, a->send, (size_t)n * es);
+    }
+    ring flat = {NULL, c->world, c->rank};
+    int rc = c->nleaders ? hierarchical_allreduce(c, buf, n, dt, a->op, deadline, err)
+                         : ring_allreduce(c, &flat, buf, n, dt, a->op, deadline, err);
+    if (wide) {
+        if (rc == CDDP_OK) narrow(a->dtype, wide, a->recv, n);
+        cddp_aligned_free(wide);
+    }
+    return rc;
+}
+
+/* reduce_scatter: a ring reduce-scatter of the whole input whose segments are the ranks' blocks
+ * (count each, so seg_lo cuts exactly there). */
+static int tcp_reduce_scatter(cddp_comm *c, const coll *a, double deadline, cddp_error *err) {
+    int W = c->world;
+    size_t es = cddp_comm_dtype_size(a->dtype);
+    int64_t total = a->count * W;
+    bool half = is_half(a->dtype);
+    size_t wes = half ? 4 : es;
+    uint8_t *buf = cddp_aligned_alloc((size_t)total * wes + 64);
+    if (!buf) return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
+    if (half)
+        widen(a->dtype, a->send, (float *)buf, total);
+    else
+        memcpy(buf, a->send, (size_t)total * es);
+    cddp_comm_dtype dt = half ? CDDP_COMM_F32 : a->dtype;
+    ring flat = {NULL, W, c->rank};
+    int rc = ring_reduce_scatter(c, &flat, buf, total, dt, a->op, deadline, err);
+    uint8_t *mine = buf + (size_t)(a->count * c->rank) * wes;
+    if (rc == CDDP_OK && a->op == CDDP_COMM_MEAN) cddp__comm_divide(dt, mine, a->count, W);
+    if (rc == CDDP_OK && half)
+        narrow(a->dtype, (const float *)mine, a->recv, a->count);
+    else if (rc == CDDP_OK)
+        memcpy(a->recv, mine, (size_t)a->count * es);
+    cddp_aligned_free(buf);
+    return rc;
+}
+
+int cddp__tcp_execute(cddp_comm *c, const coll *a, double deadline, cddp_error *err) {
+    int W = c->world, me = c->rank;
+    size_t bytes = (size_t)a->count * cddp_comm_dtype_size(a->dtype);
+    switch (a->kind) {
+    case K_ALLREDUCE:
+        return tcp_allreduce(c, a, deadline, err);
+    case K_REDUCE_SCATTER:
+        return tcp_reduce_scatter(c, a, deadline, err);
+    case K_BROADCAST: /* the root sends to everyone */
+        if (me != a->root) return recv_from(c, a->root, a->recv, bytes, deadline, err);
+        for (int r = 0; r < W; r++)
+            if (r != me) CDDP_TRY(send_to(c, r, a->recv, bytes, deadline, err));
+        return CDDP_OK;
+    case K_ALLGATHER:
+        memmove((uint8_t *)a->recv + (size_t)me * bytes, a->send, bytes);
+        return ring_allgather(c, &(ring){NULL, W, me}, a->recv, a->count * W,
+                              cddp_comm_dtype_size(a->dtype), deadline, err);
+    case K_GATHER:
+        if (me != a->root) return send_to(c, a->root, a->send, bytes, deadline, err);
+        memmove((uint8_t *)a->recv + (size_t)me * bytes, a->send, bytes);
+        for (int r = 0; r < W; r++)
+            if (r != me)
+                CDDP_TRY(
+                    recv_from(c, r, (uint8_t *)a->recv + (size_t)r * bytes, bytes, deadline, err));
+        return CDDP_OK;
+    case K_SCATTER:
+        if (me != a->root) return recv_from(c, a->root, a->recv, bytes, deadline, err);
+        for (int r = 0; r < W; r++)
+            if (r != me)
+                CDDP_TRY(send_to(c, r, (const uint8_t *)a->send + (size_t)r * bytes, bytes,
+                                 deadline, err));
+        memmove(a->recv, (const uint8_t *)a->send + (size_t)me * bytes, bytes);
+        return CDDP_OK;
+    default: /* K_BARRIER: the fingerprints were the barrier */
+        return CDDP_OK;
+    }
+}
+
+/* ---- point to point ---------------------------------------------------------------------- */
+
+/* The message goes after a fingerprint of kind send (count, dtype, root = the receiver); the
+ * receiver answers with its own expectation, so a mismatch fails both sides. */
+int cddp__tcp_p2p(cddp_comm *c, const coll *a, double deadline, cddp_error *err) {
+    int peer = a->root, me = c->rank;
+    size_t bytes = (size_t)a->count * cddp_comm_dtype_size(a->dtype);
+    /* Headers of HDR bytes, as every collective's, so that a collective meeting a message reads
+     * its fingerprint whole (and the other way round). */
+    fingerprint mine = {0, K_SEND, 0, (int32_t)a->dtype, a->kind == K_SEND ? peer : me, a->count};
+    fingerprint theirs;
+    uint8_t out[HDR] = {0}, in[HDR];
+    memcpy(out, &mine, sizeof mine);
+    if (a->kind == K_SEND) {
+        CDDP_TRY(exchange(c, peer, out, HDR, -1, NULL, 0, "send", deadline, err));
+        CDDP_TRY(exchange(c, peer, a->send, bytes, -1, NULL, 0, "send", deadline, err));
+        CDDP_TRY(exchange(c, -1, NULL, 0, peer, in, HDR, "send", deadline, err));
+        memcpy(&theirs, in, sizeof theirs);
+        if (memcmp(&theirs, &mine, sizeof mine) != 0)
+            return cddp__comm_fail(c, err, CDDP_ESHAPE,
+                                   "send to rank %d of count %" PRId64 " %s, but rank %d "
+                                   "receives count %" PRId64 " %s",
+                                   peer, a->count, cddp_comm_dtype_name(a->dtype), peer,
+                                   theirs.count, cddp_comm_dtype_name(theirs.dtype));
+        return CDDP_OK;
+    }
+    CDDP_TRY(exchange(c, -1, NULL, 0, peer, in, HDR, "recv", deadline, err));
+    memcpy(&theirs, in, sizeof theirs);
+    /* Tell the sender what this rank expects before failing, so that both report it. */
+    CDDP_TRY(exchange(c, peer, out, HDR, -1, NULL, 0, "recv", deadline, err));
+    if (memcmp(&theirs, &mine, sizeof mine) != 0)
+        return cddp__comm_fail(c, err, CDDP_ESHAPE,
+                               "recv from rank %d of count %" PRId64 " %s, but rank %d sends "
+                               "count %" PRId64 " %s",
+                               peer, a->count, cddp_comm_dtype_name(a->dtype), peer, theirs.count,
+                               cddp_comm_dtype_name(theirs.dtype));
+    return exchange(c, -1, NULL, 0, peer, a->recv, bytes, "recv", deadline, err);
+}
+
+/* ---- teardown ---------------------------------------------------------------------------- */
+
+/* Says goodbye (a peer still waiting on this rank then fails at once), ends both directions of
+ * every connection after what was sent, and reads away what is left so that closing does not
+ * reset a peer's connection before it has read this rank's last bytes. */
+void cddp__tcp_close(cddp_comm *c) {
+    struct cddp__tcp *t = c->tcp;
+    if (!t) return;
+    if (t->data && t->control) {
+        tell(c, PEER_LEFT, "");
+        uint8_t sink[4096];
+        for (int r = 0; r < c->world; r++) {
+            int fds[2] = {t->data[r], t->control[r]};
+            for (int i = 0; i < 2; i++) {
+                if (fds[i] < 0) continue;
+                shutdown(fds[i], SHUT_WR);
+                while (recv(fds[i], sink, sizeof sink, MSG_DONTWAIT) > 0) {}
+                close(fds[i]);
+            }
+        }
+    }
+    cddp_free(t->data);
+    cddp_free(t->control);
+    cddp_free(t->pid);
+    cddp_free(t->state);
+    cddp_free(t->notes);
+    cddp_free(t->noted);
+    cddp_free(t->pfd);
+    cddp_aligned_free(t->scratch);
+    cddp_free(t);
+    c->tcp = NULL;
+}
