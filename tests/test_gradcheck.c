@@ -32,13 +32,14 @@ enum {
     OP_MAX_POOL2D,
     OP_DROPOUT,
     OP_RESHAPE,
+    OP_BATCH_NORM,
     OP_COUNT
 };
 
 static const char *op_names[OP_COUNT] = {
-    "matmul",   "linear", "add",  "sub",     "mul",        "div",         "scale",
-    "relu",     "gelu",   "tanh", "sigmoid", "softmax",    "log_softmax", "cross_entropy",
-    "mse_loss", "sum",    "mean", "conv2d",  "max_pool2d", "dropout",     "reshape"};
+    "matmul", "linear", "add",        "sub",     "mul",         "div",           "scale",    "relu",
+    "gelu",   "tanh",   "sigmoid",    "softmax", "log_softmax", "cross_entropy", "mse_loss", "sum",
+    "mean",   "conv2d", "max_pool2d", "dropout", "reshape",     "batch_norm"};
 
 #define CASES   30
 #define MAX_IN  3
@@ -55,6 +56,7 @@ typedef struct gc_case {
     int stride, pad, kernel;
     float s;
     cddp_reduction red;
+    float running[2][8]; /* batch_norm in evaluation: mean, var */
 } gc_case;
 
 static cddp_ctx *ctx;
@@ -163,6 +165,22 @@ static void make_case(gc_case *c, int op) {
         c->pad = (int)rnd(0, c->kernel / 2);
         set_shape(c, 0, 4, rnd(1, 2), rnd(1, 3), rnd(c->kernel, 6), rnd(c->kernel, 6));
         break;
+    case OP_BATCH_NORM: { /* ta: training (batch statistics), else the running ones */
+        int64_t N = rnd(2, 4), C = rnd(1, 4);
+        c->ta = rnd(0, 1);
+        c->nin = 3;
+        if (rnd(0, 1))
+            set_shape(c, 0, 4, N, C, rnd(1, 3), rnd(1, 3));
+        else
+            set_shape(c, 0, 2, N + 2, C, 0, 0);
+        set_shape(c, 1, 1, C, 0, 0, 0);
+        set_shape(c, 2, 1, C, 0, 0, 0);
+        for (int64_t k = 0; k < C; k++) {
+            c->running[0][k] = rndf(-0.5f, 0.5f);
+            c->running[1][k] = rndf(0.5f, 1.5f);
+        }
+        break;
+    }
     case OP_SCALE:
         c->s = rndf(-3, 3);
         any_shape(c, 0);
@@ -245,6 +263,14 @@ static cddp_tensor *forward(gc_case *c, cddp_tensor **in) {
         return cddp_dropout(ctx, in[0], c->s, true);
     case OP_RESHAPE:
         return cddp_flatten(ctx, cddp_reshape(ctx, in[0], CDDP_SHAPE(-1)));
+    case OP_BATCH_NORM: {
+        cddp_tensor *rm = NULL, *rv = NULL;
+        if (!c->ta) {
+            rm = cddp_wrap(ctx, CDDP_F32, 1, &c->shape[0][1], c->running[0]);
+            rv = cddp_wrap(ctx, CDDP_F32, 1, &c->shape[0][1], c->running[1]);
+        }
+        return cddp_batch_norm(ctx, in[0], in[1], in[2], rm, rv, c->ta, 0.1f, 1e-5f);
+    }
     }
     return NULL;
 }
@@ -345,6 +371,7 @@ GC_TEST(conv2d, OP_CONV2D)
 GC_TEST(max_pool2d, OP_MAX_POOL2D)
 GC_TEST(dropout, OP_DROPOUT)
 GC_TEST(reshape, OP_RESHAPE)
+GC_TEST(batch_norm, OP_BATCH_NORM)
 
 static int setup(void **state) {
     (void)state;
@@ -371,7 +398,7 @@ int main(void) {
         cmocka_unit_test(test_grad_mse_loss),    cmocka_unit_test(test_grad_sum),
         cmocka_unit_test(test_grad_mean),        cmocka_unit_test(test_grad_conv2d),
         cmocka_unit_test(test_grad_max_pool2d),  cmocka_unit_test(test_grad_dropout),
-        cmocka_unit_test(test_grad_reshape),
+        cmocka_unit_test(test_grad_reshape),     cmocka_unit_test(test_grad_batch_norm),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

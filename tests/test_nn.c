@@ -1,6 +1,9 @@
-/* test_nn.c: parameter naming and layout, PyTorch's initialisation, model errors, and a custom
- * model built from raw ops (the seed's linear regression). */
+/* test_nn.c: parameter naming and layout, PyTorch's initialisation, model errors, BatchNorm and
+ * buffers (values by hand, checkpoints), and a custom model built from raw ops (the seed's linear
+ * regression). */
 #include "helpers.h"
+
+#include <unistd.h>
 
 static void test_sequential_names_and_layout(void **state) {
     (void)state;
@@ -164,6 +167,81 @@ static void test_custom_model_linear_regression(void **state) {
     cddp_model_destroy(m);
 }
 
+/* BatchNorm: PyTorch's names, the batch statistics in training (running_var unbiased, momentum
+ * 0.1), the running ones in evaluation, buffers apart from the parameters, and a checkpoint that
+ * carries them. x is (4, 2): channel 0 holds 1, 2, 3, 4 (mean 2.5, biased variance 1.25, unbiased
+ * 5/3); channel 1 is constant 7 (variance 0: the output is the bias). */
+static void test_batch_norm_module(void **state) {
+    (void)state;
+    cddp_model *m = cddp_model_create();
+    assert_int_equal(cddp_model_add(m, "bn", cddp_nn_batch_norm(2)), CDDP_OK);
+    assert_int_equal(cddp_model_build(m, 0), CDDP_OK);
+    assert_int_equal(cddp_model_num_params(m), 2);
+    assert_int_equal(cddp_model_num_buffers(m), 2);
+    assert_string_equal(cddp_model_param(m, 0)->name, "bn.weight");
+    assert_string_equal(cddp_model_param(m, 1)->name, "bn.bias");
+    cddp_tensor *rm = cddp_model_find_buffer(m, "bn.running_mean");
+    cddp_tensor *rv = cddp_model_find_buffer(m, "bn.running_var");
+    assert_non_null(rm);
+    assert_non_null(rv);
+    assert_null(cddp_model_find(m, "bn.running_mean")); /* not a parameter */
+    assert_int_equal(cddp_model_buffer_numel(m), 4);
+    assert_ptr_equal(rm->data, cddp_model_buffer_data(m));
+    assert_false(rm->requires_grad);
+    assert_float_equal(cddp_f32(rv)[0], 1.0f, 0);
+    cddp_f32(cddp_model_param(m, 1))[1] = 0.5f; /* bias of channel 1 */
+    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    float x[8] = {1, 7, 2, 7, 3, 7, 4, 7};
+    cddp_tensor *y = cddp_model_forward(m, ctx, cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(4, 2), x));
+    assert_non_null(y);
+    double inv = 1.0 / sqrt(1.25 + 1e-5);
+    for (int n = 0; n < 4; n++) {
+        assert_float_equal(cddp_f32(y)[2 * n], (float)((n + 1 - 2.5) * inv), 1e-6);
+        assert_float_equal(cddp_f32(y)[2 * n + 1], 0.5f, 1e-6);
+    }
+    assert_float_equal(cddp_f32(rm)[0], 0.25f, 1e-7);
+    assert_float_equal(cddp_f32(rm)[1], 0.7f, 1e-6);
+    assert_float_equal(cddp_f32(rv)[0], (float)(0.9 + 0.1 * 5.0 / 3.0), 1e-6);
+    assert_float_equal(cddp_f32(rv)[1], 0.9f, 1e-7);
+    /* Evaluation: the running statistics, which stay put. */
+    cddp_model_set_training(m, false);
+    cddp_ctx_reset(ctx);
+    y = cddp_model_forward(m, ctx, cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(4, 2), x));
+    double inv0 = 1.0 / sqrt(0.9 + 0.5 / 3.0 + 1e-5), inv1 = 1.0 / sqrt(0.9 + 1e-5);
+    assert_float_equal(cddp_f32(y)[0], (float)((1 - 0.25) * inv0), 1e-6);
+    assert_float_equal(cddp_f32(y)[1], (float)((7 - 0.7) * inv1 + 0.5), 1e-5);
+    assert_float_equal(cddp_f32(rm)[0], 0.25f, 1e-7);
+    /* A checkpoint carries the buffers; a model that lacks them is told so. */
+    char path[] = "/tmp/cddp_bn_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    cddp_error err = {0};
+    assert_int_equal(cddp_checkpoint_save(path, m, NULL, NULL, &err), CDDP_OK);
+    cddp_model *m2 = cddp_model_create();
+    assert_int_equal(cddp_model_add(m2, "bn", cddp_nn_batch_norm(2)), CDDP_OK);
+    assert_int_equal(cddp_model_build(m2, 0), CDDP_OK);
+    assert_int_equal(cddp_checkpoint_load(path, m2, NULL, NULL, &err), CDDP_OK);
+    assert_memory_equal(cddp_model_buffer_data(m2), cddp_model_buffer_data(m), 4 * sizeof(float));
+    cddp_model *plain = cddp_model_create();
+    int64_t two = 2;
+    assert_int_equal(cddp_model_add_param(plain, "bn.weight", 1, &two, (cddp_init){0}, NULL), 0);
+    assert_int_equal(cddp_model_add_param(plain, "bn.bias", 1, &two, (cddp_init){0}, NULL), 0);
+    assert_int_equal(cddp_model_build(plain, 0), CDDP_OK);
+    assert_int_equal(cddp_checkpoint_load(path, plain, NULL, NULL, &err), CDDP_ESHAPE);
+    assert_non_null(strstr(err.msg, "'bn.running_mean' is in the file but not in the model"));
+    /* A duplicate name across parameters and buffers is refused. */
+    cddp_model *dup = cddp_model_create();
+    assert_int_equal(cddp_model_add_param(dup, "s", 1, &two, (cddp_init){0}, NULL), CDDP_OK);
+    assert_int_equal(cddp_model_add_buffer(dup, "s", 1, &two, 0, NULL), CDDP_EINVAL);
+    unlink(path);
+    cddp_model_destroy(dup);
+    cddp_model_destroy(plain);
+    cddp_model_destroy(m2);
+    cddp_model_destroy(m);
+    cddp_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sequential_names_and_layout),
@@ -172,6 +250,7 @@ int main(void) {
         cmocka_unit_test(test_model_errors),
         cmocka_unit_test(test_forward_shapes_and_training_mode),
         cmocka_unit_test(test_custom_model_linear_regression),
+        cmocka_unit_test(test_batch_norm_module),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -54,10 +54,13 @@ typedef struct cddp_ddp_options {
                                     gradients_mean=False) */
     bool find_unused_parameters; /* allow parameters without a gradient in a backward */
     cddp_ddp_hook hook;
-    bool join;        /* uneven inputs: ranks may run out of batches at different steps (each
-                         synchronised step then also reduces who is still training) */
-    bool join_throw;  /* with join: fail every rank when one runs out, instead of shadowing */
-    double timeout_s; /* deadline of each collective; 0: the group's */
+    bool join;       /* uneven inputs: ranks may run out of batches at different steps (each
+                        synchronised step then also reduces who is still training) */
+    bool join_throw; /* with join: fail every rank when one runs out, instead of shadowing */
+    bool no_broadcast_buffers; /* keep each rank's buffers (BatchNorm's running statistics);
+                                  default: rank 0's go to every rank before each forward in
+                                  training mode (PyTorch's broadcast_buffers=True) */
+    double timeout_s;          /* deadline of each collective; 0: the group's */
 } cddp_ddp_options;
 
 typedef struct cddp_ddp cddp_ddp;

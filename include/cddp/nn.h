@@ -2,6 +2,9 @@
  *
  * A model owns two contiguous float32 blocks of the same layout, one for parameter values and one
  * for their gradients; each named parameter is a tensor viewing its range of both (llm.c style).
+ * State that is not trained but belongs to the model (BatchNorm's running statistics) lives in
+ * buffers: named tensors in a third flat block, saved in checkpoints with the parameters,
+ * broadcast by DistributedDataParallel, never touched by optimizers.
  * So an optimizer updates one array, a checkpoint writes ranges of it, and DistributedDataParallel
  * reduces ranges of the gradient block with no packing copies.
  *
@@ -32,6 +35,7 @@ typedef enum cddp_module_kind {
     CDDP_MODULE_SIGMOID,
     CDDP_MODULE_DROPOUT,
     CDDP_MODULE_FLATTEN,
+    CDDP_MODULE_BATCH_NORM,
 } cddp_module_kind;
 
 /* A module description; make one with the cddp_nn_* constructors below. */
@@ -40,7 +44,8 @@ typedef struct cddp_module {
     int64_t in, out;             /* Linear: features; Conv2d: channels */
     int kernel, stride, padding; /* Conv2d and MaxPool2d */
     float p;                     /* Dropout probability */
-    bool bias;                   /* Linear and Conv2d: has a bias */
+    bool bias;                   /* Linear and Conv2d: has a bias; BatchNorm: affine */
+    float momentum, eps;         /* BatchNorm */
 } cddp_module;
 
 /* PyTorch's defaults: bias on; Linear and Conv2d weights and biases drawn from
@@ -80,6 +85,18 @@ static inline cddp_module cddp_nn_dropout(float p) {
 static inline cddp_module cddp_nn_flatten(void) {
     return (cddp_module){.kind = CDDP_MODULE_FLATTEN};
 }
+/* BatchNorm1d/2d over `features` channels of (N,C) or (N,C,H,W) input, PyTorch's defaults
+ * (momentum 0.1, eps 1e-5, affine): parameters "weight" (ones) and "bias" (zeros), buffers
+ * "running_mean" (zeros) and "running_var" (ones), updated in training mode and used in
+ * evaluation mode (see cddp_batch_norm). */
+static inline cddp_module cddp_nn_batch_norm(int64_t features) {
+    return (cddp_module){.kind = CDDP_MODULE_BATCH_NORM,
+                         .in = features,
+                         .out = features,
+                         .bias = true,
+                         .momentum = 0.1f,
+                         .eps = 1e-5f};
+}
 
 /* How a raw parameter starts. */
 typedef enum cddp_init_kind {
@@ -109,6 +126,11 @@ CDDP_API int cddp_model_add(cddp_model *m, const char *name, cddp_module module)
 CDDP_API int cddp_model_add_param(cddp_model *m, const char *name, int ndim, const int64_t *shape,
                                   cddp_init init, int *index);
 
+/* A buffer (state that is not trained) for a custom forward, every element = init;
+ * *index (if not NULL) receives its index. Names are unique across parameters and buffers. */
+CDDP_API int cddp_model_add_buffer(cddp_model *m, const char *name, int ndim, const int64_t *shape,
+                                   float init, int *index);
+
 /* Allocates the flat blocks, initialises the parameters from seed and zeroes the gradients. */
 CDDP_API int cddp_model_build(cddp_model *m, uint64_t seed);
 
@@ -121,6 +143,12 @@ CDDP_API cddp_tensor *cddp_model_find(const cddp_model *m, const char *name);
 CDDP_API size_t cddp_model_numel(const cddp_model *m);
 CDDP_API float *cddp_model_data(const cddp_model *m);
 CDDP_API float *cddp_model_grad(const cddp_model *m);
+/* Buffers, in declaration order, and their flat block (buffer_numel floats). */
+CDDP_API int cddp_model_num_buffers(const cddp_model *m);
+CDDP_API cddp_tensor *cddp_model_buffer(const cddp_model *m, int i);
+CDDP_API cddp_tensor *cddp_model_find_buffer(const cddp_model *m, const char *name);
+CDDP_API size_t cddp_model_buffer_numel(const cddp_model *m);
+CDDP_API float *cddp_model_buffer_data(const cddp_model *m);
 /* Offset, in elements, of parameter i in the flat blocks. */
 CDDP_API size_t cddp_model_param_offset(const cddp_model *m, int i);
 /* Moves the gradient block into block (numel floats, 64-byte aligned, owned by the caller, who
@@ -131,14 +159,16 @@ CDDP_API size_t cddp_model_param_offset(const cddp_model *m, int i);
 CDDP_API int cddp_model_set_grad_block(cddp_model *m, float *block);
 /* Sets every gradient to zero (gradients accumulate across backward calls until then). */
 CDDP_API void cddp_model_zero_grad(cddp_model *m);
-/* Training mode (the default) enables dropout; evaluation mode disables it. */
+/* Training mode (the default) enables dropout and BatchNorm's batch statistics; evaluation mode
+ * disables dropout and normalises with the running statistics. */
 CDDP_API void cddp_model_set_training(cddp_model *m, bool training);
 CDDP_API bool cddp_model_training(const cddp_model *m);
 /* Sets the gradient-ready hook of every parameter (see autograd.h). */
 CDDP_API void cddp_model_set_ready_hook(cddp_model *m, cddp_ready_hook hook, void *user);
 
-/* Step events, for observers such as DistributedDataParallel's timeline: the start of
- * cddp_model_forward, and the start and end of an optimizer step on this model. */
+/* Step events, for observers such as DistributedDataParallel (its timeline, and the buffer
+ * broadcast before each forward): the start of cddp_model_forward, and the start and end of an
+ * optimizer step on this model. A custom forward notifies CDDP_EVENT_FORWARD itself first. */
 typedef enum cddp_model_event {
     CDDP_EVENT_FORWARD,
     CDDP_EVENT_OPTIM_BEGIN,

@@ -179,6 +179,17 @@ CDDP_API cddp_tensor *cddp_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel,
  * context's generator; the identity when !training or p == 0. */
 CDDP_API cddp_tensor *cddp_dropout(cddp_ctx *ctx, cddp_tensor *x, float p, bool training);
 
+/* Batch normalisation of x (N,C) or (N,C,H,W) over every dimension but C, as PyTorch's
+ * BatchNorm1d/2d: y = (x - mean) / sqrt(var + eps) * weight + bias (weight and bias (C), either
+ * may be NULL). training: mean and var are the batch's (var biased), and running_mean and
+ * running_var (C, float32, not differentiated; either may be NULL) move toward them by momentum,
+ * the variance unbiased: r = (1 - momentum) r + momentum stat. Otherwise the running statistics
+ * are used and left alone. */
+CDDP_API cddp_tensor *cddp_batch_norm(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *weight,
+                                      cddp_tensor *bias, cddp_tensor *running_mean,
+                                      cddp_tensor *running_var, bool training, float momentum,
+                                      float eps);
+
 /* Index of the largest element along the last dimension (first one on ties) -> int64 tensor
  * with the last dimension removed. Not differentiable. */
 CDDP_API cddp_tensor *cddp_argmax(cddp_ctx *ctx, cddp_tensor *x);

@@ -273,6 +273,41 @@ static void node_backward(cddp_ctx *ctx, cddp__node *n) {
         }
         break;
     }
+    case CDDP_OP_BATCH_NORM: {
+        /* With xh = (x - mean) inv and y = g xh + b, per channel over its M values:
+         * db = sum dy, dg = sum dy xh; in training (mean and inv depend on x)
+         * dx = g inv (dy - sum(dy) / M - xh sum(dy xh) / M), in evaluation dx = g inv dy. */
+        cddp_tensor *g = n->in[1], *b = n->in[2];
+        int64_t N = x->shape[0], C = x->shape[1];
+        int64_t plane = x->ndim == 4 ? x->shape[2] * x->shape[3] : 1, M = N * plane;
+        const float *stats = n->saved, *xd = cddp_f32(x);
+        float *gg = g && g->requires_grad ? cddp__ensure_grad(ctx, g) : NULL;
+        float *gb = b && b->requires_grad ? cddp__ensure_grad(ctx, b) : NULL;
+        if (CDDP__FAILED(ctx)) return;
+        for (int64_t c = 0; c < C; c++) {
+            float m = stats[c], inv = stats[C + c], gc = g ? cddp_f32(g)[c] : 1.0f;
+            double sdy = 0.0, sdyxh = 0.0;
+            for (int64_t s = 0; s < N; s++) {
+                const float *p = xd + (s * C + c) * plane, *d = dy + (s * C + c) * plane;
+                for (int64_t i = 0; i < plane; i++) {
+                    sdy += d[i];
+                    sdyxh += d[i] * (p[i] - m) * inv;
+                }
+            }
+            if (gb) gb[c] += (float)sdy;
+            if (gg) gg[c] += (float)sdyxh;
+            if (!dx) continue;
+            float k = gc * inv, mdy = n->arg.training ? (float)(sdy / (double)M) : 0.0f;
+            float mdyxh = n->arg.training ? (float)(sdyxh / (double)M) : 0.0f;
+            for (int64_t s = 0; s < N; s++) {
+                const float *p = xd + (s * C + c) * plane, *d = dy + (s * C + c) * plane;
+                float *q = dx + (s * C + c) * plane;
+                for (int64_t i = 0; i < plane; i++)
+                    q[i] += k * (d[i] - mdy - (p[i] - m) * inv * mdyxh);
+            }
+        }
+        break;
+    }
     case CDDP_OP_MAX_POOL2D: {
         /* Each window's gradient goes to the element that was its maximum. */
         if (!dx) break;

@@ -30,6 +30,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -916,6 +917,7 @@ cddp_comm_work *cddp_comm_barrier_async(cddp_comm *c, double timeout_s, cddp_err
 
 void cddp_comm_abort(cddp_comm *c, const char *reason) {
     if (!c) return;
+    atomic_fetch_add(&c->aborting, 1);
     if (!reason || !*reason) reason = "cddp_comm_abort was called";
     pthread_mutex_lock(&c->mu);
     if (!atomic_load(&c->aborted)) snprintf(c->abort_reason, sizeof c->abort_reason, "%s", reason);
@@ -931,6 +933,7 @@ void cddp_comm_abort(cddp_comm *c, const char *reason) {
     if (c->backend == BACKEND_TCP) cddp__tcp_abort(c, reason);
     if (c->host) cddp_comm_abort(c->host, reason);
     if (c->backend == BACKEND_MPI) cddp__mpi_abort(c);
+    atomic_fetch_sub(&c->aborting, 1);
 }
 
 /* ---- the group --------------------------------------------------------------------------- */
@@ -1230,6 +1233,9 @@ out:
 
 void cddp_comm_destroy(cddp_comm *c) {
     if (!c) return;
+    /* An abort from another thread that this rank's calls already failed on may still be telling
+     * the peers: it finishes first. */
+    while (atomic_load(&c->aborting)) sched_yield();
     cddp__comm_work_fini(c);
     if (c->backend == BACKEND_MPI) cddp__mpi_finalize(c);
     cddp__tcp_close(c);

@@ -144,6 +144,7 @@ struct cddp_comm {
     bool mpi_owner; /* this group initialised MPI and finalises it */
     /* abort, from any thread: the flag is read by waits, the reason under mu */
     _Atomic int aborted;
+    _Atomic int aborting; /* cddp_comm_abort calls under way (destroy waits for them) */
     char abort_reason[320];
     /* async work (work.c): one thread runs queued calls in issue order; a blocking call runs
      * on its caller once the queue is empty and the thread idle. All under mu. */

@@ -39,6 +39,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,7 +71,7 @@ struct cddp__tcp {
     notice *notes;       /* each peer's notice, as it arrives */
     size_t *noted;       /* bytes of it so far */
     struct pollfd *pfd;  /* 3 per rank: sends, receives, control connections */
-    _Atomic int told;    /* this rank's notice went out */
+    _Atomic int told;    /* this rank's notice: 0 not yet, 1 going out, 2 out */
     fingerprint pending; /* the running collective's (a small allreduce sends it with its data) */
     uint8_t *scratch;
     size_t scratch_size, chunk, small;
@@ -108,8 +109,14 @@ static int connect_lower(cddp_comm *c, cddp_store *st, int r, double deadline, c
     for (int ch = CH_DATA; ch <= CH_CONTROL && rc == CDDP_OK; ch++) {
         int *fd = ch == CH_DATA ? &t->data[r] : &t->control[r];
         if ((rc = cddp__net_connect(host, port, NULL, deadline, fd, err)) != CDDP_OK) break;
-        hello h = {TCP_MAGIC, c->rank, ch, (int)getpid(), 0};
+        hello h = {TCP_MAGIC, c->rank, ch, (int)getpid(), 0}, back;
         rc = cddp__net_write_all(*fd, &h, sizeof h, deadline, err);
+        /* The peer answers with its own, for its pid. */
+        if (rc == CDDP_OK) rc = cddp__net_read_all(*fd, &back, sizeof back, deadline, err);
+        if (rc == CDDP_OK && (back.magic != TCP_MAGIC || back.rank != r))
+            rc = cddp_error_set(err, CDDP_EIO, "%s:%d answered as something else than rank %d",
+                                host, port, r);
+        t->pid[r] = back.pid;
     }
     cddp_free(v);
     return rc;
@@ -137,7 +144,9 @@ static int accept_higher(cddp_comm *c, int listen_fd, const char *addr, int port
         if (cddp__net_read_all(fd, &h, sizeof h, soon, NULL) == CDDP_OK && h.magic == TCP_MAGIC &&
             h.rank > me && h.rank < W && (h.channel == CH_DATA || h.channel == CH_CONTROL))
             slot = h.channel == CH_DATA ? &t->data[h.rank] : &t->control[h.rank];
-        if (!slot || *slot >= 0) {
+        hello back = {TCP_MAGIC, me, h.channel, (int)getpid(), 0};
+        if (!slot || *slot >= 0 ||
+            cddp__net_write_all(fd, &back, sizeof back, soon, NULL) != CDDP_OK) {
             close(fd);
             continue;
         }
@@ -189,7 +198,8 @@ int cddp__tcp_setup(cddp_comm *c, cddp_store *st, double deadline, cddp_error *e
 /* Sends this rank's notice to every peer, once: the first of abort, failure or leaving counts. */
 static void tell(cddp_comm *c, int kind, const char *why) {
     struct cddp__tcp *t = c->tcp;
-    if (!t || atomic_exchange(&t->told, 1)) return;
+    int none = 0;
+    if (!t || !atomic_compare_exchange_strong(&t->told, &none, 1)) return;
     notice n = {TCP_MAGIC, kind, 0, {0}};
     int skip = 0; /* the "rank N: " the error starts with: the peers name this rank themselves */
     sscanf(why, "rank %*d: %n", &skip);
@@ -201,6 +211,7 @@ static void tell(cddp_comm *c, int kind, const char *why) {
                 cddp_log(CDDP_LOG_DEBUG, "comm", "could not tell rank %d: %s", r, strerror(errno));
             shutdown(t->control[r], SHUT_WR);
         }
+    atomic_store(&t->told, 2);
 }
 
 void cddp__tcp_abort(cddp_comm *c, const char *reason) {
@@ -212,6 +223,13 @@ void cddp__tcp_failed(cddp_comm *c) {
     /* This host's ranks may be waiting for this one in shared memory, which the notice does
      * not reach: they learn of it from the host group's abort. */
     if (c->host && !atomic_load(&c->host->aborted)) cddp_comm_abort(c->host, c->failed.msg);
+}
+
+/* An abort of this group on this rank (cddp_comm_abort, from any thread) fails the call. */
+static int aborted_here(cddp_comm *c, cddp_error *err) {
+    if (!atomic_load(&c->aborted)) return CDDP_OK;
+    return cddp__comm_fail(c, err, CDDP_EIO, "the group was aborted on this rank: %s",
+                           c->abort_reason);
 }
 
 /* Reads what peer r's control connection holds so far; returns its state. */
@@ -263,6 +281,7 @@ static int peer_failure(cddp_comm *c, int r, const char *what, cddp_error *err) 
  * CDDP_OK when there is none. */
 static int check_peers(cddp_comm *c, const char *what, bool settled, cddp_error *err) {
     struct cddp__tcp *t = c->tcp;
+    CDDP_TRY(aborted_here(c, err)); /* the peers may be failing because of it */
     static const int severity[] = {[PEER_FAILED] = 1, [PEER_ABORTED] = 2, [PEER_DIED] = 3};
     int worst = -1;
     for (int r = 0; r < c->world; r++) {
@@ -294,6 +313,7 @@ static int check_peers(cddp_comm *c, const char *what, bool settled, cddp_error 
 /* Peer r closed its data connection: waits a moment for its notice, then names the cause. */
 static int peer_closed(cddp_comm *c, int r, const char *what, cddp_error *err) {
     struct cddp__tcp *t = c->tcp;
+    CDDP_TRY(aborted_here(c, err));
     double until = cddp_now_s() + 1.0;
     while (peer_state(c, r) == PEER_LIVE && cddp_now_s() < until) {
         struct pollfd pf = {t->control[r], POLLIN, 0};
@@ -354,9 +374,7 @@ static int move_some(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, bool 
         }
         if (!left || (until_received && !receives_left(in, nin))) return CDDP_OK;
         if (progress) continue;
-        if (atomic_load(&c->aborted))
-            return cddp__comm_fail(c, err, CDDP_EIO, "the group was aborted on this rank: %s",
-                                   c->abort_reason);
+        CDDP_TRY(aborted_here(c, err));
         int np = 0, waiting_for = -1;
         for (int i = 0; i < nout; i++)
             if (out[i].done < out[i].n) {
@@ -598,9 +616,7 @@ static int small_allreduce(cddp_comm *c, const coll *a, double deadline, cddp_er
  * own error, whose ranks are local ranks. */
 static int host_failure(cddp_comm *c, const cddp_error *e, cddp_error *err) {
     struct cddp__tcp *t = c->tcp;
-    if (atomic_load(&c->aborted))
-        return cddp__comm_fail(c, err, CDDP_EIO, "the group was aborted on this rank: %s",
-                               c->abort_reason);
+    CDDP_TRY(aborted_here(c, err));
     for (double until = cddp_now_s() + 1.0; cddp_now_s() < until;) {
         CDDP_TRY(check_peers(c, "collective", false, err));
         int np = 0;
@@ -786,6 +802,8 @@ void cddp__tcp_close(cddp_comm *c) {
     if (!t) return;
     if (t->data && t->control) {
         tell(c, PEER_LEFT, "");
+        while (atomic_load(&t->told) != 2) /* another thread's abort is telling the peers */
+            sched_yield();
         uint8_t sink[4096];
         for (int r = 0; r < c->world; r++) {
             int fds[2] = {t->data[r], t->control[r]};

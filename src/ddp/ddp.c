@@ -478,12 +478,27 @@ static int finish(void *user, cddp_ctx *ctx, cddp_error *err) {
     return rc;
 }
 
+/* Every rank takes rank src's buffers (BatchNorm's running statistics, ...), unless the wrapper
+ * was told not to; nothing when the model has none. */
+static int sync_buffers(cddp_ddp *d, int src, cddp_error *err) {
+    size_t n = cddp_model_buffer_numel(d->model);
+    if (n == 0 || d->o.no_broadcast_buffers) return CDDP_OK;
+    return cddp_comm_broadcast(d->group, cddp_model_buffer_data(d->model), (int64_t)n,
+                               CDDP_COMM_F32, src, timeout_of(d), err);
+}
+
 /* ---- statistics and timeline ------------------------------------------------------------- */
 
 static void on_event(void *user, cddp_model *m, cddp_model_event ev) {
-    (void)m;
     cddp_ddp *d = user;
     double now = cddp_now_s();
+    /* Before a forward in training mode (the one that a synchronised backward follows), rank 0's
+     * buffers go to everyone, as PyTorch's broadcast_buffers does. A failure is reported by the
+     * backward. */
+    if (ev == CDDP_EVENT_FORWARD && cddp_model_training(m) && !d->no_sync && !d->joined) {
+        cddp_error e = {0};
+        if (sync_buffers(d, 0, &e) != CDDP_OK && !d->hook_err.code) d->hook_err = e;
+    }
     if (ev == CDDP_EVENT_FORWARD)
         d->t_forward = now;
     else if (ev == CDDP_EVENT_OPTIM_BEGIN)
@@ -540,9 +555,9 @@ static void write_timeline(cddp_ddp *d) {
 
 /* What every rank must agree on. */
 typedef struct wrap_rec {
-    int64_t nparams, numel;
+    int64_t nparams, numel, nbuffers;
     double bucket_cap_mb;
-    int32_t sum, find_unused, hook, join, join_throw, pad;
+    int32_t sum, find_unused, hook, join, join_throw, no_broadcast_buffers;
 } wrap_rec;
 
 typedef struct param_rec {
@@ -559,18 +574,13 @@ static const char *hook_name(int h) {
 static int agree(cddp_ddp *d, cddp_error *err) {
     cddp_model *m = d->model;
     int W = d->world, rc = CDDP_OK;
-    wrap_rec mine = {d->nparams,
-                     (int64_t)cddp_model_numel(m),
-                     d->o.bucket_cap_mb,
-                     d->o.sum,
-                     d->o.find_unused_parameters,
-                     d->o.hook,
-                     d->o.join,
-                     d->o.join_throw,
-                     0};
+    int nb = cddp_model_num_buffers(m), nrec = d->nparams + nb; /* parameters, then buffers */
+    wrap_rec mine = {d->nparams,      (int64_t)cddp_model_numel(m), nb,        d->o.bucket_cap_mb,
+                     d->o.sum,        d->o.find_unused_parameters,  d->o.hook, d->o.join,
+                     d->o.join_throw, d->o.no_broadcast_buffers};
     wrap_rec *all = cddp_calloc((size_t)W, sizeof *all);
-    param_rec *pm = cddp_calloc((size_t)d->nparams + 1, sizeof *pm);
-    param_rec *pall = cddp_calloc((size_t)W * ((size_t)d->nparams + 1), sizeof *pall);
+    param_rec *pm = cddp_calloc((size_t)nrec + 1, sizeof *pm);
+    param_rec *pall = cddp_calloc((size_t)W * ((size_t)nrec + 1), sizeof *pall);
     if (!all || !pm || !pall) {
         rc = cddp_error_set(err, CDDP_ENOMEM, "out of memory");
         goto out;
@@ -588,6 +598,13 @@ static int agree(cddp_ddp *d, cddp_error *err) {
                                 r, a->nparams, a->numel, z->nparams, z->numel);
             goto out;
         }
+        if (a->nbuffers != z->nbuffers) {
+            rc = cddp_error_set(err, CDDP_ESHAPE,
+                                "DDP: rank %d's model has %" PRId64 " buffers but rank 0's has "
+                                "%" PRId64 "; every rank must build the same model",
+                                r, a->nbuffers, z->nbuffers);
+            goto out;
+        }
 #define SAME(field, name, fmt, conv)                                                               \
     if (a->field != z->field) {                                                                    \
         rc = cddp_error_set(err, CDDP_EINVAL,                                                      \
@@ -603,30 +620,32 @@ static int agree(cddp_ddp *d, cddp_error *err) {
         SAME(hook, "hook", "%s", hook_name)
         SAME(join, "join", "%d", ASIS)
         SAME(join_throw, "join_throw", "%d", ASIS)
+        SAME(no_broadcast_buffers, "no_broadcast_buffers", "%d", ASIS)
 #undef SAME
 #undef ASIS
     }
-    for (int i = 0; i < d->nparams; i++) {
-        const cddp_tensor *t = cddp_model_param(m, i);
+    for (int i = 0; i < nrec; i++) {
+        const cddp_tensor *t =
+            i < d->nparams ? cddp_model_param(m, i) : cddp_model_buffer(m, i - d->nparams);
         snprintf(pm[i].name, sizeof pm[i].name, "%s", t->name);
         pm[i].ndim = t->ndim;
         for (int k = 0; k < t->ndim; k++) pm[i].shape[k] = t->shape[k];
     }
-    int64_t n = (int64_t)(((size_t)d->nparams + 1) * sizeof *pm / 8);
+    int64_t n = (int64_t)(((size_t)nrec + 1) * sizeof *pm / 8);
     CDDP_TRY_GOTO(cddp_comm_allgather(d->group, pm, pall, n, CDDP_COMM_I64, timeout_of(d), err),
                   out);
     for (int r = 1; r < W; r++)
-        for (int i = 0; i < d->nparams; i++) {
-            const param_rec *a = &pall[(size_t)r * ((size_t)d->nparams + 1) + (size_t)i],
-                            *z = &pall[i];
+        for (int i = 0; i < nrec; i++) {
+            const param_rec *a = &pall[(size_t)r * ((size_t)nrec + 1) + (size_t)i], *z = &pall[i];
             if (memcmp(a, z, sizeof *a) == 0) continue;
             char sa[64], sz[64];
             cddp__shape_str((int)a->ndim, a->shape, sa, sizeof sa);
             cddp__shape_str((int)z->ndim, z->shape, sz, sizeof sz);
             rc = cddp_error_set(err, CDDP_ESHAPE,
-                                "DDP: parameter %d differs: rank %d has '%s' %s but rank 0 has "
+                                "DDP: %s %d differs: rank %d has '%s' %s but rank 0 has "
                                 "'%s' %s; every rank must build the same model",
-                                i, r, a->name, sa, z->name, sz);
+                                i < d->nparams ? "parameter" : "buffer",
+                                i < d->nparams ? i : i - d->nparams, r, a->name, sa, z->name, sz);
             goto out;
         }
 out:
@@ -753,6 +772,11 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
     CDDP_TRY_GOTO(cddp_comm_broadcast(group, cddp_model_data(m), (int64_t)cddp_model_numel(m),
                                       CDDP_COMM_F32, 0, timeout_of(d), err),
                   out);
+    if (cddp_model_buffer_numel(m) > 0)
+        CDDP_TRY_GOTO(cddp_comm_broadcast(group, cddp_model_buffer_data(m),
+                                          (int64_t)cddp_model_buffer_numel(m), CDDP_COMM_F32, 0,
+                                          timeout_of(d), err),
+                      out);
     for (int k = 0; k < d->nparams; k++) d->ready_order[k] = d->nparams - 1 - k;
     CDDP_TRY_GOTO(build_buckets(d, d->ready_order, err), out);
     CDDP_TRY_GOTO(place_gradients(d, err), out);
@@ -780,6 +804,8 @@ int cddp_ddp_join(cddp_ddp *d, cddp_error *err) {
     if (d->joined) return CDDP_OK;
     d->joined = true;
     for (;;) {
+        /* The ranks still training broadcast buffers before each forward: shadow that too. */
+        CDDP_TRY(sync_buffers(d, 0, err));
         memset(d->active, 0, sizeof(int32_t) * (size_t)d->world);
         CDDP_TRY(cddp_comm_allreduce(d->group, d->active, d->active, d->world, CDDP_COMM_I32,
                                      CDDP_COMM_SUM, timeout_of(d), err));
@@ -821,9 +847,10 @@ int cddp_ddp_join(cddp_ddp *d, cddp_error *err) {
         if (steps[r] > steps[src]) src = r;
     cddp_free(steps);
     CDDP_TRY(rc);
-    return cddp_comm_broadcast(d->group, cddp_model_data(d->model),
-                               (int64_t)cddp_model_numel(d->model), CDDP_COMM_F32, src,
-                               timeout_of(d), err);
+    CDDP_TRY(cddp_comm_broadcast(d->group, cddp_model_data(d->model),
+                                 (int64_t)cddp_model_numel(d->model), CDDP_COMM_F32, src,
+                                 timeout_of(d), err));
+    return sync_buffers(d, src, err);
 }
 
 int cddp_ddp_barrier(cddp_ddp *d, cddp_error *err) {

@@ -1,9 +1,9 @@
 /* checkpoint.c: model and optimizer state in a safetensors file.
  *
- * Layout: each parameter under its own name; with an optimizer, each state block per parameter
- * as "optim.<state>.<param>" (for example "optim.exp_avg.fc1.weight"), and in the metadata
- * "cddp_format" = "checkpoint-1", "optimizer", "optimizer_steps" and "lr". Loading checks the
- * whole file against the model before it copies anything, and reports every difference at once.
+ * Layout: each parameter and each buffer under its own name; with an optimizer, each state block
+ * per parameter as "optim.<state>.<param>" (for example "optim.exp_avg.fc1.weight"), and in the
+ * metadata "cddp_format" = "checkpoint-1", "optimizer", "optimizer_steps" and "lr". Loading checks
+ * the whole file against the model before it copies anything, and reports every difference at once.
  */
 #include "cddp/checkpoint.h"
 #include "core/internal.h"
@@ -24,7 +24,8 @@ static cddp_st_tensor param_entry(const cddp_tensor *p, const char *name, const 
 int cddp_checkpoint_save(const char *path, const cddp_model *m, const cddp_optim *opt,
                          const char *const *metadata, cddp_error *err) {
     int np = cddp_model_num_params(m), ns = opt ? cddp_optim_num_states(opt) : 0;
-    int n = np * (1 + ns), rc = CDDP_OK, nmeta = 0;
+    int nb = cddp_model_num_buffers(m);
+    int n = np * (1 + ns) + nb, rc = CDDP_OK, nmeta = 0;
     cddp_st_tensor *list = cddp_calloc((size_t)n, sizeof *list);
     char **names = cddp_calloc((size_t)n, sizeof *names);
     while (metadata && metadata[nmeta]) nmeta++;
@@ -49,6 +50,10 @@ int cddp_checkpoint_save(const char *path, const cddp_model *m, const cddp_optim
             snprintf(nm, len, STATE_PREFIX "%s.%s", sname, p->name);
             list[np + s * np + i] = param_entry(p, nm, block + cddp_model_param_offset(m, i));
         }
+    }
+    for (int i = 0; i < nb; i++) {
+        const cddp_tensor *b = cddp_model_buffer(m, i);
+        list[np * (1 + ns) + i] = param_entry(b, b->name, b->data);
     }
     int k = 0;
     meta[k++] = "cddp_format";
@@ -115,13 +120,15 @@ int cddp_checkpoint_load(const char *path, cddp_model *m, cddp_optim *opt, cddp_
     char diff[CDDP_ERROR_MSG_MAX - 128] = "";
     char sname_buf[512];
     int ndiff = 0, np = cddp_model_num_params(m);
-    for (int i = 0; i < np; i++) {
-        const cddp_tensor *p = cddp_model_param(m, i);
+    int nb = cddp_model_num_buffers(m);
+    for (int i = 0; i < np + nb; i++) {
+        const cddp_tensor *p = i < np ? cddp_model_param(m, i) : cddp_model_buffer(m, i - np);
         compare(cddp_safetensors_find(f, p->name), p, p->name, diff, sizeof diff, &ndiff);
     }
     for (int i = 0; i < cddp_safetensors_count(f); i++) {
         const char *name = cddp_safetensors_at(f, i)->name;
-        if (strncmp(name, STATE_PREFIX, strlen(STATE_PREFIX)) != 0 && !cddp_model_find(m, name))
+        if (strncmp(name, STATE_PREFIX, strlen(STATE_PREFIX)) != 0 && !cddp_model_find(m, name) &&
+            !cddp_model_find_buffer(m, name))
             report(diff, sizeof diff, &ndiff, "'%s' is in the file but not in the model", name);
     }
     const char *kind = cddp_safetensors_meta(f, "optimizer");
@@ -153,6 +160,10 @@ int cddp_checkpoint_load(const char *path, cddp_model *m, cddp_optim *opt, cddp_
         return CDDP_ESHAPE;
     }
     /* Everything matches: copy. */
+    for (int i = 0; i < nb; i++) {
+        cddp_tensor *b = cddp_model_buffer(m, i);
+        memcpy(b->data, cddp_safetensors_find(f, b->name)->data, (size_t)b->numel * 4);
+    }
     for (int i = 0; i < np; i++) {
         cddp_tensor *p = cddp_model_param(m, i);
         memcpy(p->data, cddp_safetensors_find(f, p->name)->data, (size_t)p->numel * 4);

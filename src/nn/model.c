@@ -24,13 +24,24 @@ typedef struct param_decl {
 
 typedef struct module_entry {
     cddp_module mod;
-    int weight, bias; /* parameter indices, -1 when absent */
+    int weight, bias;              /* parameter indices, -1 when absent */
+    int running_mean, running_var; /* buffer indices (BatchNorm), -1 when absent */
 } module_entry;
+
+/* The declarations of one kind: parameters or buffers. */
+typedef struct decl_list {
+    param_decl *decls;
+    int n, cap;
+    cddp_tensor *tensors; /* n views, after build */
+    float *data;          /* the flat block */
+    size_t numel;
+} decl_list;
 
 struct cddp_model {
     cddp_error err;
     param_decl *decls;
     int nparams, cap_params;
+    decl_list bufs;
     module_entry *mods;
     int nmods, cap_mods;
     cddp_tensor *params; /* nparams views, after build */
@@ -61,6 +72,10 @@ void cddp_model_destroy(cddp_model *m) {
     if (!m) return;
     for (int i = 0; i < m->nparams; i++) cddp_free(m->decls[i].name);
     cddp_free(m->decls);
+    for (int i = 0; i < m->bufs.n; i++) cddp_free(m->bufs.decls[i].name);
+    cddp_free(m->bufs.decls);
+    cddp_free(m->bufs.tensors);
+    cddp_aligned_free(m->bufs.data);
     cddp_free(m->mods);
     cddp_free(m->params);
     cddp_aligned_free(m->data);
@@ -75,11 +90,14 @@ const char *cddp_model_error(const cddp_model *m) {
 static bool name_taken(const cddp_model *m, const char *name) {
     for (int i = 0; i < m->nparams; i++)
         if (strcmp(m->decls[i].name, name) == 0) return true;
+    for (int i = 0; i < m->bufs.n; i++)
+        if (strcmp(m->bufs.decls[i].name, name) == 0) return true;
     return false;
 }
 
-static int declare(cddp_model *m, const char *name, int ndim, const int64_t *shape, cddp_init init,
-                   int *index) {
+/* Declares a parameter, or a buffer when buffer is true. */
+static int declare_any(cddp_model *m, bool buffer, const char *name, int ndim, const int64_t *shape,
+                       cddp_init init, int *index) {
     if (m->built)
         return cddp_error_set(&m->err, CDDP_ESTATE,
                               "cannot add parameter '%s': the model is already built", name);
@@ -96,14 +114,17 @@ static int declare(cddp_model *m, const char *name, int ndim, const int64_t *sha
                                   name, i, (long long)shape[i]);
         numel *= shape[i];
     }
-    if (m->nparams == m->cap_params) {
-        int cap = m->cap_params ? 2 * m->cap_params : 8;
-        param_decl *d = cddp_realloc(m->decls, (size_t)cap * sizeof *d);
+    param_decl **decls = buffer ? &m->bufs.decls : &m->decls;
+    int *count = buffer ? &m->bufs.n : &m->nparams,
+        *capacity = buffer ? &m->bufs.cap : &m->cap_params;
+    if (*count == *capacity) {
+        int cap = *capacity ? 2 * *capacity : 8;
+        param_decl *d = cddp_realloc(*decls, (size_t)cap * sizeof *d);
         if (!d) return cddp_error_set(&m->err, CDDP_ENOMEM, "out of memory declaring '%s'", name);
-        m->decls = d;
-        m->cap_params = cap;
+        *decls = d;
+        *capacity = cap;
     }
-    param_decl *d = &m->decls[m->nparams];
+    param_decl *d = &(*decls)[*count];
     memset(d, 0, sizeof *d);
     d->name = cddp_strdup(name);
     if (!d->name) return cddp_error_set(&m->err, CDDP_ENOMEM, "out of memory declaring '%s'", name);
@@ -111,9 +132,20 @@ static int declare(cddp_model *m, const char *name, int ndim, const int64_t *sha
     memcpy(d->shape, shape, sizeof(int64_t) * (size_t)ndim);
     d->numel = numel;
     d->init = init;
-    if (index) *index = m->nparams;
-    m->nparams++;
+    if (index) *index = *count;
+    (*count)++;
     return CDDP_OK;
+}
+
+static int declare(cddp_model *m, const char *name, int ndim, const int64_t *shape, cddp_init init,
+                   int *index) {
+    return declare_any(m, false, name, ndim, shape, init, index);
+}
+
+int cddp_model_add_buffer(cddp_model *m, const char *name, int ndim, const int64_t *shape,
+                          float init, int *index) {
+    if (!name) return cddp_error_set(&m->err, CDDP_EINVAL, "a buffer needs a name");
+    return declare_any(m, true, name, ndim, shape, (cddp_init){CDDP_INIT_CONSTANT, init, 0}, index);
 }
 
 int cddp_model_add_param(cddp_model *m, const char *name, int ndim, const int64_t *shape,
@@ -132,7 +164,8 @@ int cddp_model_add(cddp_model *m, const char *name, cddp_module mod) {
         return cddp_error_set(&m->err, CDDP_ESTATE,
                               "cannot add module '%s': the model is already built", name);
     bool has_weight = mod.kind == CDDP_MODULE_LINEAR || mod.kind == CDDP_MODULE_CONV2D;
-    if (has_weight && (mod.in <= 0 || mod.out <= 0))
+    bool norm = mod.kind == CDDP_MODULE_BATCH_NORM;
+    if ((has_weight || norm) && (mod.in <= 0 || mod.out <= 0))
         return cddp_error_set(&m->err, CDDP_EINVAL,
                               "module '%s': in=%lld and out=%lld must be "
                               "positive",
@@ -143,6 +176,12 @@ int cddp_model_add(cddp_model *m, const char *name, cddp_module mod) {
         return cddp_error_set(&m->err, CDDP_EINVAL,
                               "module '%s': kernel %d, stride %d, padding %d are not valid", name,
                               mod.kernel, mod.stride, mod.padding);
+    if (norm &&
+        (mod.in != mod.out || !(mod.momentum >= 0.0f && mod.momentum <= 1.0f) || !(mod.eps > 0.0f)))
+        return cddp_error_set(&m->err, CDDP_EINVAL,
+                              "module '%s': batch norm of %lld features, momentum %g, eps %g "
+                              "(want in == out, momentum in [0, 1], eps > 0)",
+                              name, (long long)mod.in, (double)mod.momentum, (double)mod.eps);
     if (mod.kind == CDDP_MODULE_DROPOUT && !(mod.p >= 0.0f && mod.p <= 1.0f))
         return cddp_error_set(&m->err, CDDP_EINVAL, "module '%s': dropout p=%g is not in [0, 1]",
                               name, (double)mod.p);
@@ -153,7 +192,21 @@ int cddp_model_add(cddp_model *m, const char *name, cddp_module mod) {
         m->mods = e;
         m->cap_mods = cap;
     }
-    module_entry e = {.mod = mod, .weight = -1, .bias = -1};
+    module_entry e = {.mod = mod, .weight = -1, .bias = -1, .running_mean = -1, .running_var = -1};
+    if (norm) {
+        if (mod.bias) {
+            snprintf(pname, sizeof pname, "%s.weight", name);
+            CDDP_TRY(
+                declare(m, pname, 1, &mod.out, (cddp_init){CDDP_INIT_CONSTANT, 1, 0}, &e.weight));
+            snprintf(pname, sizeof pname, "%s.bias", name);
+            CDDP_TRY(
+                declare(m, pname, 1, &mod.out, (cddp_init){CDDP_INIT_CONSTANT, 0, 0}, &e.bias));
+        }
+        snprintf(pname, sizeof pname, "%s.running_mean", name);
+        CDDP_TRY(cddp_model_add_buffer(m, pname, 1, &mod.out, 0.0f, &e.running_mean));
+        snprintf(pname, sizeof pname, "%s.running_var", name);
+        CDDP_TRY(cddp_model_add_buffer(m, pname, 1, &mod.out, 1.0f, &e.running_var));
+    }
     if (has_weight) {
         /* PyTorch: kaiming_uniform(a = sqrt(5)) for the weight, which is U(-1/sqrt(fan_in),
          * 1/sqrt(fan_in)), and the same bound for the bias. */
@@ -172,13 +225,27 @@ int cddp_model_add(cddp_model *m, const char *name, cddp_module mod) {
     return CDDP_OK;
 }
 
+/* Lays n declarations out back to back; returns the elements they take. */
+static size_t lay_out(param_decl *decls, int n) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        decls[i].offset = total;
+        total += (size_t)decls[i].numel;
+    }
+    return total;
+}
+
+/* The tensor viewing declaration d's range of block. */
+static cddp_tensor view_of(const param_decl *d, float *block) {
+    cddp_tensor t = {.dtype = CDDP_F32, .ndim = d->ndim, .numel = d->numel, .name = d->name};
+    memcpy(t.shape, d->shape, sizeof t.shape);
+    t.data = block + d->offset;
+    return t;
+}
+
 int cddp_model_build(cddp_model *m, uint64_t seed) {
     if (m->built) return cddp_error_set(&m->err, CDDP_ESTATE, "the model is already built");
-    size_t total = 0;
-    for (int i = 0; i < m->nparams; i++) {
-        m->decls[i].offset = total;
-        total += (size_t)m->decls[i].numel;
-    }
+    size_t total = lay_out(m->decls, m->nparams);
     m->params = cddp_calloc((size_t)m->nparams, sizeof *m->params);
     m->data = cddp_aligned_alloc(total * sizeof(float));
     m->grad = cddp_aligned_alloc(total * sizeof(float));
@@ -193,16 +260,23 @@ int cddp_model_build(cddp_model *m, uint64_t seed) {
     }
     m->numel = total;
     memset(m->grad, 0, total * sizeof(float));
+    decl_list *b = &m->bufs;
+    b->numel = lay_out(b->decls, b->n);
+    b->tensors = cddp_calloc((size_t)b->n + 1, sizeof *b->tensors);
+    b->data = cddp_aligned_alloc((b->numel + 1) * sizeof(float));
+    if (!b->tensors || !b->data)
+        return cddp_error_set(&m->err, CDDP_ENOMEM, "cannot allocate %zu buffer elements",
+                              b->numel);
+    for (int i = 0; i < b->n; i++) {
+        b->tensors[i] = view_of(&b->decls[i], b->data);
+        cddp_fill(&b->tensors[i], b->decls[i].init.a);
+    }
     cddp_rng rng;
     cddp_rng_seed(&rng, seed);
     for (int i = 0; i < m->nparams; i++) {
         param_decl *d = &m->decls[i];
         cddp_tensor *t = &m->params[i];
-        t->dtype = CDDP_F32;
-        t->ndim = d->ndim;
-        memcpy(t->shape, d->shape, sizeof t->shape);
-        t->numel = d->numel;
-        t->data = m->data + d->offset;
+        *t = view_of(d, m->data);
         t->grad = m->grad + d->offset;
         t->requires_grad = true;
         t->is_param = true;
@@ -230,6 +304,32 @@ static void check_built(const cddp_model *m) {
 
 int cddp_model_num_params(const cddp_model *m) {
     return m->nparams;
+}
+
+int cddp_model_num_buffers(const cddp_model *m) {
+    return m->bufs.n;
+}
+
+cddp_tensor *cddp_model_buffer(const cddp_model *m, int i) {
+    check_built(m);
+    CDDP_CHECK(i >= 0 && i < m->bufs.n, "buffer index %d out of range (%d buffers)", i, m->bufs.n);
+    return &m->bufs.tensors[i];
+}
+
+cddp_tensor *cddp_model_find_buffer(const cddp_model *m, const char *name) {
+    check_built(m);
+    for (int i = 0; i < m->bufs.n; i++)
+        if (strcmp(m->bufs.decls[i].name, name) == 0) return &m->bufs.tensors[i];
+    return NULL;
+}
+
+size_t cddp_model_buffer_numel(const cddp_model *m) {
+    return m->bufs.numel;
+}
+
+float *cddp_model_buffer_data(const cddp_model *m) {
+    check_built(m);
+    return m->bufs.data;
 }
 
 cddp_tensor *cddp_model_param(const cddp_model *m, int i) {
@@ -333,6 +433,11 @@ cddp_tensor *cddp_model_forward(cddp_model *m, cddp_ctx *ctx, cddp_tensor *x) {
             break;
         case CDDP_MODULE_FLATTEN:
             x = cddp_flatten(ctx, x);
+            break;
+        case CDDP_MODULE_BATCH_NORM:
+            x = cddp_batch_norm(ctx, x, w, b, &m->bufs.tensors[e->running_mean],
+                                &m->bufs.tensors[e->running_var], m->training, e->mod.momentum,
+                                e->mod.eps);
             break;
         }
     }

@@ -33,6 +33,7 @@ typedef enum cddp__op {
     CDDP_OP_CONV2D,
     CDDP_OP_MAX_POOL2D,
     CDDP_OP_DROPOUT,
+    CDDP_OP_BATCH_NORM,
 } cddp__op;
 
 typedef struct cddp__node {
@@ -54,6 +55,7 @@ typedef struct cddp__node {
         struct {
             int kernel, stride, padding;
         } pool;
+        bool training; /* batch_norm: batch statistics (else the running ones) */
     } arg;
     void *saved;
 } cddp__node;

@@ -4,7 +4,7 @@
  * allocates its output in the arena, computes, and records a node when gradients flow through it.
  * What an op saves for backward is chosen so that backward needs no recomputation: softmax-like
  * ops keep their output, cross-entropy its probabilities, conv2d its im2col columns, pooling the
- * index of each window's maximum, dropout its mask.
+ * index of each window's maximum, dropout its mask, batch_norm each channel's mean and 1/std.
  */
 #include "tensor/internal.h"
 
@@ -527,4 +527,75 @@ int64_t cddp_count_correct(const cddp_tensor *logits, const cddp_tensor *labels)
 double cddp_accuracy(const cddp_tensor *logits, const cddp_tensor *labels) {
     int64_t n = logits->ndim >= 1 ? logits->shape[0] : 0;
     return n ? (double)cddp_count_correct(logits, labels) / (double)n : 0.0;
+}
+
+cddp_tensor *cddp_batch_norm(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *weight, cddp_tensor *bias,
+                             cddp_tensor *running_mean, cddp_tensor *running_var, bool training,
+                             float momentum, float eps) {
+    if (FAILED(ctx) || !x) return NULL;
+    need_f32("batch_norm", x);
+    CDDP_CHECK((x->ndim == 2 || x->ndim == 4) && x->shape[0] > 0,
+               "batch_norm needs (N,C) or (N,C,H,W) with N > 0, got %s", SHAPE(x));
+    int64_t N = x->shape[0], C = x->shape[1], plane = x->ndim == 4 ? x->shape[2] * x->shape[3] : 1;
+    int64_t M = N * plane;
+    cddp_tensor *per_c[4] = {weight, bias, running_mean, running_var};
+    for (int i = 0; i < 4; i++)
+        if (per_c[i])
+            CDDP_CHECK(per_c[i]->dtype == CDDP_F32 && per_c[i]->numel == C,
+                       "batch_norm: %s %s does not fit %lld channels",
+                       (const char *[]){"weight", "bias", "running_mean", "running_var"}[i],
+                       SHAPE(per_c[i]), (long long)C);
+    CDDP_CHECK(training || (running_mean && running_var),
+               "batch_norm in evaluation needs the running statistics");
+    CDDP_CHECK(!training || M > 1,
+               "batch_norm in training needs more than one value per "
+               "channel, got %s",
+               SHAPE(x));
+    cddp_tensor *out = cddp_empty(ctx, CDDP_F32, x->ndim, x->shape);
+    float *stats = cddp__ctx_alloc(ctx, 2 * (size_t)C * sizeof(float)); /* mean, 1/std */
+    if (!out || !stats) return NULL;
+    const float *xd = cddp_f32(x);
+    float *y = cddp_f32(out);
+    for (int64_t c = 0; c < C; c++) {
+        double mean, var;
+        if (training) {
+            double s = 0.0, ss = 0.0;
+            for (int64_t n = 0; n < N; n++) {
+                const float *p = xd + (n * C + c) * plane;
+                for (int64_t i = 0; i < plane; i++) s += p[i];
+            }
+            mean = s / (double)M;
+            for (int64_t n = 0; n < N; n++) {
+                const float *p = xd + (n * C + c) * plane;
+                for (int64_t i = 0; i < plane; i++) ss += (p[i] - mean) * (p[i] - mean);
+            }
+            var = ss / (double)M;
+            if (running_mean)
+                cddp_f32(running_mean)[c] =
+                    (1.0f - momentum) * cddp_f32(running_mean)[c] + momentum * (float)mean;
+            if (running_var)
+                cddp_f32(running_var)[c] = (1.0f - momentum) * cddp_f32(running_var)[c] +
+                                           momentum * (float)(ss / (double)(M - 1));
+        } else {
+            mean = cddp_f32(running_mean)[c];
+            var = cddp_f32(running_var)[c];
+        }
+        float m = (float)mean, inv = (float)(1.0 / sqrt(var + (double)eps));
+        stats[c] = m;
+        stats[C + c] = inv;
+        float g = weight ? cddp_f32(weight)[c] : 1.0f, b = bias ? cddp_f32(bias)[c] : 0.0f;
+        for (int64_t n = 0; n < N; n++) {
+            const float *p = xd + (n * C + c) * plane;
+            float *q = y + (n * C + c) * plane;
+            for (int64_t i = 0; i < plane; i++) q[i] = (p[i] - m) * inv * g + b;
+        }
+    }
+    cddp_tensor *in[3] = {x, weight, bias};
+    cddp__node *node;
+    if (!record(ctx, CDDP_OP_BATCH_NORM, out, 3, in, &node)) return NULL;
+    if (node) {
+        node->arg.training = training;
+        node->saved = stats;
+    }
+    return out;
 }

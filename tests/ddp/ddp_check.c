@@ -16,6 +16,12 @@
  *   ddp_check mismatch shape|option   rank 1 wraps another model / other options
  *   ddp_check resume DIR              3 steps, save on rank 0, load everywhere, 3 more = 6
  *                                     uninterrupted steps, bit for bit
+ *   ddp_check buffers [off]           a BatchNorm model: rank 0's running statistics reach every
+ *                                     rank at wrap and before each training forward (with off:
+ *                                     only at wrap), then each rank updates them from its batch
+ *   ddp_check buffers join            the BatchNorm model, rank i has 3 + i batches: join shadows
+ *                                     the buffer broadcasts too; every rank ends with the buffers
+ *                                     of the rank that trained longest
  * Prints "ok: ..." and exits 0 when every check holds on this rank; exits 1 saying why.
  */
 #include <cddp/cddp.h>
@@ -39,7 +45,7 @@ static int rank, world;
 
 /* ---- models and data --------------------------------------------------------------------- */
 
-typedef enum { MLP, CNN, CUSTOM } kind;
+typedef enum { MLP, CNN, CUSTOM, NORM } kind;
 static int in_features(kind k) {
     return k == CNN ? 64 : D;
 }
@@ -53,6 +59,9 @@ static cddp_model *make_model(kind k, uint64_t seed, bool odd) {
         rc |= cddp_model_add(m, "fc2", cddp_nn_linear(odd ? 7 : 16, 16));
         rc |= cddp_model_add(m, "relu2", cddp_nn_relu());
         rc |= cddp_model_add(m, "fc3", cddp_nn_linear(16, O));
+    } else if (k == NORM) {
+        rc |= cddp_model_add(m, "bn", cddp_nn_batch_norm(D));
+        rc |= cddp_model_add(m, "fc", cddp_nn_linear(D, O));
     } else if (k == CNN) {
         rc |= cddp_model_add(m, "conv1", cddp_nn_conv2d(1, 4, 3, 1, 1));
         rc |= cddp_model_add(m, "relu1", cddp_nn_relu());
@@ -158,6 +167,90 @@ static void release(cddp_ctx *ctx, cddp_optim *om, cddp_optim *oref, cddp_ddp *d
 }
 
 /* ---- modes ------------------------------------------------------------------------------- */
+
+/* Uneven inputs with buffers: the joined ranks shadow the buffer broadcast of every step. */
+static int buffers_join(cddp_comm *g) {
+    cddp_model *m = make_model(NORM, 1, false);
+    cddp_ddp *d = wrap(m, g, (cddp_ddp_options){.join = true});
+    cddp_optim *om = sgd(m);
+    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_error err = {0};
+    for (int s = 0; s < 3 + rank; s++) {
+        cddp_model_zero_grad(m);
+        cddp_ctx_reset(ctx);
+        backward(ctx, loss_of(ctx, m, NORM, s, (int64_t)rank * B, B, false), "ddp");
+        cddp_optim_step(om);
+    }
+    if (cddp_ddp_join(d, &err) != CDDP_OK) FAIL("join: %s", err.msg);
+    int nb = (int)cddp_model_buffer_numel(m);
+    float *all = malloc(sizeof(float) * (size_t)(nb * world));
+    if (cddp_comm_allgather(g, cddp_model_buffer_data(m), all, nb, CDDP_COMM_F32, 30, &err))
+        FAIL("allgather: %s", err.msg);
+    for (int r = 0; r < world; r++)
+        if (memcmp(all + r * nb, all + (world - 1) * nb, sizeof(float) * (size_t)nb) != 0)
+            FAIL("after join, rank %d's buffers differ from rank %d's (which trained longest)", r,
+                 world - 1);
+    printf("ok: rank %d of %d: %d batches with buffers, joined; every rank has rank %d's buffers\n",
+           rank, world, 3 + rank, world - 1);
+    free(all);
+    release(ctx, om, NULL, d, m, NULL);
+    return 0;
+}
+
+/* BatchNorm's buffers: every rank starts from its own running statistics (rank + 1), which the
+ * wrap replaces with rank 0's; each step, this rank's running statistics must be the momentum
+ * update, from this rank's batch, of rank 0's values before the step (broadcast) or of its own
+ * (off). Every value is checked against one computed here in double. */
+static int buffers(cddp_comm *g, bool off) {
+    cddp_model *m = make_model(NORM, 1, false);
+    int nb = (int)cddp_model_buffer_numel(m); /* running_mean (D), running_var (D) */
+    float *buf = cddp_model_buffer_data(m);
+    for (int i = 0; i < D; i++) buf[i] = (float)(rank + 1);
+    cddp_ddp *d = wrap(m, g, (cddp_ddp_options){.no_broadcast_buffers = off});
+    for (int i = 0; i < D; i++)
+        if (buf[i] != 1.0f) FAIL("after wrap, running_mean[%d] = %g, not rank 0's 1", i, buf[i]);
+    cddp_optim *om = sgd(m);
+    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    float *all = malloc(sizeof(float) * (size_t)(nb * world)), x[D];
+    cddp_error err = {0};
+    int differ = 0;
+    for (int s = 0; s < STEPS; s++) {
+        if (cddp_comm_allgather(g, buf, all, nb, CDDP_COMM_F32, 30, &err) != CDDP_OK)
+            FAIL("allgather: %s", err.msg);
+        for (int r = 1; r < world; r++)
+            differ += memcmp(all, all + r * nb, sizeof(float) * (size_t)nb) != 0;
+        const float *from = off ? buf : all; /* rank 0's block comes first */
+        double want[2 * D];
+        for (int i = 0; i < D; i++) {
+            double sum = 0, sq = 0;
+            for (int64_t j = 0; j < B; j++) {
+                int64_t label;
+                sample(s, (int64_t)rank * B + j, x, D, &label);
+                sum += x[i];
+                sq += (double)x[i] * x[i];
+            }
+            double mean = sum / B, var = (sq - B * mean * mean) / (B - 1);
+            want[i] = 0.9 * from[i] + 0.1 * mean;
+            want[D + i] = 0.9 * from[D + i] + 0.1 * var;
+        }
+        cddp_model_zero_grad(m);
+        cddp_ctx_reset(ctx);
+        backward(ctx, loss_of(ctx, m, NORM, s, (int64_t)rank * B, B, false), "ddp");
+        cddp_optim_step(om);
+        for (int i = 0; i < 2 * D; i++)
+            if (fabs(buf[i] - want[i]) > 1e-5 * fmax(1.0, fabs(want[i])))
+                FAIL("step %d: %s[%d] = %.7g, want %.7g (the update of %s)", s + 1,
+                     i < D ? "running_mean" : "running_var", i % D, buf[i], want[i],
+                     off ? "this rank's own" : "rank 0's broadcast");
+    }
+    if (world > 1 && differ == 0)
+        FAIL("the ranks' buffers never differed before a step: the check proves nothing");
+    printf("ok: rank %d of %d: BatchNorm buffers %s over %d steps\n", rank, world,
+           off ? "kept per rank" : "broadcast from rank 0 before each forward", STEPS);
+    free(all);
+    release(ctx, om, NULL, d, m, NULL);
+    return 0;
+}
 
 /* DDP on slices vs the reference on the whole batch; accumulate micro-steps with no_sync. */
 static int equal(cddp_comm *g, kind k, double cap_mb, int accumulate) {
@@ -410,7 +503,8 @@ static int resume(cddp_comm *g, const char *dir) {
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: ddp_check equal mlp|cnn [CAP_MB] | nosync | sum | unused | "
-                        "unused_noflag | join | join_throw | mismatch shape|option | resume DIR\n");
+                        "unused_noflag | join | join_throw | mismatch shape|option | resume DIR | "
+                        "buffers [off|join]\n");
         return 2;
     }
     cddp_error err = {0};
@@ -434,6 +528,10 @@ int main(int argc, char **argv) {
         status = mismatch(g, argv[2]);
     else if (!strcmp(mode, "resume") && argc > 2)
         status = resume(g, argv[2]);
+    else if (!strcmp(mode, "buffers") && argc > 2 && !strcmp(argv[2], "join"))
+        status = buffers_join(g);
+    else if (!strcmp(mode, "buffers"))
+        status = buffers(g, argc > 2 && !strcmp(argv[2], "off"));
     else
         FAIL("unknown mode %s", mode);
     cddp_comm_destroy(g);
