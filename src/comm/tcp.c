@@ -7,7 +7,8 @@
  *
  *   - a data connection, for the collectives' bytes: non-blocking, TCP_NODELAY, 4 MiB buffers,
  *     every transfer a loop that sends and receives at once (full duplex) with the collective's
- *     deadline;
+ *     deadline, retrying for 20 us when stuck (the answer is usually that close) before it
+ *     sleeps in poll;
  *   - a control connection, for one notice: this rank aborted the group (and why), failed (and
  *     with which error), or left it (cddp_comm_destroy). A rank that dies sends none, so its
  *     peers read end-of-file with no notice: it died. A transfer that cannot progress watches
@@ -47,6 +48,7 @@
 #include <unistd.h>
 
 #define TCP_MAGIC 0x43444450544350ull /* "CDDPTCP" */
+#define SPIN_S    20e-6 /* a transfer that cannot progress retries this long before it polls */
 
 enum { CH_DATA, CH_CONTROL };
 /* What a peer's control connection said: nothing yet, or its one notice, or end-of-file. */
@@ -349,6 +351,7 @@ static bool receives_left(const xfer *in, int nin) {
 static int move_some(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, bool until_received,
                      const char *what, double deadline, cddp_error *err) {
     struct cddp__tcp *t = c->tcp;
+    double spin_start = 0;
     for (;;) {
         bool progress = false, left = false;
         for (int i = 0; i < nout; i++) {
@@ -373,7 +376,16 @@ static int move_some(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, bool 
             left |= x->done < x->n;
         }
         if (!left || (until_received && !receives_left(in, nin))) return CDDP_OK;
-        if (progress) continue;
+        if (progress) {
+            spin_start = 0;
+            continue;
+        }
+        /* The peer is most likely about to answer: retry for a few microseconds before
+         * sleeping in poll (the latency path), as the shared-memory waits do. */
+        double now = cddp_now_s();
+        if (spin_start == 0) spin_start = now;
+        if (now - spin_start < SPIN_S) continue;
+        spin_start = 0;
         CDDP_TRY(aborted_here(c, err));
         int np = 0, waiting_for = -1;
         for (int i = 0; i < nout; i++)
