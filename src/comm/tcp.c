@@ -111,12 +111,12 @@ static int connect_lower(cddp_comm *c, cddp_store *st, int r, double deadline, c
     for (int ch = CH_DATA; ch <= CH_CONTROL && rc == CDDP_OK; ch++) {
         int *fd = ch == CH_DATA ? &t->data[r] : &t->control[r];
         if ((rc = cddp__net_connect(host, port, NULL, deadline, fd, err)) != CDDP_OK) break;
-        hello h = {TCP_MAGIC, c->rank, ch, (int)getpid(), 0}, back;
+        hello h = {TCP_MAGIC, c->rank, ch, (int)getpid(), 0}, back = {0};
         rc = cddp__net_write_all(*fd, &h, sizeof h, deadline, err);
         /* The peer answers with its own, for its pid. */
         if (rc == CDDP_OK) rc = cddp__net_read_all(*fd, &back, sizeof back, deadline, err);
         if (rc == CDDP_OK && (back.magic != TCP_MAGIC || back.rank != r))
-            rc = cddp_error_set(err, CDDP_EIO, "%s:%d answered as something else than rank %d",
+            rc = cddp_error_set(err, CDDP_EIO, "%s:%d answered as something other than rank %d",
                                 host, port, r);
         t->pid[r] = back.pid;
     }
@@ -140,7 +140,7 @@ static int accept_higher(cddp_comm *c, int listen_fd, const char *addr, int port
                 me, got, want, addr, port);
         int fd = accept(listen_fd, NULL, NULL);
         if (fd < 0) continue;
-        hello h;
+        hello h = {0};
         double soon = CDDP_MIN(deadline, cddp_now_s() + 5);
         int *slot = NULL;
         if (cddp__net_read_all(fd, &h, sizeof h, soon, NULL) == CDDP_OK && h.magic == TCP_MAGIC &&
