@@ -124,20 +124,41 @@ static void relax(void) {
 #endif
 }
 
+int cddp__comm_aborted_here(cddp_comm *c, cddp_error *err) {
+    if (!atomic_load_explicit(&c->aborted, memory_order_acquire)) return CDDP_OK;
+    char why[sizeof c->abort_reason];
+    pthread_mutex_lock(&c->mu);
+    memcpy(why, c->abort_reason, sizeof why);
+    pthread_mutex_unlock(&c->mu);
+    return cddp__comm_fail(c, err, CDDP_EIO, "the group was aborted on this rank: %s", why);
+}
+
+int cddp__comm_peer_aborted(cddp_comm *c, cddp_error *err, int who, const char *why) {
+    return cddp__comm_fail(c, err, CDDP_EIO, "rank %d aborted the group: %.319s", who, why);
+}
+
+int cddp__comm_peer_died(cddp_comm *c, cddp_error *err, int who, int pid, const char *what,
+                         uint64_t num) {
+    return cddp__comm_fail(c, err, CDDP_EIO,
+                           "rank %d (pid %d) died during %s #%" PRIu64
+                           "; the group is unusable (the launcher's report says why it died)",
+                           who, pid, what, num);
+}
+
+int cddp__comm_timed_out(cddp_comm *c, cddp_error *err, const char *what, uint64_t num, int who) {
+    return cddp__comm_fail(c, err, CDDP_ETIMEDOUT,
+                           "%s #%" PRIu64 " timed out waiting for rank %d (is it stopped, stuck, "
+                           "or calling something else?); raise CDDP_TIMEOUT_S or the call's "
+                           "timeout if it is only slow",
+                           what, num, who);
+}
+
 /* Latches an abort of this group, local (cddp_comm_abort on this rank) or by a peer. */
 static int check_abort(cddp_comm *c, cddp_error *err) {
-    if (atomic_load_explicit(&c->aborted, memory_order_acquire)) {
-        char why[sizeof c->abort_reason];
-        pthread_mutex_lock(&c->mu);
-        memcpy(why, c->abort_reason, sizeof why);
-        pthread_mutex_unlock(&c->mu);
-        return cddp__comm_fail(c, err, CDDP_EIO, "the group was aborted on this rank: %s", why);
-    }
+    CDDP_TRY(cddp__comm_aborted_here(c, err));
     if (!c->seg) return CDDP_OK;
     int who = atomic_load_explicit(&((seg_header *)c->seg)->abort_rank, memory_order_acquire) - 1;
-    if (who >= 0)
-        return cddp__comm_fail(c, err, CDDP_EIO, "rank %d aborted the group: %.319s", who,
-                               ctl_of(c, who)->abort_reason);
+    if (who >= 0) return cddp__comm_peer_aborted(c, err, who, ctl_of(c, who)->abort_reason);
     return CDDP_OK;
 }
 
@@ -191,18 +212,9 @@ static int wait_for(cddp_comm *c, _Atomic uint64_t *a, uint64_t target, int who,
         if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH &&
             atomic_load_explicit(a, memory_order_acquire) < target) {
             CDDP_TRY(check_abort(c, err)); /* it may have aborted the group, then exited */
-            return cddp__comm_fail(c, err, CDDP_EIO,
-                                   "rank %d (pid %d) died during %s #%" PRIu64
-                                   "; the group is unusable (the launcher's report says why it "
-                                   "died)",
-                                   who, (int)pid, what, num);
+            return cddp__comm_peer_died(c, err, who, (int)pid, what, num);
         }
-        if (deadline >= 0 && now > deadline)
-            return cddp__comm_fail(c, err, CDDP_ETIMEDOUT,
-                                   "%s #%" PRIu64 " timed out waiting for rank %d (is it "
-                                   "stopped, stuck, or calling something else?); raise "
-                                   "CDDP_TIMEOUT_S or the call's timeout if it is only slow",
-                                   what, num, who);
+        if (deadline >= 0 && now > deadline) return cddp__comm_timed_out(c, err, what, num, who);
     }
     return CDDP_OK;
 }
@@ -365,22 +377,44 @@ uint16_t cddp__f32_to_f16(float f) {
     return h;
 }
 
+/* dst[i] op= src[i] for n elements of type T (sum and mean add). */
+#define REDUCE_LOOP(T, dst, src, n, op)                                                            \
+    do {                                                                                           \
+        T *d__ = (T *)(dst);                                                                       \
+        const T *s__ = (const T *)(src);                                                           \
+        switch (op) {                                                                              \
+        case CDDP_COMM_SUM:                                                                        \
+        case CDDP_COMM_MEAN:                                                                       \
+            for (int64_t i = 0; i < (n); i++) d__[i] += s__[i];                                    \
+            break;                                                                                 \
+        case CDDP_COMM_PRODUCT:                                                                    \
+            for (int64_t i = 0; i < (n); i++) d__[i] *= s__[i];                                    \
+            break;                                                                                 \
+        case CDDP_COMM_MIN:                                                                        \
+            for (int64_t i = 0; i < (n); i++) d__[i] = s__[i] < d__[i] ? s__[i] : d__[i];          \
+            break;                                                                                 \
+        case CDDP_COMM_MAX:                                                                        \
+            for (int64_t i = 0; i < (n); i++) d__[i] = s__[i] > d__[i] ? s__[i] : d__[i];          \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
 /* dst[i] op= src[i] for n elements of a 4- or 8-byte dtype (16-bit ones are reduced in
  * float32 by their callers). */
 void cddp__comm_combine(cddp_comm_dtype dt, cddp_comm_op op, void *dst, const void *src,
                         int64_t n) {
     switch (dt) {
     case CDDP_COMM_F64:
-        CDDP__REDUCE_LOOP(double, dst, src, n, op);
+        REDUCE_LOOP(double, dst, src, n, op);
         break;
     case CDDP_COMM_I32:
-        CDDP__REDUCE_LOOP(int32_t, dst, src, n, op);
+        REDUCE_LOOP(int32_t, dst, src, n, op);
         break;
     case CDDP_COMM_I64:
-        CDDP__REDUCE_LOOP(int64_t, dst, src, n, op);
+        REDUCE_LOOP(int64_t, dst, src, n, op);
         break;
     default:
-        CDDP__REDUCE_LOOP(float, dst, src, n, op);
+        REDUCE_LOOP(float, dst, src, n, op);
         break;
     }
 }
@@ -409,6 +443,16 @@ void cddp__comm_divide(cddp_comm_dtype dt, void *buf, int64_t n, int W) {
     }
 }
 
+void cddp__comm_widen(cddp_comm_dtype dt, const void *src, float *dst, int64_t n) {
+    float (*to)(uint16_t) = dt == CDDP_COMM_BF16 ? cddp__bf16_to_f32 : cddp__f16_to_f32;
+    for (int64_t i = 0; i < n; i++) dst[i] = to(((const uint16_t *)src)[i]);
+}
+
+void cddp__comm_narrow(cddp_comm_dtype dt, const float *src, void *dst, int64_t n) {
+    uint16_t (*from)(float) = dt == CDDP_COMM_BF16 ? cddp__f32_to_bf16 : cddp__f32_to_f16;
+    for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = from(src[i]);
+}
+
 /* Elements one block of a reduction holds: small enough for L1, so each source is read once
  * from memory and the destination written once. */
 #define RBLOCK 2048
@@ -421,23 +465,18 @@ static void reduce_slice(cddp_comm *c, cddp_comm_dtype dt, cddp_comm_op op, uint
     size_t es = cddp_comm_dtype_size(dt);
     int W = c->world;
     bool half = dt == CDDP_COMM_BF16 || dt == CDDP_COMM_F16;
-    float (*to)(uint16_t) = dt == CDDP_COMM_BF16 ? cddp__bf16_to_f32 : cddp__f16_to_f32;
-    uint16_t (*from)(float) = dt == CDDP_COMM_BF16 ? cddp__f32_to_bf16 : cddp__f32_to_f16;
     for (int64_t at = 0; at < n; at += RBLOCK) {
         int64_t m = CDDP_MIN(RBLOCK, n - at);
         size_t first = (size_t)(lo + at) * es;
         if (half) {
             float *acc = c->acc, *tmp = (float *)c->tmp;
             for (int r = 0; r < W; r++) {
-                const uint16_t *s = (const uint16_t *)(src[r] + first);
-                float *into = r == 0 ? acc : tmp;
-                for (int64_t i = 0; i < m; i++) into[i] = to(s[i]);
-                if (r) CDDP__REDUCE_LOOP(float, acc, tmp, m, op);
+                cddp__comm_widen(dt, src[r] + first, r == 0 ? acc : tmp, m);
+                if (r) cddp__comm_combine(CDDP_COMM_F32, op, acc, tmp, m);
             }
-            if (op == CDDP_COMM_MEAN) MEAN_LOOP(float, acc, m, W);
-            uint16_t *d = (uint16_t *)(dst + (size_t)at * es);
-            for (int64_t i = 0; i < m; i++) d[i] = from(acc[i]);
-            if (dst2) memcpy(dst2 + (size_t)at * es, d, (size_t)m * es);
+            if (op == CDDP_COMM_MEAN) cddp__comm_divide(CDDP_COMM_F32, acc, m, W);
+            cddp__comm_narrow(dt, acc, dst + (size_t)at * es, m);
+            if (dst2) memcpy(dst2 + (size_t)at * es, dst + (size_t)at * es, (size_t)m * es);
             continue;
         }
         uint8_t *acc = c->tmp;

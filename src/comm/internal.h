@@ -182,30 +182,18 @@ uint16_t cddp__f32_to_bf16(float f);
 float cddp__f16_to_f32(uint16_t h);
 uint16_t cddp__f32_to_f16(float f);
 
-/* dst[i] op= src[i] for n elements of type T (sum and mean add). */
-#define CDDP__REDUCE_LOOP(T, dst, src, n, op)                                                      \
-    do {                                                                                           \
-        T *d__ = (T *)(dst);                                                                       \
-        const T *s__ = (const T *)(src);                                                           \
-        switch (op) {                                                                              \
-        case CDDP_COMM_SUM:                                                                        \
-        case CDDP_COMM_MEAN:                                                                       \
-            for (int64_t i = 0; i < (n); i++) d__[i] += s__[i];                                    \
-            break;                                                                                 \
-        case CDDP_COMM_PRODUCT:                                                                    \
-            for (int64_t i = 0; i < (n); i++) d__[i] *= s__[i];                                    \
-            break;                                                                                 \
-        case CDDP_COMM_MIN:                                                                        \
-            for (int64_t i = 0; i < (n); i++) d__[i] = s__[i] < d__[i] ? s__[i] : d__[i];          \
-            break;                                                                                 \
-        case CDDP_COMM_MAX:                                                                        \
-            for (int64_t i = 0; i < (n); i++) d__[i] = s__[i] > d__[i] ? s__[i] : d__[i];          \
-            break;                                                                                 \
-        }                                                                                          \
-    } while (0)
-
 void cddp__comm_combine(cddp_comm_dtype dt, cddp_comm_op op, void *dst, const void *src, int64_t n);
 void cddp__comm_divide(cddp_comm_dtype dt, void *buf, int64_t n, int W);
+/* bfloat16/float16 values to float32, and back (rounded to nearest even). */
+void cddp__comm_widen(cddp_comm_dtype dt, const void *src, float *dst, int64_t n);
+void cddp__comm_narrow(cddp_comm_dtype dt, const float *src, void *dst, int64_t n);
+
+/* The failures every transport reports in the same words (each latches the group). */
+int cddp__comm_aborted_here(cddp_comm *c, cddp_error *err); /* CDDP_OK when not aborted */
+int cddp__comm_peer_aborted(cddp_comm *c, cddp_error *err, int who, const char *why);
+int cddp__comm_peer_died(cddp_comm *c, cddp_error *err, int who, int pid, const char *what,
+                         uint64_t num);
+int cddp__comm_timed_out(cddp_comm *c, cddp_error *err, const char *what, uint64_t num, int who);
 
 /* The TCP transport (comm/tcp.c): a full mesh between the ranks, ring collectives. */
 struct cddp_store;

@@ -66,6 +66,13 @@ typedef struct hello {
     int32_t rank, channel, pid, pad;
 } hello;
 
+/* One transfer to or from a peer: n bytes at buf, done of them moved so far. */
+typedef struct xfer {
+    int peer;
+    uint8_t *buf;
+    size_t n, done;
+} xfer;
+
 struct cddp__tcp {
     int *data, *control; /* per peer; -1 for this rank */
     int *pid;            /* each peer's process id, for the errors */
@@ -73,6 +80,7 @@ struct cddp__tcp {
     notice *notes;       /* each peer's notice, as it arrives */
     size_t *noted;       /* bytes of it so far */
     struct pollfd *pfd;  /* 3 per rank: sends, receives, control connections */
+    xfer *xfers;         /* 2 per rank: all_to_all's sends and receives */
     _Atomic int told;    /* this rank's notice: 0 not yet, 1 going out, 2 out */
     fingerprint pending; /* the running collective's (a small allreduce sends it with its data) */
     uint8_t *scratch;
@@ -168,7 +176,8 @@ int cddp__tcp_setup(cddp_comm *c, cddp_store *st, double deadline, cddp_error *e
         !(t->state = cddp_calloc((size_t)W, sizeof(int))) ||
         !(t->notes = cddp_calloc((size_t)W, sizeof(notice))) ||
         !(t->noted = cddp_calloc((size_t)W, sizeof(size_t))) ||
-        !(t->pfd = cddp_calloc((size_t)W * 3, sizeof(struct pollfd)))) {
+        !(t->pfd = cddp_calloc((size_t)W * 3, sizeof(struct pollfd))) ||
+        !(t->xfers = cddp_calloc((size_t)W * 2, sizeof(xfer)))) {
         if (t) cddp_free(t->control), t->control = NULL; /* nothing for close to close */
         return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
     }
@@ -227,11 +236,14 @@ void cddp__tcp_failed(cddp_comm *c) {
     if (c->host && !atomic_load(&c->host->aborted)) cddp_comm_abort(c->host, c->failed.msg);
 }
 
-/* An abort of this group on this rank (cddp_comm_abort, from any thread) fails the call. */
-static int aborted_here(cddp_comm *c, cddp_error *err) {
-    if (!atomic_load(&c->aborted)) return CDDP_OK;
-    return cddp__comm_fail(c, err, CDDP_EIO, "the group was aborted on this rank: %s",
-                           c->abort_reason);
+/* Appends a poll entry for the control connection of every peer not yet heard from, to t->pfd
+ * from index np; returns the new count. */
+static int watch_controls(const cddp_comm *c, int np) {
+    const struct cddp__tcp *t = c->tcp;
+    for (int r = 0; r < c->world; r++)
+        if (t->control[r] >= 0 && t->state[r] == PEER_LIVE)
+            t->pfd[np++] = (struct pollfd){t->control[r], POLLIN, 0};
+    return np;
 }
 
 /* Reads what peer r's control connection holds so far; returns its state. */
@@ -259,13 +271,9 @@ static int peer_failure(cddp_comm *c, int r, const char *what, cddp_error *err) 
     struct cddp__tcp *t = c->tcp;
     switch (t->state[r]) {
     case PEER_DIED:
-        return cddp__comm_fail(c, err, CDDP_EIO,
-                               "rank %d (pid %d) died during %s #%" PRIu64
-                               "; the group is unusable (the launcher's report says why it died)",
-                               r, t->pid[r], what, c->seq);
+        return cddp__comm_peer_died(c, err, r, t->pid[r], what, c->seq);
     case PEER_ABORTED:
-        return cddp__comm_fail(c, err, CDDP_EIO, "rank %d aborted the group: %.319s", r,
-                               t->notes[r].why);
+        return cddp__comm_peer_aborted(c, err, r, t->notes[r].why);
     case PEER_FAILED:
         return cddp__comm_fail(c, err, CDDP_EIO, "rank %d failed: %.400s", r, t->notes[r].why);
     default: /* PEER_LEFT */
@@ -283,7 +291,7 @@ static int peer_failure(cddp_comm *c, int r, const char *what, cddp_error *err) 
  * CDDP_OK when there is none. */
 static int check_peers(cddp_comm *c, const char *what, bool settled, cddp_error *err) {
     struct cddp__tcp *t = c->tcp;
-    CDDP_TRY(aborted_here(c, err)); /* the peers may be failing because of it */
+    CDDP_TRY(cddp__comm_aborted_here(c, err)); /* the peers may be failing because of it */
     static const int severity[] = {[PEER_FAILED] = 1, [PEER_ABORTED] = 2, [PEER_DIED] = 3};
     int worst = -1;
     for (int r = 0; r < c->world; r++) {
@@ -296,14 +304,12 @@ static int check_peers(cddp_comm *c, const char *what, bool settled, cddp_error 
         /* A peer failed because of something: if a rank died or aborted, its own connections
          * say so within moments, and that is the error to report. */
         for (double until = cddp_now_s() + 0.2; cddp_now_s() < until;) {
-            int np = 0;
             bool root = false;
             for (int r = 0; r < c->world; r++) {
-                if (t->control[r] < 0) continue;
-                int st = peer_state(c, r);
+                int st = t->control[r] < 0 ? PEER_LIVE : peer_state(c, r);
                 root |= st == PEER_DIED || st == PEER_ABORTED;
-                if (st == PEER_LIVE) t->pfd[np++] = (struct pollfd){t->control[r], POLLIN, 0};
             }
+            int np = watch_controls(c, 0);
             if (root || np == 0) break;
             poll(t->pfd, (nfds_t)np, 10);
         }
@@ -315,7 +321,7 @@ static int check_peers(cddp_comm *c, const char *what, bool settled, cddp_error 
 /* Peer r closed its data connection: waits a moment for its notice, then names the cause. */
 static int peer_closed(cddp_comm *c, int r, const char *what, cddp_error *err) {
     struct cddp__tcp *t = c->tcp;
-    CDDP_TRY(aborted_here(c, err));
+    CDDP_TRY(cddp__comm_aborted_here(c, err));
     double until = cddp_now_s() + 1.0;
     while (peer_state(c, r) == PEER_LIVE && cddp_now_s() < until) {
         struct pollfd pf = {t->control[r], POLLIN, 0};
@@ -331,12 +337,6 @@ static int peer_closed(cddp_comm *c, int r, const char *what, cddp_error *err) {
 }
 
 /* ---- moving bytes ------------------------------------------------------------------------ */
-
-typedef struct xfer {
-    int peer;
-    uint8_t *buf;
-    size_t n, done;
-} xfer;
 
 static bool receives_left(const xfer *in, int nin) {
     for (int i = 0; i < nin; i++)
@@ -386,7 +386,7 @@ static int move_some(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, bool 
         if (spin_start == 0) spin_start = now;
         if (now - spin_start < SPIN_S) continue;
         spin_start = 0;
-        CDDP_TRY(aborted_here(c, err));
+        CDDP_TRY(cddp__comm_aborted_here(c, err));
         int np = 0, waiting_for = -1;
         for (int i = 0; i < nout; i++)
             if (out[i].done < out[i].n) {
@@ -399,9 +399,7 @@ static int move_some(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, bool 
                 waiting_for = in[i].peer;
             }
         int first_control = np;
-        for (int r = 0; r < c->world; r++)
-            if (t->control[r] >= 0 && t->state[r] == PEER_LIVE)
-                t->pfd[np++] = (struct pollfd){t->control[r], POLLIN, 0};
+        np = watch_controls(c, np);
         int ms = cddp__net_poll_ms(deadline);
         int pr = poll(t->pfd, (nfds_t)np, ms < 0 || ms > 10 ? 10 : ms);
         if (pr < 0 && errno != EINTR)
@@ -413,11 +411,7 @@ static int move_some(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, bool 
             *(i < first_control ? &data_ready : &control_ready) |= t->pfd[i].revents != 0;
         if (control_ready && !data_ready) CDDP_TRY(check_peers(c, what, false, err));
         if (pr <= 0 && deadline >= 0 && cddp_now_s() > deadline)
-            return cddp__comm_fail(c, err, CDDP_ETIMEDOUT,
-                                   "%s #%" PRIu64 " timed out waiting for rank %d (is it "
-                                   "stopped, stuck, or calling something else?); raise "
-                                   "CDDP_TIMEOUT_S or the call's timeout if it is only slow",
-                                   what, c->seq, waiting_for);
+            return cddp__comm_timed_out(c, err, what, c->seq, waiting_for);
     }
 }
 
@@ -463,9 +457,7 @@ static uint8_t *scratch(cddp_comm *c, size_t bytes) {
 static int all_to_all(cddp_comm *c, uint8_t *all, size_t stride, size_t n, double deadline,
                       cddp_error *err) {
     int W = c->world, me = c->rank;
-    xfer *x = cddp_malloc(sizeof *x * 2 * (size_t)W);
-    if (!x) return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
-    xfer *out = x, *in = x + W - 1;
+    xfer *out = c->tcp->xfers, *in = out + W - 1;
     int k = 0;
     for (int r = 0; r < W; r++)
         if (r != me) {
@@ -483,11 +475,16 @@ static int all_to_all(cddp_comm *c, uint8_t *all, size_t stride, size_t n, doubl
         in[i].done = 0;
     }
     if (rc == CDDP_OK) rc = move(c, out, W - 1, in, W - 1, "collective", deadline, err);
-    cddp_free(x);
     return rc;
 }
 
 /* ---- fingerprints ------------------------------------------------------------------------ */
+
+/* An allreduce small enough for the latency path (small_allreduce). */
+static bool one_hop(const cddp_comm *c, const coll *a) {
+    return a->kind == K_ALLREDUCE &&
+           (size_t)a->count * cddp_comm_dtype_size(a->dtype) <= c->tcp->small;
+}
 
 /* Every rank's fingerprint to every other, checked; except before a small allreduce, which sends
  * it with its data (one hop for both). */
@@ -495,8 +492,7 @@ int cddp__tcp_fingerprints(cddp_comm *c, const coll *a, const fingerprint *mine,
                            cddp_error *err) {
     struct cddp__tcp *t = c->tcp;
     t->pending = *mine;
-    if (a->kind == K_ALLREDUCE && (size_t)a->count * cddp_comm_dtype_size(a->dtype) <= t->small)
-        return CDDP_OK;
+    if (one_hop(c, a)) return CDDP_OK;
     uint8_t *all = scratch(c, HDR * (size_t)c->world);
     if (!all) return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
     memset(all + (size_t)c->rank * HDR, 0, HDR);
@@ -508,17 +504,6 @@ int cddp__tcp_fingerprints(cddp_comm *c, const coll *a, const fingerprint *mine,
 
 static bool is_half(cddp_comm_dtype dt) {
     return dt == CDDP_COMM_BF16 || dt == CDDP_COMM_F16;
-}
-
-/* 16-bit values to float32, and back (rounded to nearest even). */
-static void widen(cddp_comm_dtype dt, const void *src, float *dst, int64_t n) {
-    float (*to)(uint16_t) = dt == CDDP_COMM_BF16 ? cddp__bf16_to_f32 : cddp__f16_to_f32;
-    for (int64_t i = 0; i < n; i++) dst[i] = to(((const uint16_t *)src)[i]);
-}
-
-static void narrow(cddp_comm_dtype dt, const float *src, void *dst, int64_t n) {
-    uint16_t (*from)(float) = dt == CDDP_COMM_BF16 ? cddp__f32_to_bf16 : cddp__f32_to_f16;
-    for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = from(src[i]);
 }
 
 static int64_t seg_lo(int64_t n, int q, int W) {
@@ -607,13 +592,13 @@ static int small_allreduce(cddp_comm *c, const coll *a, double deadline, cddp_er
     uint8_t *first = all + HDR;
     if (half) { /* accumulate in float32, round once */
         float *acc = (float *)(all + stride * (size_t)W), *tmp = acc + a->count;
-        widen(a->dtype, first, acc, a->count);
+        cddp__comm_widen(a->dtype, first, acc, a->count);
         for (int r = 1; r < W; r++) {
-            widen(a->dtype, first + (size_t)r * stride, tmp, a->count);
+            cddp__comm_widen(a->dtype, first + (size_t)r * stride, tmp, a->count);
             cddp__comm_combine(CDDP_COMM_F32, a->op, acc, tmp, a->count);
         }
         if (a->op == CDDP_COMM_MEAN) cddp__comm_divide(CDDP_COMM_F32, acc, a->count, W);
-        narrow(a->dtype, acc, a->recv, a->count);
+        cddp__comm_narrow(a->dtype, acc, a->recv, a->count);
         return CDDP_OK;
     }
     for (int r = 1; r < W; r++)
@@ -628,14 +613,10 @@ static int small_allreduce(cddp_comm *c, const coll *a, double deadline, cddp_er
  * own error, whose ranks are local ranks. */
 static int host_failure(cddp_comm *c, const cddp_error *e, cddp_error *err) {
     struct cddp__tcp *t = c->tcp;
-    CDDP_TRY(aborted_here(c, err));
+    CDDP_TRY(cddp__comm_aborted_here(c, err));
     for (double until = cddp_now_s() + 1.0; cddp_now_s() < until;) {
         CDDP_TRY(check_peers(c, "collective", false, err));
-        int np = 0;
-        for (int r = 0; r < c->world; r++)
-            if (t->control[r] >= 0 && t->state[r] == PEER_LIVE)
-                t->pfd[np++] = (struct pollfd){t->control[r], POLLIN, 0};
-        poll(t->pfd, (nfds_t)np, 10);
+        poll(t->pfd, (nfds_t)watch_controls(c, 0), 10);
     }
     return cddp__comm_fail(c, err, e->code,
                            "in this host's shared memory, whose ranks are numbered 0..%d there "
@@ -677,14 +658,14 @@ static int hierarchical_allreduce(cddp_comm *c, uint8_t *buf, int64_t n, cddp_co
 static int tcp_allreduce(cddp_comm *c, const coll *a, double deadline, cddp_error *err) {
     size_t es = cddp_comm_dtype_size(a->dtype);
     int64_t n = a->count;
-    if ((size_t)n * es <= c->tcp->small) return small_allreduce(c, a, deadline, err);
+    if (one_hop(c, a)) return small_allreduce(c, a, deadline, err);
     uint8_t *buf = a->recv;
     float *wide = NULL;
     cddp_comm_dtype dt = a->dtype;
     if (is_half(dt)) { /* float32 on the wire and in the sums */
         if (!(wide = cddp_aligned_alloc((size_t)n * sizeof(float) + 64)))
             return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
-        widen(dt, a->send, wide, n);
+        cddp__comm_widen(dt, a->send, wide, n);
         buf = (uint8_t *)wide;
         dt = CDDP_COMM_F32;
     } else if (a->send != a->recv) {
@@ -694,7 +675,7 @@ static int tcp_allreduce(cddp_comm *c, const coll *a, double deadline, cddp_erro
     int rc = c->nleaders ? hierarchical_allreduce(c, buf, n, dt, a->op, deadline, err)
                          : ring_allreduce(c, &flat, buf, n, dt, a->op, deadline, err);
     if (wide) {
-        if (rc == CDDP_OK) narrow(a->dtype, wide, a->recv, n);
+        if (rc == CDDP_OK) cddp__comm_narrow(a->dtype, wide, a->recv, n);
         cddp_aligned_free(wide);
     }
     return rc;
@@ -711,7 +692,7 @@ static int tcp_reduce_scatter(cddp_comm *c, const coll *a, double deadline, cddp
     uint8_t *buf = cddp_aligned_alloc((size_t)total * wes + 64);
     if (!buf) return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
     if (half)
-        widen(a->dtype, a->send, (float *)buf, total);
+        cddp__comm_widen(a->dtype, a->send, (float *)buf, total);
     else
         memcpy(buf, a->send, (size_t)total * es);
     cddp_comm_dtype dt = half ? CDDP_COMM_F32 : a->dtype;
@@ -720,7 +701,7 @@ static int tcp_reduce_scatter(cddp_comm *c, const coll *a, double deadline, cddp
     uint8_t *mine = buf + (size_t)(a->count * c->rank) * wes;
     if (rc == CDDP_OK && a->op == CDDP_COMM_MEAN) cddp__comm_divide(dt, mine, a->count, W);
     if (rc == CDDP_OK && half)
-        narrow(a->dtype, (const float *)mine, a->recv, a->count);
+        cddp__comm_narrow(a->dtype, (const float *)mine, a->recv, a->count);
     else if (rc == CDDP_OK)
         memcpy(a->recv, mine, (size_t)a->count * es);
     cddp_aligned_free(buf);
@@ -834,6 +815,7 @@ void cddp__tcp_close(cddp_comm *c) {
     cddp_free(t->notes);
     cddp_free(t->noted);
     cddp_free(t->pfd);
+    cddp_free(t->xfers);
     cddp_aligned_free(t->scratch);
     cddp_free(t);
     c->tcp = NULL;
