@@ -425,8 +425,20 @@ void cddp__comm_combine(cddp_comm_dtype dt, cddp_comm_op op, void *dst, const vo
         for (int64_t i = 0; i < (n); i++) b__[i] /= (T)(W);                                        \
     } while (0)
 
-/* buf[i] /= W for n elements of a 4- or 8-byte dtype (integers: truncated): the mean's end. */
+/* buf[i] /= W for n elements of a 4- or 8-byte dtype (integers: truncated): the mean's end. For
+ * a power of two, a floating-point multiply by 1 / W gives the quotient bit for bit (both are
+ * the exact value, rounded once) at a fraction of a division's cost. */
 void cddp__comm_divide(cddp_comm_dtype dt, void *buf, int64_t n, int W) {
+    if ((W & (W - 1)) == 0 && (dt == CDDP_COMM_F32 || dt == CDDP_COMM_F64)) {
+        if (dt == CDDP_COMM_F64) {
+            double s = 1.0 / W, *b = buf;
+            for (int64_t i = 0; i < n; i++) b[i] *= s;
+        } else {
+            float s = 1.0f / (float)W, *b = buf;
+            for (int64_t i = 0; i < n; i++) b[i] *= s;
+        }
+        return;
+    }
     switch (dt) {
     case CDDP_COMM_F64:
         MEAN_LOOP(double, buf, n, W);
@@ -457,17 +469,26 @@ void cddp__comm_narrow(cddp_comm_dtype dt, const float *src, void *dst, int64_t 
  * from memory and the destination written once. */
 #define RBLOCK 2048
 
-/* Reduces elements [lo, lo + n) of src[0], ..., src[world - 1], in rank order, into dst, and
- * into dst2 too unless it is NULL. dst may be the same range of one of the sources: each block
- * is read whole before it is written. */
+/* acc = (x + y) * s, in one pass: the first step of every float32 sum, and with s = 1/2 the
+ * whole mean of two ranks (DDP's gradients on a pair). */
+static void sum_f32(float *restrict acc, const float *x, const float *y, float s, int64_t n) {
+    if (s == 1.0f)
+        for (int64_t i = 0; i < n; i++) acc[i] = x[i] + y[i];
+    else
+        for (int64_t i = 0; i < n; i++) acc[i] = (x[i] + y[i]) * s;
+}
+
+/* Reduces elements [lo, lo + n) of src[0], ..., src[world - 1], in rank order, into each of the
+ * ndst destinations (dst[k] points at element lo of destination k). A destination may be the
+ * same range of one of the sources: each block is read whole before it is written. */
 static void reduce_slice(cddp_comm *c, cddp_comm_dtype dt, cddp_comm_op op, uint8_t *const *src,
-                         int64_t lo, int64_t n, uint8_t *dst, uint8_t *dst2) {
+                         int64_t lo, int64_t n, uint8_t *const *dst, int ndst) {
     size_t es = cddp_comm_dtype_size(dt);
     int W = c->world;
     bool half = dt == CDDP_COMM_BF16 || dt == CDDP_COMM_F16;
     for (int64_t at = 0; at < n; at += RBLOCK) {
         int64_t m = CDDP_MIN(RBLOCK, n - at);
-        size_t first = (size_t)(lo + at) * es;
+        size_t first = (size_t)(lo + at) * es, bytes = (size_t)m * es;
         if (half) {
             float *acc = c->acc, *tmp = (float *)c->tmp;
             for (int r = 0; r < W; r++) {
@@ -475,16 +496,24 @@ static void reduce_slice(cddp_comm *c, cddp_comm_dtype dt, cddp_comm_op op, uint
                 if (r) cddp__comm_combine(CDDP_COMM_F32, op, acc, tmp, m);
             }
             if (op == CDDP_COMM_MEAN) cddp__comm_divide(CDDP_COMM_F32, acc, m, W);
-            cddp__comm_narrow(dt, acc, dst + (size_t)at * es, m);
-            if (dst2) memcpy(dst2 + (size_t)at * es, dst + (size_t)at * es, (size_t)m * es);
+            cddp__comm_narrow(dt, acc, dst[0] + (size_t)at * es, m);
+            for (int k = 1; k < ndst; k++)
+                memcpy(dst[k] + (size_t)at * es, dst[0] + (size_t)at * es, bytes);
             continue;
         }
         uint8_t *acc = c->tmp;
-        memcpy(acc, src[0] + first, (size_t)m * es);
-        for (int r = 1; r < W; r++) cddp__comm_combine(dt, op, acc, src[r] + first, m);
-        if (op == CDDP_COMM_MEAN) cddp__comm_divide(dt, acc, m, W);
-        memcpy(dst + (size_t)at * es, acc, (size_t)m * es);
-        if (dst2) memcpy(dst2 + (size_t)at * es, acc, (size_t)m * es);
+        if (dt == CDDP_COMM_F32 && (op == CDDP_COMM_SUM || op == CDDP_COMM_MEAN) && W > 1) {
+            bool scaled = op == CDDP_COMM_MEAN && W == 2; /* the mean of 2: a multiply, exact */
+            sum_f32((float *)acc, (const float *)(src[0] + first), (const float *)(src[1] + first),
+                    scaled ? 0.5f : 1.0f, m);
+            for (int r = 2; r < W; r++) cddp__comm_combine(dt, op, acc, src[r] + first, m);
+            if (op == CDDP_COMM_MEAN && !scaled) cddp__comm_divide(dt, acc, m, W);
+        } else {
+            memcpy(acc, src[0] + first, bytes);
+            for (int r = 1; r < W; r++) cddp__comm_combine(dt, op, acc, src[r] + first, m);
+            if (op == CDDP_COMM_MEAN) cddp__comm_divide(dt, acc, m, W);
+        }
+        for (int k = 0; k < ndst; k++) memcpy(dst[k] + (size_t)at * es, acc, bytes);
     }
 }
 
@@ -523,8 +552,8 @@ static int shm_allreduce(cddp_comm *c, const coll *a, double deadline, cddp_erro
         for (int q = 0; q < W; q++) /* so that element lo of source q is element lo of slice */
             c->src[q] = q == me ? (uint8_t *)send + (size_t)off * es
                                 : c->slots[q] + (size_t)me * part - (size_t)lo * es;
-        reduce_slice(c, a->dtype, a->op, c->src, lo, hi - lo, recv + (size_t)(off + lo) * es,
-                     c->slots[me] + (size_t)me * part);
+        uint8_t *dst[2] = {recv + (size_t)(off + lo) * es, c->slots[me] + (size_t)me * part};
+        reduce_slice(c, a->dtype, a->op, c->src, lo, hi - lo, dst, 2);
         CDDP_TRY(sync_all(c, deadline, err));
         for (int q = 0; q < W; q++) {
             int64_t qlo = n * q / W, qhi = n * (q + 1) / W;
@@ -538,24 +567,21 @@ static int shm_allreduce(cddp_comm *c, const coll *a, double deadline, cddp_erro
 
 /* In place in registered memory (every rank's buffer at the same offset of the same
  * registration; begin() has met everyone, so every buffer holds its input): rank r reduces
- * slice r of every rank's buffer straight into its own; barrier; every rank copies slice q from
- * rank q's buffer; barrier (after which no peer reads this rank's buffer any more). Nothing is
- * copied in or out, and the message needs no chunks. */
+ * slice r of every rank's buffer and writes the result into slice r of every rank's buffer;
+ * barrier (after which every buffer holds the whole result and no peer touches this rank's
+ * buffer any more). No rank reads or writes another's slice, so one barrier is enough; nothing
+ * is staged, and the message needs no chunks. */
 static int shm_allreduce_direct(cddp_comm *c, const coll *a, const reg *g, size_t offset,
                                 double deadline, cddp_error *err) {
     size_t es = cddp_comm_dtype_size(a->dtype);
     int W = c->world, me = c->rank;
     int64_t n = a->count;
-    for (int r = 0; r < W; r++) c->src[r] = g->base[r] + offset;
     int64_t lo = n * me / W, hi = n * (me + 1) / W;
-    reduce_slice(c, a->dtype, a->op, c->src, lo, hi - lo, c->src[me] + (size_t)lo * es, NULL);
-    CDDP_TRY(sync_all(c, deadline, err));
-    for (int q = 0; q < W; q++) {
-        if (q == me) continue;
-        int64_t qlo = n * q / W, qhi = n * (q + 1) / W;
-        memcpy(c->src[me] + (size_t)qlo * es, c->src[q] + (size_t)qlo * es,
-               (size_t)(qhi - qlo) * es);
+    for (int r = 0; r < W; r++) {
+        c->src[r] = g->base[r] + offset;
+        c->dst[r] = c->src[r] + (size_t)lo * es;
     }
+    reduce_slice(c, a->dtype, a->op, c->src, lo, hi - lo, c->dst, W);
     return sync_all(c, deadline, err);
 }
 
@@ -571,8 +597,8 @@ static int shm_reduce_scatter(cddp_comm *c, const coll *a, double deadline, cddp
             memcpy(c->slots[me] + (size_t)(q * n) * es,
                    (const uint8_t *)a->send + (size_t)(q * a->count + off) * es, (size_t)n * es);
         CDDP_TRY(sync_all(c, deadline, err));
-        reduce_slice(c, a->dtype, a->op, c->slots, me * n, n, (uint8_t *)a->recv + (size_t)off * es,
-                     NULL);
+        uint8_t *dst = (uint8_t *)a->recv + (size_t)off * es;
+        reduce_slice(c, a->dtype, a->op, c->slots, me * n, n, &dst, 1);
         CDDP_TRY(sync_all(c, deadline, err));
     }
     return CDDP_OK;
@@ -1004,7 +1030,8 @@ static int setup_shm(cddp_comm *c, cddp_store *st, cddp_error *err) {
     c->tmp = cddp_aligned_alloc(RBLOCK * sizeof(double));
     c->slots = cddp_calloc((size_t)c->world, sizeof *c->slots);
     c->src = cddp_calloc((size_t)c->world, sizeof *c->src);
-    if (!c->acc || !c->tmp || !c->slots || !c->src)
+    c->dst = cddp_calloc((size_t)c->world, sizeof *c->dst);
+    if (!c->acc || !c->tmp || !c->slots || !c->src || !c->dst)
         return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
     char name[96], key[64];
     int fd = -1;
@@ -1287,5 +1314,6 @@ void cddp_comm_destroy(cddp_comm *c) {
     cddp_aligned_free(c->tmp);
     cddp_free(c->slots);
     cddp_free(c->src);
+    cddp_free(c->dst);
     cddp_free(c);
 }

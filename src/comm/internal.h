@@ -127,6 +127,7 @@ struct cddp_comm {
     uint8_t *tmp;
     uint8_t **slots; /* slots[r]: rank r's staging slot */
     uint8_t **src;   /* scratch: the sources of one reduction */
+    uint8_t **dst;   /* scratch: its destinations */
     reg regs[MAX_REGS];
     uint64_t nallocs;
     char
