@@ -13,10 +13,11 @@
  * at least 1 MiB (the first) or bucket_cap_mb (the others), as in PyTorch. On the shared-memory
  * transport the gradient block is moved into memory from cddp_comm_alloc, so each bucket's
  * allreduce reads the peers' gradients in place. When every gradient of a bucket is ready, its
- * allreduce is queued on the
- * group's communication thread, always in bucket order, while backward goes on computing the
- * earlier layers. cddp_backward returns once every bucket is reduced. After the first step the
- * buckets are rebuilt in the order rank 0's gradients actually became ready.
+ * allreduce is queued on the group's communication thread, always in bucket order, while
+ * backward goes on computing the earlier layers; when the host has no core to spare for that
+ * thread (as many ranks as cores), the bucket is reduced right there on the training thread
+ * instead (see cddp_ddp_overlap). cddp_backward returns once every bucket is reduced. After the
+ * first step the buckets are rebuilt in the order rank 0's gradients actually became ready.
  *
  * A parameter that gets no gradient in a synchronised backward is an error naming it (on every
  * rank: the rank that saw it aborts the group with that message), unless find_unused_parameters
@@ -47,6 +48,17 @@ typedef enum cddp_ddp_hook {
     CDDP_DDP_HOOK_FP16,
 } cddp_ddp_hook;
 
+/* Where each bucket's allreduce runs while backward goes on. */
+typedef enum cddp_ddp_overlap {
+    CDDP_DDP_OVERLAP_AUTO,   /* CDDP_DDP_OVERLAP, whose default picks: thread when every rank on
+                                this host can have a core for each of its two threads, else inline */
+    CDDP_DDP_OVERLAP_THREAD, /* queued on the group's communication thread, overlapping the
+                                layers backward still computes (needs a core to run on) */
+    CDDP_DDP_OVERLAP_INLINE, /* run on the training thread as soon as the bucket is ready: no
+                                overlap, but no thread switches and no second thread competing
+                                for a core that the ranks' training threads already fill */
+} cddp_ddp_overlap;
+
 /* Zero-initialised options are PyTorch's defaults; see cddp_ddp_defaults. */
 typedef struct cddp_ddp_options {
     double bucket_cap_mb;        /* 0: 25 (the first bucket closes at 1 MiB, as in PyTorch) */
@@ -61,6 +73,7 @@ typedef struct cddp_ddp_options {
                                   default: rank 0's go to every rank before each forward in
                                   training mode (PyTorch's broadcast_buffers=True) */
     double timeout_s;          /* deadline of each collective; 0: the group's */
+    cddp_ddp_overlap overlap;  /* a rank's own choice: ranks may differ */
 } cddp_ddp_options;
 
 typedef struct cddp_ddp cddp_ddp;
@@ -108,14 +121,16 @@ CDDP_API int cddp_ddp_load(cddp_ddp *ddp, const char *path, cddp_optim *opt,
                            cddp_safetensors **file, cddp_error *err);
 
 /* The last synchronised step, in seconds. forward: from cddp_model_forward to backward (0 for
- * models with a hand-written forward); backward: the tape walk; comm: the buckets' allreduces,
- * summed; wait: after the walk, until the last bucket was reduced; overlap: the share of comm
- * hidden behind the walk, 1 - wait / comm. */
+ * models with a hand-written forward); backward: the tape walk (inline: including the
+ * allreduces run inside it); comm: the buckets' allreduces, summed; wait: after the walk, until
+ * the last bucket was reduced; overlap: the share of comm hidden behind the walk, 1 - wait /
+ * comm (0 inline, where nothing is hidden). */
 typedef struct cddp_ddp_stats {
     int64_t steps; /* synchronised backwards so far */
     double forward_s, backward_s, comm_s, wait_s, overlap;
     int buckets;
-    size_t bytes; /* gradient bytes reduced per step */
+    size_t bytes;     /* gradient bytes reduced per step */
+    bool comm_inline; /* the buckets ran on the training thread (CDDP_DDP_OVERLAP_INLINE) */
 } cddp_ddp_stats;
 CDDP_API cddp_ddp_stats cddp_ddp_stats_get(const cddp_ddp *ddp);
 

@@ -10,7 +10,8 @@
  *   first ready hook  queue the end-of-backward callback (finish); with join, queue the
  *                     allreduce of who is still training
  *   each ready hook   count the parameter off its bucket; launch every complete bucket that is
- *                     next in bucket order (launch order is the same on every rank)
+ *                     next in bucket order (launch order is the same on every rank): queued on
+ *                     the communication thread, or, inline, reduced right here
  *   finish            parameters that got no gradient: an error naming them (the group is
  *                     aborted with it, so every rank reports it) or, with find_unused_parameters,
  *                     ready as they are; launch the rest; queue the used-parameter map; wait for
@@ -26,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +45,7 @@ typedef struct bucket {
     float *stage;   /* packed float32 (non-contiguous buckets) */
     uint16_t *half; /* packed 16-bit (compression hooks) */
     cddp_comm_work *work;
+    bool reduced; /* reduced inline, not yet finished */
     double t_start, t_end;
 } bucket;
 
@@ -70,6 +73,7 @@ struct cddp_ddp {
     int *ready_order; /* the first step's order, for the rebuild */
     int nready_order;
     bool rebuilt, no_sync, in_backward, joined;
+    bool inline_comm; /* buckets are reduced on the training thread (CDDP_DDP_OVERLAP_INLINE) */
     int next_launch;
     int32_t *active; /* join: per rank, 1 while it is training */
     cddp_comm_work *active_work, *used_work;
@@ -231,9 +235,11 @@ static float *grad_of(const cddp_ddp *d, int i) {
     return cddp_model_grad(d->model) + cddp_model_param_offset(d->model, i);
 }
 
+/* Starts bucket k's allreduce: queued on the communication thread, or run here and now. */
 static void launch(cddp_ddp *d, int k) {
     bucket *b = &d->buckets[k];
-    cddp_error err = {0};
+    void *buf;
+    cddp_comm_dtype dt = CDDP_COMM_F32;
     cddp_comm_op op = d->o.sum ? CDDP_COMM_SUM : CDDP_COMM_MEAN;
     if (d->o.hook != CDDP_DDP_HOOK_NONE) {
         uint16_t (*to)(float) =
@@ -245,14 +251,11 @@ static void launch(cddp_ddp *d, int k) {
             for (int64_t e = 0; e < n; e++) b->half[at + (size_t)e] = to(g[e]);
             at += (size_t)n;
         }
-        b->work = cddp_comm_allreduce_async(d->group, b->half, b->half, (int64_t)b->numel,
-                                            d->o.hook == CDDP_DDP_HOOK_BF16 ? CDDP_COMM_BF16
-                                                                            : CDDP_COMM_F16,
-                                            CDDP_COMM_SUM, timeout_of(d), &err);
+        buf = b->half;
+        dt = d->o.hook == CDDP_DDP_HOOK_BF16 ? CDDP_COMM_BF16 : CDDP_COMM_F16;
+        op = CDDP_COMM_SUM; /* the mean is applied in float32 when unpacking */
     } else if (b->offset >= 0) {
-        float *g = cddp_model_grad(d->model) + b->offset;
-        b->work = cddp_comm_allreduce_async(d->group, g, g, (int64_t)b->numel, CDDP_COMM_F32, op,
-                                            timeout_of(d), &err);
+        buf = cddp_model_grad(d->model) + b->offset;
     } else {
         size_t at = 0;
         for (int j = 0; j < b->nparams; j++) {
@@ -260,10 +263,20 @@ static void launch(cddp_ddp *d, int k) {
             memcpy(b->stage + at, grad_of(d, b->params[j]), (size_t)n * sizeof(float));
             at += (size_t)n;
         }
-        b->work = cddp_comm_allreduce_async(d->group, b->stage, b->stage, (int64_t)b->numel,
-                                            CDDP_COMM_F32, op, timeout_of(d), &err);
+        buf = b->stage;
     }
-    if (!b->work && !d->hook_err.code) d->hook_err = err;
+    cddp_error err = {0};
+    if (d->inline_comm) {
+        b->t_start = cddp_now_s();
+        int rc =
+            cddp_comm_allreduce(d->group, buf, buf, (int64_t)b->numel, dt, op, timeout_of(d), &err);
+        b->t_end = cddp_now_s();
+        b->reduced = rc == CDDP_OK;
+    } else {
+        b->work = cddp_comm_allreduce_async(d->group, buf, buf, (int64_t)b->numel, dt, op,
+                                            timeout_of(d), &err);
+    }
+    if (!b->work && !b->reduced && !d->hook_err.code) d->hook_err = err;
 }
 
 /* Launches every complete bucket that is next in order. */
@@ -275,11 +288,16 @@ static void launch_ready(cddp_ddp *d) {
 /* Waits for bucket k and moves its result into the gradients. */
 static int finish_bucket(cddp_ddp *d, int k, cddp_error *err) {
     bucket *b = &d->buckets[k];
-    if (!b->work) return CDDP_OK;
-    int rc = cddp__comm_wait_timed(b->work, -1, err, &b->t_start, &b->t_end);
-    b->work = NULL;
-    CDDP_TRY(rc);
-    record(d, "allreduce", k, 1, b->t_start, b->t_end);
+    if (b->work) {
+        int rc = cddp__comm_wait_timed(b->work, -1, err, &b->t_start, &b->t_end);
+        b->work = NULL;
+        CDDP_TRY(rc);
+    } else if (b->reduced) {
+        b->reduced = false;
+    } else {
+        return CDDP_OK; /* not launched, or its launch failed (the hook's error says so) */
+    }
+    record(d, "allreduce", k, d->inline_comm ? 0 : 1, b->t_start, b->t_end);
     if (d->o.hook == CDDP_DDP_HOOK_NONE && b->offset >= 0) return CDDP_OK;
     float (*from)(uint16_t) =
         d->o.hook == CDDP_DDP_HOOK_BF16 ? cddp__bf16_to_f32 : cddp__f16_to_f32;
@@ -325,7 +343,10 @@ static int finish(void *user, cddp_ctx *ctx, cddp_error *err);
 
 static void reset_step(cddp_ddp *d) {
     d->next_launch = 0;
-    for (int k = 0; k < d->nbuckets; k++) d->buckets[k].pending = d->buckets[k].nparams;
+    for (int k = 0; k < d->nbuckets; k++) {
+        d->buckets[k].pending = d->buckets[k].nparams;
+        d->buckets[k].reduced = false;
+    }
     memset(d->ready, 0, sizeof(bool) * (size_t)d->nparams);
     d->in_backward = false;
     d->hook_err = (cddp_error){0};
@@ -387,10 +408,11 @@ static void report_stats(cddp_ddp *d, double t_walk_end, double t_done, double t
     s->wait_s = t_done - t_walk_end;
     s->comm_s = 0;
     for (int k = 0; k < d->nbuckets; k++) s->comm_s += d->buckets[k].t_end - d->buckets[k].t_start;
-    s->overlap = s->comm_s > 0 ? 1.0 - s->wait_s / s->comm_s : 0;
+    s->overlap = s->comm_s > 0 && !d->inline_comm ? 1.0 - s->wait_s / s->comm_s : 0;
     if (s->overlap < 0) s->overlap = 0;
     s->buckets = d->nbuckets;
     s->bytes = cddp_model_numel(d->model) * (d->o.hook ? 2 : 4);
+    s->comm_inline = d->inline_comm;
     if (d->t_forward > 0 && d->t_forward < t_backward0)
         record(d, "forward", -1, 0, d->t_forward, t_backward0);
     record(d, "backward", -1, 0, t_backward0, t_walk_end);
@@ -398,9 +420,10 @@ static void report_stats(cddp_ddp *d, double t_walk_end, double t_done, double t
     d->t_forward = 0;
     if (d->print_stats && d->rank == 0 && d->steps % d->stats_every == 0)
         printf("[cddp ddp] step %" PRId64 ": forward %.2f ms, backward %.2f ms, allreduce %.2f ms "
-               "in %d buckets (%.1f MB), waited %.2f ms after backward, overlap %.0f%%\n",
+               "in %d buckets (%.1f MB%s), waited %.2f ms after backward, overlap %.0f%%\n",
                s->steps, s->forward_s * 1e3, s->backward_s * 1e3, s->comm_s * 1e3, s->buckets,
-               (double)s->bytes / 1e6, s->wait_s * 1e3, s->overlap * 100);
+               (double)s->bytes / 1e6, d->inline_comm ? ", inline in backward" : "",
+               s->wait_s * 1e3, s->overlap * 100);
 }
 
 static int finish(void *user, cddp_ctx *ctx, cddp_error *err) {
@@ -708,6 +731,32 @@ static int place_gradients(cddp_ddp *d, cddp_error *err) {
     return CDDP_OK;
 }
 
+/* Inline when the option or CDDP_DDP_OVERLAP says so, or (auto) when this host cannot give every
+ * local rank a core for its training thread and another for its communication thread: the
+ * ranks' CPU set has fewer than 2 cores, or fewer than two per rank on the host. A communication
+ * thread that must take turns with the training threads gains no overlap and costs a thread
+ * switch, a wake-up and a cache refill per bucket. */
+static int choose_overlap(cddp_ddp *d, cddp_error *err) {
+    cddp_ddp_overlap o = d->o.overlap;
+    const char *knob = cddp_knob_str(CDDP_KNOB_DDP_OVERLAP);
+    if (o == CDDP_DDP_OVERLAP_AUTO && strcmp(knob, "thread") == 0) o = CDDP_DDP_OVERLAP_THREAD;
+    if (o == CDDP_DDP_OVERLAP_AUTO && strcmp(knob, "inline") == 0) o = CDDP_DDP_OVERLAP_INLINE;
+    if (o == CDDP_DDP_OVERLAP_AUTO && strcmp(knob, "auto") != 0)
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "CDDP_DDP_OVERLAP=%s: expected thread, inline or auto", knob);
+    if (o == CDDP_DDP_OVERLAP_AUTO) {
+        cpu_set_t set;
+        int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+        if (cores <= 0) cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        int local = cddp_comm_local_size(d->group);
+        o = cores < 2 || cores < 2 * local ? CDDP_DDP_OVERLAP_INLINE : CDDP_DDP_OVERLAP_THREAD;
+        cddp_log(CDDP_LOG_DEBUG, "ddp", "%d cores for %d ranks on this host: buckets reduced %s",
+                 cores, local, o == CDDP_DDP_OVERLAP_INLINE ? "inline" : "on the thread");
+    }
+    d->inline_comm = o == CDDP_DDP_OVERLAP_INLINE;
+    return CDDP_OK;
+}
+
 cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options *opts,
                         cddp_error *err) {
     if (!m || !group) {
@@ -724,6 +773,10 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
     if (o.bucket_cap_mb <= 0) o.bucket_cap_mb = 25;
     if ((unsigned)o.hook > CDDP_DDP_HOOK_FP16) {
         cddp_error_set(err, CDDP_EINVAL, "cddp_ddp_wrap: unknown hook %d", (int)o.hook);
+        return NULL;
+    }
+    if ((unsigned)o.overlap > CDDP_DDP_OVERLAP_INLINE) {
+        cddp_error_set(err, CDDP_EINVAL, "cddp_ddp_wrap: unknown overlap %d", (int)o.overlap);
         return NULL;
     }
     cddp_ddp *d = cddp_calloc(1, sizeof *d);
@@ -765,6 +818,7 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
             if (f) fclose(f);
         }
     }
+    CDDP_TRY_GOTO(choose_overlap(d, err), out);
     d->print_stats = cddp_knob_int(CDDP_KNOB_DDP_STATS) != 0;
     d->stats_every = CDDP_MAX(cddp_knob_int(CDDP_KNOB_DDP_STATS_EVERY), 1);
     CDDP_TRY_GOTO(agree(d, err), out);

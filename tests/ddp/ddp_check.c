@@ -278,9 +278,13 @@ static int equal(cddp_comm *g, kind k, double cap_mb, int accumulate) {
     cddp_ddp_stats st = cddp_ddp_stats_get(d);
     if (st.steps != STEPS)
         FAIL("the statistics count %lld synchronised steps", (long long)st.steps);
+    if (st.comm_s <= 0 || (st.comm_inline && st.overlap != 0) || st.overlap < 0 || st.overlap > 1)
+        FAIL("the statistics say comm %g s, overlap %g, inline %d", st.comm_s, st.overlap,
+             (int)st.comm_inline);
     printf("ok: rank %d of %d: %s, %d buckets, %d accumulation step(s): %d steps equal the "
-           "single-process reference\n",
-           rank, world, k == MLP ? "mlp" : "cnn", cddp_ddp_num_buckets(d), accumulate, STEPS);
+           "single-process reference; buckets reduced %s\n",
+           rank, world, k == MLP ? "mlp" : "cnn", cddp_ddp_num_buckets(d), accumulate, STEPS,
+           st.comm_inline ? "inline" : "on the communication thread");
     release(ctx, om, oref, d, m, ref);
     return 0;
 }
