@@ -139,8 +139,8 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
     X(BACKEND, STR, "auto",                                                                        \
       "Collectives backend: auto (MPI under mpirun/srun when built in, else shm), shm or mpi.")    \
     X(DDP_OVERLAP, STR, "auto",                                                                    \
-      "Where DDP reduces gradient buckets: thread, inline, or auto (thread when each local rank "  \
-      "has two cores, else inline).")                                                              \
+      "Where DDP reduces gradient buckets: thread, inline, or auto (thread when there are other "  \
+      "ranks and each rank on this host has two cores, else inline).")                             \
     X(DDP_STATS, INT, "0", "1: rank 0 prints DistributedDataParallel's step timings.")             \
     X(DDP_STATS_EVERY, INT, "100", "Steps between two CDDP_DDP_STATS lines.")                      \
     X(TIMELINE, STR, "off",                                                                        \

@@ -50,8 +50,9 @@ typedef enum cddp_ddp_hook {
 
 /* Where each bucket's allreduce runs while backward goes on. */
 typedef enum cddp_ddp_overlap {
-    CDDP_DDP_OVERLAP_AUTO,   /* CDDP_DDP_OVERLAP, whose default picks: thread when every rank on
-                                this host can have a core for each of its two threads, else inline */
+    CDDP_DDP_OVERLAP_AUTO,   /* CDDP_DDP_OVERLAP, whose default picks: thread when the group has
+                                other ranks and every rank on this host can have a core for each
+                                of its two threads, else inline */
     CDDP_DDP_OVERLAP_THREAD, /* queued on the group's communication thread, overlapping the
                                 layers backward still computes (needs a core to run on) */
     CDDP_DDP_OVERLAP_INLINE, /* run on the training thread as soon as the bucket is ready: no

@@ -731,11 +731,12 @@ static int place_gradients(cddp_ddp *d, cddp_error *err) {
     return CDDP_OK;
 }
 
-/* Inline when the option or CDDP_DDP_OVERLAP says so, or (auto) when this host cannot give every
- * local rank a core for its training thread and another for its communication thread: the
- * ranks' CPU set has fewer than 2 cores, or fewer than two per rank on the host. A communication
- * thread that must take turns with the training threads gains no overlap and costs a thread
- * switch, a wake-up and a cache refill per bucket. */
+/* Inline when the option or CDDP_DDP_OVERLAP says so, or (auto) when there is nothing to overlap
+ * with (a group of one, whose allreduce moves nothing: the thread's hand-off alone would cost a
+ * wake-up per step) or this host cannot give every local rank a core for its training thread and
+ * another for its communication thread: the ranks' CPU set has fewer than 2 cores, or fewer than
+ * two per rank on the host. A communication thread that must take turns with the training
+ * threads gains no overlap and costs a thread switch, a wake-up and a cache refill per bucket. */
 static int choose_overlap(cddp_ddp *d, cddp_error *err) {
     cddp_ddp_overlap o = d->o.overlap;
     const char *knob = cddp_knob_str(CDDP_KNOB_DDP_OVERLAP);
@@ -749,7 +750,7 @@ static int choose_overlap(cddp_ddp *d, cddp_error *err) {
         int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
         if (cores <= 0) cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
         int local = cddp_comm_local_size(d->group);
-        o = cores < 2 || cores < 2 * local ? CDDP_DDP_OVERLAP_INLINE : CDDP_DDP_OVERLAP_THREAD;
+        o = d->world == 1 || cores < 2 * local ? CDDP_DDP_OVERLAP_INLINE : CDDP_DDP_OVERLAP_THREAD;
         cddp_log(CDDP_LOG_DEBUG, "ddp", "%d cores for %d ranks on this host: buckets reduced %s",
                  cores, local, o == CDDP_DDP_OVERLAP_INLINE ? "inline" : "on the thread");
     }
