@@ -1,7 +1,8 @@
 /* comm.c: process groups, rendezvous, and the shared-memory collectives.
  *
- * Rendezvous. Rank 0 starts a store at MASTER_ADDR:MASTER_PORT; every rank connects, posts its
- * host identity (boot id + hostname) and pid, and reads everyone's. Ranks on one host then share
+ * Rendezvous. Rank 0 starts a store at MASTER_ADDR:MASTER_PORT (under cddprun: on any free port,
+ * which it posts in the launcher's store); every rank connects, posts its host identity (boot id
+ * + hostname) and pid, and reads everyone's. Ranks on one host then share
  * a segment that rank 0 creates, everyone maps, and rank 0 unlinks once all have mapped it.
  *
  * The segment holds, per rank, a control block (an arrival counter, the pid, fingerprints) and a
@@ -1021,6 +1022,44 @@ static void host_identity(char *out, size_t n) {
     snprintf(out, n, "%s/%s", boot, host);
 }
 
+/* Under cddprun, rank 0 starts the group's store on any free port and posts the port in the
+ * launcher's store (CDDP_STORE_ADDR/PORT/TOKEN), where the other ranks read it. MASTER_PORT, a
+ * port cddprun found free and released for programs that bind it themselves (PyTorch's), is not
+ * used: between its release and rank 0's bind, any process that binds or connects could take
+ * it. The key names the restart round and the group's number in this process (groups are
+ * created collectively, so every rank counts the same). */
+static int store_via_launcher(int rank, const char *addr, const char *token,
+                              cddp_store_server **srv, int *port, cddp_error *err) {
+    static _Atomic int groups;
+    const char *round = getenv("CDDP_RESTART_COUNT");
+    char key[96], text[16];
+    snprintf(key, sizeof key, "comm/r%s/g%d/port", round ? round : "0",
+             atomic_fetch_add(&groups, 1));
+    const char *la = getenv("CDDP_STORE_ADDR");
+    cddp_store_options lo = {la && *la ? la : addr, atoi(getenv("CDDP_STORE_PORT")),
+                             getenv("CDDP_STORE_TOKEN"), 0, NULL};
+    cddp_store *launcher = cddp_store_connect(&lo, err);
+    if (!launcher) return err ? err->code : CDDP_EIO;
+    int rc = CDDP_OK;
+    if (rank == 0) {
+        if (!(*srv = cddp_store_server_start(addr, 0, token, err))) {
+            rc = err ? err->code : CDDP_EIO;
+        } else {
+            *port = cddp_store_server_port(*srv);
+            snprintf(text, sizeof text, "%d", *port);
+            rc = cddp_store_set_str(launcher, key, text, err);
+        }
+    } else {
+        void *v = NULL;
+        size_t n = 0;
+        rc = cddp_store_get(launcher, key, -1, &v, &n, err);
+        if (rc == CDDP_OK) *port = atoi(v);
+        cddp_free(v);
+    }
+    cddp_store_close(launcher);
+    return rc;
+}
+
 static int setup_shm(cddp_comm *c, cddp_store *st, cddp_error *err) {
     long kb = cddp_knob_int(CDDP_KNOB_SHM_CHUNK_KB);
     c->chunk = CDDP_MAX((size_t)(kb < 4 ? 4 : kb) * 1024, (size_t)c->world * 64);
@@ -1211,7 +1250,11 @@ cddp_comm *cddp_comm_create(const cddp_comm_options *opts, cddp_error *err) {
     }
     const char *token = o.token ? o.token : getenv("CDDP_STORE_TOKEN");
     if (!token) token = "cddp";
-    if (c->rank == 0 && !(srv = cddp_store_server_start(addr, port, token, err))) {
+    bool whole_job =
+        !opts || (opts->world_size <= 0 && !opts->master_addr && opts->master_port <= 0);
+    if (whole_job && getenv("CDDP_STORE_PORT"))
+        CDDP_TRY_GOTO(store_via_launcher(c->rank, addr, token, &srv, &port, err), out);
+    else if (c->rank == 0 && !(srv = cddp_store_server_start(addr, port, token, err))) {
         rc = err ? err->code : CDDP_EIO;
         goto out;
     }

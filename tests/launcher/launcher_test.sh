@@ -191,5 +191,29 @@ torch)
     expect_in "rank 0 of 2: allreduce sum 3.0" "$work/out"
     expect_in "rank 1 of 2: allreduce sum 3.0" "$work/out"
     echo "ok: torch.distributed (gloo, env://) runs under cddprun unchanged" ;;
+port_taken)
+    # Between cddprun's choice of MASTER_PORT and rank 0's start, another process may take the
+    # port. Here rank 0 itself holds it (a listening socket inherited across exec), so a cddp
+    # group that binds MASTER_PORT fails; cddp's workers must find rank 0's store without it.
+    cat > "$work/hold.py" <<'PYEOF'
+import os, socket, sys
+if os.environ["LOCAL_RANK"] == "0":
+    s = socket.socket()
+    s.bind((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])))
+    s.listen(1)
+    s.set_inheritable(True)
+os.execv(sys.argv[1], sys.argv[1:])
+PYEOF
+    "$R" --standalone --nproc_per_node 2 --no_python python3 "$work/hold.py" \
+        "$build/bin/ddp_check" equal mlp 0.0005 > "$work/out" 2>&1 ||
+        { cat "$work/out"; fail "the job failed while MASTER_PORT was taken"; }
+    [ "$(grep -c '^ok: ' "$work/out")" = 2 ] || { cat "$work/out"; fail "not every rank trained"; }
+    # Groups in a restarted round meet under that round's keys in the launcher's store.
+    "$R" --standalone --max_restarts 1 --nproc_per_node 2 sh -c \
+        "$build/bin/ddp_check equal mlp 0.0005 && { [ \$CDDP_RESTART_COUNT != 0 ] || [ \$RANK != 1 ]; }" \
+        > "$work/out2" 2>&1 || { cat "$work/out2"; fail "the restarted job failed"; }
+    expect_in "restarting the group (restart 1 of 1)" "$work/out2"
+    [ "$(grep -c '^ok: ' "$work/out2")" = 4 ] || { cat "$work/out2"; fail "a round did not train"; }
+    echo "ok: cddp workers meet although MASTER_PORT is taken, in the first round and after a restart" ;;
 *) fail "unknown scenario $scenario" ;;
 esac
