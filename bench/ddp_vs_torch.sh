@@ -27,8 +27,7 @@ c1=$(grep -v '^torch' "$all" | best 1) c2=$(grep -v '^torch' "$all" | best 2)
 t1=$(grep '^torch' "$all" | best 1) t2=$(grep '^torch' "$all" | best 2)
 split=$(grep -v '^torch' "$all" | grep '"world": 2,' | tail -n 1 |
     sed -e 's/.*"forward_ms": \([0-9.]*\), "backward_ms": \([0-9.]*\), "allreduce_ms": \([0-9.]*\), "wait_ms": \([0-9.]*\), "overlap": \([0-9.]*\), "buckets": \([0-9]*\)\(.*\)/forward \1 ms, backward \2 ms, allreduce \3 ms in \6 buckets, wait after backward \4 ms, overlap \5\7/' \
-        -e 's/, "comm_inline": true}$/ (buckets reduced inline in backward)/' -e 's/, "comm_inline": false}$//' -e 's/}$//' \
-        -e 's/ in 1 buckets/ in 1 bucket/')
+        -e 's/, "comm_inline": true}$/ (buckets reduced inline in backward)/' -e 's/, "comm_inline": false}$//' -e 's/}$//')
 r() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 echo
 echo "| MLP, batch 32 per rank, 1 thread per rank | 1 rank | 2 ranks | 2 ranks / 1 rank |"

@@ -244,8 +244,7 @@ def ddp_split(d):
     s = d["split"]
     where = " inline in backward" if s.get("comm_inline") else ""
     return (f"forward {s['forward_ms']:.2f} ms, backward {s['backward_ms']:.2f} ms, allreduce "
-            f"{s['allreduce_ms']:.2f} ms in {s['buckets']} bucket{'' if s['buckets'] == 1 else 's'}"
-            f"{where}, waited "
+            f"{s['allreduce_ms']:.2f} ms in {s['buckets']} buckets{where}, waited "
             f"{s['wait_ms']:.2f} ms after backward, overlap {100 * s['overlap']:.0f}%")
 
 

@@ -62,8 +62,7 @@ typedef enum cddp_ddp_overlap {
 
 /* Zero-initialised options are PyTorch's defaults; see cddp_ddp_defaults. */
 typedef struct cddp_ddp_options {
-    double bucket_cap_mb;        /* 0: 25 (the first bucket closes at 1 MiB, as in PyTorch);
-                                    0 while every rank reduces inline: one bucket */
+    double bucket_cap_mb;        /* 0: 25 (the first bucket closes at 1 MiB, as in PyTorch) */
     bool sum;                    /* sum the gradients instead of averaging (MindSpore's
                                     gradients_mean=False) */
     bool find_unused_parameters; /* allow parameters without a gradient in a backward */

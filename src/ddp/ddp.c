@@ -74,8 +74,6 @@ struct cddp_ddp {
     int nready_order;
     bool rebuilt, no_sync, in_backward, joined;
     bool inline_comm; /* buckets are reduced on the training thread (CDDP_DDP_OVERLAP_INLINE) */
-    bool default_cap; /* bucket_cap_mb was left at its default */
-    bool one_bucket;  /* every rank reduces inline with the default cap: one bucket */
     int next_launch;
     int32_t *active; /* join: per rank, 1 while it is training */
     cddp_comm_work *active_work, *used_work;
@@ -169,19 +167,16 @@ static void free_buckets(cddp_ddp *d) {
 /* Cuts order (every parameter once) into buckets as PyTorch does: parameters join the open
  * bucket until it holds at least its limit, which closes it; the first bucket's limit is 1 MiB,
  * the others' bucket_cap_mb. A small first bucket starts communication early in backward.
- * Buckets are for overlap: when every rank reduces inline and nobody chose a cap, there is one
- * bucket, reduced once at the end of backward (each further bucket only adds a meeting of the
- * ranks, where the earlier one waits for the later).
  * One refinement: a bucket that reached its limit but is not one range of the flat block stays
  * open (up to twice its limit) while the next parameters make it one, since backward produces
  * a layer's weight and bias together but not always in declaration order; a bucket that is one
  * range is reduced in place, with no packing copy. */
 static int build_buckets(cddp_ddp *d, const int *order, cddp_error *err) {
     free_buckets(d);
-    size_t cap = d->one_bucket ? SIZE_MAX / 2 : (size_t)(d->o.bucket_cap_mb * 1024 * 1024);
+    size_t cap = (size_t)(d->o.bucket_cap_mb * 1024 * 1024);
     d->buckets = cddp_calloc((size_t)d->nparams, sizeof *d->buckets);
     if (!d->buckets) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
-    size_t limit = d->one_bucket ? cap : CDDP_MIN(FIRST_BUCKET_BYTES, cap), first = 0, end = 0;
+    size_t limit = CDDP_MIN(FIRST_BUCKET_BYTES, cap), first = 0, end = 0;
     bool open = false;
     for (int k = 0; k < d->nparams; k++) {
         int i = order[k];
@@ -425,10 +420,10 @@ static void report_stats(cddp_ddp *d, double t_walk_end, double t_done, double t
     d->t_forward = 0;
     if (d->print_stats && d->rank == 0 && d->steps % d->stats_every == 0)
         printf("[cddp ddp] step %" PRId64 ": forward %.2f ms, backward %.2f ms, allreduce %.2f ms "
-               "in %d bucket%s (%.1f MB%s), waited %.2f ms after backward, overlap %.0f%%\n",
+               "in %d buckets (%.1f MB%s), waited %.2f ms after backward, overlap %.0f%%\n",
                s->steps, s->forward_s * 1e3, s->backward_s * 1e3, s->comm_s * 1e3, s->buckets,
-               s->buckets == 1 ? "" : "s", (double)s->bytes / 1e6,
-               d->inline_comm ? ", inline in backward" : "", s->wait_s * 1e3, s->overlap * 100);
+               (double)s->bytes / 1e6, d->inline_comm ? ", inline in backward" : "",
+               s->wait_s * 1e3, s->overlap * 100);
 }
 
 static int finish(void *user, cddp_ctx *ctx, cddp_error *err) {
@@ -586,7 +581,6 @@ typedef struct wrap_rec {
     int64_t nparams, numel, nbuffers;
     double bucket_cap_mb;
     int32_t sum, find_unused, hook, join, join_throw, no_broadcast_buffers;
-    int32_t inline_comm, default_cap; /* not compared: they decide one_bucket together */
 } wrap_rec;
 
 typedef struct param_rec {
@@ -604,18 +598,9 @@ static int agree(cddp_ddp *d, cddp_error *err) {
     cddp_model *m = d->model;
     int W = d->world, rc = CDDP_OK;
     int nb = cddp_model_num_buffers(m), nrec = d->nparams + nb; /* parameters, then buffers */
-    wrap_rec mine = {d->nparams,
-                     (int64_t)cddp_model_numel(m),
-                     nb,
-                     d->o.bucket_cap_mb,
-                     d->o.sum,
-                     d->o.find_unused_parameters,
-                     d->o.hook,
-                     d->o.join,
-                     d->o.join_throw,
-                     d->o.no_broadcast_buffers,
-                     d->inline_comm,
-                     d->default_cap};
+    wrap_rec mine = {d->nparams,      (int64_t)cddp_model_numel(m), nb,        d->o.bucket_cap_mb,
+                     d->o.sum,        d->o.find_unused_parameters,  d->o.hook, d->o.join,
+                     d->o.join_throw, d->o.no_broadcast_buffers};
     wrap_rec *all = cddp_calloc((size_t)W, sizeof *all);
     param_rec *pm = cddp_calloc((size_t)nrec + 1, sizeof *pm);
     param_rec *pall = cddp_calloc((size_t)W * ((size_t)nrec + 1), sizeof *pall);
@@ -662,8 +647,6 @@ static int agree(cddp_ddp *d, cddp_error *err) {
 #undef SAME
 #undef ASIS
     }
-    d->one_bucket = true;
-    for (int r = 0; r < W; r++) d->one_bucket &= all[r].inline_comm && all[r].default_cap;
     for (int i = 0; i < nrec; i++) {
         const cddp_tensor *t =
             i < d->nparams ? cddp_model_param(m, i) : cddp_model_buffer(m, i - d->nparams);
@@ -788,8 +771,7 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
         return NULL;
     }
     cddp_ddp_options o = opts ? *opts : (cddp_ddp_options){0};
-    bool default_cap = o.bucket_cap_mb <= 0;
-    if (default_cap) o.bucket_cap_mb = 25;
+    if (o.bucket_cap_mb <= 0) o.bucket_cap_mb = 25;
     if ((unsigned)o.hook > CDDP_DDP_HOOK_FP16) {
         cddp_error_set(err, CDDP_EINVAL, "cddp_ddp_wrap: unknown hook %d", (int)o.hook);
         return NULL;
@@ -806,7 +788,6 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
     d->model = m;
     d->group = group;
     d->o = o;
-    d->default_cap = default_cap;
     d->rank = cddp_comm_rank(group);
     d->world = cddp_comm_size(group);
     d->nparams = cddp_model_num_params(m);
