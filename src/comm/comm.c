@@ -1026,14 +1026,15 @@ static void host_identity(char *out, size_t n) {
  * launcher's store (CDDP_STORE_ADDR/PORT/TOKEN), where the other ranks read it. MASTER_PORT, a
  * port cddprun found free and released for programs that bind it themselves (PyTorch's), is not
  * used: between its release and rank 0's bind, any process that binds or connects could take
- * it. The key names the restart round and the group's number in this process (groups are
- * created collectively, so every rank counts the same). */
+ * it. The key names the restart round, MASTER_PORT (a job started by hand from inside a worker
+ * sets its own) and the group's number in this process (groups are created collectively, so
+ * every rank counts the same). */
 static int store_via_launcher(int rank, const char *addr, const char *token,
                               cddp_store_server **srv, int *port, cddp_error *err) {
     static _Atomic int groups;
-    const char *round = getenv("CDDP_RESTART_COUNT");
+    const char *round = getenv("CDDP_RESTART_COUNT"), *mp = getenv("MASTER_PORT");
     char key[96], text[16];
-    snprintf(key, sizeof key, "comm/r%s/g%d/port", round ? round : "0",
+    snprintf(key, sizeof key, "comm/r%.8s/m%.8s/g%d/port", round ? round : "0", mp ? mp : "-",
              atomic_fetch_add(&groups, 1));
     const char *la = getenv("CDDP_STORE_ADDR");
     cddp_store_options lo = {la && *la ? la : addr, atoi(getenv("CDDP_STORE_PORT")),

@@ -213,7 +213,9 @@ PYEOF
         "$build/bin/ddp_check equal mlp 0.0005 && { [ \$CDDP_RESTART_COUNT != 0 ] || [ \$RANK != 1 ]; }" \
         > "$work/out2" 2>&1 || { cat "$work/out2"; fail "the restarted job failed"; }
     expect_in "restarting the group (restart 1 of 1)" "$work/out2"
-    [ "$(grep -c '^ok: ' "$work/out2")" = 4 ] || { cat "$work/out2"; fail "a round did not train"; }
+    # (In round 0, rank 1's exit may stop rank 0 before it prints; round 1 must have both.)
+    [ "$(sed -n '/restarting the group/,$p' "$work/out2" | grep -c '^ok: ')" = 2 ] ||
+        { cat "$work/out2"; fail "the restarted round did not train on both ranks"; }
     echo "ok: cddp workers meet although MASTER_PORT is taken, in the first round and after a restart" ;;
 *) fail "unknown scenario $scenario" ;;
 esac
