@@ -118,8 +118,7 @@ static void node_backward(cddp_ctx *ctx, cddp__node *n) {
     const float *a = x->data;
     switch (n->op) {
     case CDDP_OP_RESHAPE: /* a view: the same elements in the same order */
-        if (dx)
-            for (int64_t i = 0; i < numel; i++) dx[i] += dy[i];
+        if (dx) add_into(dx, dy, numel);
         break;
     case CDDP_OP_MATMUL: {
         /* C = op(A) op(B): dop(A) = dC op(B)^T and dop(B) = op(A)^T dC. For a stored transpose

@@ -470,13 +470,10 @@ void cddp__comm_narrow(cddp_comm_dtype dt, const float *src, void *dst, int64_t 
  * from memory and the destination written once. */
 #define RBLOCK 2048
 
-/* acc = (x + y) * s, in one pass: the first step of every float32 sum, and with s = 1/2 the
- * whole mean of two ranks (DDP's gradients on a pair). */
+/* acc = (x + y) * s, in one pass: the first step of every float32 sum (s = 1, exact), and with
+ * s = 1/2 the whole mean of two ranks (DDP's gradients on a pair). */
 static void sum_f32(float *restrict acc, const float *x, const float *y, float s, int64_t n) {
-    if (s == 1.0f)
-        for (int64_t i = 0; i < n; i++) acc[i] = x[i] + y[i];
-    else
-        for (int64_t i = 0; i < n; i++) acc[i] = (x[i] + y[i]) * s;
+    for (int64_t i = 0; i < n; i++) acc[i] = (x[i] + y[i]) * s;
 }
 
 /* Reduces elements [lo, lo + n) of src[0], ..., src[world - 1], in rank order, into each of the
