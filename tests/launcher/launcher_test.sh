@@ -1,6 +1,6 @@
 #!/bin/sh
 # launcher_test.sh BUILD_DIR SCENARIO: cddprun scenarios through the real binary, for ctest.
-# Each scenario prints what it checks and exits 0 (pass), 1 (fail) or 77 (skipped, with why).
+# Each scenario prints what it checks and exits 0 (pass) or 1 (fail).
 set -u
 build=$1
 scenario=$2
@@ -128,6 +128,11 @@ errors)
     check_error 2 "program './no-such-program' not found" ./no-such-program
     check_error 2 "unknown option or missing value: --bogus" --bogus true
     check_error 2 "--redirect_stdout_and_stderr needs --logdir" --redirect_stdout_and_stderr true
+    check_error 2 "--redirects needs --logdir" --redirects 3 true
+    check_error 2 "--tee 4: expected 0 (none), 1 (stdout), 2 (stderr), 3 (both)" --tee 4 true
+    check_error 2 "--redirects 0:x: expected 0 (none)" --logdir "$work/l" --redirects 0:x true
+    check_error 2 "--tee: local rank 2 is not on this node (--nproc_per_node 2: 0..1)" \
+        --nproc_per_node 2 --tee 0:3,2:1 true
     check_error 2 "--node_rank 2 is out of range for --nnodes 2" --nnodes 2 --node_rank 2 true
     port=$(free_port)
     "$R" --master_port "$port" sh -c 'sleep 3' > /dev/null 2>&1 &
@@ -143,7 +148,8 @@ errors)
         --nnodes 2 --node_rank 0 --master_port "$dead" --token t true
     "$R" --help > "$work/help" || fail "--help failed"
     for o in --nnodes --node_rank --nproc_per_node --master_addr --master_port --module --no_python \
-        --redirect_stdout_and_stderr --logdir --standalone --max_restarts --tee --monitor_interval; do
+        --redirect_stdout_and_stderr --logdir --log_dir --redirects --standalone --max_restarts --tee \
+        --monitor_interval; do
         expect_in "$o" "$work/help"
     done
     echo "ok: usage errors, port in use, unreachable master, missing node: one clear message each" ;;
@@ -168,10 +174,35 @@ logs)
     "$R" --standalone --nproc_per_node 2 --tee sh -c 'echo "hello"' > "$work/tee" 2>&1
     expect_in "[rank 0]: hello" "$work/tee"
     expect_in "[rank 1]: hello" "$work/tee"
+    # torchrun's values: --tee 3 is both streams (not a program called 3); a map names local
+    # ranks; CDDPRUN_TEE from the environment. --log-dir and --log_dir spell --logdir.
+    both='echo "out $RANK"; echo "err $RANK" >&2'
+    "$R" --standalone --nproc_per_node 2 --tee 3 sh -c "$both" > "$work/tee3" 2>&1 || fail "--tee 3 failed"
+    for l in "[rank 0]: out 0" "[rank 0]: err 0" "[rank 1]: out 1" "[rank 1]: err 1"; do
+        expect_in "$l" "$work/tee3"
+    done
+    "$R" --standalone --nproc_per_node 2 --tee 0:1 sh -c "$both" > "$work/teemap" 2>&1 || fail "--tee 0:1 failed"
+    for l in "[rank 0]: out 0" "err 0" "out 1" "err 1"; do grep -qxF -- "$l" "$work/teemap" ||
+        { cat "$work/teemap"; fail "--tee 0:1: no line '$l'"; }; done
+    CDDPRUN_TEE=2 "$R" --standalone --nproc_per_node 2 sh -c "$both" > "$work/teeenv" 2>&1 || fail "CDDPRUN_TEE=2 failed"
+    for l in "out 0" "[rank 0]: err 0" "out 1" "[rank 1]: err 1"; do grep -qxF -- "$l" "$work/teeenv" ||
+        { cat "$work/teeenv"; fail "CDDPRUN_TEE=2: no line '$l'"; }; done
+    for spelling in --log-dir --log_dir; do
+        rm -rf "$work/ld"
+        "$R" --standalone --nproc_per_node 2 $spelling "$work/ld" sh -c "$both" > /dev/null 2>&1 ||
+            fail "$spelling failed"
+        grep -qx "err 1" "$work/ld/rank.1/stderr" || fail "$spelling did not write rank.1/stderr"
+    done
+    # --redirects 0:1: rank 0's stdout only in its file; everything else on the console too.
+    "$R" --standalone --nproc_per_node 2 --logdir "$work/rd" --redirects 0:1 sh -c "$both" \
+        > "$work/rdc" 2>&1 || fail "--redirects 0:1 failed"
+    grep -qx "out 0" "$work/rdc" && fail "--redirects 0:1 printed rank 0's stdout"
+    for l in "err 0" "out 1" "err 1"; do grep -qx -- "$l" "$work/rdc" || fail "--redirects 0:1: no '$l' on the console"; done
+    grep -qx "out 0" "$work/rd/rank.0/stdout" || fail "--redirects 0:1: rank 0's stdout not in its file"
     # A failure report points at the log.
     "$R" --standalone --logdir "$work/logs2" sh -c 'echo boom >&2; exit 4' > "$work/f" 2>&1
     expect_in "log: $work/logs2/rank.0/stderr" "$work/f"
-    echo "ok: --logdir files, --redirect_stdout_and_stderr, overwrite, --tee, log paths in reports" ;;
+    echo "ok: --logdir files, --redirect_stdout_and_stderr, overwrite, --tee with torchrun's values and maps, --redirects, --log-dir, log paths in reports" ;;
 python)
     printf 'import os\nprint("py", os.environ["RANK"])\n' > "$work/hello.py"
     "$R" --standalone --nproc_per_node 2 --tee "$work/hello.py" > "$work/out" 2>&1 || fail "a .py program failed"
@@ -182,10 +213,8 @@ python)
     echo "ok: .py under python3, -m, --no_python" ;;
 torch)
     # A torchrun-style PyTorch script, unchanged, under cddprun (Debian's python3-torch).
-    if ! /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
-        echo "SKIPPED: Debian's python3-torch is not installed (apt-get install python3-torch)"
-        exit 77
-    fi
+    /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null ||
+        fail "Debian's python3-torch is not installed (make test installs it: scripts/deps.sh test)"
     "$R" --standalone --nproc_per_node 2 --no_python /usr/bin/python3 "$here/torch_ddp.py" \
         > "$work/out" 2>&1 || { cat "$work/out"; fail "the PyTorch script failed"; }
     expect_in "rank 0 of 2: allreduce sum 3.0" "$work/out"

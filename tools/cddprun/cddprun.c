@@ -42,10 +42,25 @@ extern char **environ;
 
 /* ---- options ----------------------------------------------------------------------------- */
 
+/* Which of a worker's streams an option applies to, as torchrun spells it: 0 none, 1 stdout,
+ * 2 stderr, 3 both, for every local rank, or a map "local_rank:value,..." (ranks not in the map:
+ * none). */
+#define MAX_STREAM_MAP 64
+typedef struct stream_spec {
+    int all;  /* the value for every local rank, when there is no map */
+    int nmap; /* entries in the map */
+    struct {
+        int local_rank, value;
+    } map[MAX_STREAM_MAP];
+} stream_spec;
+
 typedef struct options {
     int nnodes, node_rank, nproc_per_node, master_port, max_restarts;
     const char *master_addr, *logdir, *local_addr, *token, *run_id;
-    bool module, no_python, redirect, standalone, tee;
+    bool module, no_python, standalone;
+    stream_spec tee;           /* console lines of these streams are prefixed with [rank N] */
+    stream_spec redirects;     /* these streams go to the log files only, not the console */
+    const char *redirect_name; /* the option that asked for redirects, for its error */
     double monitor_interval, grace_period;
     char **program; /* the program and its arguments */
 } options;
@@ -66,11 +81,13 @@ enum {
     OPT_GRACE,
     OPT_LOCAL_ADDR,
     OPT_TOKEN,
-    OPT_RUN_ID
+    OPT_RUN_ID,
+    OPT_REDIRECTS
 };
 
 /* Each option once, with the environment variable it can also come from. Dash spellings
- * (torchrun's) are accepted for every underscore spelling. */
+ * (torchrun's) are accepted for every underscore spelling. has_arg 2: the value is optional and,
+ * when given, is the next argument if that looks like one (--tee 3), or follows '=' (--tee=3). */
 static const struct {
     const char *name;
     int has_arg, code;
@@ -84,9 +101,11 @@ static const struct {
     {"no_python", 0, OPT_NO_PYTHON},
     {"redirect_stdout_and_stderr", 0, OPT_REDIRECT},
     {"logdir", 1, OPT_LOGDIR},
+    {"log_dir", 1, OPT_LOGDIR},
+    {"redirects", 1, OPT_REDIRECTS},
     {"standalone", 0, OPT_STANDALONE},
     {"max_restarts", 1, OPT_MAX_RESTARTS},
-    {"tee", 0, OPT_TEE},
+    {"tee", 2, OPT_TEE},
     {"monitor_interval", 1, OPT_MONITOR},
     {"grace_period", 1, OPT_GRACE},
     {"local_addr", 1, OPT_LOCAL_ADDR},
@@ -106,7 +125,7 @@ static void usage(FILE *out) {
         "A .py program runs under python3 (unless --no_python); -m runs `python3 -m program`.\n"
         "\n"
         "options (each also as --dash-spelling, and from the environment as CDDPRUN_<OPTION>,\n"
-        "for example CDDPRUN_NPROC_PER_NODE=4; the command line wins):\n"
+        "for example CDDPRUN_NPROC_PER_NODE=4 or CDDPRUN_TEE=3; the command line wins):\n"
         "  --nnodes N              nodes in the job (default 1)\n"
         "  --node_rank K           this node's rank, 0..N-1 (default 0); node 0 hosts the store\n"
         "  --nproc_per_node P      processes on this node (default 1)\n"
@@ -118,10 +137,15 @@ static void usage(FILE *out) {
         "  --logdir DIR            write each rank's output to DIR/rank.N/stdout and\n"
         "                          DIR/rank.N/stderr (created as needed; the files of an earlier "
         "run\n"
-        "                          in DIR are overwritten; restarts append to them)\n"
+        "                          in DIR are overwritten; restarts append to them); also "
+        "--log_dir\n"
+        "  -r, --redirects V       with --logdir: streams V go only to the files, not the "
+        "console\n"
         "  --redirect_stdout_and_stderr\n"
-        "                          with --logdir: output goes only to the files, not the console\n"
-        "  --tee                   prefix console lines with [rank N]\n"
+        "                          the same as --redirects 3\n"
+        "  -t, --tee [V]           prefix console lines of streams V with [rank N] (alone: 3)\n"
+        "                          V, as torchrun's: 0 none, 1 stdout, 2 stderr, 3 both, or a map\n"
+        "                          of local ranks, 0:3,1:2 (ranks not in it: 0)\n"
         "  --max_restarts K        restart the whole group up to K times after a failure (default "
         "0)\n"
         "  --monitor_interval S    seconds between looks at the workers and the store (default "
@@ -175,6 +199,49 @@ static double parse_seconds(const char *opt, const char *v) {
     return x;
 }
 
+/* Does v look like a stream value ("3", "0:3,1:1")? Then --tee takes it rather than seeing the
+ * program there. */
+static bool looks_like_streams(const char *v) {
+    if (!v || !isdigit((unsigned char)*v)) return false;
+    for (; *v; v++)
+        if (!isdigit((unsigned char)*v) && *v != ':' && *v != ',') return false;
+    return true;
+}
+
+static void parse_streams(const char *opt, const char *v, stream_spec *s) {
+    static const char *expect = "expected 0 (none), 1 (stdout), 2 (stderr), 3 (both), or a map of "
+                                "local ranks such as 0:3,1:2";
+    *s = (stream_spec){0};
+    char *end = NULL;
+    long x = strtol(v, &end, 10);
+    if (end != v && !*end) {
+        if (x < 0 || x > 3) die_usage("--%s %s: %s", opt, v, expect);
+        s->all = (int)x;
+        return;
+    }
+    for (const char *p = v; *p;) {
+        long r = strtol(p, &end, 10);
+        if (end == p || *end != ':' || r < 0 || r > 65535) die_usage("--%s %s: %s", opt, v, expect);
+        p = end + 1;
+        x = strtol(p, &end, 10);
+        if (end == p || (*end && *end != ',') || x < 0 || x > 3)
+            die_usage("--%s %s: %s", opt, v, expect);
+        if (s->nmap == MAX_STREAM_MAP)
+            die_usage("--%s %s: at most %d local ranks in a map", opt, v, MAX_STREAM_MAP);
+        s->map[s->nmap].local_rank = (int)r;
+        s->map[s->nmap++].value = (int)x;
+        p = *end ? end + 1 : end;
+    }
+}
+
+/* The streams (1 stdout, 2 stderr, 3 both) that spec s names for a local rank. */
+static int streams_for(const stream_spec *s, int local_rank) {
+    if (!s->nmap) return s->all;
+    for (int i = 0; i < s->nmap; i++)
+        if (s->map[i].local_rank == local_rank) return s->map[i].value;
+    return 0;
+}
+
 static bool parse_bool(const char *name, const char *v) {
     if (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes")) return true;
     if (!strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no") || !*v) return false;
@@ -205,7 +272,12 @@ static void apply(options *o, int code, const char *name, const char *v) {
         o->no_python = true;
         break;
     case OPT_REDIRECT:
-        o->redirect = true;
+        o->redirects = (stream_spec){.all = 3};
+        o->redirect_name = "redirect_stdout_and_stderr";
+        break;
+    case OPT_REDIRECTS:
+        parse_streams(name, v, &o->redirects);
+        o->redirect_name = "redirects";
         break;
     case OPT_LOGDIR:
         o->logdir = v;
@@ -217,7 +289,10 @@ static void apply(options *o, int code, const char *name, const char *v) {
         o->max_restarts = (int)parse_int(name, v, 0, 1000000);
         break;
     case OPT_TEE:
-        o->tee = true;
+        if (v)
+            parse_streams(name, v, &o->tee);
+        else
+            o->tee = (stream_spec){.all = 3};
         break;
     case OPT_MONITOR:
         o->monitor_interval = parse_seconds(name, v);
@@ -252,7 +327,12 @@ static void parse_options(int argc, char **argv, options *o) {
             var[8 + k] = (char)toupper((unsigned char)option_table[i].name[k]);
         const char *v = getenv(var);
         if (!v) continue;
-        if (option_table[i].has_arg)
+        if (option_table[i].has_arg == 2) /* CDDPRUN_TEE=3; true/yes: every stream */
+            apply(o, option_table[i].code, option_table[i].name,
+                  looks_like_streams(v) ? v
+                  : parse_bool(var, v)  ? "3"
+                                        : "0");
+        else if (option_table[i].has_arg == 1)
             apply(o, option_table[i].code, option_table[i].name, v);
         else if (parse_bool(var, v))
             apply(o, option_table[i].code, option_table[i].name, NULL);
@@ -261,7 +341,9 @@ static void parse_options(int argc, char **argv, options *o) {
     static char dashed[NOPTIONS][64];
     int n = 0;
     for (int i = 0; i < NOPTIONS; i++) {
-        int has = option_table[i].has_arg ? required_argument : no_argument;
+        int has = option_table[i].has_arg == 2   ? optional_argument
+                  : option_table[i].has_arg == 1 ? required_argument
+                                                 : no_argument;
         longopts[n++] = (struct option){option_table[i].name, has, NULL, option_table[i].code};
         snprintf(dashed[i], sizeof dashed[i], "%s", option_table[i].name);
         bool any = false;
@@ -273,7 +355,7 @@ static void parse_options(int argc, char **argv, options *o) {
     int c, idx = 0;
     opterr = 0;
     /* "+": stop at the program, so its own options are left alone. */
-    while ((c = getopt_long(argc, argv, "+hm", longopts, &idx)) != -1) {
+    while ((c = getopt_long(argc, argv, "+hmr:t::", longopts, &idx)) != -1) {
         if (c == 'h') {
             usage(stdout);
             exit(0);
@@ -282,7 +364,17 @@ static void parse_options(int argc, char **argv, options *o) {
             if (optopt) die_usage("unknown option -%c", optopt);
             die_usage("unknown option or missing value: %s", argv[optind - 1]);
         }
-        apply(o, c, c == 'm' ? "module" : longopts[idx].name, optarg);
+        const char *name = c == 'm'   ? "module"
+                           : c == 'r' ? "redirects"
+                           : c == 't' ? "tee"
+                                      : longopts[idx].name;
+        if (c == 'r') c = OPT_REDIRECTS;
+        if (c == 't') c = OPT_TEE;
+        /* An optional value given as the next argument: --tee 3 */
+        const char *v = optarg;
+        if (!v && c == OPT_TEE && optind < argc && looks_like_streams(argv[optind]))
+            v = argv[optind++];
+        apply(o, c, name, v);
     }
     if (optind >= argc) die_usage("no program given");
     o->program = argv + optind;
@@ -328,8 +420,17 @@ static void validate(options *o) {
         die_usage("--node_rank %d is out of range for --nnodes %d (0..%d)", o->node_rank, o->nnodes,
                   o->nnodes - 1);
     if (o->standalone && o->nnodes > 1) die_usage("--standalone is for one node (--nnodes 1)");
-    if (o->redirect && !o->logdir)
-        die_usage("--redirect_stdout_and_stderr needs --logdir (where should the output go?)");
+    bool redirects = o->redirects.all != 0;
+    for (int i = 0; i < o->redirects.nmap; i++) redirects |= o->redirects.map[i].value != 0;
+    if (redirects && !o->logdir)
+        die_usage("--%s needs --logdir (where should the output go?)", o->redirect_name);
+    const stream_spec *specs[2] = {&o->tee, &o->redirects};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < specs[k]->nmap; i++)
+            if (specs[k]->map[i].local_rank >= o->nproc_per_node)
+                die_usage("--%s: local rank %d is not on this node (--nproc_per_node %d: 0..%d)",
+                          k ? o->redirect_name : "tee", specs[k]->map[i].local_rank,
+                          o->nproc_per_node, o->nproc_per_node - 1);
     bool python = o->module || (!o->no_python && ends_with(o->program[0], ".py"));
     if (python && !on_path("python3"))
         die_usage("%s needs python3, which is not on PATH (use --no_python to run it directly)",
@@ -346,6 +447,7 @@ typedef struct stream {
     int fd;       /* pipe from the worker, -1 when closed or not used */
     int log;      /* log file, -1 when none */
     bool console; /* copy to the console */
+    bool prefix;  /* ... with [rank N] before each line */
     FILE *to;     /* stdout or stderr */
     char line[4096];
     size_t len;
@@ -392,7 +494,7 @@ static void set_env_int(const char *name, long v) {
 }
 
 /* Writes the text of a stream to its destinations, with the [rank N] prefix when asked. */
-static void emit(const job *j, const worker *w, stream *s, const char *data, size_t n) {
+static void emit(const worker *w, stream *s, const char *data, size_t n) {
     if (s->log >= 0) {
         const char *p = data;
         size_t left = n;
@@ -403,7 +505,7 @@ static void emit(const job *j, const worker *w, stream *s, const char *data, siz
         }
     }
     if (!s->console) return;
-    if (!j->o.tee) {
+    if (!s->prefix) {
         fwrite(data, 1, n, s->to);
         fflush(s->to);
         return;
@@ -419,18 +521,18 @@ static void emit(const job *j, const worker *w, stream *s, const char *data, siz
     }
 }
 
-static void drain(const job *j, worker *w, stream *s) {
+static void drain(worker *w, stream *s) {
     char buf[65536];
     for (;;) {
         ssize_t r = read(s->fd, buf, sizeof buf);
         if (r > 0) {
-            emit(j, w, s, buf, (size_t)r);
+            emit(w, s, buf, (size_t)r);
             continue;
         }
         if (r < 0 && errno == EINTR) continue;
         if (r < 0 && errno == EAGAIN) return;
         /* EOF: flush a last line without a newline, close. */
-        if (s->len) emit(j, w, s, "\n", 1);
+        if (s->len) emit(w, s, "\n", 1);
         close(s->fd);
         s->fd = -1;
         return;
@@ -464,12 +566,18 @@ static int open_log(const job *j, int local, const char *name, int *fd, char *pa
 
 static void start_workers(job *j) {
     const options *o = &j->o;
-    bool pipes = o->tee || (o->logdir && !o->redirect);
     for (int i = 0; i < o->nproc_per_node; i++) {
         worker *w = &j->w[i];
         *w = (worker){.rank = j->base + i, .local_rank = i, .running = true};
-        w->out = (stream){.fd = -1, .log = -1, .console = !o->redirect, .to = stdout};
-        w->err = (stream){.fd = -1, .log = -1, .console = !o->redirect, .to = stderr};
+        int redirect = streams_for(&o->redirects, i), tee = streams_for(&o->tee, i);
+        w->out = (stream){
+            .fd = -1, .log = -1, .console = !(redirect & 1), .prefix = tee & 1, .to = stdout};
+        w->err = (stream){
+            .fd = -1, .log = -1, .console = !(redirect & 2), .prefix = tee & 2, .to = stderr};
+        /* Through cddprun when a stream is prefixed or goes both to a file and the console;
+         * else straight to its file, or to the console. */
+        bool pipes =
+            w->out.prefix || w->err.prefix || (o->logdir && (w->out.console || w->err.console));
         snprintf(w->log_path, sizeof w->log_path, "the console (use --logdir to keep logs)");
         if (o->logdir) {
             char p[PATH_MAX];
@@ -600,7 +708,7 @@ static void pump(job *j, double timeout_s) {
         while (read(wake_pipe[0], b, sizeof b) > 0) {}
     }
     for (int i = 1; i < n; i++)
-        if (pf[i].revents) drain(j, who[i], what[i]);
+        if (pf[i].revents) drain(who[i], what[i]);
 }
 
 /* Stops every running worker: SIGTERM to its process group, SIGKILL after the grace period. */
@@ -619,8 +727,8 @@ static void stop_workers(job *j, int sig) {
     }
     /* Whatever the workers wrote before they went. */
     for (int i = 0; i < j->o.nproc_per_node; i++) {
-        if (j->w[i].out.fd >= 0) drain(j, &j->w[i], &j->w[i].out);
-        if (j->w[i].err.fd >= 0) drain(j, &j->w[i], &j->w[i].err);
+        if (j->w[i].out.fd >= 0) drain(&j->w[i], &j->w[i].out);
+        if (j->w[i].err.fd >= 0) drain(&j->w[i], &j->w[i].err);
     }
 }
 
@@ -807,8 +915,8 @@ static round_result run_round(job *j) {
     else
         while (reap(j, NULL) > 0) pump(j, o->monitor_interval);
     for (int i = 0; i < o->nproc_per_node; i++) { /* output written just before the exit */
-        if (j->w[i].out.fd >= 0) drain(j, &j->w[i], &j->w[i].out);
-        if (j->w[i].err.fd >= 0) drain(j, &j->w[i], &j->w[i].err);
+        if (j->w[i].out.fd >= 0) drain(&j->w[i], &j->w[i].out);
+        if (j->w[i].err.fd >= 0) drain(&j->w[i], &j->w[i].err);
     }
     for (int i = 0; i < o->nproc_per_node; i++) {
         if (j->w[i].out.log >= 0) close(j->w[i].out.log);
