@@ -114,7 +114,8 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
  * environment variable CDDP_<ID>. An INT knob whose variable is not a number in range logs an
  * error naming the variable and uses the default. */
 #define CDDP_KNOB_LIST(X)                                                                          \
-    X(LOG_LEVEL, STR, "warn", "Log threshold: error, warn, info or debug.")                        \
+    X(LOG_LEVEL, STR, "info",                                                                      \
+      "Log threshold: error, warn, info (what each group runs on, once) or debug.")                \
     X(ARENA_MB, INT, "4096", "Most memory, in MiB, that one step's arena may grow to.")            \
     X(DATA, STR, "/usr/share/datasets/fashion-mnist",                                              \
       "Folder with the (Fashion-)MNIST IDX files (Debian's dataset-fashion-mnist).")               \
@@ -159,6 +160,14 @@ CDDP_API const char *cddp_knob_doc(cddp_knob knob);
 /* The value from the environment when set and non-empty, else the default. */
 CDDP_API const char *cddp_knob_str(cddp_knob knob);
 CDDP_API long cddp_knob_int(cddp_knob knob);
+
+/* Threads per process for the math libraries (OpenBLAS's matrix products): sets
+ * OMP_NUM_THREADS and OPENBLAS_NUM_THREADS to n (at least 1) and resizes the running pool. A
+ * group whose ranks share a host calls it with 1 when none of those variables is set (as cddprun
+ * does for its workers), so that N ranks do not start N thread pools on the same cores. */
+CDDP_API void cddp_set_num_threads(int n);
+/* The threads OpenBLAS uses now. */
+CDDP_API int cddp_num_threads(void);
 
 /* Seconds on the monotonic clock (for measuring intervals; the origin is arbitrary). */
 CDDP_API double cddp_now_s(void);

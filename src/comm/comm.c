@@ -1026,16 +1026,14 @@ static void host_identity(char *out, size_t n) {
  * it. The key names the restart round, MASTER_PORT (a job started by hand from inside a worker
  * sets its own) and the group's number in this process (groups are created collectively, so
  * every rank counts the same). */
-static int store_via_launcher(int rank, const char *addr, const char *token,
+static int store_via_launcher(const cddp__launch *l, int rank, const char *addr, const char *token,
                               cddp_store_server **srv, int *port, cddp_error *err) {
     static _Atomic int groups;
-    const char *round = getenv("CDDP_RESTART_COUNT"), *mp = getenv("MASTER_PORT");
     char key[96], text[16];
-    snprintf(key, sizeof key, "comm/r%.8s/m%.8s/g%d/port", round ? round : "0", mp ? mp : "-",
+    snprintf(key, sizeof key, "comm/r%d/m%d/g%d/port", l->restart, l->master_port,
              atomic_fetch_add(&groups, 1));
-    const char *la = getenv("CDDP_STORE_ADDR");
-    cddp_store_options lo = {la && *la ? la : addr, atoi(getenv("CDDP_STORE_PORT")),
-                             getenv("CDDP_STORE_TOKEN"), 0, NULL};
+    cddp_store_options lo = {l->store_addr[0] ? l->store_addr : addr, l->store_port, l->store_token,
+                             0, NULL};
     cddp_store *launcher = cddp_store_connect(&lo, err);
     if (!launcher) return err ? err->code : CDDP_EIO;
     int rc = CDDP_OK;
@@ -1183,95 +1181,66 @@ static int setup_host_group(cddp_comm *c, cddp_store *st, cddp_error *err) {
     return setup_shm(h, st, err);
 }
 
-cddp_comm *cddp_comm_create(const cddp_comm_options *opts, cddp_error *err) {
-    cddp_comm_options o = opts ? *opts : (cddp_comm_options){0};
-    cddp_comm *c = cddp_calloc(1, sizeof *c);
-    cddp_store_server *srv = NULL;
-    cddp_store *st = NULL;
-    int rc = CDDP_OK;
-    if (!c || cddp__comm_work_init(c) != CDDP_OK) {
-        cddp_free(c);
-        cddp_error_set(err, CDDP_ENOMEM, "out of memory");
-        return NULL;
-    }
-    /* The backend: CDDP_BACKEND, or MPI automatically when mpirun/srun started us and MPI is
-     * built in. */
-    const char *want = cddp_knob_str(CDDP_KNOB_BACKEND);
-    bool under_mpi = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE");
-    if (strcmp(want, "auto") && strcmp(want, "shm") && strcmp(want, "mpi")) {
-        rc = cddp_error_set(err, CDDP_EINVAL, "CDDP_BACKEND=%s: expected auto, shm or mpi", want);
-        goto out;
-    }
-    if (!strcmp(want, "mpi") ||
-        (!strcmp(want, "auto") && under_mpi && cddp__mpi_available() && o.world_size <= 0)) {
-        if (!cddp__mpi_available()) {
-            rc = cddp_error_set(err, CDDP_EUNSUPPORTED,
-                                "CDDP_BACKEND=mpi, but this cddp was "
-                                "built without MPI (install libopenmpi-dev and rebuild)");
-            goto out;
-        }
-        c->backend = BACKEND_MPI;
-        c->timeout = o.timeout_s > 0 ? o.timeout_s : (double)cddp_knob_int(CDDP_KNOB_TIMEOUT_S);
-        rc = cddp__mpi_init(c, err);
-        if (rc == CDDP_OK) cddp_log_set_rank(c->rank);
-        goto out;
-    }
-    if (o.world_size <= 0) {
-        rc = cddp_env_rank_world(&o.rank, &o.world_size, err);
-        if (rc == CDDP_EINVAL) goto out;
-        rc = CDDP_OK;
-    }
-    if (o.rank < 0 || o.rank >= o.world_size) {
-        rc = cddp_error_set(err, CDDP_EINVAL, "rank %d is not in [0, %d)", o.rank, o.world_size);
-        goto out;
-    }
-    c->rank = o.rank;
-    c->world = o.world_size;
-    c->local_world = 1;
-    c->backend = o.world_size == 1 ? BACKEND_SELF : BACKEND_SHM;
-    c->timeout = o.timeout_s > 0 ? o.timeout_s : (double)cddp_knob_int(CDDP_KNOB_TIMEOUT_S);
-    cddp_log_set_rank(c->rank);
-    if (c->world == 1) goto out;
+/* Says once, on rank 0, what the group runs on and why, and who started it. */
+static void log_backend(const cddp_comm *c, const cddp__launch *l, const char *why) {
+    if (c->rank != 0 || !cddp_log_enabled(CDDP_LOG_INFO)) return;
+    static const char *how[] = {"no communication", "shared memory", "tcp", "mpi"};
+    char hosts[48] = "";
+    if (c->world > 1)
+        snprintf(hosts, sizeof hosts, " on %d host%s", c->nhosts, c->nhosts == 1 ? "" : "s");
+    bool tell = l->why[0] && strcmp(l->why, why) != 0; /* how the launcher was recognised */
+    cddp_log(
+        CDDP_LOG_INFO, "comm", "%d rank%s%s: %s%s%s%s; started by %s%s%s%s", c->world,
+        c->world == 1 ? "" : "s", hosts, how[c->backend], *why ? " (" : "", why, *why ? ")" : "",
+        l->by[0] ? l->by
+                 : "no launcher (none of RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID is "
+                   "set)",
+        tell ? " (" : "", tell ? l->why : "", tell ? ")" : "");
+}
 
-    const char *addr = o.master_addr ? o.master_addr : getenv("MASTER_ADDR");
-    if (!addr || !*addr) addr = "127.0.0.1";
-    int port = o.master_port;
-    if (port <= 0) {
-        const char *p = getenv("MASTER_PORT");
-        port = p ? atoi(p) : 0;
-    }
-    if (port <= 0 || port > 65535) {
-        rc = cddp_error_set(err, CDDP_EINVAL,
-                            "MASTER_PORT is not set (or not a port): start the "
-                            "program with cddprun or torchrun, or pass master_port");
-        goto out;
-    }
-    const char *token = o.token ? o.token : getenv("CDDP_STORE_TOKEN");
-    if (!token) token = "cddp";
-    bool whole_job =
-        !opts || (opts->world_size <= 0 && !opts->master_addr && opts->master_port <= 0);
-    if (whole_job && getenv("CDDP_STORE_PORT"))
-        CDDP_TRY_GOTO(store_via_launcher(c->rank, addr, token, &srv, &port, err), out);
-    else if (c->rank == 0 && !(srv = cddp_store_server_start(addr, port, token, err))) {
-        rc = err ? err->code : CDDP_EIO;
-        goto out;
-    }
-    cddp_store_options so = {addr, port, token, 0, NULL};
-    if (!(st = cddp_store_connect(&so, err))) {
-        rc = err ? err->code : CDDP_EIO;
-        goto out;
-    }
-    /* Who shares a host with whom. */
+/* More than one rank on this host and no thread count chosen: one thread each for the math
+ * libraries, as cddprun gives its workers, so that the ranks do not each start a pool as large
+ * as the host. Said once, on rank 0. */
+static void limit_threads(const cddp_comm *c) {
+    if (c->local_world < 2 || getenv("OPENBLAS_NUM_THREADS") || getenv("GOTO_NUM_THREADS") ||
+        getenv("OMP_NUM_THREADS"))
+        return;
+    cddp_set_num_threads(1);
+    if (c->rank == 0)
+        cddp_log(CDDP_LOG_INFO, "comm",
+                 "%d ranks share this host: setting OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 "
+                 "(unset here) so that they do not oversubscribe the cores; set them to tune",
+                 c->local_world);
+}
+
+/* The MPI backend: CDDP_BACKEND=mpi, or auto under an MPI launcher when MPI is built in (and
+ * the options do not describe a group of their own). CDDP_EINVAL/EUNSUPPORTED when asked for
+ * something that cannot be. */
+static int want_mpi(const cddp__launch *l, const cddp_comm_options *o, bool *mpi, char *why,
+                    size_t n, cddp_error *err) {
+    const char *want = cddp_knob_str(CDDP_KNOB_BACKEND);
+    if (strcmp(want, "auto") && strcmp(want, "shm") && strcmp(want, "mpi"))
+        return cddp_error_set(err, CDDP_EINVAL, "CDDP_BACKEND=%s: expected auto, shm or mpi", want);
+    *mpi = !strcmp(want, "mpi") ||
+           (!strcmp(want, "auto") && l->mpi && cddp__mpi_available() && o->world_size <= 0);
+    if (*mpi && !cddp__mpi_available())
+        return cddp_error_set(err, CDDP_EUNSUPPORTED,
+                              "CDDP_BACKEND=mpi, but this cddp was built without MPI (install "
+                              "libopenmpi-dev and rebuild)");
+    snprintf(why, n, "%s", !strcmp(want, "mpi") ? "CDDP_BACKEND=mpi" : l->why);
+    return CDDP_OK;
+}
+
+/* Who shares a host with whom: every rank posts its host identity and reads everyone's. Sets
+ * local_rank, local_world, nhosts and the hosts' leaders. */
+static int group_hosts(cddp_comm *c, cddp_store *st, cddp_error *err) {
     char me[256], key[64];
     host_identity(me, sizeof me);
     snprintf(key, sizeof key, "comm/host/%d", c->rank);
-    CDDP_TRY_GOTO(cddp_store_set_str(st, key, me, err), out);
-    int local = 0, before = 0;
+    CDDP_TRY(cddp_store_set_str(st, key, me, err));
     char **hosts = cddp_calloc((size_t)c->world, sizeof *hosts);
-    if (!hosts) {
-        rc = cddp_error_set(err, CDDP_ENOMEM, "out of memory");
-        goto out;
-    }
+    if (!hosts) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    int rc = CDDP_OK, local = 0, before = 0;
     for (int r = 0; r < c->world && rc == CDDP_OK; r++) {
         size_t n;
         snprintf(key, sizeof key, "comm/host/%d", r);
@@ -1284,53 +1253,134 @@ cddp_comm *cddp_comm_create(const cddp_comm_options *opts, cddp_error *err) {
     if (rc == CDDP_OK) rc = find_leaders(c, (const char *const *)hosts, err);
     for (int r = 0; r < c->world; r++) cddp_free(hosts[r]);
     cddp_free(hosts);
-    if (rc != CDDP_OK) goto out;
     c->local_rank = before;
     c->local_world = local;
-    /* The transport: shared memory when every rank is on this host, else TCP; CDDP_TRANSPORT
-     * forces one. (Every rank reaches the same choice: the host count is the same for all.) */
+    c->nhosts = c->nleaders;
+    return rc;
+}
+
+/* The transport: shared memory when every rank is on this host, else TCP (hierarchical when
+ * some host has several ranks); CDDP_TRANSPORT forces one. Every rank reaches the same choice:
+ * the host count is the same for all. */
+static int connect_ranks(cddp_comm *c, cddp_store *st, char *why, size_t n, cddp_error *err) {
     const char *tr = cddp_knob_str(CDDP_KNOB_TRANSPORT);
-    if (strcmp(tr, "auto") && strcmp(tr, "shm") && strcmp(tr, "tcp")) {
-        rc = cddp_error_set(err, CDDP_EINVAL, "CDDP_TRANSPORT=%s: expected auto, shm or tcp", tr);
+    if (strcmp(tr, "auto") && strcmp(tr, "shm") && strcmp(tr, "tcp"))
+        return cddp_error_set(err, CDDP_EINVAL, "CDDP_TRANSPORT=%s: expected auto, shm or tcp", tr);
+    if (!strcmp(tr, "shm") && c->local_world != c->world)
+        return cddp_error_set(err, CDDP_EUNSUPPORTED,
+                              "CDDP_TRANSPORT=shm, but the group spans hosts (%d of %d ranks on "
+                              "this one): unset it to use TCP between the hosts",
+                              c->local_world, c->world);
+    if (strcmp(tr, "tcp") && c->local_world == c->world) {
+        c->backend = BACKEND_SHM;
+        snprintf(why, n, "%s",
+                 strcmp(tr, "shm") ? "every rank on this host" : "CDDP_TRANSPORT=shm");
+        return setup_shm(c, st, err);
+    }
+    c->backend = BACKEND_TCP;
+    double rdzv = cddp_now_s() + (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
+    CDDP_TRY(cddp__tcp_setup(c, st, rdzv, err));
+    /* Across hosts with several ranks on some, allreduce goes through each host's shared
+     * memory (CDDP_TRANSPORT=tcp keeps everything on TCP). */
+    if (!strcmp(tr, "auto") && c->nleaders > 1 && c->nleaders < c->world) {
+        snprintf(why, n, "ranks on different hosts, allreduce hierarchical");
+        CDDP_TRY(setup_host_group(c, st, err));
+        cddp_log(CDDP_LOG_INFO, "comm",
+                 "TCP between %d hosts; allreduce is hierarchical: shared memory among this "
+                 "host's %d ranks, a TCP ring between the hosts' leaders",
+                 c->nleaders, c->local_world);
+        return CDDP_OK;
+    }
+    snprintf(why, n, "%s", strcmp(tr, "tcp") ? "ranks on different hosts" : "CDDP_TRANSPORT=tcp");
+    c->nleaders = 0;
+    return CDDP_OK;
+}
+
+/* Meets the other ranks at rank 0's store and connects to them. */
+static int rendezvous(cddp_comm *c, const cddp__launch *l, const cddp_comm_options *opts,
+                      const cddp_comm_options *o, char *why, size_t n, cddp_error *err) {
+    const char *addr = o->master_addr ? o->master_addr : l->master_addr;
+    if (!*addr) addr = "127.0.0.1";
+    int port = o->master_port > 0 ? o->master_port : l->master_port;
+    if (port <= 0 || port > 65535)
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "MASTER_PORT is not set (or not a port): start the program with "
+                              "cddprun, torchrun, mpirun or srun, or pass master_port");
+    if (l->derived_master && c->rank == 0)
+        cddp_log(CDDP_LOG_INFO, "comm",
+                 "srun: meeting at %s:%d (the step's first host; MASTER_ADDR and MASTER_PORT "
+                 "choose another)",
+                 addr, port);
+    const char *token = o->token ? o->token : l->store_token ? l->store_token : "cddp";
+    bool whole_job =
+        !opts || (opts->world_size <= 0 && !opts->master_addr && opts->master_port <= 0);
+    cddp_store_server *srv = NULL;
+    cddp_store *st = NULL;
+    int rc = CDDP_OK;
+    if (whole_job && l->store_port > 0)
+        CDDP_TRY_GOTO(store_via_launcher(l, c->rank, addr, token, &srv, &port, err), out);
+    else if (c->rank == 0 && !(srv = cddp_store_server_start(addr, port, token, err))) {
+        rc = err ? err->code : CDDP_EIO;
         goto out;
     }
-    if (!strcmp(tr, "shm") && local != c->world) {
-        rc = cddp_error_set(err, CDDP_EUNSUPPORTED,
-                            "CDDP_TRANSPORT=shm, but the group spans hosts (%d of %d ranks on "
-                            "this one): unset it to use TCP between the hosts",
-                            local, c->world);
+    cddp_store_options so = {addr, port, token, 0, NULL};
+    if (!(st = cddp_store_connect(&so, err))) {
+        rc = err ? err->code : CDDP_EIO;
         goto out;
     }
-    if (!strcmp(tr, "tcp") || local != c->world) {
-        c->backend = BACKEND_TCP;
-        double rdzv = cddp_now_s() + (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
-        CDDP_TRY_GOTO(cddp__tcp_setup(c, st, rdzv, err), out);
-        /* Across hosts with several ranks on some, allreduce goes through each host's shared
-         * memory (CDDP_TRANSPORT=tcp keeps everything on TCP). */
-        if (!strcmp(tr, "auto") && c->nleaders > 1 && c->nleaders < c->world) {
-            CDDP_TRY_GOTO(setup_host_group(c, st, err), out);
-            cddp_log(CDDP_LOG_INFO, "comm",
-                     "TCP between %d hosts; allreduce is hierarchical: shared memory among this "
-                     "host's %d ranks, a TCP ring between the hosts' leaders",
-                     c->nleaders, c->local_world);
-        } else {
-            c->nleaders = 0;
-        }
-    } else {
-        CDDP_TRY_GOTO(setup_shm(c, st, err), out);
-    }
+    CDDP_TRY_GOTO(group_hosts(c, st, err), out);
+    CDDP_TRY_GOTO(connect_ranks(c, st, why, n, err), out);
     /* Rank 0's store may go once everyone has left the rendezvous. */
+    char key[64];
     snprintf(key, sizeof key, "comm/done/%d", c->rank);
     CDDP_TRY_GOTO(cddp_store_set_str(st, key, "1", err), out);
-    if (c->rank == 0)
-        for (int r = 1; r < c->world; r++) {
-            snprintf(key, sizeof key, "comm/done/%d", r);
-            const char *k = key;
-            CDDP_TRY_GOTO(cddp_store_wait(st, &k, 1, -1, err), out);
-        }
+    for (int r = 1; r < c->world && c->rank == 0; r++) {
+        snprintf(key, sizeof key, "comm/done/%d", r);
+        const char *k = key;
+        CDDP_TRY_GOTO(cddp_store_wait(st, &k, 1, -1, err), out);
+    }
 out:
     cddp_store_close(st);
     cddp_store_server_stop(srv);
+    return rc;
+}
+
+cddp_comm *cddp_comm_create(const cddp_comm_options *opts, cddp_error *err) {
+    cddp_comm_options o = opts ? *opts : (cddp_comm_options){0};
+    cddp__launch l;
+    char why[160] = "";
+    bool mpi = false;
+    cddp_comm *c = cddp_calloc(1, sizeof *c);
+    if (!c || cddp__comm_work_init(c) != CDDP_OK) {
+        cddp_free(c);
+        cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+        return NULL;
+    }
+    int rc = cddp__launch_read(&l, err);
+    if (rc == CDDP_OK) rc = want_mpi(&l, &o, &mpi, why, sizeof why, err);
+    if (rc != CDDP_OK) goto out;
+    c->timeout = o.timeout_s > 0 ? o.timeout_s : (double)cddp_knob_int(CDDP_KNOB_TIMEOUT_S);
+    c->local_world = c->nhosts = 1;
+    if (mpi) {
+        c->backend = BACKEND_MPI;
+        CDDP_TRY_GOTO(cddp__mpi_init(c, err), out);
+        cddp_log_set_rank(c->rank);
+    } else {
+        if (o.world_size <= 0) o.rank = l.rank, o.world_size = l.world;
+        if (o.rank < 0 || o.rank >= o.world_size) {
+            rc =
+                cddp_error_set(err, CDDP_EINVAL, "rank %d is not in [0, %d)", o.rank, o.world_size);
+            goto out;
+        }
+        c->rank = o.rank;
+        c->world = o.world_size;
+        c->backend = BACKEND_SELF;
+        cddp_log_set_rank(c->rank);
+        if (c->world > 1) CDDP_TRY_GOTO(rendezvous(c, &l, opts, &o, why, sizeof why, err), out);
+    }
+    log_backend(c, &l, why);
+    limit_threads(c);
+out:
     if (rc != CDDP_OK) {
         cddp_comm_destroy(c);
         return NULL;

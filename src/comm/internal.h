@@ -117,6 +117,7 @@ struct cddp_comm_work {
 struct cddp_comm {
     int backend;
     int rank, world, local_rank, local_world;
+    int nhosts; /* hosts the group's ranks are on */
     double timeout;
     cddp_error failed; /* latched */
     uint64_t seq, step;
@@ -155,6 +156,25 @@ struct cddp_comm {
     bool thread_started, stopping, thread_busy, inline_busy;
     cddp_comm_work *head, *tail, *free_list, *all;
 };
+
+/* What the launcher that started this process says (bootstrap.c). */
+typedef struct cddp__launch {
+    char by[32];     /* "cddprun", "torchrun", "mpirun", "srun", ...; "" when nothing started us */
+    char why[48];    /* the variable that says so: "OMPI_COMM_WORLD_SIZE set" */
+    int rank, world; /* 0 and 1 when nothing started us */
+    int local_rank, local_world; /* -1 when the launcher does not say */
+    bool mpi;                    /* an MPI launcher (mpirun, PMI): the MPI backend fits */
+    char master_addr[256];       /* MASTER_ADDR; "" unset */
+    int master_port;             /* MASTER_PORT; -1 unset */
+    bool derived_master;         /* both derived from srun's variables */
+    char store_addr[256];        /* cddprun's store: CDDP_STORE_ADDR ("" unset), */
+    int store_port;              /* CDDP_STORE_PORT (-1 unset), */
+    const char *store_token;     /* CDDP_STORE_TOKEN (NULL unset), */
+    int restart;                 /* CDDP_RESTART_COUNT (0 unset) */
+} cddp__launch;
+
+/* Reads the environment; CDDP_EINVAL (err filled) when a rank variable is malformed. */
+int cddp__launch_read(cddp__launch *l, cddp_error *err);
 
 /* Checks a call's arguments before it runs or is queued. */
 int cddp__comm_check(const cddp_comm *c, const coll *a, cddp_error *err);

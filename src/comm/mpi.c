@@ -110,6 +110,8 @@ int cddp__mpi_init(cddp_comm *c, cddp_error *err) {
     MPI_Comm_rank(shared, &c->local_rank);
     MPI_Comm_size(shared, &c->local_world);
     MPI_Comm_free(&shared);
+    int leader = c->local_rank == 0; /* one per host */
+    MPI_Allreduce(&leader, &c->nhosts, 1, MPI_INT, MPI_SUM, COMM(c));
     return CDDP_OK;
 }
 

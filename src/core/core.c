@@ -96,9 +96,9 @@ static int parse_log_level(const char *s) {
     if (strcasecmp(s, "warning") == 0) return CDDP_LOG_WARN;
     fprintf(stderr,
             "[cddp] E core: CDDP_LOG_LEVEL=%s is not one of error, warn, info, debug; "
-            "using warn\n",
+            "using info\n",
             s);
-    return CDDP_LOG_WARN;
+    return CDDP_LOG_INFO;
 }
 
 bool cddp_log_enabled(cddp_log_level level) {
@@ -219,8 +219,7 @@ long cddp_knob_int(cddp_knob knob) {
     return x;
 }
 
-/* Parses a decimal int in [0, 2^30) or returns -1. */
-static long env_int(const char *name) {
+long cddp__env_int(const char *name) {
     const char *v = getenv(name);
     if (!v || !*v) return -2;
     char *end = NULL;
@@ -237,7 +236,7 @@ int cddp_env_rank_world(int *rank, int *world, cddp_error *err) {
     *rank = 0;
     *world = 1;
     for (size_t i = 0; i < CDDP_ARRAY_LEN(pairs); i++) {
-        long r = env_int(pairs[i][0]), w = env_int(pairs[i][1]);
+        long r = cddp__env_int(pairs[i][0]), w = cddp__env_int(pairs[i][1]);
         if (r == -2 && w == -2) continue;
         if (r < 0 || w < 1 || r >= w)
             return cddp_error_set(

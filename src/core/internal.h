@@ -27,6 +27,10 @@
 /* Writes a shape as "(2,3,4)" into buf (n bytes, always terminated) and returns buf. */
 const char *cddp__shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
 
+/* The decimal in [0, 2^30) that environment variable name holds; -2 when it is unset or empty,
+ * -1 when it holds something else. */
+long cddp__env_int(const char *name);
+
 /* vsnprintf into err after an optional prefix; used by cddp_error_set and friends. */
 int cddp__error_vset(cddp_error *err, int code, const char *fmt, va_list ap);
 

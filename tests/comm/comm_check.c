@@ -376,7 +376,7 @@ static void *abort_later(void *c) {
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr,
-                "usage: comm_check matrix|kill [async]|abort|stop|mismatch KIND|deadline\n");
+                "usage: comm_check matrix|launch|kill [async]|abort|stop|mismatch KIND|deadline\n");
         return 2;
     }
     const char *mode = argv[1];
@@ -393,6 +393,18 @@ int main(int argc, char **argv) {
     float buf[64] = {0};
     if (!strcmp(mode, "matrix")) {
         status = matrix(c);
+    } else if (!strcmp(mode, "launch")) {
+        /* What the group made of the launcher's environment: one allreduce, the layout and the
+         * math libraries' threads. */
+        int64_t v = rank + 1;
+        if (cddp_comm_allreduce(c, &v, &v, 1, CDDP_COMM_I64, CDDP_COMM_SUM, -1, &err))
+            die("allreduce: %s%.0f", err.msg, 0);
+        if (v != (int64_t)world * (world + 1) / 2) die("%sallreduce gave %.0f", "", (double)v);
+        const char *omp = getenv("OMP_NUM_THREADS"), *blas = getenv("OPENBLAS_NUM_THREADS");
+        printf("ok: rank %d of %d (%s backend), local rank %d of %d, threads %d, "
+               "OMP_NUM_THREADS=%s OPENBLAS_NUM_THREADS=%s\n",
+               rank, world, backend, cddp_comm_local_rank(c), cddp_comm_local_size(c),
+               cddp_num_threads(), omp ? omp : "unset", blas ? blas : "unset");
     } else if (!strcmp(mode, "kill")) {
         /* The last rank dies at the 50th collective; the others must say so within 5 s. With
          * "async", 8 queued collectives are in flight when it dies, and every one must fail. */

@@ -1,0 +1,135 @@
+/* bootstrap.c: what the launcher that started this process says about the job, read once.
+ *
+ * Launchers describe a job in environment variables, each in its own words:
+ *
+ *   cddprun     RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and its
+ *               own store: CDDP_STORE_ADDR/PORT/TOKEN, CDDP_RESTART_COUNT
+ *   torchrun    the same first six (TORCHELASTIC_RUN_ID tells it apart)
+ *   mpirun      OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE (Open MPI)
+ *   PMI         PMI_RANK/PMI_SIZE, MPI_LOCALRANKID/MPI_LOCALNRANKS (MPICH, Intel MPI, srun --mpi)
+ *   srun        SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE,
+ *               SLURM_NODEID, SLURM_STEP_NODELIST, SLURM_JOB_ID, SLURM_STEP_ID
+ *
+ * They are looked at in this order (a cddprun started inside an srun step leaves its workers the
+ * step's SLURM_* variables too: the innermost launcher wins). Rank and world come from
+ * cddp_env_rank_world, the one place that reads them for every module.
+ *
+ * Under srun nothing names a rendezvous address. When MASTER_ADDR and MASTER_PORT are unset, the
+ * group meets on the step's first host at port 10000 + 10 (SLURM_JOB_ID mod 2000) +
+ * (SLURM_STEP_ID mod 10): every task computes the same, consecutive steps of a job differ, and
+ * the port is below Linux's ephemeral range, where outgoing connections would take it.
+ */
+#include "comm/internal.h"
+#include "core/internal.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A decimal in [0, 2^30) from the environment; -1 when unset or not one. */
+static int env_int(const char *name) {
+    long v = cddp__env_int(name);
+    return v < 0 ? -1 : (int)v;
+}
+
+static const char *env_str(const char *name) {
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+/* This node's task count from Slurm's SLURM_STEP_TASKS_PER_NODE ("2(x3),1": 2 tasks on each of
+ * the first three nodes, then 1) and SLURM_NODEID; -1 when they do not say. */
+static int slurm_tasks_here(void) {
+    const char *v = env_str("SLURM_STEP_TASKS_PER_NODE");
+    if (!v) v = env_str("SLURM_TASKS_PER_NODE");
+    int node = env_int("SLURM_NODEID");
+    if (!v || node < 0) return -1;
+    for (const char *p = v; *p;) {
+        char *end;
+        long n = strtol(p, &end, 10), reps = 1;
+        if (end == p || n < 0) return -1;
+        if (*end == '(') {
+            if (end[1] != 'x') return -1;
+            reps = strtol(end + 2, &end, 10);
+            if (*end != ')' || reps < 1) return -1;
+            end++;
+        }
+        if (node < reps) return (int)n;
+        node -= (int)reps;
+        if (*end == ',') end++;
+        p = end;
+    }
+    return -1;
+}
+
+/* The first host of a Slurm host list: "node[03-05,9],login" gives "node03". */
+static void first_host(const char *list, char *out, size_t n) {
+    size_t len = strcspn(list, "[,");
+    if (list[len] != '[') {
+        snprintf(out, n, "%.*s", (int)len, list);
+        return;
+    }
+    size_t digits = strspn(list + len + 1, "0123456789"); /* keeps the leading zeros */
+    snprintf(out, n, "%.*s%.*s", (int)len, list, (int)digits, list + len + 1);
+}
+
+int cddp__launch_read(cddp__launch *l, cddp_error *err) {
+    *l = (cddp__launch){.local_rank = -1, .local_world = -1};
+    int rc = cddp_env_rank_world(&l->rank, &l->world, err);
+    if (rc == CDDP_EINVAL) return rc;
+    /* The launchers, innermost first: the variable that tells each, and where it puts the
+     * local rank and size. */
+    static const struct {
+        const char *var, *by, *local_rank, *local_world;
+        bool mpi;
+    } launchers[] = {
+        {"RANK", NULL, "LOCAL_RANK", "LOCAL_WORLD_SIZE", false},
+        {"OMPI_COMM_WORLD_SIZE", "mpirun", "OMPI_COMM_WORLD_LOCAL_RANK",
+         "OMPI_COMM_WORLD_LOCAL_SIZE", true},
+        {"PMI_SIZE", "an MPI launcher", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", true},
+        {"SLURM_NTASKS", "srun", "SLURM_LOCALID", NULL, false},
+    };
+    for (size_t i = 0; rc == CDDP_OK && i < CDDP_ARRAY_LEN(launchers); i++) {
+        if (!getenv(launchers[i].var)) continue;
+        const char *by = launchers[i].by;
+        if (!by) /* RANK: cddprun posts its store; torchrun names its run */
+            by = env_str("CDDP_STORE_PORT")       ? "cddprun"
+                 : env_str("TORCHELASTIC_RUN_ID") ? "torchrun"
+                                                  : "a torchrun-style launcher";
+        snprintf(l->by, sizeof l->by, "%s", by);
+        snprintf(l->why, sizeof l->why, "%s set",
+                 !strcmp(by, "cddprun") ? "CDDP_STORE_PORT"
+                 : !strcmp(by, "srun")  ? "SLURM_PROCID"
+                                        : launchers[i].var);
+        l->mpi = launchers[i].mpi;
+        l->local_rank = env_int(launchers[i].local_rank);
+        l->local_world =
+            launchers[i].local_world ? env_int(launchers[i].local_world) : slurm_tasks_here();
+        break;
+    }
+    if (l->local_rank < 0 || l->local_world < 1 || l->local_rank >= l->local_world)
+        l->local_rank = l->local_world = -1;
+
+    /* Where rank 0's store is. */
+    const char *addr = env_str("MASTER_ADDR");
+    snprintf(l->master_addr, sizeof l->master_addr, "%s", addr ? addr : "");
+    l->master_port = env_int("MASTER_PORT");
+    int job = env_int("SLURM_JOB_ID"), step = env_int("SLURM_STEP_ID");
+    const char *nodes = env_str("SLURM_STEP_NODELIST");
+    if (!nodes) nodes = env_str("SLURM_JOB_NODELIST");
+    if (!strcmp(l->by, "srun") && l->master_port <= 0 && !addr && job >= 0 && nodes) {
+        first_host(nodes, l->master_addr, sizeof l->master_addr);
+        l->master_port = 10000 + 10 * (job % 2000) + (step >= 0 ? step % 10 : 0);
+        l->derived_master = true;
+    }
+    /* cddprun's own store (its workers post rank 0's store there). */
+    const char *sa = env_str("CDDP_STORE_ADDR");
+    snprintf(l->store_addr, sizeof l->store_addr, "%s", sa ? sa : "");
+    l->store_port = env_int("CDDP_STORE_PORT");
+    l->store_token = env_str("CDDP_STORE_TOKEN");
+    int restart = env_int("CDDP_RESTART_COUNT");
+    l->restart = restart > 0 ? restart : 0;
+    return CDDP_OK;
+}

@@ -1,0 +1,25 @@
+/* threads.c: how many threads each process's math libraries use.
+ *
+ * OpenBLAS starts its thread pool when it is loaded, sized by OPENBLAS_NUM_THREADS (or
+ * OMP_NUM_THREADS, or every core); a process that learns later that it shares the host with other
+ * ranks must tell the library, not only the environment. The environment is set as well, so that
+ * libraries loaded afterwards and child processes agree.
+ */
+#include "core/internal.h"
+
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+void cddp_set_num_threads(int n) {
+    if (n < 1) n = 1;
+    char v[16];
+    snprintf(v, sizeof v, "%d", n);
+    setenv("OMP_NUM_THREADS", v, 1);
+    setenv("OPENBLAS_NUM_THREADS", v, 1);
+    openblas_set_num_threads(n);
+}
+
+int cddp_num_threads(void) {
+    return openblas_get_num_threads();
+}

@@ -1,0 +1,99 @@
+#!/bin/sh
+# launch_test.sh BUILD_DIR SCENARIO: what a group makes of each launcher's environment, through
+# comm_check launch: the line rank 0 logs once (ranks, hosts, backend and why, launcher) and the
+# math libraries' threads when ranks share the host.
+#
+#   cddprun        2 ranks under cddprun: shared memory; cddprun already set the threads
+#   mpirun         2 ranks under Open MPI's mpirun: the MPI backend; threads set to 1, said once
+#   srun           2 tasks with the variables srun gives a step on one node (SLURM_PROCID,
+#                  SLURM_NTASKS, SLURM_LOCALID, SLURM_STEP_ID, ...) and no MASTER_*: they meet at
+#                  the step's first host and the port derived from the job and step; threads 1
+#   srun_threads   the same with OMP_NUM_THREADS=2 set by the user: left alone
+set -u
+build=$1 scenario=$2
+C="$build/bin/comm_check"
+work=$(mktemp -d)
+pids=""
+trap 'for p in $pids; do kill "$p" 2>/dev/null; done; rm -rf "$work"' EXIT
+unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS GOTO_NUM_THREADS RANK WORLD_SIZE LOCAL_RANK \
+    LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT CDDP_STORE_PORT
+export CDDP_LOG_LEVEL=info
+fail() { echo "FAIL: $*"; for f in "$work"/out* "$work"/err*; do [ -f "$f" ] && { echo "--- $f"; cat "$f"; }; done; exit 1; }
+# once FILE TEXT: TEXT is on exactly one line of FILE.
+once() { [ "$(grep -cF -- "$2" "$1")" = 1 ] || fail "'$2' is not on exactly one line of $1"; }
+# none FILE TEXT
+none() { grep -qF -- "$2" "$1" && fail "'$2' is in $1"; return 0; }
+# oks N PATTERN: N "ok:" lines of the outputs match PATTERN (fixed text).
+oks() { [ "$(cat "$work"/out* | grep '^ok: ' | grep -cF -- "$2")" = "$1" ] || fail "not $1 ok lines with '$2'"; }
+
+# srun's variables for task $1 of $2 on one node, as a step of job $3.
+srun_task() {
+    env SLURM_PROCID="$1" SLURM_NTASKS="$2" SLURM_LOCALID="$1" SLURM_NODEID=0 SLURM_NNODES=1 \
+        SLURM_STEP_NUM_NODES=1 SLURM_STEP_NUM_TASKS="$2" SLURM_STEP_TASKS_PER_NODE="$2" \
+        SLURM_TASKS_PER_NODE="$2" SLURM_STEP_NODELIST=localhost SLURM_JOB_NODELIST=localhost \
+        SLURM_JOB_ID="$3" SLURM_STEP_ID=0 SLURMD_NODENAME=localhost "$C" launch
+}
+# A job id whose derived port (10000 + 10 (job mod 2000) + step) is free now.
+free_job() {
+    /usr/bin/python3 - <<'PY'
+import random, socket
+for _ in range(200):
+    job = random.randrange(1, 2000)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", 10000 + 10 * job))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(job)
+    break
+PY
+}
+srun_pair() {
+    job=$(free_job)
+    [ -n "$job" ] || fail "no free port in 10000..29999"
+    srun_task 0 2 "$job" > "$work/out0" 2> "$work/err0" &
+    p0=$!
+    srun_task 1 2 "$job" > "$work/out1" 2> "$work/err1" &
+    p1=$!
+    pids="$p0 $p1"
+    wait $p0 || fail "task 0 exited $?"
+    wait $p1 || fail "task 1 exited $?"
+    pids=""
+    cat "$work/err0" "$work/err1" > "$work/err"
+}
+
+case "$scenario" in
+cddprun)
+    "$build/bin/cddprun" --standalone --nproc_per_node 2 "$C" launch > "$work/out" 2> "$work/err" ||
+        fail "cddprun exited $?"
+    once "$work/err" "[cddp rank 0] I comm: 2 ranks on 1 host: shared memory (every rank on this host); started by cddprun"
+    none "$work/err" "share this host"
+    oks 2 "(shm backend), local rank"
+    oks 2 "threads 1, OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1"
+    echo "ok: cddprun: one backend line, threads from cddprun" ;;
+mpirun)
+    mpirun --allow-run-as-root --oversubscribe -np 2 "$C" launch > "$work/out" 2> "$work/err" ||
+        fail "mpirun exited $?"
+    once "$work/err" "[cddp rank 0] I comm: 2 ranks on 1 host: mpi (OMPI_COMM_WORLD_SIZE set); started by mpirun"
+    once "$work/err" "[cddp rank 0] I comm: 2 ranks share this host: setting OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 (unset here)"
+    oks 2 "(mpi backend), local rank"
+    oks 2 "of 2, threads 1, OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1"
+    echo "ok: mpirun: the MPI backend and why, said once; one thread per rank" ;;
+srun)
+    srun_pair
+    once "$work/err" "[cddp rank 0] I comm: 2 ranks on 1 host: shared memory (every rank on this host); started by srun (SLURM_PROCID set)"
+    once "$work/err" "[cddp rank 0] I comm: srun: meeting at localhost:$((10000 + 10 * job))"
+    once "$work/err" "[cddp rank 0] I comm: 2 ranks share this host: setting OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 (unset here)"
+    oks 1 "ok: rank 0 of 2 (shm backend), local rank 0 of 2, threads 1, OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1"
+    oks 1 "ok: rank 1 of 2 (shm backend), local rank 1 of 2, threads 1, OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1"
+    echo "ok: srun's variables: rank 0's store on the derived address, the backend said once, one thread per task" ;;
+srun_threads)
+    export OMP_NUM_THREADS=2
+    srun_pair
+    none "$work/err" "share this host"
+    oks 2 "threads 2, OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=unset"
+    echo "ok: srun with OMP_NUM_THREADS=2: the user's choice stays" ;;
+*) fail "unknown scenario $scenario" ;;
+esac
