@@ -2,6 +2,7 @@
 # Installs the Debian packages a make target needs, and nothing when they are all present.
 #
 # Usage: scripts/deps.sh build|test|demo|bench
+#        scripts/deps.sh --list build|test|demo|bench   (print the target's packages, install nothing)
 #
 # Each target names the packages it needs; the script asks dpkg which are missing. If none are,
 # it does nothing (apt is never called). If some are and we are root, it runs `apt-get update`
@@ -10,20 +11,32 @@
 set -eu
 
 build_pkgs="cmake make gcc pkg-config libopenblas-dev zlib1g-dev libcjson-dev"
-test_pkgs="$build_pkgs libcmocka-dev dataset-fashion-mnist python3-numpy libopenmpi-dev openmpi-bin"
+# The tests also run a PyTorch script under cddprun (python3-torch) and render SVG curves the way
+# a user would look at them (librsvg2-bin's rsvg-convert).
+test_pkgs="$build_pkgs libcmocka-dev dataset-fashion-mnist python3-numpy libopenmpi-dev openmpi-bin \
+python3-torch librsvg2-bin"
 demo_pkgs="$build_pkgs dataset-fashion-mnist"
-bench_pkgs="$test_pkgs python3-torch"  # test_pkgs brings Open MPI
+bench_pkgs="$test_pkgs"  # PyTorch and Open MPI are the peers
 
+list=false
+if [ "${1:-}" = "--list" ]; then
+    list=true
+    shift
+fi
 case "${1:-}" in
 build) want=$build_pkgs ;;
 test) want=$test_pkgs ;;
 demo) want=$demo_pkgs ;;
 bench) want=$bench_pkgs ;;
 *)
-    echo "usage: $0 build|test|demo|bench" >&2
+    echo "usage: $0 [--list] build|test|demo|bench" >&2
     exit 2
     ;;
 esac
+if $list; then
+    echo $want
+    exit 0
+fi
 
 missing=""
 for p in $want; do
