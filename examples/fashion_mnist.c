@@ -13,9 +13,12 @@
  *
  * Rank 0 prints progress (a bar on a terminal, lines otherwise), writes a checkpoint after every
  * epoch (model, optimizer, epoch, random state) to OUT/checkpoint.safetensors, the metrics to
- * OUT/metrics.csv and the curves to OUT/curves.svg. --resume continues from a checkpoint.
+ * OUT/metrics.csv, and the curves (its loss at every step, the test accuracy after every epoch)
+ * to OUT/loss.csv, OUT/eval.csv and OUT/curves.svg. --resume continues from a checkpoint.
  */
 #include <cddp/cddp.h>
+
+#include "curves.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -263,57 +266,6 @@ static int evaluate(cddp_model *m, cddp_ctx *ctx, cddp_loader *test, bool cnn, c
     return 0;
 }
 
-/* ---- rank 0's files: metrics and curves ---------------------------------------------------- */
-
-typedef struct curve {
-    int n;
-    double loss[4096], acc[4096]; /* per epoch */
-} curve;
-
-/* The loss and accuracy per epoch as an SVG line chart (two panels). */
-static void write_svg(const char *path, const curve *c) {
-    FILE *f = fopen(path, "w");
-    if (!f) return;
-    double lmax = 1e-9;
-    for (int i = 0; i < c->n; i++) lmax = fmax(lmax, c->loss[i]);
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"720\" height=\"300\" "
-               "font-family=\"sans-serif\" font-size=\"12\">\n"
-               "<rect width=\"720\" height=\"300\" fill=\"white\"/>\n");
-    const char *title[2] = {"training loss (last step of the epoch)", "test accuracy"};
-    for (int p = 0; p < 2; p++) {
-        double x0 = 50 + p * 360, y0 = 30, w = 290, h = 220;
-        double top = p ? 1.0 : lmax;
-        fprintf(f, "<text x=\"%.0f\" y=\"18\">%s</text>\n", x0, title[p]);
-        fprintf(f,
-                "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" "
-                "stroke=\"#888\"/>\n",
-                x0, y0, w, h);
-        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%.3g</text>\n", x0 - 4, y0 + 10,
-                top);
-        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">0</text>\n", x0 - 4, y0 + h);
-        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">epoch</text>\n", x0 + w / 2,
-                y0 + h + 30);
-        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"",
-                p ? "#d62728" : "#1f77b4");
-        for (int i = 0; i < c->n; i++) {
-            double v = p ? c->acc[i] : c->loss[i];
-            double x = x0 + (c->n > 1 ? w * i / (c->n - 1) : w / 2), y = y0 + h - h * v / top;
-            fprintf(f, "%.1f,%.1f ", x, y);
-        }
-        fprintf(f, "\"/>\n");
-        for (int i = 0; i < c->n; i++) {
-            double v = p ? c->acc[i] : c->loss[i];
-            double x = x0 + (c->n > 1 ? w * i / (c->n - 1) : w / 2), y = y0 + h - h * v / top;
-            fprintf(f,
-                    "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"><title>epoch %d: "
-                    "%.4f</title></circle>\n",
-                    x, y, p ? "#d62728" : "#1f77b4", i, v);
-        }
-    }
-    fprintf(f, "</svg>\n");
-    fclose(f);
-}
-
 /* A progress bar on a terminal, a line every log_every steps otherwise. */
 static void progress(const options *o, bool tty, int epoch, int64_t step, int64_t steps,
                      double loss) {
@@ -376,7 +328,8 @@ int main(int argc, char **argv) {
     cddp_optim *opt = NULL;
     cddp_ctx *ctx = NULL;
     FILE *csv = NULL;
-    static curve curves;
+    char title[160] = "";
+    curves curve = {.title = title, .eval_label = "test accuracy", .eval_is_fraction = true};
     bool cnn = strcmp(o.model, "cnn") == 0;
     bool files = strcmp(o.out, "none") != 0 && *o.out;
 
@@ -384,6 +337,8 @@ int main(int argc, char **argv) {
     if (!(group = cddp_comm_create(NULL, &err))) goto fail;
     int rank = cddp_comm_rank(group), world = cddp_comm_size(group);
     bool tty = rank == 0 && isatty(STDOUT_FILENO);
+    snprintf(title, sizeof title, "fashion_mnist: %s, %s, %d rank%s x batch %d (loss: rank 0's)",
+             o.model, o.optimizer, world, world > 1 ? "s" : "", o.batch);
 
     train = cddp_dataset_mnist(o.data, true, &err);
     test = train ? cddp_dataset_mnist(o.data, false, &err) : NULL;
@@ -468,6 +423,11 @@ int main(int argc, char **argv) {
         snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", o.out);
         snprintf(csv_path, sizeof csv_path, "%s/metrics.csv", o.out);
         snprintf(svg_path, sizeof svg_path, "%s/curves.svg", o.out);
+        if (rank == 0 && o.resume) { /* the curves so far, up to the checkpoint's epoch */
+            curves_load(&curve, o.out);
+            while (curve.nloss && curve.loss[curve.nloss - 1].epoch >= first_epoch) curve.nloss--;
+            while (curve.neval && curve.eval[curve.neval - 1].epoch >= first_epoch) curve.neval--;
+        }
         if (rank == 0 && !(csv = fopen(csv_path, o.resume ? "a" : "w"))) {
             cddp_error_set(&err, CDDP_EIO, "cannot write %s: %s", csv_path, strerror(errno));
             goto fail;
@@ -498,7 +458,10 @@ int main(int argc, char **argv) {
             cddp_optim_step(opt);
             last_loss = cddp_get(loss, 0);
             epoch_samples += b.size;
-            if (rank == 0) progress(&o, tty, epoch, b.index, steps, last_loss);
+            if (rank == 0) {
+                progress(&o, tty, epoch, b.index, steps, last_loss);
+                if (files) curves_add_loss(&curve, epoch * steps + b.index, epoch, last_loss);
+            }
         }
         if (rc < 0) goto fail;
         double epoch_s = cddp_now_s() - t0;
@@ -535,10 +498,11 @@ int main(int argc, char **argv) {
                 fprintf(csv, "%d,%.6f,%.4f,%.1f,%d\n", epoch, last_loss, acc, sps, world);
                 fflush(csv);
             }
-            if (rank == 0 && curves.n < 4096) {
-                curves.loss[curves.n] = last_loss;
-                curves.acc[curves.n++] = acc;
-                write_svg(svg_path, &curves);
+            if (rank == 0) {
+                curves_add_eval(&curve, (epoch + 1) * steps - 1, epoch, acc);
+                if (!curves_save(&curve, o.out))
+                    fprintf(stderr, "fashion_mnist: cannot write the curves in %s: %s\n", o.out,
+                            strerror(errno));
             }
         }
         fflush(stdout);
@@ -573,6 +537,7 @@ fail:
     fprintf(stderr, "fashion_mnist: %s\n", cddp_error_msg(&err));
 done:
     if (csv) fclose(csv);
+    curves_free(&curve);
     cddp_ddp_destroy(ddp);
     cddp_optim_destroy(opt);
     cddp_model_destroy(m);

@@ -4,9 +4,10 @@
 #   ddp_train       2 ranks fit w = [[2], [3]] within 1e-3, both of them
 #   linear_sampler  4 ranks; rank 0's model.safetensors loads back (NumPy) with Linear's names
 #   fashion_mnist   2 ranks, 1 epoch: test accuracy >= 0.84; the checkpoint, metrics and curves
-#                   exist; the DDP timeline is one JSON array with both ranks' buckets
+#                   (every step's loss, the epoch's accuracy, an SVG that renders) are written;
+#                   the DDP timeline is one JSON array with both ranks' buckets
 #   resume          a 2-rank, 2-epoch run killed after its first checkpoint, then resumed, ends
-#                   within 0.5 points of the uninterrupted run
+#                   within 0.5 points of the uninterrupted run, its curves holding both epochs
 #   bf16            1 epoch with bf16 gradient compression within 0.5 points of float32
 set -u
 build=$1 scenario=$2
@@ -63,6 +64,17 @@ fashion_mnist)
         [ -s "$f" ] || fail "$f is missing"
     done
     [ "$(wc -l < run/metrics.csv)" = 2 ] || fail "metrics.csv should hold a header and 1 epoch"
+    # The curves: rank 0's loss at each of its 938 steps (30000 samples, batch 32), the test
+    # accuracy after the epoch, and a picture that renders.
+    [ "$(tail -n +2 run/loss.csv | wc -l)" = 938 ] || fail "loss.csv should hold 938 steps"
+    [ "$(awk -F, 'NR > 1 && $1 != NR - 2' run/loss.csv | wc -l)" = 0 ] || fail "loss.csv's steps are not 0..937"
+    awk -F, -v a="$acc" 'NR == 2 { d = $3 - a; ok = $1 == 937 && $2 == 0 && d * d < 1e-8 } END { exit !(ok && NR == 2) }' \
+        run/eval.csv || fail "eval.csv: '$(sed -n 2p run/eval.csv)', expected 937,0,$acc"
+    rsvg-convert run/curves.svg -o curves.png || fail "curves.svg does not render"
+    [ "$(od -An -tx1 -N4 curves.png | tr -d ' ')" = 89504e47 ] || fail "curves.svg rendered no PNG"
+    for t in "training loss" "test accuracy" ">step<" "mean of 23 steps"; do
+        grep -q "$t" run/curves.svg || fail "curves.svg has no '$t'"
+    done
     $PY - <<'PYEOF' || fail "the timeline is not what Perfetto opens"
 import json
 ev = json.load(open("timeline.json"))
@@ -90,6 +102,10 @@ resume)
     grep -q "resumed from killed/checkpoint.safetensors after epoch 1" resumed.out || fail "did not resume after epoch 1"
     a=$(acc_of straight.out) b=$(acc_of resumed.out)
     echo "uninterrupted: $a, killed after epoch 1 and resumed: $b"
+    # The curves carry on: both epochs' steps once each, in order, and both evaluations.
+    [ "$(tail -n +2 killed/loss.csv | cut -d, -f1 | uniq | wc -l)" = 1876 ] || fail "loss.csv after resume: not 1876 steps"
+    [ "$(awk -F, 'NR > 1 && $1 != NR - 2' killed/loss.csv | wc -l)" = 0 ] || fail "loss.csv after resume: steps not 0..1875"
+    [ "$(cut -d, -f1,2 killed/eval.csv | tr '\n' ' ')" = "step,epoch 937,0 1875,1 " ] || fail "eval.csv after resume"
     awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; exit !(a != "" && b != "" && d * d <= 0.005 * 0.005) }' \
         || fail "resumed accuracy $b is not within 0.5 points of $a"
     echo "ok: resumed to $b (uninterrupted $a)"
