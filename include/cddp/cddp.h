@@ -9,6 +9,8 @@
 #include "cddp/optim.h"
 #include "cddp/checkpoint.h"
 #include "cddp/data.h"
+#include "cddp/launch.h"
+#include "cddp/net.h"
 #include "cddp/store.h"
 #include "cddp/comm.h"
 #include "cddp/ddp.h"

@@ -84,7 +84,7 @@ CDDP_API int cddp_comm_rank(const cddp_comm *c);
 CDDP_API int cddp_comm_size(const cddp_comm *c);
 CDDP_API int cddp_comm_local_rank(const cddp_comm *c);
 CDDP_API int cddp_comm_local_size(const cddp_comm *c);
-/* "self" (one rank), "shm" or "mpi". */
+/* The transport: "self" (one rank), "shm", "tcp" or "mpi". */
 CDDP_API const char *cddp_comm_backend(const cddp_comm *c);
 /* The group's first error, or NULL while it is healthy. */
 CDDP_API const char *cddp_comm_error(const cddp_comm *c);
@@ -127,6 +127,20 @@ CDDP_API int cddp_comm_send(cddp_comm *c, const void *buf, int64_t count, cddp_c
 CDDP_API int cddp_comm_recv(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dtype, int src,
                             double timeout_s, cddp_error *err);
 
+/* ---- the reduction kernels ----------------------------------------------------------------
+ * What every transport computes, for code that combines buffers itself (DDP's compression
+ * hooks, a custom reducer): the same bits as a collective gives for the same inputs. */
+
+/* dst[i] = dst[i] op src[i] for n elements of a 4- or 8-byte dtype (sum and mean add). */
+CDDP_API void cddp_comm_combine(cddp_comm_dtype dtype, cddp_comm_op op, void *dst, const void *src,
+                                int64_t n);
+/* buf[i] /= world for n elements of a 4- or 8-byte dtype (integers truncate): the mean's end. */
+CDDP_API void cddp_comm_divide(cddp_comm_dtype dtype, void *buf, int64_t n, int world);
+/* n bfloat16 or float16 values to float32, and float32 values to them (rounded to nearest
+ * even; a NaN stays a NaN). */
+CDDP_API void cddp_comm_to_f32(cddp_comm_dtype dtype, const void *src, float *dst, int64_t n);
+CDDP_API void cddp_comm_from_f32(cddp_comm_dtype dtype, const float *src, void *dst, int64_t n);
+
 /* ---- memory the transport reads in place ------------------------------------------------ */
 
 /* Collective: every rank calls it with the same bytes. Returns memory (64-byte aligned) that
@@ -168,6 +182,11 @@ CDDP_API cddp_comm_work *cddp_comm_barrier_async(cddp_comm *c, double timeout_s,
  * waits as long as the work's own deadline allows; a timeout_s that passes first aborts the group
  * (the work can no longer be trusted to finish) and returns CDDP_ETIMEDOUT. */
 CDDP_API int cddp_comm_wait(cddp_comm_work *w, double timeout_s, cddp_error *err);
+/* cddp_comm_wait that also says when the work ran: *started and *ended (either may be NULL)
+ * receive cddp_now_s() at its start and end on the communication thread, for profiles and
+ * timelines. */
+CDDP_API int cddp_comm_wait_timed(cddp_comm_work *w, double timeout_s, double *started,
+                                  double *ended, cddp_error *err);
 /* true once w finished (successfully or not); w stays valid until waited on. */
 CDDP_API bool cddp_comm_test(cddp_comm_work *w);
 

@@ -134,7 +134,10 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
     X(TCP_SMALL_KB, INT, "64",                                                                     \
       "TCP allreduces up to this size take the one-hop path (every rank sends to every other).")   \
     X(TCP_CHUNK_KB, INT, "256",                                                                    \
-      "TCP ring pipeline chunk, in KiB (reduced while the next arrives).")                         \
+      "Ring allreduce pipeline chunk, in KiB (reduced while the next arrives).")                   \
+    X(COMM_ALGORITHM, STR, "auto",                                                                 \
+      "auto: each collective on its transport's fastest path; ring: every one through the "        \
+      "transport's point to point (ring and linear algorithms), for testing a transport.")         \
     X(SHM_ZERO_COPY, INT, "1",                                                                     \
       "1: cddp_comm_alloc (DDP's gradients) returns shared memory that allreduce reads in place.") \
     X(BACKEND, STR, "auto",                                                                        \
@@ -178,6 +181,35 @@ CDDP_API double cddp_now_s(void);
  * CDDP_OK with both filled; CDDP_ENOENT (rank 0, world 1) when none is set; CDDP_EINVAL, with err
  * naming the variables, when a pair is malformed or the rank is not in [0, world). */
 CDDP_API int cddp_env_rank_world(int *rank, int *world, cddp_error *err);
+
+/* The value of environment variable name as a decimal in [0, 2^30): -2 when it is unset or
+ * empty, -1 when it holds something else. */
+CDDP_API long cddp_env_int(const char *name);
+
+/* Writes a shape as "(2,3,4)" into buf (n bytes, always terminated) and returns buf. */
+CDDP_API const char *cddp_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
+
+/* cddp_error_set with a va_list. */
+CDDP_API int cddp_error_vset(cddp_error *err, int code, const char *fmt, va_list ap);
+
+/* Propagation in cddp's style: CDDP_TRY returns a failing status to the caller; CDDP_TRY_GOTO
+ * records it in a local `rc` and jumps to the function's single cleanup label, so no function
+ * needs nested cleanup. */
+#define CDDP_TRY(expr)                                                                             \
+    do {                                                                                           \
+        int cddp__rc = (expr);                                                                     \
+        if (cddp__rc != CDDP_OK) return cddp__rc;                                                  \
+    } while (0)
+
+#define CDDP_TRY_GOTO(expr, label)                                                                 \
+    do {                                                                                           \
+        rc = (expr);                                                                               \
+        if (rc != CDDP_OK) goto label;                                                             \
+    } while (0)
+
+#define CDDP_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define CDDP_MIN(a, b)    ((a) < (b) ? (a) : (b))
+#define CDDP_MAX(a, b)    ((a) > (b) ? (a) : (b))
 
 /* Programmer errors: print file:line and the message, then abort. */
 CDDP_API void cddp__panic(const char *file, int line, const char *fmt, ...)

@@ -19,8 +19,9 @@
  * (SLURM_STEP_ID mod 10): every task computes the same, consecutive steps of a job differ, and
  * the port is below Linux's ephemeral range, where outgoing connections would take it.
  */
+#include "cddp/launch.h"
 #include "comm/internal.h"
-#include "core/internal.h"
+#include "cddp/core.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -30,7 +31,7 @@
 
 /* A decimal in [0, 2^30) from the environment; -1 when unset or not one. */
 static int env_int(const char *name) {
-    long v = cddp__env_int(name);
+    long v = cddp_env_int(name);
     return v < 0 ? -1 : (int)v;
 }
 
@@ -95,12 +96,12 @@ int cddp__launch_read(cddp__launch *l, cddp_error *err) {
         if (!getenv(launchers[i].var)) continue;
         const char *by = launchers[i].by;
         if (!by) /* RANK: cddprun posts its store; torchrun names its run */
-            by = env_str("CDDP_STORE_PORT")       ? "cddprun"
+            by = env_str(CDDP_ENV_STORE_PORT)       ? "cddprun"
                  : env_str("TORCHELASTIC_RUN_ID") ? "torchrun"
                                                   : "a torchrun-style launcher";
         snprintf(l->by, sizeof l->by, "%s", by);
         snprintf(l->why, sizeof l->why, "%s set",
-                 !strcmp(by, "cddprun") ? "CDDP_STORE_PORT"
+                 !strcmp(by, "cddprun") ? CDDP_ENV_STORE_PORT
                  : !strcmp(by, "srun")  ? "SLURM_PROCID"
                                         : launchers[i].var);
         l->mpi = launchers[i].mpi;
@@ -125,11 +126,11 @@ int cddp__launch_read(cddp__launch *l, cddp_error *err) {
         l->derived_master = true;
     }
     /* cddprun's own store (its workers post rank 0's store there). */
-    const char *sa = env_str("CDDP_STORE_ADDR");
+    const char *sa = env_str(CDDP_ENV_STORE_ADDR);
     snprintf(l->store_addr, sizeof l->store_addr, "%s", sa ? sa : "");
-    l->store_port = env_int("CDDP_STORE_PORT");
-    l->store_token = env_str("CDDP_STORE_TOKEN");
-    int restart = env_int("CDDP_RESTART_COUNT");
+    l->store_port = env_int(CDDP_ENV_STORE_PORT);
+    l->store_token = env_str(CDDP_ENV_STORE_TOKEN);
+    int restart = env_int(CDDP_ENV_RESTART_COUNT);
     l->restart = restart > 0 ? restart : 0;
     return CDDP_OK;
 }

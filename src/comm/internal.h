@@ -1,22 +1,39 @@
-/* comm/internal.h: the group's state and what the backends share.
+/* comm/internal.h: the group's state, the transport interface, and what comm's files share.
  *
- * A group runs on one backend: "self" (one rank), "shm" (ranks on one host, shared memory) or
- * "mpi" (MPI collectives, for jobs started by mpirun/srun). Every collective begins the same way
- * whatever the backend: the fingerprint of the call is compared across ranks, so mismatches are
- * reported identically.
+ * The floors of comm, lowest first (a file calls only the floors below it, never a circle):
+ *
+ *   reduce.c    reduction kernels and 16-bit conversions
+ *   fail.c      the group's latched failure, aborts, the fingerprint check and its messages
+ *   self.c shm.c tcp.c mpi.c
+ *               transports: connecting the ranks, the start of a collective (every rank's
+ *               fingerprint checked), moving bytes between two ranks, the user's send/recv,
+ *               registered memory, and the collectives they do natively
+ *   ring.c hier.c
+ *               algorithms written once over a transport's moves: the ring (reduce-scatter,
+ *               allgather, allreduce) and linear broadcast/gather/scatter; the hierarchical
+ *               allreduce across hosts (shared memory on each, a ring between them)
+ *   collective.c
+ *               one call: its checks, its fingerprint, the algorithm chosen from one table
+ *   work.c      the communication thread and the handles of queued calls
+ *   bootstrap.c the launcher's environment, read once
+ *   group.c     making and ending a group, the public calls
+ *
+ * A transport is a struct of function pointers (cddp__transport); a new transport is one file
+ * with one such struct, and one line in group.c's list.
  */
 #ifndef CDDP_COMM_INTERNAL_H
 #define CDDP_COMM_INTERNAL_H
 
 #include "cddp/comm.h"
+#include "cddp/core.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 
-#define SEG_MAGIC 0x4344445053484d31ull /* "CDDPSHM1" */
-#define CTL_SIZE  512
+struct cddp_store;
 
+/* What a call is. */
 enum {
     K_ALLREDUCE,
     K_BROADCAST,
@@ -29,69 +46,17 @@ enum {
     K_FREE,  /* cddp_comm_free, local: recv is the memory */
     K_SEND,  /* point to point: root is the peer */
     K_RECV,
+    K_COUNT
 };
-enum { BACKEND_SELF, BACKEND_SHM, BACKEND_TCP, BACKEND_MPI };
 
+/* What every rank publishes at the start of a collective; compared across ranks. */
 typedef struct fingerprint {
     uint64_t seq;
     int32_t kind, op, dtype, root;
     int64_t count;
 } fingerprint;
 
-/* Where a collective's buffer lies in registered memory: the registration's number (0: not
- * registered) and the byte offset in it. Equal on every rank: the collective reads in place. */
-typedef struct reg_at {
-    uint64_t id;
-    uint64_t offset;
-} reg_at;
-
-typedef struct ctl {
-    _Atomic uint64_t arrive;
-    int32_t pid;
-    int32_t reg_made;   /* cddp_comm_alloc: 0, or the errno that kept this rank's block */
-    fingerprint fp[2];  /* by sequence parity: a peer is at most one collective ahead */
-    reg_at at[2];       /* by sequence parity, like fp */
-    int32_t reg_mapped; /* cddp_comm_alloc: 0, or the errno that kept a peer's block */
-    int32_t pad;
-    char reg_name[48];      /* cddp_comm_alloc: this rank's block, for the peers to map */
-    char abort_reason[320]; /* written before the header's abort_rank */
-} ctl;
-
-_Static_assert(sizeof(ctl) <= CTL_SIZE, "control block too large");
-
-typedef struct seg_header {
-    uint64_t magic;
-    int32_t world;
-    _Atomic int32_t abort_rank; /* 1 + the first rank that aborted the group, or 0 */
-    uint64_t chunk;
-    _Atomic uint32_t wake;    /* futex word: bumped by every arrival that has sleepers to wake */
-    _Atomic int32_t sleepers; /* ranks blocked on wake */
-} seg_header;
-
-/* Point to point from rank s to rank r (one per ordered pair, after the slots): the sender puts
- * each chunk in its own slot and counts it in posted; the receiver copies it out and counts it
- * in taken. The message's count and dtype travel along; a receiver that expected another one
- * says so in refused. */
-typedef struct pair {
-    _Atomic uint64_t posted, taken;
-    int64_t count, want_count;
-    int32_t dtype, want_dtype;
-    _Atomic int32_t refused;
-} pair;
-
-#define PAIR_SIZE 64
-_Static_assert(sizeof(pair) <= PAIR_SIZE, "pair too large");
-
-/* Memory from cddp_comm_alloc: on the shm transport every rank's block, mapped by every rank. */
-typedef struct reg {
-    uint64_t id; /* 1, 2, ...: the group's n-th allocation, the same on every rank; 0: free */
-    size_t bytes;
-    uint8_t **base; /* base[r]: rank r's block (base[rank] is the caller's) */
-} reg;
-
-#define MAX_REGS 16
-
-/* One collective call: what every backend executes, inline or on the communication thread. */
+/* One call: what every transport and algorithm executes, inline or on the thread. */
 typedef struct coll {
     int kind;
     cddp_comm_op op;
@@ -103,50 +68,90 @@ typedef struct coll {
     double timeout_s; /* < 0: the group's */
 } coll;
 
-struct cddp_comm_work {
-    coll call;
-    cddp_comm *group;
-    int status;
-    cddp_error err;
-    bool done;
-    double t_start, t_end;       /* when it ran (cddp_now_s), for DDP's statistics and timeline */
-    struct cddp_comm_work *next; /* in the queue, or in the free list */
-    struct cddp_comm_work *all_next; /* every handle the group made, for destroy */
-};
+/* Where a collective's buffer lies in memory from cddp_comm_alloc, when every rank's buffer is at
+ * the same place of the same allocation (a transport's begin decides, comparing all ranks):
+ * then it may be read in place. */
+typedef struct cddp__place {
+    const void *reg; /* the transport's registration, NULL: not in place */
+    size_t offset;   /* bytes from the registration's start */
+} cddp__place;
+
+/* A transfer between this rank and a peer: n bytes at buf, done of them moved so far. */
+typedef struct cddp__xfer {
+    int peer;
+    uint8_t *buf;
+    size_t n, done;
+} cddp__xfer;
+
+typedef struct cddp_comm cddp_comm;
+
+typedef struct cddp__transport {
+    const char *name; /* what cddp_comm_backend says, and CDDP_TRANSPORT's spelling */
+    const char *says; /* in the line rank 0 logs: "shared memory" */
+    bool one_host;    /* only between ranks on one host */
+    /* Connects this rank with the others (c->rank, c->world set) through the rendezvous store,
+     * which is NULL for a transport that brings its own (mpi). Fills c->priv. */
+    int (*setup)(cddp_comm *c, struct cddp_store *st, double deadline, cddp_error *err);
+    /* Leaves: says goodbye where peers would wait, frees c->priv. Accepts a failed setup. */
+    void (*close)(cddp_comm *c);
+    /* Tells the peers that this rank aborted the group, with the reason (any thread). */
+    void (*abort)(cddp_comm *c, const char *reason);
+    /* Tells the peers, once, that the group failed here (c->failed holds why); NULL: they learn
+     * it from their own waits. */
+    void (*failed)(cddp_comm *c);
+    /* Starts collective a: publishes mine, waits for every rank and checks every rank's
+     * fingerprint against it (so it is also a barrier); *place says whether every rank's buffer
+     * is in the same registered memory. NULL: nothing to meet (one rank). */
+    int (*begin)(cddp_comm *c, const coll *a, const fingerprint *mine, double deadline,
+                 cddp__place *place, cddp_error *err);
+    /* Moves bytes between this rank and its peers: returns when every receive completed and,
+     * with all, every send too (else sends may be under way: call again to finish them). The
+     * algorithms are written on it. Fails (latching the group) at the deadline, on an abort or
+     * a peer's death. NULL: no point-to-point (one rank). */
+    int (*move)(cddp_comm *c, cddp__xfer *send, int nsend, cddp__xfer *recv, int nrecv, bool all,
+                const char *what, double deadline, cddp_error *err);
+    /* The user's send or recv (a->kind): the message's count and dtype are checked against the
+     * receiver's, and both sides fail on a mismatch. */
+    int (*p2p)(cddp_comm *c, const coll *a, double deadline, cddp_error *err);
+    /* Memory that collectives read in place (every rank calls it; every rank gets it or every
+     * rank fails). NULL: plain memory. */
+    int (*alloc)(cddp_comm *c, size_t bytes, double deadline, void **out, cddp_error *err);
+    /* Frees p if it came from alloc; false when it did not. */
+    bool (*free)(cddp_comm *c, void *p);
+    /* After a failure reported by a peer, waits up to wait_s for the failure at its root (a
+     * death, an abort) to show and latches it; CDDP_OK when none shows. NULL: nothing more to
+     * learn. */
+    int (*root_cause)(cddp_comm *c, const char *what, double wait_s, cddp_error *err);
+} cddp__transport;
+
+extern const cddp__transport cddp__self_transport, cddp__shm_transport, cddp__tcp_transport,
+    cddp__mpi_transport;
 
 struct cddp_comm {
-    int backend;
+    const cddp__transport *tr;
+    void *priv; /* the transport's state */
     int rank, world, local_rank, local_world;
     int nhosts; /* hosts the group's ranks are on */
     double timeout;
     cddp_error failed; /* latched */
-    uint64_t seq, step;
-    /* shm */
-    uint8_t *seg;
-    size_t seg_size, chunk;
-    float *acc; /* float32 accumulator for one block of a reduction */
-    uint8_t *tmp;
-    uint8_t **slots; /* slots[r]: rank r's staging slot */
-    uint8_t **src;   /* scratch: the sources of one reduction */
-    uint8_t **dst;   /* scratch: its destinations */
-    reg regs[MAX_REGS];
-    uint64_t nallocs;
-    char
-        key_prefix[32]; /* of its rendezvous keys: "" for a group, "comm/h<leader>/" for a host's */
-    /* tcp (comm/tcp.c) */
-    struct cddp__tcp *tcp;
-    /* Hierarchical allreduce across hosts (tcp): the shm group of this host's ranks (NULL when
-     * this rank is alone on its host), and the global ranks of the hosts' leaders (local rank 0),
-     * in rank order; leader_index is this rank's place among them, -1 if it is not one. */
+    uint64_t seq;      /* collectives started */
+    /* The rendezvous keys of a group inside the job's store: "" for the job's group,
+     * "comm/h<leader>/" for the shared-memory group of one host. */
+    char key_prefix[32];
+    /* Hierarchical allreduce across hosts: the shared-memory group of this host's ranks (NULL
+     * when this rank is alone on its host or the allreduce is flat), and the global ranks of the
+     * hosts' leaders (local rank 0), in rank order; leader_index is this rank's place among
+     * them, -1 if it is not one. */
     cddp_comm *host;
     int *leaders;
     int nleaders, leader_index, host_leader;
-    /* mpi */
-    void *mpi;      /* the group's MPI_Comm, duplicated from MPI_COMM_WORLD */
-    bool mpi_owner; /* this group initialised MPI and finalises it */
+    bool ring_only;    /* CDDP_COMM_ALGORITHM=ring: the generic algorithms, never a native path */
+    size_t ring_chunk; /* the ring's pipeline chunk, bytes (CDDP_TCP_CHUNK_KB) */
+    uint8_t *scratch;  /* the algorithms' scratch (ring.c), grown as needed */
+    size_t scratch_size;
     /* abort, from any thread: the flag is read by waits, the reason under mu */
     _Atomic int aborted;
-    _Atomic int aborting; /* cddp_comm_abort calls under way (destroy waits for them) */
+    _Atomic int aborting; /* cddp__comm_abort calls under way (destroy waits for them) */
     char abort_reason[320];
     /* async work (work.c): one thread runs queued calls in issue order; a blocking call runs
      * on its caller once the queue is empty and the thread idle. All under mu. */
@@ -154,10 +159,129 @@ struct cddp_comm {
     pthread_cond_t queued, finished;
     pthread_t thread;
     bool thread_started, stopping, thread_busy, inline_busy;
-    cddp_comm_work *head, *tail, *free_list, *all;
+    struct cddp_comm_work *head, *tail, *free_list, *all;
 };
 
-/* What the launcher that started this process says (bootstrap.c). */
+struct cddp_comm_work {
+    coll call;
+    cddp_comm *group;
+    int status;
+    cddp_error err;
+    bool done;
+    double t_start, t_end;           /* when it ran (cddp_now_s) */
+    struct cddp_comm_work *next;     /* in the queue, or in the free list */
+    struct cddp_comm_work *all_next; /* every handle the group made, for destroy */
+};
+
+/* ---- reduce.c ---------------------------------------------------------------------------- */
+
+/* Elements one block of a reduction holds: small enough for L1. */
+#define CDDP_COMM_RBLOCK 2048
+
+bool cddp__comm_is_half(cddp_comm_dtype dt);
+/* Reduces elements [lo, lo + n) of the W sources src[0..W-1], in rank order, into each of the
+ * ndst destinations (dst[k] points at element lo of destination k). A destination may be the
+ * same range of one of the sources: each block is read whole before it is written. acc holds
+ * CDDP_COMM_RBLOCK floats, tmp CDDP_COMM_RBLOCK doubles. */
+void cddp__comm_reduce_sources(cddp_comm_dtype dt, cddp_comm_op op, uint8_t *const *src, int W,
+                               int64_t lo, int64_t n, uint8_t *const *dst, int ndst, float *acc,
+                               void *tmp);
+
+/* ---- fail.c ------------------------------------------------------------------------------ */
+
+/* Latches the failure into the group and err (the first one stays), tells the peers, and aborts
+ * this host's group (whose ranks may wait for this one); returns code. */
+int cddp__comm_fail(cddp_comm *c, cddp_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* The group's latched failure into err; its code, CDDP_OK while healthy. */
+int cddp__comm_failed(const cddp_comm *c, cddp_error *err);
+/* The failures every transport reports in the same words (each latches the group). */
+int cddp__comm_aborted_here(cddp_comm *c, cddp_error *err); /* CDDP_OK when not aborted */
+int cddp__comm_peer_aborted(cddp_comm *c, cddp_error *err, int who, const char *why);
+int cddp__comm_peer_died(cddp_comm *c, cddp_error *err, int who, int pid, const char *what,
+                         uint64_t num);
+int cddp__comm_timed_out(cddp_comm *c, cddp_error *err, const char *what, uint64_t num, int who);
+int cddp__comm_peer_failed(cddp_comm *c, cddp_error *err, int who, const char *why);
+/* Aborts the group from any thread: this rank's waits fail with reason, the transport tells
+ * the peers, this host's group aborts too. */
+void cddp__comm_abort(cddp_comm *c, const char *reason);
+/* Compares mine with every rank's fingerprint (fps[r] for rank r, stride bytes apart); a
+ * mismatch fails the group with a message naming both sides. */
+int cddp__comm_check_fingerprints(cddp_comm *c, const fingerprint *mine, const fingerprint *fps,
+                                  size_t stride, cddp_error *err);
+
+/* ---- the transports' native collectives (named in collective.c's table) ------------------ */
+
+int cddp__self_collective(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
+                          cddp_error *err);
+int cddp__shm_allreduce(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
+                        cddp_error *err);
+int cddp__shm_broadcast(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
+                        cddp_error *err);
+int cddp__shm_allgather(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
+                        cddp_error *err);
+int cddp__shm_gather(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
+                     cddp_error *err);
+int cddp__shm_reduce_scatter(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
+                             cddp_error *err);
+int cddp__shm_scatter(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
+                      cddp_error *err);
+/* Runs a (an allreduce or a broadcast) on a host's shared-memory group: begin and the
+ * collective (hier.c's steps). */
+int cddp__shm_run(cddp_comm *c, const coll *a, double deadline, cddp_error *err);
+/* TCP's one-hop allreduce (up to CDDP_TCP_SMALL_KB): every rank sends its fingerprint and data
+ * to every other at once; no begin. */
+bool cddp__tcp_small(const cddp_comm *c, const coll *a);
+int cddp__tcp_allreduce_small(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
+                              cddp_error *err);
+bool cddp__mpi_available(void);
+int cddp__mpi_collective(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
+                         cddp_error *err);
+
+/* ---- ring.c and hier.c ------------------------------------------------------------------- */
+
+/* A ring: n members (global ranks; NULL: ranks 0..n-1), this rank at idx. */
+typedef struct cddp__ring {
+    const int *members;
+    int n, idx;
+} cddp__ring;
+
+/* Ring allreduce of buf in place (4- or 8-byte elements) over g; mean divides by the group's
+ * size. */
+int cddp__ring_allreduce_buf(cddp_comm *c, const cddp__ring *g, uint8_t *buf, int64_t n,
+                             cddp_comm_dtype dt, cddp_comm_op op, double deadline, cddp_error *err);
+/* The generic collectives, over the transport's moves. */
+int cddp__ring_allreduce(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
+                         cddp_error *err);
+int cddp__ring_reduce_scatter(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
+                              cddp_error *err);
+int cddp__ring_allgather(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
+                         cddp_error *err);
+int cddp__linear_broadcast(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
+                           cddp_error *err);
+int cddp__linear_gather(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
+                        cddp_error *err);
+int cddp__linear_scatter(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
+                         cddp_error *err);
+int cddp__hier_allreduce(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
+                         cddp_error *err);
+
+/* ---- collective.c, work.c ---------------------------------------------------------------- */
+
+/* Checks a call's arguments before it runs or is queued. */
+int cddp__comm_check(const cddp_comm *c, const coll *a, cddp_error *err);
+/* Runs a call now, on this thread. */
+int cddp__comm_execute(cddp_comm *c, const coll *a, cddp_error *err);
+/* Runs a call on the caller's thread once queued work is done. */
+int cddp__comm_run(cddp_comm *c, const coll *a, cddp_error *err);
+/* Queues a call on the communication thread. */
+cddp_comm_work *cddp__comm_enqueue(cddp_comm *c, const coll *a, cddp_error *err);
+int cddp__comm_work_init(cddp_comm *c);
+void cddp__comm_work_fini(cddp_comm *c);
+
+/* ---- bootstrap.c ------------------------------------------------------------------------- */
+
+/* What the launcher that started this process says. */
 typedef struct cddp__launch {
     char by[32];     /* "cddprun", "torchrun", "mpirun", "srun", ...; "" when nothing started us */
     char why[48];    /* the variable that says so: "OMPI_COMM_WORLD_SIZE set" */
@@ -175,80 +299,5 @@ typedef struct cddp__launch {
 
 /* Reads the environment; CDDP_EINVAL (err filled) when a rank variable is malformed. */
 int cddp__launch_read(cddp__launch *l, cddp_error *err);
-
-/* Checks a call's arguments before it runs or is queued. */
-int cddp__comm_check(const cddp_comm *c, const coll *a, cddp_error *err);
-/* Runs a call now, on this thread (comm.c). */
-int cddp__comm_execute(cddp_comm *c, const coll *a, cddp_error *err);
-/* Runs a call on the caller's thread once queued work is done (work.c). */
-int cddp__comm_run(cddp_comm *c, const coll *a, cddp_error *err);
-/* Queues a call on the communication thread (work.c). */
-cddp_comm_work *cddp__comm_enqueue(cddp_comm *c, const coll *a, cddp_error *err);
-/* cddp_comm_wait that also reports when the work ran. */
-int cddp__comm_wait_timed(cddp_comm_work *w, double timeout_s, cddp_error *err, double *t_start,
-                          double *t_end);
-/* Initialises and tears down the async state (work.c). */
-int cddp__comm_work_init(cddp_comm *c);
-void cddp__comm_work_fini(cddp_comm *c);
-
-/* Latches the failure into the group and err; returns code. */
-int cddp__comm_fail(cddp_comm *c, cddp_error *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-/* Compares mine with every rank's fingerprint (fps[r] for rank r); a mismatch fails the group
- * with a message naming both sides. */
-int cddp__comm_check_fingerprints(cddp_comm *c, const fingerprint *mine, const fingerprint *fps,
-                                  size_t stride, cddp_error *err);
-float cddp__bf16_to_f32(uint16_t h);
-uint16_t cddp__f32_to_bf16(float f);
-float cddp__f16_to_f32(uint16_t h);
-uint16_t cddp__f32_to_f16(float f);
-
-void cddp__comm_combine(cddp_comm_dtype dt, cddp_comm_op op, void *dst, const void *src, int64_t n);
-void cddp__comm_divide(cddp_comm_dtype dt, void *buf, int64_t n, int W);
-/* bfloat16/float16 values to float32, and back (rounded to nearest even). */
-void cddp__comm_widen(cddp_comm_dtype dt, const void *src, float *dst, int64_t n);
-void cddp__comm_narrow(cddp_comm_dtype dt, const float *src, void *dst, int64_t n);
-
-/* The failures every transport reports in the same words (each latches the group). */
-int cddp__comm_aborted_here(cddp_comm *c, cddp_error *err); /* CDDP_OK when not aborted */
-int cddp__comm_peer_aborted(cddp_comm *c, cddp_error *err, int who, const char *why);
-int cddp__comm_peer_died(cddp_comm *c, cddp_error *err, int who, int pid, const char *what,
-                         uint64_t num);
-int cddp__comm_timed_out(cddp_comm *c, cddp_error *err, const char *what, uint64_t num, int who);
-
-/* The TCP transport (comm/tcp.c): a full mesh between the ranks, ring collectives. */
-struct cddp_store;
-int cddp__tcp_setup(cddp_comm *c, struct cddp_store *st, double deadline, cddp_error *err);
-void cddp__tcp_close(cddp_comm *c);
-/* Tells every peer that this rank aborted the group (reason) or failed (its latched error). */
-void cddp__tcp_abort(cddp_comm *c, const char *reason);
-void cddp__tcp_failed(cddp_comm *c);
-int cddp__tcp_fingerprints(cddp_comm *c, const coll *a, const fingerprint *mine, double deadline,
-                           cddp_error *err);
-int cddp__tcp_execute(cddp_comm *c, const coll *a, double deadline, cddp_error *err);
-int cddp__tcp_p2p(cddp_comm *c, const coll *a, double deadline, cddp_error *err);
-
-/* The MPI backend (comm/mpi.c, built when CMake finds MPI). */
-bool cddp__mpi_available(void);
-int cddp__mpi_init(cddp_comm *c, cddp_error *err);
-void cddp__mpi_finalize(cddp_comm *c);
-int cddp__mpi_fingerprints(cddp_comm *c, const fingerprint *mine, cddp_error *err);
-int cddp__mpi_allreduce(cddp_comm *c, const void *send, void *recv, int64_t count,
-                        cddp_comm_dtype dt, cddp_comm_op op, cddp_error *err);
-int cddp__mpi_broadcast(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dt, int root,
-                        cddp_error *err);
-int cddp__mpi_allgather(cddp_comm *c, const void *send, void *recv, int64_t count,
-                        cddp_comm_dtype dt, cddp_error *err);
-int cddp__mpi_reduce_scatter(cddp_comm *c, const void *send, void *recv, int64_t count,
-                             cddp_comm_dtype dt, cddp_comm_op op, cddp_error *err);
-int cddp__mpi_gather(cddp_comm *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dt,
-                     int root, cddp_error *err);
-int cddp__mpi_scatter(cddp_comm *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dt,
-                      int root, cddp_error *err);
-int cddp__mpi_send(cddp_comm *c, const void *buf, int64_t count, cddp_comm_dtype dt, int peer,
-                   cddp_error *err);
-int cddp__mpi_recv(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dt, int peer,
-                   cddp_error *err);
-void cddp__mpi_abort(cddp_comm *c);
 
 #endif

@@ -1,74 +1,40 @@
-/* mpi.c: the MPI backend: cddp's collective API on MPI's collectives.
+/* mpi.c: the MPI transport: cddp's collectives on MPI's, for jobs started by mpirun or srun.
  *
  * Built when CMake finds MPI (CDDP_HAVE_MPI); otherwise cddp__mpi_available() says no and the
- * rest is never called. The group duplicates MPI_COMM_WORLD, so cddp's traffic never mixes with
- * the program's own. MPI is initialised here unless the program already did it, and finalised by
- * the group that initialised it. bfloat16 and float16 are widened to float32 around the MPI
- * call, which keeps cddp's promise of float32 accumulation without custom MPI types.
+ * transport is never chosen. The group duplicates MPI_COMM_WORLD, so cddp's traffic never mixes
+ * with the program's own. MPI is initialised here unless the program already did it, and
+ * finalised by the group that initialised it. bfloat16 and float16 are widened to float32 around
+ * the MPI call, which keeps cddp's promise of float32 accumulation without custom MPI types.
+ * Every collective is MPI's own (collective.c's table), after the same fingerprint check as on
+ * every transport; moves (for the generic algorithms under CDDP_COMM_ALGORITHM=ring) are
+ * nonblocking sends and receives. Deadlines and dead peers are MPI's business: mpirun ends the
+ * job when a rank dies, and an abort is MPI_Abort.
  */
 #include "comm/internal.h"
-#include "core/internal.h"
 
 #ifndef CDDP_HAVE_MPI
 
 bool cddp__mpi_available(void) {
     return false;
 }
-int cddp__mpi_init(cddp_comm *c, cddp_error *err) {
-    (void)c;
-    return cddp_error_set(err, CDDP_EUNSUPPORTED, "cddp was built without MPI");
-}
-void cddp__mpi_finalize(cddp_comm *c) {
-    (void)c;
-}
-int cddp__mpi_fingerprints(cddp_comm *c, const fingerprint *mine, cddp_error *err) {
-    (void)c, (void)mine;
-    return cddp_error_set(err, CDDP_EUNSUPPORTED, "cddp was built without MPI");
-}
-int cddp__mpi_allreduce(cddp_comm *c, const void *send, void *recv, int64_t count,
-                        cddp_comm_dtype dt, cddp_comm_op op, cddp_error *err) {
-    (void)c, (void)send, (void)recv, (void)count, (void)dt, (void)op;
-    return cddp_error_set(err, CDDP_EUNSUPPORTED, "cddp was built without MPI");
-}
-int cddp__mpi_broadcast(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dt, int root,
-                        cddp_error *err) {
-    (void)c, (void)buf, (void)count, (void)dt, (void)root;
-    return cddp_error_set(err, CDDP_EUNSUPPORTED, "cddp was built without MPI");
-}
-int cddp__mpi_allgather(cddp_comm *c, const void *send, void *recv, int64_t count,
-                        cddp_comm_dtype dt, cddp_error *err) {
-    (void)c, (void)send, (void)recv, (void)count, (void)dt;
+
+int cddp__mpi_collective(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
+                         cddp_error *err) {
+    (void)c, (void)a, (void)p, (void)deadline;
     return cddp_error_set(err, CDDP_EUNSUPPORTED, "cddp was built without MPI");
 }
 
-int cddp__mpi_reduce_scatter(cddp_comm *c, const void *send, void *recv, int64_t count,
-                             cddp_comm_dtype dt, cddp_comm_op op, cddp_error *err) {
-    (void)c, (void)send, (void)recv, (void)count, (void)dt, (void)op;
+static int no_mpi(cddp_comm *c, struct cddp_store *st, double deadline, cddp_error *err) {
+    (void)c, (void)st, (void)deadline;
     return cddp_error_set(err, CDDP_EUNSUPPORTED, "cddp was built without MPI");
 }
-int cddp__mpi_gather(cddp_comm *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dt,
-                     int root, cddp_error *err) {
-    (void)c, (void)send, (void)recv, (void)count, (void)dt, (void)root;
-    return cddp_error_set(err, CDDP_EUNSUPPORTED, "cddp was built without MPI");
-}
-int cddp__mpi_scatter(cddp_comm *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dt,
-                      int root, cddp_error *err) {
-    (void)c, (void)send, (void)recv, (void)count, (void)dt, (void)root;
-    return cddp_error_set(err, CDDP_EUNSUPPORTED, "cddp was built without MPI");
-}
-int cddp__mpi_send(cddp_comm *c, const void *buf, int64_t count, cddp_comm_dtype dt, int peer,
-                   cddp_error *err) {
-    (void)c, (void)buf, (void)count, (void)dt, (void)peer;
-    return cddp_error_set(err, CDDP_EUNSUPPORTED, "cddp was built without MPI");
-}
-int cddp__mpi_recv(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dt, int peer,
-                   cddp_error *err) {
-    (void)c, (void)buf, (void)count, (void)dt, (void)peer;
-    return cddp_error_set(err, CDDP_EUNSUPPORTED, "cddp was built without MPI");
-}
-void cddp__mpi_abort(cddp_comm *c) {
+
+static void nothing(cddp_comm *c) {
     (void)c;
 }
+
+const cddp__transport cddp__mpi_transport = {
+    .name = "mpi", .says = "mpi", .setup = no_mpi, .close = nothing};
 
 #else
 
@@ -76,7 +42,7 @@ void cddp__mpi_abort(cddp_comm *c) {
 #include <mpi.h>
 #include <string.h>
 
-#define COMM(c) (*(MPI_Comm *)(c)->mpi)
+#define COMM(c) (((mpi *)(c)->priv)->comm)
 /* MPI counts are int: larger messages go in pieces of this many bytes. */
 #define PIECE   ((int64_t)1 << 30)
 
@@ -91,17 +57,25 @@ static int mpi_error(cddp_comm *c, cddp_error *err, int code, const char *what) 
     return cddp__comm_fail(c, err, CDDP_EIO, "MPI_%s failed: %.*s", what, len, msg);
 }
 
-int cddp__mpi_init(cddp_comm *c, cddp_error *err) {
+typedef struct mpi {
+    MPI_Comm comm;    /* the group's, duplicated from MPI_COMM_WORLD */
+    bool owner;       /* this group initialised MPI and finalises it */
+    MPI_Request *req; /* a move's requests: the sends still in flight first */
+    int npending, cap;
+} mpi;
+
+static int mpi_setup(cddp_comm *c, struct cddp_store *st, double deadline, cddp_error *err) {
+    (void)st, (void)deadline;
     int inited = 0, provided;
+    mpi *m = c->priv = cddp_calloc(1, sizeof *m);
+    if (!m) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
     MPI_Initialized(&inited);
     if (!inited) {
         if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
             return cddp_error_set(err, CDDP_EIO, "MPI_Init_thread failed");
-        c->mpi_owner = true;
+        m->owner = true;
     }
-    c->mpi = cddp_malloc(sizeof(MPI_Comm));
-    if (!c->mpi) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
-    MPI_Comm_dup(MPI_COMM_WORLD, (MPI_Comm *)c->mpi);
+    MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
     MPI_Comm_set_errhandler(COMM(c), MPI_ERRORS_RETURN);
     MPI_Comm_rank(COMM(c), &c->rank);
     MPI_Comm_size(COMM(c), &c->world);
@@ -115,17 +89,22 @@ int cddp__mpi_init(cddp_comm *c, cddp_error *err) {
     return CDDP_OK;
 }
 
-void cddp__mpi_finalize(cddp_comm *c) {
-    if (!c->mpi) return;
-    MPI_Comm_free((MPI_Comm *)c->mpi);
-    cddp_free(c->mpi);
-    c->mpi = NULL;
+static void mpi_close(cddp_comm *c) {
+    mpi *m = c->priv;
+    if (!m) return;
+    if (m->comm) MPI_Comm_free(&m->comm);
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (c->mpi_owner && !finalized) MPI_Finalize();
+    if (m->owner && !finalized) MPI_Finalize();
+    cddp_free(m->req);
+    cddp_free(m);
+    c->priv = NULL;
 }
 
-int cddp__mpi_fingerprints(cddp_comm *c, const fingerprint *mine, cddp_error *err) {
+static int mpi_begin(cddp_comm *c, const coll *a, const fingerprint *mine, double deadline,
+                     cddp__place *place, cddp_error *err) {
+    (void)a, (void)deadline;
+    *place = (cddp__place){NULL, 0};
     fingerprint *all = cddp_malloc(sizeof *all * (size_t)c->world);
     if (!all) return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
     int rc =
@@ -162,8 +141,8 @@ static MPI_Op mpi_op(cddp_comm_op op) {
     }
 }
 
-int cddp__mpi_allreduce(cddp_comm *c, const void *send, void *recv, int64_t count,
-                        cddp_comm_dtype dt, cddp_comm_op op, cddp_error *err) {
+static int mpi_allreduce(cddp_comm *c, const void *send, void *recv, int64_t count,
+                         cddp_comm_dtype dt, cddp_comm_op op, cddp_error *err) {
     bool narrow = dt == CDDP_COMM_BF16 || dt == CDDP_COMM_F16;
     size_t es = narrow ? 4 : cddp_comm_dtype_size(dt);
     float *wide = NULL;
@@ -171,9 +150,7 @@ int cddp__mpi_allreduce(cddp_comm *c, const void *send, void *recv, int64_t coun
     if (narrow) { /* widen to float32, reduce, narrow back once */
         wide = cddp_malloc(sizeof(float) * (size_t)(count ? count : 1));
         if (!wide) return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
-        const uint16_t *s = send;
-        for (int64_t i = 0; i < count; i++)
-            wide[i] = dt == CDDP_COMM_BF16 ? cddp__bf16_to_f32(s[i]) : cddp__f16_to_f32(s[i]);
+        cddp_comm_to_f32(dt, send, wide, count);
         buf = wide;
     } else if (send != recv) {
         memcpy(recv, send, (size_t)count * es);
@@ -188,32 +165,16 @@ int cddp__mpi_allreduce(cddp_comm *c, const void *send, void *recv, int64_t coun
             return mpi_error(c, err, rc, "Allreduce");
         }
     }
-    if (op == CDDP_COMM_MEAN)
-        for (int64_t i = 0; i < count; i++) switch (narrow ? CDDP_COMM_F32 : dt) {
-            case CDDP_COMM_F64:
-                ((double *)buf)[i] /= c->world;
-                break;
-            case CDDP_COMM_I32:
-                ((int32_t *)buf)[i] /= c->world;
-                break;
-            case CDDP_COMM_I64:
-                ((int64_t *)buf)[i] /= c->world;
-                break;
-            default:
-                ((float *)buf)[i] /= (float)c->world;
-                break;
-            }
+    if (op == CDDP_COMM_MEAN) cddp_comm_divide(narrow ? CDDP_COMM_F32 : dt, buf, count, c->world);
     if (narrow) {
-        uint16_t *d = recv;
-        for (int64_t i = 0; i < count; i++)
-            d[i] = dt == CDDP_COMM_BF16 ? cddp__f32_to_bf16(wide[i]) : cddp__f32_to_f16(wide[i]);
+        cddp_comm_from_f32(dt, wide, recv, count);
         cddp_free(wide);
     }
     return CDDP_OK;
 }
 
-int cddp__mpi_broadcast(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dt, int root,
-                        cddp_error *err) {
+static int mpi_broadcast(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dt, int root,
+                         cddp_error *err) {
     int64_t bytes = count * (int64_t)cddp_comm_dtype_size(dt);
     for (int64_t off = 0; off < bytes; off += PIECE) {
         int n = (int)(bytes - off < PIECE ? bytes - off : PIECE);
@@ -223,8 +184,8 @@ int cddp__mpi_broadcast(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype 
     return CDDP_OK;
 }
 
-int cddp__mpi_allgather(cddp_comm *c, const void *send, void *recv, int64_t count,
-                        cddp_comm_dtype dt, cddp_error *err) {
+static int mpi_allgather(cddp_comm *c, const void *send, void *recv, int64_t count,
+                         cddp_comm_dtype dt, cddp_error *err) {
     int64_t bytes = count * (int64_t)cddp_comm_dtype_size(dt);
     if (bytes > PIECE) /* one rank's part must fit an int count */
         return cddp__comm_fail(c, err, CDDP_EUNSUPPORTED,
@@ -236,12 +197,12 @@ int cddp__mpi_allgather(cddp_comm *c, const void *send, void *recv, int64_t coun
 
 /* The reduction over the whole send buffer, then this rank's part: simple rather than
  * bandwidth-optimal (MPI_Reduce_scatter_block has no mean and no 16-bit float types). */
-int cddp__mpi_reduce_scatter(cddp_comm *c, const void *send, void *recv, int64_t count,
-                             cddp_comm_dtype dt, cddp_comm_op op, cddp_error *err) {
+static int mpi_reduce_scatter(cddp_comm *c, const void *send, void *recv, int64_t count,
+                              cddp_comm_dtype dt, cddp_comm_op op, cddp_error *err) {
     size_t es = cddp_comm_dtype_size(dt), part = (size_t)count * es;
     uint8_t *all = cddp_malloc(part * (size_t)c->world + 1);
     if (!all) return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
-    int rc = cddp__mpi_allreduce(c, send, all, count * c->world, dt, op, err);
+    int rc = mpi_allreduce(c, send, all, count * c->world, dt, op, err);
     if (rc == CDDP_OK) memmove(recv, all + part * (size_t)c->rank, part);
     cddp_free(all);
     return rc;
@@ -256,36 +217,32 @@ static int part_bytes(cddp_comm *c, int64_t count, cddp_comm_dtype dt, const cha
     return CDDP_OK;
 }
 
-int cddp__mpi_gather(cddp_comm *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dt,
-                     int root, cddp_error *err) {
+static int mpi_gather(cddp_comm *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dt,
+                      int root, cddp_error *err) {
     CDDP_TRY(part_bytes(c, count, dt, "gather", err));
     int bytes = (int)(count * (int64_t)cddp_comm_dtype_size(dt));
     int rc = MPI_Gather(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, root, COMM(c));
     return rc == MPI_SUCCESS ? CDDP_OK : mpi_error(c, err, rc, "Gather");
 }
 
-int cddp__mpi_scatter(cddp_comm *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dt,
-                      int root, cddp_error *err) {
+static int mpi_scatter(cddp_comm *c, const void *send, void *recv, int64_t count,
+                       cddp_comm_dtype dt, int root, cddp_error *err) {
     CDDP_TRY(part_bytes(c, count, dt, "scatter", err));
     int bytes = (int)(count * (int64_t)cddp_comm_dtype_size(dt));
     int rc = MPI_Scatter(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, root, COMM(c));
     return rc == MPI_SUCCESS ? CDDP_OK : mpi_error(c, err, rc, "Scatter");
 }
 
-/* A running MPI call cannot be interrupted: the job ends. */
-/* One message of count elements as bytes (the dtype is checked through the count in bytes: the
- * receiver probes the message's size first and fails naming both sides when it differs; the
- * sender learns of it only through the job ending, as MPI gives no way back). */
-int cddp__mpi_send(cddp_comm *c, const void *buf, int64_t count, cddp_comm_dtype dt, int peer,
-                   cddp_error *err) {
+static int mpi_send(cddp_comm *c, const void *buf, int64_t count, cddp_comm_dtype dt, int peer,
+                    cddp_error *err) {
     CDDP_TRY(part_bytes(c, count, dt, "send", err));
     int n = (int)(count * (int64_t)cddp_comm_dtype_size(dt));
     int rc = MPI_Send(buf, n, MPI_BYTE, peer, 7, COMM(c));
     return rc == MPI_SUCCESS ? CDDP_OK : mpi_error(c, err, rc, "Send");
 }
 
-int cddp__mpi_recv(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dt, int peer,
-                   cddp_error *err) {
+static int mpi_recv(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dt, int peer,
+                    cddp_error *err) {
     CDDP_TRY(part_bytes(c, count, dt, "recv", err));
     int n = (int)(count * (int64_t)cddp_comm_dtype_size(dt)), got;
     MPI_Status st;
@@ -301,13 +258,91 @@ int cddp__mpi_recv(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dt, i
     return rc == MPI_SUCCESS ? CDDP_OK : mpi_error(c, err, rc, "Recv");
 }
 
-void cddp__mpi_abort(cddp_comm *c) {
-    char why[sizeof c->abort_reason];
-    pthread_mutex_lock(&c->mu);
-    memcpy(why, c->abort_reason, sizeof why);
-    pthread_mutex_unlock(&c->mu);
-    cddp_log(CDDP_LOG_ERROR, "comm", "aborting the MPI job: %s", why);
+/* A running MPI call cannot be interrupted: the job ends. */
+static void mpi_abort(cddp_comm *c, const char *reason) {
+    cddp_log(CDDP_LOG_ERROR, "comm", "aborting the MPI job: %s", reason);
     MPI_Abort(COMM(c), 1);
 }
+
+/* The user's messages: one message of count elements as bytes (the receiver probes its size
+ * first and fails naming both sides when it differs; the sender learns of it only through the
+ * job ending, as MPI gives no way back). */
+static int mpi_p2p(cddp_comm *c, const coll *a, double deadline, cddp_error *err) {
+    (void)deadline;
+    return a->kind == K_SEND ? mpi_send(c, a->send, a->count, a->dtype, a->root, err)
+                             : mpi_recv(c, a->recv, a->count, a->dtype, a->root, err);
+}
+
+/* Moves as nonblocking sends and receives, cut into messages of the ring's chunk counted from
+ * each transfer's start, so that a segment sent whole is received chunk by chunk (the ring's
+ * pipeline) and the other way round. Without all, the sends stay in flight (their requests are
+ * kept) and only the receives are waited for; a later call with all waits for them too. MPI
+ * waits without deadlines: the job's end is what stops a stuck one. */
+static int mpi_move(cddp_comm *c, cddp__xfer *send, int nsend, cddp__xfer *recv, int nrecv,
+                    bool all, const char *what, double deadline, cddp_error *err) {
+    (void)deadline;
+    mpi *m = c->priv;
+    size_t piece = CDDP_MIN(c->ring_chunk, (size_t)PIECE);
+    int n = m->npending;
+    for (int i = 0; i < nsend; i++) n += (int)((send[i].n - send[i].done + piece - 1) / piece);
+    for (int i = 0; i < nrecv; i++) n += (int)((recv[i].n - recv[i].done + piece - 1) / piece);
+    if (n > m->cap) {
+        MPI_Request *r = cddp_realloc(m->req, sizeof *r * (size_t)n);
+        if (!r) return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
+        m->req = r;
+        m->cap = n;
+    }
+    int k = m->npending, rc = MPI_SUCCESS; /* sends first (kept in flight), then receives */
+    for (int i = 0; i < nsend && rc == MPI_SUCCESS; i++) {
+        for (size_t off = send[i].done; off < send[i].n && rc == MPI_SUCCESS; off += piece)
+            rc = MPI_Isend(send[i].buf + off, (int)CDDP_MIN(piece, send[i].n - off), MPI_BYTE,
+                           send[i].peer, 8, COMM(c), &m->req[k++]);
+        send[i].done = send[i].n;
+    }
+    m->npending = k;
+    for (int i = 0; i < nrecv && rc == MPI_SUCCESS; i++) {
+        for (size_t off = recv[i].done; off < recv[i].n && rc == MPI_SUCCESS; off += piece)
+            rc = MPI_Irecv(recv[i].buf + off, (int)CDDP_MIN(piece, recv[i].n - off), MPI_BYTE,
+                           recv[i].peer, 8, COMM(c), &m->req[k++]);
+        recv[i].done = recv[i].n;
+    }
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Waitall(k - m->npending, m->req + m->npending, MPI_STATUSES_IGNORE);
+    if (rc == MPI_SUCCESS && all) {
+        rc = MPI_Waitall(m->npending, m->req, MPI_STATUSES_IGNORE);
+        m->npending = 0;
+    }
+    return rc == MPI_SUCCESS ? CDDP_OK : mpi_error(c, err, rc, what);
+}
+
+int cddp__mpi_collective(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
+                         cddp_error *err) {
+    (void)p, (void)deadline;
+    switch (a->kind) {
+    case K_ALLREDUCE:
+        return mpi_allreduce(c, a->send, a->recv, a->count, a->dtype, a->op, err);
+    case K_BROADCAST:
+        return mpi_broadcast(c, a->recv, a->count, a->dtype, a->root, err);
+    case K_ALLGATHER:
+        return mpi_allgather(c, a->send, a->recv, a->count, a->dtype, err);
+    case K_REDUCE_SCATTER:
+        return mpi_reduce_scatter(c, a->send, a->recv, a->count, a->dtype, a->op, err);
+    case K_GATHER:
+        return mpi_gather(c, a->send, a->recv, a->count, a->dtype, a->root, err);
+    default:
+        return mpi_scatter(c, a->send, a->recv, a->count, a->dtype, a->root, err);
+    }
+}
+
+const cddp__transport cddp__mpi_transport = {
+    .name = "mpi",
+    .says = "mpi",
+    .setup = mpi_setup,
+    .close = mpi_close,
+    .abort = mpi_abort,
+    .begin = mpi_begin,
+    .move = mpi_move,
+    .p2p = mpi_p2p,
+};
 
 #endif

@@ -1,4 +1,4 @@
-/* tcp.c: the TCP transport: a full mesh of connections between the ranks, ring collectives.
+/* tcp.c: the TCP transport: a full mesh of connections between the ranks.
  *
  * Setup. Every rank listens on its address (CDDP_LOCAL_ADDR, which cddprun sets from
  * --local_addr or the hostname; else 127.0.0.1 when the master is local, else the hostname),
@@ -20,20 +20,12 @@
  * fingerprint of kind send, so a rank that is in a collective when a message arrives reports both
  * sides too.
  *
- * Allreduce. Up to CDDP_TCP_SMALL_KB (the latency path), every rank sends its whole buffer to
- * every other and reduces all of them in rank order: one hop. Above it, the bandwidth-optimal ring
- * (each rank sends and receives 2(n-1)/n of the data): the message is cut into n segments.
- * Reduce-scatter: at step s (0..n-2) rank r sends segment (r - s - 1) mod n to r + 1 and receives
- * segment (r - s - 2) mod n from r - 1, which it adds into its copy, in pipeline chunks of
- * CDDP_TCP_CHUNK_KB so that adding one overlaps receiving the next; after n - 1 steps rank r holds
- * segment r reduced over every rank. Allgather: at step s rank r sends segment (r - s) mod n and
- * receives segment (r - s - 1) mod n. Every element is reduced by one rank, in one order, and
- * copied to the others, so all ranks get bit-identical results. 16-bit types travel as float32
- * (converted on the way in and out), so that they accumulate in float32 as on shared memory.
+ * The collectives are the generic ones (ring.c, hier.c) over this transport's moves, but for the
+ * latency path of allreduce: up to CDDP_TCP_SMALL_KB, every rank sends its fingerprint and its
+ * whole buffer to every other and reduces all of them in rank order, one hop for both.
  */
 #include "comm/internal.h"
-#include "core/internal.h"
-#include "core/net.h"
+#include "cddp/net.h"
 
 #include "cddp/store.h"
 
@@ -66,14 +58,9 @@ typedef struct hello {
     int32_t rank, channel, pid, pad;
 } hello;
 
-/* One transfer to or from a peer: n bytes at buf, done of them moved so far. */
-typedef struct xfer {
-    int peer;
-    uint8_t *buf;
-    size_t n, done;
-} xfer;
+typedef cddp__xfer xfer;
 
-struct cddp__tcp {
+typedef struct tcp {
     int *data, *control; /* per peer; -1 for this rank */
     int *pid;            /* each peer's process id, for the errors */
     int *state;          /* PEER_* per peer, from its control connection */
@@ -82,10 +69,13 @@ struct cddp__tcp {
     struct pollfd *pfd;  /* 3 per rank: sends, receives, control connections */
     xfer *xfers;         /* 2 per rank: all_to_all's sends and receives */
     _Atomic int told;    /* this rank's notice: 0 not yet, 1 going out, 2 out */
-    fingerprint pending; /* the running collective's (a small allreduce sends it with its data) */
     uint8_t *scratch;
-    size_t scratch_size, chunk, small;
-};
+    size_t scratch_size, small;
+} tcp;
+
+static tcp *T(const cddp_comm *c) {
+    return c->priv;
+}
 
 /* ---- setup ------------------------------------------------------------------------------- */
 
@@ -106,7 +96,7 @@ static void big_buffers(int fd) {
 }
 
 static int connect_lower(cddp_comm *c, cddp_store *st, int r, double deadline, cddp_error *err) {
-    struct cddp__tcp *t = c->tcp;
+    tcp *t = T(c);
     void *v = NULL;
     size_t len;
     char key[64], host[256];
@@ -118,11 +108,11 @@ static int connect_lower(cddp_comm *c, cddp_store *st, int r, double deadline, c
         rc = cddp_error_set(err, CDDP_EIO, "rank %d posted a bad address '%s'", r, (char *)v);
     for (int ch = CH_DATA; ch <= CH_CONTROL && rc == CDDP_OK; ch++) {
         int *fd = ch == CH_DATA ? &t->data[r] : &t->control[r];
-        if ((rc = cddp__net_connect(host, port, NULL, deadline, fd, err)) != CDDP_OK) break;
+        if ((rc = cddp_net_connect(host, port, NULL, deadline, fd, err)) != CDDP_OK) break;
         hello h = {TCP_MAGIC, c->rank, ch, (int)getpid(), 0}, back = {0};
-        rc = cddp__net_write_all(*fd, &h, sizeof h, deadline, err);
+        rc = cddp_net_write_all(*fd, &h, sizeof h, deadline, err);
         /* The peer answers with its own, for its pid. */
-        if (rc == CDDP_OK) rc = cddp__net_read_all(*fd, &back, sizeof back, deadline, err);
+        if (rc == CDDP_OK) rc = cddp_net_read_all(*fd, &back, sizeof back, deadline, err);
         if (rc == CDDP_OK && (back.magic != TCP_MAGIC || back.rank != r))
             rc = cddp_error_set(err, CDDP_EIO, "%s:%d answered as something other than rank %d",
                                 host, port, r);
@@ -135,11 +125,11 @@ static int connect_lower(cddp_comm *c, cddp_store *st, int r, double deadline, c
 /* Accepts the two connections of every higher rank; strangers are turned away. */
 static int accept_higher(cddp_comm *c, int listen_fd, const char *addr, int port, double deadline,
                          cddp_error *err) {
-    struct cddp__tcp *t = c->tcp;
+    tcp *t = T(c);
     int W = c->world, me = c->rank, want = 2 * (W - 1 - me);
     for (int got = 0; got < want;) {
         struct pollfd pf = {listen_fd, POLLIN, 0};
-        if (poll(&pf, 1, cddp__net_poll_ms(deadline)) <= 0)
+        if (poll(&pf, 1, cddp_net_poll_ms(deadline)) <= 0)
             return cddp_error_set(
                 err, CDDP_ETIMEDOUT,
                 "rank %d: only %d of the %d connections from higher ranks reached "
@@ -151,12 +141,12 @@ static int accept_higher(cddp_comm *c, int listen_fd, const char *addr, int port
         hello h = {0};
         double soon = CDDP_MIN(deadline, cddp_now_s() + 5);
         int *slot = NULL;
-        if (cddp__net_read_all(fd, &h, sizeof h, soon, NULL) == CDDP_OK && h.magic == TCP_MAGIC &&
+        if (cddp_net_read_all(fd, &h, sizeof h, soon, NULL) == CDDP_OK && h.magic == TCP_MAGIC &&
             h.rank > me && h.rank < W && (h.channel == CH_DATA || h.channel == CH_CONTROL))
             slot = h.channel == CH_DATA ? &t->data[h.rank] : &t->control[h.rank];
         hello back = {TCP_MAGIC, me, h.channel, (int)getpid(), 0};
         if (!slot || *slot >= 0 ||
-            cddp__net_write_all(fd, &back, sizeof back, soon, NULL) != CDDP_OK) {
+            cddp_net_write_all(fd, &back, sizeof back, soon, NULL) != CDDP_OK) {
             close(fd);
             continue;
         }
@@ -167,9 +157,9 @@ static int accept_higher(cddp_comm *c, int listen_fd, const char *addr, int port
     return CDDP_OK;
 }
 
-int cddp__tcp_setup(cddp_comm *c, cddp_store *st, double deadline, cddp_error *err) {
+static int tcp_setup(cddp_comm *c, cddp_store *st, double deadline, cddp_error *err) {
     int W = c->world, me = c->rank, listen_fd = -1, port = 0;
-    struct cddp__tcp *t = c->tcp = cddp_calloc(1, sizeof *t);
+    tcp *t = c->priv = cddp_calloc(1, sizeof *t);
     if (!t || !(t->data = cddp_malloc(sizeof(int) * (size_t)W)) ||
         !(t->control = cddp_malloc(sizeof(int) * (size_t)W)) ||
         !(t->pid = cddp_calloc((size_t)W, sizeof(int))) ||
@@ -183,11 +173,10 @@ int cddp__tcp_setup(cddp_comm *c, cddp_store *st, double deadline, cddp_error *e
     }
     for (int r = 0; r < W; r++) t->data[r] = t->control[r] = -1;
     t->pid[me] = (int)getpid();
-    t->chunk = (size_t)CDDP_MAX(cddp_knob_int(CDDP_KNOB_TCP_CHUNK_KB), 4) << 10;
     t->small = (size_t)CDDP_MAX(cddp_knob_int(CDDP_KNOB_TCP_SMALL_KB), 0) << 10;
     char addr[256], key[64], val[300];
     local_address(addr, sizeof addr);
-    CDDP_TRY(cddp__net_listen(addr, 0, &listen_fd, &port, err));
+    CDDP_TRY(cddp_net_listen(addr, 0, &listen_fd, &port, err));
     snprintf(key, sizeof key, "comm/tcp/%d", me);
     snprintf(val, sizeof val, "%s %d", addr, port);
     int rc = cddp_store_set_str(st, key, val, err);
@@ -198,8 +187,8 @@ int cddp__tcp_setup(cddp_comm *c, cddp_store *st, double deadline, cddp_error *e
     for (int r = 0; r < W; r++)
         if (r != me) {
             big_buffers(t->data[r]);
-            cddp__net_nonblocking(t->data[r]);
-            cddp__net_nonblocking(t->control[r]);
+            cddp_net_nonblocking(t->data[r]);
+            cddp_net_nonblocking(t->control[r]);
         }
     return CDDP_OK;
 }
@@ -208,7 +197,7 @@ int cddp__tcp_setup(cddp_comm *c, cddp_store *st, double deadline, cddp_error *e
 
 /* Sends this rank's notice to every peer, once: the first of abort, failure or leaving counts. */
 static void tell(cddp_comm *c, int kind, const char *why) {
-    struct cddp__tcp *t = c->tcp;
+    tcp *t = T(c);
     int none = 0;
     if (!t || !atomic_compare_exchange_strong(&t->told, &none, 1)) return;
     notice n = {TCP_MAGIC, kind, 0, {0}};
@@ -225,21 +214,18 @@ static void tell(cddp_comm *c, int kind, const char *why) {
     atomic_store(&t->told, 2);
 }
 
-void cddp__tcp_abort(cddp_comm *c, const char *reason) {
+static void tcp_abort(cddp_comm *c, const char *reason) {
     tell(c, PEER_ABORTED, reason);
 }
 
-void cddp__tcp_failed(cddp_comm *c) {
+static void tcp_failed(cddp_comm *c) {
     tell(c, PEER_FAILED, c->failed.msg);
-    /* This host's ranks may be waiting for this one in shared memory, which the notice does
-     * not reach: they learn of it from the host group's abort. */
-    if (c->host && !atomic_load(&c->host->aborted)) cddp_comm_abort(c->host, c->failed.msg);
 }
 
 /* Appends a poll entry for the control connection of every peer not yet heard from, to t->pfd
  * from index np; returns the new count. */
 static int watch_controls(const cddp_comm *c, int np) {
-    const struct cddp__tcp *t = c->tcp;
+    const tcp *t = T(c);
     for (int r = 0; r < c->world; r++)
         if (t->control[r] >= 0 && t->state[r] == PEER_LIVE)
             t->pfd[np++] = (struct pollfd){t->control[r], POLLIN, 0};
@@ -248,7 +234,7 @@ static int watch_controls(const cddp_comm *c, int np) {
 
 /* Reads what peer r's control connection holds so far; returns its state. */
 static int peer_state(cddp_comm *c, int r) {
-    struct cddp__tcp *t = c->tcp;
+    tcp *t = T(c);
     while (t->state[r] == PEER_LIVE) {
         ssize_t k = recv(t->control[r], (char *)&t->notes[r] + t->noted[r],
                          sizeof(notice) - t->noted[r], MSG_DONTWAIT);
@@ -268,14 +254,14 @@ static int peer_state(cddp_comm *c, int r) {
 
 /* The failure a peer's notice (or its death) makes of this rank's call. */
 static int peer_failure(cddp_comm *c, int r, const char *what, cddp_error *err) {
-    struct cddp__tcp *t = c->tcp;
+    tcp *t = T(c);
     switch (t->state[r]) {
     case PEER_DIED:
         return cddp__comm_peer_died(c, err, r, t->pid[r], what, c->seq);
     case PEER_ABORTED:
         return cddp__comm_peer_aborted(c, err, r, t->notes[r].why);
     case PEER_FAILED:
-        return cddp__comm_fail(c, err, CDDP_EIO, "rank %d failed: %.400s", r, t->notes[r].why);
+        return cddp__comm_peer_failed(c, err, r, t->notes[r].why);
     default: /* PEER_LEFT */
         return cddp__comm_fail(c, err, CDDP_EIO,
                                "rank %d left the group (cddp_comm_destroy) while this rank was "
@@ -290,7 +276,7 @@ static int peer_failure(cddp_comm *c, int r, const char *what, cddp_error *err) 
  * unless settled, this waits a moment for one). A peer that left is not a failure by itself.
  * CDDP_OK when there is none. */
 static int check_peers(cddp_comm *c, const char *what, bool settled, cddp_error *err) {
-    struct cddp__tcp *t = c->tcp;
+    tcp *t = T(c);
     CDDP_TRY(cddp__comm_aborted_here(c, err)); /* the peers may be failing because of it */
     static const int severity[] = {[PEER_FAILED] = 1, [PEER_ABORTED] = 2, [PEER_DIED] = 3};
     int worst = -1;
@@ -320,7 +306,7 @@ static int check_peers(cddp_comm *c, const char *what, bool settled, cddp_error 
 
 /* Peer r closed its data connection: waits a moment for its notice, then names the cause. */
 static int peer_closed(cddp_comm *c, int r, const char *what, cddp_error *err) {
-    struct cddp__tcp *t = c->tcp;
+    tcp *t = T(c);
     CDDP_TRY(cddp__comm_aborted_here(c, err));
     double until = cddp_now_s() + 1.0;
     while (peer_state(c, r) == PEER_LIVE && cddp_now_s() < until) {
@@ -346,11 +332,12 @@ static bool receives_left(const xfer *in, int nin) {
 
 /* Sends and receives every transfer at once, or fails (latching the group) on the deadline, an
  * abort of this rank, or a peer's failure. Tries the sockets first and polls only when none can
- * progress, watching every control connection meanwhile. With until_received, returns once the
+ * progress, watching every control connection meanwhile. Without all, returns once the
  * receives are complete, the sends perhaps not (the caller calls again to go on with them). */
-static int move_some(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, bool until_received,
-                     const char *what, double deadline, cddp_error *err) {
-    struct cddp__tcp *t = c->tcp;
+static int tcp_move(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, bool all,
+                    const char *what, double deadline, cddp_error *err) {
+    tcp *t = T(c);
+    bool until_received = !all;
     double spin_start = 0;
     for (;;) {
         bool progress = false, left = false;
@@ -400,7 +387,7 @@ static int move_some(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, bool 
             }
         int first_control = np;
         np = watch_controls(c, np);
-        int ms = cddp__net_poll_ms(deadline);
+        int ms = cddp_net_poll_ms(deadline);
         int pr = poll(t->pfd, (nfds_t)np, ms < 0 || ms > 10 ? 10 : ms);
         if (pr < 0 && errno != EINTR)
             return cddp__comm_fail(c, err, CDDP_EIO, "%s: poll: %s", what, strerror(errno));
@@ -415,30 +402,15 @@ static int move_some(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, bool 
     }
 }
 
-static int move(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, const char *what,
-                double deadline, cddp_error *err) {
-    return move_some(c, out, nout, in, nin, false, what, deadline, err);
-}
-
 /* Sends sn bytes to rank to while receiving rn bytes from rank from. */
 static int exchange(cddp_comm *c, int to, const void *sbuf, size_t sn, int from, void *rbuf,
                     size_t rn, const char *what, double deadline, cddp_error *err) {
     xfer out = {to, (uint8_t *)sbuf, sn, 0}, in = {from, rbuf, rn, 0};
-    return move(c, &out, to >= 0, &in, from >= 0, what, deadline, err);
-}
-
-static int send_to(cddp_comm *c, int to, const void *buf, size_t n, double deadline,
-                   cddp_error *err) {
-    return exchange(c, to, buf, n, -1, NULL, 0, "collective", deadline, err);
-}
-
-static int recv_from(cddp_comm *c, int from, void *buf, size_t n, double deadline,
-                     cddp_error *err) {
-    return exchange(c, -1, NULL, 0, from, buf, n, "collective", deadline, err);
+    return tcp_move(c, &out, to >= 0, &in, from >= 0, true, what, deadline, err);
 }
 
 static uint8_t *scratch(cddp_comm *c, size_t bytes) {
-    struct cddp__tcp *t = c->tcp;
+    tcp *t = T(c);
     if (bytes > t->scratch_size) {
         cddp_aligned_free(t->scratch);
         t->scratch_size = bytes;
@@ -457,7 +429,7 @@ static uint8_t *scratch(cddp_comm *c, size_t bytes) {
 static int all_to_all(cddp_comm *c, uint8_t *all, size_t stride, size_t n, double deadline,
                       cddp_error *err) {
     int W = c->world, me = c->rank;
-    xfer *out = c->tcp->xfers, *in = out + W - 1;
+    xfer *out = T(c)->xfers, *in = out + W - 1;
     int k = 0;
     for (int r = 0; r < W; r++)
         if (r != me) {
@@ -465,7 +437,7 @@ static int all_to_all(cddp_comm *c, uint8_t *all, size_t stride, size_t n, doubl
             in[k] = (xfer){r, all + (size_t)r * stride, HDR, 0};
             k++;
         }
-    int rc = move_some(c, out, W - 1, in, W - 1, n > HDR, "collective", deadline, err);
+    int rc = tcp_move(c, out, W - 1, in, W - 1, n <= HDR, "collective", deadline, err);
     if (rc == CDDP_OK)
         rc = cddp__comm_check_fingerprints(c, (const fingerprint *)(all + (size_t)me * stride),
                                            (const fingerprint *)all, stride, err);
@@ -474,25 +446,21 @@ static int all_to_all(cddp_comm *c, uint8_t *all, size_t stride, size_t n, doubl
         in[i].n = n - HDR;
         in[i].done = 0;
     }
-    if (rc == CDDP_OK) rc = move(c, out, W - 1, in, W - 1, "collective", deadline, err);
+    if (rc == CDDP_OK) rc = tcp_move(c, out, W - 1, in, W - 1, true, "collective", deadline, err);
     return rc;
 }
 
-/* ---- fingerprints ------------------------------------------------------------------------ */
+/* ---- the start of a collective ---------------------------------------------------------- */
 
-/* An allreduce small enough for the latency path (small_allreduce). */
-static bool one_hop(const cddp_comm *c, const coll *a) {
-    return a->kind == K_ALLREDUCE &&
-           (size_t)a->count * cddp_comm_dtype_size(a->dtype) <= c->tcp->small;
+bool cddp__tcp_small(const cddp_comm *c, const coll *a) {
+    return (size_t)a->count * cddp_comm_dtype_size(a->dtype) <= T(c)->small;
 }
 
-/* Every rank's fingerprint to every other, checked; except before a small allreduce, which sends
- * it with its data (one hop for both). */
-int cddp__tcp_fingerprints(cddp_comm *c, const coll *a, const fingerprint *mine, double deadline,
-                           cddp_error *err) {
-    struct cddp__tcp *t = c->tcp;
-    t->pending = *mine;
-    if (one_hop(c, a)) return CDDP_OK;
+/* Every rank's fingerprint to every other, checked. */
+static int tcp_begin(cddp_comm *c, const coll *a, const fingerprint *mine, double deadline,
+                     cddp__place *place, cddp_error *err) {
+    (void)a;
+    *place = (cddp__place){NULL, 0};
     uint8_t *all = scratch(c, HDR * (size_t)c->world);
     if (!all) return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
     memset(all + (size_t)c->rank * HDR, 0, HDR);
@@ -502,255 +470,58 @@ int cddp__tcp_fingerprints(cddp_comm *c, const coll *a, const fingerprint *mine,
 
 /* ---- collectives ------------------------------------------------------------------------- */
 
-static bool is_half(cddp_comm_dtype dt) {
-    return dt == CDDP_COMM_BF16 || dt == CDDP_COMM_F16;
-}
-
-static int64_t seg_lo(int64_t n, int q, int W) {
-    return n * q / W;
-}
-
-/* A ring: n members (global ranks; NULL: ranks 0..n-1), this rank at idx. */
-typedef struct ring {
-    const int *members;
-    int n, idx;
-} ring;
-
-static int ring_peer(const ring *g, int i) {
-    i = ((i % g->n) + g->n) % g->n;
-    return g->members ? g->members[i] : i;
-}
-
-/* Ring reduce-scatter over buf (count elements of dt, 4 or 8 bytes each) cut into n segments:
- * afterwards segment idx of buf holds the reduction over the ring (the others are partial). */
-static int ring_reduce_scatter(cddp_comm *c, const ring *g, uint8_t *buf, int64_t count,
-                               cddp_comm_dtype dt, cddp_comm_op op, double deadline,
-                               cddp_error *err) {
-    int W = g->n, me = g->idx, next = ring_peer(g, me + 1), prev = ring_peer(g, me - 1);
-    size_t es = dt == CDDP_COMM_F64 || dt == CDDP_COMM_I64 ? 8 : 4;
-    uint8_t *tmp = scratch(c, c->tcp->chunk);
-    if (!tmp) return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
-    int64_t per = (int64_t)(c->tcp->chunk / es);
-    for (int s = 0; s < W - 1; s++) {
-        int sq = ((me - s - 1) % W + W) % W, rq = ((me - s - 2) % W + W) % W;
-        int64_t slo = seg_lo(count, sq, W), sn = seg_lo(count, sq + 1, W) - slo;
-        int64_t rlo = seg_lo(count, rq, W), rn = seg_lo(count, rq + 1, W) - rlo;
-        /* The segment streams out while the incoming one is received chunk by chunk, each
-         * chunk added while the next is on its way. */
-        xfer out = {next, buf + (size_t)slo * es, (size_t)sn * es, 0};
-        for (int64_t at = 0; at < rn; at += per) {
-            int64_t kr = CDDP_MIN(per, rn - at);
-            xfer in = {prev, tmp, (size_t)kr * es, 0};
-            CDDP_TRY(move_some(c, &out, 1, &in, 1, true, "collective", deadline, err));
-            cddp__comm_combine(dt, op, buf + (size_t)(rlo + at) * es, tmp, kr);
-        }
-        CDDP_TRY(move(c, &out, 1, NULL, 0, "collective", deadline, err));
-    }
-    return CDDP_OK;
-}
-
-/* Ring allgather of the n segments of buf: member idx starts with segment idx. */
-static int ring_allgather(cddp_comm *c, const ring *g, uint8_t *buf, int64_t count, size_t es,
-                          double deadline, cddp_error *err) {
-    int W = g->n, me = g->idx, next = ring_peer(g, me + 1), prev = ring_peer(g, me - 1);
-    for (int s = 0; s < W - 1; s++) {
-        int sq = ((me - s) % W + W) % W, rq = ((me - s - 1) % W + W) % W;
-        int64_t slo = seg_lo(count, sq, W), sn = seg_lo(count, sq + 1, W) - slo;
-        int64_t rlo = seg_lo(count, rq, W), rn = seg_lo(count, rq + 1, W) - rlo;
-        CDDP_TRY(exchange(c, next, buf + (size_t)slo * es, (size_t)sn * es, prev,
-                          buf + (size_t)rlo * es, (size_t)rn * es, "collective", deadline, err));
-    }
-    return CDDP_OK;
-}
-
-/* Ring allreduce of buf (4- or 8-byte elements) over g; mean divides by the group's size. */
-static int ring_allreduce(cddp_comm *c, const ring *g, uint8_t *buf, int64_t n, cddp_comm_dtype dt,
-                          cddp_comm_op op, double deadline, cddp_error *err) {
-    size_t es = cddp_comm_dtype_size(dt);
-    CDDP_TRY(ring_reduce_scatter(c, g, buf, n, dt, op, deadline, err));
-    if (op == CDDP_COMM_MEAN) {
-        int64_t lo = seg_lo(n, g->idx, g->n);
-        cddp__comm_divide(dt, buf + (size_t)lo * es, seg_lo(n, g->idx + 1, g->n) - lo, c->world);
-    }
-    return ring_allgather(c, g, buf, n, es, deadline, err);
-}
-
 /* The latency path: every rank sends its fingerprint and buffer to every other and reduces all
  * the buffers in rank order. */
-static int small_allreduce(cddp_comm *c, const coll *a, double deadline, cddp_error *err) {
+int cddp__tcp_allreduce_small(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
+                              cddp_error *err) {
+    (void)p;
     int W = c->world;
     size_t es = cddp_comm_dtype_size(a->dtype), bytes = (size_t)a->count * es;
     size_t stride = HDR + ((bytes + 63) & ~(size_t)63), n = HDR + bytes;
-    bool half = is_half(a->dtype);
+    bool half = cddp__comm_is_half(a->dtype);
+    fingerprint fp = {c->seq, a->kind, a->op, (int32_t)a->dtype, a->root, a->count};
     uint8_t *all = scratch(c, stride * (size_t)W + (half ? 2 * (size_t)a->count * 4 : 0));
     if (!all) return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
     uint8_t *mine = all + (size_t)c->rank * stride;
     memset(mine, 0, HDR);
-    memcpy(mine, &c->tcp->pending, sizeof c->tcp->pending);
+    memcpy(mine, &fp, sizeof fp);
     memcpy(mine + HDR, a->send, bytes);
     CDDP_TRY(all_to_all(c, all, stride, n, deadline, err));
     uint8_t *first = all + HDR;
     if (half) { /* accumulate in float32, round once */
         float *acc = (float *)(all + stride * (size_t)W), *tmp = acc + a->count;
-        cddp__comm_widen(a->dtype, first, acc, a->count);
+        cddp_comm_to_f32(a->dtype, first, acc, a->count);
         for (int r = 1; r < W; r++) {
-            cddp__comm_widen(a->dtype, first + (size_t)r * stride, tmp, a->count);
-            cddp__comm_combine(CDDP_COMM_F32, a->op, acc, tmp, a->count);
+            cddp_comm_to_f32(a->dtype, first + (size_t)r * stride, tmp, a->count);
+            cddp_comm_combine(CDDP_COMM_F32, a->op, acc, tmp, a->count);
         }
-        if (a->op == CDDP_COMM_MEAN) cddp__comm_divide(CDDP_COMM_F32, acc, a->count, W);
-        cddp__comm_narrow(a->dtype, acc, a->recv, a->count);
+        if (a->op == CDDP_COMM_MEAN) cddp_comm_divide(CDDP_COMM_F32, acc, a->count, W);
+        cddp_comm_from_f32(a->dtype, acc, a->recv, a->count);
         return CDDP_OK;
     }
     for (int r = 1; r < W; r++)
-        cddp__comm_combine(a->dtype, a->op, first, first + (size_t)r * stride, a->count);
-    if (a->op == CDDP_COMM_MEAN) cddp__comm_divide(a->dtype, first, a->count, W);
+        cddp_comm_combine(a->dtype, a->op, first, first + (size_t)r * stride, a->count);
+    if (a->op == CDDP_COMM_MEAN) cddp_comm_divide(a->dtype, first, a->count, W);
     memcpy(a->recv, first, bytes);
     return CDDP_OK;
 }
 
-/* A call on this host's shm group failed: the root cause is most often a rank whose TCP
- * connections say so too (it died or aborted), named by its global rank; else the host group's
- * own error, whose ranks are local ranks. */
-static int host_failure(cddp_comm *c, const cddp_error *e, cddp_error *err) {
-    struct cddp__tcp *t = c->tcp;
-    CDDP_TRY(cddp__comm_aborted_here(c, err));
-    for (double until = cddp_now_s() + 1.0; cddp_now_s() < until;) {
-        CDDP_TRY(check_peers(c, "collective", false, err));
+/* After a peer's failure: for up to wait_s, the root cause (a death, an abort) as the control
+ * connections tell it. */
+static int tcp_root_cause(cddp_comm *c, const char *what, double wait_s, cddp_error *err) {
+    tcp *t = T(c);
+    for (double until = cddp_now_s() + wait_s; cddp_now_s() < until;) {
+        CDDP_TRY(check_peers(c, what, false, err));
         poll(t->pfd, (nfds_t)watch_controls(c, 0), 10);
     }
-    return cddp__comm_fail(c, err, e->code,
-                           "in this host's shared memory, whose ranks are numbered 0..%d there "
-                           "(this host's ranks in order): %s",
-                           c->local_world - 1, e->msg);
-}
-
-static int on_host(cddp_comm *c, int kind, cddp_comm_op op, cddp_comm_dtype dt, void *buf,
-                   int64_t n, double deadline, cddp_error *err) {
-    coll a = {.kind = kind,
-              .op = op,
-              .dtype = dt,
-              .root = 0,
-              .count = n,
-              .send = buf,
-              .recv = buf,
-              .timeout_s = CDDP_MAX(deadline - cddp_now_s(), 1e-3)};
-    cddp_error e = {0};
-    if (cddp__comm_execute(c->host, &a, &e) != CDDP_OK) return host_failure(c, &e, err);
     return CDDP_OK;
-}
-
-/* Across hosts: reduce on each host over shared memory, a ring of the hosts' leaders over TCP,
- * a broadcast on each host. Every step runs in float32 for 16-bit types, and a mean is a sum
- * divided once at the end, so the result is what the flat ring gives. */
-static int hierarchical_allreduce(cddp_comm *c, uint8_t *buf, int64_t n, cddp_comm_dtype dt,
-                                  cddp_comm_op op, double deadline, cddp_error *err) {
-    cddp_comm_op sum = op == CDDP_COMM_MEAN ? CDDP_COMM_SUM : op;
-    if (c->host) CDDP_TRY(on_host(c, K_ALLREDUCE, sum, dt, buf, n, deadline, err));
-    if (c->leader_index >= 0) {
-        ring g = {c->leaders, c->nleaders, c->leader_index};
-        CDDP_TRY(ring_allreduce(c, &g, buf, n, dt, sum, deadline, err));
-        if (op == CDDP_COMM_MEAN) cddp__comm_divide(dt, buf, n, c->world);
-    }
-    if (c->host) CDDP_TRY(on_host(c, K_BROADCAST, sum, dt, buf, n, deadline, err));
-    return CDDP_OK;
-}
-
-static int tcp_allreduce(cddp_comm *c, const coll *a, double deadline, cddp_error *err) {
-    size_t es = cddp_comm_dtype_size(a->dtype);
-    int64_t n = a->count;
-    if (one_hop(c, a)) return small_allreduce(c, a, deadline, err);
-    uint8_t *buf = a->recv;
-    float *wide = NULL;
-    cddp_comm_dtype dt = a->dtype;
-    if (is_half(dt)) { /* float32 on the wire and in the sums */
-        if (!(wide = cddp_aligned_alloc((size_t)n * sizeof(float) + 64)))
-            return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
-        cddp__comm_widen(dt, a->send, wide, n);
-        buf = (uint8_t *)wide;
-        dt = CDDP_COMM_F32;
-    } else if (a->send != a->recv) {
-        memcpy(buf, a->send, (size_t)n * es);
-    }
-    ring flat = {NULL, c->world, c->rank};
-    int rc = c->nleaders ? hierarchical_allreduce(c, buf, n, dt, a->op, deadline, err)
-                         : ring_allreduce(c, &flat, buf, n, dt, a->op, deadline, err);
-    if (wide) {
-        if (rc == CDDP_OK) cddp__comm_narrow(a->dtype, wide, a->recv, n);
-        cddp_aligned_free(wide);
-    }
-    return rc;
-}
-
-/* reduce_scatter: a ring reduce-scatter of the whole input whose segments are the ranks' blocks
- * (count each, so seg_lo cuts exactly there). */
-static int tcp_reduce_scatter(cddp_comm *c, const coll *a, double deadline, cddp_error *err) {
-    int W = c->world;
-    size_t es = cddp_comm_dtype_size(a->dtype);
-    int64_t total = a->count * W;
-    bool half = is_half(a->dtype);
-    size_t wes = half ? 4 : es;
-    uint8_t *buf = cddp_aligned_alloc((size_t)total * wes + 64);
-    if (!buf) return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
-    if (half)
-        cddp__comm_widen(a->dtype, a->send, (float *)buf, total);
-    else
-        memcpy(buf, a->send, (size_t)total * es);
-    cddp_comm_dtype dt = half ? CDDP_COMM_F32 : a->dtype;
-    ring flat = {NULL, W, c->rank};
-    int rc = ring_reduce_scatter(c, &flat, buf, total, dt, a->op, deadline, err);
-    uint8_t *mine = buf + (size_t)(a->count * c->rank) * wes;
-    if (rc == CDDP_OK && a->op == CDDP_COMM_MEAN) cddp__comm_divide(dt, mine, a->count, W);
-    if (rc == CDDP_OK && half)
-        cddp__comm_narrow(a->dtype, (const float *)mine, a->recv, a->count);
-    else if (rc == CDDP_OK)
-        memcpy(a->recv, mine, (size_t)a->count * es);
-    cddp_aligned_free(buf);
-    return rc;
-}
-
-int cddp__tcp_execute(cddp_comm *c, const coll *a, double deadline, cddp_error *err) {
-    int W = c->world, me = c->rank;
-    size_t bytes = (size_t)a->count * cddp_comm_dtype_size(a->dtype);
-    switch (a->kind) {
-    case K_ALLREDUCE:
-        return tcp_allreduce(c, a, deadline, err);
-    case K_REDUCE_SCATTER:
-        return tcp_reduce_scatter(c, a, deadline, err);
-    case K_BROADCAST: /* the root sends to everyone */
-        if (me != a->root) return recv_from(c, a->root, a->recv, bytes, deadline, err);
-        for (int r = 0; r < W; r++)
-            if (r != me) CDDP_TRY(send_to(c, r, a->recv, bytes, deadline, err));
-        return CDDP_OK;
-    case K_ALLGATHER:
-        memmove((uint8_t *)a->recv + (size_t)me * bytes, a->send, bytes);
-        return ring_allgather(c, &(ring){NULL, W, me}, a->recv, a->count * W,
-                              cddp_comm_dtype_size(a->dtype), deadline, err);
-    case K_GATHER:
-        if (me != a->root) return send_to(c, a->root, a->send, bytes, deadline, err);
-        memmove((uint8_t *)a->recv + (size_t)me * bytes, a->send, bytes);
-        for (int r = 0; r < W; r++)
-            if (r != me)
-                CDDP_TRY(
-                    recv_from(c, r, (uint8_t *)a->recv + (size_t)r * bytes, bytes, deadline, err));
-        return CDDP_OK;
-    case K_SCATTER:
-        if (me != a->root) return recv_from(c, a->root, a->recv, bytes, deadline, err);
-        for (int r = 0; r < W; r++)
-            if (r != me)
-                CDDP_TRY(send_to(c, r, (const uint8_t *)a->send + (size_t)r * bytes, bytes,
-                                 deadline, err));
-        memmove(a->recv, (const uint8_t *)a->send + (size_t)me * bytes, bytes);
-        return CDDP_OK;
-    default: /* K_BARRIER: the fingerprints were the barrier */
-        return CDDP_OK;
-    }
 }
 
 /* ---- point to point ---------------------------------------------------------------------- */
 
 /* The message goes after a fingerprint of kind send (count, dtype, root = the receiver); the
  * receiver answers with its own expectation, so a mismatch fails both sides. */
-int cddp__tcp_p2p(cddp_comm *c, const coll *a, double deadline, cddp_error *err) {
+static int tcp_p2p(cddp_comm *c, const coll *a, double deadline, cddp_error *err) {
     int peer = a->root, me = c->rank;
     size_t bytes = (size_t)a->count * cddp_comm_dtype_size(a->dtype);
     /* Headers of HDR bytes, as every collective's, so that a collective meeting a message reads
@@ -790,8 +561,8 @@ int cddp__tcp_p2p(cddp_comm *c, const coll *a, double deadline, cddp_error *err)
 /* Says goodbye (a peer still waiting on this rank then fails at once), ends both directions of
  * every connection after what was sent, and reads away what is left so that closing does not
  * reset a peer's connection before it has read this rank's last bytes. */
-void cddp__tcp_close(cddp_comm *c) {
-    struct cddp__tcp *t = c->tcp;
+static void tcp_close(cddp_comm *c) {
+    tcp *t = T(c);
     if (!t) return;
     if (t->data && t->control) {
         tell(c, PEER_LEFT, "");
@@ -818,5 +589,18 @@ void cddp__tcp_close(cddp_comm *c) {
     cddp_free(t->xfers);
     cddp_aligned_free(t->scratch);
     cddp_free(t);
-    c->tcp = NULL;
+    c->priv = NULL;
 }
+
+const cddp__transport cddp__tcp_transport = {
+    .name = "tcp",
+    .says = "tcp",
+    .setup = tcp_setup,
+    .close = tcp_close,
+    .abort = tcp_abort,
+    .failed = tcp_failed,
+    .begin = tcp_begin,
+    .move = tcp_move,
+    .p2p = tcp_p2p,
+    .root_cause = tcp_root_cause,
+};

@@ -11,7 +11,6 @@
  * list, so a steady stream of async calls allocates nothing.
  */
 #include "comm/internal.h"
-#include "core/internal.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -138,11 +137,11 @@ bool cddp_comm_test(cddp_comm_work *w) {
 }
 
 int cddp_comm_wait(cddp_comm_work *w, double timeout_s, cddp_error *err) {
-    return cddp__comm_wait_timed(w, timeout_s, err, NULL, NULL);
+    return cddp_comm_wait_timed(w, timeout_s, NULL, NULL, err);
 }
 
-int cddp__comm_wait_timed(cddp_comm_work *w, double timeout_s, cddp_error *err, double *t_start,
-                          double *t_end) {
+int cddp_comm_wait_timed(cddp_comm_work *w, double timeout_s, double *t_start, double *t_end,
+                         cddp_error *err) {
     cddp_comm *c = w->group;
     bool timed_out = false;
     pthread_mutex_lock(&c->mu);
@@ -158,7 +157,7 @@ int cddp__comm_wait_timed(cddp_comm_work *w, double timeout_s, cddp_error *err, 
             pthread_mutex_unlock(&c->mu);
             char why[96];
             snprintf(why, sizeof why, "a wait for queued work timed out after %g s", timeout_s);
-            cddp_comm_abort(c, why);
+            cddp__comm_abort(c, why);
             pthread_mutex_lock(&c->mu);
         }
     }

@@ -5,7 +5,7 @@
  * when it does not fit. A reset after a step that needed more than one chunk replaces them by a
  * single chunk of the high-water size, so the steady state is one chunk and zero mallocs a step.
  */
-#include "core/internal.h"
+#include "cddp/core.h"
 
 #include <stdlib.h>
 

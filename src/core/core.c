@@ -3,7 +3,7 @@
  * Nothing here keeps hidden state beyond the process's rank (for log and error prefixes) and the
  * parsed log threshold, both of which are plain values read once.
  */
-#include "core/internal.h"
+#include "cddp/core.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -58,7 +58,7 @@ void cddp_error_clear(cddp_error *err) {
     err->msg[0] = '\0';
 }
 
-int cddp__error_vset(cddp_error *err, int code, const char *fmt, va_list ap) {
+int cddp_error_vset(cddp_error *err, int code, const char *fmt, va_list ap) {
     if (!err) return code;
     err->code = code;
     char text[sizeof err->msg], prefix[32] = "";
@@ -78,7 +78,7 @@ int cddp__error_vset(cddp_error *err, int code, const char *fmt, va_list ap) {
 int cddp_error_set(cddp_error *err, int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    cddp__error_vset(err, code, fmt, ap);
+    cddp_error_vset(err, code, fmt, ap);
     va_end(ap);
     return code;
 }
@@ -219,7 +219,7 @@ long cddp_knob_int(cddp_knob knob) {
     return x;
 }
 
-long cddp__env_int(const char *name) {
+long cddp_env_int(const char *name) {
     const char *v = getenv(name);
     if (!v || !*v) return -2;
     char *end = NULL;
@@ -236,7 +236,7 @@ int cddp_env_rank_world(int *rank, int *world, cddp_error *err) {
     *rank = 0;
     *world = 1;
     for (size_t i = 0; i < CDDP_ARRAY_LEN(pairs); i++) {
-        long r = cddp__env_int(pairs[i][0]), w = cddp__env_int(pairs[i][1]);
+        long r = cddp_env_int(pairs[i][0]), w = cddp_env_int(pairs[i][1]);
         if (r == -2 && w == -2) continue;
         if (r < 0 || w < 1 || r >= w)
             return cddp_error_set(
@@ -258,7 +258,7 @@ double cddp_now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-const char *cddp__shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
+const char *cddp_shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
     int k = snprintf(buf, n, "(");
     for (int i = 0; i < ndim && k < (int)n; i++)
         k += snprintf(buf + k, n - (size_t)k, i ? ",%lld" : "%lld", (long long)shape[i]);

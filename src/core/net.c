@@ -1,6 +1,6 @@
-/* net.c: TCP sockets with deadlines (contracts in core/net.h). */
-#include "core/net.h"
-#include "core/internal.h"
+/* net.c: TCP sockets with deadlines (contracts in cddp/net.h). */
+#include "cddp/net.h"
+#include "cddp/core.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,7 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-int cddp__net_poll_ms(double deadline) {
+int cddp_net_poll_ms(double deadline) {
     if (deadline < 0) return -1;
     double left = deadline - cddp_now_s();
     if (left <= 0) return 0;
@@ -25,12 +25,12 @@ static void set_nodelay(int fd) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-void cddp__net_nonblocking(int fd) {
+void cddp_net_nonblocking(int fd) {
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     set_nodelay(fd);
 }
 
-int cddp__net_listen(const char *host, int port, int *fd_out, int *bound, cddp_error *err) {
+int cddp_net_listen(const char *host, int port, int *fd_out, int *bound, cddp_error *err) {
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC,
@@ -96,7 +96,7 @@ static int try_connect(const struct addrinfo *a, const char *local, double deadl
     if (e == EINPROGRESS) {
         struct pollfd p = {fd, POLLOUT, 0};
         int pr;
-        do pr = poll(&p, 1, cddp__net_poll_ms(deadline));
+        do pr = poll(&p, 1, cddp_net_poll_ms(deadline));
         while (pr < 0 && errno == EINTR);
         socklen_t len = sizeof e;
         if (pr == 0)
@@ -114,8 +114,8 @@ static int try_connect(const struct addrinfo *a, const char *local, double deadl
     return 0;
 }
 
-int cddp__net_connect(const char *host, int port, const char *local, double deadline, int *fd,
-                      cddp_error *err) {
+int cddp_net_connect(const char *host, int port, const char *local, double deadline, int *fd,
+                     cddp_error *err) {
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
     double start = cddp_now_s(), pause = 0.01;
@@ -149,7 +149,7 @@ int cddp__net_connect(const char *host, int port, const char *local, double dead
     }
 }
 
-int cddp__net_write_all(int fd, const void *buf, size_t n, double deadline, cddp_error *err) {
+int cddp_net_write_all(int fd, const void *buf, size_t n, double deadline, cddp_error *err) {
     const char *p = buf;
     while (n > 0) {
         ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -161,7 +161,7 @@ int cddp__net_write_all(int fd, const void *buf, size_t n, double deadline, cddp
         if (w < 0 && errno == EINTR) continue;
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             struct pollfd pf = {fd, POLLOUT, 0};
-            int pr = poll(&pf, 1, cddp__net_poll_ms(deadline));
+            int pr = poll(&pf, 1, cddp_net_poll_ms(deadline));
             if (pr == 0) return cddp_error_set(err, CDDP_ETIMEDOUT, "timed out sending");
             continue;
         }
@@ -170,11 +170,11 @@ int cddp__net_write_all(int fd, const void *buf, size_t n, double deadline, cddp
     return CDDP_OK;
 }
 
-int cddp__net_read_all(int fd, void *buf, size_t n, double deadline, cddp_error *err) {
+int cddp_net_read_all(int fd, void *buf, size_t n, double deadline, cddp_error *err) {
     char *p = buf;
     while (n > 0) {
         struct pollfd pf = {fd, POLLIN, 0};
-        int pr = poll(&pf, 1, cddp__net_poll_ms(deadline));
+        int pr = poll(&pf, 1, cddp_net_poll_ms(deadline));
         if (pr < 0 && errno == EINTR) continue;
         if (pr == 0) return cddp_error_set(err, CDDP_ETIMEDOUT, "timed out waiting for a reply");
         ssize_t r = recv(fd, p, n, 0);

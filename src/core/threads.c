@@ -5,7 +5,7 @@
  * ranks must tell the library, not only the environment. The environment is set as well, so that
  * libraries loaded afterwards and child processes agree.
  */
-#include "core/internal.h"
+#include "cddp/core.h"
 
 #include <cblas.h>
 #include <stdio.h>

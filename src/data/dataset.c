@@ -5,7 +5,7 @@
  * treats them all alike.
  */
 #include "cddp/data.h"
-#include "core/internal.h"
+#include "cddp/core.h"
 
 #include <string.h>
 

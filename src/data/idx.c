@@ -5,7 +5,7 @@
  * the dimensions must be sane and must match what the file holds, byte for byte.
  */
 #include "cddp/data.h"
-#include "core/internal.h"
+#include "cddp/core.h"
 
 #include <errno.h>
 #include <inttypes.h>

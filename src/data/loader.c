@@ -9,7 +9,7 @@
  * random transforms draw from a generator seeded by (seed, epoch, position).
  */
 #include "cddp/data.h"
-#include "core/internal.h"
+#include "cddp/core.h"
 #include "data/internal.h"
 
 #include <pthread.h>

@@ -13,7 +13,7 @@
  * seed + epoch, so every rank computes the same one without communicating.
  */
 #include "cddp/data.h"
-#include "core/internal.h"
+#include "cddp/core.h"
 #include "data/internal.h"
 
 #include <string.h>

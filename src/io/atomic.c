@@ -1,5 +1,5 @@
 /* atomic.c: write-to-temporary, fsync, rename (the contract is in io/internal.h). */
-#include "core/internal.h"
+#include "cddp/core.h"
 #include "io/internal.h"
 
 #include <errno.h>

@@ -6,7 +6,7 @@
  * the whole file against the model before it copies anything, and reports every difference at once.
  */
 #include "cddp/checkpoint.h"
-#include "core/internal.h"
+#include "cddp/core.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -107,8 +107,8 @@ static void compare(const cddp_st_tensor *t, const cddp_tensor *p, const char *n
     } else if (t->ndim != p->ndim ||
                memcmp(t->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim)) {
         report(buf, cap, count, "'%s' has shape %s in the file but %s in the model", name,
-               cddp__shape_str(t->ndim, t->shape, a, sizeof a),
-               cddp__shape_str(p->ndim, p->shape, b, sizeof b));
+               cddp_shape_str(t->ndim, t->shape, a, sizeof a),
+               cddp_shape_str(p->ndim, p->shape, b, sizeof b));
     }
 }
 

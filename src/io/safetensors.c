@@ -7,7 +7,7 @@
  * that tensors can be used in place.
  */
 #include "cddp/checkpoint.h"
-#include "core/internal.h"
+#include "cddp/core.h"
 #include "io/internal.h"
 
 #include <cjson/cJSON.h>

@@ -5,7 +5,7 @@
  * kernels so that results agree to rounding.
  */
 #include "cddp/optim.h"
-#include "core/internal.h"
+#include "cddp/core.h"
 
 #include <math.h>
 #include <string.h>

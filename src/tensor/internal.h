@@ -8,7 +8,7 @@
 #ifndef CDDP_TENSOR_INTERNAL_H
 #define CDDP_TENSOR_INTERNAL_H
 
-#include "core/internal.h"
+#include "cddp/core.h"
 #include "cddp/tensor.h"
 
 typedef enum cddp__op {

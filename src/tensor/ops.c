@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define SHAPE(t) cddp__shape_str((t)->ndim, (t)->shape, (char[64]){0}, 64)
+#define SHAPE(t) cddp_shape_str((t)->ndim, (t)->shape, (char[64]){0}, 64)
 
 static void need_f32(const char *op, const cddp_tensor *t) {
     CDDP_CHECK(t->dtype == CDDP_F32, "%s needs float32 input, got %s", op,

@@ -117,7 +117,7 @@ int cddp_ctx_fail(cddp_ctx *ctx, int code, const char *fmt, ...) {
     if (ctx->err.code != CDDP_OK) return ctx->err.code; /* the first error is the cause */
     va_list ap;
     va_start(ap, fmt);
-    cddp__error_vset(&ctx->err, code, fmt, ap);
+    cddp_error_vset(&ctx->err, code, fmt, ap);
     va_end(ap);
     return code;
 }

@@ -1,0 +1,486 @@
+/* group.c: making and ending a group, and the public calls.
+ *
+ * Rendezvous. Rank 0 starts a store at MASTER_ADDR:MASTER_PORT (under cddprun: on any free port,
+ * which it posts in the launcher's store); every rank connects, posts its host identity (boot id
+ * + hostname) and reads everyone's. The transport follows: shared memory when every rank is on
+ * this host, else TCP (CDDP_TRANSPORT forces one), or MPI under mpirun/srun when built in
+ * (CDDP_BACKEND). Across hosts with several ranks on some, each host's ranks also get a
+ * shared-memory group of their own for the hierarchical allreduce. Rank 0 then says once what
+ * the group runs on and why, and ranks that share a host get one math-library thread each
+ * unless the user chose.
+ *
+ * The public calls build a coll and either run it on the caller's thread (work.c makes it wait
+ * for queued work first) or queue it; collective.c does the rest.
+ */
+#include "cddp/store.h"
+#include "comm/internal.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int cddp_comm_rank(const cddp_comm *c) {
+    return c->rank;
+}
+int cddp_comm_size(const cddp_comm *c) {
+    return c->world;
+}
+int cddp_comm_local_rank(const cddp_comm *c) {
+    return c->local_rank;
+}
+int cddp_comm_local_size(const cddp_comm *c) {
+    return c->local_world;
+}
+const char *cddp_comm_backend(const cddp_comm *c) {
+    return c->tr->name;
+}
+const char *cddp_comm_error(const cddp_comm *c) {
+    return c->failed.code ? c->failed.msg : NULL;
+}
+
+/* ---- the public calls: blocking, and queued on the communication thread ------------------- */
+
+#define CALL(k, s, r, n, dt, o, rt, t)                                                             \
+    (&(coll){.kind = (k),                                                                          \
+             .send = (s),                                                                          \
+             .recv = (r),                                                                          \
+             .count = (n),                                                                         \
+             .dtype = (dt),                                                                        \
+             .op = (o),                                                                            \
+             .root = (rt),                                                                         \
+             .timeout_s = (t)})
+
+int cddp_comm_allreduce(cddp_comm *c, const void *send, void *recv, int64_t count,
+                        cddp_comm_dtype dt, cddp_comm_op op, double timeout_s, cddp_error *err) {
+    return cddp__comm_run(c, CALL(K_ALLREDUCE, send, recv, count, dt, op, 0, timeout_s), err);
+}
+
+int cddp_comm_broadcast(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dt, int root,
+                        double timeout_s, cddp_error *err) {
+    return cddp__comm_run(c, CALL(K_BROADCAST, buf, buf, count, dt, 0, root, timeout_s), err);
+}
+
+int cddp_comm_allgather(cddp_comm *c, const void *send, void *recv, int64_t count,
+                        cddp_comm_dtype dt, double timeout_s, cddp_error *err) {
+    return cddp__comm_run(c, CALL(K_ALLGATHER, send, recv, count, dt, 0, 0, timeout_s), err);
+}
+
+int cddp_comm_reduce_scatter(cddp_comm *c, const void *send, void *recv, int64_t count,
+                             cddp_comm_dtype dt, cddp_comm_op op, double timeout_s,
+                             cddp_error *err) {
+    return cddp__comm_run(c, CALL(K_REDUCE_SCATTER, send, recv, count, dt, op, 0, timeout_s), err);
+}
+
+int cddp_comm_gather(cddp_comm *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dt,
+                     int root, double timeout_s, cddp_error *err) {
+    return cddp__comm_run(c, CALL(K_GATHER, send, recv, count, dt, 0, root, timeout_s), err);
+}
+
+int cddp_comm_scatter(cddp_comm *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dt,
+                      int root, double timeout_s, cddp_error *err) {
+    return cddp__comm_run(c, CALL(K_SCATTER, send, recv, count, dt, 0, root, timeout_s), err);
+}
+
+int cddp_comm_send(cddp_comm *c, const void *buf, int64_t count, cddp_comm_dtype dt, int dst,
+                   double timeout_s, cddp_error *err) {
+    return cddp__comm_run(c, CALL(K_SEND, buf, NULL, count, dt, 0, dst, timeout_s), err);
+}
+
+int cddp_comm_recv(cddp_comm *c, void *buf, int64_t count, cddp_comm_dtype dt, int src,
+                   double timeout_s, cddp_error *err) {
+    return cddp__comm_run(c, CALL(K_RECV, NULL, buf, count, dt, 0, src, timeout_s), err);
+}
+
+void *cddp_comm_alloc(cddp_comm *c, size_t bytes, cddp_error *err) {
+    void *p = NULL;
+    if (bytes > INT64_MAX) {
+        cddp_error_set(err, CDDP_EINVAL, "cannot allocate %zu bytes", bytes);
+        return NULL;
+    }
+    int rc = cddp__comm_run(c, CALL(K_ALLOC, NULL, &p, (int64_t)bytes, 0, 0, 0, -1), err);
+    return rc == CDDP_OK ? p : NULL;
+}
+
+void cddp_comm_free(cddp_comm *c, void *p) {
+    if (c && p) cddp__comm_run(c, CALL(K_FREE, NULL, p, 0, 0, 0, 0, -1), NULL);
+}
+
+int cddp_comm_barrier(cddp_comm *c, double timeout_s, cddp_error *err) {
+    return cddp__comm_run(c, CALL(K_BARRIER, NULL, NULL, 0, CDDP_COMM_F32, 0, 0, timeout_s), err);
+}
+
+cddp_comm_work *cddp_comm_allreduce_async(cddp_comm *c, const void *send, void *recv, int64_t count,
+                                          cddp_comm_dtype dt, cddp_comm_op op, double timeout_s,
+                                          cddp_error *err) {
+    return cddp__comm_enqueue(c, CALL(K_ALLREDUCE, send, recv, count, dt, op, 0, timeout_s), err);
+}
+
+cddp_comm_work *cddp_comm_broadcast_async(cddp_comm *c, void *buf, int64_t count,
+                                          cddp_comm_dtype dt, int root, double timeout_s,
+                                          cddp_error *err) {
+    return cddp__comm_enqueue(c, CALL(K_BROADCAST, buf, buf, count, dt, 0, root, timeout_s), err);
+}
+
+cddp_comm_work *cddp_comm_allgather_async(cddp_comm *c, const void *send, void *recv, int64_t count,
+                                          cddp_comm_dtype dt, double timeout_s, cddp_error *err) {
+    return cddp__comm_enqueue(c, CALL(K_ALLGATHER, send, recv, count, dt, 0, 0, timeout_s), err);
+}
+
+cddp_comm_work *cddp_comm_reduce_scatter_async(cddp_comm *c, const void *send, void *recv,
+                                               int64_t count, cddp_comm_dtype dt, cddp_comm_op op,
+                                               double timeout_s, cddp_error *err) {
+    return cddp__comm_enqueue(c, CALL(K_REDUCE_SCATTER, send, recv, count, dt, op, 0, timeout_s),
+                              err);
+}
+
+cddp_comm_work *cddp_comm_barrier_async(cddp_comm *c, double timeout_s, cddp_error *err) {
+    return cddp__comm_enqueue(c, CALL(K_BARRIER, NULL, NULL, 0, CDDP_COMM_F32, 0, 0, timeout_s),
+                              err);
+}
+
+void cddp_comm_abort(cddp_comm *c, const char *reason) {
+    if (c) cddp__comm_abort(c, reason);
+}
+
+/* ---- making a group ---------------------------------------------------------------------- */
+
+/* This host's identity: the kernel's boot id and the hostname. */
+static void host_identity(char *out, size_t n) {
+    const char *id = cddp_knob_str(CDDP_KNOB_HOST_ID);
+    if (*id && strcmp(id, "auto") != 0) {
+        snprintf(out, n, "%s", id);
+        return;
+    }
+    char boot[64] = "", host[128] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
+        fclose(f);
+        boot[strcspn(boot, "\n")] = '\0';
+    }
+    gethostname(host, sizeof host - 1);
+    snprintf(out, n, "%s/%s", boot, host);
+}
+
+/* Under cddprun, rank 0 starts the group's store on any free port and posts the port in the
+ * launcher's store (CDDP_STORE_ADDR/PORT/TOKEN), where the other ranks read it. MASTER_PORT, a
+ * port cddprun found free and released for programs that bind it themselves (PyTorch's), is not
+ * used: between its release and rank 0's bind, any process that binds or connects could take
+ * it. The key names the restart round, MASTER_PORT (a job started by hand from inside a worker
+ * sets its own) and the group's number in this process (groups are created collectively, so
+ * every rank counts the same). */
+static int store_via_launcher(const cddp__launch *l, int rank, const char *addr, const char *token,
+                              cddp_store_server **srv, int *port, cddp_error *err) {
+    static _Atomic int groups;
+    char key[96], text[16];
+    snprintf(key, sizeof key, "comm/r%d/m%d/g%d/port", l->restart, l->master_port,
+             atomic_fetch_add(&groups, 1));
+    cddp_store_options lo = {l->store_addr[0] ? l->store_addr : addr, l->store_port, l->store_token,
+                             0, NULL};
+    cddp_store *launcher = cddp_store_connect(&lo, err);
+    if (!launcher) return err ? err->code : CDDP_EIO;
+    int rc = CDDP_OK;
+    if (rank == 0) {
+        if (!(*srv = cddp_store_server_start(addr, 0, token, err))) {
+            rc = err ? err->code : CDDP_EIO;
+        } else {
+            *port = cddp_store_server_port(*srv);
+            snprintf(text, sizeof text, "%d", *port);
+            rc = cddp_store_set_str(launcher, key, text, err);
+        }
+    } else {
+        void *v = NULL;
+        size_t n = 0;
+        rc = cddp_store_get(launcher, key, -1, &v, &n, err);
+        if (rc == CDDP_OK) *port = atoi(v);
+        cddp_free(v);
+    }
+    cddp_store_close(launcher);
+    return rc;
+}
+
+/* The hosts' leaders (each host's lowest rank), from every rank's host identity. */
+static int find_leaders(cddp_comm *c, const char *const *hosts, cddp_error *err) {
+    if (!(c->leaders = cddp_calloc((size_t)c->world, sizeof(int))))
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    c->leader_index = -1;
+    for (int r = 0; r < c->world; r++) {
+        int first = 0;
+        while (strcmp(hosts[first], hosts[r]) != 0) first++;
+        if (r == c->rank) c->host_leader = first;
+        if (first != r) continue;
+        if (r == c->rank) c->leader_index = c->nleaders;
+        c->leaders[c->nleaders++] = r;
+    }
+    return CDDP_OK;
+}
+
+/* A group of some of this group's ranks, on transport tr, meeting under its own keys. */
+static int sub_group(cddp_comm *c, cddp_store *st, const cddp__transport *tr, int rank, int world,
+                     const char *prefix, cddp_comm **out, cddp_error *err) {
+    cddp_comm *g = cddp_calloc(1, sizeof *g);
+    if (!g || cddp__comm_work_init(g) != CDDP_OK) {
+        cddp_free(g);
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    }
+    *out = g;
+    g->tr = tr;
+    g->rank = g->local_rank = rank;
+    g->world = g->local_world = world;
+    g->nhosts = 1;
+    g->timeout = c->timeout;
+    g->ring_chunk = c->ring_chunk;
+    snprintf(g->key_prefix, sizeof g->key_prefix, "%s", prefix);
+    return tr->setup(g, st, -1, err);
+}
+
+/* The shared-memory group of the ranks on this host, for the hierarchical allreduce. Its
+ * rendezvous keys are named after the host's leader; its communication thread never starts
+ * (the group's own thread runs its calls). */
+static int setup_host_group(cddp_comm *c, cddp_store *st, cddp_error *err) {
+    if (c->local_world == 1) return CDDP_OK;
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "comm/h%d/", c->host_leader);
+    return sub_group(c, st, &cddp__shm_transport, c->local_rank, c->local_world, prefix, &c->host,
+                     err);
+}
+
+/* Says once, on rank 0, what the group runs on and why, and who started it. */
+static void log_backend(const cddp_comm *c, const cddp__launch *l, const char *why) {
+    if (c->rank != 0 || !cddp_log_enabled(CDDP_LOG_INFO)) return;
+    char hosts[48] = "";
+    if (c->world > 1)
+        snprintf(hosts, sizeof hosts, " on %d host%s", c->nhosts, c->nhosts == 1 ? "" : "s");
+    bool tell = l->why[0] && strcmp(l->why, why) != 0; /* how the launcher was recognised */
+    cddp_log(CDDP_LOG_INFO, "comm", "%d rank%s%s: %s%s%s%s; started by %s%s%s%s", c->world,
+             c->world == 1 ? "" : "s", hosts, c->tr->says, *why ? " (" : "", why, *why ? ")" : "",
+             l->by[0]
+                 ? l->by
+                 : "no launcher (none of RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID is "
+                   "set)",
+             tell ? " (" : "", tell ? l->why : "", tell ? ")" : "");
+}
+
+/* More than one rank on this host and no thread count chosen: one thread each for the math
+ * libraries, as cddprun gives its workers, so that the ranks do not each start a pool as large
+ * as the host. Said once, on rank 0. */
+static void limit_threads(const cddp_comm *c) {
+    if (c->local_world < 2 || getenv("OPENBLAS_NUM_THREADS") || getenv("GOTO_NUM_THREADS") ||
+        getenv("OMP_NUM_THREADS"))
+        return;
+    cddp_set_num_threads(1);
+    if (c->rank == 0)
+        cddp_log(CDDP_LOG_INFO, "comm",
+                 "%d ranks share this host: setting OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 "
+                 "(unset here) so that they do not oversubscribe the cores; set them to tune",
+                 c->local_world);
+}
+
+/* The MPI backend: CDDP_BACKEND=mpi, or auto under an MPI launcher when MPI is built in (and
+ * the options do not describe a group of their own). CDDP_EINVAL/EUNSUPPORTED when asked for
+ * something that cannot be. */
+static int want_mpi(const cddp__launch *l, const cddp_comm_options *o, bool *mpi, char *why,
+                    size_t n, cddp_error *err) {
+    const char *want = cddp_knob_str(CDDP_KNOB_BACKEND);
+    if (strcmp(want, "auto") && strcmp(want, "shm") && strcmp(want, "mpi"))
+        return cddp_error_set(err, CDDP_EINVAL, "CDDP_BACKEND=%s: expected auto, shm or mpi", want);
+    *mpi = !strcmp(want, "mpi") ||
+           (!strcmp(want, "auto") && l->mpi && cddp__mpi_available() && o->world_size <= 0);
+    if (*mpi && !cddp__mpi_available())
+        return cddp_error_set(err, CDDP_EUNSUPPORTED,
+                              "CDDP_BACKEND=mpi, but this cddp was built without MPI (install "
+                              "libopenmpi-dev and rebuild)");
+    snprintf(why, n, "%s", !strcmp(want, "mpi") ? "CDDP_BACKEND=mpi" : l->why);
+    return CDDP_OK;
+}
+
+/* Who shares a host with whom: every rank posts its host identity and reads everyone's. Sets
+ * local_rank, local_world, nhosts and the hosts' leaders. */
+static int group_hosts(cddp_comm *c, cddp_store *st, cddp_error *err) {
+    char me[256], key[64];
+    host_identity(me, sizeof me);
+    snprintf(key, sizeof key, "comm/host/%d", c->rank);
+    CDDP_TRY(cddp_store_set_str(st, key, me, err));
+    char **hosts = cddp_calloc((size_t)c->world, sizeof *hosts);
+    if (!hosts) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    int rc = CDDP_OK, local = 0, before = 0;
+    for (int r = 0; r < c->world && rc == CDDP_OK; r++) {
+        size_t n;
+        snprintf(key, sizeof key, "comm/host/%d", r);
+        if ((rc = cddp_store_get(st, key, -1, (void **)&hosts[r], &n, err)) != CDDP_OK) break;
+        if (strcmp(hosts[r], me) == 0) {
+            local++;
+            if (r < c->rank) before++;
+        }
+    }
+    if (rc == CDDP_OK) rc = find_leaders(c, (const char *const *)hosts, err);
+    for (int r = 0; r < c->world; r++) cddp_free(hosts[r]);
+    cddp_free(hosts);
+    c->local_rank = before;
+    c->local_world = local;
+    c->nhosts = c->nleaders;
+    return rc;
+}
+
+/* The transports CDDP_TRANSPORT may name, between ranks that a store brought together. */
+static const cddp__transport *const transports[] = {&cddp__shm_transport, &cddp__tcp_transport};
+
+/* The transport: shared memory when every rank is on this host, else TCP (hierarchical when
+ * some host has several ranks); CDDP_TRANSPORT forces one. Every rank reaches the same choice:
+ * the host count is the same for all. */
+static int connect_ranks(cddp_comm *c, cddp_store *st, char *why, size_t n, cddp_error *err) {
+    const char *want = cddp_knob_str(CDDP_KNOB_TRANSPORT);
+    const cddp__transport *tr = NULL;
+    for (size_t i = 0; i < CDDP_ARRAY_LEN(transports) && !tr; i++)
+        if (!strcmp(want, transports[i]->name)) tr = transports[i];
+    if (!tr && strcmp(want, "auto"))
+        return cddp_error_set(err, CDDP_EINVAL, "CDDP_TRANSPORT=%s: expected auto, shm or tcp",
+                              want);
+    if (tr && tr->one_host && c->local_world != c->world)
+        return cddp_error_set(err, CDDP_EUNSUPPORTED,
+                              "CDDP_TRANSPORT=%s, but the group spans hosts (%d of %d ranks on "
+                              "this one): unset it to use TCP between the hosts",
+                              want, c->local_world, c->world);
+    if (!tr) tr = c->local_world == c->world ? &cddp__shm_transport : &cddp__tcp_transport;
+    c->tr = tr;
+    double rdzv = cddp_now_s() + (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
+    CDDP_TRY(tr->setup(c, st, rdzv, err));
+    bool forced = strcmp(want, "auto") != 0;
+    if (tr->one_host) {
+        snprintf(why, n, "%s", forced ? "CDDP_TRANSPORT=shm" : "every rank on this host");
+        c->nleaders = 0; /* the allreduce is flat */
+        return CDDP_OK;
+    }
+    /* Across hosts with several ranks on some, allreduce goes through each host's shared
+     * memory (CDDP_TRANSPORT=tcp keeps everything on TCP). */
+    if (!forced && c->nleaders > 1 && c->nleaders < c->world) {
+        snprintf(why, n, "ranks on different hosts, allreduce hierarchical");
+        CDDP_TRY(setup_host_group(c, st, err));
+        cddp_log(CDDP_LOG_INFO, "comm",
+                 "TCP between %d hosts; allreduce is hierarchical: shared memory among this "
+                 "host's %d ranks, a TCP ring between the hosts' leaders",
+                 c->nleaders, c->local_world);
+        return CDDP_OK;
+    }
+    if (forced)
+        snprintf(why, n, "CDDP_TRANSPORT=%s", want);
+    else
+        snprintf(why, n, "ranks on different hosts");
+    c->nleaders = 0;
+    return CDDP_OK;
+}
+
+/* Meets the other ranks at rank 0's store and connects to them. */
+static int rendezvous(cddp_comm *c, const cddp__launch *l, const cddp_comm_options *opts,
+                      const cddp_comm_options *o, char *why, size_t n, cddp_error *err) {
+    const char *addr = o->master_addr ? o->master_addr : l->master_addr;
+    if (!*addr) addr = "127.0.0.1";
+    int port = o->master_port > 0 ? o->master_port : l->master_port;
+    if (port <= 0 || port > 65535)
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "MASTER_PORT is not set (or not a port): start the program with "
+                              "cddprun, torchrun, mpirun or srun, or pass master_port");
+    if (l->derived_master && c->rank == 0)
+        cddp_log(CDDP_LOG_INFO, "comm",
+                 "srun: meeting at %s:%d (the step's first host; MASTER_ADDR and MASTER_PORT "
+                 "choose another)",
+                 addr, port);
+    const char *token = o->token ? o->token : l->store_token ? l->store_token : "cddp";
+    bool whole_job =
+        !opts || (opts->world_size <= 0 && !opts->master_addr && opts->master_port <= 0);
+    cddp_store_server *srv = NULL;
+    cddp_store *st = NULL;
+    int rc = CDDP_OK;
+    if (whole_job && l->store_port > 0)
+        CDDP_TRY_GOTO(store_via_launcher(l, c->rank, addr, token, &srv, &port, err), out);
+    else if (c->rank == 0 && !(srv = cddp_store_server_start(addr, port, token, err))) {
+        rc = err ? err->code : CDDP_EIO;
+        goto out;
+    }
+    cddp_store_options so = {addr, port, token, 0, NULL};
+    if (!(st = cddp_store_connect(&so, err))) {
+        rc = err ? err->code : CDDP_EIO;
+        goto out;
+    }
+    CDDP_TRY_GOTO(group_hosts(c, st, err), out);
+    CDDP_TRY_GOTO(connect_ranks(c, st, why, n, err), out);
+    /* Rank 0's store may go once everyone has left the rendezvous. */
+    char key[64];
+    snprintf(key, sizeof key, "comm/done/%d", c->rank);
+    CDDP_TRY_GOTO(cddp_store_set_str(st, key, "1", err), out);
+    for (int r = 1; r < c->world && c->rank == 0; r++) {
+        snprintf(key, sizeof key, "comm/done/%d", r);
+        const char *k = key;
+        CDDP_TRY_GOTO(cddp_store_wait(st, &k, 1, -1, err), out);
+    }
+out:
+    cddp_store_close(st);
+    cddp_store_server_stop(srv);
+    return rc;
+}
+
+cddp_comm *cddp_comm_create(const cddp_comm_options *opts, cddp_error *err) {
+    cddp_comm_options o = opts ? *opts : (cddp_comm_options){0};
+    cddp__launch l;
+    char why[160] = "";
+    bool mpi = false;
+    cddp_comm *c = cddp_calloc(1, sizeof *c);
+    if (!c || cddp__comm_work_init(c) != CDDP_OK) {
+        cddp_free(c);
+        cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+        return NULL;
+    }
+    int rc = cddp__launch_read(&l, err);
+    if (rc == CDDP_OK) rc = want_mpi(&l, &o, &mpi, why, sizeof why, err);
+    if (rc != CDDP_OK) goto out;
+    c->timeout = o.timeout_s > 0 ? o.timeout_s : (double)cddp_knob_int(CDDP_KNOB_TIMEOUT_S);
+    c->local_world = c->nhosts = 1;
+    c->ring_chunk = (size_t)CDDP_MAX(cddp_knob_int(CDDP_KNOB_TCP_CHUNK_KB), 4) << 10;
+    const char *algo = cddp_knob_str(CDDP_KNOB_COMM_ALGORITHM);
+    if (strcmp(algo, "auto") && strcmp(algo, "ring")) {
+        rc =
+            cddp_error_set(err, CDDP_EINVAL, "CDDP_COMM_ALGORITHM=%s: expected auto or ring", algo);
+        goto out;
+    }
+    c->ring_only = !strcmp(algo, "ring");
+    if (mpi) {
+        c->tr = &cddp__mpi_transport;
+        CDDP_TRY_GOTO(c->tr->setup(c, NULL, -1, err), out);
+        cddp_log_set_rank(c->rank);
+    } else {
+        if (o.world_size <= 0) o.rank = l.rank, o.world_size = l.world;
+        if (o.rank < 0 || o.rank >= o.world_size) {
+            rc =
+                cddp_error_set(err, CDDP_EINVAL, "rank %d is not in [0, %d)", o.rank, o.world_size);
+            goto out;
+        }
+        c->rank = o.rank;
+        c->world = o.world_size;
+        c->tr = &cddp__self_transport;
+        cddp_log_set_rank(c->rank);
+        if (c->world > 1) CDDP_TRY_GOTO(rendezvous(c, &l, opts, &o, why, sizeof why, err), out);
+    }
+    log_backend(c, &l, why);
+    limit_threads(c);
+out:
+    if (rc != CDDP_OK) {
+        cddp_comm_destroy(c);
+        return NULL;
+    }
+    return c;
+}
+
+void cddp_comm_destroy(cddp_comm *c) {
+    if (!c) return;
+    /* An abort from another thread that this rank's calls already failed on may still be telling
+     * the peers: it finishes first. */
+    while (atomic_load(&c->aborting)) sched_yield();
+    cddp__comm_work_fini(c);
+    if (c->tr) c->tr->close(c);
+    cddp_comm_destroy(c->host);
+    cddp_free(c->leaders);
+    cddp_aligned_free(c->scratch);
+    cddp_free(c);
+}

@@ -1,0 +1,118 @@
+/* shm_wait.c: how a rank of the shared-memory transport waits for another (design in shm.c). */
+#include "comm/shm.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- waiting ----------------------------------------------------------------------------- */
+
+void cddp__shm_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Latches an abort of this group, local (on this rank) or by a peer. */
+int cddp__shm_check_abort(cddp_comm *c, cddp_error *err) {
+    CDDP_TRY(cddp__comm_aborted_here(c, err));
+    int who = atomic_load_explicit(&header(c)->abort_rank, memory_order_acquire) - 1;
+    if (who >= 0) return cddp__comm_peer_aborted(c, err, who, ctl_of(c, who)->abort_reason);
+    return CDDP_OK;
+}
+
+/* Wakes every rank blocked in a wait (after an arrival or an abort), if any is. */
+void cddp__shm_wake(cddp_comm *c) {
+    seg_header *h = header(c);
+    if (atomic_load(&h->sleepers) > 0) {
+        atomic_fetch_add(&h->wake, 1);
+        syscall(SYS_futex, &h->wake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
+}
+
+/* Blocks until a rank arrives or aborts (wake_sleepers), or for at most 10 ms, unless ready()
+ * already holds. The arrival store and the sleepers load of wake_sleepers, and the sleepers
+ * increment and the ready() load here, are sequentially consistent: either this rank sees the
+ * arrival, or the arriving rank sees the sleeper and bumps the futex word, so a wake-up is never
+ * lost. */
+static void sleep_until(cddp_comm *c, bool (*ready)(const void *), const void *arg) {
+    seg_header *h = header(c);
+    uint32_t seen = atomic_load(&h->wake);
+    atomic_fetch_add(&h->sleepers, 1);
+    if (!ready(arg) && !atomic_load(&h->abort_rank) && !atomic_load(&c->aborted))
+        syscall(SYS_futex, &h->wake, FUTEX_WAIT, seen, &(struct timespec){0, 10000000}, NULL, 0);
+    atomic_fetch_sub(&h->sleepers, 1);
+}
+
+/* Whether rank r's process is gone (a peer that exited cleanly has no more to give either). */
+static bool gone(const cddp_comm *c, int r) {
+    pid_t pid = ctl_of(c, r)->pid;
+    return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+/* One round of a wait that found nothing ready: after 20 us of spinning, sleep until an
+ * arrival; every 10 ms, check an abort, whether peer `who` still exists (ready() says whether
+ * what it owes arrived meanwhile: a peer may arrive, finish and exit between two looks) and the
+ * deadline. A move (notices) also reads whether `who` failed: in a ring each rank waits for the
+ * previous one only, so a failure travels around it that way (the root cause in its words). */
+int cddp__shm_idle(cddp_comm *c, waiting *w, bool (*ready)(const void *), const void *arg, int who,
+                   bool notices, const char *what, uint64_t num, double deadline, cddp_error *err) {
+    cddp__shm_relax();
+    CDDP_TRY(cddp__shm_check_abort(c, err));
+    double now = cddp_now_s();
+    if (w->start == 0) w->start = now;
+    if (now - w->start < SPIN_S) return CDDP_OK;
+    sleep_until(c, ready, arg);
+    now = cddp_now_s();
+    if (now < w->next_check) return CDDP_OK;
+    w->next_check = now + 0.01;
+    if (notices && atomic_load(&ctl_of(c, who)->failed) && !ready(arg))
+        return cddp__comm_peer_failed(c, err, who, ctl_of(c, who)->abort_reason);
+    if (gone(c, who) && !ready(arg)) {
+        CDDP_TRY(cddp__shm_check_abort(c, err)); /* it may have aborted the group, then exited */
+        return cddp__comm_peer_died(c, err, who, (int)ctl_of(c, who)->pid, what, num);
+    }
+    if (deadline >= 0 && now > deadline) return cddp__comm_timed_out(c, err, what, num, who);
+    return CDDP_OK;
+}
+
+typedef struct counter_at {
+    _Atomic uint64_t *a;
+    uint64_t target;
+} counter_at;
+
+static bool counter_reached(const void *arg) {
+    const counter_at *t = arg;
+    return atomic_load_explicit(t->a, memory_order_acquire) >= t->target;
+}
+
+/* Waits until *a (written by rank who) reaches at least target, or the group fails. The errors
+ * name the wait as "what #num". */
+int cddp__shm_wait_for(cddp_comm *c, _Atomic uint64_t *a, uint64_t target, int who,
+                       const char *what, uint64_t num, double deadline, cddp_error *err) {
+    counter_at t = {a, target};
+    waiting w = {0, 0};
+    for (unsigned spins = 0; !counter_reached(&t); spins++) {
+        if (spins % 64) {
+            cddp__shm_relax();
+            continue;
+        }
+        CDDP_TRY(cddp__shm_idle(c, &w, counter_reached, &t, who, false, what, num, deadline, err));
+    }
+    return CDDP_OK;
+}
+
+/* Every rank arrives at the next step, or the group fails (deadline, dead peer). */
+int cddp__shm_sync_all(cddp_comm *c, double deadline, cddp_error *err) {
+    uint64_t step = ++priv(c)->step;
+    atomic_store(&ctl_of(c, c->rank)->arrive, step);
+    cddp__shm_wake(c);
+    for (int r = 0; r < c->world; r++)
+        CDDP_TRY(cddp__shm_wait_for(c, &ctl_of(c, r)->arrive, step, r, "collective", c->seq,
+                                    deadline, err));
+    return CDDP_OK;
+}
