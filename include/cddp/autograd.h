@@ -38,6 +38,10 @@ typedef int (*cddp_backward_callback)(void *user, cddp_ctx *ctx, cddp_error *err
  * outside a backward, CDDP_ENOMEM when full. */
 CDDP_API int cddp_backward_queue_callback(cddp_backward_callback fn, void *user);
 
+/* When the last cddp_backward on ctx began (cddp_now_s seconds; 0 before the first), for step
+ * timings such as DistributedDataParallel's. */
+CDDP_API double cddp_backward_start_time(const cddp_ctx *ctx);
+
 /* Sets t's ready hook (NULL clears it). t is normally a parameter. */
 CDDP_API void cddp_tensor_set_ready_hook(cddp_tensor *t, cddp_ready_hook hook, void *user);
 

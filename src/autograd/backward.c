@@ -43,6 +43,10 @@ static int run_callbacks(cddp_ctx *ctx) {
     return rc;
 }
 
+double cddp_backward_start_time(const cddp_ctx *ctx) {
+    return ctx->backward_t0;
+}
+
 void cddp_tensor_set_ready_hook(cddp_tensor *t, cddp_ready_hook hook, void *user) {
     t->ready_hook = hook;
     t->ready_user = user;

@@ -1,0 +1,142 @@
+/* ddp/internal.h: DistributedDataParallel's state, and the reducer interface.
+ *
+ * DDP is four files, on public APIs only (comm.h, nn.h, autograd.h, checkpoint.h), lowest first:
+ *
+ *   reducer.c   what reduces one bucket (the reducers below)
+ *   timeline.c  the step's statistics and the Chrome-trace timeline
+ *   buckets.c   the buckets and a synchronised backward: ready hooks, launching complete buckets
+ *               in order, the end of backward, the rebuild in ready order; the step's events
+ *   wrap.c      wrapping a model: the agreement checks, the first broadcast, where the gradients
+ *               live and where buckets are reduced; join, barrier, save and load
+ *
+ * A reducer reduces one bucket, a list of parameters whose gradients travel together: launch
+ * packs what the bucket needs and starts its collective (queued on the group's thread, or run
+ * inline on the training thread: cddp__ddp_collective decides), finish moves the result into the
+ * gradients once the collective is done. Plain allreduce, and allreduce of 16-bit copies
+ * (bf16/fp16 compression) are the instances; a sharded optimizer's reduce-scatter is one more.
+ */
+#ifndef CDDP_DDP_INTERNAL_H
+#define CDDP_DDP_INTERNAL_H
+
+#include "cddp/autograd.h"
+#include "cddp/comm.h"
+#include "cddp/ddp.h"
+
+typedef struct bucket {
+    int *params; /* parameter indices, in the order they are expected ready */
+    int nparams;
+    size_t numel;
+    int64_t offset; /* first element in the flat block when contiguous, else -1 */
+    int pending;    /* parameters still to become ready in this backward */
+    float *stage;   /* packed float32 (non-contiguous buckets) */
+    uint16_t *half; /* packed 16-bit (compression reducers) */
+    cddp_comm_work *work;
+    bool reduced; /* reduced inline, not yet finished */
+    double t_start, t_end;
+} bucket;
+
+typedef struct cddp_ddp cddp_ddp;
+
+typedef struct cddp__reducer {
+    const char *name;
+    /* Allocates what bucket b needs (staging, 16-bit copies) once the buckets are built. */
+    int (*prepare)(cddp_ddp *d, bucket *b, cddp_error *err);
+    /* Packs bucket b and starts its collective (cddp__ddp_collective). A failure is kept for
+     * the end of backward (d->hook_err). */
+    void (*launch)(cddp_ddp *d, bucket *b);
+    /* The collective is done: the result goes into the gradients. */
+    void (*finish)(cddp_ddp *d, bucket *b);
+} cddp__reducer;
+
+extern const cddp__reducer cddp__allreduce_reducer, cddp__bf16_reducer, cddp__fp16_reducer;
+
+typedef struct event {
+    const char *name;
+    int bucket; /* -1: none */
+    int tid;    /* 0: the training thread, 1: the communication thread */
+    double t0, t1;
+} event;
+
+struct cddp_ddp {
+    cddp_model *model;
+    cddp_comm *group;
+    const cddp__reducer *reducer;
+    float *grad_block; /* the model's gradients, in memory from cddp_comm_alloc (or NULL) */
+    cddp_ddp_options o;
+    int rank, world, nparams;
+    bucket *buckets;
+    int nbuckets;
+    int *bucket_of;   /* parameter -> bucket */
+    bool *ready;      /* per parameter, in this backward */
+    int32_t *used;    /* per parameter: got a gradient since the last synchronised step */
+    float *saved;     /* gradients of locally unused parameters (find_unused_parameters) */
+    bool *missing;    /* per parameter: not ready at the end of this backward */
+    int *ready_order; /* the first step's order, for the rebuild */
+    int nready_order;
+    bool rebuilt, no_sync, in_backward, joined;
+    bool inline_comm; /* buckets are reduced on the training thread (CDDP_DDP_OVERLAP_INLINE) */
+    int next_launch;
+    int32_t *active; /* join: per rank, 1 while it is training */
+    cddp_comm_work *active_work, *used_work;
+    cddp_error hook_err; /* the first failure inside a hook, reported by the end of backward */
+    int64_t steps;
+    /* statistics and timeline */
+    double t_forward, t_optim;
+    cddp_ddp_stats stats;
+    bool print_stats;
+    long stats_every;
+    char *timeline;
+    event *events;
+    size_t nevents, cap_events;
+};
+
+/* The deadline of DDP's collectives: the option's, or the group's (-1). */
+static inline double cddp__ddp_timeout(const cddp_ddp *d) {
+    return d->o.timeout_s > 0 ? d->o.timeout_s : -1;
+}
+
+/* Parameter i's gradient in the flat block. */
+static inline float *cddp__ddp_grad(const cddp_ddp *d, int i) {
+    return cddp_model_grad(d->model) + cddp_model_param_offset(d->model, i);
+}
+
+/* ---- reducer.c --------------------------------------------------------------------------- */
+
+/* The reducer the options ask for. */
+const cddp__reducer *cddp__ddp_reducer(const cddp_ddp_options *o);
+/* Starts a reducer's collective on buf: inline (done when it returns: b->reduced) or queued
+ * on the group's thread (b->work). kind is CDDP_DDP_ALLREDUCE today. */
+void cddp__ddp_collective(cddp_ddp *d, bucket *b, void *buf, int64_t count, cddp_comm_dtype dtype,
+                          cddp_comm_op op);
+
+/* ---- buckets.c --------------------------------------------------------------------------- */
+
+/* Cuts order (every parameter once) into buckets and prepares them for the reducer. */
+int cddp__ddp_build_buckets(cddp_ddp *d, const int *order, cddp_error *err);
+void cddp__ddp_free_buckets(cddp_ddp *d);
+/* Launches bucket k now (join's shadow steps launch every bucket). */
+void cddp__ddp_launch(cddp_ddp *d, int k);
+/* Waits for everything queued in this step; the first failure. */
+int cddp__ddp_wait_all(cddp_ddp *d, cddp_error *err);
+/* After the first step: every rank takes rank 0's ready order and rebuilds its buckets. */
+int cddp__ddp_rebuild(cddp_ddp *d, cddp_error *err);
+void cddp__ddp_reset_step(cddp_ddp *d);
+/* The parameter-ready hook (autograd.h). */
+void cddp__ddp_on_ready(void *user, cddp_tensor *p);
+/* Every rank takes rank src's buffers, unless the options keep each rank's own. */
+int cddp__ddp_sync_buffers(cddp_ddp *d, int src, cddp_error *err);
+/* The model's step events (forward, optimizer): the buffer broadcast, and the timeline. */
+void cddp__ddp_on_event(void *user, cddp_model *m, cddp_model_event ev);
+
+/* ---- timeline.c -------------------------------------------------------------------------- */
+
+/* Records an event for the timeline (when there is one). */
+void cddp__ddp_record(cddp_ddp *d, const char *name, int b, int tid, double t0, double t1);
+/* The end of a synchronised step: statistics, the timeline, CDDP_DDP_STATS's line. */
+void cddp__ddp_report_stats(cddp_ddp *d, double t_walk_end, double t_done, double t_backward0);
+/* Opens the timeline (rank 0 creates the file) when CDDP_TIMELINE asks for one. */
+int cddp__ddp_timeline_open(cddp_ddp *d, cddp_error *err);
+/* Appends this rank's events to the timeline file (at destroy). */
+void cddp__ddp_timeline_write(cddp_ddp *d);
+
+#endif

@@ -1,0 +1,119 @@
+/* reducer.c: what reduces one gradient bucket (the interface is in ddp/internal.h).
+ *
+ *   allreduce  a bucket that is one range of the flat gradient block is reduced in place (with
+ *              the block in memory from cddp_comm_alloc, the shared-memory transport reads every
+ *              rank's copy where it is: no copy at all); a bucket rebuilt from a ready order that
+ *              jumps around is packed into a staging buffer and unpacked afterwards
+ *   bf16, fp16 every bucket is packed as 16-bit floats (rounded to nearest even), summed by the
+ *              transport in float32, and unpacked with the mean applied in float32: half the
+ *              bytes on the wire, PyTorch's bf16/fp16 compression hooks
+ */
+#include "ddp/internal.h"
+
+#include <string.h>
+
+void cddp__ddp_collective(cddp_ddp *d, bucket *b, void *buf, int64_t count, cddp_comm_dtype dtype,
+                          cddp_comm_op op) {
+    cddp_error err = {0};
+    if (d->inline_comm) {
+        b->t_start = cddp_now_s();
+        int rc =
+            cddp_comm_allreduce(d->group, buf, buf, count, dtype, op, cddp__ddp_timeout(d), &err);
+        b->t_end = cddp_now_s();
+        b->reduced = rc == CDDP_OK;
+    } else {
+        b->work = cddp_comm_allreduce_async(d->group, buf, buf, count, dtype, op,
+                                            cddp__ddp_timeout(d), &err);
+    }
+    if (!b->work && !b->reduced && !d->hook_err.code) d->hook_err = err;
+}
+
+/* Copies the bucket's gradients to dst back to back (to_block false), or back (true). */
+static void pack(cddp_ddp *d, bucket *b, float *stage, bool to_block) {
+    size_t at = 0;
+    for (int j = 0; j < b->nparams; j++) {
+        int64_t n = cddp_model_param(d->model, b->params[j])->numel;
+        float *g = cddp__ddp_grad(d, b->params[j]);
+        if (to_block)
+            memcpy(g, stage + at, (size_t)n * sizeof(float));
+        else
+            memcpy(stage + at, g, (size_t)n * sizeof(float));
+        at += (size_t)n;
+    }
+}
+
+/* ---- allreduce --------------------------------------------------------------------------- */
+
+static int plain_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
+    (void)d;
+    if (b->offset < 0 && !(b->stage = cddp_aligned_alloc(b->numel * sizeof(float) + 64)))
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    return CDDP_OK;
+}
+
+static void plain_launch(cddp_ddp *d, bucket *b) {
+    float *buf = b->stage;
+    if (b->offset >= 0)
+        buf = cddp_model_grad(d->model) + b->offset;
+    else
+        pack(d, b, b->stage, false);
+    cddp__ddp_collective(d, b, buf, (int64_t)b->numel, CDDP_COMM_F32,
+                         d->o.sum ? CDDP_COMM_SUM : CDDP_COMM_MEAN);
+}
+
+static void plain_finish(cddp_ddp *d, bucket *b) {
+    if (b->offset < 0) pack(d, b, b->stage, true);
+}
+
+const cddp__reducer cddp__allreduce_reducer = {"allreduce", plain_prepare, plain_launch,
+                                               plain_finish};
+
+/* ---- bf16 and fp16 compression ----------------------------------------------------------- */
+
+static cddp_comm_dtype half_type(const cddp_ddp *d) {
+    return d->o.hook == CDDP_DDP_HOOK_BF16 ? CDDP_COMM_BF16 : CDDP_COMM_F16;
+}
+
+static int half_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
+    (void)d;
+    if (!(b->half = cddp_aligned_alloc(b->numel * sizeof(uint16_t) + 64)))
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    return CDDP_OK;
+}
+
+/* Summed, not averaged: the mean is applied in float32 when unpacking. */
+static void half_launch(cddp_ddp *d, bucket *b) {
+    size_t at = 0;
+    for (int j = 0; j < b->nparams; j++) {
+        int64_t n = cddp_model_param(d->model, b->params[j])->numel;
+        cddp_comm_from_f32(half_type(d), cddp__ddp_grad(d, b->params[j]), b->half + at, n);
+        at += (size_t)n;
+    }
+    cddp__ddp_collective(d, b, b->half, (int64_t)b->numel, half_type(d), CDDP_COMM_SUM);
+}
+
+static void half_finish(cddp_ddp *d, bucket *b) {
+    float scale = d->o.sum ? 1.0f : 1.0f / (float)d->world;
+    size_t at = 0;
+    for (int j = 0; j < b->nparams; j++) {
+        float *g = cddp__ddp_grad(d, b->params[j]);
+        int64_t n = cddp_model_param(d->model, b->params[j])->numel;
+        cddp_comm_to_f32(half_type(d), b->half + at, g, n);
+        for (int64_t e = 0; e < n; e++) g[e] *= scale;
+        at += (size_t)n;
+    }
+}
+
+const cddp__reducer cddp__bf16_reducer = {"bf16", half_prepare, half_launch, half_finish};
+const cddp__reducer cddp__fp16_reducer = {"fp16", half_prepare, half_launch, half_finish};
+
+const cddp__reducer *cddp__ddp_reducer(const cddp_ddp_options *o) {
+    switch (o->hook) {
+    case CDDP_DDP_HOOK_BF16:
+        return &cddp__bf16_reducer;
+    case CDDP_DDP_HOOK_FP16:
+        return &cddp__fp16_reducer;
+    default:
+        return &cddp__allreduce_reducer;
+    }
+}

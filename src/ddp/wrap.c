@@ -1,0 +1,425 @@
+/* wrap.c: wrapping a model with DistributedDataParallel, and what it does besides a step.
+ *
+ * At wrap every rank checks that all ranks built the same model (names, shapes, buffers) with
+ * the same options, and fails naming the rank and value that differ; rank 0's weights and
+ * buffers reach everyone; the buckets are built in reverse parameter order; the gradients move
+ * into the group's memory; and each rank decides where its buckets are reduced (overlap).
+ * join shadows the collectives of the ranks still training until every rank has joined; save
+ * and load make every rank agree on the outcome of rank 0's write or every rank's read.
+ */
+#include "cddp/checkpoint.h"
+#include "ddp/internal.h"
+
+#include <inttypes.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+cddp_model *cddp_ddp_model(const cddp_ddp *d) {
+    return d->model;
+}
+cddp_comm *cddp_ddp_group(const cddp_ddp *d) {
+    return d->group;
+}
+int cddp_ddp_rank(const cddp_ddp *d) {
+    return d->rank;
+}
+int cddp_ddp_world_size(const cddp_ddp *d) {
+    return d->world;
+}
+int cddp_ddp_local_rank(const cddp_ddp *d) {
+    return cddp_comm_local_rank(d->group);
+}
+void cddp_ddp_no_sync(cddp_ddp *d, bool on) {
+    d->no_sync = on;
+}
+cddp_ddp_stats cddp_ddp_stats_get(const cddp_ddp *d) {
+    return d->stats;
+}
+int cddp_ddp_num_buckets(const cddp_ddp *d) {
+    return d->nbuckets;
+}
+
+int cddp_ddp_bucket_params(const cddp_ddp *d, int b, int *params, int cap) {
+    if (b < 0 || b >= d->nbuckets) return 0;
+    for (int i = 0; i < d->buckets[b].nparams && i < cap; i++) params[i] = d->buckets[b].params[i];
+    return d->buckets[b].nparams;
+}
+
+int cddp_ddp_print0(const cddp_ddp *d, const char *fmt, ...) {
+    if (d->rank != 0) return 0;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vprintf(fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+    return n;
+}
+
+/* ---- wrap -------------------------------------------------------------------------------- */
+
+/* What every rank must agree on. */
+typedef struct wrap_rec {
+    int64_t nparams, numel, nbuffers;
+    double bucket_cap_mb;
+    int32_t sum, find_unused, hook, join, join_throw, no_broadcast_buffers;
+} wrap_rec;
+
+typedef struct param_rec {
+    char name[64];
+    int64_t ndim;
+    int64_t shape[CDDP_MAX_DIMS];
+} param_rec;
+
+static const char *hook_name(int h) {
+    return h == CDDP_DDP_HOOK_BF16 ? "bf16" : h == CDDP_DDP_HOOK_FP16 ? "fp16" : "none";
+}
+
+/* Every rank compares every rank with rank 0, so each reports the same first difference. */
+static int agree(cddp_ddp *d, cddp_error *err) {
+    cddp_model *m = d->model;
+    int W = d->world, rc = CDDP_OK;
+    int nb = cddp_model_num_buffers(m), nrec = d->nparams + nb; /* parameters, then buffers */
+    wrap_rec mine = {d->nparams,      (int64_t)cddp_model_numel(m), nb,        d->o.bucket_cap_mb,
+                     d->o.sum,        d->o.find_unused_parameters,  d->o.hook, d->o.join,
+                     d->o.join_throw, d->o.no_broadcast_buffers};
+    wrap_rec *all = cddp_calloc((size_t)W, sizeof *all);
+    param_rec *pm = cddp_calloc((size_t)nrec + 1, sizeof *pm);
+    param_rec *pall = cddp_calloc((size_t)W * ((size_t)nrec + 1), sizeof *pall);
+    if (!all || !pm || !pall) {
+        rc = cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+        goto out;
+    }
+    CDDP_TRY_GOTO(cddp_comm_allgather(d->group, &mine, all, sizeof mine / 8, CDDP_COMM_I64,
+                                      cddp__ddp_timeout(d), err),
+                  out);
+    for (int r = 1; r < W; r++) {
+        const wrap_rec *a = &all[r], *z = &all[0];
+        if (a->nparams != z->nparams) {
+            rc = cddp_error_set(err, CDDP_ESHAPE,
+                                "DDP: rank %d's model has %" PRId64 " parameters (%" PRId64
+                                " elements) but rank 0's has %" PRId64 " (%" PRId64
+                                "); every rank must build the same model",
+                                r, a->nparams, a->numel, z->nparams, z->numel);
+            goto out;
+        }
+        if (a->nbuffers != z->nbuffers) {
+            rc = cddp_error_set(err, CDDP_ESHAPE,
+                                "DDP: rank %d's model has %" PRId64 " buffers but rank 0's has "
+                                "%" PRId64 "; every rank must build the same model",
+                                r, a->nbuffers, z->nbuffers);
+            goto out;
+        }
+#define SAME(field, name, fmt, conv)                                                               \
+    if (a->field != z->field) {                                                                    \
+        rc = cddp_error_set(err, CDDP_EINVAL,                                                      \
+                            "DDP: rank %d wraps with " name " = " fmt " but rank 0 with " fmt      \
+                            "; every rank must pass the same options",                             \
+                            r, conv(a->field), conv(z->field));                                    \
+        goto out;                                                                                  \
+    }
+#define ASIS(x) (x)
+        SAME(bucket_cap_mb, "bucket_cap_mb", "%g", ASIS)
+        SAME(sum, "sum", "%d", ASIS)
+        SAME(find_unused, "find_unused_parameters", "%d", ASIS)
+        SAME(hook, "hook", "%s", hook_name)
+        SAME(join, "join", "%d", ASIS)
+        SAME(join_throw, "join_throw", "%d", ASIS)
+        SAME(no_broadcast_buffers, "no_broadcast_buffers", "%d", ASIS)
+#undef SAME
+#undef ASIS
+    }
+    for (int i = 0; i < nrec; i++) {
+        const cddp_tensor *t =
+            i < d->nparams ? cddp_model_param(m, i) : cddp_model_buffer(m, i - d->nparams);
+        snprintf(pm[i].name, sizeof pm[i].name, "%s", t->name);
+        pm[i].ndim = t->ndim;
+        for (int k = 0; k < t->ndim; k++) pm[i].shape[k] = t->shape[k];
+    }
+    int64_t n = (int64_t)(((size_t)nrec + 1) * sizeof *pm / 8);
+    CDDP_TRY_GOTO(
+        cddp_comm_allgather(d->group, pm, pall, n, CDDP_COMM_I64, cddp__ddp_timeout(d), err), out);
+    for (int r = 1; r < W; r++)
+        for (int i = 0; i < nrec; i++) {
+            const param_rec *a = &pall[(size_t)r * ((size_t)nrec + 1) + (size_t)i], *z = &pall[i];
+            if (memcmp(a, z, sizeof *a) == 0) continue;
+            char sa[64], sz[64];
+            cddp_shape_str((int)a->ndim, a->shape, sa, sizeof sa);
+            cddp_shape_str((int)z->ndim, z->shape, sz, sizeof sz);
+            rc = cddp_error_set(err, CDDP_ESHAPE,
+                                "DDP: %s %d differs: rank %d has '%s' %s but rank 0 has "
+                                "'%s' %s; every rank must build the same model",
+                                i < d->nparams ? "parameter" : "buffer",
+                                i < d->nparams ? i : i - d->nparams, r, a->name, sa, z->name, sz);
+            goto out;
+        }
+out:
+    cddp_free(all);
+    cddp_free(pm);
+    cddp_free(pall);
+    return rc;
+}
+
+void cddp_ddp_destroy(cddp_ddp *d) {
+    if (!d) return;
+    if (d->timeline) cddp__ddp_timeline_write(d);
+    if (d->model) {
+        cddp_model_set_ready_hook(d->model, NULL, NULL);
+        cddp_model_set_event_hook(d->model, NULL, NULL);
+    }
+    /* The model takes its gradients back into memory of its own; if it cannot, the block stays
+     * (leaked) rather than leaving the model pointing at freed memory. */
+    if (d->grad_block && d->model && cddp_model_set_grad_block(d->model, NULL) == CDDP_OK)
+        cddp_comm_free(d->group, d->grad_block);
+    cddp__ddp_free_buckets(d);
+    cddp_free(d->bucket_of);
+    cddp_free(d->ready);
+    cddp_free(d->used);
+    cddp_aligned_free(d->saved);
+    cddp_free(d->missing);
+    cddp_free(d->ready_order);
+    cddp_free(d->active);
+    cddp_free(d->timeline);
+    cddp_free(d->events);
+    cddp_free(d);
+}
+
+/* Moves the gradient block into memory from the group (cddp_comm_alloc), which the shared-memory
+ * transport reads in place, so that a bucket's allreduce copies nothing in or out (on other
+ * transports it is plain memory). The 16-bit reducers pack every bucket anyway: the gradients
+ * stay where they are. If the memory cannot be had (a small /dev/shm), training goes on with
+ * plain memory after a warning. */
+static int place_gradients(cddp_ddp *d, cddp_error *err) {
+    if (d->reducer != &cddp__allreduce_reducer) return CDDP_OK;
+    cddp_error e = {0};
+    float *block = cddp_comm_alloc(d->group, cddp_model_numel(d->model) * sizeof(float), &e);
+    if (!block) {
+        if (cddp_comm_error(d->group)) { /* the group failed: a peer died, say */
+            *err = e;
+            return e.code;
+        }
+        cddp_log(CDDP_LOG_WARN, "ddp",
+                 "gradients stay in plain memory (one more copy per "
+                 "allreduce): %s",
+                 e.msg);
+        return CDDP_OK;
+    }
+    if (cddp_model_set_grad_block(d->model, block) != CDDP_OK) {
+        cddp_comm_free(d->group, block);
+        return cddp_error_set(err, CDDP_ENOMEM, "%s", cddp_model_error(d->model));
+    }
+    d->grad_block = block;
+    return CDDP_OK;
+}
+
+/* Inline when the option or CDDP_DDP_OVERLAP says so, or (auto) when there is nothing to overlap
+ * with (a group of one, whose allreduce moves nothing: the thread's hand-off alone would cost a
+ * wake-up per step) or this host cannot give every local rank a core for its training thread and
+ * another for its communication thread: the ranks' CPU set has fewer than 2 cores, or fewer than
+ * two per rank on the host. A communication thread that must take turns with the training
+ * threads gains no overlap and costs a thread switch, a wake-up and a cache refill per bucket. */
+static int choose_overlap(cddp_ddp *d, cddp_error *err) {
+    cddp_ddp_overlap o = d->o.overlap;
+    const char *knob = cddp_knob_str(CDDP_KNOB_DDP_OVERLAP);
+    if (o == CDDP_DDP_OVERLAP_AUTO && strcmp(knob, "thread") == 0) o = CDDP_DDP_OVERLAP_THREAD;
+    if (o == CDDP_DDP_OVERLAP_AUTO && strcmp(knob, "inline") == 0) o = CDDP_DDP_OVERLAP_INLINE;
+    if (o == CDDP_DDP_OVERLAP_AUTO && strcmp(knob, "auto") != 0)
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "CDDP_DDP_OVERLAP=%s: expected thread, inline or auto", knob);
+    if (o == CDDP_DDP_OVERLAP_AUTO) {
+        cpu_set_t set;
+        int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+        if (cores <= 0) cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        int local = cddp_comm_local_size(d->group);
+        o = d->world == 1 || cores < 2 * local ? CDDP_DDP_OVERLAP_INLINE : CDDP_DDP_OVERLAP_THREAD;
+        cddp_log(CDDP_LOG_DEBUG, "ddp", "%d cores for %d ranks on this host: buckets reduced %s",
+                 cores, local, o == CDDP_DDP_OVERLAP_INLINE ? "inline" : "on the thread");
+    }
+    d->inline_comm = o == CDDP_DDP_OVERLAP_INLINE;
+    return CDDP_OK;
+}
+
+cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options *opts,
+                        cddp_error *err) {
+    if (!m || !group) {
+        cddp_error_set(err, CDDP_EINVAL, "cddp_ddp_wrap: the model and the group are required");
+        return NULL;
+    }
+    if (cddp_model_numel(m) == 0 || !cddp_model_grad(m)) {
+        cddp_error_set(err, CDDP_ESTATE,
+                       "cddp_ddp_wrap: the model has no parameters, or is not built yet "
+                       "(call cddp_model_build first)");
+        return NULL;
+    }
+    cddp_ddp_options o = opts ? *opts : (cddp_ddp_options){0};
+    if (o.bucket_cap_mb <= 0) o.bucket_cap_mb = 25;
+    if ((unsigned)o.hook > CDDP_DDP_HOOK_FP16) {
+        cddp_error_set(err, CDDP_EINVAL, "cddp_ddp_wrap: unknown hook %d", (int)o.hook);
+        return NULL;
+    }
+    if ((unsigned)o.overlap > CDDP_DDP_OVERLAP_INLINE) {
+        cddp_error_set(err, CDDP_EINVAL, "cddp_ddp_wrap: unknown overlap %d", (int)o.overlap);
+        return NULL;
+    }
+    cddp_ddp *d = cddp_calloc(1, sizeof *d);
+    if (!d) {
+        cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+        return NULL;
+    }
+    d->model = m;
+    d->group = group;
+    d->o = o;
+    d->rank = cddp_comm_rank(group);
+    d->world = cddp_comm_size(group);
+    d->nparams = cddp_model_num_params(m);
+    size_t np = (size_t)d->nparams;
+    d->bucket_of = cddp_calloc(np, sizeof(int));
+    d->ready = cddp_calloc(np, sizeof(bool));
+    d->used = cddp_calloc(np, sizeof(int32_t));
+    d->missing = cddp_calloc(np, sizeof(bool));
+    d->ready_order = cddp_calloc(np, sizeof(int));
+    d->active = cddp_calloc((size_t)d->world, sizeof(int32_t));
+    if (o.find_unused_parameters)
+        d->saved = cddp_aligned_alloc(cddp_model_numel(m) * sizeof(float) + 64);
+    int rc = CDDP_OK;
+    if (!d->bucket_of || !d->ready || !d->used || !d->missing || !d->ready_order || !d->active ||
+        (o.find_unused_parameters && !d->saved)) {
+        rc = cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+        goto out;
+    }
+    d->reducer = cddp__ddp_reducer(&o);
+    CDDP_TRY_GOTO(cddp__ddp_timeline_open(d, err), out);
+    CDDP_TRY_GOTO(choose_overlap(d, err), out);
+    d->print_stats = cddp_knob_int(CDDP_KNOB_DDP_STATS) != 0;
+    d->stats_every = CDDP_MAX(cddp_knob_int(CDDP_KNOB_DDP_STATS_EVERY), 1);
+    CDDP_TRY_GOTO(agree(d, err), out);
+    /* Everyone starts from rank 0's weights. */
+    CDDP_TRY_GOTO(cddp_comm_broadcast(group, cddp_model_data(m), (int64_t)cddp_model_numel(m),
+                                      CDDP_COMM_F32, 0, cddp__ddp_timeout(d), err),
+                  out);
+    if (cddp_model_buffer_numel(m) > 0)
+        CDDP_TRY_GOTO(cddp_comm_broadcast(group, cddp_model_buffer_data(m),
+                                          (int64_t)cddp_model_buffer_numel(m), CDDP_COMM_F32, 0,
+                                          cddp__ddp_timeout(d), err),
+                      out);
+    for (int k = 0; k < d->nparams; k++) d->ready_order[k] = d->nparams - 1 - k;
+    CDDP_TRY_GOTO(cddp__ddp_build_buckets(d, d->ready_order, err), out);
+    CDDP_TRY_GOTO(place_gradients(d, err), out);
+    cddp__ddp_reset_step(d);
+    cddp_model_set_ready_hook(m, cddp__ddp_on_ready, d);
+    cddp_model_set_event_hook(m, cddp__ddp_on_event, d);
+out:
+    if (rc != CDDP_OK) {
+        d->model = NULL; /* nothing was hooked */
+        cddp_free(d->timeline);
+        d->timeline = NULL;
+        cddp_ddp_destroy(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* ---- join, barrier, checkpoints ---------------------------------------------------------- */
+
+int cddp_ddp_join(cddp_ddp *d, cddp_error *err) {
+    if (!d->o.join)
+        return cddp_error_set(err, CDDP_ESTATE,
+                              "cddp_ddp_join needs the join option at wrap (every rank's steps "
+                              "then also reduce who is still training)");
+    if (d->joined) return CDDP_OK;
+    d->joined = true;
+    for (;;) {
+        /* The ranks still training broadcast buffers before each forward: shadow that too. */
+        CDDP_TRY(cddp__ddp_sync_buffers(d, 0, err));
+        memset(d->active, 0, sizeof(int32_t) * (size_t)d->world);
+        CDDP_TRY(cddp_comm_allreduce(d->group, d->active, d->active, d->world, CDDP_COMM_I32,
+                                     CDDP_COMM_SUM, cddp__ddp_timeout(d), err));
+        int still = 0;
+        for (int r = 0; r < d->world; r++) still += d->active[r];
+        if (still == 0) break;
+        if (d->o.join_throw) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "rank %d ran out of inputs (join_throw)", d->rank);
+            cddp_comm_abort(d->group, msg);
+            return cddp_error_set(err, CDDP_ESTATE, "%s", msg);
+        }
+        /* Shadow one step of the others: zeros into every bucket, in bucket order. */
+        memset(cddp_model_grad(d->model), 0, cddp_model_numel(d->model) * sizeof(float));
+        for (int k = 0; k < d->nbuckets; k++) cddp__ddp_launch(d, k);
+        d->next_launch = d->nbuckets;
+        int rc = d->hook_err.code ? d->hook_err.code : CDDP_OK;
+        if (rc) *err = d->hook_err;
+        if (rc == CDDP_OK && d->o.find_unused_parameters) {
+            memset(d->used, 0, sizeof(int32_t) * (size_t)d->nparams);
+            d->used_work =
+                cddp_comm_allreduce_async(d->group, d->used, d->used, d->nparams, CDDP_COMM_I32,
+                                          CDDP_COMM_MAX, cddp__ddp_timeout(d), err);
+            if (!d->used_work) rc = err->code;
+        }
+        cddp_error e = {0};
+        int st = cddp__ddp_wait_all(d, &e);
+        if (st && !rc) rc = st, *err = e;
+        if (rc == CDDP_OK && !d->rebuilt) rc = cddp__ddp_rebuild(d, err);
+        cddp__ddp_reset_step(d);
+        CDDP_TRY(rc);
+    }
+    /* The models agree again: everyone takes the parameters of the rank with the most steps. */
+    int64_t *steps = cddp_calloc((size_t)d->world, sizeof *steps);
+    if (!steps) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    int rc = cddp_comm_allgather(d->group, &d->steps, steps, 1, CDDP_COMM_I64, cddp__ddp_timeout(d),
+                                 err);
+    int src = 0;
+    for (int r = 1; r < d->world; r++)
+        if (steps[r] > steps[src]) src = r;
+    cddp_free(steps);
+    CDDP_TRY(rc);
+    CDDP_TRY(cddp_comm_broadcast(d->group, cddp_model_data(d->model),
+                                 (int64_t)cddp_model_numel(d->model), CDDP_COMM_F32, src,
+                                 cddp__ddp_timeout(d), err));
+    return cddp__ddp_sync_buffers(d, src, err);
+}
+
+int cddp_ddp_barrier(cddp_ddp *d, cddp_error *err) {
+    return cddp_comm_barrier(d->group, cddp__ddp_timeout(d), err);
+}
+
+int cddp_ddp_save(cddp_ddp *d, const char *path, const cddp_optim *opt, const char *const *metadata,
+                  cddp_error *err) {
+    int32_t status = CDDP_OK;
+    cddp_error mine = {0};
+    if (d->rank == 0) status = cddp_checkpoint_save(path, d->model, opt, metadata, &mine);
+    CDDP_TRY(
+        cddp_comm_broadcast(d->group, &status, 1, CDDP_COMM_I32, 0, cddp__ddp_timeout(d), err));
+    if (status == CDDP_OK) return CDDP_OK;
+    if (d->rank == 0) {
+        if (err) *err = mine;
+        return status;
+    }
+    return cddp_error_set(err, status,
+                          "rank 0 could not write the checkpoint %s (its log says why)", path);
+}
+
+int cddp_ddp_load(cddp_ddp *d, const char *path, cddp_optim *opt, cddp_safetensors **file,
+                  cddp_error *err) {
+    cddp_error mine = {0};
+    cddp_safetensors *f = NULL;
+    int32_t st = cddp_checkpoint_load(path, d->model, opt, file ? &f : NULL, &mine);
+    int32_t worst[2] = {st != CDDP_OK ? 1 : 0, st != CDDP_OK ? d->rank : -1};
+    int rc = cddp_comm_allreduce(d->group, worst, worst, 2, CDDP_COMM_I32, CDDP_COMM_MAX,
+                                 cddp__ddp_timeout(d), err);
+    if (rc == CDDP_OK && st != CDDP_OK) {
+        if (err) *err = mine;
+        rc = st;
+    } else if (rc == CDDP_OK && worst[0]) {
+        rc = cddp_error_set(err, CDDP_EIO,
+                            "rank %d could not load the checkpoint %s (its log says why)", worst[1],
+                            path);
+    }
+    if (rc == CDDP_OK && file)
+        *file = f;
+    else
+        cddp_safetensors_destroy(f);
+    return rc;
+}
