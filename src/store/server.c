@@ -1,7 +1,4 @@
-/* store.c: the rendezvous store's server and client (contract in cddp/store.h).
- *
- * Frames: 12-byte header (magic "CDDS", u16 version, u16 type, u32 payload length, all little
- * endian) and the payload, a sequence of fields (u32 length + bytes, or fixed-size integers).
+/* server.c: the rendezvous store's server (contract in cddp/store.h, wire in store/internal.h).
  *
  * The server is one thread running a poll loop over the listening socket, its clients and a
  * wake-up pipe. Each client has an input buffer (a frame is handled once complete) and an output
@@ -11,9 +8,9 @@
  * keys and deadline; every change to the key space re-checks parked clients, and the poll timeout
  * is the nearest deadline. Keys live in a small open-addressing hash table.
  */
+#include "cddp/net.h"
 #include "cddp/store.h"
-#include "core/internal.h"
-#include "core/net.h"
+#include "store/internal.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -26,112 +23,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#define MAGIC   0x53444443u /* "CDDS" read as little endian */
-#define VERSION 1
-#define HEADER  12
-#define MAX_OUT (64u << 20) /* replies a client may leave unread before it is dropped */
-
-enum {
-    REQ_HELLO = 1,
-    REQ_SET,
-    REQ_GET,
-    REQ_ADD,
-    REQ_CAS,
-    REQ_DELETE,
-    REQ_NUM_KEYS,
-    REQ_WAIT,
-    REP_OK = 100,
-    REP_VALUE,
-    REP_NOTFOUND,
-    REP_TIMEOUT,
-    REP_ERROR,
-};
-
-/* ---- encoding ---------------------------------------------------------------------------- */
-
-typedef struct buf {
-    uint8_t *p;
-    size_t len, cap;
-    bool oom;
-} buf;
-
-static void buf_put(buf *b, const void *data, size_t n) {
-    if (b->oom || n == 0) return;
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n) cap *= 2;
-        uint8_t *p = cddp_realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, data, n);
-    b->len += n;
-}
-
-static void put_u32(buf *b, uint32_t v) {
-    uint8_t x[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
-    buf_put(b, x, 4);
-}
-
-static void put_u64(buf *b, uint64_t v) {
-    put_u32(b, (uint32_t)v);
-    put_u32(b, (uint32_t)(v >> 32));
-}
-
-static void put_field(buf *b, const void *data, size_t n) {
-    put_u32(b, (uint32_t)n);
-    buf_put(b, data, n);
-}
-
-static uint32_t rd_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t rd_u64(const uint8_t *p) {
-    return rd_u32(p) | (uint64_t)rd_u32(p + 4) << 32;
-}
-
-/* A cursor over a payload; every get fails (false) instead of reading past the end. */
-typedef struct cursor {
-    const uint8_t *p, *end;
-} cursor;
-
-static bool get_u32(cursor *c, uint32_t *v) {
-    if (c->end - c->p < 4) return false;
-    *v = rd_u32(c->p);
-    c->p += 4;
-    return true;
-}
-
-static bool get_u64(cursor *c, uint64_t *v) {
-    if (c->end - c->p < 8) return false;
-    *v = rd_u64(c->p);
-    c->p += 8;
-    return true;
-}
-
-static bool get_field(cursor *c, const uint8_t **data, size_t *n) {
-    uint32_t len;
-    if (!get_u32(c, &len) || (size_t)(c->end - c->p) < len) return false;
-    *data = c->p;
-    *n = len;
-    c->p += len;
-    return true;
-}
-
-/* A frame: header then payload. */
-static void frame(buf *out, int type, const buf *payload) {
-    put_u32(out, MAGIC);
-    uint8_t vt[4] = {VERSION, 0, (uint8_t)type, (uint8_t)(type >> 8)};
-    buf_put(out, vt, 4);
-    put_u32(out, (uint32_t)(payload ? payload->len : 0));
-    if (payload && payload->len) buf_put(out, payload->p, payload->len);
-}
 
 /* ---- the key space ----------------------------------------------------------------------- */
 
@@ -251,13 +142,13 @@ static void drop(client *c, const char *why) {
 }
 
 static void reply(client *c, int type, const buf *payload) {
-    frame(&c->out, type, payload);
+    cddp__store_frame(&c->out, type, payload);
     if (c->out.oom || c->out.len - c->out_off > MAX_OUT) drop(c, "it does not read its replies");
 }
 
 static void reply_error(client *c, const char *msg) {
     buf p = {0};
-    put_field(&p, msg, strlen(msg));
+    cddp__store_put_field(&p, msg, strlen(msg));
     reply(c, REP_ERROR, &p);
     cddp_free(p.p);
 }
@@ -270,17 +161,17 @@ static bool settle_wait(cddp_store_server *s, client *c, const uint8_t *payload,
     cursor cur = {payload, payload + len};
     uint64_t ms = 0;
     uint32_t n = 0;
-    get_u64(&cur, &ms);
-    get_u32(&cur, &n);
+    cddp__store_get_u64(&cur, &ms);
+    cddp__store_get_u32(&cur, &n);
     buf missing = {0};
     int nmissing = 0;
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *k = NULL;
         size_t kl = 0;
-        if (!get_field(&cur, &k, &kl)) break;
+        if (!cddp__store_get_field(&cur, &k, &kl)) break;
         if (!lookup(&s->kv, k, kl)) {
-            if (nmissing++) buf_put(&missing, ", ", 2);
-            buf_put(&missing, k, kl);
+            if (nmissing++) cddp__store_buf_put(&missing, ", ", 2);
+            cddp__store_buf_put(&missing, k, kl);
         }
     }
     bool done = true;
@@ -288,7 +179,7 @@ static bool settle_wait(cddp_store_server *s, client *c, const uint8_t *payload,
         reply(c, REP_OK, NULL);
     } else if (deadline >= 0 && cddp_now_s() >= deadline) {
         buf p = {0};
-        put_field(&p, missing.p, missing.len);
+        cddp__store_put_field(&p, missing.p, missing.len);
         reply(c, REP_TIMEOUT, &p);
         cddp_free(p.p);
     } else {
@@ -337,7 +228,7 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
     }
     switch (type) {
     case REQ_HELLO:
-        if (!get_field(&cur, &a, &al)) goto malformed;
+        if (!cddp__store_get_field(&cur, &a, &al)) goto malformed;
         if (token_matches(s->token, a, al)) {
             c->authed = true;
             reply(c, REP_OK, NULL);
@@ -349,16 +240,17 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
         }
         break;
     case REQ_SET:
-        if (!get_field(&cur, &k, &kl) || !get_field(&cur, &a, &al)) goto malformed;
+        if (!cddp__store_get_field(&cur, &k, &kl) || !cddp__store_get_field(&cur, &a, &al))
+            goto malformed;
         if (!put(&s->kv, k, kl, a, al)) goto oom;
         reply(c, REP_OK, NULL);
         recheck_waits(s);
         break;
     case REQ_GET: {
-        if (!get_field(&cur, &k, &kl)) goto malformed;
+        if (!cddp__store_get_field(&cur, &k, &kl)) goto malformed;
         entry *e = lookup(&s->kv, k, kl);
         if (e) {
-            put_field(&p, e->val, e->len);
+            cddp__store_put_field(&p, e->val, e->len);
             reply(c, REP_VALUE, &p);
         } else {
             reply(c, REP_NOTFOUND, NULL);
@@ -367,7 +259,8 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
     }
     case REQ_ADD: {
         uint64_t delta;
-        if (!get_field(&cur, &k, &kl) || !get_u64(&cur, &delta)) goto malformed;
+        if (!cddp__store_get_field(&cur, &k, &kl) || !cddp__store_get_u64(&cur, &delta))
+            goto malformed;
         entry *e = lookup(&s->kv, k, kl);
         int64_t v = 0;
         if (e && !counter_value(e, &v)) {
@@ -378,29 +271,31 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
         char text[32];
         int n = snprintf(text, sizeof text, "%" PRId64, v);
         if (!put(&s->kv, k, kl, (const uint8_t *)text, (size_t)n)) goto oom;
-        put_u64(&p, (uint64_t)v);
+        cddp__store_put_u64(&p, (uint64_t)v);
         reply(c, REP_VALUE, &p);
         recheck_waits(s);
         break;
     }
     case REQ_CAS: {
-        if (!get_field(&cur, &k, &kl) || !get_field(&cur, &a, &al) || !get_field(&cur, &b, &bl))
+        if (!cddp__store_get_field(&cur, &k, &kl) || !cddp__store_get_field(&cur, &a, &al) ||
+            !cddp__store_get_field(&cur, &b, &bl))
             goto malformed;
         entry *e = lookup(&s->kv, k, kl);
         if ((!e && al == 0) || (e && e->len == al && memcmp(e->val, a, al) == 0)) {
             if (!put(&s->kv, k, kl, b, bl)) goto oom;
-            put_field(&p, b, bl);
+            cddp__store_put_field(&p, b, bl);
         } else if (!e) {
-            put_field(&p, a, al); /* PyTorch's answer for a missing key: the expected value */
+            cddp__store_put_field(&p, a,
+                                  al); /* PyTorch's answer for a missing key: the expected value */
         } else {
-            put_field(&p, e->val, e->len);
+            cddp__store_put_field(&p, e->val, e->len);
         }
         reply(c, REP_VALUE, &p);
         recheck_waits(s);
         break;
     }
     case REQ_DELETE: {
-        if (!get_field(&cur, &k, &kl)) goto malformed;
+        if (!cddp__store_get_field(&cur, &k, &kl)) goto malformed;
         entry *e = lookup(&s->kv, k, kl);
         uint8_t existed = e != NULL;
         if (e) {
@@ -410,20 +305,20 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
             e->val = NULL;
             s->kv.live--;
         }
-        put_field(&p, &existed, 1);
+        cddp__store_put_field(&p, &existed, 1);
         reply(c, REP_VALUE, &p);
         break;
     }
     case REQ_NUM_KEYS:
-        put_u64(&p, s->kv.live);
+        cddp__store_put_u64(&p, s->kv.live);
         reply(c, REP_VALUE, &p);
         break;
     case REQ_WAIT: {
         uint64_t ms;
         uint32_t n;
-        if (!get_u64(&cur, &ms) || !get_u32(&cur, &n)) goto malformed;
+        if (!cddp__store_get_u64(&cur, &ms) || !cddp__store_get_u32(&cur, &n)) goto malformed;
         for (uint32_t i = 0; i < n; i++)
-            if (!get_field(&cur, &k, &kl)) goto malformed;
+            if (!cddp__store_get_field(&cur, &k, &kl)) goto malformed;
         double deadline = ms == UINT64_MAX ? -1 : cddp_now_s() + (double)ms / 1000.0;
         if (!settle_wait(s, c, pl, len, deadline)) {
             c->wait_payload = cddp_malloc(len);
@@ -454,11 +349,11 @@ static void process_input(cddp_store_server *s, client *c) {
     size_t off = 0;
     while (!c->dead && !c->closing && !c->waiting && c->in.len - off >= HEADER) {
         const uint8_t *h = c->in.p + off;
-        if (rd_u32(h) != MAGIC || h[4] != VERSION || h[5] != 0) {
+        if (cddp__store_rd_u32(h) != MAGIC || h[4] != VERSION || h[5] != 0) {
             drop(c, "not a cddp store frame (bad magic or version)");
             return;
         }
-        uint32_t len = rd_u32(h + 8);
+        uint32_t len = cddp__store_rd_u32(h + 8);
         if (len > CDDP_STORE_MAX_FRAME) {
             char why[96];
             snprintf(why, sizeof why, "oversized frame (%u bytes, the limit is %u)", len,
@@ -481,7 +376,7 @@ static void read_client(cddp_store_server *s, client *c) {
     for (;;) {
         ssize_t r = recv(c->fd, chunk, sizeof chunk, 0);
         if (r > 0) {
-            buf_put(&c->in, chunk, (size_t)r);
+            cddp__store_buf_put(&c->in, chunk, (size_t)r);
             if (c->in.oom) {
                 drop(c, "out of memory for its request");
                 return;
@@ -546,7 +441,7 @@ static void accept_clients(cddp_store_server *s) {
         socklen_t sl = sizeof ss;
         int fd = accept4(s->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return;
-        cddp__net_nonblocking(fd);
+        cddp_net_nonblocking(fd);
         if (s->nclients == s->cap_clients) {
             int cap = s->cap_clients ? 2 * s->cap_clients : 16;
             client **cs = cddp_realloc(s->clients, (size_t)cap * sizeof *cs);
@@ -590,7 +485,7 @@ static void *serve(void *arg) {
             if (c->waiting && c->wait_deadline >= 0 && (next < 0 || c->wait_deadline < next))
                 next = c->wait_deadline;
         }
-        int r = poll(pf, (nfds_t)n + 2, cddp__net_poll_ms(next));
+        int r = poll(pf, (nfds_t)n + 2, cddp_net_poll_ms(next));
         if (r < 0 && errno != EINTR) break;
         if (r > 0 && (pf[0].revents & POLLIN)) break; /* asked to stop */
         for (int i = 0; r > 0 && i < n; i++)
@@ -619,7 +514,7 @@ cddp_store_server *cddp_store_server_start(const char *host, int port, const cha
     }
     s->lfd = s->wake[0] = s->wake[1] = -1;
     s->token = cddp_strdup(token ? token : "");
-    if (!s->token || cddp__net_listen(host, port, &s->lfd, &s->port, err) != CDDP_OK) goto fail;
+    if (!s->token || cddp_net_listen(host, port, &s->lfd, &s->port, err) != CDDP_OK) goto fail;
     fcntl(s->lfd, F_SETFL, fcntl(s->lfd, F_GETFL) | O_NONBLOCK);
     if (pipe2(s->wake, O_CLOEXEC) != 0) {
         cddp_error_set(err, CDDP_EIO, "store: pipe: %s", strerror(errno));
@@ -664,223 +559,4 @@ void cddp_store_server_stop(cddp_store_server *s) {
     close(s->wake[1]);
     cddp_free(s->token);
     cddp_free(s);
-}
-
-/* ---- the client -------------------------------------------------------------------------- */
-
-struct cddp_store {
-    int fd;
-    double timeout;
-    char addr[300];
-    cddp_error broken; /* the first connection failure, latched */
-};
-
-typedef struct reply_msg {
-    int type;
-    uint8_t *p; /* payload, NUL-terminated; the caller frees it */
-    size_t len;
-} reply_msg;
-
-/* Sends a request and reads its reply. wait_s extends the reply deadline for waits. A transport
- * failure latches in the client; an ERROR reply becomes CDDP_ESTATE with the server's words. */
-static int request(cddp_store *s, int type, const buf *payload, double wait_s, reply_msg *r,
-                   cddp_error *err) {
-    r->p = NULL;
-    if (s->broken.code) {
-        if (err) *err = s->broken;
-        return s->broken.code;
-    }
-    buf out = {0};
-    frame(&out, type, payload);
-    if (out.oom || (payload && payload->oom)) {
-        cddp_free(out.p);
-        return cddp_error_set(err, CDDP_ENOMEM, "store: out of memory for a request");
-    }
-    double deadline = cddp_now_s() + s->timeout + (wait_s > 0 ? wait_s : 0);
-    uint8_t h[HEADER];
-    cddp_error e = {0};
-    int rc = cddp__net_write_all(s->fd, out.p, out.len, deadline, &e);
-    if (!rc) rc = cddp__net_read_all(s->fd, h, HEADER, deadline, &e);
-    cddp_free(out.p);
-    uint32_t len = 0;
-    if (!rc && (rd_u32(h) != MAGIC || (len = rd_u32(h + 8)) > CDDP_STORE_MAX_FRAME))
-        rc = cddp_error_set(&e, CDDP_EIO, "the reply is not a cddp store frame");
-    if (!rc && !(r->p = cddp_malloc(len + 1)))
-        rc = cddp_error_set(&e, CDDP_ENOMEM, "out of memory for a reply");
-    if (!rc) rc = cddp__net_read_all(s->fd, r->p, len, deadline, &e);
-    if (rc) {
-        cddp_error_set(&s->broken, rc, "store at %s: %s", s->addr, e.msg);
-        if (err) *err = s->broken;
-        cddp_free(r->p);
-        r->p = NULL;
-        return rc;
-    }
-    r->p[len] = 0;
-    r->type = h[6] | h[7] << 8;
-    r->len = len;
-    if (r->type == REP_ERROR) {
-        cursor c = {r->p, r->p + len};
-        const uint8_t *m = (const uint8_t *)"";
-        size_t ml = 0;
-        get_field(&c, &m, &ml);
-        rc = cddp_error_set(err, CDDP_ESTATE, "store at %s: %.*s", s->addr, (int)ml, m);
-        cddp_free(r->p);
-        r->p = NULL;
-    }
-    return rc;
-}
-
-/* The single field of a VALUE reply, copied into a new NUL-terminated buffer; frees r. */
-static int take_value(reply_msg *r, void **value, size_t *len, cddp_error *err) {
-    cursor c = {r->p, r->p + r->len};
-    const uint8_t *v;
-    size_t vl;
-    int rc = CDDP_OK;
-    if (r->type != REP_VALUE || !get_field(&c, &v, &vl)) {
-        rc = cddp_error_set(err, CDDP_EIO, "store: malformed reply");
-    } else if (value) {
-        *value = cddp_malloc(vl + 1);
-        if (!*value) {
-            rc = cddp_error_set(err, CDDP_ENOMEM, "out of memory");
-        } else {
-            memcpy(*value, v, vl);
-            ((char *)*value)[vl] = '\0';
-            if (len) *len = vl;
-        }
-    }
-    cddp_free(r->p);
-    return rc;
-}
-
-/* A request whose reply carries nothing the caller needs. */
-static int simple(cddp_store *s, int type, buf *p, cddp_error *err) {
-    reply_msg r;
-    int rc = request(s, type, p, -1, &r, err);
-    cddp_free(p->p);
-    cddp_free(r.p);
-    return rc;
-}
-
-cddp_store *cddp_store_connect(const cddp_store_options *o, cddp_error *err) {
-    cddp_store *s = cddp_calloc(1, sizeof *s);
-    if (!s) {
-        cddp_error_set(err, CDDP_ENOMEM, "out of memory");
-        return NULL;
-    }
-    s->timeout = o->timeout_s > 0 ? o->timeout_s : (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
-    snprintf(s->addr, sizeof s->addr, "%s:%d", o->host, o->port);
-    if (cddp__net_connect(o->host, o->port, o->local_addr, cddp_now_s() + s->timeout, &s->fd,
-                          err)) {
-        cddp_free(s);
-        return NULL;
-    }
-    buf p = {0};
-    const char *tok = o->token ? o->token : "";
-    put_field(&p, tok, strlen(tok));
-    if (simple(s, REQ_HELLO, &p, err) != CDDP_OK) {
-        cddp_store_close(s);
-        return NULL;
-    }
-    return s;
-}
-
-void cddp_store_close(cddp_store *s) {
-    if (!s) return;
-    close(s->fd);
-    cddp_free(s);
-}
-
-int cddp_store_set(cddp_store *s, const char *key, const void *value, size_t len, cddp_error *err) {
-    buf p = {0};
-    put_field(&p, key, strlen(key));
-    put_field(&p, value, len);
-    return simple(s, REQ_SET, &p, err);
-}
-
-int cddp_store_set_str(cddp_store *s, const char *key, const char *value, cddp_error *err) {
-    return cddp_store_set(s, key, value, strlen(value), err);
-}
-
-int cddp_store_wait(cddp_store *s, const char *const *keys, int n, double timeout_s,
-                    cddp_error *err) {
-    if (timeout_s < 0) timeout_s = s->timeout;
-    buf p = {0};
-    put_u64(&p, (uint64_t)(timeout_s * 1000.0));
-    put_u32(&p, (uint32_t)n);
-    for (int i = 0; i < n; i++) put_field(&p, keys[i], strlen(keys[i]));
-    reply_msg r;
-    int rc = request(s, REQ_WAIT, &p, timeout_s, &r, err);
-    cddp_free(p.p);
-    if (rc == CDDP_OK && r.type == REP_TIMEOUT) {
-        cursor c = {r.p, r.p + r.len};
-        const uint8_t *m = (const uint8_t *)"";
-        size_t ml = 0;
-        get_field(&c, &m, &ml);
-        rc = cddp_error_set(err, CDDP_ETIMEDOUT,
-                            "store at %s: timed out after %.3g s waiting for keys: %.*s", s->addr,
-                            timeout_s, (int)ml, m);
-    }
-    cddp_free(r.p);
-    return rc;
-}
-
-int cddp_store_get(cddp_store *s, const char *key, double timeout_s, void **value, size_t *len,
-                   cddp_error *err) {
-    CDDP_TRY(cddp_store_wait(s, &key, 1, timeout_s, err));
-    buf p = {0};
-    put_field(&p, key, strlen(key));
-    reply_msg r;
-    int rc = request(s, REQ_GET, &p, -1, &r, err);
-    cddp_free(p.p);
-    if (rc) return rc;
-    if (r.type == REP_NOTFOUND) { /* deleted between the wait and the get */
-        cddp_free(r.p);
-        return cddp_error_set(err, CDDP_ENOENT, "store at %s: key '%s' was deleted", s->addr, key);
-    }
-    return take_value(&r, value, len, err);
-}
-
-int cddp_store_add(cddp_store *s, const char *key, int64_t delta, int64_t *result,
-                   cddp_error *err) {
-    buf p = {0};
-    put_field(&p, key, strlen(key));
-    put_u64(&p, (uint64_t)delta);
-    reply_msg r;
-    int rc = request(s, REQ_ADD, &p, -1, &r, err);
-    cddp_free(p.p);
-    if (!rc && r.len == 8 && result) *result = (int64_t)rd_u64(r.p);
-    cddp_free(r.p);
-    return rc;
-}
-
-int cddp_store_compare_set(cddp_store *s, const char *key, const void *expected, size_t elen,
-                           const void *desired, size_t dlen, void **current, size_t *clen,
-                           cddp_error *err) {
-    buf p = {0};
-    put_field(&p, key, strlen(key));
-    put_field(&p, expected, elen);
-    put_field(&p, desired, dlen);
-    reply_msg r;
-    int rc = request(s, REQ_CAS, &p, -1, &r, err);
-    cddp_free(p.p);
-    return rc ? rc : take_value(&r, current, clen, err);
-}
-
-int cddp_store_delete(cddp_store *s, const char *key, bool *deleted, cddp_error *err) {
-    buf p = {0};
-    put_field(&p, key, strlen(key));
-    reply_msg r;
-    int rc = request(s, REQ_DELETE, &p, -1, &r, err);
-    cddp_free(p.p);
-    if (!rc && deleted) *deleted = r.len == 5 && r.p[4] == 1;
-    cddp_free(r.p);
-    return rc;
-}
-
-int cddp_store_num_keys(cddp_store *s, int64_t *count, cddp_error *err) {
-    reply_msg r;
-    int rc = request(s, REQ_NUM_KEYS, NULL, -1, &r, err);
-    if (!rc && r.len == 8) *count = (int64_t)rd_u64(r.p);
-    cddp_free(r.p);
-    return rc;
 }

@@ -1,0 +1,21 @@
+/* cddp/launch.h: the contract between cddprun and its workers, spelled once.
+ *
+ * Every worker cddprun starts gets torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE,
+ * LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) and cddp's own
+ * below. A group reads them once (cddp_comm_create); a program may read them too, for example to
+ * connect to the launcher's store with cddp_store_connect.
+ */
+#ifndef CDDP_LAUNCH_H
+#define CDDP_LAUNCH_H
+
+/* The launcher's store, where a cddp group's rank 0 posts the port of the group's own store. */
+#define CDDP_ENV_STORE_ADDR  "CDDP_STORE_ADDR"
+#define CDDP_ENV_STORE_PORT  "CDDP_STORE_PORT"
+#define CDDP_ENV_STORE_TOKEN "CDDP_STORE_TOKEN"
+/* The job's id, and how many times cddprun restarted the group (0 at first). */
+#define CDDP_ENV_RUN_ID        "CDDP_RUN_ID"
+#define CDDP_ENV_RESTART_COUNT "CDDP_RESTART_COUNT"
+/* This node's address as the other nodes reach it (the TCP transport listens on it). */
+#define CDDP_ENV_LOCAL_ADDR "CDDP_LOCAL_ADDR"
+
+#endif

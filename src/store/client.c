@@ -1,0 +1,233 @@
+/* client.c: the rendezvous store's client (contract in cddp/store.h, wire in store/internal.h).
+ *
+ * One request at a time on one connection: a request frame, then its reply, with the caller's
+ * deadline (a wait's reply arrives when the keys do or the wait times out on the server).
+ */
+#include "cddp/net.h"
+#include "cddp/store.h"
+#include "store/internal.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+struct cddp_store {
+    int fd;
+    double timeout;
+    char addr[300];
+    cddp_error broken; /* the first connection failure, latched */
+};
+
+typedef struct reply_msg {
+    int type;
+    uint8_t *p; /* payload, NUL-terminated; the caller frees it */
+    size_t len;
+} reply_msg;
+
+/* Sends a request and reads its reply. wait_s extends the reply deadline for waits. A transport
+ * failure latches in the client; an ERROR reply becomes CDDP_ESTATE with the server's words. */
+static int request(cddp_store *s, int type, const buf *payload, double wait_s, reply_msg *r,
+                   cddp_error *err) {
+    r->p = NULL;
+    if (s->broken.code) {
+        if (err) *err = s->broken;
+        return s->broken.code;
+    }
+    buf out = {0};
+    cddp__store_frame(&out, type, payload);
+    if (out.oom || (payload && payload->oom)) {
+        cddp_free(out.p);
+        return cddp_error_set(err, CDDP_ENOMEM, "store: out of memory for a request");
+    }
+    double deadline = cddp_now_s() + s->timeout + (wait_s > 0 ? wait_s : 0);
+    uint8_t h[HEADER];
+    cddp_error e = {0};
+    int rc = cddp_net_write_all(s->fd, out.p, out.len, deadline, &e);
+    if (!rc) rc = cddp_net_read_all(s->fd, h, HEADER, deadline, &e);
+    cddp_free(out.p);
+    uint32_t len = 0;
+    if (!rc && (cddp__store_rd_u32(h) != MAGIC ||
+                (len = cddp__store_rd_u32(h + 8)) > CDDP_STORE_MAX_FRAME))
+        rc = cddp_error_set(&e, CDDP_EIO, "the reply is not a cddp store frame");
+    if (!rc && !(r->p = cddp_malloc(len + 1)))
+        rc = cddp_error_set(&e, CDDP_ENOMEM, "out of memory for a reply");
+    if (!rc) rc = cddp_net_read_all(s->fd, r->p, len, deadline, &e);
+    if (rc) {
+        cddp_error_set(&s->broken, rc, "store at %s: %s", s->addr, e.msg);
+        if (err) *err = s->broken;
+        cddp_free(r->p);
+        r->p = NULL;
+        return rc;
+    }
+    r->p[len] = 0;
+    r->type = h[6] | h[7] << 8;
+    r->len = len;
+    if (r->type == REP_ERROR) {
+        cursor c = {r->p, r->p + len};
+        const uint8_t *m = (const uint8_t *)"";
+        size_t ml = 0;
+        cddp__store_get_field(&c, &m, &ml);
+        rc = cddp_error_set(err, CDDP_ESTATE, "store at %s: %.*s", s->addr, (int)ml, m);
+        cddp_free(r->p);
+        r->p = NULL;
+    }
+    return rc;
+}
+
+/* The single field of a VALUE reply, copied into a new NUL-terminated buffer; frees r. */
+static int take_value(reply_msg *r, void **value, size_t *len, cddp_error *err) {
+    cursor c = {r->p, r->p + r->len};
+    const uint8_t *v;
+    size_t vl;
+    int rc = CDDP_OK;
+    if (r->type != REP_VALUE || !cddp__store_get_field(&c, &v, &vl)) {
+        rc = cddp_error_set(err, CDDP_EIO, "store: malformed reply");
+    } else if (value) {
+        *value = cddp_malloc(vl + 1);
+        if (!*value) {
+            rc = cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+        } else {
+            memcpy(*value, v, vl);
+            ((char *)*value)[vl] = '\0';
+            if (len) *len = vl;
+        }
+    }
+    cddp_free(r->p);
+    return rc;
+}
+
+/* A request whose reply carries nothing the caller needs. */
+static int simple(cddp_store *s, int type, buf *p, cddp_error *err) {
+    reply_msg r;
+    int rc = request(s, type, p, -1, &r, err);
+    cddp_free(p->p);
+    cddp_free(r.p);
+    return rc;
+}
+
+cddp_store *cddp_store_connect(const cddp_store_options *o, cddp_error *err) {
+    cddp_store *s = cddp_calloc(1, sizeof *s);
+    if (!s) {
+        cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+        return NULL;
+    }
+    s->timeout = o->timeout_s > 0 ? o->timeout_s : (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
+    snprintf(s->addr, sizeof s->addr, "%s:%d", o->host, o->port);
+    if (cddp_net_connect(o->host, o->port, o->local_addr, cddp_now_s() + s->timeout, &s->fd, err)) {
+        cddp_free(s);
+        return NULL;
+    }
+    buf p = {0};
+    const char *tok = o->token ? o->token : "";
+    cddp__store_put_field(&p, tok, strlen(tok));
+    if (simple(s, REQ_HELLO, &p, err) != CDDP_OK) {
+        cddp_store_close(s);
+        return NULL;
+    }
+    return s;
+}
+
+void cddp_store_close(cddp_store *s) {
+    if (!s) return;
+    close(s->fd);
+    cddp_free(s);
+}
+
+int cddp_store_set(cddp_store *s, const char *key, const void *value, size_t len, cddp_error *err) {
+    buf p = {0};
+    cddp__store_put_field(&p, key, strlen(key));
+    cddp__store_put_field(&p, value, len);
+    return simple(s, REQ_SET, &p, err);
+}
+
+int cddp_store_set_str(cddp_store *s, const char *key, const char *value, cddp_error *err) {
+    return cddp_store_set(s, key, value, strlen(value), err);
+}
+
+int cddp_store_wait(cddp_store *s, const char *const *keys, int n, double timeout_s,
+                    cddp_error *err) {
+    if (timeout_s < 0) timeout_s = s->timeout;
+    buf p = {0};
+    cddp__store_put_u64(&p, (uint64_t)(timeout_s * 1000.0));
+    cddp__store_put_u32(&p, (uint32_t)n);
+    for (int i = 0; i < n; i++) cddp__store_put_field(&p, keys[i], strlen(keys[i]));
+    reply_msg r;
+    int rc = request(s, REQ_WAIT, &p, timeout_s, &r, err);
+    cddp_free(p.p);
+    if (rc == CDDP_OK && r.type == REP_TIMEOUT) {
+        cursor c = {r.p, r.p + r.len};
+        const uint8_t *m = (const uint8_t *)"";
+        size_t ml = 0;
+        cddp__store_get_field(&c, &m, &ml);
+        rc = cddp_error_set(err, CDDP_ETIMEDOUT,
+                            "store at %s: timed out after %.3g s waiting for keys: %.*s", s->addr,
+                            timeout_s, (int)ml, m);
+    }
+    cddp_free(r.p);
+    return rc;
+}
+
+int cddp_store_get(cddp_store *s, const char *key, double timeout_s, void **value, size_t *len,
+                   cddp_error *err) {
+    CDDP_TRY(cddp_store_wait(s, &key, 1, timeout_s, err));
+    buf p = {0};
+    cddp__store_put_field(&p, key, strlen(key));
+    reply_msg r;
+    int rc = request(s, REQ_GET, &p, -1, &r, err);
+    cddp_free(p.p);
+    if (rc) return rc;
+    if (r.type == REP_NOTFOUND) { /* deleted between the wait and the get */
+        cddp_free(r.p);
+        return cddp_error_set(err, CDDP_ENOENT, "store at %s: key '%s' was deleted", s->addr, key);
+    }
+    return take_value(&r, value, len, err);
+}
+
+int cddp_store_add(cddp_store *s, const char *key, int64_t delta, int64_t *result,
+                   cddp_error *err) {
+    buf p = {0};
+    cddp__store_put_field(&p, key, strlen(key));
+    cddp__store_put_u64(&p, (uint64_t)delta);
+    reply_msg r;
+    int rc = request(s, REQ_ADD, &p, -1, &r, err);
+    cddp_free(p.p);
+    if (!rc && r.len == 8 && result) *result = (int64_t)cddp__store_rd_u64(r.p);
+    cddp_free(r.p);
+    return rc;
+}
+
+int cddp_store_compare_set(cddp_store *s, const char *key, const void *expected, size_t elen,
+                           const void *desired, size_t dlen, void **current, size_t *clen,
+                           cddp_error *err) {
+    buf p = {0};
+    cddp__store_put_field(&p, key, strlen(key));
+    cddp__store_put_field(&p, expected, elen);
+    cddp__store_put_field(&p, desired, dlen);
+    reply_msg r;
+    int rc = request(s, REQ_CAS, &p, -1, &r, err);
+    cddp_free(p.p);
+    return rc ? rc : take_value(&r, current, clen, err);
+}
+
+int cddp_store_delete(cddp_store *s, const char *key, bool *deleted, cddp_error *err) {
+    buf p = {0};
+    cddp__store_put_field(&p, key, strlen(key));
+    reply_msg r;
+    int rc = request(s, REQ_DELETE, &p, -1, &r, err);
+    cddp_free(p.p);
+    if (!rc && deleted) *deleted = r.len == 5 && r.p[4] == 1;
+    cddp_free(r.p);
+    return rc;
+}
+
+int cddp_store_num_keys(cddp_store *s, int64_t *count, cddp_error *err) {
+    reply_msg r;
+    int rc = request(s, REQ_NUM_KEYS, NULL, -1, &r, err);
+    if (!rc && r.len == 8) *count = (int64_t)cddp__store_rd_u64(r.p);
+    cddp_free(r.p);
+    return rc;
+}

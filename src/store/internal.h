@@ -1,0 +1,58 @@
+/* store/internal.h: the store's wire format, shared by its server and client.
+ *
+ * Frames: 12-byte header (magic "CDDS", u16 version, u16 type, u32 payload length, all little
+ * endian) and the payload, a sequence of fields (u32 length + bytes, or fixed-size integers).
+ */
+#ifndef CDDP_STORE_INTERNAL_H
+#define CDDP_STORE_INTERNAL_H
+
+#include "cddp/core.h"
+
+#define MAGIC   0x53444443u /* "CDDS" read as little endian */
+#define VERSION 1
+#define HEADER  12
+#define MAX_OUT (64u << 20) /* replies a client may leave unread before it is dropped */
+
+enum {
+    REQ_HELLO = 1,
+    REQ_SET,
+    REQ_GET,
+    REQ_ADD,
+    REQ_CAS,
+    REQ_DELETE,
+    REQ_NUM_KEYS,
+    REQ_WAIT,
+    REP_OK = 100,
+    REP_VALUE,
+    REP_NOTFOUND,
+    REP_TIMEOUT,
+    REP_ERROR,
+};
+
+/* An output buffer that grows; a failed allocation sets oom and drops what follows. */
+typedef struct buf {
+    uint8_t *p;
+    size_t len, cap;
+    bool oom;
+} buf;
+
+/* A cursor over a payload; every get fails (false) instead of reading past the end. */
+typedef struct cursor {
+    const uint8_t *p, *end;
+} cursor;
+
+void cddp__store_buf_put(buf *b, const void *data, size_t n);
+void cddp__store_put_u32(buf *b, uint32_t v);
+void cddp__store_put_u64(buf *b, uint64_t v);
+/* A field: its u32 length, then its bytes. */
+void cddp__store_put_field(buf *b, const void *data, size_t n);
+uint32_t cddp__store_rd_u32(const uint8_t *p);
+uint64_t cddp__store_rd_u64(const uint8_t *p);
+/* Every get fails (false) instead of reading past the end. */
+bool cddp__store_get_u32(cursor *c, uint32_t *v);
+bool cddp__store_get_u64(cursor *c, uint64_t *v);
+bool cddp__store_get_field(cursor *c, const uint8_t **data, size_t *n);
+/* A frame: header then payload (NULL: none). */
+void cddp__store_frame(buf *out, int type, const buf *payload);
+
+#endif

@@ -1,0 +1,115 @@
+/* cddprun.h: what the launcher's files share (the launcher is described in main.c).
+ *
+ *   options.c     the options: table, parsing (command line and CDDPRUN_*), checks, --help
+ *   workers.c     starting, watching, stopping workers; their output and logs
+ *   rendezvous.c  meeting the other nodes in the store; failures they post
+ *   report.c      what the report says about a worker that failed
+ *   main.c        a round, restarts, the end of the job
+ */
+#ifndef CDDPRUN_H
+#define CDDPRUN_H
+
+#include "cddp/core.h"
+#include "cddp/store.h"
+
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+/* Which of a worker's streams an option applies to, as torchrun spells it: 0 none, 1 stdout,
+ * 2 stderr, 3 both, for every local rank, or a map "local_rank:value,..." (ranks not in the map:
+ * none). */
+#define MAX_STREAM_MAP 64
+typedef struct stream_spec {
+    int all;  /* the value for every local rank, when there is no map */
+    int nmap; /* entries in the map */
+    struct {
+        int local_rank, value;
+    } map[MAX_STREAM_MAP];
+} stream_spec;
+
+typedef struct options {
+    int nnodes, node_rank, nproc_per_node, master_port, max_restarts;
+    const char *master_addr, *logdir, *local_addr, *token, *run_id;
+    bool module, no_python, standalone;
+    stream_spec tee;           /* console lines of these streams are prefixed with [rank N] */
+    stream_spec redirects;     /* these streams go to the log files only, not the console */
+    const char *redirect_name; /* the option that asked for redirects, for its error */
+    double monitor_interval, grace_period;
+    char **program; /* the program and its arguments */
+} options;
+
+typedef struct stream {
+    int fd;       /* pipe from the worker, -1 when closed or not used */
+    int log;      /* log file, -1 when none */
+    bool console; /* copy to the console */
+    bool prefix;  /* ... with [rank N] before each line */
+    FILE *to;     /* stdout or stderr */
+    char line[4096];
+    size_t len;
+} stream;
+
+typedef struct worker {
+    pid_t pid;
+    int rank, local_rank;
+    bool running, failed, stopped; /* stopped: we stopped it */
+    int status;
+    double end_time;
+    stream out, err;
+    char log_path[PATH_MAX];
+} worker;
+
+typedef struct job {
+    options o;
+    char host[256];
+    char run_id[64], token[80];
+    char **argv;
+    int world, base, round;
+    char worker_port[16];
+    cddp_store_server *server;
+    cddp_store *store;
+    worker *w;
+    long oom_kills_at_start;
+} job;
+
+/* options.c */
+void cddprun_parse_options(int argc, char **argv, options *o);
+void cddprun_validate(options *o);
+/* The argv to exec: python3 for .py programs and -m, the program itself otherwise. */
+char **cddprun_worker_argv(const options *o);
+/* The streams (1 stdout, 2 stderr, 3 both) that spec s names for a local rank. */
+int cddprun_streams_for(const stream_spec *s, int local_rank);
+/* A usage error: says it with a pointer to --help and exits 2. */
+void cddprun_die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+/* workers.c */
+extern volatile sig_atomic_t cddprun_got_signal;
+extern int cddprun_wake_pipe[2];
+void cddprun_on_signal(int sig);
+void cddprun_start_workers(job *j);
+/* Reaps exited workers; returns the number still running. */
+int cddprun_reap(job *j, worker **first_failure);
+/* One pass of the monitor: waits for output, a child exit, a signal or the interval. */
+void cddprun_pump(job *j, double timeout_s);
+/* Stops every running worker: SIGTERM to its process group, SIGKILL after the grace period. */
+void cddprun_stop_workers(job *j, int sig);
+/* Copies what a stream holds now to its destinations. */
+void cddprun_drain(worker *w, stream *s);
+
+/* rendezvous.c */
+/* A rendezvous failure: says it and exits 1. */
+void cddprun_fail_rdzv(const char *what, const cddp_error *err) __attribute__((noreturn));
+void cddprun_random_hex(char *out, size_t bytes);
+/* Registers this node for the round, waits for the others, and computes ranks. */
+void cddprun_rendezvous(job *j);
+/* Has another node posted a failure for this round? Fills why. */
+bool cddprun_remote_failure(job *j, char *why, size_t n);
+
+/* report.c */
+/* The cgroup's count of OOM kills, or -1 where that cannot be read. */
+long cddprun_oom_kills(void);
+/* One line on how worker w ended. */
+void cddprun_describe(const job *j, const worker *w, char *out, size_t n);
+
+#endif

@@ -1,0 +1,209 @@
+/* cddprun: start, watch and stop a data-parallel job on one or many hosts.
+ *
+ *   cddprun --nproc_per_node 2 ./train --epochs 3
+ *   cddprun --nnodes 2 --node_rank 0 --master_addr 10.0.0.1 --nproc_per_node 4 ./train
+ *
+ * One cddprun runs per node. Node 0's launcher hosts the rendezvous store on
+ * --master_addr:--master_port; every launcher registers its node there, learns the others, and
+ * starts its workers with ranks contiguous per node and the environment torchrun sets (RANK,
+ * LOCAL_RANK, WORLD_SIZE, ..., MASTER_ADDR/MASTER_PORT where rank 0 hosts its own store).
+ *
+ * Then it watches. The first worker to fail (non-zero exit or a signal) stops every other worker
+ * on every node: the failing node posts the failure in the store, the others see it at their
+ * next look (every --monitor_interval), and each stops its workers with SIGTERM, then SIGKILL
+ * after --grace_period. The launcher exits non-zero with a report naming each failed rank, its
+ * host, exit code or signal, the time and the log, with the first failure marked as the root
+ * cause; or, with --max_restarts, starts the whole group again. SIGINT/SIGTERM/SIGHUP reach the
+ * workers, and workers die with their launcher (PR_SET_PDEATHSIG).
+ */
+#include "cddprun.h"
+
+#include "cddp/launch.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- the run ----------------------------------------------------------------------------- */
+
+typedef enum { ROUND_OK, ROUND_FAILED, ROUND_SIGNALLED } round_result;
+
+/* Runs one round: rendezvous, start, watch. On failure prints the report. */
+static round_result run_round(job *j) {
+    const options *o = &j->o;
+    cddp_error err = {0};
+    cddprun_rendezvous(j);
+    j->oom_kills_at_start = cddprun_oom_kills();
+    cddprun_start_workers(j);
+    worker *first = NULL;
+    char remote[CDDP_ERROR_MSG_MAX] = "";
+    double next_look = cddp_now_s() + o->monitor_interval;
+    while (cddprun_reap(j, &first) > 0 && !first && !cddprun_got_signal) {
+        cddprun_pump(j, o->monitor_interval);
+        if (o->nnodes > 1 && cddp_now_s() >= next_look) {
+            next_look = cddp_now_s() + o->monitor_interval;
+            if (cddprun_remote_failure(j, remote, sizeof remote)) break;
+        }
+    }
+    if (cddprun_got_signal) {
+        fprintf(stderr, "cddprun: got SIG%s; stopping the workers\n",
+                sigabbrev_np(cddprun_got_signal));
+        cddprun_stop_workers(j, SIGTERM);
+        return ROUND_SIGNALLED;
+    }
+    char key[64], text[CDDP_ERROR_MSG_MAX];
+    if (first) {
+        cddprun_describe(j, first, text, sizeof text);
+        snprintf(key, sizeof key, "r%d/failed", j->round);
+        if (o->nnodes > 1) cddp_store_set_str(j->store, key, text, &err);
+    }
+    if (first || remote[0])
+        cddprun_stop_workers(j, SIGTERM);
+    else
+        while (cddprun_reap(j, NULL) > 0) cddprun_pump(j, o->monitor_interval);
+    for (int i = 0; i < o->nproc_per_node; i++) { /* output written just before the exit */
+        if (j->w[i].out.fd >= 0) cddprun_drain(&j->w[i], &j->w[i].out);
+        if (j->w[i].err.fd >= 0) cddprun_drain(&j->w[i], &j->w[i].err);
+    }
+    for (int i = 0; i < o->nproc_per_node; i++) {
+        if (j->w[i].out.log >= 0) close(j->w[i].out.log);
+        if (j->w[i].err.log >= 0) close(j->w[i].err.log);
+    }
+    if (!first && !remote[0]) return ROUND_OK;
+
+    /* The report. */
+    fprintf(stderr, "cddprun: the job failed (run %s, attempt %d of %d, node %d of %d)\n",
+            j->run_id, j->round + 1, o->max_restarts + 1, o->node_rank, o->nnodes);
+    if (first) {
+        fprintf(stderr, "  root cause: %s\n    log: %s\n", text, first->log_path);
+    } else {
+        fprintf(stderr, "  root cause, on another node: %s\n", remote);
+    }
+    for (int i = 0; i < o->nproc_per_node; i++) {
+        worker *w = &j->w[i];
+        if (w == first) continue;
+        if (w->failed) {
+            cddprun_describe(j, w, text, sizeof text);
+            fprintf(stderr, "  also failed: %s\n    log: %s\n", text, w->log_path);
+        } else if (w->stopped) {
+            fprintf(stderr, "  stopped: rank %d (local rank %d) by cddprun\n", w->rank,
+                    w->local_rank);
+        }
+    }
+    return ROUND_FAILED;
+}
+
+int main(int argc, char **argv) {
+    job j = {0};
+    cddprun_parse_options(argc, argv, &j.o);
+    cddprun_validate(&j.o);
+    options *o = &j.o;
+    j.argv = cddprun_worker_argv(o);
+    j.w = cddp_calloc((size_t)o->nproc_per_node, sizeof *j.w);
+    if (o->local_addr)
+        snprintf(j.host, sizeof j.host, "%s", o->local_addr);
+    else if (gethostname(j.host, sizeof j.host) != 0)
+        snprintf(j.host, sizeof j.host, "localhost");
+    if (o->standalone) {
+        o->master_addr = "127.0.0.1";
+        o->master_port = 0;
+    }
+    /* The job token: given, random on one node, or derived from the run id across nodes. */
+    if (o->token)
+        snprintf(j.token, sizeof j.token, "%s", o->token);
+    else if (o->nnodes == 1)
+        cddprun_random_hex(j.token, 16);
+    else {
+        snprintf(j.token, sizeof j.token, "cddp-run-%s", o->run_id ? o->run_id : "default");
+        if (o->node_rank == 0)
+            fprintf(stderr,
+                    "cddprun: no --token: any process that can reach %s:%d can join this "
+                    "job; pass the same --token to every node to prevent that\n",
+                    o->master_addr, o->master_port);
+    }
+    if (o->nproc_per_node > 1 && (!getenv("OMP_NUM_THREADS") || !getenv("OPENBLAS_NUM_THREADS")))
+        fprintf(stderr,
+                "cddprun: setting OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 for each "
+                "worker (unset here) so that %d processes do not oversubscribe the cores; set "
+                "them to tune\n",
+                o->nproc_per_node);
+
+    /* Signals: SIGINT/TERM/HUP stop the job; SIGCHLD wakes the monitor. */
+    if (pipe2(cddprun_wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return 1;
+    struct sigaction sa = {.sa_handler = cddprun_on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    sigaction(SIGCHLD, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    cddp_error err = {0};
+    if (o->node_rank == 0) {
+        j.server = cddp_store_server_start(o->master_addr, o->master_port, j.token, &err);
+        if (!j.server) {
+            fprintf(stderr, "cddprun: %s\n", cddp_error_msg(&err));
+            return 1;
+        }
+        o->master_port = cddp_store_server_port(j.server);
+    }
+    cddp_store_options so = {o->master_addr, o->master_port, j.token, 0, NULL};
+    j.store = cddp_store_connect(&so, &err);
+    if (!j.store) cddprun_fail_rdzv("cannot join the job's rendezvous", &err);
+    char port_text[16];
+    snprintf(port_text, sizeof port_text, "%d", o->master_port);
+    setenv(CDDP_ENV_STORE_PORT, port_text, 1); /* inherited by the workers */
+    if (o->node_rank == 0) {
+        char id[64];
+        if (o->run_id)
+            snprintf(id, sizeof id, "%s", o->run_id);
+        else
+            cddprun_random_hex(id, 8);
+        if (cddp_store_set_str(j.store, "run_id", id, &err)) cddprun_fail_rdzv("rendezvous", &err);
+    }
+
+    int status = 1;
+    for (j.round = 0;; j.round++) {
+        round_result r = run_round(&j);
+        if (r == ROUND_OK) {
+            status = 0;
+            break;
+        }
+        if (r == ROUND_SIGNALLED) {
+            status = 128 + cddprun_got_signal;
+            break;
+        }
+        if (j.round >= o->max_restarts) break;
+        fprintf(stderr, "cddprun: restarting the group (restart %d of %d)\n", j.round + 1,
+                o->max_restarts);
+    }
+    /* Node 0 hosts the store: it waits for the other nodes to finish with it. */
+    char key[64];
+    snprintf(key, sizeof key, "r%d/left/%d", j.round, o->node_rank);
+    cddp_store_set_str(j.store, key, status == 0 ? "ok" : "failed", &err);
+    if (o->node_rank == 0 && o->nnodes > 1) {
+        for (int k = 1; k < o->nnodes && !cddprun_got_signal; k++) {
+            char other[64];
+            snprintf(other, sizeof other, "r%d/left/%d", j.round, k);
+            const char *ks = other;
+            double until = cddp_now_s() + (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
+            while (!cddprun_got_signal && cddp_now_s() < until &&
+                   cddp_store_wait(j.store, &ks, 1, 0.2, &err) == CDDP_ETIMEDOUT) {
+                char why[CDDP_ERROR_MSG_MAX];
+                if (status == 0 && cddprun_remote_failure(&j, why, sizeof why)) {
+                    fprintf(stderr, "cddprun: another node failed after this one finished: %s\n",
+                            why);
+                    status = 1;
+                }
+            }
+        }
+    }
+    cddp_store_close(j.store);
+    cddp_store_server_stop(j.server);
+    cddp_free(j.w);
+    cddp_free(j.argv);
+    return status;
+}

@@ -1,0 +1,393 @@
+/* options.c: cddprun's options: the table, parsing (command line and CDDPRUN_*), --help, and
+ * the checks before anything starts. */
+#include "cddprun.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+enum {
+    OPT_NNODES = 256,
+    OPT_NODE_RANK,
+    OPT_NPROC,
+    OPT_MASTER_ADDR,
+    OPT_MASTER_PORT,
+    OPT_NO_PYTHON,
+    OPT_REDIRECT,
+    OPT_LOGDIR,
+    OPT_STANDALONE,
+    OPT_MAX_RESTARTS,
+    OPT_TEE,
+    OPT_MONITOR,
+    OPT_GRACE,
+    OPT_LOCAL_ADDR,
+    OPT_TOKEN,
+    OPT_RUN_ID,
+    OPT_REDIRECTS
+};
+
+/* Each option once, with the environment variable it can also come from. Dash spellings
+ * (torchrun's) are accepted for every underscore spelling. has_arg 2: the value is optional and,
+ * when given, is the next argument if that looks like one (--tee 3), or follows '=' (--tee=3). */
+static const struct {
+    const char *name;
+    int has_arg, code;
+} option_table[] = {
+    {"nnodes", 1, OPT_NNODES},
+    {"node_rank", 1, OPT_NODE_RANK},
+    {"nproc_per_node", 1, OPT_NPROC},
+    {"master_addr", 1, OPT_MASTER_ADDR},
+    {"master_port", 1, OPT_MASTER_PORT},
+    {"module", 0, 'm'},
+    {"no_python", 0, OPT_NO_PYTHON},
+    {"redirect_stdout_and_stderr", 0, OPT_REDIRECT},
+    {"logdir", 1, OPT_LOGDIR},
+    {"log_dir", 1, OPT_LOGDIR},
+    {"redirects", 1, OPT_REDIRECTS},
+    {"standalone", 0, OPT_STANDALONE},
+    {"max_restarts", 1, OPT_MAX_RESTARTS},
+    {"tee", 2, OPT_TEE},
+    {"monitor_interval", 1, OPT_MONITOR},
+    {"grace_period", 1, OPT_GRACE},
+    {"local_addr", 1, OPT_LOCAL_ADDR},
+    {"token", 1, OPT_TOKEN},
+    {"run_id", 1, OPT_RUN_ID},
+    {"help", 0, 'h'},
+};
+#define NOPTIONS (int)CDDP_ARRAY_LEN(option_table)
+
+static void usage(FILE *out) {
+    fprintf(
+        out,
+        "usage: cddprun [options] program [program args...]\n"
+        "\n"
+        "Starts nproc_per_node copies of a program on this node, with the environment of a\n"
+        "data-parallel job, and watches them: the first failure stops every worker on every node.\n"
+        "A .py program runs under python3 (unless --no_python); -m runs `python3 -m program`.\n"
+        "\n"
+        "options (each also as --dash-spelling, and from the environment as CDDPRUN_<OPTION>,\n"
+        "for example CDDPRUN_NPROC_PER_NODE=4 or CDDPRUN_TEE=3; the command line wins):\n"
+        "  --nnodes N              nodes in the job (default 1)\n"
+        "  --node_rank K           this node's rank, 0..N-1 (default 0); node 0 hosts the store\n"
+        "  --nproc_per_node P      processes on this node (default 1)\n"
+        "  --master_addr HOST      node 0's address (default 127.0.0.1); the store binds to it\n"
+        "  --master_port PORT      node 0's store port (default 29500)\n"
+        "  --standalone            one node, any free port on 127.0.0.1 (no port clashes)\n"
+        "  -m, --module            run `python3 -m program`\n"
+        "  --no_python             run the program directly even if it ends in .py\n"
+        "  --logdir DIR            write each rank's output to DIR/rank.N/stdout and\n"
+        "                          DIR/rank.N/stderr (created as needed; the files of an earlier "
+        "run\n"
+        "                          in DIR are overwritten; restarts append to them); also "
+        "--log_dir\n"
+        "  -r, --redirects V       with --logdir: streams V go only to the files, not the "
+        "console\n"
+        "  --redirect_stdout_and_stderr\n"
+        "                          the same as --redirects 3\n"
+        "  -t, --tee [V]           prefix console lines of streams V with [rank N] (alone: 3)\n"
+        "                          V, as torchrun's: 0 none, 1 stdout, 2 stderr, 3 both, or a map\n"
+        "                          of local ranks, 0:3,1:2 (ranks not in it: 0)\n"
+        "  --max_restarts K        restart the whole group up to K times after a failure (default "
+        "0)\n"
+        "  --monitor_interval S    seconds between looks at the workers and the store (default "
+        "0.1)\n"
+        "  --grace_period S        seconds between SIGTERM and SIGKILL when stopping (default 5)\n"
+        "  --local_addr HOST       this node's address, as other nodes see it (default: hostname)\n"
+        "  --token SECRET          the job token for the store; every node needs the same one\n"
+        "                          (default: random on one node; derived from --run_id otherwise)\n"
+        "  --run_id ID             the job's id, CDDP_RUN_ID in the workers (default: random)\n"
+        "  -h, --help              this help\n"
+        "\n"
+        "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,\n"
+        "GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a free port where rank 0 hosts its own "
+        "store,\n"
+        "as torch.distributed's env:// expects; cddp programs find rank 0's store through the\n"
+        "launcher's instead), CDDP_RUN_ID, CDDP_RESTART_COUNT (also as\n"
+        "TORCHELASTIC_RESTART_COUNT), CDDP_STORE_ADDR/CDDP_STORE_PORT/CDDP_STORE_TOKEN (the\n"
+        "launcher's store), and OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 when unset and P > "
+        "1.\n"
+        "\n"
+        "Exit status: 0 when every worker exited 0; 1 when a worker failed (after the restarts);\n"
+        "2 for a usage error; 128+signal when cddprun itself was stopped by a signal.\n"
+        "Rendezvous waits at most CDDP_RDZV_TIMEOUT_S seconds (default 300).\n");
+}
+
+void cddprun_die_usage(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "cddprun: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(cddprun --help lists the options)\n");
+    va_end(ap);
+    exit(2);
+}
+
+static long parse_int(const char *opt, const char *v, long lo, long hi) {
+    char *end = NULL;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi)
+        cddprun_die_usage("--%s %s: expected an integer in [%ld, %ld]", opt, v, lo, hi);
+    return x;
+}
+
+static double parse_seconds(const char *opt, const char *v) {
+    char *end = NULL;
+    double x = strtod(v, &end);
+    if (end == v || *end || !(x > 0) || x > 86400)
+        cddprun_die_usage("--%s %s: expected seconds > 0", opt, v);
+    return x;
+}
+
+/* Does v look like a stream value ("3", "0:3,1:1")? Then --tee takes it rather than seeing the
+ * program there. */
+static bool looks_like_streams(const char *v) {
+    if (!v || !isdigit((unsigned char)*v)) return false;
+    for (; *v; v++)
+        if (!isdigit((unsigned char)*v) && *v != ':' && *v != ',') return false;
+    return true;
+}
+
+static void parse_streams(const char *opt, const char *v, stream_spec *s) {
+    static const char *expect = "expected 0 (none), 1 (stdout), 2 (stderr), 3 (both), or a map of "
+                                "local ranks such as 0:3,1:2";
+    *s = (stream_spec){0};
+    char *end = NULL;
+    long x = strtol(v, &end, 10);
+    if (end != v && !*end) {
+        if (x < 0 || x > 3) cddprun_die_usage("--%s %s: %s", opt, v, expect);
+        s->all = (int)x;
+        return;
+    }
+    for (const char *p = v; *p;) {
+        long r = strtol(p, &end, 10);
+        if (end == p || *end != ':' || r < 0 || r > 65535)
+            cddprun_die_usage("--%s %s: %s", opt, v, expect);
+        p = end + 1;
+        x = strtol(p, &end, 10);
+        if (end == p || (*end && *end != ',') || x < 0 || x > 3)
+            cddprun_die_usage("--%s %s: %s", opt, v, expect);
+        if (s->nmap == MAX_STREAM_MAP)
+            cddprun_die_usage("--%s %s: at most %d local ranks in a map", opt, v, MAX_STREAM_MAP);
+        s->map[s->nmap].local_rank = (int)r;
+        s->map[s->nmap++].value = (int)x;
+        p = *end ? end + 1 : end;
+    }
+}
+
+/* The streams (1 stdout, 2 stderr, 3 both) that spec s names for a local rank. */
+int cddprun_streams_for(const stream_spec *s, int local_rank) {
+    if (!s->nmap) return s->all;
+    for (int i = 0; i < s->nmap; i++)
+        if (s->map[i].local_rank == local_rank) return s->map[i].value;
+    return 0;
+}
+
+static bool parse_bool(const char *name, const char *v) {
+    if (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes")) return true;
+    if (!strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no") || !*v) return false;
+    cddprun_die_usage("%s=%s: expected 1/true/yes or 0/false/no", name, v);
+}
+
+static void apply(options *o, int code, const char *name, const char *v) {
+    switch (code) {
+    case OPT_NNODES:
+        o->nnodes = (int)parse_int(name, v, 1, 65536);
+        break;
+    case OPT_NODE_RANK:
+        o->node_rank = (int)parse_int(name, v, 0, 65535);
+        break;
+    case OPT_NPROC:
+        o->nproc_per_node = (int)parse_int(name, v, 1, 4096);
+        break;
+    case OPT_MASTER_ADDR:
+        o->master_addr = v;
+        break;
+    case OPT_MASTER_PORT:
+        o->master_port = (int)parse_int(name, v, 1, 65535);
+        break;
+    case 'm':
+        o->module = true;
+        break;
+    case OPT_NO_PYTHON:
+        o->no_python = true;
+        break;
+    case OPT_REDIRECT:
+        o->redirects = (stream_spec){.all = 3};
+        o->redirect_name = "redirect_stdout_and_stderr";
+        break;
+    case OPT_REDIRECTS:
+        parse_streams(name, v, &o->redirects);
+        o->redirect_name = "redirects";
+        break;
+    case OPT_LOGDIR:
+        o->logdir = v;
+        break;
+    case OPT_STANDALONE:
+        o->standalone = true;
+        break;
+    case OPT_MAX_RESTARTS:
+        o->max_restarts = (int)parse_int(name, v, 0, 1000000);
+        break;
+    case OPT_TEE:
+        if (v)
+            parse_streams(name, v, &o->tee);
+        else
+            o->tee = (stream_spec){.all = 3};
+        break;
+    case OPT_MONITOR:
+        o->monitor_interval = parse_seconds(name, v);
+        break;
+    case OPT_GRACE:
+        o->grace_period = parse_seconds(name, v);
+        break;
+    case OPT_LOCAL_ADDR:
+        o->local_addr = v;
+        break;
+    case OPT_TOKEN:
+        o->token = v;
+        break;
+    case OPT_RUN_ID:
+        o->run_id = v;
+        break;
+    }
+}
+
+void cddprun_parse_options(int argc, char **argv, options *o) {
+    *o = (options){.nnodes = 1,
+                   .nproc_per_node = 1,
+                   .master_port = 29500,
+                   .master_addr = "127.0.0.1",
+                   .monitor_interval = 0.1,
+                   .grace_period = 5.0};
+    /* The environment first (CDDPRUN_NPROC_PER_NODE=4), so that the command line wins. */
+    for (int i = 0; i < NOPTIONS; i++) {
+        if (option_table[i].code == 'h') continue;
+        char var[64] = "CDDPRUN_";
+        for (int k = 0; option_table[i].name[k] && k < 50; k++)
+            var[8 + k] = (char)toupper((unsigned char)option_table[i].name[k]);
+        const char *v = getenv(var);
+        if (!v) continue;
+        if (option_table[i].has_arg == 2) /* CDDPRUN_TEE=3; true/yes: every stream */
+            apply(o, option_table[i].code, option_table[i].name,
+                  looks_like_streams(v) ? v
+                  : parse_bool(var, v)  ? "3"
+                                        : "0");
+        else if (option_table[i].has_arg == 1)
+            apply(o, option_table[i].code, option_table[i].name, v);
+        else if (parse_bool(var, v))
+            apply(o, option_table[i].code, option_table[i].name, NULL);
+    }
+    static struct option longopts[2 * NOPTIONS + 1];
+    static char dashed[NOPTIONS][64];
+    int n = 0;
+    for (int i = 0; i < NOPTIONS; i++) {
+        int has = option_table[i].has_arg == 2   ? optional_argument
+                  : option_table[i].has_arg == 1 ? required_argument
+                                                 : no_argument;
+        longopts[n++] = (struct option){option_table[i].name, has, NULL, option_table[i].code};
+        snprintf(dashed[i], sizeof dashed[i], "%s", option_table[i].name);
+        bool any = false;
+        for (char *c = dashed[i]; *c; c++)
+            if (*c == '_') *c = '-', any = true;
+        if (any) longopts[n++] = (struct option){dashed[i], has, NULL, option_table[i].code};
+    }
+    longopts[n] = (struct option){0, 0, 0, 0};
+    int c, idx = 0;
+    opterr = 0;
+    /* "+": stop at the program, so its own options are left alone. */
+    while ((c = getopt_long(argc, argv, "+hmr:t::", longopts, &idx)) != -1) {
+        if (c == 'h') {
+            usage(stdout);
+            exit(0);
+        }
+        if (c == '?') {
+            if (optopt) cddprun_die_usage("unknown option -%c", optopt);
+            cddprun_die_usage("unknown option or missing value: %s", argv[optind - 1]);
+        }
+        const char *name = c == 'm'   ? "module"
+                           : c == 'r' ? "redirects"
+                           : c == 't' ? "tee"
+                                      : longopts[idx].name;
+        if (c == 'r') c = OPT_REDIRECTS;
+        if (c == 't') c = OPT_TEE;
+        /* An optional value given as the next argument: --tee 3 */
+        const char *v = optarg;
+        if (!v && c == OPT_TEE && optind < argc && looks_like_streams(argv[optind]))
+            v = argv[optind++];
+        apply(o, c, name, v);
+    }
+    if (optind >= argc) cddprun_die_usage("no program given");
+    o->program = argv + optind;
+}
+
+/* ---- checks before anything starts ------------------------------------------------------- */
+
+static bool on_path(const char *prog) {
+    if (strchr(prog, '/')) return access(prog, X_OK) == 0;
+    const char *path = getenv("PATH");
+    if (!path) path = "/usr/bin:/bin";
+    char dir[PATH_MAX];
+    for (const char *p = path; *p;) {
+        size_t len = strcspn(p, ":");
+        snprintf(dir, sizeof dir, "%.*s/%s", (int)len, p, prog);
+        if (access(dir, X_OK) == 0) return true;
+        p += len + (p[len] == ':');
+    }
+    return false;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* The argv to exec: python3 for .py programs and -m, the program itself otherwise. */
+char **cddprun_worker_argv(const options *o) {
+    int n = 0;
+    while (o->program[n]) n++;
+    char **argv = cddp_calloc((size_t)n + 3, sizeof *argv);
+    int k = 0;
+    bool python = o->module || (!o->no_python && ends_with(o->program[0], ".py"));
+    if (python) argv[k++] = "python3";
+    if (o->module) argv[k++] = "-m";
+    for (int i = 0; i < n; i++) argv[k++] = o->program[i];
+    return argv;
+}
+
+void cddprun_validate(options *o) {
+    if (o->no_python && o->module)
+        cddprun_die_usage("--no_python and -m/--module exclude each other");
+    if (o->node_rank >= o->nnodes)
+        cddprun_die_usage("--node_rank %d is out of range for --nnodes %d (0..%d)", o->node_rank,
+                          o->nnodes, o->nnodes - 1);
+    if (o->standalone && o->nnodes > 1)
+        cddprun_die_usage("--standalone is for one node (--nnodes 1)");
+    bool redirects = o->redirects.all != 0;
+    for (int i = 0; i < o->redirects.nmap; i++) redirects |= o->redirects.map[i].value != 0;
+    if (redirects && !o->logdir)
+        cddprun_die_usage("--%s needs --logdir (where should the output go?)", o->redirect_name);
+    const stream_spec *specs[2] = {&o->tee, &o->redirects};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < specs[k]->nmap; i++)
+            if (specs[k]->map[i].local_rank >= o->nproc_per_node)
+                cddprun_die_usage(
+                    "--%s: local rank %d is not on this node (--nproc_per_node %d: 0..%d)",
+                    k ? o->redirect_name : "tee", specs[k]->map[i].local_rank, o->nproc_per_node,
+                    o->nproc_per_node - 1);
+    bool python = o->module || (!o->no_python && ends_with(o->program[0], ".py"));
+    if (python && !on_path("python3"))
+        cddprun_die_usage(
+            "%s needs python3, which is not on PATH (use --no_python to run it directly)",
+            o->program[0]);
+    if (!o->module && !python && !on_path(o->program[0]))
+        cddprun_die_usage("program '%s' not found (not an executable file, not on PATH)",
+                          o->program[0]);
+    if (!o->module && python && access(o->program[0], R_OK) != 0)
+        cddprun_die_usage("script '%s' not found", o->program[0]);
+}

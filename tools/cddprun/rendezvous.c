@@ -1,0 +1,122 @@
+/* rendezvous.c: cddprun meets the other nodes in the store; failures they post. */
+#include "cddprun.h"
+
+#include "cddp/net.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- rendezvous -------------------------------------------------------------------------- */
+
+void cddprun_fail_rdzv(const char *what, const cddp_error *err) {
+    fprintf(stderr, "cddprun: %s: %s\n", what, cddp_error_msg(err));
+    exit(1);
+}
+
+void cddprun_random_hex(char *out, size_t bytes) {
+    unsigned char raw[32] = {0};
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    ssize_t r = fd >= 0 ? read(fd, raw, bytes) : -1;
+    if (fd >= 0) close(fd);
+    if (r != (ssize_t)bytes) { /* no /dev/urandom: time and pid, still unique enough for an id */
+        uint64_t x = (uint64_t)cddp_now_s() * 1000003u ^ (uint64_t)getpid() << 32;
+        memcpy(raw, &x, sizeof x);
+    }
+    for (size_t i = 0; i < bytes; i++) sprintf(out + 2 * i, "%02x", raw[i]);
+}
+
+/* Registers this node for the round, waits for the others, and computes ranks. */
+void cddprun_rendezvous(job *j) {
+    const options *o = &j->o;
+    cddp_error err = {0};
+    char key[128], val[512];
+    snprintf(key, sizeof key, "r%d/node/%d", j->round, o->node_rank);
+    snprintf(val, sizeof val, "%d %s", o->nproc_per_node, j->host);
+    if (cddp_store_set_str(j->store, key, val, &err)) cddprun_fail_rdzv("rendezvous", &err);
+    if (o->node_rank == 0) {
+        /* MASTER_PORT for the workers: a free port on the master address, for rank 0's store. */
+        int fd, port;
+        if (cddp_net_listen(o->master_addr, 0, &fd, &port, &err))
+            cddprun_fail_rdzv("rendezvous", &err);
+        close(fd);
+        snprintf(val, sizeof val, "%d", port);
+        snprintf(key, sizeof key, "r%d/worker_port", j->round);
+        if (cddp_store_set_str(j->store, key, val, &err)) cddprun_fail_rdzv("rendezvous", &err);
+    }
+    const char **keys = cddp_calloc((size_t)o->nnodes + 1, sizeof *keys);
+    char(*names)[64] = cddp_calloc((size_t)o->nnodes + 1, 64);
+    for (int k = 0; k < o->nnodes; k++) {
+        snprintf(names[k], 64, "r%d/node/%d", j->round, k);
+        keys[k] = names[k];
+    }
+    snprintf(names[o->nnodes], 64, "r%d/worker_port", j->round);
+    keys[o->nnodes] = names[o->nnodes];
+    if (cddp_store_wait(j->store, keys, o->nnodes + 1, -1, &err)) {
+        char missing[512] = "";
+        size_t len = 0;
+        for (int k = 0; k < o->nnodes && len < sizeof missing - 16; k++) {
+            cddp_error e2 = {0};
+            if (cddp_store_wait(j->store, &keys[k], 1, 0, &e2) == CDDP_ETIMEDOUT)
+                len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d",
+                                        len ? ", " : "", k);
+        }
+        fprintf(stderr,
+                "cddprun: rendezvous failed: node(s) %s of %d did not arrive within %ld s "
+                "(CDDP_RDZV_TIMEOUT_S) at %s:%d\n"
+                "cddprun: start cddprun on every node with --nnodes %d, its own --node_rank, and "
+                "the same --master_addr, --master_port and --token\n",
+                missing[0] ? missing : "?", o->nnodes, cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S),
+                o->master_addr, o->master_port, o->nnodes);
+        exit(1);
+    }
+    j->world = j->base = 0;
+    for (int k = 0; k < o->nnodes; k++) {
+        void *v;
+        size_t n;
+        if (cddp_store_get(j->store, keys[k], -1, &v, &n, &err))
+            cddprun_fail_rdzv("rendezvous", &err);
+        int p = atoi(v);
+        cddp_free(v);
+        if (k < o->node_rank) j->base += p;
+        j->world += p;
+    }
+    void *v;
+    size_t n;
+    if (cddp_store_get(j->store, keys[o->nnodes], -1, &v, &n, &err))
+        cddprun_fail_rdzv("rendezvous", &err);
+    snprintf(j->worker_port, sizeof j->worker_port, "%s", (char *)v);
+    cddp_free(v);
+    if (cddp_store_get(j->store, "run_id", -1, &v, &n, &err)) cddprun_fail_rdzv("rendezvous", &err);
+    snprintf(j->run_id, sizeof j->run_id, "%s", (char *)v);
+    cddp_free(v);
+    cddp_free(keys);
+    cddp_free(names);
+}
+
+/* Has another node posted a failure for this round? Fills why. A store that went away counts
+ * as a failure too: node 0's launcher is gone. */
+bool cddprun_remote_failure(job *j, char *why, size_t n) {
+    char key[64];
+    snprintf(key, sizeof key, "r%d/failed", j->round);
+    const char *k = key;
+    cddp_error err = {0};
+    int rc = cddp_store_wait(j->store, &k, 1, 0, &err);
+    if (rc == CDDP_ETIMEDOUT) return false;
+    if (rc != CDDP_OK) {
+        snprintf(why, n, "lost the rendezvous store (%s); node 0's launcher is gone",
+                 cddp_error_msg(&err));
+        return true;
+    }
+    void *v;
+    size_t len;
+    if (cddp_store_get(j->store, key, 1, &v, &len, &err) == CDDP_OK) {
+        snprintf(why, n, "%s", (char *)v);
+        cddp_free(v);
+    } else {
+        snprintf(why, n, "another node failed");
+    }
+    return true;
+}

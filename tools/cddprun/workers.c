@@ -1,0 +1,273 @@
+/* workers.c: starting, watching and stopping cddprun's workers; their output and logs. */
+#include "cddprun.h"
+
+#include "cddp/launch.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+volatile sig_atomic_t cddprun_got_signal;
+int cddprun_wake_pipe[2] = {-1, -1};
+
+void cddprun_on_signal(int sig) {
+    int saved = errno;
+    if (sig != SIGCHLD) cddprun_got_signal = sig;
+    ssize_t r = write(cddprun_wake_pipe[1], "x", 1);
+    (void)r;
+    errno = saved;
+}
+
+static void set_env_int(const char *name, long v) {
+    char b[32];
+    snprintf(b, sizeof b, "%ld", v);
+    setenv(name, b, 1);
+}
+
+/* Writes the text of a stream to its destinations, with the [rank N] prefix when asked. */
+static void emit(const worker *w, stream *s, const char *data, size_t n) {
+    if (s->log >= 0) {
+        const char *p = data;
+        size_t left = n;
+        while (left) {
+            ssize_t wr = write(s->log, p, left);
+            if (wr <= 0 && errno != EINTR) break;
+            if (wr > 0) p += wr, left -= (size_t)wr;
+        }
+    }
+    if (!s->console) return;
+    if (!s->prefix) {
+        fwrite(data, 1, n, s->to);
+        fflush(s->to);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (s->len < sizeof s->line - 1) s->line[s->len++] = data[i];
+        if (data[i] == '\n' || s->len == sizeof s->line - 1) {
+            fprintf(s->to, "[rank %d]: %.*s", w->rank, (int)s->len, s->line);
+            if (s->line[s->len - 1] != '\n') fputc('\n', s->to);
+            fflush(s->to);
+            s->len = 0;
+        }
+    }
+}
+
+void cddprun_drain(worker *w, stream *s) {
+    char buf[65536];
+    for (;;) {
+        ssize_t r = read(s->fd, buf, sizeof buf);
+        if (r > 0) {
+            emit(w, s, buf, (size_t)r);
+            continue;
+        }
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && errno == EAGAIN) return;
+        /* EOF: flush a last line without a newline, close. */
+        if (s->len) emit(w, s, "\n", 1);
+        close(s->fd);
+        s->fd = -1;
+        return;
+    }
+}
+
+/* mkdir -p: every missing folder of path. */
+static int make_dirs(const char *path) {
+    char buf[PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1;; p++)
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST) return errno;
+            if (!(*p = c)) return 0;
+        }
+}
+
+static int open_log(const job *j, int local, const char *name, int *fd, char *path, size_t n) {
+    char dir[PATH_MAX - 16];
+    snprintf(dir, sizeof dir, "%s/rank.%d", j->o.logdir, j->base + local);
+    int e = make_dirs(dir);
+    if (e) return e;
+    snprintf(path, n, "%s/%s", dir, name);
+    /* The first attempt overwrites an earlier run's files; restarts append. */
+    int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (j->round == 0 ? O_TRUNC : O_APPEND);
+    *fd = open(path, flags, 0666);
+    return *fd < 0 ? errno : 0;
+}
+
+void cddprun_start_workers(job *j) {
+    const options *o = &j->o;
+    for (int i = 0; i < o->nproc_per_node; i++) {
+        worker *w = &j->w[i];
+        *w = (worker){.rank = j->base + i, .local_rank = i, .running = true};
+        int redirect = cddprun_streams_for(&o->redirects, i), tee = cddprun_streams_for(&o->tee, i);
+        w->out = (stream){
+            .fd = -1, .log = -1, .console = !(redirect & 1), .prefix = tee & 1, .to = stdout};
+        w->err = (stream){
+            .fd = -1, .log = -1, .console = !(redirect & 2), .prefix = tee & 2, .to = stderr};
+        /* Through cddprun when a stream is prefixed or goes both to a file and the console;
+         * else straight to its file, or to the console. */
+        bool pipes =
+            w->out.prefix || w->err.prefix || (o->logdir && (w->out.console || w->err.console));
+        snprintf(w->log_path, sizeof w->log_path, "the console (use --logdir to keep logs)");
+        if (o->logdir) {
+            char p[PATH_MAX];
+            int e = open_log(j, i, "stdout", &w->out.log, p, sizeof p);
+            if (!e) e = open_log(j, i, "stderr", &w->err.log, w->log_path, sizeof w->log_path);
+            if (e) {
+                fprintf(stderr,
+                        "cddprun: cannot write logs under %s: %s (is it a writable "
+                        "folder?)\n",
+                        o->logdir, strerror(e));
+                exit(2);
+            }
+        }
+        int po[2] = {-1, -1}, pe[2] = {-1, -1};
+        if (pipes && (pipe2(po, O_CLOEXEC) || pipe2(pe, O_CLOEXEC))) {
+            fprintf(stderr, "cddprun: pipe: %s\n", strerror(errno));
+            exit(1);
+        }
+        pid_t launcher = getpid();
+        pid_t pid = fork();
+        if (pid < 0) {
+            fprintf(stderr, "cddprun: cannot start a worker: %s\n", strerror(errno));
+            exit(1);
+        }
+        if (pid == 0) {
+            /* The worker: its own process group (so stopping it stops its children too), dies
+             * with the launcher, default signal handling, then the environment and exec. */
+            setpgid(0, 0);
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != launcher) _exit(1);
+            sigset_t none;
+            sigemptyset(&none);
+            sigprocmask(SIG_SETMASK, &none, NULL);
+            signal(SIGINT, SIG_DFL);
+            signal(SIGTERM, SIG_DFL);
+            signal(SIGHUP, SIG_DFL);
+            signal(SIGCHLD, SIG_DFL);
+            signal(SIGPIPE, SIG_DFL);
+            if (pipes) {
+                dup2(po[1], 1);
+                dup2(pe[1], 2);
+            } else if (o->logdir) {
+                dup2(w->out.log, 1);
+                dup2(w->err.log, 2);
+            }
+            set_env_int("RANK", w->rank);
+            set_env_int("LOCAL_RANK", i);
+            set_env_int("WORLD_SIZE", j->world);
+            set_env_int("LOCAL_WORLD_SIZE", o->nproc_per_node);
+            set_env_int("GROUP_RANK", o->node_rank);
+            set_env_int("GROUP_WORLD_SIZE", o->nnodes);
+            set_env_int("ROLE_RANK", w->rank);
+            set_env_int("ROLE_WORLD_SIZE", j->world);
+            setenv("MASTER_ADDR", o->master_addr, 1);
+            setenv("MASTER_PORT", j->worker_port, 1);
+            setenv(CDDP_ENV_RUN_ID, j->run_id, 1);
+            setenv("TORCHELASTIC_RUN_ID", j->run_id, 1);
+            set_env_int(CDDP_ENV_RESTART_COUNT, j->round);
+            set_env_int("TORCHELASTIC_RESTART_COUNT", j->round);
+            set_env_int("TORCHELASTIC_MAX_RESTARTS", o->max_restarts);
+            setenv(CDDP_ENV_STORE_ADDR, o->master_addr, 1);
+            setenv(CDDP_ENV_STORE_TOKEN, j->token, 1);
+            setenv(CDDP_ENV_LOCAL_ADDR, j->host, 1);
+            if (o->nproc_per_node > 1) {
+                setenv("OMP_NUM_THREADS", "1", 0);
+                setenv("OPENBLAS_NUM_THREADS", "1", 0);
+            }
+            execvp(j->argv[0], j->argv);
+            fprintf(stderr, "cddprun: cannot run %s: %s\n", j->argv[0], strerror(errno));
+            _exit(127);
+        }
+        w->pid = pid;
+        setpgid(pid, pid); /* also here, so a signal sent right away finds the group */
+        if (pipes) {
+            close(po[1]);
+            close(pe[1]);
+            w->out.fd = po[0];
+            w->err.fd = pe[0];
+            fcntl(po[0], F_SETFL, O_NONBLOCK);
+            fcntl(pe[0], F_SETFL, O_NONBLOCK);
+        }
+    }
+}
+
+/* Reaps exited workers; returns the number still running. */
+int cddprun_reap(job *j, worker **first_failure) {
+    int status, running = 0;
+    for (int i = 0; i < j->o.nproc_per_node; i++) {
+        worker *w = &j->w[i];
+        if (!w->running) continue;
+        pid_t r = waitpid(w->pid, &status, WNOHANG);
+        if (r == w->pid) {
+            w->running = false;
+            w->status = status;
+            w->end_time = (double)time(NULL);
+            bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+            if (!ok && !w->stopped) {
+                w->failed = true;
+                if (first_failure && !*first_failure) *first_failure = w;
+            }
+        } else {
+            running++;
+        }
+    }
+    return running;
+}
+
+/* One pass of the monitor: waits for output, a child exit, a signal or the interval. */
+void cddprun_pump(job *j, double timeout_s) {
+    struct pollfd pf[1 + 2 * 4096];
+    worker *who[1 + 2 * 4096];
+    stream *what[1 + 2 * 4096];
+    int n = 0;
+    pf[n++] = (struct pollfd){cddprun_wake_pipe[0], POLLIN, 0};
+    for (int i = 0; i < j->o.nproc_per_node; i++) {
+        stream *ss[2] = {&j->w[i].out, &j->w[i].err};
+        for (int k = 0; k < 2; k++)
+            if (ss[k]->fd >= 0) {
+                who[n] = &j->w[i];
+                what[n] = ss[k];
+                pf[n++] = (struct pollfd){ss[k]->fd, POLLIN, 0};
+            }
+    }
+    int r = poll(pf, (nfds_t)n, (int)(timeout_s * 1000));
+    if (r <= 0) return;
+    if (pf[0].revents & POLLIN) {
+        char b[64];
+        while (read(cddprun_wake_pipe[0], b, sizeof b) > 0) {}
+    }
+    for (int i = 1; i < n; i++)
+        if (pf[i].revents) cddprun_drain(who[i], what[i]);
+}
+
+/* Stops every running worker: SIGTERM to its process group, SIGKILL after the grace period. */
+void cddprun_stop_workers(job *j, int sig) {
+    for (int i = 0; i < j->o.nproc_per_node; i++)
+        if (j->w[i].running) {
+            j->w[i].stopped = true;
+            kill(-j->w[i].pid, sig);
+        }
+    double deadline = cddp_now_s() + j->o.grace_period;
+    while (cddprun_reap(j, NULL) > 0 && cddp_now_s() < deadline) cddprun_pump(j, 0.05);
+    if (cddprun_reap(j, NULL) > 0) {
+        for (int i = 0; i < j->o.nproc_per_node; i++)
+            if (j->w[i].running) kill(-j->w[i].pid, SIGKILL);
+        while (cddprun_reap(j, NULL) > 0) cddprun_pump(j, 0.05);
+    }
+    /* Whatever the workers wrote before they went. */
+    for (int i = 0; i < j->o.nproc_per_node; i++) {
+        if (j->w[i].out.fd >= 0) cddprun_drain(&j->w[i], &j->w[i].out);
+        if (j->w[i].err.fd >= 0) cddprun_drain(&j->w[i], &j->w[i].err);
+    }
+}
+
+/* The cgroup's count of OOM kills, or -1 where that cannot be read. */
