@@ -104,10 +104,13 @@ static inline float *cddp__ddp_grad(const cddp_ddp *d, int i) {
 
 /* The reducer the options ask for. */
 const cddp__reducer *cddp__ddp_reducer(const cddp_ddp_options *o);
-/* Starts a reducer's collective on buf: inline (done when it returns: b->reduced) or queued
- * on the group's thread (b->work). kind is CDDP_DDP_ALLREDUCE today. */
-void cddp__ddp_collective(cddp_ddp *d, bucket *b, void *buf, int64_t count, cddp_comm_dtype dtype,
-                          cddp_comm_op op);
+/* The collectives a reducer starts. */
+typedef enum cddp__ddp_kind { CDDP__DDP_ALLREDUCE, CDDP__DDP_REDUCE_SCATTER } cddp__ddp_kind;
+/* Starts a reducer's collective (send and recv as cddp_comm_allreduce or _reduce_scatter take
+ * them): inline (done when it returns: b->reduced) or queued on the group's thread (b->work).
+ * A failure is kept for the end of backward. */
+void cddp__ddp_collective(cddp_ddp *d, bucket *b, cddp__ddp_kind kind, const void *send, void *recv,
+                          int64_t count, cddp_comm_dtype dtype, cddp_comm_op op);
 
 /* ---- buckets.c --------------------------------------------------------------------------- */
 

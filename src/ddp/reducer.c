@@ -12,18 +12,22 @@
 
 #include <string.h>
 
-void cddp__ddp_collective(cddp_ddp *d, bucket *b, void *buf, int64_t count, cddp_comm_dtype dtype,
-                          cddp_comm_op op) {
+void cddp__ddp_collective(cddp_ddp *d, bucket *b, cddp__ddp_kind kind, const void *send, void *recv,
+                          int64_t count, cddp_comm_dtype dtype, cddp_comm_op op) {
     cddp_error err = {0};
+    double t = cddp__ddp_timeout(d);
+    bool scatter = kind == CDDP__DDP_REDUCE_SCATTER;
     if (d->inline_comm) {
         b->t_start = cddp_now_s();
-        int rc =
-            cddp_comm_allreduce(d->group, buf, buf, count, dtype, op, cddp__ddp_timeout(d), &err);
+        int rc = scatter ? cddp_comm_reduce_scatter(d->group, send, recv, count, dtype, op, t, &err)
+                         : cddp_comm_allreduce(d->group, send, recv, count, dtype, op, t, &err);
         b->t_end = cddp_now_s();
         b->reduced = rc == CDDP_OK;
     } else {
-        b->work = cddp_comm_allreduce_async(d->group, buf, buf, count, dtype, op,
-                                            cddp__ddp_timeout(d), &err);
+        b->work =
+            scatter
+                ? cddp_comm_reduce_scatter_async(d->group, send, recv, count, dtype, op, t, &err)
+                : cddp_comm_allreduce_async(d->group, send, recv, count, dtype, op, t, &err);
     }
     if (!b->work && !b->reduced && !d->hook_err.code) d->hook_err = err;
 }
@@ -57,7 +61,7 @@ static void plain_launch(cddp_ddp *d, bucket *b) {
         buf = cddp_model_grad(d->model) + b->offset;
     else
         pack(d, b, b->stage, false);
-    cddp__ddp_collective(d, b, buf, (int64_t)b->numel, CDDP_COMM_F32,
+    cddp__ddp_collective(d, b, CDDP__DDP_ALLREDUCE, buf, buf, (int64_t)b->numel, CDDP_COMM_F32,
                          d->o.sum ? CDDP_COMM_SUM : CDDP_COMM_MEAN);
 }
 
@@ -89,7 +93,8 @@ static void half_launch(cddp_ddp *d, bucket *b) {
         cddp_comm_from_f32(half_type(d), cddp__ddp_grad(d, b->params[j]), b->half + at, n);
         at += (size_t)n;
     }
-    cddp__ddp_collective(d, b, b->half, (int64_t)b->numel, half_type(d), CDDP_COMM_SUM);
+    cddp__ddp_collective(d, b, CDDP__DDP_ALLREDUCE, b->half, b->half, (int64_t)b->numel,
+                         half_type(d), CDDP_COMM_SUM);
 }
 
 static void half_finish(cddp_ddp *d, bucket *b) {
