@@ -367,6 +367,8 @@ int main(int argc, char **argv) {
     /* Each rank trains on its part of every epoch and evaluates its shard of the test set. */
     cddp_sampler_options so = cddp_sampler_defaults();
     so.seed = o.seed;
+    so.rank = rank; /* the group's place, whichever launcher started us */
+    so.num_replicas = world;
     sampler = cddp_sampler_create(cddp_dataset_len(train), &so, &err);
     if (!sampler) goto fail;
     if (world > 1) {

@@ -29,8 +29,11 @@ int main(int argc, char **argv) {
         for (int j = 0; j < 10; j++) x[i][j] = (float)((i * 7 + j * 3) % 11) / 10.0f - 0.5f;
     cddp_field f[2] = {{"x", CDDP_F32, 1, {10}}, {"y", CDDP_F32, 0, {0}}};
     cddp_dataset *ds = cddp_dataset_from_arrays(64, 2, f, (const void *const[]){x, y}, &err);
-    /* New 1: the DistributedSampler; the batch size is per rank. */
+    /* New 1: the DistributedSampler, told this rank's place in the group; the batch size is per
+     * rank. */
     cddp_sampler_options so = cddp_sampler_defaults();
+    so.rank = cddp_comm_rank(group);
+    so.num_replicas = cddp_comm_size(group);
     cddp_sampler *sampler = ds ? cddp_sampler_create(64, &so, &err) : NULL;
     cddp_loader_options lo = {.batch_size = 4};
     cddp_loader *loader = sampler ? cddp_loader_create(ds, sampler, &lo, &err) : NULL;

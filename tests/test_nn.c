@@ -242,6 +242,130 @@ static void test_batch_norm_module(void **state) {
     cddp_ctx_destroy(ctx);
 }
 
+/* A residual block written as a module of modules: y = relu(x + conv2(relu(conv1(x)))), with
+ * its two convolutions as children and a scale parameter of its own. */
+typedef struct residual {
+    int64_t channels;
+} residual;
+
+static int residual_declare(cddp_module *self) {
+    int64_t one = 1;
+    int k = cddp_module_param(self, "gate", 1, &one, (cddp_init){CDDP_INIT_CONSTANT, 0.5f, 0});
+    return k < 0 ? k : CDDP_OK;
+}
+
+static cddp_tensor *residual_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
+    cddp_tensor *h = cddp_module_forward(cddp_module_child(self, 0), ctx, x);
+    h = cddp_module_forward(cddp_module_child(self, 1), ctx, cddp_relu(ctx, h));
+    return cddp_relu(ctx, cddp_add(ctx, x, cddp_mul(ctx, h, cddp_module_get_param(self, 0))));
+}
+
+static const cddp_module_type residual_type = {"Residual", residual_declare, residual_forward,
+                                               free};
+
+static cddp_module *residual_block(int64_t channels) {
+    residual *r = malloc(sizeof *r);
+    r->channels = channels;
+    cddp_module *m = cddp_module_create(&residual_type, r);
+    assert_int_equal(cddp_module_add(m, "conv1", cddp_nn_conv2d(channels, channels, 3, 1, 1)),
+                     CDDP_OK);
+    assert_int_equal(cddp_module_add(m, "conv2", cddp_nn_conv2d(channels, channels, 3, 1, 1)),
+                     CDDP_OK);
+    return m;
+}
+
+/* Modules nest: names follow the path (PyTorch's state_dict), a module's own parameters come
+ * before its children's, the forward runs through the children, gradients reach every
+ * parameter, and a failed add leaves the model as it was. */
+static void test_modules_nest(void **state) {
+    (void)state;
+    cddp_model *m = cddp_model_create();
+    cddp_module *layer1 = cddp_nn_sequential();
+    assert_int_equal(cddp_model_add(m, "stem", cddp_nn_conv2d(1, 2, 3, 1, 1)), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, "layer1", layer1), CDDP_OK);
+    /* Added to a module already in the model: it joins at once. */
+    assert_int_equal(cddp_module_add(layer1, NULL, residual_block(2)), CDDP_OK);
+    assert_int_equal(cddp_module_add(layer1, NULL, residual_block(2)), CDDP_OK);
+    /* A child whose description is wrong fails and leaves nothing behind. */
+    int before = cddp_model_num_params(m);
+    cddp_module *bad = residual_block(2);
+    assert_int_equal(cddp_module_add(bad, "conv3", cddp_nn_conv2d(2, 0, 3, 1, 1)), CDDP_OK);
+    assert_int_equal(cddp_module_add(layer1, "bad", bad), CDDP_EINVAL);
+    assert_non_null(strstr(cddp_model_error(m), "module 'layer1.bad.conv3': in=2 and out=0"));
+    assert_int_equal(cddp_model_num_params(m), before);
+    assert_int_equal(cddp_module_num_children(layer1), 2);
+    /* A duplicate name deeper down is refused too. */
+    cddp_module *dup = residual_block(2);
+    assert_int_equal(cddp_module_add(dup, "conv1", cddp_nn_conv2d(2, 2, 1, 1, 0)), CDDP_OK);
+    assert_int_equal(cddp_module_add(layer1, "1", dup), CDDP_EINVAL);
+    assert_non_null(strstr(cddp_model_error(m), "'layer1.1.gate' is already used"));
+    assert_int_equal(cddp_model_num_params(m), before);
+    assert_int_equal(cddp_model_add(m, "pool", cddp_nn_max_pool2d(2, 0)), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, "flat", cddp_nn_flatten()), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, "fc", cddp_nn_linear(2 * 2 * 2, 3)), CDDP_OK);
+    assert_int_equal(cddp_model_build(m, 5), CDDP_OK);
+    const char *names[] = {"stem.weight",         "stem.bias",           "layer1.0.gate",
+                           "layer1.0.conv1.weight", "layer1.0.conv1.bias", "layer1.0.conv2.weight",
+                           "layer1.0.conv2.bias", "layer1.1.gate",       "layer1.1.conv1.weight",
+                           "layer1.1.conv1.bias", "layer1.1.conv2.weight", "layer1.1.conv2.bias",
+                           "fc.weight",           "fc.bias"};
+    assert_int_equal(cddp_model_num_params(m), 14);
+    for (int i = 0; i < 14; i++) assert_string_equal(cddp_model_param(m, i)->name, names[i]);
+    assert_string_equal(cddp_module_path(cddp_module_child(layer1, 1)), "layer1.1");
+    assert_string_equal(cddp_module_path(cddp_module_child(cddp_module_child(layer1, 1), 0)),
+                        "layer1.1.conv1");
+    assert_int_equal(cddp_module_add(layer1, NULL, cddp_nn_relu()), CDDP_ESTATE);
+
+    /* The forward equals the same ops written out by hand. */
+    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_rng rng;
+    cddp_rng_seed(&rng, 3);
+    cddp_tensor *x = cddp_normal(ctx, CDDP_SHAPE(2, 1, 4, 4), 0, 1, &rng);
+    cddp_tensor *y = cddp_model_forward(m, ctx, x);
+    assert_non_null(y);
+    assert_int_equal(y->shape[0], 2);
+    assert_int_equal(y->shape[1], 3);
+#define P(name) cddp_model_find(m, name)
+    cddp_tensor *h = cddp_conv2d(ctx, x, P("stem.weight"), P("stem.bias"), 1, 1);
+    for (int b = 0; b < 2; b++) {
+        char c1w[64], c1b[64], c2w[64], c2b[64], g[64];
+        snprintf(c1w, sizeof c1w, "layer1.%d.conv1.weight", b);
+        snprintf(c1b, sizeof c1b, "layer1.%d.conv1.bias", b);
+        snprintf(c2w, sizeof c2w, "layer1.%d.conv2.weight", b);
+        snprintf(c2b, sizeof c2b, "layer1.%d.conv2.bias", b);
+        snprintf(g, sizeof g, "layer1.%d.gate", b);
+        cddp_tensor *t = cddp_relu(ctx, cddp_conv2d(ctx, h, P(c1w), P(c1b), 1, 1));
+        t = cddp_conv2d(ctx, t, P(c2w), P(c2b), 1, 1);
+        h = cddp_relu(ctx, cddp_add(ctx, h, cddp_mul(ctx, t, P(g))));
+    }
+    h = cddp_linear(ctx, cddp_flatten(ctx, cddp_max_pool2d(ctx, h, 2, 2, 0)), P("fc.weight"),
+                    P("fc.bias"));
+#undef P
+    for (int64_t i = 0; i < y->numel; i++) assert_float_equal(cddp_get(y, i), cddp_get(h, i), 0);
+    /* Every parameter, the blocks' own gates included, gets a gradient. */
+    cddp_model_zero_grad(m);
+    assert_int_equal(cddp_backward(ctx, cddp_sum(ctx, y)), CDDP_OK);
+    for (int i = 0; i < 14; i++) {
+        const cddp_tensor *p = cddp_model_param(m, i);
+        double g = 0;
+        for (int64_t e = 0; e < p->numel; e++) g += fabs(p->grad[e]);
+        assert_true(g > 0);
+    }
+    cddp_ctx_destroy(ctx);
+    cddp_model_destroy(m);
+
+    /* A model whose root is a module of its own: names start at the root's children. */
+    cddp_error err = {0};
+    cddp_module *root = residual_block(1);
+    cddp_model *r = cddp_model_create_with(root, &err);
+    assert_non_null(r);
+    assert_ptr_equal(cddp_model_root(r), root);
+    assert_int_equal(cddp_model_build(r, 0), CDDP_OK);
+    assert_string_equal(cddp_model_param(r, 0)->name, "gate");
+    assert_string_equal(cddp_model_param(r, 1)->name, "conv1.weight");
+    cddp_model_destroy(r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sequential_names_and_layout),
@@ -251,6 +375,7 @@ int main(void) {
         cmocka_unit_test(test_forward_shapes_and_training_mode),
         cmocka_unit_test(test_custom_model_linear_regression),
         cmocka_unit_test(test_batch_norm_module),
+        cmocka_unit_test(test_modules_nest),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

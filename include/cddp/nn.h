@@ -1,4 +1,4 @@
-/* cddp/nn.h: models: named parameters in one flat block, and Sequential stacks of modules.
+/* cddp/nn.h: models: named parameters in one flat block, and modules that nest.
  *
  * A model owns two contiguous float32 blocks of the same layout, one for parameter values and one
  * for their gradients; each named parameter is a tensor viewing its range of both (llm.c style).
@@ -8,12 +8,13 @@
  * So an optimizer updates one array, a checkpoint writes ranges of it, and DistributedDataParallel
  * reduces ranges of the gradient block with no packing copies.
  *
- * Building a model has two phases. First declare: add modules (Linear, Conv2d, ...) to the
- * sequence and/or raw parameters with their initialisers. Then cddp_model_build allocates the
- * blocks and initialises every parameter, in declaration order, from one seed: the same seed
- * gives bit-identical weights in every process. Names follow PyTorch's state_dict: a module added
- * as "fc1" owns "fc1.weight" and "fc1.bias"; a module added with a NULL name is named after its
- * position in the sequence ("0.weight", "2.bias"), as in nn.Sequential.
+ * Building a model has two phases. First declare: add modules (Linear, Conv2d, Sequential, your
+ * own) and/or raw parameters with their initialisers. Then cddp_model_build allocates the blocks
+ * and initialises every parameter, in declaration order, from one seed: the same seed gives
+ * bit-identical weights in every process. Names follow PyTorch's state_dict: a module added as
+ * "fc1" owns "fc1.weight" and "fc1.bias"; modules nest, so a block's convolution is
+ * "layer1.0.conv1.weight"; a module added with a NULL name is named after its position in its
+ * parent ("0.weight", "2.bias"), as in nn.Sequential.
  */
 #ifndef CDDP_NN_H
 #define CDDP_NN_H
@@ -25,80 +26,7 @@
 extern "C" {
 #endif
 
-typedef enum cddp_module_kind {
-    CDDP_MODULE_LINEAR,
-    CDDP_MODULE_CONV2D,
-    CDDP_MODULE_MAX_POOL2D,
-    CDDP_MODULE_RELU,
-    CDDP_MODULE_GELU,
-    CDDP_MODULE_TANH,
-    CDDP_MODULE_SIGMOID,
-    CDDP_MODULE_DROPOUT,
-    CDDP_MODULE_FLATTEN,
-    CDDP_MODULE_BATCH_NORM,
-} cddp_module_kind;
-
-/* A module description; make one with the cddp_nn_* constructors below. */
-typedef struct cddp_module {
-    cddp_module_kind kind;
-    int64_t in, out;             /* Linear: features; Conv2d: channels */
-    int kernel, stride, padding; /* Conv2d and MaxPool2d */
-    float p;                     /* Dropout probability */
-    bool bias;                   /* Linear and Conv2d: has a bias; BatchNorm: affine */
-    float momentum, eps;         /* BatchNorm */
-} cddp_module;
-
-/* PyTorch's defaults: bias on; Linear and Conv2d weights and biases drawn from
- * U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (kaiming_uniform with a = sqrt(5)). */
-static inline cddp_module cddp_nn_linear(int64_t in, int64_t out) {
-    return (cddp_module){.kind = CDDP_MODULE_LINEAR, .in = in, .out = out, .bias = true};
-}
-static inline cddp_module cddp_nn_conv2d(int64_t in, int64_t out, int kernel, int stride,
-                                         int padding) {
-    return (cddp_module){.kind = CDDP_MODULE_CONV2D,
-                         .in = in,
-                         .out = out,
-                         .kernel = kernel,
-                         .stride = stride,
-                         .padding = padding,
-                         .bias = true};
-}
-/* stride 0 means stride = kernel, as in PyTorch. */
-static inline cddp_module cddp_nn_max_pool2d(int kernel, int stride) {
-    return (cddp_module){.kind = CDDP_MODULE_MAX_POOL2D, .kernel = kernel, .stride = stride};
-}
-static inline cddp_module cddp_nn_relu(void) {
-    return (cddp_module){.kind = CDDP_MODULE_RELU};
-}
-static inline cddp_module cddp_nn_gelu(void) {
-    return (cddp_module){.kind = CDDP_MODULE_GELU};
-}
-static inline cddp_module cddp_nn_tanh(void) {
-    return (cddp_module){.kind = CDDP_MODULE_TANH};
-}
-static inline cddp_module cddp_nn_sigmoid(void) {
-    return (cddp_module){.kind = CDDP_MODULE_SIGMOID};
-}
-static inline cddp_module cddp_nn_dropout(float p) {
-    return (cddp_module){.kind = CDDP_MODULE_DROPOUT, .p = p};
-}
-static inline cddp_module cddp_nn_flatten(void) {
-    return (cddp_module){.kind = CDDP_MODULE_FLATTEN};
-}
-/* BatchNorm1d/2d over `features` channels of (N,C) or (N,C,H,W) input, PyTorch's defaults
- * (momentum 0.1, eps 1e-5, affine): parameters "weight" (ones) and "bias" (zeros), buffers
- * "running_mean" (zeros) and "running_var" (ones), updated in training mode and used in
- * evaluation mode (see cddp_batch_norm). */
-static inline cddp_module cddp_nn_batch_norm(int64_t features) {
-    return (cddp_module){.kind = CDDP_MODULE_BATCH_NORM,
-                         .in = features,
-                         .out = features,
-                         .bias = true,
-                         .momentum = 0.1f,
-                         .eps = 1e-5f};
-}
-
-/* How a raw parameter starts. */
+/* How a parameter starts. */
 typedef enum cddp_init_kind {
     CDDP_INIT_CONSTANT, /* every element = a (zero-initialised struct: zeros) */
     CDDP_INIT_UNIFORM,  /* U(a, b) */
@@ -110,18 +38,102 @@ typedef struct cddp_init {
     float a, b;
 } cddp_init;
 
+/* ---- modules -------------------------------------------------------------------------------
+ * A module is a forward function over its own parameters and buffers and its children, which are
+ * modules too: Sequential, a residual block or a transformer block are modules of modules.
+ * A module joins a model by being added to it (cddp_model_add), or to a module that is in one;
+ * it then declares its parameters and buffers, named after its place: a Linear added as "fc" to
+ * a Sequential added as "layer1" owns "layer1.fc.weight" and "layer1.fc.bias" (PyTorch's
+ * state_dict names). A module's own parameters come first, then its children's, in the order
+ * they were added; that is their order in the flat blocks. Whatever a module is added to owns it
+ * (and frees it, also when the add fails). */
+
+typedef struct cddp_module cddp_module;
+
+/* The built-in modules, PyTorch's defaults: bias on; Linear and Conv2d weights and biases drawn
+ * from U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (kaiming_uniform with a = sqrt(5)). A description
+ * that is not valid (a size <= 0, a dropout p outside [0, 1]) fails when added, saying why. NULL
+ * when out of memory (the add then fails). */
+CDDP_API cddp_module *cddp_nn_linear(int64_t in, int64_t out);
+CDDP_API cddp_module *cddp_nn_conv2d(int64_t in, int64_t out, int kernel, int stride, int padding);
+/* stride 0 means stride = kernel, as in PyTorch. */
+CDDP_API cddp_module *cddp_nn_max_pool2d(int kernel, int stride);
+CDDP_API cddp_module *cddp_nn_relu(void);
+CDDP_API cddp_module *cddp_nn_gelu(void);
+CDDP_API cddp_module *cddp_nn_tanh(void);
+CDDP_API cddp_module *cddp_nn_sigmoid(void);
+CDDP_API cddp_module *cddp_nn_dropout(float p);
+CDDP_API cddp_module *cddp_nn_flatten(void);
+/* BatchNorm1d/2d over `features` channels of (N,C) or (N,C,H,W) input, PyTorch's defaults
+ * (momentum 0.1, eps 1e-5, affine): parameters "weight" (ones) and "bias" (zeros), buffers
+ * "running_mean" (zeros) and "running_var" (ones), updated in training mode and used in
+ * evaluation mode (see cddp_batch_norm). */
+CDDP_API cddp_module *cddp_nn_batch_norm(int64_t features);
+/* Its children one after another, each taking the previous one's output. A child added with a
+ * NULL name is named after its position ("0", "1", ...), as in nn.Sequential. */
+CDDP_API cddp_module *cddp_nn_sequential(void);
+
+/* Writing a module: its type (functions) and its state (the caller's, freed with type->free). */
+typedef struct cddp_module_type {
+    const char *name; /* "ResidualBlock", for messages */
+    /* Declares the module's own parameters and buffers (cddp_module_param, cddp_module_buffer)
+     * when it joins a model; NULL when it has none. A failure (with the model's error set)
+     * undoes the add. */
+    int (*declare)(cddp_module *self);
+    /* The forward; NULL on a data error latched in ctx (ops pass NULL through). */
+    cddp_tensor *(*forward)(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x);
+    /* Frees the state; NULL: nothing to free. */
+    void (*free)(void *state);
+} cddp_module_type;
+
+/* A new module of this type with this state; NULL when out of memory (state is then freed). */
+CDDP_API cddp_module *cddp_module_create(const cddp_module_type *type, void *state);
+/* Adds child under name (NULL: its position) to parent, which owns it from then on. If parent is
+ * in a model, child joins it now and declares its parameters (and its children theirs). Fails,
+ * freeing child, on a duplicate name, a description that is not valid, or a model already
+ * built (the model's error says which). */
+CDDP_API int cddp_module_add(cddp_module *parent, const char *name, cddp_module *child);
+CDDP_API void *cddp_module_state(const cddp_module *m);
+CDDP_API int cddp_module_num_children(const cddp_module *m);
+CDDP_API cddp_module *cddp_module_child(const cddp_module *m, int i);
+/* The module's place: "layer1.0" ("" for a model's root). */
+CDDP_API const char *cddp_module_path(const cddp_module *m);
+CDDP_API const char *cddp_module_name(const cddp_module *m); /* its name in its parent */
+
+/* In declare: a parameter (or buffer) named <path>.<name>, initialised at build; returns its
+ * index among the module's own parameters (buffers), or a negative status (the model's error
+ * says why). */
+CDDP_API int cddp_module_param(cddp_module *self, const char *name, int ndim, const int64_t *shape,
+                               cddp_init init);
+CDDP_API int cddp_module_buffer(cddp_module *self, const char *name, int ndim, const int64_t *shape,
+                                float init);
+/* After build: the module's k-th own parameter (buffer). */
+CDDP_API cddp_tensor *cddp_module_get_param(const cddp_module *m, int k);
+CDDP_API cddp_tensor *cddp_module_get_buffer(const cddp_module *m, int k);
+/* Runs m's forward (a module's forward calls its children's this way). */
+CDDP_API cddp_tensor *cddp_module_forward(cddp_module *m, cddp_ctx *ctx, cddp_tensor *x);
+/* The mode of the model the module is in (training by default; cddp_model_set_training). */
+CDDP_API bool cddp_module_training(const cddp_module *m);
+
 typedef struct cddp_model cddp_model;
 
-/* NULL when out of memory. */
+/* A model whose root is an empty Sequential (cddp_model_add appends to it). NULL when out of
+ * memory. */
 CDDP_API cddp_model *cddp_model_create(void);
+/* A model whose root is root (its parameters and its children's are the model's, named from
+ * the root: a GPT's "transformer.wte.weight"); NULL when out of memory or when root does not
+ * declare (the model is not made; root is freed either way on failure). */
+CDDP_API cddp_model *cddp_model_create_with(cddp_module *root, cddp_error *err);
+/* The root module. */
+CDDP_API cddp_module *cddp_model_root(const cddp_model *m);
 CDDP_API void cddp_model_destroy(cddp_model *m);
 /* The message of the model's last failure. */
 CDDP_API const char *cddp_model_error(const cddp_model *m);
 
-/* Declaration phase (before build). name may be NULL (position in the sequence); names must be
- * unique. Fails with CDDP_EINVAL on a bad description or a duplicate name, CDDP_ESTATE after
- * build. */
-CDDP_API int cddp_model_add(cddp_model *m, const char *name, cddp_module module);
+/* Declaration phase (before build): adds module to the root (cddp_module_add). name may be NULL
+ * (position in the sequence); names must be unique. Fails with CDDP_EINVAL on a bad description
+ * or a duplicate name, CDDP_ESTATE after build; module is freed on failure. */
+CDDP_API int cddp_model_add(cddp_model *m, const char *name, cddp_module *module);
 /* A parameter for a custom forward; *index (if not NULL) receives its index. */
 CDDP_API int cddp_model_add_param(cddp_model *m, const char *name, int ndim, const int64_t *shape,
                                   cddp_init init, int *index);
@@ -180,8 +192,8 @@ CDDP_API void cddp_model_set_event_hook(cddp_model *m, cddp_model_event_hook hoo
 /* Calls the observer, if any (optimizers call it around their step). */
 CDDP_API void cddp_model_notify(cddp_model *m, cddp_model_event event);
 
-/* Runs the module sequence on x. Shape mismatches abort (programmer error); data errors latch in
- * ctx. The model must be built and have modules. */
+/* Runs the root module on x (notifying CDDP_EVENT_FORWARD first). Shape mismatches abort
+ * (programmer error); data errors latch in ctx. The model must be built and have modules. */
 CDDP_API cddp_tensor *cddp_model_forward(cddp_model *m, cddp_ctx *ctx, cddp_tensor *x);
 
 #ifdef __cplusplus

@@ -33,6 +33,8 @@ CDDP_API size_t cddp_dtype_size(cddp_dtype dtype);
 #define CDDP_MAX_DIMS 4
 
 typedef struct cddp_tensor cddp_tensor;
+/* A recorded op on the context's tape (opaque; see "The tape" below). */
+typedef struct cddp__node cddp_node;
 
 /* Called once per backward, the moment param's gradient is final (see autograd.h). */
 typedef void (*cddp_ready_hook)(void *user, cddp_tensor *param);
@@ -43,16 +45,15 @@ struct cddp_tensor {
     int ndim;
     int64_t shape[CDDP_MAX_DIMS];
     int64_t numel;
-    void *data;         /* numel elements of dtype */
-    float *grad;        /* float32, numel; NULL until a gradient reaches a non-parameter */
-    bool requires_grad; /* gradients flow to this tensor */
-    bool is_param;      /* a model parameter: grad is persistent and accumulates (+=) */
-    int param_index;    /* index in its model, -1 for other tensors */
-    const char *name;   /* parameter name, NULL for other tensors */
-    cddp_ready_hook ready_hook;
+    void *data;                 /* numel elements of dtype */
+    float *grad;                /* float32, numel; NULL until a gradient reaches a non-parameter */
+    bool requires_grad;         /* gradients flow to this tensor */
+    bool is_param;              /* a model parameter: grad is persistent and accumulates (+=) */
+    int param_index;            /* index in its model, -1 for other tensors */
+    const char *name;           /* parameter name, NULL for other tensors */
+    cddp_ready_hook ready_hook; /* autograd calls it when the gradient is final (autograd.h) */
     void *ready_user;
-    struct cddp__node *node; /* the op that made it, NULL for leaves (internal) */
-    int pending;             /* contributions still to come in this backward (internal) */
+    cddp_node *node; /* the op that made it (its grad_fn), NULL for leaves */
 };
 
 static inline float *cddp_f32(const cddp_tensor *t) {
@@ -189,6 +190,31 @@ CDDP_API cddp_tensor *cddp_batch_norm(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor
                                       cddp_tensor *bias, cddp_tensor *running_mean,
                                       cddp_tensor *running_var, bool training, float momentum,
                                       float eps);
+
+/* ---- the tape --------------------------------------------------------------------------
+ * What an op records when gradients flow, for autograd's backward (and anything else that walks
+ * the graph). Nodes live in the context's arena until cddp_ctx_reset. */
+
+/* The newest node (NULL: nothing recorded since the last reset), and how many there are. */
+CDDP_API cddp_node *cddp_ctx_tape(const cddp_ctx *ctx);
+CDDP_API int cddp_ctx_tape_length(const cddp_ctx *ctx);
+/* The node recorded before n (NULL for the first), and n's place: 0 for the first. */
+CDDP_API cddp_node *cddp_node_prev(const cddp_node *n);
+CDDP_API int cddp_node_index(const cddp_node *n);
+/* n's op ("linear"), its output and its inputs (an input may be NULL: an absent bias). */
+CDDP_API const char *cddp_node_op(const cddp_node *n);
+CDDP_API cddp_tensor *cddp_node_output(const cddp_node *n);
+CDDP_API int cddp_node_num_inputs(const cddp_node *n);
+CDDP_API cddp_tensor *cddp_node_input(const cddp_node *n, int i);
+/* Runs n's backward: adds to the gradients of its inputs that require one, from its output's
+ * gradient (which must exist). Data errors (the arena running out) latch in ctx. */
+CDDP_API void cddp_node_backward(cddp_ctx *ctx, cddp_node *n);
+/* t's gradient: a parameter's view of its model's gradient block, else zeroed arena memory made
+ * on first use (valid until reset). NULL when the arena ran out (latched in ctx). */
+CDDP_API float *cddp_grad_buffer(cddp_ctx *ctx, cddp_tensor *t);
+/* A pointer that a layer built on tensors may keep for the current step (autograd keeps its
+ * backward's state there, in the arena); cddp_ctx_reset sets it to NULL. */
+CDDP_API void **cddp_ctx_step_state(cddp_ctx *ctx);
 
 /* Index of the largest element along the last dimension (first one on ties) -> int64 tensor
  * with the last dimension removed. Not differentiable. */

@@ -1,44 +1,39 @@
-/* tensor/internal.h: the tape node, the op list, and kernels shared by forward and backward.
+/* tensor/internal.h: the step context, the tape node, and what the op families share.
+ *
+ * The tensor module's files, lowest first (no circle):
+ *
+ *   tensor.c        the context, tensor creation, the random generator
+ *   kernels.c       kernels forward and backward share: GEMM, im2col/col2im, broadcasting,
+ *                   softmax rows
+ *   tape.c          recording a node when gradients flow, the nodes' public accessors
+ *   ops/<family>.c  each op's forward and backward side by side (linear, elementwise,
+ *                   activation, loss, reduce, conv, pool, norm, dropout, shape; metrics are not
+ *                   differentiable)
+ *   ops/dispatch.c  the backward of a node, from the op list (ops/list.h)
  *
  * Each op that records appends one node to the context's tape (a linked list in the arena,
  * newest first). A node holds the op, its output, up to three inputs, the op's scalar arguments
- * and an op-specific saved buffer (softmax probabilities, im2col columns, pooling argmax,
- * dropout mask). autograd/backward.c turns a node back into gradients with one switch.
+ * and an op-specific saved buffer (softmax probabilities, im2col columns, pooling argmax, dropout
+ * mask). What a backward pass keeps (which nodes are needed, parameters' pending uses, the
+ * callbacks) is autograd's, not the context's.
  */
 #ifndef CDDP_TENSOR_INTERNAL_H
 #define CDDP_TENSOR_INTERNAL_H
 
 #include "cddp/core.h"
 #include "cddp/tensor.h"
+#include "tensor/ops/list.h"
 
 typedef enum cddp__op {
-    CDDP_OP_RESHAPE,
-    CDDP_OP_MATMUL,
-    CDDP_OP_LINEAR,
-    CDDP_OP_ADD,
-    CDDP_OP_SUB,
-    CDDP_OP_MUL,
-    CDDP_OP_DIV,
-    CDDP_OP_SCALE,
-    CDDP_OP_RELU,
-    CDDP_OP_GELU,
-    CDDP_OP_TANH,
-    CDDP_OP_SIGMOID,
-    CDDP_OP_SOFTMAX,
-    CDDP_OP_LOG_SOFTMAX,
-    CDDP_OP_CROSS_ENTROPY,
-    CDDP_OP_MSE,
-    CDDP_OP_SUM,
-    CDDP_OP_MEAN,
-    CDDP_OP_CONV2D,
-    CDDP_OP_MAX_POOL2D,
-    CDDP_OP_DROPOUT,
-    CDDP_OP_BATCH_NORM,
+#define CDDP__OP_ENUM(NAME, name) CDDP_OP_##NAME,
+    CDDP_OP_LIST(CDDP__OP_ENUM)
+#undef CDDP__OP_ENUM
+        CDDP_OP_COUNT
 } cddp__op;
 
-typedef struct cddp__node {
+struct cddp__node {
     cddp__op op;
-    bool needed; /* the loss depends on it (set by backward) */
+    int index; /* the node's place on the tape: 0 for the first recorded in this step */
     int nin;
     cddp_tensor *out;
     cddp_tensor *in[3];
@@ -58,35 +53,55 @@ typedef struct cddp__node {
         bool training; /* batch_norm: batch statistics (else the running ones) */
     } arg;
     void *saved;
-} cddp__node;
+};
+typedef struct cddp__node cddp__node;
 
 struct cddp_ctx {
     cddp_arena *arena;
     cddp__node *tape; /* newest node */
+    int nnodes;       /* on the tape */
     cddp_rng rng;
     bool grad_enabled;
-    bool backward_done;
     cddp_error err;
-    double backward_t0; /* when the last backward began (cddp_now_s) */
-    /* callbacks queued during the running backward (cddp_backward_queue_callback) */
-    int ncallbacks;
-    struct {
-        int (*fn)(void *, cddp_ctx *, cddp_error *);
-        void *user;
-    } callbacks[8];
+    void *step_state; /* a higher layer's, for this step (autograd's backward) */
 };
 
+#define CDDP__FAILED(ctx) ((ctx)->err.code != CDDP_OK)
+
+/* ---- tensor.c ---------------------------------------------------------------------------- */
+
+/* Arena allocation that latches the failure into ctx. */
+void *cddp__ctx_alloc(cddp_ctx *ctx, size_t bytes);
+/* A tensor header in the arena (data NULL); shape checked. */
+cddp_tensor *cddp__tensor_header(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const int64_t *shape);
+/* Aborts naming op unless t is float32. */
+void cddp__need_f32(const char *op, const cddp_tensor *t);
+/* A float32 scalar holding v. */
+cddp_tensor *cddp__scalar(cddp_ctx *ctx, float v);
+
+/* ---- tape.c ------------------------------------------------------------------------------ */
+
+/* Whether an op on these inputs records a node (gradients enabled, an input requires one). */
+bool cddp__will_record(const cddp_ctx *ctx, int n, cddp_tensor *const *in);
 /* Records a node for op when gradients are enabled and an input requires one; marks out as
  * requiring a gradient. NULL when nothing was recorded (check ctx->err.code for a failure). */
 cddp__node *cddp__record(cddp_ctx *ctx, cddp__op op, cddp_tensor *out, int nin,
                          cddp_tensor *const *in);
+/* cddp__record for an op that returns out: false when the recording failed; *node (may be
+ * NULL) receives the node or NULL. */
+bool cddp__record_op(cddp_ctx *ctx, cddp__op op, cddp_tensor *out, int nin, cddp_tensor *const *in,
+                     cddp__node **node);
+/* The gradient buffer of the node's first input when it wants one: zeroed arena memory for a
+ * tensor, the parameter's block for a parameter; NULL when it wants none or on a failure. */
+float *cddp__input_grad(cddp_ctx *ctx, cddp__node *n);
 
-#define CDDP__FAILED(ctx) ((ctx)->err.code != CDDP_OK)
+/* ---- ops/dispatch.c: each op's backward (cddp__name_backward, from the list) ------------- */
 
-/* Arena allocation that latches the failure into ctx. */
-void *cddp__ctx_alloc(cddp_ctx *ctx, size_t bytes);
-/* Zeroed float buffer for t->grad when t is not a parameter; the parameter's block otherwise. */
-float *cddp__ensure_grad(cddp_ctx *ctx, cddp_tensor *t);
+#define CDDP__OP_BACKWARD(NAME, name) void cddp__##name##_backward(cddp_ctx *ctx, cddp__node *n);
+CDDP_OP_LIST(CDDP__OP_BACKWARD)
+#undef CDDP__OP_BACKWARD
+
+/* ---- kernels.c --------------------------------------------------------------------------- */
 
 /* Row-major C = alpha * op(A) op(B) + beta * C, with A stored (M,K) or (K,M) when ta, B stored
  * (K,N) or (N,K) when tb. Leading dimensions are those of the stored matrices. */
@@ -100,6 +115,12 @@ void cddp__im2col(const float *x, int64_t C, int64_t H, int64_t W, int64_t KH, i
                   int stride, int pad, int64_t OH, int64_t OW, int64_t ld, float *col);
 void cddp__col2im(const float *col, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
                   int stride, int pad, int64_t OH, int64_t OW, int64_t ld, float *x);
+
+/* Writes log_softmax (take_log) or softmax of each row of length C. */
+void cddp__softmax_rows(const float *x, float *y, int64_t rows, int64_t C, bool take_log);
+
+/* acc[i] += x[i] for buffers that never overlap (vectorises without branches). */
+void cddp__add_into(float *restrict acc, const float *restrict x, int64_t n);
 
 /* Broadcast iteration: maps each output element to the flat index of a and of b. The shapes are
  * right-aligned into 4-D; strides are 0 along stretched dimensions. */
@@ -130,5 +151,7 @@ void cddp__bcast_init(cddp__bcast *bc, const cddp_tensor *a, const cddp_tensor *
 static inline int64_t cddp__label(const cddp_tensor *t, int64_t i) {
     return t->dtype == CDDP_I64 ? ((const int64_t *)t->data)[i] : ((const int32_t *)t->data)[i];
 }
+
+#define CDDP__SHAPE(t) cddp_shape_str((t)->ndim, (t)->shape, (char[64]){0}, 64)
 
 #endif

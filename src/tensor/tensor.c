@@ -1,5 +1,4 @@
-/* tensor.c: the step context, tensor creation and views, the random generator, and the kernels
- * that forward and backward share (GEMM dispatch, im2col/col2im, broadcasting).
+/* tensor.c: the step context, tensor creation and the random generator.
  *
  * Every tensor made here is a header and its data in the context's arena; nothing is freed one
  * by one. A failed allocation latches an error in the context and returns NULL, and every
@@ -7,7 +6,6 @@
  */
 #include "tensor/internal.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -101,7 +99,8 @@ void cddp_ctx_destroy(cddp_ctx *ctx) {
 void cddp_ctx_reset(cddp_ctx *ctx) {
     cddp_arena_reset(ctx->arena);
     ctx->tape = NULL;
-    ctx->backward_done = false;
+    ctx->nnodes = 0;
+    ctx->step_state = NULL;
     cddp_error_clear(&ctx->err);
 }
 
@@ -148,11 +147,8 @@ void *cddp__ctx_alloc(cddp_ctx *ctx, size_t bytes) {
     return p;
 }
 
-float *cddp__ensure_grad(cddp_ctx *ctx, cddp_tensor *t) {
-    if (t->grad) return t->grad;
-    t->grad = cddp__ctx_alloc(ctx, (size_t)t->numel * sizeof(float));
-    if (t->grad) memset(t->grad, 0, (size_t)t->numel * sizeof(float));
-    return t->grad;
+void **cddp_ctx_step_state(cddp_ctx *ctx) {
+    return &ctx->step_state;
 }
 
 static void check_shape(int ndim, const int64_t *shape) {
@@ -162,8 +158,7 @@ static void check_shape(int ndim, const int64_t *shape) {
         CDDP_CHECK(shape[i] >= 0, "dimension %d has negative size %lld", i, (long long)shape[i]);
 }
 
-/* A tensor header in the arena; data is set by the caller. */
-static cddp_tensor *tensor_header(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const int64_t *shape) {
+cddp_tensor *cddp__tensor_header(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const int64_t *shape) {
     check_shape(ndim, shape);
     cddp_tensor *t = cddp__ctx_alloc(ctx, sizeof *t);
     if (!t) return NULL;
@@ -180,7 +175,7 @@ static cddp_tensor *tensor_header(cddp_ctx *ctx, cddp_dtype dtype, int ndim, con
 }
 
 cddp_tensor *cddp_empty(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const int64_t *shape) {
-    cddp_tensor *t = tensor_header(ctx, dtype, ndim, shape);
+    cddp_tensor *t = cddp__tensor_header(ctx, dtype, ndim, shape);
     if (!t) return NULL;
     t->data = cddp__ctx_alloc(ctx, (size_t)t->numel * cddp_dtype_size(dtype));
     return t->data ? t : NULL;
@@ -220,7 +215,7 @@ cddp_tensor *cddp_from_data(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const int
 
 cddp_tensor *cddp_wrap(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const int64_t *shape,
                        void *data) {
-    cddp_tensor *t = tensor_header(ctx, dtype, ndim, shape);
+    cddp_tensor *t = cddp__tensor_header(ctx, dtype, ndim, shape);
     if (t) t->data = data;
     return t;
 }
@@ -279,133 +274,13 @@ double cddp_get(const cddp_tensor *t, int64_t i) {
     return 0;
 }
 
-void cddp__gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                const float *B, float beta, float *C) {
-    if (M == 0 || N == 0) return;
-    if (K == 0) {
-        /* BLAS leaves C untouched when K is 0 only if beta is 1; make beta apply. */
-        for (int64_t i = 0; i < M * N; i++) C[i] = beta == 0.0f ? 0.0f : beta * C[i];
-        return;
-    }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)(ta ? M : K), B,
-                (blasint)(tb ? K : N), beta, C, (blasint)N);
+void cddp__need_f32(const char *op, const cddp_tensor *t) {
+    CDDP_CHECK(t->dtype == CDDP_F32, "%s needs float32 input, got %s", op,
+               cddp_dtype_name(t->dtype));
 }
 
-/* The output columns ow whose input column iw = ow * stride - pad + kw lies in [0, W):
- * [*lo, *hi). The others read the zero padding. */
-static void valid_columns(int64_t W, int64_t OW, int64_t kw, int stride, int pad, int64_t *lo,
-                          int64_t *hi) {
-    int64_t first = pad - kw > 0 ? (pad - kw + stride - 1) / stride : 0;
-    int64_t end = W + pad - kw > 0 ? (W + pad - kw + stride - 1) / stride : 0;
-    *lo = CDDP_MIN(first, OW);
-    *hi = CDDP_MAX(*lo, CDDP_MIN(end, OW));
-}
-
-void cddp__im2col(const float *x, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
-                  int stride, int pad, int64_t OH, int64_t OW, int64_t ld, float *col) {
-    for (int64_t c = 0; c < C; c++)
-        for (int64_t kh = 0; kh < KH; kh++)
-            for (int64_t kw = 0; kw < KW; kw++) {
-                float *row = col + ((c * KH + kh) * KW + kw) * ld;
-                for (int64_t oh = 0; oh < OH; oh++) {
-                    int64_t ih = oh * stride - pad + kh;
-                    float *dst = row + oh * OW;
-                    if (ih < 0 || ih >= H) {
-                        memset(dst, 0, (size_t)OW * sizeof(float));
-                        continue;
-                    }
-                    const float *src = x + (c * H + ih) * W;
-                    int64_t lo, hi, shift = kw - pad;
-                    valid_columns(W, OW, kw, stride, pad, &lo, &hi);
-                    memset(dst, 0, (size_t)lo * sizeof(float));
-                    if (stride == 1)
-                        memcpy(dst + lo, src + lo + shift, (size_t)(hi - lo) * sizeof(float));
-                    else
-                        for (int64_t ow = lo; ow < hi; ow++) dst[ow] = src[ow * stride + shift];
-                    memset(dst + hi, 0, (size_t)(OW - hi) * sizeof(float));
-                }
-            }
-}
-
-void cddp__col2im(const float *col, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
-                  int stride, int pad, int64_t OH, int64_t OW, int64_t ld, float *x) {
-    for (int64_t c = 0; c < C; c++)
-        for (int64_t kh = 0; kh < KH; kh++)
-            for (int64_t kw = 0; kw < KW; kw++) {
-                const float *row = col + ((c * KH + kh) * KW + kw) * ld;
-                for (int64_t oh = 0; oh < OH; oh++) {
-                    int64_t ih = oh * stride - pad + kh;
-                    if (ih < 0 || ih >= H) continue;
-                    float *dst = x + (c * H + ih) * W;
-                    const float *src = row + oh * OW;
-                    int64_t lo, hi, shift = kw - pad;
-                    valid_columns(W, OW, kw, stride, pad, &lo, &hi);
-                    for (int64_t ow = lo; ow < hi; ow++) dst[ow * stride + shift] += src[ow];
-                }
-            }
-}
-
-void cddp__bcast_init(cddp__bcast *bc, const cddp_tensor *a, const cddp_tensor *b,
-                      const cddp_tensor *out) {
-    int64_t ea[4], eb[4];
-    for (int d = 0; d < 4; d++) {
-        int ia = d - (4 - a->ndim), ib = d - (4 - b->ndim), io = d - (4 - out->ndim);
-        ea[d] = ia >= 0 ? a->shape[ia] : 1;
-        eb[d] = ib >= 0 ? b->shape[ib] : 1;
-        bc->shape[d] = io >= 0 ? out->shape[io] : 1;
-    }
-    int64_t sa = 1, sb = 1;
-    for (int d = 3; d >= 0; d--) {
-        bc->sa[d] = ea[d] == 1 ? 0 : sa;
-        bc->sb[d] = eb[d] == 1 ? 0 : sb;
-        sa *= ea[d];
-        sb *= eb[d];
-    }
-    bc->same = a->numel == out->numel && b->numel == out->numel;
-}
-
-/* Views share data; the view node routes its gradient back to the source. */
-static cddp_tensor *view(cddp_ctx *ctx, cddp_tensor *x, int ndim, const int64_t *shape);
-
-cddp_tensor *cddp_reshape(cddp_ctx *ctx, cddp_tensor *x, int ndim, const int64_t *shape) {
-    if (!x) return NULL;
-    int64_t s[CDDP_MAX_DIMS], known = 1;
-    int infer = -1;
-    CDDP_CHECK(ndim >= 1 && ndim <= CDDP_MAX_DIMS, "reshape to %d dimensions", ndim);
-    for (int i = 0; i < ndim; i++) {
-        s[i] = shape[i];
-        if (s[i] == -1) {
-            CDDP_CHECK(infer < 0, "reshape: only one dimension may be -1");
-            infer = i;
-        } else {
-            CDDP_CHECK(s[i] >= 0, "reshape: dimension %d is %lld", i, (long long)s[i]);
-            known *= s[i];
-        }
-    }
-    if (infer >= 0) {
-        CDDP_CHECK(known > 0 && x->numel % known == 0,
-                   "reshape: cannot infer dimension %d of a tensor with %lld elements", infer,
-                   (long long)x->numel);
-        s[infer] = x->numel / known;
-        known *= s[infer];
-    }
-    CDDP_CHECK(known == x->numel, "reshape: %lld elements cannot take a shape of %lld",
-               (long long)x->numel, (long long)known);
-    return view(ctx, x, ndim, s);
-}
-
-cddp_tensor *cddp_flatten(cddp_ctx *ctx, cddp_tensor *x) {
-    if (!x) return NULL;
-    CDDP_CHECK(x->ndim >= 1, "flatten needs a batch dimension");
-    int64_t n = x->shape[0];
-    return view(ctx, x, 2, (int64_t[]){n, n ? x->numel / n : 0});
-}
-
-static cddp_tensor *view(cddp_ctx *ctx, cddp_tensor *x, int ndim, const int64_t *shape) {
-    cddp_tensor *t = tensor_header(ctx, x->dtype, ndim, shape);
-    if (!t) return NULL;
-    t->data = x->data;
-    if (!cddp__record(ctx, CDDP_OP_RESHAPE, t, 1, &x) && ctx->err.code) return NULL;
+cddp_tensor *cddp__scalar(cddp_ctx *ctx, float v) {
+    cddp_tensor *t = cddp_empty(ctx, CDDP_F32, 0, NULL);
+    if (t) cddp_f32(t)[0] = v;
     return t;
 }

@@ -1,0 +1,256 @@
+/* blocks.c: a model's declarations and its flat parameter, gradient and buffer blocks. */
+#include "nn/internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static bool name_taken(const cddp_model *m, const char *name) {
+    const decl_list *lists[2] = {&m->params, &m->bufs};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < lists[k]->n; i++)
+            if (strcmp(lists[k]->decls[i].name, name) == 0) return true;
+    return false;
+}
+
+int cddp__model_declare(cddp_model *m, bool buffer, const char *name, int ndim,
+                        const int64_t *shape, cddp_init init, int *index) {
+    if (m->built)
+        return cddp_error_set(&m->err, CDDP_ESTATE,
+                              "cannot add parameter '%s': the model is already built", name);
+    if (ndim < 0 || ndim > CDDP_MAX_DIMS)
+        return cddp_error_set(&m->err, CDDP_EINVAL, "parameter '%s' has %d dimensions (0..%d)",
+                              name, ndim, CDDP_MAX_DIMS);
+    if (!name[0] || name_taken(m, name))
+        return cddp_error_set(&m->err, CDDP_EINVAL, "parameter name '%s' is %s", name,
+                              name[0] ? "already used" : "empty");
+    int64_t numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] <= 0)
+            return cddp_error_set(&m->err, CDDP_EINVAL, "parameter '%s': dimension %d is %lld",
+                                  name, i, (long long)shape[i]);
+        numel *= shape[i];
+    }
+    decl_list *l = buffer ? &m->bufs : &m->params;
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 8;
+        param_decl *d = cddp_realloc(l->decls, (size_t)cap * sizeof *d);
+        if (!d) return cddp_error_set(&m->err, CDDP_ENOMEM, "out of memory declaring '%s'", name);
+        l->decls = d;
+        l->cap = cap;
+    }
+    param_decl *d = &l->decls[l->n];
+    memset(d, 0, sizeof *d);
+    d->name = cddp_strdup(name);
+    if (!d->name) return cddp_error_set(&m->err, CDDP_ENOMEM, "out of memory declaring '%s'", name);
+    d->ndim = ndim;
+    memcpy(d->shape, shape, sizeof(int64_t) * (size_t)ndim);
+    d->numel = numel;
+    d->init = init;
+    if (index) *index = l->n;
+    l->n++;
+    return CDDP_OK;
+}
+
+void cddp__model_undeclare(cddp_model *m, int nparams, int nbuffers) {
+    while (m->params.n > nparams) cddp_free(m->params.decls[--m->params.n].name);
+    while (m->bufs.n > nbuffers) cddp_free(m->bufs.decls[--m->bufs.n].name);
+}
+
+int cddp_model_add_buffer(cddp_model *m, const char *name, int ndim, const int64_t *shape,
+                          float init, int *index) {
+    if (!name) return cddp_error_set(&m->err, CDDP_EINVAL, "a buffer needs a name");
+    return cddp__model_declare(m, true, name, ndim, shape, (cddp_init){CDDP_INIT_CONSTANT, init, 0},
+                               index);
+}
+
+int cddp_model_add_param(cddp_model *m, const char *name, int ndim, const int64_t *shape,
+                         cddp_init init, int *index) {
+    if (!name) return cddp_error_set(&m->err, CDDP_EINVAL, "a parameter needs a name");
+    return cddp__model_declare(m, false, name, ndim, shape, init, index);
+}
+
+/* Lays a list's declarations out back to back; returns the elements they take. */
+static size_t lay_out(decl_list *l) {
+    size_t total = 0;
+    for (int i = 0; i < l->n; i++) {
+        l->decls[i].offset = total;
+        total += (size_t)l->decls[i].numel;
+    }
+    return l->numel = total;
+}
+
+/* The tensor viewing declaration d's range of block. */
+static cddp_tensor view_of(const param_decl *d, float *block) {
+    cddp_tensor t = {.dtype = CDDP_F32, .ndim = d->ndim, .numel = d->numel, .name = d->name};
+    memcpy(t.shape, d->shape, sizeof t.shape);
+    t.data = block + d->offset;
+    t.param_index = -1;
+    return t;
+}
+
+int cddp__model_build_blocks(cddp_model *m, uint64_t seed) {
+    decl_list *p = &m->params, *b = &m->bufs;
+    size_t total = lay_out(p);
+    p->tensors = cddp_calloc((size_t)p->n + 1, sizeof *p->tensors);
+    p->data = cddp_aligned_alloc((total + 1) * sizeof(float));
+    m->grad = cddp_aligned_alloc((total + 1) * sizeof(float));
+    if (!p->tensors || !p->data || !m->grad) {
+        cddp_free(p->tensors);
+        cddp_aligned_free(p->data);
+        cddp_aligned_free(m->grad);
+        p->tensors = NULL;
+        p->data = m->grad = NULL;
+        return cddp_error_set(&m->err, CDDP_ENOMEM, "cannot allocate %zu MiB for %zu parameters",
+                              (2 * total * sizeof(float)) >> 20, total);
+    }
+    memset(m->grad, 0, total * sizeof(float));
+    lay_out(b);
+    b->tensors = cddp_calloc((size_t)b->n + 1, sizeof *b->tensors);
+    b->data = cddp_aligned_alloc((b->numel + 1) * sizeof(float));
+    if (!b->tensors || !b->data)
+        return cddp_error_set(&m->err, CDDP_ENOMEM, "cannot allocate %zu buffer elements",
+                              b->numel);
+    for (int i = 0; i < b->n; i++) {
+        b->tensors[i] = view_of(&b->decls[i], b->data);
+        cddp_fill(&b->tensors[i], b->decls[i].init.a);
+    }
+    cddp_rng rng;
+    cddp_rng_seed(&rng, seed);
+    for (int i = 0; i < p->n; i++) {
+        param_decl *d = &p->decls[i];
+        cddp_tensor *t = &p->tensors[i];
+        *t = view_of(d, p->data);
+        t->grad = m->grad + d->offset;
+        t->requires_grad = true;
+        t->is_param = true;
+        t->param_index = i;
+        switch (d->init.kind) {
+        case CDDP_INIT_CONSTANT:
+            cddp_fill(t, d->init.a);
+            break;
+        case CDDP_INIT_UNIFORM:
+            cddp_fill_uniform(t, d->init.a, d->init.b, &rng);
+            break;
+        case CDDP_INIT_NORMAL:
+            cddp_fill_normal(t, d->init.a, d->init.b, &rng);
+            break;
+        }
+    }
+    return CDDP_OK;
+}
+
+void cddp__model_free_blocks(cddp_model *m) {
+    decl_list *lists[2] = {&m->params, &m->bufs};
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < lists[k]->n; i++) cddp_free(lists[k]->decls[i].name);
+        cddp_free(lists[k]->decls);
+        cddp_free(lists[k]->tensors);
+        cddp_aligned_free(lists[k]->data);
+    }
+    if (!m->grad_lent) cddp_aligned_free(m->grad);
+}
+
+/* ---- finding parameters and buffers ------------------------------------------------------ */
+
+static void check_built(const cddp_model *m) {
+    CDDP_CHECK(m->built, "the model must be built with cddp_model_build first");
+}
+
+const char *cddp_model_error(const cddp_model *m) {
+    return cddp_error_msg(&m->err);
+}
+
+int cddp_model_num_params(const cddp_model *m) {
+    return m->params.n;
+}
+
+int cddp_model_num_buffers(const cddp_model *m) {
+    return m->bufs.n;
+}
+
+cddp_tensor *cddp_model_param(const cddp_model *m, int i) {
+    check_built(m);
+    CDDP_CHECK(i >= 0 && i < m->params.n, "parameter index %d out of range (%d parameters)", i,
+               m->params.n);
+    return &m->params.tensors[i];
+}
+
+cddp_tensor *cddp_model_buffer(const cddp_model *m, int i) {
+    check_built(m);
+    CDDP_CHECK(i >= 0 && i < m->bufs.n, "buffer index %d out of range (%d buffers)", i, m->bufs.n);
+    return &m->bufs.tensors[i];
+}
+
+static cddp_tensor *find(const decl_list *l, const char *name) {
+    for (int i = 0; i < l->n; i++)
+        if (strcmp(l->decls[i].name, name) == 0) return &l->tensors[i];
+    return NULL;
+}
+
+cddp_tensor *cddp_model_find(const cddp_model *m, const char *name) {
+    check_built(m);
+    return find(&m->params, name);
+}
+
+cddp_tensor *cddp_model_find_buffer(const cddp_model *m, const char *name) {
+    check_built(m);
+    return find(&m->bufs, name);
+}
+
+size_t cddp_model_numel(const cddp_model *m) {
+    return m->params.numel;
+}
+
+size_t cddp_model_buffer_numel(const cddp_model *m) {
+    return m->bufs.numel;
+}
+
+float *cddp_model_data(const cddp_model *m) {
+    check_built(m);
+    return m->params.data;
+}
+
+float *cddp_model_buffer_data(const cddp_model *m) {
+    check_built(m);
+    return m->bufs.data;
+}
+
+float *cddp_model_grad(const cddp_model *m) {
+    check_built(m);
+    return m->grad;
+}
+
+size_t cddp_model_param_offset(const cddp_model *m, int i) {
+    CDDP_CHECK(i >= 0 && i < m->params.n, "parameter index %d out of range", i);
+    return m->params.decls[i].offset;
+}
+
+/* ---- the gradient block ------------------------------------------------------------------ */
+
+int cddp_model_set_grad_block(cddp_model *m, float *block) {
+    check_built(m);
+    size_t numel = m->params.numel;
+    float *to = block ? block : cddp_aligned_alloc((numel + 1) * sizeof(float));
+    if (!to)
+        return cddp_error_set(&m->err, CDDP_ENOMEM, "cannot allocate %zu MiB for the gradients",
+                              (numel * sizeof(float)) >> 20);
+    if (to != m->grad) memcpy(to, m->grad, numel * sizeof(float));
+    if (!m->grad_lent) cddp_aligned_free(m->grad);
+    m->grad = to;
+    m->grad_lent = block != NULL;
+    for (int i = 0; i < m->params.n; i++)
+        m->params.tensors[i].grad = m->grad + m->params.decls[i].offset;
+    return CDDP_OK;
+}
+
+void cddp_model_zero_grad(cddp_model *m) {
+    check_built(m);
+    memset(m->grad, 0, m->params.numel * sizeof(float));
+}
+
+void cddp_model_set_ready_hook(cddp_model *m, cddp_ready_hook hook, void *user) {
+    check_built(m);
+    for (int i = 0; i < m->params.n; i++)
+        cddp_tensor_set_ready_hook(&m->params.tensors[i], hook, user);
+}

@@ -1,0 +1,85 @@
+/* nn/internal.h: the model and the module tree, and what nn's files share.
+ *
+ * nn's files, lowest first (no circle):
+ *
+ *   blocks.c  the declarations and the flat blocks: parameters and buffers laid out back to
+ *             back, built, initialised, found by name; the gradient block
+ *   module.c  the module tree: adding children, joining a model (declaring), the forward
+ *   layers.c  the built-in modules: Linear, Conv2d, MaxPool2d, the activations, Dropout,
+ *             Flatten, BatchNorm, Sequential
+ *   model.c   the model object: its root module, build, mode, hooks and step events
+ *
+ * Before build a model is a list of parameter and buffer declarations (name, shape,
+ * initialiser), which modules make as they join it and keep by index. Build lays them out back to
+ * back in declaration order, so parameter i occupies [offset_i, offset_i + numel_i) of both
+ * blocks, and creates the tensors as views. The tensor arrays are never reallocated after build,
+ * so pointers to parameters stay valid for the model's life.
+ */
+#ifndef CDDP_NN_INTERNAL_H
+#define CDDP_NN_INTERNAL_H
+
+#include "cddp/nn.h"
+
+typedef struct param_decl {
+    char *name;
+    int ndim;
+    int64_t shape[CDDP_MAX_DIMS];
+    int64_t numel;
+    size_t offset;
+    cddp_init init;
+} param_decl;
+
+/* The declarations of one kind: parameters or buffers. */
+typedef struct decl_list {
+    param_decl *decls;
+    int n, cap;
+    cddp_tensor *tensors; /* n views, after build */
+    float *data;          /* the flat block */
+    size_t numel;
+} decl_list;
+
+struct cddp_model {
+    cddp_error err;
+    decl_list params, bufs;
+    float *grad;
+    bool built, training;
+    bool grad_lent; /* grad is the caller's (cddp_model_set_grad_block), not ours to free */
+    cddp_module *root;
+    cddp_model_event_hook event_hook;
+    void *event_user;
+};
+
+struct cddp_module {
+    const cddp_module_type *type;
+    void *state;
+    char *name; /* in its parent; NULL for a root */
+    char *path; /* from the model's root, once in a model: "layer1.0" */
+    cddp_module *parent;
+    cddp_model *model; /* NULL until it joins one */
+    cddp_module **children;
+    int nchildren, cap_children;
+    int *params, nparams, cap_params;    /* the model's indices of its own parameters */
+    int *buffers, nbuffers, cap_buffers; /* ... and buffers */
+};
+
+/* ---- blocks.c ---------------------------------------------------------------------------- */
+
+/* Declares a parameter (or, with buffer, a buffer); *index receives the model's index. Fails
+ * (the model's error set) on a bad shape, a duplicate name or a built model. */
+int cddp__model_declare(cddp_model *m, bool buffer, const char *name, int ndim,
+                        const int64_t *shape, cddp_init init, int *index);
+/* Drops the declarations past the first nparams parameters and nbuffers buffers. */
+void cddp__model_undeclare(cddp_model *m, int nparams, int nbuffers);
+/* Lays out and allocates both kinds, initialising parameters from seed. */
+int cddp__model_build_blocks(cddp_model *m, uint64_t seed);
+void cddp__model_free_blocks(cddp_model *m);
+
+/* ---- module.c ---------------------------------------------------------------------------- */
+
+/* m joins model as a child of parent (NULL: the root), declaring its parameters and buffers and
+ * its children's; on failure everything it declared is undone (the model's error says why). */
+int cddp__module_join(cddp_module *m, cddp_model *model);
+/* Frees m, its children and their states. Accepts NULL. */
+void cddp__module_free(cddp_module *m);
+
+#endif

@@ -1,0 +1,212 @@
+/* layers.c: the built-in modules: Linear, Conv2d, MaxPool2d, ReLU, GELU, Tanh, Sigmoid, Dropout,
+ * Flatten, BatchNorm and Sequential, each a cddp_module_type with its description as state.
+ * A description is checked when the module joins a model (its declare), so that the error lands
+ * in the model's message with the module's name. */
+#include "nn/internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* What describes a built-in module. */
+typedef struct layer {
+    int64_t in, out;             /* Linear: features; Conv2d: channels; BatchNorm: features */
+    int kernel, stride, padding; /* Conv2d and MaxPool2d */
+    float p;                     /* Dropout probability */
+    bool bias;                   /* Linear and Conv2d: has a bias; BatchNorm: affine */
+    float momentum, eps;         /* BatchNorm */
+} layer;
+
+static layer *state(const cddp_module *m) {
+    return cddp_module_state(m);
+}
+
+static cddp_module *make(const cddp_module_type *type, layer l) {
+    layer *s = cddp_malloc(sizeof *s);
+    if (!s) return NULL;
+    *s = l;
+    return cddp_module_create(type, s);
+}
+
+static int invalid(cddp_module *self, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int invalid(cddp_module *self, const char *fmt, ...) {
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return cddp_error_set(&self->model->err, CDDP_EINVAL, "module '%s': %s", cddp_module_path(self),
+                          what);
+}
+
+/* The parameter tensor of k (NULL when the module has fewer). */
+static cddp_tensor *param_or_null(const cddp_module *m, int k) {
+    return k < m->nparams ? cddp_module_get_param(m, k) : NULL;
+}
+
+/* ---- Linear and Conv2d ------------------------------------------------------------------- */
+
+/* PyTorch: kaiming_uniform(a = sqrt(5)) for the weight, which is U(-1/sqrt(fan_in),
+ * 1/sqrt(fan_in)), and the same bound for the bias. */
+static int declare_weighted(cddp_module *self, int ndim, const int64_t *wshape, int64_t fan_in) {
+    float bound = 1.0f / sqrtf((float)fan_in);
+    cddp_init u = {CDDP_INIT_UNIFORM, -bound, bound};
+    int rc = cddp_module_param(self, "weight", ndim, wshape, u);
+    if (rc >= 0 && state(self)->bias) rc = cddp_module_param(self, "bias", 1, &wshape[0], u);
+    return rc < 0 ? rc : CDDP_OK;
+}
+
+static int linear_declare(cddp_module *self) {
+    const layer *l = state(self);
+    if (l->in <= 0 || l->out <= 0)
+        return invalid(self, "in=%lld and out=%lld must be positive", (long long)l->in,
+                       (long long)l->out);
+    return declare_weighted(self, 2, (int64_t[]){l->out, l->in}, l->in);
+}
+
+static cddp_tensor *linear_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
+    return cddp_linear(ctx, x, cddp_module_get_param(self, 0), param_or_null(self, 1));
+}
+
+static const cddp_module_type linear_type = {"Linear", linear_declare, linear_forward, cddp_free};
+
+cddp_module *cddp_nn_linear(int64_t in, int64_t out) {
+    return make(&linear_type, (layer){.in = in, .out = out, .bias = true});
+}
+
+static int conv_declare(cddp_module *self) {
+    const layer *l = state(self);
+    if (l->in <= 0 || l->out <= 0)
+        return invalid(self, "in=%lld and out=%lld must be positive", (long long)l->in,
+                       (long long)l->out);
+    if (l->kernel <= 0 || l->stride <= 0 || l->padding < 0)
+        return invalid(self, "kernel %d, stride %d, padding %d are not valid", l->kernel, l->stride,
+                       l->padding);
+    int64_t k = l->kernel;
+    return declare_weighted(self, 4, (int64_t[]){l->out, l->in, k, k}, l->in * k * k);
+}
+
+static cddp_tensor *conv_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
+    const layer *l = state(self);
+    return cddp_conv2d(ctx, x, cddp_module_get_param(self, 0), param_or_null(self, 1), l->stride,
+                       l->padding);
+}
+
+static const cddp_module_type conv_type = {"Conv2d", conv_declare, conv_forward, cddp_free};
+
+cddp_module *cddp_nn_conv2d(int64_t in, int64_t out, int kernel, int stride, int padding) {
+    return make(&conv_type, (layer){.in = in,
+                                    .out = out,
+                                    .kernel = kernel,
+                                    .stride = stride,
+                                    .padding = padding,
+                                    .bias = true});
+}
+
+/* ---- MaxPool2d --------------------------------------------------------------------------- */
+
+static int pool_declare(cddp_module *self) {
+    const layer *l = state(self);
+    if (l->kernel <= 0 || l->stride < 0 || l->padding < 0)
+        return invalid(self, "kernel %d, stride %d, padding %d are not valid", l->kernel, l->stride,
+                       l->padding);
+    return CDDP_OK;
+}
+
+static cddp_tensor *pool_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
+    const layer *l = state(self);
+    return cddp_max_pool2d(ctx, x, l->kernel, l->stride, l->padding);
+}
+
+static const cddp_module_type pool_type = {"MaxPool2d", pool_declare, pool_forward, cddp_free};
+
+cddp_module *cddp_nn_max_pool2d(int kernel, int stride) {
+    return make(&pool_type, (layer){.kernel = kernel, .stride = stride});
+}
+
+/* ---- activations, Dropout, Flatten -------------------------------------------------------- */
+
+#define ACTIVATION(fn, Name)                                                                       \
+    static cddp_tensor *fn##_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {           \
+        (void)self;                                                                                \
+        return cddp_##fn(ctx, x);                                                                  \
+    }                                                                                              \
+    static const cddp_module_type fn##_type = {Name, NULL, fn##_forward, cddp_free};               \
+    cddp_module *cddp_nn_##fn(void) {                                                              \
+        return make(&fn##_type, (layer){0});                                                       \
+    }
+
+ACTIVATION(relu, "ReLU")
+ACTIVATION(gelu, "GELU")
+ACTIVATION(tanh, "Tanh")
+ACTIVATION(sigmoid, "Sigmoid")
+ACTIVATION(flatten, "Flatten")
+
+static int dropout_declare(cddp_module *self) {
+    float p = state(self)->p;
+    if (!(p >= 0.0f && p <= 1.0f)) return invalid(self, "dropout p=%g is not in [0, 1]", (double)p);
+    return CDDP_OK;
+}
+
+static cddp_tensor *dropout_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
+    return cddp_dropout(ctx, x, state(self)->p, cddp_module_training(self));
+}
+
+static const cddp_module_type dropout_type = {"Dropout", dropout_declare, dropout_forward,
+                                              cddp_free};
+
+cddp_module *cddp_nn_dropout(float p) {
+    return make(&dropout_type, (layer){.p = p});
+}
+
+/* ---- BatchNorm --------------------------------------------------------------------------- */
+
+static int norm_declare(cddp_module *self) {
+    const layer *l = state(self);
+    if (l->in <= 0 || l->out <= 0)
+        return invalid(self, "in=%lld and out=%lld must be positive", (long long)l->in,
+                       (long long)l->out);
+    if (l->in != l->out || !(l->momentum >= 0.0f && l->momentum <= 1.0f) || !(l->eps > 0.0f))
+        return invalid(self,
+                       "batch norm of %lld features, momentum %g, eps %g (want in == out, "
+                       "momentum in [0, 1], eps > 0)",
+                       (long long)l->in, (double)l->momentum, (double)l->eps);
+    int rc = CDDP_OK;
+    if (l->bias) {
+        rc = cddp_module_param(self, "weight", 1, &l->out, (cddp_init){CDDP_INIT_CONSTANT, 1, 0});
+        if (rc >= 0)
+            rc = cddp_module_param(self, "bias", 1, &l->out, (cddp_init){CDDP_INIT_CONSTANT, 0, 0});
+    }
+    if (rc >= 0) rc = cddp_module_buffer(self, "running_mean", 1, &l->out, 0.0f);
+    if (rc >= 0) rc = cddp_module_buffer(self, "running_var", 1, &l->out, 1.0f);
+    return rc < 0 ? rc : CDDP_OK;
+}
+
+static cddp_tensor *norm_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
+    const layer *l = state(self);
+    return cddp_batch_norm(ctx, x, param_or_null(self, 0), param_or_null(self, 1),
+                           cddp_module_get_buffer(self, 0), cddp_module_get_buffer(self, 1),
+                           cddp_module_training(self), l->momentum, l->eps);
+}
+
+static const cddp_module_type norm_type = {"BatchNorm", norm_declare, norm_forward, cddp_free};
+
+cddp_module *cddp_nn_batch_norm(int64_t features) {
+    return make(
+        &norm_type,
+        (layer){.in = features, .out = features, .bias = true, .momentum = 0.1f, .eps = 1e-5f});
+}
+
+/* ---- Sequential -------------------------------------------------------------------------- */
+
+static cddp_tensor *sequential_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
+    for (int i = 0; i < cddp_module_num_children(self) && x; i++)
+        x = cddp_module_forward(cddp_module_child(self, i), ctx, x);
+    return x;
+}
+
+static const cddp_module_type sequential_type = {"Sequential", NULL, sequential_forward, NULL};
+
+cddp_module *cddp_nn_sequential(void) {
+    return cddp_module_create(&sequential_type, NULL);
+}

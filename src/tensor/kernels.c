@@ -1,0 +1,116 @@
+/* kernels.c: the kernels that ops' forward and backward share: GEMM through OpenBLAS,
+ * im2col/col2im for convolutions, broadcasting, softmax rows, an accumulating add. */
+#include "tensor/internal.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+void cddp__gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                const float *B, float beta, float *C) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        /* BLAS leaves C untouched when K is 0 only if beta is 1; make beta apply. */
+        for (int64_t i = 0; i < M * N; i++) C[i] = beta == 0.0f ? 0.0f : beta * C[i];
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)(ta ? M : K), B,
+                (blasint)(tb ? K : N), beta, C, (blasint)N);
+}
+
+/* The output columns ow whose input column iw = ow * stride - pad + kw lies in [0, W):
+ * [*lo, *hi). The others read the zero padding. */
+static void valid_columns(int64_t W, int64_t OW, int64_t kw, int stride, int pad, int64_t *lo,
+                          int64_t *hi) {
+    int64_t first = pad - kw > 0 ? (pad - kw + stride - 1) / stride : 0;
+    int64_t end = W + pad - kw > 0 ? (W + pad - kw + stride - 1) / stride : 0;
+    *lo = CDDP_MIN(first, OW);
+    *hi = CDDP_MAX(*lo, CDDP_MIN(end, OW));
+}
+
+void cddp__im2col(const float *x, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
+                  int stride, int pad, int64_t OH, int64_t OW, int64_t ld, float *col) {
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t kh = 0; kh < KH; kh++)
+            for (int64_t kw = 0; kw < KW; kw++) {
+                float *row = col + ((c * KH + kh) * KW + kw) * ld;
+                for (int64_t oh = 0; oh < OH; oh++) {
+                    int64_t ih = oh * stride - pad + kh;
+                    float *dst = row + oh * OW;
+                    if (ih < 0 || ih >= H) {
+                        memset(dst, 0, (size_t)OW * sizeof(float));
+                        continue;
+                    }
+                    const float *src = x + (c * H + ih) * W;
+                    int64_t lo, hi, shift = kw - pad;
+                    valid_columns(W, OW, kw, stride, pad, &lo, &hi);
+                    memset(dst, 0, (size_t)lo * sizeof(float));
+                    if (stride == 1)
+                        memcpy(dst + lo, src + lo + shift, (size_t)(hi - lo) * sizeof(float));
+                    else
+                        for (int64_t ow = lo; ow < hi; ow++) dst[ow] = src[ow * stride + shift];
+                    memset(dst + hi, 0, (size_t)(OW - hi) * sizeof(float));
+                }
+            }
+}
+
+void cddp__col2im(const float *col, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
+                  int stride, int pad, int64_t OH, int64_t OW, int64_t ld, float *x) {
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t kh = 0; kh < KH; kh++)
+            for (int64_t kw = 0; kw < KW; kw++) {
+                const float *row = col + ((c * KH + kh) * KW + kw) * ld;
+                for (int64_t oh = 0; oh < OH; oh++) {
+                    int64_t ih = oh * stride - pad + kh;
+                    if (ih < 0 || ih >= H) continue;
+                    float *dst = x + (c * H + ih) * W;
+                    const float *src = row + oh * OW;
+                    int64_t lo, hi, shift = kw - pad;
+                    valid_columns(W, OW, kw, stride, pad, &lo, &hi);
+                    for (int64_t ow = lo; ow < hi; ow++) dst[ow * stride + shift] += src[ow];
+                }
+            }
+}
+
+void cddp__bcast_init(cddp__bcast *bc, const cddp_tensor *a, const cddp_tensor *b,
+                      const cddp_tensor *out) {
+    int64_t ea[4], eb[4];
+    for (int d = 0; d < 4; d++) {
+        int ia = d - (4 - a->ndim), ib = d - (4 - b->ndim), io = d - (4 - out->ndim);
+        ea[d] = ia >= 0 ? a->shape[ia] : 1;
+        eb[d] = ib >= 0 ? b->shape[ib] : 1;
+        bc->shape[d] = io >= 0 ? out->shape[io] : 1;
+    }
+    int64_t sa = 1, sb = 1;
+    for (int d = 3; d >= 0; d--) {
+        bc->sa[d] = ea[d] == 1 ? 0 : sa;
+        bc->sb[d] = eb[d] == 1 ? 0 : sb;
+        sa *= ea[d];
+        sb *= eb[d];
+    }
+    bc->same = a->numel == out->numel && b->numel == out->numel;
+}
+
+void cddp__softmax_rows(const float *x, float *y, int64_t rows, int64_t C, bool take_log) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *a = x + r * C;
+        float *b = y + r * C;
+        float m = -INFINITY;
+        for (int64_t j = 0; j < C; j++) m = a[j] > m ? a[j] : m;
+        double sum = 0.0;
+        for (int64_t j = 0; j < C; j++) sum += exp((double)(a[j] - m));
+        if (take_log) {
+            /* (a - m) is exact for nearby values; subtracting m + log(sum) at once would round
+             * at the magnitude of m. */
+            float ls = (float)log(sum);
+            for (int64_t j = 0; j < C; j++) b[j] = (a[j] - m) - ls;
+        } else {
+            for (int64_t j = 0; j < C; j++) b[j] = (float)(exp((double)(a[j] - m)) / sum);
+        }
+    }
+}
+
+void cddp__add_into(float *restrict acc, const float *restrict x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) acc[i] += x[i];
+}

@@ -1,0 +1,100 @@
+/* linear.c: matrix products on OpenBLAS: matmul with optional transposes, and nn.Linear's
+ * y = x W^T + b. */
+#include "tensor/internal.h"
+
+#include <string.h>
+
+cddp_tensor *cddp_matmul(cddp_ctx *ctx, cddp_tensor *a, cddp_tensor *b, bool ta, bool tb) {
+    if (CDDP__FAILED(ctx) || !a || !b) return NULL;
+    cddp__need_f32("matmul", a);
+    cddp__need_f32("matmul", b);
+    CDDP_CHECK(a->ndim == 2 && b->ndim == 2, "matmul needs 2-D tensors, got %s and %s",
+               CDDP__SHAPE(a), CDDP__SHAPE(b));
+    int64_t M = ta ? a->shape[1] : a->shape[0], K = ta ? a->shape[0] : a->shape[1];
+    int64_t Kb = tb ? b->shape[1] : b->shape[0], N = tb ? b->shape[0] : b->shape[1];
+    CDDP_CHECK(K == Kb, "matmul: inner sizes differ: %s%s x %s%s", CDDP__SHAPE(a), ta ? "^T" : "",
+               CDDP__SHAPE(b), tb ? "^T" : "");
+    cddp_tensor *out = cddp_empty(ctx, CDDP_F32, 2, (int64_t[]){M, N});
+    if (!out) return NULL;
+    cddp__gemm(ta, tb, M, N, K, 1.0f, a->data, b->data, 0.0f, out->data);
+    cddp__node *n;
+    if (!cddp__record_op(ctx, CDDP_OP_MATMUL, out, 2, (cddp_tensor *[]){a, b}, &n)) return NULL;
+    if (n) {
+        n->arg.mm.ta = ta;
+        n->arg.mm.tb = tb;
+    }
+    return out;
+}
+
+void cddp__matmul_backward(cddp_ctx *ctx, cddp__node *n) {
+    cddp_tensor *out = n->out;
+    const float *dy = out->grad;
+    /* C = op(A) op(B): dop(A) = dC op(B)^T and dop(B) = op(A)^T dC. For a stored transpose
+     * the gradient of the stored matrix is the transpose of those, which swaps the roles of
+     * the factors; each call below writes the stored layout directly, accumulating. */
+    cddp_tensor *A = n->in[0], *B = n->in[1];
+    bool ta = n->arg.mm.ta, tb = n->arg.mm.tb;
+    int64_t M = out->shape[0], N = out->shape[1];
+    int64_t K = ta ? A->shape[0] : A->shape[1];
+    if (A->requires_grad) {
+        float *dA = cddp_grad_buffer(ctx, A);
+        if (!dA) return;
+        if (!ta) /* dA (M,K) = dC (M,N) . op(B)^T */
+            cddp__gemm(false, !tb, M, K, N, 1.0f, dy, B->data, 1.0f, dA);
+        else /* dA (K,M) = op(B) (K,N) . dC^T */
+            cddp__gemm(tb, true, K, M, N, 1.0f, B->data, dy, 1.0f, dA);
+    }
+    if (B->requires_grad) {
+        float *dB = cddp_grad_buffer(ctx, B);
+        if (!dB) return;
+        if (!tb) /* dB (K,N) = op(A)^T (K,M) . dC */
+            cddp__gemm(!ta, false, K, N, M, 1.0f, A->data, dy, 1.0f, dB);
+        else /* dB (N,K) = dC^T (N,M) . op(A) */
+            cddp__gemm(true, ta, N, K, M, 1.0f, dy, A->data, 1.0f, dB);
+    }
+}
+
+cddp_tensor *cddp_linear(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_tensor *b) {
+    if (CDDP__FAILED(ctx) || !x || !w) return NULL;
+    cddp__need_f32("linear", x);
+    cddp__need_f32("linear", w);
+    CDDP_CHECK(x->ndim == 2 && w->ndim == 2 && x->shape[1] == w->shape[1],
+               "linear: input %s does not fit weight %s (want (N,in) and (out,in))", CDDP__SHAPE(x),
+               CDDP__SHAPE(w));
+    int64_t N = x->shape[0], in = x->shape[1], outf = w->shape[0];
+    if (b)
+        CDDP_CHECK(b->ndim == 1 && b->shape[0] == outf, "linear: bias %s for weight %s",
+                   CDDP__SHAPE(b), CDDP__SHAPE(w));
+    cddp_tensor *y = cddp_empty(ctx, CDDP_F32, 2, (int64_t[]){N, outf});
+    if (!y) return NULL;
+    float *yd = y->data;
+    if (b)
+        for (int64_t i = 0; i < N; i++) memcpy(yd + i * outf, b->data, (size_t)outf * 4);
+    cddp__gemm(false, true, N, outf, in, 1.0f, x->data, w->data, b ? 1.0f : 0.0f, yd);
+    if (!cddp__record_op(ctx, CDDP_OP_LINEAR, y, b ? 3 : 2, (cddp_tensor *[]){x, w, b}, NULL))
+        return NULL;
+    return y;
+}
+
+void cddp__linear_backward(cddp_ctx *ctx, cddp__node *n) {
+    cddp_tensor *x = n->in[0];
+    const float *dy = n->out->grad;
+    /* y = x W^T + b: dx = dy W, dW = dy^T x, db = column sums of dy. */
+    cddp_tensor *W = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
+    int64_t N = x->shape[0], in = x->shape[1], outf = W->shape[0];
+    if (x->requires_grad) {
+        float *gx = cddp_grad_buffer(ctx, x);
+        if (!gx) return;
+        cddp__gemm(false, false, N, in, outf, 1.0f, dy, W->data, 1.0f, gx);
+    }
+    if (W->requires_grad) {
+        float *gw = cddp_grad_buffer(ctx, W);
+        if (!gw) return;
+        cddp__gemm(true, false, outf, in, N, 1.0f, dy, x->data, 1.0f, gw);
+    }
+    if (b && b->requires_grad) {
+        float *gb = cddp_grad_buffer(ctx, b);
+        if (!gb) return;
+        for (int64_t i = 0; i < N; i++) cddp__add_into(gb, dy + i * outf, outf);
+    }
+}

@@ -1,0 +1,35 @@
+/* tensor/ops/list.h: every differentiable op, once.
+ *
+ * X(NAME, name): the op CDDP_OP_NAME, whose backward is cddp__name_backward (defined in its
+ * family's file beside the forward, src/tensor/ops/<family>.c). The enum, the backward table
+ * (ops/dispatch.c) and the ops' names come from this list; adding an op is its family's code
+ * plus one line here.
+ */
+#ifndef CDDP_TENSOR_OPS_LIST_H
+#define CDDP_TENSOR_OPS_LIST_H
+
+#define CDDP_OP_LIST(X)                                                                            \
+    X(RESHAPE, reshape) /* shape.c */                                                              \
+    X(MATMUL, matmul)   /* linear.c */                                                             \
+    X(LINEAR, linear)                                                                              \
+    X(ADD, add) /* elementwise.c */                                                                \
+    X(SUB, sub)                                                                                    \
+    X(MUL, mul)                                                                                    \
+    X(DIV, div)                                                                                    \
+    X(SCALE, scale)                                                                                \
+    X(RELU, relu) /* activation.c */                                                               \
+    X(GELU, gelu)                                                                                  \
+    X(TANH, tanh)                                                                                  \
+    X(SIGMOID, sigmoid)                                                                            \
+    X(SOFTMAX, softmax)                                                                            \
+    X(LOG_SOFTMAX, log_softmax)                                                                    \
+    X(CROSS_ENTROPY, cross_entropy) /* loss.c */                                                   \
+    X(MSE, mse)                                                                                    \
+    X(SUM, sum) /* reduce.c */                                                                     \
+    X(MEAN, mean)                                                                                  \
+    X(CONV2D, conv2d)         /* conv.c */                                                         \
+    X(MAX_POOL2D, max_pool2d) /* pool.c */                                                         \
+    X(DROPOUT, dropout)       /* dropout.c */                                                      \
+    X(BATCH_NORM, batch_norm) /* norm.c */
+
+#endif

@@ -1,0 +1,52 @@
+/* shape.c: views: reshape and flatten share their input's data; a view's backward routes its
+ * gradient back to the source, element for element. */
+#include "tensor/internal.h"
+
+/* A view of x with another shape. */
+static cddp_tensor *view(cddp_ctx *ctx, cddp_tensor *x, int ndim, const int64_t *shape) {
+    cddp_tensor *t = cddp__tensor_header(ctx, x->dtype, ndim, shape);
+    if (!t) return NULL;
+    t->data = x->data;
+    if (!cddp__record(ctx, CDDP_OP_RESHAPE, t, 1, &x) && ctx->err.code) return NULL;
+    return t;
+}
+
+cddp_tensor *cddp_reshape(cddp_ctx *ctx, cddp_tensor *x, int ndim, const int64_t *shape) {
+    if (!x) return NULL;
+    int64_t s[CDDP_MAX_DIMS], known = 1;
+    int infer = -1;
+    CDDP_CHECK(ndim >= 1 && ndim <= CDDP_MAX_DIMS, "reshape to %d dimensions", ndim);
+    for (int i = 0; i < ndim; i++) {
+        s[i] = shape[i];
+        if (s[i] == -1) {
+            CDDP_CHECK(infer < 0, "reshape: only one dimension may be -1");
+            infer = i;
+        } else {
+            CDDP_CHECK(s[i] >= 0, "reshape: dimension %d is %lld", i, (long long)s[i]);
+            known *= s[i];
+        }
+    }
+    if (infer >= 0) {
+        CDDP_CHECK(known > 0 && x->numel % known == 0,
+                   "reshape: cannot infer dimension %d of a tensor with %lld elements", infer,
+                   (long long)x->numel);
+        s[infer] = x->numel / known;
+        known *= s[infer];
+    }
+    CDDP_CHECK(known == x->numel, "reshape: %lld elements cannot take a shape of %lld",
+               (long long)x->numel, (long long)known);
+    return view(ctx, x, ndim, s);
+}
+
+cddp_tensor *cddp_flatten(cddp_ctx *ctx, cddp_tensor *x) {
+    if (!x) return NULL;
+    CDDP_CHECK(x->ndim >= 1, "flatten needs a batch dimension");
+    int64_t n = x->shape[0];
+    return view(ctx, x, 2, (int64_t[]){n, n ? x->numel / n : 0});
+}
+
+/* A view: the same elements in the same order, so dx += dy. */
+void cddp__reshape_backward(cddp_ctx *ctx, cddp__node *n) {
+    float *dx = cddp__input_grad(ctx, n);
+    if (dx) cddp__add_into(dx, n->out->grad, n->in[0]->numel);
+}

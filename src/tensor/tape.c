@@ -1,0 +1,85 @@
+/* tape.c: what an op records for backward, and the nodes' accessors (cddp/tensor.h's tape).
+ *
+ * An op records a node when gradients are enabled and one of its inputs requires a gradient;
+ * its output then requires one too. Nodes go on the context's tape, newest first, numbered in
+ * recording order, in the arena: a reset drops them all at once.
+ */
+#include "tensor/internal.h"
+
+#include <string.h>
+
+static bool any_requires_grad(int n, cddp_tensor *const *in) {
+    for (int i = 0; i < n; i++)
+        if (in[i] && in[i]->requires_grad) return true;
+    return false;
+}
+
+bool cddp__will_record(const cddp_ctx *ctx, int n, cddp_tensor *const *in) {
+    return ctx->grad_enabled && any_requires_grad(n, in);
+}
+
+cddp__node *cddp__record(cddp_ctx *ctx, cddp__op op, cddp_tensor *out, int nin,
+                         cddp_tensor *const *in) {
+    if (!cddp__will_record(ctx, nin, in)) return NULL;
+    cddp__node *n = cddp__ctx_alloc(ctx, sizeof *n);
+    if (!n) return NULL;
+    memset(n, 0, sizeof *n);
+    n->op = op;
+    n->index = ctx->nnodes++;
+    n->nin = nin;
+    n->out = out;
+    for (int i = 0; i < nin; i++) n->in[i] = in[i];
+    n->prev = ctx->tape;
+    ctx->tape = n;
+    out->node = n;
+    out->requires_grad = true;
+    return n;
+}
+
+bool cddp__record_op(cddp_ctx *ctx, cddp__op op, cddp_tensor *out, int nin, cddp_tensor *const *in,
+                     cddp__node **node) {
+    cddp__node *n = cddp__record(ctx, op, out, nin, in);
+    if (node) *node = n;
+    return n || ctx->err.code == CDDP_OK;
+}
+
+float *cddp_grad_buffer(cddp_ctx *ctx, cddp_tensor *t) {
+    if (t->grad) return t->grad;
+    t->grad = cddp__ctx_alloc(ctx, (size_t)t->numel * sizeof(float));
+    if (t->grad) memset(t->grad, 0, (size_t)t->numel * sizeof(float));
+    return t->grad;
+}
+
+float *cddp__input_grad(cddp_ctx *ctx, cddp__node *n) {
+    cddp_tensor *x = n->in[0];
+    return x->requires_grad ? cddp_grad_buffer(ctx, x) : NULL;
+}
+
+cddp_node *cddp_ctx_tape(const cddp_ctx *ctx) {
+    return ctx->tape;
+}
+
+int cddp_ctx_tape_length(const cddp_ctx *ctx) {
+    return ctx->nnodes;
+}
+
+cddp_node *cddp_node_prev(const cddp_node *n) {
+    return n->prev;
+}
+
+int cddp_node_index(const cddp_node *n) {
+    return n->index;
+}
+
+cddp_tensor *cddp_node_output(const cddp_node *n) {
+    return n->out;
+}
+
+int cddp_node_num_inputs(const cddp_node *n) {
+    return n->nin;
+}
+
+cddp_tensor *cddp_node_input(const cddp_node *n, int i) {
+    CDDP_CHECK(i >= 0 && i < n->nin, "node input %d of %d", i, n->nin);
+    return n->in[i];
+}
