@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""check_house.py SOURCE_DIR: the rules that keep cddp's house in order (docs/ARCHITECTURE.md).
+
+1. A module's private headers (src/<module>/*.h) are included only by that module's files; every
+   other file includes public headers (include/cddp/) and its own module's.
+2. The programs in tools/ use only public headers.
+3. No circle of files: in the graph where file A points at file B when A calls (or names) a
+   function that B defines, no two files of src/ reach each other.
+4. No source file of src/ or tools/ is longer than 700 lines.
+
+Prints every breach and exits 1, or says what it checked and exits 0.
+"""
+import os
+import re
+import sys
+
+MAX_LINES = 700
+
+src = sys.argv[1] if len(sys.argv) > 1 else "."
+bad = []
+
+
+def sources(top, exts=(".c", ".h")):
+    for d, _, files in os.walk(os.path.join(src, top)):
+        for f in sorted(files):
+            if f.endswith(exts):
+                yield os.path.join(d, f)
+
+
+def rel(p):
+    return os.path.relpath(p, src)
+
+
+def strip(text):
+    """The code without comments, strings and character constants."""
+    text = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text)
+    text = re.sub(r'"(\\.|[^"\\\n])*"', '""', text)
+    return re.sub(r"'(\\.|[^'\\\n])*'", "''", text)
+
+
+# 1, 2 and 4: includes and lengths.
+include = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+for path in list(sources("src")) + list(sources("tools")):
+    text = open(path).read()
+    r = rel(path)
+    parts = r.split(os.sep)
+    for inc in include.findall(text):
+        if inc.startswith("cddp/"):
+            continue
+        if parts[0] == "tools":
+            if not os.path.exists(os.path.join(os.path.dirname(path), inc)):
+                bad.append(f"{r}: includes \"{inc}\": the programs use only public headers")
+            continue
+        module = parts[1]
+        if inc.split("/")[0] != module:
+            bad.append(f"{r}: includes \"{inc}\", a private header of another module")
+    lines = text.count("\n")
+    if lines > MAX_LINES and path.endswith(".c"):
+        bad.append(f"{r}: {lines} lines (at most {MAX_LINES}: split it where it has seams)")
+
+# 3: the file graph of src/.
+defined = {}  # function name -> file
+bodies = {}   # file -> its code
+definition = re.compile(r"(^|\n)([A-Za-z_][\w \t\*]*?)\b([A-Za-z_]\w*)\s*\(([^;{}]*)\)\s*\{")
+for path in sources("src", (".c",)):
+    code = strip(open(path).read())
+    bodies[path] = code
+    for m in definition.finditer(code):
+        head = m.group(2)
+        if "static" in head.split() or m.group(3) in ("if", "for", "while", "switch"):
+            continue
+        defined[m.group(3)] = path
+
+word = re.compile(r"\b([A-Za-z_]\w*)\b")
+edges = {p: set() for p in bodies}
+for path, code in bodies.items():
+    for name in set(word.findall(code)):
+        target = defined.get(name)
+        if target and target != path:
+            edges[path].add(target)
+
+# Strongly connected components (Tarjan): every one with more than one file is a circle.
+index, low, on, stack, comps, counter = {}, {}, set(), [], [], [0]
+
+
+def visit(v):
+    index[v] = low[v] = counter[0]
+    counter[0] += 1
+    stack.append(v)
+    on.add(v)
+    for w in edges[v]:
+        if w not in index:
+            visit(w)
+            low[v] = min(low[v], low[w])
+        elif w in on:
+            low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+        comp = []
+        while True:
+            w = stack.pop()
+            on.discard(w)
+            comp.append(w)
+            if w == v:
+                break
+        comps.append(comp)
+
+
+sys.setrecursionlimit(10000)
+for v in edges:
+    if v not in index:
+        visit(v)
+for comp in comps:
+    if len(comp) > 1:
+        names = sorted(rel(p) for p in comp)
+        links = []
+        for a in comp:
+            for b in edges[a]:
+                if b in comp:
+                    via = sorted(n for n, f in defined.items() if f == b and re.search(
+                        r"\b%s\b" % n, bodies[a]))
+                    links.append(f"{rel(a)} -> {rel(b)} ({', '.join(via[:3])})")
+        bad.append("a circle of files: " + ", ".join(names) + "\n    " + "\n    ".join(sorted(links)))
+
+if bad:
+    print("FAIL: the house rules (docs/ARCHITECTURE.md) are broken:")
+    for b in bad:
+        print("  " + b)
+    sys.exit(1)
+print(f"ok: {len(bodies)} files of src/: no private header of another module, no circle "
+      f"({sum(len(e) for e in edges.values())} links between files), none over {MAX_LINES} "
+      f"lines; tools/ on public headers only")

@@ -1,0 +1,33 @@
+#!/bin/sh
+# house_test.sh SOURCE_DIR: the house rules hold for the tree (tests/house/check_house.py), and the
+# check catches each kind of breach when one is planted in a copy of the tree.
+set -u
+src=$1
+py=${CDDP_PYTHON3:-python3}
+check="$src/tests/house/check_house.py"
+"$py" "$check" "$src" || exit 1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+plant() { # a fresh copy of src/ and tools/, then the breach described by "$@"
+    rm -rf "$work/t"
+    mkdir -p "$work/t"
+    cp -r "$src/src" "$src/tools" "$work/t/"
+}
+expect() { # the check fails on the copy, saying $1
+    "$py" "$check" "$work/t" > "$work/out" 2>&1 && { cat "$work/out"; fail "the check passed a tree with: $1"; }
+    grep -qF -- "$1" "$work/out" || { cat "$work/out"; fail "the check did not say: $1"; }
+}
+plant
+printf '#include "comm/internal.h"\n' >> "$work/t/src/ddp/reducer.c"
+expect 'src/ddp/reducer.c: includes "comm/internal.h", a private header of another module'
+plant
+printf '#include "store/internal.h"\n' >> "$work/t/tools/cddprun/report.c"
+expect 'tools/cddprun/report.c: includes "store/internal.h": the programs use only public headers'
+plant
+printf 'void cddp__house_a(void);\nvoid cddp__house_a(void) { cddp_comm_abort(0, 0); }\n' >> "$work/t/src/comm/reduce.c"
+expect 'src/comm/reduce.c -> src/comm/group.c (cddp_comm_abort)'
+plant
+i=0; while [ $i -lt 710 ]; do echo "/* padding */"; i=$((i + 1)); done >> "$work/t/src/core/arena.c"
+expect 'src/core/arena.c: '
+echo "ok: the house rules hold, and a private include, a program's private include, a circle and a long file are each caught"
