@@ -4,6 +4,8 @@
 #   make          build everything into build/ (programs in build/bin/)
 #   make test     build with -Wall -Wextra -Werror and run the whole suite (ctest)
 #   make demo     train on Fashion-MNIST with 2 data-parallel ranks
+#   make demo-gpt train a small GPT on Debian's fortunes with 2 data-parallel ranks (about 3
+#                 minutes), then sample text from it
 #   make bench    bench/compare: cddp side by side with PyTorch and Open MPI (installs
 #                 python3-torch): training, data, launching, allreduce, data-parallel training;
 #                 writes docs/BENCHMARKS.md, docs/img/ and README.md's headline table
@@ -17,7 +19,7 @@ CMAKE_CONFIGURE = cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCDDP_WERRO
                   -DCMAKE_INSTALL_PREFIX=$(PREFIX) -DCDDP_BUILD_TESTS=$(TESTS) $(CMAKE_FLAGS) >/dev/null
 TESTS = OFF
 
-.PHONY: all build test demo bench install clean
+.PHONY: all build test demo demo-gpt bench install clean
 
 all: build
 
@@ -46,6 +48,20 @@ demo:
 	@echo "                  after every epoch; the numbers in loss.csv and eval.csv beside it)"
 	@echo "  the metrics     $(BUILD)/demo/metrics.csv (per epoch: loss, accuracy, samples/s)"
 	@echo "  the logs        $(BUILD)/demo/logs/ (one folder per rank)"
+
+demo-gpt:
+	@scripts/deps.sh demo-gpt
+	@$(CMAKE_CONFIGURE)
+	@cmake --build $(BUILD) -j $(JOBS) --target gpt_train cddprun
+	$(BUILD)/bin/cddprun --standalone --nproc_per_node 2 --logdir $(BUILD)/demo-gpt/logs \
+		$(BUILD)/bin/gpt_train --max_iters 2000 --log_interval 100 --sample 400 --out $(BUILD)/demo-gpt
+	@echo
+	@echo "The validation loss (iteration, loss) at its last evaluations:"
+	@tail -n 4 $(BUILD)/demo-gpt/eval.csv | cut -d, -f1,3 | sed 's/^/  /'
+	@echo "Trained a GPT data-parallel on 2 ranks. Find:"
+	@echo "  the checkpoint  $(BUILD)/demo-gpt/checkpoint.safetensors (nanoGPT's names; --resume continues)"
+	@echo "  the curves      $(BUILD)/demo-gpt/curves.svg (loss.csv and eval.csv beside it)"
+	@echo "  the logs        $(BUILD)/demo-gpt/logs/ (one folder per rank)"
 
 bench:
 	@scripts/deps.sh bench

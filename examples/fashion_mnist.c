@@ -19,6 +19,7 @@
 #include <cddp/cddp.h>
 
 #include "curves.h"
+#include "run.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -282,38 +283,6 @@ static void progress(const options *o, bool tty, int epoch, int64_t step, int64_
     }
 }
 
-/* The context's random state, as hex, for the checkpoint. */
-static void rng_hex(const cddp_rng *r, char *out) {
-    for (int i = 0; i < 4; i++) sprintf(out + 16 * i, "%016" PRIx64, r->s[i]);
-}
-
-static bool rng_parse(const char *hex, cddp_rng *r) {
-    if (!hex || strlen(hex) != 64) return false;
-    for (int i = 0; i < 4; i++) {
-        char part[17];
-        memcpy(part, hex + 16 * i, 16);
-        part[16] = '\0';
-        r->s[i] = strtoull(part, NULL, 16);
-    }
-    return true;
-}
-
-/* mkdir -p */
-static int make_dirs(const char *path, cddp_error *err) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1;; p++) {
-        if (*p == '/' || *p == '\0') {
-            char c = *p;
-            *p = '\0';
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return cddp_error_set(err, CDDP_EIO, "cannot create %s: %s", buf, strerror(errno));
-            if (!(*p = c)) break;
-        }
-    }
-    return CDDP_OK;
-}
-
 int main(int argc, char **argv) {
     options o;
     if (parse_args(argc, argv, &o) != 0) return 2;
@@ -412,16 +381,13 @@ int main(int argc, char **argv) {
         if (cddp_ddp_load(ddp, o.resume, opt, &f, &err) != CDDP_OK) goto fail;
         const char *ep = cddp_safetensors_meta(f, "epoch");
         first_epoch = ep ? atoi(ep) : 0;
-        cddp_rng r;
-        char key[32];
-        snprintf(key, sizeof key, "rng.%d", rank);
-        if (rng_parse(cddp_safetensors_meta(f, key), &r)) *cddp_ctx_rng(ctx) = r;
+        run_rng_restore(f, rank, cddp_ctx_rng(ctx));
         cddp_safetensors_destroy(f);
         cddp_ddp_print0(ddp, "resumed from %s after epoch %d\n", o.resume, first_epoch);
     }
     char ckpt[4096] = "", csv_path[4096] = "", svg_path[4096] = "";
     if (files) {
-        if (rank == 0 && make_dirs(o.out, &err) != CDDP_OK) goto fail;
+        if (rank == 0 && run_make_dirs(o.out, &err) != CDDP_OK) goto fail;
         snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", o.out);
         snprintf(csv_path, sizeof csv_path, "%s/metrics.csv", o.out);
         snprintf(svg_path, sizeof svg_path, "%s/curves.svg", o.out);
@@ -473,27 +439,13 @@ int main(int argc, char **argv) {
         if (evaluate(m, ctx, test_loader, cnn, group, &acc, &err) < 0) goto fail;
         cddp_ddp_print0(ddp, "epoch: %d, test accuracy: %.4f\n", epoch, acc);
         if (files) { /* the checkpoint, then the metrics that point to it */
-            char ep[16], rngs[64][80], keys[64][16];
+            char ep[16];
             snprintf(ep, sizeof ep, "%d", epoch + 1);
-            const char *meta[2 * 66 + 1] = {"epoch", ep, "model", o.model};
+            const char *meta[2 * RUN_MAX_RNG + 6] = {"epoch", ep, "model", o.model};
             int nm = 4;
-            /* Every rank's random state travels to rank 0 through an allgather. */
-            uint64_t mine[4], *all = malloc(sizeof mine * (size_t)world);
-            memcpy(mine, cddp_ctx_rng(ctx)->s, sizeof mine);
-            if (!all || cddp_comm_allgather(group, mine, all, 4, CDDP_COMM_I64, -1, &err)) {
-                free(all);
-                goto fail;
-            }
-            for (int r = 0; r < world && r < 64; r++) {
-                cddp_rng rr;
-                memcpy(rr.s, all + 4 * r, sizeof mine);
-                rng_hex(&rr, rngs[r]);
-                snprintf(keys[r], sizeof keys[r], "rng.%d", r);
-                meta[nm++] = keys[r];
-                meta[nm++] = rngs[r];
-            }
+            run_rng_meta rngs; /* every rank's random state travels to rank 0 */
+            if (run_rng_gather(group, cddp_ctx_rng(ctx), &rngs, meta, &nm, &err)) goto fail;
             meta[nm] = NULL;
-            free(all);
             if (cddp_ddp_save(ddp, ckpt, opt, meta, &err) != CDDP_OK) goto fail;
             double sps = epoch_s > 0 ? (double)epoch_samples * world / epoch_s : 0;
             if (csv) {

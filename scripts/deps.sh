@@ -1,8 +1,8 @@
 #!/bin/sh
 # Installs the Debian packages a make target needs, and nothing when they are all present.
 #
-# Usage: scripts/deps.sh build|test|demo|bench
-#        scripts/deps.sh --list build|test|demo|bench   (print the target's packages, install nothing)
+# Usage: scripts/deps.sh build|test|demo|demo-gpt|bench
+#        scripts/deps.sh --list build|test|demo|demo-gpt|bench   (print the target's packages, install nothing)
 #
 # Each target names the packages it needs; the script asks dpkg which are missing. If none are,
 # it does nothing (apt is never called). If some are and we are root, it runs `apt-get update`
@@ -12,10 +12,11 @@ set -eu
 
 build_pkgs="cmake make gcc pkg-config libopenblas-dev zlib1g-dev libcjson-dev"
 # The tests also run a PyTorch script under cddprun (python3-torch) and render SVG curves the way
-# a user would look at them (librsvg2-bin's rsvg-convert).
+# a user would look at them (librsvg2-bin's rsvg-convert). The GPT's corpus is Debian's fortunes.
 test_pkgs="$build_pkgs libcmocka-dev dataset-fashion-mnist python3-numpy libopenmpi-dev openmpi-bin \
-python3-torch librsvg2-bin"
+python3-torch librsvg2-bin fortunes"
 demo_pkgs="$build_pkgs dataset-fashion-mnist"
+demo_gpt_pkgs="$build_pkgs fortunes"
 bench_pkgs="$test_pkgs"  # PyTorch and Open MPI are the peers
 
 list=false
@@ -27,9 +28,10 @@ case "${1:-}" in
 build) want=$build_pkgs ;;
 test) want=$test_pkgs ;;
 demo) want=$demo_pkgs ;;
+demo-gpt) want=$demo_gpt_pkgs ;;
 bench) want=$bench_pkgs ;;
 *)
-    echo "usage: $0 [--list] build|test|demo|bench" >&2
+    echo "usage: $0 [--list] build|test|demo|demo-gpt|bench" >&2
     exit 2
     ;;
 esac

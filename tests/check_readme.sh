@@ -13,7 +13,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 awk -v dir="$work" '/^```c$/ { n++; on = 1; next } /^```$/ { on = 0 } on { print > (dir "/prog" n ".c") }' \
     "$src/README.md"
 count=$(ls "$work"/prog*.c 2>/dev/null | wc -l)
-[ "$count" = 3 ] || fail "README.md has $count C blocks; this test knows 3 (update it with the README)"
+[ "$count" = 4 ] || fail "README.md has $count C blocks; this test knows 4 (update it with the README)"
 unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS RANK WORLD_SIZE
 for i in $(seq "$count"); do
     p="$work/prog$i"
@@ -43,4 +43,9 @@ for r in 0 1; do
     grep -qx "rank $r of 2: 60000 samples in 2 epochs; its MindSpore shard holds 30000" "$work/prog3.out" ||
         fail "program 3: rank $r did not see half of the data"
 done
+# 4: a small GPT on fortunes, 2 ranks; rank 0 prints three losses and saves.
+[ "$(grep -c '^iter [0-9]*: loss' "$work/prog4.out")" = 3 ] || fail "program 4: not three loss lines (rank 0's)"
+last=$(sed -n 's/^iter 149: loss \([0-9.]*\)$/\1/p' "$work/prog4.out")
+awk -v l="$last" 'BEGIN { exit !(l != "" && l < 3.1) }' || fail "program 4: loss '$last' at iteration 149 is not below 3.1"
+[ -s "$work/prog4.run/gpt.safetensors" ] || fail "program 4 saved no gpt.safetensors"
 echo "ok: README.md's $count C programs compile and run as it says"

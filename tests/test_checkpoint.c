@@ -122,6 +122,73 @@ static void test_mismatch_is_named_and_changes_nothing(void **state) {
     cddp_model_destroy(c);
 }
 
+/* Rewrites src into dst without the tensor named drop, and with tensor `change` (if not NULL)
+ * changed in its first element. */
+static void rewrite(const char *src, const char *dst, const char *drop, const char *change) {
+    cddp_error err = {0};
+    cddp_safetensors *f = cddp_safetensors_read(src, &err);
+    assert_non_null(f);
+    int n = cddp_safetensors_count(f), k = 0;
+    cddp_st_tensor *list = calloc((size_t)n, sizeof *list);
+    float *changed = NULL;
+    for (int i = 0; i < n; i++) {
+        const cddp_st_tensor *t = cddp_safetensors_at(f, i);
+        if (drop && strcmp(t->name, drop) == 0) continue;
+        list[k] = *t;
+        if (change && strcmp(t->name, change) == 0) {
+            int64_t numel = 1;
+            for (int d = 0; d < t->ndim; d++) numel *= t->shape[d];
+            changed = malloc(sizeof(float) * (size_t)numel);
+            memcpy(changed, t->data, sizeof(float) * (size_t)numel);
+            changed[0] += 1.0f;
+            list[k].data = changed;
+        }
+        k++;
+    }
+    assert_int_equal(cddp_safetensors_write(dst, list, k, NULL, &err), CDDP_OK);
+    free(changed);
+    free(list);
+    cddp_safetensors_destroy(f);
+}
+
+/* A tied parameter (GPT's head) is saved under both its names with the same values, loads back
+ * from a file with or without its second name, and a file where the two differ is refused. */
+static void test_tied_parameter(void **state) {
+    (void)state;
+    char path[512], other[512];
+    path_in(path, sizeof path, "gpt.safetensors");
+    path_in(other, sizeof other, "gpt_edited.safetensors");
+    cddp_error err = {0};
+    cddp_gpt_config g = {.vocab_size = 16, .block_size = 4, .n_layer = 1, .n_head = 2, .n_embd = 8};
+    cddp_model *a = cddp_model_create_with(cddp_nn_gpt(&g), &err);
+    assert_int_equal(cddp_model_build(a, 1), CDDP_OK);
+    assert_int_equal(cddp_checkpoint_save(path, a, NULL, NULL, &err), CDDP_OK);
+    cddp_safetensors *f = cddp_safetensors_read(path, &err);
+    const cddp_st_tensor *head = cddp_safetensors_find(f, "lm_head.weight");
+    const cddp_st_tensor *wte = cddp_safetensors_find(f, "transformer.wte.weight");
+    assert_non_null(head);
+    assert_non_null(wte);
+    assert_int_equal(head->shape[0], 16);
+    assert_int_equal(head->shape[1], 8);
+    assert_memory_equal(head->data, wte->data, 16 * 8 * sizeof(float));
+    assert_int_equal(cddp_safetensors_count(f), cddp_model_num_params(a) + 1);
+    cddp_safetensors_destroy(f);
+
+    cddp_model *b = cddp_model_create_with(cddp_nn_gpt(&g), &err);
+    assert_int_equal(cddp_model_build(b, 2), CDDP_OK);
+    assert_int_equal(cddp_checkpoint_load(path, b, NULL, NULL, &err), CDDP_OK);
+    assert_memory_equal(cddp_model_data(a), cddp_model_data(b),
+                        cddp_model_numel(a) * sizeof(float));
+    rewrite(path, other, "lm_head.weight", NULL);
+    assert_int_equal(cddp_checkpoint_load(other, b, NULL, NULL, &err), CDDP_OK);
+    rewrite(path, other, NULL, "lm_head.weight");
+    assert_int_equal(cddp_checkpoint_load(other, b, NULL, NULL, &err), CDDP_ESHAPE);
+    assert_non_null(strstr(err.msg, "'lm_head.weight' is tied to 'transformer.wte.weight' but "
+                                    "they differ in the file"));
+    cddp_model_destroy(a);
+    cddp_model_destroy(b);
+}
+
 static void write_bytes(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
@@ -316,6 +383,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_and_resume),
         cmocka_unit_test(test_mismatch_is_named_and_changes_nothing),
+        cmocka_unit_test(test_tied_parameter),
         cmocka_unit_test(test_corrupt_files),
         cmocka_unit_test(test_failed_write_leaves_nothing),
         cmocka_unit_test(test_killed_writer_never_tears_the_file),

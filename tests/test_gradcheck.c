@@ -33,13 +33,18 @@ enum {
     OP_DROPOUT,
     OP_RESHAPE,
     OP_BATCH_NORM,
+    OP_EMBEDDING,
+    OP_LAYER_NORM,
+    OP_GELU_TANH,
+    OP_ATTENTION,
     OP_COUNT
 };
 
 static const char *op_names[OP_COUNT] = {
     "matmul", "linear", "add",        "sub",     "mul",         "div",           "scale",    "relu",
     "gelu",   "tanh",   "sigmoid",    "softmax", "log_softmax", "cross_entropy", "mse_loss", "sum",
-    "mean",   "conv2d", "max_pool2d", "dropout", "reshape",     "batch_norm"};
+    "mean",   "conv2d", "max_pool2d", "dropout", "reshape",     "batch_norm", "embedding",
+    "layer_norm", "gelu_tanh", "attention"};
 
 #define CASES   30
 #define MAX_IN  3
@@ -120,11 +125,14 @@ static void make_case(gc_case *c, int op) {
         set_shape(c, 1, 2, c->tb ? N : K, c->tb ? K : N, 0, 0);
         break;
     }
-    case OP_LINEAR: {
+    case OP_LINEAR: { /* (N, in), or (B, T, in): every leading dimension a row */
         int64_t N = rnd(1, 5), in = rnd(1, 6), out = rnd(1, 5);
         c->bias = rnd(0, 1);
         c->nin = c->bias ? 3 : 2;
-        set_shape(c, 0, 2, N, in, 0, 0);
+        if (rnd(0, 1))
+            set_shape(c, 0, 2, N, in, 0, 0);
+        else
+            set_shape(c, 0, 3, rnd(1, 3), N, in, 0);
         set_shape(c, 1, 2, out, in, 0, 0);
         set_shape(c, 2, 1, out, 0, 0, 0);
         break;
@@ -181,6 +189,30 @@ static void make_case(gc_case *c, int op) {
         }
         break;
     }
+    case OP_EMBEDDING: { /* the table; ids (B, T) with repeats, so rows gather several */
+        int64_t V = rnd(1, 6), C = rnd(1, 5), B = rnd(1, 3), T = rnd(1, 6);
+        set_shape(c, 0, 2, V, C, 0, 0);
+        c->stride = (int)B;
+        c->kernel = (int)T;
+        for (int64_t i = 0; i < B * T; i++) c->labels[i] = rnd(0, V - 1);
+        break;
+    }
+    case OP_LAYER_NORM: { /* x (..., C); weight and bias, or neither (bias false) */
+        int nd = (int)rnd(1, 3);
+        int64_t C = rnd(2, 6);
+        c->bias = rnd(0, 3) != 0;
+        c->nin = c->bias ? 3 : 1;
+        set_shape(c, 0, nd, nd == 1 ? C : rnd(1, 3), nd == 2 ? C : rnd(1, 3), C, 0);
+        set_shape(c, 1, 1, C, 0, 0, 0);
+        set_shape(c, 2, 1, C, 0, 0, 0);
+        break;
+    }
+    case OP_ATTENTION: { /* qkv (B, T, 3 * n_head * HS) */
+        int64_t B = rnd(1, 2), T = rnd(1, 5), NH = rnd(1, 3), HS = rnd(1, 3);
+        c->kernel = (int)NH;
+        set_shape(c, 0, 3, B, T, 3 * NH * HS, 0);
+        break;
+    }
     case OP_SCALE:
         c->s = rndf(-3, 3);
         any_shape(c, 0);
@@ -203,6 +235,9 @@ static void make_case(gc_case *c, int op) {
             c->data[i][k] = v;
         }
     }
+    if (op == OP_LAYER_NORM) /* rows spread out: a near-constant row's std is a kink */
+        for (int64_t k = 0; k < numel(c, 0); k++)
+            c->data[0][k] += 0.6f * (float)(k % c->shape[1][0]);
     if (op == OP_MAX_POOL2D) {
         /* Distinct values 0.05 apart, shuffled: no window has a near tie. */
         int64_t n = numel(c, 0);
@@ -271,6 +306,17 @@ static cddp_tensor *forward(gc_case *c, cddp_tensor **in) {
         }
         return cddp_batch_norm(ctx, in[0], in[1], in[2], rm, rv, c->ta, 0.1f, 1e-5f);
     }
+    case OP_EMBEDDING: {
+        cddp_tensor *ids =
+            cddp_wrap(ctx, CDDP_I64, CDDP_SHAPE(c->stride, c->kernel), (void *)c->labels);
+        return cddp_embedding(ctx, ids, in[0]);
+    }
+    case OP_LAYER_NORM:
+        return cddp_layer_norm(ctx, in[0], c->bias ? in[1] : NULL, c->bias ? in[2] : NULL, 1e-5f);
+    case OP_GELU_TANH:
+        return cddp_gelu_tanh(ctx, in[0]);
+    case OP_ATTENTION:
+        return cddp_attention(ctx, in[0], c->kernel);
     }
     return NULL;
 }
@@ -372,6 +418,10 @@ GC_TEST(max_pool2d, OP_MAX_POOL2D)
 GC_TEST(dropout, OP_DROPOUT)
 GC_TEST(reshape, OP_RESHAPE)
 GC_TEST(batch_norm, OP_BATCH_NORM)
+GC_TEST(embedding, OP_EMBEDDING)
+GC_TEST(layer_norm, OP_LAYER_NORM)
+GC_TEST(gelu_tanh, OP_GELU_TANH)
+GC_TEST(attention, OP_ATTENTION)
 
 static int setup(void **state) {
     (void)state;
@@ -399,6 +449,8 @@ int main(void) {
         cmocka_unit_test(test_grad_mean),        cmocka_unit_test(test_grad_conv2d),
         cmocka_unit_test(test_grad_max_pool2d),  cmocka_unit_test(test_grad_dropout),
         cmocka_unit_test(test_grad_reshape),     cmocka_unit_test(test_grad_batch_norm),
+        cmocka_unit_test(test_grad_embedding),   cmocka_unit_test(test_grad_layer_norm),
+        cmocka_unit_test(test_grad_gelu_tanh),   cmocka_unit_test(test_grad_attention),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

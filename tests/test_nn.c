@@ -304,11 +304,20 @@ static void test_modules_nest(void **state) {
     assert_int_equal(cddp_model_add(m, "flat", cddp_nn_flatten()), CDDP_OK);
     assert_int_equal(cddp_model_add(m, "fc", cddp_nn_linear(2 * 2 * 2, 3)), CDDP_OK);
     assert_int_equal(cddp_model_build(m, 5), CDDP_OK);
-    const char *names[] = {"stem.weight",         "stem.bias",           "layer1.0.gate",
-                           "layer1.0.conv1.weight", "layer1.0.conv1.bias", "layer1.0.conv2.weight",
-                           "layer1.0.conv2.bias", "layer1.1.gate",       "layer1.1.conv1.weight",
-                           "layer1.1.conv1.bias", "layer1.1.conv2.weight", "layer1.1.conv2.bias",
-                           "fc.weight",           "fc.bias"};
+    const char *names[] = {"stem.weight",
+                           "stem.bias",
+                           "layer1.0.gate",
+                           "layer1.0.conv1.weight",
+                           "layer1.0.conv1.bias",
+                           "layer1.0.conv2.weight",
+                           "layer1.0.conv2.bias",
+                           "layer1.1.gate",
+                           "layer1.1.conv1.weight",
+                           "layer1.1.conv1.bias",
+                           "layer1.1.conv2.weight",
+                           "layer1.1.conv2.bias",
+                           "fc.weight",
+                           "fc.bias"};
     assert_int_equal(cddp_model_num_params(m), 14);
     for (int i = 0; i < 14; i++) assert_string_equal(cddp_model_param(m, i)->name, names[i]);
     assert_string_equal(cddp_module_path(cddp_module_child(layer1, 1)), "layer1.1");
@@ -366,6 +375,83 @@ static void test_modules_nest(void **state) {
     cddp_model_destroy(r);
 }
 
+/* A module using one weight twice, y = W (W x + b), with "outer.weight" its tied second name. */
+static int twice_declare(cddp_module *self) {
+    return cddp_module_tie(self, "outer.weight", "inner.weight");
+}
+
+static cddp_tensor *twice_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
+    cddp_module *inner = cddp_module_child(self, 0);
+    return cddp_linear(ctx, cddp_module_forward(inner, ctx, x), cddp_module_get_param(inner, 0),
+                       NULL);
+}
+
+static const cddp_module_type twice_type = {"Twice", twice_declare, twice_forward, NULL};
+
+/* Tied weights: one parameter under two names, whose gradient sums both uses (the gradients of
+ * the same model with two separate copies of the weight, added). */
+static void test_tied_weights(void **state) {
+    (void)state;
+    cddp_error err = {0};
+    cddp_module *twice = cddp_module_create(&twice_type, NULL);
+    assert_int_equal(cddp_module_add(twice, "inner", cddp_nn_linear(4, 4)), CDDP_OK);
+    cddp_model *m = cddp_model_create();
+    assert_int_equal(cddp_model_add(m, "net", twice), CDDP_OK);
+    assert_int_equal(cddp_model_build(m, 3), CDDP_OK);
+    assert_int_equal(cddp_model_num_params(m), 2); /* inner.weight and inner.bias, once */
+    assert_int_equal(cddp_model_num_ties(m), 1);
+    const char *name;
+    cddp_tensor *w = cddp_model_tie(m, 0, &name);
+    assert_string_equal(name, "net.outer.weight");
+    assert_ptr_equal(w, cddp_model_find(m, "net.inner.weight"));
+    assert_ptr_equal(cddp_model_find(m, "net.outer.weight"), w);
+
+    /* The same computation with two separate weights holding the same values. */
+    cddp_model *u = cddp_model_create();
+    int64_t shape[2] = {4, 4}, four = 4;
+    int a, b, c;
+    assert_int_equal(cddp_model_add_param(u, "a", 2, shape, (cddp_init){0}, &a), CDDP_OK);
+    assert_int_equal(cddp_model_add_param(u, "b", 1, &four, (cddp_init){0}, &b), CDDP_OK);
+    assert_int_equal(cddp_model_add_param(u, "c", 2, shape, (cddp_init){0}, &c), CDDP_OK);
+    assert_int_equal(cddp_model_build(u, 0), CDDP_OK);
+    cddp_tensor *pa = cddp_model_param(u, a), *pb = cddp_model_param(u, b),
+                *pc = cddp_model_param(u, c);
+    memcpy(pa->data, w->data, 16 * sizeof(float));
+    memcpy(pc->data, w->data, 16 * sizeof(float));
+    memcpy(pb->data, cddp_model_find(m, "net.inner.bias")->data, 4 * sizeof(float));
+    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_rng rng;
+    cddp_rng_seed(&rng, 9);
+    cddp_tensor *x = cddp_normal(ctx, CDDP_SHAPE(3, 4), 0, 1, &rng);
+    cddp_model_zero_grad(m);
+    assert_int_equal(cddp_backward(ctx, cddp_sum(ctx, cddp_model_forward(m, ctx, x))), CDDP_OK);
+    cddp_model_zero_grad(u);
+    cddp_ctx_reset(ctx); /* one backward per step: the same x again in a new step */
+    cddp_rng_seed(&rng, 9);
+    x = cddp_normal(ctx, CDDP_SHAPE(3, 4), 0, 1, &rng);
+    cddp_tensor *y = cddp_linear(ctx, cddp_linear(ctx, x, pa, pb), pc, NULL);
+    assert_int_equal(cddp_backward(ctx, cddp_sum(ctx, y)), CDDP_OK);
+    for (int i = 0; i < 16; i++) assert_close(w->grad[i], pa->grad[i] + pc->grad[i], 1e-6, 1e-6);
+    cddp_ctx_destroy(ctx);
+    cddp_model_destroy(u);
+    cddp_model_destroy(m);
+
+    /* A tie to a name that is not a parameter fails the build; a tie's name is taken. */
+    twice = cddp_module_create(&twice_type, NULL);
+    assert_int_equal(cddp_module_add(twice, "inner", cddp_nn_relu()), CDDP_OK);
+    m = cddp_model_create_with(twice, &err);
+    assert_non_null(m);
+    assert_int_equal(cddp_model_build(m, 0), CDDP_EINVAL);
+    assert_non_null(strstr(cddp_model_error(m),
+                           "'outer.weight' is tied to 'inner.weight', which is not a parameter"));
+    cddp_model_destroy(m);
+    twice = cddp_module_create(&twice_type, NULL);
+    assert_int_equal(cddp_module_add(twice, "inner", cddp_nn_linear(2, 2)), CDDP_OK);
+    assert_int_equal(cddp_module_add(twice, "outer", cddp_nn_linear(2, 2)), CDDP_OK);
+    assert_null(cddp_model_create_with(twice, &err));
+    assert_non_null(strstr(err.msg, "'outer.weight' is already used"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sequential_names_and_layout),
@@ -376,6 +462,7 @@ int main(void) {
         cmocka_unit_test(test_custom_model_linear_regression),
         cmocka_unit_test(test_batch_norm_module),
         cmocka_unit_test(test_modules_nest),
+        cmocka_unit_test(test_tied_weights),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,11 +1,13 @@
-/* test_reference.c: cddp against PyTorch on the MLP and the CNN.
+/* test_reference.c: cddp against PyTorch on the MLP, the CNN and a tiny GPT.
  *
- * tests/reference/{mlp,cnn}.safetensors come from tests/reference/make_fixtures.py (PyTorch,
+ * tests/reference/{mlp,cnn,gpt}.safetensors come from tests/reference/make_fixtures.py (PyTorch,
  * computed in float64): initial weights, three batches, the loss and every gradient at init, and
  * the parameters after 3 SGD-momentum steps and after 3 AdamW steps (eps 1e-5, see there). cddp
  * loads the same initial weights and must agree within 1e-5 relative: for each tensor, max |cddp -
  * torch| over the tensor is at most 1e-5 times max |torch| (and the losses within 1e-5 of their
  * value). Reading these files also checks that cddp reads safetensors written by Python.
+ * gpt.safetensors holds GPT-2's recipe instead of SGD and plain AdamW: AdamW with weight decay on
+ * matrices only, clipping at norm 1.0 and nanoGPT's warmup and cosine schedule.
  */
 #include "helpers.h"
 
@@ -161,10 +163,127 @@ static void test_cnn_matches_pytorch(void **state) {
     check_model(cnn, "cnn");
 }
 
-int main(void) {
+static const cddp_gpt_config tiny_gpt = {
+    .vocab_size = 256, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 32};
+
+static cddp_model *gpt(void) {
+    cddp_error err = {0};
+    cddp_model *m = cddp_model_create_with(cddp_nn_gpt(&tiny_gpt), &err);
+    if (!m) fail_msg("%s", err.msg);
+    assert_int_equal(cddp_model_build(m, 0), 0);
+    return m;
+}
+
+/* Mean cross-entropy over every position of batch i, as nanoGPT computes it. */
+static double gpt_loss(cddp_ctx *ctx, cddp_model *m, cddp_safetensors *f, int i) {
+    char n[8];
+    snprintf(n, sizeof n, "%d", i);
+    const cddp_st_tensor *x = get(f, "x.", n), *y = get(f, "y.", n);
+    assert_int_equal(x->dtype, CDDP_I64);
+    assert_int_equal(y->dtype, CDDP_I64);
+    cddp_ctx_reset(ctx);
+    cddp_tensor *idx = cddp_wrap(ctx, CDDP_I64, x->ndim, x->shape, (void *)x->data);
+    int64_t rows = x->shape[0] * x->shape[1];
+    cddp_tensor *targets = cddp_wrap(ctx, CDDP_I64, 1, &rows, (void *)y->data);
+    cddp_tensor *logits = cddp_model_forward(m, ctx, idx);
+    assert_non_null(logits);
+    assert_int_equal(logits->ndim, 3);
+    assert_int_equal(logits->shape[2], tiny_gpt.vocab_size);
+    int64_t flat[2] = {rows, tiny_gpt.vocab_size};
+    cddp_tensor *loss =
+        cddp_cross_entropy(ctx, cddp_reshape(ctx, logits, 2, flat), targets, CDDP_REDUCE_MEAN);
+    cddp_model_zero_grad(m);
+    assert_int_equal(cddp_backward(ctx, loss), CDDP_OK);
+    return cddp_get(loss, 0);
+}
+
+static void test_gpt_matches_pytorch(void **state) {
+    (void)state;
+    cddp_safetensors *f = fixture("gpt");
+    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_error err = {0};
+
+    /* The tied head is one parameter, transformer.wte.weight, as in PyTorch's named_parameters,
+     * with lm_head.weight its second name. */
+    cddp_model *m = gpt();
+    assert_int_equal(cddp_model_num_ties(m), 1);
+    const char *tied;
+    assert_ptr_equal(cddp_model_tie(m, 0, &tied), cddp_model_find(m, "transformer.wte.weight"));
+    assert_string_equal(tied, "lm_head.weight");
+    assert_ptr_equal(cddp_model_find(m, "lm_head.weight"), cddp_model_tie(m, 0, NULL));
+    load_init(m, f);
+    assert_close(gpt_loss(ctx, m, f, 0), ((const float *)get(f, "loss.", "grad")->data)[0], RTOL,
+                 0);
+    compare_params(m, f, "grad.", true);
+    cddp_model_destroy(m);
+
+    /* Three steps of GPT-2's recipe. */
+    m = gpt();
+    load_init(m, f);
+    cddp_adamw_options aw = cddp_adamw_defaults(1e-3f);
+    aw.beta2 = 0.95f;
+    aw.eps = 1e-5f;
+    aw.weight_decay = 0.1f;
+    aw.decay_matrices_only = true;
+    cddp_optim *opt = cddp_optim_adamw(m, &aw, &err);
+    assert_non_null(opt);
+    const float *losses = get(f, "loss.", "adamw")->data;
+    for (int i = 0; i < 3; i++) {
+        cddp_optim_set_lr(opt, cddp_lr_warmup_cosine(i, 1e-3f, 1e-4f, 2, 3));
+        assert_close(gpt_loss(ctx, m, f, i), losses[i], RTOL, 0);
+        double norm = cddp_clip_grad_norm(m, 1.0);
+        assert_true(norm > 0);
+        cddp_optim_step(opt);
+    }
+    compare_params(m, f, "adamw.", false);
+    cddp_optim_destroy(opt);
+    cddp_model_destroy(m);
+    cddp_ctx_destroy(ctx);
+    cddp_safetensors_destroy(f);
+}
+
+/* `test_reference --write-gpt DIR`: the tiny GPT after the 3 steps above, saved as a checkpoint
+ * (DIR/gpt_checkpoint.safetensors, with the optimizer's state) and its logits on batch 1
+ * (DIR/gpt_logits.safetensors), for check_gpt_load.py to load into PyTorch's GPT strictly. */
+static int write_gpt(const char *dir) {
+    cddp_safetensors *f = fixture("gpt");
+    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_error err = {0};
+    cddp_model *m = gpt();
+    load_init(m, f);
+    cddp_adamw_options aw = cddp_adamw_defaults(1e-3f);
+    aw.decay_matrices_only = true;
+    cddp_optim *opt = cddp_optim_adamw(m, &aw, &err);
+    for (int i = 0; i < 3; i++) {
+        gpt_loss(ctx, m, f, i);
+        cddp_optim_step(opt);
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/gpt_checkpoint.safetensors", dir);
+    const char *meta[] = {"n_layer", "2", "n_head", "2", "n_embd", "32", NULL};
+    int rc = cddp_checkpoint_save(path, m, opt, meta, &err);
+    const cddp_st_tensor *x = get(f, "x.", "1");
+    cddp_ctx_reset(ctx);
+    cddp_tensor *logits =
+        cddp_model_forward(m, ctx, cddp_wrap(ctx, CDDP_I64, x->ndim, x->shape, (void *)x->data));
+    cddp_st_tensor out = {.name = "logits", .dtype = CDDP_F32, .ndim = 3, .data = logits->data};
+    memcpy(out.shape, logits->shape, sizeof(int64_t) * 3);
+    snprintf(path, sizeof path, "%s/gpt_logits.safetensors", dir);
+    if (rc == CDDP_OK) rc = cddp_safetensors_write(path, &out, 1, NULL, &err);
+    if (rc != CDDP_OK) fprintf(stderr, "test_reference: %s\n", err.msg);
+    cddp_optim_destroy(opt);
+    cddp_model_destroy(m);
+    cddp_ctx_destroy(ctx);
+    cddp_safetensors_destroy(f);
+    return rc == CDDP_OK ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--write-gpt") == 0) return write_gpt(argv[2]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_matches_pytorch),
         cmocka_unit_test(test_cnn_matches_pytorch),
+        cmocka_unit_test(test_gpt_matches_pytorch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -211,6 +211,17 @@ CDDP_API int cddp_error_vset(cddp_error *err, int code, const char *fmt, va_list
 #define CDDP_MIN(a, b)    ((a) < (b) ? (a) : (b))
 #define CDDP_MAX(a, b)    ((a) > (b) ? (a) : (b))
 
+/* Put before a function of plain loops (an op's kernel, an optimizer's update) to have it
+ * compiled twice on x86-64 with GCC: for AVX2 + FMA (x86-64-v3) and for the baseline the library
+ * is built for; the loader runs the one the machine supports. Empty elsewhere (and under
+ * AddressSanitizer, whose interceptors do not mix with the loader's choice). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&                             \
+    !defined(__SANITIZE_ADDRESS__)
+#define CDDP_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define CDDP_SIMD_CLONES
+#endif
+
 /* Programmer errors: print file:line and the message, then abort. */
 CDDP_API void cddp__panic(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4), noreturn));

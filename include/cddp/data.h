@@ -117,6 +117,50 @@ CDDP_API cddp_dataset *cddp_dataset_from_arrays(int64_t n, int nfields, const cd
 CDDP_API cddp_dataset *cddp_dataset_shard(cddp_dataset *ds, int num_shards, int shard_id,
                                           cddp_error *err);
 
+/* ---- Token files and windows of text -------------------------------------------------------- */
+
+/* Token files in llm.c's format: a header of 256 little-endian int32 (magic 20240520, version 1,
+ * the token count, zeros), then the tokens as little-endian uint16. cddp's tokenizer is the byte
+ * tokenizer: a text's bytes are its tokens (vocabulary 256), so any text is tokenized without a
+ * vocabulary file and decoded by writing the tokens back as bytes. */
+#define CDDP_TOKENS_MAGIC   20240520
+#define CDDP_TOKENS_VERSION 1
+
+typedef struct cddp_tokens {
+    int64_t count;
+    uint16_t *data; /* count tokens, owned; release with cddp_tokens_free */
+} cddp_tokens;
+
+/* Reads a token file. A wrong magic or version, a header shorter than 1024 bytes, or a size
+ * that is not the header's count (truncated, trailing bytes) is CDDP_EFORMAT naming the file;
+ * nothing is allocated before the size is checked. *out is zeroed on failure. */
+CDDP_API int cddp_tokens_read(const char *path, cddp_tokens *out, cddp_error *err);
+/* Writes count tokens (at most INT32_MAX) atomically: a reader sees the old file or the new. */
+CDDP_API int cddp_tokens_write(const char *path, const uint16_t *tokens, int64_t count,
+                               cddp_error *err);
+/* Reads a text file as byte tokens (the byte tokenizer). */
+CDDP_API int cddp_tokens_from_text(const char *path, cddp_tokens *out, cddp_error *err);
+/* Reads path as a token file when it starts with the token files' magic, as text otherwise; a
+ * folder is every regular file in it that holds text (no NUL byte), in name order, one after
+ * another (symbolic links are skipped, so a file linked twice counts once): Debian's fortunes
+ * folder is one corpus. */
+CDDP_API int cddp_tokens_load(const char *path, cddp_tokens *out, cddp_error *err);
+/* Splits all into its first part (train) and its last val_fraction (val), as nanoGPT splits its
+ * text 90/10; both are copies. CDDP_EINVAL when val_fraction is not in (0, 1) or either part
+ * would be empty. */
+CDDP_API int cddp_tokens_split(const cddp_tokens *all, double val_fraction, cddp_tokens *train,
+                               cddp_tokens *val, cddp_error *err);
+CDDP_API void cddp_tokens_free(cddp_tokens *t);
+
+/* A language model's samples: window i is x = tokens[i stride, i stride + block_size) and y the
+ * same window shifted by one token (the next token at every position), fields "x" and "y", int64
+ * (block_size). There are (count - block_size - 1) / stride + 1 windows (stride = block_size:
+ * windows that do not overlap). With a DistributedSampler, ranks see disjoint windows each
+ * epoch. The tokens are copied. CDDP_EINVAL (NULL) when the text is shorter than block_size + 1
+ * tokens or a size is not positive. */
+CDDP_API cddp_dataset *cddp_dataset_token_windows(const cddp_tokens *tokens, int64_t block_size,
+                                                  int64_t stride, cddp_error *err);
+
 /* ---- DistributedSampler ------------------------------------------------------------------- */
 
 /* PyTorch's DistributedSampler, plus what its users ask for.

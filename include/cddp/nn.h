@@ -69,9 +69,32 @@ CDDP_API cddp_module *cddp_nn_flatten(void);
  * "running_mean" (zeros) and "running_var" (ones), updated in training mode and used in
  * evaluation mode (see cddp_batch_norm). */
 CDDP_API cddp_module *cddp_nn_batch_norm(int64_t features);
+/* Linear whose weight starts from `weight` and bias (with bias) at zero: GPT-2's initialisation
+ * (normal, std 0.02). */
+CDDP_API cddp_module *cddp_nn_linear_init(int64_t in, int64_t out, bool bias, cddp_init weight);
+/* LayerNorm over the last dimension's `features` (PyTorch's defaults: eps 1e-5, "weight" ones and
+ * "bias" zeros). */
+CDDP_API cddp_module *cddp_nn_layer_norm(int64_t features);
+/* Embedding of `rows` vectors of `dim`: its forward takes integer ids (any shape) and returns
+ * their rows (see cddp_embedding). "weight" (rows, dim) starts N(0, 1) as PyTorch's, or from
+ * `weight`. */
+CDDP_API cddp_module *cddp_nn_embedding(int64_t rows, int64_t dim);
+CDDP_API cddp_module *cddp_nn_embedding_init(int64_t rows, int64_t dim, cddp_init weight);
+
 /* Its children one after another, each taking the previous one's output. A child added with a
  * NULL name is named after its position ("0", "1", ...), as in nn.Sequential. */
 CDDP_API cddp_module *cddp_nn_sequential(void);
+
+/* A GPT as nanoGPT writes it (see src/nn/transformer.c): token and position embeddings, n_layer
+ * pre-LN blocks (causal self-attention, a 4x MLP with GELU-tanh), a final LayerNorm and a
+ * language-model head tied to the token embedding. Its forward takes idx (B, T) int64 (T at most
+ * block_size) and returns logits (B, T, vocab_size). Parameters are named as nanoGPT's
+ * ("transformer.wte.weight", "transformer.h.0.attn.c_attn.weight", ...) and start as GPT-2's.
+ * NULL when a size is not positive, n_embd is not a multiple of n_head, or out of memory. */
+typedef struct cddp_gpt_config {
+    int64_t vocab_size, block_size, n_layer, n_head, n_embd;
+} cddp_gpt_config;
+CDDP_API cddp_module *cddp_nn_gpt(const cddp_gpt_config *config);
 
 /* Writing a module: its type (functions) and its state (the caller's, freed with type->free). */
 typedef struct cddp_module_type {
@@ -107,6 +130,12 @@ CDDP_API int cddp_module_param(cddp_module *self, const char *name, int ndim, co
                                cddp_init init);
 CDDP_API int cddp_module_buffer(cddp_module *self, const char *name, int ndim, const int64_t *shape,
                                 float init);
+/* In declare: name (under the module's path) is a second name of the parameter target (a path
+ * under the module too), as PyTorch's tied weights: GPT's "lm_head.weight" is
+ * "transformer.wte.weight". It is one parameter (its gradient sums every use, DDP reduces it
+ * once); checkpoints hold it under both names, so that PyTorch loads them strictly, and
+ * cddp_model_find knows both. A target that is not a parameter fails cddp_model_build. */
+CDDP_API int cddp_module_tie(cddp_module *self, const char *name, const char *target);
 /* After build: the module's k-th own parameter (buffer). */
 CDDP_API cddp_tensor *cddp_module_get_param(const cddp_module *m, int k);
 CDDP_API cddp_tensor *cddp_module_get_buffer(const cddp_module *m, int k);
@@ -149,8 +178,11 @@ CDDP_API int cddp_model_build(cddp_model *m, uint64_t seed);
 CDDP_API int cddp_model_num_params(const cddp_model *m);
 /* The i-th parameter, in declaration order (0 <= i < num_params). */
 CDDP_API cddp_tensor *cddp_model_param(const cddp_model *m, int i);
-/* The parameter with this name, or NULL. */
+/* The parameter with this name (or a tied second name, see cddp_module_tie), or NULL. */
 CDDP_API cddp_tensor *cddp_model_find(const cddp_model *m, const char *name);
+/* The tied second names (cddp_module_tie): tie i's name in *name, and its parameter. */
+CDDP_API int cddp_model_num_ties(const cddp_model *m);
+CDDP_API cddp_tensor *cddp_model_tie(const cddp_model *m, int i, const char **name);
 /* Total parameter elements, and the flat value and gradient blocks (numel floats each). */
 CDDP_API size_t cddp_model_numel(const cddp_model *m);
 CDDP_API float *cddp_model_data(const cddp_model *m);

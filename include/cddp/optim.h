@@ -35,6 +35,9 @@ typedef struct cddp_adamw_options {
     float beta1, beta2; /* 0.9, 0.999 */
     float eps;          /* 1e-8 */
     float weight_decay; /* 1e-2 */
+    /* GPT-2's parameter groups: weight decay only on parameters of two or more dimensions
+     * (weights, embeddings), none on biases and norms' parameters. */
+    bool decay_matrices_only;
 } cddp_adamw_options;
 
 /* PyTorch's AdamW defaults with the given learning rate. */
@@ -49,6 +52,11 @@ CDDP_API cddp_optim *cddp_optim_adamw(cddp_model *m, const cddp_adamw_options *o
                                       cddp_error *err);
 CDDP_API void cddp_optim_destroy(cddp_optim *opt);
 
+/* Parameter groups: parameter param_index's own weight decay from now on (SGD's and AdamW's).
+ * CDDP_EINVAL for an index out of range or a negative decay. */
+CDDP_API int cddp_optim_set_param_weight_decay(cddp_optim *opt, int param_index, float weight_decay,
+                                               cddp_error *err);
+
 /* One update from the current gradients. Does not zero them. */
 CDDP_API void cddp_optim_step(cddp_optim *opt);
 CDDP_API void cddp_optim_set_lr(cddp_optim *opt, float lr);
@@ -62,6 +70,19 @@ CDDP_API const char *cddp_optim_name(const cddp_optim *opt); /* "sgd" or "adamw"
  * 2 for AdamW ("exp_avg", "exp_avg_sq"). Each holds cddp_model_numel floats. */
 CDDP_API int cddp_optim_num_states(const cddp_optim *opt);
 CDDP_API float *cddp_optim_state(const cddp_optim *opt, int i, const char **name);
+
+/* ---- clipping and schedules ----------------------------------------------------------- */
+
+/* PyTorch's clip_grad_norm_ over every parameter of m: the global L2 norm of the gradients
+ * (accumulated in double), and when it exceeds max_norm every gradient is multiplied by
+ * max_norm / (norm + 1e-6). Returns the norm before clipping. Under DistributedDataParallel call
+ * it after backward, when the gradients are the same on every rank: every rank clips alike. */
+CDDP_API double cddp_clip_grad_norm(cddp_model *m, double max_norm);
+
+/* nanoGPT's learning rate at step it: linear warmup over warmup steps to max_lr
+ * (max_lr (it + 1) / (warmup + 1)), then cosine decay to min_lr at decay_steps, min_lr after. */
+CDDP_API float cddp_lr_warmup_cosine(int64_t it, float max_lr, float min_lr, int64_t warmup,
+                                     int64_t decay_steps);
 
 #ifdef __cplusplus
 }

@@ -140,7 +140,8 @@ typedef enum cddp_reduction {
  * flag is set. Runs on cblas_sgemm. */
 CDDP_API cddp_tensor *cddp_matmul(cddp_ctx *ctx, cddp_tensor *a, cddp_tensor *b, bool trans_a,
                                   bool trans_b);
-/* x (N,in) . w (out,in)^T + b (out) -> (N,out); b may be NULL. */
+/* x (..., in) . w (out, in)^T + b (out) -> (..., out): every leading dimension of x is a row
+ * (a (B, T, C) sequence takes one GEMM); b may be NULL. */
 CDDP_API cddp_tensor *cddp_linear(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_tensor *b);
 
 /* Elementwise with NumPy broadcasting (shapes aligned at the right; size-1 dims stretch). */
@@ -212,9 +213,33 @@ CDDP_API void cddp_node_backward(cddp_ctx *ctx, cddp_node *n);
 /* t's gradient: a parameter's view of its model's gradient block, else zeroed arena memory made
  * on first use (valid until reset). NULL when the arena ran out (latched in ctx). */
 CDDP_API float *cddp_grad_buffer(cddp_ctx *ctx, cddp_tensor *t);
+/* t's gradient for a backward that writes every element of it: when t has no gradient yet, arena
+ * memory that is not zeroed, with *assign set (the backward stores its values: "=", or a GEMM
+ * with beta 0); otherwise cddp_grad_buffer's, with *assign cleared (the backward adds). Saves
+ * zeroing a buffer only to add into it once. */
+CDDP_API float *cddp_grad_buffer_assign(cddp_ctx *ctx, cddp_tensor *t, bool *assign);
 /* A pointer that a layer built on tensors may keep for the current step (autograd keeps its
  * backward's state there, in the arena); cddp_ctx_reset sets it to NULL. */
 CDDP_API void **cddp_ctx_step_state(cddp_ctx *ctx);
+
+/* ---- transformers ---------------------------------------------------------------------- */
+
+/* ids (...) int32 or int64 in [0, V), table (V, C) -> (..., C): row ids[i] of the table for
+ * every position. An id out of range fails the context naming it. Backward adds each position's
+ * gradient into its id's row, positions in order (deterministic). */
+CDDP_API cddp_tensor *cddp_embedding(cddp_ctx *ctx, cddp_tensor *ids, cddp_tensor *table);
+/* Layer normalisation over the last dimension (C), as PyTorch's LayerNorm: y = (x - mean) /
+ * sqrt(var + eps) * weight + bias, the variance biased; weight and bias (C) may be NULL. */
+CDDP_API cddp_tensor *cddp_layer_norm(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *weight,
+                                      cddp_tensor *bias, float eps);
+/* GELU with the tanh approximation (PyTorch's approximate="tanh", GPT-2's):
+ * x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+CDDP_API cddp_tensor *cddp_gelu_tanh(cddp_ctx *ctx, cddp_tensor *x);
+/* Causal self-attention, fused: qkv (B, T, 3C) holds each position's query, key and value side
+ * by side (nanoGPT's c_attn output), C split into n_head heads of C / n_head. Per head,
+ * softmax(q k^T / sqrt(C / n_head)) with every position's future masked, times v; the heads side
+ * by side -> (B, T, C). Keeps the attention weights (B * n_head * T * T floats) for backward. */
+CDDP_API cddp_tensor *cddp_attention(cddp_ctx *ctx, cddp_tensor *qkv, int n_head);
 
 /* Index of the largest element along the last dimension (first one on ties) -> int64 tensor
  * with the last dimension removed. Not differentiable. */

@@ -1,6 +1,7 @@
 /* checkpoint.c: model and optimizer state in a safetensors file.
  *
- * Layout: each parameter and each buffer under its own name; with an optimizer, each state block
+ * Layout: each parameter and each buffer under its own name (a tied parameter under each of its
+ * names, cddp_module_tie, as PyTorch's state_dict holds it); with an optimizer, each state block
  * per parameter as "optim.<state>.<param>" (for example "optim.exp_avg.fc1.weight"), and in the
  * metadata "cddp_format" = "checkpoint-1", "optimizer", "optimizer_steps" and "lr". Loading checks
  * the whole file against the model before it copies anything, and reports every difference at once.
@@ -24,8 +25,8 @@ static cddp_st_tensor param_entry(const cddp_tensor *p, const char *name, const 
 int cddp_checkpoint_save(const char *path, const cddp_model *m, const cddp_optim *opt,
                          const char *const *metadata, cddp_error *err) {
     int np = cddp_model_num_params(m), ns = opt ? cddp_optim_num_states(opt) : 0;
-    int nb = cddp_model_num_buffers(m);
-    int n = np * (1 + ns) + nb, rc = CDDP_OK, nmeta = 0;
+    int nb = cddp_model_num_buffers(m), nt = cddp_model_num_ties(m);
+    int n = np * (1 + ns) + nb + nt, rc = CDDP_OK, nmeta = 0;
     cddp_st_tensor *list = cddp_calloc((size_t)n, sizeof *list);
     char **names = cddp_calloc((size_t)n, sizeof *names);
     while (metadata && metadata[nmeta]) nmeta++;
@@ -54,6 +55,11 @@ int cddp_checkpoint_save(const char *path, const cddp_model *m, const cddp_optim
     for (int i = 0; i < nb; i++) {
         const cddp_tensor *b = cddp_model_buffer(m, i);
         list[np * (1 + ns) + i] = param_entry(b, b->name, b->data);
+    }
+    for (int i = 0; i < nt; i++) { /* a tied parameter under its second name too */
+        const char *name;
+        const cddp_tensor *p = cddp_model_tie(m, i, &name);
+        list[np * (1 + ns) + nb + i] = param_entry(p, name, p->data);
     }
     int k = 0;
     meta[k++] = "cddp_format";
@@ -124,6 +130,20 @@ int cddp_checkpoint_load(const char *path, cddp_model *m, cddp_optim *opt, cddp_
     for (int i = 0; i < np + nb; i++) {
         const cddp_tensor *p = i < np ? cddp_model_param(m, i) : cddp_model_buffer(m, i - np);
         compare(cddp_safetensors_find(f, p->name), p, p->name, diff, sizeof diff, &ndiff);
+    }
+    for (int i = 0; i < cddp_model_num_ties(m); i++) { /* a second name, when present, agrees */
+        const char *name;
+        const cddp_tensor *p = cddp_model_tie(m, i, &name);
+        const cddp_st_tensor *t = cddp_safetensors_find(f, name),
+                             *u = cddp_safetensors_find(f, p->name);
+        if (!t || !u) continue;
+        int before = ndiff;
+        compare(t, p, name, diff, sizeof diff, &ndiff);
+        bool same_shape = u->dtype == t->dtype && u->ndim == t->ndim &&
+                          !memcmp(u->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+        if (ndiff == before && same_shape && memcmp(u->data, t->data, (size_t)p->numel * 4) != 0)
+            report(diff, sizeof diff, &ndiff, "'%s' is tied to '%s' but they differ in the file",
+                   name, p->name);
     }
     for (int i = 0; i < cddp_safetensors_count(f); i++) {
         const char *name = cddp_safetensors_at(f, i)->name;

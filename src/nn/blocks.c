@@ -10,6 +10,8 @@ static bool name_taken(const cddp_model *m, const char *name) {
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < lists[k]->n; i++)
             if (strcmp(lists[k]->decls[i].name, name) == 0) return true;
+    for (int i = 0; i < m->nties; i++)
+        if (strcmp(m->ties[i].name, name) == 0) return true;
     return false;
 }
 
@@ -52,9 +54,41 @@ int cddp__model_declare(cddp_model *m, bool buffer, const char *name, int ndim,
     return CDDP_OK;
 }
 
-void cddp__model_undeclare(cddp_model *m, int nparams, int nbuffers) {
+int cddp__model_tie(cddp_model *m, const char *name, const char *target) {
+    if (m->built)
+        return cddp_error_set(&m->err, CDDP_ESTATE, "cannot tie '%s': the model is already built",
+                              name);
+    if (!name[0] || name_taken(m, name))
+        return cddp_error_set(&m->err, CDDP_EINVAL, "parameter name '%s' is %s", name,
+                              name[0] ? "already used" : "empty");
+    if (m->nties == m->cap_ties) {
+        int cap = m->cap_ties ? 2 * m->cap_ties : 4;
+        tie *t = cddp_realloc(m->ties, (size_t)cap * sizeof *t);
+        if (!t) return cddp_error_set(&m->err, CDDP_ENOMEM, "out of memory tying '%s'", name);
+        m->ties = t;
+        m->cap_ties = cap;
+    }
+    tie *t = &m->ties[m->nties];
+    t->name = cddp_strdup(name);
+    t->target = cddp_strdup(target);
+    t->index = -1;
+    if (!t->name || !t->target) {
+        cddp_free(t->name);
+        cddp_free(t->target);
+        return cddp_error_set(&m->err, CDDP_ENOMEM, "out of memory tying '%s'", name);
+    }
+    m->nties++;
+    return CDDP_OK;
+}
+
+void cddp__model_undeclare(cddp_model *m, int nparams, int nbuffers, int nties) {
     while (m->params.n > nparams) cddp_free(m->params.decls[--m->params.n].name);
     while (m->bufs.n > nbuffers) cddp_free(m->bufs.decls[--m->bufs.n].name);
+    while (m->nties > nties) {
+        m->nties--;
+        cddp_free(m->ties[m->nties].name);
+        cddp_free(m->ties[m->nties].target);
+    }
 }
 
 int cddp_model_add_buffer(cddp_model *m, const char *name, int ndim, const int64_t *shape,
@@ -91,6 +125,14 @@ static cddp_tensor view_of(const param_decl *d, float *block) {
 
 int cddp__model_build_blocks(cddp_model *m, uint64_t seed) {
     decl_list *p = &m->params, *b = &m->bufs;
+    for (int t = 0; t < m->nties; t++) {
+        for (int i = 0; i < p->n && m->ties[t].index < 0; i++)
+            if (strcmp(p->decls[i].name, m->ties[t].target) == 0) m->ties[t].index = i;
+        if (m->ties[t].index < 0)
+            return cddp_error_set(&m->err, CDDP_EINVAL,
+                                  "'%s' is tied to '%s', which is not a parameter of the model",
+                                  m->ties[t].name, m->ties[t].target);
+    }
     size_t total = lay_out(p);
     p->tensors = cddp_calloc((size_t)p->n + 1, sizeof *p->tensors);
     p->data = cddp_aligned_alloc((total + 1) * sizeof(float));
@@ -148,6 +190,8 @@ void cddp__model_free_blocks(cddp_model *m) {
         cddp_free(lists[k]->tensors);
         cddp_aligned_free(lists[k]->data);
     }
+    cddp__model_undeclare(m, m->params.n, m->bufs.n, 0);
+    cddp_free(m->ties);
     if (!m->grad_lent) cddp_aligned_free(m->grad);
 }
 
@@ -190,7 +234,20 @@ static cddp_tensor *find(const decl_list *l, const char *name) {
 
 cddp_tensor *cddp_model_find(const cddp_model *m, const char *name) {
     check_built(m);
+    for (int t = 0; t < m->nties; t++)
+        if (strcmp(m->ties[t].name, name) == 0) return &m->params.tensors[m->ties[t].index];
     return find(&m->params, name);
+}
+
+int cddp_model_num_ties(const cddp_model *m) {
+    return m->nties;
+}
+
+cddp_tensor *cddp_model_tie(const cddp_model *m, int i, const char **name) {
+    check_built(m);
+    CDDP_CHECK(i >= 0 && i < m->nties, "tie %d out of range (%d ties)", i, m->nties);
+    if (name) *name = m->ties[i].name;
+    return &m->params.tensors[m->ties[i].index];
 }
 
 cddp_tensor *cddp_model_find_buffer(const cddp_model *m, const char *name) {

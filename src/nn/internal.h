@@ -38,9 +38,17 @@ typedef struct decl_list {
     size_t numel;
 } decl_list;
 
+/* A second name of a parameter (a tied weight: GPT's lm_head.weight is transformer.wte.weight). */
+typedef struct tie {
+    char *name, *target;
+    int index; /* the target's parameter index, after build */
+} tie;
+
 struct cddp_model {
     cddp_error err;
     decl_list params, bufs;
+    tie *ties;
+    int nties, cap_ties;
     float *grad;
     bool built, training;
     bool grad_lent; /* grad is the caller's (cddp_model_set_grad_block), not ours to free */
@@ -68,9 +76,11 @@ struct cddp_module {
  * (the model's error set) on a bad shape, a duplicate name or a built model. */
 int cddp__model_declare(cddp_model *m, bool buffer, const char *name, int ndim,
                         const int64_t *shape, cddp_init init, int *index);
-/* Drops the declarations past the first nparams parameters and nbuffers buffers. */
-void cddp__model_undeclare(cddp_model *m, int nparams, int nbuffers);
-/* Lays out and allocates both kinds, initialising parameters from seed. */
+/* Declares name as a second name of the parameter named target (resolved at build). */
+int cddp__model_tie(cddp_model *m, const char *name, const char *target);
+/* Drops the declarations past the first nparams parameters, nbuffers buffers and nties ties. */
+void cddp__model_undeclare(cddp_model *m, int nparams, int nbuffers, int nties);
+/* Lays out and allocates both kinds, initialising parameters from seed, and resolves the ties. */
 int cddp__model_build_blocks(cddp_model *m, uint64_t seed);
 void cddp__model_free_blocks(cddp_model *m);
 

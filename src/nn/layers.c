@@ -14,7 +14,9 @@ typedef struct layer {
     int kernel, stride, padding; /* Conv2d and MaxPool2d */
     float p;                     /* Dropout probability */
     bool bias;                   /* Linear and Conv2d: has a bias; BatchNorm: affine */
-    float momentum, eps;         /* BatchNorm */
+    float momentum, eps;         /* BatchNorm, LayerNorm (eps) */
+    bool custom_init;            /* Linear, Embedding: weights from init (biases zeros) */
+    cddp_init init;
 } layer;
 
 static layer *state(const cddp_module *m) {
@@ -49,10 +51,12 @@ static cddp_tensor *param_or_null(const cddp_module *m, int k) {
 /* PyTorch: kaiming_uniform(a = sqrt(5)) for the weight, which is U(-1/sqrt(fan_in),
  * 1/sqrt(fan_in)), and the same bound for the bias. */
 static int declare_weighted(cddp_module *self, int ndim, const int64_t *wshape, int64_t fan_in) {
+    const layer *l = state(self);
     float bound = 1.0f / sqrtf((float)fan_in);
-    cddp_init u = {CDDP_INIT_UNIFORM, -bound, bound};
-    int rc = cddp_module_param(self, "weight", ndim, wshape, u);
-    if (rc >= 0 && state(self)->bias) rc = cddp_module_param(self, "bias", 1, &wshape[0], u);
+    cddp_init u = {CDDP_INIT_UNIFORM, -bound, bound}, zeros = {CDDP_INIT_CONSTANT, 0, 0};
+    int rc = cddp_module_param(self, "weight", ndim, wshape, l->custom_init ? l->init : u);
+    if (rc >= 0 && l->bias)
+        rc = cddp_module_param(self, "bias", 1, &wshape[0], l->custom_init ? zeros : u);
     return rc < 0 ? rc : CDDP_OK;
 }
 
@@ -72,6 +76,11 @@ static const cddp_module_type linear_type = {"Linear", linear_declare, linear_fo
 
 cddp_module *cddp_nn_linear(int64_t in, int64_t out) {
     return make(&linear_type, (layer){.in = in, .out = out, .bias = true});
+}
+
+cddp_module *cddp_nn_linear_init(int64_t in, int64_t out, bool bias, cddp_init weight) {
+    return make(&linear_type,
+                (layer){.in = in, .out = out, .bias = bias, .custom_init = true, .init = weight});
 }
 
 static int conv_declare(cddp_module *self) {
@@ -195,6 +204,58 @@ cddp_module *cddp_nn_batch_norm(int64_t features) {
     return make(
         &norm_type,
         (layer){.in = features, .out = features, .bias = true, .momentum = 0.1f, .eps = 1e-5f});
+}
+
+/* ---- LayerNorm and Embedding ------------------------------------------------------------- */
+
+static int layer_norm_declare(cddp_module *self) {
+    const layer *l = state(self);
+    if (l->in <= 0 || !(l->eps > 0.0f))
+        return invalid(self, "layer norm of %lld features with eps %g (want both > 0)",
+                       (long long)l->in, (double)l->eps);
+    int rc = cddp_module_param(self, "weight", 1, &l->in, (cddp_init){CDDP_INIT_CONSTANT, 1, 0});
+    if (rc >= 0 && l->bias)
+        rc = cddp_module_param(self, "bias", 1, &l->in, (cddp_init){CDDP_INIT_CONSTANT, 0, 0});
+    return rc < 0 ? rc : CDDP_OK;
+}
+
+static cddp_tensor *layer_norm_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
+    return cddp_layer_norm(ctx, x, cddp_module_get_param(self, 0), param_or_null(self, 1),
+                           state(self)->eps);
+}
+
+static const cddp_module_type layer_norm_type = {"LayerNorm", layer_norm_declare,
+                                                 layer_norm_forward, cddp_free};
+
+cddp_module *cddp_nn_layer_norm(int64_t features) {
+    return make(&layer_norm_type, (layer){.in = features, .bias = true, .eps = 1e-5f});
+}
+
+static int embedding_declare(cddp_module *self) {
+    const layer *l = state(self);
+    if (l->in <= 0 || l->out <= 0)
+        return invalid(self, "an embedding of %lld rows of %lld (want both > 0)", (long long)l->in,
+                       (long long)l->out);
+    cddp_init normal = {CDDP_INIT_NORMAL, 0, 1}; /* PyTorch's nn.Embedding */
+    int rc = cddp_module_param(self, "weight", 2, (int64_t[]){l->in, l->out},
+                               l->custom_init ? l->init : normal);
+    return rc < 0 ? rc : CDDP_OK;
+}
+
+static cddp_tensor *embedding_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *ids) {
+    return cddp_embedding(ctx, ids, cddp_module_get_param(self, 0));
+}
+
+static const cddp_module_type embedding_type = {"Embedding", embedding_declare, embedding_forward,
+                                                cddp_free};
+
+cddp_module *cddp_nn_embedding(int64_t rows, int64_t dim) {
+    return make(&embedding_type, (layer){.in = rows, .out = dim});
+}
+
+cddp_module *cddp_nn_embedding_init(int64_t rows, int64_t dim, cddp_init weight) {
+    return make(&embedding_type,
+                (layer){.in = rows, .out = dim, .custom_init = true, .init = weight});
 }
 
 /* ---- Sequential -------------------------------------------------------------------------- */

@@ -99,6 +99,15 @@ int cddp_module_buffer(cddp_module *self, const char *name, int ndim, const int6
     return declare(self, true, name, ndim, shape, (cddp_init){CDDP_INIT_CONSTANT, init, 0});
 }
 
+int cddp_module_tie(cddp_module *self, const char *name, const char *target) {
+    CDDP_CHECK(self->model, "cddp_module_tie is for a module's declare (it is not in a model yet)");
+    const char *path = cddp_module_path(self), *dot = *path ? "." : "";
+    char full[512], full_target[512];
+    snprintf(full, sizeof full, "%s%s%s", path, dot, name);
+    snprintf(full_target, sizeof full_target, "%s%s%s", path, dot, target);
+    return cddp__model_tie(self->model, full, full_target);
+}
+
 cddp_tensor *cddp_module_get_param(const cddp_module *m, int k) {
     CDDP_CHECK(k >= 0 && k < m->nparams, "parameter %d of module '%s', which has %d", k,
                cddp_module_path(m), m->nparams);
@@ -135,10 +144,10 @@ static int join(cddp_module *m, cddp_model *model) {
 }
 
 int cddp__module_join(cddp_module *m, cddp_model *model) {
-    int nparams = model->params.n, nbuffers = model->bufs.n;
+    int nparams = model->params.n, nbuffers = model->bufs.n, nties = model->nties;
     int rc = join(m, model);
     if (rc != CDDP_OK) {
-        cddp__model_undeclare(model, nparams, nbuffers);
+        cddp__model_undeclare(model, nparams, nbuffers, nties);
         leave(m);
     }
     return rc;

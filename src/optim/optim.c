@@ -21,10 +21,12 @@ struct cddp_optim {
     int64_t steps;
     int nstates;
     float *state[2];
+    float *decay; /* per parameter weight decay (parameter groups), NULL: the options' for all */
 };
 
 cddp_adamw_options cddp_adamw_defaults(float lr) {
-    return (cddp_adamw_options){lr, 0.9f, 0.999f, 1e-8f, 1e-2f};
+    return (cddp_adamw_options){
+        .lr = lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 1e-2f};
 }
 
 static cddp_optim *optim_new(cddp_model *m, opt_kind kind, int nstates, float lr, cddp_error *err) {
@@ -67,6 +69,23 @@ cddp_optim *cddp_optim_sgd(cddp_model *m, const cddp_sgd_options *opts, cddp_err
     return opt;
 }
 
+int cddp_optim_set_param_weight_decay(cddp_optim *opt, int param_index, float weight_decay,
+                                      cddp_error *err) {
+    int n = cddp_model_num_params(opt->model);
+    if (param_index < 0 || param_index >= n || !(weight_decay >= 0.0f))
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "weight decay %g for parameter %d (want >= 0, and 0..%d)",
+                              (double)weight_decay, param_index, n - 1);
+    if (!opt->decay) {
+        if (!(opt->decay = cddp_malloc(sizeof(float) * (size_t)(n ? n : 1))))
+            return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+        float all = opt->kind == OPT_SGD ? opt->sgd.weight_decay : opt->adamw.weight_decay;
+        for (int i = 0; i < n; i++) opt->decay[i] = all;
+    }
+    opt->decay[param_index] = weight_decay;
+    return CDDP_OK;
+}
+
 cddp_optim *cddp_optim_adamw(cddp_model *m, const cddp_adamw_options *opts, cddp_error *err) {
     cddp_adamw_options o = *opts;
     if (!(o.beta1 >= 0.0f && o.beta1 < 1.0f && o.beta2 >= 0.0f && o.beta2 < 1.0f) ||
@@ -78,20 +97,28 @@ cddp_optim *cddp_optim_adamw(cddp_model *m, const cddp_adamw_options *opts, cddp
     }
     cddp_optim *opt = optim_new(m, OPT_ADAMW, 2, o.lr, err);
     if (opt) opt->adamw = o;
+    for (int i = 0; opt && o.decay_matrices_only && i < cddp_model_num_params(m); i++)
+        if (cddp_model_param(m, i)->ndim < 2 &&
+            cddp_optim_set_param_weight_decay(opt, i, 0.0f, err) != CDDP_OK) {
+            cddp_optim_destroy(opt);
+            return NULL;
+        }
     return opt;
 }
 
 void cddp_optim_destroy(cddp_optim *opt) {
     if (!opt) return;
     for (int i = 0; i < 2; i++) cddp_aligned_free(opt->state[i]);
+    cddp_free(opt->decay);
     cddp_free(opt);
 }
 
 /* One straight loop per configuration: the per-element branches of a general loop would keep
  * the compiler from vectorising, and this pass over the whole model runs every step. */
-static void sgd_step(cddp_optim *opt, float *restrict p, const float *restrict grad, size_t n) {
+static void sgd_step(cddp_optim *opt, float *restrict p, const float *restrict grad, size_t n,
+                     float *restrict buf, float wd) {
     const cddp_sgd_options *o = &opt->sgd;
-    const float lr = opt->lr, wd = o->weight_decay, mom = o->momentum, damp = 1.0f - o->dampening;
+    const float lr = opt->lr, mom = o->momentum, damp = 1.0f - o->dampening;
     if (mom == 0.0f) {
         if (wd == 0.0f)
             for (size_t i = 0; i < n; i++) p[i] -= lr * grad[i];
@@ -99,7 +126,6 @@ static void sgd_step(cddp_optim *opt, float *restrict p, const float *restrict g
             for (size_t i = 0; i < n; i++) p[i] -= lr * (grad[i] + wd * p[i]);
         return;
     }
-    float *restrict buf = opt->state[0];
     if (opt->steps == 0) /* PyTorch starts the buffer as a copy of the first gradient */
         for (size_t i = 0; i < n; i++) buf[i] = grad[i] + wd * p[i];
     else
@@ -110,15 +136,10 @@ static void sgd_step(cddp_optim *opt, float *restrict p, const float *restrict g
         for (size_t i = 0; i < n; i++) p[i] -= lr * buf[i];
 }
 
-static void adamw_step(cddp_optim *opt, float *restrict p, const float *restrict grad, size_t n) {
-    const cddp_adamw_options *o = &opt->adamw;
-    float lr = opt->lr, b1 = o->beta1, b2 = o->beta2, eps = o->eps;
-    float *restrict m = opt->state[0], *restrict v = opt->state[1];
-    /* Scalars in double, as Python computes them, then rounded once to float. */
-    double t = (double)(opt->steps + 1);
-    float step_size = (float)((double)lr / (1.0 - pow(b1, t)));
-    float bc2_sqrt = (float)sqrt(1.0 - pow(b2, t));
-    float decay = (float)(1.0 - (double)lr * (double)o->weight_decay);
+/* The update loop, vectorised (see CDDP_SIMD_CLONES). */
+CDDP_SIMD_CLONES static void adamw_loop(float *restrict p, const float *restrict grad, size_t n,
+                                        float *restrict m, float *restrict v, float b1, float b2,
+                                        float eps, float step_size, float bc2_sqrt, float decay) {
     for (size_t i = 0; i < n; i++) {
         float g = grad[i];
         p[i] *= decay;
@@ -129,15 +150,38 @@ static void adamw_step(cddp_optim *opt, float *restrict p, const float *restrict
     }
 }
 
+static void adamw_step(cddp_optim *opt, float *restrict p, const float *restrict grad, size_t n,
+                       float *restrict m, float *restrict v, float wd) {
+    const cddp_adamw_options *o = &opt->adamw;
+    float lr = opt->lr;
+    /* Scalars in double, as Python computes them, then rounded once to float. */
+    double t = (double)(opt->steps + 1);
+    float step_size = (float)((double)lr / (1.0 - pow(o->beta1, t)));
+    float bc2_sqrt = (float)sqrt(1.0 - pow(o->beta2, t));
+    float decay = (float)(1.0 - (double)lr * (double)wd);
+    adamw_loop(p, grad, n, m, v, o->beta1, o->beta2, o->eps, step_size, bc2_sqrt, decay);
+}
+
 void cddp_optim_step(cddp_optim *opt) {
     float *p = cddp_model_data(opt->model);
     const float *g = cddp_model_grad(opt->model);
     size_t n = cddp_model_numel(opt->model);
     cddp_model_notify(opt->model, CDDP_EVENT_OPTIM_BEGIN);
-    if (opt->kind == OPT_SGD)
-        sgd_step(opt, p, g, n);
-    else
-        adamw_step(opt, p, g, n);
+    float all = opt->kind == OPT_SGD ? opt->sgd.weight_decay : opt->adamw.weight_decay;
+    /* Runs of parameters with one weight decay (all of them without parameter groups), each a
+     * range of the flat blocks, one straight pass each. */
+    int np = cddp_model_num_params(opt->model);
+    for (int i = 0, j; i < np || (i == 0 && np == 0); i = j) {
+        float wd = opt->decay ? opt->decay[i] : all;
+        for (j = i + 1; opt->decay && j < np && opt->decay[j] == wd;) j++;
+        if (!opt->decay) j = np ? np : 1;
+        size_t lo = np ? cddp_model_param_offset(opt->model, i) : 0;
+        size_t hi = j < np ? cddp_model_param_offset(opt->model, j) : n;
+        if (opt->kind == OPT_SGD)
+            sgd_step(opt, p + lo, g + lo, hi - lo, opt->state[0] ? opt->state[0] + lo : NULL, wd);
+        else
+            adamw_step(opt, p + lo, g + lo, hi - lo, opt->state[0] + lo, opt->state[1] + lo, wd);
+    }
     opt->steps++;
     cddp_model_notify(opt->model, CDDP_EVENT_OPTIM_END);
 }
@@ -172,4 +216,37 @@ float *cddp_optim_state(const cddp_optim *opt, int i, const char **name) {
     if (name)
         *name = opt->kind == OPT_SGD ? "momentum_buffer" : (i == 0 ? "exp_avg" : "exp_avg_sq");
     return opt->state[i];
+}
+
+/* The sum of squares in double, in 8 lanes that vectorise (the order is fixed: the same result
+ * on every machine and rank). */
+CDDP_SIMD_CLONES static double sum_squares(const float *g, size_t n) {
+    double acc[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += (double)g[i + j] * (double)g[i + j];
+    for (int j = 0; i < n; i++, j++) acc[j] += (double)g[i] * (double)g[i];
+    double s = 0.0;
+    for (int j = 0; j < 8; j++) s += acc[j];
+    return s;
+}
+
+double cddp_clip_grad_norm(cddp_model *m, double max_norm) {
+    float *g = cddp_model_grad(m);
+    size_t n = cddp_model_numel(m);
+    double norm = sqrt(sum_squares(g, n)), coef = max_norm / (norm + 1e-6);
+    if (coef < 1.0) {
+        float c = (float)coef;
+        for (size_t i = 0; i < n; i++) g[i] *= c;
+    }
+    return norm;
+}
+
+float cddp_lr_warmup_cosine(int64_t it, float max_lr, float min_lr, int64_t warmup,
+                            int64_t decay_steps) {
+    if (it < warmup) return (float)((double)max_lr * (double)(it + 1) / (double)(warmup + 1));
+    if (it > decay_steps || decay_steps <= warmup) return min_lr;
+    double ratio = (double)(it - warmup) / (double)(decay_steps - warmup);
+    double coeff = 0.5 * (1.0 + cos(M_PI * ratio));
+    return (float)((double)min_lr + coeff * ((double)max_lr - (double)min_lr));
 }

@@ -5,6 +5,8 @@
  *   tensor.c        the context, tensor creation, the random generator
  *   kernels.c       kernels forward and backward share: GEMM, im2col/col2im, broadcasting,
  *                   softmax rows
+ *   vec.c           vectorised loops: exp, GELU, layer normalisation's rows, adds
+ *   attn.c          the products of one head of causal self-attention
  *   tape.c          recording a node when gradients flow, the nodes' public accessors
  *   ops/<family>.c  each op's forward and backward side by side (linear, elementwise,
  *                   activation, loss, reduce, conv, pool, norm, dropout, shape; metrics are not
@@ -94,6 +96,8 @@ bool cddp__record_op(cddp_ctx *ctx, cddp__op op, cddp_tensor *out, int nin, cddp
 /* The gradient buffer of the node's first input when it wants one: zeroed arena memory for a
  * tensor, the parameter's block for a parameter; NULL when it wants none or on a failure. */
 float *cddp__input_grad(cddp_ctx *ctx, cddp__node *n);
+/* The same through cddp_grad_buffer_assign. */
+float *cddp__input_grad_assign(cddp_ctx *ctx, cddp__node *n, bool *assign);
 
 /* ---- ops/dispatch.c: each op's backward (cddp__name_backward, from the list) ------------- */
 
@@ -101,12 +105,58 @@ float *cddp__input_grad(cddp_ctx *ctx, cddp__node *n);
 CDDP_OP_LIST(CDDP__OP_BACKWARD)
 #undef CDDP__OP_BACKWARD
 
+/* ---- vec.c: vectorised loops -------------------------------------------------------------- */
+
+/* y = exp(x - shift), returning the sum of y. */
+float cddp__exp_shifted(const float *x, float shift, float *y, int64_t n);
+/* sum x[i] y[i] */
+float cddp__dot(const float *x, const float *y, int64_t n);
+/* The largest of x[0..n) (-inf for n = 0). */
+float cddp__max(const float *x, int64_t n);
+void cddp__scale_into(float *y, float s, int64_t n);
+/* acc += x */
+void cddp__add_into(float *restrict acc, const float *restrict x, int64_t n);
+/* y += g exp(x), or y = g exp(x) when assign */
+void cddp__add_exp_scaled(float *y, const float *x, float g, int64_t n, bool assign);
+/* y = GELU(x) with the tanh approximation, keeping tanh's value in t for the gradient;
+ * dx += dy GELU'(x) (dx = when assign). */
+void cddp__gelu_tanh_rows(const float *x, float *y, float *t, int64_t n);
+void cddp__gelu_tanh_grad(const float *x, const float *t, const float *dy, float *dx, int64_t n,
+                          bool assign);
+/* LayerNorm over rows of C (w and b never NULL), keeping each row's mean and 1/std; and its
+ * gradients (dx, dw, db may each be NULL; dx stored when assign, else added; scratch: 2 C
+ * floats). */
+void cddp__layer_norm_rows(const float *x, const float *w, const float *b, float *y, float *mean,
+                           float *rstd, int64_t rows, int64_t C, float eps);
+void cddp__layer_norm_grad(const float *x, const float *w, const float *dy, const float *mean,
+                           const float *rstd, float *dx, bool assign, float *dw, float *db,
+                           int64_t rows, int64_t C, float *scratch);
+
+/* ---- attn.c: one head of causal self-attention (see there) --------------------------------- */
+
+/* s[t][j] = scale sum_d a[t][d] bt[d][j] on and below the diagonal (tiles above it untouched). */
+void cddp__attn_scores(const float *a, int64_t lda, const float *bt, int64_t T, int64_t HS,
+                       float scale, float *s);
+/* o[t][d] (+)= scale sum_{j <= t} w[t][j] x[j][d], w (T, T) zero above its diagonal. */
+void cddp__attn_mix(const float *w, const float *x, int64_t ldx, int64_t T, int64_t HS, float scale,
+                    float *o, int64_t ldo, bool accumulate);
+/* o[j][d] (+)= scale sum_{t >= j} w[t][j] x[t][d]. */
+void cddp__attn_mix_t(const float *w, const float *x, int64_t ldx, int64_t T, int64_t HS,
+                      float scale, float *o, int64_t ldo, bool accumulate);
+/* xt (HS, T) = x (T, HS, rows ldx apart) transposed. */
+void cddp__attn_transpose(const float *x, int64_t ldx, int64_t T, int64_t HS, float *xt);
+
 /* ---- kernels.c --------------------------------------------------------------------------- */
 
 /* Row-major C = alpha * op(A) op(B) + beta * C, with A stored (M,K) or (K,M) when ta, B stored
  * (K,N) or (N,K) when tb. Leading dimensions are those of the stored matrices. */
 void cddp__gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                 const float *B, float beta, float *C);
+
+/* cddp__gemm with explicit leading dimensions (row strides, in floats) of the stored A, B and C:
+ * for matrices that are slices of a wider one (a head of an attention's qkv). */
+void cddp__gemm_ld(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
 /* im2col for one sample: x (C,H,W) -> col (C*KH*KW rows of OH*OW), rows ld floats apart, so a
  * batch's columns can sit side by side in one (C*KH*KW, N*OH*OW) matrix; zero padding.
@@ -120,7 +170,6 @@ void cddp__col2im(const float *col, int64_t C, int64_t H, int64_t W, int64_t KH,
 void cddp__softmax_rows(const float *x, float *y, int64_t rows, int64_t C, bool take_log);
 
 /* acc[i] += x[i] for buffers that never overlap (vectorises without branches). */
-void cddp__add_into(float *restrict acc, const float *restrict x, int64_t n);
 
 /* Broadcast iteration: maps each output element to the flat index of a and of b. The shapes are
  * right-aligned into 4-D; strides are 0 along stretched dimensions. */

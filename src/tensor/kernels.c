@@ -6,17 +6,24 @@
 #include <math.h>
 #include <string.h>
 
-void cddp__gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                const float *B, float beta, float *C) {
+void cddp__gemm_ld(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (M == 0 || N == 0) return;
     if (K == 0) {
         /* BLAS leaves C untouched when K is 0 only if beta is 1; make beta apply. */
-        for (int64_t i = 0; i < M * N; i++) C[i] = beta == 0.0f ? 0.0f : beta * C[i];
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++)
+                C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
         return;
     }
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)(ta ? M : K), B,
-                (blasint)(tb ? K : N), beta, C, (blasint)N);
+                (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta,
+                C, (blasint)ldc);
+}
+
+void cddp__gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                const float *B, float beta, float *C) {
+    cddp__gemm_ld(ta, tb, M, N, K, alpha, A, ta ? M : K, B, tb ? K : N, beta, C, N);
 }
 
 /* The output columns ow whose input column iw = ow * stride - pad + kw lies in [0, W):
@@ -96,21 +103,15 @@ void cddp__softmax_rows(const float *x, float *y, int64_t rows, int64_t C, bool 
     for (int64_t r = 0; r < rows; r++) {
         const float *a = x + r * C;
         float *b = y + r * C;
-        float m = -INFINITY;
-        for (int64_t j = 0; j < C; j++) m = a[j] > m ? a[j] : m;
-        double sum = 0.0;
-        for (int64_t j = 0; j < C; j++) sum += exp((double)(a[j] - m));
+        float m = cddp__max(a, C);
+        float sum = cddp__exp_shifted(a, m, b, C);
         if (take_log) {
             /* (a - m) is exact for nearby values; subtracting m + log(sum) at once would round
              * at the magnitude of m. */
-            float ls = (float)log(sum);
+            float ls = logf(sum);
             for (int64_t j = 0; j < C; j++) b[j] = (a[j] - m) - ls;
         } else {
-            for (int64_t j = 0; j < C; j++) b[j] = (float)(exp((double)(a[j] - m)) / sum);
+            cddp__scale_into(b, 1.0f / sum, C);
         }
     }
-}
-
-void cddp__add_into(float *restrict acc, const float *restrict x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) acc[i] += x[i];
 }

@@ -50,6 +50,18 @@ float *cddp_grad_buffer(cddp_ctx *ctx, cddp_tensor *t) {
     return t->grad;
 }
 
+float *cddp_grad_buffer_assign(cddp_ctx *ctx, cddp_tensor *t, bool *assign) {
+    *assign = t->grad == NULL;
+    if (*assign) t->grad = cddp__ctx_alloc(ctx, (size_t)t->numel * sizeof(float));
+    return t->grad;
+}
+
+float *cddp__input_grad_assign(cddp_ctx *ctx, cddp__node *n, bool *assign) {
+    cddp_tensor *x = n->in[0];
+    *assign = false;
+    return x->requires_grad ? cddp_grad_buffer_assign(ctx, x, assign) : NULL;
+}
+
 float *cddp__input_grad(cddp_ctx *ctx, cddp__node *n) {
     cddp_tensor *x = n->in[0];
     return x->requires_grad ? cddp_grad_buffer(ctx, x) : NULL;

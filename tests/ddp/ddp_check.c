@@ -22,6 +22,12 @@
  *   ddp_check buffers join            the BatchNorm model, rank i has 3 + i batches: join shadows
  *                                     the buffer broadcasts too; every rank ends with the buffers
  *                                     of the rank that trained longest
+ *   ddp_check gpt ACCUM [CAP_MB]      a GPT with its tied head, GPT-2's recipe (AdamW on matrices,
+ *                                     clipping, warmup and cosine), ACCUM micro-steps per step
+ *                                     (no_sync), B sequences per rank and micro-step: 5 steps
+ *                                     equal one process on N*B (reduced gradients and parameters
+ *                                     within 1e-5, see compare_grads and compare_to_scale); the
+ *                                     tied weight is reduced once
  * Prints "ok: ..." and exits 0 when every check holds on this rank; exits 1 saying why.
  */
 #include <cddp/cddp.h>
@@ -504,11 +510,167 @@ static int resume(cddp_comm *g, const char *dir) {
     return 0;
 }
 
+/* ---- a GPT ----------------------------------------------------------------------------- */
+
+enum { GPT_T = 8, GPT_V = 32 };
+
+static cddp_model *gpt_model(void) {
+    cddp_error err = {0};
+    cddp_gpt_config c = {
+        .vocab_size = GPT_V, .block_size = GPT_T, .n_layer = 2, .n_head = 2, .n_embd = 16};
+    cddp_model *m = cddp_model_create_with(cddp_nn_gpt(&c), &err);
+    if (!m || cddp_model_build(m, 5))
+        FAIL("cannot build the GPT: %s", m ? cddp_model_error(m) : err.msg);
+    return m;
+}
+
+static cddp_optim *gpt_adamw(cddp_model *m) {
+    cddp_error err = {0};
+    cddp_adamw_options o = cddp_adamw_defaults(1e-2f);
+    o.beta2 = 0.95f;
+    /* 1e-5 rather than 1e-8, as in tests/reference/make_fixtures.py: the keys' bias has a zero
+     * gradient in exact arithmetic (softmax ignores a shift of every score), so its float32
+     * gradient is rounding noise, and Adam would turn the noise's sign into a full step that
+     * differs between any two summation orders. */
+    o.eps = 1e-5f;
+    o.weight_decay = 0.1f;
+    o.decay_matrices_only = true;
+    cddp_optim *opt = cddp_optim_adamw(m, &o, &err);
+    if (!opt) FAIL("adamw: %s", err.msg);
+    return opt;
+}
+
+/* Mean cross-entropy over the next-token targets of sequences [first, first + count) of step s,
+ * divided by accumulate. Token j of sequence i is the same in every process. */
+static cddp_tensor *gpt_loss(cddp_ctx *ctx, cddp_model *m, int s, int64_t first, int64_t count,
+                             int accumulate) {
+    int64_t *x = malloc(sizeof(int64_t) * (size_t)(count * GPT_T)),
+            *y = malloc(sizeof(int64_t) * (size_t)(count * GPT_T));
+    for (int64_t i = 0; i < count; i++) {
+        cddp_rng r;
+        cddp_rng_seed(&r, (uint64_t)s * 7919u + (uint64_t)(first + i));
+        int64_t tok[GPT_T + 1];
+        for (int j = 0; j <= GPT_T; j++) tok[j] = (int64_t)cddp_rng_below(&r, GPT_V);
+        memcpy(x + i * GPT_T, tok, sizeof(int64_t) * GPT_T);
+        memcpy(y + i * GPT_T, tok + 1, sizeof(int64_t) * GPT_T);
+    }
+    int64_t rows = count * GPT_T;
+    cddp_tensor *xt = cddp_from_data(ctx, CDDP_I64, 2, (int64_t[]){count, GPT_T}, x);
+    cddp_tensor *yt = cddp_from_data(ctx, CDDP_I64, 1, &rows, y);
+    free(x);
+    free(y);
+    cddp_tensor *logits = cddp_model_forward(m, ctx, xt);
+    cddp_tensor *loss = cddp_cross_entropy(
+        ctx, cddp_reshape(ctx, logits, 2, (int64_t[]){rows, GPT_V}), yt, CDDP_REDUCE_MEAN);
+    return cddp_scale(ctx, loss, 1.0f / (float)accumulate);
+}
+
+/* Every reduced gradient within 1e-5 of the reference's, relative to its tensor's largest
+ * (per_tensor, when both models hold the same parameters: the first step) or to the model's
+ * largest gradient (later steps, when Adam has moved the parameters apart by rounding, see
+ * compare_to_scale, and a gradient that is small next to the others, as a LayerNorm weight's,
+ * differs by more than 1e-5 of itself). */
+static void compare_grads(const cddp_model *got, const cddp_model *ref, bool per_tensor,
+                          const char *when) {
+    double scale = 0;
+    for (int i = 0; i < cddp_model_num_params(ref); i++) {
+        const cddp_tensor *b = cddp_model_param(ref, i);
+        for (int64_t e = 0; e < b->numel; e++) scale = fmax(scale, fabs(b->grad[e]));
+    }
+    for (int i = 0; i < cddp_model_num_params(ref); i++) {
+        const cddp_tensor *a = cddp_model_param(got, i), *b = cddp_model_param(ref, i);
+        double dmax = 0, rmax = 0;
+        for (int64_t e = 0; e < b->numel; e++) {
+            dmax = fmax(dmax, fabs(a->grad[e] - b->grad[e]));
+            rmax = fmax(rmax, fabs(b->grad[e]));
+        }
+        if (dmax > 1e-5 * (per_tensor ? rmax : scale))
+            FAIL("%s: the gradient of %s differs from the reference's by %g (largest %g, in the "
+                 "model %g)",
+                 when, b->name, dmax, rmax, scale);
+    }
+}
+
+/* Every parameter within 1e-5 of the reference, relative to the model's largest parameter value.
+ * Per tensor (as compare does) would not measure DDP under Adam: a bias that starts at zero is
+ * Adam's update alone, about lr whatever its gradient, and the update of an element whose
+ * gradient is near zero moves by up to lr / eps times a rounding difference in that gradient
+ * (the sums of a batch split over ranks round differently from the sums of the whole batch). */
+static void compare_to_scale(const cddp_model *got, const cddp_model *ref, const char *when) {
+    double dmax = 0, rmax = 0;
+    const char *worst = "";
+    for (int i = 0; i < cddp_model_num_params(ref); i++) {
+        const cddp_tensor *a = cddp_model_param(got, i), *b = cddp_model_param(ref, i);
+        for (int64_t e = 0; e < b->numel; e++) {
+            double d = fabs(cddp_f32(a)[e] - cddp_f32(b)[e]);
+            if (d > dmax) {
+                dmax = d;
+                worst = b->name;
+            }
+            rmax = fmax(rmax, fabs(cddp_f32(b)[e]));
+        }
+    }
+    if (dmax > 1e-5 * rmax)
+        FAIL("%s: %s differs from the single-process reference by %g (largest parameter %g)", when,
+             worst, dmax, rmax);
+}
+
+static int gpt(cddp_comm *g, int accumulate, double cap_mb) {
+    cddp_model *m = gpt_model(), *ref = gpt_model();
+    cddp_ddp *d = wrap(m, g, (cddp_ddp_options){.bucket_cap_mb = cap_mb});
+    cddp_optim *om = gpt_adamw(m), *oref = gpt_adamw(ref);
+    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    for (int s = 0; s < STEPS; s++) {
+        float lr = cddp_lr_warmup_cosine(s, 1e-2f, 1e-3f, 2, STEPS);
+        cddp_optim_set_lr(om, lr);
+        cddp_optim_set_lr(oref, lr);
+        cddp_model_zero_grad(m);
+        cddp_model_zero_grad(ref);
+        for (int a = 0; a < accumulate; a++) {
+            int micro = s * accumulate + a;
+            cddp_ddp_no_sync(d, a + 1 < accumulate);
+            cddp_ctx_reset(ctx);
+            backward(ctx, gpt_loss(ctx, m, micro, (int64_t)rank * B, B, accumulate), "ddp");
+            cddp_ctx_reset(ctx);
+            backward(ctx, gpt_loss(ctx, ref, micro, 0, (int64_t)world * B, accumulate),
+                     "reference");
+        }
+        /* The norms agree before clipping: clipping after DDP's reduction clips alike. */
+        double n1 = cddp_clip_grad_norm(m, 0.5), n2 = cddp_clip_grad_norm(ref, 0.5);
+        if (fabs(n1 - n2) > 1e-5 * n2)
+            FAIL("step %d: gradient norm %.9g, reference %.9g", s, n1, n2);
+        char when[64];
+        snprintf(when, sizeof when, "step %d", s + 1);
+        compare_grads(m, ref, s == 0, when);
+        cddp_optim_step(om);
+        cddp_optim_step(oref);
+        snprintf(when, sizeof when, "after step %d", s + 1);
+        compare_to_scale(m, ref, when);
+    }
+    /* The tied head is one parameter: reduced once, in one bucket. */
+    cddp_ddp_stats st = cddp_ddp_stats_get(d);
+    if (st.bytes != cddp_model_numel(m) * sizeof(float))
+        FAIL("DDP reduces %zu bytes per step for %zu parameters", st.bytes, cddp_model_numel(m));
+    int wte = -1, seen = 0;
+    for (int i = 0; i < cddp_model_num_params(m); i++)
+        if (cddp_model_param(m, i) == cddp_model_find(m, "lm_head.weight")) wte = i;
+    for (int b = 0; b < cddp_ddp_num_buckets(d); b++) {
+        int params[64], n = cddp_ddp_bucket_params(d, b, params, 64);
+        for (int i = 0; i < n; i++) seen += params[i] == wte;
+    }
+    if (wte < 0 || seen != 1) FAIL("the tied weight (parameter %d) is in %d buckets", wte, seen);
+    printf("ok: rank %d of %d: gpt, %d buckets, %d micro-step(s): %d steps of GPT-2's recipe equal "
+           "the single-process reference; the tied head reduced once\n",
+           rank, world, cddp_ddp_num_buckets(d), accumulate, STEPS);
+    release(ctx, om, oref, d, m, ref);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: ddp_check equal mlp|cnn [CAP_MB] | nosync | sum | unused | "
                         "unused_noflag | join | join_throw | mismatch shape|option | resume DIR | "
-                        "buffers [off|join]\n");
+                        "buffers [off|join] | gpt ACCUM [CAP_MB]\n");
         return 2;
     }
     cddp_error err = {0};
@@ -536,6 +698,8 @@ int main(int argc, char **argv) {
         status = buffers_join(g);
     else if (!strcmp(mode, "buffers"))
         status = buffers(g, argc > 2 && !strcmp(argv[2], "off"));
+    else if (!strcmp(mode, "gpt") && argc > 2)
+        status = gpt(g, atoi(argv[2]), argc > 3 ? atof(argv[3]) : 0);
     else
         FAIL("unknown mode %s", mode);
     cddp_comm_destroy(g);

@@ -9,6 +9,13 @@
 #   resume          a 2-rank, 2-epoch run killed after its first checkpoint, then resumed, ends
 #                   within 0.5 points of the uninterrupted run, its curves holding both epochs
 #   bf16            1 epoch with bf16 gradient compression within 0.5 points of float32
+#   gpt             2 ranks train a small GPT on fortunes for 40 iterations: nanoGPT's lines, the
+#                   losses fall, one sample from rank 0, the JSON fields, the checkpoint (which
+#                   holds the tied head under both names) and curves that render
+#   gpt_resume      20 iterations, then --resume for 20 more, equal 40 uninterrupted ones: the
+#                   same loss at every iteration and the same validation loss
+#   gpt_tokens      cddp-tokenize writes llm.c's token files (read back with NumPy as llm.c's
+#                   loader does), gpt_train trains on them, and a truncated file is refused
 set -u
 build=$1 scenario=$2
 work=$(mktemp -d)
@@ -119,6 +126,95 @@ bf16)
         || fail "bf16 accuracy $b is not within 0.5 points of float32's $a"
     grep -q '"hook": "bf16"' bf16.out || fail "the bf16 run did not use the hook"
     echo "ok: bf16 $b vs float32 $a"
+    ;;
+gpt)
+    GPT="$build/bin/gpt_train --n_layer 2 --n_head 2 --n_embd 64 --block_size 32 --batch_size 8"
+    run --nproc_per_node 2 $GPT --max_iters 40 --warmup_iters 10 --eval_interval 20 --eval_iters 10 --final_eval 20 \
+        --log_interval 10 --sample 100 --out run --json > out 2>&1 || { cat out; fail "training failed"; }
+    cat out
+    for l in "iter 0: loss" "iter 30: loss" "step 0: train loss" "step 20: train loss" \
+             "step 40: train loss" "checkpoint: run/checkpoint.safetensors" "sample (100 bytes"; do
+        [ "$(grep -c "^$l" out)" = 1 ] || fail "'$l' printed $(grep -c "^$l" out) times, expected once (rank 0)"
+    done
+    grep -q '^iter [0-9]*: loss [0-9.]*, time [0-9.]*ms' out || fail "no nanoGPT-style iteration line"
+    json=$(tail -n 1 out)
+    for k in tokens_per_s train_s val_loss iters world params; do
+        echo "$json" | grep -q "\"$k\": " || fail "the JSON line has no $k"
+    done
+    echo "$json" | grep -q '"iters": 40, "world": 2' || fail "the JSON line does not say 40 iterations on 2 ranks"
+    first=$(sed -n 's/^step 0: train loss [0-9.]*, val loss \([0-9.]*\).*/\1/p' out)
+    last=$(echo "$json" | sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p')
+    # Uniform guessing over 256 bytes is ln 256 = 5.55; 40 iterations learn the bytes' frequencies.
+    awk -v a="$first" -v b="$last" 'BEGIN { exit !(a > 5.3 && b < 4.0) }' \
+        || fail "validation loss $first -> $last: expected about 5.5 falling below 4.0"
+    for f in run/checkpoint.safetensors run/loss.csv run/eval.csv run/curves.svg; do
+        [ -s "$f" ] || fail "$f is missing"
+    done
+    [ "$(tail -n +2 run/loss.csv | wc -l)" = 40 ] || fail "loss.csv should hold 40 iterations"
+    [ "$(cut -d, -f1 run/eval.csv | tr '\n' ' ')" = "step 20 40 " ] || fail "eval.csv: $(cat run/eval.csv)"
+    rsvg-convert run/curves.svg -o curves.png || fail "curves.svg does not render"
+    grep -q "validation loss" run/curves.svg || fail "curves.svg has no 'validation loss'"
+    $PY - "$CDDP_SOURCE_DIR/tests/reference" <<'PYEOF' || fail "the checkpoint is not a nanoGPT state_dict"
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import safetensors_np
+t, meta = safetensors_np.load("run/checkpoint.safetensors")
+assert np.array_equal(t["lm_head.weight"], t["transformer.wte.weight"])
+assert t["transformer.h.1.attn.c_attn.weight"].shape == (192, 64)
+assert meta["iter"] == "40" and meta["n_layer"] == "2" and meta["world"] == "2", meta
+assert "optim.exp_avg.transformer.wte.weight" in t
+print("ok: the checkpoint holds nanoGPT's names, the tied head twice, the run's shape")
+PYEOF
+    echo "ok: validation loss $first -> $last on 2 ranks"
+    ;;
+gpt_resume)
+    GPT="$build/bin/gpt_train --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --batch_size 4 \
+         --warmup_iters 5 --lr_decay_iters 40 --eval_interval 20 --eval_iters 4 --final_eval 10 \
+         --log_interval 1 --sample 0 --json"
+    run --nproc_per_node 2 $GPT --max_iters 40 --out straight > straight.out 2>&1 || { cat straight.out; fail "the uninterrupted run failed"; }
+    run --nproc_per_node 2 $GPT --max_iters 20 --out split > first.out 2>&1 || { cat first.out; fail "the first half failed"; }
+    run --nproc_per_node 2 $GPT --max_iters 40 --out split --resume > second.out 2>&1 || { cat second.out; fail "the resumed half failed"; }
+    grep -q "resumed from split/checkpoint.safetensors at iteration 20" second.out || fail "did not resume at iteration 20"
+    losses() { sed -n 's/^iter \([0-9]*\): loss \([0-9.]*\),.*/\1 \2/p' "$@"; }
+    losses straight.out > a
+    losses first.out second.out > b
+    [ "$(wc -l < a)" = 40 ] || fail "the uninterrupted run logged $(wc -l < a) iterations"
+    diff a b > /dev/null || { diff a b; fail "the resumed run's losses differ from the uninterrupted run's"; }
+    va=$(tail -n 1 straight.out | sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p')
+    vb=$(tail -n 1 second.out | sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p')
+    [ -n "$va" ] && [ "$va" = "$vb" ] || fail "validation loss $vb after resuming, $va uninterrupted"
+    [ "$(tail -n +2 split/loss.csv | wc -l)" = 40 ] || fail "loss.csv after resume: not 40 iterations"
+    echo "ok: 20 + 20 resumed iterations equal 40 (every loss, validation loss $va)"
+    ;;
+gpt_tokens)
+    printf 'the quick brown fox jumps over the lazy dog.\n%.0s' $(seq 400) > text.txt
+    "$build/bin/cddp-tokenize" text.txt data > tok.out 2>&1 || { cat tok.out; fail "cddp-tokenize failed"; }
+    cat tok.out
+    $PY - <<'PYEOF' || fail "the token files are not llm.c's"
+import numpy as np
+def load(path):  # as llm.c's dataloader reads a token file
+    with open(path, "rb") as f:
+        header = np.frombuffer(f.read(256 * 4), dtype=np.int32)
+        assert header[0] == 20240520 and header[1] == 1, header[:3]
+        tokens = np.frombuffer(f.read(), dtype=np.uint16)
+    assert len(tokens) == header[2], (len(tokens), header[2])
+    return tokens
+text = open("text.txt", "rb").read()
+train, val = load("data/train.bin"), load("data/val.bin")
+assert len(train) == int(len(text) * 0.9) and len(train) + len(val) == len(text)
+assert bytes(np.concatenate([train, val]).astype(np.uint8)) == text
+print("ok: train.bin and val.bin hold the text's %d bytes, 90/10" % len(text))
+PYEOF
+    run --nproc_per_node 2 "$build/bin/gpt_train" --data data/train.bin --n_layer 1 --n_head 2 --n_embd 32 \
+        --block_size 16 --batch_size 4 --max_iters 30 --eval_interval 30 --sample 40 --out none --json > out 2>&1 \
+        || { cat out; fail "training on the token files failed"; }
+    tail -n 4 out
+    grep -q '"iters": 30' out || fail "no JSON line after 30 iterations"
+    head -c 2000 data/train.bin > cut.bin
+    "$build/bin/gpt_train" --data cut.bin --max_iters 1 --out none > bad.out 2>&1 && fail "a truncated token file was accepted"
+    grep -q "cut.bin: truncated: the header promises" bad.out || { cat bad.out; fail "the truncated file's error does not say so"; }
+    echo "ok: cddp-tokenize, llm.c's format, training on it, a truncated file refused"
     ;;
 *) echo "unknown scenario $scenario"; exit 2 ;;
 esac

@@ -3,7 +3,7 @@
 
 Run with Debian's python3-torch (apt-get install python3-torch), from the repository root:
     /usr/bin/python3 tests/reference/make_fixtures.py
-It rewrites tests/reference/{mlp,cnn}.safetensors. The test itself needs no Python.
+It rewrites tests/reference/{mlp,cnn,gpt}.safetensors. The test itself needs no Python.
 
 For each model (the seed's MLP layer structure at width 128, and a small CNN with two
 convolutions, two poolings and two linear layers) the file holds, under these names:
@@ -34,6 +34,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_np  # noqa: E402
+from nanogpt import TinyGPT, get_lr, optimizer  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -92,6 +93,72 @@ def run(make, shape, path):
     print(f"wrote {path}")
 
 
+# ---- a tiny GPT, as nanoGPT writes it ------------------------------------------------------
+#
+# gpt.safetensors: a GPT of 2 layers, 2 heads, width 32, context 16, vocabulary 256, pre-LN
+# blocks with GELU-tanh MLPs and the language-model head tied to the token embedding, GPT-2's
+# initialisation (seed 0). It holds init.<param> (named_parameters: the tied head once, as
+# transformer.wte.weight), three batches x.<i>, y.<i> (4 sequences of 16 tokens, int64),
+# loss.grad and grad.<param> (mean cross-entropy over every position of batch 0), and the result
+# of 3 steps of GPT-2's recipe (adamw.<param>, loss.adamw): AdamW (betas 0.9, 0.95, eps 1e-5,
+# weight decay 0.1 on parameters of 2 or more dimensions only), the gradients' global norm
+# clipped at 1.0, the learning rate warmed up over 2 steps to 1e-3 then cosine-decayed to 1e-4
+# at step 3 (nanoGPT's get_lr), computed in float64.
+
+GPT = dict(vocab=256, block=16, layers=2, heads=2, width=32)
+
+
+def run_gpt(path):
+    torch.manual_seed(0)
+    model = TinyGPT(**GPT)
+    init = {k: p.detach().float().clone() for k, p in model.named_parameters()}
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randint(0, GPT["vocab"], (4, GPT["block"]), generator=gen) for _ in range(3)]
+    ys = [torch.randint(0, GPT["vocab"], (4, GPT["block"]), generator=gen) for _ in range(3)]
+    out = {f"init.{k}": v.numpy() for k, v in init.items()}
+    for i in range(3):
+        out[f"x.{i}"] = xs[i].numpy().astype(np.int64)
+        out[f"y.{i}"] = ys[i].numpy().astype(np.int64)
+
+    def fresh():
+        m = TinyGPT(**GPT).double()
+        with torch.no_grad():
+            for k, p in m.named_parameters():
+                p.copy_(init[k].double())
+        return m
+
+    def loss_of(m, i):
+        logits = m(xs[i])
+        return nn.functional.cross_entropy(logits.view(-1, GPT["vocab"]), ys[i].view(-1))
+
+    m = fresh()
+    loss = loss_of(m, 0)
+    loss.backward()
+    out["loss.grad"] = np.array([loss.item()], dtype=np.float32)
+    for k, p in m.named_parameters():
+        out[f"grad.{k}"] = p.grad.float().numpy()
+
+    m = fresh()
+    opt = optimizer(m, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-5)
+    losses = []
+    for i in range(3):
+        for g in opt.param_groups:
+            g["lr"] = get_lr(i)
+        opt.zero_grad()
+        loss = loss_of(m, i)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    out["loss.adamw"] = np.array(losses, dtype=np.float32)
+    for k, p in m.named_parameters():
+        out[f"adamw.{k}"] = p.detach().float().numpy()
+    safetensors_np.save(path, out, {"generator": "tests/reference/make_fixtures.py",
+                                    "torch": torch.__version__})
+    print(f"wrote {path}")
+
+
 if __name__ == "__main__":
     run(mlp, (784,), os.path.join(HERE, "mlp.safetensors"))
     run(cnn, (1, 28, 28), os.path.join(HERE, "cnn.safetensors"))
+    run_gpt(os.path.join(HERE, "gpt.safetensors"))

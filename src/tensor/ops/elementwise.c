@@ -4,6 +4,8 @@
  * element it came from, so a dimension that was stretched sums its contributions. */
 #include "tensor/internal.h"
 
+#include <string.h>
+
 static cddp_tensor *binary(cddp_ctx *ctx, cddp__op op, cddp_tensor *a, cddp_tensor *b) {
     if (CDDP__FAILED(ctx) || !a || !b) return NULL;
     cddp__need_f32("elementwise op", a);
@@ -70,7 +72,25 @@ cddp_tensor *cddp_div(cddp_ctx *ctx, cddp_tensor *a, cddp_tensor *b) {
 
 /* d(in) for a broadcast binary op: walks out's elements, adding each term to the right input
  * element, so a stretched dimension sums its contributions. */
+/* z = x + y of one shape (a transformer's residual stream): both gradients are dz. */
+static bool same_shape_add_backward(cddp_ctx *ctx, cddp__node *n) {
+    cddp_tensor *a = n->in[0], *b = n->in[1];
+    if (n->op != CDDP_OP_ADD || a->numel != n->out->numel || b->numel != n->out->numel)
+        return false;
+    for (int k = 0; k < 2; k++) {
+        cddp_tensor *t = n->in[k];
+        bool assign;
+        float *d = t->requires_grad ? cddp_grad_buffer_assign(ctx, t, &assign) : NULL;
+        if (d && assign)
+            memcpy(d, n->out->grad, (size_t)t->numel * sizeof(float));
+        else if (d)
+            cddp__add_into(d, n->out->grad, t->numel);
+    }
+    return true;
+}
+
 static void binary_backward(cddp_ctx *ctx, cddp__node *n) {
+    if (same_shape_add_backward(ctx, n)) return;
     const float *dy = n->out->grad;
     cddp_tensor *a = n->in[0], *b = n->in[1];
     const float *x = a->data, *y = b->data;

@@ -58,14 +58,17 @@ cddp_tensor *cddp_linear(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_ten
     if (CDDP__FAILED(ctx) || !x || !w) return NULL;
     cddp__need_f32("linear", x);
     cddp__need_f32("linear", w);
-    CDDP_CHECK(x->ndim == 2 && w->ndim == 2 && x->shape[1] == w->shape[1],
-               "linear: input %s does not fit weight %s (want (N,in) and (out,in))", CDDP__SHAPE(x),
-               CDDP__SHAPE(w));
-    int64_t N = x->shape[0], in = x->shape[1], outf = w->shape[0];
+    CDDP_CHECK(x->ndim >= 1 && w->ndim == 2 && x->shape[x->ndim - 1] == w->shape[1],
+               "linear: input %s does not fit weight %s (want (...,in) and (out,in))",
+               CDDP__SHAPE(x), CDDP__SHAPE(w));
+    int64_t in = w->shape[1], N = in ? x->numel / in : 0, outf = w->shape[0];
     if (b)
         CDDP_CHECK(b->ndim == 1 && b->shape[0] == outf, "linear: bias %s for weight %s",
                    CDDP__SHAPE(b), CDDP__SHAPE(w));
-    cddp_tensor *y = cddp_empty(ctx, CDDP_F32, 2, (int64_t[]){N, outf});
+    int64_t shape[CDDP_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[x->ndim - 1] = outf;
+    cddp_tensor *y = cddp_empty(ctx, CDDP_F32, x->ndim, shape);
     if (!y) return NULL;
     float *yd = y->data;
     if (b)
@@ -81,11 +84,12 @@ void cddp__linear_backward(cddp_ctx *ctx, cddp__node *n) {
     const float *dy = n->out->grad;
     /* y = x W^T + b: dx = dy W, dW = dy^T x, db = column sums of dy. */
     cddp_tensor *W = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
-    int64_t N = x->shape[0], in = x->shape[1], outf = W->shape[0];
+    int64_t in = W->shape[1], N = in ? x->numel / in : 0, outf = W->shape[0];
     if (x->requires_grad) {
-        float *gx = cddp_grad_buffer(ctx, x);
+        bool assign;
+        float *gx = cddp_grad_buffer_assign(ctx, x, &assign);
         if (!gx) return;
-        cddp__gemm(false, false, N, in, outf, 1.0f, dy, W->data, 1.0f, gx);
+        cddp__gemm(false, false, N, in, outf, 1.0f, dy, W->data, assign ? 0.0f : 1.0f, gx);
     }
     if (W->requires_grad) {
         float *gw = cddp_grad_buffer(ctx, W);

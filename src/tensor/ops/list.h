@@ -30,6 +30,10 @@
     X(CONV2D, conv2d)         /* conv.c */                                                         \
     X(MAX_POOL2D, max_pool2d) /* pool.c */                                                         \
     X(DROPOUT, dropout)       /* dropout.c */                                                      \
-    X(BATCH_NORM, batch_norm) /* norm.c */
+    X(BATCH_NORM, batch_norm) /* norm.c */                                                         \
+    X(EMBEDDING, embedding)   /* transformer.c */                                                  \
+    X(LAYER_NORM, layer_norm)                                                                      \
+    X(GELU_TANH, gelu_tanh)                                                                        \
+    X(ATTENTION, attention)
 
 #endif

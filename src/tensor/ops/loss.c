@@ -45,7 +45,8 @@ cddp_tensor *cddp_cross_entropy(cddp_ctx *ctx, cddp_tensor *logits, cddp_tensor 
 }
 
 void cddp__cross_entropy_backward(cddp_ctx *ctx, cddp__node *n) {
-    float *dx = cddp__input_grad(ctx, n);
+    bool assign;
+    float *dx = cddp__input_grad_assign(ctx, n, &assign);
     cddp_tensor *x = n->in[0];
     const float *dy = n->out->grad;
     /* loss = -sum_i logp[i, y_i] (/ N): dlogits[i, j] = (p[i, j] - [j = y_i]) g (/ N). */
@@ -54,9 +55,8 @@ void cddp__cross_entropy_backward(cddp_ctx *ctx, cddp__node *n) {
     int64_t N = x->shape[0], C = x->shape[1];
     float g = dy[0] / (n->arg.reduction == CDDP_REDUCE_MEAN ? (float)N : 1.0f);
     for (int64_t i = 0; i < N; i++) {
-        int64_t label = cddp__label(n->in[1], i);
-        for (int64_t j = 0; j < C; j++)
-            dx[i * C + j] += g * (expf(logp[i * C + j]) - (j == label ? 1.0f : 0.0f));
+        cddp__add_exp_scaled(dx + i * C, logp + i * C, g, C, assign);
+        dx[i * C + cddp__label(n->in[1], i)] -= g;
     }
 }
 

@@ -2,6 +2,8 @@
  * gradient back to the source, element for element. */
 #include "tensor/internal.h"
 
+#include <string.h>
+
 /* A view of x with another shape. */
 static cddp_tensor *view(cddp_ctx *ctx, cddp_tensor *x, int ndim, const int64_t *shape) {
     cddp_tensor *t = cddp__tensor_header(ctx, x->dtype, ndim, shape);
@@ -47,6 +49,10 @@ cddp_tensor *cddp_flatten(cddp_ctx *ctx, cddp_tensor *x) {
 
 /* A view: the same elements in the same order, so dx += dy. */
 void cddp__reshape_backward(cddp_ctx *ctx, cddp__node *n) {
-    float *dx = cddp__input_grad(ctx, n);
-    if (dx) cddp__add_into(dx, n->out->grad, n->in[0]->numel);
+    bool assign;
+    float *dx = cddp__input_grad_assign(ctx, n, &assign);
+    if (dx && assign)
+        memcpy(dx, n->out->grad, (size_t)n->in[0]->numel * sizeof(float));
+    else if (dx)
+        cddp__add_into(dx, n->out->grad, n->in[0]->numel);
 }

@@ -1,0 +1,134 @@
+#!/usr/bin/python3
+"""gpt_torch.py: PyTorch's side of the GPT comparisons: the same model, data and recipe as
+examples/gpt_train.c, so that speed (bench/gpt_vs_torch.sh) and the loss reached
+(tests/gpt/learn_reference.json) can be set side by side.
+
+The model is nanoGPT's (tests/reference/nanogpt.py). The text is read as cddp reads it with the
+byte tokenizer: a file, or a folder's regular text files in name order (no symbolic links, no
+file holding a NUL byte), split 90/10. Training windows start at every offset (stride 1) and are
+drawn without replacement in a seeded random order, each rank taking every world-th of it (what
+cddp's DistributedSampler does, with another generator); the validation loss is the mean over
+every token of the non-overlapping validation windows. Each iteration: nanoGPT's learning rate,
+zero_grad, forward, cross-entropy, backward, clip_grad_norm_, AdamW step. The clock runs around
+the iterations only. With WORLD_SIZE > 1 (RANK, MASTER_ADDR, MASTER_PORT set by cddprun) the model
+is wrapped with DistributedDataParallel over gloo. Rank 0 prints one JSON line.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "reference"))
+from nanogpt import TinyGPT, get_lr, optimizer  # noqa: E402
+
+
+def read_text(path):
+    if not os.path.isdir(path):
+        with open(path, "rb") as f:
+            return f.read()
+    parts = []
+    for name in sorted(os.listdir(path)):
+        p = os.path.join(path, name)
+        if name.startswith(".") or os.path.islink(p) or not os.path.isfile(p):
+            continue
+        with open(p, "rb") as f:
+            b = f.read()
+        if b"\0" not in b:
+            parts.append(b)
+    return b"".join(parts)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    for name, default in [("n_layer", 4), ("n_head", 4), ("n_embd", 128), ("block_size", 64),
+                          ("batch_size", 12), ("max_iters", 2000), ("warmup_iters", 100),
+                          ("lr_decay_iters", -1), ("threads", 1), ("seed", 1337),
+                          ("eval_batches", 0)]:
+        p.add_argument("--" + name, type=int, default=default)
+    for name, default in [("lr", 1e-3), ("min_lr", 1e-4), ("weight_decay", 0.1),
+                          ("grad_clip", 1.0), ("beta1", 0.9), ("beta2", 0.99)]:
+        p.add_argument("--" + name, type=float, default=default)
+    p.add_argument("--data", default="/usr/share/games/fortunes")
+    a = p.parse_args()
+    if a.lr_decay_iters < 0:
+        a.lr_decay_iters = a.max_iters
+    torch.set_num_threads(a.threads)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+
+    text = np.frombuffer(read_text(a.data), dtype=np.uint8).astype(np.int64)
+    n_train = int(len(text) * (1 - 0.1))
+    train, val = torch.from_numpy(text[:n_train]), torch.from_numpy(text[n_train:])
+    T, B = a.block_size, a.batch_size
+    n_windows = len(train) - T
+
+    torch.manual_seed(a.seed)
+    model = TinyGPT(vocab=256, block=T, layers=a.n_layer, heads=a.n_head, width=a.n_embd)
+    params = sum(p.numel() for p in model.parameters())
+    if world > 1:
+        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
+        model = nn.parallel.DistributedDataParallel(model)
+    opt = optimizer(model, a.lr, (a.beta1, a.beta2), a.weight_decay)
+    gen = torch.Generator().manual_seed(a.seed)
+    order = torch.randperm(n_windows, generator=gen)[rank::world]
+    offsets = torch.arange(T + 1)
+    train_s, it_time = 0.0, []
+    for it in range(a.max_iters):
+        t0 = time.perf_counter()
+        lr = get_lr(it, a.lr, a.min_lr, a.warmup_iters, a.lr_decay_iters)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        starts = order[it * B:(it + 1) * B]
+        w = train[starts[:, None] + offsets]
+        x, y = w[:, :-1], w[:, 1:]
+        opt.zero_grad(set_to_none=True)
+        logits = model(x)
+        loss = nn.functional.cross_entropy(logits.view(-1, 256), y.reshape(-1))
+        loss.backward()
+        if a.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
+        opt.step()
+        dt = time.perf_counter() - t0
+        train_s += dt
+        it_time.append(dt)
+
+    # The validation loss over every non-overlapping window, shared by the ranks.
+    core = model.module if world > 1 else model
+    nv = (len(val) - T - 1) // T + 1
+    total = torch.zeros(2, dtype=torch.float64)
+    with torch.no_grad():
+        mine = list(range(rank, nv, world))
+        if a.eval_batches:
+            mine = mine[:a.eval_batches * B]
+        for i in range(0, len(mine), B):
+            starts = torch.tensor(mine[i:i + B]) * T
+            w = val[starts[:, None] + offsets]
+            logits = core(w[:, :-1])
+            total[0] += nn.functional.cross_entropy(logits.reshape(-1, 256), w[:, 1:].reshape(-1),
+                                                    reduction="sum").double()
+            total[1] += w[:, 1:].numel()
+    if world > 1:
+        dist.all_reduce(total)
+    tokens = a.max_iters * B * T * world
+    if rank == 0:
+        print(json.dumps({"impl": "pytorch", "torch": torch.__version__, "world": world,
+                          "threads": a.threads, "iters": a.max_iters, "params": params,
+                          "train_s": round(train_s, 3),
+                          "tokens_per_s": round(tokens / train_s, 1) if train_s else 0,
+                          "median_iter_ms": round(1e3 * float(np.median(it_time)), 3)
+                          if it_time else 0,
+                          "last_loss": round(loss.item(), 4) if a.max_iters else None,
+                          "val_loss": round((total[0] / total[1]).item(), 4)}))
+    if world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,689 @@
+/* gpt_train.c: train a GPT on text, data-parallel, with nanoGPT's recipe and option names.
+ *
+ *   cddprun --nproc_per_node 2 build/bin/gpt_train --max_iters 2000          (Debian's fortunes)
+ *   build/bin/gpt_train --data input.txt --n_layer 6 --n_embd 192 --json    (one process)
+ *
+ * The text is read with the byte tokenizer (every byte a token, vocabulary 256): a text file or a
+ * folder of them is split 90/10 into training and validation text; a token file in llm.c's format
+ * named ...train.bin is read with its ...val.bin (cddp-tokenize writes them). Training samples are
+ * windows of block_size tokens (every offset of the training text: stride 1), drawn by a
+ * DistributedSampler so that the ranks see disjoint windows each epoch.
+ *
+ * One iteration is nanoGPT's: the learning rate from the schedule (linear warmup, cosine decay to
+ * min_lr), grad_accum micro-steps whose gradients accumulate (DDP reduces only on the last one:
+ * no_sync), the gradients' global norm clipped at grad_clip (after DDP's reduction, so every rank
+ * clips alike), an AdamW step with weight decay on the matrices only. Every eval_interval
+ * iterations rank 0 prints the training and validation losses (eval_iters batches each, spread
+ * over the text and shared by the ranks) and saves OUT/checkpoint.safetensors; at the end the
+ * whole validation text is evaluated and rank 0 samples --sample bytes of text.
+ */
+#include <cddp/cddp.h>
+
+#include "curves.h"
+#include "run.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define FORTUNES "/usr/share/games/fortunes"
+
+typedef struct options {
+    int64_t n_layer, n_head, n_embd, block_size, vocab_size;
+    int64_t batch_size, grad_accum, max_iters, warmup_iters, lr_decay_iters;
+    int64_t eval_interval, eval_iters, final_eval, log_interval, sample, stride, top_k;
+    double lr, min_lr, weight_decay, grad_clip, beta1, beta2, temperature;
+    const char *data, *out, *resume;
+    uint64_t seed;
+    bool json;
+} options;
+
+static void usage(FILE *out) {
+    fprintf(
+        out,
+        "usage: [cddprun --nproc_per_node N] gpt_train [options]\n"
+        "Trains a GPT (nanoGPT's model and recipe) on text with the byte tokenizer, data-parallel\n"
+        "over the launcher's ranks.\n\n"
+        "model:\n"
+        "  --n_layer N         transformer blocks (default 4)\n"
+        "  --n_head N          attention heads (default 4)\n"
+        "  --n_embd N          width, a multiple of n_head (default 128)\n"
+        "  --block_size N      context length in tokens (default 64)\n"
+        "  --vocab_size N      vocabulary (default 256, or more for a token file that needs it)\n"
+        "training (nanoGPT's CPU recipe by default):\n"
+        "  --batch_size N      sequences per micro-step on each rank (default 12)\n"
+        "  --grad_accum N      micro-steps per iteration (default 1)\n"
+        "  --max_iters N       iterations (default 2000)\n"
+        "  --lr X              peak learning rate (default 1e-3)\n"
+        "  --min_lr X          learning rate after the decay (default 1e-4)\n"
+        "  --warmup_iters N    linear warmup (default 100)\n"
+        "  --lr_decay_iters N  cosine decay ends here (default max_iters)\n"
+        "  --weight_decay X    AdamW's, on matrices only (default 0.1)\n"
+        "  --beta1 X, --beta2 X  AdamW's (default 0.9, 0.99)\n"
+        "  --grad_clip X       clip the gradients' global norm (default 1.0; 0: never)\n"
+        "  --seed N            weights and data order (default 1337)\n"
+        "data and output:\n"
+        "  --data PATH         a text file, a folder of text files, or a token file *train.bin\n"
+        "                      (with its *val.bin) (default Debian's fortunes, " FORTUNES ")\n"
+        "  --stride N          training windows start every N tokens (default 1)\n"
+        "  --eval_interval N   evaluate and save every N iterations (default 250)\n"
+        "  --eval_iters N      batches per evaluation (default 20)\n"
+        "  --final_eval N      batches for the last evaluation (default 0: the whole\n"
+        "                      validation text)\n"
+        "  --log_interval N    print the loss every N iterations (default 10)\n"
+        "  --out DIR           rank 0 writes checkpoint.safetensors, loss.csv, eval.csv and\n"
+        "                      curves.svg here (default runs/gpt; 'none': no files)\n"
+        "  --resume[=PATH]     continue from a checkpoint (default OUT/checkpoint.safetensors)\n"
+        "  --sample N          rank 0 ends by writing N bytes of generated text (default 200)\n"
+        "  --temperature X     sampling temperature (default 0.8)\n"
+        "  --top_k N           sample among the N likeliest tokens (default 200; 0: all)\n"
+        "  --json              end with one JSON line of results\n"
+        "  -h, --help          show this help\n");
+}
+
+typedef struct flag {
+    const char *name;
+    char kind; /* 'i' int64, 'f' double, 's' string */
+    void *at;
+} flag;
+
+static int parse_args(int argc, char **argv, options *o) {
+    *o = (options){.n_layer = 4,
+                   .n_head = 4,
+                   .n_embd = 128,
+                   .block_size = 64,
+                   .batch_size = 12,
+                   .grad_accum = 1,
+                   .max_iters = 2000,
+                   .warmup_iters = 100,
+                   .lr_decay_iters = -1,
+                   .eval_interval = 250,
+                   .eval_iters = 20,
+                   .log_interval = 10,
+                   .sample = 200,
+                   .stride = 1,
+                   .top_k = 200,
+                   .lr = 1e-3,
+                   .min_lr = 1e-4,
+                   .weight_decay = 0.1,
+                   .grad_clip = 1.0,
+                   .beta1 = 0.9,
+                   .beta2 = 0.99,
+                   .temperature = 0.8,
+                   .out = "runs/gpt",
+                   .seed = 1337};
+    int64_t seed = (int64_t)o->seed;
+    const flag flags[] = {
+        {"n_layer", 'i', &o->n_layer},
+        {"n_head", 'i', &o->n_head},
+        {"n_embd", 'i', &o->n_embd},
+        {"block_size", 'i', &o->block_size},
+        {"vocab_size", 'i', &o->vocab_size},
+        {"batch_size", 'i', &o->batch_size},
+        {"grad_accum", 'i', &o->grad_accum},
+        {"max_iters", 'i', &o->max_iters},
+        {"warmup_iters", 'i', &o->warmup_iters},
+        {"lr_decay_iters", 'i', &o->lr_decay_iters},
+        {"eval_interval", 'i', &o->eval_interval},
+        {"eval_iters", 'i', &o->eval_iters},
+        {"final_eval", 'i', &o->final_eval},
+        {"log_interval", 'i', &o->log_interval},
+        {"sample", 'i', &o->sample},
+        {"stride", 'i', &o->stride},
+        {"top_k", 'i', &o->top_k},
+        {"seed", 'i', &seed},
+        {"lr", 'f', &o->lr},
+        {"min_lr", 'f', &o->min_lr},
+        {"weight_decay", 'f', &o->weight_decay},
+        {"grad_clip", 'f', &o->grad_clip},
+        {"beta1", 'f', &o->beta1},
+        {"beta2", 'f', &o->beta2},
+        {"temperature", 'f', &o->temperature},
+        {"data", 's', &o->data},
+        {"out", 's', &o->out},
+    };
+    enum { NF = sizeof flags / sizeof flags[0] };
+    struct option longopts[NF + 4];
+    for (int i = 0; i < NF; i++)
+        longopts[i] = (struct option){flags[i].name, required_argument, 0, i};
+    longopts[NF] = (struct option){"resume", optional_argument, 0, 'R'};
+    longopts[NF + 1] = (struct option){"json", no_argument, 0, 'j'};
+    longopts[NF + 2] = (struct option){"help", no_argument, 0, 'h'};
+    longopts[NF + 3] = (struct option){0, 0, 0, 0};
+    int c;
+    bool resume = false;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (c >= 0 && c < NF) {
+            char *end = NULL;
+            const flag *f = &flags[c];
+            if (f->kind == 's') {
+                *(const char **)f->at = optarg;
+                continue;
+            }
+            errno = 0;
+            if (f->kind == 'i')
+                *(int64_t *)f->at = strtoll(optarg, &end, 10);
+            else
+                *(double *)f->at = strtod(optarg, &end);
+            if (!*optarg || *end || errno) {
+                fprintf(stderr, "gpt_train: --%s: '%s' is not a number\n", f->name, optarg);
+                return -1;
+            }
+        } else if (c == 'R') {
+            resume = true;
+            /* --resume PATH as well as --resume=PATH */
+            if (!optarg && optind < argc && argv[optind][0] != '-') optarg = argv[optind++];
+            o->resume = optarg;
+        } else if (c == 'j') {
+            o->json = true;
+        } else if (c == 'h') {
+            usage(stdout);
+            exit(0);
+        } else {
+            fprintf(stderr, "gpt_train: see --help for the options\n");
+            return -1;
+        }
+    }
+    o->seed = (uint64_t)seed;
+    if (optind < argc) {
+        fprintf(stderr, "gpt_train: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (o->lr_decay_iters < 0) o->lr_decay_iters = o->max_iters;
+    const struct {
+        bool bad;
+        const char *what;
+    } checks[] = {
+        {o->n_layer < 1 || o->n_head < 1 || o->n_embd < 1 || o->block_size < 1,
+         "--n_layer, --n_head, --n_embd and --block_size must be >= 1"},
+        {o->n_embd % o->n_head != 0, "--n_embd must be a multiple of --n_head"},
+        {o->batch_size < 1 || o->grad_accum < 1, "--batch_size and --grad_accum must be >= 1"},
+        {o->max_iters < 0 || o->warmup_iters < 0, "--max_iters and --warmup_iters must be >= 0"},
+        {o->eval_interval < 1 || o->eval_iters < 1 || o->final_eval < 0 || o->log_interval < 0 ||
+             o->sample < 0 || o->stride < 1 || o->top_k < 0,
+         "--eval_interval, --eval_iters and --stride must be >= 1; --log_interval, --sample "
+         "and --top_k >= 0"},
+        {!(o->lr > 0) || o->min_lr < 0 || o->min_lr > o->lr,
+         "--lr must be > 0 and --min_lr in [0, lr]"},
+        {o->weight_decay < 0 || o->grad_clip < 0, "--weight_decay and --grad_clip must be >= 0"},
+        {!(o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1),
+         "--beta1 and --beta2 must be in [0, 1)"},
+        {!(o->temperature > 0), "--temperature must be > 0"},
+        {o->vocab_size < 0 || o->vocab_size > 65536, "--vocab_size must be in [1, 65536]"},
+    };
+    for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
+        if (checks[i].bad) {
+            fprintf(stderr, "gpt_train: %s\n", checks[i].what);
+            return -1;
+        }
+    if (resume && !o->resume) o->resume = ""; /* OUT/checkpoint.safetensors, once OUT is known */
+    return 0;
+}
+
+/* ---- data ------------------------------------------------------------------------------------*/
+
+static bool ends_with(const char *s, const char *tail) {
+    size_t n = strlen(s), m = strlen(tail);
+    return n >= m && strcmp(s + n - m, tail) == 0;
+}
+
+/* The training and validation tokens: a *train.bin with its *val.bin, or one text (file, folder
+ * or token file) split 90/10. */
+static int load_data(const char *path, cddp_tokens *train, cddp_tokens *val, cddp_error *err) {
+    if (!path) {
+        struct stat st;
+        if (stat(FORTUNES, &st) != 0)
+            return cddp_error_set(err, CDDP_ENOENT,
+                                  "no --data given and Debian's fortunes package, the default "
+                                  "corpus, is not installed (apt-get install fortunes; make "
+                                  "demo-gpt installs it)");
+        path = FORTUNES;
+    }
+    if (ends_with(path, "train.bin")) {
+        char vpath[4096];
+        size_t n = strlen(path) - strlen("train.bin");
+        snprintf(vpath, sizeof vpath, "%.*sval.bin", (int)n, path);
+        if (access(vpath, F_OK) == 0) {
+            CDDP_TRY(cddp_tokens_read(path, train, err));
+            int rc = cddp_tokens_read(vpath, val, err);
+            if (rc != CDDP_OK) cddp_tokens_free(train);
+            return rc;
+        }
+    }
+    cddp_tokens all;
+    CDDP_TRY(cddp_tokens_load(path, &all, err));
+    int rc = cddp_tokens_split(&all, 0.1, train, val, err);
+    cddp_tokens_free(&all);
+    return rc;
+}
+
+static int64_t max_token(const cddp_tokens *t) {
+    int64_t m = 0;
+    for (int64_t i = 0; i < t->count; i++)
+        if (t->data[i] > m) m = t->data[i];
+    return m;
+}
+
+/* ---- evaluation --------------------------------------------------------------------------- */
+
+/* The mean loss over n windows of ds spread evenly over it (all of them when n >= its length),
+ * each rank taking every world-th, in batches of up to b; an allreduce sums over ranks. */
+static int mean_loss(cddp_model *m, cddp_ctx *ctx, cddp_comm *group, cddp_dataset *ds, int64_t n,
+                     int64_t b, double *out, cddp_error *err) {
+    int64_t len = cddp_dataset_len(ds), T = cddp_dataset_field(ds, 0)->shape[0];
+    if (n > len) n = len;
+    int rank = cddp_comm_rank(group), world = cddp_comm_size(group);
+    int64_t *x = malloc(sizeof(int64_t) * (size_t)(b * T)),
+            *y = malloc(sizeof(int64_t) * (size_t)(b * T));
+    if (!x || !y) {
+        free(x);
+        free(y);
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    }
+    bool grad = cddp_ctx_set_grad_enabled(ctx, false);
+    cddp_model_set_training(m, false);
+    double sum[2] = {0, 0}; /* loss sum over tokens, tokens */
+    int rc = CDDP_OK;
+    for (int64_t i = rank; i < n && rc == CDDP_OK;) {
+        int64_t k = 0;
+        for (; k < b && i < n; k++, i += world) {
+            int64_t w = n == len ? i : i * len / n;
+            rc = cddp_dataset_get(ds, w, (void *const[]){x + k * T, y + k * T}, err);
+            if (rc != CDDP_OK) break;
+        }
+        if (rc != CDDP_OK || k == 0) break;
+        cddp_ctx_reset(ctx);
+        int64_t rows = k * T, flat[2] = {rows, 0};
+        cddp_tensor *logits =
+            cddp_model_forward(m, ctx, cddp_wrap(ctx, CDDP_I64, 2, (int64_t[]){k, T}, x));
+        if (logits) flat[1] = logits->shape[2];
+        cddp_tensor *loss =
+            cddp_cross_entropy(ctx, logits ? cddp_reshape(ctx, logits, 2, flat) : NULL,
+                               cddp_wrap(ctx, CDDP_I64, 1, &rows, y), CDDP_REDUCE_SUM);
+        if (!loss) {
+            rc = cddp_error_set(err, cddp_ctx_status(ctx), "%s", cddp_ctx_error(ctx));
+            break;
+        }
+        sum[0] += cddp_get(loss, 0);
+        sum[1] += (double)rows;
+    }
+    cddp_ctx_reset(ctx);
+    cddp_ctx_set_grad_enabled(ctx, grad);
+    cddp_model_set_training(m, true);
+    free(x);
+    free(y);
+    if (rc != CDDP_OK) return rc;
+    CDDP_TRY(cddp_comm_allreduce(group, sum, sum, 2, CDDP_COMM_F64, CDDP_COMM_SUM, -1, err));
+    *out = sum[1] > 0 ? sum[0] / sum[1] : NAN;
+    return CDDP_OK;
+}
+
+/* ---- sampling ----------------------------------------------------------------------------- */
+
+static int by_prob_desc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* Writes n generated tokens after a newline: the last block_size tokens in, the next token drawn
+ * from the softmax of the last position's logits / temperature, among the top_k likeliest. */
+static int sample_text(cddp_model *m, cddp_ctx *ctx, const options *o, int64_t vocab, FILE *out,
+                       cddp_error *err) {
+    int64_t *ids = malloc(sizeof(int64_t) * (size_t)(o->sample + 1));
+    float *p = malloc(sizeof(float) * (size_t)vocab),
+          *sorted = malloc(sizeof(float) * (size_t)vocab);
+    if (!ids || !p || !sorted) {
+        free(ids);
+        free(p);
+        free(sorted);
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    }
+    cddp_rng rng;
+    cddp_rng_seed(&rng, o->seed + 7);
+    bool grad = cddp_ctx_set_grad_enabled(ctx, false);
+    cddp_model_set_training(m, false);
+    ids[0] = vocab > '\n' ? '\n' : 0;
+    int rc = CDDP_OK;
+    for (int64_t n = 1; n <= o->sample; n++) {
+        int64_t T = n < o->block_size ? n : o->block_size;
+        cddp_ctx_reset(ctx);
+        cddp_tensor *logits =
+            cddp_model_forward(m, ctx, cddp_wrap(ctx, CDDP_I64, 2, (int64_t[]){1, T}, ids + n - T));
+        if (!logits) {
+            rc = cddp_error_set(err, cddp_ctx_status(ctx), "%s", cddp_ctx_error(ctx));
+            break;
+        }
+        const float *last = cddp_f32(logits) + (T - 1) * vocab;
+        float top = -INFINITY, floor = -INFINITY;
+        for (int64_t v = 0; v < vocab; v++) top = fmaxf(top, last[v]);
+        if (o->top_k > 0 && o->top_k < vocab) {
+            memcpy(sorted, last, sizeof(float) * (size_t)vocab);
+            qsort(sorted, (size_t)vocab, sizeof(float), by_prob_desc);
+            floor = sorted[o->top_k - 1];
+        }
+        double z = 0;
+        for (int64_t v = 0; v < vocab; v++) {
+            p[v] = last[v] < floor ? 0.0f : expf((float)((last[v] - top) / o->temperature));
+            z += p[v];
+        }
+        double u = cddp_rng_uniform(&rng) * z, acc = 0;
+        int64_t pick = vocab - 1;
+        for (int64_t v = 0; v < vocab; v++)
+            if ((acc += p[v]) > u && p[v] > 0) {
+                pick = v;
+                break;
+            }
+        ids[n] = pick;
+        if (vocab <= 256)
+            fputc((int)pick, out);
+        else
+            fprintf(out, "%" PRId64 " ", pick);
+    }
+    fputc('\n', out);
+    cddp_ctx_reset(ctx);
+    cddp_ctx_set_grad_enabled(ctx, grad);
+    cddp_model_set_training(m, true);
+    free(ids);
+    free(p);
+    free(sorted);
+    return rc;
+}
+
+/* ---- the run ------------------------------------------------------------------------------ */
+
+/* Seconds spent in each part of an iteration, summed over the timed iterations. */
+typedef struct split {
+    double forward, backward, optimizer, comm, wait;
+    int64_t iters;
+} split;
+
+static int save(cddp_ddp *ddp, const cddp_optim *opt, const char *path, const options *o,
+                int64_t iter, cddp_sampler_state st, int world, cddp_error *err) {
+    char v[9][32];
+    snprintf(v[0], 32, "%" PRId64, iter);
+    snprintf(v[1], 32, "%" PRId64, o->n_layer);
+    snprintf(v[2], 32, "%" PRId64, o->n_head);
+    snprintf(v[3], 32, "%" PRId64, o->n_embd);
+    snprintf(v[4], 32, "%" PRId64, o->block_size);
+    snprintf(v[5], 32, "%" PRId64, o->vocab_size);
+    snprintf(v[6], 32, "%" PRId64, st.epoch);
+    snprintf(v[7], 32, "%" PRId64, st.consumed);
+    snprintf(v[8], 32, "%d", world);
+    const char *meta[] = {
+        "iter",       v[0], "n_layer",    v[1],  "n_head",     v[2], "n_embd",        v[3],
+        "block_size", v[4], "vocab_size", v[5],  "data_epoch", v[6], "data_consumed", v[7],
+        "world",      v[8], "model",      "gpt", NULL};
+    return cddp_ddp_save(ddp, path, opt, meta, err);
+}
+
+/* Reads the checkpoint's model shape into o, so that --resume needs no model options. */
+static int peek_shape(const char *path, options *o, cddp_error *err) {
+    cddp_safetensors *f = cddp_safetensors_read(path, err);
+    if (!f) return err->code;
+    struct {
+        const char *key;
+        int64_t *at;
+    } keys[] = {{"n_layer", &o->n_layer},
+                {"n_head", &o->n_head},
+                {"n_embd", &o->n_embd},
+                {"block_size", &o->block_size},
+                {"vocab_size", &o->vocab_size}};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const char *v = cddp_safetensors_meta(f, keys[i].key);
+        if (v) *keys[i].at = strtoll(v, NULL, 10);
+    }
+    cddp_safetensors_destroy(f);
+    return CDDP_OK;
+}
+
+static int64_t meta_int(const cddp_safetensors *f, const char *key, int64_t dflt) {
+    const char *v = cddp_safetensors_meta(f, key);
+    return v ? strtoll(v, NULL, 10) : dflt;
+}
+
+int main(int argc, char **argv) {
+    options o;
+    if (parse_args(argc, argv, &o) != 0) return 2;
+    int status = 1;
+    cddp_error err = {0};
+    cddp_comm *group = NULL;
+    cddp_ddp *ddp = NULL;
+    cddp_tokens train_text = {0}, val_text = {0};
+    cddp_dataset *train = NULL, *val = NULL;
+    cddp_sampler *sampler = NULL;
+    cddp_loader *loader = NULL;
+    cddp_model *m = NULL;
+    cddp_optim *opt = NULL;
+    cddp_ctx *ctx = NULL;
+    char title[200] = "", ckpt[4096] = "", resume_path[4096] = "";
+    curves curve = {.title = title, .eval_label = "validation loss"};
+    bool files = strcmp(o.out, "none") != 0 && *o.out;
+
+    if (!(group = cddp_comm_create(NULL, &err))) goto fail;
+    int rank = cddp_comm_rank(group), world = cddp_comm_size(group);
+    if (files) snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", o.out);
+    if (o.resume) {
+        snprintf(resume_path, sizeof resume_path, "%s", *o.resume ? o.resume : ckpt);
+        if (!*resume_path) {
+            cddp_error_set(&err, CDDP_EINVAL, "--resume needs a PATH when --out is none");
+            goto fail;
+        }
+        if (peek_shape(resume_path, &o, &err) != CDDP_OK) goto fail;
+    }
+
+    /* The text: every rank reads it (it is small next to the model's work). */
+    if (load_data(o.data, &train_text, &val_text, &err) != CDDP_OK) goto fail;
+    int64_t top = CDDP_MAX(max_token(&train_text), max_token(&val_text));
+    if (o.vocab_size == 0) o.vocab_size = CDDP_MAX(256, top + 1);
+    if (top >= o.vocab_size) {
+        cddp_error_set(&err, CDDP_ERANGE,
+                       "the data holds token %" PRId64 ", beyond --vocab_size %" PRId64, top,
+                       o.vocab_size);
+        goto fail;
+    }
+    if (!(train = cddp_dataset_token_windows(&train_text, o.block_size, o.stride, &err))) goto fail;
+    if (!(val = cddp_dataset_token_windows(&val_text, o.block_size, o.block_size, &err))) goto fail;
+    cddp_sampler_options so = cddp_sampler_defaults();
+    so.seed = o.seed;
+    so.rank = rank;
+    so.num_replicas = world;
+    so.drop_last = true;
+    if (!(sampler = cddp_sampler_create(cddp_dataset_len(train), &so, &err))) goto fail;
+    cddp_loader_options lo = {.batch_size = o.batch_size, .drop_last = true, .prefetch = 2};
+    if (!(loader = cddp_loader_create(train, sampler, &lo, &err))) goto fail;
+
+    /* The model, its optimizer, and the wrap that makes it data-parallel. */
+    cddp_gpt_config g = {.vocab_size = o.vocab_size,
+                         .block_size = o.block_size,
+                         .n_layer = o.n_layer,
+                         .n_head = o.n_head,
+                         .n_embd = o.n_embd};
+    if (!(m = cddp_model_create_with(cddp_nn_gpt(&g), &err))) goto fail;
+    if (cddp_model_build(m, o.seed) != CDDP_OK) {
+        cddp_error_set(&err, CDDP_EINVAL, "%s", cddp_model_error(m));
+        goto fail;
+    }
+    if (!(ctx = cddp_ctx_create(&(cddp_ctx_options){.seed = o.seed + (uint64_t)rank}))) {
+        cddp_error_set(&err, CDDP_ENOMEM, "out of memory");
+        goto fail;
+    }
+    cddp_adamw_options aw = cddp_adamw_defaults((float)o.lr);
+    aw.beta1 = (float)o.beta1;
+    aw.beta2 = (float)o.beta2;
+    aw.weight_decay = (float)o.weight_decay;
+    aw.decay_matrices_only = true;
+    if (!(opt = cddp_optim_adamw(m, &aw, &err))) goto fail;
+    if (!(ddp = cddp_ddp_wrap(m, group, NULL, &err))) goto fail;
+
+    int64_t iter = 0;
+    if (o.resume) {
+        cddp_safetensors *f = NULL;
+        if (cddp_ddp_load(ddp, resume_path, opt, &f, &err) != CDDP_OK) goto fail;
+        iter = meta_int(f, "iter", 0);
+        cddp_sampler_state st = {meta_int(f, "data_epoch", 0), meta_int(f, "data_consumed", 0)};
+        int64_t was = meta_int(f, "world", world);
+        cddp_safetensors_destroy(f);
+        if (was != world) {
+            cddp_ddp_print0(ddp,
+                            "resuming on %d ranks from a checkpoint of %" PRId64
+                            ": the data order restarts at the start of epoch %" PRId64 "\n",
+                            world, was, st.epoch);
+            st.consumed = 0;
+        }
+        if (cddp_sampler_set_state(sampler, st, &err) != CDDP_OK) goto fail;
+        cddp_ddp_print0(ddp, "resumed from %s at iteration %" PRId64 "\n", resume_path, iter);
+    }
+    if (files) {
+        if (rank == 0 && run_make_dirs(o.out, &err) != CDDP_OK) goto fail;
+        if (rank == 0 && o.resume) { /* the curves so far, up to the checkpoint's iteration */
+            curves_load(&curve, o.out);
+            while (curve.nloss && curve.loss[curve.nloss - 1].step >= iter) curve.nloss--;
+            while (curve.neval && curve.eval[curve.neval - 1].step >= iter) curve.neval--;
+        }
+    }
+    int64_t params = (int64_t)cddp_model_numel(m);
+    snprintf(title, sizeof title,
+             "gpt_train: %" PRId64 " layers, %" PRId64 " heads, width %" PRId64
+             ", %.2fM parameters, "
+             "%d rank%s x batch %" PRId64 " x %" PRId64 " tokens",
+             o.n_layer, o.n_head, o.n_embd, (double)params / 1e6, world, world > 1 ? "s" : "",
+             o.batch_size * o.grad_accum, o.block_size);
+    cddp_ddp_print0(ddp,
+                    "%s\ntraining windows: %" PRId64 " (%" PRId64 " tokens), validation: %" PRId64
+                    " tokens\n",
+                    title, cddp_dataset_len(train), train_text.count, val_text.count);
+
+    /* The loop. */
+    split sp = {0};
+    double train_s = 0, val_loss = NAN, train_loss = NAN, last_loss = NAN;
+    int64_t first = iter, T = o.block_size, tokens = 0;
+    int64_t flat[2] = {o.batch_size * T, o.vocab_size}, rows = o.batch_size * T;
+    cddp_loader_begin(loader);
+    for (; iter <= o.max_iters; iter++) {
+        bool last = iter == o.max_iters;
+        if ((iter % o.eval_interval == 0 && !(o.resume && iter == first)) || last) {
+            if (mean_loss(m, ctx, group, train, o.eval_iters * o.batch_size, o.batch_size,
+                          &train_loss, &err) ||
+                mean_loss(m, ctx, group, val,
+                          !last          ? o.eval_iters * o.batch_size
+                          : o.final_eval ? o.final_eval * o.batch_size
+                                         : INT64_MAX,
+                          o.batch_size, &val_loss, &err))
+                goto fail;
+            cddp_ddp_print0(ddp, "step %" PRId64 ": train loss %.4f, val loss %.4f%s\n", iter,
+                            train_loss, val_loss,
+                            last && !o.final_eval ? " (the whole validation text)" : "");
+            if (files && iter > first) {
+                if (save(ddp, opt, ckpt, &o, iter, cddp_sampler_get_state(sampler), world, &err))
+                    goto fail;
+                if (rank == 0) {
+                    curves_add_eval(&curve, iter, 0, val_loss);
+                    if (!curves_save(&curve, o.out))
+                        fprintf(stderr, "gpt_train: cannot write the curves in %s: %s\n", o.out,
+                                strerror(errno));
+                }
+            }
+        }
+        if (last) break;
+        double t0 = cddp_now_s(), tf = 0, tb = 0;
+        cddp_optim_set_lr(opt, cddp_lr_warmup_cosine(iter, (float)o.lr, (float)o.min_lr,
+                                                     o.warmup_iters, o.lr_decay_iters));
+        cddp_model_zero_grad(m);
+        double loss_sum = 0;
+        for (int64_t micro = 0; micro < o.grad_accum; micro++) {
+            cddp_batch b;
+            int rc = cddp_loader_next(loader, &b, &err);
+            if (rc == 0) { /* the epoch is over: the next one (a new order) */
+                cddp_loader_begin(loader);
+                rc = cddp_loader_next(loader, &b, &err);
+            }
+            if (rc != 1) {
+                if (rc == 0)
+                    cddp_error_set(&err, CDDP_ERANGE,
+                                   "the training text has fewer windows than one batch per rank");
+                goto fail;
+            }
+            cddp_ddp_no_sync(ddp, micro < o.grad_accum - 1);
+            double tm = cddp_now_s();
+            cddp_ctx_reset(ctx);
+            cddp_tensor *logits = cddp_model_forward(m, ctx, cddp_batch_tensor(ctx, &b, 0));
+            cddp_tensor *loss =
+                cddp_cross_entropy(ctx, cddp_reshape(ctx, logits, 2, flat),
+                                   cddp_wrap(ctx, CDDP_I64, 1, &rows, b.data[1]), CDDP_REDUCE_MEAN);
+            if (o.grad_accum > 1) loss = cddp_scale(ctx, loss, 1.0f / (float)o.grad_accum);
+            double tm2 = cddp_now_s();
+            tf += tm2 - tm;
+            if (cddp_backward(ctx, loss) != CDDP_OK) {
+                cddp_error_set(&err, cddp_ctx_status(ctx), "%s", cddp_ctx_error(ctx));
+                goto fail;
+            }
+            tb += cddp_now_s() - tm2;
+            loss_sum += cddp_get(loss, 0);
+        }
+        cddp_ddp_no_sync(ddp, false);
+        double to = cddp_now_s();
+        if (o.grad_clip > 0) cddp_clip_grad_norm(m, o.grad_clip);
+        cddp_optim_step(opt);
+        double t1 = cddp_now_s();
+        train_s += t1 - t0;
+        tokens += o.grad_accum * o.batch_size * T * world;
+        if (iter - first >= 3) { /* the first iterations warm the caches and the arena up */
+            cddp_ddp_stats st = cddp_ddp_stats_get(ddp);
+            sp.forward += tf;
+            sp.backward += tb;
+            sp.optimizer += t1 - to;
+            sp.comm += st.comm_s;
+            sp.wait += st.wait_s;
+            sp.iters++;
+        }
+        last_loss = loss_sum;
+        if (rank == 0 && files) curves_add_loss(&curve, iter, 0, last_loss);
+        if (o.log_interval && iter % o.log_interval == 0)
+            cddp_ddp_print0(ddp, "iter %" PRId64 ": loss %.4f, time %.1fms, lr %.2e\n", iter,
+                            last_loss, (t1 - t0) * 1e3, (double)cddp_optim_lr(opt));
+    }
+    if (files && rank == 0)
+        printf("checkpoint: %s\ncurves: %s/curves.svg (loss.csv, eval.csv)\n", ckpt, o.out);
+    if (rank == 0 && o.sample > 0) {
+        printf("sample (%" PRId64 " bytes, temperature %.2f, top_k %" PRId64 "):\n", o.sample,
+               o.temperature, o.top_k);
+        if (sample_text(m, ctx, &o, o.vocab_size, stdout, &err) != CDDP_OK) goto fail;
+    }
+    fflush(stdout);
+    if (o.json && rank == 0) {
+        double n = sp.iters ? (double)sp.iters : 1;
+        printf("{\"iters\": %" PRId64 ", \"world\": %d, \"params\": %" PRId64
+               ", \"tokens\": %" PRId64 ", \"train_s\": %.3f, \"tokens_per_s\": %.1f, "
+               "\"train_loss\": %.4f, \"last_loss\": %.4f, \"val_loss\": %.4f, "
+               "\"iter_ms\": {\"forward\": %.3f, \"backward\": %.3f, \"allreduce\": %.3f, "
+               "\"allreduce_wait\": %.3f, \"optimizer\": %.3f}}\n",
+               iter - first, world, params, tokens, train_s,
+               train_s > 0 ? (double)tokens / train_s : 0.0, train_loss, last_loss, val_loss,
+               sp.forward / n * 1e3, sp.backward / n * 1e3, sp.comm / n * 1e3, sp.wait / n * 1e3,
+               sp.optimizer / n * 1e3);
+    }
+    status = 0;
+    goto done;
+fail:
+    fprintf(stderr, "gpt_train: %s\n", cddp_error_msg(&err));
+done:
+    curves_free(&curve);
+    cddp_ddp_destroy(ddp);
+    cddp_optim_destroy(opt);
+    cddp_model_destroy(m);
+    cddp_ctx_destroy(ctx);
+    cddp_loader_destroy(loader);
+    cddp_sampler_destroy(sampler);
+    cddp_dataset_destroy(train);
+    cddp_dataset_destroy(val);
+    cddp_tokens_free(&train_text);
+    cddp_tokens_free(&val_text);
+    cddp_comm_destroy(group);
+    return status;
+}

@@ -1,0 +1,55 @@
+/* run.c: the examples' run helpers (see run.h). */
+#include "run.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+int run_make_dirs(const char *path, cddp_error *err) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return cddp_error_set(err, CDDP_EIO, "cannot create %s: %s", buf, strerror(errno));
+            if (!(*p = c)) break;
+        }
+    }
+    return CDDP_OK;
+}
+
+int run_rng_gather(cddp_comm *group, const cddp_rng *mine, run_rng_meta *keep, const char **meta,
+                   int *n, cddp_error *err) {
+    int world = cddp_comm_size(group);
+    uint64_t *all = malloc(sizeof mine->s * (size_t)world);
+    if (!all) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    int rc = cddp_comm_allgather(group, mine->s, all, 4, CDDP_COMM_I64, -1, err);
+    for (int r = 0; rc == CDDP_OK && r < world && r < RUN_MAX_RNG; r++) {
+        for (int i = 0; i < 4; i++)
+            snprintf(keep->hex[r] + 16 * i, 17, "%016" PRIx64, all[4 * r + i]);
+        snprintf(keep->key[r], sizeof keep->key[r], "rng.%d", r);
+        meta[(*n)++] = keep->key[r];
+        meta[(*n)++] = keep->hex[r];
+    }
+    free(all);
+    return rc;
+}
+
+bool run_rng_restore(const cddp_safetensors *f, int rank, cddp_rng *rng) {
+    char key[32];
+    snprintf(key, sizeof key, "rng.%d", rank);
+    const char *hex = cddp_safetensors_meta(f, key);
+    if (!hex || strlen(hex) != 64) return false;
+    for (int i = 0; i < 4; i++) {
+        char part[17];
+        memcpy(part, hex + 16 * i, 16);
+        part[16] = '\0';
+        rng->s[i] = strtoull(part, NULL, 16);
+    }
+    return true;
+}

@@ -1,0 +1,26 @@
+/* run.h: what the examples share around a training run: the output folder, the random state of
+ * every rank in a checkpoint's metadata, and a progress line.
+ *
+ * This is the examples' code, not the library's.
+ */
+#ifndef CDDP_EXAMPLES_RUN_H
+#define CDDP_EXAMPLES_RUN_H
+
+#include <cddp/cddp.h>
+
+/* mkdir -p path. */
+int run_make_dirs(const char *path, cddp_error *err);
+
+/* Every rank's generator state gathered into metadata pairs "rng.<rank>" = 64 hex digits
+ * (at most RUN_MAX_RNG ranks), appended to meta at *n; the strings live in keep. Collective:
+ * every rank calls it. */
+#define RUN_MAX_RNG 64
+typedef struct run_rng_meta {
+    char hex[RUN_MAX_RNG][72], key[RUN_MAX_RNG][16];
+} run_rng_meta;
+int run_rng_gather(cddp_comm *group, const cddp_rng *mine, run_rng_meta *keep, const char **meta,
+                   int *n, cddp_error *err);
+/* Restores this rank's generator from a checkpoint's "rng.<rank>"; false when it has none. */
+bool run_rng_restore(const cddp_safetensors *f, int rank, cddp_rng *rng);
+
+#endif

@@ -1,0 +1,163 @@
+/* transformer.c: a GPT as nanoGPT and llm.c write it, as modules of modules.
+ *
+ *   GPT                      idx (B, T) -> logits (B, T, vocab)
+ *     transformer
+ *       wte  Embedding (vocab, C)      the tokens; also the language-model head (tied)
+ *       wpe  Embedding (block, C)      the positions
+ *       h    Sequential of n_layer Blocks, each pre-LN:
+ *              x = x + attn(ln_1(x))   CausalSelfAttention: c_attn (C -> 3C), the fused causal
+ *                                      attention, c_proj (C -> C)
+ *              x = x + mlp(ln_2(x))    MLP: c_fc (C -> 4C), GELU (tanh), c_proj (4C -> C)
+ *       ln_f LayerNorm (C)
+ *     logits = ln_f(x) wte.weight^T    (the head is wte, used twice, so its gradient sums both
+ *                                      uses and DDP reduces it once; "lm_head.weight" is its
+ *                                      second name, cddp_module_tie)
+ *
+ * Names are nanoGPT's (transformer.h.0.attn.c_attn.weight, ...), so a checkpoint loads into a
+ * PyTorch GPT of the same shape (whose lm_head.weight is the same tensor as wte's: checkpoints
+ * hold it under both names). The
+ * initialisation is GPT-2's: weights N(0, 0.02), biases zero, every residual projection
+ * (c_proj) N(0, 0.02 / sqrt(2 n_layer)), LayerNorms ones and zeros.
+ */
+#include "nn/internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static cddp_module *child(const cddp_module *m, int i) {
+    return cddp_module_child(m, i);
+}
+
+static cddp_tensor *run(const cddp_module *m, int i, cddp_ctx *ctx, cddp_tensor *x) {
+    return cddp_module_forward(child(m, i), ctx, x);
+}
+
+/* ---- attention, MLP, block ----------------------------------------------------------------*/
+
+typedef struct heads {
+    int n_head;
+} heads;
+
+static cddp_tensor *attention_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
+    const heads *h = cddp_module_state(self);
+    return run(self, 1, ctx, cddp_attention(ctx, run(self, 0, ctx, x), h->n_head));
+}
+
+static const cddp_module_type attention_type = {"CausalSelfAttention", NULL, attention_forward,
+                                                free};
+
+static cddp_tensor *mlp_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
+    return run(self, 1, ctx, cddp_gelu_tanh(ctx, run(self, 0, ctx, x)));
+}
+
+static const cddp_module_type mlp_type = {"MLP", NULL, mlp_forward, NULL};
+
+static cddp_tensor *block_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
+    x = cddp_add(ctx, x, run(self, 1, ctx, run(self, 0, ctx, x)));
+    return cddp_add(ctx, x, run(self, 3, ctx, run(self, 2, ctx, x)));
+}
+
+static const cddp_module_type block_type = {"Block", NULL, block_forward, NULL};
+
+/* Adds the children to m in order, freeing every one it could not add; false when one was
+ * missing (out of memory) or failed (m then holds the ones before it). */
+static bool add_all(cddp_module *m, const char *const *names, cddp_module *const *children, int n) {
+    bool ok = m != NULL;
+    for (int i = 0; i < n; i++) {
+        if (!ok)
+            cddp__module_free(children[i]);
+        else if (cddp_module_add(m, names[i], children[i]) != CDDP_OK)
+            ok = false; /* the add freed it */
+    }
+    return ok;
+}
+
+static cddp_module *block(const cddp_gpt_config *g) {
+    int64_t C = g->n_embd;
+    cddp_init w = {CDDP_INIT_NORMAL, 0, 0.02f};
+    cddp_init proj = {CDDP_INIT_NORMAL, 0, 0.02f / sqrtf(2.0f * (float)g->n_layer)};
+    heads *h = malloc(sizeof *h);
+    if (h) h->n_head = (int)g->n_head;
+    cddp_module *attn = h ? cddp_module_create(&attention_type, h) : NULL;
+    cddp_module *mlp = cddp_module_create(&mlp_type, NULL);
+    cddp_module *b = cddp_module_create(&block_type, NULL);
+    bool ok = add_all(attn, (const char *[]){"c_attn", "c_proj"},
+                      (cddp_module *[]){cddp_nn_linear_init(C, 3 * C, true, w),
+                                        cddp_nn_linear_init(C, C, true, proj)},
+                      2);
+    ok &= add_all(mlp, (const char *[]){"c_fc", "c_proj"},
+                  (cddp_module *[]){cddp_nn_linear_init(C, 4 * C, true, w),
+                                    cddp_nn_linear_init(4 * C, C, true, proj)},
+                  2);
+    if (!ok) {
+        cddp__module_free(attn);
+        cddp__module_free(mlp);
+        cddp__module_free(b);
+        return NULL;
+    }
+    if (!add_all(b, (const char *[]){"ln_1", "attn", "ln_2", "mlp"},
+                 (cddp_module *[]){cddp_nn_layer_norm(C), attn, cddp_nn_layer_norm(C), mlp}, 4)) {
+        cddp__module_free(b);
+        return NULL;
+    }
+    return b;
+}
+
+/* ---- the GPT ----------------------------------------------------------------------------- */
+
+/* idx (B, T) -> the final LayerNorm's output (B, T, C). */
+static cddp_tensor *transformer_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *idx) {
+    const cddp_gpt_config *g = cddp_module_state(self);
+    CDDP_CHECK(idx->ndim == 2, "GPT: idx must be (B,T), got %d dimensions", idx->ndim);
+    int64_t T = idx->shape[1];
+    CDDP_CHECK(T <= g->block_size, "GPT: a sequence of %lld tokens is longer than block_size %lld",
+               (long long)T, (long long)g->block_size);
+    cddp_tensor *pos = cddp_empty(ctx, CDDP_I64, 1, &T);
+    if (!pos) return NULL;
+    for (int64_t t = 0; t < T; t++) ((int64_t *)pos->data)[t] = t;
+    cddp_tensor *x = cddp_add(ctx, run(self, 0, ctx, idx), run(self, 1, ctx, pos));
+    return run(self, 3, ctx, run(self, 2, ctx, x));
+}
+
+static const cddp_module_type transformer_type = {"Transformer", NULL, transformer_forward, free};
+
+static cddp_tensor *gpt_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *idx) {
+    cddp_module *tr = child(self, 0);
+    cddp_tensor *wte = cddp_module_get_param(child(tr, 0), 0);
+    return cddp_linear(ctx, cddp_module_forward(tr, ctx, idx), wte, NULL);
+}
+
+/* The head's PyTorch name, so that nanoGPT's load_state_dict finds it. */
+static int gpt_declare(cddp_module *self) {
+    return cddp_module_tie(self, "lm_head.weight", "transformer.wte.weight");
+}
+
+static const cddp_module_type gpt_type = {"GPT", gpt_declare, gpt_forward, NULL};
+
+cddp_module *cddp_nn_gpt(const cddp_gpt_config *config) {
+    cddp_gpt_config g = *config;
+    if (g.vocab_size <= 0 || g.block_size <= 0 || g.n_layer <= 0 || g.n_head <= 0 ||
+        g.n_embd <= 0 || g.n_embd % g.n_head)
+        return NULL;
+    cddp_gpt_config *state = malloc(sizeof *state);
+    if (!state) return NULL;
+    *state = g;
+    cddp_init w = {CDDP_INIT_NORMAL, 0, 0.02f};
+    cddp_module *h = cddp_nn_sequential();
+    bool ok = h != NULL;
+    for (int64_t l = 0; l < g.n_layer && ok; l++)
+        ok = cddp_module_add(h, NULL, block(&g)) == CDDP_OK;
+    cddp_module *tr = cddp_module_create(&transformer_type, state);
+    ok = add_all(ok ? tr : NULL, (const char *[]){"wte", "wpe", "h", "ln_f"},
+                 (cddp_module *[]){cddp_nn_embedding_init(g.vocab_size, g.n_embd, w),
+                                   cddp_nn_embedding_init(g.block_size, g.n_embd, w), h,
+                                   cddp_nn_layer_norm(g.n_embd)},
+                 4);
+    cddp_module *gpt = cddp_module_create(&gpt_type, NULL);
+    if (!add_all(ok ? gpt : NULL, (const char *[]){"transformer"}, (cddp_module *[]){tr}, 1)) {
+        cddp__module_free(gpt);
+        return NULL;
+    }
+    return gpt;
+}

@@ -1,0 +1,182 @@
+/* vec.c: the elementwise loops a transformer spends its time in outside the GEMMs: exp (for
+ * softmax and cross-entropy), GELU with its tanh, layer normalisation's rows, and adding into a
+ * gradient.
+ *
+ * Each is written as a plain loop the compiler vectorises, with an exp of its own (a Cephes-style
+ * polynomial: exp(x) = 2^k p(r), |r| <= ln 2 / 2, within 2 ulp of expf over the float range)
+ * because libm's expf and tanhf are calls the compiler cannot vectorise, and they were half of
+ * a GPT step's time. On x86-64 each function is compiled twice (target_clones): for AVX2 + FMA
+ * (x86-64-v3) and for the baseline the library is built for, and the loader picks the one the
+ * machine runs, so one binary is fast on new machines and still runs on old ones.
+ */
+#include "tensor/internal.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define CLONES CDDP_SIMD_CLONES
+
+/* exp(x) for x in float's range; below -87.3 it returns about 1e-38 instead of a subnormal,
+ * above 88.3 about 2e38 instead of infinity. */
+static inline float vexp(float x) {
+    x = x > 88.3f ? 88.3f : x;
+    x = x < -87.3f ? -87.3f : x;
+    /* k = round(x / ln 2) by the 1.5 * 2^23 trick, which vectorises everywhere */
+    float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - k * 0.693359375f + k * 2.12194440e-4f; /* ln 2 in two parts */
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)k + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* Sums and maxima in 8 lanes, which the compiler keeps in vector registers (a plain float
+ * reduction may not be reordered, so it would not vectorise), then across the lanes: the order
+ * is fixed, so results do not depend on the machine. */
+#define LANES 8
+
+static inline float sum_lanes(const float *x, int64_t n) {
+    float acc[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += x[i + j];
+    for (int j = 0; i < n; i++, j++) acc[j] += x[i];
+    float s = 0.0f;
+    for (int j = 0; j < LANES; j++) s += acc[j];
+    return s;
+}
+
+/* sum (x - m)^2 */
+static inline float sq_dev_lanes(const float *x, float m, int64_t n) {
+    float acc[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += (x[i + j] - m) * (x[i + j] - m);
+    for (int j = 0; i < n; i++, j++) acc[j] += (x[i] - m) * (x[i] - m);
+    float s = 0.0f;
+    for (int j = 0; j < LANES; j++) s += acc[j];
+    return s;
+}
+
+static inline float dot_lanes(const float *x, const float *y, int64_t n) {
+    float acc[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += x[i + j] * y[i + j];
+    for (int j = 0; i < n; i++, j++) acc[j] += x[i] * y[i];
+    float s = 0.0f;
+    for (int j = 0; j < LANES; j++) s += acc[j];
+    return s;
+}
+
+CLONES float cddp__dot(const float *x, const float *y, int64_t n) {
+    return dot_lanes(x, y, n);
+}
+
+CLONES float cddp__exp_shifted(const float *x, float shift, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = vexp(x[i] - shift);
+    return sum_lanes(y, n);
+}
+
+CLONES float cddp__max(const float *x, int64_t n) {
+    float acc[LANES];
+    for (int j = 0; j < LANES; j++) acc[j] = -INFINITY;
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+    for (int j = 0; i < n; i++, j++) acc[j] = x[i] > acc[j] ? x[i] : acc[j];
+    float m = -INFINITY;
+    for (int j = 0; j < LANES; j++) m = acc[j] > m ? acc[j] : m;
+    return m;
+}
+
+CLONES void cddp__scale_into(float *y, float s, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] *= s;
+}
+
+CLONES void cddp__add_into(float *restrict acc, const float *restrict x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) acc[i] += x[i];
+}
+
+CLONES void cddp__add_exp_scaled(float *y, const float *x, float g, int64_t n, bool assign) {
+    if (assign)
+        for (int64_t i = 0; i < n; i++) y[i] = g * vexp(x[i]);
+    else
+        for (int64_t i = 0; i < n; i++) y[i] += g * vexp(x[i]);
+}
+
+#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_C 0.044715f
+
+/* tanh(u) = 1 - 2 / (exp(2u) + 1) */
+CLONES void cddp__gelu_tanh_rows(const float *x, float *y, float *t, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i], th = 1.0f - 2.0f / (vexp(2.0f * GELU_K * (v + GELU_C * v * v * v)) + 1.0f);
+        t[i] = th;
+        y[i] = 0.5f * v * (1.0f + th);
+    }
+}
+
+static inline float gelu_tanh_slope(float v, float th) {
+    return 0.5f * (1.0f + th) +
+           0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_C * v * v);
+}
+
+CLONES void cddp__gelu_tanh_grad(const float *x, const float *t, const float *dy, float *dx,
+                                 int64_t n, bool assign) {
+    if (assign)
+        for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * gelu_tanh_slope(x[i], t[i]);
+    else
+        for (int64_t i = 0; i < n; i++) dx[i] += dy[i] * gelu_tanh_slope(x[i], t[i]);
+}
+
+/* Rows of C features: y = (x - mean) rstd w + b; w and b are never NULL (the op passes ones and
+ * zeros for a LayerNorm without them). */
+CLONES void cddp__layer_norm_rows(const float *x, const float *w, const float *b, float *y,
+                                  float *mean, float *rstd, int64_t rows, int64_t C, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * C;
+        float *yr = y + r * C;
+        float m = sum_lanes(xr, C) / (float)C;
+        float s = 1.0f / sqrtf(sq_dev_lanes(xr, m, C) / (float)C + eps);
+        for (int64_t i = 0; i < C; i++) yr[i] = (xr[i] - m) * s * w[i] + b[i];
+        mean[r] = m;
+        rstd[r] = s;
+    }
+}
+
+/* With h = (x - mean) rstd and g = w dy, per row: db += dy, dw += dy h, and
+ * dx = rstd (g - mean(g) - h mean(g h)) (stored when assign, else added). dx, dw and db may be
+ * NULL; w is never. scratch holds 2 C floats (a row's h and g). */
+CLONES void cddp__layer_norm_grad(const float *x, const float *w, const float *dy,
+                                  const float *mean, const float *rstd, float *dx, bool assign,
+                                  float *dw, float *db, int64_t rows, int64_t C, float *scratch) {
+    float *h = scratch, *g = scratch + C;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * C, *gr = dy + r * C;
+        float m = mean[r], s = rstd[r];
+        for (int64_t i = 0; i < C; i++) {
+            h[i] = (xr[i] - m) * s;
+            g[i] = gr[i] * w[i];
+        }
+        if (db)
+            for (int64_t i = 0; i < C; i++) db[i] += gr[i];
+        if (dw)
+            for (int64_t i = 0; i < C; i++) dw[i] += gr[i] * h[i];
+        if (!dx) continue;
+        float mean_g = sum_lanes(g, C) / (float)C, mean_gh = dot_lanes(g, h, C) / (float)C;
+        float *dr = dx + r * C;
+        if (assign)
+            for (int64_t i = 0; i < C; i++) dr[i] = s * (g[i] - mean_g - h[i] * mean_gh);
+        else
+            for (int64_t i = 0; i < C; i++) dr[i] += s * (g[i] - mean_g - h[i] * mean_gh);
+    }
+}
