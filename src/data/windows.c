@@ -10,7 +10,7 @@
 static int copy_tokens(const uint16_t *from, int64_t n, cddp_tokens *to, cddp_error *err) {
     to->data = cddp_malloc(n ? (size_t)n * sizeof *to->data : 1);
     if (!to->data) return cddp_error_set(err, CDDP_ENOMEM, "cannot allocate %" PRId64 " tokens", n);
-    memcpy(to->data, from, (size_t)n * sizeof *to->data);
+    if (n) memcpy(to->data, from, (size_t)n * sizeof *to->data);
     to->count = n;
     return CDDP_OK;
 }

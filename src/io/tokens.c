@@ -186,7 +186,7 @@ static int append_text(const char *path, cddp_tokens *all, int64_t *cap, bool *u
             *cap = want;
         }
     }
-    if (*used && rc == CDDP_OK) {
+    if (*used && rc == CDDP_OK && one.count > 0) {
         memcpy(all->data + all->count, one.data, (size_t)one.count * sizeof *one.data);
         all->count += one.count;
     }
@@ -218,7 +218,7 @@ static int load_folder(const char *dir, cddp_tokens *out, cddp_error *err) {
             strcpy(names[n++], e->d_name);
     }
     closedir(d);
-    if (rc == CDDP_OK) qsort(names, (size_t)n, sizeof *names, name_order);
+    if (rc == CDDP_OK && n > 1) qsort(names, (size_t)n, sizeof *names, name_order);
     int64_t tcap = 0;
     int files = 0;
     for (int i = 0; i < n && rc == CDDP_OK; i++) {
