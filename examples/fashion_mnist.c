@@ -52,7 +52,7 @@ typedef struct options {
     double bucket_cap_mb;
     uint64_t seed;
     int64_t limit;
-    bool json;
+    bool json, zero;
 } options;
 
 static void usage(FILE *out) {
@@ -79,6 +79,7 @@ static void usage(FILE *out) {
         "  --resume PATH       continue from a checkpoint written by --out or --save\n"
         "  --hook NAME         gradient compression: none, bf16 or fp16 (default none)\n"
         "  --bucket-cap-mb X   DDP bucket size in MiB (default 25)\n"
+        "  --zero              shard the optimizer state across the ranks (ZeRO-1)\n"
         "  --json              end with one JSON line of results\n"
         "  -h, --help          show this help\n");
 }
@@ -111,6 +112,7 @@ static int parse_args(int argc, char **argv, options *o) {
                                              {"hook", required_argument, 0, 'H'},
                                              {"bucket-cap-mb", required_argument, 0, 'B'},
                                              {"json", no_argument, 0, 'j'},
+                                             {"zero", no_argument, 0, 'z'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     int c;
@@ -168,6 +170,9 @@ static int parse_args(int argc, char **argv, options *o) {
             break;
         case 'j':
             o->json = true;
+            break;
+        case 'z':
+            o->zero = true;
             break;
         case 'h':
             usage(stdout);
@@ -361,6 +366,14 @@ int main(int argc, char **argv) {
         cddp_error_set(&err, CDDP_EINVAL, "%s", cddp_model_error(m));
         goto fail;
     }
+    /* The one call that makes it data-parallel. */
+    cddp_ddp_options dopt = {.bucket_cap_mb = o.bucket_cap_mb,
+                             .shard_optimizer = o.zero,
+                             .hook = !strcmp(o.hook, "bf16")   ? CDDP_DDP_HOOK_BF16
+                                     : !strcmp(o.hook, "fp16") ? CDDP_DDP_HOOK_FP16
+                                                               : CDDP_DDP_HOOK_NONE};
+    if (!(ddp = cddp_ddp_wrap(m, group, &dopt, &err))) goto fail;
+    /* After the wrap, so that under --zero the state is the shard's from the start. */
     if (strcmp(o.optimizer, "sgd") == 0)
         opt = cddp_optim_sgd(m, &(cddp_sgd_options){.lr = o.lr, .momentum = o.momentum}, &err);
     else {
@@ -368,12 +381,6 @@ int main(int argc, char **argv) {
         opt = cddp_optim_adamw(m, &aw, &err);
     }
     if (!opt) goto fail;
-    /* The one call that makes it data-parallel. */
-    cddp_ddp_options dopt = {.bucket_cap_mb = o.bucket_cap_mb,
-                             .hook = !strcmp(o.hook, "bf16")   ? CDDP_DDP_HOOK_BF16
-                                     : !strcmp(o.hook, "fp16") ? CDDP_DDP_HOOK_FP16
-                                                               : CDDP_DDP_HOOK_NONE};
-    if (!(ddp = cddp_ddp_wrap(m, group, &dopt, &err))) goto fail;
 
     int first_epoch = 0;
     if (o.resume) {
@@ -477,11 +484,13 @@ int main(int argc, char **argv) {
     if (o.json && rank == 0) {
         cddp_ddp_stats st = cddp_ddp_stats_get(ddp);
         printf("{\"model\": \"%s\", \"optimizer\": \"%s\", \"epochs\": %d, \"batch_per_rank\": %d, "
-               "\"world\": %d, \"hook\": \"%s\", \"train_samples\": %lld, \"train_s\": %.3f, "
+               "\"world\": %d, \"hook\": \"%s\", \"zero\": %s, \"optim_state_bytes\": %lld, "
+               "\"peak_rss_bytes\": %lld, \"train_samples\": %lld, \"train_s\": %.3f, "
                "\"samples_per_s\": %.1f, \"final_loss\": %.6f, \"test_acc\": %.4f, "
                "\"last_step\": {\"forward_ms\": %.3f, \"backward_ms\": %.3f, \"allreduce_ms\": "
                "%.3f, \"wait_ms\": %.3f, \"overlap\": %.3f}}\n",
-               o.model, o.optimizer, epochs_run, o.batch, world, o.hook, (long long)total, train_s,
+               o.model, o.optimizer, epochs_run, o.batch, world, o.hook, o.zero ? "true" : "false",
+               run_optim_state_bytes(opt), run_peak_rss_bytes(), (long long)total, train_s,
                train_s > 0 ? (double)total / train_s : 0.0, last_loss, acc, st.forward_s * 1e3,
                st.backward_s * 1e3, st.comm_s * 1e3, st.wait_s * 1e3, st.overlap);
     }

@@ -41,7 +41,7 @@ typedef struct options {
     double lr, min_lr, weight_decay, grad_clip, beta1, beta2, temperature;
     const char *data, *out, *resume;
     uint64_t seed;
-    bool json;
+    bool json, zero;
 } options;
 
 static void usage(FILE *out) {
@@ -68,6 +68,7 @@ static void usage(FILE *out) {
         "  --beta1 X, --beta2 X  AdamW's (default 0.9, 0.99)\n"
         "  --grad_clip X       clip the gradients' global norm (default 1.0; 0: never)\n"
         "  --seed N            weights and data order (default 1337)\n"
+        "  --zero              shard AdamW's state across the ranks (ZeRO-1)\n"
         "data and output:\n"
         "  --data PATH         a text file, a folder of text files, or a token file *train.bin\n"
         "                      (with its *val.bin) (default Debian's fortunes, " FORTUNES ")\n"
@@ -149,13 +150,14 @@ static int parse_args(int argc, char **argv, options *o) {
         {"out", 's', &o->out},
     };
     enum { NF = sizeof flags / sizeof flags[0] };
-    struct option longopts[NF + 4];
+    struct option longopts[NF + 5];
     for (int i = 0; i < NF; i++)
         longopts[i] = (struct option){flags[i].name, required_argument, 0, i};
     longopts[NF] = (struct option){"resume", optional_argument, 0, 'R'};
     longopts[NF + 1] = (struct option){"json", no_argument, 0, 'j'};
     longopts[NF + 2] = (struct option){"help", no_argument, 0, 'h'};
-    longopts[NF + 3] = (struct option){0, 0, 0, 0};
+    longopts[NF + 3] = (struct option){"zero", no_argument, 0, 'z'};
+    longopts[NF + 4] = (struct option){0, 0, 0, 0};
     int c;
     bool resume = false;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -182,6 +184,8 @@ static int parse_args(int argc, char **argv, options *o) {
             o->resume = optarg;
         } else if (c == 'j') {
             o->json = true;
+        } else if (c == 'z') {
+            o->zero = true;
         } else if (c == 'h') {
             usage(stdout);
             exit(0);
@@ -403,8 +407,8 @@ typedef struct split {
     int64_t iters;
 } split;
 
-static int save(cddp_ddp *ddp, const cddp_optim *opt, const char *path, const options *o,
-                int64_t iter, cddp_sampler_state st, int world, cddp_error *err) {
+static int save(cddp_ddp *ddp, cddp_optim *opt, const char *path, const options *o, int64_t iter,
+                cddp_sampler_state st, int world, cddp_error *err) {
     char v[9][32];
     snprintf(v[0], 32, "%" PRId64, iter);
     snprintf(v[1], 32, "%" PRId64, o->n_layer);
@@ -518,8 +522,10 @@ int main(int argc, char **argv) {
     aw.beta2 = (float)o.beta2;
     aw.weight_decay = (float)o.weight_decay;
     aw.decay_matrices_only = true;
+    /* The optimizer after the wrap: under --zero its state is the shard's from the start. */
+    if (!(ddp = cddp_ddp_wrap(m, group, &(cddp_ddp_options){.shard_optimizer = o.zero}, &err)))
+        goto fail;
     if (!(opt = cddp_optim_adamw(m, &aw, &err))) goto fail;
-    if (!(ddp = cddp_ddp_wrap(m, group, NULL, &err))) goto fail;
 
     int64_t iter = 0;
     if (o.resume) {
@@ -661,10 +667,12 @@ int main(int argc, char **argv) {
         printf("{\"iters\": %" PRId64 ", \"world\": %d, \"params\": %" PRId64
                ", \"tokens\": %" PRId64 ", \"train_s\": %.3f, \"tokens_per_s\": %.1f, "
                "\"train_loss\": %.4f, \"last_loss\": %.4f, \"val_loss\": %.4f, "
+               "\"zero\": %s, \"optim_state_bytes\": %lld, \"peak_rss_bytes\": %lld, "
                "\"iter_ms\": {\"forward\": %.3f, \"backward\": %.3f, \"allreduce\": %.3f, "
                "\"allreduce_wait\": %.3f, \"optimizer\": %.3f}}\n",
                iter - first, world, params, tokens, train_s,
                train_s > 0 ? (double)tokens / train_s : 0.0, train_loss, last_loss, val_loss,
+               o.zero ? "true" : "false", run_optim_state_bytes(opt), run_peak_rss_bytes(),
                sp.forward / n * 1e3, sp.backward / n * 1e3, sp.comm / n * 1e3, sp.wait / n * 1e3,
                sp.optimizer / n * 1e3);
     }

@@ -1,11 +1,14 @@
 /* run.c: the examples' run helpers (see run.h). */
 #include "run.h"
 
+#include <sys/resource.h>
+
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 int run_make_dirs(const char *path, cddp_error *err) {
@@ -52,4 +55,14 @@ bool run_rng_restore(const cddp_safetensors *f, int rank, cddp_rng *rng) {
         rng->s[i] = strtoull(part, NULL, 16);
     }
     return true;
+}
+
+long long run_peak_rss_bytes(void) {
+    struct rusage u;
+    return getrusage(RUSAGE_SELF, &u) == 0 ? (long long)u.ru_maxrss * 1024 : 0;
+}
+
+long long run_optim_state_bytes(const cddp_optim *opt) {
+    return (long long)cddp_optim_num_states(opt) * (long long)cddp_optim_state_numel(opt) *
+           (long long)sizeof(float);
 }

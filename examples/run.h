@@ -23,4 +23,9 @@ int run_rng_gather(cddp_comm *group, const cddp_rng *mine, run_rng_meta *keep, c
 /* Restores this rank's generator from a checkpoint's "rng.<rank>"; false when it has none. */
 bool run_rng_restore(const cddp_safetensors *f, int rank, cddp_rng *rng);
 
+/* The process's peak resident memory, in bytes (getrusage). */
+long long run_peak_rss_bytes(void);
+/* The optimizer state this process holds, in bytes (the shard's alone under ZeRO-1). */
+long long run_optim_state_bytes(const cddp_optim *opt);
+
 #endif

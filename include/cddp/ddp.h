@@ -75,6 +75,18 @@ typedef struct cddp_ddp_options {
                                   training mode (PyTorch's broadcast_buffers=True) */
     double timeout_s;          /* deadline of each collective; 0: the group's */
     cddp_ddp_overlap overlap;  /* a rank's own choice: ranks may differ */
+    /* ZeRO-1: each bucket is reduce-scattered instead of allreduced, so each rank receives the
+     * averaged gradients of its part of every bucket (its shard: about 1/N of the parameters,
+     * any N, the parts of a bucket differ by at most one element per rank); its optimizer keeps
+     * state and updates parameters for that shard only (cddp_model_set_shard: the optimizer
+     * follows at its next step), and after each optimizer step the updated parts are allgathered
+     * so that every rank again holds every parameter. Outside its shard a rank's gradients are
+     * its own, not reduced. cddp_clip_grad_norm adds the shards' squares across the ranks;
+     * cddp_ddp_save and cddp_ddp_load gather and split the optimizer state, so a checkpoint is
+     * one file that loads on any number of ranks, with or without this option. Works with sum,
+     * no_sync and find_unused_parameters; not with the bf16/fp16 hooks or join (wrapping fails
+     * saying so). */
+    bool shard_optimizer;
 } cddp_ddp_options;
 
 typedef struct cddp_ddp cddp_ddp;
@@ -113,11 +125,14 @@ CDDP_API int cddp_ddp_print0(const cddp_ddp *ddp, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* Rank 0 writes the checkpoint (the model's own parameter names: no "module." prefix) and every
- * rank returns its status. Collective. */
-CDDP_API int cddp_ddp_save(cddp_ddp *ddp, const char *path, const cddp_optim *opt,
+ * rank returns its status. Collective. With shard_optimizer, the ranks first gather the whole
+ * optimizer state (for the time of the save every rank holds all of it, as without the option),
+ * so the file is the same as DDP's. */
+CDDP_API int cddp_ddp_save(cddp_ddp *ddp, const char *path, cddp_optim *opt,
                            const char *const *metadata, cddp_error *err);
 /* Every rank loads the checkpoint (see cddp_checkpoint_load); fails on every rank if any rank
- * failed. Collective. */
+ * failed. Collective. With shard_optimizer each rank keeps the optimizer state of its shard; the
+ * file may come from any number of ranks, with or without the option. */
 CDDP_API int cddp_ddp_load(cddp_ddp *ddp, const char *path, cddp_optim *opt,
                            cddp_safetensors **file, cddp_error *err);
 
@@ -130,8 +145,9 @@ typedef struct cddp_ddp_stats {
     int64_t steps; /* synchronised backwards so far */
     double forward_s, backward_s, comm_s, wait_s, overlap;
     int buckets;
-    size_t bytes;     /* gradient bytes reduced per step */
-    bool comm_inline; /* the buckets ran on the training thread (CDDP_DDP_OVERLAP_INLINE) */
+    size_t bytes;       /* gradient bytes reduced per step */
+    bool comm_inline;   /* the buckets ran on the training thread (CDDP_DDP_OVERLAP_INLINE) */
+    double allgather_s; /* shard_optimizer: the parameters' allgather after the last step */
 } cddp_ddp_stats;
 CDDP_API cddp_ddp_stats cddp_ddp_stats_get(const cddp_ddp *ddp);
 

@@ -224,6 +224,22 @@ CDDP_API void cddp_model_set_event_hook(cddp_model *m, cddp_model_event_hook hoo
 /* Calls the observer, if any (optimizers call it around their step). */
 CDDP_API void cddp_model_notify(cddp_model *m, cddp_model_event event);
 
+/* A sharded optimizer (ZeRO-1; DistributedDataParallel's shard_optimizer sets it): this process
+ * holds the reduced gradients of, and its optimizer updates, only these ranges of the flat blocks
+ * (nranges [begin, end) pairs of element offsets, ascending and disjoint; an empty range is
+ * allowed); the other ranks that share the model hold the rest. sum (with user) adds a double
+ * over those ranks, for norms of the whole gradient (cddp_clip_grad_norm). nranges 0: the whole
+ * block, on its own (the default). Optimizers take the new shard at their next step.
+ * CDDP_EINVAL for ranges out of order or out of the block, CDDP_ENOMEM (nothing changed). */
+typedef int (*cddp_model_sum_fn)(void *user, double *value, cddp_error *err);
+CDDP_API int cddp_model_set_shard(cddp_model *m, int nranges, const int64_t *ranges,
+                                  cddp_model_sum_fn sum, void *user, cddp_error *err);
+/* The shard's ranges (0 and NULL: the whole block; valid until the next set_shard) and a version
+ * that every set_shard changes. */
+CDDP_API int cddp_model_shard(const cddp_model *m, const int64_t **ranges, uint64_t *version);
+/* Adds *value over the ranks that share the model (nothing to add without a shard's sum). */
+CDDP_API int cddp_model_shard_sum(cddp_model *m, double *value, cddp_error *err);
+
 /* Runs the root module on x (notifying CDDP_EVENT_FORWARD first). Shape mismatches abort
  * (programmer error); data errors latch in ctx. The model must be built and have modules. */
 CDDP_API cddp_tensor *cddp_model_forward(cddp_model *m, cddp_ctx *ctx, cddp_tensor *x);

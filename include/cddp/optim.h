@@ -67,16 +67,30 @@ CDDP_API void cddp_optim_set_steps(cddp_optim *opt, int64_t steps);
 CDDP_API const char *cddp_optim_name(const cddp_optim *opt); /* "sgd" or "adamw" */
 
 /* State blocks, for checkpoints: 0 for plain SGD, 1 for SGD with momentum ("momentum_buffer"),
- * 2 for AdamW ("exp_avg", "exp_avg_sq"). Each holds cddp_model_numel floats. */
+ * 2 for AdamW ("exp_avg", "exp_avg_sq"). Each holds cddp_optim_state_numel floats: the whole
+ * flat block (cddp_model_numel), or, for a sharded optimizer, the ranges of the model's shard
+ * one after another. */
 CDDP_API int cddp_optim_num_states(const cddp_optim *opt);
 CDDP_API float *cddp_optim_state(const cddp_optim *opt, int i, const char **name);
+CDDP_API size_t cddp_optim_state_numel(const cddp_optim *opt);
+
+/* ZeRO-1 (cddp_model_set_shard, which DistributedDataParallel's shard_optimizer sets): the
+ * optimizer updates only the model's shard and keeps state for it alone. It takes a new shard at
+ * its next step, or now with sync_shard, keeping the state of the elements it held before (the
+ * others start at zero). CDDP_ENOMEM leaves it as it was. */
+CDDP_API int cddp_optim_sync_shard(cddp_optim *opt, cddp_error *err);
+/* True while its state covers the model's shard only (ranks hold the rest). */
+CDDP_API bool cddp_optim_sharded(const cddp_optim *opt);
 
 /* ---- clipping and schedules ----------------------------------------------------------- */
 
 /* PyTorch's clip_grad_norm_ over every parameter of m: the global L2 norm of the gradients
  * (accumulated in double), and when it exceeds max_norm every gradient is multiplied by
  * max_norm / (norm + 1e-6). Returns the norm before clipping. Under DistributedDataParallel call
- * it after backward, when the gradients are the same on every rank: every rank clips alike. */
+ * it after backward, when the gradients are the same on every rank: every rank clips alike. With
+ * a sharded optimizer each rank holds the reduced gradients of its shard only: the squares are
+ * summed over the shard and added across the ranks (cddp_model_shard_sum), and each rank clips its
+ * shard. NaN (and an error in the log) when the ranks could not add them. */
 CDDP_API double cddp_clip_grad_norm(cddp_model *m, double max_norm);
 
 /* nanoGPT's learning rate at step it: linear warmup over warmup steps to max_lr

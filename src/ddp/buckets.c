@@ -310,10 +310,12 @@ void cddp__ddp_on_event(void *user, cddp_model *m, cddp_model_event ev) {
         cddp_error e = {0};
         if (cddp__ddp_sync_buffers(d, 0, &e) != CDDP_OK && !d->hook_err.code) d->hook_err = e;
     }
-    if (ev == CDDP_EVENT_FORWARD)
+    if (ev == CDDP_EVENT_FORWARD) {
         d->t_forward = now;
-    else if (ev == CDDP_EVENT_OPTIM_BEGIN)
+    } else if (ev == CDDP_EVENT_OPTIM_BEGIN) {
         d->t_optim = now;
-    else
+    } else {
         cddp__ddp_record(d, "optimizer step", -1, 0, d->t_optim, now);
+        if (d->o.shard_optimizer) cddp__ddp_zero_after_step(d);
+    }
 }

@@ -6,6 +6,8 @@
  *   timeline.c  the step's statistics and the Chrome-trace timeline
  *   buckets.c   the buckets and a synchronised backward: ready hooks, launching complete buckets
  *               in order, the end of backward, the rebuild in ready order; the step's events
+ *   zero.c      the sharded optimizer (ZeRO-1): each rank's shard of the buckets, the
+ *               parameters' allgather after a step, the norm's sum, checkpoints of the state
  *   wrap.c      wrapping a model: the agreement checks, the first broadcast, where the gradients
  *               live and where buckets are reduced; join, barrier, save and load
  *
@@ -13,7 +15,7 @@
  * packs what the bucket needs and starts its collective (queued on the group's thread, or run
  * inline on the training thread: cddp__ddp_collective decides), finish moves the result into the
  * gradients once the collective is done. Plain allreduce, and allreduce of 16-bit copies
- * (bf16/fp16 compression) are the instances; a sharded optimizer's reduce-scatter is one more.
+ * (bf16/fp16 compression) and the sharded optimizer's reduce-scatter are the instances.
  */
 #ifndef CDDP_DDP_INTERNAL_H
 #define CDDP_DDP_INTERNAL_H
@@ -48,7 +50,8 @@ typedef struct cddp__reducer {
     void (*finish)(cddp_ddp *d, bucket *b);
 } cddp__reducer;
 
-extern const cddp__reducer cddp__allreduce_reducer, cddp__bf16_reducer, cddp__fp16_reducer;
+extern const cddp__reducer cddp__allreduce_reducer, cddp__bf16_reducer, cddp__fp16_reducer,
+    cddp__zero_reducer;
 
 typedef struct event {
     const char *name;
@@ -88,6 +91,8 @@ struct cddp_ddp {
     char *timeline;
     event *events;
     size_t nevents, cap_events;
+    /* shard_optimizer: this rank's part of every bucket, [begin, end) pairs in the flat block */
+    int64_t *shard;
 };
 
 /* The deadline of DDP's collectives: the option's, or the group's (-1). */
@@ -130,6 +135,30 @@ void cddp__ddp_on_ready(void *user, cddp_tensor *p);
 int cddp__ddp_sync_buffers(cddp_ddp *d, int src, cddp_error *err);
 /* The model's step events (forward, optimizer): the buffer broadcast, and the timeline. */
 void cddp__ddp_on_event(void *user, cddp_model *m, cddp_model_event ev);
+
+/* ---- zero.c ------------------------------------------------------------------------------ */
+
+/* Bucket b's part for rank r: elements [*lo, *hi) of the bucket (ceil(numel / world) each, the
+ * last parts shorter or empty); returns the part's length, the reduce-scatter's count. */
+static inline int64_t cddp__ddp_part(const cddp_ddp *d, const bucket *b, int r, int64_t *lo,
+                                     int64_t *hi) {
+    int64_t n = (int64_t)b->numel, c = (n + d->world - 1) / d->world;
+    *lo = CDDP_MIN((int64_t)r * c, n);
+    *hi = CDDP_MIN(*lo + c, n);
+    return c;
+}
+/* Gives the model this rank's shard (the buckets' parts) and the norm's sum across the group. */
+int cddp__ddp_zero_setup(cddp_ddp *d, cddp_error *err);
+void cddp__ddp_zero_release(cddp_ddp *d);
+/* Every rank's parts of block (a flat block of the model's layout) reach every rank. */
+int cddp__ddp_zero_gather(cddp_ddp *d, float *block, cddp_error *err);
+/* After an optimizer step: the parameters' allgather (a failure is kept for the next backward). */
+void cddp__ddp_zero_after_step(cddp_ddp *d);
+/* cddp_ddp_save and cddp_ddp_load with a sharded optimizer: fn runs with the whole state on
+ * every rank (gathered before a save), then each rank keeps its shard again. */
+int cddp__ddp_zero_with_whole_state(cddp_ddp *d, cddp_optim *opt, bool gather,
+                                    int (*fn)(cddp_ddp *d, void *arg, cddp_error *err), void *arg,
+                                    cddp_error *err);
 
 /* ---- timeline.c -------------------------------------------------------------------------- */
 

@@ -4,6 +4,9 @@
  *              the block in memory from cddp_comm_alloc, the shared-memory transport reads every
  *              rank's copy where it is: no copy at all); a bucket rebuilt from a ready order that
  *              jumps around is packed into a staging buffer and unpacked afterwards
+ *   zero       (shard_optimizer) every bucket is reduce-scattered: each rank receives its part
+ *              (cddp__ddp_part) of the reduced bucket, in place when the bucket divides evenly,
+ *              else through a staging buffer padded with zeros to world parts of equal length
  *   bf16, fp16 every bucket is packed as 16-bit floats (rounded to nearest even), summed by the
  *              transport in float32, and unpacked with the mean applied in float32: half the
  *              bytes on the wire, PyTorch's bf16/fp16 compression hooks
@@ -72,6 +75,39 @@ static void plain_finish(cddp_ddp *d, bucket *b) {
 const cddp__reducer cddp__allreduce_reducer = {"allreduce", plain_prepare, plain_launch,
                                                plain_finish};
 
+/* ---- reduce-scatter (ZeRO-1) ------------------------------------------------------------- */
+
+static int zero_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
+    int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
+    if (b->offset < 0)
+        return cddp_error_set(err, CDDP_ESTATE, "shard_optimizer: a bucket is not one range");
+    size_t padded = (size_t)(c * d->world);
+    if (padded != b->numel && !(b->stage = cddp_aligned_alloc(padded * sizeof(float) + 64)))
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    return CDDP_OK;
+}
+
+static void zero_launch(cddp_ddp *d, bucket *b) {
+    int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
+    float *g = cddp_model_grad(d->model) + b->offset, *buf = g;
+    if (b->stage) {
+        memcpy(b->stage, g, b->numel * sizeof(float));
+        memset(b->stage + b->numel, 0, ((size_t)(c * d->world) - b->numel) * sizeof(float));
+        buf = b->stage;
+    }
+    cddp__ddp_collective(d, b, CDDP__DDP_REDUCE_SCATTER, buf, buf + (size_t)(d->rank * c), c,
+                         CDDP_COMM_F32, d->o.sum ? CDDP_COMM_SUM : CDDP_COMM_MEAN);
+}
+
+static void zero_finish(cddp_ddp *d, bucket *b) {
+    int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
+    float *g = cddp_model_grad(d->model) + b->offset;
+    if (b->stage && hi > lo)
+        memcpy(g + lo, b->stage + (size_t)(d->rank * c), (size_t)(hi - lo) * sizeof(float));
+}
+
+const cddp__reducer cddp__zero_reducer = {"reduce_scatter", zero_prepare, zero_launch, zero_finish};
+
 /* ---- bf16 and fp16 compression ----------------------------------------------------------- */
 
 static cddp_comm_dtype half_type(const cddp_ddp *d) {
@@ -113,6 +149,7 @@ const cddp__reducer cddp__bf16_reducer = {"bf16", half_prepare, half_launch, hal
 const cddp__reducer cddp__fp16_reducer = {"fp16", half_prepare, half_launch, half_finish};
 
 const cddp__reducer *cddp__ddp_reducer(const cddp_ddp_options *o) {
+    if (o->shard_optimizer) return &cddp__zero_reducer;
     switch (o->hook) {
     case CDDP_DDP_HOOK_BF16:
         return &cddp__bf16_reducer;

@@ -65,6 +65,7 @@ typedef struct wrap_rec {
     int64_t nparams, numel, nbuffers;
     double bucket_cap_mb;
     int32_t sum, find_unused, hook, join, join_throw, no_broadcast_buffers;
+    int64_t shard_optimizer;
 } wrap_rec;
 
 typedef struct param_rec {
@@ -82,9 +83,17 @@ static int agree(cddp_ddp *d, cddp_error *err) {
     cddp_model *m = d->model;
     int W = d->world, rc = CDDP_OK;
     int nb = cddp_model_num_buffers(m), nrec = d->nparams + nb; /* parameters, then buffers */
-    wrap_rec mine = {d->nparams,      (int64_t)cddp_model_numel(m), nb,        d->o.bucket_cap_mb,
-                     d->o.sum,        d->o.find_unused_parameters,  d->o.hook, d->o.join,
-                     d->o.join_throw, d->o.no_broadcast_buffers};
+    wrap_rec mine = {d->nparams,
+                     (int64_t)cddp_model_numel(m),
+                     nb,
+                     d->o.bucket_cap_mb,
+                     d->o.sum,
+                     d->o.find_unused_parameters,
+                     d->o.hook,
+                     d->o.join,
+                     d->o.join_throw,
+                     d->o.no_broadcast_buffers,
+                     d->o.shard_optimizer};
     wrap_rec *all = cddp_calloc((size_t)W, sizeof *all);
     param_rec *pm = cddp_calloc((size_t)nrec + 1, sizeof *pm);
     param_rec *pall = cddp_calloc((size_t)W * ((size_t)nrec + 1), sizeof *pall);
@@ -128,6 +137,7 @@ static int agree(cddp_ddp *d, cddp_error *err) {
         SAME(join, "join", "%d", ASIS)
         SAME(join_throw, "join_throw", "%d", ASIS)
         SAME(no_broadcast_buffers, "no_broadcast_buffers", "%d", ASIS)
+        SAME(shard_optimizer, "shard_optimizer", "%d", (int))
 #undef SAME
 #undef ASIS
     }
@@ -169,6 +179,7 @@ void cddp_ddp_destroy(cddp_ddp *d) {
         cddp_model_set_ready_hook(d->model, NULL, NULL);
         cddp_model_set_event_hook(d->model, NULL, NULL);
     }
+    cddp__ddp_zero_release(d);
     /* The model takes its gradients back into memory of its own; if it cannot, the block stays
      * (leaked) rather than leaving the model pointing at freed memory. */
     if (d->grad_block && d->model && cddp_model_set_grad_block(d->model, NULL) == CDDP_OK)
@@ -263,6 +274,17 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
         cddp_error_set(err, CDDP_EINVAL, "cddp_ddp_wrap: unknown overlap %d", (int)o.overlap);
         return NULL;
     }
+    if (o.shard_optimizer && (o.hook != CDDP_DDP_HOOK_NONE || o.join)) {
+        cddp_error_set(err, CDDP_EUNSUPPORTED,
+                       "cddp_ddp_wrap: shard_optimizer does not go with %s; %s",
+                       o.join ? "join" : "a bf16/fp16 hook",
+                       o.join ? "a rank that joined takes no optimizer step, so its shard "
+                                "would stay behind: train with even inputs (drop the last "
+                                "batches) or without shard_optimizer"
+                              : "the shards are reduced in float32: drop the hook or the "
+                                "option");
+        return NULL;
+    }
     cddp_ddp *d = cddp_calloc(1, sizeof *d);
     if (!d) {
         cddp_error_set(err, CDDP_ENOMEM, "out of memory");
@@ -307,6 +329,7 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
     for (int k = 0; k < d->nparams; k++) d->ready_order[k] = d->nparams - 1 - k;
     CDDP_TRY_GOTO(cddp__ddp_build_buckets(d, d->ready_order, err), out);
     CDDP_TRY_GOTO(place_gradients(d, err), out);
+    if (o.shard_optimizer) CDDP_TRY_GOTO(cddp__ddp_zero_setup(d, err), out);
     cddp__ddp_reset_step(d);
     cddp_model_set_ready_hook(m, cddp__ddp_on_ready, d);
     cddp_model_set_event_hook(m, cddp__ddp_on_event, d);
@@ -385,11 +408,18 @@ int cddp_ddp_barrier(cddp_ddp *d, cddp_error *err) {
     return cddp_comm_barrier(d->group, cddp__ddp_timeout(d), err);
 }
 
-int cddp_ddp_save(cddp_ddp *d, const char *path, const cddp_optim *opt, const char *const *metadata,
-                  cddp_error *err) {
+typedef struct ckpt_call {
+    const char *path;
+    cddp_optim *opt;
+    const char *const *metadata;
+    cddp_safetensors **file;
+} ckpt_call;
+
+static int save(cddp_ddp *d, void *arg, cddp_error *err) {
+    const ckpt_call *a = arg;
     int32_t status = CDDP_OK;
     cddp_error mine = {0};
-    if (d->rank == 0) status = cddp_checkpoint_save(path, d->model, opt, metadata, &mine);
+    if (d->rank == 0) status = cddp_checkpoint_save(a->path, d->model, a->opt, a->metadata, &mine);
     CDDP_TRY(
         cddp_comm_broadcast(d->group, &status, 1, CDDP_COMM_I32, 0, cddp__ddp_timeout(d), err));
     if (status == CDDP_OK) return CDDP_OK;
@@ -398,14 +428,14 @@ int cddp_ddp_save(cddp_ddp *d, const char *path, const cddp_optim *opt, const ch
         return status;
     }
     return cddp_error_set(err, status,
-                          "rank 0 could not write the checkpoint %s (its log says why)", path);
+                          "rank 0 could not write the checkpoint %s (its log says why)", a->path);
 }
 
-int cddp_ddp_load(cddp_ddp *d, const char *path, cddp_optim *opt, cddp_safetensors **file,
-                  cddp_error *err) {
+static int load(cddp_ddp *d, void *arg, cddp_error *err) {
+    const ckpt_call *a = arg;
     cddp_error mine = {0};
     cddp_safetensors *f = NULL;
-    int32_t st = cddp_checkpoint_load(path, d->model, opt, file ? &f : NULL, &mine);
+    int32_t st = cddp_checkpoint_load(a->path, d->model, a->opt, a->file ? &f : NULL, &mine);
     int32_t worst[2] = {st != CDDP_OK ? 1 : 0, st != CDDP_OK ? d->rank : -1};
     int rc = cddp_comm_allreduce(d->group, worst, worst, 2, CDDP_COMM_I32, CDDP_COMM_MAX,
                                  cddp__ddp_timeout(d), err);
@@ -415,11 +445,28 @@ int cddp_ddp_load(cddp_ddp *d, const char *path, cddp_optim *opt, cddp_safetenso
     } else if (rc == CDDP_OK && worst[0]) {
         rc = cddp_error_set(err, CDDP_EIO,
                             "rank %d could not load the checkpoint %s (its log says why)", worst[1],
-                            path);
+                            a->path);
     }
-    if (rc == CDDP_OK && file)
-        *file = f;
+    if (rc == CDDP_OK && a->file)
+        *a->file = f;
     else
         cddp_safetensors_destroy(f);
     return rc;
+}
+
+int cddp_ddp_save(cddp_ddp *d, const char *path, cddp_optim *opt, const char *const *metadata,
+                  cddp_error *err) {
+    ckpt_call a = {path, opt, metadata, NULL};
+    if (d->o.shard_optimizer && opt)
+        return cddp__ddp_zero_with_whole_state(d, opt, true, save, &a, err);
+    return save(d, &a, err);
+}
+
+int cddp_ddp_load(cddp_ddp *d, const char *path, cddp_optim *opt, cddp_safetensors **file,
+                  cddp_error *err) {
+    ckpt_call a = {path, opt, NULL, file};
+    if (file) *file = NULL;
+    if (d->o.shard_optimizer && opt)
+        return cddp__ddp_zero_with_whole_state(d, opt, false, load, &a, err);
+    return load(d, &a, err);
 }

@@ -24,6 +24,11 @@ static cddp_st_tensor param_entry(const cddp_tensor *p, const char *name, const 
 
 int cddp_checkpoint_save(const char *path, const cddp_model *m, const cddp_optim *opt,
                          const char *const *metadata, cddp_error *err) {
+    if (opt && cddp_optim_state_numel(opt) != cddp_model_numel(m))
+        return cddp_error_set(err, CDDP_ESTATE,
+                              "%s: the optimizer's state is sharded across the ranks (ZeRO-1): "
+                              "save and load it with cddp_ddp_save and cddp_ddp_load",
+                              path);
     int np = cddp_model_num_params(m), ns = opt ? cddp_optim_num_states(opt) : 0;
     int nb = cddp_model_num_buffers(m), nt = cddp_model_num_ties(m);
     int n = np * (1 + ns) + nb + nt, rc = CDDP_OK, nmeta = 0;
@@ -121,6 +126,11 @@ static void compare(const cddp_st_tensor *t, const cddp_tensor *p, const char *n
 int cddp_checkpoint_load(const char *path, cddp_model *m, cddp_optim *opt, cddp_safetensors **file,
                          cddp_error *err) {
     if (file) *file = NULL;
+    if (opt && cddp_optim_state_numel(opt) != cddp_model_numel(m))
+        return cddp_error_set(err, CDDP_ESTATE,
+                              "%s: the optimizer's state is sharded across the ranks (ZeRO-1): "
+                              "save and load it with cddp_ddp_save and cddp_ddp_load",
+                              path);
     cddp_safetensors *f = cddp_safetensors_read(path, err);
     if (!f) return err ? err->code : CDDP_EFORMAT;
     char diff[CDDP_ERROR_MSG_MAX - 128] = "";

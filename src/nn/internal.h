@@ -55,6 +55,12 @@ struct cddp_model {
     cddp_module *root;
     cddp_model_event_hook event_hook;
     void *event_user;
+    /* the shard (cddp_model_set_shard): [begin, end) pairs; none: the whole block */
+    int64_t *shard;
+    int nshard;
+    uint64_t shard_version;
+    cddp_model_sum_fn shard_sum;
+    void *shard_user;
 };
 
 struct cddp_module {

@@ -2,6 +2,7 @@
  * ready hooks and step events). The blocks are in blocks.c, the module tree in module.c. */
 #include "nn/internal.h"
 
+#include <inttypes.h>
 #include <string.h>
 
 static cddp_model *make(void) {
@@ -46,6 +47,7 @@ void cddp_model_destroy(cddp_model *m) {
     if (!m) return;
     cddp__module_free(m->root);
     cddp__model_free_blocks(m);
+    cddp_free(m->shard);
     cddp_free(m);
 }
 
@@ -88,4 +90,43 @@ cddp_tensor *cddp_model_forward(cddp_model *m, cddp_ctx *ctx, cddp_tensor *x) {
                "parameters instead");
     cddp_model_notify(m, CDDP_EVENT_FORWARD);
     return cddp_module_forward(m->root, ctx, x);
+}
+
+/* ---- the shard of a sharded optimizer ---------------------------------------------------- */
+
+int cddp_model_set_shard(cddp_model *m, int nranges, const int64_t *ranges, cddp_model_sum_fn sum,
+                         void *user, cddp_error *err) {
+    int64_t n = (int64_t)cddp_model_numel(m), last = 0;
+    if (nranges < 0 || (nranges > 0 && !ranges))
+        return cddp_error_set(err, CDDP_EINVAL, "a shard needs %d ranges", nranges);
+    for (int k = 0; k < nranges; k++) {
+        int64_t b = ranges[2 * k], e = ranges[2 * k + 1];
+        if (b < last || e < b || e > n)
+            return cddp_error_set(err, CDDP_EINVAL,
+                                  "shard range %d [%" PRId64 ", %" PRId64 ") is not ascending, "
+                                  "disjoint and within the %" PRId64 " parameters",
+                                  k, b, e, n);
+        last = e;
+    }
+    int64_t *copy = NULL;
+    if (nranges > 0 && !(copy = cddp_malloc(sizeof *copy * 2 * (size_t)nranges)))
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    if (nranges > 0) memcpy(copy, ranges, sizeof *copy * 2 * (size_t)nranges);
+    cddp_free(m->shard);
+    m->shard = copy;
+    m->nshard = nranges;
+    m->shard_sum = sum;
+    m->shard_user = user;
+    m->shard_version++;
+    return CDDP_OK;
+}
+
+int cddp_model_shard(const cddp_model *m, const int64_t **ranges, uint64_t *version) {
+    if (ranges) *ranges = m->shard;
+    if (version) *version = m->shard_version;
+    return m->nshard;
+}
+
+int cddp_model_shard_sum(cddp_model *m, double *value, cddp_error *err) {
+    return m->shard_sum ? m->shard_sum(m->shard_user, value, err) : CDDP_OK;
 }

@@ -20,8 +20,15 @@ struct cddp_optim {
     float lr;
     int64_t steps;
     int nstates;
-    float *state[2];
-    float *decay; /* per parameter weight decay (parameter groups), NULL: the options' for all */
+    float *state[2]; /* for the ranges below only, one after another */
+    float *decay;    /* per parameter weight decay (parameter groups), NULL: the options' for all */
+    /* The ranges of the flat blocks this optimizer updates: the model's shard (ZeRO-1) or the
+     * whole block, [begin, end) pairs; taken from the model at version. */
+    int64_t *ranges;
+    int nranges;
+    bool sharded;
+    uint64_t version;
+    size_t state_numel;
 };
 
 cddp_adamw_options cddp_adamw_defaults(float lr) {
@@ -29,28 +36,90 @@ cddp_adamw_options cddp_adamw_defaults(float lr) {
         .lr = lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 1e-2f};
 }
 
+/* Takes the model's shard: the state keeps the values of the elements it held before (the
+ * others start at zero) and is reallocated for the new ranges only. */
+static int take_shard(cddp_optim *o, cddp_error *err) {
+    const int64_t *r;
+    uint64_t version;
+    int k = cddp_model_shard(o->model, &r, &version);
+    int64_t whole[2] = {0, (int64_t)cddp_model_numel(o->model)};
+    bool sharded = k > 0;
+    if (!sharded) r = whole, k = 1;
+    size_t total = 0;
+    for (int i = 0; i < k; i++) total += (size_t)(r[2 * i + 1] - r[2 * i]);
+    int64_t *nr = cddp_malloc(sizeof *nr * 2 * (size_t)k);
+    float *ns[2] = {NULL, NULL};
+    bool ok = nr != NULL;
+    for (int s = 0; s < o->nstates && ok; s++)
+        if ((ok = (ns[s] = cddp_aligned_alloc(total * sizeof(float) + 64)) != NULL))
+            memset(ns[s], 0, total * sizeof(float));
+    if (!ok) {
+        cddp_free(nr);
+        for (int s = 0; s < 2; s++) cddp_aligned_free(ns[s]);
+        return cddp_error_set(err, CDDP_ENOMEM,
+                              "out of memory for the optimizer state (%zu parameters)", total);
+    }
+    memcpy(nr, r, sizeof *nr * 2 * (size_t)k);
+    size_t base_new = 0;
+    for (int a = 0; a < k; a++) {
+        size_t base_old = 0;
+        for (int b = 0; b < o->nranges; b++) {
+            int64_t x = CDDP_MAX(nr[2 * a], o->ranges[2 * b]);
+            int64_t y = CDDP_MIN(nr[2 * a + 1], o->ranges[2 * b + 1]);
+            for (int s = 0; s < o->nstates && x < y; s++)
+                memcpy(ns[s] + base_new + (size_t)(x - nr[2 * a]),
+                       o->state[s] + base_old + (size_t)(x - o->ranges[2 * b]),
+                       (size_t)(y - x) * sizeof(float));
+            base_old += (size_t)(o->ranges[2 * b + 1] - o->ranges[2 * b]);
+        }
+        base_new += (size_t)(nr[2 * a + 1] - nr[2 * a]);
+    }
+    for (int s = 0; s < 2; s++) {
+        cddp_aligned_free(o->state[s]);
+        o->state[s] = ns[s];
+    }
+    cddp_free(o->ranges);
+    o->ranges = nr;
+    o->nranges = k;
+    o->sharded = sharded;
+    o->version = version;
+    o->state_numel = total;
+    return CDDP_OK;
+}
+
 static cddp_optim *optim_new(cddp_model *m, opt_kind kind, int nstates, float lr, cddp_error *err) {
     if (!(lr >= 0.0f)) {
         cddp_error_set(err, CDDP_EINVAL, "learning rate %g must be >= 0", (double)lr);
         return NULL;
     }
-    size_t n = cddp_model_numel(m);
     cddp_optim *o = cddp_calloc(1, sizeof *o);
-    if (!o) goto oom;
+    if (!o) {
+        cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+        return NULL;
+    }
     o->kind = kind;
     o->model = m;
     o->lr = lr;
     o->nstates = nstates;
-    for (int i = 0; i < nstates; i++) {
-        o->state[i] = cddp_aligned_alloc(n * sizeof(float));
-        if (!o->state[i]) goto oom;
-        memset(o->state[i], 0, n * sizeof(float));
+    if (take_shard(o, err) != CDDP_OK) {
+        cddp_optim_destroy(o);
+        return NULL;
     }
     return o;
-oom:
-    cddp_optim_destroy(o);
-    cddp_error_set(err, CDDP_ENOMEM, "out of memory for the optimizer state (%zu parameters)", n);
-    return NULL;
+}
+
+int cddp_optim_sync_shard(cddp_optim *opt, cddp_error *err) {
+    uint64_t version;
+    cddp_model_shard(opt->model, NULL, &version);
+    return version == opt->version ? CDDP_OK : take_shard(opt, err);
+}
+
+bool cddp_optim_sharded(const cddp_optim *opt) {
+    return opt->sharded;
+}
+
+size_t cddp_optim_state_numel(const cddp_optim *opt) {
+    return opt->state_numel;
 }
 
 cddp_optim *cddp_optim_sgd(cddp_model *m, const cddp_sgd_options *opts, cddp_error *err) {
@@ -110,6 +179,7 @@ void cddp_optim_destroy(cddp_optim *opt) {
     if (!opt) return;
     for (int i = 0; i < 2; i++) cddp_aligned_free(opt->state[i]);
     cddp_free(opt->decay);
+    cddp_free(opt->ranges);
     cddp_free(opt);
 }
 
@@ -162,7 +232,25 @@ static void adamw_step(cddp_optim *opt, float *restrict p, const float *restrict
     adamw_loop(p, grad, n, m, v, o->beta1, o->beta2, o->eps, step_size, bc2_sqrt, decay);
 }
 
+/* Updates elements [lo, hi) of the flat blocks, where they meet this optimizer's ranges. */
+static void update(cddp_optim *opt, float *p, const float *g, size_t lo, size_t hi, float wd) {
+    size_t base = 0;
+    for (int k = 0; k < opt->nranges; k++) {
+        size_t a = (size_t)opt->ranges[2 * k], b = (size_t)opt->ranges[2 * k + 1];
+        size_t x = CDDP_MAX(a, lo), y = CDDP_MIN(b, hi), at = base + (x - a);
+        base += b - a;
+        if (x >= y) continue;
+        if (opt->kind == OPT_SGD)
+            sgd_step(opt, p + x, g + x, y - x, opt->state[0] ? opt->state[0] + at : NULL, wd);
+        else
+            adamw_step(opt, p + x, g + x, y - x, opt->state[0] + at, opt->state[1] + at, wd);
+    }
+}
+
 void cddp_optim_step(cddp_optim *opt) {
+    cddp_error err = {0};
+    if (cddp_optim_sync_shard(opt, &err) != CDDP_OK) /* only when the model's shard changed */
+        CDDP_CHECK(false, "optimizer step: %s", err.msg);
     float *p = cddp_model_data(opt->model);
     const float *g = cddp_model_grad(opt->model);
     size_t n = cddp_model_numel(opt->model);
@@ -171,16 +259,13 @@ void cddp_optim_step(cddp_optim *opt) {
     /* Runs of parameters with one weight decay (all of them without parameter groups), each a
      * range of the flat blocks, one straight pass each. */
     int np = cddp_model_num_params(opt->model);
-    for (int i = 0, j; i < np || (i == 0 && np == 0); i = j) {
+    for (int i = 0, j; i < np; i = j) {
         float wd = opt->decay ? opt->decay[i] : all;
         for (j = i + 1; opt->decay && j < np && opt->decay[j] == wd;) j++;
-        if (!opt->decay) j = np ? np : 1;
-        size_t lo = np ? cddp_model_param_offset(opt->model, i) : 0;
+        if (!opt->decay) j = np;
+        size_t lo = cddp_model_param_offset(opt->model, i);
         size_t hi = j < np ? cddp_model_param_offset(opt->model, j) : n;
-        if (opt->kind == OPT_SGD)
-            sgd_step(opt, p + lo, g + lo, hi - lo, opt->state[0] ? opt->state[0] + lo : NULL, wd);
-        else
-            adamw_step(opt, p + lo, g + lo, hi - lo, opt->state[0] + lo, opt->state[1] + lo, wd);
+        update(opt, p, g, lo, hi, wd);
     }
     opt->steps++;
     cddp_model_notify(opt->model, CDDP_EVENT_OPTIM_END);
@@ -233,11 +318,22 @@ CDDP_SIMD_CLONES static double sum_squares(const float *g, size_t n) {
 
 double cddp_clip_grad_norm(cddp_model *m, double max_norm) {
     float *g = cddp_model_grad(m);
-    size_t n = cddp_model_numel(m);
-    double norm = sqrt(sum_squares(g, n)), coef = max_norm / (norm + 1e-6);
+    const int64_t *r;
+    int k = cddp_model_shard(m, &r, NULL);
+    int64_t whole[2] = {0, (int64_t)cddp_model_numel(m)};
+    if (k == 0) r = whole, k = 1;
+    double sq = 0.0;
+    for (int i = 0; i < k; i++) sq += sum_squares(g + r[2 * i], (size_t)(r[2 * i + 1] - r[2 * i]));
+    cddp_error err = {0};
+    if (cddp_model_shard_sum(m, &sq, &err) != CDDP_OK) {
+        cddp_log(CDDP_LOG_ERROR, "optim", "gradient norm: %s", err.msg);
+        return NAN;
+    }
+    double norm = sqrt(sq), coef = max_norm / (norm + 1e-6);
     if (coef < 1.0) {
         float c = (float)coef;
-        for (size_t i = 0; i < n; i++) g[i] *= c;
+        for (int i = 0; i < k; i++)
+            for (int64_t e = r[2 * i]; e < r[2 * i + 1]; e++) g[e] *= c;
     }
     return norm;
 }

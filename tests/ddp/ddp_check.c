@@ -30,24 +30,10 @@
  *                                     tied weight is reduced once
  * Prints "ok: ..." and exits 0 when every check holds on this rank; exits 1 saying why.
  */
-#include <cddp/cddp.h>
-
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#define CHECK_NAME "ddp_check"
+#include "check.h"
 
 enum { B = 8, D = 6, H = 5, O = 3, STEPS = 5 };
-
-static int rank, world;
-
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        fprintf(stderr, "ddp_check rank %d: ", rank);                                              \
-        fprintf(stderr, __VA_ARGS__);                                                              \
-        fprintf(stderr, "\n");                                                                     \
-        exit(1);                                                                                   \
-    } while (0)
 
 /* ---- models and data --------------------------------------------------------------------- */
 

@@ -187,6 +187,36 @@ gpt_resume)
     [ "$(tail -n +2 split/loss.csv | wc -l)" = 40 ] || fail "loss.csv after resume: not 40 iterations"
     echo "ok: 20 + 20 resumed iterations equal 40 (every loss, validation loss $va)"
     ;;
+gpt_zero)
+    GPT="$build/bin/gpt_train --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --batch_size 4 \
+         --warmup_iters 5 --lr_decay_iters 40 --eval_interval 20 --eval_iters 4 --final_eval 10 \
+         --log_interval 1 --sample 0 --json"
+    run --nproc_per_node 2 $GPT --max_iters 40 --out none > ddp.out 2>&1 || { cat ddp.out; fail "the DDP run failed"; }
+    run --nproc_per_node 2 $GPT --max_iters 40 --out none --zero > zero.out 2>&1 || { cat zero.out; fail "the --zero run failed"; }
+    run --nproc_per_node 2 $GPT --max_iters 20 --out split --zero > first.out 2>&1 || { cat first.out; fail "the first half failed"; }
+    run --nproc_per_node 1 $GPT --max_iters 21 --out none --resume split/checkpoint.safetensors > one.out 2>&1 \
+        || { cat one.out; fail "the sharded run's checkpoint does not resume on 1 rank without --zero"; }
+    run --nproc_per_node 2 $GPT --max_iters 40 --out split --zero --resume > second.out 2>&1 || { cat second.out; fail "the resumed half failed"; }
+    grep -q "at iteration 20" one.out || fail "1 rank did not resume at iteration 20"
+    losses() { sed -n 's/^iter \([0-9]*\): loss \([0-9.]*\),.*/\1 \2/p' "$@"; }
+    losses ddp.out > a
+    losses zero.out > b
+    losses first.out second.out > c
+    [ "$(wc -l < a)" = 40 ] || fail "the DDP run logged $(wc -l < a) iterations"
+    paste a b | awk '{ d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 2e-4) bad = 1 } END { exit bad }' \
+        || { paste a b; fail "--zero's losses differ from DDP's by more than 2e-4"; }
+    diff b c > /dev/null || { diff b c; fail "--zero resumed differs from --zero uninterrupted"; }
+    field() { tail -n 1 "$1" | sed -n "s/.*\"$2\": \([0-9]*\).*/\1/p"; }
+    sd=$(field ddp.out optim_state_bytes)
+    sz=$(field zero.out optim_state_bytes)
+    [ -n "$sd" ] && [ -n "$sz" ] && [ -n "$(field zero.out peak_rss_bytes)" ] || fail "the JSON lacks the memory fields"
+    awk -v d="$sd" -v z="$sz" 'BEGIN { exit !(z > 0 && z <= d / 2 + 4096 && z >= d / 2 - 4096) }' \
+        || fail "--zero keeps $sz bytes of optimizer state on rank 0, DDP $sd: not half"
+    run --nproc_per_node 2 "$FM" --epochs 1 --limit 2000 --optimizer adamw --lr 1e-3 --zero --out none --json > fm.out 2>&1 \
+        || { cat fm.out; fail "fashion_mnist --zero failed"; }
+    grep -q '"zero": true' fm.out || fail "fashion_mnist --zero's JSON does not say so"
+    echo "ok: --zero equals DDP at every iteration (within 2e-4), resumes exactly, loads on 1 rank; optimizer state $sz of $sd bytes"
+    ;;
 gpt_tokens)
     printf 'the quick brown fox jumps over the lazy dog.\n%.0s' $(seq 400) > text.txt
     "$build/bin/cddp-tokenize" text.txt data > tok.out 2>&1 || { cat tok.out; fail "cddp-tokenize failed"; }

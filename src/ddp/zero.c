@@ -1,0 +1,114 @@
+/* zero.c: the sharded optimizer (ZeRO-1) around DistributedDataParallel's buckets.
+ *
+ * A rank's shard is its part of every bucket (cddp__ddp_part): the part of the reduced gradients
+ * that the bucket's reduce-scatter hands it (reducer.c). The model is told (cddp_model_set_shard),
+ * so its optimizer keeps state for the shard alone and updates only it; after the step every
+ * bucket's updated parts are allgathered, in place where the bucket divides evenly among the
+ * ranks, else through the bucket's staging buffer. Buckets stay in reverse declaration order
+ * (never rebuilt), so the shard does not move between steps.
+ *
+ * Checkpoints stay one file of DDP's layout: before a save the ranks gather the optimizer state
+ * (the same allgather), after a load each rank keeps its parts. The file therefore loads on any
+ * number of ranks, sharded or not.
+ */
+#include "cddp/checkpoint.h"
+#include "ddp/internal.h"
+
+#include <string.h>
+
+static int sum_double(void *user, double *value, cddp_error *err) {
+    cddp_ddp *d = user;
+    return cddp_comm_allreduce(d->group, value, value, 1, CDDP_COMM_F64, CDDP_COMM_SUM,
+                               cddp__ddp_timeout(d), err);
+}
+
+int cddp__ddp_zero_setup(cddp_ddp *d, cddp_error *err) {
+    d->rebuilt = true; /* the shard must not move: keep the first buckets */
+    d->shard = cddp_malloc(sizeof *d->shard * 2 * (size_t)d->nbuckets);
+    if (!d->shard) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    /* The buckets run from the last parameters to the first: the ranges ascend from the last. */
+    int n = 0;
+    for (int k = d->nbuckets - 1; k >= 0; k--) {
+        int64_t lo, hi;
+        cddp__ddp_part(d, &d->buckets[k], d->rank, &lo, &hi);
+        d->shard[2 * n] = d->buckets[k].offset + lo;
+        d->shard[2 * n + 1] = d->buckets[k].offset + hi;
+        n++;
+    }
+    return cddp_model_set_shard(d->model, n, d->shard, sum_double, d, err);
+}
+
+void cddp__ddp_zero_release(cddp_ddp *d) {
+    if (d->model && d->shard) cddp_model_set_shard(d->model, 0, NULL, NULL, NULL, NULL);
+    cddp_free(d->shard);
+    d->shard = NULL;
+}
+
+int cddp__ddp_zero_gather(cddp_ddp *d, float *block, cddp_error *err) {
+    for (int k = 0; k < d->nbuckets; k++) {
+        bucket *b = &d->buckets[k];
+        int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
+        float *at = block + b->offset;
+        if (!b->stage) {
+            CDDP_TRY(cddp_comm_allgather(d->group, at + lo, at, c, CDDP_COMM_F32,
+                                         cddp__ddp_timeout(d), err));
+            continue;
+        }
+        float *mine = b->stage + (size_t)(d->rank * c);
+        memset(mine, 0, (size_t)c * sizeof(float));
+        memcpy(mine, at + lo, (size_t)(hi - lo) * sizeof(float));
+        CDDP_TRY(cddp_comm_allgather(d->group, mine, b->stage, c, CDDP_COMM_F32,
+                                     cddp__ddp_timeout(d), err));
+        memcpy(at, b->stage, b->numel * sizeof(float));
+    }
+    return CDDP_OK;
+}
+
+void cddp__ddp_zero_after_step(cddp_ddp *d) {
+    double t0 = cddp_now_s();
+    cddp_error e = {0};
+    if (cddp__ddp_zero_gather(d, cddp_model_data(d->model), &e) != CDDP_OK) {
+        cddp_log(CDDP_LOG_ERROR, "ddp", "allgather of the parameters after the step: %s", e.msg);
+        if (!d->hook_err.code) d->hook_err = e;
+    }
+    double t1 = cddp_now_s();
+    d->stats.allgather_s = t1 - t0;
+    cddp__ddp_record(d, "allgather", -1, 0, t0, t1);
+}
+
+/* Every rank's status, so that all go on together or all stop: the worst, and who had it. */
+static int agree(cddp_ddp *d, int rc, cddp_error *err) {
+    int32_t worst[2] = {rc != CDDP_OK ? 1 : 0, rc != CDDP_OK ? d->rank : -1};
+    CDDP_TRY(cddp_comm_allreduce(d->group, worst, worst, 2, CDDP_COMM_I32, CDDP_COMM_MAX,
+                                 cddp__ddp_timeout(d), err));
+    if (rc != CDDP_OK) return rc;
+    if (worst[0])
+        return cddp_error_set(err, CDDP_ENOMEM,
+                              "rank %d could not hold the whole optimizer state (its log says why)",
+                              worst[1]);
+    return CDDP_OK;
+}
+
+int cddp__ddp_zero_with_whole_state(cddp_ddp *d, cddp_optim *opt, bool gather,
+                                    int (*fn)(cddp_ddp *d, void *arg, cddp_error *err), void *arg,
+                                    cddp_error *err) {
+    cddp_error e = {0};
+    /* The whole block: the optimizer keeps what it has, zeros elsewhere. */
+    int mine = cddp_model_set_shard(d->model, 0, NULL, NULL, NULL, &e);
+    if (mine == CDDP_OK) mine = cddp_optim_sync_shard(opt, &e);
+    if (mine != CDDP_OK) cddp_log(CDDP_LOG_ERROR, "ddp", "%s", e.msg);
+    int rc = agree(d, mine, err);
+    if (mine != CDDP_OK && err) *err = e;
+    for (int s = 0; rc == CDDP_OK && gather && s < cddp_optim_num_states(opt); s++)
+        rc = cddp__ddp_zero_gather(d, cddp_optim_state(opt, s, NULL), err);
+    if (rc == CDDP_OK) rc = fn(d, arg, err);
+    /* Back to the shard; shrinking cannot fail but for memory, which then says so. */
+    cddp_error back = {0};
+    int st = cddp_model_set_shard(d->model, d->nbuckets, d->shard, sum_double, d, &back);
+    if (st == CDDP_OK) st = cddp_optim_sync_shard(opt, &back);
+    if (st != CDDP_OK && rc == CDDP_OK) {
+        if (err) *err = back;
+        rc = st;
+    }
+    return rc;
+}
