@@ -16,6 +16,7 @@ is wrapped with DistributedDataParallel over gloo. Rank 0 prints one JSON line.
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 
@@ -56,6 +57,8 @@ def main():
                           ("grad_clip", 1.0), ("beta1", 0.9), ("beta2", 0.99)]:
         p.add_argument("--" + name, type=float, default=default)
     p.add_argument("--data", default="/usr/share/games/fortunes")
+    p.add_argument("--zero", action="store_true",
+                   help="ZeroRedundancyOptimizer: AdamW's state sharded across the ranks")
     a = p.parse_args()
     if a.lr_decay_iters < 0:
         a.lr_decay_iters = a.max_iters
@@ -75,7 +78,16 @@ def main():
     if world > 1:
         dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
         model = nn.parallel.DistributedDataParallel(model)
-    opt = optimizer(model, a.lr, (a.beta1, a.beta2), a.weight_decay)
+    if a.zero and world > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in model.parameters() if p.dim() < 2]
+        opt = ZeroRedundancyOptimizer(decay, optimizer_class=torch.optim.AdamW, lr=a.lr,
+                                      betas=(a.beta1, a.beta2), eps=1e-8,
+                                      weight_decay=a.weight_decay)
+        opt.add_param_group({"params": no_decay, "weight_decay": 0.0})
+    else:
+        opt = optimizer(model, a.lr, (a.beta1, a.beta2), a.weight_decay)
     gen = torch.Generator().manual_seed(a.seed)
     order = torch.randperm(n_windows, generator=gen)[rank::world]
     offsets = torch.arange(T + 1)
@@ -117,8 +129,14 @@ def main():
     if world > 1:
         dist.all_reduce(total)
     tokens = a.max_iters * B * T * world
+    local = opt.optim if hasattr(opt, "optim") else opt  # ZeRO's local optimizer
+    state_bytes = sum(t.numel() * t.element_size() for st in local.state.values()
+                      for k, t in st.items() if k in ("exp_avg", "exp_avg_sq"))
     if rank == 0:
-        print(json.dumps({"impl": "pytorch", "torch": torch.__version__, "world": world,
+        print(json.dumps({"impl": "pytorch", "zero": bool(a.zero and world > 1),
+                          "optim_state_bytes": state_bytes,
+                          "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                          * 1024, "torch": torch.__version__, "world": world,
                           "threads": a.threads, "iters": a.max_iters, "params": params,
                           "train_s": round(train_s, 3),
                           "tokens_per_s": round(tokens / train_s, 1) if train_s else 0,

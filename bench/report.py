@@ -2,7 +2,7 @@
 """report.py OUT_DIR TEMPLATE BENCHMARKS_MD IMG_DIR README: bench/compare's write-up.
 
 Reads the outputs that bench/compare left in OUT_DIR (mlp.txt, data.txt, launch.txt,
-allreduce.txt, ddp.txt, machine.txt), fills the @NAME@ placeholders of TEMPLATE with tables and
+allreduce.txt, ddp.txt, gpt.txt, zero.txt, machine.txt), fills the @NAME@ placeholders of TEMPLATE with tables and
 writes BENCHMARKS_MD, draws the plots as SVG into IMG_DIR, and replaces the block between
 <!-- bench:headline:begin --> and <!-- bench:headline:end --> in README. Only the standard
 library: the plots are written as SVG by hand. Fails (exit 1, naming the file) when an output is
@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import statistics
 import sys
 
 
@@ -125,6 +126,73 @@ def parse_ddp(text):
     version = torch[0]["version"]
     return {"best": res, "split": last, "version": version,
             "rounds": len([r for r in cddp if r["world"] == 1])}
+
+
+GPT_SETTINGS = [("cddp1", "cddp, 1 rank"), ("torch1", "PyTorch, 1 thread"),
+                ("cddp2", "cddp DDP, 2 ranks"), ("torchddp2", "PyTorch DDP (gloo), 2 ranks"),
+                ("cddp_all", "cddp, 1 process x all cores"),
+                ("torch_all", "PyTorch, 1 process x all cores")]
+# nanoGPT's CPU recipe, as bench/gpt_vs_torch.py runs it
+GPT_L, GPT_C, GPT_T, GPT_V = 4, 128, 64, 256
+
+
+def parse_runs(text, name, settings):
+    """The "run SETTING {json}" lines of name, by setting; every one of settings must be there."""
+    runs = {}
+    for line in text.splitlines():
+        if line.startswith("run "):
+            _, key, js = line.split(" ", 2)
+            runs.setdefault(key, []).append(json.loads(js))
+    missing = [k for k, _ in settings if k not in runs]
+    if missing:
+        raise ReportError(f"{name}: no runs of {', '.join(missing)}")
+    return runs
+
+
+ZERO_SETTINGS = [("cddp_ddp", "cddp DDP"), ("cddp_zero", "cddp ZeRO-1 (`--zero`)"),
+                 ("torch_ddp", "PyTorch DDP (gloo)"),
+                 ("torch_zero", "PyTorch DDP + ZeroRedundancyOptimizer")]
+
+
+def zero_table(z):
+    rows = ["| GPT 6 x 256, 2 ranks | tokens/s, median | spread (min-max) | ms per iteration | "
+            "optimizer state, rank 0 | peak RSS, rank 0 (median) |", "|---|---|---|---|---|---|"]
+    for key, label in ZERO_SETTINGS:
+        tps = [r["tokens_per_s"] for r in z[key]]
+        med = statistics.median(tps)
+        iter_tokens = 2 * 8 * 64
+        rss = statistics.median(r["peak_rss_bytes"] for r in z[key])
+        rows.append(f"| {label} | {med:.0f} | {min(tps):.0f}-{max(tps):.0f} | "
+                    f"{1e3 * iter_tokens / med:.1f} | "
+                    f"{z[key][0]['optim_state_bytes'] / 2**20:.1f} MiB | {rss / 2**20:.0f} MiB |")
+    return "\n".join(rows)
+
+
+def zero_targets(z):
+    m = {k: median_tps(v) for k, v in z.items()}
+    state = {k: z[k][0]["optim_state_bytes"] for k in m}
+    slow = m["cddp_ddp"] / m["cddp_zero"]
+    share = state["cddp_zero"] / state["cddp_ddp"]
+    return "\n".join([
+        f"- cddp's step with ZeRO-1 <= 1.1x its DDP step: {slow:.3f}x — "
+        f"**{'met' if slow <= 1.1 else 'not met'}** (PyTorch's: "
+        f"{m['torch_ddp'] / m['torch_zero']:.3f}x)",
+        f"- optimizer state per rank about 1/2 of DDP's on 2 ranks: {share:.3f} — "
+        f"**{'met' if abs(share - 0.5) <= 0.01 else 'not met'}** (PyTorch's: "
+        f"{state['torch_zero'] / state['torch_ddp']:.3f})",
+        f"- cddp ZeRO-1 against PyTorch ZeRO: {m['cddp_zero'] / m['torch_zero']:.2f}x the tokens/s",
+    ])
+
+
+def gpt_flops_per_token():
+    """3 x (2 x the forward's multiply-adds) per token, the attention counted whole."""
+    C = GPT_C
+    per_layer = 2 * 12 * C * C + 2 * 2 * GPT_T * C
+    return 3 * (GPT_L * per_layer + 2 * C * GPT_V)
+
+
+def median_tps(runs):
+    return statistics.median(r["tokens_per_s"] for r in runs)
 
 
 def parse_machine(text):
@@ -256,7 +324,40 @@ def ddp_targets(d):
     ])
 
 
-def headline(mlp, ar, ddp, machine):
+def gpt_table(g):
+    rows = ["| GPT, nanoGPT's CPU recipe | tokens/s, median | spread (min-max) | runs |",
+            "|---|---|---|---|"]
+    for key, label in GPT_SETTINGS:
+        v = [r["tokens_per_s"] for r in g[key]]
+        rows.append(f"| {label} | {statistics.median(v):.0f} | {min(v):.0f}-{max(v):.0f} | "
+                    f"{' '.join(f'{x:.0f}' for x in v)} |")
+    return "\n".join(rows)
+
+
+def gpt_split(g):
+    rows = ["| cddp (medians, ms per iteration) | forward | backward | allreduce | optimizer | "
+            "model GFLOP/s per rank |", "|---|---|---|---|---|---|"]
+    for key, label, world in (("cddp1", "1 rank", 1), ("cddp2", "2 ranks", 2)):
+        part = {k: statistics.median(r["iter_ms"][k] for r in g[key])
+                for k in ("forward", "backward", "allreduce", "optimizer")}
+        rate = median_tps(g[key]) / world * gpt_flops_per_token() / 1e9
+        rows.append(f"| {label} | {part['forward']:.1f} | {part['backward']:.1f} | "
+                    f"{part['allreduce']:.1f} | {part['optimizer']:.1f} | {rate:.1f} |")
+    return "\n".join(rows)
+
+
+def gpt_targets(g):
+    m = {k: median_tps(v) for k, v in g.items()}
+    checks = [("cddp on 1 rank >= 1.4x PyTorch on 1 thread", m["cddp1"] / m["torch1"], 1.4),
+              ("cddp on 2 ranks >= 1.4x PyTorch DDP on 2 ranks", m["cddp2"] / m["torchddp2"], 1.4),
+              ("cddp on 2 ranks >= 1.85x cddp on 1 rank", m["cddp2"] / m["cddp1"], 1.85)]
+    rows = [f"- {text}: {v:.2f}x — {verdict(v >= want)}" for text, v, want in checks]
+    rows.append(f"- cddp on 2 ranks against one process on every core: cddp "
+                f"{m['cddp2'] / m['cddp_all']:.2f}x, PyTorch {m['cddp2'] / m['torch_all']:.2f}x")
+    return "\n".join(rows)
+
+
+def headline(mlp, ar, ddp, machine, gpt):
     by = {r["bytes"]: r for r in ar}
     (c1, t1), (c2, t2) = ddp["best"][1], ddp["best"][2]
     rows = [f"Latest `bench/compare` run ({machine.get('date', '?')}, "
@@ -267,6 +368,11 @@ def headline(mlp, ar, ddp, machine):
             f"| DDP training, 2 ranks (samples/s) | {c2:.0f} | PyTorch DDP gloo {t2:.0f} | "
             f"{ratio(c2, t2)} |",
             f"| DDP scaling, 1 → 2 ranks | {ratio(c2, c1)} | PyTorch {ratio(t2, t1)} | |"]
+    g = {k: median_tps(v) for k, v in gpt.items()}
+    rows += [f"| GPT training, 1 process (tokens/s, median) | {g['cddp1']:.0f} | PyTorch "
+             f"{g['torch1']:.0f} | {ratio(g['cddp1'], g['torch1'])} |",
+             f"| GPT DDP training, 2 ranks (tokens/s, median) | {g['cddp2']:.0f} | PyTorch DDP "
+             f"gloo {g['torchddp2']:.0f} | {ratio(g['cddp2'], g['torchddp2'])} |"]
     for size in (4096, 1 << 20, 64 << 20):
         r = by.get(size)
         if r and r["mpi"]:
@@ -414,12 +520,14 @@ def main(argv):
         ar = parse_allreduce(ar_text)
         ar_tcp = parse_allreduce_tcp(ar_text)
         ddp = parse_ddp(read(out, "ddp.txt"))
+        gpt = parse_runs(read(out, "gpt.txt"), "gpt.txt", GPT_SETTINGS)
+        zero = parse_runs(read(out, "zero.txt"), "zero.txt", ZERO_SETTINGS)
         machine = parse_machine(read(out, "machine.txt"))
         with open(template) as f:
             tpl = f.read()
         with open(readme) as f:
             readme_text = f.read()
-        head = headline(mlp, ar, ddp, machine)
+        head = headline(mlp, ar, ddp, machine, gpt)
         page = fill(tpl, {
             "DATE": machine.get("date", "?"),
             "MACHINE": ", ".join(f"{k} {v}" for k, v in machine.items() if k != "date"),
@@ -433,6 +541,11 @@ def main(argv):
             "DDP_TABLE": ddp_table(ddp),
             "DDP_SPLIT": ddp_split(ddp),
             "DDP_TARGETS": ddp_targets(ddp),
+            "GPT_TABLE": gpt_table(gpt),
+            "GPT_SPLIT": gpt_split(gpt),
+            "GPT_TARGETS": gpt_targets(gpt),
+            "ZERO_TABLE": zero_table(zero),
+            "ZERO_TARGETS": zero_targets(zero),
         })
         readme_text = replace_block(readme_text, head, readme)
     except (ReportError, ValueError, KeyError, json.JSONDecodeError) as e:
