@@ -46,7 +46,7 @@ static cddp_loader_options loader_options(int64_t batch) {
 }
 
 typedef struct options {
-    int epochs, batch, log_every;
+    int epochs, batch, log_every, save_every;
     float lr, momentum, target_acc;
     const char *optimizer, *model, *data, *save, *out, *resume, *hook;
     double bucket_cap_mb;
@@ -76,7 +76,11 @@ static void usage(FILE *out) {
         "  --save PATH         write a safetensors checkpoint after the last epoch\n"
         "  --out DIR           rank 0 writes checkpoint.safetensors (every epoch), metrics.csv\n"
         "                      and curves.svg here (default runs/fashion_mnist; 'none': no files)\n"
-        "  --resume PATH       continue from a checkpoint written by --out or --save\n"
+        "  --save-every N      also write the checkpoint every N steps, mid-epoch (default 0:\n"
+        "                      after each epoch only)\n"
+        "  --resume PATH       continue from a checkpoint written by --out or --save, also\n"
+        "                      mid-epoch and on another number of ranks (keep the global batch\n"
+        "                      for the same steps: ranks x --batch-size)\n"
         "  --hook NAME         gradient compression: none, bf16 or fp16 (default none)\n"
         "  --bucket-cap-mb X   DDP bucket size in MiB (default 25)\n"
         "  --zero              shard the optimizer state across the ranks (ZeRO-1)\n"
@@ -113,6 +117,8 @@ static int parse_args(int argc, char **argv, options *o) {
                                              {"bucket-cap-mb", required_argument, 0, 'B'},
                                              {"json", no_argument, 0, 'j'},
                                              {"zero", no_argument, 0, 'z'},
+                                             {"save-every", required_argument, 0, 'E'},
+                                             {"save_every", required_argument, 0, 'E'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     int c;
@@ -173,6 +179,9 @@ static int parse_args(int argc, char **argv, options *o) {
             break;
         case 'z':
             o->zero = true;
+            break;
+        case 'E':
+            o->save_every = (int)strtol(optarg, &end, 10);
             break;
         case 'h':
             usage(stdout);
@@ -288,6 +297,24 @@ static void progress(const options *o, bool tty, int epoch, int64_t step, int64_
     }
 }
 
+/* The checkpoint: model, optimizer, every rank's random state, the epochs done and the data's
+ * position in the current epoch (the ranks' together, so any number of ranks resumes it). */
+static int save_checkpoint(cddp_ddp *ddp, cddp_comm *group, cddp_ctx *ctx, cddp_optim *opt,
+                           const char *path, const options *o, int epochs_done,
+                           cddp_sampler_state st, cddp_error *err) {
+    char ep[24], de[24], pos[24];
+    snprintf(ep, sizeof ep, "%d", epochs_done);
+    snprintf(de, sizeof de, "%lld", (long long)st.epoch);
+    snprintf(pos, sizeof pos, "%lld", (long long)st.position);
+    const char *meta[2 * RUN_MAX_RNG + 10] = {"epoch",      ep, "model",         o->model,
+                                              "data_epoch", de, "data_position", pos};
+    int nm = 8;
+    run_rng_meta rngs; /* every rank's random state travels to rank 0 */
+    if (run_rng_gather(group, cddp_ctx_rng(ctx), &rngs, meta, &nm, err)) return -1;
+    meta[nm] = NULL;
+    return cddp_ddp_save(ddp, path, opt, meta, err);
+}
+
 int main(int argc, char **argv) {
     options o;
     if (parse_args(argc, argv, &o) != 0) return 2;
@@ -383,14 +410,26 @@ int main(int argc, char **argv) {
     if (!opt) goto fail;
 
     int first_epoch = 0;
+    cddp_sampler_state mid = {0}; /* a checkpoint from the middle of an epoch */
     if (o.resume) {
         cddp_safetensors *f = NULL;
         if (cddp_ddp_load(ddp, o.resume, opt, &f, &err) != CDDP_OK) goto fail;
         const char *ep = cddp_safetensors_meta(f, "epoch");
+        const char *de = cddp_safetensors_meta(f, "data_epoch");
+        const char *pos = cddp_safetensors_meta(f, "data_position");
         first_epoch = ep ? atoi(ep) : 0;
+        if (de && pos && atoll(pos) > 0) { /* mid-epoch: the same epoch goes on */
+            mid = (cddp_sampler_state){.epoch = atoll(de), .position = atoll(pos)};
+            first_epoch = (int)mid.epoch;
+            if (cddp_sampler_set_state(sampler, mid, &err) != CDDP_OK) goto fail;
+        }
         run_rng_restore(f, rank, cddp_ctx_rng(ctx));
         cddp_safetensors_destroy(f);
-        cddp_ddp_print0(ddp, "resumed from %s after epoch %d\n", o.resume, first_epoch);
+        if (mid.position > 0)
+            cddp_ddp_print0(ddp, "resumed from %s in epoch %d, after %lld of its samples\n",
+                            o.resume, first_epoch, (long long)mid.position);
+        else
+            cddp_ddp_print0(ddp, "resumed from %s after epoch %d\n", o.resume, first_epoch);
     }
     char ckpt[4096] = "", csv_path[4096] = "", svg_path[4096] = "";
     if (files) {
@@ -411,10 +450,10 @@ int main(int argc, char **argv) {
     }
 
     double train_s = 0.0, acc = 0.0, last_loss = NAN;
-    int64_t samples = 0;
+    int64_t samples = 0, since_save = 0;
     int epochs_run = 0;
     for (int epoch = first_epoch; epoch < o.epochs; epoch++) {
-        cddp_sampler_set_epoch(sampler, epoch);
+        if (!(epoch == first_epoch && mid.position > 0)) cddp_sampler_set_epoch(sampler, epoch);
         double t0 = cddp_now_s();
         int64_t steps = (cddp_sampler_len(sampler) + o.batch - 1) / o.batch, epoch_samples = 0;
         cddp_batch b;
@@ -433,6 +472,10 @@ int main(int argc, char **argv) {
             cddp_optim_step(opt);
             last_loss = cddp_get(loss, 0);
             epoch_samples += b.size;
+            if (files && o.save_every > 0 && ++since_save % o.save_every == 0 &&
+                save_checkpoint(ddp, group, ctx, opt, ckpt, &o, epoch,
+                                cddp_sampler_get_state(sampler), &err) != CDDP_OK)
+                goto fail;
             if (rank == 0) {
                 progress(&o, tty, epoch, b.index, steps, last_loss);
                 if (files) curves_add_loss(&curve, epoch * steps + b.index, epoch, last_loss);
@@ -446,14 +489,9 @@ int main(int argc, char **argv) {
         if (evaluate(m, ctx, test_loader, cnn, group, &acc, &err) < 0) goto fail;
         cddp_ddp_print0(ddp, "epoch: %d, test accuracy: %.4f\n", epoch, acc);
         if (files) { /* the checkpoint, then the metrics that point to it */
-            char ep[16];
-            snprintf(ep, sizeof ep, "%d", epoch + 1);
-            const char *meta[2 * RUN_MAX_RNG + 6] = {"epoch", ep, "model", o.model};
-            int nm = 4;
-            run_rng_meta rngs; /* every rank's random state travels to rank 0 */
-            if (run_rng_gather(group, cddp_ctx_rng(ctx), &rngs, meta, &nm, &err)) goto fail;
-            meta[nm] = NULL;
-            if (cddp_ddp_save(ddp, ckpt, opt, meta, &err) != CDDP_OK) goto fail;
+            if (save_checkpoint(ddp, group, ctx, opt, ckpt, &o, epoch + 1,
+                                (cddp_sampler_state){.epoch = epoch + 1}, &err) != CDDP_OK)
+                goto fail;
             double sps = epoch_s > 0 ? (double)epoch_samples * world / epoch_s : 0;
             if (csv) {
                 fprintf(csv, "%d,%.6f,%.4f,%.1f,%d\n", epoch, last_loss, acc, sps, world);

@@ -37,7 +37,7 @@
 typedef struct options {
     int64_t n_layer, n_head, n_embd, block_size, vocab_size;
     int64_t batch_size, grad_accum, max_iters, warmup_iters, lr_decay_iters;
-    int64_t eval_interval, eval_iters, final_eval, log_interval, sample, stride, top_k;
+    int64_t eval_interval, eval_iters, final_eval, log_interval, sample, stride, top_k, save_every;
     double lr, min_lr, weight_decay, grad_clip, beta1, beta2, temperature;
     const char *data, *out, *resume;
     uint64_t seed;
@@ -74,6 +74,8 @@ static void usage(FILE *out) {
         "                      (with its *val.bin) (default Debian's fortunes, " FORTUNES ")\n"
         "  --stride N          training windows start every N tokens (default 1)\n"
         "  --eval_interval N   evaluate and save every N iterations (default 250)\n"
+        "  --save_every N      save a checkpoint every N iterations too (default 0: at\n"
+        "                      evaluations only)\n"
         "  --eval_iters N      batches per evaluation (default 20)\n"
         "  --final_eval N      batches for the last evaluation (default 0: the whole\n"
         "                      validation text)\n"
@@ -138,6 +140,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"sample", 'i', &o->sample},
         {"stride", 'i', &o->stride},
         {"top_k", 'i', &o->top_k},
+        {"save_every", 'i', &o->save_every},
         {"seed", 'i', &seed},
         {"lr", 'f', &o->lr},
         {"min_lr", 'f', &o->min_lr},
@@ -210,9 +213,9 @@ static int parse_args(int argc, char **argv, options *o) {
         {o->batch_size < 1 || o->grad_accum < 1, "--batch_size and --grad_accum must be >= 1"},
         {o->max_iters < 0 || o->warmup_iters < 0, "--max_iters and --warmup_iters must be >= 0"},
         {o->eval_interval < 1 || o->eval_iters < 1 || o->final_eval < 0 || o->log_interval < 0 ||
-             o->sample < 0 || o->stride < 1 || o->top_k < 0,
-         "--eval_interval, --eval_iters and --stride must be >= 1; --log_interval, --sample "
-         "and --top_k >= 0"},
+             o->sample < 0 || o->stride < 1 || o->top_k < 0 || o->save_every < 0,
+         "--eval_interval, --eval_iters and --stride must be >= 1; --log_interval, --sample, "
+         "--top_k and --save_every >= 0"},
         {!(o->lr > 0) || o->min_lr < 0 || o->min_lr > o->lr,
          "--lr must be > 0 and --min_lr in [0, lr]"},
         {o->weight_decay < 0 || o->grad_clip < 0, "--weight_decay and --grad_clip must be >= 0"},
@@ -409,7 +412,7 @@ typedef struct split {
 
 static int save(cddp_ddp *ddp, cddp_optim *opt, const char *path, const options *o, int64_t iter,
                 cddp_sampler_state st, int world, cddp_error *err) {
-    char v[9][32];
+    char v[10][32];
     snprintf(v[0], 32, "%" PRId64, iter);
     snprintf(v[1], 32, "%" PRId64, o->n_layer);
     snprintf(v[2], 32, "%" PRId64, o->n_head);
@@ -419,10 +422,11 @@ static int save(cddp_ddp *ddp, cddp_optim *opt, const char *path, const options 
     snprintf(v[6], 32, "%" PRId64, st.epoch);
     snprintf(v[7], 32, "%" PRId64, st.consumed);
     snprintf(v[8], 32, "%d", world);
-    const char *meta[] = {
-        "iter",       v[0], "n_layer",    v[1],  "n_head",     v[2], "n_embd",        v[3],
-        "block_size", v[4], "vocab_size", v[5],  "data_epoch", v[6], "data_consumed", v[7],
-        "world",      v[8], "model",      "gpt", NULL};
+    snprintf(v[9], 32, "%" PRId64, st.position);
+    const char *meta[] = {"iter",       v[0],  "n_layer",       v[1], "n_head",     v[2],
+                          "n_embd",     v[3],  "block_size",    v[4], "vocab_size", v[5],
+                          "data_epoch", v[6],  "data_consumed", v[7], "world",      v[8],
+                          "model",      "gpt", "data_position", v[9], NULL};
     return cddp_ddp_save(ddp, path, opt, meta, err);
 }
 
@@ -532,15 +536,22 @@ int main(int argc, char **argv) {
         cddp_safetensors *f = NULL;
         if (cddp_ddp_load(ddp, resume_path, opt, &f, &err) != CDDP_OK) goto fail;
         iter = meta_int(f, "iter", 0);
-        cddp_sampler_state st = {meta_int(f, "data_epoch", 0), meta_int(f, "data_consumed", 0)};
+        /* The ranks' position in the epoch: any number of ranks continues the same order. */
+        cddp_sampler_state st = {meta_int(f, "data_epoch", 0), meta_int(f, "data_consumed", 0),
+                                 meta_int(f, "data_position", 0)};
         int64_t was = meta_int(f, "world", world);
         cddp_safetensors_destroy(f);
-        if (was != world) {
+        if (was != world && st.position == 0 && st.consumed > 0) {
             cddp_ddp_print0(ddp,
                             "resuming on %d ranks from a checkpoint of %" PRId64
-                            ": the data order restarts at the start of epoch %" PRId64 "\n",
+                            " without the data's position: epoch %" PRId64 " starts over\n",
                             world, was, st.epoch);
             st.consumed = 0;
+        } else if (was != world) {
+            cddp_ddp_print0(ddp,
+                            "resuming on %d ranks from a checkpoint of %" PRId64 ": epoch %" PRId64
+                            " goes on after its %" PRId64 " windows seen\n",
+                            world, was, st.epoch, st.position);
         }
         if (cddp_sampler_set_state(sampler, st, &err) != CDDP_OK) goto fail;
         cddp_ddp_print0(ddp, "resumed from %s at iteration %" PRId64 "\n", resume_path, iter);
@@ -573,7 +584,11 @@ int main(int argc, char **argv) {
     cddp_loader_begin(loader);
     for (; iter <= o.max_iters; iter++) {
         bool last = iter == o.max_iters;
-        if ((iter % o.eval_interval == 0 && !(o.resume && iter == first)) || last) {
+        bool at_eval = (iter % o.eval_interval == 0 && !(o.resume && iter == first)) || last;
+        if (!at_eval && files && o.save_every > 0 && iter % o.save_every == 0 && iter > first &&
+            save(ddp, opt, ckpt, &o, iter, cddp_sampler_get_state(sampler), world, &err))
+            goto fail;
+        if (at_eval) {
             if (mean_loss(m, ctx, group, train, o.eval_iters * o.batch_size, o.batch_size,
                           &train_loss, &err) ||
                 mean_loss(m, ctx, group, val,
@@ -648,6 +663,10 @@ int main(int argc, char **argv) {
             sp.wait += st.wait_s;
             sp.iters++;
         }
+        /* The step's loss: the mean over the ranks (each rank's is its own batch's). */
+        if (world > 1 && cddp_comm_allreduce(group, &loss_sum, &loss_sum, 1, CDDP_COMM_F64,
+                                             CDDP_COMM_MEAN, -1, &err) != CDDP_OK)
+            goto fail;
         last_loss = loss_sum;
         if (rank == 0 && files) curves_add_loss(&curve, iter, 0, last_loss);
         if (o.log_interval && iter % o.log_interval == 0)

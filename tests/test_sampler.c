@@ -182,14 +182,103 @@ static void test_resume_mid_epoch(void **state) {
         for (int64_t k = stop_at; k < 26; k++) got[k] = cddp_sampler_next(r);
         assert_int_equal(cddp_sampler_next(r), -1);
         assert_memory_equal(got, full, sizeof full);
-        /* The state does not fit a sampler of another world size. */
+        /* A state without the ranks' position (a rank's count alone) does not fit a sampler of
+         * another world size. */
         cddp_sampler *other = make(77, 7, 0, true, false, false, 9);
         st.consumed = 20;
+        st.position = 0;
         assert_int_equal(cddp_sampler_set_state(other, st, &err), CDDP_ERANGE);
         assert_non_null(strstr(err.msg, "another world size"));
         cddp_sampler_destroy(other);
         cddp_sampler_destroy(r);
     }
+}
+
+/* Takes the next b samples of each of the world's samplers (one per rank) into out, in rank
+ * order; returns how many (fewer at the end of the epoch). */
+static int64_t take_step(cddp_sampler **ranks, int world, int64_t b, int64_t *out) {
+    int64_t n = 0;
+    for (int r = 0; r < world; r++)
+        for (int64_t k = 0, i; k < b && (i = cddp_sampler_next(ranks[r])) >= 0; k++) out[n++] = i;
+    return n;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* A checkpoint of 4 ranks (batch 3, global batch 12) taken after 2 steps resumes on 1, 2, 3 and 6
+ * ranks with the global batch held: every later step takes the same samples as the uninterrupted
+ * run (as a set), and over the epoch each of the 96 samples is seen exactly once. On 5 ranks,
+ * which cannot hold the global batch, the uneven mode still sees each sample exactly once. */
+static void test_resume_on_other_world_sizes(void **state) {
+    (void)state;
+    enum { N = 96, GB = 12, STOP = 2 };
+    cddp_error err = {0};
+    for (int drop = 0; drop <= 1; drop++) {
+        cddp_sampler *four[4];
+        for (int r = 0; r < 4; r++) {
+            four[r] = make(N, 4, r, true, drop, false, 5);
+            cddp_sampler_set_epoch(four[r], 3);
+            cddp_sampler_begin(four[r]);
+        }
+        int64_t straight[N / GB][GB], before[STOP * GB];
+        for (int t = 0; t < N / GB; t++) {
+            assert_int_equal(take_step(four, 4, GB / 4, straight[t]), GB);
+            qsort(straight[t], GB, sizeof(int64_t), cmp_i64);
+        }
+        for (int t = 0; t < STOP; t++) memcpy(before + t * GB, straight[t], sizeof straight[t]);
+        /* The state rank 0 saved after STOP steps. */
+        cddp_sampler_state st = {3, STOP * GB / 4, STOP * GB};
+        for (int M = 1; M <= 6; M++) {
+            if (GB % M || M == 4 || M == 5) continue;
+            cddp_sampler *ranks[6];
+            for (int r = 0; r < M; r++) {
+                ranks[r] = make(N, M, r, true, drop, false, 5);
+                assert_int_equal(cddp_sampler_set_state(ranks[r], st, &err), CDDP_OK);
+                assert_int_equal(cddp_sampler_begin(ranks[r]), (N - STOP * GB) / M);
+            }
+            int64_t seen[N] = {0}, got[GB];
+            for (int i = 0; i < STOP * GB; i++) seen[before[i]]++;
+            for (int t = STOP; t < N / GB; t++) {
+                assert_int_equal(take_step(ranks, M, GB / M, got), GB);
+                for (int i = 0; i < GB; i++) seen[got[i]]++;
+                qsort(got, GB, sizeof(int64_t), cmp_i64);
+                assert_memory_equal(got, straight[t], sizeof got);
+            }
+            assert_int_equal(take_step(ranks, M, 1, got), 0);
+            for (int i = 0; i < N; i++) assert_int_equal(seen[i], 1);
+            for (int r = 0; r < M; r++) cddp_sampler_destroy(ranks[r]);
+        }
+        for (int r = 0; r < 4; r++) cddp_sampler_destroy(four[r]);
+    }
+    /* Uneven, 4 ranks to 5 after 7 samples each: the rest of the epoch, each sample once. */
+    enum { U = 101 };
+    int64_t seen[U] = {0};
+    for (int r = 0; r < 4; r++) {
+        cddp_sampler *s = make(U, 4, r, true, false, true, 8);
+        cddp_sampler_set_epoch(s, 1);
+        cddp_sampler_begin(s);
+        for (int k = 0; k < 7; k++) seen[cddp_sampler_next(s)]++;
+        cddp_sampler_destroy(s);
+    }
+    for (int r = 0; r < 5; r++) {
+        cddp_sampler *s = make(U, 5, r, true, false, true, 8);
+        assert_int_equal(cddp_sampler_set_state(s, (cddp_sampler_state){1, 7, 28}, &err), CDDP_OK);
+        cddp_sampler_begin(s);
+        for (int64_t i; (i = cddp_sampler_next(s)) >= 0;) seen[i]++;
+        cddp_sampler_state at = cddp_sampler_get_state(s);
+        assert_int_equal(at.epoch, 1);
+        cddp_sampler_destroy(s);
+    }
+    for (int i = 0; i < U; i++) assert_int_equal(seen[i], 1);
+    /* A position beyond the dataset is refused (padding aside, which drop_last has not). */
+    cddp_sampler *s = make(U, 2, 0, true, true, false, 8);
+    assert_int_equal(cddp_sampler_set_state(s, (cddp_sampler_state){1, 0, U + 1}, &err),
+                     CDDP_ERANGE);
+    assert_non_null(strstr(err.msg, "samples of the epoch handed out, but the dataset has 101"));
+    cddp_sampler_destroy(s);
 }
 
 static void test_options_and_environment(void **state) {
@@ -241,6 +330,7 @@ int main(void) {
         cmocka_unit_test(test_epochs_change_and_repeat),
         cmocka_unit_test(test_automatic_epoch_advance),
         cmocka_unit_test(test_resume_mid_epoch),
+        cmocka_unit_test(test_resume_on_other_world_sizes),
         cmocka_unit_test(test_options_and_environment),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -176,8 +176,12 @@ CDDP_API cddp_dataset *cddp_dataset_token_windows(const cddp_tokens *tokens, int
  * it does not see the same order every epoch (PyTorch's classic pitfall): each cddp_sampler_begin
  * after the first advances the epoch by one unless set_epoch or set_state was called since.
  *
- * Resuming: the state (epoch, samples consumed) goes into a checkpoint; a new sampler given that
- * state continues with the next unseen sample of that epoch. */
+ * Resuming: the state (epoch, samples consumed, position) goes into a checkpoint; a new sampler
+ * given that state continues with the next unseen sample of that epoch. The position is the
+ * ranks' together (samples of the epoch handed out by all of them, in lockstep), so a checkpoint
+ * of N ranks resumes on M: the M ranks continue the same epoch's order where the N left it, and
+ * with the same global batch (M B' = N B) every later step sees the samples it would have seen
+ * without the interruption, none repeated or skipped. */
 typedef struct cddp_sampler_options {
     int num_replicas; /* 0: from the launcher's environment (cddp_env_rank_world), else 1 */
     int rank;         /* -1: from the launcher's environment, else 0 */
@@ -193,6 +197,8 @@ CDDP_API cddp_sampler_options cddp_sampler_defaults(void);
 typedef struct cddp_sampler_state {
     int64_t epoch;
     int64_t consumed; /* samples of this epoch already handed out on this rank */
+    int64_t position; /* samples of this epoch handed out by every rank together; set_state
+                         goes by it when it is > 0 (any number of replicas), else by consumed */
 } cddp_sampler_state;
 
 typedef struct cddp_sampler cddp_sampler;
@@ -218,8 +224,8 @@ CDDP_API void cddp_sampler_indices(const cddp_sampler *s, int64_t epoch, int64_t
 CDDP_API int64_t cddp_sampler_begin(cddp_sampler *s);
 CDDP_API int64_t cddp_sampler_next(cddp_sampler *s);
 CDDP_API cddp_sampler_state cddp_sampler_get_state(const cddp_sampler *s);
-/* Sets the position; the next cddp_sampler_begin continues from it. CDDP_ERANGE if consumed is
- * negative or beyond the epoch. */
+/* Sets the position; the next cddp_sampler_begin continues from it. CDDP_ERANGE if the position
+ * is beyond the dataset, or (without a position) consumed negative or beyond the epoch. */
 CDDP_API int cddp_sampler_set_state(cddp_sampler *s, cddp_sampler_state state, cddp_error *err);
 
 /* ---- DataLoader --------------------------------------------------------------------------- */

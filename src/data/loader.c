@@ -254,7 +254,7 @@ int64_t cddp_loader_begin(cddp_loader *l) {
         cddp_sampler_state st = cddp_sampler_get_state(l->sampler);
         l->epoch = st.epoch;
         l->base = st.consumed;
-        cddp_sampler_indices(l->sampler, st.epoch, l->all);
+        cddp__sampler_run_indices(l->sampler, l->all);
     } else {
         l->epoch = ++l->own_epoch;
         l->base = 0;

@@ -9,6 +9,13 @@
  * same count, which DDP needs to keep the ranks in lockstep. The uneven mode takes entries r,
  * r + R, ... of p itself: every sample exactly once, counts differing by at most one.
  *
+ * Resuming on another number of ranks: the state's position counts the entries of the list that
+ * every rank together was handed (rank r's k-th sample is entry r + k R, so after c samples each
+ * the ranks hold entries [0, c R)). A sampler given that position continues the same list at it,
+ * entries start + r, start + r + R', ... for its own R' ranks, the rest cut or padded for R' as a
+ * whole epoch is; when the global batch stays the same (R' B' = R B) every later step takes the
+ * same entries as without the interruption.
+ *
  * The permutation for an epoch is a Fisher-Yates shuffle driven by cddp_rng seeded with
  * seed + epoch, so every rank computes the same one without communicating.
  */
@@ -24,6 +31,8 @@ struct cddp_sampler {
     int64_t per_rank; /* samples this rank yields per epoch */
     int64_t total;    /* the padded or cut list length (not used in the uneven mode) */
     int64_t epoch, consumed;
+    int64_t start;       /* entries of this epoch's list handed out before this run (set_state) */
+    int64_t this_len;    /* samples this rank yields in this epoch from start */
     bool explicit_epoch; /* set_epoch or set_state since the last begin */
     bool begun;          /* begin has run at least once */
     int64_t *order;      /* this epoch's indices, valid for order_epoch */
@@ -72,6 +81,7 @@ cddp_sampler *cddp_sampler_create(int64_t n, const cddp_sampler_options *opts, c
         s->per_rank = o.drop_last ? n / R : (n + R - 1) / R;
         s->total = s->per_rank * R;
     }
+    s->this_len = s->per_rank;
     s->order = cddp_malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
     if (!s->order) goto oom;
     s->order_epoch = -1;
@@ -88,9 +98,24 @@ void cddp_sampler_destroy(cddp_sampler *s) {
     cddp_free(s);
 }
 
-void cddp_sampler_set_epoch(cddp_sampler *s, int64_t epoch) {
+/* This rank's samples in an epoch whose first start entries were handed out already, on any
+ * number of ranks: the rest of the list (the same padding or cut, for these replicas) in turn. */
+static int64_t len_from(const cddp_sampler *s, int64_t start) {
+    int64_t R = s->o.num_replicas, left = CDDP_MAX(s->n - start, 0), r = s->o.rank;
+    if (start == 0) return s->per_rank;
+    if (s->o.uneven) return left > r ? (left - r + R - 1) / R : 0;
+    return s->o.drop_last ? left / R : (left + R - 1) / R;
+}
+
+static void start_epoch(cddp_sampler *s, int64_t epoch, int64_t start) {
     s->epoch = epoch;
     s->consumed = 0;
+    s->start = start;
+    s->this_len = len_from(s, start);
+}
+
+void cddp_sampler_set_epoch(cddp_sampler *s, int64_t epoch) {
+    start_epoch(s, epoch, 0);
     s->explicit_epoch = true;
 }
 
@@ -144,43 +169,65 @@ void cddp_sampler_indices(const cddp_sampler *s, int64_t epoch, int64_t *out) {
     for (int64_t j = 0; j < s->per_rank; j++) out[j] = p[(s->o.rank + j * R) % s->n];
 }
 
+void cddp__sampler_run_indices(const cddp_sampler *s, int64_t *out) {
+    const int64_t *p = cached_permutation(s, s->epoch);
+    int64_t R = s->o.num_replicas;
+    for (int64_t j = 0; j < s->this_len; j++) out[j] = p[(s->start + s->o.rank + j * R) % s->n];
+}
+
 int64_t cddp_sampler_begin(cddp_sampler *s) {
     if (s->begun && !s->explicit_epoch) {
-        s->epoch++;
-        s->consumed = 0;
+        start_epoch(s, s->epoch + 1, 0);
         cddp_log(CDDP_LOG_DEBUG, "data",
                  "sampler: epoch advanced to %lld (cddp_sampler_set_epoch was not called)",
                  (long long)s->epoch);
     }
     s->begun = true;
     s->explicit_epoch = false;
-    return s->per_rank - s->consumed;
+    return s->this_len - s->consumed;
 }
 
 int64_t cddp_sampler_next(cddp_sampler *s) {
-    if (s->consumed >= s->per_rank) return -1;
+    if (s->consumed >= s->this_len) return -1;
     cached_permutation(s, s->epoch);
-    int64_t k = s->o.rank + s->consumed * s->o.num_replicas;
+    int64_t k = s->start + s->o.rank + s->consumed * s->o.num_replicas;
     s->consumed++;
     return s->order[k % s->n];
 }
 
 cddp_sampler_state cddp_sampler_get_state(const cddp_sampler *s) {
-    return (cddp_sampler_state){s->epoch, s->consumed};
+    return (cddp_sampler_state){s->epoch, s->consumed, s->start + s->consumed * s->o.num_replicas};
 }
 
 int cddp_sampler_set_state(cddp_sampler *s, cddp_sampler_state st, cddp_error *err) {
-    if (st.consumed < 0 || st.consumed > s->per_rank)
-        return cddp_error_set(err, CDDP_ERANGE,
-                              "sampler state: %lld samples consumed, but an epoch has %lld on "
-                              "rank %d (was the state saved with another world size or dataset?)",
-                              (long long)st.consumed, (long long)s->per_rank, s->o.rank);
-    s->epoch = st.epoch;
-    s->consumed = st.consumed;
+    if (st.position > 0) { /* the ranks' position together: any number of replicas */
+        int64_t R = s->o.num_replicas;
+        /* Past the dataset's end only by padding, which repeats at most the whole list. */
+        if (st.position > s->n && (s->o.drop_last || s->o.uneven || st.position > 2 * s->n + R))
+            return cddp_error_set(err, CDDP_ERANGE,
+                                  "sampler state: %lld samples of the epoch handed out, but the "
+                                  "dataset has %lld (was the state saved for another dataset?)",
+                                  (long long)st.position, (long long)s->n);
+        if (st.position % R == 0 && st.position / R <= s->per_rank) { /* these ranks' lockstep */
+            start_epoch(s, st.epoch, 0);
+            s->consumed = st.position / R;
+        } else { /* the rest of the list from there; past the end: nothing left */
+            start_epoch(s, st.epoch, CDDP_MIN(st.position, s->n));
+        }
+    } else {
+        if (st.consumed < 0 || st.consumed > s->per_rank)
+            return cddp_error_set(err, CDDP_ERANGE,
+                                  "sampler state: %lld samples consumed, but an epoch has %lld on "
+                                  "rank %d (was the state saved with another world size or "
+                                  "dataset?)",
+                                  (long long)st.consumed, (long long)s->per_rank, s->o.rank);
+        start_epoch(s, st.epoch, 0);
+        s->consumed = st.consumed;
+    }
     s->explicit_epoch = true;
     return CDDP_OK;
 }
 
 void cddp__sampler_advance(cddp_sampler *s, int64_t n) {
-    s->consumed = CDDP_MIN(s->consumed + n, s->per_rank);
+    s->consumed = CDDP_MIN(s->consumed + n, s->this_len);
 }

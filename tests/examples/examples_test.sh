@@ -24,6 +24,19 @@ cd "$work" || exit 1
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 CDDP_LOG_LEVEL=error
 run() { "$build/bin/cddprun" --standalone "$@"; }
 fail() { echo "FAIL: $*"; exit 1; }
+# kill_after_checkpoint ARGS...: cddprun ARGS (which write killed/checkpoint.safetensors) in the
+# background, stopped with SIGTERM as soon as the checkpoint appears (output in killed.out).
+kill_after_checkpoint() {
+    "$build/bin/cddprun" --standalone "$@" > killed.out 2>&1 &
+    job=$!
+    for _ in $(seq 1200); do
+        [ -e killed/checkpoint.safetensors ] && break
+        sleep 0.05
+    done
+    kill -TERM "$job" 2>/dev/null
+    wait "$job" 2>/dev/null || true
+    [ -e killed/checkpoint.safetensors ] || { cat killed.out; fail "the run to kill wrote no checkpoint"; }
+}
 acc_of() { tail -n 1 "$1" | sed -n 's/.*"test_acc": *\([0-9.]*\).*/\1/p'; }
 FM="$build/bin/fashion_mnist"
 PY=/usr/bin/python3
@@ -94,7 +107,7 @@ PYEOF
     echo "ok: 2 ranks, 1 epoch, test accuracy $acc"
     ;;
 resume)
-    args="--epochs 2 --batch-size 32 --json"
+    args="--epochs 2 --batch-size 32 --limit 24000 --json"
     run --nproc_per_node 2 "$FM" $args --out straight > straight.out 2>&1 || { cat straight.out; fail "the uninterrupted run failed"; }
     run --nproc_per_node 2 "$FM" $args --out killed > killed.out 2>&1 &
     pid=$!
@@ -110,9 +123,9 @@ resume)
     a=$(acc_of straight.out) b=$(acc_of resumed.out)
     echo "uninterrupted: $a, killed after epoch 1 and resumed: $b"
     # The curves carry on: both epochs' steps once each, in order, and both evaluations.
-    [ "$(tail -n +2 killed/loss.csv | cut -d, -f1 | uniq | wc -l)" = 1876 ] || fail "loss.csv after resume: not 1876 steps"
-    [ "$(awk -F, 'NR > 1 && $1 != NR - 2' killed/loss.csv | wc -l)" = 0 ] || fail "loss.csv after resume: steps not 0..1875"
-    [ "$(cut -d, -f1,2 killed/eval.csv | tr '\n' ' ')" = "step,epoch 937,0 1875,1 " ] || fail "eval.csv after resume"
+    [ "$(tail -n +2 killed/loss.csv | cut -d, -f1 | uniq | wc -l)" = 750 ] || fail "loss.csv after resume: not 750 steps"
+    [ "$(awk -F, 'NR > 1 && $1 != NR - 2' killed/loss.csv | wc -l)" = 0 ] || fail "loss.csv after resume: steps not 0..749"
+    [ "$(cut -d, -f1,2 killed/eval.csv | tr '\n' ' ')" = "step,epoch 374,0 749,1 " ] || fail "eval.csv after resume"
     awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; exit !(a != "" && b != "" && d * d <= 0.005 * 0.005) }' \
         || fail "resumed accuracy $b is not within 0.5 points of $a"
     echo "ok: resumed to $b (uninterrupted $a)"
@@ -216,6 +229,48 @@ gpt_zero)
         || { cat fm.out; fail "fashion_mnist --zero failed"; }
     grep -q '"zero": true' fm.out || fail "fashion_mnist --zero's JSON does not say so"
     echo "ok: --zero equals DDP at every iteration (within 2e-4), resumes exactly, loads on 1 rank; optimizer state $sz of $sd bytes"
+    ;;
+gpt_reshard)
+    # 4 ranks x 3 sequences, killed once it wrote a checkpoint (every 10 iterations), resumed on 2 ranks x 6 and 3 ranks x 4
+    # (the same global batch): every later loss equals the uninterrupted 4-rank run's.
+    GPT="$build/bin/gpt_train --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 \
+         --warmup_iters 5 --lr_decay_iters 40 --eval_interval 1000 --eval_iters 2 --final_eval 2 \
+         --log_interval 1 --sample 0 --save_every 10"
+    run --nproc_per_node 4 $GPT --batch_size 3 --max_iters 200 --out straight > straight.out 2>&1 \
+        || { cat straight.out; fail "the uninterrupted run failed"; }
+    kill_after_checkpoint --nproc_per_node 4 $GPT --batch_size 3 --max_iters 100000 --out killed
+    for m in 2:6 3:4; do
+        w=${m%:*} b=${m#*:}
+        run --nproc_per_node "$w" $GPT --batch_size "$b" --max_iters 200 --out "r$w" \
+            --resume killed/checkpoint.safetensors > "r$w.out" 2>&1 || { cat "r$w.out"; fail "resuming on $w ranks failed"; }
+        grep -q "resuming on $w ranks from a checkpoint of 4: epoch 0 goes on" "r$w.out" \
+            || { cat "r$w.out"; fail "$w ranks did not continue the epoch"; }
+        at=$(sed -n 's/^resumed from .* at iteration \([0-9]*\)$/\1/p' "r$w.out")
+        [ "$at" -ge 10 ] && [ "$at" -le 150 ] || fail "resumed at iteration '$at', not between 10 and 150"
+        awk -F, 'NR == FNR { if (FNR > 1) want[$1] = $3; next }
+                 FNR > 1 { n++; d = $3 - want[$1]; if (d < 0) d = -d
+                           if (!($1 in want) || d > 1e-5 * want[$1]) { print "step " $1 ": " $3 " vs " want[$1]; bad = 1 } }
+                 END { if (n != 200 - at) { print n " steps"; bad = 1 }; exit bad }' at="$at" \
+            straight/loss.csv "r$w/loss.csv" || { cat "r$w.out"; fail "the losses on $w ranks differ from the uninterrupted 4 ranks'"; }
+    done
+    echo "ok: killed after a checkpoint, resumed from it (iteration $at) on 2 and 3 ranks: every later loss (to 200) within 1e-5 of 4 ranks'"
+    ;;
+fm_reshard)
+    # fashion_mnist on 4 ranks x 16, killed once it wrote a mid-epoch checkpoint (--save-every 10),
+    # resumed on 2 ranks x 32 (the same global batch): the same epoch goes on, and after 2 epochs
+    # the test accuracy is the uninterrupted 4-rank run's.
+    FMA="--epochs 2 --limit 6000 --log-every 0 --json"
+    run --nproc_per_node 4 "$FM" $FMA --batch-size 16 --out straight > straight.out 2>&1 \
+        || { cat straight.out; fail "the uninterrupted run failed"; }
+    kill_after_checkpoint --nproc_per_node 4 "$FM" $FMA --batch-size 16 --save-every 10 --out killed
+    run --nproc_per_node 2 "$FM" $FMA --batch-size 32 --out r2 --resume killed/checkpoint.safetensors > r2.out 2>&1 \
+        || { cat r2.out; fail "resuming on 2 ranks failed"; }
+    grep -q "^resumed from killed/checkpoint.safetensors in epoch 0, after [0-9]* of its samples" r2.out \
+        || { cat r2.out; fail "2 ranks did not go on in the middle of epoch 0"; }
+    a=$(acc_of straight.out) b=$(acc_of r2.out)
+    awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0.5 && d <= 0.002) }' \
+        || fail "test accuracy $b after resuming on 2 ranks, $a uninterrupted on 4"
+    echo "ok: $(grep -o 'after [0-9]* of its samples' r2.out) of epoch 0 on 4 ranks, resumed on 2: test accuracy $b, uninterrupted $a"
     ;;
 gpt_tokens)
     printf 'the quick brown fox jumps over the lazy dog.\n%.0s' $(seq 400) > text.txt
