@@ -48,7 +48,7 @@ static cddp_loader_options loader_options(int64_t batch) {
 typedef struct options {
     int epochs, batch, log_every, save_every;
     float lr, momentum, target_acc;
-    const char *optimizer, *model, *data, *save, *out, *resume, *hook;
+    const char *optimizer, *model, *data, *save, *out, *resume, *hook, *init_from;
     double bucket_cap_mb;
     uint64_t seed;
     int64_t limit;
@@ -76,6 +76,8 @@ static void usage(FILE *out) {
         "  --save PATH         write a safetensors checkpoint after the last epoch\n"
         "  --out DIR           rank 0 writes checkpoint.safetensors (every epoch), metrics.csv\n"
         "                      and curves.svg here (default runs/fashion_mnist; 'none': no files)\n"
+        "  --init-from PATH    start from a model's weights (a checkpoint or a safetensors file\n"
+        "                      with the model's names): a new optimizer, epoch 0\n"
         "  --save-every N      also write the checkpoint every N steps, mid-epoch (default 0:\n"
         "                      after each epoch only)\n"
         "  --resume PATH       continue from a checkpoint written by --out or --save, also\n"
@@ -119,6 +121,8 @@ static int parse_args(int argc, char **argv, options *o) {
                                              {"zero", no_argument, 0, 'z'},
                                              {"save-every", required_argument, 0, 'E'},
                                              {"save_every", required_argument, 0, 'E'},
+                                             {"init-from", required_argument, 0, 'I'},
+                                             {"init_from", required_argument, 0, 'I'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     int c;
@@ -180,6 +184,9 @@ static int parse_args(int argc, char **argv, options *o) {
         case 'z':
             o->zero = true;
             break;
+        case 'I':
+            o->init_from = optarg;
+            break;
         case 'E':
             o->save_every = (int)strtol(optarg, &end, 10);
             break;
@@ -197,6 +204,15 @@ static int parse_args(int argc, char **argv, options *o) {
     }
     if (optind < argc) {
         fprintf(stderr, "fashion_mnist: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (o->resume && o->init_from) {
+        fprintf(stderr, "fashion_mnist: --resume continues a run (weights, optimizer, epoch, "
+                        "data); --init-from starts a new one from weights: choose one\n");
+        return -1;
+    }
+    if (o->save_every < 0) {
+        fprintf(stderr, "fashion_mnist: --save-every must be >= 0\n");
         return -1;
     }
     if (o->epochs < 1 || o->batch < 1 || o->log_every < 0 || !(o->lr > 0)) {
@@ -409,6 +425,11 @@ int main(int argc, char **argv) {
     }
     if (!opt) goto fail;
 
+    if (o.init_from) {
+        if (cddp_ddp_load(ddp, o.init_from, NULL, NULL, &err) != CDDP_OK) goto fail;
+        cddp_ddp_print0(ddp, "initialised from %s (weights only: a new optimizer, epoch 0)\n",
+                        o.init_from);
+    }
     int first_epoch = 0;
     cddp_sampler_state mid = {0}; /* a checkpoint from the middle of an epoch */
     if (o.resume) {

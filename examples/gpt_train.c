@@ -39,7 +39,7 @@ typedef struct options {
     int64_t batch_size, grad_accum, max_iters, warmup_iters, lr_decay_iters;
     int64_t eval_interval, eval_iters, final_eval, log_interval, sample, stride, top_k, save_every;
     double lr, min_lr, weight_decay, grad_clip, beta1, beta2, temperature;
-    const char *data, *out, *resume;
+    const char *data, *out, *resume, *init_from;
     uint64_t seed;
     bool json, zero;
 } options;
@@ -83,6 +83,9 @@ static void usage(FILE *out) {
         "  --out DIR           rank 0 writes checkpoint.safetensors, loss.csv, eval.csv and\n"
         "                      curves.svg here (default runs/gpt; 'none': no files)\n"
         "  --resume[=PATH]     continue from a checkpoint (default OUT/checkpoint.safetensors)\n"
+        "  --init_from PATH    start from a model's weights (a checkpoint, or a safetensors\n"
+        "                      file with the model's names, PyTorch's state_dict): a fresh\n"
+        "                      optimizer, iteration 0\n"
         "  --sample N          rank 0 ends by writing N bytes of generated text (default 200)\n"
         "  --temperature X     sampling temperature (default 0.8)\n"
         "  --top_k N           sample among the N likeliest tokens (default 200; 0: all)\n"
@@ -151,6 +154,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"temperature", 'f', &o->temperature},
         {"data", 's', &o->data},
         {"out", 's', &o->out},
+        {"init_from", 's', &o->init_from},
     };
     enum { NF = sizeof flags / sizeof flags[0] };
     struct option longopts[NF + 5];
@@ -229,6 +233,11 @@ static int parse_args(int argc, char **argv, options *o) {
             fprintf(stderr, "gpt_train: %s\n", checks[i].what);
             return -1;
         }
+    if (resume && o->init_from) {
+        fprintf(stderr, "gpt_train: --resume continues a run (weights, optimizer, iteration, "
+                        "data); --init_from starts a new one from weights: choose one\n");
+        return -1;
+    }
     if (resume && !o->resume) o->resume = ""; /* OUT/checkpoint.safetensors, once OUT is known */
     return 0;
 }
@@ -484,6 +493,9 @@ int main(int argc, char **argv) {
         }
         if (peek_shape(resume_path, &o, &err) != CDDP_OK) goto fail;
     }
+    if (o.init_from) { /* a cddp checkpoint says its shape; a file of weights alone does not */
+        if (peek_shape(o.init_from, &o, &err) != CDDP_OK) goto fail;
+    }
 
     /* The text: every rank reads it (it is small next to the model's work). */
     if (load_data(o.data, &train_text, &val_text, &err) != CDDP_OK) goto fail;
@@ -532,6 +544,11 @@ int main(int argc, char **argv) {
     if (!(opt = cddp_optim_adamw(m, &aw, &err))) goto fail;
 
     int64_t iter = 0;
+    if (o.init_from) {
+        if (cddp_ddp_load(ddp, o.init_from, NULL, NULL, &err) != CDDP_OK) goto fail;
+        cddp_ddp_print0(ddp, "initialised from %s (weights only: a new optimizer, iteration 0)\n",
+                        o.init_from);
+    }
     if (o.resume) {
         cddp_safetensors *f = NULL;
         if (cddp_ddp_load(ddp, resume_path, opt, &f, &err) != CDDP_OK) goto fail;

@@ -272,6 +272,52 @@ fm_reshard)
         || fail "test accuracy $b after resuming on 2 ranks, $a uninterrupted on 4"
     echo "ok: $(grep -o 'after [0-9]* of its samples' r2.out) of epoch 0 on 4 ranks, resumed on 2: test accuracy $b, uninterrupted $a"
     ;;
+init_from)
+    # A model's weights alone (the checkpoint without its optimizer state and metadata, as a
+    # PyTorch state_dict would be written) start a new run: the same evaluation at iteration 0.
+    GPT="$build/bin/gpt_train --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --batch_size 4 \
+         --eval_interval 1000 --eval_iters 2 --final_eval 10 --log_interval 0 --sample 0 --json"
+    run --nproc_per_node 2 $GPT --max_iters 20 --out a > a.out 2>&1 || { cat a.out; fail "training failed"; }
+    $PY - <<'PYEOF' || fail "cannot write the weights-only file"
+import json, struct
+raw = open("a/checkpoint.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+data = raw[8 + n:]
+keep = {k: v for k, v in head.items() if k != "__metadata__" and not k.startswith("optim.")}
+out, at = {}, 0
+for k, v in keep.items():
+    b, e = v["data_offsets"]
+    out[k] = dict(v, data_offsets=[at, at + e - b])
+    at += e - b
+h = json.dumps(out).encode()
+h += b" " * (-len(h) % 8)
+with open("weights.safetensors", "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h)
+    for k, v in keep.items():
+        f.write(data[v["data_offsets"][0]:v["data_offsets"][1]])
+PYEOF
+    run --nproc_per_node 2 $GPT --max_iters 0 --out none --init_from weights.safetensors > b.out 2>&1 \
+        || { cat b.out; fail "--init_from a file of weights failed"; }
+    grep -q "initialised from weights.safetensors (weights only" b.out || fail "no word of the initialisation"
+    va=$(tail -n 1 a.out | sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p')
+    vb=$(tail -n 1 b.out | sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p')
+    [ -n "$va" ] && [ "$va" = "$vb" ] || fail "validation loss $vb from the weights, $va where they were trained"
+    run --nproc_per_node 2 $GPT --max_iters 10 --out none --init_from weights.safetensors > c.out 2>&1 \
+        || { cat c.out; fail "training from the weights failed"; }
+    if run --nproc_per_node 1 $GPT --out none --resume weights.safetensors > d.out 2>&1; then fail "--resume took a file without optimizer state"; fi
+    grep -q "no optimizer state" d.out || { cat d.out; fail "--resume of weights alone did not say why"; }
+    if "$build/bin/gpt_train" --resume a/checkpoint.safetensors --init_from weights.safetensors > e.out 2>&1; then fail "--resume with --init_from accepted"; fi
+    grep -q "choose one" e.out || fail "--resume with --init_from: no reason given"
+    run --nproc_per_node 2 "$FM" --epochs 1 --limit 2000 --out none --init-from /nonexistent.safetensors > f.out 2>&1 \
+        && fail "fashion_mnist --init-from a missing file succeeded"
+    grep -q "nonexistent.safetensors" f.out || { cat f.out; fail "fashion_mnist: the missing file is not named"; }
+    run --nproc_per_node 2 "$FM" --epochs 1 --limit 2000 --out none --save fm.safetensors > g.out 2>&1 || { cat g.out; fail "fashion_mnist --save failed"; }
+    run --nproc_per_node 2 "$FM" --epochs 1 --limit 2000 --out none --init-from fm.safetensors > h.out 2>&1 \
+        || { cat h.out; fail "fashion_mnist --init-from failed"; }
+    grep -q "initialised from fm.safetensors" h.out || fail "fashion_mnist: no word of the initialisation"
+    echo "ok: the weights alone start a run with the trained model's validation loss ($vb); --resume refuses them, with --init_from too"
+    ;;
 gpt_tokens)
     printf 'the quick brown fox jumps over the lazy dog.\n%.0s' $(seq 400) > text.txt
     "$build/bin/cddp-tokenize" text.txt data > tok.out 2>&1 || { cat tok.out; fail "cddp-tokenize failed"; }

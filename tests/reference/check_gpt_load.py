@@ -1,7 +1,9 @@
 #!/usr/bin/python3
-"""check_gpt_load.py DIR: a GPT checkpoint cddp wrote loads into PyTorch's GPT of the same shape
-with load_state_dict(strict=True) (the tied lm_head.weight included), and PyTorch's logits on the
-same batch equal cddp's within 1e-5 relative. DIR comes from `test_reference --write-gpt DIR`."""
+"""check_gpt_load.py DIR [FILE]: a GPT checkpoint cddp wrote loads into PyTorch's GPT of the same
+shape with load_state_dict(strict=True) (the tied lm_head.weight included), and PyTorch's logits
+on the same batch equal cddp's within 1e-5 relative. DIR comes from `test_reference --write-gpt
+DIR`. FILE (in DIR): the checkpoint as `cddp-ckpt consolidate` wrote it, which must hold the
+model's tensors alone (no optimizer state) and load as it is."""
 import os
 import sys
 
@@ -14,8 +16,11 @@ import safetensors_np  # noqa: E402
 from make_fixtures import GPT  # noqa: E402
 from nanogpt import TinyGPT  # noqa: E402
 
-ckpt, meta = safetensors_np.load(os.path.join(sys.argv[1], "gpt_checkpoint.safetensors"))
+consolidated = len(sys.argv) > 2
+ckpt, meta = safetensors_np.load(os.path.join(sys.argv[1], sys.argv[2] if consolidated
+                                              else "gpt_checkpoint.safetensors"))
 model_keys = {k: v for k, v in ckpt.items() if not k.startswith("optim.")}
+assert not consolidated or model_keys.keys() == ckpt.keys(), "optimizer state left in the file"
 assert "lm_head.weight" in model_keys, sorted(model_keys)
 assert np.array_equal(model_keys["lm_head.weight"], model_keys["transformer.wte.weight"])
 model = TinyGPT(**GPT)
@@ -29,5 +34,5 @@ want, _ = safetensors_np.load(os.path.join(sys.argv[1], "gpt_logits.safetensors"
 diff = np.abs(logits - want["logits"]).max()
 scale = np.abs(want["logits"]).max()
 assert diff <= 1e-5 * scale, f"logits differ by {diff} (scale {scale})"
-print(f"ok: PyTorch loaded cddp's GPT checkpoint strictly ({len(model_keys)} tensors); "
+print(f"ok: PyTorch loaded cddp's GPT {'consolidated ' if consolidated else ''}checkpoint strictly ({len(model_keys)} tensors); "
       f"logits agree within {diff / scale:.1e} relative")
