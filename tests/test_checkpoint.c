@@ -268,6 +268,46 @@ static void test_corrupt_files(void **state) {
     cddp_model_destroy(m);
 }
 
+/* Writes a safetensors file with this header (padded to 8 bytes) and n zero data bytes. */
+static void write_header(const char *path, const char *json, size_t n) {
+    size_t len = strlen(json), padded = (len + 7) / 8 * 8;
+    char *buf = calloc(1, 8 + padded + n);
+    uint64_t hl = padded;
+    memcpy(buf, &hl, 8);
+    memset(buf + 8, ' ', padded);
+    memcpy(buf + 8, json, len);
+    write_bytes(path, buf, 8 + padded + n);
+    free(buf);
+}
+
+/* JSON allows a key twice; a header that repeats __metadata__ once made the reader write past its
+ * metadata array (heap corruption, a crash under --resume). Each repetition is refused by name,
+ * and so are repeated tensor names and metadata keys. */
+static void test_repeated_keys(void **state) {
+    (void)state;
+    char bad[512];
+    path_in(bad, sizeof bad, "repeated.safetensors");
+    write_header(bad,
+                 "{\"__metadata__\":{\"a\":\"1\"},\"__metadata__\":{\"b\":\"2\",\"c\":\"3\","
+                 "\"d\":\"4\",\"e\":\"5\",\"f\":\"6\",\"g\":\"7\",\"h\":\"8\"}}",
+                 0);
+    expect_read_error(bad, CDDP_EFORMAT, "__metadata__ appears twice");
+    write_header(bad,
+                 "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                 "\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+                 8);
+    expect_read_error(bad, CDDP_EFORMAT, "'w' appears twice in the header");
+    write_header(bad, "{\"__metadata__\":{\"epoch\":\"1\",\"epoch\":\"9\"}}", 0);
+    expect_read_error(bad, CDDP_EFORMAT, "'epoch' appears twice in the header");
+    /* The same file without the repetition reads. */
+    write_header(bad, "{\"__metadata__\":{\"epoch\":\"1\"}}", 0);
+    cddp_error err = {0};
+    cddp_safetensors *f = cddp_safetensors_read(bad, &err);
+    assert_non_null(f);
+    assert_string_equal(cddp_safetensors_meta(f, "epoch"), "1");
+    cddp_safetensors_destroy(f);
+}
+
 static int count_temporaries(void) {
     DIR *d = opendir(test_dir);
     int n = 0;
@@ -385,6 +425,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_mismatch_is_named_and_changes_nothing),
         cmocka_unit_test(test_tied_parameter),
         cmocka_unit_test(test_corrupt_files),
+        cmocka_unit_test(test_repeated_keys),
         cmocka_unit_test(test_failed_write_leaves_nothing),
         cmocka_unit_test(test_killed_writer_never_tears_the_file),
         cmocka_unit_test(test_reads_python_written_files),

@@ -62,6 +62,20 @@ static void test_operations(void **state) {
     cddp_free(v);
     assert_int_equal(cddp_store_add(s, "key0", 1, &r, &err), CDDP_ESTATE); /* not a number */
     assert_non_null(strstr(err.msg, "not an integer"));
+    /* A counter never wraps around: past INT64_MAX (or below INT64_MIN) add is refused and the
+     * counter keeps its value. */
+    assert_int_equal(cddp_store_add(s, "big", INT64_MAX - 1, &r, &err), 0);
+    assert_int_equal(cddp_store_add(s, "big", 2, &r, &err), CDDP_ESTATE);
+    assert_non_null(strstr(err.msg, "would overflow"));
+    assert_int_equal(cddp_store_add(s, "big", 1, &r, &err), 0);
+    assert_true(r == INT64_MAX);
+    assert_int_equal(cddp_store_add(s, "small", INT64_MIN + 1, &r, &err), 0);
+    assert_int_equal(cddp_store_add(s, "small", -2, &r, &err), CDDP_ESTATE);
+    assert_int_equal(cddp_store_add(s, "small", -1, &r, &err), 0);
+    assert_true(r == INT64_MIN);
+    bool gone;
+    assert_int_equal(cddp_store_delete(s, "big", &gone, &err), 0);
+    assert_int_equal(cddp_store_delete(s, "small", &gone, &err), 0);
     /* compare_set: missing key with empty expected sets; missing with a value does not; a wrong
      * expected value leaves the key; the right one replaces it. */
     assert_int_equal(cddp_store_compare_set(s, "cs", "", 0, "first", 5, &v, &n, &err), 0);

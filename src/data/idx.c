@@ -111,12 +111,26 @@ int cddp_idx_read(const char *path, size_t max_bytes, cddp_idx *out, cddp_error 
     }
     out->count = (int64_t)count;
     size_t bytes = (size_t)count * esize;
-    out->data = cddp_malloc(bytes);
-    if (!out->data) {
-        rc = cddp_error_set(err, CDDP_ENOMEM, "%s: cannot allocate %zu bytes", path, bytes);
+    /* The memory grows with the data actually read (doubling from 64 MiB), not with what the
+     * header claims: a small file that promises gigabytes costs no more than its own size. */
+    int64_t got = 0;
+    for (size_t cap = 0; rc == CDDP_OK && (size_t)got == cap && cap < bytes;) {
+        size_t want = CDDP_MIN(bytes, cap ? 2 * cap : (size_t)64 << 20);
+        uint8_t *grown = cddp_realloc(out->data, want ? want : 1);
+        if (!grown) {
+            rc = cddp_error_set(err, CDDP_ENOMEM, "%s: cannot allocate %zu bytes", path, want);
+            goto fail;
+        }
+        out->data = grown;
+        int64_t r = gz_read_full(gz, grown + cap, want - cap, &why);
+        got = r < 0 ? -1 : (int64_t)cap + r;
+        cap = want;
+        if (r < 0) break;
+    }
+    if (!out->data && !(out->data = cddp_malloc(1))) {
+        rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
         goto fail;
     }
-    int64_t got = gz_read_full(gz, out->data, bytes, &why);
     if (got < 0 || (size_t)got != bytes) {
         if (got < 0)
             rc = cddp_error_set(err, CDDP_EFORMAT, "%s: corrupt data: %s", path, why);

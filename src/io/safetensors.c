@@ -136,6 +136,29 @@ void cddp_safetensors_destroy(cddp_safetensors *f) {
     cddp_free(f);
 }
 
+static int by_name(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The first name that a tensor or a metadata key uses twice, in *twice (NULL: none), sorting a
+ * list of the names (a crafted header may hold very many). CDDP_ENOMEM without memory for it. */
+static int first_repeat(const cddp_safetensors *f, const char **twice) {
+    *twice = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        int n = pass ? f->nmeta : f->n;
+        if (n < 2) continue;
+        const char **names = cddp_malloc(sizeof *names * (size_t)n);
+        if (!names) return CDDP_ENOMEM;
+        for (int i = 0; i < n; i++) names[i] = pass ? f->meta[2 * i] : f->tensors[i].name;
+        qsort(names, (size_t)n, sizeof *names, by_name);
+        for (int i = 1; i < n && !*twice; i++)
+            if (strcmp(names[i - 1], names[i]) == 0) *twice = names[i];
+        cddp_free(names);
+        if (*twice) return CDDP_OK;
+    }
+    return CDDP_OK;
+}
+
 /* A JSON number that is a non-negative integer representable exactly; -1 otherwise. */
 static int64_t json_uint(const cJSON *v) {
     if (!cJSON_IsNumber(v)) return -1;
@@ -245,8 +268,13 @@ cddp_safetensors *cddp_safetensors_read(const char *path, cddp_error *err) {
         goto out;
     }
     const cJSON *e;
+    int seen_meta = 0;
     cJSON_ArrayForEach(e, root) {
         if (strcmp(e->string, "__metadata__") == 0) {
+            if (seen_meta++) { /* JSON allows a key twice; which one would count? */
+                rc = cddp_error_set(err, CDDP_EFORMAT, "%s: __metadata__ appears twice", path);
+                goto out;
+            }
             const cJSON *kv;
             if (!cJSON_IsObject(e)) {
                 rc = cddp_error_set(err, CDDP_EFORMAT, "%s: __metadata__ is not an object", path);
@@ -267,6 +295,12 @@ cddp_safetensors *cddp_safetensors_read(const char *path, cddp_error *err) {
                 }
                 f->meta[2 * f->nmeta] = cddp_strdup(kv->string);
                 f->meta[2 * f->nmeta + 1] = cddp_strdup(kv->valuestring);
+                if (!f->meta[2 * f->nmeta] || !f->meta[2 * f->nmeta + 1]) {
+                    cddp_free(f->meta[2 * f->nmeta]);
+                    cddp_free(f->meta[2 * f->nmeta + 1]);
+                    rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
+                    goto out;
+                }
                 f->nmeta++;
             }
             continue;
@@ -274,8 +308,22 @@ cddp_safetensors *cddp_safetensors_read(const char *path, cddp_error *err) {
         cddp_st_tensor *t = &f->tensors[f->n];
         rc = parse_entry(path, e, data_len, t, err);
         if (rc) goto out;
-        t->name = cddp_strdup(e->string);
+        if (!(t->name = cddp_strdup(e->string))) {
+            rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
+            goto out;
+        }
         f->n++;
+    }
+    /* A name twice (JSON allows it) would leave it open which tensor or value counts. */
+    const char *twice = NULL;
+    rc = first_repeat(f, &twice);
+    if (rc == CDDP_ENOMEM) {
+        rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    if (twice) {
+        rc = cddp_error_set(err, CDDP_EFORMAT, "%s: '%s' appears twice in the header", path, twice);
+        goto out;
     }
     f->data = cddp_aligned_alloc(data_len);
     if (!f->data || (data_len && fread(f->data, 1, data_len, fp) != data_len)) {

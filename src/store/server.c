@@ -212,8 +212,9 @@ static bool counter_value(const entry *e, int64_t *v) {
     char num[32] = {0}, *end = NULL;
     if (e->len == 0 || e->len >= sizeof num) return false;
     memcpy(num, e->val, e->len);
+    errno = 0;
     *v = strtoll(num, &end, 10);
-    return *end == '\0';
+    return *end == '\0' && errno == 0;
 }
 
 /* Handles one complete request. Malformed requests drop the client. */
@@ -267,7 +268,12 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
             reply_error(c, "add: the key holds a value that is not an integer");
             break;
         }
-        v += (int64_t)delta;
+        int64_t d = (int64_t)delta;
+        if ((d > 0 && v > INT64_MAX - d) || (d < 0 && v < INT64_MIN - d)) {
+            reply_error(c, "add: the counter would overflow a 64-bit integer");
+            break;
+        }
+        v += d;
         char text[32];
         int n = snprintf(text, sizeof text, "%" PRId64, v);
         if (!put(&s->kv, k, kl, (const uint8_t *)text, (size_t)n)) goto oom;
