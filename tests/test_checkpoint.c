@@ -372,6 +372,29 @@ static void test_killed_writer_never_tears_the_file(void **state) {
             if (d[i] != d[0]) fail_msg("torn checkpoint: w[0] = %g but w[%zu] = %g", d[0], i, d[i]);
         cddp_model_destroy(r);
     }
+    /* The killed writers' temporaries are swept by the next save; one of a writer that still
+     * runs (the test's parent) stays, and so does one of another host. */
+    char host[256] = "host", live[700], other[700];
+    gethostname(host, sizeof host - 1);
+    for (char *c = host; *c; c++)
+        if (*c == '/' || *c == '.') *c = '_';
+    snprintf(live, sizeof live, "%s.tmp.%s.%ld", path, host, (long)getppid());
+    snprintf(other, sizeof other, "%s.tmp.elsewhere.%ld", path, (long)getpid() + 1000000);
+    write_bytes(live, "x", 1);
+    write_bytes(other, "x", 1);
+    pid_t gone = fork();
+    if (gone == 0) _exit(0);
+    waitpid(gone, NULL, 0);
+    char dead[700];
+    snprintf(dead, sizeof dead, "%s.tmp.%s.%ld", path, host, (long)gone);
+    write_bytes(dead, "x", 1);
+    assert_int_equal(cddp_checkpoint_save(path, m, NULL, NULL, &err), CDDP_OK);
+    assert_int_equal(access(dead, F_OK), -1);
+    assert_int_equal(access(live, F_OK), 0);
+    assert_int_equal(access(other, F_OK), 0);
+    assert_int_equal(count_temporaries(), 2);
+    unlink(live);
+    unlink(other);
     cddp_model_destroy(m);
 }
 

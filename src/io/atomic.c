@@ -2,16 +2,48 @@
 #include "cddp/core.h"
 #include "io/internal.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* Removes PATH.tmp.HOST.PID files of this host whose writer is gone (killed during a save):
+ * a temporary of a process that still runs, or of another host, stays. */
+static void sweep(const char *path, const char *host) {
+    char dir[4096], base[4096], prefix[4200];
+    snprintf(dir, sizeof dir, "%s", path);
+    snprintf(base, sizeof base, "%s", path);
+    snprintf(prefix, sizeof prefix, "%s.tmp.%s.", basename(base), host);
+    DIR *d = opendir(dirname(dir));
+    if (!d) return;
+    size_t pl = strlen(prefix);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, prefix, pl) != 0) continue;
+        char *end = NULL;
+        long pid = strtol(e->d_name + pl, &end, 10);
+        if (pid <= 0 || *end || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
+            unlinkat(dirfd(d), e->d_name, 0);
+            cddp_log(CDDP_LOG_INFO, "io", "removed %s, left by a writer that is gone", e->d_name);
+        }
+    }
+    closedir(d);
+}
 
 int cddp__atomic_open(cddp__atomic_file *af, const char *path, cddp_error *err) {
     af->path = path;
     af->f = NULL;
-    int n = snprintf(af->tmp, sizeof af->tmp, "%s.tmp.%ld", path, (long)getpid());
+    char host[256] = "host";
+    if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "host");
+    for (char *c = host; *c; c++)
+        if (*c == '/' || *c == '.') *c = '_';
+    sweep(path, host);
+    int n = snprintf(af->tmp, sizeof af->tmp, "%s.tmp.%s.%ld", path, host, (long)getpid());
     if (n < 0 || (size_t)n >= sizeof af->tmp)
         return cddp_error_set(err, CDDP_EINVAL, "%s: path too long", path);
     af->f = fopen(af->tmp, "wb");

@@ -1,7 +1,8 @@
 /* io/internal.h: atomic file replacement, shared by every writer of files users keep.
  *
- * cddp__atomic_open creates PATH.tmp.PID next to PATH; writes go there; cddp__atomic_close with
- * a success status flushes the data to disk, renames the temporary over PATH and syncs the
+ * cddp__atomic_open creates PATH.tmp.HOST.PID next to PATH (first removing such temporaries of
+ * this host whose writer no longer runs: a save killed midway); writes go there; cddp__atomic_close
+ * with a success status flushes the data to disk, renames the temporary over PATH and syncs the
  * folder, and with a failure status removes the temporary. Readers of PATH see the old file or
  * the complete new one, never a part.
  */
