@@ -374,7 +374,7 @@ static void test_killed_writer_never_tears_the_file(void **state) {
     }
     /* The killed writers' temporaries are swept by the next save; one of a writer that still
      * runs (the test's parent) stays, and so does one of another host. */
-    char host[256] = "host", live[700], other[700];
+    char host[256] = "host", live[1024], other[1024];
     gethostname(host, sizeof host - 1);
     for (char *c = host; *c; c++)
         if (*c == '/' || *c == '.') *c = '_';
@@ -385,7 +385,7 @@ static void test_killed_writer_never_tears_the_file(void **state) {
     pid_t gone = fork();
     if (gone == 0) _exit(0);
     waitpid(gone, NULL, 0);
-    char dead[700];
+    char dead[1024];
     snprintf(dead, sizeof dead, "%s.tmp.%s.%ld", path, host, (long)gone);
     write_bytes(dead, "x", 1);
     assert_int_equal(cddp_checkpoint_save(path, m, NULL, NULL, &err), CDDP_OK);
