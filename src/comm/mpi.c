@@ -191,7 +191,11 @@ static int mpi_allgather(cddp_comm *c, const void *send, void *recv, int64_t cou
         return cddp__comm_fail(c, err, CDDP_EUNSUPPORTED,
                                "allgather of more than 1 GiB per rank "
                                "on the MPI backend");
-    int rc = MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, COMM(c));
+    /* In place (send is this rank's part of recv, as the sharded optimizer gathers): MPI wants
+     * that said, not two aliased buffers. */
+    const void *from =
+        send == (const char *)recv + (size_t)c->rank * (size_t)bytes ? MPI_IN_PLACE : send;
+    int rc = MPI_Allgather(from, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, COMM(c));
     return rc == MPI_SUCCESS ? CDDP_OK : mpi_error(c, err, rc, "Allgather");
 }
 
