@@ -24,7 +24,7 @@ static cddp_st_tensor param_entry(const cddp_tensor *p, const char *name, const 
 
 int cddp_checkpoint_save(const char *path, const cddp_model *m, const cddp_optim *opt,
                          const char *const *metadata, cddp_error *err) {
-    if (opt && cddp_optim_state_numel(opt) != cddp_model_numel(m))
+    if (opt && cddp_optim_num_states(opt) > 0 && cddp_optim_state_numel(opt) != cddp_model_numel(m))
         return cddp_error_set(err, CDDP_ESTATE,
                               "%s: the optimizer's state is sharded across the ranks (ZeRO-1): "
                               "save and load it with cddp_ddp_save and cddp_ddp_load",
@@ -126,7 +126,7 @@ static void compare(const cddp_st_tensor *t, const cddp_tensor *p, const char *n
 int cddp_checkpoint_load(const char *path, cddp_model *m, cddp_optim *opt, cddp_safetensors **file,
                          cddp_error *err) {
     if (file) *file = NULL;
-    if (opt && cddp_optim_state_numel(opt) != cddp_model_numel(m))
+    if (opt && cddp_optim_num_states(opt) > 0 && cddp_optim_state_numel(opt) != cddp_model_numel(m))
         return cddp_error_set(err, CDDP_ESTATE,
                               "%s: the optimizer's state is sharded across the ranks (ZeRO-1): "
                               "save and load it with cddp_ddp_save and cddp_ddp_load",
