@@ -41,10 +41,11 @@ enum {
 };
 
 static const char *op_names[OP_COUNT] = {
-    "matmul", "linear", "add",        "sub",     "mul",         "div",           "scale",    "relu",
-    "gelu",   "tanh",   "sigmoid",    "softmax", "log_softmax", "cross_entropy", "mse_loss", "sum",
-    "mean",   "conv2d", "max_pool2d", "dropout", "reshape",     "batch_norm", "embedding",
-    "layer_norm", "gelu_tanh", "attention"};
+    "matmul",      "linear",        "add",      "sub",        "mul",       "div",
+    "scale",       "relu",          "gelu",     "tanh",       "sigmoid",   "softmax",
+    "log_softmax", "cross_entropy", "mse_loss", "sum",        "mean",      "conv2d",
+    "max_pool2d",  "dropout",       "reshape",  "batch_norm", "embedding", "layer_norm",
+    "gelu_tanh",   "attention"};
 
 #define CASES   30
 #define MAX_IN  3
