@@ -162,17 +162,21 @@ static const int64_t *cached_permutation(const cddp_sampler *s, int64_t epoch) {
     return s->order;
 }
 
-void cddp_sampler_indices(const cddp_sampler *s, int64_t epoch, int64_t *out) {
+/* This rank's len entries of epoch's list from entry start on: start + rank, + R, ... Entry k of
+ * the padded list is p[k mod n]: the padding repeats the start. */
+static void rank_entries(const cddp_sampler *s, int64_t epoch, int64_t start, int64_t len,
+                         int64_t *out) {
     const int64_t *p = cached_permutation(s, epoch);
     int64_t R = s->o.num_replicas;
-    /* Entry k of the padded list is p[k mod n]: the padding repeats the start. */
-    for (int64_t j = 0; j < s->per_rank; j++) out[j] = p[(s->o.rank + j * R) % s->n];
+    for (int64_t j = 0; j < len; j++) out[j] = p[(start + s->o.rank + j * R) % s->n];
+}
+
+void cddp_sampler_indices(const cddp_sampler *s, int64_t epoch, int64_t *out) {
+    rank_entries(s, epoch, 0, s->per_rank, out);
 }
 
 void cddp__sampler_run_indices(const cddp_sampler *s, int64_t *out) {
-    const int64_t *p = cached_permutation(s, s->epoch);
-    int64_t R = s->o.num_replicas;
-    for (int64_t j = 0; j < s->this_len; j++) out[j] = p[(s->start + s->o.rank + j * R) % s->n];
+    rank_entries(s, s->epoch, s->start, s->this_len, out);
 }
 
 int64_t cddp_sampler_begin(cddp_sampler *s) {
@@ -189,10 +193,10 @@ int64_t cddp_sampler_begin(cddp_sampler *s) {
 
 int64_t cddp_sampler_next(cddp_sampler *s) {
     if (s->consumed >= s->this_len) return -1;
-    cached_permutation(s, s->epoch);
-    int64_t k = s->start + s->o.rank + s->consumed * s->o.num_replicas;
+    int64_t i;
+    rank_entries(s, s->epoch, s->start + s->consumed * s->o.num_replicas, 1, &i);
     s->consumed++;
-    return s->order[k % s->n];
+    return i;
 }
 
 cddp_sampler_state cddp_sampler_get_state(const cddp_sampler *s) {

@@ -36,15 +36,25 @@ cddp_adamw_options cddp_adamw_defaults(float lr) {
         .lr = lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 1e-2f};
 }
 
+/* The ranges this process updates: the model's shard, or (not sharded) the whole block, which
+ * *whole holds. Returns their count; *version (if not NULL) the shard's. */
+static int ranges_of(const cddp_model *m, const int64_t **r, int64_t whole[2], uint64_t *version) {
+    int k = cddp_model_shard(m, r, version);
+    if (k > 0) return k;
+    whole[0] = 0;
+    whole[1] = (int64_t)cddp_model_numel(m);
+    *r = whole;
+    return 1;
+}
+
 /* Takes the model's shard: the state keeps the values of the elements it held before (the
  * others start at zero) and is reallocated for the new ranges only. */
 static int take_shard(cddp_optim *o, cddp_error *err) {
     const int64_t *r;
     uint64_t version;
-    int k = cddp_model_shard(o->model, &r, &version);
-    int64_t whole[2] = {0, (int64_t)cddp_model_numel(o->model)};
-    bool sharded = k > 0;
-    if (!sharded) r = whole, k = 1;
+    int64_t whole[2];
+    int k = ranges_of(o->model, &r, whole, &version);
+    bool sharded = r != whole;
     size_t total = 0;
     for (int i = 0; i < k; i++) total += (size_t)(r[2 * i + 1] - r[2 * i]);
     int64_t *nr = cddp_malloc(sizeof *nr * 2 * (size_t)k);
@@ -319,9 +329,8 @@ CDDP_SIMD_CLONES static double sum_squares(const float *g, size_t n) {
 double cddp_clip_grad_norm(cddp_model *m, double max_norm) {
     float *g = cddp_model_grad(m);
     const int64_t *r;
-    int k = cddp_model_shard(m, &r, NULL);
-    int64_t whole[2] = {0, (int64_t)cddp_model_numel(m)};
-    if (k == 0) r = whole, k = 1;
+    int64_t whole[2];
+    int k = ranges_of(m, &r, whole, NULL);
     double sq = 0.0;
     for (int i = 0; i < k; i++) sq += sum_squares(g + r[2 * i], (size_t)(r[2 * i + 1] - r[2 * i]));
     cddp_error err = {0};

@@ -37,7 +37,13 @@ kill_after_checkpoint() {
     wait "$job" 2>/dev/null || true
     [ -e killed/checkpoint.safetensors ] || { cat killed.out; fail "the run to kill wrote no checkpoint"; }
 }
-acc_of() { tail -n 1 "$1" | sed -n 's/.*"test_acc": *\([0-9.]*\).*/\1/p'; }
+# json_of FILE KEY: the number KEY holds in FILE's last line (a program's --json line).
+json_of() { tail -n 1 "$1" | sed -n "s/.*\"$2\": *\([0-9.]*\).*/\1/p"; }
+acc_of() { json_of "$1" test_acc; }
+# losses FILE...: "ITERATION LOSS" from every nanoGPT line of gpt_train's output.
+losses() { sed -n 's/^iter \([0-9]*\): loss \([0-9.]*\),.*/\1 \2/p' "$@"; }
+# gpt_train with a GPT small enough for a test.
+TINY_GPT="$build/bin/gpt_train --n_layer 2 --n_head 2 --n_embd 32 --block_size 16"
 FM="$build/bin/fashion_mnist"
 PY=/usr/bin/python3
 
@@ -182,26 +188,25 @@ PYEOF
     echo "ok: validation loss $first -> $last on 2 ranks"
     ;;
 gpt_resume)
-    GPT="$build/bin/gpt_train --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --batch_size 4 \
+    GPT="$TINY_GPT --batch_size 4 \
          --warmup_iters 5 --lr_decay_iters 40 --eval_interval 20 --eval_iters 4 --final_eval 10 \
          --log_interval 1 --sample 0 --json"
     run --nproc_per_node 2 $GPT --max_iters 40 --out straight > straight.out 2>&1 || { cat straight.out; fail "the uninterrupted run failed"; }
     run --nproc_per_node 2 $GPT --max_iters 20 --out split > first.out 2>&1 || { cat first.out; fail "the first half failed"; }
     run --nproc_per_node 2 $GPT --max_iters 40 --out split --resume > second.out 2>&1 || { cat second.out; fail "the resumed half failed"; }
     grep -q "resumed from split/checkpoint.safetensors at iteration 20" second.out || fail "did not resume at iteration 20"
-    losses() { sed -n 's/^iter \([0-9]*\): loss \([0-9.]*\),.*/\1 \2/p' "$@"; }
     losses straight.out > a
     losses first.out second.out > b
     [ "$(wc -l < a)" = 40 ] || fail "the uninterrupted run logged $(wc -l < a) iterations"
     diff a b > /dev/null || { diff a b; fail "the resumed run's losses differ from the uninterrupted run's"; }
-    va=$(tail -n 1 straight.out | sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p')
-    vb=$(tail -n 1 second.out | sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p')
+    va=$(json_of straight.out val_loss)
+    vb=$(json_of second.out val_loss)
     [ -n "$va" ] && [ "$va" = "$vb" ] || fail "validation loss $vb after resuming, $va uninterrupted"
     [ "$(tail -n +2 split/loss.csv | wc -l)" = 40 ] || fail "loss.csv after resume: not 40 iterations"
     echo "ok: 20 + 20 resumed iterations equal 40 (every loss, validation loss $va)"
     ;;
 gpt_zero)
-    GPT="$build/bin/gpt_train --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --batch_size 4 \
+    GPT="$TINY_GPT --batch_size 4 \
          --warmup_iters 5 --lr_decay_iters 40 --eval_interval 20 --eval_iters 4 --final_eval 10 \
          --log_interval 1 --sample 0 --json"
     run --nproc_per_node 2 $GPT --max_iters 40 --out none > ddp.out 2>&1 || { cat ddp.out; fail "the DDP run failed"; }
@@ -211,7 +216,6 @@ gpt_zero)
         || { cat one.out; fail "the sharded run's checkpoint does not resume on 1 rank without --zero"; }
     run --nproc_per_node 2 $GPT --max_iters 40 --out split --zero --resume > second.out 2>&1 || { cat second.out; fail "the resumed half failed"; }
     grep -q "at iteration 20" one.out || fail "1 rank did not resume at iteration 20"
-    losses() { sed -n 's/^iter \([0-9]*\): loss \([0-9.]*\),.*/\1 \2/p' "$@"; }
     losses ddp.out > a
     losses zero.out > b
     losses first.out second.out > c
@@ -219,10 +223,9 @@ gpt_zero)
     paste a b | awk '{ d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 2e-4) bad = 1 } END { exit bad }' \
         || { paste a b; fail "--zero's losses differ from DDP's by more than 2e-4"; }
     diff b c > /dev/null || { diff b c; fail "--zero resumed differs from --zero uninterrupted"; }
-    field() { tail -n 1 "$1" | sed -n "s/.*\"$2\": \([0-9]*\).*/\1/p"; }
-    sd=$(field ddp.out optim_state_bytes)
-    sz=$(field zero.out optim_state_bytes)
-    [ -n "$sd" ] && [ -n "$sz" ] && [ -n "$(field zero.out peak_rss_bytes)" ] || fail "the JSON lacks the memory fields"
+    sd=$(json_of ddp.out optim_state_bytes)
+    sz=$(json_of zero.out optim_state_bytes)
+    [ -n "$sd" ] && [ -n "$sz" ] && [ -n "$(json_of zero.out peak_rss_bytes)" ] || fail "the JSON lacks the memory fields"
     awk -v d="$sd" -v z="$sz" 'BEGIN { exit !(z > 0 && z <= d / 2 + 4096 && z >= d / 2 - 4096) }' \
         || fail "--zero keeps $sz bytes of optimizer state on rank 0, DDP $sd: not half"
     run --nproc_per_node 2 "$FM" --epochs 1 --limit 2000 --optimizer adamw --lr 1e-3 --zero --out none --json > fm.out 2>&1 \
@@ -233,7 +236,7 @@ gpt_zero)
 gpt_reshard)
     # 4 ranks x 3 sequences, killed once it wrote a checkpoint (every 10 iterations), resumed on 2 ranks x 6 and 3 ranks x 4
     # (the same global batch): every later loss equals the uninterrupted 4-rank run's.
-    GPT="$build/bin/gpt_train --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 \
+    GPT="$TINY_GPT \
          --warmup_iters 5 --lr_decay_iters 40 --eval_interval 1000 --eval_iters 2 --final_eval 2 \
          --log_interval 1 --sample 0 --save_every 10"
     run --nproc_per_node 4 $GPT --batch_size 3 --max_iters 200 --out straight > straight.out 2>&1 \
@@ -275,7 +278,7 @@ fm_reshard)
 init_from)
     # A model's weights alone (the checkpoint without its optimizer state and metadata, as a
     # PyTorch state_dict would be written) start a new run: the same evaluation at iteration 0.
-    GPT="$build/bin/gpt_train --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --batch_size 4 \
+    GPT="$TINY_GPT --batch_size 4 \
          --eval_interval 1000 --eval_iters 2 --final_eval 10 --log_interval 0 --sample 0 --json"
     run --nproc_per_node 2 $GPT --max_iters 20 --out a > a.out 2>&1 || { cat a.out; fail "training failed"; }
     $PY - <<'PYEOF' || fail "cannot write the weights-only file"
@@ -300,8 +303,8 @@ PYEOF
     run --nproc_per_node 2 $GPT --max_iters 0 --out none --init_from weights.safetensors > b.out 2>&1 \
         || { cat b.out; fail "--init_from a file of weights failed"; }
     grep -q "initialised from weights.safetensors (weights only" b.out || fail "no word of the initialisation"
-    va=$(tail -n 1 a.out | sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p')
-    vb=$(tail -n 1 b.out | sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p')
+    va=$(json_of a.out val_loss)
+    vb=$(json_of b.out val_loss)
     [ -n "$va" ] && [ "$va" = "$vb" ] || fail "validation loss $vb from the weights, $va where they were trained"
     run --nproc_per_node 2 $GPT --max_iters 10 --out none --init_from weights.safetensors > c.out 2>&1 \
         || { cat c.out; fail "training from the weights failed"; }
