@@ -4,7 +4,10 @@
 
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static cddp_store_server *srv;
@@ -194,13 +197,17 @@ static void test_sixteen_clients(void **state) {
     cddp_store_close(s);
 }
 
-static int raw_connect(void) {
+static int raw_connect_to(int to) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_port = htons((uint16_t)port),
+                            .sin_port = htons((uint16_t)to),
                             .sin_addr.s_addr = htonl(0x7f000001)};
     assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
     return fd;
+}
+
+static int raw_connect(void) {
+    return raw_connect_to(port);
 }
 
 /* Reads until the server closes the connection; true if it did within 2 s. */
@@ -257,6 +264,119 @@ static void test_hostile_frames(void **state) {
     cddp_store_close(s);
 }
 
+/* A server with the given stranger limits (CDDP_STORE_AUTH_TIMEOUT_S, CDDP_STORE_MAX_PENDING). */
+static cddp_store_server *server_with(const char *auth_timeout_s, const char *max_pending) {
+    setenv("CDDP_STORE_AUTH_TIMEOUT_S", auth_timeout_s, 1);
+    setenv("CDDP_STORE_MAX_PENDING", max_pending, 1);
+    cddp_error err = {0};
+    cddp_store_server *s = cddp_store_server_start("127.0.0.1", 0, "secret", &err);
+    unsetenv("CDDP_STORE_AUTH_TIMEOUT_S");
+    unsetenv("CDDP_STORE_MAX_PENDING");
+    if (!s) fail_msg("%s", err.msg);
+    return s;
+}
+
+/* Connections without the token: small frames only, a deadline, and a cap on how many are kept
+ * (the oldest goes, told to connect again); the job's clients get in meanwhile. */
+static void test_strangers(void **state) {
+    (void)state;
+    cddp_store_server *s2 = server_with("1", "4");
+    int p2 = cddp_store_server_port(s2);
+    /* A frame above the limit before the token: closed at once, nothing buffered. */
+    uint8_t big[12] = {'C', 'D', 'D', 'S', 1, 0, 1, 0, 0x88, 0x13, 0, 0}; /* 5000 bytes */
+    int fd = raw_connect_to(p2);
+    assert_int_equal(send(fd, big, 12, 0), 12);
+    assert_true(closed_by_server(fd));
+    close(fd);
+    /* 8 idle strangers: the server keeps the newest 4 and tells the oldest to connect again. */
+    int idle[8];
+    for (int i = 0; i < 8; i++) {
+        idle[i] = raw_connect_to(p2);
+        usleep(20000);
+    }
+    uint8_t h[12];
+    assert_int_equal(recv(idle[0], h, 12, MSG_WAITALL), 12);
+    assert_memory_equal(h, "CDDS", 4);
+    assert_int_equal(h[6], 105); /* REP_BUSY */
+    for (int i = 0; i < 4; i++) assert_true(closed_by_server(idle[i]));
+    /* A client of the job gets in past them and is served. */
+    cddp_error err = {0};
+    cddp_store_options o = {"127.0.0.1", p2, "secret", 5.0, NULL};
+    cddp_store *c = cddp_store_connect(&o, &err);
+    if (!c) fail_msg("%s", err.msg);
+    assert_int_equal(cddp_store_set_str(c, "k", "v", &err), 0);
+    /* The rest are closed when their second runs out, and the client stays. */
+    double t0 = cddp_now_s();
+    for (int i = 4; i < 8; i++) assert_true(closed_by_server(idle[i]));
+    assert_true(cddp_now_s() - t0 < 2.0);
+    int64_t n = 0;
+    assert_int_equal(cddp_store_num_keys(c, &n, &err), 0);
+    assert_int_equal(n, 1);
+    cddp_store_close(c);
+    for (int i = 0; i < 8; i++) close(idle[i]);
+    cddp_store_server_stop(s2);
+}
+
+/* Out of file descriptors with every connection authenticated: the server rests its listener
+ * instead of spinning on it, and keeps serving its clients. Runs in a child process whose
+ * descriptor limit leaves the server room for two clients. */
+static void test_no_descriptors(void **state) {
+    (void)state;
+    int to_parent[2];
+    assert_int_equal(pipe(to_parent), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(20); /* gone even if the parent's checks fail before it kills this process */
+        dup2(to_parent[1], 3);
+        for (int f = 4; f < 1024; f++) close(f);
+        /* 0-3 taken; the server's listener, spare descriptor and wake-up pipe take 4 more: room
+         * for 2 clients. */
+        struct rlimit rl = {10, 10};
+        setrlimit(RLIMIT_NOFILE, &rl);
+        cddp_error err = {0};
+        cddp_store_server *s = cddp_store_server_start("127.0.0.1", 0, "secret", &err);
+        int p = s ? cddp_store_server_port(s) : 0;
+        if (write(3, &p, sizeof p) != sizeof p) _exit(1);
+        sleep(1); /* the parent connects its clients, then strangers that cannot be accepted */
+        struct rusage r0, r1;
+        getrusage(RUSAGE_SELF, &r0);
+        sleep(2);
+        getrusage(RUSAGE_SELF, &r1);
+        double cpu = (double)(r1.ru_utime.tv_sec - r0.ru_utime.tv_sec) +
+                     (double)(r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) +
+                     1e-6 * (double)(r1.ru_utime.tv_usec - r0.ru_utime.tv_usec +
+                                     r1.ru_stime.tv_usec - r0.ru_stime.tv_usec);
+        if (write(3, &cpu, sizeof cpu) != sizeof cpu) _exit(1);
+        for (;;) pause();
+    }
+    close(to_parent[1]);
+    int p = 0;
+    assert_int_equal(read(to_parent[0], &p, sizeof p), sizeof p);
+    assert_true(p > 0);
+    cddp_error err = {0};
+    cddp_store_options o = {"127.0.0.1", p, "secret", 5.0, NULL};
+    cddp_store *a = cddp_store_connect(&o, &err), *b = cddp_store_connect(&o, &err);
+    assert_non_null(a);
+    assert_non_null(b);
+    int strangers[5];
+    for (int i = 0; i < 5; i++) strangers[i] = raw_connect_to(p);
+    double cpu = -1;
+    assert_int_equal(read(to_parent[0], &cpu, sizeof cpu), sizeof cpu);
+    assert_true(cpu >= 0 && cpu < 0.5); /* a spinning listener takes the whole 2 s */
+    assert_int_equal(cddp_store_set_str(a, "still", "serving", &err), 0);
+    void *v = NULL;
+    size_t n = 0;
+    assert_int_equal(cddp_store_get(b, "still", 1, &v, &n, &err), 0);
+    assert_string_equal(v, "serving");
+    cddp_free(v);
+    cddp_store_close(a);
+    cddp_store_close(b);
+    for (int i = 0; i < 5; i++) close(strangers[i]);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    close(to_parent[0]);
+}
+
 static void test_wrong_token(void **state) {
     (void)state;
     cddp_error err = {0};
@@ -305,6 +425,7 @@ int main(void) {
         cmocka_unit_test(test_operations),      cmocka_unit_test(test_waits),
         cmocka_unit_test(test_sixteen_clients), cmocka_unit_test(test_hostile_frames),
         cmocka_unit_test(test_wrong_token),     cmocka_unit_test(test_user_errors),
+        cmocka_unit_test(test_strangers),       cmocka_unit_test(test_no_descriptors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

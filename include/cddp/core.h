@@ -122,6 +122,10 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
     X(RDZV_TIMEOUT_S, INT, "300",                                                                  \
       "Seconds that rendezvous may take: store connections and waits, nodes arriving.")            \
     X(TIMEOUT_S, INT, "300", "Default deadline, in seconds, of every collective.")                 \
+    X(STORE_AUTH_TIMEOUT_S, INT, "10",                                                             \
+      "Seconds a store connection may take to prove it has the job token before it is closed.")   \
+    X(STORE_MAX_PENDING, INT, "256",                                                               \
+      "Store connections that have not yet proved the job token, at most (the oldest goes first).") \
     X(SHM_CHUNK_KB, INT, "1024",                                                                   \
       "Per-rank shared-memory staging buffer, in KiB (the pipeline chunk).")                       \
     X(TRANSPORT, STR, "auto",                                                                      \

@@ -109,6 +109,20 @@ static int simple(cddp_store *s, int type, buf *p, cddp_error *err) {
     return rc;
 }
 
+/* Proves the job token on a new connection. *busy: the server had too many connections that had
+ * not yet, closed this one and asks to connect again. */
+static int hello(cddp_store *s, const char *token, bool *busy, cddp_error *err) {
+    buf p = {0};
+    cddp__store_put_field(&p, token, strlen(token));
+    reply_msg r;
+    int rc = request(s, REQ_HELLO, &p, -1, &r, err);
+    cddp_free(p.p);
+    *busy = rc == CDDP_OK && r.type == REP_BUSY;
+    if (*busy) rc = cddp_error_set(err, CDDP_ESTATE, "store at %s: busy", s->addr);
+    cddp_free(r.p);
+    return rc;
+}
+
 cddp_store *cddp_store_connect(const cddp_store_options *o, cddp_error *err) {
     cddp_store *s = cddp_calloc(1, sizeof *s);
     if (!s) {
@@ -117,18 +131,29 @@ cddp_store *cddp_store_connect(const cddp_store_options *o, cddp_error *err) {
     }
     s->timeout = o->timeout_s > 0 ? o->timeout_s : (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
     snprintf(s->addr, sizeof s->addr, "%s:%d", o->host, o->port);
-    if (cddp_net_connect(o->host, o->port, o->local_addr, cddp_now_s() + s->timeout, &s->fd, err)) {
-        cddp_free(s);
-        return NULL;
+    double start = cddp_now_s(), deadline = start + s->timeout, pause = 0.01;
+    for (;;) {
+        if (cddp_net_connect(o->host, o->port, o->local_addr, deadline, &s->fd, err)) {
+            cddp_free(s);
+            return NULL;
+        }
+        bool busy = false;
+        if (hello(s, o->token ? o->token : "", &busy, err) == CDDP_OK) return s;
+        close(s->fd);
+        s->fd = -1;
+        if (busy && cddp_now_s() + pause >= deadline)
+            cddp_error_set(err, CDDP_ETIMEDOUT,
+                           "store at %s: turned away for %.0f s because too many connections "
+                           "without the job token were open (is something flooding the port? "
+                           "CDDP_STORE_MAX_PENDING raises the limit)",
+                           s->addr, cddp_now_s() - start);
+        if (!busy || cddp_now_s() + pause >= deadline) break;
+        s->broken = (cddp_error){0};
+        usleep((useconds_t)(pause * 1e6));
+        pause = CDDP_MIN(2 * pause, 0.5);
     }
-    buf p = {0};
-    const char *tok = o->token ? o->token : "";
-    cddp__store_put_field(&p, tok, strlen(tok));
-    if (simple(s, REQ_HELLO, &p, err) != CDDP_OK) {
-        cddp_store_close(s);
-        return NULL;
-    }
-    return s;
+    cddp_free(s);
+    return NULL;
 }
 
 void cddp_store_close(cddp_store *s) {

@@ -12,6 +12,9 @@
 #define VERSION 1
 #define HEADER  12
 #define MAX_OUT (64u << 20) /* replies a client may leave unread before it is dropped */
+/* The largest frame a client may send before it has proved the job token: the handshake's frames
+ * are a few dozen bytes, so a stranger cannot make the server buffer more than this. */
+#define PREAUTH_MAX 4096u
 
 enum {
     REQ_HELLO = 1,
@@ -27,6 +30,7 @@ enum {
     REP_NOTFOUND,
     REP_TIMEOUT,
     REP_ERROR,
+    REP_BUSY, /* too many connections are proving the token: close, then connect again */
 };
 
 /* An output buffer that grows; a failed allocation sets oom and drops what follows. */
@@ -54,5 +58,25 @@ bool cddp__store_get_u64(cursor *c, uint64_t *v);
 bool cddp__store_get_field(cursor *c, const uint8_t **data, size_t *n);
 /* A frame: header then payload (NULL: none). */
 void cddp__store_frame(buf *out, int type, const buf *payload);
+
+/* The server's key space (kv.c): string keys, byte values. */
+typedef struct entry {
+    char *key; /* NULL: empty; TOMBSTONE: deleted */
+    uint8_t *val;
+    size_t len;
+} entry;
+
+typedef struct table {
+    entry *e;
+    size_t cap, used, live; /* used counts tombstones too */
+} table;
+
+/* Stores a copy of value under key; false when out of memory. */
+bool cddp__kv_put(table *t, const uint8_t *key, size_t klen, const uint8_t *val, size_t len);
+/* The live entry holding key, or NULL. */
+entry *cddp__kv_lookup(table *t, const uint8_t *key, size_t klen);
+/* Deletes a live entry. */
+void cddp__kv_remove(table *t, entry *e);
+void cddp__kv_free(table *t);
 
 #endif

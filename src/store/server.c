@@ -6,7 +6,15 @@
  * only fills its own buffer (and is dropped past a limit), a slow or broken writer only leaves a
  * partial frame in its own buffer. A wait that cannot be answered yet parks the client with its
  * keys and deadline; every change to the key space re-checks parked clients, and the poll timeout
- * is the nearest deadline. Keys live in a small open-addressing hash table.
+ * is the nearest deadline. Keys live in a small open-addressing hash table (kv.c).
+ *
+ * Strangers. Until a client has proved the job token it may send only small frames (PREAUTH_MAX),
+ * must do so within CDDP_STORE_AUTH_TIMEOUT_S, and at most CDDP_STORE_MAX_PENDING such clients are
+ * kept: one more closes the oldest (told to connect again, in case it was one of the job's in the
+ * middle of its handshake). accept() failing for want of descriptors closes the oldest such client
+ * too, or rests the listener for a moment, never spins. So a flood of connections costs the server
+ * a bounded amount of memory and descriptors, and the job's own clients still get through.
+ * Turned-away connections are logged once, then summed up every STRANGER_REPORT_S.
  */
 #include "cddp/net.h"
 #include "cddp/store.h"
@@ -24,101 +32,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-/* ---- the key space ----------------------------------------------------------------------- */
-
-typedef struct entry {
-    char *key; /* NULL: empty; TOMBSTONE: deleted */
-    uint8_t *val;
-    size_t len;
-} entry;
-
-static char tombstone;
-#define TOMBSTONE (&tombstone)
-
-typedef struct table {
-    entry *e;
-    size_t cap, used, live; /* used counts tombstones too */
-} table;
-
-static uint64_t hash(const char *k, size_t n) {
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)k[i]) * 1099511628211ull;
-    return h;
-}
-
-static bool live(const entry *e) {
-    return e->key && e->key != TOMBSTONE;
-}
-
-/* The slot holding key, or the slot where it would go. */
-static entry *find(table *t, const char *key, size_t klen) {
-    entry *free_slot = NULL;
-    for (size_t i = hash(key, klen) & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
-        entry *e = &t->e[i];
-        if (!e->key) return free_slot ? free_slot : e;
-        if (e->key == TOMBSTONE) {
-            if (!free_slot) free_slot = e;
-        } else if (strlen(e->key) == klen && memcmp(e->key, key, klen) == 0) {
-            return e;
-        }
-    }
-}
-
-static bool grow(table *t) {
-    size_t cap = t->cap ? t->cap * 2 : 64;
-    entry *e = cddp_calloc(cap, sizeof *e);
-    if (!e) return false;
-    table n = {e, cap, 0, 0};
-    for (size_t i = 0; i < t->cap; i++)
-        if (live(&t->e[i])) {
-            *find(&n, t->e[i].key, strlen(t->e[i].key)) = t->e[i];
-            n.used++;
-            n.live++;
-        }
-    cddp_free(t->e);
-    *t = n;
-    return true;
-}
-
-/* Stores a copy of value under key. */
-static bool put(table *t, const uint8_t *key, size_t klen, const uint8_t *val, size_t len) {
-    if ((t->used + 1) * 4 > t->cap * 3 && !grow(t)) return false;
-    entry *e = find(t, (const char *)key, klen);
-    uint8_t *v = cddp_malloc(len);
-    if (!v) return false;
-    memcpy(v, val, len);
-    if (live(e)) {
-        cddp_free(e->val);
-    } else {
-        char *k = cddp_malloc(klen + 1);
-        if (!k) {
-            cddp_free(v);
-            return false;
-        }
-        memcpy(k, key, klen);
-        k[klen] = '\0';
-        if (!e->key) t->used++;
-        t->live++;
-        e->key = k;
-    }
-    e->val = v;
-    e->len = len;
-    return true;
-}
-
-static entry *lookup(table *t, const uint8_t *key, size_t klen) {
-    if (!t->cap) return NULL;
-    entry *e = find(t, (const char *)key, klen);
-    return live(e) ? e : NULL;
-}
-
 /* ---- the server -------------------------------------------------------------------------- */
 
 typedef struct client {
+    cddp_store_server *srv;
     int fd;
     char peer[64];
     buf in, out;
     size_t out_off;
+    double since; /* when it connected: it must prove the token within the server's auth_timeout */
     bool authed, closing, dead;
     /* A parked wait: the request's payload (its keys), kept to re-check. */
     bool waiting;
@@ -129,15 +51,53 @@ typedef struct client {
 
 struct cddp_store_server {
     int lfd, port, wake[2];
+    int spare; /* a descriptor held back, to accept a connection when there is none left */
     char *token;
     pthread_t thread;
     table kv;
     client **clients;
     int nclients, cap_clients;
+    double auth_timeout; /* CDDP_STORE_AUTH_TIMEOUT_S */
+    int max_pending;     /* CDDP_STORE_MAX_PENDING */
+    double listen_again; /* accept() found no descriptor: the listener rests until then */
+    /* Connections turned away before proving the token since the last report, and the latest. */
+    long strangers;
+    double strangers_said;
+    char stranger_why[160];
 };
 
+#define STRANGER_REPORT_S 10.0
+#define ACCEPT_BATCH                                                                               \
+    32 /* connections accepted per turn of the loop, so clients are read between                   \
+        */
+
+static void report_strangers(cddp_store_server *s, double now) {
+    if (s->strangers == 1)
+        cddp_log(CDDP_LOG_WARN, "store", "turned away %s", s->stranger_why);
+    else
+        cddp_log(CDDP_LOG_WARN, "store",
+                 "turned away %ld connections that did not prove the job token in the last "
+                 "%.0f s (the latest %s); is another job or a stranger using this port?",
+                 s->strangers, STRANGER_REPORT_S, s->stranger_why);
+    s->strangers = 0;
+    s->strangers_said = now;
+}
+
+/* A connection that never proved the token is closed: logged at once when nothing was said for
+ * STRANGER_REPORT_S, else counted into the next report, so that a flood does not flood the log. */
+static void stranger(cddp_store_server *s, const client *c, const char *why) {
+    double now = cddp_now_s();
+    snprintf(s->stranger_why, sizeof s->stranger_why, "%s: %s", c->peer, why);
+    s->strangers++;
+    if (now - s->strangers_said >= STRANGER_REPORT_S) report_strangers(s, now);
+}
+
 static void drop(client *c, const char *why) {
-    if (!c->dead) cddp_log(CDDP_LOG_WARN, "store", "dropping client %s: %s", c->peer, why);
+    if (c->dead) return;
+    if (c->authed)
+        cddp_log(CDDP_LOG_WARN, "store", "dropping client %s: %s", c->peer, why);
+    else
+        stranger(c->srv, c, why);
     c->dead = true;
 }
 
@@ -169,7 +129,7 @@ static bool settle_wait(cddp_store_server *s, client *c, const uint8_t *payload,
         const uint8_t *k = NULL;
         size_t kl = 0;
         if (!cddp__store_get_field(&cur, &k, &kl)) break;
-        if (!lookup(&s->kv, k, kl)) {
+        if (!cddp__kv_lookup(&s->kv, k, kl)) {
             if (nmissing++) cddp__store_buf_put(&missing, ", ", 2);
             cddp__store_buf_put(&missing, k, kl);
         }
@@ -234,7 +194,7 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
             c->authed = true;
             reply(c, REP_OK, NULL);
         } else {
-            cddp_log(CDDP_LOG_WARN, "store", "refusing client %s: wrong job token", c->peer);
+            stranger(s, c, "wrong job token");
             reply_error(c, "wrong job token: this store belongs to another job (is "
                            "CDDP_STORE_TOKEN the one this job's launcher set?)");
             c->closing = true;
@@ -243,13 +203,13 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
     case REQ_SET:
         if (!cddp__store_get_field(&cur, &k, &kl) || !cddp__store_get_field(&cur, &a, &al))
             goto malformed;
-        if (!put(&s->kv, k, kl, a, al)) goto oom;
+        if (!cddp__kv_put(&s->kv, k, kl, a, al)) goto oom;
         reply(c, REP_OK, NULL);
         recheck_waits(s);
         break;
     case REQ_GET: {
         if (!cddp__store_get_field(&cur, &k, &kl)) goto malformed;
-        entry *e = lookup(&s->kv, k, kl);
+        entry *e = cddp__kv_lookup(&s->kv, k, kl);
         if (e) {
             cddp__store_put_field(&p, e->val, e->len);
             reply(c, REP_VALUE, &p);
@@ -262,7 +222,7 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
         uint64_t delta;
         if (!cddp__store_get_field(&cur, &k, &kl) || !cddp__store_get_u64(&cur, &delta))
             goto malformed;
-        entry *e = lookup(&s->kv, k, kl);
+        entry *e = cddp__kv_lookup(&s->kv, k, kl);
         int64_t v = 0;
         if (e && !counter_value(e, &v)) {
             reply_error(c, "add: the key holds a value that is not an integer");
@@ -276,7 +236,7 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
         v += d;
         char text[32];
         int n = snprintf(text, sizeof text, "%" PRId64, v);
-        if (!put(&s->kv, k, kl, (const uint8_t *)text, (size_t)n)) goto oom;
+        if (!cddp__kv_put(&s->kv, k, kl, (const uint8_t *)text, (size_t)n)) goto oom;
         cddp__store_put_u64(&p, (uint64_t)v);
         reply(c, REP_VALUE, &p);
         recheck_waits(s);
@@ -286,9 +246,9 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
         if (!cddp__store_get_field(&cur, &k, &kl) || !cddp__store_get_field(&cur, &a, &al) ||
             !cddp__store_get_field(&cur, &b, &bl))
             goto malformed;
-        entry *e = lookup(&s->kv, k, kl);
+        entry *e = cddp__kv_lookup(&s->kv, k, kl);
         if ((!e && al == 0) || (e && e->len == al && memcmp(e->val, a, al) == 0)) {
-            if (!put(&s->kv, k, kl, b, bl)) goto oom;
+            if (!cddp__kv_put(&s->kv, k, kl, b, bl)) goto oom;
             cddp__store_put_field(&p, b, bl);
         } else if (!e) {
             cddp__store_put_field(&p, a,
@@ -302,15 +262,9 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
     }
     case REQ_DELETE: {
         if (!cddp__store_get_field(&cur, &k, &kl)) goto malformed;
-        entry *e = lookup(&s->kv, k, kl);
+        entry *e = cddp__kv_lookup(&s->kv, k, kl);
         uint8_t existed = e != NULL;
-        if (e) {
-            cddp_free(e->key);
-            cddp_free(e->val);
-            e->key = TOMBSTONE;
-            e->val = NULL;
-            s->kv.live--;
-        }
+        if (e) cddp__kv_remove(&s->kv, e);
         cddp__store_put_field(&p, &existed, 1);
         reply(c, REP_VALUE, &p);
         break;
@@ -360,10 +314,11 @@ static void process_input(cddp_store_server *s, client *c) {
             return;
         }
         uint32_t len = cddp__store_rd_u32(h + 8);
-        if (len > CDDP_STORE_MAX_FRAME) {
-            char why[96];
-            snprintf(why, sizeof why, "oversized frame (%u bytes, the limit is %u)", len,
-                     CDDP_STORE_MAX_FRAME);
+        uint32_t limit = c->authed ? CDDP_STORE_MAX_FRAME : PREAUTH_MAX;
+        if (len > limit) {
+            char why[128];
+            snprintf(why, sizeof why, "oversized frame (%u bytes, the limit is %u%s)", len, limit,
+                     c->authed ? "" : " before the job token");
             drop(c, why);
             return;
         }
@@ -380,7 +335,13 @@ static void process_input(cddp_store_server *s, client *c) {
 static void read_client(cddp_store_server *s, client *c) {
     uint8_t chunk[65536];
     for (;;) {
-        ssize_t r = recv(c->fd, chunk, sizeof chunk, 0);
+        size_t want = sizeof chunk;
+        if (!c->authed) { /* never more than one small frame from a client without the token */
+            size_t most = HEADER + PREAUTH_MAX;
+            if (c->in.len >= most) break;
+            want = CDDP_MIN(want, most - c->in.len);
+        }
+        ssize_t r = recv(c->fd, chunk, want, 0);
         if (r > 0) {
             cddp__store_buf_put(&c->in, chunk, (size_t)r);
             if (c->in.oom) {
@@ -441,13 +402,82 @@ static void describe_peer(const struct sockaddr_storage *ss, char *out, size_t n
     snprintf(out, n, "%s:%d", host, port);
 }
 
+static void remove_client(cddp_store_server *s, int i) {
+    free_client(s->clients[i]);
+    s->clients[i] = s->clients[--s->nclients];
+}
+
+/* Closes the oldest connection that has not proved the token, telling it to connect again (a
+ * client of this job in the middle of its handshake does). False when there is none. */
+static bool evict_oldest_pending(cddp_store_server *s, const char *why) {
+    int oldest = -1;
+    for (int i = 0; i < s->nclients; i++) {
+        const client *c = s->clients[i];
+        if (!c->authed && !c->dead && (oldest < 0 || c->since < s->clients[oldest]->since))
+            oldest = i;
+    }
+    if (oldest < 0) return false;
+    client *c = s->clients[oldest];
+    reply(c, REP_BUSY, NULL);
+    flush_client(c);
+    drop(c, why);
+    remove_client(s, oldest);
+    return true;
+}
+
+static int pending_clients(const cddp_store_server *s) {
+    int n = 0;
+    for (int i = 0; i < s->nclients; i++) n += !s->clients[i]->authed && !s->clients[i]->dead;
+    return n;
+}
+
+/* accept() found no descriptor for a new connection: the spare one makes room to take it (an
+ * empty queue answers EAGAIN), then a stranger makes room for it, or it is told to come back
+ * (a client of the job in the middle of connecting does). Returns the connection, or -1. */
+static int accept_without_descriptors(cddp_store_server *s, struct sockaddr_storage *ss,
+                                      socklen_t *sl) {
+    if (s->spare < 0) {
+        cddp_log(CDDP_LOG_WARN, "store", "cannot accept a connection: %s; retrying in 0.1 s",
+                 strerror(EMFILE));
+        s->listen_again = cddp_now_s() + 0.1;
+        return -1;
+    }
+    close(s->spare);
+    int fd = accept4(s->lfd, (struct sockaddr *)ss, sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0 && !evict_oldest_pending(s, "no file descriptors left, and this was the oldest "
+                                            "connection without the job token")) {
+        static const uint8_t busy[HEADER] = {'C', 'D', 'D', 'S', VERSION, 0, REP_BUSY, 0};
+        ssize_t w = send(fd, busy, sizeof busy, MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)w;
+        close(fd);
+        fd = -1;
+        client who = {0};
+        describe_peer(ss, who.peer, sizeof who.peer);
+        stranger(s, &who, "no file descriptors left, and every connection has the job token");
+    }
+    s->spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    return fd;
+}
+
+/* Accepts up to ACCEPT_BATCH connections. */
 static void accept_clients(cddp_store_server *s) {
-    for (;;) {
+    for (int batch = 0; batch < ACCEPT_BATCH; batch++) {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
         int fd = accept4(s->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) return;
+        if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+            sl = sizeof ss;
+            fd = accept_without_descriptors(s, &ss, &sl);
+            if (fd < 0) return;
+        } else if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+            if (errno == ENOBUFS || errno == ENOMEM) s->listen_again = cddp_now_s() + 0.1;
+            return;
+        }
         cddp_net_nonblocking(fd);
+        if (pending_clients(s) >= CDDP_MAX(s->max_pending, 1))
+            evict_oldest_pending(s, "too many connections without the job token "
+                                    "(CDDP_STORE_MAX_PENDING), and this was the oldest");
         if (s->nclients == s->cap_clients) {
             int cap = s->cap_clients ? 2 * s->cap_clients : 16;
             client **cs = cddp_realloc(s->clients, (size_t)cap * sizeof *cs);
@@ -463,10 +493,17 @@ static void accept_clients(cddp_store_server *s) {
             close(fd);
             continue;
         }
+        c->srv = s;
         c->fd = fd;
+        c->since = cddp_now_s();
         describe_peer(&ss, c->peer, sizeof c->peer);
         s->clients[s->nclients++] = c;
     }
+}
+
+/* The earlier of two deadlines; a negative one is none. */
+static double earliest(double a, double b) {
+    return a < 0 ? b : b < 0 ? a : CDDP_MIN(a, b);
 }
 
 static void *serve(void *arg) {
@@ -480,16 +517,19 @@ static void *serve(void *arg) {
             if (!n) break;
             pf = n;
         }
+        double now = cddp_now_s(), next = -1;
+        bool resting = now < s->listen_again;
         pf[0] = (struct pollfd){s->wake[0], POLLIN, 0};
-        pf[1] = (struct pollfd){s->lfd, POLLIN, 0};
-        double next = -1;
+        pf[1] = (struct pollfd){s->lfd, (short)(resting ? 0 : POLLIN), 0};
+        if (resting) next = s->listen_again;
+        if (s->strangers) next = earliest(next, s->strangers_said + STRANGER_REPORT_S);
         int n = s->nclients;
         for (int i = 0; i < n; i++) {
             client *c = s->clients[i];
             short ev = (short)(POLLIN | (c->out.len > c->out_off ? POLLOUT : 0));
             pf[i + 2] = (struct pollfd){c->fd, ev, 0};
-            if (c->waiting && c->wait_deadline >= 0 && (next < 0 || c->wait_deadline < next))
-                next = c->wait_deadline;
+            if (c->waiting && c->wait_deadline >= 0) next = earliest(next, c->wait_deadline);
+            if (!c->authed) next = earliest(next, c->since + s->auth_timeout);
         }
         int r = poll(pf, (nfds_t)n + 2, cddp_net_poll_ms(next));
         if (r < 0 && errno != EINTR) break;
@@ -498,13 +538,21 @@ static void *serve(void *arg) {
             if (pf[i + 2].revents & (POLLIN | POLLHUP | POLLERR)) read_client(s, s->clients[i]);
         if (r > 0 && (pf[1].revents & POLLIN)) accept_clients(s);
         recheck_waits(s); /* deadlines that passed */
+        now = cddp_now_s();
+        for (int i = 0; i < s->nclients; i++) {
+            client *c = s->clients[i];
+            if (!c->authed && now >= c->since + s->auth_timeout) {
+                char why[96];
+                snprintf(why, sizeof why, "it did not prove the job token within %.0f s",
+                         s->auth_timeout);
+                drop(c, why);
+            }
+        }
+        if (s->strangers && now - s->strangers_said >= STRANGER_REPORT_S) report_strangers(s, now);
         for (int i = 0; i < s->nclients; i++) {
             client *c = s->clients[i];
             if (!c->dead && c->out.len > c->out_off) flush_client(c);
-            if (c->dead) {
-                free_client(c);
-                s->clients[i--] = s->clients[--s->nclients];
-            }
+            if (c->dead) remove_client(s, i--);
         }
     }
     cddp_free(pf);
@@ -519,6 +567,10 @@ cddp_store_server *cddp_store_server_start(const char *host, int port, const cha
         return NULL;
     }
     s->lfd = s->wake[0] = s->wake[1] = -1;
+    s->spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    s->auth_timeout = (double)CDDP_MAX(cddp_knob_int(CDDP_KNOB_STORE_AUTH_TIMEOUT_S), 1);
+    s->max_pending = (int)CDDP_MIN(cddp_knob_int(CDDP_KNOB_STORE_MAX_PENDING), 1 << 20);
+    s->strangers_said = -1e9;
     s->token = cddp_strdup(token ? token : "");
     if (!s->token || cddp_net_listen(host, port, &s->lfd, &s->port, err) != CDDP_OK) goto fail;
     fcntl(s->lfd, F_SETFL, fcntl(s->lfd, F_GETFL) | O_NONBLOCK);
@@ -532,6 +584,7 @@ cddp_store_server *cddp_store_server_start(const char *host, int port, const cha
     }
     return s;
 fail:
+    if (s->spare >= 0) close(s->spare);
     if (s->lfd >= 0) close(s->lfd);
     if (s->wake[0] >= 0) {
         close(s->wake[0]);
@@ -553,16 +606,12 @@ void cddp_store_server_stop(cddp_store_server *s) {
     while (w < 0 && errno == EINTR);
     pthread_join(s->thread, NULL);
     for (int i = 0; i < s->nclients; i++) free_client(s->clients[i]);
-    for (size_t i = 0; i < s->kv.cap; i++)
-        if (live(&s->kv.e[i])) {
-            cddp_free(s->kv.e[i].key);
-            cddp_free(s->kv.e[i].val);
-        }
-    cddp_free(s->kv.e);
+    cddp__kv_free(&s->kv);
     cddp_free(s->clients);
     close(s->lfd);
     close(s->wake[0]);
     close(s->wake[1]);
+    if (s->spare >= 0) close(s->spare);
     cddp_free(s->token);
     cddp_free(s);
 }

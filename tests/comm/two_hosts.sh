@@ -12,7 +12,9 @@ shift 2
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-common="--nnodes 2 --nproc_per_node $nproc --master_addr 127.0.0.1 --master_port $port --token t"
+(umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/token")
+common="--nnodes 2 --nproc_per_node $nproc --master_addr 127.0.0.1 --master_port $port"
+common="$common --token_file $work/token"
 common="$common --grace_period 10"
 CDDP_HOST_ID=host-a "$build/bin/cddprun" $common --node_rank 0 --local_addr 127.0.0.1 "$@" \
     > "$work/n0" 2>&1 &

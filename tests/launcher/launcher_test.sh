@@ -54,7 +54,9 @@ env)
 multinode)
     # 2 nodes x 2 processes on 127.0.0.1 and 127.0.0.2; ranks contiguous per node.
     port=$(free_port)
-    common="--nnodes 2 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port $port --token t"
+    # The secret from the environment, as a user keeps it off the command line.
+    export CDDPRUN_TOKEN=multinode-secret
+    common="--nnodes 2 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port $port"
     "$R" $common --node_rank 0 --local_addr 127.0.0.1 sh -c "env > $work/env.\$RANK" > "$work/n0" 2>&1 &
     p0=$!
     "$R" $common --node_rank 1 --local_addr 127.0.0.2 sh -c "env > $work/env.\$RANK" > "$work/n1" 2>&1 ||
@@ -142,17 +144,38 @@ errors)
         --master_port "$port" true
     kill $held; wait $held
     dead=$(free_port)
+    printf 'secret\n' > "$work/token"
+    chmod 600 "$work/token"
     CDDP_RDZV_TIMEOUT_S=1 check_error 1 "cannot reach 127.0.0.1:$dead" \
-        --nnodes 2 --node_rank 1 --master_port "$dead" --token t true
+        --nnodes 2 --node_rank 1 --master_port "$dead" --token_file "$work/token" true
     CDDP_RDZV_TIMEOUT_S=1 check_error 1 "node(s) 1 of 2 did not arrive within 1 s" \
-        --nnodes 2 --node_rank 0 --master_port "$dead" --token t true
+        --nnodes 2 --node_rank 0 --master_port "$dead" --token_file "$work/token" true
+    # The job's secret: several nodes need one, given once, from a file that holds one.
+    check_error 2 "a job on 2 nodes needs a secret that every node shares" --nnodes 2 true
+    expect_in "cddprun --token_file ~/.cddp-token" "$work/err"
+    check_error 2 "--token and --token_file both give the job's secret" \
+        --token x --token_file "$work/token" true
+    check_error 2 "--token_file $work/none: cannot read it: No such file or directory" \
+        --token_file "$work/none" true
+    : > "$work/empty"
+    check_error 2 "--token_file $work/empty: no secret in it" --token_file "$work/empty" true
+    check_error 2 "--token_file $work: not a regular file" --token_file "$work" true
+    check_error 0 "warning: every user of this machine can read --token on the command line" \
+        --token visible true
+    chmod 644 "$work/token"
+    check_error 0 "warning: --token_file $work/token can be read by other users (mode 0644)" \
+        --token_file "$work/token" true
+    chmod 600 "$work/token"
+    CDDPRUN_TOKEN=quiet "$R" true > "$work/err" 2>&1 || fail "CDDPRUN_TOKEN run failed"
+    [ -s "$work/err" ] && { cat "$work/err"; fail "a secret from the environment drew a warning"; }
     "$R" --help > "$work/help" || fail "--help failed"
     for o in --nnodes --node_rank --nproc_per_node --master_addr --master_port --module --no_python \
         --redirect_stdout_and_stderr --logdir --log_dir --redirects --standalone --max_restarts --tee \
         --monitor_interval; do
         expect_in "$o" "$work/help"
     done
-    echo "ok: usage errors, port in use, unreachable master, missing node: one clear message each" ;;
+    echo "ok: usage errors, port in use, unreachable master, missing node, the job's secret: one" \
+         "clear message each" ;;
 logs)
     "$R" --standalone --nproc_per_node 2 --logdir "$work/logs" sh -c \
         'echo "out of $RANK"; echo "err of $RANK" >&2' > "$work/console" 2>&1 || fail "run failed"

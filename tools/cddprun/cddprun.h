@@ -29,12 +29,15 @@ typedef struct stream_spec {
     } map[MAX_STREAM_MAP];
 } stream_spec;
 
+#define CDDPRUN_MAX_TOKEN 256 /* bytes of a job token, at most */
+
 typedef struct options {
     int nnodes, node_rank, nproc_per_node, master_port, max_restarts;
-    const char *master_addr, *logdir, *local_addr, *token, *run_id;
+    const char *master_addr, *logdir, *local_addr, *token, *token_file, *run_id;
     bool module, no_python, standalone;
-    stream_spec tee;           /* console lines of these streams are prefixed with [rank N] */
-    stream_spec redirects;     /* these streams go to the log files only, not the console */
+    bool token_in_argv;    /* --token was given on the command line (visible to every local user) */
+    stream_spec tee;       /* console lines of these streams are prefixed with [rank N] */
+    stream_spec redirects; /* these streams go to the log files only, not the console */
     const char *redirect_name; /* the option that asked for redirects, for its error */
     double monitor_interval, grace_period;
     char **program; /* the program and its arguments */
@@ -63,7 +66,7 @@ typedef struct worker {
 typedef struct job {
     options o;
     char host[256];
-    char run_id[64], token[80];
+    char run_id[64], token[CDDPRUN_MAX_TOKEN + 1];
     char **argv;
     int world, base, round;
     char worker_port[16];
@@ -76,6 +79,9 @@ typedef struct job {
 /* options.c */
 void cddprun_parse_options(int argc, char **argv, options *o);
 void cddprun_validate(options *o);
+/* The job's secret into out (CDDPRUN_MAX_TOKEN + 1 bytes): from --token_file, --token (or their
+ * CDDPRUN_ variables), or random for a job of one node; a usage error otherwise. */
+void cddprun_job_token(const options *o, char *out);
 /* The argv to exec: python3 for .py programs and -m, the program itself otherwise. */
 char **cddprun_worker_argv(const options *o);
 /* The streams (1 stdout, 2 stderr, 3 both) that spec s names for a local rank. */

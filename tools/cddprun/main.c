@@ -111,19 +111,7 @@ int main(int argc, char **argv) {
         o->master_addr = "127.0.0.1";
         o->master_port = 0;
     }
-    /* The job token: given, random on one node, or derived from the run id across nodes. */
-    if (o->token)
-        snprintf(j.token, sizeof j.token, "%s", o->token);
-    else if (o->nnodes == 1)
-        cddprun_random_hex(j.token, 16);
-    else {
-        snprintf(j.token, sizeof j.token, "cddp-run-%s", o->run_id ? o->run_id : "default");
-        if (o->node_rank == 0)
-            fprintf(stderr,
-                    "cddprun: no --token: any process that can reach %s:%d can join this "
-                    "job; pass the same --token to every node to prevent that\n",
-                    o->master_addr, o->master_port);
-    }
+    cddprun_job_token(o, j.token);
     if (o->nproc_per_node > 1 && (!getenv("OMP_NUM_THREADS") || !getenv("OPENBLAS_NUM_THREADS")))
         fprintf(stderr,
                 "cddprun: setting OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 for each "

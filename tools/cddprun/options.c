@@ -4,11 +4,13 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum {
@@ -27,6 +29,7 @@ enum {
     OPT_GRACE,
     OPT_LOCAL_ADDR,
     OPT_TOKEN,
+    OPT_TOKEN_FILE,
     OPT_RUN_ID,
     OPT_REDIRECTS
 };
@@ -56,6 +59,7 @@ static const struct {
     {"grace_period", 1, OPT_GRACE},
     {"local_addr", 1, OPT_LOCAL_ADDR},
     {"token", 1, OPT_TOKEN},
+    {"token_file", 1, OPT_TOKEN_FILE},
     {"run_id", 1, OPT_RUN_ID},
     {"help", 0, 'h'},
 };
@@ -98,8 +102,12 @@ static void usage(FILE *out) {
         "0.1)\n"
         "  --grace_period S        seconds between SIGTERM and SIGKILL when stopping (default 5)\n"
         "  --local_addr HOST       this node's address, as other nodes see it (default: hostname)\n"
-        "  --token SECRET          the job token for the store; every node needs the same one\n"
-        "                          (default: random on one node; derived from --run_id otherwise)\n"
+        "  --token_file FILE       the job's secret, the first line of FILE (make it readable\n"
+        "                          only by you); every node needs the same one. One node makes a\n"
+        "                          random one when none is given; a job on several nodes needs "
+        "one\n"
+        "  --token SECRET          the secret itself; other users can read a command line, so use\n"
+        "                          --token_file or CDDPRUN_TOKEN instead\n"
         "  --run_id ID             the job's id, CDDP_RUN_ID in the workers (default: random)\n"
         "  -h, --help              this help\n"
         "\n"
@@ -252,6 +260,9 @@ static void apply(options *o, int code, const char *name, const char *v) {
     case OPT_TOKEN:
         o->token = v;
         break;
+    case OPT_TOKEN_FILE:
+        o->token_file = v;
+        break;
     case OPT_RUN_ID:
         o->run_id = v;
         break;
@@ -316,6 +327,7 @@ void cddprun_parse_options(int argc, char **argv, options *o) {
                                       : longopts[idx].name;
         if (c == 'r') c = OPT_REDIRECTS;
         if (c == 't') c = OPT_TEE;
+        if (c == OPT_TOKEN) o->token_in_argv = true;
         /* An optional value given as the next argument: --tee 3 */
         const char *v = optarg;
         if (!v && c == OPT_TEE && optind < argc && looks_like_streams(argv[optind]))
@@ -345,6 +357,67 @@ static bool on_path(const char *prog) {
 static bool ends_with(const char *s, const char *suffix) {
     size_t a = strlen(s), b = strlen(suffix);
     return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* The first line of a token file, checked: a regular file, not empty, not too long; a warning
+ * when other users may read it. */
+static void read_token_file(const char *path, char *out) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0)
+        cddprun_die_usage("--token_file %s: cannot read it: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) cddprun_die_usage("--token_file %s: not a regular file", path);
+    char buf[CDDPRUN_MAX_TOKEN + 2];
+    size_t n = 0;
+    ssize_t r;
+    while (n < sizeof buf - 1 && (r = read(fd, buf + n, sizeof buf - 1 - n)) != 0) {
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) cddprun_die_usage("--token_file %s: cannot read it: %s", path, strerror(errno));
+        n += (size_t)r;
+    }
+    close(fd);
+    buf[n] = '\0';
+    n = strcspn(buf, "\n");
+    if (n > CDDPRUN_MAX_TOKEN)
+        cddprun_die_usage("--token_file %s: the secret (its first line) is longer than %d bytes",
+                          path, CDDPRUN_MAX_TOKEN);
+    while (n && isspace((unsigned char)buf[n - 1])) n--;
+    if (!n) cddprun_die_usage("--token_file %s: no secret in it (its first line is empty)", path);
+    memcpy(out, buf, n);
+    out[n] = '\0';
+    if (st.st_mode & 077)
+        fprintf(stderr,
+                "cddprun: warning: --token_file %s can be read by other users (mode %04o); "
+                "chmod 600 it\n",
+                path, (unsigned)(st.st_mode & 07777));
+}
+
+void cddprun_job_token(const options *o, char *out) {
+    if (o->token && o->token_file)
+        cddprun_die_usage("--token and --token_file both give the job's secret: give one");
+    if (o->token_file) {
+        read_token_file(o->token_file, out);
+    } else if (o->token) {
+        if (!*o->token || strlen(o->token) > CDDPRUN_MAX_TOKEN)
+            cddprun_die_usage("--token: the secret must have 1 to %d bytes", CDDPRUN_MAX_TOKEN);
+        snprintf(out, CDDPRUN_MAX_TOKEN + 1, "%s", o->token);
+        if (o->token_in_argv)
+            fprintf(stderr,
+                    "cddprun: warning: every user of this machine can read --token on the "
+                    "command line (ps, /proc/%d/cmdline); put the secret in a file only you can "
+                    "read and pass --token_file FILE, or set CDDPRUN_TOKEN\n",
+                    (int)getpid());
+    } else if (o->nnodes == 1) {
+        cddprun_random_hex(out, 16);
+    } else {
+        cddprun_die_usage(
+            "a job on %d nodes needs a secret that every node shares, or any process that can "
+            "reach %s:%d could join it. Make one and give it to cddprun on every node:\n"
+            "    (umask 077; head -c 32 /dev/urandom | base64 > ~/.cddp-token)\n"
+            "    cddprun --token_file ~/.cddp-token ...\n"
+            "(or set CDDPRUN_TOKEN in every node's environment)",
+            o->nnodes, o->master_addr, o->master_port);
+    }
 }
 
 /* The argv to exec: python3 for .py programs and -m, the program itself otherwise. */

@@ -28,6 +28,22 @@ void cddprun_random_hex(char *out, size_t bytes) {
     for (size_t i = 0; i < bytes; i++) sprintf(out + 2 * i, "%02x", raw[i]);
 }
 
+/* Waits for the keys up to CDDP_RDZV_TIMEOUT_S, a second at a time, so that a signal (Ctrl-C while
+ * the other nodes are awaited) ends cddprun at once, with the usual 128 + signal. */
+static int wait_for_nodes(job *j, const char *const *keys, int n, cddp_error *err) {
+    double end = cddp_now_s() + (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
+    for (;;) {
+        if (cddprun_got_signal) {
+            fprintf(stderr, "cddprun: stopped by SIG%s while waiting for the other nodes\n",
+                    sigabbrev_np(cddprun_got_signal));
+            exit(128 + cddprun_got_signal);
+        }
+        double left = end - cddp_now_s();
+        int rc = cddp_store_wait(j->store, keys, n, CDDP_MAX(CDDP_MIN(left, 1.0), 0.0), err);
+        if (rc != CDDP_ETIMEDOUT || left <= 1.0) return rc;
+    }
+}
+
 /* Registers this node for the round, waits for the others, and computes ranks. */
 void cddprun_rendezvous(job *j) {
     const options *o = &j->o;
@@ -54,7 +70,7 @@ void cddprun_rendezvous(job *j) {
     }
     snprintf(names[o->nnodes], 64, "r%d/worker_port", j->round);
     keys[o->nnodes] = names[o->nnodes];
-    if (cddp_store_wait(j->store, keys, o->nnodes + 1, -1, &err)) {
+    if (wait_for_nodes(j, keys, o->nnodes + 1, &err)) {
         char missing[512] = "";
         size_t len = 0;
         for (int k = 0; k < o->nnodes && len < sizeof missing - 16; k++) {
