@@ -2,6 +2,8 @@
  * job token, and the errors users meet (port in use, unreachable or unresolvable master). */
 #include "helpers.h"
 
+#include <cddp/net.h>
+
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -228,19 +230,19 @@ static void test_hostile_frames(void **state) {
     assert_true(closed_by_server(fd));
     close(fd);
     /* A header announcing more than the limit. */
-    uint8_t h[12] = {'C', 'D', 'D', 'S', 1, 0, 1, 0, 0xff, 0xff, 0xff, 0x7f};
+    uint8_t h[12] = {'C', 'D', 'D', 'S', 2, 0, 1, 0, 0xff, 0xff, 0xff, 0x7f};
     fd = raw_connect();
     assert_int_equal(send(fd, h, 12, 0), 12);
     assert_true(closed_by_server(fd));
     close(fd);
     /* A request before the token. */
-    uint8_t nk[12] = {'C', 'D', 'D', 'S', 1, 0, 7, 0, 0, 0, 0, 0};
+    uint8_t nk[12] = {'C', 'D', 'D', 'S', 2, 0, 7, 0, 0, 0, 0, 0};
     fd = raw_connect();
     assert_int_equal(send(fd, nk, 12, 0), 12);
     assert_true(closed_by_server(fd));
     close(fd);
     /* A truncated frame left open while others work, then abandoned: nobody stalls. */
-    uint8_t part[12] = {'C', 'D', 'D', 'S', 1, 0, 1, 0, 100, 0, 0, 0};
+    uint8_t part[12] = {'C', 'D', 'D', 'S', 2, 0, 1, 0, 100, 0, 0, 0};
     int stuck = raw_connect();
     assert_int_equal(send(stuck, part, 12, 0), 12);
     assert_int_equal(send(stuck, "abc", 3, 0), 3);
@@ -251,7 +253,7 @@ static void test_hostile_frames(void **state) {
     assert_int_equal(cddp_store_num_keys(s, &count, &err), 0);
     close(stuck);
     /* A malformed payload (a field longer than the frame). */
-    uint8_t bad[16] = {'C', 'D', 'D', 'S', 1, 0, 1, 0, 4, 0, 0, 0, 0xff, 0xff, 0, 0};
+    uint8_t bad[16] = {'C', 'D', 'D', 'S', 2, 0, 1, 0, 4, 0, 0, 0, 0xff, 0xff, 0, 0};
     fd = raw_connect();
     assert_int_equal(send(fd, bad, 16, 0), 16);
     assert_true(closed_by_server(fd));
@@ -283,7 +285,7 @@ static void test_strangers(void **state) {
     cddp_store_server *s2 = server_with("1", "4");
     int p2 = cddp_store_server_port(s2);
     /* A frame above the limit before the token: closed at once, nothing buffered. */
-    uint8_t big[12] = {'C', 'D', 'D', 'S', 1, 0, 1, 0, 0x88, 0x13, 0, 0}; /* 5000 bytes */
+    uint8_t big[12] = {'C', 'D', 'D', 'S', 2, 0, 1, 0, 0x88, 0x13, 0, 0}; /* 5000 bytes */
     int fd = raw_connect_to(p2);
     assert_int_equal(send(fd, big, 12, 0), 12);
     assert_true(closed_by_server(fd));
@@ -377,6 +379,105 @@ static void test_no_descriptors(void **state) {
     close(to_parent[0]);
 }
 
+/* A store frame's header: magic, version 2, type, payload length. */
+static void frame_header(uint8_t h[12], int type, uint32_t len) {
+    memcpy(h, "CDDS", 4);
+    h[4] = 2;
+    h[5] = 0;
+    h[6] = (uint8_t)type;
+    h[7] = 0;
+    for (int i = 0; i < 4; i++) h[8 + i] = (uint8_t)(len >> (8 * i));
+}
+
+/* Sends a frame of one field. */
+static void send_field_frame(int fd, int type, const uint8_t *data, uint32_t n) {
+    uint8_t f[12 + 4 + 64];
+    frame_header(f, type, 4 + n);
+    uint8_t len[4] = {(uint8_t)n, 0, 0, 0};
+    memcpy(f + 12, len, 4);
+    memcpy(f + 16, data, n);
+    assert_int_equal(send(fd, f, 16 + n, 0), 16 + n);
+}
+
+/* Reads one frame; returns its type, the payload in p (up to cap bytes). */
+static int read_frame(int fd, uint8_t *p, size_t cap) {
+    uint8_t h[12];
+    assert_int_equal(recv(fd, h, 12, MSG_WAITALL), 12);
+    uint32_t len = h[8] | (uint32_t)h[9] << 8 | (uint32_t)h[10] << 16 | (uint32_t)h[11] << 24;
+    assert_true(len <= cap);
+    if (len) assert_int_equal(recv(fd, p, len, MSG_WAITALL), (ssize_t)len);
+    return h[6];
+}
+
+/* The handshake by hand: a proof made with the token opens the store; the same proof replayed
+ * on another connection (another server nonce) does not. */
+static void test_proof_cannot_be_replayed(void **state) {
+    (void)state;
+    uint8_t nonce[CDDP_NET_NONCE] = {1, 2, 3}, p[128], proof[CDDP_NET_PROOF];
+    int fd = raw_connect();
+    send_field_frame(fd, 1, nonce, sizeof nonce);       /* HELLO */
+    assert_int_equal(read_frame(fd, p, sizeof p), 106); /* CHALLENGE: {nonce_s, proof_s} */
+    uint8_t server_nonce[CDDP_NET_NONCE], server_proof[CDDP_NET_PROOF];
+    memcpy(server_nonce, p + 4, sizeof server_nonce);
+    cddp_net_proof("secret", "cddp store: server", nonce, server_nonce, server_proof);
+    assert_memory_equal(p + 4 + 16 + 4, server_proof, CDDP_NET_PROOF);
+    cddp_net_proof("secret", "cddp store: client", nonce, server_nonce, proof);
+    send_field_frame(fd, 9, proof, sizeof proof);       /* AUTH */
+    assert_int_equal(read_frame(fd, p, sizeof p), 100); /* OK */
+    close(fd);
+    fd = raw_connect();
+    send_field_frame(fd, 1, nonce, sizeof nonce);
+    assert_int_equal(read_frame(fd, p, sizeof p), 106);
+    assert_memory_not_equal(p + 4, server_nonce, CDDP_NET_NONCE);
+    send_field_frame(fd, 9, proof, sizeof proof);
+    assert_int_equal(read_frame(fd, p, sizeof p), 104); /* ERROR */
+    assert_non_null(memmem(p, 100, "wrong job token", 15));
+    assert_true(closed_by_server(fd));
+    close(fd);
+}
+
+typedef struct connect_arg {
+    int port;
+    cddp_error err;
+    bool ok;
+} connect_arg;
+
+static void *connect_thread(void *p) {
+    connect_arg *a = p;
+    cddp_store_options o = {"127.0.0.1", a->port, "secret-token-value", 5.0, NULL};
+    cddp_store *s = cddp_store_connect(&o, &a->err);
+    a->ok = s != NULL;
+    cddp_store_close(s);
+    return NULL;
+}
+
+/* A client meets a listener that does not know the token: the token never goes on the wire, the
+ * client sends no proof of its own, and it says the store belongs to another job. */
+static void test_token_stays_home(void **state) {
+    (void)state;
+    int lfd = -1, lport = 0;
+    cddp_error err = {0};
+    assert_int_equal(cddp_net_listen("127.0.0.1", 0, &lfd, &lport, &err), 0);
+    connect_arg a = {lport, {0}, false};
+    pthread_t th;
+    pthread_create(&th, NULL, connect_thread, &a);
+    int fd = accept(lfd, NULL, NULL);
+    uint8_t p[128];
+    assert_int_equal(read_frame(fd, p, sizeof p), 1); /* HELLO: a nonce, not the token */
+    assert_null(memmem(p, 20, "secret", 6));
+    uint8_t challenge[12 + 4 + 16 + 4 + 32] = {0};
+    frame_header(challenge, 106, 56);
+    challenge[12] = 16;
+    challenge[12 + 4 + 16] = 32; /* a zero nonce and a zero proof: not the token's */
+    assert_int_equal(send(fd, challenge, sizeof challenge, 0), (ssize_t)sizeof challenge);
+    pthread_join(th, NULL);
+    assert_false(a.ok);
+    assert_non_null(strstr(a.err.msg, "wrong job token: this store belongs to another job"));
+    assert_int_equal(recv(fd, p, sizeof p, 0), 0); /* closed, no AUTH sent */
+    close(fd);
+    close(lfd);
+}
+
 static void test_wrong_token(void **state) {
     (void)state;
     cddp_error err = {0};
@@ -422,10 +523,16 @@ static void test_user_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_operations),      cmocka_unit_test(test_waits),
-        cmocka_unit_test(test_sixteen_clients), cmocka_unit_test(test_hostile_frames),
-        cmocka_unit_test(test_wrong_token),     cmocka_unit_test(test_user_errors),
-        cmocka_unit_test(test_strangers),       cmocka_unit_test(test_no_descriptors),
+        cmocka_unit_test(test_operations),
+        cmocka_unit_test(test_waits),
+        cmocka_unit_test(test_sixteen_clients),
+        cmocka_unit_test(test_hostile_frames),
+        cmocka_unit_test(test_wrong_token),
+        cmocka_unit_test(test_user_errors),
+        cmocka_unit_test(test_strangers),
+        cmocka_unit_test(test_no_descriptors),
+        cmocka_unit_test(test_proof_cannot_be_replayed),
+        cmocka_unit_test(test_token_stays_home),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -9,7 +9,9 @@
 
 #include "cddp/core.h"
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -30,6 +32,22 @@ CDDP_API int cddp_net_read_all(int fd, void *buf, size_t n, double deadline, cdd
 CDDP_API void cddp_net_nonblocking(int fd);
 /* Milliseconds until deadline for poll(): -1 for none, 0 when past. */
 CDDP_API int cddp_net_poll_ms(double deadline);
+
+/* Proving a shared secret (the job token) over a connection without sending it: each side sends
+ * a fresh random nonce, and each proves the secret with an HMAC-SHA256 of both nonces keyed with
+ * it, under a label that names its role (so that one side's proof never passes for the other's).
+ * A recorded proof is worthless on another connection, whose nonces differ. */
+#define CDDP_NET_NONCE 16
+#define CDDP_NET_PROOF 32
+/* Fills nonce with bytes from the kernel's random source. */
+CDDP_API int cddp_net_nonce(uint8_t nonce[CDDP_NET_NONCE], cddp_error *err);
+/* proof = HMAC-SHA256(secret, label, 0, first, second). */
+CDDP_API void cddp_net_proof(const char *secret, const char *label,
+                             const uint8_t first[CDDP_NET_NONCE],
+                             const uint8_t second[CDDP_NET_NONCE], uint8_t proof[CDDP_NET_PROOF]);
+/* Compares two proofs in time that does not depend on where they differ. */
+CDDP_API bool cddp_net_proof_equal(const uint8_t a[CDDP_NET_PROOF],
+                                   const uint8_t b[CDDP_NET_PROOF]);
 
 #ifdef __cplusplus
 }

@@ -6,11 +6,16 @@
  * still missing.
  *
  * The wire protocol is a length-prefixed binary frame: magic "CDDS", version, type, payload
- * length (at most CDDP_STORE_MAX_FRAME bytes), payload. A client's first frame must carry the job
- * token, which the launcher generates and hands to its workers (CDDP_STORE_TOKEN), so a stranger
- * who finds the port cannot read or write. A malformed, oversized or truncated frame drops that
- * client with a logged reason; the server never crashes or stalls because of one client (it is a
- * single poll loop with per-client buffers, and never blocks on a client).
+ * length (at most CDDP_STORE_MAX_FRAME bytes), payload. A connection starts by proving the job
+ * token both ways without sending it (a nonce from each side, then an HMAC-SHA256 of both keyed
+ * with the token: cddp/net.h); the launcher makes the token and hands it to its workers
+ * (CDDP_STORE_TOKEN), so a stranger who finds the port cannot read or write, and a client learns
+ * when the store it reached belongs to another job. Until then a connection may send one frame of
+ * at most 4 KiB and has CDDP_STORE_AUTH_TIMEOUT_S to finish; at most CDDP_STORE_MAX_PENDING such
+ * connections are kept (the oldest goes, told to connect again, which this client does). A
+ * malformed, oversized or truncated frame drops that client with a logged reason; the server
+ * never crashes or stalls because of one client (it is a single poll loop with per-client
+ * buffers, and never blocks on a client).
  */
 #ifndef CDDP_STORE_H
 #define CDDP_STORE_H
@@ -45,8 +50,8 @@ typedef struct cddp_store_options {
     const char *local_addr; /* source address to connect from; NULL: any */
 } cddp_store_options;
 
-/* Connects, retrying while the server is not up yet, and presents the token. NULL with err
- * filled on timeout (naming host:port and what to check) or a wrong token. */
+/* Connects, retrying while the server is not up yet (or asks to come back), and proves the token.
+ * NULL with err filled on timeout (naming host:port and what to check) or a wrong token. */
 CDDP_API cddp_store *cddp_store_connect(const cddp_store_options *opts, cddp_error *err);
 CDDP_API void cddp_store_close(cddp_store *s);
 

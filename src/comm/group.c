@@ -405,6 +405,7 @@ static int rendezvous(cddp_comm *c, const cddp__launch *l, const cddp_comm_optio
         goto out;
     }
     CDDP_TRY_GOTO(group_hosts(c, st, err), out);
+    c->token = token;
     CDDP_TRY_GOTO(connect_ranks(c, st, why, n, err), out);
     /* Rank 0's store may go once everyone has left the rendezvous. */
     char key[64];
@@ -416,6 +417,7 @@ static int rendezvous(cddp_comm *c, const cddp__launch *l, const cddp_comm_optio
         CDDP_TRY_GOTO(cddp_store_wait(st, &k, 1, -1, err), out);
     }
 out:
+    c->token = NULL;
     cddp_store_close(st);
     cddp_store_server_stop(srv);
     return rc;

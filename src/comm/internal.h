@@ -138,6 +138,7 @@ struct cddp_comm {
     /* The rendezvous keys of a group inside the job's store: "" for the job's group,
      * "comm/h<leader>/" for the shared-memory group of one host. */
     char key_prefix[32];
+    const char *token; /* the job token, during the rendezvous only: the TCP mesh proves it */
     /* Hierarchical allreduce across hosts: the shared-memory group of this host's ranks (NULL
      * when this rank is alone on its host or the allreduce is flat), and the global ranks of the
      * hosts' leaders (local rank 0), in rank order; leader_index is this rank's place among

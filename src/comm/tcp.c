@@ -3,7 +3,10 @@
  * Setup. Every rank listens on its address (CDDP_LOCAL_ADDR, which cddprun sets from
  * --local_addr or the hostname; else 127.0.0.1 when the master is local, else the hostname),
  * posts it in the rendezvous store, connects twice to every lower rank (saying who it is, which
- * connection and its pid) and accepts every higher one. Each pair of ranks has
+ * connection and its pid) and accepts every higher one. Both ends of each connection prove the
+ * job token to the other without sending it (cddp/net.h: a nonce each way, then an HMAC of both
+ * under a label naming the two ranks, the channel and the side), so a process without the token
+ * can neither pose as a rank nor take a rank's place. Each pair of ranks has
  *
  *   - a data connection, for the collectives' bytes: non-blocking, TCP_NODELAY, 4 MiB buffers,
  *     every transfer a loop that sends and receives at once (full duplex) with the collective's
@@ -56,7 +59,24 @@ typedef struct notice {
 typedef struct hello {
     uint64_t magic;
     int32_t rank, channel, pid, pad;
+    uint8_t nonce[CDDP_NET_NONCE];
 } hello;
+
+/* The accepting rank's answer: its hello, and its proof of the token. */
+typedef struct answer {
+    hello h;
+    uint8_t proof[CDDP_NET_PROOF];
+} answer;
+
+/* The proof of the token that rank `from` gives on its channel to rank `to` (from < to: the
+ * accepting side), over the connecting side's nonce, then the accepting side's. */
+static void mesh_proof(const cddp_comm *c, int from, int to, int ch, const uint8_t *nonce_connect,
+                       const uint8_t *nonce_accept, uint8_t proof[CDDP_NET_PROOF]) {
+    char label[96];
+    snprintf(label, sizeof label, "cddp mesh: rank %d to rank %d, channel %d, %s", from, to, ch,
+             from < to ? "accepting" : "connecting");
+    cddp_net_proof(c->token ? c->token : "", label, nonce_connect, nonce_accept, proof);
+}
 
 typedef cddp__xfer xfer;
 
@@ -109,14 +129,29 @@ static int connect_lower(cddp_comm *c, cddp_store *st, int r, double deadline, c
     for (int ch = CH_DATA; ch <= CH_CONTROL && rc == CDDP_OK; ch++) {
         int *fd = ch == CH_DATA ? &t->data[r] : &t->control[r];
         if ((rc = cddp_net_connect(host, port, NULL, deadline, fd, err)) != CDDP_OK) break;
-        hello h = {TCP_MAGIC, c->rank, ch, (int)getpid(), 0}, back = {0};
-        rc = cddp_net_write_all(*fd, &h, sizeof h, deadline, err);
-        /* The peer answers with its own, for its pid. */
+        hello h = {TCP_MAGIC, c->rank, ch, (int)getpid(), 0, {0}};
+        answer back = {0};
+        uint8_t want[CDDP_NET_PROOF];
+        rc = cddp_net_nonce(h.nonce, err);
+        if (rc == CDDP_OK) rc = cddp_net_write_all(*fd, &h, sizeof h, deadline, err);
+        /* The peer answers with its own hello (its pid, its nonce) and its proof of the token. */
         if (rc == CDDP_OK) rc = cddp_net_read_all(*fd, &back, sizeof back, deadline, err);
-        if (rc == CDDP_OK && (back.magic != TCP_MAGIC || back.rank != r))
+        if (rc == CDDP_OK && (back.h.magic != TCP_MAGIC || back.h.rank != r))
             rc = cddp_error_set(err, CDDP_EIO, "%s:%d answered as something other than rank %d",
                                 host, port, r);
-        t->pid[r] = back.pid;
+        if (rc == CDDP_OK) {
+            mesh_proof(c, r, c->rank, ch, h.nonce, back.h.nonce, want);
+            if (!cddp_net_proof_equal(back.proof, want))
+                rc = cddp_error_set(err, CDDP_ESTATE,
+                                    "%s:%d answered as rank %d but does not know this job's "
+                                    "token (another job's rank at the address rank %d posted?)",
+                                    host, port, r, r);
+        }
+        if (rc == CDDP_OK) {
+            mesh_proof(c, c->rank, r, ch, h.nonce, back.h.nonce, want);
+            rc = cddp_net_write_all(*fd, want, sizeof want, deadline, err);
+        }
+        t->pid[r] = back.h.pid;
     }
     cddp_free(v);
     return rc;
@@ -144,9 +179,22 @@ static int accept_higher(cddp_comm *c, int listen_fd, const char *addr, int port
         if (cddp_net_read_all(fd, &h, sizeof h, soon, NULL) == CDDP_OK && h.magic == TCP_MAGIC &&
             h.rank > me && h.rank < W && (h.channel == CH_DATA || h.channel == CH_CONTROL))
             slot = h.channel == CH_DATA ? &t->data[h.rank] : &t->control[h.rank];
-        hello back = {TCP_MAGIC, me, h.channel, (int)getpid(), 0};
-        if (!slot || *slot >= 0 ||
-            cddp_net_write_all(fd, &back, sizeof back, soon, NULL) != CDDP_OK) {
+        answer back = {{TCP_MAGIC, me, h.channel, (int)getpid(), 0, {0}}, {0}};
+        uint8_t proof[CDDP_NET_PROOF], expected[CDDP_NET_PROOF];
+        bool proved = false;
+        if (slot && *slot < 0 && cddp_net_nonce(back.h.nonce, NULL) == CDDP_OK) {
+            mesh_proof(c, me, h.rank, h.channel, h.nonce, back.h.nonce, back.proof);
+            mesh_proof(c, h.rank, me, h.channel, h.nonce, back.h.nonce, expected);
+            proved = cddp_net_write_all(fd, &back, sizeof back, soon, NULL) == CDDP_OK &&
+                     cddp_net_read_all(fd, proof, sizeof proof, soon, NULL) == CDDP_OK &&
+                     cddp_net_proof_equal(proof, expected);
+            if (!proved)
+                cddp_log(CDDP_LOG_WARN, "comm",
+                         "rank %d: turned away a connection that claimed to be rank %d but did "
+                         "not prove the job token",
+                         me, h.rank);
+        }
+        if (!proved) {
             close(fd);
             continue;
         }

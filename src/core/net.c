@@ -10,6 +10,10 @@
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -188,4 +192,38 @@ int cddp_net_read_all(int fd, void *buf, size_t n, double deadline, cddp_error *
         }
     }
     return CDDP_OK;
+}
+
+/* ---- proving the job token --------------------------------------------------------------- */
+
+int cddp_net_nonce(uint8_t nonce[CDDP_NET_NONCE], cddp_error *err) {
+    size_t got = 0;
+    while (got < CDDP_NET_NONCE) {
+        ssize_t r = getrandom(nonce + got, CDDP_NET_NONCE - got, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0)
+            return cddp_error_set(err, CDDP_EIO, "no random bytes from the kernel: %s",
+                                  strerror(errno));
+        got += (size_t)r;
+    }
+    return CDDP_OK;
+}
+
+void cddp_net_proof(const char *secret, const char *label, const uint8_t first[CDDP_NET_NONCE],
+                    const uint8_t second[CDDP_NET_NONCE], uint8_t proof[CDDP_NET_PROOF]) {
+    uint8_t msg[128 + 2 * CDDP_NET_NONCE];
+    size_t n = strnlen(label, 127);
+    memcpy(msg, label, n);
+    msg[n++] = 0;
+    memcpy(msg + n, first, CDDP_NET_NONCE);
+    memcpy(msg + n + CDDP_NET_NONCE, second, CDDP_NET_NONCE);
+    n += 2 * CDDP_NET_NONCE;
+    unsigned len = CDDP_NET_PROOF;
+    if (!HMAC(EVP_sha256(), secret, (int)strlen(secret), msg, n, proof, &len))
+        memset(proof, 0, CDDP_NET_PROOF); /* never equal to a real proof's check: see below */
+}
+
+bool cddp_net_proof_equal(const uint8_t a[CDDP_NET_PROOF], const uint8_t b[CDDP_NET_PROOF]) {
+    static const uint8_t none[CDDP_NET_PROOF];
+    return CRYPTO_memcmp(a, b, CDDP_NET_PROOF) == 0 && CRYPTO_memcmp(a, none, CDDP_NET_PROOF) != 0;
 }

@@ -112,14 +112,46 @@ static int simple(cddp_store *s, int type, buf *p, cddp_error *err) {
 /* Proves the job token on a new connection. *busy: the server had too many connections that had
  * not yet, closed this one and asks to connect again. */
 static int hello(cddp_store *s, const char *token, bool *busy, cddp_error *err) {
+    uint8_t mine[CDDP_NET_NONCE], want[CDDP_NET_PROOF];
+    CDDP_TRY(cddp_net_nonce(mine, err));
     buf p = {0};
-    cddp__store_put_field(&p, token, strlen(token));
+    cddp__store_put_field(&p, mine, sizeof mine);
     reply_msg r;
     int rc = request(s, REQ_HELLO, &p, -1, &r, err);
     cddp_free(p.p);
+    p = (buf){0};
     *busy = rc == CDDP_OK && r.type == REP_BUSY;
-    if (*busy) rc = cddp_error_set(err, CDDP_ESTATE, "store at %s: busy", s->addr);
+    if (rc == CDDP_OK && !*busy) {
+        /* The challenge: the server's nonce and its proof that it knows the token too. */
+        cursor c = {r.p, r.p + r.len};
+        const uint8_t *theirs = NULL, *proof = NULL;
+        size_t tl = 0, pl = 0;
+        if (r.type != REP_CHALLENGE || !cddp__store_get_field(&c, &theirs, &tl) ||
+            tl != CDDP_NET_NONCE || !cddp__store_get_field(&c, &proof, &pl) ||
+            pl != CDDP_NET_PROOF) {
+            rc = cddp_error_set(err, CDDP_EIO,
+                                "store at %s: the answer to HELLO is not a "
+                                "challenge (another program on this port?)",
+                                s->addr);
+        } else {
+            cddp_net_proof(token, "cddp store: server", mine, theirs, want);
+            if (!cddp_net_proof_equal(proof, want))
+                rc = cddp_error_set(err, CDDP_ESTATE,
+                                    "store at %s: wrong job token: this store belongs to another "
+                                    "job (is CDDP_STORE_TOKEN the one this job's launcher set?)",
+                                    s->addr);
+            cddp_net_proof(token, "cddp store: client", mine, theirs, want);
+            cddp__store_put_field(&p, want, sizeof want);
+        }
+    }
     cddp_free(r.p);
+    if (rc == CDDP_OK && !*busy) {
+        rc = request(s, REQ_AUTH, &p, -1, &r, err);
+        *busy = rc == CDDP_OK && r.type == REP_BUSY;
+        cddp_free(r.p);
+    }
+    cddp_free(p.p);
+    if (*busy) rc = cddp_error_set(err, CDDP_ESTATE, "store at %s: busy", s->addr);
     return rc;
 }
 

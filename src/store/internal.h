@@ -2,6 +2,12 @@
  *
  * Frames: 12-byte header (magic "CDDS", u16 version, u16 type, u32 payload length, all little
  * endian) and the payload, a sequence of fields (u32 length + bytes, or fixed-size integers).
+ *
+ * A connection starts by proving the job token both ways without sending it (cddp/net.h):
+ *   client: HELLO      {nonce_c}
+ *   server: CHALLENGE  {nonce_s, proof("cddp store: server", nonce_c, nonce_s)}
+ *   client: AUTH       {proof("cddp store: client", nonce_c, nonce_s)}   (the server's checked)
+ *   server: OK, or ERROR "wrong job token" and the connection closes.
  */
 #ifndef CDDP_STORE_INTERNAL_H
 #define CDDP_STORE_INTERNAL_H
@@ -9,7 +15,7 @@
 #include "cddp/core.h"
 
 #define MAGIC   0x53444443u /* "CDDS" read as little endian */
-#define VERSION 1
+#define VERSION 2
 #define HEADER  12
 #define MAX_OUT (64u << 20) /* replies a client may leave unread before it is dropped */
 /* The largest frame a client may send before it has proved the job token: the handshake's frames
@@ -25,12 +31,14 @@ enum {
     REQ_DELETE,
     REQ_NUM_KEYS,
     REQ_WAIT,
+    REQ_AUTH, /* the client's proof of the token, after the server's challenge */
     REP_OK = 100,
     REP_VALUE,
     REP_NOTFOUND,
     REP_TIMEOUT,
     REP_ERROR,
-    REP_BUSY, /* too many connections are proving the token: close, then connect again */
+    REP_BUSY,      /* too many connections are proving the token: close, then connect again */
+    REP_CHALLENGE, /* the answer to HELLO: the server's nonce and its own proof of the token */
 };
 
 /* An output buffer that grows; a failed allocation sets oom and drops what follows. */

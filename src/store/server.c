@@ -41,7 +41,9 @@ typedef struct client {
     buf in, out;
     size_t out_off;
     double since; /* when it connected: it must prove the token within the server's auth_timeout */
-    bool authed, closing, dead;
+    uint8_t nonce[CDDP_NET_NONCE],
+        peer_nonce[CDDP_NET_NONCE]; /* the handshake's, once challenged */
+    bool challenged, authed, closing, dead;
     /* A parked wait: the request's payload (its keys), kept to re-check. */
     bool waiting;
     uint8_t *wait_payload;
@@ -160,13 +162,6 @@ static void recheck_waits(cddp_store_server *s) {
     }
 }
 
-static bool token_matches(const char *want, const uint8_t *got, size_t n) {
-    size_t wn = strlen(want);
-    unsigned diff = (unsigned)(wn ^ n);
-    for (size_t i = 0; i < n; i++) diff |= (unsigned)(got[i] ^ (i < wn ? (uint8_t)want[i] : 0));
-    return diff == 0;
-}
-
 /* Parses the integer a counter key holds; false when it holds something else. */
 static bool counter_value(const entry *e, int64_t *v) {
     char num[32] = {0}, *end = NULL;
@@ -183,14 +178,35 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
     const uint8_t *k, *a, *b;
     size_t kl, al, bl;
     buf p = {0};
-    if (!c->authed && type != REQ_HELLO) {
+    if (!c->authed && type != REQ_HELLO && type != REQ_AUTH) {
         drop(c, "a request came before the job token");
         return;
     }
     switch (type) {
-    case REQ_HELLO:
-        if (!cddp__store_get_field(&cur, &a, &al)) goto malformed;
-        if (token_matches(s->token, a, al)) {
+    case REQ_HELLO: {
+        if (c->challenged || !cddp__store_get_field(&cur, &a, &al) || al != CDDP_NET_NONCE)
+            goto malformed;
+        uint8_t proof[CDDP_NET_PROOF];
+        if (cddp_net_nonce(c->nonce, NULL) != CDDP_OK) {
+            reply_error(c, "the store has no random bytes for its challenge");
+            c->closing = true;
+            break;
+        }
+        memcpy(c->peer_nonce, a, CDDP_NET_NONCE);
+        cddp_net_proof(s->token, "cddp store: server", c->peer_nonce, c->nonce, proof);
+        cddp__store_put_field(&p, c->nonce, CDDP_NET_NONCE);
+        cddp__store_put_field(&p, proof, CDDP_NET_PROOF);
+        reply(c, REP_CHALLENGE, &p);
+        c->challenged = true;
+        break;
+    }
+    case REQ_AUTH: {
+        if (!c->challenged || c->authed || !cddp__store_get_field(&cur, &a, &al) ||
+            al != CDDP_NET_PROOF)
+            goto malformed;
+        uint8_t want[CDDP_NET_PROOF];
+        cddp_net_proof(s->token, "cddp store: client", c->peer_nonce, c->nonce, want);
+        if (cddp_net_proof_equal(a, want)) {
             c->authed = true;
             reply(c, REP_OK, NULL);
         } else {
@@ -200,6 +216,7 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
             c->closing = true;
         }
         break;
+    }
     case REQ_SET:
         if (!cddp__store_get_field(&cur, &k, &kl) || !cddp__store_get_field(&cur, &a, &al))
             goto malformed;

@@ -5,7 +5,7 @@
  * Keeps N connections to HOST:PORT open at once, none of them with the job token, each one of:
  * idle (connects, says nothing), half a frame (a header announcing 100 bytes, then 3), a header
  * announcing a 16 MiB frame followed by as many bytes as the server takes, HTTP garbage, a HELLO
- * with a wrong token, and a trickle of a HELLO one byte a second. A connection the server closes
+ * and a guessed proof of the token, and the same one byte a second. A connection the server closes
  * is opened again a second later. Prints "ready" on stderr once N connections have been opened.
  * With --watch, samples PID's resident memory and CPU time every 50 ms while it lives.
  *
@@ -67,22 +67,26 @@ static void header(uint8_t h[12], int version, int type, uint32_t len) {
 static size_t script(int mode, uint8_t *out) {
     switch (mode) {
     case HALF:
-        header(out, 1, 1, 100);
+        header(out, 2, 1, 100);
         memcpy(out + 12, "abc", 3);
         return 15;
     case HUGE:
-        header(out, 1, 1, 16u << 20);
+        header(out, 2, 1, 16u << 20);
         return 12;
     case GARBAGE:
         memcpy(out, "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 27);
         return 27;
     case WRONG_TOKEN:
     case TRICKLE: {
-        /* A HELLO whose one field is the token "guess". */
-        header(out, 1, 1, 9);
-        uint8_t f[9] = {5, 0, 0, 0, 'g', 'u', 'e', 's', 's'};
-        memcpy(out + 12, f, 9);
-        return 21;
+        /* A HELLO with its nonce (16 bytes), then an AUTH with a guessed proof (32 bytes). */
+        header(out, 2, 1, 20);
+        memset(out + 12, 0, 20);
+        out[12] = 16;
+        header(out + 32, 2, 9, 36);
+        memset(out + 44, 0x5a, 36);
+        memset(out + 44, 0, 4);
+        out[44] = 32;
+        return 80;
     }
     default:
         return 0;
@@ -174,7 +178,7 @@ int main(int argc, char **argv) {
             said_ready = 1;
         }
         for (int i = 0; i < n; i++) {
-            uint8_t s[64];
+            uint8_t s[128];
             size_t len = script(c[i].mode, s);
             int more = c[i].mode == HUGE || c[i].sent < len;
             if (c[i].mode == TRICKLE && t < c[i].next_out) more = 0;
@@ -191,7 +195,7 @@ int main(int argc, char **argv) {
                 gone = r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
             }
             if (!gone && (pf[i].revents & POLLOUT)) {
-                uint8_t s[64];
+                uint8_t s[128];
                 size_t len = script(c[i].mode, s);
                 ssize_t r;
                 if (c[i].sent < len) {
