@@ -55,14 +55,22 @@ static uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* IEEE half precision: C23's _Float16 (GCC 12 on x86-64); clang before 15 has it only as the
+ * storage type __fp16 (the fuzzing build), whose conversions round the same way. */
+#if defined(__clang__) && __clang_major__ < 15
+typedef __fp16 f16;
+#else
+typedef _Float16 f16;
+#endif
+
 static float f16_to_f32(uint16_t h) {
-    _Float16 x;
+    f16 x;
     memcpy(&x, &h, 2);
     return (float)x;
 }
 
 static uint16_t f32_to_f16(float f) {
-    _Float16 x = (_Float16)f; /* rounds to nearest even */
+    f16 x = (f16)f; /* rounds to nearest even */
     uint16_t h;
     memcpy(&h, &x, 2);
     return h;

@@ -172,6 +172,11 @@ static bool counter_value(const entry *e, int64_t *v) {
     return *end == '\0' && errno == 0;
 }
 
+/* A key: a field without NUL bytes (the key space holds C strings, as clients name keys). */
+static bool get_key(cursor *c, const uint8_t **k, size_t *kl) {
+    return cddp__store_get_field(c, k, kl) && !memchr(*k, 0, *kl);
+}
+
 /* Handles one complete request. Malformed requests drop the client. */
 static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl, size_t len) {
     cursor cur = {pl, pl + len};
@@ -218,14 +223,13 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
         break;
     }
     case REQ_SET:
-        if (!cddp__store_get_field(&cur, &k, &kl) || !cddp__store_get_field(&cur, &a, &al))
-            goto malformed;
+        if (!get_key(&cur, &k, &kl) || !cddp__store_get_field(&cur, &a, &al)) goto malformed;
         if (!cddp__kv_put(&s->kv, k, kl, a, al)) goto oom;
         reply(c, REP_OK, NULL);
         recheck_waits(s);
         break;
     case REQ_GET: {
-        if (!cddp__store_get_field(&cur, &k, &kl)) goto malformed;
+        if (!get_key(&cur, &k, &kl)) goto malformed;
         entry *e = cddp__kv_lookup(&s->kv, k, kl);
         if (e) {
             cddp__store_put_field(&p, e->val, e->len);
@@ -237,8 +241,7 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
     }
     case REQ_ADD: {
         uint64_t delta;
-        if (!cddp__store_get_field(&cur, &k, &kl) || !cddp__store_get_u64(&cur, &delta))
-            goto malformed;
+        if (!get_key(&cur, &k, &kl) || !cddp__store_get_u64(&cur, &delta)) goto malformed;
         entry *e = cddp__kv_lookup(&s->kv, k, kl);
         int64_t v = 0;
         if (e && !counter_value(e, &v)) {
@@ -260,7 +263,7 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
         break;
     }
     case REQ_CAS: {
-        if (!cddp__store_get_field(&cur, &k, &kl) || !cddp__store_get_field(&cur, &a, &al) ||
+        if (!get_key(&cur, &k, &kl) || !cddp__store_get_field(&cur, &a, &al) ||
             !cddp__store_get_field(&cur, &b, &bl))
             goto malformed;
         entry *e = cddp__kv_lookup(&s->kv, k, kl);
@@ -278,7 +281,7 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
         break;
     }
     case REQ_DELETE: {
-        if (!cddp__store_get_field(&cur, &k, &kl)) goto malformed;
+        if (!get_key(&cur, &k, &kl)) goto malformed;
         entry *e = cddp__kv_lookup(&s->kv, k, kl);
         uint8_t existed = e != NULL;
         if (e) cddp__kv_remove(&s->kv, e);
@@ -295,7 +298,7 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
         uint32_t n;
         if (!cddp__store_get_u64(&cur, &ms) || !cddp__store_get_u32(&cur, &n)) goto malformed;
         for (uint32_t i = 0; i < n; i++)
-            if (!cddp__store_get_field(&cur, &k, &kl)) goto malformed;
+            if (!get_key(&cur, &k, &kl)) goto malformed;
         double deadline = ms == UINT64_MAX ? -1 : cddp_now_s() + (double)ms / 1000.0;
         if (!settle_wait(s, c, pl, len, deadline)) {
             c->wait_payload = cddp_malloc(len);

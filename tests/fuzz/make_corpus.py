@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""make_corpus.py: writes the fuzz harnesses' seed corpora into tests/fuzz/corpus/<harness>/.
+
+Small valid inputs of each format, and the reproducers of bugs found so far (named regress-*),
+so that every corpus run is also a regression test. corpus/safetensors/ckpt (a checkpoint of
+fuzz_safetensors.c's model with AdamW state, written by cddp_checkpoint_save) is committed as is.
+"""
+import gzip
+import json
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def put(harness, name, data):
+    d = os.path.join(HERE, "corpus", harness)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def idx(type_code, dims, payload):
+    return struct.pack(">BBBB", 0, 0, type_code, len(dims)) + b"".join(
+        struct.pack(">I", d) for d in dims) + payload
+
+
+def safetensors(header, data=b""):
+    h = json.dumps(header).encode() if not isinstance(header, bytes) else header
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def tokens(count, toks, magic=20240520, version=1):
+    head = struct.pack("<3i", magic, version, count) + b"\0" * (1024 - 12)
+    return head + struct.pack("<%dH" % len(toks), *toks)
+
+
+def frame(kind, payload=b""):
+    return b"CDDS" + struct.pack("<BBHI", 2, 0, kind, len(payload)) + payload
+
+
+def field(b):
+    return struct.pack("<I", len(b)) + b
+
+
+# IDX: ubyte vector, int images, float, gzip; a header that asks for 16 GiB (regression).
+put("idx", "ubyte-vector", idx(0x08, [3], b"\x01\x02\x03"))
+put("idx", "ubyte-images", idx(0x08, [2, 2, 2], bytes(range(8))))
+put("idx", "int-matrix", idx(0x0C, [2, 2], struct.pack(">4i", 1, -2, 3, -4)))
+put("idx", "float-vector", idx(0x0D, [2], struct.pack(">2f", 1.5, -2.0)))
+put("idx", "gzip", gzip.compress(idx(0x08, [4], b"abcd"), mtime=0))
+put("idx", "regress-huge-dims", idx(0x08, [65536, 65536, 4], b"\0" * 16))
+
+# safetensors: tensors with metadata; repeated keys and bad offsets (regressions).
+two = {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+       "b": {"dtype": "I64", "shape": [1], "data_offsets": [8, 16]},
+       "__metadata__": {"epoch": "3", "note": "hi"}}
+put("safetensors", "two-tensors", safetensors(two, struct.pack("<2fq", 1.0, 2.0, 7)))
+put("safetensors", "regress-repeated-metadata", safetensors(
+    b'{"__metadata__":{"a":"1"},"__metadata__":{"b":"2"},'
+    b'"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', b"\0" * 4))
+put("safetensors", "regress-repeated-name", safetensors(
+    b'{"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
+    b'"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', b"\0" * 4))
+put("safetensors", "regress-repeated-metadata-key", safetensors(
+    b'{"__metadata__":{"a":"1","a":"2"}}'))
+put("safetensors", "regress-offsets-past-end", safetensors(
+    {"t": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 4))
+put("safetensors", "regress-header-longer-than-file", struct.pack("<Q", 1 << 40) + b"{}")
+
+# llm.c token files: three tokens; a count beyond the file (regression); a wrong magic.
+put("tokens", "three", tokens(3, [1, 2, 255]))
+put("tokens", "regress-count-past-end", tokens(1 << 30, [1, 2]))
+put("tokens", "wrong-magic", tokens(1, [1], magic=1))
+
+# The store: a stranger's HELLO; with the token (first byte odd), every request, and an ADD that
+# would overflow a 64-bit counter (regression).
+put("store", "hello", b"\0" + frame(1, field(b"\0" * 16)))
+put("store", "garbage", b"\0GET / HTTP/1.1\r\n\r\n")
+requests = (frame(2, field(b"k") + field(b"v")) + frame(3, field(b"k")) +
+            frame(5, field(b"k") + field(b"v") + field(b"w")) + frame(7) +
+            frame(8, struct.pack("<QI", 0, 1) + field(b"k")) + frame(6, field(b"k")))
+put("store", "requests", b"\1" + requests)
+put("store", "regress-add-overflow", b"\1" + frame(4, field(b"n") + struct.pack("<q", 2**63 - 1)) +
+    frame(4, field(b"n") + struct.pack("<q", 2**63 - 1)))
+put("store", "wait-parked", b"\1" + frame(8, struct.pack("<QI", 60000, 1) + field(b"never")))
