@@ -126,21 +126,23 @@ static int parse_args(int argc, char **argv, options *o) {
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     int c;
-    char *end;
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        end = NULL;
+    int64_t i = 0;
+    double x = 0;
+    bool ok = true;
+    const char *P = "fashion_mnist";
+    while (ok && (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
         case 'e':
-            o->epochs = (int)strtol(optarg, &end, 10);
+            if ((ok = run_int(P, "--epochs", optarg, 1, 1000000, &i))) o->epochs = (int)i;
             break;
         case 'b':
-            o->batch = (int)strtol(optarg, &end, 10);
+            if ((ok = run_int(P, "--batch-size", optarg, 1, 1 << 20, &i))) o->batch = (int)i;
             break;
         case 'l':
-            o->lr = strtof(optarg, &end);
+            if ((ok = run_double(P, "--lr", optarg, 0, 10, true, &x))) o->lr = (float)x;
             break;
         case 'M':
-            o->momentum = strtof(optarg, &end);
+            if ((ok = run_double(P, "--momentum", optarg, 0, 1, false, &x))) o->momentum = (float)x;
             break;
         case 'o':
             o->optimizer = optarg;
@@ -152,16 +154,17 @@ static int parse_args(int argc, char **argv, options *o) {
             o->data = optarg;
             break;
         case 's':
-            o->seed = strtoull(optarg, &end, 10);
+            if ((ok = run_int(P, "--seed", optarg, 0, INT64_MAX, &i))) o->seed = (uint64_t)i;
             break;
         case 'n':
-            o->limit = strtoll(optarg, &end, 10);
+            if ((ok = run_int(P, "--limit", optarg, 1, INT64_MAX, &i))) o->limit = i;
             break;
         case 'L':
-            o->log_every = (int)strtol(optarg, &end, 10);
+            if ((ok = run_int(P, "--log-every", optarg, 0, INT32_MAX, &i))) o->log_every = (int)i;
             break;
         case 't':
-            o->target_acc = strtof(optarg, &end);
+            if ((ok = run_double(P, "--target-acc", optarg, 0, 1, false, &x)))
+                o->target_acc = (float)x;
             break;
         case 'S':
             o->save = optarg;
@@ -176,7 +179,7 @@ static int parse_args(int argc, char **argv, options *o) {
             o->hook = optarg;
             break;
         case 'B':
-            o->bucket_cap_mb = strtod(optarg, &end);
+            ok = run_double(P, "--bucket-cap-mb", optarg, 0, 4096, true, &o->bucket_cap_mb);
             break;
         case 'j':
             o->json = true;
@@ -188,7 +191,7 @@ static int parse_args(int argc, char **argv, options *o) {
             o->init_from = optarg;
             break;
         case 'E':
-            o->save_every = (int)strtol(optarg, &end, 10);
+            if ((ok = run_int(P, "--save-every", optarg, 0, INT32_MAX, &i))) o->save_every = (int)i;
             break;
         case 'h':
             usage(stdout);
@@ -197,11 +200,8 @@ static int parse_args(int argc, char **argv, options *o) {
             usage(stderr);
             return -1;
         }
-        if (end && *end) {
-            fprintf(stderr, "fashion_mnist: '%s' is not a number\n", optarg);
-            return -1;
-        }
     }
+    if (!ok) return -1;
     if (optind < argc) {
         fprintf(stderr, "fashion_mnist: unexpected argument '%s'\n", argv[optind]);
         return -1;
@@ -209,14 +209,6 @@ static int parse_args(int argc, char **argv, options *o) {
     if (o->resume && o->init_from) {
         fprintf(stderr, "fashion_mnist: --resume continues a run (weights, optimizer, epoch, "
                         "data); --init-from starts a new one from weights: choose one\n");
-        return -1;
-    }
-    if (o->save_every < 0) {
-        fprintf(stderr, "fashion_mnist: --save-every must be >= 0\n");
-        return -1;
-    }
-    if (o->epochs < 1 || o->batch < 1 || o->log_every < 0 || !(o->lr > 0)) {
-        fprintf(stderr, "fashion_mnist: --epochs and --batch-size must be >= 1, --lr > 0\n");
         return -1;
     }
     if (strcmp(o->optimizer, "sgd") != 0 && strcmp(o->optimizer, "adamw") != 0) {
@@ -435,12 +427,17 @@ int main(int argc, char **argv) {
     if (o.resume) {
         cddp_safetensors *f = NULL;
         if (cddp_ddp_load(ddp, o.resume, opt, &f, &err) != CDDP_OK) goto fail;
-        const char *ep = cddp_safetensors_meta(f, "epoch");
-        const char *de = cddp_safetensors_meta(f, "data_epoch");
-        const char *pos = cddp_safetensors_meta(f, "data_position");
-        first_epoch = ep ? atoi(ep) : 0;
-        if (de && pos && atoll(pos) > 0) { /* mid-epoch: the same epoch goes on */
-            mid = (cddp_sampler_state){.epoch = atoll(de), .position = atoll(pos)};
+        int64_t ep = 0, de = -1, pos = 0;
+        int rc = run_meta_int(f, o.resume, "epoch", 0, 1000000, 0, &ep, &err);
+        if (!rc) rc = run_meta_int(f, o.resume, "data_epoch", 0, 1000000, -1, &de, &err);
+        if (!rc) rc = run_meta_int(f, o.resume, "data_position", 0, INT64_MAX, 0, &pos, &err);
+        if (rc) {
+            cddp_safetensors_destroy(f);
+            goto fail;
+        }
+        first_epoch = (int)ep;
+        if (de >= 0 && pos > 0) { /* mid-epoch: the same epoch goes on */
+            mid = (cddp_sampler_state){.epoch = de, .position = pos};
             first_epoch = (int)mid.epoch;
             if (cddp_sampler_set_state(sampler, mid, &err) != CDDP_OK) goto fail;
         }
@@ -492,6 +489,13 @@ int main(int argc, char **argv) {
             }
             cddp_optim_step(opt);
             last_loss = cddp_get(loss, 0);
+            if (!isfinite(last_loss)) {
+                cddp_error_set(&err, CDDP_ERANGE,
+                               "the loss became %g in epoch %d, step %" PRId64
+                               ": training diverged (a smaller --lr, now %g?)",
+                               last_loss, epoch, b.index, (double)o.lr);
+                goto fail;
+            }
             epoch_samples += b.size;
             if (files && o.save_every > 0 && ++since_save % o.save_every == 0 &&
                 save_checkpoint(ddp, group, ctx, opt, ckpt, &o, epoch,
@@ -540,6 +544,11 @@ int main(int argc, char **argv) {
     int64_t total = samples;
     if (cddp_comm_allreduce(group, &total, &total, 1, CDDP_COMM_I64, CDDP_COMM_SUM, -1, &err))
         goto fail;
+    if (epochs_run > 0 && total == 0) {
+        cddp_error_set(&err, CDDP_EINVAL, "trained on no samples in %d epoch%s: is %s empty?",
+                       epochs_run, epochs_run > 1 ? "s" : "", o.data ? o.data : "the data");
+        goto fail;
+    }
     if (o.json && rank == 0) {
         cddp_ddp_stats st = cddp_ddp_stats_get(ddp);
         printf("{\"model\": \"%s\", \"optimizer\": \"%s\", \"epochs\": %d, \"batch_per_rank\": %d, "

@@ -97,6 +97,8 @@ typedef struct flag {
     const char *name;
     char kind; /* 'i' int64, 'f' double, 's' string */
     void *at;
+    double lo, hi; /* the range of a number; lo excluded when lo_open */
+    bool lo_open;
 } flag;
 
 static int parse_args(int argc, char **argv, options *o) {
@@ -126,35 +128,35 @@ static int parse_args(int argc, char **argv, options *o) {
                    .seed = 1337};
     int64_t seed = (int64_t)o->seed;
     const flag flags[] = {
-        {"n_layer", 'i', &o->n_layer},
-        {"n_head", 'i', &o->n_head},
-        {"n_embd", 'i', &o->n_embd},
-        {"block_size", 'i', &o->block_size},
-        {"vocab_size", 'i', &o->vocab_size},
-        {"batch_size", 'i', &o->batch_size},
-        {"grad_accum", 'i', &o->grad_accum},
-        {"max_iters", 'i', &o->max_iters},
-        {"warmup_iters", 'i', &o->warmup_iters},
-        {"lr_decay_iters", 'i', &o->lr_decay_iters},
-        {"eval_interval", 'i', &o->eval_interval},
-        {"eval_iters", 'i', &o->eval_iters},
-        {"final_eval", 'i', &o->final_eval},
-        {"log_interval", 'i', &o->log_interval},
-        {"sample", 'i', &o->sample},
-        {"stride", 'i', &o->stride},
-        {"top_k", 'i', &o->top_k},
-        {"save_every", 'i', &o->save_every},
-        {"seed", 'i', &seed},
-        {"lr", 'f', &o->lr},
-        {"min_lr", 'f', &o->min_lr},
-        {"weight_decay", 'f', &o->weight_decay},
-        {"grad_clip", 'f', &o->grad_clip},
-        {"beta1", 'f', &o->beta1},
-        {"beta2", 'f', &o->beta2},
-        {"temperature", 'f', &o->temperature},
-        {"data", 's', &o->data},
-        {"out", 's', &o->out},
-        {"init_from", 's', &o->init_from},
+        {"n_layer", 'i', &o->n_layer, 1, 1024, false},
+        {"n_head", 'i', &o->n_head, 1, 1024, false},
+        {"n_embd", 'i', &o->n_embd, 1, 65536, false},
+        {"block_size", 'i', &o->block_size, 1, 1 << 20, false},
+        {"vocab_size", 'i', &o->vocab_size, 1, 65536, false},
+        {"batch_size", 'i', &o->batch_size, 1, 1 << 20, false},
+        {"grad_accum", 'i', &o->grad_accum, 1, 1 << 20, false},
+        {"max_iters", 'i', &o->max_iters, 0, (double)INT64_MAX, false},
+        {"warmup_iters", 'i', &o->warmup_iters, 0, (double)INT64_MAX, false},
+        {"lr_decay_iters", 'i', &o->lr_decay_iters, 0, (double)INT64_MAX, false},
+        {"eval_interval", 'i', &o->eval_interval, 1, (double)INT64_MAX, false},
+        {"eval_iters", 'i', &o->eval_iters, 1, (double)INT64_MAX, false},
+        {"final_eval", 'i', &o->final_eval, 0, (double)INT64_MAX, false},
+        {"log_interval", 'i', &o->log_interval, 0, (double)INT64_MAX, false},
+        {"sample", 'i', &o->sample, 0, (double)INT64_MAX, false},
+        {"stride", 'i', &o->stride, 1, (double)INT64_MAX, false},
+        {"top_k", 'i', &o->top_k, 0, 65536, false},
+        {"save_every", 'i', &o->save_every, 0, (double)INT64_MAX, false},
+        {"seed", 'i', &seed, 0, (double)INT64_MAX, false},
+        {"lr", 'f', &o->lr, 0, 10, true},
+        {"min_lr", 'f', &o->min_lr, 0, 10, false},
+        {"weight_decay", 'f', &o->weight_decay, 0, 100, false},
+        {"grad_clip", 'f', &o->grad_clip, 0, 1e6, false},
+        {"beta1", 'f', &o->beta1, 0, 1, false},
+        {"beta2", 'f', &o->beta2, 0, 1, false},
+        {"temperature", 'f', &o->temperature, 0, 100, true},
+        {"data", 's', &o->data, 0, 0, false},
+        {"out", 's', &o->out, 0, 0, false},
+        {"init_from", 's', &o->init_from, 0, 0, false},
     };
     enum { NF = sizeof flags / sizeof flags[0] };
     struct option longopts[NF + 5];
@@ -169,21 +171,20 @@ static int parse_args(int argc, char **argv, options *o) {
     bool resume = false;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         if (c >= 0 && c < NF) {
-            char *end = NULL;
             const flag *f = &flags[c];
             if (f->kind == 's') {
                 *(const char **)f->at = optarg;
                 continue;
             }
-            errno = 0;
-            if (f->kind == 'i')
-                *(int64_t *)f->at = strtoll(optarg, &end, 10);
-            else
-                *(double *)f->at = strtod(optarg, &end);
-            if (!*optarg || *end || errno) {
-                fprintf(stderr, "gpt_train: --%s: '%s' is not a number\n", f->name, optarg);
-                return -1;
-            }
+            char what[64];
+            snprintf(what, sizeof what, "--%s", f->name);
+            bool ok = f->kind == 'i'
+                          ? run_int("gpt_train", what, optarg, (int64_t)f->lo,
+                                    f->hi >= (double)INT64_MAX ? INT64_MAX : (int64_t)f->hi,
+                                    (int64_t *)f->at)
+                          : run_double("gpt_train", what, optarg, f->lo, f->hi, f->lo_open,
+                                       (double *)f->at);
+            if (!ok) return -1;
         } else if (c == 'R') {
             resume = true;
             /* --resume PATH as well as --resume=PATH */
@@ -451,17 +452,11 @@ static int peek_shape(const char *path, options *o, cddp_error *err) {
                 {"n_embd", &o->n_embd},
                 {"block_size", &o->block_size},
                 {"vocab_size", &o->vocab_size}};
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        const char *v = cddp_safetensors_meta(f, keys[i].key);
-        if (v) *keys[i].at = strtoll(v, NULL, 10);
-    }
+    int rc = CDDP_OK;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0] && !rc; i++)
+        rc = run_meta_int(f, path, keys[i].key, 1, 1 << 20, *keys[i].at, keys[i].at, err);
     cddp_safetensors_destroy(f);
-    return CDDP_OK;
-}
-
-static int64_t meta_int(const cddp_safetensors *f, const char *key, int64_t dflt) {
-    const char *v = cddp_safetensors_meta(f, key);
-    return v ? strtoll(v, NULL, 10) : dflt;
+    return rc;
 }
 
 int main(int argc, char **argv) {
@@ -552,12 +547,18 @@ int main(int argc, char **argv) {
     if (o.resume) {
         cddp_safetensors *f = NULL;
         if (cddp_ddp_load(ddp, resume_path, opt, &f, &err) != CDDP_OK) goto fail;
-        iter = meta_int(f, "iter", 0);
         /* The ranks' position in the epoch: any number of ranks continues the same order. */
-        cddp_sampler_state st = {meta_int(f, "data_epoch", 0), meta_int(f, "data_consumed", 0),
-                                 meta_int(f, "data_position", 0)};
-        int64_t was = meta_int(f, "world", world);
+        cddp_sampler_state st = {0};
+        int64_t was = world;
+        int rc = run_meta_int(f, resume_path, "iter", 0, INT64_MAX, 0, &iter, &err);
+        if (!rc) rc = run_meta_int(f, resume_path, "data_epoch", 0, INT32_MAX, 0, &st.epoch, &err);
+        if (!rc)
+            rc = run_meta_int(f, resume_path, "data_consumed", 0, INT64_MAX, 0, &st.consumed, &err);
+        if (!rc)
+            rc = run_meta_int(f, resume_path, "data_position", 0, INT64_MAX, 0, &st.position, &err);
+        if (!rc) rc = run_meta_int(f, resume_path, "world", 1, 1 << 20, world, &was, &err);
         cddp_safetensors_destroy(f);
+        if (rc) goto fail;
         if (was != world && st.position == 0 && st.consumed > 0) {
             cddp_ddp_print0(ddp,
                             "resuming on %d ranks from a checkpoint of %" PRId64
@@ -685,6 +686,13 @@ int main(int argc, char **argv) {
                                              CDDP_COMM_MEAN, -1, &err) != CDDP_OK)
             goto fail;
         last_loss = loss_sum;
+        if (!isfinite(last_loss)) { /* the mean over the ranks: every rank stops here */
+            cddp_error_set(&err, CDDP_ERANGE,
+                           "the loss became %g at iteration %" PRId64
+                           ": training diverged (a smaller --lr, now %g, or --grad_clip?)",
+                           last_loss, iter, o.lr);
+            goto fail;
+        }
         if (rank == 0 && files) curves_add_loss(&curve, iter, 0, last_loss);
         if (o.log_interval && iter % o.log_interval == 0)
             cddp_ddp_print0(ddp, "iter %" PRId64 ": loss %.4f, time %.1fms, lr %.2e\n", iter,

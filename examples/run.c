@@ -66,3 +66,31 @@ long long run_optim_state_bytes(const cddp_optim *opt) {
     return (long long)cddp_optim_num_states(opt) * (long long)cddp_optim_state_numel(opt) *
            (long long)sizeof(float);
 }
+
+bool run_int(const char *prog, const char *what, const char *text, int64_t lo, int64_t hi,
+             int64_t *out) {
+    cddp_error err = {0};
+    if (cddp_parse_int(what, text, lo, hi, out, &err) == CDDP_OK) return true;
+    fprintf(stderr, "%s: %s\n", prog, err.msg);
+    return false;
+}
+
+bool run_double(const char *prog, const char *what, const char *text, double lo, double hi,
+                bool lo_open, double *out) {
+    cddp_error err = {0};
+    if (cddp_parse_double(what, text, lo, hi, lo_open, out, &err) == CDDP_OK) return true;
+    fprintf(stderr, "%s: %s\n", prog, err.msg);
+    return false;
+}
+
+int run_meta_int(const cddp_safetensors *f, const char *path, const char *key, int64_t lo,
+                 int64_t hi, int64_t dflt, int64_t *out, cddp_error *err) {
+    const char *v = cddp_safetensors_meta(f, key);
+    *out = dflt;
+    if (!v) return CDDP_OK;
+    char what[512];
+    snprintf(what, sizeof what, "%.400s: metadata %s", path, key);
+    if (cddp_parse_int(what, v, lo, hi, out, err) == CDDP_OK) return CDDP_OK;
+    err->code = CDDP_EFORMAT;
+    return CDDP_EFORMAT;
+}

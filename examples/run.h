@@ -25,6 +25,16 @@ bool run_rng_restore(const cddp_safetensors *f, int rank, cddp_rng *rng);
 
 /* The process's peak resident memory, in bytes (getrusage). */
 long long run_peak_rss_bytes(void);
+/* An option's or a checkpoint's number, checked by cddp_parse_int/_double; false, after printing
+ * "prog: <what> <text>: expected ..." on stderr, when it is not one. */
+bool run_int(const char *prog, const char *what, const char *text, int64_t lo, int64_t hi,
+             int64_t *out);
+/* A checkpoint's integer metadata under key, checked: dflt when the key is absent, CDDP_EFORMAT
+ * with err naming the file, the key and the range when it is not a number in [lo, hi]. */
+int run_meta_int(const cddp_safetensors *f, const char *path, const char *key, int64_t lo,
+                 int64_t hi, int64_t dflt, int64_t *out, cddp_error *err);
+bool run_double(const char *prog, const char *what, const char *text, double lo, double hi,
+                bool lo_open, double *out);
 /* The optimizer state this process holds, in bytes (the shard's alone under ZeRO-1). */
 long long run_optim_state_bytes(const cddp_optim *opt);
 

@@ -84,6 +84,44 @@ static void test_readme_lists_every_knob(void **state) {
     }
 }
 
+/* The one number parser: whole strings, no overflow, finite, in range; the message says what. */
+static void test_parse_numbers(void **state) {
+    (void)state;
+    cddp_error err = {0};
+    int64_t i = 7;
+    assert_int_equal(cddp_parse_int("--epochs", "12", 1, 100, &i, &err), CDDP_OK);
+    assert_int_equal(i, 12);
+    assert_int_equal(cddp_parse_int("--n", "-9223372036854775808", INT64_MIN, 0, &i, &err), 0);
+    assert_true(i == INT64_MIN);
+    const char *bad_ints[] = {
+        "4294967297",           "0",    "101", "-5", "", " 3", "3 ", "3x", "1.5", "1e3",
+        "99999999999999999999", "0x10", "nan"};
+    for (size_t k = 0; k < sizeof bad_ints / sizeof *bad_ints; k++) {
+        i = 7;
+        if (cddp_parse_int("--epochs", bad_ints[k], 1, 100, &i, &err) != CDDP_EINVAL)
+            fail_msg("'%s' was accepted as an integer in [1, 100]", bad_ints[k]);
+        assert_int_equal(i, 7);
+        assert_non_null(strstr(err.msg, "expected a whole number from 1 to 100"));
+    }
+    assert_int_equal(cddp_parse_int("--epochs", "4294967297", 1, 100, &i, &err), CDDP_EINVAL);
+    assert_string_equal(err.msg, "--epochs 4294967297: expected a whole number from 1 to 100");
+    double d = 0;
+    assert_int_equal(cddp_parse_double("--lr", "1e-3", 0, 10, true, &d, &err), CDDP_OK);
+    assert_true(d == 1e-3);
+    assert_int_equal(cddp_parse_double("--m", "0", 0, 1, false, &d, &err), CDDP_OK);
+    assert_true(d == 0);
+    const char *bad_reals[] = {"inf",  "-inf", "nan",  "1e30", "0",
+                               "-0.1", "",     "0.1x", " 1",   "1e999"};
+    for (size_t k = 0; k < sizeof bad_reals / sizeof *bad_reals; k++) {
+        d = 5;
+        if (cddp_parse_double("--lr", bad_reals[k], 0, 10, true, &d, &err) != CDDP_EINVAL)
+            fail_msg("'%s' was accepted as a number in (0, 10]", bad_reals[k]);
+        assert_true(d == 5);
+    }
+    assert_int_equal(cddp_parse_double("--lr", "inf", 0, 10, true, &d, &err), CDDP_EINVAL);
+    assert_string_equal(err.msg, "--lr inf: expected a finite number in (0, 10]");
+}
+
 static void test_logging_levels(void **state) {
     (void)state;
     /* ctest runs with CDDP_LOG_LEVEL=error. */
@@ -134,10 +172,10 @@ static void test_alloc(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_status_names),   cmocka_unit_test(test_error_messages),
-        cmocka_unit_test(test_knobs),          cmocka_unit_test(test_readme_lists_every_knob),
-        cmocka_unit_test(test_logging_levels), cmocka_unit_test(test_arena),
-        cmocka_unit_test(test_alloc),
+        cmocka_unit_test(test_status_names),  cmocka_unit_test(test_error_messages),
+        cmocka_unit_test(test_knobs),         cmocka_unit_test(test_readme_lists_every_knob),
+        cmocka_unit_test(test_parse_numbers), cmocka_unit_test(test_logging_levels),
+        cmocka_unit_test(test_arena),         cmocka_unit_test(test_alloc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -123,9 +123,10 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
       "Seconds that rendezvous may take: store connections and waits, nodes arriving.")            \
     X(TIMEOUT_S, INT, "300", "Default deadline, in seconds, of every collective.")                 \
     X(STORE_AUTH_TIMEOUT_S, INT, "10",                                                             \
-      "Seconds a store connection may take to prove it has the job token before it is closed.")   \
+      "Seconds a store connection may take to prove it has the job token before it is closed.")    \
     X(STORE_MAX_PENDING, INT, "256",                                                               \
-      "Store connections that have not yet proved the job token, at most (the oldest goes first).") \
+      "Store connections that have not yet proved the job token, at most (the oldest goes "        \
+      "first).")                                                                                   \
     X(SHM_CHUNK_KB, INT, "1024",                                                                   \
       "Per-rank shared-memory staging buffer, in KiB (the pipeline chunk).")                       \
     X(TRANSPORT, STR, "auto",                                                                      \
@@ -189,6 +190,17 @@ CDDP_API int cddp_env_rank_world(int *rank, int *world, cddp_error *err);
 /* The value of environment variable name as a decimal in [0, 2^30): -2 when it is unset or
  * empty, -1 when it holds something else. */
 CDDP_API long cddp_env_int(const char *name);
+
+/* Numbers from text that a person or a file gave (options, the environment, checkpoint
+ * metadata), checked once, the same way everywhere: the whole string is the number (no trailing
+ * junk, no empty string), an integer parses without overflow and has no fraction, a real number
+ * is finite, and the value lies in its range. Returns CDDP_OK, or CDDP_EINVAL with err saying
+ * "<what> <text>: expected a whole number from <lo> to <hi>" (or "a finite number in [lo, hi]";
+ * lo_open writes "(lo, hi]" and excludes lo). *out is set only on success. */
+CDDP_API int cddp_parse_int(const char *what, const char *text, int64_t lo, int64_t hi,
+                            int64_t *out, cddp_error *err);
+CDDP_API int cddp_parse_double(const char *what, const char *text, double lo, double hi,
+                               bool lo_open, double *out, cddp_error *err);
 
 /* Writes a shape as "(2,3,4)" into buf (n bytes, always terminated) and returns buf. */
 CDDP_API const char *cddp_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);

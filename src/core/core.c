@@ -1,11 +1,15 @@
-/* core.c: status names, error messages, levelled logging, allocation wrappers, env knobs.
+/* core.c: status names, error messages, levelled logging, allocation wrappers, env knobs, numbers
+ * from text.
  *
  * Nothing here keeps hidden state beyond the process's rank (for log and error prefixes) and the
  * parsed log threshold, both of which are plain values read once.
  */
 #include "cddp/core.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,16 +211,13 @@ const char *cddp_knob_str(cddp_knob knob) {
 long cddp_knob_int(cddp_knob knob) {
     check_knob(knob);
     CDDP_CHECK(knobs[knob].is_int, "%s is not an integer knob", knobs[knob].name);
-    const char *v = cddp_knob_str(knob);
-    char *end = NULL;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end != '\0' || x < 0) {
-        cddp_log(CDDP_LOG_ERROR, "core", "%s=%s is not a non-negative integer; using %s",
-                 knobs[knob].name, v, knobs[knob].def);
+    int64_t x = 0;
+    cddp_error e = {0};
+    if (cddp_parse_int(knobs[knob].name, cddp_knob_str(knob), 0, INT64_MAX, &x, &e) != CDDP_OK) {
+        cddp_log(CDDP_LOG_ERROR, "core", "%s; using %s", e.msg, knobs[knob].def);
         x = strtol(knobs[knob].def, NULL, 10);
     }
-    return x;
+    return (long)x;
 }
 
 long cddp_env_int(const char *name) {
@@ -264,4 +265,36 @@ const char *cddp_shape_str(int ndim, const int64_t *shape, char *buf, size_t n) 
         k += snprintf(buf + k, n - (size_t)k, i ? ",%lld" : "%lld", (long long)shape[i]);
     if (k < (int)n) snprintf(buf + k, n - (size_t)k, ")");
     return buf;
+}
+
+/* ---- numbers from text ------------------------------------------------------------------ */
+
+int cddp_parse_int(const char *what, const char *text, int64_t lo, int64_t hi, int64_t *out,
+                   cddp_error *err) {
+    const char *t = text ? text : "";
+    char *end = NULL;
+    errno = 0;
+    long long x = strtoll(t, &end, 10);
+    /* strtoll skips leading blanks; a value with them is not "the whole string" either */
+    if (!*t || isspace((unsigned char)*t) || *end || errno || x < lo || x > hi)
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "%s %s: expected a whole number from %" PRId64 " to %" PRId64, what,
+                              *t ? t : "''", lo, hi);
+    *out = (int64_t)x;
+    return CDDP_OK;
+}
+
+int cddp_parse_double(const char *what, const char *text, double lo, double hi, bool lo_open,
+                      double *out, cddp_error *err) {
+    const char *t = text ? text : "";
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(t, &end);
+    bool below = lo_open ? !(x > lo) : !(x >= lo);
+    /* errno is ERANGE for overflow (inf) and for denormal underflow, which is a fine number */
+    if (!*t || isspace((unsigned char)*t) || *end || !isfinite(x) || below || x > hi)
+        return cddp_error_set(err, CDDP_EINVAL, "%s %s: expected a finite number in %c%g, %g]",
+                              what, *t ? t : "''", lo_open ? '(' : '[', lo, hi);
+    *out = x;
+    return CDDP_OK;
 }

@@ -189,6 +189,23 @@ int cddp_checkpoint_load(const char *path, cddp_model *m, cddp_optim *opt, cddp_
         cddp_safetensors_destroy(f);
         return CDDP_ESHAPE;
     }
+    /* The optimizer's numbers, checked before anything changes. */
+    int64_t nsteps = 0;
+    double lr = -1;
+    if (opt) {
+        const char *lr_text = cddp_safetensors_meta(f, "lr");
+        char what[300];
+        snprintf(what, sizeof what, "%.240s: metadata optimizer_steps", path);
+        int rc = cddp_parse_int(what, steps, 0, INT64_MAX, &nsteps, err);
+        snprintf(what, sizeof what, "%.240s: metadata lr", path);
+        if (rc == CDDP_OK && lr_text)
+            rc = cddp_parse_double(what, lr_text, 0, 1e6, false, &lr, err);
+        if (rc != CDDP_OK) {
+            cddp_safetensors_destroy(f);
+            if (err) err->code = CDDP_EFORMAT;
+            return CDDP_EFORMAT;
+        }
+    }
     /* Everything matches: copy. */
     for (int i = 0; i < nb; i++) {
         cddp_tensor *b = cddp_model_buffer(m, i);
@@ -206,9 +223,8 @@ int cddp_checkpoint_load(const char *path, cddp_model *m, cddp_optim *opt, cddp_
         }
     }
     if (opt) {
-        cddp_optim_set_steps(opt, strtoll(steps, NULL, 10));
-        const char *lr = cddp_safetensors_meta(f, "lr");
-        if (lr) cddp_optim_set_lr(opt, strtof(lr, NULL));
+        cddp_optim_set_steps(opt, nsteps);
+        if (lr >= 0) cddp_optim_set_lr(opt, (float)lr);
     }
     if (file)
         *file = f;

@@ -235,6 +235,10 @@ cddp_safetensors *cddp_safetensors_read(const char *path, cddp_error *err) {
     }
     struct stat st;
     uint64_t hl = 0;
+    if (fstat(fileno(fp), &st) == 0 && S_ISDIR(st.st_mode)) {
+        rc = cddp_error_set(err, CDDP_EINVAL, "%s is a folder, not a safetensors file", path);
+        goto out;
+    }
     if (fstat(fileno(fp), &st) != 0 || st.st_size < 8 || fread(&hl, 8, 1, fp) != 1) {
         rc = cddp_error_set(err, CDDP_EFORMAT, "%s: too short to be a safetensors file", path);
         goto out;

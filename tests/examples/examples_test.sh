@@ -14,6 +14,8 @@
 #                   holds the tied head under both names) and curves that render
 #   gpt_resume      20 iterations, then --resume for 20 more, equal 40 uninterrupted ones: the
 #                   same loss at every iteration and the same validation loss
+#   bad_args        bad numbers on the command lines and in a checkpoint's metadata, a folder
+#                   given as a checkpoint and a diverging run: a clear error and a non-zero exit
 #   gpt_tokens      cddp-tokenize writes llm.c's token files (read back with NumPy as llm.c's
 #                   loader does), gpt_train trains on them, and a truncated file is refused
 set -u
@@ -321,6 +323,64 @@ PYEOF
     grep -q "initialised from fm.safetensors" h.out || fail "fashion_mnist: no word of the initialisation"
     echo "ok: the weights alone start a run with the trained model's validation loss ($vb); --resume refuses them, with --init_from too"
     ;;
+bad_args)
+    # Every number a user or a file gives is checked the same way (cddp_parse_int/_double): each
+    # bad one gets a clear error and a non-zero exit, and nothing trains on it.
+    expect() { # expect EXIT TEXT PROGRAM ARGS...
+        want=$1 text=$2
+        shift 2
+        "$@" > out 2>&1
+        rc=$?
+        [ "$rc" = "$want" ] || { cat out; fail "$* exited $rc, expected $want"; }
+        grep -qF -- "$text" out || { cat out; fail "$*: no '$text'"; }
+    }
+    refused() { # refused EXIT TEXT PROGRAM ARGS...: expect, and nothing trained
+        expect "$@"
+        grep -q "^epoch: \|^iter [0-9]" out && { cat out; fail "$* trained"; }
+        return 0
+    }
+    for bad in "--epochs 4294967297:--epochs 4294967297: expected a whole number from 1 to" \
+        "--batch-size 4294967360:--batch-size 4294967360: expected a whole number from 1 to" \
+        "--lr inf:--lr inf: expected a finite number in (0, 10]" \
+        "--lr 1e30:--lr 1e30: expected a finite number in (0, 10]" \
+        "--momentum nan:--momentum nan: expected a finite number in [0, 1]" \
+        "--bucket-cap-mb -1:--bucket-cap-mb -1: expected a finite number in (0, 4096]" \
+        "--bucket-cap-mb nan:--bucket-cap-mb nan: expected a finite number" \
+        "--limit -5:--limit -5: expected a whole number from 1 to" \
+        "--target-acc nan:--target-acc nan: expected a finite number in [0, 1]" \
+        "--log-every -1:--log-every -1: expected a whole number from 0 to" \
+        "--seed 1x:--seed 1x: expected a whole number"; do
+        # shellcheck disable=SC2086
+        refused 2 "${bad#*:}" "$FM" ${bad%%:*} --out none
+    done
+    refused 2 "--max_iters -1: expected a whole number from 0 to" $TINY_GPT --max_iters -1
+    refused 2 "--n_layer 99999999999: expected a whole number from 1 to 1024" \
+        $TINY_GPT --n_layer 99999999999
+    refused 2 "--temperature 0: expected a finite number in (0, 100]" $TINY_GPT --temperature 0
+    refused 2 "--val_fraction 1.5: expected a finite number in (0, 0.99]" \
+        "$build/bin/cddp-tokenize" --val_fraction 1.5 in out
+    refused 1 "$work is a folder, not a safetensors file" "$FM" --resume "$work" --out none
+    # A checkpoint whose metadata was tampered with: every bad value is refused before training.
+    "$FM" --epochs 1 --limit 256 --log-every 0 --out ck > ck.out 2>&1 || { cat ck.out; fail "no checkpoint"; }
+    for kv in epoch=-5 epoch=99999999999 epoch=abc data_position=-1 lr=nan lr=-1 \
+        optimizer_steps=1e3; do
+        $PY - ck/checkpoint.safetensors bad.safetensors "${kv%%=*}" "${kv#*=}" <<'EOF'
+import json, struct, sys
+src, dst, key, value = sys.argv[1:]
+data = open(src, "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+header["__metadata__"][key] = value
+h = json.dumps(header).encode()
+open(dst, "wb").write(struct.pack("<Q", len(h)) + h + data[8 + n:])
+EOF
+        refused 1 "bad.safetensors: metadata ${kv%%=*} ${kv#*=}: expected a" \
+            "$FM" --resume bad.safetensors --epochs 2 --out none
+    done
+    # Training that diverges stops with the reason.
+    expect 1 "training diverged (a smaller --lr, now 10?)" "$FM" --lr 10 --limit 4096 --out none
+    echo "ok: 15 bad numbers on the command lines, 7 in a checkpoint, a folder and a diverging run:" \
+         "each a clear error and a non-zero exit" ;;
 gpt_tokens)
     printf 'the quick brown fox jumps over the lazy dog.\n%.0s' $(seq 400) > text.txt
     "$build/bin/cddp-tokenize" text.txt data > tok.out 2>&1 || { cat tok.out; fail "cddp-tokenize failed"; }

@@ -124,8 +124,10 @@ errors)
         expect_in "$text" "$work/err"
         [ "$(grep -c '^cddprun:' "$work/err")" -le 2 ] || { cat "$work/err"; fail "a stack of errors for $*"; }
     }
-    check_error 2 "--nproc_per_node 0: expected an integer" --nproc_per_node 0 true
-    check_error 2 "--nproc-per-node x: expected an integer" --nproc-per-node x true
+    check_error 2 "--nproc_per_node 0: expected a whole number from 1 to 4096" --nproc_per_node 0 true
+    check_error 2 "--nproc-per-node x: expected a whole number from 1 to 4096" --nproc-per-node x true
+    check_error 2 "--grace_period nan: expected a finite number in (0, 86400] (seconds)" \
+        --grace_period nan true
     check_error 2 "--no_python and -m/--module exclude each other" --no_python -m json.tool
     check_error 2 "program './no-such-program' not found" ./no-such-program
     check_error 2 "unknown option or missing value: --bogus" --bogus true

@@ -135,20 +135,23 @@ void cddprun_die_usage(const char *fmt, ...) {
     exit(2);
 }
 
+/* A number option, checked by cddp's one parser (cddp_parse_int/_double). */
 static long parse_int(const char *opt, const char *v, long lo, long hi) {
-    char *end = NULL;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi)
-        cddprun_die_usage("--%s %s: expected an integer in [%ld, %ld]", opt, v, lo, hi);
-    return x;
+    char what[80];
+    snprintf(what, sizeof what, "--%s", opt);
+    int64_t x = 0;
+    cddp_error err = {0};
+    if (cddp_parse_int(what, v, lo, hi, &x, &err) != CDDP_OK) cddprun_die_usage("%s", err.msg);
+    return (long)x;
 }
 
 static double parse_seconds(const char *opt, const char *v) {
-    char *end = NULL;
-    double x = strtod(v, &end);
-    if (end == v || *end || !(x > 0) || x > 86400)
-        cddprun_die_usage("--%s %s: expected seconds > 0", opt, v);
+    char what[80];
+    snprintf(what, sizeof what, "--%s", opt);
+    double x = 0;
+    cddp_error err = {0};
+    if (cddp_parse_double(what, v, 0, 86400, true, &x, &err) != CDDP_OK)
+        cddprun_die_usage("%s (seconds)", err.msg);
     return x;
 }
 

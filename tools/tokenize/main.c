@@ -33,14 +33,10 @@ int main(int argc, char **argv) {
         {"val_fraction", required_argument, 0, 'v'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        char *end = NULL;
         if (c == 'v') {
-            val_fraction = strtod(optarg, &end);
-            if (*end || !(val_fraction > 0 && val_fraction < 1)) {
-                fprintf(stderr,
-                        "cddp-tokenize: --val_fraction must be a number in (0, 1), not "
-                        "'%s'\n",
-                        optarg);
+            cddp_error err = {0};
+            if (cddp_parse_double("--val_fraction", optarg, 0, 0.99, true, &val_fraction, &err)) {
+                fprintf(stderr, "cddp-tokenize: %s\n", err.msg);
                 return 2;
             }
         } else if (c == 'h') {
