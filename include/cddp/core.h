@@ -122,6 +122,8 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
     X(RDZV_TIMEOUT_S, INT, "300",                                                                  \
       "Seconds that rendezvous may take: store connections and waits, nodes arriving.")            \
     X(TIMEOUT_S, INT, "300", "Default deadline, in seconds, of every collective.")                 \
+    X(STALL_WARN_S, INT, "60",                                                                     \
+      "A collective that has waited this many seconds logs which ranks it waits for (0: never).")  \
     X(STORE_AUTH_TIMEOUT_S, INT, "10",                                                             \
       "Seconds a store connection may take to prove it has the job token before it is closed.")    \
     X(STORE_MAX_PENDING, INT, "256",                                                               \

@@ -96,7 +96,7 @@ int cddp__launch_read(cddp__launch *l, cddp_error *err) {
         if (!getenv(launchers[i].var)) continue;
         const char *by = launchers[i].by;
         if (!by) /* RANK: cddprun posts its store; torchrun names its run */
-            by = env_str(CDDP_ENV_STORE_PORT)       ? "cddprun"
+            by = env_str(CDDP_ENV_STORE_PORT)     ? "cddprun"
                  : env_str("TORCHELASTIC_RUN_ID") ? "torchrun"
                                                   : "a torchrun-style launcher";
         snprintf(l->by, sizeof l->by, "%s", by);

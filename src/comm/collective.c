@@ -87,6 +87,13 @@ static double deadline_of(const cddp_comm *c, const coll *a) {
 
 /* ---- point to point and memory ----------------------------------------------------------- */
 
+/* The call under way, for the stall inspector. */
+static void begin_call(cddp_comm *c, const fingerprint *f) {
+    c->call = *f;
+    c->call_start = cddp_now_s();
+    c->stall_said = 0;
+}
+
 static int p2p(cddp_comm *c, const coll *a, cddp_error *err) {
     CDDP_TRY(cddp__comm_failed(c, err));
     const char *verb = a->kind == K_SEND ? "send to" : "receive from";
@@ -97,6 +104,7 @@ static int p2p(cddp_comm *c, const coll *a, cddp_error *err) {
     if (a->root == c->rank)
         return cddp_error_set(err, CDDP_EINVAL, "rank %d cannot %s itself", c->rank, verb);
     CDDP_TRY(cddp__comm_aborted_here(c, err));
+    begin_call(c, &(fingerprint){c->seq, a->kind, a->op, (int32_t)a->dtype, a->root, a->count});
     return c->tr->p2p(c, a, deadline_of(c, a), err);
 }
 
@@ -131,6 +139,7 @@ int cddp__comm_execute(cddp_comm *c, const coll *a, cddp_error *err) {
         return cddp_error_set(err, CDDP_EUNSUPPORTED,
                               "no algorithm for this collective on the %s transport", c->tr->name);
     fingerprint mine = {c->seq, a->kind, a->op, (int32_t)a->dtype, a->root, a->count};
+    begin_call(c, &mine);
     cddp__place place = {NULL, 0};
     if (c->tr->begin && !(g && g->without_begin))
         CDDP_TRY(c->tr->begin(c, a, &mine, deadline, &place, err));

@@ -78,6 +78,29 @@ void cddp__comm_abort(cddp_comm *c, const char *reason) {
 
 /* ---- fingerprints ------------------------------------------------------------------------ */
 
+static void describe(const fingerprint *f, char *out, size_t n);
+
+void cddp__comm_stalled(cddp_comm *c, const int *ranks, int n, bool arrived) {
+    double now = cddp_now_s();
+    if (c->stall_warn <= 0 || c->call_start <= 0 || n <= 0 || now - c->call_start < c->stall_warn ||
+        now - c->stall_said < c->stall_warn)
+        return;
+    c->stall_said = now;
+    char call[160], who[256];
+    describe(&c->call, call, sizeof call);
+    size_t at = 0;
+    for (int i = 0; i < n && at < sizeof who - 16; i++)
+        at += (size_t)snprintf(who + at, sizeof who - at, "%s%d", i ? ", " : "", ranks[i]);
+    cddp_log(CDDP_LOG_WARN, "comm",
+             "%s #%" PRIu64 " has waited %.0f s for rank%s %s, which %s; the wait ends at the "
+             "call's timeout (%.0f s by default: CDDP_TIMEOUT_S). Is %s stopped, stuck or "
+             "calling something else?",
+             call, c->call.seq, now - c->call_start, n > 1 ? "s" : "", who,
+             arrived ? (n > 1 ? "have not sent their part yet" : "has not sent its part yet")
+                     : (n > 1 ? "have not reached this call" : "has not reached this call"),
+             c->timeout, n > 1 ? "one of them" : "it");
+}
+
 static void describe(const fingerprint *f, char *out, size_t n) {
     const char *dt = cddp_comm_dtype_name(f->dtype), *op = cddp_comm_op_name(f->op);
     switch (f->kind) {
@@ -103,6 +126,9 @@ static void describe(const fingerprint *f, char *out, size_t n) {
         break;
     case K_SEND:
         snprintf(out, n, "send(%s, count %" PRId64 ", to rank %d)", dt, f->count, f->root);
+        break;
+    case K_RECV:
+        snprintf(out, n, "recv(%s, count %" PRId64 ", from rank %d)", dt, f->count, f->root);
         break;
     default:
         snprintf(out, n, "barrier()");

@@ -231,6 +231,7 @@ static int sub_group(cddp_comm *c, cddp_store *st, const cddp__transport *tr, in
     g->world = g->local_world = world;
     g->nhosts = 1;
     g->timeout = c->timeout;
+    g->stall_warn = c->stall_warn;
     g->ring_chunk = c->ring_chunk;
     snprintf(g->key_prefix, sizeof g->key_prefix, "%s", prefix);
     return tr->setup(g, st, -1, err);
@@ -438,6 +439,7 @@ cddp_comm *cddp_comm_create(const cddp_comm_options *opts, cddp_error *err) {
     if (rc == CDDP_OK) rc = want_mpi(&l, &o, &mpi, why, sizeof why, err);
     if (rc != CDDP_OK) goto out;
     c->timeout = o.timeout_s > 0 ? o.timeout_s : (double)cddp_knob_int(CDDP_KNOB_TIMEOUT_S);
+    c->stall_warn = (double)cddp_knob_int(CDDP_KNOB_STALL_WARN_S);
     c->local_world = c->nhosts = 1;
     c->ring_chunk = (size_t)CDDP_MAX(cddp_knob_int(CDDP_KNOB_TCP_CHUNK_KB), 4) << 10;
     const char *algo = cddp_knob_str(CDDP_KNOB_COMM_ALGORITHM);

@@ -133,6 +133,10 @@ struct cddp_comm {
     int rank, world, local_rank, local_world;
     int nhosts; /* hosts the group's ranks are on */
     double timeout;
+    /* The stall inspector: the call under way and when it started, when this rank last said it
+     * was stalled, and CDDP_STALL_WARN_S (0: never). */
+    fingerprint call;
+    double call_start, stall_said, stall_warn;
     cddp_error failed; /* latched */
     uint64_t seq;      /* collectives started */
     /* The rendezvous keys of a group inside the job's store: "" for the job's group,
@@ -202,6 +206,10 @@ int cddp__comm_peer_aborted(cddp_comm *c, cddp_error *err, int who, const char *
 int cddp__comm_peer_died(cddp_comm *c, cddp_error *err, int who, int pid, const char *what,
                          uint64_t num);
 int cddp__comm_timed_out(cddp_comm *c, cddp_error *err, const char *what, uint64_t num, int who);
+/* The stall inspector, from a transport's wait: once the call has waited CDDP_STALL_WARN_S (and
+ * every CDDP_STALL_WARN_S after), logs the call and the n ranks it waits for; arrived: whether
+ * they entered the call (and owe their data) or have not. */
+void cddp__comm_stalled(cddp_comm *c, const int *ranks, int n, bool arrived);
 int cddp__comm_peer_failed(cddp_comm *c, cddp_error *err, int who, const char *why);
 /* Aborts the group from any thread: this rank's waits fail with reason, the transport tells
  * the peers, this host's group aborts too. */

@@ -5,6 +5,8 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <signal.h>
+#include <stdio.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,10 +50,39 @@ static void sleep_until(cddp_comm *c, bool (*ready)(const void *), const void *a
     atomic_fetch_sub(&h->sleepers, 1);
 }
 
-/* Whether rank r's process is gone (a peer that exited cleanly has no more to give either). */
+/* Whether rank r's process is gone (a peer that exited cleanly has no more to give either): no
+ * such process, or a dead one that its parent has not reaped yet (a zombie answers kill(pid, 0)
+ * as if alive, for as long as the parent leaves it). */
 static bool gone(const cddp_comm *c, int r) {
     pid_t pid = ctl_of(c, r)->pid;
-    return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
+    if (pid <= 0) return false;
+    if (kill(pid, 0) != 0) return errno == ESRCH;
+    char path[48], stat[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    size_t n = fread(stat, 1, sizeof stat - 1, f);
+    fclose(f);
+    stat[n] = '\0';
+    const char *state = strrchr(stat, ')'); /* "pid (comm) S ...": the state follows the name */
+    return state && (state[2] == 'Z' || state[2] == 'X');
+}
+
+/* The stall inspector's view, once the call has waited CDDP_STALL_WARN_S: the ranks that have
+ * not entered it (their fingerprint is an older call's), else the one this rank waits for. */
+static void say_stalled(cddp_comm *c, int who) {
+    if (c->stall_warn <= 0 || cddp_now_s() - c->call_start < c->stall_warn) return;
+    int late[64], n = 0;
+    for (int r = 0; r < c->world && n < 64; r++) {
+        ctl *k = ctl_of(c, r);
+        uint64_t s0 = __atomic_load_n(&k->fp[0].seq, __ATOMIC_RELAXED);
+        uint64_t s1 = __atomic_load_n(&k->fp[1].seq, __ATOMIC_RELAXED);
+        if (r != c->rank && (s0 > s1 ? s0 : s1) < c->call.seq) late[n++] = r;
+    }
+    if (n)
+        cddp__comm_stalled(c, late, n, false);
+    else
+        cddp__comm_stalled(c, &who, 1, true);
 }
 
 /* One round of a wait that found nothing ready: after 20 us of spinning, sleep until an
@@ -77,6 +108,7 @@ int cddp__shm_idle(cddp_comm *c, waiting *w, bool (*ready)(const void *), const 
         return cddp__comm_peer_died(c, err, who, (int)ctl_of(c, who)->pid, what, num);
     }
     if (deadline >= 0 && now > deadline) return cddp__comm_timed_out(c, err, what, num, who);
+    say_stalled(c, who);
     return CDDP_OK;
 }
 

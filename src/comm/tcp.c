@@ -447,6 +447,16 @@ static int tcp_move(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, bool a
         if (control_ready && !data_ready) CDDP_TRY(check_peers(c, what, false, err));
         if (pr <= 0 && deadline >= 0 && cddp_now_s() > deadline)
             return cddp__comm_timed_out(c, err, what, c->seq, waiting_for);
+        if (pr <= 0 && c->stall_warn > 0 && cddp_now_s() - c->call_start >= c->stall_warn) {
+            int late[64], n = 0; /* the peers whose bytes this rank still waits for */
+            for (int i = 0; i < nout + nin && n < 64; i++) {
+                const xfer *x = i < nout ? &out[i] : &in[i - nout];
+                bool seen = false;
+                for (int k = 0; k < n; k++) seen |= late[k] == x->peer;
+                if (x->done < x->n && !seen) late[n++] = x->peer;
+            }
+            cddp__comm_stalled(c, late, n, true);
+        }
     }
 }
 

@@ -7,6 +7,8 @@
  *   cddprun --nproc_per_node W comm_check stop        rank 1 is SIGSTOPped; the others time out
  *   cddprun --nproc_per_node W comm_check mismatch K  rank 1 passes another count/op/dtype/root
  *   cddprun --nproc_per_node W comm_check deadline    rank 0 alone in a barrier with 0.5 s
+ *   cddprun --nproc_per_node W comm_check loop S      allreduces for S seconds (a test stops or
+ *                                                     kills a rank meanwhile)
  * Prints "ok: ..." and exits 0 when every check holds on this rank; exits 1 with the reason
  * otherwise. In the failure modes a survivor exits 0 when it got the right error in time.
  */
@@ -375,8 +377,8 @@ static void *abort_later(void *c) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr,
-                "usage: comm_check matrix|launch|kill [async]|abort|stop|mismatch KIND|deadline\n");
+        fprintf(stderr, "usage: comm_check matrix|launch|kill [async]|abort|stop|mismatch "
+                        "KIND|deadline|loop S\n");
         return 2;
     }
     const char *mode = argv[1];
@@ -453,6 +455,21 @@ int main(int argc, char **argv) {
             int rc = cddp_comm_allreduce(c, buf, buf, 64, CDDP_COMM_F32, CDDP_COMM_SUM, 1.0, &err);
             status = expect_failure(rc, &err, "timed out waiting for rank 1", t0, 1.0, 2.0);
         }
+    } else if (!strcmp(mode, "loop") && argc > 2) {
+        /* Allreduces for SECONDS while a test stops or kills a rank: 0 when every call worked,
+         * else 1 with the error. */
+        double until = cddp_now_s() + atof(argv[2]);
+        long calls = 0;
+        while (cddp_now_s() < until) {
+            if (cddp_comm_allreduce(c, buf, buf, 64, CDDP_COMM_F32, CDDP_COMM_SUM, -1, &err)) {
+                printf("failed: rank %d after %ld calls: %s\n", rank, calls, err.msg);
+                status = 1;
+                break;
+            }
+            calls++;
+            usleep(10000);
+        }
+        if (!status) printf("ok: rank %d: %ld allreduces\n", rank, calls);
     } else if (!strcmp(mode, "mismatch") && argc > 2) {
         const char *kind = argv[2];
         bool odd = rank == 1;

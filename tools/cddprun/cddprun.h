@@ -59,6 +59,8 @@ typedef struct worker {
     bool running, failed, stopped; /* stopped: we stopped it */
     int status;
     double end_time;
+    double halted_since; /* when it was seen stopped by a signal (state T), 0 when it runs */
+    bool halted_said;    /* cddprun said so */
     stream out, err;
     char log_path[PATH_MAX];
 } worker;
@@ -94,6 +96,9 @@ extern volatile sig_atomic_t cddprun_got_signal;
 extern int cddprun_wake_pipe[2];
 void cddprun_on_signal(int sig);
 void cddprun_start_workers(job *j);
+/* Looks at the running workers' state (/proc/<pid>/stat): one stopped by a signal (SIGSTOP, a
+ * debugger) for 2 s is said once. Returns the worker stopped longest, or NULL. */
+worker *cddprun_halted(job *j);
 /* Reaps exited workers; returns the number still running. */
 int cddprun_reap(job *j, worker **first_failure);
 /* One pass of the monitor: waits for output, a child exit, a signal or the interval. */

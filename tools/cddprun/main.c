@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---- the run ----------------------------------------------------------------------------- */
@@ -43,6 +44,7 @@ static round_result run_round(job *j) {
     double next_look = cddp_now_s() + o->monitor_interval;
     while (cddprun_reap(j, &first) > 0 && !first && !cddprun_got_signal) {
         cddprun_pump(j, o->monitor_interval);
+        cddprun_halted(j);
         if (o->nnodes > 1 && cddp_now_s() >= next_look) {
             next_look = cddp_now_s() + o->monitor_interval;
             if (cddprun_remote_failure(j, remote, sizeof remote)) break;
@@ -55,7 +57,19 @@ static round_result run_round(job *j) {
         return ROUND_SIGNALLED;
     }
     char key[64], text[CDDP_ERROR_MSG_MAX];
-    if (first) {
+    /* A rank stopped by a signal is why the others failed (they timed out waiting for it): it is
+     * the root cause, not the first of them to give up. */
+    worker *halted = first ? cddprun_halted(j) : NULL;
+    if (halted && halted->halted_since > 0) {
+        char since[32];
+        time_t t = (time_t)(time(NULL) - (cddp_now_s() - halted->halted_since));
+        strftime(since, sizeof since, "%H:%M:%S", localtime(&t));
+        snprintf(text, sizeof text,
+                 "rank %d (local rank %d, host %s, pid %d) stopped answering: it was stopped "
+                 "(by SIGSTOP or a debugger) at %s, and the ranks below waited for it",
+                 halted->rank, halted->local_rank, j->host, (int)halted->pid, since);
+        first = halted;
+    } else if (first) {
         cddprun_describe(j, first, text, sizeof text);
         snprintf(key, sizeof key, "r%d/failed", j->round);
         if (o->nnodes > 1) cddp_store_set_str(j->store, key, text, &err);

@@ -222,6 +222,45 @@ static void sweep_shm(pid_t pid) {
     if (d) closedir(d);
 }
 
+/* The state letter of process pid (R, S, D, T, t, Z, ...), or 0 when it cannot be read. */
+static char proc_state(pid_t pid) {
+    char path[48], stat[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, stat, sizeof stat - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    stat[n] = '\0';
+    const char *p = strrchr(stat, ')'); /* "pid (comm) S ...": the state follows the name */
+    return p && p[1] == ' ' ? p[2] : 0;
+}
+
+worker *cddprun_halted(job *j) {
+    worker *longest = NULL;
+    double now = cddp_now_s();
+    for (int i = 0; i < j->o.nproc_per_node; i++) {
+        worker *w = &j->w[i];
+        char st = w->running ? proc_state(w->pid) : 0;
+        if (st != 'T' && st != 't') {
+            w->halted_since = 0;
+            w->halted_said = false;
+            continue;
+        }
+        if (w->halted_since == 0) w->halted_since = now;
+        if (!longest || w->halted_since < longest->halted_since) longest = w;
+        if (!w->halted_said && now - w->halted_since >= 2) {
+            w->halted_said = true;
+            fprintf(stderr,
+                    "cddprun: rank %d (local rank %d, pid %d) is stopped (by SIGSTOP or a "
+                    "debugger); the other ranks wait for it in their next collective, logging "
+                    "after CDDP_STALL_WARN_S and failing after CDDP_TIMEOUT_S\n",
+                    w->rank, w->local_rank, (int)w->pid);
+        }
+    }
+    return longest;
+}
+
 /* Reaps exited workers; returns the number still running. */
 int cddprun_reap(job *j, worker **first_failure) {
     int status, running = 0;
@@ -278,6 +317,7 @@ void cddprun_stop_workers(job *j, int sig) {
         if (j->w[i].running) {
             j->w[i].stopped = true;
             kill(-j->w[i].pid, sig);
+            kill(-j->w[i].pid, SIGCONT); /* a stopped worker acts on the signal only once it runs */
         }
     double deadline = cddp_now_s() + j->o.grace_period;
     while (cddprun_reap(j, NULL) > 0 && cddp_now_s() < deadline) cddprun_pump(j, 0.05);
