@@ -227,5 +227,10 @@ int main(int argc, char **argv) {
     }
     printf("opened %ld closed %ld rss_max_kb %ld cpu_s %.2f wall_s %.2f\n", opened, closed,
            w.rss_max_kb, w.cpu_s, w.last - w.first);
+    fflush(stdout);
+    for (int i = 0; i < n; i++)
+        if (c[i].fd >= 0) close(c[i].fd);
+    free(c);
+    free(pf);
     return 0;
 }

@@ -88,6 +88,22 @@ sigkill)
     expect_in "was killed by SIGKILL (signal 9)" "$work/out"
     all_gone "$work/pid.1" 2 || fail "rank 1 still alive"
     echo "ok: a SIGKILLed worker is reported as SIGKILL; the other is gone" ;;
+grandchild)
+    # SIGKILL to cddprun: the workers die with it, and so do their own children (the guardian
+    # kills the workers' process groups).
+    "$R" --standalone --nproc_per_node 2 sh -c "sleep 300 & echo \$! > $work/gc.\$RANK; wait" \
+        > "$work/out" 2>&1 &
+    cp=$!
+    i=0
+    until [ -s "$work/gc.0" ] && [ -s "$work/gc.1" ]; do
+        i=$((i + 1))
+        [ $i -gt 100 ] && fail "the workers did not start their children"
+        sleep 0.1
+    done
+    kill -9 "$cp"
+    wait "$cp" 2>/dev/null
+    all_gone "$work/gc.0 $work/gc.1" 5 || fail "the workers' children outlived a SIGKILLed cddprun"
+    echo "ok: SIGKILL to cddprun: the workers' own children are gone too" ;;
 sigterm)
     # SIGTERM to the launcher: no worker (nor a worker's child) left 5 s later.
     "$R" --standalone --nproc_per_node 2 sh -c \

@@ -59,6 +59,7 @@ typedef struct worker {
     bool running, failed, stopped; /* stopped: we stopped it */
     int status;
     double end_time;
+    double end_wall;     /* when it ended, wall-clock seconds (comparable across nodes) */
     double halted_since; /* when it was seen stopped by a signal (state T), 0 when it runs */
     bool halted_said;    /* cddprun said so */
     stream out, err;
@@ -99,6 +100,8 @@ void cddprun_start_workers(job *j);
 /* Looks at the running workers' state (/proc/<pid>/stat): one stopped by a signal (SIGSTOP, a
  * debugger) for 2 s is said once. Returns the worker stopped longest, or NULL. */
 worker *cddprun_halted(job *j);
+/* Wall-clock seconds (CLOCK_REALTIME), to order failures across nodes. */
+double cddprun_wall_s(void);
 /* Reaps exited workers; returns the number still running. */
 int cddprun_reap(job *j, worker **first_failure);
 /* One pass of the monitor: waits for output, a child exit, a signal or the interval. */
@@ -116,6 +119,15 @@ void cddprun_random_hex(char *out, size_t bytes);
 void cddprun_rendezvous(job *j);
 /* Has another node posted a failure for this round? Fills why. */
 bool cddprun_remote_failure(job *j, char *why, size_t n);
+/* Another node's root cause of a failed round. */
+typedef struct remote_cause {
+    int node;
+    double when; /* wall-clock seconds */
+    char text[CDDP_ERROR_MSG_MAX];
+} remote_cause;
+/* Node 0: the root causes the other nodes posted for this round (r<round>/cause/<node>), waiting
+ * up to --grace_period + 5 s for each; nodes without a failure of their own are left out. */
+int cddprun_gather_causes(job *j, remote_cause *out, int max);
 
 /* report.c */
 /* The cgroup's count of OOM kills, or -1 where that cannot be read. */

@@ -57,6 +57,7 @@ static round_result run_round(job *j) {
         return ROUND_SIGNALLED;
     }
     char key[64], text[CDDP_ERROR_MSG_MAX];
+    double when = 0; /* the root cause's wall-clock time, to compare with other nodes' */
     /* A rank stopped by a signal is why the others failed (they timed out waiting for it): it is
      * the root cause, not the first of them to give up. */
     worker *halted = first ? cddprun_halted(j) : NULL;
@@ -68,11 +69,15 @@ static round_result run_round(job *j) {
                  "rank %d (local rank %d, host %s, pid %d) stopped answering: it was stopped "
                  "(by SIGSTOP or a debugger) at %s, and the ranks below waited for it",
                  halted->rank, halted->local_rank, j->host, (int)halted->pid, since);
+        when = cddprun_wall_s() - (cddp_now_s() - halted->halted_since);
         first = halted;
     } else if (first) {
         cddprun_describe(j, first, text, sizeof text);
+        when = first->end_wall;
+    }
+    if (first && o->nnodes > 1) {
         snprintf(key, sizeof key, "r%d/failed", j->round);
-        if (o->nnodes > 1) cddp_store_set_str(j->store, key, text, &err);
+        cddp_store_set_str(j->store, key, text, &err);
     }
     if (first || remote[0])
         cddprun_stop_workers(j, SIGTERM);
@@ -88,14 +93,35 @@ static round_result run_round(job *j) {
     }
     if (!first && !remote[0]) return ROUND_OK;
 
-    /* The report. */
+    /* The report: on several nodes, each posts its own root cause (or none) and node 0 merges
+     * them, naming the earliest as the job's. */
+    remote_cause others[64];
+    int nothers = 0, root = -1; /* root: the index in others, or -1 for this node's */
+    if (o->nnodes > 1) {
+        char mine[CDDP_ERROR_MSG_MAX + 32];
+        snprintf(key, sizeof key, "r%d/cause/%d", j->round, o->node_rank);
+        snprintf(mine, sizeof mine, "%.3f %s", first ? when : 0.0, first ? text : "");
+        cddp_store_set_str(j->store, key, mine, &err);
+        if (o->node_rank == 0) nothers = cddprun_gather_causes(j, others, 64);
+        for (int k = 0; k < nothers; k++)
+            if ((!first && root < 0) || (others[k].when < (root < 0 ? when : others[root].when)))
+                root = k;
+    }
     fprintf(stderr, "cddprun: the job failed (run %s, attempt %d of %d, node %d of %d)\n",
             j->run_id, j->round + 1, o->max_restarts + 1, o->node_rank, o->nnodes);
-    if (first) {
+    if (root >= 0)
+        fprintf(stderr, "  root cause, on node %d: %s\n", others[root].node, others[root].text);
+    else if (first)
         fprintf(stderr, "  root cause: %s\n    log: %s\n", text, first->log_path);
-    } else {
+    else
         fprintf(stderr, "  root cause, on another node: %s\n", remote);
-    }
+    if (root >= 0 && first)
+        fprintf(stderr, "  also failed, here: %s\n    log: %s\n", text, first->log_path);
+    for (int k = 0; k < nothers; k++)
+        if (k != root)
+            fprintf(stderr, "  also failed, on node %d: %s\n", others[k].node, others[k].text);
+    if (o->nnodes > 1 && o->node_rank != 0)
+        fprintf(stderr, "  (node 0's report merges every node's)\n");
     for (int i = 0; i < o->nproc_per_node; i++) {
         worker *w = &j->w[i];
         if (w == first) continue;

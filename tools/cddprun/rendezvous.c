@@ -136,3 +136,27 @@ bool cddprun_remote_failure(job *j, char *why, size_t n) {
     }
     return true;
 }
+
+int cddprun_gather_causes(job *j, remote_cause *out, int max) {
+    int n = 0;
+    double until = cddp_now_s() + j->o.grace_period + 5;
+    for (int k = 1; k < j->o.nnodes && n < max; k++) {
+        char key[64];
+        snprintf(key, sizeof key, "r%d/cause/%d", j->round, k);
+        void *v = NULL;
+        size_t len = 0;
+        cddp_error err = {0};
+        double left = until - cddp_now_s();
+        if (cddp_store_get(j->store, key, left > 0.01 ? left : 0.01, &v, &len, &err) != CDDP_OK)
+            continue; /* that node is gone or slow: its cause is not known */
+        int skip = 0;
+        double when = 0;
+        if (sscanf(v, "%lf %n", &when, &skip) == 1 && when > 0 && ((char *)v)[skip]) {
+            out[n] = (remote_cause){.node = k, .when = when};
+            snprintf(out[n].text, sizeof out[n].text, "%s", (char *)v + skip);
+            n++;
+        }
+        cddp_free(v);
+    }
+    return n;
+}

@@ -6,8 +6,9 @@
 #include <sys/wait.h>
 #include <time.h>
 
-long cddprun_oom_kills(void) {
-    FILE *f = fopen("/sys/fs/cgroup/memory.events", "r");
+/* The "oom_kill N" count in a cgroup file of "key value" lines, or -1. */
+static long oom_kill_count(const char *path) {
+    FILE *f = fopen(path, "r");
     if (!f) return -1;
     char key[64];
     long v, found = -1;
@@ -15,6 +16,32 @@ long cddprun_oom_kills(void) {
         if (!strcmp(key, "oom_kill")) found = v;
     fclose(f);
     return found;
+}
+
+/* The OOM kills in this process's memory cgroup, where its workers run: cgroup v2's
+ * memory.events, or v1's memory.oom_control (the memory controller's line of /proc/self/cgroup
+ * names the group); -1 where neither can be read. */
+long cddprun_oom_kills(void) {
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    char line[1024], path[1200];
+    long found = -1;
+    while (f && found < 0 && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        char *controllers = strchr(line, ':'),
+             *group = controllers ? strchr(controllers + 1, ':') : NULL;
+        if (!group) continue;
+        *group++ = '\0';
+        controllers++;
+        if (!*controllers) /* v2: "0::/path" */
+            snprintf(path, sizeof path, "/sys/fs/cgroup%s/memory.events", group);
+        else if (!strcmp(controllers, "memory")) /* v1: "4:memory:/path" */
+            snprintf(path, sizeof path, "/sys/fs/cgroup/memory%s/memory.oom_control", group);
+        else
+            continue;
+        found = oom_kill_count(path);
+    }
+    if (f) fclose(f);
+    return found >= 0 ? found : oom_kill_count("/sys/fs/cgroup/memory.events");
 }
 
 void cddprun_describe(const job *j, const worker *w, char *out, size_t n) {
@@ -31,8 +58,9 @@ void cddprun_describe(const job *j, const worker *w, char *out, size_t n) {
             long now = cddprun_oom_kills();
             oom = now < 0 || j->oom_kills_at_start < 0
                       ? " (cddprun cannot tell whether the kernel's OOM killer did it)"
-                  : now > j->oom_kills_at_start ? " (the kernel's OOM killer: memory.events "
-                                                  "counts a new oom_kill)"
+                  : now > j->oom_kills_at_start ? " (the kernel's OOM killer: the memory cgroup "
+                                                  "counts a new oom_kill; give the job more "
+                                                  "memory or use less)"
                                                 : " (not the kernel's OOM killer)";
         }
         snprintf(out, n,

@@ -104,8 +104,78 @@ static int open_log(const job *j, int local, const char *name, int *fd, char *pa
     return *fd < 0 ? errno : 0;
 }
 
+/* ---- the guardian ------------------------------------------------------------------------ */
+
+/* Workers die with cddprun (PR_SET_PDEATHSIG), but their own children would not: SIGKILL of
+ * cddprun leaves them no one to stop them. So a guardian process, started once, holds the read
+ * end of a pipe from cddprun and the process group of every worker cddprun told it about
+ * ("+pgid", "-pgid" once reaped); when the pipe closes while groups remain, cddprun died with
+ * its workers running: the guardian kills those groups, children and all, and exits. It ignores
+ * the terminal's signals, which cddprun handles. */
+static int guardian_fd = -1;
+
+static void guardian(int in) {
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN);
+    int null = open("/dev/null", O_RDWR);
+    for (int fd = 0; fd < 3 && null >= 0; fd++) dup2(null, fd); /* never holds the console */
+    for (int fd = 3; fd < 4096; fd++)
+        if (fd != in) close(fd);
+    static pid_t groups[4096];
+    int n = 0;
+    char buf[4096], line[32];
+    size_t len = 0;
+    ssize_t r;
+    while ((r = read(in, buf, sizeof buf)) != 0) {
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) break;
+        for (ssize_t i = 0; i < r; i++) {
+            if (buf[i] != '\n') {
+                if (len < sizeof line - 1) line[len++] = buf[i];
+                continue;
+            }
+            line[len] = '\0';
+            len = 0;
+            pid_t g = (pid_t)atoi(line + 1);
+            if (line[0] == '+' && g > 0 && n < 4096) groups[n++] = g;
+            for (int k = 0; line[0] == '-' && k < n; k++)
+                if (groups[k] == g) groups[k--] = groups[--n];
+        }
+    }
+    for (int k = 0; k < n; k++) kill(-groups[k], SIGKILL);
+    _exit(0);
+}
+
+static void start_guardian(void) {
+    int p[2];
+    if (guardian_fd >= 0 || pipe2(p, O_CLOEXEC) != 0) return;
+    pid_t g = fork();
+    if (g == 0) guardian(p[0]);
+    close(p[0]);
+    if (g < 0) {
+        close(p[1]);
+        return;
+    }
+    guardian_fd = p[1];
+}
+
+/* Tells the guardian of a worker's process group: '+' started, '-' reaped. */
+static void guard(char sign, pid_t pgid) {
+    char b[24];
+    int n = snprintf(b, sizeof b, "%c%d\n", sign, (int)pgid);
+    if (guardian_fd >= 0 && write(guardian_fd, b, (size_t)n) != n) {
+        close(guardian_fd); /* the guardian is gone: nothing to tell any more */
+        guardian_fd = -1;
+    }
+}
+
+/* ---- starting workers -------------------------------------------------------------------- */
+
 void cddprun_start_workers(job *j) {
     const options *o = &j->o;
+    start_guardian();
     for (int i = 0; i < o->nproc_per_node; i++) {
         worker *w = &j->w[i];
         *w = (worker){.rank = j->base + i, .local_rank = i, .running = true};
@@ -191,6 +261,7 @@ void cddprun_start_workers(job *j) {
         }
         w->pid = pid;
         setpgid(pid, pid); /* also here, so a signal sent right away finds the group */
+        guard('+', pid);
         if (pipes) {
             close(po[1]);
             close(pe[1]);
@@ -261,6 +332,12 @@ worker *cddprun_halted(job *j) {
     return longest;
 }
 
+double cddprun_wall_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 /* Reaps exited workers; returns the number still running. */
 int cddprun_reap(job *j, worker **first_failure) {
     int status, running = 0;
@@ -269,6 +346,8 @@ int cddprun_reap(job *j, worker **first_failure) {
         if (!w->running) continue;
         pid_t r = waitpid(w->pid, &status, WNOHANG);
         if (r == w->pid) {
+            w->end_wall = cddprun_wall_s();
+            guard('-', w->pid);
             sweep_shm(w->pid);
             w->running = false;
             w->status = status;

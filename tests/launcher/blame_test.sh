@@ -1,0 +1,50 @@
+#!/bin/sh
+# blame_test.sh BUILD_DIR COMM_CHECK: a job of 2 nodes x 2 ranks (cddprun on 127.0.0.1 and on
+# 127.0.0.2) allreduces in a loop; rank 3, on node 1, is SIGKILLed. Node 0's ranks then fail
+# too (their peer died), but node 0's report, merged from both nodes', must name rank 3 on node 1
+# as the root cause and its own ranks as what followed.
+set -u
+build=$1 check=$2
+R="$build/bin/cddprun"
+work=$(mktemp -d)
+p0="" p1=""
+cleanup() {
+    for p in $p0 $p1; do kill -9 "$p" 2>/dev/null; done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; for f in n0 n1; do echo "--- node ${f#n}:"; cat "$work/$f"; done; exit 1; }
+unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS RANK WORLD_SIZE CDDP_TRANSPORT
+export CDDP_LOG_LEVEL=error
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+(umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/token")
+common="--nnodes 2 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port $port"
+common="$common --token_file $work/token --grace_period 2"
+worker="echo \$\$ > $work/pid.\$RANK; exec $check loop 120"
+CDDP_HOST_ID=host-a "$R" $common --node_rank 0 --local_addr 127.0.0.1 sh -c "$worker" \
+    > "$work/n0" 2>&1 &
+p0=$!
+CDDP_HOST_ID=host-b "$R" $common --node_rank 1 --local_addr 127.0.0.2 sh -c "$worker" \
+    > "$work/n1" 2>&1 &
+p1=$!
+i=0
+until [ -s "$work/pid.3" ] && [ -s "$work/pid.0" ]; do
+    i=$((i + 1))
+    [ $i -gt 300 ] && fail "the ranks did not start in 30 s"
+    sleep 0.1
+done
+sleep 1
+kill -9 "$(cat "$work/pid.3")"
+wait "$p0"
+rc0=$?
+wait "$p1"
+rc1=$?
+p0="" p1=""
+[ "$rc0" = 1 ] && [ "$rc1" = 1 ] || fail "node 0 exited $rc0, node 1 $rc1 (expected 1 and 1)"
+grep -q "root cause, on node 1: rank 3 (local rank 1, host 127.0.0.2) was killed by SIGKILL" \
+    "$work/n0" || fail "node 0's report does not name rank 3 on node 1 as the root cause"
+grep -q "also failed, here: rank [01] " "$work/n0" || fail "node 0's report lacks its own ranks"
+grep -q "root cause: rank 3 (local rank 1, host 127.0.0.2) was killed by SIGKILL" "$work/n1" ||
+    fail "node 1's report does not name rank 3"
+echo "ok: rank 3 killed on node 1: node 0's merged report names it as the root cause, its own" \
+     "ranks as what followed"
