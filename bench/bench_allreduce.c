@@ -3,7 +3,9 @@
  *   cddprun --nproc_per_node 2 build/bin/cddp-bench-allreduce --min-bytes 4K --max-bytes 64M
  *
  * For each size (doubling from --min-bytes to --max-bytes): the mean time of --iters allreduces
- * after --warmup, out of place and in place, algbw = bytes / time and busbw = algbw * 2(n-1)/n
+ * after --warmup, out of place and in place, and the median (p50) and 99th percentile (p99) of
+ * the calls out of place (rank 0's times; the tail is where a rank that fell asleep shows),
+ * algbw = bytes / mean time and busbw = algbw * 2(n-1)/n
  * (what each rank's link carries in a bandwidth-optimal allreduce), and #wrong: elements that
  * differ from the exact expected value (inputs are small integers). Rank 0 prints the table, or
  * one JSON line per size with --json. --registered places the buffers in memory from
@@ -13,9 +15,21 @@
 #include <cddp/cddp.h>
 
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+static int by_value(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The q-quantile of n sorted values (nearest rank). */
+static double quantile(const double *sorted, int n, double q) {
+    int k = (int)ceil(q * n) - 1;
+    return sorted[k < 0 ? 0 : k >= n ? n - 1 : k];
+}
 
 static int64_t parse_size(const char *s) {
     char *end;
@@ -32,7 +46,7 @@ static int64_t parse_size(const char *s) {
 
 int main(int argc, char **argv) {
     int64_t min_bytes = 4 << 10, max_bytes = 64 << 20;
-    int iters = 20, warmup = 5;
+    int iters = 100, warmup = 5;
     bool json = false, registered = false;
     cddp_comm_op op = CDDP_COMM_SUM;
     static const struct option lo[] = {{"min-bytes", required_argument, 0, 'b'},
@@ -71,7 +85,7 @@ int main(int argc, char **argv) {
             registered = true;
             break;
         case 'h':
-            printf("usage: cddp-bench-allreduce [--min-bytes 4K] [--max-bytes 64M] [--iters 20] "
+            printf("usage: cddp-bench-allreduce [--min-bytes 4K] [--max-bytes 64M] [--iters 100] "
                    "[--warmup 5] [--op sum|min|max] [--registered] [--json]\n"
                    "   (float32; run under cddprun)\n");
             return 0;
@@ -99,16 +113,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cddp-bench-allreduce: %s\n", err.code ? err.msg : "out of memory");
         return 1;
     }
+    double *times = malloc(sizeof(double) * (size_t)iters);
+    if (!times) return 1;
     if (rank == 0 && !json)
-        printf("# cddp allreduce, %d ranks, float32 %s, %s buffers\n#%12s %12s %10s %10s %10s %7s "
-               "%10s %10s "
-               "%10s %7s\n",
-               n, cddp_comm_op_name(op), registered ? "registered" : "plain", "size(B)", "count",
-               "time(us)", "algbw(GB/s)", "busbw", "#wrong", "time(us)", "algbw", "busbw",
-               "#wrong");
+        printf("# cddp allreduce, %d ranks, float32 %s, %s buffers; out of place: mean, p50 and "
+               "p99 of %d calls\n#%12s %12s %10s %9s %9s %10s %10s %7s %10s %10s %10s %7s\n",
+               n, cddp_comm_op_name(op), registered ? "registered" : "plain", iters, "size(B)",
+               "count", "time(us)", "p50(us)", "p99(us)", "algbw(GB/s)", "busbw", "#wrong",
+               "time(us)", "algbw", "busbw", "#wrong");
     for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
         int64_t count = bytes / 4;
-        double t[2], wrong[2];
+        double t[2], wrong[2], p50 = 0, p99 = 0;
         for (int inplace = 0; inplace < 2; inplace++) {
             float *dst = inplace ? send : recv;
             /* Each call timed on its own: the input is refilled between calls (in place would
@@ -121,9 +136,16 @@ int main(int argc, char **argv) {
                     fprintf(stderr, "cddp-bench-allreduce: %s\n", err.msg);
                     return 1;
                 }
-                if (k >= warmup) total += cddp_now_s() - t0;
+                double dt = cddp_now_s() - t0;
+                if (k >= warmup) total += dt;
+                if (k >= warmup && !inplace) times[k - warmup] = dt;
             }
             t[inplace] = total / iters;
+            if (!inplace) {
+                qsort(times, (size_t)iters, sizeof *times, by_value);
+                p50 = quantile(times, iters, 0.50);
+                p99 = quantile(times, iters, 0.99);
+            }
             float want = op == CDDP_COMM_SUM   ? (float)(n * (n + 1) / 2)
                          : op == CDDP_COMM_MAX ? (float)n
                                                : 1.0f;
@@ -136,14 +158,16 @@ int main(int argc, char **argv) {
         if (rank != 0) continue;
         if (json)
             printf("{\"impl\": \"cddp\", \"registered\": %s, \"ranks\": %d, \"bytes\": %lld, "
-                   "\"time_us\": %.2f, \"algbw\": %.3f, \"busbw\": %.3f, \"wrong\": %.0f, "
-                   "\"time_us_inplace\": %.2f, \"busbw_inplace\": %.3f, \"wrong_inplace\": %.0f}\n",
-                   registered ? "true" : "false", n, (long long)bytes, t[0] * 1e6, alg[0],
-                   alg[0] * f, wrong[0], t[1] * 1e6, alg[1] * f, wrong[1]);
+                   "\"time_us\": %.2f, \"p50_us\": %.2f, \"p99_us\": %.2f, \"algbw\": %.3f, "
+                   "\"busbw\": %.3f, \"wrong\": %.0f, \"time_us_inplace\": %.2f, "
+                   "\"busbw_inplace\": %.3f, \"wrong_inplace\": %.0f}\n",
+                   registered ? "true" : "false", n, (long long)bytes, t[0] * 1e6, p50 * 1e6,
+                   p99 * 1e6, alg[0], alg[0] * f, wrong[0], t[1] * 1e6, alg[1] * f, wrong[1]);
         else
-            printf(" %12lld %12lld %10.2f %10.3f %10.3f %7.0f %10.2f %10.3f %10.3f %7.0f\n",
-                   (long long)bytes, (long long)count, t[0] * 1e6, alg[0], alg[0] * f, wrong[0],
-                   t[1] * 1e6, alg[1], alg[1] * f, wrong[1]);
+            printf(" %12lld %12lld %10.2f %9.2f %9.2f %10.3f %10.3f %7.0f %10.2f %10.3f %10.3f "
+                   "%7.0f\n",
+                   (long long)bytes, (long long)count, t[0] * 1e6, p50 * 1e6, p99 * 1e6, alg[0],
+                   alg[0] * f, wrong[0], t[1] * 1e6, alg[1], alg[1] * f, wrong[1]);
     }
     if (registered) {
         cddp_comm_free(g, send);
@@ -152,6 +176,7 @@ int main(int argc, char **argv) {
         cddp_aligned_free(send);
         cddp_aligned_free(recv);
     }
+    free(times);
     cddp_comm_destroy(g);
     return 0;
 }

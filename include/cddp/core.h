@@ -138,6 +138,9 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
     X(LOCAL_ADDR, STR, "auto",                                                                     \
       "Address the TCP transport listens on; cddprun sets it from --local_addr or the hostname "   \
       "(auto: 127.0.0.1 when MASTER_ADDR is local, else the hostname).")                           \
+    X(SPIN_US, STR, "auto",                                                                        \
+      "Microseconds a rank waiting for another spins before it sleeps (auto: 200 when every rank " \
+      "on this host has a core of its own, else 20).")                                             \
     X(TCP_SMALL_KB, INT, "64",                                                                     \
       "TCP allreduces up to this size take the one-hop path (every rank sends to every other).")   \
     X(TCP_CHUNK_KB, INT, "256",                                                                    \

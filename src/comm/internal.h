@@ -137,6 +137,7 @@ struct cddp_comm {
      * was stalled, and CDDP_STALL_WARN_S (0: never). */
     fingerprint call;
     double call_start, stall_said, stall_warn;
+    double spin_s;     /* how long a wait spins before it sleeps (CDDP_SPIN_US) */
     cddp_error failed; /* latched */
     uint64_t seq;      /* collectives started */
     /* The rendezvous keys of a group inside the job's store: "" for the job's group,

@@ -14,7 +14,6 @@
 #define CTL_SIZE  512
 #define PAIR_SIZE 64
 #define MAX_REGS  16
-#define SPIN_S    20e-6
 
 /* Where a collective's buffer lies in registered memory: the registration's number (0: not
  * registered) and the byte offset in it. */

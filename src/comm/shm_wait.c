@@ -96,7 +96,7 @@ int cddp__shm_idle(cddp_comm *c, waiting *w, bool (*ready)(const void *), const 
     CDDP_TRY(cddp__shm_check_abort(c, err));
     double now = cddp_now_s();
     if (w->start == 0) w->start = now;
-    if (now - w->start < SPIN_S) return CDDP_OK;
+    if (now - w->start < c->spin_s) return CDDP_OK;
     sleep_until(c, ready, arg);
     now = cddp_now_s();
     if (now < w->next_check) return CDDP_OK;

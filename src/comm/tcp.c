@@ -43,7 +43,6 @@
 #include <unistd.h>
 
 #define TCP_MAGIC 0x43444450544350ull /* "CDDPTCP" */
-#define SPIN_S    20e-6 /* a transfer that cannot progress retries this long before it polls */
 
 enum { CH_DATA, CH_CONTROL };
 /* What a peer's control connection said: nothing yet, or its one notice, or end-of-file. */
@@ -419,7 +418,7 @@ static int tcp_move(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, bool a
          * sleeping in poll (the latency path), as the shared-memory waits do. */
         double now = cddp_now_s();
         if (spin_start == 0) spin_start = now;
-        if (now - spin_start < SPIN_S) continue;
+        if (now - spin_start < c->spin_s) continue; /* CDDP_SPIN_US */
         spin_start = 0;
         CDDP_TRY(cddp__comm_aborted_here(c, err));
         int np = 0, waiting_for = -1;
