@@ -45,6 +45,13 @@ CDDP_API int cddp_net_nonce(uint8_t nonce[CDDP_NET_NONCE], cddp_error *err);
 CDDP_API void cddp_net_proof(const char *secret, const char *label,
                              const uint8_t first[CDDP_NET_NONCE],
                              const uint8_t second[CDDP_NET_NONCE], uint8_t proof[CDDP_NET_PROOF]);
+/* A job's secret from a file (cddprun --token_file): its first line, trailing blanks removed, of
+ * 1 to CDDP_NET_MAX_SECRET bytes and no NUL byte, from a regular file. *mode receives the file's
+ * permission bits, so that the caller can warn when other users may read it (mode & 077).
+ * CDDP_EINVAL or CDDP_EIO with err saying "PATH: ..." otherwise. */
+#define CDDP_NET_MAX_SECRET 256
+CDDP_API int cddp_net_read_secret(const char *path, char out[CDDP_NET_MAX_SECRET + 1],
+                                  unsigned *mode, cddp_error *err);
 /* Compares two proofs in time that does not depend on where they differ. */
 CDDP_API bool cddp_net_proof_equal(const uint8_t a[CDDP_NET_PROOF],
                                    const uint8_t b[CDDP_NET_PROOF]);

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -96,7 +97,12 @@ int cddp__shm_idle(cddp_comm *c, waiting *w, bool (*ready)(const void *), const 
     CDDP_TRY(cddp__shm_check_abort(c, err));
     double now = cddp_now_s();
     if (w->start == 0) w->start = now;
-    if (now - w->start < c->spin_s) return CDDP_OK;
+    if (now - w->start < c->spin_s) {
+        /* Past the first 20 us, let any other runnable thread have this core first: spinning
+         * must not take time from a peer (or anything else) when the machine is busy. */
+        if (now - w->start > 20e-6) sched_yield();
+        return CDDP_OK;
+    }
     sleep_until(c, ready, arg);
     now = cddp_now_s();
     if (now < w->next_check) return CDDP_OK;

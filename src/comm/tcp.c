@@ -418,7 +418,10 @@ static int tcp_move(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, bool a
          * sleeping in poll (the latency path), as the shared-memory waits do. */
         double now = cddp_now_s();
         if (spin_start == 0) spin_start = now;
-        if (now - spin_start < c->spin_s) continue; /* CDDP_SPIN_US */
+        if (now - spin_start < c->spin_s) { /* CDDP_SPIN_US; past 20 us, others may go first */
+            if (now - spin_start > 20e-6) sched_yield();
+            continue;
+        }
         spin_start = 0;
         CDDP_TRY(cddp__comm_aborted_here(c, err));
         int np = 0, waiting_for = -1;

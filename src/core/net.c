@@ -15,6 +15,7 @@
 #include <openssl/hmac.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 int cddp_net_poll_ms(double deadline) {
@@ -226,4 +227,49 @@ void cddp_net_proof(const char *secret, const char *label, const uint8_t first[C
 bool cddp_net_proof_equal(const uint8_t a[CDDP_NET_PROOF], const uint8_t b[CDDP_NET_PROOF]) {
     static const uint8_t none[CDDP_NET_PROOF];
     return CRYPTO_memcmp(a, b, CDDP_NET_PROOF) == 0 && CRYPTO_memcmp(a, none, CDDP_NET_PROOF) != 0;
+}
+
+int cddp_net_read_secret(const char *path, char out[CDDP_NET_MAX_SECRET + 1], unsigned *mode,
+                         cddp_error *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        int e = errno;
+        if (fd >= 0) close(fd);
+        return cddp_error_set(err, CDDP_EIO, "%s: cannot read it: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return cddp_error_set(err, CDDP_EINVAL, "%s: not a regular file", path);
+    }
+    char buf[CDDP_NET_MAX_SECRET + 2];
+    size_t n = 0;
+    ssize_t r = 0;
+    while (n < sizeof buf - 1 && (r = read(fd, buf + n, sizeof buf - 1 - n)) != 0) {
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) break;
+        n += (size_t)r;
+    }
+    int e = r < 0 ? errno : 0;
+    close(fd);
+    if (e) return cddp_error_set(err, CDDP_EIO, "%s: cannot read it: %s", path, strerror(e));
+    const char *nl = memchr(buf, '\n', n);
+    size_t len = nl ? (size_t)(nl - buf) : n;
+    if (len > CDDP_NET_MAX_SECRET)
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "%s: the secret (its first line) is longer than %d bytes", path,
+                              CDDP_NET_MAX_SECRET);
+    if (memchr(buf, '\0', len))
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "%s: the secret (its first line) holds a NUL byte: is it a text "
+                              "file?",
+                              path);
+    while (len && (buf[len - 1] == ' ' || buf[len - 1] == '\t' || buf[len - 1] == '\r')) len--;
+    if (!len)
+        return cddp_error_set(err, CDDP_EINVAL, "%s: no secret in it (its first line is empty)",
+                              path);
+    memcpy(out, buf, len);
+    out[len] = '\0';
+    if (mode) *mode = (unsigned)(st.st_mode & 07777);
+    return CDDP_OK;
 }

@@ -73,6 +73,14 @@ put("tokens", "three", tokens(3, [1, 2, 255]))
 put("tokens", "regress-count-past-end", tokens(1 << 30, [1, 2]))
 put("tokens", "wrong-magic", tokens(1, [1], magic=1))
 
+# A job's secret file (cddprun --token_file): a line, blanks and a second line, an empty line; a
+# NUL byte in the line and a line too long are refused.
+put("secret", "base64-line", b"c2VjcmV0LXRva2VuLXZhbHVl\n")
+put("secret", "crlf-and-more", b"secret \r\nsecond line\n")
+put("secret", "empty-line", b"\n")
+put("secret", "regress-nul-in-line", b"abc\0def\n")
+put("secret", "too-long", b"x" * 300)
+
 # The store: a stranger's HELLO; with the token (first byte odd), every request, and an ADD that
 # would overflow a 64-bit counter (regression).
 put("store", "hello", b"\0" + frame(1, field(b"\0" * 16)))

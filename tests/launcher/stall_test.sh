@@ -3,8 +3,8 @@
 # and by the launcher, and a dead one is known as dead even before anyone reaps it.
 #
 #   stop shm|tcp  3 ranks allreduce in a loop (comm_check loop); rank 1 gets SIGSTOP. Within
-#                 CDDP_STALL_WARN_S (2 s) the others log the collective and that they wait for
-#                 rank 1; cddprun says rank 1 is stopped; after CDDP_TIMEOUT_S (8 s) the others
+#                 CDDP_STALL_WARN_S (1 s) the others log the collective and that they wait for
+#                 rank 1; cddprun says rank 1 is stopped; after CDDP_TIMEOUT_S (5 s) the others
 #                 fail, and cddprun's report names rank 1 as the root cause, not them.
 #   zombie        rank 1 runs under a parent that never reaps it, and is SIGKILLed: a zombie
 #                 still answers kill(pid, 0), but rank 0 reports it dead at once, long before
@@ -38,7 +38,7 @@ wait_file() { # wait_file PATH: up to 30 s
 
 for transport in shm tcp; do
     rm -rf "$work/logs" "$work"/pid.*
-    CDDP_TRANSPORT=$transport CDDP_STALL_WARN_S=2 CDDP_TIMEOUT_S=8 \
+    CDDP_TRANSPORT=$transport CDDP_STALL_WARN_S=1 CDDP_TIMEOUT_S=5 \
         "$R" --standalone --nproc_per_node 3 --grace_period 2 --logdir "$work/logs" \
         sh -c "echo \$\$ > $work/pid.\$RANK; exec $check loop 120" > "$work/launcher" 2>&1 &
     cp=$!
@@ -62,7 +62,7 @@ for transport in shm tcp; do
         "$work/launcher" || fail "$transport: the root cause is not rank 1"
     grep -q "also failed: rank [02] " "$work/launcher" || fail "$transport: the survivors are not listed"
     [ "$took" -lt 20 ] || fail "$transport: the job took $took s to end after the stop"
-    echo "ok: $transport: rank 1 stopped: the others named it after 2 s, cddprun's report names it," \
+    echo "ok: $transport: rank 1 stopped: the others named it after 1 s, cddprun's report names it," \
          "the job ended in $took s"
 done
 

@@ -10,6 +10,7 @@
 #define CDDPRUN_H
 
 #include "cddp/core.h"
+#include "cddp/net.h"
 #include "cddp/store.h"
 
 #include <limits.h>
@@ -29,7 +30,7 @@ typedef struct stream_spec {
     } map[MAX_STREAM_MAP];
 } stream_spec;
 
-#define CDDPRUN_MAX_TOKEN 256 /* bytes of a job token, at most */
+#define CDDPRUN_MAX_TOKEN CDDP_NET_MAX_SECRET /* bytes of a job token, at most */
 
 typedef struct options {
     int nnodes, node_rank, nproc_per_node, master_port, max_restarts;

@@ -362,44 +362,19 @@ static bool ends_with(const char *s, const char *suffix) {
     return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
-/* The first line of a token file, checked: a regular file, not empty, not too long; a warning
- * when other users may read it. */
-static void read_token_file(const char *path, char *out) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0)
-        cddprun_die_usage("--token_file %s: cannot read it: %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) cddprun_die_usage("--token_file %s: not a regular file", path);
-    char buf[CDDPRUN_MAX_TOKEN + 2];
-    size_t n = 0;
-    ssize_t r;
-    while (n < sizeof buf - 1 && (r = read(fd, buf + n, sizeof buf - 1 - n)) != 0) {
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) cddprun_die_usage("--token_file %s: cannot read it: %s", path, strerror(errno));
-        n += (size_t)r;
-    }
-    close(fd);
-    buf[n] = '\0';
-    n = strcspn(buf, "\n");
-    if (n > CDDPRUN_MAX_TOKEN)
-        cddprun_die_usage("--token_file %s: the secret (its first line) is longer than %d bytes",
-                          path, CDDPRUN_MAX_TOKEN);
-    while (n && isspace((unsigned char)buf[n - 1])) n--;
-    if (!n) cddprun_die_usage("--token_file %s: no secret in it (its first line is empty)", path);
-    memcpy(out, buf, n);
-    out[n] = '\0';
-    if (st.st_mode & 077)
-        fprintf(stderr,
-                "cddprun: warning: --token_file %s can be read by other users (mode %04o); "
-                "chmod 600 it\n",
-                path, (unsigned)(st.st_mode & 07777));
-}
-
 void cddprun_job_token(const options *o, char *out) {
     if (o->token && o->token_file)
         cddprun_die_usage("--token and --token_file both give the job's secret: give one");
     if (o->token_file) {
-        read_token_file(o->token_file, out);
+        unsigned mode = 0;
+        cddp_error err = {0};
+        if (cddp_net_read_secret(o->token_file, out, &mode, &err) != CDDP_OK)
+            cddprun_die_usage("--token_file %s", err.msg);
+        if (mode & 077)
+            fprintf(stderr,
+                    "cddprun: warning: --token_file %s can be read by other users (mode %04o); "
+                    "chmod 600 it\n",
+                    o->token_file, mode);
     } else if (o->token) {
         if (!*o->token || strlen(o->token) > CDDPRUN_MAX_TOKEN)
             cddprun_die_usage("--token: the secret must have 1 to %d bytes", CDDPRUN_MAX_TOKEN);
