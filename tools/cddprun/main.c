@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -55,6 +56,19 @@ static round_result run_round(job *j) {
                 sigabbrev_np(cddprun_got_signal));
         cddprun_stop_workers(j, SIGTERM);
         return ROUND_SIGNALLED;
+    }
+    /* A rank that exited with an error may only have found a peer dead: the peers of a rank
+     * killed by a signal fail within milliseconds of it, and may be reaped first. So a failure
+     * by exit code waits 0.2 s for the others, and a rank killed meanwhile is the root cause. */
+    if (first && WIFEXITED(first->status)) {
+        worker *more = NULL;
+        double until = cddp_now_s() + 0.2;
+        while (cddp_now_s() < until && cddprun_reap(j, &more) > 0) cddprun_pump(j, 0.02);
+        for (int i = 0; i < o->nproc_per_node; i++)
+            if (j->w[i].failed && WIFSIGNALED(j->w[i].status)) {
+                first = &j->w[i];
+                break;
+            }
     }
     char key[64], text[CDDP_ERROR_MSG_MAX];
     double when = 0; /* the root cause's wall-clock time, to compare with other nodes' */
