@@ -32,7 +32,12 @@ static inline float vexp(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    int32_t bits = ((int32_t)k + 127) << 23;
+    /* k is within [-126, 127] for any x but NaN, whose k is NaN too: converting that to an integer
+     * is undefined, so k is clamped first (a NaN goes to -127); p is NaN then, and so is the
+     * result, as exp(NaN) should be. */
+    k = k > -127.0f ? k : -127.0f;
+    k = k < 128.0f ? k : 128.0f;
+    uint32_t bits = (uint32_t)((int32_t)k + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return p * scale;
