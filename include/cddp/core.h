@@ -181,6 +181,9 @@ CDDP_API long cddp_knob_int(cddp_knob knob);
 CDDP_API void cddp_set_num_threads(int n);
 /* The threads OpenBLAS uses now. */
 CDDP_API int cddp_num_threads(void);
+/* The cores this process may run on: its CPU affinity (a launcher's binding), or the online CPUs
+ * when that cannot be read. At least 1. */
+CDDP_API int cddp_num_cores(void);
 
 /* Seconds on the monotonic clock (for measuring intervals; the origin is arbitrary). */
 CDDP_API double cddp_now_s(void);

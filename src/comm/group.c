@@ -278,10 +278,7 @@ static double spin_seconds(const cddp_comm *c) {
         if (cddp_parse_int("CDDP_SPIN_US", knob, 0, 1000000, &us, &e) == CDDP_OK) return 1e-6 * us;
         cddp_log(CDDP_LOG_ERROR, "comm", "%s (or auto); using auto", e.msg);
     }
-    cpu_set_t set;
-    int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
-    if (cores <= 0) cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    return c->local_world <= cores ? 200e-6 : 20e-6;
+    return c->local_world <= cddp_num_cores() ? 200e-6 : 20e-6;
 }
 
 /* More than one rank on this host and no thread count chosen: one thread each for the math

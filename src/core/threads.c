@@ -8,8 +8,10 @@
 #include "cddp/core.h"
 
 #include <cblas.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 void cddp_set_num_threads(int n) {
     if (n < 1) n = 1;
@@ -22,4 +24,11 @@ void cddp_set_num_threads(int n) {
 
 int cddp_num_threads(void) {
     return openblas_get_num_threads();
+}
+
+int cddp_num_cores(void) {
+    cpu_set_t set;
+    int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+    if (cores <= 0) cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    return cores > 0 ? cores : 1;
 }

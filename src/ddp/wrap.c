@@ -11,11 +11,9 @@
 #include "ddp/internal.h"
 
 #include <inttypes.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 cddp_model *cddp_ddp_model(const cddp_ddp *d) {
     return d->model;
@@ -240,9 +238,7 @@ static int choose_overlap(cddp_ddp *d, cddp_error *err) {
         return cddp_error_set(err, CDDP_EINVAL,
                               "CDDP_DDP_OVERLAP=%s: expected thread, inline or auto", knob);
     if (o == CDDP_DDP_OVERLAP_AUTO) {
-        cpu_set_t set;
-        int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
-        if (cores <= 0) cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        int cores = cddp_num_cores();
         int local = cddp_comm_local_size(d->group);
         o = d->world == 1 || cores < 2 * local ? CDDP_DDP_OVERLAP_INLINE : CDDP_DDP_OVERLAP_THREAD;
         cddp_log(CDDP_LOG_DEBUG, "ddp", "%d cores for %d ranks on this host: buckets reduced %s",
