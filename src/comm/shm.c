@@ -1,10 +1,12 @@
 /* shm.c: the shared-memory transport, for ranks on one host.
  *
- * Setup. Rank 0 creates a segment, everyone maps it, and rank 0 unlinks its name once all have
- * mapped it: nothing is left in /dev/shm whatever happens to the processes afterwards. The
+ * Setup. Rank 0 creates a segment, an unnamed file in /dev/shm (O_TMPFILE), and posts its pid
+ * and descriptor; everyone maps it through /proc/<pid>/fd, and rank 0 closes the descriptor once
+ * all have mapped it. The memory has no name: nothing is ever in /dev/shm, and it goes away with
+ * the last process that maps it, whenever and however the processes end. The
  * segment holds a header, per rank a control block (an arrival counter, the pid, fingerprints,
- * registered-memory names, an abort reason) and two staging slots of CDDP_SHM_CHUNK_KB (one for
- * collectives, one for the messages it sends), and a pair block per ordered pair of ranks for
+ * registered-memory descriptors, an abort reason) and two staging slots of CDDP_SHM_CHUNK_KB (one
+ * for collectives, one for the messages it sends), and a pair block per ordered pair of ranks for
  * point to point.
  *
  * Waiting. Synchronisation is a counter barrier: a rank bumps its counter to the next step and
@@ -40,43 +42,47 @@
 
 /* ---- setup and teardown ------------------------------------------------------------------ */
 
-/* Rank 0 creates the segment and posts its name; the others open it. */
-static int open_segment(cddp_comm *c, struct cddp_store *st, char *name, size_t n, int *fd,
-                        cddp_error *err) {
+/* Rank 0 creates the segment and posts where it is (its pid, descriptor and inode); the others
+ * map it. */
+static int map_segment(cddp_comm *c, struct cddp_store *st, cddp_error *err) {
     shm *s = priv(c);
-    char key[64];
+    char key[64], where[96];
     snprintf(key, sizeof key, "%scomm/shm", c->key_prefix);
+    void *p = MAP_FAILED;
     if (c->rank == 0) {
-        uint64_t rnd = (uint64_t)(cddp_now_s() * 1e9) ^ ((uint64_t)getpid() << 20);
-        snprintf(name, n, "/cddp-%d-%" PRIx64, (int)getpid(), rnd);
-        *fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-        if (*fd < 0 || ftruncate(*fd, (off_t)s->seg_size) != 0) {
-            int e = errno;
-            if (*fd >= 0) {
-                close(*fd);
-                shm_unlink(name);
-            }
-            return cddp_error_set(err, CDDP_EIO,
-                                  "cannot create the shared-memory segment %s (%zu MiB): %s; is "
-                                  "/dev/shm full?",
-                                  name, s->seg_size >> 20, strerror(e));
-        }
-        return cddp_store_set_str(st, key, name, err);
+        uint64_t ino = 0;
+        s->seg_fd = cddp__shm_create(s->seg_size, &ino);
+        if (s->seg_fd >= 0) p = cddp__shm_map_fd(s->seg_fd, s->seg_size);
+        if (p == MAP_FAILED)
+            return cddp_error_set(
+                err, CDDP_EIO, "cannot create the shared-memory segment (%zu MiB) in /dev/shm: %s",
+                s->seg_size >> 20, strerror(errno));
+        s->seg = p;
+        snprintf(where, sizeof where, "%d %d %" PRIu64, (int)getpid(), s->seg_fd, ino);
+        return cddp_store_set_str(st, key, where, err);
     }
     void *v;
     size_t len;
     CDDP_TRY(cddp_store_get(st, key, -1, &v, &len, err));
-    snprintf(name, n, "%s", (char *)v);
+    int pid = 0, fd = -1;
+    uint64_t ino = 0;
+    int got = sscanf((char *)v, "%d %d %" SCNu64, &pid, &fd, &ino);
     cddp_free(v);
-    if ((*fd = shm_open(name, O_RDWR | O_CLOEXEC, 0)) < 0)
-        return cddp_error_set(err, CDDP_EIO, "cannot open the shared-memory segment %s: %s", name,
-                              strerror(errno));
+    if (got != 3) return cddp_error_set(err, CDDP_EIO, "rank 0 posted no shared-memory segment");
+    if ((p = cddp__shm_map_peer(pid, fd, ino, s->seg_size)) == MAP_FAILED) {
+        int e = errno;
+        return cddp_error_set(err, CDDP_EIO,
+                              "cannot map rank 0's shared-memory segment (pid %d, descriptor %d): "
+                              "%s%s",
+                              pid, fd, strerror(e), cddp__shm_map_hint(e));
+    }
+    s->seg = p;
     return CDDP_OK;
 }
 
-/* Once every rank has mapped the segment, rank 0 unlinks its name (nothing is left in /dev/shm,
- * whatever happens to the processes afterwards) and says it is ready. */
-static int all_mapped(cddp_comm *c, struct cddp_store *st, const char *name, cddp_error *err) {
+/* Once every rank has mapped the segment, rank 0 closes its descriptor (the mappings keep the
+ * memory) and says it is ready. */
+static int all_mapped(cddp_comm *c, struct cddp_store *st, cddp_error *err) {
     char key[64];
     snprintf(key, sizeof key, "%scomm/mapped/%d", c->key_prefix, c->rank);
     CDDP_TRY(cddp_store_set_str(st, key, "1", err));
@@ -85,8 +91,7 @@ static int all_mapped(cddp_comm *c, struct cddp_store *st, const char *name, cdd
         const char *k = key;
         CDDP_TRY(cddp_store_wait(st, &k, 1, -1, err));
         if (header(c)->magic != SEG_MAGIC || header(c)->world != c->world)
-            return cddp_error_set(err, CDDP_EIO, "the shared-memory segment %s is not this group's",
-                                  name);
+            return cddp_error_set(err, CDDP_EIO, "the shared-memory segment is not this group's");
         return CDDP_OK;
     }
     const char **keys = cddp_calloc((size_t)c->world, sizeof *keys);
@@ -97,7 +102,8 @@ static int all_mapped(cddp_comm *c, struct cddp_store *st, const char *name, cdd
         keys[r] = k[r];
     }
     if (rc == CDDP_OK) rc = cddp_store_wait(st, keys, c->world, -1, err);
-    shm_unlink(name);
+    close(priv(c)->seg_fd);
+    priv(c)->seg_fd = -1;
     cddp_free(keys);
     cddp_free(k);
     CDDP_TRY(rc);
@@ -109,6 +115,7 @@ static int shm_setup(cddp_comm *c, struct cddp_store *st, double deadline, cddp_
     shm *s = c->priv = cddp_calloc(1, sizeof *s);
     if (!s) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
     s->slot_peer = -1;
+    s->seg_fd = -1;
     long kb = cddp_knob_int(CDDP_KNOB_SHM_CHUNK_KB);
     s->chunk = CDDP_MAX((size_t)(kb < 4 ? 4 : kb) * 1024, (size_t)c->world * 64);
     s->seg_size = 4096 + (size_t)c->world * CTL_SIZE + 2 * (size_t)c->world * s->chunk +
@@ -121,16 +128,7 @@ static int shm_setup(cddp_comm *c, struct cddp_store *st, double deadline, cddp_
     s->taking = cddp_calloc((size_t)c->world, sizeof *s->taking);
     if (!s->acc || !s->tmp || !s->slots || !s->src || !s->dst || !s->taking)
         return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
-    char name[96];
-    int fd = -1;
-    CDDP_TRY(open_segment(c, st, name, sizeof name, &fd, err));
-    void *p = mmap(NULL, s->seg_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) {
-        if (c->rank == 0) shm_unlink(name);
-        return cddp_error_set(err, CDDP_EIO, "cannot map %s: %s", name, strerror(errno));
-    }
-    s->seg = p;
+    CDDP_TRY(map_segment(c, st, err));
     for (int r = 0; r < c->world; r++) s->slots[r] = slot_of(c, r);
     ctl_of(c, c->rank)->pid = (int32_t)getpid();
     if (c->rank == 0) {
@@ -140,7 +138,7 @@ static int shm_setup(cddp_comm *c, struct cddp_store *st, double deadline, cddp_
         atomic_thread_fence(memory_order_release);
         h->magic = SEG_MAGIC;
     }
-    return all_mapped(c, st, name, err);
+    return all_mapped(c, st, err);
 }
 
 static void shm_close(cddp_comm *c) {
@@ -149,6 +147,7 @@ static void shm_close(cddp_comm *c) {
     for (int i = 0; i < MAX_REGS; i++)
         if (s->regs[i].id) cddp__shm_unmap_reg(c, &s->regs[i]);
     if (s->seg) munmap(s->seg, s->seg_size);
+    if (s->seg_fd >= 0) close(s->seg_fd);
     cddp_aligned_free(s->acc);
     cddp_aligned_free(s->tmp);
     cddp_free(s->slots);

@@ -30,7 +30,8 @@ typedef struct ctl {
     reg_at at[2];           /* by sequence parity, like fp */
     int32_t reg_mapped;     /* cddp_comm_alloc: 0, or the errno that kept a peer's block */
     _Atomic int32_t failed; /* the group failed on this rank: abort_reason says why */
-    char reg_name[48];      /* cddp_comm_alloc: this rank's block, for the peers to map */
+    int32_t reg_fd;         /* cddp_comm_alloc: this rank's block's descriptor, for the peers */
+    uint64_t reg_ino;       /* and its inode, which they check */
     char abort_reason[320]; /* written before the header's abort_rank, or before failed */
 } ctl;
 
@@ -67,6 +68,7 @@ typedef struct reg {
 
 typedef struct shm {
     uint8_t *seg;
+    int seg_fd; /* rank 0: the segment's descriptor, until every rank has mapped it; else -1 */
     size_t seg_size, chunk;
     uint64_t step; /* barriers passed */
     float *acc;    /* float32 accumulator for one block of a reduction */
@@ -136,6 +138,15 @@ int cddp__shm_move(cddp_comm *c, cddp__xfer *send, int nsend, cddp__xfer *recv, 
 int cddp__shm_p2p(cddp_comm *c, const coll *a, double deadline, cddp_error *err);
 int cddp__shm_alloc(cddp_comm *c, size_t bytes, double deadline, void **out, cddp_error *err);
 bool cddp__shm_free(cddp_comm *c, void *p);
+/* An unnamed shared-memory file of bytes, its pages reserved, and its inode; -1 with errno. */
+int cddp__shm_create(size_t bytes, uint64_t *ino);
+/* Maps a shared-memory file; MAP_FAILED with errno. */
+void *cddp__shm_map_fd(int fd, size_t bytes);
+/* Maps the shared-memory file that process pid holds as descriptor fd (its inode ino, bytes
+ * long), through /proc; MAP_FAILED with errno (ESTALE: the descriptor is another file now). */
+void *cddp__shm_map_peer(int pid, int fd, uint64_t ino, size_t bytes);
+/* What to add to strerror(e) when cddp__shm_map_peer failed with e. */
+const char *cddp__shm_map_hint(int e);
 /* The registration that holds [p, p + bytes) on this rank, with p's offset in it; NULL if none. */
 const reg *cddp__shm_find_reg(const cddp_comm *c, const void *p, size_t bytes, size_t *offset);
 void cddp__shm_unmap_reg(cddp_comm *c, reg *g);

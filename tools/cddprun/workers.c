@@ -3,13 +3,11 @@
 
 #include "cddp/launch.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -273,26 +271,6 @@ void cddprun_start_workers(job *j) {
     }
 }
 
-/* Removes what a dead worker left in /dev/shm. cddp names its shared memory /cddp-<pid>-...
- * after the process that made it, and unlinks each name once every rank has it mapped; a worker
- * that dies (or is stopped) during start-up, while a peer has yet to map one, leaves the name
- * behind, holding its memory. Once the worker is gone nobody will map it: every rank of the
- * group fails with it. */
-static void sweep_shm(pid_t pid) {
-    char prefix[32];
-    int n = snprintf(prefix, sizeof prefix, "cddp-%d-", (int)pid);
-    DIR *d = opendir("/dev/shm");
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        if (strncmp(e->d_name, prefix, (size_t)n) == 0) {
-            char name[300];
-            snprintf(name, sizeof name, "/%s", e->d_name);
-            if (shm_unlink(name) == 0)
-                fprintf(stderr, "cddprun: removed /dev/shm%s, left by a worker that died\n", name);
-        }
-    if (d) closedir(d);
-}
-
 /* The state letter of process pid (R, S, D, T, t, Z, ...), or 0 when it cannot be read. */
 static char proc_state(pid_t pid) {
     char path[48], stat[512];
@@ -348,7 +326,6 @@ int cddprun_reap(job *j, worker **first_failure) {
         if (r == w->pid) {
             w->end_wall = cddprun_wall_s();
             guard('-', w->pid);
-            sweep_shm(w->pid);
             w->running = false;
             w->status = status;
             w->end_time = (double)time(NULL);
