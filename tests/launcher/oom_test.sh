@@ -2,7 +2,8 @@
 # oom_test.sh BUILD_DIR: a worker that the kernel's OOM killer ends is reported as such. The test
 # makes a memory cgroup of 64 MiB (v1 or v2, whichever this machine has) under its own, starts
 # cddprun in it, and rank 1 eats memory (`tail /dev/zero`): the report's root cause must say the
-# OOM killer did it (the cgroup counts a new oom_kill). The cgroup is removed on every exit.
+# OOM killer did it (the cgroup counts a new oom_kill). Then again with /sys/fs/cgroup hidden from
+# cddprun, where the kernel log (/dev/kmsg) must say it. The cgroup is removed on every exit.
 set -u
 build=$1
 work=$(mktemp -d)
@@ -36,11 +37,24 @@ else
     skip "no memory cgroup (neither v1 nor v2) in /proc/self/cgroup"
 fi
 unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS RANK WORLD_SIZE
-sh -c "echo \$\$ > $cg/cgroup.procs && exec $build/bin/cddprun --standalone --nproc_per_node 2 \
-    --grace_period 2 sh -c 'if [ \$RANK = 1 ]; then exec tail /dev/zero; else exec sleep 60; fi'" \
-    > "$work/out" 2>&1
-rc=$?
-[ "$rc" = 1 ] || fail "cddprun exited $rc (expected 1)"
-grep -q "root cause: rank 1 (local rank 1, host .*) was killed by SIGKILL (signal 9) at .* (the kernel's OOM killer" \
-    "$work/out" || fail "the report does not blame the OOM killer for rank 1"
+job="$build/bin/cddprun --standalone --nproc_per_node 2 --grace_period 2 \
+    sh -c 'if [ \$RANK = 1 ]; then exec tail /dev/zero; else exec sleep 60; fi'"
+
+# run HOW: cddprun in the cgroup, started as HOW says ("" or a command prefix); rank 1 must be
+# the root cause, killed by the OOM killer, and the report must say how it knows.
+run() {
+    sh -c "echo \$\$ > $cg/cgroup.procs && exec $1 $job" > "$work/out" 2>&1
+    rc=$?
+    [ "$rc" = 1 ] || fail "cddprun exited $rc (expected 1)"
+    grep -q "root cause: rank 1 (local rank 1, host .*) was killed by SIGKILL (signal 9) at .* (the kernel's OOM killer: $2" \
+        "$work/out" || fail "the report does not blame the OOM killer for rank 1 ($2)"
+}
+
+run "" "the memory cgroup counts a new oom_kill"
 echo "ok: rank 1 killed by the OOM killer in a 64 MiB cgroup ($(basename "$(dirname "$cg")")/...): the report says so"
+
+# Where cddprun cannot read its cgroup (a container without /sys/fs/cgroup: here a mount
+# namespace with an empty tmpfs over it), the kernel log is the last resort.
+run "unshare -m --propagation private sh -c 'mount -t tmpfs none /sys/fs/cgroup && exec \"\$0\" \"\$@\"'" \
+    "the kernel log says it killed this process"
+echo "ok: the same with /sys/fs/cgroup hidden: the kernel log names rank 1's process"

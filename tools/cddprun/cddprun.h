@@ -59,6 +59,7 @@ typedef struct worker {
     int rank, local_rank;
     bool running, failed, stopped; /* stopped: we stopped it */
     int status;
+    double start_mono; /* when it started, CLOCK_MONOTONIC seconds */
     double end_time;
     double end_wall;     /* when it ended, wall-clock seconds (comparable across nodes) */
     double halted_since; /* when it was seen stopped by a signal (state T), 0 when it runs */

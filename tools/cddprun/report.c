@@ -1,8 +1,11 @@
 /* report.c: what cddprun's report says about a worker that failed. */
 #include "cddprun.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -44,6 +47,30 @@ long cddprun_oom_kills(void) {
     return found >= 0 ? found : oom_kill_count("/sys/fs/cgroup/memory.events");
 }
 
+/* Whether the kernel log says its OOM killer killed process pid after since (CLOCK_MONOTONIC
+ * seconds, the log's clock): a record "... Killed process <pid> (comm) ...". Reading /dev/kmsg
+ * needs CAP_SYSLOG where dmesg_restrict is set; false when it cannot be read. */
+static bool kernel_log_oom(pid_t pid, double since) {
+    int fd = open("/dev/kmsg", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return false;
+    char rec[8192], want[48];
+    snprintf(want, sizeof want, "Killed process %d (", (int)pid);
+    bool found = false;
+    for (;;) { /* one record per read: "priority,sequence,microseconds,flags;text\n..." */
+        ssize_t n = read(fd, rec, sizeof rec - 1);
+        if (n < 0 && errno == EPIPE) continue; /* records overwritten while reading */
+        if (n <= 0) break;
+        rec[n] = '\0';
+        unsigned long long us = 0;
+        const char *text = strchr(rec, ';');
+        if (text && sscanf(rec, "%*u,%*u,%llu", &us) == 1 && (double)us * 1e-6 >= since - 1 &&
+            strstr(text, want))
+            found = true;
+    }
+    close(fd);
+    return found;
+}
+
 void cddprun_describe(const job *j, const worker *w, char *out, size_t n) {
     char when[32];
     time_t t = (time_t)w->end_time;
@@ -56,12 +83,15 @@ void cddprun_describe(const job *j, const worker *w, char *out, size_t n) {
         const char *oom = "";
         if (sig == SIGKILL) {
             long now = cddprun_oom_kills();
-            oom = now < 0 || j->oom_kills_at_start < 0
-                      ? " (cddprun cannot tell whether the kernel's OOM killer did it)"
-                  : now > j->oom_kills_at_start ? " (the kernel's OOM killer: the memory cgroup "
-                                                  "counts a new oom_kill; give the job more "
-                                                  "memory or use less)"
-                                                : " (not the kernel's OOM killer)";
+            bool counted = now >= 0 && j->oom_kills_at_start >= 0;
+            oom = counted && now > j->oom_kills_at_start
+                      ? " (the kernel's OOM killer: the memory cgroup counts a new oom_kill; give "
+                        "the job more memory or use less)"
+                  : kernel_log_oom(w->pid, w->start_mono)
+                      ? " (the kernel's OOM killer: the kernel log says it killed this process; "
+                        "give the job more memory or use less)"
+                  : counted ? " (not the kernel's OOM killer)"
+                            : " (cddprun cannot tell whether the kernel's OOM killer did it)";
         }
         snprintf(out, n,
                  "rank %d (local rank %d, host %s) was killed by SIG%s (signal %d) at "

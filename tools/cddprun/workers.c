@@ -258,6 +258,7 @@ void cddprun_start_workers(job *j) {
             _exit(127);
         }
         w->pid = pid;
+        w->start_mono = cddp_now_s();
         setpgid(pid, pid); /* also here, so a signal sent right away finds the group */
         guard('+', pid);
         if (pipes) {
