@@ -166,6 +166,18 @@ errors)
     chmod 600 "$work/token"
     CDDP_RDZV_TIMEOUT_S=1 check_error 1 "cannot reach 127.0.0.1:$dead" \
         --nnodes 2 --node_rank 1 --master_port "$dead" --token_file "$work/token" true
+    # Ctrl-C while a node waits for node 0's store to come up ends it at once.
+    "$R" --nnodes 2 --node_rank 1 --master_port "$dead" --token_file "$work/token" true \
+        > "$work/err" 2>&1 &
+    joining=$!
+    sleep 1
+    kill -INT $joining
+    t0=$(date +%s)
+    wait $joining
+    rc=$?
+    [ "$rc" = 130 ] || fail "cddprun exited $rc after SIGINT while joining (expected 130)"
+    [ $(( $(date +%s) - t0 )) -le 1 ] || fail "cddprun took over a second to stop while joining"
+    expect_in "stopped by a signal while joining the job's rendezvous" "$work/err"
     CDDP_RDZV_TIMEOUT_S=1 check_error 1 "node(s) 1 of 2 did not arrive within 1 s" \
         --nnodes 2 --node_rank 0 --master_port "$dead" --token_file "$work/token" true
     # The job's secret: several nodes need one, given once, from a file that holds one.

@@ -150,6 +150,14 @@ static round_result run_round(job *j) {
     return ROUND_FAILED;
 }
 
+/* SIGINT/TERM/HUP while this node joins the rendezvous: nothing to stop yet (async-signal-safe). */
+static void quit_joining(int sig) {
+    static const char msg[] = "cddprun: stopped by a signal while joining the job's rendezvous\n";
+    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+    _exit(128 + sig);
+}
+
 int main(int argc, char **argv) {
     job j = {0};
     cddprun_parse_options(argc, argv, &j.o);
@@ -173,14 +181,14 @@ int main(int argc, char **argv) {
                 "them to tune\n",
                 o->nproc_per_node);
 
-    /* Signals: SIGINT/TERM/HUP stop the job; SIGCHLD wakes the monitor. */
+    /* Signals: while this node joins the rendezvous (no worker yet; a connection is retried for
+     * up to CDDP_RDZV_TIMEOUT_S) SIGINT/TERM/HUP end cddprun at once; then they stop the job. */
     if (pipe2(cddprun_wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return 1;
-    struct sigaction sa = {.sa_handler = cddprun_on_signal};
+    struct sigaction sa = {.sa_handler = quit_joining};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
-    sigaction(SIGCHLD, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     cddp_error err = {0};
@@ -195,6 +203,11 @@ int main(int argc, char **argv) {
     cddp_store_options so = {o->master_addr, o->master_port, j.token, 0, NULL};
     j.store = cddp_store_connect(&so, &err);
     if (!j.store) cddprun_fail_rdzv("cannot join the job's rendezvous", &err);
+    sa.sa_handler = cddprun_on_signal; /* SIGCHLD wakes the monitor */
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    sigaction(SIGCHLD, &sa, NULL);
     char port_text[16];
     snprintf(port_text, sizeof port_text, "%d", o->master_port);
     setenv(CDDP_ENV_STORE_PORT, port_text, 1); /* inherited by the workers */
