@@ -1,6 +1,7 @@
 /* test_mesh.c: the TCP mesh between ranks proves the job token both ways. A process that found a
  * rank's port, but not the token, cannot take another rank's place: two ranks in threads of this
- * process, and a stranger between them that claims to be rank 1. */
+ * process, and a stranger between them that claims to be rank 1; nor can strangers that say
+ * nothing hold the mesh up. */
 #include "helpers.h"
 
 #include <cddp/net.h>
@@ -45,19 +46,16 @@ typedef struct hello {
     uint8_t nonce[CDDP_NET_NONCE];
 } hello;
 
-static void test_stranger_cannot_pose_as_a_rank(void **state) {
-    (void)state;
+/* Starts rank 0 in thread t0 on the TCP transport and returns where its mesh listens: the test,
+ * with the token, stands in for rank 1's host entry so that rank 0 goes on to the mesh alone. */
+static struct sockaddr_in start_rank0(pthread_t *t0, rank_arg *r0) {
     setenv("CDDP_TRANSPORT", "tcp", 1);
     setenv("CDDP_HOST_ID", "mesh-test", 1);
     int fd = -1;
     cddp_error err = {0};
     assert_int_equal(cddp_net_listen("127.0.0.1", 0, &fd, &port, &err), 0);
     close(fd);
-    pthread_t t0, t1;
-    rank_arg r0 = {0, -1, 0, ""}, r1 = {1, -1, 0, ""};
-    pthread_create(&t0, NULL, run_rank, &r0);
-    /* The test, with the token, stands in for rank 1's host entry so that rank 0 goes on to the
-     * mesh alone, and reads where rank 0 listens. */
+    pthread_create(t0, NULL, run_rank, r0);
     cddp_store_options so = {"127.0.0.1", port, token, 10, NULL};
     cddp_store *st = cddp_store_connect(&so, &err);
     if (!st) fail_msg("%s", err.msg);
@@ -70,10 +68,18 @@ static void test_stranger_cannot_pose_as_a_rank(void **state) {
     assert_int_equal(sscanf(v, "%63s %d", host, &mesh_port), 2);
     cddp_free(v);
     cddp_store_close(st);
-    /* The stranger: says it is rank 1 on the data channel, and cannot prove the token. */
-    int s = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)mesh_port)};
     inet_pton(AF_INET, host, &a.sin_addr);
+    return a;
+}
+
+static void test_stranger_cannot_pose_as_a_rank(void **state) {
+    (void)state;
+    pthread_t t0, t1;
+    rank_arg r0 = {0, -1, 0, ""}, r1 = {1, -1, 0, ""};
+    struct sockaddr_in a = start_rank0(&t0, &r0);
+    /* The stranger: says it is rank 1 on the data channel, and cannot prove the token. */
+    int s = socket(AF_INET, SOCK_STREAM, 0);
     assert_int_equal(connect(s, (struct sockaddr *)&a, sizeof a), 0);
     hello h = {0x43444450544350ull, 1, 0, (int32_t)getpid(), 0, {7}};
     assert_int_equal(send(s, &h, sizeof h, 0), (ssize_t)sizeof h);
@@ -101,9 +107,40 @@ static void test_stranger_cannot_pose_as_a_rank(void **state) {
     unsetenv("CDDP_HOST_ID");
 }
 
+/* Strangers that connect to rank 0's mesh port and say nothing (60) or half a hello (10) do not
+ * hold up the mesh: rank 0 runs handshakes side by side, each with 5 s to finish. One at a time,
+ * they would take 350 s, past the group's 20 s. */
+static void test_silent_strangers_delay_no_one(void **state) {
+    (void)state;
+    pthread_t t0, t1;
+    rank_arg r0 = {0, -1, 0, ""}, r1 = {1, -1, 0, ""};
+    struct sockaddr_in a = start_rank0(&t0, &r0);
+    enum { SILENT = 60, HALF = 10 };
+    int strangers[SILENT + HALF];
+    hello h = {0x43444450544350ull, 1, 0, (int32_t)getpid(), 0, {7}};
+    for (int i = 0; i < SILENT + HALF; i++) {
+        strangers[i] = socket(AF_INET, SOCK_STREAM, 0);
+        assert_int_equal(connect(strangers[i], (struct sockaddr *)&a, sizeof a), 0);
+        if (i >= SILENT) assert_int_equal(send(strangers[i], &h, sizeof h / 2, 0), sizeof h / 2);
+    }
+    double start = cddp_now_s();
+    pthread_create(&t1, NULL, run_rank, &r1);
+    pthread_join(t1, NULL);
+    pthread_join(t0, NULL);
+    double took = cddp_now_s() - start;
+    for (int i = 0; i < SILENT + HALF; i++) close(strangers[i]);
+    if (r0.rc || r1.rc) fail_msg("rank 0: %s; rank 1: %s", r0.msg, r1.msg);
+    assert_true(r0.sum == 3.0f && r1.sum == 3.0f);
+    print_message("the group formed %.2f s after rank 1 started, past %d strangers\n", took,
+                  SILENT + HALF);
+    unsetenv("CDDP_TRANSPORT");
+    unsetenv("CDDP_HOST_ID");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stranger_cannot_pose_as_a_rank),
+        cmocka_unit_test(test_silent_strangers_delay_no_one),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

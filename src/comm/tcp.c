@@ -27,7 +27,7 @@
  * latency path of allreduce: up to CDDP_TCP_SMALL_KB, every rank sends its fingerprint and its
  * whole buffer to every other and reduces all of them in rank order, one hop for both.
  */
-#include "comm/internal.h"
+#include "comm/tcp.h"
 #include "cddp/net.h"
 
 #include "cddp/store.h"
@@ -41,204 +41,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#define TCP_MAGIC 0x43444450544350ull /* "CDDPTCP" */
-
-enum { CH_DATA, CH_CONTROL };
-/* What a peer's control connection said: nothing yet, or its one notice, or end-of-file. */
-enum { PEER_LIVE, PEER_ABORTED, PEER_FAILED, PEER_LEFT, PEER_DIED };
-
-typedef struct notice {
-    uint64_t magic;
-    int32_t kind; /* PEER_ABORTED, PEER_FAILED or PEER_LEFT */
-    int32_t pad;
-    char why[sizeof(((cddp_error *)0)->msg)];
-} notice;
-
-typedef struct hello {
-    uint64_t magic;
-    int32_t rank, channel, pid, pad;
-    uint8_t nonce[CDDP_NET_NONCE];
-} hello;
-
-/* The accepting rank's answer: its hello, and its proof of the token. */
-typedef struct answer {
-    hello h;
-    uint8_t proof[CDDP_NET_PROOF];
-} answer;
-
-/* The proof of the token that rank `from` gives on its channel to rank `to` (from < to: the
- * accepting side), over the connecting side's nonce, then the accepting side's. */
-static void mesh_proof(const cddp_comm *c, int from, int to, int ch, const uint8_t *nonce_connect,
-                       const uint8_t *nonce_accept, uint8_t proof[CDDP_NET_PROOF]) {
-    char label[96];
-    snprintf(label, sizeof label, "cddp mesh: rank %d to rank %d, channel %d, %s", from, to, ch,
-             from < to ? "accepting" : "connecting");
-    cddp_net_proof(c->token ? c->token : "", label, nonce_connect, nonce_accept, proof);
-}
-
-typedef cddp__xfer xfer;
-
-typedef struct tcp {
-    int *data, *control; /* per peer; -1 for this rank */
-    int *pid;            /* each peer's process id, for the errors */
-    int *state;          /* PEER_* per peer, from its control connection */
-    notice *notes;       /* each peer's notice, as it arrives */
-    size_t *noted;       /* bytes of it so far */
-    struct pollfd *pfd;  /* 3 per rank: sends, receives, control connections */
-    xfer *xfers;         /* 2 per rank: all_to_all's sends and receives */
-    _Atomic int told;    /* this rank's notice: 0 not yet, 1 going out, 2 out */
-    uint8_t *scratch;
-    size_t scratch_size, small;
-} tcp;
-
-static tcp *T(const cddp_comm *c) {
-    return c->priv;
-}
-
-/* ---- setup ------------------------------------------------------------------------------- */
-
-static void local_address(char *out, size_t n) {
-    const char *knob = cddp_knob_str(CDDP_KNOB_LOCAL_ADDR), *master = getenv("MASTER_ADDR");
-    if (*knob && strcmp(knob, "auto") != 0)
-        snprintf(out, n, "%s", knob);
-    else if (!master || !*master || !strncmp(master, "127.", 4) || !strcmp(master, "localhost"))
-        snprintf(out, n, "127.0.0.1");
-    else if (gethostname(out, n - 1) != 0)
-        snprintf(out, n, "127.0.0.1");
-}
-
-static void big_buffers(int fd) {
-    int size = 4 << 20;
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
-}
-
-static int connect_lower(cddp_comm *c, cddp_store *st, int r, double deadline, cddp_error *err) {
-    tcp *t = T(c);
-    void *v = NULL;
-    size_t len;
-    char key[64], host[256];
-    int port = 0;
-    snprintf(key, sizeof key, "comm/tcp/%d", r);
-    CDDP_TRY(cddp_store_get(st, key, -1, &v, &len, err));
-    int rc = CDDP_OK;
-    if (sscanf(v, "%255s %d", host, &port) != 2)
-        rc = cddp_error_set(err, CDDP_EIO, "rank %d posted a bad address '%s'", r, (char *)v);
-    for (int ch = CH_DATA; ch <= CH_CONTROL && rc == CDDP_OK; ch++) {
-        int *fd = ch == CH_DATA ? &t->data[r] : &t->control[r];
-        if ((rc = cddp_net_connect(host, port, NULL, deadline, fd, err)) != CDDP_OK) break;
-        hello h = {TCP_MAGIC, c->rank, ch, (int)getpid(), 0, {0}};
-        answer back = {0};
-        uint8_t want[CDDP_NET_PROOF];
-        rc = cddp_net_nonce(h.nonce, err);
-        if (rc == CDDP_OK) rc = cddp_net_write_all(*fd, &h, sizeof h, deadline, err);
-        /* The peer answers with its own hello (its pid, its nonce) and its proof of the token. */
-        if (rc == CDDP_OK) rc = cddp_net_read_all(*fd, &back, sizeof back, deadline, err);
-        if (rc == CDDP_OK && (back.h.magic != TCP_MAGIC || back.h.rank != r))
-            rc = cddp_error_set(err, CDDP_EIO, "%s:%d answered as something other than rank %d",
-                                host, port, r);
-        if (rc == CDDP_OK) {
-            mesh_proof(c, r, c->rank, ch, h.nonce, back.h.nonce, want);
-            if (!cddp_net_proof_equal(back.proof, want))
-                rc = cddp_error_set(err, CDDP_ESTATE,
-                                    "%s:%d answered as rank %d but does not know this job's "
-                                    "token (another job's rank at the address rank %d posted?)",
-                                    host, port, r, r);
-        }
-        if (rc == CDDP_OK) {
-            mesh_proof(c, c->rank, r, ch, h.nonce, back.h.nonce, want);
-            rc = cddp_net_write_all(*fd, want, sizeof want, deadline, err);
-        }
-        t->pid[r] = back.h.pid;
-    }
-    cddp_free(v);
-    return rc;
-}
-
-/* Accepts the two connections of every higher rank; strangers are turned away. */
-static int accept_higher(cddp_comm *c, int listen_fd, const char *addr, int port, double deadline,
-                         cddp_error *err) {
-    tcp *t = T(c);
-    int W = c->world, me = c->rank, want = 2 * (W - 1 - me);
-    for (int got = 0; got < want;) {
-        struct pollfd pf = {listen_fd, POLLIN, 0};
-        if (poll(&pf, 1, cddp_net_poll_ms(deadline)) <= 0)
-            return cddp_error_set(
-                err, CDDP_ETIMEDOUT,
-                "rank %d: only %d of the %d connections from higher ranks reached "
-                "%s:%d in time (a firewall between the hosts? set "
-                "cddprun --local_addr to an address the others can reach)",
-                me, got, want, addr, port);
-        int fd = accept(listen_fd, NULL, NULL);
-        if (fd < 0) continue;
-        hello h = {0};
-        double soon = CDDP_MIN(deadline, cddp_now_s() + 5);
-        int *slot = NULL;
-        if (cddp_net_read_all(fd, &h, sizeof h, soon, NULL) == CDDP_OK && h.magic == TCP_MAGIC &&
-            h.rank > me && h.rank < W && (h.channel == CH_DATA || h.channel == CH_CONTROL))
-            slot = h.channel == CH_DATA ? &t->data[h.rank] : &t->control[h.rank];
-        answer back = {{TCP_MAGIC, me, h.channel, (int)getpid(), 0, {0}}, {0}};
-        uint8_t proof[CDDP_NET_PROOF], expected[CDDP_NET_PROOF];
-        bool proved = false;
-        if (slot && *slot < 0 && cddp_net_nonce(back.h.nonce, NULL) == CDDP_OK) {
-            mesh_proof(c, me, h.rank, h.channel, h.nonce, back.h.nonce, back.proof);
-            mesh_proof(c, h.rank, me, h.channel, h.nonce, back.h.nonce, expected);
-            proved = cddp_net_write_all(fd, &back, sizeof back, soon, NULL) == CDDP_OK &&
-                     cddp_net_read_all(fd, proof, sizeof proof, soon, NULL) == CDDP_OK &&
-                     cddp_net_proof_equal(proof, expected);
-            if (!proved)
-                cddp_log(CDDP_LOG_WARN, "comm",
-                         "rank %d: turned away a connection that claimed to be rank %d but did "
-                         "not prove the job token",
-                         me, h.rank);
-        }
-        if (!proved) {
-            close(fd);
-            continue;
-        }
-        *slot = fd;
-        t->pid[h.rank] = h.pid;
-        got++;
-    }
-    return CDDP_OK;
-}
-
-static int tcp_setup(cddp_comm *c, cddp_store *st, double deadline, cddp_error *err) {
-    int W = c->world, me = c->rank, listen_fd = -1, port = 0;
-    tcp *t = c->priv = cddp_calloc(1, sizeof *t);
-    if (!t || !(t->data = cddp_malloc(sizeof(int) * (size_t)W)) ||
-        !(t->control = cddp_malloc(sizeof(int) * (size_t)W)) ||
-        !(t->pid = cddp_calloc((size_t)W, sizeof(int))) ||
-        !(t->state = cddp_calloc((size_t)W, sizeof(int))) ||
-        !(t->notes = cddp_calloc((size_t)W, sizeof(notice))) ||
-        !(t->noted = cddp_calloc((size_t)W, sizeof(size_t))) ||
-        !(t->pfd = cddp_calloc((size_t)W * 3, sizeof(struct pollfd))) ||
-        !(t->xfers = cddp_calloc((size_t)W * 2, sizeof(xfer)))) {
-        if (t) cddp_free(t->control), t->control = NULL; /* nothing for close to close */
-        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
-    }
-    for (int r = 0; r < W; r++) t->data[r] = t->control[r] = -1;
-    t->pid[me] = (int)getpid();
-    t->small = (size_t)CDDP_MAX(cddp_knob_int(CDDP_KNOB_TCP_SMALL_KB), 0) << 10;
-    char addr[256], key[64], val[300];
-    local_address(addr, sizeof addr);
-    CDDP_TRY(cddp_net_listen(addr, 0, &listen_fd, &port, err));
-    snprintf(key, sizeof key, "comm/tcp/%d", me);
-    snprintf(val, sizeof val, "%s %d", addr, port);
-    int rc = cddp_store_set_str(st, key, val, err);
-    for (int r = 0; r < me && rc == CDDP_OK; r++) rc = connect_lower(c, st, r, deadline, err);
-    if (rc == CDDP_OK) rc = accept_higher(c, listen_fd, addr, port, deadline, err);
-    close(listen_fd);
-    if (rc != CDDP_OK) return rc;
-    for (int r = 0; r < W; r++)
-        if (r != me) {
-            big_buffers(t->data[r]);
-            cddp_net_nonblocking(t->data[r]);
-            cddp_net_nonblocking(t->control[r]);
-        }
-    return CDDP_OK;
-}
 
 /* ---- notices ----------------------------------------------------------------------------- */
 
@@ -655,7 +457,7 @@ static void tcp_close(cddp_comm *c) {
 const cddp__transport cddp__tcp_transport = {
     .name = "tcp",
     .says = "tcp",
-    .setup = tcp_setup,
+    .setup = cddp__tcp_setup,
     .close = tcp_close,
     .abort = tcp_abort,
     .failed = tcp_failed,
