@@ -4,7 +4,8 @@
  *
  * For each size (doubling from --min-bytes to --max-bytes): the mean time of --iters allreduces
  * after --warmup, out of place and in place, and the median (p50) and 99th percentile (p99) of
- * the calls out of place (rank 0's times; the tail is where a rank that fell asleep shows),
+ * the calls (rank 0's times; the tail is where a rank that fell asleep shows; the table shows
+ * them out of place, the JSON both ways),
  * algbw = bytes / mean time and busbw = algbw * 2(n-1)/n
  * (what each rank's link carries in a bandwidth-optimal allreduce), and #wrong: elements that
  * differ from the exact expected value (inputs are small integers). Rank 0 prints the table, or
@@ -12,6 +13,8 @@
  * cddp_comm_alloc, which the shared-memory transport reads in place (as DDP's gradients are);
  * without it they are plain memory, as a user's buffer would be.
  */
+#include "quantile.h"
+
 #include <cddp/cddp.h>
 
 #include <getopt.h>
@@ -19,17 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int by_value(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The q-quantile of n sorted values (nearest rank). */
-static double quantile(const double *sorted, int n, double q) {
-    int k = (int)ceil(q * n) - 1;
-    return sorted[k < 0 ? 0 : k >= n ? n - 1 : k];
-}
 
 static int64_t parse_size(const char *s) {
     char *end;
@@ -123,7 +115,7 @@ int main(int argc, char **argv) {
                "time(us)", "algbw", "busbw", "#wrong");
     for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
         int64_t count = bytes / 4;
-        double t[2], wrong[2], p50 = 0, p99 = 0;
+        double t[2], wrong[2], p50[2] = {0}, p99[2] = {0};
         for (int inplace = 0; inplace < 2; inplace++) {
             float *dst = inplace ? send : recv;
             /* Each call timed on its own: the input is refilled between calls (in place would
@@ -138,14 +130,11 @@ int main(int argc, char **argv) {
                 }
                 double dt = cddp_now_s() - t0;
                 if (k >= warmup) total += dt;
-                if (k >= warmup && !inplace) times[k - warmup] = dt;
+                if (k >= warmup) times[k - warmup] = dt;
             }
             t[inplace] = total / iters;
-            if (!inplace) {
-                qsort(times, (size_t)iters, sizeof *times, by_value);
-                p50 = quantile(times, iters, 0.50);
-                p99 = quantile(times, iters, 0.99);
-            }
+            p50[inplace] = bench_quantile(times, iters, 0.50);
+            p99[inplace] = bench_quantile(times, iters, 0.99);
             float want = op == CDDP_COMM_SUM   ? (float)(n * (n + 1) / 2)
                          : op == CDDP_COMM_MAX ? (float)n
                                                : 1.0f;
@@ -160,14 +149,16 @@ int main(int argc, char **argv) {
             printf("{\"impl\": \"cddp\", \"registered\": %s, \"ranks\": %d, \"bytes\": %lld, "
                    "\"time_us\": %.2f, \"p50_us\": %.2f, \"p99_us\": %.2f, \"algbw\": %.3f, "
                    "\"busbw\": %.3f, \"wrong\": %.0f, \"time_us_inplace\": %.2f, "
+                   "\"p50_us_inplace\": %.2f, \"p99_us_inplace\": %.2f, "
                    "\"busbw_inplace\": %.3f, \"wrong_inplace\": %.0f}\n",
-                   registered ? "true" : "false", n, (long long)bytes, t[0] * 1e6, p50 * 1e6,
-                   p99 * 1e6, alg[0], alg[0] * f, wrong[0], t[1] * 1e6, alg[1] * f, wrong[1]);
+                   registered ? "true" : "false", n, (long long)bytes, t[0] * 1e6, p50[0] * 1e6,
+                   p99[0] * 1e6, alg[0], alg[0] * f, wrong[0], t[1] * 1e6, p50[1] * 1e6,
+                   p99[1] * 1e6, alg[1] * f, wrong[1]);
         else
             printf(" %12lld %12lld %10.2f %9.2f %9.2f %10.3f %10.3f %7.0f %10.2f %10.3f %10.3f "
                    "%7.0f\n",
-                   (long long)bytes, (long long)count, t[0] * 1e6, p50 * 1e6, p99 * 1e6, alg[0],
-                   alg[0] * f, wrong[0], t[1] * 1e6, alg[1], alg[1] * f, wrong[1]);
+                   (long long)bytes, (long long)count, t[0] * 1e6, p50[0] * 1e6, p99[0] * 1e6,
+                   alg[0], alg[0] * f, wrong[0], t[1] * 1e6, alg[1], alg[1] * f, wrong[1]);
     }
     if (registered) {
         cddp_comm_free(g, send);

@@ -2,7 +2,7 @@
 """report.py OUT_DIR TEMPLATE BENCHMARKS_MD IMG_DIR README: bench/compare's write-up.
 
 Reads the outputs that bench/compare left in OUT_DIR (mlp.txt, data.txt, launch.txt,
-allreduce.txt, ddp.txt, gpt.txt, zero.txt, machine.txt), fills the @NAME@ placeholders of TEMPLATE with tables and
+allreduce.txt, tails.jsonl, ddp.txt, gpt.txt, zero.txt, machine.txt), fills the @NAME@ placeholders of TEMPLATE with tables and
 writes BENCHMARKS_MD, draws the plots as SVG into IMG_DIR, and replaces the block between
 <!-- bench:headline:begin --> and <!-- bench:headline:end --> in README. Only the standard
 library: the plots are written as SVG by hand. Fails (exit 1, naming the file) when an output is
@@ -14,6 +14,9 @@ import os
 import re
 import statistics
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tails  # noqa: E402  (bench/tails.py: the allreduce's tails and swings)
 
 
 class ReportError(Exception):
@@ -519,6 +522,10 @@ def main(argv):
         ar_text = read(out, "allreduce.txt")
         ar = parse_allreduce(ar_text)
         ar_tcp = parse_allreduce_tcp(ar_text)
+        try:
+            ar_tails = tails.summary(json_lines(read(out, "tails.jsonl")))
+        except (ValueError, KeyError) as e:
+            raise ReportError(f"tails.jsonl: {e}") from None
         ddp = parse_ddp(read(out, "ddp.txt"))
         gpt = parse_runs(read(out, "gpt.txt"), "gpt.txt", GPT_SETTINGS)
         zero = parse_runs(read(out, "zero.txt"), "zero.txt", ZERO_SETTINGS)
@@ -538,6 +545,7 @@ def main(argv):
             "ALLREDUCE_TABLE": allreduce_table(ar),
             "ALLREDUCE_TARGETS": allreduce_targets(ar),
             "ALLREDUCE_TCP_TABLE": allreduce_tcp_table(ar_tcp),
+            "ALLREDUCE_TAILS": ar_tails,
             "DDP_TABLE": ddp_table(ddp),
             "DDP_SPLIT": ddp_split(ddp),
             "DDP_TARGETS": ddp_targets(ddp),

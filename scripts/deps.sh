@@ -18,7 +18,7 @@ test_pkgs="$build_pkgs libcmocka-dev dataset-fashion-mnist python3-numpy libopen
 python3-torch librsvg2-bin fortunes clang libclang-rt-14-dev"
 demo_pkgs="$build_pkgs dataset-fashion-mnist"
 demo_gpt_pkgs="$build_pkgs fortunes"
-bench_pkgs="$test_pkgs"  # PyTorch and Open MPI are the peers
+bench_pkgs="$test_pkgs stress-ng"  # PyTorch and Open MPI are the peers; stress-ng loads a core
 
 list=false
 if [ "${1:-}" = "--list" ]; then

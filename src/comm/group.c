@@ -265,11 +265,19 @@ static void log_backend(const cddp_comm *c, const cddp__launch *l, const char *w
              tell ? " (" : "", tell ? l->why : "", tell ? ")" : "");
 }
 
+bool cddp__comm_yield(void) {
+    double t0 = cddp_now_s();
+    sched_yield();
+    return cddp_now_s() - t0 > 20e-6;
+}
+
 /* How long a wait spins before it sleeps (CDDP_SPIN_US). Waking a sleeping rank costs tens to
- * hundreds of microseconds, so a rank that has a core of its own spins 200 us first (most
- * answers come within that: the p99 of a 4-64 KiB allreduce on 2 ranks falls from ~300 us to
- * within 3x of its median); ranks sharing cores spin 20 us, not to take time from the rank they
- * wait for. */
+ * hundreds of microseconds, and in training a peer often arrives a few milliseconds late, so a
+ * rank that has a core of its own spins up to 20 ms (bench_mlp on 2 ranks: +12 % over 200 us;
+ * the p99 of a 4-64 KiB allreduce within 1.5x of its median). Past 20 us every spin round
+ * yields the core, and a wait stops spinning the first time another thread took it
+ * (cddp__comm_yield): on a busy machine a rank sleeps as soon as something else wants its core.
+ * Ranks sharing cores spin 20 us, not to take time from the rank they wait for. */
 static double spin_seconds(const cddp_comm *c) {
     const char *knob = cddp_knob_str(CDDP_KNOB_SPIN_US);
     if (strcmp(knob, "auto") != 0) {
@@ -278,7 +286,7 @@ static double spin_seconds(const cddp_comm *c) {
         if (cddp_parse_int("CDDP_SPIN_US", knob, 0, 1000000, &us, &e) == CDDP_OK) return 1e-6 * us;
         cddp_log(CDDP_LOG_ERROR, "comm", "%s (or auto); using auto", e.msg);
     }
-    return c->local_world <= cddp_num_cores() ? 200e-6 : 20e-6;
+    return c->local_world <= cddp_num_cores() ? 20e-3 : 20e-6;
 }
 
 /* More than one rank on this host and no thread count chosen: one thread each for the math

@@ -195,6 +195,10 @@ void cddp__comm_reduce_sources(cddp_comm_dtype dt, cddp_comm_op op, uint8_t *con
 
 /* ---- fail.c ------------------------------------------------------------------------------ */
 
+/* group.c: yields this core to any other runnable thread; true when one ran meanwhile (the yield
+ * took over 20 us): the core is shared, and a wait should sleep rather than spin on. */
+bool cddp__comm_yield(void);
+
 /* Latches the failure into the group and err (the first one stays), tells the peers, and aborts
  * this host's group (whose ranks may wait for this one); returns code. */
 int cddp__comm_fail(cddp_comm *c, cddp_error *err, int code, const char *fmt, ...)

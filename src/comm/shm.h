@@ -118,6 +118,7 @@ void cddp__shm_wake(cddp_comm *c);
 /* A wait in progress: when it began sleeping, when it next checks the peer and the deadline. */
 typedef struct waiting {
     double start, next_check;
+    bool shared; /* a yield gave this core to another thread: sleep, do not spin */
 } waiting;
 /* One round of a wait that found nothing ready (see shm_wait.c). */
 int cddp__shm_idle(cddp_comm *c, waiting *w, bool (*ready)(const void *), const void *arg, int who,

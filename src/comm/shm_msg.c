@@ -49,7 +49,7 @@ int cddp__shm_move(cddp_comm *c, cddp__xfer *send, int nsend, cddp__xfer *recv, 
     CDDP_CHECK(nsend <= 1, "the shared-memory transport moves one send at a time (%d asked)",
                nsend);
     moving m = {c, send, recv, nsend, nrecv};
-    waiting w = {0, 0};
+    waiting w = {0};
     for (;;) {
         bool progress = false, sends_left = false, recvs_left = false;
         for (int i = 0; i < nrecv; i++) {

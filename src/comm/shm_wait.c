@@ -97,10 +97,11 @@ int cddp__shm_idle(cddp_comm *c, waiting *w, bool (*ready)(const void *), const 
     CDDP_TRY(cddp__shm_check_abort(c, err));
     double now = cddp_now_s();
     if (w->start == 0) w->start = now;
-    if (now - w->start < c->spin_s) {
-        /* Past the first 20 us, let any other runnable thread have this core first: spinning
-         * must not take time from a peer (or anything else) when the machine is busy. */
-        if (now - w->start > 20e-6) sched_yield();
+    if (now - w->start < c->spin_s && !w->shared) {
+        /* Past the first 20 us, let any other runnable thread have this core first, and stop
+         * spinning once one did: spinning must not take time from a peer (or anything else)
+         * when the machine is busy. */
+        if (now - w->start > 20e-6) w->shared = cddp__comm_yield();
         return CDDP_OK;
     }
     sleep_until(c, ready, arg);
@@ -133,7 +134,7 @@ static bool counter_reached(const void *arg) {
 int cddp__shm_wait_for(cddp_comm *c, _Atomic uint64_t *a, uint64_t target, int who,
                        const char *what, uint64_t num, double deadline, cddp_error *err) {
     counter_at t = {a, target};
-    waiting w = {0, 0};
+    waiting w = {0};
     for (unsigned spins = 0; !counter_reached(&t); spins++) {
         if (spins % 64) {
             cddp__shm_relax();

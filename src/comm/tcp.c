@@ -188,6 +188,7 @@ static int tcp_move(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, bool a
     tcp *t = T(c);
     bool until_received = !all;
     double spin_start = 0;
+    bool shared = false;
     for (;;) {
         bool progress = false, left = false;
         for (int i = 0; i < nout; i++) {
@@ -220,11 +221,12 @@ static int tcp_move(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, bool a
          * sleeping in poll (the latency path), as the shared-memory waits do. */
         double now = cddp_now_s();
         if (spin_start == 0) spin_start = now;
-        if (now - spin_start < c->spin_s) { /* CDDP_SPIN_US; past 20 us, others may go first */
-            if (now - spin_start > 20e-6) sched_yield();
+        if (now - spin_start < c->spin_s && !shared) { /* CDDP_SPIN_US: as the shm waits */
+            if (now - spin_start > 20e-6) shared = cddp__comm_yield();
             continue;
         }
         spin_start = 0;
+        shared = false;
         CDDP_TRY(cddp__comm_aborted_here(c, err));
         int np = 0, waiting_for = -1;
         for (int i = 0; i < nout; i++)

@@ -36,6 +36,9 @@ has "$work/B.md" "- cddp on 2 ranks against one process on every core: cddp 1.38
 has "$work/B.md" "| cddp ZeRO-1 (\`--zero\`) | 3397 | 3237-3837 | 301.5 | 18.4 MiB | 232 MiB |"
 has "$work/B.md" "- cddp's step with ZeRO-1 <= 1.1x its DDP step: 1.087x — **met** (PyTorch's: 1.161x)"
 has "$work/B.md" "- optimizer state per rank about 1/2 of DDP's on 2 ranks: 0.500 — **met** (PyTorch's: 0.503)"
+has "$work/B.md" "| idle | 4 KiB | cddp (shm) | 1.1 [0.8-2.2] | 1.3 [1.0-2.6] | 1.2 |"
+has "$work/B.md" "| loaded | 64 KiB | Open MPI (vader) | 12.8 [11.2-13.0] | 20.8 [17.1-22.4] | 1.6 |"
+has "$work/B.md" "| loaded | 1 MiB | 2.3 3.6 4.4 | 5.1 4.2 3.0 | 2 of 3 |"
 grep -q "@[A-Z_]*@" "$work/B.md" && fail "a placeholder was left in the page"
 has "$work/README.md" "| DDP training, 2 ranks (samples/s) | 32647 | PyTorch DDP gloo 8016 | 4.07x |"
 grep -q "^old$" "$work/README.md" && fail "the old headline is still in the README"
@@ -53,6 +56,11 @@ if python3 "$root/bench/report.py" "$work/out" "$root/bench/BENCHMARKS.md.in" "$
     "$work/img" "$work/README.md" 2> "$work/err"; then fail "accepted wrong results"; fi
 has "$work/err" "allreduce.txt: an allreduce returned wrong results"
 cp "$here/fixtures/allreduce.txt" "$work/out/allreduce.txt"
+sed '1s/"wrong_inplace": 0/"wrong_inplace": 3/' "$here/fixtures/tails.jsonl" > "$work/out/tails.jsonl"
+if python3 "$root/bench/report.py" "$work/out" "$root/bench/BENCHMARKS.md.in" "$work/B.md" \
+    "$work/img" "$work/README.md" 2> "$work/err"; then fail "accepted wrong tails results"; fi
+has "$work/err" "tails.jsonl: an allreduce returned wrong results"
+cp "$here/fixtures/tails.jsonl" "$work/out/tails.jsonl"
 rm "$work/out/ddp.txt"
 if python3 "$root/bench/report.py" "$work/out" "$root/bench/BENCHMARKS.md.in" "$work/B.md" \
     "$work/img" "$work/README.md" 2> "$work/err"; then fail "accepted a missing output"; fi
