@@ -15,7 +15,6 @@
 #include "cddp/store.h"
 #include "comm/internal.h"
 
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -263,12 +262,6 @@ static void log_backend(const cddp_comm *c, const cddp__launch *l, const char *w
                  : "no launcher (none of RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID is "
                    "set)",
              tell ? " (" : "", tell ? l->why : "", tell ? ")" : "");
-}
-
-bool cddp__comm_yield(void) {
-    double t0 = cddp_now_s();
-    sched_yield();
-    return cddp_now_s() - t0 > 20e-6;
 }
 
 /* How long a wait spins before it sleeps (CDDP_SPIN_US). Waking a sleeping rank costs tens to

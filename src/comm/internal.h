@@ -27,6 +27,7 @@
 #include "cddp/comm.h"
 #include "cddp/core.h"
 
+#include <sched.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -195,9 +196,13 @@ void cddp__comm_reduce_sources(cddp_comm_dtype dt, cddp_comm_op op, uint8_t *con
 
 /* ---- fail.c ------------------------------------------------------------------------------ */
 
-/* group.c: yields this core to any other runnable thread; true when one ran meanwhile (the yield
- * took over 20 us): the core is shared, and a wait should sleep rather than spin on. */
-bool cddp__comm_yield(void);
+/* Yields this core to any other runnable thread; true when one ran meanwhile (the yield took
+ * over 20 us): the core is shared, and a wait should sleep rather than spin on. */
+static inline bool cddp__comm_yield(void) {
+    double t0 = cddp_now_s();
+    sched_yield();
+    return cddp_now_s() - t0 > 20e-6;
+}
 
 /* Latches the failure into the group and err (the first one stays), tells the peers, and aborts
  * this host's group (whose ranks may wait for this one); returns code. */
