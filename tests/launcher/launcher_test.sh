@@ -206,6 +206,60 @@ errors)
     done
     echo "ok: usage errors, port in use, unreachable master, missing node, the job's secret: one" \
          "clear message each" ;;
+peer_flags)
+    # torchrun's and msrun's command lines, with their meaning.
+    port=$(free_port)
+    cores=$(nproc)
+    "$R" --nnodes 1:1 --nproc-per-node auto --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$port" \
+        --rdzv-id job-7 --use_env --local-ranks-filter 0 \
+        sh -c "env > $work/t.\$RANK; echo out \$RANK; echo err \$RANK >&2" > "$work/out" 2>&1 ||
+        fail "torchrun's flags: cddprun exited $?"
+    [ "$(ls "$work"/t.* | wc -l)" = "$cores" ] || fail "--nproc-per-node auto did not start $cores workers"
+    for f in "$work"/t.*; do
+        grep -qx "WORLD_SIZE=$cores" "$f" || fail "$f: WORLD_SIZE"
+        grep -qx "CDDP_RUN_ID=job-7" "$f" || fail "$f: --rdzv-id did not give the run id"
+        grep -qx "CDDP_STORE_PORT=$port" "$f" || fail "$f: --rdzv-endpoint did not give the store port"
+    done
+    expect_in "out 0" "$work/out"
+    expect_in "err 0" "$work/out"
+    grep -q "out 1\|err 1" "$work/out" && fail "--local-ranks-filter 0 showed rank 1"
+    check_usage() { # text, args...
+        text=$1; shift
+        "$R" "$@" true > "$work/err" 2>&1 && fail "cddprun $* was accepted"
+        expect_in "$text" "$work/err"
+    }
+    check_usage "--nnodes 1:2: a range of node counts asks for an elastic job" --nnodes 1:2
+    check_usage "--nproc_per_node gpu: cddp trains on CPUs" --nproc_per_node gpu
+    check_usage "--rdzv-backend etcd: cddprun's rendezvous is its own store" --rdzv-backend etcd
+    check_usage "--local_ranks_filter 0,4: expected local ranks of this node (0..1)" \
+        --nproc_per_node 2 --local_ranks_filter 0,4
+    check_usage "--worker_num 3 is not a multiple of --local_worker_num 2" \
+        --worker_num 3 --local_worker_num 2
+    check_usage "--worker_num 4 is not --nnodes 1 x 2 workers per node" \
+        --nnodes 1 --worker_num 4 --local_worker_num 2
+    check_usage "--worker_num 2 needs --local_worker_num" --worker_num 2
+    check_usage "--join=maybe: expected 1/true/yes or 0/false/no" --join=maybe
+    # msrun: 2 workers on this node, logs under --log_dir, each on its own share of the CPUs.
+    "$R" --worker_num 2 --local_worker_num 2 --master_port "$port" --join=True --bind_core=True \
+        --log_dir "$work/ms" sh -c 'grep Cpus_allowed_list /proc/self/status' > "$work/out" 2>&1 ||
+        fail "msrun's flags: cddprun exited $?"
+    a=$(cat "$work/ms/rank.0/stdout") b=$(cat "$work/ms/rank.1/stdout")
+    [ -n "$a" ] && [ -n "$b" ] || fail "--log_dir: no rank.N/stdout"
+    if [ "$cores" -ge 2 ]; then
+        [ "$a" != "$b" ] || fail "--bind_core: both workers on $a"
+        [ "$a" != "$(grep Cpus_allowed_list /proc/self/status)" ] || fail "--bind_core: rank 0 unbound"
+    fi
+    # --cluster_time_out is the rendezvous' limit: node 1 never comes.
+    printf 'secret\n' > "$work/token"
+    chmod 600 "$work/token"
+    start=$(date +%s)
+    "$R" --worker_num 2 --local_worker_num 1 --node_rank 0 --master_port "$(free_port)" \
+        --token_file "$work/token" --cluster_time_out 1 true > "$work/err" 2>&1 && fail "a node was missing"
+    expect_in "node(s) 1 of 2 did not arrive within 1 s" "$work/err"
+    [ $(( $(date +%s) - start )) -le 10 ] || fail "--cluster_time_out 1 waited more than 10 s"
+    echo "ok: torchrun's --nnodes N:N, --nproc-per-node auto, --rdzv-*, --local-ranks-filter," \
+         "--use_env; msrun's --worker_num, --local_worker_num, --log_dir, --join, --bind_core," \
+         "--cluster_time_out; their misuses refused" ;;
 logs)
     "$R" --standalone --nproc_per_node 2 --logdir "$work/logs" sh -c \
         'echo "out of $RANK"; echo "err of $RANK" >&2' > "$work/console" 2>&1 || fail "run failed"

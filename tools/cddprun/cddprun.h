@@ -41,7 +41,12 @@ typedef struct options {
     stream_spec redirects; /* these streams go to the log files only, not the console */
     const char *redirect_name; /* the option that asked for redirects, for its error */
     double monitor_interval, grace_period;
-    char **program; /* the program and its arguments */
+    const char *shown; /* --local_ranks_filter: the local ranks whose output the console shows */
+    int worker_num;    /* msrun's --worker_num: every node's workers together; 0: not given */
+    bool nproc_given;  /* --nproc_per_node (or msrun's --local_worker_num) was given */
+    bool nnodes_given; /* --nnodes was given */
+    bool bind_core;    /* msrun's --bind_core: each worker on its own share of the CPUs */
+    char **program;    /* the program and its arguments */
 } options;
 
 typedef struct stream {
@@ -91,6 +96,8 @@ void cddprun_job_token(const options *o, char *out);
 char **cddprun_worker_argv(const options *o);
 /* The streams (1 stdout, 2 stderr, 3 both) that spec s names for a local rank. */
 int cddprun_streams_for(const stream_spec *s, int local_rank);
+/* Whether the console shows local rank r's output (--local_ranks_filter). */
+bool cddprun_rank_shown(const options *o, int local_rank);
 /* A usage error: says it with a pointer to --help and exits 2. */
 void cddprun_die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 

@@ -31,12 +31,23 @@ enum {
     OPT_TOKEN,
     OPT_TOKEN_FILE,
     OPT_RUN_ID,
-    OPT_REDIRECTS
+    OPT_REDIRECTS,
+    OPT_RDZV_ENDPOINT,
+    OPT_RDZV_BACKEND,
+    OPT_RDZV_ID,
+    OPT_RANKS_FILTER,
+    OPT_USE_ENV,
+    OPT_WORKER_NUM,
+    OPT_LOCAL_WORKER_NUM,
+    OPT_JOIN,
+    OPT_CLUSTER_TIME_OUT,
+    OPT_BIND_CORE
 };
 
 /* Each option once, with the environment variable it can also come from. Dash spellings
  * (torchrun's) are accepted for every underscore spelling. has_arg 2: the value is optional and,
- * when given, is the next argument if that looks like one (--tee 3), or follows '=' (--tee=3). */
+ * when given, is the next argument if that looks like one (--tee 3), or follows '=' (--tee=3);
+ * has_arg 3: a switch that may say --join=True or --join=False (msrun's booleans). */
 static const struct {
     const char *name;
     int has_arg, code;
@@ -61,6 +72,18 @@ static const struct {
     {"token", 1, OPT_TOKEN},
     {"token_file", 1, OPT_TOKEN_FILE},
     {"run_id", 1, OPT_RUN_ID},
+    /* torchrun's and torch.distributed.launch's spellings */
+    {"rdzv_endpoint", 1, OPT_RDZV_ENDPOINT},
+    {"rdzv_backend", 1, OPT_RDZV_BACKEND},
+    {"rdzv_id", 1, OPT_RDZV_ID},
+    {"local_ranks_filter", 1, OPT_RANKS_FILTER},
+    {"use_env", 0, OPT_USE_ENV},
+    /* msrun's */
+    {"worker_num", 1, OPT_WORKER_NUM},
+    {"local_worker_num", 1, OPT_LOCAL_WORKER_NUM},
+    {"join", 3, OPT_JOIN},
+    {"cluster_time_out", 1, OPT_CLUSTER_TIME_OUT},
+    {"bind_core", 3, OPT_BIND_CORE},
     {"help", 0, 'h'},
 };
 #define NOPTIONS (int)CDDP_ARRAY_LEN(option_table)
@@ -109,7 +132,18 @@ static void usage(FILE *out) {
         "  --token SECRET          the secret itself; other users can read a command line, so use\n"
         "                          --token_file or CDDPRUN_TOKEN instead\n"
         "  --run_id ID             the job's id, CDDP_RUN_ID in the workers (default: random)\n"
+        "  --local_ranks_filter L  the console shows only these local ranks' output (0,2)\n"
+        "  --bind_core             each worker runs on its own share of the CPUs\n"
         "  -h, --help              this help\n"
+        "\n"
+        "torchrun's spellings: --nnodes N:N (a fixed count; ranges, for elastic jobs, are not run\n"
+        "yet), --nproc_per_node auto|cpu (one per core), --rdzv_endpoint HOST[:PORT] (node 0's\n"
+        "store: --master_addr and --master_port), --rdzv_backend c10d|static, --rdzv_id ID\n"
+        "(--run_id), --use_env (accepted: LOCAL_RANK is always in the environment).\n"
+        "msrun's: --worker_num N (every node's workers; N / --local_worker_num nodes),\n"
+        "--local_worker_num P (--nproc_per_node), --log_dir, --master_addr, --master_port,\n"
+        "--node_rank, --join[=True] (accepted: cddprun always waits), --cluster_time_out S\n"
+        "(CDDP_RDZV_TIMEOUT_S), --bind_core[=True].\n"
         "\n"
         "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,\n"
         "GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a free port where rank 0 hosts its own "
@@ -205,16 +239,51 @@ static bool parse_bool(const char *name, const char *v) {
     cddprun_die_usage("%s=%s: expected 1/true/yes or 0/false/no", name, v);
 }
 
+/* A switch's value given with '=' (--join=True). */
+static bool option_bool(const char *name, const char *v) {
+    char flag[80];
+    snprintf(flag, sizeof flag, "--%s", name);
+    return parse_bool(flag, v);
+}
+
 static void apply(options *o, int code, const char *name, const char *v) {
     switch (code) {
-    case OPT_NNODES:
-        o->nnodes = (int)parse_int(name, v, 1, 65536);
+    case OPT_NNODES: {
+        /* torchrun's MIN:MAX: a fixed count when MIN = MAX */
+        const char *colon = strchr(v, ':');
+        if (colon) {
+            char lo[32];
+            snprintf(lo, sizeof lo, "%.*s", (int)CDDP_MIN(colon - v, 31), v);
+            long a = parse_int(name, lo, 1, 65536), b = parse_int(name, colon + 1, 1, 65536);
+            if (a != b)
+                cddprun_die_usage("--%s %s: a range of node counts asks for an elastic job, which "
+                                  "cddprun does not run yet; give one count (--%s %ld)",
+                                  name, v, name, b);
+            o->nnodes = (int)a;
+        } else {
+            o->nnodes = (int)parse_int(name, v, 1, 65536);
+        }
+        o->nnodes_given = true;
         break;
+    }
     case OPT_NODE_RANK:
         o->node_rank = (int)parse_int(name, v, 0, 65535);
         break;
     case OPT_NPROC:
-        o->nproc_per_node = (int)parse_int(name, v, 1, 4096);
+    case OPT_LOCAL_WORKER_NUM:
+        /* torchrun's auto and cpu: one process per core this process may run on */
+        if (code == OPT_NPROC && (!strcmp(v, "auto") || !strcmp(v, "cpu")))
+            o->nproc_per_node = cddp_num_cores();
+        else if (code == OPT_NPROC && (!strcmp(v, "gpu") || !strcmp(v, "xpu")))
+            cddprun_die_usage("--%s %s: cddp trains on CPUs; use --%s auto (one process per core) "
+                              "or a number",
+                              name, v, name);
+        else
+            o->nproc_per_node = (int)parse_int(name, v, 1, 4096);
+        o->nproc_given = true;
+        break;
+    case OPT_WORKER_NUM:
+        o->worker_num = (int)parse_int(name, v, 1, 1 << 24);
         break;
     case OPT_MASTER_ADDR:
         o->master_addr = v;
@@ -267,7 +336,48 @@ static void apply(options *o, int code, const char *name, const char *v) {
         o->token_file = v;
         break;
     case OPT_RUN_ID:
+    case OPT_RDZV_ID:
         o->run_id = v;
+        break;
+    case OPT_RDZV_ENDPOINT: { /* HOST, HOST:PORT or [IPv6]:PORT: node 0's store */
+        static char host[256];
+        const char *port = NULL;
+        if (*v == '[') {
+            const char *end = strchr(v, ']');
+            if (!end || (end[1] && end[1] != ':'))
+                cddprun_die_usage("--%s %s: expected HOST, HOST:PORT or [ADDRESS]:PORT", name, v);
+            snprintf(host, sizeof host, "%.*s", (int)(end - v - 1), v + 1);
+            port = end[1] ? end + 2 : NULL;
+        } else {
+            const char *colon = strrchr(v, ':');
+            snprintf(host, sizeof host, "%.*s", (int)(colon ? colon - v : (long)strlen(v)), v);
+            port = colon ? colon + 1 : NULL;
+        }
+        if (!*host) cddprun_die_usage("--%s %s: no host", name, v);
+        o->master_addr = host;
+        if (port) o->master_port = (int)parse_int(name, port, 1, 65535);
+        break;
+    }
+    case OPT_RDZV_BACKEND:
+        if (strcmp(v, "c10d") != 0 && strcmp(v, "static") != 0)
+            cddprun_die_usage("--%s %s: cddprun's rendezvous is its own store on node 0, as "
+                              "c10d's is (static works the same); use --%s c10d",
+                              name, v, name);
+        break;
+    case OPT_RANKS_FILTER:
+        o->shown = v;
+        break;
+    case OPT_USE_ENV: /* torch.distributed.launch: LOCAL_RANK is always in the environment */
+        break;
+    case OPT_JOIN: /* msrun: cddprun always waits for its workers */
+        if (v) option_bool(name, v);
+        break;
+    case OPT_CLUSTER_TIME_OUT: /* msrun: how long the cluster may take to form */
+        parse_int(name, v, 1, 86400);
+        setenv("CDDP_RDZV_TIMEOUT_S", v, 1);
+        break;
+    case OPT_BIND_CORE:
+        o->bind_core = v ? option_bool(name, v) : true;
         break;
     }
 }
@@ -301,7 +411,7 @@ void cddprun_parse_options(int argc, char **argv, options *o) {
     static char dashed[NOPTIONS][64];
     int n = 0;
     for (int i = 0; i < NOPTIONS; i++) {
-        int has = option_table[i].has_arg == 2   ? optional_argument
+        int has = option_table[i].has_arg >= 2   ? optional_argument
                   : option_table[i].has_arg == 1 ? required_argument
                                                  : no_argument;
         longopts[n++] = (struct option){option_table[i].name, has, NULL, option_table[i].code};
@@ -411,7 +521,49 @@ char **cddprun_worker_argv(const options *o) {
     return argv;
 }
 
+bool cddprun_rank_shown(const options *o, int local_rank) {
+    if (!o->shown) return true;
+    for (const char *p = o->shown; *p;) { /* checked: "0,1,..." */
+        char *end;
+        if (strtol(p, &end, 10) == local_rank) return true;
+        p = *end ? end + 1 : end;
+    }
+    return false;
+}
+
+/* msrun's --worker_num (every node's workers): the node count, unless --nnodes gives it. */
+static void check_worker_num(options *o) {
+    if (!o->worker_num) return;
+    if (!o->nproc_given)
+        cddprun_die_usage("--worker_num %d needs --local_worker_num (workers on this node)",
+                          o->worker_num);
+    if (o->nnodes_given && o->worker_num != o->nnodes * o->nproc_per_node)
+        cddprun_die_usage("--worker_num %d is not --nnodes %d x %d workers per node", o->worker_num,
+                          o->nnodes, o->nproc_per_node);
+    if (o->worker_num % o->nproc_per_node)
+        cddprun_die_usage("--worker_num %d is not a multiple of --local_worker_num %d (cddprun "
+                          "starts as many workers on every node)",
+                          o->worker_num, o->nproc_per_node);
+    o->nnodes = o->worker_num / o->nproc_per_node;
+}
+
+/* --local_ranks_filter: local ranks of this node, separated by commas. */
+static void check_shown(const options *o) {
+    if (!o->shown) return;
+    for (const char *p = o->shown; *p;) {
+        char *end;
+        long r = strtol(p, &end, 10);
+        if (end == p || r < 0 || r >= o->nproc_per_node || (*end && *end != ','))
+            cddprun_die_usage("--local_ranks_filter %s: expected local ranks of this node "
+                              "(0..%d) separated by commas, such as 0,1",
+                              o->shown, o->nproc_per_node - 1);
+        p = *end ? end + 1 : end;
+    }
+}
+
 void cddprun_validate(options *o) {
+    check_worker_num(o);
+    check_shown(o);
     if (o->no_python && o->module)
         cddprun_die_usage("--no_python and -m/--module exclude each other");
     if (o->node_rank >= o->nnodes)

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -171,6 +172,24 @@ static void guard(char sign, pid_t pgid) {
 
 /* ---- starting workers -------------------------------------------------------------------- */
 
+/* --bind_core, in worker local_rank of n: its share of the CPUs cddprun may run on, in order
+ * (with 8 CPUs and 4 workers, worker 1 gets the 3rd and 4th); with fewer CPUs than workers, one
+ * CPU each, round the CPUs. */
+static void bind_core(int local_rank, int n) {
+    cpu_set_t all, mine;
+    if (sched_getaffinity(0, sizeof all, &all) != 0) return;
+    int cpus[CPU_SETSIZE], ncpu = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &all)) cpus[ncpu++] = c;
+    if (!ncpu) return;
+    int share = ncpu >= n ? ncpu / n : 1;
+    CPU_ZERO(&mine);
+    for (int k = 0; k < share; k++) CPU_SET(cpus[(local_rank * share + k) % ncpu], &mine);
+    if (sched_setaffinity(0, sizeof mine, &mine) != 0)
+        fprintf(stderr, "cddprun: --bind_core: local rank %d stays unbound: %s\n", local_rank,
+                strerror(errno));
+}
+
 void cddprun_start_workers(job *j) {
     const options *o = &j->o;
     start_guardian();
@@ -182,6 +201,7 @@ void cddprun_start_workers(job *j) {
             .fd = -1, .log = -1, .console = !(redirect & 1), .prefix = tee & 1, .to = stdout};
         w->err = (stream){
             .fd = -1, .log = -1, .console = !(redirect & 2), .prefix = tee & 2, .to = stderr};
+        if (!cddprun_rank_shown(o, i)) w->out.console = w->err.console = false;
         /* Through cddprun when a stream is prefixed or goes both to a file and the console;
          * else straight to its file, or to the console. */
         bool pipes =
@@ -230,7 +250,12 @@ void cddprun_start_workers(job *j) {
             } else if (o->logdir) {
                 dup2(w->out.log, 1);
                 dup2(w->err.log, 2);
+            } else if (!w->out.console) { /* --local_ranks_filter leaves it out, no logs */
+                int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+                dup2(null, 1);
+                dup2(null, 2);
             }
+            if (o->bind_core) bind_core(i, o->nproc_per_node);
             set_env_int("RANK", w->rank);
             set_env_int("LOCAL_RANK", i);
             set_env_int("WORLD_SIZE", j->world);
