@@ -34,6 +34,22 @@
 typedef enum { ROUND_OK, ROUND_FAILED, ROUND_SIGNALLED } round_result;
 
 /* Runs one round: rendezvous, start, watch. On failure prints the report. */
+/* Whether a node's root cause is a rank that was killed by a signal or stopped answering: the
+ * failures that other ranks' failures follow from, not the other way round. */
+static bool primary(const char *cause) {
+    return strstr(cause, " was killed by SIG") || strstr(cause, " stopped answering");
+}
+
+/* Whether cause a (at wall-clock time aw) is the job's root cause rather than b: the earlier,
+ * except that a primary failure beats an exit by code less than a second apart (a rank whose
+ * peer was killed exits within milliseconds, and its node may reap it first; clocks of nodes
+ * differ a little too). */
+static bool earlier_cause(double aw, const char *a, double bw, const char *b) {
+    bool pa = primary(a), pb = primary(b);
+    if (pa != pb && (aw > bw ? aw - bw : bw - aw) < 1.0) return pa;
+    return aw < bw;
+}
+
 static round_result run_round(job *j) {
     const options *o = &j->o;
     cddp_error err = {0};
@@ -118,7 +134,9 @@ static round_result run_round(job *j) {
         cddp_store_set_str(j->store, key, mine, &err);
         if (o->node_rank == 0) nothers = cddprun_gather_causes(j, others, 64);
         for (int k = 0; k < nothers; k++)
-            if ((!first && root < 0) || (others[k].when < (root < 0 ? when : others[root].when)))
+            if ((!first && root < 0) ||
+                earlier_cause(others[k].when, others[k].text, root < 0 ? when : others[root].when,
+                              root < 0 ? text : others[root].text))
                 root = k;
     }
     fprintf(stderr, "cddprun: the job failed (run %s, attempt %d of %d, node %d of %d)\n",
