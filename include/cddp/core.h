@@ -190,7 +190,8 @@ CDDP_API double cddp_now_s(void);
 
 /* The rank and world size a launcher left in the environment, looked up in this order:
  * RANK/WORLD_SIZE (cddprun, torchrun), OMPI_COMM_WORLD_RANK/SIZE (Open MPI's mpirun),
- * PMI_RANK/PMI_SIZE (MPICH, Intel MPI), SLURM_PROCID/SLURM_NTASKS (Slurm's srun).
+ * PMI_RANK/PMI_SIZE (MPICH, Intel MPI), SLURM_PROCID/SLURM_NTASKS (Slurm's srun: inside a step
+ * only, when SLURM_STEP_ID is set; a batch script has them for the allocation).
  * CDDP_OK with both filled; CDDP_ENOENT (rank 0, world 1) when none is set; CDDP_EINVAL, with err
  * naming the variables, when a pair is malformed or the rank is not in [0, world). */
 CDDP_API int cddp_env_rank_world(int *rank, int *world, cddp_error *err);

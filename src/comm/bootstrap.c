@@ -17,7 +17,9 @@
  * Under srun nothing names a rendezvous address. When MASTER_ADDR and MASTER_PORT are unset, the
  * group meets on the step's first host at port 10000 + 10 (SLURM_JOB_ID mod 2000) +
  * (SLURM_STEP_ID mod 10): every task computes the same, consecutive steps of a job differ, and
- * the port is below Linux's ephemeral range, where outgoing connections would take it.
+ * the port is below Linux's ephemeral range, where outgoing connections would take it. Its token
+ * names the job and the step. Slurm's variables count only inside a step (SLURM_STEP_ID set): a
+ * program started straight from a batch script is one process, and says so.
  */
 #include "cddp/launch.h"
 #include "comm/internal.h"
@@ -92,8 +94,13 @@ int cddp__launch_read(cddp__launch *l, cddp_error *err) {
         {"PMI_SIZE", "an MPI launcher", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", true},
         {"SLURM_NTASKS", "srun", "SLURM_LOCALID", NULL, false},
     };
+    bool in_step = env_str("SLURM_STEP_ID") != NULL;
+    if (!in_step) l->slurm_tasks_outside = CDDP_MAX(env_int("SLURM_NTASKS"), 0);
     for (size_t i = 0; rc == CDDP_OK && i < CDDP_ARRAY_LEN(launchers); i++) {
         if (!getenv(launchers[i].var)) continue;
+        /* Slurm's variables describe this process's task only inside a step (srun): a batch
+         * script has them too, for the allocation. */
+        if (!strcmp(launchers[i].var, "SLURM_NTASKS") && !in_step) continue;
         const char *by = launchers[i].by;
         if (!by) /* RANK: cddprun posts its store; torchrun names its run */
             by = env_str(CDDP_ENV_STORE_PORT)     ? "cddprun"
@@ -125,6 +132,11 @@ int cddp__launch_read(cddp__launch *l, cddp_error *err) {
         l->master_port = 10000 + 10 * (job % 2000) + (step >= 0 ? step % 10 : 0);
         l->derived_master = true;
     }
+    /* Under srun a job's tasks prove a token of their job and step, so that two jobs that meet
+     * at one address (the same MASTER_PORT, or derived ports that collide) never mix. It keeps
+     * out mistakes, not an attacker (job ids are no secret): CDDP_STORE_TOKEN gives a secret. */
+    if (!strcmp(l->by, "srun") && job >= 0)
+        snprintf(l->slurm_token, sizeof l->slurm_token, "cddp-slurm-job-%d-step-%d", job, step);
     /* cddprun's own store (its workers post rank 0's store there). */
     const char *sa = env_str(CDDP_ENV_STORE_ADDR);
     snprintf(l->store_addr, sizeof l->store_addr, "%s", sa ? sa : "");

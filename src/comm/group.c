@@ -406,7 +406,10 @@ static int rendezvous(cddp_comm *c, const cddp__launch *l, const cddp_comm_optio
                  "srun: meeting at %s:%d (the step's first host; MASTER_ADDR and MASTER_PORT "
                  "choose another)",
                  addr, port);
-    const char *token = o->token ? o->token : l->store_token ? l->store_token : "cddp";
+    const char *token = o->token            ? o->token
+                        : l->store_token    ? l->store_token
+                        : l->slurm_token[0] ? l->slurm_token
+                                            : "cddp";
     bool whole_job =
         !opts || (opts->world_size <= 0 && !opts->master_addr && opts->master_port <= 0);
     cddp_store_server *srv = NULL;
@@ -486,6 +489,12 @@ cddp_comm *cddp_comm_create(const cddp_comm_options *opts, cddp_error *err) {
         if (c->world > 1) CDDP_TRY_GOTO(rendezvous(c, &l, opts, &o, why, sizeof why, err), out);
     }
     log_backend(c, &l, why);
+    if (l.slurm_tasks_outside > 1 && c->world == 1)
+        cddp_log(CDDP_LOG_WARN, "comm",
+                 "SLURM_NTASKS=%d, but this process was not started by srun (SLURM_STEP_ID is "
+                 "unset: a batch script?): it trains alone. Start the %d tasks with srun (or with "
+                 "cddprun or mpirun)",
+                 l.slurm_tasks_outside, l.slurm_tasks_outside);
     limit_threads(c);
 out:
     if (rc != CDDP_OK) {

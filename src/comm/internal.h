@@ -314,6 +314,8 @@ typedef struct cddp__launch {
     int store_port;              /* CDDP_STORE_PORT (-1 unset), */
     const char *store_token;     /* CDDP_STORE_TOKEN (NULL unset), */
     int restart;                 /* CDDP_RESTART_COUNT (0 unset) */
+    char slurm_token[64];        /* under srun: the job's and step's token; "" otherwise */
+    int slurm_tasks_outside;     /* SLURM_NTASKS outside a step (a batch script); 0 otherwise */
 } cddp__launch;
 
 /* Reads the environment; CDDP_EINVAL (err filled) when a rank variable is malformed. */

@@ -9,6 +9,8 @@
 #                  SLURM_NTASKS, SLURM_LOCALID, SLURM_STEP_ID, ...) and no MASTER_*: they meet at
 #                  the step's first host and the port derived from the job and step; threads 1
 #   srun_threads   the same with OMP_NUM_THREADS=2 set by the user: left alone
+#   srun_two_jobs  two jobs' tasks at the same MASTER_PORT: job B's is turned away by job A
+#   sbatch         srun's variables without SLURM_STEP_ID (a batch script): one process, a warning
 set -u
 build=$1 scenario=$2
 C="$build/bin/comm_check"
@@ -49,6 +51,11 @@ for _ in range(200):
     print(job)
     break
 PY
+}
+# The same outside a step, as a batch script has them (no SLURM_STEP_ID).
+batch_task() {
+    env SLURM_PROCID=0 SLURM_NTASKS="$1" SLURM_NNODES=1 SLURM_TASKS_PER_NODE="$1" \
+        SLURM_JOB_NODELIST=localhost SLURM_JOB_ID="$2" "$C" launch
 }
 srun_pair() {
     job=$(free_job)
@@ -95,5 +102,29 @@ srun_threads)
     none "$work/err" "share this host"
     oks 2 "threads 2, OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=unset"
     echo "ok: srun with OMP_NUM_THREADS=2: the user's choice stays" ;;
+srun_two_jobs)
+    # Two jobs' steps meet at one address (the same MASTER_PORT): job B's task 1 is turned away
+    # by job A's rank 0 (another job's token), and job A's own task 1 then completes the group.
+    job=$(free_job)
+    port=$((10000 + 10 * job))
+    export MASTER_ADDR=127.0.0.1 MASTER_PORT=$port CDDP_RDZV_TIMEOUT_S=30
+    srun_task 0 2 "$job" > "$work/out0" 2> "$work/err0" &
+    p0=$!
+    pids="$p0"
+    srun_task 1 2 $((job + 1)) > "$work/outB" 2> "$work/errB" && fail "job B's task joined job A"
+    grep -q "wrong job token: this store belongs to another job" "$work/errB" ||
+        fail "job B's task did not say it met another job"
+    srun_task 1 2 "$job" > "$work/out1" 2> "$work/err1" || fail "job A's task 1 exited $?"
+    wait $p0 || fail "job A's task 0 exited $?"
+    pids=""
+    oks 1 "ok: rank 0 of 2"
+    oks 1 "ok: rank 1 of 2"
+    echo "ok: two srun jobs at one address: the other job's task is turned away, each job whole" ;;
+sbatch)
+    # Started straight from a batch script of 2 tasks: one process, and a warning that says so.
+    batch_task 2 "$(free_job)" > "$work/out0" 2> "$work/err0" || fail "the task exited $?"
+    oks 1 "ok: rank 0 of 1"
+    once "$work/err0" "SLURM_NTASKS=2, but this process was not started by srun (SLURM_STEP_ID is unset: a batch script?): it trains alone"
+    echo "ok: a batch script's variables are not a step's: one process, and it says so" ;;
 *) fail "unknown scenario $scenario" ;;
 esac
