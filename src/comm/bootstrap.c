@@ -19,7 +19,9 @@
  * (SLURM_STEP_ID mod 10): every task computes the same, consecutive steps of a job differ, and
  * the port is below Linux's ephemeral range, where outgoing connections would take it. Its token
  * names the job and the step. Slurm's variables count only inside a step (SLURM_STEP_ID set): a
- * program started straight from a batch script is one process, and says so.
+ * program started straight from a batch script is one process, and says so. A step of srun
+ * --mpi=pmi2 (PMI_SIZE set, no PMIX_RANK) is taken as srun's, on cddp's own transport: Debian's
+ * Open MPI speaks PMIx only.
  */
 #include "cddp/launch.h"
 #include "comm/internal.h"
@@ -101,16 +103,26 @@ int cddp__launch_read(cddp__launch *l, cddp_error *err) {
         /* Slurm's variables describe this process's task only inside a step (srun): a batch
          * script has them too, for the allocation. */
         if (!strcmp(launchers[i].var, "SLURM_NTASKS") && !in_step) continue;
+        /* srun --mpi=pmi2 sets PMI_SIZE too, but the Open MPI that cddp is built with (Debian's)
+         * speaks PMIx only, and its MPI_Init would fail on every rank ("OMPI was not built with
+         * SLURM's PMI support"): such a step is srun's, on cddp's own transport. */
+        bool pmi2 = !strcmp(launchers[i].var, "PMI_SIZE") && in_step && !env_str("PMIX_RANK") &&
+                    env_int("PMI_SIZE") == env_int("SLURM_NTASKS"); /* the step's own tasks */
+        if (pmi2) {
+            l->pmi2 = true;
+            continue;
+        }
         const char *by = launchers[i].by;
         if (!by) /* RANK: cddprun posts its store; torchrun names its run */
             by = env_str(CDDP_ENV_STORE_PORT)     ? "cddprun"
                  : env_str("TORCHELASTIC_RUN_ID") ? "torchrun"
                                                   : "a torchrun-style launcher";
         snprintf(l->by, sizeof l->by, "%s", by);
-        snprintf(l->why, sizeof l->why, "%s set",
+        snprintf(l->why, sizeof l->why, "%s set%s",
                  !strcmp(by, "cddprun") ? CDDP_ENV_STORE_PORT
                  : !strcmp(by, "srun")  ? "SLURM_PROCID"
-                                        : launchers[i].var);
+                                        : launchers[i].var,
+                 l->pmi2 ? "; --mpi=pmi2 is not for Open MPI" : "");
         l->mpi = launchers[i].mpi;
         l->local_rank = env_int(launchers[i].local_rank);
         l->local_world =

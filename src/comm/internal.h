@@ -303,7 +303,7 @@ void cddp__comm_work_fini(cddp_comm *c);
 /* What the launcher that started this process says. */
 typedef struct cddp__launch {
     char by[32];     /* "cddprun", "torchrun", "mpirun", "srun", ...; "" when nothing started us */
-    char why[48];    /* the variable that says so: "OMPI_COMM_WORLD_SIZE set" */
+    char why[96];    /* the variable that says so: "OMPI_COMM_WORLD_SIZE set" */
     int rank, world; /* 0 and 1 when nothing started us */
     int local_rank, local_world; /* -1 when the launcher does not say */
     bool mpi;                    /* an MPI launcher (mpirun, PMI): the MPI backend fits */
@@ -316,6 +316,7 @@ typedef struct cddp__launch {
     int restart;                 /* CDDP_RESTART_COUNT (0 unset) */
     char slurm_token[64];        /* under srun: the job's and step's token; "" otherwise */
     int slurm_tasks_outside;     /* SLURM_NTASKS outside a step (a batch script); 0 otherwise */
+    bool pmi2;                   /* a step of srun --mpi=pmi2, taken as srun's (not MPI) */
 } cddp__launch;
 
 /* Reads the environment; CDDP_EINVAL (err filled) when a rank variable is malformed. */

@@ -11,6 +11,7 @@
 #   srun_threads   the same with OMP_NUM_THREADS=2 set by the user: left alone
 #   srun_two_jobs  two jobs' tasks at the same MASTER_PORT: job B's is turned away by job A
 #   sbatch         srun's variables without SLURM_STEP_ID (a batch script): one process, a warning
+#   srun_pmi2      srun's variables and srun --mpi=pmi2's PMI_RANK/PMI_SIZE: cddp's own transport
 set -u
 build=$1 scenario=$2
 C="$build/bin/comm_check"
@@ -120,6 +121,22 @@ srun_two_jobs)
     oks 1 "ok: rank 0 of 2"
     oks 1 "ok: rank 1 of 2"
     echo "ok: two srun jobs at one address: the other job's task is turned away, each job whole" ;;
+srun_pmi2)
+    # srun --mpi=pmi2 adds PMI_RANK/PMI_SIZE: not the MPI backend (Debian's Open MPI would fail
+    # in MPI_Init on every rank) but srun's own way, and rank 0 says why.
+    job=$(free_job)
+    [ -n "$job" ] || fail "no free port in 10000..29999"
+    PMI_RANK=0 PMI_SIZE=2 srun_task 0 2 "$job" > "$work/out0" 2> "$work/err0" &
+    p0=$!
+    PMI_RANK=1 PMI_SIZE=2 srun_task 1 2 "$job" > "$work/out1" 2> "$work/err1" &
+    p1=$!
+    pids="$p0 $p1"
+    wait $p0 || fail "task 0 exited $?"
+    wait $p1 || fail "task 1 exited $?"
+    pids=""
+    once "$work/err0" "started by srun (SLURM_PROCID set; --mpi=pmi2 is not for Open MPI)"
+    oks 2 "(shm backend)"
+    echo "ok: srun --mpi=pmi2's variables: cddp's own transport, and rank 0 says why" ;;
 sbatch)
     # Started straight from a batch script of 2 tasks: one process, and a warning that says so.
     batch_task 2 "$(free_job)" > "$work/out0" 2> "$work/err0" || fail "the task exited $?"
