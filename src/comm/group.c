@@ -269,7 +269,7 @@ static void log_backend(const cddp_comm *c, const cddp__launch *l, const char *w
  * rank that has a core of its own spins up to 20 ms (bench_mlp on 2 ranks: +12 % over 200 us;
  * the p99 of a 4-64 KiB allreduce within 1.5x of its median). Past 20 us every spin round
  * yields the core, and a wait stops spinning the first time another thread took it
- * (cddp__comm_yield): on a busy machine a rank sleeps as soon as something else wants its core.
+ * (cddp__comm_spin): on a busy machine a rank sleeps as soon as something else wants its core.
  * Ranks sharing cores spin 20 us, not to take time from the rank they wait for. */
 static double spin_seconds(const cddp_comm *c) {
     const char *knob = cddp_knob_str(CDDP_KNOB_SPIN_US);

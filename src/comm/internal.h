@@ -196,12 +196,27 @@ void cddp__comm_reduce_sources(cddp_comm_dtype dt, cddp_comm_op op, uint8_t *con
 
 /* ---- fail.c ------------------------------------------------------------------------------ */
 
-/* Yields this core to any other runnable thread; true when one ran meanwhile (the yield took
- * over 20 us): the core is shared, and a wait should sleep rather than spin on. */
-static inline bool cddp__comm_yield(void) {
-    double t0 = cddp_now_s();
-    sched_yield();
-    return cddp_now_s() - t0 > 20e-6;
+/* A wait's spin before it sleeps: when it began (0: not yet), and whether a yield handed this
+ * core to another thread. */
+typedef struct cddp__spin {
+    double start;
+    bool shared;
+} cddp__spin;
+
+/* One round of a wait that found nothing ready, at time now: true while it should spin on,
+ * false when it should sleep. It spins up to c->spin_s (CDDP_SPIN_US); past the first 20 us
+ * every round yields the core to any other runnable thread, and the spin ends the first time
+ * one ran meanwhile (the yield took over 20 us): on a busy machine a rank sleeps as soon as
+ * something else wants its core. The shared-memory and TCP waits both spin this way. */
+static inline bool cddp__comm_spin(const cddp_comm *c, cddp__spin *s, double now) {
+    if (s->start == 0) s->start = now;
+    if (s->shared || now - s->start >= c->spin_s) return false;
+    if (now - s->start > 20e-6) {
+        double t0 = cddp_now_s();
+        sched_yield();
+        s->shared = cddp_now_s() - t0 > 20e-6;
+    }
+    return true;
 }
 
 /* Latches the failure into the group and err (the first one stays), tells the peers, and aborts

@@ -10,11 +10,11 @@
  * point to point.
  *
  * Waiting. Synchronisation is a counter barrier: a rank bumps its counter to the next step and
- * waits until every counter reached it. A wait spins for 20 us (the peer is about to arrive:
- * the latency path), then blocks on a futex in the segment that arrivals wake (the peer is
- * computing, stopped or far behind: leave the core to whoever works; with more ranks than cores
- * this is what lets the late rank run). Every 10 ms at most it checks the deadline, an abort,
- * and whether the awaited peer's process still exists.
+ * waits until every counter reached it. A wait spins first (the peer is about to arrive: the
+ * latency path; CDDP_SPIN_US, cddp__comm_spin), then blocks on a futex in the segment that arrivals
+ * wake (the peer is computing, stopped or far behind: leave the core to whoever works; with more
+ * ranks than cores this is what lets the late rank run). Every 10 ms at most it checks the
+ * deadline, an abort, and whether the awaited peer's process still exists.
  *
  * Allreduce, per chunk of the message (each rank reads (n-1)/n of every other rank's chunk once
  * and writes its slice once, the 2(n-1)/n of a ring, with no ring latency): every rank stages

@@ -117,8 +117,8 @@ int cddp__shm_check_abort(cddp_comm *c, cddp_error *err);
 void cddp__shm_wake(cddp_comm *c);
 /* A wait in progress: when it began sleeping, when it next checks the peer and the deadline. */
 typedef struct waiting {
-    double start, next_check;
-    bool shared; /* a yield gave this core to another thread: sleep, do not spin */
+    cddp__spin spin;
+    double next_check;
 } waiting;
 /* One round of a wait that found nothing ready (see shm_wait.c). */
 int cddp__shm_idle(cddp_comm *c, waiting *w, bool (*ready)(const void *), const void *arg, int who,

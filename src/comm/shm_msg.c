@@ -97,7 +97,7 @@ int cddp__shm_move(cddp_comm *c, cddp__xfer *send, int nsend, cddp__xfer *recv, 
         }
         if (!recvs_left && (!all || !sends_left)) return CDDP_OK;
         if (progress) {
-            w.start = 0;
+            w.spin.start = 0;
             continue;
         }
         int who = recvs_left ? -1 : s->slot_peer;

@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -86,8 +85,8 @@ static void say_stalled(cddp_comm *c, int who) {
         cddp__comm_stalled(c, &who, 1, true);
 }
 
-/* One round of a wait that found nothing ready: after 20 us of spinning, sleep until an
- * arrival; every 10 ms, check an abort, whether peer `who` still exists (ready() says whether
+/* One round of a wait that found nothing ready: after the spin (cddp__comm_spin), sleep until
+ * an arrival; every 10 ms, check an abort, whether peer `who` still exists (ready() says whether
  * what it owes arrived meanwhile: a peer may arrive, finish and exit between two looks) and the
  * deadline. A move (notices) also reads whether `who` failed: in a ring each rank waits for the
  * previous one only, so a failure travels around it that way (the root cause in its words). */
@@ -96,14 +95,7 @@ int cddp__shm_idle(cddp_comm *c, waiting *w, bool (*ready)(const void *), const 
     cddp__shm_relax();
     CDDP_TRY(cddp__shm_check_abort(c, err));
     double now = cddp_now_s();
-    if (w->start == 0) w->start = now;
-    if (now - w->start < c->spin_s && !w->shared) {
-        /* Past the first 20 us, let any other runnable thread have this core first, and stop
-         * spinning once one did: spinning must not take time from a peer (or anything else)
-         * when the machine is busy. */
-        if (now - w->start > 20e-6) w->shared = cddp__comm_yield();
-        return CDDP_OK;
-    }
+    if (cddp__comm_spin(c, &w->spin, now)) return CDDP_OK;
     sleep_until(c, ready, arg);
     now = cddp_now_s();
     if (now < w->next_check) return CDDP_OK;

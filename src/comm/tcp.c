@@ -187,8 +187,7 @@ static int tcp_move(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, bool a
                     const char *what, double deadline, cddp_error *err) {
     tcp *t = T(c);
     bool until_received = !all;
-    double spin_start = 0;
-    bool shared = false;
+    cddp__spin spin = {0};
     for (;;) {
         bool progress = false, left = false;
         for (int i = 0; i < nout; i++) {
@@ -214,19 +213,13 @@ static int tcp_move(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, bool a
         }
         if (!left || (until_received && !receives_left(in, nin))) return CDDP_OK;
         if (progress) {
-            spin_start = 0;
+            spin.start = 0;
             continue;
         }
-        /* The peer is most likely about to answer: retry for a few microseconds before
-         * sleeping in poll (the latency path), as the shared-memory waits do. */
-        double now = cddp_now_s();
-        if (spin_start == 0) spin_start = now;
-        if (now - spin_start < c->spin_s && !shared) { /* CDDP_SPIN_US: as the shm waits */
-            if (now - spin_start > 20e-6) shared = cddp__comm_yield();
-            continue;
-        }
-        spin_start = 0;
-        shared = false;
+        /* The peer is most likely about to answer: retry before sleeping in poll (the latency
+         * path), as the shared-memory waits do. */
+        if (cddp__comm_spin(c, &spin, cddp_now_s())) continue;
+        spin = (cddp__spin){0};
         CDDP_TRY(cddp__comm_aborted_here(c, err));
         int np = 0, waiting_for = -1;
         for (int i = 0; i < nout; i++)
