@@ -240,7 +240,7 @@ int cddp_env_rank_world(int *rank, int *world, cddp_error *err) {
         long r = cddp_env_int(pairs[i][0]), w = cddp_env_int(pairs[i][1]);
         if (r == -2 && w == -2) continue;
         /* Slurm's pair describes a task only inside a step (srun); a batch script has it too. */
-        if (i == CDDP_ARRAY_LEN(pairs) - 1 && cddp_env_int("SLURM_STEP_ID") == -2) continue;
+        if (!strcmp(pairs[i][0], "SLURM_PROCID") && cddp_env_int("SLURM_STEP_ID") == -2) continue;
         if (r < 0 || w < 1 || r >= w)
             return cddp_error_set(
                 err, CDDP_EINVAL,

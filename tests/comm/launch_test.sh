@@ -21,6 +21,7 @@ trap 'for p in $pids; do kill "$p" 2>/dev/null; done; rm -rf "$work"' EXIT
 unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS GOTO_NUM_THREADS RANK WORLD_SIZE LOCAL_RANK \
     LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT CDDP_STORE_PORT
 export CDDP_LOG_LEVEL=info
+PMI2=""
 fail() { echo "FAIL: $*"; for f in "$work"/out* "$work"/err*; do [ -f "$f" ] && { echo "--- $f"; cat "$f"; }; done; exit 1; }
 # once FILE TEXT: TEXT is on exactly one line of FILE.
 once() { [ "$(grep -cF -- "$2" "$1")" = 1 ] || fail "'$2' is not on exactly one line of $1"; }
@@ -29,12 +30,14 @@ none() { grep -qF -- "$2" "$1" && fail "'$2' is in $1"; return 0; }
 # oks N PATTERN: N "ok:" lines of the outputs match PATTERN (fixed text).
 oks() { [ "$(cat "$work"/out* | grep '^ok: ' | grep -cF -- "$2")" = "$1" ] || fail "not $1 ok lines with '$2'"; }
 
-# srun's variables for task $1 of $2 on one node, as a step of job $3.
+# srun's variables for task $1 of $2 on one node, as a step of job $3 (with PMI2 set, also those
+# of srun --mpi=pmi2).
 srun_task() {
-    env SLURM_PROCID="$1" SLURM_NTASKS="$2" SLURM_LOCALID="$1" SLURM_NODEID=0 SLURM_NNODES=1 \
-        SLURM_STEP_NUM_NODES=1 SLURM_STEP_NUM_TASKS="$2" SLURM_STEP_TASKS_PER_NODE="$2" \
-        SLURM_TASKS_PER_NODE="$2" SLURM_STEP_NODELIST=localhost SLURM_JOB_NODELIST=localhost \
-        SLURM_JOB_ID="$3" SLURM_STEP_ID=0 SLURMD_NODENAME=localhost "$C" launch
+    env ${PMI2:+PMI_RANK="$1" PMI_SIZE="$2"} SLURM_PROCID="$1" SLURM_NTASKS="$2" \
+        SLURM_LOCALID="$1" SLURM_NODEID=0 SLURM_NNODES=1 SLURM_STEP_NUM_NODES=1 \
+        SLURM_STEP_NUM_TASKS="$2" SLURM_STEP_TASKS_PER_NODE="$2" SLURM_TASKS_PER_NODE="$2" \
+        SLURM_STEP_NODELIST=localhost SLURM_JOB_NODELIST=localhost SLURM_JOB_ID="$3" \
+        SLURM_STEP_ID=0 SLURMD_NODENAME=localhost "$C" launch
 }
 # A job id whose derived port (10000 + 10 (job mod 2000) + step) is free now.
 free_job() {
@@ -124,17 +127,9 @@ srun_two_jobs)
 srun_pmi2)
     # srun --mpi=pmi2 adds PMI_RANK/PMI_SIZE: not the MPI backend (Debian's Open MPI would fail
     # in MPI_Init on every rank) but srun's own way, and rank 0 says why.
-    job=$(free_job)
-    [ -n "$job" ] || fail "no free port in 10000..29999"
-    PMI_RANK=0 PMI_SIZE=2 srun_task 0 2 "$job" > "$work/out0" 2> "$work/err0" &
-    p0=$!
-    PMI_RANK=1 PMI_SIZE=2 srun_task 1 2 "$job" > "$work/out1" 2> "$work/err1" &
-    p1=$!
-    pids="$p0 $p1"
-    wait $p0 || fail "task 0 exited $?"
-    wait $p1 || fail "task 1 exited $?"
-    pids=""
-    once "$work/err0" "started by srun (SLURM_PROCID set; --mpi=pmi2 is not for Open MPI)"
+    PMI2=1
+    srun_pair
+    once "$work/err" "started by srun (SLURM_PROCID set; --mpi=pmi2 is not for Open MPI)"
     oks 2 "(shm backend)"
     echo "ok: srun --mpi=pmi2's variables: cddp's own transport, and rank 0 says why" ;;
 sbatch)
