@@ -41,7 +41,9 @@ typedef struct options {
     stream_spec redirects; /* these streams go to the log files only, not the console */
     const char *redirect_name; /* the option that asked for redirects, for its error */
     double monitor_interval, grace_period;
-    const char *shown; /* --local_ranks_filter: the local ranks whose output the console shows */
+    const char *shown; /* --local_ranks_filter as given: "0,2" */
+    bool *show;        /* parsed by cddprun_validate: show[r], local rank r's output on the console;
+                          NULL: every rank's */
     int worker_num;    /* msrun's --worker_num: every node's workers together; 0: not given */
     bool nproc_given;  /* --nproc_per_node (or msrun's --local_worker_num) was given */
     bool nnodes_given; /* --nnodes was given */

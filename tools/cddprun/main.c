@@ -33,7 +33,6 @@
 
 typedef enum { ROUND_OK, ROUND_FAILED, ROUND_SIGNALLED } round_result;
 
-/* Runs one round: rendezvous, start, watch. On failure prints the report. */
 /* Whether a node's root cause is a rank that was killed by a signal or stopped answering: the
  * failures that other ranks' failures follow from, not the other way round. */
 static bool primary(const char *cause) {
@@ -50,6 +49,7 @@ static bool earlier_cause(double aw, const char *a, double bw, const char *b) {
     return aw < bw;
 }
 
+/* Runs one round: rendezvous, start, watch. On failure prints the report. */
 static round_result run_round(job *j) {
     const options *o = &j->o;
     cddp_error err = {0};
@@ -176,6 +176,15 @@ static void quit_joining(int sig) {
     _exit(128 + sig);
 }
 
+/* SIGINT, SIGTERM and SIGHUP (what stops cddprun) to handler. */
+static void on_stop_signals(void (*handler)(int)) {
+    struct sigaction sa = {.sa_handler = handler};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+}
+
 int main(int argc, char **argv) {
     job j = {0};
     cddprun_parse_options(argc, argv, &j.o);
@@ -202,11 +211,7 @@ int main(int argc, char **argv) {
     /* Signals: while this node joins the rendezvous (no worker yet; a connection is retried for
      * up to CDDP_RDZV_TIMEOUT_S) SIGINT/TERM/HUP end cddprun at once; then they stop the job. */
     if (pipe2(cddprun_wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return 1;
-    struct sigaction sa = {.sa_handler = quit_joining};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    on_stop_signals(quit_joining);
     signal(SIGPIPE, SIG_IGN);
 
     cddp_error err = {0};
@@ -221,10 +226,9 @@ int main(int argc, char **argv) {
     cddp_store_options so = {o->master_addr, o->master_port, j.token, 0, NULL};
     j.store = cddp_store_connect(&so, &err);
     if (!j.store) cddprun_fail_rdzv("cannot join the job's rendezvous", &err);
-    sa.sa_handler = cddprun_on_signal; /* SIGCHLD wakes the monitor */
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    on_stop_signals(cddprun_on_signal);
+    struct sigaction sa = {.sa_handler = cddprun_on_signal}; /* SIGCHLD wakes the monitor */
+    sigemptyset(&sa.sa_mask);
     sigaction(SIGCHLD, &sa, NULL);
     char port_text[16];
     snprintf(port_text, sizeof port_text, "%d", o->master_port);
@@ -278,5 +282,6 @@ int main(int argc, char **argv) {
     cddp_store_server_stop(j.server);
     cddp_free(j.w);
     cddp_free(j.argv);
+    cddp_free(j.o.show);
     return status;
 }

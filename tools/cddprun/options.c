@@ -522,13 +522,7 @@ char **cddprun_worker_argv(const options *o) {
 }
 
 bool cddprun_rank_shown(const options *o, int local_rank) {
-    if (!o->shown) return true;
-    for (const char *p = o->shown; *p;) { /* checked: "0,1,..." */
-        char *end;
-        if (strtol(p, &end, 10) == local_rank) return true;
-        p = *end ? end + 1 : end;
-    }
-    return false;
+    return !o->show || o->show[local_rank];
 }
 
 /* msrun's --worker_num (every node's workers): the node count, unless --nnodes gives it. */
@@ -547,9 +541,11 @@ static void check_worker_num(options *o) {
     o->nnodes = o->worker_num / o->nproc_per_node;
 }
 
-/* --local_ranks_filter: local ranks of this node, separated by commas. */
-static void check_shown(const options *o) {
+/* --local_ranks_filter: local ranks of this node, separated by commas, into o->show. */
+static void check_shown(options *o) {
     if (!o->shown) return;
+    o->show = cddp_calloc((size_t)o->nproc_per_node, sizeof *o->show);
+    if (!o->show) cddprun_die_usage("out of memory");
     for (const char *p = o->shown; *p;) {
         char *end;
         long r = strtol(p, &end, 10);
@@ -557,6 +553,7 @@ static void check_shown(const options *o) {
             cddprun_die_usage("--local_ranks_filter %s: expected local ranks of this node "
                               "(0..%d) separated by commas, such as 0,1",
                               o->shown, o->nproc_per_node - 1);
+        o->show[r] = true;
         p = *end ? end + 1 : end;
     }
 }
