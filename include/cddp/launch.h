@@ -18,4 +18,22 @@
 /* This node's address as the other nodes reach it (the TCP transport listens on it). */
 #define CDDP_ENV_LOCAL_ADDR "CDDP_LOCAL_ADDR"
 
+#include <stdbool.h>
+
+/* A Slurm step as srun describes it to each of its tasks, and where such a step's tasks meet
+ * when nothing else says: the step's first host, at port
+ * 10000 + 10 (job mod 2000) + (step mod 10), the same for every task and different for the
+ * consecutive steps of a job. */
+typedef struct cddp_slurm_step {
+    int job, step;        /* SLURM_JOB_ID, SLURM_STEP_ID */
+    int task, ntasks;     /* SLURM_PROCID, SLURM_NTASKS */
+    int node, nnodes;     /* SLURM_NODEID, SLURM_STEP_NUM_NODES (else SLURM_NNODES) */
+    char first_host[256]; /* the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST) */
+    int port;             /* the derived port */
+} cddp_slurm_step;
+
+/* Fills *s and returns true inside an srun step (SLURM_STEP_ID, SLURM_JOB_ID, SLURM_PROCID,
+ * SLURM_NTASKS and a node list set); false elsewhere, a batch script included. */
+bool cddp_slurm_step_read(cddp_slurm_step *s);
+
 #endif

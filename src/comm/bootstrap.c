@@ -21,7 +21,8 @@
  * names the job and the step. Slurm's variables count only inside a step (SLURM_STEP_ID set): a
  * program started straight from a batch script is one process, and says so. A step of srun
  * --mpi=pmi2 (PMI_SIZE set, no PMIX_RANK) is taken as srun's, on cddp's own transport: Debian's
- * Open MPI speaks PMIx only.
+ * Open MPI speaks PMIx only. A step of srun --mpi=pmix (PMIX_RANK set) takes MPI when it is built
+ * in, and otherwise meets as any srun step does.
  */
 #include "cddp/launch.h"
 #include "comm/internal.h"
@@ -80,6 +81,22 @@ static void first_host(const char *list, char *out, size_t n) {
     snprintf(out, n, "%.*s%.*s", (int)len, list, (int)digits, list + len + 1);
 }
 
+bool cddp_slurm_step_read(cddp_slurm_step *s) {
+    *s = (cddp_slurm_step){.job = env_int("SLURM_JOB_ID"),
+                           .step = env_int("SLURM_STEP_ID"),
+                           .task = env_int("SLURM_PROCID"),
+                           .ntasks = env_int("SLURM_NTASKS"),
+                           .node = env_int("SLURM_NODEID"),
+                           .nnodes = env_int("SLURM_STEP_NUM_NODES")};
+    if (s->nnodes < 1) s->nnodes = env_int("SLURM_NNODES");
+    const char *nodes = env_str("SLURM_STEP_NODELIST");
+    if (!nodes) nodes = env_str("SLURM_JOB_NODELIST");
+    if (s->job < 0 || s->step < 0 || s->task < 0 || s->ntasks < 1 || !nodes) return false;
+    first_host(nodes, s->first_host, sizeof s->first_host);
+    s->port = 10000 + 10 * (s->job % 2000) + s->step % 10;
+    return true;
+}
+
 int cddp__launch_read(cddp__launch *l, cddp_error *err) {
     *l = (cddp__launch){.local_rank = -1, .local_world = -1};
     int rc = cddp_env_rank_world(&l->rank, &l->world, err);
@@ -117,13 +134,18 @@ int cddp__launch_read(cddp__launch *l, cddp_error *err) {
             by = env_str(CDDP_ENV_STORE_PORT)     ? "cddprun"
                  : env_str("TORCHELASTIC_RUN_ID") ? "torchrun"
                                                   : "a torchrun-style launcher";
+        /* srun --mpi=pmix runs a PMIx server in slurmd (PMIX_RANK set): Open MPI's MPI_Init
+         * finds it, so such a step takes the MPI backend when MPI is built in. */
+        bool pmix = !strcmp(by, "srun") && env_str("PMIX_RANK");
         snprintf(l->by, sizeof l->by, "%s", by);
         snprintf(l->why, sizeof l->why, "%s set%s",
                  !strcmp(by, "cddprun") ? CDDP_ENV_STORE_PORT
                  : !strcmp(by, "srun")  ? "SLURM_PROCID"
                                         : launchers[i].var,
-                 l->pmi2 ? "; --mpi=pmi2 is not for Open MPI" : "");
-        l->mpi = launchers[i].mpi;
+                 l->pmi2 ? "; --mpi=pmi2 is not for Open MPI"
+                 : pmix  ? "; PMIX_RANK set: srun --mpi=pmix"
+                         : "");
+        l->mpi = launchers[i].mpi || pmix;
         l->local_rank = env_int(launchers[i].local_rank);
         l->local_world =
             launchers[i].local_world ? env_int(launchers[i].local_world) : slurm_tasks_here();
@@ -136,19 +158,18 @@ int cddp__launch_read(cddp__launch *l, cddp_error *err) {
     const char *addr = env_str("MASTER_ADDR");
     snprintf(l->master_addr, sizeof l->master_addr, "%s", addr ? addr : "");
     l->master_port = env_int("MASTER_PORT");
-    int job = env_int("SLURM_JOB_ID"), step = env_int("SLURM_STEP_ID");
-    const char *nodes = env_str("SLURM_STEP_NODELIST");
-    if (!nodes) nodes = env_str("SLURM_JOB_NODELIST");
-    if (!strcmp(l->by, "srun") && l->master_port <= 0 && !addr && job >= 0 && nodes) {
-        first_host(nodes, l->master_addr, sizeof l->master_addr);
-        l->master_port = 10000 + 10 * (job % 2000) + (step >= 0 ? step % 10 : 0);
+    cddp_slurm_step s;
+    bool srun = !strcmp(l->by, "srun") && cddp_slurm_step_read(&s);
+    if (srun && l->master_port <= 0 && !addr) {
+        snprintf(l->master_addr, sizeof l->master_addr, "%s", s.first_host);
+        l->master_port = s.port;
         l->derived_master = true;
     }
     /* Under srun a job's tasks prove a token of their job and step, so that two jobs that meet
      * at one address (the same MASTER_PORT, or derived ports that collide) never mix. It keeps
      * out mistakes, not an attacker (job ids are no secret): CDDP_STORE_TOKEN gives a secret. */
-    if (!strcmp(l->by, "srun") && job >= 0)
-        snprintf(l->slurm_token, sizeof l->slurm_token, "cddp-slurm-job-%d-step-%d", job, step);
+    if (srun)
+        snprintf(l->slurm_token, sizeof l->slurm_token, "cddp-slurm-job-%d-step-%d", s.job, s.step);
     /* cddprun's own store (its workers post rank 0's store there). */
     const char *sa = env_str(CDDP_ENV_STORE_ADDR);
     snprintf(l->store_addr, sizeof l->store_addr, "%s", sa ? sa : "");

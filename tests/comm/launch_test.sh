@@ -12,6 +12,9 @@
 #   srun_two_jobs  two jobs' tasks at the same MASTER_PORT: job B's is turned away by job A
 #   sbatch         srun's variables without SLURM_STEP_ID (a batch script): one process, a warning
 #   srun_pmi2      srun's variables and srun --mpi=pmi2's PMI_RANK/PMI_SIZE: cddp's own transport
+#   srun_cddprun   one cddprun per node of a 2-node step (srun --ntasks-per-node=1 cddprun): the
+#                  node count, node rank and node 0's store from the step; 2 tasks on one node
+#                  are refused with the line to use instead
 set -u
 build=$1 scenario=$2
 C="$build/bin/comm_check"
@@ -132,6 +135,35 @@ srun_pmi2)
     once "$work/err" "started by srun (SLURM_PROCID set; --mpi=pmi2 is not for Open MPI)"
     oks 2 "(shm backend)"
     echo "ok: srun --mpi=pmi2's variables: cddp's own transport, and rank 0 says why" ;;
+srun_cddprun)
+    # Two "nodes" (127.0.0.1 and 127.0.0.2, each its own CDDP_HOST_ID), each cddprun task 0 or 1
+    # of a step of 2 tasks on 2 nodes; nothing names the node count, rank or address.
+    job=$(free_job)
+    (umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/token")
+    node() { # node NODE_ID
+        env SLURM_PROCID="$1" SLURM_NTASKS=2 SLURM_LOCALID=0 SLURM_NODEID="$1" SLURM_NNODES=2 \
+            SLURM_STEP_NUM_NODES=2 SLURM_STEP_NUM_TASKS=2 SLURM_STEP_TASKS_PER_NODE="1(x2)" \
+            SLURM_STEP_NODELIST="localhost,127.0.0.2" SLURM_JOB_NODELIST="localhost,127.0.0.2" \
+            SLURM_JOB_ID="$job" SLURM_STEP_ID=0 CDDP_HOST_ID="host-$1" \
+            "$build/bin/cddprun" --nproc_per_node 2 --token_file "$work/token" \
+            --local_addr "127.0.0.$(($1 + 1))" "$C" launch
+    }
+    node 0 > "$work/out0" 2> "$work/err0" &
+    p0=$!
+    pids="$p0"
+    node 1 > "$work/out1" 2> "$work/err1" || fail "node 1's cddprun exited $?"
+    wait $p0 || fail "node 0's cddprun exited $?"
+    pids=""
+    once "$work/err0" "cddprun: srun step $job.0: 2 nodes, node 0's store at localhost:$((10000 + 10 * job))"
+    none "$work/err1" "srun step"
+    for r in 0 1 2 3; do oks 1 "ok: rank $r of 4 (tcp backend)"; done
+    # srun -n 2 on one node: two node 0s; refused, with what to run instead.
+    env SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_NODEID=0 SLURM_STEP_NUM_NODES=1 SLURM_JOB_ID="$job" \
+        SLURM_STEP_ID=0 SLURM_STEP_NODELIST=localhost "$build/bin/cddprun" --nproc_per_node 2 \
+        "$C" launch > "$work/out2" 2> "$work/err2"
+    [ $? = 2 ] || fail "cddprun as one of 2 tasks on a node did not exit 2"
+    once "$work/err2" "started by srun as task 0 of 2 on 1 node: cddprun starts a node's workers itself, so start one per node (srun --ntasks-per-node=1 cddprun ...), or give --nnodes and --node_rank"
+    echo "ok: srun --ntasks-per-node=1 cddprun on 2 nodes: 4 ranks, nothing given by hand; 2 tasks on a node refused" ;;
 sbatch)
     # Started straight from a batch script of 2 tasks: one process, and a warning that says so.
     batch_task 2 "$(free_job)" > "$work/out0" 2> "$work/err0" || fail "the task exited $?"

@@ -47,8 +47,9 @@ typedef struct options {
     int worker_num;    /* msrun's --worker_num: every node's workers together; 0: not given */
     bool nproc_given;  /* --nproc_per_node (or msrun's --local_worker_num) was given */
     bool nnodes_given; /* --nnodes was given */
-    bool bind_core;    /* msrun's --bind_core: each worker on its own share of the CPUs */
-    char **program;    /* the program and its arguments */
+    bool node_rank_given, addr_given, port_given; /* --node_rank, --master_addr, --master_port */
+    bool bind_core; /* msrun's --bind_core: each worker on its own share of the CPUs */
+    char **program; /* the program and its arguments */
 } options;
 
 typedef struct stream {

@@ -1,6 +1,7 @@
 /* options.c: cddprun's options: the table, parsing (command line and CDDPRUN_*), --help, and
  * the checks before anything starts. */
 #include "cddprun.h"
+#include "cddp/launch.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -145,6 +146,10 @@ static void usage(FILE *out) {
         "--node_rank, --join[=True] (accepted: cddprun always waits), --cluster_time_out S\n"
         "(CDDP_RDZV_TIMEOUT_S), --bind_core[=True].\n"
         "\n"
+        "Inside an srun step of one task per node (srun --ntasks-per-node=1 cddprun ...), the\n"
+        "node count, this node's rank and node 0's address and port come from the step unless\n"
+        "given.\n"
+        "\n"
         "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,\n"
         "GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a free port where rank 0 hosts its own "
         "store,\n"
@@ -268,6 +273,7 @@ static void apply(options *o, int code, const char *name, const char *v) {
     }
     case OPT_NODE_RANK:
         o->node_rank = (int)parse_int(name, v, 0, 65535);
+        o->node_rank_given = true;
         break;
     case OPT_NPROC:
     case OPT_LOCAL_WORKER_NUM:
@@ -287,9 +293,11 @@ static void apply(options *o, int code, const char *name, const char *v) {
         break;
     case OPT_MASTER_ADDR:
         o->master_addr = v;
+        o->addr_given = true;
         break;
     case OPT_MASTER_PORT:
         o->master_port = (int)parse_int(name, v, 1, 65535);
+        o->port_given = true;
         break;
     case 'm':
         o->module = true;
@@ -355,7 +363,9 @@ static void apply(options *o, int code, const char *name, const char *v) {
         }
         if (!*host) cddprun_die_usage("--%s %s: no host", name, v);
         o->master_addr = host;
+        o->addr_given = true;
         if (port) o->master_port = (int)parse_int(name, port, 1, 65535);
+        o->port_given |= port != NULL;
         break;
     }
     case OPT_RDZV_BACKEND:
@@ -558,7 +568,33 @@ static void check_shown(options *o) {
     }
 }
 
+/* Inside an srun step, one cddprun per node: the node count, this node's rank and node 0's
+ * address and port come from the step (the port as its tasks derive it, cddp_slurm_step_read),
+ * unless given. A step of several tasks on a node would start several node 0s. */
+static void slurm_defaults(options *o) {
+    cddp_slurm_step s;
+    if (o->standalone || o->nnodes_given || o->node_rank_given || o->worker_num ||
+        !cddp_slurm_step_read(&s))
+        return;
+    if (s.nnodes < 1 || s.node < 0 || s.ntasks != s.nnodes)
+        cddprun_die_usage(
+            "started by srun as task %d of %d on %d node%s: cddprun starts a node's workers "
+            "itself, so start one per node (srun --ntasks-per-node=1 cddprun ...), or give "
+            "--nnodes and --node_rank",
+            s.task, s.ntasks, s.nnodes, s.nnodes == 1 ? "" : "s");
+    o->nnodes = s.nnodes;
+    o->node_rank = s.node;
+    static char host[sizeof s.first_host];
+    snprintf(host, sizeof host, "%s", s.first_host);
+    if (!o->addr_given) o->master_addr = host;
+    if (!o->port_given) o->master_port = s.port;
+    if (s.node == 0)
+        fprintf(stderr, "cddprun: srun step %d.%d: %d node%s, node 0's store at %s:%d\n", s.job,
+                s.step, s.nnodes, s.nnodes == 1 ? "" : "s", o->master_addr, o->master_port);
+}
+
 void cddprun_validate(options *o) {
+    slurm_defaults(o);
     check_worker_num(o);
     check_shown(o);
     if (o->no_python && o->module)
