@@ -87,6 +87,7 @@ typedef struct job {
     cddp_store *store;
     worker *w;
     long oom_kills_at_start;
+    bool *lost; /* node 0: the nodes its report found gone (nnodes entries) */
 } job;
 
 /* options.c */
@@ -134,11 +135,13 @@ bool cddprun_remote_failure(job *j, char *why, size_t n);
 /* Another node's root cause of a failed round. */
 typedef struct remote_cause {
     int node;
-    double when; /* wall-clock seconds */
+    double when; /* wall-clock seconds; for a lost node, when node 0 gave up waiting */
+    bool lost;   /* the node posted nothing: its launcher is gone */
     char text[CDDP_ERROR_MSG_MAX];
 } remote_cause;
 /* Node 0: the root causes the other nodes posted for this round (r<round>/cause/<node>), waiting
- * up to --grace_period + 5 s for each; nodes without a failure of their own are left out. */
+ * up to --grace_period + 5 s in all; nodes without a failure of their own are left out, and a
+ * node that posted nothing by then is one entry, lost (its host and ranks named). */
 int cddprun_gather_causes(job *j, remote_cause *out, int max);
 
 /* report.c */

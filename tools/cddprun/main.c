@@ -133,15 +133,28 @@ static round_result run_round(job *j) {
         snprintf(mine, sizeof mine, "%.3f %s", first ? when : 0.0, first ? text : "");
         cddp_store_set_str(j->store, key, mine, &err);
         if (o->node_rank == 0) nothers = cddprun_gather_causes(j, others, 64);
-        for (int k = 0; k < nothers; k++)
-            if ((!first && root < 0) ||
-                earlier_cause(others[k].when, others[k].text, root < 0 ? when : others[root].when,
-                              root < 0 ? text : others[root].text))
+        /* A node that is gone explains the exits by code of the ranks that lost it, whenever
+         * they came; a rank killed by a signal or stopped is still the likelier first cause. */
+        for (int k = 0; k < nothers; k++) {
+            const char *rt = root < 0 ? (first ? text : "") : others[root].text;
+            bool root_lost = root >= 0 && others[root].lost;
+            if (others[k].lost && !root_lost && !primary(rt))
                 root = k;
+            else if (root_lost && primary(others[k].text))
+                root = k;
+            else if ((!first && root < 0) ||
+                     (!others[k].lost && !root_lost &&
+                      earlier_cause(others[k].when, others[k].text,
+                                    root < 0 ? when : others[root].when, rt)))
+                root = k;
+        }
+        for (int k = 0; k < nothers; k++) j->lost[others[k].node] |= others[k].lost;
     }
     fprintf(stderr, "cddprun: the job failed (run %s, attempt %d of %d, node %d of %d)\n",
             j->run_id, j->round + 1, o->max_restarts + 1, o->node_rank, o->nnodes);
-    if (root >= 0)
+    if (root >= 0 && others[root].lost)
+        fprintf(stderr, "  root cause: %s\n", others[root].text);
+    else if (root >= 0)
         fprintf(stderr, "  root cause, on node %d: %s\n", others[root].node, others[root].text);
     else if (first)
         fprintf(stderr, "  root cause: %s\n    log: %s\n", text, first->log_path);
@@ -150,7 +163,9 @@ static round_result run_round(job *j) {
     if (root >= 0 && first)
         fprintf(stderr, "  also failed, here: %s\n    log: %s\n", text, first->log_path);
     for (int k = 0; k < nothers; k++)
-        if (k != root)
+        if (k != root && others[k].lost)
+            fprintf(stderr, "  also: %s\n", others[k].text);
+        else if (k != root)
             fprintf(stderr, "  also failed, on node %d: %s\n", others[k].node, others[k].text);
     if (o->nnodes > 1 && o->node_rank != 0)
         fprintf(stderr, "  (node 0's report merges every node's)\n");
@@ -192,6 +207,7 @@ int main(int argc, char **argv) {
     options *o = &j.o;
     j.argv = cddprun_worker_argv(o);
     j.w = cddp_calloc((size_t)o->nproc_per_node, sizeof *j.w);
+    j.lost = cddp_calloc((size_t)o->nnodes, sizeof *j.lost);
     if (o->local_addr)
         snprintf(j.host, sizeof j.host, "%s", o->local_addr);
     else if (gethostname(j.host, sizeof j.host) != 0)
@@ -263,6 +279,7 @@ int main(int argc, char **argv) {
     cddp_store_set_str(j.store, key, status == 0 ? "ok" : "failed", &err);
     if (o->node_rank == 0 && o->nnodes > 1) {
         for (int k = 1; k < o->nnodes && !cddprun_got_signal; k++) {
+            if (j.lost[k]) continue; /* gone: it will not come back for the store */
             char other[64];
             snprintf(other, sizeof other, "r%d/left/%d", j.round, k);
             const char *ks = other;
@@ -281,6 +298,7 @@ int main(int argc, char **argv) {
     cddp_store_close(j.store);
     cddp_store_server_stop(j.server);
     cddp_free(j.w);
+    cddp_free(j.lost);
     cddp_free(j.argv);
     cddp_free(j.o.show);
     return status;

@@ -137,6 +137,29 @@ bool cddprun_remote_failure(job *j, char *why, size_t n) {
     return true;
 }
 
+/* Node k of this round as it registered: its host into host, its first rank into *base and its
+ * rank count into *count. */
+static void node_of_round(job *j, int k, char *host, size_t n, int *base, int *count) {
+    *base = *count = 0;
+    snprintf(host, n, "?");
+    for (int i = 0; i <= k; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "r%d/node/%d", j->round, i);
+        void *v = NULL;
+        size_t len = 0;
+        cddp_error err = {0};
+        if (cddp_store_get(j->store, key, 0, &v, &len, &err) != CDDP_OK) return;
+        int p = 0, skip = 0;
+        if (sscanf(v, "%d %n", &p, &skip) == 1 && i == k) {
+            *count = p;
+            snprintf(host, n, "%s", (char *)v + skip);
+        } else if (i < k) {
+            *base += p;
+        }
+        cddp_free(v);
+    }
+}
+
 int cddprun_gather_causes(job *j, remote_cause *out, int max) {
     int n = 0;
     double until = cddp_now_s() + j->o.grace_period + 5;
@@ -147,8 +170,20 @@ int cddprun_gather_causes(job *j, remote_cause *out, int max) {
         size_t len = 0;
         cddp_error err = {0};
         double left = until - cddp_now_s();
-        if (cddp_store_get(j->store, key, left > 0.01 ? left : 0.01, &v, &len, &err) != CDDP_OK)
-            continue; /* that node is gone or slow: its cause is not known */
+        if (cddp_store_get(j->store, key, left > 0.01 ? left : 0.01, &v, &len, &err) != CDDP_OK) {
+            /* Every live launcher posts within the grace period: this one is gone, and with
+             * it, most likely, its host (or the network to it). */
+            char host[256];
+            int base, count;
+            node_of_round(j, k, host, sizeof host, &base, &count);
+            out[n] = (remote_cause){.node = k, .when = cddprun_wall_s(), .lost = true};
+            snprintf(out[n].text, sizeof out[n].text,
+                     "node %d (host %s, ranks %d-%d) is gone: its launcher posted no report "
+                     "within %.0f s (the host died, or the network to it is down)",
+                     k, host, base, base + count - 1, j->o.grace_period + 5);
+            n++;
+            continue;
+        }
         int skip = 0;
         double when = 0;
         if (sscanf(v, "%lf %n", &when, &skip) == 1 && when > 0 && ((char *)v)[skip]) {

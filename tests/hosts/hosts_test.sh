@@ -1,0 +1,100 @@
+#!/bin/sh
+# hosts_test.sh BUILD_DIR SCENARIO: cddp across emulated hosts (tests/hosts/hosts.sh: network
+# namespaces on a bridge, each link shaped to 1 Gbit/s with tbf, each host its own hostname), one
+# cddprun per host, the job's secret in a file:
+#
+#   2x2    2 hosts x 2 ranks train Fashion-MNIST: the final loss of 4 ranks on one host
+#   4x1    4 hosts x 1 rank: the same
+#   kill   2 hosts x 2 ranks; host 1 dies mid-training (every process in it SIGKILLed): host 0's
+#          cddprun exits 1 within 30 s, its report's root cause is host 1 (by host and ranks)
+set -u
+build=$(cd "$1" && pwd)
+scenario=$2
+here=$(cd "$(dirname "$0")" && pwd)
+H="$here/hosts.sh"
+FM="$build/bin/fashion_mnist"
+[ "$(id -u)" = 0 ] || { echo "cannot run on this machine: network namespaces need root"; exit 77; }
+ip netns list > /dev/null 2>&1 || { echo "cannot run on this machine: no network namespaces"; exit 77; }
+work=$(mktemp -d)
+name="h$$"
+name=$(echo "$name" | cut -c1-8)
+trap '"$H" stop "$name"; rm -rf "$work"' EXIT
+trap 'exit 1' INT TERM
+unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT OMP_NUM_THREADS \
+    OPENBLAS_NUM_THREADS CDDP_STORE_PORT CDDP_STORE_ADDR CDDP_STORE_TOKEN CDDP_HOST_ID
+export CDDP_LOG_LEVEL=info
+cd "$work" || exit 1
+(umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > token)
+
+fail() {
+    echo "FAIL: $*"
+    for f in "$work"/*.out; do [ -s "$f" ] && { echo "--- $f"; tail -n 25 "$f"; }; done
+    exit 1
+}
+has() { grep -qF -- "$2" "$1" || fail "'$2' is not in $1"; }
+json() { sed -n "s/^{.*\"$2\": \([^,}]*\).*/\1/p" "$1" | tail -n 1; }
+train_args="--epochs 1 --limit 2000 --json"
+
+# hosts N: brings up N hosts on 1 Gbit/s links.
+hosts() {
+    "$H" start "$name" "$1" 1gbit > /dev/null || fail "the emulated hosts did not come up"
+}
+# node I N P ARGS...: cddprun on host I of N with P ranks, in the background; pid in $!.
+node() {
+    i=$1 n=$2 p=$3
+    shift 3
+    "$H" exec "$name" "$i" "$build/bin/cddprun" --nnodes "$n" --node_rank "$i" --nproc_per_node "$p" \
+        --master_addr "$("$H" addr "$name" 0)" --master_port 29400 --token_file "$work/token" \
+        --local_addr "$("$H" addr "$name" "$i")" "$@" > "node$i.out" 2>&1 &
+}
+# same_loss FILE: the final loss in FILE is the one-host loss, to 1e-5 (a sum in another order).
+same_loss() {
+    loss=$(json "$1" final_loss)
+    [ -n "$loss" ] || fail "no final loss in $1"
+    /usr/bin/python3 -c "import sys; sys.exit(abs($loss - $ref) > 1e-5 * abs($ref))" ||
+        fail "final loss $loss across hosts, $ref on one host"
+}
+reference() {
+    "$build/bin/cddprun" --standalone --nproc_per_node 4 "$FM" $train_args --out one > one.out 2>&1 ||
+        fail "4 ranks on one host exited $?"
+    ref=$(json one.out final_loss)
+}
+
+case "$scenario" in
+2x2 | 4x1)
+    n=${scenario%x*} p=${scenario#*x}
+    reference
+    hosts "$n"
+    pids=""
+    for i in $(seq 0 $((n - 1))); do
+        node "$i" "$n" "$p" "$FM" $train_args --out "out$i"
+        pids="$pids $!"
+    done
+    for pid in $pids; do wait "$pid" || fail "a host's cddprun exited $?"; done
+    [ "$(json node0.out world)" = 4 ] || fail "trained on $(json node0.out world) ranks, not 4"
+    has node0.out "[cddp rank 0] I comm: 4 ranks on $n hosts: tcp"
+    same_loss node0.out
+    echo "ok: $n hosts x $p ranks on 1 Gbit/s links: final loss $loss, one host's $ref" ;;
+kill)
+    hosts 2
+    node 0 2 2 "$FM" --epochs 1000 --limit 2000 --out out0
+    p0=$!
+    node 1 2 2 "$FM" --epochs 1000 --limit 2000 --out out1
+    i=0
+    until grep -q "^epoch: 1," node0.out 2>/dev/null; do
+        i=$((i + 1))
+        [ $i -lt 600 ] || fail "no second epoch in 60 s"
+        sleep 0.1
+    done
+    t0=$(date +%s%N)
+    for p in $(ip netns pids "${name}1"); do kill -9 "$p" 2>/dev/null; done
+    wait $p0
+    rc=$?
+    ms=$((($(date +%s%N) - t0) / 1000000))
+    [ $rc = 1 ] || fail "host 0's cddprun exited $rc, not 1"
+    [ $ms -le 30000 ] || fail "host 0's cddprun took $ms ms to end"
+    has node0.out "root cause: node 1 (host $("$H" addr "$name" 1), ranks 2-3) is gone: its launcher posted no report"
+    sed -n "/the job failed/,\$p" node0.out
+    echo "ok: host 1 killed: host 0's cddprun exited 1 after $ms ms, naming host 1 and its ranks" ;;
+*) fail "unknown scenario $scenario" ;;
+esac
