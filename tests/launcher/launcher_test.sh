@@ -249,6 +249,16 @@ peer_flags)
         [ "$a" != "$b" ] || fail "--bind_core: both workers on $a"
         [ "$a" != "$(grep Cpus_allowed_list /proc/self/status)" ] || fail "--bind_core: rank 0 unbound"
     fi
+    # MindSpore's tutorials read log_output/1/rank.*/stdout (Open MPI's --output-filename layout).
+    "$R" --worker_num 2 --local_worker_num 2 --master_port "$port" --log_dir "$work/mo" \
+        --log_layout mpirun sh -c 'echo "loss of $RANK"' > "$work/out" 2>&1 ||
+        fail "--log_layout mpirun: cddprun exited $?"
+    for r in 0 1; do
+        grep -qx "loss of $r" "$work/mo/1/rank.$r/stdout" || fail "--log_layout mpirun: no 1/rank.$r/stdout"
+    done
+    [ -e "$work/mo/rank.0" ] && fail "--log_layout mpirun also wrote rank.0/"
+    check_usage "--log_layout tree: expected flat (DIR/rank.N/stdout) or mpirun" --log_layout tree
+    check_usage "--log_layout needs --logdir" --log_layout mpirun
     # --cluster_time_out is the rendezvous' limit: node 1 never comes.
     printf 'secret\n' > "$work/token"
     chmod 600 "$work/token"
@@ -259,7 +269,7 @@ peer_flags)
     [ $(( $(date +%s) - start )) -le 10 ] || fail "--cluster_time_out 1 waited more than 10 s"
     echo "ok: torchrun's --nnodes N:N, --nproc-per-node auto, --rdzv-*, --local-ranks-filter," \
          "--use_env; msrun's --worker_num, --local_worker_num, --log_dir, --join, --bind_core," \
-         "--cluster_time_out; their misuses refused" ;;
+         "--cluster_time_out, the log_output/1/rank.N layout; their misuses refused" ;;
 logs)
     "$R" --standalone --nproc_per_node 2 --logdir "$work/logs" sh -c \
         'echo "out of $RANK"; echo "err of $RANK" >&2' > "$work/console" 2>&1 || fail "run failed"

@@ -42,7 +42,8 @@ enum {
     OPT_LOCAL_WORKER_NUM,
     OPT_JOIN,
     OPT_CLUSTER_TIME_OUT,
-    OPT_BIND_CORE
+    OPT_BIND_CORE,
+    OPT_LOG_LAYOUT
 };
 
 /* Each option once, with the environment variable it can also come from. Dash spellings
@@ -63,6 +64,7 @@ static const struct {
     {"redirect_stdout_and_stderr", 0, OPT_REDIRECT},
     {"logdir", 1, OPT_LOGDIR},
     {"log_dir", 1, OPT_LOGDIR},
+    {"log_layout", 1, OPT_LOG_LAYOUT},
     {"redirects", 1, OPT_REDIRECTS},
     {"standalone", 0, OPT_STANDALONE},
     {"max_restarts", 1, OPT_MAX_RESTARTS},
@@ -113,6 +115,9 @@ static void usage(FILE *out) {
         "run\n"
         "                          in DIR are overwritten; restarts append to them); also "
         "--log_dir\n"
+        "  --log_layout L          flat: DIR/rank.N/ (the default); mpirun: DIR/1/rank.N/, as\n"
+        "                          Open MPI's --output-filename writes them and MindSpore's\n"
+        "                          tutorials read them (log_output/1/rank.*/stdout)\n"
         "  -r, --redirects V       with --logdir: streams V go only to the files, not the "
         "console\n"
         "  --redirect_stdout_and_stderr\n"
@@ -312,6 +317,13 @@ static void apply(options *o, int code, const char *name, const char *v) {
     case OPT_REDIRECTS:
         parse_streams(name, v, &o->redirects);
         o->redirect_name = "redirects";
+        break;
+    case OPT_LOG_LAYOUT:
+        if (strcmp(v, "flat") != 0 && strcmp(v, "mpirun") != 0)
+            cddprun_die_usage("--%s %s: expected flat (DIR/rank.N/stdout) or mpirun "
+                              "(DIR/1/rank.N/stdout)",
+                              name, v);
+        o->log_mpirun = !strcmp(v, "mpirun");
         break;
     case OPT_LOGDIR:
         o->logdir = v;
@@ -608,6 +620,8 @@ void cddprun_validate(options *o) {
     for (int i = 0; i < o->redirects.nmap; i++) redirects |= o->redirects.map[i].value != 0;
     if (redirects && !o->logdir)
         cddprun_die_usage("--%s needs --logdir (where should the output go?)", o->redirect_name);
+    if (o->log_mpirun && !o->logdir)
+        cddprun_die_usage("--log_layout needs --logdir (where should the output go?)");
     const stream_spec *specs[2] = {&o->tee, &o->redirects};
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < specs[k]->nmap; i++)

@@ -93,7 +93,8 @@ static int make_dirs(const char *path) {
 
 static int open_log(const job *j, int local, const char *name, int *fd, char *path, size_t n) {
     char dir[PATH_MAX - 16];
-    snprintf(dir, sizeof dir, "%s/rank.%d", j->o.logdir, j->base + local);
+    snprintf(dir, sizeof dir, "%s%s/rank.%d", j->o.logdir, j->o.log_mpirun ? "/1" : "",
+             j->base + local);
     int e = make_dirs(dir);
     if (e) return e;
     snprintf(path, n, "%s/%s", dir, name);
