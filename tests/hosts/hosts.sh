@@ -4,7 +4,8 @@
 #   hosts.sh start NAME N RATE   N hosts NAME0..NAME(N-1): each a network namespace with one
 #                                veth link to a bridge, addresses 10.K.0.1..N (K from NAME's
 #                                subnet file), every link shaped with tbf to RATE (tc's units:
-#                                1gbit, 500mbit) in both directions. Prints each host's address.
+#                                1gbit, 500mbit; none: unshaped) in both directions. Prints each
+#                                host's address.
 #   hosts.sh exec NAME I CMD...  runs CMD on host I: in its namespace, with its own hostname
 #                                (NAME-hostI, a UTS namespace), so that cddp tells the hosts apart
 #                                as it tells machines apart
@@ -82,8 +83,10 @@ start() {
         # The link's rate both ways: out of the host (its eth0) and into it (the bridge's port).
         # The burst lets a sender run at line rate for a few hundred microseconds; the latency
         # bounds the queue, as a switch's buffer would.
-        tc -n "$ns" qdisc add dev eth0 root tbf rate "$rate" burst 256kb latency 20ms
-        tc qdisc add dev "$v" root tbf rate "$rate" burst 256kb latency 20ms
+        if [ "$rate" != none ]; then
+            tc -n "$ns" qdisc add dev eth0 root tbf rate "$rate" burst 256kb latency 20ms
+            tc qdisc add dev "$v" root tbf rate "$rate" burst 256kb latency 20ms
+        fi
         addr "$i"
         i=$((i + 1))
     done
