@@ -126,6 +126,9 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
       "A collective that has waited this many seconds logs which ranks it waits for (0: never).")  \
     X(STORE_AUTH_TIMEOUT_S, INT, "10",                                                             \
       "Seconds a store connection may take to prove it has the job token before it is closed.")    \
+    X(STORE_REPLY_S, INT, "30",                                                                    \
+      "Seconds a store request may wait for its reply (beyond a wait's own time) before the "      \
+      "store counts as gone: its host died or the network to it is cut.")                          \
     X(STORE_MAX_PENDING, INT, "256",                                                               \
       "Store connections that have not yet proved the job token, at most (the oldest goes "        \
       "first).")                                                                                   \
@@ -139,8 +142,8 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
       "Address the TCP transport listens on; cddprun sets it from --local_addr or the hostname "   \
       "(auto: 127.0.0.1 when MASTER_ADDR is local, else the hostname).")                           \
     X(SPIN_US, STR, "auto",                                                                        \
-      "Microseconds a rank waiting for another spins before it sleeps (auto: 200 when every rank " \
-      "on this host has a core of its own, else 20).")                                             \
+      "Microseconds a rank waiting for another spins before it sleeps (auto: 20000 when every "    \
+      "rank on this host has a core of its own, else 20).")                                        \
     X(TCP_SMALL_KB, INT, "64",                                                                     \
       "TCP allreduces up to this size take the one-hop path (every rank sends to every other).")   \
     X(TCP_CHUNK_KB, INT, "256",                                                                    \
@@ -151,7 +154,8 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
     X(SHM_ZERO_COPY, INT, "1",                                                                     \
       "1: cddp_comm_alloc (DDP's gradients) returns shared memory that allreduce reads in place.") \
     X(BACKEND, STR, "auto",                                                                        \
-      "Collectives backend: auto (MPI under mpirun/srun when built in, else shm), shm or mpi.")    \
+      "Collectives backend: auto (MPI under mpirun, PMI_RANK or srun --mpi=pmix when built in, "   \
+      "else cddp's own), shm or mpi.")                                                             \
     X(DDP_OVERLAP, STR, "auto",                                                                    \
       "Where DDP reduces gradient buckets: thread, inline, or auto (thread when there are other "  \
       "ranks and each rank on this host has two cores, else inline).")                             \

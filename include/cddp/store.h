@@ -56,7 +56,9 @@ CDDP_API cddp_store *cddp_store_connect(const cddp_store_options *opts, cddp_err
 CDDP_API void cddp_store_close(cddp_store *s);
 
 /* Each call is one request and its reply; a client is for one thread at a time. A connection
- * failure makes every later call fail with the first error. */
+ * failure makes every later call fail with the first error, and so does a reply that has not come
+ * within CDDP_STORE_REPLY_S (30 s) beyond a wait's own time: the server's host is gone or cut
+ * off. */
 CDDP_API int cddp_store_set(cddp_store *s, const char *key, const void *value, size_t len,
                             cddp_error *err);
 CDDP_API int cddp_store_set_str(cddp_store *s, const char *key, const char *value, cddp_error *err);

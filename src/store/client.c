@@ -43,7 +43,11 @@ static int request(cddp_store *s, int type, const buf *payload, double wait_s, r
         cddp_free(out.p);
         return cddp_error_set(err, CDDP_ENOMEM, "store: out of memory for a request");
     }
-    double deadline = cddp_now_s() + s->timeout + (wait_s > 0 ? wait_s : 0);
+    /* A live server answers at once (a wait when its keys come or its time is up): a reply
+     * later than CDDP_STORE_REPLY_S means the store's host is gone or cut off, not slow. */
+    double reply =
+        CDDP_MIN(s->timeout, (double)CDDP_MAX(cddp_knob_int(CDDP_KNOB_STORE_REPLY_S), 1));
+    double deadline = cddp_now_s() + reply + (wait_s > 0 ? wait_s : 0);
     uint8_t h[HEADER];
     cddp_error e = {0};
     int rc = cddp_net_write_all(s->fd, out.p, out.len, deadline, &e);
@@ -57,7 +61,16 @@ static int request(cddp_store *s, int type, const buf *payload, double wait_s, r
         rc = cddp_error_set(&e, CDDP_ENOMEM, "out of memory for a reply");
     if (!rc) rc = cddp_net_read_all(s->fd, r->p, len, deadline, &e);
     if (rc) {
-        cddp_error_set(&s->broken, rc, "store at %s: %s", s->addr, e.msg);
+        /* A reply that never came is the connection's failure, not a wait's timeout
+         * (CDDP_ETIMEDOUT, which says the keys are not there yet): CDDP_EIO. */
+        if (rc == CDDP_ETIMEDOUT)
+            cddp_error_set(&s->broken, CDDP_EIO,
+                           "store at %s: no reply within %.0f s (CDDP_STORE_REPLY_S): its host is "
+                           "gone or the network to it is cut",
+                           s->addr, reply);
+        else
+            cddp_error_set(&s->broken, rc, "store at %s: %s", s->addr, e.msg);
+        rc = s->broken.code;
         if (err) *err = s->broken;
         cddp_free(r->p);
         r->p = NULL;

@@ -7,6 +7,9 @@
 #   4x1    4 hosts x 1 rank: the same
 #   kill   2 hosts x 2 ranks; host 1 dies mid-training (every process in it SIGKILLed): host 0's
 #          cddprun exits 1 within 30 s, its report's root cause is host 1 (by host and ranks)
+#   cut    2 hosts x 1 rank; host 1's link goes down mid-training (nothing is sent, nothing dies):
+#          with CDDP_TIMEOUT_S=10 and CDDP_STORE_REPLY_S=5, both cddprun exit 1 within 60 s, host
+#          0 naming host 1 as gone, host 1 saying it lost node 0's store
 set -u
 build=$(cd "$1" && pwd)
 scenario=$2
@@ -54,6 +57,15 @@ same_loss() {
     /usr/bin/python3 -c "import sys; sys.exit(abs($loss - $ref) > 1e-5 * abs($ref))" ||
         fail "final loss $loss across hosts, $ref on one host"
 }
+# Waits until host 0's training is in its second epoch.
+second_epoch() {
+    i=0
+    until grep -q "^epoch: 1," node0.out 2>/dev/null; do
+        i=$((i + 1))
+        [ $i -lt 600 ] || fail "no second epoch in 60 s"
+        sleep 0.1
+    done
+}
 reference() {
     "$build/bin/cddprun" --standalone --nproc_per_node 4 "$FM" $train_args --out one > one.out 2>&1 ||
         fail "4 ranks on one host exited $?"
@@ -80,12 +92,7 @@ kill)
     node 0 2 2 "$FM" --epochs 1000 --limit 2000 --out out0
     p0=$!
     node 1 2 2 "$FM" --epochs 1000 --limit 2000 --out out1
-    i=0
-    until grep -q "^epoch: 1," node0.out 2>/dev/null; do
-        i=$((i + 1))
-        [ $i -lt 600 ] || fail "no second epoch in 60 s"
-        sleep 0.1
-    done
+    second_epoch
     t0=$(date +%s%N)
     for p in $(ip netns pids "${name}1"); do kill -9 "$p" 2>/dev/null; done
     wait $p0
@@ -96,5 +103,29 @@ kill)
     has node0.out "root cause: node 1 (host $("$H" addr "$name" 1), ranks 2-3) is gone: its launcher posted no report"
     sed -n "/the job failed/,\$p" node0.out
     echo "ok: host 1 killed: host 0's cddprun exited 1 after $ms ms, naming host 1 and its ranks" ;;
+cut)
+    export CDDP_TIMEOUT_S=10 CDDP_STORE_REPLY_S=5
+    hosts 2
+    node 0 2 1 "$FM" --epochs 1000 --limit 2000 --out out0
+    p0=$!
+    node 1 2 1 "$FM" --epochs 1000 --limit 2000 --out out1
+    p1=$!
+    second_epoch
+    t0=$(date +%s%N)
+    ip link set "${name}v1" down
+    wait $p0
+    r0=$?
+    ms0=$((($(date +%s%N) - t0) / 1000000))
+    i=0
+    while kill -0 $p1 2>/dev/null && [ $i -lt 600 ]; do i=$((i + 1)); sleep 0.1; done
+    kill -0 $p1 2>/dev/null && fail "host 1's cddprun still runs 60 s after its link went down"
+    wait $p1
+    r1=$?
+    ms1=$((($(date +%s%N) - t0) / 1000000))
+    [ $r0 = 1 ] && [ $r1 = 1 ] || fail "the cddprun exited $r0 and $r1, not 1 and 1"
+    [ $ms0 -le 60000 ] || fail "host 0's cddprun took $ms0 ms"
+    has node0.out "root cause: node 1 (host $("$H" addr "$name" 1), ranks 1-1) is gone"
+    has node1.out "node 0's launcher is gone"
+    echo "ok: host 1 cut off: host 0's cddprun exited 1 after $ms0 ms naming host 1, host 1's after $ms1 ms" ;;
 *) fail "unknown scenario $scenario" ;;
 esac
