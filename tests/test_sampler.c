@@ -103,6 +103,44 @@ static void test_partition_properties(void **state) {
                 }
 }
 
+/* MindSpore's default sharding: 10 samples on 3 shards gives every shard 4 (two repeated),
+ * shuffled, every sample in some shard, a new order the next epoch; a shard_id out of range is
+ * refused as the strict view refuses it. */
+static void test_mindspore_shards(void **state) {
+    (void)state;
+    cddp_error err = {0};
+    int seen[10] = {0};
+    int64_t first[3][4], again[4];
+    bool strided = true;
+    for (int id = 0; id < 3; id++) {
+        cddp_sampler_options o = cddp_sampler_shards(3, id);
+        assert_true(o.shuffle);
+        assert_false(o.drop_last);
+        assert_false(o.uneven);
+        cddp_sampler *s = cddp_sampler_create(10, &o, &err);
+        assert_non_null(s);
+        assert_int_equal(cddp_sampler_len(s), 4);
+        assert_int_equal(cddp_sampler_rank(s), id);
+        cddp_sampler_indices(s, 0, first[id]);
+        for (int j = 0; j < 4; j++) {
+            seen[first[id][j]]++;
+            strided &= first[id][j] == id + 3 * j || id + 3 * j >= 10;
+        }
+        cddp_sampler_indices(s, 1, again);
+        if (id == 0) assert_memory_not_equal(again, first[0], sizeof again);
+        cddp_sampler_destroy(s);
+    }
+    int total = 0;
+    for (int i = 0; i < 10; i++) {
+        assert_true(seen[i] >= 1 && seen[i] <= 2);
+        total += seen[i];
+    }
+    assert_int_equal(total, 12);
+    assert_false(strided); /* shuffled, not the strict view's order */
+    cddp_sampler_options bad = cddp_sampler_shards(3, 3);
+    assert_null(cddp_sampler_create(10, &bad, &err));
+}
+
 static void test_epochs_change_and_repeat(void **state) {
     (void)state;
     cddp_sampler *s = make(100, 2, 1, true, false, false, 7);
@@ -327,6 +365,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_pytorch_without_shuffle),
         cmocka_unit_test(test_partition_properties),
+        cmocka_unit_test(test_mindspore_shards),
         cmocka_unit_test(test_epochs_change_and_repeat),
         cmocka_unit_test(test_automatic_epoch_advance),
         cmocka_unit_test(test_resume_mid_epoch),

@@ -111,9 +111,11 @@ CDDP_API cddp_dataset *cddp_dataset_mnist(const char *dir, bool train, cddp_erro
 CDDP_API cddp_dataset *cddp_dataset_from_arrays(int64_t n, int nfields, const cddp_field *fields,
                                                 const void *const *data, cddp_error *err);
 
-/* MindSpore's num_shards/shard_id: a view of ds holding samples shard_id, shard_id + num_shards,
- * shard_id + 2 num_shards, ... Every sample is in exactly one shard; shard sizes differ by at
- * most one; nothing is padded or repeated. The view takes ownership of ds. */
+/* MindSpore's num_shards/shard_id, strict: a view of ds holding samples shard_id,
+ * shard_id + num_shards, shard_id + 2 num_shards, ... Every sample is in exactly one shard; shard
+ * sizes differ by at most one (so ranks may take different step counts: use DDP's join); nothing
+ * is shuffled, padded or repeated. The view takes ownership of ds. MindSpore's default sharding
+ * (shuffled, padded to equal length) is cddp_sampler_shards. */
 CDDP_API cddp_dataset *cddp_dataset_shard(cddp_dataset *ds, int num_shards, int shard_id,
                                           cddp_error *err);
 
@@ -193,6 +195,13 @@ typedef struct cddp_sampler_options {
 
 /* PyTorch's defaults: replicas and rank from the environment, shuffle on, seed 0, keep the tail. */
 CDDP_API cddp_sampler_options cddp_sampler_defaults(void);
+/* MindSpore's num_shards/shard_id as its DistributedSampler takes them by default: shuffled
+ * (again every epoch), every shard the same length (even_dist), the shortfall padded by
+ * repeating the start of the epoch's permutation, so ranks take the same number of steps
+ * whether or not num_shards divides the dataset. These are the defaults above with
+ * num_replicas = num_shards and rank = shard_id (the shuffle's generator is cddp's, not
+ * MindSpore's). cddp_dataset_shard is the strict form: strided, in order, nothing repeated. */
+CDDP_API cddp_sampler_options cddp_sampler_shards(int num_shards, int shard_id);
 
 typedef struct cddp_sampler_state {
     int64_t epoch;

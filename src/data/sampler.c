@@ -43,6 +43,13 @@ cddp_sampler_options cddp_sampler_defaults(void) {
     return (cddp_sampler_options){.num_replicas = 0, .rank = -1, .shuffle = true};
 }
 
+cddp_sampler_options cddp_sampler_shards(int num_shards, int shard_id) {
+    cddp_sampler_options o = cddp_sampler_defaults();
+    o.num_replicas = num_shards;
+    o.rank = shard_id;
+    return o;
+}
+
 cddp_sampler *cddp_sampler_create(int64_t n, const cddp_sampler_options *opts, cddp_error *err) {
     cddp_sampler_options o = *opts;
     if (n < 0) {
