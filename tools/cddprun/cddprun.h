@@ -89,6 +89,10 @@ typedef struct job {
     worker *w;
     long oom_kills_at_start;
     bool *lost; /* node 0: the nodes its report found gone (nnodes entries) */
+    /* Heartbeats: every node's launcher counts r<round>/beat/<node> up once a second; node 0
+     * keeps each node's last count and when it changed (nnodes entries). */
+    int64_t *beat;
+    double *beat_at, next_beat;
 } job;
 
 /* options.c */
@@ -133,6 +137,11 @@ void cddprun_random_hex(char *out, size_t bytes);
 void cddprun_rendezvous(job *j);
 /* Has another node posted a failure for this round? Fills why. */
 bool cddprun_remote_failure(job *j, char *why, size_t n);
+/* Once a second: counts this node's heartbeat up; on node 0, also reads every node's and, when
+ * one has not moved for CDDP_STORE_REPLY_S (a node whose host died or was cut off sends
+ * nothing, and its ranks' peers would wait for CDDP_TIMEOUT_S), marks that node lost, fills why
+ * and returns true. */
+bool cddprun_heartbeat(job *j, char *why, size_t n);
 /* Another node's root cause of a failed round. */
 typedef struct remote_cause {
     int node;

@@ -57,14 +57,21 @@ static round_result run_round(job *j) {
     j->oom_kills_at_start = cddprun_oom_kills();
     cddprun_start_workers(j);
     worker *first = NULL;
-    char remote[CDDP_ERROR_MSG_MAX] = "";
+    char remote[CDDP_ERROR_MSG_MAX] = "", key[64];
+    bool silent = false; /* node 0 found a node silent: remote says which */
     double next_look = cddp_now_s() + o->monitor_interval;
+    j->next_beat = 0;
     while (cddprun_reap(j, &first) > 0 && !first && !cddprun_got_signal) {
         cddprun_pump(j, o->monitor_interval);
         cddprun_halted(j);
         if (o->nnodes > 1 && cddp_now_s() >= next_look) {
             next_look = cddp_now_s() + o->monitor_interval;
             if (cddprun_remote_failure(j, remote, sizeof remote)) break;
+            if ((silent = cddprun_heartbeat(j, remote, sizeof remote))) { /* node 0 only */
+                snprintf(key, sizeof key, "r%d/failed", j->round);
+                cddp_store_set_str(j->store, key, remote, &err);
+                break;
+            }
         }
     }
     if (cddprun_got_signal) {
@@ -86,7 +93,7 @@ static round_result run_round(job *j) {
                 break;
             }
     }
-    char key[64], text[CDDP_ERROR_MSG_MAX];
+    char text[CDDP_ERROR_MSG_MAX];
     double when = 0; /* the root cause's wall-clock time, to compare with other nodes' */
     /* A rank stopped by a signal is why the others failed (they timed out waiting for it): it is
      * the root cause, not the first of them to give up. */
@@ -159,7 +166,7 @@ static round_result run_round(job *j) {
     else if (first)
         fprintf(stderr, "  root cause: %s\n    log: %s\n", text, first->log_path);
     else
-        fprintf(stderr, "  root cause, on another node: %s\n", remote);
+        fprintf(stderr, "  root cause%s: %s\n", silent ? "" : ", on another node", remote);
     if (root >= 0 && first)
         fprintf(stderr, "  also failed, here: %s\n    log: %s\n", text, first->log_path);
     for (int k = 0; k < nothers; k++)
@@ -208,6 +215,8 @@ int main(int argc, char **argv) {
     j.argv = cddprun_worker_argv(o);
     j.w = cddp_calloc((size_t)o->nproc_per_node, sizeof *j.w);
     j.lost = cddp_calloc((size_t)o->nnodes, sizeof *j.lost);
+    j.beat = cddp_calloc((size_t)o->nnodes, sizeof *j.beat);
+    j.beat_at = cddp_calloc((size_t)o->nnodes, sizeof *j.beat_at);
     if (o->local_addr)
         snprintf(j.host, sizeof j.host, "%s", o->local_addr);
     else if (gethostname(j.host, sizeof j.host) != 0)
@@ -299,6 +308,8 @@ int main(int argc, char **argv) {
     cddp_store_server_stop(j.server);
     cddp_free(j.w);
     cddp_free(j.lost);
+    cddp_free(j.beat);
+    cddp_free(j.beat_at);
     cddp_free(j.argv);
     cddp_free(j.o.show);
     return status;

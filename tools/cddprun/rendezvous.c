@@ -160,10 +160,54 @@ static void node_of_round(job *j, int k, char *host, size_t n, int *base, int *c
     }
 }
 
+bool cddprun_heartbeat(job *j, char *why, size_t n) {
+    double now = cddp_now_s();
+    if (now < j->next_beat) return false;
+    bool first = j->next_beat == 0;
+    j->next_beat = now + 1.0;
+    char key[64];
+    cddp_error err = {0};
+    int64_t v;
+    if (j->o.node_rank != 0) {
+        snprintf(key, sizeof key, "r%d/beat/%d", j->round, j->o.node_rank);
+        cddp_store_add(j->store, key, 1, &v, &err); /* a failure shows in remote_failure */
+        return false;
+    }
+    double limit = (double)CDDP_MAX(cddp_knob_int(CDDP_KNOB_STORE_REPLY_S), 1);
+    for (int k = 1; k < j->o.nnodes; k++) {
+        snprintf(key, sizeof key, "r%d/beat/%d", j->round, k);
+        if (cddp_store_add(j->store, key, 0, &v, &err) != CDDP_OK) return false;
+        if (first || v != j->beat[k]) {
+            j->beat[k] = v;
+            j->beat_at[k] = now;
+        } else if (now - j->beat_at[k] > limit) {
+            /* A node whose workers all finished has left: it beats no more, rightly. */
+            snprintf(key, sizeof key, "r%d/left/%d", j->round, k);
+            const char *left = key;
+            if (cddp_store_wait(j->store, &left, 1, 0, &err) == CDDP_OK) {
+                j->beat_at[k] = now;
+                continue;
+            }
+            char host[256];
+            int base, count;
+            node_of_round(j, k, host, sizeof host, &base, &count);
+            snprintf(why, n,
+                     "node %d (host %s, ranks %d-%d) stopped answering: its launcher sent no "
+                     "heartbeat for %.0f s (CDDP_STORE_REPLY_S; the host is down, or the network "
+                     "to it is cut)",
+                     k, host, base, base + count - 1, limit);
+            j->lost[k] = true;
+            return true;
+        }
+    }
+    return false;
+}
+
 int cddprun_gather_causes(job *j, remote_cause *out, int max) {
     int n = 0;
     double until = cddp_now_s() + j->o.grace_period + 5;
     for (int k = 1; k < j->o.nnodes && n < max; k++) {
+        if (j->lost[k]) continue; /* found silent already: the report's root cause */
         char key[64];
         snprintf(key, sizeof key, "r%d/cause/%d", j->round, k);
         void *v = NULL;
