@@ -7,6 +7,15 @@
 #   4x1    4 hosts x 1 rank: the same
 #   kill   2 hosts x 2 ranks; host 1 dies mid-training (every process in it SIGKILLed): host 0's
 #          cddprun exits 1 within 30 s, its report's root cause is host 1 (by host and ranks)
+#   elastic 3 hosts x 1 rank in an elastic job (--nnodes 2:3 --max_restarts 1) training with a
+#          checkpoint every 10 steps; host 2 dies once a checkpoint exists: hosts 0 and 1 form the
+#          next round, resume mid-epoch on 2 ranks with the same global batch (96), and end with
+#          the test accuracy of an uninterrupted 3-rank run (to 0.002); kill to training again
+#          within 15 s
+#   late   the same job started on hosts 0 and 1; host 2 comes once a checkpoint exists and
+#          waits for the next round; host 1 dies: hosts 0 and 2 go on and finish
+#   below  an elastic job of 2 hosts (--nnodes 2:3); host 1 dies: with 1 node left, below MIN,
+#          host 0 stops within CDDP_RDZV_TIMEOUT_S (5 s here) and says why
 #   cut    2 hosts x 1 rank; host 1's link goes down mid-training (nothing is sent, nothing dies):
 #          with CDDP_STORE_REPLY_S=5 (and the collectives' own deadline, CDDP_TIMEOUT_S, at its
 #          300 s), both cddprun exit 1 within 30 s: host 0 names host 1 as silent (no heartbeat),
@@ -58,6 +67,35 @@ same_loss() {
     /usr/bin/python3 -c "import sys; sys.exit(abs($loss - $ref) > 1e-5 * abs($ref))" ||
         fail "final loss $loss across hosts, $ref on one host"
 }
+# elastic_node I: host I in the elastic job of 2 to 3 hosts; each start trains with the global
+# batch of 96 over the ranks there are, from the checkpoint when there is one.
+elastic_node() {
+    train="b=\$((96 / WORLD_SIZE)); c=ckpt/checkpoint.safetensors;
+           if [ -e \$c ]; then exec '$FM' $args --batch-size \$b --resume \$c;
+           else exec '$FM' $args --batch-size \$b; fi"
+    node "$1" 2:3 1 --max_restarts 1 --grace_period 1 sh -c "$train"
+}
+# Waits until rank 0 wrote its first checkpoint.
+checkpoint() {
+    i=0
+    until [ -e ckpt/checkpoint.safetensors ]; do
+        i=$((i + 1))
+        [ $i -lt 600 ] || fail "no checkpoint in 60 s"
+        sleep 0.1
+    done
+}
+# Once host 0 trains its second epoch, every process of host 1 is SIGKILLed; host 0's cddprun
+# ($p0) must then exit 1 within 30 s ($ms: how long it took).
+host1_dies() {
+    second_epoch
+    t0=$(date +%s%N)
+    for p in $(ip netns pids "${name}1"); do kill -9 "$p" 2>/dev/null; done
+    wait $p0
+    rc=$?
+    ms=$((($(date +%s%N) - t0) / 1000000))
+    [ $rc = 1 ] || fail "host 0's cddprun exited $rc, not 1"
+    [ $ms -le 30000 ] || fail "host 0's cddprun took $ms ms to end"
+}
 # Waits until host 0's training is in its second epoch.
 second_epoch() {
     i=0
@@ -93,17 +131,69 @@ kill)
     node 0 2 2 "$FM" --epochs 1000 --limit 2000 --out out0
     p0=$!
     node 1 2 2 "$FM" --epochs 1000 --limit 2000 --out out1
-    second_epoch
-    t0=$(date +%s%N)
-    for p in $(ip netns pids "${name}1"); do kill -9 "$p" 2>/dev/null; done
-    wait $p0
-    rc=$?
-    ms=$((($(date +%s%N) - t0) / 1000000))
-    [ $rc = 1 ] || fail "host 0's cddprun exited $rc, not 1"
-    [ $ms -le 30000 ] || fail "host 0's cddprun took $ms ms to end"
+    host1_dies
     has node0.out "root cause: node 1 (host $("$H" addr "$name" 1), ranks 2-3) is gone: its launcher posted no report"
     sed -n "/the job failed/,\$p" node0.out
     echo "ok: host 1 killed: host 0's cddprun exited 1 after $ms ms, naming host 1 and its ranks" ;;
+elastic | late)
+    args="--epochs 2 --limit 9000 --log-every 0 --json --out ckpt --save-every 10"
+    "$build/bin/cddprun" --standalone --nproc_per_node 3 "$FM" $args --batch-size 32 \
+        --out straight > straight.out 2>&1 || fail "the uninterrupted run exited $?"
+    hosts 3
+    # elastic: hosts 0, 1, 2 from the start, host 2 dies; late: hosts 0 and 1, host 2 comes
+    # later, host 1 dies. Either way the job ends on 2 hosts with the checkpoint's progress.
+    start="0 1 2" dies=2 later=""
+    [ "$scenario" = late ] && start="0 1" dies=1 later=2
+    for i in $start; do
+        elastic_node "$i"
+        [ $i = 0 ] && p0=$!
+        [ $i != $dies ] && p1=$!
+    done
+    checkpoint
+    if [ -n "$later" ]; then
+        elastic_node 2
+        p1=$!
+        i=0
+        until grep -q "cddprun: node 2 came after round 0 of the job formed" node2.out 2>/dev/null; do
+            i=$((i + 1))
+            [ $i -lt 300 ] || fail "host 2 did not say it waits for the next round"
+            sleep 0.1
+        done
+        expect_members="0,2"
+    else
+        expect_members="0,1"
+    fi
+    t0=$(date +%s%N)
+    for p in $(ip netns pids "${name}$dies"); do kill -9 "$p" 2>/dev/null; done
+    i=0
+    until grep -q "^resumed from" node0.out; do
+        i=$((i + 1))
+        [ $i -lt 600 ] || fail "not training again 60 s after host 2 died"
+        sleep 0.05
+    done
+    ms=$((($(date +%s%N) - t0) / 1000000))
+    wait $p0 || fail "host 0's cddprun exited $?"
+    wait $p1 || fail "the other surviving host's cddprun exited $?"
+    has node0.out "cddprun: round 1: 2 of 2..3 nodes ($expect_members)"
+    [ "$(json node0.out world)" = 2 ] || fail "the job ended on $(json node0.out world) ranks, not 2"
+    a=$(json straight.out test_acc) b=$(json node0.out test_acc)
+    awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0.5 && d <= 0.002) }' ||
+        fail "test accuracy $b after losing host 2, $a uninterrupted on 3 ranks"
+    [ $ms -le 15000 ] || fail "training again took $ms ms after host 2 died"
+    echo "ok: elastic job ($scenario), host $dies killed: $(grep -o 'after [0-9]* of its samples' node0.out)" \
+         "of epoch 0, training again on hosts $expect_members after $ms ms; test accuracy $b," \
+         "uninterrupted $a" ;;
+below)
+    export CDDP_RDZV_TIMEOUT_S=5
+    hosts 2
+    train="exec '$FM' --epochs 1000 --limit 2000 --log-every 0"
+    node 0 2:3 1 --max_restarts 1 --grace_period 1 sh -c "$train"
+    p0=$!
+    node 1 2:3 1 --max_restarts 1 --grace_period 1 sh -c "$train"
+    host1_dies
+    has node0.out "root cause: node 1 (host $("$H" addr "$name" 1), ranks 1-1) is gone"
+    has node0.out "cddprun: rendezvous failed: 1 of at least 2 nodes arrived within 5 s"
+    echo "ok: elastic job below its minimum: host 0 stopped after $ms ms, saying why" ;;
 cut)
     unset CDDP_TIMEOUT_S
     export CDDP_STORE_REPLY_S=5

@@ -228,7 +228,7 @@ peer_flags)
         "$R" "$@" true > "$work/err" 2>&1 && fail "cddprun $* was accepted"
         expect_in "$text" "$work/err"
     }
-    check_usage "--nnodes 1:2: a range of node counts asks for an elastic job" --nnodes 1:2
+    check_usage "--nnodes 3:2: MIN:MAX with MIN above MAX" --nnodes 3:2
     check_usage "--nproc_per_node gpu: cddp trains on CPUs" --nproc_per_node gpu
     check_usage "--rdzv-backend etcd: cddprun's rendezvous is its own store" --rdzv-backend etcd
     check_usage "--local_ranks_filter 0,4: expected local ranks of this node (0..1)" \

@@ -34,6 +34,7 @@ typedef struct stream_spec {
 
 typedef struct options {
     int nnodes, node_rank, nproc_per_node, master_port, max_restarts;
+    int nnodes_min; /* an elastic job when below nnodes (--nnodes MIN:MAX) */
     const char *master_addr, *logdir, *local_addr, *token, *token_file, *run_id;
     bool module, no_python, standalone;
     bool token_in_argv;    /* --token was given on the command line (visible to every local user) */
@@ -89,6 +90,8 @@ typedef struct job {
     worker *w;
     long oom_kills_at_start;
     bool *lost; /* node 0: the nodes its report found gone (nnodes entries) */
+    bool *in;   /* the nodes of this round (nnodes entries; all of them unless elastic) */
+    int nodes, group_rank; /* how many, and this node's place among them */
     /* Heartbeats: every node's launcher counts r<round>/beat/<node> up once a second; node 0
      * keeps each node's last count and when it changed (nnodes entries). */
     int64_t *beat;

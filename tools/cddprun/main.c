@@ -158,7 +158,7 @@ static round_result run_round(job *j) {
         for (int k = 0; k < nothers; k++) j->lost[others[k].node] |= others[k].lost;
     }
     fprintf(stderr, "cddprun: the job failed (run %s, attempt %d of %d, node %d of %d)\n",
-            j->run_id, j->round + 1, o->max_restarts + 1, o->node_rank, o->nnodes);
+            j->run_id, j->round + 1, o->max_restarts + 1, o->node_rank, j->nodes);
     if (root >= 0 && others[root].lost)
         fprintf(stderr, "  root cause: %s\n", others[root].text);
     else if (root >= 0)
@@ -215,6 +215,7 @@ int main(int argc, char **argv) {
     j.argv = cddprun_worker_argv(o);
     j.w = cddp_calloc((size_t)o->nproc_per_node, sizeof *j.w);
     j.lost = cddp_calloc((size_t)o->nnodes, sizeof *j.lost);
+    j.in = cddp_calloc((size_t)o->nnodes, sizeof *j.in);
     j.beat = cddp_calloc((size_t)o->nnodes, sizeof *j.beat);
     j.beat_at = cddp_calloc((size_t)o->nnodes, sizeof *j.beat_at);
     if (o->local_addr)
@@ -288,7 +289,7 @@ int main(int argc, char **argv) {
     cddp_store_set_str(j.store, key, status == 0 ? "ok" : "failed", &err);
     if (o->node_rank == 0 && o->nnodes > 1) {
         for (int k = 1; k < o->nnodes && !cddprun_got_signal; k++) {
-            if (j.lost[k]) continue; /* gone: it will not come back for the store */
+            if (j.lost[k] || !j.in[k]) continue; /* gone, or not in the last round */
             char other[64];
             snprintf(other, sizeof other, "r%d/left/%d", j.round, k);
             const char *ks = other;
@@ -308,6 +309,7 @@ int main(int argc, char **argv) {
     cddp_store_server_stop(j.server);
     cddp_free(j.w);
     cddp_free(j.lost);
+    cddp_free(j.in);
     cddp_free(j.beat);
     cddp_free(j.beat_at);
     cddp_free(j.argv);

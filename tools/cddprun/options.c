@@ -102,8 +102,12 @@ static void usage(FILE *out) {
         "\n"
         "options (each also as --dash-spelling, and from the environment as CDDPRUN_<OPTION>,\n"
         "for example CDDPRUN_NPROC_PER_NODE=4 or CDDPRUN_TEE=3; the command line wins):\n"
-        "  --nnodes N              nodes in the job (default 1)\n"
+        "  --nnodes N              nodes in the job (default 1); MIN:MAX, an elastic job: it\n"
+        "                          starts with the nodes that came (MIN at least, MAX at most),\n"
+        "                          and after a failure the nodes still there start again from\n"
+        "                          the program's checkpoint, with --max_restarts\n"
         "  --node_rank K           this node's rank, 0..N-1 (default 0); node 0 hosts the store\n"
+        "                          (in an elastic job: its id, 0..MAX-1; node 0 must stay)\n"
         "  --nproc_per_node P      processes on this node (default 1)\n"
         "  --master_addr HOST      node 0's address (default 127.0.0.1); the store binds to it\n"
         "  --master_port PORT      node 0's store port (default 29500)\n"
@@ -142,8 +146,8 @@ static void usage(FILE *out) {
         "  --bind_core             each worker runs on its own share of the CPUs\n"
         "  -h, --help              this help\n"
         "\n"
-        "torchrun's spellings: --nnodes N:N (a fixed count; ranges, for elastic jobs, are not run\n"
-        "yet), --nproc_per_node auto|cpu (one per core), --rdzv_endpoint HOST[:PORT] (node 0's\n"
+        "torchrun's spellings: --nnodes MIN:MAX (N:N, a fixed count), --nproc_per_node\n"
+        "auto|cpu (one per core), --rdzv_endpoint HOST[:PORT] (node 0's\n"
         "store: --master_addr and --master_port), --rdzv_backend c10d|static, --rdzv_id ID\n"
         "(--run_id), --use_env (accepted: LOCAL_RANK is always in the environment).\n"
         "msrun's: --worker_num N (every node's workers; N / --local_worker_num nodes),\n"
@@ -265,13 +269,11 @@ static void apply(options *o, int code, const char *name, const char *v) {
             char lo[32];
             snprintf(lo, sizeof lo, "%.*s", (int)CDDP_MIN(colon - v, 31), v);
             long a = parse_int(name, lo, 1, 65536), b = parse_int(name, colon + 1, 1, 65536);
-            if (a != b)
-                cddprun_die_usage("--%s %s: a range of node counts asks for an elastic job, which "
-                                  "cddprun does not run yet; give one count (--%s %ld)",
-                                  name, v, name, b);
-            o->nnodes = (int)a;
+            if (a > b) cddprun_die_usage("--%s %s: MIN:MAX with MIN above MAX", name, v);
+            o->nnodes_min = (int)a; /* an elastic job when a < b */
+            o->nnodes = (int)b;
         } else {
-            o->nnodes = (int)parse_int(name, v, 1, 65536);
+            o->nnodes = o->nnodes_min = (int)parse_int(name, v, 1, 65536);
         }
         o->nnodes_given = true;
         break;
@@ -406,6 +408,7 @@ static void apply(options *o, int code, const char *name, const char *v) {
 
 void cddprun_parse_options(int argc, char **argv, options *o) {
     *o = (options){.nnodes = 1,
+                   .nnodes_min = 1,
                    .nproc_per_node = 1,
                    .master_port = 29500,
                    .master_addr = "127.0.0.1",
@@ -560,7 +563,7 @@ static void check_worker_num(options *o) {
         cddprun_die_usage("--worker_num %d is not a multiple of --local_worker_num %d (cddprun "
                           "starts as many workers on every node)",
                           o->worker_num, o->nproc_per_node);
-    o->nnodes = o->worker_num / o->nproc_per_node;
+    o->nnodes = o->nnodes_min = o->worker_num / o->nproc_per_node;
 }
 
 /* --local_ranks_filter: local ranks of this node, separated by commas, into o->show. */
@@ -594,7 +597,7 @@ static void slurm_defaults(options *o) {
             "itself, so start one per node (srun --ntasks-per-node=1 cddprun ...), or give "
             "--nnodes and --node_rank",
             s.task, s.ntasks, s.nnodes, s.nnodes == 1 ? "" : "s");
-    o->nnodes = s.nnodes;
+    o->nnodes = o->nnodes_min = s.nnodes;
     o->node_rank = s.node;
     static char host[sizeof s.first_host];
     snprintf(host, sizeof host, "%s", s.first_host);

@@ -4,9 +4,11 @@
 #include "cddp/net.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---- rendezvous -------------------------------------------------------------------------- */
@@ -44,14 +46,137 @@ static int wait_for_nodes(job *j, const char *const *keys, int n, cddp_error *er
     }
 }
 
-/* Registers this node for the round, waits for the others, and computes ranks. */
+/* Elastic, node 0: waits until --nnodes MAX nodes registered for the round, or MIN and no other
+ * for LAST_CALL_S, and posts the round's members ("0,2,3"). */
+#define LAST_CALL_S 2.0
+static void form_round(job *j) {
+    const options *o = &j->o;
+    double now = cddp_now_s(), end = now + (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
+    double changed = now;
+    int had = -1, count = 0;
+    char key[64], list[2048] = "";
+    for (;;) {
+        if (cddprun_got_signal) {
+            fprintf(stderr, "cddprun: stopped by SIG%s while waiting for the other nodes\n",
+                    sigabbrev_np(cddprun_got_signal));
+            exit(128 + cddprun_got_signal);
+        }
+        count = 0;
+        for (int k = 0; k < o->nnodes; k++) {
+            snprintf(key, sizeof key, "r%d/node/%d", j->round, k);
+            const char *kk = key;
+            cddp_error err = {0};
+            int rc = cddp_store_wait(j->store, &kk, 1, 0, &err);
+            if (rc != CDDP_OK && rc != CDDP_ETIMEDOUT) cddprun_fail_rdzv("rendezvous", &err);
+            j->in[k] = rc == CDDP_OK;
+            count += j->in[k];
+        }
+        now = cddp_now_s();
+        if (count != had) had = count, changed = now;
+        if (count == o->nnodes || (count >= o->nnodes_min && now - changed >= LAST_CALL_S)) break;
+        if (now > end) {
+            fprintf(stderr,
+                    "cddprun: rendezvous failed: %d of at least %d nodes arrived within %ld s "
+                    "(CDDP_RDZV_TIMEOUT_S) at %s:%d\n",
+                    count, o->nnodes_min, cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S), o->master_addr,
+                    o->master_port);
+            exit(1);
+        }
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    size_t len = 0;
+    for (int k = 0; k < o->nnodes && len < sizeof list - 8; k++)
+        if (j->in[k])
+            len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", len ? "," : "", k);
+    snprintf(key, sizeof key, "r%d/members", j->round);
+    cddp_error err = {0};
+    if (cddp_store_set_str(j->store, key, list, &err)) cddprun_fail_rdzv("rendezvous", &err);
+    if (j->round > 0 || count < o->nnodes)
+        fprintf(stderr, "cddprun: round %d: %d of %d..%d nodes (%s)\n", j->round, count,
+                o->nnodes_min, o->nnodes, list);
+}
+
+/* Elastic, every node: the round's members from node 0, into j->in. False when this node is
+ * not among them (it came after the round formed). */
+static bool read_members(job *j) {
+    char key[64];
+    snprintf(key, sizeof key, "r%d/members", j->round);
+    const char *k = key;
+    cddp_error err = {0};
+    int rc = wait_for_nodes(j, &k, 1, &err);
+    if (rc == CDDP_ETIMEDOUT) {
+        fprintf(stderr,
+                "cddprun: rendezvous failed: round %d of the elastic job did not form within %ld s "
+                "(CDDP_RDZV_TIMEOUT_S) at %s:%d\n",
+                j->round, cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S), j->o.master_addr,
+                j->o.master_port);
+        exit(1);
+    }
+    if (rc) {
+        fprintf(stderr,
+                "cddprun: the job's store went away before round %d formed (the job ended, or "
+                "node 0 failed): %s\n",
+                j->round, cddp_error_msg(&err));
+        exit(1);
+    }
+    void *v;
+    size_t n;
+    if (cddp_store_get(j->store, key, -1, &v, &n, &err)) cddprun_fail_rdzv("rendezvous", &err);
+    memset(j->in, 0, (size_t)j->o.nnodes * sizeof *j->in);
+    for (char *p = v; *p;) {
+        char *end;
+        long id = strtol(p, &end, 10);
+        if (end == p) break;
+        if (id >= 0 && id < j->o.nnodes) j->in[id] = true;
+        p = *end ? end + 1 : end;
+    }
+    cddp_free(v);
+    return j->in[j->o.node_rank];
+}
+
+/* Registers this node for the round, waits for the others, and computes ranks. In an elastic
+ * job (--nnodes MIN:MAX) node 0 decides who is in the round; a node that comes after a round
+ * formed waits for the next one, which the job's next restart starts. */
 void cddprun_rendezvous(job *j) {
     const options *o = &j->o;
+    bool elastic = o->nnodes_min < o->nnodes;
     cddp_error err = {0};
     char key[128], val[512];
-    snprintf(key, sizeof key, "r%d/node/%d", j->round, o->node_rank);
-    snprintf(val, sizeof val, "%d %s", o->nproc_per_node, j->host);
-    if (cddp_store_set_str(j->store, key, val, &err)) cddprun_fail_rdzv("rendezvous", &err);
+    void *v;
+    size_t n;
+    if (elastic && o->node_rank != 0 && j->round == 0 &&
+        cddp_store_get(j->store, "round", 0, &v, &n, &err) == CDDP_OK) {
+        j->round = atoi(v); /* a job under way: its current round, or the next if formed */
+        cddp_free(v);
+        snprintf(key, sizeof key, "r%d/members", j->round);
+        const char *k = key;
+        if (cddp_store_wait(j->store, &k, 1, 0, &err) == CDDP_OK) {
+            fprintf(stderr,
+                    "cddprun: node %d came after round %d of the job formed; it joins at the "
+                    "next restart\n",
+                    o->node_rank, j->round);
+            j->round++;
+        }
+    }
+    for (;;) {
+        if (elastic && o->node_rank == 0) {
+            snprintf(val, sizeof val, "%d", j->round);
+            if (cddp_store_set_str(j->store, "round", val, &err))
+                cddprun_fail_rdzv("rendezvous", &err);
+        }
+        snprintf(key, sizeof key, "r%d/node/%d", j->round, o->node_rank);
+        snprintf(val, sizeof val, "%d %s", o->nproc_per_node, j->host);
+        if (cddp_store_set_str(j->store, key, val, &err)) cddprun_fail_rdzv("rendezvous", &err);
+        if (!elastic) break;
+        if (o->node_rank == 0) form_round(j);
+        if (read_members(j)) break;
+        fprintf(stderr,
+                "cddprun: node %d came after round %d of the job formed; it joins at the next "
+                "restart\n",
+                o->node_rank, j->round);
+        j->round++;
+    }
     if (o->node_rank == 0) {
         /* MASTER_PORT for the workers: a free port on the master address, for rank 0's store. */
         int fd, port;
@@ -62,22 +187,27 @@ void cddprun_rendezvous(job *j) {
         snprintf(key, sizeof key, "r%d/worker_port", j->round);
         if (cddp_store_set_str(j->store, key, val, &err)) cddprun_fail_rdzv("rendezvous", &err);
     }
+    if (!elastic)
+        for (int k = 0; k < o->nnodes; k++) j->in[k] = true;
     const char **keys = cddp_calloc((size_t)o->nnodes + 1, sizeof *keys);
     char(*names)[64] = cddp_calloc((size_t)o->nnodes + 1, 64);
+    int nkeys = 0;
     for (int k = 0; k < o->nnodes; k++) {
-        snprintf(names[k], 64, "r%d/node/%d", j->round, k);
-        keys[k] = names[k];
+        if (!j->in[k]) continue;
+        snprintf(names[nkeys], 64, "r%d/node/%d", j->round, k);
+        keys[nkeys] = names[nkeys];
+        nkeys++;
     }
-    snprintf(names[o->nnodes], 64, "r%d/worker_port", j->round);
-    keys[o->nnodes] = names[o->nnodes];
-    if (wait_for_nodes(j, keys, o->nnodes + 1, &err)) {
+    snprintf(names[nkeys], 64, "r%d/worker_port", j->round);
+    keys[nkeys] = names[nkeys];
+    if (wait_for_nodes(j, keys, nkeys + 1, &err)) {
         char missing[512] = "";
         size_t len = 0;
-        for (int k = 0; k < o->nnodes && len < sizeof missing - 16; k++) {
+        for (int i = 0; i < nkeys && len < sizeof missing - 16; i++) {
             cddp_error e2 = {0};
-            if (cddp_store_wait(j->store, &keys[k], 1, 0, &e2) == CDDP_ETIMEDOUT)
-                len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d",
-                                        len ? ", " : "", k);
+            if (cddp_store_wait(j->store, &keys[i], 1, 0, &e2) == CDDP_ETIMEDOUT)
+                len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%s",
+                                        len ? ", " : "", strrchr(keys[i], '/') + 1);
         }
         fprintf(stderr,
                 "cddprun: rendezvous failed: node(s) %s of %d did not arrive within %ld s "
@@ -88,20 +218,19 @@ void cddprun_rendezvous(job *j) {
                 o->master_addr, o->master_port, o->nnodes);
         exit(1);
     }
-    j->world = j->base = 0;
-    for (int k = 0; k < o->nnodes; k++) {
-        void *v;
-        size_t n;
-        if (cddp_store_get(j->store, keys[k], -1, &v, &n, &err))
+    j->world = j->base = j->nodes = j->group_rank = 0;
+    for (int i = 0, k = 0; k < o->nnodes; k++) {
+        if (!j->in[k]) continue;
+        if (cddp_store_get(j->store, keys[i++], -1, &v, &n, &err))
             cddprun_fail_rdzv("rendezvous", &err);
         int p = atoi(v);
         cddp_free(v);
-        if (k < o->node_rank) j->base += p;
+        if (k < o->node_rank) j->base += p, j->group_rank++;
         j->world += p;
+        j->nodes++;
+        j->lost[k] = false;
     }
-    void *v;
-    size_t n;
-    if (cddp_store_get(j->store, keys[o->nnodes], -1, &v, &n, &err))
+    if (cddp_store_get(j->store, keys[nkeys], -1, &v, &n, &err))
         cddprun_fail_rdzv("rendezvous", &err);
     snprintf(j->worker_port, sizeof j->worker_port, "%s", (char *)v);
     cddp_free(v);
@@ -175,6 +304,7 @@ bool cddprun_heartbeat(job *j, char *why, size_t n) {
     }
     double limit = (double)CDDP_MAX(cddp_knob_int(CDDP_KNOB_STORE_REPLY_S), 1);
     for (int k = 1; k < j->o.nnodes; k++) {
+        if (!j->in[k]) continue;
         snprintf(key, sizeof key, "r%d/beat/%d", j->round, k);
         if (cddp_store_add(j->store, key, 0, &v, &err) != CDDP_OK) return false;
         if (first || v != j->beat[k]) {
@@ -207,7 +337,7 @@ int cddprun_gather_causes(job *j, remote_cause *out, int max) {
     int n = 0;
     double until = cddp_now_s() + j->o.grace_period + 5;
     for (int k = 1; k < j->o.nnodes && n < max; k++) {
-        if (j->lost[k]) continue; /* found silent already: the report's root cause */
+        if (j->lost[k] || !j->in[k]) continue; /* silent already (the root cause), or out */
         char key[64];
         snprintf(key, sizeof key, "r%d/cause/%d", j->round, k);
         void *v = NULL;

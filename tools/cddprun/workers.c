@@ -261,8 +261,8 @@ void cddprun_start_workers(job *j) {
             set_env_int("LOCAL_RANK", i);
             set_env_int("WORLD_SIZE", j->world);
             set_env_int("LOCAL_WORLD_SIZE", o->nproc_per_node);
-            set_env_int("GROUP_RANK", o->node_rank);
-            set_env_int("GROUP_WORLD_SIZE", o->nnodes);
+            set_env_int("GROUP_RANK", j->group_rank);
+            set_env_int("GROUP_WORLD_SIZE", j->nodes);
             set_env_int("ROLE_RANK", w->rank);
             set_env_int("ROLE_WORLD_SIZE", j->world);
             setenv("MASTER_ADDR", o->master_addr, 1);
