@@ -15,7 +15,7 @@
 #   late   the same job started on hosts 0 and 1; host 2 comes once a checkpoint exists and
 #          waits for the next round; host 1 dies: hosts 0 and 2 go on and finish
 #   below  an elastic job of 2 hosts (--nnodes 2:3); host 1 dies: with 1 node left, below MIN,
-#          host 0 stops within CDDP_RDZV_TIMEOUT_S (5 s here) and says why
+#          host 0 stops within CDDP_RDZV_TIMEOUT_S (3 s here) and says why
 #   cut    2 hosts x 1 rank; host 1's link goes down mid-training (nothing is sent, nothing dies):
 #          with CDDP_STORE_REPLY_S=5 (and the collectives' own deadline, CDDP_TIMEOUT_S, at its
 #          300 s), both cddprun exit 1 within 30 s: host 0 names host 1 as silent (no heartbeat),
@@ -128,9 +128,9 @@ case "$scenario" in
     echo "ok: $n hosts x $p ranks on 1 Gbit/s links: final loss $loss, one host's $ref" ;;
 kill)
     hosts 2
-    node 0 2 2 "$FM" --epochs 1000 --limit 2000 --out out0
+    node 0 2 2 --grace_period 1 "$FM" --epochs 1000 --limit 2000 --out out0
     p0=$!
-    node 1 2 2 "$FM" --epochs 1000 --limit 2000 --out out1
+    node 1 2 2 --grace_period 1 "$FM" --epochs 1000 --limit 2000 --out out1
     host1_dies
     has node0.out "root cause: node 1 (host $("$H" addr "$name" 1), ranks 2-3) is gone: its launcher posted no report"
     sed -n "/the job failed/,\$p" node0.out
@@ -184,7 +184,7 @@ elastic | late)
          "of epoch 0, training again on hosts $expect_members after $ms ms; test accuracy $b," \
          "uninterrupted $a" ;;
 below)
-    export CDDP_RDZV_TIMEOUT_S=5
+    export CDDP_RDZV_TIMEOUT_S=3
     hosts 2
     train="exec '$FM' --epochs 1000 --limit 2000 --log-every 0"
     node 0 2:3 1 --max_restarts 1 --grace_period 1 sh -c "$train"
@@ -192,7 +192,7 @@ below)
     node 1 2:3 1 --max_restarts 1 --grace_period 1 sh -c "$train"
     host1_dies
     has node0.out "root cause: node 1 (host $("$H" addr "$name" 1), ranks 1-1) is gone"
-    has node0.out "cddprun: rendezvous failed: 1 of at least 2 nodes arrived within 5 s"
+    has node0.out "cddprun: rendezvous failed: 1 of at least 2 nodes arrived within 3 s"
     echo "ok: elastic job below its minimum: host 0 stopped after $ms ms, saying why" ;;
 cut)
     unset CDDP_TIMEOUT_S

@@ -115,10 +115,20 @@ echo "ok: two jobs at once: ports $pa and $pb, each trained whole"
 # Two jobs at once with the same MASTER_PORT: never one group of both.
 port=$((20000 + $$ % 9000))
 while ss -Htln "sport = :$port" | grep -q .; do port=$((port + 1)); done
-MASTER_PORT=$port srun -n 2 "$FM" $train_args --out c > c.out 2> c.err &
+# Every task waits at a barrier until all four run, so that the jobs overlap however slowly
+# Slurm starts them.
+gate='touch "ready.$SLURM_JOB_ID.$SLURM_PROCID"; while [ ! -e go ]; do sleep 0.05; done; exec "$0" "$@"'
+MASTER_PORT=$port srun -n 2 sh -c "$gate" "$FM" $train_args --out c > c.out 2> c.err &
 pa=$!
-MASTER_PORT=$port srun -n 2 "$FM" $train_args --out d > d.out 2> d.err &
+MASTER_PORT=$port srun -n 2 sh -c "$gate" "$FM" $train_args --out d > d.out 2> d.err &
 pb=$!
+i=0
+while [ "$(ls ready.* 2> /dev/null | wc -l)" -lt 4 ]; do
+    i=$((i + 1))
+    [ $i -lt 600 ] || fail "the two jobs' 4 tasks did not all start within 60 s"
+    sleep 0.1
+done
+touch go
 wait $pa
 ra=$?
 wait $pb
