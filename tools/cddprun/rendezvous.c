@@ -54,7 +54,7 @@ static void form_round(job *j) {
     double now = cddp_now_s(), end = now + (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
     double changed = now;
     int had = -1, count = 0;
-    char key[64], list[2048] = "";
+    char key[64];
     for (;;) {
         if (cddprun_got_signal) {
             fprintf(stderr, "cddprun: stopped by SIG%s while waiting for the other nodes\n",
@@ -85,16 +85,21 @@ static void form_round(job *j) {
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    size_t len = 0;
-    for (int k = 0; k < o->nnodes && len < sizeof list - 8; k++)
-        if (j->in[k])
-            len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", len ? "," : "", k);
+    size_t cap = (size_t)o->nnodes * 7 + 1, len = 0; /* ids below 65536, and commas */
+    char *list = cddp_calloc(cap, 1);
+    if (!list) {
+        fprintf(stderr, "cddprun: out of memory\n");
+        exit(1);
+    }
+    for (int k = 0; k < o->nnodes; k++)
+        if (j->in[k]) len += (size_t)snprintf(list + len, cap - len, "%s%d", len ? "," : "", k);
     snprintf(key, sizeof key, "r%d/members", j->round);
     cddp_error err = {0};
     if (cddp_store_set_str(j->store, key, list, &err)) cddprun_fail_rdzv("rendezvous", &err);
     if (j->round > 0 || count < o->nnodes)
         fprintf(stderr, "cddprun: round %d: %d of %d..%d nodes (%s)\n", j->round, count,
                 o->nnodes_min, o->nnodes, list);
+    cddp_free(list);
 }
 
 /* Elastic, every node: the round's members from node 0, into j->in. False when this node is
