@@ -18,6 +18,8 @@
 /* This node's address as the other nodes reach it (the TCP transport listens on it). */
 #define CDDP_ENV_LOCAL_ADDR "CDDP_LOCAL_ADDR"
 
+#include "cddp/core.h"
+
 #include <stdbool.h>
 
 /* A Slurm step as srun describes it to each of its tasks, and where such a step's tasks meet
@@ -34,6 +36,6 @@ typedef struct cddp_slurm_step {
 
 /* Fills *s and returns true inside an srun step (SLURM_STEP_ID, SLURM_JOB_ID, SLURM_PROCID,
  * SLURM_NTASKS and a node list set); false elsewhere, a batch script included. */
-bool cddp_slurm_step_read(cddp_slurm_step *s);
+CDDP_API bool cddp_slurm_step_read(cddp_slurm_step *s);
 
 #endif
