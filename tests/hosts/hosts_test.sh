@@ -75,15 +75,20 @@ elastic_node() {
            else exec '$FM' $args --batch-size \$b; fi"
     node "$1" 2:3 1 --max_restarts 1 --grace_period 1 sh -c "$train"
 }
-# Waits until rank 0 wrote its first checkpoint.
-checkpoint() {
+# await SECONDS WHAT COMMAND...: polls COMMAND every 50 ms until it succeeds; after SECONDS,
+# fails the test with WHAT.
+await() {
+    limit=$(($1 * 20)) what=$2
+    shift 2
     i=0
-    until [ -e ckpt/checkpoint.safetensors ]; do
+    until "$@"; do
         i=$((i + 1))
-        [ $i -lt 600 ] || fail "no checkpoint in 60 s"
-        sleep 0.1
+        [ $i -lt $limit ] || fail "$what"
+        sleep 0.05
     done
 }
+# Waits until rank 0 wrote its first checkpoint.
+checkpoint() { await 60 "no checkpoint in 60 s" test -e ckpt/checkpoint.safetensors; }
 # Once host 0 trains its second epoch, every process of host 1 is SIGKILLed; host 0's cddprun
 # ($p0) must then exit 1 within 30 s ($ms: how long it took).
 host1_dies() {
@@ -97,14 +102,7 @@ host1_dies() {
     [ $ms -le 30000 ] || fail "host 0's cddprun took $ms ms to end"
 }
 # Waits until host 0's training is in its second epoch.
-second_epoch() {
-    i=0
-    until grep -q "^epoch: 1," node0.out 2>/dev/null; do
-        i=$((i + 1))
-        [ $i -lt 600 ] || fail "no second epoch in 60 s"
-        sleep 0.1
-    done
-}
+second_epoch() { await 60 "no second epoch in 60 s" grep -q "^epoch: 1," node0.out; }
 reference() {
     "$build/bin/cddprun" --standalone --nproc_per_node 4 "$FM" $train_args --out one > one.out 2>&1 ||
         fail "4 ranks on one host exited $?"
@@ -153,24 +151,15 @@ elastic | late)
     if [ -n "$later" ]; then
         elastic_node 2
         p1=$!
-        i=0
-        until grep -q "cddprun: node 2 came after round 0 of the job formed" node2.out 2>/dev/null; do
-            i=$((i + 1))
-            [ $i -lt 300 ] || fail "host 2 did not say it waits for the next round"
-            sleep 0.1
-        done
+        await 30 "host 2 did not say it waits for the next round" \
+            grep -q "cddprun: node 2 came after round 0 of the job formed" node2.out
         expect_members="0,2"
     else
         expect_members="0,1"
     fi
     t0=$(date +%s%N)
     for p in $(ip netns pids "${name}$dies"); do kill -9 "$p" 2>/dev/null; done
-    i=0
-    until grep -q "^resumed from" node0.out; do
-        i=$((i + 1))
-        [ $i -lt 600 ] || fail "not training again 60 s after host 2 died"
-        sleep 0.05
-    done
+    await 60 "not training again 60 s after host $dies died" grep -q "^resumed from" node0.out
     ms=$((($(date +%s%N) - t0) / 1000000))
     wait $p0 || fail "host 0's cddprun exited $?"
     wait $p1 || fail "the other surviving host's cddprun exited $?"

@@ -30,16 +30,21 @@ void cddprun_random_hex(char *out, size_t bytes) {
     for (size_t i = 0; i < bytes; i++) sprintf(out + 2 * i, "%02x", raw[i]);
 }
 
-/* Waits for the keys up to CDDP_RDZV_TIMEOUT_S, a second at a time, so that a signal (Ctrl-C while
- * the other nodes are awaited) ends cddprun at once, with the usual 128 + signal. */
+/* A signal (Ctrl-C while the other nodes are awaited) ends cddprun at once, with the usual
+ * 128 + signal. */
+static void exit_if_signalled(void) {
+    if (!cddprun_got_signal) return;
+    fprintf(stderr, "cddprun: stopped by SIG%s while waiting for the other nodes\n",
+            sigabbrev_np(cddprun_got_signal));
+    exit(128 + cddprun_got_signal);
+}
+
+/* Waits for the keys up to CDDP_RDZV_TIMEOUT_S, a second at a time, so that a signal ends
+ * cddprun at once. */
 static int wait_for_nodes(job *j, const char *const *keys, int n, cddp_error *err) {
     double end = cddp_now_s() + (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
     for (;;) {
-        if (cddprun_got_signal) {
-            fprintf(stderr, "cddprun: stopped by SIG%s while waiting for the other nodes\n",
-                    sigabbrev_np(cddprun_got_signal));
-            exit(128 + cddprun_got_signal);
-        }
+        exit_if_signalled();
         double left = end - cddp_now_s();
         int rc = cddp_store_wait(j->store, keys, n, CDDP_MAX(CDDP_MIN(left, 1.0), 0.0), err);
         if (rc != CDDP_ETIMEDOUT || left <= 1.0) return rc;
@@ -56,11 +61,7 @@ static void form_round(job *j) {
     int had = -1, count = 0;
     char key[64];
     for (;;) {
-        if (cddprun_got_signal) {
-            fprintf(stderr, "cddprun: stopped by SIG%s while waiting for the other nodes\n",
-                    sigabbrev_np(cddprun_got_signal));
-            exit(128 + cddprun_got_signal);
-        }
+        exit_if_signalled();
         count = 0;
         for (int k = 0; k < o->nnodes; k++) {
             snprintf(key, sizeof key, "r%d/node/%d", j->round, k);
@@ -150,19 +151,12 @@ void cddprun_rendezvous(job *j) {
     char key[128], val[512];
     void *v;
     size_t n;
+    /* A job under way: its current round (if that formed already, read_members below says so
+     * and this node goes on to the next). */
     if (elastic && o->node_rank != 0 && j->round == 0 &&
         cddp_store_get(j->store, "round", 0, &v, &n, &err) == CDDP_OK) {
-        j->round = atoi(v); /* a job under way: its current round, or the next if formed */
+        j->round = atoi(v);
         cddp_free(v);
-        snprintf(key, sizeof key, "r%d/members", j->round);
-        const char *k = key;
-        if (cddp_store_wait(j->store, &k, 1, 0, &err) == CDDP_OK) {
-            fprintf(stderr,
-                    "cddprun: node %d came after round %d of the job formed; it joins at the "
-                    "next restart\n",
-                    o->node_rank, j->round);
-            j->round++;
-        }
     }
     for (;;) {
         if (elastic && o->node_rank == 0) {
