@@ -18,28 +18,25 @@ usage() { echo "usage: $0 start|stop DIR" >&2; exit 2; }
 cmd=$1
 dir=$2
 
-# A TCP port on 127.0.0.1 that nobody listens on now (Slurm's daemons take fixed ports).
+# A TCP port on 127.0.0.1 that no socket uses now (Slurm's daemons take fixed ports). Taken from
+# 30000 up to the kernel's ephemeral range, which starts at 32768 on a stock host: a port there
+# is never a client connection's local port, and cddp's ports derived from Slurm job ids lie
+# below 30000. Another program may still bind the port before the daemon does; start() retries.
 free_port() {
+    lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+    span=$((lo - 30000))
+    [ "$span" -ge 256 ] || span=20000
     for _ in $(seq 200); do
-        p=$(( $(od -An -N2 -tu2 /dev/urandom) % 20000 + 30000 ))
-        ss -Htln "sport = :$p" | grep -q . || { echo "$p"; return 0; }
+        p=$(($(od -An -N2 -tu2 /dev/urandom) % span + 30000))
+        ss -Htan "sport = :$p" | grep -q . || { echo "$p"; return 0; }
     done
-    echo "local_slurm.sh: no free port in 30000..49999" >&2
+    echo "local_slurm.sh: no free port from 30000 on" >&2
     return 1
 }
 
-stop() {
-    [ -d "$dir" ] || return 0
-    if [ -s "$dir/slurm.conf" ] && [ -s "$dir/slurmctld.pid" ]; then
-        SLURM_CONF="$dir/slurm.conf" scancel --full --quiet --partition=cddp 2>/dev/null || true
-        # The jobs' tasks end with their step daemons; give them a moment.
-        i=0
-        while [ $i -lt 50 ] && [ -n "$(SLURM_CONF="$dir/slurm.conf" squeue -h -o %i 2>/dev/null)" ]; do
-            i=$((i + 1))
-            sleep 0.1
-        done
-    fi
-    for d in slurmd slurmctld munged; do
+# end_daemons NAME...: ends each daemon by the PID in DIR/NAME.pid, SIGKILL after 5 s.
+end_daemons() {
+    for d in "$@"; do
         [ -s "$dir/$d.pid" ] || continue
         pid=$(cat "$dir/$d.pid")
         kill "$pid" 2>/dev/null || true
@@ -48,6 +45,20 @@ stop() {
         kill -9 "$pid" 2>/dev/null || true
         rm -f "$dir/$d.pid"
     done
+}
+
+stop() {
+    [ -d "$dir" ] || return 0
+    if [ -s "$dir/slurm.conf" ] && [ -s "$dir/slurmctld.pid" ]; then
+        SLURM_CONF="$dir/slurm.conf" timeout 5 scancel --full --quiet --partition=cddp 2>/dev/null || true
+        # The jobs' tasks end with their step daemons; give them a moment.
+        i=0
+        while [ $i -lt 50 ] && [ -n "$(SLURM_CONF="$dir/slurm.conf" timeout 2 squeue -h -o %i 2>/dev/null)" ]; do
+            i=$((i + 1))
+            sleep 0.1
+        done
+    fi
+    end_daemons slurmd slurmctld munged
 }
 
 start() {
@@ -66,6 +77,26 @@ start() {
     chmod 600 "$dir/munge.key"
     munged --force --socket="$dir/munge.sock" --key-file="$dir/munge.key" \
         --log-file="$dir/munged.log" --pid-file="$dir/munged.pid" --seed-file="$dir/munged.seed"
+    # Up to three sets of ports: a port free when chosen may be bound by someone else before
+    # the daemon binds it.
+    for attempt in 1 2 3; do
+        start_slurm && return 0
+        if [ $attempt -lt 3 ] && grep -qs "Address already in use" "$dir/slurmd.log" "$dir/slurmctld.log"; then
+            echo "local_slurm.sh: a port was taken before Slurm bound it; trying other ports" >&2
+            end_daemons slurmd slurmctld
+            rm -f "$dir/slurmd.log" "$dir/slurmctld.log"
+            continue
+        fi
+        echo "local_slurm.sh: the node did not become idle in 20 s; from its logs:" >&2
+        tail -n 5 "$dir/slurmctld.log" "$dir/slurmd.log" >&2 2>/dev/null || true
+        stop
+        exit 1
+    done
+}
+
+# start_slurm: writes slurm.conf with new ports, starts slurmctld and slurmd, and waits until the
+# node is idle; fails after 20 s.
+start_slurm() {
     ctld_port=$(free_port)
     d_port=$(free_port)
     while [ "$d_port" = "$ctld_port" ]; do d_port=$(free_port); done
@@ -108,14 +139,13 @@ EOF
     slurmctld -f "$dir/slurm.conf" -i
     slurmd -f "$dir/slurm.conf" -N localhost
     i=0
-    until [ "$(SLURM_CONF="$dir/slurm.conf" sinfo -h -o %t 2>/dev/null)" = idle ]; do
+    t0=$(date +%s)
+    # sinfo retries for many seconds while no slurmctld answers: 2 s each, 20 s in all.
+    until [ "$(SLURM_CONF="$dir/slurm.conf" timeout 2 sinfo -h -o %t 2>/dev/null)" = idle ]; do
         i=$((i + 1))
-        if [ $i -ge 200 ]; then
-            echo "local_slurm.sh: the node did not become idle in 20 s; from its logs:" >&2
-            tail -n 5 "$dir/slurmctld.log" "$dir/slurmd.log" >&2 2>/dev/null || true
-            stop
-            exit 1
-        fi
+        [ $i -lt 200 ] && [ "$(date +%s)" -lt $((t0 + 20)) ] || return 1
+        # A daemon that could not bind its port has exited: no need to wait the 20 s.
+        ! grep -qs "Address already in use" "$dir/slurmd.log" "$dir/slurmctld.log" || return 1
         sleep 0.1
     done
     echo "export SLURM_CONF=$dir/slurm.conf"
