@@ -1,8 +1,8 @@
-/* bench_mlp.c: training throughput of the MLP (784-512-512-10) on Fashion-MNIST, one thread per
- * rank, on one rank or data-parallel under cddprun.
+/* bench_mlp.c: training throughput of the MLP (784-512-512-10), or of fashion_mnist's CNN or
+ * ResNet, on Fashion-MNIST, one thread per rank, on one rank or data-parallel under cddprun.
  *
- *   bench_mlp [--batch-size 32] [--lr 0.01] [--epochs 1] [--threads 1] [--data DIR]
- *             [--bucket-cap-mb X]
+ *   bench_mlp [--model mlp|cnn|resnet] [--batch-size 32] [--lr 0.01] [--epochs 1] [--threads 1]
+ *             [--data DIR] [--bucket-cap-mb X]
  *   cddprun --nproc_per_node 2 bench_mlp ...
  *
  * The setting of bench/mlp_torch.py, so that bench/mlp_vs_torch.sh and bench/ddp_vs_torch.sh can
@@ -25,13 +25,14 @@ int main(int argc, char **argv) {
     int batch = 32, epochs = 1, threads = 1;
     float lr = 0.01f;
     double cap_mb = 0;
-    const char *data = NULL;
+    const char *data = NULL, *model = "mlp";
     static const struct option longopts[] = {{"batch-size", required_argument, 0, 'b'},
                                              {"lr", required_argument, 0, 'l'},
                                              {"epochs", required_argument, 0, 'e'},
                                              {"threads", required_argument, 0, 't'},
                                              {"data", required_argument, 0, 'd'},
                                              {"bucket-cap-mb", required_argument, 0, 'B'},
+                                             {"model", required_argument, 0, 'm'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     int c;
@@ -55,13 +56,23 @@ int main(int argc, char **argv) {
         case 'B':
             cap_mb = strtod(optarg, NULL);
             break;
+        case 'm':
+            model = optarg;
+            break;
         case 'h':
-            printf("usage: [cddprun --nproc_per_node N] bench_mlp [--batch-size N] [--lr X] "
+            printf("usage: [cddprun --nproc_per_node N] bench_mlp [--model mlp|cnn|resnet] "
+                   "[--batch-size N] "
+                   "[--lr X] "
                    "[--epochs N] [--threads N] [--data DIR] [--bucket-cap-mb X]\n");
             return 0;
         default:
             return 2;
         }
+    }
+    bool resnet = strcmp(model, "resnet") == 0, cnn = resnet || strcmp(model, "cnn") == 0;
+    if (!cnn && strcmp(model, "mlp") != 0) {
+        fprintf(stderr, "bench_mlp: --model must be mlp, cnn or resnet, not '%s'\n", model);
+        return 2;
     }
     if (batch < 1 || epochs < 1 || threads < 1) {
         fprintf(stderr, "bench_mlp: --batch-size, --epochs and --threads must be >= 1\n");
@@ -87,7 +98,9 @@ int main(int argc, char **argv) {
             *order = malloc(sizeof(int64_t) * (size_t)n);
     cddp_mnist_normalize(&train, 0, n, 0.1307f, 0.3081f, images);
 
-    cddp_model *m = bench_mlp_model(false);
+    cddp_model *m = resnet ? bench_resnet_model()
+                    : cnn  ? bench_cnn_model()
+                           : bench_mlp_model(false);
     cddp_ddp *ddp = NULL;
     if (world > 1 &&
         !(ddp = cddp_ddp_wrap(m, group, &(cddp_ddp_options){.bucket_cap_mb = cap_mb}, &err))) {
@@ -117,7 +130,8 @@ int main(int argc, char **argv) {
                 y[i] = train.labels[order[first + i]];
             }
             cddp_ctx_reset(ctx);
-            cddp_tensor *in = cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(b, 784), x);
+            cddp_tensor *in = cnn ? cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(b, 1, 28, 28), x)
+                                  : cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(b, 784), x);
             cddp_tensor *l =
                 cddp_cross_entropy(ctx, cddp_model_forward(m, ctx, in),
                                    cddp_wrap(ctx, CDDP_I64, CDDP_SHAPE(b), y), CDDP_REDUCE_MEAN);
@@ -141,14 +155,15 @@ int main(int argc, char **argv) {
     }
     cddp_ddp_stats st = ddp ? cddp_ddp_stats_get(ddp) : (cddp_ddp_stats){0};
     if (rank == 0)
-        printf("{\"impl\": \"cddp\", \"world\": %d, \"batch\": %d, \"threads\": %d, "
+        printf("{\"impl\": \"cddp\", \"model\": \"%s\", \"world\": %d, \"batch\": %d, \"threads\": "
+               "%d, "
                "\"samples\": %.0f, \"train_s\": %.3f, \"samples_per_s\": %.1f, "
                "\"final_loss\": %.4f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, "
                "\"allreduce_ms\": %.3f, \"wait_ms\": %.3f, \"overlap\": %.2f, \"buckets\": %d, "
                "\"comm_inline\": %s}\n",
-               world, batch, threads, sums[0], slowest, sums[0] / slowest, loss, st.forward_s * 1e3,
-               st.backward_s * 1e3, st.comm_s * 1e3, st.wait_s * 1e3, st.overlap, st.buckets,
-               st.comm_inline ? "true" : "false");
+               model, world, batch, threads, sums[0], slowest, sums[0] / slowest, loss,
+               st.forward_s * 1e3, st.backward_s * 1e3, st.comm_s * 1e3, st.wait_s * 1e3,
+               st.overlap, st.buckets, st.comm_inline ? "true" : "false");
     cddp_ddp_destroy(ddp);
     cddp_comm_destroy(group);
     cddp_sampler_destroy(sampler);

@@ -1,8 +1,10 @@
 #!/usr/bin/python3
-"""mlp_torch.py: PyTorch's side of bench/mlp_vs_torch.sh and bench/ddp_vs_torch.sh, in the
-setting of bench_mlp.c.
+"""mlp_torch.py: PyTorch's side of bench/mlp_vs_torch.sh, bench/ddp_vs_torch.sh and
+bench/cnn_vs_torch.sh, in the setting of bench_mlp.c.
 
-The MLP 784-512-512-10, one epoch of Fashion-MNIST at batch 32 per rank, SGD lr 0.01, one thread
+--model mlp (784-512-512-10, the default) or cnn (fashion_mnist's: conv 1->16 3x3, ReLU, pool 2,
+conv 16->32 3x3, ReLU, pool 2, fc 1568->128, ReLU, fc 128->10) or resnet (fashion_mnist's: the
+ResNet of tests/reference/resnet.py at 16, 32, 64 channels), one epoch of Fashion-MNIST at batch 32 per rank, SGD lr 0.01, one thread
 per rank: the training set normalised once up front, a seeded shuffle (each rank its
 DistributedSampler part), and the clock around the training loop only (batch gathering included).
 With WORLD_SIZE > 1 (RANK, MASTER_ADDR, MASTER_PORT set, as cddprun or torchrun do) the model is
@@ -14,10 +16,16 @@ import json
 import os
 import time
 
+import sys
+
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "reference"))
+from resnet import ResNet  # noqa: E402
 
 
 def idx(path):
@@ -28,22 +36,34 @@ def idx(path):
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
+def models():
+    return {
+        "mlp": lambda: nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512),
+                                     nn.ReLU(), nn.Linear(512, 10)),
+        "cnn": lambda: nn.Sequential(nn.Conv2d(1, 16, 3, 1, 1), nn.ReLU(), nn.MaxPool2d(2),
+                                     nn.Conv2d(16, 32, 3, 1, 1), nn.ReLU(), nn.MaxPool2d(2),
+                                     nn.Flatten(), nn.Linear(32 * 7 * 7, 128), nn.ReLU(),
+                                     nn.Linear(128, 10)),
+        "resnet": lambda: ResNet(1, (16, 32, 64), 1, 10),
+    }
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--model", choices=["mlp", "cnn", "resnet"], default="mlp")
     p.add_argument("--data", default=os.environ.get("CDDP_DATA",
                                                     "/usr/share/datasets/fashion-mnist"))
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     x = torch.tensor(idx(os.path.join(a.data, "train-images-idx3-ubyte.gz")), dtype=torch.float32)
-    x = ((x / 255.0 - 0.1307) / 0.3081).reshape(-1, 784)
+    x = ((x / 255.0 - 0.1307) / 0.3081).reshape((-1, 784) if a.model == "mlp" else (-1, 1, 28, 28))
     y = torch.tensor(idx(os.path.join(a.data, "train-labels-idx1-ubyte.gz")), dtype=torch.int64)
-    model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                          nn.Linear(512, 10))
+    model = models()[a.model]()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if world > 1:
@@ -71,7 +91,8 @@ def main():
         samples, train_s = int(t[0].item()), t[1].item()
         dist.destroy_process_group()
     if rank == 0:
-        print(json.dumps({"impl": "pytorch", "version": torch.__version__, "world": world,
+        print(json.dumps({"impl": "pytorch", "version": torch.__version__, "model": a.model,
+                          "world": world,
                           "batch": a.batch_size, "threads": a.threads, "samples": samples,
                           "train_s": round(train_s, 3),
                           "samples_per_s": round(samples / train_s, 1),

@@ -48,7 +48,7 @@ static cddp_loader_options loader_options(int64_t batch) {
 typedef struct options {
     int epochs, batch, log_every, save_every;
     float lr, momentum, target_acc;
-    const char *optimizer, *model, *data, *save, *out, *resume, *hook, *init_from;
+    const char *optimizer, *model, *data, *save, *out, *resume, *hook, *init_from, *schedule;
     double bucket_cap_mb;
     uint64_t seed;
     int64_t limit;
@@ -59,14 +59,19 @@ static void usage(FILE *out) {
     fprintf(
         out,
         "usage: [cddprun --nproc_per_node N] fashion_mnist [options]\n"
-        "Trains an MLP or a CNN on Fashion-MNIST, data-parallel over the launcher's ranks, and\n"
+        "Trains an MLP, a CNN or a ResNet on Fashion-MNIST, data-parallel over the launcher's "
+        "ranks, and\n"
         "prints test accuracy every epoch.\n\n"
         "  --epochs N          epochs to train (default 3)\n"
         "  --batch-size N      samples per step on each rank (default 64)\n"
         "  --lr X              learning rate (default 0.01)\n"
         "  --momentum X        SGD momentum (default 0.9)\n"
+        "  --lr-schedule NAME  constant, or cosine: from --lr down to 0 over all the epochs'\n"
+        "                      steps (default constant)\n"
         "  --optimizer NAME    sgd or adamw (default sgd)\n"
-        "  --model NAME        mlp (784-512-512-10) or cnn (2 conv + pool + 2 fc) (default mlp)\n"
+        "  --model NAME        mlp (784-512-512-10), cnn (2 conv + pool + 2 fc) or resnet (a\n"
+        "                      3x3 stem and three stages of basic blocks, 16, 32 and 64\n"
+        "                      channels, BatchNorm, global average pooling) (default mlp)\n"
         "  --data DIR          folder with the IDX files (default $CDDP_DATA or Debian's\n"
         "                      /usr/share/datasets/fashion-mnist)\n"
         "  --seed N            seed for weights and shuffling (default 0)\n"
@@ -100,6 +105,7 @@ static int parse_args(int argc, char **argv, options *o) {
                    .model = "mlp",
                    .out = "runs/fashion_mnist",
                    .hook = "none",
+                   .schedule = "constant",
                    .limit = -1};
     static const struct option longopts[] = {{"epochs", required_argument, 0, 'e'},
                                              {"batch-size", required_argument, 0, 'b'},
@@ -116,6 +122,7 @@ static int parse_args(int argc, char **argv, options *o) {
                                              {"out", required_argument, 0, 'O'},
                                              {"resume", required_argument, 0, 'R'},
                                              {"hook", required_argument, 0, 'H'},
+                                             {"lr-schedule", required_argument, 0, 'C'},
                                              {"bucket-cap-mb", required_argument, 0, 'B'},
                                              {"json", no_argument, 0, 'j'},
                                              {"zero", no_argument, 0, 'z'},
@@ -175,6 +182,9 @@ static int parse_args(int argc, char **argv, options *o) {
         case 'R':
             o->resume = optarg;
             break;
+        case 'C':
+            o->schedule = optarg;
+            break;
         case 'H':
             o->hook = optarg;
             break;
@@ -216,12 +226,18 @@ static int parse_args(int argc, char **argv, options *o) {
                 o->optimizer);
         return -1;
     }
+    if (strcmp(o->schedule, "constant") && strcmp(o->schedule, "cosine")) {
+        fprintf(stderr, "fashion_mnist: --lr-schedule must be constant or cosine, not '%s'\n",
+                o->schedule);
+        return -1;
+    }
     if (strcmp(o->hook, "none") && strcmp(o->hook, "bf16") && strcmp(o->hook, "fp16")) {
         fprintf(stderr, "fashion_mnist: --hook must be none, bf16 or fp16, not '%s'\n", o->hook);
         return -1;
     }
-    if (strcmp(o->model, "mlp") != 0 && strcmp(o->model, "cnn") != 0) {
-        fprintf(stderr, "fashion_mnist: --model must be mlp or cnn, not '%s'\n", o->model);
+    if (strcmp(o->model, "mlp") != 0 && strcmp(o->model, "cnn") != 0 &&
+        strcmp(o->model, "resnet") != 0) {
+        fprintf(stderr, "fashion_mnist: --model must be mlp, cnn or resnet, not '%s'\n", o->model);
         return -1;
     }
     return 0;
@@ -253,7 +269,16 @@ static int build_cnn(cddp_model *m) {
     return rc;
 }
 
-/* The images of a batch as the model wants them: (B,1,28,28) for the CNN, (B,784) for the MLP. */
+/* A ResNet for 28x28 images: the stem at 16 channels, then one basic block per stage at 16
+ * (28x28), 32 (14x14) and 64 channels (7x7), torchvision's names (conv1.weight,
+ * layer2.0.downsample.0.weight, fc.bias, ...). */
+static cddp_model *make_resnet(cddp_error *err) {
+    cddp_resnet_config c = {.in_channels = 1, .classes = 10, .widths = {16, 32, 64}, .blocks = 1};
+    return cddp_model_create_with(cddp_nn_resnet(&c), err);
+}
+
+/* The images of a batch as the model wants them: (B,1,28,28) for the CNN and the ResNet, (B,784)
+ * for the MLP. */
 static cddp_tensor *images(cddp_ctx *ctx, const cddp_batch *b, bool cnn) {
     cddp_tensor *x = cddp_batch_tensor(ctx, b, 0);
     return cnn ? x : cddp_flatten(ctx, x);
@@ -339,7 +364,8 @@ int main(int argc, char **argv) {
     FILE *csv = NULL;
     char title[160] = "";
     curves curve = {.title = title, .eval_label = "test accuracy", .eval_is_fraction = true};
-    bool cnn = strcmp(o.model, "cnn") == 0;
+    bool cnn = strcmp(o.model, "mlp") != 0, resnet = strcmp(o.model, "resnet") == 0;
+    bool cosine = strcmp(o.schedule, "cosine") == 0;
     bool files = strcmp(o.out, "none") != 0 && *o.out;
 
     /* The group: one process on its own, or the ranks cddprun (or mpirun) started. */
@@ -391,13 +417,13 @@ int main(int argc, char **argv) {
     test_loader = train_loader ? cddp_loader_create(test, NULL, &lo, &err) : NULL;
     if (!test_loader) goto fail;
 
-    m = cddp_model_create();
+    m = resnet ? make_resnet(&err) : cddp_model_create();
     ctx = cddp_ctx_create(&(cddp_ctx_options){.seed = o.seed + (uint64_t)rank});
     if (!m || !ctx) {
-        cddp_error_set(&err, CDDP_ENOMEM, "out of memory");
+        if (!err.msg[0]) cddp_error_set(&err, CDDP_ENOMEM, "out of memory");
         goto fail;
     }
-    if ((cnn ? build_cnn(m) : build_mlp(m)) || cddp_model_build(m, o.seed)) {
+    if ((resnet ? 0 : cnn ? build_cnn(m) : build_mlp(m)) || cddp_model_build(m, o.seed)) {
         cddp_error_set(&err, CDDP_EINVAL, "%s", cddp_model_error(m));
         goto fail;
     }
@@ -487,6 +513,9 @@ int main(int argc, char **argv) {
                 cddp_error_set(&err, cddp_ctx_status(ctx), "%s", cddp_ctx_error(ctx));
                 goto fail;
             }
+            if (cosine)
+                cddp_optim_set_lr(opt, cddp_lr_warmup_cosine(epoch * steps + b.index, o.lr, 0.0f, 0,
+                                                             o.epochs * steps));
             cddp_optim_step(opt);
             last_loss = cddp_get(loss, 0);
             if (!isfinite(last_loss)) {

@@ -37,15 +37,19 @@ enum {
     OP_LAYER_NORM,
     OP_GELU_TANH,
     OP_ATTENTION,
+    OP_AVG_POOL2D,
+    OP_ADAPTIVE_AVG_POOL2D,
     OP_COUNT
 };
 
 static const char *op_names[OP_COUNT] = {
-    "matmul",      "linear",        "add",      "sub",        "mul",       "div",
-    "scale",       "relu",          "gelu",     "tanh",       "sigmoid",   "softmax",
-    "log_softmax", "cross_entropy", "mse_loss", "sum",        "mean",      "conv2d",
-    "max_pool2d",  "dropout",       "reshape",  "batch_norm", "embedding", "layer_norm",
-    "gelu_tanh",   "attention"};
+    "matmul",      "linear",        "add",        "sub",
+    "mul",         "div",           "scale",      "relu",
+    "gelu",        "tanh",          "sigmoid",    "softmax",
+    "log_softmax", "cross_entropy", "mse_loss",   "sum",
+    "mean",        "conv2d",        "max_pool2d", "dropout",
+    "reshape",     "batch_norm",    "embedding",  "layer_norm",
+    "gelu_tanh",   "attention",     "avg_pool2d", "adaptive_avg_pool2d"};
 
 #define CASES   30
 #define MAX_IN  3
@@ -59,7 +63,7 @@ typedef struct gc_case {
     float *data[MAX_IN];
     int64_t labels[64];
     bool ta, tb, bias;
-    int stride, pad, kernel;
+    int stride, pad, kernel, groups;
     float s;
     cddp_reduction red;
     float running[2][8]; /* batch_norm in evaluation: mean, var */
@@ -155,20 +159,29 @@ static void make_case(gc_case *c, int op) {
         c->ndim[1] = c->ndim[0];
         memcpy(c->shape[1], c->shape[0], sizeof c->shape[0]);
         break;
-    case OP_CONV2D: {
+    case OP_CONV2D: { /* ta: the output is conv(x) + conv(x), so backward adds into gradients */
         c->kernel = (int)rnd(1, 3);
         c->stride = (int)rnd(1, 2);
         c->pad = (int)rnd(0, 2);
         c->bias = rnd(0, 1);
+        c->ta = rnd(0, 1);
+        c->groups = (int)rnd(1, 2);
         c->nin = c->bias ? 3 : 2;
-        int64_t C = rnd(1, 3), O = rnd(1, 3);
+        /* Channels per group: a few, or 8 and more, where oneDNN takes its blocked kernels. */
+        int64_t per = rnd(0, 2) ? rnd(1, 3) : rnd(8, 9), O = c->groups * rnd(1, rnd(0, 1) ? 3 : 9);
         int64_t Hh = rnd(c->kernel, 6), Ww = rnd(c->kernel, 6);
-        set_shape(c, 0, 4, rnd(1, 2), C, Hh, Ww);
-        set_shape(c, 1, 4, O, C, c->kernel, c->kernel);
+        set_shape(c, 0, 4, rnd(1, 2), per * c->groups, Hh, Ww);
+        set_shape(c, 1, 4, O, per, c->kernel, c->kernel);
         set_shape(c, 2, 1, O, 0, 0, 0);
         break;
     }
+    case OP_ADAPTIVE_AVG_POOL2D: /* to stride x pad: any size, larger than the input too */
+        c->stride = (int)rnd(1, 4);
+        c->pad = (int)rnd(1, 4);
+        set_shape(c, 0, 4, rnd(1, 2), rnd(1, 3), rnd(1, 7), rnd(1, 7));
+        break;
     case OP_MAX_POOL2D:
+    case OP_AVG_POOL2D:
         c->kernel = (int)rnd(1, 3);
         c->stride = (int)rnd(1, 3);
         c->pad = (int)rnd(0, c->kernel / 2);
@@ -236,9 +249,19 @@ static void make_case(gc_case *c, int op) {
             c->data[i][k] = v;
         }
     }
-    if (op == OP_LAYER_NORM) /* rows spread out: a near-constant row's std is a kink */
-        for (int64_t k = 0; k < numel(c, 0); k++)
-            c->data[0][k] += 0.6f * (float)(k % c->shape[1][0]);
+    if (op == OP_LAYER_NORM) { /* rows spread out: a near-constant row's std is a kink */
+        int64_t C = c->shape[1][0];
+        for (int64_t row = 0; row < numel(c, 0) / C; row++) {
+            float *x = c->data[0] + row * C; /* 0.6 apart, +-0.25, in shuffled order */
+            for (int64_t k = 0; k < C; k++) x[k] = 0.6f * (float)k + 0.25f * x[k];
+            for (int64_t k = C - 1; k > 0; k--) {
+                int64_t j = rnd(0, k);
+                float t = x[k];
+                x[k] = x[j];
+                x[j] = t;
+            }
+        }
+    }
     if (op == OP_MAX_POOL2D) {
         /* Distinct values 0.05 apart, shuffled: no window has a near tie. */
         int64_t n = numel(c, 0);
@@ -290,10 +313,20 @@ static cddp_tensor *forward(gc_case *c, cddp_tensor **in) {
         return cddp_sum(ctx, in[0]);
     case OP_MEAN:
         return cddp_mean(ctx, in[0]);
-    case OP_CONV2D:
-        return cddp_conv2d(ctx, in[0], in[1], c->bias ? in[2] : NULL, c->stride, c->pad);
+    case OP_CONV2D: {
+        cddp_tensor *y = cddp_conv2d_groups(ctx, in[0], in[1], c->bias ? in[2] : NULL, c->stride,
+                                            c->pad, c->groups);
+        return c->ta ? cddp_add(ctx, y,
+                                cddp_conv2d_groups(ctx, in[0], in[1], c->bias ? in[2] : NULL,
+                                                   c->stride, c->pad, c->groups))
+                     : y;
+    }
     case OP_MAX_POOL2D:
         return cddp_max_pool2d(ctx, in[0], c->kernel, c->stride, c->pad);
+    case OP_AVG_POOL2D:
+        return cddp_avg_pool2d(ctx, in[0], c->kernel, c->stride, c->pad);
+    case OP_ADAPTIVE_AVG_POOL2D:
+        return cddp_adaptive_avg_pool2d(ctx, in[0], c->stride, c->pad);
     case OP_DROPOUT:
         cddp_rng_seed(cddp_ctx_rng(ctx), 99); /* the same mask at every evaluation */
         return cddp_dropout(ctx, in[0], c->s, true);
@@ -416,6 +449,8 @@ GC_TEST(sum, OP_SUM)
 GC_TEST(mean, OP_MEAN)
 GC_TEST(conv2d, OP_CONV2D)
 GC_TEST(max_pool2d, OP_MAX_POOL2D)
+GC_TEST(avg_pool2d, OP_AVG_POOL2D)
+GC_TEST(adaptive_avg_pool2d, OP_ADAPTIVE_AVG_POOL2D)
 GC_TEST(dropout, OP_DROPOUT)
 GC_TEST(reshape, OP_RESHAPE)
 GC_TEST(batch_norm, OP_BATCH_NORM)
@@ -439,19 +474,34 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_grad_matmul),      cmocka_unit_test(test_grad_linear),
-        cmocka_unit_test(test_grad_add),         cmocka_unit_test(test_grad_sub),
-        cmocka_unit_test(test_grad_mul),         cmocka_unit_test(test_grad_div),
-        cmocka_unit_test(test_grad_scale),       cmocka_unit_test(test_grad_relu),
-        cmocka_unit_test(test_grad_gelu),        cmocka_unit_test(test_grad_tanh),
-        cmocka_unit_test(test_grad_sigmoid),     cmocka_unit_test(test_grad_softmax),
-        cmocka_unit_test(test_grad_log_softmax), cmocka_unit_test(test_grad_cross_entropy),
-        cmocka_unit_test(test_grad_mse_loss),    cmocka_unit_test(test_grad_sum),
-        cmocka_unit_test(test_grad_mean),        cmocka_unit_test(test_grad_conv2d),
-        cmocka_unit_test(test_grad_max_pool2d),  cmocka_unit_test(test_grad_dropout),
-        cmocka_unit_test(test_grad_reshape),     cmocka_unit_test(test_grad_batch_norm),
-        cmocka_unit_test(test_grad_embedding),   cmocka_unit_test(test_grad_layer_norm),
-        cmocka_unit_test(test_grad_gelu_tanh),   cmocka_unit_test(test_grad_attention),
+        cmocka_unit_test(test_grad_matmul),
+        cmocka_unit_test(test_grad_linear),
+        cmocka_unit_test(test_grad_add),
+        cmocka_unit_test(test_grad_sub),
+        cmocka_unit_test(test_grad_mul),
+        cmocka_unit_test(test_grad_div),
+        cmocka_unit_test(test_grad_scale),
+        cmocka_unit_test(test_grad_relu),
+        cmocka_unit_test(test_grad_gelu),
+        cmocka_unit_test(test_grad_tanh),
+        cmocka_unit_test(test_grad_sigmoid),
+        cmocka_unit_test(test_grad_softmax),
+        cmocka_unit_test(test_grad_log_softmax),
+        cmocka_unit_test(test_grad_cross_entropy),
+        cmocka_unit_test(test_grad_mse_loss),
+        cmocka_unit_test(test_grad_sum),
+        cmocka_unit_test(test_grad_mean),
+        cmocka_unit_test(test_grad_conv2d),
+        cmocka_unit_test(test_grad_max_pool2d),
+        cmocka_unit_test(test_grad_avg_pool2d),
+        cmocka_unit_test(test_grad_adaptive_avg_pool2d),
+        cmocka_unit_test(test_grad_dropout),
+        cmocka_unit_test(test_grad_reshape),
+        cmocka_unit_test(test_grad_batch_norm),
+        cmocka_unit_test(test_grad_embedding),
+        cmocka_unit_test(test_grad_layer_norm),
+        cmocka_unit_test(test_grad_gelu_tanh),
+        cmocka_unit_test(test_grad_attention),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

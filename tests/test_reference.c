@@ -76,6 +76,16 @@ static cddp_model *cnn(void) {
     return m;
 }
 
+/* Two stages (4 and 8 channels) of one basic block each, as make_fixtures.py's ResNet. */
+static cddp_model *resnet(void) {
+    cddp_resnet_config c = {.in_channels = 1, .classes = 10, .widths = {4, 8}, .blocks = 1};
+    cddp_error err = {0};
+    cddp_model *m = cddp_model_create_with(cddp_nn_resnet(&c), &err);
+    assert_non_null(m);
+    assert_int_equal(cddp_model_build(m, 0), 0);
+    return m;
+}
+
 /* Copies init.<name> into every parameter, checking shapes. */
 static void load_init(cddp_model *m, cddp_safetensors *f) {
     for (int i = 0; i < cddp_model_num_params(m); i++) {
@@ -161,6 +171,13 @@ static void test_mlp_matches_pytorch(void **state) {
 static void test_cnn_matches_pytorch(void **state) {
     (void)state;
     check_model(cnn, "cnn");
+}
+
+/* Strided and 1x1 convolutions without bias, BatchNorm in training mode, residual adds, global
+ * average pooling. */
+static void test_resnet_matches_pytorch(void **state) {
+    (void)state;
+    check_model(resnet, "resnet");
 }
 
 static const cddp_gpt_config tiny_gpt = {
@@ -283,6 +300,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_matches_pytorch),
         cmocka_unit_test(test_cnn_matches_pytorch),
+        cmocka_unit_test(test_resnet_matches_pytorch),
         cmocka_unit_test(test_gpt_matches_pytorch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

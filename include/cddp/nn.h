@@ -56,8 +56,16 @@ typedef struct cddp_module cddp_module;
  * when out of memory (the add then fails). */
 CDDP_API cddp_module *cddp_nn_linear(int64_t in, int64_t out);
 CDDP_API cddp_module *cddp_nn_conv2d(int64_t in, int64_t out, int kernel, int stride, int padding);
+/* Conv2d with `groups` (dividing in and out; the weight is (out, in / groups, kernel, kernel))
+ * and the bias optional (a convolution followed by BatchNorm needs none). */
+CDDP_API cddp_module *cddp_nn_conv2d_groups(int64_t in, int64_t out, int kernel, int stride,
+                                            int padding, int groups, bool bias);
 /* stride 0 means stride = kernel, as in PyTorch. */
 CDDP_API cddp_module *cddp_nn_max_pool2d(int kernel, int stride);
+CDDP_API cddp_module *cddp_nn_avg_pool2d(int kernel, int stride);
+/* Average pooling to an out_h x out_w output whatever the input's size (1, 1: global average
+ * pooling); see cddp_adaptive_avg_pool2d. */
+CDDP_API cddp_module *cddp_nn_adaptive_avg_pool2d(int out_h, int out_w);
 CDDP_API cddp_module *cddp_nn_relu(void);
 CDDP_API cddp_module *cddp_nn_gelu(void);
 CDDP_API cddp_module *cddp_nn_tanh(void);
@@ -95,6 +103,24 @@ typedef struct cddp_gpt_config {
     int64_t vocab_size, block_size, n_layer, n_head, n_embd;
 } cddp_gpt_config;
 CDDP_API cddp_module *cddp_nn_gpt(const cddp_gpt_config *config);
+
+/* ResNet's basic block (torchvision's BasicBlock, see src/nn/resnet.c): relu(bn2(conv2(relu(
+ * bn1(conv1(x))))) + shortcut(x)), 3x3 convolutions without bias, the first with `stride`; the
+ * shortcut is x, or "downsample" (a 1x1 convolution with stride and a BatchNorm) when stride is
+ * not 1 or in != out. NULL when out of memory. */
+CDDP_API cddp_module *cddp_nn_basic_block(int64_t in, int64_t out, int stride);
+
+/* A ResNet for small images (torchvision's names): a 3x3 stem (conv1, bn1, ReLU), one stage
+ * ("layer1", ...) of `blocks` basic blocks per width, every stage after the first halving the
+ * resolution, global average pooling and a Linear "fc" to `classes`. Its forward takes
+ * (N, in_channels, H, W). NULL when a size is not positive, no width is given, or out of
+ * memory. */
+typedef struct cddp_resnet_config {
+    int64_t in_channels, classes;
+    int64_t widths[4]; /* each stage's channels; the stages end at the first 0 */
+    int blocks;        /* basic blocks per stage */
+} cddp_resnet_config;
+CDDP_API cddp_module *cddp_nn_resnet(const cddp_resnet_config *config);
 
 /* Writing a module: its type (functions) and its state (the caller's, freed with type->free). */
 typedef struct cddp_module_type {

@@ -170,13 +170,28 @@ CDDP_API cddp_tensor *cddp_mse_loss(cddp_ctx *ctx, cddp_tensor *pred, cddp_tenso
 CDDP_API cddp_tensor *cddp_sum(cddp_ctx *ctx, cddp_tensor *x);  /* all elements -> scalar */
 CDDP_API cddp_tensor *cddp_mean(cddp_ctx *ctx, cddp_tensor *x); /* all elements -> scalar */
 
-/* x (N,C,H,W), w (O,C,KH,KW), b (O) or NULL -> (N,O,OH,OW), OH = (H + 2p - KH) / stride + 1.
- * im2col + GEMM per sample. */
+/* x (N,C,H,W), w (O,C,KH,KW), b (O) or NULL -> (N,O,OH,OW), OH = (H + 2p - KH) / stride + 1,
+ * zero padding p on every side. Runs on oneDNN (its forward, backward-data and backward-weights
+ * primitives, made once per shape). */
 CDDP_API cddp_tensor *cddp_conv2d(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_tensor *b,
                                   int stride, int padding);
-/* x (N,C,H,W) -> (N,C,OH,OW); padding counts as -infinity. */
+/* cddp_conv2d in groups: the C input channels split into `groups` equal parts, each convolved
+ * with its O / groups filters; w (O, C/groups, KH, KW), groups dividing C and O (PyTorch's
+ * Conv2d groups). groups 1 is cddp_conv2d. */
+CDDP_API cddp_tensor *cddp_conv2d_groups(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w,
+                                         cddp_tensor *b, int stride, int padding, int groups);
+/* x (N,C,H,W) -> (N,C,OH,OW), OH = (H + 2p - kernel) / stride + 1 (stride 0: the kernel);
+ * padding at most half the kernel, counting as -infinity. On oneDNN. */
 CDDP_API cddp_tensor *cddp_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel, int stride,
                                       int padding);
+/* Average pooling, shaped as cddp_max_pool2d; the padding counts as zeros in every window's
+ * kernel x kernel (PyTorch's AvgPool2d, count_include_pad). On oneDNN. */
+CDDP_API cddp_tensor *cddp_avg_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel, int stride,
+                                      int padding);
+/* x (N,C,H,W) -> (N,C,OH,OW): output cell (i, j) averages rows [floor(i H / OH), ceil((i+1) H /
+ * OH)) and the columns alike (PyTorch's AdaptiveAvgPool2d); (1, 1) is global average pooling. */
+CDDP_API cddp_tensor *cddp_adaptive_avg_pool2d(cddp_ctx *ctx, cddp_tensor *x, int64_t OH,
+                                               int64_t OW);
 /* Zeroes each element with probability p and scales the rest by 1/(1-p), drawing from the
  * context's generator; the identity when !training or p == 0. */
 CDDP_API cddp_tensor *cddp_dropout(cddp_ctx *ctx, cddp_tensor *x, float p, bool training);

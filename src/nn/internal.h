@@ -97,5 +97,9 @@ void cddp__model_free_blocks(cddp_model *m);
 int cddp__module_join(cddp_module *m, cddp_model *model);
 /* Frees m, its children and their states. Accepts NULL. */
 void cddp__module_free(cddp_module *m);
+/* Adds the children to m in order (m NULL: none), freeing every one it could not add; false when
+ * one was missing (out of memory) or failed (m then holds the ones before it). */
+bool cddp__module_add_all(cddp_module *m, const char *const *names, cddp_module *const *children,
+                          int n);
 
 #endif

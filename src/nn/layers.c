@@ -1,7 +1,7 @@
-/* layers.c: the built-in modules: Linear, Conv2d, MaxPool2d, ReLU, GELU, Tanh, Sigmoid, Dropout,
- * Flatten, BatchNorm and Sequential, each a cddp_module_type with its description as state.
- * A description is checked when the module joins a model (its declare), so that the error lands
- * in the model's message with the module's name. */
+/* layers.c: the built-in modules: Linear, Conv2d, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, ReLU,
+ * GELU, Tanh, Sigmoid, Dropout, Flatten, BatchNorm and Sequential, each a cddp_module_type with its
+ * description as state. A description is checked when the module joins a model (its declare), so
+ * that the error lands in the model's message with the module's name. */
 #include "nn/internal.h"
 
 #include <math.h>
@@ -11,7 +11,9 @@
 /* What describes a built-in module. */
 typedef struct layer {
     int64_t in, out;             /* Linear: features; Conv2d: channels; BatchNorm: features */
-    int kernel, stride, padding; /* Conv2d and MaxPool2d */
+    int kernel, stride, padding; /* Conv2d and the poolings (AdaptiveAvgPool2d: kernel x stride
+                                    is its output) */
+    int groups;                  /* Conv2d */
     float p;                     /* Dropout probability */
     bool bias;                   /* Linear and Conv2d: has a bias; BatchNorm: affine */
     float momentum, eps;         /* BatchNorm, LayerNorm (eps) */
@@ -91,46 +93,89 @@ static int conv_declare(cddp_module *self) {
     if (l->kernel <= 0 || l->stride <= 0 || l->padding < 0)
         return invalid(self, "kernel %d, stride %d, padding %d are not valid", l->kernel, l->stride,
                        l->padding);
-    int64_t k = l->kernel;
-    return declare_weighted(self, 4, (int64_t[]){l->out, l->in, k, k}, l->in * k * k);
+    if (l->groups <= 0 || l->in % l->groups || l->out % l->groups)
+        return invalid(self, "%d groups do not divide in=%lld and out=%lld", l->groups,
+                       (long long)l->in, (long long)l->out);
+    int64_t k = l->kernel, per = l->in / l->groups;
+    return declare_weighted(self, 4, (int64_t[]){l->out, per, k, k}, per * k * k);
 }
 
 static cddp_tensor *conv_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
     const layer *l = state(self);
-    return cddp_conv2d(ctx, x, cddp_module_get_param(self, 0), param_or_null(self, 1), l->stride,
-                       l->padding);
+    return cddp_conv2d_groups(ctx, x, cddp_module_get_param(self, 0), param_or_null(self, 1),
+                              l->stride, l->padding, l->groups);
 }
 
 static const cddp_module_type conv_type = {"Conv2d", conv_declare, conv_forward, cddp_free};
 
 cddp_module *cddp_nn_conv2d(int64_t in, int64_t out, int kernel, int stride, int padding) {
+    return cddp_nn_conv2d_groups(in, out, kernel, stride, padding, 1, true);
+}
+
+cddp_module *cddp_nn_conv2d_groups(int64_t in, int64_t out, int kernel, int stride, int padding,
+                                   int groups, bool bias) {
     return make(&conv_type, (layer){.in = in,
                                     .out = out,
                                     .kernel = kernel,
                                     .stride = stride,
                                     .padding = padding,
-                                    .bias = true});
+                                    .groups = groups,
+                                    .bias = bias});
 }
 
-/* ---- MaxPool2d --------------------------------------------------------------------------- */
+/* ---- MaxPool2d, AvgPool2d, AdaptiveAvgPool2d ---------------------------------------------- */
 
 static int pool_declare(cddp_module *self) {
     const layer *l = state(self);
-    if (l->kernel <= 0 || l->stride < 0 || l->padding < 0)
-        return invalid(self, "kernel %d, stride %d, padding %d are not valid", l->kernel, l->stride,
-                       l->padding);
+    if (l->kernel <= 0 || l->stride < 0 || l->padding < 0 || l->padding > l->kernel / 2)
+        return invalid(self,
+                       "kernel %d, stride %d, padding %d are not valid (padding at most half "
+                       "the kernel)",
+                       l->kernel, l->stride, l->padding);
     return CDDP_OK;
 }
 
-static cddp_tensor *pool_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
+static cddp_tensor *max_pool_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
     const layer *l = state(self);
     return cddp_max_pool2d(ctx, x, l->kernel, l->stride, l->padding);
 }
 
-static const cddp_module_type pool_type = {"MaxPool2d", pool_declare, pool_forward, cddp_free};
+static const cddp_module_type max_pool_type = {"MaxPool2d", pool_declare, max_pool_forward,
+                                               cddp_free};
 
 cddp_module *cddp_nn_max_pool2d(int kernel, int stride) {
-    return make(&pool_type, (layer){.kernel = kernel, .stride = stride});
+    return make(&max_pool_type, (layer){.kernel = kernel, .stride = stride});
+}
+
+static cddp_tensor *avg_pool_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
+    const layer *l = state(self);
+    return cddp_avg_pool2d(ctx, x, l->kernel, l->stride, l->padding);
+}
+
+static const cddp_module_type avg_pool_type = {"AvgPool2d", pool_declare, avg_pool_forward,
+                                               cddp_free};
+
+cddp_module *cddp_nn_avg_pool2d(int kernel, int stride) {
+    return make(&avg_pool_type, (layer){.kernel = kernel, .stride = stride});
+}
+
+static int adaptive_declare(cddp_module *self) {
+    const layer *l = state(self);
+    if (l->kernel <= 0 || l->stride <= 0)
+        return invalid(self, "output %dx%d is not valid", l->kernel, l->stride);
+    return CDDP_OK;
+}
+
+static cddp_tensor *adaptive_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
+    const layer *l = state(self);
+    return cddp_adaptive_avg_pool2d(ctx, x, l->kernel, l->stride);
+}
+
+static const cddp_module_type adaptive_type = {"AdaptiveAvgPool2d", adaptive_declare,
+                                               adaptive_forward, cddp_free};
+
+cddp_module *cddp_nn_adaptive_avg_pool2d(int out_h, int out_w) {
+    return make(&adaptive_type, (layer){.kernel = out_h, .stride = out_w});
 }
 
 /* ---- activations, Dropout, Flatten -------------------------------------------------------- */

@@ -193,3 +193,15 @@ cddp_tensor *cddp_module_forward(cddp_module *m, cddp_ctx *ctx, cddp_tensor *x) 
     CDDP_CHECK(m->type && m->type->forward, "module '%s' has no forward", cddp_module_path(m));
     return x ? m->type->forward(m, ctx, x) : NULL;
 }
+
+bool cddp__module_add_all(cddp_module *m, const char *const *names, cddp_module *const *children,
+                          int n) {
+    bool ok = m != NULL;
+    for (int i = 0; i < n; i++) {
+        if (!ok)
+            cddp__module_free(children[i]);
+        else if (cddp_module_add(m, names[i], children[i]) != CDDP_OK)
+            ok = false; /* the add freed it */
+    }
+    return ok;
+}

@@ -60,19 +60,6 @@ static cddp_tensor *block_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor 
 
 static const cddp_module_type block_type = {"Block", NULL, block_forward, NULL};
 
-/* Adds the children to m in order, freeing every one it could not add; false when one was
- * missing (out of memory) or failed (m then holds the ones before it). */
-static bool add_all(cddp_module *m, const char *const *names, cddp_module *const *children, int n) {
-    bool ok = m != NULL;
-    for (int i = 0; i < n; i++) {
-        if (!ok)
-            cddp__module_free(children[i]);
-        else if (cddp_module_add(m, names[i], children[i]) != CDDP_OK)
-            ok = false; /* the add freed it */
-    }
-    return ok;
-}
-
 static cddp_module *block(const cddp_gpt_config *g) {
     int64_t C = g->n_embd;
     cddp_init w = {CDDP_INIT_NORMAL, 0, 0.02f};
@@ -82,22 +69,23 @@ static cddp_module *block(const cddp_gpt_config *g) {
     cddp_module *attn = h ? cddp_module_create(&attention_type, h) : NULL;
     cddp_module *mlp = cddp_module_create(&mlp_type, NULL);
     cddp_module *b = cddp_module_create(&block_type, NULL);
-    bool ok = add_all(attn, (const char *[]){"c_attn", "c_proj"},
-                      (cddp_module *[]){cddp_nn_linear_init(C, 3 * C, true, w),
-                                        cddp_nn_linear_init(C, C, true, proj)},
-                      2);
-    ok &= add_all(mlp, (const char *[]){"c_fc", "c_proj"},
-                  (cddp_module *[]){cddp_nn_linear_init(C, 4 * C, true, w),
-                                    cddp_nn_linear_init(4 * C, C, true, proj)},
-                  2);
+    bool ok = cddp__module_add_all(attn, (const char *[]){"c_attn", "c_proj"},
+                                   (cddp_module *[]){cddp_nn_linear_init(C, 3 * C, true, w),
+                                                     cddp_nn_linear_init(C, C, true, proj)},
+                                   2);
+    ok &= cddp__module_add_all(mlp, (const char *[]){"c_fc", "c_proj"},
+                               (cddp_module *[]){cddp_nn_linear_init(C, 4 * C, true, w),
+                                                 cddp_nn_linear_init(4 * C, C, true, proj)},
+                               2);
     if (!ok) {
         cddp__module_free(attn);
         cddp__module_free(mlp);
         cddp__module_free(b);
         return NULL;
     }
-    if (!add_all(b, (const char *[]){"ln_1", "attn", "ln_2", "mlp"},
-                 (cddp_module *[]){cddp_nn_layer_norm(C), attn, cddp_nn_layer_norm(C), mlp}, 4)) {
+    if (!cddp__module_add_all(
+            b, (const char *[]){"ln_1", "attn", "ln_2", "mlp"},
+            (cddp_module *[]){cddp_nn_layer_norm(C), attn, cddp_nn_layer_norm(C), mlp}, 4)) {
         cddp__module_free(b);
         return NULL;
     }
@@ -149,13 +137,14 @@ cddp_module *cddp_nn_gpt(const cddp_gpt_config *config) {
     for (int64_t l = 0; l < g.n_layer && ok; l++)
         ok = cddp_module_add(h, NULL, block(&g)) == CDDP_OK;
     cddp_module *tr = cddp_module_create(&transformer_type, state);
-    ok = add_all(ok ? tr : NULL, (const char *[]){"wte", "wpe", "h", "ln_f"},
-                 (cddp_module *[]){cddp_nn_embedding_init(g.vocab_size, g.n_embd, w),
-                                   cddp_nn_embedding_init(g.block_size, g.n_embd, w), h,
-                                   cddp_nn_layer_norm(g.n_embd)},
-                 4);
+    ok = cddp__module_add_all(ok ? tr : NULL, (const char *[]){"wte", "wpe", "h", "ln_f"},
+                              (cddp_module *[]){cddp_nn_embedding_init(g.vocab_size, g.n_embd, w),
+                                                cddp_nn_embedding_init(g.block_size, g.n_embd, w),
+                                                h, cddp_nn_layer_norm(g.n_embd)},
+                              4);
     cddp_module *gpt = cddp_module_create(&gpt_type, NULL);
-    if (!add_all(ok ? gpt : NULL, (const char *[]){"transformer"}, (cddp_module *[]){tr}, 1)) {
+    if (!cddp__module_add_all(ok ? gpt : NULL, (const char *[]){"transformer"},
+                              (cddp_module *[]){tr}, 1)) {
         cddp__module_free(gpt);
         return NULL;
     }

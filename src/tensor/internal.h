@@ -3,8 +3,8 @@
  * The tensor module's files, lowest first (no circle):
  *
  *   tensor.c        the context, tensor creation, the random generator
- *   kernels.c       kernels forward and backward share: GEMM, im2col/col2im, broadcasting,
- *                   softmax rows
+ *   kernels.c       kernels forward and backward share: GEMM, broadcasting, softmax rows
+ *   dnnl.c          oneDNN's primitives (convolution, pooling), made once per shape (dnnl.h)
  *   vec.c           vectorised loops: exp, GELU, layer normalisation's rows, adds
  *   attn.c          the products of one head of causal self-attention
  *   tape.c          recording a node when gradients flow, the nodes' public accessors
@@ -15,9 +15,9 @@
  *
  * Each op that records appends one node to the context's tape (a linked list in the arena,
  * newest first). A node holds the op, its output, up to three inputs, the op's scalar arguments
- * and an op-specific saved buffer (softmax probabilities, im2col columns, pooling argmax, dropout
- * mask). What a backward pass keeps (which nodes are needed, parameters' pending uses, the
- * callbacks) is autograd's, not the context's.
+ * and an op-specific saved buffer (softmax probabilities, a pooling workspace, dropout mask). What
+ * a backward pass keeps (which nodes are needed, parameters' pending uses, the callbacks) is
+ * autograd's, not the context's.
  */
 #ifndef CDDP_TENSOR_INTERNAL_H
 #define CDDP_TENSOR_INTERNAL_H
@@ -47,7 +47,7 @@ struct cddp__node {
         float scalar;
         cddp_reduction reduction;
         struct {
-            int stride, padding;
+            int stride, padding, groups;
         } conv;
         struct {
             int kernel, stride, padding;
@@ -109,6 +109,11 @@ CDDP_OP_LIST(CDDP__OP_BACKWARD)
 
 /* y = exp(x - shift), returning the sum of y. */
 float cddp__exp_shifted(const float *x, float shift, float *y, int64_t n);
+/* sum x[i], and sum (x[i] - m)^2, in 8 lanes (float) */
+float cddp__sum(const float *x, int64_t n);
+float cddp__sq_dev(const float *x, float m, int64_t n);
+/* y = (x - m) s + b */
+void cddp__normalize(const float *x, float m, float s, float b, float *y, int64_t n);
 /* sum x[i] y[i] */
 float cddp__dot(const float *x, const float *y, int64_t n);
 /* The largest of x[0..n) (-inf for n = 0). */
@@ -157,14 +162,6 @@ void cddp__gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
  * for matrices that are slices of a wider one (a head of an attention's qkv). */
 void cddp__gemm_ld(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                    int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
-
-/* im2col for one sample: x (C,H,W) -> col (C*KH*KW rows of OH*OW), rows ld floats apart, so a
- * batch's columns can sit side by side in one (C*KH*KW, N*OH*OW) matrix; zero padding.
- * col2im adds such columns back into x. */
-void cddp__im2col(const float *x, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
-                  int stride, int pad, int64_t OH, int64_t OW, int64_t ld, float *col);
-void cddp__col2im(const float *col, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
-                  int stride, int pad, int64_t OH, int64_t OW, int64_t ld, float *x);
 
 /* Writes log_softmax (take_log) or softmax of each row of length C. */
 void cddp__softmax_rows(const float *x, float *y, int64_t rows, int64_t C, bool take_log);

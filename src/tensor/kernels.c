@@ -1,5 +1,5 @@
 /* kernels.c: the kernels that ops' forward and backward share: GEMM through OpenBLAS,
- * im2col/col2im for convolutions, broadcasting, softmax rows, an accumulating add. */
+ * broadcasting, softmax rows, an accumulating add. */
 #include "tensor/internal.h"
 
 #include <cblas.h>
@@ -24,60 +24,6 @@ void cddp__gemm_ld(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
 void cddp__gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                 const float *B, float beta, float *C) {
     cddp__gemm_ld(ta, tb, M, N, K, alpha, A, ta ? M : K, B, tb ? K : N, beta, C, N);
-}
-
-/* The output columns ow whose input column iw = ow * stride - pad + kw lies in [0, W):
- * [*lo, *hi). The others read the zero padding. */
-static void valid_columns(int64_t W, int64_t OW, int64_t kw, int stride, int pad, int64_t *lo,
-                          int64_t *hi) {
-    int64_t first = pad - kw > 0 ? (pad - kw + stride - 1) / stride : 0;
-    int64_t end = W + pad - kw > 0 ? (W + pad - kw + stride - 1) / stride : 0;
-    *lo = CDDP_MIN(first, OW);
-    *hi = CDDP_MAX(*lo, CDDP_MIN(end, OW));
-}
-
-void cddp__im2col(const float *x, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
-                  int stride, int pad, int64_t OH, int64_t OW, int64_t ld, float *col) {
-    for (int64_t c = 0; c < C; c++)
-        for (int64_t kh = 0; kh < KH; kh++)
-            for (int64_t kw = 0; kw < KW; kw++) {
-                float *row = col + ((c * KH + kh) * KW + kw) * ld;
-                for (int64_t oh = 0; oh < OH; oh++) {
-                    int64_t ih = oh * stride - pad + kh;
-                    float *dst = row + oh * OW;
-                    if (ih < 0 || ih >= H) {
-                        memset(dst, 0, (size_t)OW * sizeof(float));
-                        continue;
-                    }
-                    const float *src = x + (c * H + ih) * W;
-                    int64_t lo, hi, shift = kw - pad;
-                    valid_columns(W, OW, kw, stride, pad, &lo, &hi);
-                    memset(dst, 0, (size_t)lo * sizeof(float));
-                    if (stride == 1)
-                        memcpy(dst + lo, src + lo + shift, (size_t)(hi - lo) * sizeof(float));
-                    else
-                        for (int64_t ow = lo; ow < hi; ow++) dst[ow] = src[ow * stride + shift];
-                    memset(dst + hi, 0, (size_t)(OW - hi) * sizeof(float));
-                }
-            }
-}
-
-void cddp__col2im(const float *col, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
-                  int stride, int pad, int64_t OH, int64_t OW, int64_t ld, float *x) {
-    for (int64_t c = 0; c < C; c++)
-        for (int64_t kh = 0; kh < KH; kh++)
-            for (int64_t kw = 0; kw < KW; kw++) {
-                const float *row = col + ((c * KH + kh) * KW + kw) * ld;
-                for (int64_t oh = 0; oh < OH; oh++) {
-                    int64_t ih = oh * stride - pad + kh;
-                    if (ih < 0 || ih >= H) continue;
-                    float *dst = x + (c * H + ih) * W;
-                    const float *src = row + oh * OW;
-                    int64_t lo, hi, shift = kw - pad;
-                    valid_columns(W, OW, kw, stride, pad, &lo, &hi);
-                    for (int64_t ow = lo; ow < hi; ow++) dst[ow * stride + shift] += src[ow];
-                }
-            }
 }
 
 void cddp__bcast_init(cddp__bcast *bc, const cddp_tensor *a, const cddp_tensor *b,

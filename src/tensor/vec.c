@@ -82,6 +82,18 @@ static inline float dot_lanes(const float *x, const float *y, int64_t n) {
     return s;
 }
 
+CLONES float cddp__sum(const float *x, int64_t n) {
+    return sum_lanes(x, n);
+}
+
+CLONES float cddp__sq_dev(const float *x, float m, int64_t n) {
+    return sq_dev_lanes(x, m, n);
+}
+
+CLONES void cddp__normalize(const float *x, float m, float s, float b, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = (x[i] - m) * s + b;
+}
+
 CLONES float cddp__dot(const float *x, const float *y, int64_t n) {
     return dot_lanes(x, y, n);
 }

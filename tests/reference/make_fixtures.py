@@ -3,10 +3,11 @@
 
 Run with Debian's python3-torch (apt-get install python3-torch), from the repository root:
     /usr/bin/python3 tests/reference/make_fixtures.py
-It rewrites tests/reference/{mlp,cnn,gpt}.safetensors. The test itself needs no Python.
+It rewrites tests/reference/{mlp,cnn,resnet,gpt}.safetensors. The test itself needs no Python.
 
-For each model (the seed's MLP layer structure at width 128, and a small CNN with two
-convolutions, two poolings and two linear layers) the file holds, under these names:
+For each model (the seed's MLP layer structure at width 128, a small CNN with two convolutions,
+two poolings and two linear layers, and a ResNet of two stages of one basic block each, with
+BatchNorm in training mode, as cddp_nn_resnet builds it) the file holds, under these names:
   init.<param>         PyTorch's default initialisation (seed 0), float32
   x.<i>, y.<i>         three batches of 8 inputs and int64 labels
   grad.<param>         the gradient of mean cross-entropy on batch 0 at init
@@ -35,6 +36,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_np  # noqa: E402
 from nanogpt import TinyGPT, get_lr, optimizer  # noqa: E402
+from resnet import ResNet  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -161,4 +163,5 @@ def run_gpt(path):
 if __name__ == "__main__":
     run(mlp, (784,), os.path.join(HERE, "mlp.safetensors"))
     run(cnn, (1, 28, 28), os.path.join(HERE, "cnn.safetensors"))
+    run(ResNet, (1, 12, 12), os.path.join(HERE, "resnet.safetensors"))
     run_gpt(os.path.join(HERE, "gpt.safetensors"))

@@ -34,16 +34,12 @@ cddp_tensor *cddp_batch_norm(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *weight,
     for (int64_t c = 0; c < C; c++) {
         double mean, var;
         if (training) {
+            /* Each plane summed in float lanes (vectorised), the planes in double. */
             double s = 0.0, ss = 0.0;
-            for (int64_t n = 0; n < N; n++) {
-                const float *p = xd + (n * C + c) * plane;
-                for (int64_t i = 0; i < plane; i++) s += p[i];
-            }
+            for (int64_t n = 0; n < N; n++) s += cddp__sum(xd + (n * C + c) * plane, plane);
             mean = s / (double)M;
-            for (int64_t n = 0; n < N; n++) {
-                const float *p = xd + (n * C + c) * plane;
-                for (int64_t i = 0; i < plane; i++) ss += (p[i] - mean) * (p[i] - mean);
-            }
+            for (int64_t n = 0; n < N; n++)
+                ss += cddp__sq_dev(xd + (n * C + c) * plane, (float)mean, plane);
             var = ss / (double)M;
             if (running_mean)
                 cddp_f32(running_mean)[c] =
@@ -59,11 +55,9 @@ cddp_tensor *cddp_batch_norm(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *weight,
         stats[c] = m;
         stats[C + c] = inv;
         float g = weight ? cddp_f32(weight)[c] : 1.0f, b = bias ? cddp_f32(bias)[c] : 0.0f;
-        for (int64_t n = 0; n < N; n++) {
-            const float *p = xd + (n * C + c) * plane;
-            float *q = y + (n * C + c) * plane;
-            for (int64_t i = 0; i < plane; i++) q[i] = (p[i] - m) * inv * g + b;
-        }
+        for (int64_t n = 0; n < N; n++)
+            cddp__normalize(xd + (n * C + c) * plane, m, inv * g, b, y + (n * C + c) * plane,
+                            plane);
     }
     cddp_tensor *in[3] = {x, weight, bias};
     cddp__node *node;

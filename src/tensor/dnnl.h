@@ -1,0 +1,58 @@
+/* tensor/dnnl.h: oneDNN primitives for cddp's ops (convolution, pooling).
+ *
+ * One CPU engine for the process and one stream per thread. A primitive is made once per key (the
+ * op's kind and shape, a struct of int64 the caller zero-fills) and kept for the life of the
+ * process, so that a training loop pays oneDNN's set-up once per layer. cddp's tensors stay plain
+ * (NCHW, OIHW): where a primitive prefers another layout (oneDNN's blocked formats), running it
+ * reorders its inputs into step-arena buffers and its outputs back, each reorder primitive made
+ * once too. oneDNN's scratchpad comes from the step arena. oneDNN's threads follow
+ * OMP_NUM_THREADS (cddprun sets 1 per rank).
+ */
+#ifndef CDDP_TENSOR_DNNL_H
+#define CDDP_TENSOR_DNNL_H
+
+#include "tensor/internal.h"
+
+#include <dnnl.h>
+
+/* Makes the primitive descriptor of the primitive a key names (attr: set by the caller, to be
+ * passed on). */
+typedef dnnl_status_t (*cddp__dnnl_make)(dnnl_primitive_desc_t *pd, const void *key,
+                                         const_dnnl_primitive_attr_t attr);
+
+typedef struct cddp__dnnl_prim cddp__dnnl_prim;
+
+/* The primitive for key (len bytes, compared byte for byte), made with make the first time. */
+const cddp__dnnl_prim *cddp__dnnl_get(const void *key, size_t len, cddp__dnnl_make make);
+dnnl_primitive_desc_t cddp__dnnl_pd(const cddp__dnnl_prim *p);
+dnnl_engine_t cddp__dnnl_engine(void);
+
+/* One argument of a run: the oneDNN argument (DNNL_ARG_SRC, ...), its data as cddp keeps it
+ * (plain: the dense layout of dims in the format tag), and what the run does with it. */
+typedef enum cddp__dnnl_io {
+    CDDP__DNNL_IN,     /* read */
+    CDDP__DNNL_OUT,    /* written */
+    CDDP__DNNL_ADD,    /* the result is added into data */
+    CDDP__DNNL_OPAQUE, /* in the primitive's own layout (a pooling workspace): used as it is */
+} cddp__dnnl_io;
+
+typedef struct cddp__dnnl_arg {
+    int arg;
+    void *data;
+    cddp__dnnl_io io;
+    int ndims;
+    dnnl_dims_t dims;
+    dnnl_format_tag_t tag;
+} cddp__dnnl_arg;
+
+/* Runs p on the arguments (at most 8), reordering where p's layout is not the plain one, with
+ * temporaries and the scratchpad from ctx's arena; false on a failure latched in ctx. */
+bool cddp__dnnl_run(cddp_ctx *ctx, const cddp__dnnl_prim *p, int nargs, const cddp__dnnl_arg *args);
+
+/* Bytes of the argument's buffer in p's own layout (for CDDP__DNNL_OPAQUE arguments). */
+size_t cddp__dnnl_arg_size(const cddp__dnnl_prim *p, int arg);
+
+/* Aborts with oneDNN's status unless s is dnnl_success (a set-up the ops never ask for). */
+void cddp__dnnl_ok(dnnl_status_t s, const char *what);
+
+#endif
