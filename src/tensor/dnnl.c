@@ -119,11 +119,6 @@ dnnl_primitive_desc_t cddp__dnnl_pd(const cddp__dnnl_prim *p) {
     return p->pd;
 }
 
-size_t cddp__dnnl_arg_size(const cddp__dnnl_prim *p, int arg) {
-    return dnnl_memory_desc_get_size(
-        dnnl_primitive_desc_query_md(p->pd, dnnl_query_exec_arg_md, arg));
-}
-
 static dnnl_memory_desc_t plain_md(const cddp__dnnl_arg *a) {
     dnnl_memory_desc_t md;
     cddp__dnnl_ok(dnnl_memory_desc_init_by_tag(&md, a->ndims, a->dims, dnnl_f32, a->tag),
@@ -201,10 +196,6 @@ bool cddp__dnnl_run(cddp_ctx *ctx, const cddp__dnnl_prim *cp, int nargs,
             dnnl_primitive_desc_query_md(p->pd, dnnl_query_exec_arg_md, a->arg);
         CDDP_CHECK(want && want->ndims > 0, "oneDNN: the primitive takes no argument %d", a->arg);
         ex[n].arg = a->arg;
-        if (a->io == CDDP__DNNL_OPAQUE) {
-            ex[n++].memory = own[i] = memory(want, a->data);
-            continue;
-        }
         dnnl_memory_desc_t md = plain_md(a);
         bool same = dnnl_memory_desc_equal(&md, want);
         void *data = a->data;

@@ -1,4 +1,4 @@
-/* tensor/dnnl.h: oneDNN primitives for cddp's ops (convolution, pooling).
+/* tensor/dnnl.h: oneDNN primitives for cddp's ops (convolution).
  *
  * One CPU engine for the process and one stream per thread. A primitive is made once per key (the
  * op's kind and shape, a struct of int64 the caller zero-fills) and kept for the life of the
@@ -30,10 +30,9 @@ dnnl_engine_t cddp__dnnl_engine(void);
 /* One argument of a run: the oneDNN argument (DNNL_ARG_SRC, ...), its data as cddp keeps it
  * (plain: the dense layout of dims in the format tag), and what the run does with it. */
 typedef enum cddp__dnnl_io {
-    CDDP__DNNL_IN,     /* read */
-    CDDP__DNNL_OUT,    /* written */
-    CDDP__DNNL_ADD,    /* the result is added into data */
-    CDDP__DNNL_OPAQUE, /* in the primitive's own layout (a pooling workspace): used as it is */
+    CDDP__DNNL_IN,  /* read */
+    CDDP__DNNL_OUT, /* written */
+    CDDP__DNNL_ADD, /* the result is added into data */
 } cddp__dnnl_io;
 
 typedef struct cddp__dnnl_arg {
@@ -48,9 +47,6 @@ typedef struct cddp__dnnl_arg {
 /* Runs p on the arguments (at most 8), reordering where p's layout is not the plain one, with
  * temporaries and the scratchpad from ctx's arena; false on a failure latched in ctx. */
 bool cddp__dnnl_run(cddp_ctx *ctx, const cddp__dnnl_prim *p, int nargs, const cddp__dnnl_arg *args);
-
-/* Bytes of the argument's buffer in p's own layout (for CDDP__DNNL_OPAQUE arguments). */
-size_t cddp__dnnl_arg_size(const cddp__dnnl_prim *p, int arg);
 
 /* Aborts with oneDNN's status unless s is dnnl_success (a set-up the ops never ask for). */
 void cddp__dnnl_ok(dnnl_status_t s, const char *what);

@@ -4,7 +4,7 @@
  *
  *   tensor.c        the context, tensor creation, the random generator
  *   kernels.c       kernels forward and backward share: GEMM, broadcasting, softmax rows
- *   dnnl.c          oneDNN's primitives (convolution, pooling), made once per shape (dnnl.h)
+ *   dnnl.c          oneDNN's primitives (convolution), made once per shape (dnnl.h)
  *   vec.c           vectorised loops: exp, GELU, layer normalisation's rows, adds
  *   attn.c          the products of one head of causal self-attention
  *   tape.c          recording a node when gradients flow, the nodes' public accessors
@@ -15,7 +15,7 @@
  *
  * Each op that records appends one node to the context's tape (a linked list in the arena,
  * newest first). A node holds the op, its output, up to three inputs, the op's scalar arguments
- * and an op-specific saved buffer (softmax probabilities, a pooling workspace, dropout mask). What
+ * and an op-specific saved buffer (softmax probabilities, max pooling's argmax, dropout mask). What
  * a backward pass keeps (which nodes are needed, parameters' pending uses, the callbacks) is
  * autograd's, not the context's.
  */
