@@ -59,9 +59,8 @@ static void usage(FILE *out) {
     fprintf(
         out,
         "usage: [cddprun --nproc_per_node N] fashion_mnist [options]\n"
-        "Trains an MLP, a CNN or a ResNet on Fashion-MNIST, data-parallel over the launcher's "
-        "ranks, and\n"
-        "prints test accuracy every epoch.\n\n"
+        "Trains an MLP, a CNN or a ResNet on Fashion-MNIST, data-parallel over the launcher's\n"
+        "ranks, and prints test accuracy every epoch.\n\n"
         "  --epochs N          epochs to train (default 3)\n"
         "  --batch-size N      samples per step on each rank (default 64)\n"
         "  --lr X              learning rate (default 0.01)\n"

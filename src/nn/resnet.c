@@ -96,7 +96,8 @@ cddp_module *cddp_nn_resnet(const cddp_resnet_config *c) {
             ok = cddp_module_add(r, name, layer) == CDDP_OK;
         }
     }
-    if (ok) ok = cddp_module_add(r, "fc", cddp_nn_linear(c->widths[stages - 1], c->classes)) == 0;
+    if (ok)
+        ok = cddp_module_add(r, "fc", cddp_nn_linear(c->widths[stages - 1], c->classes)) == CDDP_OK;
     if (!ok) {
         cddp__module_free(r);
         return NULL;

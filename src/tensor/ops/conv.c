@@ -74,22 +74,20 @@ static dnnl_status_t make_conv(dnnl_primitive_desc_t *pd, const void *key,
 static const cddp__dnnl_prim *conv_prim(const cddp_tensor *x, const cddp_tensor *w,
                                         const cddp_tensor *out, bool bias, int stride, int pad,
                                         int groups, int kind) {
-    conv_key k;
-    memset(&k, 0, sizeof k);
-    k = (conv_key){.kind = kind,
-                   .N = x->shape[0],
-                   .C = x->shape[1],
-                   .H = x->shape[2],
-                   .W = x->shape[3],
-                   .O = w->shape[0],
-                   .KH = w->shape[2],
-                   .KW = w->shape[3],
-                   .OH = out->shape[2],
-                   .OW = out->shape[3],
-                   .stride = stride,
-                   .pad = pad,
-                   .groups = groups,
-                   .bias = bias};
+    conv_key k = {.kind = kind,
+                  .N = x->shape[0],
+                  .C = x->shape[1],
+                  .H = x->shape[2],
+                  .W = x->shape[3],
+                  .O = w->shape[0],
+                  .KH = w->shape[2],
+                  .KW = w->shape[3],
+                  .OH = out->shape[2],
+                  .OW = out->shape[3],
+                  .stride = stride,
+                  .pad = pad,
+                  .groups = groups,
+                  .bias = bias};
     return cddp__dnnl_get(&k, sizeof k, make_conv);
 }
 

@@ -37,6 +37,14 @@ static void pool2x2(const float *x, int64_t planes, int64_t H, int64_t W, int64_
     }
 }
 
+/* The window of output oh (and likewise ow) clipped to the input: rows [*h0, *h1). */
+static void window(int64_t o, int stride, int padding, int kernel, int64_t H, int64_t *h0,
+                   int64_t *h1) {
+    int64_t a = o * stride - padding;
+    *h1 = CDDP_MIN(a + kernel, H);
+    *h0 = CDDP_MAX(a, 0);
+}
+
 /* The output of a pooling of x (checked, as name): (N,C,OH,OW); *stride 0 becomes the kernel. */
 static cddp_tensor *pooled_output(cddp_ctx *ctx, const char *name, cddp_tensor *x, int kernel,
                                   int *stride, int padding) {
@@ -73,11 +81,11 @@ cddp_tensor *cddp_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel, int stri
         for (int64_t oh = 0; oh < OH; oh++) {
             /* The window's rows and columns clipped to the input, so the scan needs no checks;
              * padding <= kernel / 2 guarantees every window holds at least one element. */
-            int64_t h0 = oh * stride - padding, h1 = CDDP_MIN(h0 + kernel, H);
-            h0 = CDDP_MAX(h0, 0);
+            int64_t h0, h1;
+            window(oh, stride, padding, kernel, H, &h0, &h1);
             for (int64_t ow = 0; ow < OW; ow++) {
-                int64_t w0 = ow * stride - padding, w1 = CDDP_MIN(w0 + kernel, W);
-                w0 = CDDP_MAX(w0, 0);
+                int64_t w0, w1;
+                window(ow, stride, padding, kernel, W, &w0, &w1);
                 int64_t best = h0 * W + w0;
                 float m = src[best];
                 for (int64_t ih = h0; ih < h1 && !isnan(m); ih++)
@@ -122,14 +130,6 @@ void cddp__max_pool2d_backward(cddp_ctx *ctx, cddp__node *n) {
 
 /* ---- average pooling ----------------------------------------------------------------------
  * Every window divides by kernel * kernel, padding included (PyTorch's count_include_pad). */
-
-/* The window of output oh (and likewise ow) clipped to the input: rows [*h0, *h1). */
-static void window(int64_t o, int stride, int padding, int kernel, int64_t H, int64_t *h0,
-                   int64_t *h1) {
-    int64_t a = o * stride - padding;
-    *h1 = CDDP_MIN(a + kernel, H);
-    *h0 = CDDP_MAX(a, 0);
-}
 
 cddp_tensor *cddp_avg_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel, int stride, int padding) {
     if (CDDP__FAILED(ctx) || !x) return NULL;
