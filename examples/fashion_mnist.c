@@ -46,7 +46,7 @@ static cddp_loader_options loader_options(int64_t batch) {
 }
 
 typedef struct options {
-    int epochs, batch, log_every, save_every;
+    int epochs, batch, log_every, save_every, keep;
     float lr, momentum, target_acc;
     const char *optimizer, *model, *data, *save, *out, *resume, *hook, *init_from, *schedule;
     double bucket_cap_mb;
@@ -84,7 +84,11 @@ static void usage(FILE *out) {
         "                      with the model's names): a new optimizer, epoch 0\n"
         "  --save-every N      also write the checkpoint every N steps, mid-epoch (default 0:\n"
         "                      after each epoch only)\n"
-        "  --resume PATH       continue from a checkpoint written by --out or --save, also\n"
+        "  --keep K            write each checkpoint as a set, OUT/checkpoints/step-N, every\n"
+        "                      rank its part at once, and keep the newest K sets (default 0:\n"
+        "                      one file, OUT/checkpoint.safetensors)\n"
+        "  --resume PATH       continue from a checkpoint written by --out or --save (a file,\n"
+        "                      a set, or a folder of sets: its newest complete one), also\n"
         "                      mid-epoch and on another number of ranks (keep the global batch\n"
         "                      for the same steps: ranks x --batch-size)\n"
         "  --hook NAME         gradient compression: none, bf16 or fp16 (default none)\n"
@@ -127,6 +131,7 @@ static int parse_args(int argc, char **argv, options *o) {
                                              {"zero", no_argument, 0, 'z'},
                                              {"save-every", required_argument, 0, 'E'},
                                              {"save_every", required_argument, 0, 'E'},
+                                             {"keep", required_argument, 0, 'K'},
                                              {"init-from", required_argument, 0, 'I'},
                                              {"init_from", required_argument, 0, 'I'},
                                              {"help", no_argument, 0, 'h'},
@@ -201,6 +206,9 @@ static int parse_args(int argc, char **argv, options *o) {
             break;
         case 'E':
             if ((ok = run_int(P, "--save-every", optarg, 0, INT32_MAX, &i))) o->save_every = (int)i;
+            break;
+        case 'K':
+            if ((ok = run_int(P, "--keep", optarg, 0, 1000000, &i))) o->keep = (int)i;
             break;
         case 'h':
             usage(stdout);
@@ -332,7 +340,7 @@ static void progress(const options *o, bool tty, int epoch, int64_t step, int64_
 /* The checkpoint: model, optimizer, every rank's random state, the epochs done and the data's
  * position in the current epoch (the ranks' together, so any number of ranks resumes it). */
 static int save_checkpoint(cddp_ddp *ddp, cddp_comm *group, cddp_ctx *ctx, cddp_optim *opt,
-                           const char *path, const options *o, int epochs_done,
+                           const char *path, const options *o, int epochs_done, int64_t step,
                            cddp_sampler_state st, cddp_error *err) {
     char ep[24], de[24], pos[24];
     snprintf(ep, sizeof ep, "%d", epochs_done);
@@ -344,6 +352,7 @@ static int save_checkpoint(cddp_ddp *ddp, cddp_comm *group, cddp_ctx *ctx, cddp_
     run_rng_meta rngs; /* every rank's random state travels to rank 0 */
     if (run_rng_gather(group, cddp_ctx_rng(ctx), &rngs, meta, &nm, err)) return -1;
     meta[nm] = NULL;
+    if (o->keep > 0) return cddp_ddp_save_set(ddp, path, step, o->keep, opt, meta, err);
     return cddp_ddp_save(ddp, path, opt, meta, err);
 }
 
@@ -449,7 +458,11 @@ int main(int argc, char **argv) {
     }
     int first_epoch = 0;
     cddp_sampler_state mid = {0}; /* a checkpoint from the middle of an epoch */
+    char resume_at[4096];         /* a folder of sets: its newest complete one */
     if (o.resume) {
+        if (cddp_checkpoint_resolve(o.resume, resume_at, sizeof resume_at, &err) != CDDP_OK)
+            goto fail;
+        o.resume = resume_at;
         cddp_safetensors *f = NULL;
         if (cddp_ddp_load(ddp, o.resume, opt, &f, &err) != CDDP_OK) goto fail;
         int64_t ep = 0, de = -1, pos = 0;
@@ -477,7 +490,8 @@ int main(int argc, char **argv) {
     char ckpt[4096] = "", csv_path[4096] = "", svg_path[4096] = "";
     if (files) {
         if (rank == 0 && run_make_dirs(o.out, &err) != CDDP_OK) goto fail;
-        snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", o.out);
+        snprintf(ckpt, sizeof ckpt, "%s/%s", o.out,
+                 o.keep ? "checkpoints" : "checkpoint.safetensors");
         snprintf(csv_path, sizeof csv_path, "%s/metrics.csv", o.out);
         snprintf(svg_path, sizeof svg_path, "%s/curves.svg", o.out);
         if (rank == 0 && o.resume) { /* the curves so far, up to the checkpoint's epoch */
@@ -526,7 +540,7 @@ int main(int argc, char **argv) {
             }
             epoch_samples += b.size;
             if (files && o.save_every > 0 && ++since_save % o.save_every == 0 &&
-                save_checkpoint(ddp, group, ctx, opt, ckpt, &o, epoch,
+                save_checkpoint(ddp, group, ctx, opt, ckpt, &o, epoch, epoch * steps + b.index + 1,
                                 cddp_sampler_get_state(sampler), &err) != CDDP_OK)
                 goto fail;
             if (rank == 0) {
@@ -542,7 +556,7 @@ int main(int argc, char **argv) {
         if (evaluate(m, ctx, test_loader, cnn, group, &acc, &err) < 0) goto fail;
         cddp_ddp_print0(ddp, "epoch: %d, test accuracy: %.4f\n", epoch, acc);
         if (files) { /* the checkpoint, then the metrics that point to it */
-            if (save_checkpoint(ddp, group, ctx, opt, ckpt, &o, epoch + 1,
+            if (save_checkpoint(ddp, group, ctx, opt, ckpt, &o, epoch + 1, (epoch + 1) * steps,
                                 (cddp_sampler_state){.epoch = epoch + 1}, &err) != CDDP_OK)
                 goto fail;
             double sps = epoch_s > 0 ? (double)epoch_samples * world / epoch_s : 0;

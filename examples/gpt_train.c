@@ -37,7 +37,8 @@
 typedef struct options {
     int64_t n_layer, n_head, n_embd, block_size, vocab_size;
     int64_t batch_size, grad_accum, max_iters, warmup_iters, lr_decay_iters;
-    int64_t eval_interval, eval_iters, final_eval, log_interval, sample, stride, top_k, save_every;
+    int64_t eval_interval, eval_iters, final_eval, log_interval, sample, stride, top_k, save_every,
+        keep;
     double lr, min_lr, weight_decay, grad_clip, beta1, beta2, temperature;
     const char *data, *out, *resume, *init_from;
     uint64_t seed;
@@ -76,13 +77,18 @@ static void usage(FILE *out) {
         "  --eval_interval N   evaluate and save every N iterations (default 250)\n"
         "  --save_every N      save a checkpoint every N iterations too (default 0: at\n"
         "                      evaluations only)\n"
+        "  --keep K            save each checkpoint as a set, OUT/checkpoints/step-N, every\n"
+        "                      rank writing its part at once, and keep the newest K sets\n"
+        "                      (default 0: one file, OUT/checkpoint.safetensors)\n"
         "  --eval_iters N      batches per evaluation (default 20)\n"
         "  --final_eval N      batches for the last evaluation (default 0: the whole\n"
         "                      validation text)\n"
         "  --log_interval N    print the loss every N iterations (default 10)\n"
         "  --out DIR           rank 0 writes checkpoint.safetensors, loss.csv, eval.csv and\n"
         "                      curves.svg here (default runs/gpt; 'none': no files)\n"
-        "  --resume[=PATH]     continue from a checkpoint (default OUT/checkpoint.safetensors)\n"
+        "  --resume[=PATH]     continue from a checkpoint: a file, a set, or a folder of sets\n"
+        "                      (its newest complete set) (default OUT/checkpoint.safetensors,\n"
+        "                      with --keep OUT/checkpoints)\n"
         "  --init_from PATH    start from a model's weights (a checkpoint, or a safetensors\n"
         "                      file with the model's names, PyTorch's state_dict): a fresh\n"
         "                      optimizer, iteration 0\n"
@@ -146,6 +152,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"stride", 'i', &o->stride, 1, (double)INT64_MAX, false},
         {"top_k", 'i', &o->top_k, 0, 65536, false},
         {"save_every", 'i', &o->save_every, 0, (double)INT64_MAX, false},
+        {"keep", 'i', &o->keep, 0, 1000000, false},
         {"seed", 'i', &seed, 0, (double)INT64_MAX, false},
         {"lr", 'f', &o->lr, 0, 10, true},
         {"min_lr", 'f', &o->min_lr, 0, 10, false},
@@ -437,12 +444,13 @@ static int save(cddp_ddp *ddp, cddp_optim *opt, const char *path, const options 
                           "n_embd",     v[3],  "block_size",    v[4], "vocab_size", v[5],
                           "data_epoch", v[6],  "data_consumed", v[7], "world",      v[8],
                           "model",      "gpt", "data_position", v[9], NULL};
+    if (o->keep > 0) return cddp_ddp_save_set(ddp, path, iter, (int)o->keep, opt, meta, err);
     return cddp_ddp_save(ddp, path, opt, meta, err);
 }
 
 /* Reads the checkpoint's model shape into o, so that --resume needs no model options. */
 static int peek_shape(const char *path, options *o, cddp_error *err) {
-    cddp_safetensors *f = cddp_safetensors_read(path, err);
+    cddp_safetensors *f = cddp_checkpoint_metadata(path, err);
     if (!f) return err->code;
     struct {
         const char *key;
@@ -479,13 +487,17 @@ int main(int argc, char **argv) {
 
     if (!(group = cddp_comm_create(NULL, &err))) goto fail;
     int rank = cddp_comm_rank(group), world = cddp_comm_size(group);
-    if (files) snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", o.out);
+    if (files)
+        snprintf(ckpt, sizeof ckpt, "%s/%s", o.out,
+                 o.keep ? "checkpoints" : "checkpoint.safetensors");
     if (o.resume) {
-        snprintf(resume_path, sizeof resume_path, "%s", *o.resume ? o.resume : ckpt);
-        if (!*resume_path) {
+        if (!*o.resume && !*ckpt) {
             cddp_error_set(&err, CDDP_EINVAL, "--resume needs a PATH when --out is none");
             goto fail;
         }
+        if (cddp_checkpoint_resolve(*o.resume ? o.resume : ckpt, resume_path, sizeof resume_path,
+                                    &err) != CDDP_OK)
+            goto fail;
         if (peek_shape(resume_path, &o, &err) != CDDP_OK) goto fail;
     }
     if (o.init_from) { /* a cddp checkpoint says its shape; a file of weights alone does not */

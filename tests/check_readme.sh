@@ -4,7 +4,7 @@
 # program that makes a group runs under cddprun on 2 ranks, the others alone. Then each one's
 # results are checked: the first trains (its loss falls below 0.7) and saves a checkpoint, the
 # data-parallel one trains an epoch on 2 ranks and rank 0 saves, the sharding one sees its half of
-# the data. CDDP_EXAMPLE_CFLAGS carries the sanitizer flags of a sanitizer build.
+# the data, the checkpoint-set one resumes its newest set exactly. CDDP_EXAMPLE_CFLAGS carries the sanitizer flags of a sanitizer build.
 set -eu
 src=$(cd "$1" && pwd); build=$(cd "$2" && pwd)
 work=$(mktemp -d)
@@ -13,7 +13,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 awk -v dir="$work" '/^```c$/ { n++; on = 1; next } /^```$/ { on = 0 } on { print > (dir "/prog" n ".c") }' \
     "$src/README.md"
 count=$(ls "$work"/prog*.c 2>/dev/null | wc -l)
-[ "$count" = 4 ] || fail "README.md has $count C blocks; this test knows 4 (update it with the README)"
+[ "$count" = 5 ] || fail "README.md has $count C blocks; this test knows 5 (update it with the README)"
 unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS RANK WORLD_SIZE
 for i in $(seq "$count"); do
     p="$work/prog$i"
@@ -38,14 +38,18 @@ awk -v l="$last" 'BEGIN { exit !(l != "" && l < 0.7) }' || fail "program 1: last
 loss=$(sed -n 's/^epoch 0: loss \([0-9.]*\)$/\1/p' "$work/prog2.out")
 awk -v l="$loss" 'BEGIN { exit !(l < 0.7) }' || fail "program 2: loss $loss is not below 0.7"
 [ -s "$work/prog2.run/model.safetensors" ] || fail "program 2 saved no model.safetensors"
-# 3: each of 2 ranks sees half of Fashion-MNIST's 60000 samples per epoch.
+# 3: checkpoint sets on 2 ranks with ZeRO: the newest of the 2 kept sets resumes exactly.
+grep -qx "resumed from ckpt/step-00000003: 3 optimizer steps, the same parameters" "$work/prog3.out" \
+    || fail "program 3 did not resume the newest set exactly"
+[ "$(ls "$work/prog3.run/ckpt")" = "$(printf 'step-00000002\nstep-00000003')" ] || fail "program 3 did not keep the newest 2 sets"
+# 4: each of 2 ranks sees half of Fashion-MNIST's 60000 samples per epoch.
 for r in 0 1; do
-    grep -qx "rank $r of 2: 60000 samples in 2 epochs; its MindSpore shard holds 30000" "$work/prog3.out" ||
-        fail "program 3: rank $r did not see half of the data"
+    grep -qx "rank $r of 2: 60000 samples in 2 epochs; its MindSpore shard holds 30000" "$work/prog4.out" ||
+        fail "program 4: rank $r did not see half of the data"
 done
-# 4: a small GPT on fortunes, 2 ranks; rank 0 prints three losses and saves.
-[ "$(grep -c '^iter [0-9]*: loss' "$work/prog4.out")" = 3 ] || fail "program 4: not three loss lines (rank 0's)"
-last=$(sed -n 's/^iter 149: loss \([0-9.]*\)$/\1/p' "$work/prog4.out")
-awk -v l="$last" 'BEGIN { exit !(l != "" && l < 3.1) }' || fail "program 4: loss '$last' at iteration 149 is not below 3.1"
-[ -s "$work/prog4.run/gpt.safetensors" ] || fail "program 4 saved no gpt.safetensors"
+# 5: a small GPT on fortunes, 2 ranks; rank 0 prints three losses and saves.
+[ "$(grep -c '^iter [0-9]*: loss' "$work/prog5.out")" = 3 ] || fail "program 5: not three loss lines (rank 0's)"
+last=$(sed -n 's/^iter 149: loss \([0-9.]*\)$/\1/p' "$work/prog5.out")
+awk -v l="$last" 'BEGIN { exit !(l != "" && l < 3.1) }' || fail "program 5: loss '$last' at iteration 149 is not below 3.1"
+[ -s "$work/prog5.run/gpt.safetensors" ] || fail "program 5 saved no gpt.safetensors"
 echo "ok: README.md's $count C programs compile and run as it says"

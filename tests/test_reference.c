@@ -260,7 +260,8 @@ static void test_gpt_matches_pytorch(void **state) {
 }
 
 /* `test_reference --write-gpt DIR`: the tiny GPT after the 3 steps above, saved as a checkpoint
- * (DIR/gpt_checkpoint.safetensors, with the optimizer's state) and its logits on batch 1
+ * (DIR/gpt_checkpoint.safetensors, with the optimizer's state; and as a set of 3 shards in
+ * DIR/gpt_sets) and its logits on batch 1
  * (DIR/gpt_logits.safetensors), for check_gpt_load.py to load into PyTorch's GPT strictly. */
 static int write_gpt(const char *dir) {
     cddp_safetensors *f = fixture("gpt");
@@ -279,6 +280,15 @@ static int write_gpt(const char *dir) {
     snprintf(path, sizeof path, "%s/gpt_checkpoint.safetensors", dir);
     const char *meta[] = {"n_layer", "2", "n_head", "2", "n_embd", "32", NULL};
     int rc = cddp_checkpoint_save(path, m, opt, meta, &err);
+    /* The same as a set of 3 shards of uneven sizes (DIR/gpt_sets/step-00000003). */
+    char sets[4096], set[4200];
+    snprintf(sets, sizeof sets, "%s/gpt_sets", dir);
+    int64_t n = (int64_t)cddp_model_numel(m), cut[] = {0, n / 5, n / 2, n};
+    cddp_ckpt_shard shards[3];
+    if (rc == CDDP_OK) rc = cddp_ckpt_set_prepare(sets, 3, set, sizeof set, &err);
+    for (int r = 0; r < 3 && rc == CDDP_OK; r++)
+        rc = cddp_ckpt_set_write_shard(set, r, 3, m, opt, 1, cut + r, &shards[r], &err);
+    if (rc == CDDP_OK) rc = cddp_ckpt_set_commit(set, 3, m, opt, shards, meta, 0, &err);
     const cddp_st_tensor *x = get(f, "x.", "1");
     cddp_ctx_reset(ctx);
     cddp_tensor *logits =

@@ -52,10 +52,97 @@ CDDP_API int cddp_checkpoint_save(const char *path, const cddp_model *m, const c
 
 /* Loads a checkpoint into m (and opt, when not NULL). Every parameter must be present with the
  * same shape and dtype and the file may hold no other model tensors; the message names each
- * difference. Nothing is changed unless everything matches. On success *file (if not NULL)
- * receives the open file for reading metadata; the caller destroys it. */
+ * difference. Nothing is changed unless everything matches. Only what is kept is read: the
+ * parameters and buffers, and the optimizer's state over m's shard when opt is sharded (ZeRO-1;
+ * the whole state otherwise), the byte ranges of those elements alone. On success *file (if not
+ * NULL) receives the file's names, shapes and metadata (its tensors' data are NULL: not read);
+ * the caller destroys it.
+ * path may also be a checkpoint set or a folder of sets (below); then *file is the set's manifest
+ * (metadata, and the buffers with their data). */
 CDDP_API int cddp_checkpoint_load(const char *path, cddp_model *m, cddp_optim *opt,
                                   cddp_safetensors **file, cddp_error *err);
+
+/* ---- Checkpoint sets: one file per rank, any number of ranks on load ----------------------
+ *
+ * A set is a folder ROOT/step-<step> (the step at least 8 digits, zero-padded). Each rank that
+ * saves writes shard-<rank>-of-<world>.safetensors: its ranges of the model's flat parameter block
+ * (cddp_model_data) as 1-D float32 tensors "flat.<begin>", and the optimizer's state over the
+ * same ranges as "optim.<state>.flat.<begin>". Rank 0 then writes manifest.safetensors: the
+ * model's buffers as tensors, and in the metadata "cddp_format" = "checkpoint-set-1", the world
+ * size, the parameters' names, shapes and offsets ("cddp_params", JSON), the tied names
+ * ("cddp_ties"), the optimizer ("optimizer", "optimizer_steps", "lr", "cddp_states"), every
+ * shard's size and CRC-32 ("cddp_shards"), a commit number ("cddp_seq", one more than any other
+ * set of ROOT had) and the caller's pairs. Every file is written to a temporary, flushed and
+ * renamed, and the manifest only after every shard is on disk: a set without its manifest is
+ * incomplete and is never loaded, so a kill at any moment leaves the previous complete set or
+ * the new one. The folder must be one every rank sees (a shared file system across hosts).
+ *
+ * The three steps of a save (cddp_ddp_save_set runs them with its group):
+ *   1. rank 0: cddp_ckpt_set_prepare; 2. every rank: cddp_ckpt_set_write_shard;
+ *   3. rank 0, once every rank has written: cddp_ckpt_set_commit. */
+#define CDDP_CKPT_MANIFEST "manifest.safetensors"
+
+typedef struct cddp_ckpt_shard {
+    int64_t bytes;  /* the shard file's size */
+    uint32_t crc32; /* zlib's CRC-32 of the whole file */
+} cddp_ckpt_shard;
+
+/* ROOT/step-<step>, the set's folder, into dir (cap bytes). */
+CDDP_API int cddp_ckpt_set_path(const char *root, int64_t step, char *dir, size_t cap,
+                                cddp_error *err);
+/* Creates ROOT (and its parents) and ROOT/step-<step>, and writes that folder's path to dir (cap
+ * bytes). A set saved there before is removed from view first (its manifest is deleted): until
+ * the new one is committed, ROOT's newest complete set is the one before it. */
+CDDP_API int cddp_ckpt_set_prepare(const char *root, int64_t step, char *dir, size_t cap,
+                                   cddp_error *err);
+/* Writes this rank's shard into dir: nranges [begin, end) pairs of the flat block, ascending and
+ * disjoint, and the optimizer's state over them when opt is not NULL (a sharded optimizer's
+ * ranges must lie inside the model's shard). *info receives the file's size and CRC-32. */
+CDDP_API int cddp_ckpt_set_write_shard(const char *dir, int rank, int world, const cddp_model *m,
+                                       cddp_optim *opt, int nranges, const int64_t *ranges,
+                                       cddp_ckpt_shard *info, cddp_error *err);
+/* Rank 0, once the world's shards are written (shards[r]: what rank r's write returned): checks
+ * that their ranges cover the flat block exactly once, writes the manifest (with metadata: key,
+ * value, ..., NULL), removes other worlds' shard files from dir, and keeps the newest keep
+ * complete sets of dir's parent (by commit number; 0 keeps all). Sets without a manifest there,
+ * other than dir, are removed as well: they are saves that were killed. */
+CDDP_API int cddp_ckpt_set_commit(const char *dir, int world, const cddp_model *m,
+                                  const cddp_optim *opt, const cddp_ckpt_shard *shards,
+                                  const char *const *metadata, int keep, cddp_error *err);
+
+/* What a checkpoint path means: a file stays itself, a set (a folder with a manifest) too, and
+ * a folder of sets becomes its newest complete set (the highest commit number whose files are
+ * all there). The result goes to out (cap bytes). CDDP_ENOENT when a folder holds no complete
+ * set. */
+CDDP_API int cddp_checkpoint_resolve(const char *path, char *out, size_t cap, cddp_error *err);
+/* The metadata of a checkpoint file, or of a set's manifest (path as for resolve). */
+CDDP_API cddp_safetensors *cddp_checkpoint_metadata(const char *path, cddp_error *err);
+
+typedef struct cddp_ckpt_set cddp_ckpt_set;
+/* Opens a set (path as for resolve), reading its manifest and every shard's header (not the
+ * data): the shards must be there with the sizes the manifest gives, and their ranges must cover
+ * the flat block once. */
+CDDP_API cddp_ckpt_set *cddp_ckpt_set_open(const char *path, cddp_error *err);
+CDDP_API void cddp_ckpt_set_close(cddp_ckpt_set *s);
+CDDP_API const char *cddp_ckpt_set_dir(const cddp_ckpt_set *s);
+CDDP_API const cddp_safetensors *cddp_ckpt_set_manifest(const cddp_ckpt_set *s);
+CDDP_API int cddp_ckpt_set_world(const cddp_ckpt_set *s);
+CDDP_API int64_t cddp_ckpt_set_numel(const cddp_ckpt_set *s);
+/* The parameters (name and shape; data NULL) and each one's offset in the flat block. */
+CDDP_API int cddp_ckpt_set_num_params(const cddp_ckpt_set *s);
+CDDP_API const cddp_st_tensor *cddp_ckpt_set_param(const cddp_ckpt_set *s, int i, int64_t *offset);
+/* Tied names: the second name of tie i and the parameter it names (as cddp_model_tie). */
+CDDP_API int cddp_ckpt_set_num_ties(const cddp_ckpt_set *s);
+CDDP_API const char *cddp_ckpt_set_tie(const cddp_ckpt_set *s, int i, const char **param);
+/* The optimizer's states ("exp_avg", ...): 0 for a set saved without an optimizer. */
+CDDP_API int cddp_ckpt_set_num_states(const cddp_ckpt_set *s);
+CDDP_API const char *cddp_ckpt_set_state(const cddp_ckpt_set *s, int i);
+/* Reads elements [begin, end) of the flat parameter block (state NULL) or of a state's block into
+ * dst, from the shards that hold them and only those bytes. */
+CDDP_API int cddp_ckpt_set_read(cddp_ckpt_set *s, const char *state, int64_t begin, int64_t end,
+                                float *dst, cddp_error *err);
+/* Reads every shard whole and checks its CRC-32 against the manifest. */
+CDDP_API int cddp_ckpt_set_verify(cddp_ckpt_set *s, cddp_error *err);
 
 #ifdef __cplusplus
 }

@@ -82,8 +82,9 @@ typedef struct cddp_ddp_options {
      * follows at its next step), and after each optimizer step the updated parts are allgathered
      * so that every rank again holds every parameter. Outside its shard a rank's gradients are
      * its own, not reduced. cddp_clip_grad_norm adds the shards' squares across the ranks;
-     * cddp_ddp_save and cddp_ddp_load gather and split the optimizer state, so a checkpoint is
-     * one file that loads on any number of ranks, with or without this option. Works with sum,
+     * cddp_ddp_save gathers the optimizer state into one file, cddp_ddp_save_set writes each
+     * rank's shard as it is, and cddp_ddp_load reads each rank's shard from either, so a
+     * checkpoint loads on any number of ranks, with or without this option. Works with sum,
      * no_sync and find_unused_parameters; not with the bf16/fp16 hooks or join (wrapping fails
      * saying so). */
     bool shard_optimizer;
@@ -130,9 +131,17 @@ CDDP_API int cddp_ddp_print0(const cddp_ddp *ddp, const char *fmt, ...)
  * so the file is the same as DDP's. */
 CDDP_API int cddp_ddp_save(cddp_ddp *ddp, const char *path, cddp_optim *opt,
                            const char *const *metadata, cddp_error *err);
+/* Saves a checkpoint set ROOT/step-<step> (cddp/checkpoint.h): every rank writes its own shard at
+ * the same time (with shard_optimizer its ZeRO shard, so no rank gathers the whole state;
+ * otherwise an even share of the flat block), then rank 0 commits the manifest (with metadata)
+ * and keeps the newest keep sets of ROOT (0: all). Collective; fails on every rank if any rank
+ * failed, and then ROOT's newest complete set is the one before. */
+CDDP_API int cddp_ddp_save_set(cddp_ddp *ddp, const char *root, int64_t step, int keep,
+                               cddp_optim *opt, const char *const *metadata, cddp_error *err);
 /* Every rank loads the checkpoint (see cddp_checkpoint_load); fails on every rank if any rank
- * failed. Collective. With shard_optimizer each rank keeps the optimizer state of its shard; the
- * file may come from any number of ranks, with or without the option. */
+ * failed. Collective. path may be a file, a set or a folder of sets (its newest complete set),
+ * saved by any number of ranks, with or without shard_optimizer. Each rank reads the parameters
+ * and, with shard_optimizer, the optimizer state of its own shard alone. */
 CDDP_API int cddp_ddp_load(cddp_ddp *ddp, const char *path, cddp_optim *opt,
                            cddp_safetensors **file, cddp_error *err);
 

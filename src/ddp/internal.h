@@ -154,9 +154,9 @@ void cddp__ddp_zero_release(cddp_ddp *d);
 int cddp__ddp_zero_gather(cddp_ddp *d, float *block, cddp_error *err);
 /* After an optimizer step: the parameters' allgather (a failure is kept for the next backward). */
 void cddp__ddp_zero_after_step(cddp_ddp *d);
-/* cddp_ddp_save and cddp_ddp_load with a sharded optimizer: fn runs with the whole state on
- * every rank (gathered before a save), then each rank keeps its shard again. */
-int cddp__ddp_zero_with_whole_state(cddp_ddp *d, cddp_optim *opt, bool gather,
+/* cddp_ddp_save with a sharded optimizer: fn runs with the whole state gathered on every rank,
+ * then each rank keeps its shard again. */
+int cddp__ddp_zero_with_whole_state(cddp_ddp *d, cddp_optim *opt,
                                     int (*fn)(cddp_ddp *d, void *arg, cddp_error *err), void *arg,
                                     cddp_error *err);
 

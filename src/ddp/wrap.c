@@ -4,8 +4,7 @@
  * the same options, and fails naming the rank and value that differ; rank 0's weights and
  * buffers reach everyone; the buckets are built in reverse parameter order; the gradients move
  * into the group's memory; and each rank decides where its buckets are reduced (overlap).
- * join shadows the collectives of the ranks still training until every rank has joined; save
- * and load make every rank agree on the outcome of rank 0's write or every rank's read.
+ * join shadows the collectives of the ranks still training until every rank has joined.
  */
 #include "cddp/checkpoint.h"
 #include "ddp/internal.h"
@@ -402,67 +401,4 @@ int cddp_ddp_join(cddp_ddp *d, cddp_error *err) {
 
 int cddp_ddp_barrier(cddp_ddp *d, cddp_error *err) {
     return cddp_comm_barrier(d->group, cddp__ddp_timeout(d), err);
-}
-
-typedef struct ckpt_call {
-    const char *path;
-    cddp_optim *opt;
-    const char *const *metadata;
-    cddp_safetensors **file;
-} ckpt_call;
-
-static int save(cddp_ddp *d, void *arg, cddp_error *err) {
-    const ckpt_call *a = arg;
-    int32_t status = CDDP_OK;
-    cddp_error mine = {0};
-    if (d->rank == 0) status = cddp_checkpoint_save(a->path, d->model, a->opt, a->metadata, &mine);
-    CDDP_TRY(
-        cddp_comm_broadcast(d->group, &status, 1, CDDP_COMM_I32, 0, cddp__ddp_timeout(d), err));
-    if (status == CDDP_OK) return CDDP_OK;
-    if (d->rank == 0) {
-        if (err) *err = mine;
-        return status;
-    }
-    return cddp_error_set(err, status,
-                          "rank 0 could not write the checkpoint %s (its log says why)", a->path);
-}
-
-static int load(cddp_ddp *d, void *arg, cddp_error *err) {
-    const ckpt_call *a = arg;
-    cddp_error mine = {0};
-    cddp_safetensors *f = NULL;
-    int32_t st = cddp_checkpoint_load(a->path, d->model, a->opt, a->file ? &f : NULL, &mine);
-    int32_t worst[2] = {st != CDDP_OK ? 1 : 0, st != CDDP_OK ? d->rank : -1};
-    int rc = cddp_comm_allreduce(d->group, worst, worst, 2, CDDP_COMM_I32, CDDP_COMM_MAX,
-                                 cddp__ddp_timeout(d), err);
-    if (rc == CDDP_OK && st != CDDP_OK) {
-        if (err) *err = mine;
-        rc = st;
-    } else if (rc == CDDP_OK && worst[0]) {
-        rc = cddp_error_set(err, CDDP_EIO,
-                            "rank %d could not load the checkpoint %s (its log says why)", worst[1],
-                            a->path);
-    }
-    if (rc == CDDP_OK && a->file)
-        *a->file = f;
-    else
-        cddp_safetensors_destroy(f);
-    return rc;
-}
-
-int cddp_ddp_save(cddp_ddp *d, const char *path, cddp_optim *opt, const char *const *metadata,
-                  cddp_error *err) {
-    ckpt_call a = {path, opt, metadata, NULL};
-    if (d->o.shard_optimizer && opt)
-        return cddp__ddp_zero_with_whole_state(d, opt, true, save, &a, err);
-    return save(d, &a, err);
-}
-
-int cddp_ddp_load(cddp_ddp *d, const char *path, cddp_optim *opt, cddp_safetensors **file,
-                  cddp_error *err) {
-    ckpt_call a = {path, opt, NULL, file};
-    if (file) *file = NULL;
-    if (d->o.shard_optimizer && opt)
-        return cddp__ddp_zero_with_whole_state(d, opt, false, load, &a, err);
-    return load(d, &a, err);
 }

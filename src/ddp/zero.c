@@ -7,9 +7,10 @@
  * ranks, else through the bucket's staging buffer. Buckets stay in reverse declaration order
  * (never rebuilt), so the shard does not move between steps.
  *
- * Checkpoints stay one file of DDP's layout: before a save the ranks gather the optimizer state
- * (the same allgather), after a load each rank keeps its parts. The file therefore loads on any
- * number of ranks, sharded or not.
+ * A checkpoint file keeps DDP's layout: before its save the ranks gather the optimizer state (the
+ * same allgather), so it loads on any number of ranks, sharded or not (each rank then reads its
+ * shard's state alone). A checkpoint set (ddp/ckpt.c) needs no gather: each rank writes its own
+ * shard.
  */
 #include "cddp/checkpoint.h"
 #include "ddp/internal.h"
@@ -89,7 +90,7 @@ static int agree(cddp_ddp *d, int rc, cddp_error *err) {
     return CDDP_OK;
 }
 
-int cddp__ddp_zero_with_whole_state(cddp_ddp *d, cddp_optim *opt, bool gather,
+int cddp__ddp_zero_with_whole_state(cddp_ddp *d, cddp_optim *opt,
                                     int (*fn)(cddp_ddp *d, void *arg, cddp_error *err), void *arg,
                                     cddp_error *err) {
     cddp_error e = {0};
@@ -99,7 +100,7 @@ int cddp__ddp_zero_with_whole_state(cddp_ddp *d, cddp_optim *opt, bool gather,
     if (mine != CDDP_OK) cddp_log(CDDP_LOG_ERROR, "ddp", "%s", e.msg);
     int rc = agree(d, mine, err);
     if (mine != CDDP_OK && err) *err = e;
-    for (int s = 0; rc == CDDP_OK && gather && s < cddp_optim_num_states(opt); s++)
+    for (int s = 0; rc == CDDP_OK && s < cddp_optim_num_states(opt); s++)
         rc = cddp__ddp_zero_gather(d, cddp_optim_state(opt, s, NULL), err);
     if (rc == CDDP_OK) rc = fn(d, arg, err);
     /* Back to the shard; shrinking cannot fail but for memory, which then says so. */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zlib.h>
 
 /* Removes PATH.tmp.HOST.PID files of this host whose writer is gone (killed during a save):
  * a temporary of a process that still runs, or of another host, stays. */
@@ -38,6 +39,8 @@ static void sweep(const char *path, const char *host) {
 int cddp__atomic_open(cddp__atomic_file *af, const char *path, cddp_error *err) {
     af->path = path;
     af->f = NULL;
+    af->bytes = 0;
+    af->crc32 = (uint32_t)crc32(0L, Z_NULL, 0);
     char host[256] = "host";
     if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "host");
     for (char *c = host; *c; c++)
@@ -58,6 +61,12 @@ int cddp__atomic_open(cddp__atomic_file *af, const char *path, cddp_error *err) 
 int cddp__atomic_write(cddp__atomic_file *af, const void *data, size_t bytes, cddp_error *err) {
     if (bytes && fwrite(data, 1, bytes, af->f) != bytes)
         return cddp_error_set(err, CDDP_EIO, "writing %s: %s", af->tmp, strerror(errno));
+    af->bytes += bytes;
+    for (size_t at = 0; at < bytes;) { /* zlib's length is an unsigned int */
+        uInt len = (uInt)CDDP_MIN(bytes - at, (size_t)1 << 30);
+        af->crc32 = (uint32_t)crc32(af->crc32, (const Bytef *)data + at, len);
+        at += len;
+    }
     return CDDP_OK;
 }
 

@@ -9,7 +9,10 @@
 #ifndef CDDP_IO_INTERNAL_H
 #define CDDP_IO_INTERNAL_H
 
+#include "cddp/checkpoint.h"
 #include "cddp/core.h"
+
+#include <stdint.h>
 
 #include <stdio.h>
 
@@ -17,11 +20,73 @@ typedef struct cddp__atomic_file {
     FILE *f;
     const char *path;
     char tmp[4096];
+    uint64_t bytes; /* written so far, and their CRC-32 (zlib's) */
+    uint32_t crc32;
 } cddp__atomic_file;
 
 int cddp__atomic_open(cddp__atomic_file *af, const char *path, cddp_error *err);
 int cddp__atomic_write(cddp__atomic_file *af, const void *data, size_t bytes, cddp_error *err);
 /* Commits when rc is CDDP_OK, discards otherwise; returns the final status. */
 int cddp__atomic_close(cddp__atomic_file *af, int rc, cddp_error *err);
+
+/* cddp_safetensors_write that also returns the file's size and CRC-32 (either may be NULL). */
+int cddp__safetensors_write(const char *path, const cddp_st_tensor *tensors, int n,
+                            const char *const *metadata, uint64_t *bytes, uint32_t *crc32,
+                            cddp_error *err);
+
+/* The header of a safetensors file alone: every check of cddp_safetensors_read but none on the
+ * data, which stays on disk. Each tensor's data is its byte offset from *data_start (the file's
+ * offset of the data section; cddp__st_offset reads it). *size: the file's size. */
+cddp_safetensors *cddp__safetensors_index(const char *path, uint64_t *data_start, uint64_t *size,
+                                          cddp_error *err);
+/* The same on a file open as fd (read from its start; fd's own offset is not used). */
+cddp_safetensors *cddp__safetensors_index_fd(int fd, const char *path, uint64_t *data_start,
+                                             uint64_t *size, cddp_error *err);
+static inline uint64_t cddp__st_offset(const cddp_st_tensor *t) {
+    return (uint64_t)(uintptr_t)t->data;
+}
+/* Sets every tensor's data of an index to NULL: a handle for its names, shapes and metadata. */
+void cddp__safetensors_forget_data(cddp_safetensors *f);
+/* Reads n bytes at offset at of fd (the file path, for the message) into dst, all or an error. */
+int cddp__pread_all(int fd, void *dst, size_t n, uint64_t at, const char *path, cddp_error *err);
+
+/* Appends the optimizer's metadata pairs (optimizer, optimizer_steps, lr) to meta at k; steps and
+ * lr are the caller's buffers that the values live in. Returns the new k. */
+int cddp__optim_meta(const cddp_optim *opt, const char **meta, int k, char steps[32], char lr[32]);
+
+/* ---- checkpoint sets (ckpt_set.c writes them, ckpt_read.c reads them) ---- */
+#define CDDP__CKPT_MAX_STATES 4
+#define CDDP__CKPT_INCOMPLETE (-1) /* a set folder without a manifest */
+#define CDDP__CKPT_UNREADABLE (-2) /* a manifest that does not parse */
+
+typedef struct cddp__ckpt_entry {
+    char name[256];    /* the folder's name in the root */
+    int64_t step, seq; /* seq: the commit number, or one of the two codes above */
+} cddp__ckpt_entry;
+/* The set folders (step-<digits>) of root, newest commit first, then the unreadable and the
+ * incomplete ones; *out is the caller's to free (cddp_free). The count (0 with none or no
+ * memory). */
+int cddp__ckpt_scan(const char *root, cddp__ckpt_entry **out);
+
+/* Where the shards of a set keep each range of the flat block. */
+typedef struct cddp__ckpt_range {
+    int64_t begin, end;
+    int shard;
+    uint64_t at[1 + CDDP__CKPT_MAX_STATES]; /* file offsets: the parameters', then each state's */
+} cddp__ckpt_range;
+typedef struct cddp__ckpt_layout {
+    cddp__ckpt_range *ranges; /* ascending, covering [0, numel) once */
+    int n;
+} cddp__ckpt_layout;
+/* Reads the headers of dir's world shards: each must have the size shards[r].bytes, hold every
+ * state (names) beside each parameter range, and together they cover [0, numel) once. */
+int cddp__ckpt_index(const char *dir, int world, const cddp_ckpt_shard *shards, int nstates,
+                     const char *const *states, int64_t numel, cddp__ckpt_layout *layout,
+                     cddp_error *err);
+void cddp__ckpt_layout_free(cddp__ckpt_layout *layout);
+
+/* cddp_checkpoint_load for a set (path: a set or a folder of sets). */
+int cddp__ckpt_set_load(const char *path, cddp_model *m, cddp_optim *opt, cddp_safetensors **file,
+                        cddp_error *err);
 
 #endif

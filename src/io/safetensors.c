@@ -56,6 +56,12 @@ static int64_t numel_of(const cddp_st_tensor *t) {
 
 int cddp_safetensors_write(const char *path, const cddp_st_tensor *tensors, int n,
                            const char *const *metadata, cddp_error *err) {
+    return cddp__safetensors_write(path, tensors, n, metadata, NULL, NULL, err);
+}
+
+int cddp__safetensors_write(const char *path, const cddp_st_tensor *tensors, int n,
+                            const char *const *metadata, uint64_t *bytes_out, uint32_t *crc_out,
+                            cddp_error *err) {
     int rc = CDDP_OK;
     char *json = NULL, *header = NULL;
     cJSON *root = cJSON_CreateObject();
@@ -118,6 +124,8 @@ int cddp_safetensors_write(const char *path, const cddp_st_tensor *tensors, int 
         rc = cddp__atomic_write(&af, tensors[i].data,
                                 (size_t)numel_of(&tensors[i]) * cddp_dtype_size(tensors[i].dtype),
                                 err);
+    if (bytes_out) *bytes_out = af.bytes;
+    if (crc_out) *crc_out = af.crc32;
     rc = cddp__atomic_close(&af, rc, err);
 out:
     cddp_free(header);
@@ -218,19 +226,16 @@ static int parse_entry(const char *path, const cJSON *e, uint64_t data_len, cddp
     return CDDP_OK;
 }
 
-cddp_safetensors *cddp_safetensors_read(const char *path, cddp_error *err) {
+/* Parses and checks the header of the file open as fp; the tensors' data are offsets into the
+ * data section, which starts at *data_start and is *data_len bytes long. */
+static cddp_safetensors *parse_header(const char *path, FILE *fp, uint64_t *data_start,
+                                      uint64_t *data_len, cddp_error *err) {
     int rc = CDDP_OK;
     cJSON *root = NULL;
     char *header = NULL;
     cddp_safetensors *f = cddp_calloc(1, sizeof *f);
-    FILE *fp = fopen(path, "rb");
     if (!f) {
         rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
-        goto out;
-    }
-    if (!fp) {
-        rc = cddp_error_set(err, errno == ENOENT ? CDDP_ENOENT : CDDP_EIO, "cannot open %s: %s",
-                            path, strerror(errno));
         goto out;
     }
     struct stat st;
@@ -263,7 +268,8 @@ cddp_safetensors *cddp_safetensors_read(const char *path, cddp_error *err) {
         rc = cddp_error_set(err, CDDP_EFORMAT, "%s: the header is not a JSON object", path);
         goto out;
     }
-    uint64_t data_len = size - 8 - hl;
+    *data_start = 8 + hl;
+    *data_len = size - 8 - hl;
     int count = cJSON_GetArraySize(root);
     f->tensors = cddp_calloc((size_t)count, sizeof *f->tensors);
     f->meta = cddp_calloc((size_t)count * 2 + 2, sizeof *f->meta);
@@ -310,7 +316,7 @@ cddp_safetensors *cddp_safetensors_read(const char *path, cddp_error *err) {
             continue;
         }
         cddp_st_tensor *t = &f->tensors[f->n];
-        rc = parse_entry(path, e, data_len, t, err);
+        rc = parse_entry(path, e, *data_len, t, err);
         if (rc) goto out;
         if (!(t->name = cddp_strdup(e->string))) {
             rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
@@ -329,16 +335,7 @@ cddp_safetensors *cddp_safetensors_read(const char *path, cddp_error *err) {
         rc = cddp_error_set(err, CDDP_EFORMAT, "%s: '%s' appears twice in the header", path, twice);
         goto out;
     }
-    f->data = cddp_aligned_alloc(data_len);
-    if (!f->data || (data_len && fread(f->data, 1, data_len, fp) != data_len)) {
-        rc = cddp_error_set(err, f->data ? CDDP_EIO : CDDP_ENOMEM,
-                            "%s: cannot read %" PRIu64 " bytes of tensor data", path, data_len);
-        goto out;
-    }
-    for (int i = 0; i < f->n; i++)
-        f->tensors[i].data = (const char *)f->data + (uintptr_t)f->tensors[i].data;
 out:
-    if (fp) fclose(fp);
     cJSON_Delete(root);
     cddp_free(header);
     if (rc != CDDP_OK) {
@@ -346,6 +343,84 @@ out:
         return NULL;
     }
     return f;
+}
+
+static FILE *open_file(const char *path, cddp_error *err) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        cddp_error_set(err, errno == ENOENT ? CDDP_ENOENT : CDDP_EIO, "cannot open %s: %s", path,
+                       strerror(errno));
+    return fp;
+}
+
+cddp_safetensors *cddp__safetensors_index_fd(int fd, const char *path, uint64_t *data_start,
+                                             uint64_t *size, cddp_error *err) {
+    *data_start = *size = 0;
+    int own = dup(fd);
+    FILE *fp = own >= 0 ? fdopen(own, "rb") : NULL;
+    if (!fp) {
+        if (own >= 0) close(own);
+        cddp_error_set(err, CDDP_EIO, "cannot read %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    uint64_t len = 0;
+    cddp_safetensors *f =
+        fseek(fp, 0, SEEK_SET) == 0 ? parse_header(path, fp, data_start, &len, err) : NULL;
+    if (!f && err && !err->msg[0])
+        cddp_error_set(err, CDDP_EIO, "cannot read %s: %s", path, strerror(errno));
+    fclose(fp);
+    *size = *data_start + len;
+    return f;
+}
+
+cddp_safetensors *cddp__safetensors_index(const char *path, uint64_t *data_start, uint64_t *size,
+                                          cddp_error *err) {
+    *data_start = *size = 0;
+    FILE *fp = open_file(path, err);
+    if (!fp) return NULL;
+    uint64_t len = 0;
+    cddp_safetensors *f = parse_header(path, fp, data_start, &len, err);
+    fclose(fp);
+    *size = *data_start + len;
+    return f;
+}
+
+void cddp__safetensors_forget_data(cddp_safetensors *f) {
+    for (int i = 0; i < f->n; i++) f->tensors[i].data = NULL;
+}
+
+int cddp__pread_all(int fd, void *dst, size_t n, uint64_t at, const char *path, cddp_error *err) {
+    for (size_t got = 0; got < n;) {
+        ssize_t k = pread(fd, (char *)dst + got, n - got, (off_t)(at + got));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0)
+            return cddp_error_set(err, CDDP_EIO, "reading %s: %s", path,
+                                  k < 0 ? strerror(errno) : "the file ends early");
+        got += (size_t)k;
+    }
+    return CDDP_OK;
+}
+
+cddp_safetensors *cddp_safetensors_read(const char *path, cddp_error *err) {
+    FILE *fp = open_file(path, err);
+    if (!fp) return NULL;
+    uint64_t start = 0, len = 0;
+    cddp_safetensors *f = parse_header(path, fp, &start, &len, err);
+    if (f && !(f->data = cddp_aligned_alloc(len))) {
+        cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory for %" PRIu64 " bytes of tensor data",
+                       path, len);
+    } else if (f && len && fread(f->data, 1, len, fp) != len) {
+        cddp_error_set(err, CDDP_EIO, "%s: cannot read %" PRIu64 " bytes of tensor data", path,
+                       len);
+    } else if (f) {
+        for (int i = 0; i < f->n; i++)
+            f->tensors[i].data = (const char *)f->data + (uintptr_t)f->tensors[i].data;
+        fclose(fp);
+        return f;
+    }
+    fclose(fp);
+    cddp_safetensors_destroy(f);
+    return NULL;
 }
 
 int cddp_safetensors_count(const cddp_safetensors *f) {

@@ -198,7 +198,12 @@ static int equal(cddp_comm *g, kind k, double cap_mb, const char *variant) {
         cddp_optim_step(ddp.opt);
         cddp_optim_step(zero.opt);
         same_params(&zero, &ddp, 1e-6, "the sharded run", s);
-        if (s + 1 == SAVE_AT && cddp_ddp_save(zero.d, path, zero.opt, NULL, &err) != CDDP_OK)
+        /* At step 5: the sharded run's file and set (each rank writes its shard), and plain
+         * DDP's set (each rank an even share). */
+        if (s + 1 == SAVE_AT &&
+            (cddp_ddp_save(zero.d, path, zero.opt, NULL, &err) != CDDP_OK ||
+             cddp_ddp_save_set(zero.d, "zero_sets", s + 1, 1, zero.opt, NULL, &err) != CDDP_OK ||
+             cddp_ddp_save_set(ddp.d, "ddp_sets", s + 1, 1, ddp.opt, NULL, &err) != CDDP_OK))
             FAIL("save: %s", err.msg);
     }
     /* The state is the shard's alone, and the shards make the model. */
@@ -213,32 +218,38 @@ static int equal(cddp_comm *g, kind k, double cap_mb, const char *variant) {
         FAIL("allreduce: %s", err.msg);
     if (total != n)
         FAIL("the shards hold %lld elements, the model %lld", (long long)total, (long long)n);
-    /* The step-5 checkpoint, resumed sharded and plain. */
+    /* The step-5 checkpoints: the sharded set resumed sharded, the sharded file resumed plain,
+     * plain DDP's set resumed sharded. */
     o.shard_optimizer = true;
-    run again = start(k, g, o);
+    run again = start(k, g, o), cross = start(k, g, o);
     o.shard_optimizer = false;
     run plain = start(k, g, o);
-    if (cddp_ddp_load(again.d, path, again.opt, NULL, &err) != CDDP_OK ||
-        cddp_ddp_load(plain.d, path, plain.opt, NULL, &err) != CDDP_OK)
+    if (cddp_ddp_load(again.d, "zero_sets", again.opt, NULL, &err) != CDDP_OK ||
+        cddp_ddp_load(plain.d, path, plain.opt, NULL, &err) != CDDP_OK ||
+        cddp_ddp_load(cross.d, "ddp_sets", cross.opt, NULL, &err) != CDDP_OK)
         FAIL("load: %s", err.msg);
     for (int s = SAVE_AT; s < STEPS; s++) {
         step(ctx, &again, k, s, accum, unused);
         step(ctx, &plain, k, s, accum, unused);
+        step(ctx, &cross, k, s, accum, unused);
         cddp_optim_step(again.opt);
         cddp_optim_step(plain.opt);
+        cddp_optim_step(cross.opt);
     }
-    same_params(&again, &zero, 0.0, "the sharded run resumed from step 5", STEPS - 1);
+    same_params(&again, &zero, 0.0, "the sharded run resumed from its set at step 5", STEPS - 1);
     same_params(&plain, &ddp, 1e-6, "a plain DDP run resumed from the sharded checkpoint",
                 STEPS - 1);
+    same_params(&cross, &zero, 1e-6, "a sharded run resumed from plain DDP's set", STEPS - 1);
     printf("ok: rank %d of %d: %s%s%s, %d buckets: %d AdamW steps with the optimizer sharded "
-           "(%lld of %lld elements of state here) equal DDP; its checkpoint resumes sharded and "
-           "plain\n",
+           "(%lld of %lld elements of state here) equal DDP; its file and set resume sharded and "
+           "plain, DDP's set resumes sharded\n",
            rank, world,
            k == GPT   ? "gpt"
            : k == CNN ? "cnn"
                       : "mlp",
            *variant ? " " : "", variant, cddp_ddp_num_buckets(zero.d), STEPS, (long long)mine,
            (long long)n);
+    stop(&cross);
     stop(&plain);
     stop(&again);
     stop(&zero);

@@ -18,6 +18,9 @@
 #                   given as a checkpoint and a diverging run: a clear error and a non-zero exit
 #   gpt_tokens      cddp-tokenize writes llm.c's token files (read back with NumPy as llm.c's
 #                   loader does), gpt_train trains on them, and a truncated file is refused
+#   ckpt_kill       30 runs on 2 or 3 ranks saving a checkpoint set every iteration, each
+#                   SIGKILLed (a rank or cddprun) at a random moment and resumed by the next: every
+#                   set with a manifest verifies, the newest complete one always resumes
 set -u
 build=$1 scenario=$2
 work=$(mktemp -d)
@@ -26,18 +29,20 @@ cd "$work" || exit 1
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 CDDP_LOG_LEVEL=error
 run() { "$build/bin/cddprun" --standalone "$@"; }
 fail() { echo "FAIL: $*"; exit 1; }
-# kill_after_checkpoint ARGS...: cddprun ARGS (which write killed/checkpoint.safetensors) in the
-# background, stopped with SIGTERM as soon as the checkpoint appears (output in killed.out).
+# kill_after_checkpoint ARGS...: cddprun ARGS (which write killed/checkpoint.safetensors, or sets
+# in killed/checkpoints) in the background, stopped with SIGTERM as soon as a checkpoint is
+# complete (output in killed.out).
+saved() { [ -e killed/checkpoint.safetensors ] || ls killed/checkpoints/step-*/manifest.safetensors > /dev/null 2>&1; }
 kill_after_checkpoint() {
     "$build/bin/cddprun" --standalone "$@" > killed.out 2>&1 &
     job=$!
     for _ in $(seq 1200); do
-        [ -e killed/checkpoint.safetensors ] && break
+        saved && break
         sleep 0.05
     done
     kill -TERM "$job" 2>/dev/null
     wait "$job" 2>/dev/null || true
-    [ -e killed/checkpoint.safetensors ] || { cat killed.out; fail "the run to kill wrote no checkpoint"; }
+    saved || { cat killed.out; fail "the run to kill wrote no checkpoint"; }
 }
 # json_of FILE KEY: the number KEY holds in FILE's last line (a program's --json line).
 json_of() { tail -n 1 "$1" | sed -n "s/.*\"$2\": *\([0-9.]*\).*/\1/p"; }
@@ -268,18 +273,21 @@ gpt_zero)
     echo "ok: --zero equals DDP at every iteration (within 2e-4), resumes exactly, loads on 1 rank; optimizer state $sz of $sd bytes"
     ;;
 gpt_reshard)
-    # 4 ranks x 3 sequences, killed once it wrote a checkpoint (every 10 iterations), resumed on 2 ranks x 6 and 3 ranks x 4
-    # (the same global batch): every later loss equals the uninterrupted 4-rank run's.
+    # 4 ranks x 3 sequences with the optimizer sharded, killed once it wrote a checkpoint set (every 10 iterations: each rank
+    # its shard), resumed from the folder of sets on 2 ranks x 6 and 3 ranks x 4 (the same global batch), each rank reading
+    # only its new shard's state: every later loss equals the uninterrupted 4-rank run's.
     GPT="$TINY_GPT \
          --warmup_iters 5 --lr_decay_iters 40 --eval_interval 1000 --eval_iters 2 --final_eval 2 \
-         --log_interval 1 --sample 0 --save_every 10"
+         --log_interval 1 --sample 0 --save_every 10 --zero --keep 2"
     run --nproc_per_node 4 $GPT --batch_size 3 --max_iters 200 --out straight > straight.out 2>&1 \
         || { cat straight.out; fail "the uninterrupted run failed"; }
     kill_after_checkpoint --nproc_per_node 4 $GPT --batch_size 3 --max_iters 100000 --out killed
     for m in 2:6 3:4; do
         w=${m%:*} b=${m#*:}
         run --nproc_per_node "$w" $GPT --batch_size "$b" --max_iters 200 --out "r$w" \
-            --resume killed/checkpoint.safetensors > "r$w.out" 2>&1 || { cat "r$w.out"; fail "resuming on $w ranks failed"; }
+            --resume killed/checkpoints > "r$w.out" 2>&1 || { cat "r$w.out"; fail "resuming on $w ranks failed"; }
+        grep -q "^resumed from killed/checkpoints/step-[0-9]* at iteration" "r$w.out" \
+            || { cat "r$w.out"; fail "$w ranks did not resume from the newest set"; }
         grep -q "resuming on $w ranks from a checkpoint of 4: epoch 0 goes on" "r$w.out" \
             || { cat "r$w.out"; fail "$w ranks did not continue the epoch"; }
         at=$(sed -n 's/^resumed from .* at iteration \([0-9]*\)$/\1/p' "r$w.out")
@@ -290,24 +298,71 @@ gpt_reshard)
                  END { if (n != 200 - at) { print n " steps"; bad = 1 }; exit bad }' at="$at" \
             straight/loss.csv "r$w/loss.csv" || { cat "r$w.out"; fail "the losses on $w ranks differ from the uninterrupted 4 ranks'"; }
     done
-    echo "ok: killed after a checkpoint, resumed from it (iteration $at) on 2 and 3 ranks: every later loss (to 200) within 1e-5 of 4 ranks'"
+    [ "$(ls -d r3/checkpoints/step-* | wc -l)" = 2 ] || fail "--keep 2 kept $(ls -d r3/checkpoints/step-* | wc -l) sets"
+    echo "ok: killed after a set (ZeRO shards), resumed from it (iteration $at) on 2 and 3 ranks: every later loss (to 200) within 1e-5 of 4 ranks'"
     ;;
 fm_reshard)
-    # fashion_mnist on 4 ranks x 16, killed once it wrote a mid-epoch checkpoint (--save-every 10),
+    # fashion_mnist on 4 ranks x 16, killed once it wrote a mid-epoch checkpoint set (--save-every 10 --keep 1: each
+    # rank writes a quarter of the flat block),
     # resumed on 2 ranks x 32 (the same global batch): the same epoch goes on, and after 2 epochs
     # the test accuracy is the uninterrupted 4-rank run's.
     FMA="--epochs 2 --limit 6000 --log-every 0 --json"
     run --nproc_per_node 4 "$FM" $FMA --batch-size 16 --out straight > straight.out 2>&1 \
         || { cat straight.out; fail "the uninterrupted run failed"; }
-    kill_after_checkpoint --nproc_per_node 4 "$FM" $FMA --batch-size 16 --save-every 10 --out killed
-    run --nproc_per_node 2 "$FM" $FMA --batch-size 32 --out r2 --resume killed/checkpoint.safetensors > r2.out 2>&1 \
+    kill_after_checkpoint --nproc_per_node 4 "$FM" $FMA --batch-size 16 --save-every 10 --keep 1 --out killed
+    run --nproc_per_node 2 "$FM" $FMA --batch-size 32 --out r2 --resume killed/checkpoints > r2.out 2>&1 \
         || { cat r2.out; fail "resuming on 2 ranks failed"; }
-    grep -q "^resumed from killed/checkpoint.safetensors in epoch 0, after [0-9]* of its samples" r2.out \
+    grep -q "^resumed from killed/checkpoints/step-[0-9]* in epoch 0, after [0-9]* of its samples" r2.out \
         || { cat r2.out; fail "2 ranks did not go on in the middle of epoch 0"; }
     a=$(acc_of straight.out) b=$(acc_of r2.out)
     awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0.5 && d <= 0.002) }' \
         || fail "test accuracy $b after resuming on 2 ranks, $a uninterrupted on 4"
     echo "ok: $(grep -o 'after [0-9]* of its samples' r2.out) of epoch 0 on 4 ranks, resumed on 2: test accuracy $b, uninterrupted $a"
+    ;;
+ckpt_kill)
+    # Each trial resumes from the newest complete set of the trials before (on 2 or 3 ranks, so the
+    # sets' world sizes alternate), saves a set every iteration (--keep 3: older sets are removed
+    # too), and is SIGKILLed 0-250 ms into its training: a random rank in odd trials, cddprun in
+    # even ones. After each kill, every set that has a manifest must verify (sizes, checksums,
+    # ranges), and the next trial must resume from the newest one.
+    cat /usr/share/games/fortunes/* 2> /dev/null | head -c 20000 > text.txt # a quick start
+    [ -s text.txt ] || fail "no fortunes in /usr/share/games/fortunes"
+    GPT="$build/bin/gpt_train --n_layer 1 --n_head 2 --n_embd 16 --block_size 8 --batch_size 2 --data text.txt \
+         --max_iters 1000000 --eval_interval 1000000 --log_interval 1 --sample 0 --save_every 1 --keep 3 --out run"
+    mid=0 last=-1
+    for t in $(seq 1 30); do
+        w=$((2 + t % 2)) resume=""
+        [ "$t" -gt 1 ] && resume=--resume
+        "$build/bin/cddprun" --standalone --nproc_per_node "$w" $GPT $resume > "t$t.out" 2>&1 &
+        job=$!
+        for _ in $(seq 400); do grep -q "^iter " "t$t.out" && break; sleep 0.025; done
+        grep -q "^iter " "t$t.out" || { kill -KILL "$job"; cat "t$t.out"; fail "trial $t did not start training"; }
+        if [ "$t" -gt 1 ]; then
+            at=$(sed -n 's/^resumed from run\/checkpoints\/step-0*\([0-9][0-9]*\) at iteration .*/\1/p' "t$t.out")
+            [ -n "$at" ] && [ "$at" -ge "$last" ] || { cat "t$t.out"; fail "trial $t resumed from '$at', not the newest complete set ($last or later)"; }
+        fi
+        sleep "0.$(od -An -N1 -tu1 /dev/urandom | awk '{ printf "%03d", $1 }')"
+        victim=$job
+        [ $((t % 2)) = 1 ] && victim=$(pgrep -P "$job" -x gpt_train | shuf -n 1)
+        kill -KILL "$victim" 2>/dev/null
+        wait "$job" 2>/dev/null
+        sleep 0.05 # the other ranks, stopped by cddprun
+        # Killed in the middle of a save: a set folder without a manifest, or a temporary.
+        for d in run/checkpoints/step-*; do
+            [ -e "$d/manifest.safetensors" ] || { mid=$((mid + 1)); break; }
+            ls "$d" | grep -q '\.tmp\.' && { mid=$((mid + 1)); break; }
+        done
+        last=-1
+        for d in run/checkpoints/step-*; do
+            [ -e "$d/manifest.safetensors" ] || continue
+            "$build/bin/cddp-ckpt" verify "$d" > v.out 2>&1 || { cat v.out; fail "trial $t: $d has a manifest but does not verify"; }
+        done
+        newest=$("$build/bin/cddp-ckpt" show run/checkpoints | sed -n 's/^  set  *run\/checkpoints\/step-0*\([0-9][0-9]*\):.*/\1/p')
+        [ -n "$newest" ] || fail "trial $t: no complete set left"
+        last=$newest
+    done
+    [ "$mid" -ge 5 ] || fail "only $mid of 30 kills landed during a save: the test does not exercise it"
+    echo "ok: 30 random SIGKILLs on 2 and 3 ranks ($mid during a save): every set with a manifest verified, each next run resumed from the newest"
     ;;
 init_from)
     # A model's weights alone (the checkpoint without its optimizer state and metadata, as a
@@ -391,7 +446,7 @@ bad_args)
     refused 2 "--temperature 0: expected a finite number in (0, 100]" $TINY_GPT --temperature 0
     refused 2 "--val_fraction 1.5: expected a finite number in (0, 0.99]" \
         "$build/bin/cddp-tokenize" --val_fraction 1.5 in out
-    refused 1 "$work is a folder, not a safetensors file" "$FM" --resume "$work" --out none
+    refused 1 "$work holds no complete checkpoint set" "$FM" --resume "$work" --out none
     # A checkpoint whose metadata was tampered with: every bad value is refused before training.
     "$FM" --epochs 1 --limit 256 --log-every 0 --out ck > ck.out 2>&1 || { cat ck.out; fail "no checkpoint"; }
     for kv in epoch=-5 epoch=99999999999 epoch=abc data_position=-1 lr=nan lr=-1 \

@@ -39,4 +39,22 @@ static inline const char *fuzz_as_file(const uint8_t *data, size_t size) {
     return path;
 }
 
+/* The model the checkpoint harnesses load into (fc 3->4, out 4->2, the model of
+ * corpus/safetensors/ckpt), with AdamW, made once. */
+static inline cddp_model *fuzz_small_model(cddp_optim **optim) {
+    static cddp_model *model;
+    static cddp_optim *opt;
+    if (!model) {
+        cddp_error err = {0};
+        model = cddp_model_create();
+        cddp_model_add(model, "fc", cddp_nn_linear(3, 4));
+        cddp_model_add(model, "out", cddp_nn_linear(4, 2));
+        cddp_model_build(model, 1);
+        cddp_adamw_options aw = cddp_adamw_defaults(0.01f);
+        if (!(opt = cddp_optim_adamw(model, &aw, &err))) abort();
+    }
+    *optim = opt;
+    return model;
+}
+
 #endif

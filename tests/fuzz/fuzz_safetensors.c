@@ -3,9 +3,6 @@
  * and its AdamW state loaded from it). */
 #include "fuzz.h"
 
-static cddp_model *model;
-static cddp_optim *optim;
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = fuzz_as_file(data, size);
     cddp_error err = {0};
@@ -27,17 +24,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (v) fuzz_sink ^= (uint8_t)strlen(v);
     }
     cddp_safetensors_destroy(f);
-    /* The checkpoint loader: the model of tests/fuzz/corpus/safetensors/ckpt (fc 3->4, out 4->2).
-     */
-    if (!model) {
-        model = cddp_model_create();
-        cddp_model_add(model, "fc", cddp_nn_linear(3, 4));
-        cddp_model_add(model, "out", cddp_nn_linear(4, 2));
-        cddp_model_build(model, 1);
-        cddp_adamw_options aw = cddp_adamw_defaults(0.01f);
-        optim = cddp_optim_adamw(model, &aw, &err);
-        if (!optim) abort();
-    }
+    /* The checkpoint loader, into the model of tests/fuzz/corpus/safetensors/ckpt. */
+    cddp_optim *optim;
+    cddp_model *model = fuzz_small_model(&optim);
     cddp_safetensors *meta = NULL;
     if (cddp_checkpoint_load(path, model, optim, &meta, &err) == CDDP_OK)
         cddp_safetensors_destroy(meta);

@@ -18,6 +18,35 @@ grep -q "^ok: .*2 optimizer states over" verify.out || { cat verify.out; fail "v
 "$py" "$src/tests/reference/check_gpt_load.py" g model.safetensors || fail "PyTorch did not load the consolidated file"
 "$ckpt" consolidate --with_optimizer "$C" g/all.safetensors > /dev/null || fail "consolidate --with_optimizer failed"
 "$ckpt" verify g/all.safetensors > /dev/null || fail "the consolidated file with the optimizer does not verify"
+# The same checkpoint as a set of 3 shards (test_reference wrote both): shown, verified, and
+# consolidated into the same tensors as the file, which PyTorch loads.
+"$ckpt" show g/gpt_sets > sshow.out || { cat sshow.out; fail "show of a set failed"; }
+grep -q "set  *g/gpt_sets/step-00000003: 3 shards, commit 1" sshow.out && grep -q "optimizer state  *56 tensors" sshow.out \
+    || { cat sshow.out; fail "show of a set lacks its shards or its state"; }
+"$ckpt" verify g/gpt_sets > sverify.out || { cat sverify.out; fail "verify refused a good set"; }
+grep -q "every shard's checksum right" sverify.out || { cat sverify.out; fail "verify of a set: no ok line"; }
+"$ckpt" consolidate g/gpt_sets g/set_model.safetensors > /dev/null || fail "consolidate of a set failed"
+"$py" "$src/tests/reference/check_gpt_load.py" g set_model.safetensors || fail "PyTorch did not load the set's consolidated file"
+"$ckpt" consolidate --with_optimizer g/gpt_sets g/set_all.safetensors > /dev/null || fail "consolidate --with_optimizer of a set failed"
+PYTHONPATH="$src/tests/reference" "$py" - g/all.safetensors g/set_all.safetensors <<'PYEOF' || fail "the set's consolidation differs from the file's"
+import sys
+import numpy as np
+import safetensors_np as st
+a, _ = st.load(sys.argv[1])
+b, _ = st.load(sys.argv[2])
+assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
+for k in a:
+    assert np.array_equal(np.array(a[k]), np.array(b[k])), k
+PYEOF
+# A set with a changed byte fails verify by its checksum; a folder without a complete set says so.
+cp -r g/gpt_sets bad_sets
+S=bad_sets/step-00000003/shard-00001-of-00003.safetensors
+printf '\125' | dd of="$S" bs=1 seek=$(( $(stat -c %s "$S") - 3 )) conv=notrunc 2> /dev/null
+if "$ckpt" verify bad_sets > bv.out 2>&1; then fail "verify accepted a changed shard"; fi
+grep -q "shard-00001-of-00003.safetensors: .* CRC-32" bv.out || { cat bv.out; fail "verify did not name the changed shard"; }
+rm bad_sets/step-00000003/manifest.safetensors
+if "$ckpt" show bad_sets > bs.out 2>&1; then fail "show accepted a folder without a complete set"; fi
+grep -q "holds no complete checkpoint set" bs.out || { cat bs.out; fail "no 'no complete set' message"; }
 # Broken copies, each refused with its reason.
 PYTHONPATH="$src/tests/reference" "$py" - "$C" <<'PYEOF' || fail "cannot write the broken copies"
 import sys
@@ -46,8 +75,8 @@ expect orphan.safetensors "'optim.exp_avg.no.such.weight' is the state of no mod
 expect shape.safetensors "has another shape than"
 expect missing.safetensors "covers .* tensors but its exp_avg_sq"
 expect cut.safetensors "cut.safetensors"
-"$ckpt" > usage.out 2>&1; [ $? = 2 ] && grep -q "usage: cddp-ckpt show FILE" usage.out || fail "no usage without arguments"
+"$ckpt" > usage.out 2>&1; [ $? = 2 ] && grep -q "usage: cddp-ckpt show PATH" usage.out || fail "no usage without arguments"
 "$ckpt" show > /dev/null 2>&1; [ $? = 2 ] || fail "show without a file: not exit 2"
 "$ckpt" verify --with_optimizer "$C" > w.out 2>&1; [ $? = 2 ] && grep -q "goes with consolidate" w.out || fail "--with_optimizer with verify not refused"
 "$ckpt" show no-such.safetensors > n.out 2>&1; [ $? = 1 ] && grep -q "no-such.safetensors" n.out || fail "a missing file not named"
-echo "ok: cddp-ckpt shows, verifies (and refuses a NaN, an orphan state, a wrong shape, a missing state, a cut file), consolidates for PyTorch"
+echo "ok: cddp-ckpt shows, verifies (and refuses a NaN, an orphan state, a wrong shape, a missing state, a cut file, a changed shard), consolidates files and sets for PyTorch"

@@ -1,14 +1,16 @@
 /* cddp-ckpt: looks into a checkpoint, checks it, and writes the model's tensors alone.
  *
  *   cddp-ckpt show runs/gpt/checkpoint.safetensors
- *   cddp-ckpt verify runs/gpt/checkpoint.safetensors
- *   cddp-ckpt consolidate runs/gpt/checkpoint.safetensors model.safetensors
+ *   cddp-ckpt verify runs/gpt/checkpoints
+ *   cddp-ckpt consolidate runs/gpt/checkpoints/step-00000500 model.safetensors
  *
- * A checkpoint is one safetensors file however many ranks wrote it (DistributedDataParallel's
- * rank 0 writes it; with the sharded optimizer the ranks gather the state first): the model's
- * tensors under their names, the optimizer's state as "optim.<state>.<name>", and metadata
- * (the optimizer, its steps, the run's position). consolidate keeps the model's tensors (and,
- * with --with_optimizer, the state), which PyTorch's load_state_dict(strict=True) takes.
+ * A checkpoint is one safetensors file (rank 0 writes it: the model's tensors under their names,
+ * the optimizer's state as "optim.<state>.<name>", and metadata: the optimizer, its steps, the
+ * run's position), or a set (cddp/checkpoint.h: one shard per rank and a manifest), or a folder
+ * of sets (its newest complete one). A set is read into the same view as a file: its parameters
+ * and state under their names, its buffers, its tied names, its manifest's metadata; verify
+ * also checks each shard's checksum. consolidate keeps the model's tensors (and, with
+ * --with_optimizer, the state), which PyTorch's load_state_dict(strict=True) takes.
  */
 #include <cddp/cddp.h>
 
@@ -18,22 +20,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define STATE "optim."
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: cddp-ckpt show FILE\n"
-            "       cddp-ckpt verify FILE\n"
-            "       cddp-ckpt consolidate [--with_optimizer] FILE OUT\n"
-            "Reads a cddp checkpoint (safetensors: the model's tensors, the optimizer's state as\n"
-            "optim.<state>.<name>, metadata).\n\n"
+            "usage: cddp-ckpt show PATH\n"
+            "       cddp-ckpt verify PATH\n"
+            "       cddp-ckpt consolidate [--with_optimizer] PATH OUT\n"
+            "Reads a cddp checkpoint: a safetensors file (the model's tensors, the optimizer's\n"
+            "state as optim.<state>.<name>, metadata), a set (a folder with one shard per rank\n"
+            "and manifest.safetensors), or a folder of sets (its newest complete one).\n\n"
             "  show         the metadata, the model's tensors and elements, the optimizer's state\n"
+            "               (and a set's folder, shards and commit number)\n"
             "  verify       every tensor readable, every state tensor beside a model tensor of\n"
-            "               its shape, the same parameters in every state, every number finite;\n"
-            "               exits 1 naming each problem\n"
-            "  consolidate  writes OUT with the model's tensors alone (PyTorch's state_dict, for\n"
-            "               load_state_dict(strict=True)); --with_optimizer keeps the state too\n"
+            "               its shape, the same parameters in every state, every number finite,\n"
+            "               a set's every shard with its size and checksum; exits 1 naming each\n"
+            "               problem\n"
+            "  consolidate  writes OUT, one file with the model's tensors alone (PyTorch's\n"
+            "               state_dict, for load_state_dict(strict=True)); --with_optimizer keeps\n"
+            "               the state too\n"
             "  -h, --help   show this help\n");
 }
 
@@ -43,6 +50,23 @@ static const char *const keys[] = {"cddp_format", "model",         "optimizer", 
                                    "data_epoch",  "data_position", "n_layer",   "n_head",
                                    "n_embd",      "block_size",    "vocab_size"};
 #define NKEYS (sizeof keys / sizeof keys[0])
+
+/* A checkpoint as named tensors and metadata, whether a file or a set. */
+typedef struct view {
+    cddp_st_tensor *t;
+    int n;
+    const cddp_safetensors *meta;
+    cddp_safetensors *file;
+    cddp_ckpt_set *set;
+    float *blocks; /* a set's parameters, then each state, read whole */
+    char **names;
+} view;
+
+static const cddp_st_tensor *find(const view *v, const char *name) {
+    for (int i = 0; i < v->n; i++)
+        if (strcmp(v->t[i].name, name) == 0) return &v->t[i];
+    return NULL;
+}
 
 static int64_t numel(const cddp_st_tensor *t) {
     int64_t n = 1;
@@ -63,32 +87,36 @@ static const char *state_target(const char *name, char *kind, size_t cap) {
     return dot + 1;
 }
 
-static int show(const cddp_safetensors *f, const char *path) {
-    int n = cddp_safetensors_count(f), nmodel = 0, nstate = 0;
+static int show(const view *v, const char *path) {
+    int n = v->n, nmodel = 0, nstate = 0;
     int64_t emodel = 0, estate = 0;
     for (int i = 0; i < n; i++) {
-        const cddp_st_tensor *t = cddp_safetensors_at(f, i);
+        const cddp_st_tensor *t = &v->t[i];
         if (is_state(t->name))
             nstate++, estate += numel(t);
         else
             nmodel++, emodel += numel(t);
     }
     printf("%s\n", path);
+    if (v->set)
+        printf("  %-16s %s: %d shard%s, commit %s\n", "set", cddp_ckpt_set_dir(v->set),
+               cddp_ckpt_set_world(v->set), cddp_ckpt_set_world(v->set) == 1 ? "" : "s",
+               cddp_safetensors_meta(v->meta, "cddp_seq"));
     for (size_t k = 0; k < NKEYS; k++) {
-        const char *v = cddp_safetensors_meta(f, keys[k]);
-        if (v) printf("  %-16s %s\n", keys[k], v);
+        const char *value = cddp_safetensors_meta(v->meta, keys[k]);
+        if (value) printf("  %-16s %s\n", keys[k], value);
     }
     printf("  model tensors    %d (%" PRId64 " elements)\n", nmodel, emodel);
     printf("  optimizer state  %d tensors (%" PRId64 " elements)\n", nstate, estate);
     return 0;
 }
 
-static int verify(const cddp_safetensors *f, const char *path) {
-    int n = cddp_safetensors_count(f), bad = 0, kinds = 0;
+static int verify(const view *v, const char *path) {
+    int n = v->n, bad = 0, kinds = 0;
     char seen_kind[4][32] = {{0}};
     int per_kind[4] = {0};
     for (int i = 0; i < n; i++) {
-        const cddp_st_tensor *t = cddp_safetensors_at(f, i);
+        const cddp_st_tensor *t = &v->t[i];
         if (t->dtype == CDDP_F32) {
             const float *x = t->data;
             int64_t nonfinite = 0;
@@ -102,7 +130,7 @@ static int verify(const cddp_safetensors *f, const char *path) {
         if (!is_state(t->name)) continue;
         char kind[32];
         const char *target = state_target(t->name, kind, sizeof kind);
-        const cddp_st_tensor *m = target ? cddp_safetensors_find(f, target) : NULL;
+        const cddp_st_tensor *m = target ? find(v, target) : NULL;
         if (!m || is_state(m->name)) {
             bad++, fprintf(stderr, "cddp-ckpt: %s: '%s' is the state of no model tensor\n", path,
                            t->name);
@@ -122,34 +150,38 @@ static int verify(const cddp_safetensors *f, const char *path) {
                            "cddp-ckpt: %s: the optimizer's %s covers %d tensors but its "
                            "%s %d\n",
                            path, seen_kind[0], per_kind[0], seen_kind[k], per_kind[k]);
-    if (kinds > 0 && !cddp_safetensors_meta(f, "optimizer"))
+    cddp_error err = {0};
+    if (v->set && cddp_ckpt_set_verify(v->set, &err) != CDDP_OK)
+        bad++, fprintf(stderr, "cddp-ckpt: %s\n", err.msg);
+    if (kinds > 0 && !cddp_safetensors_meta(v->meta, "optimizer"))
         bad++, fprintf(stderr,
                        "cddp-ckpt: %s: optimizer state but no 'optimizer' in the "
                        "metadata\n",
                        path);
     if (bad) return 1;
-    printf("ok: %s: %d tensors, %d optimizer state%s over %d tensors, every number finite\n", path,
-           n, kinds, kinds == 1 ? "" : "s", kinds ? per_kind[0] : 0);
+    printf("ok: %s: %d tensors, %d optimizer state%s over %d tensors, every number finite%s\n",
+           path, n, kinds, kinds == 1 ? "" : "s", kinds ? per_kind[0] : 0,
+           v->set ? ", every shard's checksum right" : "");
     return 0;
 }
 
-static int consolidate(const cddp_safetensors *f, const char *out, bool with_optimizer) {
-    int n = cddp_safetensors_count(f), k = 0;
+static int consolidate(const view *v, const char *out, bool with_optimizer) {
+    int n = v->n, k = 0;
     cddp_st_tensor *list = calloc((size_t)(n ? n : 1), sizeof *list);
     if (!list) {
         fprintf(stderr, "cddp-ckpt: out of memory\n");
         return 1;
     }
     for (int i = 0; i < n; i++) {
-        const cddp_st_tensor *t = cddp_safetensors_at(f, i);
+        const cddp_st_tensor *t = &v->t[i];
         if (with_optimizer || !is_state(t->name)) list[k++] = *t;
     }
     /* PyTorch's mark; with the state, the optimizer's metadata (and the run's) as well. */
     const char *meta[2 * NKEYS + 3] = {"format", "pt"};
     int nm = 2;
     for (size_t i = 0; i < NKEYS && with_optimizer; i++) {
-        const char *v = cddp_safetensors_meta(f, keys[i]);
-        if (v) meta[nm++] = keys[i], meta[nm++] = v;
+        const char *value = cddp_safetensors_meta(v->meta, keys[i]);
+        if (value) meta[nm++] = keys[i], meta[nm++] = value;
     }
     meta[nm] = NULL;
     cddp_error err = {0};
@@ -162,6 +194,103 @@ static int consolidate(const cddp_safetensors *f, const char *out, bool with_opt
     printf("wrote %s: %d tensors%s\n", out, k,
            with_optimizer ? " (with the optimizer's state)" : "");
     return 0;
+}
+
+static void close_view(view *v) {
+    for (int i = 0; v->names && i < v->n; i++) free(v->names[i]);
+    free(v->names);
+    free(v->t);
+    free(v->blocks);
+    cddp_ckpt_set_close(v->set);
+    cddp_safetensors_destroy(v->file);
+}
+
+/* "optim.<state>.<param>" (state NULL: param alone), allocated. */
+static char *file_name(const char *state, const char *param) {
+    size_t n = strlen(STATE) + (state ? strlen(state) : 0) + strlen(param) + 2;
+    char *s = malloc(n);
+    if (s && state)
+        snprintf(s, n, STATE "%s.%s", state, param);
+    else if (s)
+        snprintf(s, n, "%s", param);
+    return s;
+}
+
+/* A set's tensors under a file's names: parameters (and their tied names), buffers, states. */
+static int set_view(view *v) {
+    cddp_ckpt_set *s = v->set;
+    int np = cddp_ckpt_set_num_params(s), nt = cddp_ckpt_set_num_ties(s);
+    int ns = cddp_ckpt_set_num_states(s), nb = cddp_safetensors_count(v->meta);
+    int64_t total = cddp_ckpt_set_numel(s);
+    size_t cap = (size_t)(np * (1 + ns) + nt + nb + 1);
+    cddp_error err = {0};
+    v->t = calloc(cap, sizeof *v->t);
+    v->names = calloc(cap, sizeof *v->names);
+    v->blocks = malloc(sizeof(float) * (size_t)(total * (1 + ns) + 1));
+    if (!v->t || !v->names || !v->blocks) {
+        fprintf(stderr, "cddp-ckpt: out of memory for %s\n", cddp_ckpt_set_dir(s));
+        return 1;
+    }
+    for (int b = 0; b <= ns; b++)
+        if (cddp_ckpt_set_read(s, b ? cddp_ckpt_set_state(s, b - 1) : NULL, 0, total,
+                               v->blocks + total * b, &err) != CDDP_OK) {
+            fprintf(stderr, "cddp-ckpt: %s\n", err.msg);
+            return 1;
+        }
+    for (int b = 0; b <= ns; b++)
+        for (int i = 0; i < np + nt; i++) {
+            const char *param = NULL, *name = i < np ? NULL : cddp_ckpt_set_tie(s, i - np, &param);
+            if (b && i >= np) break; /* a tied name has no state of its own */
+            int64_t off = 0;
+            int j = i < np ? i : 0;
+            while (i >= np && j < np && strcmp(cddp_ckpt_set_param(s, j, NULL)->name, param)) j++;
+            if (j == np) {
+                fprintf(stderr, "cddp-ckpt: %s: '%s' is tied to '%s', which is no parameter\n",
+                        cddp_ckpt_set_dir(s), name, param);
+                return 1;
+            }
+            cddp_st_tensor *t = &v->t[v->n];
+            *t = *cddp_ckpt_set_param(s, j, &off);
+            t->data = v->blocks + total * b + off;
+            if (b || name) {
+                t->name = v->names[v->n] =
+                    b ? file_name(cddp_ckpt_set_state(s, b - 1), t->name) : file_name(NULL, name);
+                if (!t->name) {
+                    fprintf(stderr, "cddp-ckpt: out of memory\n");
+                    return 1;
+                }
+            }
+            v->n++;
+        }
+    for (int i = 0; i < nb; i++) v->t[v->n++] = *cddp_safetensors_at(v->meta, i);
+    return 0;
+}
+
+static int open_view(view *v, const char *path) {
+    cddp_error err = {0};
+    char at[4096];
+    if (cddp_checkpoint_resolve(path, at, sizeof at, &err) != CDDP_OK) {
+        fprintf(stderr, "cddp-ckpt: %s\n", err.msg);
+        return 1;
+    }
+    struct stat st;
+    if (stat(at, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        if (!(v->file = cddp_safetensors_read(at, &err))) {
+            fprintf(stderr, "cddp-ckpt: %s\n", err.msg);
+            return 1;
+        }
+        v->meta = v->file;
+        v->n = cddp_safetensors_count(v->file);
+        if (!(v->t = calloc((size_t)v->n + 1, sizeof *v->t))) return 1;
+        for (int i = 0; i < v->n; i++) v->t[i] = *cddp_safetensors_at(v->file, i);
+        return 0;
+    }
+    if (!(v->set = cddp_ckpt_set_open(at, &err))) {
+        fprintf(stderr, "cddp-ckpt: %s\n", err.msg);
+        return 1;
+    }
+    v->meta = cddp_ckpt_set_manifest(v->set);
+    return set_view(v);
 }
 
 int main(int argc, char **argv) {
@@ -194,15 +323,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *path = argv[optind + 1];
-    cddp_error err = {0};
-    cddp_safetensors *f = cddp_safetensors_read(path, &err);
-    if (!f) {
-        fprintf(stderr, "cddp-ckpt: %s\n", err.msg);
-        return 1;
-    }
-    int rc = !strcmp(cmd, "show")     ? show(f, path)
-             : !strcmp(cmd, "verify") ? verify(f, path)
-                                      : consolidate(f, argv[optind + 2], with_optimizer);
-    cddp_safetensors_destroy(f);
+    view v = {0};
+    if (open_view(&v, path) != 0) return 1;
+    int rc = !strcmp(cmd, "show")     ? show(&v, path)
+             : !strcmp(cmd, "verify") ? verify(&v, path)
+                                      : consolidate(&v, argv[optind + 2], with_optimizer);
+    close_view(&v);
     return rc;
 }
