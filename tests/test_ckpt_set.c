@@ -275,31 +275,78 @@ static void test_crafted_sets(void **state) {
     int64_t backwards[] = {5, 9, 0, 4};
     assert_int_equal(cddp_ckpt_set_write_shard(dir, 0, 1, a, NULL, 2, backwards, NULL, &err),
                      CDDP_EINVAL);
-    /* Manifests with malformed lists, or a world that does not match the list of shards. */
+    /* A good set, then its manifest with one value changed: each change is refused at open, the
+     * manifest as it was opens. */
+    int64_t r1[] = {5, n};
+    assert_int_equal(cddp_ckpt_set_write_shard(dir, 1, 2, a, NULL, 1, r1, &shards[1], &err), 0);
+    assert_int_equal(cddp_ckpt_set_commit(dir, 2, a, NULL, shards, NULL, 0, &err), CDDP_OK);
+    snprintf(path, sizeof path, "%s/" CDDP_CKPT_MANIFEST, dir);
+    cddp_safetensors *good = cddp_safetensors_read(path, &err);
+    assert_non_null(good);
+    const char *keys[] = {"cddp_format", "cddp_world",  "cddp_numel",  "cddp_seq",   "cddp_params",
+                          "cddp_ties",   "cddp_states", "cddp_shards", "cddp_ranges"};
+    enum { NK = sizeof keys / sizeof keys[0] };
+    char far[64];
+    snprintf(far, sizeof far, "[[0, 0, 5, %lld], [1, 5, %lld, 64]]", (long long)shards[0].bytes - 8,
+             (long long)n);
     const char *bad[][2] = {{"cddp_params", "[[\"fc.weight\", -1, [4, 3]]]"},
                             {"cddp_params", "[[\"fc.weight\", 0, [4000000, 3000000]]]"},
                             {"cddp_params", "{\"not\": \"a list\"}"},
                             {"cddp_shards", "[[10, 1]]"},
                             {"cddp_states", "[\"a.b\"]"},
-                            {"cddp_world", "0"}};
+                            {"cddp_world", "0"},
+                            {"cddp_world", "3"},
+                            {"cddp_ranges", "[[0, 0, 5, 64], [2, 5, 26, 64]]"}, /* no shard 2 */
+                            {"cddp_ranges", "[[0, 0, 6, 64], [1, 5, 26, 64]]"}, /* overlap */
+                            {"cddp_ranges", "[[0, 0, 5, 64]]"},                 /* a gap */
+                            {"cddp_ranges", far},                               /* past the end */
+                            {"cddp_ranges", "[[0, 0, 5, 64, 99], [1, 5, 26, 64]]"}, /* a state */
+                            {"cddp_format", "checkpoint-set-9"},
+                            {NULL, NULL}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        const char *meta[] = {"cddp_format", "checkpoint-set-1",
-                              "cddp_world",  "2",
-                              "cddp_numel",  "41",
-                              "cddp_seq",    "1",
-                              "cddp_params", "[]",
-                              "cddp_ties",   "[]",
-                              "cddp_states", "[]",
-                              "cddp_shards", "[[1, 1], [1, 1]]",
-                              NULL,          NULL,
-                              NULL};
-        for (int k = 0; meta[k]; k += 2)
-            if (!strcmp(meta[k], bad[i][0])) meta[k + 1] = bad[i][1];
-        snprintf(path, sizeof path, "%s/" CDDP_CKPT_MANIFEST, dir);
+        const char *meta[2 * NK + 1];
+        for (int k = 0; k < NK; k++) {
+            meta[2 * k] = keys[k];
+            meta[2 * k + 1] = cddp_safetensors_meta(good, keys[k]);
+            assert_non_null(meta[2 * k + 1]);
+            if (bad[i][0] && !strcmp(keys[k], bad[i][0])) meta[2 * k + 1] = bad[i][1];
+        }
+        meta[2 * NK] = NULL;
         assert_int_equal(cddp_safetensors_write(path, NULL, 0, meta, &err), CDDP_OK);
-        assert_null(cddp_ckpt_set_open(dir, &err));
+        cddp_ckpt_set *s = cddp_ckpt_set_open(dir, &err);
+        if (!bad[i][0]) { /* the control */
+            assert_non_null(s);
+            cddp_ckpt_set_close(s);
+            continue;
+        }
+        if (s) fail_msg("a manifest with %s = %s was opened", bad[i][0], bad[i][1]);
         assert_int_equal(err.code, CDDP_EFORMAT);
     }
+    /* Ranges inside the files but at other offsets than the shard's header says: the set opens
+     * (only the manifest is read), and the first read from that shard refuses it. */
+    const char *ranges = cddp_safetensors_meta(good, "cddp_ranges"),
+               *first = strstr(ranges, "[0,0,5,");
+    assert_non_null(first);
+    char moved[512];
+    snprintf(moved, sizeof moved, "%.*s[0,0,5,8]%s", (int)(first - ranges), ranges,
+             strchr(first, ']') + 1);
+    const char *meta[2 * NK + 1];
+    for (int k = 0; k < NK; k++) {
+        meta[2 * k] = keys[k];
+        meta[2 * k + 1] =
+            strcmp(keys[k], "cddp_ranges") ? cddp_safetensors_meta(good, keys[k]) : moved;
+    }
+    meta[2 * NK] = NULL;
+    assert_int_equal(cddp_safetensors_write(path, NULL, 0, meta, &err), CDDP_OK);
+    cddp_ckpt_set *s = cddp_ckpt_set_open(dir, &err);
+    assert_non_null(s);
+    float got[32];
+    assert_int_equal(cddp_ckpt_set_read(s, NULL, 6, 9, got, &err), CDDP_OK); /* shard 1 is right */
+    assert_memory_equal(got, cddp_model_data(a) + 6, 3 * sizeof(float));
+    assert_int_equal(cddp_ckpt_set_read(s, NULL, 0, n, got, &err), CDDP_EFORMAT);
+    assert_non_null(strstr(err.msg, "disagree on where the ranges lie"));
+    cddp_ckpt_set_close(s);
+    cddp_safetensors_destroy(good);
     cddp_model_destroy(a);
 }
 

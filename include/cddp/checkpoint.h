@@ -71,11 +71,13 @@ CDDP_API int cddp_checkpoint_load(const char *path, cddp_model *m, cddp_optim *o
  * model's buffers as tensors, and in the metadata "cddp_format" = "checkpoint-set-1", the world
  * size, the parameters' names, shapes and offsets ("cddp_params", JSON), the tied names
  * ("cddp_ties"), the optimizer ("optimizer", "optimizer_steps", "lr", "cddp_states"), every
- * shard's size and CRC-32 ("cddp_shards"), a commit number ("cddp_seq", one more than any other
- * set of ROOT had) and the caller's pairs. Every file is written to a temporary, flushed and
- * renamed, and the manifest only after every shard is on disk: a set without its manifest is
- * incomplete and is never loaded, so a kill at any moment leaves the previous complete set or
- * the new one. The folder must be one every rank sees (a shared file system across hosts).
+ * shard's size and CRC-32 ("cddp_shards"), where each range lies ("cddp_ranges": shard, first
+ * and end element, the byte offsets of its parameters and of each state in the shard's file), a
+ * commit number ("cddp_seq", one more than any other set of ROOT had) and the caller's pairs. Every
+ * file is written to a temporary, flushed and renamed, and the manifest only after every shard is
+ * on disk: a set without its manifest is incomplete and is never loaded, so a kill at any moment
+ * leaves the previous complete set or the new one. The folder must be one every rank sees (a shared
+ * file system across hosts).
  *
  * The three steps of a save (cddp_ddp_save_set runs them with its group):
  *   1. rank 0: cddp_ckpt_set_prepare; 2. every rank: cddp_ckpt_set_write_shard;
@@ -119,9 +121,9 @@ CDDP_API int cddp_checkpoint_resolve(const char *path, char *out, size_t cap, cd
 CDDP_API cddp_safetensors *cddp_checkpoint_metadata(const char *path, cddp_error *err);
 
 typedef struct cddp_ckpt_set cddp_ckpt_set;
-/* Opens a set (path as for resolve), reading its manifest and every shard's header (not the
- * data): the shards must be there with the sizes the manifest gives, and their ranges must cover
- * the flat block once. */
+/* Opens a set (path as for resolve), reading its manifest alone: the shards must be there with
+ * the sizes the manifest gives, and its ranges must cover the flat block once, each inside its
+ * shard's file. */
 CDDP_API cddp_ckpt_set *cddp_ckpt_set_open(const char *path, cddp_error *err);
 CDDP_API void cddp_ckpt_set_close(cddp_ckpt_set *s);
 CDDP_API const char *cddp_ckpt_set_dir(const cddp_ckpt_set *s);

@@ -1,11 +1,13 @@
 /* ckpt_read.c: finding, opening, checking and reading checkpoint sets (format in
  * cddp/checkpoint.h).
  *
- * Opening reads the manifest and the shards' headers only; the data stays on disk until a range
- * is asked for, and then only the bytes of that range are read (pread), from whichever shards
- * hold it. That is what lets a set saved by N ranks load on M: each rank asks for the ranges it
- * needs. Nothing in a manifest or a shard header is trusted: sizes, offsets, ranges and names are
- * checked before any read.
+ * Opening reads the manifest alone (it says where each range of the flat block lies: which shard,
+ * which byte offsets) and checks every shard's size; the data stays on disk until a range is
+ * asked for, and then only the bytes of that range are read (pread), from whichever shards hold
+ * it. That is what lets a set saved by N ranks load on M: each rank asks for the ranges it needs.
+ * Nothing in a manifest is trusted: sizes, offsets, ranges and names are checked before any read.
+ * The shards' own headers are read at commit (cddp__ckpt_index), which writes the ranges from
+ * them, and the CRC-32s (cddp_ckpt_set_verify) tie every byte to the manifest.
  */
 #include "cddp/checkpoint.h"
 #include "io/internal.h"
@@ -176,6 +178,8 @@ out:
     return rc;
 }
 
+static int check_cover(const char *dir, cddp__ckpt_layout *l, int64_t numel, cddp_error *err);
+
 int cddp__ckpt_index(const char *dir, int world, const cddp_ckpt_shard *shards, int nstates,
                      const char *const *states, int64_t numel, cddp__ckpt_layout *l,
                      cddp_error *err) {
@@ -186,7 +190,15 @@ int cddp__ckpt_index(const char *dir, int world, const cddp_ckpt_shard *shards, 
     int cap = 0, rc = CDDP_OK;
     for (int r = 0; r < world && rc == CDDP_OK; r++)
         rc = index_shard(dir, r, world, shards ? &shards[r] : NULL, nstates, states, l, &cap, err);
-    if (rc == CDDP_OK && l->n) qsort(l->ranges, (size_t)l->n, sizeof *l->ranges, by_begin);
+    if (rc == CDDP_OK) rc = check_cover(dir, l, numel, err);
+    if (rc != CDDP_OK) cddp__ckpt_layout_free(l);
+    return rc;
+}
+
+/* Sorts the ranges, and checks that they cover [0, numel) once. */
+static int check_cover(const char *dir, cddp__ckpt_layout *l, int64_t numel, cddp_error *err) {
+    int rc = CDDP_OK;
+    if (l->n) qsort(l->ranges, (size_t)l->n, sizeof *l->ranges, by_begin);
     int64_t at = 0;
     for (int i = 0; rc == CDDP_OK && i < l->n; i++) {
         const cddp__ckpt_range *g = &l->ranges[i];
@@ -202,7 +214,6 @@ int cddp__ckpt_index(const char *dir, int world, const cddp_ckpt_shard *shards, 
         rc = cddp_error_set(err, CDDP_EFORMAT,
                             "%s: the shards hold %" PRId64 " of the %" PRId64 " elements", dir, at,
                             numel);
-    if (rc != CDDP_OK) cddp__ckpt_layout_free(l);
     return rc;
 }
 
@@ -234,10 +245,11 @@ static int64_t json_int(const cJSON *v, int64_t lo, int64_t hi) {
 }
 
 /* The manifest's JSON lists, checked. */
-static int parse_lists(cddp_ckpt_set *s, cJSON *params, cJSON *ties, cJSON *states, cJSON *shards) {
+static int parse_lists(cddp_ckpt_set *s, cJSON *params, cJSON *ties, cJSON *states, cJSON *shards,
+                       cJSON *ranges) {
     if (!cJSON_IsArray(params) || !cJSON_IsArray(ties) || !cJSON_IsArray(states) ||
         !cJSON_IsArray(shards) || cJSON_GetArraySize(shards) != s->world ||
-        cJSON_GetArraySize(states) > CDDP__CKPT_MAX_STATES)
+        cJSON_GetArraySize(states) > CDDP__CKPT_MAX_STATES || !cJSON_IsArray(ranges))
         return -1;
     s->nparams = cJSON_GetArraySize(params);
     s->nties = cJSON_GetArraySize(ties);
@@ -285,6 +297,27 @@ static int parse_lists(cddp_ckpt_set *s, cJSON *params, cJSON *ties, cJSON *stat
         if (bytes < 0 || crc < 0) return -1;
         s->shards[i++] = (cddp_ckpt_shard){.bytes = bytes, .crc32 = (uint32_t)crc};
     }
+    /* The ranges: [shard, begin, end, offsets], every byte inside its shard's file. */
+    s->layout.n = cJSON_GetArraySize(ranges);
+    if (!(s->layout.ranges = cddp_calloc((size_t)s->layout.n + 1, sizeof *s->layout.ranges)))
+        return -1;
+    i = 0;
+    cJSON_ArrayForEach(e, ranges) {
+        cddp__ckpt_range *g = &s->layout.ranges[i++];
+        int64_t shard = json_int(cJSON_GetArrayItem(e, 0), 0, s->world - 1);
+        g->begin = json_int(cJSON_GetArrayItem(e, 1), 0, s->numel);
+        g->end = json_int(cJSON_GetArrayItem(e, 2), 0, s->numel);
+        if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 4 + s->nstates || shard < 0 ||
+            g->begin < 0 || g->end <= g->begin)
+            return -1;
+        g->shard = (int)shard;
+        int64_t bytes = s->shards[shard].bytes, len = 4 * (g->end - g->begin);
+        for (int k = 0; k <= s->nstates; k++) {
+            int64_t at = json_int(cJSON_GetArrayItem(e, 3 + k), 8, bytes);
+            if (at < 8 || len > bytes - at) return -1;
+            g->at[k] = (uint64_t)at;
+        }
+    }
     return 0;
 }
 
@@ -320,24 +353,38 @@ static cddp_ckpt_set *open_set(const char *dir, cddp_error *err) {
         goto fail;
     }
     s->world = (int)world;
-    const char *keys[] = {"cddp_params", "cddp_ties", "cddp_states", "cddp_shards"};
-    cJSON *lists[4] = {0};
-    for (int k = 0; k < 4; k++) {
+    const char *keys[] = {"cddp_params", "cddp_ties", "cddp_states", "cddp_shards", "cddp_ranges"};
+    cJSON *lists[5] = {0};
+    for (int k = 0; k < 5; k++) {
         const char *v = cddp_safetensors_meta(s->manifest, keys[k]);
         lists[k] = v ? cJSON_Parse(v) : NULL;
     }
-    int bad = parse_lists(s, lists[0], lists[1], lists[2], lists[3]);
-    for (int k = 0; k < 4; k++) cJSON_Delete(lists[k]);
+    int bad = parse_lists(s, lists[0], lists[1], lists[2], lists[3], lists[4]);
+    for (int k = 0; k < 5; k++) cJSON_Delete(lists[k]);
     if (bad) {
         cddp_error_set(err, CDDP_EFORMAT,
-                       "%s: cddp_params, cddp_ties, cddp_states or cddp_shards is missing or "
-                       "malformed",
+                       "%s: cddp_params, cddp_ties, cddp_states, cddp_shards or cddp_ranges is "
+                       "missing or malformed",
                        path);
         goto fail;
     }
-    if (cddp__ckpt_index(dir, s->world, s->shards, s->nstates, (const char *const *)s->states,
-                         s->numel, &s->layout, err) != CDDP_OK)
-        goto fail;
+    if (check_cover(dir, &s->layout, s->numel, err) != CDDP_OK) goto fail;
+    /* Every shard there with its size (its data is read only when asked for). */
+    for (int r = 0; r < s->world; r++) {
+        struct stat fs;
+        snprintf(path, sizeof path, "%s/shard-%05d-of-%05d.safetensors", dir, r, s->world);
+        if (stat(path, &fs) != 0) {
+            cddp_error_set(err, CDDP_EFORMAT, "%s: %s (the set is damaged)", path, strerror(errno));
+            goto fail;
+        }
+        if ((int64_t)fs.st_size != s->shards[r].bytes) {
+            cddp_error_set(err, CDDP_EFORMAT,
+                           "%s is %" PRId64 " bytes but the set's manifest says %" PRId64
+                           " (the set is damaged)",
+                           path, (int64_t)fs.st_size, s->shards[r].bytes);
+            goto fail;
+        }
+    }
     if (!(s->fds = cddp_malloc(sizeof *s->fds * (size_t)s->world))) {
         cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", dir);
         goto fail;
@@ -448,9 +495,36 @@ const char *cddp_ckpt_set_state(const cddp_ckpt_set *s, int i) {
 
 /* ---- reading ------------------------------------------------------------------------------- */
 
+/* The manifest's ranges of shard r against the shard's own header: the same ranges at the same
+ * offsets, or the set is refused (a manifest that points elsewhere would read wrong numbers). */
+static int check_shard(cddp_ckpt_set *s, int r, const char *path, cddp_error *err) {
+    cddp__ckpt_layout own = {0};
+    int cap = 0, mine = 0,
+        rc = index_shard(s->dir, r, s->world, &s->shards[r], s->nstates,
+                         (const char *const *)s->states, &own, &cap, err);
+    for (int i = 0; rc == CDDP_OK && i < s->layout.n; i++) {
+        const cddp__ckpt_range *g = &s->layout.ranges[i];
+        if (g->shard != r) continue;
+        int j = 0;
+        while (j < own.n && (own.ranges[j].begin != g->begin || own.ranges[j].end != g->end ||
+                             memcmp(own.ranges[j].at, g->at, sizeof g->at) != 0))
+            j++;
+        mine += j < own.n ? 1 : own.n + 1; /* a range the header lacks: never equal */
+    }
+    if (rc == CDDP_OK && mine != own.n)
+        rc = cddp_error_set(err, CDDP_EFORMAT,
+                            "%s: its header and the set's manifest disagree on where the ranges "
+                            "lie (the set is damaged)",
+                            path);
+    cddp__ckpt_layout_free(&own);
+    return rc;
+}
+
 static int shard_fd(cddp_ckpt_set *s, int r, char *path, size_t cap, cddp_error *err) {
     snprintf(path, cap, "%s/shard-%05d-of-%05d.safetensors", s->dir, r, s->world);
-    if (s->fds[r] < 0 && (s->fds[r] = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+    if (s->fds[r] >= 0) return CDDP_OK;
+    CDDP_TRY(check_shard(s, r, path, err));
+    if ((s->fds[r] = open(path, O_RDONLY | O_CLOEXEC)) < 0)
         return cddp_error_set(err, CDDP_EIO, "cannot open %s: %s", path, strerror(errno));
     return CDDP_OK;
 }

@@ -161,7 +161,7 @@ out:
 /* ---- the manifest -------------------------------------------------------------------------- */
 
 static char *layout_json(const cddp_model *m, const cddp_optim *opt, const cddp_ckpt_shard *shards,
-                         int world, int which) {
+                         int world, const cddp__ckpt_layout *l, int which) {
     cJSON *a = cJSON_CreateArray();
     if (!a) return NULL;
     if (which == 0) { /* the parameters: [name, offset, shape] */
@@ -190,11 +190,23 @@ static char *layout_json(const cddp_model *m, const cddp_optim *opt, const cddp_
             cddp_optim_state(opt, s, &name);
             cJSON_AddItemToArray(a, cJSON_CreateString(name));
         }
-    } else { /* the shards: [bytes, crc32] */
+    } else if (which == 3) { /* the shards: [bytes, crc32] */
         for (int r = 0; r < world; r++) {
             cJSON *e = cJSON_CreateArray();
             cJSON_AddItemToArray(e, cJSON_CreateNumber((double)shards[r].bytes));
             cJSON_AddItemToArray(e, cJSON_CreateNumber((double)shards[r].crc32));
+            cJSON_AddItemToArray(a, e);
+        }
+    } else { /* the ranges: [shard, begin, end, file offset of the parameters, of each state] */
+        int ns = opt ? cddp_optim_num_states(opt) : 0;
+        for (int i = 0; i < l->n; i++) {
+            const cddp__ckpt_range *g = &l->ranges[i];
+            cJSON *e = cJSON_CreateArray();
+            cJSON_AddItemToArray(e, cJSON_CreateNumber(g->shard));
+            cJSON_AddItemToArray(e, cJSON_CreateNumber((double)g->begin));
+            cJSON_AddItemToArray(e, cJSON_CreateNumber((double)g->end));
+            for (int k = 0; k <= ns; k++)
+                cJSON_AddItemToArray(e, cJSON_CreateNumber((double)g->at[k]));
             cJSON_AddItemToArray(a, e);
         }
     }
@@ -279,7 +291,6 @@ int cddp_ckpt_set_commit(const char *dir, int world, const cddp_model *m, const 
     cddp__ckpt_layout layout = {0};
     CDDP_TRY(cddp__ckpt_index(dir, world, shards, ns, states, (int64_t)cddp_model_numel(m), &layout,
                               err));
-    cddp__ckpt_layout_free(&layout);
 
     cddp__ckpt_entry *sets = NULL;
     int nsets = cddp__ckpt_scan(root, &sets);
@@ -291,9 +302,9 @@ int cddp_ckpt_set_commit(const char *dir, int world, const cddp_model *m, const 
     while (metadata && metadata[nmeta]) nmeta++;
     cddp_st_tensor *bufs = cddp_calloc((size_t)nb + 1, sizeof *bufs);
     const char **meta = cddp_calloc((size_t)nmeta + 32, sizeof *meta);
-    char *json[4] = {0};
-    for (int j = 0; j < 4; j++) json[j] = layout_json(m, opt, shards, world, j);
-    if (!bufs || !meta || !json[0] || !json[1] || !json[2] || !json[3]) {
+    char *json[5] = {0};
+    for (int j = 0; j < 5; j++) json[j] = layout_json(m, opt, shards, world, &layout, j);
+    if (!bufs || !meta || !json[0] || !json[1] || !json[2] || !json[3] || !json[4]) {
         rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", dir);
         goto out;
     }
@@ -315,7 +326,8 @@ int cddp_ckpt_set_commit(const char *dir, int world, const cddp_model *m, const 
                            "cddp_params", json[0],
                            "cddp_ties",   json[1],
                            "cddp_states", json[2],
-                           "cddp_shards", json[3]};
+                           "cddp_shards", json[3],
+                           "cddp_ranges", json[4]};
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) meta[k++] = pairs[i];
     if (opt) k = cddp__optim_meta(opt, meta, k, steps, lr);
     for (int i = 0; i < nmeta; i++) meta[k++] = metadata[i];
@@ -328,7 +340,8 @@ int cddp_ckpt_set_commit(const char *dir, int world, const cddp_model *m, const 
         prune(root, name, keep);
     }
 out:
-    for (int j = 0; j < 4; j++) cJSON_free(json[j]);
+    for (int j = 0; j < 5; j++) cJSON_free(json[j]);
+    cddp__ckpt_layout_free(&layout);
     cddp_free(bufs);
     cddp_free(meta);
     return rc;
