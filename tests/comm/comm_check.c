@@ -138,7 +138,10 @@ static int reductions(cddp_comm *c, uint8_t *in, uint8_t *out, size_t cap, bool 
     const char *name = scatter ? "reduce_scatter" : "allreduce";
     cddp_error err = {0};
     int checks = 0;
-    for (int dt = 0; dt <= CDDP_COMM_F16; dt++)
+    for (int dt = 0; dt <= CDDP_COMM_F16; dt++) {
+        /* Every dtype up to 8 ranks; beyond, where the cost is the group's size (16 ranks share
+         * the cores), the algorithms at scale with one float and one integer type. */
+        if (world > 8 && dt != CDDP_COMM_F32 && dt != CDDP_COMM_I64) continue;
         for (int op = 0; op <= CDDP_COMM_PRODUCT; op++) {
             /* The product of ranks 1..world is checked where the dtype holds it exactly. */
             if (op == CDDP_COMM_PRODUCT && !exact(dt, expected(op, dt, 0))) continue;
@@ -172,6 +175,7 @@ static int reductions(cddp_comm *c, uint8_t *in, uint8_t *out, size_t cap, bool 
                     checks++;
                 }
         }
+    }
     return checks;
 }
 
