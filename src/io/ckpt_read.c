@@ -124,8 +124,10 @@ static int index_shard(const char *dir, int r, int world, const cddp_ckpt_shard 
     snprintf(path, sizeof path, "%s/shard-%05d-of-%05d.safetensors", dir, r, world);
     struct stat fs;
     if (stat(path, &fs) != 0)
-        return cddp_error_set(err, CDDP_EFORMAT, "%s: %s (the set is damaged)", path,
-                              strerror(errno));
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s: %s (the set is damaged; when the ranks run on several hosts, "
+                              "the set's folder must be on a file system they all share)",
+                              path, strerror(errno));
     if (expect && (uint64_t)fs.st_size != (uint64_t)expect->bytes)
         return cddp_error_set(err, CDDP_EFORMAT,
                               "%s is %" PRIu64 " bytes but the set's manifest says %" PRId64
