@@ -73,7 +73,8 @@ CDDP_API int cddp_checkpoint_load(const char *path, cddp_model *m, cddp_optim *o
  * ("cddp_ties"), the optimizer ("optimizer", "optimizer_steps", "lr", "cddp_states"), every
  * shard's size and CRC-32 ("cddp_shards"), where each range lies ("cddp_ranges": shard, first
  * and end element, the byte offsets of its parameters and of each state in the shard's file), a
- * commit number ("cddp_seq", one more than any other set of ROOT had) and the caller's pairs. Every
+ * commit number ("cddp_seq", one more than any other set of ROOT had), the step ("cddp_step")
+ * and the caller's pairs. Every
  * file is written to a temporary, flushed and renamed, and the manifest only after every shard is
  * on disk: a set without its manifest is incomplete and is never loaded, so a kill at any moment
  * leaves the previous complete set or the new one. The folder must be one every rank sees (a shared

@@ -329,6 +329,12 @@ int cddp_ckpt_set_commit(const char *dir, int world, const cddp_model *m, const 
                            "cddp_shards", json[3],
                            "cddp_ranges", json[4]};
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) meta[k++] = pairs[i];
+    if (!strncmp(name, "step-", 5)) { /* the step the folder is named after */
+        const char *digits = name + 5;
+        while (digits[0] == '0' && digits[1]) digits++;
+        meta[k++] = "cddp_step";
+        meta[k++] = digits;
+    }
     if (opt) k = cddp__optim_meta(opt, meta, k, steps, lr);
     for (int i = 0; i < nmeta; i++) meta[k++] = metadata[i];
     meta[k] = NULL;

@@ -21,7 +21,7 @@ grep -q "^ok: .*2 optimizer states over" verify.out || { cat verify.out; fail "v
 # The same checkpoint as a set of 3 shards (test_reference wrote both): shown, verified, and
 # consolidated into the same tensors as the file, which PyTorch loads.
 "$ckpt" show g/gpt_sets > sshow.out || { cat sshow.out; fail "show of a set failed"; }
-grep -q "set  *g/gpt_sets/step-00000003: 3 shards, commit 1" sshow.out && grep -q "optimizer state  *56 tensors" sshow.out \
+grep -q "set  *g/gpt_sets/step-00000003: 3 shards, step 3, commit 1" sshow.out && grep -q "optimizer state  *56 tensors" sshow.out \
     || { cat sshow.out; fail "show of a set lacks its shards or its state"; }
 "$ckpt" verify g/gpt_sets > sverify.out || { cat sverify.out; fail "verify refused a good set"; }
 grep -q "every shard's checksum right" sverify.out || { cat sverify.out; fail "verify of a set: no ok line"; }

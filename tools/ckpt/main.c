@@ -99,8 +99,9 @@ static int show(const view *v, const char *path) {
     }
     printf("%s\n", path);
     if (v->set)
-        printf("  %-16s %s: %d shard%s, commit %s\n", "set", cddp_ckpt_set_dir(v->set),
+        printf("  %-16s %s: %d shard%s, step %s, commit %s\n", "set", cddp_ckpt_set_dir(v->set),
                cddp_ckpt_set_world(v->set), cddp_ckpt_set_world(v->set) == 1 ? "" : "s",
+               cddp_safetensors_meta(v->meta, "cddp_step"),
                cddp_safetensors_meta(v->meta, "cddp_seq"));
     for (size_t k = 0; k < NKEYS; k++) {
         const char *value = cddp_safetensors_meta(v->meta, keys[k]);
