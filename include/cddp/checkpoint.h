@@ -118,7 +118,8 @@ CDDP_API int cddp_ckpt_set_commit(const char *dir, int world, const cddp_model *
  * all there). The result goes to out (cap bytes). CDDP_ENOENT when a folder holds no complete
  * set. */
 CDDP_API int cddp_checkpoint_resolve(const char *path, char *out, size_t cap, cddp_error *err);
-/* The metadata of a checkpoint file, or of a set's manifest (path as for resolve). */
+/* The metadata of a checkpoint (path as for resolve): a file's header (names, shapes and
+ * metadata; its tensors' data are NULL: not read), or a set's manifest. */
 CDDP_API cddp_safetensors *cddp_checkpoint_metadata(const char *path, cddp_error *err);
 
 typedef struct cddp_ckpt_set cddp_ckpt_set;

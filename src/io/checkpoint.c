@@ -419,11 +419,7 @@ int cddp__ckpt_set_load(const char *path, cddp_model *m, cddp_optim *opt, cddp_s
             cddp_optim_set_steps(opt, nsteps);
             if (lr >= 0) cddp_optim_set_lr(opt, (float)lr);
         }
-        if (file) {
-            char manifest[4200];
-            snprintf(manifest, sizeof manifest, "%s/" CDDP_CKPT_MANIFEST, dir);
-            if (!(*file = cddp_safetensors_read(manifest, err))) rc = err ? err->code : CDDP_EIO;
-        }
+        if (file) *file = cddp__ckpt_set_take_manifest(s);
     }
     cddp_free(params);
     cddp_free(state);

@@ -454,9 +454,20 @@ cddp_ckpt_set *cddp_ckpt_set_open(const char *path, cddp_error *err) {
 cddp_safetensors *cddp_checkpoint_metadata(const char *path, cddp_error *err) {
     char at[4096], manifest[4200];
     if (cddp_checkpoint_resolve(path, at, sizeof at, err) != CDDP_OK) return NULL;
-    if (!exists(at, true)) return cddp_safetensors_read(at, err);
+    if (!exists(at, true)) { /* a file: its header, not its data */
+        uint64_t start, size;
+        cddp_safetensors *f = cddp__safetensors_index(at, &start, &size, err);
+        if (f) cddp__safetensors_forget_data(f);
+        return f;
+    }
     snprintf(manifest, sizeof manifest, "%s/" CDDP_CKPT_MANIFEST, at);
     return cddp_safetensors_read(manifest, err);
+}
+
+cddp_safetensors *cddp__ckpt_set_take_manifest(cddp_ckpt_set *s) {
+    cddp_safetensors *m = s->manifest;
+    s->manifest = NULL;
+    return m;
 }
 
 const char *cddp_ckpt_set_dir(const cddp_ckpt_set *s) {

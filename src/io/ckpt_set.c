@@ -246,18 +246,14 @@ static void remove_other_shards(const char *dir, int world) {
     closedir(d);
 }
 
-/* Keeps the newest keep complete sets of root besides the one just committed (named current),
- * and removes sets without a manifest. */
-static void prune(const char *root, const char *current, int keep) {
-    cddp__ckpt_entry *sets = NULL;
-    int n = cddp__ckpt_scan(root, &sets);
-    int kept = 0;
-    for (int i = 0; i < n; i++) { /* newest first */
-        bool is_current = strcmp(sets[i].name, current) == 0;
-        if (is_current) {
-            kept++;
-            continue;
-        }
+/* Keeps the newest keep complete sets of root (sets: root as it was before this commit, newest
+ * first), the one just committed (named current) counted first, and removes sets without a
+ * manifest. */
+static void prune(const char *root, const cddp__ckpt_entry *sets, int n, const char *current,
+                  int keep) {
+    int kept = 1; /* the current set */
+    for (int i = 0; i < n; i++) {
+        if (strcmp(sets[i].name, current) == 0) continue;
         if (sets[i].seq == CDDP__CKPT_UNREADABLE) continue; /* not ours to judge */
         if (sets[i].seq < 0 || (keep > 0 && kept >= keep)) {
             if (sets[i].seq < 0)
@@ -272,7 +268,6 @@ static void prune(const char *root, const char *current, int keep) {
         }
     }
     sync_dir(root);
-    cddp_free(sets);
 }
 
 int cddp_ckpt_set_commit(const char *dir, int world, const cddp_model *m, const cddp_optim *opt,
@@ -292,11 +287,10 @@ int cddp_ckpt_set_commit(const char *dir, int world, const cddp_model *m, const 
     CDDP_TRY(cddp__ckpt_index(dir, world, shards, ns, states, (int64_t)cddp_model_numel(m), &layout,
                               err));
 
-    cddp__ckpt_entry *sets = NULL;
+    cddp__ckpt_entry *sets = NULL; /* one scan: the commit number, then what to keep */
     int nsets = cddp__ckpt_scan(root, &sets);
     int64_t seq = 0;
     for (int i = 0; i < nsets; i++) seq = CDDP_MAX(seq, sets[i].seq);
-    cddp_free(sets);
 
     int nb = cddp_model_num_buffers(m), nmeta = 0, rc = CDDP_OK;
     while (metadata && metadata[nmeta]) nmeta++;
@@ -343,11 +337,12 @@ int cddp_ckpt_set_commit(const char *dir, int world, const cddp_model *m, const 
     rc = cddp_safetensors_write(path, bufs, nb, meta, err);
     if (rc == CDDP_OK) {
         remove_other_shards(dir, world);
-        prune(root, name, keep);
+        prune(root, sets, nsets, name, keep);
     }
 out:
     for (int j = 0; j < 5; j++) cJSON_free(json[j]);
     cddp__ckpt_layout_free(&layout);
+    cddp_free(sets);
     cddp_free(bufs);
     cddp_free(meta);
     return rc;

@@ -85,6 +85,9 @@ int cddp__ckpt_index(const char *dir, int world, const cddp_ckpt_shard *shards, 
                      cddp_error *err);
 void cddp__ckpt_layout_free(cddp__ckpt_layout *layout);
 
+/* Hands the open set's manifest to the caller (who destroys it); the set has none after. */
+cddp_safetensors *cddp__ckpt_set_take_manifest(cddp_ckpt_set *s);
+
 /* cddp_checkpoint_load for a set (path: a set or a folder of sets). */
 int cddp__ckpt_set_load(const char *path, cddp_model *m, cddp_optim *opt, cddp_safetensors **file,
                         cddp_error *err);
