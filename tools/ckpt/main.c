@@ -217,6 +217,24 @@ static char *file_name(const char *state, const char *param) {
     return s;
 }
 
+/* Appends parameter j of the set with its data in block (the parameters' or a state's): under
+ * "optim.<state>.<name>" with a state, under alias (a tied name) with one, else its own name. */
+static int add(view *v, int j, const float *block, const char *state, const char *alias) {
+    int64_t off = 0;
+    cddp_st_tensor *t = &v->t[v->n];
+    *t = *cddp_ckpt_set_param(v->set, j, &off);
+    t->data = block + off;
+    if (state || alias) {
+        t->name = v->names[v->n] = file_name(state, state || !alias ? t->name : alias);
+        if (!t->name) {
+            fprintf(stderr, "cddp-ckpt: out of memory\n");
+            return 1;
+        }
+    }
+    v->n++;
+    return 0;
+}
+
 /* A set's tensors under a file's names: parameters (and their tied names), buffers, states. */
 static int set_view(view *v) {
     cddp_ckpt_set *s = v->set;
@@ -238,31 +256,23 @@ static int set_view(view *v) {
             fprintf(stderr, "cddp-ckpt: %s\n", err.msg);
             return 1;
         }
-    for (int b = 0; b <= ns; b++)
-        for (int i = 0; i < np + nt; i++) {
-            const char *param = NULL, *name = i < np ? NULL : cddp_ckpt_set_tie(s, i - np, &param);
-            if (b && i >= np) break; /* a tied name has no state of its own */
-            int64_t off = 0;
-            int j = i < np ? i : 0;
-            while (i >= np && j < np && strcmp(cddp_ckpt_set_param(s, j, NULL)->name, param)) j++;
-            if (j == np) {
-                fprintf(stderr, "cddp-ckpt: %s: '%s' is tied to '%s', which is no parameter\n",
-                        cddp_ckpt_set_dir(s), name, param);
-                return 1;
-            }
-            cddp_st_tensor *t = &v->t[v->n];
-            *t = *cddp_ckpt_set_param(s, j, &off);
-            t->data = v->blocks + total * b + off;
-            if (b || name) {
-                t->name = v->names[v->n] =
-                    b ? file_name(cddp_ckpt_set_state(s, b - 1), t->name) : file_name(NULL, name);
-                if (!t->name) {
-                    fprintf(stderr, "cddp-ckpt: out of memory\n");
-                    return 1;
-                }
-            }
-            v->n++;
+    int rc = 0;
+    for (int i = 0; i < np && !rc; i++) rc = add(v, i, v->blocks, NULL, NULL); /* parameters */
+    for (int k = 0; k < nt && !rc; k++) { /* a tied parameter under its second name too */
+        const char *param, *name = cddp_ckpt_set_tie(s, k, &param);
+        int j = 0;
+        while (j < np && strcmp(cddp_ckpt_set_param(s, j, NULL)->name, param)) j++;
+        if (j == np) {
+            fprintf(stderr, "cddp-ckpt: %s: '%s' is tied to '%s', which is no parameter\n",
+                    cddp_ckpt_set_dir(s), name, param);
+            return 1;
         }
+        rc = add(v, j, v->blocks, NULL, name);
+    }
+    for (int b = 1; b <= ns && !rc; b++) /* each state, as optim.<state>.<name> */
+        for (int i = 0; i < np && !rc; i++)
+            rc = add(v, i, v->blocks + total * b, cddp_ckpt_set_state(s, b - 1), NULL);
+    if (rc) return rc;
     for (int i = 0; i < nb; i++) v->t[v->n++] = *cddp_safetensors_at(v->meta, i);
     return 0;
 }
