@@ -48,7 +48,8 @@ static cddp_loader_options loader_options(int64_t batch) {
 typedef struct options {
     int epochs, batch, log_every, save_every, keep;
     float lr, momentum, target_acc;
-    const char *optimizer, *model, *data, *save, *out, *resume, *hook, *init_from, *schedule;
+    const char *optimizer, *model, *data, *save, *out, *resume, *hook, *init_from, *schedule,
+        *sample_log;
     double bucket_cap_mb;
     uint64_t seed;
     int64_t limit;
@@ -95,6 +96,8 @@ static void usage(FILE *out) {
         "  --bucket-cap-mb X   DDP bucket size in MiB (default 25)\n"
         "  --zero              shard the optimizer state across the ranks (ZeRO-1)\n"
         "  --json              end with one JSON line of results\n"
+        "  --sample-log PATH   each rank appends a line 'epoch step index' for every sample it\n"
+        "                      trains on to PATH.<rank> (to check which samples a job saw)\n"
         "  -h, --help          show this help\n");
 }
 
@@ -134,6 +137,7 @@ static int parse_args(int argc, char **argv, options *o) {
                                              {"keep", required_argument, 0, 'K'},
                                              {"init-from", required_argument, 0, 'I'},
                                              {"init_from", required_argument, 0, 'I'},
+                                             {"sample-log", required_argument, 0, 'G'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     int c;
@@ -203,6 +207,9 @@ static int parse_args(int argc, char **argv, options *o) {
             break;
         case 'I':
             o->init_from = optarg;
+            break;
+        case 'G':
+            o->sample_log = optarg;
             break;
         case 'E':
             if ((ok = run_int(P, "--save-every", optarg, 0, INT32_MAX, &i))) o->save_every = (int)i;
@@ -369,7 +376,7 @@ int main(int argc, char **argv) {
     cddp_model *m = NULL;
     cddp_optim *opt = NULL;
     cddp_ctx *ctx = NULL;
-    FILE *csv = NULL;
+    FILE *csv = NULL, *sample_log = NULL;
     char title[160] = "";
     curves curve = {.title = title, .eval_label = "test accuracy", .eval_is_fraction = true};
     bool cnn = strcmp(o.model, "mlp") != 0, resnet = strcmp(o.model, "resnet") == 0;
@@ -382,6 +389,15 @@ int main(int argc, char **argv) {
     bool tty = rank == 0 && isatty(STDOUT_FILENO);
     snprintf(title, sizeof title, "fashion_mnist: %s, %s, %d rank%s x batch %d (loss: rank 0's)",
              o.model, o.optimizer, world, world > 1 ? "s" : "", o.batch);
+    if (o.sample_log) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s.%d", o.sample_log, rank);
+        if (!(sample_log = fopen(path, "a"))) {
+            cddp_error_set(&err, CDDP_EIO, "cannot open --sample-log %s: %s", path,
+                           strerror(errno));
+            goto fail;
+        }
+    }
 
     train = cddp_dataset_mnist(o.data, true, &err);
     test = train ? cddp_dataset_mnist(o.data, false, &err) : NULL;
@@ -539,6 +555,12 @@ int main(int argc, char **argv) {
                 goto fail;
             }
             epoch_samples += b.size;
+            if (sample_log) { /* flushed every step: a killed job's log ends at its last step */
+                for (int64_t k = 0; k < b.size; k++)
+                    fprintf(sample_log, "%d %" PRId64 " %" PRId64 "\n", epoch, b.index,
+                            b.indices[k]);
+                fflush(sample_log);
+            }
             if (files && o.save_every > 0 && ++since_save % o.save_every == 0 &&
                 save_checkpoint(ddp, group, ctx, opt, ckpt, &o, epoch, epoch * steps + b.index + 1,
                                 cddp_sampler_get_state(sampler), &err) != CDDP_OK)
@@ -610,6 +632,7 @@ fail:
     fprintf(stderr, "fashion_mnist: %s\n", cddp_error_msg(&err));
 done:
     if (csv) fclose(csv);
+    if (sample_log) fclose(sample_log);
     curves_free(&curve);
     cddp_ddp_destroy(ddp);
     cddp_optim_destroy(opt);

@@ -447,6 +447,8 @@ bad_args)
     refused 2 "--val_fraction 1.5: expected a finite number in (0, 0.99]" \
         "$build/bin/cddp-tokenize" --val_fraction 1.5 in out
     refused 1 "$work holds no complete checkpoint set" "$FM" --resume "$work" --out none
+    refused 1 "cannot open --sample-log $work/no/log.0: No such file or directory" \
+        "$FM" --sample-log "$work/no/log" --out none
     # A checkpoint whose metadata was tampered with: every bad value is refused before training.
     "$FM" --epochs 1 --limit 256 --log-every 0 --out ck > ck.out 2>&1 || { cat ck.out; fail "no checkpoint"; }
     for kv in epoch=-5 epoch=99999999999 epoch=abc data_position=-1 lr=nan lr=-1 \
@@ -466,7 +468,8 @@ EOF
     done
     # Training that diverges stops with the reason.
     expect 1 "training diverged (a smaller --lr, now 10?)" "$FM" --lr 10 --limit 4096 --out none
-    echo "ok: 15 bad numbers on the command lines, 7 in a checkpoint, a folder and a diverging run:" \
+    echo "ok: 15 bad numbers on the command lines, 7 in a checkpoint, a folder, a log that cannot be" \
+         "opened and a diverging run:" \
          "each a clear error and a non-zero exit" ;;
 gpt_tokens)
     printf 'the quick brown fox jumps over the lazy dog.\n%.0s' $(seq 400) > text.txt

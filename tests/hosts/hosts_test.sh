@@ -10,8 +10,9 @@
 #   elastic 3 hosts x 1 rank in an elastic job (--nnodes 2:3 --max_restarts 1) training with a
 #          checkpoint every 10 steps; host 2 dies once a checkpoint exists: hosts 0 and 1 form the
 #          next round, resume mid-epoch on 2 ranks with the same global batch (96), and end with
-#          the test accuracy of an uninterrupted 3-rank run (to 0.002); kill to training again
-#          within 15 s
+#          the test accuracy of an uninterrupted 3-rank run (to 0.002); every sample of each
+#          epoch trained exactly once (the first round's steps up to the checkpoint, then the
+#          second round's, from the ranks' --sample-log); kill to training again within 15 s
 #   late   the same job started on hosts 0 and 1; host 2 comes once a checkpoint exists and
 #          waits for the next round; host 1 dies: hosts 0 and 2 go on and finish
 #   below  an elastic job of 2 hosts (--nnodes 2:3); host 1 dies: with 1 node left, below MIN,
@@ -71,8 +72,9 @@ same_loss() {
 # batch of 96 over the ranks there are, from the checkpoint when there is one.
 elastic_node() {
     train="b=\$((96 / WORLD_SIZE)); c=ckpt/checkpoint.safetensors;
-           if [ -e \$c ]; then exec '$FM' $args --batch-size \$b --resume \$c;
-           else exec '$FM' $args --batch-size \$b; fi"
+           log=\"--sample-log samples.\$CDDP_RESTART_COUNT\";
+           if [ -e \$c ]; then exec '$FM' $args --batch-size \$b \$log --resume \$c;
+           else exec '$FM' $args --batch-size \$b \$log; fi"
     node "$1" 2:3 1 --max_restarts 1 --grace_period 1 sh -c "$train"
 }
 # await SECONDS WHAT COMMAND...: polls COMMAND every 50 ms until it succeeds; after SECONDS,
@@ -169,6 +171,22 @@ elastic | late)
     awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0.5 && d <= 0.002) }' ||
         fail "test accuracy $b after losing host 2, $a uninterrupted on 3 ranks"
     [ $ms -le 15000 ] || fail "training again took $ms ms after host 2 died"
+    seen=$(grep -o 'after [0-9]* of its samples' node0.out | tr -dc 0-9)
+    /usr/bin/python3 - "$seen" <<'EOF' || fail "a sample was skipped or trained twice"
+import collections, glob, sys
+seen = int(sys.argv[1])  # samples of epoch 0 in the checkpoint: 96 a step
+def lines(restart):
+    for path in glob.glob(f"samples.{restart}.*"):
+        for line in open(path):
+            yield tuple(int(v) for v in line.split())
+for epoch in (0, 1):
+    counts = collections.Counter(i for e, step, i in lines(1) if e == epoch)
+    if epoch == 0:
+        counts.update(i for e, step, i in lines(0) if e == 0 and step < seen // 96)
+    bad = [i for i in range(9000) if counts[i] != 1] + [i for i in counts if not 0 <= i < 9000]
+    if bad:
+        sys.exit(f"epoch {epoch}: sample {bad[0]} trained {counts[bad[0]]} times ({len(bad)} wrong)")
+EOF
     echo "ok: elastic job ($scenario), host $dies killed: $(grep -o 'after [0-9]* of its samples' node0.out)" \
          "of epoch 0, training again on hosts $expect_members after $ms ms; test accuracy $b," \
          "uninterrupted $a" ;;
