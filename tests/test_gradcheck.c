@@ -39,17 +39,39 @@ enum {
     OP_ATTENTION,
     OP_AVG_POOL2D,
     OP_ADAPTIVE_AVG_POOL2D,
+    OP_RELU_MAX_POOL2D,
     OP_COUNT
 };
 
-static const char *op_names[OP_COUNT] = {
-    "matmul",      "linear",        "add",        "sub",
-    "mul",         "div",           "scale",      "relu",
-    "gelu",        "tanh",          "sigmoid",    "softmax",
-    "log_softmax", "cross_entropy", "mse_loss",   "sum",
-    "mean",        "conv2d",        "max_pool2d", "dropout",
-    "reshape",     "batch_norm",    "embedding",  "layer_norm",
-    "gelu_tanh",   "attention",     "avg_pool2d", "adaptive_avg_pool2d"};
+static const char *op_names[OP_COUNT] = {"matmul",
+                                         "linear",
+                                         "add",
+                                         "sub",
+                                         "mul",
+                                         "div",
+                                         "scale",
+                                         "relu",
+                                         "gelu",
+                                         "tanh",
+                                         "sigmoid",
+                                         "softmax",
+                                         "log_softmax",
+                                         "cross_entropy",
+                                         "mse_loss",
+                                         "sum",
+                                         "mean",
+                                         "conv2d",
+                                         "max_pool2d",
+                                         "dropout",
+                                         "reshape",
+                                         "batch_norm",
+                                         "embedding",
+                                         "layer_norm",
+                                         "gelu_tanh",
+                                         "attention",
+                                         "avg_pool2d",
+                                         "adaptive_avg_pool2d",
+                                         "relu_max_pool2d"};
 
 #define CASES   30
 #define MAX_IN  3
@@ -181,6 +203,7 @@ static void make_case(gc_case *c, int op) {
         set_shape(c, 0, 4, rnd(1, 2), rnd(1, 3), rnd(1, 7), rnd(1, 7));
         break;
     case OP_MAX_POOL2D:
+    case OP_RELU_MAX_POOL2D:
     case OP_AVG_POOL2D:
         c->kernel = (int)rnd(1, 3);
         c->stride = (int)rnd(1, 3);
@@ -262,10 +285,11 @@ static void make_case(gc_case *c, int op) {
             }
         }
     }
-    if (op == OP_MAX_POOL2D) {
-        /* Distinct values 0.05 apart, shuffled: no window has a near tie. */
+    if (op == OP_MAX_POOL2D || op == OP_RELU_MAX_POOL2D) {
+        /* Distinct values 0.05 apart, shuffled: no window has a near tie; none within 0.025 of
+         * the ReLU's kink. */
         int64_t n = numel(c, 0);
-        for (int64_t k = 0; k < n; k++) c->data[0][k] = 0.05f * (float)k - 1.0f;
+        for (int64_t k = 0; k < n; k++) c->data[0][k] = 0.05f * (float)k - 1.025f;
         for (int64_t k = n - 1; k > 0; k--) {
             int64_t j = rnd(0, k);
             float t = c->data[0][k];
@@ -323,6 +347,8 @@ static cddp_tensor *forward(gc_case *c, cddp_tensor **in) {
     }
     case OP_MAX_POOL2D:
         return cddp_max_pool2d(ctx, in[0], c->kernel, c->stride, c->pad);
+    case OP_RELU_MAX_POOL2D:
+        return cddp_relu_max_pool2d(ctx, in[0], c->kernel, c->stride, c->pad);
     case OP_AVG_POOL2D:
         return cddp_avg_pool2d(ctx, in[0], c->kernel, c->stride, c->pad);
     case OP_ADAPTIVE_AVG_POOL2D:
@@ -449,6 +475,7 @@ GC_TEST(sum, OP_SUM)
 GC_TEST(mean, OP_MEAN)
 GC_TEST(conv2d, OP_CONV2D)
 GC_TEST(max_pool2d, OP_MAX_POOL2D)
+GC_TEST(relu_max_pool2d, OP_RELU_MAX_POOL2D)
 GC_TEST(avg_pool2d, OP_AVG_POOL2D)
 GC_TEST(adaptive_avg_pool2d, OP_ADAPTIVE_AVG_POOL2D)
 GC_TEST(dropout, OP_DROPOUT)
@@ -474,33 +501,20 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_grad_matmul),
-        cmocka_unit_test(test_grad_linear),
-        cmocka_unit_test(test_grad_add),
-        cmocka_unit_test(test_grad_sub),
-        cmocka_unit_test(test_grad_mul),
-        cmocka_unit_test(test_grad_div),
-        cmocka_unit_test(test_grad_scale),
-        cmocka_unit_test(test_grad_relu),
-        cmocka_unit_test(test_grad_gelu),
-        cmocka_unit_test(test_grad_tanh),
-        cmocka_unit_test(test_grad_sigmoid),
-        cmocka_unit_test(test_grad_softmax),
-        cmocka_unit_test(test_grad_log_softmax),
-        cmocka_unit_test(test_grad_cross_entropy),
-        cmocka_unit_test(test_grad_mse_loss),
-        cmocka_unit_test(test_grad_sum),
-        cmocka_unit_test(test_grad_mean),
-        cmocka_unit_test(test_grad_conv2d),
-        cmocka_unit_test(test_grad_max_pool2d),
-        cmocka_unit_test(test_grad_avg_pool2d),
-        cmocka_unit_test(test_grad_adaptive_avg_pool2d),
-        cmocka_unit_test(test_grad_dropout),
-        cmocka_unit_test(test_grad_reshape),
-        cmocka_unit_test(test_grad_batch_norm),
-        cmocka_unit_test(test_grad_embedding),
-        cmocka_unit_test(test_grad_layer_norm),
-        cmocka_unit_test(test_grad_gelu_tanh),
+        cmocka_unit_test(test_grad_matmul),      cmocka_unit_test(test_grad_linear),
+        cmocka_unit_test(test_grad_add),         cmocka_unit_test(test_grad_sub),
+        cmocka_unit_test(test_grad_mul),         cmocka_unit_test(test_grad_div),
+        cmocka_unit_test(test_grad_scale),       cmocka_unit_test(test_grad_relu),
+        cmocka_unit_test(test_grad_gelu),        cmocka_unit_test(test_grad_tanh),
+        cmocka_unit_test(test_grad_sigmoid),     cmocka_unit_test(test_grad_softmax),
+        cmocka_unit_test(test_grad_log_softmax), cmocka_unit_test(test_grad_cross_entropy),
+        cmocka_unit_test(test_grad_mse_loss),    cmocka_unit_test(test_grad_sum),
+        cmocka_unit_test(test_grad_mean),        cmocka_unit_test(test_grad_conv2d),
+        cmocka_unit_test(test_grad_max_pool2d),  cmocka_unit_test(test_grad_relu_max_pool2d),
+        cmocka_unit_test(test_grad_avg_pool2d),  cmocka_unit_test(test_grad_adaptive_avg_pool2d),
+        cmocka_unit_test(test_grad_dropout),     cmocka_unit_test(test_grad_reshape),
+        cmocka_unit_test(test_grad_batch_norm),  cmocka_unit_test(test_grad_embedding),
+        cmocka_unit_test(test_grad_layer_norm),  cmocka_unit_test(test_grad_gelu_tanh),
         cmocka_unit_test(test_grad_attention),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -36,6 +36,37 @@ static void test_sequential_names_and_layout(void **state) {
     cddp_model_destroy(m);
 }
 
+/* A Sequential runs a ReLU followed by a MaxPool2d as one op, relu_max_pool2d, with the
+ * values of the two; a ReLU followed by anything else stays a ReLU. */
+static void test_sequential_fuses_relu_and_max_pool(void **state) {
+    (void)state;
+    cddp_model *m = cddp_model_create();
+    assert_int_equal(cddp_model_add(m, NULL, cddp_nn_conv2d(1, 4, 3, 1, 1)), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, NULL, cddp_nn_relu()), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, NULL, cddp_nn_max_pool2d(2, 2)), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, NULL, cddp_nn_relu()), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, NULL, cddp_nn_flatten()), CDDP_OK);
+    assert_int_equal(cddp_model_build(m, 3), CDDP_OK);
+    cddp_ctx *ctx = cddp_ctx_create(&(cddp_ctx_options){.seed = 1});
+    cddp_tensor *x = cddp_uniform(ctx, 4, (int64_t[]){2, 1, 9, 10}, -1, 1, cddp_ctx_rng(ctx));
+    cddp_tensor *y = cddp_model_forward(m, ctx, x);
+    const char *ops[] = {"reshape", "relu", "relu_max_pool2d", "conv2d"}; /* newest first */
+    int i = 0;
+    for (cddp_node *n = cddp_ctx_tape(ctx); n; n = cddp_node_prev(n), i++) {
+        assert_true(i < 4);
+        assert_string_equal(cddp_node_op(n), ops[i]);
+    }
+    assert_int_equal(i, 4);
+    /* the two ops apart, from the convolution's output (the fused node's input) */
+    cddp_node *fused = cddp_node_prev(cddp_node_prev(cddp_ctx_tape(ctx)));
+    cddp_tensor *conv = cddp_node_input(fused, 0);
+    cddp_tensor *want = cddp_relu(ctx, cddp_max_pool2d(ctx, cddp_relu(ctx, conv), 2, 2, 0));
+    assert_int_equal(want->numel, y->numel);
+    for (int64_t k = 0; k < y->numel; k++) assert_true(cddp_f32(y)[k] == cddp_f32(want)[k]);
+    cddp_ctx_destroy(ctx);
+    cddp_model_destroy(m);
+}
+
 /* U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for Linear and Conv2d weights and biases. */
 static void check_uniform(const cddp_tensor *p, double bound) {
     double s = 0, s2 = 0;
@@ -455,6 +486,7 @@ static void test_tied_weights(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sequential_names_and_layout),
+        cmocka_unit_test(test_sequential_fuses_relu_and_max_pool),
         cmocka_unit_test(test_pytorch_default_init),
         cmocka_unit_test(test_seeded_init_is_reproducible),
         cmocka_unit_test(test_model_errors),

@@ -308,6 +308,136 @@ static void test_max_pool(void **state) {
     assert_true(cddp_f32(y)[1] == 8);
 }
 
+/* 2x2, stride 2 pooling on its vectorised path, against a naive scan: odd sizes (a row and a
+ * column in no window), rows longer than a vector, equal values (the first in row-major window
+ * order wins) and NaNs (the first NaN wins). Its gradient goes to that element alone, whether
+ * the input's gradient is fresh (written) or already holds a use's (added). The same for ReLU. */
+enum { POOL_MAX = 2 * 3 * 7 * 37 };
+
+static void check_max_pool_2x2_and_relu(int64_t H, int64_t W) {
+    cddp_ctx_reset(ctx);
+    const int64_t N = 2, C = 3, OH = H / 2, OW = W / 2;
+    const int64_t xshape[] = {N, C, H, W}, yshape[] = {N, C, OH, OW};
+    assert_true(N * C * H * W <= POOL_MAX);
+    cddp_rng *r = cddp_ctx_rng(ctx);
+    static float xv[POOL_MAX], wv[POOL_MAX], want[POOL_MAX];
+    static int64_t at[POOL_MAX];
+    for (int64_t i = 0; i < N * C * H * W; i++) { /* 5 levels: many ties */
+        xv[i] = (float)(cddp_rng_uniform(r) < 0.5 ? 1 : (int)(cddp_rng_uniform(r) * 5));
+        if (cddp_rng_uniform(r) < 0.02) xv[i] = NAN;
+    }
+    for (int64_t i = 0; i < N * C * OH * OW; i++) wv[i] = cddp_rng_uniform(r) * 2 - 1;
+    for (int64_t nc = 0; nc < N * C; nc++)
+        for (int64_t oh = 0; oh < OH; oh++)
+            for (int64_t ow = 0; ow < OW; ow++) {
+                int64_t o = (nc * OH + oh) * OW + ow, best = -1;
+                for (int k = 0; k < 4; k++) {
+                    int64_t i = (nc * H + 2 * oh + k / 2) * W + 2 * ow + k % 2;
+                    if (best < 0 || (!isnan(xv[best]) && (xv[i] > xv[best] || isnan(xv[i]))))
+                        best = i;
+                }
+                at[o] = best;
+                want[o] = xv[best];
+            }
+    for (int uses = 1; uses <= 2; uses++) {
+        cddp_ctx_reset(ctx);
+        cddp_tensor *xg = cddp_requires_grad(ctx, cddp_from_data(ctx, CDDP_F32, 4, xshape, xv));
+        cddp_tensor *w = cddp_from_data(ctx, CDDP_F32, 4, yshape, wv);
+        cddp_tensor *y = cddp_max_pool2d(ctx, xg, 2, 2, 0);
+        for (int64_t o = 0; o < y->numel; o++) {
+            if (isnan(want[o]))
+                assert_true(isnan(cddp_f32(y)[o]));
+            else
+                assert_true(cddp_f32(y)[o] == want[o]);
+        }
+        cddp_tensor *loss = cddp_sum(ctx, cddp_mul(ctx, y, w));
+        if (uses == 2) /* a second use: its gradient is added to the first's */
+            loss = cddp_add(ctx, loss,
+                            cddp_sum(ctx, cddp_mul(ctx, cddp_max_pool2d(ctx, xg, 2, 2, 0), w)));
+        assert_int_equal(cddp_backward(ctx, loss), CDDP_OK);
+        static float dx[POOL_MAX];
+        memset(dx, 0, sizeof dx);
+        for (int64_t o = 0; o < y->numel; o++) dx[at[o]] += (float)uses * wv[o];
+        for (int64_t i = 0; i < xg->numel; i++) assert_true(xg->grad[i] == dx[i]);
+        /* ReLU: dy where the output is positive, else 0, written or added the same way */
+        cddp_ctx_reset(ctx);
+        cddp_tensor *z =
+            cddp_requires_grad(ctx, cddp_from_data(ctx, CDDP_F32, 1, (int64_t[]){W}, wv));
+        cddp_tensor *g = cddp_from_data(ctx, CDDP_F32, 1, (int64_t[]){W}, xv);
+        loss = cddp_sum(ctx, cddp_mul(ctx, cddp_relu(ctx, z), g));
+        if (uses == 2)
+            loss = cddp_add(ctx, loss, cddp_sum(ctx, cddp_mul(ctx, cddp_relu(ctx, z), g)));
+        assert_int_equal(cddp_backward(ctx, loss), CDDP_OK);
+        for (int64_t i = 0; i < W; i++) {
+            float d = wv[i] > 0 ? (float)uses * xv[i] : 0.0f;
+            if (isnan(d))
+                assert_true(isnan(z->grad[i]));
+            else
+                assert_true(z->grad[i] == d);
+        }
+    }
+}
+
+static void test_max_pool_2x2_and_relu_gradients(void **state) {
+    (void)state;
+    /* rows of 18 outputs (blocks of 8, the last overlapping), 8 (one block), 5 (blocks of 4),
+     * 2 (one at a time); odd and even sizes */
+    check_max_pool_2x2_and_relu(7, 37);
+    check_max_pool_2x2_and_relu(6, 16);
+    check_max_pool_2x2_and_relu(7, 11);
+    check_max_pool_2x2_and_relu(4, 5);
+}
+
+/* cddp_relu_max_pool2d is cddp_max_pool2d(cddp_relu(x)) bit for bit, values and gradients
+ * (fresh and added), on the 2x2 path and the general loop, with ties, NaNs and odd sizes; only
+ * where windows overlap and x has a second use are its gradient's terms added in another order. */
+static void check_relu_max_pool(int64_t H, int64_t W, int kernel, int stride, int padding) {
+    const int64_t shape[] = {2, 3, H, W}, n = 2 * 3 * H * W;
+    static float xv[POOL_MAX], gv[POOL_MAX], y0[POOL_MAX], dx0[POOL_MAX];
+    assert_true(n <= POOL_MAX);
+    cddp_ctx_reset(ctx);
+    cddp_rng *r = cddp_ctx_rng(ctx);
+    for (int64_t i = 0; i < n; i++) {
+        xv[i] = (float)((int)(cddp_rng_uniform(r) * 7) - 3); /* -3..3: ties, zeros, negatives */
+        if (cddp_rng_uniform(r) < 0.03) xv[i] = NAN;
+        gv[i] = cddp_rng_uniform(r) * 2 - 1;
+    }
+    for (int uses = 1; uses <= 2; uses++)
+        for (int fused = 0; fused <= 1; fused++) {
+            cddp_ctx_reset(ctx);
+            cddp_tensor *x = cddp_requires_grad(ctx, cddp_from_data(ctx, CDDP_F32, 4, shape, xv));
+            cddp_tensor *y = NULL, *loss = NULL;
+            for (int u = 0; u < uses; u++) {
+                y = fused ? cddp_relu_max_pool2d(ctx, x, kernel, stride, padding)
+                          : cddp_max_pool2d(ctx, cddp_relu(ctx, x), kernel, stride, padding);
+                cddp_tensor *g = cddp_from_data(ctx, CDDP_F32, 4, y->shape, gv);
+                cddp_tensor *l = cddp_sum(ctx, cddp_mul(ctx, y, g));
+                loss = loss ? cddp_add(ctx, loss, l) : l;
+            }
+            assert_int_equal(cddp_backward(ctx, loss), CDDP_OK);
+            for (int64_t i = 0; i < y->numel; i++) {
+                if (!fused) y0[i] = cddp_f32(y)[i];
+                assert_memory_equal(&y0[i], &cddp_f32(y)[i], sizeof(float));
+                assert_false(isnan(y0[i]));
+            }
+            for (int64_t i = 0; i < n; i++) {
+                if (!fused) dx0[i] = x->grad[i];
+                if (uses == 2 && stride < kernel) /* overlapping windows, added in another order */
+                    assert_close(x->grad[i], dx0[i], 1e-6, 1e-7);
+                else
+                    assert_memory_equal(&dx0[i], &x->grad[i], sizeof(float));
+            }
+        }
+}
+
+static void test_relu_max_pool(void **state) {
+    (void)state;
+    check_relu_max_pool(7, 37, 2, 2, 0);
+    check_relu_max_pool(6, 11, 2, 2, 0);
+    check_relu_max_pool(7, 9, 3, 2, 1);
+    check_relu_max_pool(5, 6, 2, 1, 0);
+}
+
 static void test_dropout(void **state) {
     (void)state;
     cddp_ctx_reset(ctx);
@@ -389,6 +519,8 @@ int main(void) {
         cmocka_unit_test(test_bad_label_fails_the_step),
         cmocka_unit_test(test_conv2d_matches_direct),
         cmocka_unit_test(test_max_pool),
+        cmocka_unit_test(test_max_pool_2x2_and_relu_gradients),
+        cmocka_unit_test(test_relu_max_pool),
         cmocka_unit_test(test_dropout),
         cmocka_unit_test(test_argmax_and_accuracy),
         cmocka_unit_test(test_views),

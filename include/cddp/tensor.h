@@ -181,11 +181,16 @@ CDDP_API cddp_tensor *cddp_conv2d(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w,
 CDDP_API cddp_tensor *cddp_conv2d_groups(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w,
                                          cddp_tensor *b, int stride, int padding, int groups);
 /* x (N,C,H,W) -> (N,C,OH,OW), OH = (H + 2p - kernel) / stride + 1 (stride 0: the kernel);
- * padding at most half the kernel, counting as -infinity. On oneDNN. */
+ * padding at most half the kernel, counting as -infinity. A NaN in a window is its maximum. */
 CDDP_API cddp_tensor *cddp_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel, int stride,
                                       int padding);
+/* cddp_max_pool2d(cddp_relu(x), ...) in one pass, without the ReLU's tensor: the same values and
+ * gradients (where windows overlap and x has another use, a gradient's terms are added in
+ * another order). A Sequential runs a ReLU followed by a MaxPool2d as this. */
+CDDP_API cddp_tensor *cddp_relu_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel, int stride,
+                                           int padding);
 /* Average pooling, shaped as cddp_max_pool2d; the padding counts as zeros in every window's
- * kernel x kernel (PyTorch's AvgPool2d, count_include_pad). On oneDNN. */
+ * kernel x kernel (PyTorch's AvgPool2d, count_include_pad). */
 CDDP_API cddp_tensor *cddp_avg_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel, int stride,
                                       int padding);
 /* x (N,C,H,W) -> (N,C,OH,OW): output cell (i, j) averages rows [floor(i H / OH), ceil((i+1) H /

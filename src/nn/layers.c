@@ -305,9 +305,22 @@ cddp_module *cddp_nn_embedding_init(int64_t rows, int64_t dim, cddp_init weight)
 
 /* ---- Sequential -------------------------------------------------------------------------- */
 
+/* The children in turn; a ReLU followed by a MaxPool2d runs as one op, cddp_relu_max_pool2d (the
+ * same values and gradients, without the ReLU's output: one pass over the data instead of three
+ * forward and backward). */
 static cddp_tensor *sequential_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
-    for (int i = 0; i < cddp_module_num_children(self) && x; i++)
-        x = cddp_module_forward(cddp_module_child(self, i), ctx, x);
+    int n = cddp_module_num_children(self);
+    for (int i = 0; i < n && x; i++) {
+        cddp_module *c = cddp_module_child(self, i);
+        cddp_module *next = i + 1 < n ? cddp_module_child(self, i + 1) : NULL;
+        if (c->type == &relu_type && next && next->type == &max_pool_type) {
+            const layer *l = state(next);
+            x = cddp_relu_max_pool2d(ctx, x, l->kernel, l->stride, l->padding);
+            i++;
+        } else {
+            x = cddp_module_forward(c, ctx, x);
+        }
+    }
     return x;
 }
 

@@ -121,6 +121,18 @@ float cddp__max(const float *x, int64_t n);
 void cddp__scale_into(float *y, float s, int64_t n);
 /* acc += x */
 void cddp__add_into(float *restrict acc, const float *restrict x, int64_t n);
+/* y = max(x, 0); dx += dy where y > 0 (dx = when assign, 0 elsewhere) */
+void cddp__relu(const float *x, float *y, int64_t n);
+void cddp__relu_grad(const float *y, const float *dy, float *dx, int64_t n, bool assign);
+/* 2x2, stride 2, unpadded max pooling of planes (H,W) planes into (OH,OW) ones (with relu, of
+ * max(x, 0), a NaN counting as 0): the maxima into y and, when arg is not NULL, each one's index
+ * in its plane; the first maximum in row-major window order wins, a NaN wins and stays. Its
+ * gradient written into every element of dx: dy at each window's maximum (with y, a ReLU's
+ * pooling, only where y is positive), 0 elsewhere (an odd last row or column too). */
+void cddp__max_pool2x2(const float *x, int64_t planes, int64_t H, int64_t W, int64_t OH, int64_t OW,
+                       float *y, int32_t *arg, bool relu);
+void cddp__max_pool2x2_grad(const int32_t *arg, const float *dy, const float *y, float *dx,
+                            int64_t planes, int64_t H, int64_t W, int64_t OH, int64_t OW);
 /* y += g exp(x), or y = g exp(x) when assign */
 void cddp__add_exp_scaled(float *y, const float *x, float g, int64_t n, bool assign);
 /* y = GELU(x) with the tanh approximation, keeping tanh's value in t for the gradient;

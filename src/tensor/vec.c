@@ -197,3 +197,143 @@ CLONES void cddp__layer_norm_grad(const float *x, const float *w, const float *d
             for (int64_t i = 0; i < C; i++) dr[i] += s * (g[i] - mean_g - h[i] * mean_gh);
     }
 }
+
+CLONES void cddp__relu(const float *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+CLONES void cddp__relu_grad(const float *y, const float *dy, float *dx, int64_t n, bool assign) {
+    if (assign)
+        for (int64_t i = 0; i < n; i++) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    else
+        for (int64_t i = 0; i < n; i++) {
+            float g = dy[i]; /* loaded unconditionally, so the choice is a select */
+            dx[i] += y[i] > 0.0f ? g : 0.0f;
+        }
+}
+
+/* One step of a window's scan: v (at k) replaces the maximum m (at *at) when larger, or when it
+ * is the window's first NaN (a NaN maximum stays). The masks are integers, each from one
+ * comparison, which is the form the compiler turns into vector selects. */
+static inline float take_max(float m, float v, int32_t k, int32_t *at) {
+    int32_t larger = -(int32_t)(v > m), v_nan = -(int32_t)(v != v), m_num = -(int32_t)(m == m);
+    int32_t t = larger | (v_nan & m_num);
+    *at = (*at & ~t) | (k & t);
+    return t ? v : m;
+}
+
+/* Pooling rows are short (14 and 7 outputs in the example CNN), too short for a vectorised loop
+ * with a scalar remainder: a row is cut into blocks of a fixed width (8, or 4 under 8 outputs),
+ * the last one moved back to end with the row, so that it overlaps the one before (each output is
+ * a function of its window alone, so writing one twice writes the same value). The blocks are
+ * simd loops of a constant count. */
+#define SIMD          _Pragma("omp simd")
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+static int64_t block_width(int64_t n) {
+    return n >= 8 ? 8 : n >= 4 ? 4 : 1;
+}
+
+ALWAYS_INLINE float relu_if(float v, bool relu) {
+    return relu ? (v > 0.0f ? v : 0.0f) : v;
+}
+
+/* outputs [i, i + n) of a row: rows r0 and r1 of the input (with relu, their max(x, 0)), base
+ * the plane index of r0 */
+ALWAYS_INLINE void pool_block(const float *restrict r0, const float *restrict r1, float *restrict y,
+                              int32_t *restrict arg, int32_t base, int32_t w, int64_t i, int n,
+                              bool relu) {
+    SIMD for (int k = 0; k < n; k++) {
+        int64_t j = i + k;
+        int32_t at = 0;
+        float m = relu_if(r0[2 * j], relu);
+        m = take_max(m, relu_if(r0[2 * j + 1], relu), 1, &at);
+        m = take_max(m, relu_if(r1[2 * j], relu), w, &at);
+        m = take_max(m, relu_if(r1[2 * j + 1], relu), w + 1, &at);
+        y[j] = m;
+        if (arg) arg[j] = base + 2 * (int32_t)j + at;
+    }
+}
+
+/* with y (a ReLU's pooling), the gradient only where y is positive */
+ALWAYS_INLINE void pool_grad_block(const int32_t *restrict arg, const float *restrict dy,
+                                   const float *restrict y, float *restrict d0, float *restrict d1,
+                                   int32_t base, int32_t w, int64_t i, int n) {
+    SIMD for (int k = 0; k < n; k++) {
+        int64_t j = i + k;
+        int32_t at = arg[j] - base - 2 * (int32_t)j;
+        float g = y && !(y[j] > 0.0f) ? 0.0f : dy[j];
+        d0[2 * j] = at == 0 ? g : 0.0f;
+        d0[2 * j + 1] = at == 1 ? g : 0.0f;
+        d1[2 * j] = at == w ? g : 0.0f;
+        d1[2 * j + 1] = at == w + 1 ? g : 0.0f;
+    }
+}
+
+/* BLOCKS(n, L, STEP): STEP(i, L) over [0, n) in blocks of L, the last one ending at n */
+#define BLOCKS(n, L, STEP)                                                                         \
+    for (int64_t i_ = 0; i_ < (n); i_ += (L)) {                                                    \
+        int64_t at_ = i_ + (L) <= (n) ? i_ : (n) - (L);                                            \
+        if ((L) == 8)                                                                              \
+            STEP(at_, 8);                                                                          \
+        else if ((L) == 4)                                                                         \
+            STEP(at_, 4);                                                                          \
+        else                                                                                       \
+            STEP(at_, 1);                                                                          \
+    }
+
+ALWAYS_INLINE void max_pool2x2_planes(const float *restrict x, int64_t planes, int64_t H, int64_t W,
+                                      int64_t OH, int64_t OW, float *restrict y,
+                                      int32_t *restrict arg, bool relu) {
+    int64_t L = block_width(OW);
+    for (int64_t nc = 0; nc < planes; nc++)
+        for (int64_t oh = 0; oh < OH; oh++) {
+            const float *r0 = x + nc * H * W + 2 * oh * W;
+            int64_t o = (nc * OH + oh) * OW;
+            int32_t base = (int32_t)(2 * oh * W), w = (int32_t)W;
+#define STEP(i, n) pool_block(r0, r0 + W, y + o, arg ? arg + o : NULL, base, w, i, n, relu)
+            BLOCKS(OW, L, STEP)
+#undef STEP
+        }
+}
+
+CLONES void cddp__max_pool2x2(const float *x, int64_t planes, int64_t H, int64_t W, int64_t OH,
+                              int64_t OW, float *y, int32_t *arg, bool relu) {
+    /* each case its own loop, the conditions constant inside */
+    if (arg && relu)
+        max_pool2x2_planes(x, planes, H, W, OH, OW, y, arg, true);
+    else if (arg)
+        max_pool2x2_planes(x, planes, H, W, OH, OW, y, arg, false);
+    else if (relu)
+        max_pool2x2_planes(x, planes, H, W, OH, OW, y, NULL, true);
+    else
+        max_pool2x2_planes(x, planes, H, W, OH, OW, y, NULL, false);
+}
+
+ALWAYS_INLINE void max_pool2x2_grad_planes(const int32_t *restrict arg, const float *restrict dy,
+                                           const float *restrict y, float *restrict dx,
+                                           int64_t planes, int64_t H, int64_t W, int64_t OH,
+                                           int64_t OW) {
+    int64_t L = block_width(OW);
+    for (int64_t nc = 0; nc < planes; nc++) {
+        float *d = dx + nc * H * W;
+        for (int64_t oh = 0; oh < OH; oh++) {
+            int64_t o = (nc * OH + oh) * OW;
+            float *d0 = d + 2 * oh * W, *d1 = d0 + W;
+            int32_t base = (int32_t)(2 * oh * W), w = (int32_t)W;
+#define STEP(i, n) pool_grad_block(arg + o, dy + o, y ? y + o : NULL, d0, d1, base, w, i, n)
+            BLOCKS(OW, L, STEP)
+#undef STEP
+            if (W & 1) d0[W - 1] = d1[W - 1] = 0.0f; /* an odd last column is in no window */
+        }
+        if (H & 1) memset(d + (H - 1) * W, 0, (size_t)W * sizeof(float)); /* nor an odd last row */
+    }
+}
+
+CLONES void cddp__max_pool2x2_grad(const int32_t *arg, const float *dy, const float *y, float *dx,
+                                   int64_t planes, int64_t H, int64_t W, int64_t OH, int64_t OW) {
+    if (y)
+        max_pool2x2_grad_planes(arg, dy, y, dx, planes, H, W, OH, OW);
+    else
+        max_pool2x2_grad_planes(arg, dy, NULL, dx, planes, H, W, OH, OW);
+}

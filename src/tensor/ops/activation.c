@@ -14,7 +14,7 @@ static cddp_tensor *unary(cddp_ctx *ctx, cddp__op op, cddp_tensor *x) {
     int64_t n = x->numel;
     switch (op) {
     case CDDP_OP_RELU:
-        for (int64_t i = 0; i < n; i++) y[i] = a[i] > 0.0f ? a[i] : 0.0f;
+        cddp__relu(a, y, n);
         break;
     case CDDP_OP_GELU:
         for (int64_t i = 0; i < n; i++) y[i] = 0.5f * a[i] * (1.0f + erff(a[i] * (float)M_SQRT1_2));
@@ -45,18 +45,11 @@ cddp_tensor *cddp_sigmoid(cddp_ctx *ctx, cddp_tensor *x) {
     return unary(ctx, CDDP_OP_SIGMOID, x);
 }
 
-static void relu_kernel(float *restrict dx, const float *restrict y, const float *restrict dy,
-                        int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        float g = dy[i]; /* loaded unconditionally, so the choice is a select */
-        dx[i] += y[i] > 0.0f ? g : 0.0f;
-    }
-}
-
 /* dx = dy where the output is positive (0 at the kink, as PyTorch) */
 void cddp__relu_backward(cddp_ctx *ctx, cddp__node *n) {
-    float *dx = cddp__input_grad(ctx, n);
-    if (dx) relu_kernel(dx, n->out->data, n->out->grad, n->in[0]->numel);
+    bool assign;
+    float *dx = cddp__input_grad_assign(ctx, n, &assign);
+    if (dx) cddp__relu_grad(n->out->data, n->out->grad, dx, n->in[0]->numel, assign);
 }
 
 void cddp__gelu_backward(cddp_ctx *ctx, cddp__node *n) {

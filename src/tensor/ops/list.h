@@ -29,6 +29,7 @@
     X(MEAN, mean)                                                                                  \
     X(CONV2D, conv2d)         /* conv.c */                                                         \
     X(MAX_POOL2D, max_pool2d) /* pool.c */                                                         \
+    X(RELU_MAX_POOL2D, relu_max_pool2d)                                                            \
     X(AVG_POOL2D, avg_pool2d)                                                                      \
     X(ADAPTIVE_AVG_POOL2D, adaptive_avg_pool2d)                                                    \
     X(DROPOUT, dropout)       /* dropout.c */                                                      \

@@ -1,41 +1,15 @@
-/* pool.c: 2-D max pooling (backward sends each window's gradient to its maximum), average
- * pooling and adaptive average pooling.
+/* pool.c: 2-D max pooling (backward sends each window's gradient to its maximum), the same of a
+ * ReLU's output in one pass (relu_max_pool2d: a Sequential's ReLU + MaxPool2d), average pooling
+ * and adaptive average pooling.
  *
  * cddp's own loops, not oneDNN's: on cddp's plain (N,C,H,W) layout oneDNN 2.6 pools with its
- * reference kernel (2x2 max pooling of 64x16x28x28: 13.3 ms forward against 1.9 ms here), and its
- * fast kernels want a blocked layout that would cost a reorder each way. oneDNN's max pooling
- * also drops NaNs, which PyTorch's (and cddp's) propagate. */
+ * reference kernel (2x2 max pooling of 64x16x28x28: 13.3 ms forward against 0.4 ms here, with
+ * vec.c's loop), and its fast kernels want a blocked layout that would cost a reorder each way.
+ * oneDNN's max pooling also drops NaNs, which PyTorch's (and cddp's) propagate. */
 #include "tensor/internal.h"
 
 #include <math.h>
-
-/* The common 2x2, stride 2, unpadded pooling, with the general loop's results (the first
- * maximum in row-major window order wins; a NaN wins and stays) in straight-line code. */
-static void pool2x2(const float *x, int64_t planes, int64_t H, int64_t W, int64_t OH, int64_t OW,
-                    float *y, int32_t *arg) {
-    for (int64_t nc = 0; nc < planes; nc++) {
-        const float *src = x + nc * H * W;
-        for (int64_t oh = 0; oh < OH; oh++) {
-            const float *r0 = src + 2 * oh * W, *r1 = r0 + W;
-            float *dst = y + (nc * OH + oh) * OW;
-            int32_t *ai = arg ? arg + (nc * OH + oh) * OW : NULL;
-            for (int64_t ow = 0; ow < OW; ow++) {
-                float v[4] = {r0[2 * ow], r0[2 * ow + 1], r1[2 * ow], r1[2 * ow + 1]};
-                int best;
-                if (isnan(v[0]) || isnan(v[1]) || isnan(v[2]) || isnan(v[3])) {
-                    best = isnan(v[0]) ? 0 : isnan(v[1]) ? 1 : isnan(v[2]) ? 2 : 3;
-                } else {
-                    /* Pairwise selects, no data-dependent branches; strict > keeps the first
-                     * of equal values. */
-                    int i01 = v[1] > v[0], i23 = 2 + (v[3] > v[2]);
-                    best = v[i23] > v[i01] ? i23 : i01;
-                }
-                dst[ow] = v[best];
-                if (ai) ai[ow] = (int32_t)((2 * oh + (best >> 1)) * W + 2 * ow + (best & 1));
-            }
-        }
-    }
-}
+#include <string.h>
 
 /* The window of output oh (and likewise ow) clipped to the input: rows [*h0, *h1). */
 static void window(int64_t o, int stride, int padding, int kernel, int64_t H, int64_t *h0,
@@ -62,9 +36,12 @@ static cddp_tensor *pooled_output(cddp_ctx *ctx, const char *name, cddp_tensor *
     return cddp_empty(ctx, CDDP_F32, 4, (int64_t[]){x->shape[0], x->shape[1], OH, OW});
 }
 
-cddp_tensor *cddp_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel, int stride, int padding) {
+/* Max pooling of x, or with relu of max(x, 0) (a NaN counting as 0, as cddp_relu makes it),
+ * recorded as op. */
+static cddp_tensor *max_pool(cddp_ctx *ctx, cddp__op op, const char *name, cddp_tensor *x,
+                             int kernel, int stride, int padding, bool relu) {
     if (CDDP__FAILED(ctx) || !x) return NULL;
-    cddp_tensor *out = pooled_output(ctx, "max_pool2d", x, kernel, &stride, padding);
+    cddp_tensor *out = pooled_output(ctx, name, x, kernel, &stride, padding);
     if (!out) return NULL;
     int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
     int64_t OH = out->shape[2], OW = out->shape[3];
@@ -72,7 +49,8 @@ cddp_tensor *cddp_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel, int stri
     int32_t *arg = rec ? cddp__ctx_alloc(ctx, (size_t)out->numel * sizeof(int32_t)) : NULL;
     if (rec && !arg) return NULL;
     if (kernel == 2 && stride == 2 && padding == 0) {
-        pool2x2(cddp_f32(x), N * C, H, W, OH, OW, cddp_f32(out), arg);
+        /* the common case, with the general loop's results, in vec.c's vectorised loop */
+        cddp__max_pool2x2(cddp_f32(x), N * C, H, W, OH, OW, cddp_f32(out), arg, relu);
         goto pooled;
     }
     for (int64_t nc = 0; nc < N * C; nc++) {
@@ -88,9 +66,11 @@ cddp_tensor *cddp_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel, int stri
                 window(ow, stride, padding, kernel, W, &w0, &w1);
                 int64_t best = h0 * W + w0;
                 float m = src[best];
+                if (relu) m = m > 0.0f ? m : 0.0f;
                 for (int64_t ih = h0; ih < h1 && !isnan(m); ih++)
                     for (int64_t iw = w0; iw < w1; iw++) {
                         float v = src[ih * W + iw];
+                        if (relu) v = v > 0.0f ? v : 0.0f;
                         if (v > m || isnan(v)) { /* NaN wins and stays, as in PyTorch */
                             m = v;
                             best = ih * W + iw;
@@ -104,7 +84,7 @@ cddp_tensor *cddp_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel, int stri
     }
 pooled:;
     cddp__node *node;
-    if (!cddp__record_op(ctx, CDDP_OP_MAX_POOL2D, out, 1, &x, &node)) return NULL;
+    if (!cddp__record_op(ctx, op, out, 1, &x, &node)) return NULL;
     if (node) {
         node->arg.pool.kernel = kernel;
         node->arg.pool.stride = stride;
@@ -114,18 +94,46 @@ pooled:;
     return out;
 }
 
-void cddp__max_pool2d_backward(cddp_ctx *ctx, cddp__node *n) {
-    float *dx = cddp__input_grad(ctx, n);
+cddp_tensor *cddp_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel, int stride, int padding) {
+    return max_pool(ctx, CDDP_OP_MAX_POOL2D, "max_pool2d", x, kernel, stride, padding, false);
+}
+
+cddp_tensor *cddp_relu_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel, int stride,
+                                  int padding) {
+    return max_pool(ctx, CDDP_OP_RELU_MAX_POOL2D, "relu_max_pool2d", x, kernel, stride, padding,
+                    true);
+}
+
+/* Each window's gradient goes to the element that was its maximum; with relu only where that
+ * maximum is positive (the ReLU's gradient there, 0 elsewhere). */
+static void max_pool_backward(cddp_ctx *ctx, cddp__node *n, bool relu) {
+    bool assign;
+    float *dx = cddp__input_grad_assign(ctx, n, &assign);
     cddp_tensor *out = n->out, *x = n->in[0];
-    const float *dy = out->grad;
-    /* Each window's gradient goes to the element that was its maximum. */
+    const float *dy = out->grad, *y = relu ? cddp_f32(out) : NULL;
     if (!dx) return;
     const int32_t *arg = n->saved;
-    int64_t plane_in = x->shape[2] * x->shape[3];
-    int64_t plane_out = out->shape[2] * out->shape[3];
-    for (int64_t nc = 0; nc < x->shape[0] * x->shape[1]; nc++)
-        for (int64_t p = 0; p < plane_out; p++)
-            dx[nc * plane_in + arg[nc * plane_out + p]] += dy[nc * plane_out + p];
+    int64_t H = x->shape[2], W = x->shape[3], OH = out->shape[2], OW = out->shape[3];
+    int64_t planes = x->shape[0] * x->shape[1];
+    if (assign && n->arg.pool.kernel == 2 && n->arg.pool.stride == 2 && n->arg.pool.padding == 0) {
+        /* windows that tile the plane: each written whole, no zeroing first */
+        cddp__max_pool2x2_grad(arg, dy, y, dx, planes, H, W, OH, OW);
+        return;
+    }
+    if (assign) memset(dx, 0, (size_t)x->numel * sizeof(float));
+    for (int64_t nc = 0; nc < planes; nc++)
+        for (int64_t p = 0; p < OH * OW; p++) {
+            int64_t o = nc * OH * OW + p;
+            if (!y || y[o] > 0.0f) dx[nc * H * W + arg[o]] += dy[o];
+        }
+}
+
+void cddp__max_pool2d_backward(cddp_ctx *ctx, cddp__node *n) {
+    max_pool_backward(ctx, n, false);
+}
+
+void cddp__relu_max_pool2d_backward(cddp_ctx *ctx, cddp__node *n) {
+    max_pool_backward(ctx, n, true);
 }
 
 /* ---- average pooling ----------------------------------------------------------------------
