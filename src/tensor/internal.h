@@ -116,6 +116,9 @@ float cddp__sq_dev(const float *x, float m, int64_t n);
 void cddp__normalize(const float *x, float m, float s, float b, float *y, int64_t n);
 /* sum x[i] y[i] */
 float cddp__dot(const float *x, const float *y, int64_t n);
+/* out[i] += sum_j y[j] x[off[i] + j] (j < n) for the k offsets, 8 at a time in one pass over y */
+void cddp__dot_offsets(const float *y, const float *x, const int64_t *off, int64_t k, int64_t n,
+                       double *out);
 /* The largest of x[0..n) (-inf for n = 0). */
 float cddp__max(const float *x, int64_t n);
 void cddp__scale_into(float *y, float s, int64_t n);

@@ -337,3 +337,30 @@ CLONES void cddp__max_pool2x2_grad(const int32_t *arg, const float *dy, const fl
     else
         max_pool2x2_grad_planes(arg, dy, NULL, dx, planes, H, W, OH, OW);
 }
+
+/* out[k] += sum_j y[j] x[off[k] + j] for 8 offsets at once, j < n: y is read once for all 8, and
+ * the 8 sums (8 lanes each) are independent chains, so the multiply-adds do not wait on each
+ * other's latency. Lanes are added in a fixed order. */
+ALWAYS_INLINE void dot8_offsets(const float *restrict y, const float *restrict x,
+                                const int64_t *off, int64_t n, double *out) {
+    float acc[8][LANES] = {{0}};
+    const float *xs[8];
+    for (int k = 0; k < 8; k++) xs[k] = x + off[k];
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int k = 0; k < 8; k++)
+            SIMD for (int l = 0; l < LANES; l++) acc[k][l] += y[j + l] * xs[k][j + l];
+    for (int k = 0; k < 8; k++) {
+        float s = 0.0f;
+        for (int l = 0; l < LANES; l++) s += acc[k][l];
+        for (int64_t i = j; i < n; i++) s += y[i] * xs[k][i];
+        out[k] += s;
+    }
+}
+
+CLONES void cddp__dot_offsets(const float *y, const float *x, const int64_t *off, int64_t k,
+                              int64_t n, double *out) {
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) dot8_offsets(y, x, off + i, n, out + i);
+    for (; i < k; i++) out[i] += dot_lanes(y, x + off[i], n);
+}
