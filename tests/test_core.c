@@ -67,6 +67,46 @@ static void test_knobs(void **state) {
 }
 
 /* README.md's table of environment variables lists every knob with its default. */
+/* A Slurm step's variables: the first host of a compressed node list (leading zeros kept), the
+ * port from the job and step, the step list before the job's; outside a step, nothing. */
+static void test_slurm_step(void **state) {
+    (void)state;
+    setenv("SLURM_JOB_ID", "4321", 1);
+    setenv("SLURM_STEP_ID", "3", 1);
+    setenv("SLURM_PROCID", "5", 1);
+    setenv("SLURM_NTASKS", "8", 1);
+    setenv("SLURM_NODEID", "1", 1);
+    setenv("SLURM_STEP_NUM_NODES", "2", 1);
+    setenv("SLURM_JOB_NODELIST", "login1,node7", 1);
+    const char *lists[][2] = {{"node[03-05,9],login", "node03"},
+                              {"gpu-[1-4]", "gpu-1"},
+                              {"n[001]", "n001"},
+                              {"a,b[1-2]", "a"},
+                              {"host", "host"},
+                              {"c12-[7,9]x", "c12-7"}};
+    cddp_slurm_step st;
+    for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) {
+        setenv("SLURM_STEP_NODELIST", lists[i][0], 1);
+        assert_true(cddp_slurm_step_read(&st));
+        assert_string_equal(st.first_host, lists[i][1]);
+    }
+    assert_int_equal(st.job, 4321);
+    assert_int_equal(st.step, 3);
+    assert_int_equal(st.task, 5);
+    assert_int_equal(st.ntasks, 8);
+    assert_int_equal(st.node, 1);
+    assert_int_equal(st.nnodes, 2);
+    assert_int_equal(st.port, 10000 + 10 * (4321 % 2000) + 3);
+    unsetenv("SLURM_STEP_NODELIST"); /* the job's list then */
+    assert_true(cddp_slurm_step_read(&st));
+    assert_string_equal(st.first_host, "login1");
+    unsetenv("SLURM_STEP_ID"); /* a batch script: not a step */
+    assert_false(cddp_slurm_step_read(&st));
+    const char *vars[] = {"SLURM_JOB_ID", "SLURM_PROCID",         "SLURM_NTASKS",
+                          "SLURM_NODEID", "SLURM_STEP_NUM_NODES", "SLURM_JOB_NODELIST"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+}
+
 static void test_readme_lists_every_knob(void **state) {
     (void)state;
     char path[4096];
@@ -176,6 +216,7 @@ int main(void) {
         cmocka_unit_test(test_knobs),         cmocka_unit_test(test_readme_lists_every_knob),
         cmocka_unit_test(test_parse_numbers), cmocka_unit_test(test_logging_levels),
         cmocka_unit_test(test_arena),         cmocka_unit_test(test_alloc),
+        cmocka_unit_test(test_slurm_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
