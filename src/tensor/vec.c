@@ -1,6 +1,7 @@
 /* vec.c: the elementwise loops a transformer spends its time in outside the GEMMs: exp (for
  * softmax and cross-entropy), GELU with its tanh, layer normalisation's rows, and adding into a
- * gradient.
+ * gradient; and a CNN's: ReLU, 2x2 max pooling (with a ReLU before it), and the dot products of
+ * a convolution's weight gradient.
  *
  * Each is written as a plain loop the compiler vectorises, with an exp of its own (a Cephes-style
  * polynomial: exp(x) = 2^k p(r), |r| <= ln 2 / 2, within 2 ulp of expf over the float range)
