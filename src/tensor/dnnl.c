@@ -208,6 +208,11 @@ bool cddp__dnnl_run(cddp_ctx *ctx, const cddp__dnnl_prim *cp, int nargs,
             ex[n++].memory = own[i] = memory(want, data);
             continue;
         }
+        cddp__dnnl_copy *copy = a->io == CDDP__DNNL_IN ? a->copy : NULL;
+        if (copy && copy->data && dnnl_memory_desc_equal(&copy->md, want)) {
+            ex[n++].memory = own[i] = memory(want, copy->data); /* reordered by an earlier run */
+            continue;
+        }
         void *tmp = cddp__ctx_alloc(ctx, dnnl_memory_desc_get_size(want));
         if (!tmp) goto out;
         ex[n++].memory = own[i] = memory(want, tmp);
@@ -216,6 +221,7 @@ bool cddp__dnnl_run(cddp_ctx *ctx, const cddp__dnnl_prim *cp, int nargs,
         if (a->io == CDDP__DNNL_IN) {
             run_reorder(ctx, r, plain[i], own[i]);
             if (CDDP__FAILED(ctx)) goto out;
+            if (copy) *copy = (cddp__dnnl_copy){tmp, *want};
         } else {
             back[i] = r;
         }

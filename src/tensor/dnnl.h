@@ -35,6 +35,14 @@ typedef enum cddp__dnnl_io {
     CDDP__DNNL_ADD, /* the result is added into data */
 } cddp__dnnl_io;
 
+/* An input's copy in a primitive's layout, made by one run and read by a later one of the same
+ * step (a convolution's input, reordered for its forward and read again by its weights'
+ * gradient): the arena buffer and its layout; data NULL until a run makes it. */
+typedef struct cddp__dnnl_copy {
+    void *data;
+    dnnl_memory_desc_t md;
+} cddp__dnnl_copy;
+
 typedef struct cddp__dnnl_arg {
     int arg;
     void *data;
@@ -42,6 +50,7 @@ typedef struct cddp__dnnl_arg {
     int ndims;
     dnnl_dims_t dims;
     dnnl_format_tag_t tag;
+    cddp__dnnl_copy *copy; /* an input's: used when it has the layout wanted, else made; or NULL */
 } cddp__dnnl_arg;
 
 /* Runs p on the arguments (at most 8), reordering where p's layout is not the plain one, with

@@ -94,23 +94,29 @@ static const cddp__dnnl_prim *conv_prim(const cddp_tensor *x, const cddp_tensor 
 
 /* The run arguments for an (N,C,H,W) tensor, the weights and the bias. */
 static cddp__dnnl_arg nchw(int arg, void *data, cddp__dnnl_io io, const cddp_tensor *t) {
-    return (cddp__dnnl_arg){
-        arg, data, io, 4, {t->shape[0], t->shape[1], t->shape[2], t->shape[3]}, dnnl_nchw};
+    return (cddp__dnnl_arg){.arg = arg,
+                            .data = data,
+                            .io = io,
+                            .ndims = 4,
+                            .dims = {t->shape[0], t->shape[1], t->shape[2], t->shape[3]},
+                            .tag = dnnl_nchw};
 }
 
 static cddp__dnnl_arg weights(int arg, void *data, cddp__dnnl_io io, const cddp_tensor *w,
                               int groups) {
     if (groups == 1) return nchw(arg, data, io, w);
-    return (cddp__dnnl_arg){arg,
-                            data,
-                            io,
-                            5,
-                            {groups, w->shape[0] / groups, w->shape[1], w->shape[2], w->shape[3]},
-                            dnnl_goihw};
+    return (cddp__dnnl_arg){
+        .arg = arg,
+        .data = data,
+        .io = io,
+        .ndims = 5,
+        .dims = {groups, w->shape[0] / groups, w->shape[1], w->shape[2], w->shape[3]},
+        .tag = dnnl_goihw};
 }
 
 static cddp__dnnl_arg vec_arg(int arg, void *data, cddp__dnnl_io io, const cddp_tensor *b) {
-    return (cddp__dnnl_arg){arg, data, io, 1, {b->shape[0]}, dnnl_x};
+    return (cddp__dnnl_arg){
+        .arg = arg, .data = data, .io = io, .ndims = 1, .dims = {b->shape[0]}, .tag = dnnl_x};
 }
 
 cddp_tensor *cddp_conv2d_groups(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_tensor *b,
@@ -136,13 +142,18 @@ cddp_tensor *cddp_conv2d_groups(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, c
     cddp_tensor *out = cddp_empty(ctx, CDDP_F32, 4, (int64_t[]){N, O, OH, OW});
     if (!out) return NULL;
     cddp_tensor *in[3] = {x, w, b};
+    /* x as the forward reorders it, for the weights' gradient to read again */
+    cddp__dnnl_copy *xc = NULL;
     if (out->numel > 0) {
         bool train = cddp__will_record(ctx, b ? 3 : 2, in);
+        if (train && !(xc = cddp__ctx_alloc(ctx, sizeof *xc))) return NULL;
+        if (xc) xc->data = NULL;
         const cddp__dnnl_prim *p =
             conv_prim(x, w, out, b, stride, padding, groups, train ? FWD_TRAIN : FWD_INFER);
         cddp__dnnl_arg args[4] = {nchw(DNNL_ARG_SRC, x->data, CDDP__DNNL_IN, x),
                                   weights(DNNL_ARG_WEIGHTS, w->data, CDDP__DNNL_IN, w, groups),
                                   nchw(DNNL_ARG_DST, out->data, CDDP__DNNL_OUT, out)};
+        args[0].copy = xc;
         if (b) args[3] = vec_arg(DNNL_ARG_BIAS, b->data, CDDP__DNNL_IN, b);
         if (!cddp__dnnl_run(ctx, p, b ? 4 : 3, args)) return NULL;
     }
@@ -152,6 +163,7 @@ cddp_tensor *cddp_conv2d_groups(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, c
         node->arg.conv.stride = stride;
         node->arg.conv.padding = padding;
         node->arg.conv.groups = groups;
+        node->saved = xc;
     }
     return out;
 }
@@ -228,6 +240,7 @@ void cddp__conv2d_backward(cddp_ctx *ctx, cddp__node *n) {
     int stride = n->arg.conv.stride, pad = n->arg.conv.padding, groups = n->arg.conv.groups;
     if (out->numel == 0) return;
     cddp__dnnl_io io;
+    cddp__dnnl_copy dyc = {0}; /* the output's gradient reordered once for both runs */
     if (x->requires_grad) {
         float *gx = grad_out(ctx, x, &io);
         if (!gx) return;
@@ -235,6 +248,7 @@ void cddp__conv2d_backward(cddp_ctx *ctx, cddp__node *n) {
         cddp__dnnl_arg args[3] = {nchw(DNNL_ARG_DIFF_DST, out->grad, CDDP__DNNL_IN, out),
                                   weights(DNNL_ARG_WEIGHTS, W->data, CDDP__DNNL_IN, W, groups),
                                   nchw(DNNL_ARG_DIFF_SRC, gx, io, x)};
+        args[0].copy = &dyc;
         if (!cddp__dnnl_run(ctx, p, 3, args)) return;
     }
     bool want_b = b && b->requires_grad;
@@ -259,6 +273,8 @@ void cddp__conv2d_backward(cddp_ctx *ctx, cddp__node *n) {
     cddp__dnnl_arg args[4] = {nchw(DNNL_ARG_SRC, x->data, CDDP__DNNL_IN, x),
                               nchw(DNNL_ARG_DIFF_DST, out->grad, CDDP__DNNL_IN, out),
                               weights(DNNL_ARG_DIFF_WEIGHTS, gw, wio, W, groups)};
+    args[0].copy = n->saved;
+    args[1].copy = &dyc;
     if (b) args[3] = vec_arg(DNNL_ARG_DIFF_BIAS, gb, bio, b);
     cddp__dnnl_run(ctx, p, b ? 4 : 3, args);
 }
