@@ -391,7 +391,11 @@ int main(int argc, char **argv) {
              o.model, o.optimizer, world, world > 1 ? "s" : "", o.batch);
     if (o.sample_log) {
         char path[4096];
-        snprintf(path, sizeof path, "%s.%d", o.sample_log, rank);
+        if (snprintf(path, sizeof path, "%s.%d", o.sample_log, rank) >= (int)sizeof path) {
+            cddp_error_set(&err, CDDP_EINVAL, "--sample-log %s: the path is too long",
+                           o.sample_log);
+            goto fail;
+        }
         if (!(sample_log = fopen(path, "a"))) {
             cddp_error_set(&err, CDDP_EIO, "cannot open --sample-log %s: %s", path,
                            strerror(errno));

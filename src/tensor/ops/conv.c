@@ -225,7 +225,7 @@ static void weights_grad(cddp_ctx *ctx, const cddp_tensor *x, const cddp_tensor 
                 const float *d = dy + (n * O + o) * OH * OW;
                 for (int64_t h = 0; h < OH; h++)
                     memcpy(yp + h * PW, d + h * OW, (size_t)OW * sizeof(float));
-                acc[O * K + o] += cddp__sum(d, OH * OW);
+                if (gb) acc[O * K + o] += cddp__sum(d, OH * OW);
                 cddp__dot_offsets(yp, xp, off, K, yn, acc + o * K);
             }
         }
