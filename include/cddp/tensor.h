@@ -137,7 +137,7 @@ typedef enum cddp_reduction {
 } cddp_reduction;
 
 /* Matrix product of 2-D tensors: op(a) (M,K) x op(b) (K,N) -> (M,N), op = transpose when the
- * flag is set. Runs on cblas_sgemm. */
+ * flag is set. Runs on oneDNN's sgemm. */
 CDDP_API cddp_tensor *cddp_matmul(cddp_ctx *ctx, cddp_tensor *a, cddp_tensor *b, bool trans_a,
                                   bool trans_b);
 /* x (..., in) . w (out, in)^T + b (out) -> (..., out): every leading dimension of x is a row

@@ -2,12 +2,16 @@
  *
  * OpenBLAS starts its thread pool when it is loaded, sized by OPENBLAS_NUM_THREADS (or
  * OMP_NUM_THREADS, or every core); a process that learns later that it shares the host with other
- * ranks must tell the library, not only the environment. The environment is set as well, so that
- * libraries loaded afterwards and child processes agree.
+ * ranks must tell the library, not only the environment. The same holds for the OpenMP runtime
+ * that runs oneDNN (GEMMs and convolutions): it read OMP_NUM_THREADS when it was loaded, so it is
+ * told through omp_set_num_threads, found at run time (the runtime is oneDNN's dependency, not
+ * cddp's). The environment is set as well, so that libraries loaded afterwards and child
+ * processes agree.
  */
 #include "cddp/core.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +24,8 @@ void cddp_set_num_threads(int n) {
     setenv("OMP_NUM_THREADS", v, 1);
     setenv("OPENBLAS_NUM_THREADS", v, 1);
     openblas_set_num_threads(n);
+    void (*omp_set)(int) = (void (*)(int))dlsym(RTLD_DEFAULT, "omp_set_num_threads");
+    if (omp_set) omp_set(n);
 }
 
 int cddp_num_threads(void) {
