@@ -20,9 +20,10 @@
  * and writes its slice once, the 2(n-1)/n of a ring, with no ring latency): every rank stages
  * its chunk; barrier; rank r reduces slice r over all slots in rank order; barrier; every rank
  * copies every slice. When the buffer lies at the same place of memory from cddp_comm_alloc on
- * every rank, rank r reduces slice r straight from every rank's buffer into every rank's buffer:
- * one barrier, no copies. Each slice is reduced by one rank in one order, so every rank receives
- * bit-identical results.
+ * every rank, the ranks take pieces of it in turn and reduce each straight from every rank's
+ * buffer into every rank's buffer: one barrier, no copies, and a rank whose core is busy leaves
+ * more of the work to the others. Each slice or piece is reduced by one rank in one order, so
+ * every rank receives bit-identical results.
  *
  * Moves (what the generic algorithms run on) are a byte stream between two ranks: the sender
  * copies up to a slot of bytes into its send slot and counts the chunk posted in the pair block;

@@ -44,6 +44,9 @@ typedef struct seg_header {
     uint64_t chunk;
     _Atomic uint32_t wake;    /* futex word: bumped by every arrival that has sleepers to wake */
     _Atomic int32_t sleepers; /* ranks blocked on wake */
+    /* An in-place allreduce's pieces, by the parity of the group's in-place allreduces (a rank
+     * is at most one ahead): the next piece to take, and the pieces reduced. */
+    _Atomic uint64_t piece_next[2], piece_done[2];
 } seg_header;
 
 /* Messages from rank s to rank r: the sender puts each chunk in its send slot and counts it in
@@ -70,8 +73,9 @@ typedef struct shm {
     uint8_t *seg;
     int seg_fd; /* rank 0: the segment's descriptor, until every rank has mapped it; else -1 */
     size_t seg_size, chunk;
-    uint64_t step; /* barriers passed */
-    float *acc;    /* float32 accumulator for one block of a reduction */
+    uint64_t step;     /* barriers passed */
+    uint64_t in_place; /* in-place allreduces begun */
+    float *acc;        /* float32 accumulator for one block of a reduction */
     uint8_t *tmp;
     uint8_t **slots; /* slots[r]: rank r's staging slot */
     uint8_t **src;   /* scratch: the sources of one reduction */
@@ -123,8 +127,8 @@ typedef struct waiting {
 /* One round of a wait that found nothing ready (see shm_wait.c). */
 int cddp__shm_idle(cddp_comm *c, waiting *w, bool (*ready)(const void *), const void *arg, int who,
                    bool notices, const char *what, uint64_t num, double deadline, cddp_error *err);
-/* Waits until *a (written by rank who) reaches at least target, or the group fails; the errors
- * name the wait "what #num". */
+/* Waits until *a (written by rank who, or by any peer when who is -1) reaches at least target, or
+ * the group fails; the errors name the wait "what #num". */
 int cddp__shm_wait_for(cddp_comm *c, _Atomic uint64_t *a, uint64_t target, int who,
                        const char *what, uint64_t num, double deadline, cddp_error *err);
 /* Every rank arrives at the next step, or the group fails (deadline, dead peer). */

@@ -38,23 +38,45 @@ static int64_t per_round(const cddp_comm *c, size_t es, int parts) {
 }
 
 /* In place in registered memory (every rank's buffer at the same offset of the same
- * registration; begin met everyone, so every buffer holds its input): rank r reduces slice r of
- * every rank's buffer and writes the result into slice r of every rank's buffer; barrier (after
- * which every buffer holds the whole result and no peer touches this rank's buffer any more).
- * No rank reads or writes another's slice, so one barrier is enough. */
+ * registration; begin met everyone, so every buffer holds its input). The message is cut into
+ * pieces of IN_PLACE_PIECE bytes, which the ranks take in turn from a counter in the segment: the
+ * rank that takes piece k reduces it from every rank's buffer, in rank order, into every rank's
+ * buffer, and counts it done; a rank leaves when every piece is done (after which no rank touches
+ * the buffers for this call). Who reduces a piece does not change its bits; what changes is that a
+ * rank whose core is busy (another process, a slower step) takes fewer pieces and the others take
+ * the rest, and that no barrier ends the call (the next one begins with one), where a fixed slice
+ * per rank, then a barrier, had everyone wait for the slowest twice. With one of 2 cores loaded
+ * (bench/allreduce_tails.sh, 5 rounds, median of the rounds' p50): 4-16 KiB 43-70 -> 2.2-4.8 us;
+ * idle unchanged (4 KiB 2.1 -> 2.0 us, 64 KiB 15.0 -> 14.4); the loaded bandwidth of 1-64 MiB
+ * unchanged, within the rounds' spread. The counters are by parity; rank 0 clears the other
+ * parity's for the next call, which no rank can be in yet. */
+#define IN_PLACE_PIECE (64 << 10)
+
 static int allreduce_in_place(cddp_comm *c, const coll *a, const reg *g, size_t offset,
                               double deadline, cddp_error *err) {
     shm *s = priv(c);
+    seg_header *h = header(c);
     size_t es = cddp_comm_dtype_size(a->dtype);
-    int W = c->world, me = c->rank;
-    int64_t n = a->count;
-    int64_t lo = n * me / W, hi = n * (me + 1) / W;
-    for (int r = 0; r < W; r++) {
-        s->src[r] = g->base[r] + offset;
-        s->dst[r] = s->src[r] + (size_t)lo * es;
+    int W = c->world;
+    int64_t n = a->count, per = CDDP_MAX((int64_t)(IN_PLACE_PIECE / es), 1);
+    uint64_t pieces = (uint64_t)((n + per - 1) / per), k, mine = 0;
+    int par = (int)(++s->in_place & 1);
+    if (c->rank == 0) {
+        atomic_store(&h->piece_next[!par], 0);
+        atomic_store(&h->piece_done[!par], 0);
     }
-    cddp__comm_reduce_sources(a->dtype, a->op, s->src, W, lo, hi - lo, s->dst, W, s->acc, s->tmp);
-    return cddp__shm_sync_all(c, deadline, err);
+    for (int r = 0; r < W; r++) s->src[r] = g->base[r] + offset;
+    while ((k = atomic_fetch_add(&h->piece_next[par], 1)) < pieces) {
+        int64_t lo = (int64_t)k * per, m = CDDP_MIN(per, n - lo);
+        for (int r = 0; r < W; r++) s->dst[r] = s->src[r] + (size_t)lo * es;
+        cddp__comm_reduce_sources(a->dtype, a->op, s->src, W, lo, m, s->dst, W, s->acc, s->tmp);
+        atomic_fetch_add(&h->piece_done[par], 1); /* sequentially consistent, as arrivals */
+        mine++;
+    }
+    if (mine) cddp__shm_wake(c);
+    /* a piece that a peer took and never finished: each peer's process is looked for in turn */
+    return cddp__shm_wait_for(c, &h->piece_done[par], pieces, -1, "collective", c->seq, deadline,
+                              err);
 }
 
 /* Per round of n elements, slice q (elements [n q / W, n (q + 1) / W)) is staged in part q of a

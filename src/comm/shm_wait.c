@@ -121,18 +121,22 @@ static bool counter_reached(const void *arg) {
     return atomic_load_explicit(t->a, memory_order_acquire) >= t->target;
 }
 
-/* Waits until *a (written by rank who) reaches at least target, or the group fails. The errors
- * name the wait as "what #num". */
+/* Waits until *a (written by rank who, or by any peer when who is -1: each is looked for in
+ * turn) reaches at least target, or the group fails. The errors name the wait as "what #num". */
 int cddp__shm_wait_for(cddp_comm *c, _Atomic uint64_t *a, uint64_t target, int who,
                        const char *what, uint64_t num, double deadline, cddp_error *err) {
     counter_at t = {a, target};
     waiting w = {0};
+    int peer = who < 0 ? c->rank : who;
     for (unsigned spins = 0; !counter_reached(&t); spins++) {
         if (spins % 64) {
             cddp__shm_relax();
             continue;
         }
-        CDDP_TRY(cddp__shm_idle(c, &w, counter_reached, &t, who, false, what, num, deadline, err));
+        if (who < 0 && c->world > 1) do
+                peer = (peer + 1) % c->world;
+            while (peer == c->rank);
+        CDDP_TRY(cddp__shm_idle(c, &w, counter_reached, &t, peer, false, what, num, deadline, err));
     }
     return CDDP_OK;
 }
