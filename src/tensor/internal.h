@@ -114,8 +114,12 @@ float cddp__sum(const float *x, int64_t n);
 float cddp__sq_dev(const float *x, float m, int64_t n);
 /* y = (x - m) s + b */
 void cddp__normalize(const float *x, float m, float s, float b, float *y, int64_t n);
-/* sum x[i] y[i] */
+/* sum x[i] y[i], and sum d[i] (x[i] - m) */
 float cddp__dot(const float *x, const float *y, int64_t n);
+float cddp__dot_dev(const float *d, const float *x, float m, int64_t n);
+/* dx[i] += k (d[i] - a - (x[i] - m) b): batch normalisation's input gradient */
+void cddp__norm_grad_into(float *dx, const float *d, const float *x, float k, float a, float m,
+                          float b, int64_t n);
 /* out[i] += sum_j y[j] x[off[i] + j] (j < n) for the k offsets, 8 at a time in one pass over y */
 void cddp__dot_offsets(const float *y, const float *x, const int64_t *off, int64_t k, int64_t n,
                        double *out);

@@ -1,7 +1,7 @@
 /* vec.c: the elementwise loops a transformer spends its time in outside the GEMMs: exp (for
  * softmax and cross-entropy), GELU with its tanh, layer normalisation's rows, and adding into a
- * gradient; and a CNN's: ReLU, 2x2 max pooling (with a ReLU before it), and the dot products of
- * a convolution's weight gradient.
+ * gradient; and a CNN's: batch normalisation's sums and input gradient, ReLU, 2x2 max pooling (with
+ * a ReLU before it), and the dot products of a convolution's weight gradient.
  *
  * Each is written as a plain loop the compiler vectorises, with an exp of its own (a Cephes-style
  * polynomial: exp(x) = 2^k p(r), |r| <= ln 2 / 2, within 2 ulp of expf over the float range)
@@ -97,6 +97,23 @@ CLONES void cddp__normalize(const float *x, float m, float s, float b, float *y,
 
 CLONES float cddp__dot(const float *x, const float *y, int64_t n) {
     return dot_lanes(x, y, n);
+}
+
+CLONES float cddp__dot_dev(const float *d, const float *x, float m, int64_t n) {
+    float acc[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += d[i + j] * (x[i + j] - m);
+    for (int j = 0; i < n; i++, j++) acc[j] += d[i] * (x[i] - m);
+    float s = 0.0f;
+    for (int j = 0; j < LANES; j++) s += acc[j];
+    return s;
+}
+
+CLONES void cddp__norm_grad_into(float *restrict dx, const float *restrict d,
+                                 const float *restrict x, float k, float a, float m, float b,
+                                 int64_t n) {
+    for (int64_t i = 0; i < n; i++) dx[i] += k * (d[i] - a - (x[i] - m) * b);
 }
 
 CLONES float cddp__exp_shifted(const float *x, float shift, float *y, int64_t n) {
