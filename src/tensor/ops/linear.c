@@ -1,5 +1,5 @@
-/* linear.c: matrix products on OpenBLAS: matmul with optional transposes, and nn.Linear's
- * y = x W^T + b. */
+/* linear.c: matrix products (cddp__gemm: oneDNN's sgemm): matmul with optional transposes, and
+ * nn.Linear's y = x W^T + b. */
 #include "tensor/internal.h"
 
 #include <string.h>
