@@ -60,27 +60,25 @@ static inline float sum_lanes(const float *x, int64_t n) {
     return s;
 }
 
-/* sum (x - m)^2 */
-static inline float sq_dev_lanes(const float *x, float m, int64_t n) {
+/* sum (x - a)(y - b): with a and b constant 0, a plain dot product (x - 0 is x, and the
+ * compiler drops the subtraction); with y = x and b = a, the squared deviation */
+static inline float dot_dev_lanes(const float *x, float a, const float *y, float b, int64_t n) {
     float acc[LANES] = {0};
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++) acc[j] += (x[i + j] - m) * (x[i + j] - m);
-    for (int j = 0; i < n; i++, j++) acc[j] += (x[i] - m) * (x[i] - m);
+        for (int j = 0; j < LANES; j++) acc[j] += (x[i + j] - a) * (y[i + j] - b);
+    for (int j = 0; i < n; i++, j++) acc[j] += (x[i] - a) * (y[i] - b);
     float s = 0.0f;
     for (int j = 0; j < LANES; j++) s += acc[j];
     return s;
 }
 
+static inline float sq_dev_lanes(const float *x, float m, int64_t n) {
+    return dot_dev_lanes(x, m, x, m, n);
+}
+
 static inline float dot_lanes(const float *x, const float *y, int64_t n) {
-    float acc[LANES] = {0};
-    int64_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++) acc[j] += x[i + j] * y[i + j];
-    for (int j = 0; i < n; i++, j++) acc[j] += x[i] * y[i];
-    float s = 0.0f;
-    for (int j = 0; j < LANES; j++) s += acc[j];
-    return s;
+    return dot_dev_lanes(x, 0.0f, y, 0.0f, n);
 }
 
 CLONES float cddp__sum(const float *x, int64_t n) {
@@ -100,14 +98,7 @@ CLONES float cddp__dot(const float *x, const float *y, int64_t n) {
 }
 
 CLONES float cddp__dot_dev(const float *d, const float *x, float m, int64_t n) {
-    float acc[LANES] = {0};
-    int64_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++) acc[j] += d[i + j] * (x[i + j] - m);
-    for (int j = 0; i < n; i++, j++) acc[j] += d[i] * (x[i] - m);
-    float s = 0.0f;
-    for (int j = 0; j < LANES; j++) s += acc[j];
-    return s;
+    return dot_dev_lanes(d, 0.0f, x, m, n);
 }
 
 CLONES void cddp__norm_grad_into(float *restrict dx, const float *restrict d,
