@@ -36,8 +36,9 @@ static void test_sequential_names_and_layout(void **state) {
     cddp_model_destroy(m);
 }
 
-/* A Sequential runs a ReLU followed by a MaxPool2d as one op, relu_max_pool2d, with the
- * values of the two; a ReLU followed by anything else stays a ReLU. */
+/* A Sequential runs a Conv2d followed by a ReLU and a MaxPool2d as one op, conv2d_relu_max_pool2d,
+ * and a ReLU followed by a MaxPool2d as relu_max_pool2d, with the values of the ops apart; a ReLU
+ * followed by anything else stays a ReLU. */
 static void test_sequential_fuses_relu_and_max_pool(void **state) {
     (void)state;
     cddp_model *m = cddp_model_create();
@@ -45,22 +46,27 @@ static void test_sequential_fuses_relu_and_max_pool(void **state) {
     assert_int_equal(cddp_model_add(m, NULL, cddp_nn_relu()), CDDP_OK);
     assert_int_equal(cddp_model_add(m, NULL, cddp_nn_max_pool2d(2, 2)), CDDP_OK);
     assert_int_equal(cddp_model_add(m, NULL, cddp_nn_relu()), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, NULL, cddp_nn_max_pool2d(2, 1)), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, NULL, cddp_nn_relu()), CDDP_OK);
     assert_int_equal(cddp_model_add(m, NULL, cddp_nn_flatten()), CDDP_OK);
     assert_int_equal(cddp_model_build(m, 3), CDDP_OK);
     cddp_ctx *ctx = cddp_ctx_create(&(cddp_ctx_options){.seed = 1});
     cddp_tensor *x = cddp_uniform(ctx, 4, (int64_t[]){2, 1, 9, 10}, -1, 1, cddp_ctx_rng(ctx));
     cddp_tensor *y = cddp_model_forward(m, ctx, x);
-    const char *ops[] = {"reshape", "relu", "relu_max_pool2d", "conv2d"}; /* newest first */
+    const char *ops[] = {"reshape", "relu", "relu_max_pool2d",
+                         "conv2d_relu_max_pool2d"}; /* newest first */
     int i = 0;
     for (cddp_node *n = cddp_ctx_tape(ctx); n; n = cddp_node_prev(n), i++) {
         assert_true(i < 4);
         assert_string_equal(cddp_node_op(n), ops[i]);
     }
     assert_int_equal(i, 4);
-    /* the two ops apart, from the convolution's output (the fused node's input) */
-    cddp_node *fused = cddp_node_prev(cddp_node_prev(cddp_ctx_tape(ctx)));
-    cddp_tensor *conv = cddp_node_input(fused, 0);
-    cddp_tensor *want = cddp_relu(ctx, cddp_max_pool2d(ctx, cddp_relu(ctx, conv), 2, 2, 0));
+    /* the ops apart, from the first node's inputs */
+    cddp_node *first = cddp_node_prev(cddp_node_prev(cddp_node_prev(cddp_ctx_tape(ctx))));
+    cddp_tensor *conv = cddp_conv2d(ctx, cddp_node_input(first, 0), cddp_node_input(first, 1),
+                                    cddp_node_input(first, 2), 1, 1);
+    cddp_tensor *want = cddp_max_pool2d(ctx, cddp_relu(ctx, conv), 2, 2, 0);
+    want = cddp_relu(ctx, cddp_max_pool2d(ctx, cddp_relu(ctx, want), 2, 1, 0));
     assert_int_equal(want->numel, y->numel);
     for (int64_t k = 0; k < y->numel; k++) assert_true(cddp_f32(y)[k] == cddp_f32(want)[k]);
     cddp_ctx_destroy(ctx);

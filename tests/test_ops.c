@@ -444,6 +444,111 @@ static void test_relu_max_pool(void **state) {
     check_relu_max_pool(5, 6, 2, 1, 0);
 }
 
+/* cddp_conv2d_relu_max_pool2d is cddp_relu_max_pool2d(cddp_conv2d_groups(...)) bit for bit,
+ * values and the gradients of x, w and b, fresh and added (x used twice), in training and in
+ * evaluation (oneDNN's layouts differ: nChw16c, NHWC); integer inputs, so that the convolution's
+ * outputs tie and hit 0. The cases: few input channels (cddp's own weights' gradient, read from
+ * the blocked layout), 16 -> 32 (oneDNN's), output channels not a multiple of the block (padding
+ * lanes), odd sizes (a last row or column in no window), groups, stride 2, no bias, and pooling
+ * that is not 2x2 (the two ops). */
+typedef struct fused_case {
+    int64_t N, C, H, W, O;
+    int kernel, stride, pad, groups;
+    bool bias;
+    int pool, pool_stride;
+} fused_case;
+
+static float *fused_data(int64_t n, int lo, int hi) {
+    float *v = malloc((size_t)n * sizeof(float));
+    assert_non_null(v);
+    cddp_rng *r = cddp_ctx_rng(ctx);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = (float)(lo + (int)(cddp_rng_uniform(r) * (float)(hi - lo + 1)));
+    return v;
+}
+
+static void check_conv_relu_pool(const fused_case *k) {
+    int64_t xn = k->N * k->C * k->H * k->W, wn = k->O * (k->C / k->groups) * k->kernel * k->kernel;
+    int64_t xs[4] = {k->N, k->C, k->H, k->W},
+            ws[4] = {k->O, k->C / k->groups, k->kernel, k->kernel};
+    cddp_rng_seed(cddp_ctx_rng(ctx), 11);
+    float *xv = fused_data(xn, -2, 2), *wv = fused_data(wn, -1, 1), *bv = fused_data(k->O, -2, 1);
+    float *y0 = NULL, *g[3] = {NULL, NULL, NULL};
+    int64_t yn = 0;
+    for (int train = 0; train <= 1; train++)
+        for (int fused = 0; fused <= 1; fused++) {
+            cddp_ctx_reset(ctx);
+            cddp_rng_seed(cddp_ctx_rng(ctx), 5); /* the same weights r in every run */
+            cddp_tensor *x = cddp_from_data(ctx, CDDP_F32, 4, xs, xv);
+            cddp_tensor *w = cddp_from_data(ctx, CDDP_F32, 4, ws, wv);
+            cddp_tensor *b = k->bias ? cddp_from_data(ctx, CDDP_F32, 1, &k->O, bv) : NULL;
+            if (train) {
+                cddp_requires_grad(ctx, x);
+                cddp_requires_grad(ctx, w);
+                if (b) cddp_requires_grad(ctx, b);
+            }
+            cddp_tensor *loss = NULL, *y = NULL;
+            for (int use = 0; use < 2; use++) {
+                y = fused ? cddp_conv2d_relu_max_pool2d(ctx, x, w, b, k->stride, k->pad, k->groups,
+                                                        k->pool, k->pool_stride, 0)
+                          : cddp_relu_max_pool2d(
+                                ctx, cddp_conv2d_groups(ctx, x, w, b, k->stride, k->pad, k->groups),
+                                k->pool, k->pool_stride, 0);
+                assert_non_null(y);
+                cddp_tensor *r = cddp_uniform(ctx, 4, y->shape, -1, 1, cddp_ctx_rng(ctx));
+                cddp_tensor *l = cddp_sum(ctx, cddp_mul(ctx, y, r));
+                loss = loss ? cddp_add(ctx, loss, l) : l;
+            }
+            const char *want = fused && k->pool == 2 && k->pool_stride == 2
+                                   ? "conv2d_relu_max_pool2d"
+                                   : "relu_max_pool2d";
+            if (train)
+                assert_string_equal(cddp_node_op(cddp_node_prev(
+                                        cddp_node_prev(cddp_node_prev(cddp_ctx_tape(ctx))))),
+                                    want);
+            if (!y0) {
+                yn = y->numel;
+                y0 = malloc((size_t)yn * sizeof(float));
+                assert_non_null(y0);
+                memcpy(y0, y->data, (size_t)yn * sizeof(float));
+            }
+            assert_int_equal(y->numel, yn);
+            assert_memory_equal(y0, y->data, (size_t)yn * sizeof(float));
+            if (!train) continue;
+            assert_int_equal(cddp_backward(ctx, loss), CDDP_OK);
+            cddp_tensor *t[3] = {x, w, b};
+            for (int i = 0; i < (b ? 3 : 2); i++) {
+                size_t bytes = (size_t)t[i]->numel * sizeof(float);
+                if (!fused) {
+                    g[i] = malloc(bytes);
+                    assert_non_null(g[i]);
+                    memcpy(g[i], t[i]->grad, bytes);
+                } else {
+                    assert_memory_equal(g[i], t[i]->grad, bytes);
+                }
+            }
+        }
+    for (int i = 0; i < 3; i++) free(g[i]);
+    free(y0);
+    free(xv);
+    free(wv);
+    free(bv);
+}
+
+static void test_conv_relu_max_pool(void **state) {
+    (void)state;
+    const fused_case cases[] = {
+        {4, 1, 28, 28, 16, 3, 1, 1, 1, true, 2, 2},  /* the example CNN's first layer */
+        {4, 16, 14, 14, 32, 3, 1, 1, 1, true, 2, 2}, /* and its second */
+        {2, 3, 9, 11, 20, 3, 1, 1, 1, true, 2, 2},   /* padding lanes, odd sizes */
+        {2, 8, 10, 7, 24, 3, 2, 1, 1, false, 2, 2},  /* stride 2, no bias */
+        {3, 4, 8, 8, 8, 3, 1, 0, 2, true, 2, 0},     /* groups; pool stride 0: the kernel */
+        {2, 16, 9, 9, 16, 1, 1, 0, 1, true, 2, 2},   /* a 1x1 convolution, odd output */
+        {2, 2, 9, 9, 16, 3, 1, 1, 1, true, 3, 2},    /* 3x3 pooling: the two ops */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_conv_relu_pool(&cases[i]);
+}
+
 static void test_dropout(void **state) {
     (void)state;
     cddp_ctx_reset(ctx);
@@ -527,6 +632,7 @@ int main(void) {
         cmocka_unit_test(test_max_pool),
         cmocka_unit_test(test_max_pool_2x2_and_relu_gradients),
         cmocka_unit_test(test_relu_max_pool),
+        cmocka_unit_test(test_conv_relu_max_pool),
         cmocka_unit_test(test_dropout),
         cmocka_unit_test(test_argmax_and_accuracy),
         cmocka_unit_test(test_views),

@@ -90,7 +90,9 @@ CDDP_API cddp_module *cddp_nn_embedding(int64_t rows, int64_t dim);
 CDDP_API cddp_module *cddp_nn_embedding_init(int64_t rows, int64_t dim, cddp_init weight);
 
 /* Its children one after another, each taking the previous one's output. A child added with a
- * NULL name is named after its position ("0", "1", ...), as in nn.Sequential. */
+ * NULL name is named after its position ("0", "1", ...), as in nn.Sequential. A Conv2d, a ReLU
+ * and a MaxPool2d in a row run as one op (cddp_conv2d_relu_max_pool2d), and a ReLU followed by a
+ * MaxPool2d as one (cddp_relu_max_pool2d): the same values and gradients, fewer passes. */
 CDDP_API cddp_module *cddp_nn_sequential(void);
 
 /* A GPT as nanoGPT writes it (see src/nn/transformer.c): token and position embeddings, n_layer

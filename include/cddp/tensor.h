@@ -189,6 +189,15 @@ CDDP_API cddp_tensor *cddp_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel,
  * another order). A Sequential runs a ReLU followed by a MaxPool2d as this. */
 CDDP_API cddp_tensor *cddp_relu_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel, int stride,
                                            int padding);
+/* cddp_relu_max_pool2d(cddp_conv2d_groups(x, w, b, stride, padding, groups), pool_kernel,
+ * pool_stride, pool_padding) as one op: the same values and gradients. With 2x2 pooling of stride
+ * 2 the convolution's output never leaves oneDNN's layout (nor is it kept for the backward), which
+ * saves two reorders of it per step; any other pooling runs as the two ops. A Sequential runs a
+ * Conv2d followed by a ReLU and a MaxPool2d as this. */
+CDDP_API cddp_tensor *cddp_conv2d_relu_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w,
+                                                  cddp_tensor *b, int stride, int padding,
+                                                  int groups, int pool_kernel, int pool_stride,
+                                                  int pool_padding);
 /* Average pooling, shaped as cddp_max_pool2d; the padding counts as zeros in every window's
  * kernel x kernel (PyTorch's AvgPool2d, count_include_pad). */
 CDDP_API cddp_tensor *cddp_avg_pool2d(cddp_ctx *ctx, cddp_tensor *x, int kernel, int stride,

@@ -307,13 +307,22 @@ cddp_module *cddp_nn_embedding_init(int64_t rows, int64_t dim, cddp_init weight)
 
 /* The children in turn; a ReLU followed by a MaxPool2d runs as one op, cddp_relu_max_pool2d (the
  * same values and gradients, without the ReLU's output: one pass over the data instead of three
- * forward and backward). */
+ * forward and backward), and a Conv2d before them joins it, cddp_conv2d_relu_max_pool2d (whose
+ * convolution output stays in oneDNN's layout). */
 static cddp_tensor *sequential_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
     int n = cddp_module_num_children(self);
     for (int i = 0; i < n && x; i++) {
         cddp_module *c = cddp_module_child(self, i);
         cddp_module *next = i + 1 < n ? cddp_module_child(self, i + 1) : NULL;
-        if (c->type == &relu_type && next && next->type == &max_pool_type) {
+        cddp_module *third = i + 2 < n ? cddp_module_child(self, i + 2) : NULL;
+        if (c->type == &conv_type && next && next->type == &relu_type && third &&
+            third->type == &max_pool_type) {
+            const layer *cl = state(c), *pl = state(third);
+            x = cddp_conv2d_relu_max_pool2d(ctx, x, cddp_module_get_param(c, 0),
+                                            param_or_null(c, 1), cl->stride, cl->padding,
+                                            cl->groups, pl->kernel, pl->stride, pl->padding);
+            i += 2;
+        } else if (c->type == &relu_type && next && next->type == &max_pool_type) {
             const layer *l = state(next);
             x = cddp_relu_max_pool2d(ctx, x, l->kernel, l->stride, l->padding);
             i++;

@@ -6,12 +6,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_ARGS 8
-#define BUCKETS  256
+#define MAX_ARGS     8
+#define MAX_REORDERS (2 * MAX_ARGS) /* an argument may come in two layouts */
+#define BUCKETS      256
 
-/* A reorder between an argument's plain layout and the primitive's, made on first use. */
+/* A reorder between an argument's layout as given (plain, or the md of the run's argument) and
+ * the primitive's, made on first use. */
 typedef struct reorder {
     int arg;
+    dnnl_memory_desc_t given;
     dnnl_primitive_t prim;
     size_t scratch; /* bytes of its scratchpad */
 } reorder;
@@ -21,7 +24,7 @@ struct cddp__dnnl_prim {
     dnnl_primitive_desc_t pd;
     dnnl_primitive_t prim;
     size_t scratch;
-    reorder reorders[MAX_ARGS];
+    reorder reorders[MAX_REORDERS];
     int nreorders;
     size_t len;
     unsigned char key[];
@@ -119,31 +122,41 @@ dnnl_primitive_desc_t cddp__dnnl_pd(const cddp__dnnl_prim *p) {
     return p->pd;
 }
 
-static dnnl_memory_desc_t plain_md(const cddp__dnnl_arg *a) {
+const dnnl_memory_desc_t *cddp__dnnl_md(const cddp__dnnl_prim *p, int arg) {
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(p->pd, dnnl_query_exec_arg_md, arg);
+    CDDP_CHECK(md && md->ndims > 0, "oneDNN: the primitive takes no argument %d", arg);
+    return md;
+}
+
+/* The layout a's data is in. */
+static dnnl_memory_desc_t given_md(const cddp__dnnl_arg *a) {
+    if (a->md) return *a->md;
     dnnl_memory_desc_t md;
     cddp__dnnl_ok(dnnl_memory_desc_init_by_tag(&md, a->ndims, a->dims, dnnl_f32, a->tag),
                   "describing a tensor");
     return md;
 }
 
-/* The reorder of argument a between its plain layout and want (into want when !out); made once
- * per primitive and argument. */
+/* The reorder of argument a between its layout as given and want (into want when !out); made once
+ * per primitive, argument and given layout. */
 static reorder *reorder_for(cddp__dnnl_prim *p, const cddp__dnnl_arg *a,
                             const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *want,
                             bool out) {
     pthread_mutex_lock(&lock);
     for (int i = 0; i < p->nreorders; i++)
-        if (p->reorders[i].arg == a->arg) {
+        if (p->reorders[i].arg == a->arg && dnnl_memory_desc_equal(&p->reorders[i].given, plain)) {
             pthread_mutex_unlock(&lock);
             return &p->reorders[i];
         }
-    CDDP_CHECK(p->nreorders < MAX_ARGS, "oneDNN: more than %d reordered arguments", MAX_ARGS);
+    CDDP_CHECK(p->nreorders < MAX_REORDERS, "oneDNN: more than %d reorders for one primitive",
+               MAX_REORDERS);
     dnnl_primitive_desc_t pd;
     cddp__dnnl_ok(dnnl_reorder_primitive_desc_create(&pd, out ? want : plain, engine,
                                                      out ? plain : want, engine, attr),
                   "making a reorder");
     reorder *r = &p->reorders[p->nreorders];
     r->arg = a->arg;
+    r->given = *plain;
     r->scratch = scratch_of(pd);
     cddp__dnnl_ok(dnnl_primitive_create(&r->prim, pd), "making a reorder primitive");
     dnnl_primitive_desc_destroy(pd);
@@ -192,11 +205,9 @@ bool cddp__dnnl_run(cddp_ctx *ctx, const cddp__dnnl_prim *cp, int nargs,
     int n = 0;
     for (int i = 0; i < nargs; i++) {
         const cddp__dnnl_arg *a = &args[i];
-        const dnnl_memory_desc_t *want =
-            dnnl_primitive_desc_query_md(p->pd, dnnl_query_exec_arg_md, a->arg);
-        CDDP_CHECK(want && want->ndims > 0, "oneDNN: the primitive takes no argument %d", a->arg);
+        const dnnl_memory_desc_t *want = cddp__dnnl_md(p, a->arg);
         ex[n].arg = a->arg;
-        dnnl_memory_desc_t md = plain_md(a);
+        dnnl_memory_desc_t md = given_md(a);
         bool same = dnnl_memory_desc_equal(&md, want);
         void *data = a->data;
         if (a->io == CDDP__DNNL_ADD) { /* the result into a temporary, then added */

@@ -5,8 +5,10 @@
  * process, so that a training loop pays oneDNN's set-up once per layer. cddp's tensors stay plain
  * (NCHW, OIHW): where a primitive prefers another layout (oneDNN's blocked formats), running it
  * reorders its inputs into step-arena buffers and its outputs back, each reorder primitive made
- * once too. oneDNN's scratchpad comes from the step arena. oneDNN's threads follow
- * OMP_NUM_THREADS (cddprun sets 1 per rank).
+ * once too. An op may also give a run data already in the primitive's layout, or in another one
+ * (an argument's md): the fused convolution keeps its output and that output's gradient blocked.
+ * oneDNN's scratchpad comes from the step arena. oneDNN's threads follow OMP_NUM_THREADS (cddprun
+ * sets 1 per rank).
  */
 #ifndef CDDP_TENSOR_DNNL_H
 #define CDDP_TENSOR_DNNL_H
@@ -25,10 +27,13 @@ typedef struct cddp__dnnl_prim cddp__dnnl_prim;
 /* The primitive for key (len bytes, compared byte for byte), made with make the first time. */
 const cddp__dnnl_prim *cddp__dnnl_get(const void *key, size_t len, cddp__dnnl_make make);
 dnnl_primitive_desc_t cddp__dnnl_pd(const cddp__dnnl_prim *p);
+/* The layout p wants for argument arg (DNNL_ARG_DST, ...). */
+const dnnl_memory_desc_t *cddp__dnnl_md(const cddp__dnnl_prim *p, int arg);
 dnnl_engine_t cddp__dnnl_engine(void);
 
 /* One argument of a run: the oneDNN argument (DNNL_ARG_SRC, ...), its data as cddp keeps it
- * (plain: the dense layout of dims in the format tag), and what the run does with it. */
+ * (plain: the dense layout of dims in the format tag; or, with md, the layout md describes, such
+ * as the primitive's own), and what the run does with it. */
 typedef enum cddp__dnnl_io {
     CDDP__DNNL_IN,  /* read */
     CDDP__DNNL_OUT, /* written */
@@ -50,6 +55,7 @@ typedef struct cddp__dnnl_arg {
     int ndims;
     dnnl_dims_t dims;
     dnnl_format_tag_t tag;
+    const dnnl_memory_desc_t *md; /* data's layout when it is not the plain one; or NULL */
     cddp__dnnl_copy *copy; /* an input's: used when it has the layout wanted, else made; or NULL */
 } cddp__dnnl_arg;
 

@@ -140,6 +140,22 @@ void cddp__max_pool2x2(const float *x, int64_t planes, int64_t H, int64_t W, int
                        float *y, int32_t *arg, bool relu);
 void cddp__max_pool2x2_grad(const int32_t *arg, const float *dy, const float *y, float *dx,
                             int64_t planes, int64_t H, int64_t W, int64_t OH, int64_t OW);
+/* A 4-D (N,C,H,W) layout with the channels innermost in groups of B: element (n, c, h, w) at
+ * n sN + (c / B) sG + h sH + w sW + c % B. oneDNN's blocked nChw16c is B 16, sW 16; NHWC one group
+ * of B = C; cddp's plain NCHW B 1, sG H W, sW 1. */
+typedef struct cddp__lanes {
+    int64_t B, sN, sG, sH, sW;
+} cddp__lanes;
+/* max(x, 0) max-pooled 2x2 with stride 2, x (N,C,H,W) in layout l with B > 1, into y (N,C,H/2,W/2)
+ * plain: cddp__max_pool2x2's values. With code (N, groups, H/2, W/2, B int8), each maximum's
+ * place in its window (0..3 in row-major order, the first of equals) or -1 where it is 0. Its
+ * gradient, into every element of dx (layout l, padding lanes too): dy (plain, the shape of y) at
+ * each window's maximum where that is positive, 0 elsewhere. tile: B (W / 2) floats of scratch. */
+void cddp__relu_pool2x2_lanes(const float *x, const cddp__lanes *l, int64_t N, int64_t C, int64_t H,
+                              int64_t W, float *y, int8_t *code, float *tile);
+void cddp__relu_pool2x2_lanes_grad(const int8_t *code, const float *dy, const cddp__lanes *l,
+                                   int64_t N, int64_t C, int64_t H, int64_t W, float *dx,
+                                   float *tile);
 /* y += g exp(x), or y = g exp(x) when assign */
 void cddp__add_exp_scaled(float *y, const float *x, float g, int64_t n, bool assign);
 /* y = GELU(x) with the tanh approximation, keeping tanh's value in t for the gradient;

@@ -347,6 +347,113 @@ CLONES void cddp__max_pool2x2_grad(const int32_t *arg, const float *dy, const fl
         max_pool2x2_grad_planes(arg, dy, NULL, dx, planes, H, W, OH, OW);
 }
 
+/* Pooling on a layout with channels innermost (oneDNN's blocked ones): the vector runs across the
+ * B channels of a group, which are contiguous, so each window is 4 vector loads and 3 compares; a
+ * row of outputs is gathered in a (W/2, B) tile and written out to the plain planes one channel at
+ * a time (a transposition inside L1). B is a constant in the common case (16, AVX-512's). */
+ALWAYS_INLINE void relu_pool_lanes(const float *restrict x, const cddp__lanes *l, int64_t B,
+                                   int64_t N, int64_t C, int64_t H, int64_t W, float *restrict y,
+                                   int8_t *restrict code, bool keep, float *restrict t) {
+    int64_t OH = H / 2, OW = W / 2, G = (C + B - 1) / B, sW = l->sW, sH = l->sH;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t oh = 0; oh < OH; oh++) {
+                const float *r0 = x + n * l->sN + g * l->sG + 2 * oh * sH;
+                int8_t *cd = keep ? code + ((n * G + g) * OH + oh) * OW * B : NULL;
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    const float *a = r0 + 2 * ow * sW, *b = a + sW, *c = a + sH, *d = c + sW;
+                    SIMD for (int64_t k = 0; k < B; k++) {
+                        /* max(x, 0) has no NaN; the first of equals wins: a pair's left one,
+                         * the top pair */
+                        float v0 = relu_if(a[k], true), v1 = relu_if(b[k], true);
+                        float v2 = relu_if(c[k], true), v3 = relu_if(d[k], true);
+                        float top = v1 > v0 ? v1 : v0, bottom = v3 > v2 ? v3 : v2;
+                        int32_t at_top = v1 > v0 ? 1 : 0, at_bottom = v3 > v2 ? 3 : 2;
+                        float m = bottom > top ? bottom : top;
+                        t[ow * B + k] = m;
+                        if (keep)
+                            cd[ow * B + k] =
+                                (int8_t)(m > 0.0f ? (bottom > top ? at_bottom : at_top) : -1);
+                    }
+                }
+                int64_t nl = CDDP_MIN(B, C - g * B);
+                for (int64_t k = 0; k < nl; k++) {
+                    float *out = y + ((n * C + g * B + k) * OH + oh) * OW;
+                    for (int64_t ow = 0; ow < OW; ow++) out[ow] = t[ow * B + k];
+                }
+            }
+}
+
+CLONES void cddp__relu_pool2x2_lanes(const float *x, const cddp__lanes *l, int64_t N, int64_t C,
+                                     int64_t H, int64_t W, float *y, int8_t *code, float *tile) {
+    /* each case its own loop, the conditions constant inside */
+    if (l->B == 16 && code)
+        relu_pool_lanes(x, l, 16, N, C, H, W, y, code, true, tile);
+    else if (l->B == 16)
+        relu_pool_lanes(x, l, 16, N, C, H, W, y, NULL, false, tile);
+    else if (code)
+        relu_pool_lanes(x, l, l->B, N, C, H, W, y, code, true, tile);
+    else
+        relu_pool_lanes(x, l, l->B, N, C, H, W, y, NULL, false, tile);
+}
+
+/* v where keep, else 0, by a mask (GCC turns a select with 0 into masked stores and branches) */
+static inline float keep_if(float v, bool keep) {
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    u &= -(uint32_t)keep;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+ALWAYS_INLINE void relu_pool_lanes_grad(const int8_t *restrict code, const float *restrict dy,
+                                        const cddp__lanes *l, int64_t B, int64_t N, int64_t C,
+                                        int64_t H, int64_t W, float *restrict dx,
+                                        float *restrict t) {
+    int64_t OH = H / 2, OW = W / 2, G = (C + B - 1) / B, sW = l->sW, sH = l->sH;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t g = 0; g < G; g++) {
+            float *plane = dx + n * l->sN + g * l->sG;
+            int64_t nl = CDDP_MIN(B, C - g * B);
+            if (nl < B) memset(t, 0, (size_t)(OW * B) * sizeof(float)); /* padding lanes get 0 */
+            for (int64_t oh = 0; oh < OH; oh++) {
+                for (int64_t k = 0; k < nl; k++) {
+                    const float *in = dy + ((n * C + g * B + k) * OH + oh) * OW;
+                    for (int64_t ow = 0; ow < OW; ow++) t[ow * B + k] = in[ow];
+                }
+                const int8_t *cd = code + ((n * G + g) * OH + oh) * OW * B;
+                float *r0 = plane + 2 * oh * sH;
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    float *restrict a = r0 + 2 * ow * sW, *restrict b = a + sW;
+                    float *restrict c = a + sH, *restrict d = c + sW;
+                    SIMD for (int64_t k = 0; k < B; k++) {
+                        int32_t at = cd[ow * B + k];
+                        float v = t[ow * B + k];
+                        a[k] = keep_if(v, at == 0);
+                        b[k] = keep_if(v, at == 1);
+                        c[k] = keep_if(v, at == 2);
+                        d[k] = keep_if(v, at == 3);
+                    }
+                }
+                if (W & 1) /* an odd last column is in no window */
+                    for (int64_t k = 0; k < B; k++)
+                        r0[(W - 1) * sW + k] = r0[sH + (W - 1) * sW + k] = 0;
+            }
+            if (H & 1) /* nor an odd last row */
+                for (int64_t w = 0; w < W; w++)
+                    for (int64_t k = 0; k < B; k++) plane[(H - 1) * sH + w * sW + k] = 0.0f;
+        }
+}
+
+CLONES void cddp__relu_pool2x2_lanes_grad(const int8_t *code, const float *dy, const cddp__lanes *l,
+                                          int64_t N, int64_t C, int64_t H, int64_t W, float *dx,
+                                          float *tile) {
+    if (l->B == 16)
+        relu_pool_lanes_grad(code, dy, l, 16, N, C, H, W, dx, tile);
+    else
+        relu_pool_lanes_grad(code, dy, l, l->B, N, C, H, W, dx, tile);
+}
+
 /* out[k] += sum_j y[j] x[off[k] + j] for 8 offsets at once, j < n: y is read once for all 8, and
  * the 8 sums (8 lanes each) are independent chains, so the multiply-adds do not wait on each
  * other's latency. Lanes are added in a fixed order. */

@@ -28,6 +28,7 @@
     X(SUM, sum) /* reduce.c */                                                                     \
     X(MEAN, mean)                                                                                  \
     X(CONV2D, conv2d)         /* conv.c */                                                         \
+    X(CONV2D_RELU_MAX_POOL2D, conv2d_relu_max_pool2d)                                              \
     X(MAX_POOL2D, max_pool2d) /* pool.c */                                                         \
     X(RELU_MAX_POOL2D, relu_max_pool2d)                                                            \
     X(AVG_POOL2D, avg_pool2d)                                                                      \
