@@ -273,14 +273,15 @@ static void weights_grad(cddp_ctx *ctx, const conv_args *a, const conv_grad *dy,
                 for (int64_t h = 0; h < OH; h++)
                     memcpy(yp + o * yn + h * PW, d + o * l->sG + h * l->sH,
                            (size_t)OW * sizeof(float));
-        else /* channels innermost: each element's lanes read together, written to B planes */
+        else /* channels innermost: a row of B channels (in L1) read once per channel */
             for (int64_t o0 = 0; o0 < O; o0 += l->B)
-                for (int64_t h = 0; h < OH; h++)
-                    for (int64_t w = 0; w < OW; w++) {
-                        const float *v = d + o0 / l->B * l->sG + h * l->sH + w * l->sW;
-                        for (int64_t k = 0; k < CDDP_MIN(l->B, O - o0); k++)
-                            yp[(o0 + k) * yn + h * PW + w] = v[k];
+                for (int64_t h = 0; h < OH; h++) {
+                    const float *row = d + o0 / l->B * l->sG + h * l->sH;
+                    for (int64_t k = 0; k < CDDP_MIN(l->B, O - o0); k++) {
+                        float *to = yp + (o0 + k) * yn + h * PW;
+                        for (int64_t w = 0; w < OW; w++) to[w] = row[w * l->sW + k];
                     }
+                }
         for (int64_t g = 0; g < groups; g++) {
             for (int64_t c = 0; c < cpg; c++)
                 for (int64_t h = 0; h < H; h++)
