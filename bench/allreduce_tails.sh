@@ -6,7 +6,9 @@
 # stress-ng is not installed) it runs ROUNDS rounds (default 5). A round: 4-64 KiB with cddp over
 # shared memory, Open MPI (its shared-memory BTL) and cddp over TCP in turn, ITERS calls a size
 # (default 200) after 20 unmeasured ones; then 1, 4, 16 and 64 MiB one at a time, cddp then Open
-# MPI, 50 calls each. Float32 sum in place; each call is timed on rank 0. Prints one JSON line per
+# MPI, each over at least 512 MiB (500, 128, 50 and 50 calls): a window of 50 calls of 1 MiB lasts
+# 15 ms, under 4 of the scheduler's time slices, so with a core busy one slice lost to the load
+# decided a round. Float32 sum in place; each call is timed on rank 0. Prints one JSON line per
 # size, implementation and round, tagged with "load", "round" and "transport"; bench/tails.py
 # sums them up (p50 and p99 medians over the rounds, bandwidth per round, rounds where cddp's is
 # below Open MPI's).
@@ -57,8 +59,10 @@ for cond in idle loaded; do
         # Bandwidth: each large size on its own, cddp then Open MPI, so that the two of a pair
         # run seconds apart, not minutes (this machine's speed swings between minutes).
         for b in 1048576 4194304 16777216 67108864; do
-            cddp $cond $r shm $b $b 50
-            mpi $cond $r $b $b 50
+            calls=$((536870912 / b))
+            [ $calls -ge 50 ] || calls=50
+            cddp $cond $r shm $b $b $calls
+            mpi $cond $r $b $b $calls
         done
         r=$((r + 1))
     done

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <sched.h>
 #include <linux/futex.h>
 #include <signal.h>
 #include <stdio.h>
@@ -85,6 +86,17 @@ static void say_stalled(cddp_comm *c, int who) {
         cddp__comm_stalled(c, &who, 1, true);
 }
 
+/* Whether rank who last waited on the CPU this rank runs on; this rank's CPU is published for
+ * the others (written only when it changes: the block's line is what the peers poll). */
+static bool beside(cddp_comm *c, int who) {
+    int cpu = sched_getcpu() + 1;
+    _Atomic int32_t *mine = &ctl_of(c, c->rank)->cpu;
+    if (atomic_load_explicit(mine, memory_order_relaxed) != cpu)
+        atomic_store_explicit(mine, cpu, memory_order_relaxed);
+    return who != c->rank && cpu > 0 &&
+           atomic_load_explicit(&ctl_of(c, who)->cpu, memory_order_relaxed) == cpu;
+}
+
 /* One round of a wait that found nothing ready: after the spin (cddp__comm_spin), sleep until
  * an arrival; every 10 ms, check an abort, whether peer `who` still exists (ready() says whether
  * what it owes arrived meanwhile: a peer may arrive, finish and exit between two looks) and the
@@ -95,7 +107,7 @@ int cddp__shm_idle(cddp_comm *c, waiting *w, bool (*ready)(const void *), const 
     cddp__shm_relax();
     CDDP_TRY(cddp__shm_check_abort(c, err));
     double now = cddp_now_s();
-    if (cddp__comm_spin(c, &w->spin, now)) return CDDP_OK;
+    if (cddp__comm_spin(c, &w->spin, now, beside(c, who))) return CDDP_OK;
     sleep_until(c, ready, arg);
     now = cddp_now_s();
     if (now < w->next_check) return CDDP_OK;

@@ -218,7 +218,7 @@ static int tcp_move(cddp_comm *c, xfer *out, int nout, xfer *in, int nin, bool a
         }
         /* The peer is most likely about to answer: retry before sleeping in poll (the latency
          * path), as the shared-memory waits do. */
-        if (cddp__comm_spin(c, &spin, cddp_now_s())) continue;
+        if (cddp__comm_spin(c, &spin, cddp_now_s(), false)) continue;
         spin = (cddp__spin){0};
         CDDP_TRY(cddp__comm_aborted_here(c, err));
         int np = 0, waiting_for = -1;
