@@ -268,20 +268,18 @@ static void weights_grad(cddp_ctx *ctx, const conv_args *a, const conv_grad *dy,
     const cddp__lanes *l = &dy->l;
     for (int64_t n = 0; n < N; n++) {
         const float *d = dy->data + n * l->sN;
-        if (l->B == 1) /* plain planes, row by row */
-            for (int64_t o = 0; o < O; o++)
-                for (int64_t h = 0; h < OH; h++)
-                    memcpy(yp + o * yn + h * PW, d + o * l->sG + h * l->sH,
-                           (size_t)OW * sizeof(float));
-        else /* channels innermost: a row of B channels (in L1) read once per channel */
-            for (int64_t o0 = 0; o0 < O; o0 += l->B)
-                for (int64_t h = 0; h < OH; h++) {
-                    const float *row = d + o0 / l->B * l->sG + h * l->sH;
-                    for (int64_t k = 0; k < CDDP_MIN(l->B, O - o0); k++) {
-                        float *to = yp + (o0 + k) * yn + h * PW;
+        /* row by row; with channels innermost a row of B channels (in L1) read once per channel */
+        for (int64_t o0 = 0; o0 < O; o0 += l->B)
+            for (int64_t h = 0; h < OH; h++) {
+                const float *row = d + o0 / l->B * l->sG + h * l->sH;
+                for (int64_t k = 0; k < CDDP_MIN(l->B, O - o0); k++) {
+                    float *to = yp + (o0 + k) * yn + h * PW;
+                    if (l->sW == 1)
+                        memcpy(to, row + k, (size_t)OW * sizeof(float));
+                    else
                         for (int64_t w = 0; w < OW; w++) to[w] = row[w * l->sW + k];
-                    }
                 }
+            }
         for (int64_t g = 0; g < groups; g++) {
             for (int64_t c = 0; c < cpg; c++)
                 for (int64_t h = 0; h < H; h++)
@@ -368,7 +366,8 @@ void cddp__conv2d_backward(cddp_ctx *ctx, cddp__node *n) {
 
 typedef struct fused_saved {
     cddp__dnnl_copy xc;
-    const dnnl_memory_desc_t *md; /* the convolution's output (the forward primitive's) */
+    int64_t OH, OW;               /* the convolution's output */
+    const dnnl_memory_desc_t *md; /* and its layout (the forward primitive's) */
     cddp__lanes l;
     int8_t *code;
 } fused_saved;
@@ -403,22 +402,25 @@ cddp_tensor *cddp_conv2d_relu_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, cddp_ten
     cddp_tensor *in[3] = {x, w, b};
     bool train = cddp__will_record(ctx, b ? 3 : 2, in);
     const cddp__dnnl_prim *p = NULL;
+    const dnnl_memory_desc_t *md = NULL;
     cddp__lanes l;
     bool fuse = pool_kernel == 2 && (pool_stride == 2 || pool_stride <= 0) && pool_padding == 0 &&
                 a.OH >= 2 && a.OW >= 2 && N * O > 0;
-    if (fuse) p = conv_prim(&a, train ? FWD_TRAIN : FWD_INFER);
-    if (!fuse || !lanes_of(cddp__dnnl_md(p, DNNL_ARG_DST), &l))
+    if (fuse) {
+        p = conv_prim(&a, train ? FWD_TRAIN : FWD_INFER);
+        md = cddp__dnnl_md(p, DNNL_ARG_DST);
+    }
+    if (!fuse || !lanes_of(md, &l))
         return cddp_relu_max_pool2d(ctx, cddp_conv2d_groups(ctx, x, w, b, stride, padding, groups),
                                     pool_kernel, pool_stride, pool_padding);
     int64_t PH = a.OH / 2, PW = a.OW / 2, G = (O + l.B - 1) / l.B;
-    const dnnl_memory_desc_t *md = cddp__dnnl_md(p, DNNL_ARG_DST);
     fused_saved *sv = train ? cddp__ctx_alloc(ctx, sizeof *sv) : NULL;
     float *conv = cddp__ctx_alloc(ctx, dnnl_memory_desc_get_size(md));
     float *tile = cddp__ctx_alloc(ctx, (size_t)(PW * l.B) * sizeof(float));
     cddp_tensor *out = cddp_empty(ctx, CDDP_F32, 4, (int64_t[]){N, O, PH, PW});
     if ((train && !sv) || !conv || !tile || !out) return NULL;
     if (sv) {
-        *sv = (fused_saved){.md = md, .l = l};
+        *sv = (fused_saved){.OH = a.OH, .OW = a.OW, .md = md, .l = l};
         sv->code = cddp__ctx_alloc(ctx, (size_t)(N * G * PH * PW * l.B));
         if (!sv->code) return NULL;
     }
@@ -433,8 +435,7 @@ cddp_tensor *cddp_conv2d_relu_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, cddp_ten
 
 void cddp__conv2d_relu_max_pool2d_backward(cddp_ctx *ctx, cddp__node *n) {
     fused_saved *sv = n->saved;
-    conv_args a = node_args(n, 0, 0);
-    conv_check("conv2d_relu_max_pool2d", &a);
+    conv_args a = node_args(n, sv->OH, sv->OW);
     float *dy = cddp__ctx_alloc(ctx, dnnl_memory_desc_get_size(sv->md));
     float *tile = cddp__ctx_alloc(ctx, (size_t)(a.OW / 2 * sv->l.B) * sizeof(float));
     if (!dy || !tile) return;

@@ -27,7 +27,7 @@
     X(MSE, mse)                                                                                    \
     X(SUM, sum) /* reduce.c */                                                                     \
     X(MEAN, mean)                                                                                  \
-    X(CONV2D, conv2d)         /* conv.c */                                                         \
+    X(CONV2D, conv2d) /* conv.c */                                                                 \
     X(CONV2D_RELU_MAX_POOL2D, conv2d_relu_max_pool2d)                                              \
     X(MAX_POOL2D, max_pool2d) /* pool.c */                                                         \
     X(RELU_MAX_POOL2D, relu_max_pool2d)                                                            \
