@@ -7,6 +7,11 @@
  * each differentiable input. Inputs stay away from kinks (ReLU at 0, ties in max-pooling, small
  * denominators) by construction, so a mismatch is a wrong gradient, not a non-differentiable
  * point. Tolerance: |numeric - analytic| <= 2e-3 + 1e-2 |analytic| with h = 1e-2 in float32.
+ *
+ * Half the cases of the ops that take channel-blocked tensors (conv2d, batch_norm, relu, scale,
+ * add, adaptive_avg_pool2d; tensor.h's "Layouts") run on them: their inputs are given whole
+ * blocks of channels and reordered by cddp_to_blocked, their output back by cddp_to_nchw, so the
+ * check covers the blocked forward, the blocked backward and both reorders' backward.
  */
 #include "helpers.h"
 
@@ -88,7 +93,8 @@ typedef struct gc_case {
     int stride, pad, kernel, groups;
     float s;
     cddp_reduction red;
-    float running[2][8]; /* batch_norm in evaluation: mean, var */
+    float running[2][16]; /* batch_norm in evaluation: mean, var */
+    bool blocked;         /* run in the channel-blocked layout */
 } gc_case;
 
 static cddp_ctx *ctx;
@@ -134,6 +140,51 @@ static void broadcast_shapes(gc_case *c) {
 static void any_shape(gc_case *c, int i) {
     c->ndim[i] = (int)rnd(1, 4);
     for (int d = 0; d < c->ndim[i]; d++) c->shape[i][d] = rnd(1, 4);
+}
+
+/* batch_norm's weight and bias (C), and running statistics for evaluation. */
+static void batch_norm_params(gc_case *c, int64_t C) {
+    set_shape(c, 1, 1, C, 0, 0, 0);
+    set_shape(c, 2, 1, C, 0, 0, 0);
+    for (int64_t k = 0; k < C; k++) {
+        c->running[0][k] = rndf(-0.5f, 0.5f);
+        c->running[1][k] = rndf(0.5f, 1.5f);
+    }
+}
+
+/* Turns a case of an op that takes channel-blocked tensors into one whose channels are whole
+ * blocks of B (the machine's), to be run blocked. */
+static void make_blocked(gc_case *c, int64_t B) {
+    int64_t N = rnd(1, 2), Hh = rnd(1, 3), Ww = rnd(1, 3);
+    switch (c->op) {
+    case OP_CONV2D: { /* B channels per group in, B per group out */
+        int64_t C = B * c->groups;
+        Hh = rnd(c->kernel, 5);
+        Ww = rnd(c->kernel, 5);
+        set_shape(c, 0, 4, N, C, Hh, Ww);
+        set_shape(c, 1, 4, C, B, c->kernel, c->kernel);
+        set_shape(c, 2, 1, C, 0, 0, 0);
+        break;
+    }
+    case OP_BATCH_NORM:
+        set_shape(c, 0, 4, N + 1, B, Hh, Ww);
+        batch_norm_params(c, B);
+        break;
+    case OP_ADAPTIVE_AVG_POOL2D:
+        c->shape[0][1] = B;
+        break;
+    case OP_ADD: /* one shape: blocked tensors do not broadcast */
+        set_shape(c, 0, 4, N, B, Hh, Ww);
+        set_shape(c, 1, 4, N, B, Hh, Ww);
+        break;
+    case OP_RELU:
+    case OP_SCALE:
+        set_shape(c, 0, 4, N, 2 * B, Hh, Ww);
+        break;
+    default:
+        return;
+    }
+    c->blocked = true;
 }
 
 /* Random arguments and inputs for one case of op. */
@@ -218,12 +269,7 @@ static void make_case(gc_case *c, int op) {
             set_shape(c, 0, 4, N, C, rnd(1, 3), rnd(1, 3));
         else
             set_shape(c, 0, 2, N + 2, C, 0, 0);
-        set_shape(c, 1, 1, C, 0, 0, 0);
-        set_shape(c, 2, 1, C, 0, 0, 0);
-        for (int64_t k = 0; k < C; k++) {
-            c->running[0][k] = rndf(-0.5f, 0.5f);
-            c->running[1][k] = rndf(0.5f, 1.5f);
-        }
+        batch_norm_params(c, C);
         break;
     }
     case OP_EMBEDDING: { /* the table; ids (B, T) with repeats, so rows gather several */
@@ -262,6 +308,8 @@ static void make_case(gc_case *c, int op) {
         any_shape(c, 0);
         break;
     }
+    int B = cddp_blocked_size();
+    if (B && rnd(0, 1)) make_blocked(c, B);
     for (int i = 0; i < c->nin; i++) {
         int64_t n = numel(c, i);
         c->data[i] = malloc(sizeof(float) * (size_t)n);
@@ -285,6 +333,27 @@ static void make_case(gc_case *c, int op) {
             }
         }
     }
+    if (op == OP_BATCH_NORM) {
+        /* Each channel's values spread out as layer_norm's rows: a channel whose few values
+         * (as few as 2) nearly agree has a tiny variance, and its normalisation bends within h. */
+        int64_t N = c->shape[0][0], C = c->shape[0][1];
+        int64_t P = c->ndim[0] == 4 ? c->shape[0][2] * c->shape[0][3] : 1;
+        float *x = c->data[0];
+        for (int64_t ch = 0; ch < C; ch++) {
+            int64_t M = N * P;
+            for (int64_t k = 0; k < M; k++) { /* value k of the channel: image k / P, place k % P */
+                float *v = &x[(k / P * C + ch) * P + k % P];
+                *v = 0.6f * (float)k + 0.25f * *v - 0.3f * (float)M;
+            }
+            for (int64_t k = M - 1; k > 0; k--) {
+                int64_t j = rnd(0, k);
+                float *a = &x[(k / P * C + ch) * P + k % P], *b = &x[(j / P * C + ch) * P + j % P];
+                float t = *a;
+                *a = *b;
+                *b = t;
+            }
+        }
+    }
     if (op == OP_MAX_POOL2D || op == OP_RELU_MAX_POOL2D) {
         /* Distinct values 0.05 apart, shuffled: no window has a near tie; none within 0.025 of
          * the ReLU's kink. */
@@ -299,7 +368,7 @@ static void make_case(gc_case *c, int op) {
     }
 }
 
-static cddp_tensor *forward(gc_case *c, cddp_tensor **in) {
+static cddp_tensor *forward_op(gc_case *c, cddp_tensor **in) {
     switch (c->op) {
     case OP_MATMUL:
         return cddp_matmul(ctx, in[0], in[1], c->ta, c->tb);
@@ -381,6 +450,21 @@ static cddp_tensor *forward(gc_case *c, cddp_tensor **in) {
     return NULL;
 }
 
+/* The op, on its inputs in the blocked layout when the case is blocked (its output back in the
+ * row-major one). */
+static cddp_tensor *forward(gc_case *c, cddp_tensor **in) {
+    if (!c->blocked) return forward_op(c, in);
+    cddp_tensor *b[MAX_IN];
+    for (int i = 0; i < c->nin; i++) {
+        bool blocks = i == 0 || c->op == OP_ADD; /* the activations, not weights */
+        b[i] = blocks ? cddp_to_blocked(ctx, in[i]) : in[i];
+        if (blocks) assert_int_equal(b[i]->block, cddp_blocked_size());
+    }
+    cddp_tensor *out = forward_op(c, b);
+    assert_int_equal(out->block, c->op == OP_ADAPTIVE_AVG_POOL2D ? 0 : cddp_blocked_size());
+    return cddp_to_nchw(ctx, out);
+}
+
 /* Builds the case; returns L = sum(out * R) in double. With grads, also back-propagates L and
  * copies each input's gradient into grads[i]. */
 static double evaluate(gc_case *c, const float *R, float **grads) {
@@ -410,7 +494,7 @@ static double evaluate(gc_case *c, const float *R, float **grads) {
 }
 
 static void check_op(int op) {
-    int checked = 0;
+    int checked = 0, blocked = 0;
     for (int k = 0; k < CASES; k++) {
         gc_case c;
         make_case(&c, op);
@@ -437,11 +521,13 @@ static void check_op(int op) {
                 c.data[i][e] = keep;
                 double num = (up - down) / (2.0 * H), ana = grads[i][e];
                 if (!(fabs(num - ana) <= 2e-3 + 1e-2 * fabs(ana)))
-                    fail_msg("%s case %d: d/d input%d[%lld] analytic %.6g, numeric %.6g",
-                             op_names[op], k, i, (long long)e, ana, num);
+                    fail_msg("%s case %d%s: d/d input%d[%lld] analytic %.6g, numeric %.6g",
+                             op_names[op], k, c.blocked ? " (blocked)" : "", i, (long long)e, ana,
+                             num);
                 checked++;
             }
         }
+        blocked += c.blocked;
         for (int i = 0; i < c.nin; i++) {
             free(grads[i]);
             free(c.data[i]);
@@ -449,6 +535,9 @@ static void check_op(int op) {
         free(R);
     }
     assert_true(checked >= CASES); /* every case compared something */
+    bool takes_blocked = op == OP_CONV2D || op == OP_BATCH_NORM || op == OP_ADAPTIVE_AVG_POOL2D ||
+                         op == OP_ADD || op == OP_RELU || op == OP_SCALE;
+    if (takes_blocked && cddp_blocked_size()) assert_true(blocked >= 5 && blocked <= CASES - 5);
 }
 
 #define GC_TEST(name, op)                                                                          \

@@ -2,6 +2,9 @@
 #include "helpers.h"
 
 #include <dlfcn.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static cddp_ctx *ctx;
 
@@ -549,6 +552,239 @@ static void test_conv_relu_max_pool(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_conv_relu_pool(&cases[i]);
 }
 
+/* ---- the channel-blocked layout (tensor.h's "Layouts") ----------------------------------- */
+
+/* Integer values in [lo, hi]: sums of their products are exact in float, whatever their order. */
+static cddp_tensor *int_tensor(int ndim, const int64_t *shape, int lo, int hi) {
+    cddp_tensor *t = cddp_empty(ctx, CDDP_F32, ndim, shape);
+    cddp_rng *r = cddp_ctx_rng(ctx);
+    for (int64_t i = 0; i < t->numel; i++)
+        cddp_f32(t)[i] = (float)(lo + (int)(cddp_rng_uniform(r) * (float)(hi - lo + 1)));
+    return t;
+}
+
+/* The layout itself: element (n, c, h, w) at ((n C/B + c/B) H + h) W B + w B + c % B; cddp_get
+ * reads in row-major order; to_nchw undoes to_blocked; channels that are not whole blocks stay
+ * row-major. */
+static void test_blocked_layout(void **state) {
+    (void)state;
+    int64_t B = cddp_blocked_size();
+    assert_true(B == 8 || B == 16); /* oneDNN blocks its convolutions on every x86-64 it runs */
+    cddp_ctx_reset(ctx);
+    int64_t N = 2, C = 2 * B, H = 3, W = 5;
+    cddp_tensor *x = cddp_empty(ctx, CDDP_F32, CDDP_SHAPE(N, C, H, W));
+    for (int64_t i = 0; i < x->numel; i++) cddp_f32(x)[i] = (float)i;
+    cddp_tensor *xb = cddp_to_blocked(ctx, x);
+    assert_int_equal(xb->block, B);
+    assert_int_equal(xb->numel, x->numel);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t w = 0; w < W; w++)
+                    assert_true(
+                        cddp_f32(xb)[(((n * (C / B) + c / B) * H + h) * W + w) * B + c % B] ==
+                        (float)(((n * C + c) * H + h) * W + w));
+    for (int64_t i = 0; i < x->numel; i++) assert_true(cddp_get(xb, i) == (double)i);
+    assert_ptr_equal(cddp_to_blocked(ctx, xb), xb);
+    cddp_tensor *back = cddp_to_nchw(ctx, xb);
+    assert_int_equal(back->block, 0);
+    assert_memory_equal(back->data, x->data, (size_t)x->numel * sizeof(float));
+    assert_ptr_equal(cddp_to_nchw(ctx, x), x);
+    cddp_tensor *odd = cddp_zeros(ctx, CDDP_F32, CDDP_SHAPE(1, B + 1, 2, 2));
+    assert_ptr_equal(cddp_to_blocked(ctx, odd), odd);
+    setenv("CDDP_BLOCKED", "0", 1);
+    assert_int_equal(cddp_blocked_size(), 0);
+    assert_ptr_equal(cddp_to_blocked(ctx, x), x);
+    unsetenv("CDDP_BLOCKED");
+}
+
+/* Runs op on x (and, for two-input ops, y; w and b for a convolution) row-major and then blocked;
+ * the outputs, and the gradients of loss = sum(out * r) (r integer), are equal (bit for bit with
+ * exact = true, else within 1e-6 relative to the largest), and the blocked output stays blocked. */
+typedef enum {
+    L_CONV,
+    L_CONV_BLOCKED_OUT,
+    L_BN_TRAIN,
+    L_BN_EVAL,
+    L_RELU,
+    L_ADD,
+    L_SCALE,
+    L_POOL,
+    L_POOL_2x3,
+    L_SUM
+} layout_op;
+
+static cddp_tensor *layout_run(layout_op op, cddp_tensor *x, cddp_tensor *y, cddp_tensor **p,
+                               const int *conv) {
+    switch (op) {
+    case L_CONV:
+        return cddp_conv2d_groups(ctx, x, p[0], p[1], conv[0], conv[1], conv[2]);
+    case L_CONV_BLOCKED_OUT:
+        return cddp_conv2d_blocked(ctx, x, p[0], p[1], conv[0], conv[1], conv[2]);
+    case L_BN_TRAIN:
+    case L_BN_EVAL:
+        return cddp_batch_norm(ctx, x, p[0], p[1], p[2], p[3], op == L_BN_TRAIN, 0.1f, 1e-5f);
+    case L_RELU:
+        return cddp_relu(ctx, x);
+    case L_ADD:
+        return cddp_add(ctx, x, y);
+    case L_SCALE:
+        return cddp_scale(ctx, x, -1.5f);
+    case L_POOL:
+        return cddp_adaptive_avg_pool2d(ctx, x, 1, 1);
+    case L_POOL_2x3:
+        return cddp_adaptive_avg_pool2d(ctx, x, 2, 3);
+    case L_SUM:
+        return cddp_sum(ctx, x);
+    }
+    return NULL;
+}
+
+static void check_layouts(layout_op op, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O,
+                          const int *conv, bool exact) {
+    int64_t B = cddp_blocked_size();
+    float *keep[8] = {0};
+    int64_t keep_n[8] = {0};
+    float rs[4] = {0}, rv[4] = {0}; /* the running statistics after each run */
+    for (int blocked = 0; blocked <= 1; blocked++) {
+        cddp_ctx_reset(ctx);
+        cddp_rng_seed(cddp_ctx_rng(ctx), 21);
+        cddp_tensor *x = int_tensor(4, (int64_t[]){N, C, H, W}, -3, 3);
+        cddp_tensor *y = int_tensor(4, (int64_t[]){N, C, H, W}, -3, 3);
+        cddp_tensor *p[4] = {0};
+        if (op == L_CONV || op == L_CONV_BLOCKED_OUT) {
+            int64_t K = conv[3];
+            p[0] = int_tensor(4, (int64_t[]){O, C / conv[2], K, K}, -2, 2);
+            p[1] = conv[4] ? int_tensor(1, &O, -2, 2) : NULL;
+        } else if (op == L_BN_TRAIN || op == L_BN_EVAL) {
+            p[0] = int_tensor(1, &C, 1, 3);
+            p[1] = int_tensor(1, &C, -2, 2);
+            p[2] = int_tensor(1, &C, -1, 1); /* running mean */
+            p[3] = int_tensor(1, &C, 1, 2);  /* running variance */
+        }
+        for (int i = 0; i < 2; i++)
+            if (p[i]) cddp_requires_grad(ctx, p[i]);
+        cddp_requires_grad(ctx, x);
+        cddp_requires_grad(ctx, y);
+        cddp_tensor *xi = blocked && op != L_CONV_BLOCKED_OUT ? cddp_to_blocked(ctx, x) : x;
+        cddp_tensor *yi = blocked ? cddp_to_blocked(ctx, y) : y;
+        if (blocked && op != L_CONV_BLOCKED_OUT) assert_int_equal(xi->block, B);
+        /* cddp_conv2d_blocked's reference is the row-major convolution */
+        cddp_tensor *out =
+            layout_run(!blocked && op == L_CONV_BLOCKED_OUT ? L_CONV : op, xi, yi, p, conv);
+        bool stays = op != L_POOL && op != L_POOL_2x3 && op != L_SUM;
+        assert_int_equal(out->block, blocked && stays ? B : 0);
+        cddp_tensor *o = cddp_to_nchw(ctx, out);
+        cddp_tensor *r = int_tensor(o->ndim, o->shape, -2, 2);
+        assert_int_equal(cddp_backward(ctx, cddp_sum(ctx, cddp_mul(ctx, o, r))), CDDP_OK);
+        const float *got[8] = {cddp_f32(o), x->grad, y->grad};
+        int64_t n[8] = {o->numel, x->numel, y->numel};
+        for (int i = 0; i < 4; i++)
+            if (p[i] && p[i]->grad) got[3 + i] = p[i]->grad, n[3 + i] = p[i]->numel;
+        for (int i = 0; i < 8; i++) {
+            if (!got[i]) continue;
+            if (!blocked) {
+                keep[i] = malloc((size_t)n[i] * sizeof(float));
+                memcpy(keep[i], got[i], (size_t)n[i] * sizeof(float));
+                keep_n[i] = n[i];
+                continue;
+            }
+            assert_non_null(keep[i]);
+            assert_int_equal(keep_n[i], n[i]);
+            float big = 0.0f;
+            for (int64_t k = 0; k < n[i]; k++) big = fmaxf(big, fabsf(keep[i][k]));
+            for (int64_t k = 0; k < n[i]; k++) {
+                if (exact)
+                    assert_true(got[i][k] == keep[i][k]);
+                else
+                    assert_close(got[i][k], keep[i][k], 0, 1e-6 * big + 1e-7);
+            }
+        }
+        if (op == L_BN_TRAIN)
+            for (int64_t c = 0; c < C && c < 4; c++) {
+                if (!blocked) {
+                    rs[c] = cddp_f32(p[2])[c];
+                    rv[c] = cddp_f32(p[3])[c];
+                } else {
+                    assert_close(cddp_f32(p[2])[c], rs[c], 1e-6, 1e-7);
+                    assert_close(cddp_f32(p[3])[c], rv[c], 1e-6, 1e-7);
+                }
+            }
+    }
+    for (int i = 0; i < 8; i++) free(keep[i]);
+}
+
+/* Every op that takes a blocked tensor gives the row-major op's values and gradients. */
+static void test_blocked_ops_match_plain(void **state) {
+    (void)state;
+    int64_t B = cddp_blocked_size();
+    /* stride, padding, groups, kernel, bias */
+    const int convs[][5] = {{1, 1, 1, 3, 0}, {2, 1, 1, 3, 1}, {2, 0, 1, 1, 0},
+                            {1, 0, 2, 3, 1}, {1, 1, 2, 1, 0}, {2, 1, 2, 3, 0}};
+    for (size_t i = 0; i < sizeof convs / sizeof convs[0]; i++) {
+        int64_t G = convs[i][2];
+        check_layouts(L_CONV, 2, B * G, 9, 7, 2 * B, convs[i], true);
+        check_layouts(L_CONV_BLOCKED_OUT, 2, B * G, 9, 7, 2 * B, convs[i], true);
+    }
+    const int stem[5] = {1, 1, 1, 3, 0}; /* the ResNet's stem: one input channel, out blocked */
+    check_layouts(L_CONV_BLOCKED_OUT, 3, 1, 8, 8, B, stem, true);
+    check_layouts(L_BN_TRAIN, 3, 2 * B, 5, 4, 0, NULL, false);
+    check_layouts(L_BN_EVAL, 3, 2 * B, 5, 4, 0, NULL, false);
+    check_layouts(L_RELU, 2, B, 3, 3, 0, NULL, true);
+    check_layouts(L_ADD, 2, 2 * B, 3, 5, 0, NULL, true);
+    check_layouts(L_SCALE, 2, B, 4, 3, 0, NULL, true);
+    check_layouts(L_POOL, 3, 2 * B, 7, 7, 0, NULL, true);
+    check_layouts(L_POOL_2x3, 2, B, 5, 7, 0, NULL, true);
+    check_layouts(L_SUM, 2, B, 3, 4, 0, NULL, true);
+}
+
+/* An op that reads tensors row-major aborts when given a blocked one, naming cddp_to_nchw, and so
+ * does a blocked tensor with a row-major one: never numbers read in the wrong order. */
+static void expect_abort(int which) {
+    fflush(stderr);
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        cddp_ctx_reset(ctx);
+        cddp_tensor *x = cddp_zeros(ctx, CDDP_F32, CDDP_SHAPE(2, cddp_blocked_size(), 4, 4));
+        cddp_tensor *xb = cddp_to_blocked(ctx, x);
+        switch (which) {
+        case 0:
+            cddp_max_pool2d(ctx, xb, 2, 2, 0);
+            break;
+        case 1:
+            cddp_flatten(ctx, xb);
+            break;
+        case 2:
+            cddp_add(ctx, xb, x);
+            break;
+        case 3:
+            cddp_layer_norm(ctx, xb, NULL, NULL, 1e-5f);
+            break;
+        }
+        _exit(0);
+    }
+    close(fds[1]);
+    char msg[1024] = {0};
+    size_t got = 0;
+    ssize_t k;
+    while (got < sizeof msg - 1 && (k = read(fds[0], msg + got, sizeof msg - 1 - got)) > 0)
+        got += (size_t)k;
+    close(fds[0]);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+    if (!strstr(msg, "cddp_to_nchw")) fail_msg("case %d said: %s", which, msg);
+}
+
+static void test_blocked_refused_where_not_taken(void **state) {
+    (void)state;
+    for (int which = 0; which < 4; which++) expect_abort(which);
+}
+
 static void test_dropout(void **state) {
     (void)state;
     cddp_ctx_reset(ctx);
@@ -633,6 +869,9 @@ int main(void) {
         cmocka_unit_test(test_max_pool_2x2_and_relu_gradients),
         cmocka_unit_test(test_relu_max_pool),
         cmocka_unit_test(test_conv_relu_max_pool),
+        cmocka_unit_test(test_blocked_layout),
+        cmocka_unit_test(test_blocked_ops_match_plain),
+        cmocka_unit_test(test_blocked_refused_where_not_taken),
         cmocka_unit_test(test_dropout),
         cmocka_unit_test(test_argmax_and_accuracy),
         cmocka_unit_test(test_views),

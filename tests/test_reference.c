@@ -76,9 +76,9 @@ static cddp_model *cnn(void) {
     return m;
 }
 
-/* Two stages (4 and 8 channels) of one basic block each, as make_fixtures.py's ResNet. */
+/* Two stages (16 and 32 channels) of one basic block each, as make_fixtures.py's ResNet. */
 static cddp_model *resnet(void) {
-    cddp_resnet_config c = {.in_channels = 1, .classes = 10, .widths = {4, 8}, .blocks = 1};
+    cddp_resnet_config c = {.in_channels = 1, .classes = 10, .widths = {16, 32}, .blocks = 1};
     cddp_error err = {0};
     cddp_model *m = cddp_model_create_with(cddp_nn_resnet(&c), &err);
     assert_non_null(m);
@@ -173,11 +173,45 @@ static void test_cnn_matches_pytorch(void **state) {
     check_model(cnn, "cnn");
 }
 
+/* One training step's tape: every convolution, batch normalisation, ReLU and sum of the ResNet
+ * has its output in the layout blocked by B channels (0: row-major), and no node reorders. */
+static void check_resnet_layout(int B) {
+    cddp_safetensors *f = fixture("resnet");
+    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_model *m = resnet();
+    step_loss(ctx, m, f, 0);
+    int seen = 0;
+    for (cddp_node *n = cddp_ctx_tape(ctx); n; n = cddp_node_prev(n)) {
+        const char *op = cddp_node_op(n);
+        assert_string_not_equal(op, "to_blocked");
+        assert_string_not_equal(op, "to_nchw");
+        if (!strcmp(op, "conv2d") || !strcmp(op, "batch_norm") || !strcmp(op, "relu") ||
+            !strcmp(op, "add")) {
+            assert_int_equal(cddp_node_output(n)->block, B);
+            seen++;
+        }
+    }
+    assert_int_equal(seen, 6 + 6 + 5 + 2); /* 6 convolutions, 6 BatchNorms, 5 ReLUs, 2 sums */
+    cddp_model_destroy(m);
+    cddp_ctx_destroy(ctx);
+    cddp_safetensors_destroy(f);
+}
+
 /* Strided and 1x1 convolutions without bias, BatchNorm in training mode, residual adds, global
- * average pooling. */
-static void test_resnet_matches_pytorch(void **state) {
+ * average pooling: with the activations kept blocked between layers (tensor.h's "Layouts"; the
+ * default where oneDNN prefers a blocked layout) and with every tensor row-major (CDDP_BLOCKED=0),
+ * so that both layouts' ops (batch normalisation's statistics, the convolutions' reorders, the
+ * pooling, the ReLUs and the residual sums) are checked against PyTorch. */
+static void test_resnet_layouts_match_pytorch(void **state) {
     (void)state;
+    assert_true(cddp_blocked_size() == 8 || cddp_blocked_size() == 16);
     check_model(resnet, "resnet");
+    check_resnet_layout(cddp_blocked_size());
+    setenv("CDDP_BLOCKED", "0", 1);
+    assert_int_equal(cddp_blocked_size(), 0);
+    check_model(resnet, "resnet");
+    check_resnet_layout(0);
+    unsetenv("CDDP_BLOCKED");
 }
 
 static const cddp_gpt_config tiny_gpt = {
@@ -310,7 +344,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_matches_pytorch),
         cmocka_unit_test(test_cnn_matches_pytorch),
-        cmocka_unit_test(test_resnet_matches_pytorch),
+        cmocka_unit_test(test_resnet_layouts_match_pytorch),
         cmocka_unit_test(test_gpt_matches_pytorch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,6 +1,8 @@
 /* cddp/tensor.h: tensors, the step context, random numbers and the differentiable ops.
  *
- * A tensor is float32, int32 or int64, up to 4-D, contiguous and row-major. Tensors made by ops
+ * A tensor is float32, int32 or int64, up to 4-D, contiguous and row-major (one exception, which
+ * no program meets unless it asks: a 4-D activation may be kept in oneDNN's channel-blocked
+ * layout, see "Layouts" below). Tensors made by ops
  * live in a context's step arena and stay valid until cddp_ctx_reset; parameter tensors belong to
  * a model (nn.h) and are views into its flat parameter and gradient blocks.
  *
@@ -54,6 +56,8 @@ struct cddp_tensor {
     cddp_ready_hook ready_hook; /* autograd calls it when the gradient is final (autograd.h) */
     void *ready_user;
     cddp_node *node; /* the op that made it (its grad_fn), NULL for leaves */
+    int block;       /* 0: row-major; else a 4-D float32 tensor in the channel-blocked layout of
+                        blocks of this many channels (see "Layouts"); grad in the same layout */
 };
 
 static inline float *cddp_f32(const cddp_tensor *t) {
@@ -123,7 +127,7 @@ CDDP_API void cddp_fill_uniform(cddp_tensor *t, float lo, float hi, cddp_rng *rn
 CDDP_API void cddp_fill_normal(cddp_tensor *t, float mean, float std, cddp_rng *rng);
 /* Marks a leaf tensor as needing a gradient (its grad appears after backward). */
 CDDP_API cddp_tensor *cddp_requires_grad(cddp_ctx *ctx, cddp_tensor *t);
-/* Element i as double, whatever the dtype. */
+/* Element i (in row-major order, whatever the layout) as double, whatever the dtype. */
 CDDP_API double cddp_get(const cddp_tensor *t, int64_t i);
 
 /* Views: share data with x. One dimension of reshape may be -1 (inferred). */
@@ -209,6 +213,43 @@ CDDP_API cddp_tensor *cddp_adaptive_avg_pool2d(cddp_ctx *ctx, cddp_tensor *x, in
 /* Zeroes each element with probability p and scales the rest by 1/(1-p), drawing from the
  * context's generator; the identity when !training or p == 0. */
 CDDP_API cddp_tensor *cddp_dropout(cddp_ctx *ctx, cddp_tensor *x, float p, bool training);
+
+/* ---- Layouts ---------------------------------------------------------------------------
+ * A convolution runs fastest with its activations in oneDNN's channel-blocked layout (nChw16c on
+ * a CPU with AVX-512, nChw8c on one with AVX2: the channels in blocks of B side by side, so that
+ * element (n, c, h, w) of an (N,C,H,W) tensor lies at ((n C/B + c/B) H + h) W B + w B + c % B).
+ * Run on plain tensors, each convolution reorders its input into that layout and its output out
+ * of it, forward and backward. A network of convolutions, batch normalisations, ReLUs and sums
+ * (a ResNet) can instead keep its activations blocked from one convolution to the next: a tensor
+ * whose `block` is B > 0 holds its elements in that layout (and its gradient too), and
+ *
+ *   cddp_conv2d, cddp_conv2d_groups      take it and return their output blocked alike
+ *   cddp_conv2d_blocked                  returns its output blocked whatever its input
+ *   cddp_batch_norm, cddp_relu, cddp_gelu, cddp_tanh, cddp_sigmoid, cddp_scale
+ *                                        return their output blocked alike
+ *   cddp_add, cddp_sub, cddp_mul, cddp_div  take two blocked tensors of one shape
+ *   cddp_adaptive_avg_pool2d, cddp_sum, cddp_mean, cddp_to_nchw   return a plain tensor
+ *
+ * Every other op aborts, naming cddp_to_nchw, when given a blocked tensor: no op reads one as if it
+ * were plain. Only channel counts that are a multiple of B are blocked (no padding lanes), so a
+ * blocked tensor has numel elements like any other; cddp_to_blocked leaves other tensors plain.
+ * A tensor's values and gradients do not depend on its layout beyond the order of a sum's terms
+ * (batch normalisation's statistics). cddp_nn_resnet keeps its activations blocked this way. */
+
+/* B of this machine's blocked layout (16 or 8, what oneDNN's convolutions prefer), or 0 when
+ * oneDNN prefers no channel-blocked layout (or CDDP_BLOCKED=0 turns it off): then
+ * cddp_to_blocked and cddp_conv2d_blocked return plain tensors. */
+CDDP_API int cddp_blocked_size(void);
+/* x (N,C,H,W) float32 in the blocked layout, a differentiable copy; x itself when it is already
+ * blocked, when C is not a multiple of cddp_blocked_size() or when that is 0. */
+CDDP_API cddp_tensor *cddp_to_blocked(cddp_ctx *ctx, cddp_tensor *x);
+/* x row-major, a differentiable copy when x is blocked; x itself when it is plain. */
+CDDP_API cddp_tensor *cddp_to_nchw(cddp_ctx *ctx, cddp_tensor *x);
+/* cddp_conv2d_groups whose output is in the blocked layout (when O is a multiple of
+ * cddp_blocked_size(); plain otherwise): the first convolution of a network that keeps its
+ * activations blocked, written there by oneDNN directly. */
+CDDP_API cddp_tensor *cddp_conv2d_blocked(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w,
+                                          cddp_tensor *b, int stride, int padding, int groups);
 
 /* Batch normalisation of x (N,C) or (N,C,H,W) over every dimension but C, as PyTorch's
  * BatchNorm1d/2d: y = (x - mean) / sqrt(var + eps) * weight + bias (weight and bias (C), either

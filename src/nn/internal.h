@@ -101,5 +101,9 @@ void cddp__module_free(cddp_module *m);
  * one was missing (out of memory) or failed (m then holds the ones before it). */
 bool cddp__module_add_all(cddp_module *m, const char *const *names, cddp_module *const *children,
                           int n);
+/* A Conv2d (groups 1) whose output is in the channel-blocked layout (cddp_conv2d_blocked): the
+ * first convolution of a network that keeps its activations blocked (the ResNet's stem). */
+cddp_module *cddp__nn_conv2d_blocked(int64_t in, int64_t out, int kernel, int stride, int padding,
+                                     bool bias);
 
 #endif

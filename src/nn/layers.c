@@ -14,6 +14,7 @@ typedef struct layer {
     int kernel, stride, padding; /* Conv2d and the poolings (AdaptiveAvgPool2d: kernel x stride
                                     is its output) */
     int groups;                  /* Conv2d */
+    bool blocked;                /* Conv2d: its output in the channel-blocked layout */
     float p;                     /* Dropout probability */
     bool bias;                   /* Linear and Conv2d: has a bias; BatchNorm: affine */
     float momentum, eps;         /* BatchNorm, LayerNorm (eps) */
@@ -102,8 +103,9 @@ static int conv_declare(cddp_module *self) {
 
 static cddp_tensor *conv_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
     const layer *l = state(self);
-    return cddp_conv2d_groups(ctx, x, cddp_module_get_param(self, 0), param_or_null(self, 1),
-                              l->stride, l->padding, l->groups);
+    return (l->blocked ? cddp_conv2d_blocked : cddp_conv2d_groups)(
+        ctx, x, cddp_module_get_param(self, 0), param_or_null(self, 1), l->stride, l->padding,
+        l->groups);
 }
 
 static const cddp_module_type conv_type = {"Conv2d", conv_declare, conv_forward, cddp_free};
@@ -121,6 +123,13 @@ cddp_module *cddp_nn_conv2d_groups(int64_t in, int64_t out, int kernel, int stri
                                     .padding = padding,
                                     .groups = groups,
                                     .bias = bias});
+}
+
+cddp_module *cddp__nn_conv2d_blocked(int64_t in, int64_t out, int kernel, int stride, int padding,
+                                     bool bias) {
+    cddp_module *m = cddp_nn_conv2d_groups(in, out, kernel, stride, padding, 1, bias);
+    if (m) state(m)->blocked = true;
+    return m;
 }
 
 /* ---- MaxPool2d, AvgPool2d, AdaptiveAvgPool2d ---------------------------------------------- */

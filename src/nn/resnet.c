@@ -14,6 +14,11 @@
  *
  * Names are torchvision's (layer2.0.downsample.0.weight, ...). Every convolution and the fc start
  * as PyTorch's defaults, BatchNorms at ones and zeros.
+ *
+ * The stem's convolution writes its output in oneDNN's channel-blocked layout (tensor.h's
+ * "Layouts"), and every convolution, batch normalisation, ReLU and sum after it keeps that layout
+ * until the average pooling, whose output is row-major: no reorder between the layers, forward or
+ * backward. A BasicBlock given a row-major tensor works row-major.
  */
 #include "nn/internal.h"
 
@@ -76,10 +81,11 @@ cddp_module *cddp_nn_resnet(const cddp_resnet_config *c) {
     while (stages < 4 && c->widths[stages] > 0) stages++;
     if (c->in_channels <= 0 || c->classes <= 0 || c->blocks <= 0 || stages == 0) return NULL;
     cddp_module *r = cddp_module_create(&resnet_type, NULL);
-    bool ok = cddp__module_add_all(r, (const char *[]){"conv1", "bn1"},
-                                   (cddp_module *[]){conv(c->in_channels, c->widths[0], 3, 1),
-                                                     cddp_nn_batch_norm(c->widths[0])},
-                                   2);
+    bool ok = cddp__module_add_all(
+        r, (const char *[]){"conv1", "bn1"},
+        (cddp_module *[]){cddp__nn_conv2d_blocked(c->in_channels, c->widths[0], 3, 1, 1, false),
+                          cddp_nn_batch_norm(c->widths[0])},
+        2);
     for (int s = 0; ok && s < stages; s++) {
         cddp_module *layer = cddp_nn_sequential();
         int64_t in = s ? c->widths[s - 1] : c->widths[0];

@@ -263,3 +263,50 @@ out:
         if (plain[i]) dnnl_memory_destroy(plain[i]);
     return ok;
 }
+
+/* The layout a forward-training convolution of 16 -> 16 channels, 3x3 on 8x8, picks for its
+ * output, when that blocks the channels. */
+static int block_size;
+static pthread_once_t block_once = PTHREAD_ONCE_INIT;
+
+static void find_block(void) {
+    dnnl_memory_desc_t src, w, dst;
+    cddp__dnnl_ok(dnnl_memory_desc_init_by_tag(&src, 4, (dnnl_dims_t){1, 16, 8, 8}, dnnl_f32,
+                                               dnnl_format_tag_any),
+                  "describing a probe");
+    cddp__dnnl_ok(dnnl_memory_desc_init_by_tag(&w, 4, (dnnl_dims_t){16, 16, 3, 3}, dnnl_f32,
+                                               dnnl_format_tag_any),
+                  "describing a probe");
+    dst = src;
+    dnnl_convolution_desc_t d;
+    cddp__dnnl_ok(dnnl_convolution_forward_desc_init(
+                      &d, dnnl_forward_training, dnnl_convolution_direct, &src, &w, NULL, &dst,
+                      (dnnl_dims_t){1, 1}, (dnnl_dims_t){1, 1}, (dnnl_dims_t){1, 1}),
+                  "describing a probe");
+    dnnl_primitive_desc_t pd;
+    if (dnnl_primitive_desc_create(&pd, &d, NULL, cddp__dnnl_engine(), NULL) != dnnl_success)
+        return;
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+    const dnnl_blocking_desc_t *bd = &md->format_desc.blocking;
+    if (md->format_kind == dnnl_blocked && bd->inner_nblks == 1 && bd->inner_idxs[0] == 1 &&
+        (bd->inner_blks[0] == 8 || bd->inner_blks[0] == 16))
+        block_size = (int)bd->inner_blks[0];
+    dnnl_primitive_desc_destroy(pd);
+}
+
+int cddp__dnnl_block(void) {
+    pthread_once(&block_once, find_block);
+    return block_size;
+}
+
+dnnl_format_tag_t cddp__dnnl_tag(int block) {
+    switch (block) {
+    case 0:
+        return dnnl_nchw;
+    case 8:
+        return dnnl_nChw8c;
+    case 16:
+        return dnnl_nChw16c;
+    }
+    CDDP_PANIC("a tensor blocked by %d channels", block);
+}

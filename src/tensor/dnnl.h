@@ -63,6 +63,12 @@ typedef struct cddp__dnnl_arg {
  * temporaries and the scratchpad from ctx's arena; false on a failure latched in ctx. */
 bool cddp__dnnl_run(cddp_ctx *ctx, const cddp__dnnl_prim *p, int nargs, const cddp__dnnl_arg *args);
 
+/* The channel block of the layout oneDNN's convolutions prefer on this CPU (16 or 8), or 0 when it
+ * prefers none (asked once, of a 16 -> 16 channel 3x3 convolution). */
+int cddp__dnnl_block(void);
+/* oneDNN's tag for a 4-D tensor's layout, a cddp_tensor's block: nchw (0), nChw8c or nChw16c. */
+dnnl_format_tag_t cddp__dnnl_tag(int block);
+
 /* Aborts with oneDNN's status unless s is dnnl_success (a set-up the ops never ask for). */
 void cddp__dnnl_ok(dnnl_status_t s, const char *what);
 

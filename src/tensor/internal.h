@@ -76,8 +76,13 @@ struct cddp_ctx {
 void *cddp__ctx_alloc(cddp_ctx *ctx, size_t bytes);
 /* A tensor header in the arena (data NULL); shape checked. */
 cddp_tensor *cddp__tensor_header(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const int64_t *shape);
-/* Aborts naming op unless t is float32. */
+/* Aborts naming op unless t is float32 and row-major (_any: in any layout); _nchw: unless t is
+ * row-major (see tensor.h's "Layouts"). */
 void cddp__need_f32(const char *op, const cddp_tensor *t);
+void cddp__need_f32_any(const char *op, const cddp_tensor *t);
+void cddp__need_nchw(const char *op, const cddp_tensor *t);
+/* Where element i (in row-major order) of t lies in its data, blocked or not. */
+int64_t cddp__blocked_offset(const cddp_tensor *t, int64_t i);
 /* A float32 scalar holding v. */
 cddp_tensor *cddp__scalar(cddp_ctx *ctx, float v);
 
@@ -120,6 +125,18 @@ float cddp__dot_dev(const float *d, const float *x, float m, int64_t n);
 /* dx[i] += k (d[i] - a - (x[i] - m) b): batch normalisation's input gradient */
 void cddp__norm_grad_into(float *dx, const float *d, const float *x, float k, float a, float m,
                           float b, int64_t n);
+/* Batch normalisation's loops over a block of P positions of B channels side by side (x[p B + k],
+ * B at most 16), per channel k: out[k] += sum_p x, (x - m[k])^2, or d (x - m[k]); y = (x - m[k])
+ * s[k] + b[k]; dx += k[j] (d - a[j] - (x - m[j]) b[j]). */
+void cddp__lanes_sum(const float *x, int64_t P, int64_t B, double *out);
+void cddp__lanes_sq_dev(const float *x, const float *m, int64_t P, int64_t B, double *out);
+void cddp__lanes_dot_dev(const float *d, const float *x, const float *m, int64_t P, int64_t B,
+                         double *out);
+void cddp__lanes_normalize(const float *x, const float *m, const float *s, const float *b, float *y,
+                           int64_t P, int64_t B);
+void cddp__lanes_norm_grad_into(float *dx, const float *d, const float *x, const float *k,
+                                const float *a, const float *m, const float *b, int64_t P,
+                                int64_t B);
 /* out[i] += sum_j y[j] x[off[i] + j] (j < n) for the k offsets, 8 at a time in one pass over y */
 void cddp__dot_offsets(const float *y, const float *x, const int64_t *off, int64_t k, int64_t n,
                        double *out);

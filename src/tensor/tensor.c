@@ -265,7 +265,7 @@ double cddp_get(const cddp_tensor *t, int64_t i) {
                (long long)t->numel);
     switch (t->dtype) {
     case CDDP_F32:
-        return ((const float *)t->data)[i];
+        return ((const float *)t->data)[cddp__blocked_offset(t, i)];
     case CDDP_I32:
         return ((const int32_t *)t->data)[i];
     case CDDP_I64:
@@ -274,9 +274,28 @@ double cddp_get(const cddp_tensor *t, int64_t i) {
     return 0;
 }
 
-void cddp__need_f32(const char *op, const cddp_tensor *t) {
+void cddp__need_f32_any(const char *op, const cddp_tensor *t) {
     CDDP_CHECK(t->dtype == CDDP_F32, "%s needs float32 input, got %s", op,
                cddp_dtype_name(t->dtype));
+}
+
+void cddp__need_f32(const char *op, const cddp_tensor *t) {
+    cddp__need_f32_any(op, t);
+    cddp__need_nchw(op, t);
+}
+
+void cddp__need_nchw(const char *op, const cddp_tensor *t) {
+    CDDP_CHECK(!t->block,
+               "%s takes row-major tensors, and its input %s is in the channel-blocked layout "
+               "(blocks of %d channels): convert it with cddp_to_nchw first",
+               op, CDDP__SHAPE(t), t->block);
+}
+
+int64_t cddp__blocked_offset(const cddp_tensor *t, int64_t i) {
+    if (!t->block) return i;
+    int64_t C = t->shape[1], H = t->shape[2], W = t->shape[3], B = t->block;
+    int64_t w = i % W, h = i / W % H, c = i / (W * H) % C, n = i / (W * H * C);
+    return (((n * (C / B) + c / B) * H + h) * W + w) * B + c % B;
 }
 
 cddp_tensor *cddp__scalar(cddp_ctx *ctx, float v) {

@@ -107,6 +107,101 @@ CLONES void cddp__norm_grad_into(float *restrict dx, const float *restrict d,
     for (int64_t i = 0; i < n; i++) dx[i] += k * (d[i] - a - (x[i] - m) * b);
 }
 
+/* ---- batch normalisation over channels in blocks of B (oneDNN's nChwBc) ------------------------
+ * A block holds P positions of B channels side by side, x[p B + k]; the per-channel values (m, s,
+ * ...) are the block's B. Each sum runs in 4 accumulators of B lanes, one for every fourth
+ * position (a plane's sum in float, as cddp__sum's 8 lanes), added into doubles at the end. The
+ * loops are written for any B, and instantiated for 16 and 8, which the compiler then vectorises
+ * lane by lane. */
+#define MAX_BLOCK 16
+
+enum { LANE_SUM, LANE_SQ_DEV, LANE_DOT_DEV };
+
+/* out[k] += sum_p of: x (LANE_SUM), (x - m)^2 (LANE_SQ_DEV), d (x - m) (LANE_DOT_DEV). */
+static inline __attribute__((always_inline)) void lane_sums(int what, const float *restrict d,
+                                                            const float *restrict x,
+                                                            const float *restrict m, int64_t P,
+                                                            int64_t B, double *restrict out) {
+    float acc[4][MAX_BLOCK] = {{0}};
+    float mk[MAX_BLOCK] = {0};
+    if (what != LANE_SUM) memcpy(mk, m, (size_t)B * sizeof(float));
+    int64_t p = 0;
+#define TERM(v, q, k)                                                                              \
+    (what == LANE_SUM      ? (v)[(q)*B + (k)]                                                      \
+     : what == LANE_SQ_DEV ? ((v)[(q)*B + (k)] - mk[k]) * ((v)[(q)*B + (k)] - mk[k])               \
+                           : d[(q)*B + (k)] * ((v)[(q)*B + (k)] - mk[k]))
+    for (; p + 4 <= P; p += 4)
+        for (int u = 0; u < 4; u++)
+            for (int64_t k = 0; k < B; k++) acc[u][k] += TERM(x, p + u, k);
+    for (; p < P; p++)
+        for (int64_t k = 0; k < B; k++) acc[0][k] += TERM(x, p, k);
+#undef TERM
+    for (int64_t k = 0; k < B; k++)
+        out[k] += (double)((acc[0][k] + acc[1][k]) + (acc[2][k] + acc[3][k]));
+}
+
+/* The call with B a constant the compiler sees: 16, 8, or any other (not vectorised). */
+#define BY_BLOCK(B, call_with)                                                                     \
+    do {                                                                                           \
+        CDDP_CHECK((B) >= 1 && (B) <= MAX_BLOCK, "a block of %lld channels", (long long)(B));      \
+        if ((B) == 16)                                                                             \
+            call_with(16);                                                                         \
+        else if ((B) == 8)                                                                         \
+            call_with(8);                                                                          \
+        else                                                                                       \
+            call_with(B);                                                                          \
+    } while (0)
+
+CLONES void cddp__lanes_sum(const float *x, int64_t P, int64_t B, double *out) {
+#define CALL(b) lane_sums(LANE_SUM, NULL, x, NULL, P, b, out)
+    BY_BLOCK(B, CALL);
+#undef CALL
+}
+
+CLONES void cddp__lanes_sq_dev(const float *x, const float *m, int64_t P, int64_t B, double *out) {
+#define CALL(b) lane_sums(LANE_SQ_DEV, NULL, x, m, P, b, out)
+    BY_BLOCK(B, CALL);
+#undef CALL
+}
+
+CLONES void cddp__lanes_dot_dev(const float *d, const float *x, const float *m, int64_t P,
+                                int64_t B, double *out) {
+#define CALL(b) lane_sums(LANE_DOT_DEV, d, x, m, P, b, out)
+    BY_BLOCK(B, CALL);
+#undef CALL
+}
+
+static inline __attribute__((always_inline)) void
+lane_normalize(const float *restrict x, const float *restrict m, const float *restrict s,
+               const float *restrict b, float *restrict y, int64_t P, int64_t B) {
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t k = 0; k < B; k++) y[p * B + k] = (x[p * B + k] - m[k]) * s[k] + b[k];
+}
+
+CLONES void cddp__lanes_normalize(const float *x, const float *m, const float *s, const float *b,
+                                  float *y, int64_t P, int64_t B) {
+#define CALL(bb) lane_normalize(x, m, s, b, y, P, bb)
+    BY_BLOCK(B, CALL);
+#undef CALL
+}
+
+static inline __attribute__((always_inline)) void
+lane_norm_grad(float *restrict dx, const float *restrict d, const float *restrict x,
+               const float *restrict k, const float *restrict a, const float *restrict m,
+               const float *restrict b, int64_t P, int64_t B) {
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t j = 0; j < B; j++)
+            dx[p * B + j] += k[j] * (d[p * B + j] - a[j] - (x[p * B + j] - m[j]) * b[j]);
+}
+
+CLONES void cddp__lanes_norm_grad_into(float *dx, const float *d, const float *x, const float *k,
+                                       const float *a, const float *m, const float *b, int64_t P,
+                                       int64_t B) {
+#define CALL(bb) lane_norm_grad(dx, d, x, k, a, m, b, P, bb)
+    BY_BLOCK(B, CALL);
+#undef CALL
+}
+
 CLONES float cddp__exp_shifted(const float *x, float shift, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = vexp(x[i] - shift);
     return sum_lanes(y, n);

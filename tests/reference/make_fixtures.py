@@ -6,8 +6,9 @@ Run with Debian's python3-torch (apt-get install python3-torch), from the reposi
 It rewrites tests/reference/{mlp,cnn,resnet,gpt}.safetensors. The test itself needs no Python.
 
 For each model (the seed's MLP layer structure at width 128, a small CNN with two convolutions,
-two poolings and two linear layers, and a ResNet of two stages of one basic block each, with
-BatchNorm in training mode, as cddp_nn_resnet builds it) the file holds, under these names:
+two poolings and two linear layers, and a ResNet of two stages (16 and 32 channels: whole blocks
+of oneDNN's channel-blocked layout, which cddp's ResNet keeps between layers) of one basic block
+each, with BatchNorm in training mode, as cddp_nn_resnet builds it) the file holds, under these names:
   init.<param>         PyTorch's default initialisation (seed 0), float32
   x.<i>, y.<i>         three batches of 8 inputs and int64 labels
   grad.<param>         the gradient of mean cross-entropy on batch 0 at init
@@ -163,5 +164,5 @@ def run_gpt(path):
 if __name__ == "__main__":
     run(mlp, (784,), os.path.join(HERE, "mlp.safetensors"))
     run(cnn, (1, 28, 28), os.path.join(HERE, "cnn.safetensors"))
-    run(ResNet, (1, 12, 12), os.path.join(HERE, "resnet.safetensors"))
+    run(lambda: ResNet(widths=(16, 32)), (1, 12, 12), os.path.join(HERE, "resnet.safetensors"))
     run_gpt(os.path.join(HERE, "gpt.safetensors"))

@@ -6,9 +6,10 @@
 
 static cddp_tensor *unary(cddp_ctx *ctx, cddp__op op, cddp_tensor *x) {
     if (CDDP__FAILED(ctx) || !x) return NULL;
-    cddp__need_f32("elementwise op", x);
+    cddp__need_f32_any("elementwise op", x);
     cddp_tensor *out = cddp_empty(ctx, CDDP_F32, x->ndim, x->shape);
     if (!out) return NULL;
+    out->block = x->block; /* elementwise: any layout */
     const float *a = x->data;
     float *y = out->data;
     int64_t n = x->numel;

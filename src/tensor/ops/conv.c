@@ -10,10 +10,16 @@
 
 enum { FWD_TRAIN, FWD_INFER, BWD_DATA, BWD_WEIGHTS };
 
-/* A convolution's primitive: int64 only, so that no padding byte enters the cache key. */
+/* A convolution's primitive: int64 only, so that no padding byte enters the cache key. src_block
+ * and dst_block: the channel block of a blocked input or output (its layout then fixed), else 0
+ * (the primitive's choice). */
 typedef struct conv_key {
-    int64_t kind, N, C, H, W, O, KH, KW, OH, OW, stride, pad, groups, bias;
+    int64_t kind, N, C, H, W, O, KH, KW, OH, OW, stride, pad, groups, bias, src_block, dst_block;
 } conv_key;
+
+static dnnl_format_tag_t block_tag(int64_t block) {
+    return block == 16 ? dnnl_nChw16c : block == 8 ? dnnl_nChw8c : dnnl_format_tag_any;
+}
 
 static void md_tag(dnnl_memory_desc_t *md, int n, const dnnl_dims_t dims, dnnl_format_tag_t tag) {
     cddp__dnnl_ok(dnnl_memory_desc_init_by_tag(md, n, dims, dnnl_f32, tag),
@@ -42,10 +48,11 @@ static dnnl_status_t make_conv(dnnl_primitive_desc_t *pd, const void *key,
      * has its own loop, weights_grad): there oneDNN's blocked kernel is 1.6x slower than its
      * GEMM one on plain layouts (1 -> 16 channels, 28x28, batch 64: 3.1 ms against 1.9 ms). */
     bool plain = k->kind == BWD_WEIGHTS && k->C / k->groups < 8;
-    md_tag(&src, 4, (dnnl_dims_t){k->N, k->C, k->H, k->W}, plain ? dnnl_nchw : dnnl_format_tag_any);
+    md_tag(&src, 4, (dnnl_dims_t){k->N, k->C, k->H, k->W},
+           plain ? dnnl_nchw : block_tag(k->src_block));
     md_tag(&w, wn, wd, !plain ? dnnl_format_tag_any : wn == 4 ? dnnl_oihw : dnnl_goihw);
     md_tag(&dst, 4, (dnnl_dims_t){k->N, k->O, k->OH, k->OW},
-           plain ? dnnl_nchw : dnnl_format_tag_any);
+           plain ? dnnl_nchw : block_tag(k->dst_block));
     cddp__dnnl_ok(dnnl_memory_desc_init_by_tag(&b, 1, (dnnl_dims_t){k->O}, dnnl_f32, dnnl_x),
                   "describing a bias");
     const dnnl_dims_t strides = {k->stride, k->stride}, pad = {k->pad, k->pad};
@@ -74,11 +81,13 @@ static dnnl_status_t make_conv(dnnl_primitive_desc_t *pd, const void *key,
     return dnnl_primitive_desc_create(pd, &d, attr, cddp__dnnl_engine(), hint);
 }
 
-/* A convolution's tensors and arguments; b may be NULL. */
+/* A convolution's tensors and arguments; b may be NULL. out_block: the output's layout (0 plain,
+ * or blocked by that many channels). */
 typedef struct conv_args {
     cddp_tensor *x, *w, *b;
     int stride, pad, groups;
     int64_t OH, OW;
+    int out_block;
 } conv_args;
 
 static const cddp__dnnl_prim *conv_prim(const conv_args *a, int kind) {
@@ -95,24 +104,28 @@ static const cddp__dnnl_prim *conv_prim(const conv_args *a, int kind) {
                   .stride = a->stride,
                   .pad = a->pad,
                   .groups = a->groups,
-                  .bias = a->b != NULL};
+                  .bias = a->b != NULL,
+                  .src_block = a->x->block,
+                  .dst_block = a->out_block};
     return cddp__dnnl_get(&k, sizeof k, make_conv);
 }
 
-/* The run argument for (N,C,H,W) data, plain or (md not NULL) in the layout md describes. */
+/* The run argument for (N,C,H,W) data in the layout tag names, or (md not NULL) in the one md
+ * describes. */
 static cddp__dnnl_arg nchw_dims(int arg, void *data, cddp__dnnl_io io, const int64_t *d,
-                                const dnnl_memory_desc_t *md) {
+                                dnnl_format_tag_t tag, const dnnl_memory_desc_t *md) {
     return (cddp__dnnl_arg){.arg = arg,
                             .data = data,
                             .io = io,
                             .ndims = 4,
                             .dims = {d[0], d[1], d[2], d[3]},
-                            .tag = dnnl_nchw,
+                            .tag = tag,
                             .md = md};
 }
 
+/* The run argument for data laid out as t's (t's own data or its gradient). */
 static cddp__dnnl_arg nchw(int arg, void *data, cddp__dnnl_io io, const cddp_tensor *t) {
-    return nchw_dims(arg, data, io, t->shape, NULL);
+    return nchw_dims(arg, data, io, t->shape, cddp__dnnl_tag(t->block), NULL);
 }
 
 static cddp__dnnl_arg weights(int arg, void *data, cddp__dnnl_io io, const cddp_tensor *w,
@@ -135,7 +148,7 @@ static cddp__dnnl_arg vec_arg(int arg, void *data, cddp__dnnl_io io, const cddp_
 /* Checks a convolution's arguments (as op) and completes a with its output's height and width. */
 static void conv_check(const char *op, conv_args *a) {
     const cddp_tensor *x = a->x, *w = a->w, *b = a->b;
-    cddp__need_f32(op, x);
+    cddp__need_f32_any(op, x);
     cddp__need_f32(op, w);
     CDDP_CHECK(a->groups >= 1 && x->ndim == 4 && w->ndim == 4 && x->shape[1] % a->groups == 0 &&
                    w->shape[0] % a->groups == 0 && x->shape[1] == w->shape[1] * a->groups,
@@ -154,14 +167,15 @@ static void conv_check(const char *op, conv_args *a) {
     a->OW = (W + 2 * a->pad - KW) / a->stride + 1;
 }
 
-/* Runs a's forward primitive p into dst: plain (N,O,OH,OW), or in the layout dst_md; x's copy in
- * p's layout into xc (when not NULL) for the weights' gradient. */
+/* Runs a's forward primitive p into dst: (N,O,OH,OW) in a's output layout, or in the layout dst_md;
+ * x's copy in p's layout into xc (when not NULL) for the weights' gradient. */
 static bool conv_forward(cddp_ctx *ctx, const cddp__dnnl_prim *p, const conv_args *a, void *dst,
                          const dnnl_memory_desc_t *dst_md, cddp__dnnl_copy *xc) {
     const int64_t od[4] = {a->x->shape[0], a->w->shape[0], a->OH, a->OW};
-    cddp__dnnl_arg args[4] = {nchw(DNNL_ARG_SRC, a->x->data, CDDP__DNNL_IN, a->x),
-                              weights(DNNL_ARG_WEIGHTS, a->w->data, CDDP__DNNL_IN, a->w, a->groups),
-                              nchw_dims(DNNL_ARG_DST, dst, CDDP__DNNL_OUT, od, dst_md)};
+    cddp__dnnl_arg args[4] = {
+        nchw(DNNL_ARG_SRC, a->x->data, CDDP__DNNL_IN, a->x),
+        weights(DNNL_ARG_WEIGHTS, a->w->data, CDDP__DNNL_IN, a->w, a->groups),
+        nchw_dims(DNNL_ARG_DST, dst, CDDP__DNNL_OUT, od, cddp__dnnl_tag(a->out_block), dst_md)};
     args[0].copy = xc;
     if (a->b) args[3] = vec_arg(DNNL_ARG_BIAS, a->b->data, CDDP__DNNL_IN, a->b);
     return cddp__dnnl_run(ctx, p, a->b ? 4 : 3, args);
@@ -176,7 +190,8 @@ static void record_conv(cddp__node *node, const conv_args *a, void *saved) {
 }
 
 static conv_args node_args(const cddp__node *n, int64_t OH, int64_t OW) {
-    return (conv_args){.x = n->in[0],
+    return (conv_args){.out_block = n->out->block,
+                       .x = n->in[0],
                        .w = n->in[1],
                        .b = n->nin > 2 ? n->in[2] : NULL,
                        .stride = n->arg.conv.stride,
@@ -186,14 +201,18 @@ static conv_args node_args(const cddp__node *n, int64_t OH, int64_t OW) {
                        .OW = OW};
 }
 
-cddp_tensor *cddp_conv2d_groups(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_tensor *b,
-                                int stride, int padding, int groups) {
+/* The convolution, its output blocked by out_block channels (0: plain). */
+static cddp_tensor *conv2d(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_tensor *b,
+                           int stride, int padding, int groups, int out_block) {
     if (CDDP__FAILED(ctx) || !x || !w) return NULL;
     conv_args a = {.x = x, .w = w, .b = b, .stride = stride, .pad = padding, .groups = groups};
     conv_check("conv2d", &a);
+    if (w->shape[0] % CDDP_MAX(out_block, 1)) out_block = 0;
+    a.out_block = out_block;
     cddp_tensor *out =
         cddp_empty(ctx, CDDP_F32, 4, (int64_t[]){x->shape[0], w->shape[0], a.OH, a.OW});
     if (!out) return NULL;
+    out->block = out_block;
     cddp_tensor *in[3] = {x, w, b};
     /* x as the forward reorders it, for the weights' gradient to read again */
     cddp__dnnl_copy *xc = NULL;
@@ -210,9 +229,19 @@ cddp_tensor *cddp_conv2d_groups(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, c
     return out;
 }
 
+cddp_tensor *cddp_conv2d_groups(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_tensor *b,
+                                int stride, int padding, int groups) {
+    return conv2d(ctx, x, w, b, stride, padding, groups, x ? x->block : 0);
+}
+
 cddp_tensor *cddp_conv2d(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_tensor *b, int stride,
                          int padding) {
     return cddp_conv2d_groups(ctx, x, w, b, stride, padding, 1);
+}
+
+cddp_tensor *cddp_conv2d_blocked(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_tensor *b,
+                                 int stride, int padding, int groups) {
+    return conv2d(ctx, x, w, b, stride, padding, groups, cddp_blocked_size());
 }
 
 /* A gradient buffer as a run's output: stored when the buffer is fresh, else added. */
@@ -223,11 +252,12 @@ static float *grad_out(cddp_ctx *ctx, cddp_tensor *t, cddp__dnnl_io *io) {
     return g;
 }
 
-/* The output's gradient as a backward reads it: its data, and its layout when that is not the
- * plain one (md for oneDNN, l for cddp's loop). */
+/* The output's gradient as a backward reads it: its data, and its layout (for oneDNN md, or tag
+ * when md is NULL; l for cddp's loop). */
 typedef struct conv_grad {
     const float *data;
     const dnnl_memory_desc_t *md;
+    dnnl_format_tag_t tag;
     cddp__lanes l;
 } conv_grad;
 
@@ -241,7 +271,7 @@ typedef struct conv_grad {
  * the terms that would wrap into the next row; vec.c takes 8 weights' dot products in one pass.
  * Sums over the batch are kept in double. */
 static bool own_weights_grad(const cddp_tensor *x, int stride, int groups) {
-    return stride == 1 && x->shape[1] / groups < 8;
+    return stride == 1 && x->shape[1] / groups < 8 && !x->block;
 }
 
 static void weights_grad(cddp_ctx *ctx, const conv_args *a, const conv_grad *dy, float *gw,
@@ -310,7 +340,7 @@ static void conv_backward(cddp_ctx *ctx, const conv_args *a, const conv_grad *dy
         if (!gx) return;
         const cddp__dnnl_prim *p = conv_prim(a, BWD_DATA);
         cddp__dnnl_arg args[3] = {
-            nchw_dims(DNNL_ARG_DIFF_DST, (void *)dy->data, CDDP__DNNL_IN, od, dy->md),
+            nchw_dims(DNNL_ARG_DIFF_DST, (void *)dy->data, CDDP__DNNL_IN, od, dy->tag, dy->md),
             weights(DNNL_ARG_WEIGHTS, W->data, CDDP__DNNL_IN, W, a->groups),
             nchw(DNNL_ARG_DIFF_SRC, gx, io, x)};
         args[0].copy = &dyc;
@@ -337,7 +367,7 @@ static void conv_backward(cddp_ctx *ctx, const conv_args *a, const conv_grad *dy
     const cddp__dnnl_prim *p = conv_prim(a, BWD_WEIGHTS);
     cddp__dnnl_arg args[4] = {
         nchw(DNNL_ARG_SRC, x->data, CDDP__DNNL_IN, x),
-        nchw_dims(DNNL_ARG_DIFF_DST, (void *)dy->data, CDDP__DNNL_IN, od, dy->md),
+        nchw_dims(DNNL_ARG_DIFF_DST, (void *)dy->data, CDDP__DNNL_IN, od, dy->tag, dy->md),
         weights(DNNL_ARG_DIFF_WEIGHTS, gw, wio, W, a->groups)};
     args[0].copy = xc;
     args[1].copy = &dyc;
@@ -349,9 +379,10 @@ void cddp__conv2d_backward(cddp_ctx *ctx, cddp__node *n) {
     cddp_tensor *out = n->out;
     if (out->numel == 0) return;
     conv_args a = node_args(n, out->shape[2], out->shape[3]);
-    int64_t OH = a.OH, OW = a.OW;
+    int64_t O = out->shape[1], OH = a.OH, OW = a.OW, B = CDDP_MAX(out->block, 1);
     conv_grad dy = {.data = out->grad,
-                    .l = {.B = 1, .sN = out->shape[1] * OH * OW, .sG = OH * OW, .sH = OW, .sW = 1}};
+                    .tag = cddp__dnnl_tag(out->block),
+                    .l = {.B = B, .sN = O * OH * OW, .sG = B * OH * OW, .sH = B * OW, .sW = B}};
     conv_backward(ctx, &a, &dy, n->saved);
 }
 
@@ -411,8 +442,9 @@ cddp_tensor *cddp_conv2d_relu_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, cddp_ten
         md = cddp__dnnl_md(p, DNNL_ARG_DST);
     }
     if (!fuse || !lanes_of(md, &l))
-        return cddp_relu_max_pool2d(ctx, cddp_conv2d_groups(ctx, x, w, b, stride, padding, groups),
-                                    pool_kernel, pool_stride, pool_padding);
+        return cddp_relu_max_pool2d(
+            ctx, cddp_to_nchw(ctx, cddp_conv2d_groups(ctx, x, w, b, stride, padding, groups)),
+            pool_kernel, pool_stride, pool_padding);
     int64_t PH = a.OH / 2, PW = a.OW / 2, G = (O + l.B - 1) / l.B;
     fused_saved *sv = train ? cddp__ctx_alloc(ctx, sizeof *sv) : NULL;
     float *conv = cddp__ctx_alloc(ctx, dnnl_memory_desc_get_size(md));

@@ -8,8 +8,15 @@
 
 static cddp_tensor *binary(cddp_ctx *ctx, cddp__op op, cddp_tensor *a, cddp_tensor *b) {
     if (CDDP__FAILED(ctx) || !a || !b) return NULL;
-    cddp__need_f32("elementwise op", a);
-    cddp__need_f32("elementwise op", b);
+    cddp__need_f32_any("elementwise op", a);
+    cddp__need_f32_any("elementwise op", b);
+    /* Blocked tensors meet only their like: the same elements in the same places. */
+    CDDP_CHECK((!a->block && !b->block) || (a->block == b->block && a->ndim == b->ndim &&
+                                            !memcmp(a->shape, b->shape, sizeof a->shape)),
+               "elementwise op on %s (blocked by %d) and %s (blocked by %d): a tensor in the "
+               "channel-blocked layout takes part only with one of its own shape and layout; "
+               "convert with cddp_to_nchw first",
+               CDDP__SHAPE(a), a->block, CDDP__SHAPE(b), b->block);
     int nd = CDDP_MAX(a->ndim, b->ndim);
     int64_t shape[CDDP_MAX_DIMS];
     for (int d = 0; d < nd; d++) {
@@ -21,6 +28,7 @@ static cddp_tensor *binary(cddp_ctx *ctx, cddp__op op, cddp_tensor *a, cddp_tens
     }
     cddp_tensor *out = cddp_empty(ctx, CDDP_F32, nd, shape);
     if (!out) return NULL;
+    out->block = a->block;
     const float *x = a->data, *y = b->data;
     float *z = out->data;
     cddp__bcast bc;
@@ -144,9 +152,10 @@ void cddp__div_backward(cddp_ctx *ctx, cddp__node *n) {
 
 cddp_tensor *cddp_scale(cddp_ctx *ctx, cddp_tensor *x, float s) {
     if (CDDP__FAILED(ctx) || !x) return NULL;
-    cddp__need_f32("scale", x);
+    cddp__need_f32_any("scale", x);
     cddp_tensor *out = cddp_empty(ctx, CDDP_F32, x->ndim, x->shape);
     if (!out) return NULL;
+    out->block = x->block;
     const float *a = x->data;
     float *y = out->data;
     for (int64_t i = 0; i < x->numel; i++) y[i] = s * a[i];

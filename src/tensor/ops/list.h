@@ -9,8 +9,10 @@
 #define CDDP_TENSOR_OPS_LIST_H
 
 #define CDDP_OP_LIST(X)                                                                            \
-    X(RESHAPE, reshape) /* shape.c */                                                              \
-    X(MATMUL, matmul)   /* linear.c */                                                             \
+    X(RESHAPE, reshape)       /* shape.c */                                                        \
+    X(TO_BLOCKED, to_blocked) /* layout.c */                                                       \
+    X(TO_NCHW, to_nchw)                                                                            \
+    X(MATMUL, matmul) /* linear.c */                                                               \
     X(LINEAR, linear)                                                                              \
     X(ADD, add) /* elementwise.c */                                                                \
     X(SUB, sub)                                                                                    \

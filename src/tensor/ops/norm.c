@@ -1,18 +1,84 @@
 /* norm.c: batch normalisation over every dimension but the channels, as PyTorch's
- * BatchNorm1d/2d, in training (batch statistics, running statistics updated) and evaluation. */
+ * BatchNorm1d/2d, in training (batch statistics, running statistics updated) and evaluation; on
+ * row-major tensors and on channel-blocked ones (tensor.h's "Layouts").
+ *
+ * Both layouts are walked as blocks: image n's group g of B channels is a block of P = H W
+ * positions, B values side by side at each (row-major: B = 1, a group is a channel and a block
+ * its plane). A group's blocks over the batch are summed, normalised and differentiated together,
+ * while they are in cache: a row-major channel's planes, or a blocked group's B channels at once.
+ * Each block's sums are taken in float lanes and added across blocks in double. */
 #include "tensor/internal.h"
 
 #include <math.h>
+
+/* x's layout as blocks: N images of G groups of B channels, P positions each. */
+typedef struct blocks {
+    int64_t N, C, P, B, G;
+} blocks;
+
+static blocks blocks_of(const cddp_tensor *x) {
+    int64_t B = CDDP_MAX(x->block, 1), C = x->shape[1];
+    return (blocks){.N = x->shape[0],
+                    .C = C,
+                    .P = x->ndim == 4 ? x->shape[2] * x->shape[3] : 1,
+                    .B = B,
+                    .G = C / B};
+}
+
+/* The offset of block (n, g). */
+static int64_t at(const blocks *v, int64_t n, int64_t g) {
+    return (n * v->G + g) * v->B * v->P;
+}
+
+/* A block's loops (cddp__lanes_*, with a plane's own loops when B is 1); per-channel values are
+ * the group's B. */
+static void block_sum(const blocks *v, const float *x, double *out) {
+    if (v->B == 1)
+        *out += cddp__sum(x, v->P);
+    else
+        cddp__lanes_sum(x, v->P, v->B, out);
+}
+
+static void block_sq_dev(const blocks *v, const float *x, const float *m, double *out) {
+    if (v->B == 1)
+        *out += cddp__sq_dev(x, *m, v->P);
+    else
+        cddp__lanes_sq_dev(x, m, v->P, v->B, out);
+}
+
+static void block_dot_dev(const blocks *v, const float *d, const float *x, const float *m,
+                          double *out) {
+    if (v->B == 1)
+        *out += cddp__dot_dev(d, x, *m, v->P);
+    else
+        cddp__lanes_dot_dev(d, x, m, v->P, v->B, out);
+}
+
+static void block_normalize(const blocks *v, const float *x, const float *m, const float *s,
+                            const float *b, float *y) {
+    if (v->B == 1)
+        cddp__normalize(x, *m, *s, *b, y, v->P);
+    else
+        cddp__lanes_normalize(x, m, s, b, y, v->P, v->B);
+}
+
+static void block_norm_grad(const blocks *v, float *dx, const float *d, const float *x,
+                            const float *k, const float *a, const float *m, const float *b) {
+    if (v->B == 1)
+        cddp__norm_grad_into(dx, d, x, *k, *a, *m, *b, v->P);
+    else
+        cddp__lanes_norm_grad_into(dx, d, x, k, a, m, b, v->P, v->B);
+}
 
 cddp_tensor *cddp_batch_norm(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *weight, cddp_tensor *bias,
                              cddp_tensor *running_mean, cddp_tensor *running_var, bool training,
                              float momentum, float eps) {
     if (CDDP__FAILED(ctx) || !x) return NULL;
-    cddp__need_f32("batch_norm", x);
+    cddp__need_f32_any("batch_norm", x);
     CDDP_CHECK((x->ndim == 2 || x->ndim == 4) && x->shape[0] > 0,
                "batch_norm needs (N,C) or (N,C,H,W) with N > 0, got %s", CDDP__SHAPE(x));
-    int64_t N = x->shape[0], C = x->shape[1], plane = x->ndim == 4 ? x->shape[2] * x->shape[3] : 1;
-    int64_t M = N * plane;
+    blocks v = blocks_of(x);
+    int64_t C = v.C, M = v.N * v.P;
     cddp_tensor *per_c[4] = {weight, bias, running_mean, running_var};
     for (int i = 0; i < 4; i++)
         if (per_c[i])
@@ -28,36 +94,42 @@ cddp_tensor *cddp_batch_norm(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *weight,
                CDDP__SHAPE(x));
     cddp_tensor *out = cddp_empty(ctx, CDDP_F32, x->ndim, x->shape);
     float *stats = cddp__ctx_alloc(ctx, 2 * (size_t)C * sizeof(float)); /* mean, 1/std */
-    if (!out || !stats) return NULL;
+    float *sb = cddp__ctx_alloc(ctx, 2 * (size_t)C * sizeof(float));    /* scale, shift */
+    double *acc = cddp__ctx_alloc(ctx, 2 * (size_t)C * sizeof(double));
+    if (!out || !stats || !sb || !acc) return NULL;
+    out->block = x->block;
     const float *xd = cddp_f32(x);
-    float *y = cddp_f32(out);
-    for (int64_t c = 0; c < C; c++) {
-        double mean, var;
+    float *y = cddp_f32(out), *mean = stats, *inv = stats + C, *scale = sb, *shift = sb + C;
+    for (int64_t g = 0; g < v.G; g++) {
+        int64_t c0 = g * v.B;
+        double *s = acc + c0, *ss = acc + C + c0;
+        for (int64_t k = 0; k < v.B; k++) s[k] = ss[k] = 0.0;
         if (training) {
-            /* Each plane summed in float lanes (vectorised), the planes in double. */
-            double s = 0.0, ss = 0.0;
-            for (int64_t n = 0; n < N; n++) s += cddp__sum(xd + (n * C + c) * plane, plane);
-            mean = s / (double)M;
-            for (int64_t n = 0; n < N; n++)
-                ss += cddp__sq_dev(xd + (n * C + c) * plane, (float)mean, plane);
-            var = ss / (double)M;
-            if (running_mean)
-                cddp_f32(running_mean)[c] =
-                    (1.0f - momentum) * cddp_f32(running_mean)[c] + momentum * (float)mean;
-            if (running_var)
-                cddp_f32(running_var)[c] = (1.0f - momentum) * cddp_f32(running_var)[c] +
-                                           momentum * (float)(ss / (double)(M - 1));
-        } else {
-            mean = cddp_f32(running_mean)[c];
-            var = cddp_f32(running_var)[c];
+            for (int64_t n = 0; n < v.N; n++) block_sum(&v, xd + at(&v, n, g), s);
+            for (int64_t k = 0; k < v.B; k++) mean[c0 + k] = (float)(s[k] / (double)M);
+            for (int64_t n = 0; n < v.N; n++) block_sq_dev(&v, xd + at(&v, n, g), mean + c0, ss);
         }
-        float m = (float)mean, inv = (float)(1.0 / sqrt(var + (double)eps));
-        stats[c] = m;
-        stats[C + c] = inv;
-        float g = weight ? cddp_f32(weight)[c] : 1.0f, b = bias ? cddp_f32(bias)[c] : 0.0f;
-        for (int64_t n = 0; n < N; n++)
-            cddp__normalize(xd + (n * C + c) * plane, m, inv * g, b, y + (n * C + c) * plane,
-                            plane);
+        for (int64_t c = c0; c < c0 + v.B; c++) {
+            double var;
+            if (training) {
+                var = ss[c - c0] / (double)M;
+                if (running_mean)
+                    cddp_f32(running_mean)[c] = (1.0f - momentum) * cddp_f32(running_mean)[c] +
+                                                momentum * (float)(s[c - c0] / (double)M);
+                if (running_var)
+                    cddp_f32(running_var)[c] = (1.0f - momentum) * cddp_f32(running_var)[c] +
+                                               momentum * (float)(ss[c - c0] / (double)(M - 1));
+            } else {
+                mean[c] = cddp_f32(running_mean)[c];
+                var = cddp_f32(running_var)[c];
+            }
+            inv[c] = (float)(1.0 / sqrt(var + (double)eps));
+            scale[c] = inv[c] * (weight ? cddp_f32(weight)[c] : 1.0f);
+            shift[c] = bias ? cddp_f32(bias)[c] : 0.0f;
+        }
+        for (int64_t n = 0; n < v.N; n++)
+            block_normalize(&v, xd + at(&v, n, g), mean + c0, scale + c0, shift + c0,
+                            y + at(&v, n, g));
     }
     cddp_tensor *in[3] = {x, weight, bias};
     cddp__node *node;
@@ -77,29 +149,36 @@ void cddp__batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
      * db = sum dy, dg = sum dy xh; in training (mean and inv depend on x)
      * dx = g inv (dy - sum(dy) / M - xh sum(dy xh) / M), in evaluation dx = g inv dy. */
     cddp_tensor *g = n->in[1], *b = n->in[2];
-    int64_t N = x->shape[0], C = x->shape[1];
-    int64_t plane = x->ndim == 4 ? x->shape[2] * x->shape[3] : 1, M = N * plane;
-    const float *stats = n->saved, *xd = cddp_f32(x);
+    blocks v = blocks_of(x);
+    int64_t C = v.C, M = v.N * v.P;
+    const float *stats = n->saved, *xd = cddp_f32(x), *mean = stats, *inv = stats + C;
     float *gg = g && g->requires_grad ? cddp_grad_buffer(ctx, g) : NULL;
     float *gb = b && b->requires_grad ? cddp_grad_buffer(ctx, b) : NULL;
-    if (CDDP__FAILED(ctx)) return;
-    for (int64_t c = 0; c < C; c++) {
-        float m = stats[c], inv = stats[C + c], gc = g ? cddp_f32(g)[c] : 1.0f;
-        double sdy = 0.0, sdyxh = 0.0; /* a plane's sums in 8 float lanes, the planes' in double */
-        for (int64_t s = 0; s < N; s++) {
-            const float *p = xd + (s * C + c) * plane, *d = dy + (s * C + c) * plane;
-            sdy += cddp__sum(d, plane);
-            sdyxh += cddp__dot_dev(d, p, m, plane);
+    double *acc = cddp__ctx_alloc(ctx, 2 * (size_t)C * sizeof(double));
+    float *coef = cddp__ctx_alloc(ctx, 3 * (size_t)C * sizeof(float)); /* dx's k, a and b */
+    if (CDDP__FAILED(ctx) || !acc || !coef) return;
+    float *ck = coef, *ca = coef + C, *cb = coef + 2 * C;
+    for (int64_t grp = 0; grp < v.G; grp++) {
+        int64_t c0 = grp * v.B;
+        double *sdy = acc + c0, *sdyxh = acc + C + c0;
+        for (int64_t k = 0; k < v.B; k++) sdy[k] = sdyxh[k] = 0.0;
+        for (int64_t s = 0; s < v.N; s++) {
+            const float *d = dy + at(&v, s, grp);
+            block_sum(&v, d, sdy);
+            block_dot_dev(&v, d, xd + at(&v, s, grp), mean + c0, sdyxh);
         }
-        sdyxh *= inv;
-        if (gb) gb[c] += (float)sdy;
-        if (gg) gg[c] += (float)sdyxh;
+        for (int64_t c = c0; c < c0 + v.B; c++) {
+            double sx = sdyxh[c - c0] * inv[c];
+            if (gb) gb[c] += (float)sdy[c - c0];
+            if (gg) gg[c] += (float)sx;
+            float mdyxh = n->arg.training ? (float)(sx / (double)M) : 0.0f;
+            ck[c] = (g ? cddp_f32(g)[c] : 1.0f) * inv[c];
+            ca[c] = n->arg.training ? (float)(sdy[c - c0] / (double)M) : 0.0f;
+            cb[c] = inv[c] * mdyxh;
+        }
         if (!dx) continue;
-        float k = gc * inv, mdy = n->arg.training ? (float)(sdy / (double)M) : 0.0f;
-        float mdyxh = n->arg.training ? (float)(sdyxh / (double)M) : 0.0f;
-        for (int64_t s = 0; s < N; s++) {
-            const float *p = xd + (s * C + c) * plane, *d = dy + (s * C + c) * plane;
-            cddp__norm_grad_into(dx + (s * C + c) * plane, d, p, k, mdy, m, inv * mdyxh, plane);
-        }
+        for (int64_t s = 0; s < v.N; s++)
+            block_norm_grad(&v, dx + at(&v, s, grp), dy + at(&v, s, grp), xd + at(&v, s, grp),
+                            ck + c0, ca + c0, mean + c0, cb + c0);
     }
 }

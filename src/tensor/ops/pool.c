@@ -208,9 +208,19 @@ static int64_t hi(int64_t i, int64_t n, int64_t m) {
     return ((i + 1) * n + m - 1) / m;
 }
 
+/* Where plane nc (image n, channel c) of x starts, and how far apart its elements lie: row-major
+ * or channel-blocked (tensor.h's "Layouts"), where the plane's elements are a block's lane. */
+static int64_t plane_at(const cddp_tensor *x, int64_t nc, int64_t *step) {
+    int64_t C = x->shape[1], P = x->shape[2] * x->shape[3], B = x->block;
+    *step = B ? B : 1;
+    if (!B) return nc * P;
+    int64_t n = nc / C, c = nc % C;
+    return ((n * (C / B) + c / B) * P) * B + c % B;
+}
+
 cddp_tensor *cddp_adaptive_avg_pool2d(cddp_ctx *ctx, cddp_tensor *x, int64_t OH, int64_t OW) {
     if (CDDP__FAILED(ctx) || !x) return NULL;
-    cddp__need_f32("adaptive_avg_pool2d", x);
+    cddp__need_f32_any("adaptive_avg_pool2d", x); /* its output row-major */
     CDDP_CHECK(x->ndim == 4 && OH >= 1 && OW >= 1 && x->shape[2] >= 1 && x->shape[3] >= 1,
                "adaptive_avg_pool2d: input %s to %lldx%lld (want (N,C,H,W) with H, W >= 1 and an "
                "output of at least 1x1)",
@@ -219,7 +229,8 @@ cddp_tensor *cddp_adaptive_avg_pool2d(cddp_ctx *ctx, cddp_tensor *x, int64_t OH,
     cddp_tensor *out = cddp_empty(ctx, CDDP_F32, 4, (int64_t[]){x->shape[0], x->shape[1], OH, OW});
     if (!out) return NULL;
     for (int64_t nc = 0; nc < NC; nc++) {
-        const float *src = cddp_f32(x) + nc * H * W;
+        int64_t step;
+        const float *src = cddp_f32(x) + plane_at(x, nc, &step);
         float *dst = cddp_f32(out) + nc * OH * OW;
         for (int64_t oh = 0; oh < OH; oh++)
             for (int64_t ow = 0; ow < OW; ow++) {
@@ -227,7 +238,7 @@ cddp_tensor *cddp_adaptive_avg_pool2d(cddp_ctx *ctx, cddp_tensor *x, int64_t OH,
                 int64_t w0 = lo(ow, W, OW), w1 = hi(ow, W, OW);
                 double s = 0;
                 for (int64_t h = h0; h < h1; h++)
-                    for (int64_t w = w0; w < w1; w++) s += src[h * W + w];
+                    for (int64_t w = w0; w < w1; w++) s += src[(h * W + w) * step];
                 dst[oh * OW + ow] = (float)(s / (double)((h1 - h0) * (w1 - w0)));
             }
     }
@@ -243,15 +254,16 @@ void cddp__adaptive_avg_pool2d_backward(cddp_ctx *ctx, cddp__node *n) {
     int64_t NC = x->shape[0] * x->shape[1], H = x->shape[2], W = x->shape[3];
     int64_t OH = out->shape[2], OW = out->shape[3];
     for (int64_t nc = 0; nc < NC; nc++) {
+        int64_t step;
         const float *dy = out->grad + nc * OH * OW;
-        float *d = dx + nc * H * W;
+        float *d = dx + plane_at(x, nc, &step);
         for (int64_t oh = 0; oh < OH; oh++)
             for (int64_t ow = 0; ow < OW; ow++) {
                 int64_t h0 = lo(oh, H, OH), h1 = hi(oh, H, OH);
                 int64_t w0 = lo(ow, W, OW), w1 = hi(ow, W, OW);
                 float g = dy[oh * OW + ow] / (float)((h1 - h0) * (w1 - w0));
                 for (int64_t h = h0; h < h1; h++)
-                    for (int64_t w = w0; w < w1; w++) d[h * W + w] += g;
+                    for (int64_t w = w0; w < w1; w++) d[(h * W + w) * step] += g;
             }
     }
 }

@@ -3,7 +3,7 @@
 
 static cddp_tensor *reduce_all(cddp_ctx *ctx, cddp_tensor *x, cddp__op op) {
     if (CDDP__FAILED(ctx) || !x) return NULL;
-    cddp__need_f32(op == CDDP_OP_SUM ? "sum" : "mean", x);
+    cddp__need_f32_any(op == CDDP_OP_SUM ? "sum" : "mean", x); /* every element, any order */
     double s = 0.0;
     for (int64_t i = 0; i < x->numel; i++) s += cddp_f32(x)[i];
     if (op == CDDP_OP_MEAN) s /= (double)x->numel;

@@ -6,6 +6,7 @@
 
 /* A view of x with another shape. */
 static cddp_tensor *view(cddp_ctx *ctx, cddp_tensor *x, int ndim, const int64_t *shape) {
+    cddp__need_nchw("reshape", x);
     cddp_tensor *t = cddp__tensor_header(ctx, x->dtype, ndim, shape);
     if (!t) return NULL;
     t->data = x->data;
