@@ -73,6 +73,33 @@ static void test_sequential_fuses_relu_and_max_pool(void **state) {
     cddp_model_destroy(m);
 }
 
+/* A Sequential's BatchNorm followed by a ReLU runs as one op, batch_norm_relu, with the values of
+ * the two; a BatchNorm followed by something else stays batch_norm. */
+static void test_sequential_fuses_batch_norm_and_relu(void **state) {
+    (void)state;
+    cddp_model *m = cddp_model_create();
+    assert_int_equal(cddp_model_add(m, NULL, cddp_nn_batch_norm(3)), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, NULL, cddp_nn_relu()), CDDP_OK);
+    assert_int_equal(cddp_model_add(m, NULL, cddp_nn_batch_norm(3)), CDDP_OK);
+    assert_int_equal(cddp_model_build(m, 3), CDDP_OK);
+    cddp_ctx *ctx = cddp_ctx_create(&(cddp_ctx_options){.seed = 1});
+    cddp_tensor *x = cddp_uniform(ctx, 4, (int64_t[]){4, 3, 5, 5}, -1, 1, cddp_ctx_rng(ctx));
+    cddp_requires_grad(ctx, x);
+    cddp_tensor *y = cddp_model_forward(m, ctx, x);
+    cddp_node *last = cddp_ctx_tape(ctx), *first = cddp_node_prev(last);
+    assert_string_equal(cddp_node_op(last), "batch_norm");
+    assert_string_equal(cddp_node_op(first), "batch_norm_relu");
+    assert_null(cddp_node_prev(first));
+    cddp_tensor *p[4];
+    for (int i = 0; i < 4; i++) p[i] = cddp_model_param(m, i); /* 0.weight 0.bias 2.weight 2.bias */
+    cddp_tensor *want =
+        cddp_relu(ctx, cddp_batch_norm(ctx, x, p[0], p[1], NULL, NULL, true, 0.1f, 1e-5f));
+    want = cddp_batch_norm(ctx, want, p[2], p[3], NULL, NULL, true, 0.1f, 1e-5f);
+    for (int64_t k = 0; k < y->numel; k++) assert_true(cddp_f32(y)[k] == cddp_f32(want)[k]);
+    cddp_ctx_destroy(ctx);
+    cddp_model_destroy(m);
+}
+
 /* U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for Linear and Conv2d weights and biases. */
 static void check_uniform(const cddp_tensor *p, double bound) {
     double s = 0, s2 = 0;
@@ -493,6 +520,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sequential_names_and_layout),
         cmocka_unit_test(test_sequential_fuses_relu_and_max_pool),
+        cmocka_unit_test(test_sequential_fuses_batch_norm_and_relu),
         cmocka_unit_test(test_pytorch_default_init),
         cmocka_unit_test(test_seeded_init_is_reproducible),
         cmocka_unit_test(test_model_errors),

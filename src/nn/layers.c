@@ -245,14 +245,25 @@ static int norm_declare(cddp_module *self) {
     return rc < 0 ? rc : CDDP_OK;
 }
 
-static cddp_tensor *norm_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
+/* The BatchNorm, and with relu a ReLU after it, as one op (cddp_batch_norm_relu). */
+static cddp_tensor *norm_run(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x, bool relu) {
     const layer *l = state(self);
-    return cddp_batch_norm(ctx, x, param_or_null(self, 0), param_or_null(self, 1),
-                           cddp_module_get_buffer(self, 0), cddp_module_get_buffer(self, 1),
-                           cddp_module_training(self), l->momentum, l->eps);
+    return (relu ? cddp_batch_norm_relu : cddp_batch_norm)(
+        ctx, x, param_or_null(self, 0), param_or_null(self, 1), cddp_module_get_buffer(self, 0),
+        cddp_module_get_buffer(self, 1), cddp_module_training(self), l->momentum, l->eps);
+}
+
+static cddp_tensor *norm_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
+    return norm_run(self, ctx, x, false);
 }
 
 static const cddp_module_type norm_type = {"BatchNorm", norm_declare, norm_forward, cddp_free};
+
+cddp_tensor *cddp__nn_batch_norm_relu(cddp_module *bn, cddp_ctx *ctx, cddp_tensor *x) {
+    CDDP_CHECK(bn->type == &norm_type, "module '%s' is a %s, not a BatchNorm", cddp_module_path(bn),
+               bn->type->name);
+    return norm_run(bn, ctx, x, true);
+}
 
 cddp_module *cddp_nn_batch_norm(int64_t features) {
     return make(
@@ -317,7 +328,8 @@ cddp_module *cddp_nn_embedding_init(int64_t rows, int64_t dim, cddp_init weight)
 /* The children in turn; a ReLU followed by a MaxPool2d runs as one op, cddp_relu_max_pool2d (the
  * same values and gradients, without the ReLU's output: one pass over the data instead of three
  * forward and backward), and a Conv2d before them joins it, cddp_conv2d_relu_max_pool2d (whose
- * convolution output stays in oneDNN's layout). */
+ * convolution output stays in oneDNN's layout); a BatchNorm followed by a ReLU runs as
+ * cddp_batch_norm_relu. */
 static cddp_tensor *sequential_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
     int n = cddp_module_num_children(self);
     for (int i = 0; i < n && x; i++) {
@@ -331,6 +343,9 @@ static cddp_tensor *sequential_forward(cddp_module *self, cddp_ctx *ctx, cddp_te
                                             param_or_null(c, 1), cl->stride, cl->padding,
                                             cl->groups, pl->kernel, pl->stride, pl->padding);
             i += 2;
+        } else if (c->type == &norm_type && next && next->type == &relu_type) {
+            x = norm_run(c, ctx, x, true);
+            i++;
         } else if (c->type == &relu_type && next && next->type == &max_pool_type) {
             const layer *l = state(next);
             x = cddp_relu_max_pool2d(ctx, x, l->kernel, l->stride, l->padding);

@@ -18,7 +18,8 @@
  * The stem's convolution writes its output in oneDNN's channel-blocked layout (tensor.h's
  * "Layouts"), and every convolution, batch normalisation, ReLU and sum after it keeps that layout
  * until the average pooling, whose output is row-major: no reorder between the layers, forward or
- * backward. A BasicBlock given a row-major tensor works row-major.
+ * backward. A BasicBlock given a row-major tensor works row-major. Each BatchNorm followed by a
+ * ReLU runs as one op, cddp_batch_norm_relu.
  */
 #include "nn/internal.h"
 
@@ -28,8 +29,13 @@ static cddp_tensor *run(const cddp_module *m, int i, cddp_ctx *ctx, cddp_tensor 
     return cddp_module_forward(cddp_module_child(m, i), ctx, x);
 }
 
+/* bn(x) then a ReLU, as one op */
+static cddp_tensor *bn_relu(const cddp_module *m, int i, cddp_ctx *ctx, cddp_tensor *x) {
+    return cddp__nn_batch_norm_relu(cddp_module_child(m, i), ctx, x);
+}
+
 static cddp_tensor *block_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
-    cddp_tensor *y = cddp_relu(ctx, run(self, 1, ctx, run(self, 0, ctx, x)));
+    cddp_tensor *y = bn_relu(self, 1, ctx, run(self, 0, ctx, x));
     y = run(self, 3, ctx, run(self, 2, ctx, y));
     cddp_tensor *shortcut = cddp_module_num_children(self) > 4 ? run(self, 4, ctx, x) : x;
     return cddp_relu(ctx, cddp_add(ctx, y, shortcut));
@@ -68,7 +74,7 @@ cddp_module *cddp_nn_basic_block(int64_t in, int64_t out, int stride) {
 
 static cddp_tensor *resnet_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
     int n = cddp_module_num_children(self);
-    x = cddp_relu(ctx, run(self, 1, ctx, run(self, 0, ctx, x)));
+    x = bn_relu(self, 1, ctx, run(self, 0, ctx, x));
     for (int i = 2; i < n - 1; i++) x = run(self, i, ctx, x);
     x = cddp_flatten(ctx, cddp_adaptive_avg_pool2d(ctx, x, 1, 1));
     return run(self, n - 1, ctx, x);

@@ -122,12 +122,12 @@ void cddp__normalize(const float *x, float m, float s, float b, float *y, int64_
 /* sum x[i] y[i], and sum d[i] (x[i] - m) */
 float cddp__dot(const float *x, const float *y, int64_t n);
 float cddp__dot_dev(const float *d, const float *x, float m, int64_t n);
-/* dx[i] += k (d[i] - a - (x[i] - m) b): batch normalisation's input gradient */
+/* dx[i] += k (d[i] - a - (x[i] - m) b) (= when assign): batch normalisation's input gradient */
 void cddp__norm_grad_into(float *dx, const float *d, const float *x, float k, float a, float m,
-                          float b, int64_t n);
+                          float b, int64_t n, bool assign);
 /* Batch normalisation's loops over a block of P positions of B channels side by side (x[p B + k],
  * B at most 16), per channel k: out[k] += sum_p x, (x - m[k])^2, or d (x - m[k]); y = (x - m[k])
- * s[k] + b[k]; dx += k[j] (d - a[j] - (x - m[j]) b[j]). */
+ * s[k] + b[k]; dx += k[j] (d - a[j] - (x - m[j]) b[j]) (= when assign). */
 void cddp__lanes_sum(const float *x, int64_t P, int64_t B, double *out);
 void cddp__lanes_sq_dev(const float *x, const float *m, int64_t P, int64_t B, double *out);
 void cddp__lanes_dot_dev(const float *d, const float *x, const float *m, int64_t P, int64_t B,
@@ -136,7 +136,7 @@ void cddp__lanes_normalize(const float *x, const float *m, const float *s, const
                            int64_t P, int64_t B);
 void cddp__lanes_norm_grad_into(float *dx, const float *d, const float *x, const float *k,
                                 const float *a, const float *m, const float *b, int64_t P,
-                                int64_t B);
+                                int64_t B, bool assign);
 /* out[i] += sum_j y[j] x[off[i] + j] (j < n) for the k offsets, 8 at a time in one pass over y */
 void cddp__dot_offsets(const float *y, const float *x, const int64_t *off, int64_t k, int64_t n,
                        double *out);

@@ -103,8 +103,11 @@ CLONES float cddp__dot_dev(const float *d, const float *x, float m, int64_t n) {
 
 CLONES void cddp__norm_grad_into(float *restrict dx, const float *restrict d,
                                  const float *restrict x, float k, float a, float m, float b,
-                                 int64_t n) {
-    for (int64_t i = 0; i < n; i++) dx[i] += k * (d[i] - a - (x[i] - m) * b);
+                                 int64_t n, bool assign) {
+    if (assign)
+        for (int64_t i = 0; i < n; i++) dx[i] = k * (d[i] - a - (x[i] - m) * b);
+    else
+        for (int64_t i = 0; i < n; i++) dx[i] += k * (d[i] - a - (x[i] - m) * b);
 }
 
 /* ---- batch normalisation over channels in blocks of B (oneDNN's nChwBc) ------------------------
@@ -188,17 +191,23 @@ CLONES void cddp__lanes_normalize(const float *x, const float *m, const float *s
 static inline __attribute__((always_inline)) void
 lane_norm_grad(float *restrict dx, const float *restrict d, const float *restrict x,
                const float *restrict k, const float *restrict a, const float *restrict m,
-               const float *restrict b, int64_t P, int64_t B) {
+               const float *restrict b, int64_t P, int64_t B, bool assign) {
     for (int64_t p = 0; p < P; p++)
-        for (int64_t j = 0; j < B; j++)
-            dx[p * B + j] += k[j] * (d[p * B + j] - a[j] - (x[p * B + j] - m[j]) * b[j]);
+        for (int64_t j = 0; j < B; j++) {
+            float g = k[j] * (d[p * B + j] - a[j] - (x[p * B + j] - m[j]) * b[j]);
+            dx[p * B + j] = assign ? g : dx[p * B + j] + g;
+        }
 }
 
 CLONES void cddp__lanes_norm_grad_into(float *dx, const float *d, const float *x, const float *k,
                                        const float *a, const float *m, const float *b, int64_t P,
-                                       int64_t B) {
-#define CALL(bb) lane_norm_grad(dx, d, x, k, a, m, b, P, bb)
-    BY_BLOCK(B, CALL);
+                                       int64_t B, bool assign) {
+    /* each case its own loop, the store or the add constant inside */
+#define CALL(bb) lane_norm_grad(dx, d, x, k, a, m, b, P, bb, true)
+    if (assign) BY_BLOCK(B, CALL);
+#undef CALL
+#define CALL(bb) lane_norm_grad(dx, d, x, k, a, m, b, P, bb, false)
+    if (!assign) BY_BLOCK(B, CALL);
 #undef CALL
 }
 

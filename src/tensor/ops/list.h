@@ -37,6 +37,7 @@
     X(ADAPTIVE_AVG_POOL2D, adaptive_avg_pool2d)                                                    \
     X(DROPOUT, dropout)       /* dropout.c */                                                      \
     X(BATCH_NORM, batch_norm) /* norm.c */                                                         \
+    X(BATCH_NORM_RELU, batch_norm_relu)                                                            \
     X(EMBEDDING, embedding)   /* transformer.c */                                                  \
     X(LAYER_NORM, layer_norm)                                                                      \
     X(GELU_TANH, gelu_tanh)                                                                        \

@@ -6,7 +6,13 @@
  * positions, B values side by side at each (row-major: B = 1, a group is a channel and a block
  * its plane). A group's blocks over the batch are summed, normalised and differentiated together,
  * while they are in cache: a row-major channel's planes, or a blocked group's B channels at once.
- * Each block's sums are taken in float lanes and added across blocks in double. */
+ * Each block's sums are taken in float lanes and added across blocks in double.
+ *
+ * batch_norm_relu is relu(batch_norm(x)) in one pass each way: each block is rectified right after
+ * it is normalised, while it is in cache, and in the backward the output's gradient is masked a
+ * block at a time (where the output is positive) into a block of scratch that the batch
+ * normalisation's loops read as its gradient: no ReLU tensor, no pass of its own, and the same
+ * values and gradients as the two ops. */
 #include "tensor/internal.h"
 
 #include <math.h>
@@ -63,18 +69,29 @@ static void block_normalize(const blocks *v, const float *x, const float *m, con
 }
 
 static void block_norm_grad(const blocks *v, float *dx, const float *d, const float *x,
-                            const float *k, const float *a, const float *m, const float *b) {
+                            const float *k, const float *a, const float *m, const float *b,
+                            bool assign) {
     if (v->B == 1)
-        cddp__norm_grad_into(dx, d, x, *k, *a, *m, *b, v->P);
+        cddp__norm_grad_into(dx, d, x, *k, *a, *m, *b, v->P, assign);
     else
-        cddp__lanes_norm_grad_into(dx, d, x, k, a, m, b, v->P, v->B);
+        cddp__lanes_norm_grad_into(dx, d, x, k, a, m, b, v->P, v->B, assign);
 }
 
-cddp_tensor *cddp_batch_norm(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *weight, cddp_tensor *bias,
-                             cddp_tensor *running_mean, cddp_tensor *running_var, bool training,
-                             float momentum, float eps) {
+/* The gradient a block's batch normalisation receives: d, or (relu) d where the block's output y
+ * is positive, 0 elsewhere, written into scratch. */
+static const float *block_grad(const blocks *v, const float *d, const float *y, bool relu,
+                               float *scratch) {
+    if (!relu) return d;
+    cddp__relu_grad(y, d, scratch, v->B * v->P, true);
+    return scratch;
+}
+
+static cddp_tensor *batch_norm(cddp_ctx *ctx, cddp__op op, cddp_tensor *x, cddp_tensor *weight,
+                               cddp_tensor *bias, cddp_tensor *running_mean,
+                               cddp_tensor *running_var, bool training, float momentum, float eps) {
     if (CDDP__FAILED(ctx) || !x) return NULL;
-    cddp__need_f32_any("batch_norm", x);
+    bool relu = op == CDDP_OP_BATCH_NORM_RELU;
+    cddp__need_f32_any(relu ? "batch_norm_relu" : "batch_norm", x);
     CDDP_CHECK((x->ndim == 2 || x->ndim == 4) && x->shape[0] > 0,
                "batch_norm needs (N,C) or (N,C,H,W) with N > 0, got %s", CDDP__SHAPE(x));
     blocks v = blocks_of(x);
@@ -127,13 +144,15 @@ cddp_tensor *cddp_batch_norm(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *weight,
             scale[c] = inv[c] * (weight ? cddp_f32(weight)[c] : 1.0f);
             shift[c] = bias ? cddp_f32(bias)[c] : 0.0f;
         }
-        for (int64_t n = 0; n < v.N; n++)
-            block_normalize(&v, xd + at(&v, n, g), mean + c0, scale + c0, shift + c0,
-                            y + at(&v, n, g));
+        for (int64_t n = 0; n < v.N; n++) {
+            float *yb = y + at(&v, n, g);
+            block_normalize(&v, xd + at(&v, n, g), mean + c0, scale + c0, shift + c0, yb);
+            if (relu) cddp__relu(yb, yb, v.B * v.P);
+        }
     }
     cddp_tensor *in[3] = {x, weight, bias};
     cddp__node *node;
-    if (!cddp__record_op(ctx, CDDP_OP_BATCH_NORM, out, 3, in, &node)) return NULL;
+    if (!cddp__record_op(ctx, op, out, 3, in, &node)) return NULL;
     if (node) {
         node->arg.training = training;
         node->saved = stats;
@@ -141,10 +160,27 @@ cddp_tensor *cddp_batch_norm(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *weight,
     return out;
 }
 
-void cddp__batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
-    float *dx = cddp__input_grad(ctx, n);
+cddp_tensor *cddp_batch_norm(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *weight, cddp_tensor *bias,
+                             cddp_tensor *running_mean, cddp_tensor *running_var, bool training,
+                             float momentum, float eps) {
+    return batch_norm(ctx, CDDP_OP_BATCH_NORM, x, weight, bias, running_mean, running_var, training,
+                      momentum, eps);
+}
+
+cddp_tensor *cddp_batch_norm_relu(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *weight,
+                                  cddp_tensor *bias, cddp_tensor *running_mean,
+                                  cddp_tensor *running_var, bool training, float momentum,
+                                  float eps) {
+    return batch_norm(ctx, CDDP_OP_BATCH_NORM_RELU, x, weight, bias, running_mean, running_var,
+                      training, momentum, eps);
+}
+
+static void batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
+    bool assign; /* dx stored, not added, when x had no gradient yet */
+    float *dx = cddp__input_grad_assign(ctx, n, &assign);
     cddp_tensor *x = n->in[0];
-    const float *dy = n->out->grad;
+    const float *dy = n->out->grad, *y = cddp_f32(n->out);
+    bool relu = n->op == CDDP_OP_BATCH_NORM_RELU;
     /* With xh = (x - mean) inv and y = g xh + b, per channel over its M values:
      * db = sum dy, dg = sum dy xh; in training (mean and inv depend on x)
      * dx = g inv (dy - sum(dy) / M - xh sum(dy xh) / M), in evaluation dx = g inv dy. */
@@ -156,14 +192,15 @@ void cddp__batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
     float *gb = b && b->requires_grad ? cddp_grad_buffer(ctx, b) : NULL;
     double *acc = cddp__ctx_alloc(ctx, 2 * (size_t)C * sizeof(double));
     float *coef = cddp__ctx_alloc(ctx, 3 * (size_t)C * sizeof(float)); /* dx's k, a and b */
-    if (CDDP__FAILED(ctx) || !acc || !coef) return;
+    float *scratch = relu ? cddp__ctx_alloc(ctx, (size_t)(v.B * v.P) * sizeof(float)) : NULL;
+    if (CDDP__FAILED(ctx) || !acc || !coef || (relu && !scratch)) return;
     float *ck = coef, *ca = coef + C, *cb = coef + 2 * C;
     for (int64_t grp = 0; grp < v.G; grp++) {
         int64_t c0 = grp * v.B;
         double *sdy = acc + c0, *sdyxh = acc + C + c0;
         for (int64_t k = 0; k < v.B; k++) sdy[k] = sdyxh[k] = 0.0;
         for (int64_t s = 0; s < v.N; s++) {
-            const float *d = dy + at(&v, s, grp);
+            const float *d = block_grad(&v, dy + at(&v, s, grp), y + at(&v, s, grp), relu, scratch);
             block_sum(&v, d, sdy);
             block_dot_dev(&v, d, xd + at(&v, s, grp), mean + c0, sdyxh);
         }
@@ -177,8 +214,18 @@ void cddp__batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
             cb[c] = inv[c] * mdyxh;
         }
         if (!dx) continue;
-        for (int64_t s = 0; s < v.N; s++)
-            block_norm_grad(&v, dx + at(&v, s, grp), dy + at(&v, s, grp), xd + at(&v, s, grp),
-                            ck + c0, ca + c0, mean + c0, cb + c0);
+        for (int64_t s = 0; s < v.N; s++) {
+            const float *d = block_grad(&v, dy + at(&v, s, grp), y + at(&v, s, grp), relu, scratch);
+            block_norm_grad(&v, dx + at(&v, s, grp), d, xd + at(&v, s, grp), ck + c0, ca + c0,
+                            mean + c0, cb + c0, assign);
+        }
     }
+}
+
+void cddp__batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
+    batch_norm_backward(ctx, n);
+}
+
+void cddp__batch_norm_relu_backward(cddp_ctx *ctx, cddp__node *n) {
+    batch_norm_backward(ctx, n);
 }
