@@ -4,7 +4,8 @@
 # program that makes a group runs under cddprun on 2 ranks, the others alone. Then each one's
 # results are checked: the first trains (its loss falls below 0.7) and saves a checkpoint, the
 # data-parallel one trains an epoch on 2 ranks and rank 0 saves, the sharding one sees its half of
-# the data, the checkpoint-set one resumes its newest set exactly. CDDP_EXAMPLE_CFLAGS carries the sanitizer flags of a sanitizer build.
+# the data, the checkpoint-set one resumes its newest set exactly, the layout one computes the same
+# values in both layouts. CDDP_EXAMPLE_CFLAGS carries the sanitizer flags of a sanitizer build.
 set -eu
 src=$(cd "$1" && pwd); build=$(cd "$2" && pwd)
 work=$(mktemp -d)
@@ -13,7 +14,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 awk -v dir="$work" '/^```c$/ { n++; on = 1; next } /^```$/ { on = 0 } on { print > (dir "/prog" n ".c") }' \
     "$src/README.md"
 count=$(ls "$work"/prog*.c 2>/dev/null | wc -l)
-[ "$count" = 5 ] || fail "README.md has $count C blocks; this test knows 5 (update it with the README)"
+[ "$count" = 6 ] || fail "README.md has $count C blocks; this test knows 6 (update it with the README)"
 unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS RANK WORLD_SIZE
 for i in $(seq "$count"); do
     p="$work/prog$i"
@@ -52,4 +53,11 @@ done
 last=$(sed -n 's/^iter 149: loss \([0-9.]*\)$/\1/p' "$work/prog5.out")
 awk -v l="$last" 'BEGIN { exit !(l != "" && l < 3.1) }' || fail "program 5: loss '$last' at iteration 149 is not below 3.1"
 [ -s "$work/prog5.run/gpt.safetensors" ] || fail "program 5 saved no gpt.safetensors"
+# 6: a residual unit in oneDNN's blocked layout and row-major: the same outputs and gradients (the
+# batch normalisation's sums in another order: within 1e-5), on a machine whose oneDNN blocks.
+line=$(grep '^blocks of ' "$work/prog6.out") || fail "program 6 printed no result"
+echo "$line" | grep -Eq '^blocks of (8|16) channels: ' || fail "program 6 ran without the blocked layout: $line"
+set -- $(echo "$line" | sed -n 's/.*outputs within \([^,]*\), weight gradients within \(.*\)$/\1 \2/p')
+awk -v a="${1:-x}" -v b="${2:-x}" 'BEGIN { exit !(a + 0 == a && b + 0 == b && a < 1e-5 && b < 1e-5) }' ||
+    fail "program 6: the layouts disagree: $line"
 echo "ok: README.md's $count C programs compile and run as it says"
