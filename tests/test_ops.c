@@ -785,13 +785,15 @@ static void test_blocked_refused_where_not_taken(void **state) {
     for (int which = 0; which < 4; which++) expect_abort(which);
 }
 
-/* cddp_batch_norm_relu is cddp_relu(cddp_batch_norm(...)) bit for bit: values, the running
- * statistics, and the gradients of x, weight and bias, in training and in evaluation, row-major
- * (2-D and 4-D) and blocked, with x's gradient fresh (stored) and with x used again after it
- * (added). */
-static void check_bn_relu(int ndim, const int64_t *shape, bool blocked, bool train, bool reuse) {
+/* cddp_batch_norm_relu is cddp_relu(cddp_batch_norm(...)) bit for bit, and
+ * cddp_batch_norm_add_relu(x, res) cddp_relu(cddp_add(cddp_batch_norm(x), res)): values, the
+ * running statistics, and the gradients of x, weight, bias and the residual, in training and in
+ * evaluation, row-major (2-D and 4-D) and blocked, with x's gradient fresh (stored) and with x
+ * used again after it (added). residual: 0 none, 1 a tensor of its own, 2 x itself. */
+static void check_bn_relu(int ndim, const int64_t *shape, bool blocked, bool train, bool reuse,
+                          int residual) {
     int64_t C = shape[1], yn = 0;
-    float *keep[5] = {0};
+    float *keep[6] = {0};
     for (int fused = 0; fused <= 1; fused++) {
         cddp_ctx_reset(ctx);
         cddp_rng_seed(cddp_ctx_rng(ctx), 31);
@@ -801,23 +803,37 @@ static void check_bn_relu(int ndim, const int64_t *shape, bool blocked, bool tra
         cddp_tensor *b = cddp_requires_grad(ctx, cddp_uniform(ctx, 1, &C, -1, 1, r));
         cddp_tensor *rm = cddp_uniform(ctx, 1, &C, -0.5f, 0.5f, r);
         cddp_tensor *rv = cddp_uniform(ctx, 1, &C, 0.5f, 1.5f, r);
+        cddp_tensor *res = cddp_requires_grad(ctx, cddp_uniform(ctx, ndim, shape, -1, 1, r));
         cddp_tensor *xi = blocked ? cddp_to_blocked(ctx, x) : x;
+        cddp_tensor *ri = residual == 2 ? xi : blocked ? cddp_to_blocked(ctx, res) : res;
         assert_int_equal(xi->block, blocked ? cddp_blocked_size() : 0);
-        cddp_tensor *y =
-            fused ? cddp_batch_norm_relu(ctx, xi, w, b, rm, rv, train, 0.1f, 1e-5f)
-                  : cddp_relu(ctx, cddp_batch_norm(ctx, xi, w, b, rm, rv, train, 0.1f, 1e-5f));
+        cddp_tensor *y;
+        if (fused && residual)
+            y = cddp_batch_norm_add_relu(ctx, xi, ri, w, b, rm, rv, train, 0.1f, 1e-5f);
+        else if (fused)
+            y = cddp_batch_norm_relu(ctx, xi, w, b, rm, rv, train, 0.1f, 1e-5f);
+        else {
+            y = cddp_batch_norm(ctx, xi, w, b, rm, rv, train, 0.1f, 1e-5f);
+            y = cddp_relu(ctx, residual ? cddp_add(ctx, y, ri) : y);
+        }
         assert_int_equal(y->block, xi->block);
-        assert_string_equal(cddp_node_op(cddp_ctx_tape(ctx)), fused ? "batch_norm_relu" : "relu");
+        assert_string_equal(cddp_node_op(cddp_ctx_tape(ctx)), !fused     ? "relu"
+                                                              : residual ? "batch_norm_add_relu"
+                                                                         : "batch_norm_relu");
         cddp_tensor *yp = cddp_to_nchw(ctx, y);
         cddp_tensor *loss =
             cddp_sum(ctx, cddp_mul(ctx, yp, cddp_uniform(ctx, ndim, shape, -1, 1, r)));
         if (reuse) /* recorded after: its backward runs first, so x's gradient is added to */
             loss = cddp_add(ctx, loss, cddp_sum(ctx, cddp_scale(ctx, xi, 0.5f)));
         assert_int_equal(cddp_backward(ctx, loss), CDDP_OK);
-        const float *got[5] = {cddp_f32(yp), x->grad, w->grad, b->grad, cddp_f32(rv)};
+        const float *got[6] = {cddp_f32(yp), x->grad, w->grad, b->grad, cddp_f32(rv), res->grad};
         yn = yp->numel;
-        int64_t n[5] = {yp->numel, x->numel, C, C, C};
-        for (int i = 0; i < 5; i++) {
+        int64_t n[6] = {yp->numel, x->numel, C, C, C, x->numel};
+        for (int i = 0; i < 6; i++) {
+            if (i == 5 && residual != 1) { /* only a residual of its own has a gradient */
+                assert_null(got[i]);
+                continue;
+            }
             assert_non_null(got[i]);
             size_t bytes = (size_t)n[i] * sizeof(float);
             if (!fused) {
@@ -834,7 +850,7 @@ static void check_bn_relu(int ndim, const int64_t *shape, bool blocked, bool tra
         some_positive |= keep[0][i] > 0.0f;
     }
     assert_true(some_zero && some_positive);
-    for (int i = 0; i < 5; i++) free(keep[i]);
+    for (int i = 0; i < 6; i++) free(keep[i]);
 }
 
 static void test_batch_norm_relu_is_the_two_ops(void **state) {
@@ -842,9 +858,11 @@ static void test_batch_norm_relu_is_the_two_ops(void **state) {
     int64_t B = cddp_blocked_size();
     for (int train = 0; train <= 1; train++)
         for (int reuse = 0; reuse <= 1; reuse++) {
-            check_bn_relu(4, (int64_t[]){3, 5, 4, 3}, false, train, reuse);
-            check_bn_relu(2, (int64_t[]){6, 7}, false, train, reuse);
-            check_bn_relu(4, (int64_t[]){2, 2 * B, 5, 3}, true, train, reuse);
+            for (int res = 0; res <= 2; res++) {
+                check_bn_relu(4, (int64_t[]){3, 5, 4, 3}, false, train, reuse, res);
+                check_bn_relu(2, (int64_t[]){6, 7}, false, train, reuse, res);
+                check_bn_relu(4, (int64_t[]){2, 2 * B, 5, 3}, true, train, reuse, res);
+            }
         }
 }
 

@@ -225,8 +225,8 @@ CDDP_API cddp_tensor *cddp_dropout(cddp_ctx *ctx, cddp_tensor *x, float p, bool 
  *
  *   cddp_conv2d, cddp_conv2d_groups      take it and return their output blocked alike
  *   cddp_conv2d_blocked                  returns its output blocked whatever its input
- *   cddp_batch_norm, cddp_batch_norm_relu, cddp_relu, cddp_gelu, cddp_tanh, cddp_sigmoid,
- *   cddp_scale                           return their output blocked alike
+ *   cddp_batch_norm, cddp_batch_norm_relu, cddp_batch_norm_add_relu, cddp_relu, cddp_gelu,
+ *   cddp_tanh, cddp_sigmoid, cddp_scale  return their output blocked alike
  *   cddp_add, cddp_sub, cddp_mul, cddp_div  take two blocked tensors of one shape
  *   cddp_adaptive_avg_pool2d, cddp_sum, cddp_mean, cddp_to_nchw   return a plain tensor
  *
@@ -268,6 +268,13 @@ CDDP_API cddp_tensor *cddp_batch_norm_relu(cddp_ctx *ctx, cddp_tensor *x, cddp_t
                                            cddp_tensor *bias, cddp_tensor *running_mean,
                                            cddp_tensor *running_var, bool training, float momentum,
                                            float eps);
+/* cddp_relu(cddp_add(cddp_batch_norm(x, ...), residual)) as one op, residual of x's shape and
+ * layout (the end of a ResNet's basic block): the same values and gradients, the residual added to
+ * each normalised block before it is rectified, without the sum's tensor or passes of its own. */
+CDDP_API cddp_tensor *cddp_batch_norm_add_relu(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *residual,
+                                               cddp_tensor *weight, cddp_tensor *bias,
+                                               cddp_tensor *running_mean, cddp_tensor *running_var,
+                                               bool training, float momentum, float eps);
 
 /* ---- the tape --------------------------------------------------------------------------
  * What an op records when gradients flow, for autograd's backward (and anything else that walks

@@ -105,8 +105,10 @@ bool cddp__module_add_all(cddp_module *m, const char *const *names, cddp_module 
  * first convolution of a network that keeps its activations blocked (the ResNet's stem). */
 cddp_module *cddp__nn_conv2d_blocked(int64_t in, int64_t out, int kernel, int stride, int padding,
                                      bool bias);
-/* Runs the BatchNorm module bn and a ReLU after it as one op (cddp_batch_norm_relu); aborts when bn
- * is not a BatchNorm. */
-cddp_tensor *cddp__nn_batch_norm_relu(cddp_module *bn, cddp_ctx *ctx, cddp_tensor *x);
+/* Runs the BatchNorm module bn and a ReLU after it as one op (cddp_batch_norm_relu), or with a
+ * residual (not NULL) added before the ReLU (cddp_batch_norm_add_relu); aborts when bn is not a
+ * BatchNorm. */
+cddp_tensor *cddp__nn_batch_norm_relu(cddp_module *bn, cddp_ctx *ctx, cddp_tensor *x,
+                                      cddp_tensor *residual);
 
 #endif

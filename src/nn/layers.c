@@ -245,24 +245,30 @@ static int norm_declare(cddp_module *self) {
     return rc < 0 ? rc : CDDP_OK;
 }
 
-/* The BatchNorm, and with relu a ReLU after it, as one op (cddp_batch_norm_relu). */
-static cddp_tensor *norm_run(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x, bool relu) {
+/* The BatchNorm, and with relu a ReLU after it, as one op (cddp_batch_norm_relu); with a residual
+ * r, r added before the ReLU (cddp_batch_norm_add_relu). */
+static cddp_tensor *norm_run(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x, bool relu,
+                             cddp_tensor *r) {
     const layer *l = state(self);
-    return (relu ? cddp_batch_norm_relu : cddp_batch_norm)(
-        ctx, x, param_or_null(self, 0), param_or_null(self, 1), cddp_module_get_buffer(self, 0),
-        cddp_module_get_buffer(self, 1), cddp_module_training(self), l->momentum, l->eps);
+    cddp_tensor *w = param_or_null(self, 0), *b = param_or_null(self, 1);
+    cddp_tensor *rm = cddp_module_get_buffer(self, 0), *rv = cddp_module_get_buffer(self, 1);
+    bool training = cddp_module_training(self);
+    if (r) return cddp_batch_norm_add_relu(ctx, x, r, w, b, rm, rv, training, l->momentum, l->eps);
+    return (relu ? cddp_batch_norm_relu : cddp_batch_norm)(ctx, x, w, b, rm, rv, training,
+                                                           l->momentum, l->eps);
 }
 
 static cddp_tensor *norm_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
-    return norm_run(self, ctx, x, false);
+    return norm_run(self, ctx, x, false, NULL);
 }
 
 static const cddp_module_type norm_type = {"BatchNorm", norm_declare, norm_forward, cddp_free};
 
-cddp_tensor *cddp__nn_batch_norm_relu(cddp_module *bn, cddp_ctx *ctx, cddp_tensor *x) {
+cddp_tensor *cddp__nn_batch_norm_relu(cddp_module *bn, cddp_ctx *ctx, cddp_tensor *x,
+                                      cddp_tensor *residual) {
     CDDP_CHECK(bn->type == &norm_type, "module '%s' is a %s, not a BatchNorm", cddp_module_path(bn),
                bn->type->name);
-    return norm_run(bn, ctx, x, true);
+    return norm_run(bn, ctx, x, true, residual);
 }
 
 cddp_module *cddp_nn_batch_norm(int64_t features) {
@@ -344,7 +350,7 @@ static cddp_tensor *sequential_forward(cddp_module *self, cddp_ctx *ctx, cddp_te
                                             cl->groups, pl->kernel, pl->stride, pl->padding);
             i += 2;
         } else if (c->type == &norm_type && next && next->type == &relu_type) {
-            x = norm_run(c, ctx, x, true);
+            x = norm_run(c, ctx, x, true, NULL);
             i++;
         } else if (c->type == &relu_type && next && next->type == &max_pool_type) {
             const layer *l = state(next);

@@ -19,7 +19,8 @@
  * "Layouts"), and every convolution, batch normalisation, ReLU and sum after it keeps that layout
  * until the average pooling, whose output is row-major: no reorder between the layers, forward or
  * backward. A BasicBlock given a row-major tensor works row-major. Each BatchNorm followed by a
- * ReLU runs as one op, cddp_batch_norm_relu.
+ * ReLU runs as one op, cddp_batch_norm_relu, and a block's second BatchNorm, the residual sum and
+ * the ReLU after it as another, cddp_batch_norm_add_relu.
  */
 #include "nn/internal.h"
 
@@ -29,16 +30,16 @@ static cddp_tensor *run(const cddp_module *m, int i, cddp_ctx *ctx, cddp_tensor 
     return cddp_module_forward(cddp_module_child(m, i), ctx, x);
 }
 
-/* bn(x) then a ReLU, as one op */
-static cddp_tensor *bn_relu(const cddp_module *m, int i, cddp_ctx *ctx, cddp_tensor *x) {
-    return cddp__nn_batch_norm_relu(cddp_module_child(m, i), ctx, x);
+/* relu(bn(x) + r) (r not NULL) or relu(bn(x)), bn the child i, as one op */
+static cddp_tensor *bn_relu(const cddp_module *m, int i, cddp_ctx *ctx, cddp_tensor *x,
+                            cddp_tensor *r) {
+    return cddp__nn_batch_norm_relu(cddp_module_child(m, i), ctx, x, r);
 }
 
 static cddp_tensor *block_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
-    cddp_tensor *y = bn_relu(self, 1, ctx, run(self, 0, ctx, x));
-    y = run(self, 3, ctx, run(self, 2, ctx, y));
+    cddp_tensor *y = bn_relu(self, 1, ctx, run(self, 0, ctx, x), NULL);
     cddp_tensor *shortcut = cddp_module_num_children(self) > 4 ? run(self, 4, ctx, x) : x;
-    return cddp_relu(ctx, cddp_add(ctx, y, shortcut));
+    return bn_relu(self, 3, ctx, run(self, 2, ctx, y), shortcut);
 }
 
 static const cddp_module_type block_type = {"BasicBlock", NULL, block_forward, NULL};
@@ -74,7 +75,7 @@ cddp_module *cddp_nn_basic_block(int64_t in, int64_t out, int stride) {
 
 static cddp_tensor *resnet_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
     int n = cddp_module_num_children(self);
-    x = bn_relu(self, 1, ctx, run(self, 0, ctx, x));
+    x = bn_relu(self, 1, ctx, run(self, 0, ctx, x), NULL);
     for (int i = 2; i < n - 1; i++) x = run(self, i, ctx, x);
     x = cddp_flatten(ctx, cddp_adaptive_avg_pool2d(ctx, x, 1, 1));
     return run(self, n - 1, ctx, x);

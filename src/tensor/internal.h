@@ -14,7 +14,7 @@
  *   ops/dispatch.c  the backward of a node, from the op list (ops/list.h)
  *
  * Each op that records appends one node to the context's tape (a linked list in the arena,
- * newest first). A node holds the op, its output, up to three inputs, the op's scalar arguments
+ * newest first). A node holds the op, its output, up to four inputs, the op's scalar arguments
  * and an op-specific saved buffer (softmax probabilities, max pooling's argmax, dropout mask). What
  * a backward pass keeps (which nodes are needed, parameters' pending uses, the callbacks) is
  * autograd's, not the context's.
@@ -38,7 +38,7 @@ struct cddp__node {
     int index; /* the node's place on the tape: 0 for the first recorded in this step */
     int nin;
     cddp_tensor *out;
-    cddp_tensor *in[3];
+    cddp_tensor *in[4];
     struct cddp__node *prev; /* the node recorded before this one */
     union {
         struct {

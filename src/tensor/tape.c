@@ -20,6 +20,7 @@ bool cddp__will_record(const cddp_ctx *ctx, int n, cddp_tensor *const *in) {
 
 cddp__node *cddp__record(cddp_ctx *ctx, cddp__op op, cddp_tensor *out, int nin,
                          cddp_tensor *const *in) {
+    CDDP_CHECK(nin >= 0 && nin <= 4, "an op with %d inputs", nin);
     if (!cddp__will_record(ctx, nin, in)) return NULL;
     cddp__node *n = cddp__ctx_alloc(ctx, sizeof *n);
     if (!n) return NULL;

@@ -38,6 +38,7 @@
     X(DROPOUT, dropout)       /* dropout.c */                                                      \
     X(BATCH_NORM, batch_norm) /* norm.c */                                                         \
     X(BATCH_NORM_RELU, batch_norm_relu)                                                            \
+    X(BATCH_NORM_ADD_RELU, batch_norm_add_relu)                                                    \
     X(EMBEDDING, embedding)   /* transformer.c */                                                  \
     X(LAYER_NORM, layer_norm)                                                                      \
     X(GELU_TANH, gelu_tanh)                                                                        \

@@ -12,10 +12,13 @@
  * it is normalised, while it is in cache, and in the backward the output's gradient is masked a
  * block at a time (where the output is positive) into a block of scratch that the batch
  * normalisation's loops read as its gradient: no ReLU tensor, no pass of its own, and the same
- * values and gradients as the two ops. */
+ * values and gradients as the two ops. batch_norm_add_relu, relu(batch_norm(x) + r) (a residual
+ * block's end), adds r's block before rectifying it, and gives r the masked gradient block by
+ * block in the first backward pass: no sum tensor, no pass for the sum or its gradient. */
 #include "tensor/internal.h"
 
 #include <math.h>
+#include <string.h>
 
 /* x's layout as blocks: N images of G groups of B channels, P positions each. */
 typedef struct blocks {
@@ -86,12 +89,21 @@ static const float *block_grad(const blocks *v, const float *d, const float *y, 
     return scratch;
 }
 
-static cddp_tensor *batch_norm(cddp_ctx *ctx, cddp__op op, cddp_tensor *x, cddp_tensor *weight,
-                               cddp_tensor *bias, cddp_tensor *running_mean,
+/* op: batch_norm, batch_norm_relu, or batch_norm_add_relu with the residual r. */
+static cddp_tensor *batch_norm(cddp_ctx *ctx, cddp__op op, cddp_tensor *x, cddp_tensor *r,
+                               cddp_tensor *weight, cddp_tensor *bias, cddp_tensor *running_mean,
                                cddp_tensor *running_var, bool training, float momentum, float eps) {
-    if (CDDP__FAILED(ctx) || !x) return NULL;
-    bool relu = op == CDDP_OP_BATCH_NORM_RELU;
+    if (CDDP__FAILED(ctx) || !x || (op == CDDP_OP_BATCH_NORM_ADD_RELU && !r)) return NULL;
+    bool relu = op != CDDP_OP_BATCH_NORM;
     cddp__need_f32_any(relu ? "batch_norm_relu" : "batch_norm", x);
+    if (r) {
+        cddp__need_f32_any("batch_norm_add_relu", r);
+        CDDP_CHECK(r->ndim == x->ndim && !memcmp(r->shape, x->shape, sizeof x->shape) &&
+                       r->block == x->block,
+                   "batch_norm_add_relu: the residual %s (blocked by %d) is not of x's shape %s "
+                   "and layout (blocked by %d)",
+                   CDDP__SHAPE(r), r->block, CDDP__SHAPE(x), x->block);
+    }
     CDDP_CHECK((x->ndim == 2 || x->ndim == 4) && x->shape[0] > 0,
                "batch_norm needs (N,C) or (N,C,H,W) with N > 0, got %s", CDDP__SHAPE(x));
     blocks v = blocks_of(x);
@@ -147,12 +159,13 @@ static cddp_tensor *batch_norm(cddp_ctx *ctx, cddp__op op, cddp_tensor *x, cddp_
         for (int64_t n = 0; n < v.N; n++) {
             float *yb = y + at(&v, n, g);
             block_normalize(&v, xd + at(&v, n, g), mean + c0, scale + c0, shift + c0, yb);
+            if (r) cddp__add_into(yb, cddp_f32(r) + at(&v, n, g), v.B * v.P);
             if (relu) cddp__relu(yb, yb, v.B * v.P);
         }
     }
-    cddp_tensor *in[3] = {x, weight, bias};
+    cddp_tensor *in[4] = {x, weight, bias, r};
     cddp__node *node;
-    if (!cddp__record_op(ctx, op, out, 3, in, &node)) return NULL;
+    if (!cddp__record_op(ctx, op, out, r ? 4 : 3, in, &node)) return NULL;
     if (node) {
         node->arg.training = training;
         node->saved = stats;
@@ -163,24 +176,39 @@ static cddp_tensor *batch_norm(cddp_ctx *ctx, cddp__op op, cddp_tensor *x, cddp_
 cddp_tensor *cddp_batch_norm(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *weight, cddp_tensor *bias,
                              cddp_tensor *running_mean, cddp_tensor *running_var, bool training,
                              float momentum, float eps) {
-    return batch_norm(ctx, CDDP_OP_BATCH_NORM, x, weight, bias, running_mean, running_var, training,
-                      momentum, eps);
+    return batch_norm(ctx, CDDP_OP_BATCH_NORM, x, NULL, weight, bias, running_mean, running_var,
+                      training, momentum, eps);
 }
 
 cddp_tensor *cddp_batch_norm_relu(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *weight,
                                   cddp_tensor *bias, cddp_tensor *running_mean,
                                   cddp_tensor *running_var, bool training, float momentum,
                                   float eps) {
-    return batch_norm(ctx, CDDP_OP_BATCH_NORM_RELU, x, weight, bias, running_mean, running_var,
-                      training, momentum, eps);
+    return batch_norm(ctx, CDDP_OP_BATCH_NORM_RELU, x, NULL, weight, bias, running_mean,
+                      running_var, training, momentum, eps);
+}
+
+cddp_tensor *cddp_batch_norm_add_relu(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *residual,
+                                      cddp_tensor *weight, cddp_tensor *bias,
+                                      cddp_tensor *running_mean, cddp_tensor *running_var,
+                                      bool training, float momentum, float eps) {
+    return batch_norm(ctx, CDDP_OP_BATCH_NORM_ADD_RELU, x, residual, weight, bias, running_mean,
+                      running_var, training, momentum, eps);
 }
 
 static void batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
+    cddp_tensor *x = n->in[0], *r = n->nin > 3 ? n->in[3] : NULL;
+    /* The residual's gradient (the masked one) first: when r is x, dx is then added to it. */
+    bool rassign = false;
+    float *dr = r && r->requires_grad ? cddp_grad_buffer_assign(ctx, r, &rassign) : NULL;
+    if (dr && r == x && rassign) { /* dx's blocks may come before r's: both add */
+        memset(dr, 0, (size_t)r->numel * sizeof(float));
+        rassign = false;
+    }
     bool assign; /* dx stored, not added, when x had no gradient yet */
     float *dx = cddp__input_grad_assign(ctx, n, &assign);
-    cddp_tensor *x = n->in[0];
     const float *dy = n->out->grad, *y = cddp_f32(n->out);
-    bool relu = n->op == CDDP_OP_BATCH_NORM_RELU;
+    bool relu = n->op != CDDP_OP_BATCH_NORM;
     /* With xh = (x - mean) inv and y = g xh + b, per channel over its M values:
      * db = sum dy, dg = sum dy xh; in training (mean and inv depend on x)
      * dx = g inv (dy - sum(dy) / M - xh sum(dy xh) / M), in evaluation dx = g inv dy. */
@@ -201,6 +229,10 @@ static void batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
         for (int64_t k = 0; k < v.B; k++) sdy[k] = sdyxh[k] = 0.0;
         for (int64_t s = 0; s < v.N; s++) {
             const float *d = block_grad(&v, dy + at(&v, s, grp), y + at(&v, s, grp), relu, scratch);
+            if (dr && rassign)
+                memcpy(dr + at(&v, s, grp), d, (size_t)(v.B * v.P) * sizeof(float));
+            else if (dr)
+                cddp__add_into(dr + at(&v, s, grp), d, v.B * v.P);
             block_sum(&v, d, sdy);
             block_dot_dev(&v, d, xd + at(&v, s, grp), mean + c0, sdyxh);
         }
@@ -227,5 +259,9 @@ void cddp__batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
 }
 
 void cddp__batch_norm_relu_backward(cddp_ctx *ctx, cddp__node *n) {
+    batch_norm_backward(ctx, n);
+}
+
+void cddp__batch_norm_add_relu_backward(cddp_ctx *ctx, cddp__node *n) {
     batch_norm_backward(ctx, n);
 }
