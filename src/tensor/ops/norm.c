@@ -95,9 +95,10 @@ static cddp_tensor *batch_norm(cddp_ctx *ctx, cddp__op op, cddp_tensor *x, cddp_
                                cddp_tensor *running_var, bool training, float momentum, float eps) {
     if (CDDP__FAILED(ctx) || !x || (op == CDDP_OP_BATCH_NORM_ADD_RELU && !r)) return NULL;
     bool relu = op != CDDP_OP_BATCH_NORM;
-    cddp__need_f32_any(relu ? "batch_norm_relu" : "batch_norm", x);
+    const char *name = !relu ? "batch_norm" : r ? "batch_norm_add_relu" : "batch_norm_relu";
+    cddp__need_f32_any(name, x);
     if (r) {
-        cddp__need_f32_any("batch_norm_add_relu", r);
+        cddp__need_f32_any(name, r);
         CDDP_CHECK(r->ndim == x->ndim && !memcmp(r->shape, x->shape, sizeof x->shape) &&
                        r->block == x->block,
                    "batch_norm_add_relu: the residual %s (blocked by %d) is not of x's shape %s "
