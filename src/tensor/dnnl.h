@@ -2,13 +2,13 @@
  *
  * One CPU engine for the process and one stream per thread. A primitive is made once per key (the
  * op's kind and shape, a struct of int64 the caller zero-fills) and kept for the life of the
- * process, so that a training loop pays oneDNN's set-up once per layer. cddp's tensors stay plain
- * (NCHW, OIHW): where a primitive prefers another layout (oneDNN's blocked formats), running it
- * reorders its inputs into step-arena buffers and its outputs back, each reorder primitive made
- * once too. An op may also give a run data already in the primitive's layout, or in another one
- * (an argument's md): the fused convolution keeps its output and that output's gradient blocked.
- * oneDNN's scratchpad comes from the step arena. oneDNN's threads follow OMP_NUM_THREADS (cddprun
- * sets 1 per rank).
+ * process, so that a training loop pays oneDNN's set-up once per layer. cddp's tensors are plain
+ * (NCHW, OIHW), or channel-blocked where a network keeps them so (tensor.h's "Layouts"; their tag
+ * is cddp__dnnl_tag): where a primitive prefers another layout, running it reorders its inputs
+ * into step-arena buffers and its outputs back, each reorder primitive made once too. An op may
+ * also give a run data already in the primitive's layout, or in another one (an argument's md): the
+ * fused convolution keeps its output and that output's gradient blocked. oneDNN's scratchpad comes
+ * from the step arena. oneDNN's threads follow OMP_NUM_THREADS (cddprun sets 1 per rank).
  */
 #ifndef CDDP_TENSOR_DNNL_H
 #define CDDP_TENSOR_DNNL_H

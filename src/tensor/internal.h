@@ -9,8 +9,8 @@
  *   attn.c          the products of one head of causal self-attention
  *   tape.c          recording a node when gradients flow, the nodes' public accessors
  *   ops/<family>.c  each op's forward and backward side by side (linear, elementwise,
- *                   activation, loss, reduce, conv, pool, norm, dropout, shape; metrics are not
- *                   differentiable)
+ *                   activation, loss, reduce, conv, pool, norm, dropout, shape, layout; metrics
+ *                   are not differentiable)
  *   ops/dispatch.c  the backward of a node, from the op list (ops/list.h)
  *
  * Each op that records appends one node to the context's tape (a linked list in the arena,

@@ -18,7 +18,7 @@ typedef struct conv_key {
 } conv_key;
 
 static dnnl_format_tag_t block_tag(int64_t block) {
-    return block == 16 ? dnnl_nChw16c : block == 8 ? dnnl_nChw8c : dnnl_format_tag_any;
+    return block ? cddp__dnnl_tag((int)block) : dnnl_format_tag_any;
 }
 
 static void md_tag(dnnl_memory_desc_t *md, int n, const dnnl_dims_t dims, dnnl_format_tag_t tag) {

@@ -39,7 +39,7 @@
     X(BATCH_NORM, batch_norm) /* norm.c */                                                         \
     X(BATCH_NORM_RELU, batch_norm_relu)                                                            \
     X(BATCH_NORM_ADD_RELU, batch_norm_add_relu)                                                    \
-    X(EMBEDDING, embedding)   /* transformer.c */                                                  \
+    X(EMBEDDING, embedding) /* transformer.c */                                                    \
     X(LAYER_NORM, layer_norm)                                                                      \
     X(GELU_TANH, gelu_tanh)                                                                        \
     X(ATTENTION, attention)

@@ -211,11 +211,8 @@ static int64_t hi(int64_t i, int64_t n, int64_t m) {
 /* Where plane nc (image n, channel c) of x starts, and how far apart its elements lie: row-major
  * or channel-blocked (tensor.h's "Layouts"), where the plane's elements are a block's lane. */
 static int64_t plane_at(const cddp_tensor *x, int64_t nc, int64_t *step) {
-    int64_t C = x->shape[1], P = x->shape[2] * x->shape[3], B = x->block;
-    *step = B ? B : 1;
-    if (!B) return nc * P;
-    int64_t n = nc / C, c = nc % C;
-    return ((n * (C / B) + c / B) * P) * B + c % B;
+    *step = CDDP_MAX(x->block, 1);
+    return cddp__blocked_offset(x, nc * x->shape[2] * x->shape[3]);
 }
 
 cddp_tensor *cddp_adaptive_avg_pool2d(cddp_ctx *ctx, cddp_tensor *x, int64_t OH, int64_t OW) {
