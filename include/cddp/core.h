@@ -102,6 +102,18 @@ typedef struct cddp_arena cddp_arena;
 
 /* max_bytes 0 takes CDDP_ARENA_MB. Returns NULL when out of memory. */
 CDDP_API cddp_arena *cddp_arena_create(size_t initial_bytes, size_t max_bytes);
+/* Where an arena's chunks come from, when not the heap: a device's memory (cddp/device.h).
+ * alloc returns 64-byte aligned memory or NULL; the arena never reads or writes it. shared: more
+ * than one thread allocates (each allocation then takes a lock). */
+typedef struct cddp_arena_memory {
+    void *(*alloc)(void *user, size_t bytes);
+    void (*free)(void *user, void *p);
+    void *user;
+    bool shared;
+} cddp_arena_memory;
+/* cddp_arena_create over mem (NULL: the heap). */
+CDDP_API cddp_arena *cddp_arena_create_on(size_t initial_bytes, size_t max_bytes,
+                                          const cddp_arena_memory *mem);
 CDDP_API void cddp_arena_destroy(cddp_arena *arena);
 /* 64-byte aligned, uninitialised memory valid until the next reset. NULL on failure, with err
  * filled (CDDP_ENOMEM) if err is not NULL. */

@@ -1,10 +1,11 @@
 /* cddp/tensor.h: tensors, the step context, random numbers and the differentiable ops.
  *
- * A tensor is float32, int32 or int64, up to 4-D, contiguous and row-major (one exception, which
- * no program meets unless it asks: a 4-D activation may be kept in oneDNN's channel-blocked
- * layout, see "Layouts" below). Tensors made by ops
- * live in a context's step arena and stay valid until cddp_ctx_reset; parameter tensors belong to
- * a model (nn.h) and are views into its flat parameter and gradient blocks.
+ * A tensor is float32, int32 or int64 (bfloat16 is stored, for mixed precision to come), up to
+ * 4-D, contiguous and row-major (one exception, which no program meets unless it asks: a 4-D
+ * activation may be kept in oneDNN's channel-blocked layout, see "Layouts" below), on a device
+ * (device.h: the CPU unless a program asks for another). Tensors made by ops live in a context's
+ * step arena on their device and stay valid until cddp_ctx_reset; parameter tensors belong to a
+ * model (nn.h) and are views into its flat parameter and gradient blocks.
  *
  * Ops take the context first and return a new tensor. When gradients are enabled and an input
  * requires a gradient, the op also records a node on the context's tape so that
@@ -18,6 +19,7 @@
 #define CDDP_TENSOR_H
 
 #include "cddp/core.h"
+#include "cddp/device.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,9 +29,11 @@ typedef enum cddp_dtype {
     CDDP_F32 = 0,
     CDDP_I32 = 1,
     CDDP_I64 = 2,
+    CDDP_BF16 = 3, /* bfloat16: float32's top 16 bits (rounded to nearest even) */
 } cddp_dtype;
 
-CDDP_API const char *cddp_dtype_name(cddp_dtype dtype); /* "float32", "int32", "int64" */
+/* "float32", "int32", "int64", "bfloat16" */
+CDDP_API const char *cddp_dtype_name(cddp_dtype dtype);
 CDDP_API size_t cddp_dtype_size(cddp_dtype dtype);
 
 #define CDDP_MAX_DIMS 4
@@ -58,8 +62,11 @@ struct cddp_tensor {
     cddp_node *node; /* the op that made it (its grad_fn), NULL for leaves */
     int block;       /* 0: row-major; else a 4-D float32 tensor in the channel-blocked layout of
                         blocks of this many channels (see "Layouts"); grad in the same layout */
+    cddp_device *device; /* where data and grad are (device.h) */
 };
 
+/* t's data as floats. The host may read them directly only on a host-accessible device (the
+ * CPU); elsewhere read with cddp_get, cddp_item or a copy (cddp_to, cddp_device_download). */
 static inline float *cddp_f32(const cddp_tensor *t) {
     return (float *)t->data;
 }
@@ -87,17 +94,28 @@ typedef struct cddp_ctx cddp_ctx;
 
 typedef struct cddp_ctx_options {
     size_t arena_initial_bytes; /* 0: 16 MiB */
-    size_t arena_max_bytes;     /* 0: CDDP_ARENA_MB */
+    size_t arena_max_bytes;     /* 0: CDDP_ARENA_MB (per device the context uses) */
     uint64_t seed;              /* seeds the context's generator (dropout, random tensors) */
+    cddp_device *device;        /* where the tensors it creates live; NULL: the CPU */
 } cddp_ctx_options;
 
 /* opts may be NULL for defaults (seed 0). NULL when out of memory. */
 CDDP_API cddp_ctx *cddp_ctx_create(const cddp_ctx_options *opts);
 CDDP_API void cddp_ctx_destroy(cddp_ctx *ctx);
-/* Ends a step: releases every tensor made since the last reset, the tape, and a latched error. */
+/* Ends a step: waits for the context's work on its devices, then releases every tensor made since
+ * the last reset, the tape, and a latched error. */
 CDDP_API void cddp_ctx_reset(cddp_ctx *ctx);
+/* The first error of the step (CDDP_OK: none), after waiting for the context's queued work (a
+ * device that runs kernels later reports their failures then). */
 CDDP_API int cddp_ctx_status(const cddp_ctx *ctx);
 CDDP_API const char *cddp_ctx_error(const cddp_ctx *ctx);
+/* Whether an error has latched so far, without waiting for queued work (a loop's cheap check; a
+ * kernel's failure shows once the work is waited for, in cddp_ctx_status). */
+CDDP_API bool cddp_ctx_failed(const cddp_ctx *ctx);
+/* The context's device (cddp_ctx_options.device). */
+CDDP_API cddp_device *cddp_ctx_device(const cddp_ctx *ctx);
+/* Waits until the context's work on every device has run; returns cddp_ctx_status. */
+CDDP_API int cddp_ctx_synchronize(cddp_ctx *ctx);
 /* Latches an error into the context (first one wins), for code built on top of the ops. */
 CDDP_API int cddp_ctx_fail(cddp_ctx *ctx, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -107,14 +125,15 @@ CDDP_API cddp_arena *cddp_ctx_arena(cddp_ctx *ctx);
 CDDP_API bool cddp_ctx_set_grad_enabled(cddp_ctx *ctx, bool enabled);
 CDDP_API bool cddp_ctx_grad_enabled(const cddp_ctx *ctx);
 
-/* Creation. Tensors live in the arena until the next reset. */
+/* Creation, on the context's device. Tensors live in the arena until the next reset. */
 CDDP_API cddp_tensor *cddp_empty(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const int64_t *shape);
 CDDP_API cddp_tensor *cddp_zeros(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const int64_t *shape);
 CDDP_API cddp_tensor *cddp_ones(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const int64_t *shape);
 /* Copies numel elements of dtype from data. */
 CDDP_API cddp_tensor *cddp_from_data(cddp_ctx *ctx, cddp_dtype dtype, int ndim,
                                      const int64_t *shape, const void *data);
-/* Wraps caller memory without copying; the caller keeps it alive and unchanged until reset. */
+/* Wraps caller memory (of the context's device) without copying; the caller keeps it alive and
+ * unchanged until reset. */
 CDDP_API cddp_tensor *cddp_wrap(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const int64_t *shape,
                                 void *data);
 CDDP_API cddp_tensor *cddp_uniform(cddp_ctx *ctx, int ndim, const int64_t *shape, float lo,
@@ -127,8 +146,11 @@ CDDP_API void cddp_fill_uniform(cddp_tensor *t, float lo, float hi, cddp_rng *rn
 CDDP_API void cddp_fill_normal(cddp_tensor *t, float mean, float std, cddp_rng *rng);
 /* Marks a leaf tensor as needing a gradient (its grad appears after backward). */
 CDDP_API cddp_tensor *cddp_requires_grad(cddp_ctx *ctx, cddp_tensor *t);
-/* Element i (in row-major order, whatever the layout) as double, whatever the dtype. */
+/* Element i (in row-major order, whatever the layout) as double, whatever the dtype; on a device
+ * that queues its work, after that work has run (the host waits). */
 CDDP_API double cddp_get(const cddp_tensor *t, int64_t i);
+/* The value of a one-element tensor (a loss), as cddp_get(t, 0): PyTorch's item(). */
+CDDP_API double cddp_item(const cddp_tensor *t);
 
 /* Views: share data with x. One dimension of reshape may be -1 (inferred). */
 CDDP_API cddp_tensor *cddp_reshape(cddp_ctx *ctx, cddp_tensor *x, int ndim, const int64_t *shape);
@@ -240,6 +262,8 @@ CDDP_API cddp_tensor *cddp_dropout(cddp_ctx *ctx, cddp_tensor *x, float p, bool 
  * oneDNN prefers no channel-blocked layout (or CDDP_BLOCKED=0 turns it off): then
  * cddp_to_blocked and cddp_conv2d_blocked return plain tensors. */
 CDDP_API int cddp_blocked_size(void);
+/* The same for the convolutions of dev (0 on a device whose convolutions take plain tensors). */
+CDDP_API int cddp_blocked_size_on(cddp_device *dev);
 /* x (N,C,H,W) float32 in the blocked layout, a differentiable copy; x itself when it is already
  * blocked, when C is not a multiple of cddp_blocked_size() or when that is 0. */
 CDDP_API cddp_tensor *cddp_to_blocked(cddp_ctx *ctx, cddp_tensor *x);
@@ -302,6 +326,9 @@ CDDP_API float *cddp_grad_buffer(cddp_ctx *ctx, cddp_tensor *t);
  * with beta 0); otherwise cddp_grad_buffer's, with *assign cleared (the backward adds). Saves
  * zeroing a buffer only to add into it once. */
 CDDP_API float *cddp_grad_buffer_assign(cddp_ctx *ctx, cddp_tensor *t, bool *assign);
+/* Adds v to every element of t's gradient (made zeroed on first use), on t's device: how a
+ * backward is seeded (d loss / d loss = 1). CDDP_OK, or the context's failure. */
+CDDP_API int cddp_grad_add(cddp_ctx *ctx, cddp_tensor *t, float v);
 /* A pointer that a layer built on tensors may keep for the current step (autograd keeps its
  * backward's state there, in the arena); cddp_ctx_reset sets it to NULL. */
 CDDP_API void **cddp_ctx_step_state(cddp_ctx *ctx);

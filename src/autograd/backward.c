@@ -122,8 +122,14 @@ static void release_inputs(backward *b, cddp_node *n) {
     }
 }
 
+/* The context's first error so far, without waiting for queued work: a kernel's own failure (a
+ * label out of range) shows in the step's cddp_ctx_status, as on a GPU. */
+static int failed(const cddp_ctx *ctx) {
+    return cddp_ctx_failed(ctx) ? cddp_ctx_status(ctx) : CDDP_OK;
+}
+
 int cddp_backward(cddp_ctx *ctx, cddp_tensor *loss) {
-    if (cddp_ctx_status(ctx) != CDDP_OK) return cddp_ctx_status(ctx);
+    if (failed(ctx) != CDDP_OK) return failed(ctx);
     if (!loss) return cddp_ctx_fail(ctx, CDDP_EINVAL, "backward: the loss is NULL");
     if (loss->numel != 1 || loss->dtype != CDDP_F32)
         return cddp_ctx_fail(ctx, CDDP_EINVAL,
@@ -138,7 +144,7 @@ int cddp_backward(cddp_ctx *ctx, cddp_tensor *loss) {
                              "backward already ran on this step's tape; call cddp_ctx_reset "
                              "before the next forward");
     backward *b = begin(ctx);
-    if (!b) return cddp_ctx_status(ctx);
+    if (!b) return failed(ctx);
 
     /* Pass 1 and 2: mark needed nodes and count parameter uses. */
     b->needed[cddp_node_index(loss->node)] = true;
@@ -157,17 +163,15 @@ int cddp_backward(cddp_ctx *ctx, cddp_tensor *loss) {
     }
 
     /* Pass 3: seed d(loss) = 1 and run the needed nodes in reverse. */
-    float *seed = cddp_grad_buffer(ctx, loss);
-    if (!seed) return cddp_ctx_status(ctx);
-    seed[0] += 1.0f;
+    if (cddp_grad_add(ctx, loss, 1.0f) != CDDP_OK) return failed(ctx);
     current = b;
     for (cddp_node *n = cddp_ctx_tape(ctx); n; n = cddp_node_prev(n)) {
         if (!b->needed[cddp_node_index(n)]) continue;
         if (cddp_node_output(n)->grad) cddp_node_backward(ctx, n);
-        if (cddp_ctx_status(ctx) != CDDP_OK) break;
+        if (failed(ctx) != CDDP_OK) break;
         release_inputs(b, n);
     }
     current = NULL;
     int rc = run_callbacks(ctx, b);
-    return cddp_ctx_status(ctx) != CDDP_OK ? cddp_ctx_status(ctx) : rc;
+    return failed(ctx) != CDDP_OK ? failed(ctx) : rc;
 }

@@ -4,18 +4,21 @@
  * arena is a list of chunks; allocation bumps an offset in the newest chunk and opens a new one
  * when it does not fit. A reset after a step that needed more than one chunk replaces them by a
  * single chunk of the high-water size, so the steady state is one chunk and zero mallocs a step.
+ * A chunk's header lives apart from its memory, which may be a device's (cddp_arena_create_on):
+ * the arena never touches the memory it hands out.
  */
 #include "cddp/core.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 
 #define ARENA_ALIGN 64
 
 typedef struct chunk {
     struct chunk *prev;
-    size_t size; /* usable bytes after the header */
+    char *data;  /* ARENA_ALIGN aligned */
+    size_t size; /* bytes at data */
     size_t used;
-    /* data follows, ARENA_ALIGN aligned */
 } chunk;
 
 struct cddp_arena {
@@ -24,26 +27,52 @@ struct cddp_arena {
     size_t total;      /* bytes in all chunks */
     size_t used;       /* bytes handed out since the last reset (including padding) */
     size_t high_water; /* the largest `used` seen */
+    cddp_arena_memory mem;
+    pthread_mutex_t lock; /* held by cddp_arena_alloc when mem.shared */
 };
 
-#define CHUNK_HEADER ((sizeof(chunk) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN)
+static void *heap_alloc(void *user, size_t bytes) {
+    (void)user;
+    return cddp_aligned_alloc(bytes);
+}
 
-static chunk *chunk_new(size_t size, chunk *prev) {
-    chunk *c = cddp_aligned_alloc(CHUNK_HEADER + size);
+static void heap_free(void *user, void *p) {
+    (void)user;
+    cddp_aligned_free(p);
+}
+
+static chunk *chunk_new(cddp_arena *a, size_t size, chunk *prev) {
+    chunk *c = cddp_malloc(sizeof *c);
     if (!c) return NULL;
+    if (!(c->data = a->mem.alloc(a->mem.user, size))) {
+        cddp_free(c);
+        return NULL;
+    }
     c->prev = prev;
     c->size = size;
     c->used = 0;
     return c;
 }
 
-cddp_arena *cddp_arena_create(size_t initial_bytes, size_t max_bytes) {
+static void chunks_free(cddp_arena *a, chunk *c) {
+    for (chunk *p; c; c = p) {
+        p = c->prev;
+        a->mem.free(a->mem.user, c->data);
+        cddp_free(c);
+    }
+}
+
+cddp_arena *cddp_arena_create_on(size_t initial_bytes, size_t max_bytes,
+                                 const cddp_arena_memory *mem) {
     cddp_arena *a = cddp_calloc(1, sizeof *a);
     if (!a) return NULL;
+    a->mem = mem ? *mem : (cddp_arena_memory){heap_alloc, heap_free, NULL, false};
+    pthread_mutex_init(&a->lock, NULL);
     a->max_bytes = max_bytes ? max_bytes : (size_t)cddp_knob_int(CDDP_KNOB_ARENA_MB) << 20;
     if (initial_bytes < (1u << 16)) initial_bytes = 1u << 16;
-    a->head = chunk_new(initial_bytes, NULL);
+    a->head = chunk_new(a, initial_bytes, NULL);
     if (!a->head) {
+        pthread_mutex_destroy(&a->lock);
         cddp_free(a);
         return NULL;
     }
@@ -51,16 +80,18 @@ cddp_arena *cddp_arena_create(size_t initial_bytes, size_t max_bytes) {
     return a;
 }
 
+cddp_arena *cddp_arena_create(size_t initial_bytes, size_t max_bytes) {
+    return cddp_arena_create_on(initial_bytes, max_bytes, NULL);
+}
+
 void cddp_arena_destroy(cddp_arena *a) {
     if (!a) return;
-    for (chunk *c = a->head, *p; c; c = p) {
-        p = c->prev;
-        cddp_aligned_free(c);
-    }
+    chunks_free(a, a->head);
+    pthread_mutex_destroy(&a->lock);
     cddp_free(a);
 }
 
-void *cddp_arena_alloc(cddp_arena *a, size_t bytes, cddp_error *err) {
+static void *bump(cddp_arena *a, size_t bytes, cddp_error *err) {
     size_t need = (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
     if (need == 0) need = ARENA_ALIGN;
     chunk *c = a->head;
@@ -74,7 +105,7 @@ void *cddp_arena_alloc(cddp_arena *a, size_t bytes, cddp_error *err) {
         }
         /* Grow geometrically so that a big step costs O(log n) chunks. */
         size_t size = CDDP_MAX(need, a->total);
-        c = chunk_new(size, a->head);
+        c = chunk_new(a, size, a->head);
         if (!c) {
             cddp_error_set(err, CDDP_ENOMEM,
                            "step arena: cannot allocate %zu MiB more (used %zu "
@@ -85,22 +116,27 @@ void *cddp_arena_alloc(cddp_arena *a, size_t bytes, cddp_error *err) {
         a->head = c;
         a->total += size;
     }
-    void *p = (char *)c + CHUNK_HEADER + c->used;
+    void *p = c->data + c->used;
     c->used += need;
     a->used += need;
     if (a->used > a->high_water) a->high_water = a->used;
     return p;
 }
 
+void *cddp_arena_alloc(cddp_arena *a, size_t bytes, cddp_error *err) {
+    if (!a->mem.shared) return bump(a, bytes, err);
+    pthread_mutex_lock(&a->lock);
+    void *p = bump(a, bytes, err);
+    pthread_mutex_unlock(&a->lock);
+    return p;
+}
+
 void cddp_arena_reset(cddp_arena *a) {
     if (a->head->prev) {
         /* Several chunks: replace them by one that holds the whole high-water mark. */
-        chunk *one = chunk_new(a->high_water, NULL);
+        chunk *one = chunk_new(a, a->high_water, NULL);
         if (one) {
-            for (chunk *c = a->head, *p; c; c = p) {
-                p = c->prev;
-                cddp_aligned_free(c);
-            }
+            chunks_free(a, a->head);
             a->head = one;
             a->total = a->high_water;
         }

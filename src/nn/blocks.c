@@ -116,7 +116,11 @@ static size_t lay_out(decl_list *l) {
 
 /* The tensor viewing declaration d's range of block. */
 static cddp_tensor view_of(const param_decl *d, float *block) {
-    cddp_tensor t = {.dtype = CDDP_F32, .ndim = d->ndim, .numel = d->numel, .name = d->name};
+    cddp_tensor t = {.dtype = CDDP_F32,
+                     .ndim = d->ndim,
+                     .numel = d->numel,
+                     .name = d->name,
+                     .device = cddp_device_cpu()};
     memcpy(t.shape, d->shape, sizeof t.shape);
     t.data = block + d->offset;
     t.param_index = -1;

@@ -46,15 +46,30 @@ bool cddp__record_op(cddp_ctx *ctx, cddp__op op, cddp_tensor *out, int nin, cddp
 
 float *cddp_grad_buffer(cddp_ctx *ctx, cddp_tensor *t) {
     if (t->grad) return t->grad;
-    t->grad = cddp__ctx_alloc(ctx, (size_t)t->numel * sizeof(float));
-    if (t->grad) memset(t->grad, 0, (size_t)t->numel * sizeof(float));
+    cddp__cdev *d = cddp__ctx_dev(ctx, t->device);
+    if (d) t->grad = cddp__dalloc_zero(d, (size_t)t->numel * sizeof(float));
     return t->grad;
 }
 
 float *cddp_grad_buffer_assign(cddp_ctx *ctx, cddp_tensor *t, bool *assign) {
     *assign = t->grad == NULL;
-    if (*assign) t->grad = cddp__ctx_alloc(ctx, (size_t)t->numel * sizeof(float));
+    if (!*assign) return t->grad;
+    cddp__cdev *d = cddp__ctx_dev(ctx, t->device);
+    if (d) t->grad = cddp__dalloc(d, (size_t)t->numel * sizeof(float));
     return t->grad;
+}
+
+int cddp_grad_add(cddp_ctx *ctx, cddp_tensor *t, float v) {
+    float *g = cddp_grad_buffer(ctx, t);
+    cddp__cdev *d = g ? cddp__ctx_dev(ctx, t->device) : NULL;
+    float *dv = d ? cddp__dalloc(d, sizeof v) : NULL;
+    float *hv = dv ? cddp__staging(d, dv, sizeof v) : NULL;
+    if (!hv) return ctx->err.code;
+    *hv = v;
+    cddp__upload(d, dv, hv, sizeof v);
+    CDDP__K(&d->q, add_rows, .dst = g, .src = dv, .rows = t->numel, .cols = 1, .dst_stride = 1,
+            .src_stride = 0);
+    return ctx->err.code;
 }
 
 float *cddp__input_grad_assign(cddp_ctx *ctx, cddp__node *n, bool *assign) {

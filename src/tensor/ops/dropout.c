@@ -1,4 +1,7 @@
-/* dropout.c: dropout with the context's generator; backward multiplies by the same mask. */
+/* dropout.c: dropout with the context's generator; backward multiplies by the same mask.
+ *
+ * The mask is drawn on the host from the context's generator (the same stream on every device),
+ * and the device multiplies by it. */
 #include "tensor/internal.h"
 
 cddp_tensor *cddp_dropout(cddp_ctx *ctx, cddp_tensor *x, float p, bool training) {
@@ -6,14 +9,16 @@ cddp_tensor *cddp_dropout(cddp_ctx *ctx, cddp_tensor *x, float p, bool training)
     cddp__need_f32("dropout", x);
     CDDP_CHECK(p >= 0.0f && p <= 1.0f, "dropout probability %g is not in [0, 1]", (double)p);
     if (!training || p == 0.0f) return x;
-    cddp_tensor *out = cddp_empty(ctx, CDDP_F32, x->ndim, x->shape);
-    float *mask = cddp__ctx_alloc(ctx, (size_t)x->numel * sizeof(float));
-    if (!out || !mask) return NULL;
+    cddp__cdev *d = CDDP__ON(ctx, "dropout", x);
+    cddp_tensor *out = cddp__empty(d, CDDP_F32, x->ndim, x->shape);
+    size_t bytes = (size_t)x->numel * sizeof(float);
+    float *mask = out ? cddp__dalloc(d, bytes) : NULL;
+    float *draw = mask ? cddp__staging(d, mask, bytes) : NULL;
+    if (!draw) return NULL;
     float keep = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-    for (int64_t i = 0; i < x->numel; i++) {
-        mask[i] = cddp_rng_uniform(&ctx->rng) < p ? 0.0f : keep;
-        cddp_f32(out)[i] = cddp_f32(x)[i] * mask[i];
-    }
+    for (int64_t i = 0; i < x->numel; i++) draw[i] = cddp_rng_uniform(&ctx->rng) < p ? 0.0f : keep;
+    cddp__upload(d, mask, draw, bytes);
+    CDDP__K(&d->q, mul, .y = out->data, .a = x->data, .b = mask, .n = x->numel, .add = false);
     cddp__node *node;
     if (!cddp__record_op(ctx, CDDP_OP_DROPOUT, out, 1, &x, &node)) return NULL;
     if (node) node->saved = mask;
@@ -22,8 +27,8 @@ cddp_tensor *cddp_dropout(cddp_ctx *ctx, cddp_tensor *x, float p, bool training)
 
 void cddp__dropout_backward(cddp_ctx *ctx, cddp__node *n) {
     float *dx = cddp__input_grad(ctx, n);
-    const float *dy = n->out->grad;
-    int64_t numel = n->in[0]->numel;
-    if (dx)
-        for (int64_t i = 0; i < numel; i++) dx[i] += dy[i] * ((const float *)n->saved)[i];
+    cddp__cdev *d = cddp__node_dev(ctx, n);
+    if (dx && d)
+        CDDP__K(&d->q, mul, .y = dx, .a = n->out->grad, .b = n->saved, .n = n->in[0]->numel,
+                .add = true);
 }

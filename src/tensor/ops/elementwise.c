@@ -6,6 +6,42 @@
 
 #include <string.h>
 
+/* The broadcast of a and b into out: their shapes right-aligned into 4-D, strides 0 along the
+ * dimensions that stretch. */
+static void bcast_init(cddp__bcast *bc, const cddp_tensor *a, const cddp_tensor *b,
+                       const cddp_tensor *out) {
+    int64_t ea[4], eb[4];
+    for (int d = 0; d < 4; d++) {
+        int ia = d - (4 - a->ndim), ib = d - (4 - b->ndim), io = d - (4 - out->ndim);
+        ea[d] = ia >= 0 ? a->shape[ia] : 1;
+        eb[d] = ib >= 0 ? b->shape[ib] : 1;
+        bc->shape[d] = io >= 0 ? out->shape[io] : 1;
+    }
+    int64_t sa = 1, sb = 1;
+    for (int d = 3; d >= 0; d--) {
+        bc->sa[d] = ea[d] == 1 ? 0 : sa;
+        bc->sb[d] = eb[d] == 1 ? 0 : sb;
+        sa *= ea[d];
+        sb *= eb[d];
+    }
+    bc->same = a->numel == out->numel && b->numel == out->numel;
+}
+
+static cddp__binop binop(cddp__op op) {
+    switch (op) {
+    case CDDP_OP_ADD:
+        return CDDP__ADD;
+    case CDDP_OP_SUB:
+        return CDDP__SUB;
+    case CDDP_OP_MUL:
+        return CDDP__MUL;
+    case CDDP_OP_DIV:
+        return CDDP__DIV;
+    default:
+        CDDP_PANIC("op %d is not a binary elementwise op", (int)op);
+    }
+}
+
 static cddp_tensor *binary(cddp_ctx *ctx, cddp__op op, cddp_tensor *a, cddp_tensor *b) {
     if (CDDP__FAILED(ctx) || !a || !b) return NULL;
     cddp__need_f32_any("elementwise op", a);
@@ -26,41 +62,14 @@ static cddp_tensor *binary(cddp_ctx *ctx, cddp__op op, cddp_tensor *a, cddp_tens
                    CDDP__SHAPE(b));
         shape[d] = sa == 1 ? sb : sa;
     }
-    cddp_tensor *out = cddp_empty(ctx, CDDP_F32, nd, shape);
+    cddp__cdev *d = CDDP__ON(ctx, "elementwise op", a, b);
+    cddp_tensor *out = cddp__empty(d, CDDP_F32, nd, shape);
     if (!out) return NULL;
     out->block = a->block;
-    const float *x = a->data, *y = b->data;
-    float *z = out->data;
     cddp__bcast bc;
-    cddp__bcast_init(&bc, a, b, out);
-    switch (op) {
-    case CDDP_OP_ADD:
-        if (bc.same)
-            for (int64_t i = 0; i < out->numel; i++) z[i] = x[i] + y[i];
-        else
-            CDDP__BCAST_FOR(&bc, i, ia, ib, z[i] = x[ia] + y[ib]);
-        break;
-    case CDDP_OP_SUB:
-        if (bc.same)
-            for (int64_t i = 0; i < out->numel; i++) z[i] = x[i] - y[i];
-        else
-            CDDP__BCAST_FOR(&bc, i, ia, ib, z[i] = x[ia] - y[ib]);
-        break;
-    case CDDP_OP_MUL:
-        if (bc.same)
-            for (int64_t i = 0; i < out->numel; i++) z[i] = x[i] * y[i];
-        else
-            CDDP__BCAST_FOR(&bc, i, ia, ib, z[i] = x[ia] * y[ib]);
-        break;
-    case CDDP_OP_DIV:
-        if (bc.same)
-            for (int64_t i = 0; i < out->numel; i++) z[i] = x[i] / y[i];
-        else
-            CDDP__BCAST_FOR(&bc, i, ia, ib, z[i] = x[ia] / y[ib]);
-        break;
-    default:
-        CDDP_PANIC("binary: op %d is not elementwise", (int)op);
-    }
+    bcast_init(&bc, a, b, out);
+    CDDP__K(&d->q, binary, .op = binop(op), .bc = bc, .a = a->data, .b = b->data, .z = out->data,
+            .n = out->numel);
     if (!cddp__record_op(ctx, op, out, 2, (cddp_tensor *[]){a, b}, NULL)) return NULL;
     return out;
 }
@@ -78,63 +87,35 @@ cddp_tensor *cddp_div(cddp_ctx *ctx, cddp_tensor *a, cddp_tensor *b) {
     return binary(ctx, CDDP_OP_DIV, a, b);
 }
 
-/* d(in) for a broadcast binary op: walks out's elements, adding each term to the right input
- * element, so a stretched dimension sums its contributions. */
 /* z = x + y of one shape (a transformer's residual stream): both gradients are dz. */
-static bool same_shape_add_backward(cddp_ctx *ctx, cddp__node *n) {
+static bool same_shape_add_backward(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n) {
     cddp_tensor *a = n->in[0], *b = n->in[1];
     if (n->op != CDDP_OP_ADD || a->numel != n->out->numel || b->numel != n->out->numel)
         return false;
     for (int k = 0; k < 2; k++) {
         cddp_tensor *t = n->in[k];
         bool assign;
-        float *d = t->requires_grad ? cddp_grad_buffer_assign(ctx, t, &assign) : NULL;
-        if (d && assign)
-            memcpy(d, n->out->grad, (size_t)t->numel * sizeof(float));
-        else if (d)
-            cddp__add_into(d, n->out->grad, t->numel);
+        float *g = t->requires_grad ? cddp_grad_buffer_assign(ctx, t, &assign) : NULL;
+        if (g)
+            CDDP__K(&d->q, accumulate, .dst = g, .src = n->out->grad, .n = t->numel,
+                    .assign = assign);
     }
     return true;
 }
 
+/* d(in) for a broadcast binary op: the kernel walks out's elements, adding each term to the input
+ * element it came from, so a stretched dimension sums its contributions. */
 static void binary_backward(cddp_ctx *ctx, cddp__node *n) {
-    if (same_shape_add_backward(ctx, n)) return;
-    const float *dy = n->out->grad;
+    cddp__cdev *d = cddp__node_dev(ctx, n);
+    if (!d || same_shape_add_backward(ctx, d, n)) return;
     cddp_tensor *a = n->in[0], *b = n->in[1];
-    const float *x = a->data, *y = b->data;
     float *da = a->requires_grad ? cddp_grad_buffer(ctx, a) : NULL;
     float *db = b->requires_grad ? cddp_grad_buffer(ctx, b) : NULL;
     if (CDDP__FAILED(ctx)) return;
     cddp__bcast bc;
-    cddp__bcast_init(&bc, a, b, n->out);
-    switch (n->op) {
-    case CDDP_OP_ADD: /* z = x + y: dx = dz, dy = dz */
-        CDDP__BCAST_FOR(&bc, i, ia, ib, {
-            if (da) da[ia] += dy[i];
-            if (db) db[ib] += dy[i];
-        });
-        break;
-    case CDDP_OP_SUB: /* z = x - y: dx = dz, dy = -dz */
-        CDDP__BCAST_FOR(&bc, i, ia, ib, {
-            if (da) da[ia] += dy[i];
-            if (db) db[ib] -= dy[i];
-        });
-        break;
-    case CDDP_OP_MUL: /* z = x * y: dx = dz * y, dy = dz * x */
-        CDDP__BCAST_FOR(&bc, i, ia, ib, {
-            if (da) da[ia] += dy[i] * y[ib];
-            if (db) db[ib] += dy[i] * x[ia];
-        });
-        break;
-    case CDDP_OP_DIV: /* z = x / y: dx = dz / y, dy = -dz * x / y^2 */
-        CDDP__BCAST_FOR(&bc, i, ia, ib, {
-            if (da) da[ia] += dy[i] / y[ib];
-            if (db) db[ib] -= dy[i] * x[ia] / (y[ib] * y[ib]);
-        });
-        break;
-    default:
-        CDDP_PANIC("binary_backward: op %d", (int)n->op);
-    }
+    bcast_init(&bc, a, b, n->out);
+    CDDP__K(&d->q, binary_grad, .op = binop(n->op), .bc = bc, .dz = n->out->grad, .a = a->data,
+            .b = b->data, .da = da, .db = db);
 }
 
 void cddp__add_backward(cddp_ctx *ctx, cddp__node *n) {
@@ -153,12 +134,11 @@ void cddp__div_backward(cddp_ctx *ctx, cddp__node *n) {
 cddp_tensor *cddp_scale(cddp_ctx *ctx, cddp_tensor *x, float s) {
     if (CDDP__FAILED(ctx) || !x) return NULL;
     cddp__need_f32_any("scale", x);
-    cddp_tensor *out = cddp_empty(ctx, CDDP_F32, x->ndim, x->shape);
+    cddp__cdev *d = CDDP__ON(ctx, "scale", x);
+    cddp_tensor *out = cddp__empty(d, CDDP_F32, x->ndim, x->shape);
     if (!out) return NULL;
     out->block = x->block;
-    const float *a = x->data;
-    float *y = out->data;
-    for (int64_t i = 0; i < x->numel; i++) y[i] = s * a[i];
+    CDDP__K(&d->q, scale, .y = out->data, .x = x->data, .s = s, .n = x->numel, .add = false);
     cddp__node *node;
     if (!cddp__record_op(ctx, CDDP_OP_SCALE, out, 1, &x, &node)) return NULL;
     if (node) node->arg.scalar = s;
@@ -168,7 +148,8 @@ cddp_tensor *cddp_scale(cddp_ctx *ctx, cddp_tensor *x, float s) {
 /* y = s x: dx = s dy */
 void cddp__scale_backward(cddp_ctx *ctx, cddp__node *n) {
     float *dx = cddp__input_grad(ctx, n);
-    const float *dy = n->out->grad;
-    if (dx)
-        for (int64_t i = 0; i < n->in[0]->numel; i++) dx[i] += n->arg.scalar * dy[i];
+    cddp__cdev *d = cddp__node_dev(ctx, n);
+    if (dx && d)
+        CDDP__K(&d->q, scale, .y = dx, .x = n->out->grad, .s = n->arg.scalar,
+                .n = n->in[0]->numel, .add = true);
 }

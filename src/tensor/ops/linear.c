@@ -1,8 +1,15 @@
-/* linear.c: matrix products (cddp__gemm: oneDNN's sgemm): matmul with optional transposes, and
- * nn.Linear's y = x W^T + b. */
+/* linear.c: matrix products (the device's gemm kernel: oneDNN's sgemm on the CPU): matmul with
+ * optional transposes, and nn.Linear's y = x W^T + b. */
 #include "tensor/internal.h"
 
 #include <string.h>
+
+/* C (M,N) = alpha op(A) op(B) + beta C on d, dense leading dimensions. */
+static void gemm(cddp__cdev *d, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                 const float *A, const float *B, float beta, float *C) {
+    CDDP__K(&d->q, gemm, .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = alpha, .A = A,
+            .lda = ta ? M : K, .B = B, .ldb = tb ? K : N, .beta = beta, .C = C, .ldc = N);
+}
 
 cddp_tensor *cddp_matmul(cddp_ctx *ctx, cddp_tensor *a, cddp_tensor *b, bool ta, bool tb) {
     if (CDDP__FAILED(ctx) || !a || !b) return NULL;
@@ -14,9 +21,10 @@ cddp_tensor *cddp_matmul(cddp_ctx *ctx, cddp_tensor *a, cddp_tensor *b, bool ta,
     int64_t Kb = tb ? b->shape[1] : b->shape[0], N = tb ? b->shape[0] : b->shape[1];
     CDDP_CHECK(K == Kb, "matmul: inner sizes differ: %s%s x %s%s", CDDP__SHAPE(a), ta ? "^T" : "",
                CDDP__SHAPE(b), tb ? "^T" : "");
-    cddp_tensor *out = cddp_empty(ctx, CDDP_F32, 2, (int64_t[]){M, N});
+    cddp__cdev *d = CDDP__ON(ctx, "matmul", a, b);
+    cddp_tensor *out = cddp__empty(d, CDDP_F32, 2, (int64_t[]){M, N});
     if (!out) return NULL;
-    cddp__gemm(ta, tb, M, N, K, 1.0f, a->data, b->data, 0.0f, out->data);
+    gemm(d, ta, tb, M, N, K, 1.0f, a->data, b->data, 0.0f, out->data);
     cddp__node *n;
     if (!cddp__record_op(ctx, CDDP_OP_MATMUL, out, 2, (cddp_tensor *[]){a, b}, &n)) return NULL;
     if (n) {
@@ -29,6 +37,7 @@ cddp_tensor *cddp_matmul(cddp_ctx *ctx, cddp_tensor *a, cddp_tensor *b, bool ta,
 void cddp__matmul_backward(cddp_ctx *ctx, cddp__node *n) {
     cddp_tensor *out = n->out;
     const float *dy = out->grad;
+    cddp__cdev *d = cddp__node_dev(ctx, n);
     /* C = op(A) op(B): dop(A) = dC op(B)^T and dop(B) = op(A)^T dC. For a stored transpose
      * the gradient of the stored matrix is the transpose of those, which swaps the roles of
      * the factors; each call below writes the stored layout directly, accumulating. */
@@ -36,21 +45,22 @@ void cddp__matmul_backward(cddp_ctx *ctx, cddp__node *n) {
     bool ta = n->arg.mm.ta, tb = n->arg.mm.tb;
     int64_t M = out->shape[0], N = out->shape[1];
     int64_t K = ta ? A->shape[0] : A->shape[1];
+    if (!d) return;
     if (A->requires_grad) {
         float *dA = cddp_grad_buffer(ctx, A);
         if (!dA) return;
         if (!ta) /* dA (M,K) = dC (M,N) . op(B)^T */
-            cddp__gemm(false, !tb, M, K, N, 1.0f, dy, B->data, 1.0f, dA);
+            gemm(d, false, !tb, M, K, N, 1.0f, dy, B->data, 1.0f, dA);
         else /* dA (K,M) = op(B) (K,N) . dC^T */
-            cddp__gemm(tb, true, K, M, N, 1.0f, B->data, dy, 1.0f, dA);
+            gemm(d, tb, true, K, M, N, 1.0f, B->data, dy, 1.0f, dA);
     }
     if (B->requires_grad) {
         float *dB = cddp_grad_buffer(ctx, B);
         if (!dB) return;
         if (!tb) /* dB (K,N) = op(A)^T (K,M) . dC */
-            cddp__gemm(!ta, false, K, N, M, 1.0f, A->data, dy, 1.0f, dB);
+            gemm(d, !ta, false, K, N, M, 1.0f, A->data, dy, 1.0f, dB);
         else /* dB (N,K) = dC^T (N,M) . op(A) */
-            cddp__gemm(true, ta, N, K, M, 1.0f, dy, A->data, 1.0f, dB);
+            gemm(d, true, ta, N, K, M, 1.0f, dy, A->data, 1.0f, dB);
     }
 }
 
@@ -68,15 +78,16 @@ cddp_tensor *cddp_linear(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_ten
     int64_t shape[CDDP_MAX_DIMS];
     memcpy(shape, x->shape, sizeof shape);
     shape[x->ndim - 1] = outf;
-    cddp_tensor *y = cddp_empty(ctx, CDDP_F32, x->ndim, shape);
+    cddp__cdev *d = CDDP__ON(ctx, "linear", x, w, b);
+    cddp_tensor *y = cddp__empty(d, CDDP_F32, x->ndim, shape);
     if (!y) return NULL;
-    float *yd = y->data;
     /* the bias added to the product's rows while they are still in cache, not copied into y
      * first for the GEMM to read back (the GPT, one rank, 4 interleaved rounds: 20.1-20.5k ->
      * 20.8-21.3k tokens/s, its forward 14.3-14.6 -> 13.1-13.5 ms; the MLP and the CNN level) */
-    cddp__gemm(false, true, N, outf, in, 1.0f, x->data, w->data, 0.0f, yd);
+    gemm(d, false, true, N, outf, in, 1.0f, x->data, w->data, 0.0f, y->data);
     if (b)
-        for (int64_t i = 0; i < N; i++) cddp__add_into(yd + i * outf, b->data, outf);
+        CDDP__K(&d->q, add_rows, .dst = y->data, .src = b->data, .rows = N, .cols = outf,
+                .dst_stride = outf, .src_stride = 0);
     if (!cddp__record_op(ctx, CDDP_OP_LINEAR, y, b ? 3 : 2, (cddp_tensor *[]){x, w, b}, NULL))
         return NULL;
     return y;
@@ -85,23 +96,26 @@ cddp_tensor *cddp_linear(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_ten
 void cddp__linear_backward(cddp_ctx *ctx, cddp__node *n) {
     cddp_tensor *x = n->in[0];
     const float *dy = n->out->grad;
+    cddp__cdev *d = cddp__node_dev(ctx, n);
     /* y = x W^T + b: dx = dy W, dW = dy^T x, db = column sums of dy. */
     cddp_tensor *W = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
     int64_t in = W->shape[1], N = in ? x->numel / in : 0, outf = W->shape[0];
+    if (!d) return;
     if (x->requires_grad) {
         bool assign;
         float *gx = cddp_grad_buffer_assign(ctx, x, &assign);
         if (!gx) return;
-        cddp__gemm(false, false, N, in, outf, 1.0f, dy, W->data, assign ? 0.0f : 1.0f, gx);
+        gemm(d, false, false, N, in, outf, 1.0f, dy, W->data, assign ? 0.0f : 1.0f, gx);
     }
     if (W->requires_grad) {
         float *gw = cddp_grad_buffer(ctx, W);
         if (!gw) return;
-        cddp__gemm(true, false, outf, in, N, 1.0f, dy, x->data, 1.0f, gw);
+        gemm(d, true, false, outf, in, N, 1.0f, dy, x->data, 1.0f, gw);
     }
     if (b && b->requires_grad) {
         float *gb = cddp_grad_buffer(ctx, b);
         if (!gb) return;
-        for (int64_t i = 0; i < N; i++) cddp__add_into(gb, dy + i * outf, outf);
+        CDDP__K(&d->q, add_rows, .dst = gb, .src = dy, .rows = N, .cols = outf, .dst_stride = 0,
+                .src_stride = outf);
     }
 }

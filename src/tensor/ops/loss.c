@@ -1,7 +1,6 @@
 /* loss.c: cross-entropy over (N, C) logits with integer labels, and the mean squared error. */
 #include "tensor/internal.h"
 
-#include <math.h>
 #include <string.h>
 
 cddp_tensor *cddp_cross_entropy(cddp_ctx *ctx, cddp_tensor *logits, cddp_tensor *labels,
@@ -15,25 +14,19 @@ cddp_tensor *cddp_cross_entropy(cddp_ctx *ctx, cddp_tensor *logits, cddp_tensor 
                "cross_entropy: logits %s and labels %s (want (N,C) and (N))", CDDP__SHAPE(logits),
                CDDP__SHAPE(labels));
     int64_t N = logits->shape[0], C = logits->shape[1];
-    for (int64_t i = 0; i < N; i++) {
-        int64_t y = cddp__label(labels, i);
-        if (y < 0 || y >= C) {
-            cddp_ctx_fail(ctx, CDDP_ERANGE,
-                          "cross_entropy: label %lld of sample %lld is out of range for %lld "
-                          "classes (labels must be in [0, %lld])",
-                          (long long)y, (long long)i, (long long)C, (long long)(C - 1));
-            return NULL;
-        }
-    }
+    cddp__cdev *d = CDDP__ON(ctx, "cross_entropy", logits, labels);
+    if (!d) return NULL;
+    CDDP__K(&d->q, check_ids, .ids = labels->data, .dtype = labels->dtype, .n = N, .limit = C,
+            .fmt = "cross_entropy: label %lld of sample %lld is out of range for %lld classes "
+                   "(labels must be in [0, %lld])");
+    if (CDDP__FAILED(ctx)) return NULL;
     /* The log-probabilities are kept: backward needs softmax = exp(logp). */
-    float *logp = cddp__ctx_alloc(ctx, (size_t)(N * C) * sizeof(float));
-    if (!logp) return NULL;
-    cddp__softmax_rows(logits->data, logp, N, C, true);
-    double loss = 0.0;
-    for (int64_t i = 0; i < N; i++) loss -= logp[i * C + cddp__label(labels, i)];
-    if (reduction == CDDP_REDUCE_MEAN) loss /= (double)N;
-    cddp_tensor *out = cddp__scalar(ctx, (float)loss);
-    if (!out) return NULL;
+    float *logp = cddp__dalloc(d, (size_t)(N * C) * sizeof(float));
+    cddp_tensor *out = cddp__empty(d, CDDP_F32, 0, NULL);
+    if (!logp || !out) return NULL;
+    CDDP__K(&d->q, cross_entropy, .logits = logits->data, .labels = labels->data,
+            .dtype = labels->dtype, .logp = logp, .loss = out->data, .N = N, .C = C,
+            .mean = reduction == CDDP_REDUCE_MEAN);
     cddp__node *n;
     if (!cddp__record_op(ctx, CDDP_OP_CROSS_ENTROPY, out, 2, (cddp_tensor *[]){logits, labels}, &n))
         return NULL;
@@ -47,17 +40,12 @@ cddp_tensor *cddp_cross_entropy(cddp_ctx *ctx, cddp_tensor *logits, cddp_tensor 
 void cddp__cross_entropy_backward(cddp_ctx *ctx, cddp__node *n) {
     bool assign;
     float *dx = cddp__input_grad_assign(ctx, n, &assign);
-    cddp_tensor *x = n->in[0];
-    const float *dy = n->out->grad;
-    /* loss = -sum_i logp[i, y_i] (/ N): dlogits[i, j] = (p[i, j] - [j = y_i]) g (/ N). */
-    if (!dx) return;
-    const float *logp = n->saved;
-    int64_t N = x->shape[0], C = x->shape[1];
-    float g = dy[0] / (n->arg.reduction == CDDP_REDUCE_MEAN ? (float)N : 1.0f);
-    for (int64_t i = 0; i < N; i++) {
-        cddp__add_exp_scaled(dx + i * C, logp + i * C, g, C, assign);
-        dx[i * C + cddp__label(n->in[1], i)] -= g;
-    }
+    cddp__cdev *d = cddp__node_dev(ctx, n);
+    cddp_tensor *x = n->in[0], *labels = n->in[1];
+    if (!dx || !d) return;
+    CDDP__K(&d->q, cross_entropy_grad, .logp = n->saved, .labels = labels->data,
+            .dtype = labels->dtype, .dy = n->out->grad, .dx = dx, .N = x->shape[0],
+            .C = x->shape[1], .mean = n->arg.reduction == CDDP_REDUCE_MEAN, .assign = assign);
 }
 
 cddp_tensor *cddp_mse_loss(cddp_ctx *ctx, cddp_tensor *pred, cddp_tensor *target,
@@ -69,12 +57,11 @@ cddp_tensor *cddp_mse_loss(cddp_ctx *ctx, cddp_tensor *pred, cddp_tensor *target
                    memcmp(pred->shape, target->shape, sizeof(int64_t) * (size_t)pred->ndim) == 0,
                "mse_loss: prediction %s and target %s differ in shape", CDDP__SHAPE(pred),
                CDDP__SHAPE(target));
-    const float *p = pred->data, *t = target->data;
-    double s = 0.0;
-    for (int64_t i = 0; i < pred->numel; i++) s += (double)(p[i] - t[i]) * (double)(p[i] - t[i]);
-    if (reduction == CDDP_REDUCE_MEAN) s /= (double)pred->numel;
-    cddp_tensor *out = cddp__scalar(ctx, (float)s);
+    cddp__cdev *d = CDDP__ON(ctx, "mse_loss", pred, target);
+    cddp_tensor *out = cddp__empty(d, CDDP_F32, 0, NULL);
     if (!out) return NULL;
+    CDDP__K(&d->q, mse, .p = pred->data, .t = target->data, .loss = out->data, .n = pred->numel,
+            .mean = reduction == CDDP_REDUCE_MEAN);
     cddp__node *n;
     if (!cddp__record_op(ctx, CDDP_OP_MSE, out, 2, (cddp_tensor *[]){pred, target}, &n))
         return NULL;
@@ -83,17 +70,11 @@ cddp_tensor *cddp_mse_loss(cddp_ctx *ctx, cddp_tensor *pred, cddp_tensor *target
 }
 
 void cddp__mse_backward(cddp_ctx *ctx, cddp__node *n) {
-    const float *dy = n->out->grad;
-    /* loss = sum (p - t)^2 (/ n): dp = 2 (p - t) g (/ n), dt = -dp. */
     cddp_tensor *p = n->in[0], *t = n->in[1];
     float *dp = p->requires_grad ? cddp_grad_buffer(ctx, p) : NULL;
     float *dt = t->requires_grad ? cddp_grad_buffer(ctx, t) : NULL;
-    if (CDDP__FAILED(ctx)) return;
-    float g = 2.0f * dy[0];
-    if (n->arg.reduction == CDDP_REDUCE_MEAN) g /= (float)p->numel;
-    for (int64_t i = 0; i < p->numel; i++) {
-        float d = g * (cddp_f32(p)[i] - cddp_f32(t)[i]);
-        if (dp) dp[i] += d;
-        if (dt) dt[i] -= d;
-    }
+    cddp__cdev *d = cddp__node_dev(ctx, n);
+    if (CDDP__FAILED(ctx) || !d) return;
+    CDDP__K(&d->q, mse_grad, .p = p->data, .t = t->data, .dy = n->out->grad, .dp = dp, .dt = dt,
+            .n = p->numel, .mean = n->arg.reduction == CDDP_REDUCE_MEAN);
 }

@@ -1,22 +1,15 @@
 /* metrics.c: argmax and accuracy: what evaluation reads off logits (not differentiable). */
 #include "tensor/internal.h"
 
-static int64_t row_argmax(const float *a, int64_t C) {
-    int64_t best = 0;
-    for (int64_t j = 1; j < C; j++)
-        if (a[j] > a[best]) best = j;
-    return best;
-}
-
 cddp_tensor *cddp_argmax(cddp_ctx *ctx, cddp_tensor *x) {
     if (CDDP__FAILED(ctx) || !x) return NULL;
     cddp__need_f32("argmax", x);
     CDDP_CHECK(x->ndim >= 1 && x->shape[x->ndim - 1] > 0, "argmax of an empty last dimension");
     int64_t C = x->shape[x->ndim - 1];
-    cddp_tensor *out = cddp_empty(ctx, CDDP_I64, x->ndim - 1, x->shape);
+    cddp__cdev *d = CDDP__ON(ctx, "argmax", x);
+    cddp_tensor *out = cddp__empty(d, CDDP_I64, x->ndim - 1, x->shape);
     if (!out) return NULL;
-    for (int64_t r = 0; r < out->numel; r++)
-        ((int64_t *)out->data)[r] = row_argmax(cddp_f32(x) + r * C, C);
+    CDDP__K(&d->q, argmax, .x = x->data, .out = out->data, .rows = out->numel, .C = C);
     return out;
 }
 
@@ -26,9 +19,25 @@ int64_t cddp_count_correct(const cddp_tensor *logits, const cddp_tensor *labels)
                    (labels->dtype == CDDP_I32 || labels->dtype == CDDP_I64),
                "count_correct: logits %s and labels %s (want (N,C) float32 and (N) integers)",
                CDDP__SHAPE(logits), CDDP__SHAPE(labels));
+    CDDP_CHECK(logits->device == labels->device,
+               "count_correct: expected all tensors to be on the same device, but found logits on "
+               "%s and labels on %s",
+               logits->device->name, labels->device->name);
     int64_t N = logits->shape[0], C = logits->shape[1], correct = 0;
-    for (int64_t i = 0; i < N && C > 0; i++)
-        correct += row_argmax(cddp_f32(logits) + i * C, C) == cddp__label(labels, i);
+    if (N == 0 || C == 0) return 0;
+    /* No context: the count lands in device memory of its own, read back at once. */
+    cddp_device *dev = logits->device;
+    cddp__kq q = cddp__device_kq(dev);
+    cddp_error e = {0};
+    int64_t *count = dev->host_access ? &correct : cddp_device_alloc(dev, sizeof *count, &e);
+    CDDP_CHECK(count, "count_correct: %s", e.msg);
+    CDDP__K(&q, argmax, .x = logits->data, .labels = labels->data, .dtype = labels->dtype,
+            .count = count, .rows = N, .C = C);
+    if (count != &correct) {
+        int rc = cddp_device_download(dev, &correct, count, sizeof correct, &e);
+        cddp_device_free(dev, count);
+        CDDP_CHECK(rc == CDDP_OK, "count_correct: %s", e.msg);
+    }
     return correct;
 }
 

@@ -2,12 +2,11 @@
  * gradient back to the source, element for element. */
 #include "tensor/internal.h"
 
-#include <string.h>
-
 /* A view of x with another shape. */
 static cddp_tensor *view(cddp_ctx *ctx, cddp_tensor *x, int ndim, const int64_t *shape) {
     cddp__need_nchw("reshape", x);
-    cddp_tensor *t = cddp__tensor_header(ctx, x->dtype, ndim, shape);
+    cddp__cdev *d = CDDP__ON(ctx, "reshape", x);
+    cddp_tensor *t = d ? cddp__tensor_header(ctx, d, x->dtype, ndim, shape) : NULL;
     if (!t) return NULL;
     t->data = x->data;
     if (!cddp__record(ctx, CDDP_OP_RESHAPE, t, 1, &x) && ctx->err.code) return NULL;
@@ -52,8 +51,8 @@ cddp_tensor *cddp_flatten(cddp_ctx *ctx, cddp_tensor *x) {
 void cddp__reshape_backward(cddp_ctx *ctx, cddp__node *n) {
     bool assign;
     float *dx = cddp__input_grad_assign(ctx, n, &assign);
-    if (dx && assign)
-        memcpy(dx, n->out->grad, (size_t)n->in[0]->numel * sizeof(float));
-    else if (dx)
-        cddp__add_into(dx, n->out->grad, n->in[0]->numel);
+    cddp__cdev *d = cddp__node_dev(ctx, n);
+    if (dx && d)
+        CDDP__K(&d->q, accumulate, .dst = dx, .src = n->out->grad, .n = n->in[0]->numel,
+                .assign = assign);
 }

@@ -1,19 +1,20 @@
-/* tensor/dnnl.h: oneDNN primitives for cddp's ops (convolution).
+/* tensor/cpu/dnnl.h: oneDNN primitives for the CPU's kernels (convolution).
  *
  * One CPU engine for the process and one stream per thread. A primitive is made once per key (the
  * op's kind and shape, a struct of int64 the caller zero-fills) and kept for the life of the
  * process, so that a training loop pays oneDNN's set-up once per layer. cddp's tensors are plain
  * (NCHW, OIHW), or channel-blocked where a network keeps them so (tensor.h's "Layouts"; their tag
  * is cddp__dnnl_tag): where a primitive prefers another layout, running it reorders its inputs
- * into step-arena buffers and its outputs back, each reorder primitive made once too. An op may
- * also give a run data already in the primitive's layout, or in another one (an argument's md): the
- * fused convolution keeps its output and that output's gradient blocked. oneDNN's scratchpad comes
- * from the step arena. oneDNN's threads follow OMP_NUM_THREADS (cddprun sets 1 per rank).
+ * into scratch buffers (the step arena) and its outputs back, each reorder primitive made once
+ * too. A kernel may also give a run data already in the primitive's layout, or in another one (an
+ * argument's md): the fused convolution keeps its output and that output's gradient blocked.
+ * oneDNN's scratchpad comes from the kernel's scratch too. oneDNN's threads follow
+ * OMP_NUM_THREADS (cddprun sets 1 per rank).
  */
-#ifndef CDDP_TENSOR_DNNL_H
-#define CDDP_TENSOR_DNNL_H
+#ifndef CDDP_TENSOR_CPU_DNNL_H
+#define CDDP_TENSOR_CPU_DNNL_H
 
-#include "tensor/internal.h"
+#include "tensor/cpu/cpu.h"
 
 #include <dnnl.h>
 
@@ -42,7 +43,7 @@ typedef enum cddp__dnnl_io {
 
 /* An input's copy in a primitive's layout, made by one run and read by a later one of the same
  * step (a convolution's input, reordered for its forward and read again by its weights'
- * gradient): the arena buffer and its layout; data NULL until a run makes it. */
+ * gradient): the scratch buffer and its layout; data NULL until a run makes it. */
 typedef struct cddp__dnnl_copy {
     void *data;
     dnnl_memory_desc_t md;
@@ -60,8 +61,8 @@ typedef struct cddp__dnnl_arg {
 } cddp__dnnl_arg;
 
 /* Runs p on the arguments (at most 8), reordering where p's layout is not the plain one, with
- * temporaries and the scratchpad from ctx's arena; false on a failure latched in ctx. */
-bool cddp__dnnl_run(cddp_ctx *ctx, const cddp__dnnl_prim *p, int nargs, const cddp__dnnl_arg *args);
+ * temporaries and the scratchpad from q's scratch; false on a failure (reported through q). */
+bool cddp__dnnl_run(cddp__kq *q, const cddp__dnnl_prim *p, int nargs, const cddp__dnnl_arg *args);
 
 /* The channel block of the layout oneDNN's convolutions prefer on this CPU (16 or 8), or 0 when it
  * prefers none (asked once, of a 16 -> 16 channel 3x3 convolution). */

@@ -14,7 +14,7 @@
  * where a and x are rows of the (B, T, 3C) projection (row stride ld) and o is stored or, with
  * accumulate, added.
  */
-#include "tensor/internal.h"
+#include "tensor/cpu/cpu.h"
 
 #include <string.h>
 

@@ -1,6 +1,6 @@
-/* tensor/dnnl.c: the engine, the per-thread stream, the primitive cache and the runs with
+/* tensor/cpu/dnnl.c: the engine, the per-thread stream, the primitive cache and the runs with
  * reorders (see dnnl.h). */
-#include "tensor/dnnl.h"
+#include "tensor/cpu/dnnl.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -176,23 +176,25 @@ static void exec(dnnl_primitive_t prim, int n, const dnnl_exec_arg_t *args) {
     cddp__dnnl_ok(dnnl_stream_wait(thread_stream()), "waiting for a primitive");
 }
 
-static void run_reorder(cddp_ctx *ctx, const reorder *r, dnnl_memory_t from, dnnl_memory_t to) {
+/* false when its scratchpad could not be had (the failure reported through q) */
+static bool run_reorder(cddp__kq *q, const reorder *r, dnnl_memory_t from, dnnl_memory_t to) {
     dnnl_exec_arg_t args[3] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
     int n = 2;
     dnnl_memory_t sm = NULL;
     if (r->scratch) {
         const_dnnl_primitive_desc_t pd;
         cddp__dnnl_ok(dnnl_primitive_get_primitive_desc(r->prim, &pd), "querying a reorder");
-        void *s = cddp__ctx_alloc(ctx, r->scratch);
-        if (!s) return;
+        void *s = cddp__kq_scratch(q, r->scratch);
+        if (!s) return false;
         sm = memory(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0), s);
         args[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, sm};
     }
     exec(r->prim, n, args);
     if (sm) dnnl_memory_destroy(sm);
+    return true;
 }
 
-bool cddp__dnnl_run(cddp_ctx *ctx, const cddp__dnnl_prim *cp, int nargs,
+bool cddp__dnnl_run(cddp__kq *q, const cddp__dnnl_prim *cp, int nargs,
                     const cddp__dnnl_arg *args) {
     cddp__dnnl_prim *p = (cddp__dnnl_prim *)cp; /* its reorders are added on first use */
     CDDP_CHECK(nargs <= MAX_ARGS, "oneDNN: %d arguments", nargs);
@@ -213,7 +215,7 @@ bool cddp__dnnl_run(cddp_ctx *ctx, const cddp__dnnl_prim *cp, int nargs,
         if (a->io == CDDP__DNNL_ADD) { /* the result into a temporary, then added */
             sum_n[i] = (int64_t)(dnnl_memory_desc_get_size(&md) / sizeof(float));
             sum_into[i] = a->data;
-            if (!(data = cddp__ctx_alloc(ctx, dnnl_memory_desc_get_size(&md)))) goto out;
+            if (!(data = cddp__kq_scratch(q, dnnl_memory_desc_get_size(&md)))) goto out;
         }
         if (same) {
             ex[n++].memory = own[i] = memory(want, data);
@@ -224,21 +226,20 @@ bool cddp__dnnl_run(cddp_ctx *ctx, const cddp__dnnl_prim *cp, int nargs,
             ex[n++].memory = own[i] = memory(want, copy->data); /* reordered by an earlier run */
             continue;
         }
-        void *tmp = cddp__ctx_alloc(ctx, dnnl_memory_desc_get_size(want));
+        void *tmp = cddp__kq_scratch(q, dnnl_memory_desc_get_size(want));
         if (!tmp) goto out;
         ex[n++].memory = own[i] = memory(want, tmp);
         plain[i] = memory(&md, data);
         const reorder *r = reorder_for(p, a, &md, want, a->io != CDDP__DNNL_IN);
         if (a->io == CDDP__DNNL_IN) {
-            run_reorder(ctx, r, plain[i], own[i]);
-            if (CDDP__FAILED(ctx)) goto out;
+            if (!run_reorder(q, r, plain[i], own[i])) goto out;
             if (copy) *copy = (cddp__dnnl_copy){tmp, *want};
         } else {
             back[i] = r;
         }
     }
     if (p->scratch) {
-        void *s = cddp__ctx_alloc(ctx, p->scratch);
+        void *s = cddp__kq_scratch(q, p->scratch);
         if (!s) goto out;
         ex[n].arg = DNNL_ARG_SCRATCHPAD;
         ex[n++].memory = own[nargs] =
@@ -246,8 +247,7 @@ bool cddp__dnnl_run(cddp_ctx *ctx, const cddp__dnnl_prim *cp, int nargs,
     }
     exec(p->prim, n, ex);
     for (int i = 0; i < nargs; i++) {
-        if (back[i]) run_reorder(ctx, back[i], own[i], plain[i]);
-        if (CDDP__FAILED(ctx)) goto out;
+        if (back[i] && !run_reorder(q, back[i], own[i], plain[i])) goto out;
         if (sum_into[i]) {
             void *from;
             cddp__dnnl_ok(dnnl_memory_get_data_handle(plain[i] ? plain[i] : own[i], &from),

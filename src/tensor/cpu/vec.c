@@ -10,7 +10,7 @@
  * (x86-64-v3) and for the baseline the library is built for, and the loader picks the one the
  * machine runs, so one binary is fast on new machines and still runs on old ones.
  */
-#include "tensor/internal.h"
+#include "tensor/cpu/cpu.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -1,0 +1,74 @@
+/* cddp/device.h: where tensors live and ops run.
+ *
+ * Every tensor is on a device (tensor->device), and an op runs on the device of its inputs, which
+ * must all be on one (an op given tensors of two devices aborts, naming both). A context has a
+ * device (cddp_ctx_options.device; the CPU by default): the tensors it creates live there.
+ *
+ * The devices, by the names cddp_device_get takes:
+ *
+ *   cpu      this process's memory; ops run at once, on the calling thread (oneDNN, OpenBLAS and
+ *            cddp's vectorised loops). The host reads and writes its tensors directly.
+ *
+ * On a device that queues its work, an op returns before its kernel has run, and the host waits
+ * only where it reads a value (cddp_get, cddp_item, a copy to the host) or calls
+ * cddp_device_synchronize. Data errors found by a kernel (a label out of range) latch in the
+ * context and show in cddp_ctx_status, which waits for the context's work first.
+ */
+#ifndef CDDP_DEVICE_H
+#define CDDP_DEVICE_H
+
+#include "cddp/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cddp_device cddp_device;
+
+typedef enum cddp_device_kind {
+    CDDP_DEVICE_CPU = 0,
+    CDDP_DEVICE_EMU = 1,
+    CDDP_DEVICE_CUDA = 2,
+} cddp_device_kind;
+
+/* The CPU device (never NULL). */
+CDDP_API cddp_device *cddp_device_cpu(void);
+/* The device spec names: "cpu", "emu", "emu:N", "cuda", "cuda:N" (N from 0; "cuda" is "cuda:0").
+ * The same device for the same name, for the life of the process. NULL, with err saying why, for
+ * a name that is not a device, an index out of range, or a kind this build or machine cannot run
+ * ("no CUDA device: the driver reports ..."). */
+CDDP_API cddp_device *cddp_device_get(const char *spec, cddp_error *err);
+/* "cpu", "emu:0", "cuda:1": the name cddp_device_get takes back. */
+CDDP_API const char *cddp_device_name(const cddp_device *dev);
+CDDP_API cddp_device_kind cddp_device_kind_of(const cddp_device *dev);
+CDDP_API int cddp_device_index(const cddp_device *dev);
+/* Whether the host may read and write the device's memory directly (true for the CPU only). */
+CDDP_API bool cddp_device_host_accessible(const cddp_device *dev);
+/* One line about the device for logs: its name, model and memory. */
+CDDP_API const char *cddp_device_describe(const cddp_device *dev);
+/* How many devices of a kind this process can use (0 when none, or the kind is not built). */
+CDDP_API int cddp_device_count(cddp_device_kind kind);
+/* Waits until every piece of work queued on the device has run. CDDP_OK, or the device's failure
+ * (err says what). */
+CDDP_API int cddp_device_synchronize(cddp_device *dev, cddp_error *err);
+
+/* Memory of a device, for programs that move their own data (a loader's batches). Allocation is
+ * 64-byte aligned; NULL with err on failure. Copies are ordered with the device's work: a copy to
+ * the device returns once src may be reused, a copy to the host once dst holds the data (after the
+ * work queued before it). */
+CDDP_API void *cddp_device_alloc(cddp_device *dev, size_t bytes, cddp_error *err);
+CDDP_API void cddp_device_free(cddp_device *dev, void *p); /* accepts NULL */
+CDDP_API int cddp_device_upload(cddp_device *dev, void *dst, const void *src, size_t bytes,
+                                cddp_error *err);
+CDDP_API int cddp_device_download(cddp_device *dev, void *dst, const void *src, size_t bytes,
+                                  cddp_error *err);
+/* Copies between two places of one device's memory, or sets bytes of it (ordered, not waited). */
+CDDP_API int cddp_device_copy(cddp_device *dev, void *dst, const void *src, size_t bytes,
+                              cddp_error *err);
+CDDP_API int cddp_device_memset(cddp_device *dev, void *dst, int byte, size_t bytes,
+                                cddp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,138 @@
+/* activation.c: the CPU's kernels for the activations, softmax, GELU's tanh form and the losses,
+ * with each backward's derivation beside it (tensor/kernels.h says what each computes). */
+#include "tensor/cpu/cpu.h"
+
+#include <math.h>
+
+void cddp__cpu_unary(cddp__kq *q, const cddp__k_unary *k) {
+    (void)q;
+    const float *a = k->x;
+    float *y = k->y;
+    int64_t n = k->n;
+    switch (k->op) {
+    case CDDP__RELU:
+        cddp__relu(a, y, n);
+        break;
+    case CDDP__GELU:
+        for (int64_t i = 0; i < n; i++) y[i] = 0.5f * a[i] * (1.0f + erff(a[i] * (float)M_SQRT1_2));
+        break;
+    case CDDP__TANH:
+        for (int64_t i = 0; i < n; i++) y[i] = tanhf(a[i]);
+        break;
+    case CDDP__SIGMOID:
+        for (int64_t i = 0; i < n; i++) y[i] = 1.0f / (1.0f + expf(-a[i]));
+        break;
+    }
+}
+
+/* dx (+)= f'(x) dy:
+ *   relu: dy where the output is positive (0 at the kink, as PyTorch)
+ *   gelu: dy (Phi(x) + x phi(x))
+ *   tanh: dy (1 - y^2)
+ *   sigmoid: dy y (1 - y) */
+void cddp__cpu_unary_grad(cddp__kq *q, const cddp__k_unary_grad *k) {
+    (void)q;
+    const float *dy = k->dy, *y = k->y, *a = k->x;
+    float *dx = k->dx;
+    int64_t n = k->n;
+    bool assign = k->assign;
+    switch (k->op) {
+    case CDDP__RELU:
+        cddp__relu_grad(y, dy, dx, n, assign);
+        break;
+    case CDDP__GELU:
+        for (int64_t i = 0; i < n; i++) {
+            float cdf = 0.5f * (1.0f + erff(a[i] * (float)M_SQRT1_2));
+            float pdf = expf(-0.5f * a[i] * a[i]) * (float)(0.5 * M_2_SQRTPI * M_SQRT1_2);
+            float g = dy[i] * (cdf + a[i] * pdf);
+            dx[i] = assign ? g : dx[i] + g;
+        }
+        break;
+    case CDDP__TANH:
+        for (int64_t i = 0; i < n; i++) {
+            float g = dy[i] * (1.0f - y[i] * y[i]);
+            dx[i] = assign ? g : dx[i] + g;
+        }
+        break;
+    case CDDP__SIGMOID:
+        for (int64_t i = 0; i < n; i++) {
+            float g = dy[i] * y[i] * (1.0f - y[i]);
+            dx[i] = assign ? g : dx[i] + g;
+        }
+        break;
+    }
+}
+
+void cddp__cpu_softmax(cddp__kq *q, const cddp__k_softmax *a) {
+    (void)q;
+    cddp__softmax_rows(a->x, a->y, a->rows, a->C, a->log);
+}
+
+/* softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy), per row. */
+void cddp__cpu_softmax_grad(cddp__kq *q, const cddp__k_softmax_grad *a) {
+    (void)q;
+    int64_t C = a->C;
+    bool lg = a->log;
+    for (int64_t r = 0; r < a->rows; r++) {
+        const float *yr = a->y + r * C, *gr = a->dy + r * C;
+        float *xr = a->dx + r * C;
+        double s = 0.0;
+        for (int64_t j = 0; j < C; j++) s += lg ? gr[j] : gr[j] * yr[j];
+        for (int64_t j = 0; j < C; j++)
+            xr[j] += lg ? gr[j] - expf(yr[j]) * (float)s : yr[j] * (gr[j] - (float)s);
+    }
+}
+
+void cddp__cpu_gelu_tanh(cddp__kq *q, const cddp__k_gelu_tanh *a) {
+    (void)q;
+    cddp__gelu_tanh_rows(a->x, a->y, a->t, a->n);
+}
+
+/* y = x/2 (1 + tanh(u)), u = k (x + 0.044715 x^3):
+ * dy/dx = (1 + tanh(u))/2 + x/2 (1 - tanh(u)^2) k (1 + 3 * 0.044715 x^2). */
+void cddp__cpu_gelu_tanh_grad(cddp__kq *q, const cddp__k_gelu_tanh_grad *a) {
+    (void)q;
+    cddp__gelu_tanh_grad(a->x, a->t, a->dy, a->dx, a->n, a->assign);
+}
+
+void cddp__cpu_cross_entropy(cddp__kq *q, const cddp__k_cross_entropy *a) {
+    (void)q;
+    int64_t N = a->N, C = a->C;
+    cddp__softmax_rows(a->logits, a->logp, N, C, true);
+    double loss = 0.0;
+    for (int64_t i = 0; i < N; i++) loss -= a->logp[i * C + cddp__index_at(a->labels, a->dtype, i)];
+    if (a->mean) loss /= (double)N;
+    a->loss[0] = (float)loss;
+}
+
+/* loss = -sum_i logp[i, y_i] (/ N): dlogits[i, j] = (p[i, j] - [j = y_i]) g (/ N). */
+void cddp__cpu_cross_entropy_grad(cddp__kq *q, const cddp__k_cross_entropy_grad *a) {
+    (void)q;
+    int64_t N = a->N, C = a->C;
+    float g = a->dy[0] / (a->mean ? (float)N : 1.0f);
+    for (int64_t i = 0; i < N; i++) {
+        cddp__add_exp_scaled(a->dx + i * C, a->logp + i * C, g, C, a->assign);
+        a->dx[i * C + cddp__index_at(a->labels, a->dtype, i)] -= g;
+    }
+}
+
+void cddp__cpu_mse(cddp__kq *q, const cddp__k_mse *a) {
+    (void)q;
+    const float *p = a->p, *t = a->t;
+    double s = 0.0;
+    for (int64_t i = 0; i < a->n; i++) s += (double)(p[i] - t[i]) * (double)(p[i] - t[i]);
+    if (a->mean) s /= (double)a->n;
+    a->loss[0] = (float)s;
+}
+
+/* loss = sum (p - t)^2 (/ n): dp = 2 (p - t) g (/ n), dt = -dp. */
+void cddp__cpu_mse_grad(cddp__kq *q, const cddp__k_mse_grad *a) {
+    (void)q;
+    float g = 2.0f * a->dy[0];
+    if (a->mean) g /= (float)a->n;
+    for (int64_t i = 0; i < a->n; i++) {
+        float d = g * (a->p[i] - a->t[i]);
+        if (a->dp) a->dp[i] += d;
+        if (a->dt) a->dt[i] -= d;
+    }
+}

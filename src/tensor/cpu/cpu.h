@@ -1,0 +1,137 @@
+/* tensor/cpu/cpu.h: the CPU device's kernels and the loops they share.
+ *
+ * The CPU device's files, lowest first (no circle):
+ *
+ *   vec.c        vectorised loops: exp, GELU, layer normalisation's rows, batch normalisation's
+ *                sums, ReLU, pooling, adds
+ *   attn.c       the products of one head of causal self-attention
+ *   gemm.c       GEMM (oneDNN's sgemm, OpenBLAS where oneDNN refuses), softmax rows
+ *   dnnl.c       oneDNN's primitives (convolution), made once per shape (dnnl.h)
+ *   <family>.c   the kernels of tensor/kernels.h, by op family (basic, activation, loss,
+ *                transformer, norm, pool, conv)
+ *   device.c     the device: memory, its queue (the calling thread), the kernel table
+ *
+ * Every kernel runs on the calling thread and has finished when it returns.
+ */
+#ifndef CDDP_TENSOR_CPU_H
+#define CDDP_TENSOR_CPU_H
+
+#include "tensor/device.h"
+
+/* ---- the kernels (tensor/kernels.h) -------------------------------------------------------- */
+
+#define CDDP__CPU_DECL(name) void cddp__cpu_##name(cddp__kq *q, const cddp__k_##name *a);
+CDDP_KERNEL_LIST(CDDP__CPU_DECL)
+#undef CDDP__CPU_DECL
+int cddp__cpu_blocked_size(void);
+bool cddp__cpu_conv_pool_fuses(const cddp__conv_geom *g);
+
+/* ---- vec.c: vectorised loops -------------------------------------------------------------- */
+
+/* y = exp(x - shift), returning the sum of y. */
+float cddp__exp_shifted(const float *x, float shift, float *y, int64_t n);
+/* sum x[i], and sum (x[i] - m)^2, in 8 lanes (float) */
+float cddp__sum(const float *x, int64_t n);
+float cddp__sq_dev(const float *x, float m, int64_t n);
+/* y = (x - m) s + b */
+void cddp__normalize(const float *x, float m, float s, float b, float *y, int64_t n);
+/* sum x[i] y[i], and sum d[i] (x[i] - m) */
+float cddp__dot(const float *x, const float *y, int64_t n);
+float cddp__dot_dev(const float *d, const float *x, float m, int64_t n);
+/* dx[i] += k (d[i] - a - (x[i] - m) b) (= when assign): batch normalisation's input gradient */
+void cddp__norm_grad_into(float *dx, const float *d, const float *x, float k, float a, float m,
+                          float b, int64_t n, bool assign);
+/* Batch normalisation's loops over a block of P positions of B channels side by side (x[p B + k],
+ * B at most 16), per channel k: out[k] += sum_p x, (x - m[k])^2, or d (x - m[k]); y = (x - m[k])
+ * s[k] + b[k]; dx += k[j] (d - a[j] - (x - m[j]) b[j]) (= when assign). */
+void cddp__lanes_sum(const float *x, int64_t P, int64_t B, double *out);
+void cddp__lanes_sq_dev(const float *x, const float *m, int64_t P, int64_t B, double *out);
+void cddp__lanes_dot_dev(const float *d, const float *x, const float *m, int64_t P, int64_t B,
+                         double *out);
+void cddp__lanes_normalize(const float *x, const float *m, const float *s, const float *b, float *y,
+                           int64_t P, int64_t B);
+void cddp__lanes_norm_grad_into(float *dx, const float *d, const float *x, const float *k,
+                                const float *a, const float *m, const float *b, int64_t P,
+                                int64_t B, bool assign);
+/* out[i] += sum_j y[j] x[off[i] + j] (j < n) for the k offsets, 8 at a time in one pass over y */
+void cddp__dot_offsets(const float *y, const float *x, const int64_t *off, int64_t k, int64_t n,
+                       double *out);
+/* The largest of x[0..n) (-inf for n = 0). */
+float cddp__max(const float *x, int64_t n);
+void cddp__scale_into(float *y, float s, int64_t n);
+/* acc += x */
+void cddp__add_into(float *restrict acc, const float *restrict x, int64_t n);
+/* y = max(x, 0); dx += dy where y > 0 (dx = when assign, 0 elsewhere) */
+void cddp__relu(const float *x, float *y, int64_t n);
+void cddp__relu_grad(const float *y, const float *dy, float *dx, int64_t n, bool assign);
+/* 2x2, stride 2, unpadded max pooling of planes (H,W) planes into (OH,OW) ones (with relu, of
+ * max(x, 0), a NaN counting as 0): the maxima into y and, when arg is not NULL, each one's index
+ * in its plane; the first maximum in row-major window order wins, a NaN wins and stays. Its
+ * gradient written into every element of dx: dy at each window's maximum (with y, a ReLU's
+ * pooling, only where y is positive), 0 elsewhere (an odd last row or column too). */
+void cddp__max_pool2x2(const float *x, int64_t planes, int64_t H, int64_t W, int64_t OH, int64_t OW,
+                       float *y, int32_t *arg, bool relu);
+void cddp__max_pool2x2_grad(const int32_t *arg, const float *dy, const float *y, float *dx,
+                            int64_t planes, int64_t H, int64_t W, int64_t OH, int64_t OW);
+/* A 4-D (N,C,H,W) layout with the channels innermost in groups of B: element (n, c, h, w) at
+ * n sN + (c / B) sG + h sH + w sW + c % B. oneDNN's blocked nChw16c is B 16, sW 16; NHWC one group
+ * of B = C; cddp's plain NCHW B 1, sG H W, sW 1. */
+typedef struct cddp__lanes {
+    int64_t B, sN, sG, sH, sW;
+} cddp__lanes;
+/* max(x, 0) max-pooled 2x2 with stride 2, x (N,C,H,W) in layout l with B > 1, into y (N,C,H/2,W/2)
+ * plain: cddp__max_pool2x2's values. With code (N, groups, H/2, W/2, B int8), each maximum's
+ * place in its window (0..3 in row-major order, the first of equals) or -1 where it is 0. Its
+ * gradient, into every element of dx (layout l, padding lanes too): dy (plain, the shape of y) at
+ * each window's maximum where that is positive, 0 elsewhere. tile: B (W / 2) floats of scratch. */
+void cddp__relu_pool2x2_lanes(const float *x, const cddp__lanes *l, int64_t N, int64_t C, int64_t H,
+                              int64_t W, float *y, int8_t *code, float *tile);
+void cddp__relu_pool2x2_lanes_grad(const int8_t *code, const float *dy, const cddp__lanes *l,
+                                   int64_t N, int64_t C, int64_t H, int64_t W, float *dx,
+                                   float *tile);
+/* y += g exp(x), or y = g exp(x) when assign */
+void cddp__add_exp_scaled(float *y, const float *x, float g, int64_t n, bool assign);
+/* y = GELU(x) with the tanh approximation, keeping tanh's value in t for the gradient;
+ * dx += dy GELU'(x) (dx = when assign). */
+void cddp__gelu_tanh_rows(const float *x, float *y, float *t, int64_t n);
+void cddp__gelu_tanh_grad(const float *x, const float *t, const float *dy, float *dx, int64_t n,
+                          bool assign);
+/* LayerNorm over rows of C (w and b never NULL), keeping each row's mean and 1/std; and its
+ * gradients (dx, dw, db may each be NULL; dx stored when assign, else added; scratch: 2 C
+ * floats). */
+void cddp__layer_norm_rows(const float *x, const float *w, const float *b, float *y, float *mean,
+                           float *rstd, int64_t rows, int64_t C, float eps);
+void cddp__layer_norm_grad(const float *x, const float *w, const float *dy, const float *mean,
+                           const float *rstd, float *dx, bool assign, float *dw, float *db,
+                           int64_t rows, int64_t C, float *scratch);
+
+/* ---- attn.c: one head of causal self-attention (see there) --------------------------------- */
+
+/* s[t][j] = scale sum_d a[t][d] bt[d][j] on and below the diagonal (tiles above it untouched). */
+void cddp__attn_scores(const float *a, int64_t lda, const float *bt, int64_t T, int64_t HS,
+                       float scale, float *s);
+/* o[t][d] (+)= scale sum_{j <= t} w[t][j] x[j][d], w (T, T) zero above its diagonal. */
+void cddp__attn_mix(const float *w, const float *x, int64_t ldx, int64_t T, int64_t HS, float scale,
+                    float *o, int64_t ldo, bool accumulate);
+/* o[j][d] (+)= scale sum_{t >= j} w[t][j] x[t][d]. */
+void cddp__attn_mix_t(const float *w, const float *x, int64_t ldx, int64_t T, int64_t HS,
+                      float scale, float *o, int64_t ldo, bool accumulate);
+/* xt (HS, T) = x (T, HS, rows ldx apart) transposed. */
+void cddp__attn_transpose(const float *x, int64_t ldx, int64_t T, int64_t HS, float *xt);
+
+/* ---- gemm.c ------------------------------------------------------------------------------ */
+
+/* Row-major C = alpha * op(A) op(B) + beta * C, with A stored (M,K) or (K,M) when ta, B stored
+ * (K,N) or (N,K) when tb. Leading dimensions are those of the stored matrices. */
+void cddp__gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                const float *B, float beta, float *C);
+
+/* cddp__gemm with explicit leading dimensions (row strides, in floats) of the stored A, B and C:
+ * for matrices that are slices of a wider one (a head of an attention's qkv). */
+void cddp__gemm_ld(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* Writes log_softmax (take_log) or softmax of each row of length C. */
+void cddp__softmax_rows(const float *x, float *y, int64_t rows, int64_t C, bool take_log);
+
+#endif

@@ -1,0 +1,91 @@
+/* device.c: the CPU device: this process's memory, the calling thread as its queue (every call
+ * has finished when it returns, so there is nothing to wait for), and its kernel table. */
+#include "tensor/cpu/dnnl.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+static void *cpu_alloc(cddp_device *dev, size_t bytes, cddp_error *err) {
+    void *p = cddp_aligned_alloc(bytes ? bytes : 1);
+    if (!p)
+        cddp_error_set(err, CDDP_ENOMEM, "%s: cannot allocate %zu MiB", dev->name, bytes >> 20);
+    return p;
+}
+
+static void cpu_free(cddp_device *dev, void *p) {
+    (void)dev;
+    cddp_aligned_free(p);
+}
+
+static int cpu_copy(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
+                    cddp_error *err) {
+    (void)dev, (void)queue, (void)err;
+    memmove(dst, src, n);
+    return CDDP_OK;
+}
+
+static int cpu_memset(cddp_device *dev, void *queue, void *dst, int byte, size_t n,
+                      cddp_error *err) {
+    (void)dev, (void)queue, (void)err;
+    memset(dst, byte, n);
+    return CDDP_OK;
+}
+
+static int cpu_synchronize(cddp_device *dev, void *queue, cddp_error *err) {
+    (void)dev, (void)queue, (void)err;
+    return CDDP_OK;
+}
+
+static const cddp__device_ops ops = {
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .copy = cpu_copy,
+    .memset = cpu_memset,
+    .synchronize = cpu_synchronize,
+};
+
+int cddp__cpu_blocked_size(void) {
+    return cddp__dnnl_block();
+}
+
+static const cddp__kernels kernels = {
+#define CDDP__CPU_SLOT(name) .name = cddp__cpu_##name,
+    CDDP_KERNEL_LIST(CDDP__CPU_SLOT)
+#undef CDDP__CPU_SLOT
+        .blocked_size = cddp__cpu_blocked_size,
+    .conv_pool_fuses = cddp__cpu_conv_pool_fuses,
+};
+
+static cddp_device cpu = {
+    .name = "cpu",
+    .kind = CDDP_DEVICE_CPU,
+    .index = 0,
+    .host_access = true,
+    .in_order = true,
+    .ops = &ops,
+    .k = &kernels,
+};
+
+static int cpu_count(cddp_error *err) {
+    (void)err;
+    return 1;
+}
+
+static pthread_once_t described = PTHREAD_ONCE_INIT;
+
+static void describe(void) {
+    snprintf(cpu.describe, sizeof cpu.describe,
+             "cpu: this process's memory, %d cores (oneDNN, OpenBLAS)", cddp_num_cores());
+}
+
+static cddp_device *cpu_open(int index, cddp_error *err) {
+    (void)err;
+    if (index != 0) return NULL;
+    pthread_once(&described, describe);
+    return &cpu;
+}
+
+const cddp__device_kind_ops cddp__cpu_kind = {"cpu", CDDP_DEVICE_CPU, cpu_count, cpu_open};

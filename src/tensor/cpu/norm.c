@@ -1,0 +1,165 @@
+/* norm.c: the CPU's batch normalisation kernels, forward and backward, on row-major tensors and
+ * on channel-blocked ones, fused with a ReLU and a residual sum where asked.
+ *
+ * Both layouts are walked as blocks: image n's group g of B channels is a block of P = H W
+ * positions, B values side by side at each (row-major: B = 1, a group is a channel and a block
+ * its plane). A group's blocks over the batch are summed, normalised and differentiated together,
+ * while they are in cache: a row-major channel's planes, or a blocked group's B channels at once.
+ * Each block's sums are taken in float lanes and added across blocks in double. With relu, each
+ * block is rectified right after it is normalised (a residual's block added first), and in the
+ * backward the output's gradient is masked a block at a time into a block of scratch that the
+ * loops read as their gradient; the residual receives that masked block in the first pass. */
+#include "tensor/cpu/cpu.h"
+
+#include <math.h>
+#include <string.h>
+
+/* The blocks: N images of G groups of B channels, P positions each. */
+typedef struct blocks {
+    int64_t N, C, P, B, G;
+} blocks;
+
+/* The offset of block (n, g). */
+static int64_t at(const blocks *v, int64_t n, int64_t g) {
+    return (n * v->G + g) * v->B * v->P;
+}
+
+/* A block's loops (cddp__lanes_*, with a plane's own loops when B is 1); per-channel values are
+ * the group's B. */
+static void block_sum(const blocks *v, const float *x, double *out) {
+    if (v->B == 1)
+        *out += cddp__sum(x, v->P);
+    else
+        cddp__lanes_sum(x, v->P, v->B, out);
+}
+
+static void block_sq_dev(const blocks *v, const float *x, const float *m, double *out) {
+    if (v->B == 1)
+        *out += cddp__sq_dev(x, *m, v->P);
+    else
+        cddp__lanes_sq_dev(x, m, v->P, v->B, out);
+}
+
+static void block_dot_dev(const blocks *v, const float *d, const float *x, const float *m,
+                          double *out) {
+    if (v->B == 1)
+        *out += cddp__dot_dev(d, x, *m, v->P);
+    else
+        cddp__lanes_dot_dev(d, x, m, v->P, v->B, out);
+}
+
+static void block_normalize(const blocks *v, const float *x, const float *m, const float *s,
+                            const float *b, float *y) {
+    if (v->B == 1)
+        cddp__normalize(x, *m, *s, *b, y, v->P);
+    else
+        cddp__lanes_normalize(x, m, s, b, y, v->P, v->B);
+}
+
+static void block_norm_grad(const blocks *v, float *dx, const float *d, const float *x,
+                            const float *k, const float *a, const float *m, const float *b,
+                            bool assign) {
+    if (v->B == 1)
+        cddp__norm_grad_into(dx, d, x, *k, *a, *m, *b, v->P, assign);
+    else
+        cddp__lanes_norm_grad_into(dx, d, x, k, a, m, b, v->P, v->B, assign);
+}
+
+/* The gradient a block's batch normalisation receives: d, or (relu) d where the block's output y
+ * is positive, 0 elsewhere, written into scratch. */
+static const float *block_grad(const blocks *v, const float *d, const float *y, bool relu,
+                               float *scratch) {
+    if (!relu) return d;
+    cddp__relu_grad(y, d, scratch, v->B * v->P, true);
+    return scratch;
+}
+
+void cddp__cpu_batch_norm(cddp__kq *q, const cddp__k_batch_norm *a) {
+    blocks v = {.N = a->N, .C = a->C, .P = a->P, .B = a->B, .G = a->C / a->B};
+    int64_t C = v.C, M = v.N * v.P;
+    float *sb = cddp__kq_scratch(q, 2 * (size_t)C * sizeof(float)); /* scale, shift */
+    double *acc = cddp__kq_scratch(q, 2 * (size_t)C * sizeof(double));
+    if (!sb || !acc) return;
+    const float *xd = a->x, *r = a->r, *w = a->w, *b = a->b;
+    float *y = a->y, *mean = a->stats, *inv = a->stats + C, *scale = sb, *shift = sb + C;
+    float *rmean = a->rmean, *rvar = a->rvar, momentum = a->momentum;
+    for (int64_t g = 0; g < v.G; g++) {
+        int64_t c0 = g * v.B;
+        double *s = acc + c0, *ss = acc + C + c0;
+        for (int64_t k = 0; k < v.B; k++) s[k] = ss[k] = 0.0;
+        if (a->training) {
+            for (int64_t n = 0; n < v.N; n++) block_sum(&v, xd + at(&v, n, g), s);
+            for (int64_t k = 0; k < v.B; k++) mean[c0 + k] = (float)(s[k] / (double)M);
+            for (int64_t n = 0; n < v.N; n++) block_sq_dev(&v, xd + at(&v, n, g), mean + c0, ss);
+        }
+        for (int64_t c = c0; c < c0 + v.B; c++) {
+            double var;
+            if (a->training) {
+                var = ss[c - c0] / (double)M;
+                if (rmean)
+                    rmean[c] = (1.0f - momentum) * rmean[c] +
+                               momentum * (float)(s[c - c0] / (double)M);
+                if (rvar)
+                    rvar[c] = (1.0f - momentum) * rvar[c] +
+                              momentum * (float)(ss[c - c0] / (double)(M - 1));
+            } else {
+                mean[c] = rmean[c];
+                var = rvar[c];
+            }
+            inv[c] = (float)(1.0 / sqrt(var + (double)a->eps));
+            scale[c] = inv[c] * (w ? w[c] : 1.0f);
+            shift[c] = b ? b[c] : 0.0f;
+        }
+        for (int64_t n = 0; n < v.N; n++) {
+            float *yb = y + at(&v, n, g);
+            block_normalize(&v, xd + at(&v, n, g), mean + c0, scale + c0, shift + c0, yb);
+            if (r) cddp__add_into(yb, r + at(&v, n, g), v.B * v.P);
+            if (a->relu) cddp__relu(yb, yb, v.B * v.P);
+        }
+    }
+}
+
+/* With xh = (x - mean) inv and y = g xh + b, per channel over its M values:
+ * db = sum dy, dg = sum dy xh; in training (mean and inv depend on x)
+ * dx = g inv (dy - sum(dy) / M - xh sum(dy xh) / M), in evaluation dx = g inv dy. */
+void cddp__cpu_batch_norm_grad(cddp__kq *q, const cddp__k_batch_norm_grad *a) {
+    blocks v = {.N = a->N, .C = a->C, .P = a->P, .B = a->B, .G = a->C / a->B};
+    int64_t C = v.C, M = v.N * v.P;
+    bool relu = a->relu, training = a->training;
+    double *acc = cddp__kq_scratch(q, 2 * (size_t)C * sizeof(double));
+    float *coef = cddp__kq_scratch(q, 3 * (size_t)C * sizeof(float)); /* dx's k, a and b */
+    float *scratch = relu ? cddp__kq_scratch(q, (size_t)(v.B * v.P) * sizeof(float)) : NULL;
+    if (!acc || !coef || (relu && !scratch)) return;
+    const float *xd = a->x, *dy = a->dy, *y = a->y, *mean = a->stats, *inv = a->stats + C;
+    float *dx = a->dx, *dr = a->dr, *gg = a->dw, *gb = a->db;
+    float *ck = coef, *ca = coef + C, *cb = coef + 2 * C;
+    for (int64_t grp = 0; grp < v.G; grp++) {
+        int64_t c0 = grp * v.B;
+        double *sdy = acc + c0, *sdyxh = acc + C + c0;
+        for (int64_t k = 0; k < v.B; k++) sdy[k] = sdyxh[k] = 0.0;
+        for (int64_t s = 0; s < v.N; s++) {
+            const float *d = block_grad(&v, dy + at(&v, s, grp), y + at(&v, s, grp), relu, scratch);
+            if (dr && a->rassign)
+                memcpy(dr + at(&v, s, grp), d, (size_t)(v.B * v.P) * sizeof(float));
+            else if (dr)
+                cddp__add_into(dr + at(&v, s, grp), d, v.B * v.P);
+            block_sum(&v, d, sdy);
+            block_dot_dev(&v, d, xd + at(&v, s, grp), mean + c0, sdyxh);
+        }
+        for (int64_t c = c0; c < c0 + v.B; c++) {
+            double sx = sdyxh[c - c0] * inv[c];
+            if (gb) gb[c] += (float)sdy[c - c0];
+            if (gg) gg[c] += (float)sx;
+            float mdyxh = training ? (float)(sx / (double)M) : 0.0f;
+            ck[c] = (a->w ? a->w[c] : 1.0f) * inv[c];
+            ca[c] = training ? (float)(sdy[c - c0] / (double)M) : 0.0f;
+            cb[c] = inv[c] * mdyxh;
+        }
+        if (!dx) continue;
+        for (int64_t s = 0; s < v.N; s++) {
+            const float *d = block_grad(&v, dy + at(&v, s, grp), y + at(&v, s, grp), relu, scratch);
+            block_norm_grad(&v, dx + at(&v, s, grp), d, xd + at(&v, s, grp), ck + c0, ca + c0,
+                            mean + c0, cb + c0, a->assign);
+        }
+    }
+}

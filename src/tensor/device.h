@@ -1,0 +1,88 @@
+/* tensor/device.h: the compute seam: what a device is to the rest of the tensor module.
+ *
+ * A device is a few tables (ggml's backends, NCCL's transports): memory and copies, queues with
+ * events (cddp__device_ops), and the kernels (cddp__kernels, tensor/kernels.h), plus one entry in
+ * the list of device kinds (devices.c). Nothing above asks which device it runs on: an op calls
+ * its kernel through the table of its tensors' device, a context allocates from that device's
+ * arena, and copies go through the ops.
+ *
+ * Queues. Work on a device runs in the order it was queued on one of its queues (a CUDA stream; the
+ * CPU's is the calling thread, where everything has run by the time a call returns). NULL names
+ * the device's default queue, the one contexts use. Events order queues between them and the
+ * host.
+ *
+ *   cpu/   the CPU (oneDNN, OpenBLAS, cddp's vector loops): every other device is tested against
+ *          its kernels
+ */
+#ifndef CDDP_TENSOR_DEVICE_H
+#define CDDP_TENSOR_DEVICE_H
+
+#include "cddp/device.h"
+#include "tensor/kernels.h"
+
+/* What a kernel runs with: its device and queue, and where its scratch memory and its failures
+ * go (the calling context's arena and error latch; see kernels.h). */
+struct cddp__kq {
+    cddp_device *dev;
+    void *queue; /* the device's queue (NULL: its default) */
+    /* scratch: device memory valid until the caller's context resets, NULL when there is none
+     * (the failure already reported); fail: records a kernel's failure (the first one counts) */
+    void *(*scratch)(cddp__kq *q, size_t bytes);
+    void (*fail)(cddp__kq *q, int code, const char *msg);
+    void *user;
+};
+
+/* Scratch for a kernel: NULL when there is none (the failure reported through q). */
+void *cddp__kq_scratch(cddp__kq *q, size_t bytes);
+/* Reports a kernel's failure through q, printf-style. */
+void cddp__kq_fail(cddp__kq *q, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Calls kernel `name` of q's device with the designated arguments. */
+#define CDDP__K(q, name, ...) ((q)->dev->k->name((q), &(const cddp__k_##name){__VA_ARGS__}))
+
+/* Memory, copies, queues and events. Every call that can fail returns a status and fills err. */
+typedef struct cddp__device_ops {
+    void *(*alloc)(cddp_device *dev, size_t bytes, cddp_error *err); /* 64-byte aligned */
+    void (*free)(cddp_device *dev, void *p);
+    /* host -> device: returns once src may be reused; device -> host: once dst holds the data
+     * (the queue's earlier work done); within the device, and memset: ordered, not waited */
+    int (*upload)(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
+                  cddp_error *err);
+    int (*download)(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
+                    cddp_error *err);
+    int (*copy)(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
+                cddp_error *err);
+    int (*memset)(cddp_device *dev, void *queue, void *dst, int byte, size_t n, cddp_error *err);
+    /* the host waits for everything queued on queue */
+    int (*synchronize)(cddp_device *dev, void *queue, cddp_error *err);
+} cddp__device_ops;
+
+struct cddp_device {
+    char name[32];
+    cddp_device_kind kind;
+    int index;
+    bool host_access; /* the host reads and writes its memory directly (the CPU) */
+    bool in_order;    /* a kernel has run when its call returns (the CPU) */
+    const cddp__device_ops *ops;
+    const cddp__kernels *k;
+    char describe[160];
+    void *impl;
+};
+
+/* One kind of device: "cpu", "emu", "cuda". count: how many this process can use, or a negative
+ * status with err saying why none can be used; open: device `index` (made on first use, kept for
+ * the process's life). */
+typedef struct cddp__device_kind_ops {
+    const char *name;
+    cddp_device_kind kind;
+    int (*count)(cddp_error *err);
+    cddp_device *(*open)(int index, cddp_error *err);
+} cddp__device_kind_ops;
+
+extern const cddp__device_kind_ops cddp__cpu_kind;
+
+/* The device's default queue for kernels run outside a context (no scratch; failures logged). */
+cddp__kq cddp__device_kq(cddp_device *dev);
+
+#endif

@@ -1,0 +1,268 @@
+/* tensor/kernels.h: every kernel a device runs, once: its arguments and the table that holds a
+ * device's implementation of each.
+ *
+ * A kernel is the part of an op that touches tensor data: an op (src/tensor/ops/) checks shapes,
+ * allocates its output and records its node, then calls its device's kernel through the table,
+ * `CDDP__K(q, relu, .x = ..., .y = ..., .n = ...)`, never asking which device that is. Each
+ * kernel's arguments are listed once, as F(type, name) entries of a CDDP__KA_<name> list; the
+ * list makes the argument struct (cddp__k_<name>) and lets a device that runs kernels later, on
+ * its own queue (the emulated device), copy a call and find the device pointers in it. Pointers
+ * in a kernel's arguments are device memory of the kernel's device, or NULL where an argument
+ * says it may be; nothing else a kernel reads may hold a device pointer it did not make itself.
+ *
+ * Kernels return nothing: they run in queue order on their device, maybe after the call returned.
+ * A kernel that finds bad data (a label out of range) reports it through its queue
+ * (cddp__kq_fail), and the op's context latches the first such error. Scratch memory a kernel
+ * needs beyond its arguments comes from cddp__kq_scratch: the step arena of the context that
+ * called it, valid until that context resets.
+ *
+ * Unless a kernel says otherwise, `assign` means the kernel stores into its output gradient (a
+ * fresh buffer), and without it adds (a gradient that has other contributions).
+ *
+ * Adding a kernel: its CDDP__KA_ list and one K() line below, then its implementation on every
+ * device (src/tensor/cpu/ first: the others are tested against it).
+ */
+#ifndef CDDP_TENSOR_KERNELS_H
+#define CDDP_TENSOR_KERNELS_H
+
+#include "cddp/tensor.h"
+
+/* ---- shared argument types ----------------------------------------------------------------- */
+
+/* Broadcast iteration (elementwise ops): the shapes right-aligned into 4-D; strides 0 along
+ * stretched dimensions. */
+typedef struct cddp__bcast {
+    int64_t shape[4];
+    int64_t sa[4], sb[4];
+    bool same; /* a, b and out have one shape: index i everywhere */
+} cddp__bcast;
+
+/* A 2-D convolution's shape: x (N,C,H,W) in x_block's layout, w (O,C/groups,KH,KW), the output
+ * (N,O,OH,OW) in out_block's (0: row-major; else channel-blocked, tensor.h's "Layouts"). */
+typedef struct cddp__conv_geom {
+    int64_t N, C, H, W, O, KH, KW, OH, OW;
+    int stride, pad, groups;
+    int x_block, out_block;
+    bool bias;  /* b given */
+    bool train; /* the forward is for training: keep what the backward needs */
+} cddp__conv_geom;
+
+/* The arithmetic of the binary and unary elementwise kernels. */
+typedef enum cddp__binop { CDDP__ADD, CDDP__SUB, CDDP__MUL, CDDP__DIV } cddp__binop;
+typedef enum cddp__unop { CDDP__RELU, CDDP__GELU, CDDP__TANH, CDDP__SIGMOID } cddp__unop;
+
+/* Element i of an int32 or int64 tensor's data (labels, token ids) as int64. */
+static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t i) {
+    return dtype == CDDP_I64 ? ((const int64_t *)ids)[i] : ((const int32_t *)ids)[i];
+}
+
+/* ---- the arguments of each kernel ---------------------------------------------------------- */
+
+/* n elements of `size` bytes (1, 2, 4 or 8) set to the low bytes of `bits` */
+#define CDDP__KA_fill(F) F(void *, dst) F(int64_t, n) F(int, size) F(uint64_t, bits)
+/* dst = src (assign) or dst += src, n floats */
+#define CDDP__KA_accumulate(F) F(float *, dst) F(const float *, src) F(int64_t, n) F(bool, assign)
+/* for each row i < rows: dst[i dst_stride ..][:cols] += src[i src_stride ..][:cols] (a stride
+ * of 0 repeats one row: a bias added to every row, a bias's gradient summed over them) */
+#define CDDP__KA_add_rows(F)                                                                       \
+    F(float *, dst) F(const float *, src) F(int64_t, rows) F(int64_t, cols)                        \
+    F(int64_t, dst_stride) F(int64_t, src_stride)
+/* y = s x (add: y += s x); y may be x */
+#define CDDP__KA_scale(F) F(float *, y) F(const float *, x) F(float, s) F(int64_t, n) F(bool, add)
+/* y = a b elementwise (add: y += a b) */
+#define CDDP__KA_mul(F)                                                                            \
+    F(float *, y) F(const float *, a) F(const float *, b) F(int64_t, n) F(bool, add)
+
+/* Row-major C = alpha op(A) op(B) + beta C; A stored (M,K) or, ta, (K,M); B (K,N) or, tb,
+ * (N,K); leading dimensions those of the stored matrices. */
+#define CDDP__KA_gemm(F)                                                                           \
+    F(bool, ta) F(bool, tb) F(int64_t, M) F(int64_t, N) F(int64_t, K) F(float, alpha)              \
+    F(const float *, A) F(int64_t, lda) F(const float *, B) F(int64_t, ldb) F(float, beta)         \
+    F(float *, C) F(int64_t, ldc)
+
+/* z = a op b over the broadcast bc, n outputs */
+#define CDDP__KA_binary(F)                                                                         \
+    F(cddp__binop, op) F(cddp__bcast, bc) F(const float *, a) F(const float *, b) F(float *, z) F(int64_t, n)
+/* da += d(a op b)/da dz and db likewise (either may be NULL) */
+#define CDDP__KA_binary_grad(F)                                                                    \
+    F(cddp__binop, op) F(cddp__bcast, bc) F(const float *, dz) F(const float *, a) F(const float *, b)     \
+    F(float *, da) F(float *, db)
+/* y = f(x) (GELU: the erf form) */
+#define CDDP__KA_unary(F) F(cddp__unop, op) F(const float *, x) F(float *, y) F(int64_t, n)
+/* dx (+)= f'(x) dy, from x or the output y */
+#define CDDP__KA_unary_grad(F)                                                                     \
+    F(cddp__unop, op) F(const float *, x) F(const float *, y) F(const float *, dy) F(float *, dx)         \
+    F(int64_t, n) F(bool, assign)
+/* softmax (or log_softmax) of each row of C */
+#define CDDP__KA_softmax(F)                                                                        \
+    F(const float *, x) F(float *, y) F(int64_t, rows) F(int64_t, C) F(bool, log)
+/* dx += the softmax's (log_softmax's) input gradient, from its output y */
+#define CDDP__KA_softmax_grad(F)                                                                   \
+    F(const float *, y) F(const float *, dy) F(float *, dx) F(int64_t, rows) F(int64_t, C)         \
+    F(bool, log)
+
+/* Fails the queue (CDDP_ERANGE) at the first of the n ids (int32 or int64) outside [0, limit),
+ * with fmt's message: fmt takes the id, its position, limit and limit - 1 (four long longs). */
+#define CDDP__KA_check_ids(F)                                                                      \
+    F(const void *, ids) F(cddp_dtype, dtype) F(int64_t, n) F(int64_t, limit) F(const char *, fmt)
+/* logp = log_softmax(logits) (N,C); loss[0] = -sum_i logp[i, label_i] (/ N when mean) */
+#define CDDP__KA_cross_entropy(F)                                                                  \
+    F(const float *, logits) F(const void *, labels) F(cddp_dtype, dtype) F(float *, logp)         \
+    F(float *, loss) F(int64_t, N) F(int64_t, C) F(bool, mean)
+/* dlogits (+)= (exp(logp) - onehot) dy[0] (/ N) */
+#define CDDP__KA_cross_entropy_grad(F)                                                             \
+    F(const float *, logp) F(const void *, labels) F(cddp_dtype, dtype) F(const float *, dy)       \
+    F(float *, dx) F(int64_t, N) F(int64_t, C) F(bool, mean) F(bool, assign)
+/* loss[0] = sum (p - t)^2 (/ n) */
+#define CDDP__KA_mse(F)                                                                            \
+    F(const float *, p) F(const float *, t) F(float *, loss) F(int64_t, n) F(bool, mean)
+/* dp += 2 (p - t) dy[0] (/ n), dt -= the same (either may be NULL) */
+#define CDDP__KA_mse_grad(F)                                                                       \
+    F(const float *, p) F(const float *, t) F(const float *, dy) F(float *, dp) F(float *, dt)     \
+    F(int64_t, n) F(bool, mean)
+/* out[0] = sum x (/ n when mean), summed in double */
+#define CDDP__KA_sum(F) F(const float *, x) F(float *, out) F(int64_t, n) F(bool, mean)
+/* dx += dy[0] (/ n) */
+#define CDDP__KA_sum_grad(F) F(const float *, dy) F(float *, dx) F(int64_t, n) F(bool, mean)
+/* out[r] = the index of row r's first maximum; or, with labels, count[0] = how many rows' argmax
+ * is their label */
+#define CDDP__KA_argmax(F)                                                                         \
+    F(const float *, x) F(int64_t *, out) F(const void *, labels) F(cddp_dtype, dtype)             \
+    F(int64_t *, count) F(int64_t, rows) F(int64_t, C)
+
+/* (N,C,H,W) between row-major and blocked by B (into: into the blocked layout); dst += with add */
+#define CDDP__KA_reorder(F)                                                                        \
+    F(const float *, src) F(float *, dst) F(int64_t, N) F(int64_t, C) F(int64_t, P) F(int64_t, B)  \
+    F(bool, into) F(bool, add)
+
+/* out[i] = table[ids[i]] (rows of C) */
+#define CDDP__KA_embedding(F)                                                                      \
+    F(const float *, table) F(const void *, ids) F(cddp_dtype, dtype) F(float *, out)              \
+    F(int64_t, n) F(int64_t, C)
+/* dtable[ids[i]] += dy[i], positions in order */
+#define CDDP__KA_embedding_grad(F)                                                                 \
+    F(float *, dtable) F(const void *, ids) F(cddp_dtype, dtype) F(const float *, dy)              \
+    F(int64_t, n) F(int64_t, C)
+/* LayerNorm over rows of C (w, b NULL: ones, zeros), each row's mean and 1/std kept */
+#define CDDP__KA_layer_norm(F)                                                                     \
+    F(const float *, x) F(const float *, w) F(const float *, b) F(float *, y) F(float *, mean)     \
+    F(float *, rstd) F(int64_t, rows) F(int64_t, C) F(float, eps)
+/* its gradients: dx (stored when assign), dw and db added (each may be NULL; w NULL: ones) */
+#define CDDP__KA_layer_norm_grad(F)                                                                \
+    F(const float *, x) F(const float *, w) F(const float *, dy) F(const float *, mean)            \
+    F(const float *, rstd) F(float *, dx) F(bool, assign) F(float *, dw) F(float *, db)            \
+    F(int64_t, rows) F(int64_t, C)
+/* y = GELU(x), tanh approximation, tanh's values kept in t */
+#define CDDP__KA_gelu_tanh(F) F(const float *, x) F(float *, y) F(float *, t) F(int64_t, n)
+#define CDDP__KA_gelu_tanh_grad(F)                                                                 \
+    F(const float *, x) F(const float *, t) F(const float *, dy) F(float *, dx) F(int64_t, n)      \
+    F(bool, assign)
+/* causal self-attention of qkv (B,T,3C) in NH heads into out (B,T,C), the weights into p
+ * (B,NH,T,T) */
+#define CDDP__KA_attention(F)                                                                      \
+    F(const float *, qkv) F(float *, out) F(float *, p) F(int64_t, B) F(int64_t, T) F(int64_t, C)  \
+    F(int64_t, NH)
+/* dqkv from dout (every element written: stored when assign, else added) */
+#define CDDP__KA_attention_grad(F)                                                                 \
+    F(const float *, qkv) F(const float *, p) F(const float *, dout) F(float *, dqkv)              \
+    F(int64_t, B) F(int64_t, T) F(int64_t, C) F(int64_t, NH) F(bool, assign)
+
+/* Batch normalisation (norm.c's blocks: N images of C channels in groups of B, P positions each),
+ * relu(bn(x) + r) with relu and r (r may be NULL); stats: mean and 1/std (2 C). In training the
+ * batch's statistics, and rmean/rvar (either may be NULL) move by momentum; else rmean/rvar's. */
+#define CDDP__KA_batch_norm(F)                                                                     \
+    F(const float *, x) F(const float *, r) F(const float *, w) F(const float *, b)                \
+    F(float *, rmean) F(float *, rvar) F(float *, y) F(float *, stats) F(int64_t, N) F(int64_t, C) \
+    F(int64_t, P) F(int64_t, B) F(bool, training) F(bool, relu) F(float, momentum) F(float, eps)
+/* its gradients: dx (stored when assign), dr (the residual's, stored when rassign), dw and db
+ * added; each may be NULL. dy is the output's gradient, y the output (for relu). */
+#define CDDP__KA_batch_norm_grad(F)                                                                \
+    F(const float *, x) F(const float *, y) F(const float *, dy) F(const float *, w)               \
+    F(const float *, stats) F(float *, dx) F(bool, assign) F(float *, dr) F(bool, rassign)         \
+    F(float *, dw) F(float *, db) F(int64_t, N) F(int64_t, C) F(int64_t, P) F(int64_t, B)          \
+    F(bool, training) F(bool, relu)
+
+/* Max pooling of planes (H,W) into (OH,OW) (relu: of max(x, 0)); arg (may be NULL): each
+ * maximum's index in its plane. */
+#define CDDP__KA_max_pool(F)                                                                       \
+    F(const float *, x) F(float *, y) F(int32_t *, arg) F(int64_t, planes) F(int64_t, H)           \
+    F(int64_t, W) F(int64_t, OH) F(int64_t, OW) F(int, kernel) F(int, stride) F(int, padding)      \
+    F(bool, relu)
+/* dx gets each window's gradient at its maximum (with y, a ReLU's pooling: where y > 0) */
+#define CDDP__KA_max_pool_grad(F)                                                                  \
+    F(const int32_t *, arg) F(const float *, dy) F(const float *, y) F(float *, dx)                \
+    F(int64_t, planes) F(int64_t, H) F(int64_t, W) F(int64_t, OH) F(int64_t, OW) F(int, kernel)   \
+    F(int, stride) F(int, padding) F(bool, assign)
+/* Average pooling (padding counts as zeros); its gradient (added) */
+#define CDDP__KA_avg_pool(F)                                                                       \
+    F(const float *, x) F(float *, y) F(int64_t, planes) F(int64_t, H) F(int64_t, W)               \
+    F(int64_t, OH) F(int64_t, OW) F(int, kernel) F(int, stride) F(int, padding)
+#define CDDP__KA_avg_pool_grad(F)                                                                  \
+    F(const float *, dy) F(float *, dx) F(int64_t, planes) F(int64_t, H) F(int64_t, W)             \
+    F(int64_t, OH) F(int64_t, OW) F(int, kernel) F(int, stride) F(int, padding)
+/* Adaptive average pooling of x (N,C,H,W) in x_block's layout into y (N,C,OH,OW) row-major; its
+ * gradient added into dx (x's layout) */
+#define CDDP__KA_adaptive_pool(F)                                                                  \
+    F(const float *, x) F(float *, y) F(int64_t, N) F(int64_t, C) F(int64_t, H) F(int64_t, W)      \
+    F(int64_t, OH) F(int64_t, OW) F(int, x_block)
+#define CDDP__KA_adaptive_pool_grad(F)                                                             \
+    F(const float *, dy) F(float *, dx) F(int64_t, N) F(int64_t, C) F(int64_t, H) F(int64_t, W)    \
+    F(int64_t, OH) F(int64_t, OW) F(int, x_block)
+
+/* Convolution (g): y = x * w + b (b may be NULL). *state (state NULL: nothing kept; else a slot
+ * of device memory) receives what the backward needs, kept in the step arena. */
+#define CDDP__KA_conv2d(F)                                                                         \
+    F(const float *, x) F(const float *, w) F(const float *, b) F(float *, y) F(cddp__conv_geom, g) \
+    F(void **, state)
+/* Its gradients from dy (g's output layout): each of dx, dw, db may be NULL, else stored (its
+ * *_assign) or added; state: the forward's slot. */
+#define CDDP__KA_conv2d_grad(F)                                                                    \
+    F(const float *, x) F(const float *, w) F(const float *, dy) F(float *, dx)                    \
+    F(bool, dx_assign) F(float *, dw) F(bool, dw_assign) F(float *, db) F(bool, db_assign)         \
+    F(cddp__conv_geom, g) F(void **, state)
+/* relu and 2x2 max pooling (stride 2) of the convolution, into y (N,O,OH/2,OW/2) row-major: only
+ * where the device says it fuses (conv_pool_fuses) */
+#define CDDP__KA_conv2d_relu_pool(F)                                                               \
+    F(const float *, x) F(const float *, w) F(const float *, b) F(float *, y) F(cddp__conv_geom, g) \
+    F(void **, state)
+/* its gradients from dy (the pooled output's), as conv2d_grad */
+#define CDDP__KA_conv2d_relu_pool_grad(F)                                                          \
+    F(const float *, x) F(const float *, w) F(const float *, dy) F(float *, dx)                    \
+    F(bool, dx_assign) F(float *, dw) F(bool, dw_assign) F(float *, db) F(bool, db_assign)         \
+    F(cddp__conv_geom, g) F(void **, state)
+
+/* ---- the table ----------------------------------------------------------------------------- */
+
+/* K(name): every kernel, in the order above. */
+#define CDDP_KERNEL_LIST(K)                                                                        \
+    K(fill) K(accumulate) K(add_rows) K(scale) K(mul) K(gemm) K(binary) K(binary_grad) K(unary)    \
+    K(unary_grad) K(softmax) K(softmax_grad) K(check_ids) K(cross_entropy)                         \
+    K(cross_entropy_grad) K(mse) K(mse_grad) K(sum) K(sum_grad) K(argmax) K(reorder)               \
+    K(embedding) K(embedding_grad) K(layer_norm) K(layer_norm_grad) K(gelu_tanh)                   \
+    K(gelu_tanh_grad) K(attention) K(attention_grad) K(batch_norm) K(batch_norm_grad)              \
+    K(max_pool) K(max_pool_grad) K(avg_pool) K(avg_pool_grad) K(adaptive_pool)                     \
+    K(adaptive_pool_grad) K(conv2d) K(conv2d_grad) K(conv2d_relu_pool) K(conv2d_relu_pool_grad)
+
+#define CDDP__KFIELD(type, name) type name;
+#define CDDP__KSTRUCT(name)                                                                        \
+    typedef struct cddp__k_##name {                                                                \
+        CDDP__KA_##name(CDDP__KFIELD)                                                              \
+    } cddp__k_##name;
+CDDP_KERNEL_LIST(CDDP__KSTRUCT)
+#undef CDDP__KSTRUCT
+
+typedef struct cddp__kq cddp__kq;
+
+typedef struct cddp__kernels {
+#define CDDP__KSLOT(name) void (*name)(cddp__kq *q, const cddp__k_##name *a);
+    CDDP_KERNEL_LIST(CDDP__KSLOT)
+#undef CDDP__KSLOT
+    /* Questions an op asks before it calls (answered at once, on the host, from shapes alone). */
+    /* The channel block of the layout the device's convolutions prefer (tensor.h's "Layouts"), or
+     * 0 for none. */
+    int (*blocked_size)(void);
+    /* Whether conv2d_relu_pool runs g fused (else the op runs the convolution and the pooling). */
+    bool (*conv_pool_fuses)(const cddp__conv_geom *g);
+} cddp__kernels;
+
+#endif
