@@ -12,6 +12,9 @@
  * add, adaptive_avg_pool2d; tensor.h's "Layouts") run on them: their inputs are given whole
  * blocks of channels and reordered by cddp_to_blocked, their output back by cddp_to_nchw, so the
  * check covers the blocked forward, the blocked backward and both reorders' backward.
+ *
+ * The cases run on the test device (helpers.h): their inputs are copied there from the host for
+ * every evaluation, and the outputs and gradients copied back.
  */
 #include "helpers.h"
 
@@ -397,7 +400,7 @@ static cddp_tensor *forward_op(gc_case *c, cddp_tensor **in) {
     case OP_LOG_SOFTMAX:
         return cddp_log_softmax(ctx, in[0]);
     case OP_CROSS_ENTROPY: {
-        cddp_tensor *y = cddp_wrap(ctx, CDDP_I64, 1, c->shape[0], c->labels);
+        cddp_tensor *y = cddp_from_data(ctx, CDDP_I64, 1, c->shape[0], c->labels);
         return cddp_cross_entropy(ctx, in[0], y, c->red);
     }
     case OP_MSE:
@@ -430,14 +433,14 @@ static cddp_tensor *forward_op(gc_case *c, cddp_tensor **in) {
     case OP_BATCH_NORM: {
         cddp_tensor *rm = NULL, *rv = NULL;
         if (!c->ta) {
-            rm = cddp_wrap(ctx, CDDP_F32, 1, &c->shape[0][1], c->running[0]);
-            rv = cddp_wrap(ctx, CDDP_F32, 1, &c->shape[0][1], c->running[1]);
+            rm = cddp_from_data(ctx, CDDP_F32, 1, &c->shape[0][1], c->running[0]);
+            rv = cddp_from_data(ctx, CDDP_F32, 1, &c->shape[0][1], c->running[1]);
         }
         return cddp_batch_norm(ctx, in[0], in[1], in[2], rm, rv, c->ta, 0.1f, 1e-5f);
     }
     case OP_EMBEDDING: {
         cddp_tensor *ids =
-            cddp_wrap(ctx, CDDP_I64, CDDP_SHAPE(c->stride, c->kernel), (void *)c->labels);
+            cddp_from_data(ctx, CDDP_I64, CDDP_SHAPE(c->stride, c->kernel), (void *)c->labels);
         return cddp_embedding(ctx, ids, in[0]);
     }
     case OP_LAYER_NORM:
@@ -469,23 +472,25 @@ static cddp_tensor *forward(gc_case *c, cddp_tensor **in) {
  * copies each input's gradient into grads[i]. */
 static double evaluate(gc_case *c, const float *R, float **grads) {
     cddp_ctx_reset(ctx);
+    host_release();
     cddp_tensor *in[MAX_IN];
     for (int i = 0; i < c->nin; i++) {
-        in[i] = cddp_wrap(ctx, CDDP_F32, c->ndim[i], c->shape[i], c->data[i]);
+        in[i] = cddp_from_data(ctx, CDDP_F32, c->ndim[i], c->shape[i], c->data[i]);
         if (grads) cddp_requires_grad(ctx, in[i]);
     }
     cddp_tensor *out = forward(c, in);
     assert_non_null(out);
     double L = 0.0;
-    for (int64_t k = 0; k < out->numel; k++) L += (double)cddp_f32(out)[k] * R[k];
+    const float *oh = HOST(out);
+    for (int64_t k = 0; k < out->numel; k++) L += (double)oh[k] * R[k];
     if (grads) {
-        cddp_tensor *r = cddp_wrap(ctx, CDDP_F32, out->ndim, out->shape, (void *)R);
+        cddp_tensor *r = cddp_from_data(ctx, CDDP_F32, out->ndim, out->shape, (void *)R);
         cddp_tensor *loss = cddp_sum(ctx, cddp_mul(ctx, out, r));
         assert_int_equal(cddp_backward(ctx, loss), CDDP_OK);
         for (int i = 0; i < c->nin; i++) {
             int64_t n = numel(c, i);
             if (in[i]->grad)
-                memcpy(grads[i], in[i]->grad, sizeof(float) * (size_t)n);
+                memcpy(grads[i], HOST_GRAD(in[i]), sizeof(float) * (size_t)n);
             else
                 memset(grads[i], 0, sizeof(float) * (size_t)n);
         }
@@ -502,7 +507,7 @@ static void check_op(int op) {
         cddp_ctx_reset(ctx);
         cddp_tensor *probe_in[MAX_IN];
         for (int i = 0; i < c.nin; i++)
-            probe_in[i] = cddp_wrap(ctx, CDDP_F32, c.ndim[i], c.shape[i], c.data[i]);
+            probe_in[i] = cddp_from_data(ctx, CDDP_F32, c.ndim[i], c.shape[i], c.data[i]);
         int64_t out_n = forward(&c, probe_in)->numel;
         float *R = malloc(sizeof(float) * (size_t)out_n);
         for (int64_t j = 0; j < out_n; j++) R[j] = rndf(-1, 1);
@@ -578,13 +583,14 @@ GC_TEST(attention, OP_ATTENTION)
 static int setup(void **state) {
     (void)state;
     cddp_rng_seed(&rng, 2024);
-    ctx = cddp_ctx_create(NULL);
+    ctx = cddp_ctx_create(&(cddp_ctx_options){.device = test_device()});
     return ctx ? 0 : -1;
 }
 
 static int teardown(void **state) {
     (void)state;
     cddp_ctx_destroy(ctx);
+    host_release();
     return 0;
 }
 

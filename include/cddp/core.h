@@ -103,13 +103,15 @@ typedef struct cddp_arena cddp_arena;
 /* max_bytes 0 takes CDDP_ARENA_MB. Returns NULL when out of memory. */
 CDDP_API cddp_arena *cddp_arena_create(size_t initial_bytes, size_t max_bytes);
 /* Where an arena's chunks come from, when not the heap: a device's memory (cddp/device.h).
- * alloc returns 64-byte aligned memory or NULL; the arena never reads or writes it. shared: more
- * than one thread allocates (each allocation then takes a lock). */
+ * alloc returns 64-byte aligned memory or NULL; the arena never reads or writes it. reset (may be
+ * NULL) is told of every chunk a reset releases. shared: more than one thread allocates (each
+ * allocation then takes a lock). */
 typedef struct cddp_arena_memory {
     void *(*alloc)(void *user, size_t bytes);
     void (*free)(void *user, void *p);
     void *user;
     bool shared;
+    void (*reset)(void *user, void *p, size_t bytes);
 } cddp_arena_memory;
 /* cddp_arena_create over mem (NULL: the heap). */
 CDDP_API cddp_arena *cddp_arena_create_on(size_t initial_bytes, size_t max_bytes,
@@ -132,6 +134,9 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
     X(BLOCKED, INT, "1",                                                                           \
       "1: a ResNet keeps its activations in oneDNN's channel-blocked layout between layers "       \
       "(cddp_to_blocked); 0: plain NCHW everywhere, each convolution reordering its own.")         \
+    X(EMU_DEVICES, INT, "2", "How many emulated devices (emu:0, emu:1, ...) a process has.")      \
+    X(EMU_MB, INT, "4096",                                                                         \
+      "Memory, in MiB, of each emulated device (reserved, taken as it is touched).")               \
     X(DATA, STR, "/usr/share/datasets/fashion-mnist",                                              \
       "Folder with the (Fashion-)MNIST IDX files (Debian's dataset-fashion-mnist).")               \
     X(RDZV_TIMEOUT_S, INT, "300",                                                                  \

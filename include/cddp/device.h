@@ -2,12 +2,19 @@
  *
  * Every tensor is on a device (tensor->device), and an op runs on the device of its inputs, which
  * must all be on one (an op given tensors of two devices aborts, naming both). A context has a
- * device (cddp_ctx_options.device; the CPU by default): the tensors it creates live there.
+ * device (cddp_ctx_options.device; the CPU by default): the tensors it creates live there, and
+ * cddp_to copies a tensor to another device, differentiably.
  *
  * The devices, by the names cddp_device_get takes:
  *
  *   cpu      this process's memory; ops run at once, on the calling thread (oneDNN, OpenBLAS and
  *            cddp's vectorised loops). The host reads and writes its tensors directly.
+ *   emu      an emulated accelerator, for testing code meant for GPUs on machines without one:
+ *            the CPU's kernels run later, in order, on a queue thread of the device's own, on
+ *            memory the host cannot touch (a host read or write faults) and that holds NaNs until
+ *            written (fresh memory, and a context's arena after every reset), so a missing copy,
+ *            a missing wait or a host read of device memory fails visibly. "emu:1" is a second
+ *            such device (CDDP_EMU_DEVICES, CDDP_EMU_MB).
  *
  * On a device that queues its work, an op returns before its kernel has run, and the host waits
  * only where it reads a value (cddp_get, cddp_item, a copy to the host) or calls

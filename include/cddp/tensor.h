@@ -152,6 +152,11 @@ CDDP_API double cddp_get(const cddp_tensor *t, int64_t i);
 /* The value of a one-element tensor (a loss), as cddp_get(t, 0): PyTorch's item(). */
 CDDP_API double cddp_item(const cddp_tensor *t);
 
+/* x on dev: x itself when it is there, else a copy there (allocated in the context's arena on
+ * dev), differentiable: the copy's gradient is added to x's on x's device (PyTorch's x.to(dev)).
+ * A copy to the host waits for x's device; one from the host returns once x may change. */
+CDDP_API cddp_tensor *cddp_to(cddp_ctx *ctx, cddp_tensor *x, cddp_device *dev);
+
 /* Views: share data with x. One dimension of reshape may be -1 (inferred). */
 CDDP_API cddp_tensor *cddp_reshape(cddp_ctx *ctx, cddp_tensor *x, int ndim, const int64_t *shape);
 /* (N, ...) -> (N, prod(...)), as nn.Flatten(). */

@@ -66,7 +66,7 @@ cddp_arena *cddp_arena_create_on(size_t initial_bytes, size_t max_bytes,
                                  const cddp_arena_memory *mem) {
     cddp_arena *a = cddp_calloc(1, sizeof *a);
     if (!a) return NULL;
-    a->mem = mem ? *mem : (cddp_arena_memory){heap_alloc, heap_free, NULL, false};
+    a->mem = mem ? *mem : (cddp_arena_memory){heap_alloc, heap_free, NULL, false, NULL};
     pthread_mutex_init(&a->lock, NULL);
     a->max_bytes = max_bytes ? max_bytes : (size_t)cddp_knob_int(CDDP_KNOB_ARENA_MB) << 20;
     if (initial_bytes < (1u << 16)) initial_bytes = 1u << 16;
@@ -141,7 +141,10 @@ void cddp_arena_reset(cddp_arena *a) {
             a->total = a->high_water;
         }
     }
-    for (chunk *c = a->head; c; c = c->prev) c->used = 0;
+    for (chunk *c = a->head; c; c = c->prev) {
+        if (a->mem.reset && c->used) a->mem.reset(a->mem.user, c->data, c->used);
+        c->used = 0;
+    }
     a->used = 0;
 }
 

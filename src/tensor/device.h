@@ -13,6 +13,8 @@
  *
  *   cpu/   the CPU (oneDNN, OpenBLAS, cddp's vector loops): every other device is tested against
  *          its kernels
+ *   emu/   the CPU's kernels run on a queue thread, on memory the host cannot touch (CI's
+ *          stand-in for a GPU)
  */
 #ifndef CDDP_TENSOR_DEVICE_H
 #define CDDP_TENSOR_DEVICE_H
@@ -56,6 +58,10 @@ typedef struct cddp__device_ops {
     int (*memset)(cddp_device *dev, void *queue, void *dst, int byte, size_t n, cddp_error *err);
     /* the host waits for everything queued on queue */
     int (*synchronize)(cddp_device *dev, void *queue, cddp_error *err);
+    /* may be NULL: marks n bytes at p as holding nothing any more (the emulated device fills them
+     * with NaNs, ordered on its default queue): a context's arena at every reset, so that a step
+     * never reads what the last one left */
+    void (*scrub)(cddp_device *dev, void *p, size_t n);
 } cddp__device_ops;
 
 struct cddp_device {
@@ -80,7 +86,7 @@ typedef struct cddp__device_kind_ops {
     cddp_device *(*open)(int index, cddp_error *err);
 } cddp__device_kind_ops;
 
-extern const cddp__device_kind_ops cddp__cpu_kind;
+extern const cddp__device_kind_ops cddp__cpu_kind, cddp__emu_kind;
 
 /* The device's default queue for kernels run outside a context (no scratch; failures logged). */
 cddp__kq cddp__device_kq(cddp_device *dev);

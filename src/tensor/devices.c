@@ -9,6 +9,7 @@
 
 static const cddp__device_kind_ops *const kinds[] = {
     &cddp__cpu_kind,
+    &cddp__emu_kind,
 };
 
 cddp_device *cddp_device_cpu(void) {

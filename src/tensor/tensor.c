@@ -113,6 +113,11 @@ static void dev_free(void *user, void *p) {
     dev->ops->free(dev, p);
 }
 
+static void dev_reset(void *user, void *p, size_t n) {
+    cddp_device *dev = user;
+    if (dev->ops->scrub) dev->ops->scrub(dev, p, n);
+}
+
 static void cdev_destroy(cddp__cdev *d) {
     if (!d) return;
     if (d->arena != d->ctx->arena) cddp_arena_destroy(d->arena);
@@ -134,8 +139,8 @@ static cddp__cdev *cdev_create(cddp_ctx *ctx, cddp_device *dev, size_t initial, 
     if (dev->host_access && dev->in_order)
         d->arena = ctx->arena;
     else
-        d->arena = cddp_arena_create_on(initial, max,
-                                        &(cddp_arena_memory){dev_alloc, dev_free, dev, true});
+        d->arena = cddp_arena_create_on(
+            initial, max, &(cddp_arena_memory){dev_alloc, dev_free, dev, true, dev_reset});
     if (!d->arena) {
         cdev_destroy(d);
         return NULL;

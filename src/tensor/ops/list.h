@@ -12,6 +12,7 @@
     X(RESHAPE, reshape)       /* shape.c */                                                        \
     X(TO_BLOCKED, to_blocked) /* layout.c */                                                       \
     X(TO_NCHW, to_nchw)                                                                            \
+    X(TO_DEVICE, to_device) /* device.c */                                                         \
     X(MATMUL, matmul) /* linear.c */                                                               \
     X(LINEAR, linear)                                                                              \
     X(ADD, add) /* elementwise.c */                                                                \

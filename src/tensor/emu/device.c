@@ -1,0 +1,307 @@
+/* device.c: the emulated device, CI's stand-in for a GPU: the CPU's kernels, run later on a queue
+ * thread of the device's own, on memory the host cannot touch (emu.h).
+ *
+ * Each kernel call is copied onto the queue with its device pointers moved to where the queue
+ * thread reaches the same memory; scratch a kernel asks for comes from its context's arena (made
+ * of device memory) and is moved alike. So a program that reads device memory on the host, reads
+ * a result before the work that makes it has run, or forgets a copy, faults or reads NaNs on this
+ * device, where the CPU would have let it pass. Copies to the device take the host's data at
+ * once (the host may reuse its buffer when the call returns); copies to the host wait for the
+ * queue. Freeing memory waits for the queue too, as cudaFree does.
+ *
+ * A process that forks keeps its devices in the child (a test that checks an abort in a child):
+ * the child gets a queue thread of its own, and its writes to device memory stay its own. What was
+ * queued before the fork has run by then (the fork waits for every queue). */
+#include "tensor/cpu/cpu.h"
+#include "tensor/emu/emu.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define MAX_EMU 8
+
+typedef struct emu {
+    cddp_device dev;
+    cddp__emu_mem *mem;
+    cddp__emu_queue *queue;
+} emu;
+
+static emu *of(const cddp_device *dev) {
+    return dev->impl;
+}
+
+/* ---- kernels ------------------------------------------------------------------------------- */
+
+/* A kernel call on the queue: the CPU kernel, the caller's kq (for scratch and failures), and a
+ * copy of the arguments. */
+typedef struct kcall {
+    void (*fn)(cddp__kq *q, const void *a);
+    cddp__kq caller;
+    max_align_t args[];
+} kcall;
+
+/* Scratch for a kernel on the queue thread: the caller's, where this thread reaches it. */
+static void *queue_scratch(cddp__kq *q, size_t bytes) {
+    kcall *c = q->user;
+    void *p = cddp__kq_scratch(&c->caller, bytes);
+    return p ? cddp__emu_mem_reach(of(q->dev)->mem, p) : NULL;
+}
+
+static void queue_fail(cddp__kq *q, int code, const char *msg) {
+    kcall *c = q->user;
+    cddp__kq_fail(&c->caller, code, "%s", msg);
+}
+
+static void run_kcall(void *arg) {
+    kcall *c = arg;
+    cddp__kq q = {.dev = c->caller.dev, .scratch = queue_scratch, .fail = queue_fail, .user = c};
+    c->fn(&q, c->args);
+    cddp_free(c);
+}
+
+/* Whether an argument is a pointer (which may be device memory: moved where the thread reaches
+ * it) or a value. */
+#define IS_POINTER(x)                                                                              \
+    _Generic((x),                                                                                  \
+        void *: 1,                                                                                 \
+        const void *: 1,                                                                           \
+        void **: 1,                                                                                \
+        float *: 1,                                                                                \
+        const float *: 1,                                                                          \
+        int32_t *: 1,                                                                              \
+        const int32_t *: 1,                                                                        \
+        int64_t *: 1,                                                                              \
+        const int64_t *: 1,                                                                        \
+        default: 0)
+
+static void reach_slot(const cddp__emu_mem *m, void *slot) {
+    void *p;
+    memcpy(&p, slot, sizeof p);
+    p = cddp__emu_mem_reach(m, p);
+    memcpy(slot, &p, sizeof p);
+}
+
+#define REACH(type, name)                                                                          \
+    if (IS_POINTER(a->name) && sizeof a->name == sizeof(void *)) reach_slot(m, &a->name);
+
+#define EMU_KERNEL(name)                                                                           \
+    static void cpu_##name(cddp__kq *q, const void *a) {                                           \
+        cddp__cpu_##name(q, a);                                                                    \
+    }                                                                                              \
+    static void emu_##name(cddp__kq *q, const cddp__k_##name *in) {                                \
+        kcall *c = cddp_malloc(sizeof *c + sizeof *in);                                            \
+        CDDP_CHECK(c, "emu: out of memory for a kernel call");                                     \
+        c->fn = cpu_##name;                                                                        \
+        c->caller = *q;                                                                            \
+        cddp__k_##name *a = (cddp__k_##name *)(void *)c->args;                                     \
+        *a = *in;                                                                                  \
+        const cddp__emu_mem *m = of(q->dev)->mem;                                                  \
+        CDDP__KA_##name(REACH) cddp__emu_queue_push(of(q->dev)->queue, run_kcall, c);             \
+    }
+CDDP_KERNEL_LIST(EMU_KERNEL)
+#undef EMU_KERNEL
+
+static const cddp__kernels kernels = {
+#define EMU_SLOT(name) .name = emu_##name,
+    CDDP_KERNEL_LIST(EMU_SLOT)
+#undef EMU_SLOT
+        .blocked_size = cddp__cpu_blocked_size,
+    .conv_pool_fuses = cddp__cpu_conv_pool_fuses,
+};
+
+/* ---- memory and copies --------------------------------------------------------------------- */
+
+static void *emu_alloc(cddp_device *dev, size_t bytes, cddp_error *err) {
+    return cddp__emu_mem_alloc(of(dev)->mem, bytes, err);
+}
+
+static void emu_free(cddp_device *dev, void *p) {
+    cddp__emu_queue_wait(of(dev)->queue); /* nothing queued may still use it */
+    cddp__emu_mem_free(of(dev)->mem, p);
+}
+
+/* Aborts unless [p, p + n) is this device's memory: a host pointer given as device memory is a
+ * programmer's error that a GPU would answer with a fault. */
+static void need_device(const cddp_device *dev, const char *what, const void *p, size_t n) {
+    const cddp__emu_mem *m = of(dev)->mem;
+    CDDP_CHECK(cddp__emu_mem_owns(m, p) && (n == 0 || cddp__emu_mem_owns(m, (const char *)p + n - 1)),
+               "%s on %s: %p is not memory of the device (a host pointer where device memory was "
+               "expected?)",
+               what, dev->name, p);
+}
+
+typedef struct copy_task {
+    void *dst;
+    const void *src;
+    size_t n;
+    int byte;  /* for a fill */
+    bool fill; /* memset, not memcpy */
+    void *own; /* freed after the copy (a staging copy of the host's data) */
+} copy_task;
+
+static void run_copy(void *arg) {
+    copy_task *t = arg;
+    if (t->fill)
+        memset(t->dst, t->byte, t->n);
+    else
+        memmove(t->dst, t->src, t->n);
+    cddp_free(t->own);
+    cddp_free(t);
+}
+
+static int push_copy(cddp_device *dev, copy_task t, cddp_error *err) {
+    copy_task *c = cddp_malloc(sizeof *c);
+    if (!c) {
+        cddp_free(t.own);
+        return cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory for a copy", dev->name);
+    }
+    *c = t;
+    cddp__emu_queue_push(of(dev)->queue, run_copy, c);
+    return CDDP_OK;
+}
+
+static int emu_upload(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
+                      cddp_error *err) {
+    (void)queue;
+    need_device(dev, "a copy to the device", dst, n);
+    void *stage = cddp_malloc(n);
+    if (!stage) return cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory for a copy", dev->name);
+    memcpy(stage, src, n);
+    return push_copy(dev,
+                     (copy_task){.dst = cddp__emu_mem_reach(of(dev)->mem, dst), .src = stage,
+                                 .n = n, .own = stage},
+                     err);
+}
+
+static int emu_download(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
+                        cddp_error *err) {
+    (void)queue;
+    need_device(dev, "a copy to the host", src, n);
+    CDDP_TRY(push_copy(
+        dev, (copy_task){.dst = dst, .src = cddp__emu_mem_reach(of(dev)->mem, src), .n = n}, err));
+    cddp__emu_queue_wait(of(dev)->queue);
+    return CDDP_OK;
+}
+
+static int emu_copy(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
+                    cddp_error *err) {
+    (void)queue;
+    need_device(dev, "a copy within the device", dst, n);
+    need_device(dev, "a copy within the device", src, n);
+    const cddp__emu_mem *m = of(dev)->mem;
+    return push_copy(
+        dev, (copy_task){.dst = cddp__emu_mem_reach(m, dst), .src = cddp__emu_mem_reach(m, src), .n = n},
+        err);
+}
+
+static int emu_memset(cddp_device *dev, void *queue, void *dst, int byte, size_t n,
+                      cddp_error *err) {
+    (void)queue;
+    need_device(dev, "a fill", dst, n);
+    return push_copy(dev,
+                     (copy_task){.dst = cddp__emu_mem_reach(of(dev)->mem, dst), .n = n,
+                                 .byte = byte, .fill = true},
+                     err);
+}
+
+static int emu_synchronize(cddp_device *dev, void *queue, cddp_error *err) {
+    (void)queue, (void)err;
+    cddp__emu_queue_wait(of(dev)->queue);
+    return CDDP_OK;
+}
+
+static void emu_scrub(cddp_device *dev, void *p, size_t n) {
+    emu_memset(dev, NULL, p, 0xff, n, NULL);
+}
+
+static const cddp__device_ops ops = {
+    .alloc = emu_alloc,
+    .free = emu_free,
+    .upload = emu_upload,
+    .download = emu_download,
+    .copy = emu_copy,
+    .memset = emu_memset,
+    .synchronize = emu_synchronize,
+    .scrub = emu_scrub,
+};
+
+/* ---- the kind ------------------------------------------------------------------------------ */
+
+static emu *devices[MAX_EMU];
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* fork(): every queue drained and every allocator locked before, unlocked after; in the child
+ * each device has a new queue thread (the parent's is not there) and private memory. */
+static void before_fork(void) {
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_EMU; i++)
+        if (devices[i]) {
+            cddp__emu_queue_wait(devices[i]->queue);
+            cddp__emu_mem_lock(devices[i]->mem);
+        }
+}
+
+static void after_fork_parent(void) {
+    for (int i = 0; i < MAX_EMU; i++)
+        if (devices[i]) cddp__emu_mem_unlock(devices[i]->mem);
+    pthread_mutex_unlock(&lock);
+}
+
+static void after_fork_child(void) {
+    for (int i = 0; i < MAX_EMU; i++) {
+        emu *e = devices[i];
+        if (!e) continue;
+        cddp__emu_mem_unlock(e->mem);
+        cddp__emu_mem_private(e->mem);
+        cddp_error err = {0};
+        e->queue = cddp__emu_queue_create(e->dev.name, &err); /* the parent's thread is not here */
+        CDDP_CHECK(e->queue, "%s", err.msg);
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void watch_forks(void) {
+    CDDP_CHECK(pthread_atfork(before_fork, after_fork_parent, after_fork_child) == 0,
+               "emu: cannot register the fork handlers");
+}
+
+static int emu_count(cddp_error *err) {
+    (void)err;
+    return (int)CDDP_MIN(cddp_knob_int(CDDP_KNOB_EMU_DEVICES), MAX_EMU);
+}
+
+static cddp_device *emu_open(int index, cddp_error *err) {
+    pthread_once(&fork_once, watch_forks);
+    pthread_mutex_lock(&lock);
+    emu *e = devices[index];
+    if (!e && (e = cddp_calloc(1, sizeof *e))) {
+        size_t mb = (size_t)cddp_knob_int(CDDP_KNOB_EMU_MB);
+        snprintf(e->dev.name, sizeof e->dev.name, "emu:%d", index);
+        e->mem = cddp__emu_mem_create(mb << 20, err);
+        e->queue = e->mem ? cddp__emu_queue_create(e->dev.name, err) : NULL;
+        if (!e->queue) {
+            cddp__emu_mem_destroy(e->mem);
+            cddp_free(e);
+            e = NULL;
+        } else {
+            e->dev.kind = CDDP_DEVICE_EMU;
+            e->dev.index = index;
+            e->dev.ops = &ops;
+            e->dev.k = &kernels;
+            e->dev.impl = e;
+            snprintf(e->dev.describe, sizeof e->dev.describe,
+                     "%s: emulated, the CPU's kernels on a queue thread, %zu MiB of device memory "
+                     "the host cannot touch",
+                     e->dev.name, mb);
+            devices[index] = e;
+        }
+    } else if (!e) {
+        cddp_error_set(err, CDDP_ENOMEM, "emu: out of memory");
+    }
+    pthread_mutex_unlock(&lock);
+    return e ? &e->dev : NULL;
+}
+
+const cddp__device_kind_ops cddp__emu_kind = {"emu", CDDP_DEVICE_EMU, emu_count, emu_open};

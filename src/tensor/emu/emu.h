@@ -1,0 +1,51 @@
+/* tensor/emu/emu.h: the emulated device's memory and queue, which its device.c puts together.
+ *
+ * memory.c  one memory file mapped twice: the addresses the host is given (no access: a host
+ *           read or write of device memory faults at once) and, at a fixed distance, the same
+ *           pages read- and writable, where the queue thread works; an allocator over it that
+ *           fills what it hands out with NaNs
+ * queue.c   the queue thread: tasks (kernels, copies, fills) run in the order they were queued
+ */
+#ifndef CDDP_TENSOR_EMU_H
+#define CDDP_TENSOR_EMU_H
+
+#include "tensor/device.h"
+
+#include <pthread.h>
+
+/* ---- memory.c ------------------------------------------------------------------------------ */
+
+typedef struct cddp__emu_mem cddp__emu_mem;
+
+/* The device memory of `bytes` (its pages taken as touched); NULL with err on failure. */
+cddp__emu_mem *cddp__emu_mem_create(size_t bytes, cddp_error *err);
+void cddp__emu_mem_destroy(cddp__emu_mem *m);
+/* 64-byte aligned device addresses, filled with NaNs (all bits set); NULL with err when full. */
+void *cddp__emu_mem_alloc(cddp__emu_mem *m, size_t bytes, cddp_error *err);
+void cddp__emu_mem_free(cddp__emu_mem *m, void *p);
+/* Where the queue thread reaches device address p (p itself when it is not device memory); and
+ * whether p is device memory. */
+void *cddp__emu_mem_reach(const cddp__emu_mem *m, const void *p);
+bool cddp__emu_mem_owns(const cddp__emu_mem *m, const void *p);
+/* Around fork(): _lock before it (no allocation half done), _unlock after it in both processes;
+ * _private in the child, after unlocking: its writes to device memory stay its own. */
+void cddp__emu_mem_lock(cddp__emu_mem *m);
+void cddp__emu_mem_unlock(cddp__emu_mem *m);
+void cddp__emu_mem_private(cddp__emu_mem *m);
+
+/* ---- queue.c ------------------------------------------------------------------------------- */
+
+typedef struct cddp__emu_queue cddp__emu_queue;
+typedef void (*cddp__emu_fn)(void *arg);
+
+/* A queue and its thread. NULL with err on failure. */
+cddp__emu_queue *cddp__emu_queue_create(const char *name, cddp_error *err);
+/* Runs what was queued, then ends the thread. Accepts NULL. */
+void cddp__emu_queue_destroy(cddp__emu_queue *q);
+/* Queues fn(arg) and returns; fn runs on the queue's thread after everything queued before it,
+ * and frees arg when it is the owner's. */
+void cddp__emu_queue_push(cddp__emu_queue *q, cddp__emu_fn fn, void *arg);
+/* Waits until everything queued so far has run. */
+void cddp__emu_queue_wait(cddp__emu_queue *q);
+
+#endif
