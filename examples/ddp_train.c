@@ -1,27 +1,41 @@
 /* ddp_train.c: the OneFlow seed's ddp_train.py in C: a linear model y = x w fitted data-parallel.
  *
- *   cddprun --nproc_per_node 2 build/bin/ddp_train
+ *   cddprun --nproc_per_node 2 build/bin/ddp_train [--device cpu|emu|cuda]
  *
  * Each rank picks its own training data by rank (train_x[rank], train_y[rank]); w starts at
  * zero; the loss is the summed squared error; SGD with lr 0.01 runs 500 iterations. Both ranks'
  * data are consistent with w = [[2], [3]], and DistributedDataParallel averages the two ranks'
- * gradients, so both converge to it. The two changes from a single-process program are marked.
+ * gradients, so both converge to it. The two changes from a single-process program are marked;
+ * --device trains on another device (the model moved there, the data copied there).
  */
 #include <cddp/cddp.h>
 
 #include <stdio.h>
+#include <string.h>
 
 static const float train_x[2][4] = {{1, 2, 2, 3}, {4, 6, 3, 1}};
 static const float train_y[2][2] = {{8, 13}, {26, 9}};
 
-int main(void) {
+int main(int argc, char **argv) {
     cddp_error err = {0};
+    const char *spec = argc == 3 && !strcmp(argv[1], "--device") ? argv[2]
+                       : argc == 1                               ? "cpu"
+                                                                 : NULL;
+    if (!spec) {
+        fprintf(stderr, "usage: ddp_train [--device cpu|emu|cuda]\n");
+        return 2;
+    }
+    cddp_device *dev = cddp_device_for_rank(spec, &err);
+    if (!dev) {
+        fprintf(stderr, "ddp_train: --device %s: %s\n", spec, err.msg);
+        return 2;
+    }
     cddp_model *m = cddp_model_create();
     int w_index = 0;
     cddp_model_add_param(m, "w", 2, (int64_t[]){2, 1}, (cddp_init){CDDP_INIT_CONSTANT, 0, 0},
                          &w_index);
-    if (cddp_model_build(m, 0) != CDDP_OK) {
-        fprintf(stderr, "ddp_train: %s\n", cddp_model_error(m));
+    if (cddp_model_build(m, 0) != CDDP_OK || cddp_model_to(m, dev, &err) != CDDP_OK) {
+        fprintf(stderr, "ddp_train: %s%s\n", cddp_model_error(m), err.msg);
         return 1;
     }
     /* Change 1: join the group the launcher started, and wrap the model. */
@@ -32,7 +46,7 @@ int main(void) {
         return 1;
     }
     cddp_optim *opt = cddp_optim_sgd(m, &(cddp_sgd_options){.lr = 0.01f}, &err);
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_ctx *ctx = cddp_ctx_create(&(cddp_ctx_options){.device = dev});
     cddp_tensor *w = cddp_model_param(m, w_index);
     /* Change 2: each rank takes its own data. */
     int rank = cddp_ddp_rank(ddp) % 2;
@@ -51,7 +65,7 @@ int main(void) {
         }
         cddp_optim_step(opt);
     }
-    printf("\nw:[[%.4f],\n   [%.4f]]\n", cddp_f32(w)[0], cddp_f32(w)[1]);
+    printf("\nw:[[%.4f],\n   [%.4f]]\n", cddp_get(w, 0), cddp_get(w, 1));
     cddp_ctx_destroy(ctx);
     cddp_optim_destroy(opt);
     cddp_ddp_destroy(ddp);

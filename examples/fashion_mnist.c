@@ -49,7 +49,7 @@ typedef struct options {
     int epochs, batch, log_every, save_every, keep;
     float lr, momentum, target_acc;
     const char *optimizer, *model, *data, *save, *out, *resume, *hook, *init_from, *schedule,
-        *sample_log;
+        *sample_log, *device;
     double bucket_cap_mb;
     uint64_t seed;
     int64_t limit;
@@ -75,6 +75,8 @@ static void usage(FILE *out) {
         "  --data DIR          folder with the IDX files (default $CDDP_DATA or Debian's\n"
         "                      /usr/share/datasets/fashion-mnist)\n"
         "  --seed N            seed for weights and shuffling (default 0)\n"
+        "  --device NAME       where to train: cpu, emu (the emulated device), cuda; a kind\n"
+        "                      without :N is the local rank's device of it (default cpu)\n"
         "  --limit N           train on the first N samples only (default: all)\n"
         "  --log-every N       print the loss every N steps (default 100; 0: never)\n"
         "  --target-acc X      stop after the first epoch whose test accuracy reaches X\n"
@@ -112,6 +114,7 @@ static int parse_args(int argc, char **argv, options *o) {
                    .out = "runs/fashion_mnist",
                    .hook = "none",
                    .schedule = "constant",
+                   .device = "cpu",
                    .limit = -1};
     static const struct option longopts[] = {{"epochs", required_argument, 0, 'e'},
                                              {"batch-size", required_argument, 0, 'b'},
@@ -138,6 +141,7 @@ static int parse_args(int argc, char **argv, options *o) {
                                              {"init-from", required_argument, 0, 'I'},
                                              {"init_from", required_argument, 0, 'I'},
                                              {"sample-log", required_argument, 0, 'G'},
+                                             {"device", required_argument, 0, 'D'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     int c;
@@ -210,6 +214,9 @@ static int parse_args(int argc, char **argv, options *o) {
             break;
         case 'G':
             o->sample_log = optarg;
+            break;
+        case 'D':
+            o->device = optarg;
             break;
         case 'E':
             if ((ok = run_int(P, "--save-every", optarg, 0, INT32_MAX, &i))) o->save_every = (int)i;
@@ -368,6 +375,11 @@ int main(int argc, char **argv) {
     if (parse_args(argc, argv, &o) != 0) return 2;
     int status = 1;
     cddp_error err = {0};
+    cddp_device *dev = cddp_device_for_rank(o.device, &err);
+    if (!dev) {
+        fprintf(stderr, "fashion_mnist: --device %s: %s\n", o.device, err.msg);
+        return 2;
+    }
     cddp_comm *group = NULL;
     cddp_ddp *ddp = NULL;
     cddp_dataset *train = NULL, *test = NULL;
@@ -446,7 +458,7 @@ int main(int argc, char **argv) {
     if (!test_loader) goto fail;
 
     m = resnet ? make_resnet(&err) : cddp_model_create();
-    ctx = cddp_ctx_create(&(cddp_ctx_options){.seed = o.seed + (uint64_t)rank});
+    ctx = cddp_ctx_create(&(cddp_ctx_options){.seed = o.seed + (uint64_t)rank, .device = dev});
     if (!m || !ctx) {
         if (!err.msg[0]) cddp_error_set(&err, CDDP_ENOMEM, "out of memory");
         goto fail;
@@ -455,6 +467,7 @@ int main(int argc, char **argv) {
         cddp_error_set(&err, CDDP_EINVAL, "%s", cddp_model_error(m));
         goto fail;
     }
+    if (cddp_model_to(m, dev, &err) != CDDP_OK) goto fail;
     /* The one call that makes it data-parallel. */
     cddp_ddp_options dopt = {.bucket_cap_mb = o.bucket_cap_mb,
                              .shard_optimizer = o.zero,

@@ -40,7 +40,7 @@ typedef struct options {
     int64_t eval_interval, eval_iters, final_eval, log_interval, sample, stride, top_k, save_every,
         keep;
     double lr, min_lr, weight_decay, grad_clip, beta1, beta2, temperature;
-    const char *data, *out, *resume, *init_from;
+    const char *data, *out, *resume, *init_from, *device;
     uint64_t seed;
     bool json, zero;
 } options;
@@ -70,6 +70,8 @@ static void usage(FILE *out) {
         "  --grad_clip X       clip the gradients' global norm (default 1.0; 0: never)\n"
         "  --seed N            weights and data order (default 1337)\n"
         "  --zero              shard AdamW's state across the ranks (ZeRO-1)\n"
+        "  --device NAME       where to train: cpu, emu (the emulated device), cuda; a kind\n"
+        "                      without :N is the local rank's device of it (default cpu)\n"
         "data and output:\n"
         "  --data PATH         a text file, a folder of text files, or a token file *train.bin\n"
         "                      (with its *val.bin) (default Debian's fortunes, " FORTUNES ")\n"
@@ -131,6 +133,7 @@ static int parse_args(int argc, char **argv, options *o) {
                    .beta2 = 0.99,
                    .temperature = 0.8,
                    .out = "runs/gpt",
+                   .device = "cpu",
                    .seed = 1337};
     int64_t seed = (int64_t)o->seed;
     const flag flags[] = {
@@ -164,6 +167,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"data", 's', &o->data, 0, 0, false},
         {"out", 's', &o->out, 0, 0, false},
         {"init_from", 's', &o->init_from, 0, 0, false},
+        {"device", 's', &o->device, 0, 0, false},
     };
     enum { NF = sizeof flags / sizeof flags[0] };
     struct option longopts[NF + 5];
@@ -325,11 +329,11 @@ static int mean_loss(cddp_model *m, cddp_ctx *ctx, cddp_comm *group, cddp_datase
         cddp_ctx_reset(ctx);
         int64_t rows = k * T, flat[2] = {rows, 0};
         cddp_tensor *logits =
-            cddp_model_forward(m, ctx, cddp_wrap(ctx, CDDP_I64, 2, (int64_t[]){k, T}, x));
+            cddp_model_forward(m, ctx, cddp_from_host(ctx, CDDP_I64, 2, (int64_t[]){k, T}, x));
         if (logits) flat[1] = logits->shape[2];
         cddp_tensor *loss =
             cddp_cross_entropy(ctx, logits ? cddp_reshape(ctx, logits, 2, flat) : NULL,
-                               cddp_wrap(ctx, CDDP_I64, 1, &rows, y), CDDP_REDUCE_SUM);
+                               cddp_from_host(ctx, CDDP_I64, 1, &rows, y), CDDP_REDUCE_SUM);
         if (!loss) {
             rc = cddp_error_set(err, cddp_ctx_status(ctx), "%s", cddp_ctx_error(ctx));
             break;
@@ -361,11 +365,13 @@ static int sample_text(cddp_model *m, cddp_ctx *ctx, const options *o, int64_t v
                        cddp_error *err) {
     int64_t *ids = malloc(sizeof(int64_t) * (size_t)(o->sample + 1));
     float *p = malloc(sizeof(float) * (size_t)vocab),
-          *sorted = malloc(sizeof(float) * (size_t)vocab);
-    if (!ids || !p || !sorted) {
+          *sorted = malloc(sizeof(float) * (size_t)vocab),
+          *row = malloc(sizeof(float) * (size_t)vocab);
+    if (!ids || !p || !sorted || !row) {
         free(ids);
         free(p);
         free(sorted);
+        free(row);
         return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
     }
     cddp_rng rng;
@@ -377,13 +383,19 @@ static int sample_text(cddp_model *m, cddp_ctx *ctx, const options *o, int64_t v
     for (int64_t n = 1; n <= o->sample; n++) {
         int64_t T = n < o->block_size ? n : o->block_size;
         cddp_ctx_reset(ctx);
-        cddp_tensor *logits =
-            cddp_model_forward(m, ctx, cddp_wrap(ctx, CDDP_I64, 2, (int64_t[]){1, T}, ids + n - T));
+        cddp_tensor *logits = cddp_model_forward(
+            m, ctx, cddp_from_host(ctx, CDDP_I64, 2, (int64_t[]){1, T}, ids + n - T));
         if (!logits) {
             rc = cddp_error_set(err, cddp_ctx_status(ctx), "%s", cddp_ctx_error(ctx));
             break;
         }
         const float *last = cddp_f32(logits) + (T - 1) * vocab;
+        if (!cddp_device_host_accessible(logits->device)) { /* the last row, copied back */
+            rc =
+                cddp_device_download(logits->device, row, last, sizeof(float) * (size_t)vocab, err);
+            if (rc != CDDP_OK) break;
+            last = row;
+        }
         float top = -INFINITY, floor = -INFINITY;
         for (int64_t v = 0; v < vocab; v++) top = fmaxf(top, last[v]);
         if (o->top_k > 0 && o->top_k < vocab) {
@@ -416,6 +428,7 @@ static int sample_text(cddp_model *m, cddp_ctx *ctx, const options *o, int64_t v
     free(ids);
     free(p);
     free(sorted);
+    free(row);
     return rc;
 }
 
@@ -472,6 +485,11 @@ int main(int argc, char **argv) {
     if (parse_args(argc, argv, &o) != 0) return 2;
     int status = 1;
     cddp_error err = {0};
+    cddp_device *dev = cddp_device_for_rank(o.device, &err);
+    if (!dev) {
+        fprintf(stderr, "gpt_train: --device %s: %s\n", o.device, err.msg);
+        return 2;
+    }
     cddp_comm *group = NULL;
     cddp_ddp *ddp = NULL;
     cddp_tokens train_text = {0}, val_text = {0};
@@ -536,7 +554,9 @@ int main(int argc, char **argv) {
         cddp_error_set(&err, CDDP_EINVAL, "%s", cddp_model_error(m));
         goto fail;
     }
-    if (!(ctx = cddp_ctx_create(&(cddp_ctx_options){.seed = o.seed + (uint64_t)rank}))) {
+    if (cddp_model_to(m, dev, &err) != CDDP_OK) goto fail;
+    if (!(ctx = cddp_ctx_create(
+              &(cddp_ctx_options){.seed = o.seed + (uint64_t)rank, .device = dev}))) {
         cddp_error_set(&err, CDDP_ENOMEM, "out of memory");
         goto fail;
     }
@@ -664,9 +684,9 @@ int main(int argc, char **argv) {
             double tm = cddp_now_s();
             cddp_ctx_reset(ctx);
             cddp_tensor *logits = cddp_model_forward(m, ctx, cddp_batch_tensor(ctx, &b, 0));
-            cddp_tensor *loss =
-                cddp_cross_entropy(ctx, cddp_reshape(ctx, logits, 2, flat),
-                                   cddp_wrap(ctx, CDDP_I64, 1, &rows, b.data[1]), CDDP_REDUCE_MEAN);
+            cddp_tensor *loss = cddp_cross_entropy(
+                ctx, cddp_reshape(ctx, logits, 2, flat),
+                cddp_from_host(ctx, CDDP_I64, 1, &rows, b.data[1]), CDDP_REDUCE_MEAN);
             if (o.grad_accum > 1) loss = cddp_scale(ctx, loss, 1.0f / (float)o.grad_accum);
             double tm2 = cddp_now_s();
             tf += tm2 - tm;

@@ -33,7 +33,8 @@
  * CDDP_TEST_DEVICE names it ("cpu" when unset); ctest runs the op, gradient and autograd tests a
  * second time with "emu", where a tensor's data is device memory the host cannot read: a test
  * reads values through host_f32 (HOST, HOST_GRAD), which copies them back, and writes them with
- * set_f32. On the CPU the copies are the data themselves, so the tests read what they always did. */
+ * set_f32. On the CPU the copies are the data themselves, so the tests read what they always did.
+ */
 static inline cddp_device *test_device(void) {
     static cddp_device *dev;
     if (!dev) {
@@ -46,6 +47,20 @@ static inline cddp_device *test_device(void) {
         }
     }
     return dev;
+}
+
+/* A context on the test device (seed as cddp_ctx_options.seed). */
+static inline cddp_ctx *test_ctx(uint64_t seed) {
+    cddp_ctx *ctx = cddp_ctx_create(&(cddp_ctx_options){.seed = seed, .device = test_device()});
+    assert_non_null(ctx);
+    return ctx;
+}
+
+/* A built model moved to the test device; returns it. */
+static inline cddp_model *test_model_to(cddp_model *m) {
+    cddp_error err = {0};
+    if (cddp_model_to(m, test_device(), &err) != CDDP_OK) fail_msg("cddp_model_to: %s", err.msg);
+    return m;
 }
 
 /* Whether the test device runs kernels when they are called (the CPU), so that an op that fails
@@ -83,13 +98,14 @@ static inline const float *host_f32(cddp_device *dev, const void *p, int64_t n) 
 #define HOST(t)      host_f32((t)->device, (t)->data, (t)->numel)
 #define HOST_GRAD(t) host_f32((t)->device, (t)->grad, (t)->numel)
 
-/* Element i of a float32 tensor set from the host. */
-static inline void set_f32(cddp_tensor *t, int64_t i, float v) {
+/* v into element i of n floats at p, device memory of dev (a tensor's data or gradient). */
+static inline void set_at(cddp_device *dev, float *p, int64_t i, float v) {
     cddp_error err = {0};
-    if (cddp_device_upload(t->device, cddp_f32(t) + i, &v, sizeof v, &err) != CDDP_OK)
-        fail_msg("setting element %lld on %s: %s", (long long)i, cddp_device_name(t->device),
-                 err.msg);
+    if (cddp_device_upload(dev, p + i, &v, sizeof v, &err) != CDDP_OK)
+        fail_msg("setting element %lld on %s: %s", (long long)i, cddp_device_name(dev), err.msg);
 }
+#define set_f32(t, i, v)  set_at((t)->device, cddp_f32(t), i, v)
+#define set_grad(t, i, v) set_at((t)->device, (t)->grad, i, v)
 
 /* Runs body(arg) in a forked child with the default signal actions (cmocka's would report a
  * crash as a failed test instead of letting the child die of it), its stderr into msg (n bytes,

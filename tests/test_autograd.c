@@ -1,4 +1,5 @@
-/* test_autograd.c: backward's bookkeeping and the gradient-ready hooks DDP builds on. */
+/* test_autograd.c: backward's bookkeeping and the gradient-ready hooks DDP builds on, on the test
+ * device (helpers.h). */
 #include "helpers.h"
 
 #define MAXP 8
@@ -14,7 +15,9 @@ static void on_ready(void *user, cddp_tensor *p) {
     hook_log *log = user;
     log->order[log->n++] = p->param_index;
     log->count[p->param_index]++;
-    memcpy(log->snapshot[p->param_index], p->grad, sizeof(float) * (size_t)p->numel);
+    /* on a device that queues its work, the hook comes when the last kernel that adds to the
+     * gradient was queued: reading it waits for that kernel */
+    memcpy(log->snapshot[p->param_index], HOST_GRAD(p), sizeof(float) * (size_t)p->numel);
 }
 
 static cddp_model *mlp(void) {
@@ -23,14 +26,14 @@ static cddp_model *mlp(void) {
     assert_int_equal(cddp_model_add(m, "act", cddp_nn_relu()), CDDP_OK);
     assert_int_equal(cddp_model_add(m, "fc2", cddp_nn_linear(5, 3)), CDDP_OK);
     assert_int_equal(cddp_model_build(m, 1), CDDP_OK);
-    return m;
+    return test_model_to(m);
 }
 
 static cddp_tensor *mlp_loss(cddp_ctx *ctx, cddp_model *m) {
     static float x[2 * 4] = {0.5f, -1, 2, 0.1f, 1, 1, -0.3f, 0.7f};
     static int64_t y[2] = {2, 0};
-    cddp_tensor *in = cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(2, 4), x);
-    cddp_tensor *labels = cddp_wrap(ctx, CDDP_I64, CDDP_SHAPE(2), y);
+    cddp_tensor *in = cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(2, 4), x);
+    cddp_tensor *labels = cddp_from_data(ctx, CDDP_I64, CDDP_SHAPE(2), y);
     return cddp_cross_entropy(ctx, cddp_model_forward(m, ctx, in), labels, CDDP_REDUCE_MEAN);
 }
 
@@ -38,7 +41,7 @@ static cddp_tensor *mlp_loss(cddp_ctx *ctx, cddp_model *m) {
 static void test_hooks_order_and_once(void **state) {
     (void)state;
     cddp_model *m = mlp();
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_ctx *ctx = test_ctx(0);
     hook_log log = {0};
     cddp_model_set_ready_hook(m, on_ready, &log);
     assert_int_equal(cddp_backward(ctx, mlp_loss(ctx, m)), CDDP_OK);
@@ -48,7 +51,7 @@ static void test_hooks_order_and_once(void **state) {
         assert_int_equal(log.order[i], want[i]);
         assert_int_equal(log.count[i], 1);
         cddp_tensor *p = cddp_model_param(m, i);
-        assert_memory_equal(log.snapshot[i], p->grad, sizeof(float) * (size_t)p->numel);
+        assert_memory_equal(log.snapshot[i], HOST_GRAD(p), sizeof(float) * (size_t)p->numel);
     }
     /* The next step fires each hook exactly once again. */
     cddp_ctx_reset(ctx);
@@ -69,10 +72,11 @@ static void test_unused_parameters_never_fire(void **state) {
     assert_int_equal(cddp_model_add_param(m, "b", CDDP_SHAPE(3), ones, &b), CDDP_OK);
     assert_int_equal(cddp_model_add_param(m, "c", CDDP_SHAPE(3), ones, &c), CDDP_OK);
     assert_int_equal(cddp_model_build(m, 0), CDDP_OK);
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    test_model_to(m);
+    cddp_ctx *ctx = test_ctx(0);
     hook_log log = {0};
     cddp_model_set_ready_hook(m, on_ready, &log);
-    cddp_model_param(m, b)->grad[0] = 42.0f; /* an old gradient that must survive */
+    set_grad(cddp_model_param(m, b), 0, 42.0f); /* an old gradient that must survive */
     /* b feeds a dead branch (its output is computed, then dropped); c is never touched. */
     cddp_tensor *dead = cddp_tanh(ctx, cddp_model_param(m, b));
     assert_non_null(dead);
@@ -82,9 +86,9 @@ static void test_unused_parameters_never_fire(void **state) {
     assert_int_equal(log.order[0], a);
     assert_int_equal(log.count[b], 0);
     assert_int_equal(log.count[c], 0);
-    for (int i = 0; i < 3; i++) assert_true(cddp_model_param(m, a)->grad[i] == 3.0f);
-    assert_true(cddp_model_param(m, b)->grad[0] == 42.0f);
-    assert_true(cddp_model_param(m, c)->grad[0] == 0.0f);
+    for (int i = 0; i < 3; i++) assert_true(HOST_GRAD(cddp_model_param(m, a))[i] == 3.0f);
+    assert_true(HOST_GRAD(cddp_model_param(m, b))[0] == 42.0f);
+    assert_true(HOST_GRAD(cddp_model_param(m, c))[0] == 0.0f);
     cddp_ctx_destroy(ctx);
     cddp_model_destroy(m);
 }
@@ -98,20 +102,24 @@ static void test_parameter_used_twice(void **state) {
         cddp_model_add_param(m, "w", CDDP_SHAPE(2, 2), (cddp_init){CDDP_INIT_UNIFORM, -1, 1}, &w),
         CDDP_OK);
     assert_int_equal(cddp_model_build(m, 3), CDDP_OK);
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    test_model_to(m);
+    cddp_ctx *ctx = test_ctx(0);
     hook_log log = {0};
     cddp_model_set_ready_hook(m, on_ready, &log);
     float x1[] = {1, 2, 3, 4}, x2[] = {-1, 0.5f, 2, 1};
     cddp_tensor *p = cddp_model_param(m, w);
-    cddp_tensor *t1 = cddp_matmul(ctx, cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(2, 2), x1), p, 0, 0);
-    cddp_tensor *t2 = cddp_matmul(ctx, cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(2, 2), x2), p, 0, 0);
+    cddp_tensor *t1 =
+        cddp_matmul(ctx, cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(2, 2), x1), p, 0, 0);
+    cddp_tensor *t2 =
+        cddp_matmul(ctx, cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(2, 2), x2), p, 0, 0);
     cddp_tensor *loss = cddp_add(ctx, cddp_sum(ctx, t1), cddp_sum(ctx, t2));
     assert_int_equal(cddp_backward(ctx, loss), CDDP_OK);
     assert_int_equal(log.count[w], 1);
     /* d/dw sum(x w) = x^T 1: column sums of x1 plus those of x2, for each output column. */
     float want[4] = {1 + 3 - 1 + 2, 1 + 3 - 1 + 2, 2 + 4 + 0.5f + 1, 2 + 4 + 0.5f + 1};
+    const float *dp = HOST_GRAD(p);
     for (int i = 0; i < 4; i++) {
-        assert_true(p->grad[i] == want[i]);
+        assert_true(dp[i] == want[i]);
         assert_true(log.snapshot[w][i] == want[i]); /* both contributions were in at the hook */
     }
     cddp_ctx_destroy(ctx);
@@ -122,21 +130,24 @@ static void test_parameter_used_twice(void **state) {
 static void test_accumulation_and_zeroing(void **state) {
     (void)state;
     cddp_model *m = mlp();
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_ctx *ctx = test_ctx(0);
     size_t n = cddp_model_numel(m);
     assert_int_equal(cddp_backward(ctx, mlp_loss(ctx, m)), CDDP_OK);
+    cddp_device *dev = cddp_model_device(m);
     float *once = malloc(n * sizeof(float));
-    memcpy(once, cddp_model_grad(m), n * sizeof(float));
+    memcpy(once, host_f32(dev, cddp_model_grad(m), (int64_t)n), n * sizeof(float));
     cddp_ctx_reset(ctx);
     assert_int_equal(cddp_backward(ctx, mlp_loss(ctx, m)), CDDP_OK);
+    const float *twice = host_f32(dev, cddp_model_grad(m), (int64_t)n);
     bool nonzero = false;
     for (size_t i = 0; i < n; i++) {
-        assert_close(cddp_model_grad(m)[i], 2.0f * once[i], 1e-6, 1e-9);
+        assert_close(twice[i], 2.0f * once[i], 1e-6, 1e-9);
         nonzero |= once[i] != 0.0f;
     }
     assert_true(nonzero);
     cddp_model_zero_grad(m);
-    for (size_t i = 0; i < n; i++) assert_true(cddp_model_grad(m)[i] == 0.0f);
+    const float *zeroed = host_f32(dev, cddp_model_grad(m), (int64_t)n);
+    for (size_t i = 0; i < n; i++) assert_true(zeroed[i] == 0.0f);
     free(once);
     cddp_ctx_destroy(ctx);
     cddp_model_destroy(m);
@@ -145,7 +156,7 @@ static void test_accumulation_and_zeroing(void **state) {
 static void test_backward_misuse(void **state) {
     (void)state;
     cddp_model *m = mlp();
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_ctx *ctx = test_ctx(0);
     cddp_tensor *loss = mlp_loss(ctx, m);
     assert_int_equal(cddp_backward(ctx, loss), CDDP_OK);
     /* A second backward over the same tape would double-count intermediate gradients. */
@@ -163,14 +174,14 @@ static void test_backward_misuse(void **state) {
 /* Gradients reach leaf tensors that ask for them, through views. */
 static void test_leaf_gradients_through_views(void **state) {
     (void)state;
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_ctx *ctx = test_ctx(0);
     float v[6] = {1, -2, 3, -4, 5, -6};
-    cddp_tensor *x = cddp_requires_grad(ctx, cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(2, 3), v));
+    cddp_tensor *x = cddp_requires_grad(ctx, cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(2, 3), v));
     cddp_tensor *flat = cddp_reshape(ctx, x, CDDP_SHAPE(6));
     cddp_tensor *loss = cddp_sum(ctx, cddp_mul(ctx, flat, flat)); /* d/dx = 2x */
     assert_int_equal(cddp_backward(ctx, loss), CDDP_OK);
     assert_non_null(x->grad);
-    for (int i = 0; i < 6; i++) assert_true(x->grad[i] == 2.0f * v[i]);
+    for (int i = 0; i < 6; i++) assert_true(HOST_GRAD(x)[i] == 2.0f * v[i]);
     cddp_ctx_destroy(ctx);
 }
 
@@ -183,5 +194,7 @@ int main(void) {
         cmocka_unit_test(test_backward_misuse),
         cmocka_unit_test(test_leaf_gradients_through_views),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    host_release();
+    return failed;
 }

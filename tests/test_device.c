@@ -177,9 +177,12 @@ static void test_to_round_trip(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_names),           cmocka_unit_test(test_host_access_faults),
-        cmocka_unit_test(test_unwritten_memory_is_nan), cmocka_unit_test(test_queue_order),
-        cmocka_unit_test(test_late_failure),    cmocka_unit_test(test_mixing_devices_aborts),
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_host_access_faults),
+        cmocka_unit_test(test_unwritten_memory_is_nan),
+        cmocka_unit_test(test_queue_order),
+        cmocka_unit_test(test_late_failure),
+        cmocka_unit_test(test_mixing_devices_aborts),
         cmocka_unit_test(test_to_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,6 +1,6 @@
 /* test_nn.c: parameter naming and layout, PyTorch's initialisation, model errors, BatchNorm and
  * buffers (values by hand, checkpoints), and a custom model built from raw ops (the seed's linear
- * regression). */
+ * regression); the models on the test device (helpers.h). */
 #include "helpers.h"
 
 #include <unistd.h>
@@ -13,6 +13,8 @@ static void test_sequential_names_and_layout(void **state) {
     assert_int_equal(cddp_model_add(m, NULL, cddp_nn_relu()), CDDP_OK);
     assert_int_equal(cddp_model_add(m, "head", cddp_nn_linear(16, 10)), CDDP_OK);
     assert_int_equal(cddp_model_build(m, 0), CDDP_OK);
+    test_model_to(m);
+    assert_ptr_equal(cddp_model_device(m), test_device());
     const char *names[] = {"1.weight", "1.bias", "head.weight", "head.bias"};
     int64_t sizes[] = {16 * 784, 16, 10 * 16, 10};
     assert_int_equal(cddp_model_num_params(m), 4);
@@ -26,6 +28,7 @@ static void test_sequential_names_and_layout(void **state) {
         assert_ptr_equal(p->data, cddp_model_data(m) + off);
         assert_ptr_equal(p->grad, cddp_model_grad(m) + off);
         assert_ptr_equal(cddp_model_find(m, names[i]), p);
+        assert_ptr_equal(p->device, test_device());
         off += (size_t)sizes[i];
     }
     assert_int_equal(cddp_model_numel(m), off);
@@ -50,7 +53,8 @@ static void test_sequential_fuses_relu_and_max_pool(void **state) {
     assert_int_equal(cddp_model_add(m, NULL, cddp_nn_relu()), CDDP_OK);
     assert_int_equal(cddp_model_add(m, NULL, cddp_nn_flatten()), CDDP_OK);
     assert_int_equal(cddp_model_build(m, 3), CDDP_OK);
-    cddp_ctx *ctx = cddp_ctx_create(&(cddp_ctx_options){.seed = 1});
+    test_model_to(m);
+    cddp_ctx *ctx = test_ctx(1);
     cddp_tensor *x = cddp_uniform(ctx, 4, (int64_t[]){2, 1, 9, 10}, -1, 1, cddp_ctx_rng(ctx));
     cddp_tensor *y = cddp_model_forward(m, ctx, x);
     const char *ops[] = {"reshape", "relu", "relu_max_pool2d",
@@ -68,7 +72,8 @@ static void test_sequential_fuses_relu_and_max_pool(void **state) {
     cddp_tensor *want = cddp_max_pool2d(ctx, cddp_relu(ctx, conv), 2, 2, 0);
     want = cddp_relu(ctx, cddp_max_pool2d(ctx, cddp_relu(ctx, want), 2, 1, 0));
     assert_int_equal(want->numel, y->numel);
-    for (int64_t k = 0; k < y->numel; k++) assert_true(cddp_f32(y)[k] == cddp_f32(want)[k]);
+    const float *yh = HOST(y), *wh = HOST(want);
+    for (int64_t k = 0; k < y->numel; k++) assert_true(yh[k] == wh[k]);
     cddp_ctx_destroy(ctx);
     cddp_model_destroy(m);
 }
@@ -82,7 +87,8 @@ static void test_sequential_fuses_batch_norm_and_relu(void **state) {
     assert_int_equal(cddp_model_add(m, NULL, cddp_nn_relu()), CDDP_OK);
     assert_int_equal(cddp_model_add(m, NULL, cddp_nn_batch_norm(3)), CDDP_OK);
     assert_int_equal(cddp_model_build(m, 3), CDDP_OK);
-    cddp_ctx *ctx = cddp_ctx_create(&(cddp_ctx_options){.seed = 1});
+    test_model_to(m);
+    cddp_ctx *ctx = test_ctx(1);
     cddp_tensor *x = cddp_uniform(ctx, 4, (int64_t[]){4, 3, 5, 5}, -1, 1, cddp_ctx_rng(ctx));
     cddp_requires_grad(ctx, x);
     cddp_tensor *y = cddp_model_forward(m, ctx, x);
@@ -95,7 +101,8 @@ static void test_sequential_fuses_batch_norm_and_relu(void **state) {
     cddp_tensor *want =
         cddp_relu(ctx, cddp_batch_norm(ctx, x, p[0], p[1], NULL, NULL, true, 0.1f, 1e-5f));
     want = cddp_batch_norm(ctx, want, p[2], p[3], NULL, NULL, true, 0.1f, 1e-5f);
-    for (int64_t k = 0; k < y->numel; k++) assert_true(cddp_f32(y)[k] == cddp_f32(want)[k]);
+    const float *yh = HOST(y), *wh = HOST(want);
+    for (int64_t k = 0; k < y->numel; k++) assert_true(yh[k] == wh[k]);
     cddp_ctx_destroy(ctx);
     cddp_model_destroy(m);
 }
@@ -103,8 +110,9 @@ static void test_sequential_fuses_batch_norm_and_relu(void **state) {
 /* U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for Linear and Conv2d weights and biases. */
 static void check_uniform(const cddp_tensor *p, double bound) {
     double s = 0, s2 = 0;
+    const float *ph = HOST(p);
     for (int64_t i = 0; i < p->numel; i++) {
-        double v = cddp_f32(p)[i];
+        double v = ph[i];
         assert_true(fabs(v) <= bound);
         s += v;
         s2 += v * v;
@@ -122,13 +130,16 @@ static void test_pytorch_default_init(void **state) {
     assert_int_equal(cddp_model_add(m, "fc", cddp_nn_linear(784, 512)), CDDP_OK);
     assert_int_equal(cddp_model_add(m, "conv", cddp_nn_conv2d(3, 64, 5, 1, 2)), CDDP_OK);
     assert_int_equal(cddp_model_build(m, 11), CDDP_OK);
+    test_model_to(m);
     check_uniform(cddp_model_find(m, "fc.weight"), 1.0 / sqrt(784.0));
     check_uniform(cddp_model_find(m, "fc.bias"), 1.0 / sqrt(784.0));
     check_uniform(cddp_model_find(m, "conv.weight"), 1.0 / sqrt(75.0));
     check_uniform(cddp_model_find(m, "conv.bias"), 1.0 / sqrt(75.0));
     assert_int_equal(cddp_model_find(m, "conv.weight")->ndim, 4);
     /* Gradients start at zero. */
-    for (size_t i = 0; i < cddp_model_numel(m); i++) assert_true(cddp_model_grad(m)[i] == 0.0f);
+    const float *g =
+        host_f32(cddp_model_device(m), cddp_model_grad(m), (int64_t)cddp_model_numel(m));
+    for (size_t i = 0; i < cddp_model_numel(m); i++) assert_true(g[i] == 0.0f);
     cddp_model_destroy(m);
 }
 
@@ -136,16 +147,20 @@ static cddp_model *small(uint64_t seed) {
     cddp_model *m = cddp_model_create();
     assert_int_equal(cddp_model_add(m, NULL, cddp_nn_linear(5, 4)), CDDP_OK);
     assert_int_equal(cddp_model_build(m, seed), CDDP_OK);
-    return m;
+    return test_model_to(m);
 }
 
 /* One seed, the same weights: how every rank starts identical. */
 static void test_seeded_init_is_reproducible(void **state) {
     (void)state;
     cddp_model *a = small(5), *b = small(5), *c = small(6);
-    size_t n = cddp_model_numel(a) * sizeof(float);
-    assert_memory_equal(cddp_model_data(a), cddp_model_data(b), n);
-    assert_memory_not_equal(cddp_model_data(a), cddp_model_data(c), n);
+    int64_t k = (int64_t)cddp_model_numel(a);
+    size_t n = (size_t)k * sizeof(float);
+    const float *ha = host_f32(cddp_model_device(a), cddp_model_data(a), k),
+                *hb = host_f32(cddp_model_device(b), cddp_model_data(b), k),
+                *hc = host_f32(cddp_model_device(c), cddp_model_data(c), k);
+    assert_memory_equal(ha, hb, n);
+    assert_memory_not_equal(ha, hc, n);
     cddp_model_destroy(a);
     cddp_model_destroy(b);
     cddp_model_destroy(c);
@@ -182,7 +197,8 @@ static void test_forward_shapes_and_training_mode(void **state) {
     assert_int_equal(cddp_model_add(m, "fc", cddp_nn_linear(4 * 14 * 14, 3)), CDDP_OK);
     assert_int_equal(cddp_model_add(m, "out", cddp_nn_tanh()), CDDP_OK);
     assert_int_equal(cddp_model_build(m, 0), CDDP_OK);
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    test_model_to(m);
+    cddp_ctx *ctx = test_ctx(0);
     cddp_tensor *x = cddp_ones(ctx, CDDP_F32, CDDP_SHAPE(2, 1, 28, 28));
     cddp_tensor *train = cddp_model_forward(m, ctx, x);
     assert_int_equal(train->ndim, 2);
@@ -192,8 +208,8 @@ static void test_forward_shapes_and_training_mode(void **state) {
     assert_false(cddp_model_training(m));
     cddp_tensor *eval1 = cddp_model_forward(m, ctx, x), *eval2 = cddp_model_forward(m, ctx, x);
     /* Without dropout the output is deterministic; with it, it differs. */
-    assert_memory_equal(eval1->data, eval2->data, 6 * sizeof(float));
-    assert_memory_not_equal(eval1->data, train->data, 6 * sizeof(float));
+    assert_memory_equal(HOST(eval1), HOST(eval2), 6 * sizeof(float));
+    assert_memory_not_equal(HOST(eval1), HOST(train), 6 * sizeof(float));
     cddp_ctx_destroy(ctx);
     cddp_model_destroy(m);
 }
@@ -206,25 +222,27 @@ static void test_custom_model_linear_regression(void **state) {
     int w;
     assert_int_equal(cddp_model_add_param(m, "w", CDDP_SHAPE(2, 1), (cddp_init){0}, &w), CDDP_OK);
     assert_int_equal(cddp_model_build(m, 0), CDDP_OK);
+    test_model_to(m);
     cddp_error err = {0};
     cddp_optim *opt = cddp_optim_sgd(m, &(cddp_sgd_options){.lr = 0.01f}, &err);
     assert_non_null(opt);
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_ctx *ctx = test_ctx(0);
     float x[] = {1, 2, 2, 3, 4, 6, 3, 1}, y[] = {8, 13, 26, 9};
     float loss = 0;
     for (int i = 0; i < 500; i++) {
         cddp_ctx_reset(ctx);
-        cddp_tensor *pred = cddp_matmul(ctx, cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(4, 2), x),
+        cddp_tensor *pred = cddp_matmul(ctx, cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(4, 2), x),
                                         cddp_model_param(m, w), false, false);
-        cddp_tensor *l = cddp_mse_loss(ctx, pred, cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(4, 1), y),
-                                       CDDP_REDUCE_SUM);
+        cddp_tensor *l = cddp_mse_loss(
+            ctx, pred, cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(4, 1), y), CDDP_REDUCE_SUM);
         cddp_model_zero_grad(m);
         assert_int_equal(cddp_backward(ctx, l), CDDP_OK);
         cddp_optim_step(opt);
         loss = (float)cddp_get(l, 0);
     }
-    assert_close(cddp_model_data(m)[0], 2.0, 0, 1e-3);
-    assert_close(cddp_model_data(m)[1], 3.0, 0, 1e-3);
+    const float *wh = host_f32(cddp_model_device(m), cddp_model_data(m), 2);
+    assert_close(wh[0], 2.0, 0, 1e-3);
+    assert_close(wh[1], 3.0, 0, 1e-3);
     assert_true(loss < 1e-6f);
     cddp_ctx_destroy(ctx);
     cddp_optim_destroy(opt);
@@ -240,6 +258,7 @@ static void test_batch_norm_module(void **state) {
     cddp_model *m = cddp_model_create();
     assert_int_equal(cddp_model_add(m, "bn", cddp_nn_batch_norm(2)), CDDP_OK);
     assert_int_equal(cddp_model_build(m, 0), CDDP_OK);
+    test_model_to(m);
     assert_int_equal(cddp_model_num_params(m), 2);
     assert_int_equal(cddp_model_num_buffers(m), 2);
     assert_string_equal(cddp_model_param(m, 0)->name, "bn.weight");
@@ -252,29 +271,31 @@ static void test_batch_norm_module(void **state) {
     assert_int_equal(cddp_model_buffer_numel(m), 4);
     assert_ptr_equal(rm->data, cddp_model_buffer_data(m));
     assert_false(rm->requires_grad);
-    assert_float_equal(cddp_f32(rv)[0], 1.0f, 0);
-    cddp_f32(cddp_model_param(m, 1))[1] = 0.5f; /* bias of channel 1 */
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    assert_float_equal(HOST(rv)[0], 1.0f, 0);
+    set_f32(cddp_model_param(m, 1), 1, 0.5f); /* bias of channel 1 */
+    cddp_ctx *ctx = test_ctx(0);
     float x[8] = {1, 7, 2, 7, 3, 7, 4, 7};
-    cddp_tensor *y = cddp_model_forward(m, ctx, cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(4, 2), x));
+    cddp_tensor *y = cddp_model_forward(m, ctx, cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(4, 2), x));
     assert_non_null(y);
     double inv = 1.0 / sqrt(1.25 + 1e-5);
+    const float *yh = HOST(y), *rmh = HOST(rm), *rvh = HOST(rv);
     for (int n = 0; n < 4; n++) {
-        assert_float_equal(cddp_f32(y)[2 * n], (float)((n + 1 - 2.5) * inv), 1e-6);
-        assert_float_equal(cddp_f32(y)[2 * n + 1], 0.5f, 1e-6);
+        assert_float_equal(yh[2 * n], (float)((n + 1 - 2.5) * inv), 1e-6);
+        assert_float_equal(yh[2 * n + 1], 0.5f, 1e-6);
     }
-    assert_float_equal(cddp_f32(rm)[0], 0.25f, 1e-7);
-    assert_float_equal(cddp_f32(rm)[1], 0.7f, 1e-6);
-    assert_float_equal(cddp_f32(rv)[0], (float)(0.9 + 0.1 * 5.0 / 3.0), 1e-6);
-    assert_float_equal(cddp_f32(rv)[1], 0.9f, 1e-7);
+    assert_float_equal(rmh[0], 0.25f, 1e-7);
+    assert_float_equal(rmh[1], 0.7f, 1e-6);
+    assert_float_equal(rvh[0], (float)(0.9 + 0.1 * 5.0 / 3.0), 1e-6);
+    assert_float_equal(rvh[1], 0.9f, 1e-7);
     /* Evaluation: the running statistics, which stay put. */
     cddp_model_set_training(m, false);
     cddp_ctx_reset(ctx);
-    y = cddp_model_forward(m, ctx, cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(4, 2), x));
+    y = cddp_model_forward(m, ctx, cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(4, 2), x));
     double inv0 = 1.0 / sqrt(0.9 + 0.5 / 3.0 + 1e-5), inv1 = 1.0 / sqrt(0.9 + 1e-5);
-    assert_float_equal(cddp_f32(y)[0], (float)((1 - 0.25) * inv0), 1e-6);
-    assert_float_equal(cddp_f32(y)[1], (float)((7 - 0.7) * inv1 + 0.5), 1e-5);
-    assert_float_equal(cddp_f32(rm)[0], 0.25f, 1e-7);
+    yh = HOST(y);
+    assert_float_equal(yh[0], (float)((1 - 0.25) * inv0), 1e-6);
+    assert_float_equal(yh[1], (float)((7 - 0.7) * inv1 + 0.5), 1e-5);
+    assert_float_equal(HOST(rm)[0], 0.25f, 1e-7);
     /* A checkpoint carries the buffers; a model that lacks them is told so. */
     char path[] = "/tmp/cddp_bn_XXXXXX";
     int fd = mkstemp(path);
@@ -285,8 +306,10 @@ static void test_batch_norm_module(void **state) {
     cddp_model *m2 = cddp_model_create();
     assert_int_equal(cddp_model_add(m2, "bn", cddp_nn_batch_norm(2)), CDDP_OK);
     assert_int_equal(cddp_model_build(m2, 0), CDDP_OK);
+    test_model_to(m2);
     assert_int_equal(cddp_checkpoint_load(path, m2, NULL, NULL, &err), CDDP_OK);
-    assert_memory_equal(cddp_model_buffer_data(m2), cddp_model_buffer_data(m), 4 * sizeof(float));
+    assert_memory_equal(host_f32(test_device(), cddp_model_buffer_data(m2), 4),
+                        host_f32(test_device(), cddp_model_buffer_data(m), 4), 4 * sizeof(float));
     cddp_model *plain = cddp_model_create();
     int64_t two = 2;
     assert_int_equal(cddp_model_add_param(plain, "bn.weight", 1, &two, (cddp_init){0}, NULL), 0);
@@ -368,6 +391,7 @@ static void test_modules_nest(void **state) {
     assert_int_equal(cddp_model_add(m, "flat", cddp_nn_flatten()), CDDP_OK);
     assert_int_equal(cddp_model_add(m, "fc", cddp_nn_linear(2 * 2 * 2, 3)), CDDP_OK);
     assert_int_equal(cddp_model_build(m, 5), CDDP_OK);
+    test_model_to(m);
     const char *names[] = {"stem.weight",
                            "stem.bias",
                            "layer1.0.gate",
@@ -390,7 +414,7 @@ static void test_modules_nest(void **state) {
     assert_int_equal(cddp_module_add(layer1, NULL, cddp_nn_relu()), CDDP_ESTATE);
 
     /* The forward equals the same ops written out by hand. */
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_ctx *ctx = test_ctx(0);
     cddp_rng rng;
     cddp_rng_seed(&rng, 3);
     cddp_tensor *x = cddp_normal(ctx, CDDP_SHAPE(2, 1, 4, 4), 0, 1, &rng);
@@ -421,7 +445,8 @@ static void test_modules_nest(void **state) {
     for (int i = 0; i < 14; i++) {
         const cddp_tensor *p = cddp_model_param(m, i);
         double g = 0;
-        for (int64_t e = 0; e < p->numel; e++) g += fabs(p->grad[e]);
+        const float *dp = HOST_GRAD(p);
+        for (int64_t e = 0; e < p->numel; e++) g += fabs(dp[e]);
         assert_true(g > 0);
     }
     cddp_ctx_destroy(ctx);
@@ -462,6 +487,7 @@ static void test_tied_weights(void **state) {
     cddp_model *m = cddp_model_create();
     assert_int_equal(cddp_model_add(m, "net", twice), CDDP_OK);
     assert_int_equal(cddp_model_build(m, 3), CDDP_OK);
+    test_model_to(m);
     assert_int_equal(cddp_model_num_params(m), 2); /* inner.weight and inner.bias, once */
     assert_int_equal(cddp_model_num_ties(m), 1);
     const char *name;
@@ -478,12 +504,17 @@ static void test_tied_weights(void **state) {
     assert_int_equal(cddp_model_add_param(u, "b", 1, &four, (cddp_init){0}, &b), CDDP_OK);
     assert_int_equal(cddp_model_add_param(u, "c", 2, shape, (cddp_init){0}, &c), CDDP_OK);
     assert_int_equal(cddp_model_build(u, 0), CDDP_OK);
+    test_model_to(u);
     cddp_tensor *pa = cddp_model_param(u, a), *pb = cddp_model_param(u, b),
                 *pc = cddp_model_param(u, c);
-    memcpy(pa->data, w->data, 16 * sizeof(float));
-    memcpy(pc->data, w->data, 16 * sizeof(float));
-    memcpy(pb->data, cddp_model_find(m, "net.inner.bias")->data, 4 * sizeof(float));
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_error e = {0};
+    cddp_device *dev = test_device();
+    assert_int_equal(cddp_device_copy(dev, pa->data, w->data, 16 * sizeof(float), &e), CDDP_OK);
+    assert_int_equal(cddp_device_copy(dev, pc->data, w->data, 16 * sizeof(float), &e), CDDP_OK);
+    assert_int_equal(cddp_device_copy(dev, pb->data, cddp_model_find(m, "net.inner.bias")->data,
+                                      4 * sizeof(float), &e),
+                     CDDP_OK);
+    cddp_ctx *ctx = test_ctx(0);
     cddp_rng rng;
     cddp_rng_seed(&rng, 9);
     cddp_tensor *x = cddp_normal(ctx, CDDP_SHAPE(3, 4), 0, 1, &rng);
@@ -495,7 +526,8 @@ static void test_tied_weights(void **state) {
     x = cddp_normal(ctx, CDDP_SHAPE(3, 4), 0, 1, &rng);
     cddp_tensor *y = cddp_linear(ctx, cddp_linear(ctx, x, pa, pb), pc, NULL);
     assert_int_equal(cddp_backward(ctx, cddp_sum(ctx, y)), CDDP_OK);
-    for (int i = 0; i < 16; i++) assert_close(w->grad[i], pa->grad[i] + pc->grad[i], 1e-6, 1e-6);
+    const float *gw = HOST_GRAD(w), *ga = HOST_GRAD(pa), *gc = HOST_GRAD(pc);
+    for (int i = 0; i < 16; i++) assert_close(gw[i], ga[i] + gc[i], 1e-6, 1e-6);
     cddp_ctx_destroy(ctx);
     cddp_model_destroy(u);
     cddp_model_destroy(m);
@@ -530,5 +562,7 @@ int main(void) {
         cmocka_unit_test(test_modules_nest),
         cmocka_unit_test(test_tied_weights),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    host_release();
+    return failed;
 }

@@ -39,7 +39,7 @@ static void test_creation(void **state) {
     raw[0] = 0; /* from_data copies */
     assert_true(cddp_get(c, 0) == 5.0 && cddp_get(c, 2) == 9.0);
     cddp_tensor *w = cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(2), z->data); /* the device's memory */
-    assert_ptr_equal(w->data, z->data);                                  /* wrap does not copy */
+    assert_ptr_equal(w->data, z->data);                                /* wrap does not copy */
     assert_int_equal(cddp_dtype_size(CDDP_I64), 8);
     assert_string_equal(cddp_dtype_name(CDDP_I32), "int32");
     cddp_tensor *s = cddp_zeros(ctx, CDDP_F32, 0, NULL);
@@ -826,7 +826,7 @@ static void check_bn_relu(int ndim, const int64_t *shape, bool blocked, bool tra
         if (reuse) /* recorded after: its backward runs first, so x's gradient is added to */
             loss = cddp_add(ctx, loss, cddp_sum(ctx, cddp_scale(ctx, xi, 0.5f)));
         assert_int_equal(cddp_backward(ctx, loss), CDDP_OK);
-        const float *got[6] = {HOST(yp),      HOST_GRAD(x), HOST_GRAD(w),
+        const float *got[6] = {HOST(yp),     HOST_GRAD(x), HOST_GRAD(w),
                                HOST_GRAD(b), HOST(rv),     HOST_GRAD(res)};
         yn = yp->numel;
         int64_t n[6] = {yp->numel, x->numel, C, C, C, x->numel};

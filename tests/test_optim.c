@@ -1,6 +1,6 @@
 /* test_optim.c: SGD and AdamW update rules against values derived by hand (one parameter
  * element, a constant gradient), and option validation. PyTorch parity on real models is in
- * test_reference.c. */
+ * test_reference.c. The model and the optimizer's state live on the test device (helpers.h). */
 #include "helpers.h"
 
 /* A one-element model whose gradient is set by hand before each step. */
@@ -10,15 +10,15 @@ static cddp_model *scalar_model(float init) {
         cddp_model_add_param(m, "p", CDDP_SHAPE(1), (cddp_init){CDDP_INIT_CONSTANT, init, 0}, NULL),
         CDDP_OK);
     assert_int_equal(cddp_model_build(m, 0), CDDP_OK);
-    return m;
+    return test_model_to(m);
 }
 
 /* Steps n times with gradient g and checks the parameter after each step. */
 static void run_steps(cddp_optim *opt, cddp_model *m, float g, const double *want, int n) {
     for (int i = 0; i < n; i++) {
-        cddp_model_grad(m)[0] = g;
+        set_at(cddp_model_device(m), cddp_model_grad(m), 0, g);
         cddp_optim_step(opt);
-        assert_close(cddp_model_data(m)[0], want[i], 1e-6, 1e-7);
+        assert_close(host_f32(cddp_model_device(m), cddp_model_data(m), 1)[0], want[i], 1e-6, 1e-7);
     }
     assert_int_equal(cddp_optim_steps(opt), n);
 }
@@ -74,13 +74,13 @@ static void test_adamw_rules(void **state) {
      * 0.899 * 0.999 - 0.1 = 0.798101, then 0.798101 * 0.999 - 0.1 = 0.697302899. */
     run_steps(opt, m, 1.0f, (double[]){0.899, 0.798101, 0.697302899}, 3);
     const char *name;
-    float *ea = cddp_optim_state(opt, 0, &name);
+    const float *ea = host_f32(cddp_model_device(m), cddp_optim_state(opt, 0, &name), 1);
     assert_string_equal(name, "exp_avg");
     /* The moments after 3 steps of g = 1: m = 1 - b1^3, v = 1 - b2^3, with the betas as the
      * float32 values the update uses (0.999f is 0.99900001...). */
     double b1 = 0.9f, b2 = 0.999f;
     assert_close(ea[0], (double)(1.0f - 0.9f) * (1 + b1 + b1 * b1), 1e-6, 0);
-    float *ev = cddp_optim_state(opt, 1, &name);
+    const float *ev = host_f32(cddp_model_device(m), cddp_optim_state(opt, 1, &name), 1);
     assert_string_equal(name, "exp_avg_sq");
     assert_close(ev[0], (double)(1.0f - 0.999f) * (1 + b2 + b2 * b2), 1e-6, 0);
     cddp_optim_destroy(opt);
@@ -110,5 +110,7 @@ int main(void) {
         cmocka_unit_test(test_adamw_rules),
         cmocka_unit_test(test_invalid_options),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    host_release();
+    return failed;
 }

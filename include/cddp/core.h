@@ -134,7 +134,7 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
     X(BLOCKED, INT, "1",                                                                           \
       "1: a ResNet keeps its activations in oneDNN's channel-blocked layout between layers "       \
       "(cddp_to_blocked); 0: plain NCHW everywhere, each convolution reordering its own.")         \
-    X(EMU_DEVICES, INT, "2", "How many emulated devices (emu:0, emu:1, ...) a process has.")      \
+    X(EMU_DEVICES, INT, "2", "How many emulated devices (emu:0, emu:1, ...) a process has.")       \
     X(EMU_MB, INT, "4096",                                                                         \
       "Memory, in MiB, of each emulated device (reserved, taken as it is touched).")               \
     X(DATA, STR, "/usr/share/datasets/fashion-mnist",                                              \

@@ -283,7 +283,8 @@ CDDP_API int64_t cddp_loader_begin(cddp_loader *l);
 CDDP_API int cddp_loader_next(cddp_loader *l, cddp_batch *batch, cddp_error *err);
 /* Seconds the caller spent blocked in cddp_loader_next since the loader was created. */
 CDDP_API double cddp_loader_wait_seconds(const cddp_loader *l);
-/* Field f of a batch as a tensor (B, shape...) viewing the batch's buffer (no copy). */
+/* Field f of a batch as a tensor (B, shape...) on the context's device: on the CPU a view of the
+ * batch's buffer (no copy), on another device a copy there (the buffer may then be reused). */
 CDDP_API cddp_tensor *cddp_batch_tensor(cddp_ctx *ctx, const cddp_batch *batch, int f);
 
 #ifdef __cplusplus

@@ -45,6 +45,12 @@ CDDP_API cddp_device *cddp_device_cpu(void);
  * a name that is not a device, an index out of range, or a kind this build or machine cannot run
  * ("no CUDA device: the driver reports ..."). */
 CDDP_API cddp_device *cddp_device_get(const char *spec, cddp_error *err);
+/* The device a rank of a data-parallel job works on, for a program's --device option: spec as
+ * cddp_device_get takes it, where a kind without an index ("cuda", "emu") names the local rank's
+ * device of that kind: LOCAL_RANK (the launcher's; 0 without one) modulo how many of the kind this
+ * process sees (torchrun's one process per GPU; CUDA_VISIBLE_DEVICES applies). NULL with err as
+ * cddp_device_get. */
+CDDP_API cddp_device *cddp_device_for_rank(const char *spec, cddp_error *err);
 /* "cpu", "emu:0", "cuda:1": the name cddp_device_get takes back. */
 CDDP_API const char *cddp_device_name(const cddp_device *dev);
 CDDP_API cddp_device_kind cddp_device_kind_of(const cddp_device *dev);
@@ -74,6 +80,57 @@ CDDP_API int cddp_device_copy(cddp_device *dev, void *dst, const void *src, size
                               cddp_error *err);
 CDDP_API int cddp_device_memset(cddp_device *dev, void *dst, int byte, size_t bytes,
                                 cddp_error *err);
+
+/* A copy to the host that is queued, not waited for: dst holds the data once an event recorded
+ * after it is done (cddp_event_synchronize). On the CPU it is done when the call returns. */
+CDDP_API int cddp_device_download_async(cddp_device *dev, void *dst, const void *src, size_t bytes,
+                                        cddp_error *err);
+
+/* Events: a point in the device's queue. Record one after some work, and whoever must not go on
+ * before that work has run (a thread that reads what it wrote) synchronizes with it. An event is
+ * done as soon as it is made, and again after every record once the work before it has run. */
+typedef struct cddp_event cddp_event;
+CDDP_API cddp_event *cddp_event_create(cddp_device *dev, cddp_error *err);
+CDDP_API void cddp_event_destroy(cddp_event *ev); /* accepts NULL */
+CDDP_API int cddp_event_record(cddp_event *ev, cddp_error *err);
+/* Waits until the work queued before the last record has run. */
+CDDP_API int cddp_event_synchronize(cddp_event *ev, cddp_error *err);
+
+/* n bytes from src on device from to dst on device to: a copy within a device, to or from the
+ * host's memory (the CPU), or between two devices through host memory. Ordered as the copies
+ * above (a copy that ends on the CPU waits for it). */
+CDDP_API int cddp_device_transfer(cddp_device *to, void *dst, cddp_device *from, const void *src,
+                                  size_t bytes, cddp_error *err);
+
+/* ---- Kernels on flat blocks -------------------------------------------------------------------
+ * The optimizers' arithmetic on a model's parameter, gradient and state blocks (nn.h, optim.h),
+ * queued on the device like any kernel. Arithmetic is float32 in the order of PyTorch's kernels,
+ * so that results agree to rounding. */
+
+/* SGD (PyTorch's rule): with momentum, buf = grad + wd p on the first step (first), else
+ * buf = momentum buf + (1 - dampening) (grad + wd p); p -= lr (grad + wd p + momentum buf)
+ * with nesterov, else lr buf. Without momentum (buf NULL): p -= lr (grad + wd p). */
+typedef struct cddp_sgd_hparams {
+    float lr, momentum, dampening, weight_decay;
+    bool nesterov, first;
+} cddp_sgd_hparams;
+CDDP_API void cddp_device_sgd(cddp_device *dev, float *p, const float *grad, float *buf, size_t n,
+                              const cddp_sgd_hparams *h);
+/* AdamW, decoupled weight decay, step t (the caller works out the bias corrections once, in
+ * double, as Python does): p *= decay (1 - lr wd); m = beta1 m + (1 - beta1) g;
+ * v = beta2 v + (1 - beta2) g^2; p -= step_size m / (sqrt(v) / bc2_sqrt + eps), with
+ * step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t). */
+typedef struct cddp_adamw_hparams {
+    float beta1, beta2, eps, step_size, bc2_sqrt, decay;
+} cddp_adamw_hparams;
+CDDP_API void cddp_device_adamw(cddp_device *dev, float *p, const float *grad, float *m, float *v,
+                                size_t n, const cddp_adamw_hparams *h);
+/* *out = the sum of x[i]^2 in double, added in a fixed order (the same on every device and rank);
+ * waits for the device. */
+CDDP_API int cddp_device_sum_squares(cddp_device *dev, const float *x, size_t n, double *out,
+                                     cddp_error *err);
+/* x *= s (n elements). */
+CDDP_API void cddp_device_scale(cddp_device *dev, float *x, size_t n, float s);
 
 #ifdef __cplusplus
 }

@@ -211,7 +211,8 @@ CDDP_API cddp_tensor *cddp_model_find(const cddp_model *m, const char *name);
 /* The tied second names (cddp_module_tie): tie i's name in *name, and its parameter. */
 CDDP_API int cddp_model_num_ties(const cddp_model *m);
 CDDP_API cddp_tensor *cddp_model_tie(const cddp_model *m, int i, const char **name);
-/* Total parameter elements, and the flat value and gradient blocks (numel floats each). */
+/* Total parameter elements, and the flat value and gradient blocks (numel floats each), in the
+ * memory of the model's device (cddp_model_device). */
 CDDP_API size_t cddp_model_numel(const cddp_model *m);
 CDDP_API float *cddp_model_data(const cddp_model *m);
 CDDP_API float *cddp_model_grad(const cddp_model *m);
@@ -223,9 +224,18 @@ CDDP_API size_t cddp_model_buffer_numel(const cddp_model *m);
 CDDP_API float *cddp_model_buffer_data(const cddp_model *m);
 /* Offset, in elements, of parameter i in the flat blocks. */
 CDDP_API size_t cddp_model_param_offset(const cddp_model *m, int i);
+/* The device the model's blocks are on: the CPU until cddp_model_to moves them. */
+CDDP_API cddp_device *cddp_model_device(const cddp_model *m);
+/* Moves the model's parameters, gradients and buffers to dev (a built model; its tensors then
+ * live there, and ops on them run there): PyTorch's model.to(device). Call it before making the
+ * optimizer or wrapping the model with DistributedDataParallel, which take the model's device as
+ * they find it. CDDP_OK; on failure (out of the device's memory, a gradient block lent to DDP)
+ * err says why and the model is where it was. */
+CDDP_API int cddp_model_to(cddp_model *m, cddp_device *dev, cddp_error *err);
 /* Moves the gradient block into block (numel floats, 64-byte aligned, owned by the caller, who
- * keeps it alive until the model is destroyed or the block is moved again), copying the current
- * gradients; block NULL moves them back into memory of the model's own. Every parameter's grad
+ * keeps it alive until the model is destroyed or the block is moved again; memory of the model's
+ * device), copying the current gradients; block NULL moves them back into memory of the model's
+ * own. Every parameter's grad
  * follows. DistributedDataParallel uses it to place the gradients where the transport reads
  * them in place. CDDP_ENOMEM (nothing changed) when the model cannot allocate. */
 CDDP_API int cddp_model_set_grad_block(cddp_model *m, float *block);

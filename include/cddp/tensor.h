@@ -59,9 +59,9 @@ struct cddp_tensor {
     const char *name;           /* parameter name, NULL for other tensors */
     cddp_ready_hook ready_hook; /* autograd calls it when the gradient is final (autograd.h) */
     void *ready_user;
-    cddp_node *node; /* the op that made it (its grad_fn), NULL for leaves */
-    int block;       /* 0: row-major; else a 4-D float32 tensor in the channel-blocked layout of
-                        blocks of this many channels (see "Layouts"); grad in the same layout */
+    cddp_node *node;     /* the op that made it (its grad_fn), NULL for leaves */
+    int block;           /* 0: row-major; else a 4-D float32 tensor in the channel-blocked layout of
+                            blocks of this many channels (see "Layouts"); grad in the same layout */
     cddp_device *device; /* where data and grad are (device.h) */
 };
 
@@ -132,6 +132,11 @@ CDDP_API cddp_tensor *cddp_ones(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const
 /* Copies numel elements of dtype from data. */
 CDDP_API cddp_tensor *cddp_from_data(cddp_ctx *ctx, cddp_dtype dtype, int ndim,
                                      const int64_t *shape, const void *data);
+/* Host memory (numel elements of dtype at data) as a tensor on the context's device: on the CPU a
+ * view of it (cddp_wrap: the caller keeps it alive and unchanged until reset), elsewhere a copy
+ * (cddp_from_data: the caller may reuse it at once). For a batch a program made itself. */
+CDDP_API cddp_tensor *cddp_from_host(cddp_ctx *ctx, cddp_dtype dtype, int ndim,
+                                     const int64_t *shape, void *data);
 /* Wraps caller memory (of the context's device) without copying; the caller keeps it alive and
  * unchanged until reset. */
 CDDP_API cddp_tensor *cddp_wrap(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const int64_t *shape,

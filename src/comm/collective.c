@@ -128,6 +128,7 @@ int cddp__comm_execute(cddp_comm *c, const coll *a, cddp_error *err) {
         release(c, a->recv);
         return CDDP_OK;
     }
+    if (a->kind == K_CALL) return a->fn(a->arg, err);
     if (a->kind == K_SEND || a->kind == K_RECV) return p2p(c, a, err);
     CDDP_TRY(cddp__comm_failed(c, err));
     CDDP_TRY(cddp__comm_check(c, a, err));

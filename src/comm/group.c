@@ -134,6 +134,11 @@ cddp_comm_work *cddp_comm_reduce_scatter_async(cddp_comm *c, const void *send, v
                               err);
 }
 
+cddp_comm_work *cddp_comm_call_async(cddp_comm *c, cddp_comm_fn fn, void *arg, cddp_error *err) {
+    coll a = {.kind = K_CALL, .timeout_s = -1, .fn = fn, .arg = arg};
+    return cddp__comm_enqueue(c, &a, err);
+}
+
 cddp_comm_work *cddp_comm_barrier_async(cddp_comm *c, double timeout_s, cddp_error *err) {
     return cddp__comm_enqueue(c, CALL(K_BARRIER, NULL, NULL, 0, CDDP_COMM_F32, 0, 0, timeout_s),
                               err);

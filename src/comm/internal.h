@@ -45,6 +45,7 @@ enum {
     K_SCATTER,
     K_ALLOC, /* cddp_comm_alloc: count is the byte size, recv receives the pointer */
     K_FREE,  /* cddp_comm_free, local: recv is the memory */
+    K_CALL,  /* cddp_comm_call_async, local: fn(arg) on the communication thread */
     K_SEND,  /* point to point: root is the peer */
     K_RECV,
     K_COUNT
@@ -67,6 +68,8 @@ typedef struct coll {
     const void *send;
     void *recv;
     double timeout_s; /* < 0: the group's */
+    cddp_comm_fn fn;  /* K_CALL's */
+    void *arg;
 } coll;
 
 /* Where a collective's buffer lies in memory from cddp_comm_alloc, when every rank's buffer is at

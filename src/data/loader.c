@@ -321,5 +321,5 @@ cddp_tensor *cddp_batch_tensor(cddp_ctx *ctx, const cddp_batch *batch, int f) {
     const cddp_field *fd = cddp_dataset_field(batch->dataset, f);
     int64_t shape[CDDP_MAX_DIMS] = {batch->size};
     for (int d = 0; d < fd->ndim; d++) shape[d + 1] = fd->shape[d];
-    return cddp_wrap(ctx, fd->dtype, fd->ndim + 1, shape, batch->data[f]);
+    return cddp_from_host(ctx, fd->dtype, fd->ndim + 1, shape, batch->data[f]);
 }

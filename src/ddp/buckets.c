@@ -32,6 +32,7 @@ void cddp__ddp_free_buckets(cddp_ddp *d) {
         cddp_free(d->buckets[b].params);
         cddp_aligned_free(d->buckets[b].stage);
         cddp_aligned_free(d->buckets[b].half);
+        cddp_event_destroy(d->buckets[b].ready_ev);
     }
     cddp_free(d->buckets);
     d->buckets = NULL;
@@ -58,6 +59,7 @@ int cddp__ddp_build_buckets(cddp_ddp *d, const int *order, cddp_error *err) {
         size_t n = (size_t)cddp_model_param(d->model, i)->numel;
         if (!open) {
             bucket *nb = &d->buckets[d->nbuckets++];
+            nb->ddp = d;
             nb->params = cddp_malloc(sizeof(int) * (size_t)d->nparams);
             if (!nb->params) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
             first = off;
@@ -94,15 +96,26 @@ int cddp__ddp_build_buckets(cddp_ddp *d, const int *order, cddp_error *err) {
         cddp_log(CDDP_LOG_DEBUG, "ddp", "bucket %d: %zu elements, %s: %s", k, b->numel,
                  b->offset >= 0 ? "one range" : "packed", names);
         CDDP_TRY(d->reducer->prepare(d, b, err));
+        CDDP_TRY(cddp__ddp_stage_bucket(d, b, err));
     }
     return CDDP_OK;
 }
 
 /* ---- launching and finishing buckets ----------------------------------------------------- */
 
-/* Starts bucket k's reduction: queued on the communication thread, or run here and now. */
+/* Starts bucket k's reduction: queued on the communication thread, or run here and now; for a
+ * staged model after the device's copy of its gradients to the host (stage.c). */
 void cddp__ddp_launch(cddp_ddp *d, int k) {
-    d->reducer->launch(d, &d->buckets[k]);
+    bucket *b = &d->buckets[k];
+    if (d->staged) {
+        cddp_error err = {0};
+        if (cddp__ddp_stage_in(d, b, &err) != CDDP_OK) {
+            if (!d->hook_err.code) d->hook_err = err;
+            return;
+        }
+        cddp__ddp_before(d, b, cddp__ddp_stage_wait);
+    }
+    d->reducer->launch(d, b);
 }
 
 /* Launches every complete bucket that is next in order. */
@@ -111,11 +124,25 @@ static void launch_ready(cddp_ddp *d) {
         cddp__ddp_launch(d, d->next_launch++);
 }
 
-/* Waits for bucket k and moves its result into the gradients. */
+/* Waits for bucket k and moves its result into the gradients (for a staged model, back on the
+ * device). */
 static int finish_bucket(cddp_ddp *d, int k, cddp_error *err) {
     bucket *b = &d->buckets[k];
+    int rc = CDDP_OK;
+    for (int i = 0; i < b->npre; i++) { /* all of them: no work may outlive the step */
+        cddp_error e = {0};
+        int st = cddp_comm_wait(b->pre[i], -1, &e);
+        if (st && !rc) rc = st, *err = e;
+    }
+    b->npre = 0;
+    if (rc != CDDP_OK) {
+        if (b->work) cddp_comm_wait(b->work, -1, NULL);
+        b->work = NULL;
+        b->reduced = false;
+        return rc;
+    }
     if (b->work) {
-        int rc = cddp_comm_wait_timed(b->work, -1, &b->t_start, &b->t_end, err);
+        rc = cddp_comm_wait_timed(b->work, -1, &b->t_start, &b->t_end, err);
         b->work = NULL;
         CDDP_TRY(rc);
     } else if (b->reduced) {
@@ -125,7 +152,7 @@ static int finish_bucket(cddp_ddp *d, int k, cddp_error *err) {
     }
     cddp__ddp_record(d, "allreduce", k, d->inline_comm ? 0 : 1, b->t_start, b->t_end);
     d->reducer->finish(d, b);
-    return CDDP_OK;
+    return cddp__ddp_stage_out(d, b, err);
 }
 
 /* Waits for everything queued in this step (also after a failure: no work may outlive the
@@ -243,11 +270,12 @@ static int finish(void *user, cddp_ctx *ctx, cddp_error *err) {
     }
     if (rc == CDDP_OK && missing >= 0) { /* find_unused_parameters: ready as they are */
         size_t at = 0;
-        for (int i = 0; i < d->nparams; i++)
+        for (int i = 0; i < d->nparams && rc == CDDP_OK; i++)
             if ((d->missing[i] = !d->ready[i])) {
-                int64_t n = cddp_model_param(d->model, i)->numel;
-                memcpy(d->saved + at, cddp__ddp_grad(d, i), (size_t)n * sizeof(float));
-                at += (size_t)n;
+                cddp_tensor *p = cddp_model_param(d->model, i);
+                size_t bytes = (size_t)p->numel * sizeof(float);
+                rc = cddp_device_download(d->dev, d->saved + at, p->grad, bytes, err);
+                at += (size_t)p->numel;
             }
         for (int i = d->nparams - 1; i >= 0; i--)
             if (!d->ready[i]) {
@@ -267,11 +295,13 @@ static int finish(void *user, cddp_ctx *ctx, cddp_error *err) {
     if (st && !rc) rc = st, *err = e;
     if (rc == CDDP_OK && missing >= 0) { /* no rank used it: the gradient stays as it was */
         size_t at = 0;
-        for (int i = 0; i < d->nparams; i++) {
+        for (int i = 0; i < d->nparams && rc == CDDP_OK; i++) {
             if (!d->missing[i]) continue;
-            int64_t n = cddp_model_param(d->model, i)->numel;
-            if (!d->used[i]) memcpy(cddp__ddp_grad(d, i), d->saved + at, (size_t)n * sizeof(float));
-            at += (size_t)n;
+            cddp_tensor *p = cddp_model_param(d->model, i);
+            if (!d->used[i])
+                rc = cddp_device_upload(d->dev, p->grad, d->saved + at,
+                                        (size_t)p->numel * sizeof(float), err);
+            at += (size_t)p->numel;
         }
     }
     if (rc == CDDP_OK && d->o.join) {
@@ -294,8 +324,12 @@ static int finish(void *user, cddp_ctx *ctx, cddp_error *err) {
 int cddp__ddp_sync_buffers(cddp_ddp *d, int src, cddp_error *err) {
     size_t n = cddp_model_buffer_numel(d->model);
     if (n == 0 || d->o.no_broadcast_buffers) return CDDP_OK;
-    return cddp_comm_broadcast(d->group, cddp_model_buffer_data(d->model), (int64_t)n,
-                               CDDP_COMM_F32, src, cddp__ddp_timeout(d), err);
+    if (d->staged)
+        CDDP_TRY(cddp_device_download(d->dev, d->hbufs, cddp_model_buffer_data(d->model),
+                                      n * sizeof(float), err));
+    CDDP_TRY(cddp_comm_broadcast(d->group, cddp__ddp_buffers(d), (int64_t)n, CDDP_COMM_F32, src,
+                                 cddp__ddp_timeout(d), err));
+    return cddp__ddp_params_out(d, false, true, err);
 }
 
 /* ---- the step's events ------------------------------------------------------------------- */

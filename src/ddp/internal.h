@@ -2,6 +2,8 @@
  *
  * DDP is four files, on public APIs only (comm.h, nn.h, autograd.h, checkpoint.h), lowest first:
  *
+ *   stage.c     a model on a device the host cannot read: host copies of its blocks, filled and
+ *               emptied around each bucket's reduction
  *   reducer.c   what reduces one bucket (the reducers below)
  *   timeline.c  the step's statistics and the Chrome-trace timeline
  *   buckets.c   the buckets and a synchronised backward: ready hooks, launching complete buckets
@@ -24,7 +26,10 @@
 #include "cddp/comm.h"
 #include "cddp/ddp.h"
 
+typedef struct cddp_ddp cddp_ddp;
+
 typedef struct bucket {
+    cddp_ddp *ddp;
     int *params; /* parameter indices, in the order they are expected ready */
     int nparams;
     size_t numel;
@@ -33,11 +38,12 @@ typedef struct bucket {
     float *stage;   /* packed float32 (non-contiguous buckets) */
     uint16_t *half; /* packed 16-bit (compression reducers) */
     cddp_comm_work *work;
-    bool reduced; /* reduced inline, not yet finished */
+    cddp_comm_work *pre[2]; /* what runs before the collective on the thread (cddp__ddp_before) */
+    int npre;
+    cddp_event *ready_ev; /* staged: recorded after the copy of its gradients to the host */
+    bool reduced;         /* reduced inline, not yet finished */
     double t_start, t_end;
 } bucket;
-
-typedef struct cddp_ddp cddp_ddp;
 
 typedef struct cddp__reducer {
     const char *name;
@@ -65,6 +71,11 @@ struct cddp_ddp {
     cddp_comm *group;
     const cddp__reducer *reducer;
     float *grad_block; /* the model's gradients, in memory from cddp_comm_alloc (or NULL) */
+    /* the model's device, and (staged: the host cannot read it) the host copies of its blocks
+     * that the collectives work on (stage.c); hgrad is the model's gradient block otherwise */
+    cddp_device *dev;
+    bool staged, hgrad_comm;
+    float *hgrad, *hparams, *hbufs;
     cddp_ddp_options o;
     int rank, world, nparams;
     bucket *buckets;
@@ -100,10 +111,31 @@ static inline double cddp__ddp_timeout(const cddp_ddp *d) {
     return d->o.timeout_s > 0 ? d->o.timeout_s : -1;
 }
 
-/* Parameter i's gradient in the flat block. */
+/* Parameter i's gradient in the block the collectives see (d->hgrad). */
 static inline float *cddp__ddp_grad(const cddp_ddp *d, int i) {
-    return cddp_model_grad(d->model) + cddp_model_param_offset(d->model, i);
+    return d->hgrad + cddp_model_param_offset(d->model, i);
 }
+
+/* ---- stage.c ----------------------------------------------------------------------------- */
+
+/* Finds the model's device; when the host cannot read it, makes the host copies. */
+int cddp__ddp_stage_setup(cddp_ddp *d, cddp_error *err);
+void cddp__ddp_stage_release(cddp_ddp *d);
+/* What a bucket needs to be staged (its event), once it is built. */
+int cddp__ddp_stage_bucket(cddp_ddp *d, bucket *b, cddp_error *err);
+/* Staged: queues the copy of bucket b's gradients to the host and records its event; stage_wait
+ * (a cddp_comm_fn, its argument the bucket) waits for it; stage_out copies the reduced gradients
+ * back. Nothing when not staged. */
+int cddp__ddp_stage_in(cddp_ddp *d, bucket *b, cddp_error *err);
+int cddp__ddp_stage_wait(void *bucket, cddp_error *err);
+int cddp__ddp_stage_out(cddp_ddp *d, bucket *b, cddp_error *err);
+/* Staged: the parameters and buffers into their host copies (waited for), and back (params,
+ * buffers: which). Nothing when not staged. */
+int cddp__ddp_params_in(cddp_ddp *d, cddp_error *err);
+int cddp__ddp_params_out(cddp_ddp *d, bool params, bool buffers, cddp_error *err);
+/* The blocks the collectives work on: the host copies when staged, else the model's. */
+float *cddp__ddp_params(const cddp_ddp *d);
+float *cddp__ddp_buffers(const cddp_ddp *d);
 
 /* ---- reducer.c --------------------------------------------------------------------------- */
 
@@ -111,6 +143,10 @@ static inline float *cddp__ddp_grad(const cddp_ddp *d, int i) {
 const cddp__reducer *cddp__ddp_reducer(const cddp_ddp_options *o);
 /* The collectives a reducer starts. */
 typedef enum cddp__ddp_kind { CDDP__DDP_ALLREDUCE, CDDP__DDP_REDUCE_SCATTER } cddp__ddp_kind;
+/* Runs fn(b) before bucket b's collective: now when buckets are reduced inline, else queued on
+ * the communication thread ahead of it (a reducer's packing, staging's wait). A failure is kept
+ * for the end of backward. */
+void cddp__ddp_before(cddp_ddp *d, bucket *b, cddp_comm_fn fn);
 /* Starts a reducer's collective (send and recv as cddp_comm_allreduce or _reduce_scatter take
  * them): inline (done when it returns: b->reduced) or queued on the group's thread (b->work).
  * A failure is kept for the end of backward. */

@@ -10,10 +10,28 @@
  *   bf16, fp16 every bucket is packed as 16-bit floats (rounded to nearest even), summed by the
  *              transport in float32, and unpacked with the mean applied in float32: half the
  *              bytes on the wire, PyTorch's bf16/fp16 compression hooks
+ *
+ * Packing runs where the collective runs (cddp__ddp_before): on the communication thread when
+ * buckets are reduced there, after whatever must come first (a device's copy of the gradients).
  */
 #include "ddp/internal.h"
 
 #include <string.h>
+
+void cddp__ddp_before(cddp_ddp *d, bucket *b, cddp_comm_fn fn) {
+    cddp_error err = {0};
+    if (d->inline_comm) {
+        if (fn(b, &err) != CDDP_OK && !d->hook_err.code) d->hook_err = err;
+        return;
+    }
+    CDDP_CHECK(b->npre < (int)CDDP_ARRAY_LEN(b->pre), "DDP: a bucket with more than %d steps",
+               (int)CDDP_ARRAY_LEN(b->pre));
+    cddp_comm_work *w = cddp_comm_call_async(d->group, fn, b, &err);
+    if (w)
+        b->pre[b->npre++] = w;
+    else if (!d->hook_err.code)
+        d->hook_err = err;
+}
 
 void cddp__ddp_collective(cddp_ddp *d, bucket *b, cddp__ddp_kind kind, const void *send, void *recv,
                           int64_t count, cddp_comm_dtype dtype, cddp_comm_op op) {
@@ -35,7 +53,7 @@ void cddp__ddp_collective(cddp_ddp *d, bucket *b, cddp__ddp_kind kind, const voi
     if (!b->work && !b->reduced && !d->hook_err.code) d->hook_err = err;
 }
 
-/* Copies the bucket's gradients to dst back to back (to_block false), or back (true). */
+/* Copies the bucket's gradients to stage back to back (to_block false), or back (true). */
 static void pack(cddp_ddp *d, bucket *b, float *stage, bool to_block) {
     size_t at = 0;
     for (int j = 0; j < b->nparams; j++) {
@@ -58,12 +76,19 @@ static int plain_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
     return CDDP_OK;
 }
 
+static int plain_pack(void *bucket_, cddp_error *err) {
+    bucket *b = bucket_;
+    (void)err;
+    pack(b->ddp, b, b->stage, false);
+    return CDDP_OK;
+}
+
 static void plain_launch(cddp_ddp *d, bucket *b) {
     float *buf = b->stage;
     if (b->offset >= 0)
-        buf = cddp_model_grad(d->model) + b->offset;
+        buf = d->hgrad + b->offset;
     else
-        pack(d, b, b->stage, false);
+        cddp__ddp_before(d, b, plain_pack);
     cddp__ddp_collective(d, b, CDDP__DDP_ALLREDUCE, buf, buf, (int64_t)b->numel, CDDP_COMM_F32,
                          d->o.sum ? CDDP_COMM_SUM : CDDP_COMM_MEAN);
 }
@@ -87,12 +112,22 @@ static int zero_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
     return CDDP_OK;
 }
 
+/* The bucket into its staging buffer, padded with zeros to world parts of equal length. */
+static int zero_pack(void *bucket_, cddp_error *err) {
+    bucket *b = bucket_;
+    cddp_ddp *d = b->ddp;
+    (void)err;
+    int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
+    memcpy(b->stage, d->hgrad + b->offset, b->numel * sizeof(float));
+    memset(b->stage + b->numel, 0, ((size_t)(c * d->world) - b->numel) * sizeof(float));
+    return CDDP_OK;
+}
+
 static void zero_launch(cddp_ddp *d, bucket *b) {
     int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
-    float *g = cddp_model_grad(d->model) + b->offset, *buf = g;
+    float *buf = d->hgrad + b->offset;
     if (b->stage) {
-        memcpy(b->stage, g, b->numel * sizeof(float));
-        memset(b->stage + b->numel, 0, ((size_t)(c * d->world) - b->numel) * sizeof(float));
+        cddp__ddp_before(d, b, zero_pack);
         buf = b->stage;
     }
     cddp__ddp_collective(d, b, CDDP__DDP_REDUCE_SCATTER, buf, buf + (size_t)(d->rank * c), c,
@@ -101,7 +136,7 @@ static void zero_launch(cddp_ddp *d, bucket *b) {
 
 static void zero_finish(cddp_ddp *d, bucket *b) {
     int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
-    float *g = cddp_model_grad(d->model) + b->offset;
+    float *g = d->hgrad + b->offset;
     if (b->stage && hi > lo)
         memcpy(g + lo, b->stage + (size_t)(d->rank * c), (size_t)(hi - lo) * sizeof(float));
 }
@@ -121,14 +156,22 @@ static int half_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
     return CDDP_OK;
 }
 
-/* Summed, not averaged: the mean is applied in float32 when unpacking. */
-static void half_launch(cddp_ddp *d, bucket *b) {
+static int half_pack(void *bucket_, cddp_error *err) {
+    bucket *b = bucket_;
+    cddp_ddp *d = b->ddp;
+    (void)err;
     size_t at = 0;
     for (int j = 0; j < b->nparams; j++) {
         int64_t n = cddp_model_param(d->model, b->params[j])->numel;
         cddp_comm_from_f32(half_type(d), cddp__ddp_grad(d, b->params[j]), b->half + at, n);
         at += (size_t)n;
     }
+    return CDDP_OK;
+}
+
+/* Summed, not averaged: the mean is applied in float32 when unpacking. */
+static void half_launch(cddp_ddp *d, bucket *b) {
+    cddp__ddp_before(d, b, half_pack);
     cddp__ddp_collective(d, b, CDDP__DDP_ALLREDUCE, b->half, b->half, (int64_t)b->numel,
                          half_type(d), CDDP_COMM_SUM);
 }

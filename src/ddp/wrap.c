@@ -177,6 +177,7 @@ void cddp_ddp_destroy(cddp_ddp *d) {
         cddp_model_set_event_hook(d->model, NULL, NULL);
     }
     cddp__ddp_zero_release(d);
+    cddp__ddp_stage_release(d);
     /* The model takes its gradients back into memory of its own; if it cannot, the block stays
      * (leaked) rather than leaving the model pointing at freed memory. */
     if (d->grad_block && d->model && cddp_model_set_grad_block(d->model, NULL) == CDDP_OK)
@@ -200,6 +201,8 @@ void cddp_ddp_destroy(cddp_ddp *d) {
  * stay where they are. If the memory cannot be had (a small /dev/shm), training goes on with
  * plain memory after a warning. */
 static int place_gradients(cddp_ddp *d, cddp_error *err) {
+    if (d->staged) return CDDP_OK; /* the host copy of stage.c is the collectives' */
+    d->hgrad = cddp_model_grad(d->model);
     if (d->reducer != &cddp__allreduce_reducer) return CDDP_OK;
     cddp_error e = {0};
     float *block = cddp_comm_alloc(d->group, cddp_model_numel(d->model) * sizeof(float), &e);
@@ -219,6 +222,7 @@ static int place_gradients(cddp_ddp *d, cddp_error *err) {
         return cddp_error_set(err, CDDP_ENOMEM, "%s", cddp_model_error(d->model));
     }
     d->grad_block = block;
+    d->hgrad = block;
     return CDDP_OK;
 }
 
@@ -312,15 +316,18 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
     d->print_stats = cddp_knob_int(CDDP_KNOB_DDP_STATS) != 0;
     d->stats_every = CDDP_MAX(cddp_knob_int(CDDP_KNOB_DDP_STATS_EVERY), 1);
     CDDP_TRY_GOTO(agree(d, err), out);
+    CDDP_TRY_GOTO(cddp__ddp_stage_setup(d, err), out);
     /* Everyone starts from rank 0's weights. */
-    CDDP_TRY_GOTO(cddp_comm_broadcast(group, cddp_model_data(m), (int64_t)cddp_model_numel(m),
+    CDDP_TRY_GOTO(cddp__ddp_params_in(d, err), out);
+    CDDP_TRY_GOTO(cddp_comm_broadcast(group, cddp__ddp_params(d), (int64_t)cddp_model_numel(m),
                                       CDDP_COMM_F32, 0, cddp__ddp_timeout(d), err),
                   out);
     if (cddp_model_buffer_numel(m) > 0)
-        CDDP_TRY_GOTO(cddp_comm_broadcast(group, cddp_model_buffer_data(m),
+        CDDP_TRY_GOTO(cddp_comm_broadcast(group, cddp__ddp_buffers(d),
                                           (int64_t)cddp_model_buffer_numel(m), CDDP_COMM_F32, 0,
                                           cddp__ddp_timeout(d), err),
                       out);
+    CDDP_TRY_GOTO(cddp__ddp_params_out(d, true, true, err), out);
     for (int k = 0; k < d->nparams; k++) d->ready_order[k] = d->nparams - 1 - k;
     CDDP_TRY_GOTO(cddp__ddp_build_buckets(d, d->ready_order, err), out);
     CDDP_TRY_GOTO(place_gradients(d, err), out);
@@ -364,7 +371,7 @@ int cddp_ddp_join(cddp_ddp *d, cddp_error *err) {
             return cddp_error_set(err, CDDP_ESTATE, "%s", msg);
         }
         /* Shadow one step of the others: zeros into every bucket, in bucket order. */
-        memset(cddp_model_grad(d->model), 0, cddp_model_numel(d->model) * sizeof(float));
+        cddp_model_zero_grad(d->model);
         for (int k = 0; k < d->nbuckets; k++) cddp__ddp_launch(d, k);
         d->next_launch = d->nbuckets;
         int rc = d->hook_err.code ? d->hook_err.code : CDDP_OK;
@@ -393,9 +400,10 @@ int cddp_ddp_join(cddp_ddp *d, cddp_error *err) {
         if (steps[r] > steps[src]) src = r;
     cddp_free(steps);
     CDDP_TRY(rc);
-    CDDP_TRY(cddp_comm_broadcast(d->group, cddp_model_data(d->model),
-                                 (int64_t)cddp_model_numel(d->model), CDDP_COMM_F32, src,
-                                 cddp__ddp_timeout(d), err));
+    CDDP_TRY(cddp__ddp_params_in(d, err));
+    CDDP_TRY(cddp_comm_broadcast(d->group, cddp__ddp_params(d), (int64_t)cddp_model_numel(d->model),
+                                 CDDP_COMM_F32, src, cddp__ddp_timeout(d), err));
+    CDDP_TRY(cddp__ddp_params_out(d, true, false, err));
     return cddp__ddp_sync_buffers(d, src, err);
 }
 

@@ -45,7 +45,8 @@ void cddp__ddp_zero_release(cddp_ddp *d) {
     d->shard = NULL;
 }
 
-int cddp__ddp_zero_gather(cddp_ddp *d, float *block, cddp_error *err) {
+/* The allgather of every bucket's parts of block, a flat block of host memory. */
+static int gather_host(cddp_ddp *d, float *block, cddp_error *err) {
     for (int k = 0; k < d->nbuckets; k++) {
         bucket *b = &d->buckets[k];
         int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
@@ -63,6 +64,21 @@ int cddp__ddp_zero_gather(cddp_ddp *d, float *block, cddp_error *err) {
         memcpy(at, b->stage, b->numel * sizeof(float));
     }
     return CDDP_OK;
+}
+
+/* block is the model's device's memory: gathered in place on the host, or (staged) through a host
+ * copy, from the device and back. */
+int cddp__ddp_zero_gather(cddp_ddp *d, float *block, cddp_error *err) {
+    if (!d->staged) return gather_host(d, block, err);
+    size_t bytes = cddp_model_numel(d->model) * sizeof(float);
+    bool params = block == cddp_model_data(d->model); /* the step's: into the parameters' copy */
+    float *host = params ? d->hparams : cddp_aligned_alloc(bytes + 64);
+    if (!host) return cddp_error_set(err, CDDP_ENOMEM, "out of memory for the allgather");
+    int rc = cddp_device_download(d->dev, host, block, bytes, err);
+    if (rc == CDDP_OK) rc = gather_host(d, host, err);
+    if (rc == CDDP_OK) rc = cddp_device_upload(d->dev, block, host, bytes, err);
+    if (!params) cddp_aligned_free(host);
+    return rc;
 }
 
 void cddp__ddp_zero_after_step(cddp_ddp *d) {

@@ -27,6 +27,43 @@ static cddp_st_tensor param_entry(const cddp_tensor *p, const char *name, const 
     return t;
 }
 
+int cddp__host_model_get(const cddp_model *m, const cddp_optim *opt, cddp__host_model *h,
+                         cddp_error *err) {
+    *h = (cddp__host_model){cddp_model_data(m), cddp_model_buffer_data(m), {NULL, NULL}, NULL};
+    int ns = opt ? CDDP_MIN(cddp_optim_num_states(opt), CDDP__HOST_STATES) : 0;
+    for (int s = 0; s < ns; s++) h->state[s] = cddp_optim_state(opt, s, NULL);
+    cddp_device *dev = cddp_model_device(m);
+    if (cddp_device_host_accessible(dev)) return CDDP_OK;
+    size_t np = cddp_model_numel(m), nb = cddp_model_buffer_numel(m);
+    size_t sn = opt ? cddp_optim_state_numel(opt) : 0, n = np + nb + sn * (size_t)ns;
+    if (!(h->own = cddp_malloc(sizeof(float) * (n ? n : 1))))
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory for a copy of the model from %s",
+                              cddp_device_name(dev));
+    float *to = h->own;
+    const float *from[2 + CDDP__HOST_STATES] = {h->params, h->bufs, h->state[0], h->state[1]};
+    const float **view[2 + CDDP__HOST_STATES] = {&h->params, &h->bufs, &h->state[0], &h->state[1]};
+    size_t len[2 + CDDP__HOST_STATES] = {np, nb, sn, sn};
+    for (int k = 0; k < 2 + ns; k++) {
+        int rc = cddp_device_download(dev, to, from[k], len[k] * sizeof(float), err);
+        if (rc != CDDP_OK) {
+            cddp__host_model_free(h);
+            return rc;
+        }
+        *view[k] = to;
+        to += len[k];
+    }
+    return CDDP_OK;
+}
+
+void cddp__host_model_free(cddp__host_model *h) {
+    cddp_free(h->own);
+    h->own = NULL;
+}
+
+const float *cddp__host_buffer(const cddp__host_model *h, const cddp_model *m, int i) {
+    return h->bufs + ((const float *)cddp_model_buffer(m, i)->data - cddp_model_buffer_data(m));
+}
+
 int cddp__optim_meta(const cddp_optim *opt, const char **meta, int k, char steps[32], char lr[32]) {
     snprintf(steps, 32, "%" PRId64, cddp_optim_steps(opt));
     snprintf(lr, 32, "%.9g", (double)cddp_optim_lr(opt));
@@ -54,16 +91,19 @@ int cddp_checkpoint_save(const char *path, const cddp_model *m, const cddp_optim
     while (metadata && metadata[nmeta]) nmeta++;
     const char **meta = cddp_calloc((size_t)nmeta + 10, sizeof *meta);
     char steps[32], lr[32];
+    cddp__host_model h = {0};
     if (!list || !names || !meta) {
         rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
         goto out;
     }
+    CDDP_TRY_GOTO(cddp__host_model_get(m, opt, &h, err), out);
     for (int i = 0; i < np; i++) {
         const cddp_tensor *p = cddp_model_param(m, i);
-        list[i] = param_entry(p, p->name, p->data);
+        list[i] = param_entry(p, p->name, h.params + cddp_model_param_offset(m, i));
         for (int s = 0; s < ns; s++) {
             const char *sname;
-            const float *block = cddp_optim_state(opt, s, &sname);
+            cddp_optim_state(opt, s, &sname);
+            const float *block = h.state[s];
             size_t len = strlen(STATE_PREFIX) + strlen(sname) + strlen(p->name) + 2;
             char *nm = names[np + s * np + i] = cddp_malloc(len);
             if (!nm) {
@@ -76,12 +116,13 @@ int cddp_checkpoint_save(const char *path, const cddp_model *m, const cddp_optim
     }
     for (int i = 0; i < nb; i++) {
         const cddp_tensor *b = cddp_model_buffer(m, i);
-        list[np * (1 + ns) + i] = param_entry(b, b->name, b->data);
+        list[np * (1 + ns) + i] = param_entry(b, b->name, cddp__host_buffer(&h, m, i));
     }
     for (int i = 0; i < nt; i++) { /* a tied parameter under its second name too */
         const char *name;
         const cddp_tensor *p = cddp_model_tie(m, i, &name);
-        list[np * (1 + ns) + nb + i] = param_entry(p, name, p->data);
+        list[np * (1 + ns) + nb + i] =
+            param_entry(p, name, h.params + cddp_model_param_offset(m, p->param_index));
     }
     int k = 0;
     meta[k++] = "cddp_format";
@@ -91,6 +132,7 @@ int cddp_checkpoint_save(const char *path, const cddp_model *m, const cddp_optim
     meta[k] = NULL;
     rc = cddp_safetensors_write(path, list, n, meta, err);
 out:
+    cddp__host_model_free(&h);
     for (int i = 0; names && i < n; i++) cddp_free(names[i]);
     cddp_free(names);
     cddp_free(list);
@@ -185,15 +227,15 @@ static int read_needed(int fd, const char *path, uint64_t start, const cddp_safe
             }
         }
 #undef AT
-    if (rc == CDDP_OK) {
-        memcpy(cddp_model_data(m), params, numel * sizeof(float));
-        at = 0;
-        for (int i = 0; i < nb; at += (size_t)cddp_model_buffer(m, i++)->numel)
-            memcpy(cddp_model_buffer(m, i)->data, bufs + at,
-                   (size_t)cddp_model_buffer(m, i)->numel * 4);
-        for (int s = 0; s < ns; s++)
-            memcpy(cddp_optim_state(opt, s, NULL), state + sn * (size_t)s, sn * sizeof(float));
-    }
+    cddp_device *dev = cddp_model_device(m);
+    if (rc == CDDP_OK) rc = cddp_device_upload(dev, cddp_model_data(m), params, numel * 4, err);
+    at = 0;
+    for (int i = 0; i < nb && rc == CDDP_OK; at += (size_t)cddp_model_buffer(m, i++)->numel)
+        rc = cddp_device_upload(dev, cddp_model_buffer(m, i)->data, bufs + at,
+                                (size_t)cddp_model_buffer(m, i)->numel * 4, err);
+    for (int s = 0; s < ns && rc == CDDP_OK; s++)
+        rc = cddp_device_upload(dev, cddp_optim_state(opt, s, NULL), state + sn * (size_t)s,
+                                sn * sizeof(float), err);
     cddp_free(params);
     return rc;
 }
@@ -405,16 +447,20 @@ int cddp__ckpt_set_load(const char *path, cddp_model *m, cddp_optim *opt, cddp_s
             to += shard[2 * r + 1] - shard[2 * r];
         }
     }
+    cddp_device *dev = cddp_model_device(m);
+    if (rc == CDDP_OK)
+        rc =
+            cddp_device_upload(dev, cddp_model_data(m), params, sizeof(float) * (size_t)numel, err);
+    for (int i = 0; i < cddp_model_num_buffers(m) && rc == CDDP_OK; i++) {
+        cddp_tensor *b = cddp_model_buffer(m, i);
+        rc = cddp_device_upload(dev, b->data,
+                                cddp_safetensors_find(cddp_ckpt_set_manifest(s), b->name)->data,
+                                (size_t)b->numel * 4, err);
+    }
+    for (int k = 0; k < ns && rc == CDDP_OK; k++)
+        rc = cddp_device_upload(dev, cddp_optim_state(opt, k, NULL),
+                                state + state_numel * (size_t)k, sizeof(float) * state_numel, err);
     if (rc == CDDP_OK) {
-        memcpy(cddp_model_data(m), params, sizeof(float) * (size_t)numel);
-        for (int i = 0; i < cddp_model_num_buffers(m); i++) {
-            cddp_tensor *b = cddp_model_buffer(m, i);
-            memcpy(b->data, cddp_safetensors_find(cddp_ckpt_set_manifest(s), b->name)->data,
-                   (size_t)b->numel * 4);
-        }
-        for (int k = 0; k < ns; k++)
-            memcpy(cddp_optim_state(opt, k, NULL), state + state_numel * (size_t)k,
-                   sizeof(float) * state_numel);
         if (opt) {
             cddp_optim_set_steps(opt, nsteps);
             if (lr >= 0) cddp_optim_set_lr(opt, (float)lr);

@@ -74,11 +74,10 @@ int cddp_ckpt_set_prepare(const char *root, int64_t step, char *dir, size_t cap,
     return CDDP_OK;
 }
 
-/* The optimizer's state s over [lo, hi): a sharded optimizer holds its shard's ranges one after
- * another. */
-static const float *state_at(const cddp_model *m, const cddp_optim *opt, int s, int64_t lo,
-                             int64_t hi) {
-    const float *block = cddp_optim_state(opt, s, NULL);
+/* The optimizer's state block (as the host reads it) over [lo, hi): a sharded optimizer holds its
+ * shard's ranges one after another. */
+static const float *state_at(const cddp_model *m, const cddp_optim *opt, const float *block,
+                             int64_t lo, int64_t hi) {
     if (!cddp_optim_sharded(opt)) return block + lo;
     const int64_t *r;
     int n = cddp_model_shard(m, &r, NULL);
@@ -108,19 +107,21 @@ int cddp_ckpt_set_write_shard(const char *dir, int rank, int world, const cddp_m
     size_t cap = (size_t)nranges * (size_t)(1 + ns) + 1;
     cddp_st_tensor *list = cddp_calloc(cap, sizeof *list);
     char **names = cddp_calloc(cap, sizeof *names);
+    cddp__host_model h = {0};
     if (!list || !names) {
         rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", dir);
         goto out;
     }
+    CDDP_TRY_GOTO(cddp__host_model_get(m, opt, &h, err), out);
     for (int k = 0; k < nranges; k++) {
         int64_t lo = ranges[2 * k], hi = ranges[2 * k + 1];
         if (lo == hi) continue;
         for (int s = -1; s < ns; s++) {
             const char *sname = "";
-            const float *data = cddp_model_data(m) + lo;
+            const float *data = h.params + lo;
             if (s >= 0) {
                 cddp_optim_state(opt, s, &sname);
-                if (!(data = state_at(m, opt, s, lo, hi))) {
+                if (!(data = state_at(m, opt, h.state[s], lo, hi))) {
                     rc = cddp_error_set(err, CDDP_EINVAL,
                                         "shard of rank %d: [%" PRId64 ", %" PRId64
                                         ") is not inside the optimizer's shard",
@@ -152,6 +153,7 @@ int cddp_ckpt_set_write_shard(const char *dir, int rank, int world, const cddp_m
     rc = cddp__safetensors_write(path, list, n, meta, &bytes, &crc, err);
     if (rc == CDDP_OK && info) *info = (cddp_ckpt_shard){.bytes = (int64_t)bytes, .crc32 = crc};
 out:
+    cddp__host_model_free(&h);
     for (size_t i = 0; names && i < cap; i++) cddp_free(names[i]);
     cddp_free(names);
     cddp_free(list);
@@ -297,15 +299,19 @@ int cddp_ckpt_set_commit(const char *dir, int world, const cddp_model *m, const 
     cddp_st_tensor *bufs = cddp_calloc((size_t)nb + 1, sizeof *bufs);
     const char **meta = cddp_calloc((size_t)nmeta + 32, sizeof *meta);
     char *json[5] = {0};
+    cddp__host_model h = {0};
     for (int j = 0; j < 5; j++) json[j] = layout_json(m, opt, shards, world, &layout, j);
     if (!bufs || !meta || !json[0] || !json[1] || !json[2] || !json[3] || !json[4]) {
         rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", dir);
         goto out;
     }
+    CDDP_TRY_GOTO(cddp__host_model_get(m, NULL, &h, err), out);
     for (int i = 0; i < nb; i++) {
         const cddp_tensor *b = cddp_model_buffer(m, i);
-        bufs[i] =
-            (cddp_st_tensor){.name = b->name, .dtype = CDDP_F32, .ndim = b->ndim, .data = b->data};
+        bufs[i] = (cddp_st_tensor){.name = b->name,
+                                   .dtype = CDDP_F32,
+                                   .ndim = b->ndim,
+                                   .data = cddp__host_buffer(&h, m, i)};
         memcpy(bufs[i].shape, b->shape, sizeof bufs[i].shape);
     }
     char w[16], total[32], seqs[32], steps[32], lr[32];
@@ -340,6 +346,7 @@ int cddp_ckpt_set_commit(const char *dir, int world, const cddp_model *m, const 
         prune(root, sets, nsets, name, keep);
     }
 out:
+    cddp__host_model_free(&h);
     for (int j = 0; j < 5; j++) cJSON_free(json[j]);
     cddp__ckpt_layout_free(&layout);
     cddp_free(sets);

@@ -16,6 +16,8 @@
 
 #include <stdio.h>
 
+#define CDDP__HOST_STATES 2
+
 typedef struct cddp__atomic_file {
     FILE *f;
     const char *path;
@@ -49,6 +51,19 @@ static inline uint64_t cddp__st_offset(const cddp_st_tensor *t) {
 void cddp__safetensors_forget_data(cddp_safetensors *f);
 /* Reads n bytes at offset at of fd (the file path, for the message) into dst, all or an error. */
 int cddp__pread_all(int fd, void *dst, size_t n, uint64_t at, const char *path, cddp_error *err);
+
+/* A model's blocks (and its optimizer's state) where the host reads them, for a save: the blocks
+ * themselves on the CPU, else copies made now from the model's device. */
+typedef struct cddp__host_model {
+    const float *params, *bufs;
+    const float *state[CDDP__HOST_STATES]; /* the optimizer's blocks, NULL without */
+    float *own;                            /* the copies (NULL on the CPU) */
+} cddp__host_model;
+int cddp__host_model_get(const cddp_model *m, const cddp_optim *opt, cddp__host_model *h,
+                         cddp_error *err);
+void cddp__host_model_free(cddp__host_model *h);
+/* Where buffer i's data is in the host view's buffer block. */
+const float *cddp__host_buffer(const cddp__host_model *h, const cddp_model *m, int i);
 
 /* Appends the optimizer's metadata pairs (optimizer, optimizer_steps, lr) to meta at k; steps and
  * lr are the caller's buffers that the values live in. Returns the new k. */

@@ -120,7 +120,7 @@ static cddp_tensor view_of(const param_decl *d, float *block) {
                      .ndim = d->ndim,
                      .numel = d->numel,
                      .name = d->name,
-                     .device = cddp_device_cpu()};
+                     .device = cddp_device_cpu()}; /* cddp_model_to moves it */
     memcpy(t.shape, d->shape, sizeof t.shape);
     t.data = block + d->offset;
     t.param_index = -1;
@@ -187,16 +187,17 @@ int cddp__model_build_blocks(cddp_model *m, uint64_t seed) {
 }
 
 void cddp__model_free_blocks(cddp_model *m) {
+    cddp_device *dev = cddp_model_device(m);
     decl_list *lists[2] = {&m->params, &m->bufs};
     for (int k = 0; k < 2; k++) {
         for (int i = 0; i < lists[k]->n; i++) cddp_free(lists[k]->decls[i].name);
         cddp_free(lists[k]->decls);
         cddp_free(lists[k]->tensors);
-        cddp_aligned_free(lists[k]->data);
+        cddp_device_free(dev, lists[k]->data);
     }
     cddp__model_undeclare(m, m->params.n, m->bufs.n, 0);
     cddp_free(m->ties);
-    if (!m->grad_lent) cddp_aligned_free(m->grad);
+    if (!m->grad_lent) cddp_device_free(dev, m->grad);
 }
 
 /* ---- finding parameters and buffers ------------------------------------------------------ */
@@ -287,17 +288,62 @@ size_t cddp_model_param_offset(const cddp_model *m, int i) {
     return m->params.decls[i].offset;
 }
 
-/* ---- the gradient block ------------------------------------------------------------------ */
+/* ---- the device and the gradient block --------------------------------------------------- */
+
+cddp_device *cddp_model_device(const cddp_model *m) {
+    return m->device ? m->device : cddp_device_cpu();
+}
+
+/* Every tensor of list l views block, on dev. */
+static void point(decl_list *l, float *block, cddp_device *dev) {
+    l->data = block;
+    for (int i = 0; i < l->n; i++) {
+        l->tensors[i].data = block + l->decls[i].offset;
+        l->tensors[i].device = dev;
+    }
+}
+
+int cddp_model_to(cddp_model *m, cddp_device *dev, cddp_error *err) {
+    check_built(m);
+    cddp_device *from = cddp_model_device(m);
+    if (dev == from) return CDDP_OK;
+    if (m->grad_lent)
+        return cddp_error_set(err, CDDP_ESTATE,
+                              "cddp_model_to: the gradients are in a block lent to the model "
+                              "(DistributedDataParallel's): move the model before wrapping it");
+    size_t n[3] = {m->params.numel, m->params.numel, m->bufs.numel};
+    float *old[3] = {m->params.data, m->grad, m->bufs.data}, *moved[3] = {NULL, NULL, NULL};
+    int rc = CDDP_OK;
+    for (int k = 0; k < 3 && rc == CDDP_OK; k++) {
+        if (!(moved[k] = cddp_device_alloc(dev, (n[k] + 1) * sizeof(float), err)))
+            rc = err ? err->code : CDDP_ENOMEM;
+        else
+            rc = cddp_device_transfer(dev, moved[k], from, old[k], n[k] * sizeof(float), err);
+    }
+    if (rc != CDDP_OK) {
+        for (int k = 0; k < 3; k++) cddp_device_free(dev, moved[k]);
+        return rc;
+    }
+    for (int k = 0; k < 3; k++) cddp_device_free(from, old[k]);
+    m->device = dev;
+    point(&m->params, moved[0], dev);
+    point(&m->bufs, moved[2], dev);
+    m->grad = moved[1];
+    for (int i = 0; i < m->params.n; i++)
+        m->params.tensors[i].grad = m->grad + m->params.decls[i].offset;
+    return CDDP_OK;
+}
 
 int cddp_model_set_grad_block(cddp_model *m, float *block) {
     check_built(m);
     size_t numel = m->params.numel;
-    float *to = block ? block : cddp_aligned_alloc((numel + 1) * sizeof(float));
+    cddp_device *dev = cddp_model_device(m);
+    float *to = block ? block : cddp_device_alloc(dev, (numel + 1) * sizeof(float), NULL);
     if (!to)
         return cddp_error_set(&m->err, CDDP_ENOMEM, "cannot allocate %zu MiB for the gradients",
                               (numel * sizeof(float)) >> 20);
-    if (to != m->grad) memcpy(to, m->grad, numel * sizeof(float));
-    if (!m->grad_lent) cddp_aligned_free(m->grad);
+    if (to != m->grad) cddp_device_copy(dev, to, m->grad, numel * sizeof(float), NULL);
+    if (!m->grad_lent) cddp_device_free(dev, m->grad);
     m->grad = to;
     m->grad_lent = block != NULL;
     for (int i = 0; i < m->params.n; i++)
@@ -307,7 +353,7 @@ int cddp_model_set_grad_block(cddp_model *m, float *block) {
 
 void cddp_model_zero_grad(cddp_model *m) {
     check_built(m);
-    memset(m->grad, 0, m->params.numel * sizeof(float));
+    cddp_device_memset(cddp_model_device(m), m->grad, 0, m->params.numel * sizeof(float), NULL);
 }
 
 void cddp_model_set_ready_hook(cddp_model *m, cddp_ready_hook hook, void *user) {

@@ -50,6 +50,7 @@ struct cddp_model {
     tie *ties;
     int nties, cap_ties;
     float *grad;
+    cddp_device *device; /* where the blocks are (the CPU until cddp_model_to) */
     bool built, training;
     bool grad_lent; /* grad is the caller's (cddp_model_set_grad_block), not ours to free */
     cddp_module *root;

@@ -101,9 +101,13 @@ static cddp_tensor *transformer_forward(cddp_module *self, cddp_ctx *ctx, cddp_t
     int64_t T = idx->shape[1];
     CDDP_CHECK(T <= g->block_size, "GPT: a sequence of %lld tokens is longer than block_size %lld",
                (long long)T, (long long)g->block_size);
-    cddp_tensor *pos = cddp_empty(ctx, CDDP_I64, 1, &T);
-    if (!pos) return NULL;
-    for (int64_t t = 0; t < T; t++) ((int64_t *)pos->data)[t] = t;
+    int64_t *at = cddp_arena_alloc(cddp_ctx_arena(ctx), (size_t)T * sizeof *at, NULL);
+    if (!at) {
+        cddp_ctx_fail(ctx, CDDP_ENOMEM, "GPT: out of memory for %lld positions", (long long)T);
+        return NULL;
+    }
+    for (int64_t t = 0; t < T; t++) at[t] = t;
+    cddp_tensor *pos = cddp_to(ctx, cddp_from_data(ctx, CDDP_I64, 1, &T, at), idx->device);
     cddp_tensor *x = cddp_add(ctx, run(self, 0, ctx, idx), run(self, 1, ctx, pos));
     return run(self, 3, ctx, run(self, 2, ctx, x));
 }

@@ -1,8 +1,11 @@
 /* optim.c: SGD and AdamW on flat blocks (the rules are written out in cddp/optim.h).
  *
- * The loops run over the whole parameter block at once, which is what makes the flat layout pay:
- * one pass, no per-parameter dispatch. Arithmetic is float32 in the same order as PyTorch's
- * kernels so that results agree to rounding.
+ * An update runs over the whole parameter block at once, which is what makes the flat layout
+ * pay: one pass, no per-parameter dispatch. The arithmetic is the model's device's (cddp/device.h:
+ * cddp_device_sgd, cddp_device_adamw), float32 in the same order as PyTorch's kernels so that
+ * results agree to rounding; the state lives on that device too. Each rule is one entry of
+ * `rules` below: its state's names and its step; a new optimizer (Lion) is an entry there and a
+ * kernel of the devices.
  */
 #include "cddp/optim.h"
 #include "cddp/core.h"
@@ -12,8 +15,19 @@
 
 typedef enum { OPT_SGD, OPT_ADAMW } opt_kind;
 
+typedef struct cddp_optim cddp_optim;
+
+/* An update rule: its name, its state blocks' names, and its step on elements [0, n) of a range
+ * (p, g, the states from the range's start; wd its weight decay). */
+typedef struct rule {
+    const char *name;
+    const char *states[2];
+    void (*step)(cddp_optim *opt, float *p, const float *g, float **state, size_t n, float wd);
+} rule;
+
 struct cddp_optim {
     opt_kind kind;
+    cddp_device *dev; /* the model's */
     cddp_model *model;
     cddp_sgd_options sgd;
     cddp_adamw_options adamw;
@@ -61,13 +75,14 @@ static int take_shard(cddp_optim *o, cddp_error *err) {
     float *ns[2] = {NULL, NULL};
     bool ok = nr != NULL;
     for (int s = 0; s < o->nstates && ok; s++)
-        if ((ok = (ns[s] = cddp_aligned_alloc(total * sizeof(float) + 64)) != NULL))
-            memset(ns[s], 0, total * sizeof(float));
+        ok = (ns[s] = cddp_device_alloc(o->dev, total * sizeof(float) + 64, NULL)) &&
+             cddp_device_memset(o->dev, ns[s], 0, total * sizeof(float), NULL) == CDDP_OK;
     if (!ok) {
         cddp_free(nr);
-        for (int s = 0; s < 2; s++) cddp_aligned_free(ns[s]);
+        for (int s = 0; s < 2; s++) cddp_device_free(o->dev, ns[s]);
         return cddp_error_set(err, CDDP_ENOMEM,
-                              "out of memory for the optimizer state (%zu parameters)", total);
+                              "out of memory for the optimizer state (%zu parameters) on %s", total,
+                              cddp_device_name(o->dev));
     }
     memcpy(nr, r, sizeof *nr * 2 * (size_t)k);
     size_t base_new = 0;
@@ -77,15 +92,15 @@ static int take_shard(cddp_optim *o, cddp_error *err) {
             int64_t x = CDDP_MAX(nr[2 * a], o->ranges[2 * b]);
             int64_t y = CDDP_MIN(nr[2 * a + 1], o->ranges[2 * b + 1]);
             for (int s = 0; s < o->nstates && x < y; s++)
-                memcpy(ns[s] + base_new + (size_t)(x - nr[2 * a]),
-                       o->state[s] + base_old + (size_t)(x - o->ranges[2 * b]),
-                       (size_t)(y - x) * sizeof(float));
+                cddp_device_copy(o->dev, ns[s] + base_new + (size_t)(x - nr[2 * a]),
+                                 o->state[s] + base_old + (size_t)(x - o->ranges[2 * b]),
+                                 (size_t)(y - x) * sizeof(float), NULL);
             base_old += (size_t)(o->ranges[2 * b + 1] - o->ranges[2 * b]);
         }
         base_new += (size_t)(nr[2 * a + 1] - nr[2 * a]);
     }
     for (int s = 0; s < 2; s++) {
-        cddp_aligned_free(o->state[s]);
+        cddp_device_free(o->dev, o->state[s]);
         o->state[s] = ns[s];
     }
     cddp_free(o->ranges);
@@ -109,6 +124,7 @@ static cddp_optim *optim_new(cddp_model *m, opt_kind kind, int nstates, float lr
     }
     o->kind = kind;
     o->model = m;
+    o->dev = cddp_model_device(m);
     o->lr = lr;
     o->nstates = nstates;
     if (take_shard(o, err) != CDDP_OK) {
@@ -187,60 +203,42 @@ cddp_optim *cddp_optim_adamw(cddp_model *m, const cddp_adamw_options *opts, cddp
 
 void cddp_optim_destroy(cddp_optim *opt) {
     if (!opt) return;
-    for (int i = 0; i < 2; i++) cddp_aligned_free(opt->state[i]);
+    for (int i = 0; i < 2; i++) cddp_device_free(opt->dev, opt->state[i]);
     cddp_free(opt->decay);
     cddp_free(opt->ranges);
     cddp_free(opt);
 }
 
-/* One straight loop per configuration: the per-element branches of a general loop would keep
- * the compiler from vectorising, and this pass over the whole model runs every step. */
-static void sgd_step(cddp_optim *opt, float *restrict p, const float *restrict grad, size_t n,
-                     float *restrict buf, float wd) {
+static void sgd_step(cddp_optim *opt, float *p, const float *g, float **state, size_t n, float wd) {
     const cddp_sgd_options *o = &opt->sgd;
-    const float lr = opt->lr, mom = o->momentum, damp = 1.0f - o->dampening;
-    if (mom == 0.0f) {
-        if (wd == 0.0f)
-            for (size_t i = 0; i < n; i++) p[i] -= lr * grad[i];
-        else
-            for (size_t i = 0; i < n; i++) p[i] -= lr * (grad[i] + wd * p[i]);
-        return;
-    }
-    if (opt->steps == 0) /* PyTorch starts the buffer as a copy of the first gradient */
-        for (size_t i = 0; i < n; i++) buf[i] = grad[i] + wd * p[i];
-    else
-        for (size_t i = 0; i < n; i++) buf[i] = mom * buf[i] + damp * (grad[i] + wd * p[i]);
-    if (o->nesterov)
-        for (size_t i = 0; i < n; i++) p[i] -= lr * (grad[i] + wd * p[i] + mom * buf[i]);
-    else
-        for (size_t i = 0; i < n; i++) p[i] -= lr * buf[i];
+    cddp_sgd_hparams h = {.lr = opt->lr,
+                          .momentum = o->momentum,
+                          .dampening = o->dampening,
+                          .weight_decay = wd,
+                          .nesterov = o->nesterov,
+                          .first = opt->steps == 0};
+    cddp_device_sgd(opt->dev, p, g, o->momentum != 0.0f ? state[0] : NULL, n, &h);
 }
 
-/* The update loop, vectorised (see CDDP_SIMD_CLONES). */
-CDDP_SIMD_CLONES static void adamw_loop(float *restrict p, const float *restrict grad, size_t n,
-                                        float *restrict m, float *restrict v, float b1, float b2,
-                                        float eps, float step_size, float bc2_sqrt, float decay) {
-    for (size_t i = 0; i < n; i++) {
-        float g = grad[i];
-        p[i] *= decay;
-        m[i] = m[i] * b1 + (1.0f - b1) * g;
-        v[i] = v[i] * b2 + (1.0f - b2) * g * g;
-        float denom = sqrtf(v[i]) / bc2_sqrt + eps;
-        p[i] -= step_size * (m[i] / denom);
-    }
-}
-
-static void adamw_step(cddp_optim *opt, float *restrict p, const float *restrict grad, size_t n,
-                       float *restrict m, float *restrict v, float wd) {
+static void adamw_step(cddp_optim *opt, float *p, const float *g, float **state, size_t n,
+                       float wd) {
     const cddp_adamw_options *o = &opt->adamw;
     float lr = opt->lr;
     /* Scalars in double, as Python computes them, then rounded once to float. */
     double t = (double)(opt->steps + 1);
-    float step_size = (float)((double)lr / (1.0 - pow(o->beta1, t)));
-    float bc2_sqrt = (float)sqrt(1.0 - pow(o->beta2, t));
-    float decay = (float)(1.0 - (double)lr * (double)wd);
-    adamw_loop(p, grad, n, m, v, o->beta1, o->beta2, o->eps, step_size, bc2_sqrt, decay);
+    cddp_adamw_hparams h = {.beta1 = o->beta1,
+                            .beta2 = o->beta2,
+                            .eps = o->eps,
+                            .step_size = (float)((double)lr / (1.0 - pow(o->beta1, t))),
+                            .bc2_sqrt = (float)sqrt(1.0 - pow(o->beta2, t)),
+                            .decay = (float)(1.0 - (double)lr * (double)wd)};
+    cddp_device_adamw(opt->dev, p, g, state[0], state[1], n, &h);
 }
+
+static const rule rules[] = {
+    [OPT_SGD] = {"sgd", {"momentum_buffer"}, sgd_step},
+    [OPT_ADAMW] = {"adamw", {"exp_avg", "exp_avg_sq"}, adamw_step},
+};
 
 /* Updates elements [lo, hi) of the flat blocks, where they meet this optimizer's ranges. */
 static void update(cddp_optim *opt, float *p, const float *g, size_t lo, size_t hi, float wd) {
@@ -250,10 +248,9 @@ static void update(cddp_optim *opt, float *p, const float *g, size_t lo, size_t 
         size_t x = CDDP_MAX(a, lo), y = CDDP_MIN(b, hi), at = base + (x - a);
         base += b - a;
         if (x >= y) continue;
-        if (opt->kind == OPT_SGD)
-            sgd_step(opt, p + x, g + x, y - x, opt->state[0] ? opt->state[0] + at : NULL, wd);
-        else
-            adamw_step(opt, p + x, g + x, y - x, opt->state[0] + at, opt->state[1] + at, wd);
+        float *state[2] = {opt->state[0] ? opt->state[0] + at : NULL,
+                           opt->state[1] ? opt->state[1] + at : NULL};
+        rules[opt->kind].step(opt, p + x, g + x, state, y - x, wd);
     }
 }
 
@@ -298,7 +295,7 @@ void cddp_optim_set_steps(cddp_optim *opt, int64_t steps) {
 }
 
 const char *cddp_optim_name(const cddp_optim *opt) {
-    return opt->kind == OPT_SGD ? "sgd" : "adamw";
+    return rules[opt->kind].name;
 }
 
 int cddp_optim_num_states(const cddp_optim *opt) {
@@ -308,42 +305,35 @@ int cddp_optim_num_states(const cddp_optim *opt) {
 float *cddp_optim_state(const cddp_optim *opt, int i, const char **name) {
     CDDP_CHECK(i >= 0 && i < opt->nstates, "optimizer state %d out of range (%d states)", i,
                opt->nstates);
-    if (name)
-        *name = opt->kind == OPT_SGD ? "momentum_buffer" : (i == 0 ? "exp_avg" : "exp_avg_sq");
+    if (name) *name = rules[opt->kind].states[i];
     return opt->state[i];
-}
-
-/* The sum of squares in double, in 8 lanes that vectorise (the order is fixed: the same result
- * on every machine and rank). */
-CDDP_SIMD_CLONES static double sum_squares(const float *g, size_t n) {
-    double acc[8] = {0};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += (double)g[i + j] * (double)g[i + j];
-    for (int j = 0; i < n; i++, j++) acc[j] += (double)g[i] * (double)g[i];
-    double s = 0.0;
-    for (int j = 0; j < 8; j++) s += acc[j];
-    return s;
 }
 
 double cddp_clip_grad_norm(cddp_model *m, double max_norm) {
     float *g = cddp_model_grad(m);
+    cddp_device *dev = cddp_model_device(m);
     const int64_t *r;
     int64_t whole[2];
     int k = ranges_of(m, &r, whole, NULL);
     double sq = 0.0;
-    for (int i = 0; i < k; i++) sq += sum_squares(g + r[2 * i], (size_t)(r[2 * i + 1] - r[2 * i]));
     cddp_error err = {0};
+    for (int i = 0; i < k; i++) {
+        double part;
+        if (cddp_device_sum_squares(dev, g + r[2 * i], (size_t)(r[2 * i + 1] - r[2 * i]), &part,
+                                    &err) != CDDP_OK) {
+            cddp_log(CDDP_LOG_ERROR, "optim", "gradient norm: %s", err.msg);
+            return NAN;
+        }
+        sq += part;
+    }
     if (cddp_model_shard_sum(m, &sq, &err) != CDDP_OK) {
         cddp_log(CDDP_LOG_ERROR, "optim", "gradient norm: %s", err.msg);
         return NAN;
     }
     double norm = sqrt(sq), coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) {
-        float c = (float)coef;
+    if (coef < 1.0)
         for (int i = 0; i < k; i++)
-            for (int64_t e = r[2 * i]; e < r[2 * i + 1]; e++) g[e] *= c;
-    }
+            cddp_device_scale(dev, g + r[2 * i], (size_t)(r[2 * i + 1] - r[2 * i]), (float)coef);
     return norm;
 }
 

@@ -2,7 +2,9 @@
  * through the device's table, and a kernel's scratch and failure reports (see device.h). */
 #include "tensor/device.h"
 
+#include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 
 void *cddp__kq_scratch(cddp__kq *q, size_t bytes) {
     if (q->scratch) return q->scratch(q, bytes);
@@ -75,4 +77,101 @@ int cddp_device_copy(cddp_device *dev, void *dst, const void *src, size_t bytes,
 
 int cddp_device_memset(cddp_device *dev, void *dst, int byte, size_t bytes, cddp_error *err) {
     return bytes ? dev->ops->memset(dev, NULL, dst, byte, bytes, err) : CDDP_OK;
+}
+
+int cddp_device_download_async(cddp_device *dev, void *dst, const void *src, size_t bytes,
+                               cddp_error *err) {
+    return bytes ? dev->ops->download_async(dev, NULL, dst, src, bytes, err) : CDDP_OK;
+}
+
+struct cddp_event {
+    cddp_device *dev;
+    void *ev; /* the device's */
+};
+
+cddp_event *cddp_event_create(cddp_device *dev, cddp_error *err) {
+    cddp_event *e = cddp_calloc(1, sizeof *e);
+    if (!e) {
+        cddp_error_set(err, CDDP_ENOMEM, "out of memory for an event");
+        return NULL;
+    }
+    e->dev = dev;
+    if (!(e->ev = dev->ops->event_create(dev, err))) {
+        cddp_free(e);
+        return NULL;
+    }
+    return e;
+}
+
+void cddp_event_destroy(cddp_event *e) {
+    if (!e) return;
+    e->dev->ops->event_destroy(e->dev, e->ev);
+    cddp_free(e);
+}
+
+int cddp_event_record(cddp_event *e, cddp_error *err) {
+    return e->dev->ops->event_record(e->dev, NULL, e->ev, err);
+}
+
+int cddp_event_synchronize(cddp_event *e, cddp_error *err) {
+    return e->dev->ops->event_synchronize(e->dev, e->ev, err);
+}
+
+int cddp_device_transfer(cddp_device *to, void *dst, cddp_device *from, const void *src,
+                         size_t bytes, cddp_error *err) {
+    if (bytes == 0) return CDDP_OK;
+    if (to == from) return cddp_device_copy(to, dst, src, bytes, err);
+    if (from->host_access) return to->ops->upload(to, NULL, dst, src, bytes, err);
+    if (to->host_access) return from->ops->download(from, NULL, dst, src, bytes, err);
+    void *bounce = cddp_malloc(bytes); /* two devices: through the host */
+    if (!bounce)
+        return cddp_error_set(err, CDDP_ENOMEM,
+                              "out of memory for a %zu MiB copy from %s "
+                              "to %s",
+                              bytes >> 20, from->name, to->name);
+    int rc = from->ops->download(from, NULL, bounce, src, bytes, err);
+    if (rc == CDDP_OK) rc = to->ops->upload(to, NULL, dst, bounce, bytes, err);
+    cddp_free(bounce);
+    return rc;
+}
+
+/* ---- kernels on flat blocks ---------------------------------------------------------------- */
+
+void cddp_device_sgd(cddp_device *dev, float *p, const float *grad, float *buf, size_t n,
+                     const cddp_sgd_hparams *h) {
+    cddp__kq q = cddp__device_kq(dev);
+    CDDP__K(&q, sgd, .p = p, .g = grad, .buf = buf, .n = (int64_t)n, .h = *h);
+}
+
+void cddp_device_adamw(cddp_device *dev, float *p, const float *grad, float *m, float *v, size_t n,
+                       const cddp_adamw_hparams *h) {
+    cddp__kq q = cddp__device_kq(dev);
+    CDDP__K(&q, adamw, .p = p, .g = grad, .m = m, .v = v, .n = (int64_t)n, .h = *h);
+}
+
+void cddp_device_scale(cddp_device *dev, float *x, size_t n, float s) {
+    cddp__kq q = cddp__device_kq(dev);
+    CDDP__K(&q, scale, .y = x, .x = x, .s = s, .n = (int64_t)n);
+}
+
+/* A device's slot for results the host reads back (a sum), made on first use, one caller at a
+ * time. */
+static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int cddp_device_sum_squares(cddp_device *dev, const float *x, size_t n, double *out,
+                            cddp_error *err) {
+    cddp__kq q = cddp__device_kq(dev);
+    if (dev->host_access) {
+        CDDP__K(&q, sum_squares, .x = x, .out = out, .n = (int64_t)n);
+        return CDDP_OK;
+    }
+    pthread_mutex_lock(&slot_lock);
+    int rc = CDDP_OK;
+    if (!dev->slot && !(dev->slot = cddp_device_alloc(dev, 64, err))) rc = CDDP_ENOMEM;
+    if (rc == CDDP_OK) {
+        CDDP__K(&q, sum_squares, .x = x, .out = dev->slot, .n = (int64_t)n);
+        rc = cddp_device_download(dev, out, dev->slot, sizeof *out, err);
+    }
+    pthread_mutex_unlock(&slot_lock);
+    return rc;
 }

@@ -58,6 +58,15 @@ typedef struct cddp__device_ops {
     int (*memset)(cddp_device *dev, void *queue, void *dst, int byte, size_t n, cddp_error *err);
     /* the host waits for everything queued on queue */
     int (*synchronize)(cddp_device *dev, void *queue, cddp_error *err);
+    /* device -> host, queued: dst holds the data once an event recorded after it is done */
+    int (*download_async)(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
+                          cddp_error *err);
+    /* events: a point in a queue's work (record: everything queued on it so far); synchronize:
+     * the host waits until that work has run */
+    void *(*event_create)(cddp_device *dev, cddp_error *err);
+    void (*event_destroy)(cddp_device *dev, void *ev);
+    int (*event_record)(cddp_device *dev, void *queue, void *ev, cddp_error *err);
+    int (*event_synchronize)(cddp_device *dev, void *ev, cddp_error *err);
     /* may be NULL: marks n bytes at p as holding nothing any more (the emulated device fills them
      * with NaNs, ordered on its default queue): a context's arena at every reset, so that a step
      * never reads what the last one left */
@@ -72,8 +81,9 @@ struct cddp_device {
     bool in_order;    /* a kernel has run when its call returns (the CPU) */
     const cddp__device_ops *ops;
     const cddp__kernels *k;
-    char describe[160];
+    char describe[256];
     void *impl;
+    void *slot; /* 64 bytes of its memory for results the host reads back (device.c) */
 };
 
 /* One kind of device: "cpu", "emu", "cuda". count: how many this process can use, or a negative

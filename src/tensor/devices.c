@@ -39,8 +39,10 @@ cddp_device *cddp_device_get(const char *spec, cddp_error *err) {
     char names[128];
     list_kinds(names, sizeof names);
     if (!k) {
-        cddp_error_set(err, CDDP_EINVAL, "'%s' is not a device (the devices: %s, with :N for the "
-                       "N-th of a kind)", spec ? spec : "(null)", names);
+        cddp_error_set(err, CDDP_EINVAL,
+                       "'%s' is not a device (the devices: %s, with :N for the "
+                       "N-th of a kind)",
+                       spec ? spec : "(null)", names);
         return NULL;
     }
     int64_t index = 0;
@@ -64,4 +66,18 @@ int cddp_device_count(cddp_device_kind kind) {
             return n > 0 ? n : 0;
         }
     return 0;
+}
+
+cddp_device *cddp_device_for_rank(const char *spec, cddp_error *err) {
+    const cddp__device_kind_ops *k =
+        spec && !strchr(spec, ':') ? kind_named(spec, strlen(spec)) : NULL;
+    if (!k || k->kind == CDDP_DEVICE_CPU) return cddp_device_get(spec, err);
+    int n = k->count(err);
+    if (n < 0) return NULL;
+    if (n == 0) {
+        cddp_error_set(err, CDDP_ERANGE, "%s: this machine has no %s device", spec, k->name);
+        return NULL;
+    }
+    long local = cddp_env_int("LOCAL_RANK");
+    return k->open((int)((local > 0 ? local : 0) % n), err);
 }

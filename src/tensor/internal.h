@@ -86,7 +86,7 @@ struct cddp_ctx {
     cddp_rng rng;
     bool grad_enabled;
     cddp_error err;
-    void *step_state; /* a higher layer's, for this step (autograd's backward) */
+    void *step_state;                   /* a higher layer's, for this step (autograd's backward) */
     cddp__cdev *dev[CDDP__CTX_DEVICES]; /* dev[0]: the context's device; the others as used */
     int ndev;
 };
@@ -104,7 +104,7 @@ cddp__cdev *cddp__ctx_dev(cddp_ctx *ctx, cddp_device *dev);
  * context failed. */
 cddp__cdev *cddp__on(cddp_ctx *ctx, const char *op, int n, cddp_tensor *const *in);
 #define CDDP__ON(ctx, op, ...)                                                                     \
-    cddp__on(ctx, op, (int)(sizeof((cddp_tensor *[]){__VA_ARGS__}) / sizeof(cddp_tensor *)),      \
+    cddp__on(ctx, op, (int)(sizeof((cddp_tensor *[]){__VA_ARGS__}) / sizeof(cddp_tensor *)),       \
              (cddp_tensor *[]){__VA_ARGS__})
 /* The state of the device node n's output is on. */
 cddp__cdev *cddp__node_dev(cddp_ctx *ctx, const cddp__node *n);

@@ -65,8 +65,9 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 /* for each row i < rows: dst[i dst_stride ..][:cols] += src[i src_stride ..][:cols] (a stride
  * of 0 repeats one row: a bias added to every row, a bias's gradient summed over them) */
 #define CDDP__KA_add_rows(F)                                                                       \
-    F(float *, dst) F(const float *, src) F(int64_t, rows) F(int64_t, cols)                        \
-    F(int64_t, dst_stride) F(int64_t, src_stride)
+    F(float *, dst)                                                                                \
+    F(const float *, src) F(int64_t, rows) F(int64_t, cols) F(int64_t, dst_stride)                 \
+        F(int64_t, src_stride)
 /* y = s x (add: y += s x); y may be x */
 #define CDDP__KA_scale(F) F(float *, y) F(const float *, x) F(float, s) F(int64_t, n) F(bool, add)
 /* y = a b elementwise (add: y += a b) */
@@ -76,30 +77,34 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 /* Row-major C = alpha op(A) op(B) + beta C; A stored (M,K) or, ta, (K,M); B (K,N) or, tb,
  * (N,K); leading dimensions those of the stored matrices. */
 #define CDDP__KA_gemm(F)                                                                           \
-    F(bool, ta) F(bool, tb) F(int64_t, M) F(int64_t, N) F(int64_t, K) F(float, alpha)              \
-    F(const float *, A) F(int64_t, lda) F(const float *, B) F(int64_t, ldb) F(float, beta)         \
-    F(float *, C) F(int64_t, ldc)
+    F(bool, ta)                                                                                    \
+    F(bool, tb) F(int64_t, M) F(int64_t, N) F(int64_t, K) F(float, alpha) F(const float *, A)      \
+        F(int64_t, lda) F(const float *, B) F(int64_t, ldb) F(float, beta) F(float *, C)           \
+            F(int64_t, ldc)
 
 /* z = a op b over the broadcast bc, n outputs */
 #define CDDP__KA_binary(F)                                                                         \
-    F(cddp__binop, op) F(cddp__bcast, bc) F(const float *, a) F(const float *, b) F(float *, z) F(int64_t, n)
+    F(cddp__binop, op)                                                                             \
+    F(cddp__bcast, bc) F(const float *, a) F(const float *, b) F(float *, z) F(int64_t, n)
 /* da += d(a op b)/da dz and db likewise (either may be NULL) */
 #define CDDP__KA_binary_grad(F)                                                                    \
-    F(cddp__binop, op) F(cddp__bcast, bc) F(const float *, dz) F(const float *, a) F(const float *, b)     \
-    F(float *, da) F(float *, db)
+    F(cddp__binop, op)                                                                             \
+    F(cddp__bcast, bc) F(const float *, dz) F(const float *, a) F(const float *, b) F(float *, da) \
+        F(float *, db)
 /* y = f(x) (GELU: the erf form) */
 #define CDDP__KA_unary(F) F(cddp__unop, op) F(const float *, x) F(float *, y) F(int64_t, n)
 /* dx (+)= f'(x) dy, from x or the output y */
 #define CDDP__KA_unary_grad(F)                                                                     \
-    F(cddp__unop, op) F(const float *, x) F(const float *, y) F(const float *, dy) F(float *, dx)         \
-    F(int64_t, n) F(bool, assign)
+    F(cddp__unop, op)                                                                              \
+    F(const float *, x) F(const float *, y) F(const float *, dy) F(float *, dx) F(int64_t, n)      \
+        F(bool, assign)
 /* softmax (or log_softmax) of each row of C */
 #define CDDP__KA_softmax(F)                                                                        \
     F(const float *, x) F(float *, y) F(int64_t, rows) F(int64_t, C) F(bool, log)
 /* dx += the softmax's (log_softmax's) input gradient, from its output y */
 #define CDDP__KA_softmax_grad(F)                                                                   \
-    F(const float *, y) F(const float *, dy) F(float *, dx) F(int64_t, rows) F(int64_t, C)         \
-    F(bool, log)
+    F(const float *, y)                                                                            \
+    F(const float *, dy) F(float *, dx) F(int64_t, rows) F(int64_t, C) F(bool, log)
 
 /* Fails the queue (CDDP_ERANGE) at the first of the n ids (int32 or int64) outside [0, limit),
  * with fmt's message: fmt takes the id, its position, limit and limit - 1 (four long longs). */
@@ -107,19 +112,22 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
     F(const void *, ids) F(cddp_dtype, dtype) F(int64_t, n) F(int64_t, limit) F(const char *, fmt)
 /* logp = log_softmax(logits) (N,C); loss[0] = -sum_i logp[i, label_i] (/ N when mean) */
 #define CDDP__KA_cross_entropy(F)                                                                  \
-    F(const float *, logits) F(const void *, labels) F(cddp_dtype, dtype) F(float *, logp)         \
-    F(float *, loss) F(int64_t, N) F(int64_t, C) F(bool, mean)
+    F(const float *, logits)                                                                       \
+    F(const void *, labels) F(cddp_dtype, dtype) F(float *, logp) F(float *, loss) F(int64_t, N)   \
+        F(int64_t, C) F(bool, mean)
 /* dlogits (+)= (exp(logp) - onehot) dy[0] (/ N) */
 #define CDDP__KA_cross_entropy_grad(F)                                                             \
-    F(const float *, logp) F(const void *, labels) F(cddp_dtype, dtype) F(const float *, dy)       \
-    F(float *, dx) F(int64_t, N) F(int64_t, C) F(bool, mean) F(bool, assign)
+    F(const float *, logp)                                                                         \
+    F(const void *, labels) F(cddp_dtype, dtype) F(const float *, dy) F(float *, dx) F(int64_t, N) \
+        F(int64_t, C) F(bool, mean) F(bool, assign)
 /* loss[0] = sum (p - t)^2 (/ n) */
 #define CDDP__KA_mse(F)                                                                            \
     F(const float *, p) F(const float *, t) F(float *, loss) F(int64_t, n) F(bool, mean)
 /* dp += 2 (p - t) dy[0] (/ n), dt -= the same (either may be NULL) */
 #define CDDP__KA_mse_grad(F)                                                                       \
-    F(const float *, p) F(const float *, t) F(const float *, dy) F(float *, dp) F(float *, dt)     \
-    F(int64_t, n) F(bool, mean)
+    F(const float *, p)                                                                            \
+    F(const float *, t) F(const float *, dy) F(float *, dp) F(float *, dt) F(int64_t, n)           \
+        F(bool, mean)
 /* out[0] = sum x (/ n when mean), summed in double */
 #define CDDP__KA_sum(F) F(const float *, x) F(float *, out) F(int64_t, n) F(bool, mean)
 /* dx += dy[0] (/ n) */
@@ -127,121 +135,148 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 /* out[r] = the index of row r's first maximum; or, with labels, count[0] = how many rows' argmax
  * is their label */
 #define CDDP__KA_argmax(F)                                                                         \
-    F(const float *, x) F(int64_t *, out) F(const void *, labels) F(cddp_dtype, dtype)             \
-    F(int64_t *, count) F(int64_t, rows) F(int64_t, C)
+    F(const float *, x)                                                                            \
+    F(int64_t *, out) F(const void *, labels) F(cddp_dtype, dtype) F(int64_t *, count)             \
+        F(int64_t, rows) F(int64_t, C)
 
 /* (N,C,H,W) between row-major and blocked by B (into: into the blocked layout); dst += with add */
 #define CDDP__KA_reorder(F)                                                                        \
-    F(const float *, src) F(float *, dst) F(int64_t, N) F(int64_t, C) F(int64_t, P) F(int64_t, B)  \
-    F(bool, into) F(bool, add)
+    F(const float *, src)                                                                          \
+    F(float *, dst) F(int64_t, N) F(int64_t, C) F(int64_t, P) F(int64_t, B) F(bool, into)          \
+        F(bool, add)
 
 /* out[i] = table[ids[i]] (rows of C) */
 #define CDDP__KA_embedding(F)                                                                      \
-    F(const float *, table) F(const void *, ids) F(cddp_dtype, dtype) F(float *, out)              \
-    F(int64_t, n) F(int64_t, C)
+    F(const float *, table)                                                                        \
+    F(const void *, ids) F(cddp_dtype, dtype) F(float *, out) F(int64_t, n) F(int64_t, C)
 /* dtable[ids[i]] += dy[i], positions in order */
 #define CDDP__KA_embedding_grad(F)                                                                 \
-    F(float *, dtable) F(const void *, ids) F(cddp_dtype, dtype) F(const float *, dy)              \
-    F(int64_t, n) F(int64_t, C)
+    F(float *, dtable)                                                                             \
+    F(const void *, ids) F(cddp_dtype, dtype) F(const float *, dy) F(int64_t, n) F(int64_t, C)
 /* LayerNorm over rows of C (w, b NULL: ones, zeros), each row's mean and 1/std kept */
 #define CDDP__KA_layer_norm(F)                                                                     \
-    F(const float *, x) F(const float *, w) F(const float *, b) F(float *, y) F(float *, mean)     \
-    F(float *, rstd) F(int64_t, rows) F(int64_t, C) F(float, eps)
+    F(const float *, x)                                                                            \
+    F(const float *, w) F(const float *, b) F(float *, y) F(float *, mean) F(float *, rstd)        \
+        F(int64_t, rows) F(int64_t, C) F(float, eps)
 /* its gradients: dx (stored when assign), dw and db added (each may be NULL; w NULL: ones) */
 #define CDDP__KA_layer_norm_grad(F)                                                                \
-    F(const float *, x) F(const float *, w) F(const float *, dy) F(const float *, mean)            \
-    F(const float *, rstd) F(float *, dx) F(bool, assign) F(float *, dw) F(float *, db)            \
-    F(int64_t, rows) F(int64_t, C)
+    F(const float *, x)                                                                            \
+    F(const float *, w) F(const float *, dy) F(const float *, mean) F(const float *, rstd)         \
+        F(float *, dx) F(bool, assign) F(float *, dw) F(float *, db) F(int64_t, rows)              \
+            F(int64_t, C)
 /* y = GELU(x), tanh approximation, tanh's values kept in t */
 #define CDDP__KA_gelu_tanh(F) F(const float *, x) F(float *, y) F(float *, t) F(int64_t, n)
 #define CDDP__KA_gelu_tanh_grad(F)                                                                 \
-    F(const float *, x) F(const float *, t) F(const float *, dy) F(float *, dx) F(int64_t, n)      \
-    F(bool, assign)
+    F(const float *, x)                                                                            \
+    F(const float *, t) F(const float *, dy) F(float *, dx) F(int64_t, n) F(bool, assign)
 /* causal self-attention of qkv (B,T,3C) in NH heads into out (B,T,C), the weights into p
  * (B,NH,T,T) */
 #define CDDP__KA_attention(F)                                                                      \
-    F(const float *, qkv) F(float *, out) F(float *, p) F(int64_t, B) F(int64_t, T) F(int64_t, C)  \
-    F(int64_t, NH)
+    F(const float *, qkv)                                                                          \
+    F(float *, out) F(float *, p) F(int64_t, B) F(int64_t, T) F(int64_t, C) F(int64_t, NH)
 /* dqkv from dout (every element written: stored when assign, else added) */
 #define CDDP__KA_attention_grad(F)                                                                 \
-    F(const float *, qkv) F(const float *, p) F(const float *, dout) F(float *, dqkv)              \
-    F(int64_t, B) F(int64_t, T) F(int64_t, C) F(int64_t, NH) F(bool, assign)
+    F(const float *, qkv)                                                                          \
+    F(const float *, p) F(const float *, dout) F(float *, dqkv) F(int64_t, B) F(int64_t, T)        \
+        F(int64_t, C) F(int64_t, NH) F(bool, assign)
 
 /* Batch normalisation (norm.c's blocks: N images of C channels in groups of B, P positions each),
  * relu(bn(x) + r) with relu and r (r may be NULL); stats: mean and 1/std (2 C). In training the
  * batch's statistics, and rmean/rvar (either may be NULL) move by momentum; else rmean/rvar's. */
 #define CDDP__KA_batch_norm(F)                                                                     \
-    F(const float *, x) F(const float *, r) F(const float *, w) F(const float *, b)                \
-    F(float *, rmean) F(float *, rvar) F(float *, y) F(float *, stats) F(int64_t, N) F(int64_t, C) \
-    F(int64_t, P) F(int64_t, B) F(bool, training) F(bool, relu) F(float, momentum) F(float, eps)
+    F(const float *, x)                                                                            \
+    F(const float *, r) F(const float *, w) F(const float *, b) F(float *, rmean) F(float *, rvar) \
+        F(float *, y) F(float *, stats) F(int64_t, N) F(int64_t, C) F(int64_t, P) F(int64_t, B)    \
+            F(bool, training) F(bool, relu) F(float, momentum) F(float, eps)
 /* its gradients: dx (stored when assign), dr (the residual's, stored when rassign), dw and db
  * added; each may be NULL. dy is the output's gradient, y the output (for relu). */
 #define CDDP__KA_batch_norm_grad(F)                                                                \
-    F(const float *, x) F(const float *, y) F(const float *, dy) F(const float *, w)               \
-    F(const float *, stats) F(float *, dx) F(bool, assign) F(float *, dr) F(bool, rassign)         \
-    F(float *, dw) F(float *, db) F(int64_t, N) F(int64_t, C) F(int64_t, P) F(int64_t, B)          \
-    F(bool, training) F(bool, relu)
+    F(const float *, x)                                                                            \
+    F(const float *, y) F(const float *, dy) F(const float *, w) F(const float *, stats)           \
+        F(float *, dx) F(bool, assign) F(float *, dr) F(bool, rassign) F(float *, dw)              \
+            F(float *, db) F(int64_t, N) F(int64_t, C) F(int64_t, P) F(int64_t, B)                 \
+                F(bool, training) F(bool, relu)
 
 /* Max pooling of planes (H,W) into (OH,OW) (relu: of max(x, 0)); arg (may be NULL): each
  * maximum's index in its plane. */
 #define CDDP__KA_max_pool(F)                                                                       \
-    F(const float *, x) F(float *, y) F(int32_t *, arg) F(int64_t, planes) F(int64_t, H)           \
-    F(int64_t, W) F(int64_t, OH) F(int64_t, OW) F(int, kernel) F(int, stride) F(int, padding)      \
-    F(bool, relu)
+    F(const float *, x)                                                                            \
+    F(float *, y) F(int32_t *, arg) F(int64_t, planes) F(int64_t, H) F(int64_t, W) F(int64_t, OH)  \
+        F(int64_t, OW) F(int, kernel) F(int, stride) F(int, padding) F(bool, relu)
 /* dx gets each window's gradient at its maximum (with y, a ReLU's pooling: where y > 0) */
 #define CDDP__KA_max_pool_grad(F)                                                                  \
-    F(const int32_t *, arg) F(const float *, dy) F(const float *, y) F(float *, dx)                \
-    F(int64_t, planes) F(int64_t, H) F(int64_t, W) F(int64_t, OH) F(int64_t, OW) F(int, kernel)   \
-    F(int, stride) F(int, padding) F(bool, assign)
+    F(const int32_t *, arg)                                                                        \
+    F(const float *, dy) F(const float *, y) F(float *, dx) F(int64_t, planes) F(int64_t, H)       \
+        F(int64_t, W) F(int64_t, OH) F(int64_t, OW) F(int, kernel) F(int, stride) F(int, padding)  \
+            F(bool, assign)
 /* Average pooling (padding counts as zeros); its gradient (added) */
 #define CDDP__KA_avg_pool(F)                                                                       \
-    F(const float *, x) F(float *, y) F(int64_t, planes) F(int64_t, H) F(int64_t, W)               \
-    F(int64_t, OH) F(int64_t, OW) F(int, kernel) F(int, stride) F(int, padding)
+    F(const float *, x)                                                                            \
+    F(float *, y) F(int64_t, planes) F(int64_t, H) F(int64_t, W) F(int64_t, OH) F(int64_t, OW)     \
+        F(int, kernel) F(int, stride) F(int, padding)
 #define CDDP__KA_avg_pool_grad(F)                                                                  \
-    F(const float *, dy) F(float *, dx) F(int64_t, planes) F(int64_t, H) F(int64_t, W)             \
-    F(int64_t, OH) F(int64_t, OW) F(int, kernel) F(int, stride) F(int, padding)
+    F(const float *, dy)                                                                           \
+    F(float *, dx) F(int64_t, planes) F(int64_t, H) F(int64_t, W) F(int64_t, OH) F(int64_t, OW)    \
+        F(int, kernel) F(int, stride) F(int, padding)
 /* Adaptive average pooling of x (N,C,H,W) in x_block's layout into y (N,C,OH,OW) row-major; its
  * gradient added into dx (x's layout) */
 #define CDDP__KA_adaptive_pool(F)                                                                  \
-    F(const float *, x) F(float *, y) F(int64_t, N) F(int64_t, C) F(int64_t, H) F(int64_t, W)      \
-    F(int64_t, OH) F(int64_t, OW) F(int, x_block)
+    F(const float *, x)                                                                            \
+    F(float *, y) F(int64_t, N) F(int64_t, C) F(int64_t, H) F(int64_t, W) F(int64_t, OH)           \
+        F(int64_t, OW) F(int, x_block)
 #define CDDP__KA_adaptive_pool_grad(F)                                                             \
-    F(const float *, dy) F(float *, dx) F(int64_t, N) F(int64_t, C) F(int64_t, H) F(int64_t, W)    \
-    F(int64_t, OH) F(int64_t, OW) F(int, x_block)
+    F(const float *, dy)                                                                           \
+    F(float *, dx) F(int64_t, N) F(int64_t, C) F(int64_t, H) F(int64_t, W) F(int64_t, OH)          \
+        F(int64_t, OW) F(int, x_block)
 
 /* Convolution (g): y = x * w + b (b may be NULL). *state (state NULL: nothing kept; else a slot
  * of device memory) receives what the backward needs, kept in the step arena. */
 #define CDDP__KA_conv2d(F)                                                                         \
-    F(const float *, x) F(const float *, w) F(const float *, b) F(float *, y) F(cddp__conv_geom, g) \
-    F(void **, state)
+    F(const float *, x)                                                                            \
+    F(const float *, w) F(const float *, b) F(float *, y) F(cddp__conv_geom, g) F(void **, state)
 /* Its gradients from dy (g's output layout): each of dx, dw, db may be NULL, else stored (its
  * *_assign) or added; state: the forward's slot. */
 #define CDDP__KA_conv2d_grad(F)                                                                    \
-    F(const float *, x) F(const float *, w) F(const float *, dy) F(float *, dx)                    \
-    F(bool, dx_assign) F(float *, dw) F(bool, dw_assign) F(float *, db) F(bool, db_assign)         \
-    F(cddp__conv_geom, g) F(void **, state)
+    F(const float *, x)                                                                            \
+    F(const float *, w) F(const float *, dy) F(float *, dx) F(bool, dx_assign) F(float *, dw)      \
+        F(bool, dw_assign) F(float *, db) F(bool, db_assign) F(cddp__conv_geom, g)                 \
+            F(void **, state)
 /* relu and 2x2 max pooling (stride 2) of the convolution, into y (N,O,OH/2,OW/2) row-major: only
  * where the device says it fuses (conv_pool_fuses) */
 #define CDDP__KA_conv2d_relu_pool(F)                                                               \
-    F(const float *, x) F(const float *, w) F(const float *, b) F(float *, y) F(cddp__conv_geom, g) \
-    F(void **, state)
+    F(const float *, x)                                                                            \
+    F(const float *, w) F(const float *, b) F(float *, y) F(cddp__conv_geom, g) F(void **, state)
 /* its gradients from dy (the pooled output's), as conv2d_grad */
 #define CDDP__KA_conv2d_relu_pool_grad(F)                                                          \
-    F(const float *, x) F(const float *, w) F(const float *, dy) F(float *, dx)                    \
-    F(bool, dx_assign) F(float *, dw) F(bool, dw_assign) F(float *, db) F(bool, db_assign)         \
-    F(cddp__conv_geom, g) F(void **, state)
+    F(const float *, x)                                                                            \
+    F(const float *, w) F(const float *, dy) F(float *, dx) F(bool, dx_assign) F(float *, dw)      \
+        F(bool, dw_assign) F(float *, db) F(bool, db_assign) F(cddp__conv_geom, g)                 \
+            F(void **, state)
+
+/* The optimizers' updates of n elements of a flat block (device.h's cddp_device_sgd and
+ * cddp_device_adamw say what each computes; buf NULL: SGD without momentum), and the sum of
+ * squares of one (in double, in 8 lanes of a fixed order: the same on every device and rank). */
+#define CDDP__KA_sgd(F)                                                                            \
+    F(float *, p) F(const float *, g) F(float *, buf) F(int64_t, n) F(cddp_sgd_hparams, h)
+#define CDDP__KA_adamw(F)                                                                          \
+    F(float *, p)                                                                                  \
+    F(const float *, g) F(float *, m) F(float *, v) F(int64_t, n) F(cddp_adamw_hparams, h)
+#define CDDP__KA_sum_squares(F) F(const float *, x) F(double *, out) F(int64_t, n)
 
 /* ---- the table ----------------------------------------------------------------------------- */
 
 /* K(name): every kernel, in the order above. */
 #define CDDP_KERNEL_LIST(K)                                                                        \
-    K(fill) K(accumulate) K(add_rows) K(scale) K(mul) K(gemm) K(binary) K(binary_grad) K(unary)    \
-    K(unary_grad) K(softmax) K(softmax_grad) K(check_ids) K(cross_entropy)                         \
-    K(cross_entropy_grad) K(mse) K(mse_grad) K(sum) K(sum_grad) K(argmax) K(reorder)               \
-    K(embedding) K(embedding_grad) K(layer_norm) K(layer_norm_grad) K(gelu_tanh)                   \
-    K(gelu_tanh_grad) K(attention) K(attention_grad) K(batch_norm) K(batch_norm_grad)              \
-    K(max_pool) K(max_pool_grad) K(avg_pool) K(avg_pool_grad) K(adaptive_pool)                     \
-    K(adaptive_pool_grad) K(conv2d) K(conv2d_grad) K(conv2d_relu_pool) K(conv2d_relu_pool_grad)
+    K(fill)                                                                                        \
+    K(accumulate) K(add_rows) K(scale) K(mul) K(gemm) K(binary) K(binary_grad) K(unary)            \
+        K(unary_grad) K(softmax) K(softmax_grad) K(check_ids) K(cross_entropy)                     \
+            K(cross_entropy_grad) K(mse) K(mse_grad) K(sum) K(sum_grad) K(argmax) K(reorder)       \
+                K(embedding) K(embedding_grad) K(layer_norm) K(layer_norm_grad) K(gelu_tanh)       \
+                    K(gelu_tanh_grad) K(attention) K(attention_grad) K(batch_norm)                 \
+                        K(batch_norm_grad) K(max_pool) K(max_pool_grad) K(avg_pool)                \
+                            K(avg_pool_grad) K(adaptive_pool) K(adaptive_pool_grad) K(conv2d)      \
+                                K(conv2d_grad) K(conv2d_relu_pool) K(conv2d_relu_pool_grad) K(sgd) \
+                                    K(adamw) K(sum_squares)
 
 #define CDDP__KFIELD(type, name) type name;
 #define CDDP__KSTRUCT(name)                                                                        \
@@ -254,7 +289,7 @@ CDDP_KERNEL_LIST(CDDP__KSTRUCT)
 typedef struct cddp__kq cddp__kq;
 
 typedef struct cddp__kernels {
-#define CDDP__KSLOT(name) void (*name)(cddp__kq *q, const cddp__k_##name *a);
+#define CDDP__KSLOT(name) void (*name)(cddp__kq * q, const cddp__k_##name *a);
     CDDP_KERNEL_LIST(CDDP__KSLOT)
 #undef CDDP__KSLOT
     /* Questions an op asks before it calls (answered at once, on the host, from shapes alone). */

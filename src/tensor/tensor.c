@@ -130,10 +130,8 @@ static cddp__cdev *cdev_create(cddp_ctx *ctx, cddp_device *dev, size_t initial, 
     if (!d) return NULL;
     pthread_mutex_init(&d->lock, NULL);
     d->ctx = ctx;
-    d->q = (cddp__kq){.dev = dev,
-                      .scratch = scratch,
-                      .fail = dev->in_order ? fail_now : fail_late,
-                      .user = d};
+    d->q = (cddp__kq){
+        .dev = dev, .scratch = scratch, .fail = dev->in_order ? fail_now : fail_late, .user = d};
     /* The CPU's data and the host's share the context's arena; another device has its own, in its
      * memory (its kernels may allocate scratch from their queue's thread: shared). */
     if (dev->host_access && dev->in_order)
@@ -327,8 +325,7 @@ void *cddp__staging(cddp__cdev *d, void *dst, size_t n) {
 
 void cddp__upload(cddp__cdev *d, void *dst, const void *src, size_t n) {
     cddp_error e = {0};
-    if (src != dst && n &&
-        d->q.dev->ops->upload(d->q.dev, d->q.queue, dst, src, n, &e) != CDDP_OK)
+    if (src != dst && n && d->q.dev->ops->upload(d->q.dev, d->q.queue, dst, src, n, &e) != CDDP_OK)
         cddp_ctx_fail(d->ctx, e.code, "%s", e.msg);
 }
 
@@ -434,6 +431,12 @@ cddp_tensor *cddp_wrap(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const int64_t 
     return t;
 }
 
+cddp_tensor *cddp_from_host(cddp_ctx *ctx, cddp_dtype dtype, int ndim, const int64_t *shape,
+                            void *data) {
+    if (ctx->dev[0]->q.dev->host_access) return cddp_wrap(ctx, dtype, ndim, shape, data);
+    return cddp_from_data(ctx, dtype, ndim, shape, data);
+}
+
 /* Fills t's float32 elements on the host through gen, then puts them on t's device. */
 static void fill_host(cddp_tensor *t, const char *what, void (*gen)(float *, int64_t, void *),
                       void *arg) {
@@ -519,8 +522,8 @@ double cddp_get(const cddp_tensor *t, int64_t i) {
         memcpy(v, from, size);
     } else {
         cddp_error e = {0};
-        CDDP_CHECK(cddp_device_download(t->device, v, from, size, &e) == CDDP_OK,
-                   "cddp_get: %s", e.msg);
+        CDDP_CHECK(cddp_device_download(t->device, v, from, size, &e) == CDDP_OK, "cddp_get: %s",
+                   e.msg);
     }
     switch (t->dtype) {
     case CDDP_F32: {

@@ -28,7 +28,8 @@
  *                                     equal one process on N*B (reduced gradients and parameters
  *                                     within 1e-5, see compare_grads and compare_to_scale); the
  *                                     tied weight is reduced once
- * Prints "ok: ..." and exits 0 when every check holds on this rank; exits 1 saying why.
+ * Prints "ok: ..." and exits 0 when every check holds on this rank; exits 1 saying why. The models
+ * live on the check device (check.h).
  */
 #define CHECK_NAME "ddp_check"
 #include "check.h"
@@ -72,7 +73,7 @@ static cddp_model *make_model(kind k, uint64_t seed, bool odd) {
         rc |= cddp_model_add_param(m, "never.weight", 1, (int64_t[]){3}, u, NULL);
     }
     if (rc || cddp_model_build(m, seed)) FAIL("cannot build the model: %s", cddp_model_error(m));
-    return m;
+    return on_device(m);
 }
 
 /* Sample i of step s: the same values in every process. */
@@ -118,10 +119,11 @@ static bool uses_branch(int s, int r) {
 static void compare(const cddp_model *got, const cddp_model *ref, const char *when) {
     for (int i = 0; i < cddp_model_num_params(ref); i++) {
         const cddp_tensor *a = cddp_model_param(got, i), *b = cddp_model_param(ref, i);
+        const float *ah = on_host(a->data, a->numel), *bh = on_host(b->data, b->numel);
         double dmax = 0, rmax = 0;
         for (int64_t e = 0; e < b->numel; e++) {
-            dmax = fmax(dmax, fabs(cddp_f32(a)[e] - cddp_f32(b)[e]));
-            rmax = fmax(rmax, fabs(cddp_f32(b)[e]));
+            dmax = fmax(dmax, fabs(ah[e] - bh[e]));
+            rmax = fmax(rmax, fabs(bh[e]));
         }
         if (dmax > 1e-5 * rmax)
             FAIL("%s: %s differs from the single-process reference by %g (largest value %g)", when,
@@ -165,7 +167,7 @@ static int buffers_join(cddp_comm *g) {
     cddp_model *m = make_model(NORM, 1, false);
     cddp_ddp *d = wrap(m, g, (cddp_ddp_options){.join = true});
     cddp_optim *om = sgd(m);
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_ctx *ctx = check_ctx();
     cddp_error err = {0};
     for (int s = 0; s < 3 + rank; s++) {
         cddp_model_zero_grad(m);
@@ -176,7 +178,8 @@ static int buffers_join(cddp_comm *g) {
     if (cddp_ddp_join(d, &err) != CDDP_OK) FAIL("join: %s", err.msg);
     int nb = (int)cddp_model_buffer_numel(m);
     float *all = malloc(sizeof(float) * (size_t)(nb * world));
-    if (cddp_comm_allgather(g, cddp_model_buffer_data(m), all, nb, CDDP_COMM_F32, 30, &err))
+    if (cddp_comm_allgather(g, on_host(cddp_model_buffer_data(m), nb), all, nb, CDDP_COMM_F32, 30,
+                            &err))
         FAIL("allgather: %s", err.msg);
     for (int r = 0; r < world; r++)
         if (memcmp(all + r * nb, all + (world - 1) * nb, sizeof(float) * (size_t)nb) != 0)
@@ -196,17 +199,20 @@ static int buffers_join(cddp_comm *g) {
 static int buffers(cddp_comm *g, bool off) {
     cddp_model *m = make_model(NORM, 1, false);
     int nb = (int)cddp_model_buffer_numel(m); /* running_mean (D), running_var (D) */
-    float *buf = cddp_model_buffer_data(m);
-    for (int i = 0; i < D; i++) buf[i] = (float)(rank + 1);
+    float mine[D];
+    for (int i = 0; i < D; i++) mine[i] = (float)(rank + 1);
+    to_device(cddp_model_buffer_data(m), mine, D);
     cddp_ddp *d = wrap(m, g, (cddp_ddp_options){.no_broadcast_buffers = off});
+    const float *buf = on_host(cddp_model_buffer_data(m), nb);
     for (int i = 0; i < D; i++)
         if (buf[i] != 1.0f) FAIL("after wrap, running_mean[%d] = %g, not rank 0's 1", i, buf[i]);
     cddp_optim *om = sgd(m);
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_ctx *ctx = check_ctx();
     float *all = malloc(sizeof(float) * (size_t)(nb * world)), x[D];
     cddp_error err = {0};
     int differ = 0;
     for (int s = 0; s < STEPS; s++) {
+        buf = on_host(cddp_model_buffer_data(m), nb);
         if (cddp_comm_allgather(g, buf, all, nb, CDDP_COMM_F32, 30, &err) != CDDP_OK)
             FAIL("allgather: %s", err.msg);
         for (int r = 1; r < world; r++)
@@ -229,6 +235,7 @@ static int buffers(cddp_comm *g, bool off) {
         cddp_ctx_reset(ctx);
         backward(ctx, loss_of(ctx, m, NORM, s, (int64_t)rank * B, B, false), "ddp");
         cddp_optim_step(om);
+        buf = on_host(cddp_model_buffer_data(m), nb);
         for (int i = 0; i < 2 * D; i++)
             if (fabs(buf[i] - want[i]) > 1e-5 * fmax(1.0, fabs(want[i])))
                 FAIL("step %d: %s[%d] = %.7g, want %.7g (the update of %s)", s + 1,
@@ -249,7 +256,7 @@ static int equal(cddp_comm *g, kind k, double cap_mb, int accumulate) {
     cddp_model *m = make_model(k, 1, false), *ref = make_model(k, 1, false);
     cddp_ddp *d = wrap(m, g, (cddp_ddp_options){.bucket_cap_mb = cap_mb});
     cddp_optim *om = sgd(m), *oref = sgd(ref);
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_ctx *ctx = check_ctx();
     for (int s = 0; s < STEPS; s++) {
         cddp_model_zero_grad(m);
         cddp_model_zero_grad(ref);
@@ -284,13 +291,14 @@ static int equal(cddp_comm *g, kind k, double cap_mb, int accumulate) {
 static int sum_mode(cddp_comm *g) {
     cddp_model *m = make_model(MLP, 1, false), *ref = make_model(MLP, 1, false);
     cddp_ddp *d = wrap(m, g, (cddp_ddp_options){.sum = true});
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_ctx *ctx = check_ctx();
     cddp_model_zero_grad(m);
     cddp_model_zero_grad(ref);
     backward(ctx, loss_of(ctx, m, MLP, 0, (int64_t)rank * B, B, false), "ddp");
     cddp_ctx_reset(ctx);
     backward(ctx, loss_of(ctx, ref, MLP, 0, 0, (int64_t)world * B, false), "reference");
-    const float *a = cddp_model_grad(m), *b = cddp_model_grad(ref);
+    const float *a = on_host(cddp_model_grad(m), (int64_t)cddp_model_numel(m)),
+                *b = on_host(cddp_model_grad(ref), (int64_t)cddp_model_numel(ref));
     double dmax = 0, rmax = 0;
     for (size_t e = 0; e < cddp_model_numel(m); e++) {
         dmax = fmax(dmax, fabs(a[e] - world * b[e]));
@@ -308,12 +316,12 @@ static int unused(cddp_comm *g, bool flag) {
     cddp_ddp *d =
         wrap(m, g, (cddp_ddp_options){.bucket_cap_mb = 0.0002, .find_unused_parameters = flag});
     cddp_optim *om = sgd(m), *oref = sgd(ref);
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_ctx *ctx = check_ctx();
     cddp_tensor *never = cddp_model_find(m, "never.weight");
     for (int s = 0; s < STEPS; s++) {
         cddp_model_zero_grad(m);
         cddp_model_zero_grad(ref);
-        for (int e = 0; e < 3; e++) never->grad[e] = 7.0f + (float)e; /* must stay untouched */
+        to_device(never->grad, (float[]){7, 8, 9}, 3); /* must stay untouched */
         cddp_ctx_reset(ctx);
         int rc = cddp_backward(
             ctx, loss_of(ctx, m, CUSTOM, s, (int64_t)rank * B, B, uses_branch(s, rank)));
@@ -332,9 +340,9 @@ static int unused(cddp_comm *g, bool flag) {
             exit(0);
         }
         if (rc != CDDP_OK) FAIL("backward: %s", cddp_ctx_error(ctx));
+        const float *ng = on_host(never->grad, 3);
         for (int e = 0; e < 3; e++)
-            if (never->grad[e] != 7.0f + (float)e)
-                FAIL("never.weight's gradient changed to %g", never->grad[e]);
+            if (ng[e] != 7.0f + (float)e) FAIL("never.weight's gradient changed to %g", ng[e]);
         cddp_tensor *total = NULL;
         cddp_ctx_reset(ctx);
         for (int r = 0; r < world; r++) {
@@ -344,7 +352,7 @@ static int unused(cddp_comm *g, bool flag) {
             total = total ? cddp_add(ctx, total, l) : l;
         }
         backward(ctx, total, "reference");
-        for (int e = 0; e < 3; e++) never->grad[e] = 0; /* the reference's is zero */
+        to_device(never->grad, (float[]){0, 0, 0}, 3); /* the reference's is zero */
         cddp_optim_step(om);
         cddp_optim_step(oref);
         char when[64];
@@ -378,7 +386,7 @@ static int join(cddp_comm *g, bool throw) {
     cddp_model *m = make_model(MLP, 3, false), *ref = make_model(MLP, 3, false);
     cddp_ddp *d = wrap(m, g, (cddp_ddp_options){.join = true, .join_throw = throw});
     cddp_optim *om = sgd(m), *oref = sgd(ref);
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_ctx *ctx = check_ctx();
     cddp_error err = {0};
     for (int s = 0; s < 3 + rank; s++) {
         cddp_model_zero_grad(m);
@@ -446,7 +454,7 @@ static int mismatch(cddp_comm *g, const char *what) {
 static int resume(cddp_comm *g, const char *dir) {
     char path[4096];
     snprintf(path, sizeof path, "%s/resume.safetensors", dir);
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_ctx *ctx = check_ctx();
     cddp_error err = {0};
     cddp_model *straight = make_model(MLP, 4, false);
     cddp_ddp *d = wrap(straight, g, (cddp_ddp_options){0});
@@ -484,8 +492,9 @@ static int resume(cddp_comm *g, const char *dir) {
         backward(ctx, loss_of(ctx, second, MLP, s, (int64_t)rank * B, B, false), "second half");
         cddp_optim_step(o);
     }
-    if (memcmp(cddp_model_data(second), cddp_model_data(straight),
-               cddp_model_numel(straight) * sizeof(float)) != 0)
+    int64_t n = (int64_t)cddp_model_numel(straight);
+    if (memcmp(on_host(cddp_model_data(second), n), on_host(cddp_model_data(straight), n),
+               (size_t)n * sizeof(float)) != 0)
         FAIL("3 + 3 steps through a checkpoint differ from 6 straight steps%s", "");
     printf("ok: rank %d of %d: 3 steps, save, load, 3 steps = 6 steps, bit for bit\n", rank, world);
     cddp_optim_destroy(o);
@@ -507,7 +516,7 @@ static cddp_model *gpt_model(void) {
     cddp_model *m = cddp_model_create_with(cddp_nn_gpt(&c), &err);
     if (!m || cddp_model_build(m, 5))
         FAIL("cannot build the GPT: %s", m ? cddp_model_error(m) : err.msg);
-    return m;
+    return on_device(m);
 }
 
 static cddp_optim *gpt_adamw(cddp_model *m) {
@@ -561,14 +570,16 @@ static void compare_grads(const cddp_model *got, const cddp_model *ref, bool per
     double scale = 0;
     for (int i = 0; i < cddp_model_num_params(ref); i++) {
         const cddp_tensor *b = cddp_model_param(ref, i);
-        for (int64_t e = 0; e < b->numel; e++) scale = fmax(scale, fabs(b->grad[e]));
+        const float *bg = on_host(b->grad, b->numel);
+        for (int64_t e = 0; e < b->numel; e++) scale = fmax(scale, fabs(bg[e]));
     }
     for (int i = 0; i < cddp_model_num_params(ref); i++) {
         const cddp_tensor *a = cddp_model_param(got, i), *b = cddp_model_param(ref, i);
+        const float *ag = on_host(a->grad, a->numel), *bg = on_host(b->grad, b->numel);
         double dmax = 0, rmax = 0;
         for (int64_t e = 0; e < b->numel; e++) {
-            dmax = fmax(dmax, fabs(a->grad[e] - b->grad[e]));
-            rmax = fmax(rmax, fabs(b->grad[e]));
+            dmax = fmax(dmax, fabs(ag[e] - bg[e]));
+            rmax = fmax(rmax, fabs(bg[e]));
         }
         if (dmax > 1e-5 * (per_tensor ? rmax : scale))
             FAIL("%s: the gradient of %s differs from the reference's by %g (largest %g, in the "
@@ -587,13 +598,14 @@ static void compare_to_scale(const cddp_model *got, const cddp_model *ref, const
     const char *worst = "";
     for (int i = 0; i < cddp_model_num_params(ref); i++) {
         const cddp_tensor *a = cddp_model_param(got, i), *b = cddp_model_param(ref, i);
+        const float *ah = on_host(a->data, a->numel), *bh = on_host(b->data, b->numel);
         for (int64_t e = 0; e < b->numel; e++) {
-            double d = fabs(cddp_f32(a)[e] - cddp_f32(b)[e]);
+            double d = fabs(ah[e] - bh[e]);
             if (d > dmax) {
                 dmax = d;
                 worst = b->name;
             }
-            rmax = fmax(rmax, fabs(cddp_f32(b)[e]));
+            rmax = fmax(rmax, fabs(bh[e]));
         }
     }
     if (dmax > 1e-5 * rmax)
@@ -605,7 +617,7 @@ static int gpt(cddp_comm *g, int accumulate, double cap_mb) {
     cddp_model *m = gpt_model(), *ref = gpt_model();
     cddp_ddp *d = wrap(m, g, (cddp_ddp_options){.bucket_cap_mb = cap_mb});
     cddp_optim *om = gpt_adamw(m), *oref = gpt_adamw(ref);
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_ctx *ctx = check_ctx();
     for (int s = 0; s < STEPS; s++) {
         float lr = cddp_lr_warmup_cosine(s, 1e-2f, 1e-3f, 2, STEPS);
         cddp_optim_set_lr(om, lr);

@@ -58,7 +58,7 @@ static cddp_model *make_model(kind k) {
         rc |= cddp_model_add(m, "aux", cddp_nn_linear(13, O)); /* used on some steps (unused) */
     }
     if (rc || cddp_model_build(m, 11)) FAIL("cannot build the model: %s", cddp_model_error(m));
-    return m;
+    return on_device(m);
 }
 
 static run start(kind k, cddp_comm *g, cddp_ddp_options o) {
@@ -161,7 +161,7 @@ static double largest(const float *x, int64_t n) {
 
 static void same_params(const run *got, const run *ref, double tol, const char *what, int s) {
     int64_t n = (int64_t)cddp_model_numel(ref->m);
-    const float *a = cddp_model_data(got->m), *b = cddp_model_data(ref->m);
+    const float *a = on_host(cddp_model_data(got->m), n), *b = on_host(cddp_model_data(ref->m), n);
     double d = rel_diff(a, b, 0, n, largest(b, n));
     if (d > tol)
         FAIL("after step %d: %s's parameters differ from DDP's by %g of the largest", s + 1, what,
@@ -175,7 +175,7 @@ static int equal(cddp_comm *g, kind k, double cap_mb, const char *variant) {
     run ddp = start(k, g, o);
     o.shard_optimizer = true;
     run zero = start(k, g, o);
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_ctx *ctx = check_ctx();
     int64_t n = (int64_t)cddp_model_numel(ddp.m);
     const int64_t *shard; /* valid until the shard is set again (cddp_ddp_save does) */
     int nshard;
@@ -185,7 +185,8 @@ static int equal(cddp_comm *g, kind k, double cap_mb, const char *variant) {
     for (int s = 0; s < STEPS; s++) {
         step(ctx, &ddp, k, s, accum, unused);
         step(ctx, &zero, k, s, accum, unused);
-        const float *gz = cddp_model_grad(zero.m), *gd = cddp_model_grad(ddp.m);
+        const float *gz = on_host(cddp_model_grad(zero.m), n),
+                    *gd = on_host(cddp_model_grad(ddp.m), n);
         double scale = largest(gd, n);
         nshard = cddp_model_shard(zero.m, &shard, NULL);
         for (int i = 0; i < nshard; i++) {
@@ -275,7 +276,7 @@ static int refuse(cddp_comm *g) {
            "bf16");
     cddp_model_destroy(m);
     run z = start(MLP, g, (cddp_ddp_options){.shard_optimizer = true});
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_ctx *ctx = check_ctx();
     step(ctx, &z, MLP, 0, 1, false);
     cddp_optim_step(z.opt);
     if (world > 1) {

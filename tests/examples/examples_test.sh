@@ -18,6 +18,10 @@
 #                   given as a checkpoint and a diverging run: a clear error and a non-zero exit
 #   gpt_tokens      cddp-tokenize writes llm.c's token files (read back with NumPy as llm.c's
 #                   loader does), gpt_train trains on them, and a truncated file is refused
+#   device          --device emu (the emulated device): ddp_train on 2 ranks converges; the CNN on
+#                   2 ranks and the GPT give the CPU's losses and accuracy exactly, and a
+#                   checkpoint saved from the device resumes on the CPU; a device that is not one,
+#                   or not on this machine, exits 2 saying so
 #   ckpt_kill       30 runs on 2 or 3 ranks saving a checkpoint set every iteration, each
 #                   SIGKILLed (a rank or cddprun) at a random moment and resumed by the next: every
 #                   set with a manifest verifies, the newest complete one always resumes
@@ -499,6 +503,33 @@ PYEOF
     "$build/bin/gpt_train" --data cut.bin --max_iters 1 --out none > bad.out 2>&1 && fail "a truncated token file was accepted"
     grep -q "cut.bin: truncated: the header promises" bad.out || { cat bad.out; fail "the truncated file's error does not say so"; }
     echo "ok: cddp-tokenize, llm.c's format, training on it, a truncated file refused"
+    ;;
+device)
+    run --nproc_per_node 2 --tee "$build/bin/ddp_train" --device emu > out 2>&1 || { cat out; fail "ddp_train --device emu failed"; }
+    grep -q "^\[rank 1\]: *\[3.0000\]\]" out || { cat out; fail "ddp_train on emu did not reach w = [[2], [3]]"; }
+    # the same CNN run on the CPU and on emu: the losses and the accuracy, to the last digit
+    for d in cpu emu; do
+        run --nproc_per_node 2 "$build/bin/fashion_mnist" --device $d --model cnn --epochs 1 --limit 2000 \
+            --log-every 0 --out fm_$d --json > fm_$d.out 2>&1 || { cat fm_$d.out; fail "fashion_mnist --device $d failed"; }
+        sed -n 's/.*"final_loss": \([0-9.]*\), "test_acc": \([0-9.]*\).*/\1 \2/p' fm_$d.out > fm_$d.res
+    done
+    [ -s fm_cpu.res ] && cmp -s fm_cpu.res fm_emu.res || fail "fashion_mnist: the CPU gives '$(cat fm_cpu.res)', emu '$(cat fm_emu.res)'"
+    # a checkpoint written from the device's memory resumes on the CPU, and goes on as there
+    "$build/bin/fashion_mnist" --device cpu --model cnn --resume fm_emu/checkpoint.safetensors --epochs 2 \
+        --limit 2000 --log-every 0 --out none > resumed.out 2>&1 || { cat resumed.out; fail "the checkpoint from emu does not resume on the CPU"; }
+    grep -q "resumed from fm_emu/checkpoint.safetensors after epoch 1" resumed.out || { cat resumed.out; fail "no resume line"; }
+    for d in cpu emu; do
+        "$build/bin/gpt_train" --device $d --max_iters 20 --log_interval 10 --eval_interval 10 --eval_iters 2 \
+            --final_eval 2 --sample 40 --out none > gpt_$d.out 2>&1 || { cat gpt_$d.out; fail "gpt_train --device $d failed"; }
+    done
+    for d in cpu emu; do sed 's/, time [0-9.]*ms//' gpt_$d.out > gpt_$d.lines; done
+    grep -q "^step 20: train loss" gpt_cpu.lines && cmp -s gpt_cpu.lines gpt_emu.lines \
+        || { diff gpt_cpu.lines gpt_emu.lines; fail "gpt_train: the CPU's and emu's losses or samples differ"; }
+    "$build/bin/fashion_mnist" --device gpu > bad.out 2>&1; rc=$?
+    [ $rc = 2 ] && grep -q "'gpu' is not a device (the devices: cpu, emu" bad.out || { cat bad.out; fail "--device gpu: exit $rc"; }
+    "$build/bin/gpt_train" --device emu:9 > bad.out 2>&1; rc=$?
+    [ $rc = 2 ] && grep -q "emu:9: this machine has 2 emu devices" bad.out || { cat bad.out; fail "--device emu:9: exit $rc"; }
+    echo "ok: ddp_train, the CNN on 2 ranks and the GPT train on emu as on the CPU, to the last digit; its checkpoint resumes on the CPU; bad devices refused"
     ;;
 *) echo "unknown scenario $scenario"; exit 2 ;;
 esac

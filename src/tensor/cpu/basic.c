@@ -204,8 +204,8 @@ void cddp__cpu_check_ids(cddp__kq *q, const cddp__k_check_ids *a) {
         if (id < 0 || id >= a->limit) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"
-            cddp__kq_fail(q, CDDP_ERANGE, a->fmt, (long long)id, (long long)i,
-                          (long long)a->limit, (long long)(a->limit - 1));
+            cddp__kq_fail(q, CDDP_ERANGE, a->fmt, (long long)id, (long long)i, (long long)a->limit,
+                          (long long)(a->limit - 1));
 #pragma GCC diagnostic pop
             return;
         }

@@ -117,8 +117,8 @@ static cddp__dnnl_arg nchw_dims(int arg, const void *data, cddp__dnnl_io io, con
 /* The run arguments for the input x (or its gradient) and the weights (or theirs). */
 static cddp__dnnl_arg input_arg(int arg, const void *data, cddp__dnnl_io io,
                                 const cddp__conv_geom *g) {
-    return nchw_dims(arg, data, io, (int64_t[]){g->N, g->C, g->H, g->W},
-                     cddp__dnnl_tag(g->x_block), NULL);
+    return nchw_dims(arg, data, io, (int64_t[]){g->N, g->C, g->H, g->W}, cddp__dnnl_tag(g->x_block),
+                     NULL);
 }
 
 static cddp__dnnl_arg weights(int arg, const void *data, cddp__dnnl_io io,
@@ -146,7 +146,8 @@ static bool conv_forward(cddp__kq *q, const cddp__dnnl_prim *p, const cddp__conv
                          const dnnl_memory_desc_t *dst_md, cddp__dnnl_copy *xc) {
     const int64_t od[4] = {g->N, g->O, g->OH, g->OW};
     cddp__dnnl_arg args[4] = {
-        input_arg(DNNL_ARG_SRC, x, CDDP__DNNL_IN, g), weights(DNNL_ARG_WEIGHTS, w, CDDP__DNNL_IN, g),
+        input_arg(DNNL_ARG_SRC, x, CDDP__DNNL_IN, g),
+        weights(DNNL_ARG_WEIGHTS, w, CDDP__DNNL_IN, g),
         nchw_dims(DNNL_ARG_DST, dst, CDDP__DNNL_OUT, od, cddp__dnnl_tag(g->out_block), dst_md)};
     args[0].copy = xc;
     if (b) args[3] = vec_arg(DNNL_ARG_BIAS, b, CDDP__DNNL_IN, g->O);
@@ -241,8 +242,7 @@ static void weights_grad(cddp__kq *q, const cddp__conv_geom *g, const float *xd,
         }
     }
     if (gw)
-        for (int64_t i = 0; i < O * K; i++)
-            gw[i] = (o->dw_assign ? 0.0f : gw[i]) + (float)acc[i];
+        for (int64_t i = 0; i < O * K; i++) gw[i] = (o->dw_assign ? 0.0f : gw[i]) + (float)acc[i];
     if (gb)
         for (int64_t oc = 0; oc < O; oc++)
             gb[oc] = (o->db_assign ? 0.0f : gb[oc]) + (float)acc[O * K + oc];
@@ -284,8 +284,8 @@ static void conv_backward(cddp__kq *q, const cddp__conv_geom *g, const float *x,
     args[0].copy = xc;
     args[1].copy = &dyc;
     if (g->bias)
-        args[3] = vec_arg(DNNL_ARG_DIFF_BIAS, gb, o->db ? io_of(o->db_assign) : CDDP__DNNL_OUT,
-                          g->O);
+        args[3] =
+            vec_arg(DNNL_ARG_DIFF_BIAS, gb, o->db ? io_of(o->db_assign) : CDDP__DNNL_OUT, g->O);
     cddp__dnnl_run(q, p, g->bias ? 4 : 3, args);
 }
 
@@ -295,7 +295,8 @@ void cddp__cpu_conv2d_grad(cddp__kq *q, const cddp__k_conv2d_grad *a) {
     conv_grad dy = {
         .data = a->dy,
         .tag = cddp__dnnl_tag(g->out_block),
-        .l = {.B = B, .sN = g->O * g->OH * g->OW, .sG = B * g->OH * g->OW, .sH = B * g->OW, .sW = B}};
+        .l = {
+            .B = B, .sN = g->O * g->OH * g->OW, .sG = B * g->OH * g->OW, .sH = B * g->OW, .sW = B}};
     conv_out o = {a->dx, a->dw, a->db, a->dx_assign, a->dw_assign, a->db_assign};
     conv_backward(q, g, a->x, a->w, &dy, &o, *a->state);
 }

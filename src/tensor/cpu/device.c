@@ -8,8 +8,7 @@
 
 static void *cpu_alloc(cddp_device *dev, size_t bytes, cddp_error *err) {
     void *p = cddp_aligned_alloc(bytes ? bytes : 1);
-    if (!p)
-        cddp_error_set(err, CDDP_ENOMEM, "%s: cannot allocate %zu MiB", dev->name, bytes >> 20);
+    if (!p) cddp_error_set(err, CDDP_ENOMEM, "%s: cannot allocate %zu MiB", dev->name, bytes >> 20);
     return p;
 }
 
@@ -37,6 +36,28 @@ static int cpu_synchronize(cddp_device *dev, void *queue, cddp_error *err) {
     return CDDP_OK;
 }
 
+/* The CPU's events: its work has run when a call returns, so every event is always done. */
+static char cpu_event;
+
+static void *cpu_event_create(cddp_device *dev, cddp_error *err) {
+    (void)dev, (void)err;
+    return &cpu_event;
+}
+
+static void cpu_event_destroy(cddp_device *dev, void *ev) {
+    (void)dev, (void)ev;
+}
+
+static int cpu_event_record(cddp_device *dev, void *queue, void *ev, cddp_error *err) {
+    (void)dev, (void)queue, (void)ev, (void)err;
+    return CDDP_OK;
+}
+
+static int cpu_event_synchronize(cddp_device *dev, void *ev, cddp_error *err) {
+    (void)dev, (void)ev, (void)err;
+    return CDDP_OK;
+}
+
 static const cddp__device_ops ops = {
     .alloc = cpu_alloc,
     .free = cpu_free,
@@ -45,6 +66,11 @@ static const cddp__device_ops ops = {
     .copy = cpu_copy,
     .memset = cpu_memset,
     .synchronize = cpu_synchronize,
+    .download_async = cpu_copy,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .event_synchronize = cpu_event_synchronize,
 };
 
 int cddp__cpu_blocked_size(void) {

@@ -194,8 +194,7 @@ static bool run_reorder(cddp__kq *q, const reorder *r, dnnl_memory_t from, dnnl_
     return true;
 }
 
-bool cddp__dnnl_run(cddp__kq *q, const cddp__dnnl_prim *cp, int nargs,
-                    const cddp__dnnl_arg *args) {
+bool cddp__dnnl_run(cddp__kq *q, const cddp__dnnl_prim *cp, int nargs, const cddp__dnnl_arg *args) {
     cddp__dnnl_prim *p = (cddp__dnnl_prim *)cp; /* its reorders are added on first use */
     CDDP_CHECK(nargs <= MAX_ARGS, "oneDNN: %d arguments", nargs);
     dnnl_exec_arg_t ex[MAX_ARGS + 1] = {{0}};

@@ -97,8 +97,8 @@ void cddp__cpu_batch_norm(cddp__kq *q, const cddp__k_batch_norm *a) {
             if (a->training) {
                 var = ss[c - c0] / (double)M;
                 if (rmean)
-                    rmean[c] = (1.0f - momentum) * rmean[c] +
-                               momentum * (float)(s[c - c0] / (double)M);
+                    rmean[c] =
+                        (1.0f - momentum) * rmean[c] + momentum * (float)(s[c - c0] / (double)M);
                 if (rvar)
                     rvar[c] = (1.0f - momentum) * rvar[c] +
                               momentum * (float)(ss[c - c0] / (double)(M - 1));

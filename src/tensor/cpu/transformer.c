@@ -26,8 +26,8 @@ void cddp__cpu_layer_norm_grad(cddp__kq *q, const cddp__k_layer_norm_grad *a) {
     float *scratch = cddp__kq_scratch(q, 2 * (size_t)a->C * sizeof(float));
     const float *w = a->w ? a->w : unit(q, a->C, 1.0f);
     if (!scratch || !w) return;
-    cddp__layer_norm_grad(a->x, w, a->dy, a->mean, a->rstd, a->dx, a->assign, a->dw, a->db,
-                          a->rows, a->C, scratch);
+    cddp__layer_norm_grad(a->x, w, a->dy, a->mean, a->rstd, a->dx, a->assign, a->dw, a->db, a->rows,
+                          a->C, scratch);
 }
 
 /* Row t of P (T long): softmax of s[0..t] (the scores of positions up to t), zeros after. */

@@ -60,19 +60,17 @@ static void run_kcall(void *arg) {
 }
 
 /* Whether an argument is a pointer (which may be device memory: moved where the thread reaches
- * it) or a value. */
+ * it) or a value. Every argument type of kernels.h must be one or the other (the compiler checks):
+ * a new pointer type must join IS_POINTER, or the queue thread would be handed the host's view. */
 #define IS_POINTER(x)                                                                              \
-    _Generic((x),                                                                                  \
-        void *: 1,                                                                                 \
-        const void *: 1,                                                                           \
-        void **: 1,                                                                                \
-        float *: 1,                                                                                \
-        const float *: 1,                                                                          \
-        int32_t *: 1,                                                                              \
-        const int32_t *: 1,                                                                        \
-        int64_t *: 1,                                                                              \
-        const int64_t *: 1,                                                                        \
-        default: 0)
+    _Generic((x), void * : 1, const void * : 1, void ** : 1, float * : 1, const float * : 1,       \
+             double * : 1, int32_t * : 1, const int32_t * : 1, int64_t * : 1, const int64_t * : 1, \
+             default : 0)
+#define IS_VALUE(x)                                                                                \
+    _Generic((x), bool : 1, int : 1, int64_t : 1, uint64_t : 1, float : 1,                         \
+             const char * : 1, /* a message's format: host memory, read by the kernel as it is */  \
+             cddp_dtype : 1, cddp__binop : 1, cddp__unop : 1, cddp__bcast : 1,                     \
+             cddp__conv_geom : 1, cddp_sgd_hparams : 1, cddp_adamw_hparams : 1, default : 0)
 
 static void reach_slot(const cddp__emu_mem *m, void *slot) {
     void *p;
@@ -82,6 +80,8 @@ static void reach_slot(const cddp__emu_mem *m, void *slot) {
 }
 
 #define REACH(type, name)                                                                          \
+    _Static_assert(IS_POINTER(a->name) + IS_VALUE(a->name) == 1,                                   \
+                   "kernel argument " #name ": add its type to IS_POINTER or IS_VALUE");           \
     if (IS_POINTER(a->name) && sizeof a->name == sizeof(void *)) reach_slot(m, &a->name);
 
 #define EMU_KERNEL(name)                                                                           \
@@ -96,7 +96,7 @@ static void reach_slot(const cddp__emu_mem *m, void *slot) {
         cddp__k_##name *a = (cddp__k_##name *)(void *)c->args;                                     \
         *a = *in;                                                                                  \
         const cddp__emu_mem *m = of(q->dev)->mem;                                                  \
-        CDDP__KA_##name(REACH) cddp__emu_queue_push(of(q->dev)->queue, run_kcall, c);             \
+        CDDP__KA_##name(REACH) cddp__emu_queue_push(of(q->dev)->queue, run_kcall, c);              \
     }
 CDDP_KERNEL_LIST(EMU_KERNEL)
 #undef EMU_KERNEL
@@ -124,7 +124,8 @@ static void emu_free(cddp_device *dev, void *p) {
  * programmer's error that a GPU would answer with a fault. */
 static void need_device(const cddp_device *dev, const char *what, const void *p, size_t n) {
     const cddp__emu_mem *m = of(dev)->mem;
-    CDDP_CHECK(cddp__emu_mem_owns(m, p) && (n == 0 || cddp__emu_mem_owns(m, (const char *)p + n - 1)),
+    CDDP_CHECK(cddp__emu_mem_owns(m, p) &&
+                   (n == 0 || cddp__emu_mem_owns(m, (const char *)p + n - 1)),
                "%s on %s: %p is not memory of the device (a host pointer where device memory was "
                "expected?)",
                what, dev->name, p);
@@ -167,10 +168,11 @@ static int emu_upload(cddp_device *dev, void *queue, void *dst, const void *src,
     void *stage = cddp_malloc(n);
     if (!stage) return cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory for a copy", dev->name);
     memcpy(stage, src, n);
-    return push_copy(dev,
-                     (copy_task){.dst = cddp__emu_mem_reach(of(dev)->mem, dst), .src = stage,
-                                 .n = n, .own = stage},
-                     err);
+    return push_copy(
+        dev,
+        (copy_task){
+            .dst = cddp__emu_mem_reach(of(dev)->mem, dst), .src = stage, .n = n, .own = stage},
+        err);
 }
 
 static int emu_download(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
@@ -183,6 +185,40 @@ static int emu_download(cddp_device *dev, void *queue, void *dst, const void *sr
     return CDDP_OK;
 }
 
+static int emu_download_async(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
+                              cddp_error *err) {
+    (void)queue;
+    need_device(dev, "a copy to the host", src, n);
+    return push_copy(
+        dev, (copy_task){.dst = dst, .src = cddp__emu_mem_reach(of(dev)->mem, src), .n = n}, err);
+}
+
+/* An event is a mark in the queue: done once the queue has run that many tasks. The queue's
+ * counter only grows; the queue of a forked child starts again at 0, so an event recorded before
+ * a fork is not waited on after it. */
+static void *emu_event_create(cddp_device *dev, cddp_error *err) {
+    uint64_t *mark = cddp_calloc(1, sizeof *mark);
+    if (!mark) cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory for an event", dev->name);
+    return mark;
+}
+
+static void emu_event_destroy(cddp_device *dev, void *ev) {
+    (void)dev;
+    cddp_free(ev);
+}
+
+static int emu_event_record(cddp_device *dev, void *queue, void *ev, cddp_error *err) {
+    (void)queue, (void)err;
+    *(uint64_t *)ev = cddp__emu_queue_mark(of(dev)->queue);
+    return CDDP_OK;
+}
+
+static int emu_event_synchronize(cddp_device *dev, void *ev, cddp_error *err) {
+    (void)err;
+    cddp__emu_queue_wait_mark(of(dev)->queue, *(uint64_t *)ev);
+    return CDDP_OK;
+}
+
 static int emu_copy(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
                     cddp_error *err) {
     (void)queue;
@@ -190,7 +226,8 @@ static int emu_copy(cddp_device *dev, void *queue, void *dst, const void *src, s
     need_device(dev, "a copy within the device", src, n);
     const cddp__emu_mem *m = of(dev)->mem;
     return push_copy(
-        dev, (copy_task){.dst = cddp__emu_mem_reach(m, dst), .src = cddp__emu_mem_reach(m, src), .n = n},
+        dev,
+        (copy_task){.dst = cddp__emu_mem_reach(m, dst), .src = cddp__emu_mem_reach(m, src), .n = n},
         err);
 }
 
@@ -198,10 +235,11 @@ static int emu_memset(cddp_device *dev, void *queue, void *dst, int byte, size_t
                       cddp_error *err) {
     (void)queue;
     need_device(dev, "a fill", dst, n);
-    return push_copy(dev,
-                     (copy_task){.dst = cddp__emu_mem_reach(of(dev)->mem, dst), .n = n,
-                                 .byte = byte, .fill = true},
-                     err);
+    return push_copy(
+        dev,
+        (copy_task){
+            .dst = cddp__emu_mem_reach(of(dev)->mem, dst), .n = n, .byte = byte, .fill = true},
+        err);
 }
 
 static int emu_synchronize(cddp_device *dev, void *queue, cddp_error *err) {
@@ -222,6 +260,11 @@ static const cddp__device_ops ops = {
     .copy = emu_copy,
     .memset = emu_memset,
     .synchronize = emu_synchronize,
+    .download_async = emu_download_async,
+    .event_create = emu_event_create,
+    .event_destroy = emu_event_destroy,
+    .event_record = emu_event_record,
+    .event_synchronize = emu_event_synchronize,
     .scrub = emu_scrub,
 };
 

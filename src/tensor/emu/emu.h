@@ -47,5 +47,8 @@ void cddp__emu_queue_destroy(cddp__emu_queue *q);
 void cddp__emu_queue_push(cddp__emu_queue *q, cddp__emu_fn fn, void *arg);
 /* Waits until everything queued so far has run. */
 void cddp__emu_queue_wait(cddp__emu_queue *q);
+/* A mark: how many tasks were queued so far; and waiting until that many have run. */
+uint64_t cddp__emu_queue_mark(cddp__emu_queue *q);
+void cddp__emu_queue_wait_mark(cddp__emu_queue *q, uint64_t mark);
 
 #endif

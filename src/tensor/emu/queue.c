@@ -89,9 +89,19 @@ void cddp__emu_queue_push(cddp__emu_queue *q, cddp__emu_fn fn, void *arg) {
     pthread_mutex_unlock(&q->lock);
 }
 
-void cddp__emu_queue_wait(cddp__emu_queue *q) {
+uint64_t cddp__emu_queue_mark(cddp__emu_queue *q) {
     pthread_mutex_lock(&q->lock);
-    uint64_t until = q->queued;
-    while (q->ran < until) pthread_cond_wait(&q->done, &q->lock);
+    uint64_t mark = q->queued;
     pthread_mutex_unlock(&q->lock);
+    return mark;
+}
+
+void cddp__emu_queue_wait_mark(cddp__emu_queue *q, uint64_t mark) {
+    pthread_mutex_lock(&q->lock);
+    while (q->ran < mark) pthread_cond_wait(&q->done, &q->lock);
+    pthread_mutex_unlock(&q->lock);
+}
+
+void cddp__emu_queue_wait(cddp__emu_queue *q) {
+    cddp__emu_queue_wait_mark(q, cddp__emu_queue_mark(q));
 }

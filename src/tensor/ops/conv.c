@@ -70,8 +70,8 @@ static cddp_tensor *conv2d(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_t
     if (!record_conv(d, node, &g)) return NULL;
     g.train = node != NULL;
     if (out->numel > 0)
-        CDDP__K(&d->q, conv2d, .x = x->data, .w = w->data, .b = b ? b->data : NULL,
-                .y = out->data, .g = g, .state = node ? node->saved : NULL);
+        CDDP__K(&d->q, conv2d, .x = x->data, .w = w->data, .b = b ? b->data : NULL, .y = out->data,
+                .g = g, .state = node ? node->saved : NULL);
     return CDDP__FAILED(ctx) ? NULL : out;
 }
 

@@ -2,27 +2,14 @@
  * copy's gradient comes back to the source's device and is added there. */
 #include "tensor/internal.h"
 
-/* n bytes from src on device from to dst on device to; the failure latched in ctx. A copy between
- * two devices that are neither the host's goes through host memory. */
+/* n bytes from src on device from to dst on device to; the failure latched in ctx. */
 static void copy_across(cddp_ctx *ctx, cddp_device *to, void *dst, cddp_device *from,
                         const void *src, size_t n) {
     cddp_error e = {0};
-    int rc = CDDP_OK;
-    if (n == 0) return;
-    if (to == from) {
-        rc = to->ops->copy(to, NULL, dst, src, n, &e);
-    } else if (from->host_access) {
-        rc = to->ops->upload(to, NULL, dst, src, n, &e);
-    } else if (to->host_access) {
-        rc = from->ops->download(from, NULL, dst, src, n, &e);
-    } else {
-        void *bounce = cddp__ctx_alloc(ctx, n);
-        if (!bounce) return;
-        rc = from->ops->download(from, NULL, bounce, src, n, &e);
-        if (rc == CDDP_OK) rc = to->ops->upload(to, NULL, dst, bounce, n, &e);
-    }
-    if (rc != CDDP_OK) cddp_ctx_fail(ctx, rc, "copying %zu bytes from %s to %s: %s", n, from->name,
-                                     to->name, e.msg);
+    int rc = cddp_device_transfer(to, dst, from, src, n, &e);
+    if (rc != CDDP_OK)
+        cddp_ctx_fail(ctx, rc, "copying %zu bytes from %s to %s: %s", n, from->name, to->name,
+                      e.msg);
 }
 
 cddp_tensor *cddp_to(cddp_ctx *ctx, cddp_tensor *x, cddp_device *dev) {

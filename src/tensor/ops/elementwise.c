@@ -150,6 +150,6 @@ void cddp__scale_backward(cddp_ctx *ctx, cddp__node *n) {
     float *dx = cddp__input_grad(ctx, n);
     cddp__cdev *d = cddp__node_dev(ctx, n);
     if (dx && d)
-        CDDP__K(&d->q, scale, .y = dx, .x = n->out->grad, .s = n->arg.scalar,
-                .n = n->in[0]->numel, .add = true);
+        CDDP__K(&d->q, scale, .y = dx, .x = n->out->grad, .s = n->arg.scalar, .n = n->in[0]->numel,
+                .add = true);
 }

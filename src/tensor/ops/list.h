@@ -13,7 +13,7 @@
     X(TO_BLOCKED, to_blocked) /* layout.c */                                                       \
     X(TO_NCHW, to_nchw)                                                                            \
     X(TO_DEVICE, to_device) /* device.c */                                                         \
-    X(MATMUL, matmul) /* linear.c */                                                               \
+    X(MATMUL, matmul)       /* linear.c */                                                         \
     X(LINEAR, linear)                                                                              \
     X(ADD, add) /* elementwise.c */                                                                \
     X(SUB, sub)                                                                                    \

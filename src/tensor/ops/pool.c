@@ -116,9 +116,8 @@ cddp_tensor *cddp_adaptive_avg_pool2d(cddp_ctx *ctx, cddp_tensor *x, int64_t OH,
     cddp__cdev *d = CDDP__ON(ctx, "adaptive_avg_pool2d", x);
     cddp_tensor *out = cddp__empty(d, CDDP_F32, 4, (int64_t[]){x->shape[0], x->shape[1], OH, OW});
     if (!out) return NULL;
-    CDDP__K(&d->q, adaptive_pool, .x = x->data, .y = out->data, .N = x->shape[0],
-            .C = x->shape[1], .H = x->shape[2], .W = x->shape[3], .OH = OH, .OW = OW,
-            .x_block = x->block);
+    CDDP__K(&d->q, adaptive_pool, .x = x->data, .y = out->data, .N = x->shape[0], .C = x->shape[1],
+            .H = x->shape[2], .W = x->shape[3], .OH = OH, .OW = OW, .x_block = x->block);
     if (!cddp__record_op(ctx, CDDP_OP_ADAPTIVE_AVG_POOL2D, out, 1, &x, NULL)) return NULL;
     return out;
 }

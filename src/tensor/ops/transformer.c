@@ -114,8 +114,8 @@ void cddp__gelu_tanh_backward(cddp_ctx *ctx, cddp__node *n) {
     float *dx = cddp__input_grad_assign(ctx, n, &assign);
     cddp__cdev *d = cddp__node_dev(ctx, n);
     if (!dx || !d) return;
-    CDDP__K(&d->q, gelu_tanh_grad, .x = n->in[0]->data, .t = n->saved, .dy = n->out->grad,
-            .dx = dx, .n = n->in[0]->numel, .assign = assign);
+    CDDP__K(&d->q, gelu_tanh_grad, .x = n->in[0]->data, .t = n->saved, .dy = n->out->grad, .dx = dx,
+            .n = n->in[0]->numel, .assign = assign);
 }
 
 /* ---- causal self-attention --------------------------------------------------------------- */
@@ -161,7 +161,7 @@ void cddp__attention_backward(cddp_ctx *ctx, cddp__node *n) {
     cddp__cdev *d = cddp__node_dev(ctx, n);
     const attention_saved *sv = n->saved;
     if (!dqkv || !d) return;
-    CDDP__K(&d->q, attention_grad, .qkv = qkv->data, .p = sv->p, .dout = n->out->grad,
-            .dqkv = dqkv, .B = qkv->shape[0], .T = qkv->shape[1], .C = qkv->shape[2] / 3,
-            .NH = sv->n_head, .assign = assign);
+    CDDP__K(&d->q, attention_grad, .qkv = qkv->data, .p = sv->p, .dout = n->out->grad, .dqkv = dqkv,
+            .B = qkv->shape[0], .T = qkv->shape[1], .C = qkv->shape[2] / 3, .NH = sv->n_head,
+            .assign = assign);
 }
