@@ -2,7 +2,7 @@
  * ResNet, on Fashion-MNIST, one thread per rank, on one rank or data-parallel under cddprun.
  *
  *   bench_mlp [--model mlp|cnn|resnet] [--batch-size 32] [--lr 0.01] [--epochs 1] [--threads 1]
- *             [--data DIR] [--bucket-cap-mb X]
+ *             [--data DIR] [--bucket-cap-mb X] [--device cpu|emu|cuda]
  *   cddprun --nproc_per_node 2 bench_mlp ...
  *
  * The setting of bench/mlp_torch.py, so that bench/mlp_vs_torch.sh and bench/ddp_vs_torch.sh can
@@ -25,7 +25,7 @@ int main(int argc, char **argv) {
     int batch = 32, epochs = 1, threads = 1;
     float lr = 0.01f;
     double cap_mb = 0;
-    const char *data = NULL, *model = "mlp";
+    const char *data = NULL, *model = "mlp", *device = "cpu";
     static const struct option longopts[] = {{"batch-size", required_argument, 0, 'b'},
                                              {"lr", required_argument, 0, 'l'},
                                              {"epochs", required_argument, 0, 'e'},
@@ -33,6 +33,7 @@ int main(int argc, char **argv) {
                                              {"data", required_argument, 0, 'd'},
                                              {"bucket-cap-mb", required_argument, 0, 'B'},
                                              {"model", required_argument, 0, 'm'},
+                                             {"device", required_argument, 0, 'D'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     int c;
@@ -56,6 +57,9 @@ int main(int argc, char **argv) {
         case 'B':
             cap_mb = strtod(optarg, NULL);
             break;
+        case 'D':
+            device = optarg;
+            break;
         case 'm':
             model = optarg;
             break;
@@ -63,7 +67,8 @@ int main(int argc, char **argv) {
             printf("usage: [cddprun --nproc_per_node N] bench_mlp [--model mlp|cnn|resnet] "
                    "[--batch-size N] "
                    "[--lr X] "
-                   "[--epochs N] [--threads N] [--data DIR] [--bucket-cap-mb X]\n");
+                   "[--epochs N] [--threads N] [--data DIR] [--bucket-cap-mb X] "
+                   "[--device NAME]\n");
             return 0;
         default:
             return 2;
@@ -80,6 +85,11 @@ int main(int argc, char **argv) {
     }
     openblas_set_num_threads(threads);
     cddp_error err = {0};
+    cddp_device *dev = cddp_device_for_rank(device, &err);
+    if (!dev) {
+        fprintf(stderr, "bench_mlp: --device %s: %s\n", device, err.msg);
+        return 2;
+    }
     cddp_mnist train;
     if (cddp_mnist_load(data, true, &train, &err) != CDDP_OK) {
         fprintf(stderr, "bench_mlp: %s\n", err.msg);
@@ -101,6 +111,10 @@ int main(int argc, char **argv) {
     cddp_model *m = resnet ? bench_resnet_model()
                     : cnn  ? bench_cnn_model()
                            : bench_mlp_model(false);
+    if (cddp_model_to(m, dev, &err) != CDDP_OK) {
+        fprintf(stderr, "bench_mlp: %s\n", err.msg);
+        return 1;
+    }
     cddp_ddp *ddp = NULL;
     if (world > 1 &&
         !(ddp = cddp_ddp_wrap(m, group, &(cddp_ddp_options){.bucket_cap_mb = cap_mb}, &err))) {
@@ -108,7 +122,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     cddp_optim *opt = cddp_optim_sgd(m, &(cddp_sgd_options){.lr = lr}, &err);
-    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    cddp_ctx *ctx = cddp_ctx_create(&(cddp_ctx_options){.device = dev});
     /* The library's shuffle: the DistributedSampler, a new order every epoch, each rank its
      * part (n / world samples). */
     cddp_sampler_options so = {.num_replicas = world, .rank = rank, .shuffle = true};
@@ -130,11 +144,11 @@ int main(int argc, char **argv) {
                 y[i] = train.labels[order[first + i]];
             }
             cddp_ctx_reset(ctx);
-            cddp_tensor *in = cnn ? cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(b, 1, 28, 28), x)
-                                  : cddp_wrap(ctx, CDDP_F32, CDDP_SHAPE(b, 784), x);
-            cddp_tensor *l =
-                cddp_cross_entropy(ctx, cddp_model_forward(m, ctx, in),
-                                   cddp_wrap(ctx, CDDP_I64, CDDP_SHAPE(b), y), CDDP_REDUCE_MEAN);
+            cddp_tensor *in = cnn ? cddp_from_host(ctx, CDDP_F32, CDDP_SHAPE(b, 1, 28, 28), x)
+                                  : cddp_from_host(ctx, CDDP_F32, CDDP_SHAPE(b, 784), x);
+            cddp_tensor *l = cddp_cross_entropy(ctx, cddp_model_forward(m, ctx, in),
+                                                cddp_from_host(ctx, CDDP_I64, CDDP_SHAPE(b), y),
+                                                CDDP_REDUCE_MEAN);
             cddp_model_zero_grad(m);
             if (cddp_backward(ctx, l) != CDDP_OK) {
                 fprintf(stderr, "bench_mlp: %s\n", cddp_ctx_error(ctx));
@@ -155,15 +169,15 @@ int main(int argc, char **argv) {
     }
     cddp_ddp_stats st = ddp ? cddp_ddp_stats_get(ddp) : (cddp_ddp_stats){0};
     if (rank == 0)
-        printf("{\"impl\": \"cddp\", \"model\": \"%s\", \"world\": %d, \"batch\": %d, \"threads\": "
-               "%d, "
+        printf("{\"impl\": \"cddp\", \"device\": \"%s\", \"model\": \"%s\", \"world\": %d, "
+               "\"batch\": %d, \"threads\": %d, "
                "\"samples\": %.0f, \"train_s\": %.3f, \"samples_per_s\": %.1f, "
                "\"final_loss\": %.4f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, "
                "\"allreduce_ms\": %.3f, \"wait_ms\": %.3f, \"overlap\": %.2f, \"buckets\": %d, "
                "\"comm_inline\": %s}\n",
-               model, world, batch, threads, sums[0], slowest, sums[0] / slowest, loss,
-               st.forward_s * 1e3, st.backward_s * 1e3, st.comm_s * 1e3, st.wait_s * 1e3,
-               st.overlap, st.buckets, st.comm_inline ? "true" : "false");
+               cddp_device_name(dev), model, world, batch, threads, sums[0], slowest,
+               sums[0] / slowest, loss, st.forward_s * 1e3, st.backward_s * 1e3, st.comm_s * 1e3,
+               st.wait_s * 1e3, st.overlap, st.buckets, st.comm_inline ? "true" : "false");
     cddp_ddp_destroy(ddp);
     cddp_comm_destroy(group);
     cddp_sampler_destroy(sampler);

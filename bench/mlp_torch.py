@@ -8,7 +8,9 @@ ResNet of tests/reference/resnet.py at 16, 32, 64 channels), one epoch of Fashio
 per rank: the training set normalised once up front, a seeded shuffle (each rank its
 DistributedSampler part), and the clock around the training loop only (batch gathering included).
 With WORLD_SIZE > 1 (RANK, MASTER_ADDR, MASTER_PORT set, as cddprun or torchrun do) the model is
-wrapped with DistributedDataParallel over gloo. Rank 0 prints one JSON line.
+wrapped with DistributedDataParallel over gloo. --device cuda trains on the GPU (each batch copied
+there from the host, as bench_mlp does; the clock read after the GPU is done). Rank 0 prints one
+JSON line.
 """
 import argparse
 import gzip
@@ -55,6 +57,7 @@ def main():
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--model", choices=["mlp", "cnn", "resnet"], default="mlp")
+    p.add_argument("--device", default="cpu")
     p.add_argument("--data", default=os.environ.get("CDDP_DATA",
                                                     "/usr/share/datasets/fashion-mnist"))
     a = p.parse_args()
@@ -63,7 +66,8 @@ def main():
     x = torch.tensor(idx(os.path.join(a.data, "train-images-idx3-ubyte.gz")), dtype=torch.float32)
     x = ((x / 255.0 - 0.1307) / 0.3081).reshape((-1, 784) if a.model == "mlp" else (-1, 1, 28, 28))
     y = torch.tensor(idx(os.path.join(a.data, "train-labels-idx1-ubyte.gz")), dtype=torch.int64)
-    model = models()[a.model]()
+    dev = torch.device(a.device)
+    model = models()[a.model]().to(dev)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if world > 1:
@@ -77,12 +81,14 @@ def main():
         t0 = time.perf_counter()
         for first in range(0, order.shape[0], a.batch_size):
             idx_b = order[first:first + a.batch_size]
-            xb, yb = x[idx_b], y[idx_b]
+            xb, yb = x[idx_b].to(dev), y[idx_b].to(dev)
             loss = loss_fn(model(xb), yb)
             opt.zero_grad()
             loss.backward()
             opt.step()
             samples += xb.shape[0]
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         train_s += time.perf_counter() - t0
     if world > 1:  # every rank's samples over the slowest rank's time
         t = torch.tensor([float(samples), train_s], dtype=torch.float64)
@@ -91,7 +97,8 @@ def main():
         samples, train_s = int(t[0].item()), t[1].item()
         dist.destroy_process_group()
     if rank == 0:
-        print(json.dumps({"impl": "pytorch", "version": torch.__version__, "model": a.model,
+        print(json.dumps({"impl": "pytorch", "version": torch.__version__, "device": a.device,
+                          "model": a.model,
                           "world": world,
                           "batch": a.batch_size, "threads": a.threads, "samples": samples,
                           "train_s": round(train_s, 3),

@@ -1,8 +1,8 @@
 #!/bin/sh
 # Installs the Debian packages a make target needs, and nothing when they are all present.
 #
-# Usage: scripts/deps.sh build|test|demo|demo-gpt|bench
-#        scripts/deps.sh --list build|test|demo|demo-gpt|bench   (print the target's packages, install nothing)
+# Usage: scripts/deps.sh build|test|demo|demo-gpt|bench|gpu
+#        scripts/deps.sh --list build|test|demo|demo-gpt|bench|gpu   (print the target's packages, install nothing)
 #
 # Each target names the packages it needs; the script asks dpkg which are missing. If none are,
 # it does nothing (apt is never called). If some are and we are root, it runs `apt-get update`
@@ -20,6 +20,9 @@ python3-torch librsvg2-bin fortunes clang libclang-rt-14-dev munge slurmctld slu
 demo_pkgs="$build_pkgs dataset-fashion-mnist"
 demo_gpt_pkgs="$build_pkgs fortunes"
 bench_pkgs="$test_pkgs stress-ng"  # PyTorch and Open MPI are the peers; stress-ng loads a core
+# scripts/gpu/prepare.sh: the programs of the GPU check (device_check is built with the tests) and
+# the data they train on.
+gpu_pkgs="$build_pkgs libcmocka-dev dataset-fashion-mnist python3"
 
 list=false
 if [ "${1:-}" = "--list" ]; then
@@ -32,8 +35,9 @@ test) want=$test_pkgs ;;
 demo) want=$demo_pkgs ;;
 demo-gpt) want=$demo_gpt_pkgs ;;
 bench) want=$bench_pkgs ;;
+gpu) want=$gpu_pkgs ;;
 *)
-    echo "usage: $0 [--list] build|test|demo|demo-gpt|bench" >&2
+    echo "usage: $0 [--list] build|test|demo|demo-gpt|bench|gpu" >&2
     exit 2
     ;;
 esac

@@ -15,6 +15,7 @@
  *          its kernels
  *   emu/   the CPU's kernels run on a queue thread, on memory the host cannot touch (CI's
  *          stand-in for a GPU)
+ *   cuda/  NVIDIA GPUs (cuBLASLt, cddp's .cu kernels), when built with the CUDA toolkit
  */
 #ifndef CDDP_TENSOR_DEVICE_H
 #define CDDP_TENSOR_DEVICE_H
@@ -97,6 +98,9 @@ typedef struct cddp__device_kind_ops {
 } cddp__device_kind_ops;
 
 extern const cddp__device_kind_ops cddp__cpu_kind, cddp__emu_kind;
+#ifdef CDDP_HAVE_CUDA
+extern const cddp__device_kind_ops cddp__cuda_kind;
+#endif
 
 /* The device's default queue for kernels run outside a context (no scratch; failures logged). */
 cddp__kq cddp__device_kq(cddp_device *dev);

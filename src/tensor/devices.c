@@ -7,9 +7,27 @@
 #include <stdio.h>
 #include <string.h>
 
+#ifndef CDDP_HAVE_CUDA
+/* A build without the toolkit still knows the name, to say why there is no GPU. */
+static int no_cuda(cddp_error *err) {
+    return cddp_error_set(err, CDDP_EUNSUPPORTED,
+                          "no CUDA device: this cddp was built without the CUDA toolkit (no nvcc "
+                          "when it was configured); install the toolkit and build again");
+}
+
+static cddp_device *never(int index, cddp_error *err) {
+    (void)index;
+    no_cuda(err);
+    return NULL;
+}
+
+static const cddp__device_kind_ops cddp__cuda_kind = {"cuda", CDDP_DEVICE_CUDA, no_cuda, never};
+#endif
+
 static const cddp__device_kind_ops *const kinds[] = {
     &cddp__cpu_kind,
     &cddp__emu_kind,
+    &cddp__cuda_kind,
 };
 
 cddp_device *cddp_device_cpu(void) {

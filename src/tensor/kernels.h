@@ -145,14 +145,18 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
     F(float *, dst) F(int64_t, N) F(int64_t, C) F(int64_t, P) F(int64_t, B) F(bool, into)          \
         F(bool, add)
 
-/* out[i] = table[ids[i]] (rows of C) */
+/* out[i] = table[ids[i]] (a table of V rows of C; check_ids checked the ids before, and as a device
+ * may report that only later, a GPU's kernels skip an id outside [0, V) rather than read past the
+ * table) */
 #define CDDP__KA_embedding(F)                                                                      \
     F(const float *, table)                                                                        \
-    F(const void *, ids) F(cddp_dtype, dtype) F(float *, out) F(int64_t, n) F(int64_t, C)
+    F(const void *, ids) F(cddp_dtype, dtype) F(float *, out) F(int64_t, n) F(int64_t, V)          \
+        F(int64_t, C)
 /* dtable[ids[i]] += dy[i], positions in order */
 #define CDDP__KA_embedding_grad(F)                                                                 \
     F(float *, dtable)                                                                             \
-    F(const void *, ids) F(cddp_dtype, dtype) F(const float *, dy) F(int64_t, n) F(int64_t, C)
+    F(const void *, ids) F(cddp_dtype, dtype) F(const float *, dy) F(int64_t, n) F(int64_t, V)     \
+        F(int64_t, C)
 /* LayerNorm over rows of C (w, b NULL: ones, zeros), each row's mean and 1/std kept */
 #define CDDP__KA_layer_norm(F)                                                                     \
     F(const float *, x)                                                                            \

@@ -21,7 +21,7 @@
 #   device          --device emu (the emulated device): ddp_train on 2 ranks converges; the CNN on
 #                   2 ranks and the GPT give the CPU's losses and accuracy exactly, and a
 #                   checkpoint saved from the device resumes on the CPU; a device that is not one,
-#                   or not on this machine, exits 2 saying so
+#                   or not on this machine (cuda without a GPU), exits 2 saying so in one line
 #   ckpt_kill       30 runs on 2 or 3 ranks saving a checkpoint set every iteration, each
 #                   SIGKILLed (a rank or cddprun) at a random moment and resumed by the next: every
 #                   set with a manifest verifies, the newest complete one always resumes
@@ -529,7 +529,18 @@ device)
     [ $rc = 2 ] && grep -q "'gpu' is not a device (the devices: cpu, emu" bad.out || { cat bad.out; fail "--device gpu: exit $rc"; }
     "$build/bin/gpt_train" --device emu:9 > bad.out 2>&1; rc=$?
     [ $rc = 2 ] && grep -q "emu:9: this machine has 2 emu devices" bad.out || { cat bad.out; fail "--device emu:9: exit $rc"; }
-    echo "ok: ddp_train, the CNN on 2 ranks and the GPT train on emu as on the CPU, to the last digit; its checkpoint resumes on the CPU; bad devices refused"
+    # --device cuda: on a machine without a GPU (CI), one line that says so and exit 2, whether
+    # this build has the CUDA device or not; with a GPU, the seeds' programs train on it
+    if [ -e /dev/nvidiactl ]; then
+        "$build/bin/ddp_train" --device cuda > cuda.out 2>&1 || { cat cuda.out; fail "ddp_train --device cuda failed on this GPU machine"; }
+    else
+        for p in fashion_mnist ddp_train; do
+            "$build/bin/$p" --device cuda > cuda.out 2>&1; rc=$?
+            [ $rc = 2 ] && [ "$(wc -l < cuda.out)" = 1 ] && grep -q "^$p: --device cuda: no CUDA device: " cuda.out \
+                || { cat cuda.out; fail "$p --device cuda without a GPU: exit $rc"; }
+        done
+    fi
+    echo "ok: ddp_train, the CNN on 2 ranks and the GPT train on emu as on the CPU, to the last digit; its checkpoint resumes on the CPU; bad devices refused; no GPU said in one line"
     ;;
 *) echo "unknown scenario $scenario"; exit 2 ;;
 esac

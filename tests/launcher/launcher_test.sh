@@ -229,7 +229,7 @@ peer_flags)
         expect_in "$text" "$work/err"
     }
     check_usage "--nnodes 3:2: MIN:MAX with MIN above MAX" --nnodes 3:2
-    check_usage "--nproc_per_node gpu: cddp trains on CPUs" --nproc_per_node gpu
+    check_usage "--nproc_per_node gpu: not yet: give the number of GPUs" --nproc_per_node gpu
     check_usage "--rdzv-backend etcd: cddprun's rendezvous is its own store" --rdzv-backend etcd
     check_usage "--local_ranks_filter 0,4: expected local ranks of this node (0..1)" \
         --nproc_per_node 2 --local_ranks_filter 0,4

@@ -9,7 +9,7 @@ log="$build/ctest.log"
 last="$build/Testing/Temporary/LastTest.log"
 [ -s "$log" ] && [ -s "$last" ] || { echo "FAIL: no ctest run in $build"; exit 1; }
 bad=0
-for t in $(sed -n 's/^ *[0-9]* - \([^ ]*\) (Skipped)$/\1/p' "$log"); do
+for t in $(sed -n 's/^[[:space:]]*[0-9]* - \([^ ]*\) (Skipped)$/\1/p' "$log"); do
     # The test's output, between its "Output:" and "<end of output>" in LastTest.log.
     why=$(awk -v t="$t" '$0 ~ "Test: " t "$" {on = 1} on && /cannot run on this machine:/ {print; exit}
                          on && /<end of output>/ {exit}' "$last")

@@ -288,9 +288,10 @@ static void apply(options *o, int code, const char *name, const char *v) {
         if (code == OPT_NPROC && (!strcmp(v, "auto") || !strcmp(v, "cpu")))
             o->nproc_per_node = cddp_num_cores();
         else if (code == OPT_NPROC && (!strcmp(v, "gpu") || !strcmp(v, "xpu")))
-            cddprun_die_usage("--%s %s: cddp trains on CPUs; use --%s auto (one process per core) "
-                              "or a number",
-                              name, v, name);
+            cddprun_die_usage("--%s %s: not yet: give the number of GPUs (--%s N) and the "
+                              "program its device (--device cuda: each rank takes its local "
+                              "rank's GPU), or --%s auto for one process per core",
+                              name, v, name, name);
         else
             o->nproc_per_node = (int)parse_int(name, v, 1, 4096);
         o->nproc_given = true;

@@ -30,7 +30,7 @@ cddp_tensor *cddp_embedding(cddp_ctx *ctx, cddp_tensor *ids, cddp_tensor *table)
     cddp_tensor *out = cddp__empty(d, CDDP_F32, ids->ndim + 1, shape);
     if (!out) return NULL;
     CDDP__K(&d->q, embedding, .table = table->data, .ids = ids->data, .dtype = ids->dtype,
-            .out = out->data, .n = ids->numel, .C = C);
+            .out = out->data, .n = ids->numel, .V = V, .C = C);
     if (!cddp__record_op(ctx, CDDP_OP_EMBEDDING, out, 2, (cddp_tensor *[]){table, ids}, NULL))
         return NULL;
     return out;
@@ -44,7 +44,7 @@ void cddp__embedding_backward(cddp_ctx *ctx, cddp__node *n) {
     cddp__cdev *d = cddp__node_dev(ctx, n);
     if (!dt || !d) return;
     CDDP__K(&d->q, embedding_grad, .dtable = dt, .ids = ids->data, .dtype = ids->dtype,
-            .dy = n->out->grad, .n = ids->numel, .C = table->shape[1]);
+            .dy = n->out->grad, .n = ids->numel, .V = table->shape[0], .C = table->shape[1]);
 }
 
 /* ---- layer norm -------------------------------------------------------------------------- */

@@ -1,0 +1,56 @@
+/* tensor/cuda/cuda.h: the CUDA device: NVIDIA GPUs, when cddp is built with the toolkit.
+ *
+ *   device.c    the kind (the driver asked how many GPUs there are), memory, copies, the
+ *               device's stream and events, and data errors a kernel found (check_ids)
+ *   gemm.c      the gemm kernel on cuBLASLt
+ *   lt.c        cuBLASLt, loaded when the first device opens (dlopen: a build with CUDA runs, on
+ *               the CPU, on machines without the libraries)
+ *   kernels.cu  the other kernels, each a __global__ function and its launcher on the stream
+ *
+ * The kernels it has so far are CDDP_CUDA_KERNELS below (what the MLP, the seeds' programs and
+ * their optimizers need); an op whose kernel it lacks fails its context naming the kernel
+ * (CDDP_EUNSUPPORTED). tests/gpu/device_check.c tests every kernel against the CPU's, run by
+ * scripts/gpu/check.sh on a GPU.
+ */
+#ifndef CDDP_TENSOR_CUDA_H
+#define CDDP_TENSOR_CUDA_H
+
+#include "tensor/device.h"
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* clang-format off */
+#define CDDP_CUDA_KERNELS(K)                                                                       \
+    K(fill) K(accumulate) K(add_rows) K(scale) K(mul) K(unary) K(unary_grad) K(softmax)            \
+    K(softmax_grad) K(check_ids) K(cross_entropy) K(cross_entropy_grad) K(mse) K(mse_grad) K(sum)  \
+    K(sum_grad) K(argmax) K(embedding) K(embedding_grad) K(sgd) K(adamw) K(sum_squares) K(gemm)
+/* clang-format on */
+
+#define CDDP__CUDA_DECL(name) void cddp__cuda_##name(cddp__kq *q, const cddp__k_##name *a);
+CDDP_CUDA_KERNELS(CDDP__CUDA_DECL)
+#undef CDDP__CUDA_DECL
+
+/* The stream q's kernels go on (the device's own), the device made current on this thread. */
+cudaStream_t cddp__cuda_enter(const cddp__kq *q);
+/* Reports a launch that failed (a CUDA error) through q: false when err is cudaSuccess. */
+bool cddp__cuda_failed(cddp__kq *q, cudaError_t err, const char *what);
+
+/* A kernel's data check (check_ids): the device's slot for the first bad value found, and a check
+ * number to put there; the device formats the message (fmt, limit) when it is next waited for. */
+typedef struct cddp__cuda_check {
+    int64_t *slot; /* device memory: {check number, position, value} */
+    int64_t number;
+} cddp__cuda_check;
+cddp__cuda_check cddp__cuda_check_begin(cddp__kq *q, const char *fmt, int64_t limit);
+
+/* lt.c: loads cuBLASLt (once), for gemm.c; CDDP_OK or err saying what is missing. */
+int cddp__cuda_lt_init(cddp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

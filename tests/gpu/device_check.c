@@ -1,0 +1,515 @@
+/* device_check.c: a device's kernels against the CPU's, through the ops, on fresh random inputs.
+ *
+ *   device_check DEVICE [--json] [--all] [--seed N]
+ *
+ * Each case runs one op (or an optimizer's update, a norm, a data check) on the CPU and on
+ * DEVICE with the same inputs: the forward output, then, with loss = out . R for a random R (a
+ * product, whose gradient is R), the gradient of every input, each compared with the CPU's as the
+ * largest difference relative to the largest value of the CPU's result. The bound is 1e-5 in
+ * float32 for every kernel (the GEMMs are float32 products with float32 accumulation: no TF32). A
+ * case whose kernel the device lacks is "missing" (its context fails with CDDP_EUNSUPPORTED); with
+ * --all a missing kernel is a failure too (the emulated device must have them all). Prints a line
+ * per case ("ok", "FAIL", "missing"; with --json one JSON object per line), and exits 0 when no
+ * case failed, 77 when the machine has no such device.
+ *
+ * ctest runs it on the emulated device; scripts/gpu/check.sh on a GPU (device "cuda"), and under
+ * compute-sanitizer there. */
+#include <cddp/cddp.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BOUND  1e-5
+#define MAX_IN 4
+
+static cddp_device *dev;
+static cddp_ctx *cpu, *on;
+static cddp_rng rng;
+static bool json, all;
+static int failures, missing, passed;
+
+/* ---- inputs ------------------------------------------------------------------------------- */
+
+typedef struct input {
+    int ndim;
+    int64_t shape[CDDP_MAX_DIMS];
+    float lo, hi;
+    bool grad; /* differentiable */
+} input;
+
+static int64_t numel_of(const input *in) {
+    int64_t n = 1;
+    for (int d = 0; d < in->ndim; d++) n *= in->shape[d];
+    return n;
+}
+
+/* What one case computes from its inputs (their tensors in x, on one context). */
+typedef cddp_tensor *(*forward_fn)(cddp_ctx *ctx, cddp_tensor **x, const void *arg);
+
+/* n floats of t's data (grad: its gradient) on the host, into buf. */
+static void fetch(const cddp_tensor *t, bool grad, float *buf) {
+    cddp_error err = {0};
+    const void *p = grad ? t->grad : t->data;
+    if (!p) {
+        memset(buf, 0, sizeof(float) * (size_t)t->numel);
+        return;
+    }
+    if (cddp_device_download(t->device, buf, p, sizeof(float) * (size_t)t->numel, &err))
+        fprintf(stderr, "device_check: %s\n", err.msg), exit(1);
+}
+
+/* max |got - ref| / max |ref| */
+static double rel_err(const float *got, const float *ref, int64_t n) {
+    double d = 0, big = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - (double)ref[i]);
+        if (isnan(got[i]) != isnan(ref[i])) e = INFINITY;
+        if (e > d) d = e;
+        if (fabs(ref[i]) > big) big = fabs(ref[i]);
+    }
+    return big > 0 ? d / big : d;
+}
+
+static void report(const char *name, const char *status, double err, const char *why) {
+    if (json)
+        printf("{\"case\": \"%s\", \"device\": \"%s\", \"status\": \"%s\", \"rel_err\": %.3g, "
+               "\"bound\": %g%s%s%s}\n",
+               name, cddp_device_name(dev), status, err, BOUND, why ? ", \"why\": \"" : "",
+               why ? why : "", why ? "\"" : "");
+    else
+        printf("%-8s %-28s rel err %.3g (bound %g)%s%s\n", status, name, err, BOUND,
+               why ? ": " : "", why ? why : "");
+    if (!strcmp(status, "ok"))
+        passed++;
+    else if (!strcmp(status, "missing"))
+        missing++;
+    else
+        failures++;
+}
+
+/* Runs f on ctx with inputs made from the host values v; the output and the gradients are left in
+ * the tensors (out, x). Returns the context's status. */
+static int run(cddp_ctx *ctx, forward_fn f, const void *arg, int nin, const input *in,
+               float *const *v, const float *r, cddp_tensor **x, cddp_tensor **out) {
+    cddp_ctx_reset(ctx);
+    for (int i = 0; i < nin; i++) {
+        x[i] = cddp_from_data(ctx, CDDP_F32, in[i].ndim, in[i].shape, v[i]);
+        if (in[i].grad) cddp_requires_grad(ctx, x[i]);
+    }
+    *out = f(ctx, x, arg);
+    if (!*out) return cddp_ctx_status(ctx);
+    bool any = false;
+    for (int i = 0; i < nin; i++) any |= in[i].grad;
+    if (any) { /* loss = out . R as a (1,n) x (n,1) product: the gradient R reaches out */
+        int64_t n = (*out)->numel;
+        cddp_tensor *flat = cddp_reshape(ctx, *out, CDDP_SHAPE(1, n));
+        cddp_tensor *rt = cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(1, n), r);
+        cddp_backward(ctx, cddp_linear(ctx, flat, rt, NULL));
+    }
+    return cddp_ctx_synchronize(ctx);
+}
+
+static void check(const char *name, forward_fn f, const void *arg, int nin, const input *in) {
+    float *v[MAX_IN];
+    for (int i = 0; i < nin; i++) {
+        int64_t n = numel_of(&in[i]);
+        v[i] = malloc(sizeof(float) * (size_t)(n ? n : 1));
+        for (int64_t k = 0; k < n; k++)
+            v[i][k] = in[i].lo + (in[i].hi - in[i].lo) * cddp_rng_uniform(&rng);
+    }
+    cddp_tensor *xc[MAX_IN], *xd[MAX_IN], *oc = NULL, *od = NULL;
+    float *r = NULL;
+    /* the CPU first, with R sized from its output */
+    cddp_ctx_reset(cpu);
+    cddp_tensor *probe[MAX_IN];
+    for (int i = 0; i < nin; i++)
+        probe[i] = cddp_from_data(cpu, CDDP_F32, in[i].ndim, in[i].shape, v[i]);
+    cddp_tensor *po = f(cpu, probe, arg);
+    int64_t on_ = po ? po->numel : 1;
+    r = malloc(sizeof(float) * (size_t)on_);
+    for (int64_t k = 0; k < on_; k++) r[k] = 2 * cddp_rng_uniform(&rng) - 1;
+    int rc_cpu = run(cpu, f, arg, nin, in, v, r, xc, &oc);
+    int rc_dev = run(on, f, arg, nin, in, v, r, xd, &od);
+    if (rc_cpu != CDDP_OK) {
+        report(name, "FAIL", INFINITY, cddp_ctx_error(cpu));
+    } else if (rc_dev == CDDP_EUNSUPPORTED) {
+        report(name, all ? "FAIL" : "missing", 0, cddp_ctx_error(on));
+    } else if (rc_dev != CDDP_OK) {
+        report(name, "FAIL", INFINITY, cddp_ctx_error(on));
+    } else {
+        double worst = 0;
+        int64_t n = oc->numel;
+        float *a = malloc(sizeof(float) * (size_t)(n ? n : 1)),
+              *b = malloc(sizeof(float) * (size_t)(n ? n : 1));
+        fetch(oc, false, a);
+        fetch(od, false, b);
+        worst = fmax(worst, rel_err(b, a, n));
+        free(a);
+        free(b);
+        for (int i = 0; i < nin; i++) {
+            if (!in[i].grad) continue;
+            int64_t m = xc[i]->numel;
+            float *ga = malloc(sizeof(float) * (size_t)(m ? m : 1)),
+                  *gb = malloc(sizeof(float) * (size_t)(m ? m : 1));
+            fetch(xc[i], true, ga);
+            fetch(xd[i], true, gb);
+            worst = fmax(worst, rel_err(gb, ga, m));
+            free(ga);
+            free(gb);
+        }
+        report(name, worst <= BOUND ? "ok" : "FAIL", worst, NULL);
+    }
+    for (int i = 0; i < nin; i++) free(v[i]);
+    free(r);
+}
+
+/* ---- the cases ---------------------------------------------------------------------------- */
+
+typedef struct mm_arg {
+    bool ta, tb;
+} mm_arg;
+
+static cddp_tensor *f_matmul(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    const mm_arg *m = a;
+    return cddp_matmul(c, x[0], x[1], m->ta, m->tb);
+}
+static cddp_tensor *f_linear(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_linear(c, x[0], x[1], x[2]);
+}
+static cddp_tensor *f_linear_nobias(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_linear(c, x[0], x[1], NULL);
+}
+static cddp_tensor *f_relu(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_relu(c, x[0]);
+}
+static cddp_tensor *f_gelu(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_gelu(c, x[0]);
+}
+static cddp_tensor *f_tanh(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_tanh(c, x[0]);
+}
+static cddp_tensor *f_sigmoid(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_sigmoid(c, x[0]);
+}
+static cddp_tensor *f_softmax(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_softmax(c, x[0]);
+}
+static cddp_tensor *f_log_softmax(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_log_softmax(c, x[0]);
+}
+
+typedef struct labels_arg {
+    int64_t n, classes;
+    cddp_dtype dtype;
+    cddp_reduction red;
+} labels_arg;
+
+/* labels i * 7 % classes, as int32 or int64 */
+static cddp_tensor *labels_of(cddp_ctx *c, const labels_arg *l) {
+    int64_t v64[512];
+    int32_t v32[512];
+    for (int64_t i = 0; i < l->n && i < 512; i++) v64[i] = v32[i] = (int32_t)(i * 7 % l->classes);
+    return cddp_from_data(c, l->dtype, 1, &l->n, l->dtype == CDDP_I64 ? (void *)v64 : (void *)v32);
+}
+static cddp_tensor *f_cross_entropy(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    return cddp_cross_entropy(c, x[0], labels_of(c, a), ((const labels_arg *)a)->red);
+}
+static cddp_tensor *f_mse(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_mse_loss(c, x[0], x[1], CDDP_REDUCE_MEAN);
+}
+static cddp_tensor *f_sum(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_sum(c, x[0]);
+}
+static cddp_tensor *f_mean(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_mean(c, x[0]);
+}
+static cddp_tensor *f_add_bcast(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_add(c, x[0], x[1]);
+}
+static cddp_tensor *f_mul_bcast(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_mul(c, x[0], x[1]);
+}
+static cddp_tensor *f_scale(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_scale(c, x[0], -1.75f);
+}
+static cddp_tensor *f_flatten_linear(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_linear(c, cddp_flatten(c, x[0]), x[1], x[2]);
+}
+static cddp_tensor *f_embedding(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    const labels_arg *l = a;
+    int64_t ids[64];
+    for (int64_t i = 0; i < l->n; i++) ids[i] = (i * 5 + 3) % l->classes; /* repeats: sums */
+    cddp_tensor *t = cddp_from_data(c, CDDP_I64, 2, (int64_t[]){4, l->n / 4}, ids);
+    return cddp_embedding(c, t, x[0]);
+}
+static cddp_tensor *f_layer_norm(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_layer_norm(c, x[0], x[1], x[2], 1e-5f);
+}
+static cddp_tensor *f_gelu_tanh(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_gelu_tanh(c, x[0]);
+}
+static cddp_tensor *f_attention(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_attention(c, x[0], 2);
+}
+static cddp_tensor *f_conv2d(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_conv2d(c, x[0], x[1], x[2], 1, 1);
+}
+static cddp_tensor *f_max_pool(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_max_pool2d(c, x[0], 2, 2, 0);
+}
+static cddp_tensor *f_avg_pool(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_avg_pool2d(c, x[0], 3, 2, 1);
+}
+static cddp_tensor *f_batch_norm(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_batch_norm(c, x[0], x[1], x[2], NULL, NULL, true, 0.1f, 1e-5f);
+}
+static cddp_tensor *f_dropout(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    cddp_rng_seed(cddp_ctx_rng(c), 77); /* the same mask on both */
+    return cddp_dropout(c, x[0], 0.25f, true);
+}
+
+#define IN(lo_, hi_, grad_, ...)                                                                   \
+    {                                                                                              \
+        .ndim = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), .shape = {__VA_ARGS__}, \
+        .lo = lo_, .hi = hi_, .grad = grad_                                                        \
+    }
+
+static void op_cases(void) {
+    for (int t = 0; t < 4; t++) {
+        mm_arg m = {t & 1, t & 2};
+        int64_t M = 37, K = 53, N = 29;
+        input in[2] = {
+            {.ndim = 2, .shape = {m.ta ? K : M, m.ta ? M : K}, .lo = -1, .hi = 1, .grad = true},
+            {.ndim = 2, .shape = {m.tb ? N : K, m.tb ? K : N}, .lo = -1, .hi = 1, .grad = true}};
+        char name[32];
+        snprintf(name, sizeof name, "matmul_%c%c", m.ta ? 't' : 'n', m.tb ? 't' : 'n');
+        check(name, f_matmul, &m, 2, in);
+    }
+    mm_arg big = {false, true};
+    check("matmul_256x512x384", f_matmul, &big, 2,
+          (input[]){IN(-1, 1, true, 256, 512), IN(-1, 1, true, 384, 512)});
+    check("linear", f_linear, NULL, 3,
+          (input[]){IN(-1, 1, true, 64, 784), IN(-0.05f, 0.05f, true, 512, 784),
+                    IN(-0.05f, 0.05f, true, 512)});
+    check("linear_3d_nobias", f_linear_nobias, NULL, 2,
+          (input[]){IN(-1, 1, true, 4, 16, 32), IN(-0.2f, 0.2f, true, 48, 32)});
+    check("flatten_linear", f_flatten_linear, NULL, 3,
+          (input[]){IN(-1, 1, true, 8, 1, 28, 28), IN(-0.05f, 0.05f, true, 10, 784),
+                    IN(-0.05f, 0.05f, true, 10)});
+    check("relu", f_relu, NULL, 1, (input[]){IN(-2, 2, true, 4099)});
+    check("gelu", f_gelu, NULL, 1, (input[]){IN(-3, 3, true, 4099)});
+    check("tanh", f_tanh, NULL, 1, (input[]){IN(-3, 3, true, 4099)});
+    check("sigmoid", f_sigmoid, NULL, 1, (input[]){IN(-5, 5, true, 4099)});
+    check("softmax", f_softmax, NULL, 1, (input[]){IN(-4, 4, true, 33, 1000)});
+    check("log_softmax", f_log_softmax, NULL, 1, (input[]){IN(-4, 4, true, 33, 1000)});
+    labels_arg l64 = {64, 10, CDDP_I64, CDDP_REDUCE_MEAN},
+               l32 = {300, 1000, CDDP_I32, CDDP_REDUCE_SUM};
+    check("cross_entropy_i64_mean", f_cross_entropy, &l64, 1, (input[]){IN(-3, 3, true, 64, 10)});
+    check("cross_entropy_i32_sum", f_cross_entropy, &l32, 1, (input[]){IN(-3, 3, true, 300, 1000)});
+    check("mse", f_mse, NULL, 2, (input[]){IN(-1, 1, true, 257, 3), IN(-1, 1, true, 257, 3)});
+    check("sum", f_sum, NULL, 1, (input[]){IN(-1, 1, true, 100003)});
+    check("mean", f_mean, NULL, 1, (input[]){IN(-1, 1, true, 17, 19)});
+    check("scale", f_scale, NULL, 1, (input[]){IN(-1, 1, true, 1000)});
+    labels_arg e = {64, 50, CDDP_I64, CDDP_REDUCE_MEAN};
+    check("embedding", f_embedding, &e, 1, (input[]){IN(-1, 1, true, 50, 24)});
+    /* the GPT's, the CNN's and the rest */
+    check("add_broadcast", f_add_bcast, NULL, 2,
+          (input[]){IN(-1, 1, true, 4, 3, 5), IN(-1, 1, true, 3, 1)});
+    check("mul_broadcast", f_mul_bcast, NULL, 2,
+          (input[]){IN(-1, 1, true, 4, 3, 5), IN(-1, 1, true, 5)});
+    check("layer_norm", f_layer_norm, NULL, 3,
+          (input[]){IN(-2, 2, true, 6, 7, 64), IN(0.5f, 1.5f, true, 64), IN(-1, 1, true, 64)});
+    check("gelu_tanh", f_gelu_tanh, NULL, 1, (input[]){IN(-3, 3, true, 4099)});
+    check("attention", f_attention, NULL, 1, (input[]){IN(-1, 1, true, 2, 16, 3 * 32)});
+    check("conv2d", f_conv2d, NULL, 3,
+          (input[]){IN(-1, 1, true, 2, 3, 9, 8), IN(-0.5f, 0.5f, true, 4, 3, 3, 3),
+                    IN(-0.5f, 0.5f, true, 4)});
+    check("max_pool2d", f_max_pool, NULL, 1, (input[]){IN(-1, 1, true, 2, 3, 8, 10)});
+    check("avg_pool2d", f_avg_pool, NULL, 1, (input[]){IN(-1, 1, true, 2, 3, 8, 10)});
+    check("batch_norm", f_batch_norm, NULL, 3,
+          (input[]){IN(-2, 2, true, 8, 5, 4, 4), IN(0.5f, 1.5f, true, 5), IN(-1, 1, true, 5)});
+    check("dropout", f_dropout, NULL, 1, (input[]){IN(-1, 1, true, 5000)});
+}
+
+/* ---- flat blocks: the optimizers' updates and the norm ----------------------------------------
+ */
+
+/* n random floats in [lo, hi) on the host, then on d (freed by the caller). */
+static float *block_on(cddp_device *d, const float *host, size_t n) {
+    cddp_error err = {0};
+    float *p = cddp_device_alloc(d, n * sizeof(float), &err);
+    if (!p || cddp_device_upload(d, p, host, n * sizeof(float), &err))
+        fprintf(stderr, "device_check: %s\n", err.msg), exit(1);
+    return p;
+}
+
+static void optimizer_cases(void) {
+    enum { N = 100003 };
+    float *h[4], *back = malloc(sizeof(float) * N);
+    for (int k = 0; k < 4; k++) {
+        h[k] = malloc(sizeof(float) * N);
+        for (int i = 0; i < N; i++)
+            h[k][i] = k == 3 ? cddp_rng_uniform(&rng) : 2 * cddp_rng_uniform(&rng) - 1;
+    }
+    cddp_device *c = cddp_device_cpu();
+    cddp_error err = {0};
+    for (int which = 0; which < 3; which++) {
+        float *b[2][4];
+        for (int s = 0; s < 2; s++)
+            for (int k = 0; k < 4; k++) b[s][k] = block_on(s ? dev : c, h[k], N);
+        for (int step = 0; step < 3; step++)
+            for (int s = 0; s < 2; s++) {
+                cddp_device *d = s ? dev : c;
+                if (which == 0)
+                    cddp_device_sgd(d, b[s][0], b[s][1], b[s][2], N,
+                                    &(cddp_sgd_hparams){.lr = 0.1f,
+                                                        .momentum = 0.9f,
+                                                        .weight_decay = 0.01f,
+                                                        .first = step == 0});
+                else if (which == 1)
+                    cddp_device_sgd(
+                        d, b[s][0], b[s][1], b[s][2], N,
+                        &(cddp_sgd_hparams){
+                            .lr = 0.1f, .momentum = 0.9f, .nesterov = true, .first = step == 0});
+                else
+                    cddp_device_adamw(d, b[s][0], b[s][1], b[s][2], b[s][3], N,
+                                      &(cddp_adamw_hparams){0.9f, 0.95f, 1e-8f, 0.01f * (step + 1),
+                                                            0.3f, 0.999f});
+            }
+        double worst = 0;
+        for (int k = 0; k < (which == 2 ? 4 : 3); k++) {
+            if (k == 1) continue; /* the gradient is read, not written */
+            if (cddp_device_download(dev, back, b[1][k], sizeof(float) * N, &err))
+                fprintf(stderr, "device_check: %s\n", err.msg), exit(1);
+            worst = fmax(worst, rel_err(back, b[0][k], N));
+        }
+        if (cddp_device_synchronize(dev, &err) == CDDP_EUNSUPPORTED)
+            report(which == 2 ? "adamw"
+                   : which    ? "sgd_nesterov"
+                              : "sgd_momentum_wd",
+                   "missing", 0, err.msg);
+        else
+            report(which == 2 ? "adamw"
+                   : which    ? "sgd_nesterov"
+                              : "sgd_momentum_wd",
+                   worst <= BOUND ? "ok" : "FAIL", worst, NULL);
+        for (int s = 0; s < 2; s++)
+            for (int k = 0; k < 4; k++) cddp_device_free(s ? dev : c, b[s][k]);
+    }
+    float *x = block_on(dev, h[0], N);
+    double got = 0, want = 0;
+    for (int i = 0; i < N; i++) want += (double)h[0][i] * h[0][i];
+    int rc = cddp_device_sum_squares(dev, x, N, &got, &err);
+    double e = fabs(got - want) / want;
+    report("sum_squares",
+           rc           ? "FAIL"
+           : e <= BOUND ? "ok"
+                        : "FAIL",
+           rc ? INFINITY : e, rc ? err.msg : NULL);
+    cddp_device_free(dev, x);
+    for (int k = 0; k < 4; k++) free(h[k]);
+    free(back);
+}
+
+/* argmax and count_correct; a label out of range fails the step with the CPU's message. */
+static void data_cases(void) {
+    float v[6 * 5];
+    for (int i = 0; i < 30; i++) v[i] = (float)((i * 7) % 11);
+    int64_t lab[6] = {0, 1, 2, 3, 4, 0};
+    cddp_ctx_reset(on);
+    cddp_tensor *logits = cddp_from_data(on, CDDP_F32, CDDP_SHAPE(6, 5), v);
+    cddp_tensor *labels = cddp_from_data(on, CDDP_I64, CDDP_SHAPE(6), lab);
+    cddp_tensor *am = cddp_argmax(on, logits);
+    int64_t correct = am ? cddp_count_correct(logits, labels) : -1, want = 0, ok = 1;
+    for (int r = 0; r < 6; r++) {
+        int64_t best = 0;
+        for (int j = 1; j < 5; j++)
+            if (v[r * 5 + j] > v[r * 5 + best]) best = j;
+        want += best == lab[r];
+        if (am && cddp_get(am, r) != (double)best) ok = 0;
+    }
+    int rc = cddp_ctx_synchronize(on);
+    if (rc == CDDP_EUNSUPPORTED)
+        report("argmax_count_correct", all ? "FAIL" : "missing", 0, cddp_ctx_error(on));
+    else
+        report("argmax_count_correct", rc == CDDP_OK && ok && correct == want ? "ok" : "FAIL", 0,
+               NULL);
+    char msg[2][CDDP_ERROR_MSG_MAX];
+    for (int s = 0; s < 2; s++) {
+        cddp_ctx *c = s ? on : cpu;
+        cddp_ctx_reset(c);
+        int64_t bad[3] = {1, 7, 2};
+        cddp_cross_entropy(c, cddp_from_data(c, CDDP_F32, CDDP_SHAPE(3, 5), v),
+                           cddp_from_data(c, CDDP_I64, CDDP_SHAPE(3), bad), CDDP_REDUCE_MEAN);
+        snprintf(msg[s], sizeof msg[s], "%s",
+                 cddp_ctx_status(c) == CDDP_ERANGE ? cddp_ctx_error(c) : "");
+    }
+    bool same = msg[0][0] && !strcmp(msg[0], msg[1]);
+    report("label_check", same ? "ok" : "FAIL", 0, same ? NULL : msg[1]);
+}
+
+int main(int argc, char **argv) {
+    uint64_t seed = 1;
+    const char *spec = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json"))
+            json = true;
+        else if (!strcmp(argv[i], "--all"))
+            all = true;
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
+            seed = strtoull(argv[++i], NULL, 10);
+        else if (!spec && argv[i][0] != '-')
+            spec = argv[i];
+        else {
+            fprintf(stderr, "usage: device_check DEVICE [--json] [--all] [--seed N]\n");
+            return 2;
+        }
+    }
+    cddp_error err = {0};
+    if (!spec || !(dev = cddp_device_get(spec, &err))) {
+        /* A machine without the device skips the check (ctest's SKIP_RETURN_CODE), saying why. */
+        bool absent = err.code == CDDP_EUNSUPPORTED && !strncmp(err.msg, "no ", 3);
+        fprintf(stderr, "device_check: %s%s\n", absent ? "cannot run on this machine: " : "",
+                spec ? err.msg : "which device? (cpu, emu, cuda)");
+        return absent ? 77 : 2;
+    }
+    cddp_rng_seed(&rng, seed);
+    cpu = cddp_ctx_create(NULL);
+    on = cddp_ctx_create(&(cddp_ctx_options){.device = dev});
+    if (!json)
+        printf("%s against the CPU, seed %llu\n", cddp_device_describe(dev),
+               (unsigned long long)seed);
+    op_cases();
+    optimizer_cases();
+    data_cases();
+    printf("%s%d ok, %d missing, %d failed%s\n", json ? "{\"summary\": \"" : "", passed, missing,
+           failures, json ? "\"}" : "");
+    cddp_ctx_destroy(on);
+    cddp_ctx_destroy(cpu);
+    return failures ? 1 : 0;
+}
