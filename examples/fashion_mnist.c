@@ -452,8 +452,10 @@ int main(int argc, char **argv) {
         test = shard;
     }
     cddp_loader_options lo = loader_options(o.batch);
+    lo.device = dev; /* batches copied to the device ahead of the step that needs them */
     train_loader = cddp_loader_create(train, sampler, &lo, &err);
     lo = loader_options(250);
+    lo.device = dev;
     test_loader = train_loader ? cddp_loader_create(test, NULL, &lo, &err) : NULL;
     if (!test_loader) goto fail;
 

@@ -540,7 +540,8 @@ int main(int argc, char **argv) {
     so.num_replicas = world;
     so.drop_last = true;
     if (!(sampler = cddp_sampler_create(cddp_dataset_len(train), &so, &err))) goto fail;
-    cddp_loader_options lo = {.batch_size = o.batch_size, .drop_last = true, .prefetch = 2};
+    cddp_loader_options lo = {
+        .batch_size = o.batch_size, .drop_last = true, .prefetch = 2, .device = dev};
     if (!(loader = cddp_loader_create(train, sampler, &lo, &err))) goto fail;
 
     /* The model, its optimizer, and the wrap that makes it data-parallel. */

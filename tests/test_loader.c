@@ -1,5 +1,6 @@
 /* test_loader.c: datasets (custom, in-memory, MNIST, MindSpore-style shards) and the DataLoader:
- * it yields exactly the sampler's choice, in order, the same with and without prefetching. */
+ * it yields exactly the sampler's choice, in order, the same with and without prefetching, in host
+ * memory or copied to a device. */
 #include "helpers.h"
 
 /* A custom dataset: sample i is a (1,2,3) image whose pixels encode (i, pixel) and label i. It
@@ -398,6 +399,55 @@ static void test_batch_tensor(void **state) {
     cddp_dataset_destroy(ds);
 }
 
+/* With a device (the emulated one, whose queued copies run late on a queue thread of their own):
+ * every batch reaches the step there, as a view of the loader's copy (no copy in the step), with
+ * the values of the host's batch, epoch after epoch, with and without prefetching; a context on the
+ * CPU still gets the host's batch. A step that did not wait for the copy would read NaNs (the
+ * device's fresh memory) or an older batch. */
+static void test_loader_on_the_device(void **state) {
+    (void)state;
+    cddp_error err = {0};
+    cddp_device *emu = cddp_device_get("emu:0", &err);
+    assert_non_null(emu);
+    cddp_dataset *ds = probe_dataset(103, -1);
+    cddp_ctx *ctx = cddp_ctx_create(&(cddp_ctx_options){.device = emu});
+    cddp_ctx *cpu = cddp_ctx_create(NULL);
+    for (int prefetch = 0; prefetch <= 2; prefetch++) {
+        cddp_sampler_options so = {1, 0, true, 7, false, false};
+        cddp_sampler *s = cddp_sampler_create(103, &so, &err);
+        cddp_loader_options lo = {.batch_size = 8, .prefetch = prefetch, .device = emu};
+        cddp_loader *l = cddp_loader_create(ds, s, &lo, &err);
+        assert_non_null(l);
+        for (int epoch = 0; epoch < 2; epoch++) {
+            int64_t nb = cddp_loader_begin(l), seen = 0;
+            cddp_batch b;
+            while (cddp_loader_next(l, &b, &err) == 1) {
+                assert_ptr_equal(b.device, emu);
+                cddp_ctx_reset(ctx);
+                cddp_tensor *x = cddp_batch_tensor(ctx, &b, 0), *y = cddp_batch_tensor(ctx, &b, 1);
+                assert_ptr_equal(x->data, b.device_data[0]);
+                assert_ptr_equal(y->data, b.device_data[1]);
+                double want = 0;
+                for (int64_t k = 0; k < 6 * b.size; k++) want += ((const float *)b.data[0])[k];
+                double got = cddp_item(cddp_sum(ctx, x));
+                assert_true(fabs(got - want) <= 1e-6 * want); /* a NaN fails too */
+                for (int64_t j = 0; j < b.size; j++) assert_int_equal(cddp_get(y, j), b.indices[j]);
+                cddp_ctx_reset(cpu);
+                cddp_tensor *hx = cddp_batch_tensor(cpu, &b, 0);
+                assert_ptr_equal(hx->data, b.data[0]);
+                seen++;
+            }
+            assert_int_equal(seen, nb);
+            assert_int_equal(cddp_ctx_status(ctx), CDDP_OK);
+        }
+        cddp_loader_destroy(l);
+        cddp_sampler_destroy(s);
+    }
+    cddp_ctx_destroy(cpu);
+    cddp_ctx_destroy(ctx);
+    cddp_dataset_destroy(ds);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_loader_yields_the_samplers_choice),
@@ -407,6 +457,7 @@ int main(void) {
         cmocka_unit_test(test_dataset_errors_reach_the_caller),
         cmocka_unit_test(test_shards_partition_fashion_mnist),
         cmocka_unit_test(test_batch_tensor),
+        cmocka_unit_test(test_loader_on_the_device),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

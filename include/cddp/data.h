@@ -239,10 +239,16 @@ CDDP_API int cddp_sampler_set_state(cddp_sampler *s, cddp_sampler_state state, c
 
 /* ---- DataLoader --------------------------------------------------------------------------- */
 
-/* Options; zero-initialised means batch of 1, no transforms, no prefetching. Transforms act on
- * field `image_field` (float32, shape (C,H,W)) in this order: random crop, random horizontal
- * flip, rescale, normalise. Random transforms draw from a generator seeded by (seed, epoch,
- * position in the epoch), so results are the same with or without prefetching. */
+/* Options; zero-initialised means batch of 1, no transforms, no prefetching, batches in host
+ * memory. Transforms act on field `image_field` (float32, shape (C,H,W)) in this order: random
+ * crop, random horizontal flip, rescale, normalise. Random transforms draw from a generator seeded
+ * by (seed, epoch, position in the epoch), so results are the same with or without prefetching.
+ *
+ * `device`: where the training step runs. On a device other than the CPU the loader copies each
+ * batch there itself: collated into page-locked host memory (cddp_device_host_alloc), copied on a
+ * queue of its own (cddp_queue_create), so that with prefetching the copy of the next batches runs
+ * while the step runs; cddp_batch_tensor then hands the step the batch's device memory, the
+ * step's work ordered after the copy on the device (the host does not wait). */
 typedef struct cddp_loader_options {
     int64_t batch_size;
     bool drop_last;  /* drop a last batch smaller than batch_size */
@@ -255,6 +261,7 @@ typedef struct cddp_loader_options {
     bool random_hflip;       /* flip left-right with probability 1/2 */
     int random_crop_padding; /* > 0: pad by this many zeros, crop back at a random offset */
     uint64_t seed;
+    cddp_device *device; /* NULL or the CPU: batches in host memory only */
 } cddp_loader_options;
 
 /* One collated batch, valid until the next cddp_loader_next/begin/destroy. */
@@ -264,6 +271,11 @@ typedef struct cddp_batch {
     void *data[CDDP_MAX_FIELDS]; /* field f: size * numel(field f) elements, contiguous */
     const int64_t *indices;      /* the dataset index of each sample, in order */
     const cddp_dataset *dataset;
+    /* With the loader's device: the same fields in its memory, there once `copied` is done (on the
+     * device's queues: cddp_device_wait_event; cddp_batch_tensor does it). NULL otherwise. */
+    cddp_device *device;
+    void *device_data[CDDP_MAX_FIELDS];
+    cddp_event *copied;
 } cddp_batch;
 
 typedef struct cddp_loader cddp_loader;
@@ -284,7 +296,9 @@ CDDP_API int cddp_loader_next(cddp_loader *l, cddp_batch *batch, cddp_error *err
 /* Seconds the caller spent blocked in cddp_loader_next since the loader was created. */
 CDDP_API double cddp_loader_wait_seconds(const cddp_loader *l);
 /* Field f of a batch as a tensor (B, shape...) on the context's device: on the CPU a view of the
- * batch's buffer (no copy), on another device a copy there (the buffer may then be reused). */
+ * batch's buffer (no copy); on the loader's device a view of the batch's copy there, the
+ * context's work ordered after that copy; on another device a copy there (the buffer may then be
+ * reused). NULL, with the error latched in ctx, when the device fails. */
 CDDP_API cddp_tensor *cddp_batch_tensor(cddp_ctx *ctx, const cddp_batch *batch, int f);
 
 #ifdef __cplusplus

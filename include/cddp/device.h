@@ -88,13 +88,42 @@ CDDP_API int cddp_device_download_async(cddp_device *dev, void *dst, const void 
 
 /* Events: a point in the device's queue. Record one after some work, and whoever must not go on
  * before that work has run (a thread that reads what it wrote) synchronizes with it. An event is
- * done as soon as it is made, and again after every record once the work before it has run. */
+ * done as soon as it is made, and again after every record once the work before it has run.
+ * cddp_event_record records on the device's default queue (cddp_queue_record: on another). */
 typedef struct cddp_event cddp_event;
 CDDP_API cddp_event *cddp_event_create(cddp_device *dev, cddp_error *err);
 CDDP_API void cddp_event_destroy(cddp_event *ev); /* accepts NULL */
 CDDP_API int cddp_event_record(cddp_event *ev, cddp_error *err);
 /* Waits until the work queued before the last record has run. */
 CDDP_API int cddp_event_synchronize(cddp_event *ev, cddp_error *err);
+
+/* Host memory the device copies from and to directly: page-locked on a GPU (so that a queued copy
+ * runs while the host goes on, as PyTorch's pin_memory), plain memory elsewhere. 64-byte aligned;
+ * NULL with err on failure. Free it with the same device. */
+CDDP_API void *cddp_device_host_alloc(cddp_device *dev, size_t bytes, cddp_error *err);
+CDDP_API void cddp_device_host_free(cddp_device *dev, void *p); /* accepts NULL */
+
+/* A queue of one's own on a device (a second CUDA stream): its work runs in order, beside the
+ * device's default queue, where contexts' work runs, so that a loader's copies overlap the
+ * training step. Events order the two: record one on a queue after some work, and make another
+ * queue (or the default one, cddp_device_wait_event) wait for it; the host waits for none of it.
+ * On the CPU, whose work runs when it is called, all of this is done at once. */
+typedef struct cddp_queue cddp_queue;
+CDDP_API cddp_queue *cddp_queue_create(cddp_device *dev, cddp_error *err);
+/* Waits for the queue's work, then ends it. Accepts NULL. */
+CDDP_API void cddp_queue_destroy(cddp_queue *q);
+CDDP_API cddp_device *cddp_queue_device(const cddp_queue *q);
+/* A copy to the device queued on q: src must stay unchanged, and dst holds the data, once an event
+ * recorded on q after it is done. From cddp_device_host_alloc memory it runs while the host goes
+ * on. */
+CDDP_API int cddp_queue_upload(cddp_queue *q, void *dst, const void *src, size_t bytes,
+                               cddp_error *err);
+/* Records ev after the work queued on q so far (ev of q's device). */
+CDDP_API int cddp_queue_record(cddp_queue *q, cddp_event *ev, cddp_error *err);
+/* What is queued on q from now on runs after the work before ev's last record. */
+CDDP_API int cddp_queue_wait(cddp_queue *q, cddp_event *ev, cddp_error *err);
+/* The same for the device's default queue: a context's next ops run after ev's work. */
+CDDP_API int cddp_device_wait_event(cddp_device *dev, cddp_event *ev, cddp_error *err);
 
 /* n bytes from src on device from to dst on device to: a copy within a device, to or from the
  * host's memory (the CPU), or between two devices through host memory. Ordered as the copies

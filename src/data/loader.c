@@ -7,16 +7,26 @@
  * training step runs. Without prefetching the single slot is filled on the caller's thread.
  * Either way a batch depends only on (epoch, position in the epoch), never on timing: the
  * random transforms draw from a generator seeded by (seed, epoch, position).
+ *
+ * With a device (other than the CPU), each slot also has the batch's memory there, and two events
+ * of the device: `copied`, recorded on the loader's queue after the slot's copy to the device, and
+ * `released`, recorded on the device's default queue when the caller gives the slot back (after
+ * the step that read it was queued). The slot's next copy waits for `released` on the device, its
+ * next collation for `copied` on the host (the copy reads the page-locked buffer as it runs), and
+ * the step waits for `copied` on the device (cddp_batch_tensor). The host never waits for a step.
  */
 #include "cddp/data.h"
 #include "cddp/core.h"
 #include "data/internal.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 typedef struct slot {
     void *data[CDDP_MAX_FIELDS];
+    void *dev_data[CDDP_MAX_FIELDS]; /* with a device: the batch there */
+    cddp_event *copied, *released;   /* with a device: see above */
     int64_t *indices;
     int64_t size, index;
     bool ready; /* filled and not yet released by the caller */
@@ -36,6 +46,11 @@ struct cddp_loader {
     int nslots;
     slot *slots;
     int held; /* slot the caller holds, -1 for none */
+
+    cddp_device *dev; /* where batches are copied to; NULL: they stay in host memory */
+    cddp_queue *queue;
+    int release_status; /* a failed record of `released`, reported by the next cddp_loader_next */
+    cddp_error release_err;
 
     /* The epoch being iterated. */
     int64_t *all;        /* this rank's indices for the epoch */
@@ -110,6 +125,36 @@ static void fill(cddp_loader *l, slot *s, int64_t b) {
     }
 }
 
+/* Copies s's batch to the device on the loader's queue, once the step that read the slot last is
+ * done there; failures become the batch's. */
+static void upload(cddp_loader *l, slot *s) {
+    if (!l->dev || s->status != CDDP_OK) return;
+    cddp_error e = {0};
+    int rc = cddp_queue_wait(l->queue, s->released, &e);
+    for (int f = 0; rc == CDDP_OK && f < l->nfields; f++)
+        rc = cddp_queue_upload(l->queue, s->dev_data[f], s->data[f],
+                               l->field_bytes[f] * (size_t)s->size, &e);
+    if (rc == CDDP_OK) rc = cddp_queue_record(l->queue, s->copied, &e);
+    if (rc != CDDP_OK) {
+        s->status = rc;
+        s->err = e;
+    }
+}
+
+/* Batch b into slot s, and onto the device: after the slot's last copy has read its host buffer. */
+static void prepare(cddp_loader *l, slot *s, int64_t b) {
+    cddp_error e = {0};
+    if (l->dev && cddp_event_synchronize(s->copied, &e) != CDDP_OK) {
+        s->index = b;
+        s->size = 0;
+        s->status = e.code;
+        s->err = e;
+        return;
+    }
+    fill(l, s, b);
+    upload(l, s);
+}
+
 static void *worker(void *arg) {
     cddp_loader *l = arg;
     for (int64_t b = 0; b < l->nbatches; b++) {
@@ -119,7 +164,7 @@ static void *worker(void *arg) {
         bool stop = l->stop;
         pthread_mutex_unlock(&l->mu);
         if (stop) break;
-        fill(l, s, b);
+        prepare(l, s, b);
         pthread_mutex_lock(&l->mu);
         s->ready = true;
         pthread_cond_broadcast(&l->changed);
@@ -191,6 +236,7 @@ cddp_loader *cddp_loader_create(cddp_dataset *ds, cddp_sampler *sampler,
     }
     cddp_loader *l = cddp_calloc(1, sizeof *l);
     if (!l) goto oom;
+    if (o.device && !cddp_device_host_accessible(o.device)) l->dev = o.device;
     l->ds = ds;
     l->sampler = sampler;
     l->o = o;
@@ -208,14 +254,23 @@ cddp_loader *cddp_loader_create(cddp_dataset *ds, cddp_sampler *sampler,
     l->nslots = o.prefetch + 1;
     l->slots = cddp_calloc((size_t)l->nslots, sizeof *l->slots);
     if (!l->slots) goto oom;
+    if (l->dev && !(l->queue = cddp_queue_create(l->dev, err))) goto failed;
     for (int k = 0; k < l->nslots; k++) {
         slot *s = &l->slots[k];
         s->indices = cddp_malloc(sizeof(int64_t) * (size_t)o.batch_size);
         if (!s->indices) goto oom;
         for (int f = 0; f < nf; f++) {
-            s->data[f] = cddp_aligned_alloc(l->field_bytes[f] * (size_t)o.batch_size);
-            if (!s->data[f]) goto oom;
+            size_t bytes = l->field_bytes[f] * (size_t)o.batch_size;
+            if (!l->dev) {
+                if (!(s->data[f] = cddp_aligned_alloc(bytes))) goto oom;
+            } else if (!(s->data[f] = cddp_device_host_alloc(l->dev, bytes, err)) ||
+                       !(s->dev_data[f] = cddp_device_alloc(l->dev, bytes, err))) {
+                goto failed;
+            }
         }
+        if (l->dev && (!(s->copied = cddp_event_create(l->dev, err)) ||
+                       !(s->released = cddp_event_create(l->dev, err))))
+            goto failed;
     }
     int64_t n = sampler ? cddp_sampler_len(sampler) : cddp_dataset_len(ds);
     l->all = cddp_malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
@@ -228,6 +283,15 @@ oom:
     cddp_error_set(err, CDDP_ENOMEM, "loader: out of memory for %d batches of %lld samples",
                    o.prefetch + 1, (long long)o.batch_size);
     return NULL;
+failed: /* the device said why */
+    cddp_loader_destroy(l);
+    if (err) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        cddp_error_set(err, err->code, "loader: %d batches of %lld samples on %s: %s",
+                       o.prefetch + 1, (long long)o.batch_size, cddp_device_name(o.device), why);
+    }
+    return NULL;
 }
 
 void cddp_loader_destroy(cddp_loader *l) {
@@ -237,9 +301,20 @@ void cddp_loader_destroy(cddp_loader *l) {
         pthread_mutex_destroy(&l->mu);
         pthread_cond_destroy(&l->changed);
     }
+    cddp_queue_destroy(l->queue); /* its copies done */
     for (int k = 0; l->slots && k < l->nslots; k++) {
-        cddp_free(l->slots[k].indices);
-        for (int f = 0; f < l->nfields; f++) cddp_aligned_free(l->slots[k].data[f]);
+        slot *s = &l->slots[k];
+        cddp_free(s->indices);
+        for (int f = 0; f < l->nfields; f++) {
+            if (!l->dev) {
+                cddp_aligned_free(s->data[f]);
+                continue;
+            }
+            cddp_device_host_free(l->dev, s->data[f]);
+            cddp_device_free(l->dev, s->dev_data[f]); /* after the device's work with it */
+        }
+        cddp_event_destroy(s->copied);
+        cddp_event_destroy(s->released);
     }
     cddp_free(l->slots);
     cddp_free(l->scratch);
@@ -247,8 +322,22 @@ void cddp_loader_destroy(cddp_loader *l) {
     cddp_free(l);
 }
 
+/* The caller gives back the slot it holds: with a device, after the work queued so far on the
+ * device's default queue (the step that read the batch). */
+static void release_held(cddp_loader *l) {
+    if (l->held < 0) return;
+    if (l->dev && l->release_status == CDDP_OK)
+        l->release_status = cddp_event_record(l->slots[l->held].released, &l->release_err);
+    pthread_mutex_lock(&l->mu);
+    l->slots[l->held].ready = false;
+    l->held = -1;
+    pthread_cond_broadcast(&l->changed);
+    pthread_mutex_unlock(&l->mu);
+}
+
 int64_t cddp_loader_begin(cddp_loader *l) {
     stop_worker(l);
+    release_held(l);
     if (l->sampler) {
         l->count = cddp_sampler_begin(l->sampler);
         cddp_sampler_state st = cddp_sampler_get_state(l->sampler);
@@ -280,13 +369,12 @@ int64_t cddp_loader_begin(cddp_loader *l) {
 
 int cddp_loader_next(cddp_loader *l, cddp_batch *batch, cddp_error *err) {
     double t0 = cddp_now_s();
-    pthread_mutex_lock(&l->mu);
-    if (l->held >= 0) { /* release the previous batch's slot to the worker */
-        l->slots[l->held].ready = false;
-        l->held = -1;
-        pthread_cond_broadcast(&l->changed);
+    release_held(l); /* the previous batch's slot, to the worker */
+    if (l->release_status != CDDP_OK) {
+        if (err) *err = l->release_err;
+        l->next_batch = l->nbatches;
+        return l->release_status;
     }
-    pthread_mutex_unlock(&l->mu);
     if (l->next_batch >= l->nbatches) return 0;
     int64_t b = l->next_batch;
     int k = (int)(b % l->nslots);
@@ -296,7 +384,7 @@ int cddp_loader_next(cddp_loader *l, cddp_batch *batch, cddp_error *err) {
         while (!s->ready) pthread_cond_wait(&l->changed, &l->mu);
         pthread_mutex_unlock(&l->mu);
     } else {
-        fill(l, s, b);
+        prepare(l, s, b);
         s->ready = true;
     }
     l->wait_s += cddp_now_s() - t0;
@@ -308,8 +396,16 @@ int cddp_loader_next(cddp_loader *l, cddp_batch *batch, cddp_error *err) {
     l->held = k;
     l->next_batch++;
     if (l->sampler) cddp__sampler_advance(l->sampler, s->size);
-    *batch = (cddp_batch){.size = s->size, .index = b, .indices = s->indices, .dataset = l->ds};
-    for (int f = 0; f < l->nfields; f++) batch->data[f] = s->data[f];
+    *batch = (cddp_batch){.size = s->size,
+                          .index = b,
+                          .indices = s->indices,
+                          .dataset = l->ds,
+                          .device = l->dev,
+                          .copied = s->copied};
+    for (int f = 0; f < l->nfields; f++) {
+        batch->data[f] = s->data[f];
+        batch->device_data[f] = s->dev_data[f];
+    }
     return 1;
 }
 
@@ -321,5 +417,13 @@ cddp_tensor *cddp_batch_tensor(cddp_ctx *ctx, const cddp_batch *batch, int f) {
     const cddp_field *fd = cddp_dataset_field(batch->dataset, f);
     int64_t shape[CDDP_MAX_DIMS] = {batch->size};
     for (int d = 0; d < fd->ndim; d++) shape[d + 1] = fd->shape[d];
-    return cddp_from_host(ctx, fd->dtype, fd->ndim + 1, shape, batch->data[f]);
+    cddp_device *dev = cddp_ctx_device(ctx);
+    if (!batch->device || batch->device != dev)
+        return cddp_from_host(ctx, fd->dtype, fd->ndim + 1, shape, batch->data[f]);
+    cddp_error e = {0};
+    if (cddp_device_wait_event(dev, batch->copied, &e) != CDDP_OK) { /* the step after the copy */
+        cddp_ctx_fail(ctx, e.code, "%s", e.msg);
+        return NULL;
+    }
+    return cddp_wrap(ctx, fd->dtype, fd->ndim + 1, shape, batch->device_data[f]);
 }

@@ -117,6 +117,84 @@ int cddp_event_synchronize(cddp_event *e, cddp_error *err) {
     return e->dev->ops->event_synchronize(e->dev, e->ev, err);
 }
 
+/* ---- host memory and queues of one's own ---------------------------------------------------- */
+
+void *cddp_device_host_alloc(cddp_device *dev, size_t bytes, cddp_error *err) {
+    if (dev->ops->host_alloc) return dev->ops->host_alloc(dev, bytes ? bytes : 1, err);
+    void *p = cddp_aligned_alloc(bytes ? bytes : 1);
+    if (!p) cddp_error_set(err, CDDP_ENOMEM, "cannot allocate %zu MiB of host memory", bytes >> 20);
+    return p;
+}
+
+void cddp_device_host_free(cddp_device *dev, void *p) {
+    if (!p) return;
+    if (dev->ops->host_free)
+        dev->ops->host_free(dev, p);
+    else
+        cddp_aligned_free(p);
+}
+
+struct cddp_queue {
+    cddp_device *dev;
+    void *q; /* the device's; NULL on a device without queues of its own (the CPU) */
+};
+
+cddp_queue *cddp_queue_create(cddp_device *dev, cddp_error *err) {
+    cddp_queue *q = cddp_calloc(1, sizeof *q);
+    if (!q) {
+        cddp_error_set(err, CDDP_ENOMEM, "out of memory for a queue");
+        return NULL;
+    }
+    q->dev = dev;
+    if (dev->ops->queue_create && !(q->q = dev->ops->queue_create(dev, err))) {
+        cddp_free(q);
+        return NULL;
+    }
+    return q;
+}
+
+void cddp_queue_destroy(cddp_queue *q) {
+    if (!q) return;
+    if (q->q) q->dev->ops->queue_destroy(q->dev, q->q);
+    cddp_free(q);
+}
+
+cddp_device *cddp_queue_device(const cddp_queue *q) {
+    return q->dev;
+}
+
+int cddp_queue_upload(cddp_queue *q, void *dst, const void *src, size_t bytes, cddp_error *err) {
+    if (!bytes) return CDDP_OK;
+    const cddp__device_ops *o = q->dev->ops;
+    return o->upload_async ? o->upload_async(q->dev, q->q, dst, src, bytes, err)
+                           : o->upload(q->dev, q->q, dst, src, bytes, err);
+}
+
+static int same_device(const cddp_queue *q, const cddp_event *e, const char *what,
+                       cddp_error *err) {
+    if (e->dev == q->dev) return CDDP_OK;
+    return cddp_error_set(err, CDDP_EINVAL, "%s: the queue is on %s and the event on %s", what,
+                          q->dev->name, e->dev->name);
+}
+
+int cddp_queue_record(cddp_queue *q, cddp_event *e, cddp_error *err) {
+    CDDP_TRY(same_device(q, e, "cddp_queue_record", err));
+    return q->dev->ops->event_record(q->dev, q->q, e->ev, err);
+}
+
+int cddp_queue_wait(cddp_queue *q, cddp_event *e, cddp_error *err) {
+    CDDP_TRY(same_device(q, e, "cddp_queue_wait", err));
+    return q->dev->ops->queue_wait ? q->dev->ops->queue_wait(q->dev, q->q, e->ev, err) : CDDP_OK;
+}
+
+int cddp_device_wait_event(cddp_device *dev, cddp_event *e, cddp_error *err) {
+    if (e->dev != dev)
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "cddp_device_wait_event: the device is %s and the event on %s",
+                              dev->name, e->dev->name);
+    return dev->ops->queue_wait ? dev->ops->queue_wait(dev, NULL, e->ev, err) : CDDP_OK;
+}
+
 int cddp_device_transfer(cddp_device *to, void *dst, cddp_device *from, const void *src,
                          size_t bytes, cddp_error *err) {
     if (bytes == 0) return CDDP_OK;

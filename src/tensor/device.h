@@ -72,6 +72,22 @@ typedef struct cddp__device_ops {
      * with NaNs, ordered on its default queue): a context's arena at every reset, so that a step
      * never reads what the last one left */
     void (*scrub)(cddp_device *dev, void *p, size_t n);
+    /* The rest may be NULL on a device whose work runs at once (the CPU): plain host memory, one
+     * queue, copies that are done when they return, nothing to wait for.
+     * host_alloc: host memory the device copies from and to directly (page-locked on a GPU, so
+     * that a queued copy runs while the host goes on); 64-byte aligned */
+    void *(*host_alloc)(cddp_device *dev, size_t bytes, cddp_error *err);
+    void (*host_free)(cddp_device *dev, void *p);
+    /* a queue of its own beside the default one (a second CUDA stream), and its end (after its
+     * work has run) */
+    void *(*queue_create)(cddp_device *dev, cddp_error *err);
+    void (*queue_destroy)(cddp_device *dev, void *queue);
+    /* host -> device, queued: src must stay unchanged, and dst holds the data, once an event
+     * recorded after it is done */
+    int (*upload_async)(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
+                        cddp_error *err);
+    /* what is queued on queue from now on runs after ev's work (the host does not wait) */
+    int (*queue_wait)(cddp_device *dev, void *queue, void *ev, cddp_error *err);
 } cddp__device_ops;
 
 struct cddp_device {

@@ -437,6 +437,33 @@ static void optimizer_cases(void) {
 }
 
 /* argmax and count_correct; a label out of range fails the step with the CPU's message. */
+/* The loader's path: page-locked host memory copied on a queue of one's own, a kernel on the
+ * default queue after the copy's event (no host wait between), its result against the host's. */
+static void queued_upload(void) {
+    enum { N = 1 << 20 };
+    cddp_error err = {0};
+    float *h = cddp_device_host_alloc(dev, N * sizeof(float), &err);
+    float *d = h ? cddp_device_alloc(dev, N * sizeof(float), &err) : NULL;
+    cddp_queue *q = d ? cddp_queue_create(dev, &err) : NULL;
+    cddp_event *ev = q ? cddp_event_create(dev, &err) : NULL;
+    double want = 0, got = NAN;
+    if (ev) {
+        for (int i = 0; i < N; i++) want += h[i] = (float)(cddp_rng_uniform(&rng) - 0.5);
+        cddp_ctx_reset(on);
+        if (cddp_queue_upload(q, d, h, N * sizeof(float), &err) == CDDP_OK &&
+            cddp_queue_record(q, ev, &err) == CDDP_OK &&
+            cddp_device_wait_event(dev, ev, &err) == CDDP_OK)
+            got = cddp_item(cddp_sum(on, cddp_wrap(on, CDDP_F32, CDDP_SHAPE(N), d)));
+    }
+    double rel = fabs(got - want) / (fabs(want) > 1 ? fabs(want) : 1);
+    report("queued_upload", rel <= BOUND && cddp_ctx_status(on) == CDDP_OK ? "ok" : "FAIL", rel,
+           err.msg[0] ? err.msg : NULL);
+    cddp_event_destroy(ev);
+    cddp_queue_destroy(q);
+    cddp_device_free(dev, d);
+    cddp_device_host_free(dev, h);
+}
+
 static void data_cases(void) {
     float v[6 * 5];
     for (int i = 0; i < 30; i++) v[i] = (float)((i * 7) % 11);
@@ -471,6 +498,7 @@ static void data_cases(void) {
     }
     bool same = msg[0][0] && !strcmp(msg[0], msg[1]);
     report("label_check", same ? "ok" : "FAIL", 0, same ? NULL : msg[1]);
+    queued_upload();
 }
 
 int main(int argc, char **argv) {

@@ -5,7 +5,9 @@
  * first use with a stream of its own; every call makes the GPU current on its thread first. The
  * CUDA runtime is linked statically: without a driver or a GPU the kind counts none and says why
  * ("no CUDA device: the driver reports ..."). A copy to the device returns once the host's data
- * was taken (cudaMemcpyAsync from pageable memory stages it), a copy to the host once it is there.
+ * was taken (cudaMemcpyAsync from pageable memory stages it; from page-locked memory it waits), a
+ * copy to the host once it is there; a queued upload (upload_async) from page-locked memory runs
+ * while the host goes on.
  *
  * A kernel cannot format a message, so a data check (check_ids: a label out of range) writes the
  * first bad value into a slot of device memory with the number of the check; the host keeps each
@@ -96,9 +98,15 @@ static int cuda_copy_kind(cddp_device *dev, void *queue, void *dst, const void *
     return wait ? failed(dev, cudaStreamSynchronize(s), "waiting for a copy", err) : CDDP_OK;
 }
 
+/* From pageable memory the copy has taken src when cudaMemcpyAsync returns; from page-locked
+ * memory (cddp_device_host_alloc) it has not, and the caller may reuse src at once: wait. */
 static int cuda_upload(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
                        cddp_error *err) {
-    return cuda_copy_kind(dev, queue, dst, src, n, cudaMemcpyHostToDevice, false, err);
+    struct cudaPointerAttributes at;
+    bool locked =
+        cudaPointerGetAttributes(&at, src) == cudaSuccess && at.type == cudaMemoryTypeHost;
+    cudaGetLastError(); /* an unknown pointer is not an error here */
+    return cuda_copy_kind(dev, queue, dst, src, n, cudaMemcpyHostToDevice, locked, err);
 }
 
 static int cuda_download(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
@@ -194,6 +202,46 @@ static int cuda_event_synchronize(cddp_device *dev, void *ev, cddp_error *err) {
     return failed(dev, cudaEventSynchronize((cudaEvent_t)ev), "waiting for an event", err);
 }
 
+static int cuda_queue_wait(cddp_device *dev, void *queue, void *ev, cddp_error *err) {
+    return failed(dev, cudaStreamWaitEvent(stream_of(dev, queue), (cudaEvent_t)ev, 0),
+                  "a wait for an event", err);
+}
+
+/* ---- page-locked host memory and streams of their own --------------------------------------- */
+
+static void *cuda_host_alloc(cddp_device *dev, size_t bytes, cddp_error *err) {
+    void *p = NULL;
+    enter(dev);
+    if (failed(dev, cudaHostAlloc(&p, bytes, cudaHostAllocPortable),
+               "allocating page-locked memory", err))
+        return NULL;
+    return p; /* 4 KiB aligned */
+}
+
+static void cuda_host_free(cddp_device *dev, void *p) {
+    enter(dev);
+    cudaFreeHost(p);
+}
+
+static void *cuda_queue_create(cddp_device *dev, cddp_error *err) {
+    cudaStream_t s = NULL;
+    enter(dev);
+    if (failed(dev, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "making a stream", err))
+        return NULL;
+    return s;
+}
+
+static void cuda_queue_destroy(cddp_device *dev, void *queue) {
+    enter(dev);
+    cudaStreamSynchronize((cudaStream_t)queue);
+    cudaStreamDestroy((cudaStream_t)queue);
+}
+
+static int cuda_upload_async(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
+                             cddp_error *err) {
+    return cuda_copy_kind(dev, queue, dst, src, n, cudaMemcpyHostToDevice, false, err);
+}
+
 static const cddp__device_ops ops = {
     .alloc = cuda_alloc,
     .free = cuda_free,
@@ -207,6 +255,12 @@ static const cddp__device_ops ops = {
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,
     .event_synchronize = cuda_event_synchronize,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .queue_create = cuda_queue_create,
+    .queue_destroy = cuda_queue_destroy,
+    .upload_async = cuda_upload_async,
+    .queue_wait = cuda_queue_wait,
 };
 
 /* ---- the kernel table ---------------------------------------------------------------------- */

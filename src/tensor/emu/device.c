@@ -17,17 +17,25 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
-#define MAX_EMU 8
+#define MAX_EMU    8
+#define MAX_QUEUES 16 /* queues of their own (cddp_queue_create) per device */
 
 typedef struct emu {
     cddp_device dev;
     cddp__emu_mem *mem;
-    cddp__emu_queue *queue;
+    cddp__emu_queue *queue;             /* the default queue: kernels and contexts' copies */
+    cddp__emu_queue *extra[MAX_QUEUES]; /* the others, under `lock` */
 } emu;
 
 static emu *of(const cddp_device *dev) {
     return dev->impl;
+}
+
+/* The queue a call names: its own, or the device's default one (NULL). */
+static cddp__emu_queue *queue_of(const cddp_device *dev, void *queue) {
+    return queue ? queue : of(dev)->queue;
 }
 
 /* ---- kernels ------------------------------------------------------------------------------- */
@@ -137,11 +145,13 @@ typedef struct copy_task {
     size_t n;
     int byte;  /* for a fill */
     bool fill; /* memset, not memcpy */
+    bool late; /* a queued upload: runs a millisecond late, so that a missing wait reads NaNs */
     void *own; /* freed after the copy (a staging copy of the host's data) */
 } copy_task;
 
 static void run_copy(void *arg) {
     copy_task *t = arg;
+    if (t->late) nanosleep(&(struct timespec){0, 1000000}, NULL);
     if (t->fill)
         memset(t->dst, t->byte, t->n);
     else
@@ -150,26 +160,25 @@ static void run_copy(void *arg) {
     cddp_free(t);
 }
 
-static int push_copy(cddp_device *dev, copy_task t, cddp_error *err) {
+static int push_copy(cddp_device *dev, void *queue, copy_task t, cddp_error *err) {
     copy_task *c = cddp_malloc(sizeof *c);
     if (!c) {
         cddp_free(t.own);
         return cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory for a copy", dev->name);
     }
     *c = t;
-    cddp__emu_queue_push(of(dev)->queue, run_copy, c);
+    cddp__emu_queue_push(queue_of(dev, queue), run_copy, c);
     return CDDP_OK;
 }
 
 static int emu_upload(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
                       cddp_error *err) {
-    (void)queue;
     need_device(dev, "a copy to the device", dst, n);
     void *stage = cddp_malloc(n);
     if (!stage) return cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory for a copy", dev->name);
     memcpy(stage, src, n);
     return push_copy(
-        dev,
+        dev, queue,
         (copy_task){
             .dst = cddp__emu_mem_reach(of(dev)->mem, dst), .src = stage, .n = n, .own = stage},
         err);
@@ -177,29 +186,45 @@ static int emu_upload(cddp_device *dev, void *queue, void *dst, const void *src,
 
 static int emu_download(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
                         cddp_error *err) {
-    (void)queue;
     need_device(dev, "a copy to the host", src, n);
     CDDP_TRY(push_copy(
-        dev, (copy_task){.dst = dst, .src = cddp__emu_mem_reach(of(dev)->mem, src), .n = n}, err));
-    cddp__emu_queue_wait(of(dev)->queue);
+        dev, queue, (copy_task){.dst = dst, .src = cddp__emu_mem_reach(of(dev)->mem, src), .n = n},
+        err));
+    cddp__emu_queue_wait(queue_of(dev, queue));
     return CDDP_OK;
 }
 
 static int emu_download_async(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
                               cddp_error *err) {
-    (void)queue;
     need_device(dev, "a copy to the host", src, n);
-    return push_copy(
-        dev, (copy_task){.dst = dst, .src = cddp__emu_mem_reach(of(dev)->mem, src), .n = n}, err);
+    return push_copy(dev, queue,
+                     (copy_task){.dst = dst, .src = cddp__emu_mem_reach(of(dev)->mem, src), .n = n},
+                     err);
 }
 
-/* An event is a mark in the queue: done once the queue has run that many tasks. The queue's
- * counter only grows; the queue of a forked child starts again at 0, so an event recorded before
- * a fork is not waited on after it. */
+/* A queued upload reads the host's data when it runs (a millisecond late): the caller must leave
+ * src alone, and whoever reads dst must wait, until an event recorded after it is done. */
+static int emu_upload_async(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
+                            cddp_error *err) {
+    need_device(dev, "a copy to the device", dst, n);
+    return push_copy(
+        dev, queue,
+        (copy_task){
+            .dst = cddp__emu_mem_reach(of(dev)->mem, dst), .src = src, .n = n, .late = true},
+        err);
+}
+
+/* An event is a mark in a queue: done once that queue has run that many tasks (a queue's counter
+ * only grows, in a forked child too). */
+typedef struct emu_event {
+    cddp__emu_queue *q; /* NULL until recorded: done */
+    uint64_t mark;
+} emu_event;
+
 static void *emu_event_create(cddp_device *dev, cddp_error *err) {
-    uint64_t *mark = cddp_calloc(1, sizeof *mark);
-    if (!mark) cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory for an event", dev->name);
-    return mark;
+    emu_event *e = cddp_calloc(1, sizeof *e);
+    if (!e) cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory for an event", dev->name);
+    return e;
 }
 
 static void emu_event_destroy(cddp_device *dev, void *ev) {
@@ -208,43 +233,66 @@ static void emu_event_destroy(cddp_device *dev, void *ev) {
 }
 
 static int emu_event_record(cddp_device *dev, void *queue, void *ev, cddp_error *err) {
-    (void)queue, (void)err;
-    *(uint64_t *)ev = cddp__emu_queue_mark(of(dev)->queue);
+    (void)err;
+    emu_event *e = ev;
+    e->q = queue_of(dev, queue);
+    e->mark = cddp__emu_queue_mark(e->q);
     return CDDP_OK;
 }
 
 static int emu_event_synchronize(cddp_device *dev, void *ev, cddp_error *err) {
-    (void)err;
-    cddp__emu_queue_wait_mark(of(dev)->queue, *(uint64_t *)ev);
+    (void)dev, (void)err;
+    emu_event *e = ev;
+    if (e->q) cddp__emu_queue_wait_mark(e->q, e->mark);
     return CDDP_OK;
 }
 
+/* A task on one queue that waits for a mark of another. */
+static void run_wait(void *arg) {
+    emu_event *e = arg;
+    cddp__emu_queue_wait_mark(e->q, e->mark);
+    cddp_free(e);
+}
+
+static int emu_queue_wait(cddp_device *dev, void *queue, void *ev, cddp_error *err) {
+    const emu_event *e = ev;
+    cddp__emu_queue *q = queue_of(dev, queue);
+    if (!e->q || e->q == q) return CDDP_OK; /* a queue runs in order anyway */
+    emu_event *copy =
+        cddp_malloc(sizeof *copy); /* the mark as it is now: ev may be recorded again */
+    if (!copy) return cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory for a wait", dev->name);
+    *copy = *e;
+    cddp__emu_queue_push(q, run_wait, copy);
+    return CDDP_OK;
+}
+
+static void *emu_queue_create(cddp_device *dev, cddp_error *err);
+static void emu_queue_destroy(cddp_device *dev, void *queue);
+
 static int emu_copy(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
                     cddp_error *err) {
-    (void)queue;
     need_device(dev, "a copy within the device", dst, n);
     need_device(dev, "a copy within the device", src, n);
     const cddp__emu_mem *m = of(dev)->mem;
     return push_copy(
-        dev,
+        dev, queue,
         (copy_task){.dst = cddp__emu_mem_reach(m, dst), .src = cddp__emu_mem_reach(m, src), .n = n},
         err);
 }
 
 static int emu_memset(cddp_device *dev, void *queue, void *dst, int byte, size_t n,
                       cddp_error *err) {
-    (void)queue;
     need_device(dev, "a fill", dst, n);
     return push_copy(
-        dev,
+        dev, queue,
         (copy_task){
             .dst = cddp__emu_mem_reach(of(dev)->mem, dst), .n = n, .byte = byte, .fill = true},
         err);
 }
 
 static int emu_synchronize(cddp_device *dev, void *queue, cddp_error *err) {
-    (void)queue, (void)err;
-    cddp__emu_queue_wait(of(dev)->queue);
+    (void)err;
+    cddp__emu_queue_wait(queue_of(dev, queue));
     return CDDP_OK;
 }
 
@@ -266,6 +314,10 @@ static const cddp__device_ops ops = {
     .event_record = emu_event_record,
     .event_synchronize = emu_event_synchronize,
     .scrub = emu_scrub,
+    .queue_create = emu_queue_create,
+    .queue_destroy = emu_queue_destroy,
+    .upload_async = emu_upload_async,
+    .queue_wait = emu_queue_wait,
 };
 
 /* ---- the kind ------------------------------------------------------------------------------ */
@@ -273,13 +325,39 @@ static const cddp__device_ops ops = {
 static emu *devices[MAX_EMU];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
+static void *emu_queue_create(cddp_device *dev, cddp_error *err) {
+    emu *e = of(dev);
+    pthread_mutex_lock(&lock);
+    int k = 0;
+    while (k < MAX_QUEUES && e->extra[k]) k++;
+    cddp__emu_queue *q = NULL;
+    if (k == MAX_QUEUES)
+        cddp_error_set(err, CDDP_ENOMEM, "%s: at most %d queues besides the default one", dev->name,
+                       MAX_QUEUES);
+    else if ((q = cddp__emu_queue_create(dev->name, err)))
+        e->extra[k] = q;
+    pthread_mutex_unlock(&lock);
+    return q;
+}
+
+static void emu_queue_destroy(cddp_device *dev, void *queue) {
+    emu *e = of(dev);
+    pthread_mutex_lock(&lock);
+    for (int k = 0; k < MAX_QUEUES; k++)
+        if (e->extra[k] == queue) e->extra[k] = NULL;
+    pthread_mutex_unlock(&lock);
+    cddp__emu_queue_destroy(queue);
+}
+
 /* fork(): every queue drained and every allocator locked before, unlocked after; in the child
- * each device has a new queue thread (the parent's is not there) and private memory. */
+ * each queue has a new thread (the parent's are not there) and each device private memory. */
 static void before_fork(void) {
     pthread_mutex_lock(&lock);
     for (int i = 0; i < MAX_EMU; i++)
         if (devices[i]) {
             cddp__emu_queue_wait(devices[i]->queue);
+            for (int k = 0; k < MAX_QUEUES; k++)
+                if (devices[i]->extra[k]) cddp__emu_queue_wait(devices[i]->extra[k]);
             cddp__emu_mem_lock(devices[i]->mem);
         }
 }
@@ -296,9 +374,9 @@ static void after_fork_child(void) {
         if (!e) continue;
         cddp__emu_mem_unlock(e->mem);
         cddp__emu_mem_private(e->mem);
-        cddp_error err = {0};
-        e->queue = cddp__emu_queue_create(e->dev.name, &err); /* the parent's thread is not here */
-        CDDP_CHECK(e->queue, "%s", err.msg);
+        cddp__emu_queue_respawn(e->queue);
+        for (int k = 0; k < MAX_QUEUES; k++)
+            if (e->extra[k]) cddp__emu_queue_respawn(e->extra[k]);
     }
     pthread_mutex_unlock(&lock);
 }

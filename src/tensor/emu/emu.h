@@ -40,6 +40,9 @@ typedef void (*cddp__emu_fn)(void *arg);
 
 /* A queue and its thread. NULL with err on failure. */
 cddp__emu_queue *cddp__emu_queue_create(const char *name, cddp_error *err);
+/* In a forked child (the parent's thread is not there, and everything queued before the fork has
+ * run): a new thread for q, its marks going on from where they were. */
+void cddp__emu_queue_respawn(cddp__emu_queue *q);
 /* Runs what was queued, then ends the thread. Accepts NULL. */
 void cddp__emu_queue_destroy(cddp__emu_queue *q);
 /* Queues fn(arg) and returns; fn runs on the queue's thread after everything queued before it,

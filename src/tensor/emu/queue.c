@@ -61,6 +61,17 @@ cddp__emu_queue *cddp__emu_queue_create(const char *name, cddp_error *err) {
     return q;
 }
 
+void cddp__emu_queue_respawn(cddp__emu_queue *q) {
+    pthread_mutex_init(&q->lock, NULL);
+    pthread_cond_init(&q->work, NULL);
+    pthread_cond_init(&q->done, NULL);
+    q->head = q->tail = NULL; /* none: the fork waited for the queue */
+    q->ran = q->queued;
+    q->stop = false;
+    CDDP_CHECK(pthread_create(&q->thread, NULL, run, q) == 0,
+               "emu: cannot start a queue's thread in a forked child");
+}
+
 void cddp__emu_queue_destroy(cddp__emu_queue *q) {
     if (!q) return;
     pthread_mutex_lock(&q->lock);
