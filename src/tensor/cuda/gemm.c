@@ -5,10 +5,18 @@
  *
  * cuBLASLt is column-major and cddp row-major: a row-major (M,N) matrix C is the column-major
  * (N,M) matrix C^T, so C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T: the stored B as
- * cuBLASLt's first operand, transposed when tb, the stored A as its second, transposed when ta. */
+ * cuBLASLt's first operand, transposed when tb, the stored A as its second, transposed when ta.
+ *
+ * A product's plan (its descriptors and the algorithm cuBLASLt's heuristic picked) is made once per
+ * shape and kept: a training step multiplies the same shapes every time, and asking the heuristic
+ * costs more than a small product. The heuristic is told how the pointers are aligned (it assumes
+ * 256 bytes otherwise; a view into a tensor may be aligned to 4), so the alignment is part of the
+ * shape. */
 #include "tensor/cuda/lt.h"
 
 #include <pthread.h>
+#include <stdint.h>
+#include <string.h>
 
 #define WORKSPACE (32u << 20)
 
@@ -23,6 +31,108 @@ static void *workspace_of(const cddp_device *dev) {
     void *p = *w;
     pthread_mutex_unlock(&ws_lock);
     return p;
+}
+
+/* One product's plan; `used` once made. */
+typedef struct plan {
+    bool used, ok;
+    int dev;
+    bool ta, tb;
+    int64_t M, N, K, lda, ldb, ldc;
+    uint32_t align[3]; /* of A, B, C */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+    size_t ws_bytes;
+} plan;
+
+#define PLANS 512 /* distinct shapes kept; past that, a plan is made for each call */
+static plan plans[PLANS];
+static pthread_mutex_t plans_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint32_t alignment(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    uint32_t n = 4;
+    while (n < 256 && !(a & (2 * n - 1))) n *= 2;
+    return n;
+}
+
+static bool same_shape(const plan *p, const plan *k) {
+    return p->dev == k->dev && p->ta == k->ta && p->tb == k->tb && p->M == k->M && p->N == k->N &&
+           p->K == k->K && p->lda == k->lda && p->ldb == k->ldb && p->ldc == k->ldc &&
+           !memcmp(p->align, k->align, sizeof p->align);
+}
+
+static void unmake(const cddp__cuda_lt *lt, plan *p) {
+    if (p->lc) lt->cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->lb) lt->cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->la) lt->cublasLtMatrixLayoutDestroy(p->la);
+    if (p->op) lt->cublasLtMatmulDescDestroy(p->op);
+    p->op = NULL, p->la = p->lb = p->lc = NULL;
+}
+
+/* Fills p's descriptors and algorithm (p->ok says whether cuBLASLt has one for the shape). */
+static void make(const cddp__cuda_lt *lt, plan *p, size_t ws_bytes) {
+    cublasOperation_t ta = p->tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                      tb = p->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t best;
+    int found = 0;
+    p->ws_bytes = ws_bytes;
+    /* first operand: the stored B, (N, K) column-major when not tb, else (K, N); its alignment is
+     * B's, cuBLASLt's "A" */
+    p->ok =
+        lt->cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == 0 &&
+        lt->cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ==
+            0 &&
+        lt->cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ==
+            0 &&
+        lt->cublasLtMatrixLayoutCreate(&p->la, CUDA_R_32F, (uint64_t)(p->tb ? p->K : p->N),
+                                       (uint64_t)(p->tb ? p->N : p->K), p->ldb) == 0 &&
+        lt->cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_32F, (uint64_t)(p->ta ? p->M : p->K),
+                                       (uint64_t)(p->ta ? p->K : p->M), p->lda) == 0 &&
+        lt->cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)p->N, (uint64_t)p->M,
+                                       p->ldc) == 0 &&
+        lt->cublasLtMatmulPreferenceCreate(&pref) == 0 &&
+        lt->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &ws_bytes, sizeof ws_bytes) == 0 &&
+        lt->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                 &p->align[1], sizeof p->align[1]) == 0 &&
+        lt->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                 &p->align[0], sizeof p->align[0]) == 0 &&
+        lt->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                 &p->align[2], sizeof p->align[2]) == 0 &&
+        lt->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                 &p->align[2], sizeof p->align[2]) == 0 &&
+        lt->cublasLtMatmulAlgoGetHeuristic(lt->handle, p->op, p->la, p->lb, p->lc, p->lc, pref, 1,
+                                           &best, &found) == 0 &&
+        found > 0;
+    if (pref) lt->cublasLtMatmulPreferenceDestroy(pref);
+    if (p->ok) p->algo = best.algo;
+}
+
+/* The kept plan for k's shape, made on first use; or NULL when every slot is taken (then the
+ * caller makes one of its own). */
+static const plan *plan_for(const cddp__cuda_lt *lt, const plan *k, size_t ws_bytes) {
+    uint64_t h = 1469598103934665603ull;
+    const int64_t v[] = {k->dev, k->ta,  k->tb,  k->M,        k->N,        k->K,
+                         k->lda, k->ldb, k->ldc, k->align[0], k->align[1], k->align[2]};
+    for (size_t i = 0; i < CDDP_ARRAY_LEN(v); i++) h = (h ^ (uint64_t)v[i]) * 1099511628211ull;
+    const plan *found = NULL;
+    pthread_mutex_lock(&plans_lock);
+    for (int probe = 0; probe < PLANS && !found; probe++) {
+        plan *p = &plans[(h + (uint64_t)probe) % PLANS];
+        if (p->used && same_shape(p, k)) {
+            found = p;
+        } else if (!p->used) {
+            *p = *k;
+            make(lt, p, ws_bytes);
+            p->used = true;
+            found = p;
+        }
+    }
+    pthread_mutex_unlock(&plans_lock);
+    return found;
 }
 
 void cddp__cuda_gemm(cddp__kq *q, const cddp__k_gemm *a) {
@@ -44,44 +154,31 @@ void cddp__cuda_gemm(cddp__kq *q, const cddp__k_gemm *a) {
         cddp__kq_fail(q, CDDP_EUNSUPPORTED, "%s: cuBLASLt is not loaded", q->dev->name);
         return;
     }
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
-    cublasLtMatmulPreference_t pref = NULL;
-    cublasOperation_t ta = a->tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                      tb = a->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     void *ws = workspace_of(q->dev);
     size_t ws_bytes = ws ? WORKSPACE : 0;
-    cublasLtMatmulHeuristicResult_t best;
-    int found = 0;
-    /* first operand: the stored B, (N, K) column-major when not tb, else (K, N) */
-    bool ok =
-        lt->cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == 0 &&
-        lt->cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == 0 &&
-        lt->cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == 0 &&
-        lt->cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, (uint64_t)(a->tb ? a->K : a->N),
-                                       (uint64_t)(a->tb ? a->N : a->K), a->ldb) == 0 &&
-        lt->cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, (uint64_t)(a->ta ? a->M : a->K),
-                                       (uint64_t)(a->ta ? a->K : a->M), a->lda) == 0 &&
-        lt->cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)a->N, (uint64_t)a->M, a->ldc) ==
-            0 &&
-        lt->cublasLtMatmulPreferenceCreate(&pref) == 0 &&
-        lt->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                 &ws_bytes, sizeof ws_bytes) == 0 &&
-        lt->cublasLtMatmulAlgoGetHeuristic(lt->handle, op, la, lb, lc, lc, pref, 1, &best,
-                                           &found) == 0 &&
-        found > 0;
+    plan key = {.dev = q->dev->index,
+                .ta = a->ta,
+                .tb = a->tb,
+                .M = a->M,
+                .N = a->N,
+                .K = a->K,
+                .lda = a->lda,
+                .ldb = a->ldb,
+                .ldc = a->ldc,
+                .align = {alignment(a->A), alignment(a->B), alignment(a->C)}};
+    const plan *p = plan_for(lt, &key, ws_bytes);
+    if (!p) { /* the table is full: a plan for this call alone */
+        make(lt, &key, ws_bytes);
+        p = &key;
+    }
     cublasStatus_t s = CUBLAS_STATUS_NOT_SUPPORTED;
-    if (ok)
-        s = lt->cublasLtMatmul(lt->handle, op, &a->alpha, a->B, la, a->A, lb, &a->beta, a->C, lc,
-                               a->C, lc, &best.algo, ws, ws_bytes, stream);
+    if (p->ok)
+        s = lt->cublasLtMatmul(lt->handle, p->op, &a->alpha, a->B, p->la, a->A, p->lb, &a->beta,
+                               a->C, p->lc, a->C, p->lc, &p->algo, ws, p->ws_bytes, stream);
     if (s != CUBLAS_STATUS_SUCCESS)
         cddp__kq_fail(q, CDDP_EIO,
                       "%s: cuBLASLt cannot multiply (%lld,%lld)x(%lld,%lld) (status %d%s)",
                       q->dev->name, (long long)a->M, (long long)a->K, (long long)a->K,
-                      (long long)a->N, (int)s, ok ? "" : ", no algorithm for the shape");
-    if (pref) lt->cublasLtMatmulPreferenceDestroy(pref);
-    if (lc) lt->cublasLtMatrixLayoutDestroy(lc);
-    if (lb) lt->cublasLtMatrixLayoutDestroy(lb);
-    if (la) lt->cublasLtMatrixLayoutDestroy(la);
-    if (op) lt->cublasLtMatmulDescDestroy(op);
+                      (long long)a->N, (int)s, p->ok ? "" : ", no algorithm for the shape");
+    if (p == &key) unmake(lt, &key);
 }
