@@ -10,7 +10,8 @@ drawn without replacement in a seeded random order, each rank taking every world
 cddp's DistributedSampler does, with another generator); the validation loss is the mean over
 every token of the non-overlapping validation windows. Each iteration: nanoGPT's learning rate,
 zero_grad, forward, cross-entropy, backward, clip_grad_norm_, AdamW step. The clock runs around
-the iterations only. With WORLD_SIZE > 1 (RANK, MASTER_ADDR, MASTER_PORT set by cddprun) the model
+the iterations only. --dtype bf16 runs the forward and the loss under CPU autocast to bfloat16
+(PyTorch's mixed precision on the CPU). With WORLD_SIZE > 1 (RANK, MASTER_ADDR, MASTER_PORT set by cddprun) the model
 is wrapped with DistributedDataParallel over gloo. Rank 0 prints one JSON line.
 """
 import argparse
@@ -57,6 +58,8 @@ def main():
                           ("grad_clip", 1.0), ("beta1", 0.9), ("beta2", 0.99)]:
         p.add_argument("--" + name, type=float, default=default)
     p.add_argument("--data", default="/usr/share/games/fortunes")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: the forward and the loss under torch.autocast('cpu', bfloat16)")
     p.add_argument("--zero", action="store_true",
                    help="ZeroRedundancyOptimizer: AdamW's state sharded across the ranks")
     a = p.parse_args()
@@ -101,8 +104,9 @@ def main():
         w = train[starts[:, None] + offsets]
         x, y = w[:, :-1], w[:, 1:]
         opt.zero_grad(set_to_none=True)
-        logits = model(x)
-        loss = nn.functional.cross_entropy(logits.view(-1, 256), y.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+            logits = model(x)
+            loss = nn.functional.cross_entropy(logits.view(-1, 256), y.reshape(-1))
         loss.backward()
         if a.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
@@ -122,7 +126,8 @@ def main():
         for i in range(0, len(mine), B):
             starts = torch.tensor(mine[i:i + B]) * T
             w = val[starts[:, None] + offsets]
-            logits = core(w[:, :-1])
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+                logits = core(w[:, :-1]).float()
             total[0] += nn.functional.cross_entropy(logits.reshape(-1, 256), w[:, 1:].reshape(-1),
                                                     reduction="sum").double()
             total[1] += w[:, 1:].numel()
@@ -138,6 +143,7 @@ def main():
                           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                           * 1024, "torch": torch.__version__, "world": world,
                           "threads": a.threads, "iters": a.max_iters, "params": params,
+                          "dtype": a.dtype,
                           "train_s": round(train_s, 3),
                           "tokens_per_s": round(tokens / train_s, 1) if train_s else 0,
                           "median_iter_ms": round(1e3 * float(np.median(it_time)), 3)

@@ -9,7 +9,8 @@ per rank: the training set normalised once up front, a seeded shuffle (each rank
 DistributedSampler part), and the clock around the training loop only (batch gathering included).
 With WORLD_SIZE > 1 (RANK, MASTER_ADDR, MASTER_PORT set, as cddprun or torchrun do) the model is
 wrapped with DistributedDataParallel over gloo. --device cuda trains on the GPU (each batch copied
-there from the host, as bench_mlp does; the clock read after the GPU is done). Rank 0 prints one
+there from the host, as bench_mlp does; the clock read after the GPU is done); --dtype bf16 runs
+the forward and the loss under autocast to bfloat16. Rank 0 prints one
 JSON line.
 """
 import argparse
@@ -58,6 +59,8 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--model", choices=["mlp", "cnn", "resnet"], default="mlp")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: the forward and the loss under CPU autocast to bfloat16")
     p.add_argument("--data", default=os.environ.get("CDDP_DATA",
                                                     "/usr/share/datasets/fashion-mnist"))
     a = p.parse_args()
@@ -82,7 +85,8 @@ def main():
         for first in range(0, order.shape[0], a.batch_size):
             idx_b = order[first:first + a.batch_size]
             xb, yb = x[idx_b].to(dev), y[idx_b].to(dev)
-            loss = loss_fn(model(xb), yb)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+                loss = loss_fn(model(xb), yb)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -98,6 +102,7 @@ def main():
         dist.destroy_process_group()
     if rank == 0:
         print(json.dumps({"impl": "pytorch", "version": torch.__version__, "device": a.device,
+                          "dtype": a.dtype,
                           "model": a.model,
                           "world": world,
                           "batch": a.batch_size, "threads": a.threads, "samples": samples,

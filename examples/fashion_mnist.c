@@ -49,7 +49,7 @@ typedef struct options {
     int epochs, batch, log_every, save_every, keep;
     float lr, momentum, target_acc;
     const char *optimizer, *model, *data, *save, *out, *resume, *hook, *init_from, *schedule,
-        *sample_log, *device;
+        *sample_log, *device, *dtype;
     double bucket_cap_mb;
     uint64_t seed;
     int64_t limit;
@@ -77,6 +77,9 @@ static void usage(FILE *out) {
         "  --seed N            seed for weights and shuffling (default 0)\n"
         "  --device NAME       where to train: cpu, emu (the emulated device), cuda; a kind\n"
         "                      without :N is the local rank's device of it (default cpu)\n"
+        "  --dtype NAME        fp32, or bf16: mixed precision, the linear layers' products in\n"
+        "                      bf16 with float32 sums (AVX512-BF16 or AMX, a GPU's tensor\n"
+        "                      cores), the rest in float32 (default fp32)\n"
         "  --limit N           train on the first N samples only (default: all)\n"
         "  --log-every N       print the loss every N steps (default 100; 0: never)\n"
         "  --target-acc X      stop after the first epoch whose test accuracy reaches X\n"
@@ -115,6 +118,7 @@ static int parse_args(int argc, char **argv, options *o) {
                    .hook = "none",
                    .schedule = "constant",
                    .device = "cpu",
+                   .dtype = "fp32",
                    .limit = -1};
     static const struct option longopts[] = {{"epochs", required_argument, 0, 'e'},
                                              {"batch-size", required_argument, 0, 'b'},
@@ -142,6 +146,7 @@ static int parse_args(int argc, char **argv, options *o) {
                                              {"init_from", required_argument, 0, 'I'},
                                              {"sample-log", required_argument, 0, 'G'},
                                              {"device", required_argument, 0, 'D'},
+                                             {"dtype", required_argument, 0, 'P'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     int c;
@@ -217,6 +222,9 @@ static int parse_args(int argc, char **argv, options *o) {
             break;
         case 'D':
             o->device = optarg;
+            break;
+        case 'P':
+            o->dtype = optarg;
             break;
         case 'E':
             if ((ok = run_int(P, "--save-every", optarg, 0, INT32_MAX, &i))) o->save_every = (int)i;
@@ -380,6 +388,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "fashion_mnist: --device %s: %s\n", o.device, err.msg);
         return 2;
     }
+    cddp_dtype compute;
+    if (!run_dtype("fashion_mnist", o.dtype, dev, &compute)) return 2;
     cddp_comm *group = NULL;
     cddp_ddp *ddp = NULL;
     cddp_dataset *train = NULL, *test = NULL;
@@ -460,7 +470,8 @@ int main(int argc, char **argv) {
     if (!test_loader) goto fail;
 
     m = resnet ? make_resnet(&err) : cddp_model_create();
-    ctx = cddp_ctx_create(&(cddp_ctx_options){.seed = o.seed + (uint64_t)rank, .device = dev});
+    ctx = cddp_ctx_create(
+        &(cddp_ctx_options){.seed = o.seed + (uint64_t)rank, .device = dev, .compute = compute});
     if (!m || !ctx) {
         if (!err.msg[0]) cddp_error_set(&err, CDDP_ENOMEM, "out of memory");
         goto fail;
@@ -634,16 +645,18 @@ int main(int argc, char **argv) {
     }
     if (o.json && rank == 0) {
         cddp_ddp_stats st = cddp_ddp_stats_get(ddp);
-        printf("{\"model\": \"%s\", \"optimizer\": \"%s\", \"epochs\": %d, \"batch_per_rank\": %d, "
+        printf("{\"model\": \"%s\", \"dtype\": \"%s\", \"optimizer\": \"%s\", \"epochs\": %d, "
+               "\"batch_per_rank\": %d, "
                "\"world\": %d, \"hook\": \"%s\", \"zero\": %s, \"optim_state_bytes\": %lld, "
                "\"peak_rss_bytes\": %lld, \"train_samples\": %lld, \"train_s\": %.3f, "
                "\"samples_per_s\": %.1f, \"final_loss\": %.6f, \"test_acc\": %.4f, "
                "\"last_step\": {\"forward_ms\": %.3f, \"backward_ms\": %.3f, \"allreduce_ms\": "
                "%.3f, \"wait_ms\": %.3f, \"overlap\": %.3f}}\n",
-               o.model, o.optimizer, epochs_run, o.batch, world, o.hook, o.zero ? "true" : "false",
-               run_optim_state_bytes(opt), run_peak_rss_bytes(), (long long)total, train_s,
-               train_s > 0 ? (double)total / train_s : 0.0, last_loss, acc, st.forward_s * 1e3,
-               st.backward_s * 1e3, st.comm_s * 1e3, st.wait_s * 1e3, st.overlap);
+               o.model, cddp_dtype_name(compute), o.optimizer, epochs_run, o.batch, world, o.hook,
+               o.zero ? "true" : "false", run_optim_state_bytes(opt), run_peak_rss_bytes(),
+               (long long)total, train_s, train_s > 0 ? (double)total / train_s : 0.0, last_loss,
+               acc, st.forward_s * 1e3, st.backward_s * 1e3, st.comm_s * 1e3, st.wait_s * 1e3,
+               st.overlap);
     }
     status = 0;
     goto done;

@@ -40,7 +40,7 @@ typedef struct options {
     int64_t eval_interval, eval_iters, final_eval, log_interval, sample, stride, top_k, save_every,
         keep;
     double lr, min_lr, weight_decay, grad_clip, beta1, beta2, temperature;
-    const char *data, *out, *resume, *init_from, *device;
+    const char *data, *out, *resume, *init_from, *device, *dtype;
     uint64_t seed;
     bool json, zero;
 } options;
@@ -72,6 +72,9 @@ static void usage(FILE *out) {
         "  --zero              shard AdamW's state across the ranks (ZeRO-1)\n"
         "  --device NAME       where to train: cpu, emu (the emulated device), cuda; a kind\n"
         "                      without :N is the local rank's device of it (default cpu)\n"
+        "  --dtype NAME        fp32, or bf16: mixed precision, the matrix products in bf16\n"
+        "                      with float32 sums (AVX512-BF16 or AMX, a GPU's tensor cores),\n"
+        "                      the rest in float32 (default fp32)\n"
         "data and output:\n"
         "  --data PATH         a text file, a folder of text files, or a token file *train.bin\n"
         "                      (with its *val.bin) (default Debian's fortunes, " FORTUNES ")\n"
@@ -134,6 +137,7 @@ static int parse_args(int argc, char **argv, options *o) {
                    .temperature = 0.8,
                    .out = "runs/gpt",
                    .device = "cpu",
+                   .dtype = "fp32",
                    .seed = 1337};
     int64_t seed = (int64_t)o->seed;
     const flag flags[] = {
@@ -168,6 +172,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"out", 's', &o->out, 0, 0, false},
         {"init_from", 's', &o->init_from, 0, 0, false},
         {"device", 's', &o->device, 0, 0, false},
+        {"dtype", 's', &o->dtype, 0, 0, false},
     };
     enum { NF = sizeof flags / sizeof flags[0] };
     struct option longopts[NF + 5];
@@ -490,6 +495,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "gpt_train: --device %s: %s\n", o.device, err.msg);
         return 2;
     }
+    cddp_dtype compute;
+    if (!run_dtype("gpt_train", o.dtype, dev, &compute)) return 2;
     cddp_comm *group = NULL;
     cddp_ddp *ddp = NULL;
     cddp_tokens train_text = {0}, val_text = {0};
@@ -556,8 +563,8 @@ int main(int argc, char **argv) {
         goto fail;
     }
     if (cddp_model_to(m, dev, &err) != CDDP_OK) goto fail;
-    if (!(ctx = cddp_ctx_create(
-              &(cddp_ctx_options){.seed = o.seed + (uint64_t)rank, .device = dev}))) {
+    if (!(ctx = cddp_ctx_create(&(cddp_ctx_options){
+              .seed = o.seed + (uint64_t)rank, .device = dev, .compute = compute}))) {
         cddp_error_set(&err, CDDP_ENOMEM, "out of memory");
         goto fail;
     }
@@ -741,13 +748,13 @@ int main(int argc, char **argv) {
     fflush(stdout);
     if (o.json && rank == 0) {
         double n = sp.iters ? (double)sp.iters : 1;
-        printf("{\"iters\": %" PRId64 ", \"world\": %d, \"params\": %" PRId64
+        printf("{\"iters\": %" PRId64 ", \"world\": %d, \"dtype\": \"%s\", \"params\": %" PRId64
                ", \"tokens\": %" PRId64 ", \"train_s\": %.3f, \"tokens_per_s\": %.1f, "
                "\"train_loss\": %.4f, \"last_loss\": %.4f, \"val_loss\": %.4f, "
                "\"zero\": %s, \"optim_state_bytes\": %lld, \"peak_rss_bytes\": %lld, "
                "\"iter_ms\": {\"forward\": %.3f, \"backward\": %.3f, \"allreduce\": %.3f, "
                "\"allreduce_wait\": %.3f, \"optimizer\": %.3f}}\n",
-               iter - first, world, params, tokens, train_s,
+               iter - first, world, cddp_dtype_name(compute), params, tokens, train_s,
                train_s > 0 ? (double)tokens / train_s : 0.0, train_loss, last_loss, val_loss,
                o.zero ? "true" : "false", run_optim_state_bytes(opt), run_peak_rss_bytes(),
                sp.forward / n * 1e3, sp.backward / n * 1e3, sp.comm / n * 1e3, sp.wait / n * 1e3,

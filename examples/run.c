@@ -94,3 +94,24 @@ int run_meta_int(const cddp_safetensors *f, const char *path, const char *key, i
     err->code = CDDP_EFORMAT;
     return CDDP_EFORMAT;
 }
+
+bool run_dtype(const char *prog, const char *name, cddp_device *dev, cddp_dtype *out) {
+    cddp_dtype d;
+    if (!strcmp(name, "fp32") || !strcmp(name, "float32")) {
+        d = CDDP_F32;
+    } else if (!strcmp(name, "bf16") || !strcmp(name, "bfloat16")) {
+        d = CDDP_BF16;
+    } else {
+        fprintf(stderr, "%s: --dtype %s: expected fp32 or bf16\n", prog, name);
+        return false;
+    }
+    cddp_error err = {0};
+    const char *how = NULL;
+    if (cddp_device_computes(dev, d, &how, &err) != CDDP_OK) {
+        fprintf(stderr, "%s: --dtype %s: %s: %s\n", prog, name, cddp_device_name(dev), err.msg);
+        return false;
+    }
+    cddp_log(CDDP_LOG_INFO, "train", "%s: %s", cddp_device_name(dev), how);
+    *out = d;
+    return true;
+}

@@ -135,6 +135,10 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
       "1: a ResNet keeps its activations in oneDNN's channel-blocked layout between layers "       \
       "(cddp_to_blocked); 0: plain NCHW everywhere, each convolution reordering its own.")         \
     X(EMU_DEVICES, INT, "2", "How many emulated devices (emu:0, emu:1, ...) a process has.")       \
+    X(BF16_EMULATE, INT, "0",                                                                      \
+      "1: bf16 matrix products also on a processor without AVX512-BF16 or AMX, emulated "          \
+      "(bf16-rounded operands multiplied in float32: the same numbers, slower than float32), "     \
+      "for testing bf16 numerics there; 0: refused.")                                              \
     X(EMU_MB, INT, "4096",                                                                         \
       "Memory, in MiB, of each emulated device (reserved, taken as it is touched).")               \
     X(DATA, STR, "/usr/share/datasets/fashion-mnist",                                              \

@@ -97,7 +97,21 @@ typedef struct cddp_ctx_options {
     size_t arena_max_bytes;     /* 0: CDDP_ARENA_MB (per device the context uses) */
     uint64_t seed;              /* seeds the context's generator (dropout, random tensors) */
     cddp_device *device;        /* where the tensors it creates live; NULL: the CPU */
+    /* The precision of its matrix products (matmul, linear; the GPT's projections): CDDP_F32 (0,
+     * the default), or CDDP_BF16 for mixed precision: the operands rounded to bf16 and their
+     * products added in float32 into float32 results, as PyTorch's autocast to bfloat16 computes
+     * them, on the processor's bf16 units (AVX512-BF16, AMX, a GPU's tensor cores); parameters,
+     * gradients, optimizer state and every other op stay float32. A device that cannot (a CPU
+     * without AVX512-BF16 or AMX) fails the context's products with the reason
+     * (cddp_device_computes says so beforehand). */
+    cddp_dtype compute;
 } cddp_ctx_options;
+
+/* Whether the device multiplies matrices in dtype (a context's compute: CDDP_F32, CDDP_BF16):
+ * CDDP_OK with *how (when not NULL) a line for the log saying on what ("bf16 products on
+ * AVX512-BF16 (oneDNN's avx512_core_bf16)"), or CDDP_EUNSUPPORTED with err saying why not. */
+CDDP_API int cddp_device_computes(cddp_device *dev, cddp_dtype dtype, const char **how,
+                                  cddp_error *err);
 
 /* opts may be NULL for defaults (seed 0). NULL when out of memory. */
 CDDP_API cddp_ctx *cddp_ctx_create(const cddp_ctx_options *opts);
@@ -114,6 +128,10 @@ CDDP_API const char *cddp_ctx_error(const cddp_ctx *ctx);
 CDDP_API bool cddp_ctx_failed(const cddp_ctx *ctx);
 /* The context's device (cddp_ctx_options.device). */
 CDDP_API cddp_device *cddp_ctx_device(const cddp_ctx *ctx);
+/* The precision of the context's products (cddp_ctx_options.compute), and setting it for the
+ * products made from now on (evaluation in float32, say); returns the old one. */
+CDDP_API cddp_dtype cddp_ctx_compute(const cddp_ctx *ctx);
+CDDP_API cddp_dtype cddp_ctx_set_compute(cddp_ctx *ctx, cddp_dtype dtype);
 /* Waits until the context's work on every device has run; returns cddp_ctx_status. */
 CDDP_API int cddp_ctx_synchronize(cddp_ctx *ctx);
 /* Latches an error into the context (first one wins), for code built on top of the ops. */

@@ -61,6 +61,10 @@ void cddp_device_free(cddp_device *dev, void *p) {
     if (p) dev->ops->free(dev, p);
 }
 
+int cddp_device_computes(cddp_device *dev, cddp_dtype dtype, const char **how, cddp_error *err) {
+    return dev->k->computes(dtype, how, err);
+}
+
 int cddp_device_upload(cddp_device *dev, void *dst, const void *src, size_t bytes,
                        cddp_error *err) {
     return bytes ? dev->ops->upload(dev, NULL, dst, src, bytes, err) : CDDP_OK;

@@ -89,6 +89,7 @@ struct cddp_ctx {
     void *step_state;                   /* a higher layer's, for this step (autograd's backward) */
     cddp__cdev *dev[CDDP__CTX_DEVICES]; /* dev[0]: the context's device; the others as used */
     int ndev;
+    cddp_dtype compute; /* of the products (cddp_ctx_options.compute) */
 };
 
 #define CDDP__FAILED(ctx) ((ctx)->err.code != CDDP_OK)

@@ -75,12 +75,14 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
     F(float *, y) F(const float *, a) F(const float *, b) F(int64_t, n) F(bool, add)
 
 /* Row-major C = alpha op(A) op(B) + beta C; A stored (M,K) or, ta, (K,M); B (K,N) or, tb,
- * (N,K); leading dimensions those of the stored matrices. */
+ * (N,K); leading dimensions those of the stored matrices. compute: CDDP_F32, or CDDP_BF16 (the
+ * operands rounded to bf16, their products added in float32: mixed precision's products; only
+ * where the device's `computes` says so). */
 #define CDDP__KA_gemm(F)                                                                           \
     F(bool, ta)                                                                                    \
     F(bool, tb) F(int64_t, M) F(int64_t, N) F(int64_t, K) F(float, alpha) F(const float *, A)      \
         F(int64_t, lda) F(const float *, B) F(int64_t, ldb) F(float, beta) F(float *, C)           \
-            F(int64_t, ldc)
+            F(int64_t, ldc) F(cddp_dtype, compute)
 
 /* z = a op b over the broadcast bc, n outputs */
 #define CDDP__KA_binary(F)                                                                         \
@@ -302,6 +304,9 @@ typedef struct cddp__kernels {
     int (*blocked_size)(void);
     /* Whether conv2d_relu_pool runs g fused (else the op runs the convolution and the pooling). */
     bool (*conv_pool_fuses)(const cddp__conv_geom *g);
+    /* Whether the gemm kernel multiplies in dtype (its `compute`: CDDP_F32, CDDP_BF16): CDDP_OK
+     * with *how saying on what (a line for the log), or CDDP_EUNSUPPORTED with err saying why. */
+    int (*computes)(cddp_dtype dtype, const char **how, cddp_error *err);
 } cddp__kernels;
 
 #endif

@@ -177,7 +177,18 @@ cddp_ctx *cddp_ctx_create(const cddp_ctx_options *opts) {
     ctx->ndev = 1;
     cddp_rng_seed(&ctx->rng, o.seed);
     ctx->grad_enabled = true;
+    ctx->compute = o.compute;
     return ctx;
+}
+
+cddp_dtype cddp_ctx_compute(const cddp_ctx *ctx) {
+    return ctx->compute;
+}
+
+cddp_dtype cddp_ctx_set_compute(cddp_ctx *ctx, cddp_dtype dtype) {
+    cddp_dtype old = ctx->compute;
+    ctx->compute = dtype;
+    return old;
 }
 
 void cddp_ctx_destroy(cddp_ctx *ctx) {

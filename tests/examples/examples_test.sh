@@ -8,7 +8,10 @@
 #                   the DDP timeline is one JSON array with both ranks' buckets
 #   resume          a 2-rank, 2-epoch run killed after its first checkpoint, then resumed, ends
 #                   within 0.5 points of the uninterrupted run, its curves holding both epochs
-#   bf16            1 epoch with bf16 gradient compression within 0.5 points of float32
+#   bf16            1 epoch with bf16 gradient compression, and 1 in mixed precision (--dtype bf16:
+#                   bf16 products, emulated where the processor has no bf16 units), each within
+#                   0.5 points of float32; a processor without bf16 units (or oneDNN kept from
+#                   them) refuses --dtype bf16 in one line, exit 2
 #   gpt             2 ranks train a small GPT on fortunes for 40 iterations: nanoGPT's lines, the
 #                   losses fall, one sample from rank 0, the JSON fields, the checkpoint (which
 #                   holds the tied head under both names) and curves that render
@@ -187,7 +190,16 @@ bf16)
     awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; exit !(a != "" && b != "" && d * d <= 0.005 * 0.005) }' \
         || fail "bf16 accuracy $b is not within 0.5 points of float32's $a"
     grep -q '"hook": "bf16"' bf16.out || fail "the bf16 run did not use the hook"
-    echo "ok: bf16 $b vs float32 $a"
+    CDDP_BF16_EMULATE=1 run --nproc_per_node 2 "$FM" --epochs 1 --out none --json --dtype bf16 > mixed.out 2>&1 \
+        || { cat mixed.out; fail "--dtype bf16 run failed"; }
+    c=$(acc_of mixed.out)
+    awk -v a="$a" -v c="$c" 'BEGIN { d = a - c; exit !(a != "" && c != "" && d * d <= 0.005 * 0.005) }' \
+        || fail "--dtype bf16 accuracy $c is not within 0.5 points of float32's $a"
+    grep -q '"dtype": "bfloat16"' mixed.out || fail "the --dtype bf16 run did not say bfloat16"
+    DNNL_MAX_CPU_ISA=AVX512_CORE "$FM" --dtype bf16 --out none > refused.out 2>&1; rc=$?
+    [ $rc = 2 ] && [ "$(wc -l < refused.out)" = 1 ] && grep -q "^fashion_mnist: --dtype bf16: cpu: bf16 on the CPU needs AVX512-BF16 or AMX" refused.out \
+        || { cat refused.out; fail "--dtype bf16 without bf16 units: exit $rc"; }
+    echo "ok: bf16 compression $b, mixed precision $c vs float32 $a; refused without bf16 units"
     ;;
 gpt)
     GPT="$build/bin/gpt_train --n_layer 2 --n_head 2 --n_embd 64 --block_size 32 --batch_size 8"

@@ -6,7 +6,8 @@
  *                sums, ReLU, pooling, adds
  *   attn.c       the products of one head of causal self-attention
  *   gemm.c       GEMM (oneDNN's sgemm, OpenBLAS where oneDNN refuses), softmax rows
- *   dnnl.c       oneDNN's primitives (convolution), made once per shape (dnnl.h)
+ *   dnnl.c       oneDNN's primitives (convolution, bf16 products), made once per shape (dnnl.h)
+ *   matmul.c     the gemm kernel: float32 on gemm.c, bf16 on oneDNN's matmul
  *   <family>.c   the kernels of tensor/kernels.h, by op family (basic, activation, loss,
  *                transformer, norm, pool, conv)
  *   device.c     the device: memory, its queue (the calling thread), the kernel table
@@ -25,6 +26,8 @@ CDDP_KERNEL_LIST(CDDP__CPU_DECL)
 #undef CDDP__CPU_DECL
 int cddp__cpu_blocked_size(void);
 bool cddp__cpu_conv_pool_fuses(const cddp__conv_geom *g);
+/* matmul.c: whether the gemm kernel multiplies in dtype here (cddp__kernels.computes). */
+int cddp__cpu_computes(cddp_dtype dtype, const char **how, cddp_error *err);
 
 /* ---- vec.c: vectorised loops -------------------------------------------------------------- */
 

@@ -83,6 +83,7 @@ static const cddp__kernels kernels = {
 #undef CDDP__CPU_SLOT
         .blocked_size = cddp__cpu_blocked_size,
     .conv_pool_fuses = cddp__cpu_conv_pool_fuses,
+    .computes = cddp__cpu_computes,
 };
 
 static cddp_device cpu = {

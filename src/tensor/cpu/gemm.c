@@ -1,4 +1,4 @@
-/* gemm.c: GEMM (the gemm kernel, and the loops' own products), and softmax rows.
+/* gemm.c: float32 GEMM (for the gemm kernel, matmul.c, and the loops' own products), softmax rows.
  *
  * GEMM runs on oneDNN's sgemm, with one thread or several: its kernels are chosen for the machine
  * when it runs (AVX-512 where there is one), and in a process of several threads oneDNN's
@@ -36,12 +36,6 @@ void cddp__gemm_ld(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
 void cddp__gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                 const float *B, float beta, float *C) {
     cddp__gemm_ld(ta, tb, M, N, K, alpha, A, ta ? M : K, B, tb ? K : N, beta, C, N);
-}
-
-void cddp__cpu_gemm(cddp__kq *q, const cddp__k_gemm *a) {
-    (void)q;
-    cddp__gemm_ld(a->ta, a->tb, a->M, a->N, a->K, a->alpha, a->A, a->lda, a->B, a->ldb, a->beta,
-                  a->C, a->ldc);
 }
 
 void cddp__softmax_rows(const float *x, float *y, int64_t rows, int64_t C, bool take_log) {

@@ -277,6 +277,19 @@ static const cddp__device_ops ops = {
 CDDP_KERNEL_LIST(MISSING)
 #undef MISSING
 
+/* float32 (CUBLAS_COMPUTE_32F: no TF32) and bf16 (CUBLAS_COMPUTE_32F_FAST_16BF: float32 operands
+ * rounded to bf16 for the tensor cores, float32 accumulation), sm_80 and later */
+static int computes(cddp_dtype dtype, const char **how, cddp_error *err) {
+    if (dtype != CDDP_F32 && dtype != CDDP_BF16)
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "the CUDA device multiplies in float32 or bf16, not %s",
+                              cddp_dtype_name(dtype));
+    if (how)
+        *how = dtype == CDDP_F32 ? "float32 products (cuBLASLt, no TF32)"
+                                 : "bf16 products on the tensor cores (cuBLASLt, float32 sums)";
+    return CDDP_OK;
+}
+
 static int no_blocks(void) {
     return 0; /* its convolutions (when it has them) take plain tensors */
 }
@@ -297,6 +310,7 @@ static void fill_table(void) {
 #undef HAS
     kernels.blocked_size = no_blocks;
     kernels.conv_pool_fuses = never_fuses;
+    kernels.computes = computes;
 }
 
 /* ---- the kind ------------------------------------------------------------------------------ */

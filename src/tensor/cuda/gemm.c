@@ -1,7 +1,8 @@
 /* gemm.c: the CUDA device's gemm kernel on cuBLASLt (opened at run time: lt.c).
  *
  * The products are float32 with float32 accumulation (CUBLAS_COMPUTE_32F: no TF32), the CPU's
- * results to rounding.
+ * results to rounding; with compute CDDP_BF16 the float32 operands are rounded to bf16 for the
+ * tensor cores (CUBLAS_COMPUTE_32F_FAST_16BF), the sums float32.
  *
  * cuBLASLt is column-major and cddp row-major: a row-major (M,N) matrix C is the column-major
  * (N,M) matrix C^T, so C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T: the stored B as
@@ -39,7 +40,8 @@ typedef struct plan {
     int dev;
     bool ta, tb;
     int64_t M, N, K, lda, ldb, ldc;
-    uint32_t align[3]; /* of A, B, C */
+    uint32_t align[3];  /* of A, B, C */
+    cddp_dtype compute; /* float32, or bf16 on the tensor cores (CUBLAS_COMPUTE_32F_FAST_16BF) */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -60,7 +62,7 @@ static uint32_t alignment(const void *p) {
 static bool same_shape(const plan *p, const plan *k) {
     return p->dev == k->dev && p->ta == k->ta && p->tb == k->tb && p->M == k->M && p->N == k->N &&
            p->K == k->K && p->lda == k->lda && p->ldb == k->ldb && p->ldc == k->ldc &&
-           !memcmp(p->align, k->align, sizeof p->align);
+           p->compute == k->compute && !memcmp(p->align, k->align, sizeof p->align);
 }
 
 static void unmake(const cddp__cuda_lt *lt, plan *p) {
@@ -82,7 +84,9 @@ static void make(const cddp__cuda_lt *lt, plan *p, size_t ws_bytes) {
     /* first operand: the stored B, (N, K) column-major when not tb, else (K, N); its alignment is
      * B's, cuBLASLt's "A" */
     p->ok =
-        lt->cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == 0 &&
+        lt->cublasLtMatmulDescCreate(
+            &p->op, p->compute == CDDP_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F,
+            CUDA_R_32F) == 0 &&
         lt->cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ==
             0 &&
         lt->cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ==
@@ -115,8 +119,8 @@ static void make(const cddp__cuda_lt *lt, plan *p, size_t ws_bytes) {
  * caller makes one of its own). */
 static const plan *plan_for(const cddp__cuda_lt *lt, const plan *k, size_t ws_bytes) {
     uint64_t h = 1469598103934665603ull;
-    const int64_t v[] = {k->dev, k->ta,  k->tb,  k->M,        k->N,        k->K,
-                         k->lda, k->ldb, k->ldc, k->align[0], k->align[1], k->align[2]};
+    const int64_t v[] = {k->dev, k->ta,  k->tb,       k->M,        k->N,        k->K,      k->lda,
+                         k->ldb, k->ldc, k->align[0], k->align[1], k->align[2], k->compute};
     for (size_t i = 0; i < CDDP_ARRAY_LEN(v); i++) h = (h ^ (uint64_t)v[i]) * 1099511628211ull;
     const plan *found = NULL;
     pthread_mutex_lock(&plans_lock);
@@ -165,7 +169,8 @@ void cddp__cuda_gemm(cddp__kq *q, const cddp__k_gemm *a) {
                 .lda = a->lda,
                 .ldb = a->ldb,
                 .ldc = a->ldc,
-                .align = {alignment(a->A), alignment(a->B), alignment(a->C)}};
+                .align = {alignment(a->A), alignment(a->B), alignment(a->C)},
+                .compute = a->compute};
     const plan *p = plan_for(lt, &key, ws_bytes);
     if (!p) { /* the table is full: a plan for this call alone */
         make(lt, &key, ws_bytes);

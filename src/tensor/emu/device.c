@@ -115,6 +115,7 @@ static const cddp__kernels kernels = {
 #undef EMU_SLOT
         .blocked_size = cddp__cpu_blocked_size,
     .conv_pool_fuses = cddp__cpu_conv_pool_fuses,
+    .computes = cddp__cpu_computes,
 };
 
 /* ---- memory and copies --------------------------------------------------------------------- */

@@ -4,11 +4,18 @@
 
 #include <string.h>
 
-/* C (M,N) = alpha op(A) op(B) + beta C on d, dense leading dimensions. */
-static void gemm(cddp__cdev *d, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                 const float *A, const float *B, float beta, float *C) {
+/* C (M,N) = alpha op(A) op(B) + beta C on d, dense leading dimensions, in the context's precision:
+ * a device that cannot multiply in it fails the context, saying why. */
+static void gemm(cddp_ctx *ctx, cddp__cdev *d, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                 float alpha, const float *A, const float *B, float beta, float *C) {
+    cddp_error err = {0};
+    if (ctx->compute != CDDP_F32 && d->q.dev->k->computes(ctx->compute, NULL, &err) != CDDP_OK) {
+        cddp_ctx_fail(ctx, err.code, "%s: %s", d->q.dev->name, err.msg);
+        return;
+    }
     CDDP__K(&d->q, gemm, .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = alpha, .A = A,
-            .lda = ta ? M : K, .B = B, .ldb = tb ? K : N, .beta = beta, .C = C, .ldc = N);
+            .lda = ta ? M : K, .B = B, .ldb = tb ? K : N, .beta = beta, .C = C, .ldc = N,
+            .compute = ctx->compute);
 }
 
 cddp_tensor *cddp_matmul(cddp_ctx *ctx, cddp_tensor *a, cddp_tensor *b, bool ta, bool tb) {
@@ -24,7 +31,7 @@ cddp_tensor *cddp_matmul(cddp_ctx *ctx, cddp_tensor *a, cddp_tensor *b, bool ta,
     cddp__cdev *d = CDDP__ON(ctx, "matmul", a, b);
     cddp_tensor *out = cddp__empty(d, CDDP_F32, 2, (int64_t[]){M, N});
     if (!out) return NULL;
-    gemm(d, ta, tb, M, N, K, 1.0f, a->data, b->data, 0.0f, out->data);
+    gemm(ctx, d, ta, tb, M, N, K, 1.0f, a->data, b->data, 0.0f, out->data);
     cddp__node *n;
     if (!cddp__record_op(ctx, CDDP_OP_MATMUL, out, 2, (cddp_tensor *[]){a, b}, &n)) return NULL;
     if (n) {
@@ -50,17 +57,17 @@ void cddp__matmul_backward(cddp_ctx *ctx, cddp__node *n) {
         float *dA = cddp_grad_buffer(ctx, A);
         if (!dA) return;
         if (!ta) /* dA (M,K) = dC (M,N) . op(B)^T */
-            gemm(d, false, !tb, M, K, N, 1.0f, dy, B->data, 1.0f, dA);
+            gemm(ctx, d, false, !tb, M, K, N, 1.0f, dy, B->data, 1.0f, dA);
         else /* dA (K,M) = op(B) (K,N) . dC^T */
-            gemm(d, tb, true, K, M, N, 1.0f, B->data, dy, 1.0f, dA);
+            gemm(ctx, d, tb, true, K, M, N, 1.0f, B->data, dy, 1.0f, dA);
     }
     if (B->requires_grad) {
         float *dB = cddp_grad_buffer(ctx, B);
         if (!dB) return;
         if (!tb) /* dB (K,N) = op(A)^T (K,M) . dC */
-            gemm(d, !ta, false, K, N, M, 1.0f, A->data, dy, 1.0f, dB);
+            gemm(ctx, d, !ta, false, K, N, M, 1.0f, A->data, dy, 1.0f, dB);
         else /* dB (N,K) = dC^T (N,M) . op(A) */
-            gemm(d, true, ta, N, K, M, 1.0f, dy, A->data, 1.0f, dB);
+            gemm(ctx, d, true, ta, N, K, M, 1.0f, dy, A->data, 1.0f, dB);
     }
 }
 
@@ -84,7 +91,7 @@ cddp_tensor *cddp_linear(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_ten
     /* the bias added to the product's rows while they are still in cache, not copied into y
      * first for the GEMM to read back (the GPT, one rank, 4 interleaved rounds: 20.1-20.5k ->
      * 20.8-21.3k tokens/s, its forward 14.3-14.6 -> 13.1-13.5 ms; the MLP and the CNN level) */
-    gemm(d, false, true, N, outf, in, 1.0f, x->data, w->data, 0.0f, y->data);
+    gemm(ctx, d, false, true, N, outf, in, 1.0f, x->data, w->data, 0.0f, y->data);
     if (b)
         CDDP__K(&d->q, add_rows, .dst = y->data, .src = b->data, .rows = N, .cols = outf,
                 .dst_stride = outf, .src_stride = 0);
@@ -105,12 +112,12 @@ void cddp__linear_backward(cddp_ctx *ctx, cddp__node *n) {
         bool assign;
         float *gx = cddp_grad_buffer_assign(ctx, x, &assign);
         if (!gx) return;
-        gemm(d, false, false, N, in, outf, 1.0f, dy, W->data, assign ? 0.0f : 1.0f, gx);
+        gemm(ctx, d, false, false, N, in, outf, 1.0f, dy, W->data, assign ? 0.0f : 1.0f, gx);
     }
     if (W->requires_grad) {
         float *gw = cddp_grad_buffer(ctx, W);
         if (!gw) return;
-        gemm(d, true, false, outf, in, N, 1.0f, dy, x->data, 1.0f, gw);
+        gemm(ctx, d, true, false, outf, in, N, 1.0f, dy, x->data, 1.0f, gw);
     }
     if (b && b->requires_grad) {
         float *gb = cddp_grad_buffer(ctx, b);

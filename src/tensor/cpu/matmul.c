@@ -1,0 +1,281 @@
+/* matmul.c: the CPU's gemm kernel: float32 products on gemm.c's GEMM, and bf16 products (compute
+ * CDDP_BF16: a context's mixed precision, cddp_ctx_options.compute).
+ *
+ * Each operand is rounded to bf16 (to nearest, ties to even: AVX512-BF16's vcvtne2ps2bf16) into
+ * scratch memory in its stored orientation, and oneDNN's matmul multiplies the two with float32
+ * accumulation into the float32 result, alpha as its output scale and beta as a sum post-op; the
+ * primitive is made once per shape (dnnl.h). oneDNN's brgemm takes the transposed operands as they
+ * are stored. On one Zen 4 core (4096 x 384 x 384 and the GPT's shapes): 196-213 GFLOP/s, against
+ * 102-111 in float32.
+ *
+ * Only on a processor that multiplies bf16 natively (AVX512-BF16, AMX): oneDNN's emulation on
+ * AVX-512 alone ran at 38 GFLOP/s against float32's 105, and it has none on AVX2, so bf16 is
+ * refused there (cddp__cpu_computes) unless CDDP_BF16_EMULATE=1 asks for it anyway, for tests:
+ * then the rounded operands are multiplied by the float32 GEMM. A product of two bf16 values is
+ * exact in float32, so that gives the same numbers as bf16 hardware up to the order of the sums. */
+#include "tensor/cpu/dnnl.h"
+
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- the operands' buffers ------------------------------------------------------------------ */
+
+/* Each thread's two buffers for the rounded operands, grown as needed and kept: a kernel has
+ * finished with them when it returns, so one pair per thread serves every product (the step's
+ * arena would keep every product's copies until the reset: half a GiB more for a 6-layer GPT). */
+typedef struct buffers {
+    void *p[2];
+    size_t n[2];
+} buffers;
+
+static pthread_key_t buffers_key;
+static pthread_once_t key_once = PTHREAD_ONCE_INIT;
+
+static void drop(void *b) {
+    buffers *own = b;
+    cddp_aligned_free(own->p[0]);
+    cddp_aligned_free(own->p[1]);
+    cddp_free(own);
+}
+
+static void make_key(void) {
+    CDDP_CHECK(pthread_key_create(&buffers_key, drop) == 0, "bf16: cannot make a thread key");
+}
+
+/* Buffer i (0, 1) of this thread, at least bytes long; NULL (reported through q) when out of
+ * memory. */
+static void *buffer(cddp__kq *q, int i, size_t bytes) {
+    pthread_once(&key_once, make_key);
+    buffers *b = pthread_getspecific(buffers_key);
+    if (!b && (b = cddp_calloc(1, sizeof *b))) pthread_setspecific(buffers_key, b);
+    if (b && b->n[i] < bytes) {
+        cddp_aligned_free(b->p[i]);
+        b->n[i] = 0;
+        if ((b->p[i] = cddp_aligned_alloc(bytes))) b->n[i] = bytes;
+    }
+    if (b && b->p[i] && b->n[i] >= bytes) return b->p[i];
+    cddp__kq_fail(q, CDDP_ENOMEM, "bf16: out of memory for a product's %zu MiB operand",
+                  bytes >> 20);
+    return NULL;
+}
+
+/* ---- rounding to bf16 ----------------------------------------------------------------------- */
+
+/* x rounded to bf16, to nearest with ties to even; a NaN stays a (quiet) NaN. */
+static inline uint16_t round_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static void to_bf16_any(uint16_t *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = round_bf16(src[i]);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void
+to_bf16_avx512(uint16_t *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
+        _mm512_storeu_si512(dst + i, (__m512i)v);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i));
+        _mm256_mask_storeu_epi16(dst + i, m, (__m256i)v);
+    }
+}
+
+static bool has_avx512bf16(void) {
+    return __builtin_cpu_supports("avx512bf16");
+}
+
+/* rows x cols floats, rows ld apart, into dst densely as bf16. */
+static void to_bf16_rows(uint16_t *dst, const float *src, int64_t rows, int64_t cols, int64_t ld) {
+    bool fast = has_avx512bf16();
+    for (int64_t r = 0; r < rows; r++) {
+        if (fast)
+            to_bf16_avx512(dst + r * cols, src + r * ld, cols);
+        else
+            to_bf16_any(dst + r * cols, src + r * ld, cols);
+    }
+}
+
+/* The same, back to float32 (exact): the emulation's operands. */
+static void bf16_rows(float *dst, const float *src, int64_t rows, int64_t cols, int64_t ld) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            uint32_t u = (uint32_t)round_bf16(src[r * ld + c]) << 16;
+            memcpy(&dst[r * cols + c], &u, sizeof u);
+        }
+}
+
+/* ---- whether, and on what ------------------------------------------------------------------- */
+
+static bool emulate(void) {
+    return cddp_knob_int(CDDP_KNOB_BF16_EMULATE) == 1;
+}
+
+/* AMX or AVX512-BF16, as oneDNN will use it (DNNL_MAX_CPU_ISA applies), and the conversions' own;
+ * NULL when neither. */
+static const char *native(void) {
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    if (!has_avx512bf16()) return NULL;
+    if ((isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx)
+        return "bf16 products on AMX (oneDNN's avx512_core_amx)";
+    if ((isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16)
+        return "bf16 products on AVX512-BF16 (oneDNN's avx512_core_bf16)";
+    return NULL;
+}
+
+int cddp__cpu_computes(cddp_dtype dtype, const char **how, cddp_error *err) {
+    const char *on = NULL;
+    if (dtype == CDDP_F32)
+        on = "float32 products";
+    else if (dtype == CDDP_BF16)
+        on = native() ? native()
+             : emulate()
+                 ? "bf16 products emulated (CDDP_BF16_EMULATE=1): bf16-rounded operands multiplied "
+                   "in float32, slower than float32"
+                 : NULL;
+    else
+        return cddp_error_set(err, CDDP_EINVAL, "the CPU multiplies in float32 or bf16, not %s",
+                              cddp_dtype_name(dtype));
+    if (!on)
+        return cddp_error_set(
+            err, CDDP_EUNSUPPORTED,
+            "bf16 on the CPU needs AVX512-BF16 or AMX, and this processor has neither (or "
+            "DNNL_MAX_CPU_ISA keeps oneDNN from them; oneDNN would emulate bf16 at about a third "
+            "of float32's speed): train in fp32, or set CDDP_BF16_EMULATE=1 to check bf16's "
+            "numbers slowly");
+    if (how) *how = on;
+    return CDDP_OK;
+}
+
+/* ---- the product ---------------------------------------------------------------------------- */
+
+#define MATMUL_BF16 0x6d6d5f6266313600 /* "mm_bf16": no convolution's key starts so */
+
+typedef struct mm_key {
+    int64_t kind, M, N, K, ta, tb, ldc, alpha, beta; /* alpha, beta: their bits */
+} mm_key;
+
+/* The operands' layouts: as stored, densely (rows of K or M for A, of N or K for B). */
+static void describe(const mm_key *k, dnnl_memory_desc_t *a, dnnl_memory_desc_t *b,
+                     dnnl_memory_desc_t *c) {
+    cddp__dnnl_ok(
+        dnnl_memory_desc_init_by_strides(a, 2, (dnnl_dims_t){k->M, k->K}, dnnl_bf16,
+                                         k->ta ? (dnnl_dims_t){1, k->M} : (dnnl_dims_t){k->K, 1}),
+        "describing a bf16 operand");
+    cddp__dnnl_ok(
+        dnnl_memory_desc_init_by_strides(b, 2, (dnnl_dims_t){k->K, k->N}, dnnl_bf16,
+                                         k->tb ? (dnnl_dims_t){1, k->K} : (dnnl_dims_t){k->N, 1}),
+        "describing a bf16 operand");
+    cddp__dnnl_ok(dnnl_memory_desc_init_by_strides(c, 2, (dnnl_dims_t){k->M, k->N}, dnnl_f32,
+                                                   (dnnl_dims_t){k->ldc, 1}),
+                  "describing a product");
+}
+
+static dnnl_status_t make_mm(dnnl_primitive_desc_t *pd, const void *key,
+                             const_dnnl_primitive_attr_t attr) {
+    const mm_key *k = key;
+    float alpha, beta;
+    int32_t bits = (int32_t)k->alpha;
+    memcpy(&alpha, &bits, sizeof alpha);
+    bits = (int32_t)k->beta;
+    memcpy(&beta, &bits, sizeof beta);
+    dnnl_memory_desc_t a, b, c;
+    describe(k, &a, &b, &c);
+    dnnl_matmul_desc_t d;
+    cddp__dnnl_ok(dnnl_matmul_desc_init(&d, &a, &b, NULL, &c), "describing a bf16 product");
+    dnnl_primitive_attr_t own;
+    dnnl_post_ops_t po;
+    cddp__dnnl_ok(dnnl_primitive_attr_clone(&own, attr), "copying attributes");
+    if (alpha != 1.0f)
+        cddp__dnnl_ok(dnnl_primitive_attr_set_output_scales(own, 1, 0, &alpha),
+                      "a product's scale");
+    if (beta != 0.0f) {
+        cddp__dnnl_ok(dnnl_post_ops_create(&po), "making post-ops");
+        cddp__dnnl_ok(dnnl_post_ops_append_sum(po, beta), "a product's sum");
+        cddp__dnnl_ok(dnnl_primitive_attr_set_post_ops(own, po), "setting post-ops");
+        dnnl_post_ops_destroy(po);
+    }
+    dnnl_status_t s = dnnl_primitive_desc_create(pd, &d, own, cddp__dnnl_engine(), NULL);
+    dnnl_primitive_attr_destroy(own);
+    return s;
+}
+
+/* The stored operands, each rows x cols densely, and this thread's buffers for their copies of
+ * elem bytes an element; false (reported through q) when out of memory. */
+typedef struct operands {
+    int64_t ar, ac, br, bc;
+    void *A, *B;
+} operands;
+
+static bool operands_of(cddp__kq *q, const cddp__k_gemm *a, size_t elem, operands *o) {
+    *o = (operands){.ar = a->ta ? a->K : a->M,
+                    .ac = a->ta ? a->M : a->K,
+                    .br = a->tb ? a->N : a->K,
+                    .bc = a->tb ? a->K : a->N};
+    o->A = buffer(q, 0, elem * (size_t)(o->ar * o->ac));
+    o->B = o->A ? buffer(q, 1, elem * (size_t)(o->br * o->bc)) : NULL;
+    return o->B != NULL;
+}
+
+/* The emulation: the operands rounded to bf16 in float32, then the float32 GEMM. */
+static void gemm_emulated(cddp__kq *q, const cddp__k_gemm *a) {
+    operands o;
+    if (!operands_of(q, a, sizeof(float), &o)) return;
+    bf16_rows(o.A, a->A, o.ar, o.ac, a->lda);
+    bf16_rows(o.B, a->B, o.br, o.bc, a->ldb);
+    cddp__gemm_ld(a->ta, a->tb, a->M, a->N, a->K, a->alpha, o.A, o.ac, o.B, o.bc, a->beta, a->C,
+                  a->ldc);
+}
+
+static void gemm_bf16(cddp__kq *q, const cddp__k_gemm *a) {
+    if (a->M == 0 || a->N == 0 || a->K == 0) { /* no product: beta C */
+        cddp__gemm_ld(a->ta, a->tb, a->M, a->N, a->K, a->alpha, a->A, a->lda, a->B, a->ldb, a->beta,
+                      a->C, a->ldc);
+        return;
+    }
+    if (!native()) {
+        gemm_emulated(q, a);
+        return;
+    }
+    operands o;
+    if (!operands_of(q, a, sizeof(uint16_t), &o)) return;
+    to_bf16_rows(o.A, a->A, o.ar, o.ac, a->lda);
+    to_bf16_rows(o.B, a->B, o.br, o.bc, a->ldb);
+    mm_key k = {.kind = MATMUL_BF16,
+                .M = a->M,
+                .N = a->N,
+                .K = a->K,
+                .ta = a->ta,
+                .tb = a->tb,
+                .ldc = a->ldc};
+    int32_t bits;
+    memcpy(&bits, &a->alpha, sizeof bits);
+    k.alpha = bits;
+    memcpy(&bits, &a->beta, sizeof bits);
+    k.beta = bits;
+    const cddp__dnnl_prim *p = cddp__dnnl_get(&k, sizeof k, make_mm);
+    dnnl_memory_desc_t ma, mb, mc;
+    describe(&k, &ma, &mb, &mc);
+    cddp__dnnl_run(
+        q, p, 3,
+        (cddp__dnnl_arg[]){{.arg = DNNL_ARG_SRC, .data = o.A, .md = &ma},
+                           {.arg = DNNL_ARG_WEIGHTS, .data = o.B, .md = &mb},
+                           {.arg = DNNL_ARG_DST, .data = a->C, .io = CDDP__DNNL_OUT, .md = &mc}});
+}
+
+void cddp__cpu_gemm(cddp__kq *q, const cddp__k_gemm *a) {
+    if (a->compute == CDDP_BF16) {
+        gemm_bf16(q, a);
+        return;
+    }
+    cddp__gemm_ld(a->ta, a->tb, a->M, a->N, a->K, a->alpha, a->A, a->lda, a->B, a->ldb, a->beta,
+                  a->C, a->ldc);
+}
