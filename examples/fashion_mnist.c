@@ -383,13 +383,9 @@ int main(int argc, char **argv) {
     if (parse_args(argc, argv, &o) != 0) return 2;
     int status = 1;
     cddp_error err = {0};
-    cddp_device *dev = cddp_device_for_rank(o.device, &err);
-    if (!dev) {
-        fprintf(stderr, "fashion_mnist: --device %s: %s\n", o.device, err.msg);
-        return 2;
-    }
+    cddp_device *dev;
     cddp_dtype compute;
-    if (!run_dtype("fashion_mnist", o.dtype, dev, &compute)) return 2;
+    if (!run_device("fashion_mnist", o.device, o.dtype, &dev, &compute)) return 2;
     cddp_comm *group = NULL;
     cddp_ddp *ddp = NULL;
     cddp_dataset *train = NULL, *test = NULL;

@@ -490,13 +490,9 @@ int main(int argc, char **argv) {
     if (parse_args(argc, argv, &o) != 0) return 2;
     int status = 1;
     cddp_error err = {0};
-    cddp_device *dev = cddp_device_for_rank(o.device, &err);
-    if (!dev) {
-        fprintf(stderr, "gpt_train: --device %s: %s\n", o.device, err.msg);
-        return 2;
-    }
+    cddp_device *dev;
     cddp_dtype compute;
-    if (!run_dtype("gpt_train", o.dtype, dev, &compute)) return 2;
+    if (!run_device("gpt_train", o.device, o.dtype, &dev, &compute)) return 2;
     cddp_comm *group = NULL;
     cddp_ddp *ddp = NULL;
     cddp_tokens train_text = {0}, val_text = {0};

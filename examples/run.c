@@ -95,7 +95,14 @@ int run_meta_int(const cddp_safetensors *f, const char *path, const char *key, i
     return CDDP_EFORMAT;
 }
 
-bool run_dtype(const char *prog, const char *name, cddp_device *dev, cddp_dtype *out) {
+bool run_device(const char *prog, const char *device, const char *name, cddp_device **out_dev,
+                cddp_dtype *out) {
+    cddp_error err = {0};
+    cddp_device *dev = cddp_device_for_rank(device, &err);
+    if (!dev) {
+        fprintf(stderr, "%s: --device %s: %s\n", prog, device, err.msg);
+        return false;
+    }
     cddp_dtype d;
     if (!strcmp(name, "fp32") || !strcmp(name, "float32")) {
         d = CDDP_F32;
@@ -105,13 +112,13 @@ bool run_dtype(const char *prog, const char *name, cddp_device *dev, cddp_dtype 
         fprintf(stderr, "%s: --dtype %s: expected fp32 or bf16\n", prog, name);
         return false;
     }
-    cddp_error err = {0};
     const char *how = NULL;
     if (cddp_device_computes(dev, d, &how, &err) != CDDP_OK) {
         fprintf(stderr, "%s: --dtype %s: %s: %s\n", prog, name, cddp_device_name(dev), err.msg);
         return false;
     }
     cddp_log(CDDP_LOG_INFO, "train", "%s: %s", cddp_device_name(dev), how);
+    *out_dev = dev;
     *out = d;
     return true;
 }

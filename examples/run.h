@@ -35,10 +35,12 @@ int run_meta_int(const cddp_safetensors *f, const char *path, const char *key, i
                  int64_t hi, int64_t dflt, int64_t *out, cddp_error *err);
 bool run_double(const char *prog, const char *what, const char *text, double lo, double hi,
                 bool lo_open, double *out);
-/* --dtype: "fp32" (or "float32") or "bf16" (or "bfloat16") into *out, checked against what dev
- * can multiply in; false, after printing "prog: --dtype <name>: <why>" on stderr, when it is not
- * one or dev cannot. Logs (rank 0's) on what the products run. */
-bool run_dtype(const char *prog, const char *name, cddp_device *dev, cddp_dtype *out);
+/* --device and --dtype: the rank's device (cddp_device_for_rank(device)) into *dev, and dtype,
+ * "fp32" (or "float32") or "bf16" (or "bfloat16"), into *compute, checked against what the device
+ * can multiply in; false, after printing "prog: --device <name>: <why>" or "prog: --dtype <name>:
+ * <why>" on stderr, when either is not one or the device cannot. Logs on what the products run. */
+bool run_device(const char *prog, const char *device, const char *dtype, cddp_device **dev,
+                cddp_dtype *compute);
 /* The optimizer state this process holds, in bytes (the shard's alone under ZeRO-1). */
 long long run_optim_state_bytes(const cddp_optim *opt);
 

@@ -58,6 +58,10 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 
 /* ---- the arguments of each kernel ---------------------------------------------------------- */
 
+/* The argument lists and the kernel list below are laid out by hand: clang-format reflows these
+ * macro bodies differently on every pass. */
+/* clang-format off */
+
 /* n elements of `size` bytes (1, 2, 4 or 8) set to the low bytes of `bits` */
 #define CDDP__KA_fill(F) F(void *, dst) F(int64_t, n) F(int, size) F(uint64_t, bits)
 /* dst = src (assign) or dst += src, n floats */
@@ -273,16 +277,14 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 
 /* K(name): every kernel, in the order above. */
 #define CDDP_KERNEL_LIST(K)                                                                        \
-    K(fill)                                                                                        \
-    K(accumulate) K(add_rows) K(scale) K(mul) K(gemm) K(binary) K(binary_grad) K(unary)            \
-        K(unary_grad) K(softmax) K(softmax_grad) K(check_ids) K(cross_entropy)                     \
-            K(cross_entropy_grad) K(mse) K(mse_grad) K(sum) K(sum_grad) K(argmax) K(reorder)       \
-                K(embedding) K(embedding_grad) K(layer_norm) K(layer_norm_grad) K(gelu_tanh)       \
-                    K(gelu_tanh_grad) K(attention) K(attention_grad) K(batch_norm)                 \
-                        K(batch_norm_grad) K(max_pool) K(max_pool_grad) K(avg_pool)                \
-                            K(avg_pool_grad) K(adaptive_pool) K(adaptive_pool_grad) K(conv2d)      \
-                                K(conv2d_grad) K(conv2d_relu_pool) K(conv2d_relu_pool_grad) K(sgd) \
-                                    K(adamw) K(sum_squares)
+    K(fill) K(accumulate) K(add_rows) K(scale) K(mul) K(gemm) K(binary) K(binary_grad) K(unary)    \
+    K(unary_grad) K(softmax) K(softmax_grad) K(check_ids) K(cross_entropy) K(cross_entropy_grad)   \
+    K(mse) K(mse_grad) K(sum) K(sum_grad) K(argmax) K(reorder) K(embedding) K(embedding_grad)      \
+    K(layer_norm) K(layer_norm_grad) K(gelu_tanh) K(gelu_tanh_grad) K(attention)                   \
+    K(attention_grad) K(batch_norm) K(batch_norm_grad) K(max_pool) K(max_pool_grad) K(avg_pool)    \
+    K(avg_pool_grad) K(adaptive_pool) K(adaptive_pool_grad) K(conv2d) K(conv2d_grad)               \
+    K(conv2d_relu_pool) K(conv2d_relu_pool_grad) K(sgd) K(adamw) K(sum_squares)
+/* clang-format on */
 
 #define CDDP__KFIELD(type, name) type name;
 #define CDDP__KSTRUCT(name)                                                                        \

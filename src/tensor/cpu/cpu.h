@@ -28,6 +28,11 @@ int cddp__cpu_blocked_size(void);
 bool cddp__cpu_conv_pool_fuses(const cddp__conv_geom *g);
 /* matmul.c: whether the gemm kernel multiplies in dtype here (cddp__kernels.computes). */
 int cddp__cpu_computes(cddp_dtype dtype, const char **how, cddp_error *err);
+/* The answers to cddp__kernels' questions, for a table of the CPU's kernels (the CPU's, and the
+ * emulated device's, which runs them). */
+#define CDDP__CPU_QUESTIONS                                                                        \
+    .blocked_size = cddp__cpu_blocked_size, .conv_pool_fuses = cddp__cpu_conv_pool_fuses,          \
+    .computes = cddp__cpu_computes
 
 /* ---- vec.c: vectorised loops -------------------------------------------------------------- */
 

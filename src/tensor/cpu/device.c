@@ -81,9 +81,7 @@ static const cddp__kernels kernels = {
 #define CDDP__CPU_SLOT(name) .name = cddp__cpu_##name,
     CDDP_KERNEL_LIST(CDDP__CPU_SLOT)
 #undef CDDP__CPU_SLOT
-        .blocked_size = cddp__cpu_blocked_size,
-    .conv_pool_fuses = cddp__cpu_conv_pool_fuses,
-    .computes = cddp__cpu_computes,
+        CDDP__CPU_QUESTIONS,
 };
 
 static cddp_device cpu = {

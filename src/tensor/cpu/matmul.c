@@ -120,15 +120,22 @@ static bool emulate(void) {
 }
 
 /* AMX or AVX512-BF16, as oneDNN will use it (DNNL_MAX_CPU_ISA applies), and the conversions' own;
- * NULL when neither. */
-static const char *native(void) {
+ * NULL when neither. Asked once: every bf16 product asks. */
+static const char *native_path;
+static pthread_once_t native_once = PTHREAD_ONCE_INIT;
+
+static void find_native(void) {
     unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
-    if (!has_avx512bf16()) return NULL;
+    if (!has_avx512bf16()) return;
     if ((isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx)
-        return "bf16 products on AMX (oneDNN's avx512_core_amx)";
-    if ((isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16)
-        return "bf16 products on AVX512-BF16 (oneDNN's avx512_core_bf16)";
-    return NULL;
+        native_path = "bf16 products on AMX (oneDNN's avx512_core_amx)";
+    else if ((isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16)
+        native_path = "bf16 products on AVX512-BF16 (oneDNN's avx512_core_bf16)";
+}
+
+static const char *native(void) {
+    pthread_once(&native_once, find_native);
+    return native_path;
 }
 
 int cddp__cpu_computes(cddp_dtype dtype, const char **how, cddp_error *err) {
@@ -261,14 +268,17 @@ static void gemm_bf16(cddp__kq *q, const cddp__k_gemm *a) {
     k.alpha = bits;
     memcpy(&bits, &a->beta, sizeof bits);
     k.beta = bits;
+    /* the primitive was made for exactly these layouts: its own are theirs */
     const cddp__dnnl_prim *p = cddp__dnnl_get(&k, sizeof k, make_mm);
-    dnnl_memory_desc_t ma, mb, mc;
-    describe(&k, &ma, &mb, &mc);
     cddp__dnnl_run(
         q, p, 3,
-        (cddp__dnnl_arg[]){{.arg = DNNL_ARG_SRC, .data = o.A, .md = &ma},
-                           {.arg = DNNL_ARG_WEIGHTS, .data = o.B, .md = &mb},
-                           {.arg = DNNL_ARG_DST, .data = a->C, .io = CDDP__DNNL_OUT, .md = &mc}});
+        (cddp__dnnl_arg[]){
+            {.arg = DNNL_ARG_SRC, .data = o.A, .md = cddp__dnnl_md(p, DNNL_ARG_SRC)},
+            {.arg = DNNL_ARG_WEIGHTS, .data = o.B, .md = cddp__dnnl_md(p, DNNL_ARG_WEIGHTS)},
+            {.arg = DNNL_ARG_DST,
+             .data = a->C,
+             .io = CDDP__DNNL_OUT,
+             .md = cddp__dnnl_md(p, DNNL_ARG_DST)}});
 }
 
 void cddp__cpu_gemm(cddp__kq *q, const cddp__k_gemm *a) {

@@ -113,9 +113,7 @@ static const cddp__kernels kernels = {
 #define EMU_SLOT(name) .name = emu_##name,
     CDDP_KERNEL_LIST(EMU_SLOT)
 #undef EMU_SLOT
-        .blocked_size = cddp__cpu_blocked_size,
-    .conv_pool_fuses = cddp__cpu_conv_pool_fuses,
-    .computes = cddp__cpu_computes,
+        CDDP__CPU_QUESTIONS,
 };
 
 /* ---- memory and copies --------------------------------------------------------------------- */
