@@ -1,4 +1,4 @@
-/* test_core.c: status codes, error messages, knobs (and their README table), logging, arena. */
+/* test_core.c: status codes, error messages, knobs (and their table in docs/LAUNCHER.md), logging, arena. */
 #include "helpers.h"
 
 static void test_status_names(void **state) {
@@ -66,7 +66,6 @@ static void test_knobs(void **state) {
     }
 }
 
-/* README.md's table of environment variables lists every knob with its default. */
 /* A Slurm step's variables: the first host of a compressed node list (leading zeros kept), the
  * port from the job and step, the step list before the job's; outside a step, nothing. */
 static void test_slurm_step(void **state) {
@@ -107,10 +106,11 @@ static void test_slurm_step(void **state) {
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
-static void test_readme_lists_every_knob(void **state) {
+/* docs/LAUNCHER.md's table of environment variables lists every knob with its default. */
+static void test_docs_list_every_knob(void **state) {
     (void)state;
     char path[4096];
-    source_path(path, sizeof path, "README.md");
+    source_path(path, sizeof path, "docs/LAUNCHER.md");
     FILE *f = fopen(path, "rb");
     assert_non_null(f);
     static char text[1 << 20];
@@ -120,7 +120,7 @@ static void test_readme_lists_every_knob(void **state) {
     for (int k = 0; k < CDDP_KNOB_COUNT; k++) {
         char row[256];
         snprintf(row, sizeof row, "| `%s` | `%s` |", cddp_knob_name(k), cddp_knob_default(k));
-        if (!strstr(text, row)) fail_msg("README.md lacks the row starting %s", row);
+        if (!strstr(text, row)) fail_msg("docs/LAUNCHER.md lacks the row starting %s", row);
     }
 }
 
@@ -213,7 +213,7 @@ static void test_alloc(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_names),  cmocka_unit_test(test_error_messages),
-        cmocka_unit_test(test_knobs),         cmocka_unit_test(test_readme_lists_every_knob),
+        cmocka_unit_test(test_knobs),         cmocka_unit_test(test_docs_list_every_knob),
         cmocka_unit_test(test_parse_numbers), cmocka_unit_test(test_logging_levels),
         cmocka_unit_test(test_arena),         cmocka_unit_test(test_alloc),
         cmocka_unit_test(test_slurm_step),

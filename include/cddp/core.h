@@ -8,7 +8,7 @@
  * while building a graph, a NULL where an object is required) abort, with file:line.
  *
  * The knobs are declared once, in CDDP_KNOB_LIST below, with their defaults and a sentence of
- * documentation; README.md lists the same table (a test checks that they agree).
+ * documentation; docs/LAUNCHER.md lists the same table (a test checks that they agree).
  */
 #ifndef CDDP_CORE_H
 #define CDDP_CORE_H

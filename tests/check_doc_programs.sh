@@ -1,34 +1,37 @@
 #!/bin/sh
-# check_readme.sh SOURCE_DIR BUILD_DIR: every C block in README.md is a complete program that
-# compiles against the built library (-Wall -Wextra -Werror) and runs as the README says: a
-# program that makes a group runs under cddprun on 2 ranks, the others alone. Then each one's
-# results are checked: the first trains (its loss falls below 0.7) and saves a checkpoint, the
-# data-parallel one trains an epoch on 2 ranks and rank 0 saves, the sharding one sees its half of
-# the data, the checkpoint-set one resumes its newest set exactly, the layout one computes the same
-# values in both layouts. CDDP_EXAMPLE_CFLAGS carries the sanitizer flags of a sanitizer build.
+# check_doc_programs.sh SOURCE_DIR BUILD_DIR: every C block in README.md and then docs/GUIDE.md
+# is a complete program that compiles against the built library (-Wall -Wextra -Werror) and runs
+# as the text says: a program that makes a group runs under cddprun on 2 ranks, the others alone.
+# Then each one's results are checked: the first trains (its loss falls below 0.7) and saves a
+# checkpoint, the data-parallel one trains an epoch on 2 ranks and rank 0 saves, the
+# checkpoint-set one resumes its newest set exactly, the sharding one sees its half of the data,
+# the GPT trains, the layout one computes the same values in both layouts. CDDP_EXAMPLE_CFLAGS
+# carries the sanitizer flags of a sanitizer build.
 set -eu
 src=$(cd "$1" && pwd); build=$(cd "$2" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+# Numbered in reading order: the README's 2, then the guide's 4.
 awk -v dir="$work" '/^```c$/ { n++; on = 1; next } /^```$/ { on = 0 } on { print > (dir "/prog" n ".c") }' \
-    "$src/README.md"
+    "$src/README.md" "$src/docs/GUIDE.md"
 count=$(ls "$work"/prog*.c 2>/dev/null | wc -l)
-[ "$count" = 6 ] || fail "README.md has $count C blocks; this test knows 6 (update it with the README)"
+[ "$count" = 6 ] || fail "README.md and docs/GUIDE.md have $count C blocks; this test knows 6 (update it with them)"
+[ "$(awk '/^```c$/' "$src/README.md" | wc -l)" = 2 ] || fail "README.md should hold 2 of the C blocks (update this test)"
 unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS RANK WORLD_SIZE
 for i in $(seq "$count"); do
     p="$work/prog$i"
-    grep -q 'int main' "$p.c" || fail "C block $i of README.md is not a complete program"
+    grep -q 'int main' "$p.c" || fail "C block $i of README.md + docs/GUIDE.md is not a complete program"
     # shellcheck disable=SC2086
     cc -std=c11 -Wall -Wextra -Werror ${CDDP_EXAMPLE_CFLAGS:-} -I"$src/include" "$p.c" -o "$p" \
-        -L"$build/lib" -lcddp -Wl,-rpath,"$build/lib" || fail "C block $i of README.md does not compile"
+        -L"$build/lib" -lcddp -Wl,-rpath,"$build/lib" || fail "C block $i of README.md + docs/GUIDE.md does not compile"
     mkdir "$p.run"
     if grep -q cddp_comm_create "$p.c"; then
         (cd "$p.run" && "$build/bin/cddprun" --standalone --nproc_per_node 2 "$p") > "$p.out" 2>&1
     else
         (cd "$p.run" && "$p") > "$p.out" 2>&1
-    fi || { cat "$p.out"; fail "C block $i of README.md failed"; }
-    echo "--- README C block $i:"; cat "$p.out"
+    fi || { cat "$p.out"; fail "C block $i of README.md + docs/GUIDE.md failed"; }
+    echo "--- C block $i:"; cat "$p.out"
 done
 # 1: a single-process epoch.
 last=$(sed -n 's/^step [0-9]*: loss \([0-9.]*\)$/\1/p' "$work/prog1.out" | tail -n 1)
@@ -60,4 +63,4 @@ echo "$line" | grep -Eq '^blocks of (8|16) channels: ' || fail "program 6 ran wi
 set -- $(echo "$line" | sed -n 's/.*outputs within \([^,]*\), weight gradients within \(.*\)$/\1 \2/p')
 awk -v a="${1:-x}" -v b="${2:-x}" 'BEGIN { exit !(a + 0 == a && b + 0 == b && a < 1e-5 && b < 1e-5) }' ||
     fail "program 6: the layouts disagree: $line"
-echo "ok: README.md's $count C programs compile and run as it says"
+echo "ok: the $count C programs of README.md and docs/GUIDE.md compile and run as they say"
