@@ -31,6 +31,7 @@ build:
 test: TESTS = ON
 test:
 	@scripts/deps.sh test
+	@scripts/pydeps.sh
 	@$(CMAKE_CONFIGURE)
 	@cmake --build $(BUILD) -j $(JOBS)
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --output-log ctest.log

@@ -27,7 +27,21 @@ bool curves_add_eval(curves *c, int64_t step, int epoch, double value) {
     return add(&c->eval, &c->neval, &c->cap_eval, step, epoch, value);
 }
 
+bool curves_tensorboard(curves *c, const char *dir, cddp_error *err) {
+    return (c->tb = cddp_summary_open(dir, err)) != NULL;
+}
+
+void curves_scalar(curves *c, const char *tag, int64_t step, double value) {
+    cddp_error err = {0};
+    if (!c->tb || cddp_summary_scalar(c->tb, tag, step, value, &err) == CDDP_OK) return;
+    fprintf(stderr, "curves: TensorBoard's file: %s; the run goes on without it\n", err.msg);
+    cddp_summary_close(c->tb, NULL);
+    c->tb = NULL;
+}
+
 void curves_free(curves *c) {
+    cddp_summary_close(c->tb, NULL);
+    c->tb = NULL;
     free(c->loss);
     free(c->eval);
     c->loss = c->eval = NULL;

@@ -12,6 +12,8 @@
 #ifndef CDDP_EXAMPLES_CURVES_H
 #define CDDP_EXAMPLES_CURVES_H
 
+#include <cddp/summary.h>
+
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -27,7 +29,14 @@ typedef struct curves {
     bool eval_is_fraction;  /* the evaluation lies in [0, 1]: shown as such */
     curve_point *loss, *eval;
     int64_t nloss, neval, cap_loss, cap_eval;
+    cddp_summary *tb; /* TensorBoard's event file, when open */
 } curves;
+
+/* Opens TensorBoard's event file in dir (created when missing); false with err saying why. */
+bool curves_tensorboard(curves *c, const char *dir, cddp_error *err);
+/* One scalar to TensorBoard (nothing without curves_tensorboard). A write that fails is said once
+ * on stderr, and the run goes on without TensorBoard. */
+void curves_scalar(curves *c, const char *tag, int64_t step, double value);
 
 /* Appends a point; false when out of memory (the point is lost, nothing else). */
 bool curves_add_loss(curves *c, int64_t step, int epoch, double loss);
@@ -37,6 +46,7 @@ void curves_load(curves *c, const char *dir);
 /* Writes dir/loss.csv, dir/eval.csv and dir/curves.svg; false with errno set when a file cannot be
  * written. */
 bool curves_save(const curves *c, const char *dir);
+/* Frees the points and closes the event file. */
 void curves_free(curves *c);
 
 #endif

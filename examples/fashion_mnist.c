@@ -49,7 +49,7 @@ typedef struct options {
     int epochs, batch, log_every, save_every, keep;
     float lr, momentum, target_acc;
     const char *optimizer, *model, *data, *save, *out, *resume, *hook, *init_from, *schedule,
-        *sample_log, *device, *dtype;
+        *sample_log, *device, *dtype, *tensorboard;
     double bucket_cap_mb;
     uint64_t seed;
     int64_t limit;
@@ -86,6 +86,8 @@ static void usage(FILE *out) {
         "  --save PATH         write a safetensors checkpoint after the last epoch\n"
         "  --out DIR           rank 0 writes checkpoint.safetensors (every epoch), metrics.csv\n"
         "                      and curves.svg here (default runs/fashion_mnist; 'none': no files)\n"
+        "  --tensorboard DIR   rank 0 also writes TensorBoard's event files to DIR: loss and\n"
+        "                      lr every step, test_accuracy and samples_per_s every epoch\n"
         "  --init-from PATH    start from a model's weights (a checkpoint or a safetensors file\n"
         "                      with the model's names): a new optimizer, epoch 0\n"
         "  --save-every N      also write the checkpoint every N steps, mid-epoch (default 0:\n"
@@ -147,6 +149,7 @@ static int parse_args(int argc, char **argv, options *o) {
                                              {"sample-log", required_argument, 0, 'G'},
                                              {"device", required_argument, 0, 'D'},
                                              {"dtype", required_argument, 0, 'P'},
+                                             {"tensorboard", required_argument, 0, 'T'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     int c;
@@ -225,6 +228,9 @@ static int parse_args(int argc, char **argv, options *o) {
             break;
         case 'P':
             o->dtype = optarg;
+            break;
+        case 'T':
+            o->tensorboard = optarg;
             break;
         case 'E':
             if ((ok = run_int(P, "--save-every", optarg, 0, INT32_MAX, &i))) o->save_every = (int)i;
@@ -529,6 +535,7 @@ int main(int argc, char **argv) {
         else
             cddp_ddp_print0(ddp, "resumed from %s after epoch %d\n", o.resume, first_epoch);
     }
+    if (rank == 0 && o.tensorboard && !curves_tensorboard(&curve, o.tensorboard, &err)) goto fail;
     char ckpt[4096] = "", csv_path[4096] = "", svg_path[4096] = "";
     if (files) {
         if (rank == 0 && run_make_dirs(o.out, &err) != CDDP_OK) goto fail;
@@ -594,6 +601,8 @@ int main(int argc, char **argv) {
             if (rank == 0) {
                 progress(&o, tty, epoch, b.index, steps, last_loss);
                 if (files) curves_add_loss(&curve, epoch * steps + b.index, epoch, last_loss);
+                curves_scalar(&curve, "loss", epoch * steps + b.index, last_loss);
+                curves_scalar(&curve, "lr", epoch * steps + b.index, (double)cddp_optim_lr(opt));
             }
         }
         if (rc < 0) goto fail;
@@ -603,6 +612,11 @@ int main(int argc, char **argv) {
         epochs_run++;
         if (evaluate(m, ctx, test_loader, cnn, group, &acc, &err) < 0) goto fail;
         cddp_ddp_print0(ddp, "epoch: %d, test accuracy: %.4f\n", epoch, acc);
+        if (rank == 0) {
+            curves_scalar(&curve, "test_accuracy", (epoch + 1) * steps - 1, acc);
+            curves_scalar(&curve, "samples_per_s", (epoch + 1) * steps - 1,
+                          epoch_s > 0 ? (double)epoch_samples * world / epoch_s : 0.0);
+        }
         if (files) { /* the checkpoint, then the metrics that point to it */
             if (save_checkpoint(ddp, group, ctx, opt, ckpt, &o, epoch + 1, (epoch + 1) * steps,
                                 (cddp_sampler_state){.epoch = epoch + 1}, &err) != CDDP_OK)

@@ -15,12 +15,14 @@
  * clips alike), an AdamW step with weight decay on the matrices only. Every eval_interval
  * iterations rank 0 prints the training and validation losses (eval_iters batches each, spread
  * over the text and shared by the ranks) and saves OUT/checkpoint.safetensors; at the end the
- * whole validation text is evaluated and rank 0 samples --sample bytes of text.
+ * whole validation text is evaluated and rank 0 samples --sample bytes of text (after --prompt),
+ * a token at a time with the model's key/value cache (cddp_gpt_generate).
  */
 #include <cddp/cddp.h>
 
 #include "curves.h"
 #include "run.h"
+#include "text.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -40,7 +42,7 @@ typedef struct options {
     int64_t eval_interval, eval_iters, final_eval, log_interval, sample, stride, top_k, save_every,
         keep;
     double lr, min_lr, weight_decay, grad_clip, beta1, beta2, temperature;
-    const char *data, *out, *resume, *init_from, *device, *dtype;
+    const char *data, *out, *resume, *init_from, *device, *dtype, *prompt, *tensorboard;
     uint64_t seed;
     bool json, zero;
 } options;
@@ -94,12 +96,17 @@ static void usage(FILE *out) {
         "  --resume[=PATH]     continue from a checkpoint: a file, a set, or a folder of sets\n"
         "                      (its newest complete set) (default OUT/checkpoint.safetensors,\n"
         "                      with --keep OUT/checkpoints)\n"
-        "  --init_from PATH    start from a model's weights (a checkpoint, or a safetensors\n"
-        "                      file with the model's names, PyTorch's state_dict): a fresh\n"
-        "                      optimizer, iteration 0\n"
+        "  --init_from PATH    start from a model's weights, of its shape: a checkpoint,\n"
+        "                      nanoGPT's or Hugging Face's GPT-2 safetensors (n_head from\n"
+        "                      config.json beside it, else --n_head), or llm.c's model file\n"
+        "                      (gpt2_124M.bin); a fresh optimizer, iteration 0\n"
         "  --sample N          rank 0 ends by writing N bytes of generated text (default 200)\n"
-        "  --temperature X     sampling temperature (default 0.8)\n"
+        "  --prompt TEXT       ... after this text (default: from a newline)\n"
+        "  --temperature X     sampling temperature (default 0.8; 0: the likeliest byte)\n"
         "  --top_k N           sample among the N likeliest tokens (default 200; 0: all)\n"
+        "  --tensorboard DIR   rank 0 also writes TensorBoard's event files to DIR: loss,\n"
+        "                      lr and tokens_per_s every iteration, train_loss and val_loss\n"
+        "                      at each evaluation\n"
         "  --json              end with one JSON line of results\n"
         "  -h, --help          show this help\n");
 }
@@ -167,10 +174,12 @@ static int parse_args(int argc, char **argv, options *o) {
         {"grad_clip", 'f', &o->grad_clip, 0, 1e6, false},
         {"beta1", 'f', &o->beta1, 0, 1, false},
         {"beta2", 'f', &o->beta2, 0, 1, false},
-        {"temperature", 'f', &o->temperature, 0, 100, true},
+        {"temperature", 'f', &o->temperature, 0, 100, false},
         {"data", 's', &o->data, 0, 0, false},
         {"out", 's', &o->out, 0, 0, false},
         {"init_from", 's', &o->init_from, 0, 0, false},
+        {"prompt", 's', &o->prompt, 0, 0, false},
+        {"tensorboard", 's', &o->tensorboard, 0, 0, false},
         {"device", 's', &o->device, 0, 0, false},
         {"dtype", 's', &o->dtype, 0, 0, false},
     };
@@ -242,7 +251,6 @@ static int parse_args(int argc, char **argv, options *o) {
         {o->weight_decay < 0 || o->grad_clip < 0, "--weight_decay and --grad_clip must be >= 0"},
         {!(o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1),
          "--beta1 and --beta2 must be in [0, 1)"},
-        {!(o->temperature > 0), "--temperature must be > 0"},
         {o->vocab_size < 0 || o->vocab_size > 65536, "--vocab_size must be in [1, 65536]"},
     };
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
@@ -357,86 +365,6 @@ static int mean_loss(cddp_model *m, cddp_ctx *ctx, cddp_comm *group, cddp_datase
     return CDDP_OK;
 }
 
-/* ---- sampling ----------------------------------------------------------------------------- */
-
-static int by_prob_desc(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x < y) - (x > y);
-}
-
-/* Writes n generated tokens after a newline: the last block_size tokens in, the next token drawn
- * from the softmax of the last position's logits / temperature, among the top_k likeliest. */
-static int sample_text(cddp_model *m, cddp_ctx *ctx, const options *o, int64_t vocab, FILE *out,
-                       cddp_error *err) {
-    int64_t *ids = malloc(sizeof(int64_t) * (size_t)(o->sample + 1));
-    float *p = malloc(sizeof(float) * (size_t)vocab),
-          *sorted = malloc(sizeof(float) * (size_t)vocab),
-          *row = malloc(sizeof(float) * (size_t)vocab);
-    if (!ids || !p || !sorted || !row) {
-        free(ids);
-        free(p);
-        free(sorted);
-        free(row);
-        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
-    }
-    cddp_rng rng;
-    cddp_rng_seed(&rng, o->seed + 7);
-    bool grad = cddp_ctx_set_grad_enabled(ctx, false);
-    cddp_model_set_training(m, false);
-    ids[0] = vocab > '\n' ? '\n' : 0;
-    int rc = CDDP_OK;
-    for (int64_t n = 1; n <= o->sample; n++) {
-        int64_t T = n < o->block_size ? n : o->block_size;
-        cddp_ctx_reset(ctx);
-        cddp_tensor *logits = cddp_model_forward(
-            m, ctx, cddp_from_host(ctx, CDDP_I64, 2, (int64_t[]){1, T}, ids + n - T));
-        if (!logits) {
-            rc = cddp_error_set(err, cddp_ctx_status(ctx), "%s", cddp_ctx_error(ctx));
-            break;
-        }
-        const float *last = cddp_f32(logits) + (T - 1) * vocab;
-        if (!cddp_device_host_accessible(logits->device)) { /* the last row, copied back */
-            rc =
-                cddp_device_download(logits->device, row, last, sizeof(float) * (size_t)vocab, err);
-            if (rc != CDDP_OK) break;
-            last = row;
-        }
-        float top = -INFINITY, floor = -INFINITY;
-        for (int64_t v = 0; v < vocab; v++) top = fmaxf(top, last[v]);
-        if (o->top_k > 0 && o->top_k < vocab) {
-            memcpy(sorted, last, sizeof(float) * (size_t)vocab);
-            qsort(sorted, (size_t)vocab, sizeof(float), by_prob_desc);
-            floor = sorted[o->top_k - 1];
-        }
-        double z = 0;
-        for (int64_t v = 0; v < vocab; v++) {
-            p[v] = last[v] < floor ? 0.0f : expf((float)((last[v] - top) / o->temperature));
-            z += p[v];
-        }
-        double u = cddp_rng_uniform(&rng) * z, acc = 0;
-        int64_t pick = vocab - 1;
-        for (int64_t v = 0; v < vocab; v++)
-            if ((acc += p[v]) > u && p[v] > 0) {
-                pick = v;
-                break;
-            }
-        ids[n] = pick;
-        if (vocab <= 256)
-            fputc((int)pick, out);
-        else
-            fprintf(out, "%" PRId64 " ", pick);
-    }
-    fputc('\n', out);
-    cddp_ctx_reset(ctx);
-    cddp_ctx_set_grad_enabled(ctx, grad);
-    cddp_model_set_training(m, true);
-    free(ids);
-    free(p);
-    free(sorted);
-    free(row);
-    return rc;
-}
-
 /* ---- the run ------------------------------------------------------------------------------ */
 
 /* Seconds spent in each part of an iteration, summed over the timed iterations. */
@@ -467,21 +395,17 @@ static int save(cddp_ddp *ddp, cddp_optim *opt, const char *path, const options 
 }
 
 /* Reads the checkpoint's model shape into o, so that --resume needs no model options. */
+/* The GPT's shape in a checkpoint or a file of weights (cddp_gpt_config_read) into the options. */
 static int peek_shape(const char *path, options *o, cddp_error *err) {
-    cddp_safetensors *f = cddp_checkpoint_metadata(path, err);
-    if (!f) return err->code;
-    struct {
-        const char *key;
-        int64_t *at;
-    } keys[] = {{"n_layer", &o->n_layer},
-                {"n_head", &o->n_head},
-                {"n_embd", &o->n_embd},
-                {"block_size", &o->block_size},
-                {"vocab_size", &o->vocab_size}};
-    int rc = CDDP_OK;
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0] && !rc; i++)
-        rc = run_meta_int(f, path, keys[i].key, 1, 1 << 20, *keys[i].at, keys[i].at, err);
-    cddp_safetensors_destroy(f);
+    cddp_gpt_config g = {.n_head = o->n_head};
+    int rc = cddp_gpt_config_read(path, &g, err);
+    if (rc == CDDP_OK) {
+        o->vocab_size = g.vocab_size;
+        o->block_size = g.block_size;
+        o->n_layer = g.n_layer;
+        o->n_head = g.n_head;
+        o->n_embd = g.n_embd;
+    }
     return rc;
 }
 
@@ -521,7 +445,7 @@ int main(int argc, char **argv) {
             goto fail;
         if (peek_shape(resume_path, &o, &err) != CDDP_OK) goto fail;
     }
-    if (o.init_from) { /* a cddp checkpoint says its shape; a file of weights alone does not */
+    if (o.init_from) { /* its shape, from the file (a file of weights alone: n_head as given) */
         if (peek_shape(o.init_from, &o, &err) != CDDP_OK) goto fail;
     }
 
@@ -576,7 +500,7 @@ int main(int argc, char **argv) {
 
     int64_t iter = 0;
     if (o.init_from) {
-        if (cddp_ddp_load(ddp, o.init_from, NULL, NULL, &err) != CDDP_OK) goto fail;
+        if (cddp_gpt_load_weights(m, o.init_from, &err) != CDDP_OK) goto fail;
         cddp_ddp_print0(ddp, "initialised from %s (weights only: a new optimizer, iteration 0)\n",
                         o.init_from);
     }
@@ -610,12 +534,13 @@ int main(int argc, char **argv) {
         if (cddp_sampler_set_state(sampler, st, &err) != CDDP_OK) goto fail;
         cddp_ddp_print0(ddp, "resumed from %s at iteration %" PRId64 "\n", resume_path, iter);
     }
+    if (rank == 0 && o.tensorboard && !curves_tensorboard(&curve, o.tensorboard, &err)) goto fail;
     if (files) {
         if (rank == 0 && run_make_dirs(o.out, &err) != CDDP_OK) goto fail;
         if (rank == 0 && o.resume) { /* the curves so far, up to the checkpoint's iteration */
             curves_load(&curve, o.out);
             while (curve.nloss && curve.loss[curve.nloss - 1].step >= iter) curve.nloss--;
-            while (curve.neval && curve.eval[curve.neval - 1].step >= iter) curve.neval--;
+            while (curve.neval && curve.eval[curve.neval - 1].step > iter) curve.neval--;
         }
     }
     int64_t params = (int64_t)cddp_model_numel(m);
@@ -654,6 +579,10 @@ int main(int argc, char **argv) {
             cddp_ddp_print0(ddp, "step %" PRId64 ": train loss %.4f, val loss %.4f%s\n", iter,
                             train_loss, val_loss,
                             last && !o.final_eval ? " (the whole validation text)" : "");
+            if (rank == 0 && iter > first) { /* as eval.csv: not again at a resumed iteration */
+                curves_scalar(&curve, "train_loss", iter, train_loss);
+                curves_scalar(&curve, "val_loss", iter, val_loss);
+            }
             if (files && iter > first) {
                 if (save(ddp, opt, ckpt, &o, iter, cddp_sampler_get_state(sampler), world, &err))
                     goto fail;
@@ -729,7 +658,14 @@ int main(int argc, char **argv) {
                            last_loss, iter, o.lr);
             goto fail;
         }
-        if (rank == 0 && files) curves_add_loss(&curve, iter, 0, last_loss);
+        if (rank == 0) {
+            if (files) curves_add_loss(&curve, iter, 0, last_loss);
+            curves_scalar(&curve, "loss", iter, last_loss);
+            curves_scalar(&curve, "lr", iter, (double)cddp_optim_lr(opt));
+            curves_scalar(&curve, "tokens_per_s", iter,
+                          t1 > t0 ? (double)(o.grad_accum * o.batch_size * T * world) / (t1 - t0)
+                                  : 0.0);
+        }
         if (o.log_interval && iter % o.log_interval == 0)
             cddp_ddp_print0(ddp, "iter %" PRId64 ": loss %.4f, time %.1fms, lr %.2e\n", iter,
                             last_loss, (t1 - t0) * 1e3, (double)cddp_optim_lr(opt));
@@ -737,9 +673,15 @@ int main(int argc, char **argv) {
     if (files && rank == 0)
         printf("checkpoint: %s\ncurves: %s/curves.svg (loss.csv, eval.csv)\n", ckpt, o.out);
     if (rank == 0 && o.sample > 0) {
-        printf("sample (%" PRId64 " bytes, temperature %.2f, top_k %" PRId64 "):\n", o.sample,
-               o.temperature, o.top_k);
-        if (sample_text(m, ctx, &o, o.vocab_size, stdout, &err) != CDDP_OK) goto fail;
+        printf("sample (%" PRId64 " %s, temperature %.2f, top_k %" PRId64 "):\n", o.sample,
+               o.vocab_size == 256 ? "bytes" : "tokens", o.temperature, o.top_k);
+        text_sample_options ts = {.prompt = o.prompt,
+                                  .n = o.sample,
+                                  .top_k = o.top_k,
+                                  .vocab_size = o.vocab_size,
+                                  .temperature = o.temperature,
+                                  .seed = o.seed + 7};
+        if (text_sample(m, ctx, &ts, stdout, &err) != CDDP_OK) goto fail;
     }
     fflush(stdout);
     if (o.json && rank == 0) {

@@ -441,6 +441,51 @@ static int write_interop(const char *path) {
     return 0;
 }
 
+/* TensorBoard's event files (cddp/summary.h): each record is its length, the length's masked
+ * CRC-32C, the data and the data's masked CRC-32C (TensorBoard's reader checks the CRCs:
+ * tests/tools/tensorboard_test.sh); the first event holds the file's version, a scalar's its tag
+ * and value; bad tags and folders are refused with the reason. */
+static void test_summary_writer(void **state) {
+    (void)state;
+    char dir[] = "/tmp/cddp_summary_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char sub[600];
+    snprintf(sub, sizeof sub, "%s/a/b", dir);
+    cddp_error err = {0};
+    cddp_summary *s = cddp_summary_open(sub, &err); /* parents made */
+    assert_non_null(s);
+    assert_int_equal(cddp_summary_scalar(s, "loss", 7, 2.5, &err), CDDP_OK);
+    assert_int_equal(cddp_summary_scalar(s, "", 7, 2.5, &err), CDDP_EINVAL);
+    assert_non_null(strstr(err.msg, "tag"));
+    char path[512];
+    snprintf(path, sizeof path, "%s", cddp_summary_path(s));
+    assert_non_null(strstr(path, "/events.out.tfevents."));
+    assert_int_equal(cddp_summary_close(s, &err), CDDP_OK);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    unsigned char buf[256];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    /* record 1: an event of 9 (wall time) + 15 (file_version "brain.Event:2") bytes */
+    assert_true(n > 12 + 24 + 4);
+    assert_int_equal(buf[0], 24);
+    assert_memory_equal(buf + 12 + 11, "brain.Event:2", 13);
+    /* record 2: its event ends in the Summary's value {tag "loss", simple_value 2.5f} */
+    size_t r2 = 12 + 24 + 4, len2 = buf[r2];
+    float v;
+    memcpy(&v, buf + r2 + 12 + len2 - 4, 4);
+    assert_true(v == 2.5f);
+    assert_memory_equal(buf + r2 + 12 + len2 - 9, "loss", 4);
+    assert_int_equal(n, r2 + 12 + len2 + 4);
+    /* a folder under a file: refused, naming the file */
+    snprintf(sub, sizeof sub, "%s/x", path);
+    assert_null(cddp_summary_open(sub, &err));
+    assert_non_null(strstr(err.msg, "events.out.tfevents."));
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--write-interop") == 0) return write_interop(argv[2]);
     const struct CMUnitTest tests[] = {
@@ -452,6 +497,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_failed_write_leaves_nothing),
         cmocka_unit_test(test_killed_writer_never_tears_the_file),
         cmocka_unit_test(test_reads_python_written_files),
+        cmocka_unit_test(test_summary_writer),
     };
     return cmocka_run_group_tests(tests, temp_dir_setup, temp_dir_teardown);
 }

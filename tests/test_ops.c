@@ -1027,6 +1027,42 @@ static void test_views(void **state) {
     assert_true(HOST(x)[5] == 3.0f);
 }
 
+/* Attention with a key/value cache, fed a sequence in pieces (a prompt of 4 positions, then 1,
+ * then the other 6), gives every position the output the whole sequence's attention gives it. */
+static void test_attention_cached(void **state) {
+    (void)state;
+    enum { B = 2, T = 11, NH = 2, C = 8 };
+    static float qkv[B][T][3 * C];
+    cddp_rng rng;
+    cddp_rng_seed(&rng, 5);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < 3 * C; c++) qkv[b][t][c] = 2 * cddp_rng_uniform(&rng) - 1;
+    cddp_ctx_reset(ctx);
+    bool grad = cddp_ctx_set_grad_enabled(ctx, false);
+    cddp_tensor *full =
+        cddp_attention(ctx, cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(B, T, 3 * C), qkv), NH);
+    cddp_tensor *cache = cddp_zeros(ctx, CDDP_F32, CDDP_SHAPE(B, T, 2 * C));
+    const int pieces[][2] = {{0, 4}, {4, 5}, {5, 11}};
+    for (int i = 0; i < 3; i++) {
+        int from = pieces[i][0], n = pieces[i][1] - from;
+        float flat[B * T * 3 * C]; /* (B, n, 3C): positions from..from+n-1 */
+        for (int b = 0; b < B; b++)
+            memcpy(flat + b * n * 3 * C, qkv[b][from], sizeof(float) * n * 3 * C);
+        cddp_tensor *out = cddp_attention_cached(
+            ctx, cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(B, n, 3 * C), flat), NH, cache, from);
+        assert_non_null(out);
+        assert_int_equal(out->shape[1], n);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < n; t++)
+                for (int c = 0; c < C; c++)
+                    assert_float_equal(cddp_get(out, (b * n + t) * C + c),
+                                       cddp_get(full, (b * T + from + t) * C + c), 1e-6);
+    }
+    assert_false(cddp_ctx_failed(ctx));
+    cddp_ctx_set_grad_enabled(ctx, grad);
+}
+
 static void test_no_grad_records_nothing(void **state) {
     (void)state;
     cddp_ctx_reset(ctx);
@@ -1066,6 +1102,7 @@ int main(void) {
         cmocka_unit_test(test_argmax_and_accuracy),
         cmocka_unit_test(test_views),
         cmocka_unit_test(test_no_grad_records_nothing),
+        cmocka_unit_test(test_attention_cached),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

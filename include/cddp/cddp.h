@@ -8,6 +8,7 @@
 #include "cddp/nn.h"
 #include "cddp/optim.h"
 #include "cddp/checkpoint.h"
+#include "cddp/summary.h"
 #include "cddp/data.h"
 #include "cddp/launch.h"
 #include "cddp/net.h"

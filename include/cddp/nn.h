@@ -282,6 +282,33 @@ CDDP_API int cddp_model_shard_sum(cddp_model *m, double *value, cddp_error *err)
  * (programmer error); data errors latch in ctx. The model must be built and have modules. */
 CDDP_API cddp_tensor *cddp_model_forward(cddp_model *m, cddp_ctx *ctx, cddp_tensor *x);
 
+/* The shape of the first GPT (cddp_nn_gpt) in m into *config: CDDP_OK, or CDDP_EINVAL when m
+ * holds none. */
+CDDP_API int cddp_model_gpt_config(const cddp_model *m, cddp_gpt_config *config);
+/* Generating text with a GPT (the first cddp_nn_gpt module in m): n new tokens after the prompt's
+ * n_prompt (at least one), each drawn from the softmax of the last position's logits divided by
+ * the temperature, among the top_k likeliest, into out[0..n). Each block keeps the keys and values
+ * of the positions it has seen (a key/value cache), so a new token costs one position, not the
+ * whole prefix. The context is the last block_size tokens, as nanoGPT's generate crops it: once
+ * the text is longer, every position moves and each token costs the whole window again. Runs on
+ * the model's device in ctx (NULL: a context of its own), which it resets at every token and
+ * leaves with gradients as they were; the model is in evaluation mode while it runs. Draws from
+ * rng (NULL: a generator seeded with 0). CDDP_EINVAL for a prompt token outside the vocabulary, a
+ * model without a GPT or a bad option; a failure of an op is returned with its message. */
+typedef struct cddp_gpt_sampling {
+    float temperature; /* > 0; 0 takes the likeliest token every time (greedy) */
+    int64_t top_k;     /* draw among the top_k likeliest tokens; 0: among all */
+    bool no_cache;     /* recompute the whole context for every token (for checking the cache) */
+    /* Called with each new token as it is drawn (to print as it comes); may be NULL. */
+    void (*on_token)(int64_t token, void *user);
+    void *user;
+} cddp_gpt_sampling;
+/* temperature 1, every token: the model's own distribution, with the cache. */
+CDDP_API cddp_gpt_sampling cddp_gpt_sampling_defaults(void);
+CDDP_API int cddp_gpt_generate(cddp_model *m, cddp_ctx *ctx, const int64_t *prompt,
+                               int64_t n_prompt, int64_t n, const cddp_gpt_sampling *sampling,
+                               cddp_rng *rng, int64_t *out, cddp_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -379,6 +379,15 @@ CDDP_API cddp_tensor *cddp_gelu_tanh(cddp_ctx *ctx, cddp_tensor *x);
  * softmax(q k^T / sqrt(C / n_head)) with every position's future masked, times v; the heads side
  * by side -> (B, T, C). Keeps the attention weights (B * n_head * T * T floats) for backward. */
 CDDP_API cddp_tensor *cddp_attention(cddp_ctx *ctx, cddp_tensor *qkv, int n_head);
+/* Causal self-attention for generation, with a key/value cache: qkv (B, T, 3C) holds the
+ * projections of positions past..past+T-1 of each sequence; their keys and values are stored into
+ * cache (B, L, 2C: a position's key, then its value), whose positions 0..past-1 hold the earlier
+ * ones' (from earlier calls on the same cache), and each new position
+ * attends to the positions up to its own, so a token costs one position, not the whole prefix.
+ * Returns (B, T, C), as cddp_attention would for the whole sequence's last T positions. No
+ * gradient: gradients must be off (cddp_ctx_set_grad_enabled); past + T must fit L. */
+CDDP_API cddp_tensor *cddp_attention_cached(cddp_ctx *ctx, cddp_tensor *qkv, int n_head,
+                                            cddp_tensor *cache, int64_t past);
 
 /* Index of the largest element along the last dimension (first one on ties) -> int64 tensor
  * with the last dimension removed. Not differentiable. */

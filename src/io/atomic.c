@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,5 +96,27 @@ int cddp__atomic_close(cddp__atomic_file *af, int rc, cddp_error *err) {
         return rc;
     }
     sync_folder(af->path);
+    return CDDP_OK;
+}
+
+/* mkdir -p */
+int cddp__make_dirs(const char *path, cddp_error *err) {
+    char buf[4096];
+    int n = snprintf(buf, sizeof buf, "%s", path);
+    if (n <= 0 || (size_t)n >= sizeof buf)
+        return cddp_error_set(err, CDDP_EINVAL, "%s: path too long", path);
+    for (char *p = buf + 1;; p++) {
+        char c = *p;
+        if (c != '/' && c != '\0') continue;
+        *p = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+            return cddp_error_set(err, CDDP_EIO, "cannot create the folder %s: %s", buf,
+                                  strerror(errno));
+        *p = c;
+        if (!c) break;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return cddp_error_set(err, CDDP_EIO, "%s exists and is not a folder", path);
     return CDDP_OK;
 }

@@ -30,28 +30,6 @@ static void sync_dir(const char *dir) {
     }
 }
 
-/* mkdir -p */
-static int make_dirs(const char *path, cddp_error *err) {
-    char buf[4096];
-    int n = snprintf(buf, sizeof buf, "%s", path);
-    if (n <= 0 || (size_t)n >= sizeof buf)
-        return cddp_error_set(err, CDDP_EINVAL, "%s: path too long", path);
-    for (char *p = buf + 1;; p++) {
-        char c = *p;
-        if (c != '/' && c != '\0') continue;
-        *p = '\0';
-        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-            return cddp_error_set(err, CDDP_EIO, "cannot create the folder %s: %s", buf,
-                                  strerror(errno));
-        *p = c;
-        if (!c) break;
-    }
-    struct stat st;
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
-        return cddp_error_set(err, CDDP_EIO, "%s exists and is not a folder", path);
-    return CDDP_OK;
-}
-
 int cddp_ckpt_set_path(const char *root, int64_t step, char *dir, size_t cap, cddp_error *err) {
     if (step < 0) return cddp_error_set(err, CDDP_EINVAL, "a set's step must be >= 0");
     int n = snprintf(dir, cap, "%s/step-%08" PRId64, root, step);
@@ -62,7 +40,7 @@ int cddp_ckpt_set_path(const char *root, int64_t step, char *dir, size_t cap, cd
 
 int cddp_ckpt_set_prepare(const char *root, int64_t step, char *dir, size_t cap, cddp_error *err) {
     CDDP_TRY(cddp_ckpt_set_path(root, step, dir, cap, err));
-    CDDP_TRY(make_dirs(dir, err));
+    CDDP_TRY(cddp__make_dirs(dir, err));
     char manifest[4200];
     snprintf(manifest, sizeof manifest, "%s/" CDDP_CKPT_MANIFEST, dir);
     if (unlink(manifest) == 0) {

@@ -30,6 +30,8 @@ int cddp__atomic_open(cddp__atomic_file *af, const char *path, cddp_error *err);
 int cddp__atomic_write(cddp__atomic_file *af, const void *data, size_t bytes, cddp_error *err);
 /* Commits when rc is CDDP_OK, discards otherwise; returns the final status. */
 int cddp__atomic_close(cddp__atomic_file *af, int rc, cddp_error *err);
+/* mkdir -p path: CDDP_OK when it is a folder now. */
+int cddp__make_dirs(const char *path, cddp_error *err);
 
 /* cddp_safetensors_write that also returns the file's size and CRC-32 (either may be NULL). */
 int cddp__safetensors_write(const char *path, const cddp_st_tensor *tensors, int n,

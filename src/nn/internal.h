@@ -8,6 +8,8 @@
  *   layers.c  the built-in modules: Linear, Conv2d, MaxPool2d, the activations, Dropout,
  *             Flatten, BatchNorm, Sequential
  *   model.c   the model object: its root module, build, mode, hooks and step events
+ *   resnet.c, transformer.c   the ResNet and the GPT, as modules of modules
+ *   generate.c   text from a GPT, a token at a time with a key/value cache
  *
  * Before build a model is a list of parameter and buffer declarations (name, shape,
  * initialiser), which modules make as they join it and keep by index. Build lays them out back to
@@ -111,5 +113,14 @@ cddp_module *cddp__nn_conv2d_blocked(int64_t in, int64_t out, int kernel, int st
  * BatchNorm. */
 cddp_tensor *cddp__nn_batch_norm_relu(cddp_module *bn, cddp_ctx *ctx, cddp_tensor *x,
                                       cddp_tensor *residual);
+
+/* ---- transformer.c ------------------------------------------------------------------------ */
+
+/* The first GPT (cddp_nn_gpt) in m's tree, depth first, and its shape in *config; NULL if none. */
+const cddp_module *cddp__gpt_find(const cddp_module *m, const cddp_gpt_config **config);
+/* The GPT's logits (1, T, vocab) for idx (1, T) at positions past..past+T-1, given caches[l]
+ * (1, L, 2 n_embd) holding positions 0..past-1 of block l; adds the new positions to them. */
+cddp_tensor *cddp__gpt_forward_cached(const cddp_module *gpt, cddp_ctx *ctx, cddp_tensor *idx,
+                                      int64_t past, cddp_tensor *const *caches);
 
 #endif

@@ -94,22 +94,27 @@ static cddp_module *block(const cddp_gpt_config *g) {
 
 /* ---- the GPT ----------------------------------------------------------------------------- */
 
-/* idx (B, T) -> the final LayerNorm's output (B, T, C). */
-static cddp_tensor *transformer_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *idx) {
-    const cddp_gpt_config *g = cddp_module_state(self);
-    CDDP_CHECK(idx->ndim == 2, "GPT: idx must be (B,T), got %d dimensions", idx->ndim);
+/* The token and position embeddings of idx (B, T) at positions past..past+T-1: (B, T, C). */
+static cddp_tensor *embed(cddp_module *tr, cddp_ctx *ctx, cddp_tensor *idx, int64_t past) {
     int64_t T = idx->shape[1];
-    CDDP_CHECK(T <= g->block_size, "GPT: a sequence of %lld tokens is longer than block_size %lld",
-               (long long)T, (long long)g->block_size);
     int64_t *at = cddp_arena_alloc(cddp_ctx_arena(ctx), (size_t)T * sizeof *at, NULL);
     if (!at) {
         cddp_ctx_fail(ctx, CDDP_ENOMEM, "GPT: out of memory for %lld positions", (long long)T);
         return NULL;
     }
-    for (int64_t t = 0; t < T; t++) at[t] = t;
+    for (int64_t t = 0; t < T; t++) at[t] = past + t;
     cddp_tensor *pos = cddp_to(ctx, cddp_from_data(ctx, CDDP_I64, 1, &T, at), idx->device);
-    cddp_tensor *x = cddp_add(ctx, run(self, 0, ctx, idx), run(self, 1, ctx, pos));
-    return run(self, 3, ctx, run(self, 2, ctx, x));
+    return cddp_add(ctx, run(tr, 0, ctx, idx), run(tr, 1, ctx, pos));
+}
+
+/* idx (B, T) -> the final LayerNorm's output (B, T, C). */
+static cddp_tensor *transformer_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *idx) {
+    const cddp_gpt_config *g = cddp_module_state(self);
+    CDDP_CHECK(idx->ndim == 2, "GPT: idx must be (B,T), got %d dimensions", idx->ndim);
+    CDDP_CHECK(idx->shape[1] <= g->block_size,
+               "GPT: a sequence of %lld tokens is longer than block_size %lld",
+               (long long)idx->shape[1], (long long)g->block_size);
+    return run(self, 3, ctx, run(self, 2, ctx, embed(self, ctx, idx, 0)));
 }
 
 static const cddp_module_type transformer_type = {"Transformer", NULL, transformer_forward, free};
@@ -126,6 +131,40 @@ static int gpt_declare(cddp_module *self) {
 }
 
 static const cddp_module_type gpt_type = {"GPT", gpt_declare, gpt_forward, NULL};
+
+/* ---- generation: the forward of new positions with a key/value cache --------------------- */
+
+const cddp_module *cddp__gpt_find(const cddp_module *m, const cddp_gpt_config **config) {
+    if (!m) return NULL;
+    if (m->type == &gpt_type) {
+        *config = cddp_module_state(child(m, 0));
+        return m;
+    }
+    for (int i = 0; i < m->nchildren; i++) {
+        const cddp_module *g = cddp__gpt_find(m->children[i], config);
+        if (g) return g;
+    }
+    return NULL;
+}
+
+/* As gpt_forward for idx (1, T) at positions past..past+T-1, each block's attention reading the
+ * earlier positions' keys and values from caches[l] and adding the new ones'. */
+cddp_tensor *cddp__gpt_forward_cached(const cddp_module *gpt, cddp_ctx *ctx, cddp_tensor *idx,
+                                      int64_t past, cddp_tensor *const *caches) {
+    cddp_module *tr = child(gpt, 0), *h = child(tr, 2);
+    cddp_tensor *x = embed(tr, ctx, idx, past);
+    for (int l = 0; l < cddp_module_num_children(h); l++) {
+        cddp_module *b = child(h, l), *attn = child(b, 1);
+        const heads *hd = cddp_module_state(attn);
+        cddp_tensor *qkv = run(attn, 0, ctx, run(b, 0, ctx, x));
+        x = cddp_add(
+            ctx, x,
+            run(attn, 1, ctx, cddp_attention_cached(ctx, qkv, hd->n_head, caches[l], past)));
+        x = cddp_add(ctx, x, run(b, 3, ctx, run(b, 2, ctx, x)));
+    }
+    cddp_tensor *wte = cddp_module_get_param(child(tr, 0), 0);
+    return cddp_linear(ctx, run(tr, 3, ctx, x), wte, NULL);
+}
 
 cddp_module *cddp_nn_gpt(const cddp_gpt_config *config) {
     cddp_gpt_config g = *config;

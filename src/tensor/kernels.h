@@ -184,6 +184,13 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 #define CDDP__KA_attention(F)                                                                      \
     F(const float *, qkv)                                                                          \
     F(float *, out) F(float *, p) F(int64_t, B) F(int64_t, T) F(int64_t, C) F(int64_t, NH)
+/* causal self-attention with a key/value cache (generation): the keys and values of qkv (B,T,3C),
+ * the projections of positions past..past+T-1, are copied into cache (B,L,2C) at those positions,
+ * and each query attends to the cache's rows up to its own, into out (B,T,C) */
+#define CDDP__KA_attention_cached(F)                                                               \
+    F(const float *, qkv)                                                                          \
+    F(float *, cache) F(float *, out) F(int64_t, B) F(int64_t, T) F(int64_t, C) F(int64_t, NH)     \
+        F(int64_t, past) F(int64_t, L)
 /* dqkv from dout (every element written: stored when assign, else added) */
 #define CDDP__KA_attention_grad(F)                                                                 \
     F(const float *, qkv)                                                                          \
@@ -281,8 +288,9 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
     K(unary_grad) K(softmax) K(softmax_grad) K(check_ids) K(cross_entropy) K(cross_entropy_grad)   \
     K(mse) K(mse_grad) K(sum) K(sum_grad) K(argmax) K(reorder) K(embedding) K(embedding_grad)      \
     K(layer_norm) K(layer_norm_grad) K(gelu_tanh) K(gelu_tanh_grad) K(attention)                   \
-    K(attention_grad) K(batch_norm) K(batch_norm_grad) K(max_pool) K(max_pool_grad) K(avg_pool)    \
-    K(avg_pool_grad) K(adaptive_pool) K(adaptive_pool_grad) K(conv2d) K(conv2d_grad)               \
+    K(attention_cached) K(attention_grad) K(batch_norm) K(batch_norm_grad) K(max_pool)             \
+    K(max_pool_grad) K(avg_pool) K(avg_pool_grad) K(adaptive_pool) K(adaptive_pool_grad)           \
+    K(conv2d) K(conv2d_grad)                                                                       \
     K(conv2d_relu_pool) K(conv2d_relu_pool_grad) K(sgd) K(adamw) K(sum_squares)
 /* clang-format on */
 

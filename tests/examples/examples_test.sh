@@ -413,6 +413,41 @@ PYEOF
     [ -n "$va" ] && [ "$va" = "$vb" ] || fail "validation loss $vb from the weights, $va where they were trained"
     run --nproc_per_node 2 $GPT --max_iters 10 --out none --init_from weights.safetensors > c.out 2>&1 \
         || { cat c.out; fail "training from the weights failed"; }
+    # The same model in Hugging Face's layout (Conv1D's transposed weights, config.json) and in
+    # llm.c's model file (tests/reference/make_gpt_weights.py follows the published layouts).
+    $PY "$CDDP_SOURCE_DIR/tests/reference/make_gpt_weights.py" --convert a/checkpoint.safetensors 2 foreign ||
+        fail "cannot convert the checkpoint"
+    for f in foreign/hf/model.safetensors foreign/gpt2.bin; do
+        run --nproc_per_node 2 $GPT --max_iters 0 --out none --init_from "$f" > f.out 2>&1 \
+            || { cat f.out; fail "--init_from $f failed"; }
+        vf=$(json_of f.out val_loss)
+        [ "$vf" = "$va" ] || fail "validation loss $vf from $f, $va where the weights were trained"
+    done
+    # gpt_generate prints the same greedy text from each of the three files, with the cache and
+    # without.
+    gen() { "$build/bin/gpt_generate" "$@" --tokens 40 --temperature 0 --prompt "Q: " 2>/dev/null; }
+    gen a/checkpoint.safetensors > g1.out || fail "gpt_generate from the checkpoint failed"
+    gen foreign/hf/model.safetensors > g2.out || fail "gpt_generate from Hugging Face's layout failed"
+    gen foreign/gpt2.bin --no_cache > g3.out || fail "gpt_generate from llm.c's file failed"
+    [ "$(wc -c < g1.out)" -gt 40 ] && cmp -s g1.out g2.out && cmp -s g1.out g3.out ||
+        fail "gpt_generate's text differs between the layouts: $(cat g1.out g2.out g3.out)"
+    # Through llm.c's tokenizer file (version 2; here token i is the byte i twice): the same
+    # tokens, each printed as the file says; a truncated tokenizer is refused, named.
+    $PY - <<'PYEOF' || fail "cannot write the tokenizer files"
+import struct
+head = struct.pack("<4I", 20240328, 2, 256, 10) + bytes(1024 - 16)
+body = b"".join(bytes([2, i, i]) for i in range(256))
+open("tok.bin", "wb").write(head + body)
+open("cut.bin", "wb").write(head + body[:100])
+PYEOF
+    gen a/checkpoint.safetensors --tokenizer tok.bin > g4.out || fail "gpt_generate --tokenizer failed"
+    $PY - <<'PYEOF' || fail "the tokenizer's text is not the tokens through it: $(cat g4.out)"
+plain, through = open("g1.out", "rb").read(), open("g4.out", "rb").read()
+assert through == b"Q: " + bytes(b for c in plain[3:-1] for b in (c, c)) + b"\n"
+PYEOF
+    if gen a/checkpoint.safetensors --tokenizer cut.bin > g5.out 2>&1; then fail "a truncated tokenizer was accepted"; fi
+    "$build/bin/gpt_generate" a/checkpoint.safetensors --tokenizer cut.bin 2>&1 | grep -q "cut.bin ends inside token" ||
+        fail "the truncated tokenizer is not named"
     if run --nproc_per_node 1 $GPT --out none --resume weights.safetensors > d.out 2>&1; then fail "--resume took a file without optimizer state"; fi
     grep -q "no optimizer state" d.out || { cat d.out; fail "--resume of weights alone did not say why"; }
     if "$build/bin/gpt_train" --resume a/checkpoint.safetensors --init_from weights.safetensors > e.out 2>&1; then fail "--resume with --init_from accepted"; fi
@@ -424,7 +459,7 @@ PYEOF
     run --nproc_per_node 2 "$FM" --epochs 1 --limit 2000 --out none --init-from fm.safetensors > h.out 2>&1 \
         || { cat h.out; fail "fashion_mnist --init-from failed"; }
     grep -q "initialised from fm.safetensors" h.out || fail "fashion_mnist: no word of the initialisation"
-    echo "ok: the weights alone start a run with the trained model's validation loss ($vb); --resume refuses them, with --init_from too"
+    echo "ok: the weights alone, in cddp's, Hugging Face's and llm.c's layouts, start a run with the trained model's validation loss ($vb) and generate the same text; --resume refuses them, with --init_from too"
     ;;
 bad_args)
     # Every number a user or a file gives is checked the same way (cddp_parse_int/_double): each
@@ -459,7 +494,9 @@ bad_args)
     refused 2 "--max_iters -1: expected a whole number from 0 to" $TINY_GPT --max_iters -1
     refused 2 "--n_layer 99999999999: expected a whole number from 1 to 1024" \
         $TINY_GPT --n_layer 99999999999
-    refused 2 "--temperature 0: expected a finite number in (0, 100]" $TINY_GPT --temperature 0
+    refused 2 "--temperature -0.5: expected a finite number in [0, 100]" $TINY_GPT --temperature -0.5
+    refused 2 "--temperature nan: expected a finite number" "$build/bin/gpt_generate" x --temperature nan
+    refused 2 "which model?" "$build/bin/gpt_generate" --tokens 5
     refused 2 "--val_fraction 1.5: expected a finite number in (0, 0.99]" \
         "$build/bin/cddp-tokenize" --val_fraction 1.5 in out
     refused 1 "$work holds no complete checkpoint set" "$FM" --resume "$work" --out none

@@ -271,6 +271,17 @@ static cddp_tensor *f_attention(cddp_ctx *c, cddp_tensor **x, const void *a) {
     (void)a;
     return cddp_attention(c, x[0], 2);
 }
+/* Generation's attention: 5 positions (x[1]) into an empty cache, then 3 more (x[0]) after them;
+ * the second output depends on what the first call left in the cache. No gradient. */
+static cddp_tensor *f_attention_cached(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    bool grad = cddp_ctx_set_grad_enabled(c, false);
+    cddp_tensor *cache = cddp_zeros(c, CDDP_F32, 3, (int64_t[]){2, 8, 2 * 32});
+    cddp_attention_cached(c, x[1], 2, cache, 0);
+    cddp_tensor *out = cddp_attention_cached(c, x[0], 2, cache, 5);
+    cddp_ctx_set_grad_enabled(c, grad);
+    return out;
+}
 static cddp_tensor *f_conv2d(cddp_ctx *c, cddp_tensor **x, const void *a) {
     (void)a;
     return cddp_conv2d(c, x[0], x[1], x[2], 1, 1);
@@ -346,6 +357,8 @@ static void op_cases(void) {
           (input[]){IN(-2, 2, true, 6, 7, 64), IN(0.5f, 1.5f, true, 64), IN(-1, 1, true, 64)});
     check("gelu_tanh", f_gelu_tanh, NULL, 1, (input[]){IN(-3, 3, true, 4099)});
     check("attention", f_attention, NULL, 1, (input[]){IN(-1, 1, true, 2, 16, 3 * 32)});
+    check("attention_cached", f_attention_cached, NULL, 2,
+          (input[]){IN(-1, 1, false, 2, 3, 3 * 32), IN(-1, 1, false, 2, 5, 3 * 32)});
     check("conv2d", f_conv2d, NULL, 3,
           (input[]){IN(-1, 1, true, 2, 3, 9, 8), IN(-0.5f, 0.5f, true, 4, 3, 3, 3),
                     IN(-0.5f, 0.5f, true, 4)});

@@ -9,7 +9,9 @@ import struct
 
 import numpy as np
 
-DTYPES = {"F32": np.float32, "F64": np.float64, "I32": np.int32, "I64": np.int64}
+# BF16 tensors are read and written as their bit patterns, uint16 arrays.
+DTYPES = {"F32": np.float32, "F64": np.float64, "I32": np.int32, "I64": np.int64,
+          "BF16": np.uint16}
 NAMES = {np.dtype(v): k for k, v in DTYPES.items()}
 
 

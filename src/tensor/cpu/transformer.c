@@ -1,5 +1,6 @@
 /* transformer.c: the CPU's kernels for layer normalisation and causal self-attention (vec.c's
- * rows, attn.c's products; tensor/kernels.h says what each computes). */
+ * rows, attn.c's products; tensor/kernels.h says what each computes), and attention with a
+ * key/value cache for generation. */
 #include "tensor/cpu/cpu.h"
 
 #include <math.h>
@@ -85,4 +86,37 @@ void cddp__cpu_attention_grad(cddp__kq *q, const cddp__k_attention_grad *a) {
             cddp__attn_mix(ds, k, 3 * C, T, HS, scale, dq, 3 * C, acc);
             cddp__attn_mix_t(ds, qh, 3 * C, T, HS, scale, dk, 3 * C, acc);
         }
+}
+
+/* Per batch element b, head h and new position i = past + t: the scores of its query against the
+ * cached keys 0..i, their softmax, and the values mixed by it. A query is one row (T = 1 once the
+ * prompt is in), so these are dot products and scaled sums over the cache's rows, in the order
+ * the full attention adds them (position by position). */
+void cddp__cpu_attention_cached(cddp__kq *q, const cddp__k_attention_cached *a) {
+    int64_t B = a->B, T = a->T, C = a->C, NH = a->NH, HS = C / NH, L = a->L, past = a->past;
+    float *s = cddp__kq_scratch(q, (size_t)(past + T) * sizeof(float));
+    if (!s) return;
+    float scale = 1.0f / sqrtf((float)HS);
+    for (int64_t b = 0; b < B; b++) {
+        float *kv = a->cache + b * L * 2 * C; /* row j: position j's key, then its value */
+        const float *qkv = a->qkv + b * T * 3 * C;
+        for (int64_t t = 0; t < T; t++)
+            memcpy(kv + (past + t) * 2 * C, qkv + t * 3 * C + C, 2 * (size_t)C * sizeof(float));
+        for (int64_t t = 0; t < T; t++) {
+            int64_t i = past + t;
+            for (int64_t h = 0; h < NH; h++) {
+                const float *qh = qkv + t * 3 * C + h * HS;
+                for (int64_t j = 0; j <= i; j++)
+                    s[j] = scale * cddp__dot(qh, kv + j * 2 * C + h * HS, HS);
+                float sum = cddp__exp_shifted(s, cddp__max(s, i + 1), s, i + 1);
+                float *o = a->out + (b * T + t) * C + h * HS;
+                memset(o, 0, (size_t)HS * sizeof(float));
+                for (int64_t j = 0; j <= i; j++) {
+                    const float *v = kv + j * 2 * C + C + h * HS;
+                    float w = s[j] / sum;
+                    for (int64_t d = 0; d < HS; d++) o[d] += w * v[d];
+                }
+            }
+        }
+    }
 }

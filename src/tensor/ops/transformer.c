@@ -152,6 +152,34 @@ cddp_tensor *cddp_attention(cddp_ctx *ctx, cddp_tensor *qkv, int n_head) {
     return out;
 }
 
+/* The attention of new positions past..past+T-1 against a cache of the earlier ones' projections
+ * (see tensor.h). No gradient: it is for generation, with gradients off. */
+cddp_tensor *cddp_attention_cached(cddp_ctx *ctx, cddp_tensor *qkv, int n_head, cddp_tensor *cache,
+                                   int64_t past) {
+    if (CDDP__FAILED(ctx) || !qkv || !cache) return NULL;
+    cddp__need_f32("attention_cached", qkv);
+    cddp__need_f32("attention_cached", cache);
+    CDDP_CHECK(qkv->ndim == 3 && n_head > 0 && qkv->shape[2] % (3 * (int64_t)n_head) == 0,
+               "attention_cached: qkv %s must be (B,T,3C) with C a multiple of %d heads",
+               CDDP__SHAPE(qkv), n_head);
+    int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
+    CDDP_CHECK(cache->ndim == 3 && cache->shape[0] == B && cache->shape[2] == 2 * C,
+               "attention_cached: the cache %s must be (B,L,2C) for qkv %s", CDDP__SHAPE(cache),
+               CDDP__SHAPE(qkv));
+    CDDP_CHECK(past >= 0 && past + T <= cache->shape[1],
+               "attention_cached: positions %lld..%lld do not fit a cache of %lld positions",
+               (long long)past, (long long)(past + T - 1), (long long)cache->shape[1]);
+    CDDP_CHECK(!cddp_ctx_grad_enabled(ctx),
+               "attention_cached computes no gradient: call it with gradients off "
+               "(cddp_ctx_set_grad_enabled(ctx, false))");
+    cddp__cdev *d = CDDP__ON(ctx, "attention_cached", qkv, cache);
+    cddp_tensor *out = d ? cddp__empty(d, CDDP_F32, 3, (int64_t[]){B, T, C}) : NULL;
+    if (!out) return NULL;
+    CDDP__K(&d->q, attention_cached, .qkv = qkv->data, .cache = cache->data, .out = out->data,
+            .B = B, .T = T, .C = C, .NH = n_head, .past = past, .L = cache->shape[1]);
+    return out;
+}
+
 /* Every element of dqkv is written once per call, so a new gradient buffer is stored into rather
  * than zeroed and added to. */
 void cddp__attention_backward(cddp_ctx *ctx, cddp__node *n) {
