@@ -410,6 +410,7 @@ int main(int argc, char **argv) {
     /* The group: one process on its own, or the ranks cddprun (or mpirun) started. */
     if (!(group = cddp_comm_create(NULL, &err))) goto fail;
     int rank = cddp_comm_rank(group), world = cddp_comm_size(group);
+    if (rank == 0 && o.save && run_check_writable("--save", o.save, &err) != CDDP_OK) goto fail;
     bool tty = rank == 0 && isatty(STDOUT_FILENO);
     snprintf(title, sizeof title, "fashion_mnist: %s, %s, %d rank%s x batch %d (loss: rank 0's)",
              o.model, o.optimizer, world, world > 1 ? "s" : "", o.batch);
@@ -525,10 +526,11 @@ int main(int argc, char **argv) {
         if (de >= 0 && pos > 0) { /* mid-epoch: the same epoch goes on */
             mid = (cddp_sampler_state){.epoch = de, .position = pos};
             first_epoch = (int)mid.epoch;
-            if (cddp_sampler_set_state(sampler, mid, &err) != CDDP_OK) goto fail;
+            rc = cddp_sampler_set_state(sampler, mid, &err);
         }
-        run_rng_restore(f, rank, cddp_ctx_rng(ctx));
+        if (!rc) rc = run_rng_restore(f, o.resume, rank, cddp_ctx_rng(ctx), &err);
         cddp_safetensors_destroy(f);
+        if (rc != CDDP_OK) goto fail;
         if (mid.position > 0)
             cddp_ddp_print0(ddp, "resumed from %s in epoch %d, after %lld of its samples\n",
                             o.resume, first_epoch, (long long)mid.position);
@@ -562,10 +564,13 @@ int main(int argc, char **argv) {
         if (!(epoch == first_epoch && mid.position > 0)) cddp_sampler_set_epoch(sampler, epoch);
         double t0 = cddp_now_s();
         int64_t steps = (cddp_sampler_len(sampler) + o.batch - 1) / o.batch, epoch_samples = 0;
+        /* the epoch's steps a mid-epoch checkpoint had taken: the step numbers go on from there */
+        int64_t done = epoch == first_epoch ? mid.position / ((int64_t)o.batch * world) : 0;
         cddp_batch b;
         int rc;
         cddp_loader_begin(train_loader);
         while ((rc = cddp_loader_next(train_loader, &b, &err)) == 1) {
+            int64_t step = done + b.index; /* in the epoch */
             cddp_ctx_reset(ctx);
             cddp_tensor *loss =
                 cddp_cross_entropy(ctx, cddp_model_forward(m, ctx, images(ctx, &b, cnn)),
@@ -576,7 +581,7 @@ int main(int argc, char **argv) {
                 goto fail;
             }
             if (cosine)
-                cddp_optim_set_lr(opt, cddp_lr_warmup_cosine(epoch * steps + b.index, o.lr, 0.0f, 0,
+                cddp_optim_set_lr(opt, cddp_lr_warmup_cosine(epoch * steps + step, o.lr, 0.0f, 0,
                                                              o.epochs * steps));
             cddp_optim_step(opt);
             last_loss = cddp_get(loss, 0);
@@ -584,25 +589,24 @@ int main(int argc, char **argv) {
                 cddp_error_set(&err, CDDP_ERANGE,
                                "the loss became %g in epoch %d, step %" PRId64
                                ": training diverged (a smaller --lr, now %g?)",
-                               last_loss, epoch, b.index, (double)o.lr);
+                               last_loss, epoch, step, (double)o.lr);
                 goto fail;
             }
             epoch_samples += b.size;
             if (sample_log) { /* flushed every step: a killed job's log ends at its last step */
                 for (int64_t k = 0; k < b.size; k++)
-                    fprintf(sample_log, "%d %" PRId64 " %" PRId64 "\n", epoch, b.index,
-                            b.indices[k]);
+                    fprintf(sample_log, "%d %" PRId64 " %" PRId64 "\n", epoch, step, b.indices[k]);
                 fflush(sample_log);
             }
             if (files && o.save_every > 0 && ++since_save % o.save_every == 0 &&
-                save_checkpoint(ddp, group, ctx, opt, ckpt, &o, epoch, epoch * steps + b.index + 1,
+                save_checkpoint(ddp, group, ctx, opt, ckpt, &o, epoch, epoch * steps + step + 1,
                                 cddp_sampler_get_state(sampler), &err) != CDDP_OK)
                 goto fail;
             if (rank == 0) {
-                progress(&o, tty, epoch, b.index, steps, last_loss);
-                if (files) curves_add_loss(&curve, epoch * steps + b.index, epoch, last_loss);
-                curves_scalar(&curve, "loss", epoch * steps + b.index, last_loss);
-                curves_scalar(&curve, "lr", epoch * steps + b.index, (double)cddp_optim_lr(opt));
+                progress(&o, tty, epoch, step, steps, last_loss);
+                if (files) curves_add_loss(&curve, epoch * steps + step, epoch, last_loss);
+                curves_scalar(&curve, "loss", epoch * steps + step, last_loss);
+                curves_scalar(&curve, "lr", epoch * steps + step, (double)cddp_optim_lr(opt));
             }
         }
         if (rc < 0) goto fail;

@@ -395,10 +395,25 @@ static int save(cddp_ddp *ddp, cddp_optim *opt, const char *path, const options 
 }
 
 /* Reads the checkpoint's model shape into o, so that --resume needs no model options. */
-/* The GPT's shape in a checkpoint or a file of weights (cddp_gpt_config_read) into the options. */
+/* The GPT's shape in a checkpoint or a file of weights (cddp_gpt_config_read) into the options,
+ * within the bounds the options have. */
 static int peek_shape(const char *path, options *o, cddp_error *err) {
     cddp_gpt_config g = {.n_head = o->n_head};
     int rc = cddp_gpt_config_read(path, &g, err);
+    const struct {
+        const char *name;
+        int64_t value, most;
+    } sizes[] = {{"n_layer", g.n_layer, 1024},
+                 {"n_head", g.n_head, 1024},
+                 {"n_embd", g.n_embd, 65536},
+                 {"block_size", g.block_size, 1 << 20},
+                 {"vocab_size", g.vocab_size, 65536}};
+    for (size_t i = 0; rc == CDDP_OK && i < sizeof sizes / sizeof sizes[0]; i++)
+        if (sizes[i].value > sizes[i].most)
+            rc = cddp_error_set(err, CDDP_EFORMAT,
+                                "%s: a GPT of %s %" PRId64 ", beyond what gpt_train builds (at "
+                                "most %" PRId64 "): a damaged file?",
+                                path, sizes[i].name, sizes[i].value, sizes[i].most);
     if (rc == CDDP_OK) {
         o->vocab_size = g.vocab_size;
         o->block_size = g.block_size;

@@ -4,12 +4,14 @@
 #include <sys/resource.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 int run_make_dirs(const char *path, cddp_error *err) {
     char buf[4096];
@@ -23,6 +25,19 @@ int run_make_dirs(const char *path, cddp_error *err) {
             if (!(*p = c)) break;
         }
     }
+    return CDDP_OK;
+}
+
+int run_check_writable(const char *what, const char *path, cddp_error *err) {
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s.tmp.check.%d", path, (int)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return cddp_error_set(err, CDDP_EIO,
+                              "%s %s: cannot write there: %s (found before training)", what, path,
+                              strerror(errno));
+    close(fd);
+    unlink(probe);
     return CDDP_OK;
 }
 
@@ -43,18 +58,27 @@ int run_rng_gather(cddp_comm *group, const cddp_rng *mine, run_rng_meta *keep, c
     return rc;
 }
 
-bool run_rng_restore(const cddp_safetensors *f, int rank, cddp_rng *rng) {
+int run_rng_restore(const cddp_safetensors *f, const char *path, int rank, cddp_rng *rng,
+                    cddp_error *err) {
     char key[32];
     snprintf(key, sizeof key, "rng.%d", rank);
     const char *hex = cddp_safetensors_meta(f, key);
-    if (!hex || strlen(hex) != 64) return false;
-    for (int i = 0; i < 4; i++) {
+    if (!hex) return CDDP_OK; /* a rank the run did not have: its own seed */
+    uint64_t s[4] = {0};
+    bool ok = strlen(hex) == 64 && strspn(hex, "0123456789abcdef") == 64;
+    for (int i = 0; ok && i < 4; i++) {
         char part[17];
         memcpy(part, hex + 16 * i, 16);
         part[16] = '\0';
-        rng->s[i] = strtoull(part, NULL, 16);
+        s[i] = strtoull(part, NULL, 16);
     }
-    return true;
+    if (!ok || !(s[0] | s[1] | s[2] | s[3])) /* an all-zero state never leaves zero */
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s: metadata %s is '%.80s', not a generator's state (64 hex digits, "
+                              "not all zero): a damaged checkpoint?",
+                              path, key, hex);
+    memcpy(rng->s, s, sizeof s);
+    return CDDP_OK;
 }
 
 long long run_peak_rss_bytes(void) {

@@ -11,6 +11,10 @@
 /* mkdir -p path. */
 int run_make_dirs(const char *path, cddp_error *err);
 
+/* Whether a file can be written at path, found now rather than after training: a probe file next
+ * to it, made and removed. CDDP_EIO with "<what> <path>: cannot write there: <why>". */
+int run_check_writable(const char *what, const char *path, cddp_error *err);
+
 /* Every rank's generator state gathered into metadata pairs "rng.<rank>" = 64 hex digits
  * (at most RUN_MAX_RNG ranks), appended to meta at *n; the strings live in keep. Collective:
  * every rank calls it. */
@@ -20,8 +24,11 @@ typedef struct run_rng_meta {
 } run_rng_meta;
 int run_rng_gather(cddp_comm *group, const cddp_rng *mine, run_rng_meta *keep, const char **meta,
                    int *n, cddp_error *err);
-/* Restores this rank's generator from a checkpoint's "rng.<rank>"; false when it has none. */
-bool run_rng_restore(const cddp_safetensors *f, int rank, cddp_rng *rng);
+/* Restores this rank's generator from a checkpoint's "rng.<rank>" (none: rng unchanged, a rank
+ * the run did not have); CDDP_EFORMAT, naming path and the key, when it is not a generator's
+ * state. */
+int run_rng_restore(const cddp_safetensors *f, const char *path, int rank, cddp_rng *rng,
+                    cddp_error *err);
 
 /* The process's peak resident memory, in bytes (getrusage). */
 long long run_peak_rss_bytes(void);

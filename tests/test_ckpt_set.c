@@ -227,8 +227,11 @@ static void test_damaged_sets(void **state) {
     assert_int_equal(err.code, CDDP_ENOENT);
     assert_non_null(strstr(err.msg, "incomplete checkpoint set"));
     char got[600];
-    assert_int_equal(cddp_checkpoint_resolve(root, got, sizeof got, &err), CDDP_ENOENT);
-    assert_non_null(strstr(err.msg, "holds no complete checkpoint set"));
+    /* the damaged set (step 2) is named with its damage, and the one without a manifest counted */
+    assert_int_equal(cddp_checkpoint_resolve(root, got, sizeof got, &err), CDDP_EFORMAT);
+    assert_non_null(strstr(err.msg, "holds no complete checkpoint set: 1 damaged (the newest: "));
+    assert_non_null(strstr(err.msg, "is 396 bytes but the set's manifest says 400"));
+    assert_non_null(strstr(err.msg, "1 without a manifest"));
     /* A model of another shape: every difference named, nothing changed. */
     save_two(root, 3, 0, a, oa, split);
     cddp_model *b = net(6, 2);

@@ -211,6 +211,16 @@ static void test_mnist_errors(void **state) {
     put("train-labels-idx1-ubyte.gz", buf, n, true, path, sizeof path);
     assert_int_equal(cddp_mnist_load(test_dir, true, &ds, &err), CDDP_EFORMAT);
     assert_non_null(strstr(err.msg, "label 1 is 12"));
+    /* 14x56: as many pixels as 28x28, in another shape */
+    static uint8_t wide[3 * 14 * 56];
+    uint32_t wdims[3] = {3, 14, 56};
+    static uint8_t wbuf[3 * 14 * 56 + 64];
+    n = make_idx(wbuf, CDDP_IDX_U8, 3, wdims, wide, 1, sizeof wide);
+    put("train-images-idx3-ubyte", wbuf, n, false, path, sizeof path);
+    n = make_idx(buf, CDDP_IDX_U8, 1, l3, lab, 1, 3);
+    put("train-labels-idx1-ubyte.gz", buf, n, true, path, sizeof path);
+    assert_int_equal(cddp_mnist_load(test_dir, true, &ds, &err), CDDP_EFORMAT);
+    assert_non_null(strstr(err.msg, "train images are 14x56; (Fashion-)MNIST's are 28x28"));
     assert_int_equal(cddp_mnist_load("/nonexistent", false, &ds, &err), CDDP_ENOENT);
     assert_non_null(strstr(err.msg, "dataset-fashion-mnist"));
     assert_null(ds.images);

@@ -115,8 +115,9 @@ CDDP_API int cddp_ckpt_set_commit(const char *dir, int world, const cddp_model *
 
 /* What a checkpoint path means: a file stays itself, a set (a folder with a manifest) too, and
  * a folder of sets becomes its newest complete set (the highest commit number whose files are
- * all there). The result goes to out (cap bytes). CDDP_ENOENT when a folder holds no complete
- * set. */
+ * all there); a folder without sets is taken for a run's output folder (the examples' --out):
+ * its checkpoints/ folder of sets, else its checkpoint.safetensors. The result goes to out (cap
+ * bytes). CDDP_ENOENT when a folder holds no complete set. */
 CDDP_API int cddp_checkpoint_resolve(const char *path, char *out, size_t cap, cddp_error *err);
 /* The metadata of a checkpoint (path as for resolve): a file's header (names, shapes and
  * metadata; its tensors' data are NULL: not read), or a set's manifest. */

@@ -163,8 +163,14 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
     X(HOST_ID, STR, "auto",                                                                        \
       "This host's identity for grouping ranks (auto: boot id and hostname).")                     \
     X(LOCAL_ADDR, STR, "auto",                                                                     \
-      "Address the TCP transport listens on; cddprun sets it from --local_addr or the hostname "   \
-      "(auto: 127.0.0.1 when MASTER_ADDR is local, else the hostname).")                           \
+      "Address the TCP transport listens on, or a network interface whose address it takes; "      \
+      "cddprun sets it from --local_addr or the hostname (auto: CDDP_SOCKET_IFNAME's address "     \
+      "when "                                                                                      \
+      "set, else 127.0.0.1 when MASTER_ADDR is local, else the hostname).")                        \
+    X(SOCKET_IFNAME, STR, "",                                                                      \
+      "A network interface (eth0) whose address ranks and cddprun listen on and advertise, as "    \
+      "NCCL_SOCKET_IFNAME: for nodes whose host names resolve where peers cannot reach; "          \
+      "--local_addr wins.")                                                                        \
     X(SPIN_US, STR, "auto",                                                                        \
       "Microseconds a rank waiting for another spins before it sleeps (auto: 20000 when every "    \
       "rank on this host has a core of its own, else 20).")                                        \

@@ -56,7 +56,8 @@ typedef struct cddp_mnist {
 
 /* Loads the train (train = true) or t10k split from dir: {train,t10k}-{images-idx3,
  * labels-idx1}-ubyte, with or without .gz. dir NULL means CDDP_DATA (default: Debian's
- * dataset-fashion-mnist folder). Checks that image and label counts agree and labels are 0..9. */
+ * dataset-fashion-mnist folder). Checks that the images are 28x28 (784 pixels in another shape
+ * would train on scrambled images), that image and label counts agree and labels are 0..9. */
 CDDP_API int cddp_mnist_load(const char *dir, bool train, cddp_mnist *out, cddp_error *err);
 CDDP_API void cddp_mnist_free(cddp_mnist *ds);
 /* Writes images [first, first + count) as float32 (x / 255 - mean) / std into dst. */

@@ -28,6 +28,16 @@ CDDP_API int cddp_net_write_all(int fd, const void *buf, size_t n, double deadli
                                 cddp_error *err);
 /* Reads exactly n bytes; a peer that closes first is CDDP_EIO ("closed the connection"). */
 CDDP_API int cddp_net_read_all(int fd, void *buf, size_t n, double deadline, cddp_error *err);
+/* The address of network interface name (its first IPv4 address, else a global IPv6 one) into
+ * out (n bytes). CDDP_ENOENT when the machine has no interface so named (the message lists the
+ * ones it has), CDDP_EINVAL when the interface has no address. */
+CDDP_API int cddp_net_interface_addr(const char *name, char *out, size_t n, cddp_error *err);
+/* Where an address of this machine is expected, a name may be an interface's, as NCCL's and
+ * gloo's SOCKET_IFNAME are (--local_addr eth0): out receives that interface's address (and
+ * *interface, when not NULL, true), or spec itself when it is a host name or address that
+ * resolves. CDDP_EINVAL, naming the interfaces, when it is neither. */
+CDDP_API int cddp_net_local_host(const char *spec, char *out, size_t n, bool *interface,
+                                 cddp_error *err);
 /* Sets O_NONBLOCK and TCP_NODELAY. */
 CDDP_API void cddp_net_nonblocking(int fd);
 /* Milliseconds until deadline for poll(): -1 for none, 0 when past. */

@@ -37,14 +37,27 @@ static void mesh_proof(const cddp_comm *c, int from, int to, int ch, const uint8
 
 /* ---- setup ------------------------------------------------------------------------------- */
 
-static void local_address(char *out, size_t n) {
+/* Where this rank listens: CDDP_LOCAL_ADDR (an address, a host name or an interface's name),
+ * else CDDP_SOCKET_IFNAME's address, else loopback for a local master, else the hostname. */
+static int local_address(char *out, size_t n, cddp_error *err) {
     const char *knob = cddp_knob_str(CDDP_KNOB_LOCAL_ADDR), *master = getenv("MASTER_ADDR");
-    if (*knob && strcmp(knob, "auto") != 0)
-        snprintf(out, n, "%s", knob);
+    const char *ifname = cddp_knob_str(CDDP_KNOB_SOCKET_IFNAME);
+    bool given = *knob && strcmp(knob, "auto") != 0;
+    cddp_error e = {0};
+    int rc = CDDP_OK;
+    if (given)
+        rc = cddp_net_local_host(knob, out, n, NULL, &e);
+    else if (*ifname)
+        rc = cddp_net_interface_addr(ifname, out, n, &e);
     else if (!master || !*master || !strncmp(master, "127.", 4) || !strcmp(master, "localhost"))
         snprintf(out, n, "127.0.0.1");
     else if (gethostname(out, n - 1) != 0)
         snprintf(out, n, "127.0.0.1");
+    if (rc != CDDP_OK)
+        return cddp_error_set(err, rc, "%s=%s: %s",
+                              given ? "CDDP_LOCAL_ADDR" : "CDDP_SOCKET_IFNAME",
+                              given ? knob : ifname, e.msg);
+    return CDDP_OK;
 }
 
 static void big_buffers(int fd) {
@@ -229,7 +242,7 @@ int cddp__tcp_setup(cddp_comm *c, cddp_store *st, double deadline, cddp_error *e
     t->pid[me] = (int)getpid();
     t->small = (size_t)CDDP_MAX(cddp_knob_int(CDDP_KNOB_TCP_SMALL_KB), 0) << 10;
     char addr[256], key[64], val[300];
-    local_address(addr, sizeof addr);
+    CDDP_TRY(local_address(addr, sizeof addr, err));
     CDDP_TRY(cddp_net_listen(addr, 0, &listen_fd, &port, err));
     snprintf(key, sizeof key, "comm/tcp/%d", me);
     snprintf(val, sizeof val, "%s %d", addr, port);

@@ -4,6 +4,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -44,8 +47,8 @@ int cddp_net_listen(const char *host, int port, int *fd_out, int *bound, cddp_er
                     *res = NULL;
     int g = getaddrinfo(host, ps, &hints, &res);
     if (g != 0)
-        return cddp_error_set(err, CDDP_EINVAL, "cannot resolve the master address '%s': %s", host,
-                              gai_strerror(g));
+        return cddp_error_set(err, CDDP_EINVAL, "cannot resolve the address '%s' to listen on: %s",
+                              host, gai_strerror(g));
     int fd = -1, e = 0;
     for (struct addrinfo *a = res; a; a = a->ai_next) {
         fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
@@ -271,5 +274,69 @@ int cddp_net_read_secret(const char *path, char out[CDDP_NET_MAX_SECRET + 1], un
     memcpy(out, buf, len);
     out[len] = '\0';
     if (mode) *mode = (unsigned)(st.st_mode & 07777);
+    return CDDP_OK;
+}
+
+/* ---- interfaces by name ------------------------------------------------------------------ */
+
+int cddp_net_interface_addr(const char *name, char *out, size_t n, cddp_error *err) {
+    struct ifaddrs *all = NULL;
+    if (getifaddrs(&all) != 0)
+        return cddp_error_set(err, CDDP_EIO, "cannot list the network interfaces: %s",
+                              strerror(errno));
+    bool found = false;
+    char v6[INET6_ADDRSTRLEN] = "", names[512] = "";
+    size_t used = 0;
+    for (struct ifaddrs *a = all; a; a = a->ifa_next) {
+        if (!a->ifa_name) continue;
+        if (!strstr(names, a->ifa_name) && used + strlen(a->ifa_name) + 3 < sizeof names)
+            used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", used ? ", " : "",
+                                     a->ifa_name);
+        if (strcmp(a->ifa_name, name) != 0) continue;
+        found = true;
+        if (!a->ifa_addr) continue;
+        if (a->ifa_addr->sa_family == AF_INET) { /* IPv4 first */
+            inet_ntop(AF_INET, &((struct sockaddr_in *)a->ifa_addr)->sin_addr, out, (socklen_t)n);
+            freeifaddrs(all);
+            return CDDP_OK;
+        }
+        const struct in6_addr *a6 = &((struct sockaddr_in6 *)a->ifa_addr)->sin6_addr;
+        if (a->ifa_addr->sa_family == AF_INET6 && !*v6 && !IN6_IS_ADDR_LINKLOCAL(a6))
+            inet_ntop(AF_INET6, a6, v6, sizeof v6);
+    }
+    freeifaddrs(all);
+    if (*v6) {
+        snprintf(out, n, "%s", v6);
+        return CDDP_OK;
+    }
+    if (found)
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "the network interface %s has no address (is it up?)", name);
+    return cddp_error_set(err, CDDP_ENOENT,
+                          "this machine has no network interface '%s' (it has %s)", name, names);
+}
+
+int cddp_net_local_host(const char *spec, char *out, size_t n, bool *interface, cddp_error *err) {
+    if (interface) *interface = false;
+    if (!spec || !*spec) return cddp_error_set(err, CDDP_EINVAL, "an empty address");
+    if (if_nametoindex(spec) != 0) { /* an interface's name: its address */
+        if (interface) *interface = true;
+        return cddp_net_interface_addr(spec, out, n, err);
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    int g = getaddrinfo(spec, NULL, &hints, &res);
+    if (res) freeaddrinfo(res);
+    if (g != 0) {
+        char none[8];
+        cddp_error e = {0};
+        cddp_net_interface_addr("", none, sizeof none, &e); /* the message lists the interfaces */
+        const char *list = strstr(e.msg, "(it has ");
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "'%s' is neither an address this machine resolves (%s) nor one of "
+                              "its network interfaces %s",
+                              spec, gai_strerror(g), list ? list : "");
+    }
+    if ((size_t)snprintf(out, n, "%s", spec) >= n)
+        return cddp_error_set(err, CDDP_EINVAL, "'%s': too long", spec);
     return CDDP_OK;
 }

@@ -211,6 +211,13 @@ int cddp_mnist_load(const char *dir, bool train, cddp_mnist *out, cddp_error *er
                                 split, i, ((uint8_t *)lb.data)[i]);
             goto fail;
         }
+    if (im.dims[1] != 28 || im.dims[2] != 28) { /* 784 pixels in another shape: scrambled */
+        rc = cddp_error_set(err, CDDP_EFORMAT,
+                            "%s: %s images are %" PRId64 "x%" PRId64 "; (Fashion-)MNIST's are "
+                            "28x28",
+                            dir, split, im.dims[1], im.dims[2]);
+        goto fail;
+    }
     out->n = im.dims[0];
     out->rows = im.dims[1];
     out->cols = im.dims[2];

@@ -407,7 +407,8 @@ int cddp_checkpoint_resolve(const char *path, char *out, size_t cap, cddp_error 
         return CDDP_OK;
     }
     cddp__ckpt_entry *sets = NULL;
-    int n = cddp__ckpt_scan(path, &sets), incomplete = 0;
+    int n = cddp__ckpt_scan(path, &sets), incomplete = 0, damaged = 0;
+    char why[600] = "";
     for (int i = 0; i < n; i++) {
         char dir[4500];
         snprintf(dir, sizeof dir, "%s/%s", path, sets[i].name);
@@ -419,6 +420,7 @@ int cddp_checkpoint_resolve(const char *path, char *out, size_t cap, cddp_error 
         cddp_ckpt_set *s = open_set(dir, &e);
         if (!s) {
             cddp_log(CDDP_LOG_WARN, "io", "skipping the set %s: %s", dir, e.msg);
+            if (!damaged++) snprintf(why, sizeof why, "%s", e.msg);
             continue;
         }
         cddp_ckpt_set_close(s);
@@ -429,11 +431,27 @@ int cddp_checkpoint_resolve(const char *path, char *out, size_t cap, cddp_error 
     }
     cddp_free(sets);
     const char *base = strrchr(path, '/');
+    if (n == 0) { /* a run's output folder: its folder of sets, else its one file */
+        char inner[4500];
+        snprintf(inner, sizeof inner, "%s/checkpoints", path);
+        if (exists(inner, true)) return cddp_checkpoint_resolve(inner, out, cap, err);
+        snprintf(inner, sizeof inner, "%s/checkpoint.safetensors", path);
+        if (exists(inner, false)) {
+            if ((size_t)snprintf(out, cap, "%s", inner) >= cap)
+                return cddp_error_set(err, CDDP_EINVAL, "%s: path too long", inner);
+            return CDDP_OK;
+        }
+    }
     if (n == 0 && set_step(base ? base + 1 : path) >= 0)
         return cddp_error_set(err, CDDP_ENOENT,
                               "%s has no " CDDP_CKPT_MANIFEST ": an incomplete checkpoint set (its "
                               "save did not finish); its folder's other sets may be complete",
                               path);
+    if (damaged)
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s holds no complete checkpoint set: %d damaged (the newest: %s), "
+                              "%d without a manifest",
+                              path, damaged, why, incomplete);
     return cddp_error_set(err, CDDP_ENOENT,
                           "%s holds no complete checkpoint set (%d set folder%s without a "
                           "manifest: saves that did not finish)",

@@ -326,10 +326,16 @@ fm_reshard)
     run --nproc_per_node 4 "$FM" $FMA --batch-size 16 --out straight > straight.out 2>&1 \
         || { cat straight.out; fail "the uninterrupted run failed"; }
     kill_after_checkpoint --nproc_per_node 4 "$FM" $FMA --batch-size 16 --save-every 10 --keep 1 --out killed
-    run --nproc_per_node 2 "$FM" $FMA --batch-size 32 --out r2 --resume killed/checkpoints > r2.out 2>&1 \
-        || { cat r2.out; fail "resuming on 2 ranks failed"; }
+    run --nproc_per_node 2 "$FM" $FMA --batch-size 32 --out r2 --resume killed/checkpoints \
+        --sample-log r2.log > r2.out 2>&1 || { cat r2.out; fail "resuming on 2 ranks failed"; }
     grep -q "^resumed from killed/checkpoints/step-[0-9]* in epoch 0, after [0-9]* of its samples" r2.out \
         || { cat r2.out; fail "2 ranks did not go on in the middle of epoch 0"; }
+    # The steps go on where the set was taken (the global batch is 64 samples): the sample log's
+    # first step and the learning rate's, not 0.
+    done_steps=$(( $(grep -o 'after [0-9]* of its samples' r2.out | tr -dc 0-9) / 64 ))
+    first=$(head -n 1 r2.log.0 | cut -d' ' -f2)
+    [ "$done_steps" -gt 0 ] && [ "$first" = "$done_steps" ] ||
+        fail "the sample log's steps start at $first after $done_steps steps of the epoch"
     a=$(acc_of straight.out) b=$(acc_of r2.out)
     awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0.5 && d <= 0.002) }' \
         || fail "test accuracy $b after resuming on 2 ranks, $a uninterrupted on 4"
@@ -504,9 +510,8 @@ bad_args)
         "$FM" --sample-log "$work/no/log" --out none
     # A checkpoint whose metadata was tampered with: every bad value is refused before training.
     "$FM" --epochs 1 --limit 256 --log-every 0 --out ck > ck.out 2>&1 || { cat ck.out; fail "no checkpoint"; }
-    for kv in epoch=-5 epoch=99999999999 epoch=abc data_position=-1 lr=nan lr=-1 \
-        optimizer_steps=1e3; do
-        $PY - ck/checkpoint.safetensors bad.safetensors "${kv%%=*}" "${kv#*=}" <<'EOF'
+    tamper() { # SRC KEY VALUE: bad.safetensors, the checkpoint SRC with that metadata
+        $PY - "$1" bad.safetensors "$2" "$3" <<'EOF'
 import json, struct, sys
 src, dst, key, value = sys.argv[1:]
 data = open(src, "rb").read()
@@ -516,14 +521,44 @@ header["__metadata__"][key] = value
 h = json.dumps(header).encode()
 open(dst, "wb").write(struct.pack("<Q", len(h)) + h + data[8 + n:])
 EOF
+    }
+    for kv in epoch=-5 epoch=99999999999 epoch=abc data_position=-1 lr=nan lr=-1 \
+        optimizer_steps=1e3; do
+        tamper ck/checkpoint.safetensors "${kv%%=*}" "${kv#*=}"
         refused 1 "bad.safetensors: metadata ${kv%%=*} ${kv#*=}: expected a" \
             "$FM" --resume bad.safetensors --epochs 2 --out none
     done
+    # a position beyond the data (and nothing leaked on the way out: LeakSanitizer's exit is 23)
+    tamper ck/checkpoint.safetensors data_position 99999999
+    refused 1 "sampler state: 99999999 samples of the epoch handed out, but the dataset has" \
+        "$FM" --resume bad.safetensors --epochs 2 --out none
+    # the generator's state, damaged or zero (a generator that would never leave zero)
+    for v in xyz "$(printf '0%.0s' $(seq 64))"; do
+        tamper ck/checkpoint.safetensors rng.0 "$v"
+        refused 1 "bad.safetensors: metadata rng.0 is '$v', not a generator's state" \
+            "$FM" --resume bad.safetensors --epochs 2 --out none
+    done
+    # --resume OUT: the run's output folder resumes from the checkpoint in it
+    "$FM" --resume ck --epochs 2 --limit 256 --log-every 0 --out none > r.out 2>&1 ||
+        { cat r.out; fail "--resume of the output folder failed"; }
+    grep -q "resumed from ck/checkpoint.safetensors after epoch 1" r.out || { cat r.out; fail "--resume ck: not from its checkpoint"; }
+    # --save where nothing can be written: refused before training
+    refused 1 "--save $work/none/m.safetensors: cannot write there: No such file or directory (found before training)" \
+        "$FM" --save "$work/none/m.safetensors" --out none
+    # A GPT checkpoint whose shape is beyond what gpt_train builds, or whose heads do not divide
+    "$build/bin/gpt_train" --n_layer 1 --n_head 2 --n_embd 32 --block_size 16 --max_iters 1 \
+        --eval_interval 1 --eval_iters 1 --final_eval 1 --sample 0 --out g > g.out 2>&1 || { cat g.out; fail "no GPT checkpoint"; }
+    tamper g/checkpoint.safetensors n_layer 1048576
+    refused 1 "bad.safetensors: a GPT of n_layer 1048576, beyond what gpt_train builds (at most 1024)" \
+        "$build/bin/gpt_train" --resume bad.safetensors --out none
+    tamper g/checkpoint.safetensors n_head 5
+    refused 1 "bad.safetensors: n_embd 32 is not a multiple of n_head 5" \
+        "$build/bin/gpt_train" --resume bad.safetensors --out none
     # Training that diverges stops with the reason.
     expect 1 "training diverged (a smaller --lr, now 10?)" "$FM" --lr 10 --limit 4096 --out none
-    echo "ok: 15 bad numbers on the command lines, 7 in a checkpoint, a folder, a log that cannot be" \
-         "opened and a diverging run:" \
-         "each a clear error and a non-zero exit" ;;
+    echo "ok: 15 bad numbers on the command lines, 12 in a checkpoint, a folder, a log that cannot be" \
+         "opened, a --save that cannot be written and a diverging run:" \
+         "each a clear error and a non-zero exit; --resume of an output folder" ;;
 gpt_tokens)
     printf 'the quick brown fox jumps over the lazy dog.\n%.0s' $(seq 400) > text.txt
     "$build/bin/cddp-tokenize" text.txt data > tok.out 2>&1 || { cat tok.out; fail "cddp-tokenize failed"; }

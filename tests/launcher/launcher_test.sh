@@ -69,7 +69,48 @@ multinode)
         grep -qx "LOCAL_RANK=$((r % 2))" "$work/env.$r" || fail "rank $r: LOCAL_RANK"
         grep -qx "CDDP_LOCAL_ADDR=$addr" "$work/env.$r" || fail "rank $r: host"
     done
-    echo "ok: 2 nodes x 2 workers over loopback, ranks 0..3 contiguous per node" ;;
+    # Two launchers with the same --node_rank (a pasted command line): one is refused at once,
+    # naming the other; the job goes on with the other.
+    port=$(free_port)
+    common="--nnodes 2 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port $port"
+    "$R" $common --node_rank 0 sh -c 'sleep 0.5' > "$work/t0" 2>&1 &
+    p0=$!
+    "$R" $common --node_rank 1 sh -c 'sleep 0.5' > "$work/t1" 2>&1 &
+    p1=$!
+    "$R" $common --node_rank 1 sh -c 'sleep 0.5' > "$work/t2" 2>&1
+    rc2=$?
+    wait $p1; rc1=$?
+    wait $p0 || { cat "$work/t0"; fail "node 0 of the job with twins exited $?"; }
+    [ $((rc1 + rc2)) -gt 0 ] && { [ $rc1 = 0 ] || [ $rc2 = 0 ]; } ||
+        fail "twins with --node_rank 1: they exited $rc1 and $rc2 (one should be refused)"
+    loser="$work/t1"; [ $rc1 = 0 ] && loser="$work/t2"
+    expect_in "cddprun: node rank 1 is taken in this job by another launcher (" "$loser"
+    expect_in "give each node its own --node_rank" "$loser"
+    # An interface's name where an address is expected takes its address (lo: 127.0.0.1), for
+    # cddprun, for the ranks' TCP transport, and from CDDP_SOCKET_IFNAME; a name that is neither an
+    # address nor an interface is refused before anything starts.
+    unset CDDPRUN_TOKEN
+    CDDP_TRANSPORT=tcp "$R" --standalone --nproc_per_node 2 --local_addr lo "$build/bin/ddp_train" \
+        > "$work/lo" 2>&1 || { cat "$work/lo"; fail "--local_addr lo: cddprun exited $?"; }
+    expect_in "cddprun: this node's address is 127.0.0.1 (interface lo)" "$work/lo"
+    CDDP_SOCKET_IFNAME=lo "$R" --standalone --nproc_per_node 1 sh -c 'echo "at $CDDP_LOCAL_ADDR"' \
+        > "$work/if" 2>&1 || fail "CDDP_SOCKET_IFNAME=lo: cddprun exited $?"
+    expect_in "at 127.0.0.1" "$work/if"
+    port=$(free_port)
+    for r in 0 1; do # the TCP transport of ranks started without cddprun (srun's way), CDDP_LOCAL_ADDR=lo
+        RANK=$r WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+            CDDP_HOST_ID=host$r CDDP_STORE_TOKEN=t CDDP_LOCAL_ADDR=lo "$build/bin/ddp_train" > "$work/rank$r" 2>&1 &
+        eval "pid$r=\$!"
+    done
+    wait "$pid0" && wait "$pid1" || { cat "$work/rank0" "$work/rank1"; fail "CDDP_LOCAL_ADDR=lo: a rank failed"; }
+    "$R" --standalone --nproc_per_node 1 --local_addr nosuchif0 true > "$work/bad" 2>&1; rc=$?
+    [ $rc = 2 ] || fail "--local_addr nosuchif0: exit $rc"
+    expect_in "--local_addr nosuchif0: 'nosuchif0' is neither an address this machine resolves" "$work/bad"
+    expect_in "nor one of its network interfaces (it has lo" "$work/bad"
+    CDDP_SOCKET_IFNAME=nosuchif0 "$R" --standalone --nproc_per_node 1 true > "$work/bad" 2>&1; rc=$?
+    [ $rc = 2 ] || fail "CDDP_SOCKET_IFNAME=nosuchif0: exit $rc"
+    expect_in "CDDP_SOCKET_IFNAME=nosuchif0: this machine has no network interface 'nosuchif0' (it has lo" "$work/bad"
+    echo "ok: 2 nodes x 2 workers over loopback, ranks 0..3 contiguous per node; interfaces by name" ;;
 exit3)
     "$R" --standalone --nproc_per_node 3 --grace_period 2 sh -c \
         "echo \$\$ > $work/pid.\$RANK; if [ \$RANK = 1 ]; then sleep 0.3; exit 3; fi; sleep 60" \
@@ -245,6 +286,13 @@ peer_flags)
         fail "msrun's flags: cddprun exited $?"
     a=$(cat "$work/ms/rank.0/stdout") b=$(cat "$work/ms/rank.1/stdout")
     [ -n "$a" ] && [ -n "$b" ] || fail "--log_dir: no rank.N/stdout"
+    # msrun's booleans as a separate word, as its docs write them: not taken for the program.
+    "$R" --worker_num 2 --local_worker_num 2 --master_port "$port" --join True --bind_core True \
+        --log_dir "$work/ms2" sh -c 'echo worker' > "$work/out" 2>&1 ||
+        { cat "$work/out"; fail "--join True --bind_core True: cddprun exited $?"; }
+    grep -qx worker "$work/ms2/rank.1/stdout" || fail "--join True: the program did not run"
+    "$R" --standalone --nproc_per_node 1 --bind_core false sh -c 'echo unbound' > "$work/out" 2>&1 &&
+        grep -q unbound "$work/out" || fail "--bind_core false: $(cat "$work/out")"
     if [ "$cores" -ge 2 ]; then
         [ "$a" != "$b" ] || fail "--bind_core: both workers on $a"
         [ "$a" != "$(grep Cpus_allowed_list /proc/self/status)" ] || fail "--bind_core: rank 0 unbound"

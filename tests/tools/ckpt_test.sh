@@ -44,6 +44,28 @@ S=bad_sets/step-00000003/shard-00001-of-00003.safetensors
 printf '\125' | dd of="$S" bs=1 seek=$(( $(stat -c %s "$S") - 3 )) conv=notrunc 2> /dev/null
 if "$ckpt" verify bad_sets > bv.out 2>&1; then fail "verify accepted a changed shard"; fi
 grep -q "shard-00001-of-00003.safetensors: .* CRC-32" bv.out || { cat bv.out; fail "verify did not name the changed shard"; }
+# A set whose shard was cut: the folder holds no complete set, and says which is damaged how.
+cp -r g/gpt_sets cut_sets
+truncate -s 100 cut_sets/step-00000003/shard-00002-of-00003.safetensors
+if "$ckpt" show cut_sets > cs.out 2>&1; then fail "show accepted a cut shard"; fi
+grep -q "1 damaged (the newest: .*shard-00002-of-00003.safetensors is 100 bytes" cs.out ||
+    { cat cs.out; fail "show did not name the cut shard"; }
+# A shard whose header moved a range (the same size): show fails when it reads it, naming it, and
+# frees what it had read (LeakSanitizer, in the sanitizer build).
+cp -r g/gpt_sets moved_sets
+"$py" - moved_sets/step-00000003/shard-00001-of-00003.safetensors <<'PYEOF' || fail "cannot move a range"
+import re, sys
+raw = bytearray(open(sys.argv[1], "rb").read())
+m = re.search(rb'"flat\.(\d+)"', raw)
+digit = m.end(1) - 1
+raw[digit] = ord("0") + (raw[digit] - ord("0") + 1) % 10
+open(sys.argv[1], "wb").write(raw)
+PYEOF
+"$ckpt" show moved_sets > ms.out 2>&1
+rc=$?
+[ $rc = 1 ] || { cat ms.out; fail "show of a shard whose ranges moved: exit $rc, not 1 (LeakSanitizer exits 23)"; }
+grep -q "^cddp-ckpt: moved_sets/step-00000003/shard-00001-of-00003.safetensors: " ms.out ||
+    { cat ms.out; fail "show did not name the shard whose ranges moved"; }
 rm bad_sets/step-00000003/manifest.safetensors
 if "$ckpt" show bad_sets > bs.out 2>&1; then fail "show accepted a folder without a complete set"; fi
 grep -q "holds no complete checkpoint set" bs.out || { cat bs.out; fail "no 'no complete set' message"; }
@@ -78,5 +100,15 @@ expect cut.safetensors "cut.safetensors"
 "$ckpt" > usage.out 2>&1; [ $? = 2 ] && grep -q "usage: cddp-ckpt show PATH" usage.out || fail "no usage without arguments"
 "$ckpt" show > /dev/null 2>&1; [ $? = 2 ] || fail "show without a file: not exit 2"
 "$ckpt" verify --with_optimizer "$C" > w.out 2>&1; [ $? = 2 ] && grep -q "goes with consolidate" w.out || fail "--with_optimizer with verify not refused"
+# consolidate never writes over what it reads, into it, or over a training checkpoint; nothing changes.
+cp "$C" g/keep.safetensors
+for out in "$C" g/keep.safetensors; do
+    before=$(cksum < g/keep.safetensors)
+    if "$ckpt" consolidate "$C" "$out" > o.out 2>&1; then fail "consolidate $C $out was accepted"; fi
+    grep -q "choose another OUT" o.out || { cat o.out; fail "consolidate into $out: no reason given"; }
+    [ "$(cksum < g/keep.safetensors)" = "$before" ] && cmp -s "$C" g/keep.safetensors || fail "consolidate into $out changed a checkpoint"
+done
+if "$ckpt" consolidate g/gpt_sets g/gpt_sets/x.safetensors > o.out 2>&1; then fail "consolidate into the set's folder was accepted"; fi
+grep -q "inside the checkpoint it reads" o.out && [ ! -e g/gpt_sets/x.safetensors ] || { cat o.out; fail "consolidate into the set: no reason"; }
 "$ckpt" show no-such.safetensors > n.out 2>&1; [ $? = 1 ] && grep -q "no-such.safetensors" n.out || fail "a missing file not named"
-echo "ok: cddp-ckpt shows, verifies (and refuses a NaN, an orphan state, a wrong shape, a missing state, a cut file, a changed shard), consolidates files and sets for PyTorch"
+echo "ok: cddp-ckpt shows, verifies (and refuses a NaN, an orphan state, a wrong shape, a missing state, a cut file, a changed shard), consolidates files and sets for PyTorch, never over a checkpoint"

@@ -82,6 +82,7 @@ typedef struct job {
     options o;
     char host[256];
     char run_id[64], token[CDDPRUN_MAX_TOKEN + 1];
+    char claim[80]; /* this launcher's identity in the rendezvous: host, pid and a random nonce */
     char **argv;
     int world, base, round;
     char worker_port[16];

@@ -19,6 +19,7 @@
 #include "cddprun.h"
 
 #include "cddp/launch.h"
+#include "cddp/net.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -218,10 +219,24 @@ int main(int argc, char **argv) {
     j.in = cddp_calloc((size_t)o->nnodes, sizeof *j.in);
     j.beat = cddp_calloc((size_t)o->nnodes, sizeof *j.beat);
     j.beat_at = cddp_calloc((size_t)o->nnodes, sizeof *j.beat_at);
-    if (o->local_addr)
-        snprintf(j.host, sizeof j.host, "%s", o->local_addr);
-    else if (gethostname(j.host, sizeof j.host) != 0)
+    /* This node's address for the others: --local_addr (an address, a host name, or an
+     * interface's name), else CDDP_SOCKET_IFNAME's address, else the hostname; checked now. */
+    const char *ifname = cddp_knob_str(CDDP_KNOB_SOCKET_IFNAME);
+    cddp_error e = {0};
+    bool by_interface = false;
+    if (o->local_addr) {
+        if (cddp_net_local_host(o->local_addr, j.host, sizeof j.host, &by_interface, &e))
+            cddprun_die_usage("--local_addr %s: %s", o->local_addr, e.msg);
+    } else if (*ifname) {
+        if (cddp_net_interface_addr(ifname, j.host, sizeof j.host, &e))
+            cddprun_die_usage("CDDP_SOCKET_IFNAME=%s: %s", ifname, e.msg);
+        by_interface = true;
+    } else if (gethostname(j.host, sizeof j.host) != 0) {
         snprintf(j.host, sizeof j.host, "localhost");
+    }
+    if (by_interface)
+        fprintf(stderr, "cddprun: this node's address is %s (interface %s)\n", j.host,
+                o->local_addr ? o->local_addr : ifname);
     if (o->standalone) {
         o->master_addr = "127.0.0.1";
         o->master_port = 0;

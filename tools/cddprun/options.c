@@ -49,7 +49,7 @@ enum {
 /* Each option once, with the environment variable it can also come from. Dash spellings
  * (torchrun's) are accepted for every underscore spelling. has_arg 2: the value is optional and,
  * when given, is the next argument if that looks like one (--tee 3), or follows '=' (--tee=3);
- * has_arg 3: a switch that may say --join=True or --join=False (msrun's booleans). */
+ * has_arg 3: a switch that may say --join=True, --join True or --join=False (msrun's booleans). */
 static const struct {
     const char *name;
     int has_arg, code;
@@ -134,7 +134,9 @@ static void usage(FILE *out) {
         "  --monitor_interval S    seconds between looks at the workers and the store (default "
         "0.1)\n"
         "  --grace_period S        seconds between SIGTERM and SIGKILL when stopping (default 5)\n"
-        "  --local_addr HOST       this node's address, as other nodes see it (default: hostname)\n"
+        "  --local_addr HOST       this node's address, as other nodes see it, or an interface\n"
+        "                          whose address it is (eth0) (default: CDDP_SOCKET_IFNAME's\n"
+        "                          address, else the hostname)\n"
         "  --token_file FILE       the job's secret, the first line of FILE (make it readable\n"
         "                          only by you); every node needs the same one. One node makes a\n"
         "                          random one when none is given; a job on several nodes needs "
@@ -253,7 +255,15 @@ static bool parse_bool(const char *name, const char *v) {
     cddprun_die_usage("%s=%s: expected 1/true/yes or 0/false/no", name, v);
 }
 
-/* A switch's value given with '=' (--join=True). */
+/* A word msrun's booleans take (True, False; also yes/no, 1/0), which is no program's name. */
+static bool looks_like_bool(const char *v) {
+    static const char *const words[] = {"true", "false", "yes", "no", "1", "0"};
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+        if (!strcasecmp(v, words[i])) return true;
+    return false;
+}
+
+/* A switch's value given with '=' (--join=True) or as the next word (--join True). */
 static bool option_bool(const char *name, const char *v) {
     char flag[80];
     snprintf(flag, sizeof flag, "--%s", name);
@@ -467,9 +477,12 @@ void cddprun_parse_options(int argc, char **argv, options *o) {
         if (c == 'r') c = OPT_REDIRECTS;
         if (c == 't') c = OPT_TEE;
         if (c == OPT_TOKEN) o->token_in_argv = true;
-        /* An optional value given as the next argument: --tee 3 */
+        /* An optional value given as the next argument: --tee 3, --join True (msrun's) */
         const char *v = optarg;
         if (!v && c == OPT_TEE && optind < argc && looks_like_streams(argv[optind]))
+            v = argv[optind++];
+        if (!v && (c == OPT_JOIN || c == OPT_BIND_CORE) && optind < argc &&
+            looks_like_bool(argv[optind]))
             v = argv[optind++];
         apply(o, c, name, v);
     }

@@ -141,6 +141,42 @@ static bool read_members(job *j) {
     return j->in[j->o.node_rank];
 }
 
+/* Claims --node_rank for this round: a second launcher with the same node rank (a copy-pasted
+ * command line) is refused, naming the first, instead of hanging the job. In an elastic job a
+ * rank whose round has formed already belongs to a node that came before (this one joins the
+ * next round), so only a claim on a round still forming is a twin. */
+static void claim_node_rank(job *j, bool elastic) {
+    char key[64];
+    snprintf(key, sizeof key, "r%d/claim/%d", j->round, j->o.node_rank);
+    if (!j->claim[0]) {
+        uint8_t nonce[CDDP_NET_NONCE];
+        cddp_error e = {0};
+        if (cddp_net_nonce(nonce, &e)) cddprun_fail_rdzv("rendezvous", &e);
+        int n = snprintf(j->claim, sizeof j->claim, "%.32s pid %d ", j->host, (int)getpid());
+        for (int i = 0; i < 4 && n + 2 < (int)sizeof j->claim; i++)
+            n += snprintf(j->claim + n, sizeof j->claim - (size_t)n, "%02x", nonce[i]);
+    }
+    void *cur = NULL;
+    size_t len = 0;
+    cddp_error err = {0};
+    if (cddp_store_compare_set(j->store, key, "", 0, j->claim, strlen(j->claim), &cur, &len, &err))
+        cddprun_fail_rdzv("rendezvous", &err);
+    bool mine = len == strlen(j->claim) && !memcmp(cur, j->claim, len);
+    char other[96];
+    snprintf(other, sizeof other, "%.*s", (int)CDDP_MIN(len, sizeof other - 1), (char *)cur);
+    cddp_free(cur);
+    if (mine) return;
+    char members[64];
+    snprintf(members, sizeof members, "r%d/members", j->round);
+    const char *mk = members;
+    if (elastic && cddp_store_wait(j->store, &mk, 1, 0, &err) == CDDP_OK) return;
+    fprintf(stderr,
+            "cddprun: node rank %d is taken in this job by another launcher (%s): give each "
+            "node its own --node_rank\n",
+            j->o.node_rank, other);
+    exit(1);
+}
+
 /* Registers this node for the round, waits for the others, and computes ranks. In an elastic
  * job (--nnodes MIN:MAX) node 0 decides who is in the round; a node that comes after a round
  * formed waits for the next one, which the job's next restart starts. */
@@ -164,6 +200,7 @@ void cddprun_rendezvous(job *j) {
             if (cddp_store_set_str(j->store, "round", val, &err))
                 cddprun_fail_rdzv("rendezvous", &err);
         }
+        claim_node_rank(j, elastic);
         snprintf(key, sizeof key, "r%d/node/%d", j->round, o->node_rank);
         snprintf(val, sizeof val, "%d %s", o->nproc_per_node, j->host);
         if (cddp_store_set_str(j->store, key, val, &err)) cddprun_fail_rdzv("rendezvous", &err);
@@ -222,16 +259,33 @@ void cddprun_rendezvous(job *j) {
         if (!j->in[k]) continue;
         if (cddp_store_get(j->store, keys[i++], -1, &v, &n, &err))
             cddprun_fail_rdzv("rendezvous", &err);
-        int p = atoi(v);
+        char *end;
+        long p = strtol(v, &end, 10);
+        bool bad = end == (char *)v || *end != ' ' || p < 1 || p > 65536 || j->world + p > 1 << 20;
+        if (bad) {
+            fprintf(stderr,
+                    "cddprun: rendezvous failed: node %d registered '%.40s', not a worker count "
+                    "from 1 to 65536 (in a world of at most %d ranks): a launcher of another "
+                    "version, or a stranger with the job's token\n",
+                    k, (char *)v, 1 << 20);
+            exit(1);
+        }
         cddp_free(v);
-        if (k < o->node_rank) j->base += p, j->group_rank++;
-        j->world += p;
+        if (k < o->node_rank) j->base += (int)p, j->group_rank++;
+        j->world += (int)p;
         j->nodes++;
         j->lost[k] = false;
     }
     if (cddp_store_get(j->store, keys[nkeys], -1, &v, &n, &err))
         cddprun_fail_rdzv("rendezvous", &err);
-    snprintf(j->worker_port, sizeof j->worker_port, "%s", (char *)v);
+    char *pend;
+    long wp = strtol(v, &pend, 10);
+    if (pend == (char *)v || *pend || wp < 1 || wp > 65535) {
+        fprintf(stderr, "cddprun: rendezvous failed: node 0 posted the workers' port '%.20s'\n",
+                (char *)v);
+        exit(1);
+    }
+    snprintf(j->worker_port, sizeof j->worker_port, "%ld", wp);
     cddp_free(v);
     if (cddp_store_get(j->store, "run_id", -1, &v, &n, &err)) cddprun_fail_rdzv("rendezvous", &err);
     snprintf(j->run_id, sizeof j->run_id, "%s", (char *)v);

@@ -15,6 +15,7 @@
 #include <cddp/cddp.h>
 
 #include <getopt.h>
+#include <libgen.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -197,6 +198,34 @@ static int consolidate(const view *v, const char *out, bool with_optimizer) {
     return 0;
 }
 
+/* consolidate never writes over what it reads, nor over a training checkpoint (a file with
+ * optimizer state): it would leave the weights alone where the run's state was. 0, or 1 after
+ * saying why. */
+static int check_out(const char *in, const char *out) {
+    struct stat a, b;
+    bool exists = stat(out, &b) == 0;
+    char rin[4096], rdir[4096], dir[4096];
+    snprintf(dir, sizeof dir, "%s", out);
+    const char *why = NULL;
+    if (exists && S_ISDIR(b.st_mode))
+        why = "is a folder: give the file to write";
+    else if (exists && stat(in, &a) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+        why = "is the checkpoint it reads";
+    else if (realpath(in, rin) && realpath(dirname(dir), rdir) &&
+             !strncmp(rdir, rin, strlen(rin)) && (!rdir[strlen(rin)] || rdir[strlen(rin)] == '/'))
+        why = "is inside the checkpoint it reads";
+    cddp_error err = {0};
+    cddp_safetensors *f = why || !exists ? NULL : cddp_safetensors_read(out, &err);
+    for (int i = 0; f && !why && i < cddp_safetensors_count(f); i++)
+        if (is_state(cddp_safetensors_at(f, i)->name))
+            why = "is a training checkpoint (it holds optimizer state): writing the weights alone "
+                  "over it would lose that state";
+    cddp_safetensors_destroy(f);
+    if (!why) return 0;
+    fprintf(stderr, "cddp-ckpt: consolidate: %s %s; choose another OUT\n", out, why);
+    return 1;
+}
+
 static void close_view(view *v) {
     for (int i = 0; v->names && i < v->n; i++) free(v->names[i]);
     free(v->names);
@@ -334,8 +363,12 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *path = argv[optind + 1];
+    if (!strcmp(cmd, "consolidate") && check_out(path, argv[optind + 2])) return 1;
     view v = {0};
-    if (open_view(&v, path) != 0) return 1;
+    if (open_view(&v, path) != 0) {
+        close_view(&v); /* what it opened before it failed */
+        return 1;
+    }
     int rc = !strcmp(cmd, "show")     ? show(&v, path)
              : !strcmp(cmd, "verify") ? verify(&v, path)
                                       : consolidate(&v, argv[optind + 2], with_optimizer);
