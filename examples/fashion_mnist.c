@@ -509,11 +509,13 @@ int main(int argc, char **argv) {
     cddp_sampler_state mid = {0}; /* a checkpoint from the middle of an epoch */
     char resume_at[4096];         /* a folder of sets: its newest complete one */
     if (o.resume) {
-        if (cddp_checkpoint_resolve(o.resume, resume_at, sizeof resume_at, &err) != CDDP_OK)
+        /* from a folder of sets, a set that fails its checks gives way to the one before it:
+         * resume_at says which was loaded */
+        cddp_safetensors *f = NULL;
+        if (cddp_ddp_load_from(ddp, o.resume, opt, &f, resume_at, sizeof resume_at, &err) !=
+            CDDP_OK)
             goto fail;
         o.resume = resume_at;
-        cddp_safetensors *f = NULL;
-        if (cddp_ddp_load(ddp, o.resume, opt, &f, &err) != CDDP_OK) goto fail;
         int64_t ep = 0, de = -1, pos = 0;
         int rc = run_meta_int(f, o.resume, "epoch", 0, 1000000, 0, &ep, &err);
         if (!rc) rc = run_meta_int(f, o.resume, "data_epoch", 0, 1000000, -1, &de, &err);

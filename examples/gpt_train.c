@@ -521,7 +521,11 @@ int main(int argc, char **argv) {
     }
     if (o.resume) {
         cddp_safetensors *f = NULL;
-        if (cddp_ddp_load(ddp, resume_path, opt, &f, &err) != CDDP_OK) goto fail;
+        /* the path asked for: from a folder of sets, a set that fails its checks gives way to
+         * the one before it, and resume_path says which was loaded */
+        if (cddp_ddp_load_from(ddp, *o.resume ? o.resume : ckpt, opt, &f, resume_path,
+                               sizeof resume_path, &err) != CDDP_OK)
+            goto fail;
         /* The ranks' position in the epoch: any number of ranks continues the same order. */
         cddp_sampler_state st = {0};
         int64_t was = world;

@@ -119,6 +119,10 @@ CDDP_API int cddp_ckpt_set_commit(const char *dir, int world, const cddp_model *
  * its checkpoints/ folder of sets, else its checkpoint.safetensors. The result goes to out (cap
  * bytes). CDDP_ENOENT when a folder holds no complete set. */
 CDDP_API int cddp_checkpoint_resolve(const char *path, char *out, size_t cap, cddp_error *err);
+/* The newest complete set committed before set (a path cddp_checkpoint_resolve gave) in the same
+ * folder: where a resume goes when that set fails its checks. CDDP_ENOENT when there is none. */
+CDDP_API int cddp_checkpoint_resolve_before(const char *set, char *out, size_t cap,
+                                            cddp_error *err);
 /* The metadata of a checkpoint (path as for resolve): a file's header (names, shapes and
  * metadata; its tensors' data are NULL: not read), or a set's manifest. */
 CDDP_API cddp_safetensors *cddp_checkpoint_metadata(const char *path, cddp_error *err);

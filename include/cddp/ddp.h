@@ -141,9 +141,16 @@ CDDP_API int cddp_ddp_save_set(cddp_ddp *ddp, const char *root, int64_t step, in
 /* Every rank loads the checkpoint (see cddp_checkpoint_load); fails on every rank if any rank
  * failed. Collective. path may be a file, a set or a folder of sets (its newest complete set),
  * saved by any number of ranks, with or without shard_optimizer. Each rank reads the parameters
- * and, with shard_optimizer, the optimizer state of its own shard alone. */
+ * and, with shard_optimizer, the optimizer state of its own shard alone, and checks the CRC-32 of
+ * every range it reads. From a folder of sets, a set that fails its checks on any rank gives way
+ * to the newest complete set before it, on every rank, and the log says so; cddp_ddp_load_from
+ * says which set it loaded. */
 CDDP_API int cddp_ddp_load(cddp_ddp *ddp, const char *path, cddp_optim *opt,
                            cddp_safetensors **file, cddp_error *err);
+/* cddp_ddp_load, the path of what it loaded (a file, or a set of the folder) into loaded (cap
+ * bytes). */
+CDDP_API int cddp_ddp_load_from(cddp_ddp *ddp, const char *path, cddp_optim *opt,
+                                cddp_safetensors **file, char *loaded, size_t cap, cddp_error *err);
 
 /* The last synchronised step, in seconds. forward: from cddp_model_forward to backward (0 for
  * models with a hand-written forward); backward: the tape walk (inline: including the

@@ -19,6 +19,8 @@ typedef struct ckpt_call {
     cddp_optim *opt;
     const char *const *metadata;
     cddp_safetensors **file;
+    char *loaded; /* where load says what it loaded (may be NULL) */
+    size_t cap;
 } ckpt_call;
 
 static int save(cddp_ddp *d, void *arg, cddp_error *err) {
@@ -37,21 +39,26 @@ static int save(cddp_ddp *d, void *arg, cddp_error *err) {
                           "rank 0 could not write the checkpoint %s (its log says why)", a->path);
 }
 
-static int load(cddp_ddp *d, void *arg, cddp_error *err) {
-    const ckpt_call *a = arg;
+/* One try: every rank loads path; all fail when one did. *damaged: some rank found the data
+ * damaged (CDDP_EFORMAT), and *who the first rank that failed. */
+static int load_once(cddp_ddp *d, const ckpt_call *a, const char *path, bool *damaged, int *who,
+                     cddp_error *err) {
     cddp_error mine = {0};
     cddp_safetensors *f = NULL;
-    int32_t st = cddp_checkpoint_load(a->path, d->model, a->opt, a->file ? &f : NULL, &mine);
-    int32_t worst[2] = {st != CDDP_OK ? 1 : 0, st != CDDP_OK ? d->rank : -1};
-    int rc = cddp_comm_allreduce(d->group, worst, worst, 2, CDDP_COMM_I32, CDDP_COMM_MAX,
+    int32_t st = cddp_checkpoint_load(path, d->model, a->opt, a->file ? &f : NULL, &mine);
+    int32_t worst[3] = {st != CDDP_OK ? 1 : 0, st != CDDP_OK ? INT32_MAX - d->rank : -1,
+                        st == CDDP_EFORMAT};
+    int rc = cddp_comm_allreduce(d->group, worst, worst, 3, CDDP_COMM_I32, CDDP_COMM_MAX,
                                  cddp__ddp_timeout(d), err);
+    *damaged = rc == CDDP_OK && worst[2];
+    *who = INT32_MAX - worst[1];
     if (rc == CDDP_OK && st != CDDP_OK) {
         if (err) *err = mine;
         rc = st;
     } else if (rc == CDDP_OK && worst[0]) {
         rc = cddp_error_set(err, CDDP_EIO,
-                            "rank %d could not load the checkpoint %s (its log says why)", worst[1],
-                            a->path);
+                            "rank %d could not load the checkpoint %s (its log says why)", *who,
+                            path);
     }
     if (rc == CDDP_OK && a->file)
         *a->file = f;
@@ -60,18 +67,53 @@ static int load(cddp_ddp *d, void *arg, cddp_error *err) {
     return rc;
 }
 
+/* A folder of sets resumes from its newest complete set; one that fails its checks on any rank
+ * (a changed byte, a shard from another save) gives way to the newest before it, every rank
+ * going back alike, and the log says so. */
+static int load(cddp_ddp *d, void *arg, cddp_error *err) {
+    const ckpt_call *a = arg;
+    char set[4096];
+    if (cddp_checkpoint_resolve(a->path, set, sizeof set, NULL) != CDDP_OK || !strcmp(set, a->path))
+        snprintf(set, sizeof set, "%s", a->path); /* a file or a set: no other to take */
+    bool folder = strcmp(set, a->path) != 0;
+    for (;;) {
+        bool damaged = false;
+        int who = 0;
+        cddp_error e = {0};
+        int rc = load_once(d, a, set, &damaged, &who, &e);
+        char older[4096];
+        if (rc == CDDP_OK || !folder || !damaged ||
+            cddp_checkpoint_resolve_before(set, older, sizeof older, NULL) != CDDP_OK) {
+            if (err && rc != CDDP_OK) *err = e;
+            if (rc == CDDP_OK && a->loaded) snprintf(a->loaded, a->cap, "%s", set);
+            return rc;
+        }
+        if (who == d->rank) cddp_log(CDDP_LOG_WARN, "ddp", "%s: %s", set, cddp_error_msg(&e));
+        if (d->rank == 0)
+            cddp_log(CDDP_LOG_WARN, "ddp",
+                     "%s failed its checks on rank %d: resuming from %s, the newest set before it",
+                     set, who, older);
+        snprintf(set, sizeof set, "%s", older);
+    }
+}
+
 int cddp_ddp_save(cddp_ddp *d, const char *path, cddp_optim *opt, const char *const *metadata,
                   cddp_error *err) {
-    ckpt_call a = {path, opt, metadata, NULL};
+    ckpt_call a = {path, opt, metadata, NULL, NULL, 0};
     if (d->o.shard_optimizer && opt) return cddp__ddp_zero_with_whole_state(d, opt, save, &a, err);
     return save(d, &a, err);
 }
 
-int cddp_ddp_load(cddp_ddp *d, const char *path, cddp_optim *opt, cddp_safetensors **file,
-                  cddp_error *err) {
-    ckpt_call a = {path, opt, NULL, file};
+int cddp_ddp_load_from(cddp_ddp *d, const char *path, cddp_optim *opt, cddp_safetensors **file,
+                       char *loaded, size_t cap, cddp_error *err) {
+    ckpt_call a = {path, opt, NULL, file, cap ? loaded : NULL, cap};
     if (file) *file = NULL;
     return load(d, &a, err); /* a sharded optimizer reads its shard's state alone */
+}
+
+int cddp_ddp_load(cddp_ddp *d, const char *path, cddp_optim *opt, cddp_safetensors **file,
+                  cddp_error *err) {
+    return cddp_ddp_load_from(d, path, opt, file, NULL, 0, err);
 }
 
 /* Fails every rank once one failed: this rank's own error, or one naming the first rank that

@@ -34,6 +34,7 @@ struct cddp_ckpt_set {
     char **ties; /* second name, parameter, ... */
     char *states[CDDP__CKPT_MAX_STATES];
     cddp_ckpt_shard *shards;
+    int64_t *header_crc; /* per shard, its header's CRC-32 (-1: a manifest from before) */
     cddp__ckpt_layout layout;
     int *fds; /* per shard, opened when first read */
 };
@@ -136,7 +137,13 @@ static int index_shard(const char *dir, int r, int world, const cddp_ckpt_shard 
     uint64_t start, size;
     cddp_safetensors *f = cddp__safetensors_index(path, &start, &size, err);
     if (!f) return err ? err->code : CDDP_EFORMAT;
+    const char *crc_text = cddp_safetensors_meta(f, "crc32");
+    cJSON *crcs = crc_text ? cJSON_Parse(crc_text) : NULL;
     int rc = CDDP_OK;
+    if (crc_text && !cJSON_IsObject(crcs)) {
+        rc = cddp_error_set(err, CDDP_EFORMAT, "%s: its crc32 metadata is not a JSON object", path);
+        goto out;
+    }
     for (int i = 0; i < cddp_safetensors_count(f); i++) {
         const cddp_st_tensor *t = cddp_safetensors_at(f, i);
         if (strncmp(t->name, "flat.", 5) != 0) continue;
@@ -162,20 +169,31 @@ static int index_shard(const char *dir, int r, int world, const cddp_ckpt_shard 
         cddp__ckpt_range *g = &l->ranges[l->n++];
         *g = (cddp__ckpt_range){.begin = begin, .end = begin + t->shape[0], .shard = r};
         g->at[0] = start + cddp__st_offset(t);
-        for (int s = 0; s < nstates; s++) {
+        g->has_crc = crcs != NULL;
+        for (int s = -1; s < nstates; s++) {
             char name[200];
-            snprintf(name, sizeof name, "optim.%.64s.%s", states[s], t->name);
-            const cddp_st_tensor *st = flat(f, name, t->shape[0]);
-            if (!st) {
-                rc = cddp_error_set(err, CDDP_EFORMAT,
-                                    "%s: '%s' is missing (the optimizer's %s of that range)", path,
-                                    name, states[s]);
+            const cddp_st_tensor *st = t;
+            if (s >= 0) {
+                snprintf(name, sizeof name, "optim.%.64s.%s", states[s], t->name);
+                if (!(st = flat(f, name, t->shape[0]))) {
+                    rc = cddp_error_set(err, CDDP_EFORMAT,
+                                        "%s: '%s' is missing (the optimizer's %s of that range)",
+                                        path, name, states[s]);
+                    goto out;
+                }
+                g->at[1 + s] = start + cddp__st_offset(st);
+            }
+            const cJSON *c = crcs ? cJSON_GetObjectItemCaseSensitive(crcs, st->name) : NULL;
+            if (crcs && (!cJSON_IsNumber(c) || c->valuedouble < 0 || c->valuedouble > UINT32_MAX)) {
+                rc = cddp_error_set(err, CDDP_EFORMAT, "%s: no CRC-32 of '%s' in its header", path,
+                                    st->name);
                 goto out;
             }
-            g->at[1 + s] = start + cddp__st_offset(st);
+            if (c) g->crc[1 + s] = (uint32_t)c->valuedouble;
         }
     }
 out:
+    cJSON_Delete(crcs);
     cddp_safetensors_destroy(f);
     return rc;
 }
@@ -232,6 +250,7 @@ void cddp_ckpt_set_close(cddp_ckpt_set *s) {
     cddp_free(s->offsets);
     cddp_free(s->ties);
     cddp_free(s->shards);
+    cddp_free(s->header_crc);
     cddp_free(s->fds);
     cddp__ckpt_layout_free(&s->layout);
     cddp_safetensors_destroy(s->manifest);
@@ -292,11 +311,15 @@ static int parse_lists(cddp_ckpt_set *s, cJSON *params, cJSON *ties, cJSON *stat
             !(s->states[s->nstates++] = cddp_strdup(e->valuestring)))
             return -1;
     }
+    if (!(s->header_crc = cddp_calloc((size_t)s->world, sizeof *s->header_crc))) return -1;
     i = 0;
-    cJSON_ArrayForEach(e, shards) {
+    cJSON_ArrayForEach(e, shards) { /* [bytes, crc32] or, since headers are bound, [.., header's] */
+        int n = cJSON_GetArraySize(e);
         int64_t bytes = json_int(cJSON_GetArrayItem(e, 0), 0, INT64_MAX / 2),
-                crc = json_int(cJSON_GetArrayItem(e, 1), 0, UINT32_MAX);
-        if (bytes < 0 || crc < 0) return -1;
+                crc = json_int(cJSON_GetArrayItem(e, 1), 0, UINT32_MAX),
+                head = n == 3 ? json_int(cJSON_GetArrayItem(e, 2), 0, UINT32_MAX) : -1;
+        if (bytes < 0 || crc < 0 || (n != 2 && n != 3) || (n == 3 && head < 0)) return -1;
+        s->header_crc[i] = head;
         s->shards[i++] = (cddp_ckpt_shard){.bytes = bytes, .crc32 = (uint32_t)crc};
     }
     /* The ranges: [shard, begin, end, offsets], every byte inside its shard's file. */
@@ -398,6 +421,47 @@ fail:
     return NULL;
 }
 
+/* The first complete set of root's sets[from..n) (newest commit first) into out: 1, or 0 when
+ * none is (*incomplete and *damaged counting the others, why the first damage), or a status. */
+static int first_complete(const char *root, const cddp__ckpt_entry *sets, int n, int from,
+                          char *out, size_t cap, int *incomplete, int *damaged, char why[600],
+                          cddp_error *err) {
+    for (int i = from; i < n; i++) {
+        char dir[4500];
+        snprintf(dir, sizeof dir, "%s/%s", root, sets[i].name);
+        if (sets[i].seq < 0) {
+            (*incomplete)++;
+            continue;
+        }
+        cddp_error e = {0};
+        cddp_ckpt_set *s = open_set(dir, &e);
+        if (!s) {
+            cddp_log(CDDP_LOG_WARN, "io", "skipping the set %s: %s", dir, e.msg);
+            if (!(*damaged)++) snprintf(why, 600, "%s", e.msg);
+            continue;
+        }
+        cddp_ckpt_set_close(s);
+        if ((size_t)snprintf(out, cap, "%s", dir) >= cap)
+            return cddp_error_set(err, CDDP_EINVAL, "%s: path too long", dir);
+        return 1;
+    }
+    return 0;
+}
+
+int cddp_checkpoint_resolve_before(const char *set, char *out, size_t cap, cddp_error *err) {
+    char root[4096], why[600] = "";
+    const char *slash = strrchr(set, '/');
+    snprintf(root, sizeof root, "%.*s", slash ? (int)(slash - set) : 1, slash ? set : ".");
+    cddp__ckpt_entry *sets = NULL;
+    int n = cddp__ckpt_scan(root, &sets), i = 0, incomplete = 0, damaged = 0;
+    while (i < n && strcmp(sets[i].name, slash ? slash + 1 : set) != 0) i++;
+    int found = first_complete(root, sets, n, i + 1, out, cap, &incomplete, &damaged, why, err);
+    cddp_free(sets);
+    if (found) return found > 0 ? CDDP_OK : found;
+    return cddp_error_set(err, CDDP_ENOENT, "%s holds no complete set committed before %s", root,
+                          slash ? slash + 1 : set);
+}
+
 int cddp_checkpoint_resolve(const char *path, char *out, size_t cap, cddp_error *err) {
     char manifest[4200];
     snprintf(manifest, sizeof manifest, "%s/" CDDP_CKPT_MANIFEST, path);
@@ -409,27 +473,9 @@ int cddp_checkpoint_resolve(const char *path, char *out, size_t cap, cddp_error 
     cddp__ckpt_entry *sets = NULL;
     int n = cddp__ckpt_scan(path, &sets), incomplete = 0, damaged = 0;
     char why[600] = "";
-    for (int i = 0; i < n; i++) {
-        char dir[4500];
-        snprintf(dir, sizeof dir, "%s/%s", path, sets[i].name);
-        if (sets[i].seq < 0) {
-            incomplete++;
-            continue;
-        }
-        cddp_error e = {0};
-        cddp_ckpt_set *s = open_set(dir, &e);
-        if (!s) {
-            cddp_log(CDDP_LOG_WARN, "io", "skipping the set %s: %s", dir, e.msg);
-            if (!damaged++) snprintf(why, sizeof why, "%s", e.msg);
-            continue;
-        }
-        cddp_ckpt_set_close(s);
-        cddp_free(sets);
-        if ((size_t)snprintf(out, cap, "%s", dir) >= cap)
-            return cddp_error_set(err, CDDP_EINVAL, "%s: path too long", dir);
-        return CDDP_OK;
-    }
+    int found = first_complete(path, sets, n, 0, out, cap, &incomplete, &damaged, why, err);
     cddp_free(sets);
+    if (found) return found > 0 ? CDDP_OK : found;
     const char *base = strrchr(path, '/');
     if (n == 0) { /* a run's output folder: its folder of sets, else its one file */
         char inner[4500];
@@ -533,14 +579,25 @@ static int check_shard(cddp_ckpt_set *s, int r, const char *path, cddp_error *er
     int cap = 0, mine = 0,
         rc = index_shard(s->dir, r, s->world, &s->shards[r], s->nstates,
                          (const char *const *)s->states, &own, &cap, err);
+    uint32_t head = 0;
+    if (rc == CDDP_OK && s->header_crc[r] >= 0 &&
+        (rc = cddp__shard_header_crc(path, &head, err)) == CDDP_OK && head != s->header_crc[r])
+        rc = cddp_error_set(err, CDDP_EFORMAT,
+                            "%s is not the shard this set's manifest recorded (its header's "
+                            "CRC-32 is %08x, the manifest's %08x): a shard from another save?",
+                            path, (unsigned)head, (unsigned)s->header_crc[r]);
     for (int i = 0; rc == CDDP_OK && i < s->layout.n; i++) {
-        const cddp__ckpt_range *g = &s->layout.ranges[i];
+        cddp__ckpt_range *g = &s->layout.ranges[i];
         if (g->shard != r) continue;
         int j = 0;
         while (j < own.n && (own.ranges[j].begin != g->begin || own.ranges[j].end != g->end ||
                              memcmp(own.ranges[j].at, g->at, sizeof g->at) != 0))
             j++;
         mine += j < own.n ? 1 : own.n + 1; /* a range the header lacks: never equal */
+        if (j < own.n) { /* the header's CRC-32s of the range, checked as it is read */
+            memcpy(g->crc, own.ranges[j].crc, sizeof g->crc);
+            g->has_crc = own.ranges[j].has_crc;
+        }
     }
     if (rc == CDDP_OK && mine != own.n)
         rc = cddp_error_set(err, CDDP_EFORMAT,
@@ -558,6 +615,24 @@ static int shard_fd(cddp_ckpt_set *s, int r, char *path, size_t cap, cddp_error 
     if ((s->fds[r] = open(path, O_RDONLY | O_CLOEXEC)) < 0)
         return cddp_error_set(err, CDDP_EIO, "cannot open %s: %s", path, strerror(errno));
     return CDDP_OK;
+}
+
+/* Elements [a, b) of range g's tensor `which` into dst, the whole range read and its CRC-32
+ * checked (a part of it needs the rest read too: at most two ranges per call, at its ends). */
+static int read_checked(cddp_ckpt_set *s, const cddp__ckpt_range *g, int which, const char *path,
+                        int64_t a, int64_t b, float *dst, cddp_error *err) {
+    int64_t n = g->end - g->begin;
+    bool whole = a == g->begin && b == g->end;
+    float *buf = whole ? dst : cddp_malloc((size_t)n * sizeof(float));
+    if (!buf) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    char what[160];
+    snprintf(what, sizeof what, "elements %" PRId64 "..%" PRId64 " of the %s", g->begin, g->end - 1,
+             which ? s->states[which - 1] : "parameters");
+    int rc = cddp__pread_crc(s->fds[g->shard], buf, (size_t)n * sizeof(float), g->at[which],
+                             g->crc[which], path, what, err);
+    if (rc == CDDP_OK && !whole) memcpy(dst, buf + (a - g->begin), (size_t)(b - a) * sizeof(float));
+    if (!whole) cddp_free(buf);
+    return rc;
 }
 
 int cddp_ckpt_set_read(cddp_ckpt_set *s, const char *state, int64_t begin, int64_t end, float *dst,
@@ -587,9 +662,11 @@ int cddp_ckpt_set_read(cddp_ckpt_set *s, const char *state, int64_t begin, int64
         int64_t a = CDDP_MAX(begin, g->begin), b = CDDP_MIN(end, g->end);
         char path[4200];
         CDDP_TRY(shard_fd(s, g->shard, path, sizeof path, err));
-        CDDP_TRY(
-            cddp__pread_all(s->fds[g->shard], dst + (a - begin), (size_t)(b - a) * sizeof(float),
-                            g->at[which] + (uint64_t)(a - g->begin) * sizeof(float), path, err));
+        CDDP_TRY(g->has_crc /* a set from before shards held CRC-32s: what is needed alone */
+                     ? read_checked(s, g, which, path, a, b, dst + (a - begin), err)
+                     : cddp__pread_all(
+                           s->fds[g->shard], dst + (a - begin), (size_t)(b - a) * sizeof(float),
+                           g->at[which] + (uint64_t)(a - g->begin) * sizeof(float), path, err));
     }
     return CDDP_OK;
 }

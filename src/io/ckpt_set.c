@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 static void sync_dir(const char *dir) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -65,6 +66,28 @@ static const float *state_at(const cddp_model *m, const cddp_optim *opt, const f
         at += r[2 * k + 1] - r[2 * k];
     }
     return NULL;
+}
+
+/* {"<tensor name>": CRC-32 of its data, ...} (cJSON's text, the caller's to free). */
+static char *crc_json(const cddp_st_tensor *list, int n) {
+    cJSON *o = cJSON_CreateObject();
+    for (int i = 0; o && i < n; i++) {
+        uLong c = crc32(0L, Z_NULL, 0);
+        const unsigned char *p = list[i].data;
+        size_t left = (size_t)list[i].shape[0] * sizeof(float);
+        while (left) { /* zlib takes at most 4 GiB at a time */
+            uInt k = left > (1u << 30) ? 1u << 30 : (uInt)left;
+            c = crc32(c, p, k);
+            p += k;
+            left -= k;
+        }
+        cJSON_AddNumberToObject(o, list[i].name, (double)c);
+    }
+    char *text = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    char *own = text ? cddp_strdup(text) : NULL;
+    free(text);
+    return own;
 }
 
 int cddp_ckpt_set_write_shard(const char *dir, int rank, int world, const cddp_model *m,
@@ -125,10 +148,19 @@ int cddp_ckpt_set_write_shard(const char *dir, int rank, int world, const cddp_m
     snprintf(path, sizeof path, "%s/shard-%05d-of-%05d.safetensors", dir, rank, world);
     snprintf(r, sizeof r, "%d", rank);
     snprintf(w, sizeof w, "%d", world);
-    const char *meta[] = {"cddp_format", "checkpoint-shard-1", "rank", r, "world", w, NULL};
+    /* Each tensor's CRC-32, which a reader checks on the ranges it reads (the manifest holds a
+     * CRC-32 of this header, so a shard from another save is found too). */
+    char *crcs = n ? crc_json(list, n) : cddp_strdup("{}");
+    if (!crcs) {
+        rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", dir);
+        goto out;
+    }
+    const char *meta[] = {"cddp_format", "checkpoint-shard-1", "rank", r, "world", w, "crc32", crcs,
+                          NULL};
     uint64_t bytes = 0;
     uint32_t crc = 0;
     rc = cddp__safetensors_write(path, list, n, meta, &bytes, &crc, err);
+    cddp_free(crcs);
     if (rc == CDDP_OK && info) *info = (cddp_ckpt_shard){.bytes = (int64_t)bytes, .crc32 = crc};
 out:
     cddp__host_model_free(&h);
@@ -141,7 +173,8 @@ out:
 /* ---- the manifest -------------------------------------------------------------------------- */
 
 static char *layout_json(const cddp_model *m, const cddp_optim *opt, const cddp_ckpt_shard *shards,
-                         int world, const cddp__ckpt_layout *l, int which) {
+                         const uint32_t *headers, int world, const cddp__ckpt_layout *l,
+                         int which) {
     cJSON *a = cJSON_CreateArray();
     if (!a) return NULL;
     if (which == 0) { /* the parameters: [name, offset, shape] */
@@ -170,11 +203,12 @@ static char *layout_json(const cddp_model *m, const cddp_optim *opt, const cddp_
             cddp_optim_state(opt, s, &name);
             cJSON_AddItemToArray(a, cJSON_CreateString(name));
         }
-    } else if (which == 3) { /* the shards: [bytes, crc32] */
+    } else if (which == 3) { /* the shards: [bytes, crc32, the header's crc32] */
         for (int r = 0; r < world; r++) {
             cJSON *e = cJSON_CreateArray();
             cJSON_AddItemToArray(e, cJSON_CreateNumber((double)shards[r].bytes));
             cJSON_AddItemToArray(e, cJSON_CreateNumber((double)shards[r].crc32));
+            cJSON_AddItemToArray(e, cJSON_CreateNumber((double)headers[r]));
             cJSON_AddItemToArray(a, e);
         }
     } else { /* the ranges: [shard, begin, end, file offset of the parameters, of each state] */
@@ -278,8 +312,16 @@ int cddp_ckpt_set_commit(const char *dir, int world, const cddp_model *m, const 
     const char **meta = cddp_calloc((size_t)nmeta + 32, sizeof *meta);
     char *json[5] = {0};
     cddp__host_model h = {0};
-    for (int j = 0; j < 5; j++) json[j] = layout_json(m, opt, shards, world, &layout, j);
-    if (!bufs || !meta || !json[0] || !json[1] || !json[2] || !json[3] || !json[4]) {
+    uint32_t *headers = cddp_calloc((size_t)world, sizeof *headers); /* each shard's header */
+    for (int r = 0; headers && r < world && rc == CDDP_OK; r++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/shard-%05d-of-%05d.safetensors", dir, r, world);
+        rc = cddp__shard_header_crc(path, &headers[r], err);
+    }
+    if (rc != CDDP_OK) goto out;
+    for (int j = 0; headers && j < 5; j++)
+        json[j] = layout_json(m, opt, shards, headers, world, &layout, j);
+    if (!headers || !bufs || !meta || !json[0] || !json[1] || !json[2] || !json[3] || !json[4]) {
         rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", dir);
         goto out;
     }
@@ -325,6 +367,7 @@ int cddp_ckpt_set_commit(const char *dir, int world, const cddp_model *m, const 
     }
 out:
     cddp__host_model_free(&h);
+    cddp_free(headers);
     for (int j = 0; j < 5; j++) cJSON_free(json[j]);
     cddp__ckpt_layout_free(&layout);
     cddp_free(sets);

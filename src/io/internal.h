@@ -12,6 +12,7 @@
 #include "cddp/checkpoint.h"
 #include "cddp/core.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <stdio.h>
@@ -53,6 +54,10 @@ static inline uint64_t cddp__st_offset(const cddp_st_tensor *t) {
 void cddp__safetensors_forget_data(cddp_safetensors *f);
 /* Reads n bytes at offset at of fd (the file path, for the message) into dst, all or an error. */
 int cddp__pread_all(int fd, void *dst, size_t n, uint64_t at, const char *path, cddp_error *err);
+/* The same, then their CRC-32 against want: CDDP_EFORMAT naming the file, the bytes and what they
+ * hold when it differs. */
+int cddp__pread_crc(int fd, void *dst, size_t n, uint64_t at, uint32_t want, const char *path,
+                    const char *what, cddp_error *err);
 
 /* A model's blocks (and its optimizer's state) where the host reads them, for a save: the blocks
  * themselves on the CPU, else copies made now from the model's device. */
@@ -89,7 +94,9 @@ int cddp__ckpt_scan(const char *root, cddp__ckpt_entry **out);
 typedef struct cddp__ckpt_range {
     int64_t begin, end;
     int shard;
-    uint64_t at[1 + CDDP__CKPT_MAX_STATES]; /* file offsets: the parameters', then each state's */
+    uint64_t at[1 + CDDP__CKPT_MAX_STATES];  /* file offsets: the parameters', then each state's */
+    uint32_t crc[1 + CDDP__CKPT_MAX_STATES]; /* their CRC-32s, from the shard's header */
+    bool has_crc;                            /* false in a set written before shards had them */
 } cddp__ckpt_range;
 typedef struct cddp__ckpt_layout {
     cddp__ckpt_range *ranges; /* ascending, covering [0, numel) once */
@@ -101,6 +108,10 @@ int cddp__ckpt_index(const char *dir, int world, const cddp_ckpt_shard *shards, 
                      const char *const *states, int64_t numel, cddp__ckpt_layout *layout,
                      cddp_error *err);
 void cddp__ckpt_layout_free(cddp__ckpt_layout *layout);
+/* CRC-32 of the header of the shard at path (its 8-byte length and its JSON, which holds each
+ * tensor's CRC-32): what a manifest binds each shard by, so that a shard from another save, even
+ * of the same size, is found. */
+int cddp__shard_header_crc(const char *path, uint32_t *crc, cddp_error *err);
 
 /* Hands the open set's manifest to the caller (who destroys it); the set has none after. */
 cddp_safetensors *cddp__ckpt_set_take_manifest(cddp_ckpt_set *s);

@@ -258,7 +258,29 @@ gpt_resume)
     vb=$(json_of second.out val_loss)
     [ -n "$va" ] && [ "$va" = "$vb" ] || fail "validation loss $vb after resuming, $va uninterrupted"
     [ "$(tail -n +2 split/loss.csv | wc -l)" = 40 ] || fail "loss.csv after resume: not 40 iterations"
-    echo "ok: 20 + 20 resumed iterations equal 40 (every loss, validation loss $va)"
+    # Sets at iterations 10 and 20; a byte of the newest's optimizer state changes (same size). The
+    # resume from the folder finds it on the ranks that read that range, and every rank goes back
+    # to the set before it, saying so; the losses from there are the uninterrupted run's.
+    run --nproc_per_node 2 $GPT --max_iters 20 --save_every 10 --keep 2 --out sets > s1.out 2>&1 ||
+        { cat s1.out; fail "the run with sets failed"; }
+    S=sets/checkpoints/step-00000020/shard-00001-of-00002.safetensors
+    [ -s "$S" ] || fail "no set at iteration 20: $(ls sets/checkpoints)"
+    $PY - "$S" <<'PYEOF' || fail "cannot change the shard"
+import sys
+raw = bytearray(open(sys.argv[1], "rb").read())
+raw[-3] ^= 0x10  # in the last tensor: an optimizer state of the shard's last range
+open(sys.argv[1], "wb").write(raw)
+PYEOF
+    CDDP_LOG_LEVEL=warn run --nproc_per_node 2 $GPT --max_iters 40 --out sets --keep 2 \
+        --resume sets/checkpoints > s2.out 2>&1 || { cat s2.out; fail "the resume past the damaged set failed"; }
+    grep -q "step-00000020 failed its checks on rank [01]: resuming from sets/checkpoints/step-00000010, the newest set before it" s2.out ||
+        { cat s2.out; fail "the fallback was not said"; }
+    grep -q "shard-00001-of-00002.safetensors: bytes .* the shard changed after the save" s2.out ||
+        { cat s2.out; fail "the damage was not named"; }
+    grep -q "resumed from sets/checkpoints/step-00000010 at iteration 10" s2.out || { cat s2.out; fail "not resumed at 10"; }
+    losses s2.out | head -n 30 > c
+    sed -n '11,40p' a | diff - c > /dev/null || { diff a c | head; fail "the losses after the fallback differ"; }
+    echo "ok: 20 + 20 resumed iterations equal 40 (every loss, validation loss $va); a damaged newest set gave way to the one before"
     ;;
 gpt_zero)
     GPT="$TINY_GPT --batch_size 4 \
