@@ -38,6 +38,15 @@ CDDP_API int cddp_net_interface_addr(const char *name, char *out, size_t n, cddp
  * resolves. CDDP_EINVAL, naming the interfaces, when it is neither. */
 CDDP_API int cddp_net_local_host(const char *spec, char *out, size_t n, bool *interface,
                                  cddp_error *err);
+/* Whether host resolves to loopback addresses only (127.0.0.1, Debian's 127.0.1.1, ::1). */
+CDDP_API bool cddp_net_is_loopback(const char *host);
+/* The address this machine's peers reach it at, when nothing names one: the local address of fd,
+ * a connection to the job's master (the route to it), unless that is loopback while the job
+ * spans several hosts (the master is on this one); then the host's name if it does not resolve
+ * to loopback, else the first interface that is up. out receives the address, ifname its
+ * interface ("" when unknown), *how which rule chose it. CDDP_ENOENT when nothing is left. */
+CDDP_API int cddp_net_peer_addr(int fd, bool several_hosts, char *out, size_t n, char *ifname,
+                                size_t ifn, const char **how);
 /* Sets O_NONBLOCK and TCP_NODELAY. */
 CDDP_API void cddp_net_nonblocking(int fd);
 /* Milliseconds until deadline for poll(): -1 for none, 0 when past. */

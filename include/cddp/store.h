@@ -78,6 +78,9 @@ CDDP_API int cddp_store_compare_set(cddp_store *s, const char *key, const void *
 /* *deleted (may be NULL) says whether the key existed. */
 CDDP_API int cddp_store_delete(cddp_store *s, const char *key, bool *deleted, cddp_error *err);
 CDDP_API int cddp_store_num_keys(cddp_store *s, int64_t *count, cddp_error *err);
+/* The client's connection to the store (-1 when closed): where it is, cddp_net_peer_addr finds
+ * this machine's address on the route to the master. */
+CDDP_API int cddp_store_fd(const cddp_store *s);
 /* Waits until every key exists. CDDP_ETIMEDOUT names the missing keys; timeout_s 0 checks once. */
 CDDP_API int cddp_store_wait(cddp_store *s, const char *const *keys, int n, double timeout_s,
                              cddp_error *err);

@@ -38,21 +38,28 @@ static void mesh_proof(const cddp_comm *c, int from, int to, int ch, const uint8
 /* ---- setup ------------------------------------------------------------------------------- */
 
 /* Where this rank listens: CDDP_LOCAL_ADDR (an address, a host name or an interface's name),
- * else CDDP_SOCKET_IFNAME's address, else loopback for a local master, else the hostname. */
-static int local_address(char *out, size_t n, cddp_error *err) {
-    const char *knob = cddp_knob_str(CDDP_KNOB_LOCAL_ADDR), *master = getenv("MASTER_ADDR");
+ * else CDDP_SOCKET_IFNAME's address, else the address on the route to the master (the store's
+ * connection: what srun's ranks on other hosts reach; cddp_net_peer_addr). */
+static int local_address(const cddp_comm *c, cddp_store *st, char *out, size_t n, cddp_error *err) {
+    const char *knob = cddp_knob_str(CDDP_KNOB_LOCAL_ADDR);
     const char *ifname = cddp_knob_str(CDDP_KNOB_SOCKET_IFNAME);
     bool given = *knob && strcmp(knob, "auto") != 0;
     cddp_error e = {0};
     int rc = CDDP_OK;
-    if (given)
+    if (given) {
         rc = cddp_net_local_host(knob, out, n, NULL, &e);
-    else if (*ifname)
+    } else if (*ifname) {
         rc = cddp_net_interface_addr(ifname, out, n, &e);
-    else if (!master || !*master || !strncmp(master, "127.", 4) || !strcmp(master, "localhost"))
-        snprintf(out, n, "127.0.0.1");
-    else if (gethostname(out, n - 1) != 0)
-        snprintf(out, n, "127.0.0.1");
+    } else {
+        char dev[64];
+        const char *how;
+        if (cddp_net_peer_addr(cddp_store_fd(st), c->local_world < c->world, out, n, dev,
+                               sizeof dev, &how) != CDDP_OK)
+            snprintf(out, n, "127.0.0.1");
+        else if (c->local_rank == 0)
+            cddp_log(CDDP_LOG_DEBUG, "comm", "tcp: listening on %s%s%s (%s)", out,
+                     *dev ? ", interface " : "", dev, how);
+    }
     if (rc != CDDP_OK)
         return cddp_error_set(err, rc, "%s=%s: %s",
                               given ? "CDDP_LOCAL_ADDR" : "CDDP_SOCKET_IFNAME",
@@ -185,8 +192,9 @@ static int accept_higher(cddp_comm *c, int listen_fd, const char *addr, int port
         if (deadline >= 0 && now > deadline) {
             rc = cddp_error_set(err, CDDP_ETIMEDOUT,
                                 "rank %d: only %d of the %d connections from higher ranks reached "
-                                "%s:%d in time (a firewall between the hosts? set "
-                                "cddprun --local_addr to an address the others can reach)",
+                                "%s:%d in time (a firewall between the hosts? give an address "
+                                "the others reach: cddprun --local_addr, or CDDP_SOCKET_IFNAME or "
+                                "CDDP_LOCAL_ADDR for ranks started otherwise)",
                                 me, got, want, addr, port);
             break;
         }
@@ -242,7 +250,7 @@ int cddp__tcp_setup(cddp_comm *c, cddp_store *st, double deadline, cddp_error *e
     t->pid[me] = (int)getpid();
     t->small = (size_t)CDDP_MAX(cddp_knob_int(CDDP_KNOB_TCP_SMALL_KB), 0) << 10;
     char addr[256], key[64], val[300];
-    CDDP_TRY(local_address(addr, sizeof addr, err));
+    CDDP_TRY(local_address(c, st, addr, sizeof addr, err));
     CDDP_TRY(cddp_net_listen(addr, 0, &listen_fd, &port, err));
     snprintf(key, sizeof key, "comm/tcp/%d", me);
     snprintf(val, sizeof val, "%s %d", addr, port);

@@ -340,3 +340,81 @@ int cddp_net_local_host(const char *spec, char *out, size_t n, bool *interface, 
         return cddp_error_set(err, CDDP_EINVAL, "'%s': too long", spec);
     return CDDP_OK;
 }
+
+/* ---- an address peers can reach ------------------------------------------------------------- */
+
+static bool loopback_sa(const struct sockaddr *sa) {
+    if (sa->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+    if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    }
+    return false;
+}
+
+bool cddp_net_is_loopback(const char *host) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (!host || !*host || getaddrinfo(host, NULL, &hints, &res) != 0) return false;
+    bool all = res != NULL;
+    for (struct addrinfo *a = res; a; a = a->ai_next) all &= loopback_sa(a->ai_addr);
+    freeaddrinfo(res);
+    return all;
+}
+
+/* The interface holding address sa (numeric form in addr), into ifname; "" when none does. */
+static void interface_of(const struct sockaddr *sa, char *ifname, size_t n) {
+    snprintf(ifname, n, "%s", "");
+    struct ifaddrs *all = NULL;
+    if (getifaddrs(&all) != 0) return;
+    for (struct ifaddrs *a = all; a; a = a->ifa_next) {
+        if (!a->ifa_addr || a->ifa_addr->sa_family != sa->sa_family) continue;
+        bool same =
+            sa->sa_family == AF_INET
+                ? ((struct sockaddr_in *)a->ifa_addr)->sin_addr.s_addr ==
+                      ((const struct sockaddr_in *)sa)->sin_addr.s_addr
+                : !memcmp(&((struct sockaddr_in6 *)a->ifa_addr)->sin6_addr,
+                          &((const struct sockaddr_in6 *)sa)->sin6_addr, sizeof(struct in6_addr));
+        if (same) {
+            snprintf(ifname, n, "%s", a->ifa_name);
+            break;
+        }
+    }
+    freeifaddrs(all);
+}
+
+int cddp_net_peer_addr(int fd, bool several_hosts, char *out, size_t n, char *ifname, size_t ifn,
+                       const char **how) {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    char host[NI_MAXHOST] = "";
+    *how = "the route to the master";
+    if (fd >= 0 && getsockname(fd, (struct sockaddr *)&ss, &len) == 0 &&
+        getnameinfo((struct sockaddr *)&ss, len, host, sizeof host, NULL, 0, NI_NUMERICHOST) == 0 &&
+        (!loopback_sa((struct sockaddr *)&ss) || !several_hosts)) {
+        interface_of((struct sockaddr *)&ss, ifname, ifn);
+        snprintf(out, n, "%s", host);
+        return CDDP_OK;
+    }
+    /* Loopback to a master on this host, and ranks on others: this host's name, when it does not
+     * resolve to loopback (Debian maps it to 127.0.1.1), else its first interface that is up. */
+    *how = "the host's name";
+    if (gethostname(host, sizeof host - 1) == 0 && !cddp_net_is_loopback(host)) {
+        snprintf(out, n, "%s", host);
+        snprintf(ifname, ifn, "%s", "");
+        return CDDP_OK;
+    }
+    *how = "the first interface that is up, the host's name resolving to loopback";
+    struct ifaddrs *all = NULL;
+    if (getifaddrs(&all) != 0) return CDDP_EIO;
+    int rc = CDDP_ENOENT;
+    for (struct ifaddrs *a = all; a && rc; a = a->ifa_next)
+        if (a->ifa_addr && a->ifa_addr->sa_family == AF_INET && (a->ifa_flags & IFF_UP) &&
+            !loopback_sa(a->ifa_addr)) {
+            inet_ntop(AF_INET, &((struct sockaddr_in *)a->ifa_addr)->sin_addr, out, (socklen_t)n);
+            snprintf(ifname, ifn, "%s", a->ifa_name);
+            rc = CDDP_OK;
+        }
+    freeifaddrs(all);
+    return rc;
+}

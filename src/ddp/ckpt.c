@@ -46,12 +46,12 @@ static int load_once(cddp_ddp *d, const ckpt_call *a, const char *path, bool *da
     cddp_error mine = {0};
     cddp_safetensors *f = NULL;
     int32_t st = cddp_checkpoint_load(path, d->model, a->opt, a->file ? &f : NULL, &mine);
-    int32_t worst[3] = {st != CDDP_OK ? 1 : 0, st != CDDP_OK ? INT32_MAX - d->rank : -1,
-                        st == CDDP_EFORMAT};
+    /* [some rank failed, INT32_MAX - the first that did (MAX finds it), one found damage] */
+    int32_t worst[3] = {st != CDDP_OK, st != CDDP_OK ? INT32_MAX - d->rank : 0, st == CDDP_EFORMAT};
     int rc = cddp_comm_allreduce(d->group, worst, worst, 3, CDDP_COMM_I32, CDDP_COMM_MAX,
                                  cddp__ddp_timeout(d), err);
     *damaged = rc == CDDP_OK && worst[2];
-    *who = INT32_MAX - worst[1];
+    *who = worst[0] ? INT32_MAX - worst[1] : -1;
     if (rc == CDDP_OK && st != CDDP_OK) {
         if (err) *err = mine;
         rc = st;

@@ -301,3 +301,7 @@ int cddp_store_num_keys(cddp_store *s, int64_t *count, cddp_error *err) {
     cddp_free(r.p);
     return rc;
 }
+
+int cddp_store_fd(const cddp_store *s) {
+    return s ? s->fd : -1;
+}

@@ -13,6 +13,9 @@
 #          the test accuracy of an uninterrupted 3-rank run (to 0.002); every sample of each
 #          epoch trained exactly once (the first round's steps up to the checkpoint, then the
 #          second round's, from the ranks' --sample-log); kill to training again within 15 s
+#   srun   2 hosts x 2 tasks started as srun starts them (its variables alone, no MASTER_ADDR):
+#          the group forms across the hosts, each rank listening on its route to the first
+#          host; then cddprun on 2 hosts without --local_addr says the address it advertises
 #   late   the same job started on hosts 0 and 1; host 2 comes once a checkpoint exists and
 #          waits for the next round; host 1 dies: hosts 0 and 2 go on and finish
 #   below  an elastic job of 2 hosts (--nnodes 2:3); host 1 dies: with 1 node left, below MIN,
@@ -32,6 +35,13 @@ ip netns list > /dev/null 2>&1 || { echo "cannot run on this machine: no network
 work=$(mktemp -d)
 name="h$$"
 name=$(echo "$name" | cut -c1-8)
+# What an earlier run of this script left when it was killed (by ctest's timeout: no trap runs on
+# SIGKILL): hosts named after a process that is gone.
+for d in /run/cddp-hosts-h*; do
+    [ -d "$d" ] || continue
+    old=${d#/run/cddp-hosts-}
+    kill -0 "${old#h}" 2>/dev/null || "$H" stop "$old"
+done
 trap '"$H" stop "$name"; rm -rf "$work"' EXIT
 trap 'exit 1' INT TERM
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT OMP_NUM_THREADS \
@@ -126,6 +136,39 @@ case "$scenario" in
     has node0.out "[cddp rank 0] I comm: 4 ranks on $n hosts: tcp"
     same_loss node0.out
     echo "ok: $n hosts x $p ranks on 1 Gbit/s links: final loss $loss, one host's $ref" ;;
+srun)
+    # srun -N 2 --ntasks-per-node 2 as srun starts it: on each host, 2 tasks with srun's variables
+    # and nothing else (no MASTER_ADDR): the group meets on the step's first host and each rank
+    # listens where the other host reaches it (its route to that host), not on loopback.
+    reference
+    hosts 2
+    list="$("$H" addr "$name" 0),$("$H" addr "$name" 1)"
+    pids=""
+    for r in 0 1 2 3; do
+        i=$((r / 2))
+        "$H" exec "$name" "$i" env SLURM_JOB_ID=4242 SLURM_STEP_ID=0 SLURM_PROCID=$r SLURM_NTASKS=4 \
+            SLURM_LOCALID=$((r % 2)) SLURM_NODEID=$i SLURM_STEP_NUM_NODES=2 SLURM_NNODES=2 \
+            SLURM_STEP_NODELIST="$list" SLURM_STEP_TASKS_PER_NODE="2(x2)" CDDP_STORE_TOKEN=t \
+            CDDP_RDZV_TIMEOUT_S=20 \
+            OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$FM" $train_args --out "srun$r" > "rank$r.out" 2>&1 &
+        pids="$pids $!"
+    done
+    for pid in $pids; do wait "$pid" || fail "a task exited $?"; done
+    [ "$(json rank0.out world)" = 4 ] || fail "trained on $(json rank0.out world) ranks, not 4"
+    has rank0.out "4 ranks on 2 hosts"
+    loss=$(json rank0.out final_loss)
+    same_loss rank0.out
+    # cddprun on 2 hosts without --local_addr: each node says the address the other reaches.
+    for i in 0 1; do
+        "$H" exec "$name" "$i" "$build/bin/cddprun" --nnodes 2 --node_rank "$i" --nproc_per_node 1 \
+            --master_addr "$("$H" addr "$name" 0)" --master_port 29400 --token_file "$work/token" \
+            "$build/bin/ddp_train" > "node$i.out" 2>&1 &
+        eval "p$i=\$!"
+    done
+    wait "$p0" && wait "$p1" || fail "cddprun without --local_addr failed"
+    has node1.out "cddprun: node 1's address for the others is $("$H" addr "$name" 1), interface eth0"
+    echo "ok: srun's variables alone on 2 hosts x 2 tasks: final loss $loss, one host's $ref;" \
+         "cddprun without --local_addr advertises the route to the master" ;;
 kill)
     hosts 2
     node 0 2 2 --grace_period 1 "$FM" --epochs 1000 --limit 2000 --out out0

@@ -256,6 +256,13 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     cddp_error err = {0};
+    if (o->node_rank == 0 && o->nnodes > 1 && cddp_net_is_loopback(o->master_addr))
+        fprintf(stderr,
+                "cddprun: warning: --master_addr %s is a loopback address here (Debian's "
+                "/etc/hosts maps a host's own name to 127.0.1.1): only nodes on this machine can "
+                "reach the job's store; for nodes on other machines give --master_addr this "
+                "machine's network address\n",
+                o->master_addr);
     if (o->node_rank == 0) {
         j.server = cddp_store_server_start(o->master_addr, o->master_port, j.token, &err);
         if (!j.server) {
@@ -267,6 +274,16 @@ int main(int argc, char **argv) {
     cddp_store_options so = {o->master_addr, o->master_port, j.token, 0, NULL};
     j.store = cddp_store_connect(&so, &err);
     if (!j.store) cddprun_fail_rdzv("cannot join the job's rendezvous", &err);
+    if (o->nnodes > 1 && !o->local_addr && !*ifname) { /* what the other nodes reach, said */
+        char dev[64];
+        const char *how;
+        if (cddp_net_peer_addr(cddp_store_fd(j.store), true, j.host, sizeof j.host, dev, sizeof dev,
+                               &how) == CDDP_OK)
+            fprintf(stderr,
+                    "cddprun: node %d's address for the others is %s%s%s (%s; --local_addr "
+                    "or CDDP_SOCKET_IFNAME choose another)\n",
+                    o->node_rank, j.host, *dev ? ", interface " : "", dev, how);
+    }
     on_stop_signals(cddprun_on_signal);
     struct sigaction sa = {.sa_handler = cddprun_on_signal}; /* SIGCHLD wakes the monitor */
     sigemptyset(&sa.sa_mask);
