@@ -274,7 +274,8 @@ int main(int argc, char **argv) {
     cddp_store_options so = {o->master_addr, o->master_port, j.token, 0, NULL};
     j.store = cddp_store_connect(&so, &err);
     if (!j.store) cddprun_fail_rdzv("cannot join the job's rendezvous", &err);
-    if (o->nnodes > 1 && !o->local_addr && !*ifname) { /* what the other nodes reach, said */
+    if (o->nnodes > 1 && !o->local_addr && !*ifname && !cddp_net_is_loopback(o->master_addr)) {
+        /* what the other nodes reach, said */
         char dev[64];
         const char *how;
         if (cddp_net_peer_addr(cddp_store_fd(j.store), true, j.host, sizeof j.host, dev, sizeof dev,
