@@ -144,7 +144,52 @@ grandchild)
     kill -9 "$cp"
     wait "$cp" 2>/dev/null
     all_gone "$work/gc.0 $work/gc.1" 5 || fail "the workers' children outlived a SIGKILLed cddprun"
-    echo "ok: SIGKILL to cddprun: the workers' own children are gone too" ;;
+    # A child of a worker that succeeds, and of one that fails: gone when their worker is.
+    for code in 0 3; do
+        rm -f "$work"/gc.*
+        "$R" --standalone --nproc_per_node 2 sh -c "sleep 300 & echo \$! > $work/gc.\$RANK; exit $code" \
+            > "$work/out" 2>&1
+        all_gone "$work/gc.0 $work/gc.1" 5 || fail "a worker's child outlived its worker (exit $code)"
+    done
+    # SIGKILL and SIGQUIT (Ctrl-\) to cddprun's whole process group, as a terminal sends them
+    # (started with the signals' default actions: a shell's background job ignores SIGQUIT): the
+    # guardian, in a group of its own, still ends the workers' children.
+    for sig in KILL QUIT; do
+        rm -f "$work"/gc.*
+        python3 - "$R" "$work" "$sig" <<'PYEOF' || fail "SIG$sig to cddprun's group: the workers' children outlived it"
+import os, signal, subprocess, sys, time
+r, work, sig = sys.argv[1:]
+def fresh():  # a session of its own, with the default actions a terminal's job has
+    os.setsid()
+    for s in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(s, signal.SIG_DFL)
+p = subprocess.Popen([r, "--standalone", "--nproc_per_node", "2", "sh", "-c",
+                      f"sleep 300 & echo $! > {work}/gc.$RANK; wait"], preexec_fn=fresh,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+paths = [f"{work}/gc.{k}" for k in (0, 1)]
+for _ in range(100):
+    if all(os.path.exists(q) and os.path.getsize(q) for q in paths):
+        break
+    time.sleep(0.1)
+kids = [int(open(q).read()) for q in paths]
+os.killpg(p.pid, getattr(signal, "SIG" + sig))
+p.wait()
+for _ in range(50):
+    alive = []
+    for k in kids:
+        try:
+            os.kill(k, 0)
+            alive.append(k)
+        except ProcessLookupError:
+            pass
+    if not alive:
+        sys.exit(0)
+    time.sleep(0.1)
+sys.exit(f"children {alive} still run")
+PYEOF
+    done
+    echo "ok: SIGKILL to cddprun, and SIGKILL or SIGQUIT to its group: the workers' own children are gone too;" \
+         "so are those of a worker that exits 0 or 3" ;;
 sigterm)
     # SIGTERM to the launcher: no worker (nor a worker's child) left 5 s later.
     "$R" --standalone --nproc_per_node 2 sh -c \

@@ -111,14 +111,17 @@ static int open_log(const job *j, int local, const char *name, int *fd, char *pa
  * end of a pipe from cddprun and the process group of every worker cddprun told it about
  * ("+pgid", "-pgid" once reaped); when the pipe closes while groups remain, cddprun died with
  * its workers running: the guardian kills those groups, children and all, and exits. It ignores
- * the terminal's signals, which cddprun handles. */
+ * the terminal's signals, which cddprun handles, in a process group of its own. A worker that
+ * exits, failed or not, has its group killed when it is reaped: nothing it started outlives it
+ * (a child that made a session of its own, setsid, escapes the group). */
 static int guardian_fd = -1;
 
 static void guardian(int in) {
-    signal(SIGINT, SIG_IGN);
-    signal(SIGTERM, SIG_IGN);
-    signal(SIGHUP, SIG_IGN);
-    signal(SIGPIPE, SIG_IGN);
+    /* A process group of its own: a signal to cddprun's group (kill -9 -PGID, Ctrl-\ or Ctrl-C
+     * at the terminal) does not reach it, so it is there to clean up after cddprun's death. */
+    setpgid(0, 0);
+    const int ignored[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGQUIT, SIGTSTP, SIGTTIN, SIGTTOU};
+    for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) signal(ignored[i], SIG_IGN);
     int null = open("/dev/null", O_RDWR);
     for (int fd = 0; fd < 3 && null >= 0; fd++) dup2(null, fd); /* never holds the console */
     for (int fd = 3; fd < 4096; fd++)
@@ -352,6 +355,7 @@ int cddprun_reap(job *j, worker **first_failure) {
         pid_t r = waitpid(w->pid, &status, WNOHANG);
         if (r == w->pid) {
             w->end_wall = cddprun_wall_s();
+            kill(-w->pid, SIGKILL); /* what the worker started and left behind: its group */
             guard('-', w->pid);
             w->running = false;
             w->status = status;
