@@ -45,8 +45,8 @@ int text_vocab_load(const char *path, text_vocab *v, cddp_error *err) {
                 !(v->len = calloc((size_t)size, 1))))
         rc = cddp_error_set(err, CDDP_ENOMEM, "out of memory for %u tokens", size);
     for (uint32_t i = 0; !rc && i < size; i++) {
-        int n = fgetc(f);
-        if (n > 0 && (v->token[i] = malloc((size_t)n)) &&
+        int n = fgetc(f); /* the length, then the bytes (a token may be empty) */
+        if (n != EOF && (v->token[i] = malloc((size_t)n + 1)) &&
             fread(v->token[i], 1, (size_t)n, f) == (size_t)n)
             v->len[i] = (uint8_t)n;
         else
