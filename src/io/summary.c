@@ -96,6 +96,8 @@ static void double_field(pb *b, int field, double v) {
 }
 
 static int record(cddp_summary *s, const pb *event, cddp_error *err) {
+    if (event->n > event->cap) /* the buffers are sized for MAX_TAG: never, but never silently */
+        return cddp_error_set(err, CDDP_EINVAL, "%s: an event of %zu bytes", s->path, event->n);
     unsigned char head[12], tail[4];
     le(head, event->n, 8);
     le(head + 8, masked(head, 8), 4);
