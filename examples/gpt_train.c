@@ -162,7 +162,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"eval_iters", 'i', &o->eval_iters, 1, (double)INT64_MAX, false},
         {"final_eval", 'i', &o->final_eval, 0, (double)INT64_MAX, false},
         {"log_interval", 'i', &o->log_interval, 0, (double)INT64_MAX, false},
-        {"sample", 'i', &o->sample, 0, (double)INT64_MAX, false},
+        {"sample", 'i', &o->sample, 0, 1 << 30, false},
         {"stride", 'i', &o->stride, 1, (double)INT64_MAX, false},
         {"top_k", 'i', &o->top_k, 0, 65536, false},
         {"save_every", 'i', &o->save_every, 0, (double)INT64_MAX, false},

@@ -135,6 +135,7 @@ static void test_bad_arguments(void **state) {
     expect_refused(m, NULL, ok, 2, 4, &(cddp_gpt_sampling){.temperature = -1}, "temperature");
     expect_refused(m, NULL, ok, 2, 4, &(cddp_gpt_sampling){.temperature = 1, .top_k = -2}, "top_k");
     expect_refused(m, NULL, ok, 2, -1, NULL, "tokens to generate");
+    expect_refused(m, NULL, ok, 2, ((int64_t)1 << 40) + 1, NULL, "at most 2^40"); /* no overflow */
     /* a context on another device than the model's */
     cddp_error err = {0};
     cddp_device *other = cddp_device_get(test_device() == cddp_device_cpu() ? "emu" : "cpu", &err);

@@ -104,10 +104,11 @@ static int check_args(const cddp_gpt_config *g, const int64_t *prompt, int64_t n
         return cddp_error_set(err, CDDP_EINVAL,
                               "cddp_gpt_generate: the prompt needs at least one token (a newline, "
                               "for text from nothing)");
-    if (n < 0 || (n > 0 && !out) || n > INT64_MAX / 2 - n_prompt)
+    if (n < 0 || (n > 0 && !out) || n > ((int64_t)1 << 40) || n_prompt > ((int64_t)1 << 40))
         return cddp_error_set(err, CDDP_EINVAL,
-                              "cddp_gpt_generate: %lld tokens to generate, into %s", (long long)n,
-                              out ? "out" : "no out");
+                              "cddp_gpt_generate: %lld tokens to generate after %lld, into %s "
+                              "(at most 2^40 each)",
+                              (long long)n, (long long)n_prompt, out ? "out" : "no out");
     if (!(s->temperature >= 0) || !isfinite(s->temperature) || s->top_k < 0)
         return cddp_error_set(err, CDDP_EINVAL,
                               "cddp_gpt_generate: temperature %g and top_k %lld: the temperature "
