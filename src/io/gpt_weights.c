@@ -43,11 +43,18 @@
 enum { WTE, WPE, LN1W, LN1B, QKVW, QKVB, APW, APB, LN2W, LN2B, FCW, FCB, FPW, FPB, LNFW, LNFB,
        NKIND };
 /* clang-format on */
-static const char *const layer_names[NKIND] = {
-    [LN1W] = "ln_1.weight",      [LN1B] = "ln_1.bias",         [QKVW] = "attn.c_attn.weight",
-    [QKVB] = "attn.c_attn.bias", [APW] = "attn.c_proj.weight", [APB] = "attn.c_proj.bias",
-    [LN2W] = "ln_2.weight",      [LN2B] = "ln_2.bias",         [FCW] = "mlp.c_fc.weight",
-    [FCB] = "mlp.c_fc.bias",     [FPW] = "mlp.c_proj.weight",  [FPB] = "mlp.c_proj.bias"};
+/* Each kind's name after "transformer." (the whole GPT's) or after "transformer.h.<l>." */
+static const char *const kind_names[NKIND] = {
+    [WTE] = "wte.weight",         [WPE] = "wpe.weight",          [LN1W] = "ln_1.weight",
+    [LN1B] = "ln_1.bias",         [QKVW] = "attn.c_attn.weight", [QKVB] = "attn.c_attn.bias",
+    [APW] = "attn.c_proj.weight", [APB] = "attn.c_proj.bias",    [LN2W] = "ln_2.weight",
+    [LN2B] = "ln_2.bias",         [FCW] = "mlp.c_fc.weight",     [FCB] = "mlp.c_fc.bias",
+    [FPW] = "mlp.c_proj.weight",  [FPB] = "mlp.c_proj.bias",     [LNFW] = "ln_f.weight",
+    [LNFB] = "ln_f.bias"};
+
+static bool per_layer(int kind) {
+    return kind != WTE && kind != WPE && kind != LNFW && kind != LNFB;
+}
 
 static bool is_matrix(int kind) {
     return kind == QKVW || kind == APW || kind == FCW || kind == FPW;
@@ -57,17 +64,16 @@ static bool is_matrix(int kind) {
 static int kind_of(const char *name, int64_t *layer) {
     if (!strncmp(name, "transformer.", 12)) name += 12;
     *layer = 0;
-    if (!strcmp(name, "wte.weight")) return WTE;
-    if (!strcmp(name, "wpe.weight")) return WPE;
-    if (!strcmp(name, "ln_f.weight")) return LNFW;
-    if (!strcmp(name, "ln_f.bias")) return LNFB;
-    if (strncmp(name, "h.", 2)) return -1;
-    char *end;
-    long long l = strtoll(name + 2, &end, 10);
-    if (end == name + 2 || *end != '.' || l < 0) return -1;
-    *layer = l;
+    const char *rest = name;
+    if (!strncmp(name, "h.", 2)) {
+        char *end;
+        long long l = strtoll(name + 2, &end, 10);
+        if (end == name + 2 || *end != '.' || l < 0) return -1;
+        *layer = l;
+        rest = end + 1;
+    }
     for (int k = 0; k < NKIND; k++)
-        if (layer_names[k] && !strcmp(end + 1, layer_names[k])) return k;
+        if (per_layer(k) == (rest != name) && !strcmp(rest, kind_names[k])) return k;
     return -1;
 }
 
@@ -124,12 +130,10 @@ typedef struct source {
 
 /* Tensor (kind, layer)'s name in nanoGPT's layout into name (cap bytes). */
 static void full_name(int kind, int64_t layer, char *name, size_t cap) {
-    static const char *const outer[NKIND] = {
-        [WTE] = "wte.weight", [WPE] = "wpe.weight", [LNFW] = "ln_f.weight", [LNFB] = "ln_f.bias"};
-    if (outer[kind])
-        snprintf(name, cap, "transformer.%s", outer[kind]);
+    if (per_layer(kind))
+        snprintf(name, cap, "transformer.h.%" PRId64 ".%s", layer, kind_names[kind]);
     else
-        snprintf(name, cap, "transformer.h.%" PRId64 ".%s", layer, layer_names[kind]);
+        snprintf(name, cap, "transformer.%s", kind_names[kind]);
 }
 
 /* Tensor (kind, layer) of a safetensors file, with or without "transformer."; NULL if none. */
@@ -176,7 +180,7 @@ static int llmc_open(source *s, cddp_error *err) {
     for (int k = 0; k < NKIND; k++) {
         int64_t shape[2];
         size[k] = numel_of(shape_of(k, &s->g, shape), shape);
-        if (k != WTE && k != WPE && k != LNFW && k != LNFB) size[k] *= L;
+        if (per_layer(k)) size[k] *= L;
     }
     size[WTE] = s->vpad * C;
     uint64_t at = 1024;
