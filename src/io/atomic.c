@@ -41,7 +41,7 @@ int cddp__atomic_open(cddp__atomic_file *af, const char *path, cddp_error *err) 
     af->path = path;
     af->f = NULL;
     af->bytes = 0;
-    af->crc32 = (uint32_t)crc32(0L, Z_NULL, 0);
+    af->crc32 = 0; /* zlib's CRC-32 of nothing */
     char host[256] = "host";
     if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "host");
     for (char *c = host; *c; c++)
@@ -63,12 +63,17 @@ int cddp__atomic_write(cddp__atomic_file *af, const void *data, size_t bytes, cd
     if (bytes && fwrite(data, 1, bytes, af->f) != bytes)
         return cddp_error_set(err, CDDP_EIO, "writing %s: %s", af->tmp, strerror(errno));
     af->bytes += bytes;
+    af->crc32 = cddp__crc32(af->crc32, data, bytes);
+    return CDDP_OK;
+}
+
+uint32_t cddp__crc32(uint32_t crc, const void *data, size_t bytes) {
     for (size_t at = 0; at < bytes;) { /* zlib's length is an unsigned int */
         uInt len = (uInt)CDDP_MIN(bytes - at, (size_t)1 << 30);
-        af->crc32 = (uint32_t)crc32(af->crc32, (const Bytef *)data + at, len);
+        crc = (uint32_t)crc32(crc, (const Bytef *)data + at, len);
         at += len;
     }
-    return CDDP_OK;
+    return crc;
 }
 
 static void sync_folder(const char *path) {

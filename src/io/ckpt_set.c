@@ -21,7 +21,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 static void sync_dir(const char *dir) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -72,15 +71,7 @@ static const float *state_at(const cddp_model *m, const cddp_optim *opt, const f
 static char *crc_json(const cddp_st_tensor *list, int n) {
     cJSON *o = cJSON_CreateObject();
     for (int i = 0; o && i < n; i++) {
-        uLong c = crc32(0L, Z_NULL, 0);
-        const unsigned char *p = list[i].data;
-        size_t left = (size_t)list[i].shape[0] * sizeof(float);
-        while (left) { /* zlib takes at most 4 GiB at a time */
-            uInt k = left > (1u << 30) ? 1u << 30 : (uInt)left;
-            c = crc32(c, p, k);
-            p += k;
-            left -= k;
-        }
+        uint32_t c = cddp__crc32(0, list[i].data, (size_t)list[i].shape[0] * sizeof(float));
         cJSON_AddNumberToObject(o, list[i].name, (double)c);
     }
     char *text = o ? cJSON_PrintUnformatted(o) : NULL;

@@ -29,6 +29,8 @@ typedef struct cddp__atomic_file {
 
 int cddp__atomic_open(cddp__atomic_file *af, const char *path, cddp_error *err);
 int cddp__atomic_write(cddp__atomic_file *af, const void *data, size_t bytes, cddp_error *err);
+/* zlib's CRC-32 of bytes more at data, continuing crc (0 to start), for any length. */
+uint32_t cddp__crc32(uint32_t crc, const void *data, size_t bytes);
 /* Commits when rc is CDDP_OK, discards otherwise; returns the final status. */
 int cddp__atomic_close(cddp__atomic_file *af, int rc, cddp_error *err);
 /* mkdir -p path: CDDP_OK when it is a folder now. */

@@ -19,7 +19,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assumes little endian");
 
@@ -460,7 +459,7 @@ int cddp__shard_header_crc(const char *path, uint32_t *crc, cddp_error *err) {
     unsigned char *head = rc == CDDP_OK ? cddp_malloc((size_t)n + 1) : NULL;
     if (rc == CDDP_OK && !head) rc = cddp_error_set(err, CDDP_ENOMEM, "out of memory");
     if (rc == CDDP_OK) rc = cddp__pread_all(fd, head, (size_t)n, 8, path, err);
-    if (rc == CDDP_OK) *crc = (uint32_t)crc32(crc32(crc32(0L, Z_NULL, 0), len8, 8), head, (uInt)n);
+    if (rc == CDDP_OK) *crc = cddp__crc32(cddp__crc32(0, len8, 8), head, (size_t)n);
     cddp_free(head);
     close(fd);
     return rc;
@@ -469,15 +468,8 @@ int cddp__shard_header_crc(const char *path, uint32_t *crc, cddp_error *err) {
 int cddp__pread_crc(int fd, void *dst, size_t n, uint64_t at, uint32_t want, const char *path,
                     const char *what, cddp_error *err) {
     CDDP_TRY(cddp__pread_all(fd, dst, n, at, path, err));
-    uLong c = crc32(0L, Z_NULL, 0);
-    const unsigned char *p = dst;
-    for (size_t left = n; left;) { /* zlib takes at most 4 GiB at a time */
-        uInt k = left > (1u << 30) ? 1u << 30 : (uInt)left;
-        c = crc32(c, p, k);
-        p += k;
-        left -= k;
-    }
-    if ((uint32_t)c == want) return CDDP_OK;
+    uint32_t c = cddp__crc32(0, dst, n);
+    if (c == want) return CDDP_OK;
     return cddp_error_set(err, CDDP_EFORMAT,
                           "%s: bytes %" PRIu64 "..%" PRIu64 " (%s) have CRC-32 %08x, not the %08x "
                           "written: the shard changed after the save",
