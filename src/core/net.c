@@ -279,20 +279,25 @@ int cddp_net_read_secret(const char *path, char out[CDDP_NET_MAX_SECRET + 1], un
 
 /* ---- interfaces by name ------------------------------------------------------------------ */
 
+/* The machine's interfaces, "lo, eth0", into buf (cap bytes), for messages. */
+static void interface_names(char *buf, size_t cap) {
+    size_t used = 0;
+    buf[0] = '\0';
+    struct if_nameindex *all = if_nameindex();
+    for (struct if_nameindex *i = all; i && i->if_index && used < cap; i++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%s", used ? ", " : "", i->if_name);
+    if (all) if_freenameindex(all);
+}
+
 int cddp_net_interface_addr(const char *name, char *out, size_t n, cddp_error *err) {
     struct ifaddrs *all = NULL;
     if (getifaddrs(&all) != 0)
         return cddp_error_set(err, CDDP_EIO, "cannot list the network interfaces: %s",
                               strerror(errno));
     bool found = false;
-    char v6[INET6_ADDRSTRLEN] = "", names[512] = "";
-    size_t used = 0;
+    char v6[INET6_ADDRSTRLEN] = "", names[512];
     for (struct ifaddrs *a = all; a; a = a->ifa_next) {
-        if (!a->ifa_name) continue;
-        if (!strstr(names, a->ifa_name) && used + strlen(a->ifa_name) + 3 < sizeof names)
-            used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", used ? ", " : "",
-                                     a->ifa_name);
-        if (strcmp(a->ifa_name, name) != 0) continue;
+        if (!a->ifa_name || strcmp(a->ifa_name, name) != 0) continue;
         found = true;
         if (!a->ifa_addr) continue;
         if (a->ifa_addr->sa_family == AF_INET) { /* IPv4 first */
@@ -312,6 +317,7 @@ int cddp_net_interface_addr(const char *name, char *out, size_t n, cddp_error *e
     if (found)
         return cddp_error_set(err, CDDP_EINVAL,
                               "the network interface %s has no address (is it up?)", name);
+    interface_names(names, sizeof names);
     return cddp_error_set(err, CDDP_ENOENT,
                           "this machine has no network interface '%s' (it has %s)", name, names);
 }
@@ -327,14 +333,12 @@ int cddp_net_local_host(const char *spec, char *out, size_t n, bool *interface, 
     int g = getaddrinfo(spec, NULL, &hints, &res);
     if (res) freeaddrinfo(res);
     if (g != 0) {
-        char none[8];
-        cddp_error e = {0};
-        cddp_net_interface_addr("", none, sizeof none, &e); /* the message lists the interfaces */
-        const char *list = strstr(e.msg, "(it has ");
+        char names[512];
+        interface_names(names, sizeof names);
         return cddp_error_set(err, CDDP_EINVAL,
                               "'%s' is neither an address this machine resolves (%s) nor one of "
-                              "its network interfaces %s",
-                              spec, gai_strerror(g), list ? list : "");
+                              "its network interfaces (it has %s)",
+                              spec, gai_strerror(g), names);
     }
     if ((size_t)snprintf(out, n, "%s", spec) >= n)
         return cddp_error_set(err, CDDP_EINVAL, "'%s': too long", spec);
