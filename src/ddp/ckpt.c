@@ -73,9 +73,9 @@ static int load_once(cddp_ddp *d, const ckpt_call *a, const char *path, bool *da
 static int load(cddp_ddp *d, void *arg, cddp_error *err) {
     const ckpt_call *a = arg;
     char set[4096];
-    if (cddp_checkpoint_resolve(a->path, set, sizeof set, NULL) != CDDP_OK || !strcmp(set, a->path))
-        snprintf(set, sizeof set, "%s", a->path); /* a file or a set: no other to take */
-    bool folder = strcmp(set, a->path) != 0;
+    bool folder = cddp_checkpoint_resolve(a->path, set, sizeof set, NULL) == CDDP_OK &&
+                  strcmp(set, a->path) != 0;
+    if (!folder) snprintf(set, sizeof set, "%s", a->path); /* a file or a set: no other to take */
     for (;;) {
         bool damaged = false;
         int who = 0;
