@@ -18,13 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int cddp_model_gpt_config(const cddp_model *m, cddp_gpt_config *config) {
-    const cddp_gpt_config *g = NULL;
-    if (!m || !cddp__gpt_find(cddp_model_root(m), &g)) return CDDP_EINVAL;
-    *config = *g;
-    return CDDP_OK;
-}
-
 cddp_gpt_sampling cddp_gpt_sampling_defaults(void) {
     return (cddp_gpt_sampling){.temperature = 1.0f};
 }
@@ -124,15 +117,14 @@ static int check_args(const cddp_gpt_config *g, const int64_t *prompt, int64_t n
 }
 
 static int setup(gen *s, cddp_model *m, cddp_ctx *ctx, const int64_t *prompt, int64_t n_prompt,
-                 int64_t n, cddp_error *err) {
+                 int64_t n, bool no_cache, cddp_error *err) {
     const cddp_gpt_config *g = s->g;
     int64_t V = g->vocab_size;
     s->ids = malloc(sizeof(int64_t) * (size_t)(n_prompt + n));
     s->p = malloc(sizeof(float) * (size_t)V);
     s->sorted = malloc(sizeof(float) * (size_t)V);
     s->row = malloc(sizeof(float) * (size_t)V);
-    s->caches = calloc((size_t)g->n_layer, sizeof *s->caches);
-    if (!s->ids || !s->p || !s->sorted || !s->row || !s->caches)
+    if (!s->ids || !s->p || !s->sorted || !s->row)
         return cddp_error_set(err, CDDP_ENOMEM, "cddp_gpt_generate: out of memory");
     memcpy(s->ids, prompt, sizeof(int64_t) * (size_t)n_prompt);
     s->len = n_prompt;
@@ -144,7 +136,10 @@ static int setup(gen *s, cddp_model *m, cddp_ctx *ctx, const int64_t *prompt, in
         return cddp_error_set(err, CDDP_EINVAL,
                               "cddp_gpt_generate: the context is on %s but the model on %s",
                               cddp_device_name(cddp_ctx_device(ctx)), cddp_device_name(dev));
+    if (no_cache) return CDDP_OK; /* the whole context each time: no cache to keep */
     size_t bytes = (size_t)g->n_layer * (size_t)(g->block_size * 2 * g->n_embd) * sizeof(float);
+    if (!(s->caches = calloc((size_t)g->n_layer, sizeof *s->caches)))
+        return cddp_error_set(err, CDDP_ENOMEM, "cddp_gpt_generate: out of memory");
     s->cache_ctx = cddp_ctx_create(&(cddp_ctx_options){
         .device = dev, .arena_initial_bytes = bytes + 4096 * (size_t)(g->n_layer + 1)});
     if (!s->cache_ctx) return cddp_error_set(err, CDDP_ENOMEM, "cddp_gpt_generate: out of memory");
@@ -169,7 +164,7 @@ int cddp_gpt_generate(cddp_model *m, cddp_ctx *ctx, const int64_t *prompt, int64
     cddp_rng own_rng;
     if (!rng) cddp_rng_seed(rng = &own_rng, 0);
     bool training = cddp_model_training(m);
-    rc = setup(&st, m, ctx, prompt, n_prompt, n, err);
+    rc = setup(&st, m, ctx, prompt, n_prompt, n, s.no_cache, err);
     bool grad = st.ctx ? cddp_ctx_set_grad_enabled(st.ctx, false) : false;
     cddp_model_set_training(m, false);
     for (int64_t k = 0; k < n && rc == CDDP_OK; k++) {

@@ -147,6 +147,13 @@ const cddp_module *cddp__gpt_find(const cddp_module *m, const cddp_gpt_config **
     return NULL;
 }
 
+int cddp_model_gpt_config(const cddp_model *m, cddp_gpt_config *config) {
+    const cddp_gpt_config *g = NULL;
+    if (!m || !cddp__gpt_find(cddp_model_root(m), &g)) return CDDP_EINVAL;
+    *config = *g;
+    return CDDP_OK;
+}
+
 /* As gpt_forward for idx (1, T) at positions past..past+T-1, each block's attention reading the
  * earlier positions' keys and values from caches[l] and adding the new ones'. */
 cddp_tensor *cddp__gpt_forward_cached(const cddp_module *gpt, cddp_ctx *ctx, cddp_tensor *idx,
