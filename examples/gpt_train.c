@@ -111,6 +111,15 @@ static void usage(FILE *out) {
         "  -h, --help          show this help\n");
 }
 
+/* The largest GPT gpt_train builds: its options' bounds, and those of a checkpoint's shape. */
+enum {
+    MOST_LAYERS = 1024,
+    MOST_HEADS = 1024,
+    MOST_EMBD = 65536,
+    MOST_BLOCK = 1 << 20,
+    MOST_VOCAB = 65536
+};
+
 typedef struct flag {
     const char *name;
     char kind; /* 'i' int64, 'f' double, 's' string */
@@ -148,11 +157,11 @@ static int parse_args(int argc, char **argv, options *o) {
                    .seed = 1337};
     int64_t seed = (int64_t)o->seed;
     const flag flags[] = {
-        {"n_layer", 'i', &o->n_layer, 1, 1024, false},
-        {"n_head", 'i', &o->n_head, 1, 1024, false},
-        {"n_embd", 'i', &o->n_embd, 1, 65536, false},
-        {"block_size", 'i', &o->block_size, 1, 1 << 20, false},
-        {"vocab_size", 'i', &o->vocab_size, 1, 65536, false},
+        {"n_layer", 'i', &o->n_layer, 1, MOST_LAYERS, false},
+        {"n_head", 'i', &o->n_head, 1, MOST_HEADS, false},
+        {"n_embd", 'i', &o->n_embd, 1, MOST_EMBD, false},
+        {"block_size", 'i', &o->block_size, 1, MOST_BLOCK, false},
+        {"vocab_size", 'i', &o->vocab_size, 1, MOST_VOCAB, false},
         {"batch_size", 'i', &o->batch_size, 1, 1 << 20, false},
         {"grad_accum", 'i', &o->grad_accum, 1, 1 << 20, false},
         {"max_iters", 'i', &o->max_iters, 0, (double)INT64_MAX, false},
@@ -251,7 +260,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {o->weight_decay < 0 || o->grad_clip < 0, "--weight_decay and --grad_clip must be >= 0"},
         {!(o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1),
          "--beta1 and --beta2 must be in [0, 1)"},
-        {o->vocab_size < 0 || o->vocab_size > 65536, "--vocab_size must be in [1, 65536]"},
+        {o->vocab_size < 0 || o->vocab_size > MOST_VOCAB, "--vocab_size must be in [1, 65536]"},
     };
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
         if (checks[i].bad) {
@@ -403,11 +412,11 @@ static int peek_shape(const char *path, options *o, cddp_error *err) {
     const struct {
         const char *name;
         int64_t value, most;
-    } sizes[] = {{"n_layer", g.n_layer, 1024},
-                 {"n_head", g.n_head, 1024},
-                 {"n_embd", g.n_embd, 65536},
-                 {"block_size", g.block_size, 1 << 20},
-                 {"vocab_size", g.vocab_size, 65536}};
+    } sizes[] = {{"n_layer", g.n_layer, MOST_LAYERS},
+                 {"n_head", g.n_head, MOST_HEADS},
+                 {"n_embd", g.n_embd, MOST_EMBD},
+                 {"block_size", g.block_size, MOST_BLOCK},
+                 {"vocab_size", g.vocab_size, MOST_VOCAB}};
     for (size_t i = 0; rc == CDDP_OK && i < sizeof sizes / sizeof sizes[0]; i++)
         if (sizes[i].value > sizes[i].most)
             rc = cddp_error_set(err, CDDP_EFORMAT,
