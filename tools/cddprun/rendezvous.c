@@ -149,12 +149,9 @@ static void claim_node_rank(job *j, bool elastic) {
     char key[64];
     snprintf(key, sizeof key, "r%d/claim/%d", j->round, j->o.node_rank);
     if (!j->claim[0]) {
-        uint8_t nonce[CDDP_NET_NONCE];
-        cddp_error e = {0};
-        if (cddp_net_nonce(nonce, &e)) cddprun_fail_rdzv("rendezvous", &e);
-        int n = snprintf(j->claim, sizeof j->claim, "%.32s pid %d ", j->host, (int)getpid());
-        for (int i = 0; i < 4 && n + 2 < (int)sizeof j->claim; i++)
-            n += snprintf(j->claim + n, sizeof j->claim - (size_t)n, "%02x", nonce[i]);
+        char nonce[9];
+        cddprun_random_hex(nonce, 4);
+        snprintf(j->claim, sizeof j->claim, "%.32s pid %d %s", j->host, (int)getpid(), nonce);
     }
     void *cur = NULL;
     size_t len = 0;
