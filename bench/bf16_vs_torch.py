@@ -2,12 +2,14 @@
 """bf16_vs_torch.py BUILD_DIR [ROUNDS] [MODELS]: mixed precision on the CPU, cddp against itself in
 float32 and against PyTorch's CPU autocast to bfloat16 (and float32), rounds interleaved.
 
-MODELS, comma-separated (default gpt4,gpt6,mlp):
-  gpt4  nanoGPT's CPU recipe (4 layers, 4 heads, width 128, context 64, batch 12), 30 iterations
-  gpt6  a larger GPT: 6 layers, 6 heads, width 384, context 256, batch 12, 10 iterations
-  mlp   the seed's MLP (784-512-512-10) on Fashion-MNIST, one epoch at batch 64 (fashion_mnist
-        against bench/mlp_torch.py's model; PyTorch's epoch does not hold the evaluation cddp's
-        does not count either)
+MODELS, comma-separated (default gpt4,gpt6,mlp,cnn,resnet):
+  gpt4    nanoGPT's CPU recipe (4 layers, 4 heads, width 128, context 64, batch 12), 30 iterations
+  gpt6    a larger GPT: 6 layers, 6 heads, width 384, context 256, batch 12, 10 iterations
+  mlp     the seed's MLP (784-512-512-10) on Fashion-MNIST, one epoch at batch 64 (fashion_mnist
+          against bench/mlp_torch.py's model; PyTorch's epoch does not hold the evaluation cddp's
+          does not count either)
+  cnn     fashion_mnist's CNN (2 convolutions with ReLU and pooling, 2 linear layers), the same
+  resnet  fashion_mnist's ResNet (16, 32, 64 channels, BatchNorm), the first 12800 samples
 Each model runs on one rank with one math thread, and on 2 ranks under cddprun (one thread each;
 PyTorch's DDP over gloo), in cddp fp32, cddp bf16 (--dtype bf16), PyTorch fp32 and PyTorch
 autocast bf16. Prints every run, then per model and ranks the median (lowest..highest) of each
@@ -26,10 +28,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def main():
     if len(sys.argv) < 2:
-        sys.exit("usage: bf16_vs_torch.py BUILD_DIR [ROUNDS] [gpt4,gpt6,mlp]")
+        sys.exit("usage: bf16_vs_torch.py BUILD_DIR [ROUNDS] [gpt4,gpt6,mlp,cnn,resnet]")
     build = sys.argv[1]
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    models = (sys.argv[3] if len(sys.argv) > 3 else "gpt4,gpt6,mlp").split(",")
+    models = (sys.argv[3] if len(sys.argv) > 3 else "gpt4,gpt6,mlp,cnn,resnet").split(",")
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", CDDP_LOG_LEVEL="error")
     launch = [os.path.join(build, "bin", "cddprun"), "--standalone", "--nproc_per_node", "2"]
     gpt = os.path.join(build, "bin", "gpt_train")
@@ -48,11 +50,12 @@ def main():
                     "tokens_per_s"
             return [PY, os.path.join(HERE, "gpt_torch.py")] + common + \
                 ["--dtype", dtype, "--eval_batches", "1"], "tokens_per_s"
+        common = ["--model", model, "--batch-size", "64", "--dtype", dtype] + \
+            (["--limit", "12800"] if model == "resnet" else [])
         if impl == "cddp":
-            return [fm, "--epochs", "1", "--dtype", dtype, "--log-every", "0", "--out", "none",
-                    "--json"], "samples_per_s"
-        return [PY, os.path.join(HERE, "mlp_torch.py"), "--batch-size", "64", "--dtype", dtype], \
-            "samples_per_s"
+            return [fm, "--epochs", "1", "--log-every", "0", "--out", "none", "--json"] + common, \
+                "samples_per_s"
+        return [PY, os.path.join(HERE, "mlp_torch.py")] + common, "samples_per_s"
 
     how = subprocess.run([fm, "--dtype", "bf16", "--epochs", "1", "--limit", "64", "--log-every",
                           "0", "--out", "none"],
@@ -93,7 +96,7 @@ def main():
                   f" | {med[('cddp', 'bf16')] / med[('cddp', 'fp32')]:.2f} | "
                   f"{med[('cddp', 'bf16')] / med[('torch', 'bf16')]:.2f} |")
     print(f"\n(median of {n} interleaved rounds, lowest..highest; tokens/s for the GPTs, "
-          "samples/s for the MLP)")
+          "samples/s for the others)")
 
 
 if __name__ == "__main__":

@@ -61,6 +61,8 @@ def main():
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
                    help="bf16: the forward and the loss under CPU autocast to bfloat16")
+    p.add_argument("--limit", type=int, default=0,
+                   help="train on the first N samples only (default: all)")
     p.add_argument("--data", default=os.environ.get("CDDP_DATA",
                                                     "/usr/share/datasets/fashion-mnist"))
     a = p.parse_args()
@@ -78,6 +80,8 @@ def main():
         model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr)
     loss_fn = nn.CrossEntropyLoss()
+    if a.limit > 0:
+        x, y = x[:a.limit], y[:a.limit]
     n, samples, train_s = x.shape[0], 0, 0.0
     for _ in range(a.epochs):
         order = torch.randperm(n)[rank::world]  # what DistributedSampler gives this rank

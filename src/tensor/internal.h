@@ -109,6 +109,9 @@ cddp__cdev *cddp__on(cddp_ctx *ctx, const char *op, int n, cddp_tensor *const *i
              (cddp_tensor *[]){__VA_ARGS__})
 /* The state of the device node n's output is on. */
 cddp__cdev *cddp__node_dev(cddp_ctx *ctx, const cddp__node *n);
+/* The precision d's products run in for the context (its compute); when d cannot multiply in it,
+ * fails the context saying why and returns false. */
+bool cddp__computes(cddp_ctx *ctx, cddp__cdev *d);
 /* Device arena memory (64-byte aligned, uninitialised) that latches a failure; _zero: zeroed. */
 void *cddp__dalloc(cddp__cdev *d, size_t bytes);
 void *cddp__dalloc_zero(cddp__cdev *d, size_t bytes);

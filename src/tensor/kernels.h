@@ -38,13 +38,16 @@ typedef struct cddp__bcast {
 } cddp__bcast;
 
 /* A 2-D convolution's shape: x (N,C,H,W) in x_block's layout, w (O,C/groups,KH,KW), the output
- * (N,O,OH,OW) in out_block's (0: row-major; else channel-blocked, tensor.h's "Layouts"). */
+ * (N,O,OH,OW) in out_block's (0: row-major; else channel-blocked, tensor.h's "Layouts"). compute:
+ * the precision of its products, as the gemm kernel's (CDDP_BF16: x, w and the output's gradient
+ * rounded to bf16, the sums in float32 into float32 results). */
 typedef struct cddp__conv_geom {
     int64_t N, C, H, W, O, KH, KW, OH, OW;
     int stride, pad, groups;
     int x_block, out_block;
     bool bias;  /* b given */
     bool train; /* the forward is for training: keep what the backward needs */
+    cddp_dtype compute;
 } cddp__conv_geom;
 
 /* The arithmetic of the binary and unary elementwise kernels. */

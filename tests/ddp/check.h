@@ -34,9 +34,14 @@ static inline cddp_device *check_device(void) {
     return dev;
 }
 
-/* A context on the check device. */
+/* A context on the check device, its products in CDDP_TEST_COMPUTE's precision: bf16 (mixed
+ * precision), or float32 when unset. */
 static inline cddp_ctx *check_ctx(void) {
-    cddp_ctx *ctx = cddp_ctx_create(&(cddp_ctx_options){.device = check_device()});
+    const char *compute = getenv("CDDP_TEST_COMPUTE");
+    cddp_dtype dt = compute && !strcmp(compute, "bf16") ? CDDP_BF16 : CDDP_F32;
+    if (compute && *compute && dt == CDDP_F32 && strcmp(compute, "fp32"))
+        FAIL("CDDP_TEST_COMPUTE=%s: expected bf16 or fp32", compute);
+    cddp_ctx *ctx = cddp_ctx_create(&(cddp_ctx_options){.device = check_device(), .compute = dt});
     if (!ctx) FAIL("out of memory for a context");
     return ctx;
 }

@@ -12,6 +12,9 @@
 #                   bf16 products, emulated where the processor has no bf16 units), each within
 #                   0.5 points of float32; a processor without bf16 units (or oneDNN kept from
 #                   them) refuses --dtype bf16 in one line, exit 2
+#   bf16_cnn        the CNN on 2 ranks for 2 epochs in float32 and in mixed precision (bf16
+#                   convolutions and linear layers, emulated without bf16 units): the test
+#                   accuracies within 0.5 points
 #   gpt             2 ranks train a small GPT on fortunes for 40 iterations: nanoGPT's lines, the
 #                   losses fall, one sample from rank 0, the JSON fields, the checkpoint (which
 #                   holds the tied head under both names) and curves that render
@@ -200,6 +203,16 @@ bf16)
     [ $rc = 2 ] && [ "$(wc -l < refused.out)" = 1 ] && grep -q "^fashion_mnist: --dtype bf16: cpu: bf16 on the CPU needs AVX512-BF16 or AMX" refused.out \
         || { cat refused.out; fail "--dtype bf16 without bf16 units: exit $rc"; }
     echo "ok: bf16 compression $b, mixed precision $c vs float32 $a; refused without bf16 units"
+    ;;
+bf16_cnn)
+    run --nproc_per_node 2 "$FM" --model cnn --epochs 2 --out none --json > f32.out 2>&1 || { cat f32.out; fail "float32 run failed"; }
+    CDDP_BF16_EMULATE=1 run --nproc_per_node 2 "$FM" --model cnn --epochs 2 --out none --json --dtype bf16 > mixed.out 2>&1 \
+        || { cat mixed.out; fail "--dtype bf16 run failed"; }
+    a=$(acc_of f32.out) c=$(acc_of mixed.out)
+    grep -q '"dtype": "bfloat16"' mixed.out || fail "the --dtype bf16 run did not say bfloat16"
+    awk -v a="$a" -v c="$c" 'BEGIN { d = a - c; exit !(a != "" && c != "" && a > 0.85 && d * d <= 0.005 * 0.005) }' \
+        || fail "the CNN's accuracy in bf16, $c, is not within 0.5 points of float32's $a (or that is below 0.85)"
+    echo "ok: the CNN after 2 epochs on 2 ranks: $c in bf16, $a in float32"
     ;;
 gpt)
     GPT="$build/bin/gpt_train --n_layer 2 --n_head 2 --n_embd 64 --block_size 32 --batch_size 8"

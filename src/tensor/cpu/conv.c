@@ -3,7 +3,13 @@
  * (see cpu/dnnl.h); the weights' gradient of a stride-1 convolution with few input channels per
  * group by a loop of cddp's own (weights_grad), which is faster there. And a convolution followed
  * by a ReLU and 2x2 max pooling as one kernel (a CNN's usual layer), whose convolution output
- * stays in oneDNN's layout: pooled from it, its gradient made in it. */
+ * stays in oneDNN's layout: pooled from it, its gradient made in it.
+ *
+ * In bf16 (a geometry's compute), the primitives read the input, the weights and the output's
+ * gradient as bf16 (the reorders into their layouts round them, to nearest even) and write
+ * float32 results: the bf16 units' products with float32 sums, as the gemm kernel's. Emulated
+ * (CDDP_BF16_EMULATE=1 on a processor without bf16 units), those operands are rounded in float32
+ * and the float32 primitives run; so are they for the own loop of weights_grad, in both. */
 #include "tensor/cpu/dnnl.h"
 
 #include <string.h>
@@ -14,16 +20,17 @@ enum { FWD_TRAIN, FWD_INFER, BWD_DATA, BWD_WEIGHTS };
  * and dst_block: the channel block of a blocked input or output (its layout then fixed), else 0
  * (the primitive's choice). */
 typedef struct conv_key {
-    int64_t kind, N, C, H, W, O, KH, KW, OH, OW, stride, pad, groups, bias, src_block, dst_block;
+    int64_t kind, N, C, H, W, O, KH, KW, OH, OW, stride, pad, groups, bias, src_block, dst_block,
+        bf16;
 } conv_key;
 
 static dnnl_format_tag_t block_tag(int64_t block) {
     return block ? cddp__dnnl_tag((int)block) : dnnl_format_tag_any;
 }
 
-static void md_tag(dnnl_memory_desc_t *md, int n, const dnnl_dims_t dims, dnnl_format_tag_t tag) {
-    cddp__dnnl_ok(dnnl_memory_desc_init_by_tag(md, n, dims, dnnl_f32, tag),
-                  "describing a convolution");
+static void md_tag(dnnl_memory_desc_t *md, int n, const dnnl_dims_t dims, dnnl_format_tag_t tag,
+                   dnnl_data_type_t type) {
+    cddp__dnnl_ok(dnnl_memory_desc_init_by_tag(md, n, dims, type, tag), "describing a convolution");
 }
 
 /* The weights' dims: (O,C,KH,KW), or (G,O/G,C/G,KH,KW) when grouped; their count. */
@@ -48,11 +55,18 @@ static dnnl_status_t make_conv(dnnl_primitive_desc_t *pd, const void *key,
      * has its own loop, weights_grad): there oneDNN's blocked kernel is 1.6x slower than its
      * GEMM one on plain layouts (1 -> 16 channels, 28x28, batch 64: 3.1 ms against 1.9 ms). */
     bool plain = k->kind == BWD_WEIGHTS && k->C / k->groups < 8;
+    /* in bf16 the operands (x, w, the output's gradient) are bf16, the results float32 */
+    dnnl_data_type_t in = k->bf16 ? dnnl_bf16 : dnnl_f32;
     md_tag(&src, 4, (dnnl_dims_t){k->N, k->C, k->H, k->W},
-           plain ? dnnl_nchw : block_tag(k->src_block));
-    md_tag(&w, wn, wd, !plain ? dnnl_format_tag_any : wn == 4 ? dnnl_oihw : dnnl_goihw);
+           plain ? dnnl_nchw : block_tag(k->src_block), k->kind == BWD_DATA ? dnnl_f32 : in);
+    md_tag(&w, wn, wd,
+           !plain    ? dnnl_format_tag_any
+           : wn == 4 ? dnnl_oihw
+                     : dnnl_goihw,
+           k->kind == BWD_WEIGHTS ? dnnl_f32 : in);
     md_tag(&dst, 4, (dnnl_dims_t){k->N, k->O, k->OH, k->OW},
-           plain ? dnnl_nchw : block_tag(k->dst_block));
+           plain ? dnnl_nchw : block_tag(k->dst_block),
+           k->kind == FWD_TRAIN || k->kind == FWD_INFER ? dnnl_f32 : in);
     cddp__dnnl_ok(dnnl_memory_desc_init_by_tag(&b, 1, (dnnl_dims_t){k->O}, dnnl_f32, dnnl_x),
                   "describing a bias");
     const dnnl_dims_t strides = {k->stride, k->stride}, pad = {k->pad, k->pad};
@@ -97,8 +111,32 @@ static const cddp__dnnl_prim *conv_prim(const cddp__conv_geom *g, int kind) {
                   .groups = g->groups,
                   .bias = g->bias,
                   .src_block = g->x_block,
-                  .dst_block = g->out_block};
+                  .dst_block = g->out_block,
+                  .bf16 = g->compute == CDDP_BF16 && cddp__cpu_bf16_native()};
     return cddp__dnnl_get(&k, sizeof k, make_conv);
+}
+
+/* An operand of n floats as g's products read it: itself, or in bf16 when the float32 loops
+ * multiply it (emulated, or own: cddp's loop) its copy rounded to bf16 in scratch (NULL when out
+ * of memory, reported through q). */
+static const float *rounded(cddp__kq *q, const cddp__conv_geom *g, const float *data, int64_t n,
+                            bool own) {
+    if (g->compute != CDDP_BF16 || (cddp__cpu_bf16_native() && !own)) return data;
+    float *r = cddp__kq_scratch(q, (size_t)n * sizeof(float));
+    if (r) cddp__bf16_round(r, data, n);
+    return r;
+}
+
+static const float *operand(cddp__kq *q, const cddp__conv_geom *g, const float *data, int64_t n) {
+    return rounded(q, g, data, n, false);
+}
+
+static int64_t input_n(const cddp__conv_geom *g) {
+    return g->N * g->C * g->H * g->W;
+}
+
+static int64_t weights_n(const cddp__conv_geom *g) {
+    return g->O * (g->C / g->groups) * g->KH * g->KW;
 }
 
 /* The run argument for (N,C,H,W) data in the layout tag names, or (md not NULL) in the one md
@@ -145,6 +183,7 @@ static bool conv_forward(cddp__kq *q, const cddp__dnnl_prim *p, const cddp__conv
                          const float *x, const float *w, const float *b, void *dst,
                          const dnnl_memory_desc_t *dst_md, cddp__dnnl_copy *xc) {
     const int64_t od[4] = {g->N, g->O, g->OH, g->OW};
+    if (!(x = operand(q, g, x, input_n(g))) || !(w = operand(q, g, w, weights_n(g)))) return false;
     cddp__dnnl_arg args[4] = {
         input_arg(DNNL_ARG_SRC, x, CDDP__DNNL_IN, g),
         weights(DNNL_ARG_WEIGHTS, w, CDDP__DNNL_IN, g),
@@ -174,6 +213,7 @@ typedef struct conv_grad {
     const dnnl_memory_desc_t *md;
     dnnl_format_tag_t tag;
     cddp__lanes l;
+    int64_t n; /* its floats */
 } conv_grad;
 
 /* The gradients to make: each NULL when not wanted, else stored (assign) or added. */
@@ -257,20 +297,30 @@ static void conv_backward(cddp__kq *q, const cddp__conv_geom *g, const float *x,
                           const conv_grad *dy, const conv_out *o, cddp__dnnl_copy *xc) {
     const int64_t od[4] = {g->N, g->O, g->OH, g->OW};
     cddp__dnnl_copy dyc = {0}; /* the output's gradient reordered once for both runs */
+    const float *d = dy->data; /* as the products read it */
+    bool own = own_weights_grad(g);
+    if ((o->dx || ((o->dw || o->db) && !own)) && !(d = operand(q, g, d, dy->n))) return;
     if (o->dx) {
         const cddp__dnnl_prim *p = conv_prim(g, BWD_DATA);
+        if (!(W = operand(q, g, W, weights_n(g)))) return;
         cddp__dnnl_arg args[3] = {
-            nchw_dims(DNNL_ARG_DIFF_DST, dy->data, CDDP__DNNL_IN, od, dy->tag, dy->md),
+            nchw_dims(DNNL_ARG_DIFF_DST, d, CDDP__DNNL_IN, od, dy->tag, dy->md),
             weights(DNNL_ARG_WEIGHTS, W, CDDP__DNNL_IN, g),
             input_arg(DNNL_ARG_DIFF_SRC, o->dx, io_of(o->dx_assign), g)};
         args[0].copy = &dyc;
         if (!cddp__dnnl_run(q, p, 3, args)) return;
     }
     if (!o->dw && !o->db) return;
-    if (own_weights_grad(g)) {
-        weights_grad(q, g, x, dy, o);
+    if (own) {
+        conv_grad r = *dy;
+        if (!(x = rounded(q, g, x, input_n(g), true)) ||
+            !(r.data = rounded(q, g, dy->data, dy->n, true)))
+            return;
+        weights_grad(q, g, x, &r, o);
         return;
     }
+    /* x as the forward's reorder left it, else rounded again when emulating */
+    if (!(xc && xc->data) && !(x = operand(q, g, x, input_n(g)))) return;
     /* Weights and bias come from one primitive; one that is not wanted goes to scratch. */
     int64_t wn = g->O * (g->C / g->groups) * g->KH * g->KW;
     float *gw = o->dw ? o->dw : cddp__kq_scratch(q, (size_t)wn * sizeof(float));
@@ -279,7 +329,7 @@ static void conv_backward(cddp__kq *q, const cddp__conv_geom *g, const float *x,
     const cddp__dnnl_prim *p = conv_prim(g, BWD_WEIGHTS);
     cddp__dnnl_arg args[4] = {
         input_arg(DNNL_ARG_SRC, x, CDDP__DNNL_IN, g),
-        nchw_dims(DNNL_ARG_DIFF_DST, dy->data, CDDP__DNNL_IN, od, dy->tag, dy->md),
+        nchw_dims(DNNL_ARG_DIFF_DST, d, CDDP__DNNL_IN, od, dy->tag, dy->md),
         weights(DNNL_ARG_DIFF_WEIGHTS, gw, o->dw ? io_of(o->dw_assign) : CDDP__DNNL_OUT, g)};
     args[0].copy = xc;
     args[1].copy = &dyc;
@@ -292,11 +342,14 @@ static void conv_backward(cddp__kq *q, const cddp__conv_geom *g, const float *x,
 void cddp__cpu_conv2d_grad(cddp__kq *q, const cddp__k_conv2d_grad *a) {
     const cddp__conv_geom *g = &a->g;
     int64_t B = CDDP_MAX(g->out_block, 1);
-    conv_grad dy = {
-        .data = a->dy,
-        .tag = cddp__dnnl_tag(g->out_block),
-        .l = {
-            .B = B, .sN = g->O * g->OH * g->OW, .sG = B * g->OH * g->OW, .sH = B * g->OW, .sW = B}};
+    conv_grad dy = {.data = a->dy,
+                    .tag = cddp__dnnl_tag(g->out_block),
+                    .l = {.B = B,
+                          .sN = g->O * g->OH * g->OW,
+                          .sG = B * g->OH * g->OW,
+                          .sH = B * g->OW,
+                          .sW = B},
+                    .n = g->N * g->O * g->OH * g->OW};
     conv_out o = {a->dx, a->dw, a->db, a->dx_assign, a->dw_assign, a->db_assign};
     conv_backward(q, g, a->x, a->w, &dy, &o, *a->state);
 }
@@ -372,6 +425,9 @@ void cddp__cpu_conv2d_relu_pool_grad(cddp__kq *q, const cddp__k_conv2d_relu_pool
     if (!dy || !tile) return;
     cddp__relu_pool2x2_lanes_grad(sv->code, a->dy, &sv->l, g->N, g->O, g->OH, g->OW, dy, tile);
     conv_out o = {a->dx, a->dw, a->db, a->dx_assign, a->dw_assign, a->db_assign};
-    conv_backward(q, g, a->x, a->w, &(conv_grad){.data = dy, .md = sv->md, .l = sv->l}, &o,
-                  &sv->xc);
+    conv_grad d = {.data = dy,
+                   .md = sv->md,
+                   .l = sv->l,
+                   .n = (int64_t)(dnnl_memory_desc_get_size(sv->md) / sizeof(float))};
+    conv_backward(q, g, a->x, a->w, &d, &o, &sv->xc);
 }

@@ -26,8 +26,12 @@ CDDP_KERNEL_LIST(CDDP__CPU_DECL)
 #undef CDDP__CPU_DECL
 int cddp__cpu_blocked_size(void);
 bool cddp__cpu_conv_pool_fuses(const cddp__conv_geom *g);
-/* matmul.c: whether the gemm kernel multiplies in dtype here (cddp__kernels.computes). */
+/* matmul.c: whether the gemm kernel multiplies in dtype here (cddp__kernels.computes); whether
+ * bf16 products run on the processor's bf16 units (else, when allowed, they are emulated: their
+ * operands rounded by cddp__bf16_round, to nearest even, and multiplied in float32). */
 int cddp__cpu_computes(cddp_dtype dtype, const char **how, cddp_error *err);
+bool cddp__cpu_bf16_native(void);
+void cddp__bf16_round(float *dst, const float *src, int64_t n);
 /* The answers to cddp__kernels' questions, for a table of the CPU's kernels (the CPU's, and the
  * emulated device's, which runs them). */
 #define CDDP__CPU_QUESTIONS                                                                        \

@@ -113,6 +113,10 @@ static void bf16_rows(float *dst, const float *src, int64_t rows, int64_t cols, 
         }
 }
 
+void cddp__bf16_round(float *dst, const float *src, int64_t n) {
+    bf16_rows(dst, src, 1, n, n);
+}
+
 /* ---- whether, and on what ------------------------------------------------------------------- */
 
 static bool emulate(void) {
@@ -136,6 +140,10 @@ static void find_native(void) {
 static const char *native(void) {
     pthread_once(&native_once, find_native);
     return native_path;
+}
+
+bool cddp__cpu_bf16_native(void) {
+    return native() != NULL;
 }
 
 int cddp__cpu_computes(cddp_dtype dtype, const char **how, cddp_error *err) {

@@ -1,8 +1,8 @@
 /* conv.c: 2-D convolution (strided, zero-padded, grouped), and a convolution followed by a ReLU
  * and 2x2 max pooling as one op (a CNN's usual layer). The device does the arithmetic (the CPU on
- * oneDNN, cpu/conv.c); what the backward needs beyond the inputs stays with the node, kept by the
- * device's forward kernel (on the CPU: the input reordered for oneDNN, the fused pooling's
- * maxima). */
+ * oneDNN, cpu/conv.c), in the context's precision (cddp_ctx_options.compute) as a matrix product
+ * would; what the backward needs beyond the inputs stays with the node, kept by the device's
+ * forward kernel (on the CPU: the input reordered for oneDNN, the fused pooling's maxima). */
 #include "tensor/internal.h"
 
 #include <string.h>
@@ -61,6 +61,8 @@ static cddp_tensor *conv2d(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_t
     if (w->shape[0] % CDDP_MAX(out_block, 1)) out_block = 0;
     g.out_block = out_block;
     cddp__cdev *d = CDDP__ON(ctx, "conv2d", x, w, b);
+    if (!d || !cddp__computes(ctx, d)) return NULL;
+    g.compute = ctx->compute;
     cddp_tensor *out = cddp__empty(d, CDDP_F32, 4, (int64_t[]){g.N, g.O, g.OH, g.OW});
     if (!out) return NULL;
     out->block = out_block;
@@ -102,12 +104,13 @@ static bool conv_grads(cddp_ctx *ctx, cddp__node *n, float **dx, bool *dx_assign
     return !CDDP__FAILED(ctx);
 }
 
-/* The node's convolution shape, its output in out_block's layout. */
-static cddp__conv_geom node_geom(const cddp__node *n, int out_block) {
+/* The node's convolution shape, its output in out_block's layout, in the context's precision. */
+static cddp__conv_geom node_geom(const cddp_ctx *ctx, const cddp__node *n, int out_block) {
     cddp__conv_geom g = conv_check("conv2d", n->in[0], n->in[1], n->nin > 2 ? n->in[2] : NULL,
                                    n->arg.conv.stride, n->arg.conv.padding, n->arg.conv.groups);
     g.out_block = out_block;
     g.train = true;
+    g.compute = ctx->compute;
     return g;
 }
 
@@ -116,10 +119,10 @@ void cddp__conv2d_backward(cddp_ctx *ctx, cddp__node *n) {
     float *dx, *dw, *db;
     bool xa, wa, ba;
     cddp__cdev *d = cddp__node_dev(ctx, n);
-    if (!d || !conv_grads(ctx, n, &dx, &xa, &dw, &wa, &db, &ba)) return;
+    if (!d || !cddp__computes(ctx, d) || !conv_grads(ctx, n, &dx, &xa, &dw, &wa, &db, &ba)) return;
     CDDP__K(&d->q, conv2d_grad, .x = n->in[0]->data, .w = n->in[1]->data, .dy = n->out->grad,
             .dx = dx, .dx_assign = xa, .dw = dw, .dw_assign = wa, .db = db, .db_assign = ba,
-            .g = node_geom(n, n->out->block), .state = n->saved);
+            .g = node_geom(ctx, n, n->out->block), .state = n->saved);
 }
 
 /* ---- convolution, ReLU and 2x2 max pooling in one op ---------------------------------------
@@ -133,7 +136,8 @@ cddp_tensor *cddp_conv2d_relu_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, cddp_ten
     if (CDDP__FAILED(ctx) || !x || !w) return NULL;
     cddp__conv_geom g = conv_check("conv2d_relu_max_pool2d", x, w, b, stride, padding, groups);
     cddp__cdev *d = CDDP__ON(ctx, "conv2d_relu_max_pool2d", x, w, b);
-    if (!d) return NULL;
+    if (!d || !cddp__computes(ctx, d)) return NULL;
+    g.compute = ctx->compute;
     cddp_tensor *in[3] = {x, w, b};
     g.train = cddp__will_record(ctx, b ? 3 : 2, in);
     bool fuse = pool_kernel == 2 && (pool_stride == 2 || pool_stride <= 0) && pool_padding == 0 &&
@@ -157,8 +161,8 @@ void cddp__conv2d_relu_max_pool2d_backward(cddp_ctx *ctx, cddp__node *n) {
     float *dx, *dw, *db;
     bool xa, wa, ba;
     cddp__cdev *d = cddp__node_dev(ctx, n);
-    if (!d || !conv_grads(ctx, n, &dx, &xa, &dw, &wa, &db, &ba)) return;
+    if (!d || !cddp__computes(ctx, d) || !conv_grads(ctx, n, &dx, &xa, &dw, &wa, &db, &ba)) return;
     CDDP__K(&d->q, conv2d_relu_pool_grad, .x = n->in[0]->data, .w = n->in[1]->data,
             .dy = n->out->grad, .dx = dx, .dx_assign = xa, .dw = dw, .dw_assign = wa, .db = db,
-            .db_assign = ba, .g = node_geom(n, 0), .state = n->saved);
+            .db_assign = ba, .g = node_geom(ctx, n, 0), .state = n->saved);
 }

@@ -6,13 +6,17 @@
 
 /* C (M,N) = alpha op(A) op(B) + beta C on d, dense leading dimensions, in the context's precision:
  * a device that cannot multiply in it fails the context, saying why. */
+bool cddp__computes(cddp_ctx *ctx, cddp__cdev *d) {
+    cddp_error err = {0};
+    if (ctx->compute == CDDP_F32 || d->q.dev->k->computes(ctx->compute, NULL, &err) == CDDP_OK)
+        return true;
+    cddp_ctx_fail(ctx, err.code, "%s: %s", d->q.dev->name, err.msg);
+    return false;
+}
+
 static void gemm(cddp_ctx *ctx, cddp__cdev *d, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                  float alpha, const float *A, const float *B, float beta, float *C) {
-    cddp_error err = {0};
-    if (ctx->compute != CDDP_F32 && d->q.dev->k->computes(ctx->compute, NULL, &err) != CDDP_OK) {
-        cddp_ctx_fail(ctx, err.code, "%s: %s", d->q.dev->name, err.msg);
-        return;
-    }
+    if (!cddp__computes(ctx, d)) return;
     CDDP__K(&d->q, gemm, .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = alpha, .A = A,
             .lda = ta ? M : K, .B = B, .ldb = tb ? K : N, .beta = beta, .C = C, .ldc = N,
             .compute = ctx->compute);

@@ -1,0 +1,271 @@
+/* test_bf16.c: mixed precision's products (cddp_ctx_options.compute = CDDP_BF16) on the test
+ * device (helpers.h): each op that multiplies in bf16 equals its float32 version run on the
+ * bf16-rounded operands (within float32's rounding of the sums), and the float32 op on the
+ * original ones within bf16's 1e-2. Where the processor has no bf16 units the products are the
+ * emulation's (CDDP_BF16_EMULATE=1, set here), the same numbers: ctest runs this program a second
+ * time with oneDNN kept from them (test_bf16_emulated), and then the log line says so. */
+#include "helpers.h"
+
+static cddp_ctx *ctx, *lo; /* float32, and mixed precision */
+
+static int setup(void **state) {
+    (void)state;
+    setenv("CDDP_BF16_EMULATE", "1", 0);
+    ctx = cddp_ctx_create(&(cddp_ctx_options){.seed = 7, .device = test_device()});
+    lo = cddp_ctx_create(
+        &(cddp_ctx_options){.seed = 7, .device = test_device(), .compute = CDDP_BF16});
+    return ctx && lo ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    cddp_ctx_destroy(lo);
+    cddp_ctx_destroy(ctx);
+    host_release();
+    return 0;
+}
+
+/* The path the device takes, emulated exactly when the test asks for it (DNNL_MAX_CPU_ISA). */
+static void test_bf16_path(void **state) {
+    (void)state;
+    cddp_error err = {0};
+    const char *how = NULL;
+    assert_int_equal(cddp_device_computes(test_device(), CDDP_BF16, &how, &err), CDDP_OK);
+    print_message("bf16 on %s: %s\n", cddp_device_name(test_device()), how);
+    const char *isa = getenv("DNNL_MAX_CPU_ISA");
+    if (isa && !strcmp(isa, "AVX512_CORE"))
+        assert_non_null(strstr(how, "emulated (CDDP_BF16_EMULATE=1)"));
+}
+
+/* x rounded to bf16 (to nearest, ties to even), as a float. */
+static float bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, sizeof u);
+    return x;
+}
+
+/* Mixed precision's products (cddp_ctx_options.compute = CDDP_BF16): matmul in its four
+ * orientations and linear's forward and gradients equal the products of the bf16-rounded operands
+ * summed in float32 (within float32's rounding of the sums), and float32's within bf16's 1e-2;
+ * the rest of the op (linear's bias) stays float32. On a processor without AVX512-BF16 or AMX the
+ * products are the emulation's (CDDP_BF16_EMULATE), the same numbers. */
+static void test_bf16_products(void **state) {
+    (void)state;
+    assert_int_equal(cddp_ctx_compute(lo), CDDP_BF16);
+    cddp_rng r;
+    cddp_rng_seed(&r, 3);
+    for (int tr = 0; tr < 4; tr++) {
+        bool ta = tr & 1, tb = tr & 2;
+        int64_t M = 97 + tr, K = 300, N = 65;
+        cddp_ctx_reset(ctx);
+        cddp_ctx_reset(lo);
+        float *ah = malloc(sizeof(float) * (size_t)(M * K)),
+              *bh = malloc(sizeof(float) * (size_t)(K * N));
+        for (int64_t i = 0; i < M * K; i++) ah[i] = 2 * cddp_rng_uniform(&r) - 1;
+        for (int64_t i = 0; i < K * N; i++) bh[i] = 2 * cddp_rng_uniform(&r) - 1;
+        const int64_t *as = ta ? (int64_t[]){K, M} : (int64_t[]){M, K};
+        const int64_t *bs = tb ? (int64_t[]){N, K} : (int64_t[]){K, N};
+        const float *c32 = HOST(cddp_matmul(ctx, cddp_from_data(ctx, CDDP_F32, 2, as, ah),
+                                            cddp_from_data(ctx, CDDP_F32, 2, bs, bh), ta, tb));
+        const float *c16 = HOST(cddp_matmul(lo, cddp_from_data(lo, CDDP_F32, 2, as, ah),
+                                            cddp_from_data(lo, CDDP_F32, 2, bs, bh), ta, tb));
+        double rounded = 0;
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double s = 0, mag = 0;
+                for (int64_t k = 0; k < K; k++) {
+                    double p = (double)bf16(ah[ta ? k * M + i : i * K + k]) *
+                               bf16(bh[tb ? j * K + k : k * N + j]);
+                    s += p;
+                    mag += fabs(p);
+                }
+                assert_close(c16[i * N + j], s, 0, 1e-6 * mag); /* float32 sums of exact products */
+                assert_close(c16[i * N + j], c32[i * N + j], 0, 1e-2 * mag);
+                rounded = fmax(rounded, fabs(c16[i * N + j] - c32[i * N + j]));
+            }
+        assert_true(rounded > 0); /* the operands were rounded */
+        free(ah);
+        free(bh);
+    }
+    /* linear: y = x W^T + b, its gradients from loss = sum(y * R) */
+    int64_t N = 40, in = 70, out = 30;
+    float *v[4];
+    int64_t n[4] = {N * in, out * in, out, N * out};
+    for (int t = 0; t < 4; t++) {
+        v[t] = malloc(sizeof(float) * (size_t)n[t]);
+        for (int64_t i = 0; i < n[t]; i++) v[t][i] = 2 * cddp_rng_uniform(&r) - 1;
+    }
+    const float *res[2][4];
+    cddp_ctx *c2[2] = {ctx, lo};
+    for (int p = 0; p < 2; p++) {
+        cddp_ctx *c = c2[p];
+        cddp_ctx_reset(c);
+        cddp_tensor *x =
+            cddp_requires_grad(c, cddp_from_data(c, CDDP_F32, CDDP_SHAPE(N, in), v[0]));
+        cddp_tensor *w =
+            cddp_requires_grad(c, cddp_from_data(c, CDDP_F32, CDDP_SHAPE(out, in), v[1]));
+        cddp_tensor *b = cddp_requires_grad(c, cddp_from_data(c, CDDP_F32, CDDP_SHAPE(out), v[2]));
+        cddp_tensor *y = cddp_linear(c, x, w, b);
+        cddp_tensor *R = cddp_from_data(c, CDDP_F32, CDDP_SHAPE(N, out), v[3]);
+        assert_int_equal(cddp_backward(c, cddp_sum(c, cddp_mul(c, y, R))), CDDP_OK);
+        res[p][0] = HOST(y);
+        res[p][1] = HOST_GRAD(x);
+        res[p][2] = HOST_GRAD(w);
+        res[p][3] = HOST_GRAD(b);
+    }
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t j = 0; j < out; j++) {
+            double s = v[2][j], mag = fabs(v[2][j]);
+            for (int64_t k = 0; k < in; k++) {
+                double p = (double)bf16(v[0][i * in + k]) * bf16(v[1][j * in + k]);
+                s += p;
+                mag += fabs(p);
+            }
+            assert_close(res[1][0][i * out + j], s, 0, 1e-6 * mag);
+            assert_close(res[1][0][i * out + j], res[0][0][i * out + j], 0, 1e-2 * mag);
+        }
+    for (int g = 1; g < 4; g++) /* dx = R W, dW = R^T x (bf16 products), db = column sums of R */
+        for (int64_t i = 0; i < n[g - 1]; i++)
+            assert_close(res[1][g][i], res[0][g][i], 1e-2, g == 3 ? 0 : 2e-2);
+    for (int64_t j = 0; j < out; j++) assert_close(res[1][3][j], res[0][3][j], 1e-6, 1e-6);
+    for (int t = 0; t < 4; t++) free(v[t]);
+    /* evaluation in float32 on the same context, then back */
+    assert_int_equal(cddp_ctx_set_compute(lo, CDDP_F32), CDDP_BF16);
+    assert_int_equal(cddp_ctx_set_compute(lo, CDDP_BF16), CDDP_F32);
+}
+
+/* ---- convolutions --------------------------------------------------------------------------- */
+
+/* A convolution's case: its shapes, and the op: the convolution on plain tensors, on blocked ones
+ * (cddp_to_blocked, cddp_conv2d_blocked: a ResNet's), or with ReLU and 2x2 max pooling (a CNN's
+ * layer, one kernel on the CPU). */
+typedef struct conv_case {
+    int64_t N, C, H, W, O;
+    int kernel, stride, pad, groups;
+    bool bias;
+    enum { PLAIN, BLOCKED, FUSED } op;
+} conv_case;
+
+/* The case's output numel. */
+static int64_t conv_out_n(const conv_case *k) {
+    int64_t OH = (k->H + 2 * k->pad - k->kernel) / k->stride + 1,
+            OW = (k->W + 2 * k->pad - k->kernel) / k->stride + 1;
+    return k->op == FUSED ? k->N * k->O * (OH / 2) * (OW / 2) : k->N * k->O * OH * OW;
+}
+
+/* Runs the case in c on v (x, w, b, r): y and the gradients of x, w and b from loss = sum(y * r),
+ * copied into out[0..3] (malloc'd, n[i] floats). */
+static void conv_run(cddp_ctx *c, const conv_case *k, float *const v[4], float *out[4],
+                     const int64_t n[4]) {
+    cddp_ctx_reset(c);
+    cddp_tensor *x = cddp_requires_grad(
+        c, cddp_from_data(c, CDDP_F32, CDDP_SHAPE(k->N, k->C, k->H, k->W), v[0]));
+    cddp_tensor *w = cddp_requires_grad(
+        c, cddp_from_data(c, CDDP_F32, CDDP_SHAPE(k->O, k->C / k->groups, k->kernel, k->kernel),
+                          v[1]));
+    cddp_tensor *b =
+        k->bias ? cddp_requires_grad(c, cddp_from_data(c, CDDP_F32, CDDP_SHAPE(k->O), v[2])) : NULL;
+    cddp_tensor *y;
+    if (k->op == FUSED)
+        y = cddp_conv2d_relu_max_pool2d(c, x, w, b, k->stride, k->pad, k->groups, 2, 2, 0);
+    else if (k->op == BLOCKED)
+        y = cddp_to_nchw(
+            c, cddp_conv2d_blocked(c, cddp_to_blocked(c, x), w, b, k->stride, k->pad, k->groups));
+    else
+        y = cddp_conv2d_groups(c, x, w, b, k->stride, k->pad, k->groups);
+    assert_non_null(y);
+    assert_int_equal(y->numel, n[3]);
+    cddp_tensor *r = cddp_from_data(c, CDDP_F32, y->ndim, y->shape, v[3]);
+    assert_int_equal(cddp_backward(c, cddp_sum(c, cddp_mul(c, y, r))), CDDP_OK);
+    const float *got[4] = {HOST(y), HOST_GRAD(x), HOST_GRAD(w), b ? HOST_GRAD(b) : NULL};
+    int64_t len[4] = {n[3], n[0], n[1], n[2]};
+    for (int i = 0; i < 4; i++) {
+        out[i] = calloc((size_t)len[i] + 1, sizeof(float));
+        assert_non_null(out[i]);
+        if (got[i]) memcpy(out[i], got[i], (size_t)len[i] * sizeof(float));
+    }
+}
+
+/* The largest |a[i] - b[i]|, and the largest |b[i]| into *mag. */
+static double max_diff(const float *a, const float *b, int64_t n, double *mag) {
+    double d = 0;
+    *mag = 0;
+    for (int64_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        *mag = fmax(*mag, fabs((double)b[i]));
+    }
+    return d;
+}
+
+/* Convolutions in bf16: the output and the gradients of x, w and b equal float32's on the
+ * bf16-rounded x, w and output gradient (within 1e-4 of the largest value: float32 sums in
+ * another order), and float32's on the original values within 1e-2 (the output only, where max
+ * pooling follows: its gradients go to the maxima, which rounding may move), but not within 1e-5
+ * (they were rounded). The cases: one input channel (cddp's own loop for the weights' gradient), a
+ * CNN's two layers fused with ReLU and pooling, 16 -> 32 channels, stride 2 with an output channel
+ * count that is no multiple of the block, groups, a few input channels at stride 2 (oneDNN's plain
+ * layouts), and blocked tensors as a ResNet keeps them (a 3x3 and a 1x1 stride-2 shortcut). */
+static void test_bf16_convolutions(void **state) {
+    (void)state;
+    const conv_case cases[] = {
+        {2, 1, 12, 12, 16, 3, 1, 1, 1, true, PLAIN},
+        {2, 1, 12, 12, 16, 3, 1, 1, 1, true, FUSED},
+        {2, 16, 12, 12, 32, 3, 1, 1, 1, true, FUSED},
+        {2, 16, 10, 10, 32, 3, 1, 1, 1, true, PLAIN},
+        {2, 16, 9, 9, 24, 3, 2, 1, 1, false, PLAIN},
+        {2, 32, 8, 8, 32, 3, 1, 1, 4, true, PLAIN},
+        {2, 3, 9, 9, 16, 3, 2, 1, 1, true, PLAIN},
+        {2, 16, 8, 8, 32, 3, 1, 1, 1, false, BLOCKED},
+        {2, 16, 8, 8, 32, 1, 2, 0, 1, false, BLOCKED},
+    };
+    const char *what[4] = {"y", "dx", "dw", "db"};
+    cddp_rng rng;
+    cddp_rng_seed(&rng, 5);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const conv_case *k = &cases[c];
+        int64_t n[4] = {k->N * k->C * k->H * k->W,
+                        k->O * (k->C / k->groups) * k->kernel * k->kernel, k->O, conv_out_n(k)};
+        float *v[4], *rv[4], *got[4], *want[4], *f32[4];
+        for (int i = 0; i < 4; i++) {
+            v[i] = malloc((size_t)n[i] * sizeof(float));
+            rv[i] = malloc((size_t)n[i] * sizeof(float));
+            assert_true(v[i] && rv[i]);
+            for (int64_t j = 0; j < n[i]; j++) {
+                v[i][j] = 2 * cddp_rng_uniform(&rng) - 1;
+                rv[i][j] = i == 2 ? v[i][j] : bf16(v[i][j]); /* the bias is added in float32 */
+            }
+        }
+        conv_run(lo, k, v, got, n);
+        conv_run(ctx, k, rv, want, n);
+        conv_run(ctx, k, v, f32, n);
+        int64_t len[4] = {n[3], n[0], n[1], k->bias ? n[2] : 0};
+        for (int i = 0; i < 4; i++) {
+            double mag, d = max_diff(got[i], want[i], len[i], &mag), m32;
+            double d32 = max_diff(got[i], f32[i], len[i], &m32);
+            /* pooling's gradient goes where the maxima are, which rounding may move */
+            bool near = k->op != FUSED || i == 0;
+            if (d > 1e-4 * mag || (near && d32 > 1e-2 * m32) || (i < 3 && d32 <= 1e-5 * m32))
+                fail_msg("case %zu, %s: %g from float32 on rounded values, %g from float32 "
+                         "(largest %g)",
+                         c, what[i], d, d32, mag);
+        }
+        for (int i = 0; i < 4; i++) {
+            free(v[i]);
+            free(rv[i]);
+            free(got[i]);
+            free(want[i]);
+            free(f32[i]);
+        }
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bf16_path),
+        cmocka_unit_test(test_bf16_products),
+        cmocka_unit_test(test_bf16_convolutions),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
