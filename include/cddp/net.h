@@ -40,6 +40,10 @@ CDDP_API int cddp_net_local_host(const char *spec, char *out, size_t n, bool *in
                                  cddp_error *err);
 /* Whether host resolves to loopback addresses only (127.0.0.1, Debian's 127.0.1.1, ::1). */
 CDDP_API bool cddp_net_is_loopback(const char *host);
+/* Whether host is a machine's name that resolves to loopback here (Debian's /etc/hosts maps the
+ * host's own name to 127.0.1.1), not an address or "localhost": a name other machines resolve to
+ * this one's network address, so a server for them listens on every interface. */
+CDDP_API bool cddp_net_own_name_loopback(const char *host);
 /* The address this machine's peers reach it at, when nothing names one: the local address of fd,
  * a connection to the job's master (the route to it), unless that is loopback while the job
  * spans several hosts (the master is on this one); then the host's name if it does not resolve

@@ -31,7 +31,7 @@ extern "C" {
 typedef struct cddp_store_server cddp_store_server;
 
 /* Starts a server thread listening on host:port (port 0: any free port). It binds to host's
- * address only. NULL with err filled when the port is in use ("... is already in use — another
+ * address only; host NULL: every interface of the machine. NULL with err filled when the port is in use ("... is already in use — another
  * job? choose --master_port or --standalone") or the address is not this machine's. */
 CDDP_API cddp_store_server *cddp_store_server_start(const char *host, int port, const char *token,
                                                     cddp_error *err);

@@ -14,10 +14,12 @@
  * step's SLURM_* variables too: the innermost launcher wins). Rank and world come from
  * cddp_env_rank_world, the one place that reads them for every module.
  *
- * Under srun nothing names a rendezvous address. When MASTER_ADDR and MASTER_PORT are unset, the
- * group meets on the step's first host at port 10000 + 10 (SLURM_JOB_ID mod 2000) +
- * (SLURM_STEP_ID mod 10): every task computes the same, consecutive steps of a job differ, and
- * the port is below Linux's ephemeral range, where outgoing connections would take it. Its token
+ * Under srun nothing names a rendezvous address. The group meets on the step's first host (unless
+ * MASTER_ADDR names another) at port 10000 + 10 (SLURM_JOB_ID mod 2000) + (SLURM_STEP_ID mod 10)
+ * (unless MASTER_PORT names another): every task computes the same, consecutive steps of a job
+ * differ, and the port is below Linux's ephemeral range, where outgoing connections would take
+ * it. Two jobs whose ids differ by a multiple of 2000 derive the same port: the second one's rank
+ * 0 finds it in use and says to export MASTER_PORT. Its token
  * names the job and the step. Slurm's variables count only inside a step (SLURM_STEP_ID set): a
  * program started straight from a batch script is one process, and says so. A step of srun
  * --mpi=pmi2 (PMI_SIZE set, no PMIX_RANK) is taken as srun's, on cddp's own transport: Debian's
@@ -160,10 +162,16 @@ int cddp__launch_read(cddp__launch *l, cddp_error *err) {
     l->master_port = env_int("MASTER_PORT");
     cddp_slurm_step s;
     bool srun = !strcmp(l->by, "srun") && cddp_slurm_step_read(&s);
-    if (srun && l->master_port <= 0 && !addr) {
+    l->slurm_job = srun ? s.job : -1;
+    l->slurm_step = srun ? s.step : -1;
+    l->slurm_nnodes = srun ? s.nnodes : 0;
+    if (srun && !addr) {
         snprintf(l->master_addr, sizeof l->master_addr, "%s", s.first_host);
+        l->derived_addr = true;
+    }
+    if (srun && l->master_port <= 0) {
         l->master_port = s.port;
-        l->derived_master = true;
+        l->derived_port = true;
     }
     /* Under srun a job's tasks prove a token of their job and step, so that two jobs that meet
      * at one address (the same MASTER_PORT, or derived ports that collide) never mix. It keeps

@@ -12,6 +12,7 @@
  * The public calls build a coll and either run it on the caller's thread (work.c makes it wait
  * for queued work first) or queue it; collective.c does the rest.
  */
+#include "cddp/net.h"
 #include "cddp/store.h"
 #include "comm/internal.h"
 
@@ -168,6 +169,20 @@ static void host_identity(char *out, size_t n) {
     snprintf(out, n, "%s/%s", boot, host);
 }
 
+/* Where rank 0's store listens: addr, or every interface when addr is this host's name resolving
+ * to loopback here and the job spans several hosts (its launcher says so: srun's node count, or
+ * fewer local ranks than ranks): Debian's /etc/hosts maps a host's own name to 127.0.1.1, and
+ * the other hosts reach the name at its network address. */
+static const char *listen_host(const cddp__launch *l, const char *addr) {
+    bool several = l->slurm_nnodes > 1 || (l->local_world > 0 && l->local_world < l->world);
+    if (!several || !cddp_net_own_name_loopback(addr)) return addr;
+    cddp_log(CDDP_LOG_INFO, "comm",
+             "%s is a loopback address on this host (/etc/hosts), and the job spans several "
+             "hosts: rank 0's store listens on every interface",
+             addr);
+    return NULL;
+}
+
 /* Under cddprun, rank 0 starts the group's store on any free port and posts the port in the
  * launcher's store (CDDP_STORE_ADDR/PORT/TOKEN), where the other ranks read it. MASTER_PORT, a
  * port cddprun found free and released for programs that bind it themselves (PyTorch's), is not
@@ -187,7 +202,7 @@ static int store_via_launcher(const cddp__launch *l, int rank, const char *addr,
     if (!launcher) return err ? err->code : CDDP_EIO;
     int rc = CDDP_OK;
     if (rank == 0) {
-        if (!(*srv = cddp_store_server_start(addr, 0, token, err))) {
+        if (!(*srv = cddp_store_server_start(listen_host(l, addr), 0, token, err))) {
             rc = err ? err->code : CDDP_EIO;
         } else {
             *port = cddp_store_server_port(*srv);
@@ -382,10 +397,11 @@ static int connect_ranks(cddp_comm *c, cddp_store *st, char *why, size_t n, cddp
     if (!forced && c->nleaders > 1 && c->nleaders < c->world) {
         snprintf(why, n, "ranks on different hosts, allreduce hierarchical");
         CDDP_TRY(setup_host_group(c, st, err));
-        cddp_log(CDDP_LOG_INFO, "comm",
-                 "TCP between %d hosts; allreduce is hierarchical: shared memory among this "
-                 "host's %d ranks, a TCP ring between the hosts' leaders",
-                 c->nleaders, c->local_world);
+        if (c->rank == 0)
+            cddp_log(CDDP_LOG_INFO, "comm",
+                     "TCP between %d hosts; allreduce is hierarchical: shared memory among each "
+                     "host's ranks (%d on rank 0's), a TCP ring between the hosts' leaders",
+                     c->nleaders, c->local_world);
         return CDDP_OK;
     }
     if (forced)
@@ -394,6 +410,19 @@ static int connect_ranks(cddp_comm *c, cddp_store *st, char *why, size_t n, cddp
         snprintf(why, n, "ranks on different hosts");
     c->nleaders = 0;
     return CDDP_OK;
+}
+
+/* When rank 0's store found the port srun's job and step derive in use (net.c's words), says
+ * why that can be and what to do instead of net.c's remedy (cddprun's flags). */
+static void port_in_use(const cddp__launch *l, const cddp_comm_options *o, const char *addr,
+                        int port, cddp_error *err) {
+    if (!err || !l->derived_port || o->master_port > 0 || !strstr(err->msg, "already in use"))
+        return;
+    cddp_error_set(err, CDDP_EIO,
+                   "srun: port %d on %s, derived from job %d step %d (10000 + 10 x (job mod "
+                   "2000) + step mod 10), is in use: by another program, or by a job whose id "
+                   "differs by a multiple of 2000; export MASTER_PORT=<a free port> before srun",
+                   port, addr, l->slurm_job, l->slurm_step);
 }
 
 /* Meets the other ranks at rank 0's store and connects to them. */
@@ -406,11 +435,16 @@ static int rendezvous(cddp_comm *c, const cddp__launch *l, const cddp_comm_optio
         return cddp_error_set(err, CDDP_EINVAL,
                               "MASTER_PORT is not set (or not a port): start the program with "
                               "cddprun, torchrun, mpirun or srun, or pass master_port");
-    if (l->derived_master && c->rank == 0)
-        cddp_log(CDDP_LOG_INFO, "comm",
-                 "srun: meeting at %s:%d (the step's first host; MASTER_ADDR and MASTER_PORT "
-                 "choose another)",
-                 addr, port);
+    bool derived = (l->derived_addr && !o->master_addr) || (l->derived_port && o->master_port <= 0);
+    if (derived && c->rank == 0)
+        cddp_log(CDDP_LOG_INFO, "comm", "srun: meeting at %s:%d (%s%s%s)", addr, port,
+                 l->derived_addr && !o->master_addr ? "the step's first host; MASTER_ADDR "
+                                                      "chooses another"
+                                                    : "MASTER_ADDR",
+                 "; ",
+                 l->derived_port && o->master_port <= 0
+                     ? "the port derived from the job and step; MASTER_PORT chooses another"
+                     : "MASTER_PORT");
     const char *token = o->token            ? o->token
                         : l->store_token    ? l->store_token
                         : l->slurm_token[0] ? l->slurm_token
@@ -422,8 +456,10 @@ static int rendezvous(cddp_comm *c, const cddp__launch *l, const cddp_comm_optio
     int rc = CDDP_OK;
     if (whole_job && l->store_port > 0)
         CDDP_TRY_GOTO(store_via_launcher(l, c->rank, addr, token, &srv, &port, err), out);
-    else if (c->rank == 0 && !(srv = cddp_store_server_start(addr, port, token, err))) {
+    else if (c->rank == 0 &&
+             !(srv = cddp_store_server_start(listen_host(l, addr), port, token, err))) {
         rc = err ? err->code : CDDP_EIO;
+        port_in_use(l, o, addr, port, err);
         goto out;
     }
     cddp_store_options so = {addr, port, token, 0, NULL};

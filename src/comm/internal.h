@@ -332,7 +332,10 @@ typedef struct cddp__launch {
     bool mpi;                    /* an MPI launcher (mpirun, PMI): the MPI backend fits */
     char master_addr[256];       /* MASTER_ADDR; "" unset */
     int master_port;             /* MASTER_PORT; -1 unset */
-    bool derived_master;         /* both derived from srun's variables */
+    bool derived_addr;           /* master_addr derived from srun's variables (the step's */
+    bool derived_port;           /* first host), master_port too (job and step): each unset */
+    int slurm_job, slurm_step;   /* under srun: SLURM_JOB_ID, SLURM_STEP_ID; else -1 */
+    int slurm_nnodes;            /* under srun: the step's node count; else 0 */
     char store_addr[256];        /* cddprun's store: CDDP_STORE_ADDR ("" unset), */
     int store_port;              /* CDDP_STORE_PORT (-1 unset), */
     const char *store_token;     /* CDDP_STORE_TOKEN (NULL unset), */

@@ -366,6 +366,14 @@ bool cddp_net_is_loopback(const char *host) {
     return all;
 }
 
+bool cddp_net_own_name_loopback(const char *host) {
+    unsigned char a[sizeof(struct in6_addr)];
+    if (!host || !strcmp(host, "localhost") || inet_pton(AF_INET, host, a) == 1 ||
+        inet_pton(AF_INET6, host, a) == 1)
+        return false;
+    return cddp_net_is_loopback(host);
+}
+
 /* The interface holding address sa (numeric form in addr), into ifname; "" when none does. */
 static void interface_of(const struct sockaddr *sa, char *ifname, size_t n) {
     snprintf(ifname, n, "%s", "");
@@ -400,14 +408,18 @@ int cddp_net_peer_addr(int fd, bool several_hosts, char *out, size_t n, char *if
         snprintf(out, n, "%s", host);
         return CDDP_OK;
     }
-    /* Loopback to a master on this host, and ranks on others: this host's name, when it does not
-     * resolve to loopback (Debian maps it to 127.0.1.1), else its first interface that is up. */
+    /* Loopback to a master on this host, and ranks on others: this host's name, when it resolves
+     * and not to loopback (Debian maps it to 127.0.1.1), else its first interface that is up. */
     *how = "the host's name";
-    if (gethostname(host, sizeof host - 1) == 0 && !cddp_net_is_loopback(host)) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (gethostname(host, sizeof host - 1) == 0 && getaddrinfo(host, NULL, &hints, &res) == 0 &&
+        !cddp_net_is_loopback(host)) {
+        freeaddrinfo(res);
         snprintf(out, n, "%s", host);
         snprintf(ifname, ifn, "%s", "");
         return CDDP_OK;
     }
+    if (res) freeaddrinfo(res);
     *how = "the first interface that is up, the host's name resolving to loopback";
     struct ifaddrs *all = NULL;
     if (getifaddrs(&all) != 0) return CDDP_EIO;

@@ -10,6 +10,10 @@
 #                  the step's first host and the port derived from the job and step; threads 1
 #   srun_threads   the same with OMP_NUM_THREADS=2 set by the user: left alone
 #   srun_two_jobs  two jobs' tasks at the same MASTER_PORT: job B's is turned away by job A
+#   srun_addr_only MASTER_ADDR alone: the port is still derived; MASTER_PORT alone: the address is
+#                  still the step's first host; rank 0 says which is which
+#   srun_port_taken the derived port in use on the first host: rank 0 names the port, how it was
+#                  derived, why it can be taken, and says to export MASTER_PORT
 #   sbatch         srun's variables without SLURM_STEP_ID (a batch script): one process, a warning
 #   srun_pmi2      srun's variables and srun --mpi=pmi2's PMI_RANK/PMI_SIZE: cddp's own transport
 #   srun_cddprun   one cddprun per node of a 2-node step (srun --ntasks-per-node=1 cddprun): the
@@ -127,6 +131,29 @@ srun_two_jobs)
     oks 1 "ok: rank 0 of 2"
     oks 1 "ok: rank 1 of 2"
     echo "ok: two srun jobs at one address: the other job's task is turned away, each job whole" ;;
+srun_addr_only)
+    MASTER_ADDR=127.0.0.1 srun_pair
+    once "$work/err" "[cddp rank 0] I comm: srun: meeting at 127.0.0.1:$((10000 + 10 * job)) (MASTER_ADDR; the port derived from the job and step; MASTER_PORT chooses another)"
+    oks 2 "(shm backend)"
+    port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    MASTER_PORT=$port srun_pair
+    once "$work/err" "[cddp rank 0] I comm: srun: meeting at localhost:$port (the step's first host; MASTER_ADDR chooses another; MASTER_PORT)"
+    oks 2 "(shm backend)"
+    echo "ok: srun with MASTER_ADDR alone or MASTER_PORT alone: the other one derived, and said" ;;
+srun_port_taken)
+    job=$(free_job)
+    port=$((10000 + 10 * job))
+    # another program holds the derived port
+    /usr/bin/python3 -c 'import socket, sys, time; s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(); print("held", flush=True); time.sleep(60)' "$port" > "$work/held" &
+    holder=$!
+    pids="$holder"
+    for _ in $(seq 100); do grep -q held "$work/held" 2>/dev/null && break; sleep 0.1; done
+    CDDP_RDZV_TIMEOUT_S=5 srun_task 0 2 "$job" > "$work/out0" 2> "$work/err0" && fail "rank 0 started its store on a port in use"
+    kill "$holder"
+    wait "$holder" 2>/dev/null
+    pids=""
+    once "$work/err0" "srun: port $port on localhost, derived from job $job step 0 (10000 + 10 x (job mod 2000) + step mod 10), is in use: by another program, or by a job whose id differs by a multiple of 2000; export MASTER_PORT=<a free port> before srun"
+    echo "ok: the derived port in use: rank 0 says why and to export MASTER_PORT" ;;
 srun_pmi2)
     # srun --mpi=pmi2 adds PMI_RANK/PMI_SIZE: not the MPI backend (Debian's Open MPI would fail
     # in MPI_Init on every rank) but srun's own way, and rank 0 says why.
@@ -157,6 +184,8 @@ srun_cddprun)
     once "$work/err0" "cddprun: srun step $job.0: 2 nodes, node 0's store at localhost:$((10000 + 10 * job))"
     none "$work/err1" "srun step"
     for r in 0 1 2 3; do oks 1 "ok: rank $r of 4 (tcp backend)"; done
+    cat "$work/err0" "$work/err1" > "$work/err"
+    once "$work/err" "allreduce is hierarchical: shared memory among each host's ranks (2 on rank 0's)"
     # srun -n 2 on one node: two node 0s; refused, with what to run instead.
     env SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_NODEID=0 SLURM_STEP_NUM_NODES=1 SLURM_JOB_ID="$job" \
         SLURM_STEP_ID=0 SLURM_STEP_NODELIST=localhost "$build/bin/cddprun" --nproc_per_node 2 \

@@ -8,7 +8,9 @@
 #                                host's address.
 #   hosts.sh exec NAME I CMD...  runs CMD on host I: in its namespace, with its own hostname
 #                                (NAME-hostI, a UTS namespace), so that cddp tells the hosts apart
-#                                as it tells machines apart
+#                                as it tells machines apart, and its own /etc/hosts as Debian
+#                                writes one (ip netns exec mounts /etc/netns/NAMEI/hosts): its
+#                                own name on 127.0.1.1, the other hosts' names on their addresses
 #   hosts.sh addr NAME I         host I's address
 #   hosts.sh stop NAME           ends every process left in the hosts' namespaces (all of them
 #                                started through exec), removes the links, the bridge and the
@@ -53,9 +55,11 @@ stop() {
         fi
         ip link del "${name}v$i" 2>/dev/null || true
         ip netns del "$ns" 2>/dev/null || true
+        rm -rf "/etc/netns/$ns"
         i=$((i + 1))
     done
     ip link del "${name}br" 2>/dev/null || true
+    rmdir /etc/netns 2>/dev/null || true
     rm -rf "$state"
 }
 
@@ -88,6 +92,20 @@ start() {
             tc qdisc add dev "$v" root tbf rate "$rate" burst 256kb latency 20ms
         fi
         addr "$i"
+        i=$((i + 1))
+    done
+    i=0
+    while [ "$i" -lt "$n" ]; do
+        mkdir -p "/etc/netns/$name$i"
+        {
+            echo "127.0.0.1 localhost"
+            echo "127.0.1.1 $name-host$i"
+            j=0
+            while [ "$j" -lt "$n" ]; do
+                [ "$j" = "$i" ] || echo "$(addr "$j") $name-host$j"
+                j=$((j + 1))
+            done
+        } > "/etc/netns/$name$i/hosts"
         i=$((i + 1))
     done
 }

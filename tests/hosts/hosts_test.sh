@@ -14,9 +14,12 @@
 #          epoch trained exactly once (the first round's steps up to the checkpoint, then the
 #          second round's, from the ranks' --sample-log); training again within 60 s of the kill
 #          (the bound a loaded machine keeps; the figure itself: bench/recovery.sh)
-#   srun   2 hosts x 2 tasks started as srun starts them (its variables alone, no MASTER_ADDR):
-#          the group forms across the hosts, each rank listening on its route to the first
-#          host; then cddprun on 2 hosts without --local_addr says the address it advertises
+#   srun   2 hosts x 2 tasks started as srun starts them (its variables alone, no MASTER_ADDR,
+#          the hosts by name, each host's own name on 127.0.1.1 as in Debian's /etc/hosts): the
+#          group forms across the hosts, rank 0's store on every interface, each rank listening
+#          on its route to the first host; then cddprun on 2 hosts with node 0's name as
+#          --master_addr and without --local_addr: node 0 says its store listens everywhere,
+#          node 1 says the address it advertises
 #   late   the same job started on hosts 0 and 1; host 2 comes once a checkpoint exists and
 #          waits for the next round; host 1 dies: hosts 0 and 2 go on and finish
 #   below  an elastic job of 2 hosts (--nnodes 2:3); host 1 dies: with 1 node left, below MIN,
@@ -143,7 +146,7 @@ srun)
     # listens where the other host reaches it (its route to that host), not on loopback.
     reference
     hosts 2
-    list="$("$H" addr "$name" 0),$("$H" addr "$name" 1)"
+    list="$name-host0,$name-host1"
     pids=""
     for r in 0 1 2 3; do
         i=$((r / 2))
@@ -157,16 +160,19 @@ srun)
     for pid in $pids; do wait "$pid" || fail "a task exited $?"; done
     [ "$(json rank0.out world)" = 4 ] || fail "trained on $(json rank0.out world) ranks, not 4"
     has rank0.out "4 ranks on 2 hosts"
+    has rank0.out "$name-host0 is a loopback address on this host (/etc/hosts), and the job spans several hosts: rank 0's store listens on every interface"
     loss=$(json rank0.out final_loss)
     same_loss rank0.out
     # cddprun on 2 hosts without --local_addr: each node says the address the other reaches.
     for i in 0 1; do
         "$H" exec "$name" "$i" "$build/bin/cddprun" --nnodes 2 --node_rank "$i" --nproc_per_node 1 \
-            --master_addr "$("$H" addr "$name" 0)" --master_port 29400 --token_file "$work/token" \
+            --master_addr "$name-host0" --master_port 29400 --token_file "$work/token" \
             "$build/bin/ddp_train" > "node$i.out" 2>&1 &
         eval "p$i=\$!"
     done
     wait "$p0" && wait "$p1" || fail "cddprun without --local_addr failed"
+    has node0.out "cddprun: --master_addr $name-host0 is a loopback address on this machine (/etc/hosts maps a host's own name to 127.0.1.1): node 0's store listens on every interface"
+    has node0.out "cddprun: node 0's address for the others is $("$H" addr "$name" 0), interface eth0"
     has node1.out "cddprun: node 1's address for the others is $("$H" addr "$name" 1), interface eth0"
     echo "ok: srun's variables alone on 2 hosts x 2 tasks: final loss $loss, one host's $ref;" \
          "cddprun without --local_addr advertises the route to the master" ;;

@@ -256,15 +256,26 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     cddp_error err = {0};
-    if (o->node_rank == 0 && o->nnodes > 1 && cddp_net_is_loopback(o->master_addr))
+    /* A master address naming this machine but loopback here, in a job of several nodes
+     * (Debian's /etc/hosts maps a host's own name to 127.0.1.1): the store listens on every
+     * interface, where the other nodes reach it at the address the name has for them. */
+    bool everywhere =
+        o->node_rank == 0 && o->nnodes > 1 && cddp_net_own_name_loopback(o->master_addr);
+    if (everywhere)
         fprintf(stderr,
-                "cddprun: warning: --master_addr %s is a loopback address here (Debian's "
-                "/etc/hosts maps a host's own name to 127.0.1.1): only nodes on this machine can "
-                "reach the job's store; for nodes on other machines give --master_addr this "
-                "machine's network address\n",
+                "cddprun: --master_addr %s is a loopback address on this machine (/etc/hosts "
+                "maps a host's own name to 127.0.1.1): node 0's store listens on every "
+                "interface, for the other nodes to reach it at %s's network address\n",
+                o->master_addr, o->master_addr);
+    else if (o->node_rank == 0 && o->nnodes > 1 && cddp_net_is_loopback(o->master_addr))
+        fprintf(stderr,
+                "cddprun: warning: --master_addr %s is a loopback address: only nodes on this "
+                "machine can reach the job's store; for nodes on other machines give "
+                "--master_addr this machine's network address or name\n",
                 o->master_addr);
     if (o->node_rank == 0) {
-        j.server = cddp_store_server_start(o->master_addr, o->master_port, j.token, &err);
+        j.server = cddp_store_server_start(everywhere ? NULL : o->master_addr, o->master_port,
+                                           j.token, &err);
         if (!j.server) {
             fprintf(stderr, "cddprun: %s\n", cddp_error_msg(&err));
             return 1;
@@ -274,7 +285,8 @@ int main(int argc, char **argv) {
     cddp_store_options so = {o->master_addr, o->master_port, j.token, 0, NULL};
     j.store = cddp_store_connect(&so, &err);
     if (!j.store) cddprun_fail_rdzv("cannot join the job's rendezvous", &err);
-    if (o->nnodes > 1 && !o->local_addr && !*ifname && !cddp_net_is_loopback(o->master_addr)) {
+    if (o->nnodes > 1 && !o->local_addr && !*ifname &&
+        (everywhere || !cddp_net_is_loopback(o->master_addr))) {
         /* what the other nodes reach, said */
         char dev[64];
         const char *how;
