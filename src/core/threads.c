@@ -12,6 +12,11 @@
 
 #include <cblas.h>
 #include <dlfcn.h>
+
+/* Weak: a program that links cddp statically without any BLAS kernel (cddprun) does not load
+ * OpenBLAS (and start its threads) just for these two; the library itself links it. */
+#pragma weak openblas_set_num_threads
+#pragma weak openblas_get_num_threads
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,13 +28,13 @@ void cddp_set_num_threads(int n) {
     snprintf(v, sizeof v, "%d", n);
     setenv("OMP_NUM_THREADS", v, 1);
     setenv("OPENBLAS_NUM_THREADS", v, 1);
-    openblas_set_num_threads(n);
+    if (openblas_set_num_threads) openblas_set_num_threads(n);
     void (*omp_set)(int) = (void (*)(int))dlsym(RTLD_DEFAULT, "omp_set_num_threads");
     if (omp_set) omp_set(n);
 }
 
 int cddp_num_threads(void) {
-    return openblas_get_num_threads();
+    return openblas_get_num_threads ? openblas_get_num_threads() : 1;
 }
 
 int cddp_num_cores(void) {

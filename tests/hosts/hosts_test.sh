@@ -24,10 +24,11 @@
 #          waits for the next round; host 1 dies: hosts 0 and 2 go on and finish
 #   below  an elastic job of 2 hosts (--nnodes 2:3); host 1 dies: with 1 node left, below MIN,
 #          host 0 stops within CDDP_RDZV_TIMEOUT_S (3 s here) and says why
-#   cut    2 hosts x 1 rank; host 1's link goes down mid-training (nothing is sent, nothing dies):
+#   cut    3 hosts x 1 rank; host 2's link goes down mid-training (nothing is sent, nothing dies):
 #          with CDDP_STORE_REPLY_S=5 (and the collectives' own deadline, CDDP_TIMEOUT_S, at its
-#          300 s), both cddprun exit 1 within 30 s: host 0 names host 1 as silent (no heartbeat),
-#          host 1 says it lost node 0's store
+#          300 s), every cddprun exits 1 within 30 s: host 0's report names host 2 as the root
+#          cause (silent, no heartbeat), not host 1's rank, which failed when host 0 stopped its
+#          own; host 2 says it lost node 0's store
 set -u
 build=$(cd "$1" && pwd)
 scenario=$2
@@ -254,27 +255,32 @@ below)
 cut)
     unset CDDP_TIMEOUT_S
     export CDDP_STORE_REPLY_S=5
-    hosts 2
-    node 0 2 1 "$FM" --epochs 1000 --limit 2000 --out out0
-    p0=$!
-    node 1 2 1 "$FM" --epochs 1000 --limit 2000 --out out1
-    p1=$!
+    hosts 3
+    for i in 0 1 2; do
+        node "$i" 3 1 "$FM" --epochs 1000 --limit 2000 --out "out$i"
+        eval "p$i=\$!"
+    done
     second_epoch
     t0=$(date +%s%N)
-    ip link set "${name}v1" down
+    ip link set "${name}v2" down
     wait $p0
     r0=$?
     ms0=$((($(date +%s%N) - t0) / 1000000))
-    i=0
-    while kill -0 $p1 2>/dev/null && [ $i -lt 300 ]; do i=$((i + 1)); sleep 0.1; done
-    kill -0 $p1 2>/dev/null && fail "host 1's cddprun still runs 30 s after its link went down"
+    for p in $p1 $p2; do
+        i=0
+        while kill -0 "$p" 2>/dev/null && [ $i -lt 300 ]; do i=$((i + 1)); sleep 0.1; done
+        kill -0 "$p" 2>/dev/null && fail "a cddprun still runs 30 s after host 2's link went down"
+    done
     wait $p1
     r1=$?
-    ms1=$((($(date +%s%N) - t0) / 1000000))
-    [ $r0 = 1 ] && [ $r1 = 1 ] || fail "the cddprun exited $r0 and $r1, not 1 and 1"
+    wait $p2
+    r2=$?
+    ms2=$((($(date +%s%N) - t0) / 1000000))
+    [ $r0 = 1 ] && [ $r1 = 1 ] && [ $r2 = 1 ] || fail "the cddprun exited $r0, $r1 and $r2, not 1"
     [ $ms0 -le 30000 ] || fail "host 0's cddprun took $ms0 ms"
-    has node0.out "root cause: node 1 (host $("$H" addr "$name" 1), ranks 1-1) stopped answering: its launcher sent no heartbeat for 5 s"
-    has node1.out "node 0's launcher is gone"
-    echo "ok: host 1 cut off: host 0's cddprun exited 1 after $ms0 ms naming host 1, host 1's after $ms1 ms" ;;
+    has node0.out "  root cause: node 2 (host $("$H" addr "$name" 2), ranks 2-2) stopped answering: its launcher sent no heartbeat for 5 s"
+    grep -q "root cause, on node 1" node0.out && fail "host 0 blames host 1's rank, which failed after host 2"
+    has node2.out "node 0's launcher is gone"
+    echo "ok: host 2 of 3 cut off: host 0's cddprun exited 1 after $ms0 ms naming host 2, the others by $ms2 ms" ;;
 *) fail "unknown scenario $scenario" ;;
 esac

@@ -431,6 +431,34 @@ torch)
     expect_in "rank 0 of 2: allreduce sum 3.0" "$work/out"
     expect_in "rank 1 of 2: allreduce sum 3.0" "$work/out"
     echo "ok: torch.distributed (gloo, env://) runs under cddprun unchanged" ;;
+frozen_end)
+    # Node 1's launcher frozen (SIGSTOP) while its worker runs; both workers end well: node 0,
+    # which hosts the store, waits for node 1 to leave only while node 1's launcher beats, says
+    # that it stopped answering (CDDP_STORE_REPLY_S=3 here) and exits 1, not after the
+    # rendezvous timeout (60 s here, 300 s by default) and not silently.
+    port=$(free_port)
+    export CDDP_STORE_REPLY_S=3 CDDP_RDZV_TIMEOUT_S=60 CDDPRUN_TOKEN=frozen
+    common="--nnodes 2 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port $port"
+    job="touch $work/started.\$RANK; sleep 2"
+    "$R" $common --node_rank 0 --local_addr 127.0.0.1 sh -c "$job" > "$work/n0" 2>&1 &
+    p0=$!
+    "$R" $common --node_rank 1 --local_addr 127.0.0.2 sh -c "$job" > "$work/n1" 2>&1 &
+    p1=$!
+    i=0
+    while ! { [ -e "$work/started.0" ] && [ -e "$work/started.1" ]; } && [ $i -lt 300 ]; do
+        i=$((i + 1)); sleep 0.1
+    done
+    kill -STOP $p1
+    t0=$(date +%s)
+    wait $p0; rc0=$?
+    s=$(( $(date +%s) - t0 ))
+    kill -CONT $p1
+    wait $p1
+    [ $rc0 = 1 ] || { cat "$work/n0"; fail "node 0 exited $rc0 with node 1's launcher frozen"; }
+    [ $s -le 20 ] || fail "node 0 waited $s s for the frozen launcher"
+    expect_in "cddprun: node 1 (host 127.0.0.2, ranks 1-1) stopped answering: its launcher sent no heartbeat for 3 s" "$work/n0"
+    expect_in "after this node's workers finished: not waiting for it; its part of the job did not report an end" "$work/n0"
+    echo "ok: a launcher frozen at the end: node 0 said so and exited 1 after $s s" ;;
 port_taken)
     # Between cddprun's choice of MASTER_PORT and rank 0's start, another process may take the
     # port. Here rank 0 itself holds it (a listening socket inherited across exec), so a cddp

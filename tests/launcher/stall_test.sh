@@ -6,6 +6,8 @@
 #                 CDDP_STALL_WARN_S (1 s) the others log the collective and that they wait for
 #                 rank 1; cddprun says rank 1 is stopped; after CDDP_TIMEOUT_S (5 s) the others
 #                 fail, and cddprun's report names rank 1 as the root cause, not them.
+#   --stopped_timeout 2  the same on shared memory with CDDP_TIMEOUT_S at 60 s: cddprun stops the
+#                 job 2 s after rank 1 stopped, naming it as the root cause, and said so before
 #   zombie        rank 1 runs under a parent that never reaps it, and is SIGKILLed: a zombie
 #                 still answers kill(pid, 0), but rank 0 reports it dead at once, long before
 #                 CDDP_TIMEOUT_S (60 s).
@@ -36,10 +38,11 @@ wait_file() { # wait_file PATH: up to 30 s
     done
 }
 
-for transport in shm tcp; do
+# stop_rank_1 CDDPRUN_OPTIONS...: 3 ranks allreduce in a loop under cddprun; rank 1 gets SIGSTOP
+# a second in. Sets stopped (its pid), rc (cddprun's exit) and took (seconds from the stop).
+stop_rank_1() {
     rm -rf "$work/logs" "$work"/pid.*
-    CDDP_TRANSPORT=$transport CDDP_STALL_WARN_S=1 CDDP_TIMEOUT_S=5 \
-        "$R" --standalone --nproc_per_node 3 --grace_period 2 --logdir "$work/logs" \
+    "$R" --standalone --nproc_per_node 3 --grace_period 2 --logdir "$work/logs" "$@" \
         sh -c "echo \$\$ > $work/pid.\$RANK; exec $check loop 120" > "$work/launcher" 2>&1 &
     cp=$!
     wait_file "$work/pid.1"
@@ -51,6 +54,10 @@ for transport in shm tcp; do
     rc=$?
     cp=""
     took=$(($(date +%s) - t0))
+}
+
+for transport in shm tcp; do
+    CDDP_TRANSPORT=$transport CDDP_STALL_WARN_S=1 CDDP_TIMEOUT_S=5 stop_rank_1
     [ "$rc" = 1 ] || fail "$transport: cddprun exited $rc (expected 1)"
     for r in 0 2; do
         grep -q "has waited [0-9]* s for rank[s]* [0-9, ]*\b1\b" "$work/logs/rank.$r/stderr" ||
@@ -65,6 +72,16 @@ for transport in shm tcp; do
     echo "ok: $transport: rank 1 stopped: the others named it after 1 s, cddprun's report names it," \
          "the job ended in $took s"
 done
+
+# The stall policy: --stopped_timeout ends the job long before the collectives' deadline.
+CDDP_TIMEOUT_S=60 stop_rank_1 --stopped_timeout 2
+[ "$rc" = 1 ] || fail "--stopped_timeout: cddprun exited $rc (expected 1)"
+grep -q "cddprun: rank 1 (local rank 1, pid $stopped) is stopped .* failing after CDDP_TIMEOUT_S (60 s); cddprun stops the job if it is still stopped after 2 s (--stopped_timeout)" \
+    "$work/launcher" || fail "--stopped_timeout: cddprun did not say what it would do"
+grep -q "root cause: rank 1 (local rank 1, host .*, pid $stopped) stopped answering" \
+    "$work/launcher" || fail "--stopped_timeout: the root cause is not rank 1"
+[ "$took" -lt 15 ] || fail "--stopped_timeout: the job took $took s to end (CDDP_TIMEOUT_S is 60)"
+echo "ok: --stopped_timeout 2: the job ended $took s after rank 1 stopped, naming it"
 
 # A dead rank that its parent does not reap: a zombie.
 rm -rf "$work/logs" "$work"/pid.*

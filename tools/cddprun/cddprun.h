@@ -42,6 +42,7 @@ typedef struct options {
     stream_spec redirects; /* these streams go to the log files only, not the console */
     const char *redirect_name; /* the option that asked for redirects, for its error */
     double monitor_interval, grace_period;
+    double stopped_timeout; /* stop the job when a rank is stopped this long; 0: never */
     const char *shown; /* --local_ranks_filter as given: "0,2" */
     bool *show;        /* parsed by cddprun_validate: show[r], local rank r's output on the console;
                           NULL: every rank's */

@@ -64,7 +64,11 @@ static round_result run_round(job *j) {
     j->next_beat = 0;
     while (cddprun_reap(j, &first) > 0 && !first && !cddprun_got_signal) {
         cddprun_pump(j, o->monitor_interval);
-        cddprun_halted(j);
+        worker *h = cddprun_halted(j);
+        if (h && o->stopped_timeout > 0 && cddp_now_s() - h->halted_since >= o->stopped_timeout) {
+            first = h; /* the root cause, stopped too long (--stopped_timeout) */
+            break;
+        }
         if (o->nnodes > 1 && cddp_now_s() >= next_look) {
             next_look = cddp_now_s() + o->monitor_interval;
             if (cddprun_remote_failure(j, remote, sizeof remote)) break;
@@ -84,7 +88,7 @@ static round_result run_round(job *j) {
     /* A rank that exited with an error may only have found a peer dead: the peers of a rank
      * killed by a signal fail within milliseconds of it, and may be reaped first. So a failure
      * by exit code waits 0.2 s for the others, and a rank killed meanwhile is the root cause. */
-    if (first && WIFEXITED(first->status)) {
+    if (first && !first->running && WIFEXITED(first->status)) {
         worker *more = NULL;
         double until = cddp_now_s() + 0.2;
         while (cddp_now_s() < until && cddprun_reap(j, &more) > 0) cddprun_pump(j, 0.02);
@@ -97,8 +101,9 @@ static round_result run_round(job *j) {
     char text[CDDP_ERROR_MSG_MAX];
     double when = 0; /* the root cause's wall-clock time, to compare with other nodes' */
     /* A rank stopped by a signal is why the others failed (they timed out waiting for it): it is
-     * the root cause, not the first of them to give up. */
-    worker *halted = first ? cddprun_halted(j) : NULL;
+     * the root cause, not the first of them to give up, also when another node's failure (its
+     * ranks timed out first) ended this node's round. */
+    worker *halted = first || (remote[0] && !silent) ? cddprun_halted(j) : NULL;
     if (halted && halted->halted_since > 0) {
         char since[32];
         time_t t = (time_t)(time(NULL) - (cddp_now_s() - halted->halted_since));
@@ -112,8 +117,14 @@ static round_result run_round(job *j) {
     } else if (first) {
         cddprun_describe(j, first, text, sizeof text);
         when = first->end_wall;
+    } else if (silent) {
+        /* A node node 0's heartbeat found silent stopped answering CDDP_STORE_REPLY_S before:
+         * before the exits of the ranks that lost it once this node stopped its own. */
+        snprintf(text, sizeof text, "%s", remote);
+        when = cddprun_wall_s() - (double)CDDP_MAX(cddp_knob_int(CDDP_KNOB_STORE_REPLY_S), 1);
     }
-    if (first && o->nnodes > 1) {
+    bool have = first || silent; /* this node has a root cause: text, at when */
+    if (first && !remote[0] && o->nnodes > 1) {
         snprintf(key, sizeof key, "r%d/failed", j->round);
         cddp_store_set_str(j->store, key, text, &err);
     }
@@ -144,13 +155,13 @@ static round_result run_round(job *j) {
         /* A node that is gone explains the exits by code of the ranks that lost it, whenever
          * they came; a rank killed by a signal or stopped is still the likelier first cause. */
         for (int k = 0; k < nothers; k++) {
-            const char *rt = root < 0 ? (first ? text : "") : others[root].text;
+            const char *rt = root < 0 ? (have ? text : "") : others[root].text;
             bool root_lost = root >= 0 && others[root].lost;
             if (others[k].lost && !root_lost && !primary(rt))
                 root = k;
             else if (root_lost && primary(others[k].text))
                 root = k;
-            else if ((!first && root < 0) ||
+            else if ((!have && root < 0) ||
                      (!others[k].lost && !root_lost &&
                       earlier_cause(others[k].when, others[k].text,
                                     root < 0 ? when : others[root].when, rt)))
@@ -328,22 +339,29 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cddprun: restarting the group (restart %d of %d)\n", j.round + 1,
                 o->max_restarts);
     }
-    /* Node 0 hosts the store: it waits for the other nodes to finish with it. */
+    /* Node 0 hosts the store: it waits for the other nodes to finish with it, while their
+     * launchers beat (one whose workers still run, beats); one silent for CDDP_STORE_REPLY_S (its
+     * launcher frozen, its host gone) is not waited for, and said. */
     char key[64];
     snprintf(key, sizeof key, "r%d/left/%d", j.round, o->node_rank);
     cddp_store_set_str(j.store, key, status == 0 ? "ok" : "failed", &err);
     if (o->node_rank == 0 && o->nnodes > 1) {
         for (int k = 1; k < o->nnodes && !cddprun_got_signal; k++) {
-            if (j.lost[k] || !j.in[k]) continue; /* gone, or not in the last round */
-            char other[64];
+            char other[64], why[CDDP_ERROR_MSG_MAX];
             snprintf(other, sizeof other, "r%d/left/%d", j.round, k);
             const char *ks = other;
             double until = cddp_now_s() + (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
-            while (!cddprun_got_signal && cddp_now_s() < until &&
+            while (!j.lost[k] && j.in[k] && !cddprun_got_signal && cddp_now_s() < until &&
                    cddp_store_wait(j.store, &ks, 1, 0.2, &err) == CDDP_ETIMEDOUT) {
-                char why[CDDP_ERROR_MSG_MAX];
                 if (status == 0 && cddprun_remote_failure(&j, why, sizeof why)) {
                     fprintf(stderr, "cddprun: another node failed after this one finished: %s\n",
+                            why);
+                    status = 1;
+                }
+                if (cddprun_heartbeat(&j, why, sizeof why)) {
+                    fprintf(stderr,
+                            "cddprun: %s, after this node's workers finished: not waiting for "
+                            "it; its part of the job did not report an end\n",
                             why);
                     status = 1;
                 }

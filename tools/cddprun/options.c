@@ -28,6 +28,7 @@ enum {
     OPT_TEE,
     OPT_MONITOR,
     OPT_GRACE,
+    OPT_STOPPED,
     OPT_LOCAL_ADDR,
     OPT_TOKEN,
     OPT_TOKEN_FILE,
@@ -71,6 +72,7 @@ static const struct {
     {"tee", 2, OPT_TEE},
     {"monitor_interval", 1, OPT_MONITOR},
     {"grace_period", 1, OPT_GRACE},
+    {"stopped_timeout", 1, OPT_STOPPED},
     {"local_addr", 1, OPT_LOCAL_ADDR},
     {"token", 1, OPT_TOKEN},
     {"token_file", 1, OPT_TOKEN_FILE},
@@ -134,6 +136,9 @@ static void usage(FILE *out) {
         "  --monitor_interval S    seconds between looks at the workers and the store (default "
         "0.1)\n"
         "  --grace_period S        seconds between SIGTERM and SIGKILL when stopping (default 5)\n"
+        "  --stopped_timeout S     stop the job when a rank has been stopped (SIGSTOP, Ctrl-Z, a\n"
+        "                          debugger) for S seconds, naming it (default 0: the other ranks\n"
+        "                          wait for it up to CDDP_TIMEOUT_S, as a debugger session needs)\n"
         "  --local_addr HOST       this node's address, as other nodes see it, or an interface\n"
         "                          whose address it is (eth0) (default: CDDP_SOCKET_IFNAME's\n"
         "                          address, else the hostname)\n"
@@ -358,6 +363,9 @@ static void apply(options *o, int code, const char *name, const char *v) {
         break;
     case OPT_GRACE:
         o->grace_period = parse_seconds(name, v);
+        break;
+    case OPT_STOPPED:
+        o->stopped_timeout = parse_seconds(name, v);
         break;
     case OPT_LOCAL_ADDR:
         o->local_addr = v;

@@ -330,11 +330,20 @@ worker *cddprun_halted(job *j) {
         if (!longest || w->halted_since < longest->halted_since) longest = w;
         if (!w->halted_said && now - w->halted_since >= 2) {
             w->halted_said = true;
+            char then[96];
+            if (j->o.stopped_timeout > 0)
+                snprintf(then, sizeof then,
+                         "cddprun stops the job if it is still stopped after "
+                         "%.0f s (--stopped_timeout)",
+                         j->o.stopped_timeout);
+            else
+                snprintf(then, sizeof then, "--stopped_timeout S stops the job sooner");
             fprintf(stderr,
                     "cddprun: rank %d (local rank %d, pid %d) is stopped (by SIGSTOP or a "
                     "debugger); the other ranks wait for it in their next collective, logging "
-                    "after CDDP_STALL_WARN_S and failing after CDDP_TIMEOUT_S\n",
-                    w->rank, w->local_rank, (int)w->pid);
+                    "after CDDP_STALL_WARN_S and failing after CDDP_TIMEOUT_S (%lld s); %s\n",
+                    w->rank, w->local_rank, (int)w->pid,
+                    (long long)cddp_knob_int(CDDP_KNOB_TIMEOUT_S), then);
         }
     }
     return longest;
