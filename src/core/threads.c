@@ -13,8 +13,9 @@
 #include <cblas.h>
 #include <dlfcn.h>
 
-/* Weak: a program that links cddp statically without any BLAS kernel (cddprun) does not load
- * OpenBLAS (and start its threads) just for these two; the library itself links it. */
+/* Weak: a program that links cddp statically without any BLAS kernel (cddprun, linked
+ * --as-needed, as Debian's compiler links every program) does not load OpenBLAS, and start its
+ * thread pool, for these two; the library itself links it. */
 #pragma weak openblas_set_num_threads
 #pragma weak openblas_get_num_threads
 #include <sched.h>
@@ -34,7 +35,11 @@ void cddp_set_num_threads(int n) {
 }
 
 int cddp_num_threads(void) {
-    return openblas_get_num_threads ? openblas_get_num_threads() : 1;
+    if (openblas_get_num_threads) return openblas_get_num_threads();
+    /* Not loaded (a program without a BLAS kernel): what it would start with. */
+    long n = cddp_env_int("OPENBLAS_NUM_THREADS");
+    if (n < 1) n = cddp_env_int("OMP_NUM_THREADS");
+    return n >= 1 && n < (1 << 20) ? (int)n : cddp_num_cores();
 }
 
 int cddp_num_cores(void) {
