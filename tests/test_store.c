@@ -157,6 +157,54 @@ static void test_waits(void **state) {
     cddp_store_close(s);
 }
 
+/* A connection's will: set by the server when the connection ends (a waiter sees it at once),
+ * also when its process dies without closing; replaced by a later will, withdrawn with NULL. */
+static void test_will(void **state) {
+    (void)state;
+    cddp_store *s = client(), *w = client();
+    cddp_error err = {0};
+    assert_int_equal(cddp_store_set_will(w, "will/first", "no", 2, &err), 0);
+    assert_int_equal(cddp_store_set_will(w, "will/gone", "yes", 3, &err), 0); /* replaces */
+    assert_int_equal(cddp_store_wait(s, (const char *[]){"will/gone"}, 1, 0, &err), CDDP_ETIMEDOUT);
+    cddp_store_close(w);
+    void *v;
+    size_t n;
+    assert_int_equal(cddp_store_get(s, "will/gone", 5, &v, &n, &err), 0);
+    assert_string_equal(v, "yes");
+    cddp_free(v);
+    assert_int_equal(cddp_store_wait(s, (const char *[]){"will/first"}, 1, 0, &err),
+                     CDDP_ETIMEDOUT);
+    /* withdrawn: nothing is set when it closes */
+    w = client();
+    assert_int_equal(cddp_store_set_will(w, "will/withdrawn", "x", 1, &err), 0);
+    assert_int_equal(cddp_store_set_will(w, NULL, NULL, 0, &err), 0);
+    cddp_store_close(w);
+    assert_int_equal(cddp_store_set_str(s, "after", "1", &err), 0); /* the close is handled */
+    assert_int_equal(cddp_store_get(s, "after", 5, &v, &n, &err), 0);
+    cddp_free(v);
+    assert_int_equal(cddp_store_wait(s, (const char *[]){"will/withdrawn"}, 1, 0.2, &err),
+                     CDDP_ETIMEDOUT);
+    /* a process that dies (SIGKILL) with a will: a waiter already parked gets it */
+    pid_t pid = fork();
+    if (pid == 0) {
+        cddp_store *c = client();
+        cddp_error e = {0};
+        if (cddp_store_set_will(c, "will/killed", "1", 1, &e) ||
+            cddp_store_set_str(c, "ready", "1", &e))
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    assert_int_equal(cddp_store_get(s, "ready", 5, &v, &n, &err), 0);
+    cddp_free(v);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    double t0 = cddp_now_s();
+    assert_int_equal(cddp_store_wait(s, (const char *[]){"will/killed"}, 1, 5, &err), 0);
+    assert_true(cddp_now_s() - t0 < 2);
+    cddp_store_close(s);
+}
+
 #define CLIENTS 16
 #define ROUNDS  50
 
@@ -547,6 +595,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_operations),
         cmocka_unit_test(test_waits),
+        cmocka_unit_test(test_will),
         cmocka_unit_test(test_sixteen_clients),
         cmocka_unit_test(test_hostile_frames),
         cmocka_unit_test(test_wrong_token),

@@ -31,8 +31,9 @@ extern "C" {
 typedef struct cddp_store_server cddp_store_server;
 
 /* Starts a server thread listening on host:port (port 0: any free port). It binds to host's
- * address only; host NULL: every interface of the machine. NULL with err filled when the port is in use ("... is already in use — another
- * job? choose --master_port or --standalone") or the address is not this machine's. */
+ * address only; host NULL: every interface of the machine. NULL with err filled when the port is in
+ * use ("... is already in use — another job? choose --master_port or --standalone") or the address
+ * is not this machine's. */
 CDDP_API cddp_store_server *cddp_store_server_start(const char *host, int port, const char *token,
                                                     cddp_error *err);
 /* The port it listens on (useful after asking for port 0). */
@@ -78,6 +79,11 @@ CDDP_API int cddp_store_compare_set(cddp_store *s, const char *key, const void *
 /* *deleted (may be NULL) says whether the key existed. */
 CDDP_API int cddp_store_delete(cddp_store *s, const char *key, bool *deleted, cddp_error *err);
 CDDP_API int cddp_store_num_keys(cddp_store *s, int64_t *count, cddp_error *err);
+/* Leaves a will: the server sets key to value when this connection ends, however it ends (the
+ * client closes it, its process dies, the server drops it), unless a later call replaced it; key
+ * NULL withdraws it. What a launcher uses to say at once that it is gone. */
+CDDP_API int cddp_store_set_will(cddp_store *s, const char *key, const void *value, size_t len,
+                                 cddp_error *err);
 /* The client's connection to the store (-1 when closed): where it is, cddp_net_peer_addr finds
  * this machine's address on the route to the master. */
 CDDP_API int cddp_store_fd(const cddp_store *s);

@@ -122,6 +122,14 @@ static int simple(cddp_store *s, int type, buf *p, cddp_error *err) {
     return rc;
 }
 
+int cddp_store_set_will(cddp_store *s, const char *key, const void *value, size_t len,
+                        cddp_error *err) {
+    buf p = {0};
+    cddp__store_put_field(&p, key ? key : "", key ? strlen(key) : 0);
+    cddp__store_put_field(&p, value, key ? len : 0);
+    return simple(s, REQ_WILL, &p, err);
+}
+
 /* Proves the job token on a new connection. *busy: the server had too many connections that had
  * not yet, closed this one and asks to connect again. */
 static int hello(cddp_store *s, const char *token, bool *busy, cddp_error *err) {

@@ -8,6 +8,9 @@
  *   server: CHALLENGE  {nonce_s, proof("cddp store: server", nonce_c, nonce_s)}
  *   client: AUTH       {proof("cddp store: client", nonce_c, nonce_s)}   (the server's checked)
  *   server: OK, or ERROR "wrong job token" and the connection closes.
+ *
+ * A connection may leave a will (WILL {key, value}): the server sets it when the connection ends
+ * (the client closed it, died, or was dropped), unless a later WILL replaced or withdrew it.
  */
 #ifndef CDDP_STORE_INTERNAL_H
 #define CDDP_STORE_INTERNAL_H
@@ -32,6 +35,7 @@ enum {
     REQ_NUM_KEYS,
     REQ_WAIT,
     REQ_AUTH, /* the client's proof of the token, after the server's challenge */
+    REQ_WILL, /* a key and value the server sets when this connection ends (empty key: none) */
     REP_OK = 100,
     REP_VALUE,
     REP_NOTFOUND,

@@ -44,6 +44,9 @@ typedef struct client {
     uint8_t nonce[CDDP_NET_NONCE],
         peer_nonce[CDDP_NET_NONCE]; /* the handshake's, once challenged */
     bool challenged, authed, closing, dead;
+    /* Its will: set when the connection ends (will_key NULL: none). */
+    uint8_t *will_key, *will_val;
+    size_t will_klen, will_vlen;
     /* A parked wait: the request's payload (its keys), kept to re-check. */
     bool waiting;
     uint8_t *wait_payload;
@@ -289,6 +292,28 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
         reply(c, REP_VALUE, &p);
         break;
     }
+    case REQ_WILL: {
+        if (!cddp__store_get_field(&cur, &k, &kl) || !cddp__store_get_field(&cur, &a, &al))
+            goto malformed;
+        uint8_t *nk = kl ? cddp_malloc(kl) : NULL, *nv = kl ? cddp_malloc(al + 1) : NULL;
+        if (kl && (!nk || !nv)) {
+            cddp_free(nk);
+            cddp_free(nv);
+            goto oom;
+        }
+        if (kl) {
+            memcpy(nk, k, kl);
+            memcpy(nv, a, al);
+        }
+        cddp_free(c->will_key);
+        cddp_free(c->will_val);
+        c->will_key = nk;
+        c->will_val = nv;
+        c->will_klen = kl;
+        c->will_vlen = al;
+        reply(c, REP_OK, NULL);
+        break;
+    }
     case REQ_NUM_KEYS:
         cddp__store_put_u64(&p, s->kv.live);
         reply(c, REP_VALUE, &p);
@@ -406,6 +431,8 @@ static void free_client(client *c) {
     cddp_free(c->in.p);
     cddp_free(c->out.p);
     cddp_free(c->wait_payload);
+    cddp_free(c->will_key);
+    cddp_free(c->will_val);
     cddp_free(c);
 }
 
@@ -422,9 +449,14 @@ static void describe_peer(const struct sockaddr_storage *ss, char *out, size_t n
     snprintf(out, n, "%s:%d", host, port);
 }
 
+/* Removes a connection that ended, carrying out its will. */
 static void remove_client(cddp_store_server *s, int i) {
-    free_client(s->clients[i]);
+    client *c = s->clients[i];
+    bool will = c->authed && c->will_key;
+    if (will) cddp__kv_put(&s->kv, c->will_key, c->will_klen, c->will_val, c->will_vlen);
+    free_client(c);
     s->clients[i] = s->clients[--s->nclients];
+    if (will) recheck_waits(s);
 }
 
 /* Closes the oldest connection that has not proved the token, telling it to connect again (a

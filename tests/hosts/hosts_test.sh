@@ -183,7 +183,7 @@ kill)
     p0=$!
     node 1 2 2 --grace_period 1 "$FM" --epochs 1000 --limit 2000 --out out1
     host1_dies
-    has node0.out "root cause: node 1 (host $("$H" addr "$name" 1), ranks 2-3) is gone: its launcher posted no report"
+    has node0.out "root cause: node 1 (host $("$H" addr "$name" 1), ranks 2-3) is gone: its launcher's connection to the job's store ended before it reported"
     sed -n "/the job failed/,\$p" node0.out
     echo "ok: host 1 killed: host 0's cddprun exited 1 after $ms ms, naming host 1 and its ranks" ;;
 elastic | late)

@@ -98,6 +98,7 @@ typedef struct job {
      * keeps each node's last count and when it changed (nnodes entries). */
     int64_t *beat;
     double *beat_at, next_beat;
+    double lost_wall; /* node 0: when the node its heartbeat found lost went (wall clock) */
 } job;
 
 /* options.c */

@@ -34,10 +34,12 @@
 
 typedef enum { ROUND_OK, ROUND_FAILED, ROUND_SIGNALLED } round_result;
 
-/* Whether a node's root cause is a rank that was killed by a signal or stopped answering: the
- * failures that other ranks' failures follow from, not the other way round. */
+/* Whether a node's root cause is a rank that was killed by a signal or stopped answering, or a
+ * node that is gone: the failures that other ranks' failures follow from, not the other way
+ * round. */
 static bool primary(const char *cause) {
-    return strstr(cause, " was killed by SIG") || strstr(cause, " stopped answering");
+    return strstr(cause, " was killed by SIG") || strstr(cause, " stopped answering") ||
+           strstr(cause, ") is gone: ");
 }
 
 /* Whether cause a (at wall-clock time aw) is the job's root cause rather than b: the earlier,
@@ -118,10 +120,10 @@ static round_result run_round(job *j) {
         cddprun_describe(j, first, text, sizeof text);
         when = first->end_wall;
     } else if (silent) {
-        /* A node node 0's heartbeat found silent stopped answering CDDP_STORE_REPLY_S before:
-         * before the exits of the ranks that lost it once this node stopped its own. */
+        /* A node node 0's heartbeat found gone, or silent since CDDP_STORE_REPLY_S: before the
+         * exits of the ranks that lost it once this node stopped its own. */
         snprintf(text, sizeof text, "%s", remote);
-        when = cddprun_wall_s() - (double)CDDP_MAX(cddp_knob_int(CDDP_KNOB_STORE_REPLY_S), 1);
+        when = j->lost_wall;
     }
     bool have = first || silent; /* this node has a root cause: text, at when */
     if (first && !remote[0] && o->nnodes > 1) {

@@ -52,7 +52,8 @@ static int wait_for_nodes(job *j, const char *const *keys, int n, cddp_error *er
 }
 
 /* Elastic, node 0: waits until --nnodes MAX nodes registered for the round, or MIN and no other
- * for LAST_CALL_S, and posts the round's members ("0,2,3"). */
+ * for LAST_CALL_S, or (a restart) MIN and every node of the last round that is not lost, and
+ * posts the round's members ("0,2,3"). */
 #define LAST_CALL_S 2.0
 static void form_round(job *j) {
     const options *o = &j->o;
@@ -60,6 +61,12 @@ static void form_round(job *j) {
     double changed = now;
     int had = -1, count = 0;
     char key[64];
+    bool *back = cddp_calloc((size_t)o->nnodes, sizeof *back); /* the last round's survivors */
+    if (!back) {
+        fprintf(stderr, "cddprun: out of memory\n");
+        exit(1);
+    }
+    for (int k = 0; j->round > 0 && k < o->nnodes; k++) back[k] = j->in[k] && !j->lost[k];
     for (;;) {
         exit_if_signalled();
         count = 0;
@@ -74,7 +81,11 @@ static void form_round(job *j) {
         }
         now = cddp_now_s();
         if (count != had) had = count, changed = now;
-        if (count == o->nnodes || (count >= o->nnodes_min && now - changed >= LAST_CALL_S)) break;
+        bool survivors = j->round > 0;
+        for (int k = 0; k < o->nnodes; k++) survivors &= !back[k] || j->in[k];
+        if (count == o->nnodes ||
+            (count >= o->nnodes_min && (survivors || now - changed >= LAST_CALL_S)))
+            break;
         if (now > end) {
             fprintf(stderr,
                     "cddprun: rendezvous failed: %d of at least %d nodes arrived within %ld s "
@@ -83,9 +94,10 @@ static void form_round(job *j) {
                     o->master_port);
             exit(1);
         }
-        struct timespec ts = {0, 100 * 1000 * 1000};
+        struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
+    cddp_free(back);
     size_t cap = (size_t)o->nnodes * 7 + 1, len = 0; /* ids below 65536, and commas */
     char *list = cddp_calloc(cap, 1);
     if (!list) {
@@ -198,6 +210,13 @@ void cddprun_rendezvous(job *j) {
                 cddprun_fail_rdzv("rendezvous", &err);
         }
         claim_node_rank(j, elastic);
+        /* The store says at once when this launcher is gone (its connection ends): r<N>/gone/<k>.
+         */
+        if (o->node_rank != 0) {
+            snprintf(key, sizeof key, "r%d/gone/%d", j->round, o->node_rank);
+            if (cddp_store_set_will(j->store, key, "1", 1, &err))
+                cddprun_fail_rdzv("rendezvous", &err);
+        }
         snprintf(key, sizeof key, "r%d/node/%d", j->round, o->node_rank);
         snprintf(val, sizeof val, "%d %s", o->nproc_per_node, j->host);
         if (cddp_store_set_str(j->store, key, val, &err)) cddprun_fail_rdzv("rendezvous", &err);
@@ -339,6 +358,20 @@ static void node_of_round(job *j, int k, char *host, size_t n, int *base, int *c
     }
 }
 
+/* Whether node k's launcher is gone: its connection to the store ended (its will, set at the
+ * round's rendezvous) before it left. */
+static bool gone(job *j, int k) {
+    char key[64];
+    cddp_error err = {0};
+    snprintf(key, sizeof key, "r%d/gone/%d", j->round, k);
+    const char *g = key;
+    if (cddp_store_wait(j->store, &g, 1, 0, &err) != CDDP_OK) return false;
+    char left[64];
+    snprintf(left, sizeof left, "r%d/left/%d", j->round, k);
+    const char *l = left;
+    return cddp_store_wait(j->store, &l, 1, 0, &err) != CDDP_OK;
+}
+
 bool cddprun_heartbeat(job *j, char *why, size_t n) {
     double now = cddp_now_s();
     if (now < j->next_beat) return false;
@@ -355,6 +388,18 @@ bool cddprun_heartbeat(job *j, char *why, size_t n) {
     double limit = (double)CDDP_MAX(cddp_knob_int(CDDP_KNOB_STORE_REPLY_S), 1);
     for (int k = 1; k < j->o.nnodes; k++) {
         if (!j->in[k]) continue;
+        if (gone(j, k)) {
+            char host[256];
+            int base, count;
+            node_of_round(j, k, host, sizeof host, &base, &count);
+            snprintf(why, n,
+                     "node %d (host %s, ranks %d-%d) is gone: its launcher's connection to the "
+                     "job's store ended (it was killed, or its host died)",
+                     k, host, base, base + count - 1);
+            j->lost[k] = true;
+            j->lost_wall = cddprun_wall_s();
+            return true;
+        }
         snprintf(key, sizeof key, "r%d/beat/%d", j->round, k);
         if (cddp_store_add(j->store, key, 0, &v, &err) != CDDP_OK) return false;
         if (first || v != j->beat[k]) {
@@ -377,10 +422,26 @@ bool cddprun_heartbeat(job *j, char *why, size_t n) {
                      "to it is cut)",
                      k, host, base, base + count - 1, limit);
             j->lost[k] = true;
+            j->lost_wall = cddprun_wall_s() - limit;
             return true;
         }
     }
     return false;
+}
+
+/* Node k's cause into *v (CDDP_OK), or CDDP_ENOENT when its launcher is gone, or CDDP_ETIMEDOUT
+ * when it posted none by until. */
+static int cause_of(job *j, int k, double until, void **v, size_t *len) {
+    char key[64];
+    snprintf(key, sizeof key, "r%d/cause/%d", j->round, k);
+    for (;;) {
+        cddp_error err = {0};
+        if (cddp_store_get(j->store, key, 0, v, len, &err) == CDDP_OK) return CDDP_OK;
+        if (gone(j, k)) return CDDP_ENOENT;
+        if (cddp_now_s() >= until) return CDDP_ETIMEDOUT;
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 int cddprun_gather_causes(job *j, remote_cause *out, int max) {
@@ -388,23 +449,27 @@ int cddprun_gather_causes(job *j, remote_cause *out, int max) {
     double until = cddp_now_s() + j->o.grace_period + 5;
     for (int k = 1; k < j->o.nnodes && n < max; k++) {
         if (j->lost[k] || !j->in[k]) continue; /* silent already (the root cause), or out */
-        char key[64];
-        snprintf(key, sizeof key, "r%d/cause/%d", j->round, k);
         void *v = NULL;
         size_t len = 0;
-        cddp_error err = {0};
-        double left = until - cddp_now_s();
-        if (cddp_store_get(j->store, key, left > 0.01 ? left : 0.01, &v, &len, &err) != CDDP_OK) {
+        int rc = cause_of(j, k, until, &v, &len);
+        if (rc != CDDP_OK) {
             /* Every live launcher posts within the grace period: this one is gone, and with
              * it, most likely, its host (or the network to it). */
             char host[256];
             int base, count;
             node_of_round(j, k, host, sizeof host, &base, &count);
             out[n] = (remote_cause){.node = k, .when = cddprun_wall_s(), .lost = true};
-            snprintf(out[n].text, sizeof out[n].text,
-                     "node %d (host %s, ranks %d-%d) is gone: its launcher posted no report "
-                     "within %.0f s (the host died, or the network to it is down)",
-                     k, host, base, base + count - 1, j->o.grace_period + 5);
+            if (rc == CDDP_ENOENT)
+                snprintf(out[n].text, sizeof out[n].text,
+                         "node %d (host %s, ranks %d-%d) is gone: its launcher's connection to "
+                         "the job's store ended before it reported (it was killed, or its host "
+                         "died)",
+                         k, host, base, base + count - 1);
+            else
+                snprintf(out[n].text, sizeof out[n].text,
+                         "node %d (host %s, ranks %d-%d) is gone: its launcher posted no report "
+                         "within %.0f s (the host died, or the network to it is down)",
+                         k, host, base, base + count - 1, j->o.grace_period + 5);
             n++;
             continue;
         }
