@@ -34,6 +34,10 @@ typedef struct cddp_slurm_step {
     int port;             /* the derived port */
 } cddp_slurm_step;
 
+/* This host's identity, the same for every process on it: CDDP_HOST_ID when set, else the
+ * kernel's boot id and the hostname. */
+CDDP_API void cddp_host_id(char *out, size_t n);
+
 /* Fills *s and returns true inside an srun step (SLURM_STEP_ID, SLURM_JOB_ID, SLURM_PROCID,
  * SLURM_NTASKS and a node list set); false elsewhere, a batch script included. */
 CDDP_API bool cddp_slurm_step_read(cddp_slurm_step *s);

@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* A decimal in [0, 2^30) from the environment; -1 when unset or not one. */
 static int env_int(const char *name) {
@@ -186,4 +187,21 @@ int cddp__launch_read(cddp__launch *l, cddp_error *err) {
     int restart = env_int(CDDP_ENV_RESTART_COUNT);
     l->restart = restart > 0 ? restart : 0;
     return CDDP_OK;
+}
+
+void cddp_host_id(char *out, size_t n) {
+    const char *id = cddp_knob_str(CDDP_KNOB_HOST_ID);
+    if (*id && strcmp(id, "auto") != 0) {
+        snprintf(out, n, "%s", id);
+        return;
+    }
+    char boot[64] = "", host[128] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
+        fclose(f);
+        boot[strcspn(boot, "\n")] = '\0';
+    }
+    gethostname(host, sizeof host - 1);
+    snprintf(out, n, "%s/%s", boot, host);
 }

@@ -12,6 +12,7 @@
  * The public calls build a coll and either run it on the caller's thread (work.c makes it wait
  * for queued work first) or queue it; collective.c does the rest.
  */
+#include "cddp/launch.h"
 #include "cddp/net.h"
 #include "cddp/store.h"
 #include "comm/internal.h"
@@ -151,23 +152,6 @@ void cddp_comm_abort(cddp_comm *c, const char *reason) {
 
 /* ---- making a group ---------------------------------------------------------------------- */
 
-/* This host's identity: the kernel's boot id and the hostname. */
-static void host_identity(char *out, size_t n) {
-    const char *id = cddp_knob_str(CDDP_KNOB_HOST_ID);
-    if (*id && strcmp(id, "auto") != 0) {
-        snprintf(out, n, "%s", id);
-        return;
-    }
-    char boot[64] = "", host[128] = "";
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (f) {
-        if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
-        fclose(f);
-        boot[strcspn(boot, "\n")] = '\0';
-    }
-    gethostname(host, sizeof host - 1);
-    snprintf(out, n, "%s/%s", boot, host);
-}
 
 /* Where rank 0's store listens: addr, or every interface when addr is this host's name resolving
  * to loopback here and the job spans several hosts (its launcher says so: srun's node count, or
@@ -339,7 +323,7 @@ static int want_mpi(const cddp__launch *l, const cddp_comm_options *o, bool *mpi
  * local_rank, local_world, nhosts and the hosts' leaders. */
 static int group_hosts(cddp_comm *c, cddp_store *st, cddp_error *err) {
     char me[256], key[64];
-    host_identity(me, sizeof me);
+    cddp_host_id(me, sizeof me);
     snprintf(key, sizeof key, "comm/host/%d", c->rank);
     CDDP_TRY(cddp_store_set_str(st, key, me, err));
     char **hosts = cddp_calloc((size_t)c->world, sizeof *hosts);

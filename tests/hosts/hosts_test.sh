@@ -20,6 +20,12 @@
 #          on its route to the first host; then cddprun on 2 hosts with node 0's name as
 #          --master_addr and without --local_addr: node 0 says its store listens everywhere,
 #          node 1 says the address it advertises
+#   c10d   torchrun's multi-node line unchanged (--nnodes 4 --nproc-per-node 1 --rdzv-backend
+#          c10d --rdzv-endpoint HOST0:29400 --rdzv-id job1; the secret in CDDPRUN_TOKEN_FILE), the
+#          same on 4 hosts started last to first: host 0, which has the endpoint's address, is
+#          node 0, the others take 1..3 in the order they join, and the job trains to the one-host
+#          loss; then a job of 2 hosts with a second launcher on host 1: one of the two is refused
+#          (one launcher per host), the job finishes
 #   late   the same job started on hosts 0 and 1; host 2 comes once a checkpoint exists and
 #          waits for the next round; host 1 dies: hosts 0 and 2 go on and finish
 #   below  an elastic job of 2 hosts (--nnodes 2:3); host 1 dies: with 1 node left, below MIN,
@@ -186,6 +192,43 @@ kill)
     has node0.out "root cause: node 1 (host $("$H" addr "$name" 1), ranks 2-3) is gone: its launcher's connection to the job's store ended before it reported"
     sed -n "/the job failed/,\$p" node0.out
     echo "ok: host 1 killed: host 0's cddprun exited 1 after $ms ms, naming host 1 and its ranks" ;;
+c10d)
+    reference
+    hosts 4
+    export CDDPRUN_TOKEN_FILE="$work/token"
+    # c10d_node I N OUT: torchrun's line on host I for a job of N nodes, in the background.
+    c10d_node() {
+        "$H" exec "$name" "$1" "$build/bin/cddprun" --nnodes "$2" --nproc-per-node 1 \
+            --rdzv-backend c10d --rdzv-endpoint "$("$H" addr "$name" 0):29400" --rdzv-id job1 \
+            "$FM" $train_args --out "out$1" > "$3" 2>&1 &
+    }
+    pids=""
+    for i in 3 2 1 0; do
+        c10d_node "$i" 4 "node$i.out"
+        pids="$pids $!"
+        sleep 0.2
+    done
+    for pid in $pids; do wait "$pid" || fail "a host's cddprun exited $?"; done
+    has node0.out "cddprun: node 0 of 4 (no --node_rank: this node listens on the endpoint's address"
+    ranks=$(cat node1.out node2.out node3.out | sed -n 's/^cddprun: node \([1-3]\) of 4 (no --node_rank: the order the nodes joined in.*/\1/p' | sort | tr -d '\n')
+    [ "$ranks" = 123 ] || fail "hosts 1..3 took node ranks '$ranks', not 1, 2 and 3"
+    [ "$(json node0.out world)" = 4 ] || fail "trained on $(json node0.out world) ranks, not 4"
+    same_loss node0.out
+    # One launcher per host: a second one on host 1 is refused, the job of 2 hosts finishes.
+    c10d_node 0 2 twin0.out
+    p0=$!
+    c10d_node 1 2 twin1.out
+    p1=$!
+    c10d_node 1 2 twin2.out
+    p2=$!
+    wait $p0 || fail "host 0's cddprun exited $? with a twin on host 1"
+    wait $p1; r1=$?
+    wait $p2; r2=$?
+    [ $((r1 + r2)) = 1 ] || fail "the two launchers on host 1 exited $r1 and $r2 (one should be refused)"
+    cat twin1.out twin2.out | grep -q "another launcher on this host (pid [0-9]* at .*) joined this job already: start one cddprun per host" ||
+        fail "the twin on host 1 was not told why"
+    echo "ok: torchrun's c10d line on 4 hosts: node ranks 0 (the endpoint's host) and $ranks by" \
+         "arrival, final loss $loss, one host's $ref; a second launcher on a host refused" ;;
 elastic | late)
     args="--epochs 2 --limit 9000 --log-every 0 --json --out ckpt --save-every 10"
     "$build/bin/cddprun" --standalone --nproc_per_node 3 "$FM" $args --batch-size 32 \

@@ -50,6 +50,7 @@ typedef struct options {
     bool nproc_given;  /* --nproc_per_node (or msrun's --local_worker_num) was given */
     bool nnodes_given; /* --nnodes was given */
     bool node_rank_given, addr_given, port_given; /* --node_rank, --master_addr, --master_port */
+    bool node_rank_from_step;                     /* srun's step gave the node rank */
     bool bind_core;  /* msrun's --bind_core: each worker on its own share of the CPUs */
     bool log_mpirun; /* --log_layout mpirun: DIR/1/rank.N/ instead of DIR/rank.N/ */
     char **program;  /* the program and its arguments */

@@ -204,6 +204,57 @@ static round_result run_round(job *j) {
     return ROUND_FAILED;
 }
 
+/* Whether host is one of this machine's addresses (it can listen there). */
+static bool endpoint_is_here(const char *host) {
+    int fd, port;
+    if (cddp_net_listen(host, 0, &fd, &port, NULL) != CDDP_OK) return false;
+    close(fd);
+    return true;
+}
+
+/* Without --node_rank: this node's rank in the job, 0 when it hosts the store, else the next in
+ * the order the nodes join; one launcher per host (its identity, cddp_host_id, claimed first). */
+static void take_node_rank(job *j) {
+    options *o = &j->o;
+    cddp_error err = {0};
+    char id[256], key[300], mine[64], *held = NULL;
+    size_t len = 0;
+    cddp_host_id(id, sizeof id);
+    snprintf(key, sizeof key, "auto/host/%s", id);
+    snprintf(mine, sizeof mine, "pid %d at %.40s", (int)getpid(), j->host);
+    if (cddp_store_compare_set(j->store, key, "", 0, mine, strlen(mine), (void **)&held, &len,
+                               &err))
+        cddprun_fail_rdzv("rendezvous", &err);
+    if (!held || strcmp(held, mine) != 0) {
+        fprintf(stderr,
+                "cddprun: another launcher on this host (%s) joined this job already: start one "
+                "cddprun per host (--nproc_per_node for its ranks), or set CDDP_HOST_ID to tell "
+                "launchers on one machine apart\n",
+                held ? held : "?");
+        exit(1);
+    }
+    cddp_free(held);
+    if (o->node_rank < 0) {
+        int64_t next;
+        if (cddp_store_add(j->store, "auto/next_node", 1, &next, &err))
+            cddprun_fail_rdzv("rendezvous", &err);
+        if (next >= o->nnodes) {
+            fprintf(stderr,
+                    "cddprun: the job has its %d nodes already (--nnodes %d): this launcher, on "
+                    "%s, is one too many\n",
+                    o->nnodes, o->nnodes, j->host);
+            exit(1);
+        }
+        o->node_rank = (int)next;
+    }
+    fprintf(stderr,
+            "cddprun: node %d of %d (no --node_rank: %s; node 0 hosts the store at %s:%d)\n",
+            o->node_rank, o->nnodes,
+            o->node_rank == 0 ? "this node listens on the endpoint's address"
+                              : "the order the nodes joined in",
+            o->master_addr, o->master_port);
+}
+
 /* SIGINT/TERM/HUP while this node joins the rendezvous: nothing to stop yet (async-signal-safe). */
 static void quit_joining(int sig) {
     static const char msg[] = "cddprun: stopped by a signal while joining the job's rendezvous\n";
@@ -269,6 +320,11 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     cddp_error err = {0};
+    /* torchrun's c10d line: the same command on every node, no --node_rank. The node that can
+     * listen on the endpoint's address hosts the store and is node 0; the others take 1, 2, ...
+     * in the order they join (auto_rank), once for the whole job. */
+    bool auto_rank = o->nnodes > 1 && !o->node_rank_given && !o->node_rank_from_step;
+    if (auto_rank) o->node_rank = endpoint_is_here(o->master_addr) ? 0 : -1;
     /* A master address naming this machine but loopback here, in a job of several nodes
      * (Debian's /etc/hosts maps a host's own name to 127.0.1.1): the store listens on every
      * interface, where the other nodes reach it at the address the name has for them. */
@@ -289,15 +345,19 @@ int main(int argc, char **argv) {
     if (o->node_rank == 0) {
         j.server = cddp_store_server_start(everywhere ? NULL : o->master_addr, o->master_port,
                                            j.token, &err);
-        if (!j.server) {
+        if (!j.server && auto_rank && strstr(err.msg, "already in use")) {
+            o->node_rank = -1; /* another launcher on this machine hosts it, or another job */
+        } else if (!j.server) {
             fprintf(stderr, "cddprun: %s\n", cddp_error_msg(&err));
             return 1;
+        } else {
+            o->master_port = cddp_store_server_port(j.server);
         }
-        o->master_port = cddp_store_server_port(j.server);
     }
     cddp_store_options so = {o->master_addr, o->master_port, j.token, 0, NULL};
     j.store = cddp_store_connect(&so, &err);
     if (!j.store) cddprun_fail_rdzv("cannot join the job's rendezvous", &err);
+    if (auto_rank) take_node_rank(&j);
     if (o->nnodes > 1 && !o->local_addr && !*ifname &&
         (everywhere || !cddp_net_is_loopback(o->master_addr))) {
         /* what the other nodes reach, said */

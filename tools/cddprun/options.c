@@ -621,6 +621,7 @@ static void slurm_defaults(options *o) {
             s.task, s.ntasks, s.nnodes, s.nnodes == 1 ? "" : "s");
     o->nnodes = o->nnodes_min = s.nnodes;
     o->node_rank = s.node;
+    o->node_rank_from_step = true;
     static char host[sizeof s.first_host];
     snprintf(host, sizeof host, "%s", s.first_host);
     if (!o->addr_given) o->master_addr = host;
