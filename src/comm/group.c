@@ -152,7 +152,6 @@ void cddp_comm_abort(cddp_comm *c, const char *reason) {
 
 /* ---- making a group ---------------------------------------------------------------------- */
 
-
 /* Where rank 0's store listens: addr, or every interface when addr is this host's name resolving
  * to loopback here and the job spans several hosts (its launcher says so: srun's node count, or
  * fewer local ranks than ranks): Debian's /etc/hosts maps a host's own name to 127.0.1.1, and
