@@ -17,7 +17,7 @@ trap 'rm -f "$out"' EXIT
 for t in $(seq "$trials"); do
     "$here/../tests/hosts/hosts_test.sh" "$build" elastic > "$out" 2>&1 ||
         { cat "$out" >&2; echo "bench/recovery.sh: trial $t failed" >&2; exit 1; }
-    ms=$(sed -n 's/.*training again on hosts [0-9,]* after \([0-9]*\) ms.*/\1/p' "$out")
+    ms=$(sed -n 's/.*training again (.*) after \([0-9]*\) ms.*/\1/p' "$out")
     echo "trial $t: training again $ms ms after the kill"
     echo "$ms" >> "$out.ms"
 done

@@ -43,7 +43,7 @@ typedef struct options {
     const char *redirect_name; /* the option that asked for redirects, for its error */
     double monitor_interval, grace_period;
     double stopped_timeout; /* stop the job when a rank is stopped this long; 0: never */
-    const char *shown; /* --local_ranks_filter as given: "0,2" */
+    const char *shown;      /* --local_ranks_filter as given: "0,2" */
     bool *show;        /* parsed by cddprun_validate: show[r], local rank r's output on the console;
                           NULL: every rank's */
     int worker_num;    /* msrun's --worker_num: every node's workers together; 0: not given */
@@ -100,6 +100,7 @@ typedef struct job {
     int64_t *beat;
     double *beat_at, next_beat;
     double lost_wall; /* node 0: when the node its heartbeat found lost went (wall clock) */
+    int failures;     /* rounds that failed (restarts counted against --max_restarts) */
 } job;
 
 /* options.c */
@@ -149,6 +150,11 @@ bool cddprun_remote_failure(job *j, char *why, size_t n);
  * nothing, and its ranks' peers would wait for CDDP_TIMEOUT_S), marks that node lost, fills why
  * and returns true. */
 bool cddprun_heartbeat(job *j, char *why, size_t n);
+/* Node 0 of an elastic job below its MAX: whether a node registered for the next round while this
+ * one runs (it came late); then the round ends at once for every node (r<N>/failed, its text
+ * starting with CDDPRUN_GROW) and the next one admits it. why: what to say. */
+#define CDDPRUN_GROW "scale-up: "
+bool cddprun_newcomer(job *j, char *why, size_t n);
 /* Another node's root cause of a failed round. */
 typedef struct remote_cause {
     int node;

@@ -32,7 +32,8 @@
 
 /* ---- the run ----------------------------------------------------------------------------- */
 
-typedef enum { ROUND_OK, ROUND_FAILED, ROUND_SIGNALLED } round_result;
+/* ROUND_GROW: a node came to join (an elastic job below its MAX); the next round admits it. */
+typedef enum { ROUND_OK, ROUND_FAILED, ROUND_SIGNALLED, ROUND_GROW } round_result;
 
 /* Whether a node's root cause is a rank that was killed by a signal or stopped answering, or a
  * node that is gone: the failures that other ranks' failures follow from, not the other way
@@ -74,6 +75,7 @@ static round_result run_round(job *j) {
         if (o->nnodes > 1 && cddp_now_s() >= next_look) {
             next_look = cddp_now_s() + o->monitor_interval;
             if (cddprun_remote_failure(j, remote, sizeof remote)) break;
+            if (cddprun_newcomer(j, remote, sizeof remote)) break;
             if ((silent = cddprun_heartbeat(j, remote, sizeof remote))) { /* node 0 only */
                 snprintf(key, sizeof key, "r%d/failed", j->round);
                 cddp_store_set_str(j->store, key, remote, &err);
@@ -143,6 +145,10 @@ static round_result run_round(job *j) {
         if (j->w[i].err.log >= 0) close(j->w[i].err.log);
     }
     if (!first && !remote[0]) return ROUND_OK;
+    if (!first && !strncmp(remote, CDDPRUN_GROW, strlen(CDDPRUN_GROW))) {
+        fprintf(stderr, "cddprun: %s (round %d)\n", remote + strlen(CDDPRUN_GROW), j->round + 1);
+        return ROUND_GROW;
+    }
 
     /* The report: on several nodes, each posts its own root cause (or none) and node 0 merges
      * them, naming the earliest as the job's. */
@@ -172,7 +178,7 @@ static round_result run_round(job *j) {
         for (int k = 0; k < nothers; k++) j->lost[others[k].node] |= others[k].lost;
     }
     fprintf(stderr, "cddprun: the job failed (run %s, attempt %d of %d, node %d of %d)\n",
-            j->run_id, j->round + 1, o->max_restarts + 1, o->node_rank, j->nodes);
+            j->run_id, j->failures + 1, o->max_restarts + 1, o->node_rank, j->nodes);
     if (root >= 0 && others[root].lost)
         fprintf(stderr, "  root cause: %s\n", others[root].text);
     else if (root >= 0)
@@ -397,8 +403,9 @@ int main(int argc, char **argv) {
             status = 128 + cddprun_got_signal;
             break;
         }
-        if (j.round >= o->max_restarts) break;
-        fprintf(stderr, "cddprun: restarting the group (restart %d of %d)\n", j.round + 1,
+        if (r == ROUND_GROW) continue; /* not a failure: no restart is counted */
+        if (j.failures++ >= o->max_restarts) break;
+        fprintf(stderr, "cddprun: restarting the group (restart %d of %d)\n", j.failures,
                 o->max_restarts);
     }
     /* Node 0 hosts the store: it waits for the other nodes to finish with it, while their
@@ -407,6 +414,8 @@ int main(int argc, char **argv) {
     char key[64];
     snprintf(key, sizeof key, "r%d/left/%d", j.round, o->node_rank);
     cddp_store_set_str(j.store, key, status == 0 ? "ok" : "failed", &err);
+    if (o->node_rank == 0) /* for a node waiting for a round that will not form */
+        cddp_store_set_str(j.store, "ended", status == 0 ? "ok" : "failed", &err);
     if (o->node_rank == 0 && o->nnodes > 1) {
         for (int k = 1; k < o->nnodes && !cddprun_got_signal; k++) {
             char other[64], why[CDDP_ERROR_MSG_MAX];

@@ -120,9 +120,22 @@ static void form_round(job *j) {
 static bool read_members(job *j) {
     char key[64];
     snprintf(key, sizeof key, "r%d/members", j->round);
-    const char *k = key;
+    const char *k = key, *ended = "ended";
     cddp_error err = {0};
-    int rc = wait_for_nodes(j, &k, 1, &err);
+    double until = cddp_now_s() + (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
+    int rc;
+    /* A second at a time: node 0 may end the job (it posts "ended") while this node waits. */
+    while ((rc = cddp_store_wait(j->store, &k, 1, 1.0, &err)) == CDDP_ETIMEDOUT &&
+           cddp_now_s() < until) {
+        exit_if_signalled();
+        cddp_error e2 = {0};
+        if (cddp_store_wait(j->store, &ended, 1, 0, &e2) == CDDP_OK) {
+            fprintf(stderr,
+                    "cddprun: the job ended before round %d formed: nothing for node %d to do\n",
+                    j->round, j->o.node_rank);
+            exit(0);
+        }
+    }
     if (rc == CDDP_ETIMEDOUT) {
         fprintf(stderr,
                 "cddprun: rendezvous failed: round %d of the elastic job did not form within %ld s "
@@ -308,6 +321,28 @@ void cddprun_rendezvous(job *j) {
     cddp_free(v);
     cddp_free(keys);
     cddp_free(names);
+}
+
+bool cddprun_newcomer(job *j, char *why, size_t n) {
+    const options *o = &j->o;
+    if (o->node_rank != 0 || o->nnodes_min == o->nnodes) return false;
+    int in = 0;
+    for (int k = 0; k < o->nnodes; k++) in += j->in[k];
+    if (in == o->nnodes) return false;
+    for (int k = 0; k < o->nnodes; k++) {
+        if (j->in[k]) continue;
+        char key[64];
+        snprintf(key, sizeof key, "r%d/node/%d", j->round + 1, k);
+        const char *kk = key;
+        cddp_error err = {0};
+        if (cddp_store_wait(j->store, &kk, 1, 0, &err) != CDDP_OK) continue;
+        snprintf(why, n, "%snode %d came to join the job: the group restarts with it", CDDPRUN_GROW,
+                 k);
+        snprintf(key, sizeof key, "r%d/failed", j->round);
+        if (cddp_store_set_str(j->store, key, why, &err)) cddprun_fail_rdzv("rendezvous", &err);
+        return true;
+    }
+    return false;
 }
 
 /* Has another node posted a failure for this round? Fills why. A store that went away counts
