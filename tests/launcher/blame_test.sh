@@ -5,7 +5,9 @@
 # as the root cause and its own ranks as what followed. Then node 1's ranks stopped (SIGSTOP,
 # rank 3 first) with the collectives' deadline CDDP_TIMEOUT_S at 5 s: node 0's ranks time out,
 # their failure ends node 1's round (no rank of node 1 fails by itself), and still the rank
-# stopped first on node 1 is the root cause, not node 0's rank that gave up waiting.
+# stopped first on node 1 is the root cause, not node 0's rank that gave up waiting. Last, a job of
+# 3 nodes whose node 2 launcher is SIGKILLed in the rendezvous (registered, its workers not yet
+# started): node 0 names node 2 as gone within seconds, not a rank that lost it.
 set -u
 build=$1 check=$2
 R="$build/bin/cddprun"
@@ -66,3 +68,27 @@ echo "ok: rank 3 SIG$how on node 1: node 0's merged report names it as the root 
      "ranks as what followed"
 timeout0=5
 done
+
+# Node 2's launcher killed in the rendezvous of a 3-node job.
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+c3="--nnodes 3 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port $port --token_file $work/token --grace_period 1"
+CDDP_HOST_ID=host-a "$R" $c3 --node_rank 0 --local_addr 127.0.0.1 "$check" loop 30 > "$work/n0" 2>&1 &
+p0=$!
+CDDP_HOST_ID=host-c "$R" $c3 --node_rank 2 --local_addr 127.0.0.3 "$check" loop 30 > "$work/n2" 2>&1 &
+p2=$!
+sleep 1
+kill -9 $p2
+wait $p2 2>/dev/null
+CDDP_HOST_ID=host-b "$R" $c3 --node_rank 1 --local_addr 127.0.0.2 "$check" loop 30 > "$work/n1" 2>&1 &
+p1=$!
+t0=$(date +%s)
+wait "$p0"
+rc0=$?
+took=$(($(date +%s) - t0))
+wait "$p1"
+p0="" p1=""
+[ "$rc0" = 1 ] || fail "node 2 killed in the rendezvous: node 0 exited $rc0"
+grep -q "  root cause: node 2 (host 127.0.0.3, ranks 2-2) is gone: its launcher's connection to the job's store ended" "$work/n0" ||
+    fail "node 2 killed in the rendezvous: node 0's report does not name it"
+[ "$took" -le 30 ] || fail "node 2 killed in the rendezvous: node 0 took $took s"
+echo "ok: node 2 of 3 killed in the rendezvous: node 0 named it as gone after $took s"
