@@ -157,32 +157,41 @@ static void test_waits(void **state) {
     cddp_store_close(s);
 }
 
-/* A connection's will: set by the server when the connection ends (a waiter sees it at once),
- * also when its process dies without closing; replaced by a later will, withdrawn with NULL. */
+/* A connection's wills: set by the server when the connection ends (a waiter sees them at once),
+ * also when its process dies without closing; a later will for a key replaces it, one withdrawn
+ * is not set, and one connection may leave several. */
 static void test_will(void **state) {
     (void)state;
     cddp_store *s = client(), *w = client();
     cddp_error err = {0};
-    assert_int_equal(cddp_store_set_will(w, "will/first", "no", 2, &err), 0);
-    assert_int_equal(cddp_store_set_will(w, "will/gone", "yes", 3, &err), 0); /* replaces */
-    assert_int_equal(cddp_store_wait(s, (const char *[]){"will/gone"}, 1, 0, &err), CDDP_ETIMEDOUT);
-    cddp_store_close(w);
     void *v;
     size_t n;
+    assert_int_equal(cddp_store_set_will(w, "will/gone", "no", 2, &err), 0);
+    assert_int_equal(cddp_store_set_will(w, "will/gone", "yes", 3, &err), 0); /* replaces */
+    assert_int_equal(cddp_store_set_will(w, "will/free", "", 0, &err), 0);
+    assert_int_equal(cddp_store_set_will(w, "will/withdrawn", "x", 1, &err), 0);
+    assert_int_equal(cddp_store_clear_will(w, "will/withdrawn", &err), 0);
+    assert_int_equal(cddp_store_set_will(w, NULL, "x", 1, &err), CDDP_EINVAL);
+    assert_int_equal(cddp_store_wait(s, (const char *[]){"will/gone"}, 1, 0, &err),
+                     CDDP_ETIMEDOUT);
+    cddp_store_close(w);
     assert_int_equal(cddp_store_get(s, "will/gone", 5, &v, &n, &err), 0);
     assert_string_equal(v, "yes");
     cddp_free(v);
-    assert_int_equal(cddp_store_wait(s, (const char *[]){"will/first"}, 1, 0, &err),
+    assert_int_equal(cddp_store_get(s, "will/free", 5, &v, &n, &err), 0);
+    assert_int_equal(n, 0);
+    cddp_free(v);
+    assert_int_equal(cddp_store_wait(s, (const char *[]){"will/withdrawn"}, 1, 0, &err),
                      CDDP_ETIMEDOUT);
-    /* withdrawn: nothing is set when it closes */
+    /* every will withdrawn: nothing is set when it closes */
     w = client();
-    assert_int_equal(cddp_store_set_will(w, "will/withdrawn", "x", 1, &err), 0);
-    assert_int_equal(cddp_store_set_will(w, NULL, NULL, 0, &err), 0);
+    assert_int_equal(cddp_store_set_will(w, "will/none", "x", 1, &err), 0);
+    assert_int_equal(cddp_store_clear_will(w, NULL, &err), 0);
     cddp_store_close(w);
     assert_int_equal(cddp_store_set_str(s, "after", "1", &err), 0); /* the close is handled */
     assert_int_equal(cddp_store_get(s, "after", 5, &v, &n, &err), 0);
     cddp_free(v);
-    assert_int_equal(cddp_store_wait(s, (const char *[]){"will/withdrawn"}, 1, 0.2, &err),
+    assert_int_equal(cddp_store_wait(s, (const char *[]){"will/none"}, 1, 0.2, &err),
                      CDDP_ETIMEDOUT);
     /* a process that dies (SIGKILL) with a will: a waiter already parked gets it */
     pid_t pid = fork();

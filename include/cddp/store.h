@@ -80,10 +80,12 @@ CDDP_API int cddp_store_compare_set(cddp_store *s, const char *key, const void *
 CDDP_API int cddp_store_delete(cddp_store *s, const char *key, bool *deleted, cddp_error *err);
 CDDP_API int cddp_store_num_keys(cddp_store *s, int64_t *count, cddp_error *err);
 /* Leaves a will: the server sets key to value when this connection ends, however it ends (the
- * client closes it, its process dies, the server drops it), unless a later call replaced it; key
- * NULL withdraws it. What a launcher uses to say at once that it is gone. */
+ * client closes it, its process dies, the server drops it), unless a later will for key replaced
+ * it or cddp_store_clear_will withdrew it (key NULL: every will of this connection). What a
+ * launcher uses to say at once that it is gone, or to free what it held. */
 CDDP_API int cddp_store_set_will(cddp_store *s, const char *key, const void *value, size_t len,
                                  cddp_error *err);
+CDDP_API int cddp_store_clear_will(cddp_store *s, const char *key, cddp_error *err);
 /* The client's connection to the store (-1 when closed): where it is, cddp_net_peer_addr finds
  * this machine's address on the route to the master. */
 CDDP_API int cddp_store_fd(const cddp_store *s);

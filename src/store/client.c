@@ -122,12 +122,23 @@ static int simple(cddp_store *s, int type, buf *p, cddp_error *err) {
     return rc;
 }
 
-int cddp_store_set_will(cddp_store *s, const char *key, const void *value, size_t len,
-                        cddp_error *err) {
+static int will(cddp_store *s, const char *key, const void *value, size_t len, uint32_t keep,
+                cddp_error *err) {
     buf p = {0};
     cddp__store_put_field(&p, key ? key : "", key ? strlen(key) : 0);
-    cddp__store_put_field(&p, value, key ? len : 0);
+    cddp__store_put_field(&p, value, len);
+    cddp__store_put_u32(&p, keep);
     return simple(s, REQ_WILL, &p, err);
+}
+
+int cddp_store_set_will(cddp_store *s, const char *key, const void *value, size_t len,
+                        cddp_error *err) {
+    if (!key || !*key) return cddp_error_set(err, CDDP_EINVAL, "store: a will needs a key");
+    return will(s, key, value, len, 1, err);
+}
+
+int cddp_store_clear_will(cddp_store *s, const char *key, cddp_error *err) {
+    return will(s, key, NULL, 0, 0, err);
 }
 
 /* Proves the job token on a new connection. *busy: the server had too many connections that had

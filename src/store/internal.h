@@ -9,8 +9,9 @@
  *   client: AUTH       {proof("cddp store: client", nonce_c, nonce_s)}   (the server's checked)
  *   server: OK, or ERROR "wrong job token" and the connection closes.
  *
- * A connection may leave a will (WILL {key, value}): the server sets it when the connection ends
- * (the client closed it, died, or was dropped), unless a later WILL replaced or withdrew it.
+ * A connection may leave wills (WILL {key, value, 1}): the server sets each when the connection
+ * ends (the client closed it, died, or was dropped), unless a later WILL for the key replaced or
+ * withdrew it.
  */
 #ifndef CDDP_STORE_INTERNAL_H
 #define CDDP_STORE_INTERNAL_H
@@ -35,7 +36,8 @@ enum {
     REQ_NUM_KEYS,
     REQ_WAIT,
     REQ_AUTH, /* the client's proof of the token, after the server's challenge */
-    REQ_WILL, /* a key and value the server sets when this connection ends (empty key: none) */
+    REQ_WILL, /* {key, value, u32 keep}: keep 1 leaves a will for key (the server sets it when
+               * this connection ends), 0 withdraws it (an empty key: every will) */
     REP_OK = 100,
     REP_VALUE,
     REP_NOTFOUND,
@@ -89,6 +91,8 @@ bool cddp__kv_put(table *t, const uint8_t *key, size_t klen, const uint8_t *val,
 entry *cddp__kv_lookup(table *t, const uint8_t *key, size_t klen);
 /* Deletes a live entry. */
 void cddp__kv_remove(table *t, entry *e);
+/* Whether a slot of t->e holds a live entry. */
+bool cddp__kv_live(const entry *e);
 void cddp__kv_free(table *t);
 
 #endif

@@ -16,6 +16,10 @@ static bool live(const entry *e) {
     return e->key && e->key != TOMBSTONE;
 }
 
+bool cddp__kv_live(const entry *e) {
+    return live(e);
+}
+
 /* The slot holding key, or the slot where it would go. */
 static entry *find(table *t, const char *key, size_t klen) {
     entry *free_slot = NULL;

@@ -44,9 +44,7 @@ typedef struct client {
     uint8_t nonce[CDDP_NET_NONCE],
         peer_nonce[CDDP_NET_NONCE]; /* the handshake's, once challenged */
     bool challenged, authed, closing, dead;
-    /* Its will: set when the connection ends (will_key NULL: none). */
-    uint8_t *will_key, *will_val;
-    size_t will_klen, will_vlen;
+    table wills; /* keys and values set when the connection ends */
     /* A parked wait: the request's payload (its keys), kept to re-check. */
     bool waiting;
     uint8_t *wait_payload;
@@ -293,24 +291,19 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
         break;
     }
     case REQ_WILL: {
-        if (!cddp__store_get_field(&cur, &k, &kl) || !cddp__store_get_field(&cur, &a, &al))
+        uint32_t keep;
+        if (!cddp__store_get_field(&cur, &k, &kl) || !cddp__store_get_field(&cur, &a, &al) ||
+            !cddp__store_get_u32(&cur, &keep) || (keep && !kl))
             goto malformed;
-        uint8_t *nk = kl ? cddp_malloc(kl) : NULL, *nv = kl ? cddp_malloc(al + 1) : NULL;
-        if (kl && (!nk || !nv)) {
-            cddp_free(nk);
-            cddp_free(nv);
-            goto oom;
+        if (keep) {
+            if (!cddp__kv_put(&c->wills, k, kl, a, al)) goto oom;
+        } else if (kl) {
+            entry *e = cddp__kv_lookup(&c->wills, k, kl);
+            if (e) cddp__kv_remove(&c->wills, e);
+        } else {
+            cddp__kv_free(&c->wills);
+            c->wills = (table){0};
         }
-        if (kl) {
-            memcpy(nk, k, kl);
-            memcpy(nv, a, al);
-        }
-        cddp_free(c->will_key);
-        cddp_free(c->will_val);
-        c->will_key = nk;
-        c->will_val = nv;
-        c->will_klen = kl;
-        c->will_vlen = al;
         reply(c, REP_OK, NULL);
         break;
     }
@@ -431,8 +424,7 @@ static void free_client(client *c) {
     cddp_free(c->in.p);
     cddp_free(c->out.p);
     cddp_free(c->wait_payload);
-    cddp_free(c->will_key);
-    cddp_free(c->will_val);
+    cddp__kv_free(&c->wills);
     cddp_free(c);
 }
 
@@ -449,14 +441,18 @@ static void describe_peer(const struct sockaddr_storage *ss, char *out, size_t n
     snprintf(out, n, "%s:%d", host, port);
 }
 
-/* Removes a connection that ended, carrying out its will. */
+/* Removes a connection that ended, carrying out its wills. */
 static void remove_client(cddp_store_server *s, int i) {
     client *c = s->clients[i];
-    bool will = c->authed && c->will_key;
-    if (will) cddp__kv_put(&s->kv, c->will_key, c->will_klen, c->will_val, c->will_vlen);
+    bool wills = c->authed && c->wills.live > 0;
+    for (size_t w = 0; wills && w < c->wills.cap; w++) {
+        const entry *e = &c->wills.e[w];
+        if (cddp__kv_live(e))
+            cddp__kv_put(&s->kv, (const uint8_t *)e->key, strlen(e->key), e->val, e->len);
+    }
     free_client(c);
     s->clients[i] = s->clients[--s->nclients];
-    if (will) recheck_waits(s);
+    if (wills) recheck_waits(s);
 }
 
 /* Closes the oldest connection that has not proved the token, telling it to connect again (a

@@ -26,6 +26,10 @@
 #          node 0, the others take 1..3 in the order they join, and the job trains to the one-host
 #          loss; then a job of 2 hosts with a second launcher on host 1: one of the two is refused
 #          (one launcher per host), the job finishes
+#   replace torchrun's line in an elastic job (--nnodes 2:3, no --node_rank) on hosts 0, 1 and 2;
+#          host 2 dies once a checkpoint exists (hosts 0 and 1 go on), then a new host 3 comes
+#          with the same line: it takes node rank 2, freed by the dead launcher's will, is
+#          admitted at once (scale-up), and the job ends on 3 nodes
 #   late   the same job started on hosts 0 and 1; host 2 comes once a checkpoint exists: the
 #          group restarts at once with it (scale-up, not counted as a restart), resumes on 3
 #          ranks and ends as the uninterrupted run, every sample once per epoch
@@ -230,6 +234,39 @@ c10d)
         fail "the twin on host 1 was not told why"
     echo "ok: torchrun's c10d line on 4 hosts: node ranks 0 (the endpoint's host) and $ranks by" \
          "arrival, final loss $loss, one host's $ref; a second launcher on a host refused" ;;
+replace)
+    args="--epochs 2 --limit 9000 --log-every 0 --json --out ckpt --save-every 10"
+    hosts 4
+    export CDDPRUN_TOKEN_FILE="$work/token"
+    # auto_node I: torchrun's elastic line on host I (its node rank from the rendezvous).
+    auto_node() {
+        train="b=\$((96 / WORLD_SIZE)); c=ckpt/checkpoint.safetensors;
+               if [ -e \$c ]; then exec '$FM' $args --batch-size \$b --resume \$c;
+               else exec '$FM' $args --batch-size \$b; fi"
+        "$H" exec "$name" "$1" "$build/bin/cddprun" --nnodes 2:3 --nproc-per-node 1 \
+            --rdzv-backend c10d --rdzv-endpoint "$("$H" addr "$name" 0):29400" --max-restarts 1 \
+            --grace-period 1 sh -c "$train" > "node$1.out" 2>&1 &
+    }
+    auto_node 0
+    p0=$!
+    sleep 0.3
+    auto_node 1
+    p1=$!
+    sleep 0.3
+    auto_node 2
+    checkpoint
+    await 30 "host 2 did not take node rank 2" grep -q "^cddprun: node 2 of 3" node2.out
+    for p in $(ip netns pids "${name}2"); do kill -9 "$p" 2>/dev/null; done
+    await 60 "hosts 0 and 1 did not go on without host 2" grep -q "cddprun: round 1: 2 of 2..3 nodes (0,1)" node0.out
+    auto_node 3
+    p3=$!
+    for p in $p0 $p1 $p3; do wait "$p" || fail "a host's cddprun exited $?"; done
+    has node3.out "cddprun: node 2 of 3 (no --node_rank: the order the nodes joined in"
+    has node0.out "cddprun: node 2 came to join the job: the group restarts with it"
+    grep -q "cddprun: round [2-9]: 3 of 2..3 nodes (0,1,2)" node0.out || fail "no round of 3 nodes after host 3 came"
+    [ "$(json node0.out world)" = 3 ] || fail "the job ended on $(json node0.out world) ranks, not 3"
+    echo "ok: host 2 died and host 3 took its place (node rank 2, freed by its will); the job" \
+         "ended on 3 nodes, test accuracy $(json node0.out test_acc)" ;;
 elastic | late)
     args="--epochs 2 --limit 9000 --log-every 0 --json --out ckpt --save-every 10"
     "$build/bin/cddprun" --standalone --nproc_per_node 3 "$FM" $args --batch-size 32 \

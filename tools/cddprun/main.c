@@ -218,8 +218,10 @@ static bool endpoint_is_here(const char *host) {
     return true;
 }
 
-/* Without --node_rank: this node's rank in the job, 0 when it hosts the store, else the next in
- * the order the nodes join; one launcher per host (its identity, cddp_host_id, claimed first). */
+/* Without --node_rank: this node's rank in the job, 0 when it hosts the store, else the lowest
+ * free one, in the order the nodes join; one launcher per host (its identity, cddp_host_id,
+ * claimed first). Both claims are freed by wills when the launcher goes, so that a new launcher on
+ * the host, or a new host in a dead one's place, takes them. */
 static void take_node_rank(job *j) {
     options *o = &j->o;
     cddp_error err = {0};
@@ -240,18 +242,26 @@ static void take_node_rank(job *j) {
         exit(1);
     }
     cddp_free(held);
-    if (o->node_rank < 0) {
-        int64_t next;
-        if (cddp_store_add(j->store, "auto/next_node", 1, &next, &err))
+    if (cddp_store_set_will(j->store, key, "", 0, &err)) cddprun_fail_rdzv("rendezvous", &err);
+    for (int k = 1; o->node_rank < 0 && k < o->nnodes; k++) {
+        snprintf(key, sizeof key, "auto/rank/%d", k);
+        held = NULL;
+        if (cddp_store_compare_set(j->store, key, "", 0, mine, strlen(mine), (void **)&held, &len,
+                                   &err))
             cddprun_fail_rdzv("rendezvous", &err);
-        if (next >= o->nnodes) {
-            fprintf(stderr,
-                    "cddprun: the job has its %d nodes already (--nnodes %d): this launcher, on "
-                    "%s, is one too many\n",
-                    o->nnodes, o->nnodes, j->host);
-            exit(1);
+        if (held && !strcmp(held, mine)) {
+            o->node_rank = k;
+            if (cddp_store_set_will(j->store, key, "", 0, &err))
+                cddprun_fail_rdzv("rendezvous", &err);
         }
-        o->node_rank = (int)next;
+        cddp_free(held);
+    }
+    if (o->node_rank < 0) {
+        fprintf(stderr,
+                "cddprun: the job has its %d nodes already (--nnodes %d): this launcher, on %s, "
+                "is one too many\n",
+                o->nnodes, o->nnodes, j->host);
+        exit(1);
     }
     fprintf(stderr,
             "cddprun: node %d of %d (no --node_rank: %s; node 0 hosts the store at %s:%d)\n",

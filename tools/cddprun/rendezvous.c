@@ -226,6 +226,9 @@ void cddprun_rendezvous(job *j) {
         /* The store says at once when this launcher is gone (its connection ends): r<N>/gone/<k>.
          */
         if (o->node_rank != 0) {
+            snprintf(key, sizeof key, "r%d/gone/%d", j->round - 1, o->node_rank);
+            if (j->round > 0 && cddp_store_clear_will(j->store, key, &err))
+                cddprun_fail_rdzv("rendezvous", &err);
             snprintf(key, sizeof key, "r%d/gone/%d", j->round, o->node_rank);
             if (cddp_store_set_will(j->store, key, "1", 1, &err))
                 cddprun_fail_rdzv("rendezvous", &err);
