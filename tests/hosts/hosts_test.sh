@@ -13,7 +13,8 @@
 #          the test accuracy of an uninterrupted 3-rank run (to 0.002); every sample of each
 #          epoch trained exactly once (the first round's steps up to the checkpoint, then the
 #          second round's, from the ranks' --sample-log); training again within 60 s of the kill
-#          (the bound a loaded machine keeps; the figure itself: bench/recovery.sh)
+#          (the bound a loaded machine keeps; the figure itself: bench/recovery.sh); node 0's
+#          report names host 2 as gone, not a rank that lost it
 #   srun   2 hosts x 2 tasks started as srun starts them (its variables alone, no MASTER_ADDR,
 #          the hosts by name, each host's own name on 127.0.1.1 as in Debian's /etc/hosts): the
 #          group forms across the hosts, rank 0's store on every interface, each rank listening
@@ -297,6 +298,9 @@ elastic | late)
     ms=$((($(date +%s%N) - t0) / 1000000))
     for p in $pids; do wait "$p" || fail "a surviving host's cddprun exited $?"; done
     has node0.out "cddprun: round 1: $expect"
+    if [ "$scenario" = elastic ]; then # the root cause is the lost node, not a rank that lost it
+        has node0.out "  root cause: node 2 (host $("$H" addr "$name" 2), ranks 2-2) is gone: its launcher's connection to the job's store ended"
+    fi
     if [ "$scenario" = late ]; then
         has node2.out "cddprun: node 2 came after round 0 of the job formed"
         has node0.out "cddprun: node 2 came to join the job: the group restarts with it (round 1)"
