@@ -172,8 +172,7 @@ static void test_will(void **state) {
     assert_int_equal(cddp_store_set_will(w, "will/withdrawn", "x", 1, &err), 0);
     assert_int_equal(cddp_store_clear_will(w, "will/withdrawn", &err), 0);
     assert_int_equal(cddp_store_set_will(w, NULL, "x", 1, &err), CDDP_EINVAL);
-    assert_int_equal(cddp_store_wait(s, (const char *[]){"will/gone"}, 1, 0, &err),
-                     CDDP_ETIMEDOUT);
+    assert_int_equal(cddp_store_wait(s, (const char *[]){"will/gone"}, 1, 0, &err), CDDP_ETIMEDOUT);
     cddp_store_close(w);
     assert_int_equal(cddp_store_get(s, "will/gone", 5, &v, &n, &err), 0);
     assert_string_equal(v, "yes");

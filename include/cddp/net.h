@@ -38,6 +38,8 @@ CDDP_API int cddp_net_interface_addr(const char *name, char *out, size_t n, cddp
  * resolves. CDDP_EINVAL, naming the interfaces, when it is neither. */
 CDDP_API int cddp_net_local_host(const char *spec, char *out, size_t n, bool *interface,
                                  cddp_error *err);
+/* Whether err is cddp_net_listen's (or a server's start on it) saying the port is in use. */
+CDDP_API bool cddp_net_in_use(const cddp_error *err);
 /* Whether host resolves to loopback addresses only (127.0.0.1, Debian's 127.0.1.1, ::1). */
 CDDP_API bool cddp_net_is_loopback(const char *host);
 /* Whether host is a machine's name that resolves to loopback here (Debian's /etc/hosts maps the

@@ -395,12 +395,11 @@ static int connect_ranks(cddp_comm *c, cddp_store *st, char *why, size_t n, cddp
     return CDDP_OK;
 }
 
-/* When rank 0's store found the port srun's job and step derive in use (net.c's words), says
+/* When rank 0's store found the port srun's job and step derive in use (cddp_net_in_use), says
  * why that can be and what to do instead of net.c's remedy (cddprun's flags). */
 static void port_in_use(const cddp__launch *l, const cddp_comm_options *o, const char *addr,
                         int port, cddp_error *err) {
-    if (!err || !l->derived_port || o->master_port > 0 || !strstr(err->msg, "already in use"))
-        return;
+    if (!l->derived_port || o->master_port > 0 || !cddp_net_in_use(err)) return;
     cddp_error_set(err, CDDP_EIO,
                    "srun: port %d on %s, derived from job %d step %d (10000 + 10 x (job mod "
                    "2000) + step mod 10), is in use: by another program, or by a job whose id "

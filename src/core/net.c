@@ -38,6 +38,13 @@ void cddp_net_nonblocking(int fd) {
     set_nodelay(fd);
 }
 
+/* How cddp_net_listen says the port is taken, which cddp_net_in_use recognises. */
+#define IN_USE "is already in use"
+
+bool cddp_net_in_use(const cddp_error *err) {
+    return err && strstr(err->msg, IN_USE) != NULL;
+}
+
 int cddp_net_listen(const char *host, int port, int *fd_out, int *bound, cddp_error *err) {
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
@@ -67,7 +74,7 @@ int cddp_net_listen(const char *host, int port, int *fd_out, int *bound, cddp_er
     if (fd < 0) {
         if (e == EADDRINUSE)
             return cddp_error_set(err, CDDP_EIO,
-                                  "%s:%d is already in use — another job? choose --master_port or "
+                                  "%s:%d " IN_USE " — another job? choose --master_port or "
                                   "--standalone",
                                   host, port);
         return cddp_error_set(

@@ -361,7 +361,7 @@ int main(int argc, char **argv) {
     if (o->node_rank == 0) {
         j.server = cddp_store_server_start(everywhere ? NULL : o->master_addr, o->master_port,
                                            j.token, &err);
-        if (!j.server && auto_rank && strstr(err.msg, "already in use")) {
+        if (!j.server && auto_rank && cddp_net_in_use(&err)) {
             o->node_rank = -1; /* another launcher on this machine hosts it, or another job */
         } else if (!j.server) {
             fprintf(stderr, "cddprun: %s\n", cddp_error_msg(&err));

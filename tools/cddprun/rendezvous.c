@@ -51,6 +51,12 @@ static int wait_for_nodes(job *j, const char *const *keys, int n, cddp_error *er
     }
 }
 
+/* Whether the store holds key now (a failed request counts as no). */
+static bool has(job *j, const char *key) {
+    cddp_error err = {0};
+    return cddp_store_wait(j->store, &key, 1, 0, &err) == CDDP_OK;
+}
+
 /* Elastic, node 0: waits until --nnodes MAX nodes registered for the round, or MIN and no other
  * for LAST_CALL_S, or (a restart) MIN and every node of the last round that is not lost, and
  * posts the round's members ("0,2,3"). */
@@ -120,7 +126,7 @@ static void form_round(job *j) {
 static bool read_members(job *j) {
     char key[64];
     snprintf(key, sizeof key, "r%d/members", j->round);
-    const char *k = key, *ended = "ended";
+    const char *k = key;
     cddp_error err = {0};
     double until = cddp_now_s() + (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
     int rc;
@@ -128,8 +134,7 @@ static bool read_members(job *j) {
     while ((rc = cddp_store_wait(j->store, &k, 1, 1.0, &err)) == CDDP_ETIMEDOUT &&
            cddp_now_s() < until) {
         exit_if_signalled();
-        cddp_error e2 = {0};
-        if (cddp_store_wait(j->store, &ended, 1, 0, &e2) == CDDP_OK) {
+        if (has(j, "ended")) {
             fprintf(stderr,
                     "cddprun: the job ended before round %d formed: nothing for node %d to do\n",
                     j->round, j->o.node_rank);
@@ -329,16 +334,11 @@ void cddprun_rendezvous(job *j) {
 bool cddprun_newcomer(job *j, char *why, size_t n) {
     const options *o = &j->o;
     if (o->node_rank != 0 || o->nnodes_min == o->nnodes) return false;
-    int in = 0;
-    for (int k = 0; k < o->nnodes; k++) in += j->in[k];
-    if (in == o->nnodes) return false;
     for (int k = 0; k < o->nnodes; k++) {
-        if (j->in[k]) continue;
         char key[64];
         snprintf(key, sizeof key, "r%d/node/%d", j->round + 1, k);
-        const char *kk = key;
+        if (j->in[k] || !has(j, key)) continue;
         cddp_error err = {0};
-        if (cddp_store_wait(j->store, &kk, 1, 0, &err) != CDDP_OK) continue;
         snprintf(why, n, "%snode %d came to join the job: the group restarts with it", CDDPRUN_GROW,
                  k);
         snprintf(key, sizeof key, "r%d/failed", j->round);
@@ -373,41 +373,37 @@ bool cddprun_remote_failure(job *j, char *why, size_t n) {
     return true;
 }
 
-/* Node k of this round as it registered: its host into host, its first rank into *base and its
- * rank count into *count. */
-static void node_of_round(job *j, int k, char *host, size_t n, int *base, int *count) {
-    *base = *count = 0;
-    snprintf(host, n, "?");
+/* Node k of this round as it registered, "node 2 (host 10.0.0.3, ranks 4-5)", into out: from
+ * every node up to k, its rank count and host. */
+static void node_of_round(job *j, int k, char *out, size_t n) {
+    int base = 0, count = 0;
+    char host[256] = "?";
     for (int i = 0; i <= k; i++) {
         char key[64];
         snprintf(key, sizeof key, "r%d/node/%d", j->round, i);
         void *v = NULL;
         size_t len = 0;
         cddp_error err = {0};
-        if (cddp_store_get(j->store, key, 0, &v, &len, &err) != CDDP_OK) return;
+        if (cddp_store_get(j->store, key, 0, &v, &len, &err) != CDDP_OK) break;
         int p = 0, skip = 0;
         if (sscanf(v, "%d %n", &p, &skip) == 1 && i == k) {
-            *count = p;
-            snprintf(host, n, "%s", (char *)v + skip);
+            count = p;
+            snprintf(host, sizeof host, "%s", (char *)v + skip);
         } else if (i < k) {
-            *base += p;
+            base += p;
         }
         cddp_free(v);
     }
+    snprintf(out, n, "node %d (host %s, ranks %d-%d)", k, host, base, base + count - 1);
 }
 
 /* Whether node k's launcher is gone: its connection to the store ended (its will, set at the
  * round's rendezvous) before it left. */
 static bool gone(job *j, int k) {
-    char key[64];
-    cddp_error err = {0};
-    snprintf(key, sizeof key, "r%d/gone/%d", j->round, k);
-    const char *g = key;
-    if (cddp_store_wait(j->store, &g, 1, 0, &err) != CDDP_OK) return false;
-    char left[64];
-    snprintf(left, sizeof left, "r%d/left/%d", j->round, k);
-    const char *l = left;
-    return cddp_store_wait(j->store, &l, 1, 0, &err) != CDDP_OK;
+    char gk[64], lk[64];
+    snprintf(gk, sizeof gk, "r%d/gone/%d", j->round, k);
+    snprintf(lk, sizeof lk, "r%d/left/%d", j->round, k);
+    return has(j, gk) && !has(j, lk);
 }
 
 bool cddprun_heartbeat(job *j, char *why, size_t n) {
@@ -426,14 +422,13 @@ bool cddprun_heartbeat(job *j, char *why, size_t n) {
     double limit = (double)CDDP_MAX(cddp_knob_int(CDDP_KNOB_STORE_REPLY_S), 1);
     for (int k = 1; k < j->o.nnodes; k++) {
         if (!j->in[k]) continue;
+        char node[320];
         if (gone(j, k)) {
-            char host[256];
-            int base, count;
-            node_of_round(j, k, host, sizeof host, &base, &count);
+            node_of_round(j, k, node, sizeof node);
             snprintf(why, n,
-                     "node %d (host %s, ranks %d-%d) is gone: its launcher's connection to the "
-                     "job's store ended (it was killed, or its host died)",
-                     k, host, base, base + count - 1);
+                     "%s is gone: its launcher's connection to the job's store ended (it was "
+                     "killed, or its host died)",
+                     node);
             j->lost[k] = true;
             j->lost_wall = cddprun_wall_s();
             return true;
@@ -446,19 +441,15 @@ bool cddprun_heartbeat(job *j, char *why, size_t n) {
         } else if (now - j->beat_at[k] > limit) {
             /* A node whose workers all finished has left: it beats no more, rightly. */
             snprintf(key, sizeof key, "r%d/left/%d", j->round, k);
-            const char *left = key;
-            if (cddp_store_wait(j->store, &left, 1, 0, &err) == CDDP_OK) {
+            if (has(j, key)) {
                 j->beat_at[k] = now;
                 continue;
             }
-            char host[256];
-            int base, count;
-            node_of_round(j, k, host, sizeof host, &base, &count);
+            node_of_round(j, k, node, sizeof node);
             snprintf(why, n,
-                     "node %d (host %s, ranks %d-%d) stopped answering: its launcher sent no "
-                     "heartbeat for %.0f s (CDDP_STORE_REPLY_S; the host is down, or the network "
-                     "to it is cut)",
-                     k, host, base, base + count - 1, limit);
+                     "%s stopped answering: its launcher sent no heartbeat for %.0f s "
+                     "(CDDP_STORE_REPLY_S; the host is down, or the network to it is cut)",
+                     node, limit);
             j->lost[k] = true;
             j->lost_wall = cddprun_wall_s() - limit;
             return true;
@@ -493,21 +484,19 @@ int cddprun_gather_causes(job *j, remote_cause *out, int max) {
         if (rc != CDDP_OK) {
             /* Every live launcher posts within the grace period: this one is gone, and with
              * it, most likely, its host (or the network to it). */
-            char host[256];
-            int base, count;
-            node_of_round(j, k, host, sizeof host, &base, &count);
+            char node[320];
+            node_of_round(j, k, node, sizeof node);
             out[n] = (remote_cause){.node = k, .when = cddprun_wall_s(), .lost = true};
             if (rc == CDDP_ENOENT)
                 snprintf(out[n].text, sizeof out[n].text,
-                         "node %d (host %s, ranks %d-%d) is gone: its launcher's connection to "
-                         "the job's store ended before it reported (it was killed, or its host "
-                         "died)",
-                         k, host, base, base + count - 1);
+                         "%s is gone: its launcher's connection to the job's store ended before "
+                         "it reported (it was killed, or its host died)",
+                         node);
             else
                 snprintf(out[n].text, sizeof out[n].text,
-                         "node %d (host %s, ranks %d-%d) is gone: its launcher posted no report "
-                         "within %.0f s (the host died, or the network to it is down)",
-                         k, host, base, base + count - 1, j->o.grace_period + 5);
+                         "%s is gone: its launcher posted no report within %.0f s (the host "
+                         "died, or the network to it is down)",
+                         node, j->o.grace_period + 5);
             n++;
             continue;
         }
