@@ -312,9 +312,9 @@ static void conv_backward(cddp__kq *q, const cddp__conv_geom *g, const float *x,
     }
     if (!o->dw && !o->db) return;
     if (own) {
-        conv_grad r = *dy;
+        conv_grad r = *dy; /* the output gradient rounded once: d when dx's product rounded it */
         if (!(x = rounded(q, g, x, input_n(g), true)) ||
-            !(r.data = rounded(q, g, dy->data, dy->n, true)))
+            !(r.data = d != dy->data ? d : rounded(q, g, dy->data, dy->n, true)))
             return;
         weights_grad(q, g, x, &r, o);
         return;
