@@ -14,12 +14,14 @@ build_pkgs="cmake make gcc pkg-config libopenblas-dev libdnnl-dev libssl-dev zli
 # The tests also run a PyTorch script under cddprun (python3-torch) and render SVG curves the way
 # a user would look at them (librsvg2-bin's rsvg-convert). The GPT's corpus is Debian's fortunes.
 # CI fuzzes the readers with clang's libFuzzer (clang, libclang-rt-14-dev). A real Slurm runs on
-# this host for the srun and sbatch tests (munge, slurmctld, slurmd, slurm-client). TensorBoard,
+# this host for the srun and sbatch tests (munge, slurmctld, slurmd, slurm-client); cddprun
+# --hosts is tested over ssh, with an sshd of its own in each emulated host (openssh-server,
+# openssh-client). TensorBoard,
 # which reads the event files back, comes from PyPI into a virtual environment (python3-venv;
 # scripts/pydeps.sh).
 test_pkgs="$build_pkgs libcmocka-dev dataset-fashion-mnist python3-numpy libopenmpi-dev openmpi-bin \
 python3-torch librsvg2-bin fortunes clang libclang-rt-14-dev munge slurmctld slurmd slurm-client \
-python3-venv"
+python3-venv openssh-client openssh-server"
 demo_pkgs="$build_pkgs dataset-fashion-mnist"
 demo_gpt_pkgs="$build_pkgs fortunes"
 bench_pkgs="$test_pkgs stress-ng"  # PyTorch and Open MPI are the peers; stress-ng loads a core

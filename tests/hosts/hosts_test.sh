@@ -31,11 +31,18 @@
 #          host 2 dies once a checkpoint exists (hosts 0 and 1 go on), then a new host 3 comes
 #          with the same line: it takes node rank 2, freed by the dead launcher's will, is
 #          admitted at once (scale-up), and the job ends on 3 nodes
-#   late   the same job started on hosts 0 and 1; host 2 comes once a checkpoint exists: the
-#          group restarts at once with it (scale-up, not counted as a restart), resumes on 3
-#          ranks and ends as the uninterrupted run, every sample once per epoch
+#   late   the same job with torchrun's line (--nnodes 2:3 --rdzv-backend c10d, no --node_rank)
+#          started on hosts 0 and 1; host 2 comes with the same line once a checkpoint exists: it
+#          takes node rank 2, the group restarts at once with it (scale-up, not counted as a
+#          restart), resumes on 3 ranks and ends as the uninterrupted run, every sample once per
+#          epoch
 #   below  an elastic job of 2 hosts (--nnodes 2:3); host 1 dies: with 1 node left, below MIN,
 #          host 0 stops within CDDP_RDZV_TIMEOUT_S (3 s here) and says why
+#   ssh    one command, many hosts: cddprun --hosts on host 0 starts hosts 1 and 2 over ssh
+#          (each host runs sshd in its namespace with a host key and a client key made for the
+#          test): the environment and -x reach every host; 2+1+1 ranks train to the one-host
+#          loss; a rank that fails fails the job; Ctrl-C (SIGINT to the head) stops it; a host
+#          without sshd is named. After each, nothing of the job runs on any host
 #   cut    3 hosts x 1 rank; host 2's link goes down mid-training (nothing is sent, nothing dies):
 #          with CDDP_STORE_REPLY_S=5 (and the collectives' own deadline, CDDP_TIMEOUT_S, at its
 #          300 s), every cddprun exits 1 within 30 s: host 0's report names host 2 as the root
@@ -59,7 +66,8 @@ for d in /run/cddp-hosts-h*; do
     old=${d#/run/cddp-hosts-}
     kill -0 "${old#h}" 2>/dev/null || "$H" stop "$old"
 done
-trap '"$H" stop "$name"; rm -rf "$work"' EXIT
+made_run_sshd=""
+trap '"$H" stop "$name"; [ -z "$made_run_sshd" ] || rmdir /run/sshd; rm -rf "$work"' EXIT
 trap 'exit 1' INT TERM
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT OMP_NUM_THREADS \
     OPENBLAS_NUM_THREADS CDDP_STORE_PORT CDDP_STORE_ADDR CDDP_STORE_TOKEN CDDP_HOST_ID
@@ -102,7 +110,14 @@ elastic_node() {
            log=\"--sample-log samples.\$CDDP_RESTART_COUNT\";
            if [ -e \$c ]; then exec '$FM' $args --batch-size \$b \$log --resume \$c;
            else exec '$FM' $args --batch-size \$b \$log; fi"
-    node "$1" 2:3 1 --max_restarts 1 --grace_period 1 sh -c "$train"
+    if [ "$scenario" = late ]; then # torchrun's line: node ranks from the rendezvous
+        "$H" exec "$name" "$1" "$build/bin/cddprun" --nnodes 2:3 --nproc-per-node 1 \
+            --rdzv-backend c10d --rdzv-endpoint "$("$H" addr "$name" 0):29400" --rdzv-id job1 \
+            --token-file "$work/token" --max-restarts 1 --grace-period 1 sh -c "$train" \
+            > "node$1.out" 2>&1 &
+    else
+        node "$1" 2:3 1 --max_restarts 1 --grace_period 1 sh -c "$train"
+    fi
 }
 # await SECONDS WHAT COMMAND...: polls COMMAND every 50 ms until it succeeds; after SECONDS,
 # fails the test with WHAT.
@@ -113,6 +128,52 @@ await() {
     until "$@"; do
         i=$((i + 1))
         [ $i -lt $limit ] || fail "$what"
+        sleep 0.05
+    done
+}
+# sshd_up N: sshd on hosts 0..N-1, each on its address, with one host key; the client (ssh -F
+# ssh_config) logs in as root with a key made here and trusts only these hosts' key.
+sshd_up() {
+    [ -x /usr/sbin/sshd ] || fail "no /usr/sbin/sshd (Debian's openssh-server)"
+    [ -d /run/sshd ] || { mkdir -p /run/sshd && made_run_sshd=1; }
+    ssh-keygen -q -t ed25519 -N '' -C cddp-test -f "$work/client_key" || fail "ssh-keygen failed"
+    ssh-keygen -q -t ed25519 -N '' -C cddp-test -f "$work/host_key" || fail "ssh-keygen failed"
+    cp "$work/client_key.pub" "$work/authorized_keys"
+    printf '%s\n' "HostKey $work/host_key" "AuthorizedKeysFile $work/authorized_keys" \
+        "PermitRootLogin prohibit-password" "PasswordAuthentication no" \
+        "KbdInteractiveAuthentication no" "UsePAM no" "UseDNS no" "StrictModes no" \
+        > "$work/sshd_config"
+    printf '%s\n' "Host *" "User root" "IdentityFile $work/client_key" "IdentitiesOnly yes" \
+        "UserKnownHostsFile $work/known_hosts" "GlobalKnownHostsFile /dev/null" \
+        "StrictHostKeyChecking yes" "LogLevel ERROR" > "$work/ssh_config"
+    : > "$work/known_hosts"
+    sshd_pids=""
+    for i in $(seq 0 $(($1 - 1))); do
+        a=$("$H" addr "$name" "$i")
+        echo "$name-host$i,$a $(cat "$work/host_key.pub")" >> "$work/known_hosts"
+        "$H" exec "$name" "$i" /usr/sbin/sshd -D -e -f "$work/sshd_config" -o "ListenAddress=$a" \
+            -o "PidFile=$work/sshd$i.pid" > "sshd$i.out" 2>&1 &
+        sshd_pids="$sshd_pids $!"
+    done
+    for i in $(seq 0 $(($1 - 1))); do
+        await 10 "sshd on host $i does not answer" \
+            "$H" exec "$name" 0 ssh -F "$work/ssh_config" -o BatchMode=yes "$("$H" addr "$name" "$i")" true
+    done
+}
+# nothing_left N WHEN: on hosts 0..N-1 no process runs but sshd's listeners (sshd's sessions end
+# within a moment of their command's).
+nothing_left() {
+    i=0
+    while :; do
+        left=""
+        for k in $(seq 0 $(($1 - 1))); do
+            for p in $(ip netns pids "$name$k"); do
+                case " $sshd_pids " in *" $p "*) ;; *) left="$left $p($(cat /proc/$p/comm 2>/dev/null))" ;; esac
+            done
+        done
+        [ -z "$left" ] && return 0
+        i=$((i + 1))
+        [ $i -lt 100 ] || fail "still running on the hosts $2:$left"
         sleep 0.05
     done
 }
@@ -302,6 +363,7 @@ elastic | late)
         has node0.out "  root cause: node 2 (host $("$H" addr "$name" 2), ranks 2-2) is gone: its launcher's connection to the job's store ended"
     fi
     if [ "$scenario" = late ]; then
+        has node2.out "cddprun: node 2 of 3 (no --node_rank: the order the nodes joined in"
         has node2.out "cddprun: node 2 came after round 0 of the job formed"
         has node0.out "cddprun: node 2 came to join the job: the group restarts with it (round 1)"
         grep -q "restarting the group (restart" node0.out && fail "the scale-up counted as a restart"
@@ -340,6 +402,72 @@ below)
     has node0.out "root cause: node 1 (host $("$H" addr "$name" 1), ranks 1-1) is gone"
     has node0.out "cddprun: rendezvous failed: 1 of at least 2 nodes arrived within 3 s"
     echo "ok: elastic job below its minimum: host 0 stopped after $ms ms, saying why" ;;
+ssh)
+    reference
+    hosts 4
+    sshd_up 3 # host 3 has none
+    list="$name-host0:2,$name-host1,$name-host2"
+    # run_head OUT ARGS...: cddprun --hosts on host 0, in the background, its output in OUT; pid
+    # in $head.
+    run_head() {
+        out=$1
+        shift
+        "$H" exec "$name" 0 "$build/bin/cddprun" --hosts "$list" --ssh "ssh -F $work/ssh_config" \
+            --master_port 29400 --grace_period 1 "$@" > "$out" 2>&1 &
+        head=$!
+    }
+    # head_ends RC WHEN: the head exits RC within 30 s of $t0; ms: how long it took.
+    head_ends() {
+        wait $head
+        rc=$?
+        ms=$((($(date +%s%N) - t0) / 1000000))
+        [ $rc = "$1" ] || fail "the head exited $rc $2, not $1"
+        [ $ms -le 30000 ] || fail "the head took $ms ms to end $2"
+    }
+    # The environment and -x on every host, each rank on its own host.
+    export CDDP_MARK=m1
+    run_head echo.out -x XVAR=7 sh -c 'echo "rank $RANK of $WORLD_SIZE on $(hostname): $CDDP_MARK $XVAR"'
+    wait $head || fail "the --hosts job of echoes exited $?"
+    for r in "0 of 4 on $name-host0" "1 of 4 on $name-host0" "2 of 4 on $name-host1" "3 of 4 on $name-host2"; do
+        has echo.out "rank $r: m1 7"
+    done
+    has echo.out "cddprun: 3 hosts: $name-host0 (2 ranks, here), $name-host1 (1 rank, ssh -F $work/ssh_config), $name-host2 (1 rank, ssh -F $work/ssh_config); node 0's store at $name-host0:29400"
+    nothing_left 3 "after the echoes"
+    # Training: 2 + 1 + 1 ranks end at the loss of 4 ranks on one host.
+    run_head train.out "$FM" $train_args --out ssh
+    wait $head || fail "the --hosts training exited $?"
+    [ "$(json train.out world)" = 4 ] || fail "trained on $(json train.out world) ranks, not 4"
+    has train.out "[cddp rank 0] I comm: 4 ranks on 3 hosts: tcp"
+    same_loss train.out
+    nothing_left 3 "after training"
+    # A rank that fails fails the job, on every host.
+    run_head fail.out sh -c "[ \$RANK = 3 ] && { sleep 1; exit 3; }; exec '$FM' --epochs 1000 --limit 2000 --out fail"
+    wait $head
+    rc=$?
+    [ $rc = 1 ] || fail "the job with a failing rank exited $rc, not 1"
+    has fail.out "root cause, on node 2: rank 3 (local rank 0, host $("$H" addr "$name" 2)) exited with code 3"
+    nothing_left 3 "after a rank failed"
+    # Ctrl-C: SIGINT to the head stops every node.
+    run_head int.out "$FM" --epochs 1000 --limit 2000 --out int
+    await 60 "no second epoch in 60 s" grep -q "^epoch: 1," int.out
+    t0=$(date +%s%N)
+    kill -INT $head
+    head_ends 130 "after SIGINT"
+    has int.out "cddprun: got SIGINT; stopping every node"
+    [ "$(grep -c "cddprun: stopping this node: the cddprun --hosts that started it stopped the job" int.out)" = 3 ] ||
+        fail "not every node said why it stopped"
+    nothing_left 3 "after Ctrl-C"
+    int_ms=$ms
+    # A host without sshd: the head names it and stops the others at once.
+    list="$name-host0,$name-host1,$name-host3"
+    t0=$(date +%s%N)
+    run_head nossh.out "$FM" --epochs 1000 --limit 2000 --out nossh
+    head_ends 255 "with an unreachable host"
+    has nossh.out "cddprun: node 2 (host $name-host3): ssh exited 255: it could not reach or log in to $name-host3"
+    nothing_left 3 "after an unreachable host"
+    echo "ok: cddprun --hosts on 3 hosts over ssh: final loss $loss, one host's $ref; a failed" \
+         "rank failed the job; SIGINT stopped every host in $int_ms ms; an unreachable host named" \
+         "in $ms ms; nothing left running on any host" ;;
 cut)
     unset CDDP_TIMEOUT_S
     export CDDP_STORE_REPLY_S=5

@@ -293,6 +293,71 @@ errors)
     done
     echo "ok: usage errors, port in use, unreachable master, missing node, the job's secret: one" \
          "clear message each" ;;
+hosts)
+    # --hosts and --hostfile with hosts that are this machine (started without ssh; the ssh path
+    # is hosts_ssh's): the list's errors, ranks by the list's order, and the head's end stopping
+    # every node: when it is interrupted and when it is killed.
+    check_error() { # exit code, text, args...
+        want=$1 text=$2; shift 2
+        "$R" "$@" > "$work/err" 2>&1 < /dev/null
+        rc=$?
+        [ "$rc" = "$want" ] || { cat "$work/err"; fail "cddprun $* exited $rc, expected $want"; }
+        expect_in "$text" "$work/err"
+    }
+    check_error 2 "--hosts: 'a b' is not a host name, [user@]name or address" --hosts 'a b' true
+    check_error 2 "--hosts: '-oProxyCommand=x' is not a host name" --hosts '-oProxyCommand=x' true
+    check_error 2 "--hosts: '-F@x' is not a host name" --hosts '-F@x' true
+    check_error 2 "--hosts: a's slots 0: expected a whole number from 1 to 4096" --hosts a:0 true
+    check_error 2 "--hosts: host a is listed twice: give it once, with all its slots" --hosts a,b,a true
+    check_error 2 "--hosts and --hostfile both list the hosts" --hosts a --hostfile "$work/hf" true
+    check_error 2 "--hostfile $work/none: No such file or directory" --hostfile "$work/none" true
+    printf '# two hosts\nlocalhost slots=2 max_slots=4\n' > "$work/hf"
+    check_error 2 "--hostfile $work/hf, line 2: 'max_slots=4': expected \`name slots=N\`" \
+        --hostfile "$work/hf" true
+    check_error 2 "--node_rank with --hosts: each host's rank is its place in the list" \
+        --hosts a,b --node_rank 1 true
+    check_error 2 "--nnodes 1:3 with 2 hosts: with --hosts, MAX is the number of hosts" \
+        --hosts a,b --nnodes 1:3 true
+    check_error 2 "--stdin_control: stdin ended before the job's secret and environment" \
+        --stdin_control true
+    # Two "hosts" on this machine from a hostfile (mpirun's and Horovod's lines, a comment):
+    # ranks contiguous in the file's order, one secret, one run.
+    port=$(free_port)
+    printf '# this machine, twice\nlocalhost slots=2\n127.0.0.1:1   # Horovod style\n' > "$work/hf"
+    "$R" --hostfile "$work/hf" --master_port "$port" sh -c "env > $work/env.\$RANK" \
+        > "$work/out" 2>&1 < /dev/null || { cat "$work/out"; fail "the hostfile job exited $?"; }
+    for r in 0 1 2; do
+        node=$((r / 2)) lr=$((r % 2))
+        for v in "RANK=$r" "GROUP_RANK=$node" "LOCAL_RANK=$lr" WORLD_SIZE=3 GROUP_WORLD_SIZE=2; do
+            grep -qx "$v" "$work/env.$r" || fail "rank $r lacks $v"
+        done
+    done
+    [ "$(grep -h '^CDDP_STORE_TOKEN=' "$work"/env.* | sort -u | wc -l)" = 1 ] || fail "the nodes' secrets differ"
+    expect_in "cddprun: 2 hosts: localhost (2 ranks, here), 127.0.0.1 (1 rank, here); node 0's store at localhost:$port" "$work/out"
+    # The head interrupted, then killed: every node stops its workers.
+    for how in INT KILL; do
+        rm -f "$work"/pid.*
+        port=$(free_port)
+        "$R" --hosts localhost:1,127.0.0.1:2 --master_port "$port" --grace_period 1 \
+            sh -c "echo \$\$ > $work/pid.\$RANK; exec sleep 300" > "$work/out" 2>&1 < /dev/null &
+        head=$!
+        i=0
+        while [ "$(ls "$work"/pid.* 2>/dev/null | wc -l)" != 3 ]; do
+            i=$((i + 1))
+            [ $i -lt 200 ] || { cat "$work/out"; fail "3 workers did not start in 20 s"; }
+            sleep 0.1
+        done
+        kill -$how $head
+        wait $head
+        rc=$?
+        all_gone "$work/pid.0 $work/pid.1 $work/pid.2" 10 || fail "workers outlived SIG$how to the head"
+        expect_in "cddprun: stopping this node: the cddprun --hosts that started it stopped the job or is gone" "$work/out"
+        [ $how = KILL ] && continue
+        [ $rc = 130 ] || fail "the head exited $rc after SIGINT, not 130"
+        expect_in "cddprun: got SIGINT; stopping every node" "$work/out"
+    done
+    echo "ok: --hosts/--hostfile errors; a hostfile's two local hosts ranked in order; the head's" \
+         "SIGINT and SIGKILL stop every node's workers" ;;
 peer_flags)
     # torchrun's and msrun's command lines, with their meaning.
     port=$(free_port)

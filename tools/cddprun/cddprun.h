@@ -1,6 +1,8 @@
 /* cddprun.h: what the launcher's files share (the launcher is described in main.c).
  *
- *   options.c     the options: table, parsing (command line and CDDPRUN_*), checks, --help
+ *   options.c     the options: table, parsing (command line and CDDPRUN_*), --help
+ *   validate.c    the checks before anything starts, the job's secret, the workers' argv
+ *   hosts.c       one command, many hosts: --hosts starts every node's launcher (ssh)
  *   workers.c     starting, watching, stopping workers; their output and logs
  *   rendezvous.c  meeting the other nodes in the store; failures they post
  *   report.c      what the report says about a worker that failed
@@ -31,6 +33,7 @@ typedef struct stream_spec {
 } stream_spec;
 
 #define CDDPRUN_MAX_TOKEN CDDP_NET_MAX_SECRET /* bytes of a job token, at most */
+#define MAX_FORWARDED     64                  /* -x NAME[=VALUE] options, at most */
 
 typedef struct options {
     int nnodes, node_rank, nproc_per_node, master_port, max_restarts;
@@ -54,6 +57,15 @@ typedef struct options {
     bool bind_core;  /* msrun's --bind_core: each worker on its own share of the CPUs */
     bool log_mpirun; /* --log_layout mpirun: DIR/1/rank.N/ instead of DIR/rank.N/ */
     char **program;  /* the program and its arguments */
+    /* One command, many hosts (hosts.c): --hosts or --hostfile makes this launcher the head,
+     * which starts every node's launcher (--ssh), forwarding env[] (-x) too. */
+    const char *hosts, *hostfile, *ssh;
+    const char *env[MAX_FORWARDED];
+    int nenv;
+    const char *nproc_text; /* --nproc_per_node as given (auto: each host counts its own) */
+    char **pass;            /* the options given, as given, that the head passes to every node */
+    int npass;
+    bool stdin_control; /* the secret and environment come on stdin; its end stops the node */
 } options;
 
 typedef struct stream {
@@ -106,6 +118,8 @@ typedef struct job {
 /* options.c */
 void cddprun_parse_options(int argc, char **argv, options *o);
 void cddprun_validate(options *o);
+/* The program exists (on PATH, or python3 for a script): a usage error otherwise. */
+void cddprun_check_program(const options *o);
 /* The job's secret into out (CDDPRUN_MAX_TOKEN + 1 bytes): from --token_file, --token (or their
  * CDDPRUN_ variables), or random for a job of one node; a usage error otherwise. */
 void cddprun_job_token(const options *o, char *out);
@@ -122,6 +136,8 @@ void cddprun_die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)
 extern volatile sig_atomic_t cddprun_got_signal;
 extern int cddprun_wake_pipe[2];
 void cddprun_on_signal(int sig);
+/* In a child before exec: no signal blocked, the ones the launcher handles back to default. */
+void cddprun_default_signals(void);
 void cddprun_start_workers(job *j);
 /* Looks at the running workers' state (/proc/<pid>/stat): one stopped by a signal (SIGSTOP, a
  * debugger) for 2 s is said once. Returns the worker stopped longest, or NULL. */
@@ -166,6 +182,14 @@ typedef struct remote_cause {
  * up to --grace_period + 5 s in all; nodes without a failure of their own are left out, and a
  * node that posted nothing by then is one entry, lost (its host and ranks named). */
 int cddprun_gather_causes(job *j, remote_cause *out, int max);
+
+/* hosts.c */
+/* The head (--hosts, --hostfile): starts every host's node launcher, this cddprun with
+ * --stdin_control, over ssh or here, and stays until they end. Returns the exit status. */
+int cddprun_hosts_main(options *o);
+/* A node a head started (--stdin_control): reads the job's secret into token and the forwarded
+ * environment from stdin; then, when stdin closes, says so and sends this launcher SIGHUP. */
+void cddprun_stdin_control(options *o, char *token);
 
 /* report.c */
 /* The cgroup's count of OOM kills, or -1 where that cannot be read. */

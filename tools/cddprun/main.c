@@ -291,6 +291,13 @@ static void on_stop_signals(void (*handler)(int)) {
 int main(int argc, char **argv) {
     job j = {0};
     cddprun_parse_options(argc, argv, &j.o);
+    if (j.o.hosts || j.o.hostfile) {
+        int status = cddprun_hosts_main(&j.o);
+        cddp_free(j.o.pass);
+        return status;
+    }
+    static char control_token[CDDPRUN_MAX_TOKEN + 1];
+    if (j.o.stdin_control) cddprun_stdin_control(&j.o, control_token); /* before PATH is used */
     cddprun_validate(&j.o);
     options *o = &j.o;
     j.argv = cddprun_worker_argv(o);
@@ -458,5 +465,6 @@ int main(int argc, char **argv) {
     cddp_free(j.beat_at);
     cddp_free(j.argv);
     cddp_free(j.o.show);
+    cddp_free(j.o.pass);
     return status;
 }

@@ -1,5 +1,5 @@
-/* options.c: cddprun's options: the table, parsing (command line and CDDPRUN_*), --help, and
- * the checks before anything starts. */
+/* options.c: cddprun's options: the table, parsing (command line and CDDPRUN_*), --help. The
+ * checks before anything starts are in validate.c. */
 #include "cddprun.h"
 #include "cddp/launch.h"
 
@@ -44,7 +44,12 @@ enum {
     OPT_JOIN,
     OPT_CLUSTER_TIME_OUT,
     OPT_BIND_CORE,
-    OPT_LOG_LAYOUT
+    OPT_LOG_LAYOUT,
+    OPT_HOSTS,
+    OPT_HOSTFILE,
+    OPT_SSH,
+    OPT_ENV,
+    OPT_STDIN_CONTROL
 };
 
 /* Each option once, with the environment variable it can also come from. Dash spellings
@@ -89,6 +94,12 @@ static const struct {
     {"join", 3, OPT_JOIN},
     {"cluster_time_out", 1, OPT_CLUSTER_TIME_OUT},
     {"bind_core", 3, OPT_BIND_CORE},
+    /* one command, many hosts (hosts.c) */
+    {"hosts", 1, OPT_HOSTS},
+    {"hostfile", 1, OPT_HOSTFILE},
+    {"ssh", 1, OPT_SSH},
+    {"env", 1, OPT_ENV},
+    {"stdin_control", 0, OPT_STDIN_CONTROL},
     {"help", 0, 'h'},
 };
 #define NOPTIONS (int)CDDP_ARRAY_LEN(option_table)
@@ -151,6 +162,24 @@ static void usage(FILE *out) {
         "  --run_id ID             the job's id, CDDP_RUN_ID in the workers (default: random)\n"
         "  --local_ranks_filter L  the console shows only these local ranks' output (0,2)\n"
         "  --bind_core             each worker runs on its own share of the CPUs\n"
+        "\n"
+        "one command, many hosts (no Slurm, no mpirun; this cddprun starts every node's):\n"
+        "  --hosts H1:S1,H2:S2     the hosts ([user@]name or address) and their ranks (slots; a\n"
+        "                          host without :S gets --nproc_per_node); the first is node 0.\n"
+        "                          Other machines are reached with ssh (it must log in without a\n"
+        "                          prompt), and cddprun must be at this one's path there; each\n"
+        "                          node starts in this directory and gets the job's secret and\n"
+        "                          environment (CDDP_*, CDDPRUN_*, OMP_*, OPENBLAS_*, DNNL_*,\n"
+        "                          NCCL_*, CUDA_*, PYTHON*, PATH, LD_LIBRARY_PATH, VIRTUAL_ENV,\n"
+        "                          and -x's) on its stdin. Ctrl-C, or a node that fails, stops\n"
+        "                          every node\n"
+        "  --hostfile FILE         the hosts, one a line: `name slots=S` (mpirun's, DeepSpeed's)\n"
+        "                          or `name:S` (Horovod's); # starts a comment\n"
+        "  --ssh CMD               the ssh command and its options (default: ssh), such as\n"
+        "                          \"ssh -p 2222 -i ~/.ssh/cluster\"\n"
+        "  -x, --env NAME[=VALUE]  also forward NAME to every node (mpirun's -x; repeatable)\n"
+        "  --stdin_control         (what --hosts starts nodes with) read the job's secret and\n"
+        "                          environment from stdin; when stdin closes, stop this node\n"
         "  -h, --help              this help\n"
         "\n"
         "torchrun's spellings: --nnodes MIN:MAX (N:N, a fixed count), --nproc_per_node\n"
@@ -310,6 +339,7 @@ static void apply(options *o, int code, const char *name, const char *v) {
         else
             o->nproc_per_node = (int)parse_int(name, v, 1, 4096);
         o->nproc_given = true;
+        o->nproc_text = v;
         break;
     case OPT_WORKER_NUM:
         o->worker_num = (int)parse_int(name, v, 1, 1 << 24);
@@ -422,6 +452,25 @@ static void apply(options *o, int code, const char *name, const char *v) {
     case OPT_BIND_CORE:
         o->bind_core = v ? option_bool(name, v) : true;
         break;
+    case OPT_HOSTS:
+        o->hosts = v;
+        break;
+    case OPT_HOSTFILE:
+        o->hostfile = v;
+        break;
+    case OPT_SSH:
+        o->ssh = v;
+        break;
+    case OPT_ENV:
+        if (!*v || *v == '=')
+            cddprun_die_usage("-x/--%s '%s': expected NAME or NAME=VALUE", name, v);
+        if (o->nenv == MAX_FORWARDED)
+            cddprun_die_usage("-x/--%s: at most %d variables", name, MAX_FORWARDED);
+        o->env[o->nenv++] = v;
+        break;
+    case OPT_STDIN_CONTROL:
+        o->stdin_control = true;
+        break;
     }
 }
 
@@ -466,10 +515,11 @@ void cddprun_parse_options(int argc, char **argv, options *o) {
         if (any) longopts[n++] = (struct option){dashed[i], has, NULL, option_table[i].code};
     }
     longopts[n] = (struct option){0, 0, 0, 0};
-    int c, idx = 0;
+    int c, idx = 0, last = 1;
+    o->pass = cddp_calloc((size_t)argc + 1, sizeof *o->pass);
     opterr = 0;
     /* "+": stop at the program, so its own options are left alone. */
-    while ((c = getopt_long(argc, argv, "+hmr:t::", longopts, &idx)) != -1) {
+    while ((c = getopt_long(argc, argv, "+hmr:t::x:", longopts, &idx)) != -1) {
         if (c == 'h') {
             usage(stdout);
             exit(0);
@@ -481,9 +531,11 @@ void cddprun_parse_options(int argc, char **argv, options *o) {
         const char *name = c == 'm'   ? "module"
                            : c == 'r' ? "redirects"
                            : c == 't' ? "tee"
+                           : c == 'x' ? "env"
                                       : longopts[idx].name;
         if (c == 'r') c = OPT_REDIRECTS;
         if (c == 't') c = OPT_TEE;
+        if (c == 'x') c = OPT_ENV;
         if (c == OPT_TOKEN) o->token_in_argv = true;
         /* An optional value given as the next argument: --tee 3, --join True (msrun's) */
         const char *v = optarg;
@@ -493,177 +545,18 @@ void cddprun_parse_options(int argc, char **argv, options *o) {
             looks_like_bool(argv[optind]))
             v = argv[optind++];
         apply(o, c, name, v);
+        /* The words of this option, for the nodes that --hosts starts, unless the head gives
+         * them their own value (or keeps it). A bundle of short options (-mt) is passed whole
+         * once getopt leaves it. */
+        bool mine = c == OPT_HOSTS || c == OPT_HOSTFILE || c == OPT_SSH || c == OPT_ENV ||
+                    c == OPT_NNODES || c == OPT_NODE_RANK || c == OPT_NPROC ||
+                    c == OPT_LOCAL_WORKER_NUM || c == OPT_WORKER_NUM || c == OPT_MASTER_ADDR ||
+                    c == OPT_MASTER_PORT || c == OPT_RDZV_ENDPOINT || c == OPT_RDZV_BACKEND ||
+                    c == OPT_RDZV_ID || c == OPT_RUN_ID || c == OPT_TOKEN || c == OPT_TOKEN_FILE ||
+                    c == OPT_STANDALONE || c == OPT_LOCAL_ADDR || c == OPT_STDIN_CONTROL;
+        for (; last < optind; last++)
+            if (!mine) o->pass[o->npass++] = argv[last];
     }
     if (optind >= argc) cddprun_die_usage("no program given");
     o->program = argv + optind;
-}
-
-/* ---- checks before anything starts ------------------------------------------------------- */
-
-static bool on_path(const char *prog) {
-    if (strchr(prog, '/')) return access(prog, X_OK) == 0;
-    const char *path = getenv("PATH");
-    if (!path) path = "/usr/bin:/bin";
-    char dir[PATH_MAX];
-    for (const char *p = path; *p;) {
-        size_t len = strcspn(p, ":");
-        snprintf(dir, sizeof dir, "%.*s/%s", (int)len, p, prog);
-        if (access(dir, X_OK) == 0) return true;
-        p += len + (p[len] == ':');
-    }
-    return false;
-}
-
-static bool ends_with(const char *s, const char *suffix) {
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
-void cddprun_job_token(const options *o, char *out) {
-    if (o->token && o->token_file)
-        cddprun_die_usage("--token and --token_file both give the job's secret: give one");
-    if (o->token_file) {
-        unsigned mode = 0;
-        cddp_error err = {0};
-        if (cddp_net_read_secret(o->token_file, out, &mode, &err) != CDDP_OK)
-            cddprun_die_usage("--token_file %s", err.msg);
-        if (mode & 077)
-            fprintf(stderr,
-                    "cddprun: warning: --token_file %s can be read by other users (mode %04o); "
-                    "chmod 600 it\n",
-                    o->token_file, mode);
-    } else if (o->token) {
-        if (!*o->token || strlen(o->token) > CDDPRUN_MAX_TOKEN)
-            cddprun_die_usage("--token: the secret must have 1 to %d bytes", CDDPRUN_MAX_TOKEN);
-        snprintf(out, CDDPRUN_MAX_TOKEN + 1, "%s", o->token);
-        if (o->token_in_argv)
-            fprintf(stderr,
-                    "cddprun: warning: every user of this machine can read --token on the "
-                    "command line (ps, /proc/%d/cmdline); put the secret in a file only you can "
-                    "read and pass --token_file FILE, or set CDDPRUN_TOKEN\n",
-                    (int)getpid());
-    } else if (o->nnodes == 1) {
-        cddprun_random_hex(out, 16);
-    } else {
-        cddprun_die_usage(
-            "a job on %d nodes needs a secret that every node shares, or any process that can "
-            "reach %s:%d could join it. Make one and give it to cddprun on every node:\n"
-            "    (umask 077; head -c 32 /dev/urandom | base64 > ~/.cddp-token)\n"
-            "    cddprun --token_file ~/.cddp-token ...\n"
-            "(or set CDDPRUN_TOKEN in every node's environment)",
-            o->nnodes, o->master_addr, o->master_port);
-    }
-}
-
-/* The argv to exec: python3 for .py programs and -m, the program itself otherwise. */
-char **cddprun_worker_argv(const options *o) {
-    int n = 0;
-    while (o->program[n]) n++;
-    char **argv = cddp_calloc((size_t)n + 3, sizeof *argv);
-    int k = 0;
-    bool python = o->module || (!o->no_python && ends_with(o->program[0], ".py"));
-    if (python) argv[k++] = "python3";
-    if (o->module) argv[k++] = "-m";
-    for (int i = 0; i < n; i++) argv[k++] = o->program[i];
-    return argv;
-}
-
-bool cddprun_rank_shown(const options *o, int local_rank) {
-    return !o->show || o->show[local_rank];
-}
-
-/* msrun's --worker_num (every node's workers): the node count, unless --nnodes gives it. */
-static void check_worker_num(options *o) {
-    if (!o->worker_num) return;
-    if (!o->nproc_given)
-        cddprun_die_usage("--worker_num %d needs --local_worker_num (workers on this node)",
-                          o->worker_num);
-    if (o->nnodes_given && o->worker_num != o->nnodes * o->nproc_per_node)
-        cddprun_die_usage("--worker_num %d is not --nnodes %d x %d workers per node", o->worker_num,
-                          o->nnodes, o->nproc_per_node);
-    if (o->worker_num % o->nproc_per_node)
-        cddprun_die_usage("--worker_num %d is not a multiple of --local_worker_num %d (cddprun "
-                          "starts as many workers on every node)",
-                          o->worker_num, o->nproc_per_node);
-    o->nnodes = o->nnodes_min = o->worker_num / o->nproc_per_node;
-}
-
-/* --local_ranks_filter: local ranks of this node, separated by commas, into o->show. */
-static void check_shown(options *o) {
-    if (!o->shown) return;
-    o->show = cddp_calloc((size_t)o->nproc_per_node, sizeof *o->show);
-    if (!o->show) cddprun_die_usage("out of memory");
-    for (const char *p = o->shown; *p;) {
-        char *end;
-        long r = strtol(p, &end, 10);
-        if (end == p || r < 0 || r >= o->nproc_per_node || (*end && *end != ','))
-            cddprun_die_usage("--local_ranks_filter %s: expected local ranks of this node "
-                              "(0..%d) separated by commas, such as 0,1",
-                              o->shown, o->nproc_per_node - 1);
-        o->show[r] = true;
-        p = *end ? end + 1 : end;
-    }
-}
-
-/* Inside an srun step, one cddprun per node: the node count, this node's rank and node 0's
- * address and port come from the step (the port as its tasks derive it, cddp_slurm_step_read),
- * unless given. A step of several tasks on a node would start several node 0s. */
-static void slurm_defaults(options *o) {
-    cddp_slurm_step s;
-    if (o->standalone || o->nnodes_given || o->node_rank_given || o->worker_num ||
-        !cddp_slurm_step_read(&s))
-        return;
-    if (s.nnodes < 1 || s.node < 0 || s.ntasks != s.nnodes)
-        cddprun_die_usage(
-            "started by srun as task %d of %d on %d node%s: cddprun starts a node's workers "
-            "itself, so start one per node (srun --ntasks-per-node=1 cddprun ...), or give "
-            "--nnodes and --node_rank",
-            s.task, s.ntasks, s.nnodes, s.nnodes == 1 ? "" : "s");
-    o->nnodes = o->nnodes_min = s.nnodes;
-    o->node_rank = s.node;
-    o->node_rank_from_step = true;
-    static char host[sizeof s.first_host];
-    snprintf(host, sizeof host, "%s", s.first_host);
-    if (!o->addr_given) o->master_addr = host;
-    if (!o->port_given) o->master_port = s.port;
-    if (s.node == 0)
-        fprintf(stderr, "cddprun: srun step %d.%d: %d node%s, node 0's store at %s:%d\n", s.job,
-                s.step, s.nnodes, s.nnodes == 1 ? "" : "s", o->master_addr, o->master_port);
-}
-
-void cddprun_validate(options *o) {
-    slurm_defaults(o);
-    check_worker_num(o);
-    check_shown(o);
-    if (o->no_python && o->module)
-        cddprun_die_usage("--no_python and -m/--module exclude each other");
-    if (o->node_rank >= o->nnodes)
-        cddprun_die_usage("--node_rank %d is out of range for --nnodes %d (0..%d)", o->node_rank,
-                          o->nnodes, o->nnodes - 1);
-    if (o->standalone && o->nnodes > 1)
-        cddprun_die_usage("--standalone is for one node (--nnodes 1)");
-    bool redirects = o->redirects.all != 0;
-    for (int i = 0; i < o->redirects.nmap; i++) redirects |= o->redirects.map[i].value != 0;
-    if (redirects && !o->logdir)
-        cddprun_die_usage("--%s needs --logdir (where should the output go?)", o->redirect_name);
-    if (o->log_mpirun && !o->logdir)
-        cddprun_die_usage("--log_layout needs --logdir (where should the output go?)");
-    const stream_spec *specs[2] = {&o->tee, &o->redirects};
-    for (int k = 0; k < 2; k++)
-        for (int i = 0; i < specs[k]->nmap; i++)
-            if (specs[k]->map[i].local_rank >= o->nproc_per_node)
-                cddprun_die_usage(
-                    "--%s: local rank %d is not on this node (--nproc_per_node %d: 0..%d)",
-                    k ? o->redirect_name : "tee", specs[k]->map[i].local_rank, o->nproc_per_node,
-                    o->nproc_per_node - 1);
-    bool python = o->module || (!o->no_python && ends_with(o->program[0], ".py"));
-    if (python && !on_path("python3"))
-        cddprun_die_usage(
-            "%s needs python3, which is not on PATH (use --no_python to run it directly)",
-            o->program[0]);
-    if (!o->module && !python && !on_path(o->program[0]))
-        cddprun_die_usage("program '%s' not found (not an executable file, not on PATH)",
-                          o->program[0]);
-    if (!o->module && python && access(o->program[0], R_OK) != 0)
-        cddprun_die_usage("script '%s' not found", o->program[0]);
 }

@@ -26,6 +26,17 @@ void cddprun_on_signal(int sig) {
     errno = saved;
 }
 
+void cddprun_default_signals(void) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
+    signal(SIGCHLD, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+}
+
 static void set_env_int(const char *name, long v) {
     char b[32];
     snprintf(b, sizeof b, "%ld", v);
@@ -240,14 +251,11 @@ void cddprun_start_workers(job *j) {
             setpgid(0, 0);
             prctl(PR_SET_PDEATHSIG, SIGKILL);
             if (getppid() != launcher) _exit(1);
-            sigset_t none;
-            sigemptyset(&none);
-            sigprocmask(SIG_SETMASK, &none, NULL);
-            signal(SIGINT, SIG_DFL);
-            signal(SIGTERM, SIG_DFL);
-            signal(SIGHUP, SIG_DFL);
-            signal(SIGCHLD, SIG_DFL);
-            signal(SIGPIPE, SIG_DFL);
+            cddprun_default_signals();
+            if (o->stdin_control) { /* the head's control stream is the launcher's alone */
+                int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+                dup2(null, 0);
+            }
             if (pipes) {
                 dup2(po[1], 1);
                 dup2(pe[1], 2);
