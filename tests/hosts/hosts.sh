@@ -12,6 +12,7 @@
 #                                writes one (ip netns exec mounts /etc/netns/NAMEI/hosts): its
 #                                own name on 127.0.1.1, the other hosts' names on their addresses
 #   hosts.sh addr NAME I         host I's address
+#   hosts.sh addr6 NAME I        host I's IPv6 address (fd00:K::I+1, on the same links)
 #   hosts.sh stop NAME           ends every process left in the hosts' namespaces (all of them
 #                                started through exec), removes the links, the bridge and the
 #                                namespaces. Safe to call twice, or after a failed start.
@@ -20,7 +21,7 @@
 # addresses of the namespaces made here. NAME: at most 8 letters and digits (interface names are
 # short). The kernel may lack netem, so links have a rate, not a delay.
 set -eu
-usage() { echo "usage: $0 start NAME N RATE | exec NAME I CMD... | addr NAME I | stop NAME" >&2; exit 2; }
+usage() { echo "usage: $0 start NAME N RATE | exec NAME I CMD... | addr NAME I | addr6 NAME I | stop NAME" >&2; exit 2; }
 [ $# -ge 2 ] || usage
 cmd=$1 name=$2
 shift 2
@@ -42,6 +43,7 @@ pick_subnet() {
 }
 
 addr() { echo "10.$(cat "$state/subnet").0.$(($1 + 1))"; }
+addr6() { echo "fd00:$(cat "$state/subnet")::$(($1 + 1))"; }
 
 stop() {
     [ -d "$state" ] || return 0
@@ -82,6 +84,7 @@ start() {
         ip link add "$v" type veth peer name eth0 netns "$ns"
         ip link set "$v" master "${name}br" up
         ip -n "$ns" addr add "10.$k.0.$((i + 1))/24" dev eth0
+        ip -n "$ns" addr add "fd00:$k::$((i + 1))/64" dev eth0 nodad
         ip -n "$ns" link set lo up
         ip -n "$ns" link set eth0 up
         # The link's rate both ways: out of the host (its eth0) and into it (the bridge's port).
@@ -125,6 +128,9 @@ exec)
 addr)
     [ $# = 1 ] || usage
     addr "$1" ;;
+addr6)
+    [ $# = 1 ] || usage
+    addr6 "$1" ;;
 stop) stop ;;
 *) usage ;;
 esac

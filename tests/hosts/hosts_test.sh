@@ -27,6 +27,9 @@
 #          node 0, the others take 1..3 in the order they join, and the job trains to the one-host
 #          loss; then a job of 2 hosts with a second launcher on host 1: one of the two is refused
 #          (one launcher per host), the job finishes
+#   ipv6   torchrun's line with an IPv6 endpoint ([fd00:K::1]:29400) on 2 hosts x 2 ranks, no
+#          --local_addr: each node advertises its IPv6 address (its route to the endpoint) and
+#          the job trains to the one-host loss over TCP
 #   replace torchrun's line in an elastic job (--nnodes 2:3, no --node_rank) on hosts 0, 1 and 2;
 #          host 2 dies once a checkpoint exists (hosts 0 and 1 go on), then a new host 3 comes
 #          with the same line: it takes node rank 2, freed by the dead launcher's will, is
@@ -296,6 +299,23 @@ c10d)
         fail "the twin on host 1 was not told why"
     echo "ok: torchrun's c10d line on 4 hosts: node ranks 0 (the endpoint's host) and $ranks by" \
          "arrival, final loss $loss, one host's $ref; a second launcher on a host refused" ;;
+ipv6)
+    reference
+    hosts 2
+    a0=$("$H" addr6 "$name" 0)
+    for i in 0 1; do
+        "$H" exec "$name" "$i" "$build/bin/cddprun" --nnodes 2 --nproc-per-node 2 \
+            --rdzv-backend c10d --rdzv-endpoint "[$a0]:29400" --token_file "$work/token" \
+            "$FM" $train_args --out "out$i" > "node$i.out" 2>&1 &
+        eval "p$i=\$!"
+    done
+    wait $p0 && wait $p1 || fail "a host's cddprun exited $?"
+    for i in 0 1; do
+        has node$i.out "cddprun: node $i's address for the others is $("$H" addr6 "$name" "$i"), interface eth0"
+    done
+    has node0.out "[cddp rank 0] I comm: 4 ranks on 2 hosts: tcp"
+    same_loss node0.out
+    echo "ok: 2 hosts x 2 ranks over IPv6 ([$a0]:29400): final loss $loss, one host's $ref" ;;
 replace)
     args="--epochs 2 --limit 9000 --log-every 0 --json --out ckpt --save-every 10"
     hosts 4
