@@ -43,7 +43,8 @@
 #          host 0 stops within CDDP_RDZV_TIMEOUT_S (3 s here) and says why
 #   ssh    one command, many hosts: cddprun --hosts on host 0 starts hosts 1 and 2 over ssh
 #          (each host runs sshd in its namespace with a host key and a client key made for the
-#          test): the environment and -x reach every host; 2+1+1 ranks train to the one-host
+#          test): the environment and -x reach every host (host 0 named localhost: the others
+#          reach its store at its name); 2+1+1 ranks train to the one-host
 #          loss; a rank that fails fails the job; Ctrl-C (SIGINT to the head) stops it; a host
 #          without sshd is named. After each, nothing of the job runs on any host
 #   cut    3 hosts x 1 rank; host 2's link goes down mid-training (nothing is sent, nothing dies):
@@ -426,7 +427,6 @@ ssh)
     reference
     hosts 4
     sshd_up 3 # host 3 has none
-    list="$name-host0:2,$name-host1,$name-host2"
     # run_head OUT ARGS...: cddprun --hosts on host 0, in the background, its output in OUT; pid
     # in $head.
     run_head() {
@@ -444,14 +444,18 @@ ssh)
         [ $rc = "$1" ] || fail "the head exited $rc $2, not $1"
         [ $ms -le 30000 ] || fail "the head took $ms ms to end $2"
     }
-    # The environment and -x on every host, each rank on its own host.
+    # The environment and -x on every host, each rank on its own host; host 0 named localhost
+    # there: the others reach its store at its hostname.
     export CDDP_MARK=m1
+    list="localhost:2,$name-host1,$name-host2"
     run_head echo.out -x XVAR=7 sh -c 'echo "rank $RANK of $WORLD_SIZE on $(hostname): $CDDP_MARK $XVAR"'
     wait $head || fail "the --hosts job of echoes exited $?"
     for r in "0 of 4 on $name-host0" "1 of 4 on $name-host0" "2 of 4 on $name-host1" "3 of 4 on $name-host2"; do
         has echo.out "rank $r: m1 7"
     done
-    has echo.out "cddprun: 3 hosts: $name-host0 (2 ranks, here), $name-host1 (1 rank, ssh -F $work/ssh_config), $name-host2 (1 rank, ssh -F $work/ssh_config); node 0's store at $name-host0:29400"
+    has echo.out "cddprun: node 0 is this machine, as localhost, which the other hosts cannot reach: they reach its store at $name-host0"
+    has echo.out "cddprun: 3 hosts: localhost (2 ranks, here), $name-host1 (1 rank, ssh -F $work/ssh_config), $name-host2 (1 rank, ssh -F $work/ssh_config); node 0's store at $name-host0:29400"
+    list="$name-host0:2,$name-host1,$name-host2"
     nothing_left 3 "after the echoes"
     # Training: 2 + 1 + 1 ranks end at the loss of 4 ranks on one host.
     run_head train.out "$FM" $train_args --out ssh

@@ -403,9 +403,23 @@ int cddprun_hosts_main(options *o) {
     } else {
         cddprun_random_hex(token, 16); /* made here, known only to the nodes */
     }
+    bool remote = false;
+    for (int k = 0; k < n; k++) {
+        h[k].here = is_here(h[k].addr);
+        h[k].control = -1;
+        remote |= !h[k].here;
+    }
+    /* Node 0's store: at the first host's name, but where that is a loopback name of this
+     * machine (localhost) and other machines take part, at this machine's name. */
     static char addr[256];
     if (o->addr_given) {
         snprintf(addr, sizeof addr, "%s", o->master_addr);
+    } else if (remote && (!strcmp(h[0].addr, "localhost") || cddp_net_is_loopback(h[0].addr))) {
+        if (gethostname(addr, sizeof addr) != 0) snprintf(addr, sizeof addr, "%s", h[0].addr);
+        fprintf(stderr,
+                "cddprun: node 0 is this machine, as %s, which the other hosts cannot reach: "
+                "they reach its store at %s (--master_addr chooses)\n",
+                h[0].addr, addr);
     } else {
         snprintf(addr, sizeof addr, "%s", h[0].addr);
     }
@@ -418,8 +432,6 @@ int cddprun_hosts_main(options *o) {
     self[len] = 0;
     fprintf(stderr, "cddprun: %d host%s:", n, n == 1 ? "" : "s");
     for (int k = 0; k < n; k++) {
-        h[k].here = is_here(h[k].addr);
-        h[k].control = -1;
         fprintf(stderr, "%s %s (%s rank%s, %s)", k ? "," : "", h[k].name, h[k].slots,
                 strcmp(h[k].slots, "1") ? "s" : "",
                 h[k].here ? "here"
