@@ -13,8 +13,9 @@ MODELS, comma-separated (default gpt4,gpt6,mlp,cnn,resnet):
 Each model runs on one rank with one math thread, and on 2 ranks under cddprun (one thread each;
 PyTorch's DDP over gloo), in cddp fp32, cddp bf16 (--dtype bf16), PyTorch fp32 and PyTorch
 autocast bf16. Prints every run, then per model and ranks the median (lowest..highest) of each
-and the ratios cddp bf16 / cddp fp32 and cddp bf16 / PyTorch bf16. The processor and which bf16
-path cddp took are printed first: speed-ups need AVX512-BF16 or AMX (elsewhere cddp refuses bf16).
+and the ratios cddp bf16 / cddp fp32 and cddp bf16 / PyTorch bf16; for the GPTs also once warm, at
+each run's median iteration (gpt_train's and gpt_torch.py's median_iter_ms), since a 10-iteration
+run also measures its first one. The processor and which bf16 path cddp took are printed first: speed-ups need AVX512-BF16 or AMX (elsewhere cddp refuses bf16).
 """
 import os
 import statistics
@@ -77,26 +78,39 @@ def main():
                         j = run_json("bf16_vs_torch", cmd, env)
                         key = (model, world, impl, dtype)
                         seen.setdefault(key, []).append(j[unit])
-                        print(f"run {model} world={world} {impl} {dtype} {unit}={j[unit]:.1f}",
-                              flush=True)
-    print()
-    print("| model | ranks | cddp fp32 | cddp bf16 | PyTorch fp32 | PyTorch autocast bf16 | "
-          "cddp bf16 / cddp fp32 | cddp bf16 / PyTorch bf16 |")
-    print("|---|---|---|---|---|---|---|---|")
-    for model in models:
-        for world in (1, 2):
-            med = {}
-            cells = []
-            for impl, dtype in (("cddp", "fp32"), ("cddp", "bf16"), ("torch", "fp32"),
-                                ("torch", "bf16")):
-                v = seen[(model, world, impl, dtype)]
-                med[(impl, dtype)] = statistics.median(v)
-                cells.append(f"{statistics.median(v):.0f} ({min(v):.0f}..{max(v):.0f})")
-            print(f"| {model} | {world} | " + " | ".join(cells) +
-                  f" | {med[('cddp', 'bf16')] / med[('cddp', 'fp32')]:.2f} | "
-                  f"{med[('cddp', 'bf16')] / med[('torch', 'bf16')]:.2f} |")
-    print(f"\n(median of {n} interleaved rounds, lowest..highest; tokens/s for the GPTs, "
-          "samples/s for the others)")
+                        extra = ""
+                        if model.startswith("gpt"):  # once warm: the median iteration's speed
+                            warm = j[unit] * j["train_s"] / j["iters"] / (
+                                j["median_iter_ms"] / 1e3)
+                            seen.setdefault(("warm",) + key, []).append(warm)
+                            extra = f" warm={warm:.1f} (median iteration {j['median_iter_ms']} ms)"
+                        print(f"run {model} world={world} {impl} {dtype} {unit}={j[unit]:.1f}"
+                              + extra, flush=True)
+    def table(title, rows, prefix=()):
+        print(f"\n{title}\n")
+        print("| model | ranks | cddp fp32 | cddp bf16 | PyTorch fp32 | PyTorch autocast bf16 | "
+              "cddp bf16 / cddp fp32 | cddp bf16 / PyTorch bf16 |")
+        print("|---|---|---|---|---|---|---|---|")
+        for model in rows:
+            for world in (1, 2):
+                med = {}
+                cells = []
+                for impl, dtype in (("cddp", "fp32"), ("cddp", "bf16"), ("torch", "fp32"),
+                                    ("torch", "bf16")):
+                    v = seen[prefix + (model, world, impl, dtype)]
+                    med[(impl, dtype)] = statistics.median(v)
+                    cells.append(f"{statistics.median(v):.0f} ({min(v):.0f}..{max(v):.0f})")
+                print(f"| {model} | {world} | " + " | ".join(cells) +
+                      f" | {med[('cddp', 'bf16')] / med[('cddp', 'fp32')]:.2f} | "
+                      f"{med[('cddp', 'bf16')] / med[('torch', 'bf16')]:.2f} |")
+
+    table("Whole runs (tokens/s for the GPTs, samples/s for the others):", models)
+    gpts = [m for m in models if m.startswith("gpt")]
+    if gpts:
+        table("The GPTs once warm (tokens/s at each run's median iteration; the whole runs above "
+              "also pay the first iteration's page faults and oneDNN's kernel generation):", gpts,
+              ("warm",))
+    print(f"\n(median of {n} interleaved rounds, lowest..highest)")
 
 
 if __name__ == "__main__":

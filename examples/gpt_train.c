@@ -382,6 +382,18 @@ typedef struct split {
     int64_t iters;
 } split;
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of v[0..n) (sorts v); 0 when n is 0. */
+static double median(double *v, int64_t n) {
+    if (!v || n <= 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 static int save(cddp_ddp *ddp, cddp_optim *opt, const char *path, const options *o, int64_t iter,
                 cddp_sampler_state st, int world, cddp_error *err) {
     char v[10][32];
@@ -450,6 +462,8 @@ int main(int argc, char **argv) {
     cddp_model *m = NULL;
     cddp_optim *opt = NULL;
     cddp_ctx *ctx = NULL;
+    double *iter_s = NULL; /* the loop's iteration times */
+    int64_t n_iter_s = 0;
     char title[200] = "", ckpt[4096] = "", resume_path[4096] = "";
     curves curve = {.title = title, .eval_label = "validation loss"};
     bool files = strcmp(o.out, "none") != 0 && *o.out;
@@ -586,6 +600,9 @@ int main(int argc, char **argv) {
     /* The loop. */
     split sp = {0};
     double train_s = 0, val_loss = NAN, train_loss = NAN, last_loss = NAN;
+    /* each iteration's time, for the median (a run's speed once warm, as benchmarks compare) */
+    iter_s =
+        calloc((size_t)(o.max_iters - iter + 1 > 0 ? o.max_iters - iter + 1 : 1), sizeof *iter_s);
     int64_t first = iter, T = o.block_size, tokens = 0;
     int64_t flat[2] = {o.batch_size * T, o.vocab_size}, rows = o.batch_size * T;
     cddp_loader_begin(loader);
@@ -664,6 +681,7 @@ int main(int argc, char **argv) {
         cddp_optim_step(opt);
         double t1 = cddp_now_s();
         train_s += t1 - t0;
+        if (iter_s) iter_s[n_iter_s++] = t1 - t0;
         tokens += o.grad_accum * o.batch_size * T * world;
         if (iter - first >= 3) { /* the first iterations warm the caches and the arena up */
             cddp_ddp_stats st = cddp_ddp_stats_get(ddp);
@@ -717,20 +735,22 @@ int main(int argc, char **argv) {
         printf("{\"iters\": %" PRId64 ", \"world\": %d, \"dtype\": \"%s\", \"params\": %" PRId64
                ", \"tokens\": %" PRId64 ", \"train_s\": %.3f, \"tokens_per_s\": %.1f, "
                "\"train_loss\": %.4f, \"last_loss\": %.4f, \"val_loss\": %.4f, "
+               "\"median_iter_ms\": %.3f, "
                "\"zero\": %s, \"optim_state_bytes\": %lld, \"peak_rss_bytes\": %lld, "
                "\"iter_ms\": {\"forward\": %.3f, \"backward\": %.3f, \"allreduce\": %.3f, "
                "\"allreduce_wait\": %.3f, \"optimizer\": %.3f}}\n",
                iter - first, world, cddp_dtype_name(compute), params, tokens, train_s,
                train_s > 0 ? (double)tokens / train_s : 0.0, train_loss, last_loss, val_loss,
-               o.zero ? "true" : "false", run_optim_state_bytes(opt), run_peak_rss_bytes(),
-               sp.forward / n * 1e3, sp.backward / n * 1e3, sp.comm / n * 1e3, sp.wait / n * 1e3,
-               sp.optimizer / n * 1e3);
+               median(iter_s, n_iter_s) * 1e3, o.zero ? "true" : "false",
+               run_optim_state_bytes(opt), run_peak_rss_bytes(), sp.forward / n * 1e3,
+               sp.backward / n * 1e3, sp.comm / n * 1e3, sp.wait / n * 1e3, sp.optimizer / n * 1e3);
     }
     status = 0;
     goto done;
 fail:
     fprintf(stderr, "gpt_train: %s\n", cddp_error_msg(&err));
 done:
+    free(iter_s);
     curves_free(&curve);
     cddp_ddp_destroy(ddp);
     cddp_optim_destroy(opt);

@@ -261,11 +261,150 @@ static void test_bf16_convolutions(void **state) {
     }
 }
 
+/* ---- attention ------------------------------------------------------------------------------ */
+
+/* Causal self-attention and its gradient in double, the products' operands rounded to bf16 as
+ * mixed precision rounds them (q, k, v; the weights P and the output gradient r for o = P v and
+ * dv = P^T r, dP = r v^T; dS for dq = dS k and dk = dS^T q), P and dS first taken to float32 as
+ * the kernels hold them. o: (B,T,C); g: the gradient of qkv (B,T,3C). */
+static void attention_ref(const float *qkv, const float *r, int64_t B, int64_t T, int64_t C,
+                          int64_t NH, double *o, double *g) {
+    int64_t HS = C / NH;
+    double scale = 1 / sqrt((double)HS);
+    float *p = malloc(sizeof(float) * (size_t)(T * T)),
+          *ds = malloc(sizeof(float) * (size_t)(T * T));
+    assert_true(p && ds);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < NH; h++) {
+#define Q(t, d)       bf16(qkv[(b * T + (t)) * 3 * C + h * HS + (d)])
+#define K(t, d)       bf16(qkv[(b * T + (t)) * 3 * C + C + h * HS + (d)])
+#define V(t, d)       bf16(qkv[(b * T + (t)) * 3 * C + 2 * C + h * HS + (d)])
+#define R(t, d)       bf16(r[(b * T + (t)) * C + h * HS + (d)])
+#define G(t, part, d) g[(b * T + (t)) * 3 * C + (part)*C + h * HS + (d)]
+            for (int64_t t = 0; t < T; t++) {
+                double s[4096], mx = -INFINITY, sum = 0;
+                for (int64_t j = 0; j <= t; j++) {
+                    s[j] = 0;
+                    for (int64_t d = 0; d < HS; d++) s[j] += (double)Q(t, d) * K(j, d);
+                    mx = fmax(mx, s[j] *= scale);
+                }
+                for (int64_t j = 0; j <= t; j++) sum += (s[j] = exp(s[j] - mx));
+                for (int64_t j = 0; j < T; j++) p[t * T + j] = j <= t ? (float)(s[j] / sum) : 0;
+                for (int64_t d = 0; d < HS; d++) {
+                    double acc = 0;
+                    for (int64_t j = 0; j <= t; j++) acc += (double)bf16(p[t * T + j]) * V(j, d);
+                    o[(b * T + t) * C + h * HS + d] = acc;
+                }
+            }
+            for (int64_t t = 0; t < T; t++) {
+                double dp[4096], dot = 0;
+                for (int64_t j = 0; j <= t; j++) {
+                    dp[j] = 0;
+                    for (int64_t d = 0; d < HS; d++) dp[j] += (double)R(t, d) * V(j, d);
+                    dot += dp[j] * p[t * T + j];
+                }
+                for (int64_t j = 0; j < T; j++)
+                    ds[t * T + j] = j <= t ? (float)(p[t * T + j] * (dp[j] - dot)) : 0;
+            }
+            for (int64_t j = 0; j < T; j++)
+                for (int64_t d = 0; d < HS; d++) {
+                    double dv = 0, dq = 0, dk = 0;
+                    for (int64_t t = j; t < T; t++) {
+                        dv += (double)bf16(p[t * T + j]) * R(t, d);
+                        dk += (double)bf16(ds[t * T + j]) * Q(t, d);
+                    }
+                    for (int64_t i = 0; i <= j; i++) dq += (double)bf16(ds[j * T + i]) * K(i, d);
+                    G(j, 0, d) = dq * scale;
+                    G(j, 1, d) = dk * scale;
+                    G(j, 2, d) = dv;
+                }
+#undef Q
+#undef K
+#undef V
+#undef R
+#undef G
+        }
+    free(p);
+    free(ds);
+}
+
+/* Root mean square of a - b (b double, or float when bf is given). */
+static double rms_diff(const float *a, const double *b, const float *bf, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (bf ? (double)bf[i] : b[i]);
+        s += d * d;
+    }
+    return sqrt(s / (double)n);
+}
+
+/* Attention in bf16 (attn_bf16.c on AVX512-BF16, the emulation's rounded operands elsewhere):
+ * the output and the gradient of qkv are the reference's (attention_ref: bf16-rounded operands,
+ * sums in double): all but a twentieth of the elements within 1e-5 of the largest value, and
+ * within a fifth of float32's distance from it (root mean square). A weight of P or dS is a
+ * float32 result that the kernel and the reference may round to neighbouring bf16 values, which
+ * moves its row by a bf16 step: so not every element. And float32's within 1e-2 of the largest
+ * value but not within 1e-5.
+ * The shapes: odd T and head size (padding of every packed layout), T past a tile of 32, and a
+ * GPT's head of 64. */
+static void test_bf16_attention(void **state) {
+    (void)state;
+    const int64_t cases[][4] = {{2, 37, 10, 2}, {1, 70, 64, 2}, {1, 64, 64, 1}}; /* B, T, C, NH */
+    cddp_rng rng;
+    cddp_rng_seed(&rng, 11);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t B = cases[c][0], T = cases[c][1], C = cases[c][2], NH = cases[c][3];
+        int64_t nq = B * T * 3 * C, no = B * T * C;
+        float *qkv = malloc(sizeof(float) * (size_t)nq), *r = malloc(sizeof(float) * (size_t)no);
+        double *o = malloc(sizeof(double) * (size_t)no), *g = malloc(sizeof(double) * (size_t)nq);
+        assert_true(qkv && r && o && g);
+        for (int64_t i = 0; i < nq; i++) qkv[i] = 2 * cddp_rng_uniform(&rng) - 1;
+        for (int64_t i = 0; i < no; i++) r[i] = 2 * cddp_rng_uniform(&rng) - 1;
+        attention_ref(qkv, r, B, T, C, NH, o, g);
+        float *got[2][2];
+        cddp_ctx *cs[2] = {lo, ctx};
+        for (int k = 0; k < 2; k++) {
+            cddp_ctx *x = cs[k];
+            cddp_ctx_reset(x);
+            cddp_tensor *t =
+                cddp_requires_grad(x, cddp_from_data(x, CDDP_F32, CDDP_SHAPE(B, T, 3 * C), qkv));
+            cddp_tensor *y = cddp_attention(x, t, (int)NH);
+            assert_non_null(y);
+            cddp_tensor *w = cddp_from_data(x, CDDP_F32, CDDP_SHAPE(B, T, C), r);
+            assert_int_equal(cddp_backward(x, cddp_sum(x, cddp_mul(x, y, w))), CDDP_OK);
+            got[k][0] = malloc(sizeof(float) * (size_t)no);
+            got[k][1] = malloc(sizeof(float) * (size_t)nq);
+            memcpy(got[k][0], HOST(y), sizeof(float) * (size_t)no);
+            memcpy(got[k][1], HOST_GRAD(t), sizeof(float) * (size_t)nq);
+        }
+        const char *what[2] = {"output", "qkv's gradient"};
+        int64_t n[2] = {no, nq};
+        for (int i = 0; i < 2; i++) {
+            const double *ref = i ? g : o;
+            double e16 = rms_diff(got[0][i], ref, NULL, n[i]);
+            double e32 = rms_diff(got[1][i], ref, NULL, n[i]);
+            double mag, d32 = max_diff(got[0][i], got[1][i], n[i], &mag);
+            int64_t off = 0; /* elements not within 1e-5 of the largest value of the reference */
+            for (int64_t e = 0; e < n[i]; e++) off += fabs(got[0][i][e] - ref[e]) > 1e-5 * mag;
+            print_message("attention %zu, %s: %.3g from the rounded reference (float32: %.3g; "
+                          "%lld of %lld elements off), %.3g from float32 (largest %.3g)\n",
+                          c, what[i], e16, e32, (long long)off, (long long)n[i], d32, mag);
+            if (e16 > e32 / 5 || off > n[i] / 20 || d32 > 1e-2 * mag || d32 <= 1e-5 * mag)
+                fail_msg("attention case %zu, %s: %g from the rounded reference (float32: %g; "
+                         "%lld elements off), %g from float32 (largest %g)",
+                         c, what[i], e16, e32, (long long)off, d32, mag);
+        }
+        for (int k = 0; k < 2; k++) free(got[k][0]), free(got[k][1]);
+        free(qkv), free(r), free(o), free(g);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_path),
         cmocka_unit_test(test_bf16_products),
         cmocka_unit_test(test_bf16_convolutions),
+        cmocka_unit_test(test_bf16_attention),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

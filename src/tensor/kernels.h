@@ -183,10 +183,11 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
     F(const float *, x)                                                                            \
     F(const float *, t) F(const float *, dy) F(float *, dx) F(int64_t, n) F(bool, assign)
 /* causal self-attention of qkv (B,T,3C) in NH heads into out (B,T,C), the weights into p
- * (B,NH,T,T) */
+ * (B,NH,T,T); compute as gemm's (in bf16: q, k, v and the weights rounded for the products) */
 #define CDDP__KA_attention(F)                                                                      \
     F(const float *, qkv)                                                                          \
-    F(float *, out) F(float *, p) F(int64_t, B) F(int64_t, T) F(int64_t, C) F(int64_t, NH)
+    F(float *, out) F(float *, p) F(int64_t, B) F(int64_t, T) F(int64_t, C) F(int64_t, NH)         \
+        F(cddp_dtype, compute)
 /* causal self-attention with a key/value cache (generation): the keys and values of qkv (B,T,3C),
  * the projections of positions past..past+T-1, are copied into cache (B,L,2C) at those positions,
  * and each query attends to the cache's rows up to its own, into out (B,T,C) */
@@ -194,11 +195,12 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
     F(const float *, qkv)                                                                          \
     F(float *, cache) F(float *, out) F(int64_t, B) F(int64_t, T) F(int64_t, C) F(int64_t, NH)     \
         F(int64_t, past) F(int64_t, L)
-/* dqkv from dout (every element written: stored when assign, else added) */
+/* dqkv from dout (every element written: stored when assign, else added); compute: as the
+ * forward's (in bf16 also dout and the weights' gradient rounded for the products) */
 #define CDDP__KA_attention_grad(F)                                                                 \
     F(const float *, qkv)                                                                          \
     F(const float *, p) F(const float *, dout) F(float *, dqkv) F(int64_t, B) F(int64_t, T)        \
-        F(int64_t, C) F(int64_t, NH) F(bool, assign)
+        F(int64_t, C) F(int64_t, NH) F(bool, assign) F(cddp_dtype, compute)
 
 /* Batch normalisation (norm.c's blocks: N images of C channels in groups of B, P positions each),
  * relu(bn(x) + r) with relu and r (r may be NULL); stats: mean and 1/std (2 C). In training the

@@ -5,6 +5,7 @@
  *   vec.c        vectorised loops: exp, GELU, layer normalisation's rows, batch normalisation's
  *                sums, ReLU, pooling, adds
  *   attn.c       the products of one head of causal self-attention
+ *   attn_bf16.c  the same in bf16, on AVX512-BF16
  *   gemm.c       GEMM (oneDNN's sgemm, OpenBLAS where oneDNN refuses), softmax rows
  *   dnnl.c       oneDNN's primitives (convolution, bf16 products), made once per shape (dnnl.h)
  *   matmul.c     the gemm kernel: float32 on gemm.c, bf16 on oneDNN's matmul
@@ -130,6 +131,25 @@ void cddp__attn_mix_t(const float *w, const float *x, int64_t ldx, int64_t T, in
                       float scale, float *o, int64_t ldo, bool accumulate);
 /* xt (HS, T) = x (T, HS, rows ldx apart) transposed. */
 void cddp__attn_transpose(const float *x, int64_t ldx, int64_t T, int64_t HS, float *xt);
+
+/* ---- attn_bf16.c: the same products in bf16 (AVX512-BF16 only; see there) ---------------- */
+
+/* Float32 (rows, cols), rows ld apart, packed as bf16 pairs: along its rows (rows x (cols+1)/2
+ * words), of neighbouring rows ((rows+1)/2 x UP32(cols)), of each row transposed ((cols+1)/2 x
+ * UP32(rows)); UP32 rounds up to a multiple of 32. */
+void cddp__bf16_pack_rows(uint32_t *dst, const float *m, int64_t ld, int64_t rows, int64_t cols);
+void cddp__bf16_pack_pairs(uint32_t *dst, const float *m, int64_t ld, int64_t rows, int64_t cols);
+void cddp__bf16_pack_cols(uint32_t *dst, const float *m, int64_t ld, int64_t rows, int64_t cols);
+/* attn.c's three products on packed operands: a (T, HS) packed as rows, bt as the columns of the
+ * (T, HS) it is the transpose of; w (T, T) as rows (mix) or pairs (mix_t), x (T, HS) as pairs;
+ * s's tiles reaching the diagonal are written (some columns above it too). mix_t sums into ot
+ * (HS x UP32(T) floats) first. */
+void cddp__attn_scores_bf16(const uint32_t *a, const uint32_t *bt, int64_t T, int64_t HS,
+                            float scale, float *s);
+void cddp__attn_mix_bf16(const uint32_t *w, const uint32_t *x, int64_t T, int64_t HS, float scale,
+                         float *o, int64_t ldo, bool accumulate);
+void cddp__attn_mix_t_bf16(const uint32_t *w, const uint32_t *x, int64_t T, int64_t HS, float scale,
+                           float *o, int64_t ldo, bool accumulate, float *ot);
 
 /* ---- gemm.c ------------------------------------------------------------------------------ */
 

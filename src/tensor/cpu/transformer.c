@@ -38,33 +38,128 @@ static void causal_softmax_row(float *s, int64_t t, int64_t T) {
     memset(s + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
 }
 
+/* Words for a (rows, cols) matrix packed as rows, pairs or cols (attn_bf16.c). */
+static size_t rows_words(int64_t rows, int64_t cols) {
+    return (size_t)(rows * ((cols + 1) / 2));
+}
+static size_t pairs_words(int64_t rows, int64_t cols) {
+    return (size_t)((rows + 1) / 2 * ((cols + 31) / 32 * 32));
+}
+
+/* In bf16 without bf16 units (CDDP_BF16_EMULATE): the (rows, cols) matrix m (rows ld apart)
+ * rounded to bf16 into dst (dense), for the float32 products. */
+static void rounded(float *dst, const float *m, int64_t ld, int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; r++) cddp__bf16_round(dst + r * cols, m + r * ld, cols);
+}
+
+/* How a kernel multiplies: float32, bf16 on the bf16 units, or bf16's numbers in float32. */
+typedef enum { IN_F32, IN_BF16, IN_BF16_EMULATED } products;
+
+static products products_of(cddp_dtype compute) {
+    if (compute != CDDP_BF16) return IN_F32;
+    return cddp__cpu_bf16_native() ? IN_BF16 : IN_BF16_EMULATED;
+}
+
 /* Per batch element b and head h, with q, k, v the head's (T, HS) slices of qkv (rows 3C apart)
  * and o its slice of out (rows C apart):
- *   P = causal softmax(q k^T / sqrt(HS)),  o = P v   (attn.c's loops, the masked half skipped). */
+ *   P = causal softmax(q k^T / sqrt(HS)),  o = P v   (attn.c's loops, the masked half skipped;
+ *   in bf16 attn_bf16.c's, q, k, P and v rounded). */
 void cddp__cpu_attention(cddp__kq *q, const cddp__k_attention *a) {
     int64_t B = a->B, T = a->T, C = a->C, NH = a->NH, HS = C / NH;
+    products in = products_of(a->compute);
     float *kt = cddp__kq_scratch(q, (size_t)(HS * T) * sizeof(float));
-    if (!kt) return;
+    /* bf16: q, k, v and P packed; emulated: q, k, v and P rounded */
+    size_t words = rows_words(T, HS) + 2 * pairs_words(HS, T) + pairs_words(T, HS) +
+                   rows_words(T, T) + 4 * (size_t)(T * HS) + (size_t)(T * T);
+    uint32_t *w = in == IN_F32 ? NULL : cddp__kq_scratch(q, words * 4);
+    if (!kt || (in != IN_F32 && !w)) return;
     float scale = 1.0f / sqrtf((float)HS);
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < NH; h++) {
             const float *qh = a->qkv + b * T * 3 * C + h * HS, *k = qh + C, *v = qh + 2 * C;
-            float *ph = a->p + (b * NH + h) * T * T;
-            cddp__attn_transpose(k, 3 * C, T, HS, kt);
-            cddp__attn_scores(qh, 3 * C, kt, T, HS, scale, ph);
+            float *ph = a->p + (b * NH + h) * T * T, *o = a->out + b * T * C + h * HS;
+            if (in == IN_BF16) {
+                uint32_t *qa = w, *kb = qa + rows_words(T, HS), *vx = kb + pairs_words(HS, T),
+                         *pw = vx + pairs_words(T, HS);
+                cddp__bf16_pack_rows(qa, qh, 3 * C, T, HS);
+                cddp__bf16_pack_cols(kb, k, 3 * C, T, HS);
+                cddp__attn_scores_bf16(qa, kb, T, HS, scale, ph);
+                for (int64_t t = 0; t < T; t++) causal_softmax_row(ph + t * T, t, T);
+                cddp__bf16_pack_rows(pw, ph, T, T, T);
+                cddp__bf16_pack_pairs(vx, v, 3 * C, T, HS);
+                cddp__attn_mix_bf16(pw, vx, T, HS, 1.0f, o, C, false);
+                continue;
+            }
+            int64_t ld = 3 * C;
+            const float *pm = ph;
+            if (in == IN_BF16_EMULATED) {
+                float *r = (float *)w;
+                rounded(r, qh, 3 * C, T, HS);
+                rounded(r + T * HS, k, 3 * C, T, HS);
+                rounded(r + 2 * T * HS, v, 3 * C, T, HS);
+                qh = r, k = r + T * HS, v = r + 2 * T * HS, ld = HS;
+            }
+            cddp__attn_transpose(k, ld, T, HS, kt);
+            cddp__attn_scores(qh, ld, kt, T, HS, scale, ph);
             for (int64_t t = 0; t < T; t++) causal_softmax_row(ph + t * T, t, T);
-            cddp__attn_mix(ph, v, 3 * C, T, HS, 1.0f, a->out + b * T * C + h * HS, C, false);
+            if (in == IN_BF16_EMULATED) {
+                float *pr = (float *)w + 3 * T * HS;
+                rounded(pr, ph, T, T, T);
+                pm = pr;
+            }
+            cddp__attn_mix(pm, v, ld, T, HS, 1.0f, o, C, false);
         }
+}
+
+/* dS = P * (dP - rowsum(dP * P)) on and below the diagonal, zero above it (P is). */
+static void softmax_grad_rows(float *ds, const float *ph, int64_t T) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *pr = ph + t * T;
+        float *dr = ds + t * T;
+        float dot = cddp__dot(dr, pr, t + 1);
+        for (int64_t j = 0; j <= t; j++) dr[j] = pr[j] * (dr[j] - dot);
+        memset(dr + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
+    }
+}
+
+/* One head's gradients in bf16 on the bf16 units: attn_bf16.c's products, each operand packed
+ * (rounded) once for each layout it is read in; w: the packs' words. */
+static void head_grad_bf16(const float *qh, const float *ph, const float *dout, float *dq,
+                           int64_t T, int64_t C, int64_t HS, bool acc, float *ds, float *ot,
+                           uint32_t *w) {
+    const float *k = qh + C, *v = qh + 2 * C;
+    float scale = 1.0f / sqrtf((float)HS);
+    uint32_t *wp = w, *x = wp + pairs_words(T, T), *da = x + pairs_words(T, HS),
+             *vb = da + rows_words(T, HS);
+    cddp__bf16_pack_pairs(wp, ph, T, T, T); /* dv += P^T do */
+    cddp__bf16_pack_pairs(x, dout, C, T, HS);
+    cddp__attn_mix_t_bf16(wp, x, T, HS, 1.0f, dq + 2 * C, 3 * C, acc, ot);
+    cddp__bf16_pack_rows(da, dout, C, T, HS); /* dP = do v^T */
+    cddp__bf16_pack_cols(vb, v, 3 * C, T, HS);
+    cddp__attn_scores_bf16(da, vb, T, HS, 1.0f, ds);
+    softmax_grad_rows(ds, ph, T);
+    cddp__bf16_pack_rows(wp, ds, T, T, T); /* dq += dS k / sqrt(HS) */
+    cddp__bf16_pack_pairs(x, k, 3 * C, T, HS);
+    cddp__attn_mix_bf16(wp, x, T, HS, scale, dq, 3 * C, acc);
+    cddp__bf16_pack_pairs(wp, ds, T, T, T); /* dk += dS^T q / sqrt(HS) */
+    cddp__bf16_pack_pairs(x, qh, 3 * C, T, HS);
+    cddp__attn_mix_t_bf16(wp, x, T, HS, scale, dq + C, 3 * C, acc, ot);
 }
 
 /* With do the head's slice of the output's gradient:
  *   dv += P^T do;  dP = do v^T;  dS = P * (dP - rowsum(dP * P))  (the softmax's backward, zero
- *   above the diagonal since P is);  dq += dS k / sqrt(HS);  dk += dS^T q / sqrt(HS). */
+ *   above the diagonal since P is);  dq += dS k / sqrt(HS);  dk += dS^T q / sqrt(HS). In bf16 the
+ *   products' operands are rounded (q, k, v, P, do, dS); the softmax's backward stays float32. */
 void cddp__cpu_attention_grad(cddp__kq *q, const cddp__k_attention_grad *a) {
     int64_t B = a->B, T = a->T, C = a->C, NH = a->NH, HS = C / NH;
+    products in = products_of(a->compute);
     float *ds = cddp__kq_scratch(q, (size_t)(T * T) * sizeof(float));
-    float *vt = cddp__kq_scratch(q, (size_t)(HS * T) * sizeof(float));
-    if (!ds || !vt) return;
+    float *vt = cddp__kq_scratch(q, (size_t)((T + 31) / 32 * 32 * HS) * sizeof(float));
+    size_t words = in == IN_BF16 ? pairs_words(T, T) + pairs_words(T, HS) + rows_words(T, HS) +
+                                       pairs_words(HS, T)
+                                 : 4 * (size_t)(T * HS) + (size_t)(T * T);
+    uint32_t *w = in == IN_F32 ? NULL : cddp__kq_scratch(q, words * 4);
+    if (!ds || !vt || (in != IN_F32 && !w)) return;
     bool acc = !a->assign;
     float scale = 1.0f / sqrtf((float)HS);
     for (int64_t b = 0; b < B; b++)
@@ -72,19 +167,29 @@ void cddp__cpu_attention_grad(cddp__kq *q, const cddp__k_attention_grad *a) {
             const float *qh = a->qkv + b * T * 3 * C + h * HS, *k = qh + C, *v = qh + 2 * C;
             float *dq = a->dqkv + b * T * 3 * C + h * HS, *dk = dq + C, *dv = dq + 2 * C;
             const float *ph = a->p + (b * NH + h) * T * T;
-            const float *dout = a->dout + b * T * C + h * HS;
-            cddp__attn_mix_t(ph, dout, C, T, HS, 1.0f, dv, 3 * C, acc);
-            cddp__attn_transpose(v, 3 * C, T, HS, vt);
-            cddp__attn_scores(dout, C, vt, T, HS, 1.0f, ds);
-            for (int64_t t = 0; t < T; t++) {
-                const float *pr = ph + t * T;
-                float *dr = ds + t * T;
-                float dot = cddp__dot(dr, pr, t + 1);
-                for (int64_t j = 0; j <= t; j++) dr[j] = pr[j] * (dr[j] - dot);
-                memset(dr + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
+            const float *dout = a->dout + b * T * C + h * HS, *pm = ph;
+            if (in == IN_BF16) {
+                head_grad_bf16(qh, ph, dout, dq, T, C, HS, acc, ds, vt, w);
+                continue;
             }
-            cddp__attn_mix(ds, k, 3 * C, T, HS, scale, dq, 3 * C, acc);
-            cddp__attn_mix_t(ds, qh, 3 * C, T, HS, scale, dk, 3 * C, acc);
+            int64_t ld = 3 * C, ldo = C;
+            float *r = (float *)w;
+            if (in == IN_BF16_EMULATED) {
+                rounded(r, qh, 3 * C, T, HS);
+                rounded(r + T * HS, k, 3 * C, T, HS);
+                rounded(r + 2 * T * HS, v, 3 * C, T, HS);
+                rounded(r + 3 * T * HS, dout, C, T, HS);
+                rounded(r + 4 * T * HS, ph, T, T, T);
+                qh = r, k = r + T * HS, v = r + 2 * T * HS, dout = r + 3 * T * HS;
+                pm = r + 4 * T * HS, ld = ldo = HS;
+            }
+            cddp__attn_mix_t(pm, dout, ldo, T, HS, 1.0f, dv, 3 * C, acc);
+            cddp__attn_transpose(v, ld, T, HS, vt);
+            cddp__attn_scores(dout, ldo, vt, T, HS, 1.0f, ds);
+            softmax_grad_rows(ds, ph, T);
+            if (in == IN_BF16_EMULATED) rounded(ds, ds, T, T, T);
+            cddp__attn_mix(ds, k, ld, T, HS, scale, dq, 3 * C, acc);
+            cddp__attn_mix_t(ds, qh, ld, T, HS, scale, dk, 3 * C, acc);
         }
 }
 

@@ -140,9 +140,9 @@ cddp_tensor *cddp_attention(cddp_ctx *ctx, cddp_tensor *qkv, int n_head) {
     cddp_tensor *out = cddp__empty(d, CDDP_F32, 3, (int64_t[]){B, T, C});
     float *p = out ? cddp__dalloc(d, (size_t)(B * n_head * T * T) * sizeof(float)) : NULL;
     attention_saved *sv = cddp__ctx_alloc(ctx, sizeof *sv);
-    if (!p || !sv) return NULL;
+    if (!p || !sv || !cddp__computes(ctx, d)) return NULL;
     CDDP__K(&d->q, attention, .qkv = qkv->data, .out = out->data, .p = p, .B = B, .T = T, .C = C,
-            .NH = n_head);
+            .NH = n_head, .compute = ctx->compute);
     cddp__node *node;
     if (!cddp__record_op(ctx, CDDP_OP_ATTENTION, out, 1, &qkv, &node)) return NULL;
     if (node) {
@@ -191,5 +191,5 @@ void cddp__attention_backward(cddp_ctx *ctx, cddp__node *n) {
     if (!dqkv || !d) return;
     CDDP__K(&d->q, attention_grad, .qkv = qkv->data, .p = sv->p, .dout = n->out->grad, .dqkv = dqkv,
             .B = qkv->shape[0], .T = qkv->shape[1], .C = qkv->shape[2] / 3, .NH = sv->n_head,
-            .assign = assign);
+            .assign = assign, .compute = ctx->compute);
 }

@@ -1,0 +1,193 @@
+/* attn_bf16.c: attn.c's products of causal self-attention in bf16, for mixed precision on a
+ * processor with AVX512-BF16 (cddp__cpu_bf16_native): the operands rounded to bf16 (to nearest
+ * even), their products added in float32, as the bf16 GEMMs do.
+ *
+ * vdpbf16ps adds, in each of 16 float32 lanes, the products of a pair of bf16 values of one
+ * operand with a pair of the other, the pairs running along the sum's index. So the operands are
+ * packed first, each as one of three layouts of 32-bit words (a pair: the first value in the low
+ * half), for a (rows, cols) float32 matrix m whose rows are ld apart:
+ *
+ *   rows   word [r][p] = (m[r][2p], m[r][2p+1]): each row in bf16, cols rounded up to even
+ *   pairs  word [q][c] = (m[2q][c], m[2q+1][c]): rows 2q and 2q+1 side by side; (rows + 1) / 2
+ *          rows of UP32(cols) words
+ *   cols   word [p][r] = (m[r][2p], m[r][2p+1]): the pairs of each row, transposed; (cols + 1) / 2
+ *          rows of UP32(rows) words
+ *
+ * (padding is zero). An output tile keeps 8 rows x 32 columns of sums in 16 registers, and each
+ * step of the sum's index loads 2 vectors of 16 pairs and broadcasts 8 pairs of the other operand.
+ * The packing costs a pass over each matrix; the products skip the tiles above the diagonal as
+ * attn.c's do. */
+#include "tensor/cpu/cpu.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+static inline int64_t min64(int64_t a, int64_t b) {
+    return a < b ? a : b;
+}
+
+/* The low n (at most 16, at least 0) lanes. */
+static inline __mmask16 lanes(int64_t n) {
+    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+}
+
+/* x rounded to bf16, to nearest with ties to even; a NaN stays a (quiet) NaN. */
+static inline uint32_t round_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+TGT void cddp__bf16_pack_rows(uint32_t *dst, const float *m, int64_t ld, int64_t rows,
+                              int64_t cols) {
+    int64_t P = (cols + 1) / 2;
+    for (int64_t r = 0; r < rows; r++) {
+        uint16_t *d = (uint16_t *)(dst + r * P);
+        const float *s = m + r * ld;
+        int64_t c = 0;
+        for (; c + 32 <= cols; c += 32)
+            _mm512_storeu_si512(d + c, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + c + 16),
+                                                                    _mm512_loadu_ps(s + c)));
+        for (; c < 2 * P; c += 16) { /* the tail, and the zero that pads an odd row */
+            __mmask16 m16 = lanes(cols - c), out = lanes(2 * P - c);
+            __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m16, s + c));
+            _mm256_mask_storeu_epi16(d + c, out, (__m256i)v);
+        }
+    }
+}
+
+TGT void cddp__bf16_pack_pairs(uint32_t *dst, const float *m, int64_t ld, int64_t rows,
+                               int64_t cols) {
+    int64_t W = (cols + 31) / 32 * 32;
+    /* word 2i of the 32: row 2q's column i, word 2i + 1: row 2q + 1's */
+    static const uint16_t order[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                       21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                       11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    __m512i idx = _mm512_loadu_si512(order);
+    for (int64_t q = 0; q < (rows + 1) / 2; q++) {
+        const float *r0 = m + 2 * q * ld, *r1 = 2 * q + 1 < rows ? r0 + ld : NULL;
+        for (int64_t c = 0; c < W; c += 16) {
+            __mmask16 k = lanes(cols - c);
+            __m256bh a = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(k, r0 + c));
+            __m256bh b =
+                _mm512_cvtneps_pbh(r1 ? _mm512_maskz_loadu_ps(k, r1 + c) : _mm512_setzero_ps());
+            __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)a), (__m256i)b, 1);
+            _mm512_storeu_si512(dst + q * W + c, _mm512_permutexvar_epi16(idx, ab));
+        }
+    }
+}
+
+/* 16 rows at a time: each row's pairs into tmp (as pack_rows packs them), then word p of the 16
+ * rows gathered into row p of dst; the scalar loop where a row has over 512 columns. */
+TGT void cddp__bf16_pack_cols(uint32_t *dst, const float *m, int64_t ld, int64_t rows,
+                              int64_t cols) {
+    int64_t W = (rows + 31) / 32 * 32, P = (cols + 1) / 2;
+    for (int64_t p = 0; p < P; p++) memset(dst + p * W + rows, 0, (size_t)(W - rows) * 4);
+    if (P > 256) {
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t p = 0; p < P; p++) {
+                uint32_t hi = 2 * p + 1 < cols ? round_bf16(m[r * ld + 2 * p + 1]) : 0;
+                dst[p * W + r] = round_bf16(m[r * ld + 2 * p]) | hi << 16;
+            }
+        return;
+    }
+    uint32_t tmp[16 * 256];
+    __m512i at =
+        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                           _mm512_set1_epi32((int)P));
+    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+        int64_t n = min64(16, rows - r0);
+        cddp__bf16_pack_rows(tmp, m + r0 * ld, ld, n, cols);
+        if (n < 16) memset(tmp + n * P, 0, (size_t)((16 - n) * P) * 4);
+        __mmask16 k = lanes(W - r0);
+        for (int64_t p = 0; p < P; p++)
+            _mm512_mask_storeu_epi32(dst + p * W + r0, k, _mm512_i32gather_epi32(at, tmp + p, 4));
+    }
+}
+
+/* The 8 x 32 tile's sums, scaled, into rows r < nr of o (ld apart), columns c < nc: stored, or
+ * added when accumulate. */
+TGT static void put_tile(__m512 acc[8][2], float scale, float *o, int64_t ld, int64_t nr,
+                         int64_t nc, bool accumulate) {
+    __m512 s = _mm512_set1_ps(scale);
+    __mmask16 m0 = lanes(nc), m1 = lanes(nc - 16);
+    for (int64_t r = 0; r < nr; r++) {
+        float *row = o + r * ld;
+        __m512 v0 = _mm512_mul_ps(acc[r][0], s), v1 = _mm512_mul_ps(acc[r][1], s);
+        if (accumulate) {
+            v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, row));
+            v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, row + 16));
+        }
+        _mm512_mask_storeu_ps(row, m0, v0);
+        _mm512_mask_storeu_ps(row + 16, m1, v1);
+    }
+}
+
+/* acc[r] += bcast[r][k] . (v0, v1) for k over n steps: the tile's sums. bcast[r] walks in steps
+ * of bstride words, v in steps of vstride. */
+#define TILE_SUMS(acc, bcast, bstride, v, vstride, n)                                              \
+    for (int64_t k_ = 0; k_ < (n); k_++) {                                                         \
+        __m512bh v0_ = (__m512bh)_mm512_loadu_si512((v) + k_ * (vstride));                         \
+        __m512bh v1_ = (__m512bh)_mm512_loadu_si512((v) + k_ * (vstride) + 16);                    \
+        _Pragma("GCC unroll 8") for (int r_ = 0; r_ < 8; r_++) {                                   \
+            __m512bh b_ = (__m512bh)_mm512_set1_epi32((int)(bcast)[r_][k_ * (bstride)]);           \
+            acc[r_][0] = _mm512_dpbf16_ps(acc[r_][0], b_, v0_);                                    \
+            acc[r_][1] = _mm512_dpbf16_ps(acc[r_][1], b_, v1_);                                    \
+        }                                                                                          \
+    }
+
+TGT void cddp__attn_scores_bf16(const uint32_t *a, const uint32_t *b, int64_t T, int64_t HS,
+                                float scale, float *s) {
+    int64_t P = (HS + 1) / 2, W = (T + 31) / 32 * 32;
+    for (int64_t i0 = 0; i0 < T; i0 += 8) {
+        int64_t ni = min64(8, T - i0);
+        const uint32_t *ar[8];
+        for (int r = 0; r < 8; r++) ar[r] = a + min64(i0 + r, T - 1) * P;
+        for (int64_t j0 = 0; j0 < i0 + ni; j0 += 32) {
+            __m512 acc[8][2];
+            for (int r = 0; r < 8; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+            TILE_SUMS(acc, ar, 1, b + j0, W, P)
+            put_tile(acc, scale, s + i0 * T + j0, T, ni, min64(32, T - j0), false);
+        }
+    }
+}
+
+TGT void cddp__attn_mix_bf16(const uint32_t *w, const uint32_t *x, int64_t T, int64_t HS,
+                             float scale, float *o, int64_t ldo, bool accumulate) {
+    int64_t Q = (T + 1) / 2, W = (HS + 31) / 32 * 32;
+    for (int64_t t0 = 0; t0 < T; t0 += 8) {
+        int64_t nt = min64(8, T - t0), qend = (t0 + nt + 1) / 2; /* w[t][j] = 0 for j > t */
+        const uint32_t *wr[8];
+        for (int r = 0; r < 8; r++) wr[r] = w + min64(t0 + r, T - 1) * Q;
+        for (int64_t d0 = 0; d0 < HS; d0 += 32) {
+            __m512 acc[8][2];
+            for (int r = 0; r < 8; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+            TILE_SUMS(acc, wr, 1, x + d0, W, qend)
+            put_tile(acc, scale, o + t0 * ldo + d0, ldo, nt, min64(32, HS - d0), accumulate);
+        }
+    }
+}
+
+TGT void cddp__attn_mix_t_bf16(const uint32_t *w, const uint32_t *x, int64_t T, int64_t HS,
+                               float scale, float *o, int64_t ldo, bool accumulate, float *ot) {
+    int64_t Q = (T + 1) / 2, WT = (T + 31) / 32 * 32, WD = (HS + 31) / 32 * 32;
+    /* ot (HS, WT) = o transposed: each tile's rows are 8 of o's columns d, its 32 lanes 32 of o's
+     * rows j, the sum running over t >= j (w[t][j] = 0 for t < j) */
+    for (int64_t j0 = 0; j0 < T; j0 += 32)
+        for (int64_t d0 = 0; d0 < HS; d0 += 8) {
+            const uint32_t *xr[8];
+            for (int r = 0; r < 8; r++) xr[r] = x + j0 / 2 * WD + min64(d0 + r, HS - 1);
+            __m512 acc[8][2];
+            for (int r = 0; r < 8; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+            TILE_SUMS(acc, xr, WD, w + j0 / 2 * WT + j0, WT, Q - j0 / 2)
+            put_tile(acc, 1.0f, ot + d0 * WT + j0, WT, min64(8, HS - d0), 32, false);
+        }
+    for (int64_t j = 0; j < T; j++) {
+        float *row = o + j * ldo;
+        for (int64_t d = 0; d < HS; d++)
+            row[d] = (accumulate ? row[d] : 0.0f) + scale * ot[d * WT + j];
+    }
+}
