@@ -94,10 +94,13 @@ CDDP_API char *cddp_strdup(const char *s);
 
 /* The step arena: bump allocation for a step's activations and tape, one reset per step.
  *
- * The arena grows in chunks as a step needs more, up to max_bytes; after a reset that followed a
- * step needing several chunks it keeps one chunk of the high-water size, so a steady training
- * loop allocates nothing after its first step. Running past max_bytes fails with a message that
- * says how much was needed and how to raise the limit (CDDP_ARENA_MB). */
+ * On the heap the arena reserves max_bytes of address space at once, which becomes memory only as
+ * steps touch it (in 2 MiB pages where the kernel gives them), so a training loop allocates and
+ * faults in nothing after its first step. Where that reservation is refused, and on a device's
+ * memory, it grows in chunks as a step needs more, up to max_bytes, and after a reset that
+ * followed a step needing several chunks keeps one chunk of the high-water size. Running past
+ * max_bytes fails with a message that says how much was needed and how to raise the limit
+ * (CDDP_ARENA_MB). */
 typedef struct cddp_arena cddp_arena;
 
 /* max_bytes 0 takes CDDP_ARENA_MB. Returns NULL when out of memory. */
