@@ -38,6 +38,10 @@ CDDP_API int cddp_net_interface_addr(const char *name, char *out, size_t n, cddp
  * resolves. CDDP_EINVAL, naming the interfaces, when it is neither. */
 CDDP_API int cddp_net_local_host(const char *spec, char *out, size_t n, bool *interface,
                                  cddp_error *err);
+/* host and port as one writes them: host:port, [host]:port for an IPv6 address; into out (n
+ * bytes), which it returns. CDDP_NET_ENDPOINT: the same into a buffer of the calling block. */
+CDDP_API const char *cddp_net_endpoint(char *out, size_t n, const char *host, int port);
+#define CDDP_NET_ENDPOINT(host, port) cddp_net_endpoint((char[300]){0}, 300, (host), (port))
 /* Whether err is cddp_net_listen's (or a server's start on it) saying the port is in use. */
 CDDP_API bool cddp_net_in_use(const cddp_error *err);
 /* Whether host resolves to loopback addresses only (127.0.0.1, Debian's 127.0.1.1, ::1). */

@@ -419,7 +419,8 @@ static int rendezvous(cddp_comm *c, const cddp__launch *l, const cddp_comm_optio
                               "cddprun, torchrun, mpirun or srun, or pass master_port");
     bool derived = (l->derived_addr && !o->master_addr) || (l->derived_port && o->master_port <= 0);
     if (derived && c->rank == 0)
-        cddp_log(CDDP_LOG_INFO, "comm", "srun: meeting at %s:%d (%s; %s)", addr, port,
+        cddp_log(CDDP_LOG_INFO, "comm", "srun: meeting at %s (%s; %s)",
+                 CDDP_NET_ENDPOINT(addr, port),
                  l->derived_addr && !o->master_addr ? "the step's first host; MASTER_ADDR "
                                                       "chooses another"
                                                     : "MASTER_ADDR",

@@ -95,15 +95,15 @@ static int connect_lower(cddp_comm *c, cddp_store *st, int r, double deadline, c
         /* The peer answers with its own hello (its pid, its nonce) and its proof of the token. */
         if (rc == CDDP_OK) rc = cddp_net_read_all(*fd, &back, sizeof back, deadline, err);
         if (rc == CDDP_OK && (back.h.magic != TCP_MAGIC || back.h.rank != r))
-            rc = cddp_error_set(err, CDDP_EIO, "%s:%d answered as something other than rank %d",
-                                host, port, r);
+            rc = cddp_error_set(err, CDDP_EIO, "%s answered as something other than rank %d",
+                                CDDP_NET_ENDPOINT(host, port), r);
         if (rc == CDDP_OK) {
             mesh_proof(c, r, c->rank, ch, h.nonce, back.h.nonce, want);
             if (!cddp_net_proof_equal(back.proof, want))
                 rc = cddp_error_set(err, CDDP_ESTATE,
-                                    "%s:%d answered as rank %d but does not know this job's "
+                                    "%s answered as rank %d but does not know this job's "
                                     "token (another job's rank at the address rank %d posted?)",
-                                    host, port, r, r);
+                                    CDDP_NET_ENDPOINT(host, port), r, r);
         }
         if (rc == CDDP_OK) {
             mesh_proof(c, c->rank, r, ch, h.nonce, back.h.nonce, want);
@@ -192,10 +192,10 @@ static int accept_higher(cddp_comm *c, int listen_fd, const char *addr, int port
         if (deadline >= 0 && now > deadline) {
             rc = cddp_error_set(err, CDDP_ETIMEDOUT,
                                 "rank %d: only %d of the %d connections from higher ranks reached "
-                                "%s:%d in time (a firewall between the hosts? give an address "
+                                "%s in time (a firewall between the hosts? give an address "
                                 "the others reach: cddprun --local_addr, or CDDP_SOCKET_IFNAME or "
                                 "CDDP_LOCAL_ADDR for ranks started otherwise)",
-                                me, got, want, addr, port);
+                                me, got, want, CDDP_NET_ENDPOINT(addr, port));
             break;
         }
         /* Progress every connection that spoke; drop those that failed or ran out of time. */

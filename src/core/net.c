@@ -74,11 +74,11 @@ int cddp_net_listen(const char *host, int port, int *fd_out, int *bound, cddp_er
     if (fd < 0) {
         if (e == EADDRINUSE)
             return cddp_error_set(err, CDDP_EIO,
-                                  "%s:%d " IN_USE " — another job? choose --master_port or "
+                                  "%s " IN_USE " — another job? choose --master_port or "
                                   "--standalone",
-                                  host, port);
+                                  CDDP_NET_ENDPOINT(host, port));
         return cddp_error_set(
-            err, CDDP_EIO, "cannot listen on %s:%d: %s%s", host, port, strerror(e),
+            err, CDDP_EIO, "cannot listen on %s: %s%s", CDDP_NET_ENDPOINT(host, port), strerror(e),
             e == EADDRNOTAVAIL ? " (is that address one of this machine's?)" : "");
     }
     struct sockaddr_storage ss;
@@ -152,9 +152,9 @@ int cddp_net_connect(const char *host, int port, const char *local, double deadl
                                       "--master_addr",
                                       host, waited, gai_strerror(g));
             return cddp_error_set(err, CDDP_ETIMEDOUT,
-                                  "cannot reach %s:%d (tried for %.1f s): %s; is the master "
+                                  "cannot reach %s (tried for %.1f s): %s; is the master "
                                   "(node 0) up, and are --master_addr and --master_port right?",
-                                  host, port, waited, strerror(e));
+                                  CDDP_NET_ENDPOINT(host, port), waited, strerror(e));
         }
         /* Not up yet: retry with a growing pause (never past the deadline), as a worker waits
          * for rank 0's server. */
@@ -362,6 +362,11 @@ static bool loopback_sa(const struct sockaddr *sa) {
         return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
     }
     return false;
+}
+
+const char *cddp_net_endpoint(char *out, size_t n, const char *host, int port) {
+    snprintf(out, n, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+    return out;
 }
 
 bool cddp_net_is_loopback(const char *host) {

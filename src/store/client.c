@@ -194,7 +194,7 @@ cddp_store *cddp_store_connect(const cddp_store_options *o, cddp_error *err) {
         return NULL;
     }
     s->timeout = o->timeout_s > 0 ? o->timeout_s : (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
-    snprintf(s->addr, sizeof s->addr, "%s:%d", o->host, o->port);
+    cddp_net_endpoint(s->addr, sizeof s->addr, o->host, o->port);
     double start = cddp_now_s(), deadline = start + s->timeout, pause = 0.01;
     for (;;) {
         if (cddp_net_connect(o->host, o->port, o->local_addr, deadline, &s->fd, err)) {

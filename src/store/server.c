@@ -438,7 +438,7 @@ static void describe_peer(const struct sockaddr_storage *ss, char *out, size_t n
         inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)ss)->sin6_addr, host, sizeof host);
         port = ntohs(((const struct sockaddr_in6 *)ss)->sin6_port);
     }
-    snprintf(out, n, "%s:%d", host, port);
+    cddp_net_endpoint(out, n, host, port);
 }
 
 /* Removes a connection that ended, carrying out its wills. */

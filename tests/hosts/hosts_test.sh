@@ -28,8 +28,9 @@
 #          loss; then a job of 2 hosts with a second launcher on host 1: one of the two is refused
 #          (one launcher per host), the job finishes
 #   ipv6   torchrun's line with an IPv6 endpoint ([fd00:K::1]:29400) on 2 hosts x 2 ranks, no
-#          --local_addr: each node advertises its IPv6 address (its route to the endpoint) and
-#          the job trains to the one-host loss over TCP
+#          --local_addr: each node advertises its IPv6 address (its route to the endpoint), the
+#          messages write the endpoint in brackets, and the job trains to the one-host loss over
+#          TCP
 #   replace torchrun's line in an elastic job (--nnodes 2:3, no --node_rank) on hosts 0, 1 and 2;
 #          host 2 dies once a checkpoint exists (hosts 0 and 1 go on), then a new host 3 comes
 #          with the same line: it takes node rank 2, freed by the dead launcher's will, is
@@ -315,6 +316,7 @@ ipv6)
         has node$i.out "cddprun: node $i's address for the others is $("$H" addr6 "$name" "$i"), interface eth0"
     done
     has node0.out "[cddp rank 0] I comm: 4 ranks on 2 hosts: tcp"
+    has node1.out "cddprun: node 1 of 2 (no --node_rank: the order the nodes joined in; node 0 hosts the store at [$a0]:29400)"
     same_loss node0.out
     echo "ok: 2 hosts x 2 ranks over IPv6 ([$a0]:29400): final loss $loss, one host's $ref" ;;
 replace)

@@ -438,7 +438,7 @@ int cddprun_hosts_main(options *o) {
                 : o->ssh  ? o->ssh
                           : "ssh");
     }
-    fprintf(stderr, "; node 0's store at %s:%d\n", addr, o->master_port);
+    fprintf(stderr, "; node 0's store at %s\n", CDDP_NET_ENDPOINT(addr, o->master_port));
 
     if (pipe2(cddprun_wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return 1;
     struct sigaction sa = {.sa_handler = cddprun_on_signal};

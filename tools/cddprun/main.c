@@ -263,12 +263,11 @@ static void take_node_rank(job *j) {
                 o->nnodes, o->nnodes, j->host);
         exit(1);
     }
-    fprintf(stderr,
-            "cddprun: node %d of %d (no --node_rank: %s; node 0 hosts the store at %s:%d)\n",
+    fprintf(stderr, "cddprun: node %d of %d (no --node_rank: %s; node 0 hosts the store at %s)\n",
             o->node_rank, o->nnodes,
             o->node_rank == 0 ? "this node listens on the endpoint's address"
                               : "the order the nodes joined in",
-            o->master_addr, o->master_port);
+            CDDP_NET_ENDPOINT(o->master_addr, o->master_port));
 }
 
 /* SIGINT/TERM/HUP while this node joins the rendezvous: nothing to stop yet (async-signal-safe). */

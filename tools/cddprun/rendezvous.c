@@ -95,9 +95,9 @@ static void form_round(job *j) {
         if (now > end) {
             fprintf(stderr,
                     "cddprun: rendezvous failed: %d of at least %d nodes arrived within %ld s "
-                    "(CDDP_RDZV_TIMEOUT_S) at %s:%d\n",
-                    count, o->nnodes_min, cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S), o->master_addr,
-                    o->master_port);
+                    "(CDDP_RDZV_TIMEOUT_S) at %s\n",
+                    count, o->nnodes_min, cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S),
+                    CDDP_NET_ENDPOINT(o->master_addr, o->master_port));
             exit(1);
         }
         struct timespec ts = {0, 20 * 1000 * 1000};
@@ -144,9 +144,9 @@ static bool read_members(job *j) {
     if (rc == CDDP_ETIMEDOUT) {
         fprintf(stderr,
                 "cddprun: rendezvous failed: round %d of the elastic job did not form within %ld s "
-                "(CDDP_RDZV_TIMEOUT_S) at %s:%d\n",
-                j->round, cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S), j->o.master_addr,
-                j->o.master_port);
+                "(CDDP_RDZV_TIMEOUT_S) at %s\n",
+                j->round, cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S),
+                CDDP_NET_ENDPOINT(j->o.master_addr, j->o.master_port));
         exit(1);
     }
     if (rc) {
@@ -284,11 +284,11 @@ void cddprun_rendezvous(job *j) {
         }
         fprintf(stderr,
                 "cddprun: rendezvous failed: node(s) %s of %d did not arrive within %ld s "
-                "(CDDP_RDZV_TIMEOUT_S) at %s:%d\n"
+                "(CDDP_RDZV_TIMEOUT_S) at %s\n"
                 "cddprun: start cddprun on every node with --nnodes %d, its own --node_rank, and "
                 "the same --master_addr, --master_port and --token\n",
                 missing[0] ? missing : "?", o->nnodes, cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S),
-                o->master_addr, o->master_port, o->nnodes);
+                CDDP_NET_ENDPOINT(o->master_addr, o->master_port), o->nnodes);
         exit(1);
     }
     j->world = j->base = j->nodes = j->group_rank = 0;

@@ -53,11 +53,11 @@ void cddprun_job_token(const options *o, char *out) {
     } else {
         cddprun_die_usage(
             "a job on %d nodes needs a secret that every node shares, or any process that can "
-            "reach %s:%d could join it. Make one and give it to cddprun on every node:\n"
+            "reach %s could join it. Make one and give it to cddprun on every node:\n"
             "    (umask 077; head -c 32 /dev/urandom | base64 > ~/.cddp-token)\n"
             "    cddprun --token_file ~/.cddp-token ...\n"
             "(or set CDDPRUN_TOKEN in every node's environment)",
-            o->nnodes, o->master_addr, o->master_port);
+            o->nnodes, CDDP_NET_ENDPOINT(o->master_addr, o->master_port));
     }
 }
 
@@ -133,8 +133,9 @@ static void slurm_defaults(options *o) {
     if (!o->addr_given) o->master_addr = host;
     if (!o->port_given) o->master_port = s.port;
     if (s.node == 0)
-        fprintf(stderr, "cddprun: srun step %d.%d: %d node%s, node 0's store at %s:%d\n", s.job,
-                s.step, s.nnodes, s.nnodes == 1 ? "" : "s", o->master_addr, o->master_port);
+        fprintf(stderr, "cddprun: srun step %d.%d: %d node%s, node 0's store at %s\n", s.job,
+                s.step, s.nnodes, s.nnodes == 1 ? "" : "s",
+                CDDP_NET_ENDPOINT(o->master_addr, o->master_port));
 }
 
 void cddprun_validate(options *o) {
