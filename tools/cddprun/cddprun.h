@@ -154,6 +154,8 @@ void cddprun_stop_workers(job *j, int sig);
 void cddprun_drain(worker *w, stream *s);
 
 /* rendezvous.c */
+/* Whether host is one of this machine's addresses (it can listen there). */
+bool cddprun_can_listen(const char *host);
 /* A rendezvous failure: says it and exits 1. */
 void cddprun_fail_rdzv(const char *what, const cddp_error *err) __attribute__((noreturn));
 void cddprun_random_hex(char *out, size_t bytes);

@@ -134,11 +134,8 @@ static int read_hosts(const options *o, host *h) {
 static bool is_here(const char *name) {
     char me[256] = "";
     gethostname(me, sizeof me);
-    if (!strcmp(name, me) || !strcmp(name, "localhost") || cddp_net_is_loopback(name)) return true;
-    int fd, port;
-    if (cddp_net_listen(name, 0, &fd, &port, NULL) != CDDP_OK) return false;
-    close(fd);
-    return true;
+    return !strcmp(name, me) || !strcmp(name, "localhost") || cddp_net_is_loopback(name) ||
+           cddprun_can_listen(name);
 }
 
 /* ---- what every node gets ----------------------------------------------------------------- */
@@ -226,8 +223,9 @@ static text control_stream(const options *o, const char *token) {
     for (char **e = environ; *e; e++)
         if (forwarded(*e)) put(&t, *e, strlen(*e) + 1);
     for (int i = 0; i < o->nenv; i++) {
-        const char *v = strchr(o->env[i], '=') ? NULL : getenv(o->env[i]);
-        if (!strchr(o->env[i], '=') && !v) {
+        bool given = strchr(o->env[i], '=') != NULL; /* NAME=VALUE */
+        const char *v = given ? NULL : getenv(o->env[i]);
+        if (!given && !v) {
             fprintf(stderr, "cddprun: warning: -x %s: not set here, not forwarded\n", o->env[i]);
             continue;
         }

@@ -210,14 +210,6 @@ static round_result run_round(job *j) {
     return ROUND_FAILED;
 }
 
-/* Whether host is one of this machine's addresses (it can listen there). */
-static bool endpoint_is_here(const char *host) {
-    int fd, port;
-    if (cddp_net_listen(host, 0, &fd, &port, NULL) != CDDP_OK) return false;
-    close(fd);
-    return true;
-}
-
 /* Without --node_rank: this node's rank in the job, 0 when it hosts the store, else the lowest
  * free one, in the order the nodes join; one launcher per host (its identity, cddp_host_id,
  * claimed first). Both claims are freed by wills when the launcher goes, so that a new launcher on
@@ -346,7 +338,7 @@ int main(int argc, char **argv) {
      * listen on the endpoint's address hosts the store and is node 0; the others take 1, 2, ...
      * in the order they join (auto_rank), once for the whole job. */
     bool auto_rank = o->nnodes > 1 && !o->node_rank_given && !o->node_rank_from_step;
-    if (auto_rank) o->node_rank = endpoint_is_here(o->master_addr) ? 0 : -1;
+    if (auto_rank) o->node_rank = cddprun_can_listen(o->master_addr) ? 0 : -1;
     /* A master address naming this machine but loopback here, in a job of several nodes
      * (Debian's /etc/hosts maps a host's own name to 127.0.1.1): the store listens on every
      * interface, where the other nodes reach it at the address the name has for them. */

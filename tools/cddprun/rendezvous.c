@@ -51,6 +51,13 @@ static int wait_for_nodes(job *j, const char *const *keys, int n, cddp_error *er
     }
 }
 
+bool cddprun_can_listen(const char *host) {
+    int fd, port;
+    if (cddp_net_listen(host, 0, &fd, &port, NULL) != CDDP_OK) return false;
+    close(fd);
+    return true;
+}
+
 /* Whether the store holds key now (a failed request counts as no). */
 static bool has(job *j, const char *key) {
     cddp_error err = {0};

@@ -33,30 +33,11 @@ static inline __mmask16 lanes(int64_t n) {
     return n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
 }
 
-/* x rounded to bf16, to nearest with ties to even; a NaN stays a (quiet) NaN. */
-static inline uint32_t round_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40;
-    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
-
-TGT void cddp__bf16_pack_rows(uint32_t *dst, const float *m, int64_t ld, int64_t rows,
-                              int64_t cols) {
+void cddp__bf16_pack_rows(uint32_t *dst, const float *m, int64_t ld, int64_t rows, int64_t cols) {
     int64_t P = (cols + 1) / 2;
-    for (int64_t r = 0; r < rows; r++) {
-        uint16_t *d = (uint16_t *)(dst + r * P);
-        const float *s = m + r * ld;
-        int64_t c = 0;
-        for (; c + 32 <= cols; c += 32)
-            _mm512_storeu_si512(d + c, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + c + 16),
-                                                                    _mm512_loadu_ps(s + c)));
-        for (; c < 2 * P; c += 16) { /* the tail, and the zero that pads an odd row */
-            __mmask16 m16 = lanes(cols - c), out = lanes(2 * P - c);
-            __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m16, s + c));
-            _mm256_mask_storeu_epi16(d + c, out, (__m256i)v);
-        }
-    }
+    cddp__to_bf16_rows((uint16_t *)dst, 2 * P, m, ld, rows, cols);
+    if (cols % 2) /* the zero that pads an odd row */
+        for (int64_t r = 0; r < rows; r++) ((uint16_t *)dst)[r * 2 * P + cols] = 0;
 }
 
 TGT void cddp__bf16_pack_pairs(uint32_t *dst, const float *m, int64_t ld, int64_t rows,
@@ -89,8 +70,8 @@ TGT void cddp__bf16_pack_cols(uint32_t *dst, const float *m, int64_t ld, int64_t
     if (P > 256) {
         for (int64_t r = 0; r < rows; r++)
             for (int64_t p = 0; p < P; p++) {
-                uint32_t hi = 2 * p + 1 < cols ? round_bf16(m[r * ld + 2 * p + 1]) : 0;
-                dst[p * W + r] = round_bf16(m[r * ld + 2 * p]) | hi << 16;
+                uint32_t hi = 2 * p + 1 < cols ? cddp__round_bf16(m[r * ld + 2 * p + 1]) : 0;
+                dst[p * W + r] = cddp__round_bf16(m[r * ld + 2 * p]) | hi << 16;
             }
         return;
     }

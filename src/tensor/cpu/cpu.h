@@ -20,6 +20,8 @@
 
 #include "tensor/device.h"
 
+#include <string.h>
+
 /* ---- the kernels (tensor/kernels.h) -------------------------------------------------------- */
 
 #define CDDP__CPU_DECL(name) void cddp__cpu_##name(cddp__kq *q, const cddp__k_##name *a);
@@ -33,6 +35,18 @@ bool cddp__cpu_conv_pool_fuses(const cddp__conv_geom *g);
 int cddp__cpu_computes(cddp_dtype dtype, const char **how, cddp_error *err);
 bool cddp__cpu_bf16_native(void);
 void cddp__bf16_round(float *dst, const float *src, int64_t n);
+/* (rows, cols) floats, rows ld apart, rounded to bf16: into dst as float32 (dense), or as bf16
+ * with rows ldd apart (with AVX512-BF16's conversion where the processor has it). */
+void cddp__bf16_round_rows(float *dst, const float *src, int64_t ld, int64_t rows, int64_t cols);
+void cddp__to_bf16_rows(uint16_t *dst, int64_t ldd, const float *src, int64_t ld, int64_t rows,
+                        int64_t cols);
+/* x rounded to bf16, to nearest with ties to even; a NaN stays a (quiet) NaN. */
+static inline uint16_t cddp__round_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 /* The answers to cddp__kernels' questions, for a table of the CPU's kernels (the CPU's, and the
  * emulated device's, which runs them). */
 #define CDDP__CPU_QUESTIONS                                                                        \

@@ -63,16 +63,8 @@ static void *buffer(cddp__kq *q, int i, size_t bytes) {
 
 /* ---- rounding to bf16 ----------------------------------------------------------------------- */
 
-/* x rounded to bf16, to nearest with ties to even; a NaN stays a (quiet) NaN. */
-static inline uint16_t round_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 static void to_bf16_any(uint16_t *dst, const float *src, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = round_bf16(src[i]);
+    for (int64_t i = 0; i < n; i++) dst[i] = cddp__round_bf16(src[i]);
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void
@@ -93,28 +85,27 @@ static bool has_avx512bf16(void) {
     return __builtin_cpu_supports("avx512bf16");
 }
 
-/* rows x cols floats, rows ld apart, into dst densely as bf16. */
-static void to_bf16_rows(uint16_t *dst, const float *src, int64_t rows, int64_t cols, int64_t ld) {
+void cddp__to_bf16_rows(uint16_t *dst, int64_t ldd, const float *src, int64_t ld, int64_t rows,
+                        int64_t cols) {
     bool fast = has_avx512bf16();
     for (int64_t r = 0; r < rows; r++) {
         if (fast)
-            to_bf16_avx512(dst + r * cols, src + r * ld, cols);
+            to_bf16_avx512(dst + r * ldd, src + r * ld, cols);
         else
-            to_bf16_any(dst + r * cols, src + r * ld, cols);
+            to_bf16_any(dst + r * ldd, src + r * ld, cols);
     }
 }
 
-/* The same, back to float32 (exact): the emulation's operands. */
-static void bf16_rows(float *dst, const float *src, int64_t rows, int64_t cols, int64_t ld) {
+void cddp__bf16_round_rows(float *dst, const float *src, int64_t ld, int64_t rows, int64_t cols) {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++) {
-            uint32_t u = (uint32_t)round_bf16(src[r * ld + c]) << 16;
+            uint32_t u = (uint32_t)cddp__round_bf16(src[r * ld + c]) << 16;
             memcpy(&dst[r * cols + c], &u, sizeof u);
         }
 }
 
 void cddp__bf16_round(float *dst, const float *src, int64_t n) {
-    bf16_rows(dst, src, 1, n, n);
+    cddp__bf16_round_rows(dst, src, n, 1, n);
 }
 
 /* ---- whether, and on what ------------------------------------------------------------------- */
@@ -244,8 +235,8 @@ static bool operands_of(cddp__kq *q, const cddp__k_gemm *a, size_t elem, operand
 static void gemm_emulated(cddp__kq *q, const cddp__k_gemm *a) {
     operands o;
     if (!operands_of(q, a, sizeof(float), &o)) return;
-    bf16_rows(o.A, a->A, o.ar, o.ac, a->lda);
-    bf16_rows(o.B, a->B, o.br, o.bc, a->ldb);
+    cddp__bf16_round_rows(o.A, a->A, a->lda, o.ar, o.ac);
+    cddp__bf16_round_rows(o.B, a->B, a->ldb, o.br, o.bc);
     cddp__gemm_ld(a->ta, a->tb, a->M, a->N, a->K, a->alpha, o.A, o.ac, o.B, o.bc, a->beta, a->C,
                   a->ldc);
 }
@@ -262,8 +253,8 @@ static void gemm_bf16(cddp__kq *q, const cddp__k_gemm *a) {
     }
     operands o;
     if (!operands_of(q, a, sizeof(uint16_t), &o)) return;
-    to_bf16_rows(o.A, a->A, o.ar, o.ac, a->lda);
-    to_bf16_rows(o.B, a->B, o.br, o.bc, a->ldb);
+    cddp__to_bf16_rows(o.A, o.ac, a->A, a->lda, o.ar, o.ac);
+    cddp__to_bf16_rows(o.B, o.bc, a->B, a->ldb, o.br, o.bc);
     mm_key k = {.kind = MATMUL_BF16,
                 .M = a->M,
                 .N = a->N,

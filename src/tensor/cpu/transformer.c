@@ -46,12 +46,6 @@ static size_t pairs_words(int64_t rows, int64_t cols) {
     return (size_t)((rows + 1) / 2 * ((cols + 31) / 32 * 32));
 }
 
-/* In bf16 without bf16 units (CDDP_BF16_EMULATE): the (rows, cols) matrix m (rows ld apart)
- * rounded to bf16 into dst (dense), for the float32 products. */
-static void rounded(float *dst, const float *m, int64_t ld, int64_t rows, int64_t cols) {
-    for (int64_t r = 0; r < rows; r++) cddp__bf16_round(dst + r * cols, m + r * ld, cols);
-}
-
 /* How a kernel multiplies: float32, bf16 on the bf16 units, or bf16's numbers in float32. */
 typedef enum { IN_F32, IN_BF16, IN_BF16_EMULATED } products;
 
@@ -94,9 +88,9 @@ void cddp__cpu_attention(cddp__kq *q, const cddp__k_attention *a) {
             const float *pm = ph;
             if (in == IN_BF16_EMULATED) {
                 float *r = (float *)w;
-                rounded(r, qh, 3 * C, T, HS);
-                rounded(r + T * HS, k, 3 * C, T, HS);
-                rounded(r + 2 * T * HS, v, 3 * C, T, HS);
+                cddp__bf16_round_rows(r, qh, 3 * C, T, HS);
+                cddp__bf16_round_rows(r + T * HS, k, 3 * C, T, HS);
+                cddp__bf16_round_rows(r + 2 * T * HS, v, 3 * C, T, HS);
                 qh = r, k = r + T * HS, v = r + 2 * T * HS, ld = HS;
             }
             cddp__attn_transpose(k, ld, T, HS, kt);
@@ -104,7 +98,7 @@ void cddp__cpu_attention(cddp__kq *q, const cddp__k_attention *a) {
             for (int64_t t = 0; t < T; t++) causal_softmax_row(ph + t * T, t, T);
             if (in == IN_BF16_EMULATED) {
                 float *pr = (float *)w + 3 * T * HS;
-                rounded(pr, ph, T, T, T);
+                cddp__bf16_round_rows(pr, ph, T, T, T);
                 pm = pr;
             }
             cddp__attn_mix(pm, v, ld, T, HS, 1.0f, o, C, false);
@@ -175,11 +169,11 @@ void cddp__cpu_attention_grad(cddp__kq *q, const cddp__k_attention_grad *a) {
             int64_t ld = 3 * C, ldo = C;
             float *r = (float *)w;
             if (in == IN_BF16_EMULATED) {
-                rounded(r, qh, 3 * C, T, HS);
-                rounded(r + T * HS, k, 3 * C, T, HS);
-                rounded(r + 2 * T * HS, v, 3 * C, T, HS);
-                rounded(r + 3 * T * HS, dout, C, T, HS);
-                rounded(r + 4 * T * HS, ph, T, T, T);
+                cddp__bf16_round_rows(r, qh, 3 * C, T, HS);
+                cddp__bf16_round_rows(r + T * HS, k, 3 * C, T, HS);
+                cddp__bf16_round_rows(r + 2 * T * HS, v, 3 * C, T, HS);
+                cddp__bf16_round_rows(r + 3 * T * HS, dout, C, T, HS);
+                cddp__bf16_round_rows(r + 4 * T * HS, ph, T, T, T);
                 qh = r, k = r + T * HS, v = r + 2 * T * HS, dout = r + 3 * T * HS;
                 pm = r + 4 * T * HS, ld = ldo = HS;
             }
@@ -187,7 +181,7 @@ void cddp__cpu_attention_grad(cddp__kq *q, const cddp__k_attention_grad *a) {
             cddp__attn_transpose(v, ld, T, HS, vt);
             cddp__attn_scores(dout, ldo, vt, T, HS, 1.0f, ds);
             softmax_grad_rows(ds, ph, T);
-            if (in == IN_BF16_EMULATED) rounded(ds, ds, T, T, T);
+            if (in == IN_BF16_EMULATED) cddp__bf16_round_rows(ds, ds, T, T, T);
             cddp__attn_mix(ds, k, ld, T, HS, scale, dq, 3 * C, acc);
             cddp__attn_mix_t(ds, qh, ld, T, HS, scale, dk, 3 * C, acc);
         }
