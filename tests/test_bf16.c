@@ -129,6 +129,20 @@ static void test_bf16_products(void **state) {
     for (int g = 1; g < 4; g++) /* dx = R W, dW = R^T x (bf16 products), db = column sums of R */
         for (int64_t i = 0; i < n[g - 1]; i++)
             assert_close(res[1][g][i], res[0][g][i], 1e-2, g == 3 ? 0 : 2e-2);
+    /* the gradients' products are those of the rounded operands: R with x's and W's roundings
+     * (the forward's, which the device may keep for them) */
+    for (int g = 1; g < 3; g++)
+        for (int64_t i = 0; i < (g == 1 ? N : out); i++)
+            for (int64_t j = 0; j < in; j++) {
+                double s = 0, mag = 0;
+                for (int64_t k = 0; k < (g == 1 ? out : N); k++) {
+                    double p = g == 1 ? (double)bf16(v[3][i * out + k]) * bf16(v[1][k * in + j])
+                                      : (double)bf16(v[3][k * out + i]) * bf16(v[0][k * in + j]);
+                    s += p;
+                    mag += fabs(p);
+                }
+                assert_close(res[1][g][i * in + j], s, 0, 1e-6 * mag);
+            }
     for (int64_t j = 0; j < out; j++) assert_close(res[1][3][j], res[0][3][j], 1e-6, 1e-6);
     for (int t = 0; t < 4; t++) free(v[t]);
     /* evaluation in float32 on the same context, then back */

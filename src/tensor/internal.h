@@ -75,6 +75,8 @@ typedef struct cddp__cdev {
     cddp_arena *arena; /* on the CPU: the context's own arena */
     pthread_mutex_t lock;
     cddp_error late;
+    void *reuse; /* cddp__dreuse's */
+    size_t reuse_bytes;
 } cddp__cdev;
 
 #define CDDP__CTX_DEVICES 4
@@ -115,6 +117,10 @@ bool cddp__computes(cddp_ctx *ctx, cddp__cdev *d);
 /* Device arena memory (64-byte aligned, uninitialised) that latches a failure; _zero: zeroed. */
 void *cddp__dalloc(cddp__cdev *d, size_t bytes);
 void *cddp__dalloc_zero(cddp__cdev *d, size_t bytes);
+/* Device memory d keeps for the context outside the arena (at least bytes, grown as needed), for
+ * an op's temporary that only the kernels it queues before its next call read (a device runs its
+ * kernels in order); NULL (the failure latched) when out of memory. */
+void *cddp__dreuse(cddp__cdev *d, size_t bytes);
 /* A tensor header in the host arena (data NULL) on d's device (d NULL: the context's); shape
  * checked. */
 cddp_tensor *cddp__tensor_header(cddp_ctx *ctx, cddp__cdev *d, cddp_dtype dtype, int ndim,

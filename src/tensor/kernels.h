@@ -84,12 +84,23 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 /* Row-major C = alpha op(A) op(B) + beta C; A stored (M,K) or, ta, (K,M); B (K,N) or, tb,
  * (N,K); leading dimensions those of the stored matrices. compute: CDDP_F32, or CDDP_BF16 (the
  * operands rounded to bf16, their products added in float32: mixed precision's products; only
- * where the device's `computes` says so). */
+ * where the device's `computes` says so).
+ * Only where the device's gemm_takes_bf16 says so (else NULL): A16 (B16), with compute CDDP_BF16,
+ * is the operand already rounded by to_bf16, stored as A (B) would be but densely (lda: its
+ * stored columns), used instead of A (B), which may then be NULL; bias (N floats) is added to
+ * every row of C, as C = op(A) op(B) + bias + beta C (alpha 1). */
 #define CDDP__KA_gemm(F)                                                                           \
     F(bool, ta)                                                                                    \
     F(bool, tb) F(int64_t, M) F(int64_t, N) F(int64_t, K) F(float, alpha) F(const float *, A)      \
         F(int64_t, lda) F(const float *, B) F(int64_t, ldb) F(float, beta) F(float *, C)           \
-            F(int64_t, ldc) F(cddp_dtype, compute)
+            F(int64_t, ldc) F(cddp_dtype, compute) F(const uint16_t *, A16)                        \
+                F(const uint16_t *, B16) F(const float *, bias)
+/* dst (rows, cols, dense) = src (rows ld apart) rounded to bf16, to nearest even (the operands of
+ * gemm's A16 and B16); with colsum (else NULL), colsum[c] += src's column sums, in float32 and
+ * rows in order (a linear's bias gradient, in the pass that rounds its output's gradient) */
+#define CDDP__KA_to_bf16(F)                                                                        \
+    F(uint16_t *, dst)                                                                             \
+    F(const float *, src) F(int64_t, rows) F(int64_t, cols) F(int64_t, ld) F(float *, colsum)
 
 /* z = a op b over the broadcast bc, n outputs */
 #define CDDP__KA_binary(F)                                                                         \
@@ -289,14 +300,14 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 
 /* K(name): every kernel, in the order above. */
 #define CDDP_KERNEL_LIST(K)                                                                        \
-    K(fill) K(accumulate) K(add_rows) K(scale) K(mul) K(gemm) K(binary) K(binary_grad) K(unary)    \
-    K(unary_grad) K(softmax) K(softmax_grad) K(check_ids) K(cross_entropy) K(cross_entropy_grad)   \
-    K(mse) K(mse_grad) K(sum) K(sum_grad) K(argmax) K(reorder) K(embedding) K(embedding_grad)      \
-    K(layer_norm) K(layer_norm_grad) K(gelu_tanh) K(gelu_tanh_grad) K(attention)                   \
-    K(attention_cached) K(attention_grad) K(batch_norm) K(batch_norm_grad) K(max_pool)             \
-    K(max_pool_grad) K(avg_pool) K(avg_pool_grad) K(adaptive_pool) K(adaptive_pool_grad)           \
-    K(conv2d) K(conv2d_grad)                                                                       \
-    K(conv2d_relu_pool) K(conv2d_relu_pool_grad) K(sgd) K(adamw) K(sum_squares)
+    K(fill) K(accumulate) K(add_rows) K(scale) K(mul) K(gemm) K(to_bf16) K(binary)                 \
+    K(binary_grad) K(unary) K(unary_grad) K(softmax) K(softmax_grad) K(check_ids)                  \
+    K(cross_entropy) K(cross_entropy_grad) K(mse) K(mse_grad) K(sum) K(sum_grad) K(argmax)         \
+    K(reorder) K(embedding) K(embedding_grad) K(layer_norm) K(layer_norm_grad) K(gelu_tanh)        \
+    K(gelu_tanh_grad) K(attention) K(attention_cached) K(attention_grad) K(batch_norm)             \
+    K(batch_norm_grad) K(max_pool) K(max_pool_grad) K(avg_pool) K(avg_pool_grad)                   \
+    K(adaptive_pool) K(adaptive_pool_grad) K(conv2d) K(conv2d_grad) K(conv2d_relu_pool)            \
+    K(conv2d_relu_pool_grad) K(sgd) K(adamw) K(sum_squares)
 /* clang-format on */
 
 #define CDDP__KFIELD(type, name) type name;
@@ -322,6 +333,9 @@ typedef struct cddp__kernels {
     /* Whether the gemm kernel multiplies in dtype (its `compute`: CDDP_F32, CDDP_BF16): CDDP_OK
      * with *how saying on what (a line for the log), or CDDP_EUNSUPPORTED with err saying why. */
     int (*computes)(cddp_dtype dtype, const char **how, cddp_error *err);
+    /* Whether the gemm kernel takes operands rounded by to_bf16 (A16, B16) and a bias: then
+     * mixed precision's linear rounds each operand once for its three products. */
+    bool (*gemm_takes_bf16)(void);
 } cddp__kernels;
 
 #endif

@@ -120,6 +120,7 @@ static void dev_reset(void *user, void *p, size_t n) {
 
 static void cdev_destroy(cddp__cdev *d) {
     if (!d) return;
+    if (d->reuse) d->q.dev->ops->free(d->q.dev, d->reuse);
     if (d->arena != d->ctx->arena) cddp_arena_destroy(d->arena);
     pthread_mutex_destroy(&d->lock);
     cddp_free(d);
@@ -318,6 +319,22 @@ void *cddp__dalloc(cddp__cdev *d, size_t bytes) {
     void *p = cddp_arena_alloc(d->arena, bytes, &e);
     if (!p) cddp_ctx_fail(d->ctx, e.code, "%s", e.msg);
     return p;
+}
+
+void *cddp__dreuse(cddp__cdev *d, size_t bytes) {
+    if (CDDP__FAILED(d->ctx)) return NULL;
+    if (d->reuse_bytes >= bytes) return d->reuse;
+    cddp_device *dev = d->q.dev;
+    if (d->reuse) dev->ops->free(dev, d->reuse); /* a device frees after its queued kernels */
+    d->reuse_bytes = 0;
+    cddp_error e = {0};
+    if (!(d->reuse = dev->ops->alloc(dev, bytes, &e))) {
+        cddp_ctx_fail(d->ctx, e.code ? e.code : CDDP_ENOMEM, "%s",
+                      e.code ? e.msg : "out of memory for an op's temporary");
+        return NULL;
+    }
+    d->reuse_bytes = bytes;
+    return d->reuse;
 }
 
 void *cddp__dalloc_zero(cddp__cdev *d, size_t bytes) {

@@ -29,10 +29,12 @@ CDDP_KERNEL_LIST(CDDP__CPU_DECL)
 #undef CDDP__CPU_DECL
 int cddp__cpu_blocked_size(void);
 bool cddp__cpu_conv_pool_fuses(const cddp__conv_geom *g);
-/* matmul.c: whether the gemm kernel multiplies in dtype here (cddp__kernels.computes); whether
- * bf16 products run on the processor's bf16 units (else, when allowed, they are emulated: their
+/* matmul.c: whether the gemm kernel multiplies in dtype here (cddp__kernels.computes); that it
+ * takes bf16 operands and a bias (cddp__kernels.gemm_takes_bf16: always); whether bf16 products
+ * run on the processor's bf16 units (else, when allowed, they are emulated: their
  * operands rounded by cddp__bf16_round, to nearest even, and multiplied in float32). */
 int cddp__cpu_computes(cddp_dtype dtype, const char **how, cddp_error *err);
+bool cddp__cpu_gemm_takes_bf16(void);
 bool cddp__cpu_bf16_native(void);
 void cddp__bf16_round(float *dst, const float *src, int64_t n);
 /* (rows, cols) floats, rows ld apart, rounded to bf16: into dst as float32 (dense), or as bf16
@@ -51,7 +53,7 @@ static inline uint16_t cddp__round_bf16(float x) {
  * emulated device's, which runs them). */
 #define CDDP__CPU_QUESTIONS                                                                        \
     .blocked_size = cddp__cpu_blocked_size, .conv_pool_fuses = cddp__cpu_conv_pool_fuses,          \
-    .computes = cddp__cpu_computes
+    .computes = cddp__cpu_computes, .gemm_takes_bf16 = cddp__cpu_gemm_takes_bf16
 
 /* ---- vec.c: vectorised loops -------------------------------------------------------------- */
 

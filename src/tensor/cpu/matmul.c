@@ -167,11 +167,12 @@ int cddp__cpu_computes(cddp_dtype dtype, const char **how, cddp_error *err) {
 
 typedef struct mm_key {
     int64_t kind, M, N, K, ta, tb, ldc, alpha, beta; /* alpha, beta: their bits */
+    int64_t bias;                                    /* a bias, added by the primitive */
 } mm_key;
 
 /* The operands' layouts: as stored, densely (rows of K or M for A, of N or K for B). */
 static void describe(const mm_key *k, dnnl_memory_desc_t *a, dnnl_memory_desc_t *b,
-                     dnnl_memory_desc_t *c) {
+                     dnnl_memory_desc_t *c, dnnl_memory_desc_t *bias) {
     cddp__dnnl_ok(
         dnnl_memory_desc_init_by_strides(a, 2, (dnnl_dims_t){k->M, k->K}, dnnl_bf16,
                                          k->ta ? (dnnl_dims_t){1, k->M} : (dnnl_dims_t){k->K, 1}),
@@ -183,6 +184,8 @@ static void describe(const mm_key *k, dnnl_memory_desc_t *a, dnnl_memory_desc_t 
     cddp__dnnl_ok(dnnl_memory_desc_init_by_strides(c, 2, (dnnl_dims_t){k->M, k->N}, dnnl_f32,
                                                    (dnnl_dims_t){k->ldc, 1}),
                   "describing a product");
+    cddp__dnnl_ok(dnnl_memory_desc_init_by_tag(bias, 2, (dnnl_dims_t){1, k->N}, dnnl_f32, dnnl_ab),
+                  "describing a bias");
 }
 
 static dnnl_status_t make_mm(dnnl_primitive_desc_t *pd, const void *key,
@@ -193,10 +196,11 @@ static dnnl_status_t make_mm(dnnl_primitive_desc_t *pd, const void *key,
     memcpy(&alpha, &bits, sizeof alpha);
     bits = (int32_t)k->beta;
     memcpy(&beta, &bits, sizeof beta);
-    dnnl_memory_desc_t a, b, c;
-    describe(k, &a, &b, &c);
+    dnnl_memory_desc_t a, b, c, bias;
+    describe(k, &a, &b, &c, &bias);
     dnnl_matmul_desc_t d;
-    cddp__dnnl_ok(dnnl_matmul_desc_init(&d, &a, &b, NULL, &c), "describing a bf16 product");
+    cddp__dnnl_ok(dnnl_matmul_desc_init(&d, &a, &b, k->bias ? &bias : NULL, &c),
+                  "describing a bf16 product");
     dnnl_primitive_attr_t own;
     dnnl_post_ops_t po;
     cddp__dnnl_ok(dnnl_primitive_attr_clone(&own, attr), "copying attributes");
@@ -214,54 +218,72 @@ static dnnl_status_t make_mm(dnnl_primitive_desc_t *pd, const void *key,
     return s;
 }
 
-/* The stored operands, each rows x cols densely, and this thread's buffers for their copies of
- * elem bytes an element; false (reported through q) when out of memory. */
+/* The operands as the product takes them, each stored rows x cols densely: bf16 (native), or
+ * float32 rounded to bf16 (the emulation); A16 and B16 as given where native, else copies in this
+ * thread's buffers. False (reported through q) when out of memory. */
 typedef struct operands {
     int64_t ar, ac, br, bc;
-    void *A, *B;
+    const void *A, *B;
 } operands;
 
-static bool operands_of(cddp__kq *q, const cddp__k_gemm *a, size_t elem, operands *o) {
+static bool operands_of(cddp__kq *q, const cddp__k_gemm *a, bool native, operands *o) {
     *o = (operands){.ar = a->ta ? a->K : a->M,
                     .ac = a->ta ? a->M : a->K,
                     .br = a->tb ? a->N : a->K,
                     .bc = a->tb ? a->K : a->N};
-    o->A = buffer(q, 0, elem * (size_t)(o->ar * o->ac));
-    o->B = o->A ? buffer(q, 1, elem * (size_t)(o->br * o->bc)) : NULL;
-    return o->B != NULL;
+    for (int i = 0; i < 2; i++) {
+        const uint16_t *h = i ? a->B16 : a->A16;
+        const float *f = i ? a->B : a->A;
+        int64_t rows = i ? o->br : o->ar, cols = i ? o->bc : o->ac, ld = i ? a->ldb : a->lda;
+        const void **to = i ? &o->B : &o->A;
+        if (native && h) {
+            *to = h;
+            continue;
+        }
+        void *buf =
+            buffer(q, i, (native ? sizeof(uint16_t) : sizeof(float)) * (size_t)(rows * cols));
+        if (!buf) return false;
+        *to = buf;
+        if (native)
+            cddp__to_bf16_rows(buf, cols, f, ld, rows, cols);
+        else if (h) /* bf16 to float32: exact */
+            for (int64_t e = 0; e < rows * cols; e++) {
+                uint32_t u = (uint32_t)h[e] << 16;
+                memcpy((float *)buf + e, &u, sizeof u);
+            }
+        else
+            cddp__bf16_round_rows(buf, f, ld, rows, cols);
+    }
+    return true;
 }
 
-/* The emulation: the operands rounded to bf16 in float32, then the float32 GEMM. */
-static void gemm_emulated(cddp__kq *q, const cddp__k_gemm *a) {
-    operands o;
-    if (!operands_of(q, a, sizeof(float), &o)) return;
-    cddp__bf16_round_rows(o.A, a->A, a->lda, o.ar, o.ac);
-    cddp__bf16_round_rows(o.B, a->B, a->ldb, o.br, o.bc);
-    cddp__gemm_ld(a->ta, a->tb, a->M, a->N, a->K, a->alpha, o.A, o.ac, o.B, o.bc, a->beta, a->C,
-                  a->ldc);
+static void add_bias(const cddp__k_gemm *a) {
+    for (int64_t i = 0; i < a->M; i++) cddp__add_into(a->C + i * a->ldc, a->bias, a->N);
 }
 
 static void gemm_bf16(cddp__kq *q, const cddp__k_gemm *a) {
-    if (a->M == 0 || a->N == 0 || a->K == 0) { /* no product: beta C */
-        cddp__gemm_ld(a->ta, a->tb, a->M, a->N, a->K, a->alpha, a->A, a->lda, a->B, a->ldb, a->beta,
+    if (a->M == 0 || a->N == 0 || a->K == 0) { /* no product: beta C (+ the bias) */
+        cddp__gemm_ld(a->ta, a->tb, a->M, a->N, 0, a->alpha, NULL, a->lda, NULL, a->ldb, a->beta,
                       a->C, a->ldc);
-        return;
-    }
-    if (!native()) {
-        gemm_emulated(q, a);
+        if (a->bias) add_bias(a);
         return;
     }
     operands o;
-    if (!operands_of(q, a, sizeof(uint16_t), &o)) return;
-    cddp__to_bf16_rows(o.A, o.ac, a->A, a->lda, o.ar, o.ac);
-    cddp__to_bf16_rows(o.B, o.bc, a->B, a->ldb, o.br, o.bc);
+    if (!operands_of(q, a, native() != NULL, &o)) return;
+    if (!native()) { /* the emulation: the rounded operands multiplied in float32 */
+        cddp__gemm_ld(a->ta, a->tb, a->M, a->N, a->K, a->alpha, o.A, o.ac, o.B, o.bc, a->beta, a->C,
+                      a->ldc);
+        if (a->bias) add_bias(a);
+        return;
+    }
     mm_key k = {.kind = MATMUL_BF16,
                 .M = a->M,
                 .N = a->N,
                 .K = a->K,
                 .ta = a->ta,
                 .tb = a->tb,
-                .ldc = a->ldc};
+                .ldc = a->ldc,
+                .bias = a->bias && a->alpha == 1.0f};
     int32_t bits;
     memcpy(&bits, &a->alpha, sizeof bits);
     k.alpha = bits;
@@ -269,15 +291,22 @@ static void gemm_bf16(cddp__kq *q, const cddp__k_gemm *a) {
     k.beta = bits;
     /* the primitive was made for exactly these layouts: its own are theirs */
     const cddp__dnnl_prim *p = cddp__dnnl_get(&k, sizeof k, make_mm);
-    cddp__dnnl_run(
-        q, p, 3,
-        (cddp__dnnl_arg[]){
-            {.arg = DNNL_ARG_SRC, .data = o.A, .md = cddp__dnnl_md(p, DNNL_ARG_SRC)},
-            {.arg = DNNL_ARG_WEIGHTS, .data = o.B, .md = cddp__dnnl_md(p, DNNL_ARG_WEIGHTS)},
-            {.arg = DNNL_ARG_DST,
-             .data = a->C,
-             .io = CDDP__DNNL_OUT,
-             .md = cddp__dnnl_md(p, DNNL_ARG_DST)}});
+    cddp__dnnl_arg args[4] = {
+        {.arg = DNNL_ARG_SRC, .data = (void *)o.A, .md = cddp__dnnl_md(p, DNNL_ARG_SRC)},
+        {.arg = DNNL_ARG_WEIGHTS, .data = (void *)o.B, .md = cddp__dnnl_md(p, DNNL_ARG_WEIGHTS)},
+        {.arg = DNNL_ARG_DST,
+         .data = a->C,
+         .io = CDDP__DNNL_OUT,
+         .md = cddp__dnnl_md(p, DNNL_ARG_DST)},
+        {.arg = DNNL_ARG_BIAS}};
+    if (k.bias)
+        args[3] = (cddp__dnnl_arg){
+            .arg = DNNL_ARG_BIAS, .data = (void *)a->bias, .md = cddp__dnnl_md(p, DNNL_ARG_BIAS)};
+    if (cddp__dnnl_run(q, p, k.bias ? 4 : 3, args) && a->bias && !k.bias) add_bias(a);
+}
+
+bool cddp__cpu_gemm_takes_bf16(void) {
+    return true;
 }
 
 void cddp__cpu_gemm(cddp__kq *q, const cddp__k_gemm *a) {
@@ -287,4 +316,18 @@ void cddp__cpu_gemm(cddp__kq *q, const cddp__k_gemm *a) {
     }
     cddp__gemm_ld(a->ta, a->tb, a->M, a->N, a->K, a->alpha, a->A, a->lda, a->B, a->ldb, a->beta,
                   a->C, a->ldc);
+    if (a->bias) add_bias(a);
+}
+
+/* Row by row: each row's column sums taken while it is in cache from its rounding. */
+void cddp__cpu_to_bf16(cddp__kq *q, const cddp__k_to_bf16 *a) {
+    (void)q;
+    if (!a->colsum) {
+        cddp__to_bf16_rows(a->dst, a->cols, a->src, a->ld, a->rows, a->cols);
+        return;
+    }
+    for (int64_t r = 0; r < a->rows; r++) {
+        cddp__to_bf16_rows(a->dst + r * a->cols, a->cols, a->src + r * a->ld, a->ld, 1, a->cols);
+        cddp__add_into(a->colsum, a->src + r * a->ld, a->cols);
+    }
 }

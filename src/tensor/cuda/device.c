@@ -299,6 +299,10 @@ static bool never_fuses(const cddp__conv_geom *g) {
     return false;
 }
 
+static bool takes_no_bf16(void) {
+    return false; /* its gemm rounds float32 operands itself (CUBLAS_COMPUTE_32F_FAST_16BF) */
+}
+
 static cddp__kernels kernels;
 
 static void fill_table(void) {
@@ -311,6 +315,7 @@ static void fill_table(void) {
     kernels.blocked_size = no_blocks;
     kernels.conv_pool_fuses = never_fuses;
     kernels.computes = computes;
+    kernels.gemm_takes_bf16 = takes_no_bf16;
 }
 
 /* ---- the kind ------------------------------------------------------------------------------ */

@@ -140,6 +140,9 @@ static const plan *plan_for(const cddp__cuda_lt *lt, const plan *k, size_t ws_by
 }
 
 void cddp__cuda_gemm(cddp__kq *q, const cddp__k_gemm *a) {
+    CDDP_CHECK(!a->A16 && !a->B16 && !a->bias,
+               "%s: the gemm takes float32 operands and no bias (its gemm_takes_bf16 says no)",
+               q->dev->name);
     cudaStream_t stream = cddp__cuda_enter(q);
     if (a->M == 0 || a->N == 0) return;
     if (a->K == 0) { /* C = beta C: a scale (BLAS leaves C alone for beta 1, unread for 0) */

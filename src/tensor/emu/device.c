@@ -73,7 +73,7 @@ static void run_kcall(void *arg) {
 #define IS_POINTER(x)                                                                              \
     _Generic((x), void * : 1, const void * : 1, void ** : 1, float * : 1, const float * : 1,       \
              double * : 1, int32_t * : 1, const int32_t * : 1, int64_t * : 1, const int64_t * : 1, \
-             default : 0)
+             uint16_t * : 1, const uint16_t * : 1, default : 0)
 #define IS_VALUE(x)                                                                                \
     _Generic((x), bool : 1, int : 1, int64_t : 1, uint64_t : 1, float : 1,                         \
              const char * : 1, /* a message's format: host memory, read by the kernel as it is */  \
