@@ -185,6 +185,36 @@ static void test_leaf_gradients_through_views(void **state) {
     cddp_ctx_destroy(ctx);
 }
 
+/* An op's output's gradient is released once its op's backward ran, and its memory serves the
+ * next gradients: a chain of 8 scalings holds about two gradients at a time, not 9. A retained
+ * one (cddp_retain_grad) stays readable. */
+static void test_intermediate_gradients_released(void **state) {
+    (void)state;
+    cddp_ctx *ctx = test_ctx(0);
+    enum { N = 1 << 18 };
+    cddp_tensor *x = cddp_requires_grad(ctx, cddp_ones(ctx, CDDP_F32, CDDP_SHAPE(N)));
+    cddp_tensor *h[9] = {x};
+    for (int i = 1; i <= 8; i++) h[i] = cddp_scale(ctx, h[i - 1], 0.5f);
+    cddp_retain_grad(h[4]);
+    cddp_tensor *loss = cddp_sum(ctx, h[8]);
+    size_t before = cddp_arena_used(cddp_ctx_arena(ctx));
+    assert_int_equal(cddp_backward(ctx, loss), CDDP_OK);
+    size_t grown = cddp_arena_high_water(cddp_ctx_arena(ctx)) - before;
+    for (int i = 1; i <= 8; i++)
+        if (i != 4) assert_null(h[i]->grad);
+    assert_null(loss->grad);
+    const float *g4 = HOST_GRAD(h[4]), *gx = HOST_GRAD(x);
+    for (int64_t j = 0; j < N; j++) {
+        assert_true(g4[j] == 0.0625f);     /* 0.5^4 */
+        assert_true(gx[j] == 0.00390625f); /* 0.5^8 */
+    }
+    /* the CPU's gradients are in the context's arena (another device's in its own): x's, h[4]'s
+     * and the one being released, not eight */
+    if (cddp_device_host_accessible(test_device()))
+        assert_true(grown < 4 * (size_t)N * sizeof(float));
+    cddp_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hooks_order_and_once),
@@ -193,6 +223,7 @@ int main(void) {
         cmocka_unit_test(test_accumulation_and_zeroing),
         cmocka_unit_test(test_backward_misuse),
         cmocka_unit_test(test_leaf_gradients_through_views),
+        cmocka_unit_test(test_intermediate_gradients_released),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     host_release();

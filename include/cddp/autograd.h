@@ -5,7 +5,10 @@
  * cddp_backward walks the tape in reverse from the loss, visiting only the nodes the loss depends
  * on. Gradients are added (+=) into tensors' grad buffers: a parameter's grad is a view into its
  * model's flat gradient block and is never zeroed here (cddp_model_zero_grad does that, as
- * optimizer.zero_grad() does in PyTorch); other tensors get zeroed arena buffers.
+ * optimizer.zero_grad() does in PyTorch); other tensors get zeroed arena buffers. An op's
+ * output's gradient is released once that op's backward has run (no later node reads it) and its
+ * memory serves the step's next gradients, so a backward holds a few layers' gradients, not all
+ * of them; cddp_retain_grad keeps one readable, as PyTorch's retain_grad().
  *
  * Ready hooks. Before walking, backward counts, for every parameter, the recorded uses that the
  * loss depends on. After the backward of a node that uses a parameter, its count drops; when the

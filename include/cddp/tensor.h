@@ -52,8 +52,10 @@ struct cddp_tensor {
     int64_t shape[CDDP_MAX_DIMS];
     int64_t numel;
     void *data;                 /* numel elements of dtype */
-    float *grad;                /* float32, numel; NULL until a gradient reaches a non-parameter */
+    float *grad;                /* float32, numel; NULL until a gradient reaches a non-parameter;
+                                   an op's output's is released by its backward (cddp_retain_grad) */
     bool requires_grad;         /* gradients flow to this tensor */
+    bool retain_grad;           /* an op's output keeps its gradient after backward */
     bool is_param;              /* a model parameter: grad is persistent and accumulates (+=) */
     int param_index;            /* index in its model, -1 for other tensors */
     const char *name;           /* parameter name, NULL for other tensors */
@@ -169,6 +171,10 @@ CDDP_API void cddp_fill_uniform(cddp_tensor *t, float lo, float hi, cddp_rng *rn
 CDDP_API void cddp_fill_normal(cddp_tensor *t, float mean, float std, cddp_rng *rng);
 /* Marks a leaf tensor as needing a gradient (its grad appears after backward). */
 CDDP_API cddp_tensor *cddp_requires_grad(cddp_ctx *ctx, cddp_tensor *t);
+/* Keeps the gradient of t, an op's output, readable after backward (PyTorch's retain_grad): by
+ * default backward releases an intermediate's gradient once the op that made t has used it, and
+ * reuses its memory for the step's later gradients (t->grad is NULL again). Returns t. */
+CDDP_API cddp_tensor *cddp_retain_grad(cddp_tensor *t);
 /* Element i (in row-major order, whatever the layout) as double, whatever the dtype; on a device
  * that queues its work, after that work has run (the host waits). */
 CDDP_API double cddp_get(const cddp_tensor *t, int64_t i);
@@ -344,7 +350,9 @@ CDDP_API cddp_tensor *cddp_node_output(const cddp_node *n);
 CDDP_API int cddp_node_num_inputs(const cddp_node *n);
 CDDP_API cddp_tensor *cddp_node_input(const cddp_node *n, int i);
 /* Runs n's backward: adds to the gradients of its inputs that require one, from its output's
- * gradient (which must exist). Data errors (the arena running out) latch in ctx. */
+ * gradient (which must exist), then releases that gradient unless the output is a parameter or
+ * retains it (cddp_retain_grad): no later node reads it, and its memory serves the step's next
+ * gradients. Data errors (the arena running out) latch in ctx. */
 CDDP_API void cddp_node_backward(cddp_ctx *ctx, cddp_node *n);
 /* t's gradient: a parameter's view of its model's gradient block, else zeroed arena memory made
  * on first use (valid until reset). NULL when the arena ran out (latched in ctx). */

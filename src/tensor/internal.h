@@ -66,6 +66,14 @@ struct cddp__node {
 };
 typedef struct cddp__node cddp__node;
 
+/* A released gradient's arena memory, and how many a context keeps per device for reuse
+ * (tape.c). */
+typedef struct cddp__spare {
+    float *p;
+    size_t bytes;
+} cddp__spare;
+#define CDDP__SPARE_GRADS 64
+
 /* A context's state on one device: the device's step arena and the queue its kernels run with.
  * Kernels that run later (a device that is not in order) report failures into `late`, which the
  * context takes into its own error when it waits for them. */
@@ -77,6 +85,8 @@ typedef struct cddp__cdev {
     cddp_error late;
     void *reuse; /* cddp__dreuse's */
     size_t reuse_bytes;
+    cddp__spare spare[CDDP__SPARE_GRADS]; /* released gradients, for the step's next ones */
+    int nspare;
 } cddp__cdev;
 
 #define CDDP__CTX_DEVICES 4
@@ -117,6 +127,8 @@ bool cddp__computes(cddp_ctx *ctx, cddp__cdev *d);
 /* Device arena memory (64-byte aligned, uninitialised) that latches a failure; _zero: zeroed. */
 void *cddp__dalloc(cddp__cdev *d, size_t bytes);
 void *cddp__dalloc_zero(cddp__cdev *d, size_t bytes);
+/* Zeroes bytes of d's memory at p, in queue order; false (the failure latched) when it cannot. */
+bool cddp__dzero(cddp__cdev *d, void *p, size_t bytes);
 /* Device memory d keeps for the context outside the arena (at least bytes, grown as needed), for
  * an op's temporary that only the kernels it queues before its next call read (a device runs its
  * kernels in order); NULL (the failure latched) when out of memory. */
@@ -157,6 +169,9 @@ bool cddp__record_op(cddp_ctx *ctx, cddp__op op, cddp_tensor *out, int nin, cddp
 float *cddp__input_grad(cddp_ctx *ctx, cddp__node *n);
 /* The same through cddp_grad_buffer_assign. */
 float *cddp__input_grad_assign(cddp_ctx *ctx, cddp__node *n, bool *assign);
+/* After its node's backward: t's gradient released for the step's next ones (t->grad NULL),
+ * unless t is a parameter, a leaf or retains it (cddp_retain_grad). */
+void cddp__release_grad(cddp_ctx *ctx, cddp_tensor *t);
 
 /* ---- ops/dispatch.c: each op's backward (cddp__name_backward, from the list) ------------- */
 

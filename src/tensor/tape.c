@@ -44,10 +44,39 @@ bool cddp__record_op(cddp_ctx *ctx, cddp__op op, cddp_tensor *out, int nin, cddp
     return n || ctx->err.code == CDDP_OK;
 }
 
+/* ---- gradient memory ----------------------------------------------------------------------- */
+
+/* An op's output's gradient is dead once the op's backward has run (every node that adds to it
+ * ran before), so cddp_node_backward releases it here and the next gradient of its size or less
+ * takes the smallest released buffer that fits: a transformer's layers have one set of shapes, so
+ * a backward holds about one layer's gradients instead of every layer's (the 6-layer GPT's step:
+ * 1.65 -> 1.1 GB). A device runs its kernels in order, so a buffer's new kernels run after those
+ * that read it as the old gradient. */
+void cddp__release_grad(cddp_ctx *ctx, cddp_tensor *t) {
+    if (!t->grad || t->is_param || t->retain_grad || !t->node) return;
+    cddp__cdev *d = cddp__ctx_dev(ctx, t->device);
+    if (d && d->nspare < CDDP__SPARE_GRADS)
+        d->spare[d->nspare++] = (cddp__spare){t->grad, (size_t)t->numel * sizeof(float)};
+    t->grad = NULL;
+}
+
+/* Gradient memory for t on d: a released buffer that fits, else the arena's; zeroed when zero. */
+static float *grad_memory(cddp__cdev *d, const cddp_tensor *t, bool zero) {
+    size_t bytes = (size_t)t->numel * sizeof(float);
+    int best = -1;
+    for (int i = 0; i < d->nspare; i++)
+        if (d->spare[i].bytes >= bytes && (best < 0 || d->spare[i].bytes < d->spare[best].bytes))
+            best = i;
+    if (best < 0) return zero ? cddp__dalloc_zero(d, bytes) : cddp__dalloc(d, bytes);
+    float *p = d->spare[best].p;
+    d->spare[best] = d->spare[--d->nspare];
+    return zero && !cddp__dzero(d, p, bytes) ? NULL : p;
+}
+
 float *cddp_grad_buffer(cddp_ctx *ctx, cddp_tensor *t) {
     if (t->grad) return t->grad;
     cddp__cdev *d = cddp__ctx_dev(ctx, t->device);
-    if (d) t->grad = cddp__dalloc_zero(d, (size_t)t->numel * sizeof(float));
+    if (d) t->grad = grad_memory(d, t, true);
     return t->grad;
 }
 
@@ -55,7 +84,7 @@ float *cddp_grad_buffer_assign(cddp_ctx *ctx, cddp_tensor *t, bool *assign) {
     *assign = t->grad == NULL;
     if (!*assign) return t->grad;
     cddp__cdev *d = cddp__ctx_dev(ctx, t->device);
-    if (d) t->grad = cddp__dalloc(d, (size_t)t->numel * sizeof(float));
+    if (d) t->grad = grad_memory(d, t, false);
     return t->grad;
 }
 

@@ -202,8 +202,10 @@ void cddp_ctx_destroy(cddp_ctx *ctx) {
 
 void cddp_ctx_reset(cddp_ctx *ctx) {
     ctx_wait(ctx);
-    for (int i = 0; i < ctx->ndev; i++)
+    for (int i = 0; i < ctx->ndev; i++) {
         if (ctx->dev[i]->arena != ctx->arena) cddp_arena_reset(ctx->dev[i]->arena);
+        ctx->dev[i]->nspare = 0;
+    }
     cddp_arena_reset(ctx->arena);
     ctx->tape = NULL;
     ctx->nnodes = 0;
@@ -337,14 +339,18 @@ void *cddp__dreuse(cddp__cdev *d, size_t bytes) {
     return d->reuse;
 }
 
+bool cddp__dzero(cddp__cdev *d, void *p, size_t bytes) {
+    cddp_error e = {0};
+    if (bytes && d->q.dev->ops->memset(d->q.dev, d->q.queue, p, 0, bytes, &e) != CDDP_OK) {
+        cddp_ctx_fail(d->ctx, e.code, "%s", e.msg);
+        return false;
+    }
+    return true;
+}
+
 void *cddp__dalloc_zero(cddp__cdev *d, size_t bytes) {
     void *p = cddp__dalloc(d, bytes);
-    cddp_error e = {0};
-    if (p && bytes && d->q.dev->ops->memset(d->q.dev, d->q.queue, p, 0, bytes, &e) != CDDP_OK) {
-        cddp_ctx_fail(d->ctx, e.code, "%s", e.msg);
-        return NULL;
-    }
-    return p;
+    return p && cddp__dzero(d, p, bytes) ? p : NULL;
 }
 
 void *cddp__staging(cddp__cdev *d, void *dst, size_t n) {
@@ -536,6 +542,11 @@ cddp_tensor *cddp_requires_grad(cddp_ctx *ctx, cddp_tensor *t) {
                cddp_dtype_name(t->dtype));
     CDDP_CHECK(!t->node, "cddp_requires_grad is for leaf tensors, not the output of an op");
     t->requires_grad = true;
+    return t;
+}
+
+cddp_tensor *cddp_retain_grad(cddp_tensor *t) {
+    if (t) t->retain_grad = true;
     return t;
 }
 

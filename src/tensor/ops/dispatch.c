@@ -19,6 +19,7 @@ void cddp_node_backward(cddp_ctx *ctx, cddp_node *n) {
     if (CDDP__FAILED(ctx)) return;
     CDDP_CHECK(n->out->grad, "the backward of %s needs its output's gradient", name_of[n->op]);
     backward_of[n->op](ctx, n);
+    cddp__release_grad(ctx, n->out);
 }
 
 const char *cddp_node_op(const cddp_node *n) {
