@@ -363,7 +363,8 @@ static double rms_diff(const float *a, const double *b, const float *bf, int64_t
  * GPT's head of 64. */
 static void test_bf16_attention(void **state) {
     (void)state;
-    const int64_t cases[][4] = {{2, 37, 10, 2}, {1, 70, 64, 2}, {1, 64, 64, 1}}; /* B, T, C, NH */
+    const int64_t cases[][4] = {
+        {2, 37, 10, 2}, {1, 70, 64, 2}, {1, 64, 64, 1}, {1, 131, 48, 2}}; /* B, T, C, NH */
     cddp_rng rng;
     cddp_rng_seed(&rng, 11);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {

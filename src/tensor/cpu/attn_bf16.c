@@ -15,8 +15,9 @@
  *
  * (padding is zero). An output tile keeps 8 rows x 32 columns of sums in 16 registers, and each
  * step of the sum's index loads 2 vectors of 16 pairs and broadcasts 8 pairs of the other operand.
- * The packing costs a pass over each matrix; the products skip the tiles above the diagonal as
- * attn.c's do. */
+ * The packing costs a pass over each matrix (of a lower-triangular P or dS only the half the
+ * products read: the _causal packs); the products skip the tiles above the diagonal as attn.c's
+ * do, and every output tile is 8 of the output's rows by 32 of its columns, stored in place. */
 #include "tensor/cpu/cpu.h"
 
 #include <immintrin.h>
@@ -40,8 +41,9 @@ void cddp__bf16_pack_rows(uint32_t *dst, const float *m, int64_t ld, int64_t row
         for (int64_t r = 0; r < rows; r++) ((uint16_t *)dst)[r * 2 * P + cols] = 0;
 }
 
-TGT void cddp__bf16_pack_pairs(uint32_t *dst, const float *m, int64_t ld, int64_t rows,
-                               int64_t cols) {
+/* pack_pairs, of pair row q only the words below `upto(q)` (a multiple of 16; all with NULL). */
+TGT static void pack_pairs(uint32_t *dst, const float *m, int64_t ld, int64_t rows, int64_t cols,
+                           bool causal) {
     int64_t W = (cols + 31) / 32 * 32;
     /* word 2i of the 32: row 2q's column i, word 2i + 1: row 2q + 1's */
     static const uint16_t order[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
@@ -50,7 +52,8 @@ TGT void cddp__bf16_pack_pairs(uint32_t *dst, const float *m, int64_t ld, int64_
     __m512i idx = _mm512_loadu_si512(order);
     for (int64_t q = 0; q < (rows + 1) / 2; q++) {
         const float *r0 = m + 2 * q * ld, *r1 = 2 * q + 1 < rows ? r0 + ld : NULL;
-        for (int64_t c = 0; c < W; c += 16) {
+        int64_t end = causal ? min64(W, (2 * q + 8 + 15) / 16 * 16) : W;
+        for (int64_t c = 0; c < end; c += 16) {
             __mmask16 k = lanes(cols - c);
             __m256bh a = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(k, r0 + c));
             __m256bh b =
@@ -58,6 +61,28 @@ TGT void cddp__bf16_pack_pairs(uint32_t *dst, const float *m, int64_t ld, int64_
             __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)a), (__m256i)b, 1);
             _mm512_storeu_si512(dst + q * W + c, _mm512_permutexvar_epi16(idx, ab));
         }
+    }
+}
+
+void cddp__bf16_pack_pairs(uint32_t *dst, const float *m, int64_t ld, int64_t rows, int64_t cols) {
+    pack_pairs(dst, m, ld, rows, cols, false);
+}
+
+/* mix_t's tile of output rows j0..j0+7 reads pair rows q >= j0 / 2 at columns j0..j0+7: pair row q
+ * is read at columns below 2q + 8 alone. */
+void cddp__bf16_pack_pairs_causal(uint32_t *dst, const float *m, int64_t T) {
+    pack_pairs(dst, m, T, T, T, true);
+}
+
+/* mix's tile of rows t0..t0+7 reads their words below (t0 + 8) / 2: each row is rounded up to the
+ * end of its tile alone (the zeros above the diagonal up to there are m's). */
+void cddp__bf16_pack_rows_causal(uint32_t *dst, const float *m, int64_t T) {
+    int64_t P = (T + 1) / 2;
+    for (int64_t t0 = 0; t0 < T; t0 += 8) {
+        int64_t n = min64(8, T - t0), c = min64(T, t0 + 8);
+        cddp__to_bf16_rows((uint16_t *)(dst + t0 * P), 2 * P, m + t0 * T, T, n, c);
+        if (c % 2) /* the zero that pads an odd row */
+            for (int64_t r = 0; r < n; r++) ((uint16_t *)dst)[(t0 + r) * 2 * P + c] = 0;
     }
 }
 
@@ -153,22 +178,20 @@ TGT void cddp__attn_mix_bf16(const uint32_t *w, const uint32_t *x, int64_t T, in
 }
 
 TGT void cddp__attn_mix_t_bf16(const uint32_t *w, const uint32_t *x, int64_t T, int64_t HS,
-                               float scale, float *o, int64_t ldo, bool accumulate, float *ot) {
+                               float scale, float *o, int64_t ldo, bool accumulate) {
     int64_t Q = (T + 1) / 2, WT = (T + 31) / 32 * 32, WD = (HS + 31) / 32 * 32;
-    /* ot (HS, WT) = o transposed: each tile's rows are 8 of o's columns d, its 32 lanes 32 of o's
-     * rows j, the sum running over t >= j (w[t][j] = 0 for t < j) */
-    for (int64_t j0 = 0; j0 < T; j0 += 32)
-        for (int64_t d0 = 0; d0 < HS; d0 += 8) {
-            const uint32_t *xr[8];
-            for (int r = 0; r < 8; r++) xr[r] = x + j0 / 2 * WD + min64(d0 + r, HS - 1);
+    /* a tile's rows are 8 of o's rows j, broadcast from w's pairs (its column j), its lanes 32 of
+     * o's columns d; the sum runs over the pairs of t >= j0 (w[t][j] = 0 for t < j) */
+    for (int64_t j0 = 0; j0 < T; j0 += 8) {
+        int64_t q0 = j0 / 2;
+        const uint32_t *wr[8];
+        for (int r = 0; r < 8; r++) wr[r] = w + q0 * WT + min64(j0 + r, T - 1);
+        for (int64_t d0 = 0; d0 < HS; d0 += 32) {
             __m512 acc[8][2];
             for (int r = 0; r < 8; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-            TILE_SUMS(acc, xr, WD, w + j0 / 2 * WT + j0, WT, Q - j0 / 2)
-            put_tile(acc, 1.0f, ot + d0 * WT + j0, WT, min64(8, HS - d0), 32, false);
+            TILE_SUMS(acc, wr, WT, x + q0 * WD + d0, WD, Q - q0)
+            put_tile(acc, scale, o + j0 * ldo + d0, ldo, min64(8, T - j0), min64(32, HS - d0),
+                     accumulate);
         }
-    for (int64_t j = 0; j < T; j++) {
-        float *row = o + j * ldo;
-        for (int64_t d = 0; d < HS; d++)
-            row[d] = (accumulate ? row[d] : 0.0f) + scale * ot[d * WT + j];
     }
 }

@@ -156,16 +156,20 @@ void cddp__attn_transpose(const float *x, int64_t ldx, int64_t T, int64_t HS, fl
 void cddp__bf16_pack_rows(uint32_t *dst, const float *m, int64_t ld, int64_t rows, int64_t cols);
 void cddp__bf16_pack_pairs(uint32_t *dst, const float *m, int64_t ld, int64_t rows, int64_t cols);
 void cddp__bf16_pack_cols(uint32_t *dst, const float *m, int64_t ld, int64_t rows, int64_t cols);
+/* A lower-triangular (T, T) matrix (attention's P, dS; rows T apart) packed as rows for
+ * attn_mix_bf16 or as pairs for attn_mix_t_bf16, in those layouts, but only the words they read:
+ * about half. */
+void cddp__bf16_pack_rows_causal(uint32_t *dst, const float *m, int64_t T);
+void cddp__bf16_pack_pairs_causal(uint32_t *dst, const float *m, int64_t T);
 /* attn.c's three products on packed operands: a (T, HS) packed as rows, bt as the columns of the
  * (T, HS) it is the transpose of; w (T, T) as rows (mix) or pairs (mix_t), x (T, HS) as pairs;
- * s's tiles reaching the diagonal are written (some columns above it too). mix_t sums into ot
- * (HS x UP32(T) floats) first. */
+ * s's tiles reaching the diagonal are written (some columns above it too). */
 void cddp__attn_scores_bf16(const uint32_t *a, const uint32_t *bt, int64_t T, int64_t HS,
                             float scale, float *s);
 void cddp__attn_mix_bf16(const uint32_t *w, const uint32_t *x, int64_t T, int64_t HS, float scale,
                          float *o, int64_t ldo, bool accumulate);
 void cddp__attn_mix_t_bf16(const uint32_t *w, const uint32_t *x, int64_t T, int64_t HS, float scale,
-                           float *o, int64_t ldo, bool accumulate, float *ot);
+                           float *o, int64_t ldo, bool accumulate);
 
 /* ---- gemm.c ------------------------------------------------------------------------------ */
 

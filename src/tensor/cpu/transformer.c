@@ -79,7 +79,7 @@ void cddp__cpu_attention(cddp__kq *q, const cddp__k_attention *a) {
                 cddp__bf16_pack_cols(kb, k, 3 * C, T, HS);
                 cddp__attn_scores_bf16(qa, kb, T, HS, scale, ph);
                 for (int64_t t = 0; t < T; t++) causal_softmax_row(ph + t * T, t, T);
-                cddp__bf16_pack_rows(pw, ph, T, T, T);
+                cddp__bf16_pack_rows_causal(pw, ph, T);
                 cddp__bf16_pack_pairs(vx, v, 3 * C, T, HS);
                 cddp__attn_mix_bf16(pw, vx, T, HS, 1.0f, o, C, false);
                 continue;
@@ -119,25 +119,24 @@ static void softmax_grad_rows(float *ds, const float *ph, int64_t T) {
 /* One head's gradients in bf16 on the bf16 units: attn_bf16.c's products, each operand packed
  * (rounded) once for each layout it is read in; w: the packs' words. */
 static void head_grad_bf16(const float *qh, const float *ph, const float *dout, float *dq,
-                           int64_t T, int64_t C, int64_t HS, bool acc, float *ds, float *ot,
-                           uint32_t *w) {
+                           int64_t T, int64_t C, int64_t HS, bool acc, float *ds, uint32_t *w) {
     const float *k = qh + C, *v = qh + 2 * C;
     float scale = 1.0f / sqrtf((float)HS);
     uint32_t *wp = w, *x = wp + pairs_words(T, T), *da = x + pairs_words(T, HS),
              *vb = da + rows_words(T, HS);
-    cddp__bf16_pack_pairs(wp, ph, T, T, T); /* dv += P^T do */
+    cddp__bf16_pack_pairs_causal(wp, ph, T); /* dv += P^T do */
     cddp__bf16_pack_pairs(x, dout, C, T, HS);
-    cddp__attn_mix_t_bf16(wp, x, T, HS, 1.0f, dq + 2 * C, 3 * C, acc, ot);
+    cddp__attn_mix_t_bf16(wp, x, T, HS, 1.0f, dq + 2 * C, 3 * C, acc);
     cddp__bf16_pack_rows(da, dout, C, T, HS); /* dP = do v^T */
     cddp__bf16_pack_cols(vb, v, 3 * C, T, HS);
     cddp__attn_scores_bf16(da, vb, T, HS, 1.0f, ds);
     softmax_grad_rows(ds, ph, T);
-    cddp__bf16_pack_rows(wp, ds, T, T, T); /* dq += dS k / sqrt(HS) */
+    cddp__bf16_pack_rows_causal(wp, ds, T); /* dq += dS k / sqrt(HS) */
     cddp__bf16_pack_pairs(x, k, 3 * C, T, HS);
     cddp__attn_mix_bf16(wp, x, T, HS, scale, dq, 3 * C, acc);
-    cddp__bf16_pack_pairs(wp, ds, T, T, T); /* dk += dS^T q / sqrt(HS) */
+    cddp__bf16_pack_pairs_causal(wp, ds, T); /* dk += dS^T q / sqrt(HS) */
     cddp__bf16_pack_pairs(x, qh, 3 * C, T, HS);
-    cddp__attn_mix_t_bf16(wp, x, T, HS, scale, dq + C, 3 * C, acc, ot);
+    cddp__attn_mix_t_bf16(wp, x, T, HS, scale, dq + C, 3 * C, acc);
 }
 
 /* With do the head's slice of the output's gradient:
@@ -163,7 +162,7 @@ void cddp__cpu_attention_grad(cddp__kq *q, const cddp__k_attention_grad *a) {
             const float *ph = a->p + (b * NH + h) * T * T;
             const float *dout = a->dout + b * T * C + h * HS, *pm = ph;
             if (in == IN_BF16) {
-                head_grad_bf16(qh, ph, dout, dq, T, C, HS, acc, ds, vt, w);
+                head_grad_bf16(qh, ph, dout, dq, T, C, HS, acc, ds, w);
                 continue;
             }
             int64_t ld = 3 * C, ldo = C;
