@@ -215,6 +215,21 @@ static void test_intermediate_gradients_released(void **state) {
     cddp_ctx_destroy(ctx);
 }
 
+/* A same-shape sum's backward hands its gradient's memory to its first input instead of copying
+ * it: a residual chain h + 0.5 h, and x + x (both inputs one tensor), still get their sums. */
+static void test_residual_gradients(void **state) {
+    (void)state;
+    cddp_ctx *ctx = test_ctx(0);
+    cddp_tensor *x = cddp_requires_grad(ctx, cddp_ones(ctx, CDDP_F32, CDDP_SHAPE(1000)));
+    cddp_tensor *h = x;
+    for (int i = 0; i < 3; i++) h = cddp_add(ctx, h, cddp_scale(ctx, h, 0.5f));
+    cddp_tensor *xx = cddp_add(ctx, h, h); /* d/dh = 2 */
+    assert_int_equal(cddp_backward(ctx, cddp_sum(ctx, xx)), CDDP_OK);
+    const float *g = HOST_GRAD(x);
+    for (int j = 0; j < 1000; j++) assert_true(g[j] == 6.75f); /* 2 * 1.5^3 */
+    cddp_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hooks_order_and_once),
@@ -224,6 +239,7 @@ int main(void) {
         cmocka_unit_test(test_backward_misuse),
         cmocka_unit_test(test_leaf_gradients_through_views),
         cmocka_unit_test(test_intermediate_gradients_released),
+        cmocka_unit_test(test_residual_gradients),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     host_release();

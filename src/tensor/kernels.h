@@ -188,11 +188,10 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
     F(const float *, w) F(const float *, dy) F(const float *, mean) F(const float *, rstd)         \
         F(float *, dx) F(bool, assign) F(float *, dw) F(float *, db) F(int64_t, rows)              \
             F(int64_t, C)
-/* y = GELU(x), tanh approximation, tanh's values kept in t */
-#define CDDP__KA_gelu_tanh(F) F(const float *, x) F(float *, y) F(float *, t) F(int64_t, n)
+/* y = GELU(x), tanh approximation, its slope GELU'(x) kept in s; the gradient dx = s dy */
+#define CDDP__KA_gelu_tanh(F) F(const float *, x) F(float *, y) F(float *, s) F(int64_t, n)
 #define CDDP__KA_gelu_tanh_grad(F)                                                                 \
-    F(const float *, x)                                                                            \
-    F(const float *, t) F(const float *, dy) F(float *, dx) F(int64_t, n) F(bool, assign)
+    F(const float *, s) F(const float *, dy) F(float *, dx) F(int64_t, n) F(bool, assign)
 /* causal self-attention of qkv (B,T,3C) in NH heads into out (B,T,C), the weights into p
  * (B,NH,T,T); compute as gemm's (in bf16: q, k, v and the weights rounded for the products) */
 #define CDDP__KA_attention(F)                                                                      \

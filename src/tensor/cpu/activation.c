@@ -85,14 +85,14 @@ void cddp__cpu_softmax_grad(cddp__kq *q, const cddp__k_softmax_grad *a) {
 
 void cddp__cpu_gelu_tanh(cddp__kq *q, const cddp__k_gelu_tanh *a) {
     (void)q;
-    cddp__gelu_tanh_rows(a->x, a->y, a->t, a->n);
+    cddp__gelu_tanh_rows(a->x, a->y, a->s, a->n);
 }
 
 /* y = x/2 (1 + tanh(u)), u = k (x + 0.044715 x^3):
  * dy/dx = (1 + tanh(u))/2 + x/2 (1 - tanh(u)^2) k (1 + 3 * 0.044715 x^2). */
 void cddp__cpu_gelu_tanh_grad(cddp__kq *q, const cddp__k_gelu_tanh_grad *a) {
     (void)q;
-    cddp__gelu_tanh_grad(a->x, a->t, a->dy, a->dx, a->n, a->assign);
+    cddp__gelu_tanh_grad(a->s, a->dy, a->dx, a->n, a->assign);
 }
 
 void cddp__cpu_cross_entropy(cddp__kq *q, const cddp__k_cross_entropy *a) {

@@ -87,18 +87,26 @@ cddp_tensor *cddp_div(cddp_ctx *ctx, cddp_tensor *a, cddp_tensor *b) {
     return binary(ctx, CDDP_OP_DIV, a, b);
 }
 
-/* z = x + y of one shape (a transformer's residual stream): both gradients are dz. */
+/* z = x + y of one shape (a transformer's residual stream): both gradients are dz. dz is dead
+ * after this backward (tape.c releases it), so an input that has no gradient yet, in z's layout,
+ * takes dz's memory itself instead of a copy (the other input, if it wants one, gets the copy,
+ * queued before anything can add to that memory). */
 static bool same_shape_add_backward(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n) {
-    cddp_tensor *a = n->in[0], *b = n->in[1];
-    if (n->op != CDDP_OP_ADD || a->numel != n->out->numel || b->numel != n->out->numel)
-        return false;
+    cddp_tensor *a = n->in[0], *b = n->in[1], *z = n->out;
+    if (n->op != CDDP_OP_ADD || a->numel != z->numel || b->numel != z->numel) return false;
+    float *dz = z->grad;
     for (int k = 0; k < 2; k++) {
         cddp_tensor *t = n->in[k];
+        if (!t->requires_grad) continue;
+        if (z->grad && !t->grad && !t->is_param && !z->retain_grad && t->block == z->block &&
+            t->device == z->device) {
+            t->grad = dz; /* moved: z no longer has it */
+            z->grad = NULL;
+            continue;
+        }
         bool assign;
-        float *g = t->requires_grad ? cddp_grad_buffer_assign(ctx, t, &assign) : NULL;
-        if (g)
-            CDDP__K(&d->q, accumulate, .dst = g, .src = n->out->grad, .n = t->numel,
-                    .assign = assign);
+        float *g = cddp_grad_buffer_assign(ctx, t, &assign);
+        if (g) CDDP__K(&d->q, accumulate, .dst = g, .src = dz, .n = t->numel, .assign = assign);
     }
     return true;
 }

@@ -94,18 +94,18 @@ void cddp__layer_norm_backward(cddp_ctx *ctx, cddp__node *n) {
 
 /* ---- GELU, tanh approximation ------------------------------------------------------------ */
 
-/* tanh's values are kept for the backward (the forward's costliest part). */
+/* The slope is kept for the backward (tanh, the forward's costliest part, is not recomputed). */
 cddp_tensor *cddp_gelu_tanh(cddp_ctx *ctx, cddp_tensor *x) {
     if (CDDP__FAILED(ctx) || !x) return NULL;
     cddp__need_f32("gelu_tanh", x);
     cddp__cdev *d = CDDP__ON(ctx, "gelu_tanh", x);
     cddp_tensor *out = cddp__empty(d, CDDP_F32, x->ndim, x->shape);
-    float *t = out ? cddp__dalloc(d, (size_t)x->numel * sizeof(float)) : NULL;
-    if (!t) return NULL;
-    CDDP__K(&d->q, gelu_tanh, .x = x->data, .y = out->data, .t = t, .n = x->numel);
+    float *s = out ? cddp__dalloc(d, (size_t)x->numel * sizeof(float)) : NULL;
+    if (!s) return NULL;
+    CDDP__K(&d->q, gelu_tanh, .x = x->data, .y = out->data, .s = s, .n = x->numel);
     cddp__node *node;
     if (!cddp__record_op(ctx, CDDP_OP_GELU_TANH, out, 1, &x, &node)) return NULL;
-    if (node) node->saved = t;
+    if (node) node->saved = s;
     return out;
 }
 
@@ -114,7 +114,7 @@ void cddp__gelu_tanh_backward(cddp_ctx *ctx, cddp__node *n) {
     float *dx = cddp__input_grad_assign(ctx, n, &assign);
     cddp__cdev *d = cddp__node_dev(ctx, n);
     if (!dx || !d) return;
-    CDDP__K(&d->q, gelu_tanh_grad, .x = n->in[0]->data, .t = n->saved, .dy = n->out->grad, .dx = dx,
+    CDDP__K(&d->q, gelu_tanh_grad, .s = n->saved, .dy = n->out->grad, .dx = dx,
             .n = n->in[0]->numel, .assign = assign);
 }
 
