@@ -414,12 +414,53 @@ static void test_bf16_attention(void **state) {
     }
 }
 
+/* Layer norm, GELU and attention, whose outputs feed linear layers, write them rounded to bf16
+ * too in mixed precision (cddp_tensor.half): exactly data's rounding, which a linear layer then
+ * reads instead of rounding data itself; in float32 they write none. */
+static void test_bf16_halves(void **state) {
+    (void)state;
+    enum { B = 2, T = 10, C = 12 };
+    float qkv[B * T * 3 * C], x[B * T * C], w[C], b[C];
+    cddp_rng r;
+    cddp_rng_seed(&r, 5);
+    for (int i = 0; i < B * T * 3 * C; i++) qkv[i] = 2 * cddp_rng_uniform(&r) - 1;
+    for (int i = 0; i < B * T * C; i++) x[i] = 4 * cddp_rng_uniform(&r) - 2;
+    for (int i = 0; i < C; i++) w[i] = 1 + cddp_rng_uniform(&r), b[i] = cddp_rng_uniform(&r);
+    cddp_ctx *cs[2] = {ctx, lo};
+    for (int k = 0; k < 2; k++) {
+        cddp_ctx *c = cs[k];
+        cddp_ctx_reset(c);
+        cddp_tensor *xt = cddp_from_data(c, CDDP_F32, CDDP_SHAPE(B, T, C), x);
+        cddp_tensor *out[3] = {
+            cddp_layer_norm(c, xt, cddp_from_data(c, CDDP_F32, CDDP_SHAPE(C), w),
+                            cddp_from_data(c, CDDP_F32, CDDP_SHAPE(C), b), 1e-5f),
+            cddp_gelu_tanh(c, xt),
+            cddp_attention(c, cddp_from_data(c, CDDP_F32, CDDP_SHAPE(B, T, 3 * C), qkv), 2)};
+        for (int o = 0; o < 3; o++) {
+            assert_non_null(out[o]);
+            if (c == ctx) {
+                assert_null(out[o]->half);
+                continue;
+            }
+            assert_non_null(out[o]->half);
+            const float *d = HOST(out[o]);
+            const uint16_t *h = (const uint16_t *)host_f32(out[o]->device, out[o]->half,
+                                                           out[o]->numel / 2); /* numel: even */
+            for (int64_t i = 0; i < out[o]->numel; i++) {
+                float v = bf16(d[i]);
+                uint32_t u;
+                memcpy(&u, &v, sizeof u);
+                assert_int_equal(h[i], u >> 16);
+            }
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bf16_path),
-        cmocka_unit_test(test_bf16_products),
-        cmocka_unit_test(test_bf16_convolutions),
-        cmocka_unit_test(test_bf16_attention),
+        cmocka_unit_test(test_bf16_path),         cmocka_unit_test(test_bf16_products),
+        cmocka_unit_test(test_bf16_convolutions), cmocka_unit_test(test_bf16_attention),
+        cmocka_unit_test(test_bf16_halves),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -51,14 +51,16 @@ struct cddp_tensor {
     int ndim;
     int64_t shape[CDDP_MAX_DIMS];
     int64_t numel;
-    void *data;                 /* numel elements of dtype */
-    float *grad;                /* float32, numel; NULL until a gradient reaches a non-parameter;
-                                   an op's output's is released by its backward (cddp_retain_grad) */
-    bool requires_grad;         /* gradients flow to this tensor */
-    bool retain_grad;           /* an op's output keeps its gradient after backward */
-    bool is_param;              /* a model parameter: grad is persistent and accumulates (+=) */
-    int param_index;            /* index in its model, -1 for other tensors */
-    const char *name;           /* parameter name, NULL for other tensors */
+    void *data;         /* numel elements of dtype */
+    float *grad;        /* float32, numel; NULL until a gradient reaches a non-parameter;
+                           an op's output's is released by its backward (cddp_retain_grad) */
+    bool requires_grad; /* gradients flow to this tensor */
+    bool retain_grad;   /* an op's output keeps its gradient after backward */
+    void *half;       /* NULL, or numel bf16 values: data rounded by the op that wrote it, for mixed
+                         precision's products (a linear layer reads them instead of rounding data) */
+    bool is_param;    /* a model parameter: grad is persistent and accumulates (+=) */
+    int param_index;  /* index in its model, -1 for other tensors */
+    const char *name; /* parameter name, NULL for other tensors */
     cddp_ready_hook ready_hook; /* autograd calls it when the gradient is final (autograd.h) */
     void *ready_user;
     cddp_node *node;     /* the op that made it (its grad_fn), NULL for leaves */

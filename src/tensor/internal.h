@@ -127,6 +127,10 @@ bool cddp__computes(cddp_ctx *ctx, cddp__cdev *d);
 /* Device arena memory (64-byte aligned, uninitialised) that latches a failure; _zero: zeroed. */
 void *cddp__dalloc(cddp__cdev *d, size_t bytes);
 void *cddp__dalloc_zero(cddp__cdev *d, size_t bytes);
+/* ops/linear.c: for an op whose output usually feeds a linear layer, out->half allocated when the
+ * context multiplies in bf16 on a device whose gemm takes bf16 operands (the op's kernel then
+ * writes it); NULL otherwise, or when out of memory (the failure latched). */
+uint16_t *cddp__half_for(cddp_ctx *ctx, cddp__cdev *d, cddp_tensor *out);
 /* Zeroes bytes of d's memory at p, in queue order; false (the failure latched) when it cannot. */
 bool cddp__dzero(cddp__cdev *d, void *p, size_t bytes);
 /* Device memory d keeps for the context outside the arena (at least bytes, grown as needed), for

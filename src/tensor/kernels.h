@@ -181,15 +181,19 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 #define CDDP__KA_layer_norm(F)                                                                     \
     F(const float *, x)                                                                            \
     F(const float *, w) F(const float *, b) F(float *, y) F(float *, mean) F(float *, rstd)        \
-        F(int64_t, rows) F(int64_t, C) F(float, eps)
+        F(int64_t, rows) F(int64_t, C) F(float, eps) F(uint16_t *, y16)
 /* its gradients: dx (stored when assign), dw and db added (each may be NULL; w NULL: ones) */
 #define CDDP__KA_layer_norm_grad(F)                                                                \
     F(const float *, x)                                                                            \
     F(const float *, w) F(const float *, dy) F(const float *, mean) F(const float *, rstd)         \
         F(float *, dx) F(bool, assign) F(float *, dw) F(float *, db) F(int64_t, rows)              \
             F(int64_t, C)
+/* layer_norm's y16, gelu_tanh's and attention's out16 (may be NULL; only where the device's
+ * gemm_takes_bf16 says so): the output rounded to bf16 as to_bf16 rounds it, as well, for the
+ * linear layer it feeds in mixed precision (cddp_tensor.half) */
 /* y = GELU(x), tanh approximation, its slope GELU'(x) kept in s; the gradient dx = s dy */
-#define CDDP__KA_gelu_tanh(F) F(const float *, x) F(float *, y) F(float *, s) F(int64_t, n)
+#define CDDP__KA_gelu_tanh(F)                                                                      \
+    F(const float *, x) F(float *, y) F(float *, s) F(int64_t, n) F(uint16_t *, y16)
 #define CDDP__KA_gelu_tanh_grad(F)                                                                 \
     F(const float *, s) F(const float *, dy) F(float *, dx) F(int64_t, n) F(bool, assign)
 /* causal self-attention of qkv (B,T,3C) in NH heads into out (B,T,C), the weights into p
@@ -197,7 +201,7 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 #define CDDP__KA_attention(F)                                                                      \
     F(const float *, qkv)                                                                          \
     F(float *, out) F(float *, p) F(int64_t, B) F(int64_t, T) F(int64_t, C) F(int64_t, NH)         \
-        F(cddp_dtype, compute)
+        F(cddp_dtype, compute) F(uint16_t *, out16)
 /* causal self-attention with a key/value cache (generation): the keys and values of qkv (B,T,3C),
  * the projections of positions past..past+T-1, are copied into cache (B,L,2C) at those positions,
  * and each query attends to the cache's rows up to its own, into out (B,T,C) */

@@ -13,11 +13,18 @@ static const float *unit(cddp__kq *q, int64_t C, float v) {
     return u;
 }
 
+/* With y16, 16 rows at a time, each block rounded while it is in cache. */
 void cddp__cpu_layer_norm(cddp__kq *q, const cddp__k_layer_norm *a) {
     const float *w = a->w ? a->w : unit(q, a->C, 1.0f);
     const float *b = a->b ? a->b : unit(q, a->C, 0.0f);
     if (!w || !b) return;
-    cddp__layer_norm_rows(a->x, w, b, a->y, a->mean, a->rstd, a->rows, a->C, a->eps);
+    int64_t C = a->C, step = a->y16 ? 16 : a->rows;
+    for (int64_t r = 0; r < a->rows; r += step) {
+        int64_t n = a->rows - r < step ? a->rows - r : step;
+        cddp__layer_norm_rows(a->x + r * C, w, b, a->y + r * C, a->mean + r, a->rstd + r, n, C,
+                              a->eps);
+        if (a->y16) cddp__to_bf16_rows(a->y16 + r * C, C, a->y + r * C, C, n, C);
+    }
 }
 
 /* With h = (x - mean) rstd and y = w h + b, per row of C features:
@@ -82,6 +89,8 @@ void cddp__cpu_attention(cddp__kq *q, const cddp__k_attention *a) {
                 cddp__bf16_pack_rows_causal(pw, ph, T);
                 cddp__bf16_pack_pairs(vx, v, 3 * C, T, HS);
                 cddp__attn_mix_bf16(pw, vx, T, HS, 1.0f, o, C, false);
+                if (a->out16 && h == NH - 1) /* batch element b's rows, while in cache */
+                    cddp__to_bf16_rows(a->out16 + b * T * C, C, a->out + b * T * C, C, T, C);
                 continue;
             }
             int64_t ld = 3 * C;
@@ -102,6 +111,8 @@ void cddp__cpu_attention(cddp__kq *q, const cddp__k_attention *a) {
                 pm = pr;
             }
             cddp__attn_mix(pm, v, ld, T, HS, 1.0f, o, C, false);
+            if (a->out16 && h == NH - 1)
+                cddp__to_bf16_rows(a->out16 + b * T * C, C, a->out + b * T * C, C, T, C);
         }
 }
 

@@ -82,8 +82,9 @@ void cddp__matmul_backward(cddp_ctx *ctx, cddp__node *n) {
  * kept for the backward's two products, and the output's gradient once for both, its column sums
  * (the bias's gradient) taken in the same pass; the bias is added by the forward's product. The
  * numbers are those of the float32 operands given to the gemm kernel in bf16 (it rounds them the
- * same way), with one less pass over the output each way. (The 6-layer GPT in bf16 on one Zen 4
- * core: the roundings and the bias passes had taken 7 % of its step.) */
+ * same way), with one less pass over the output each way. An x that its op rounded as it wrote it
+ * (x->half: layer norm, GELU, attention; cddp__half_for) is not rounded again. (The 6-layer GPT in
+ * bf16 on one Zen 4 core: the roundings and the bias passes had taken 7 % of its step.) */
 typedef struct linear_saved {
     uint16_t *x, *w; /* (N, in) and (outf, in), rounded to bf16 */
 } linear_saved;
@@ -101,12 +102,22 @@ static uint16_t *rounded(cddp__cdev *d, const float *x, int64_t rows, int64_t co
     return h;
 }
 
+/* Whether d's products in ctx take bf16 operands (mixed precision, and a gemm that takes them). */
+static bool takes_bf16(cddp_ctx *ctx, cddp__cdev *d) {
+    return ctx->compute == CDDP_BF16 && d->q.dev->k->gemm_takes_bf16();
+}
+
+uint16_t *cddp__half_for(cddp_ctx *ctx, cddp__cdev *d, cddp_tensor *out) {
+    if (!out || !takes_bf16(ctx, d)) return NULL;
+    return out->half = cddp__dalloc(d, (size_t)out->numel * sizeof(uint16_t));
+}
+
 static cddp_tensor *linear_bf16(cddp_ctx *ctx, cddp__cdev *d, cddp_tensor *x, cddp_tensor *w,
                                 cddp_tensor *b, cddp_tensor *y) {
     int64_t in = w->shape[1], N = x->numel / in, outf = w->shape[0];
     if (!cddp__computes(ctx, d)) return NULL;
     linear_saved *sv = cddp__ctx_alloc(ctx, sizeof *sv);
-    uint16_t *x16 = sv ? rounded(d, x->data, N, in, NULL, false) : NULL;
+    uint16_t *x16 = !sv ? NULL : x->half ? x->half : rounded(d, x->data, N, in, NULL, false);
     uint16_t *w16 = x16 ? rounded(d, w->data, outf, in, NULL, false) : NULL;
     if (!w16) return NULL;
     CDDP__K(&d->q, gemm, .ta = false, .tb = true, .M = N, .N = outf, .K = in, .alpha = 1.0f,
@@ -166,8 +177,7 @@ cddp_tensor *cddp_linear(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_ten
     cddp__cdev *d = CDDP__ON(ctx, "linear", x, w, b);
     cddp_tensor *y = cddp__empty(d, CDDP_F32, x->ndim, shape);
     if (!y) return NULL;
-    if (ctx->compute == CDDP_BF16 && N && in && outf && d->q.dev->k->gemm_takes_bf16())
-        return linear_bf16(ctx, d, x, w, b, y);
+    if (N && in && outf && takes_bf16(ctx, d)) return linear_bf16(ctx, d, x, w, b, y);
     /* the bias added to the product's rows while they are still in cache, not copied into y
      * first for the GEMM to read back (the GPT, one rank, 4 interleaved rounds: 20.1-20.5k ->
      * 20.8-21.3k tokens/s, its forward 14.3-14.6 -> 13.1-13.5 ms; the MLP and the CNN level) */

@@ -65,10 +65,11 @@ cddp_tensor *cddp_layer_norm(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *weight,
     cddp__cdev *d = CDDP__ON(ctx, "layer_norm", x, weight, bias);
     cddp_tensor *out = cddp__empty(d, CDDP_F32, x->ndim, x->shape);
     float *stats = out ? cddp__dalloc(d, 2 * (size_t)rows * sizeof(float)) : NULL; /* mean, 1/std */
-    if (!stats) return NULL;
+    uint16_t *half = cddp__half_for(ctx, d, out);
+    if (!stats || CDDP__FAILED(ctx)) return NULL;
     CDDP__K(&d->q, layer_norm, .x = x->data, .w = weight ? weight->data : NULL,
             .b = bias ? bias->data : NULL, .y = out->data, .mean = stats, .rstd = stats + rows,
-            .rows = rows, .C = C, .eps = eps);
+            .rows = rows, .C = C, .eps = eps, .y16 = half);
     cddp__node *node;
     if (!cddp__record_op(ctx, CDDP_OP_LAYER_NORM, out, 3, (cddp_tensor *[]){x, weight, bias},
                          &node))
@@ -101,8 +102,9 @@ cddp_tensor *cddp_gelu_tanh(cddp_ctx *ctx, cddp_tensor *x) {
     cddp__cdev *d = CDDP__ON(ctx, "gelu_tanh", x);
     cddp_tensor *out = cddp__empty(d, CDDP_F32, x->ndim, x->shape);
     float *s = out ? cddp__dalloc(d, (size_t)x->numel * sizeof(float)) : NULL;
-    if (!s) return NULL;
-    CDDP__K(&d->q, gelu_tanh, .x = x->data, .y = out->data, .s = s, .n = x->numel);
+    uint16_t *half = cddp__half_for(ctx, d, out);
+    if (!s || CDDP__FAILED(ctx)) return NULL;
+    CDDP__K(&d->q, gelu_tanh, .x = x->data, .y = out->data, .s = s, .n = x->numel, .y16 = half);
     cddp__node *node;
     if (!cddp__record_op(ctx, CDDP_OP_GELU_TANH, out, 1, &x, &node)) return NULL;
     if (node) node->saved = s;
@@ -140,9 +142,10 @@ cddp_tensor *cddp_attention(cddp_ctx *ctx, cddp_tensor *qkv, int n_head) {
     cddp_tensor *out = cddp__empty(d, CDDP_F32, 3, (int64_t[]){B, T, C});
     float *p = out ? cddp__dalloc(d, (size_t)(B * n_head * T * T) * sizeof(float)) : NULL;
     attention_saved *sv = cddp__ctx_alloc(ctx, sizeof *sv);
-    if (!p || !sv || !cddp__computes(ctx, d)) return NULL;
+    uint16_t *half = cddp__half_for(ctx, d, out);
+    if (!p || !sv || !cddp__computes(ctx, d) || CDDP__FAILED(ctx)) return NULL;
     CDDP__K(&d->q, attention, .qkv = qkv->data, .out = out->data, .p = p, .B = B, .T = T, .C = C,
-            .NH = n_head, .compute = ctx->compute);
+            .NH = n_head, .compute = ctx->compute, .out16 = half);
     cddp__node *node;
     if (!cddp__record_op(ctx, CDDP_OP_ATTENTION, out, 1, &qkv, &node)) return NULL;
     if (node) {
