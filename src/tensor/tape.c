@@ -50,8 +50,8 @@ bool cddp__record_op(cddp_ctx *ctx, cddp__op op, cddp_tensor *out, int nin, cddp
  * ran before), so cddp_node_backward releases it here and the next gradient of its size or less
  * takes the smallest released buffer that fits: a transformer's layers have one set of shapes, so
  * a backward holds about one layer's gradients instead of every layer's (the 6-layer GPT's step:
- * 1.65 -> 1.1 GB). A device runs its kernels in order, so a buffer's new kernels run after those
- * that read it as the old gradient. */
+ * 1.65 -> 1.22 GB at its peak). A device runs its kernels in order, so a buffer's new kernels run
+ * after those that read it as the old gradient. */
 void cddp__release_grad(cddp_ctx *ctx, cddp_tensor *t) {
     if (!t->grad || t->is_param || t->retain_grad || !t->node) return;
     cddp__cdev *d = cddp__ctx_dev(ctx, t->device);

@@ -2,8 +2,9 @@
  * CDDP_BF16: a context's mixed precision, cddp_ctx_options.compute).
  *
  * Each operand is rounded to bf16 (to nearest, ties to even: AVX512-BF16's vcvtne2ps2bf16) into
- * scratch memory in its stored orientation, and oneDNN's matmul multiplies the two with float32
- * accumulation into the float32 result, alpha as its output scale and beta as a sum post-op; the
+ * scratch memory in its stored orientation, unless the caller rounded it already (A16, B16: the
+ * to_bf16 kernel, below), and oneDNN's matmul multiplies the two with float32 accumulation into
+ * the float32 result, alpha as its output scale, a bias as its bias and beta as a sum post-op; the
  * primitive is made once per shape (dnnl.h). oneDNN's brgemm takes the transposed operands as they
  * are stored. On one Zen 4 core (4096 x 384 x 384 and the GPT's shapes): 196-213 GFLOP/s, against
  * 102-111 in float32.
