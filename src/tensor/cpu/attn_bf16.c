@@ -41,7 +41,8 @@ void cddp__bf16_pack_rows(uint32_t *dst, const float *m, int64_t ld, int64_t row
         for (int64_t r = 0; r < rows; r++) ((uint16_t *)dst)[r * 2 * P + cols] = 0;
 }
 
-/* pack_pairs, of pair row q only the words below `upto(q)` (a multiple of 16; all with NULL). */
+/* cddp__bf16_pack_pairs; with causal, of each pair row q only its columns below 2q + 8 (rounded
+ * up to 16), for cddp__bf16_pack_pairs_causal. */
 TGT static void pack_pairs(uint32_t *dst, const float *m, int64_t ld, int64_t rows, int64_t cols,
                            bool causal) {
     int64_t W = (cols + 31) / 32 * 32;
