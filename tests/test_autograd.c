@@ -230,6 +230,36 @@ static void test_residual_gradients(void **state) {
     cddp_ctx_destroy(ctx);
 }
 
+/* batch_norm_relu's backward masks its output's gradient in place when that gradient is released
+ * after it, and leaves a retained one as it was: both give x the same gradient. */
+static void test_batch_norm_relu_keeps_retained_gradient(void **state) {
+    (void)state;
+    float xv[2 * 3 * 4], rv[2 * 3 * 4];
+    for (int i = 0; i < 24; i++) xv[i] = (float)((i * 7) % 11) - 5.0f, rv[i] = (float)(i % 5) - 2;
+    float *gx[2];
+    for (int keep = 0; keep < 2; keep++) {
+        cddp_ctx *ctx = test_ctx(0);
+        cddp_tensor *x =
+            cddp_requires_grad(ctx, cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(2, 3, 2, 2), xv));
+        cddp_tensor *y = cddp_batch_norm_relu(ctx, x, NULL, NULL, NULL, NULL, true, 0.1f, 1e-5f);
+        if (keep) cddp_retain_grad(y);
+        cddp_tensor *r = cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(2, 3, 2, 2), rv);
+        assert_int_equal(cddp_backward(ctx, cddp_sum(ctx, cddp_mul(ctx, y, r))), CDDP_OK);
+        gx[keep] = malloc(sizeof xv);
+        memcpy(gx[keep], HOST_GRAD(x), sizeof xv);
+        if (keep) { /* y's gradient is r, not r masked by y > 0 */
+            const float *gy = HOST_GRAD(y);
+            for (int i = 0; i < 24; i++) assert_true(gy[i] == rv[i]);
+        } else {
+            assert_null(y->grad);
+        }
+        cddp_ctx_destroy(ctx);
+    }
+    assert_memory_equal(gx[0], gx[1], sizeof xv);
+    free(gx[0]);
+    free(gx[1]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hooks_order_and_once),
@@ -240,6 +270,7 @@ int main(void) {
         cmocka_unit_test(test_leaf_gradients_through_views),
         cmocka_unit_test(test_intermediate_gradients_released),
         cmocka_unit_test(test_residual_gradients),
+        cmocka_unit_test(test_batch_norm_relu_keeps_retained_gradient),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     host_release();

@@ -225,13 +225,14 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
         F(float *, y) F(float *, stats) F(int64_t, N) F(int64_t, C) F(int64_t, P) F(int64_t, B)    \
             F(bool, training) F(bool, relu) F(float, momentum) F(float, eps)
 /* its gradients: dx (stored when assign), dr (the residual's, stored when rassign), dw and db
- * added; each may be NULL. dy is the output's gradient, y the output (for relu). */
+ * added; each may be NULL. dy is the output's gradient, y the output (for relu); with dy_free the
+ * kernel may overwrite dy (the gradient is released after this backward) */
 #define CDDP__KA_batch_norm_grad(F)                                                                \
     F(const float *, x)                                                                            \
-    F(const float *, y) F(const float *, dy) F(const float *, w) F(const float *, stats)           \
+    F(const float *, y) F(float *, dy) F(const float *, w) F(const float *, stats)                 \
         F(float *, dx) F(bool, assign) F(float *, dr) F(bool, rassign) F(float *, dw)              \
             F(float *, db) F(int64_t, N) F(int64_t, C) F(int64_t, P) F(int64_t, B)                 \
-                F(bool, training) F(bool, relu)
+                F(bool, training) F(bool, relu) F(bool, dy_free)
 
 /* Max pooling of planes (H,W) into (OH,OW) (relu: of max(x, 0)); arg (may be NULL): each
  * maximum's index in its plane. */

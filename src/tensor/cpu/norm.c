@@ -8,7 +8,9 @@
  * Each block's sums are taken in float lanes and added across blocks in double. With relu, each
  * block is rectified right after it is normalised (a residual's block added first), and in the
  * backward the output's gradient is masked a block at a time into a block of scratch that the
- * loops read as their gradient; the residual receives that masked block in the first pass. */
+ * loops read as their gradient, or, when the op may overwrite it (dy_free), masked in place in the
+ * first pass and read as it is in the second (one masking pass, not two); the residual receives
+ * that masked block in the first pass. */
 #include "tensor/cpu/cpu.h"
 
 #include <math.h>
@@ -66,7 +68,7 @@ static void block_norm_grad(const blocks *v, float *dx, const float *d, const fl
 }
 
 /* The gradient a block's batch normalisation receives: d, or (relu) d where the block's output y
- * is positive, 0 elsewhere, written into scratch. */
+ * is positive, 0 elsewhere, written into scratch (which may be d itself). */
 static const float *block_grad(const blocks *v, const float *d, const float *y, bool relu,
                                float *scratch) {
     if (!relu) return d;
@@ -128,9 +130,12 @@ void cddp__cpu_batch_norm_grad(cddp__kq *q, const cddp__k_batch_norm_grad *a) {
     bool relu = a->relu, training = a->training;
     double *acc = cddp__kq_scratch(q, 2 * (size_t)C * sizeof(double));
     float *coef = cddp__kq_scratch(q, 3 * (size_t)C * sizeof(float)); /* dx's k, a and b */
-    float *scratch = relu ? cddp__kq_scratch(q, (size_t)(v.B * v.P) * sizeof(float)) : NULL;
-    if (!acc || !coef || (relu && !scratch)) return;
-    const float *xd = a->x, *dy = a->dy, *y = a->y, *mean = a->stats, *inv = a->stats + C;
+    bool in_place = relu && a->dy_free; /* masked into dy itself, once */
+    float *scratch =
+        relu && !in_place ? cddp__kq_scratch(q, (size_t)(v.B * v.P) * sizeof(float)) : NULL;
+    if (!acc || !coef || (relu && !in_place && !scratch)) return;
+    const float *xd = a->x, *y = a->y, *mean = a->stats, *inv = a->stats + C;
+    float *dy = a->dy;
     float *dx = a->dx, *dr = a->dr, *gg = a->dw, *gb = a->db;
     float *ck = coef, *ca = coef + C, *cb = coef + 2 * C;
     for (int64_t grp = 0; grp < v.G; grp++) {
@@ -138,7 +143,9 @@ void cddp__cpu_batch_norm_grad(cddp__kq *q, const cddp__k_batch_norm_grad *a) {
         double *sdy = acc + c0, *sdyxh = acc + C + c0;
         for (int64_t k = 0; k < v.B; k++) sdy[k] = sdyxh[k] = 0.0;
         for (int64_t s = 0; s < v.N; s++) {
-            const float *d = block_grad(&v, dy + at(&v, s, grp), y + at(&v, s, grp), relu, scratch);
+            float *dyb = dy + at(&v, s, grp);
+            const float *d =
+                block_grad(&v, dyb, y + at(&v, s, grp), relu, in_place ? dyb : scratch);
             if (dr && a->rassign)
                 memcpy(dr + at(&v, s, grp), d, (size_t)(v.B * v.P) * sizeof(float));
             else if (dr)
@@ -157,7 +164,9 @@ void cddp__cpu_batch_norm_grad(cddp__kq *q, const cddp__k_batch_norm_grad *a) {
         }
         if (!dx) continue;
         for (int64_t s = 0; s < v.N; s++) {
-            const float *d = block_grad(&v, dy + at(&v, s, grp), y + at(&v, s, grp), relu, scratch);
+            const float *d =
+                in_place ? dy + at(&v, s, grp)
+                         : block_grad(&v, dy + at(&v, s, grp), y + at(&v, s, grp), relu, scratch);
             block_norm_grad(&v, dx + at(&v, s, grp), d, xd + at(&v, s, grp), ck + c0, ca + c0,
                             mean + c0, cb + c0, a->assign);
         }

@@ -129,7 +129,8 @@ static void batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
     CDDP__K(&d->q, batch_norm_grad, .x = x->data, .y = n->out->data, .dy = n->out->grad,
             .w = g ? g->data : NULL, .stats = n->saved, .dx = dx, .assign = assign, .dr = dr,
             .rassign = rassign, .dw = gg, .db = gb, .N = v.N, .C = v.C, .P = v.P, .B = v.B,
-            .training = n->arg.training, .relu = n->op != CDDP_OP_BATCH_NORM);
+            .training = n->arg.training, .relu = n->op != CDDP_OP_BATCH_NORM,
+            .dy_free = !n->out->retain_grad);
 }
 
 void cddp__batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
