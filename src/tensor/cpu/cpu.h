@@ -72,13 +72,14 @@ void cddp__norm_grad_into(float *dx, const float *d, const float *x, float k, fl
                           float b, int64_t n, bool assign);
 /* Batch normalisation's loops over a block of P positions of B channels side by side (x[p B + k],
  * B at most 16), per channel k: out[k] += sum_p x, (x - m[k])^2, or d (x - m[k]); y = (x - m[k])
- * s[k] + b[k]; dx += k[j] (d - a[j] - (x - m[j]) b[j]) (= when assign). */
+ * s[k] + b[k], with r (else NULL) + r, with relu max(that, 0), in one pass; dx += k[j] (d - a[j] -
+ * (x - m[j]) b[j]) (= when assign). */
 void cddp__lanes_sum(const float *x, int64_t P, int64_t B, double *out);
 void cddp__lanes_sq_dev(const float *x, const float *m, int64_t P, int64_t B, double *out);
 void cddp__lanes_dot_dev(const float *d, const float *x, const float *m, int64_t P, int64_t B,
                          double *out);
-void cddp__lanes_normalize(const float *x, const float *m, const float *s, const float *b, float *y,
-                           int64_t P, int64_t B);
+void cddp__lanes_normalize(const float *x, const float *m, const float *s, const float *b,
+                           const float *r, bool relu, float *y, int64_t P, int64_t B);
 void cddp__lanes_norm_grad_into(float *dx, const float *d, const float *x, const float *k,
                                 const float *a, const float *m, const float *b, int64_t P,
                                 int64_t B, bool assign);

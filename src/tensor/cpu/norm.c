@@ -6,7 +6,8 @@
  * its plane). A group's blocks over the batch are summed, normalised and differentiated together,
  * while they are in cache: a row-major channel's planes, or a blocked group's B channels at once.
  * Each block's sums are taken in float lanes and added across blocks in double. With relu, each
- * block is rectified right after it is normalised (a residual's block added first), and in the
+ * block is rectified as it is normalised (a residual's block added first; a blocked layout's in
+ * the same pass, a plane's in passes right after), and in the
  * backward the output's gradient is masked a block at a time into a block of scratch that the
  * loops read as their gradient, or, when the op may overwrite it (dy_free), masked in place in the
  * first pass and read as it is in the second (one masking pass, not two); the residual receives
@@ -50,12 +51,17 @@ static void block_dot_dev(const blocks *v, const float *d, const float *x, const
         cddp__lanes_dot_dev(d, x, m, v->P, v->B, out);
 }
 
+/* y = relu((x - m) s + b + r), r (may be NULL) and the ReLU as asked: a plane's loops one after
+ * the other, a channel-blocked block's in one pass. */
 static void block_normalize(const blocks *v, const float *x, const float *m, const float *s,
-                            const float *b, float *y) {
-    if (v->B == 1)
-        cddp__normalize(x, *m, *s, *b, y, v->P);
-    else
-        cddp__lanes_normalize(x, m, s, b, y, v->P, v->B);
+                            const float *b, const float *r, bool relu, float *y) {
+    if (v->B > 1) {
+        cddp__lanes_normalize(x, m, s, b, r, relu, y, v->P, v->B);
+        return;
+    }
+    cddp__normalize(x, *m, *s, *b, y, v->P);
+    if (r) cddp__add_into(y, r, v->P);
+    if (relu) cddp__relu(y, y, v->P);
 }
 
 static void block_norm_grad(const blocks *v, float *dx, const float *d, const float *x,
@@ -112,12 +118,9 @@ void cddp__cpu_batch_norm(cddp__kq *q, const cddp__k_batch_norm *a) {
             scale[c] = inv[c] * (w ? w[c] : 1.0f);
             shift[c] = b ? b[c] : 0.0f;
         }
-        for (int64_t n = 0; n < v.N; n++) {
-            float *yb = y + at(&v, n, g);
-            block_normalize(&v, xd + at(&v, n, g), mean + c0, scale + c0, shift + c0, yb);
-            if (r) cddp__add_into(yb, r + at(&v, n, g), v.B * v.P);
-            if (a->relu) cddp__relu(yb, yb, v.B * v.P);
-        }
+        for (int64_t n = 0; n < v.N; n++)
+            block_normalize(&v, xd + at(&v, n, g), mean + c0, scale + c0, shift + c0,
+                            r ? r + at(&v, n, g) : NULL, a->relu, y + at(&v, n, g));
     }
 }
 

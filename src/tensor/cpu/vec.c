@@ -174,16 +174,33 @@ CLONES void cddp__lanes_dot_dev(const float *d, const float *x, const float *m, 
 #undef CALL
 }
 
+/* r and relu are constants where it is inlined: one loop per case, the residual's sum and the
+ * rectification in the pass that normalises (they were two more passes over the block). */
 static inline __attribute__((always_inline)) void
 lane_normalize(const float *restrict x, const float *restrict m, const float *restrict s,
-               const float *restrict b, float *restrict y, int64_t P, int64_t B) {
+               const float *restrict b, const float *restrict r, bool relu, float *restrict y,
+               int64_t P, int64_t B) {
     for (int64_t p = 0; p < P; p++)
-        for (int64_t k = 0; k < B; k++) y[p * B + k] = (x[p * B + k] - m[k]) * s[k] + b[k];
+        for (int64_t k = 0; k < B; k++) {
+            float v = (x[p * B + k] - m[k]) * s[k] + b[k];
+            if (r) v += r[p * B + k];
+            y[p * B + k] = relu ? (v > 0.0f ? v : 0.0f) : v;
+        }
 }
 
 CLONES void cddp__lanes_normalize(const float *x, const float *m, const float *s, const float *b,
-                                  float *y, int64_t P, int64_t B) {
-#define CALL(bb) lane_normalize(x, m, s, b, y, P, bb)
+                                  const float *r, bool relu, float *y, int64_t P, int64_t B) {
+#define CALL(bb)                                                                                   \
+    do {                                                                                           \
+        if (r && relu)                                                                             \
+            lane_normalize(x, m, s, b, r, true, y, P, bb);                                         \
+        else if (r)                                                                                \
+            lane_normalize(x, m, s, b, r, false, y, P, bb);                                        \
+        else if (relu)                                                                             \
+            lane_normalize(x, m, s, b, NULL, true, y, P, bb);                                      \
+        else                                                                                       \
+            lane_normalize(x, m, s, b, NULL, false, y, P, bb);                                     \
+    } while (0)
     BY_BLOCK(B, CALL);
 #undef CALL
 }
