@@ -115,10 +115,25 @@ TGT void cddp__bf16_pack_cols(uint32_t *dst, const float *m, int64_t ld, int64_t
     }
 }
 
-/* The 8 x 32 tile's sums, scaled, into rows r < nr of o (ld apart), columns c < nc: stored, or
- * added when accumulate. */
-TGT static void put_tile(__m512 acc[8][2], float scale, float *o, int64_t ld, int64_t nr,
-                         int64_t nc, bool accumulate) {
+/* One 8 x 32 tile of a product: acc[r] = sum over k < n of bcast[r][k bstride] . v[k vstride ..
+ * + 32] (a pair of bf16 broadcast against 32 lanes of pairs), then scaled into rows r < nr of o
+ * (ld apart), columns c < nc: stored, or added when accumulate. Inlined, so that the 16 sums
+ * stay in registers. */
+TGT static inline __attribute__((always_inline)) void
+tile(const uint32_t *const bcast[8], int64_t bstride, const uint32_t *v, int64_t vstride, int64_t n,
+     float scale, float *o, int64_t ld, int64_t nr, int64_t nc, bool accumulate) {
+    __m512 acc[8][2];
+    for (int r = 0; r < 8; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < n; k++) {
+        __m512bh v0 = (__m512bh)_mm512_loadu_si512(v + k * vstride);
+        __m512bh v1 = (__m512bh)_mm512_loadu_si512(v + k * vstride + 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            __m512bh b = (__m512bh)_mm512_set1_epi32((int)bcast[r][k * bstride]);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], b, v0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], b, v1);
+        }
+    }
     __m512 s = _mm512_set1_ps(scale);
     __mmask16 m0 = lanes(nc), m1 = lanes(nc - 16);
     for (int64_t r = 0; r < nr; r++) {
@@ -133,19 +148,6 @@ TGT static void put_tile(__m512 acc[8][2], float scale, float *o, int64_t ld, in
     }
 }
 
-/* acc[r] += bcast[r][k] . (v0, v1) for k over n steps: the tile's sums. bcast[r] walks in steps
- * of bstride words, v in steps of vstride. */
-#define TILE_SUMS(acc, bcast, bstride, v, vstride, n)                                              \
-    for (int64_t k_ = 0; k_ < (n); k_++) {                                                         \
-        __m512bh v0_ = (__m512bh)_mm512_loadu_si512((v) + k_ * (vstride));                         \
-        __m512bh v1_ = (__m512bh)_mm512_loadu_si512((v) + k_ * (vstride) + 16);                    \
-        _Pragma("GCC unroll 8") for (int r_ = 0; r_ < 8; r_++) {                                   \
-            __m512bh b_ = (__m512bh)_mm512_set1_epi32((int)(bcast)[r_][k_ * (bstride)]);           \
-            acc[r_][0] = _mm512_dpbf16_ps(acc[r_][0], b_, v0_);                                    \
-            acc[r_][1] = _mm512_dpbf16_ps(acc[r_][1], b_, v1_);                                    \
-        }                                                                                          \
-    }
-
 TGT void cddp__attn_scores_bf16(const uint32_t *a, const uint32_t *b, int64_t T, int64_t HS,
                                 float scale, float *s) {
     int64_t P = (HS + 1) / 2, W = (T + 31) / 32 * 32;
@@ -153,12 +155,8 @@ TGT void cddp__attn_scores_bf16(const uint32_t *a, const uint32_t *b, int64_t T,
         int64_t ni = min64(8, T - i0);
         const uint32_t *ar[8];
         for (int r = 0; r < 8; r++) ar[r] = a + min64(i0 + r, T - 1) * P;
-        for (int64_t j0 = 0; j0 < i0 + ni; j0 += 32) {
-            __m512 acc[8][2];
-            for (int r = 0; r < 8; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-            TILE_SUMS(acc, ar, 1, b + j0, W, P)
-            put_tile(acc, scale, s + i0 * T + j0, T, ni, min64(32, T - j0), false);
-        }
+        for (int64_t j0 = 0; j0 < i0 + ni; j0 += 32)
+            tile(ar, 1, b + j0, W, P, scale, s + i0 * T + j0, T, ni, min64(32, T - j0), false);
     }
 }
 
@@ -169,12 +167,9 @@ TGT void cddp__attn_mix_bf16(const uint32_t *w, const uint32_t *x, int64_t T, in
         int64_t nt = min64(8, T - t0), qend = (t0 + nt + 1) / 2; /* w[t][j] = 0 for j > t */
         const uint32_t *wr[8];
         for (int r = 0; r < 8; r++) wr[r] = w + min64(t0 + r, T - 1) * Q;
-        for (int64_t d0 = 0; d0 < HS; d0 += 32) {
-            __m512 acc[8][2];
-            for (int r = 0; r < 8; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-            TILE_SUMS(acc, wr, 1, x + d0, W, qend)
-            put_tile(acc, scale, o + t0 * ldo + d0, ldo, nt, min64(32, HS - d0), accumulate);
-        }
+        for (int64_t d0 = 0; d0 < HS; d0 += 32)
+            tile(wr, 1, x + d0, W, qend, scale, o + t0 * ldo + d0, ldo, nt, min64(32, HS - d0),
+                 accumulate);
     }
 }
 
@@ -187,12 +182,8 @@ TGT void cddp__attn_mix_t_bf16(const uint32_t *w, const uint32_t *x, int64_t T, 
         int64_t q0 = j0 / 2;
         const uint32_t *wr[8];
         for (int r = 0; r < 8; r++) wr[r] = w + q0 * WT + min64(j0 + r, T - 1);
-        for (int64_t d0 = 0; d0 < HS; d0 += 32) {
-            __m512 acc[8][2];
-            for (int r = 0; r < 8; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-            TILE_SUMS(acc, wr, WT, x + q0 * WD + d0, WD, Q - q0)
-            put_tile(acc, scale, o + j0 * ldo + d0, ldo, min64(8, T - j0), min64(32, HS - d0),
-                     accumulate);
-        }
+        for (int64_t d0 = 0; d0 < HS; d0 += 32)
+            tile(wr, WT, x + q0 * WD + d0, WD, Q - q0, scale, o + j0 * ldo + d0, ldo,
+                 min64(8, T - j0), min64(32, HS - d0), accumulate);
     }
 }
