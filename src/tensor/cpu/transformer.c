@@ -158,12 +158,13 @@ void cddp__cpu_attention_grad(cddp__kq *q, const cddp__k_attention_grad *a) {
     int64_t B = a->B, T = a->T, C = a->C, NH = a->NH, HS = C / NH;
     products in = products_of(a->compute);
     float *ds = cddp__kq_scratch(q, (size_t)(T * T) * sizeof(float));
-    float *vt = cddp__kq_scratch(q, (size_t)((T + 31) / 32 * 32 * HS) * sizeof(float));
+    float *vt = in == IN_BF16 ? NULL /* v^T: attn.c's loops only */
+                              : cddp__kq_scratch(q, (size_t)(T * HS) * sizeof(float));
     size_t words = in == IN_BF16 ? pairs_words(T, T) + pairs_words(T, HS) + rows_words(T, HS) +
                                        pairs_words(HS, T)
                                  : 4 * (size_t)(T * HS) + (size_t)(T * T);
     uint32_t *w = in == IN_F32 ? NULL : cddp__kq_scratch(q, words * 4);
-    if (!ds || !vt || (in != IN_F32 && !w)) return;
+    if (!ds || (in != IN_BF16 && !vt) || (in != IN_F32 && !w)) return;
     bool acc = !a->assign;
     float scale = 1.0f / sqrtf((float)HS);
     for (int64_t b = 0; b < B; b++)
