@@ -167,9 +167,8 @@ void cddp__cpu_batch_norm_grad(cddp__kq *q, const cddp__k_batch_norm_grad *a) {
         }
         if (!dx) continue;
         for (int64_t s = 0; s < v.N; s++) {
-            const float *d =
-                in_place ? dy + at(&v, s, grp)
-                         : block_grad(&v, dy + at(&v, s, grp), y + at(&v, s, grp), relu, scratch);
+            const float *d = block_grad(&v, dy + at(&v, s, grp), y + at(&v, s, grp),
+                                        relu && !in_place, scratch); /* in place: masked */
             block_norm_grad(&v, dx + at(&v, s, grp), d, xd + at(&v, s, grp), ck + c0, ca + c0,
                             mean + c0, cb + c0, a->assign);
         }
