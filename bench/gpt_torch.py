@@ -11,7 +11,8 @@ cddp's DistributedSampler does, with another generator); the validation loss is 
 every token of the non-overlapping validation windows. Each iteration: nanoGPT's learning rate,
 zero_grad, forward, cross-entropy, backward, clip_grad_norm_, AdamW step. The clock runs around
 the iterations only. --dtype bf16 runs the forward and the loss under CPU autocast to bfloat16
-(PyTorch's mixed precision on the CPU). With WORLD_SIZE > 1 (RANK, MASTER_ADDR, MASTER_PORT set by cddprun) the model
+(PyTorch's mixed precision on the CPU); --device cuda trains on the GPU (CUDA autocast for bf16),
+each iteration timed after torch.cuda.synchronize(). With WORLD_SIZE > 1 (RANK, MASTER_ADDR, MASTER_PORT set by cddprun) the model
 is wrapped with DistributedDataParallel over gloo. Rank 0 prints one JSON line.
 """
 import argparse
@@ -60,6 +61,9 @@ def main():
     p.add_argument("--data", default="/usr/share/games/fortunes")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
                    help="bf16: the forward and the loss under torch.autocast('cpu', bfloat16)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu, or cuda: the model and batches on the GPU (bf16: CUDA autocast), "
+                   "the clock read after torch.cuda.synchronize()")
     p.add_argument("--zero", action="store_true",
                    help="ZeroRedundancyOptimizer: AdamW's state sharded across the ranks")
     a = p.parse_args()
@@ -76,7 +80,9 @@ def main():
     n_windows = len(train) - T
 
     torch.manual_seed(a.seed)
-    model = TinyGPT(vocab=256, block=T, layers=a.n_layer, heads=a.n_head, width=a.n_embd)
+    dev = torch.device(a.device)
+    model = TinyGPT(vocab=256, block=T, layers=a.n_layer, heads=a.n_head, width=a.n_embd).to(dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     params = sum(p.numel() for p in model.parameters())
     if world > 1:
         dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
@@ -101,16 +107,17 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr
         starts = order[it * B:(it + 1) * B]
-        w = train[starts[:, None] + offsets]
+        w = train[starts[:, None] + offsets].to(dev)
         x, y = w[:, :-1], w[:, 1:]
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
             logits = model(x)
             loss = nn.functional.cross_entropy(logits.view(-1, 256), y.reshape(-1))
         loss.backward()
         if a.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
         opt.step()
+        sync()
         dt = time.perf_counter() - t0
         train_s += dt
         it_time.append(dt)
@@ -118,15 +125,15 @@ def main():
     # The validation loss over every non-overlapping window, shared by the ranks.
     core = model.module if world > 1 else model
     nv = (len(val) - T - 1) // T + 1
-    total = torch.zeros(2, dtype=torch.float64)
+    total = torch.zeros(2, dtype=torch.float64, device=dev)
     with torch.no_grad():
         mine = list(range(rank, nv, world))
         if a.eval_batches:
             mine = mine[:a.eval_batches * B]
         for i in range(0, len(mine), B):
             starts = torch.tensor(mine[i:i + B]) * T
-            w = val[starts[:, None] + offsets]
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+            w = val[starts[:, None] + offsets].to(dev)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
                 logits = core(w[:, :-1]).float()
             total[0] += nn.functional.cross_entropy(logits.reshape(-1, 256), w[:, 1:].reshape(-1),
                                                     reduction="sum").double()

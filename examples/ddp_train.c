@@ -1,12 +1,13 @@
 /* ddp_train.c: the OneFlow seed's ddp_train.py in C: a linear model y = x w fitted data-parallel.
  *
- *   cddprun --nproc_per_node 2 build/bin/ddp_train [--device cpu|emu|cuda]
+ *   cddprun --nproc_per_node 2 build/bin/ddp_train [--device cpu|emu|cuda] [--optimizer adamw]
  *
  * Each rank picks its own training data by rank (train_x[rank], train_y[rank]); w starts at
  * zero; the loss is the summed squared error; SGD with lr 0.01 runs 500 iterations. Both ranks'
  * data are consistent with w = [[2], [3]], and DistributedDataParallel averages the two ranks'
  * gradients, so both converge to it. The two changes from a single-process program are marked;
- * --device trains on another device (the model moved there, the data copied there).
+ * --device trains on another device (the model moved there, the data copied there); --optimizer
+ * adamw uses AdamW (lr 0.05, no weight decay) instead of SGD.
  */
 #include <cddp/cddp.h>
 
@@ -18,11 +19,19 @@ static const float train_y[2][2] = {{8, 13}, {26, 9}};
 
 int main(int argc, char **argv) {
     cddp_error err = {0};
-    const char *spec = argc == 3 && !strcmp(argv[1], "--device") ? argv[2]
-                       : argc == 1                               ? "cpu"
-                                                                 : NULL;
-    if (!spec) {
-        fprintf(stderr, "usage: ddp_train [--device cpu|emu|cuda]\n");
+    const char *spec = "cpu", *optimizer = "sgd";
+    for (int i = 1; i < argc; i++) {
+        bool value = i + 1 < argc;
+        if (value && !strcmp(argv[i], "--device"))
+            spec = argv[++i];
+        else if (value && !strcmp(argv[i], "--optimizer"))
+            optimizer = argv[++i];
+        else
+            optimizer = NULL;
+    }
+    bool adamw = optimizer && !strcmp(optimizer, "adamw");
+    if (!optimizer || (!adamw && strcmp(optimizer, "sgd"))) {
+        fprintf(stderr, "usage: ddp_train [--device cpu|emu|cuda] [--optimizer sgd|adamw]\n");
         return 2;
     }
     cddp_device *dev = cddp_device_for_rank(spec, &err);
@@ -45,7 +54,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ddp_train: %s\n", err.msg);
         return 1;
     }
-    cddp_optim *opt = cddp_optim_sgd(m, &(cddp_sgd_options){.lr = 0.01f}, &err);
+    cddp_adamw_options aw = cddp_adamw_defaults(0.05f);
+    aw.weight_decay = 0.0f;
+    cddp_optim *opt = adamw ? cddp_optim_adamw(m, &aw, &err)
+                            : cddp_optim_sgd(m, &(cddp_sgd_options){.lr = 0.01f}, &err);
+    if (!opt) {
+        fprintf(stderr, "ddp_train: %s\n", err.msg);
+        return 1;
+    }
     cddp_ctx *ctx = cddp_ctx_create(&(cddp_ctx_options){.device = dev});
     cddp_tensor *w = cddp_model_param(m, w_index);
     /* Change 2: each rank takes its own data. */

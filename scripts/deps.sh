@@ -27,7 +27,7 @@ demo_gpt_pkgs="$build_pkgs fortunes"
 bench_pkgs="$test_pkgs stress-ng"  # PyTorch and Open MPI are the peers; stress-ng loads a core
 # scripts/gpu/prepare.sh: the programs of the GPU check (device_check is built with the tests) and
 # the data they train on.
-gpu_pkgs="$build_pkgs libcmocka-dev dataset-fashion-mnist python3"
+gpu_pkgs="$build_pkgs libcmocka-dev dataset-fashion-mnist fortunes python3"
 
 list=false
 if [ "${1:-}" = "--list" ]; then

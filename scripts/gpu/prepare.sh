@@ -2,13 +2,14 @@
 # prepare.sh: builds, on a machine without a GPU, what scripts/gpu/check.sh needs on the GPU
 # machine, into build-gpu/carry (ignored by git; about 30 MB):
 #
-#   bin/    device_check, fashion_mnist, ddp_train, bench_mlp and cddprun, built with the CUDA
-#           device (Release, -Werror, sm_90 + PTX) and without MPI, so that they need nothing
-#           from the GPU machine but its driver, cuBLASLt (from its Python wheels) and the
-#           Debian libraries below
+#   bin/    device_check, fashion_mnist, ddp_train, bench_mlp, gpt_train and cddprun, built with
+#           the CUDA device (Release, -Werror, sm_90 + PTX) and without MPI, so that they need
+#           nothing from the GPU machine but its driver, cuBLASLt (from its Python wheels) and
+#           the Debian libraries below
 #   debs/   Debian's runtime packages of OpenBLAS, oneDNN, cJSON and OpenSSL with what they
 #           need (the GPU machine has no apt; check.sh unpacks them in /tmp)
-#   data/   Fashion-MNIST: the first 20,000 training images and the 10,000 test images
+#   data/   Fashion-MNIST: the first 20,000 training images and the 10,000 test images; the GPT's
+#           corpus, Debian's fortunes (data/fortunes)
 #   commit  the commit the programs were built from (+dirty when the tree had changes)
 #
 # Then the session with the GPU machine runs, as one call with `carry: ["build-gpu/carry"]`:
@@ -33,7 +34,7 @@ grep -q "the CUDA device is built" "$build/configure.log" || {
     echo "prepare.sh: CMake did not configure the CUDA device (see $build/configure.log)" >&2
     exit 1
 }
-programs="device_check fashion_mnist ddp_train bench_mlp cddprun"
+programs="device_check fashion_mnist ddp_train bench_mlp gpt_train cddprun"
 cmake --build "$build" -j "$(nproc)" --target $programs
 rm -rf "$carry"
 mkdir -p "$carry/bin" "$carry/debs" "$carry/data"
@@ -63,6 +64,13 @@ for name, item in (("train-images-idx3-ubyte.gz", 784), ("train-labels-idx1-ubyt
 for name in ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
     shutil.copy(os.path.join(src, name), os.path.join(dst, name))
 EOF
+
+fortunes=${CDDP_FORTUNES:-/usr/share/games/fortunes}
+[ -d "$fortunes" ] || {
+    echo "prepare.sh: no $fortunes (Debian's fortunes package: the GPT's corpus)" >&2
+    exit 1
+}
+cp -rL "$fortunes" "$carry/data/fortunes"
 
 commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit+dirty"

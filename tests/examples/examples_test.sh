@@ -626,6 +626,16 @@ PYEOF
 device)
     run --nproc_per_node 2 --tee "$build/bin/ddp_train" --device emu > out 2>&1 || { cat out; fail "ddp_train --device emu failed"; }
     grep -q "^\[rank 1\]: *\[3.0000\]\]" out || { cat out; fail "ddp_train on emu did not reach w = [[2], [3]]"; }
+    # AdamW (the GPU check compares it with the CPU): both ranks end with the same w, as on the CPU
+    for d in cpu emu; do
+        run --nproc_per_node 2 --tee "$build/bin/ddp_train" --optimizer adamw --device $d > aw_$d.out 2>&1 \
+            || { cat aw_$d.out; fail "ddp_train --optimizer adamw --device $d failed"; }
+        grep --no-group-separator -A1 ": *w:" aw_$d.out | sed 's/^\[rank \([01]\)\]: *//' > aw_$d.w
+    done
+    [ "$(sort -u aw_cpu.w | wc -l)" = 2 ] && [ "$(wc -l < aw_cpu.w)" = 4 ] && cmp -s aw_cpu.w aw_emu.w \
+        || { cat aw_cpu.out aw_emu.out; fail "ddp_train with AdamW: the ranks or the devices disagree"; }
+    "$build/bin/ddp_train" --optimizer lion > bad.out 2>&1 && fail "ddp_train took --optimizer lion"
+    grep -q "usage: ddp_train .*--optimizer sgd|adamw" bad.out || { cat bad.out; fail "no usage line"; }
     # the same CNN run on the CPU and on emu: the losses and the accuracy, to the last digit
     for d in cpu emu; do
         run --nproc_per_node 2 "$build/bin/fashion_mnist" --device $d --model cnn --epochs 1 --limit 2000 \

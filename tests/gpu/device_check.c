@@ -355,8 +355,13 @@ static void op_cases(void) {
           (input[]){IN(-1, 1, true, 4, 3, 5), IN(-1, 1, true, 5)});
     check("layer_norm", f_layer_norm, NULL, 3,
           (input[]){IN(-2, 2, true, 6, 7, 64), IN(0.5f, 1.5f, true, 64), IN(-1, 1, true, 64)});
+    check("layer_norm_768", f_layer_norm, NULL, 3,
+          (input[]){IN(-2, 2, true, 33, 768), IN(0.5f, 1.5f, true, 768), IN(-1, 1, true, 768)});
+    check("add_positions", f_add_bcast, NULL, 2,
+          (input[]){IN(-1, 1, true, 4, 9, 16), IN(-1, 1, true, 9, 16)});
     check("gelu_tanh", f_gelu_tanh, NULL, 1, (input[]){IN(-3, 3, true, 4099)});
     check("attention", f_attention, NULL, 1, (input[]){IN(-1, 1, true, 2, 16, 3 * 32)});
+    check("attention_T67_HS64", f_attention, NULL, 1, (input[]){IN(-1, 1, true, 3, 67, 3 * 128)});
     check("attention_cached", f_attention_cached, NULL, 2,
           (input[]){IN(-1, 1, false, 2, 3, 3 * 32), IN(-1, 1, false, 2, 5, 3 * 32)});
     check("conv2d", f_conv2d, NULL, 3,

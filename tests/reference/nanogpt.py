@@ -58,7 +58,7 @@ class TinyGPT(nn.Module):
 
     def forward(self, idx):
         t = self.transformer
-        x = t.wte(idx) + t.wpe(torch.arange(idx.shape[1]))
+        x = t.wte(idx) + t.wpe(torch.arange(idx.shape[1], device=idx.device))
         for b in t.h:
             x = b(x)
         return self.lm_head(t.ln_f(x))

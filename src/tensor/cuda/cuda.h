@@ -15,19 +15,21 @@
 #ifndef CDDP_TENSOR_CUDA_H
 #define CDDP_TENSOR_CUDA_H
 
-#include "tensor/device.h"
-
 #include <cuda_runtime_api.h>
 
 #ifdef __cplusplus
-extern "C" {
+extern "C" { /* kernels.cu is C++: the tensor library's declarations are C's */
 #endif
+
+#include "tensor/device.h"
 
 /* clang-format off */
 #define CDDP_CUDA_KERNELS(K)                                                                       \
     K(fill) K(accumulate) K(add_rows) K(scale) K(mul) K(unary) K(unary_grad) K(softmax)            \
     K(softmax_grad) K(check_ids) K(cross_entropy) K(cross_entropy_grad) K(mse) K(mse_grad) K(sum)  \
-    K(sum_grad) K(argmax) K(embedding) K(embedding_grad) K(sgd) K(adamw) K(sum_squares) K(gemm)
+    K(sum_grad) K(argmax) K(embedding) K(embedding_grad) K(sgd) K(adamw) K(sum_squares) K(gemm)      \
+    K(binary) K(binary_grad) K(layer_norm) K(layer_norm_grad) K(gelu_tanh) K(gelu_tanh_grad)     \
+    K(attention) K(attention_grad) K(attention_cached)
 /* clang-format on */
 
 #define CDDP__CUDA_DECL(name) void cddp__cuda_##name(cddp__kq *q, const cddp__k_##name *a);

@@ -308,6 +308,310 @@ __global__ void sum_squares_k(const float *x, double *out, int64_t n) {
     if (threadIdx.x == 0) out[0] = s;
 }
 
+/* ---- broadcast arithmetic ---------------------------------------------------------------------
+ */
+
+__device__ float binop_of(cddp__binop op, float x, float y) {
+    switch (op) {
+    case CDDP__ADD:
+        return x + y;
+    case CDDP__SUB:
+        return x - y;
+    case CDDP__MUL:
+        return x * y;
+    default:
+        return x / y;
+    }
+}
+
+/* Output element i's offsets into a and b: its coordinates in bc's 4-D shape times the strides. */
+__device__ void offsets(const cddp__bcast &bc, int64_t i, int64_t *ia, int64_t *ib) {
+    *ia = 0;
+    *ib = 0;
+    for (int d = 3; d >= 0; d--) {
+        int64_t c = i % bc.shape[d];
+        i /= bc.shape[d];
+        *ia += c * bc.sa[d];
+        *ib += c * bc.sb[d];
+    }
+}
+
+__global__ void binary_k(cddp__binop op, cddp__bcast bc, const float *a, const float *b, float *z,
+                         int64_t n) {
+    FOR_EACH(i, n) {
+        int64_t ia = i, ib = i;
+        if (!bc.same) offsets(bc, i, &ia, &ib);
+        z[i] = binop_of(op, a[ia], b[ib]);
+    }
+}
+
+/* The term output i adds to a's (of_b: b's) gradient. */
+__device__ float binary_term(cddp__binop op, bool of_b, float dz, float x, float y) {
+    switch (op) {
+    case CDDP__ADD:
+        return dz;
+    case CDDP__SUB:
+        return of_b ? -dz : dz;
+    case CDDP__MUL:
+        return of_b ? dz * x : dz * y;
+    default:
+        return of_b ? -(dz * x / (y * y)) : dz / y;
+    }
+}
+
+/* One input's gradient (of_b: b's, else a's), a thread per element of that input: it adds the
+ * terms of every output element that read it, in the outputs' order (the CPU's), with no atomics.
+ * The input's own dimensions are those with a stride (or of length 1); the others stretched. */
+__global__ void binary_grad_k(cddp__binop op, cddp__bcast bc, bool of_b, const float *dz,
+                              const float *a, const float *b, float *dst, int64_t elems) {
+    const int64_t *st = of_b ? bc.sb : bc.sa;
+    FOR_EACH(k, elems) {
+        if (bc.same) {
+            dst[k] += binary_term(op, of_b, dz[k], a[k], b[k]);
+            continue;
+        }
+        int64_t c[4], span[4], r = k, at = 0;
+        for (int d = 3; d >= 0; d--) {
+            bool stretched = st[d] == 0 && bc.shape[d] > 1;
+            span[d] = stretched ? bc.shape[d] : 1;
+            c[d] = stretched ? 0 : r % bc.shape[d];
+            if (!stretched) r /= bc.shape[d];
+            at += c[d] * st[d];
+        }
+        float acc = dst[at];
+        for (int64_t e0 = 0; e0 < span[0]; e0++)
+            for (int64_t e1 = 0; e1 < span[1]; e1++)
+                for (int64_t e2 = 0; e2 < span[2]; e2++)
+                    for (int64_t e3 = 0; e3 < span[3]; e3++) {
+                        int64_t d0 = c[0] + e0, d1 = c[1] + e1, d2 = c[2] + e2, d3 = c[3] + e3;
+                        int64_t i = ((d0 * bc.shape[1] + d1) * bc.shape[2] + d2) * bc.shape[3] + d3;
+                        int64_t ia = d0 * bc.sa[0] + d1 * bc.sa[1] + d2 * bc.sa[2] + d3 * bc.sa[3];
+                        int64_t ib = d0 * bc.sb[0] + d1 * bc.sb[1] + d2 * bc.sb[2] + d3 * bc.sb[3];
+                        acc += binary_term(op, of_b, dz[i], a[ia], b[ib]);
+                    }
+        dst[at] = acc;
+    }
+}
+
+/* ---- the transformer's kernels ----------------------------------------------------------------
+ */
+
+constexpr float GELU_K = 0.7978845608028654f; /* sqrt(2 / pi) */
+constexpr float GELU_C = 0.044715f;
+
+/* y = GELU(x) (tanh form) and its slope s */
+__global__ void gelu_tanh_k(const float *x, float *y, float *s, int64_t n) {
+    FOR_EACH(i, n) {
+        float v = x[i], th = tanhf(GELU_K * (v + GELU_C * v * v * v));
+        s[i] = 0.5f * (1.0f + th) +
+               0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_C * v * v);
+        y[i] = 0.5f * v * (1.0f + th);
+    }
+}
+
+/* A block per row: its mean and 1/std (sums in double), then the row. */
+__global__ void layer_norm_k(const float *x, const float *w, const float *b, float *y, float *mean,
+                             float *rstd, int64_t C, float eps) {
+    const float *xr = x + blockIdx.x * C;
+    float *yr = y + blockIdx.x * C;
+    double s = 0;
+    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) s += xr[j];
+    float m = (float)(block_sum(s) / (double)C);
+    double v = 0;
+    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
+        double d = (double)(xr[j] - m);
+        v += d * d;
+    }
+    float rs = 1.0f / sqrtf((float)(block_sum(v) / (double)C) + eps);
+    for (int64_t j = threadIdx.x; j < C; j += blockDim.x)
+        yr[j] = (xr[j] - m) * rs * (w ? w[j] : 1.0f) + (b ? b[j] : 0.0f);
+    if (threadIdx.x == 0) {
+        mean[blockIdx.x] = m;
+        rstd[blockIdx.x] = rs;
+    }
+}
+
+/* dx, a block per row: with h = (x - mean) rstd and g = w dy, rstd (g - mean(g) - h mean(g h)) */
+__global__ void layer_norm_dx_k(const float *x, const float *w, const float *dy, const float *mean,
+                                const float *rstd, float *dx, bool assign, int64_t C) {
+    int64_t r = blockIdx.x;
+    const float *xr = x + r * C, *gr = dy + r * C;
+    float *dr = dx + r * C, m = mean[r], s = rstd[r];
+    double sg = 0, sgh = 0;
+    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
+        float h = (xr[j] - m) * s, g = gr[j] * (w ? w[j] : 1.0f);
+        sg += g;
+        sgh += (double)g * h;
+    }
+    float mg = (float)(block_sum(sg) / (double)C), mgh = (float)(block_sum(sgh) / (double)C);
+    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
+        float h = (xr[j] - m) * s, g = gr[j] * (w ? w[j] : 1.0f);
+        float v = s * (g - mg - h * mgh);
+        dr[j] = assign ? v : dr[j] + v;
+    }
+}
+
+/* dw += dy h and db += dy: a thread per column, rows in order (the CPU's order) */
+__global__ void layer_norm_dwb_k(const float *x, const float *dy, const float *mean,
+                                 const float *rstd, float *dw, float *db, int64_t rows, int64_t C) {
+    FOR_EACH(c, C) {
+        float aw = dw ? dw[c] : 0.0f, ab = db ? db[c] : 0.0f;
+        for (int64_t r = 0; r < rows; r++) {
+            float g = dy[r * C + c];
+            ab += g;
+            aw += g * ((x[r * C + c] - mean[r]) * rstd[r]);
+        }
+        if (dw) dw[c] = aw;
+        if (db) db[c] = ab;
+    }
+}
+
+/* x rounded to bf16 (to nearest even) when bf16, as the products' operands are */
+__device__ float op_(float x, bool bf16) {
+    if (!bf16 || x != x) return x;
+    uint32_t u = __float_as_uint(x);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return __uint_as_float(u & 0xffff0000u);
+}
+
+/* Causal attention's scores and softmax, a block per (batch element, head, query t):
+ * P[t, j] = softmax_j(q_t . k_j / sqrt(HS)) for j <= t, zeros after. */
+__global__ void attn_softmax_k(const float *qkv, float *p, int64_t T, int64_t C, int64_t NH,
+                               bool bf16) {
+    int64_t t = blockIdx.x % T, bh = blockIdx.x / T, h = bh % NH, b = bh / NH, HS = C / NH;
+    const float *q = qkv + (b * T + t) * 3 * C + h * HS;
+    float *pr = p + bh * T * T + t * T, scale = rsqrtf((float)HS);
+    float m = -INFINITY;
+    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) {
+        const float *k = qkv + (b * T + j) * 3 * C + C + h * HS;
+        float dot = 0.0f;
+        for (int64_t d = 0; d < HS; d++) dot += op_(q[d], bf16) * op_(k[d], bf16);
+        pr[j] = dot * scale;
+        m = fmaxf(m, pr[j]);
+    }
+    m = block_max(m);
+    double sum = 0;
+    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) {
+        pr[j] = expf(pr[j] - m);
+        sum += pr[j];
+    }
+    float inv = 1.0f / (float)block_sum(sum);
+    for (int64_t j = threadIdx.x; j < T; j += blockDim.x) pr[j] = j <= t ? pr[j] * inv : 0.0f;
+}
+
+/* o_t = sum_{j <= t} P[t, j] v_j: a thread per output element (b, t, h, d) */
+__global__ void attn_mix_k(const float *qkv, const float *p, float *out, int64_t B, int64_t T,
+                           int64_t C, int64_t NH, bool bf16) {
+    int64_t HS = C / NH;
+    FOR_EACH(i, B * T * C) {
+        int64_t c = i % C, bt = i / C, t = bt % T, b = bt / T, h = c / HS;
+        const float *pr = p + ((b * NH + h) * T + t) * T;
+        const float *v = qkv + b * T * 3 * C + 2 * C + c;
+        float o = 0.0f;
+        for (int64_t j = 0; j <= t; j++) o += op_(pr[j], bf16) * op_(v[j * 3 * C], bf16);
+        out[i] = o;
+    }
+}
+
+/* dv_j (+)= sum_{t >= j} P[t, j] do_t: a thread per element of dv */
+__global__ void attn_dv_k(const float *p, const float *dout, float *dqkv, int64_t B, int64_t T,
+                          int64_t C, int64_t NH, bool assign, bool bf16) {
+    int64_t HS = C / NH;
+    FOR_EACH(i, B * T * C) {
+        int64_t c = i % C, bj = i / C, j = bj % T, b = bj / T, h = c / HS;
+        const float *pc = p + (b * NH + h) * T * T + j; /* column j, rows T apart */
+        const float *g = dout + b * T * C + c;
+        float s = 0.0f;
+        for (int64_t t = j; t < T; t++) s += op_(pc[t * T], bf16) * op_(g[t * C], bf16);
+        float *dv = dqkv + (b * T + j) * 3 * C + 2 * C + c;
+        *dv = assign ? s : *dv + s;
+    }
+}
+
+/* dS, a block per (batch element, head, query t): dP[t, j] = do_t . v_j, then
+ * dS[t, j] = P[t, j] (dP[t, j] - sum_j dP[t, j] P[t, j]) on and below the diagonal, zeros after. */
+__global__ void attn_ds_k(const float *qkv, const float *p, const float *dout, float *ds, int64_t T,
+                          int64_t C, int64_t NH, bool bf16) {
+    int64_t t = blockIdx.x % T, bh = blockIdx.x / T, h = bh % NH, b = bh / NH, HS = C / NH;
+    const float *g = dout + (b * T + t) * C + h * HS, *pr = p + bh * T * T + t * T;
+    float *dr = ds + bh * T * T + t * T;
+    double dot = 0;
+    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) {
+        const float *v = qkv + (b * T + j) * 3 * C + 2 * C + h * HS;
+        float s = 0.0f;
+        for (int64_t d = 0; d < HS; d++) s += op_(g[d], bf16) * op_(v[d], bf16);
+        dr[j] = s;
+        dot += (double)s * pr[j];
+    }
+    float total = (float)block_sum(dot);
+    for (int64_t j = threadIdx.x; j < T; j += blockDim.x)
+        dr[j] = j <= t ? op_(pr[j] * (dr[j] - total), bf16) : 0.0f;
+}
+
+/* dq_t (+)= sum_{j <= t} dS[t, j] k_j / sqrt(HS) and
+ * dk_j (+)= sum_{t >= j} dS[t, j] q_t / sqrt(HS): a thread per element of dq and of dk */
+__global__ void attn_dqk_k(const float *qkv, const float *ds, float *dqkv, int64_t B, int64_t T,
+                           int64_t C, int64_t NH, bool assign, bool bf16) {
+    int64_t HS = C / NH;
+    float scale = rsqrtf((float)HS);
+    FOR_EACH(i, 2 * B * T * C) {
+        bool key = i >= B * T * C;
+        int64_t e = key ? i - B * T * C : i;
+        int64_t c = e % C, bt = e / C, t = bt % T, b = bt / T, h = c / HS;
+        const float *dh = ds + (b * NH + h) * T * T;
+        float s = 0.0f;
+        if (!key) { /* row t of dS against the keys */
+            const float *k = qkv + b * T * 3 * C + C + c;
+            for (int64_t j = 0; j <= t; j++) s += dh[t * T + j] * op_(k[j * 3 * C], bf16);
+        } else { /* column t of dS against the queries */
+            const float *q = qkv + b * T * 3 * C + c;
+            for (int64_t r = t; r < T; r++) s += dh[r * T + t] * op_(q[r * 3 * C], bf16);
+        }
+        s *= scale;
+        float *dst = dqkv + (b * T + t) * 3 * C + (key ? C : 0) + c;
+        *dst = assign ? s : *dst + s;
+    }
+}
+
+/* Generation: the new positions' keys and values into the cache (B, L, 2C) at past.. */
+__global__ void kv_store_k(const float *qkv, float *cache, int64_t B, int64_t T, int64_t C,
+                           int64_t past, int64_t L) {
+    FOR_EACH(i, B * T * 2 * C) {
+        int64_t c = i % (2 * C), bt = i / (2 * C), t = bt % T, b = bt / T;
+        cache[(b * L + past + t) * 2 * C + c] = qkv[(b * T + t) * 3 * C + C + c];
+    }
+}
+
+/* A block per (batch element, new position t, head): the query against the cached keys 0..past+t
+ * (scores in shared memory), their softmax, the values mixed by it. */
+__global__ void attn_cached_k(const float *qkv, const float *cache, float *out, int64_t T,
+                              int64_t C, int64_t NH, int64_t past, int64_t L) {
+    extern __shared__ float sc[];
+    int64_t h = blockIdx.x % NH, bt = blockIdx.x / NH, t = bt % T, b = bt / T, HS = C / NH;
+    int64_t i = past + t;
+    const float *q = qkv + (b * T + t) * 3 * C + h * HS, *kv = cache + b * L * 2 * C;
+    float scale = rsqrtf((float)HS), m = -INFINITY;
+    for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
+        const float *k = kv + j * 2 * C + h * HS;
+        float dot = 0.0f;
+        for (int64_t d = 0; d < HS; d++) dot += q[d] * k[d];
+        sc[j] = scale * dot;
+        m = fmaxf(m, sc[j]);
+    }
+    m = block_max(m);
+    double sum = 0;
+    for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
+        sc[j] = expf(sc[j] - m);
+        sum += sc[j];
+    }
+    float total = (float)block_sum(sum); /* its __syncthreads also orders sc's writes */
+    for (int64_t d = threadIdx.x; d < HS; d += blockDim.x) {
+        float o = 0.0f;
+        for (int64_t j = 0; j <= i; j++) o += sc[j] / total * kv[j * 2 * C + C + h * HS + d];
+        out[(b * T + t) * C + h * HS + d] = o;
+    }
+}
+
 } // namespace
 
 /* ---- launchers ------------------------------------------------------------------------------ */
@@ -478,4 +782,122 @@ void cddp__cuda_sum_squares(cddp__kq *q, const cddp__k_sum_squares *a) {
     cudaStream_t s = cddp__cuda_enter(q);
     sum_squares_k<<<1, REDUCE, 0, s>>>(a->x, a->out, a->n);
     LAUNCHED(q, "sum_squares");
+}
+
+void cddp__cuda_binary(cddp__kq *q, const cddp__k_binary *a) {
+    cudaStream_t s = cddp__cuda_enter(q);
+    if (a->n == 0) return;
+    binary_k<<<blocks(a->n), THREADS, 0, s>>>(a->op, a->bc, a->a, a->b, a->z, a->n);
+    LAUNCHED(q, "binary");
+}
+
+/* The elements of an input of the broadcast whose strides are st: its dimensions that stretch
+ * count once. */
+static int64_t input_elems(const cddp__bcast *bc, const int64_t *st) {
+    int64_t n = 1;
+    for (int d = 0; d < 4; d++)
+        if (st[d] != 0 || bc->shape[d] == 1) n *= bc->shape[d];
+    return n;
+}
+
+void cddp__cuda_binary_grad(cddp__kq *q, const cddp__k_binary_grad *a) {
+    cudaStream_t s = cddp__cuda_enter(q);
+    int64_t n = a->bc.shape[0] * a->bc.shape[1] * a->bc.shape[2] * a->bc.shape[3];
+    if (n == 0) return;
+    for (int of_b = 0; of_b < 2; of_b++) {
+        float *dst = of_b ? a->db : a->da;
+        if (!dst) continue;
+        int64_t e = a->bc.same ? n : input_elems(&a->bc, of_b ? a->bc.sb : a->bc.sa);
+        binary_grad_k<<<blocks(e), THREADS, 0, s>>>(a->op, a->bc, of_b, a->dz, a->a, a->b, dst, e);
+        if (LAUNCHED(q, "binary_grad")) return;
+    }
+}
+
+/* The bf16 copies (y16, out16) are asked for only where gemm_takes_bf16 says so: never here. */
+static bool no_half(cddp__kq *q, const void *half, const char *what) {
+    if (!half) return true;
+    cddp__kq_fail(q, CDDP_EINVAL, "%s: the CUDA device writes no bf16 copy of %s's output",
+                  q->dev->name, what);
+    return false;
+}
+
+void cddp__cuda_layer_norm(cddp__kq *q, const cddp__k_layer_norm *a) {
+    cudaStream_t s = cddp__cuda_enter(q);
+    if (!no_half(q, a->y16, "layer_norm") || a->rows == 0 || a->C == 0) return;
+    layer_norm_k<<<(unsigned)a->rows, THREADS, 0, s>>>(a->x, a->w, a->b, a->y, a->mean, a->rstd,
+                                                       a->C, a->eps);
+    LAUNCHED(q, "layer_norm");
+}
+
+void cddp__cuda_layer_norm_grad(cddp__kq *q, const cddp__k_layer_norm_grad *a) {
+    cudaStream_t s = cddp__cuda_enter(q);
+    if (a->rows == 0 || a->C == 0) return;
+    if (a->dx)
+        layer_norm_dx_k<<<(unsigned)a->rows, THREADS, 0, s>>>(a->x, a->w, a->dy, a->mean, a->rstd,
+                                                              a->dx, a->assign, a->C);
+    if (a->dw || a->db)
+        layer_norm_dwb_k<<<blocks(a->C), THREADS, 0, s>>>(a->x, a->dy, a->mean, a->rstd, a->dw,
+                                                          a->db, a->rows, a->C);
+    LAUNCHED(q, "layer_norm_grad");
+}
+
+void cddp__cuda_gelu_tanh(cddp__kq *q, const cddp__k_gelu_tanh *a) {
+    cudaStream_t s = cddp__cuda_enter(q);
+    if (!no_half(q, a->y16, "gelu_tanh") || a->n == 0) return;
+    gelu_tanh_k<<<blocks(a->n), THREADS, 0, s>>>(a->x, a->y, a->s, a->n);
+    LAUNCHED(q, "gelu_tanh");
+}
+
+void cddp__cuda_gelu_tanh_grad(cddp__kq *q, const cddp__k_gelu_tanh_grad *a) {
+    cudaStream_t s = cddp__cuda_enter(q);
+    if (a->n == 0) return;
+    /* dx = s dy: mul's kernel */
+    mul_k<<<blocks(a->n), THREADS, 0, s>>>(a->dx, a->s, a->dy, a->n, !a->assign);
+    LAUNCHED(q, "gelu_tanh_grad");
+}
+
+void cddp__cuda_attention(cddp__kq *q, const cddp__k_attention *a) {
+    cudaStream_t s = cddp__cuda_enter(q);
+    int64_t rows = a->B * a->NH * a->T;
+    if (!no_half(q, a->out16, "attention") || rows == 0) return;
+    bool bf16 = a->compute == CDDP_BF16;
+    attn_softmax_k<<<(unsigned)rows, THREADS, 0, s>>>(a->qkv, a->p, a->T, a->C, a->NH, bf16);
+    attn_mix_k<<<blocks(a->B * a->T * a->C), THREADS, 0, s>>>(a->qkv, a->p, a->out, a->B, a->T,
+                                                              a->C, a->NH, bf16);
+    LAUNCHED(q, "attention");
+}
+
+void cddp__cuda_attention_grad(cddp__kq *q, const cddp__k_attention_grad *a) {
+    cudaStream_t s = cddp__cuda_enter(q);
+    int64_t rows = a->B * a->NH * a->T, n = a->B * a->T * a->C;
+    if (rows == 0) return;
+    float *ds = (float *)cddp__kq_scratch(q, (size_t)(rows * a->T) * sizeof(float));
+    if (!ds) return;
+    bool bf16 = a->compute == CDDP_BF16;
+    attn_dv_k<<<blocks(n), THREADS, 0, s>>>(a->p, a->dout, a->dqkv, a->B, a->T, a->C, a->NH,
+                                            a->assign, bf16);
+    attn_ds_k<<<(unsigned)rows, THREADS, 0, s>>>(a->qkv, a->p, a->dout, ds, a->T, a->C, a->NH,
+                                                 bf16);
+    attn_dqk_k<<<blocks(2 * n), THREADS, 0, s>>>(a->qkv, ds, a->dqkv, a->B, a->T, a->C, a->NH,
+                                                 a->assign, bf16);
+    LAUNCHED(q, "attention_grad");
+}
+
+void cddp__cuda_attention_cached(cddp__kq *q, const cddp__k_attention_cached *a) {
+    cudaStream_t s = cddp__cuda_enter(q);
+    int64_t n = a->B * a->T;
+    if (n == 0) return;
+    size_t shared = (size_t)(a->past + a->T) * sizeof(float);
+    if (shared > 48 * 1024) {
+        cddp__kq_fail(q, CDDP_EUNSUPPORTED,
+                      "%s: attention with a cache of %lld positions: the CUDA device's kernel "
+                      "holds at most 12288",
+                      q->dev->name, (long long)(a->past + a->T));
+        return;
+    }
+    kv_store_k<<<blocks(n * 2 * a->C), THREADS, 0, s>>>(a->qkv, a->cache, a->B, a->T, a->C, a->past,
+                                                        a->L);
+    attn_cached_k<<<(unsigned)(n * a->NH), THREADS, shared, s>>>(a->qkv, a->cache, a->out, a->T,
+                                                                 a->C, a->NH, a->past, a->L);
+    LAUNCHED(q, "attention_cached");
 }
