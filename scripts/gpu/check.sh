@@ -22,9 +22,11 @@
 #      float32 and bf16
 #   8. compute-sanitizer racecheck, synccheck and initcheck on device_check; memcheck and
 #      racecheck on two iterations of the tiny GPT (with its sampling)
-# Writes to $OUT (or build-gpu/out): check.log, results.jsonl (the lines for bench/gpu/results.jsonl),
-# device_check.jsonl, sanitizer-*.txt; prints a table of every check last and exits 1 when any
-# failed or did not run.
+# CDDP_CHECK_STEPS (default "2 3 4 5 6 7 8") picks the steps to run; the versions always run.
+# Writes to $OUT (or build-gpu/out): check.log, results.jsonl (the lines for
+# bench/gpu/results.jsonl), device_check.jsonl, sanitizer-device_check.txt and
+# sanitizer-gpt_train.txt; prints a table of the checks that ran last and exits 1 when any failed
+# or did not run.
 #
 # Rehearsal without a GPU (every step but the sanitizer's, on the emulated device and PyTorch on
 # the CPU): CDDP_CHECK_DEVICE=emu CDDP_CHECK_TORCH_DEVICE=cpu CDDP_CHECK_PYTHON=/usr/bin/python3 \
@@ -38,6 +40,7 @@ device=${CDDP_CHECK_DEVICE:-cuda}
 torch_device=${CDDP_CHECK_TORCH_DEVICE:-cuda}
 py=${CDDP_CHECK_PYTHON:-python3}
 budget=${CDDP_CHECK_BUDGET_S:-330}
+steps=" ${CDDP_CHECK_STEPS:-2 3 4 5 6 7 8} "
 bin=$carry/bin
 data=$carry/data
 commit=$(cat "$carry/commit" 2>/dev/null || echo unknown)
@@ -45,6 +48,7 @@ today=$(date -u +%F)
 start=$(date +%s)
 exec > >(tee "$out/check.log") 2>&1
 : >"$out/results.jsonl"
+rm -f "$out"/sanitizer-*.txt
 summary=""
 failed=0
 
@@ -54,6 +58,9 @@ outcome() {
 "
     [ "$2" = ok ] || failed=1
 }
+
+# Whether step $1 was asked for (CDDP_CHECK_STEPS).
+want() { [ "${steps#* $1 }" != "$steps" ]; }
 
 # Whether a step of up to $1 seconds still fits in the budget.
 fits() { [ $(($(date +%s) - start + $1)) -le "$budget" ]; }
@@ -65,31 +72,7 @@ result() {
 }
 
 echo "== 1. versions"
-libs=/tmp/cddp-libs
-rm -rf "$libs" && mkdir -p "$libs"
-for d in "$carry"/debs/*.deb; do
-    if command -v dpkg >/dev/null; then
-        dpkg -x "$d" "$libs"
-    else # no dpkg: a .deb is an ar archive holding data.tar.*
-        "$py" - "$d" "$libs" <<'EOF'
-import io, sys, tarfile
-raw = open(sys.argv[1], "rb").read()
-at = 8
-while at < len(raw):
-    name, size = raw[at:at + 16].decode().strip().rstrip("/"), int(raw[at + 48:at + 58])
-    if name.startswith("data.tar"):
-        safe = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}
-        tarfile.open(fileobj=io.BytesIO(raw[at + 60:at + 60 + size])).extractall(sys.argv[2], **safe)
-    at += 60 + size + (size & 1)
-EOF
-    fi
-done
-ld=$libs/usr/lib/x86_64-linux-gnu:$libs/usr/lib/x86_64-linux-gnu/openblas-pthread:$libs/lib/x86_64-linux-gnu
-# cuBLASLt: the Python wheels' (GPU.md), else the toolkit's.
-NV=$("$py" -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null) && ld=$NV/cu13/lib:$ld
-[ -d /usr/local/cuda/lib64 ] && ld=$ld:/usr/local/cuda/lib64
-# cddp's programs get the carried libraries; python3 (PyTorch) keeps its own.
-cddp() { LD_LIBRARY_PATH=$ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$@"; }
+. "$root/scripts/gpu/env.sh"
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 [ -n "$card" ] || card="no GPU ($device rehearsal)"
 echo "card: $card"
@@ -106,7 +89,9 @@ else
 fi
 
 echo "== 2. device_check $device"
-if fits 60; then
+if ! want 2; then
+    :
+elif fits 60; then
     timeout 60 env LD_LIBRARY_PATH="$ld" "$bin/device_check" "$device" --json >"$out/device_check.jsonl"
     rc=$?
     cat "$out/device_check.jsonl"
@@ -120,17 +105,17 @@ else
 fi
 
 # sanitize TOOL SECONDS [PROGRAM ARGS...]: compute-sanitizer's TOOL on PROGRAM (default
-# device_check) on the device; its report in sanitizer-TOOL.txt (device_check's) or appended to
-# sanitizer-PROGRAM.txt ($OUT brings back 8 files at most).
+# device_check) on the device; its report appended to sanitizer-PROGRAM.txt (a file per program:
+# $OUT brings back 8 files at most).
 sanitize() {
     local tool=$1 secs=$2 prog=${3:-device_check} label report
     if [ $# -gt 2 ]; then shift 3; else shift 2; fi
     local args=("$@")
+    report=$out/sanitizer-$prog.txt
     if [ "$prog" = device_check ]; then
-        args=(cuda) label=$tool report=$out/sanitizer-$tool.txt
-        : >"$report"
+        args=(cuda) label=$tool
     else
-        label="$tool on $prog" report=$out/sanitizer-$prog.txt
+        label="$tool on $prog"
     fi
     if ! command -v compute-sanitizer >/dev/null || [ "$device" != cuda ]; then
         outcome "compute-sanitizer $label" "not run" "no compute-sanitizer or no GPU"
@@ -152,7 +137,7 @@ sanitize() {
         "${s:-exit $rc} ($(($(date +%s) - t0)) s)"
 }
 echo "== 3. compute-sanitizer memcheck"
-sanitize memcheck 90
+want 3 && sanitize memcheck 90
 
 echo "== 4. the seeds' programs, $device against cpu"
 # close A B [BOUND]: A and B within BOUND (default 1e-4) relative.
@@ -181,43 +166,45 @@ mlp() {
     result "${name%% *}_loss_100_steps" cddp "${lg:-null}" loss "$device, $*, batch 64; cpu: $lc" \
         ", \"pass\": $([ $ok = ok ] && echo true || echo false)"
 }
-mlp "mlp_sgd (fashion_mnist --optimizer sgd)" 1e-4 --optimizer sgd --lr 0.01
-# AdamW's first steps move every weight by about lr whatever its gradient's size, so a gradient
-# that is rounding noise (cuBLAS and oneDNN add in other orders) moves its weight as far as a real
-# one, and the two runs part: on the same binary, two CPUs (a Zen 4 and the GPU machine's) end
-# this run 4e-3 apart. AdamW is held to 1e-4 on ddp_train below; here, to learning the same.
-mlp "mlp_adamw (fashion_mnist --optimizer adamw)" 1e-2 --optimizer adamw --lr 0.001
-# ranks N [OPTIMIZER]: ddp_train on N ranks, the CPU against the device (every rank on the same
-# one), with SGD (default) or AdamW.
-ranks() {
-    local opt=${2:-sgd}
-    fits 60 || {
-        outcome "ddp_train $1 rank(s), $opt" "not run" "out of time"
-        return
+if want 4; then
+    mlp "mlp_sgd (fashion_mnist --optimizer sgd)" 1e-4 --optimizer sgd --lr 0.01
+    # AdamW's first steps move every weight by about lr whatever its gradient's size, so a gradient
+    # that is rounding noise (cuBLAS and oneDNN add in other orders) moves its weight as far as a real
+    # one, and the two runs part: on the same binary, two CPUs (a Zen 4 and the GPU machine's) end
+    # this run 4e-3 apart. AdamW is held to 1e-4 on ddp_train below; here, to learning the same.
+    mlp "mlp_adamw (fashion_mnist --optimizer adamw)" 1e-2 --optimizer adamw --lr 0.001
+    # ranks N [OPTIMIZER]: ddp_train on N ranks, the CPU against the device (every rank on the same
+    # one), with SGD (default) or AdamW.
+    ranks() {
+        local opt=${2:-sgd}
+        fits 60 || {
+            outcome "ddp_train $1 rank(s), $opt" "not run" "out of time"
+            return
+        }
+        local d=$device
+        [ "$d" = cuda ] && d=cuda:0
+        local c g
+        local run="$bin/cddprun --nproc_per_node $1 --local_ranks_filter 0 $bin/ddp_train --optimizer $opt --device"
+        c=$(cddp timeout 60 $run cpu 2>&1)
+        g=$(cddp timeout 60 $run "$d" 2>&1)
+        local lc lg wc wg
+        lc=$(echo "$c" | sed -n 's|^100/500 loss:||p')
+        lg=$(echo "$g" | sed -n 's|^100/500 loss:||p')
+        wc=$(echo "$c" | grep -A1 '^w:' | tr -d ' \n')
+        wg=$(echo "$g" | grep -A1 '^w:' | tr -d ' \n')
+        echo "$g" | tail -n 4
+        local ok=FAIL
+        close "$lg" "$lc" && [ -n "$wg" ] && [ "$wg" = "$wc" ] && ok=ok
+        outcome "ddp_train, $1 rank(s) on $d, $opt" "$ok" \
+            "loss at 100 of 500: cpu $lc, $d ${lg:-none}; final $wc, ${wg:-none}"
+        result ddp_train_loss_100_steps cddp "${lg:-null}" loss "$d, $1 rank(s), $opt; cpu: $lc" \
+            ", \"pass\": $([ $ok = ok ] && echo true || echo false)"
     }
-    local d=$device
-    [ "$d" = cuda ] && d=cuda:0
-    local c g
-    local run="$bin/cddprun --nproc_per_node $1 --local_ranks_filter 0 $bin/ddp_train --optimizer $opt --device"
-    c=$(cddp timeout 60 $run cpu 2>&1)
-    g=$(cddp timeout 60 $run "$d" 2>&1)
-    local lc lg wc wg
-    lc=$(echo "$c" | sed -n 's|^100/500 loss:||p')
-    lg=$(echo "$g" | sed -n 's|^100/500 loss:||p')
-    wc=$(echo "$c" | grep -A1 '^w:' | tr -d ' \n')
-    wg=$(echo "$g" | grep -A1 '^w:' | tr -d ' \n')
-    echo "$g" | tail -n 4
-    local ok=FAIL
-    close "$lg" "$lc" && [ -n "$wg" ] && [ "$wg" = "$wc" ] && ok=ok
-    outcome "ddp_train, $1 rank(s) on $d, $opt" "$ok" \
-        "loss at 100 of 500: cpu $lc, $d ${lg:-none}; final $wc, ${wg:-none}"
-    result ddp_train_loss_100_steps cddp "${lg:-null}" loss "$d, $1 rank(s), $opt; cpu: $lc" \
-        ", \"pass\": $([ $ok = ok ] && echo true || echo false)"
-}
-ranks 1
-ranks 2
-ranks 1 adamw
-ranks 2 adamw
+    ranks 1
+    ranks 2
+    ranks 1 adamw
+    ranks 2 adamw
+fi
 
 echo "== 5. the GPT, $device against cpu"
 # gpt NAME BOUND ARGS...: a tiny GPT (2 layers, width 64) for 20 iterations on the CPU and on the
@@ -253,8 +240,10 @@ gpt() {
     result "${name%% *}_20_steps" cddp "${vg:-null}" "val loss" "$device, $*; cpu: $vc; largest difference $worst" \
         ", \"pass\": $([ $ok = ok ] && echo true || echo false)"
 }
-gpt "gpt_fp32 (gpt_train, 2 layers, width 64)" 1e-4 --dtype fp32
-gpt "gpt_bf16 (gpt_train --dtype bf16)" 1e-2 --dtype bf16
+if want 5; then
+    gpt "gpt_fp32 (gpt_train, 2 layers, width 64)" 1e-4 --dtype fp32
+    gpt "gpt_bf16 (gpt_train --dtype bf16)" 1e-2 --dtype bf16
+fi
 
 echo "== 6. MLP training speed, cddp and PyTorch on $torch_device"
 # median LIST: the median, and the spread as min..max.
@@ -291,8 +280,10 @@ speed() {
     outcome "mlp_train batch $batch, samples/s" $ok \
         "cddp $cm ($cspread), PyTorch eager $tm ($tspread), ratio $(awk -v a="$cm" -v b="$tm" 'BEGIN { if (b > 0) printf "%.2f", a / b }')"
 }
-speed 32
-speed 256
+if want 6; then
+    speed 32
+    speed 256
+fi
 
 echo "== 7. the GPT's training speed, cddp and PyTorch eager on $torch_device"
 # The larger GPT of the CPU's benchmarks (6 layers, 6 heads, width 384, context 256), batch 16,
@@ -330,17 +321,22 @@ gpt_speed() {
     outcome "gpt_train $dtype, tokens/s" $ok \
         "cddp $cm ($cspread), PyTorch eager $tm ($tspread), ratio $(awk -v a="$cm" -v b="$tm" 'BEGIN { if (b > 0) printf "%.2f", a / b }')"
 }
-gpt_speed fp32
-gpt_speed bf16
+if want 7; then
+    gpt_speed fp32
+    gpt_speed bf16
+fi
 
 echo "== 8. compute-sanitizer racecheck, synccheck, initcheck; memcheck and racecheck on the GPT"
-sanitize racecheck 60
-sanitize synccheck 45
-sanitize initcheck 45
-gpt_step="--n_layer 2 --n_head 4 --n_embd 64 --block_size 32 --batch_size 4 --max_iters 2
-          --eval_interval 1000 --eval_iters 1 --final_eval 1 --sample 8 --out none --data $data/fortunes"
-sanitize memcheck 60 gpt_train $gpt_step
-sanitize racecheck 90 gpt_train $gpt_step
+gpt_step="--device cuda --n_layer 2 --n_head 4 --n_embd 64 --block_size 32 --batch_size 4
+          --max_iters 2 --eval_interval 1000 --eval_iters 1 --final_eval 1 --sample 8 --out none
+          --data $data/fortunes"
+if want 8; then
+    sanitize racecheck 60
+    sanitize synccheck 45
+    sanitize initcheck 45
+    sanitize memcheck 60 gpt_train $gpt_step
+    sanitize racecheck 90 gpt_train $gpt_step
+fi
 
 echo
 echo "== the GPU check: $card, cddp $commit, $(($(date +%s) - start)) s"

@@ -49,6 +49,11 @@ typedef struct cddp__cuda_check {
 } cddp__cuda_check;
 cddp__cuda_check cddp__cuda_check_begin(cddp__kq *q, const char *fmt, int64_t limit);
 
+/* The device's memory for the blocks' sums of sum_squares (its callers take turns: device.c's
+ * slot lock), CDDP__CUDA_PARTIALS doubles. */
+#define CDDP__CUDA_PARTIALS 512
+double *cddp__cuda_partials(const cddp__kq *q);
+
 /* lt.c: loads cuBLASLt (once), for gemm.c; CDDP_OK or err saying what is missing. */
 int cddp__cuda_lt_init(cddp_error *err);
 

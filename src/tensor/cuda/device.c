@@ -33,7 +33,8 @@ typedef struct pending {
 typedef struct gpu {
     cddp_device dev;
     cudaStream_t stream;
-    int64_t *slot; /* {check number, position, value} */
+    int64_t *slot;    /* {check number, position, value} */
+    double *partials; /* CDDP__CUDA_PARTIALS: sum_squares' blocks' sums */
     pthread_mutex_t lock;
     pending checks[MAX_CHECKS];
     int nchecks;
@@ -127,6 +128,10 @@ static int cuda_copy(cddp_device *dev, void *queue, void *dst, const void *src, 
 static int cuda_memset(cddp_device *dev, void *queue, void *dst, int byte, size_t n,
                        cddp_error *err) {
     return failed(dev, cudaMemsetAsync(dst, byte, n, stream_of(dev, queue)), "a fill", err);
+}
+
+double *cddp__cuda_partials(const cddp__kq *q) {
+    return of(q->dev)->partials;
 }
 
 /* ---- data checks --------------------------------------------------------------------------- */
@@ -359,6 +364,7 @@ static gpu *open_gpu(int index, cddp_error *err) {
         failed(&g->dev, cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking),
                "making a stream", err) ||
         !(g->slot = cuda_alloc(&g->dev, 3 * sizeof(int64_t), err)) ||
+        !(g->partials = cuda_alloc(&g->dev, CDDP__CUDA_PARTIALS * sizeof(double), err)) ||
         failed(&g->dev, cudaMemsetAsync(g->slot, 0, 3 * sizeof(int64_t), g->stream),
                "clearing memory", err) ||
         cddp__cuda_lt_init(err) != CDDP_OK) {

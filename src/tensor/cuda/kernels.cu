@@ -88,15 +88,6 @@ __global__ void add_rows_k(float *dst, const float *src, int64_t rows, int64_t c
     }
 }
 
-/* one dst row (stride 0): a thread per column adds every row, in order */
-__global__ void sum_rows_k(float *dst, const float *src, int64_t rows, int64_t cols, int64_t ss) {
-    FOR_EACH(c, cols) {
-        float s = dst[c];
-        for (int64_t r = 0; r < rows; r++) s += src[r * ss + c];
-        dst[c] = s;
-    }
-}
-
 __global__ void scale_k(float *y, const float *x, float s, int64_t n, bool add) {
     FOR_EACH(i, n) y[i] = add ? y[i] + s * x[i] : s * x[i];
 }
@@ -275,6 +266,68 @@ __global__ void embedding_grad_k(float *dtable, const void *ids, cddp_dtype dtyp
     }
 }
 
+/* The embedding's backward by rows: the positions grouped by id, in order, then a thread per
+ * (id, column) adds its positions' gradients in that order (the CPU's order, without atomics).
+ * count[v]: how many positions hold id v (ids outside [0, V) were reported, and are skipped). */
+__global__ void id_count_k(const void *ids, cddp_dtype dtype, int64_t n, int64_t V, int *count) {
+    FOR_EACH(i, n) {
+        int64_t id = index_at(ids, dtype, i);
+        if (id >= 0 && id < V) atomicAdd(&count[id], 1);
+    }
+}
+
+/* start[v] = the positions with ids before v (an exclusive scan of count, one block: each thread
+ * a run of ids, then the runs' totals), start[V] = all of them */
+__global__ void id_scan_k(const int *count, int *start, int64_t V) {
+    __shared__ int run[REDUCE];
+    int64_t per = (V + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * per;
+    int64_t hi = lo + per < V ? lo + per : V;
+    int t = 0;
+    for (int64_t v = lo; v < hi; v++) t += count[v];
+    run[threadIdx.x] = t;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int acc = 0;
+        for (unsigned k = 0; k < blockDim.x; k++) {
+            int c = run[k];
+            run[k] = acc;
+            acc += c;
+        }
+        start[V] = acc;
+    }
+    __syncthreads();
+    int acc = run[threadIdx.x];
+    for (int64_t v = lo; v < hi; v++) {
+        start[v] = acc;
+        acc += count[v];
+    }
+}
+
+/* pos[start[id] + (the positions before i with the same id)] = i: positions grouped by id, each
+ * group in order */
+__global__ void id_place_k(const void *ids, cddp_dtype dtype, int64_t n, int64_t V,
+                           const int *start, int *pos) {
+    FOR_EACH(i, n) {
+        int64_t id = index_at(ids, dtype, i);
+        if (id < 0 || id >= V) continue;
+        int before = 0;
+        for (int64_t j = 0; j < i; j++) before += index_at(ids, dtype, j) == id;
+        pos[start[id] + before] = (int)i;
+    }
+}
+
+__global__ void embedding_rows_k(float *dtable, const int *start, const int *pos, const float *dy,
+                                 int64_t V, int64_t C) {
+    FOR_EACH(k, V * C) {
+        int64_t v = k / C, c = k % C;
+        int a = start[v], b = start[v + 1];
+        if (a == b) continue;
+        float s = dtable[k];
+        for (int j = a; j < b; j++) s += dy[(int64_t)pos[j] * C + c];
+        dtable[k] = s;
+    }
+}
+
 __global__ void sgd_k(float *p, const float *grad, float *buf, int64_t n, cddp_sgd_hparams h) {
     const float damp = 1.0f - h.dampening, wd = h.weight_decay;
     FOR_EACH(i, n) {
@@ -301,12 +354,74 @@ __global__ void adamw_k(float *p, const float *grad, float *m, float *v, int64_t
     }
 }
 
-__global__ void sum_squares_k(const float *x, double *out, int64_t n) {
+/* sum_squares in two steps, each in a fixed order: every block's sum of its elements (a grid-stride
+ * walk) into part, then one block's sum of those */
+__global__ void sum_squares_k(const float *x, double *part, int64_t n) {
     double s = 0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += (double)x[i] * (double)x[i];
+    FOR_EACH(i, n) s += (double)x[i] * (double)x[i];
     s = block_sum(s);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+__global__ void sum_parts_k(const double *part, double *out) {
+    double s = block_sum(part[threadIdx.x]);
     if (threadIdx.x == 0) out[0] = s;
 }
+
+/* Column sums in two steps, each in a fixed order, the rows cut into chunks: a block of
+ * COLS columns x LANES row lanes sums one chunk (lane y its rows y, y + LANES, ..., then the
+ * lanes in order) into part[chunk][column]; then a thread per column adds the chunks' sums, in
+ * order, to dst. F gives element (r, c) of what is summed. */
+constexpr int COLS = 32, LANES = 8;
+
+template <typename F>
+__global__ void colsum_part_k(F f, int64_t rows, int64_t cols, int64_t chunk, float *part) {
+    __shared__ float acc[LANES][COLS + 1];
+    int64_t c = (int64_t)blockIdx.x * COLS + threadIdx.x, r0 = (int64_t)blockIdx.y * chunk;
+    int64_t r1 = r0 + chunk < rows ? r0 + chunk : rows;
+    float s = 0.0f;
+    if (c < cols)
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += LANES) s += f(r, c);
+    acc[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+        float t = 0.0f;
+        for (int y = 0; y < LANES; y++) t += acc[y][threadIdx.x];
+        part[blockIdx.y * cols + c] = t;
+    }
+}
+
+template <typename F> __global__ void colsum_serial_k(F f, int64_t rows, int64_t cols, float *dst) {
+    FOR_EACH(c, cols) {
+        float s = dst[c];
+        for (int64_t r = 0; r < rows; r++) s += f(r, c);
+        dst[c] = s;
+    }
+}
+
+__global__ void colsum_total_k(const float *part, int64_t parts, int64_t cols, float *dst) {
+    FOR_EACH(c, cols) {
+        float s = dst[c];
+        for (int64_t k = 0; k < parts; k++) s += part[k * cols + c];
+        dst[c] = s;
+    }
+}
+
+/* what the column sums add: rows of src (ss apart); layer norm's dy h, and dy */
+struct src_rows {
+    const float *src;
+    int64_t ss;
+    __device__ float operator()(int64_t r, int64_t c) const {
+        return src[r * ss + c];
+    }
+};
+struct dy_h {
+    const float *x, *dy, *mean, *rstd;
+    int64_t C;
+    __device__ float operator()(int64_t r, int64_t c) const {
+        return dy[r * C + c] * ((x[r * C + c] - mean[r]) * rstd[r]);
+    }
+};
 
 /* ---- broadcast arithmetic ---------------------------------------------------------------------
  */
@@ -448,21 +563,6 @@ __global__ void layer_norm_dx_k(const float *x, const float *w, const float *dy,
         float h = (xr[j] - m) * s, g = gr[j] * (w ? w[j] : 1.0f);
         float v = s * (g - mg - h * mgh);
         dr[j] = assign ? v : dr[j] + v;
-    }
-}
-
-/* dw += dy h and db += dy: a thread per column, rows in order (the CPU's order) */
-__global__ void layer_norm_dwb_k(const float *x, const float *dy, const float *mean,
-                                 const float *rstd, float *dw, float *db, int64_t rows, int64_t C) {
-    FOR_EACH(c, C) {
-        float aw = dw ? dw[c] : 0.0f, ab = db ? db[c] : 0.0f;
-        for (int64_t r = 0; r < rows; r++) {
-            float g = dy[r * C + c];
-            ab += g;
-            aw += g * ((x[r * C + c] - mean[r]) * rstd[r]);
-        }
-        if (dw) dw[c] = aw;
-        if (db) db[c] = ab;
     }
 }
 
@@ -618,6 +718,27 @@ __global__ void attn_cached_k(const float *qkv, const float *cache, float *out, 
 
 #define LAUNCHED(q, what) cddp__cuda_failed(q, cudaGetLastError(), what)
 
+/* dst[c] += sum over rows of f(r, c) (column sums): in two steps where there are enough rows for
+ * them and the caller's context has scratch for the chunks' sums, else a thread per column adds
+ * every row in order (false: failed, reported through q). */
+template <typename F>
+static bool colsum(cddp__kq *q, cudaStream_t s, F f, int64_t rows, int64_t cols, float *dst,
+                   const char *what) {
+    int64_t chunk = 64;
+    while ((rows + chunk - 1) / chunk > 65535) chunk *= 2;
+    int64_t parts = (rows + chunk - 1) / chunk;
+    if (parts < 4 || !q->scratch) {
+        colsum_serial_k<<<blocks(cols), THREADS, 0, s>>>(f, rows, cols, dst);
+        return !LAUNCHED(q, what);
+    }
+    float *part = (float *)cddp__kq_scratch(q, (size_t)(parts * cols) * sizeof(float));
+    if (!part) return false;
+    dim3 grid((unsigned)((cols + COLS - 1) / COLS), (unsigned)parts), block(COLS, LANES);
+    colsum_part_k<<<grid, block, 0, s>>>(f, rows, cols, chunk, part);
+    colsum_total_k<<<blocks(cols), THREADS, 0, s>>>(part, parts, cols, dst);
+    return !LAUNCHED(q, what);
+}
+
 void cddp__cuda_fill(cddp__kq *q, const cddp__k_fill *a) {
     cudaStream_t s = cddp__cuda_enter(q);
     if (a->n == 0) return;
@@ -635,12 +756,12 @@ void cddp__cuda_accumulate(cddp__kq *q, const cddp__k_accumulate *a) {
 void cddp__cuda_add_rows(cddp__kq *q, const cddp__k_add_rows *a) {
     cudaStream_t s = cddp__cuda_enter(q);
     if (a->rows == 0 || a->cols == 0) return;
-    if (a->dst_stride == 0)
-        sum_rows_k<<<blocks(a->cols), THREADS, 0, s>>>(a->dst, a->src, a->rows, a->cols,
-                                                       a->src_stride);
-    else
-        add_rows_k<<<blocks(a->rows * a->cols), THREADS, 0, s>>>(a->dst, a->src, a->rows, a->cols,
-                                                                 a->dst_stride, a->src_stride);
+    if (a->dst_stride == 0) {
+        colsum(q, s, src_rows{a->src, a->src_stride}, a->rows, a->cols, a->dst, "add_rows");
+        return;
+    }
+    add_rows_k<<<blocks(a->rows * a->cols), THREADS, 0, s>>>(a->dst, a->src, a->rows, a->cols,
+                                                             a->dst_stride, a->src_stride);
     LAUNCHED(q, "add_rows");
 }
 
@@ -756,9 +877,26 @@ void cddp__cuda_embedding(cddp__kq *q, const cddp__k_embedding *a) {
     LAUNCHED(q, "embedding");
 }
 
+/* With scratch (the caller's context) and ids that fit an int: the positions grouped by id first
+ * (embedding_rows_k); else a thread per column walks every position. */
 void cddp__cuda_embedding_grad(cddp__kq *q, const cddp__k_embedding_grad *a) {
     cudaStream_t s = cddp__cuda_enter(q);
     if (a->n * a->C == 0) return;
+    if (q->scratch && a->n < INT32_MAX && a->V < INT32_MAX) {
+        int *count = (int *)cddp__kq_scratch(q, (size_t)(2 * (a->V + 1) + a->n) * sizeof(int));
+        if (!count) return;
+        int *start = count + a->V + 1, *pos = start + a->V + 1;
+        if (cddp__cuda_failed(q, cudaMemsetAsync(count, 0, (size_t)a->V * sizeof(int), s),
+                              "embedding_grad's counts"))
+            return;
+        id_count_k<<<blocks(a->n), THREADS, 0, s>>>(a->ids, a->dtype, a->n, a->V, count);
+        id_scan_k<<<1, REDUCE, 0, s>>>(count, start, a->V);
+        id_place_k<<<blocks(a->n), THREADS, 0, s>>>(a->ids, a->dtype, a->n, a->V, start, pos);
+        embedding_rows_k<<<blocks(a->V * a->C), THREADS, 0, s>>>(a->dtable, start, pos, a->dy, a->V,
+                                                                 a->C);
+        LAUNCHED(q, "embedding_grad");
+        return;
+    }
     embedding_grad_k<<<blocks(a->C), THREADS, 0, s>>>(a->dtable, a->ids, a->dtype, a->dy, a->n,
                                                       a->V, a->C);
     LAUNCHED(q, "embedding_grad");
@@ -780,7 +918,9 @@ void cddp__cuda_adamw(cddp__kq *q, const cddp__k_adamw *a) {
 
 void cddp__cuda_sum_squares(cddp__kq *q, const cddp__k_sum_squares *a) {
     cudaStream_t s = cddp__cuda_enter(q);
-    sum_squares_k<<<1, REDUCE, 0, s>>>(a->x, a->out, a->n);
+    double *part = cddp__cuda_partials(q);
+    sum_squares_k<<<CDDP__CUDA_PARTIALS, THREADS, 0, s>>>(a->x, part, a->n);
+    sum_parts_k<<<1, CDDP__CUDA_PARTIALS, 0, s>>>(part, a->out);
     LAUNCHED(q, "sum_squares");
 }
 
@@ -835,10 +975,11 @@ void cddp__cuda_layer_norm_grad(cddp__kq *q, const cddp__k_layer_norm_grad *a) {
     if (a->dx)
         layer_norm_dx_k<<<(unsigned)a->rows, THREADS, 0, s>>>(a->x, a->w, a->dy, a->mean, a->rstd,
                                                               a->dx, a->assign, a->C);
-    if (a->dw || a->db)
-        layer_norm_dwb_k<<<blocks(a->C), THREADS, 0, s>>>(a->x, a->dy, a->mean, a->rstd, a->dw,
-                                                          a->db, a->rows, a->C);
-    LAUNCHED(q, "layer_norm_grad");
+    if (LAUNCHED(q, "layer_norm_grad")) return;
+    if (a->dw && !colsum(q, s, dy_h{a->x, a->dy, a->mean, a->rstd, a->C}, a->rows, a->C, a->dw,
+                         "layer_norm_grad"))
+        return;
+    if (a->db) colsum(q, s, src_rows{a->dy, a->C}, a->rows, a->C, a->db, "layer_norm_grad");
 }
 
 void cddp__cuda_gelu_tanh(cddp__kq *q, const cddp__k_gelu_tanh *a) {

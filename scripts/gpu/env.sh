@@ -1,0 +1,29 @@
+# env.sh (sourced by check.sh and profile.sh on the GPU machine, with carry and py set): unpacks the
+# carried Debian runtime packages into /tmp/cddp-libs and defines ld (the programs' library path:
+# those, cuBLASLt from PyTorch's wheels or the toolkit) and cddp CMD... (CMD run with it; python3
+# and PyTorch keep their own libraries).
+libs=/tmp/cddp-libs
+rm -rf "$libs" && mkdir -p "$libs"
+for d in "$carry"/debs/*.deb; do
+    if command -v dpkg >/dev/null; then
+        dpkg -x "$d" "$libs"
+    else # no dpkg: a .deb is an ar archive holding data.tar.*
+        "$py" - "$d" "$libs" <<'EOF'
+import io, sys, tarfile
+raw = open(sys.argv[1], "rb").read()
+at = 8
+while at < len(raw):
+    name, size = raw[at:at + 16].decode().strip().rstrip("/"), int(raw[at + 48:at + 58])
+    if name.startswith("data.tar"):
+        safe = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}
+        tarfile.open(fileobj=io.BytesIO(raw[at + 60:at + 60 + size])).extractall(sys.argv[2], **safe)
+    at += 60 + size + (size & 1)
+EOF
+    fi
+done
+ld=$libs/usr/lib/x86_64-linux-gnu:$libs/usr/lib/x86_64-linux-gnu/openblas-pthread:$libs/lib/x86_64-linux-gnu
+# cuBLASLt: the Python wheels' (GPU.md), else the toolkit's.
+NV=$("$py" -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null) && ld=$NV/cu13/lib:$ld
+[ -d /usr/local/cuda/lib64 ] && ld=$ld:/usr/local/cuda/lib64
+# cddp's programs get the carried libraries; python3 (PyTorch) keeps its own.
+cddp() { LD_LIBRARY_PATH=$ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$@"; }
