@@ -20,9 +20,11 @@
 #      (median and spread), at batch 32 and 256
 #   7. the GPT's training speed (6 layers, width 384, context 256), cddp and PyTorch eager, in
 #      float32 and bf16
-#   8. compute-sanitizer racecheck, synccheck and initcheck on device_check; memcheck and
+#   9. the GPT on 2 ranks sharing the GPU (host-staged reduction): the tiny one against 2 ranks on
+#      the CPU (1e-4), the 6-layer one's speed against PyTorch DDP over gloo on the same GPU
+#   8. (last) compute-sanitizer racecheck, synccheck and initcheck on device_check; memcheck and
 #      racecheck on two iterations of the tiny GPT (with its sampling)
-# CDDP_CHECK_STEPS (default "2 3 4 5 6 7 8") picks the steps to run; the versions always run.
+# CDDP_CHECK_STEPS (default all: "2 3 4 5 6 7 9 8") picks the steps to run; the versions always run.
 # Writes to $OUT (or build-gpu/out): check.log, results.jsonl (the lines for
 # bench/gpu/results.jsonl), device_check.jsonl, sanitizer-device_check.txt and
 # sanitizer-gpt_train.txt; prints a table of the checks that ran last and exits 1 when any failed
@@ -40,7 +42,7 @@ device=${CDDP_CHECK_DEVICE:-cuda}
 torch_device=${CDDP_CHECK_TORCH_DEVICE:-cuda}
 py=${CDDP_CHECK_PYTHON:-python3}
 budget=${CDDP_CHECK_BUDGET_S:-330}
-steps=" ${CDDP_CHECK_STEPS:-2 3 4 5 6 7 8} "
+steps=" ${CDDP_CHECK_STEPS:-2 3 4 5 6 7 9 8} "
 bin=$carry/bin
 data=$carry/data
 commit=$(cat "$carry/commit" 2>/dev/null || echo unknown)
@@ -325,6 +327,64 @@ if want 7; then
     gpt_speed fp32
     gpt_speed bf16
 fi
+
+echo "== 9. the GPT on 2 ranks sharing the GPU (host-staged reduction)"
+# The tiny GPT on 2 ranks, every rank on the first GPU, against the same 2 ranks on the CPU; then
+# the 6-layer GPT's speed on 2 ranks sharing the GPU, cddp against PyTorch DDP over gloo (both
+# ranks on cuda:0, its CUDA tensors staged through the host), 30 iterations each.
+gpt2() {
+    local d=$device
+    [ "$d" = cuda ] && d=cuda:0
+    fits 60 || {
+        outcome "gpt_2ranks" "not run" "out of time"
+        return
+    }
+    local run="$bin/cddprun --nproc_per_node 2 --local_ranks_filter 0" c g
+    c=$(cddp timeout 60 $run "$bin/gpt_train" $tiny --device cpu 2>&1)
+    g=$(cddp timeout 60 $run "$bin/gpt_train" $tiny --device "$d" 2>&1)
+    local lc lg vc vg worst
+    lc=$(echo "$c" | sed -n 's/^iter [0-9]*: loss \([0-9.]*\).*/\1/p' | tr '\n' ' ')
+    lg=$(echo "$g" | sed -n 's/^iter [0-9]*: loss \([0-9.]*\).*/\1/p' | tr '\n' ' ')
+    vc=$(echo "$c" | sed -n 's/.*"val_loss": \([0-9.e+-]*\).*/\1/p')
+    vg=$(echo "$g" | sed -n 's/.*"val_loss": \([0-9.e+-]*\).*/\1/p')
+    [ -n "$vg" ] || echo "$g" | tail -n 8
+    worst=$(awk -v a="$lc $vc" -v b="$lg $vg" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ");
+        if (n != 21 || m != n) { print "none"; exit }
+        for (i = 1; i <= n; i++) { d = (x[i] - y[i]) / x[i]; if (d < 0) d = -d; if (d > w) w = d }
+        printf "%.2g", w }')
+    local ok=FAIL
+    [ "$worst" != none ] && awk -v w="$worst" 'BEGIN { exit !(w <= 1e-4) }' && ok=ok
+    outcome "gpt_2ranks (the tiny GPT, 2 ranks on $d)" "$ok" "against 2 ranks on the CPU: largest difference $worst relative (bound 1e-4); val cpu $vc, $d ${vg:-none}"
+    result gpt_2ranks_20_steps cddp "${vg:-null}" "val loss" "$d, 2 ranks; cpu: $vc; largest difference $worst" \
+        ", \"pass\": $([ $ok = ok ] && echo true || echo false)"
+    fits 90 || {
+        outcome "gpt_2ranks_1gpu speed" "not run" "out of time"
+        return
+    }
+    local shape="--n_layer 6 --n_head 6 --n_embd 384 --block_size 256 --batch_size 16 --max_iters 30"
+    c=$(cddp timeout 90 $run "$bin/gpt_train" $shape --device "$d" --eval_interval 1000 \
+        --eval_iters 1 --final_eval 2 --sample 0 --out none --json --data "$data/fortunes" 2>&1 |
+        grep '"median_iter_ms"')
+    local td=$torch_device
+    [ "$td" = cuda ] && td=cuda:0
+    t=$(timeout 150 "$bin/cddprun" --nproc_per_node 2 --local_ranks_filter 0 "$py" \
+        "$root/bench/gpt_torch.py" $shape --device "$td" --eval_batches 2 \
+        --data "$data/fortunes" 2>&1 | grep '"impl"')
+    echo "$c"
+    echo "$t"
+    local cv tv
+    cv=$(echo "$c" | sed -n 's/.*"median_iter_ms": \([0-9.]*\).*/\1/p' |
+        awk '{ if ($1 > 0) printf "%.1f", 2 * 16 * 256 * 1000 / $1 }')
+    tv=$(echo "$t" | sed -n 's/.*"median_iter_ms": \([0-9.]*\).*/\1/p' |
+        awk '{ if ($1 > 0) printf "%.1f", 2 * 16 * 256 * 1000 / $1 }')
+    local config="GPT 6 layers, 6 heads, width 384, context 256, 2 ranks x batch 16 on one GPU, AdamW, fp32; tokens/s (both ranks) of the median of 30 iterations"
+    result gpt_2ranks_1gpu cddp "${cv:-null}" tokens/s "$config, host-staged reduction, $d"
+    result gpt_2ranks_1gpu torch-gloo "${tv:-null}" tokens/s "$config, DistributedDataParallel over gloo, $td"
+    ok=FAIL
+    [ -n "$cv" ] && [ -n "$tv" ] && ok=ok
+    outcome "gpt_2ranks_1gpu fp32, tokens/s" $ok "cddp (staged) ${cv:-none}, PyTorch DDP over gloo ${tv:-none}, ratio $(awk -v a="$cv" -v b="$tv" 'BEGIN { if (b > 0) printf "%.2f", a / b }')"
+}
+want 9 && gpt2
 
 echo "== 8. compute-sanitizer racecheck, synccheck, initcheck; memcheck and racecheck on the GPT"
 gpt_step="--device cuda --n_layer 2 --n_head 4 --n_embd 64 --block_size 32 --batch_size 4
