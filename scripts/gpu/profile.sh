@@ -45,7 +45,8 @@ for r in rows[1:]:
     except ValueError:
         unit = scale.get(r[t], unit)  # the units row
         continue
-    k = r[name].replace("(anonymous namespace)::", "").removeprefix("void ").split("(")[0]
+    k = r[name].replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
+    k = k.removeprefix("void ").split("(")[0]
     n, s = per.get(k, (0, 0.0))
     per[k] = (n + 1, s + v * unit)
 total = sum(s for _, s in per.values())

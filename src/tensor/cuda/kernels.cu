@@ -574,22 +574,35 @@ __device__ float op_(float x, bool bf16) {
     return __uint_as_float(u & 0xffff0000u);
 }
 
-/* Causal attention's scores and softmax, a block per (batch element, head, query t):
- * P[t, j] = softmax_j(q_t . k_j / sqrt(HS)) for j <= t, zeros after. */
+/* The sum of a warp's values v, in every lane (a fixed butterfly order). */
+__device__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* a . b over HS floats by one warp (each lane every 32nd product, then the lanes summed): the
+ * warp's loads of a row are consecutive */
+__device__ float warp_dot(const float *a, const float *b, int64_t HS, bool bf16) {
+    float s = 0.0f;
+    for (int64_t d = threadIdx.x % 32; d < HS; d += 32) s += op_(a[d], bf16) * op_(b[d], bf16);
+    return warp_sum(s);
+}
+
+/* Causal attention's scores and softmax, a block per (batch element, head, query t), a warp per
+ * key: P[t, j] = softmax_j(q_t . k_j / sqrt(HS)) for j <= t, zeros after. */
 __global__ void attn_softmax_k(const float *qkv, float *p, int64_t T, int64_t C, int64_t NH,
                                bool bf16) {
     int64_t t = blockIdx.x % T, bh = blockIdx.x / T, h = bh % NH, b = bh / NH, HS = C / NH;
     const float *q = qkv + (b * T + t) * 3 * C + h * HS;
     float *pr = p + bh * T * T + t * T, scale = rsqrtf((float)HS);
+    int64_t warp = threadIdx.x / 32, warps = blockDim.x / 32;
     float m = -INFINITY;
-    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) {
-        const float *k = qkv + (b * T + j) * 3 * C + C + h * HS;
-        float dot = 0.0f;
-        for (int64_t d = 0; d < HS; d++) dot += op_(q[d], bf16) * op_(k[d], bf16);
-        pr[j] = dot * scale;
-        m = fmaxf(m, pr[j]);
+    for (int64_t j = warp; j <= t; j += warps) {
+        float s = warp_dot(q, qkv + (b * T + j) * 3 * C + C + h * HS, HS, bf16) * scale;
+        if (threadIdx.x % 32 == 0) pr[j] = s;
+        m = fmaxf(m, s);
     }
-    m = block_max(m);
+    m = block_max(m); /* its __syncthreads also publish the scores to the block */
     double sum = 0;
     for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) {
         pr[j] = expf(pr[j] - m);
@@ -628,22 +641,23 @@ __global__ void attn_dv_k(const float *p, const float *dout, float *dqkv, int64_
     }
 }
 
-/* dS, a block per (batch element, head, query t): dP[t, j] = do_t . v_j, then
+/* dS, a block per (batch element, head, query t), a warp per key: dP[t, j] = do_t . v_j, then
  * dS[t, j] = P[t, j] (dP[t, j] - sum_j dP[t, j] P[t, j]) on and below the diagonal, zeros after. */
 __global__ void attn_ds_k(const float *qkv, const float *p, const float *dout, float *ds, int64_t T,
                           int64_t C, int64_t NH, bool bf16) {
     int64_t t = blockIdx.x % T, bh = blockIdx.x / T, h = bh % NH, b = bh / NH, HS = C / NH;
     const float *g = dout + (b * T + t) * C + h * HS, *pr = p + bh * T * T + t * T;
     float *dr = ds + bh * T * T + t * T;
+    int64_t warp = threadIdx.x / 32, warps = blockDim.x / 32;
     double dot = 0;
-    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) {
-        const float *v = qkv + (b * T + j) * 3 * C + 2 * C + h * HS;
-        float s = 0.0f;
-        for (int64_t d = 0; d < HS; d++) s += op_(g[d], bf16) * op_(v[d], bf16);
-        dr[j] = s;
-        dot += (double)s * pr[j];
+    for (int64_t j = warp; j <= t; j += warps) {
+        float s = warp_dot(g, qkv + (b * T + j) * 3 * C + 2 * C + h * HS, HS, bf16);
+        if (threadIdx.x % 32 == 0) {
+            dr[j] = s;
+            dot += (double)s * pr[j];
+        }
     }
-    float total = (float)block_sum(dot);
+    float total = (float)block_sum(dot); /* its __syncthreads also publish dP to the block */
     for (int64_t j = threadIdx.x; j < T; j += blockDim.x)
         dr[j] = j <= t ? op_(pr[j] * (dr[j] - total), bf16) : 0.0f;
 }
