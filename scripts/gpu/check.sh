@@ -214,6 +214,19 @@ echo "== 5. the GPT, $device against cpu"
 tiny="--n_layer 2 --n_head 4 --n_embd 64 --block_size 32 --batch_size 8 --max_iters 20
       --warmup_iters 5 --log_interval 1 --eval_interval 10 --eval_iters 2 --out none --sample 60
       --temperature 0 --prompt A --json --data $data/fortunes"
+# val_loss OUTPUT: gpt_train's validation loss in its JSON line
+val_loss() { echo "$1" | sed -n 's/.*"val_loss": \([0-9.e+-]*\).*/\1/p'; }
+# apart CPU_OUTPUT DEVICE_OUTPUT: the largest relative difference between two gpt_train runs' 20
+# iteration losses and validation losses ("none" when either has not all 21)
+apart() {
+    awk -v a="$(losses "$1")" -v b="$(losses "$2")" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ");
+        if (n != 21 || m != n) { print "none"; exit }
+        for (i = 1; i <= n; i++) { d = (x[i] - y[i]) / x[i]; if (d < 0) d = -d; if (d > w) w = d }
+        printf "%.2g", w }'
+}
+losses() {
+    echo "$(echo "$1" | sed -n 's/^iter [0-9]*: loss \([0-9.]*\).*/\1/p' | tr '\n' ' ') $(val_loss "$1")"
+}
 gpt() {
     local name=$1 bound=$2 c g
     shift 2
@@ -226,16 +239,9 @@ gpt() {
     paste <(echo "$c" | grep "^iter") <(echo "$g" | grep "^iter" | sed 's/,.*//')
     echo "$g" | grep -A1 "^sample" | tail -n 1 | sed "s/^/$device sample: /"
     echo "$c" | grep -A1 "^sample" | tail -n 1 | sed 's/^/cpu sample: /'
-    local lc lg vc vg worst
-    lc=$(echo "$c" | sed -n 's/^iter [0-9]*: loss \([0-9.]*\).*/\1/p' | tr '\n' ' ')
-    lg=$(echo "$g" | sed -n 's/^iter [0-9]*: loss \([0-9.]*\).*/\1/p' | tr '\n' ' ')
-    vc=$(echo "$c" | sed -n 's/.*"val_loss": \([0-9.e+-]*\).*/\1/p')
-    vg=$(echo "$g" | sed -n 's/.*"val_loss": \([0-9.e+-]*\).*/\1/p')
+    local vc vg worst
+    vc=$(val_loss "$c") vg=$(val_loss "$g") worst=$(apart "$c" "$g")
     [ -n "$vg" ] || echo "$g" | tail -n 5
-    worst=$(awk -v a="$lc $vc" -v b="$lg $vg" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ");
-        if (n != 21 || m != n) { print "none"; exit }
-        for (i = 1; i <= n; i++) { d = (x[i] - y[i]) / x[i]; if (d < 0) d = -d; if (d > w) w = d }
-        printf "%.2g", w }')
     local ok=FAIL
     [ "$worst" != none ] && awk -v w="$worst" -v e="$bound" 'BEGIN { exit !(w <= e) }' && ok=ok
     outcome "$name" "$ok" "20 iterations' losses and the validation loss: largest difference $worst relative (bound $bound); val cpu $vc, $device ${vg:-none}"
@@ -254,6 +260,20 @@ median() {
         END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
               if (NR) printf "%.1f %s..%s", m, v[1], v[NR] }'
 }
+# versus WHAT UNIT LABEL ROUNDS "CDDP'S VALUES" "PYTORCH'S VALUES" CONFIG: the median and spread
+# of each side's rounds as results.jsonl lines and one outcome (ok when every round gave a value).
+versus() {
+    local cm tm cspread tspread ok=FAIL
+    read -r cm cspread <<<"$(echo $5 | median)"
+    read -r tm tspread <<<"$(echo $6 | median)"
+    cm=${cm:-null} tm=${tm:-null}
+    result "$1" cddp "$cm" "$2" "$7, $device" ", \"spread\": \"$cspread\""
+    result "$1" torch-eager "$tm" "$2" "$7, $torch_device" ", \"spread\": \"$tspread\""
+    [ "$(echo $5 | wc -w)" = "$4" ] && [ "$(echo $6 | wc -w)" = "$4" ] && ok=ok
+    outcome "$3, $2" $ok "cddp $cm ($cspread), PyTorch eager $tm ($tspread), ratio $(ratio "$cm" "$tm")"
+}
+# ratio A B: A / B to 2 decimals (nothing when B is not a number above 0)
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b }'; }
 speed() {
     local batch=$1 rounds=3 cs="" ts="" i c t
     fits 120 || {
@@ -270,17 +290,8 @@ speed() {
         cs="$cs $(echo "$c" | sed -n 's/.*"samples_per_s": \([0-9.]*\).*/\1/p')"
         ts="$ts $(echo "$t" | sed -n 's/.*"samples_per_s": \([0-9.]*\).*/\1/p')"
     done
-    local cm tm cspread tspread
-    read -r cm cspread <<<"$(echo $cs | median)"
-    read -r tm tspread <<<"$(echo $ts | median)"
-    cm=${cm:-null} tm=${tm:-null}
-    local config="784-512-512-10 fp32, SGD lr 0.01, batch $batch, 3 epochs of 20000 samples, each batch copied from the host; $rounds rounds interleaved"
-    result mlp_train cddp "$cm" samples/s "$config, $device" ", \"spread\": \"$cspread\""
-    result mlp_train torch-eager "$tm" samples/s "$config, $torch_device" ", \"spread\": \"$tspread\""
-    local ok=FAIL
-    [ "$(echo $cs | wc -w)" = $rounds ] && [ "$(echo $ts | wc -w)" = $rounds ] && ok=ok
-    outcome "mlp_train batch $batch, samples/s" $ok \
-        "cddp $cm ($cspread), PyTorch eager $tm ($tspread), ratio $(awk -v a="$cm" -v b="$tm" 'BEGIN { if (b > 0) printf "%.2f", a / b }')"
+    versus mlp_train samples/s "mlp_train batch $batch" "$rounds" "$cs" "$ts" \
+        "784-512-512-10 fp32, SGD lr 0.01, batch $batch, 3 epochs of 20000 samples, each batch copied from the host; $rounds rounds interleaved"
 }
 if want 6; then
     speed 32
@@ -311,17 +322,8 @@ gpt_speed() {
         ts="$ts $(echo "$t" | sed -n 's/.*"median_iter_ms": \([0-9.]*\).*/\1/p' |
             awk '{ if ($1 > 0) printf "%.1f", 16 * 256 * 1000 / $1 }')"
     done
-    local cm tm cspread tspread
-    read -r cm cspread <<<"$(echo $cs | median)"
-    read -r tm tspread <<<"$(echo $ts | median)"
-    cm=${cm:-null} tm=${tm:-null}
-    local config="GPT 6 layers, 6 heads, width 384, context 256, batch 16, AdamW, $dtype; tokens/s of the median of 30 iterations, $rounds runs interleaved"
-    result gpt_train cddp "$cm" tokens/s "$config, $device" ", \"spread\": \"$cspread\""
-    result gpt_train torch-eager "$tm" tokens/s "$config, $torch_device" ", \"spread\": \"$tspread\""
-    local ok=FAIL
-    [ "$(echo $cs | wc -w)" = $rounds ] && [ "$(echo $ts | wc -w)" = $rounds ] && ok=ok
-    outcome "gpt_train $dtype, tokens/s" $ok \
-        "cddp $cm ($cspread), PyTorch eager $tm ($tspread), ratio $(awk -v a="$cm" -v b="$tm" 'BEGIN { if (b > 0) printf "%.2f", a / b }')"
+    versus gpt_train tokens/s "gpt_train $dtype" "$rounds" "$cs" "$ts" \
+        "GPT 6 layers, 6 heads, width 384, context 256, batch 16, AdamW, $dtype; tokens/s of the median of 30 iterations, $rounds runs interleaved"
 }
 if want 7; then
     gpt_speed fp32
@@ -342,16 +344,9 @@ gpt2() {
     local run="$bin/cddprun --nproc_per_node 2 --local_ranks_filter 0" c g
     c=$(cddp timeout 60 $run "$bin/gpt_train" $tiny --device cpu 2>&1)
     g=$(cddp timeout 60 $run "$bin/gpt_train" $tiny --device "$d" 2>&1)
-    local lc lg vc vg worst
-    lc=$(echo "$c" | sed -n 's/^iter [0-9]*: loss \([0-9.]*\).*/\1/p' | tr '\n' ' ')
-    lg=$(echo "$g" | sed -n 's/^iter [0-9]*: loss \([0-9.]*\).*/\1/p' | tr '\n' ' ')
-    vc=$(echo "$c" | sed -n 's/.*"val_loss": \([0-9.e+-]*\).*/\1/p')
-    vg=$(echo "$g" | sed -n 's/.*"val_loss": \([0-9.e+-]*\).*/\1/p')
+    local vc vg worst
+    vc=$(val_loss "$c") vg=$(val_loss "$g") worst=$(apart "$c" "$g")
     [ -n "$vg" ] || echo "$g" | tail -n 8
-    worst=$(awk -v a="$lc $vc" -v b="$lg $vg" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ");
-        if (n != 21 || m != n) { print "none"; exit }
-        for (i = 1; i <= n; i++) { d = (x[i] - y[i]) / x[i]; if (d < 0) d = -d; if (d > w) w = d }
-        printf "%.2g", w }')
     local ok=FAIL
     [ "$worst" != none ] && awk -v w="$worst" 'BEGIN { exit !(w <= 1e-4) }' && ok=ok
     outcome "gpt_2ranks (the tiny GPT, 2 ranks on $d)" "$ok" "against 2 ranks on the CPU: largest difference $worst relative (bound 1e-4); val cpu $vc, $d ${vg:-none}"
@@ -382,7 +377,7 @@ gpt2() {
     result gpt_2ranks_1gpu torch-gloo "${tv:-null}" tokens/s "$config, DistributedDataParallel over gloo, $td"
     ok=FAIL
     [ -n "$cv" ] && [ -n "$tv" ] && ok=ok
-    outcome "gpt_2ranks_1gpu fp32, tokens/s" $ok "cddp (staged) ${cv:-none}, PyTorch DDP over gloo ${tv:-none}, ratio $(awk -v a="$cv" -v b="$tv" 'BEGIN { if (b > 0) printf "%.2f", a / b }')"
+    outcome "gpt_2ranks_1gpu fp32, tokens/s" $ok "cddp (staged) ${cv:-none}, PyTorch DDP over gloo ${tv:-none}, ratio $(ratio "$cv" "$tv")"
 }
 want 9 && gpt2
 
