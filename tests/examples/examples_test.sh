@@ -24,7 +24,8 @@
 #                   given as a checkpoint and a diverging run: a clear error and a non-zero exit
 #   gpt_tokens      cddp-tokenize writes llm.c's token files (read back with NumPy as llm.c's
 #                   loader does), gpt_train trains on them, and a truncated file is refused
-#   device          --device emu (the emulated device): ddp_train on 2 ranks converges; the CNN on
+#   device          --device emu (the emulated device): ddp_train on 2 ranks converges, and with
+#                   AdamW ends as on the CPU on both ranks; the CNN on
 #                   2 ranks and the GPT give the CPU's losses and accuracy exactly, and a
 #                   checkpoint saved from the device resumes on the CPU; a device that is not one,
 #                   or not on this machine (cuda without a GPU), exits 2 saying so in one line
