@@ -41,6 +41,12 @@ void *cddp__kq_scratch(cddp__kq *q, size_t bytes);
 void cddp__kq_fail(cddp__kq *q, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Causal self-attention and its gradients (the attention and attention_grad kernels' arguments
+ * and results) as batched products on q's device's gemm, its causal_softmax, softmax_grad and fill
+ * kernels (attn_products.c): for a device whose matrix products are its fastest kernels. */
+void cddp__attention_by_products(cddp__kq *q, const cddp__k_attention *a);
+void cddp__attention_grad_by_products(cddp__kq *q, const cddp__k_attention_grad *a);
+
 /* Calls kernel `name` of q's device with the designated arguments. */
 #define CDDP__K(q, name, ...) ((q)->dev->k->name((q), &(const cddp__k_##name){__VA_ARGS__}))
 

@@ -88,13 +88,16 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
  * Only where the device's gemm_takes_bf16 says so (else NULL): A16 (B16), with compute CDDP_BF16,
  * is the operand already rounded by to_bf16, stored as A (B) would be but densely (lda: its
  * stored columns), used instead of A (B), which may then be NULL; bias (N floats) is added to
- * every row of C, as C = op(A) op(B) + bias + beta C (alpha 1). */
+ * every row of C, as C = op(A) op(B) + bias + beta C (alpha 1).
+ * batch (0 or 1: one product): that many products of one shape, the i-th of A + i stride_a and
+ * B + i stride_b into C + i stride_c (strides in floats); not with A16, B16 or bias. */
 #define CDDP__KA_gemm(F)                                                                           \
     F(bool, ta)                                                                                    \
     F(bool, tb) F(int64_t, M) F(int64_t, N) F(int64_t, K) F(float, alpha) F(const float *, A)      \
         F(int64_t, lda) F(const float *, B) F(int64_t, ldb) F(float, beta) F(float *, C)           \
             F(int64_t, ldc) F(cddp_dtype, compute) F(const uint16_t *, A16)                        \
-                F(const uint16_t *, B16) F(const float *, bias)
+                F(const uint16_t *, B16) F(const float *, bias) F(int64_t, batch)                  \
+                    F(int64_t, stride_a) F(int64_t, stride_b) F(int64_t, stride_c)
 /* dst (rows, cols, dense) = src (rows ld apart) rounded to bf16, to nearest even (the operands of
  * gemm's A16 and B16); with colsum (else NULL), colsum[c] += src's column sums, in float32 and
  * rows in order (a linear's bias gradient, in the pass that rounds its output's gradient) */
@@ -121,6 +124,9 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 /* softmax (or log_softmax) of each row of C */
 #define CDDP__KA_softmax(F)                                                                        \
     F(const float *, x) F(float *, y) F(int64_t, rows) F(int64_t, C) F(bool, log)
+/* in place, rows of T (a causal attention's scores, T queries of T keys each): row r becomes the
+ * softmax of its first r % T + 1 values, zeros after */
+#define CDDP__KA_causal_softmax(F) F(float *, s) F(int64_t, rows) F(int64_t, T)
 /* dx += the softmax's (log_softmax's) input gradient, from its output y */
 #define CDDP__KA_softmax_grad(F)                                                                   \
     F(const float *, y)                                                                            \
@@ -305,8 +311,9 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 /* K(name): every kernel, in the order above. */
 #define CDDP_KERNEL_LIST(K)                                                                        \
     K(fill) K(accumulate) K(add_rows) K(scale) K(mul) K(gemm) K(to_bf16) K(binary)                 \
-    K(binary_grad) K(unary) K(unary_grad) K(softmax) K(softmax_grad) K(check_ids)                  \
-    K(cross_entropy) K(cross_entropy_grad) K(mse) K(mse_grad) K(sum) K(sum_grad) K(argmax)         \
+    K(binary_grad) K(unary) K(unary_grad) K(softmax) K(causal_softmax) K(softmax_grad)            \
+    K(check_ids) K(cross_entropy) K(cross_entropy_grad) K(mse) K(mse_grad) K(sum) K(sum_grad)      \
+    K(argmax)                                                                                      \
     K(reorder) K(embedding) K(embedding_grad) K(layer_norm) K(layer_norm_grad) K(gelu_tanh)        \
     K(gelu_tanh_grad) K(attention) K(attention_cached) K(attention_grad) K(batch_norm)             \
     K(batch_norm_grad) K(max_pool) K(max_pool_grad) K(avg_pool) K(avg_pool_grad)                   \

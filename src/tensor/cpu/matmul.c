@@ -311,6 +311,19 @@ bool cddp__cpu_gemm_takes_bf16(void) {
 }
 
 void cddp__cpu_gemm(cddp__kq *q, const cddp__k_gemm *a) {
+    if (a->batch > 1) { /* a batch: its products one by one */
+        CDDP_CHECK(!a->A16 && !a->B16 && !a->bias,
+                   "gemm: a batch of products takes float32 operands and no bias");
+        cddp__k_gemm one = *a;
+        one.batch = 1;
+        for (int64_t i = 0; i < a->batch; i++) {
+            one.A = a->A + i * a->stride_a;
+            one.B = a->B + i * a->stride_b;
+            one.C = a->C + i * a->stride_c;
+            cddp__cpu_gemm(q, &one);
+        }
+        return;
+    }
     if (a->compute == CDDP_BF16) {
         gemm_bf16(q, a);
         return;

@@ -45,6 +45,11 @@ static void causal_softmax_row(float *s, int64_t t, int64_t T) {
     memset(s + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
 }
 
+void cddp__cpu_causal_softmax(cddp__kq *q, const cddp__k_causal_softmax *a) {
+    (void)q;
+    for (int64_t r = 0; r < a->rows; r++) causal_softmax_row(a->s + r * a->T, r % a->T, a->T);
+}
+
 /* Words for a (rows, cols) matrix packed as rows, pairs or cols (attn_bf16.c). */
 static size_t rows_words(int64_t rows, int64_t cols) {
     return (size_t)(rows * ((cols + 1) / 2));

@@ -7,8 +7,9 @@
  *               the CPU, on machines without the libraries)
  *   kernels.cu  the other kernels, each a __global__ function and its launcher on the stream
  *
- * The kernels it has so far are CDDP_CUDA_KERNELS below (what the MLP, the seeds' programs and
- * their optimizers need); an op whose kernel it lacks fails its context naming the kernel
+ * The kernels it has so far are CDDP_CUDA_KERNELS below (what the MLP, the seeds' programs, the
+ * GPT and their optimizers need), and attention as batched products on its gemm
+ * (tensor/attn_products.c); an op whose kernel it lacks fails its context naming the kernel
  * (CDDP_EUNSUPPORTED). tests/gpu/device_check.c tests every kernel against the CPU's, run by
  * scripts/gpu/check.sh on a GPU.
  */
@@ -29,7 +30,7 @@ extern "C" { /* kernels.cu is C++: the tensor library's declarations are C's */
     K(softmax_grad) K(check_ids) K(cross_entropy) K(cross_entropy_grad) K(mse) K(mse_grad) K(sum)  \
     K(sum_grad) K(argmax) K(embedding) K(embedding_grad) K(sgd) K(adamw) K(sum_squares) K(gemm)      \
     K(binary) K(binary_grad) K(layer_norm) K(layer_norm_grad) K(gelu_tanh) K(gelu_tanh_grad)     \
-    K(attention) K(attention_grad) K(attention_cached)
+    K(causal_softmax) K(attention_cached)
 /* clang-format on */
 
 #define CDDP__CUDA_DECL(name) void cddp__cuda_##name(cddp__kq *q, const cddp__k_##name *a);

@@ -317,6 +317,8 @@ static void fill_table(void) {
 #define HAS(name) kernels.name = cddp__cuda_##name;
     CDDP_CUDA_KERNELS(HAS)
 #undef HAS
+    kernels.attention = cddp__attention_by_products; /* cuBLASLt's products, batched by head */
+    kernels.attention_grad = cddp__attention_grad_by_products;
     kernels.blocked_size = no_blocks;
     kernels.conv_pool_fuses = never_fuses;
     kernels.computes = computes;

@@ -12,7 +12,8 @@
  * shape and kept: a training step multiplies the same shapes every time, and asking the heuristic
  * costs more than a small product. The heuristic is told how the pointers are aligned (it assumes
  * 256 bytes otherwise; a view into a tensor may be aligned to 4), so the alignment is part of the
- * shape. */
+ * shape. A batch of products (attention's heads) is one call: the layouts' batch count and
+ * strides. */
 #include "tensor/cuda/lt.h"
 
 #include <pthread.h>
@@ -40,7 +41,8 @@ typedef struct plan {
     int dev;
     bool ta, tb;
     int64_t M, N, K, lda, ldb, ldc;
-    uint32_t align[3];  /* of A, B, C */
+    int64_t batch, stride[3]; /* a batch of products (batch > 1): A's, B's and C's strides */
+    uint32_t align[3];        /* of A, B, C (and of their strides in a batch) */
     cddp_dtype compute; /* float32, or bf16 on the tensor cores (CUBLAS_COMPUTE_32F_FAST_16BF) */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
@@ -62,7 +64,9 @@ static uint32_t alignment(const void *p) {
 static bool same_shape(const plan *p, const plan *k) {
     return p->dev == k->dev && p->ta == k->ta && p->tb == k->tb && p->M == k->M && p->N == k->N &&
            p->K == k->K && p->lda == k->lda && p->ldb == k->ldb && p->ldc == k->ldc &&
-           p->compute == k->compute && !memcmp(p->align, k->align, sizeof p->align);
+           p->compute == k->compute && p->batch == k->batch &&
+           !memcmp(p->stride, k->stride, sizeof p->stride) &&
+           !memcmp(p->align, k->align, sizeof p->align);
 }
 
 static void unmake(const cddp__cuda_lt *lt, plan *p) {
@@ -71,6 +75,16 @@ static void unmake(const cddp__cuda_lt *lt, plan *p) {
     if (p->la) lt->cublasLtMatrixLayoutDestroy(p->la);
     if (p->op) lt->cublasLtMatmulDescDestroy(p->op);
     p->op = NULL, p->la = p->lb = p->lc = NULL;
+}
+
+/* A layout made one of a batch of `count` matrices `stride` floats apart. */
+static bool batched(const cddp__cuda_lt *lt, cublasLtMatrixLayout_t l, int64_t count,
+                    int64_t stride) {
+    int32_t n = (int32_t)count;
+    return lt->cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n,
+                                                sizeof n) == 0 &&
+           lt->cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                &stride, sizeof stride) == 0;
 }
 
 /* Fills p's descriptors and algorithm (p->ok says whether cuBLASLt has one for the shape). */
@@ -97,6 +111,9 @@ static void make(const cddp__cuda_lt *lt, plan *p, size_t ws_bytes) {
                                        (uint64_t)(p->ta ? p->K : p->M), p->lda) == 0 &&
         lt->cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)p->N, (uint64_t)p->M,
                                        p->ldc) == 0 &&
+        (p->batch <= 1 || (batched(lt, p->la, p->batch, p->stride[1]) &&
+                           batched(lt, p->lb, p->batch, p->stride[0]) &&
+                           batched(lt, p->lc, p->batch, p->stride[2]))) &&
         lt->cublasLtMatmulPreferenceCreate(&pref) == 0 &&
         lt->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                  &ws_bytes, sizeof ws_bytes) == 0 &&
@@ -119,8 +136,9 @@ static void make(const cddp__cuda_lt *lt, plan *p, size_t ws_bytes) {
  * caller makes one of its own). */
 static const plan *plan_for(const cddp__cuda_lt *lt, const plan *k, size_t ws_bytes) {
     uint64_t h = 1469598103934665603ull;
-    const int64_t v[] = {k->dev, k->ta,  k->tb,       k->M,        k->N,        k->K,      k->lda,
-                         k->ldb, k->ldc, k->align[0], k->align[1], k->align[2], k->compute};
+    const int64_t v[] = {k->dev,     k->ta,    k->tb,        k->M,         k->N,        k->K,
+                         k->lda,     k->ldb,   k->ldc,       k->align[0],  k->align[1], k->align[2],
+                         k->compute, k->batch, k->stride[0], k->stride[1], k->stride[2]};
     for (size_t i = 0; i < CDDP_ARRAY_LEN(v); i++) h = (h ^ (uint64_t)v[i]) * 1099511628211ull;
     const plan *found = NULL;
     pthread_mutex_lock(&plans_lock);
@@ -143,6 +161,7 @@ void cddp__cuda_gemm(cddp__kq *q, const cddp__k_gemm *a) {
     CDDP_CHECK(!a->A16 && !a->B16 && !a->bias,
                "%s: the gemm takes float32 operands and no bias (its gemm_takes_bf16 says no)",
                q->dev->name);
+    CDDP_CHECK(a->batch <= 1 || a->K > 0, "%s: a batch of products with K = 0", q->dev->name);
     cudaStream_t stream = cddp__cuda_enter(q);
     if (a->M == 0 || a->N == 0) return;
     if (a->K == 0) { /* C = beta C: a scale (BLAS leaves C alone for beta 1, unread for 0) */
@@ -172,8 +191,15 @@ void cddp__cuda_gemm(cddp__kq *q, const cddp__k_gemm *a) {
                 .lda = a->lda,
                 .ldb = a->ldb,
                 .ldc = a->ldc,
-                .align = {alignment(a->A), alignment(a->B), alignment(a->C)},
+                .batch = a->batch > 1 ? a->batch : 1,
                 .compute = a->compute};
+    const float *at[3] = {a->A, a->B, a->C};
+    int64_t stride[3] = {a->stride_a, a->stride_b, a->stride_c};
+    for (int i = 0; i < 3; i++) {
+        key.stride[i] = key.batch > 1 ? stride[i] : 0;
+        uint32_t by_ptr = alignment(at[i]), by_stride = alignment(at[i] + key.stride[i]);
+        key.align[i] = by_ptr < by_stride ? by_ptr : by_stride; /* every matrix of the batch's */
+    }
     const plan *p = plan_for(lt, &key, ws_bytes);
     if (!p) { /* the table is full: a plan for this call alone */
         make(lt, &key, ws_bytes);

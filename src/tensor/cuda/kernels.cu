@@ -566,125 +566,21 @@ __global__ void layer_norm_dx_k(const float *x, const float *w, const float *dy,
     }
 }
 
-/* x rounded to bf16 (to nearest even) when bf16, as the products' operands are */
-__device__ float op_(float x, bool bf16) {
-    if (!bf16 || x != x) return x;
-    uint32_t u = __float_as_uint(x);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return __uint_as_float(u & 0xffff0000u);
-}
-
-/* The sum of a warp's values v, in every lane (a fixed butterfly order). */
-__device__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* a . b over HS floats by one warp (each lane every 32nd product, then the lanes summed): the
- * warp's loads of a row are consecutive */
-__device__ float warp_dot(const float *a, const float *b, int64_t HS, bool bf16) {
-    float s = 0.0f;
-    for (int64_t d = threadIdx.x % 32; d < HS; d += 32) s += op_(a[d], bf16) * op_(b[d], bf16);
-    return warp_sum(s);
-}
-
-/* Causal attention's scores and softmax, a block per (batch element, head, query t), a warp per
- * key: P[t, j] = softmax_j(q_t . k_j / sqrt(HS)) for j <= t, zeros after. */
-__global__ void attn_softmax_k(const float *qkv, float *p, int64_t T, int64_t C, int64_t NH,
-                               bool bf16) {
-    int64_t t = blockIdx.x % T, bh = blockIdx.x / T, h = bh % NH, b = bh / NH, HS = C / NH;
-    const float *q = qkv + (b * T + t) * 3 * C + h * HS;
-    float *pr = p + bh * T * T + t * T, scale = rsqrtf((float)HS);
-    int64_t warp = threadIdx.x / 32, warps = blockDim.x / 32;
+/* Causal attention's softmax, a block per row of T scores (row r: query r % T): the softmax of its
+ * first r % T + 1 values, zeros after (sums in double). */
+__global__ void causal_softmax_k(float *s, int64_t T) {
+    float *row = s + blockIdx.x * T;
+    int64_t t = blockIdx.x % T;
     float m = -INFINITY;
-    for (int64_t j = warp; j <= t; j += warps) {
-        float s = warp_dot(q, qkv + (b * T + j) * 3 * C + C + h * HS, HS, bf16) * scale;
-        if (threadIdx.x % 32 == 0) pr[j] = s;
-        m = fmaxf(m, s);
-    }
-    m = block_max(m); /* its __syncthreads also publish the scores to the block */
+    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) m = fmaxf(m, row[j]);
+    m = block_max(m);
     double sum = 0;
     for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) {
-        pr[j] = expf(pr[j] - m);
-        sum += pr[j];
+        row[j] = expf(row[j] - m);
+        sum += row[j];
     }
     float inv = 1.0f / (float)block_sum(sum);
-    for (int64_t j = threadIdx.x; j < T; j += blockDim.x) pr[j] = j <= t ? pr[j] * inv : 0.0f;
-}
-
-/* o_t = sum_{j <= t} P[t, j] v_j: a thread per output element (b, t, h, d) */
-__global__ void attn_mix_k(const float *qkv, const float *p, float *out, int64_t B, int64_t T,
-                           int64_t C, int64_t NH, bool bf16) {
-    int64_t HS = C / NH;
-    FOR_EACH(i, B * T * C) {
-        int64_t c = i % C, bt = i / C, t = bt % T, b = bt / T, h = c / HS;
-        const float *pr = p + ((b * NH + h) * T + t) * T;
-        const float *v = qkv + b * T * 3 * C + 2 * C + c;
-        float o = 0.0f;
-        for (int64_t j = 0; j <= t; j++) o += op_(pr[j], bf16) * op_(v[j * 3 * C], bf16);
-        out[i] = o;
-    }
-}
-
-/* dv_j (+)= sum_{t >= j} P[t, j] do_t: a thread per element of dv */
-__global__ void attn_dv_k(const float *p, const float *dout, float *dqkv, int64_t B, int64_t T,
-                          int64_t C, int64_t NH, bool assign, bool bf16) {
-    int64_t HS = C / NH;
-    FOR_EACH(i, B * T * C) {
-        int64_t c = i % C, bj = i / C, j = bj % T, b = bj / T, h = c / HS;
-        const float *pc = p + (b * NH + h) * T * T + j; /* column j, rows T apart */
-        const float *g = dout + b * T * C + c;
-        float s = 0.0f;
-        for (int64_t t = j; t < T; t++) s += op_(pc[t * T], bf16) * op_(g[t * C], bf16);
-        float *dv = dqkv + (b * T + j) * 3 * C + 2 * C + c;
-        *dv = assign ? s : *dv + s;
-    }
-}
-
-/* dS, a block per (batch element, head, query t), a warp per key: dP[t, j] = do_t . v_j, then
- * dS[t, j] = P[t, j] (dP[t, j] - sum_j dP[t, j] P[t, j]) on and below the diagonal, zeros after. */
-__global__ void attn_ds_k(const float *qkv, const float *p, const float *dout, float *ds, int64_t T,
-                          int64_t C, int64_t NH, bool bf16) {
-    int64_t t = blockIdx.x % T, bh = blockIdx.x / T, h = bh % NH, b = bh / NH, HS = C / NH;
-    const float *g = dout + (b * T + t) * C + h * HS, *pr = p + bh * T * T + t * T;
-    float *dr = ds + bh * T * T + t * T;
-    int64_t warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    double dot = 0;
-    for (int64_t j = warp; j <= t; j += warps) {
-        float s = warp_dot(g, qkv + (b * T + j) * 3 * C + 2 * C + h * HS, HS, bf16);
-        if (threadIdx.x % 32 == 0) {
-            dr[j] = s;
-            dot += (double)s * pr[j];
-        }
-    }
-    float total = (float)block_sum(dot); /* its __syncthreads also publish dP to the block */
-    for (int64_t j = threadIdx.x; j < T; j += blockDim.x)
-        dr[j] = j <= t ? op_(pr[j] * (dr[j] - total), bf16) : 0.0f;
-}
-
-/* dq_t (+)= sum_{j <= t} dS[t, j] k_j / sqrt(HS) and
- * dk_j (+)= sum_{t >= j} dS[t, j] q_t / sqrt(HS): a thread per element of dq and of dk */
-__global__ void attn_dqk_k(const float *qkv, const float *ds, float *dqkv, int64_t B, int64_t T,
-                           int64_t C, int64_t NH, bool assign, bool bf16) {
-    int64_t HS = C / NH;
-    float scale = rsqrtf((float)HS);
-    FOR_EACH(i, 2 * B * T * C) {
-        bool key = i >= B * T * C;
-        int64_t e = key ? i - B * T * C : i;
-        int64_t c = e % C, bt = e / C, t = bt % T, b = bt / T, h = c / HS;
-        const float *dh = ds + (b * NH + h) * T * T;
-        float s = 0.0f;
-        if (!key) { /* row t of dS against the keys */
-            const float *k = qkv + b * T * 3 * C + C + c;
-            for (int64_t j = 0; j <= t; j++) s += dh[t * T + j] * op_(k[j * 3 * C], bf16);
-        } else { /* column t of dS against the queries */
-            const float *q = qkv + b * T * 3 * C + c;
-            for (int64_t r = t; r < T; r++) s += dh[r * T + t] * op_(q[r * 3 * C], bf16);
-        }
-        s *= scale;
-        float *dst = dqkv + (b * T + t) * 3 * C + (key ? C : 0) + c;
-        *dst = assign ? s : *dst + s;
-    }
+    for (int64_t j = threadIdx.x; j < T; j += blockDim.x) row[j] = j <= t ? row[j] * inv : 0.0f;
 }
 
 /* Generation: the new positions' keys and values into the cache (B, L, 2C) at past.. */
@@ -1011,31 +907,11 @@ void cddp__cuda_gelu_tanh_grad(cddp__kq *q, const cddp__k_gelu_tanh_grad *a) {
     LAUNCHED(q, "gelu_tanh_grad");
 }
 
-void cddp__cuda_attention(cddp__kq *q, const cddp__k_attention *a) {
+void cddp__cuda_causal_softmax(cddp__kq *q, const cddp__k_causal_softmax *a) {
     cudaStream_t s = cddp__cuda_enter(q);
-    int64_t rows = a->B * a->NH * a->T;
-    if (!no_half(q, a->out16, "attention") || rows == 0) return;
-    bool bf16 = a->compute == CDDP_BF16;
-    attn_softmax_k<<<(unsigned)rows, THREADS, 0, s>>>(a->qkv, a->p, a->T, a->C, a->NH, bf16);
-    attn_mix_k<<<blocks(a->B * a->T * a->C), THREADS, 0, s>>>(a->qkv, a->p, a->out, a->B, a->T,
-                                                              a->C, a->NH, bf16);
-    LAUNCHED(q, "attention");
-}
-
-void cddp__cuda_attention_grad(cddp__kq *q, const cddp__k_attention_grad *a) {
-    cudaStream_t s = cddp__cuda_enter(q);
-    int64_t rows = a->B * a->NH * a->T, n = a->B * a->T * a->C;
-    if (rows == 0) return;
-    float *ds = (float *)cddp__kq_scratch(q, (size_t)(rows * a->T) * sizeof(float));
-    if (!ds) return;
-    bool bf16 = a->compute == CDDP_BF16;
-    attn_dv_k<<<blocks(n), THREADS, 0, s>>>(a->p, a->dout, a->dqkv, a->B, a->T, a->C, a->NH,
-                                            a->assign, bf16);
-    attn_ds_k<<<(unsigned)rows, THREADS, 0, s>>>(a->qkv, a->p, a->dout, ds, a->T, a->C, a->NH,
-                                                 bf16);
-    attn_dqk_k<<<blocks(2 * n), THREADS, 0, s>>>(a->qkv, ds, a->dqkv, a->B, a->T, a->C, a->NH,
-                                                 a->assign, bf16);
-    LAUNCHED(q, "attention_grad");
+    if (a->rows == 0 || a->T == 0) return;
+    causal_softmax_k<<<(unsigned)a->rows, THREADS, 0, s>>>(a->s, a->T);
+    LAUNCHED(q, "causal_softmax");
 }
 
 void cddp__cuda_attention_cached(cddp__kq *q, const cddp__k_attention_cached *a) {

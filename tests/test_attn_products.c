@@ -1,0 +1,118 @@
+/* test_attn_products.c: causal attention as batched products (tensor/attn_products.c, what the
+ * CUDA device runs) against the CPU's attention kernels, run on the CPU's own gemm (its batch),
+ * causal_softmax and softmax_grad: the outputs, the weights P and the gradient dqkv, stored and
+ * added, in float32 and in bf16 (the same operands rounded): within 1e-6 of the largest value (the
+ * same products, some summed in another order; 5e-8 here). */
+#include "tensor/internal.h"
+
+#include <cddp/cddp.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+typedef struct shape {
+    int64_t B, T, C, NH;
+} shape;
+
+static float *rand_buf(cddp_ctx *ctx, int64_t n, cddp_rng *rng) {
+    float *p = cddp_arena_alloc(cddp_ctx_arena(ctx), (size_t)n * sizeof(float), NULL);
+    for (int64_t i = 0; i < n; i++) p[i] = 2 * cddp_rng_uniform(rng) - 1;
+    return p;
+}
+
+/* The largest |a - b| over the largest |b|. */
+static double rel_err(const float *a, const float *b, int64_t n) {
+    double d = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        m = fmax(m, fabs((double)b[i]));
+    }
+    return m > 0 ? d / m : d;
+}
+
+static void compare(const shape *s, cddp_dtype compute, double bound) {
+    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    assert_non_null(ctx);
+    cddp__kq *q = &cddp__ctx_dev(ctx, cddp_device_get("cpu", NULL))->q;
+    cddp_rng rng;
+    cddp_rng_seed(&rng, 7 + (uint64_t)s->T);
+    int64_t B = s->B, T = s->T, C = s->C, NH = s->NH, nq = B * T * 3 * C, no = B * T * C,
+            np = B * NH * T * T;
+    float *qkv = rand_buf(ctx, nq, &rng), *dout = rand_buf(ctx, no, &rng);
+    float *out[2], *p[2], *dqkv[2][2];
+    for (int k = 0; k < 2; k++) {
+        out[k] = rand_buf(ctx, no, &rng); /* overwritten */
+        p[k] = rand_buf(ctx, np, &rng);
+    }
+    float *start = rand_buf(ctx, nq, &rng); /* what an added gradient is added to */
+    for (int k = 0; k < 2; k++)
+        for (int add = 0; add < 2; add++) {
+            dqkv[k][add] = rand_buf(ctx, nq, &rng);
+            if (add)
+                for (int64_t i = 0; i < nq; i++) dqkv[k][add][i] = start[i];
+        }
+    cddp__k_attention fw = {
+        .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH, .compute = compute, .out16 = NULL};
+    cddp__k_attention_grad bw = {
+        .qkv = qkv, .dout = dout, .B = B, .T = T, .C = C, .NH = NH, .compute = compute};
+    for (int k = 0; k < 2; k++) {
+        fw.out = out[k], fw.p = p[k];
+        if (k == 0)
+            q->dev->k->attention(q, &fw);
+        else
+            cddp__attention_by_products(q, &fw);
+        bw.p = p[k];
+        for (int add = 0; add < 2; add++) {
+            bw.dqkv = dqkv[k][add], bw.assign = !add;
+            if (k == 0)
+                q->dev->k->attention_grad(q, &bw);
+            else
+                cddp__attention_grad_by_products(q, &bw);
+        }
+    }
+    assert_int_equal(cddp_ctx_status(ctx), CDDP_OK);
+    double e[4] = {rel_err(out[1], out[0], no), rel_err(p[1], p[0], np),
+                   rel_err(dqkv[1][0], dqkv[0][0], nq), rel_err(dqkv[1][1], dqkv[0][1], nq)};
+    for (int i = 0; i < 4; i++) {
+        if (e[i] > bound)
+            print_error("T %lld, %s: error %d (out, P, dqkv stored, added) is %g > %g\n",
+                        (long long)T, cddp_dtype_name(compute), i, e[i], bound);
+        assert_true(e[i] <= bound);
+    }
+    /* P is causal: zeros above the diagonal, rows summing to 1 */
+    for (int64_t r = 0; r < B * NH * T; r++) {
+        double sum = 0;
+        for (int64_t j = 0; j < T; j++) {
+            float v = p[1][r * T + j];
+            if (j > r % T) assert_true(v == 0.0f);
+            sum += v;
+        }
+        assert_true(fabs(sum - 1) < 1e-5);
+    }
+    cddp_ctx_destroy(ctx);
+}
+
+static void test_float32(void **state) {
+    (void)state;
+    compare(&(shape){2, 16, 96, 3}, CDDP_F32, 1e-6);
+    compare(&(shape){3, 67, 128, 2}, CDDP_F32, 1e-6);
+}
+
+static void test_bf16(void **state) {
+    (void)state;
+    compare(&(shape){2, 16, 96, 3}, CDDP_BF16, 1e-6);
+    compare(&(shape){3, 67, 128, 2}, CDDP_BF16, 1e-6);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_float32),
+        cmocka_unit_test(test_bf16),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
