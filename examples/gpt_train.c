@@ -34,14 +34,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define FORTUNES "/usr/share/games/fortunes"
+#define FORTUNES     "/usr/share/games/fortunes"
+#define BENCH_WARMUP 5 /* --bench's iterations before the timed ones */
 
 typedef struct options {
     int64_t n_layer, n_head, n_embd, block_size, vocab_size;
     int64_t batch_size, grad_accum, max_iters, warmup_iters, lr_decay_iters;
     int64_t eval_interval, eval_iters, final_eval, log_interval, sample, stride, top_k, save_every,
-        keep;
-    double lr, min_lr, weight_decay, grad_clip, beta1, beta2, temperature;
+        keep, bench;
+    double lr, min_lr, weight_decay, grad_clip, beta1, beta2, temperature, peak_tflops;
     const char *data, *out, *resume, *init_from, *device, *dtype, *prompt, *tensorboard;
     uint64_t seed;
     bool json, zero;
@@ -108,6 +109,12 @@ static void usage(FILE *out) {
         "                      lr and tokens_per_s every iteration, train_loss and val_loss\n"
         "                      at each evaluation\n"
         "  --json              end with one JSON line of results\n"
+        "throughput:\n"
+        "  --bench N           time N iterations after 5 warm-up ones, with no evaluation,\n"
+        "                      files or sample: the median iteration and its spread,\n"
+        "                      tokens/s and the model FLOPs utilisation (MFU)\n"
+        "  --peak_tflops X     the device's peak for MFU (default: an H100's or H200's\n"
+        "                      dense bf16 989.4, an A100's 312; else MFU is not given)\n"
         "  -h, --help          show this help\n");
 }
 
@@ -176,6 +183,8 @@ static int parse_args(int argc, char **argv, options *o) {
         {"top_k", 'i', &o->top_k, 0, 65536, false},
         {"save_every", 'i', &o->save_every, 0, (double)INT64_MAX, false},
         {"keep", 'i', &o->keep, 0, 1000000, false},
+        {"bench", 'i', &o->bench, 0, 1e9, false},
+        {"peak_tflops", 'f', &o->peak_tflops, 0, 1e6, false},
         {"seed", 'i', &seed, 0, (double)INT64_MAX, false},
         {"lr", 'f', &o->lr, 0, 10, true},
         {"min_lr", 'f', &o->min_lr, 0, 10, false},
@@ -240,6 +249,12 @@ static int parse_args(int argc, char **argv, options *o) {
     if (optind < argc) {
         fprintf(stderr, "gpt_train: unexpected argument '%s'\n", argv[optind]);
         return -1;
+    }
+    if (o->bench > 0) { /* a throughput run: nothing but the timed iterations */
+        o->max_iters = BENCH_WARMUP + o->bench;
+        o->out = "none";
+        o->sample = 0;
+        o->save_every = 0;
     }
     if (o->lr_decay_iters < 0) o->lr_decay_iters = o->max_iters;
     const struct {
@@ -392,6 +407,55 @@ static double median(double *v, int64_t n) {
     if (!v || n <= 0) return 0;
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* x with 4 decimals in buf, or null when it is not a number (JSON has no NaN). */
+static const char *json_number(char *buf, double x) {
+    if (isfinite(x))
+        snprintf(buf, 32, "%.4f", x);
+    else
+        snprintf(buf, 32, "null");
+    return buf;
+}
+
+/* --bench's report: the timed iterations' median and range, tokens/s at the median (every rank's
+ * tokens), the model's FLOPs a token (6 per parameter, forward and backward, and 6 L C T for
+ * causal attention's products: llm.c's and PaLM's count) and MFU, the share of the device's peak
+ * (each rank's device: world of them) that those FLOPs are at that speed. */
+typedef struct bench {
+    int64_t iters;
+    double median_ms, min_ms, max_ms, tokens_per_s, flops_per_token, peak_tflops, mfu;
+    char mfu_text[32]; /* mfu for JSON, or null */
+} bench;
+
+/* A device's dense bf16 peak in TFLOP/s from its description (0: not known). */
+static double peak_of(const char *describe) {
+    if (strstr(describe, "H100") || strstr(describe, "H200")) return 989.4;
+    if (strstr(describe, "A100")) return 312.0;
+    return 0.0;
+}
+
+static bench bench_of(const options *o, double *iter_s, int64_t n, int64_t params, int world,
+                      cddp_device *dev) {
+    if (n < 0) n = 0;
+    bench b = {.iters = n, .peak_tflops = o->peak_tflops};
+    for (int64_t i = 0; i < n; i++) {
+        b.min_ms = i == 0 || iter_s[i] * 1e3 < b.min_ms ? iter_s[i] * 1e3 : b.min_ms;
+        b.max_ms = iter_s[i] * 1e3 > b.max_ms ? iter_s[i] * 1e3 : b.max_ms;
+    }
+    b.median_ms = median(iter_s, n) * 1e3;
+    double tokens = (double)(o->grad_accum * o->batch_size * o->block_size * world);
+    b.tokens_per_s = b.median_ms > 0 ? tokens / (b.median_ms / 1e3) : 0;
+    b.flops_per_token =
+        6.0 * (double)params + 6.0 * (double)(o->n_layer * o->n_embd * o->block_size);
+    if (b.peak_tflops == 0) b.peak_tflops = peak_of(cddp_device_describe(dev));
+    b.mfu =
+        b.peak_tflops > 0 ? b.flops_per_token * b.tokens_per_s / (b.peak_tflops * 1e12 * world) : 0;
+    if (b.peak_tflops > 0)
+        snprintf(b.mfu_text, sizeof b.mfu_text, "%.4f", b.mfu);
+    else
+        snprintf(b.mfu_text, sizeof b.mfu_text, "null");
+    return b;
 }
 
 static int save(cddp_ddp *ddp, cddp_optim *opt, const char *path, const options *o, int64_t iter,
@@ -608,7 +672,8 @@ int main(int argc, char **argv) {
     cddp_loader_begin(loader);
     for (; iter <= o.max_iters; iter++) {
         bool last = iter == o.max_iters;
-        bool at_eval = (iter % o.eval_interval == 0 && !(o.resume && iter == first)) || last;
+        bool at_eval =
+            !o.bench && ((iter % o.eval_interval == 0 && !(o.resume && iter == first)) || last);
         if (!at_eval && files && o.save_every > 0 && iter % o.save_every == 0 && iter > first &&
             save(ddp, opt, ckpt, &o, iter, cddp_sampler_get_state(sampler), world, &err))
             goto fail;
@@ -729,21 +794,42 @@ int main(int argc, char **argv) {
                                   .seed = o.seed + 7};
         if (text_sample(m, ctx, &ts, stdout, &err) != CDDP_OK) goto fail;
     }
+    bench b = {0};
+    if (o.bench && rank == 0) {
+        b = bench_of(&o, iter_s + BENCH_WARMUP, n_iter_s - BENCH_WARMUP, params, world, dev);
+        printf("bench: %" PRId64 " iterations after %d: median %.2f ms (%.2f..%.2f), %.0f "
+               "tokens/s, %.3g FLOPs a token",
+               b.iters, BENCH_WARMUP, b.median_ms, b.min_ms, b.max_ms, b.tokens_per_s,
+               b.flops_per_token);
+        if (b.peak_tflops > 0)
+            printf(", MFU %.1f%% of %.1f TFLOP/s\n", 100 * b.mfu, b.peak_tflops);
+        else
+            printf(" (no peak known for %s: --peak_tflops)\n", cddp_device_describe(dev));
+    }
     fflush(stdout);
     if (o.json && rank == 0) {
+        char extra[256] = "", tl[32], vl[32]; /* the losses: null when not evaluated (--bench) */
+        if (o.bench)
+            snprintf(extra, sizeof extra,
+                     ", \"bench\": {\"iters\": %" PRId64 ", \"median_ms\": %.3f, "
+                     "\"min_ms\": %.3f, \"max_ms\": %.3f, \"tokens_per_s\": %.1f, "
+                     "\"flops_per_token\": %.6g, \"peak_tflops\": %.1f, \"mfu\": %s}",
+                     b.iters, b.median_ms, b.min_ms, b.max_ms, b.tokens_per_s, b.flops_per_token,
+                     b.peak_tflops, b.mfu_text);
         double n = sp.iters ? (double)sp.iters : 1;
         printf("{\"iters\": %" PRId64 ", \"world\": %d, \"dtype\": \"%s\", \"params\": %" PRId64
                ", \"tokens\": %" PRId64 ", \"train_s\": %.3f, \"tokens_per_s\": %.1f, "
-               "\"train_loss\": %.4f, \"last_loss\": %.4f, \"val_loss\": %.4f, "
+               "\"train_loss\": %s, \"last_loss\": %.4f, \"val_loss\": %s, "
                "\"median_iter_ms\": %.3f, "
                "\"zero\": %s, \"optim_state_bytes\": %lld, \"peak_rss_bytes\": %lld, "
                "\"iter_ms\": {\"forward\": %.3f, \"backward\": %.3f, \"allreduce\": %.3f, "
-               "\"allreduce_wait\": %.3f, \"optimizer\": %.3f}}\n",
+               "\"allreduce_wait\": %.3f, \"optimizer\": %.3f}%s}\n",
                iter - first, world, cddp_dtype_name(compute), params, tokens, train_s,
-               train_s > 0 ? (double)tokens / train_s : 0.0, train_loss, last_loss, val_loss,
-               median(iter_s, n_iter_s) * 1e3, o.zero ? "true" : "false",
+               train_s > 0 ? (double)tokens / train_s : 0.0, json_number(tl, train_loss), last_loss,
+               json_number(vl, val_loss), median(iter_s, n_iter_s) * 1e3, o.zero ? "true" : "false",
                run_optim_state_bytes(opt), run_peak_rss_bytes(), sp.forward / n * 1e3,
-               sp.backward / n * 1e3, sp.comm / n * 1e3, sp.wait / n * 1e3, sp.optimizer / n * 1e3);
+               sp.backward / n * 1e3, sp.comm / n * 1e3, sp.wait / n * 1e3, sp.optimizer / n * 1e3,
+               extra);
     }
     status = 0;
     goto done;

@@ -18,6 +18,7 @@
 #   gpt             2 ranks train a small GPT on fortunes for 40 iterations: nanoGPT's lines, the
 #                   losses fall, one sample from rank 0, the JSON fields, the checkpoint (which
 #                   holds the tied head under both names) and curves that render
+#                   and --bench: only timed iterations, its median, tokens/s, FLOPs and MFU
 #   gpt_resume      20 iterations, then --resume for 20 more, equal 40 uninterrupted ones: the
 #                   same loss at every iteration and the same validation loss
 #   bad_args        bad numbers on the command lines and in a checkpoint's metadata, a folder
@@ -255,6 +256,24 @@ assert "optim.exp_avg.transformer.wte.weight" in t
 print("ok: the checkpoint holds nanoGPT's names, the tied head twice, the run's shape")
 PYEOF
     echo "ok: validation loss $first -> $last on 2 ranks"
+    # --bench: 5 + 3 iterations on 2 ranks, nothing else; its numbers agree with each other
+    rm -rf runs
+    run --nproc_per_node 2 $GPT --bench 3 --peak_tflops 0.5 --json > bench.out 2>&1 || { cat bench.out; fail "--bench failed"; }
+    cat bench.out
+    ! grep -q "^step \|^sample\|^checkpoint" bench.out && [ ! -e runs ] || fail "--bench evaluated, sampled or wrote files"
+    grep -q "^bench: 3 iterations after 5: median [0-9.]* ms" bench.out || fail "no bench line"
+    tail -n 1 bench.out | $PY -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+b, T, C, L = d["bench"], 32, 64, 2
+assert d["iters"] == 8 and d["val_loss"] is None and b["iters"] == 3, d
+assert b["min_ms"] <= b["median_ms"] <= b["max_ms"], b
+assert b["flops_per_token"] == 6 * d["params"] + 6 * L * C * T, b
+assert abs(b["tokens_per_s"] - 2 * 8 * T / (b["median_ms"] / 1e3)) <= 1e-3 * b["tokens_per_s"], b
+mfu = b["flops_per_token"] * b["tokens_per_s"] / (0.5e12 * 2)
+assert b["peak_tflops"] == 0.5 and abs(b["mfu"] - mfu) <= max(1e-4, 1e-3 * mfu), (b, mfu)
+' || fail "the --bench JSON does not add up"
+    echo "ok: --bench"
     ;;
 gpt_resume)
     GPT="$TINY_GPT --batch_size 4 \
