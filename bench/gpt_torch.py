@@ -12,7 +12,9 @@ every token of the non-overlapping validation windows. Each iteration: nanoGPT's
 zero_grad, forward, cross-entropy, backward, clip_grad_norm_, AdamW step. The clock runs around
 the iterations only. --dtype bf16 runs the forward and the loss under CPU autocast to bfloat16
 (PyTorch's mixed precision on the CPU); --device cuda trains on the GPU (CUDA autocast for bf16),
-each iteration timed after torch.cuda.synchronize(). With WORLD_SIZE > 1 (RANK, MASTER_ADDR, MASTER_PORT set by cddprun) the model
+each iteration timed after torch.cuda.synchronize(); --compile trains torch.compile(model); --data
+DIR/x_train.bin reads llm.c's token files (x_train.bin and x_val.bin, --vocab_size by default the
+largest token + 1). With WORLD_SIZE > 1 (RANK, MASTER_ADDR, MASTER_PORT set by cddprun) the model
 is wrapped with DistributedDataParallel over gloo. Rank 0 prints one JSON line.
 """
 import argparse
@@ -48,12 +50,24 @@ def read_text(path):
     return b"".join(parts)
 
 
+def read_tokens(path):
+    """An llm.c token file (a header of 256 int32: magic 20240520, version 1, the count; then the
+    tokens as uint16), as int64."""
+    head = np.fromfile(path, dtype="<i4", count=256)
+    if head[0] != 20240520 or head[1] != 1:
+        sys.exit(f"gpt_torch.py: {path}: not an llm.c token file")
+    toks = np.fromfile(path, dtype="<u2", offset=256 * 4)
+    if len(toks) != head[2]:
+        sys.exit(f"gpt_torch.py: {path}: {len(toks)} tokens, the header says {head[2]}")
+    return toks.astype(np.int64)
+
+
 def main():
     p = argparse.ArgumentParser()
     for name, default in [("n_layer", 4), ("n_head", 4), ("n_embd", 128), ("block_size", 64),
                           ("batch_size", 12), ("max_iters", 2000), ("warmup_iters", 100),
                           ("lr_decay_iters", -1), ("threads", 1), ("seed", 1337),
-                          ("eval_batches", 0)]:
+                          ("eval_batches", 0), ("vocab_size", 0)]:
         p.add_argument("--" + name, type=int, default=default)
     for name, default in [("lr", 1e-3), ("min_lr", 1e-4), ("weight_decay", 0.1),
                           ("grad_clip", 1.0), ("beta1", 0.9), ("beta2", 0.99)]:
@@ -64,6 +78,8 @@ def main():
     p.add_argument("--device", default="cpu",
                    help="cpu, or cuda: the model and batches on the GPU (bf16: CUDA autocast), "
                    "the clock read after torch.cuda.synchronize()")
+    p.add_argument("--compile", action="store_true",
+                   help="train torch.compile(model) (the first iterations compile)")
     p.add_argument("--zero", action="store_true",
                    help="ZeroRedundancyOptimizer: AdamW's state sharded across the ranks")
     a = p.parse_args()
@@ -73,15 +89,22 @@ def main():
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
 
-    text = np.frombuffer(read_text(a.data), dtype=np.uint8).astype(np.int64)
-    n_train = int(len(text) * (1 - 0.1))
-    train, val = torch.from_numpy(text[:n_train]), torch.from_numpy(text[n_train:])
+    if a.data.endswith("train.bin"):  # llm.c's token files: this one and its val.bin
+        tr = read_tokens(a.data)
+        va = read_tokens(a.data[:-len("train.bin")] + "val.bin")
+        train, val = torch.from_numpy(tr), torch.from_numpy(va)
+        vocab = a.vocab_size or max(256, int(max(tr.max(), va.max())) + 1)
+    else:
+        text = np.frombuffer(read_text(a.data), dtype=np.uint8).astype(np.int64)
+        n_train = int(len(text) * (1 - 0.1))
+        train, val = torch.from_numpy(text[:n_train]), torch.from_numpy(text[n_train:])
+        vocab = a.vocab_size or 256
     T, B = a.block_size, a.batch_size
     n_windows = len(train) - T
 
     torch.manual_seed(a.seed)
     dev = torch.device(a.device)
-    model = TinyGPT(vocab=256, block=T, layers=a.n_layer, heads=a.n_head, width=a.n_embd).to(dev)
+    model = TinyGPT(vocab=vocab, block=T, layers=a.n_layer, heads=a.n_head, width=a.n_embd).to(dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     params = sum(p.numel() for p in model.parameters())
     if world > 1:
@@ -97,6 +120,7 @@ def main():
         opt.add_param_group({"params": no_decay, "weight_decay": 0.0})
     else:
         opt = optimizer(model, a.lr, (a.beta1, a.beta2), a.weight_decay)
+    step_model = torch.compile(model) if a.compile else model
     gen = torch.Generator().manual_seed(a.seed)
     order = torch.randperm(n_windows, generator=gen)[rank::world]
     offsets = torch.arange(T + 1)
@@ -111,8 +135,8 @@ def main():
         x, y = w[:, :-1], w[:, 1:]
         opt.zero_grad(set_to_none=True)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
-            logits = model(x)
-            loss = nn.functional.cross_entropy(logits.view(-1, 256), y.reshape(-1))
+            logits = step_model(x)
+            loss = nn.functional.cross_entropy(logits.view(-1, vocab), y.reshape(-1))
         loss.backward()
         if a.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
@@ -135,7 +159,7 @@ def main():
             w = val[starts[:, None] + offsets].to(dev)
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
                 logits = core(w[:, :-1]).float()
-            total[0] += nn.functional.cross_entropy(logits.reshape(-1, 256), w[:, 1:].reshape(-1),
+            total[0] += nn.functional.cross_entropy(logits.reshape(-1, vocab), w[:, 1:].reshape(-1),
                                                     reduction="sum").double()
             total[1] += w[:, 1:].numel()
     if world > 1:
@@ -150,7 +174,7 @@ def main():
                           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                           * 1024, "torch": torch.__version__, "world": world,
                           "threads": a.threads, "iters": a.max_iters, "params": params,
-                          "dtype": a.dtype,
+                          "dtype": a.dtype, "compile": a.compile, "device": a.device,
                           "train_s": round(train_s, 3),
                           "tokens_per_s": round(tokens / train_s, 1) if train_s else 0,
                           "median_iter_ms": round(1e3 * float(np.median(it_time)), 3)

@@ -22,9 +22,11 @@
 #      float32 and bf16
 #   9. the GPT on 2 ranks sharing the GPU (host-staged reduction): the tiny one against 2 ranks on
 #      the CPU (1e-4), the 6-layer one's speed against PyTorch DDP over gloo on the same GPU
+#  10. (only when asked for) GPT-2 124M in bf16, batch 16 x 1024: cddp's --bench against PyTorch
+#      eager and torch.compile, and the card's bf16 matrix product rate
 #   8. (last) compute-sanitizer racecheck, synccheck and initcheck on device_check; memcheck and
 #      racecheck on two iterations of the tiny GPT (with its sampling)
-# CDDP_CHECK_STEPS (default all: "2 3 4 5 6 7 9 8") picks the steps to run; the versions always run.
+# CDDP_CHECK_STEPS (default "2 3 4 5 6 7 9 8"; 10 when asked for) picks the steps to run; the versions always run.
 # Writes to $OUT (or build-gpu/out): check.log, results.jsonl (the lines for
 # bench/gpu/results.jsonl), device_check.jsonl, sanitizer-device_check.txt and
 # sanitizer-gpt_train.txt; prints a table of the checks that ran last and exits 1 when any failed
@@ -380,6 +382,61 @@ gpt2() {
     outcome "gpt_2ranks_1gpu fp32, tokens/s" $ok "cddp (staged) ${cv:-none}, PyTorch DDP over gloo ${tv:-none}, ratio $(ratio "$cv" "$tv")"
 }
 want 9 && gpt2
+
+echo "== 10. GPT-2 124M's training speed (asked for: CDDP_CHECK_STEPS=10)"
+# nanoGPT's GPT-2 124M (12 layers, 12 heads, width 768, context 1024, the vocabulary padded to
+# 50304) on batch 16 in bf16 with AdamW, on random tokens (data/gpt2_train.bin): cddp's --bench 10
+# against PyTorch eager and torch.compile (tests/reference/nanogpt.py's model: the attention written
+# out), 15 and 25 iterations (the median: compiling takes the first ones), and the card's bf16
+# 8192^3 matrix product in the same call. CDDP_CHECK_GPT2="LAYERS HEADS WIDTH CONTEXT BATCH" makes
+# it another shape (a rehearsal on the CPU: "1 2 64 32 4").
+gpt2_124m() {
+    local L H W T B
+    read -r L H W T B <<<"${CDDP_CHECK_GPT2:-12 12 768 1024 16}"
+    fits 300 || {
+        outcome "gpt2_124m_train" "not run" "out of time"
+        return
+    }
+    local shape="--n_layer $L --n_head $H --n_embd $W --block_size $T --batch_size $B
+                 --vocab_size 50304 --dtype bf16 --data $data/gpt2_train.bin" c t k mm
+    c=$(cddp timeout 150 "$bin/gpt_train" $shape --device "$device" --bench 10 --json 2>&1)
+    echo "$c" | tail -n 3
+    t=$(timeout 120 "$py" "$root/bench/gpt_torch.py" $shape --max_iters 15 --eval_batches 1 \
+        --device "$torch_device" 2>&1 | grep '"impl"')
+    echo "$t"
+    k=$(timeout 240 "$py" "$root/bench/gpt_torch.py" $shape --max_iters 25 --eval_batches 1 \
+        --device "$torch_device" --compile 2>&1 | grep '"impl"')
+    echo "$k"
+    mm=$(timeout 60 "$py" - "$torch_device" <<'PYEOF'
+import sys, time, torch
+d = torch.device(sys.argv[1])
+a, b = (torch.randn(8192, 8192, device=d, dtype=torch.bfloat16) for _ in range(2))
+for _ in range(3): a @ b
+if d.type == "cuda": torch.cuda.synchronize()
+t = time.perf_counter()
+for _ in range(10): a @ b
+if d.type == "cuda": torch.cuda.synchronize()
+print(round(10 * 2 * 8192 ** 3 / (time.perf_counter() - t) / 1e12, 1))
+PYEOF
+)
+    local cv tv kv mfu
+    cv=$(echo "$c" | tail -n 1 | sed -n 's/.*"bench": {.*"tokens_per_s": \([0-9.]*\).*/\1/p')
+    mfu=$(echo "$c" | tail -n 1 | sed -n 's/.*"mfu": \([0-9.a-z]*\).*/\1/p')
+    tv=$(echo "$t" | sed -n 's/.*"median_iter_ms": \([0-9.]*\).*/\1/p' |
+        awk -v n=$((B * T)) '{ if ($1 > 0) printf "%.1f", n * 1000 / $1 }')
+    kv=$(echo "$k" | sed -n 's/.*"median_iter_ms": \([0-9.]*\).*/\1/p' |
+        awk -v n=$((B * T)) '{ if ($1 > 0) printf "%.1f", n * 1000 / $1 }')
+    local config="GPT-2 124M (vocabulary padded to 50304), batch 16 x 1024, bf16, AdamW, random tokens"
+    [ -n "${CDDP_CHECK_GPT2:-}" ] && config="GPT $L layers, $H heads, width $W, batch $B x $T, vocabulary 50304, bf16, AdamW, random tokens"
+    result gpt2_124m_train cddp "${cv:-null}" tokens/s "$config; --bench 10, $device" ", \"mfu\": ${mfu:-null}"
+    result gpt2_124m_train torch-eager "${tv:-null}" tokens/s "$config; median of 15, $torch_device"
+    result gpt2_124m_train torch-compile "${kv:-null}" tokens/s "$config; median of 25, $torch_device"
+    result bf16_matmul_8192 torch "${mm:-null}" TFLOP/s "8192^3 bf16 product, 10 timed after 3, $torch_device"
+    local ok=FAIL
+    [ -n "$cv" ] && [ -n "$tv" ] && [ -n "$kv" ] && ok=ok
+    outcome "gpt2_124m_train bf16, tokens/s" $ok "cddp ${cv:-none} (MFU ${mfu:-none}), PyTorch eager ${tv:-none} (ratio $(ratio "$cv" "$tv")), torch.compile ${kv:-none} (ratio $(ratio "$cv" "$kv")); bf16 matmul ${mm:-none} TFLOP/s"
+}
+want 10 && gpt2_124m
 
 echo "== 8. compute-sanitizer racecheck, synccheck, initcheck; memcheck and racecheck on the GPT"
 gpt_step="--device cuda --n_layer 2 --n_head 4 --n_embd 64 --block_size 32 --batch_size 4

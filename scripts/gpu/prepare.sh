@@ -9,7 +9,8 @@
 #   debs/   Debian's runtime packages of OpenBLAS, oneDNN, cJSON and OpenSSL with what they
 #           need (the GPU machine has no apt; check.sh unpacks them in /tmp)
 #   data/   Fashion-MNIST: the first 20,000 training images and the 10,000 test images; the GPT's
-#           corpus, Debian's fortunes (data/fortunes)
+#           corpus, Debian's fortunes (data/fortunes); 2M random GPT-2 tokens as llm.c's token
+#           files (data/gpt2_train.bin, gpt2_val.bin) for GPT-2's speed
 #   commit  the commit the programs were built from (+dirty when the tree had changes)
 #
 # Then the session with the GPU machine runs, as one call with `carry: ["build-gpu/carry"]`:
@@ -71,6 +72,15 @@ fortunes=${CDDP_FORTUNES:-/usr/share/games/fortunes}
     exit 1
 }
 cp -rL "$fortunes" "$carry/data/fortunes"
+# GPT-2's speed on random tokens (llm.c's token files: a header of 256 int32, then uint16 tokens)
+python3 - "$carry/data" <<'EOF'
+import random, struct, sys
+rng = random.Random(1)
+for name, n in (("gpt2_train.bin", 1 << 21), ("gpt2_val.bin", 1 << 17)):
+    with open(f"{sys.argv[1]}/{name}", "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+        f.write(struct.pack(f"<{n}H", *(rng.randrange(50257) for _ in range(n))))
+EOF
 
 commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit+dirty"
