@@ -423,8 +423,7 @@ struct dy_h {
     }
 };
 
-/* ---- broadcast arithmetic ---------------------------------------------------------------------
- */
+/* ---- broadcast arithmetic ---------------------------------------------------------------- */
 
 __device__ float binop_of(cddp__binop op, float x, float y) {
     switch (op) {
@@ -508,8 +507,7 @@ __global__ void binary_grad_k(cddp__binop op, cddp__bcast bc, bool of_b, const f
     }
 }
 
-/* ---- the transformer's kernels ----------------------------------------------------------------
- */
+/* ---- the transformer's kernels ----------------------------------------------------------- */
 
 constexpr float GELU_K = 0.7978845608028654f; /* sqrt(2 / pi) */
 constexpr float GELU_C = 0.044715f;
