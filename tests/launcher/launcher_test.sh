@@ -381,7 +381,10 @@ peer_flags)
         expect_in "$text" "$work/err"
     }
     check_usage "--nnodes 3:2: MIN:MAX with MIN above MAX" --nnodes 3:2
-    check_usage "--nproc_per_node gpu: not yet: give the number of GPUs" --nproc_per_node gpu
+    # one process per GPU: this machine has none, and says why (no driver, no device or no CUDA
+    # in this build); CUDA_VISIBLE_DEVICES= hides any
+    CUDA_VISIBLE_DEVICES= check_usage "--nproc_per_node gpu: no CUDA device" --nproc_per_node gpu
+    check_usage "--nproc_per_node xpu: cddp runs on CPUs and NVIDIA GPUs" --nproc_per_node xpu
     check_usage "--rdzv-backend etcd: cddprun's rendezvous is its own store" --rdzv-backend etcd
     check_usage "--local_ranks_filter 0,4: expected local ranks of this node (0..1)" \
         --nproc_per_node 2 --local_ranks_filter 0,4

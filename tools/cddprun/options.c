@@ -1,6 +1,7 @@
 /* options.c: cddprun's options: the table, parsing (command line and CDDPRUN_*), --help. The
  * checks before anything starts are in validate.c. */
 #include "cddprun.h"
+#include "cddp/device.h"
 #include "cddp/launch.h"
 
 #include <ctype.h>
@@ -183,7 +184,8 @@ static void usage(FILE *out) {
         "  -h, --help              this help\n"
         "\n"
         "torchrun's spellings: --nnodes MIN:MAX (N:N, a fixed count), --nproc_per_node\n"
-        "auto|cpu (one per core), --rdzv_endpoint HOST[:PORT] (node 0's\n"
+        "auto|cpu (one per core) or gpu (one per visible GPU; the program gives each rank\n"
+        "its GPU with --device cuda), --rdzv_endpoint HOST[:PORT] (node 0's\n"
         "store: --master_addr and --master_port), --rdzv_backend c10d|static, --rdzv_id ID\n"
         "(--run_id), --use_env (accepted: LOCAL_RANK is always in the environment).\n"
         "msrun's: --worker_num N (every node's workers; N / --local_worker_num nodes),\n"
@@ -304,6 +306,19 @@ static bool option_bool(const char *name, const char *v) {
     return parse_bool(flag, v);
 }
 
+/* --nproc_per_node gpu (torchrun's): the GPUs this process sees (CUDA_VISIBLE_DEVICES applies),
+ * one rank each; each rank's program picks its local rank's (--device cuda). None: why, and exit.
+ */
+static int visible_gpus(const char *name) {
+    int n = cddp_device_count(CDDP_DEVICE_CUDA);
+    if (n > 0) return n;
+    cddp_error err = {0};
+    const char *why = cddp_device_get("cuda", &err) ? "none visible" : err.msg;
+    cddprun_die_usage("--%s gpu: %s: give the number of processes (--%s N), or auto for one per "
+                      "core",
+                      name, why, name);
+}
+
 static void apply(options *o, int code, const char *name, const char *v) {
     switch (code) {
     case OPT_NNODES: {
@@ -331,11 +346,12 @@ static void apply(options *o, int code, const char *name, const char *v) {
         /* torchrun's auto and cpu: one process per core this process may run on */
         if (code == OPT_NPROC && (!strcmp(v, "auto") || !strcmp(v, "cpu")))
             o->nproc_per_node = cddp_num_cores();
-        else if (code == OPT_NPROC && (!strcmp(v, "gpu") || !strcmp(v, "xpu")))
-            cddprun_die_usage("--%s %s: not yet: give the number of GPUs (--%s N) and the "
-                              "program its device (--device cuda: each rank takes its local "
-                              "rank's GPU), or --%s auto for one process per core",
-                              name, v, name, name);
+        else if (code == OPT_NPROC && !strcmp(v, "gpu"))
+            o->nproc_per_node = visible_gpus(name);
+        else if (code == OPT_NPROC && !strcmp(v, "xpu"))
+            cddprun_die_usage("--%s xpu: cddp runs on CPUs and NVIDIA GPUs: --%s gpu for one "
+                              "process per GPU, auto for one per core, or a number",
+                              name, name);
         else
             o->nproc_per_node = (int)parse_int(name, v, 1, 4096);
         o->nproc_given = true;
