@@ -15,5 +15,6 @@
 #include "cddp/store.h"
 #include "cddp/comm.h"
 #include "cddp/ddp.h"
+#include "cddp/nccl.h"
 
 #endif

@@ -61,6 +61,10 @@ CDDP_API bool cddp_device_host_accessible(const cddp_device *dev);
 CDDP_API const char *cddp_device_describe(const cddp_device *dev);
 /* How many devices of a kind this process can use (0 when none, or the kind is not built). */
 CDDP_API int cddp_device_count(cddp_device_kind kind);
+/* The device's own queue in its platform's terms, for a library that queues work beside cddp's
+ * (NCCL): the cudaStream_t of a CUDA device; NULL where work runs at once (the CPU) or the queue
+ * is cddp's own (the emulated device). */
+CDDP_API void *cddp_device_native_queue(cddp_device *dev);
 /* Waits until every piece of work queued on the device has run. CDDP_OK, or the device's failure
  * (err says what). */
 CDDP_API int cddp_device_synchronize(cddp_device *dev, cddp_error *err);

@@ -49,6 +49,10 @@ const char *cddp_device_describe(const cddp_device *dev) {
     return dev->describe;
 }
 
+void *cddp_device_native_queue(cddp_device *dev) {
+    return dev->ops->native_queue ? dev->ops->native_queue(dev) : NULL;
+}
+
 int cddp_device_synchronize(cddp_device *dev, cddp_error *err) {
     return dev->ops->synchronize(dev, NULL, err);
 }

@@ -94,6 +94,9 @@ typedef struct cddp__device_ops {
                         cddp_error *err);
     /* what is queued on queue from now on runs after ev's work (the host does not wait) */
     int (*queue_wait)(cddp_device *dev, void *queue, void *ev, cddp_error *err);
+    /* the default queue in the platform's terms (a cudaStream_t), for libraries that queue work
+     * beside cddp's (NCCL) */
+    void *(*native_queue)(cddp_device *dev);
 } cddp__device_ops;
 
 struct cddp_device {

@@ -247,6 +247,10 @@ static int cuda_upload_async(cddp_device *dev, void *queue, void *dst, const voi
     return cuda_copy_kind(dev, queue, dst, src, n, cudaMemcpyHostToDevice, false, err);
 }
 
+static void *cuda_native_queue(cddp_device *dev) {
+    return of(dev)->stream;
+}
+
 static const cddp__device_ops ops = {
     .alloc = cuda_alloc,
     .free = cuda_free,
@@ -266,6 +270,7 @@ static const cddp__device_ops ops = {
     .queue_destroy = cuda_queue_destroy,
     .upload_async = cuda_upload_async,
     .queue_wait = cuda_queue_wait,
+    .native_queue = cuda_native_queue,
 };
 
 /* ---- the kernel table ---------------------------------------------------------------------- */

@@ -1,0 +1,55 @@
+/* cddp/nccl.h: collectives on device memory through NCCL, NVIDIA's collective library.
+ *
+ * A communicator over a group's ranks (cddp_comm_create), each rank on its device. It is
+ * bootstrapped through the group: rank 0 makes NCCL's unique id and broadcasts it, so no MPI is
+ * needed. NCCL is opened at run time: the library named by the options, else $CDDP_NCCL_LIBRARY,
+ * else libnccl.so.2. A build without NCCL's header, or a machine without the library, gets an
+ * error that says so.
+ *
+ * The communicator forms without blocking (NCCL's nonblocking mode). A rank that does not join,
+ * or a communicator stuck past the timeout, is aborted with an error naming what did not finish:
+ * never a hang. Collectives are queued on the device's own queue (cddp_device_native_queue) after
+ * the work already queued there; cddp_nccl_wait waits for them and reports NCCL's asynchronous
+ * errors (a peer's failure).
+ *
+ *   cddp_nccl *n = cddp_nccl_create(group, dev, NULL, &err);
+ *   cddp_nccl_allreduce(n, grads, grads, count, CDDP_COMM_F32, CDDP_COMM_MEAN, &err);
+ *   cddp_nccl_wait(n, &err);
+ *   cddp_nccl_destroy(n);
+ */
+#ifndef CDDP_NCCL_H
+#define CDDP_NCCL_H
+
+#include "cddp/comm.h"
+#include "cddp/device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cddp_nccl cddp_nccl;
+
+typedef struct cddp_nccl_options {
+    const char *library; /* the NCCL library to open (default: $CDDP_NCCL_LIBRARY, libnccl.so.2) */
+    double timeout_s;    /* forming the communicator, and each wait (default 300) */
+} cddp_nccl_options;
+
+/* NULL with err saying why: no NCCL in this build or on this machine, rank 0 could not make the
+ * id, or the communicator did not form within the timeout (then every rank's attempt aborts). */
+CDDP_API cddp_nccl *cddp_nccl_create(cddp_comm *group, cddp_device *dev,
+                                     const cddp_nccl_options *opts, cddp_error *err);
+/* recv = op over the ranks of send (count elements; send may be recv), queued on the device's
+ * queue. CDDP_OK, or NCCL's refusal. */
+CDDP_API int cddp_nccl_allreduce(cddp_nccl *n, const void *send, void *recv, int64_t count,
+                                 cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err);
+/* Waits until the queued collectives have run: CDDP_OK, or NCCL's asynchronous error (the
+ * communicator is then aborted and every later call fails). */
+CDDP_API int cddp_nccl_wait(cddp_nccl *n, cddp_error *err);
+/* NCCL's version, as 22809 for 2.28.9 (0 when it cannot be opened). */
+CDDP_API int cddp_nccl_version(const cddp_nccl_options *opts);
+CDDP_API void cddp_nccl_destroy(cddp_nccl *n); /* accepts NULL */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

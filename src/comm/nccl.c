@@ -1,0 +1,274 @@
+/* nccl.c: collectives on device memory through NCCL (cddp/nccl.h).
+ *
+ * NCCL is opened at run time (dlopen), so that a cddp built with its header runs on machines
+ * without it, and tests can open a stand-in (tests/nccl/fake_nccl.c). The communicator is made in
+ * NCCL's nonblocking mode: every call that returns ncclInProgress is then polled
+ * (ncclCommGetAsyncError) until it settles or the timeout passes, when the communicator is
+ * aborted. Without NCCL's header (CDDP_HAVE_NCCL unset) every call says so. */
+#include "cddp/nccl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef CDDP_HAVE_NCCL
+
+static int no_nccl(cddp_error *err) {
+    return cddp_error_set(err, CDDP_EUNSUPPORTED,
+                          "NCCL is not available: this cddp was built without NCCL's header "
+                          "(nccl.h, with the CUDA toolkit)");
+}
+
+cddp_nccl *cddp_nccl_create(cddp_comm *group, cddp_device *dev, const cddp_nccl_options *opts,
+                            cddp_error *err) {
+    (void)group, (void)dev, (void)opts;
+    no_nccl(err);
+    return NULL;
+}
+int cddp_nccl_allreduce(cddp_nccl *n, const void *send, void *recv, int64_t count,
+                        cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    (void)n, (void)send, (void)recv, (void)count, (void)dtype, (void)op;
+    return no_nccl(err);
+}
+int cddp_nccl_wait(cddp_nccl *n, cddp_error *err) {
+    (void)n;
+    return no_nccl(err);
+}
+int cddp_nccl_version(const cddp_nccl_options *opts) {
+    (void)opts;
+    return 0;
+}
+void cddp_nccl_destroy(cddp_nccl *n) {
+    (void)n;
+}
+
+#else
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <unistd.h>
+
+/* The NCCL functions cddp calls, by their names. */
+#define NCCL_FUNCTIONS(X)                                                                          \
+    X(ncclGetVersion)                                                                              \
+    X(ncclGetUniqueId)                                                                             \
+    X(ncclCommInitRankConfig)                                                                      \
+    X(ncclCommGetAsyncError)                                                                       \
+    X(ncclCommFinalize)                                                                            \
+    X(ncclCommDestroy)                                                                             \
+    X(ncclCommAbort)                                                                               \
+    X(ncclAllReduce)                                                                               \
+    X(ncclGetErrorString)                                                                          \
+    X(ncclGetLastError)
+
+typedef struct lib {
+#define POINTER(name) __typeof__(&name) name;
+    NCCL_FUNCTIONS(POINTER)
+#undef POINTER
+} lib;
+
+struct cddp_nccl {
+    const lib *l;
+    ncclComm_t comm;
+    cddp_device *dev;
+    cudaStream_t stream;
+    int rank, world;
+    double timeout;
+    cddp_error failed; /* latched: every later call reports it */
+};
+
+/* The libraries opened, by path (a process opens one or two: NCCL, a test's stand-in). */
+#define MAX_LIBS 4
+static struct {
+    char path[256];
+    lib l;
+} libs[MAX_LIBS];
+static int nlibs;
+static pthread_mutex_t libs_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static const char *library_of(const cddp_nccl_options *opts) {
+    if (opts && opts->library && *opts->library) return opts->library;
+    const char *env = getenv("CDDP_NCCL_LIBRARY");
+    return env && *env ? env : "libnccl.so.2";
+}
+
+/* The library's functions, opened once per path; NULL with err saying what is missing. */
+static const lib *open_lib(const char *path, cddp_error *err) {
+    pthread_mutex_lock(&libs_lock);
+    const lib *found = NULL;
+    for (int i = 0; i < nlibs && !found; i++)
+        if (!strcmp(libs[i].path, path)) found = &libs[i].l;
+    if (!found && nlibs < MAX_LIBS) {
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        lib l;
+        const char *missing = NULL;
+#define LOOKUP(name)                                                                               \
+    if (h && !missing && !(*(void **)&l.name = dlsym(h, #name))) missing = #name;
+        NCCL_FUNCTIONS(LOOKUP)
+#undef LOOKUP
+        if (!h)
+            cddp_error_set(err, CDDP_EUNSUPPORTED, "NCCL is not available: %s", dlerror());
+        else if (missing)
+            cddp_error_set(err, CDDP_EUNSUPPORTED, "NCCL is not available: %s has no %s", path,
+                           missing);
+        if (h && !missing) {
+            snprintf(libs[nlibs].path, sizeof libs[nlibs].path, "%s", path);
+            libs[nlibs].l = l;
+            found = &libs[nlibs++].l;
+        } else if (h) {
+            dlclose(h);
+        }
+    } else if (!found) {
+        cddp_error_set(err, CDDP_EUNSUPPORTED, "NCCL: more than %d libraries opened", MAX_LIBS);
+    }
+    pthread_mutex_unlock(&libs_lock);
+    return found;
+}
+
+int cddp_nccl_version(const cddp_nccl_options *opts) {
+    cddp_error err = {0};
+    const lib *l = open_lib(library_of(opts), &err);
+    int v = 0;
+    if (l && l->ncclGetVersion(&v) != ncclSuccess) v = 0;
+    return v;
+}
+
+/* Latches and reports NCCL's failure r of `what` on n (its last error's words too). */
+static int failed(cddp_nccl *n, ncclResult_t r, const char *what, cddp_error *err) {
+    if (!n->failed.code) {
+        const char *last = n->comm ? n->l->ncclGetLastError(n->comm) : NULL;
+        cddp_error_set(&n->failed, r == ncclRemoteError ? CDDP_EIO : CDDP_ESTATE,
+                       "NCCL: %s failed (%d ranks): %s%s%s", what, n->world,
+                       n->l->ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
+    }
+    if (n->comm) {
+        n->l->ncclCommAbort(n->comm);
+        n->comm = NULL;
+    }
+    return cddp_error_set(err, n->failed.code, "%s", n->failed.msg);
+}
+
+/* Polls the communicator until `what` (a call that returned ncclInProgress, or queued work) has
+ * settled: CDDP_OK, or its failure; at the deadline the communicator is aborted. */
+static int settle(cddp_nccl *n, const char *what, double deadline, cddp_error *err) {
+    for (;;) {
+        ncclResult_t state = ncclSuccess;
+        ncclResult_t r = n->l->ncclCommGetAsyncError(n->comm, &state);
+        if (r != ncclSuccess) return failed(n, r, what, err);
+        if (state == ncclSuccess) return CDDP_OK;
+        if (state != ncclInProgress) return failed(n, state, what, err);
+        if (cddp_now_s() > deadline) {
+            cddp_error_set(&n->failed, CDDP_ETIMEDOUT,
+                           "NCCL: %s did not finish within %.0f s (%d ranks: one did not join, "
+                           "or one is stuck): the communicator was aborted",
+                           what, n->timeout, n->world);
+            return failed(n, ncclInProgress, what, err);
+        }
+        usleep(1000);
+    }
+}
+
+static int check(cddp_nccl *n, cddp_error *err) {
+    if (n->failed.code) return cddp_error_set(err, n->failed.code, "%s", n->failed.msg);
+    return CDDP_OK;
+}
+
+cddp_nccl *cddp_nccl_create(cddp_comm *group, cddp_device *dev, const cddp_nccl_options *opts,
+                            cddp_error *err) {
+    const lib *l = open_lib(library_of(opts), err);
+    /* rank 0's id, with whether it has one: every rank takes part in the broadcast, so that a
+     * rank 0 without NCCL does not leave the others waiting */
+    struct {
+        int32_t ok;
+        ncclUniqueId id;
+    } msg = {0};
+    int rank = cddp_comm_rank(group), world = cddp_comm_size(group);
+    if (rank == 0 && l) msg.ok = l->ncclGetUniqueId(&msg.id) == ncclSuccess;
+    _Static_assert(sizeof msg % 4 == 0, "the id travels as int32");
+    if (cddp_comm_broadcast(group, &msg, (int64_t)(sizeof msg / 4), CDDP_COMM_I32, 0, -1, err) !=
+        CDDP_OK)
+        return NULL;
+    if (!l) return NULL;
+    if (!msg.ok) {
+        cddp_error_set(err, CDDP_EUNSUPPORTED,
+                       "NCCL: rank 0 could not make the communicator's id (NCCL missing or "
+                       "failing there)");
+        return NULL;
+    }
+    cddp_nccl *n = cddp_calloc(1, sizeof *n);
+    if (!n) {
+        cddp_error_set(err, CDDP_ENOMEM, "NCCL: out of memory");
+        return NULL;
+    }
+    *n = (cddp_nccl){.l = l,
+                     .dev = dev,
+                     .stream = cddp_device_native_queue(dev),
+                     .rank = rank,
+                     .world = world,
+                     .timeout = opts && opts->timeout_s > 0 ? opts->timeout_s : 300.0};
+    if (cddp_device_kind_of(dev) == CDDP_DEVICE_CUDA) cudaSetDevice(cddp_device_index(dev));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t r = l->ncclCommInitRankConfig(&n->comm, world, msg.id, rank, &config);
+    if ((r != ncclSuccess && r != ncclInProgress) ||
+        settle(n, "forming the communicator", cddp_now_s() + n->timeout, err) != CDDP_OK) {
+        if (r != ncclSuccess && r != ncclInProgress) failed(n, r, "forming the communicator", err);
+        cddp_free(n);
+        return NULL;
+    }
+    return n;
+}
+
+static bool types_of(cddp_comm_dtype dt, cddp_comm_op op, ncclDataType_t *t, ncclRedOp_t *o) {
+    static const ncclDataType_t types[] = {
+        [CDDP_COMM_F32] = ncclFloat32,   [CDDP_COMM_F64] = ncclFloat64,
+        [CDDP_COMM_I32] = ncclInt32,     [CDDP_COMM_I64] = ncclInt64,
+        [CDDP_COMM_BF16] = ncclBfloat16, [CDDP_COMM_F16] = ncclFloat16};
+    static const ncclRedOp_t ops[] = {[CDDP_COMM_SUM] = ncclSum,
+                                      [CDDP_COMM_MEAN] = ncclAvg,
+                                      [CDDP_COMM_MIN] = ncclMin,
+                                      [CDDP_COMM_MAX] = ncclMax,
+                                      [CDDP_COMM_PRODUCT] = ncclProd};
+    if ((unsigned)dt >= CDDP_ARRAY_LEN(types) || (unsigned)op >= CDDP_ARRAY_LEN(ops)) return false;
+    *t = types[dt], *o = ops[op];
+    return true;
+}
+
+int cddp_nccl_allreduce(cddp_nccl *n, const void *send, void *recv, int64_t count,
+                        cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    CDDP_TRY(check(n, err));
+    ncclDataType_t t;
+    ncclRedOp_t o;
+    if (count < 0 || !types_of(dtype, op, &t, &o))
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "NCCL: allreduce of %lld %s by %s: not one NCCL has",
+                              (long long)count, cddp_comm_dtype_name(dtype), cddp_comm_op_name(op));
+    if (cddp_device_kind_of(n->dev) == CDDP_DEVICE_CUDA) cudaSetDevice(cddp_device_index(n->dev));
+    ncclResult_t r = n->l->ncclAllReduce(send, recv, (size_t)count, t, o, n->comm, n->stream);
+    if (r == ncclInProgress) return settle(n, "allreduce", cddp_now_s() + n->timeout, err);
+    return r == ncclSuccess ? CDDP_OK : failed(n, r, "allreduce", err);
+}
+
+int cddp_nccl_wait(cddp_nccl *n, cddp_error *err) {
+    CDDP_TRY(check(n, err));
+    CDDP_TRY(cddp_device_synchronize(n->dev, err));
+    return settle(n, "a collective", cddp_now_s() + n->timeout, err);
+}
+
+void cddp_nccl_destroy(cddp_nccl *n) {
+    if (!n) return;
+    if (n->comm) {
+        cddp_error err = {0};
+        ncclResult_t r = n->l->ncclCommFinalize(n->comm);
+        if ((r == ncclSuccess || r == ncclInProgress) &&
+            settle(n, "closing the communicator", cddp_now_s() + n->timeout, &err) == CDDP_OK)
+            n->l->ncclCommDestroy(n->comm);
+        else if (n->comm)
+            n->l->ncclCommAbort(n->comm);
+    }
+    cddp_free(n);
+}
+
+#endif

@@ -1,0 +1,165 @@
+/* fake_nccl.c: a stand-in for NCCL's library (its functions that cddp_nccl calls, with NCCL's
+ * header), for testing cddp_nccl's bootstrap and error paths on machines without a GPU. Buffers
+ * are host memory (cddp's CPU device); the ranks are processes of one host, meeting in a shared
+ * memory segment named after the communicator's unique id: allreduce sums float32 in rank order.
+ *
+ * FAKE_NCCL_INIT: ok (default), hang (forming never finishes), fail (ncclSystemError at once).
+ * FAKE_NCCL_OP: ok (default), fail (allreduce refuses: ncclUnhandledCudaError), remote (allreduce
+ * returns, then the communicator reports ncclRemoteError, as when a peer fails).
+ * FAKE_NCCL_LOG: a file each rank appends "rank R of W id HEX" to when it joins. */
+#include <fcntl.h>
+#include <nccl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_FLOATS (1 << 16)
+#define MAX_RANKS  8
+
+typedef struct shared {
+    _Atomic int arrived, left;
+    float slot[MAX_RANKS][MAX_FLOATS];
+} shared;
+
+struct ncclComm {
+    int rank, world;
+    ncclResult_t state;
+    char name[64];
+    shared *sh;
+    int round;
+};
+
+static const char *mode(const char *var) {
+    const char *v = getenv(var);
+    return v && *v ? v : "ok";
+}
+
+ncclResult_t ncclGetVersion(int *version) {
+    *version = 22809;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+    memset(id, 0, sizeof *id);
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    snprintf(id->internal, sizeof id->internal, "fake-%d-%ld-%ld", (int)getpid(), (long)t.tv_sec,
+             t.tv_nsec);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t *config) {
+    if (!config || config->magic != 0xcafebeef || config->blocking != 0)
+        return ncclInvalidArgument; /* cddp asks for the nonblocking mode, with NCCL's initializer
+                                     */
+    if (!strcmp(mode("FAKE_NCCL_INIT"), "fail")) return ncclSystemError;
+    if (nranks < 1 || nranks > MAX_RANKS || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+    struct ncclComm *c = calloc(1, sizeof *c);
+    c->rank = rank, c->world = nranks;
+    c->state = !strcmp(mode("FAKE_NCCL_INIT"), "hang") ? ncclInProgress : ncclSuccess;
+    snprintf(c->name, sizeof c->name, "/cddp-%.50s", id.internal);
+    for (char *p = c->name + 1; *p; p++)
+        if (*p == '/') *p = '_';
+    const char *log = getenv("FAKE_NCCL_LOG");
+    FILE *f = log ? fopen(log, "a") : NULL;
+    if (f) {
+        fprintf(f, "rank %d of %d id %s\n", rank, nranks, id.internal);
+        fclose(f);
+    }
+    if (nranks > 1) {
+        int fd = shm_open(c->name, O_RDWR | O_CREAT, 0600);
+        if (fd < 0 || ftruncate(fd, sizeof(shared)) != 0) return ncclSystemError;
+        c->sh = mmap(NULL, sizeof(shared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        if (c->sh == MAP_FAILED) return ncclSystemError;
+    }
+    *comm = c;
+    return c->state == ncclSuccess ? ncclSuccess : ncclInProgress;
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *state) {
+    *state = comm->state;
+    return ncclSuccess;
+}
+
+/* Every rank at the barrier's round-th crossing (counter: arrived or left). */
+static void barrier(_Atomic int *counter, int world, int round) {
+    atomic_fetch_add(counter, 1);
+    while (atomic_load(counter) < world * round) usleep(100);
+}
+
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+    (void)stream;
+    if (comm->state != ncclSuccess) return ncclInvalidUsage;
+    if (!strcmp(mode("FAKE_NCCL_OP"), "fail")) return ncclUnhandledCudaError;
+    if (type != ncclFloat32 || (op != ncclSum && op != ncclAvg) || count > MAX_FLOATS)
+        return ncclInvalidArgument;
+    float *out = recv;
+    if (comm->world == 1) {
+        memmove(out, send, count * sizeof(float));
+    } else {
+        comm->round++;
+        memcpy(comm->sh->slot[comm->rank], send, count * sizeof(float));
+        barrier(&comm->sh->arrived, comm->world, comm->round);
+        for (size_t i = 0; i < count; i++) {
+            float s = 0;
+            for (int r = 0; r < comm->world; r++) s += comm->sh->slot[r][i];
+            out[i] = op == ncclAvg ? s / (float)comm->world : s;
+        }
+        barrier(&comm->sh->left, comm->world, comm->round);
+    }
+    if (!strcmp(mode("FAKE_NCCL_OP"), "remote")) comm->state = ncclRemoteError;
+    return ncclSuccess;
+}
+
+static ncclResult_t end(ncclComm_t comm) {
+    if (comm->sh) {
+        munmap(comm->sh, sizeof(shared));
+        if (comm->rank == 0) shm_unlink(comm->name);
+    }
+    free(comm);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+    (void)comm;
+    return ncclSuccess;
+}
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    return end(comm);
+}
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+    return end(comm);
+}
+
+const char *ncclGetErrorString(ncclResult_t result) {
+    switch (result) {
+    case ncclSuccess:
+        return "no error";
+    case ncclUnhandledCudaError:
+        return "unhandled cuda error";
+    case ncclSystemError:
+        return "unhandled system error";
+    case ncclInvalidArgument:
+        return "invalid argument";
+    case ncclInvalidUsage:
+        return "invalid usage";
+    case ncclRemoteError:
+        return "remote process exited or there was a network error";
+    case ncclInProgress:
+        return "NCCL operation in progress";
+    default:
+        return "unknown result code";
+    }
+}
+
+const char *ncclGetLastError(ncclComm_t comm) {
+    (void)comm;
+    return "the fake's mode";
+}

@@ -1,0 +1,55 @@
+#!/bin/sh
+# nccl_test.sh BUILD_DIR: cddp_nccl's bootstrap and error paths through the real launcher, with
+# tests/nccl/fake_nccl.c standing in for NCCL (CDDP_NCCL_LIBRARY): 1 and 2 ranks form the
+# communicator from rank 0's id and allreduce; a communicator that never forms is aborted at the
+# timeout on every rank (no hang); NCCL's refusals and a peer's failure are reported with NCCL's
+# words; a missing library says so.
+set -u
+build=$1
+R="$build/bin/cddprun"
+T="$build/bin/nccl_test"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS RANK WORLD_SIZE FAKE_NCCL_INIT FAKE_NCCL_OP
+export CDDP_LOG_LEVEL=error CDDP_NCCL_LIBRARY="$build/lib/libcddp_fake_nccl.so" FAKE_NCCL_LOG="$work/log"
+
+fail() { echo "FAIL: $*"; exit 1; }
+expect_in() { grep -qF -- "$1" "$2" || { echo "--- $2:"; cat "$2"; fail "'$1' not in $2"; }; }
+# job N OUT [ARGS]: N ranks of nccl_test with ARGS, every rank's output tagged, into OUT
+job() {
+    n=$1 out=$2
+    shift 2
+    timeout 60 "$R" --standalone --nproc_per_node "$n" --tee "$T" "$@" > "$out" 2>&1
+}
+
+job 2 "$work/ok" || { rc=$?; cat "$work/ok"; fail "2 ranks exited $rc"; }
+expect_in "[rank 0]: rank 0: allreduce ok (2 ranks, NCCL 22809)" "$work/ok"
+expect_in "[rank 1]: rank 1: allreduce ok (2 ranks, NCCL 22809)" "$work/ok"
+[ "$(cut -d' ' -f6 "$work/log" | sort -u | wc -l)" = 1 ] && [ "$(wc -l < "$work/log")" = 2 ] ||
+    { cat "$work/log"; fail "the 2 ranks did not both join with rank 0's id"; }
+echo "ok: 2 ranks form the communicator from rank 0's id and allreduce"
+job 1 "$work/one" || { rc=$?; cat "$work/one"; fail "1 rank exited $rc"; }
+expect_in "rank 0: allreduce ok (1 ranks, NCCL 22809)" "$work/one"
+
+start=$(date +%s)
+FAKE_NCCL_INIT=hang job 2 "$work/hang" 1 && fail "a communicator that never formed was taken"
+[ $(( $(date +%s) - start )) -lt 30 ] || fail "the hanging communicator took $(( $(date +%s) - start )) s to give up"
+for r in 0 1; do
+    expect_in "[rank $r]: no communicator after 1." "$work/hang"
+    expect_in "rank $r: NCCL: forming the communicator did not finish within 1 s (2 ranks: one did not join, or one is stuck): the communicator was aborted" "$work/hang"
+done
+echo "ok: a communicator that does not form is aborted at the timeout on every rank"
+
+FAKE_NCCL_INIT=fail job 2 "$work/initfail" && fail "a failed NCCL init was taken"
+expect_in "rank 0: NCCL: forming the communicator failed (2 ranks): unhandled system error" "$work/initfail"
+FAKE_NCCL_OP=fail job 2 "$work/opfail" && fail "a refused allreduce was taken"
+expect_in "[rank 1]: allreduce: rank 1: NCCL: allreduce failed (2 ranks): unhandled cuda error: the fake's mode" "$work/opfail"
+FAKE_NCCL_OP=remote job 2 "$work/remote" && fail "a peer's failure was not reported"
+expect_in "[rank 0]: allreduce: rank 0: NCCL: a collective failed (2 ranks): remote process exited or there was a network error" "$work/remote"
+echo "ok: NCCL's refusals and a peer's failure reach the caller with NCCL's words"
+
+CDDP_NCCL_LIBRARY="$work/no/libnccl.so.2" job 2 "$work/missing" && fail "a missing NCCL was taken"
+for r in 0 1; do
+    expect_in "rank $r: NCCL is not available: $work/no/libnccl.so.2: cannot open shared object file" "$work/missing"
+done
+echo "ok: a missing NCCL says so on every rank"
