@@ -21,7 +21,8 @@
 #   7. the GPT's training speed (6 layers, width 384, context 256), cddp and PyTorch eager, in
 #      float32 and bf16
 #   9. the GPT on 2 ranks sharing the GPU (host-staged reduction): the tiny one against 2 ranks on
-#      the CPU (1e-4), the 6-layer one's speed against PyTorch DDP over gloo on the same GPU
+#      the CPU (1e-4), the 6-layer one's speed against PyTorch DDP over gloo on the same GPU; and
+#      cddp_nccl with NCCL's library on one rank (an allreduce of device memory)
 #  10. (only when asked for) GPT-2 124M in bf16, batch 16 x 1024: cddp's --bench against PyTorch
 #      eager and torch.compile, and the card's bf16 matrix product rate
 #   8. (last) compute-sanitizer racecheck, synccheck and initcheck on device_check; memcheck and
@@ -381,7 +382,24 @@ gpt2() {
     [ -n "$cv" ] && [ -n "$tv" ] && ok=ok
     outcome "gpt_2ranks_1gpu fp32, tokens/s" $ok "cddp (staged) ${cv:-none}, PyTorch DDP over gloo ${tv:-none}, ratio $(ratio "$cv" "$tv")"
 }
-want 9 && gpt2
+# NCCL itself (cddp_nccl, the wheels' library) on one rank: an allreduce of device memory.
+nccl1() {
+    if [ "$device" != cuda ] || ! fits 30; then
+        outcome "cddp_nccl, 1 rank" "not run" "NCCL needs a GPU, or out of time"
+        return
+    fi
+    local d=$device o
+    [ "$d" = cuda ] && d=cuda:0
+    o=$(cddp timeout 30 "$bin/nccl_test" 20 "$d" 2>&1)
+    echo "$o" | tail -n 2
+    local ok=FAIL
+    echo "$o" | grep -q "allreduce ok (1 ranks, NCCL [0-9]*, $d)" && ok=ok
+    outcome "cddp_nccl, 1 rank on $d" "$ok" "$(echo "$o" | tail -n 1)"
+}
+if want 9; then
+    gpt2
+    nccl1
+fi
 
 echo "== 10. GPT-2 124M's training speed (asked for: CDDP_CHECK_STEPS=10)"
 # nanoGPT's GPT-2 124M (12 layers, 12 heads, width 768, context 1024, the vocabulary padded to

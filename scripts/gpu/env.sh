@@ -1,7 +1,7 @@
 # env.sh (sourced by check.sh and profile.sh on the GPU machine, with carry and py set): unpacks the
 # carried Debian runtime packages into /tmp/cddp-libs and defines ld (the programs' library path:
-# those, cuBLASLt from PyTorch's wheels or the toolkit) and cddp CMD... (CMD run with it; python3
-# and PyTorch keep their own libraries).
+# those, cuBLASLt from PyTorch's wheels or the toolkit), CDDP_NCCL_LIBRARY (the wheels' NCCL) and
+# cddp CMD... (CMD run with it; python3 and PyTorch keep their own libraries).
 libs=/tmp/cddp-libs
 rm -rf "$libs" && mkdir -p "$libs"
 for d in "$carry"/debs/*.deb; do
@@ -24,6 +24,8 @@ done
 ld=$libs/usr/lib/x86_64-linux-gnu:$libs/usr/lib/x86_64-linux-gnu/openblas-pthread:$libs/lib/x86_64-linux-gnu
 # cuBLASLt: the Python wheels' (GPU.md), else the toolkit's.
 NV=$("$py" -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null) && ld=$NV/cu13/lib:$ld
+# NCCL for cddp_nccl: the wheels' (libnccl.so.2 by its full path: they have no unversioned name)
+[ -n "${NV:-}" ] && [ -f "$NV/nccl/lib/libnccl.so.2" ] && export CDDP_NCCL_LIBRARY=$NV/nccl/lib/libnccl.so.2
 [ -d /usr/local/cuda/lib64 ] && ld=$ld:/usr/local/cuda/lib64
 # cddp's programs get the carried libraries; python3 (PyTorch) keeps its own.
 cddp() { LD_LIBRARY_PATH=$ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$@"; }

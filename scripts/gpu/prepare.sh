@@ -2,7 +2,7 @@
 # prepare.sh: builds, on a machine without a GPU, what scripts/gpu/check.sh needs on the GPU
 # machine, into build-gpu/carry (ignored by git; about 30 MB):
 #
-#   bin/    device_check, fashion_mnist, ddp_train, bench_mlp, gpt_train and cddprun, built with
+#   bin/    device_check, fashion_mnist, ddp_train, bench_mlp, gpt_train, nccl_test and cddprun, built with
 #           the CUDA device (Release, -Werror, sm_90 + PTX) and without MPI, so that they need
 #           nothing from the GPU machine but its driver, cuBLASLt (from its Python wheels) and
 #           the Debian libraries below
@@ -35,7 +35,7 @@ grep -q "the CUDA device is built" "$build/configure.log" || {
     echo "prepare.sh: CMake did not configure the CUDA device (see $build/configure.log)" >&2
     exit 1
 }
-programs="device_check fashion_mnist ddp_train bench_mlp gpt_train cddprun"
+programs="device_check fashion_mnist ddp_train bench_mlp gpt_train nccl_test cddprun"
 cmake --build "$build" -j "$(nproc)" --target $programs
 rm -rf "$carry"
 mkdir -p "$carry/bin" "$carry/debs" "$carry/data"

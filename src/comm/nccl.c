@@ -31,8 +31,34 @@ int cddp_nccl_allreduce(cddp_nccl *n, const void *send, void *recv, int64_t coun
     return no_nccl(err);
 }
 int cddp_nccl_wait(cddp_nccl *n, cddp_error *err) {
-    (void)n;
-    return no_nccl(err);
+    CDDP_TRY(check(n, err));
+    double deadline = cddp_now_s() + n->timeout;
+    if (n->stream) {
+        cudaEvent_t ev = NULL;
+        cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+        if (e == cudaSuccess) e = cudaEventRecord(ev, n->stream);
+        while (e == cudaSuccess && (e = cudaEventQuery(ev)) == cudaErrorNotReady) {
+            ncclResult_t state = ncclSuccess;
+            ncclResult_t r = n->l->ncclCommGetAsyncError(n->comm, &state);
+            if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress))
+                break; /* NCCL's failure: settle reports it */
+            if (cddp_now_s() > deadline) {
+                cudaEventDestroy(ev);
+                cddp_error_set(&n->failed, CDDP_ETIMEDOUT,
+                               "NCCL: the collectives did not finish within %.0f s (%d ranks: a "
+                               "peer stopped, or one is stuck): the communicator was aborted",
+                               n->timeout, n->world);
+                return failed(n, ncclInProgress, "a collective", err);
+            }
+            usleep(200);
+            e = cudaSuccess;
+        }
+        if (ev) cudaEventDestroy(ev);
+        if (e != cudaSuccess && e != cudaErrorNotReady)
+            return cddp_error_set(err, CDDP_EIO, "NCCL: waiting for the collectives on %s: %s",
+                                  cddp_device_name(n->dev), cudaGetErrorString(e));
+    }
+    return settle(n, "a collective", deadline, err);
 }
 int cddp_nccl_version(const cddp_nccl_options *opts) {
     (void)opts;
@@ -251,10 +277,32 @@ int cddp_nccl_allreduce(cddp_nccl *n, const void *send, void *recv, int64_t coun
     return r == ncclSuccess ? CDDP_OK : failed(n, r, "allreduce", err);
 }
 
+/* Waits for the stream's work without blocking on it: a peer that died leaves NCCL's kernels
+ * waiting for ever, so the stream is polled (an event after the collectives) beside NCCL's
+ * asynchronous error, up to the timeout. Where there is no stream (the CPU), the collectives ran
+ * when they were called. */
 int cddp_nccl_wait(cddp_nccl *n, cddp_error *err) {
     CDDP_TRY(check(n, err));
-    CDDP_TRY(cddp_device_synchronize(n->dev, err));
-    return settle(n, "a collective", cddp_now_s() + n->timeout, err);
+    double deadline = cddp_now_s() + n->timeout;
+    if (n->stream) {
+        cudaEvent_t ev = NULL;
+        cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+        if (e == cudaSuccess) e = cudaEventRecord(ev, n->stream);
+        while (e == cudaSuccess && (e = cudaEventQuery(ev)) == cudaErrorNotReady) {
+            ncclResult_t state = ncclSuccess;
+            ncclResult_t r = n->l->ncclCommGetAsyncError(n->comm, &state);
+            if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress) ||
+                cddp_now_s() > deadline)
+                break; /* settle below reports it */
+            usleep(200);
+            e = cudaSuccess;
+        }
+        if (ev) cudaEventDestroy(ev);
+        if (e != cudaSuccess && e != cudaErrorNotReady)
+            return cddp_error_set(err, CDDP_EIO, "NCCL: waiting for the collectives on %s: %s",
+                                  cddp_device_name(n->dev), cudaGetErrorString(e));
+    }
+    return settle(n, "a collective", deadline, err);
 }
 
 void cddp_nccl_destroy(cddp_nccl *n) {

@@ -23,13 +23,13 @@ job() {
 }
 
 job 2 "$work/ok" || { rc=$?; cat "$work/ok"; fail "2 ranks exited $rc"; }
-expect_in "[rank 0]: rank 0: allreduce ok (2 ranks, NCCL 22809)" "$work/ok"
-expect_in "[rank 1]: rank 1: allreduce ok (2 ranks, NCCL 22809)" "$work/ok"
+expect_in "[rank 0]: rank 0: allreduce ok (2 ranks, NCCL 22809, cpu)" "$work/ok"
+expect_in "[rank 1]: rank 1: allreduce ok (2 ranks, NCCL 22809, cpu)" "$work/ok"
 [ "$(cut -d' ' -f6 "$work/log" | sort -u | wc -l)" = 1 ] && [ "$(wc -l < "$work/log")" = 2 ] ||
     { cat "$work/log"; fail "the 2 ranks did not both join with rank 0's id"; }
 echo "ok: 2 ranks form the communicator from rank 0's id and allreduce"
 job 1 "$work/one" || { rc=$?; cat "$work/one"; fail "1 rank exited $rc"; }
-expect_in "rank 0: allreduce ok (1 ranks, NCCL 22809)" "$work/one"
+expect_in "rank 0: allreduce ok (1 ranks, NCCL 22809, cpu)" "$work/one"
 
 start=$(date +%s)
 FAKE_NCCL_INIT=hang job 2 "$work/hang" 1 && fail "a communicator that never formed was taken"
