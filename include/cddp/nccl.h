@@ -34,8 +34,9 @@ typedef struct cddp_nccl_options {
     double timeout_s;    /* forming the communicator, and each wait (default 300) */
 } cddp_nccl_options;
 
-/* NULL with err saying why: no NCCL in this build or on this machine, rank 0 could not make the
- * id, or the communicator did not form within the timeout (then every rank's attempt aborts). */
+/* NULL with err saying why: dev is not a CUDA device (or the CPU, for a stand-in library in
+ * tests), no NCCL in this build or on this machine, rank 0 could not make the id, or the
+ * communicator did not form within the timeout (then every rank's attempt aborts). */
 CDDP_API cddp_nccl *cddp_nccl_create(cddp_comm *group, cddp_device *dev,
                                      const cddp_nccl_options *opts, cddp_error *err);
 /* recv = op over the ranks of send (count elements; send may be recv), queued on the device's

@@ -203,6 +203,13 @@ static int check(cddp_nccl *n, cddp_error *err) {
 
 cddp_nccl *cddp_nccl_create(cddp_comm *group, cddp_device *dev, const cddp_nccl_options *opts,
                             cddp_error *err) {
+    /* NCCL reads GPU memory (and, in tests with a stand-in, the host's): not the emulated
+     * device's, which only its queue may touch. Every rank has the same kind of device. */
+    if (cddp_device_kind_of(dev) != CDDP_DEVICE_CUDA && !cddp_device_host_accessible(dev)) {
+        cddp_error_set(err, CDDP_EINVAL, "NCCL: %s: NCCL moves GPU memory: use a CUDA device",
+                       cddp_device_name(dev));
+        return NULL;
+    }
     const lib *l = open_lib(library_of(opts), err);
     /* rank 0's id, with whether it has one: every rank takes part in the broadcast, so that a
      * rank 0 without NCCL does not leave the others waiting */

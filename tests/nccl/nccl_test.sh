@@ -48,6 +48,8 @@ FAKE_NCCL_OP=remote job 2 "$work/remote" && fail "a peer's failure was not repor
 expect_in "[rank 0]: allreduce: rank 0: NCCL: a collective failed (2 ranks): remote process exited or there was a network error" "$work/remote"
 echo "ok: NCCL's refusals and a peer's failure reach the caller with NCCL's words"
 
+job 1 "$work/emu" 5 emu && fail "NCCL on the emulated device was taken"
+expect_in "NCCL: emu:0: NCCL moves GPU memory: use a CUDA device" "$work/emu"
 CDDP_NCCL_LIBRARY="$work/no/libnccl.so.2" job 2 "$work/missing" && fail "a missing NCCL was taken"
 for r in 0 1; do
     expect_in "rank $r: NCCL is not available: $work/no/libnccl.so.2: cannot open shared object file" "$work/missing"
