@@ -53,7 +53,7 @@ typedef struct options {
     double bucket_cap_mb;
     uint64_t seed;
     int64_t limit;
-    bool json, zero;
+    bool json, zero, nccl;
 } options;
 
 static void usage(FILE *out) {
@@ -102,6 +102,8 @@ static void usage(FILE *out) {
         "  --hook NAME         gradient compression: none, bf16 or fp16 (default none)\n"
         "  --bucket-cap-mb X   DDP bucket size in MiB (default 25)\n"
         "  --zero              shard the optimizer state across the ranks (ZeRO-1)\n"
+        "  --nccl              reduce the gradients with NCCL on the GPUs (--device cuda, a\n"
+        "                      GPU for each rank) instead of through host memory\n"
         "  --json              end with one JSON line of results\n"
         "  --sample-log PATH   each rank appends a line 'epoch step index' for every sample it\n"
         "                      trains on to PATH.<rank> (to check which samples a job saw)\n"
@@ -141,6 +143,7 @@ static int parse_args(int argc, char **argv, options *o) {
                                              {"bucket-cap-mb", required_argument, 0, 'B'},
                                              {"json", no_argument, 0, 'j'},
                                              {"zero", no_argument, 0, 'z'},
+                                             {"nccl", no_argument, 0, 'N'},
                                              {"save-every", required_argument, 0, 'E'},
                                              {"save_every", required_argument, 0, 'E'},
                                              {"keep", required_argument, 0, 'K'},
@@ -216,6 +219,9 @@ static int parse_args(int argc, char **argv, options *o) {
             break;
         case 'z':
             o->zero = true;
+            break;
+        case 'N':
+            o->nccl = true;
             break;
         case 'I':
             o->init_from = optarg;
@@ -487,6 +493,7 @@ int main(int argc, char **argv) {
     /* The one call that makes it data-parallel. */
     cddp_ddp_options dopt = {.bucket_cap_mb = o.bucket_cap_mb,
                              .shard_optimizer = o.zero,
+                             .nccl = o.nccl,
                              .hook = !strcmp(o.hook, "bf16")   ? CDDP_DDP_HOOK_BF16
                                      : !strcmp(o.hook, "fp16") ? CDDP_DDP_HOOK_FP16
                                                                : CDDP_DDP_HOOK_NONE};

@@ -395,6 +395,15 @@ nccl1() {
     local ok=FAIL
     echo "$o" | grep -q "allreduce ok (1 ranks, NCCL [0-9]*, $d)" && ok=ok
     outcome "cddp_nccl, 1 rank on $d" "$ok" "$(echo "$o" | tail -n 1)"
+    # DDP over NCCL on one rank: every loss and the weights as without it
+    local a b
+    a=$(cddp timeout 60 "$bin/ddp_train" --device "$d" --optimizer adamw 2>&1 | grep "loss:\|\]")
+    b=$(cddp timeout 60 "$bin/ddp_train" --device "$d" --optimizer adamw --nccl 2>&1)
+    echo "$b" | tail -n 3
+    b=$(echo "$b" | grep "loss:\|\]")
+    ok=FAIL
+    [ -n "$a" ] && [ "$a" = "$b" ] && ok=ok
+    outcome "ddp_train --nccl, 1 rank on $d" "$ok" "10 losses and the weights as without NCCL: $(echo "$b" | tail -n 2 | tr -d ' \n')"
 }
 if want 9; then
     gpt2

@@ -30,7 +30,10 @@
 void cddp__ddp_free_buckets(cddp_ddp *d) {
     for (int b = 0; b < d->nbuckets; b++) {
         cddp_free(d->buckets[b].params);
-        cddp_aligned_free(d->buckets[b].stage);
+        if (d->nccl)
+            cddp_device_free(d->dev, d->buckets[b].stage);
+        else
+            cddp_aligned_free(d->buckets[b].stage);
         cddp_aligned_free(d->buckets[b].half);
         cddp_event_destroy(d->buckets[b].ready_ev);
     }
@@ -107,7 +110,7 @@ int cddp__ddp_build_buckets(cddp_ddp *d, const int *order, cddp_error *err) {
  * staged model after the device's copy of its gradients to the host (stage.c). */
 void cddp__ddp_launch(cddp_ddp *d, int k) {
     bucket *b = &d->buckets[k];
-    if (d->staged) {
+    if (d->staged && !d->nccl) {
         cddp_error err = {0};
         if (cddp__ddp_stage_in(d, b, &err) != CDDP_OK) {
             if (!d->hook_err.code) d->hook_err = err;
@@ -152,7 +155,7 @@ static int finish_bucket(cddp_ddp *d, int k, cddp_error *err) {
     }
     cddp__ddp_record(d, "allreduce", k, d->inline_comm ? 0 : 1, b->t_start, b->t_end);
     d->reducer->finish(d, b);
-    return cddp__ddp_stage_out(d, b, err);
+    return d->nccl ? CDDP_OK : cddp__ddp_stage_out(d, b, err);
 }
 
 /* Waits for everything queued in this step (also after a failure: no work may outlive the
@@ -169,6 +172,8 @@ int cddp__ddp_wait_all(cddp_ddp *d, cddp_error *err) {
         int st = finish_bucket(d, k, &e);
         if (st && !rc) rc = st, *err = e;
     }
+    if (d->nccl && !rc) /* NCCL's buckets ran on the device: their failure shows here */
+        rc = cddp_nccl_wait(d->nccl, err);
     if (d->used_work) {
         int st = cddp_comm_wait(d->used_work, -1, &e);
         d->used_work = NULL;

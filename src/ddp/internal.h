@@ -25,6 +25,7 @@
 #include "cddp/autograd.h"
 #include "cddp/comm.h"
 #include "cddp/ddp.h"
+#include "cddp/nccl.h"
 
 typedef struct cddp_ddp cddp_ddp;
 
@@ -35,7 +36,7 @@ typedef struct bucket {
     size_t numel;
     int64_t offset; /* first element in the flat block when contiguous, else -1 */
     int pending;    /* parameters still to become ready in this backward */
-    float *stage;   /* packed float32 (non-contiguous buckets) */
+    float *stage;   /* packed float32 (non-contiguous buckets; on the device with nccl) */
     uint16_t *half; /* packed 16-bit (compression reducers) */
     cddp_comm_work *work;
     cddp_comm_work *pre[2]; /* what runs before the collective on the thread (cddp__ddp_before) */
@@ -57,7 +58,7 @@ typedef struct cddp__reducer {
 } cddp__reducer;
 
 extern const cddp__reducer cddp__allreduce_reducer, cddp__bf16_reducer, cddp__fp16_reducer,
-    cddp__zero_reducer;
+    cddp__zero_reducer, cddp__nccl_reducer;
 
 typedef struct event {
     const char *name;
@@ -75,6 +76,7 @@ struct cddp_ddp {
      * that the collectives work on (stage.c); hgrad is the model's gradient block otherwise */
     cddp_device *dev;
     bool staged, hgrad_comm;
+    cddp_nccl *nccl; /* the nccl option's communicator: buckets reduced on the device itself */
     float *hgrad, *hparams, *hbufs;
     cddp_ddp_options o;
     int rank, world, nparams;

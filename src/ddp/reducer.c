@@ -10,6 +10,9 @@
  *   bf16, fp16 every bucket is packed as 16-bit floats (rounded to nearest even), summed by the
  *              transport in float32, and unpacked with the mean applied in float32: half the
  *              bytes on the wire, PyTorch's bf16/fp16 compression hooks
+ *   nccl       (the nccl option) every bucket is allreduced by NCCL in the device's memory, queued
+ *              on its stream after the kernels that wrote the gradients (so nothing waits for
+ *              them); a bucket that is not one range is packed and unpacked by device copies
  *
  * Packing runs where the collective runs (cddp__ddp_before): on the communication thread when
  * buckets are reduced there, after whatever must come first (a device's copy of the gradients).
@@ -191,7 +194,50 @@ static void half_finish(cddp_ddp *d, bucket *b) {
 const cddp__reducer cddp__bf16_reducer = {"bf16", half_prepare, half_launch, half_finish};
 const cddp__reducer cddp__fp16_reducer = {"fp16", half_prepare, half_launch, half_finish};
 
+/* ---- NCCL on the device ----------------------------------------------------------------- */
+
+static int nccl_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
+    if (b->offset >= 0) return CDDP_OK;
+    b->stage = cddp_device_alloc(d->dev, b->numel * sizeof(float), err);
+    return b->stage ? CDDP_OK : err->code;
+}
+
+/* The bucket's gradients to its staging buffer (to_block false) or back, on the device. */
+static int nccl_pack(cddp_ddp *d, bucket *b, bool to_block, cddp_error *err) {
+    float *g = cddp_model_grad(d->model), *s = b->stage;
+    for (int j = 0; j < b->nparams; j++) {
+        size_t n = (size_t)cddp_model_param(d->model, b->params[j])->numel * sizeof(float);
+        float *p = g + cddp_model_param_offset(d->model, b->params[j]);
+        CDDP_TRY(to_block ? cddp_device_copy(d->dev, p, s, n, err)
+                          : cddp_device_copy(d->dev, s, p, n, err));
+        s += n / sizeof(float);
+    }
+    return CDDP_OK;
+}
+
+static void nccl_launch(cddp_ddp *d, bucket *b) {
+    cddp_error err = {0};
+    float *buf = b->offset >= 0 ? cddp_model_grad(d->model) + b->offset : b->stage;
+    b->t_start = cddp_now_s();
+    int rc = b->offset >= 0 ? CDDP_OK : nccl_pack(d, b, false, &err);
+    if (rc == CDDP_OK)
+        rc = cddp_nccl_allreduce(d->nccl, buf, buf, (int64_t)b->numel, CDDP_COMM_F32,
+                                 d->o.sum ? CDDP_COMM_SUM : CDDP_COMM_MEAN, &err);
+    b->t_end = cddp_now_s();
+    b->reduced = rc == CDDP_OK;
+    if (rc != CDDP_OK && !d->hook_err.code) d->hook_err = err;
+}
+
+static void nccl_finish(cddp_ddp *d, bucket *b) {
+    cddp_error err = {0};
+    if (b->offset < 0 && nccl_pack(d, b, true, &err) != CDDP_OK && !d->hook_err.code)
+        d->hook_err = err;
+}
+
+const cddp__reducer cddp__nccl_reducer = {"nccl", nccl_prepare, nccl_launch, nccl_finish};
+
 const cddp__reducer *cddp__ddp_reducer(const cddp_ddp_options *o) {
+    if (o->nccl) return &cddp__nccl_reducer;
     if (o->shard_optimizer) return &cddp__zero_reducer;
     switch (o->hook) {
     case CDDP_DDP_HOOK_BF16:

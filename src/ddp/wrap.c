@@ -62,7 +62,7 @@ typedef struct wrap_rec {
     int64_t nparams, numel, nbuffers;
     double bucket_cap_mb;
     int32_t sum, find_unused, hook, join, join_throw, no_broadcast_buffers;
-    int64_t shard_optimizer;
+    int32_t shard_optimizer, nccl;
 } wrap_rec;
 
 typedef struct param_rec {
@@ -90,7 +90,8 @@ static int agree(cddp_ddp *d, cddp_error *err) {
                      d->o.join,
                      d->o.join_throw,
                      d->o.no_broadcast_buffers,
-                     d->o.shard_optimizer};
+                     d->o.shard_optimizer,
+                     d->o.nccl};
     wrap_rec *all = cddp_calloc((size_t)W, sizeof *all);
     param_rec *pm = cddp_calloc((size_t)nrec + 1, sizeof *pm);
     param_rec *pall = cddp_calloc((size_t)W * ((size_t)nrec + 1), sizeof *pall);
@@ -135,6 +136,7 @@ static int agree(cddp_ddp *d, cddp_error *err) {
         SAME(join_throw, "join_throw", "%d", ASIS)
         SAME(no_broadcast_buffers, "no_broadcast_buffers", "%d", ASIS)
         SAME(shard_optimizer, "shard_optimizer", "%d", (int))
+        SAME(nccl, "nccl", "%d", (int))
 #undef SAME
 #undef ASIS
     }
@@ -183,6 +185,7 @@ void cddp_ddp_destroy(cddp_ddp *d) {
     if (d->grad_block && d->model && cddp_model_set_grad_block(d->model, NULL) == CDDP_OK)
         cddp_comm_free(d->group, d->grad_block);
     cddp__ddp_free_buckets(d);
+    cddp_nccl_destroy(d->nccl);
     cddp_free(d->bucket_of);
     cddp_free(d->ready);
     cddp_free(d->used);
@@ -284,6 +287,17 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
                                 "option");
         return NULL;
     }
+    if (o.nccl &&
+        (o.hook != CDDP_DDP_HOOK_NONE || o.shard_optimizer || o.join || o.find_unused_parameters)) {
+        cddp_error_set(err, CDDP_EUNSUPPORTED,
+                       "cddp_ddp_wrap: nccl does not go with %s yet: drop it, or nccl (the "
+                       "gradients then go through host memory)",
+                       o.hook != CDDP_DDP_HOOK_NONE ? "a bf16/fp16 hook"
+                       : o.shard_optimizer          ? "shard_optimizer"
+                       : o.join                     ? "join"
+                                                    : "find_unused_parameters");
+        return NULL;
+    }
     cddp_ddp *d = cddp_calloc(1, sizeof *d);
     if (!d) {
         cddp_error_set(err, CDDP_ENOMEM, "out of memory");
@@ -317,6 +331,11 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
     d->stats_every = CDDP_MAX(cddp_knob_int(CDDP_KNOB_DDP_STATS_EVERY), 1);
     CDDP_TRY_GOTO(agree(d, err), out);
     CDDP_TRY_GOTO(cddp__ddp_stage_setup(d, err), out);
+    if (o.nccl && !(d->nccl = cddp_nccl_create(
+                        group, d->dev, &(cddp_nccl_options){.timeout_s = o.timeout_s}, err))) {
+        rc = err->code;
+        goto out;
+    }
     /* Everyone starts from rank 0's weights. */
     CDDP_TRY_GOTO(cddp__ddp_params_in(d, err), out);
     CDDP_TRY_GOTO(cddp_comm_broadcast(group, cddp__ddp_params(d), (int64_t)cddp_model_numel(m),

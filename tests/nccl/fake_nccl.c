@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_FLOATS (1 << 16)
+#define MAX_FLOATS (1 << 22)
 #define MAX_RANKS  8
 
 typedef struct shared {

@@ -3,7 +3,8 @@
 # tests/nccl/fake_nccl.c standing in for NCCL (CDDP_NCCL_LIBRARY): 1 and 2 ranks form the
 # communicator from rank 0's id and allreduce; a communicator that never forms is aborted at the
 # timeout on every rank (no hang); NCCL's refusals and a peer's failure are reported with NCCL's
-# words; a missing library says so.
+# words; DistributedDataParallel with the nccl option gives the host path's losses and weights;
+# a device NCCL cannot read and a missing library say so.
 set -u
 build=$1
 R="$build/bin/cddprun"
@@ -50,6 +51,39 @@ echo "ok: NCCL's refusals and a peer's failure reach the caller with NCCL's word
 
 job 1 "$work/emu" 5 emu && fail "NCCL on the emulated device was taken"
 expect_in "NCCL: emu:0: NCCL moves GPU memory: use a CUDA device" "$work/emu"
+# DistributedDataParallel with the nccl option: the same losses and weights as through the host
+D="$build/bin/ddp_train"
+for opt in sgd adamw; do
+    : > "$work/log"
+    timeout 60 "$R" --standalone --nproc_per_node 2 --tee "$D" --optimizer $opt > "$work/host_$opt" 2>&1 ||
+        { cat "$work/host_$opt"; fail "ddp_train --optimizer $opt failed"; }
+    timeout 60 "$R" --standalone --nproc_per_node 2 --tee "$D" --optimizer $opt --nccl > "$work/nccl_$opt" 2>&1 ||
+        { cat "$work/nccl_$opt"; fail "ddp_train --optimizer $opt --nccl failed"; }
+    [ "$(wc -l < "$work/log")" = 2 ] || fail "ddp_train --nccl: the ranks did not form NCCL's communicator"
+    grep "loss:\|\]\]\|w:" "$work/host_$opt" | sort > "$work/h"
+    grep "loss:\|\]\]\|w:" "$work/nccl_$opt" | sort > "$work/n"
+    [ "$(wc -l < "$work/h")" = 24 ] && cmp -s "$work/h" "$work/n" ||
+        { diff "$work/h" "$work/n" | head; fail "ddp_train --optimizer $opt: NCCL's losses or weights differ from the host's"; }
+done
+# the CNN in small buckets, some of them packed (not one range of the gradient block)
+F="$build/bin/fashion_mnist --model cnn --epochs 1 --limit 1280 --batch-size 32 --log-every 0 --out none --json --bucket-cap-mb 0.02"
+for n in host nccl; do
+    flag=$([ $n = nccl ] && echo --nccl)
+    CDDP_LOG_LEVEL=debug timeout 120 "$R" --standalone --nproc_per_node 2 $F $flag > "$work/fm_$n" 2>&1 ||
+        { tail -n 20 "$work/fm_$n"; fail "fashion_mnist $flag failed"; }
+    sed -n 's/.*"final_loss": \([0-9.]*\), "test_acc": \([0-9.]*\).*/\1 \2/p' "$work/fm_$n" > "$work/fm_$n.res"
+done
+grep -q "packed" "$work/fm_nccl" || fail "fashion_mnist --nccl: no bucket was packed"
+[ -s "$work/fm_host.res" ] && cmp -s "$work/fm_host.res" "$work/fm_nccl.res" ||
+    fail "fashion_mnist: NCCL gives '$(cat "$work/fm_nccl.res")', the host '$(cat "$work/fm_host.res")'"
+FAKE_NCCL_OP=fail timeout 60 "$R" --standalone --nproc_per_node 2 --tee "$D" --nccl > "$work/ddpfail" 2>&1 &&
+    fail "a refused NCCL allreduce in DDP was taken"
+expect_in "ddp_train: rank 0: NCCL: allreduce failed (2 ranks): unhandled cuda error" "$work/ddpfail"
+timeout 60 "$R" --standalone --nproc_per_node 2 --tee "$D" --nccl --device emu > "$work/ddpemu" 2>&1 &&
+    fail "DDP over NCCL on the emulated device was taken"
+expect_in "NCCL: emu:0: NCCL moves GPU memory: use a CUDA device" "$work/ddpemu"
+echo "ok: DDP with nccl: the host path's losses and weights, NCCL's errors, a device NCCL cannot read"
+
 CDDP_NCCL_LIBRARY="$work/no/libnccl.so.2" job 2 "$work/missing" && fail "a missing NCCL was taken"
 for r in 0 1; do
     expect_in "rank $r: NCCL is not available: $work/no/libnccl.so.2: cannot open shared object file" "$work/missing"
