@@ -404,6 +404,11 @@ nccl1() {
     ok=FAIL
     [ -n "$a" ] && [ "$a" = "$b" ] && ok=ok
     outcome "ddp_train --nccl, 1 rank on $d" "$ok" "10 losses and the weights as without NCCL: $(echo "$b" | tail -n 2 | tr -d ' \n')"
+    # two ranks on the one GPU ask for NCCL: refused before NCCL's init, naming both
+    b=$(cddp timeout 60 "$bin/cddprun" --nproc_per_node 2 "$bin/ddp_train" --device cuda --nccl 2>&1)
+    ok=FAIL
+    echo "$b" | grep -q "NCCL: ranks 0 and 1 are on one GPU" && ok=ok
+    outcome "ddp_train --nccl, 2 ranks on one GPU refused" "$ok" "$(echo "$b" | grep -m1 "on one GPU" | cut -c1-160)"
 }
 if want 9; then
     gpt2

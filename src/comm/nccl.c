@@ -175,6 +175,38 @@ static int check(cddp_nccl *n, cddp_error *err) {
     return CDDP_OK;
 }
 
+/* NCCL takes one rank per GPU (two ranks on one fail inside NCCL's init): every rank's GPU, as
+ * its host's name and the GPU's PCI address (the same GPU whatever CUDA_VISIBLE_DEVICES numbers
+ * it), compared across the group first, so that every rank says which ranks share one. */
+static int one_rank_per_gpu(cddp_comm *group, cddp_device *dev, cddp_error *err) {
+    if (cddp_device_kind_of(dev) != CDDP_DEVICE_CUDA) return CDDP_OK;
+    char where[320] = "", bus[64] = "?";
+    gethostname(where, 255);
+    cudaDeviceGetPCIBusId(bus, (int)sizeof bus, cddp_device_index(dev));
+    size_t at = strlen(where);
+    snprintf(where + at, sizeof where - at, " %s", bus);
+    uint64_t h = 1469598103934665603ull;
+    for (const char *c = where; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
+    int64_t mine = (int64_t)h, world = cddp_comm_size(group);
+    int64_t *all = cddp_calloc((size_t)world, sizeof *all);
+    if (!all) return cddp_error_set(err, CDDP_ENOMEM, "NCCL: out of memory");
+    int rc = cddp_comm_allgather(group, &mine, all, 1, CDDP_COMM_I64, -1, err);
+    for (int64_t a = 0; rc == CDDP_OK && a < world; a++)
+        for (int64_t b = a + 1; rc == CDDP_OK && b < world; b++) {
+            if (all[a] != all[b]) continue;
+            char here[340] = "";
+            if (all[a] == mine) snprintf(here, sizeof here, " (here: %s)", where);
+            rc = cddp_error_set(err, CDDP_EINVAL,
+                                "NCCL: ranks %lld and %lld are on one GPU%s: NCCL takes one rank "
+                                "per GPU: start at most one rank per GPU (cddprun "
+                                "--nproc_per_node gpu), or drop nccl (the gradients then go "
+                                "through host memory)",
+                                (long long)a, (long long)b, here);
+        }
+    cddp_free(all);
+    return rc;
+}
+
 cddp_nccl *cddp_nccl_create(cddp_comm *group, cddp_device *dev, const cddp_nccl_options *opts,
                             cddp_error *err) {
     /* NCCL reads GPU memory (and, in tests with a stand-in, the host's): not the emulated
@@ -197,7 +229,7 @@ cddp_nccl *cddp_nccl_create(cddp_comm *group, cddp_device *dev, const cddp_nccl_
     if (cddp_comm_broadcast(group, &msg, (int64_t)(sizeof msg / 4), CDDP_COMM_I32, 0, -1, err) !=
         CDDP_OK)
         return NULL;
-    if (!l) return NULL;
+    if (one_rank_per_gpu(group, dev, err) != CDDP_OK || !l) return NULL;
     if (!msg.ok) {
         cddp_error_set(err, CDDP_EUNSUPPORTED,
                        "NCCL: rank 0 could not make the communicator's id (NCCL missing or "
