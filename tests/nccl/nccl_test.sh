@@ -73,6 +73,16 @@ for n in host nccl; do
         { tail -n 20 "$work/fm_$n"; fail "fashion_mnist $flag failed"; }
     sed -n 's/.*"final_loss": \([0-9.]*\), "test_acc": \([0-9.]*\).*/\1 \2/p' "$work/fm_$n" > "$work/fm_$n.res"
 done
+# the GPT (AdamW, clipping): every iteration's loss
+G="$build/bin/gpt_train --n_layer 2 --n_head 2 --n_embd 64 --block_size 32 --batch_size 4 --max_iters 10 --log_interval 1 --eval_interval 10 --eval_iters 1 --final_eval 1 --out none --sample 0"
+for n in host nccl; do
+    flag=$([ $n = nccl ] && echo --nccl)
+    timeout 120 "$R" --standalone --nproc_per_node 2 $G $flag > "$work/gpt_$n" 2>&1 ||
+        { tail -n 20 "$work/gpt_$n"; fail "gpt_train $flag failed"; }
+    sed -n 's/^\(iter [0-9]*: loss [0-9.]*\),.*/\1/p' "$work/gpt_$n" > "$work/gpt_$n.it"
+done
+[ "$(wc -l < "$work/gpt_host.it")" = 10 ] && cmp -s "$work/gpt_host.it" "$work/gpt_nccl.it" ||
+    { diff "$work/gpt_host.it" "$work/gpt_nccl.it" | head; fail "gpt_train: NCCL's losses differ from the host's"; }
 grep -q "packed" "$work/fm_nccl" || fail "fashion_mnist --nccl: no bucket was packed"
 [ -s "$work/fm_host.res" ] && cmp -s "$work/fm_host.res" "$work/fm_nccl.res" ||
     fail "fashion_mnist: NCCL gives '$(cat "$work/fm_nccl.res")', the host '$(cat "$work/fm_host.res")'"
