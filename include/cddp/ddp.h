@@ -91,8 +91,9 @@ typedef struct cddp_ddp_options {
     /* Reduce the gradients with NCCL (cddp/nccl.h) on the model's device, each bucket queued on
      * its stream after backward's kernels, instead of through host copies: for a model on a GPU,
      * each rank on its own (NCCL refuses two ranks on one GPU; ranks sharing one stay on the
-     * default, host-staged path). Every rank asks for it or none. Not with the bf16/fp16 hooks,
-     * shard_optimizer, join or find_unused_parameters (wrapping fails saying so). */
+     * default, host-staged path). Every rank asks for it or none. With shard_optimizer the
+     * buckets are reduce-scattered and the parameters allgathered by NCCL too. Not with the
+     * bf16/fp16 hooks, join or find_unused_parameters (wrapping fails saying so). */
     bool nccl;
 } cddp_ddp_options;
 

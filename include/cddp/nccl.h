@@ -43,6 +43,14 @@ CDDP_API cddp_nccl *cddp_nccl_create(cddp_comm *group, cddp_device *dev,
  * queue. CDDP_OK, or NCCL's refusal. */
 CDDP_API int cddp_nccl_allreduce(cddp_nccl *n, const void *send, void *recv, int64_t count,
                                  cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err);
+/* Rank r's recv (count elements) = op over the ranks of elements [r count, (r + 1) count) of
+ * send (world x count; in place when recv is send + r count). */
+CDDP_API int cddp_nccl_reduce_scatter(cddp_nccl *n, const void *send, void *recv, int64_t count,
+                                      cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err);
+/* recv (world x count) = every rank's send (count elements) in rank order (in place when send is
+ * recv + rank count). */
+CDDP_API int cddp_nccl_allgather(cddp_nccl *n, const void *send, void *recv, int64_t count,
+                                 cddp_comm_dtype dtype, cddp_error *err);
 /* Waits until the queued collectives have run: CDDP_OK, or NCCL's asynchronous error (the
  * communicator is then aborted and every later call fails). */
 CDDP_API int cddp_nccl_wait(cddp_nccl *n, cddp_error *err);

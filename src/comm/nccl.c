@@ -30,6 +30,16 @@ int cddp_nccl_allreduce(cddp_nccl *n, const void *send, void *recv, int64_t coun
     (void)n, (void)send, (void)recv, (void)count, (void)dtype, (void)op;
     return no_nccl(err);
 }
+int cddp_nccl_reduce_scatter(cddp_nccl *n, const void *send, void *recv, int64_t count,
+                             cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    (void)n, (void)send, (void)recv, (void)count, (void)dtype, (void)op;
+    return no_nccl(err);
+}
+int cddp_nccl_allgather(cddp_nccl *n, const void *send, void *recv, int64_t count,
+                        cddp_comm_dtype dtype, cddp_error *err) {
+    (void)n, (void)send, (void)recv, (void)count, (void)dtype;
+    return no_nccl(err);
+}
 int cddp_nccl_wait(cddp_nccl *n, cddp_error *err) {
     (void)n;
     return no_nccl(err);
@@ -60,6 +70,8 @@ void cddp_nccl_destroy(cddp_nccl *n) {
     X(ncclCommDestroy)                                                                             \
     X(ncclCommAbort)                                                                               \
     X(ncclAllReduce)                                                                               \
+    X(ncclReduceScatter)                                                                           \
+    X(ncclAllGather)                                                                               \
     X(ncclGetErrorString)                                                                          \
     X(ncclGetLastError)
 
@@ -275,19 +287,49 @@ static bool types_of(cddp_comm_dtype dt, cddp_comm_op op, ncclDataType_t *t, ncc
     return true;
 }
 
-int cddp_nccl_allreduce(cddp_nccl *n, const void *send, void *recv, int64_t count,
-                        cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+/* The collective's types in NCCL's terms (also set current the device's GPU); err when NCCL has
+ * none for them. */
+static int prepare(cddp_nccl *n, const char *what, int64_t count, cddp_comm_dtype dtype,
+                   cddp_comm_op op, ncclDataType_t *t, ncclRedOp_t *o, cddp_error *err) {
     CDDP_TRY(check(n, err));
-    ncclDataType_t t;
-    ncclRedOp_t o;
-    if (count < 0 || !types_of(dtype, op, &t, &o))
-        return cddp_error_set(err, CDDP_EINVAL,
-                              "NCCL: allreduce of %lld %s by %s: not one NCCL has",
+    if (count < 0 || !types_of(dtype, op, t, o))
+        return cddp_error_set(err, CDDP_EINVAL, "NCCL: %s of %lld %s by %s: not one NCCL has", what,
                               (long long)count, cddp_comm_dtype_name(dtype), cddp_comm_op_name(op));
     if (cddp_device_kind_of(n->dev) == CDDP_DEVICE_CUDA) cudaSetDevice(cddp_device_index(n->dev));
-    ncclResult_t r = n->l->ncclAllReduce(send, recv, (size_t)count, t, o, n->comm, n->stream);
-    if (r == ncclInProgress) return settle(n, "allreduce", cddp_now_s() + n->timeout, err);
-    return r == ncclSuccess ? CDDP_OK : failed(n, r, "allreduce", err);
+    return CDDP_OK;
+}
+
+/* What NCCL said when it was given the collective: queued, in progress (settled), or refused. */
+static int issued(cddp_nccl *n, ncclResult_t r, const char *what, cddp_error *err) {
+    if (r == ncclInProgress) return settle(n, what, cddp_now_s() + n->timeout, err);
+    return r == ncclSuccess ? CDDP_OK : failed(n, r, what, err);
+}
+
+int cddp_nccl_allreduce(cddp_nccl *n, const void *send, void *recv, int64_t count,
+                        cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    ncclDataType_t t = ncclFloat32;
+    ncclRedOp_t o = ncclSum;
+    CDDP_TRY(prepare(n, "allreduce", count, dtype, op, &t, &o, err));
+    return issued(n, n->l->ncclAllReduce(send, recv, (size_t)count, t, o, n->comm, n->stream),
+                  "allreduce", err);
+}
+
+int cddp_nccl_reduce_scatter(cddp_nccl *n, const void *send, void *recv, int64_t count,
+                             cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    ncclDataType_t t = ncclFloat32;
+    ncclRedOp_t o = ncclSum;
+    CDDP_TRY(prepare(n, "reduce-scatter", count, dtype, op, &t, &o, err));
+    return issued(n, n->l->ncclReduceScatter(send, recv, (size_t)count, t, o, n->comm, n->stream),
+                  "reduce-scatter", err);
+}
+
+int cddp_nccl_allgather(cddp_nccl *n, const void *send, void *recv, int64_t count,
+                        cddp_comm_dtype dtype, cddp_error *err) {
+    ncclDataType_t t = ncclFloat32;
+    ncclRedOp_t o = ncclSum;
+    CDDP_TRY(prepare(n, "allgather", count, dtype, CDDP_COMM_SUM, &t, &o, err));
+    return issued(n, n->l->ncclAllGather(send, recv, (size_t)count, t, n->comm, n->stream),
+                  "allgather", err);
 }
 
 /* Waits for the stream's work without blocking on it: a peer that died leaves NCCL's kernels

@@ -12,7 +12,8 @@
  *              bytes on the wire, PyTorch's bf16/fp16 compression hooks
  *   nccl       (the nccl option) every bucket is allreduced by NCCL in the device's memory, queued
  *              on its stream after the kernels that wrote the gradients (so nothing waits for
- *              them); a bucket that is not one range is packed and unpacked by device copies
+ *              them); a bucket that is not one range is packed and unpacked by device copies;
+ *              with shard_optimizer, reduce-scattered as zero's are, padded on the device
  *
  * Packing runs where the collective runs (cddp__ddp_before): on the communication thread when
  * buckets are reduced there, after whatever must come first (a device's copy of the gradients).
@@ -236,8 +237,55 @@ static void nccl_finish(cddp_ddp *d, bucket *b) {
 
 const cddp__reducer cddp__nccl_reducer = {"nccl", nccl_prepare, nccl_launch, nccl_finish};
 
+static int nccl_zero_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
+    int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
+    if (b->offset < 0)
+        return cddp_error_set(err, CDDP_ESTATE, "shard_optimizer: a bucket is not one range");
+    size_t padded = (size_t)(c * d->world);
+    if (padded == b->numel) return CDDP_OK;
+    b->stage = cddp_device_alloc(d->dev, padded * sizeof(float), err);
+    return b->stage ? CDDP_OK : err->code;
+}
+
+/* As zero_launch, on the device: the bucket padded with zeros into its staging buffer when it
+ * does not divide evenly, then reduce-scattered in place. */
+static void nccl_zero_launch(cddp_ddp *d, bucket *b) {
+    cddp_error err = {0};
+    int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
+    float *buf = cddp_model_grad(d->model) + b->offset;
+    size_t n = b->numel * sizeof(float), padded = (size_t)(c * d->world) * sizeof(float);
+    b->t_start = cddp_now_s();
+    int rc = CDDP_OK;
+    if (b->stage) {
+        rc = cddp_device_copy(d->dev, b->stage, buf, n, &err);
+        if (rc == CDDP_OK)
+            rc = cddp_device_memset(d->dev, (char *)b->stage + n, 0, padded - n, &err);
+        buf = b->stage;
+    }
+    if (rc == CDDP_OK)
+        rc = cddp_nccl_reduce_scatter(d->nccl, buf, buf + (size_t)(d->rank * c), c, CDDP_COMM_F32,
+                                      d->o.sum ? CDDP_COMM_SUM : CDDP_COMM_MEAN, &err);
+    b->t_end = cddp_now_s();
+    b->reduced = rc == CDDP_OK;
+    if (rc != CDDP_OK && !d->hook_err.code) d->hook_err = err;
+}
+
+static void nccl_zero_finish(cddp_ddp *d, bucket *b) {
+    cddp_error err = {0};
+    int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
+    if (b->stage && hi > lo &&
+        cddp_device_copy(d->dev, cddp_model_grad(d->model) + b->offset + lo,
+                         b->stage + (size_t)(d->rank * c), (size_t)(hi - lo) * sizeof(float),
+                         &err) != CDDP_OK &&
+        !d->hook_err.code)
+        d->hook_err = err;
+}
+
+const cddp__reducer cddp__nccl_zero_reducer = {"nccl_reduce_scatter", nccl_zero_prepare,
+                                               nccl_zero_launch, nccl_zero_finish};
+
 const cddp__reducer *cddp__ddp_reducer(const cddp_ddp_options *o) {
-    if (o->nccl) return &cddp__nccl_reducer;
+    if (o->nccl) return o->shard_optimizer ? &cddp__nccl_zero_reducer : &cddp__nccl_reducer;
     if (o->shard_optimizer) return &cddp__zero_reducer;
     switch (o->hook) {
     case CDDP_DDP_HOOK_BF16:

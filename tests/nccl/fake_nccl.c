@@ -1,7 +1,8 @@
 /* fake_nccl.c: a stand-in for NCCL's library (its functions that cddp_nccl calls, with NCCL's
  * header), for testing cddp_nccl's bootstrap and error paths on machines without a GPU. Buffers
  * are host memory (cddp's CPU device); the ranks are processes of one host, meeting in a shared
- * memory segment named after the communicator's unique id: allreduce sums float32 in rank order.
+ * memory segment named after the communicator's unique id: allreduce and reduce-scatter sum
+ * float32 in rank order, allgather copies.
  *
  * FAKE_NCCL_INIT: ok (default), hang (forming never finishes), fail (ncclSystemError at once).
  * FAKE_NCCL_OP: ok (default), fail (allreduce refuses: ncclUnhandledCudaError), remote (allreduce
@@ -93,6 +94,13 @@ static void barrier(_Atomic int *counter, int world, int round) {
     while (atomic_load(counter) < world * round) usleep(100);
 }
 
+/* Every rank's n floats of send into its slot; then each rank reads the slots it needs. */
+static void meet(ncclComm_t comm, const void *send, size_t n) {
+    comm->round++;
+    memcpy(comm->sh->slot[comm->rank], send, n * sizeof(float));
+    barrier(&comm->sh->arrived, comm->world, comm->round);
+}
+
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     (void)stream;
@@ -104,9 +112,7 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
     if (comm->world == 1) {
         memmove(out, send, count * sizeof(float));
     } else {
-        comm->round++;
-        memcpy(comm->sh->slot[comm->rank], send, count * sizeof(float));
-        barrier(&comm->sh->arrived, comm->world, comm->round);
+        meet(comm, send, count);
         for (size_t i = 0; i < count; i++) {
             float s = 0;
             for (int r = 0; r < comm->world; r++) s += comm->sh->slot[r][i];
@@ -115,6 +121,45 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
         barrier(&comm->sh->left, comm->world, comm->round);
     }
     if (!strcmp(mode("FAKE_NCCL_OP"), "remote")) comm->state = ncclRemoteError;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t type,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+    (void)stream;
+    if (comm->state != ncclSuccess) return ncclInvalidUsage;
+    if (type != ncclFloat32 || (op != ncclSum && op != ncclAvg) ||
+        count * (size_t)comm->world > MAX_FLOATS)
+        return ncclInvalidArgument;
+    float *out = recv;
+    if (comm->world == 1) {
+        memmove(out, send, count * sizeof(float));
+        return ncclSuccess;
+    }
+    meet(comm, send, count * (size_t)comm->world);
+    for (size_t i = 0; i < count; i++) {
+        float s = 0;
+        for (int r = 0; r < comm->world; r++) s += comm->sh->slot[r][comm->rank * count + i];
+        out[i] = op == ncclAvg ? s / (float)comm->world : s;
+    }
+    barrier(&comm->sh->left, comm->world, comm->round);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type,
+                           ncclComm_t comm, cudaStream_t stream) {
+    (void)stream;
+    if (comm->state != ncclSuccess) return ncclInvalidUsage;
+    if (type != ncclFloat32 || count > MAX_FLOATS) return ncclInvalidArgument;
+    float *out = recv;
+    if (comm->world == 1) {
+        memmove(out, send, count * sizeof(float));
+        return ncclSuccess;
+    }
+    meet(comm, send, count);
+    for (int r = 0; r < comm->world; r++)
+        memcpy(out + (size_t)r * count, comm->sh->slot[r], count * sizeof(float));
+    barrier(&comm->sh->left, comm->world, comm->round);
     return ncclSuccess;
 }
 

@@ -83,6 +83,19 @@ for n in host nccl; do
 done
 [ "$(wc -l < "$work/gpt_host.it")" = 10 ] && cmp -s "$work/gpt_host.it" "$work/gpt_nccl.it" ||
     { diff "$work/gpt_host.it" "$work/gpt_nccl.it" | head; fail "gpt_train: NCCL's losses differ from the host's"; }
+# ZeRO-1 over NCCL on 3 ranks (buckets that do not divide evenly are padded): the CNN and the GPT
+for prog in fm gpt; do
+    for n in host nccl; do
+        flag=$([ $n = nccl ] && echo --nccl)
+        if [ $prog = fm ]; then cmd="$F --limit 1536"; else cmd="$G"; fi
+        timeout 120 "$R" --standalone --nproc_per_node 3 $cmd --zero $flag > "$work/z${prog}_$n" 2>&1 ||
+            { tail -n 20 "$work/z${prog}_$n"; fail "$prog --zero $flag failed"; }
+        sed -n 's/.*"final_loss": \([0-9.]*\), "test_acc": \([0-9.]*\).*/\1 \2/p; s/^\(iter [0-9]*: loss [0-9.]*\),.*/\1/p' \
+            "$work/z${prog}_$n" > "$work/z${prog}_$n.res"
+    done
+    [ -s "$work/z${prog}_host.res" ] && cmp -s "$work/z${prog}_host.res" "$work/z${prog}_nccl.res" ||
+        { diff "$work/z${prog}_host.res" "$work/z${prog}_nccl.res" | head; fail "$prog --zero: NCCL differs from the host"; }
+done
 grep -q "packed" "$work/fm_nccl" || fail "fashion_mnist --nccl: no bucket was packed"
 [ -s "$work/fm_host.res" ] && cmp -s "$work/fm_host.res" "$work/fm_nccl.res" ||
     fail "fashion_mnist: NCCL gives '$(cat "$work/fm_nccl.res")', the host '$(cat "$work/fm_host.res")'"
