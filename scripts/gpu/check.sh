@@ -22,19 +22,22 @@
 #      float32 and bf16
 #   9. the GPT on 2 ranks sharing the GPU (host-staged reduction): the tiny one against 2 ranks on
 #      the CPU (1e-4), the 6-layer one's speed against PyTorch DDP over gloo on the same GPU; and
-#      cddp_nccl with NCCL's library on one rank (an allreduce of device memory)
+#      NCCL (the wheels' library) on one rank: cddp_nccl's allreduce of device memory, ddp_train
+#      --nccl against ddp_train, and 2 ranks on the one GPU refused with --nccl
 #  10. (only when asked for) GPT-2 124M in bf16, batch 16 x 1024: cddp's --bench against PyTorch
 #      eager and torch.compile, and the card's bf16 matrix product rate
 #   8. (last) compute-sanitizer racecheck, synccheck and initcheck on device_check; memcheck and
 #      racecheck on two iterations of the tiny GPT (with its sampling)
-# CDDP_CHECK_STEPS (default "2 3 4 5 6 7 9 8"; 10 when asked for) picks the steps to run; the versions always run.
+# CDDP_CHECK_STEPS (default "2 3 4 5 6 7 9 8"; 10 when asked for) picks the steps to run; the
+# versions always run.
 # Writes to $OUT (or build-gpu/out): check.log, results.jsonl (the lines for
 # bench/gpu/results.jsonl), device_check.jsonl, sanitizer-device_check.txt and
 # sanitizer-gpt_train.txt; prints a table of the checks that ran last and exits 1 when any failed
 # or did not run.
 #
-# Rehearsal without a GPU (every step but the sanitizer's, on the emulated device and PyTorch on
-# the CPU): CDDP_CHECK_DEVICE=emu CDDP_CHECK_TORCH_DEVICE=cpu CDDP_CHECK_PYTHON=/usr/bin/python3 \
+# Rehearsal without a GPU (every step but the sanitizers' and NCCL's, on the emulated device and
+# PyTorch on the CPU):
+#   CDDP_CHECK_DEVICE=emu CDDP_CHECK_TORCH_DEVICE=cpu CDDP_CHECK_PYTHON=/usr/bin/python3 \
 #   scripts/gpu/check.sh build-gpu/carry
 set -u
 carry=$(cd "${1:?usage: check.sh CARRY (the folder scripts/gpu/prepare.sh made)}" && pwd)
