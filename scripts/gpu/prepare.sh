@@ -35,7 +35,9 @@ grep -q "the CUDA device is built" "$build/configure.log" || {
     echo "prepare.sh: CMake did not configure the CUDA device (see $build/configure.log)" >&2
     exit 1
 }
-programs="device_check fashion_mnist ddp_train bench_mlp gpt_train nccl_test cddprun"
+programs="device_check fashion_mnist ddp_train bench_mlp gpt_train cddprun"
+# nccl_test where NCCL's header was found (the toolkit's): check.sh's NCCL steps need it
+grep -q "cddp_nccl is built" "$build/configure.log" && programs="$programs nccl_test"
 cmake --build "$build" -j "$(nproc)" --target $programs
 rm -rf "$carry"
 mkdir -p "$carry/bin" "$carry/debs" "$carry/data"
