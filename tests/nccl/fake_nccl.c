@@ -22,7 +22,7 @@
 #define MAX_RANKS  8
 
 typedef struct shared {
-    _Atomic int arrived, left;
+    _Atomic int arrived, left, attached;
     float slot[MAX_RANKS][MAX_FLOATS];
 } shared;
 
@@ -78,6 +78,9 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
         c->sh = mmap(NULL, sizeof(shared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         close(fd);
         if (c->sh == MAP_FAILED) return ncclSystemError;
+        /* the last rank to map the segment removes its name: nothing is left in /dev/shm, even
+         * when a rank exits without destroying its communicator */
+        if (atomic_fetch_add(&c->sh->attached, 1) + 1 == nranks) shm_unlink(c->name);
     }
     *comm = c;
     return c->state == ncclSuccess ? ncclSuccess : ncclInProgress;
@@ -166,7 +169,7 @@ ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataT
 static ncclResult_t end(ncclComm_t comm) {
     if (comm->sh) {
         munmap(comm->sh, sizeof(shared));
-        if (comm->rank == 0) shm_unlink(comm->name);
+        shm_unlink(comm->name); /* when not every rank came (gone already otherwise) */
     }
     free(comm);
     return ncclSuccess;

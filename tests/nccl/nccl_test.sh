@@ -112,3 +112,9 @@ for r in 0 1; do
     expect_in "rank $r: NCCL is not available: $work/no/libnccl.so.2: cannot open shared object file" "$work/missing"
 done
 echo "ok: a missing NCCL says so on every rank"
+
+# the stand-in leaves nothing in /dev/shm (its segment goes once every rank has it mapped)
+for id in $(cut -d' ' -f6 "$work/log" | sort -u); do
+    [ ! -e "/dev/shm/cddp-$id" ] || fail "/dev/shm/cddp-$id was left behind"
+done
+echo "ok: nothing left in /dev/shm"
