@@ -216,6 +216,13 @@ static int nccl_pack(cddp_ddp *d, bucket *b, bool to_block, cddp_error *err) {
     return CDDP_OK;
 }
 
+/* The end of a bucket's launch on NCCL: when it ended, whether it is queued, a failure kept. */
+static void nccl_launched(cddp_ddp *d, bucket *b, int rc, const cddp_error *err) {
+    b->t_end = cddp_now_s();
+    b->reduced = rc == CDDP_OK;
+    if (rc != CDDP_OK && !d->hook_err.code) d->hook_err = *err;
+}
+
 static void nccl_launch(cddp_ddp *d, bucket *b) {
     cddp_error err = {0};
     float *buf = b->offset >= 0 ? cddp_model_grad(d->model) + b->offset : b->stage;
@@ -224,9 +231,7 @@ static void nccl_launch(cddp_ddp *d, bucket *b) {
     if (rc == CDDP_OK)
         rc = cddp_nccl_allreduce(d->nccl, buf, buf, (int64_t)b->numel, CDDP_COMM_F32,
                                  d->o.sum ? CDDP_COMM_SUM : CDDP_COMM_MEAN, &err);
-    b->t_end = cddp_now_s();
-    b->reduced = rc == CDDP_OK;
-    if (rc != CDDP_OK && !d->hook_err.code) d->hook_err = err;
+    nccl_launched(d, b, rc, &err);
 }
 
 static void nccl_finish(cddp_ddp *d, bucket *b) {
@@ -265,9 +270,7 @@ static void nccl_zero_launch(cddp_ddp *d, bucket *b) {
     if (rc == CDDP_OK)
         rc = cddp_nccl_reduce_scatter(d->nccl, buf, buf + (size_t)(d->rank * c), c, CDDP_COMM_F32,
                                       d->o.sum ? CDDP_COMM_SUM : CDDP_COMM_MEAN, &err);
-    b->t_end = cddp_now_s();
-    b->reduced = rc == CDDP_OK;
-    if (rc != CDDP_OK && !d->hook_err.code) d->hook_err = err;
+    nccl_launched(d, b, rc, &err);
 }
 
 static void nccl_zero_finish(cddp_ddp *d, bucket *b) {
