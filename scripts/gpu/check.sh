@@ -278,6 +278,12 @@ versus() {
     [ "$(echo $5 | wc -w)" = "$4" ] && [ "$(echo $6 | wc -w)" = "$4" ] && ok=ok
     outcome "$3, $2" $ok "cddp $cm ($cspread), PyTorch eager $tm ($tspread), ratio $(ratio "$cm" "$tm")"
 }
+# tokens_per_s N OUTPUT: N tokens an iteration over the median iteration in OUTPUT's JSON
+# ("median_iter_ms", cddp's and bench/gpt_torch.py's), to 1 decimal (nothing without one)
+tokens_per_s() {
+    echo "$2" | sed -n 's/.*"median_iter_ms": \([0-9.]*\).*/\1/p' |
+        awk -v n="$1" '{ if ($1 > 0) printf "%.1f", n * 1000 / $1 }'
+}
 # ratio A B: A / B to 2 decimals (nothing when B is not a number above 0)
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b }'; }
 speed() {
@@ -323,10 +329,8 @@ gpt_speed() {
             --device "$torch_device" --eval_batches 2 --data "$data/fortunes" 2>&1 | grep '"impl"')
         echo "$c"
         echo "$t"
-        cs="$cs $(echo "$c" | sed -n 's/.*"median_iter_ms": \([0-9.]*\).*/\1/p' |
-            awk '{ if ($1 > 0) printf "%.1f", 16 * 256 * 1000 / $1 }')"
-        ts="$ts $(echo "$t" | sed -n 's/.*"median_iter_ms": \([0-9.]*\).*/\1/p' |
-            awk '{ if ($1 > 0) printf "%.1f", 16 * 256 * 1000 / $1 }')"
+        cs="$cs $(tokens_per_s $((16 * 256)) "$c")"
+        ts="$ts $(tokens_per_s $((16 * 256)) "$t")"
     done
     versus gpt_train tokens/s "gpt_train $dtype" "$rounds" "$cs" "$ts" \
         "GPT 6 layers, 6 heads, width 384, context 256, batch 16, AdamW, $dtype; tokens/s of the median of 30 iterations, $rounds runs interleaved"
@@ -374,10 +378,8 @@ gpt2() {
     echo "$c"
     echo "$t"
     local cv tv
-    cv=$(echo "$c" | sed -n 's/.*"median_iter_ms": \([0-9.]*\).*/\1/p' |
-        awk '{ if ($1 > 0) printf "%.1f", 2 * 16 * 256 * 1000 / $1 }')
-    tv=$(echo "$t" | sed -n 's/.*"median_iter_ms": \([0-9.]*\).*/\1/p' |
-        awk '{ if ($1 > 0) printf "%.1f", 2 * 16 * 256 * 1000 / $1 }')
+    cv=$(tokens_per_s $((2 * 16 * 256)) "$c")
+    tv=$(tokens_per_s $((2 * 16 * 256)) "$t")
     local config="GPT 6 layers, 6 heads, width 384, context 256, 2 ranks x batch 16 on one GPU, AdamW, fp32; tokens/s (both ranks) of the median of 30 iterations"
     result gpt_2ranks_1gpu cddp "${cv:-null}" tokens/s "$config, host-staged reduction, $d"
     result gpt_2ranks_1gpu torch-gloo "${tv:-null}" tokens/s "$config, DistributedDataParallel over gloo, $td"
@@ -457,10 +459,8 @@ PYEOF
     local cv tv kv mfu
     cv=$(echo "$c" | tail -n 1 | sed -n 's/.*"bench": {.*"tokens_per_s": \([0-9.]*\).*/\1/p')
     mfu=$(echo "$c" | tail -n 1 | sed -n 's/.*"mfu": \([0-9.a-z]*\).*/\1/p')
-    tv=$(echo "$t" | sed -n 's/.*"median_iter_ms": \([0-9.]*\).*/\1/p' |
-        awk -v n=$((B * T)) '{ if ($1 > 0) printf "%.1f", n * 1000 / $1 }')
-    kv=$(echo "$k" | sed -n 's/.*"median_iter_ms": \([0-9.]*\).*/\1/p' |
-        awk -v n=$((B * T)) '{ if ($1 > 0) printf "%.1f", n * 1000 / $1 }')
+    tv=$(tokens_per_s $((B * T)) "$t")
+    kv=$(tokens_per_s $((B * T)) "$k")
     local config="GPT-2 124M (vocabulary padded to 50304), batch 16 x 1024, bf16, AdamW, random tokens"
     [ -n "${CDDP_CHECK_GPT2:-}" ] && config="GPT $L layers, $H heads, width $W, batch $B x $T, vocabulary 50304, bf16, AdamW, random tokens"
     result gpt2_124m_train cddp "${cv:-null}" tokens/s "$config; --bench 10, $device" ", \"mfu\": ${mfu:-null}"
