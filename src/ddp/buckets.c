@@ -110,6 +110,7 @@ int cddp__ddp_build_buckets(cddp_ddp *d, const int *order, cddp_error *err) {
  * staged model after the device's copy of its gradients to the host (stage.c). */
 void cddp__ddp_launch(cddp_ddp *d, int k) {
     bucket *b = &d->buckets[k];
+    if (d->alone) return; /* the mean over one rank: the gradients as they are */
     if (d->staged && !d->nccl) {
         cddp_error err = {0};
         if (cddp__ddp_stage_in(d, b, &err) != CDDP_OK) {

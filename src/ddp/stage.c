@@ -21,8 +21,9 @@ int cddp__ddp_stage_setup(cddp_ddp *d, cddp_error *err) {
     d->staged = !cddp_device_host_accessible(d->dev);
     if (!d->staged) return CDDP_OK;
     size_t np = cddp_model_numel(d->model), nb = cddp_model_buffer_numel(d->model);
-    /* with nccl the gradients are reduced where they are: no host copy of them (nor events) */
-    if (!d->o.nccl) {
+    /* with nccl the gradients are reduced where they are, and alone not at all: no host copy of
+     * them (nor events) */
+    if (!d->o.nccl && !d->alone) {
         cddp_error e = {0};
         d->hgrad = cddp_comm_alloc(d->group, np * sizeof(float), &e);
         if (!d->hgrad && cddp_comm_error(d->group)) { /* the group failed: a peer died, say */
@@ -34,11 +35,14 @@ int cddp__ddp_stage_setup(cddp_ddp *d, cddp_error *err) {
     }
     d->hparams = cddp_aligned_alloc(np * sizeof(float) + 64);
     d->hbufs = cddp_aligned_alloc(nb * sizeof(float) + 64);
-    if ((!d->hgrad && !d->o.nccl) || !d->hparams || !d->hbufs)
+    if ((!d->hgrad && !d->o.nccl && !d->alone) || !d->hparams || !d->hbufs)
         return cddp_error_set(err, CDDP_ENOMEM, "out of memory for the host copies of the model");
     for (int k = 0; k < d->nbuckets; k++) CDDP_TRY(cddp__ddp_stage_bucket(d, &d->buckets[k], err));
-    cddp_log(CDDP_LOG_DEBUG, "ddp", "the model is on %s: its gradients are reduced %s",
-             cddp_device_name(d->dev), d->o.nccl ? "there by NCCL" : "from host copies");
+    cddp_log(CDDP_LOG_DEBUG, "ddp", "the model is on %s: its gradients are %s",
+             cddp_device_name(d->dev),
+             d->alone    ? "left where they are (one rank)"
+             : d->o.nccl ? "reduced there by NCCL"
+                         : "reduced from host copies");
     return CDDP_OK;
 }
 
@@ -54,7 +58,7 @@ void cddp__ddp_stage_release(cddp_ddp *d) {
 }
 
 int cddp__ddp_stage_bucket(cddp_ddp *d, bucket *b, cddp_error *err) {
-    if (!d->staged || d->o.nccl || b->ready_ev) return CDDP_OK;
+    if (!d->staged || d->o.nccl || d->alone || b->ready_ev) return CDDP_OK;
     return (b->ready_ev = cddp_event_create(d->dev, err)) ? CDDP_OK : err->code;
 }
 

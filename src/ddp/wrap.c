@@ -206,7 +206,7 @@ void cddp_ddp_destroy(cddp_ddp *d) {
 static int place_gradients(cddp_ddp *d, cddp_error *err) {
     if (d->staged) return CDDP_OK; /* the host copy of stage.c is the collectives' */
     d->hgrad = cddp_model_grad(d->model);
-    if (d->reducer != &cddp__allreduce_reducer) return CDDP_OK;
+    if (d->reducer != &cddp__allreduce_reducer || d->alone) return CDDP_OK;
     cddp_error e = {0};
     float *block = cddp_comm_alloc(d->group, cddp_model_numel(d->model) * sizeof(float), &e);
     if (!block) {
@@ -323,6 +323,8 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
         goto out;
     }
     d->reducer = cddp__ddp_reducer(&o);
+    d->alone = d->world == 1 && d->reducer == &cddp__allreduce_reducer && !o.join &&
+               !o.find_unused_parameters;
     CDDP_TRY_GOTO(cddp__ddp_timeline_open(d, err), out);
     CDDP_TRY_GOTO(choose_overlap(d, err), out);
     d->print_stats = cddp_knob_int(CDDP_KNOB_DDP_STATS) != 0;
