@@ -144,7 +144,8 @@ typedef struct copy_task {
     size_t n;
     int byte;  /* for a fill */
     bool fill; /* memset, not memcpy */
-    bool late; /* a queued upload: runs a millisecond late, so that a missing wait reads NaNs */
+    bool late; /* a queued upload or download: runs a millisecond late, so that a missing wait
+                * reads NaNs (on the device) or stale data (on the host) */
     void *own; /* freed after the copy (a staging copy of the host's data) */
 } copy_task;
 
@@ -193,12 +194,16 @@ static int emu_download(cddp_device *dev, void *queue, void *dst, const void *sr
     return CDDP_OK;
 }
 
+/* A queued download writes the host's dst when it runs (a millisecond late): whoever reads dst
+ * must wait until an event recorded after it is done, or reads what was there before. */
 static int emu_download_async(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
                               cddp_error *err) {
     need_device(dev, "a copy to the host", src, n);
-    return push_copy(dev, queue,
-                     (copy_task){.dst = dst, .src = cddp__emu_mem_reach(of(dev)->mem, src), .n = n},
-                     err);
+    return push_copy(
+        dev, queue,
+        (copy_task){
+            .dst = dst, .src = cddp__emu_mem_reach(of(dev)->mem, src), .n = n, .late = true},
+        err);
 }
 
 /* A queued upload reads the host's data when it runs (a millisecond late): the caller must leave
