@@ -8,13 +8,18 @@
  *
  * The communicator forms without blocking (NCCL's nonblocking mode). A rank that does not join,
  * or a communicator stuck past the timeout, is aborted with an error naming what did not finish:
- * never a hang. Collectives are queued on the device's own queue (cddp_device_native_queue) after
- * the work already queued there; cddp_nccl_wait waits for them and reports NCCL's asynchronous
- * errors (a peer's failure).
+ * never a hang. Collectives run on the communicator's own queue (a CUDA stream of the highest
+ * priority), each after the work already queued on the device's default queue
+ * (cddp_device_native_queue, where contexts' kernels run), so that the kernels queued after it
+ * run beside it: DDP's buckets are reduced while the rest of backward computes. cddp_nccl_join
+ * makes the default queue's later work wait for the collectives (the host does not wait);
+ * cddp_nccl_wait makes the host wait for them and reports NCCL's asynchronous errors (a peer's
+ * failure).
  *
  *   cddp_nccl *n = cddp_nccl_create(group, dev, NULL, &err);
  *   cddp_nccl_allreduce(n, grads, grads, count, CDDP_COMM_F32, CDDP_COMM_MEAN, &err);
- *   cddp_nccl_wait(n, &err);
+ *   cddp_nccl_join(n, &err);   // kernels queued from now on see the sums
+ *   cddp_nccl_wait(n, &err);   // and the host: after it, the sums are there, or err says why
  *   cddp_nccl_destroy(n);
  */
 #ifndef CDDP_NCCL_H
@@ -39,8 +44,9 @@ typedef struct cddp_nccl_options {
  * communicator did not form within the timeout (then every rank's attempt aborts). */
 CDDP_API cddp_nccl *cddp_nccl_create(cddp_comm *group, cddp_device *dev,
                                      const cddp_nccl_options *opts, cddp_error *err);
-/* recv = op over the ranks of send (count elements; send may be recv), queued on the device's
- * queue. CDDP_OK, or NCCL's refusal. */
+/* recv = op over the ranks of send (count elements; send may be recv), queued on the
+ * communicator's queue after the work queued so far on the device's. CDDP_OK, or NCCL's
+ * refusal. The same goes for the two below. */
 CDDP_API int cddp_nccl_allreduce(cddp_nccl *n, const void *send, void *recv, int64_t count,
                                  cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err);
 /* Rank r's recv (count elements) = op over the ranks of elements [r count, (r + 1) count) of
@@ -51,6 +57,9 @@ CDDP_API int cddp_nccl_reduce_scatter(cddp_nccl *n, const void *send, void *recv
  * recv + rank count). */
 CDDP_API int cddp_nccl_allgather(cddp_nccl *n, const void *send, void *recv, int64_t count,
                                  cddp_comm_dtype dtype, cddp_error *err);
+/* The device's default queue: what is queued there from now on runs after the collectives
+ * queued so far (the host does not wait). CDDP_OK, or the communicator's earlier failure. */
+CDDP_API int cddp_nccl_join(cddp_nccl *n, cddp_error *err);
 /* Waits until the queued collectives have run: CDDP_OK, or NCCL's asynchronous error (the
  * communicator is then aborted and every later call fails). */
 CDDP_API int cddp_nccl_wait(cddp_nccl *n, cddp_error *err);

@@ -4,7 +4,10 @@
  * without it, and tests can open a stand-in (tests/nccl/fake_nccl.c). The communicator is made in
  * NCCL's nonblocking mode: every call that returns ncclInProgress is then polled
  * (ncclCommGetAsyncError) until it settles or the timeout passes, when the communicator is
- * aborted. Without NCCL's header (CDDP_HAVE_NCCL unset) every call says so. */
+ * aborted. On a GPU the collectives go on a stream of the communicator's own, ordered by two
+ * events: `ready`, recorded on the device's stream before each collective and waited for by the
+ * communicator's, and `done`, the other way round (cddp_nccl_join). Without NCCL's header
+ * (CDDP_HAVE_NCCL unset) every call says so. */
 #include "cddp/nccl.h"
 
 #include <stdio.h>
@@ -38,6 +41,10 @@ int cddp_nccl_reduce_scatter(cddp_nccl *n, const void *send, void *recv, int64_t
 int cddp_nccl_allgather(cddp_nccl *n, const void *send, void *recv, int64_t count,
                         cddp_comm_dtype dtype, cddp_error *err) {
     (void)n, (void)send, (void)recv, (void)count, (void)dtype;
+    return no_nccl(err);
+}
+int cddp_nccl_join(cddp_nccl *n, cddp_error *err) {
+    (void)n;
     return no_nccl(err);
 }
 int cddp_nccl_wait(cddp_nccl *n, cddp_error *err) {
@@ -85,7 +92,9 @@ struct cddp_nccl {
     const lib *l;
     ncclComm_t comm;
     cddp_device *dev;
-    cudaStream_t stream;
+    cudaStream_t stream; /* the collectives' (NULL on the CPU: they run when called) */
+    cudaStream_t main;   /* the device's, where contexts' kernels run */
+    cudaEvent_t ready, done;
     int rank, world;
     double timeout;
     cddp_error failed; /* latched: every later call reports it */
@@ -187,6 +196,33 @@ static int check(cddp_nccl *n, cddp_error *err) {
     return CDDP_OK;
 }
 
+/* A CUDA failure of `what` on n's device, in err. */
+static int cuda_failed(cddp_nccl *n, cudaError_t e, const char *what, cddp_error *err) {
+    return cddp_error_set(err, CDDP_EIO, "NCCL: %s on %s: %s", what, cddp_device_name(n->dev),
+                          cudaGetErrorString(e));
+}
+
+/* On a GPU: the communicator's stream (of the highest priority, so that its kernels get the
+ * multiprocessors as soon as backward's leave one) and its two events. */
+static int own_stream(cddp_nccl *n, cddp_error *err) {
+    if (!n->main) return CDDP_OK;
+    int least = 0, greatest = 0;
+    cudaError_t e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithPriority(&n->stream, cudaStreamNonBlocking, greatest);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&n->ready, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&n->done, cudaEventDisableTiming);
+    return e == cudaSuccess ? CDDP_OK : cuda_failed(n, e, "making the collectives' stream", err);
+}
+
+/* Frees n and what own_stream made (after its work: a stream's destruction waits for it). */
+static void release(cddp_nccl *n) {
+    if (n->ready) cudaEventDestroy(n->ready);
+    if (n->done) cudaEventDestroy(n->done);
+    if (n->stream) cudaStreamDestroy(n->stream);
+    cddp_free(n);
+}
+
 /* NCCL takes one rank per GPU (two ranks on one fail inside NCCL's init): every rank's GPU, as
  * its host's name and the GPU's PCI address (the same GPU whatever CUDA_VISIBLE_DEVICES numbers
  * it), compared across the group first, so that every rank says which ranks share one. */
@@ -255,18 +291,22 @@ cddp_nccl *cddp_nccl_create(cddp_comm *group, cddp_device *dev, const cddp_nccl_
     }
     *n = (cddp_nccl){.l = l,
                      .dev = dev,
-                     .stream = cddp_device_native_queue(dev),
+                     .main = cddp_device_native_queue(dev),
                      .rank = rank,
                      .world = world,
                      .timeout = opts && opts->timeout_s > 0 ? opts->timeout_s : 300.0};
     if (cddp_device_kind_of(dev) == CDDP_DEVICE_CUDA) cudaSetDevice(cddp_device_index(dev));
+    if (own_stream(n, err) != CDDP_OK) {
+        release(n);
+        return NULL;
+    }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclResult_t r = l->ncclCommInitRankConfig(&n->comm, world, msg.id, rank, &config);
     if ((r != ncclSuccess && r != ncclInProgress) ||
         settle(n, "forming the communicator", cddp_now_s() + n->timeout, err) != CDDP_OK) {
         if (r != ncclSuccess && r != ncclInProgress) failed(n, r, "forming the communicator", err);
-        cddp_free(n);
+        release(n);
         return NULL;
     }
     return n;
@@ -296,7 +336,11 @@ static int prepare(cddp_nccl *n, const char *what, int64_t count, cddp_comm_dtyp
         return cddp_error_set(err, CDDP_EINVAL, "NCCL: %s of %lld %s by %s: not one NCCL has", what,
                               (long long)count, cddp_comm_dtype_name(dtype), cddp_comm_op_name(op));
     if (cddp_device_kind_of(n->dev) == CDDP_DEVICE_CUDA) cudaSetDevice(cddp_device_index(n->dev));
-    return CDDP_OK;
+    if (!n->stream) return CDDP_OK;
+    /* after the work queued on the device so far (which wrote send) */
+    cudaError_t e = cudaEventRecord(n->ready, n->main);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(n->stream, n->ready, 0);
+    return e == cudaSuccess ? CDDP_OK : cuda_failed(n, e, "ordering a collective", err);
 }
 
 /* What NCCL said when it was given the collective: queued, in progress (settled), or refused. */
@@ -330,6 +374,15 @@ int cddp_nccl_allgather(cddp_nccl *n, const void *send, void *recv, int64_t coun
     CDDP_TRY(prepare(n, "allgather", count, dtype, CDDP_COMM_SUM, &t, &o, err));
     return issued(n, n->l->ncclAllGather(send, recv, (size_t)count, t, n->comm, n->stream),
                   "allgather", err);
+}
+
+int cddp_nccl_join(cddp_nccl *n, cddp_error *err) {
+    CDDP_TRY(check(n, err));
+    if (!n->stream) return CDDP_OK;
+    cudaSetDevice(cddp_device_index(n->dev));
+    cudaError_t e = cudaEventRecord(n->done, n->stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(n->main, n->done, 0);
+    return e == cudaSuccess ? CDDP_OK : cuda_failed(n, e, "ordering after the collectives", err);
 }
 
 /* Waits for the stream's work without blocking on it: a peer that died leaves NCCL's kernels
@@ -378,7 +431,7 @@ void cddp_nccl_destroy(cddp_nccl *n) {
         else if (n->comm)
             n->l->ncclCommAbort(n->comm);
     }
-    cddp_free(n);
+    release(n);
 }
 
 #endif

@@ -164,6 +164,9 @@ static int finish_bucket(cddp_ddp *d, int k, cddp_error *err) {
 int cddp__ddp_wait_all(cddp_ddp *d, cddp_error *err) {
     int rc = CDDP_OK;
     cddp_error e = {0};
+    /* NCCL's buckets run on its stream: what finishing queues next on the device's (a packed
+     * bucket's copies back, the optimizer) comes after them */
+    if (d->nccl && cddp_nccl_join(d->nccl, &e) != CDDP_OK) rc = e.code, *err = e;
     if (d->active_work) {
         int st = cddp_comm_wait(d->active_work, -1, &e);
         d->active_work = NULL;

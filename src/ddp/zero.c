@@ -81,6 +81,7 @@ static int gather_nccl(cddp_ddp *d, float *block, cddp_error *err) {
         CDDP_TRY(cddp_device_memset(d->dev, mine, 0, (size_t)c * sizeof(float), err));
         CDDP_TRY(cddp_device_copy(d->dev, mine, at + lo, (size_t)(hi - lo) * sizeof(float), err));
         CDDP_TRY(cddp_nccl_allgather(d->nccl, mine, b->stage, c, CDDP_COMM_F32, err));
+        CDDP_TRY(cddp_nccl_join(d->nccl, err)); /* the copy on the device's stream after it */
         CDDP_TRY(cddp_device_copy(d->dev, at, b->stage, b->numel * sizeof(float), err));
     }
     return cddp_nccl_wait(d->nccl, err);

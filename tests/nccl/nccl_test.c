@@ -6,6 +6,10 @@
  *   nccl_test [TIMEOUT_S [DEVICE]]
  *
  * DEVICE (default cpu): where the buffer lives (cuda: the local rank's GPU, with NCCL itself).
+ * On a device the host cannot read, a second allreduce checks the order of the queues: its input
+ * is written by the device's queue behind some milliseconds of other work, and its output (out of
+ * place) is read back there after cddp_nccl_join, so a collective that does not wait for the
+ * device's work reads zeros and a join that does not hold the device's queue reads NaNs.
  * Exit 0 when the sums are right; 3 when the communicator did not form; 4 when the collective
  * failed; 5 when a sum is wrong; 1 when the group did not form. */
 #include <cddp/cddp.h>
@@ -13,6 +17,53 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+
+enum { N = 1000 };
+
+/* The sums of rank r's (r + 1)(i + 1): 0 when they are right, else 5 and what is wrong. */
+static int sums_wrong(const float *v, int rank, int world, const char *what) {
+    for (int i = 0; i < N; i++)
+        if (v[i] != (float)(world * (world + 1) / 2 * (i + 1))) {
+            printf("rank %d: %s: element %d is %g, not %d\n", rank, what, i, v[i],
+                   world * (world + 1) / 2 * (i + 1));
+            return 5;
+        }
+    return 0;
+}
+
+/* The allreduce of send into recv (out of place), send written by the device's queue after
+ * 200 passes over 64 MiB, recv read back by the device's queue after cddp_nccl_join. */
+static int ordered(cddp_nccl *n, cddp_device *dev, const float *v, int rank, int world,
+                   cddp_error *err) {
+    size_t big = (size_t)16 << 20;
+    float *slow = cddp_device_alloc(dev, big * sizeof(float), err);
+    float *src = cddp_device_alloc(dev, N * sizeof(float), err);
+    float *send = cddp_device_alloc(dev, N * sizeof(float), err);
+    float *recv = cddp_device_alloc(dev, N * sizeof(float), err);
+    float got[N];
+    int rc = slow && src && send && recv ? CDDP_OK : 4;
+    if (rc == CDDP_OK && (cddp_device_memset(dev, slow, 0, big * sizeof(float), err) != CDDP_OK ||
+                          cddp_device_memset(dev, send, 0, N * sizeof(float), err) != CDDP_OK ||
+                          cddp_device_memset(dev, recv, 0xff, N * sizeof(float), err) != CDDP_OK ||
+                          cddp_device_upload(dev, src, v, N * sizeof(float), err) != CDDP_OK ||
+                          cddp_device_synchronize(dev, err) != CDDP_OK))
+        rc = 4;
+    for (int i = 0; rc == CDDP_OK && i < 200; i++) cddp_device_scale(dev, slow, big, 1.0f);
+    if (rc == CDDP_OK &&
+        (cddp_device_copy(dev, send, src, N * sizeof(float), err) != CDDP_OK ||
+         cddp_nccl_allreduce(n, send, recv, N, CDDP_COMM_F32, CDDP_COMM_SUM, err) != CDDP_OK ||
+         cddp_nccl_join(n, err) != CDDP_OK ||
+         cddp_device_download(dev, got, recv, sizeof got, err) != CDDP_OK ||
+         cddp_nccl_wait(n, err) != CDDP_OK))
+        rc = 4;
+    if (rc == 4) printf("the ordered allreduce: %s\n", err->msg);
+    if (rc == CDDP_OK) rc = sums_wrong(got, rank, world, "the ordered allreduce");
+    cddp_device_free(dev, slow);
+    cddp_device_free(dev, src);
+    cddp_device_free(dev, send);
+    cddp_device_free(dev, recv);
+    return rc;
+}
 
 int main(int argc, char **argv) {
     cddp_error err = {0};
@@ -34,7 +85,6 @@ int main(int argc, char **argv) {
         printf("no communicator after %.1f s: %s\n", cddp_now_s() - t0, err.msg);
         rc = 3;
     } else {
-        enum { N = 1000 };
         static float v[N];
         for (int i = 0; i < N; i++) v[i] = (float)((rank + 1) * (i + 1));
         /* the buffer on the device: v itself on the CPU, else a copy there and back */
@@ -47,15 +97,15 @@ int main(int argc, char **argv) {
             printf("allreduce: %s\n", err.msg);
             rc = 4;
         } else {
-            for (int i = 0; i < N && !rc; i++)
-                if (v[i] != (float)(world * (world + 1) / 2 * (i + 1))) {
-                    printf("rank %d: element %d is %g, not %d\n", rank, i, v[i],
-                           world * (world + 1) / 2 * (i + 1));
-                    rc = 5;
-                }
+            rc = sums_wrong(v, rank, world, "allreduce");
+            if (!rc && !host) {
+                for (int i = 0; i < N; i++) v[i] = (float)((rank + 1) * (i + 1));
+                rc = ordered(n, dev, v, rank, world, &err);
+            }
             if (!rc)
-                printf("rank %d: allreduce ok (%d ranks, NCCL %d, %s)\n", rank, world,
-                       cddp_nccl_version(NULL), cddp_device_name(dev));
+                printf("rank %d: allreduce ok (%d ranks, NCCL %d, %s%s)\n", rank, world,
+                       cddp_nccl_version(NULL), cddp_device_name(dev),
+                       host ? "" : "; ordered with the device's queue");
             /* after a failure every call reports it; after success a second one works too */
             if (!rc && cddp_nccl_allreduce(n, d, d, 0, CDDP_COMM_F32, CDDP_COMM_SUM, &err)) {
                 printf("an empty allreduce: %s\n", err.msg);
