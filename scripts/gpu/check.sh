@@ -23,7 +23,8 @@
 #   9. the GPT on 2 ranks sharing the GPU (host-staged reduction): the tiny one against 2 ranks on
 #      the CPU (1e-4), the 6-layer one's speed against PyTorch DDP over gloo on the same GPU; and
 #      NCCL (the wheels' library) on one rank: cddp_nccl's allreduce of device memory, ddp_train
-#      --nccl against ddp_train, and 2 ranks on the one GPU refused with --nccl
+#      --nccl against ddp_train, and 2 ranks on the one GPU refused with --nccl; last, rank 1 of
+#      2 on the GPU SIGKILLed mid-training: the job stops naming it
 #  10. (only when asked for) GPT-2 124M in bf16, batch 16 x 1024: cddp's --bench against PyTorch
 #      eager and torch.compile, and the card's bf16 matrix product rate
 #   8. (last) compute-sanitizer racecheck, synccheck and initcheck on device_check; memcheck and
@@ -415,9 +416,23 @@ nccl1() {
     echo "$b" | grep -q "NCCL: ranks 0 and 1 are on one GPU" && ok=ok
     outcome "ddp_train --nccl, 2 ranks on one GPU refused" "$ok" "$(echo "$b" | grep -m1 "on one GPU" | cut -c1-160)"
 }
+# A rank killed in the middle of training on the device (2 ranks sharing it, host-staged): the job
+# stops in seconds, naming it as the root cause (tests/ddp/device_kill.sh).
+kill1() {
+    if ! fits 40; then
+        outcome "2 ranks, rank 1 SIGKILLed mid-training" "not run" "out of time"
+        return
+    fi
+    local d=$device b ok=FAIL
+    [ "$d" = cuda ] && d=cuda:0
+    b=$(cddp timeout 90 "$root/tests/ddp/device_kill.sh" "$carry" "$d" 2>&1)
+    echo "$b" | grep -q "^ok: rank 1 killed" && ok=ok
+    outcome "2 ranks on $d, rank 1 SIGKILLed mid-training" "$ok" "$(echo "$b" | tail -n 1 | cut -c1-160)"
+}
 if want 9; then
     gpt2
     nccl1
+    kill1
 fi
 
 echo "== 10. GPT-2 124M's training speed (asked for: CDDP_CHECK_STEPS=10)"
