@@ -21,7 +21,8 @@
 #   7. the GPT's training speed (6 layers, width 384, context 256), cddp and PyTorch eager, in
 #      float32 and bf16
 #   9. the GPT on 2 ranks sharing the GPU (host-staged reduction): the tiny one against 2 ranks on
-#      the CPU (1e-4), the 6-layer one's speed against PyTorch DDP over gloo on the same GPU; and
+#      the CPU (1e-4) and with --zero (ZeRO-1) against itself without (1e-5), the 6-layer one's
+#      speed against PyTorch DDP over gloo on the same GPU; and
 #      NCCL (the wheels' library) on one rank: cddp_nccl's allreduce of device memory, ddp_train
 #      --nccl against ddp_train, and 2 ranks on the one GPU refused with --nccl; last, rank 1 of
 #      2 on the GPU SIGKILLed mid-training: the job stops naming it
@@ -363,6 +364,14 @@ gpt2() {
     outcome "gpt_2ranks (the tiny GPT, 2 ranks on $d)" "$ok" "against 2 ranks on the CPU: largest difference $worst relative (bound 1e-4); val cpu $vc, $d ${vg:-none}"
     result gpt_2ranks_20_steps cddp "${vg:-null}" "val loss" "$d, 2 ranks; cpu: $vc; largest difference $worst" \
         ", \"pass\": $([ $ok = ok ] && echo true || echo false)"
+    # ZeRO-1 on the device (the optimizer's state and step sharded over the 2 ranks): DDP's losses
+    local z vz
+    z=$(cddp timeout 60 $run "$bin/gpt_train" $tiny --device "$d" --zero 2>&1)
+    vz=$(val_loss "$z") worst=$(apart "$g" "$z")
+    [ -n "$vz" ] || echo "$z" | tail -n 8
+    ok=FAIL
+    [ "$worst" != none ] && awk -v w="$worst" 'BEGIN { exit !(w <= 1e-5) }' && ok=ok
+    outcome "gpt_2ranks --zero (ZeRO-1, 2 ranks on $d)" "$ok" "against DDP on $d: largest difference $worst relative (bound 1e-5); val ${vz:-none}"
     fits 90 || {
         outcome "gpt_2ranks_1gpu speed" "not run" "out of time"
         return
