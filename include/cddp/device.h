@@ -164,6 +164,12 @@ CDDP_API int cddp_device_sum_squares(cddp_device *dev, const float *x, size_t n,
                                      cddp_error *err);
 /* x *= s (n elements). */
 CDDP_API void cddp_device_scale(cddp_device *dev, float *x, size_t n, float s);
+/* 16-bit floats for the wire, as DDP's bf16/fp16 compression sends them: h = x rounded to nearest
+ * even, to bfloat16 or (f16) IEEE half; and back, x = scale h (n elements each). */
+CDDP_API void cddp_device_to_half(cddp_device *dev, uint16_t *h, const float *x, size_t n,
+                                  bool f16);
+CDDP_API void cddp_device_from_half(cddp_device *dev, float *x, const uint16_t *h, size_t n,
+                                    bool f16, float scale);
 
 #ifdef __cplusplus
 }

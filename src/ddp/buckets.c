@@ -30,11 +30,13 @@
 void cddp__ddp_free_buckets(cddp_ddp *d) {
     for (int b = 0; b < d->nbuckets; b++) {
         cddp_free(d->buckets[b].params);
-        if (d->nccl)
+        if (d->nccl) {
             cddp_device_free(d->dev, d->buckets[b].stage);
-        else
+            cddp_device_free(d->dev, d->buckets[b].half);
+        } else {
             cddp_aligned_free(d->buckets[b].stage);
-        cddp_aligned_free(d->buckets[b].half);
+            cddp_aligned_free(d->buckets[b].half);
+        }
         cddp_event_destroy(d->buckets[b].ready_ev);
     }
     cddp_free(d->buckets);

@@ -58,7 +58,8 @@ typedef struct cddp__reducer {
 } cddp__reducer;
 
 extern const cddp__reducer cddp__allreduce_reducer, cddp__bf16_reducer, cddp__fp16_reducer,
-    cddp__zero_reducer, cddp__nccl_reducer, cddp__nccl_zero_reducer;
+    cddp__zero_reducer, cddp__nccl_reducer, cddp__nccl_zero_reducer, cddp__nccl_bf16_reducer,
+    cddp__nccl_fp16_reducer;
 
 typedef struct event {
     const char *name;

@@ -10,10 +10,11 @@
  *   bf16, fp16 every bucket is packed as 16-bit floats (rounded to nearest even), summed by the
  *              transport in float32, and unpacked with the mean applied in float32: half the
  *              bytes on the wire, PyTorch's bf16/fp16 compression hooks
- *   nccl       (the nccl option) every bucket is allreduced by NCCL in the device's memory, queued
- *              on its stream after the kernels that wrote the gradients (so nothing waits for
+ *   nccl       (the nccl option) every bucket is allreduced by NCCL in the device's memory, on
+ *              NCCL's stream after the kernels that wrote the gradients (so nothing waits for
  *              them); a bucket that is not one range is packed and unpacked by device copies;
- *              with shard_optimizer, reduce-scattered as zero's are, padded on the device
+ *              with shard_optimizer, reduce-scattered as zero's are, padded on the device; with a
+ *              bf16/fp16 hook, rounded on the device and summed by NCCL in 16 bits
  *
  * Packing runs where the collective runs (cddp__ddp_before): on the communication thread when
  * buckets are reduced there, after whatever must come first (a device's copy of the gradients).
@@ -287,7 +288,50 @@ static void nccl_zero_finish(cddp_ddp *d, bucket *b) {
 const cddp__reducer cddp__nccl_zero_reducer = {"nccl_reduce_scatter", nccl_zero_prepare,
                                                nccl_zero_launch, nccl_zero_finish};
 
+/* bf16 and fp16 compression on the device: the bucket rounded into its 16-bit buffer there, summed
+ * by NCCL in that type, the mean applied in float32 when widening it back into the gradients. */
+static int nccl_half_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
+    b->half = cddp_device_alloc(d->dev, b->numel * sizeof(uint16_t), err);
+    return b->half ? CDDP_OK : err->code;
+}
+
+/* Each of the bucket's gradients into its place in b->half (to_half) or back. */
+static void nccl_half_pack(cddp_ddp *d, bucket *b, bool back) {
+    bool f16 = d->o.hook == CDDP_DDP_HOOK_FP16;
+    float scale = d->o.sum ? 1.0f : 1.0f / (float)d->world, *g = cddp_model_grad(d->model);
+    size_t at = 0;
+    for (int j = 0; j < b->nparams; j++) {
+        size_t n = (size_t)cddp_model_param(d->model, b->params[j])->numel;
+        float *p = g + cddp_model_param_offset(d->model, b->params[j]);
+        if (back)
+            cddp_device_from_half(d->dev, p, b->half + at, n, f16, scale);
+        else
+            cddp_device_to_half(d->dev, b->half + at, p, n, f16);
+        at += n;
+    }
+}
+
+static void nccl_half_launch(cddp_ddp *d, bucket *b) {
+    cddp_error err = {0};
+    b->t_start = cddp_now_s();
+    nccl_half_pack(d, b, false);
+    int rc = cddp_nccl_allreduce(d->nccl, b->half, b->half, (int64_t)b->numel, half_type(d),
+                                 CDDP_COMM_SUM, &err);
+    nccl_launched(d, b, rc, &err);
+}
+
+static void nccl_half_finish(cddp_ddp *d, bucket *b) {
+    nccl_half_pack(d, b, true);
+}
+
+const cddp__reducer cddp__nccl_bf16_reducer = {"nccl_bf16", nccl_half_prepare, nccl_half_launch,
+                                               nccl_half_finish};
+const cddp__reducer cddp__nccl_fp16_reducer = {"nccl_fp16", nccl_half_prepare, nccl_half_launch,
+                                               nccl_half_finish};
+
 const cddp__reducer *cddp__ddp_reducer(const cddp_ddp_options *o) {
+    if (o->nccl && o->hook != CDDP_DDP_HOOK_NONE)
+        return o->hook == CDDP_DDP_HOOK_BF16 ? &cddp__nccl_bf16_reducer : &cddp__nccl_fp16_reducer;
     if (o->nccl) return o->shard_optimizer ? &cddp__nccl_zero_reducer : &cddp__nccl_reducer;
     if (o->shard_optimizer) return &cddp__zero_reducer;
     switch (o->hook) {

@@ -287,15 +287,6 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
                                 "option");
         return NULL;
     }
-    if (o.nccl && (o.hook != CDDP_DDP_HOOK_NONE || o.join || o.find_unused_parameters)) {
-        cddp_error_set(err, CDDP_EUNSUPPORTED,
-                       "cddp_ddp_wrap: nccl does not go with %s yet: drop it, or nccl (the "
-                       "gradients then go through host memory)",
-                       o.hook != CDDP_DDP_HOOK_NONE ? "a bf16/fp16 hook"
-                       : o.join                     ? "join"
-                                                    : "find_unused_parameters");
-        return NULL;
-    }
     cddp_ddp *d = cddp_calloc(1, sizeof *d);
     if (!d) {
         cddp_error_set(err, CDDP_ENOMEM, "out of memory");

@@ -240,6 +240,18 @@ void cddp_device_scale(cddp_device *dev, float *x, size_t n, float s) {
     CDDP__K(&q, scale, .y = x, .x = x, .s = s, .n = (int64_t)n);
 }
 
+void cddp_device_to_half(cddp_device *dev, uint16_t *h, const float *x, size_t n, bool f16) {
+    cddp__kq q = cddp__device_kq(dev);
+    CDDP__K(&q, cast16, .h = h, .f = (float *)x, .n = (int64_t)n, .f16 = f16, .scale = 1.0f);
+}
+
+void cddp_device_from_half(cddp_device *dev, float *x, const uint16_t *h, size_t n, bool f16,
+                           float scale) {
+    cddp__kq q = cddp__device_kq(dev);
+    CDDP__K(&q, cast16, .h = (uint16_t *)h, .f = x, .n = (int64_t)n, .f16 = f16, .widen = true,
+            .scale = scale);
+}
+
 /* A device's slot for results the host reads back (a sum), made on first use, one caller at a
  * time. */
 static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -105,6 +105,11 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
     F(uint16_t *, dst)                                                                             \
     F(const float *, src) F(int64_t, rows) F(int64_t, cols) F(int64_t, ld) F(float *, colsum)
 
+/* 16-bit floats for the wire (DDP's bf16/fp16 compression): narrow, h = f rounded to nearest even
+ * (bf16, or IEEE half with f16; a NaN stays a NaN); widen, f = scale h, n values */
+#define CDDP__KA_cast16(F)                                                                         \
+    F(uint16_t *, h) F(float *, f) F(int64_t, n) F(bool, f16) F(bool, widen) F(float, scale)
+
 /* z = a op b over the broadcast bc, n outputs */
 #define CDDP__KA_binary(F)                                                                         \
     F(cddp__binop, op)                                                                             \
@@ -310,7 +315,7 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 
 /* K(name): every kernel, in the order above. */
 #define CDDP_KERNEL_LIST(K)                                                                        \
-    K(fill) K(accumulate) K(add_rows) K(scale) K(mul) K(gemm) K(to_bf16) K(binary)                 \
+    K(fill) K(accumulate) K(add_rows) K(scale) K(mul) K(gemm) K(to_bf16) K(cast16) K(binary)       \
     K(binary_grad) K(unary) K(unary_grad) K(softmax) K(causal_softmax) K(softmax_grad)            \
     K(check_ids) K(cross_entropy) K(cross_entropy_grad) K(mse) K(mse_grad) K(sum) K(sum_grad)      \
     K(argmax)                                                                                      \

@@ -454,6 +454,47 @@ static void optimizer_cases(void) {
     free(back);
 }
 
+/* DDP's 16-bit wire format: x rounded to bf16 and to IEEE half on the device, bit for bit as on
+ * the CPU (a NaN only as a NaN), and widened back times 0.5 exactly as there; values from 1e-6 to
+ * 1e5, beyond half's range (infinity), and a NaN. */
+static void half_cases(void) {
+    enum { N = 100003 };
+    float *h = malloc(sizeof(float) * N), *want = malloc(sizeof(float) * N),
+          *got = malloc(sizeof(float) * N);
+    uint16_t *want16 = malloc(2 * N), *got16 = malloc(2 * N);
+    for (int i = 0; i < N; i++)
+        h[i] = (2 * cddp_rng_uniform(&rng) - 1) * powf(10.0f, 11 * cddp_rng_uniform(&rng) - 6);
+    h[17] = NAN;
+    cddp_device *c = cddp_device_cpu();
+    cddp_error err = {0};
+    for (int f16 = 0; f16 < 2; f16++) {
+        float *x = block_on(dev, h, N);
+        uint16_t *x16 = cddp_device_alloc(dev, 2 * N, &err);
+        if (!x16) fprintf(stderr, "device_check: %s\n", err.msg), exit(1);
+        cddp_device_to_half(dev, x16, x, N, f16);
+        cddp_device_from_half(dev, x, x16, N, f16, 0.5f);
+        cddp_device_to_half(c, want16, h, N, f16);
+        cddp_device_from_half(c, want, want16, N, f16, 0.5f);
+        const char *name = f16 ? "cast16_f16" : "cast16_bf16";
+        if (cddp_device_synchronize(dev, &err) == CDDP_EUNSUPPORTED) {
+            report(name, "missing", 0, err.msg);
+        } else {
+            if (cddp_device_download(dev, got16, x16, 2 * N, &err) ||
+                cddp_device_download(dev, got, x, sizeof(float) * N, &err))
+                fprintf(stderr, "device_check: %s\n", err.msg), exit(1);
+            int wrong = 0;
+            for (int i = 0; i < N; i++)
+                wrong += isnan(want[i]) ? !isnan(got[i])
+                                        : got16[i] != want16[i] || memcmp(&got[i], &want[i], 4);
+            report(name, wrong ? "FAIL" : "ok", wrong,
+                   wrong ? "values differ from the CPU's" : NULL);
+        }
+        cddp_device_free(dev, x);
+        cddp_device_free(dev, x16);
+    }
+    free(h), free(want), free(got), free(want16), free(got16);
+}
+
 /* argmax and count_correct; a label out of range fails the step with the CPU's message. */
 /* The loader's path: page-locked host memory copied on a queue of one's own, a kernel on the
  * default queue after the copy's event (no host wait between), its result against the host's. */
@@ -552,6 +593,7 @@ int main(int argc, char **argv) {
                (unsigned long long)seed);
     op_cases();
     optimizer_cases();
+    half_cases();
     data_cases();
     printf("%s%d ok, %d missing, %d failed%s\n", json ? "{\"summary\": \"" : "", passed, missing,
            failures, json ? "\"}" : "");

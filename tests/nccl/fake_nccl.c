@@ -2,7 +2,8 @@
  * header), for testing cddp_nccl's bootstrap and error paths on machines without a GPU. Buffers
  * are host memory (cddp's CPU device); the ranks are processes of one host, meeting in a shared
  * memory segment named after the communicator's unique id: allreduce and reduce-scatter sum
- * float32 in rank order, allgather copies.
+ * float32 in rank order (allreduce also bfloat16 and half: summed in float32 in rank order, then
+ * rounded to nearest even), allgather copies.
  *
  * FAKE_NCCL_INIT: ok (default), hang (forming never finishes), fail (ncclSystemError at once).
  * FAKE_NCCL_OP: ok (default), fail (allreduce refuses: ncclUnhandledCudaError), remote (allreduce
@@ -11,6 +12,8 @@
 #include <fcntl.h>
 #include <nccl.h>
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,23 +107,59 @@ static void meet(ncclComm_t comm, const void *send, size_t n) {
     barrier(&comm->sh->arrived, comm->world, comm->round);
 }
 
+/* A 16-bit value (IEEE half with f16, else bfloat16) as float32, and float32 rounded to one. */
+static float widened(uint16_t h, bool f16) {
+    float f;
+    if (f16) {
+        _Float16 x;
+        memcpy(&x, &h, 2);
+        return (float)x;
+    }
+    uint32_t u = (uint32_t)h << 16;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint16_t narrowed(float f, bool f16) {
+    uint16_t h;
+    if (f16) {
+        _Float16 x = (_Float16)f;
+        memcpy(&h, &x, 2);
+        return h;
+    }
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     (void)stream;
     if (comm->state != ncclSuccess) return ncclInvalidUsage;
     if (!strcmp(mode("FAKE_NCCL_OP"), "fail")) return ncclUnhandledCudaError;
-    if (type != ncclFloat32 || (op != ncclSum && op != ncclAvg) || count > MAX_FLOATS)
+    bool half = type == ncclBfloat16 || type == ncclFloat16, f16 = type == ncclFloat16;
+    if ((type != ncclFloat32 && !half) || (op != ncclSum && op != ncclAvg) || count > MAX_FLOATS)
         return ncclInvalidArgument;
     float *out = recv;
     if (comm->world == 1) {
-        memmove(out, send, count * sizeof(float));
+        memmove(out, send, count * (half ? 2 : sizeof(float)));
     } else {
-        meet(comm, send, count);
+        float *wide = half ? malloc(count * sizeof(float) + 1) : NULL;
+        if (half && !wide) return ncclSystemError;
+        for (size_t i = 0; half && i < count; i++)
+            wide[i] = widened(((const uint16_t *)send)[i], f16);
+        meet(comm, half ? wide : send, count);
         for (size_t i = 0; i < count; i++) {
             float s = 0;
             for (int r = 0; r < comm->world; r++) s += comm->sh->slot[r][i];
-            out[i] = op == ncclAvg ? s / (float)comm->world : s;
+            s = op == ncclAvg ? s / (float)comm->world : s;
+            if (half)
+                ((uint16_t *)recv)[i] = narrowed(s, f16);
+            else
+                out[i] = s;
         }
+        free(wide);
         barrier(&comm->sh->left, comm->world, comm->round);
     }
     if (!strcmp(mode("FAKE_NCCL_OP"), "remote")) comm->state = ncclRemoteError;

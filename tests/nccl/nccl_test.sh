@@ -3,7 +3,8 @@
 # tests/nccl/fake_nccl.c standing in for NCCL (CDDP_NCCL_LIBRARY): 1 and 2 ranks form the
 # communicator from rank 0's id and allreduce; a communicator that never forms is aborted at the
 # timeout on every rank (no hang); NCCL's refusals and a peer's failure are reported with NCCL's
-# words; DistributedDataParallel with the nccl option gives the host path's losses and weights;
+# words; DistributedDataParallel with the nccl option gives the host path's losses and weights, and
+# passes ddp_check's modes (find_unused_parameters and join among them);
 # a device NCCL cannot read and a missing library say so.
 set -u
 build=$1
@@ -73,6 +74,19 @@ for n in host nccl; do
         { tail -n 20 "$work/fm_$n"; fail "fashion_mnist $flag failed"; }
     sed -n 's/.*"final_loss": \([0-9.]*\), "test_acc": \([0-9.]*\).*/\1 \2/p' "$work/fm_$n" > "$work/fm_$n.res"
 done
+# the bf16 and fp16 compression hooks: rounded on the device, summed by NCCL in 16 bits; the same
+# numbers as the host path's (the stand-in sums as the host's transport: float32, then rounded)
+for hook in bf16 fp16; do
+    for n in host nccl; do
+        flag=$([ $n = nccl ] && echo --nccl)
+        timeout 120 "$R" --standalone --nproc_per_node 2 $F --hook $hook $flag > "$work/fm${hook}_$n" 2>&1 ||
+            { tail -n 20 "$work/fm${hook}_$n"; fail "fashion_mnist --hook $hook $flag failed"; }
+        sed -n 's/.*"final_loss": \([0-9.]*\), "test_acc": \([0-9.]*\).*/\1 \2/p' "$work/fm${hook}_$n" \
+            > "$work/fm${hook}_$n.res"
+    done
+    [ -s "$work/fm${hook}_host.res" ] && cmp -s "$work/fm${hook}_host.res" "$work/fm${hook}_nccl.res" ||
+        fail "fashion_mnist --hook $hook: NCCL gives '$(cat "$work/fm${hook}_nccl.res")', the host '$(cat "$work/fm${hook}_host.res")'"
+done
 # the GPT (AdamW, clipping): every iteration's loss
 G="$build/bin/gpt_train --n_layer 2 --n_head 2 --n_embd 64 --block_size 32 --batch_size 4 --max_iters 10 --log_interval 1 --eval_interval 10 --eval_iters 1 --final_eval 1 --out none --sample 0"
 for n in host nccl; do
@@ -105,7 +119,20 @@ expect_in "ddp_train: rank 0: NCCL: allreduce failed (2 ranks): unhandled cuda e
 timeout 60 "$R" --standalone --nproc_per_node 2 --tee "$D" --nccl --device emu > "$work/ddpemu" 2>&1 &&
     fail "DDP over NCCL on the emulated device was taken"
 expect_in "NCCL: emu:0: NCCL moves GPU memory: use a CUDA device" "$work/ddpemu"
-echo "ok: DDP with nccl: the host path's losses and weights, NCCL's errors, a device NCCL cannot read"
+echo "ok: DDP with nccl: the host path's losses and weights (with the bf16 and fp16 hooks too), NCCL's errors, a device NCCL cannot read"
+# tests/ddp/ddp_check.c's modes with the nccl option (CDDP_TEST_NCCL), against one process on the
+# whole batch as over the host: plain, accumulation, sum, find_unused_parameters (a branch used on
+# some steps and ranks, a parameter no rank uses keeping its gradient) and join (uneven inputs)
+for mode in "equal mlp" "equal cnn 0.0005" nosync sum unused join "buffers join"; do
+    : > "$work/log"
+    # shellcheck disable=SC2086 # the mode is its words
+    CDDP_TEST_NCCL=1 timeout 60 "$R" --standalone --nproc_per_node 2 "$build/bin/ddp_check" $mode \
+        > "$work/check" 2>&1 || { cat "$work/check"; fail "ddp_check $mode with nccl failed"; }
+    [ "$(grep -c '^ok: ' "$work/check")" = 2 ] ||
+        { cat "$work/check"; fail "ddp_check $mode with nccl: not every rank said ok"; }
+    [ "$(wc -l < "$work/log")" -ge 2 ] || fail "ddp_check $mode: no NCCL communicator was formed"
+done
+echo "ok: DDP with nccl: find_unused_parameters and join as over the host (ddp_check)"
 
 CDDP_NCCL_LIBRARY="$work/no/libnccl.so.2" job 2 "$work/missing" && fail "a missing NCCL was taken"
 for r in 0 1; do

@@ -3,6 +3,8 @@
  * computes). */
 #include "tensor/cpu/cpu.h"
 
+#include "cddp/comm.h"
+
 #include <string.h>
 
 void cddp__cpu_fill(cddp__kq *q, const cddp__k_fill *a) {
@@ -51,6 +53,20 @@ void cddp__cpu_scale(cddp__kq *q, const cddp__k_scale *a) {
         for (int64_t i = 0; i < a->n; i++) y[i] += s * x[i];
     else
         for (int64_t i = 0; i < a->n; i++) y[i] = s * x[i];
+}
+
+/* The host path's conversions (cddp_comm_from_f32, cddp_comm_to_f32): DDP's 16-bit buckets round
+ * the same on every device. */
+void cddp__cpu_cast16(cddp__kq *q, const cddp__k_cast16 *a) {
+    (void)q;
+    cddp_comm_dtype t = a->f16 ? CDDP_COMM_F16 : CDDP_COMM_BF16;
+    if (!a->widen) {
+        cddp_comm_from_f32(t, a->f, a->h, a->n);
+        return;
+    }
+    cddp_comm_to_f32(t, a->h, a->f, a->n);
+    if (a->scale != 1.0f)
+        for (int64_t i = 0; i < a->n; i++) a->f[i] *= a->scale;
 }
 
 void cddp__cpu_mul(cddp__kq *q, const cddp__k_mul *a) {

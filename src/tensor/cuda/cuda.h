@@ -26,7 +26,7 @@ extern "C" { /* kernels.cu is C++: the tensor library's declarations are C's */
 
 /* clang-format off */
 #define CDDP_CUDA_KERNELS(K)                                                                       \
-    K(fill) K(accumulate) K(add_rows) K(scale) K(mul) K(unary) K(unary_grad) K(softmax)            \
+    K(fill) K(accumulate) K(add_rows) K(scale) K(cast16) K(mul) K(unary) K(unary_grad) K(softmax)  \
     K(softmax_grad) K(check_ids) K(cross_entropy) K(cross_entropy_grad) K(mse) K(mse_grad) K(sum)  \
     K(sum_grad) K(argmax) K(embedding) K(embedding_grad) K(sgd) K(adamw) K(sum_squares) K(gemm)      \
     K(binary) K(binary_grad) K(layer_norm) K(layer_norm_grad) K(gelu_tanh) K(gelu_tanh_grad)     \

@@ -6,6 +6,8 @@
  * a result does not depend on the launch; a softmax or a row's loss takes a block per row. */
 #include "tensor/cuda/cuda.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 
@@ -90,6 +92,19 @@ __global__ void add_rows_k(float *dst, const float *src, int64_t rows, int64_t c
 
 __global__ void scale_k(float *y, const float *x, float s, int64_t n, bool add) {
     FOR_EACH(i, n) y[i] = add ? y[i] + s * x[i] : s * x[i];
+}
+
+/* rounded to nearest even by the intrinsics, as the host's conversions round */
+__global__ void cast16_k(uint16_t *h, float *f, int64_t n, bool f16, bool widen, float scale) {
+    FOR_EACH(i, n) {
+        if (widen)
+            f[i] = (f16 ? __half2float(__ushort_as_half(h[i]))
+                        : __bfloat162float(__ushort_as_bfloat16(h[i]))) *
+                   scale;
+        else
+            h[i] = f16 ? __half_as_ushort(__float2half_rn(f[i]))
+                       : __bfloat16_as_ushort(__float2bfloat16_rn(f[i]));
+    }
 }
 
 __global__ void mul_k(float *y, const float *a, const float *b, int64_t n, bool add) {
@@ -678,6 +693,13 @@ void cddp__cuda_scale(cddp__kq *q, const cddp__k_scale *a) {
     if (a->n == 0) return;
     scale_k<<<blocks(a->n), THREADS, 0, s>>>(a->y, a->x, a->s, a->n, a->add);
     LAUNCHED(q, "scale");
+}
+
+void cddp__cuda_cast16(cddp__kq *q, const cddp__k_cast16 *a) {
+    cudaStream_t s = cddp__cuda_enter(q);
+    if (a->n == 0) return;
+    cast16_k<<<blocks(a->n), THREADS, 0, s>>>(a->h, a->f, a->n, a->f16, a->widen, a->scale);
+    LAUNCHED(q, "cast16");
 }
 
 void cddp__cuda_mul(cddp__kq *q, const cddp__k_mul *a) {
