@@ -23,8 +23,10 @@
 #   9. the GPT on 2 ranks sharing the GPU (host-staged reduction): the tiny one against 2 ranks on
 #      the CPU (1e-4) and with --zero (ZeRO-1) against itself without (1e-5), the 6-layer one's
 #      speed against PyTorch DDP over gloo on the same GPU; and
-#      NCCL (the wheels' library) on one rank: cddp_nccl's allreduce of device memory, ddp_train
-#      --nccl against ddp_train, and 2 ranks on the one GPU refused with --nccl; last, rank 1 of
+#      NCCL (the wheels' library) on one rank: cddp_nccl's allreduce of device memory (and its
+#      order with the device's stream), ddp_train --nccl against ddp_train, the 6-layer GPT's
+#      tokens/s with --nccl against without (bar: 2 %), and 2 ranks on the one GPU refused with
+#      --nccl; last, rank 1 of
 #      2 on the GPU SIGKILLed mid-training: the job stops naming it
 #  10. (only when asked for) GPT-2 124M in bf16, batch 16 x 1024: cddp's --bench against PyTorch
 #      eager and torch.compile, and the card's bf16 matrix product rate
@@ -419,6 +421,25 @@ nccl1() {
     ok=FAIL
     [ -n "$a" ] && [ "$a" = "$b" ] && ok=ok
     outcome "ddp_train --nccl, 1 rank on $d" "$ok" "10 losses and the weights as without NCCL: $(echo "$b" | tail -n 2 | tr -d ' \n')"
+    # DDP over NCCL on one rank against DDP alone (one rank: nothing reduced): NCCL's overhead on
+    # the 6-layer GPT in bf16, median iterations, 2 rounds interleaved (the bar: 2 %)
+    if fits 60; then
+        local shape="--n_layer 6 --n_head 6 --n_embd 384 --block_size 256 --batch_size 16"
+        shape="$shape --max_iters 30 --dtype bf16 --eval_interval 1000 --eval_iters 1 --final_eval 2"
+        shape="$shape --sample 0 --out none --json --data $data/fortunes"
+        local i plain="" over="" pm om
+        for i in 1 2; do
+            a=$(cddp timeout 60 "$bin/gpt_train" $shape --device "$d" 2>&1)
+            b=$(cddp timeout 60 "$bin/gpt_train" $shape --device "$d" --nccl 2>&1)
+            plain="$plain $(tokens_per_s $((16 * 256)) "$a")" over="$over $(tokens_per_s $((16 * 256)) "$b")"
+        done
+        read -r pm _ <<<"$(echo $plain | median)"
+        read -r om _ <<<"$(echo $over | median)"
+        ok=FAIL
+        [ -n "$pm" ] && [ -n "$om" ] && awk -v p="$pm" -v o="$om" 'BEGIN { exit !(o >= 0.98 * p) }' && ok=ok
+        result gpt_ddp_nccl_1rank cddp "${om:-null}" tokens/s "GPT 6 layers, width 384, batch 16, bf16, 1 rank, DDP over NCCL; alone: ${pm:-none}"
+        outcome "DDP over NCCL, 1 rank: overhead (bar 2 %)" "$ok" "tokens/s with NCCL ${om:-none}, alone ${pm:-none}, ratio $(ratio "$om" "$pm")"
+    fi
     # two ranks on the one GPU ask for NCCL: refused before NCCL's init, naming both
     b=$(cddp timeout 60 "$bin/cddprun" --nproc_per_node 2 "$bin/ddp_train" --device cuda --nccl 2>&1)
     ok=FAIL
