@@ -106,6 +106,12 @@ CDDP_API int cddp_event_synchronize(cddp_event *ev, cddp_error *err);
  * NULL with err on failure. Free it with the same device. */
 CDDP_API void *cddp_device_host_alloc(cddp_device *dev, size_t bytes, cddp_error *err);
 CDDP_API void cddp_device_host_free(cddp_device *dev, void *p); /* accepts NULL */
+/* Host memory of one's own (malloc's, shared memory) made page-locked as cddp_device_host_alloc's
+ * is, until cddp_device_host_unregister (before it is freed). CDDP_OK, also where copies need no
+ * such memory (the CPU, the emulated device); else err says why and the memory stays as it was,
+ * its copies working as before, only not beside the host. */
+CDDP_API int cddp_device_host_register(cddp_device *dev, void *p, size_t bytes, cddp_error *err);
+CDDP_API void cddp_device_host_unregister(cddp_device *dev, void *p); /* accepts NULL */
 
 /* A queue of one's own on a device (a second CUDA stream): its work runs in order, beside the
  * device's default queue, where contexts' work runs, so that a loader's copies overlap the

@@ -215,7 +215,7 @@ static int own_stream(cddp_nccl *n, cddp_error *err) {
     return e == cudaSuccess ? CDDP_OK : cuda_failed(n, e, "making the collectives' stream", err);
 }
 
-/* Frees n and what own_stream made (after its work: a stream's destruction waits for it). */
+/* Frees n and what own_stream made (a stream with work left goes once that work is done). */
 static void release(cddp_nccl *n) {
     if (n->ready) cudaEventDestroy(n->ready);
     if (n->done) cudaEventDestroy(n->done);

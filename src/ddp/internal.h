@@ -77,6 +77,7 @@ struct cddp_ddp {
      * that the collectives work on (stage.c); hgrad is the model's gradient block otherwise */
     cddp_device *dev;
     bool staged, hgrad_comm;
+    bool locked[3]; /* hgrad, hparams, hbufs page-locked (stage.c) */
     /* a group of one whose reduction leaves every gradient as it is (a plain mean or sum: no hook,
      * join, find_unused_parameters, shard_optimizer or nccl): buckets are neither reduced nor,
      * on a device the host cannot read, copied to the host and back */

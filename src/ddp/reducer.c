@@ -295,14 +295,15 @@ static int nccl_half_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
     return b->half ? CDDP_OK : err->code;
 }
 
-/* Each of the bucket's gradients into its place in b->half (to_half) or back. */
+/* Each of the bucket's gradients into its place in b->half (to_half) or back; a bucket that is
+ * one range of the gradient block in one kernel. */
 static void nccl_half_pack(cddp_ddp *d, bucket *b, bool back) {
-    bool f16 = d->o.hook == CDDP_DDP_HOOK_FP16;
+    bool f16 = d->o.hook == CDDP_DDP_HOOK_FP16, one = b->offset >= 0;
     float scale = d->o.sum ? 1.0f : 1.0f / (float)d->world, *g = cddp_model_grad(d->model);
     size_t at = 0;
-    for (int j = 0; j < b->nparams; j++) {
-        size_t n = (size_t)cddp_model_param(d->model, b->params[j])->numel;
-        float *p = g + cddp_model_param_offset(d->model, b->params[j]);
+    for (int j = 0; j < (one ? 1 : b->nparams); j++) {
+        size_t n = one ? b->numel : (size_t)cddp_model_param(d->model, b->params[j])->numel;
+        float *p = g + (one ? (size_t)b->offset : cddp_model_param_offset(d->model, b->params[j]));
         if (back)
             cddp_device_from_half(d->dev, p, b->half + at, n, f16, scale);
         else

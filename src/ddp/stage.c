@@ -3,7 +3,9 @@
  *
  * The gradients' copy is the block the collectives see (d->hgrad; for a model on the CPU, the
  * model's own block): memory from cddp_comm_alloc where the group has it, so that the
- * shared-memory transport still reads every rank's copy in place. When a bucket is complete, the
+ * shared-memory transport still reads every rank's copy in place. The host copies are
+ * page-locked where the device has such memory (a GPU), so that a bucket's copy to the host runs
+ * while backward goes on queuing kernels. When a bucket is complete, the
  * device is asked to copy its gradients into the host copy and an event is recorded after that
  * copy (stage_in); the bucket's reduction first waits for the event, on the communication thread
  * when buckets are reduced there (so the training thread goes on queuing the rest of backward),
@@ -14,6 +16,24 @@
 #include "ddp/internal.h"
 
 #include <string.h>
+
+/* A host copy of `bytes`: page-locked where the device has such memory (its queued copies then run
+ * while the host goes on, where pageable memory would make each copy wait), else plain; *locked
+ * says which. */
+static float *host_copy(cddp_ddp *d, size_t bytes, bool *locked) {
+    cddp_error e = {0};
+    float *p = cddp_device_host_alloc(d->dev, bytes ? bytes : 1, &e);
+    if ((*locked = p != NULL)) return p;
+    cddp_log(CDDP_LOG_DEBUG, "ddp", "a host copy of the model in pageable memory: %s", e.msg);
+    return cddp_aligned_alloc(bytes + 64);
+}
+
+static void host_copy_free(cddp_ddp *d, float *p, bool locked) {
+    if (locked)
+        cddp_device_host_free(d->dev, p);
+    else
+        cddp_aligned_free(p);
+}
 
 /* The model's device, and whether DDP stages its blocks; the host copies it then needs. */
 int cddp__ddp_stage_setup(cddp_ddp *d, cddp_error *err) {
@@ -31,10 +51,16 @@ int cddp__ddp_stage_setup(cddp_ddp *d, cddp_error *err) {
             return e.code;
         }
         d->hgrad_comm = d->hgrad != NULL;
-        if (!d->hgrad) d->hgrad = cddp_aligned_alloc(np * sizeof(float) + 64);
+        /* the group's memory made page-locked where it is, or a copy of its own */
+        if (d->hgrad_comm)
+            d->locked[0] =
+                cddp_device_host_register(d->dev, d->hgrad, np * sizeof(float), &e) == CDDP_OK;
+        if (d->hgrad_comm && !d->locked[0])
+            cddp_log(CDDP_LOG_DEBUG, "ddp", "the gradients' host copy stays pageable: %s", e.msg);
+        if (!d->hgrad) d->hgrad = host_copy(d, np * sizeof(float), &d->locked[0]);
     }
-    d->hparams = cddp_aligned_alloc(np * sizeof(float) + 64);
-    d->hbufs = cddp_aligned_alloc(nb * sizeof(float) + 64);
+    d->hparams = host_copy(d, np * sizeof(float), &d->locked[1]);
+    d->hbufs = host_copy(d, nb * sizeof(float), &d->locked[2]);
     if ((!d->hgrad && !d->o.nccl && !d->alone) || !d->hparams || !d->hbufs)
         return cddp_error_set(err, CDDP_ENOMEM, "out of memory for the host copies of the model");
     for (int k = 0; k < d->nbuckets; k++) CDDP_TRY(cddp__ddp_stage_bucket(d, &d->buckets[k], err));
@@ -48,12 +74,14 @@ int cddp__ddp_stage_setup(cddp_ddp *d, cddp_error *err) {
 
 void cddp__ddp_stage_release(cddp_ddp *d) {
     if (!d->staged) return;
-    if (d->hgrad_comm)
+    if (d->hgrad_comm) {
+        if (d->locked[0]) cddp_device_host_unregister(d->dev, d->hgrad);
         cddp_comm_free(d->group, d->hgrad);
-    else
-        cddp_aligned_free(d->hgrad);
-    cddp_aligned_free(d->hparams);
-    cddp_aligned_free(d->hbufs);
+    } else {
+        host_copy_free(d, d->hgrad, d->locked[0]);
+    }
+    host_copy_free(d, d->hparams, d->locked[1]);
+    host_copy_free(d, d->hbufs, d->locked[2]);
     d->hgrad = d->hparams = d->hbufs = NULL;
 }
 

@@ -142,6 +142,14 @@ void cddp_device_host_free(cddp_device *dev, void *p) {
         cddp_aligned_free(p);
 }
 
+int cddp_device_host_register(cddp_device *dev, void *p, size_t bytes, cddp_error *err) {
+    return dev->ops->host_register && bytes ? dev->ops->host_register(dev, p, bytes, err) : CDDP_OK;
+}
+
+void cddp_device_host_unregister(cddp_device *dev, void *p) {
+    if (p && dev->ops->host_unregister) dev->ops->host_unregister(dev, p);
+}
+
 struct cddp_queue {
     cddp_device *dev;
     void *q; /* the device's; NULL on a device without queues of its own (the CPU) */

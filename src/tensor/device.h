@@ -84,6 +84,10 @@ typedef struct cddp__device_ops {
      * that a queued copy runs while the host goes on); 64-byte aligned */
     void *(*host_alloc)(cddp_device *dev, size_t bytes, cddp_error *err);
     void (*host_free)(cddp_device *dev, void *p);
+    /* host memory of the caller's (malloc's, shared memory) made page-locked as host_alloc's is,
+     * and back */
+    int (*host_register)(cddp_device *dev, void *p, size_t bytes, cddp_error *err);
+    void (*host_unregister)(cddp_device *dev, void *p);
     /* a queue of its own beside the default one (a second CUDA stream), and its end (after its
      * work has run) */
     void *(*queue_create)(cddp_device *dev, cddp_error *err);

@@ -498,6 +498,28 @@ static void half_cases(void) {
 /* argmax and count_correct; a label out of range fails the step with the CPU's message. */
 /* The loader's path: page-locked host memory copied on a queue of one's own, a kernel on the
  * default queue after the copy's event (no host wait between), its result against the host's. */
+/* DDP's staging: plain host memory made page-locked (cddp_device_host_register), a queued copy
+ * of device memory into it, read once an event after it is done; then the memory given back. */
+static void registered_download(void) {
+    enum { N = 1 << 20 };
+    cddp_error err = {0};
+    float *want = malloc(N * sizeof(float)), *got = malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) want[i] = (float)(cddp_rng_uniform(&rng) - 0.5), got[i] = NAN;
+    float *d = block_on(dev, want, N);
+    cddp_event *ev = cddp_event_create(dev, &err);
+    int rc = ev ? cddp_device_host_register(dev, got, N * sizeof(float), &err) : err.code;
+    bool registered = rc == CDDP_OK;
+    if (registered && (cddp_device_download_async(dev, got, d, N * sizeof(float), &err) ||
+                       cddp_event_record(ev, &err) || cddp_event_synchronize(ev, &err)))
+        rc = err.code;
+    if (registered) cddp_device_host_unregister(dev, got);
+    bool same = rc == CDDP_OK && memcmp(got, want, N * sizeof(float)) == 0;
+    report("registered_download", same ? "ok" : "FAIL", same ? 0 : 1, rc ? err.msg : NULL);
+    cddp_event_destroy(ev);
+    cddp_device_free(dev, d);
+    free(want), free(got);
+}
+
 static void queued_upload(void) {
     enum { N = 1 << 20 };
     cddp_error err = {0};
@@ -558,6 +580,7 @@ static void data_cases(void) {
     bool same = msg[0][0] && !strcmp(msg[0], msg[1]);
     report("label_check", same ? "ok" : "FAIL", 0, same ? NULL : msg[1]);
     queued_upload();
+    registered_download();
 }
 
 int main(int argc, char **argv) {

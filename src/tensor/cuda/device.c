@@ -228,6 +228,17 @@ static void cuda_host_free(cddp_device *dev, void *p) {
     cudaFreeHost(p);
 }
 
+static int cuda_host_register(cddp_device *dev, void *p, size_t bytes, cddp_error *err) {
+    enter(dev);
+    return failed(dev, cudaHostRegister(p, bytes, cudaHostRegisterPortable),
+                  "making host memory page-locked", err);
+}
+
+static void cuda_host_unregister(cddp_device *dev, void *p) {
+    enter(dev);
+    cudaHostUnregister(p);
+}
+
 static void *cuda_queue_create(cddp_device *dev, cddp_error *err) {
     cudaStream_t s = NULL;
     enter(dev);
@@ -266,6 +277,8 @@ static const cddp__device_ops ops = {
     .event_synchronize = cuda_event_synchronize,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .host_register = cuda_host_register,
+    .host_unregister = cuda_host_unregister,
     .queue_create = cuda_queue_create,
     .queue_destroy = cuda_queue_destroy,
     .upload_async = cuda_upload_async,
