@@ -19,7 +19,7 @@
 #   6. the MLP's training speed, cddp and PyTorch eager on the same card, rounds interleaved
 #      (median and spread), at batch 32 and 256
 #   7. the GPT's training speed (6 layers, width 384, context 256), cddp and PyTorch eager, in
-#      float32 and bf16
+#      float32 and bf16, and how much of cddp's iteration the host spends queuing its kernels
 #   9. the GPT on 2 ranks sharing the GPU (host-staged reduction): the tiny one against 2 ranks on
 #      the CPU (1e-4) and with --zero (ZeRO-1) against itself without (1e-5), the 6-layer one's
 #      speed against PyTorch DDP over gloo on the same GPU; and
@@ -282,6 +282,13 @@ versus() {
     [ "$(echo $5 | wc -w)" = "$4" ] && [ "$(echo $6 | wc -w)" = "$4" ] && ok=ok
     outcome "$3, $2" $ok "cddp $cm ($cspread), PyTorch eager $tm ($tspread), ratio $(ratio "$cm" "$tm")"
 }
+# host_queue OUTPUT: "forward + backward queued in F ms of an M ms iteration" from gpt_train's
+# JSON (its forward and backward time the host's queuing: no host wait inside them on one rank),
+# to tell a step bound by the host's queuing (F near M) from one bound by the GPU
+host_queue() {
+    echo "$1" | sed -n 's/.*"median_iter_ms": \([0-9.]*\).*"iter_ms": {"forward": \([0-9.]*\), "backward": \([0-9.]*\).*/\1 \2 \3/p' |
+        tail -n 1 | awk '{ printf "forward + backward queued in %.1f ms of a %.1f ms iteration", $2 + $3, $1 }'
+}
 # tokens_per_s N OUTPUT: N tokens an iteration over the median iteration in OUTPUT's JSON
 # ("median_iter_ms", cddp's and bench/gpt_torch.py's), to 1 decimal (nothing without one)
 tokens_per_s() {
@@ -338,6 +345,7 @@ gpt_speed() {
     done
     versus gpt_train tokens/s "gpt_train $dtype" "$rounds" "$cs" "$ts" \
         "GPT 6 layers, 6 heads, width 384, context 256, batch 16, AdamW, $dtype; tokens/s of the median of 30 iterations, $rounds runs interleaved"
+    outcome "gpt_train $dtype, the host's share" "$([ -n "$(host_queue "$c")" ] && echo ok || echo FAIL)" "$(host_queue "$c")"
 }
 if want 7; then
     gpt_speed fp32
@@ -514,7 +522,7 @@ PYEOF
     result bf16_matmul_8192 torch "${mm:-null}" TFLOP/s "8192^3 bf16 product, 10 timed after 3, $torch_device"
     local ok=FAIL
     [ -n "$cv" ] && [ -n "$tv" ] && [ -n "$kv" ] && ok=ok
-    outcome "gpt2_124m_train bf16, tokens/s" $ok "cddp ${cv:-none} (MFU ${mfu:-none}), PyTorch eager ${tv:-none} (ratio $(ratio "$cv" "$tv")), torch.compile ${kv:-none} (ratio $(ratio "$cv" "$kv")); bf16 matmul ${mm:-none} TFLOP/s"
+    outcome "gpt2_124m_train bf16, tokens/s" $ok "cddp ${cv:-none} (MFU ${mfu:-none}), PyTorch eager ${tv:-none} (ratio $(ratio "$cv" "$tv")), torch.compile ${kv:-none} (ratio $(ratio "$cv" "$kv")); bf16 matmul ${mm:-none} TFLOP/s; cddp's $(host_queue "$c")"
 }
 want 10 && gpt2_124m
 
