@@ -224,6 +224,11 @@ echo "== 5. the GPT, $device against cpu"
 tiny="--n_layer 2 --n_head 4 --n_embd 64 --block_size 32 --batch_size 8 --max_iters 20
       --warmup_iters 5 --log_interval 1 --eval_interval 10 --eval_iters 2 --out none --sample 60
       --temperature 0 --prompt A --json --data $data/fortunes"
+# the 6-layer GPT of the speed checks (steps 7 and 9): its shape and 30 iterations, for cddp and
+# bench/gpt_torch.py alike; gpt6 adds gpt_train's one short evaluation and its JSON
+gpt6_shape="--n_layer 6 --n_head 6 --n_embd 384 --block_size 256 --batch_size 16 --max_iters 30"
+gpt6="$gpt6_shape --eval_interval 1000 --eval_iters 1 --final_eval 2 --sample 0 --out none --json
+      --data $data/fortunes"
 # val_loss OUTPUT: gpt_train's validation loss in its JSON line
 val_loss() { echo "$1" | sed -n 's/.*"val_loss": \([0-9.e+-]*\).*/\1/p'; }
 # apart CPU_OUTPUT DEVICE_OUTPUT: the largest relative difference between two gpt_train runs' 20
@@ -327,16 +332,14 @@ echo "== 7. the GPT's training speed, cddp and PyTorch eager on $torch_device"
 # nanoGPT's with the attention written out, no fused kernel).
 gpt_speed() {
     local dtype=$1 rounds=2 cs="" ts="" i c t
-    local shape="--n_layer 6 --n_head 6 --n_embd 384 --block_size 256 --batch_size 16 --max_iters 30"
     fits 90 || {
         outcome "gpt_train $dtype speed" "not run" "out of time"
         return
     }
     for i in $(seq $rounds); do
-        c=$(cddp timeout 90 "$bin/gpt_train" $shape --dtype "$dtype" --device "$device" \
-            --eval_interval 1000 --eval_iters 1 --final_eval 2 --sample 0 --out none --json \
-            --data "$data/fortunes" 2>&1 | grep '"median_iter_ms"')
-        t=$(timeout 120 "$py" "$root/bench/gpt_torch.py" $shape --dtype "$dtype" \
+        c=$(cddp timeout 90 "$bin/gpt_train" $gpt6 --dtype "$dtype" --device "$device" 2>&1 |
+            grep '"median_iter_ms"')
+        t=$(timeout 120 "$py" "$root/bench/gpt_torch.py" $gpt6_shape --dtype "$dtype" \
             --device "$torch_device" --eval_batches 2 --data "$data/fortunes" 2>&1 | grep '"impl"')
         echo "$c"
         echo "$t"
@@ -386,14 +389,11 @@ gpt2() {
         outcome "gpt_2ranks_1gpu speed" "not run" "out of time"
         return
     }
-    local shape="--n_layer 6 --n_head 6 --n_embd 384 --block_size 256 --batch_size 16 --max_iters 30"
-    c=$(cddp timeout 90 $run "$bin/gpt_train" $shape --device "$d" --eval_interval 1000 \
-        --eval_iters 1 --final_eval 2 --sample 0 --out none --json --data "$data/fortunes" 2>&1 |
-        grep '"median_iter_ms"')
+    c=$(cddp timeout 90 $run "$bin/gpt_train" $gpt6 --device "$d" 2>&1 | grep '"median_iter_ms"')
     local td=$torch_device
     [ "$td" = cuda ] && td=cuda:0
     t=$(timeout 150 "$bin/cddprun" --nproc_per_node 2 --local_ranks_filter 0 "$py" \
-        "$root/bench/gpt_torch.py" $shape --device "$td" --eval_batches 2 \
+        "$root/bench/gpt_torch.py" $gpt6_shape --device "$td" --eval_batches 2 \
         --data "$data/fortunes" 2>&1 | grep '"impl"')
     echo "$c"
     echo "$t"
@@ -432,13 +432,10 @@ nccl1() {
     # DDP over NCCL on one rank against DDP alone (one rank: nothing reduced): NCCL's overhead on
     # the 6-layer GPT in bf16, median iterations, 2 rounds interleaved (the bar: 2 %)
     if fits 60; then
-        local shape="--n_layer 6 --n_head 6 --n_embd 384 --block_size 256 --batch_size 16"
-        shape="$shape --max_iters 30 --dtype bf16 --eval_interval 1000 --eval_iters 1 --final_eval 2"
-        shape="$shape --sample 0 --out none --json --data $data/fortunes"
         local i plain="" over="" pm om
         for i in 1 2; do
-            a=$(cddp timeout 60 "$bin/gpt_train" $shape --device "$d" 2>&1)
-            b=$(cddp timeout 60 "$bin/gpt_train" $shape --device "$d" --nccl 2>&1)
+            a=$(cddp timeout 60 "$bin/gpt_train" $gpt6 --dtype bf16 --device "$d" 2>&1)
+            b=$(cddp timeout 60 "$bin/gpt_train" $gpt6 --dtype bf16 --device "$d" --nccl 2>&1)
             plain="$plain $(tokens_per_s $((16 * 256)) "$a")" over="$over $(tokens_per_s $((16 * 256)) "$b")"
         done
         read -r pm _ <<<"$(echo $plain | median)"

@@ -215,6 +215,15 @@ static int own_stream(cddp_nccl *n, cddp_error *err) {
     return e == cudaSuccess ? CDDP_OK : cuda_failed(n, e, "making the collectives' stream", err);
 }
 
+/* What is queued on `later` from now on runs after the work queued so far on `first` (through ev;
+ * the host does not wait). */
+static int order(cddp_nccl *n, cudaStream_t first, cudaStream_t later, cudaEvent_t ev,
+                 const char *what, cddp_error *err) {
+    cudaError_t e = cudaEventRecord(ev, first);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(later, ev, 0);
+    return e == cudaSuccess ? CDDP_OK : cuda_failed(n, e, what, err);
+}
+
 /* Frees n and what own_stream made (a stream with work left goes once that work is done). */
 static void release(cddp_nccl *n) {
     if (n->ready) cudaEventDestroy(n->ready);
@@ -336,11 +345,9 @@ static int prepare(cddp_nccl *n, const char *what, int64_t count, cddp_comm_dtyp
         return cddp_error_set(err, CDDP_EINVAL, "NCCL: %s of %lld %s by %s: not one NCCL has", what,
                               (long long)count, cddp_comm_dtype_name(dtype), cddp_comm_op_name(op));
     if (cddp_device_kind_of(n->dev) == CDDP_DEVICE_CUDA) cudaSetDevice(cddp_device_index(n->dev));
-    if (!n->stream) return CDDP_OK;
     /* after the work queued on the device so far (which wrote send) */
-    cudaError_t e = cudaEventRecord(n->ready, n->main);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(n->stream, n->ready, 0);
-    return e == cudaSuccess ? CDDP_OK : cuda_failed(n, e, "ordering a collective", err);
+    return n->stream ? order(n, n->main, n->stream, n->ready, "ordering a collective", err)
+                     : CDDP_OK;
 }
 
 /* What NCCL said when it was given the collective: queued, in progress (settled), or refused. */
@@ -380,9 +387,7 @@ int cddp_nccl_join(cddp_nccl *n, cddp_error *err) {
     CDDP_TRY(check(n, err));
     if (!n->stream) return CDDP_OK;
     cudaSetDevice(cddp_device_index(n->dev));
-    cudaError_t e = cudaEventRecord(n->done, n->stream);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(n->main, n->done, 0);
-    return e == cudaSuccess ? CDDP_OK : cuda_failed(n, e, "ordering after the collectives", err);
+    return order(n, n->stream, n->main, n->done, "ordering after the collectives", err);
 }
 
 /* Waits for the stream's work without blocking on it: a peer that died leaves NCCL's kernels

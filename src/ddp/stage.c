@@ -50,14 +50,16 @@ int cddp__ddp_stage_setup(cddp_ddp *d, cddp_error *err) {
             *err = e;
             return e.code;
         }
-        d->hgrad_comm = d->hgrad != NULL;
         /* the group's memory made page-locked where it is, or a copy of its own */
-        if (d->hgrad_comm)
+        if ((d->hgrad_comm = d->hgrad != NULL)) {
             d->locked[0] =
                 cddp_device_host_register(d->dev, d->hgrad, np * sizeof(float), &e) == CDDP_OK;
-        if (d->hgrad_comm && !d->locked[0])
-            cddp_log(CDDP_LOG_DEBUG, "ddp", "the gradients' host copy stays pageable: %s", e.msg);
-        if (!d->hgrad) d->hgrad = host_copy(d, np * sizeof(float), &d->locked[0]);
+            if (!d->locked[0])
+                cddp_log(CDDP_LOG_DEBUG, "ddp", "the gradients' host copy stays pageable: %s",
+                         e.msg);
+        } else {
+            d->hgrad = host_copy(d, np * sizeof(float), &d->locked[0]);
+        }
     }
     d->hparams = host_copy(d, np * sizeof(float), &d->locked[1]);
     d->hbufs = host_copy(d, nb * sizeof(float), &d->locked[2]);

@@ -66,53 +66,38 @@ for opt in sgd adamw; do
     [ "$(wc -l < "$work/h")" = 24 ] && cmp -s "$work/h" "$work/n" ||
         { diff "$work/h" "$work/n" | head; fail "ddp_train --optimizer $opt: NCCL's losses or weights differ from the host's"; }
 done
+# pair NAME RANKS LINES ARGS...: ARGS under cddprun on RANKS ranks through the host and with --nccl
+# (their output in $work/NAME_host and NAME_nccl, with the debug log): what both give,
+# fashion_mnist's final loss and test accuracy or gpt_train's loss at every iteration, must be
+# the same, LINES lines of it
+pair() {
+    name=$1 n=$2 lines=$3
+    shift 3
+    for how in host nccl; do
+        flag=$([ $how = nccl ] && echo --nccl)
+        CDDP_LOG_LEVEL=debug timeout 120 "$R" --standalone --nproc_per_node "$n" "$@" $flag \
+            > "$work/${name}_$how" 2>&1 || { tail -n 20 "$work/${name}_$how"; fail "$name $flag failed"; }
+        sed -n 's/.*"final_loss": \([0-9.]*\), "test_acc": \([0-9.]*\).*/\1 \2/p; s/^\(iter [0-9]*: loss [0-9.]*\),.*/\1/p' \
+            "$work/${name}_$how" > "$work/${name}_$how.res"
+    done
+    got=$(wc -l < "$work/${name}_host.res")
+    [ "$got" = "$lines" ] && cmp -s "$work/${name}_host.res" "$work/${name}_nccl.res" ||
+        { diff "$work/${name}_host.res" "$work/${name}_nccl.res" | head; fail "$name: NCCL gives '$(head -n 1 "$work/${name}_nccl.res")', the host '$(head -n 1 "$work/${name}_host.res")' ($got lines)"; }
+}
 # the CNN in small buckets, some of them packed (not one range of the gradient block)
 F="$build/bin/fashion_mnist --model cnn --epochs 1 --limit 1280 --batch-size 32 --log-every 0 --out none --json --bucket-cap-mb 0.02"
-for n in host nccl; do
-    flag=$([ $n = nccl ] && echo --nccl)
-    CDDP_LOG_LEVEL=debug timeout 120 "$R" --standalone --nproc_per_node 2 $F $flag > "$work/fm_$n" 2>&1 ||
-        { tail -n 20 "$work/fm_$n"; fail "fashion_mnist $flag failed"; }
-    sed -n 's/.*"final_loss": \([0-9.]*\), "test_acc": \([0-9.]*\).*/\1 \2/p' "$work/fm_$n" > "$work/fm_$n.res"
-done
+pair fm 2 1 $F
+grep -q "packed" "$work/fm_nccl" || fail "fashion_mnist --nccl: no bucket was packed"
 # the bf16 and fp16 compression hooks: rounded on the device, summed by NCCL in 16 bits; the same
 # numbers as the host path's (the stand-in sums as the host's transport: float32, then rounded)
-for hook in bf16 fp16; do
-    for n in host nccl; do
-        flag=$([ $n = nccl ] && echo --nccl)
-        timeout 120 "$R" --standalone --nproc_per_node 2 $F --hook $hook $flag > "$work/fm${hook}_$n" 2>&1 ||
-            { tail -n 20 "$work/fm${hook}_$n"; fail "fashion_mnist --hook $hook $flag failed"; }
-        sed -n 's/.*"final_loss": \([0-9.]*\), "test_acc": \([0-9.]*\).*/\1 \2/p' "$work/fm${hook}_$n" \
-            > "$work/fm${hook}_$n.res"
-    done
-    [ -s "$work/fm${hook}_host.res" ] && cmp -s "$work/fm${hook}_host.res" "$work/fm${hook}_nccl.res" ||
-        fail "fashion_mnist --hook $hook: NCCL gives '$(cat "$work/fm${hook}_nccl.res")', the host '$(cat "$work/fm${hook}_host.res")'"
-done
+pair fm_bf16 2 1 $F --hook bf16
+pair fm_fp16 2 1 $F --hook fp16
 # the GPT (AdamW, clipping): every iteration's loss
 G="$build/bin/gpt_train --n_layer 2 --n_head 2 --n_embd 64 --block_size 32 --batch_size 4 --max_iters 10 --log_interval 1 --eval_interval 10 --eval_iters 1 --final_eval 1 --out none --sample 0"
-for n in host nccl; do
-    flag=$([ $n = nccl ] && echo --nccl)
-    timeout 120 "$R" --standalone --nproc_per_node 2 $G $flag > "$work/gpt_$n" 2>&1 ||
-        { tail -n 20 "$work/gpt_$n"; fail "gpt_train $flag failed"; }
-    sed -n 's/^\(iter [0-9]*: loss [0-9.]*\),.*/\1/p' "$work/gpt_$n" > "$work/gpt_$n.it"
-done
-[ "$(wc -l < "$work/gpt_host.it")" = 10 ] && cmp -s "$work/gpt_host.it" "$work/gpt_nccl.it" ||
-    { diff "$work/gpt_host.it" "$work/gpt_nccl.it" | head; fail "gpt_train: NCCL's losses differ from the host's"; }
+pair gpt 2 10 $G
 # ZeRO-1 over NCCL on 3 ranks (buckets that do not divide evenly are padded): the CNN and the GPT
-for prog in fm gpt; do
-    for n in host nccl; do
-        flag=$([ $n = nccl ] && echo --nccl)
-        if [ $prog = fm ]; then cmd="$F --limit 1536"; else cmd="$G"; fi
-        timeout 120 "$R" --standalone --nproc_per_node 3 $cmd --zero $flag > "$work/z${prog}_$n" 2>&1 ||
-            { tail -n 20 "$work/z${prog}_$n"; fail "$prog --zero $flag failed"; }
-        sed -n 's/.*"final_loss": \([0-9.]*\), "test_acc": \([0-9.]*\).*/\1 \2/p; s/^\(iter [0-9]*: loss [0-9.]*\),.*/\1/p' \
-            "$work/z${prog}_$n" > "$work/z${prog}_$n.res"
-    done
-    [ -s "$work/z${prog}_host.res" ] && cmp -s "$work/z${prog}_host.res" "$work/z${prog}_nccl.res" ||
-        { diff "$work/z${prog}_host.res" "$work/z${prog}_nccl.res" | head; fail "$prog --zero: NCCL differs from the host"; }
-done
-grep -q "packed" "$work/fm_nccl" || fail "fashion_mnist --nccl: no bucket was packed"
-[ -s "$work/fm_host.res" ] && cmp -s "$work/fm_host.res" "$work/fm_nccl.res" ||
-    fail "fashion_mnist: NCCL gives '$(cat "$work/fm_nccl.res")', the host '$(cat "$work/fm_host.res")'"
+pair zfm 3 1 $F --limit 1536 --zero
+pair zgpt 3 10 $G --zero
 FAKE_NCCL_OP=fail timeout 60 "$R" --standalone --nproc_per_node 2 --tee "$D" --nccl > "$work/ddpfail" 2>&1 &&
     fail "a refused NCCL allreduce in DDP was taken"
 expect_in "ddp_train: rank 0: NCCL: allreduce failed (2 ranks): unhandled cuda error" "$work/ddpfail"
