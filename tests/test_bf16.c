@@ -456,11 +456,62 @@ static void test_bf16_halves(void **state) {
     }
 }
 
+/* comm's 16-bit conversions (bits, by hand) against the compiler's IEEE half: every half to
+ * float32, and float32 to half at every midpoint between two halves and one unit either side of
+ * it (where rounding to nearest even decides), then over all float32 bit patterns in steps. */
+static uint16_t half_bits(float f) {
+    _Float16 x = (_Float16)f;
+    uint16_t h;
+    memcpy(&h, &x, 2);
+    return h;
+}
+
+static void check_narrowed(uint32_t u) {
+    float f, back;
+    memcpy(&f, &u, 4);
+    uint16_t h;
+    cddp_comm_from_f32(CDDP_COMM_F16, &f, &h, 1);
+    if (h != half_bits(f)) fail_msg("float32 %08x: half %04x, want %04x", u, h, half_bits(f));
+    cddp_comm_to_f32(CDDP_COMM_F16, &h, &back, 1);
+    if (f == f && (uint16_t)(h & 0x7fffu) < 0x7c00u) /* within half a unit of the half */
+        assert_true(fabsf(back - f) <= fmaxf(fabsf(f) / 2048, 0x1p-25f));
+}
+
+static void test_half_conversions(void **state) {
+    (void)state;
+    for (uint32_t h = 0; h < 0x10000u; h++) {
+        uint16_t x = (uint16_t)h;
+        _Float16 want;
+        float got, w;
+        memcpy(&want, &x, 2);
+        w = (float)want;
+        cddp_comm_to_f32(CDDP_COMM_F16, &x, &got, 1);
+        if (memcmp(&got, &w, 4)) fail_msg("half %04x: float32 %a, want %a", h, got, w);
+        if ((h & 0x7fffu) >= 0x7c00u) continue;
+        uint16_t next = (uint16_t)(h + 1); /* the next half of larger magnitude */
+        _Float16 hi;
+        memcpy(&hi, &next, 2);
+        float mid = (w + (float)hi) / 2; /* exact: float32 holds every half's midpoints */
+        uint32_t m;
+        memcpy(&m, &mid, 4);
+        for (int d = -1; d <= 1; d++) check_narrowed(m + (uint32_t)d);
+    }
+    for (uint64_t u = 0; u <= 0xffffffffu; u += 4099) check_narrowed((uint32_t)u);
+    const float edge[] = {65504.0f, 65519.99f,       65520.0f, 1e30f,
+                          0x1p-25f, 0x1.000002p-25f, 0x1p-149f};
+    for (size_t i = 0; i < CDDP_ARRAY_LEN(edge); i++) {
+        uint32_t u;
+        memcpy(&u, &edge[i], 4);
+        check_narrowed(u);
+        check_narrowed(u | 0x80000000u);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_path),         cmocka_unit_test(test_bf16_products),
         cmocka_unit_test(test_bf16_convolutions), cmocka_unit_test(test_bf16_attention),
-        cmocka_unit_test(test_bf16_halves),
+        cmocka_unit_test(test_bf16_halves),       cmocka_unit_test(test_half_conversions),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
