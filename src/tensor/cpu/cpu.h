@@ -71,13 +71,15 @@ float cddp__dot_dev(const float *d, const float *x, float m, int64_t n);
 void cddp__norm_grad_into(float *dx, const float *d, const float *x, float k, float a, float m,
                           float b, int64_t n, bool assign);
 /* Batch normalisation's loops over a block of P positions of B channels side by side (x[p B + k],
- * B at most 16), per channel k: out[k] += sum_p x, (x - m[k])^2, or d (x - m[k]); y = (x - m[k])
+ * B at most 16), per channel k: out[k] += sum_p x, or (x - m[k])^2; y = (x - m[k])
  * s[k] + b[k], with r (else NULL) + r, with relu max(that, 0), in one pass; dx += k[j] (d - a[j] -
  * (x - m[j]) b[j]) (= when assign). */
 void cddp__lanes_sum(const float *x, int64_t P, int64_t B, double *out);
 void cddp__lanes_sq_dev(const float *x, const float *m, int64_t P, int64_t B, double *out);
-void cddp__lanes_dot_dev(const float *d, const float *x, const float *m, int64_t P, int64_t B,
-                         double *out);
+/* batch normalisation's backward sums of a block, dy masked by y > 0 (y not NULL) and stored into
+ * g_out (when not NULL; it may be dy) on the way: out_s += sum g, out_t += sum g (x - m) */
+void cddp__lanes_grad_sums(float *dy, const float *y, const float *x, const float *m, float *g_out,
+                           int64_t P, int64_t B, double *out_s, double *out_t);
 void cddp__lanes_normalize(const float *x, const float *m, const float *s, const float *b,
                            const float *r, bool relu, float *y, int64_t P, int64_t B);
 void cddp__lanes_norm_grad_into(float *dx, const float *d, const float *x, const float *k,

@@ -4,14 +4,17 @@
  * Both layouts are walked as blocks: image n's group g of B channels is a block of P = H W
  * positions, B values side by side at each (row-major: B = 1, a group is a channel and a block
  * its plane). A group's blocks over the batch are summed, normalised and differentiated together,
- * while they are in cache: a row-major channel's planes, or a blocked group's B channels at once.
- * Each block's sums are taken in float lanes and added across blocks in double. With relu, each
- * block is rectified as it is normalised (a residual's block added first; a blocked layout's in
- * the same pass, a plane's in passes right after), and in the
- * backward the output's gradient is masked a block at a time into a block of scratch that the
- * loops read as their gradient, or, when the op may overwrite it (dy_free), masked in place in the
- * first pass and read as it is in the second (one masking pass, not two); the residual receives
- * that masked block in the first pass. */
+ * each block while it is in cache. Each block's sums are taken in float lanes and added across
+ * blocks in double. The forward reads x twice from memory: the statistics (each block's sum, then
+ * its deviations from its own mean while it is in cache, the blocks combined in double), then the
+ * normalisation; with relu each block is rectified as it is normalised (a residual's block added
+ * first; a blocked layout's in the same pass, a plane's in passes right after).
+ *
+ * The backward also reads its inputs twice. The first pass masks the output's gradient (relu),
+ * gives the residual the masked block and takes both sums, a blocked layout's in one loop; the
+ * masked block is written over the gradient itself when the op may overwrite it (dy_free), else
+ * into a block of scratch when the residual needs it, else nowhere. The second pass makes the
+ * input's gradient, from the masked gradient, or masking again. */
 #include "tensor/cpu/cpu.h"
 
 #include <math.h>
@@ -43,12 +46,27 @@ static void block_sq_dev(const blocks *v, const float *x, const float *m, double
         cddp__lanes_sq_dev(x, m, v->P, v->B, out);
 }
 
-static void block_dot_dev(const blocks *v, const float *d, const float *x, const float *m,
-                          double *out) {
-    if (v->B == 1)
-        *out += cddp__dot_dev(d, x, *m, v->P);
-    else
-        cddp__lanes_dot_dev(d, x, m, v->P, v->B, out);
+/* Group g's mean and sum of squared deviations from it (m2), per channel, in one pass over the
+ * memory: each block's sum, then its squared deviations from its own mean while the block is still
+ * in cache, the blocks combined as Chan, Golub and LeVeque's parallel variance (in double). bs, bq
+ * and bm: scratch for B channels. */
+static void group_stats(const blocks *v, const float *x, int64_t g, double *mean, double *m2,
+                        double *bs, double *bq, float *bm) {
+    double P = (double)v->P;
+    for (int64_t k = 0; k < v->B; k++) mean[k] = m2[k] = 0.0;
+    for (int64_t n = 0; n < v->N; n++) {
+        const float *xb = x + at(v, n, g);
+        for (int64_t k = 0; k < v->B; k++) bs[k] = bq[k] = 0.0;
+        block_sum(v, xb, bs);
+        for (int64_t k = 0; k < v->B; k++) bm[k] = (float)(bs[k] / P);
+        block_sq_dev(v, xb, bm, bq);
+        double seen = (double)n * P, total = seen + P;
+        for (int64_t k = 0; k < v->B; k++) {
+            double mu = bs[k] / P, off = mu - (double)bm[k], delta = mu - mean[k];
+            mean[k] += delta * P / total;
+            m2[k] += bq[k] - P * off * off + delta * delta * seen * P / total;
+        }
+    }
 }
 
 /* y = relu((x - m) s + b + r), r (may be NULL) and the ReLU as asked: a plane's loops one after
@@ -85,31 +103,26 @@ static const float *block_grad(const blocks *v, const float *d, const float *y, 
 void cddp__cpu_batch_norm(cddp__kq *q, const cddp__k_batch_norm *a) {
     blocks v = {.N = a->N, .C = a->C, .P = a->P, .B = a->B, .G = a->C / a->B};
     int64_t C = v.C, M = v.N * v.P;
-    float *sb = cddp__kq_scratch(q, 2 * (size_t)C * sizeof(float)); /* scale, shift */
-    double *acc = cddp__kq_scratch(q, 2 * (size_t)C * sizeof(double));
+    float *sb =
+        cddp__kq_scratch(q, 3 * (size_t)C * sizeof(float)); /* scale, shift, a block's mean */
+    double *acc = cddp__kq_scratch(q, 4 * (size_t)C * sizeof(double));
     if (!sb || !acc) return;
     const float *xd = a->x, *r = a->r, *w = a->w, *b = a->b;
     float *y = a->y, *mean = a->stats, *inv = a->stats + C, *scale = sb, *shift = sb + C;
     float *rmean = a->rmean, *rvar = a->rvar, momentum = a->momentum;
     for (int64_t g = 0; g < v.G; g++) {
         int64_t c0 = g * v.B;
-        double *s = acc + c0, *ss = acc + C + c0;
-        for (int64_t k = 0; k < v.B; k++) s[k] = ss[k] = 0.0;
-        if (a->training) {
-            for (int64_t n = 0; n < v.N; n++) block_sum(&v, xd + at(&v, n, g), s);
-            for (int64_t k = 0; k < v.B; k++) mean[c0 + k] = (float)(s[k] / (double)M);
-            for (int64_t n = 0; n < v.N; n++) block_sq_dev(&v, xd + at(&v, n, g), mean + c0, ss);
-        }
+        double *mu = acc + c0, *m2 = acc + C + c0;
+        if (a->training) group_stats(&v, xd, g, mu, m2, acc + 2 * C, acc + 3 * C, sb + 2 * C);
         for (int64_t c = c0; c < c0 + v.B; c++) {
             double var;
             if (a->training) {
-                var = ss[c - c0] / (double)M;
-                if (rmean)
-                    rmean[c] =
-                        (1.0f - momentum) * rmean[c] + momentum * (float)(s[c - c0] / (double)M);
+                mean[c] = (float)mu[c - c0];
+                var = m2[c - c0] / (double)M;
+                if (rmean) rmean[c] = (1.0f - momentum) * rmean[c] + momentum * mean[c];
                 if (rvar)
                     rvar[c] = (1.0f - momentum) * rvar[c] +
-                              momentum * (float)(ss[c - c0] / (double)(M - 1));
+                              momentum * (float)(m2[c - c0] / (double)(M - 1));
             } else {
                 mean[c] = rmean[c];
                 var = rvar[c];
@@ -146,15 +159,23 @@ void cddp__cpu_batch_norm_grad(cddp__kq *q, const cddp__k_batch_norm_grad *a) {
         double *sdy = acc + c0, *sdyxh = acc + C + c0;
         for (int64_t k = 0; k < v.B; k++) sdy[k] = sdyxh[k] = 0.0;
         for (int64_t s = 0; s < v.N; s++) {
-            float *dyb = dy + at(&v, s, grp);
-            const float *d =
-                block_grad(&v, dyb, y + at(&v, s, grp), relu, in_place ? dyb : scratch);
+            int64_t o = at(&v, s, grp);
+            float *dyb = dy + o;
+            const float *d; /* the block's gradient, masked (NULL: not kept, nobody reads it) */
+            if (v.B > 1) {  /* masked and summed both ways in one pass */
+                float *g = !relu ? NULL : in_place ? dyb : dr ? scratch : NULL;
+                cddp__lanes_grad_sums(dyb, relu ? y + o : NULL, xd + o, mean + c0, g, v.P, v.B, sdy,
+                                      sdyxh);
+                d = relu ? g : dyb;
+            } else {
+                d = block_grad(&v, dyb, y + o, relu, in_place ? dyb : scratch);
+                *sdy += cddp__sum(d, v.P);
+                *sdyxh += cddp__dot_dev(d, xd + o, mean[c0], v.P);
+            }
             if (dr && a->rassign)
-                memcpy(dr + at(&v, s, grp), d, (size_t)(v.B * v.P) * sizeof(float));
+                memcpy(dr + o, d, (size_t)(v.B * v.P) * sizeof(float));
             else if (dr)
-                cddp__add_into(dr + at(&v, s, grp), d, v.B * v.P);
-            block_sum(&v, d, sdy);
-            block_dot_dev(&v, d, xd + at(&v, s, grp), mean + c0, sdyxh);
+                cddp__add_into(dr + o, d, v.B * v.P);
         }
         for (int64_t c = c0; c < c0 + v.B; c++) {
             double sx = sdyxh[c - c0] * inv[c];

@@ -118,11 +118,10 @@ CLONES void cddp__norm_grad_into(float *restrict dx, const float *restrict d,
  * lane by lane. */
 #define MAX_BLOCK 16
 
-enum { LANE_SUM, LANE_SQ_DEV, LANE_DOT_DEV };
+enum { LANE_SUM, LANE_SQ_DEV };
 
-/* out[k] += sum_p of: x (LANE_SUM), (x - m)^2 (LANE_SQ_DEV), d (x - m) (LANE_DOT_DEV). */
-static inline __attribute__((always_inline)) void lane_sums(int what, const float *restrict d,
-                                                            const float *restrict x,
+/* out[k] += sum_p of: x (LANE_SUM), (x - m)^2 (LANE_SQ_DEV). */
+static inline __attribute__((always_inline)) void lane_sums(int what, const float *restrict x,
                                                             const float *restrict m, int64_t P,
                                                             int64_t B, double *restrict out) {
     float acc[4][MAX_BLOCK] = {{0}};
@@ -130,9 +129,7 @@ static inline __attribute__((always_inline)) void lane_sums(int what, const floa
     if (what != LANE_SUM) memcpy(mk, m, (size_t)B * sizeof(float));
     int64_t p = 0;
 #define TERM(v, q, k)                                                                              \
-    (what == LANE_SUM      ? (v)[(q)*B + (k)]                                                      \
-     : what == LANE_SQ_DEV ? ((v)[(q)*B + (k)] - mk[k]) * ((v)[(q)*B + (k)] - mk[k])               \
-                           : d[(q)*B + (k)] * ((v)[(q)*B + (k)] - mk[k]))
+    (what == LANE_SUM ? (v)[(q)*B + (k)] : ((v)[(q)*B + (k)] - mk[k]) * ((v)[(q)*B + (k)] - mk[k]))
     for (; p + 4 <= P; p += 4)
         for (int u = 0; u < 4; u++)
             for (int64_t k = 0; k < B; k++) acc[u][k] += TERM(x, p + u, k);
@@ -156,20 +153,69 @@ static inline __attribute__((always_inline)) void lane_sums(int what, const floa
     } while (0)
 
 CLONES void cddp__lanes_sum(const float *x, int64_t P, int64_t B, double *out) {
-#define CALL(b) lane_sums(LANE_SUM, NULL, x, NULL, P, b, out)
+#define CALL(b) lane_sums(LANE_SUM, x, NULL, P, b, out)
     BY_BLOCK(B, CALL);
 #undef CALL
 }
 
 CLONES void cddp__lanes_sq_dev(const float *x, const float *m, int64_t P, int64_t B, double *out) {
-#define CALL(b) lane_sums(LANE_SQ_DEV, NULL, x, m, P, b, out)
+#define CALL(b) lane_sums(LANE_SQ_DEV, x, m, P, b, out)
     BY_BLOCK(B, CALL);
 #undef CALL
 }
 
-CLONES void cddp__lanes_dot_dev(const float *d, const float *x, const float *m, int64_t P,
-                                int64_t B, double *out) {
-#define CALL(b) lane_sums(LANE_DOT_DEV, d, x, m, P, b, out)
+/* Batch normalisation's two backward sums in one pass: out_s[k] += sum_p g, out_t[k] += sum_p
+ * g (x - m), g the gradient dy, or (y not NULL: a ReLU's output) dy where y > 0 and +0 elsewhere,
+ * written over dy (store 1) or into g_out (store 2) on the way. The mask is a bitwise and, not a
+ * choice, so that the compiler contracts g (x - m) alike with and without it: batch_norm_relu's
+ * gradients are then the bits of relu's backward followed by batch_norm's (test_ops). Four
+ * accumulators of B lanes each way, as lane_sums. */
+static inline __attribute__((always_inline)) void
+lane_grad_sums(float *restrict dy, const float *restrict y, const float *restrict x,
+               const float *restrict m, float *restrict g_out, int store, int64_t P, int64_t B,
+               double *restrict out_s, double *restrict out_t) {
+    float s[4][MAX_BLOCK] = {{0}}, t[4][MAX_BLOCK] = {{0}}, mk[MAX_BLOCK];
+    memcpy(mk, m, (size_t)B * sizeof(float));
+#define STEP(q, u)                                                                                 \
+    for (int64_t k = 0; k < B; k++) {                                                              \
+        int64_t i = (q)*B + k;                                                                     \
+        float g = dy[i];                                                                           \
+        if (y) {                                                                                   \
+            uint32_t bits;                                                                         \
+            memcpy(&bits, &g, 4);                                                                  \
+            bits &= y[i] > 0.0f ? 0xffffffffu : 0u;                                                \
+            memcpy(&g, &bits, 4);                                                                  \
+        }                                                                                          \
+        if (store == 1) dy[i] = g;                                                                 \
+        if (store == 2) g_out[i] = g;                                                              \
+        s[u][k] += g;                                                                              \
+        t[u][k] += g * (x[i] - mk[k]);                                                             \
+    }
+    int64_t p = 0;
+    for (; p + 4 <= P; p += 4)
+        for (int u = 0; u < 4; u++) STEP(p + u, u)
+    for (; p < P; p++) STEP(p, 0)
+#undef STEP
+    for (int64_t k = 0; k < B; k++) {
+        out_s[k] += (double)((s[0][k] + s[1][k]) + (s[2][k] + s[3][k]));
+        out_t[k] += (double)((t[0][k] + t[1][k]) + (t[2][k] + t[3][k]));
+    }
+}
+
+CLONES void cddp__lanes_grad_sums(float *dy, const float *y, const float *x, const float *m,
+                                  float *g_out, int64_t P, int64_t B, double *out_s,
+                                  double *out_t) {
+#define CALL(bb)                                                                                   \
+    do {                                                                                           \
+        if (y && g_out == dy)                                                                      \
+            lane_grad_sums(dy, y, x, m, NULL, 1, P, bb, out_s, out_t);                             \
+        else if (y && g_out)                                                                       \
+            lane_grad_sums(dy, y, x, m, g_out, 2, P, bb, out_s, out_t);                            \
+        else if (y)                                                                                \
+            lane_grad_sums(dy, y, x, m, NULL, 0, P, bb, out_s, out_t);                             \
+        else                                                                                       \
+            lane_grad_sums(dy, NULL, x, m, NULL, 0, P, bb, out_s, out_t);                          \
+    } while (0)
     BY_BLOCK(B, CALL);
 #undef CALL
 }
