@@ -46,8 +46,10 @@
 #          (each host runs sshd in its namespace with a host key and a client key made for the
 #          test): the environment and -x reach every host (host 0 named localhost: the others
 #          reach its store at its name); 2+1+1 ranks train to the one-host
-#          loss; a rank that fails fails the job; Ctrl-C (SIGINT to the head) stops it; a host
-#          without sshd is named. After each, nothing of the job runs on any host
+#          loss; a rank that fails fails the job; Ctrl-C (SIGINT to the head) stops it, also where
+#          the stop reaches the other hosts half a second late (their ranks see host 0's stop
+#          first: each node still says the head stopped it); a host without sshd is named. After
+#          each, nothing of the job runs on any host
 #   cut    3 hosts x 1 rank; host 2's link goes down mid-training (nothing is sent, nothing dies):
 #          with CDDP_STORE_REPLY_S=5 (and the collectives' own deadline, CDDP_TIMEOUT_S, at its
 #          300 s), every cddprun exits 1 within 30 s: host 0's report names host 2 as the root
@@ -484,6 +486,23 @@ ssh)
         fail "not every node said why it stopped"
     nothing_left 3 "after Ctrl-C"
     int_ms=$ms
+    # Ctrl-C again, with the end of the head's control stream reaching hosts 1 and 2 half a
+    # second late (an ssh that forwards stdin's end slowly): their ranks see host 0's stop first,
+    # and each node still says the head stopped it, not that a rank failed.
+    printf '#!/bin/sh\n{ cat; sleep 0.5; } | ssh -F %s "$@"\n' "$work/ssh_config" > "$work/slow_ssh"
+    chmod +x "$work/slow_ssh"
+    "$H" exec "$name" 0 "$build/bin/cddprun" --hosts "$list" --ssh "$work/slow_ssh" \
+        --master_port 29400 --grace_period 1 "$FM" --epochs 1000 --limit 2000 --out late \
+        > late.out 2>&1 &
+    head=$!
+    await 60 "no second epoch in 60 s (late control stream)" grep -q "^epoch: 1," late.out
+    t0=$(date +%s%N)
+    kill -INT $head
+    head_ends 130 "after SIGINT (late control stream)"
+    [ "$(grep -c "cddprun: stopping this node: the cddprun --hosts that started it stopped the job" late.out)" = 3 ] ||
+        { cat late.out; fail "a node reached late by the head's stop reported a failure"; }
+    grep -q "root cause" late.out && { cat late.out; fail "a stopped job reported a root cause"; }
+    nothing_left 3 "after Ctrl-C with a late control stream"
     # A host without sshd: the head names it and stops the others at once.
     list="$name-host0,$name-host1,$name-host3"
     t0=$(date +%s%N)

@@ -83,16 +83,10 @@ static round_result run_round(job *j) {
             }
         }
     }
-    if (cddprun_got_signal) {
-        fprintf(stderr, "cddprun: got SIG%s; stopping the workers\n",
-                sigabbrev_np(cddprun_got_signal));
-        cddprun_stop_workers(j, SIGTERM);
-        return ROUND_SIGNALLED;
-    }
     /* A rank that exited with an error may only have found a peer dead: the peers of a rank
      * killed by a signal fail within milliseconds of it, and may be reaped first. So a failure
      * by exit code waits 0.2 s for the others, and a rank killed meanwhile is the root cause. */
-    if (first && !first->running && WIFEXITED(first->status)) {
+    if (!cddprun_got_signal && first && !first->running && WIFEXITED(first->status)) {
         worker *more = NULL;
         double until = cddp_now_s() + 0.2;
         while (cddp_now_s() < until && cddprun_reap(j, &more) > 0) cddprun_pump(j, 0.02);
@@ -101,6 +95,24 @@ static round_result run_round(job *j) {
                 first = &j->w[i];
                 break;
             }
+    }
+    /* A node that cddprun --hosts started waits up to a second for the head before it reports a
+     * failure: when the head stops the job (Ctrl-C), the end of its control stream reaches this
+     * node over ssh after this node's ranks may have seen their peers on the other nodes stop,
+     * or this node the store go. The job was stopped then (watch_head's SIGHUP), not failed. */
+    if (o->stdin_control && (first || remote[0])) {
+        double until = cddp_now_s() + 1.0;
+        while (!cddprun_got_signal && cddp_now_s() < until)
+            if (cddprun_reap(j, NULL) > 0)
+                cddprun_pump(j, 0.02);
+            else
+                usleep(20000); /* the signal cuts it short */
+    }
+    if (cddprun_got_signal) {
+        fprintf(stderr, "cddprun: got SIG%s; stopping the workers\n",
+                sigabbrev_np(cddprun_got_signal));
+        cddprun_stop_workers(j, SIGTERM);
+        return ROUND_SIGNALLED;
     }
     char text[CDDP_ERROR_MSG_MAX];
     double when = 0; /* the root cause's wall-clock time, to compare with other nodes' */
