@@ -1,7 +1,10 @@
 /* ddp/internal.h: DistributedDataParallel's state, and the reducer interface.
  *
- * DDP is four files, on public APIs only (comm.h, nn.h, autograd.h, checkpoint.h), lowest first:
+ * DDP is these files, on public APIs only (comm.h, nn.h, autograd.h, checkpoint.h, device.h),
+ * lowest first:
  *
+ *   nccl.c      the NCCL communicator (cddp/nccl.h, public: tests use it alone), its collectives
+ *               on a stream of its own ordered with the device's queue
  *   stage.c     a model on a device the host cannot read: host copies of its blocks, filled and
  *               emptied around each bucket's reduction
  *   reducer.c   what reduces one bucket (the reducers below)
