@@ -7,6 +7,9 @@
 3. No circle of files: in the graph where file A points at file B when A calls (or names) a
    function that B defines, no two files of src/ reach each other.
 4. No source file of src/ or tools/ is longer than 700 lines.
+5. The floors: a file of src/ calls (or names) functions of its own module and of the modules on
+   the floors below it only (FLOORS, lowest first, as docs/ARCHITECTURE.md draws them); a module
+   not in FLOORS is a breach until it is given its floor.
 
 Prints every breach and exits 1, or says what it checked and exits 0.
 """
@@ -15,6 +18,7 @@ import re
 import sys
 
 MAX_LINES = 700
+FLOORS = ["core", "store", "comm", "tensor", "autograd", "nn", "optim", "data", "io", "ddp"]
 
 src = sys.argv[1] if len(sys.argv) > 1 else "."
 bad = []
@@ -80,6 +84,22 @@ for path, code in bodies.items():
         if target and target != path:
             edges[path].add(target)
 
+# 5: the floors, on the same graph.
+def module(p):
+    return rel(p).split(os.sep)[1]
+
+
+for m in sorted({module(p) for p in bodies} - set(FLOORS)):
+    bad.append(f"src/{m}: a module without a floor: add it to FLOORS (and docs/ARCHITECTURE.md)")
+floor = {m: i for i, m in enumerate(FLOORS)}
+for a in sorted(edges):
+    for b in sorted(edges[a]):
+        ma, mb = module(a), module(b)
+        if ma in floor and mb in floor and floor[mb] > floor[ma]:
+            via = sorted(n for n, f in defined.items() if f == b and re.search(r"\b%s\b" % n,
+                                                                                bodies[a]))
+            bad.append(f"{rel(a)} calls {rel(b)} ({', '.join(via[:3])}): {ma} is below {mb}")
+
 # Strongly connected components (Tarjan): every one with more than one file is a circle.
 index, low, on, stack, comps, counter = {}, {}, set(), [], [], [0]
 
@@ -128,5 +148,5 @@ if bad:
         print("  " + b)
     sys.exit(1)
 print(f"ok: {len(bodies)} files of src/: no private header of another module, no circle "
-      f"({sum(len(e) for e in edges.values())} links between files), none over {MAX_LINES} "
-      f"lines; tools/ on public headers only")
+      f"({sum(len(e) for e in edges.values())} links between files), no call to a floor above "
+      f"({len(FLOORS)} floors), none over {MAX_LINES} lines; tools/ on public headers only")

@@ -30,4 +30,12 @@ expect 'src/comm/reduce.c -> src/comm/group.c (cddp_comm_abort)'
 plant
 i=0; while [ $i -lt 710 ]; do echo "/* padding */"; i=$((i + 1)); done >> "$work/t/src/core/arena.c"
 expect 'src/core/arena.c: '
-echo "ok: the house rules hold, and a private include, a program's private include, a circle and a long file are each caught"
+plant
+printf 'void cddp__house_b(void);\nvoid cddp__house_b(void) { cddp_device_cpu(); }\n' >> "$work/t/src/comm/reduce.c"
+expect 'src/comm/reduce.c calls src/tensor/devices.c (cddp_device_cpu): comm is below tensor'
+plant
+mkdir "$work/t/src/extra"
+printf 'void cddp_extra(void);\nvoid cddp_extra(void) {}\n' > "$work/t/src/extra/extra.c"
+expect 'src/extra: a module without a floor'
+echo "ok: the house rules hold, and a private include, a program's private include, a circle, a" \
+     "long file, a call to a floor above and a module without a floor are each caught"
