@@ -9,7 +9,8 @@
  * gradient as bf16 (the reorders into their layouts round them, to nearest even) and write
  * float32 results: the bf16 units' products with float32 sums, as the gemm kernel's. Emulated
  * (CDDP_BF16_EMULATE=1 on a processor without bf16 units), those operands are rounded in float32
- * and the float32 primitives run; so are they for the own loop of weights_grad, in both. */
+ * and the float32 primitives run; the own loop of weights_grad rounds them as it copies them, in
+ * both. */
 #include "tensor/cpu/dnnl.h"
 
 #include <string.h>
@@ -116,19 +117,14 @@ static const cddp__dnnl_prim *conv_prim(const cddp__conv_geom *g, int kind) {
     return cddp__dnnl_get(&k, sizeof k, make_conv);
 }
 
-/* An operand of n floats as g's products read it: itself, or in bf16 when the float32 loops
- * multiply it (emulated, or own: cddp's loop) its copy rounded to bf16 in scratch (NULL when out
- * of memory, reported through q). */
-static const float *rounded(cddp__kq *q, const cddp__conv_geom *g, const float *data, int64_t n,
-                            bool own) {
-    if (g->compute != CDDP_BF16 || (cddp__cpu_bf16_native() && !own)) return data;
+/* An operand of n floats as g's products read it: itself, or in bf16 when the float32 primitives
+ * multiply it (emulated) its copy rounded to bf16 in scratch (NULL when out of memory, reported
+ * through q). */
+static const float *operand(cddp__kq *q, const cddp__conv_geom *g, const float *data, int64_t n) {
+    if (g->compute != CDDP_BF16 || cddp__cpu_bf16_native()) return data;
     float *r = cddp__kq_scratch(q, (size_t)n * sizeof(float));
     if (r) cddp__bf16_round(r, data, n);
     return r;
-}
-
-static const float *operand(cddp__kq *q, const cddp__conv_geom *g, const float *data, int64_t n) {
-    return rounded(q, g, data, n, false);
 }
 
 static int64_t input_n(const cddp__conv_geom *g) {
@@ -235,8 +231,26 @@ static bool own_weights_grad(const cddp__conv_geom *g) {
     return g->stride == 1 && g->C / g->groups < 8 && !g->x_block;
 }
 
+/* n floats from src (every stride-th) into dst, rounded to bf16 (as cddp__bf16_round rounds them)
+ * when round: the products' operands in mixed precision, rounded as they are copied. */
+static void copy_row(float *restrict dst, const float *restrict src, int64_t n, int64_t stride,
+                     bool round) {
+    if (!round && stride == 1) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        float v = src[i * stride];
+        if (round) {
+            uint32_t u = (uint32_t)cddp__round_bf16(v) << 16;
+            memcpy(&v, &u, sizeof v);
+        }
+        dst[i] = v;
+    }
+}
+
 static void weights_grad(cddp__kq *q, const cddp__conv_geom *g, const float *xd,
-                         const conv_grad *dy, const conv_out *o) {
+                         const conv_grad *dy, const conv_out *o, bool round) {
     int64_t N = g->N, C = g->C, H = g->H, W = g->W;
     int64_t O = g->O, KH = g->KH, KW = g->KW, OH = g->OH, OW = g->OW;
     int64_t pad = g->pad, groups = g->groups;
@@ -262,19 +276,14 @@ static void weights_grad(cddp__kq *q, const cddp__conv_geom *g, const float *xd,
         for (int64_t o0 = 0; o0 < O; o0 += l->B)
             for (int64_t h = 0; h < OH; h++) {
                 const float *row = d + o0 / l->B * l->sG + h * l->sH;
-                for (int64_t k = 0; k < CDDP_MIN(l->B, O - o0); k++) {
-                    float *to = yp + (o0 + k) * yn + h * PW;
-                    if (l->sW == 1)
-                        memcpy(to, row + k, (size_t)OW * sizeof(float));
-                    else
-                        for (int64_t w = 0; w < OW; w++) to[w] = row[w * l->sW + k];
-                }
+                for (int64_t k = 0; k < CDDP_MIN(l->B, O - o0); k++)
+                    copy_row(yp + (o0 + k) * yn + h * PW, row + k, OW, l->sW, round);
             }
         for (int64_t gr = 0; gr < groups; gr++) {
             for (int64_t c = 0; c < cpg; c++)
                 for (int64_t h = 0; h < H; h++)
-                    memcpy(xp + c * xn + (h + pad) * PW + pad,
-                           xd + ((n * C + gr * cpg + c) * H + h) * W, (size_t)W * sizeof(float));
+                    copy_row(xp + c * xn + (h + pad) * PW + pad,
+                             xd + ((n * C + gr * cpg + c) * H + h) * W, W, 1, round);
             for (int64_t oc = gr * opg; oc < (gr + 1) * opg; oc++) {
                 if (gb) acc[O * K + oc] += cddp__sum(yp + oc * yn, yn);
                 cddp__dot_offsets(yp + oc * yn, xp, off, K, yn, acc + oc * K);
@@ -311,12 +320,8 @@ static void conv_backward(cddp__kq *q, const cddp__conv_geom *g, const float *x,
         if (!cddp__dnnl_run(q, p, 3, args)) return;
     }
     if (!o->dw && !o->db) return;
-    if (own) {
-        conv_grad r = *dy; /* the output gradient rounded once: d when dx's product rounded it */
-        if (!(x = rounded(q, g, x, input_n(g), true)) ||
-            !(r.data = d != dy->data ? d : rounded(q, g, dy->data, dy->n, true)))
-            return;
-        weights_grad(q, g, x, &r, o);
+    if (own) { /* x and the output gradient rounded as the loop copies them, in mixed precision */
+        weights_grad(q, g, x, dy, o, g->compute == CDDP_BF16);
         return;
     }
     /* x as the forward's reorder left it, else rounded again when emulating */
