@@ -15,7 +15,9 @@
 #      ddp_train with SGD and with AdamW on 1 rank and on 2 ranks sharing the GPU (host-staged
 #      reduction): losses within 1e-4 relative
 #   5. the GPT: a tiny one (2 layers, width 64) 20 iterations on the GPU against the CPU, every
-#      loss within 1e-4 relative in float32 and 1e-2 in bf16, and its greedy samples
+#      loss within 1e-4 relative in float32 and 1e-2 in bf16, and its greedy samples; after 200
+#      iterations on the GPU its checkpoint loads strictly into PyTorch and into cddp on the
+#      CPU, each with the GPU's validation loss (1e-4)
 #   6. the MLP's training speed, cddp and PyTorch eager on the same card, rounds interleaved
 #      (median and spread), at batch 32 and 256
 #   7. the GPT's training speed (6 layers, width 384, context 256), cddp and PyTorch eager, in
@@ -263,9 +265,37 @@ gpt() {
     result "${name%% *}_20_steps" cddp "${vg:-null}" "val loss" "$device, $*; cpu: $vc; largest difference $worst" \
         ", \"pass\": $([ $ok = ok ] && echo true || echo false)"
 }
+# ckpt: the tiny GPT trained 200 iterations on the device writes its checkpoint; PyTorch's nanoGPT
+# loads it strictly (scripts/gpu/ckpt_val_loss.py) and cddp on the CPU starts from it: each
+# validation loss over the whole validation text within 1e-4 relative of the device's. (After 20
+# iterations attention hardly counts yet: PyTorch's loss with 2 heads instead of 4 differed by
+# 2e-7; after 200 by 7e-4.)
+ckpt() {
+    fits 60 || {
+        outcome "gpt_checkpoint" "not run" "out of time"
+        return
+    }
+    local dir=$out/gpt_ckpt tok=$data/fortunes_tokens g c vg vc vt ok=FAIL
+    rm -rf "$dir"
+    g=$(cddp timeout 60 "$bin/gpt_train" $tiny --data "$tok/train.bin" --out "$dir" \
+        --max_iters 200 --eval_interval 100 --log_interval 0 --device "$device" 2>&1)
+    c=$(cddp timeout 60 "$bin/gpt_train" $tiny --data "$tok/train.bin" --max_iters 0 \
+        --init_from "$dir/checkpoint.safetensors" --device cpu 2>&1)
+    vt=$(timeout 120 "$py" "$root/scripts/gpu/ckpt_val_loss.py" "$dir/checkpoint.safetensors" \
+        "$tok/val.bin" 4 2>&1 | tail -n 1)
+    vg=$(val_loss "$g") vc=$(val_loss "$c")
+    [ -n "$vc" ] || echo "$c" | tail -n 3
+    close "$vc" "$vg" && close "$vt" "$vg" && ok=ok
+    outcome "gpt_checkpoint (saved on $device; PyTorch strict, cddp on cpu)" "$ok" \
+        "validation loss: $device ${vg:-none}, cddp cpu from its checkpoint ${vc:-none}, PyTorch ${vt:-none}"
+    result gpt_checkpoint_val_loss cddp "${vc:-null}" "val loss" \
+        "saved on $device, evaluated by cddp on cpu; $device: ${vg:-none}, PyTorch: ${vt:-none}" \
+        ", \"pass\": $([ $ok = ok ] && echo true || echo false)"
+}
 if want 5; then
     gpt "gpt_fp32 (gpt_train, 2 layers, width 64)" 1e-4 --dtype fp32
     gpt "gpt_bf16 (gpt_train --dtype bf16)" 1e-2 --dtype bf16
+    ckpt
 fi
 
 echo "== 6. MLP training speed, cddp and PyTorch on $torch_device"

@@ -9,8 +9,9 @@
 #   debs/   Debian's runtime packages of OpenBLAS, oneDNN, cJSON and OpenSSL with what they
 #           need (the GPU machine has no apt; check.sh unpacks them in /tmp)
 #   data/   Fashion-MNIST: the first 20,000 training images and the 10,000 test images; the GPT's
-#           corpus, Debian's fortunes (data/fortunes); 2M random GPT-2 tokens as llm.c's token
-#           files (data/gpt2_train.bin, gpt2_val.bin) for GPT-2's speed
+#           corpus, Debian's fortunes (data/fortunes, and as llm.c's token files in
+#           data/fortunes_tokens); 2M random GPT-2 tokens as llm.c's token files
+#           (data/gpt2_train.bin, gpt2_val.bin) for GPT-2's speed
 #   commit  the commit the programs were built from (+dirty when the tree had changes)
 #
 # Then the session with the GPU machine runs, as one call with `carry: ["build-gpu/carry"]`:
@@ -38,7 +39,7 @@ grep -q "the CUDA device is built" "$build/configure.log" || {
 programs="device_check fashion_mnist ddp_train bench_mlp gpt_train cddprun"
 # nccl_test where NCCL's header was found (the toolkit's): check.sh's NCCL steps need it
 grep -q "cddp_nccl is built" "$build/configure.log" && programs="$programs nccl_test"
-cmake --build "$build" -j "$(nproc)" --target $programs
+cmake --build "$build" -j "$(nproc)" --target $programs cddp-tokenize
 rm -rf "$carry"
 mkdir -p "$carry/bin" "$carry/debs" "$carry/data"
 for p in $programs; do cp "$build/bin/$p" "$carry/bin/"; done
@@ -74,6 +75,9 @@ fortunes=${CDDP_FORTUNES:-/usr/share/games/fortunes}
     exit 1
 }
 cp -rL "$fortunes" "$carry/data/fortunes"
+# the same corpus as llm.c's token files (bytes; the last tenth for validation), which PyTorch
+# reads as they are: step 5's checkpoint check evaluates the device's checkpoint on them
+"$build/bin/cddp-tokenize" "$fortunes" "$carry/data/fortunes_tokens" >/dev/null
 # GPT-2's speed on random tokens (llm.c's token files: a header of 256 int32, then uint16 tokens)
 python3 - "$carry/data" <<'EOF'
 import random, struct, sys
