@@ -236,8 +236,9 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
         F(float *, y) F(float *, stats) F(int64_t, N) F(int64_t, C) F(int64_t, P) F(int64_t, B)    \
             F(bool, training) F(bool, relu) F(float, momentum) F(float, eps)
 /* its gradients: dx (stored when assign), dr (the residual's, stored when rassign), dw and db
- * added; each may be NULL. dy is the output's gradient, y the output (for relu); with dy_free the
- * kernel may overwrite dy (the gradient is released after this backward) */
+ * added; each may be NULL. dy is the output's gradient, y the output (for relu); with dy_free and
+ * relu the kernel leaves dy masked where y is 0 (the gradient is the op's after this backward:
+ * the residual's gradient, or released) */
 #define CDDP__KA_batch_norm_grad(F)                                                                \
     F(const float *, x)                                                                            \
     F(const float *, y) F(float *, dy) F(const float *, w) F(const float *, stats)                 \

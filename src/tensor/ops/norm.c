@@ -11,8 +11,10 @@
  * block at a time (where the output is positive) into a block of scratch that the batch
  * normalisation's loops read as its gradient: no ReLU tensor, no pass of its own, and the same
  * values and gradients as the two ops. batch_norm_add_relu, relu(batch_norm(x) + r) (a residual
- * block's end), adds r's block before rectifying it, and gives r the masked gradient block by
- * block in the first backward pass: no sum tensor, no pass for the sum or its gradient. */
+ * block's end), adds r's block before rectifying it, and gives r the masked gradient: r takes the
+ * output's gradient buffer itself, masked in place, where r has no gradient yet and the output's
+ * is released after this backward (a ResNet's shortcut), else block by block in the first
+ * backward pass. No sum tensor, no pass for the sum or its gradient. */
 #include "tensor/internal.h"
 
 #include <string.h>
@@ -112,9 +114,19 @@ static void batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
     cddp_tensor *x = n->in[0], *r = n->nin > 3 ? n->in[3] : NULL;
     cddp__cdev *d = cddp__node_dev(ctx, n);
     if (!d) return;
-    /* The residual's gradient (the masked one) first: when r is x, dx is then added to it. */
-    bool rassign = false;
-    float *dr = r && r->requires_grad ? cddp_grad_buffer_assign(ctx, r, &rassign) : NULL;
+    float *dy = n->out->grad;
+    bool dy_free = !n->out->retain_grad, rassign = false;
+    float *dr = NULL;
+    if (r && r->requires_grad && !r->grad && !r->is_param && r != x && dy_free) {
+        /* r's gradient is the output's masked, all of it: the kernel masks the output's gradient
+         * in place (dy_free), so r takes that buffer, which the output no longer holds (nor
+         * releases), instead of a copy of it. */
+        r->grad = dy;
+        n->out->grad = NULL;
+    } else if (r && r->requires_grad) {
+        /* The residual's gradient (the masked one) first: when r is x, dx is then added to it. */
+        dr = cddp_grad_buffer_assign(ctx, r, &rassign);
+    }
     if (dr && r == x && rassign) { /* dx's blocks may come before r's: both add */
         CDDP__K(&d->q, fill, .dst = dr, .n = r->numel, .size = (int)sizeof(float));
         rassign = false;
@@ -126,11 +138,10 @@ static void batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
     float *gb = b && b->requires_grad ? cddp_grad_buffer(ctx, b) : NULL;
     if (CDDP__FAILED(ctx)) return;
     blocks v = blocks_of(x);
-    CDDP__K(&d->q, batch_norm_grad, .x = x->data, .y = n->out->data, .dy = n->out->grad,
+    CDDP__K(&d->q, batch_norm_grad, .x = x->data, .y = n->out->data, .dy = dy,
             .w = g ? g->data : NULL, .stats = n->saved, .dx = dx, .assign = assign, .dr = dr,
             .rassign = rassign, .dw = gg, .db = gb, .N = v.N, .C = v.C, .P = v.P, .B = v.B,
-            .training = n->arg.training, .relu = n->op != CDDP_OP_BATCH_NORM,
-            .dy_free = !n->out->retain_grad);
+            .training = n->arg.training, .relu = n->op != CDDP_OP_BATCH_NORM, .dy_free = dy_free);
 }
 
 void cddp__batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
