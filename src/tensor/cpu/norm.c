@@ -169,7 +169,7 @@ void cddp__cpu_batch_norm_grad(cddp__kq *q, const cddp__k_batch_norm_grad *a) {
                 d = relu ? g : dyb;
             } else {
                 d = block_grad(&v, dyb, y + o, relu, in_place ? dyb : scratch);
-                *sdy += cddp__sum(d, v.P);
+                block_sum(&v, d, sdy);
                 *sdyxh += cddp__dot_dev(d, xd + o, mean[c0], v.P);
             }
             if (dr && a->rassign)
