@@ -5,6 +5,7 @@
 #include <cddp/net.h>
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -556,6 +557,80 @@ static void test_token_stays_home(void **state) {
     close(lfd);
 }
 
+/* Accepts one connection on lfd, reads its HELLO and resets it (a store being stopped with the
+ * request unanswered). */
+static void reset_one(int lfd) {
+    int fd = accept(lfd, NULL, NULL);
+    assert_true(fd >= 0);
+    uint8_t p[128];
+    assert_int_equal(read_frame(fd, p, sizeof p), 1);
+    struct linger hard = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &hard, sizeof hard);
+    close(fd);
+}
+
+/* Two jobs given one port: this job's client met the other job's store as it stopped, which reset
+ * the connection under the handshake. The client connects again, and meets this job's store,
+ * which took the port next. */
+static void test_store_stopping_under_handshake(void **state) {
+    (void)state;
+    int lfd = -1, lport = 0;
+    cddp_error err = {0};
+    assert_int_equal(cddp_net_listen("127.0.0.1", 0, &lfd, &lport, &err), 0);
+    connect_arg a = {lport, {0}, false};
+    pthread_t th;
+    pthread_create(&th, NULL, connect_thread, &a);
+    reset_one(lfd);
+    close(lfd);
+    cddp_store_server *mine =
+        cddp_store_server_start("127.0.0.1", lport, "secret-token-value", &err);
+    assert_non_null(mine);
+    pthread_join(th, NULL);
+    assert_true(a.ok);
+    cddp_store_server_stop(mine);
+}
+
+typedef struct resetter_arg {
+    int lfd, resets;
+    volatile bool stop;
+} resetter_arg;
+
+static void *resetter(void *p) {
+    resetter_arg *a = p;
+    while (!a->stop) {
+        struct pollfd pf = {a->lfd, POLLIN, 0};
+        if (poll(&pf, 1, 50) == 1) reset_one(a->lfd), a->resets++;
+    }
+    return NULL;
+}
+
+/* A program on the port that resets every connection: the client gives up within its deadline
+ * and says what it met, how often, and what to check. */
+static void test_port_that_resets(void **state) {
+    (void)state;
+    resetter_arg r = {-1, 0, false};
+    int lport = 0;
+    cddp_error err = {0};
+    assert_int_equal(cddp_net_listen("127.0.0.1", 0, &r.lfd, &lport, &err), 0);
+    pthread_t th;
+    pthread_create(&th, NULL, resetter, &r);
+    cddp_store_options o = {"127.0.0.1", lport, "t", 1.5, NULL};
+    double t0 = cddp_now_s();
+    assert_null(cddp_store_connect(&o, &err));
+    double took = cddp_now_s() - t0;
+    r.stop = true;
+    pthread_join(th, NULL);
+    close(r.lfd);
+    assert_true(took >= 1.0 && took < 3.0);
+    assert_true(r.resets >= 3);
+    assert_int_equal(err.code, CDDP_EIO);
+    char want[96];
+    snprintf(want, sizeof want, "store at 127.0.0.1:%d: the connection was closed before", lport);
+    assert_non_null(strstr(err.msg, want));
+    assert_non_null(strstr(err.msg, "(recv failed: Connection reset by peer)"));
+    assert_non_null(strstr(err.msg, "check --master_addr and --master_port"));
+}
+
 static void test_wrong_token(void **state) {
     (void)state;
     cddp_error err = {0};
@@ -612,6 +687,8 @@ int main(void) {
         cmocka_unit_test(test_no_descriptors),
         cmocka_unit_test(test_proof_cannot_be_replayed),
         cmocka_unit_test(test_token_stays_home),
+        cmocka_unit_test(test_store_stopping_under_handshake),
+        cmocka_unit_test(test_port_that_resets),
         cmocka_unit_test(test_key_with_nul),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -20,6 +20,8 @@ struct cddp_store {
     double timeout;
     char addr[300];
     cddp_error broken; /* the first connection failure, latched */
+    bool lost;         /* it was the peer closing or resetting the connection, not a timeout */
+    char lost_why[sizeof(cddp_error){0}.msg]; /* how, in the network's words */
 };
 
 typedef struct reply_msg {
@@ -52,6 +54,7 @@ static int request(cddp_store *s, int type, const buf *payload, double wait_s, r
     cddp_error e = {0};
     int rc = cddp_net_write_all(s->fd, out.p, out.len, deadline, &e);
     if (!rc) rc = cddp_net_read_all(s->fd, h, HEADER, deadline, &e);
+    bool closed = rc == CDDP_EIO; /* the socket's own failure: closed or reset by the peer */
     cddp_free(out.p);
     uint32_t len = 0;
     if (!rc && (cddp__store_rd_u32(h) != MAGIC ||
@@ -59,10 +62,12 @@ static int request(cddp_store *s, int type, const buf *payload, double wait_s, r
         rc = cddp_error_set(&e, CDDP_EIO, "the reply is not a cddp store frame");
     if (!rc && !(r->p = cddp_malloc(len + 1)))
         rc = cddp_error_set(&e, CDDP_ENOMEM, "out of memory for a reply");
-    if (!rc) rc = cddp_net_read_all(s->fd, r->p, len, deadline, &e);
+    if (!rc) closed = (rc = cddp_net_read_all(s->fd, r->p, len, deadline, &e)) == CDDP_EIO;
     if (rc) {
         /* A reply that never came is the connection's failure, not a wait's timeout
          * (CDDP_ETIMEDOUT, which says the keys are not there yet): CDDP_EIO. */
+        s->lost = closed;
+        snprintf(s->lost_why, sizeof s->lost_why, "%s", e.msg);
         if (rc == CDDP_ETIMEDOUT)
             cddp_error_set(&s->broken, CDDP_EIO,
                            "store at %s: no reply within %.0f s (CDDP_STORE_REPLY_S): its host is "
@@ -142,7 +147,8 @@ int cddp_store_clear_will(cddp_store *s, const char *key, cddp_error *err) {
 }
 
 /* Proves the job token on a new connection. *busy: the server had too many connections that had
- * not yet, closed this one and asks to connect again. */
+ * not yet, closed this one and asks to connect again. Afterwards s->lost says whether the
+ * connection was closed or reset under the handshake. */
 static int hello(cddp_store *s, const char *token, bool *busy, cddp_error *err) {
     uint8_t mine[CDDP_NET_NONCE], want[CDDP_NET_PROOF];
     CDDP_TRY(cddp_net_nonce(mine, err));
@@ -187,6 +193,13 @@ static int hello(cddp_store *s, const char *token, bool *busy, cddp_error *err) 
     return rc;
 }
 
+/* How long a client goes on connecting again to a port whose listener closes or resets the
+ * connection before the handshake ends: long enough for a store being stopped (another job's, on a
+ * port both were given) to let go of the port and this job's own to take it, short enough that a
+ * program on the port that is not a store is named at once rather than at the rendezvous timeout.
+ */
+#define LOST_RETRY_S 5.0
+
 cddp_store *cddp_store_connect(const cddp_store_options *o, cddp_error *err) {
     cddp_store *s = cddp_calloc(1, sizeof *s);
     if (!s) {
@@ -195,23 +208,43 @@ cddp_store *cddp_store_connect(const cddp_store_options *o, cddp_error *err) {
     }
     s->timeout = o->timeout_s > 0 ? o->timeout_s : (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
     cddp_net_endpoint(s->addr, sizeof s->addr, o->host, o->port);
-    double start = cddp_now_s(), deadline = start + s->timeout, pause = 0.01;
+    double start = cddp_now_s(), deadline = start + s->timeout, pause = 0.01, first_lost = -1;
+    int lost = 0;
     for (;;) {
         if (cddp_net_connect(o->host, o->port, o->local_addr, deadline, &s->fd, err)) {
             cddp_free(s);
             return NULL;
         }
         bool busy = false;
+        s->lost = false;
         if (hello(s, o->token ? o->token : "", &busy, err) == CDDP_OK) return s;
         close(s->fd);
         s->fd = -1;
-        if (busy && cddp_now_s() + pause >= deadline)
-            cddp_error_set(err, CDDP_ETIMEDOUT,
-                           "store at %s: turned away for %.0f s because too many connections "
-                           "without the job token were open (is something flooding the port? "
-                           "CDDP_STORE_MAX_PENDING raises the limit)",
-                           s->addr, cddp_now_s() - start);
-        if (!busy || cddp_now_s() + pause >= deadline) break;
+        double now = cddp_now_s();
+        /* Closed under the handshake: the store was stopping (its job ending), so connect again,
+         * for a while; a store of this job's may take the port next. */
+        bool again = busy || (s->lost && (first_lost < 0 || now - first_lost < LOST_RETRY_S));
+        if (s->lost && first_lost < 0) first_lost = now;
+        lost += s->lost;
+        if (again && now + pause >= deadline) {
+            if (busy)
+                cddp_error_set(err, CDDP_ETIMEDOUT,
+                               "store at %s: turned away for %.0f s because too many connections "
+                               "without the job token were open (is something flooding the "
+                               "port? CDDP_STORE_MAX_PENDING raises the limit)",
+                               s->addr, now - start);
+            again = false;
+        }
+        if (!again) {
+            if (s->lost && err)
+                cddp_error_set(err, CDDP_EIO,
+                               "store at %s: the connection was closed before the store answered, "
+                               "%d times in %.1f s (%s): a store that was stopping (another job's, "
+                               "given the same port?) or a program that is not a cddp store is on "
+                               "this port; check --master_addr and --master_port",
+                               s->addr, lost, now - start, s->lost_why);
+            break;
+        }
         s->broken = (cddp_error){0};
         usleep((useconds_t)(pause * 1e6));
         pause = CDDP_MIN(2 * pause, 0.5);
