@@ -202,11 +202,11 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 /* layer_norm's y16, gelu_tanh's and attention's out16 (may be NULL; only where the device's
  * gemm_takes_bf16 says so): the output rounded to bf16 as to_bf16 rounds it, as well, for the
  * linear layer it feeds in mixed precision (cddp_tensor.half) */
-/* y = GELU(x), tanh approximation, its slope GELU'(x) kept in s; the gradient dx = s dy */
+/* y = GELU(x), tanh approximation; the gradient dx = GELU'(x) dy, the slope made from x again */
 #define CDDP__KA_gelu_tanh(F)                                                                      \
-    F(const float *, x) F(float *, y) F(float *, s) F(int64_t, n) F(uint16_t *, y16)
+    F(const float *, x) F(float *, y) F(int64_t, n) F(uint16_t *, y16)
 #define CDDP__KA_gelu_tanh_grad(F)                                                                 \
-    F(const float *, s) F(const float *, dy) F(float *, dx) F(int64_t, n) F(bool, assign)
+    F(const float *, x) F(const float *, dy) F(float *, dx) F(int64_t, n) F(bool, assign)
 /* causal self-attention of qkv (B,T,3C) in NH heads into out (B,T,C), the weights into p
  * (B,NH,T,T); compute as gemm's (in bf16: q, k, v and the weights rounded for the products) */
 #define CDDP__KA_attention(F)                                                                      \

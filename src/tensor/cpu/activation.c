@@ -89,7 +89,7 @@ void cddp__cpu_gelu_tanh(cddp__kq *q, const cddp__k_gelu_tanh *a) {
     int64_t step = a->y16 ? 4096 : a->n;
     for (int64_t i = 0; i < a->n; i += step) {
         int64_t n = a->n - i < step ? a->n - i : step;
-        cddp__gelu_tanh_rows(a->x + i, a->y + i, a->s + i, n);
+        cddp__gelu_tanh_rows(a->x + i, a->y + i, n);
         if (a->y16) cddp__to_bf16_rows(a->y16 + i, n, a->y + i, n, 1, n);
     }
 }
@@ -98,7 +98,7 @@ void cddp__cpu_gelu_tanh(cddp__kq *q, const cddp__k_gelu_tanh *a) {
  * dy/dx = (1 + tanh(u))/2 + x/2 (1 - tanh(u)^2) k (1 + 3 * 0.044715 x^2). */
 void cddp__cpu_gelu_tanh_grad(cddp__kq *q, const cddp__k_gelu_tanh_grad *a) {
     (void)q;
-    cddp__gelu_tanh_grad(a->s, a->dy, a->dx, a->n, a->assign);
+    cddp__gelu_tanh_grad(a->x, a->dy, a->dx, a->n, a->assign);
 }
 
 void cddp__cpu_cross_entropy(cddp__kq *q, const cddp__k_cross_entropy *a) {

@@ -125,8 +125,8 @@ void cddp__relu_pool2x2_lanes_grad(const int8_t *code, const float *dy, const cd
 void cddp__add_exp_scaled(float *y, const float *x, float g, int64_t n, bool assign);
 /* y = GELU(x) with the tanh approximation, keeping its slope GELU'(x) in s for the gradient;
  * dx += s dy (dx = when assign). */
-void cddp__gelu_tanh_rows(const float *x, float *y, float *s, int64_t n);
-void cddp__gelu_tanh_grad(const float *s, const float *dy, float *dx, int64_t n, bool assign);
+void cddp__gelu_tanh_rows(const float *x, float *y, int64_t n);
+void cddp__gelu_tanh_grad(const float *x, const float *dy, float *dx, int64_t n, bool assign);
 /* LayerNorm over rows of C (w and b never NULL), keeping each row's mean and 1/std; and its
  * gradients (dx, dw, db may each be NULL; dx stored when assign, else added; scratch: 2 C
  * floats). */

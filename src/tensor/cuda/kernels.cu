@@ -527,13 +527,21 @@ __global__ void binary_grad_k(cddp__binop op, cddp__bcast bc, bool of_b, const f
 constexpr float GELU_K = 0.7978845608028654f; /* sqrt(2 / pi) */
 constexpr float GELU_C = 0.044715f;
 
-/* y = GELU(x) (tanh form) and its slope s */
-__global__ void gelu_tanh_k(const float *x, float *y, float *s, int64_t n) {
+/* y = GELU(x) (tanh form) */
+__global__ void gelu_tanh_k(const float *x, float *y, int64_t n) {
     FOR_EACH(i, n) {
         float v = x[i], th = tanhf(GELU_K * (v + GELU_C * v * v * v));
-        s[i] = 0.5f * (1.0f + th) +
-               0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_C * v * v);
         y[i] = 0.5f * v * (1.0f + th);
+    }
+}
+
+/* dx = GELU'(x) dy (add: dx +=), the slope made from x again */
+__global__ void gelu_tanh_grad_k(float *dx, const float *x, const float *dy, int64_t n, bool add) {
+    FOR_EACH(i, n) {
+        float v = x[i], th = tanhf(GELU_K * (v + GELU_C * v * v * v));
+        float g = dy[i] * (0.5f * (1.0f + th) +
+                           0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_C * v * v));
+        dx[i] = add ? dx[i] + g : g;
     }
 }
 
@@ -915,15 +923,14 @@ void cddp__cuda_layer_norm_grad(cddp__kq *q, const cddp__k_layer_norm_grad *a) {
 void cddp__cuda_gelu_tanh(cddp__kq *q, const cddp__k_gelu_tanh *a) {
     cudaStream_t s = cddp__cuda_enter(q);
     if (!no_half(q, a->y16, "gelu_tanh") || a->n == 0) return;
-    gelu_tanh_k<<<blocks(a->n), THREADS, 0, s>>>(a->x, a->y, a->s, a->n);
+    gelu_tanh_k<<<blocks(a->n), THREADS, 0, s>>>(a->x, a->y, a->n);
     LAUNCHED(q, "gelu_tanh");
 }
 
 void cddp__cuda_gelu_tanh_grad(cddp__kq *q, const cddp__k_gelu_tanh_grad *a) {
     cudaStream_t s = cddp__cuda_enter(q);
     if (a->n == 0) return;
-    /* dx = s dy: mul's kernel */
-    mul_k<<<blocks(a->n), THREADS, 0, s>>>(a->dx, a->s, a->dy, a->n, !a->assign);
+    gelu_tanh_grad_k<<<blocks(a->n), THREADS, 0, s>>>(a->dx, a->x, a->dy, a->n, !a->assign);
     LAUNCHED(q, "gelu_tanh_grad");
 }
 
