@@ -138,20 +138,26 @@ static void need_device(const cddp_device *dev, const char *what, const void *p,
                what, dev->name, p);
 }
 
+/* How long a queued copy that nobody waits for is held back: a bound, for a program that never
+ * waits (it would read stale data), not a delay a correct program sees (its wait releases it). */
+#define LATE_S 0.2
+
 typedef struct copy_task {
     void *dst;
     const void *src;
     size_t n;
     int byte;  /* for a fill */
     bool fill; /* memset, not memcpy */
-    bool late; /* a queued upload or download: runs a millisecond late, so that a missing wait
-                * reads NaNs (on the device) or stale data (on the host) */
-    void *own; /* freed after the copy (a staging copy of the host's data) */
+    bool late; /* a queued upload or download: held until a wait asks for it (at most LATE_S), so
+                * that a read without the wait reads NaNs (on the device) or stale data (on the
+                * host), however late the reader runs */
+    cddp__emu_queue *q; /* the queue it runs on */
+    void *own;          /* freed after the copy (a staging copy of the host's data) */
 } copy_task;
 
 static void run_copy(void *arg) {
     copy_task *t = arg;
-    if (t->late) nanosleep(&(struct timespec){0, 1000000}, NULL);
+    if (t->late) cddp__emu_queue_hold(t->q, LATE_S);
     if (t->fill)
         memset(t->dst, t->byte, t->n);
     else
@@ -167,7 +173,8 @@ static int push_copy(cddp_device *dev, void *queue, copy_task t, cddp_error *err
         return cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory for a copy", dev->name);
     }
     *c = t;
-    cddp__emu_queue_push(queue_of(dev, queue), run_copy, c);
+    c->q = queue_of(dev, queue);
+    cddp__emu_queue_push(c->q, run_copy, c);
     return CDDP_OK;
 }
 
@@ -194,7 +201,7 @@ static int emu_download(cddp_device *dev, void *queue, void *dst, const void *sr
     return CDDP_OK;
 }
 
-/* A queued download writes the host's dst when it runs (a millisecond late): whoever reads dst
+/* A queued download writes the host's dst when it runs (when waited for: LATE_S): whoever reads dst
  * must wait until an event recorded after it is done, or reads what was there before. */
 static int emu_download_async(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
                               cddp_error *err) {
@@ -206,8 +213,8 @@ static int emu_download_async(cddp_device *dev, void *queue, void *dst, const vo
         err);
 }
 
-/* A queued upload reads the host's data when it runs (a millisecond late): the caller must leave
- * src alone, and whoever reads dst must wait, until an event recorded after it is done. */
+/* A queued upload reads the host's data when it runs (when waited for: LATE_S): the caller must
+ * leave src alone, and whoever reads dst must wait, until an event recorded after it is done. */
 static int emu_upload_async(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
                             cddp_error *err) {
     need_device(dev, "a copy to the device", dst, n);
