@@ -456,6 +456,188 @@ static void test_bf16_halves(void **state) {
     }
 }
 
+/* Batch normalisation's backward hands the convolution before it its gradient in bf16
+ * (grad_half), where the convolution's backward reads it so (bf16 units; not when emulated): the
+ * gradients of everything are the bits they are when the convolution's output keeps its float32
+ * gradient (cddp_retain_grad, which turns the hand-over off), and grad_half is that gradient
+ * rounded to nearest even. Three chains as a ResNet has them: one input channel (the stem: cddp's
+ * own loop for the weights' gradient) into batch_norm_relu; 16 blocked channels into
+ * batch_norm_add_relu with a residual that wants its gradient; a 1x1 stride-2 shortcut into
+ * batch_norm. */
+enum { GH_RELU, GH_ADD_RELU, GH_PLAIN };
+
+typedef struct gh_run {
+    float *grads[6]; /* x, w, b, gamma, beta, residual */
+    int64_t n[6];
+    float *h_grad;    /* the convolution output's float32 gradient (kept) */
+    uint16_t *h_half; /* or its bf16 one */
+    int64_t hn;
+} gh_run;
+
+static void gh_chain(int kind, bool keep, gh_run *out) {
+    const int64_t C = kind == GH_RELU ? 1 : 16, O = 16, N = 2, H = 8;
+    const int k = kind == GH_PLAIN ? 1 : 3, stride = kind == GH_PLAIN ? 2 : 1, pad = k / 2;
+    cddp_rng rng;
+    cddp_rng_seed(&rng, 11 + kind);
+    float xv[N * C * H * H], wv[O * C * 9], bv[O], gv[O], betav[O], rv[N * O * H * H],
+        sv[N * O * H * H];
+    float *all[] = {xv, wv, bv, gv, betav, rv, sv};
+    int64_t len[] = {N * C * H * H, O * C * k * k, O, O, O, N * O * H * H, N * O * H * H};
+    for (int a = 0; a < 7; a++)
+        for (int64_t i = 0; i < len[a]; i++) all[a][i] = 2 * cddp_rng_uniform(&rng) - 1;
+    cddp_ctx_reset(lo);
+    cddp_tensor *x =
+        cddp_requires_grad(lo, cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(N, C, H, H), xv));
+    cddp_tensor *w =
+        cddp_requires_grad(lo, cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(O, C, k, k), wv));
+    cddp_tensor *b = cddp_requires_grad(lo, cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(O), bv));
+    cddp_tensor *g = cddp_requires_grad(lo, cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(O), gv));
+    cddp_tensor *be = cddp_requires_grad(lo, cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(O), betav));
+    cddp_tensor *xin = C > 1 ? cddp_to_blocked(lo, x) : x, *r = NULL, *rb = NULL, *y;
+    if (kind ==
+        GH_ADD_RELU) { /* the residual in the output's layout, made before it (a ResNet's) */
+        r = cddp_requires_grad(lo, cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(N, O, H, H), rv));
+        rb = cddp_to_blocked(lo, r);
+    }
+    cddp_tensor *h = cddp_conv2d_blocked(lo, xin, w, b, stride, pad, 1);
+    assert_non_null(h);
+    if (keep) cddp_retain_grad(h);
+    if (kind == GH_ADD_RELU) {
+        y = cddp_batch_norm_add_relu(lo, h, rb, g, be, NULL, NULL, true, 0.1f, 1e-5f);
+    } else if (kind == GH_RELU) {
+        y = cddp_batch_norm_relu(lo, h, g, be, NULL, NULL, true, 0.1f, 1e-5f);
+    } else {
+        y = cddp_batch_norm(lo, h, g, be, NULL, NULL, true, 0.1f, 1e-5f);
+    }
+    assert_non_null(y);
+    y = cddp_to_nchw(lo, y);
+    cddp_tensor *s = cddp_from_data(lo, CDDP_F32, y->ndim, y->shape, sv);
+    assert_int_equal(cddp_backward(lo, cddp_sum(lo, cddp_mul(lo, y, s))), CDDP_OK);
+    cddp_tensor *ts[6] = {x, w, b, g, be, r};
+    for (int a = 0; a < 6; a++) {
+        out->n[a] = ts[a] ? ts[a]->numel : 0;
+        out->grads[a] = calloc((size_t)out->n[a] + 1, sizeof(float));
+        assert_non_null(out->grads[a]);
+        if (ts[a]) memcpy(out->grads[a], HOST_GRAD(ts[a]), (size_t)out->n[a] * sizeof(float));
+    }
+    out->hn = h->numel;
+    out->h_grad = NULL;
+    out->h_half = NULL;
+    if (keep) {
+        assert_null(h->grad_half);
+        out->h_grad = malloc((size_t)h->numel * sizeof(float));
+        assert_non_null(out->h_grad);
+        memcpy(out->h_grad, HOST_GRAD(h), (size_t)h->numel * sizeof(float));
+    } else if (h->grad_half) {
+        assert_null(h->grad);
+        out->h_half = malloc((size_t)h->numel * sizeof(uint16_t));
+        assert_non_null(out->h_half);
+        memcpy(out->h_half, host_f32(h->device, h->grad_half, h->numel / 2),
+               (size_t)h->numel * sizeof(uint16_t));
+    }
+}
+
+static void test_bf16_grad_half(void **state) {
+    (void)state;
+    cddp_error err = {0};
+    const char *how = NULL;
+    assert_int_equal(cddp_device_computes(test_device(), CDDP_BF16, &how, &err), CDDP_OK);
+    bool units = strstr(how, "emulated") == NULL; /* the bf16 units multiply: hand-over on */
+    for (int kind = GH_RELU; kind <= GH_PLAIN; kind++) {
+        gh_run on, off;
+        gh_chain(kind, false, &on);
+        gh_chain(kind, true, &off);
+        if (units != (on.h_half != NULL))
+            fail_msg("chain %d: grad_half %s, the bf16 units %s", kind,
+                     on.h_half ? "made" : "not made", units ? "multiply" : "are emulated");
+        for (int a = 0; a < 6; a++)
+            for (int64_t i = 0; i < on.n[a]; i++)
+                if (memcmp(&on.grads[a][i], &off.grads[a][i], sizeof(float)))
+                    fail_msg("chain %d, gradient %d [%lld]: %a with the hand-over, %a without",
+                             kind, a, (long long)i, (double)on.grads[a][i],
+                             (double)off.grads[a][i]);
+        for (int64_t i = 0; on.h_half && i < on.hn; i++) {
+            float v = bf16(off.h_grad[i]);
+            uint32_t u;
+            memcpy(&u, &v, sizeof u);
+            assert_int_equal(on.h_half[i], u >> 16);
+        }
+        for (int a = 0; a < 6; a++) free(on.grads[a]), free(off.grads[a]);
+        free(on.h_half);
+        free(off.h_grad);
+    }
+}
+
+/* GELU's backward hands the linear layer before it (the GPT's MLP) its output's gradient in bf16,
+ * and that gradient's column sums into the layer's bias gradient, as the layer's backward would
+ * have rounded and summed them: every gradient is the bits it is with the hand-over turned off
+ * (cddp_retain_grad on the layer's output), and grad_half is the float32 gradient rounded. */
+static void gelu_chain(bool keep, float *grads[3], uint16_t **half, float **h_grad) {
+    enum { N = 6, IN = 24, OUT = 40 };
+    float xv[N * IN], wv[OUT * IN], bv[OUT], sv[N * OUT];
+    cddp_rng rng;
+    cddp_rng_seed(&rng, 21);
+    float *all[] = {xv, wv, bv, sv};
+    int len[] = {N * IN, OUT * IN, OUT, N * OUT};
+    for (int a = 0; a < 4; a++)
+        for (int i = 0; i < len[a]; i++) all[a][i] = 4 * cddp_rng_uniform(&rng) - 2;
+    cddp_ctx_reset(lo);
+    cddp_tensor *x = cddp_requires_grad(lo, cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(N, IN), xv));
+    cddp_tensor *w = cddp_requires_grad(lo, cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(OUT, IN), wv));
+    cddp_tensor *b = cddp_requires_grad(lo, cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(OUT), bv));
+    cddp_tensor *h = cddp_linear(lo, x, w, b);
+    assert_non_null(h);
+    if (keep) cddp_retain_grad(h);
+    cddp_tensor *y = cddp_gelu_tanh(lo, h);
+    cddp_tensor *s = cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(N, OUT), sv);
+    assert_int_equal(cddp_backward(lo, cddp_sum(lo, cddp_mul(lo, y, s))), CDDP_OK);
+    cddp_tensor *ts[3] = {x, w, b};
+    for (int a = 0; a < 3; a++) {
+        grads[a] = malloc((size_t)ts[a]->numel * sizeof(float));
+        assert_non_null(grads[a]);
+        memcpy(grads[a], HOST_GRAD(ts[a]), (size_t)ts[a]->numel * sizeof(float));
+    }
+    *half = NULL;
+    *h_grad = NULL;
+    if (keep) {
+        assert_null(h->grad_half);
+        *h_grad = malloc(sizeof(float) * N * OUT);
+        assert_non_null(*h_grad);
+        memcpy(*h_grad, HOST_GRAD(h), sizeof(float) * N * OUT);
+    } else {
+        assert_non_null(h->grad_half); /* the CPU's products take bf16 operands, emulated too */
+        assert_null(h->grad);
+        *half = malloc(sizeof(uint16_t) * N * OUT);
+        assert_non_null(*half);
+        memcpy(*half, host_f32(h->device, h->grad_half, N * OUT / 2), sizeof(uint16_t) * N * OUT);
+    }
+}
+
+static void test_bf16_gelu_grad_half(void **state) {
+    (void)state;
+    float *on[3], *off[3], *h_grad, *unused_grad;
+    uint16_t *half, *unused_half;
+    gelu_chain(false, on, &half, &unused_grad);
+    gelu_chain(true, off, &unused_half, &h_grad);
+    int64_t n[3] = {6 * 24, 40 * 24, 40};
+    for (int a = 0; a < 3; a++) {
+        for (int64_t i = 0; i < n[a]; i++)
+            if (memcmp(&on[a][i], &off[a][i], sizeof(float)))
+                fail_msg("gradient %d [%lld]: %a with the hand-over, %a without", a, (long long)i,
+                         (double)on[a][i], (double)off[a][i]);
+        free(on[a]);
+        free(off[a]);
+    }
+    for (int i = 0; i < 6 * 40; i++) {
+        float v = bf16(h_grad[i]);
+        uint32_t u;
+        memcpy(&u, &v, sizeof u);
+        assert_int_equal(half[i], u >> 16);
+    }
+    free(half);
+    free(h_grad);
+}
+
 /* comm's 16-bit conversions (bits, by hand) against the compiler's IEEE half: every half to
  * float32, and float32 to half at every midpoint between two halves and one unit either side of
  * it (where rounding to nearest even decides), then over all float32 bit patterns in steps. */
@@ -512,6 +694,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_path),         cmocka_unit_test(test_bf16_products),
         cmocka_unit_test(test_bf16_convolutions), cmocka_unit_test(test_bf16_attention),
         cmocka_unit_test(test_bf16_halves),       cmocka_unit_test(test_half_conversions),
+        cmocka_unit_test(test_bf16_grad_half),    cmocka_unit_test(test_bf16_gelu_grad_half),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

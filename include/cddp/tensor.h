@@ -58,6 +58,10 @@ struct cddp_tensor {
     bool retain_grad;   /* an op's output keeps its gradient after backward */
     void *half;       /* NULL, or numel bf16 values: data rounded by the op that wrote it, for mixed
                          precision's products (a linear layer reads them instead of rounding data) */
+    void *grad_half;  /* NULL, or numel bf16 values: the whole gradient, rounded by the one op that
+                         made it, for the bf16 products of the op that made this tensor (a
+                         convolution's backward reads them instead of rounding grad); grad is then
+                         NULL */
     bool is_param;    /* a model parameter: grad is persistent and accumulates (+=) */
     int param_index;  /* index in its model, -1 for other tensors */
     const char *name; /* parameter name, NULL for other tensors */

@@ -167,7 +167,7 @@ int cddp_backward(cddp_ctx *ctx, cddp_tensor *loss) {
     current = b;
     for (cddp_node *n = cddp_ctx_tape(ctx); n; n = cddp_node_prev(n)) {
         if (!b->needed[cddp_node_index(n)]) continue;
-        if (cddp_node_output(n)->grad) cddp_node_backward(ctx, n);
+        if (cddp_node_output(n)->grad || cddp_node_output(n)->grad_half) cddp_node_backward(ctx, n);
         if (failed(ctx) != CDDP_OK) break;
         release_inputs(b, n);
     }

@@ -202,11 +202,15 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 /* layer_norm's y16, gelu_tanh's and attention's out16 (may be NULL; only where the device's
  * gemm_takes_bf16 says so): the output rounded to bf16 as to_bf16 rounds it, as well, for the
  * linear layer it feeds in mixed precision (cddp_tensor.half) */
-/* y = GELU(x), tanh approximation; the gradient dx = GELU'(x) dy, the slope made from x again */
+/* y = GELU(x), tanh approximation; the gradient dx = GELU'(x) dy, the slope made from x again,
+ * or (dx16 given, dx NULL; only where gemm_takes_bf16 says so) stored rounded to bf16 as to_bf16
+ * rounds it, rows of cols values, their column sums added into colsum (may be NULL) as to_bf16
+ * adds them: for the linear layer that made x (grad_half) */
 #define CDDP__KA_gelu_tanh(F)                                                                      \
     F(const float *, x) F(float *, y) F(int64_t, n) F(uint16_t *, y16)
 #define CDDP__KA_gelu_tanh_grad(F)                                                                 \
-    F(const float *, x) F(const float *, dy) F(float *, dx) F(int64_t, n) F(bool, assign)
+    F(const float *, x) F(const float *, dy) F(float *, dx) F(int64_t, n) F(bool, assign)          \
+        F(uint16_t *, dx16) F(float *, colsum) F(int64_t, cols)
 /* causal self-attention of qkv (B,T,3C) in NH heads into out (B,T,C), the weights into p
  * (B,NH,T,T); compute as gemm's (in bf16: q, k, v and the weights rounded for the products) */
 #define CDDP__KA_attention(F)                                                                      \
@@ -238,13 +242,14 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 /* its gradients: dx (stored when assign), dr (the residual's, stored when rassign), dw and db
  * added; each may be NULL. dy is the output's gradient, y the output (for relu); with dy_free and
  * relu the kernel leaves dy masked where y is 0 (the gradient is the op's after this backward:
- * the residual's gradient, or released) */
+ * the residual's gradient, or released). dx16 (then dx is NULL): x's gradient stored rounded to
+ * bf16 (to nearest even) instead, for a convolution's backward (conv_grad_takes_bf16) */
 #define CDDP__KA_batch_norm_grad(F)                                                                \
     F(const float *, x)                                                                            \
     F(const float *, y) F(float *, dy) F(const float *, w) F(const float *, stats)                 \
         F(float *, dx) F(bool, assign) F(float *, dr) F(bool, rassign) F(float *, dw)              \
             F(float *, db) F(int64_t, N) F(int64_t, C) F(int64_t, P) F(int64_t, B)                 \
-                F(bool, training) F(bool, relu) F(bool, dy_free)
+                F(bool, training) F(bool, relu) F(bool, dy_free) F(uint16_t *, dx16)
 
 /* Max pooling of planes (H,W) into (OH,OW) (relu: of max(x, 0)); arg (may be NULL): each
  * maximum's index in its plane. */
@@ -283,13 +288,14 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 #define CDDP__KA_conv2d(F)                                                                         \
     F(const float *, x)                                                                            \
     F(const float *, w) F(const float *, b) F(float *, y) F(cddp__conv_geom, g) F(void **, state)
-/* Its gradients from dy (g's output layout): each of dx, dw, db may be NULL, else stored (its
+/* Its gradients from dy (g's output layout), or from dy16, the same rounded to bf16 (only where
+ * conv_grad_takes_bf16 says so; dy is then NULL): each of dx, dw, db may be NULL, else stored (its
  * *_assign) or added; state: the forward's slot. */
 #define CDDP__KA_conv2d_grad(F)                                                                    \
     F(const float *, x)                                                                            \
     F(const float *, w) F(const float *, dy) F(float *, dx) F(bool, dx_assign) F(float *, dw)      \
         F(bool, dw_assign) F(float *, db) F(bool, db_assign) F(cddp__conv_geom, g)                 \
-            F(void **, state)
+            F(void **, state) F(const uint16_t *, dy16)
 /* relu and 2x2 max pooling (stride 2) of the convolution, into y (N,O,OH/2,OW/2) row-major: only
  * where the device says it fuses (conv_pool_fuses) */
 #define CDDP__KA_conv2d_relu_pool(F)                                                               \
@@ -353,6 +359,9 @@ typedef struct cddp__kernels {
     /* Whether the gemm kernel takes operands rounded by to_bf16 (A16, B16) and a bias: then
      * mixed precision's linear rounds each operand once for its three products. */
     bool (*gemm_takes_bf16)(void);
+    /* Whether conv2d_grad of g reads its output's gradient rounded to bf16 (dy16) as its products
+     * read it: then the op that makes the whole of that gradient may write it so (grad_half). */
+    bool (*conv_grad_takes_bf16)(const cddp__conv_geom *g);
 } cddp__kernels;
 
 #endif

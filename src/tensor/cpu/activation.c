@@ -97,8 +97,19 @@ void cddp__cpu_gelu_tanh(cddp__kq *q, const cddp__k_gelu_tanh *a) {
 /* y = x/2 (1 + tanh(u)), u = k (x + 0.044715 x^3):
  * dy/dx = (1 + tanh(u))/2 + x/2 (1 - tanh(u)^2) k (1 + 3 * 0.044715 x^2). */
 void cddp__cpu_gelu_tanh_grad(cddp__kq *q, const cddp__k_gelu_tanh_grad *a) {
-    (void)q;
-    cddp__gelu_tanh_grad(a->x, a->dy, a->dx, a->n, a->assign);
+    if (!a->dx16) {
+        cddp__gelu_tanh_grad(a->x, a->dy, a->dx, a->n, a->assign);
+        return;
+    }
+    /* a row at a time, in cache: made, rounded, and its values added to the column sums */
+    int64_t C = a->cols;
+    float *row = cddp__kq_scratch(q, (size_t)C * sizeof(float));
+    if (!row) return;
+    for (int64_t i = 0; i < a->n; i += C) {
+        cddp__gelu_tanh_grad(a->x + i, a->dy + i, row, C, true);
+        cddp__to_bf16_rows(a->dx16 + i, C, row, C, 1, C);
+        if (a->colsum) cddp__add_into(a->colsum, row, C);
+    }
 }
 
 void cddp__cpu_cross_entropy(cddp__kq *q, const cddp__k_cross_entropy *a) {

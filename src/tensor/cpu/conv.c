@@ -148,6 +148,15 @@ static cddp__dnnl_arg nchw_dims(int arg, const void *data, cddp__dnnl_io io, con
                             .md = md};
 }
 
+/* The same of bf16 data (dy16): described in the layout tag names, its values bf16. */
+static cddp__dnnl_arg nchw_bf16(int arg, const uint16_t *data, const int64_t *d,
+                                dnnl_format_tag_t tag, dnnl_memory_desc_t *md) {
+    cddp__dnnl_ok(
+        dnnl_memory_desc_init_by_tag(md, 4, (dnnl_dims_t){d[0], d[1], d[2], d[3]}, dnnl_bf16, tag),
+        "describing a bf16 gradient");
+    return nchw_dims(arg, data, CDDP__DNNL_IN, d, tag, md);
+}
+
 /* The run arguments for the input x (or its gradient) and the weights (or theirs). */
 static cddp__dnnl_arg input_arg(int arg, const void *data, cddp__dnnl_io io,
                                 const cddp__conv_geom *g) {
@@ -206,6 +215,7 @@ void cddp__cpu_conv2d(cddp__kq *q, const cddp__k_conv2d *a) {
  * when md is NULL; l for cddp's loop). */
 typedef struct conv_grad {
     const float *data;
+    const uint16_t *data16; /* or the same rounded to bf16 (then data is NULL; md NULL, tag set) */
     const dnnl_memory_desc_t *md;
     dnnl_format_tag_t tag;
     cddp__lanes l;
@@ -249,6 +259,15 @@ static void copy_row(float *restrict dst, const float *restrict src, int64_t n, 
     }
 }
 
+/* n bf16 values from src (every stride-th) into dst as float32 (exact). */
+static void widen_row(float *restrict dst, const uint16_t *restrict src, int64_t n,
+                      int64_t stride) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)src[i * stride] << 16;
+        memcpy(&dst[i], &u, sizeof u);
+    }
+}
+
 static void weights_grad(cddp__kq *q, const cddp__conv_geom *g, const float *xd,
                          const conv_grad *dy, const conv_out *o, bool round) {
     int64_t N = g->N, C = g->C, H = g->H, W = g->W;
@@ -271,13 +290,15 @@ static void weights_grad(cddp__kq *q, const cddp__conv_geom *g, const float *xd,
     memset(yp, 0, (size_t)(O * yn) * sizeof(float));
     const cddp__lanes *l = &dy->l;
     for (int64_t n = 0; n < N; n++) {
-        const float *d = dy->data + n * l->sN;
         /* row by row; with channels innermost a row of B channels (in L1) read once per channel */
         for (int64_t o0 = 0; o0 < O; o0 += l->B)
             for (int64_t h = 0; h < OH; h++) {
-                const float *row = d + o0 / l->B * l->sG + h * l->sH;
+                int64_t at = n * l->sN + o0 / l->B * l->sG + h * l->sH;
                 for (int64_t k = 0; k < CDDP_MIN(l->B, O - o0); k++)
-                    copy_row(yp + (o0 + k) * yn + h * PW, row + k, OW, l->sW, round);
+                    if (dy->data16) /* rounded already */
+                        widen_row(yp + (o0 + k) * yn + h * PW, dy->data16 + at + k, OW, l->sW);
+                    else
+                        copy_row(yp + (o0 + k) * yn + h * PW, dy->data + at + k, OW, l->sW, round);
             }
         for (int64_t gr = 0; gr < groups; gr++) {
             for (int64_t c = 0; c < cpg; c++)
@@ -308,15 +329,18 @@ static void conv_backward(cddp__kq *q, const cddp__conv_geom *g, const float *x,
     cddp__dnnl_copy dyc = {0}; /* the output's gradient reordered once for both runs */
     const float *d = dy->data; /* as the products read it */
     bool own = own_weights_grad(g);
-    if ((o->dx || ((o->dw || o->db) && !own)) && !(d = operand(q, g, d, dy->n))) return;
+    if (!dy->data16 && (o->dx || ((o->dw || o->db) && !own)) && !(d = operand(q, g, d, dy->n)))
+        return;
+    dnnl_memory_desc_t md16;
+    cddp__dnnl_arg dy_arg =
+        dy->data16 ? nchw_bf16(DNNL_ARG_DIFF_DST, dy->data16, od, dy->tag, &md16)
+                   : nchw_dims(DNNL_ARG_DIFF_DST, d, CDDP__DNNL_IN, od, dy->tag, dy->md);
+    dy_arg.copy = &dyc;
     if (o->dx) {
         const cddp__dnnl_prim *p = conv_prim(g, BWD_DATA);
         if (!(W = operand(q, g, W, weights_n(g)))) return;
-        cddp__dnnl_arg args[3] = {
-            nchw_dims(DNNL_ARG_DIFF_DST, d, CDDP__DNNL_IN, od, dy->tag, dy->md),
-            weights(DNNL_ARG_WEIGHTS, W, CDDP__DNNL_IN, g),
-            input_arg(DNNL_ARG_DIFF_SRC, o->dx, io_of(o->dx_assign), g)};
-        args[0].copy = &dyc;
+        cddp__dnnl_arg args[3] = {dy_arg, weights(DNNL_ARG_WEIGHTS, W, CDDP__DNNL_IN, g),
+                                  input_arg(DNNL_ARG_DIFF_SRC, o->dx, io_of(o->dx_assign), g)};
         if (!cddp__dnnl_run(q, p, 3, args)) return;
     }
     if (!o->dw && !o->db) return;
@@ -333,21 +357,24 @@ static void conv_backward(cddp__kq *q, const cddp__conv_geom *g, const float *x,
     if (!gw || (g->bias && !gb)) return;
     const cddp__dnnl_prim *p = conv_prim(g, BWD_WEIGHTS);
     cddp__dnnl_arg args[4] = {
-        input_arg(DNNL_ARG_SRC, x, CDDP__DNNL_IN, g),
-        nchw_dims(DNNL_ARG_DIFF_DST, d, CDDP__DNNL_IN, od, dy->tag, dy->md),
+        input_arg(DNNL_ARG_SRC, x, CDDP__DNNL_IN, g), dy_arg,
         weights(DNNL_ARG_DIFF_WEIGHTS, gw, o->dw ? io_of(o->dw_assign) : CDDP__DNNL_OUT, g)};
     args[0].copy = xc;
-    args[1].copy = &dyc;
     if (g->bias)
         args[3] =
             vec_arg(DNNL_ARG_DIFF_BIAS, gb, o->db ? io_of(o->db_assign) : CDDP__DNNL_OUT, g->O);
     cddp__dnnl_run(q, p, g->bias ? 4 : 3, args);
 }
 
+bool cddp__cpu_conv_grad_takes_bf16(const cddp__conv_geom *g) {
+    return g->compute == CDDP_BF16 && cddp__cpu_bf16_native();
+}
+
 void cddp__cpu_conv2d_grad(cddp__kq *q, const cddp__k_conv2d_grad *a) {
     const cddp__conv_geom *g = &a->g;
     int64_t B = CDDP_MAX(g->out_block, 1);
     conv_grad dy = {.data = a->dy,
+                    .data16 = a->dy16,
                     .tag = cddp__dnnl_tag(g->out_block),
                     .l = {.B = B,
                           .sN = g->O * g->OH * g->OW,

@@ -29,6 +29,8 @@ CDDP_KERNEL_LIST(CDDP__CPU_DECL)
 #undef CDDP__CPU_DECL
 int cddp__cpu_blocked_size(void);
 bool cddp__cpu_conv_pool_fuses(const cddp__conv_geom *g);
+/* conv.c: whether conv2d_grad of g takes dy16 (in bf16 on the processor's bf16 units) */
+bool cddp__cpu_conv_grad_takes_bf16(const cddp__conv_geom *g);
 /* matmul.c: whether the gemm kernel multiplies in dtype here (cddp__kernels.computes); that it
  * takes bf16 operands and a bias (cddp__kernels.gemm_takes_bf16: always); whether bf16 products
  * run on the processor's bf16 units (else, when allowed, they are emulated: their
@@ -53,7 +55,8 @@ static inline uint16_t cddp__round_bf16(float x) {
  * emulated device's, which runs them). */
 #define CDDP__CPU_QUESTIONS                                                                        \
     .blocked_size = cddp__cpu_blocked_size, .conv_pool_fuses = cddp__cpu_conv_pool_fuses,          \
-    .computes = cddp__cpu_computes, .gemm_takes_bf16 = cddp__cpu_gemm_takes_bf16
+    .computes = cddp__cpu_computes, .gemm_takes_bf16 = cddp__cpu_gemm_takes_bf16,                  \
+    .conv_grad_takes_bf16 = cddp__cpu_conv_grad_takes_bf16
 
 /* ---- vec.c: vectorised loops -------------------------------------------------------------- */
 

@@ -149,7 +149,9 @@ void cddp__cpu_batch_norm_grad(cddp__kq *q, const cddp__k_batch_norm_grad *a) {
     bool in_place = relu && a->dy_free; /* masked into dy itself, once */
     float *scratch =
         relu && !in_place ? cddp__kq_scratch(q, (size_t)(v.B * v.P) * sizeof(float)) : NULL;
-    if (!acc || !coef || (relu && !in_place && !scratch)) return;
+    /* dx16: each block's dx made here (in cache), then rounded into dx16 */
+    float *block_dx = a->dx16 ? cddp__kq_scratch(q, (size_t)(v.B * v.P) * sizeof(float)) : NULL;
+    if (!acc || !coef || (relu && !in_place && !scratch) || (a->dx16 && !block_dx)) return;
     const float *xd = a->x, *y = a->y, *mean = a->stats, *inv = a->stats + C;
     float *dy = a->dy;
     float *dx = a->dx, *dr = a->dr, *gg = a->dw, *gb = a->db;
@@ -186,12 +188,14 @@ void cddp__cpu_batch_norm_grad(cddp__kq *q, const cddp__k_batch_norm_grad *a) {
             ca[c] = training ? (float)(sdy[c - c0] / (double)M) : 0.0f;
             cb[c] = inv[c] * mdyxh;
         }
-        if (!dx) continue;
+        if (!dx && !a->dx16) continue;
         for (int64_t s = 0; s < v.N; s++) {
-            const float *d = block_grad(&v, dy + at(&v, s, grp), y + at(&v, s, grp),
-                                        relu && !in_place, scratch); /* in place: masked */
-            block_norm_grad(&v, dx + at(&v, s, grp), d, xd + at(&v, s, grp), ck + c0, ca + c0,
-                            mean + c0, cb + c0, a->assign);
+            int64_t o = at(&v, s, grp);
+            const float *d =
+                block_grad(&v, dy + o, y + o, relu && !in_place, scratch); /* in place: masked */
+            block_norm_grad(&v, dx ? dx + o : block_dx, d, xd + o, ck + c0, ca + c0, mean + c0,
+                            cb + c0, dx ? a->assign : true);
+            if (!dx) cddp__to_bf16_rows(a->dx16 + o, v.B * v.P, block_dx, v.B * v.P, 1, v.B * v.P);
         }
     }
 }

@@ -322,6 +322,11 @@ static bool never_fuses(const cddp__conv_geom *g) {
     return false;
 }
 
+static bool no_conv_grad(const cddp__conv_geom *g) {
+    (void)g;
+    return false; /* no convolutions yet */
+}
+
 static bool takes_no_bf16(void) {
     return false; /* its gemm rounds float32 operands itself (CUBLAS_COMPUTE_32F_FAST_16BF) */
 }
@@ -341,6 +346,7 @@ static void fill_table(void) {
     kernels.conv_pool_fuses = never_fuses;
     kernels.computes = computes;
     kernels.gemm_takes_bf16 = takes_no_bf16;
+    kernels.conv_grad_takes_bf16 = no_conv_grad;
 }
 
 /* ---- the kind ------------------------------------------------------------------------------ */

@@ -929,7 +929,7 @@ void cddp__cuda_gelu_tanh(cddp__kq *q, const cddp__k_gelu_tanh *a) {
 
 void cddp__cuda_gelu_tanh_grad(cddp__kq *q, const cddp__k_gelu_tanh_grad *a) {
     cudaStream_t s = cddp__cuda_enter(q);
-    if (a->n == 0) return;
+    if (!no_half(q, a->dx16, "gelu_tanh_grad") || a->n == 0) return;
     gelu_tanh_grad_k<<<blocks(a->n), THREADS, 0, s>>>(a->dx, a->x, a->dy, a->n, !a->assign);
     LAUNCHED(q, "gelu_tanh_grad");
 }

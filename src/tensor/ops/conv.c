@@ -114,14 +114,24 @@ static cddp__conv_geom node_geom(const cddp_ctx *ctx, const cddp__node *n, int o
     return g;
 }
 
+bool cddp__conv2d_takes_grad_half(cddp_ctx *ctx, const cddp__node *made) {
+    if (ctx->compute != CDDP_BF16 || made->out->numel == 0) return false;
+    cddp__cdev *d = cddp__node_dev(ctx, made);
+    cddp__conv_geom g = node_geom(ctx, made, made->out->block);
+    return d && d->q.dev->k->conv_grad_takes_bf16(&g);
+}
+
+/* The output's gradient as the op after it made it: float32 (grad), or in bf16 (grad_half,
+ * where cddp__takes_grad_half said so: batch normalisation's backward writes it so). */
 void cddp__conv2d_backward(cddp_ctx *ctx, cddp__node *n) {
     if (n->out->numel == 0) return;
     float *dx, *dw, *db;
     bool xa, wa, ba;
     cddp__cdev *d = cddp__node_dev(ctx, n);
     if (!d || !cddp__computes(ctx, d) || !conv_grads(ctx, n, &dx, &xa, &dw, &wa, &db, &ba)) return;
-    CDDP__K(&d->q, conv2d_grad, .x = n->in[0]->data, .w = n->in[1]->data, .dy = n->out->grad,
-            .dx = dx, .dx_assign = xa, .dw = dw, .dw_assign = wa, .db = db, .db_assign = ba,
+    CDDP__K(&d->q, conv2d_grad, .x = n->in[0]->data, .w = n->in[1]->data,
+            .dy = n->out->grad_half ? NULL : n->out->grad, .dy16 = n->out->grad_half, .dx = dx,
+            .dx_assign = xa, .dw = dw, .dw_assign = wa, .db = db, .db_assign = ba,
             .g = node_geom(ctx, n, n->out->block), .state = n->saved);
 }
 

@@ -133,13 +133,27 @@ static cddp_tensor *linear_bf16(cddp_ctx *ctx, cddp__cdev *d, cddp_tensor *x, cd
     return y;
 }
 
+/* The op after a linear layer in bf16 that makes the whole of its output's gradient may hand it
+ * over rounded (grad_half: GELU's backward), with its column sums added to the bias's. */
+bool cddp__linear_takes_grad_half(cddp_ctx *ctx, const cddp__node *made) {
+    return made->saved && made->out->numel > 0 && takes_bf16(ctx, cddp__node_dev(ctx, made));
+}
+
+float *cddp__linear_bias_grad(cddp_ctx *ctx, const cddp__node *made) {
+    cddp_tensor *b = made->nin > 2 ? made->in[2] : NULL;
+    return b && b->requires_grad ? cddp_grad_buffer(ctx, b) : NULL;
+}
+
 static void linear_bf16_backward(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n) {
     const linear_saved *sv = n->saved;
     cddp_tensor *x = n->in[0], *W = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
     int64_t in = W->shape[1], N = x->numel / in, outf = W->shape[0];
-    float *gb = b && b->requires_grad ? cddp_grad_buffer(ctx, b) : NULL;
-    if (b && b->requires_grad && !gb) return;
-    uint16_t *dy = rounded(d, n->out->grad, N, outf, gb, true);
+    const uint16_t *dy = n->out->grad_half; /* rounded, its column sums in b's gradient already */
+    if (!dy) {
+        float *gb = b && b->requires_grad ? cddp_grad_buffer(ctx, b) : NULL;
+        if (b && b->requires_grad && !gb) return;
+        dy = rounded(d, n->out->grad, N, outf, gb, true);
+    }
     if (!dy) return;
     if (x->requires_grad) { /* dx = dy W */
         bool assign;

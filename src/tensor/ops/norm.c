@@ -131,8 +131,10 @@ static void batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
         CDDP__K(&d->q, fill, .dst = dr, .n = r->numel, .size = (int)sizeof(float));
         rassign = false;
     }
-    bool assign; /* dx stored, not added, when x had no gradient yet */
-    float *dx = cddp__input_grad_assign(ctx, n, &assign);
+    bool assign = true; /* dx stored, not added, when x had no gradient yet */
+    /* the whole of x's gradient, in bf16 for the convolution that made x, where it reads it so */
+    uint16_t *dx16 = cddp__input_grad_half(ctx, n);
+    float *dx = dx16 ? NULL : cddp__input_grad_assign(ctx, n, &assign);
     cddp_tensor *g = n->in[1], *b = n->in[2];
     float *gg = g && g->requires_grad ? cddp_grad_buffer(ctx, g) : NULL;
     float *gb = b && b->requires_grad ? cddp_grad_buffer(ctx, b) : NULL;
@@ -141,7 +143,8 @@ static void batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
     CDDP__K(&d->q, batch_norm_grad, .x = x->data, .y = n->out->data, .dy = dy,
             .w = g ? g->data : NULL, .stats = n->saved, .dx = dx, .assign = assign, .dr = dr,
             .rassign = rassign, .dw = gg, .db = gb, .N = v.N, .C = v.C, .P = v.P, .B = v.B,
-            .training = n->arg.training, .relu = n->op != CDDP_OP_BATCH_NORM, .dy_free = dy_free);
+            .training = n->arg.training, .relu = n->op != CDDP_OP_BATCH_NORM, .dy_free = dy_free,
+            .dx16 = dx16);
 }
 
 void cddp__batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {

@@ -109,13 +109,19 @@ cddp_tensor *cddp_gelu_tanh(cddp_ctx *ctx, cddp_tensor *x) {
     return out;
 }
 
+/* For a linear layer in bf16 before it (the GPT's MLP), the input's gradient rounded as that
+ * layer's backward would round it, row by row in cache, and its bias's gradient on the way
+ * (cddp__input_grad_half): a pass over the gradient less, and half its bytes written. */
 void cddp__gelu_tanh_backward(cddp_ctx *ctx, cddp__node *n) {
-    bool assign;
-    float *dx = cddp__input_grad_assign(ctx, n, &assign);
+    bool assign = true;
+    cddp_tensor *x = n->in[0];
+    uint16_t *dx16 = cddp__input_grad_half(ctx, n);
+    float *dx = dx16 ? NULL : cddp__input_grad_assign(ctx, n, &assign);
+    float *colsum = dx16 ? cddp__linear_bias_grad(ctx, x->node) : NULL;
     cddp__cdev *d = cddp__node_dev(ctx, n);
-    if (!dx || !d) return;
-    CDDP__K(&d->q, gelu_tanh_grad, .x = n->in[0]->data, .dy = n->out->grad, .dx = dx,
-            .n = n->in[0]->numel, .assign = assign);
+    if ((!dx && !dx16) || !d || CDDP__FAILED(ctx)) return;
+    CDDP__K(&d->q, gelu_tanh_grad, .x = x->data, .dy = n->out->grad, .dx = dx, .n = x->numel,
+            .assign = assign, .dx16 = dx16, .colsum = colsum, .cols = x->shape[x->ndim - 1]);
 }
 
 /* ---- causal self-attention --------------------------------------------------------------- */
