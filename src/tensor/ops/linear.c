@@ -136,7 +136,8 @@ static cddp_tensor *linear_bf16(cddp_ctx *ctx, cddp__cdev *d, cddp_tensor *x, cd
 /* The op after a linear layer in bf16 that makes the whole of its output's gradient may hand it
  * over rounded (grad_half: GELU's backward), with its column sums added to the bias's. */
 bool cddp__linear_takes_grad_half(cddp_ctx *ctx, const cddp__node *made) {
-    return made->saved && made->out->numel > 0 && takes_bf16(ctx, cddp__node_dev(ctx, made));
+    cddp__cdev *d = cddp__node_dev(ctx, made);
+    return made->saved && made->out->numel > 0 && d && takes_bf16(ctx, d);
 }
 
 float *cddp__linear_bias_grad(cddp_ctx *ctx, const cddp__node *made) {

@@ -96,7 +96,8 @@ void cddp__layer_norm_backward(cddp_ctx *ctx, cddp__node *n) {
 /* ---- GELU, tanh approximation ------------------------------------------------------------ */
 
 /* The backward makes the slope from x again (which the graph keeps) rather than the forward
- * writing it for the backward to read: on the CPU these loops run at the speed of memory. */
+ * writing it for the backward to read: one array less written and kept (the 6-layer GPT in bf16
+ * on the CPU: 1253 -> 1139 MB at its peak). */
 cddp_tensor *cddp_gelu_tanh(cddp_ctx *ctx, cddp_tensor *x) {
     if (CDDP__FAILED(ctx) || !x) return NULL;
     cddp__need_f32("gelu_tanh", x);
