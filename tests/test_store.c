@@ -530,16 +530,23 @@ static void *connect_thread(void *p) {
     return NULL;
 }
 
+/* A listener of the test's own on a free port (returned, its port in a->port) and a client thread
+ * connecting to it (cddp_store_connect with the test's token: a->ok, a->err when it returns). */
+static int listener_with_client(connect_arg *a, pthread_t *th) {
+    int lfd = -1;
+    cddp_error err = {0};
+    assert_int_equal(cddp_net_listen("127.0.0.1", 0, &lfd, &a->port, &err), 0);
+    pthread_create(th, NULL, connect_thread, a);
+    return lfd;
+}
+
 /* A client meets a listener that does not know the token: the token never goes on the wire, the
  * client sends no proof of its own, and it says the store belongs to another job. */
 static void test_token_stays_home(void **state) {
     (void)state;
-    int lfd = -1, lport = 0;
-    cddp_error err = {0};
-    assert_int_equal(cddp_net_listen("127.0.0.1", 0, &lfd, &lport, &err), 0);
-    connect_arg a = {lport, {0}, false};
+    connect_arg a = {0};
     pthread_t th;
-    pthread_create(&th, NULL, connect_thread, &a);
+    int lfd = listener_with_client(&a, &th);
     int fd = accept(lfd, NULL, NULL);
     uint8_t p[128];
     assert_int_equal(read_frame(fd, p, sizeof p), 1); /* HELLO: a nonce, not the token */
@@ -574,16 +581,14 @@ static void reset_one(int lfd) {
  * which took the port next. */
 static void test_store_stopping_under_handshake(void **state) {
     (void)state;
-    int lfd = -1, lport = 0;
-    cddp_error err = {0};
-    assert_int_equal(cddp_net_listen("127.0.0.1", 0, &lfd, &lport, &err), 0);
-    connect_arg a = {lport, {0}, false};
+    connect_arg a = {0};
     pthread_t th;
-    pthread_create(&th, NULL, connect_thread, &a);
+    int lfd = listener_with_client(&a, &th);
     reset_one(lfd);
     close(lfd);
+    cddp_error err = {0};
     cddp_store_server *mine =
-        cddp_store_server_start("127.0.0.1", lport, "secret-token-value", &err);
+        cddp_store_server_start("127.0.0.1", a.port, "secret-token-value", &err);
     assert_non_null(mine);
     pthread_join(th, NULL);
     assert_true(a.ok);
