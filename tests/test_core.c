@@ -2,6 +2,8 @@
  * arena. */
 #include "helpers.h"
 
+#include <sys/mman.h>
+
 static void test_status_names(void **state) {
     (void)state;
     assert_string_equal(cddp_status_name(CDDP_OK), "CDDP_OK");
@@ -202,6 +204,85 @@ static void test_arena(void **state) {
     cddp_arena_destroy(NULL);
 }
 
+/* Memory for an arena that is never touched (a device's, as the arena sees it): address space
+ * only, each block's size kept beside it, counted live and at its peak. */
+#define COUNTED_BLOCKS 64
+typedef struct counted {
+    void *at[COUNTED_BLOCKS];
+    size_t size[COUNTED_BLOCKS];
+    size_t live, peak, blocks;
+    bool refuse; /* the next allocation fails */
+} counted;
+
+static void *counted_alloc(void *user, size_t bytes) {
+    counted *m = user;
+    int i = 0;
+    while (i < COUNTED_BLOCKS && m->at[i]) i++;
+    if (m->refuse || i == COUNTED_BLOCKS) {
+        m->refuse = false;
+        return NULL;
+    }
+    void *p = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    m->at[i] = p, m->size[i] = bytes;
+    m->live += bytes;
+    m->blocks++;
+    if (m->live > m->peak) m->peak = m->live;
+    return p;
+}
+
+static void counted_free(void *user, void *p) {
+    counted *m = user;
+    for (int i = 0; i < COUNTED_BLOCKS; i++)
+        if (m->at[i] == p) {
+            munmap(p, m->size[i]);
+            m->live -= m->size[i];
+            m->blocks--;
+            m->at[i] = NULL;
+            return;
+        }
+    fail_msg("freed memory the arena was not given");
+}
+
+/* A device's arena (memory the arena cannot reserve up front): a 6 GiB step holds at most the step
+ * and one chunk of growth (1 GiB) at once, the reset gives the chunks back before taking the one
+ * that replaces them, and a reset whose one chunk cannot be had leaves an arena that grows again.
+ */
+static void test_arena_device_memory(void **state) {
+    (void)state;
+    counted m = {0};
+    cddp_arena_memory mem = {counted_alloc, counted_free, &m, false, NULL};
+    size_t gib = (size_t)1 << 30, step = 6 * gib;
+    cddp_arena *a = cddp_arena_create_on(1 << 16, 8 * gib, &mem);
+    assert_non_null(a);
+    cddp_error err = {0};
+    for (size_t used = 0; used < step; used += 16 << 20)
+        assert_non_null(cddp_arena_alloc(a, 16 << 20, &err));
+    assert_true(m.peak <= step + gib);
+    assert_true(m.blocks > 1);
+    cddp_arena_reset(a);
+    assert_int_equal(m.blocks, 1);
+    assert_int_equal(m.live, step);
+    assert_true(m.peak <= step + gib);
+    /* The next step fits its one chunk. */
+    for (size_t used = 0; used < step; used += 16 << 20)
+        assert_non_null(cddp_arena_alloc(a, 16 << 20, &err));
+    assert_int_equal(m.blocks, 1);
+    /* Two chunks, and the one that would replace them refused: none held, the next step grows. */
+    assert_non_null(cddp_arena_alloc(a, 1 << 20, &err));
+    assert_int_equal(m.blocks, 2);
+    m.refuse = true;
+    cddp_arena_reset(a);
+    assert_int_equal(m.blocks, 0);
+    assert_int_equal(m.live, 0);
+    void *p = cddp_arena_alloc(a, 1000, &err);
+    assert_non_null(p);
+    assert_int_equal((uintptr_t)p % 64, 0);
+    assert_int_equal(m.blocks, 1);
+    cddp_arena_destroy(a);
+    assert_int_equal(m.live, 0);
+}
+
 static void test_alloc(void **state) {
     (void)state;
     void *p = cddp_aligned_alloc(1000);
@@ -219,8 +300,8 @@ int main(void) {
         cmocka_unit_test(test_status_names),  cmocka_unit_test(test_error_messages),
         cmocka_unit_test(test_knobs),         cmocka_unit_test(test_docs_list_every_knob),
         cmocka_unit_test(test_parse_numbers), cmocka_unit_test(test_logging_levels),
-        cmocka_unit_test(test_arena),         cmocka_unit_test(test_alloc),
-        cmocka_unit_test(test_slurm_step),
+        cmocka_unit_test(test_arena),         cmocka_unit_test(test_arena_device_memory),
+        cmocka_unit_test(test_alloc),         cmocka_unit_test(test_slurm_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

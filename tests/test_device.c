@@ -175,6 +175,31 @@ static void test_to_round_trip(void **state) {
     assert_true(nonzero);
 }
 
+/* A step's arena on a device with memory of its own may take all of it unless CDDP_ARENA_MB says
+ * otherwise: emu:2 made with 64 MiB refuses a step of 100 MiB as the arena's limit, not with the
+ * device's own out-of-memory, and 4 MiB asked for are the limit where CDDP_ARENA_MB is set. */
+static void test_arena_limit_is_the_devices_memory(void **state) {
+    (void)state;
+    setenv("CDDP_EMU_DEVICES", "3", 1);
+    setenv("CDDP_EMU_MB", "64", 1);
+    unsetenv("CDDP_ARENA_MB");
+    cddp_device *d = emu(2);
+    unsetenv("CDDP_EMU_MB");
+    const int64_t big[] = {25 << 20}, small[] = {2 << 20}; /* 100 MiB and 8 MiB of floats */
+    cddp_ctx *ctx = cddp_ctx_create(&(cddp_ctx_options){.device = d});
+    assert_non_null(ctx);
+    assert_null(cddp_empty(ctx, CDDP_F32, 1, big));
+    assert_non_null(strstr(cddp_ctx_error(ctx), "the limit is 64 MiB"));
+    cddp_ctx_destroy(ctx);
+    setenv("CDDP_ARENA_MB", "4", 1);
+    ctx = cddp_ctx_create(&(cddp_ctx_options){.device = d});
+    assert_null(cddp_empty(ctx, CDDP_F32, 1, small));
+    assert_non_null(strstr(cddp_ctx_error(ctx), "the limit is 4 MiB"));
+    cddp_ctx_destroy(ctx);
+    unsetenv("CDDP_ARENA_MB");
+    unsetenv("CDDP_EMU_DEVICES");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),
@@ -184,6 +209,7 @@ int main(void) {
         cmocka_unit_test(test_late_failure),
         cmocka_unit_test(test_mixing_devices_aborts),
         cmocka_unit_test(test_to_round_trip),
+        cmocka_unit_test(test_arena_limit_is_the_devices_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -133,7 +133,8 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
 #define CDDP_KNOB_LIST(X)                                                                          \
     X(LOG_LEVEL, STR, "info",                                                                      \
       "Log threshold: error, warn, info (what each group runs on, once) or debug.")                \
-    X(ARENA_MB, INT, "4096", "Most memory, in MiB, that one step's arena may grow to.")            \
+    X(ARENA_MB, INT, "4096",                                                                       \
+      "Most memory, in MiB, that one step's arena may grow to (a GPU's: unset, all it has).")      \
     X(BLOCKED, INT, "1",                                                                           \
       "1: a ResNet keeps its activations in oneDNN's channel-blocked layout between layers "       \
       "(cddp_to_blocked); 0: plain NCHW everywhere, each convolution reordering its own.")         \

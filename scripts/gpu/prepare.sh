@@ -10,9 +10,11 @@
 #           need (the GPU machine has no apt; check.sh unpacks them in /tmp)
 #   data/   Fashion-MNIST: the first 20,000 training images and the 10,000 test images; the GPT's
 #           corpus, Debian's fortunes (data/fortunes, and as llm.c's token files in
-#           data/fortunes_tokens); 2M random GPT-2 tokens as llm.c's token files
+#           data/fortunes_tokens); 1M random GPT-2 tokens as llm.c's token files
 #           (data/gpt2_train.bin, gpt2_val.bin) for GPT-2's speed
 #   commit  the commit the programs were built from (+dirty when the tree had changes)
+#
+# The carried folder and the tree travel together, 64 MiB at most: this one is about 57 MiB.
 #
 # Then the session with the GPU machine runs, as one call with `carry: ["build-gpu/carry"]`:
 #   scripts/gpu/check.sh build-gpu/carry
@@ -82,7 +84,7 @@ cp -rL "$fortunes" "$carry/data/fortunes"
 python3 - "$carry/data" <<'EOF'
 import random, struct, sys
 rng = random.Random(1)
-for name, n in (("gpt2_train.bin", 1 << 21), ("gpt2_val.bin", 1 << 17)):
+for name, n in (("gpt2_train.bin", 1 << 20), ("gpt2_val.bin", 1 << 17)):
     with open(f"{sys.argv[1]}/{name}", "wb") as f:
         f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
         f.write(struct.pack(f"<{n}H", *(rng.randrange(50257) for _ in range(n))))

@@ -42,6 +42,7 @@ struct cddp_arena {
 };
 
 #define HUGE_PAGE ((size_t)2 << 20)
+#define GROW_MAX  ((size_t)1 << 30)
 
 /* The heap arena's one chunk: max_bytes of address space from a 2 MiB boundary. */
 static chunk *reserve(cddp_arena *a) {
@@ -100,6 +101,8 @@ cddp_arena *cddp_arena_create_on(size_t initial_bytes, size_t max_bytes,
     a->mem = mem ? *mem : (cddp_arena_memory){heap_alloc, heap_free, NULL, false, NULL};
     pthread_mutex_init(&a->lock, NULL);
     a->max_bytes = max_bytes ? max_bytes : (size_t)cddp_knob_int(CDDP_KNOB_ARENA_MB) << 20;
+    if (initial_bytes > a->max_bytes)
+        initial_bytes = a->max_bytes; /* the limit holds from the first */
     if (initial_bytes < (1u << 16)) initial_bytes = 1u << 16;
     a->head = mem ? NULL : reserve(a);
     if (a->head) {
@@ -136,7 +139,7 @@ static void *bump(cddp_arena *a, size_t bytes, cddp_error *err) {
     size_t need = (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
     if (need == 0) need = ARENA_ALIGN;
     chunk *c = a->head;
-    if (c->size - c->used < need) {
+    if (!c || c->size - c->used < need) {
         if (a->used + need > a->max_bytes) {
             cddp_error_set(err, CDDP_ENOMEM,
                            "step arena exhausted: this step needs at least %zu MiB but the limit "
@@ -144,8 +147,8 @@ static void *bump(cddp_arena *a, size_t bytes, cddp_error *err) {
                            (a->used + need + (1u << 20) - 1) >> 20, a->max_bytes >> 20);
             return NULL;
         }
-        /* Grow geometrically so that a big step costs O(log n) chunks. */
-        size_t size = CDDP_MAX(need, a->total);
+        /* Grow geometrically so that a big step costs O(log n) chunks, GROW_MAX at most. */
+        size_t size = CDDP_MAX(need, CDDP_MIN(CDDP_MAX(a->total, (size_t)1 << 16), GROW_MAX));
         c = chunk_new(a, size, a->head);
         if (!c) {
             cddp_error_set(err, CDDP_ENOMEM,
@@ -173,14 +176,12 @@ void *cddp_arena_alloc(cddp_arena *a, size_t bytes, cddp_error *err) {
 }
 
 void cddp_arena_reset(cddp_arena *a) {
-    if (a->head->prev) {
-        /* Several chunks: replace them by one that holds the whole high-water mark. */
-        chunk *one = chunk_new(a, a->high_water, NULL);
-        if (one) {
-            chunks_free(a, a->head);
-            a->head = one;
-            a->total = a->high_water;
-        }
+    if (a->head && a->head->prev) {
+        /* Several chunks: replace them by one that holds the whole high-water mark, taken after
+         * they are given back. Where it cannot be had, the next step grows chunks again. */
+        chunks_free(a, a->head);
+        a->head = chunk_new(a, a->high_water, NULL);
+        a->total = a->head ? a->high_water : 0;
     }
     for (chunk *c = a->head; c; c = c->prev) {
         if (a->mem.reset && c->used) a->mem.reset(a->mem.user, c->data, c->used);

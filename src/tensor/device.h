@@ -109,6 +109,7 @@ struct cddp_device {
     int index;
     bool host_access; /* the host reads and writes its memory directly (the CPU) */
     bool in_order;    /* a kernel has run when its call returns (the CPU) */
+    size_t memory;    /* bytes of memory of its own (a GPU's, the emulated one's); 0: the host's */
     const cddp__device_ops *ops;
     const cddp__kernels *k;
     char describe[256];

@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 const char *cddp_dtype_name(cddp_dtype dtype) {
@@ -126,6 +127,15 @@ static void cdev_destroy(cddp__cdev *d) {
     cddp_free(d);
 }
 
+/* The most a step may take of a device's memory: what the context asked for, else CDDP_ARENA_MB
+ * where it is set, else all the device has (a GPT-2 step on a GPU takes tens of GiB; the device
+ * says so itself when it has less free). */
+static size_t arena_limit(const cddp_device *dev, size_t asked) {
+    const char *knob = getenv(cddp_knob_name(CDDP_KNOB_ARENA_MB));
+    if (asked || (knob && *knob) || !dev->memory) return asked;
+    return dev->memory;
+}
+
 static cddp__cdev *cdev_create(cddp_ctx *ctx, cddp_device *dev, size_t initial, size_t max) {
     cddp__cdev *d = cddp_calloc(1, sizeof *d);
     if (!d) return NULL;
@@ -138,8 +148,9 @@ static cddp__cdev *cdev_create(cddp_ctx *ctx, cddp_device *dev, size_t initial, 
     if (dev->host_access && dev->in_order)
         d->arena = ctx->arena;
     else
-        d->arena = cddp_arena_create_on(
-            initial, max, &(cddp_arena_memory){dev_alloc, dev_free, dev, true, dev_reset});
+        d->arena =
+            cddp_arena_create_on(initial, arena_limit(dev, max),
+                                 &(cddp_arena_memory){dev_alloc, dev_free, dev, true, dev_reset});
     if (!d->arena) {
         cdev_destroy(d);
         return NULL;

@@ -398,6 +398,7 @@ static gpu *open_gpu(int index, cddp_error *err) {
         cddp_free(g);
         return NULL;
     }
+    g->dev.memory = prop.totalGlobalMem;
     int driver = 0, runtime = 0;
     cudaDriverGetVersion(&driver);
     cudaRuntimeGetVersion(&runtime);

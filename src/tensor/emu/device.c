@@ -423,6 +423,7 @@ static cddp_device *emu_open(int index, cddp_error *err) {
             e->dev.ops = &ops;
             e->dev.k = &kernels;
             e->dev.impl = e;
+            e->dev.memory = mb << 20;
             snprintf(e->dev.describe, sizeof e->dev.describe,
                      "%s: emulated, the CPU's kernels on a queue thread, %zu MiB of device memory "
                      "the host cannot touch",
