@@ -422,8 +422,10 @@ gpt2() {
     c=$(cddp timeout 90 $run "$bin/gpt_train" $gpt6 --device "$d" 2>&1 | grep '"median_iter_ms"')
     local td=$torch_device
     [ "$td" = cuda ] && td=cuda:0
-    t=$(timeout 150 "$bin/cddprun" --nproc_per_node 2 "$py" "$root/bench/gpt_torch.py" \
-        $gpt6_shape --device "$td" --eval_batches 2 --data "$data/fortunes" 2>&1)
+    # cddprun with the carried libraries, PyTorch's ranks with the environment's own
+    t=$(cddp timeout 150 "$bin/cddprun" --nproc_per_node 2 env LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}" \
+        "$py" "$root/bench/gpt_torch.py" $gpt6_shape --device "$td" --eval_batches 2 \
+        --data "$data/fortunes" 2>&1)
     echo "$c"
     echo "$t" | grep -q '"impl"' || echo "$t" | grep -v '^ *$' | tail -n 12
     t=$(echo "$t" | grep '"impl"')

@@ -35,7 +35,7 @@ import csv, sys
 rows = list(csv.reader(open(sys.argv[1])))
 head = rows[0]
 name, t = head.index("Kernel Name"), head.index("gpu__time_duration.sum")
-scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "ns": 1e-3, "us": 1.0, "ms": 1e3}
 unit, per = 1.0, {}
 for r in rows[1:]:
     if len(r) <= t:
