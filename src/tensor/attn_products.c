@@ -1,5 +1,5 @@
 /* attn_products.c: causal self-attention as batched matrix products and row softmaxes on a
- * device's own kernels (its gemm with a batch, causal_softmax, softmax_grad and fill), with the
+ * device's own kernels (its gemm with a batch, causal_softmax and causal_softmax_grad), with the
  * attention and attention_grad kernels' arguments and results (kernels.h), for a device whose
  * matrix products are its fastest kernels (the CUDA device's are cuBLASLt's).
  *
@@ -51,13 +51,13 @@ void cddp__attention_by_products(cddp__kq *q, const cddp__k_attention *a) {
 }
 
 /* With do the output's gradient: dv (+)= P^T do; dP = do v^T; dS = P (dP - rowsum(dP P)) (the
- * softmax's backward, into zeroed memory); dq (+)= dS k / sqrt(HS); dk (+)= dS^T q / sqrt(HS).
- * dP and dS take 2 B NH T T floats of scratch. */
+ * softmax's backward, in dP's place, only where P is not zero); dq (+)= dS k / sqrt(HS);
+ * dk (+)= dS^T q / sqrt(HS). dP, then dS, takes B NH T T floats of scratch. */
 void cddp__attention_grad_by_products(cddp__kq *q, const cddp__k_attention_grad *a) {
     int64_t T = a->T, C = a->C, NH = a->NH, HS = C / NH, TT = T * T, n = a->B * NH * TT;
-    float *dp = cddp__kq_scratch(q, 2 * (size_t)n * sizeof(float));
-    if (!dp) return;
-    float *ds = dp + n, scale = 1.0f / sqrtf((float)HS), beta = a->assign ? 0.0f : 1.0f;
+    float *ds = cddp__kq_scratch(q, (size_t)n * sizeof(float));
+    if (!ds) return;
+    float scale = 1.0f / sqrtf((float)HS), beta = a->assign ? 0.0f : 1.0f;
     heads tall = {NH, T, HS, T, a->compute}, square = {NH, T, T, HS, a->compute};
     for (int64_t b = 0; b < a->B; b++) {
         const float *x = a->qkv + b * T * 3 * C, *g = a->dout + b * T * C;
@@ -65,11 +65,9 @@ void cddp__attention_grad_by_products(cddp__kq *q, const cddp__k_attention_grad 
         products(q, &tall, true, false, 1.0f, a->p + b * NH * TT, T, TT, g, C, HS, beta, dx + 2 * C,
                  3 * C, HS);
         products(q, &square, false, true, 1.0f, g, C, HS, x + 2 * C, 3 * C, HS, 0.0f,
-                 dp + b * NH * TT, T, TT);
+                 ds + b * NH * TT, T, TT);
     }
-    CDDP__K(q, fill, .dst = ds, .n = n, .size = 4, .bits = 0);
-    CDDP__K(q, softmax_grad, .y = a->p, .dy = dp, .dx = ds, .rows = a->B * NH * T, .C = T,
-            .log = false);
+    CDDP__K(q, causal_softmax_grad, .p = a->p, .d = ds, .rows = a->B * NH * T, .T = T);
     for (int64_t b = 0; b < a->B; b++) {
         const float *x = a->qkv + b * T * 3 * C, *d = ds + b * NH * TT;
         float *dx = a->dqkv + b * T * 3 * C;

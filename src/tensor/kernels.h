@@ -132,6 +132,10 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 /* in place, rows of T (a causal attention's scores, T queries of T keys each): row r becomes the
  * softmax of its first r % T + 1 values, zeros after */
 #define CDDP__KA_causal_softmax(F) F(float *, s) F(int64_t, rows) F(int64_t, T)
+/* its backward, in place: with p its rows' output, row r of d (dP on entry) becomes
+ * p (dP - sum(dP p)) on its first r % T + 1 values, zeros after */
+#define CDDP__KA_causal_softmax_grad(F)                                                            \
+    F(const float *, p) F(float *, d) F(int64_t, rows) F(int64_t, T)
 /* dx += the softmax's (log_softmax's) input gradient, from its output y */
 #define CDDP__KA_softmax_grad(F)                                                                   \
     F(const float *, y)                                                                            \
@@ -323,7 +327,8 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 /* K(name): every kernel, in the order above. */
 #define CDDP_KERNEL_LIST(K)                                                                        \
     K(fill) K(accumulate) K(add_rows) K(scale) K(mul) K(gemm) K(to_bf16) K(cast16) K(binary)       \
-    K(binary_grad) K(unary) K(unary_grad) K(softmax) K(causal_softmax) K(softmax_grad)            \
+    K(binary_grad) K(unary) K(unary_grad) K(softmax) K(causal_softmax)                            \
+    K(causal_softmax_grad) K(softmax_grad)                                                         \
     K(check_ids) K(cross_entropy) K(cross_entropy_grad) K(mse) K(mse_grad) K(sum) K(sum_grad)      \
     K(argmax)                                                                                      \
     K(reorder) K(embedding) K(embedding_grad) K(layer_norm) K(layer_norm_grad) K(gelu_tanh)        \

@@ -121,15 +121,21 @@ void cddp__cpu_attention(cddp__kq *q, const cddp__k_attention *a) {
         }
 }
 
-/* dS = P * (dP - rowsum(dP * P)) on and below the diagonal, zero above it (P is). */
+/* Row t of dS (T long, dP on entry) = P * (dP - rowsum(dP * P)) up to t, zeros after (P is). */
+static void softmax_grad_row(float *d, const float *p, int64_t t, int64_t T) {
+    float dot = cddp__dot(d, p, t + 1);
+    for (int64_t j = 0; j <= t; j++) d[j] = p[j] * (d[j] - dot);
+    memset(d + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
+}
+
 static void softmax_grad_rows(float *ds, const float *ph, int64_t T) {
-    for (int64_t t = 0; t < T; t++) {
-        const float *pr = ph + t * T;
-        float *dr = ds + t * T;
-        float dot = cddp__dot(dr, pr, t + 1);
-        for (int64_t j = 0; j <= t; j++) dr[j] = pr[j] * (dr[j] - dot);
-        memset(dr + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
-    }
+    for (int64_t t = 0; t < T; t++) softmax_grad_row(ds + t * T, ph + t * T, t, T);
+}
+
+void cddp__cpu_causal_softmax_grad(cddp__kq *q, const cddp__k_causal_softmax_grad *a) {
+    (void)q;
+    for (int64_t r = 0; r < a->rows; r++)
+        softmax_grad_row(a->d + r * a->T, a->p + r * a->T, r % a->T, a->T);
 }
 
 /* One head's gradients in bf16 on the bf16 units: attn_bf16.c's products, each operand packed

@@ -604,6 +604,19 @@ __global__ void causal_softmax_k(float *s, int64_t T) {
     for (int64_t j = threadIdx.x; j < T; j += blockDim.x) row[j] = j <= t ? row[j] * inv : 0.0f;
 }
 
+/* Its backward, a block per row, in place: d (dP on entry) becomes p (dP - sum(dP p)) on the
+ * row's first r % T + 1 values, zeros after (the sum in double). */
+__global__ void causal_softmax_grad_k(const float *p, float *d, int64_t T) {
+    const float *pr = p + blockIdx.x * T;
+    float *dr = d + blockIdx.x * T;
+    int64_t t = blockIdx.x % T;
+    double s = 0;
+    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) s += dr[j] * pr[j];
+    float dot = (float)block_sum(s);
+    for (int64_t j = threadIdx.x; j < T; j += blockDim.x)
+        dr[j] = j <= t ? pr[j] * (dr[j] - dot) : 0.0f;
+}
+
 /* Generation: the new positions' keys and values into the cache (B, L, 2C) at past.. */
 __global__ void kv_store_k(const float *qkv, float *cache, int64_t B, int64_t T, int64_t C,
                            int64_t past, int64_t L) {
@@ -939,6 +952,13 @@ void cddp__cuda_causal_softmax(cddp__kq *q, const cddp__k_causal_softmax *a) {
     if (a->rows == 0 || a->T == 0) return;
     causal_softmax_k<<<(unsigned)a->rows, THREADS, 0, s>>>(a->s, a->T);
     LAUNCHED(q, "causal_softmax");
+}
+
+void cddp__cuda_causal_softmax_grad(cddp__kq *q, const cddp__k_causal_softmax_grad *a) {
+    cudaStream_t s = cddp__cuda_enter(q);
+    if (a->rows == 0 || a->T == 0) return;
+    causal_softmax_grad_k<<<(unsigned)a->rows, THREADS, 0, s>>>(a->p, a->d, a->T);
+    LAUNCHED(q, "causal_softmax_grad");
 }
 
 void cddp__cuda_attention_cached(cddp__kq *q, const cddp__k_attention_cached *a) {
