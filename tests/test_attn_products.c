@@ -1,8 +1,9 @@
 /* test_attn_products.c: causal attention as batched products (tensor/attn_products.c, what the
  * CUDA device runs) against the CPU's attention kernels, run on the CPU's own gemm (its batch),
- * causal_softmax and softmax_grad: the outputs, the weights P and the gradient dqkv, stored and
- * added, in float32 and in bf16 (the same operands rounded): within 1e-6 of the largest value (the
- * same products, some summed in another order; 5e-8 here). */
+ * causal_softmax and causal_softmax_grad: the outputs, the weights P and the gradient dqkv, stored
+ * and added, in float32 and in bf16 (the same operands rounded): within 1e-6 of the largest value
+ * (the same products, some summed in another order; 5e-8 here); in bf16 the output's copy for the
+ * next product (out16) is its output rounded to nearest even. */
 #include "tensor/internal.h"
 
 #include <cddp/cddp.h>
@@ -12,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -56,6 +58,9 @@ static void compare(const shape *s, cddp_dtype compute, double bound) {
             if (add)
                 for (int64_t i = 0; i < nq; i++) dqkv[k][add][i] = start[i];
         }
+    uint16_t *out16 = compute == CDDP_BF16 ? cddp_arena_alloc(cddp_ctx_arena(ctx),
+                                                              (size_t)no * sizeof(uint16_t), NULL)
+                                           : NULL;
     cddp__k_attention fw = {
         .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH, .compute = compute, .out16 = NULL};
     cddp__k_attention_grad bw = {
@@ -65,7 +70,15 @@ static void compare(const shape *s, cddp_dtype compute, double bound) {
         if (k == 0)
             q->dev->k->attention(q, &fw);
         else
-            cddp__attention_by_products(q, &fw);
+            cddp__attention_by_products(q, &(cddp__k_attention){.qkv = fw.qkv,
+                                                                .out = fw.out,
+                                                                .p = fw.p,
+                                                                .B = B,
+                                                                .T = T,
+                                                                .C = C,
+                                                                .NH = NH,
+                                                                .compute = compute,
+                                                                .out16 = out16});
         bw.p = p[k];
         for (int add = 0; add < 2; add++) {
             bw.dqkv = dqkv[k][add], bw.assign = !add;
@@ -83,6 +96,11 @@ static void compare(const shape *s, cddp_dtype compute, double bound) {
             print_error("T %lld, %s: error %d (out, P, dqkv stored, added) is %g > %g\n",
                         (long long)T, cddp_dtype_name(compute), i, e[i], bound);
         assert_true(e[i] <= bound);
+    }
+    for (int64_t i = 0; out16 && i < no; i++) { /* to nearest even (no NaN here) */
+        uint32_t u;
+        memcpy(&u, &out[1][i], sizeof u);
+        assert_int_equal(out16[i], (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
     }
     /* P is causal: zeros above the diagonal, rows summing to 1 */
     for (int64_t r = 0; r < B * NH * T; r++) {

@@ -27,14 +27,9 @@ static void products(cddp__kq *q, const heads *h, bool ta, bool tb, float alpha,
             .batch = h->NH, .stride_a = sa, .stride_b = sb, .stride_c = sc);
 }
 
-/* S = q k^T / sqrt(HS) into P, P = causal softmax(S), out = P v. */
+/* S = q k^T / sqrt(HS) into P, P = causal softmax(S), out = P v (and out16 rounded). */
 void cddp__attention_by_products(cddp__kq *q, const cddp__k_attention *a) {
     int64_t T = a->T, C = a->C, NH = a->NH, HS = C / NH, TT = T * T;
-    if (a->out16) {
-        cddp__kq_fail(q, CDDP_EINVAL, "%s: attention by products writes no bf16 copy",
-                      q->dev->name);
-        return;
-    }
     float scale = 1.0f / sqrtf((float)HS);
     heads scores = {NH, T, T, HS, a->compute}, mix = {NH, T, HS, T, a->compute};
     for (int64_t b = 0; b < a->B; b++) {
@@ -48,6 +43,8 @@ void cddp__attention_by_products(cddp__kq *q, const cddp__k_attention *a) {
         products(q, &mix, false, false, 1.0f, a->p + b * NH * TT, T, TT, x + 2 * C, 3 * C, HS, 0.0f,
                  a->out + b * T * C, C, HS);
     }
+    if (a->out16) /* for the projection after it (mixed precision's linear) */
+        CDDP__K(q, to_bf16, .dst = a->out16, .src = a->out, .rows = a->B * T, .cols = C, .ld = C);
 }
 
 /* With do the output's gradient: dv (+)= P^T do; dP = do v^T; dS = P (dP - rowsum(dP P)) (the

@@ -6,7 +6,12 @@
  * DEVICE with the same inputs: the forward output, then, with loss = out . R for a random R (a
  * product, whose gradient is R), the gradient of every input, each compared with the CPU's as the
  * largest difference relative to the largest value of the CPU's result. The bound is 1e-5 in
- * float32 for every kernel (the GEMMs are float32 products with float32 accumulation: no TF32). A
+ * float32 for every kernel (the GEMMs are float32 products with float32 accumulation: no TF32).
+ * The mixed-precision cases (bf16_*: contexts computing in bf16, CDDP_BF16_EMULATE on a CPU
+ * without bf16 units, which gives the same numbers) run a linear layer and a GPT block's layers,
+ * whose products round their operands to bf16 and whose outputs hand over bf16 copies; both sides
+ * round the same float32 values, but a value one rounding apart can land on the neighbouring bf16
+ * value, 2^-8 of it: bound 1e-2 (the GEMM-based ops' bound of mixed precision). A
  * case whose kernel the device lacks is "missing" (its context fails with CDDP_EUNSUPPORTED); with
  * --all a missing kernel is a failure too (the emulated device must have them all). Prints a line
  * per case ("ok", "FAIL", "missing"; with --json one JSON object per line), and exits 0 when no
@@ -21,11 +26,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define BOUND  1e-5
-#define MAX_IN 4
+#define BOUND   1e-5
+#define BOUND16 1e-2
+#define MAX_IN  4
 
 static cddp_device *dev;
 static cddp_ctx *cpu, *on;
+static double bound = BOUND; /* the cases' now */
 static cddp_rng rng;
 static bool json, all;
 static int failures, missing, passed;
@@ -76,10 +83,10 @@ static void report(const char *name, const char *status, double err, const char 
     if (json)
         printf("{\"case\": \"%s\", \"device\": \"%s\", \"status\": \"%s\", \"rel_err\": %.3g, "
                "\"bound\": %g%s%s%s}\n",
-               name, cddp_device_name(dev), status, err, BOUND, why ? ", \"why\": \"" : "",
+               name, cddp_device_name(dev), status, err, bound, why ? ", \"why\": \"" : "",
                why ? why : "", why ? "\"" : "");
     else
-        printf("%-8s %-28s rel err %.3g (bound %g)%s%s\n", status, name, err, BOUND,
+        printf("%-8s %-28s rel err %.3g (bound %g)%s%s\n", status, name, err, bound,
                why ? ": " : "", why ? why : "");
     if (!strcmp(status, "ok"))
         passed++;
@@ -159,7 +166,7 @@ static void check(const char *name, forward_fn f, const void *arg, int nin, cons
             free(ga);
             free(gb);
         }
-        report(name, worst <= BOUND ? "ok" : "FAIL", worst, NULL);
+        report(name, worst <= bound ? "ok" : "FAIL", worst, NULL);
     }
     for (int i = 0; i < nin; i++) free(v[i]);
     free(r);
@@ -304,6 +311,22 @@ static cddp_tensor *f_dropout(cddp_ctx *c, cddp_tensor **x, const void *a) {
     return cddp_dropout(c, x[0], 0.25f, true);
 }
 
+/* A GPT block's MLP without the residual: layer_norm, linear (x[1], bias x[2]), GELU, linear
+ * (x[3]); in bf16 the layer norm and GELU hand their outputs over rounded, GELU's backward its
+ * gradient (the first linear's bias gradient its column sums). */
+static cddp_tensor *f_mlp_block(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    cddp_tensor *h = cddp_layer_norm(c, x[0], NULL, NULL, 1e-5f);
+    return cddp_linear(c, cddp_gelu_tanh(c, cddp_linear(c, h, x[1], x[2])), x[3], NULL);
+}
+/* Attention's half: layer_norm, the qkv projection (x[1]), attention in 2 heads, the output
+ * projection (x[2]) of its bf16 copy. */
+static cddp_tensor *f_attention_block(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    cddp_tensor *h = cddp_linear(c, cddp_layer_norm(c, x[0], NULL, NULL, 1e-5f), x[1], NULL);
+    return cddp_linear(c, cddp_attention(c, h, 2), x[2], NULL);
+}
+
 #define IN(lo_, hi_, grad_, ...)                                                                   \
     {                                                                                              \
         .ndim = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), .shape = {__VA_ARGS__}, \
@@ -374,6 +397,21 @@ static void op_cases(void) {
     check("dropout", f_dropout, NULL, 1, (input[]){IN(-1, 1, true, 5000)});
 }
 
+/* Mixed precision's layers, on contexts computing in bf16 (the bound BOUND16). */
+static void bf16_cases(void) {
+    bound = BOUND16;
+    check("bf16_linear", f_linear, NULL, 3,
+          (input[]){IN(-1, 1, true, 64, 784), IN(-0.05f, 0.05f, true, 512, 784),
+                    IN(-0.05f, 0.05f, true, 512)});
+    check("bf16_mlp_block", f_mlp_block, NULL, 4,
+          (input[]){IN(-2, 2, true, 2, 33, 64), IN(-0.2f, 0.2f, true, 256, 64),
+                    IN(-0.1f, 0.1f, true, 256), IN(-0.1f, 0.1f, true, 64, 256)});
+    check("bf16_attention_block", f_attention_block, NULL, 3,
+          (input[]){IN(-2, 2, true, 3, 67, 128), IN(-0.2f, 0.2f, true, 3 * 128, 128),
+                    IN(-0.2f, 0.2f, true, 128, 128)});
+    bound = BOUND;
+}
+
 /* ---- flat blocks: the optimizers' updates and the norm ----------------------------------------
  */
 
@@ -435,7 +473,7 @@ static void optimizer_cases(void) {
             report(which == 2 ? "adamw"
                    : which    ? "sgd_nesterov"
                               : "sgd_momentum_wd",
-                   worst <= BOUND ? "ok" : "FAIL", worst, NULL);
+                   worst <= bound ? "ok" : "FAIL", worst, NULL);
         for (int s = 0; s < 2; s++)
             for (int k = 0; k < 4; k++) cddp_device_free(s ? dev : c, b[s][k]);
     }
@@ -615,6 +653,19 @@ int main(int argc, char **argv) {
         printf("%s against the CPU, seed %llu\n", cddp_device_describe(dev),
                (unsigned long long)seed);
     op_cases();
+    /* then the mixed-precision cases, on contexts computing in bf16 (emulated on the CPU where it
+     * has no bf16 units: the same numbers) */
+    cddp_ctx_destroy(on);
+    cddp_ctx_destroy(cpu);
+    setenv("CDDP_BF16_EMULATE", "1", 0);
+    cpu = cddp_ctx_create(&(cddp_ctx_options){.compute = CDDP_BF16});
+    on = cddp_ctx_create(&(cddp_ctx_options){.device = dev, .compute = CDDP_BF16});
+    if (!cpu || !on) fprintf(stderr, "device_check: no context computing in bf16\n"), exit(1);
+    bf16_cases();
+    cddp_ctx_destroy(on);
+    cddp_ctx_destroy(cpu);
+    cpu = cddp_ctx_create(NULL);
+    on = cddp_ctx_create(&(cddp_ctx_options){.device = dev});
     optimizer_cases();
     half_cases();
     data_cases();

@@ -30,7 +30,7 @@ extern "C" { /* kernels.cu is C++: the tensor library's declarations are C's */
     K(softmax_grad) K(check_ids) K(cross_entropy) K(cross_entropy_grad) K(mse) K(mse_grad) K(sum)  \
     K(sum_grad) K(argmax) K(embedding) K(embedding_grad) K(sgd) K(adamw) K(sum_squares) K(gemm)      \
     K(binary) K(binary_grad) K(layer_norm) K(layer_norm_grad) K(gelu_tanh) K(gelu_tanh_grad)     \
-    K(causal_softmax) K(causal_softmax_grad) K(attention_cached)
+    K(causal_softmax) K(causal_softmax_grad) K(attention_cached) K(to_bf16)
 /* clang-format on */
 
 #define CDDP__CUDA_DECL(name) void cddp__cuda_##name(cddp__kq *q, const cddp__k_##name *a);

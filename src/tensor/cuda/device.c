@@ -327,8 +327,8 @@ static bool no_conv_grad(const cddp__conv_geom *g) {
     return false; /* no convolutions yet */
 }
 
-static bool takes_no_bf16(void) {
-    return false; /* its gemm rounds float32 operands itself (CUBLAS_COMPUTE_32F_FAST_16BF) */
+static bool takes_bf16(void) {
+    return true; /* bf16 operands (CUDA_R_16BF) and a bias epilogue: gemm.c */
 }
 
 static cddp__kernels kernels;
@@ -345,7 +345,7 @@ static void fill_table(void) {
     kernels.blocked_size = no_blocks;
     kernels.conv_pool_fuses = never_fuses;
     kernels.computes = computes;
-    kernels.gemm_takes_bf16 = takes_no_bf16;
+    kernels.gemm_takes_bf16 = takes_bf16;
     kernels.conv_grad_takes_bf16 = no_conv_grad;
 }
 

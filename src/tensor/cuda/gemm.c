@@ -2,7 +2,9 @@
  *
  * The products are float32 with float32 accumulation (CUBLAS_COMPUTE_32F: no TF32), the CPU's
  * results to rounding; with compute CDDP_BF16 the float32 operands are rounded to bf16 for the
- * tensor cores (CUBLAS_COMPUTE_32F_FAST_16BF), the sums float32.
+ * tensor cores (CUBLAS_COMPUTE_32F_FAST_16BF), the sums float32, or the operands come rounded
+ * already (A16 and B16, to_bf16's: half the bytes to read, and bf16 kernels at their rate), and a
+ * bias is added by the product's epilogue (CUBLASLT_EPILOGUE_BIAS) instead of a pass of its own.
  *
  * cuBLASLt is column-major and cddp row-major: a row-major (M,N) matrix C is the column-major
  * (N,M) matrix C^T, so C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T: the stored B as
@@ -44,6 +46,8 @@ typedef struct plan {
     int64_t batch, stride[3]; /* a batch of products (batch > 1): A's, B's and C's strides */
     uint32_t align[3];        /* of A, B, C (and of their strides in a batch) */
     cddp_dtype compute; /* float32, or bf16 on the tensor cores (CUBLAS_COMPUTE_32F_FAST_16BF) */
+    bool half;          /* the operands bf16 in memory (A16, B16) */
+    bool bias;          /* a bias added by the epilogue */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -64,8 +68,8 @@ static uint32_t alignment(const void *p) {
 static bool same_shape(const plan *p, const plan *k) {
     return p->dev == k->dev && p->ta == k->ta && p->tb == k->tb && p->M == k->M && p->N == k->N &&
            p->K == k->K && p->lda == k->lda && p->ldb == k->ldb && p->ldc == k->ldc &&
-           p->compute == k->compute && p->batch == k->batch &&
-           !memcmp(p->stride, k->stride, sizeof p->stride) &&
+           p->compute == k->compute && p->half == k->half && p->bias == k->bias &&
+           p->batch == k->batch && !memcmp(p->stride, k->stride, sizeof p->stride) &&
            !memcmp(p->align, k->align, sizeof p->align);
 }
 
@@ -95,19 +99,24 @@ static void make(const cddp__cuda_lt *lt, plan *p, size_t ws_bytes) {
     cublasLtMatmulHeuristicResult_t best;
     int found = 0;
     p->ws_bytes = ws_bytes;
+    cublasComputeType_t type = p->half                   ? CUBLAS_COMPUTE_32F
+                               : p->compute == CDDP_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                                         : CUBLAS_COMPUTE_32F;
+    cudaDataType_t in = p->half ? CUDA_R_16BF : CUDA_R_32F;
+    cublasLtEpilogue_t epilogue = p->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     /* first operand: the stored B, (N, K) column-major when not tb, else (K, N); its alignment is
      * B's, cuBLASLt's "A" */
     p->ok =
-        lt->cublasLtMatmulDescCreate(
-            &p->op, p->compute == CDDP_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F,
-            CUDA_R_32F) == 0 &&
+        lt->cublasLtMatmulDescCreate(&p->op, type, CUDA_R_32F) == 0 &&
         lt->cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ==
             0 &&
         lt->cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ==
             0 &&
-        lt->cublasLtMatrixLayoutCreate(&p->la, CUDA_R_32F, (uint64_t)(p->tb ? p->K : p->N),
+        lt->cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                           sizeof epilogue) == 0 &&
+        lt->cublasLtMatrixLayoutCreate(&p->la, in, (uint64_t)(p->tb ? p->K : p->N),
                                        (uint64_t)(p->tb ? p->N : p->K), p->ldb) == 0 &&
-        lt->cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_32F, (uint64_t)(p->ta ? p->M : p->K),
+        lt->cublasLtMatrixLayoutCreate(&p->lb, in, (uint64_t)(p->ta ? p->M : p->K),
                                        (uint64_t)(p->ta ? p->K : p->M), p->lda) == 0 &&
         lt->cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)p->N, (uint64_t)p->M,
                                        p->ldc) == 0 &&
@@ -136,9 +145,10 @@ static void make(const cddp__cuda_lt *lt, plan *p, size_t ws_bytes) {
  * caller makes one of its own). */
 static const plan *plan_for(const cddp__cuda_lt *lt, const plan *k, size_t ws_bytes) {
     uint64_t h = 1469598103934665603ull;
-    const int64_t v[] = {k->dev,     k->ta,    k->tb,        k->M,         k->N,        k->K,
-                         k->lda,     k->ldb,   k->ldc,       k->align[0],  k->align[1], k->align[2],
-                         k->compute, k->batch, k->stride[0], k->stride[1], k->stride[2]};
+    const int64_t v[] = {k->dev,       k->ta,        k->tb,      k->M,     k->N,
+                         k->K,         k->lda,       k->ldb,     k->ldc,   k->align[0],
+                         k->align[1],  k->align[2],  k->compute, k->batch, k->stride[0],
+                         k->stride[1], k->stride[2], k->half,    k->bias};
     for (size_t i = 0; i < CDDP_ARRAY_LEN(v); i++) h = (h ^ (uint64_t)v[i]) * 1099511628211ull;
     const plan *found = NULL;
     pthread_mutex_lock(&plans_lock);
@@ -158,12 +168,20 @@ static const plan *plan_for(const cddp__cuda_lt *lt, const plan *k, size_t ws_by
 }
 
 void cddp__cuda_gemm(cddp__kq *q, const cddp__k_gemm *a) {
-    CDDP_CHECK(!a->A16 && !a->B16 && !a->bias,
-               "%s: the gemm takes float32 operands and no bias (its gemm_takes_bf16 says no)",
+    bool half = a->A16 || a->B16;
+    CDDP_CHECK(!half || (a->A16 && a->B16 && a->compute == CDDP_BF16 && a->batch <= 1),
+               "%s: a product with bf16 operands takes both rounded (A16 and B16), compute bf16 "
+               "and no batch",
                q->dev->name);
+    CDDP_CHECK(!a->bias || (a->alpha == 1.0f && a->batch <= 1),
+               "%s: a product's bias goes with alpha 1 and no batch", q->dev->name);
     CDDP_CHECK(a->batch <= 1 || a->K > 0, "%s: a batch of products with K = 0", q->dev->name);
     cudaStream_t stream = cddp__cuda_enter(q);
     if (a->M == 0 || a->N == 0) return;
+    if (a->K == 0 && a->bias) { /* C = bias + beta C: as the CPU's, a case no product makes */
+        cddp__kq_fail(q, CDDP_EINVAL, "%s: a product with K = 0 and a bias", q->dev->name);
+        return;
+    }
     if (a->K == 0) { /* C = beta C: a scale (BLAS leaves C alone for beta 1, unread for 0) */
         if (a->beta == 1.0f) return;
         for (int64_t i = 0; i < a->M; i++) {
@@ -192,8 +210,11 @@ void cddp__cuda_gemm(cddp__kq *q, const cddp__k_gemm *a) {
                 .ldb = a->ldb,
                 .ldc = a->ldc,
                 .batch = a->batch > 1 ? a->batch : 1,
-                .compute = a->compute};
-    const float *at[3] = {a->A, a->B, a->C};
+                .compute = a->compute,
+                .half = half,
+                .bias = a->bias != NULL};
+    const void *A = half ? (const void *)a->A16 : a->A, *B = half ? (const void *)a->B16 : a->B;
+    const float *at[3] = {A, B, a->C};
     int64_t stride[3] = {a->stride_a, a->stride_b, a->stride_c};
     for (int i = 0; i < 3; i++) {
         key.stride[i] = key.batch > 1 ? stride[i] : 0;
@@ -206,9 +227,17 @@ void cddp__cuda_gemm(cddp__kq *q, const cddp__k_gemm *a) {
         p = &key;
     }
     cublasStatus_t s = CUBLAS_STATUS_NOT_SUPPORTED;
-    if (p->ok)
-        s = lt->cublasLtMatmul(lt->handle, p->op, &a->alpha, a->B, p->la, a->A, p->lb, &a->beta,
-                               a->C, p->lc, a->C, p->lc, &p->algo, ws, p->ws_bytes, stream);
+    if (p->ok) {
+        /* the bias pointer is the call's: set on the plan's descriptor and read by the call, one
+         * caller at a time */
+        if (a->bias) pthread_mutex_lock(&plans_lock);
+        if (!a->bias ||
+            (s = lt->cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                    &a->bias, sizeof a->bias)) == 0)
+            s = lt->cublasLtMatmul(lt->handle, p->op, &a->alpha, B, p->la, A, p->lb, &a->beta, a->C,
+                                   p->lc, a->C, p->lc, &p->algo, ws, p->ws_bytes, stream);
+        if (a->bias) pthread_mutex_unlock(&plans_lock);
+    }
     if (s != CUBLAS_STATUS_SUCCESS)
         cddp__kq_fail(q, CDDP_EIO,
                       "%s: cuBLASLt cannot multiply (%lld,%lld)x(%lld,%lld) (status %d%s)",

@@ -107,6 +107,16 @@ __global__ void cast16_k(uint16_t *h, float *f, int64_t n, bool f16, bool widen,
     }
 }
 
+/* f rounded to bf16 (to nearest even), as the host's to_bf16 rounds it */
+__device__ uint16_t bf16_of(float f) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+/* dst (rows, cols, dense) = src (rows ld apart) rounded to bf16 */
+__global__ void to_bf16_k(uint16_t *dst, const float *src, int64_t rows, int64_t cols, int64_t ld) {
+    FOR_EACH(i, rows * cols) dst[i] = bf16_of(src[i / cols * ld + i % cols]);
+}
+
 __global__ void mul_k(float *y, const float *a, const float *b, int64_t n, bool add) {
     FOR_EACH(i, n) y[i] = add ? y[i] + a[i] * b[i] : a[i] * b[i];
 }
@@ -527,27 +537,46 @@ __global__ void binary_grad_k(cddp__binop op, cddp__bcast bc, bool of_b, const f
 constexpr float GELU_K = 0.7978845608028654f; /* sqrt(2 / pi) */
 constexpr float GELU_C = 0.044715f;
 
-/* y = GELU(x) (tanh form) */
-__global__ void gelu_tanh_k(const float *x, float *y, int64_t n) {
+/* y = GELU(x) (tanh form), and y16 rounded (when not NULL) */
+__global__ void gelu_tanh_k(const float *x, float *y, int64_t n, uint16_t *y16) {
     FOR_EACH(i, n) {
         float v = x[i], th = tanhf(GELU_K * (v + GELU_C * v * v * v));
         y[i] = 0.5f * v * (1.0f + th);
+        if (y16) y16[i] = bf16_of(y[i]);
     }
 }
 
-/* dx = GELU'(x) dy (add: dx +=), the slope made from x again */
-__global__ void gelu_tanh_grad_k(float *dx, const float *x, const float *dy, int64_t n, bool add) {
+/* GELU'(x) dy, the slope made from x again */
+__device__ float gelu_grad_of(float v, float g) {
+    float th = tanhf(GELU_K * (v + GELU_C * v * v * v));
+    return g * (0.5f * (1.0f + th) +
+                0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_C * v * v));
+}
+
+/* GELU's input gradient as the column sums read it (the linear layer's bias gradient) */
+struct gelu_dx {
+    const float *x, *dy;
+    int64_t C;
+    __device__ float operator()(int64_t r, int64_t c) const {
+        return gelu_grad_of(x[r * C + c], dy[r * C + c]);
+    }
+};
+
+/* dx = GELU'(x) dy (add: dx +=), or (dx16 not NULL) dx16 = it rounded */
+__global__ void gelu_tanh_grad_k(float *dx, const float *x, const float *dy, int64_t n, bool add,
+                                 uint16_t *dx16) {
     FOR_EACH(i, n) {
-        float v = x[i], th = tanhf(GELU_K * (v + GELU_C * v * v * v));
-        float g = dy[i] * (0.5f * (1.0f + th) +
-                           0.5f * v * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_C * v * v));
-        dx[i] = add ? dx[i] + g : g;
+        float g = gelu_grad_of(x[i], dy[i]);
+        if (dx16)
+            dx16[i] = bf16_of(g);
+        else
+            dx[i] = add ? dx[i] + g : g;
     }
 }
 
 /* A block per row: its mean and 1/std (sums in double), then the row. */
 __global__ void layer_norm_k(const float *x, const float *w, const float *b, float *y, float *mean,
-                             float *rstd, int64_t C, float eps) {
+                             float *rstd, int64_t C, float eps, uint16_t *y16) {
     const float *xr = x + blockIdx.x * C;
     float *yr = y + blockIdx.x * C;
     double s = 0;
@@ -559,8 +588,10 @@ __global__ void layer_norm_k(const float *x, const float *w, const float *b, flo
         v += d * d;
     }
     float rs = 1.0f / sqrtf((float)(block_sum(v) / (double)C) + eps);
-    for (int64_t j = threadIdx.x; j < C; j += blockDim.x)
+    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
         yr[j] = (xr[j] - m) * rs * (w ? w[j] : 1.0f) + (b ? b[j] : 0.0f);
+        if (y16) y16[blockIdx.x * C + j] = bf16_of(yr[j]);
+    }
     if (threadIdx.x == 0) {
         mean[blockIdx.x] = m;
         rstd[blockIdx.x] = rs;
@@ -904,19 +935,20 @@ void cddp__cuda_binary_grad(cddp__kq *q, const cddp__k_binary_grad *a) {
     }
 }
 
-/* The bf16 copies (y16, out16) are asked for only where gemm_takes_bf16 says so: never here. */
-static bool no_half(cddp__kq *q, const void *half, const char *what) {
-    if (!half) return true;
-    cddp__kq_fail(q, CDDP_EINVAL, "%s: the CUDA device writes no bf16 copy of %s's output",
-                  q->dev->name, what);
-    return false;
+void cddp__cuda_to_bf16(cddp__kq *q, const cddp__k_to_bf16 *a) {
+    cudaStream_t s = cddp__cuda_enter(q);
+    if (a->rows == 0 || a->cols == 0) return;
+    to_bf16_k<<<blocks(a->rows * a->cols), THREADS, 0, s>>>(a->dst, a->src, a->rows, a->cols,
+                                                            a->ld);
+    if (LAUNCHED(q, "to_bf16")) return;
+    if (a->colsum) colsum(q, s, src_rows{a->src, a->ld}, a->rows, a->cols, a->colsum, "to_bf16");
 }
 
 void cddp__cuda_layer_norm(cddp__kq *q, const cddp__k_layer_norm *a) {
     cudaStream_t s = cddp__cuda_enter(q);
-    if (!no_half(q, a->y16, "layer_norm") || a->rows == 0 || a->C == 0) return;
+    if (a->rows == 0 || a->C == 0) return;
     layer_norm_k<<<(unsigned)a->rows, THREADS, 0, s>>>(a->x, a->w, a->b, a->y, a->mean, a->rstd,
-                                                       a->C, a->eps);
+                                                       a->C, a->eps, a->y16);
     LAUNCHED(q, "layer_norm");
 }
 
@@ -935,16 +967,20 @@ void cddp__cuda_layer_norm_grad(cddp__kq *q, const cddp__k_layer_norm_grad *a) {
 
 void cddp__cuda_gelu_tanh(cddp__kq *q, const cddp__k_gelu_tanh *a) {
     cudaStream_t s = cddp__cuda_enter(q);
-    if (!no_half(q, a->y16, "gelu_tanh") || a->n == 0) return;
-    gelu_tanh_k<<<blocks(a->n), THREADS, 0, s>>>(a->x, a->y, a->n);
+    if (a->n == 0) return;
+    gelu_tanh_k<<<blocks(a->n), THREADS, 0, s>>>(a->x, a->y, a->n, a->y16);
     LAUNCHED(q, "gelu_tanh");
 }
 
 void cddp__cuda_gelu_tanh_grad(cddp__kq *q, const cddp__k_gelu_tanh_grad *a) {
     cudaStream_t s = cddp__cuda_enter(q);
-    if (!no_half(q, a->dx16, "gelu_tanh_grad") || a->n == 0) return;
-    gelu_tanh_grad_k<<<blocks(a->n), THREADS, 0, s>>>(a->dx, a->x, a->dy, a->n, !a->assign);
-    LAUNCHED(q, "gelu_tanh_grad");
+    if (a->n == 0) return;
+    gelu_tanh_grad_k<<<blocks(a->n), THREADS, 0, s>>>(a->dx, a->x, a->dy, a->n, !a->assign,
+                                                      a->dx16);
+    if (LAUNCHED(q, "gelu_tanh_grad")) return;
+    if (a->dx16 && a->colsum)
+        colsum(q, s, gelu_dx{a->x, a->dy, a->cols}, a->n / a->cols, a->cols, a->colsum,
+               "gelu_tanh_grad");
 }
 
 void cddp__cuda_causal_softmax(cddp__kq *q, const cddp__k_causal_softmax *a) {
