@@ -42,8 +42,9 @@ void cddp__kq_fail(cddp__kq *q, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Causal self-attention and its gradients (the attention and attention_grad kernels' arguments
- * and results) as batched products on q's device's gemm and its causal_softmax and causal_softmax_grad
- * kernels (attn_products.c): for a device whose matrix products are its fastest kernels. */
+ * and results) as batched products on q's device's gemm and its causal_softmax and
+ * causal_softmax_grad kernels (attn_products.c): for a device whose matrix products are its fastest
+ * kernels. */
 void cddp__attention_by_products(cddp__kq *q, const cddp__k_attention *a);
 void cddp__attention_grad_by_products(cddp__kq *q, const cddp__k_attention_grad *a);
 

@@ -121,21 +121,22 @@ void cddp__cpu_attention(cddp__kq *q, const cddp__k_attention *a) {
         }
 }
 
-/* Row t of dS (T long, dP on entry) = P * (dP - rowsum(dP * P)) up to t, zeros after (P is). */
-static void softmax_grad_row(float *d, const float *p, int64_t t, int64_t T) {
-    float dot = cddp__dot(d, p, t + 1);
-    for (int64_t j = 0; j <= t; j++) d[j] = p[j] * (d[j] - dot);
-    memset(d + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
-}
-
-static void softmax_grad_rows(float *ds, const float *ph, int64_t T) {
-    for (int64_t t = 0; t < T; t++) softmax_grad_row(ds + t * T, ph + t * T, t, T);
+/* Row r of d (T long, dP on entry, query t = r % T) becomes P * (dP - rowsum(dP * P)) up to t,
+ * zeros after (P is). */
+static void softmax_grad_rows(float *d, const float *p, int64_t rows, int64_t T) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *dr = d + r * T;
+        const float *pr = p + r * T;
+        int64_t t = r % T;
+        float dot = cddp__dot(dr, pr, t + 1);
+        for (int64_t j = 0; j <= t; j++) dr[j] = pr[j] * (dr[j] - dot);
+        memset(dr + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
+    }
 }
 
 void cddp__cpu_causal_softmax_grad(cddp__kq *q, const cddp__k_causal_softmax_grad *a) {
     (void)q;
-    for (int64_t r = 0; r < a->rows; r++)
-        softmax_grad_row(a->d + r * a->T, a->p + r * a->T, r % a->T, a->T);
+    softmax_grad_rows(a->d, a->p, a->rows, a->T);
 }
 
 /* One head's gradients in bf16 on the bf16 units: attn_bf16.c's products, each operand packed
@@ -152,7 +153,7 @@ static void head_grad_bf16(const float *qh, const float *ph, const float *dout, 
     cddp__bf16_pack_rows(da, dout, C, T, HS); /* dP = do v^T */
     cddp__bf16_pack_cols(vb, v, 3 * C, T, HS);
     cddp__attn_scores_bf16(da, vb, T, HS, 1.0f, ds);
-    softmax_grad_rows(ds, ph, T);
+    softmax_grad_rows(ds, ph, T, T);
     cddp__bf16_pack_rows_causal(wp, ds, T); /* dq += dS k / sqrt(HS) */
     cddp__bf16_pack_pairs(x, k, 3 * C, T, HS);
     cddp__attn_mix_bf16(wp, x, T, HS, scale, dq, 3 * C, acc);
@@ -202,7 +203,7 @@ void cddp__cpu_attention_grad(cddp__kq *q, const cddp__k_attention_grad *a) {
             cddp__attn_mix_t(pm, dout, ldo, T, HS, 1.0f, dv, 3 * C, acc);
             cddp__attn_transpose(v, ld, T, HS, vt);
             cddp__attn_scores(dout, ldo, vt, T, HS, 1.0f, ds);
-            softmax_grad_rows(ds, ph, T);
+            softmax_grad_rows(ds, ph, T, T);
             if (in == IN_BF16_EMULATED) cddp__bf16_round_rows(ds, ds, T, T, T);
             cddp__attn_mix(ds, k, ld, T, HS, scale, dq, 3 * C, acc);
             cddp__attn_mix_t(ds, qh, ld, T, HS, scale, dk, 3 * C, acc);

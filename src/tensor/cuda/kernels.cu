@@ -94,6 +94,11 @@ __global__ void scale_k(float *y, const float *x, float s, int64_t n, bool add) 
     FOR_EACH(i, n) y[i] = add ? y[i] + s * x[i] : s * x[i];
 }
 
+/* f rounded to bf16 (to nearest even), as the host's to_bf16 rounds it */
+__device__ uint16_t bf16_of(float f) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
 /* rounded to nearest even by the intrinsics, as the host's conversions round */
 __global__ void cast16_k(uint16_t *h, float *f, int64_t n, bool f16, bool widen, float scale) {
     FOR_EACH(i, n) {
@@ -102,14 +107,8 @@ __global__ void cast16_k(uint16_t *h, float *f, int64_t n, bool f16, bool widen,
                         : __bfloat162float(__ushort_as_bfloat16(h[i]))) *
                    scale;
         else
-            h[i] = f16 ? __half_as_ushort(__float2half_rn(f[i]))
-                       : __bfloat16_as_ushort(__float2bfloat16_rn(f[i]));
+            h[i] = f16 ? __half_as_ushort(__float2half_rn(f[i])) : bf16_of(f[i]);
     }
-}
-
-/* f rounded to bf16 (to nearest even), as the host's to_bf16 rounds it */
-__device__ uint16_t bf16_of(float f) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 
 /* dst (rows, cols, dense) = src (rows ld apart) rounded to bf16 */
