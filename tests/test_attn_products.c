@@ -122,10 +122,95 @@ static void test_bf16(void **state) {
     compare(&(shape){3, 67, 128, 2}, CDDP_BF16, 1e-6);
 }
 
+/* By rows (flash_attention, the CPU's reference for the CUDA device's): the output and dqkv,
+ * stored and added, against the CPU's attention kernels within `bound` of the largest value, and
+ * each query's log-sum-exp that of its scaled scores (in double) within 1e-5. In float32 the
+ * sums differ in order only (bound 1e-5); in bf16 the weights are rounded before their division by
+ * the row's sum instead of after (kernels.h), a bf16 step of each weight (bound 1e-2). */
+static void compare_rows(const shape *s, cddp_dtype compute, double bound) {
+    cddp_ctx *ctx = cddp_ctx_create(NULL);
+    assert_non_null(ctx);
+    cddp__kq *q = &cddp__ctx_dev(ctx, cddp_device_get("cpu", NULL))->q;
+    cddp_rng rng;
+    cddp_rng_seed(&rng, 9 + (uint64_t)s->T);
+    int64_t B = s->B, T = s->T, C = s->C, NH = s->NH, HS = C / NH, nq = B * T * 3 * C,
+            no = B * T * C;
+    float *qkv = rand_buf(ctx, nq, &rng), *dout = rand_buf(ctx, no, &rng);
+    float *p = rand_buf(ctx, B * NH * T * T, &rng), *lse = rand_buf(ctx, B * NH * T, &rng);
+    float *out[2] = {rand_buf(ctx, no, &rng), rand_buf(ctx, no, &rng)};
+    float *start = rand_buf(ctx, nq, &rng), *dqkv[2][2];
+    for (int k = 0; k < 2; k++)
+        for (int add = 0; add < 2; add++) {
+            dqkv[k][add] = rand_buf(ctx, nq, &rng);
+            if (add) memcpy(dqkv[k][add], start, (size_t)nq * sizeof(float));
+        }
+    cddp__k_attention fw = {
+        .qkv = qkv, .out = out[0], .p = p, .B = B, .T = T, .C = C, .NH = NH, .compute = compute};
+    cddp__k_flash_attention rw = {.qkv = qkv,
+                                  .out = out[1],
+                                  .lse = lse,
+                                  .B = B,
+                                  .T = T,
+                                  .C = C,
+                                  .NH = NH,
+                                  .compute = compute};
+    cddp__k_attention_grad bw = {
+        .qkv = qkv, .p = p, .dout = dout, .B = B, .T = T, .C = C, .NH = NH, .compute = compute};
+    cddp__k_flash_attention_grad rbw = {.qkv = qkv,
+                                        .out = out[1],
+                                        .lse = lse,
+                                        .dout = dout,
+                                        .B = B,
+                                        .T = T,
+                                        .C = C,
+                                        .NH = NH,
+                                        .compute = compute};
+    q->dev->k->attention(q, &fw);
+    q->dev->k->flash_attention(q, &rw);
+    for (int add = 0; add < 2; add++) {
+        bw.dqkv = dqkv[0][add], rbw.dqkv = dqkv[1][add];
+        bw.assign = rbw.assign = !add;
+        q->dev->k->attention_grad(q, &bw);
+        q->dev->k->flash_attention_grad(q, &rbw);
+    }
+    assert_int_equal(cddp_ctx_status(ctx), CDDP_OK);
+    double e[3] = {rel_err(out[1], out[0], no), rel_err(dqkv[1][0], dqkv[0][0], nq),
+                   rel_err(dqkv[1][1], dqkv[0][1], nq)};
+    for (int i = 0; i < 3; i++) {
+        print_message("T %lld, %s by rows: error %d (out, dqkv stored, added) %.3g\n", (long long)T,
+                      cddp_dtype_name(compute), i, e[i]);
+        assert_true(e[i] <= bound);
+    }
+    double lse_bound = compute == CDDP_BF16 ? 1e-2 : 1e-5; /* bf16: of rounded q and k */
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < NH; h++)
+            for (int64_t i = 0; i < T; i++) {
+                const float *qi = qkv + (b * T + i) * 3 * C + h * HS;
+                double sum = 0;
+                for (int64_t j = 0; j <= i; j++) {
+                    const float *kj = qkv + (b * T + j) * 3 * C + C + h * HS;
+                    double dot = 0;
+                    for (int64_t d = 0; d < HS; d++) dot += (double)qi[d] * kj[d];
+                    sum += exp(dot / sqrt((double)HS));
+                }
+                assert_true(fabs(lse[(b * NH + h) * T + i] - log(sum)) <= lse_bound);
+            }
+    cddp_ctx_destroy(ctx);
+}
+
+static void test_by_rows(void **state) {
+    (void)state;
+    compare_rows(&(shape){2, 67, 128, 2}, CDDP_F32, 1e-5); /* heads of 64, T past a block */
+    compare_rows(&(shape){1, 130, 96, 3}, CDDP_F32, 1e-5); /* heads of 32 */
+    compare_rows(&(shape){2, 67, 128, 2}, CDDP_BF16, 1e-2);
+    compare_rows(&(shape){1, 130, 96, 3}, CDDP_BF16, 1e-2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_float32),
         cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_by_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

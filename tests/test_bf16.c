@@ -5,6 +5,7 @@
  * emulation's (CDDP_BF16_EMULATE=1, set here), the same numbers: ctest runs this program a second
  * time with oneDNN kept from them (test_bf16_emulated), and then the log line says so. */
 #include "helpers.h"
+#include "tensor/internal.h"
 
 static cddp_ctx *ctx, *lo; /* float32, and mixed precision */
 
@@ -280,9 +281,11 @@ static void test_bf16_convolutions(void **state) {
 /* Causal self-attention and its gradient in double, the products' operands rounded to bf16 as
  * mixed precision rounds them (q, k, v; the weights P and the output gradient r for o = P v and
  * dv = P^T r, dP = r v^T; dS for dq = dS k and dk = dS^T q), P and dS first taken to float32 as
- * the kernels hold them. o: (B,T,C); g: the gradient of qkv (B,T,3C). */
+ * the kernels hold them. o: (B,T,C); g: the gradient of qkv (B,T,3C). By rows (flash_attention,
+ * where the device attends so): the weights rounded before they are divided by their sum,
+ * o = sum bf16(exp(s - max)) v / sum, and the backward's rowsum(dP P) taken as r o. */
 static void attention_ref(const float *qkv, const float *r, int64_t B, int64_t T, int64_t C,
-                          int64_t NH, double *o, double *g) {
+                          int64_t NH, bool rows, double *o, double *g) {
     int64_t HS = C / NH;
     double scale = 1 / sqrt((double)HS);
     float *p = malloc(sizeof(float) * (size_t)(T * T)),
@@ -306,7 +309,9 @@ static void attention_ref(const float *qkv, const float *r, int64_t B, int64_t T
                 for (int64_t j = 0; j < T; j++) p[t * T + j] = j <= t ? (float)(s[j] / sum) : 0;
                 for (int64_t d = 0; d < HS; d++) {
                     double acc = 0;
-                    for (int64_t j = 0; j <= t; j++) acc += (double)bf16(p[t * T + j]) * V(j, d);
+                    for (int64_t j = 0; j <= t; j++)
+                        acc += rows ? (double)bf16((float)s[j]) * V(j, d) / sum
+                                    : (double)bf16(p[t * T + j]) * V(j, d);
                     o[(b * T + t) * C + h * HS + d] = acc;
                 }
             }
@@ -316,6 +321,11 @@ static void attention_ref(const float *qkv, const float *r, int64_t B, int64_t T
                     dp[j] = 0;
                     for (int64_t d = 0; d < HS; d++) dp[j] += (double)R(t, d) * V(j, d);
                     dot += dp[j] * p[t * T + j];
+                }
+                if (rows) { /* the output's gradient . the output, as the kernel has them */
+                    int64_t at = (b * T + t) * C + h * HS;
+                    dot = 0;
+                    for (int64_t d = 0; d < HS; d++) dot += (double)r[at + d] * o[at + d];
                 }
                 for (int64_t j = 0; j < T; j++)
                     ds[t * T + j] = j <= t ? (float)(p[t * T + j] * (dp[j] - dot)) : 0;
@@ -375,7 +385,9 @@ static void test_bf16_attention(void **state) {
         assert_true(qkv && r && o && g);
         for (int64_t i = 0; i < nq; i++) qkv[i] = 2 * cddp_rng_uniform(&rng) - 1;
         for (int64_t i = 0; i < no; i++) r[i] = 2 * cddp_rng_uniform(&rng) - 1;
-        attention_ref(qkv, r, B, T, C, NH, o, g);
+        bool rows = cddp_knob_int(CDDP_KNOB_FLASH_ATTENTION) &&
+                    test_device()->k->attends_by_rows(B, T, NH, C / NH, CDDP_BF16);
+        attention_ref(qkv, r, B, T, C, NH, rows, o, g);
         float *got[2][2];
         cddp_ctx *cs[2] = {lo, ctx};
         for (int k = 0; k < 2; k++) {
@@ -401,9 +413,10 @@ static void test_bf16_attention(void **state) {
             double mag, d32 = max_diff(got[0][i], got[1][i], n[i], &mag);
             int64_t off = 0; /* elements not within 1e-5 of the largest value of the reference */
             for (int64_t e = 0; e < n[i]; e++) off += fabs(got[0][i][e] - ref[e]) > 1e-5 * mag;
-            print_message("attention %zu, %s: %.3g from the rounded reference (float32: %.3g; "
+            print_message("attention %zu%s, %s: %.3g from the rounded reference (float32: %.3g; "
                           "%lld of %lld elements off), %.3g from float32 (largest %.3g)\n",
-                          c, what[i], e16, e32, (long long)off, (long long)n[i], d32, mag);
+                          c, rows ? " by rows" : "", what[i], e16, e32, (long long)off,
+                          (long long)n[i], d32, mag);
             if (e16 > e32 / 5 || off > n[i] / 20 || d32 > 1e-2 * mag || d32 <= 1e-5 * mag)
                 fail_msg("attention case %zu, %s: %g from the rounded reference (float32: %g; "
                          "%lld elements off), %g from float32 (largest %g)",

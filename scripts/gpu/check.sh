@@ -15,7 +15,8 @@
 #      ddp_train with SGD and with AdamW on 1 rank and on 2 ranks sharing the GPU (host-staged
 #      reduction): losses within 1e-4 relative
 #   5. the GPT: a tiny one (2 layers, width 64) 20 iterations on the GPU against the CPU, every
-#      loss within 1e-4 relative in float32 and 1e-2 in bf16, and its greedy samples; after 200
+#      loss within 1e-4 relative in float32 and 1e-2 in bf16 (with heads of 16, and of 32 over a
+#      context of 96: the flash kernels), and its greedy samples; after 200
 #      iterations on the GPU its checkpoint loads strictly into PyTorch and into cddp on the
 #      CPU, each with the GPU's validation loss (1e-4)
 #   6. the MLP's training speed, cddp and PyTorch eager on the same card, rounds interleaved
@@ -295,6 +296,8 @@ ckpt() {
 if want 5; then
     gpt "gpt_fp32 (gpt_train, 2 layers, width 64)" 1e-4 --dtype fp32
     gpt "gpt_bf16 (gpt_train --dtype bf16)" 1e-2 --dtype bf16
+    gpt "gpt_bf16_by_rows (2 heads of 32, context 96: attention by rows)" 1e-2 --dtype bf16 \
+        --n_head 2 --block_size 96
     ckpt
 fi
 

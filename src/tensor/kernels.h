@@ -235,6 +235,24 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
     F(const float *, p) F(const float *, dout) F(float *, dqkv) F(int64_t, B) F(int64_t, T)        \
         F(int64_t, C) F(int64_t, NH) F(bool, assign) F(cddp_dtype, compute)
 
+/* The same attention by rows (flash attention: a query's scores, softmax and mix in one pass
+ * over the keys, never storing the weights): instead of P, each query's log-sum-exp of its scaled
+ * scores into lse (B,NH,T); the weights are made again from it by the backward. Only where the
+ * device's attends_by_rows says so. In bf16 (compute) q, k, v and the weights are rounded for the
+ * products as attention's; the weights before they are divided by their sum (a row's sum and the
+ * division stay float32). */
+#define CDDP__KA_flash_attention(F)                                                                \
+    F(const float *, qkv)                                                                          \
+    F(float *, out) F(float *, lse) F(int64_t, B) F(int64_t, T) F(int64_t, C) F(int64_t, NH)       \
+        F(cddp_dtype, compute) F(uint16_t *, out16)
+/* its backward from the forward's out and lse: dqkv as attention_grad's (with D = rowsum(dout
+ * out) for each query, dS = P (dP - D)); in bf16 also dout and dS rounded for the products */
+#define CDDP__KA_flash_attention_grad(F)                                                           \
+    F(const float *, qkv)                                                                          \
+    F(const float *, out) F(const float *, lse) F(const float *, dout) F(float *, dqkv)           \
+        F(int64_t, B) F(int64_t, T) F(int64_t, C) F(int64_t, NH) F(bool, assign)                   \
+            F(cddp_dtype, compute)
+
 /* Batch normalisation (norm.c's blocks: N images of C channels in groups of B, P positions each),
  * relu(bn(x) + r) with relu and r (r may be NULL); stats: mean and 1/std (2 C). In training the
  * batch's statistics, and rmean/rvar (either may be NULL) move by momentum; else rmean/rvar's. */
@@ -332,7 +350,8 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
     K(check_ids) K(cross_entropy) K(cross_entropy_grad) K(mse) K(mse_grad) K(sum) K(sum_grad)      \
     K(argmax)                                                                                      \
     K(reorder) K(embedding) K(embedding_grad) K(layer_norm) K(layer_norm_grad) K(gelu_tanh)        \
-    K(gelu_tanh_grad) K(attention) K(attention_cached) K(attention_grad) K(batch_norm)             \
+    K(gelu_tanh_grad) K(attention) K(attention_cached) K(attention_grad) K(flash_attention)        \
+    K(flash_attention_grad) K(batch_norm)                                                          \
     K(batch_norm_grad) K(max_pool) K(max_pool_grad) K(avg_pool) K(avg_pool_grad)                   \
     K(adaptive_pool) K(adaptive_pool_grad) K(conv2d) K(conv2d_grad) K(conv2d_relu_pool)            \
     K(conv2d_relu_pool_grad) K(sgd) K(adamw) K(sum_squares)
@@ -367,6 +386,15 @@ typedef struct cddp__kernels {
     /* Whether conv2d_grad of g reads its output's gradient rounded to bf16 (dy16) as its products
      * read it: then the op that makes the whole of that gradient may write it so (grad_half). */
     bool (*conv_grad_takes_bf16)(const cddp__conv_geom *g);
+    /* Whether attention of B elements of T positions in NH heads of HS in compute runs by rows
+     * (flash_attention, keeping each query's log-sum-exp) instead of attention (keeping the
+     * (B,NH,T,T) weights). */
+    bool (*attends_by_rows)(int64_t B, int64_t T, int64_t NH, int64_t HS, cddp_dtype compute);
 } cddp__kernels;
+
+/* The shapes the CUDA device's flash kernels take (bf16, heads of 32 or 64, at most 65535 heads
+ * in all): its answer to attends_by_rows, and the emulated device's, which runs the CPU's
+ * flash_attention there so that CI takes the GPU's path (src/tensor/cpu/attn_rows.c). */
+bool cddp__gpu_attends_by_rows(int64_t B, int64_t T, int64_t NH, int64_t HS, cddp_dtype compute);
 
 #endif

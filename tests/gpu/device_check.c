@@ -409,6 +409,15 @@ static void bf16_cases(void) {
     check("bf16_attention_block", f_attention_block, NULL, 3,
           (input[]){IN(-2, 2, true, 3, 67, 128), IN(-0.2f, 0.2f, true, 3 * 128, 128),
                     IN(-0.2f, 0.2f, true, 128, 128)});
+    /* attention by rows where the device has it (the CUDA device's flash kernels: heads of 64 and
+     * 32), over several blocks of 64 queries and keys, the last one partial; peaked weights
+     * (scores of a few units: each row's running maximum moves from block to block) */
+    check("bf16_attention_T200_HS64", f_attention, NULL, 1,
+          (input[]){IN(-1, 1, true, 2, 200, 3 * 128)});
+    check("bf16_attention_T130_HS32", f_attention, NULL, 1,
+          (input[]){IN(-1, 1, true, 3, 130, 3 * 64)});
+    check("bf16_attention_peaked", f_attention, NULL, 1,
+          (input[]){IN(-3, 3, true, 2, 256, 3 * 128)});
     bound = BOUND;
 }
 

@@ -6,6 +6,7 @@
  *                sums, ReLU, pooling, adds
  *   attn.c       the products of one head of causal self-attention
  *   attn_bf16.c  the same in bf16, on AVX512-BF16
+ *   attn_rows.c  attention by rows (flash_attention): the reference for the CUDA device's kernels
  *   gemm.c       GEMM (oneDNN's sgemm, OpenBLAS where oneDNN refuses), softmax rows
  *   dnnl.c       oneDNN's primitives (convolution, bf16 products), made once per shape (dnnl.h)
  *   matmul.c     the gemm kernel: float32 on gemm.c, bf16 on oneDNN's matmul
@@ -31,6 +32,8 @@ int cddp__cpu_blocked_size(void);
 bool cddp__cpu_conv_pool_fuses(const cddp__conv_geom *g);
 /* conv.c: whether conv2d_grad of g takes dy16 (in bf16 on the processor's bf16 units) */
 bool cddp__cpu_conv_grad_takes_bf16(const cddp__conv_geom *g);
+/* attn_rows.c: whether attention runs by rows: never on the CPU (cddp__kernels.attends_by_rows) */
+bool cddp__cpu_attends_by_rows(int64_t B, int64_t T, int64_t NH, int64_t HS, cddp_dtype compute);
 /* matmul.c: whether the gemm kernel multiplies in dtype here (cddp__kernels.computes); that it
  * takes bf16 operands and a bias (cddp__kernels.gemm_takes_bf16: always); whether bf16 products
  * run on the processor's bf16 units (else, when allowed, they are emulated: their

@@ -82,6 +82,7 @@ static const cddp__kernels kernels = {
     CDDP_KERNEL_LIST(CDDP__CPU_SLOT)
 #undef CDDP__CPU_SLOT
         CDDP__CPU_QUESTIONS,
+    .attends_by_rows = cddp__cpu_attends_by_rows,
 };
 
 static cddp_device cpu = {

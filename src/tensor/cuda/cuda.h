@@ -6,6 +6,7 @@
  *   lt.c        cuBLASLt, loaded when the first device opens (dlopen: a build with CUDA runs, on
  *               the CPU, on machines without the libraries)
  *   kernels.cu  the other kernels, each a __global__ function and its launcher on the stream
+ *   flash.cu    attention by rows (flash attention) in bf16 on the tensor cores
  *
  * The kernels it has so far are CDDP_CUDA_KERNELS below (what the MLP, the seeds' programs, the
  * GPT and their optimizers need), and attention as batched products on its gemm
@@ -30,7 +31,8 @@ extern "C" { /* kernels.cu is C++: the tensor library's declarations are C's */
     K(softmax_grad) K(check_ids) K(cross_entropy) K(cross_entropy_grad) K(mse) K(mse_grad) K(sum)  \
     K(sum_grad) K(argmax) K(embedding) K(embedding_grad) K(sgd) K(adamw) K(sum_squares) K(gemm)      \
     K(binary) K(binary_grad) K(layer_norm) K(layer_norm_grad) K(gelu_tanh) K(gelu_tanh_grad)     \
-    K(causal_softmax) K(causal_softmax_grad) K(attention_cached) K(to_bf16)
+    K(causal_softmax) K(causal_softmax_grad) K(attention_cached) K(to_bf16) K(flash_attention)    \
+    K(flash_attention_grad)
 /* clang-format on */
 
 #define CDDP__CUDA_DECL(name) void cddp__cuda_##name(cddp__kq *q, const cddp__k_##name *a);

@@ -114,6 +114,8 @@ static const cddp__kernels kernels = {
     CDDP_KERNEL_LIST(EMU_SLOT)
 #undef EMU_SLOT
         CDDP__CPU_QUESTIONS,
+    /* where the CUDA device would attend by rows, so does this stand-in for it */
+    .attends_by_rows = cddp__gpu_attends_by_rows,
 };
 
 /* ---- memory and copies --------------------------------------------------------------------- */

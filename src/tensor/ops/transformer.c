@@ -128,11 +128,18 @@ void cddp__gelu_tanh_backward(cddp_ctx *ctx, cddp__node *n) {
 /* ---- causal self-attention --------------------------------------------------------------- */
 
 /* The op's arguments, kept for backward: the heads, and the attention weights P (B, NH, T, T)
- * of every head, zero above the diagonal. */
+ * of every head, zero above the diagonal; or, attending by rows, each query's log-sum-exp lse
+ * (B, NH, T) from which the backward makes P again. */
 typedef struct attention_saved {
     int n_head;
-    float *p;
+    float *p, *lse;
 } attention_saved;
+
+/* Whether d attends by rows (flash_attention) for this shape. */
+static bool by_rows(cddp_ctx *ctx, cddp__cdev *d, int64_t B, int64_t T, int64_t C, int n_head) {
+    return cddp_knob_int(CDDP_KNOB_FLASH_ATTENTION) &&
+           d->q.dev->k->attends_by_rows(B, T, n_head, C / n_head, ctx->compute);
+}
 
 /* Per batch element b and head h, with q, k, v the head's (T, HS) slices of qkv (rows 3C apart)
  * and o its slice of out (rows C apart): P = causal softmax(q k^T / sqrt(HS)), o = P v. */
@@ -145,16 +152,22 @@ cddp_tensor *cddp_attention(cddp_ctx *ctx, cddp_tensor *qkv, int n_head) {
     int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
     cddp__cdev *d = CDDP__ON(ctx, "attention", qkv);
     cddp_tensor *out = cddp__empty(d, CDDP_F32, 3, (int64_t[]){B, T, C});
-    float *p = out ? cddp__dalloc(d, (size_t)(B * n_head * T * T) * sizeof(float)) : NULL;
+    bool rows = out && by_rows(ctx, d, B, T, C, n_head);
+    size_t saved = (size_t)(B * n_head * T * (rows ? 1 : T)) * sizeof(float);
+    float *p = out ? cddp__dalloc(d, saved) : NULL;
     attention_saved *sv = cddp__ctx_alloc(ctx, sizeof *sv);
     uint16_t *half = cddp__half_for(ctx, d, out);
     if (!p || !sv || !cddp__computes(ctx, d) || CDDP__FAILED(ctx)) return NULL;
-    CDDP__K(&d->q, attention, .qkv = qkv->data, .out = out->data, .p = p, .B = B, .T = T, .C = C,
-            .NH = n_head, .compute = ctx->compute, .out16 = half);
+    if (rows)
+        CDDP__K(&d->q, flash_attention, .qkv = qkv->data, .out = out->data, .lse = p, .B = B,
+                .T = T, .C = C, .NH = n_head, .compute = ctx->compute, .out16 = half);
+    else
+        CDDP__K(&d->q, attention, .qkv = qkv->data, .out = out->data, .p = p, .B = B, .T = T,
+                .C = C, .NH = n_head, .compute = ctx->compute, .out16 = half);
     cddp__node *node;
     if (!cddp__record_op(ctx, CDDP_OP_ATTENTION, out, 1, &qkv, &node)) return NULL;
     if (node) {
-        *sv = (attention_saved){n_head, p};
+        *sv = (attention_saved){n_head, rows ? NULL : p, rows ? p : NULL};
         node->saved = sv;
     }
     return out;
@@ -197,7 +210,13 @@ void cddp__attention_backward(cddp_ctx *ctx, cddp__node *n) {
     cddp__cdev *d = cddp__node_dev(ctx, n);
     const attention_saved *sv = n->saved;
     if (!dqkv || !d) return;
-    CDDP__K(&d->q, attention_grad, .qkv = qkv->data, .p = sv->p, .dout = n->out->grad, .dqkv = dqkv,
-            .B = qkv->shape[0], .T = qkv->shape[1], .C = qkv->shape[2] / 3, .NH = sv->n_head,
-            .assign = assign, .compute = ctx->compute);
+    int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
+    if (sv->lse)
+        CDDP__K(&d->q, flash_attention_grad, .qkv = qkv->data, .out = n->out->data, .lse = sv->lse,
+                .dout = n->out->grad, .dqkv = dqkv, .B = B, .T = T, .C = C, .NH = sv->n_head,
+                .assign = assign, .compute = ctx->compute);
+    else
+        CDDP__K(&d->q, attention_grad, .qkv = qkv->data, .p = sv->p, .dout = n->out->grad,
+                .dqkv = dqkv, .B = B, .T = T, .C = C, .NH = sv->n_head, .assign = assign,
+                .compute = ctx->compute);
 }
