@@ -14,12 +14,16 @@
  * run beside it: DDP's buckets are reduced while the rest of backward computes. cddp_nccl_join
  * makes the default queue's later work wait for the collectives (the host does not wait);
  * cddp_nccl_wait makes the host wait for them and reports NCCL's asynchronous errors (a peer's
- * failure).
+ * failure); cddp_nccl_watch leaves that to the communicator's watchdog thread, which aborts the
+ * communicator at NCCL's error or past the timeout (a dead peer's kernels then end) and latches
+ * the failure for the next call, while the host goes on (DDP's steps: the GPU is never left idle
+ * waiting for the host to queue the next work).
  *
  *   cddp_nccl *n = cddp_nccl_create(group, dev, NULL, &err);
  *   cddp_nccl_allreduce(n, grads, grads, count, CDDP_COMM_F32, CDDP_COMM_MEAN, &err);
  *   cddp_nccl_join(n, &err);   // kernels queued from now on see the sums
  *   cddp_nccl_wait(n, &err);   // and the host: after it, the sums are there, or err says why
+ *   cddp_nccl_watch(n, &err);  // or: the watchdog checks them; a failure shows at a later call
  *   cddp_nccl_destroy(n);
  */
 #ifndef CDDP_NCCL_H
@@ -63,6 +67,10 @@ CDDP_API int cddp_nccl_join(cddp_nccl *n, cddp_error *err);
 /* Waits until the queued collectives have run: CDDP_OK, or NCCL's asynchronous error (the
  * communicator is then aborted and every later call fails). */
 CDDP_API int cddp_nccl_wait(cddp_nccl *n, cddp_error *err);
+/* Hands the collectives queued so far to the watchdog and returns at once: CDDP_OK, or the
+ * communicator's earlier failure. Where they run when called (no stream: a stand-in on the CPU),
+ * as cddp_nccl_wait. */
+CDDP_API int cddp_nccl_watch(cddp_nccl *n, cddp_error *err);
 /* NCCL's version, as 22809 for 2.28.9 (0 when it cannot be opened). */
 CDDP_API int cddp_nccl_version(const cddp_nccl_options *opts);
 CDDP_API void cddp_nccl_destroy(cddp_nccl *n); /* accepts NULL */

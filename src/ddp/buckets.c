@@ -178,8 +178,10 @@ int cddp__ddp_wait_all(cddp_ddp *d, cddp_error *err) {
         int st = finish_bucket(d, k, &e);
         if (st && !rc) rc = st, *err = e;
     }
-    if (d->nccl && !rc) /* NCCL's buckets ran on the device: their failure shows here */
-        rc = cddp_nccl_wait(d->nccl, err);
+    /* NCCL's buckets run on the device, after which the joined stream's work (the optimizer)
+     * runs: the host does not wait for them; the watchdog does, and a failure shows at the next
+     * call (a step's collectives, or this wait) */
+    if (d->nccl && !rc) rc = cddp_nccl_watch(d->nccl, err);
     if (d->used_work) {
         int st = cddp_comm_wait(d->used_work, -1, &e);
         d->used_work = NULL;

@@ -6,8 +6,12 @@
  * (ncclCommGetAsyncError) until it settles or the timeout passes, when the communicator is
  * aborted. On a GPU the collectives go on a stream of the communicator's own, ordered by two
  * events: `ready`, recorded on the device's stream before each collective and waited for by the
- * communicator's, and `done`, the other way round (cddp_nccl_join). Without NCCL's header
- * (CDDP_HAVE_NCCL unset) every call says so. */
+ * communicator's, and `done`, the other way round (cddp_nccl_join). cddp_nccl_watch hands an event
+ * after the queued collectives to the communicator's watchdog, a thread that polls it beside
+ * NCCL's asynchronous error and aborts the communicator at an error or the timeout (so that a
+ * dead peer's stuck kernels end and the device's stream with them), while the host goes on
+ * queueing; a lock keeps the watchdog's abort from another call's use of the communicator.
+ * Without NCCL's header (CDDP_HAVE_NCCL unset) every call says so. */
 #include "cddp/nccl.h"
 
 #include <stdio.h>
@@ -51,6 +55,10 @@ int cddp_nccl_wait(cddp_nccl *n, cddp_error *err) {
     (void)n;
     return no_nccl(err);
 }
+int cddp_nccl_watch(cddp_nccl *n, cddp_error *err) {
+    (void)n;
+    return no_nccl(err);
+}
 int cddp_nccl_version(const cddp_nccl_options *opts) {
     (void)opts;
     return 0;
@@ -88,8 +96,16 @@ typedef struct lib {
 #undef POINTER
 } lib;
 
+/* Collectives handed to the watchdog: an event after them and when they must have finished. */
+#define WATCHED  64
+typedef struct watched {
+    cudaEvent_t ev;
+    double deadline;
+} watched;
+
 struct cddp_nccl {
     const lib *l;
+    pthread_mutex_t lock; /* every call, and the watchdog's polls: one at a time */
     ncclComm_t comm;
     cddp_device *dev;
     cudaStream_t stream; /* the collectives' (NULL on the CPU: they run when called) */
@@ -98,6 +114,12 @@ struct cddp_nccl {
     int rank, world;
     double timeout;
     cddp_error failed; /* latched: every later call reports it */
+    /* the watchdog (started by the first cddp_nccl_watch), its ring of events under lock */
+    pthread_t watchdog;
+    pthread_cond_t wake;
+    bool watching, stop;
+    watched ring[WATCHED];
+    int head, count;
 };
 
 /* The libraries opened, by path (a process opens one or two: NCCL, a test's stand-in). */
@@ -226,6 +248,8 @@ static int order(cddp_nccl *n, cudaStream_t first, cudaStream_t later, cudaEvent
 
 /* Frees n and what own_stream made (a stream with work left goes once that work is done). */
 static void release(cddp_nccl *n) {
+    pthread_cond_destroy(&n->wake);
+    pthread_mutex_destroy(&n->lock);
     if (n->ready) cudaEventDestroy(n->ready);
     if (n->done) cudaEventDestroy(n->done);
     if (n->stream) cudaStreamDestroy(n->stream);
@@ -304,6 +328,8 @@ cddp_nccl *cddp_nccl_create(cddp_comm *group, cddp_device *dev, const cddp_nccl_
                      .rank = rank,
                      .world = world,
                      .timeout = opts && opts->timeout_s > 0 ? opts->timeout_s : 300.0};
+    pthread_mutex_init(&n->lock, NULL);
+    pthread_cond_init(&n->wake, NULL);
     if (cddp_device_kind_of(dev) == CDDP_DEVICE_CUDA) cudaSetDevice(cddp_device_index(dev));
     if (own_stream(n, err) != CDDP_OK) {
         release(n);
@@ -356,45 +382,61 @@ static int issued(cddp_nccl *n, ncclResult_t r, const char *what, cddp_error *er
     return r == ncclSuccess ? CDDP_OK : failed(n, r, what, err);
 }
 
-int cddp_nccl_allreduce(cddp_nccl *n, const void *send, void *recv, int64_t count,
-                        cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+/* The collectives cddp queues, and queueing one (under the lock, the watchdog kept out). */
+typedef enum { ALLREDUCE, REDUCE_SCATTER, ALLGATHER } collective;
+static const char *const collective_names[] = {"allreduce", "reduce-scatter", "allgather"};
+
+static int queue_collective(cddp_nccl *n, collective c, const void *send, void *recv, int64_t count,
+                            cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
     ncclDataType_t t = ncclFloat32;
     ncclRedOp_t o = ncclSum;
-    CDDP_TRY(prepare(n, "allreduce", count, dtype, op, &t, &o, err));
-    return issued(n, n->l->ncclAllReduce(send, recv, (size_t)count, t, o, n->comm, n->stream),
-                  "allreduce", err);
+    const char *what = collective_names[c];
+    pthread_mutex_lock(&n->lock);
+    int rc = prepare(n, what, count, dtype, op, &t, &o, err);
+    if (rc == CDDP_OK) {
+        ncclResult_t r =
+            c == ALLREDUCE
+                ? n->l->ncclAllReduce(send, recv, (size_t)count, t, o, n->comm, n->stream)
+            : c == REDUCE_SCATTER
+                ? n->l->ncclReduceScatter(send, recv, (size_t)count, t, o, n->comm, n->stream)
+                : n->l->ncclAllGather(send, recv, (size_t)count, t, n->comm, n->stream);
+        rc = issued(n, r, what, err);
+    }
+    pthread_mutex_unlock(&n->lock);
+    return rc;
+}
+
+int cddp_nccl_allreduce(cddp_nccl *n, const void *send, void *recv, int64_t count,
+                        cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    return queue_collective(n, ALLREDUCE, send, recv, count, dtype, op, err);
 }
 
 int cddp_nccl_reduce_scatter(cddp_nccl *n, const void *send, void *recv, int64_t count,
                              cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
-    ncclDataType_t t = ncclFloat32;
-    ncclRedOp_t o = ncclSum;
-    CDDP_TRY(prepare(n, "reduce-scatter", count, dtype, op, &t, &o, err));
-    return issued(n, n->l->ncclReduceScatter(send, recv, (size_t)count, t, o, n->comm, n->stream),
-                  "reduce-scatter", err);
+    return queue_collective(n, REDUCE_SCATTER, send, recv, count, dtype, op, err);
 }
 
 int cddp_nccl_allgather(cddp_nccl *n, const void *send, void *recv, int64_t count,
                         cddp_comm_dtype dtype, cddp_error *err) {
-    ncclDataType_t t = ncclFloat32;
-    ncclRedOp_t o = ncclSum;
-    CDDP_TRY(prepare(n, "allgather", count, dtype, CDDP_COMM_SUM, &t, &o, err));
-    return issued(n, n->l->ncclAllGather(send, recv, (size_t)count, t, n->comm, n->stream),
-                  "allgather", err);
+    return queue_collective(n, ALLGATHER, send, recv, count, dtype, CDDP_COMM_SUM, err);
 }
 
 int cddp_nccl_join(cddp_nccl *n, cddp_error *err) {
-    CDDP_TRY(check(n, err));
-    if (!n->stream) return CDDP_OK;
-    cudaSetDevice(cddp_device_index(n->dev));
-    return order(n, n->stream, n->main, n->done, "ordering after the collectives", err);
+    pthread_mutex_lock(&n->lock);
+    int rc = check(n, err);
+    if (rc == CDDP_OK && n->stream) {
+        cudaSetDevice(cddp_device_index(n->dev));
+        rc = order(n, n->stream, n->main, n->done, "ordering after the collectives", err);
+    }
+    pthread_mutex_unlock(&n->lock);
+    return rc;
 }
 
 /* Waits for the stream's work without blocking on it: a peer that died leaves NCCL's kernels
  * waiting for ever, so the stream is polled (an event after the collectives) beside NCCL's
  * asynchronous error, up to the timeout. Where there is no stream (the CPU), the collectives ran
  * when they were called. */
-int cddp_nccl_wait(cddp_nccl *n, cddp_error *err) {
+static int wait_locked(cddp_nccl *n, cddp_error *err) {
     CDDP_TRY(check(n, err));
     double deadline = cddp_now_s() + n->timeout;
     if (n->stream) {
@@ -425,8 +467,107 @@ int cddp_nccl_wait(cddp_nccl *n, cddp_error *err) {
     return settle(n, "a collective", deadline, err);
 }
 
+int cddp_nccl_wait(cddp_nccl *n, cddp_error *err) {
+    pthread_mutex_lock(&n->lock);
+    int rc = wait_locked(n, err);
+    pthread_mutex_unlock(&n->lock);
+    return rc;
+}
+
+/* The oldest watched event, under lock: false while its collectives still run within their time;
+ * else it is dropped (run, or the communicator failed: at NCCL's error or past the deadline, the
+ * watchdog latches the failure and aborts the communicator, whose kernels then end). */
+static bool poll_oldest(cddp_nccl *n) {
+    watched *w = &n->ring[n->head];
+    cudaError_t e = cudaEventQuery(w->ev);
+    if (e == cudaErrorNotReady && !n->failed.code) {
+        ncclResult_t state = ncclSuccess, r = n->l->ncclCommGetAsyncError(n->comm, &state);
+        cddp_error ignored = {0}; /* latched in n->failed: the next call reports it */
+        if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+            failed(n, r != ncclSuccess ? r : state, "a collective", &ignored);
+        } else if (cddp_now_s() > w->deadline) {
+            cddp_error_set(&n->failed, CDDP_ETIMEDOUT,
+                           "NCCL: the collectives did not finish within %.0f s (%d ranks: a "
+                           "peer stopped, or one is stuck): the communicator was aborted",
+                           n->timeout, n->world);
+            failed(n, ncclInProgress, "a collective", &ignored);
+        } else {
+            return false;
+        }
+    } else if (e != cudaSuccess && e != cudaErrorNotReady && !n->failed.code) {
+        cddp_error_set(&n->failed, CDDP_EIO, "NCCL: waiting for the collectives on %s: %s",
+                       cddp_device_name(n->dev), cudaGetErrorString(e));
+    }
+    cudaEventDestroy(w->ev);
+    n->head = (n->head + 1) % WATCHED;
+    n->count--;
+    return true;
+}
+
+/* The watchdog: polls the watched events, oldest first, every 0.5 ms while there are some. */
+static void *watchdog(void *arg) {
+    cddp_nccl *n = arg;
+    cudaSetDevice(cddp_device_index(n->dev));
+    pthread_mutex_lock(&n->lock);
+    while (!n->stop) {
+        if (n->count == 0) {
+            pthread_cond_wait(&n->wake, &n->lock);
+        } else if (!poll_oldest(n)) {
+            pthread_mutex_unlock(&n->lock);
+            usleep(500);
+            pthread_mutex_lock(&n->lock);
+        }
+    }
+    pthread_mutex_unlock(&n->lock);
+    return NULL;
+}
+
+int cddp_nccl_watch(cddp_nccl *n, cddp_error *err) {
+    if (!n->stream) return cddp_nccl_wait(n, err); /* the CPU: they ran when they were called */
+    pthread_mutex_lock(&n->lock);
+    int rc = check(n, err);
+    if (rc == CDDP_OK && n->count == WATCHED) { /* the watchdog is behind: wait here instead */
+        rc = wait_locked(n, err);
+        pthread_mutex_unlock(&n->lock);
+        return rc;
+    }
+    if (rc == CDDP_OK && !n->watching) {
+        if (pthread_create(&n->watchdog, NULL, watchdog, n) == 0)
+            n->watching = true;
+        else
+            rc = cddp_error_set(err, CDDP_ESTATE, "NCCL: cannot start the watchdog thread");
+    }
+    cudaEvent_t ev = NULL;
+    cudaError_t e = cudaSuccess;
+    if (rc == CDDP_OK) {
+        cudaSetDevice(cddp_device_index(n->dev));
+        e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+        if (e == cudaSuccess) e = cudaEventRecord(ev, n->stream);
+        if (e != cudaSuccess) {
+            if (ev) cudaEventDestroy(ev);
+            rc = cuda_failed(n, e, "watching the collectives", err);
+        }
+    }
+    if (rc == CDDP_OK) {
+        n->ring[(n->head + n->count) % WATCHED] = (watched){ev, cddp_now_s() + n->timeout};
+        n->count++;
+        pthread_cond_signal(&n->wake);
+    }
+    pthread_mutex_unlock(&n->lock);
+    return rc;
+}
+
 void cddp_nccl_destroy(cddp_nccl *n) {
     if (!n) return;
+    if (n->watching) {
+        pthread_mutex_lock(&n->lock);
+        n->stop = true;
+        pthread_cond_signal(&n->wake);
+        pthread_mutex_unlock(&n->lock);
+        pthread_join(n->watchdog, NULL);
+    }
+    for (; n->count > 0; n->count--, n->head = (n->head + 1) % WATCHED)
+        cudaEventDestroy(n->ring[n->head].ev);
     if (n->comm) {
         cddp_error err = {0};
         ncclResult_t r = n->l->ncclCommFinalize(n->comm);

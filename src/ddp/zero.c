@@ -67,7 +67,8 @@ static int gather_host(cddp_ddp *d, float *block, cddp_error *err) {
 }
 
 /* The allgather on the device by NCCL (the nccl option): as gather_host, the copies device
- * copies; then the wait for NCCL's errors. */
+ * copies; then the device's stream joined to it, and the watchdog given it (NCCL's errors show at
+ * the next call). */
 static int gather_nccl(cddp_ddp *d, float *block, cddp_error *err) {
     for (int k = 0; k < d->nbuckets; k++) {
         bucket *b = &d->buckets[k];
@@ -84,7 +85,8 @@ static int gather_nccl(cddp_ddp *d, float *block, cddp_error *err) {
         CDDP_TRY(cddp_nccl_join(d->nccl, err)); /* the copy on the device's stream after it */
         CDDP_TRY(cddp_device_copy(d->dev, at, b->stage, b->numel * sizeof(float), err));
     }
-    return cddp_nccl_wait(d->nccl, err);
+    CDDP_TRY(cddp_nccl_join(d->nccl, err)); /* the next forward reads the gathered parameters */
+    return cddp_nccl_watch(d->nccl, err);
 }
 
 /* block is the model's device's memory: gathered in place on the host, or (staged) through a host

@@ -9,7 +9,8 @@
  * On a device the host cannot read, a second allreduce checks the order of the queues: its input
  * is written by the device's queue behind some milliseconds of other work, and its output (out of
  * place) is read back there after cddp_nccl_join, so a collective that does not wait for the
- * device's work reads zeros and a join that does not hold the device's queue reads NaNs.
+ * device's work reads zeros and a join that does not hold the device's queue reads NaNs; the
+ * watchdog is handed it before the read (cddp_nccl_watch: the host does not wait).
  * Exit 0 when the sums are right; 3 when the communicator did not form; 4 when the collective
  * failed; 5 when a sum is wrong; 1 when the group did not form. */
 #include <cddp/cddp.h>
@@ -52,7 +53,7 @@ static int ordered(cddp_nccl *n, cddp_device *dev, const float *v, int rank, int
     if (rc == CDDP_OK &&
         (cddp_device_copy(dev, send, src, N * sizeof(float), err) != CDDP_OK ||
          cddp_nccl_allreduce(n, send, recv, N, CDDP_COMM_F32, CDDP_COMM_SUM, err) != CDDP_OK ||
-         cddp_nccl_join(n, err) != CDDP_OK ||
+         cddp_nccl_join(n, err) != CDDP_OK || cddp_nccl_watch(n, err) != CDDP_OK ||
          cddp_device_download(dev, got, recv, sizeof got, err) != CDDP_OK ||
          cddp_nccl_wait(n, err) != CDDP_OK))
         rc = 4;
@@ -92,7 +93,7 @@ int main(int argc, char **argv) {
         float *d = host ? v : cddp_device_alloc(dev, sizeof v, &err);
         if (!d || (!host && cddp_device_upload(dev, d, v, sizeof v, &err) != CDDP_OK) ||
             cddp_nccl_allreduce(n, d, d, N, CDDP_COMM_F32, CDDP_COMM_SUM, &err) != CDDP_OK ||
-            cddp_nccl_wait(n, &err) != CDDP_OK ||
+            cddp_nccl_wait(n, &err) != CDDP_OK || cddp_nccl_watch(n, &err) != CDDP_OK ||
             (!host && cddp_device_download(dev, v, d, sizeof v, &err) != CDDP_OK)) {
             printf("allreduce: %s\n", err.msg);
             rc = 4;
