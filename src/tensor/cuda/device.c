@@ -309,7 +309,11 @@ static int computes(cddp_dtype dtype, const char **how, cddp_error *err) {
                               cddp_dtype_name(dtype));
     if (how)
         *how = dtype == CDDP_F32 ? "float32 products (cuBLASLt, no TF32)"
-                                 : "bf16 products on the tensor cores (cuBLASLt, float32 sums)";
+               : cddp_knob_int(CDDP_KNOB_FLASH_ATTENTION)
+                   ? "bf16 products on the tensor cores (cuBLASLt, float32 sums); attention by "
+                     "rows (flash attention) for heads of 32 or 64"
+                   : "bf16 products on the tensor cores (cuBLASLt, float32 sums); attention "
+                     "keeping its weights (CDDP_FLASH_ATTENTION=0)";
     return CDDP_OK;
 }
 
