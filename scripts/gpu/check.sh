@@ -29,8 +29,9 @@
 #      NCCL (the wheels' library) on one rank: cddp_nccl's allreduce of device memory (and its
 #      order with the device's stream), ddp_train --nccl against ddp_train, the 6-layer GPT's
 #      tokens/s with --nccl against without (bar: 2 %), and 2 ranks on the one GPU refused with
-#      --nccl; last, rank 1 of
-#      2 on the GPU SIGKILLed mid-training: the job stops naming it
+#      --nccl; whether CUDA IPC works between two processes on the GPU (ipc_probe: what a CUDA-IPC
+#      transport needs); last, rank 1 of 2 on the GPU SIGKILLed mid-training: the job stops naming
+#      it
 #  11. gpt_train's recipe (its defaults: 4 layers, width 128, 2000 iterations on fortunes) in bf16
 #      and in fp32 on the GPU: the final validation losses within 0.05 of each other
 #  10. (only when asked for) GPT-2 124M in bf16, batch 16 x 1024: cddp's --bench against PyTorch
@@ -492,6 +493,21 @@ nccl1() {
     echo "$b" | grep -q "NCCL: ranks 0 and 1 are on one GPU" && ok=ok
     outcome "ddp_train --nccl, 2 ranks on one GPU refused" "$ok" "$(echo "$b" | grep -m1 "on one GPU" | cut -c1-160)"
 }
+# ipc: CUDA IPC between two processes on the GPU (tests/gpu/ipc_probe.c): memory and an event
+# opened by another process, its reads and writes checked; CUDA's words when a step fails.
+ipc() {
+    if [ "$device" != cuda ] || [ ! -x "$bin/ipc_probe" ]; then
+        outcome "CUDA IPC between two processes (ipc_probe)" "not run" "no GPU, or no ipc_probe"
+        return
+    fi
+    local line ok=FAIL
+    line=$(cddp timeout 90 "$bin/ipc_probe" 2>&1 | tail -n 1)
+    echo "$line"
+    case "$line" in "CUDA IPC: ok"*) ok=ok ;; esac
+    outcome "CUDA IPC between two processes (ipc_probe)" "$ok" "$line"
+    result cuda_ipc cddp "$([ $ok = ok ] && echo 1 || echo 0)" "works" "ipc_probe: $line" \
+        ", \"pass\": $([ $ok = ok ] && echo true || echo false)"
+}
 # A rank killed in the middle of training on the device (2 ranks sharing it, host-staged): the job
 # stops in seconds, naming it as the root cause (tests/ddp/device_kill.sh).
 kill1() {
@@ -508,6 +524,7 @@ kill1() {
 if want 9; then
     gpt2
     nccl1
+    ipc
     kill1
 fi
 

@@ -2,10 +2,10 @@
 # prepare.sh: builds, on a machine without a GPU, what scripts/gpu/check.sh needs on the GPU
 # machine, into build-gpu/carry (ignored by git; about 30 MB):
 #
-#   bin/    device_check, fashion_mnist, ddp_train, bench_mlp, gpt_train, nccl_test and cddprun, built with
-#           the CUDA device (Release, -Werror, sm_90 + PTX) and without MPI, so that they need
-#           nothing from the GPU machine but its driver, cuBLASLt (from its Python wheels) and
-#           the Debian libraries below
+#   bin/    device_check, fashion_mnist, ddp_train, bench_mlp, gpt_train, nccl_test, cddprun and
+#           ipc_probe, built with the CUDA device (Release, -Werror, sm_90 + PTX) and without MPI,
+#           so that they need nothing from the GPU machine but its driver, cuBLASLt (from its
+#           Python wheels) and the Debian libraries below
 #   debs/   Debian's runtime packages of OpenBLAS, oneDNN, cJSON and OpenSSL with what they
 #           need (the GPU machine has no apt; check.sh unpacks them in /tmp)
 #   data/   Fashion-MNIST: the first 20,000 training images and the 10,000 test images; the GPT's
@@ -38,7 +38,7 @@ grep -q "the CUDA device is built" "$build/configure.log" || {
     echo "prepare.sh: CMake did not configure the CUDA device (see $build/configure.log)" >&2
     exit 1
 }
-programs="device_check fashion_mnist ddp_train bench_mlp gpt_train cddprun"
+programs="device_check fashion_mnist ddp_train bench_mlp gpt_train cddprun ipc_probe"
 # nccl_test where NCCL's header was found (the toolkit's): check.sh's NCCL steps need it
 grep -q "cddp_nccl is built" "$build/configure.log" && programs="$programs nccl_test"
 cmake --build "$build" -j "$(nproc)" --target $programs cddp-tokenize
