@@ -2,6 +2,7 @@
  * and what the emulated device is for: a host read of device memory faults, memory nobody wrote
  * reads as NaN, and tensors of two devices never meet in an op. */
 #include "helpers.h"
+#include "tensor/internal.h"
 
 static cddp_device *emu(int i) {
     char name[16];
@@ -178,6 +179,29 @@ static void test_to_round_trip(void **state) {
 /* A step's arena on a device with memory of its own may take all of it unless CDDP_ARENA_MB says
  * otherwise: emu:2 made with 64 MiB refuses a step of 100 MiB as the arena's limit, not with the
  * device's own out-of-memory, and 4 MiB asked for are the limit where CDDP_ARENA_MB is set. */
+/* Where attention runs by rows (flash_attention): the emulated device answers as the CUDA device
+ * does (bf16, heads of 32 or 64, at most 65535 heads in all), so that CI takes the GPU's path
+ * through the op; the CPU never. */
+static void test_attends_by_rows(void **state) {
+    (void)state;
+    const cddp__kernels *e = emu(0)->k, *c = cddp_device_cpu()->k;
+    const struct {
+        int64_t B, T, NH, HS;
+        cddp_dtype compute;
+        bool rows;
+    } cases[] = {{16, 1024, 12, 64, CDDP_BF16, true}, {4, 96, 2, 32, CDDP_BF16, true},
+                 {1, 1, 1, 64, CDDP_BF16, true},      {5461, 8, 12, 64, CDDP_BF16, true},
+                 {16, 1024, 12, 64, CDDP_F32, false}, {2, 64, 4, 16, CDDP_BF16, false},
+                 {2, 64, 2, 48, CDDP_BF16, false},    {2, 64, 2, 128, CDDP_BF16, false},
+                 {5462, 8, 12, 64, CDDP_BF16, false}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int64_t B = cases[i].B, T = cases[i].T, NH = cases[i].NH, HS = cases[i].HS;
+        assert_int_equal(e->attends_by_rows(B, T, NH, HS, cases[i].compute), cases[i].rows);
+        assert_int_equal(cddp__gpu_attends_by_rows(B, T, NH, HS, cases[i].compute), cases[i].rows);
+        assert_false(c->attends_by_rows(B, T, NH, HS, cases[i].compute));
+    }
+}
+
 static void test_arena_limit_is_the_devices_memory(void **state) {
     (void)state;
     setenv("CDDP_EMU_DEVICES", "3", 1);
@@ -209,6 +233,7 @@ int main(void) {
         cmocka_unit_test(test_late_failure),
         cmocka_unit_test(test_mixing_devices_aborts),
         cmocka_unit_test(test_to_round_trip),
+        cmocka_unit_test(test_attends_by_rows),
         cmocka_unit_test(test_arena_limit_is_the_devices_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
