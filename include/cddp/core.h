@@ -144,8 +144,8 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
       "(bf16-rounded operands multiplied in float32: the same numbers, slower than float32), "     \
       "for testing bf16 numerics there; 0: refused.")                                              \
     X(FLASH_ATTENTION, INT, "1",                                                                   \
-      "1: attention runs by rows (flash attention: the (B,NH,T,T) weights never stored) where the " \
-      "device has kernels for it (CUDA in bf16, heads of 32 or 64); 0: it keeps the weights.")      \
+      "1: attention runs by rows (flash attention: the (B,NH,T,T) weights never stored) where "    \
+      "the device has kernels for it (CUDA in bf16, heads of 32 or 64); 0: it keeps the weights.") \
     X(EMU_MB, INT, "4096",                                                                         \
       "Memory, in MiB, of each emulated device (reserved, taken as it is touched).")               \
     X(DATA, STR, "/usr/share/datasets/fashion-mnist",                                              \
