@@ -6,29 +6,27 @@
  *
  * Per batch element b and head h, with q, k, v the head's (T, HS) slices of qkv (in bf16 rounded
  * once, into scratch) and s_j = q_i k_j / sqrt(HS) for j <= i:
- *   forward:  m = max s, e_j = exp(s_j - m), l = sum e, lse_i = m + log l, o_i = sum e_j v_j / l
- *   backward: D_i = dout_i out_i, p_j = exp(s_j - lse_i), dP_j = dout_i v_j, dS_j = p_j (dP_j -
- * D_i); dv_j += p_j dout_i, dq_i += dS_j k_j / sqrt(HS), dk_j += dS_j q_i / sqrt(HS) In bf16, e
- * (forward) and p, dout, dS (backward) are rounded where they enter a product. */
+ *   forward:  m = max s, e_j = exp(s_j - m), l = sum e, lse_i = m + log l,
+ *             o_i = sum e_j v_j / l
+ *   backward: D_i = dout_i out_i, p_j = exp(s_j - lse_i), dP_j = dout_i v_j,
+ *             dS_j = p_j (dP_j - D_i); dv_j += p_j dout_i, dq_i += dS_j k_j / sqrt(HS),
+ *             dk_j += dS_j q_i / sqrt(HS)
+ * In bf16, e (forward) and p, dout, dS (backward) are rounded where they enter a product. */
 #include "tensor/cpu/cpu.h"
 
 #include <math.h>
 
-static float bf16_float(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 static float rounded(float x, bool bf16) {
-    return bf16 ? bf16_float(cddp__round_bf16(x)) : x;
+    return bf16 ? cddp__bf16_rounded(x) : x;
 }
 
 /* A head's (T, HS) slice (rows ld apart) into dst (dense), rounded in bf16. */
 static void head_copy(float *dst, const float *src, int64_t ld, int64_t T, int64_t HS, bool bf16) {
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t d = 0; d < HS; d++) dst[t * HS + d] = rounded(src[t * ld + d], bf16);
+    if (bf16) {
+        cddp__bf16_round_rows(dst, src, ld, T, HS);
+        return;
+    }
+    for (int64_t t = 0; t < T; t++) memcpy(dst + t * HS, src + t * ld, (size_t)HS * sizeof(float));
 }
 
 /* Head h of batch element b's q, k and v (dense, into w: 3 T HS floats). */
@@ -37,12 +35,6 @@ static void head_qkv(float *w, const float *qkv, int64_t b, int64_t h, int64_t T
     const float *x = qkv + b * T * 3 * C + h * HS;
     for (int part = 0; part < 3; part++)
         head_copy(w + part * T * HS, x + part * C, 3 * C, T, HS, bf16);
-}
-
-static float dot(const float *a, const float *b, int64_t n) {
-    float s = 0.0f;
-    for (int64_t d = 0; d < n; d++) s += a[d] * b[d];
-    return s;
 }
 
 void cddp__cpu_flash_attention(cddp__kq *q, const cddp__k_flash_attention *a) {
@@ -58,7 +50,7 @@ void cddp__cpu_flash_attention(cddp__kq *q, const cddp__k_flash_attention *a) {
             for (int64_t i = 0; i < T; i++) {
                 float m = -INFINITY, l = 0.0f;
                 for (int64_t j = 0; j <= i; j++) {
-                    e[j] = scale * dot(qh + i * HS, kh + j * HS, HS);
+                    e[j] = scale * cddp__dot(qh + i * HS, kh + j * HS, HS);
                     m = fmaxf(m, e[j]);
                 }
                 for (int64_t j = 0; j <= i; j++) {
@@ -101,10 +93,10 @@ void cddp__cpu_flash_attention_grad(cddp__kq *q, const cddp__k_flash_attention_g
             for (int64_t i = 0; i < T; i++) {
                 const float *gi = a->dout + (b * T + i) * C + h * HS,
                             *oi = a->out + (b * T + i) * C + h * HS;
-                float D = dot(gi, oi, HS), lse = a->lse[(b * NH + h) * T + i];
+                float D = cddp__dot(gi, oi, HS), lse = a->lse[(b * NH + h) * T + i];
                 for (int64_t j = 0; j <= i; j++) {
-                    float p = expf(scale * dot(qh + i * HS, kh + j * HS, HS) - lse);
-                    float ds = p * (dot(gh + i * HS, vh + j * HS, HS) - D);
+                    float p = expf(scale * cddp__dot(qh + i * HS, kh + j * HS, HS) - lse);
+                    float ds = p * (cddp__dot(gh + i * HS, vh + j * HS, HS) - D);
                     float p16 = rounded(p, bf16), ds16 = rounded(ds, bf16) * scale;
                     for (int64_t d = 0; d < HS; d++) {
                         dv[j * HS + d] += p16 * gh[i * HS + d];

@@ -251,11 +251,7 @@ static void copy_row(float *restrict dst, const float *restrict src, int64_t n, 
     }
     for (int64_t i = 0; i < n; i++) {
         float v = src[i * stride];
-        if (round) {
-            uint32_t u = (uint32_t)cddp__round_bf16(v) << 16;
-            memcpy(&v, &u, sizeof v);
-        }
-        dst[i] = v;
+        dst[i] = round ? cddp__bf16_rounded(v) : v;
     }
 }
 

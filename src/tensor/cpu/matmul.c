@@ -99,10 +99,7 @@ void cddp__to_bf16_rows(uint16_t *dst, int64_t ldd, const float *src, int64_t ld
 
 void cddp__bf16_round_rows(float *dst, const float *src, int64_t ld, int64_t rows, int64_t cols) {
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) {
-            uint32_t u = (uint32_t)cddp__round_bf16(src[r * ld + c]) << 16;
-            memcpy(&dst[r * cols + c], &u, sizeof u);
-        }
+        for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = cddp__bf16_rounded(src[r * ld + c]);
 }
 
 void cddp__bf16_round(float *dst, const float *src, int64_t n) {

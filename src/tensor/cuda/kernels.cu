@@ -221,18 +221,14 @@ __global__ void softmax_k(const float *x, float *y, int64_t C, bool log_) {
         for (int64_t j = threadIdx.x; j < C; j += blockDim.x) p = with(p, a[j]);
     p = block_lse(p);
     float m = p.m, sum = (float)p.s, ls = logf(sum);
+    auto out = [=](float v) { return log_ ? (v - m) - ls : expf(v - m) / sum; };
     if (vec)
         for (int64_t j = threadIdx.x; j < C / 4; j += blockDim.x) {
-            float4 v = ((const float4 *)a)[j], o;
-            o.x = log_ ? (v.x - m) - ls : expf(v.x - m) / sum;
-            o.y = log_ ? (v.y - m) - ls : expf(v.y - m) / sum;
-            o.z = log_ ? (v.z - m) - ls : expf(v.z - m) / sum;
-            o.w = log_ ? (v.w - m) - ls : expf(v.w - m) / sum;
-            ((float4 *)b)[j] = o;
+            float4 v = ((const float4 *)a)[j];
+            ((float4 *)b)[j] = make_float4(out(v.x), out(v.y), out(v.z), out(v.w));
         }
     else
-        for (int64_t j = threadIdx.x; j < C; j += blockDim.x)
-            b[j] = log_ ? (a[j] - m) - ls : expf(a[j] - m) / sum;
+        for (int64_t j = threadIdx.x; j < C; j += blockDim.x) b[j] = out(a[j]);
 }
 
 __global__ void softmax_grad_k(const float *y, const float *dy, float *dx, int64_t C, bool log_) {
