@@ -432,10 +432,33 @@ int cddp_nccl_join(cddp_nccl *n, cddp_error *err) {
     return rc;
 }
 
-/* Waits for the stream's work without blocking on it: a peer that died leaves NCCL's kernels
- * waiting for ever, so the stream is polled (an event after the collectives) beside NCCL's
- * asynchronous error, up to the timeout. Where there is no stream (the CPU), the collectives ran
- * when they were called. */
+/* One look at the collectives queued before ev, under lock: *running while they run within the
+ * deadline (CDDP_OK); else CDDP_OK when they ran, or the failure: NCCL's asynchronous error or
+ * the deadline passed (latched, the communicator aborted: its kernels then end), or CUDA's. A
+ * peer that died leaves NCCL's kernels waiting for ever, so the event is polled, never waited on.
+ */
+static int poll_event(cddp_nccl *n, cudaEvent_t ev, double deadline, bool *running,
+                      cddp_error *err) {
+    *running = false;
+    cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) return CDDP_OK;
+    if (e != cudaErrorNotReady) return cuda_failed(n, e, "waiting for the collectives", err);
+    ncclResult_t state = ncclSuccess, r = n->l->ncclCommGetAsyncError(n->comm, &state);
+    if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress))
+        return failed(n, r != ncclSuccess ? r : state, "a collective", err);
+    if (cddp_now_s() > deadline) {
+        cddp_error_set(&n->failed, CDDP_ETIMEDOUT,
+                       "NCCL: the collectives did not finish within %.0f s (%d ranks: a peer "
+                       "stopped, or one is stuck): the communicator was aborted",
+                       n->timeout, n->world);
+        return failed(n, ncclInProgress, "a collective", err);
+    }
+    *running = true;
+    return CDDP_OK;
+}
+
+/* Waits for the stream's work, polling an event after it (poll_event), then for NCCL's own
+ * settling. Where there is no stream (the CPU), the collectives ran when they were called. */
 static int wait_locked(cddp_nccl *n, cddp_error *err) {
     CDDP_TRY(check(n, err));
     double deadline = cddp_now_s() + n->timeout;
@@ -443,26 +466,12 @@ static int wait_locked(cddp_nccl *n, cddp_error *err) {
         cudaEvent_t ev = NULL;
         cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
         if (e == cudaSuccess) e = cudaEventRecord(ev, n->stream);
-        while (e == cudaSuccess && (e = cudaEventQuery(ev)) == cudaErrorNotReady) {
-            ncclResult_t state = ncclSuccess;
-            ncclResult_t r = n->l->ncclCommGetAsyncError(n->comm, &state);
-            if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress))
-                break; /* NCCL's failure: settle reports it */
-            if (cddp_now_s() > deadline) {
-                cudaEventDestroy(ev);
-                cddp_error_set(&n->failed, CDDP_ETIMEDOUT,
-                               "NCCL: the collectives did not finish within %.0f s (%d ranks: a "
-                               "peer stopped, or one is stuck): the communicator was aborted",
-                               n->timeout, n->world);
-                return failed(n, ncclInProgress, "a collective", err);
-            }
+        bool running = e == cudaSuccess;
+        int rc = running ? CDDP_OK : cuda_failed(n, e, "waiting for the collectives", err);
+        while (running && (rc = poll_event(n, ev, deadline, &running, err)) == CDDP_OK && running)
             usleep(200);
-            e = cudaSuccess;
-        }
         if (ev) cudaEventDestroy(ev);
-        if (e != cudaSuccess && e != cudaErrorNotReady)
-            return cddp_error_set(err, CDDP_EIO, "NCCL: waiting for the collectives on %s: %s",
-                                  cddp_device_name(n->dev), cudaGetErrorString(e));
+        CDDP_TRY(rc);
     }
     return settle(n, "a collective", deadline, err);
 }
@@ -475,28 +484,17 @@ int cddp_nccl_wait(cddp_nccl *n, cddp_error *err) {
 }
 
 /* The oldest watched event, under lock: false while its collectives still run within their time;
- * else it is dropped (run, or the communicator failed: at NCCL's error or past the deadline, the
- * watchdog latches the failure and aborts the communicator, whose kernels then end). */
+ * else it is dropped (run, or the communicator failed: poll_event latches NCCL's failure or the
+ * timeout and aborts the communicator; a CUDA error is latched here), the failure shown by the
+ * next call. */
 static bool poll_oldest(cddp_nccl *n) {
     watched *w = &n->ring[n->head];
-    cudaError_t e = cudaEventQuery(w->ev);
-    if (e == cudaErrorNotReady && !n->failed.code) {
-        ncclResult_t state = ncclSuccess, r = n->l->ncclCommGetAsyncError(n->comm, &state);
-        cddp_error ignored = {0}; /* latched in n->failed: the next call reports it */
-        if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
-            failed(n, r != ncclSuccess ? r : state, "a collective", &ignored);
-        } else if (cddp_now_s() > w->deadline) {
-            cddp_error_set(&n->failed, CDDP_ETIMEDOUT,
-                           "NCCL: the collectives did not finish within %.0f s (%d ranks: a "
-                           "peer stopped, or one is stuck): the communicator was aborted",
-                           n->timeout, n->world);
-            failed(n, ncclInProgress, "a collective", &ignored);
-        } else {
-            return false;
-        }
-    } else if (e != cudaSuccess && e != cudaErrorNotReady && !n->failed.code) {
-        cddp_error_set(&n->failed, CDDP_EIO, "NCCL: waiting for the collectives on %s: %s",
-                       cddp_device_name(n->dev), cudaGetErrorString(e));
+    if (!n->failed.code) {
+        bool running = false;
+        cddp_error e = {0};
+        if (poll_event(n, w->ev, w->deadline, &running, &e) != CDDP_OK && !n->failed.code)
+            n->failed = e;
+        if (running) return false;
     }
     cudaEventDestroy(w->ev);
     n->head = (n->head + 1) % WATCHED;
