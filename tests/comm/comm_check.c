@@ -151,6 +151,9 @@ static int reductions(cddp_comm *c, uint8_t *in, uint8_t *out, size_t cap, bool 
                     int64_t n = counts[ci], total = scatter ? n * world : n;
                     int64_t first = scatter ? rank * n : 0;
                     if ((size_t)total * 8 > cap) continue;
+                    /* 16 ranks on 2 cores: the largest count in float only (the integer's at
+                     * 5 and 8 ranks) */
+                    if (world > 8 && ci == 4 && dt != CDDP_COMM_F32) continue;
                     for (int64_t i = 0; i < total; i++) set(in, dt, i, input(op, rank, i));
                     memset(out, 0xAB, cap);
                     size_t es = cddp_comm_dtype_size(dt);
