@@ -127,7 +127,7 @@ int main(int argc, char **argv) {
     int status = 0;
     waitpid(pid, &status, 0);
     if (!bad && (!WIFEXITED(status) || WEXITSTATUS(status) != 0))
-        bad = 1, snprintf(why, sizeof why, "the child: %s", said[0] ? said : "died");
+        bad = 1, snprintf(why, sizeof why, "the child: %.480s", said[0] ? said : "died");
     bad = bad ||
           failed(cudaMemcpy(host, p, sizeof(float) * N, cudaMemcpyDeviceToHost),
                  "reading back what the child wrote", why, sizeof why) ||
