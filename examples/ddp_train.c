@@ -1,7 +1,7 @@
 /* ddp_train.c: the OneFlow seed's ddp_train.py in C: a linear model y = x w fitted data-parallel.
  *
  *   cddprun --nproc_per_node 2 build/bin/ddp_train [--device cpu|emu|cuda] [--optimizer adamw]
- *                                                  [--nccl]
+ *                                                  [--nccl | --ipc]
  *
  * Each rank picks its own training data by rank (train_x[rank], train_y[rank]); w starts at
  * zero; the loss is the summed squared error; SGD with lr 0.01 runs 500 iterations. Both ranks'
@@ -9,7 +9,8 @@
  * gradients, so both converge to it. The two changes from a single-process program are marked;
  * --device trains on another device (the model moved there, the data copied there); --optimizer
  * adamw uses AdamW (lr 0.05, no weight decay) instead of SGD; --nccl reduces the gradients with
- * NCCL on the device (each rank on its own GPU).
+ * NCCL on the device (each rank on its own GPU), --ipc through CUDA IPC (the ranks of one host,
+ * sharing a GPU or not).
  */
 #include <cddp/cddp.h>
 
@@ -22,11 +23,13 @@ static const float train_y[2][2] = {{8, 13}, {26, 9}};
 int main(int argc, char **argv) {
     cddp_error err = {0};
     const char *spec = "cpu", *optimizer = "sgd";
-    bool nccl = false;
+    bool nccl = false, ipc = false;
     for (int i = 1; i < argc; i++) {
         bool value = i + 1 < argc;
         if (!strcmp(argv[i], "--nccl"))
             nccl = true;
+        else if (!strcmp(argv[i], "--ipc"))
+            ipc = true;
         else if (value && !strcmp(argv[i], "--device"))
             spec = argv[++i];
         else if (value && !strcmp(argv[i], "--optimizer"))
@@ -36,8 +39,9 @@ int main(int argc, char **argv) {
     }
     bool adamw = optimizer && !strcmp(optimizer, "adamw");
     if (!optimizer || (!adamw && strcmp(optimizer, "sgd"))) {
-        fprintf(stderr,
-                "usage: ddp_train [--device cpu|emu|cuda] [--optimizer sgd|adamw] [--nccl]\n");
+        fprintf(
+            stderr,
+            "usage: ddp_train [--device cpu|emu|cuda] [--optimizer sgd|adamw] [--nccl | --ipc]\n");
         return 2;
     }
     cddp_device *dev = cddp_device_for_rank(spec, &err);
@@ -55,7 +59,8 @@ int main(int argc, char **argv) {
     }
     /* Change 1: join the group the launcher started, and wrap the model. */
     cddp_comm *group = cddp_comm_create(NULL, &err);
-    cddp_ddp *ddp = group ? cddp_ddp_wrap(m, group, &(cddp_ddp_options){.nccl = nccl}, &err) : NULL;
+    cddp_ddp *ddp =
+        group ? cddp_ddp_wrap(m, group, &(cddp_ddp_options){.nccl = nccl, .ipc = ipc}, &err) : NULL;
     if (!ddp) {
         fprintf(stderr, "ddp_train: %s\n", err.msg);
         return 1;

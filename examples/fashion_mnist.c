@@ -53,7 +53,7 @@ typedef struct options {
     double bucket_cap_mb;
     uint64_t seed;
     int64_t limit;
-    bool json, zero, nccl;
+    bool json, zero, nccl, ipc;
 } options;
 
 static void usage(FILE *out) {
@@ -104,6 +104,8 @@ static void usage(FILE *out) {
         "  --zero              shard the optimizer state across the ranks (ZeRO-1)\n"
         "  --nccl              reduce the gradients with NCCL on the GPUs (--device cuda, a\n"
         "                      GPU for each rank) instead of through host memory\n"
+        "  --ipc               reduce the gradients through CUDA IPC, each rank reading the\n"
+        "                      others' GPU memory (the ranks of one host; they may share a GPU)\n"
         "  --json              end with one JSON line of results\n"
         "  --sample-log PATH   each rank appends a line 'epoch step index' for every sample it\n"
         "                      trains on to PATH.<rank> (to check which samples a job saw)\n"
@@ -144,6 +146,7 @@ static int parse_args(int argc, char **argv, options *o) {
                                              {"json", no_argument, 0, 'j'},
                                              {"zero", no_argument, 0, 'z'},
                                              {"nccl", no_argument, 0, 'N'},
+                                             {"ipc", no_argument, 0, 'Q'},
                                              {"save-every", required_argument, 0, 'E'},
                                              {"save_every", required_argument, 0, 'E'},
                                              {"keep", required_argument, 0, 'K'},
@@ -222,6 +225,9 @@ static int parse_args(int argc, char **argv, options *o) {
             break;
         case 'N':
             o->nccl = true;
+            break;
+        case 'Q':
+            o->ipc = true;
             break;
         case 'I':
             o->init_from = optarg;
@@ -494,6 +500,7 @@ int main(int argc, char **argv) {
     cddp_ddp_options dopt = {.bucket_cap_mb = o.bucket_cap_mb,
                              .shard_optimizer = o.zero,
                              .nccl = o.nccl,
+                             .ipc = o.ipc,
                              .hook = !strcmp(o.hook, "bf16")   ? CDDP_DDP_HOOK_BF16
                                      : !strcmp(o.hook, "fp16") ? CDDP_DDP_HOOK_FP16
                                                                : CDDP_DDP_HOOK_NONE};

@@ -45,7 +45,7 @@ typedef struct options {
     double lr, min_lr, weight_decay, grad_clip, beta1, beta2, temperature, peak_tflops;
     const char *data, *out, *resume, *init_from, *device, *dtype, *prompt, *tensorboard;
     uint64_t seed;
-    bool json, zero, nccl;
+    bool json, zero, nccl, ipc;
 } options;
 
 static void usage(FILE *out) {
@@ -75,6 +75,8 @@ static void usage(FILE *out) {
         "  --zero              shard AdamW's state across the ranks (ZeRO-1)\n"
         "  --nccl              reduce the gradients with NCCL on the GPUs (--device cuda, a\n"
         "                      GPU for each rank) instead of through host memory\n"
+        "  --ipc               reduce the gradients through CUDA IPC, each rank reading the\n"
+        "                      others' GPU memory (the ranks of one host; they may share a GPU)\n"
         "  --device NAME       where to train: cpu, emu (the emulated device), cuda; a kind\n"
         "                      without :N is the local rank's device of it (default cpu)\n"
         "  --dtype NAME        fp32, or bf16: mixed precision, the matrix products in bf16\n"
@@ -204,7 +206,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"dtype", 's', &o->dtype, 0, 0, false},
     };
     enum { NF = sizeof flags / sizeof flags[0] };
-    struct option longopts[NF + 6];
+    struct option longopts[NF + 7];
     for (int i = 0; i < NF; i++)
         longopts[i] = (struct option){flags[i].name, required_argument, 0, i};
     longopts[NF] = (struct option){"resume", optional_argument, 0, 'R'};
@@ -212,7 +214,8 @@ static int parse_args(int argc, char **argv, options *o) {
     longopts[NF + 2] = (struct option){"help", no_argument, 0, 'h'};
     longopts[NF + 3] = (struct option){"zero", no_argument, 0, 'z'};
     longopts[NF + 4] = (struct option){"nccl", no_argument, 0, 'N'};
-    longopts[NF + 5] = (struct option){0, 0, 0, 0};
+    longopts[NF + 5] = (struct option){"ipc", no_argument, 0, 'P'};
+    longopts[NF + 6] = (struct option){0, 0, 0, 0};
     int c;
     bool resume = false;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -242,6 +245,8 @@ static int parse_args(int argc, char **argv, options *o) {
             o->zero = true;
         } else if (c == 'N') {
             o->nccl = true;
+        } else if (c == 'P') {
+            o->ipc = true;
         } else if (c == 'h') {
             usage(stdout);
             exit(0);
@@ -602,7 +607,8 @@ int main(int argc, char **argv) {
     aw.decay_matrices_only = true;
     /* The optimizer after the wrap: under --zero its state is the shard's from the start. */
     if (!(ddp = cddp_ddp_wrap(
-              m, group, &(cddp_ddp_options){.shard_optimizer = o.zero, .nccl = o.nccl}, &err)))
+              m, group,
+              &(cddp_ddp_options){.shard_optimizer = o.zero, .nccl = o.nccl, .ipc = o.ipc}, &err)))
         goto fail;
     if (!(opt = cddp_optim_adamw(m, &aw, &err))) goto fail;
 

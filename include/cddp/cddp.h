@@ -16,5 +16,6 @@
 #include "cddp/comm.h"
 #include "cddp/ddp.h"
 #include "cddp/nccl.h"
+#include "cddp/ipc.h"
 
 #endif

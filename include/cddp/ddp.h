@@ -92,9 +92,17 @@ typedef struct cddp_ddp_options {
      * its stream after backward's kernels, instead of through host copies: for a model on a GPU,
      * each rank on its own (NCCL refuses two ranks on one GPU; ranks sharing one stay on the
      * default, host-staged path). Every rank asks for it or none. With shard_optimizer the
-     * buckets are reduce-scattered and the parameters allgathered by NCCL too. Not with the
-     * bf16/fp16 hooks, join or find_unused_parameters (wrapping fails saying so). */
+     * buckets are reduce-scattered and the parameters allgathered by NCCL too; with the
+     * bf16/fp16 hooks the gradients are rounded on the device and summed by NCCL in 16 bits. */
     bool nccl;
+    /* Reduce the gradients through CUDA IPC (cddp/ipc.h) on the model's device: every rank on one
+     * host, each bucket's sums read by each rank from the others' GPU memory on a stream of its
+     * own, while backward computes (no copy to the host; ranks sharing a GPU too, which NCCL
+     * refuses). The emulated device shares its memory alike. Every rank asks for it or none; not
+     * with nccl, nor the bf16/fp16 hooks (float32 only: wrapping fails saying so). With
+     * shard_optimizer the buckets are reduce-scattered and the parameters allgathered through it
+     * too. */
+    bool ipc;
 } cddp_ddp_options;
 
 typedef struct cddp_ddp cddp_ddp;

@@ -135,6 +135,43 @@ CDDP_API int cddp_queue_wait(cddp_queue *q, cddp_event *ev, cddp_error *err);
 /* The same for the device's default queue: a context's next ops run after ev's work. */
 CDDP_API int cddp_device_wait_event(cddp_device *dev, cddp_event *ev, cddp_error *err);
 
+/* On a queue of one's own, as the calls above on the default queue: a copy within the device
+ * (memory opened by cddp_device_ipc_open included), dst = src or dst += src (assign), x *= s
+ * (n floats each). Queued, not waited for. */
+CDDP_API int cddp_queue_copy(cddp_queue *q, void *dst, const void *src, size_t bytes,
+                             cddp_error *err);
+CDDP_API void cddp_queue_accumulate(cddp_queue *q, float *dst, const float *src, size_t n,
+                                    bool assign);
+CDDP_API void cddp_queue_scale(cddp_queue *q, float *x, size_t n, float s);
+
+/* ---- Shared with other processes on this host ------------------------------------------------
+ * A process exports an allocation of its device (a pointer cddp_device_alloc returned) or an event
+ * made for sharing as a handle of bytes and sends it to another process on the host (a collective
+ * of the group, the store); that process opens it on its own device. Opened memory is device
+ * memory there, for copies and kernels on its queues; an opened event orders a queue after the
+ * exporter's work (cddp_queue_wait), as far as the exporter's last record before the wait was
+ * queued, so the two agree through the host when a record is made (a barrier) before the other
+ * queues its wait. A GPU shares through CUDA IPC (both processes on GPUs of one machine, the same
+ * GPU included); the emulated device through its memory file and a counter in shared memory, so
+ * that CI proves the same ordering; the CPU not at all (CDDP_EUNSUPPORTED: its ranks share
+ * memory through the group's shared-memory transport). */
+#define CDDP_IPC_HANDLE_BYTES 96
+typedef struct cddp_ipc_handle {
+    unsigned char bytes[CDDP_IPC_HANDLE_BYTES];
+} cddp_ipc_handle;
+/* Whether the device shares memory and events with other processes (false for the CPU). */
+CDDP_API bool cddp_device_ipc_capable(const cddp_device *dev);
+CDDP_API int cddp_device_ipc_export(cddp_device *dev, void *p, cddp_ipc_handle *h, cddp_error *err);
+/* Another process's allocation, until cddp_device_ipc_close (before that process frees it). NULL
+ * with err: not a handle of this device's kind, or the process or its memory is gone. */
+CDDP_API void *cddp_device_ipc_open(cddp_device *dev, const cddp_ipc_handle *h, cddp_error *err);
+CDDP_API void cddp_device_ipc_close(cddp_device *dev, void *p); /* accepts NULL */
+/* An event other processes open (cddp_event_open_shared): record it here, they wait for it. */
+CDDP_API cddp_event *cddp_event_create_shared(cddp_device *dev, cddp_ipc_handle *h,
+                                              cddp_error *err);
+CDDP_API cddp_event *cddp_event_open_shared(cddp_device *dev, const cddp_ipc_handle *h,
+                                            cddp_error *err);
+
 /* n bytes from src on device from to dst on device to: a copy within a device, to or from the
  * host's memory (the CPU), or between two devices through host memory. Ordered as the copies
  * above (a copy that ends on the CPU waits for it). */

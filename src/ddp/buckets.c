@@ -30,7 +30,7 @@
 void cddp__ddp_free_buckets(cddp_ddp *d) {
     for (int b = 0; b < d->nbuckets; b++) {
         cddp_free(d->buckets[b].params);
-        if (d->nccl) {
+        if (d->dcomm) {
             cddp_device_free(d->dev, d->buckets[b].stage);
             cddp_device_free(d->dev, d->buckets[b].half);
         } else {
@@ -113,7 +113,7 @@ int cddp__ddp_build_buckets(cddp_ddp *d, const int *order, cddp_error *err) {
 void cddp__ddp_launch(cddp_ddp *d, int k) {
     bucket *b = &d->buckets[k];
     if (d->alone) return; /* the mean over one rank: the gradients as they are */
-    if (d->staged && !d->nccl) {
+    if (d->staged && !d->dcomm) {
         cddp_error err = {0};
         if (cddp__ddp_stage_in(d, b, &err) != CDDP_OK) {
             if (!d->hook_err.code) d->hook_err = err;
@@ -158,7 +158,7 @@ static int finish_bucket(cddp_ddp *d, int k, cddp_error *err) {
     }
     cddp__ddp_record(d, "allreduce", k, d->inline_comm ? 0 : 1, b->t_start, b->t_end);
     d->reducer->finish(d, b);
-    return d->nccl ? CDDP_OK : cddp__ddp_stage_out(d, b, err);
+    return d->dcomm ? CDDP_OK : cddp__ddp_stage_out(d, b, err);
 }
 
 /* Waits for everything queued in this step (also after a failure: no work may outlive the
@@ -168,7 +168,7 @@ int cddp__ddp_wait_all(cddp_ddp *d, cddp_error *err) {
     cddp_error e = {0};
     /* NCCL's buckets run on its stream: what finishing queues next on the device's (a packed
      * bucket's copies back, the optimizer) comes after them */
-    if (d->nccl && cddp_nccl_join(d->nccl, &e) != CDDP_OK) rc = e.code, *err = e;
+    if (d->dcomm && d->dc->join(d->dcomm, &e) != CDDP_OK) rc = e.code, *err = e;
     if (d->active_work) {
         int st = cddp_comm_wait(d->active_work, -1, &e);
         d->active_work = NULL;
@@ -181,7 +181,7 @@ int cddp__ddp_wait_all(cddp_ddp *d, cddp_error *err) {
     /* NCCL's buckets run on the device, after which the joined stream's work (the optimizer)
      * runs: the host does not wait for them; the watchdog does, and a failure shows at the next
      * call (a step's collectives, or this wait) */
-    if (d->nccl && !rc) rc = cddp_nccl_watch(d->nccl, err);
+    if (d->dcomm && !rc) rc = d->dc->watch(d->dcomm, err);
     if (d->used_work) {
         int st = cddp_comm_wait(d->used_work, -1, &e);
         d->used_work = NULL;

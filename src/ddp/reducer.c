@@ -10,11 +10,12 @@
  *   bf16, fp16 every bucket is packed as 16-bit floats (rounded to nearest even), summed by the
  *              transport in float32, and unpacked with the mean applied in float32: half the
  *              bytes on the wire, PyTorch's bf16/fp16 compression hooks
- *   nccl       (the nccl option) every bucket is allreduced by NCCL in the device's memory, on
- *              NCCL's stream after the kernels that wrote the gradients (so nothing waits for
- *              them); a bucket that is not one range is packed and unpacked by device copies;
- *              with shard_optimizer, reduce-scattered as zero's are, padded on the device; with a
- *              bf16/fp16 hook, rounded on the device and summed by NCCL in 16 bits
+ *   device     (the nccl and ipc options) every bucket is allreduced in the device's memory by
+ *              the device communicator (NCCL's, CUDA IPC's: device_comm.c), on its stream after
+ *              the kernels that wrote the gradients (so nothing waits for them); a bucket that is
+ *              not one range is packed and unpacked by device copies; with shard_optimizer,
+ *              reduce-scattered as zero's are, padded on the device; with a bf16/fp16 hook (NCCL
+ *              only), rounded on the device and summed by NCCL in 16 bits
  *
  * Packing runs where the collective runs (cddp__ddp_before): on the communication thread when
  * buckets are reduced there, after whatever must come first (a device's copy of the gradients).
@@ -196,16 +197,17 @@ static void half_finish(cddp_ddp *d, bucket *b) {
 const cddp__reducer cddp__bf16_reducer = {"bf16", half_prepare, half_launch, half_finish};
 const cddp__reducer cddp__fp16_reducer = {"fp16", half_prepare, half_launch, half_finish};
 
-/* ---- NCCL on the device ----------------------------------------------------------------- */
+/* ---- on the device (NCCL, CUDA IPC)
+ * ----------------------------------------------------------------- */
 
-static int nccl_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
+static int dev_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
     if (b->offset >= 0) return CDDP_OK;
     b->stage = cddp_device_alloc(d->dev, b->numel * sizeof(float), err);
     return b->stage ? CDDP_OK : err->code;
 }
 
 /* The bucket's gradients to its staging buffer (to_block false) or back, on the device. */
-static int nccl_pack(cddp_ddp *d, bucket *b, bool to_block, cddp_error *err) {
+static int dev_pack(cddp_ddp *d, bucket *b, bool to_block, cddp_error *err) {
     float *g = cddp_model_grad(d->model), *s = b->stage;
     for (int j = 0; j < b->nparams; j++) {
         size_t n = (size_t)cddp_model_param(d->model, b->params[j])->numel * sizeof(float);
@@ -218,32 +220,32 @@ static int nccl_pack(cddp_ddp *d, bucket *b, bool to_block, cddp_error *err) {
 }
 
 /* The end of a bucket's launch on NCCL: when it ended, whether it is queued, a failure kept. */
-static void nccl_launched(cddp_ddp *d, bucket *b, int rc, const cddp_error *err) {
+static void dev_launched(cddp_ddp *d, bucket *b, int rc, const cddp_error *err) {
     b->t_end = cddp_now_s();
     b->reduced = rc == CDDP_OK;
     if (rc != CDDP_OK && !d->hook_err.code) d->hook_err = *err;
 }
 
-static void nccl_launch(cddp_ddp *d, bucket *b) {
+static void dev_launch(cddp_ddp *d, bucket *b) {
     cddp_error err = {0};
     float *buf = b->offset >= 0 ? cddp_model_grad(d->model) + b->offset : b->stage;
     b->t_start = cddp_now_s();
-    int rc = b->offset >= 0 ? CDDP_OK : nccl_pack(d, b, false, &err);
+    int rc = b->offset >= 0 ? CDDP_OK : dev_pack(d, b, false, &err);
     if (rc == CDDP_OK)
-        rc = cddp_nccl_allreduce(d->nccl, buf, buf, (int64_t)b->numel, CDDP_COMM_F32,
-                                 d->o.sum ? CDDP_COMM_SUM : CDDP_COMM_MEAN, &err);
-    nccl_launched(d, b, rc, &err);
+        rc = d->dc->allreduce(d->dcomm, buf, buf, (int64_t)b->numel, CDDP_COMM_F32,
+                              d->o.sum ? CDDP_COMM_SUM : CDDP_COMM_MEAN, &err);
+    dev_launched(d, b, rc, &err);
 }
 
-static void nccl_finish(cddp_ddp *d, bucket *b) {
+static void dev_finish(cddp_ddp *d, bucket *b) {
     cddp_error err = {0};
-    if (b->offset < 0 && nccl_pack(d, b, true, &err) != CDDP_OK && !d->hook_err.code)
+    if (b->offset < 0 && dev_pack(d, b, true, &err) != CDDP_OK && !d->hook_err.code)
         d->hook_err = err;
 }
 
-const cddp__reducer cddp__nccl_reducer = {"nccl", nccl_prepare, nccl_launch, nccl_finish};
+const cddp__reducer cddp__dev_reducer = {"device", dev_prepare, dev_launch, dev_finish};
 
-static int nccl_zero_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
+static int dev_zero_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
     int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
     if (b->offset < 0)
         return cddp_error_set(err, CDDP_ESTATE, "shard_optimizer: a bucket is not one range");
@@ -255,7 +257,7 @@ static int nccl_zero_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
 
 /* As zero_launch, on the device: the bucket padded with zeros into its staging buffer when it
  * does not divide evenly, then reduce-scattered in place. */
-static void nccl_zero_launch(cddp_ddp *d, bucket *b) {
+static void dev_zero_launch(cddp_ddp *d, bucket *b) {
     cddp_error err = {0};
     int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
     float *buf = cddp_model_grad(d->model) + b->offset;
@@ -269,12 +271,12 @@ static void nccl_zero_launch(cddp_ddp *d, bucket *b) {
         buf = b->stage;
     }
     if (rc == CDDP_OK)
-        rc = cddp_nccl_reduce_scatter(d->nccl, buf, buf + (size_t)(d->rank * c), c, CDDP_COMM_F32,
-                                      d->o.sum ? CDDP_COMM_SUM : CDDP_COMM_MEAN, &err);
-    nccl_launched(d, b, rc, &err);
+        rc = d->dc->reduce_scatter(d->dcomm, buf, buf + (size_t)(d->rank * c), c, CDDP_COMM_F32,
+                                   d->o.sum ? CDDP_COMM_SUM : CDDP_COMM_MEAN, &err);
+    dev_launched(d, b, rc, &err);
 }
 
-static void nccl_zero_finish(cddp_ddp *d, bucket *b) {
+static void dev_zero_finish(cddp_ddp *d, bucket *b) {
     cddp_error err = {0};
     int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
     if (b->stage && hi > lo &&
@@ -285,19 +287,19 @@ static void nccl_zero_finish(cddp_ddp *d, bucket *b) {
         d->hook_err = err;
 }
 
-const cddp__reducer cddp__nccl_zero_reducer = {"nccl_reduce_scatter", nccl_zero_prepare,
-                                               nccl_zero_launch, nccl_zero_finish};
+const cddp__reducer cddp__dev_zero_reducer = {"device_reduce_scatter", dev_zero_prepare,
+                                              dev_zero_launch, dev_zero_finish};
 
 /* bf16 and fp16 compression on the device: the bucket rounded into its 16-bit buffer there, summed
  * by NCCL in that type, the mean applied in float32 when widening it back into the gradients. */
-static int nccl_half_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
+static int dev_half_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
     b->half = cddp_device_alloc(d->dev, b->numel * sizeof(uint16_t), err);
     return b->half ? CDDP_OK : err->code;
 }
 
 /* Each of the bucket's gradients into its place in b->half (to_half) or back; a bucket that is
  * one range of the gradient block in one kernel. */
-static void nccl_half_pack(cddp_ddp *d, bucket *b, bool back) {
+static void dev_half_pack(cddp_ddp *d, bucket *b, bool back) {
     bool f16 = d->o.hook == CDDP_DDP_HOOK_FP16, one = b->offset >= 0;
     float scale = d->o.sum ? 1.0f : 1.0f / (float)d->world, *g = cddp_model_grad(d->model);
     size_t at = 0;
@@ -312,28 +314,29 @@ static void nccl_half_pack(cddp_ddp *d, bucket *b, bool back) {
     }
 }
 
-static void nccl_half_launch(cddp_ddp *d, bucket *b) {
+static void dev_half_launch(cddp_ddp *d, bucket *b) {
     cddp_error err = {0};
     b->t_start = cddp_now_s();
-    nccl_half_pack(d, b, false);
-    int rc = cddp_nccl_allreduce(d->nccl, b->half, b->half, (int64_t)b->numel, half_type(d),
-                                 CDDP_COMM_SUM, &err);
-    nccl_launched(d, b, rc, &err);
+    dev_half_pack(d, b, false);
+    int rc = d->dc->allreduce(d->dcomm, b->half, b->half, (int64_t)b->numel, half_type(d),
+                              CDDP_COMM_SUM, &err);
+    dev_launched(d, b, rc, &err);
 }
 
-static void nccl_half_finish(cddp_ddp *d, bucket *b) {
-    nccl_half_pack(d, b, true);
+static void dev_half_finish(cddp_ddp *d, bucket *b) {
+    dev_half_pack(d, b, true);
 }
 
-const cddp__reducer cddp__nccl_bf16_reducer = {"nccl_bf16", nccl_half_prepare, nccl_half_launch,
-                                               nccl_half_finish};
-const cddp__reducer cddp__nccl_fp16_reducer = {"nccl_fp16", nccl_half_prepare, nccl_half_launch,
-                                               nccl_half_finish};
+const cddp__reducer cddp__dev_bf16_reducer = {"device_bf16", dev_half_prepare, dev_half_launch,
+                                              dev_half_finish};
+const cddp__reducer cddp__dev_fp16_reducer = {"device_fp16", dev_half_prepare, dev_half_launch,
+                                              dev_half_finish};
 
 const cddp__reducer *cddp__ddp_reducer(const cddp_ddp_options *o) {
-    if (o->nccl && o->hook != CDDP_DDP_HOOK_NONE)
-        return o->hook == CDDP_DDP_HOOK_BF16 ? &cddp__nccl_bf16_reducer : &cddp__nccl_fp16_reducer;
-    if (o->nccl) return o->shard_optimizer ? &cddp__nccl_zero_reducer : &cddp__nccl_reducer;
+    bool dev = cddp__ddp_device_comm(o) != NULL;
+    if (dev && o->hook != CDDP_DDP_HOOK_NONE)
+        return o->hook == CDDP_DDP_HOOK_BF16 ? &cddp__dev_bf16_reducer : &cddp__dev_fp16_reducer;
+    if (dev) return o->shard_optimizer ? &cddp__dev_zero_reducer : &cddp__dev_reducer;
     if (o->shard_optimizer) return &cddp__zero_reducer;
     switch (o->hook) {
     case CDDP_DDP_HOOK_BF16:

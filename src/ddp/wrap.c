@@ -62,7 +62,7 @@ typedef struct wrap_rec {
     int64_t nparams, numel, nbuffers;
     double bucket_cap_mb;
     int32_t sum, find_unused, hook, join, join_throw, no_broadcast_buffers;
-    int32_t shard_optimizer, nccl;
+    int32_t shard_optimizer, nccl, ipc;
 } wrap_rec;
 
 typedef struct param_rec {
@@ -91,7 +91,8 @@ static int agree(cddp_ddp *d, cddp_error *err) {
                      d->o.join_throw,
                      d->o.no_broadcast_buffers,
                      d->o.shard_optimizer,
-                     d->o.nccl};
+                     d->o.nccl,
+                     d->o.ipc};
     wrap_rec *all = cddp_calloc((size_t)W, sizeof *all);
     param_rec *pm = cddp_calloc((size_t)nrec + 1, sizeof *pm);
     param_rec *pall = cddp_calloc((size_t)W * ((size_t)nrec + 1), sizeof *pall);
@@ -137,6 +138,7 @@ static int agree(cddp_ddp *d, cddp_error *err) {
         SAME(no_broadcast_buffers, "no_broadcast_buffers", "%d", ASIS)
         SAME(shard_optimizer, "shard_optimizer", "%d", (int))
         SAME(nccl, "nccl", "%d", (int))
+        SAME(ipc, "ipc", "%d", (int))
 #undef SAME
 #undef ASIS
     }
@@ -185,7 +187,7 @@ void cddp_ddp_destroy(cddp_ddp *d) {
     if (d->grad_block && d->model && cddp_model_set_grad_block(d->model, NULL) == CDDP_OK)
         cddp_comm_free(d->group, d->grad_block);
     cddp__ddp_free_buckets(d);
-    cddp_nccl_destroy(d->nccl);
+    if (d->dcomm) d->dc->destroy(d->dcomm);
     cddp_free(d->bucket_of);
     cddp_free(d->ready);
     cddp_free(d->used);
@@ -287,6 +289,14 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
                                 "option");
         return NULL;
     }
+    if (o.ipc && (o.nccl || o.hook != CDDP_DDP_HOOK_NONE)) {
+        cddp_error_set(err, CDDP_EUNSUPPORTED, "cddp_ddp_wrap: ipc does not go with %s",
+                       o.nccl ? "nccl: choose one of the two"
+                              : "a bf16/fp16 hook: CUDA IPC reduces in float32 (the hooks halve "
+                                "what crosses a network; between the GPUs of one host, drop "
+                                "the hook)");
+        return NULL;
+    }
     cddp_ddp *d = cddp_calloc(1, sizeof *d);
     if (!d) {
         cddp_error_set(err, CDDP_ENOMEM, "out of memory");
@@ -322,11 +332,7 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
     d->stats_every = CDDP_MAX(cddp_knob_int(CDDP_KNOB_DDP_STATS_EVERY), 1);
     CDDP_TRY_GOTO(agree(d, err), out);
     CDDP_TRY_GOTO(cddp__ddp_stage_setup(d, err), out);
-    if (o.nccl && !(d->nccl = cddp_nccl_create(
-                        group, d->dev, &(cddp_nccl_options){.timeout_s = o.timeout_s}, err))) {
-        rc = err->code;
-        goto out;
-    }
+    CDDP_TRY_GOTO(cddp__ddp_device_comm_create(d, err), out);
     /* Everyone starts from rank 0's weights. */
     CDDP_TRY_GOTO(cddp__ddp_params_in(d, err), out);
     CDDP_TRY_GOTO(cddp_comm_broadcast(group, cddp__ddp_params(d), (int64_t)cddp_model_numel(m),

@@ -66,33 +66,33 @@ static int gather_host(cddp_ddp *d, float *block, cddp_error *err) {
     return CDDP_OK;
 }
 
-/* The allgather on the device by NCCL (the nccl option): as gather_host, the copies device
- * copies; then the device's stream joined to it, and the watchdog given it (NCCL's errors show at
- * the next call). */
-static int gather_nccl(cddp_ddp *d, float *block, cddp_error *err) {
+/* The allgather on the device by its communicator (the nccl and ipc options): as gather_host,
+ * the copies device copies; then the device's stream joined to it, and the watchdog given it
+ * (NCCL's errors show at the next call). */
+static int gather_device(cddp_ddp *d, float *block, cddp_error *err) {
     for (int k = 0; k < d->nbuckets; k++) {
         bucket *b = &d->buckets[k];
         int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
         float *at = block + b->offset;
         if (!b->stage) { /* divides evenly: rank r's part is at r c, in place */
-            CDDP_TRY(cddp_nccl_allgather(d->nccl, at + lo, at, c, CDDP_COMM_F32, err));
+            CDDP_TRY(d->dc->allgather(d->dcomm, at + lo, at, c, CDDP_COMM_F32, err));
             continue;
         }
         float *mine = b->stage + (size_t)(d->rank * c);
         CDDP_TRY(cddp_device_memset(d->dev, mine, 0, (size_t)c * sizeof(float), err));
         CDDP_TRY(cddp_device_copy(d->dev, mine, at + lo, (size_t)(hi - lo) * sizeof(float), err));
-        CDDP_TRY(cddp_nccl_allgather(d->nccl, mine, b->stage, c, CDDP_COMM_F32, err));
-        CDDP_TRY(cddp_nccl_join(d->nccl, err)); /* the copy on the device's stream after it */
+        CDDP_TRY(d->dc->allgather(d->dcomm, mine, b->stage, c, CDDP_COMM_F32, err));
+        CDDP_TRY(d->dc->join(d->dcomm, err)); /* the copy on the device's stream after it */
         CDDP_TRY(cddp_device_copy(d->dev, at, b->stage, b->numel * sizeof(float), err));
     }
-    CDDP_TRY(cddp_nccl_join(d->nccl, err)); /* the next forward reads the gathered parameters */
-    return cddp_nccl_watch(d->nccl, err);
+    CDDP_TRY(d->dc->join(d->dcomm, err)); /* the next forward reads the gathered parameters */
+    return d->dc->watch(d->dcomm, err);
 }
 
 /* block is the model's device's memory: gathered in place on the host, or (staged) through a host
- * copy, from the device and back; with nccl, on the device. */
+ * copy, from the device and back; with nccl or ipc, on the device. */
 int cddp__ddp_zero_gather(cddp_ddp *d, float *block, cddp_error *err) {
-    if (d->nccl) return gather_nccl(d, block, err);
+    if (d->dcomm) return gather_device(d, block, err);
     if (!d->staged) return gather_host(d, block, err);
     size_t bytes = cddp_model_numel(d->model) * sizeof(float);
     bool params = block == cddp_model_data(d->model); /* the step's: into the parameters' copy */

@@ -211,6 +211,78 @@ int cddp_device_wait_event(cddp_device *dev, cddp_event *e, cddp_error *err) {
     return dev->ops->queue_wait ? dev->ops->queue_wait(dev, NULL, e->ev, err) : CDDP_OK;
 }
 
+int cddp_queue_copy(cddp_queue *q, void *dst, const void *src, size_t bytes, cddp_error *err) {
+    return bytes && dst != src ? q->dev->ops->copy(q->dev, q->q, dst, src, bytes, err) : CDDP_OK;
+}
+
+void cddp_queue_accumulate(cddp_queue *q, float *dst, const float *src, size_t n, bool assign) {
+    cddp__kq k = {.dev = q->dev, .queue = q->q};
+    CDDP__K(&k, accumulate, .dst = dst, .src = src, .n = (int64_t)n, .assign = assign);
+}
+
+void cddp_queue_scale(cddp_queue *q, float *x, size_t n, float s) {
+    cddp__kq k = {.dev = q->dev, .queue = q->q};
+    CDDP__K(&k, scale, .y = x, .x = x, .s = s, .n = (int64_t)n);
+}
+
+/* ---- shared with other processes ------------------------------------------------------------ */
+
+bool cddp_device_ipc_capable(const cddp_device *dev) {
+    return dev->ops->ipc_export != NULL;
+}
+
+static int no_ipc(const cddp_device *dev, cddp_error *err) {
+    return cddp_error_set(err, CDDP_EUNSUPPORTED,
+                          "%s does not share its memory with other processes (a GPU does, and the "
+                          "emulated device)",
+                          dev->name);
+}
+
+int cddp_device_ipc_export(cddp_device *dev, void *p, cddp_ipc_handle *h, cddp_error *err) {
+    memset(h, 0, sizeof *h);
+    return dev->ops->ipc_export ? dev->ops->ipc_export(dev, p, h->bytes, err) : no_ipc(dev, err);
+}
+
+void *cddp_device_ipc_open(cddp_device *dev, const cddp_ipc_handle *h, cddp_error *err) {
+    if (dev->ops->ipc_open) return dev->ops->ipc_open(dev, h->bytes, err);
+    no_ipc(dev, err);
+    return NULL;
+}
+
+void cddp_device_ipc_close(cddp_device *dev, void *p) {
+    if (p && dev->ops->ipc_close) dev->ops->ipc_close(dev, p);
+}
+
+/* An event made for sharing (its handle into out) or opened from another process's handle (in). */
+static cddp_event *shared_event(cddp_device *dev, unsigned char *out, const unsigned char *in,
+                                cddp_error *err) {
+    const cddp__device_ops *o = dev->ops;
+    if (out ? !o->ipc_event_create : !o->ipc_event_open) {
+        no_ipc(dev, err);
+        return NULL;
+    }
+    cddp_event *e = cddp_calloc(1, sizeof *e);
+    if (!e) {
+        cddp_error_set(err, CDDP_ENOMEM, "out of memory for an event");
+        return NULL;
+    }
+    e->dev = dev;
+    if (!(e->ev = out ? o->ipc_event_create(dev, out, err) : o->ipc_event_open(dev, in, err))) {
+        cddp_free(e);
+        return NULL;
+    }
+    return e;
+}
+
+cddp_event *cddp_event_create_shared(cddp_device *dev, cddp_ipc_handle *h, cddp_error *err) {
+    memset(h, 0, sizeof *h);
+    return shared_event(dev, h->bytes, NULL, err);
+}
+
+cddp_event *cddp_event_open_shared(cddp_device *dev, const cddp_ipc_handle *h, cddp_error *err) {
+    return shared_event(dev, NULL, h->bytes, err);
+}
+
 int cddp_device_transfer(cddp_device *to, void *dst, cddp_device *from, const void *src,
                          size_t bytes, cddp_error *err) {
     if (bytes == 0) return CDDP_OK;

@@ -102,6 +102,16 @@ typedef struct cddp__device_ops {
     /* the default queue in the platform's terms (a cudaStream_t), for libraries that queue work
      * beside cddp's (NCCL) */
     void *(*native_queue)(cddp_device *dev);
+    /* May be NULL (the CPU): memory and events other processes on this host open (cddp/device.h's
+     * "shared with other processes"). ipc_export: the allocation at p (alloc's pointer) as a
+     * handle of CDDP_IPC_HANDLE_BYTES; ipc_open: another process's, as device memory of dev
+     * (copies and kernels take it) until ipc_close; ipc_event_create: an event ipc_event_open
+     * opens in another process (the events' other calls take both) */
+    int (*ipc_export)(cddp_device *dev, void *p, unsigned char *handle, cddp_error *err);
+    void *(*ipc_open)(cddp_device *dev, const unsigned char *handle, cddp_error *err);
+    void (*ipc_close)(cddp_device *dev, void *p);
+    void *(*ipc_event_create)(cddp_device *dev, unsigned char *handle, cddp_error *err);
+    void *(*ipc_event_open)(cddp_device *dev, const unsigned char *handle, cddp_error *err);
 } cddp__device_ops;
 
 struct cddp_device {

@@ -140,12 +140,10 @@ static cddp_optim *sgd(cddp_model *m) {
     return o;
 }
 
-/* DDP over m, with NCCL (the nccl option) when CDDP_TEST_NCCL is set (tests/nccl/nccl_test.sh,
- * with its stand-in for NCCL). */
+/* DDP over m, with the device communicator the environment asks for (check_options). */
 static cddp_ddp *wrap(cddp_model *m, cddp_comm *g, cddp_ddp_options o) {
     cddp_error err = {0};
-    const char *nccl = getenv("CDDP_TEST_NCCL");
-    o.nccl = o.nccl || (nccl && *nccl && strcmp(nccl, "0") != 0);
+    o = check_options(o);
     cddp_ddp *d = cddp_ddp_wrap(m, g, &o, &err);
     if (!d) FAIL("wrap: %s", err.msg);
     return d;

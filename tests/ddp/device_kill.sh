@@ -1,12 +1,13 @@
 #!/bin/sh
-# device_kill.sh BUILD_DIR DEVICE: a rank killed in the middle of data-parallel training on a
-# device. 2 ranks of gpt_train (a tiny GPT on a text of its own) train on DEVICE (emu in CI, cuda
-# on the GPU machine), DDP's gradients going through host copies; rank 1 is SIGKILLed in the
+# device_kill.sh BUILD_DIR DEVICE [FLAG]: a rank killed in the middle of data-parallel training on
+# a device. 2 ranks of gpt_train (a tiny GPT on a text of its own) train on DEVICE (emu in CI, cuda
+# on the GPU machine), DDP's gradients going through host copies (or as FLAG says: --ipc, through
+# the other rank's device memory); rank 1 is SIGKILLed in the
 # middle of its steps. The job must stop within seconds (no rank waits for ever on the device or
 # on the dead peer), exit 1, and cddprun must name rank 1, killed by SIGKILL, as the root cause;
 # no cddp name is left in /dev/shm.
 set -u
-build=$1 device=$2
+build=$1 device=$2 flag=${3:-}
 work=$(mktemp -d)
 job=""
 cleanup() {
@@ -26,7 +27,7 @@ open(sys.argv[1], "w").write(" ".join(random.choice(words) for _ in range(40000)
 EOF
 gpt="exec $build/bin/gpt_train --device $device --data $work/text.txt --n_layer 2 --n_head 2"
 gpt="$gpt --n_embd 64 --block_size 32 --batch_size 8 --max_iters 1000000 --log_interval 1"
-gpt="$gpt --eval_interval 1000000 --eval_iters 1 --sample 0 --out none"
+gpt="$gpt --eval_interval 1000000 --eval_iters 1 --sample 0 --out none $flag"
 "$build/bin/cddprun" --standalone --nproc_per_node 2 sh -c "echo \$\$ > $work/pid.\$RANK; $gpt" \
     > "$work/out" 2>&1 &
 job=$!
@@ -49,4 +50,4 @@ grep -q "root cause: rank 1 (local rank 1, host .*) was killed by SIGKILL" "$wor
     fail "cddprun does not name rank 1, killed by SIGKILL, as the root cause"
 ls /dev/shm | grep '^cddp-' | sort | comm -23 - "$work/shm.before" > "$work/shm.left"
 [ ! -s "$work/shm.left" ] || fail "cddp names left in /dev/shm: $(cat "$work/shm.left")"
-echo "ok: rank 1 killed in training on $device: the job stopped in $took s, exit 1, root cause rank 1; nothing left in /dev/shm"
+echo "ok: rank 1 killed in training on $device${flag:+ ($flag)}: the job stopped in $took s, exit 1, root cause rank 1; nothing left in /dev/shm"

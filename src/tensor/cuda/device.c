@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_GPUS   16
 #define MAX_CHECKS 256 /* checks remembered between two synchronizations */
@@ -262,6 +263,91 @@ static void *cuda_native_queue(cddp_device *dev) {
     return of(dev)->stream;
 }
 
+/* ---- shared with other processes: CUDA IPC --------------------------------------------------- */
+
+typedef struct cuda_handle {
+    char magic[16];
+    int32_t pid;
+    union {
+        cudaIpcMemHandle_t mem;
+        cudaIpcEventHandle_t event;
+    } h;
+} cuda_handle;
+
+_Static_assert(sizeof(cuda_handle) <= CDDP_IPC_HANDLE_BYTES,
+               "a CUDA handle fits a cddp_ipc_handle");
+
+#define MEMORY_MAGIC "cddp cuda mem"
+#define EVENT_MAGIC  "cddp cuda event"
+
+static int read_handle(cddp_device *dev, const unsigned char *bytes, const char *magic,
+                       cuda_handle *h, cddp_error *err) {
+    memcpy(h, bytes, sizeof *h);
+    if (memcmp(h->magic, magic, strlen(magic) + 1) != 0)
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "%s: not a handle of CUDA %s (exported by another kind of device?)",
+                              dev->name, strcmp(magic, EVENT_MAGIC) ? "memory" : "events");
+    if (h->pid == (int32_t)getpid())
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "%s: a handle exported by this same process (CUDA IPC opens it in "
+                              "another)",
+                              dev->name);
+    return CDDP_OK;
+}
+
+static int cuda_ipc_export(cddp_device *dev, void *p, unsigned char *handle, cddp_error *err) {
+    cuda_handle h = {.pid = (int32_t)getpid()};
+    memcpy(h.magic, MEMORY_MAGIC, sizeof MEMORY_MAGIC);
+    enter(dev);
+    CDDP_TRY(failed(dev, cudaIpcGetMemHandle(&h.h.mem, p), "cudaIpcGetMemHandle", err));
+    memcpy(handle, &h, sizeof h);
+    return CDDP_OK;
+}
+
+static void *cuda_ipc_open(cddp_device *dev, const unsigned char *handle, cddp_error *err) {
+    cuda_handle h;
+    void *p = NULL;
+    if (read_handle(dev, handle, MEMORY_MAGIC, &h, err) != CDDP_OK) return NULL;
+    enter(dev);
+    if (failed(dev, cudaIpcOpenMemHandle(&p, h.h.mem, cudaIpcMemLazyEnablePeerAccess),
+               "cudaIpcOpenMemHandle (another process's memory)", err))
+        return NULL;
+    return p;
+}
+
+static void cuda_ipc_close(cddp_device *dev, void *p) {
+    enter(dev);
+    cudaDeviceSynchronize(); /* nothing queued may still read it */
+    cudaIpcCloseMemHandle(p);
+}
+
+static void *cuda_ipc_event_create(cddp_device *dev, unsigned char *handle, cddp_error *err) {
+    cuda_handle h = {.pid = (int32_t)getpid()};
+    memcpy(h.magic, EVENT_MAGIC, sizeof EVENT_MAGIC);
+    cudaEvent_t ev = NULL;
+    enter(dev);
+    if (failed(dev, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventInterprocess),
+               "making an inter-process event", err))
+        return NULL;
+    if (failed(dev, cudaIpcGetEventHandle(&h.h.event, ev), "cudaIpcGetEventHandle", err)) {
+        cudaEventDestroy(ev);
+        return NULL;
+    }
+    memcpy(handle, &h, sizeof h);
+    return ev;
+}
+
+static void *cuda_ipc_event_open(cddp_device *dev, const unsigned char *handle, cddp_error *err) {
+    cuda_handle h;
+    cudaEvent_t ev = NULL;
+    if (read_handle(dev, handle, EVENT_MAGIC, &h, err) != CDDP_OK) return NULL;
+    enter(dev);
+    if (failed(dev, cudaIpcOpenEventHandle(&ev, h.h.event),
+               "cudaIpcOpenEventHandle (another process's event)", err))
+        return NULL;
+    return ev;
+}
+
 static const cddp__device_ops ops = {
     .alloc = cuda_alloc,
     .free = cuda_free,
@@ -284,6 +370,11 @@ static const cddp__device_ops ops = {
     .upload_async = cuda_upload_async,
     .queue_wait = cuda_queue_wait,
     .native_queue = cuda_native_queue,
+    .ipc_export = cuda_ipc_export,
+    .ipc_open = cuda_ipc_open,
+    .ipc_close = cuda_ipc_close,
+    .ipc_event_create = cuda_ipc_event_create,
+    .ipc_event_open = cuda_ipc_event_open,
 };
 
 /* ---- the kernel table ---------------------------------------------------------------------- */

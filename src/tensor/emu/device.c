@@ -15,9 +15,15 @@
 #include "tensor/cpu/cpu.h"
 #include "tensor/emu/emu.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_EMU    8
 #define MAX_QUEUES 16 /* queues of their own (cddp_queue_create) per device */
@@ -27,6 +33,10 @@ typedef struct emu {
     cddp__emu_mem *mem;
     cddp__emu_queue *queue;             /* the default queue: kernels and contexts' copies */
     cddp__emu_queue *extra[MAX_QUEUES]; /* the others, under `lock` */
+    /* set once, by a queue's wait for another process's event that process ended before
+     * recording: every later wait of the host reports it */
+    atomic_bool lost;
+    char lost_msg[160];
 } emu;
 
 static emu *of(const cddp_device *dev) {
@@ -36,6 +46,13 @@ static emu *of(const cddp_device *dev) {
 /* The queue a call names: its own, or the device's default one (NULL). */
 static cddp__emu_queue *queue_of(const cddp_device *dev, void *queue) {
     return queue ? queue : of(dev)->queue;
+}
+
+/* A host wait's end: CDDP_OK, or the device's latched loss of another process's event. */
+static int still_whole(const cddp_device *dev, cddp_error *err) {
+    const emu *e = of(dev);
+    if (!atomic_load(&e->lost)) return CDDP_OK;
+    return cddp_error_set(err, CDDP_EIO, "%s", e->lost_msg);
 }
 
 /* ---- kernels ------------------------------------------------------------------------------- */
@@ -104,7 +121,7 @@ static void reach_slot(const cddp__emu_mem *m, void *slot) {
         cddp__k_##name *a = (cddp__k_##name *)(void *)c->args;                                     \
         *a = *in;                                                                                  \
         const cddp__emu_mem *m = of(q->dev)->mem;                                                  \
-        CDDP__KA_##name(REACH) cddp__emu_queue_push(of(q->dev)->queue, run_kcall, c);              \
+        CDDP__KA_##name(REACH) cddp__emu_queue_push(queue_of(q->dev, q->queue), run_kcall, c);     \
     }
 CDDP_KERNEL_LIST(EMU_KERNEL)
 #undef EMU_KERNEL
@@ -200,7 +217,7 @@ static int emu_download(cddp_device *dev, void *queue, void *dst, const void *sr
         dev, queue, (copy_task){.dst = dst, .src = cddp__emu_mem_reach(of(dev)->mem, src), .n = n},
         err));
     cddp__emu_queue_wait(queue_of(dev, queue));
-    return CDDP_OK;
+    return still_whole(dev, err);
 }
 
 /* A queued download writes the host's dst when it runs (when waited for: LATE_S): whoever reads dst
@@ -228,36 +245,106 @@ static int emu_upload_async(cddp_device *dev, void *queue, void *dst, const void
 }
 
 /* An event is a mark in a queue: done once that queue has run that many tasks (a queue's counter
- * only grows, in a forked child too). */
+ * only grows, in a forked child too). A shared event (cddp_event_create_shared) is two counters
+ * in a memory file other processes map: how many records were made, and how many of them their
+ * queue has run; a wait waits for the records made before it. */
+typedef struct shared_ev {
+    _Atomic uint64_t recorded, done;
+} shared_ev;
+
 typedef struct emu_event {
     cddp__emu_queue *q; /* NULL until recorded: done */
     uint64_t mark;
+    shared_ev *s; /* shared: the counters (then q and mark are unused) */
+    int fd;       /* shared and made here: the counters' memory file */
+    int pid;      /* shared: the process that made it */
 } emu_event;
 
 static void *emu_event_create(cddp_device *dev, cddp_error *err) {
     emu_event *e = cddp_calloc(1, sizeof *e);
     if (!e) cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory for an event", dev->name);
+    if (e) e->fd = -1;
     return e;
 }
 
 static void emu_event_destroy(cddp_device *dev, void *ev) {
-    (void)dev;
+    emu_event *e = ev;
+    if (e->s) {
+        cddp__emu_queue_wait(of(dev)->queue); /* its record's task may still be queued */
+        munmap(e->s, sizeof *e->s);
+    }
+    if (e->fd >= 0) close(e->fd);
     cddp_free(ev);
 }
 
+typedef struct shared_task {
+    emu *dev;
+    shared_ev *s;
+    uint64_t gen;
+    int pid;
+} shared_task;
+
+static void run_shared_record(void *arg) {
+    shared_task *t = arg;
+    atomic_store(&t->s->done, t->gen); /* in queue order: the counter only grows */
+    cddp_free(t);
+}
+
+/* Waits until the shared event's queue has run record gen; false (the device's loss latched) when
+ * the process that records it ended first. */
+static bool await_shared(emu *dev, const shared_ev *s, uint64_t gen, int pid) {
+    for (long spins = 0; atomic_load(&s->done) < gen; spins++) {
+        if (spins < 200) {
+            sched_yield();
+            continue;
+        }
+        if (spins % 256 == 0 && pid != getpid() && kill(pid, 0) != 0 && errno == ESRCH &&
+            atomic_load(&s->done) < gen) {
+            if (!atomic_exchange(&dev->lost, true))
+                snprintf(dev->lost_msg, sizeof dev->lost_msg,
+                         "%s: waited for an event of process %d, which ended before its work "
+                         "was done (a peer that died)",
+                         dev->dev.name, pid);
+            cddp_log(CDDP_LOG_ERROR, "device", "%s", dev->lost_msg);
+            return false;
+        }
+        nanosleep(&(struct timespec){0, 50 * 1000}, NULL);
+    }
+    return true;
+}
+
+static void run_shared_wait(void *arg) {
+    shared_task *t = arg;
+    await_shared(t->dev, t->s, t->gen, t->pid);
+    cddp_free(t);
+}
+
+static int push_shared(cddp_device *dev, void *queue, const emu_event *e, uint64_t gen,
+                       cddp__emu_fn fn, cddp_error *err) {
+    shared_task *t = cddp_malloc(sizeof *t);
+    if (!t) return cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory for an event", dev->name);
+    *t = (shared_task){of(dev), e->s, gen, e->pid};
+    cddp__emu_queue_push(queue_of(dev, queue), fn, t);
+    return CDDP_OK;
+}
+
 static int emu_event_record(cddp_device *dev, void *queue, void *ev, cddp_error *err) {
-    (void)err;
     emu_event *e = ev;
+    if (e->s)
+        return push_shared(dev, queue, e, atomic_fetch_add(&e->s->recorded, 1) + 1,
+                           run_shared_record, err);
     e->q = queue_of(dev, queue);
     e->mark = cddp__emu_queue_mark(e->q);
     return CDDP_OK;
 }
 
 static int emu_event_synchronize(cddp_device *dev, void *ev, cddp_error *err) {
-    (void)dev, (void)err;
     emu_event *e = ev;
-    if (e->q) cddp__emu_queue_wait_mark(e->q, e->mark);
-    return CDDP_OK;
+    if (e->s)
+        await_shared(of(dev), e->s, atomic_load(&e->s->recorded), e->pid);
+    else if (e->q)
+        cddp__emu_queue_wait_mark(e->q, e->mark);
+    return still_whole(dev, err);
 }
 
 /* A task on one queue that waits for a mark of another. */
@@ -270,6 +357,10 @@ static void run_wait(void *arg) {
 static int emu_queue_wait(cddp_device *dev, void *queue, void *ev, cddp_error *err) {
     const emu_event *e = ev;
     cddp__emu_queue *q = queue_of(dev, queue);
+    if (e->s) { /* the records made so far, as cudaStreamWaitEvent on an IPC event */
+        uint64_t gen = atomic_load(&e->s->recorded);
+        return gen ? push_shared(dev, queue, e, gen, run_shared_wait, err) : CDDP_OK;
+    }
     if (!e->q || e->q == q) return CDDP_OK; /* a queue runs in order anyway */
     emu_event *copy =
         cddp_malloc(sizeof *copy); /* the mark as it is now: ev may be recorded again */
@@ -277,6 +368,108 @@ static int emu_queue_wait(cddp_device *dev, void *queue, void *ev, cddp_error *e
     *copy = *e;
     cddp__emu_queue_push(q, run_wait, copy);
     return CDDP_OK;
+}
+
+/* ---- shared with other processes (what CUDA IPC does on a GPU) ------------------------------ */
+
+/* A handle: which process, and its memory file (an allocation's place in it, or an event's). */
+typedef struct emu_handle {
+    char magic[16];
+    int32_t pid, fd;
+    uint64_t at, size;
+} emu_handle;
+
+_Static_assert(sizeof(emu_handle) <= CDDP_IPC_HANDLE_BYTES, "an emu handle fits a cddp_ipc_handle");
+
+#define MEMORY_MAGIC "cddp emu memory"
+#define EVENT_MAGIC  "cddp emu event"
+
+static int read_handle(cddp_device *dev, const unsigned char *bytes, const char *magic,
+                       emu_handle *h, cddp_error *err) {
+    memcpy(h, bytes, sizeof *h);
+    if (memcmp(h->magic, magic, strlen(magic) + 1) != 0)
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "%s: not a handle of the emulated device's %s (exported by another "
+                              "kind of device?)",
+                              dev->name, strcmp(magic, EVENT_MAGIC) ? "memory" : "events");
+    if (h->pid == getpid())
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "%s: a handle exported by this same process (open it in another)",
+                              dev->name);
+    return CDDP_OK;
+}
+
+static int emu_ipc_export(cddp_device *dev, void *p, unsigned char *handle, cddp_error *err) {
+    emu_handle h = {MEMORY_MAGIC, (int32_t)getpid(), 0, 0, 0};
+    int fd;
+    size_t at, size;
+    if (cddp__emu_mem_extent(of(dev)->mem, p, &fd, &at, &size) != 0)
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "%s: %p is not where an allocation of the device starts (export what "
+                              "cddp_device_alloc returned)",
+                              dev->name, p);
+    h.fd = fd, h.at = at, h.size = size;
+    memcpy(handle, &h, sizeof h);
+    return CDDP_OK;
+}
+
+static void *emu_ipc_open(cddp_device *dev, const unsigned char *handle, cddp_error *err) {
+    emu_handle h;
+    if (read_handle(dev, handle, MEMORY_MAGIC, &h, err) != CDDP_OK) return NULL;
+    return cddp__emu_mem_import(of(dev)->mem, h.pid, h.fd, h.at, h.size, err);
+}
+
+/* Closing waits until nothing queued on any of the device's queues may still read it. */
+static void drain(emu *e);
+
+static void emu_ipc_close(cddp_device *dev, void *p) {
+    drain(of(dev));
+    cddp__emu_mem_unimport(of(dev)->mem, p);
+}
+
+static void *emu_ipc_event_create(cddp_device *dev, unsigned char *handle, cddp_error *err) {
+    emu_event *e = emu_event_create(dev, err);
+    if (!e) return NULL;
+    int fd = memfd_create("cddp-emu-event", MFD_CLOEXEC);
+    void *s = MAP_FAILED;
+    if (fd >= 0 && ftruncate(fd, sizeof(shared_ev)) == 0)
+        s = mmap(NULL, sizeof(shared_ev), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (s == MAP_FAILED) {
+        cddp_error_set(err, CDDP_ENOMEM, "%s: cannot make a shared event: %s", dev->name,
+                       strerror(errno));
+        if (fd >= 0) close(fd);
+        cddp_free(e);
+        return NULL;
+    }
+    e->s = s, e->fd = fd, e->pid = getpid();
+    emu_handle h = {EVENT_MAGIC, e->pid, fd, 0, sizeof(shared_ev)};
+    memcpy(handle, &h, sizeof h);
+    return e;
+}
+
+static void *emu_ipc_event_open(cddp_device *dev, const unsigned char *handle, cddp_error *err) {
+    emu_handle h;
+    if (read_handle(dev, handle, EVENT_MAGIC, &h, err) != CDDP_OK) return NULL;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", h.pid, h.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    void *s = fd < 0 ? MAP_FAILED
+                     : mmap(NULL, sizeof(shared_ev), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int e = errno;
+    if (fd >= 0) close(fd);
+    if (s == MAP_FAILED) {
+        cddp_error_set(err, CDDP_ENOENT,
+                       "%s: cannot open process %d's event (%s): %s (has it ended?)", dev->name,
+                       h.pid, path, strerror(e));
+        return NULL;
+    }
+    emu_event *ev = emu_event_create(dev, err);
+    if (!ev) {
+        munmap(s, sizeof(shared_ev));
+        return NULL;
+    }
+    ev->s = s, ev->pid = h.pid;
+    return ev;
 }
 
 static void *emu_queue_create(cddp_device *dev, cddp_error *err);
@@ -304,9 +497,8 @@ static int emu_memset(cddp_device *dev, void *queue, void *dst, int byte, size_t
 }
 
 static int emu_synchronize(cddp_device *dev, void *queue, cddp_error *err) {
-    (void)err;
     cddp__emu_queue_wait(queue_of(dev, queue));
-    return CDDP_OK;
+    return still_whole(dev, err);
 }
 
 static void emu_scrub(cddp_device *dev, void *p, size_t n) {
@@ -331,6 +523,11 @@ static const cddp__device_ops ops = {
     .queue_destroy = emu_queue_destroy,
     .upload_async = emu_upload_async,
     .queue_wait = emu_queue_wait,
+    .ipc_export = emu_ipc_export,
+    .ipc_open = emu_ipc_open,
+    .ipc_close = emu_ipc_close,
+    .ipc_event_create = emu_ipc_event_create,
+    .ipc_event_open = emu_ipc_event_open,
 };
 
 /* ---- the kind ------------------------------------------------------------------------------ */
@@ -360,6 +557,14 @@ static void emu_queue_destroy(cddp_device *dev, void *queue) {
         if (e->extra[k] == queue) e->extra[k] = NULL;
     pthread_mutex_unlock(&lock);
     cddp__emu_queue_destroy(queue);
+}
+
+static void drain(emu *e) {
+    pthread_mutex_lock(&lock);
+    cddp__emu_queue_wait(e->queue);
+    for (int k = 0; k < MAX_QUEUES; k++)
+        if (e->extra[k]) cddp__emu_queue_wait(e->extra[k]);
+    pthread_mutex_unlock(&lock);
 }
 
 /* fork(): every queue drained and every allocator locked before, unlocked after; in the child

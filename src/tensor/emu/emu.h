@@ -27,6 +27,14 @@ void cddp__emu_mem_free(cddp__emu_mem *m, void *p);
  * whether p is device memory. */
 void *cddp__emu_mem_reach(const cddp__emu_mem *m, const void *p);
 bool cddp__emu_mem_owns(const cddp__emu_mem *m, const void *p);
+/* Device allocation p's memory file, offset and size in it (what another process maps): 0, or -1
+ * when p is not where an allocation starts. */
+int cddp__emu_mem_extent(cddp__emu_mem *m, const void *p, int *fd, size_t *at, size_t *size);
+/* Process pid's allocation (its memory file fd, at offset at, of size bytes) mapped here as this
+ * memory is (owns and reach take it) until _unimport; NULL with err when it cannot be. */
+void *cddp__emu_mem_import(cddp__emu_mem *m, int pid, int fd, size_t at, size_t size,
+                           cddp_error *err);
+void cddp__emu_mem_unimport(cddp__emu_mem *m, void *p);
 /* Around fork(): _lock before it (no allocation half done), _unlock after it in both processes;
  * _private in the child, after unlocking: its writes to device memory stay its own. */
 void cddp__emu_mem_lock(cddp__emu_mem *m);

@@ -5,16 +5,26 @@
 #include "tensor/emu/emu.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define ALIGN 64
+#define ALIGN   64
+#define IMPORTS 32 /* other processes' allocations open at once */
 
 typedef struct block {
     struct block *next;
     size_t at, size; /* offsets in the region */
 } block;
+
+/* Another process's allocation, mapped as the device's own memory is: map and map_reach are the
+ * whole pages, host and reach the allocation in them. */
+typedef struct import {
+    char *map, *map_reach, *host, *reach;
+    size_t map_size, size;
+} import;
 
 struct cddp__emu_mem {
     char *host;  /* PROT_NONE: what cddp__emu_mem_alloc returns */
@@ -24,6 +34,8 @@ struct cddp__emu_mem {
     pthread_mutex_t lock;
     block *free;  /* free blocks by address */
     block *taken; /* taken blocks (unordered) */
+    pthread_mutex_t import_lock;
+import imports[IMPORTS]; /* under import_lock; a free slot has map NULL */
 };
 
 cddp__emu_mem *cddp__emu_mem_create(size_t bytes, cddp_error *err) {
@@ -52,6 +64,7 @@ cddp__emu_mem *cddp__emu_mem_create(size_t bytes, cddp_error *err) {
     m->fd = fd;
     m->size = bytes;
     pthread_mutex_init(&m->lock, NULL);
+    pthread_mutex_init(&m->import_lock, NULL);
     *all = (block){NULL, 0, bytes};
     m->free = all;
     return m;
@@ -73,6 +86,12 @@ void cddp__emu_mem_destroy(cddp__emu_mem *m) {
     if (!m) return;
     munmap(m->host, m->size);
     munmap(m->reach, m->size);
+    for (int i = 0; i < IMPORTS; i++)
+        if (m->imports[i].map) {
+            munmap(m->imports[i].map, m->imports[i].map_size);
+            munmap(m->imports[i].map_reach, m->imports[i].map_size);
+        }
+    pthread_mutex_destroy(&m->import_lock);
     close(m->fd);
     blocks_free(m->free);
     blocks_free(m->taken);
@@ -143,13 +162,95 @@ void cddp__emu_mem_free(cddp__emu_mem *m, void *p) {
     pthread_mutex_unlock(&m->lock);
 }
 
+/* The import holding p (NULL: none); m's import_lock held. */
+static const import *import_of(const cddp__emu_mem *m, const void *p) {
+    for (int i = 0; i < IMPORTS; i++) {
+        const import *im = &m->imports[i];
+        if (im->map && (const char *)p >= im->host && (const char *)p < im->host + im->size)
+            return im;
+    }
+    return NULL;
+}
+
 bool cddp__emu_mem_owns(const cddp__emu_mem *m, const void *p) {
-    return (const char *)p >= m->host && (const char *)p < m->host + m->size;
+    if ((const char *)p >= m->host && (const char *)p < m->host + m->size) return true;
+    cddp__emu_mem *w = (cddp__emu_mem *)m; /* the lock only */
+    pthread_mutex_lock(&w->import_lock);
+    bool found = import_of(m, p) != NULL;
+    pthread_mutex_unlock(&w->import_lock);
+    return found;
 }
 
 void *cddp__emu_mem_reach(const cddp__emu_mem *m, const void *p) {
-    if (!cddp__emu_mem_owns(m, p)) return (void *)p;
-    return m->reach + ((const char *)p - m->host);
+    if ((const char *)p >= m->host && (const char *)p < m->host + m->size)
+        return m->reach + ((const char *)p - m->host);
+    cddp__emu_mem *w = (cddp__emu_mem *)m;
+    pthread_mutex_lock(&w->import_lock);
+    const import *im = import_of(m, p);
+    void *r = im ? im->reach + ((const char *)p - im->host) : (void *)p;
+    pthread_mutex_unlock(&w->import_lock);
+    return r;
+}
+
+int cddp__emu_mem_extent(cddp__emu_mem *m, const void *p, int *fd, size_t *at, size_t *size) {
+    pthread_mutex_lock(&m->lock);
+    const block *b = m->taken;
+    while (b && m->host + b->at != (const char *)p) b = b->next;
+    if (b) *fd = m->fd, *at = b->at, *size = b->size;
+    pthread_mutex_unlock(&m->lock);
+    return b ? 0 : -1;
+}
+
+void *cddp__emu_mem_import(cddp__emu_mem *m, int pid, int fd, size_t at, size_t size,
+                           cddp_error *err) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fd);
+    int f = open(path, O_RDWR | O_CLOEXEC);
+    if (f < 0) {
+        cddp_error_set(err, CDDP_ENOENT,
+                       "emu: cannot open process %d's device memory (%s): %s (has it ended?)", pid,
+                       path, strerror(errno));
+        return NULL;
+    }
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), from = at / page * page;
+    size_t map_size = (at + size - from + page - 1) / page * page;
+    char *map = mmap(NULL, map_size, PROT_NONE, MAP_SHARED, f, (off_t)from);
+    char *reach = mmap(NULL, map_size, PROT_READ | PROT_WRITE, MAP_SHARED, f, (off_t)from);
+    int e = errno;
+    close(f);
+    if (map == MAP_FAILED || reach == MAP_FAILED) {
+        if (map != MAP_FAILED) munmap(map, map_size);
+        if (reach != MAP_FAILED) munmap(reach, map_size);
+        cddp_error_set(err, CDDP_ENOMEM, "emu: cannot map process %d's device memory: %s", pid,
+                       strerror(e));
+        return NULL;
+    }
+    pthread_mutex_lock(&m->import_lock);
+    int i = 0;
+    while (i < IMPORTS && m->imports[i].map) i++;
+    if (i < IMPORTS)
+        m->imports[i] =
+            (import){map, reach, map + (at - from), reach + (at - from), map_size, size};
+    pthread_mutex_unlock(&m->import_lock);
+    if (i == IMPORTS) {
+        munmap(map, map_size);
+        munmap(reach, map_size);
+        cddp_error_set(err, CDDP_ENOMEM,
+                       "emu: at most %d other processes' allocations open at once", IMPORTS);
+        return NULL;
+    }
+    return map + (at - from);
+}
+
+void cddp__emu_mem_unimport(cddp__emu_mem *m, void *p) {
+    pthread_mutex_lock(&m->import_lock);
+    import *im = (import *)import_of(m, p);
+    CDDP_CHECK(im && im->host == p, "emu: closing %p, which is not another process's memory", p);
+import gone = * im;
+    im->map = NULL;
+    pthread_mutex_unlock(&m->import_lock);
+    munmap(gone.map, gone.map_size);
+    munmap(gone.map_reach, gone.map_size);
 }
 
 void cddp__emu_mem_lock(cddp__emu_mem *m) {

@@ -1,0 +1,312 @@
+/* ipc.c: collectives on device memory between the ranks of one host, through shared device memory
+ * and shared events (cddp/ipc.h, which says how a collective runs and what a fence is).
+ *
+ * Every rank issues the same collectives in the same order (the group's rule), so each takes the
+ * same region of every rank's scratch: `used` advances alike everywhere, and a rank reads region
+ * [at, at + bytes) of another's scratch knowing that the other wrote its own copy there. */
+#include "cddp/ipc.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define DEFAULT_SCRATCH ((size_t)64 << 20)
+#define ALIGN           256
+
+struct cddp_ipc {
+    cddp_comm *group;
+    cddp_device *dev;
+    cddp_queue *queue; /* the collectives' */
+    int rank, world;
+    double timeout;
+    size_t cap, used; /* the scratch's size, and how much of it this round of collectives took */
+    char **scratch;   /* per rank: its scratch as this process reaches it (own: allocated here) */
+    cddp_event **ev;  /* per rank: its shared event (own: made here, the others opened) */
+    cddp_event *ready, *done; /* the device's default queue -> the collectives' queue, and back */
+    cddp_error failed;        /* latched: every later call reports it */
+};
+
+/* Every rank's outcome of a step of creation: CDDP_OK everywhere, or the first failing rank's
+ * error on every rank. */
+typedef struct outcome {
+    int32_t rc;
+    char msg[252];
+} outcome;
+
+static int agree(cddp_ipc *c, int rc, const cddp_error *mine, cddp_error *err) {
+    outcome me = {rc, ""}, *all = cddp_calloc((size_t)c->world, sizeof *all);
+    if (rc != CDDP_OK) snprintf(me.msg, sizeof me.msg, "%.250s", mine->msg);
+    if (!all) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    int st = cddp_comm_allgather(c->group, &me, all, sizeof me / sizeof(int32_t), CDDP_COMM_I32,
+                                 c->timeout, err);
+    for (int r = 0; st == CDDP_OK && r < c->world; r++)
+        if (all[r].rc != CDDP_OK)
+            st = cddp_error_set(err, all[r].rc, "CUDA IPC: %s", all[r].msg); /* it names r */
+    cddp_free(all);
+    return st;
+}
+
+/* The handles a rank sends the others. */
+typedef struct handles {
+    cddp_ipc_handle mem, ev;
+} handles;
+
+static int make_own(cddp_ipc *c, handles *h, cddp_error *err) {
+    if (!cddp_device_ipc_capable(c->dev))
+        return cddp_error_set(err, CDDP_EUNSUPPORTED,
+                              "%s shares no memory with other processes: ranks on the CPU "
+                              "reduce through the group's own transports",
+                              cddp_device_name(c->dev));
+    if (!(c->queue = cddp_queue_create(c->dev, err))) return err->code;
+    if (!(c->scratch[c->rank] = cddp_device_alloc(c->dev, c->cap, err))) return err->code;
+    if (!(c->ready = cddp_event_create(c->dev, err)) || !(c->done = cddp_event_create(c->dev, err)))
+        return err->code;
+    if (!(c->ev[c->rank] = cddp_event_create_shared(c->dev, &h->ev, err))) return err->code;
+    return cddp_device_ipc_export(c->dev, c->scratch[c->rank], &h->mem, err);
+}
+
+static int open_peers(cddp_ipc *c, const handles *all, cddp_error *err) {
+    for (int r = 0; r < c->world; r++) {
+        if (r == c->rank) continue;
+        if (!(c->scratch[r] = cddp_device_ipc_open(c->dev, &all[r].mem, err)) ||
+            !(c->ev[r] = cddp_event_open_shared(c->dev, &all[r].ev, err)))
+            return err->code;
+    }
+    return CDDP_OK;
+}
+
+/* Each rank's own, after a failure or once the others are done with it. */
+static void release(cddp_ipc *c) {
+    if (c->queue) {
+        cddp_error e = {0};
+        if (c->done && cddp_queue_record(c->queue, c->done, &e) == CDDP_OK)
+            cddp_event_synchronize(c->done, &e);
+    }
+    for (int r = 0; c->scratch && r < c->world; r++)
+        if (r != c->rank) {
+            cddp_device_ipc_close(c->dev, c->scratch[r]);
+            cddp_event_destroy(c->ev[r]);
+        }
+    if (c->scratch) cddp_device_free(c->dev, c->scratch[c->rank]);
+    if (c->ev) cddp_event_destroy(c->ev[c->rank]);
+    cddp_event_destroy(c->ready);
+    cddp_event_destroy(c->done);
+    cddp_queue_destroy(c->queue);
+    cddp_free(c->scratch);
+    cddp_free(c->ev);
+    cddp_free(c);
+}
+
+cddp_ipc *cddp_ipc_create(cddp_comm *group, cddp_device *dev, const cddp_ipc_options *opts,
+                          cddp_error *err) {
+    cddp_ipc_options o = opts ? *opts : (cddp_ipc_options){0};
+    cddp_ipc *c = cddp_calloc(1, sizeof *c);
+    if (!c) {
+        cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+        return NULL;
+    }
+    c->group = group;
+    c->dev = dev;
+    c->rank = cddp_comm_rank(group);
+    c->world = cddp_comm_size(group);
+    c->timeout = o.timeout_s > 0 ? o.timeout_s : 300;
+    c->cap = ((o.scratch_bytes ? o.scratch_bytes : DEFAULT_SCRATCH) + ALIGN - 1) / ALIGN * ALIGN;
+    c->scratch = cddp_calloc((size_t)c->world, sizeof *c->scratch);
+    c->ev = cddp_calloc((size_t)c->world, sizeof *c->ev);
+    handles mine = {0}, *all = cddp_calloc((size_t)c->world, sizeof *all);
+    cddp_error e = {0};
+    int rc =
+        !c->scratch || !c->ev || !all ? cddp_error_set(&e, CDDP_ENOMEM, "out of memory") : CDDP_OK;
+    if (rc == CDDP_OK && cddp_comm_local_size(group) != c->world)
+        rc = cddp_error_set(&e, CDDP_EUNSUPPORTED,
+                            "the group spans hosts (%d of its %d ranks on this one): CUDA IPC "
+                            "joins the ranks of one host; across hosts, reduce with NCCL or "
+                            "through host copies",
+                            cddp_comm_local_size(group), c->world);
+    if (rc == CDDP_OK) rc = make_own(c, &mine, &e);
+    rc = agree(c, rc, &e, err);
+    if (rc == CDDP_OK)
+        rc = cddp_comm_allgather(group, &mine, all, sizeof mine / sizeof(int32_t), CDDP_COMM_I32,
+                                 c->timeout, err);
+    if (rc == CDDP_OK) rc = agree(c, open_peers(c, all, &e), &e, err);
+    cddp_free(all);
+    if (rc != CDDP_OK) {
+        release(c);
+        return NULL;
+    }
+    cddp_log(c->rank == 0 ? CDDP_LOG_INFO : CDDP_LOG_DEBUG, "ipc",
+             "%d ranks share their %s memory: %zu KiB of scratch each", c->world,
+             cddp_device_name(dev), c->cap >> 10);
+    return c;
+}
+
+int cddp_ipc_check(cddp_ipc *c, cddp_error *err) {
+    if (!c->failed.code) return CDDP_OK;
+    *err = c->failed;
+    return c->failed.code;
+}
+
+/* A failure, latched. */
+static int fail(cddp_ipc *c, const cddp_error *e, cddp_error *err) {
+    if (!c->failed.code) c->failed = *e;
+    *err = c->failed;
+    return c->failed.code;
+}
+
+/* Every rank's queue goes on only after every other rank's work queued so far (see ipc.h). */
+static int fence(cddp_ipc *c, cddp_error *err) {
+    cddp_error e = {0};
+    if (cddp_queue_record(c->queue, c->ev[c->rank], &e) != CDDP_OK ||
+        cddp_comm_barrier(c->group, c->timeout, &e) != CDDP_OK)
+        return fail(c, &e, err);
+    for (int r = 0; r < c->world; r++)
+        if (r != c->rank && cddp_queue_wait(c->queue, c->ev[r], &e) != CDDP_OK)
+            return fail(c, &e, err);
+    return CDDP_OK;
+}
+
+/* The start of a collective: its arguments, and its queue after the device's work so far. */
+static int begin(cddp_ipc *c, const char *what, cddp_comm_dtype dtype, cddp_comm_op op,
+                 int64_t count, cddp_error *err) {
+    CDDP_TRY(cddp_ipc_check(c, err));
+    if (dtype != CDDP_COMM_F32 || (op != CDDP_COMM_SUM && op != CDDP_COMM_MEAN) || count < 0)
+        return cddp_error_set(err, CDDP_EUNSUPPORTED,
+                              "CUDA IPC %s: float32 sums and means only (asked: %s %s of %lld)",
+                              what, cddp_comm_dtype_name(dtype), cddp_comm_op_name(op),
+                              (long long)count);
+    cddp_error e = {0};
+    if (cddp_event_record(c->ready, &e) != CDDP_OK ||
+        cddp_queue_wait(c->queue, c->ready, &e) != CDDP_OK)
+        return fail(c, &e, err);
+    return CDDP_OK;
+}
+
+/* Where a piece of `bytes` goes in every rank's scratch: after the last, or (fenced) from the
+ * start. */
+static int take(cddp_ipc *c, size_t bytes, size_t *at, cddp_error *err) {
+    bytes = (bytes + ALIGN - 1) / ALIGN * ALIGN;
+    if (c->used + bytes > c->cap) {
+        CDDP_TRY(fence(c, err)); /* every rank has read what it needed of every scratch */
+        c->used = 0;
+    }
+    *at = c->used;
+    c->used += bytes;
+    return CDDP_OK;
+}
+
+/* The most floats of a piece whose scratch region is `per` times its length. */
+static int64_t piece(const cddp_ipc *c, int64_t per) {
+    return (int64_t)(c->cap / (sizeof(float) * (size_t)per)) / (ALIGN / sizeof(float)) *
+           (ALIGN / sizeof(float));
+}
+
+static float *at_of(const cddp_ipc *c, int r, size_t at) {
+    return (float *)(void *)(c->scratch[r] + at);
+}
+
+/* dst = op over the ranks of their scratch's n floats at `at` (dst's own rank first, then the
+ * others in rank order; the sum of two is the same either way round). */
+static void add_up(cddp_ipc *c, float *dst, size_t at, int64_t n, cddp_comm_op op, bool assign) {
+    if (n <= 0) return;
+    if (assign) cddp_queue_accumulate(c->queue, dst, at_of(c, c->rank, at), (size_t)n, true);
+    for (int r = 0; r < c->world; r++)
+        if (r != c->rank) cddp_queue_accumulate(c->queue, dst, at_of(c, r, at), (size_t)n, false);
+    if (op == CDDP_COMM_MEAN) cddp_queue_scale(c->queue, dst, (size_t)n, 1.0f / (float)c->world);
+}
+
+/* Copies n floats, or latches the failure. */
+static int copy(cddp_ipc *c, void *dst, const void *src, int64_t n, cddp_error *err) {
+    cddp_error e = {0};
+    if (n <= 0 || cddp_queue_copy(c->queue, dst, src, (size_t)n * sizeof(float), &e) == CDDP_OK)
+        return CDDP_OK;
+    return fail(c, &e, err);
+}
+
+int cddp_ipc_allreduce(cddp_ipc *c, const void *send, void *recv, int64_t count,
+                       cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    CDDP_TRY(begin(c, "allreduce", dtype, op, count, err));
+    const float *s = send;
+    float *out = recv;
+    int64_t most = piece(c, 1);
+    for (int64_t k = 0; k < count; k += most) {
+        int64_t m = CDDP_MIN(most, count - k), part = (m + c->world - 1) / c->world;
+        size_t at;
+        CDDP_TRY(take(c, (size_t)m * sizeof(float), &at, err));
+        CDDP_TRY(copy(c, at_of(c, c->rank, at), s + k, m, err));
+        CDDP_TRY(fence(c, err));
+        int64_t lo = CDDP_MIN(c->rank * part, m), hi = CDDP_MIN(lo + part, m);
+        /* this rank's part, summed into its own scratch (the others read theirs only) */
+        add_up(c, at_of(c, c->rank, at + (size_t)lo * sizeof(float)),
+               at + (size_t)lo * sizeof(float), hi - lo, op, false);
+        CDDP_TRY(fence(c, err));
+        for (int r = 0; r < c->world; r++) {
+            int64_t rlo = CDDP_MIN(r * part, m), rhi = CDDP_MIN(rlo + part, m);
+            CDDP_TRY(copy(c, out + k + rlo, at_of(c, r, at + (size_t)rlo * sizeof(float)),
+                          rhi - rlo, err));
+        }
+    }
+    return CDDP_OK;
+}
+
+int cddp_ipc_reduce_scatter(cddp_ipc *c, const void *send, void *recv, int64_t count,
+                            cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    CDDP_TRY(begin(c, "reduce_scatter", dtype, op, count, err));
+    const float *s = send;
+    float *out = recv;
+    int64_t most = piece(c, c->world);
+    for (int64_t k = 0; k < count; k += most) {
+        int64_t m = CDDP_MIN(most, count - k);
+        size_t at, row = (size_t)m * sizeof(float);
+        CDDP_TRY(take(c, row * (size_t)c->world, &at, err));
+        for (int r = 0; r < c->world; r++)
+            CDDP_TRY(copy(c, at_of(c, c->rank, at + (size_t)r * row), s + r * count + k, m, err));
+        CDDP_TRY(fence(c, err));
+        add_up(c, out + k, at + (size_t)c->rank * row, m, op, true);
+    }
+    return CDDP_OK;
+}
+
+int cddp_ipc_allgather(cddp_ipc *c, const void *send, void *recv, int64_t count,
+                       cddp_comm_dtype dtype, cddp_error *err) {
+    CDDP_TRY(begin(c, "allgather", dtype, CDDP_COMM_SUM, count, err));
+    const float *s = send;
+    float *out = recv;
+    int64_t most = piece(c, 1);
+    for (int64_t k = 0; k < count; k += most) {
+        int64_t m = CDDP_MIN(most, count - k);
+        size_t at;
+        CDDP_TRY(take(c, (size_t)m * sizeof(float), &at, err));
+        CDDP_TRY(copy(c, at_of(c, c->rank, at), s + k, m, err));
+        CDDP_TRY(fence(c, err));
+        for (int r = 0; r < c->world; r++)
+            CDDP_TRY(copy(c, out + r * count + k, at_of(c, r, at), m, err));
+    }
+    return CDDP_OK;
+}
+
+int cddp_ipc_join(cddp_ipc *c, cddp_error *err) {
+    CDDP_TRY(cddp_ipc_check(c, err));
+    cddp_error e = {0};
+    if (cddp_queue_record(c->queue, c->done, &e) != CDDP_OK ||
+        cddp_device_wait_event(c->dev, c->done, &e) != CDDP_OK)
+        return fail(c, &e, err);
+    return CDDP_OK;
+}
+
+int cddp_ipc_wait(cddp_ipc *c, cddp_error *err) {
+    CDDP_TRY(cddp_ipc_check(c, err));
+    cddp_error e = {0};
+    if (cddp_queue_record(c->queue, c->done, &e) != CDDP_OK ||
+        cddp_event_synchronize(c->done, &e) != CDDP_OK)
+        return fail(c, &e, err);
+    return CDDP_OK;
+}
+
+void cddp_ipc_destroy(cddp_ipc *c) {
+    if (!c) return;
+    cddp_error e = {0};
+    /* no rank frees its scratch while another may still read it: each waits for its own reads,
+     * then all meet (skipped after a failure: the group may have lost a rank) */
+    if (!c->failed.code && cddp_ipc_wait(c, &e) == CDDP_OK)
+        cddp_comm_barrier(c->group, c->timeout, &e);
+    release(c);
+}
