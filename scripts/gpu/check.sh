@@ -24,14 +24,15 @@
 #   7. the GPT's training speed (6 layers, width 384, context 256), cddp and PyTorch eager, in
 #      float32 and bf16, and how much of cddp's iteration the host spends queuing its kernels
 #   9. the GPT on 2 ranks sharing the GPU (host-staged reduction): the tiny one against 2 ranks on
-#      the CPU (1e-4) and with --zero (ZeRO-1) against itself without (1e-5), the 6-layer one's
-#      speed against PyTorch DDP over gloo on the same GPU; and
+#      the CPU (1e-4), with --zero (ZeRO-1) and with --ipc (CUDA IPC, with and without --zero)
+#      against itself staged (1e-5), the 6-layer one's speed staged and with --ipc against
+#      PyTorch DDP over gloo on the same GPU; and
 #      NCCL (the wheels' library) on one rank: cddp_nccl's allreduce of device memory (and its
 #      order with the device's stream), ddp_train --nccl against ddp_train, the 6-layer GPT's
 #      tokens/s with --nccl against without (bar: 2 %), and 2 ranks on the one GPU refused with
-#      --nccl; whether CUDA IPC works between two processes on the GPU (ipc_probe: what a CUDA-IPC
-#      transport needs); last, rank 1 of 2 on the GPU SIGKILLed mid-training: the job stops naming
-#      it
+#      --nccl; whether CUDA IPC works between two processes on the GPU (ipc_probe) and cddp_ipc's
+#      collectives on 2 ranks sharing it (ipc_check, bit for bit); last, rank 1 of 2 on the GPU
+#      SIGKILLed mid-training, staged and with --ipc: the job stops naming it
 #  11. gpt_train's recipe (its defaults: 4 layers, width 128, 2000 iterations on fortunes) in bf16
 #      and in fp32 on the GPU: the final validation losses within 0.05 of each other
 #  10. (only when asked for) GPT-2 124M in bf16, batch 16 x 1024: cddp's --bench against PyTorch
@@ -421,11 +422,23 @@ gpt2() {
     ok=FAIL
     [ "$worst" != none ] && awk -v w="$worst" 'BEGIN { exit !(w <= 1e-5) }' && ok=ok
     outcome "gpt_2ranks --zero (ZeRO-1, 2 ranks on $d)" "$ok" "against DDP on $d: largest difference $worst relative (bound 1e-5); val ${vz:-none}"
+    # CUDA IPC (--ipc: each rank sums its part from the other's memory on the GPU): the staged
+    # path's losses, with and without ZeRO-1 (each sum has the same two terms either way)
+    local i vi
+    for i in "" --zero; do
+        z=$(cddp timeout 60 $run "$bin/gpt_train" $tiny --device "$d" --ipc $i 2>&1)
+        vi=$(val_loss "$z") worst=$(apart "$g" "$z")
+        [ -n "$vi" ] || echo "$z" | tail -n 8
+        ok=FAIL
+        [ "$worst" != none ] && awk -v w="$worst" 'BEGIN { exit !(w <= 1e-5) }' && ok=ok
+        outcome "gpt_2ranks --ipc $i (CUDA IPC, 2 ranks on $d)" "$ok" "against the staged reduction: largest difference $worst relative (bound 1e-5); val ${vi:-none}"
+    done
     fits 90 || {
         outcome "gpt_2ranks_1gpu speed" "not run" "out of time"
         return
     }
     c=$(cddp timeout 90 $run "$bin/gpt_train" $gpt6 --device "$d" 2>&1 | grep '"median_iter_ms"')
+    i=$(cddp timeout 90 $run "$bin/gpt_train" $gpt6 --device "$d" --ipc 2>&1 | grep '"median_iter_ms"')
     local td=$torch_device
     [ "$td" = cuda ] && td=cuda:0
     # cddprun with the carried libraries, PyTorch's ranks with the environment's own
@@ -436,15 +449,20 @@ gpt2() {
     echo "$t" | grep -q '"impl"' || echo "$t" | grep -v '^ *$' | tail -n 12
     t=$(echo "$t" | grep '"impl"')
     echo "$t"
-    local cv tv
+    echo "$i"
+    local cv iv tv best
     cv=$(tokens_per_s $((2 * 16 * 256)) "$c")
+    iv=$(tokens_per_s $((2 * 16 * 256)) "$i")
     tv=$(tokens_per_s $((2 * 16 * 256)) "$t")
+    best=$(awk -v a="${cv:-0}" -v b="${iv:-0}" 'BEGIN { m = a > b ? a : b; if (m > 0) print m }')
     local config="GPT 6 layers, 6 heads, width 384, context 256, 2 ranks x batch 16 on one GPU, AdamW, fp32; tokens/s (both ranks) of the median of 30 iterations"
-    result gpt_2ranks_1gpu cddp "${cv:-null}" tokens/s "$config, host-staged reduction, $d"
+    result gpt_2ranks_1gpu cddp "${best:-null}" tokens/s "$config, the better of cddp-staged and cddp-ipc, $d"
+    result gpt_2ranks_1gpu cddp-staged "${cv:-null}" tokens/s "$config, host-staged reduction, $d"
+    result gpt_2ranks_1gpu cddp-ipc "${iv:-null}" tokens/s "$config, CUDA IPC (--ipc), $d"
     result gpt_2ranks_1gpu torch-gloo "${tv:-null}" tokens/s "$config, DistributedDataParallel over gloo, $td"
     ok=FAIL
-    [ -n "$cv" ] && [ -n "$tv" ] && ok=ok
-    outcome "gpt_2ranks_1gpu fp32, tokens/s" $ok "cddp (staged) ${cv:-none}, PyTorch DDP over gloo ${tv:-none}, ratio $(ratio "$cv" "$tv")"
+    [ -n "$cv" ] && [ -n "$iv" ] && [ -n "$tv" ] && ok=ok
+    outcome "gpt_2ranks_1gpu fp32, tokens/s" $ok "cddp staged ${cv:-none}, CUDA IPC ${iv:-none}, PyTorch DDP over gloo ${tv:-none}; best / gloo $(ratio "$best" "$tv")"
 }
 # NCCL itself (cddp_nccl, the wheels' library) on one rank: an allreduce of device memory.
 nccl1() {
@@ -494,19 +512,34 @@ nccl1() {
     outcome "ddp_train --nccl, 2 ranks on one GPU refused" "$ok" "$(echo "$b" | grep -m1 "on one GPU" | cut -c1-160)"
 }
 # ipc: CUDA IPC between two processes on the GPU (tests/gpu/ipc_probe.c): memory and an event
-# opened by another process, its reads and writes checked; CUDA's words when a step fails.
+# opened by another process, its reads and writes checked; CUDA's words when a step fails. Then
+# cddp_ipc's collectives on 2 ranks sharing the device (tests/ipc/ipc_check.c: allreduce,
+# reduce-scatter and allgather, back to back, every element bit for bit; a small scratch, and
+# 64 MiB).
 ipc() {
-    if [ "$device" != cuda ] || [ ! -x "$bin/ipc_probe" ]; then
-        outcome "CUDA IPC between two processes (ipc_probe)" "not run" "no GPU, or no ipc_probe"
-        return
-    fi
     local line ok=FAIL
-    line=$(cddp timeout 90 "$bin/ipc_probe" 2>&1 | tail -n 1)
-    echo "$line"
-    case "$line" in "CUDA IPC: ok"*) ok=ok ;; esac
-    outcome "CUDA IPC between two processes (ipc_probe)" "$ok" "$line"
-    result cuda_ipc cddp "$([ $ok = ok ] && echo 1 || echo 0)" "works" "ipc_probe: $line" \
-        ", \"pass\": $([ $ok = ok ] && echo true || echo false)"
+    if [ "$device" = cuda ] && [ -x "$bin/ipc_probe" ]; then
+        line=$(cddp timeout 90 "$bin/ipc_probe" 2>&1 | tail -n 1)
+        echo "$line"
+        case "$line" in "CUDA IPC: ok"*) ok=ok ;; esac
+        outcome "CUDA IPC between two processes (ipc_probe)" "$ok" "$line"
+        result cuda_ipc cddp "$([ $ok = ok ] && echo 1 || echo 0)" "works" "ipc_probe: $line" \
+            ", \"pass\": $([ $ok = ok ] && echo true || echo false)"
+    fi
+    fits 40 || {
+        outcome "cddp_ipc's collectives, 2 ranks" "not run" "out of time"
+        return
+    }
+    local scratch o n
+    for scratch in 65536 67108864; do
+        o=$(cddp timeout 60 "$bin/cddprun" --nproc_per_node 2 "$bin/ipc_check" --device "$device" \
+            --scratch $scratch --rounds 4 2>&1)
+        n=$(echo "$o" | grep -c "ipc ok (2 ranks")
+        echo "$o" | grep -v "ipc ok" | tail -n 4
+        ok=FAIL
+        [ "$n" = 2 ] && ok=ok
+        outcome "cddp_ipc's collectives, 2 ranks on one $device, scratch $scratch" "$ok" "$(echo "$o" | grep -m1 "ipc ok\|rank [01]:" | cut -c1-160)"
+    done
 }
 # A rank killed in the middle of training on the device (2 ranks sharing it, host-staged): the job
 # stops in seconds, naming it as the root cause (tests/ddp/device_kill.sh).
@@ -517,9 +550,14 @@ kill1() {
     fi
     local d=$device b ok=FAIL
     [ "$d" = cuda ] && d=cuda:0
-    b=$(cddp timeout 90 "$root/tests/ddp/device_kill.sh" "$carry" "$d" 2>&1)
-    echo "$b" | grep -q "^ok: rank 1 killed" && ok=ok
-    outcome "2 ranks on $d, rank 1 SIGKILLed mid-training" "$ok" "$(echo "$b" | tail -n 1 | cut -c1-160)"
+    local flag
+    for flag in "" --ipc; do
+        fits 30 || break
+        b=$(cddp timeout 90 "$root/tests/ddp/device_kill.sh" "$carry" "$d" $flag 2>&1)
+        ok=FAIL
+        echo "$b" | grep -q "^ok: rank 1 killed" && ok=ok
+        outcome "2 ranks on $d $flag, rank 1 SIGKILLed mid-training" "$ok" "$(echo "$b" | tail -n 1 | cut -c1-160)"
+    done
 }
 if want 9; then
     gpt2

@@ -1,7 +1,9 @@
-# env.sh (sourced by check.sh and profile.sh on the GPU machine, with carry and py set): unpacks the
-# carried Debian runtime packages into /tmp/cddp-libs and defines ld (the programs' library path:
-# those, cuBLASLt from PyTorch's wheels or the toolkit), CDDP_NCCL_LIBRARY (the wheels' NCCL) and
-# cddp CMD... (CMD run with it; python3 and PyTorch keep their own libraries).
+# env.sh (sourced by check.sh, quick.sh and profile.sh on the GPU machine, with carry and py set):
+# unpacks the carried Debian runtime packages into /tmp/cddp-libs and defines ld (the programs'
+# library path: those, cuBLASLt from PyTorch's wheels or the toolkit), CDDP_NCCL_LIBRARY (the
+# wheels' NCCL), cddp CMD... (CMD run with it; python3 and PyTorch keep their own libraries) and
+# data, the carried data in /tmp/cddp-data with the GPT's corpus unpacked (it travels packed, in
+# data/corpus.tar.gz, so that the carry stays under 64 MiB).
 libs=/tmp/cddp-libs
 rm -rf "$libs" && mkdir -p "$libs"
 for d in "$carry"/debs/*.deb; do
@@ -29,3 +31,7 @@ NV=$("$py" -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null) && l
 [ -d /usr/local/cuda/lib64 ] && ld=$ld:/usr/local/cuda/lib64
 # cddp's programs get the carried libraries; python3 (PyTorch) keeps its own.
 cddp() { LD_LIBRARY_PATH=$ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$@"; }
+data=/tmp/cddp-data
+rm -rf "$data" && mkdir -p "$data"
+for f in "$carry"/data/*; do ln -s "$f" "$data/"; done
+if [ -f "$carry/data/corpus.tar.gz" ]; then tar -xzf "$carry/data/corpus.tar.gz" -C "$data"; fi

@@ -2,19 +2,20 @@
 # prepare.sh: builds, on a machine without a GPU, what scripts/gpu/check.sh needs on the GPU
 # machine, into build-gpu/carry (ignored by git; about 30 MB):
 #
-#   bin/    device_check, fashion_mnist, ddp_train, bench_mlp, gpt_train, nccl_test, cddprun and
-#           ipc_probe, built with the CUDA device (Release, -Werror, sm_90 + PTX) and without MPI,
+#   bin/    device_check, fashion_mnist, ddp_train, bench_mlp, gpt_train, nccl_test, cddprun,
+#           ipc_probe and ipc_check, built with the CUDA device (Release, -Werror, sm_90 + PTX) and without MPI,
 #           so that they need nothing from the GPU machine but its driver, cuBLASLt (from its
 #           Python wheels) and the Debian libraries below
 #   debs/   Debian's runtime packages of OpenBLAS, oneDNN, cJSON and OpenSSL with what they
 #           need (the GPU machine has no apt; check.sh unpacks them in /tmp)
 #   data/   Fashion-MNIST: the first 20,000 training images and the 10,000 test images; the GPT's
-#           corpus, Debian's fortunes (data/fortunes, and as llm.c's token files in
-#           data/fortunes_tokens); 1M random GPT-2 tokens as llm.c's token files
+#           corpus, Debian's fortunes (fortunes, and as llm.c's token files in fortunes_tokens;
+#           the two packed in data/corpus.tar.gz, which env.sh unpacks into /tmp/cddp-data);
+#           1M random GPT-2 tokens as llm.c's token files
 #           (data/gpt2_train.bin, gpt2_val.bin) for GPT-2's speed
 #   commit  the commit the programs were built from (+dirty when the tree had changes)
 #
-# The carried folder and the tree travel together, 64 MiB at most: this one is about 58 MiB.
+# The carried folder and the tree travel together, 64 MiB at most: this one is about 53 MiB.
 #
 # Then the session with the GPU machine runs, as one call with `carry: ["build-gpu/carry"]`:
 #   scripts/gpu/check.sh build-gpu/carry
@@ -38,7 +39,7 @@ grep -q "the CUDA device is built" "$build/configure.log" || {
     echo "prepare.sh: CMake did not configure the CUDA device (see $build/configure.log)" >&2
     exit 1
 }
-programs="device_check fashion_mnist ddp_train bench_mlp gpt_train cddprun ipc_probe"
+programs="device_check fashion_mnist ddp_train bench_mlp gpt_train cddprun ipc_probe ipc_check"
 # nccl_test where NCCL's header was found (the toolkit's): check.sh's NCCL steps need it
 grep -q "cddp_nccl is built" "$build/configure.log" && programs="$programs nccl_test"
 cmake --build "$build" -j "$(nproc)" --target $programs cddp-tokenize
@@ -81,6 +82,9 @@ cp -rL "$fortunes" "$carry/data/fortunes"
 # the same corpus as llm.c's token files (bytes; the last tenth for validation), which PyTorch
 # reads as they are: step 5's checkpoint check evaluates the device's checkpoint on them
 "$build/bin/cddp-tokenize" "$fortunes" "$carry/data/fortunes_tokens" >/dev/null
+# both packed (10 MB of text and tokens in 3.5 MB): env.sh unpacks them on the GPU machine
+tar -czf "$carry/data/corpus.tar.gz" -C "$carry/data" fortunes fortunes_tokens
+rm -rf "$carry/data/fortunes" "$carry/data/fortunes_tokens"
 # GPT-2's speed on random tokens (llm.c's token files: a header of 256 int32, then uint16 tokens)
 python3 - "$carry/data" <<'EOF'
 import random, struct, sys

@@ -25,7 +25,7 @@ rep=/tmp/cddp-profile
 rm -f "$rep.ncu-rep"
 cddp ncu --metrics gpu__time_duration.sum --clock-control none -o "$rep" -f \
     "$carry/bin/gpt_train" --device cuda --max_iters 3 --eval_interval 1000 --eval_iters 1 \
-    --final_eval 1 --sample 0 --out none --data "$carry/data/fortunes" "$@" >/tmp/cddp-profile.log 2>&1 || {
+    --final_eval 1 --sample 0 --out none --data "$data/fortunes" "$@" >/tmp/cddp-profile.log 2>&1 || {
     tail -n 20 /tmp/cddp-profile.log
     exit 1
 }
