@@ -22,6 +22,7 @@ struct cddp_ipc {
     char **scratch;   /* per rank: its scratch as this process reaches it (own: allocated here) */
     cddp_event **ev;  /* per rank: its shared event (own: made here, the others opened) */
     cddp_event *ready, *done; /* the device's default queue -> the collectives' queue, and back */
+    int64_t *met;             /* a fence's meeting: every rank's MEET_WORDS */
     cddp_error failed;        /* latched: every later call reports it */
 };
 
@@ -93,6 +94,7 @@ static void release(cddp_ipc *c) {
     cddp_queue_destroy(c->queue);
     cddp_free(c->scratch);
     cddp_free(c->ev);
+    cddp_free(c->met);
     cddp_free(c);
 }
 
@@ -112,6 +114,7 @@ cddp_ipc *cddp_ipc_create(cddp_comm *group, cddp_device *dev, const cddp_ipc_opt
     c->cap = ((o.scratch_bytes ? o.scratch_bytes : DEFAULT_SCRATCH) + ALIGN - 1) / ALIGN * ALIGN;
     c->scratch = cddp_calloc((size_t)c->world, sizeof *c->scratch);
     c->ev = cddp_calloc((size_t)c->world, sizeof *c->ev);
+    c->met = cddp_calloc((size_t)c->world * 4, sizeof *c->met);
     handles mine = {0}, *all = cddp_calloc((size_t)c->world, sizeof *all);
     cddp_error e = {0};
     int rc =
@@ -152,12 +155,44 @@ static int fail(cddp_ipc *c, const cddp_error *e, cddp_error *err) {
     return c->failed.code;
 }
 
-/* Every rank's queue goes on only after every other rank's work queued so far (see ipc.h). */
-static int fence(cddp_ipc *c, cddp_error *err) {
+/* What a fence's meeting compares across the ranks: the collective (its kind, count and op, -1
+ * for none) and which of its fences this is, so that ranks that call different collectives fail,
+ * saying so, instead of reading each other's scratch wrongly. */
+enum { MEET_WORDS = 4 };
+enum { ALLREDUCE = 1, REDUCE_SCATTER, ALLGATHER };
+enum { FIRST, SECOND, START_OVER };
+
+static void describe(const int64_t *w, char *out, size_t size) {
+    static const char *const kinds[] = {"?", "allreduce", "reduce_scatter", "allgather"};
+    static const char *const fences[] = {"its first fence", "its second fence",
+                                         "starting the scratch over"};
+    snprintf(out, size, "%s of %lld floats%s%s%s, at %s", kinds[w[0] >= 1 && w[0] <= 3 ? w[0] : 0],
+             (long long)w[1], w[2] >= 0 ? " (" : "",
+             w[2] >= 0 ? cddp_comm_op_name((cddp_comm_op)w[2]) : "", w[2] >= 0 ? ")" : "",
+             fences[w[3] >= 0 && w[3] <= 2 ? w[3] : 0]);
+}
+
+/* Every rank's queue goes on only after every other rank's work queued so far (see ipc.h): this
+ * rank's event recorded, the ranks met on the host (comparing `what`), the others' events waited
+ * for. */
+static int fence(cddp_ipc *c, int kind, int64_t count, int op, int step, cddp_error *err) {
     cddp_error e = {0};
+    const int64_t what[MEET_WORDS] = {kind, count, op, step};
     if (cddp_queue_record(c->queue, c->ev[c->rank], &e) != CDDP_OK ||
-        cddp_comm_barrier(c->group, c->timeout, &e) != CDDP_OK)
+        cddp_comm_allgather(c->group, what, c->met, MEET_WORDS, CDDP_COMM_I64, c->timeout, &e) !=
+            CDDP_OK)
         return fail(c, &e, err);
+    for (int r = 1; r < c->world; r++)
+        if (memcmp(c->met + r * MEET_WORDS, c->met, sizeof what) != 0) {
+            char theirs[160], first[160];
+            describe(c->met + r * MEET_WORDS, theirs, sizeof theirs);
+            describe(c->met, first, sizeof first);
+            cddp_error_set(&e, CDDP_EINVAL,
+                           "CUDA IPC: rank %d called %s where rank 0 called %s: every rank must "
+                           "call the same collectives in the same order",
+                           r, theirs, first);
+            return fail(c, &e, err);
+        }
     for (int r = 0; r < c->world; r++)
         if (r != c->rank && cddp_queue_wait(c->queue, c->ev[r], &e) != CDDP_OK)
             return fail(c, &e, err);
@@ -182,10 +217,12 @@ static int begin(cddp_ipc *c, const char *what, cddp_comm_dtype dtype, cddp_comm
 
 /* Where a piece of `bytes` goes in every rank's scratch: after the last, or (fenced) from the
  * start. */
-static int take(cddp_ipc *c, size_t bytes, size_t *at, cddp_error *err) {
+static int take(cddp_ipc *c, int kind, int64_t count, int op, size_t bytes, size_t *at,
+                cddp_error *err) {
     bytes = (bytes + ALIGN - 1) / ALIGN * ALIGN;
     if (c->used + bytes > c->cap) {
-        CDDP_TRY(fence(c, err)); /* every rank has read what it needed of every scratch */
+        /* every rank has read what it needed of every scratch */
+        CDDP_TRY(fence(c, kind, count, op, START_OVER, err));
         c->used = 0;
     }
     *at = c->used;
@@ -230,14 +267,14 @@ int cddp_ipc_allreduce(cddp_ipc *c, const void *send, void *recv, int64_t count,
     for (int64_t k = 0; k < count; k += most) {
         int64_t m = CDDP_MIN(most, count - k), part = (m + c->world - 1) / c->world;
         size_t at;
-        CDDP_TRY(take(c, (size_t)m * sizeof(float), &at, err));
+        CDDP_TRY(take(c, ALLREDUCE, count, op, (size_t)m * sizeof(float), &at, err));
         CDDP_TRY(copy(c, at_of(c, c->rank, at), s + k, m, err));
-        CDDP_TRY(fence(c, err));
+        CDDP_TRY(fence(c, ALLREDUCE, count, op, FIRST, err));
         int64_t lo = CDDP_MIN(c->rank * part, m), hi = CDDP_MIN(lo + part, m);
         /* this rank's part, summed into its own scratch (the others read theirs only) */
         add_up(c, at_of(c, c->rank, at + (size_t)lo * sizeof(float)),
                at + (size_t)lo * sizeof(float), hi - lo, op, false);
-        CDDP_TRY(fence(c, err));
+        CDDP_TRY(fence(c, ALLREDUCE, count, op, SECOND, err));
         for (int r = 0; r < c->world; r++) {
             int64_t rlo = CDDP_MIN(r * part, m), rhi = CDDP_MIN(rlo + part, m);
             CDDP_TRY(copy(c, out + k + rlo, at_of(c, r, at + (size_t)rlo * sizeof(float)),
@@ -256,10 +293,10 @@ int cddp_ipc_reduce_scatter(cddp_ipc *c, const void *send, void *recv, int64_t c
     for (int64_t k = 0; k < count; k += most) {
         int64_t m = CDDP_MIN(most, count - k);
         size_t at, row = (size_t)m * sizeof(float);
-        CDDP_TRY(take(c, row * (size_t)c->world, &at, err));
+        CDDP_TRY(take(c, REDUCE_SCATTER, count, op, row * (size_t)c->world, &at, err));
         for (int r = 0; r < c->world; r++)
             CDDP_TRY(copy(c, at_of(c, c->rank, at + (size_t)r * row), s + r * count + k, m, err));
-        CDDP_TRY(fence(c, err));
+        CDDP_TRY(fence(c, REDUCE_SCATTER, count, op, FIRST, err));
         add_up(c, out + k, at + (size_t)c->rank * row, m, op, true);
     }
     return CDDP_OK;
@@ -274,9 +311,9 @@ int cddp_ipc_allgather(cddp_ipc *c, const void *send, void *recv, int64_t count,
     for (int64_t k = 0; k < count; k += most) {
         int64_t m = CDDP_MIN(most, count - k);
         size_t at;
-        CDDP_TRY(take(c, (size_t)m * sizeof(float), &at, err));
+        CDDP_TRY(take(c, ALLGATHER, count, -1, (size_t)m * sizeof(float), &at, err));
         CDDP_TRY(copy(c, at_of(c, c->rank, at), s + k, m, err));
-        CDDP_TRY(fence(c, err));
+        CDDP_TRY(fence(c, ALLGATHER, count, -1, FIRST, err));
         for (int r = 0; r < c->world; r++)
             CDDP_TRY(copy(c, out + r * count + k, at_of(c, r, at), m, err));
     }

@@ -15,11 +15,14 @@
 
 static int rank, world;
 
+/* One line, written at once: the ranks' lines must not interleave on the launcher's stderr. */
 #define FAIL(...)                                                                                  \
     do {                                                                                           \
-        fprintf(stderr, "%s rank %d: ", CHECK_NAME, rank);                                         \
-        fprintf(stderr, __VA_ARGS__);                                                              \
-        fprintf(stderr, "\n");                                                                     \
+        char fail_[1024];                                                                          \
+        int at_ = snprintf(fail_, sizeof fail_ - 1, "%s rank %d: ", CHECK_NAME, rank);             \
+        snprintf(fail_ + at_, sizeof fail_ - 1 - (size_t)at_, __VA_ARGS__);                        \
+        strcat(fail_, "\n");                                                                       \
+        fputs(fail_, stderr);                                                                      \
         exit(1);                                                                                   \
     } while (0)
 

@@ -10,6 +10,7 @@
  * run would read NaNs (fresh device memory) or the last round's values.
  *
  *   ipc_check [--device emu|cuda] [--scratch BYTES] [--rounds N] [--die-at K] [--timeout S]
+ *             [--mismatch]
  *
  * --scratch (default 64 KiB) is small, so that the larger collectives run in pieces and the
  * scratch starts over many times a round. --die-at K: the last rank exits (status 3) before its
@@ -91,6 +92,7 @@ int main(int argc, char **argv) {
     const char *device = "emu";
     size_t scratch = 64 << 10;
     int rounds = 6, die_at = -1;
+    bool mismatch = false;
     double timeout = 30;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc)
@@ -103,9 +105,11 @@ int main(int argc, char **argv) {
             die_at = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--timeout") && i + 1 < argc)
             timeout = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--mismatch"))
+            mismatch = true;
         else {
             fprintf(stderr, "usage: ipc_check [--device emu|cuda] [--scratch BYTES] [--rounds N] "
-                            "[--die-at K] [--timeout S]\n");
+                            "[--die-at K] [--timeout S] [--mismatch]\n");
             return 64;
         }
     }
@@ -161,7 +165,8 @@ int main(int argc, char **argv) {
         for (int k = 0; k < ncounts; k++) {
             int64_t n = counts[k];
             float *sum = out[0][k], *mean = out[1][k], *part = out[2][k], *all = out[3][k];
-            CALL(cddp_ipc_allreduce(c, src, sum, n, CDDP_COMM_F32, CDDP_COMM_SUM, &err));
+            int64_t more = mismatch && rank == world - 1 && t == 0 && k == 1;
+            CALL(cddp_ipc_allreduce(c, src, sum, n + more, CDDP_COMM_F32, CDDP_COMM_SUM, &err));
             check(cddp_device_copy(dev, mean, src, sizeof(float) * (size_t)n, &err), &err, "copy");
             CALL(cddp_ipc_allreduce(c, mean, mean, n, CDDP_COMM_F32, CDDP_COMM_MEAN, &err));
             /* reduce-scatter: block b of n elements holds value(rank, b n + j) */
