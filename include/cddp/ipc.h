@@ -15,13 +15,14 @@
  *   reduce_scatter  copy, fence, rank r adds up its part of every rank's scratch into its result
  *   allgather       copy, fence, each rank copies every rank's piece into its result
  *
- * A fence: each rank records its shared event on the queue, the ranks meet in a barrier of the
- * group (on the host, which only queues), and each rank's queue waits for every other's event: so
- * no rank reads another's scratch before that rank's copy (or sum) into it has run. The scratch is
- * used from its start on, each collective after the last; when the next does not fit, a fence
+ * A fence: each rank records its shared event on the queue, the ranks meet on the host (which only
+ * queues) in an allgather of the group that compares what each is doing (ranks that called
+ * different collectives fail, naming both), and each rank's queue waits for every other's event:
+ * so no rank reads another's scratch before that rank's copy (or sum) into it has run. The scratch
+ * is used from its start on, each collective after the last; when the next does not fit, a fence
  * first makes sure every rank has read what it needed, and it starts over (a collective larger
  * than the scratch runs in pieces). A dead or stuck peer shows at the next fence as the group's
- * error (the barrier's deadline, a peer that left), and every later call reports it.
+ * error (the meeting's deadline, a peer that left), and every later call reports it.
  *
  *   cddp_ipc *c = cddp_ipc_create(group, dev, NULL, &err);
  *   cddp_ipc_allreduce(c, grads, grads, count, CDDP_COMM_F32, CDDP_COMM_MEAN, &err);
@@ -48,7 +49,7 @@ typedef struct cddp_ipc_options {
     /* each rank's scratch block on its device (default 64 MiB; every rank passes the same): a
      * collective of up to this many bytes per rank runs in one piece */
     size_t scratch_bytes;
-    double timeout_s; /* each fence's barrier, and forming the communicator (default 300) */
+    double timeout_s; /* each fence's meeting, and forming the communicator (default 300) */
 } cddp_ipc_options;
 
 /* Collective. NULL with err (on every rank the same failure, naming the rank it happened on):
@@ -58,7 +59,7 @@ CDDP_API cddp_ipc *cddp_ipc_create(cddp_comm *group, cddp_device *dev, const cdd
                                    cddp_error *err);
 /* recv = op over the ranks of send (count floats; send may be recv), queued on the communicator's
  * queue after the work queued so far on the device's. The host waits only for the other ranks'
- * hosts (the fences' barriers). CDDP_OK, or the failure (then every later call reports it). */
+ * hosts (the fences' meetings). CDDP_OK, or the failure (then every later call reports it). */
 CDDP_API int cddp_ipc_allreduce(cddp_ipc *c, const void *send, void *recv, int64_t count,
                                 cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err);
 /* Rank r's recv (count floats) = op over the ranks of elements [r count, (r + 1) count) of send
