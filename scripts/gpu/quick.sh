@@ -5,7 +5,8 @@
 # memcheck and racecheck on a bf16 GPT step whose attention runs by rows (heads of 32, context
 # 96), then the 6-layer GPT and GPT-2 124M in bf16: cddp with attention by rows, cddp keeping
 # the weights (CDDP_FLASH_ATTENTION=0), PyTorch eager, once each (no rounds, no torch.compile:
-# check.sh's steps 7 and 10 are the benchmark).
+# check.sh's steps 7 and 10 are the benchmark); and cddp_ipc's collectives on 2 ranks sharing the
+# GPU (ipc_check).
 set -u
 carry=$(cd "${1:?usage: quick.sh CARRY}" && pwd)
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -23,6 +24,9 @@ for tool in memcheck racecheck; do
         "$bin/gpt_train" $tiny 2>&1 | grep -av "^iter\|^step" | tail -n 4
     echo "$tool rc ${PIPESTATUS[0]}"
 done
+# CUDA IPC: cddp_ipc's collectives on 2 ranks sharing the GPU, bit for bit (tests/ipc/ipc_check.c)
+cddp timeout 60 "$bin/cddprun" --nproc_per_node 2 "$bin/ipc_check" --device cuda --rounds 3 2>&1 |
+    grep "ipc ok\|rank [01]:" | head -n 4
 g6="--n_layer 6 --n_head 6 --n_embd 384 --block_size 256 --batch_size 16 --max_iters 30"
 g2="--n_layer 12 --n_head 12 --n_embd 768 --block_size 1024 --batch_size 16 --vocab_size 50304
     --dtype bf16 --data $data/gpt2_train.bin"

@@ -12,6 +12,13 @@
 #define DEFAULT_SCRATCH ((size_t)64 << 20)
 #define ALIGN           256
 
+/* What a fence's meeting compares across the ranks: the collective (its kind, count and op, -1
+ * for none) and which of its fences this is, so that ranks that call different collectives fail,
+ * saying so, instead of reading each other's scratch wrongly. */
+enum { MEET_WORDS = 4 };
+enum { ALLREDUCE = 1, REDUCE_SCATTER, ALLGATHER };
+enum { FIRST, SECOND, START_OVER };
+
 struct cddp_ipc {
     cddp_comm *group;
     cddp_device *dev;
@@ -114,11 +121,12 @@ cddp_ipc *cddp_ipc_create(cddp_comm *group, cddp_device *dev, const cddp_ipc_opt
     c->cap = ((o.scratch_bytes ? o.scratch_bytes : DEFAULT_SCRATCH) + ALIGN - 1) / ALIGN * ALIGN;
     c->scratch = cddp_calloc((size_t)c->world, sizeof *c->scratch);
     c->ev = cddp_calloc((size_t)c->world, sizeof *c->ev);
-    c->met = cddp_calloc((size_t)c->world * 4, sizeof *c->met);
+    c->met = cddp_calloc((size_t)c->world * MEET_WORDS, sizeof *c->met);
     handles mine = {0}, *all = cddp_calloc((size_t)c->world, sizeof *all);
     cddp_error e = {0};
-    int rc =
-        !c->scratch || !c->ev || !all ? cddp_error_set(&e, CDDP_ENOMEM, "out of memory") : CDDP_OK;
+    int rc = !c->scratch || !c->ev || !c->met || !all
+                 ? cddp_error_set(&e, CDDP_ENOMEM, "out of memory")
+                 : CDDP_OK;
     if (rc == CDDP_OK && cddp_comm_local_size(group) != c->world)
         rc = cddp_error_set(&e, CDDP_EUNSUPPORTED,
                             "the group spans hosts (%d of its %d ranks on this one): CUDA IPC "
@@ -154,13 +162,6 @@ static int fail(cddp_ipc *c, const cddp_error *e, cddp_error *err) {
     *err = c->failed;
     return c->failed.code;
 }
-
-/* What a fence's meeting compares across the ranks: the collective (its kind, count and op, -1
- * for none) and which of its fences this is, so that ranks that call different collectives fail,
- * saying so, instead of reading each other's scratch wrongly. */
-enum { MEET_WORDS = 4 };
-enum { ALLREDUCE = 1, REDUCE_SCATTER, ALLGATHER };
-enum { FIRST, SECOND, START_OVER };
 
 static void describe(const int64_t *w, char *out, size_t size) {
     static const char *const kinds[] = {"?", "allreduce", "reduce_scatter", "allgather"};

@@ -280,8 +280,9 @@ static int one_rank_per_gpu(cddp_comm *group, cddp_device *dev, cddp_error *err)
             rc = cddp_error_set(err, CDDP_EINVAL,
                                 "NCCL: ranks %lld and %lld are on one GPU%s: NCCL takes one rank "
                                 "per GPU: start at most one rank per GPU (cddprun "
-                                "--nproc_per_node gpu), or drop nccl (the gradients then go "
-                                "through host memory)",
+                                "--nproc_per_node gpu), or take ipc instead (--ipc: ranks of "
+                                "one host that share a GPU sum from each other's memory), or "
+                                "drop nccl (the gradients then go through host memory)",
                                 (long long)a, (long long)b, here);
         }
     cddp_free(all);

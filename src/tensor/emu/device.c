@@ -286,7 +286,9 @@ typedef struct shared_task {
 
 static void run_shared_record(void *arg) {
     shared_task *t = arg;
-    atomic_store(&t->s->done, t->gen); /* in queue order: the counter only grows */
+    /* the largest record run: a record on another queue may run before an earlier one here */
+    uint64_t was = atomic_load(&t->s->done);
+    while (was < t->gen && !atomic_compare_exchange_weak(&t->s->done, &was, t->gen)) {}
     cddp_free(t);
 }
 

@@ -21,10 +21,10 @@ typedef struct block {
 
 /* Another process's allocation, mapped as the device's own memory is: map and map_reach are the
  * whole pages, host and reach the allocation in them. */
-typedef struct import {
+typedef struct imported {
     char *map, *map_reach, *host, *reach;
     size_t map_size, size;
-} import;
+} imported;
 
 struct cddp__emu_mem {
     char *host;  /* PROT_NONE: what cddp__emu_mem_alloc returns */
@@ -35,7 +35,7 @@ struct cddp__emu_mem {
     block *free;  /* free blocks by address */
     block *taken; /* taken blocks (unordered) */
     pthread_mutex_t import_lock;
-import imports[IMPORTS]; /* under import_lock; a free slot has map NULL */
+    imported imports[IMPORTS]; /* under import_lock; a free slot has map NULL */
 };
 
 cddp__emu_mem *cddp__emu_mem_create(size_t bytes, cddp_error *err) {
@@ -163,9 +163,9 @@ void cddp__emu_mem_free(cddp__emu_mem *m, void *p) {
 }
 
 /* The import holding p (NULL: none); m's import_lock held. */
-static const import *import_of(const cddp__emu_mem *m, const void *p) {
+static const imported *import_of(const cddp__emu_mem *m, const void *p) {
     for (int i = 0; i < IMPORTS; i++) {
-        const import *im = &m->imports[i];
+        const imported *im = &m->imports[i];
         if (im->map && (const char *)p >= im->host && (const char *)p < im->host + im->size)
             return im;
     }
@@ -186,7 +186,7 @@ void *cddp__emu_mem_reach(const cddp__emu_mem *m, const void *p) {
         return m->reach + ((const char *)p - m->host);
     cddp__emu_mem *w = (cddp__emu_mem *)m;
     pthread_mutex_lock(&w->import_lock);
-    const import *im = import_of(m, p);
+    const imported *im = import_of(m, p);
     void *r = im ? im->reach + ((const char *)p - im->host) : (void *)p;
     pthread_mutex_unlock(&w->import_lock);
     return r;
@@ -230,7 +230,7 @@ void *cddp__emu_mem_import(cddp__emu_mem *m, int pid, int fd, size_t at, size_t 
     while (i < IMPORTS && m->imports[i].map) i++;
     if (i < IMPORTS)
         m->imports[i] =
-            (import){map, reach, map + (at - from), reach + (at - from), map_size, size};
+            (imported){map, reach, map + (at - from), reach + (at - from), map_size, size};
     pthread_mutex_unlock(&m->import_lock);
     if (i == IMPORTS) {
         munmap(map, map_size);
@@ -244,9 +244,9 @@ void *cddp__emu_mem_import(cddp__emu_mem *m, int pid, int fd, size_t at, size_t 
 
 void cddp__emu_mem_unimport(cddp__emu_mem *m, void *p) {
     pthread_mutex_lock(&m->import_lock);
-    import *im = (import *)import_of(m, p);
+    imported *im = (imported *)import_of(m, p);
     CDDP_CHECK(im && im->host == p, "emu: closing %p, which is not another process's memory", p);
-import gone = * im;
+    imported gone = *im;
     im->map = NULL;
     pthread_mutex_unlock(&m->import_lock);
     munmap(gone.map, gone.map_size);
