@@ -17,5 +17,6 @@
 #include "cddp/ddp.h"
 #include "cddp/nccl.h"
 #include "cddp/ipc.h"
+#include "cddp/dcomm.h"
 
 #endif

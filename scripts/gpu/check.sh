@@ -513,9 +513,9 @@ nccl1() {
 }
 # ipc: CUDA IPC between two processes on the GPU (tests/gpu/ipc_probe.c): memory and an event
 # opened by another process, its reads and writes checked; CUDA's words when a step fails. Then
-# cddp_ipc's collectives on 2 ranks sharing the device (tests/ipc/ipc_check.c: allreduce,
-# reduce-scatter and allgather, back to back, every element bit for bit; a small scratch, and
-# 64 MiB).
+# cddp_dcomm's collectives on 2 ranks sharing the device (tests/ipc/ipc_check.c: allreduce,
+# reduce-scatter and allgather, back to back, every element bit for bit) through CUDA IPC (a small
+# scratch, and 64 MiB) and through host copies.
 ipc() {
     local line ok=FAIL
     if [ "$device" = cuda ] && [ -x "$bin/ipc_probe" ]; then
@@ -530,15 +530,16 @@ ipc() {
         outcome "cddp_ipc's collectives, 2 ranks" "not run" "out of time"
         return
     }
-    local scratch o n
-    for scratch in 65536 67108864; do
+    local run o n
+    for run in "ipc 65536" "ipc 67108864" "host 65536"; do
+        set -- $run
         o=$(cddp timeout 60 "$bin/cddprun" --nproc_per_node 2 "$bin/ipc_check" --device "$device" \
-            --scratch $scratch --rounds 4 2>&1)
-        n=$(echo "$o" | grep -c "ipc ok (2 ranks")
-        echo "$o" | grep -v "ipc ok" | tail -n 4
+            --transport $1 --scratch $2 --rounds 4 2>&1)
+        n=$(echo "$o" | grep -c "$1 ok (2 ranks")
+        echo "$o" | grep -v "$1 ok" | tail -n 4
         ok=FAIL
         [ "$n" = 2 ] && ok=ok
-        outcome "cddp_ipc's collectives, 2 ranks on one $device, scratch $scratch" "$ok" "$(echo "$o" | grep -m1 "ipc ok\|rank [01]:" | cut -c1-160)"
+        outcome "cddp_dcomm through $1, 2 ranks on one $device (scratch $2)" "$ok" "$(echo "$o" | grep -m1 "$1 ok\|rank [01]:" | cut -c1-160)"
     done
 }
 # A rank killed in the middle of training on the device (2 ranks sharing it, host-staged): the job

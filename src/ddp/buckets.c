@@ -168,7 +168,7 @@ int cddp__ddp_wait_all(cddp_ddp *d, cddp_error *err) {
     cddp_error e = {0};
     /* NCCL's buckets run on its stream: what finishing queues next on the device's (a packed
      * bucket's copies back, the optimizer) comes after them */
-    if (d->dcomm && d->dc->join(d->dcomm, &e) != CDDP_OK) rc = e.code, *err = e;
+    if (d->dcomm && cddp_dcomm_join(d->dcomm, &e) != CDDP_OK) rc = e.code, *err = e;
     if (d->active_work) {
         int st = cddp_comm_wait(d->active_work, -1, &e);
         d->active_work = NULL;
@@ -181,7 +181,7 @@ int cddp__ddp_wait_all(cddp_ddp *d, cddp_error *err) {
     /* NCCL's buckets run on the device, after which the joined stream's work (the optimizer)
      * runs: the host does not wait for them; the watchdog does, and a failure shows at the next
      * call (a step's collectives, or this wait) */
-    if (d->dcomm && !rc) rc = d->dc->watch(d->dcomm, err);
+    if (d->dcomm && !rc) rc = cddp_dcomm_watch(d->dcomm, err);
     if (d->used_work) {
         int st = cddp_comm_wait(d->used_work, -1, &e);
         d->used_work = NULL;

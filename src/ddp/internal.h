@@ -28,6 +28,7 @@
 #include "cddp/autograd.h"
 #include "cddp/comm.h"
 #include "cddp/ddp.h"
+#include "cddp/dcomm.h"
 #include "cddp/nccl.h"
 
 typedef struct cddp_ddp cddp_ddp;
@@ -64,25 +65,6 @@ extern const cddp__reducer cddp__allreduce_reducer, cddp__bf16_reducer, cddp__fp
     cddp__zero_reducer, cddp__dev_reducer, cddp__dev_zero_reducer, cddp__dev_bf16_reducer,
     cddp__dev_fp16_reducer;
 
-/* The collectives on the device's own memory (the nccl and ipc options, device_comm.c): a
- * communicator (NCCL's, CUDA IPC's) behind one table. The calls are those of cddp/nccl.h, c the
- * communicator; watch hands the queued collectives to whatever checks them without the host
- * waiting (NCCL's watchdog; CUDA IPC's fences have already checked them), and reports an earlier
- * failure. */
-typedef struct cddp__device_comm {
-    const char *name; /* "NCCL", "CUDA IPC" */
-    const char *how;  /* for the log: "reduced there by ..." */
-    int (*allreduce)(void *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dtype,
-                     cddp_comm_op op, cddp_error *err);
-    int (*reduce_scatter)(void *c, const void *send, void *recv, int64_t count,
-                          cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err);
-    int (*allgather)(void *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dtype,
-                     cddp_error *err);
-    int (*join)(void *c, cddp_error *err);
-    int (*watch)(void *c, cddp_error *err);
-    void (*destroy)(void *c);
-} cddp__device_comm;
-
 typedef struct event {
     const char *name;
     int bucket; /* -1: none */
@@ -104,10 +86,7 @@ struct cddp_ddp {
      * join, find_unused_parameters, shard_optimizer or nccl): buckets are neither reduced nor,
      * on a device the host cannot read, copied to the host and back */
     bool alone;
-    /* the nccl or ipc option's communicator (dcomm) and its table: buckets reduced on the
-     * device itself */
-    const cddp__device_comm *dc;
-    void *dcomm;
+    cddp_dcomm *dcomm; /* the nccl or ipc option's: buckets reduced on the device itself */
     float *hgrad, *hparams, *hbufs;
     cddp_ddp_options o;
     int rank, world, nparams;
@@ -149,12 +128,12 @@ static inline float *cddp__ddp_grad(const cddp_ddp *d, int i) {
     return d->hgrad + cddp_model_param_offset(d->model, i);
 }
 
-/* ---- device_comm.c ---------------------------------------------------------------------- */
+/* ---- wrap.c ------------------------------------------------------------------------------ */
 
-/* The table the options ask for (nccl, ipc), or NULL: the host's transports. */
-const cddp__device_comm *cddp__ddp_device_comm(const cddp_ddp_options *o);
-/* Forms d's communicator on its device when the options ask for one. */
-int cddp__ddp_device_comm_create(cddp_ddp *d, cddp_error *err);
+/* Whether the options reduce on the device itself (nccl, ipc), not through host copies. */
+static inline bool cddp__ddp_on_device(const cddp_ddp_options *o) {
+    return o->nccl || o->ipc;
+}
 
 /* ---- stage.c ----------------------------------------------------------------------------- */
 

@@ -144,9 +144,8 @@ cddp_ipc *cddp_ipc_create(cddp_comm *group, cddp_device *dev, const cddp_ipc_opt
         release(c);
         return NULL;
     }
-    cddp_log(c->rank == 0 ? CDDP_LOG_INFO : CDDP_LOG_DEBUG, "ipc",
-             "%d ranks share their %s memory: %zu KiB of scratch each", c->world,
-             cddp_device_name(dev), c->cap >> 10);
+    cddp_log(CDDP_LOG_DEBUG, "ipc", "%d ranks share their %s memory: %zu KiB of scratch each",
+             c->world, cddp_device_name(dev), c->cap >> 10);
     return c;
 }
 

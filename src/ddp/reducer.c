@@ -11,7 +11,7 @@
  *              transport in float32, and unpacked with the mean applied in float32: half the
  *              bytes on the wire, PyTorch's bf16/fp16 compression hooks
  *   device     (the nccl and ipc options) every bucket is allreduced in the device's memory by
- *              the device communicator (NCCL's, CUDA IPC's: device_comm.c), on its stream after
+ *              the device communicator (cddp/dcomm.h: NCCL's or CUDA IPC's), on its stream after
  *              the kernels that wrote the gradients (so nothing waits for them); a bucket that is
  *              not one range is packed and unpacked by device copies; with shard_optimizer,
  *              reduce-scattered as zero's are, padded on the device; with a bf16/fp16 hook (NCCL
@@ -232,8 +232,8 @@ static void dev_launch(cddp_ddp *d, bucket *b) {
     b->t_start = cddp_now_s();
     int rc = b->offset >= 0 ? CDDP_OK : dev_pack(d, b, false, &err);
     if (rc == CDDP_OK)
-        rc = d->dc->allreduce(d->dcomm, buf, buf, (int64_t)b->numel, CDDP_COMM_F32,
-                              d->o.sum ? CDDP_COMM_SUM : CDDP_COMM_MEAN, &err);
+        rc = cddp_dcomm_allreduce(d->dcomm, buf, buf, (int64_t)b->numel, CDDP_COMM_F32,
+                                  d->o.sum ? CDDP_COMM_SUM : CDDP_COMM_MEAN, &err);
     dev_launched(d, b, rc, &err);
 }
 
@@ -271,8 +271,8 @@ static void dev_zero_launch(cddp_ddp *d, bucket *b) {
         buf = b->stage;
     }
     if (rc == CDDP_OK)
-        rc = d->dc->reduce_scatter(d->dcomm, buf, buf + (size_t)(d->rank * c), c, CDDP_COMM_F32,
-                                   d->o.sum ? CDDP_COMM_SUM : CDDP_COMM_MEAN, &err);
+        rc = cddp_dcomm_reduce_scatter(d->dcomm, buf, buf + (size_t)(d->rank * c), c, CDDP_COMM_F32,
+                                       d->o.sum ? CDDP_COMM_SUM : CDDP_COMM_MEAN, &err);
     dev_launched(d, b, rc, &err);
 }
 
@@ -318,8 +318,8 @@ static void dev_half_launch(cddp_ddp *d, bucket *b) {
     cddp_error err = {0};
     b->t_start = cddp_now_s();
     dev_half_pack(d, b, false);
-    int rc = d->dc->allreduce(d->dcomm, b->half, b->half, (int64_t)b->numel, half_type(d),
-                              CDDP_COMM_SUM, &err);
+    int rc = cddp_dcomm_allreduce(d->dcomm, b->half, b->half, (int64_t)b->numel, half_type(d),
+                                  CDDP_COMM_SUM, &err);
     dev_launched(d, b, rc, &err);
 }
 
@@ -333,7 +333,7 @@ const cddp__reducer cddp__dev_fp16_reducer = {"device_fp16", dev_half_prepare, d
                                               dev_half_finish};
 
 const cddp__reducer *cddp__ddp_reducer(const cddp_ddp_options *o) {
-    bool dev = cddp__ddp_device_comm(o) != NULL;
+    bool dev = cddp__ddp_on_device(o);
     if (dev && o->hook != CDDP_DDP_HOOK_NONE)
         return o->hook == CDDP_DDP_HOOK_BF16 ? &cddp__dev_bf16_reducer : &cddp__dev_fp16_reducer;
     if (dev) return o->shard_optimizer ? &cddp__dev_zero_reducer : &cddp__dev_reducer;

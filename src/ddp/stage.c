@@ -43,7 +43,7 @@ int cddp__ddp_stage_setup(cddp_ddp *d, cddp_error *err) {
     size_t np = cddp_model_numel(d->model), nb = cddp_model_buffer_numel(d->model);
     /* with nccl or ipc the gradients are reduced where they are, and alone not at all: no host
      * copy of them (nor events) */
-    const cddp__device_comm *dc = cddp__ddp_device_comm(&d->o);
+    bool dc = cddp__ddp_on_device(&d->o);
     if (!dc && !d->alone) {
         cddp_error e = {0};
         d->hgrad = cddp_comm_alloc(d->group, np * sizeof(float), &e);
@@ -70,9 +70,11 @@ int cddp__ddp_stage_setup(cddp_ddp *d, cddp_error *err) {
     /* what the device's gradients go through, once, on rank 0 (as comm's backend line) */
     cddp_log(d->rank == 0 ? CDDP_LOG_INFO : CDDP_LOG_DEBUG, "ddp",
              "the model is on %s: its gradients are %s", cddp_device_name(d->dev),
-             d->alone ? "left where they are (one rank: nothing to reduce)"
-             : dc     ? dc->how
-                      : "reduced from host copies by the group's transports");
+             d->alone    ? "left where they are (one rank: nothing to reduce)"
+             : d->o.nccl ? "reduced there by NCCL, on a stream of its own"
+             : d->o.ipc  ? "reduced there through CUDA IPC (each rank sums its part from the "
+                           "others' memory), on a stream of its own"
+                         : "reduced from host copies by the group's transports");
     return CDDP_OK;
 }
 
@@ -90,7 +92,7 @@ void cddp__ddp_stage_release(cddp_ddp *d) {
 }
 
 int cddp__ddp_stage_bucket(cddp_ddp *d, bucket *b, cddp_error *err) {
-    if (!d->staged || cddp__ddp_device_comm(&d->o) || d->alone || b->ready_ev) return CDDP_OK;
+    if (!d->staged || cddp__ddp_on_device(&d->o) || d->alone || b->ready_ev) return CDDP_OK;
     return (b->ready_ev = cddp_event_create(d->dev, err)) ? CDDP_OK : err->code;
 }
 

@@ -187,7 +187,7 @@ void cddp_ddp_destroy(cddp_ddp *d) {
     if (d->grad_block && d->model && cddp_model_set_grad_block(d->model, NULL) == CDDP_OK)
         cddp_comm_free(d->group, d->grad_block);
     cddp__ddp_free_buckets(d);
-    if (d->dcomm) d->dc->destroy(d->dcomm);
+    cddp_dcomm_destroy(d->dcomm);
     cddp_free(d->bucket_of);
     cddp_free(d->ready);
     cddp_free(d->used);
@@ -332,7 +332,20 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
     d->stats_every = CDDP_MAX(cddp_knob_int(CDDP_KNOB_DDP_STATS_EVERY), 1);
     CDDP_TRY_GOTO(agree(d, err), out);
     CDDP_TRY_GOTO(cddp__ddp_stage_setup(d, err), out);
-    CDDP_TRY_GOTO(cddp__ddp_device_comm_create(d, err), out);
+    if (cddp__ddp_on_device(&o)) { /* ipc: a scratch as large as the gradients (and each
+                                    * bucket's padding), so a step never waits to start it over */
+        size_t scratch = (cddp_model_numel(m) + (size_t)(d->nparams + 1) * (size_t)d->world * 64) *
+                         sizeof(float);
+        if (!(d->dcomm = cddp_dcomm_create(
+                  group, d->dev,
+                  &(cddp_dcomm_options){.transport = o.nccl ? CDDP_DCOMM_NCCL : CDDP_DCOMM_IPC,
+                                        .timeout_s = o.timeout_s,
+                                        .scratch_bytes = scratch},
+                  err))) {
+            rc = err->code;
+            goto out;
+        }
+    }
     /* Everyone starts from rank 0's weights. */
     CDDP_TRY_GOTO(cddp__ddp_params_in(d, err), out);
     CDDP_TRY_GOTO(cddp_comm_broadcast(group, cddp__ddp_params(d), (int64_t)cddp_model_numel(m),

@@ -75,18 +75,18 @@ static int gather_device(cddp_ddp *d, float *block, cddp_error *err) {
         int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
         float *at = block + b->offset;
         if (!b->stage) { /* divides evenly: rank r's part is at r c, in place */
-            CDDP_TRY(d->dc->allgather(d->dcomm, at + lo, at, c, CDDP_COMM_F32, err));
+            CDDP_TRY(cddp_dcomm_allgather(d->dcomm, at + lo, at, c, CDDP_COMM_F32, err));
             continue;
         }
         float *mine = b->stage + (size_t)(d->rank * c);
         CDDP_TRY(cddp_device_memset(d->dev, mine, 0, (size_t)c * sizeof(float), err));
         CDDP_TRY(cddp_device_copy(d->dev, mine, at + lo, (size_t)(hi - lo) * sizeof(float), err));
-        CDDP_TRY(d->dc->allgather(d->dcomm, mine, b->stage, c, CDDP_COMM_F32, err));
-        CDDP_TRY(d->dc->join(d->dcomm, err)); /* the copy on the device's stream after it */
+        CDDP_TRY(cddp_dcomm_allgather(d->dcomm, mine, b->stage, c, CDDP_COMM_F32, err));
+        CDDP_TRY(cddp_dcomm_join(d->dcomm, err)); /* the copy on the device's stream after it */
         CDDP_TRY(cddp_device_copy(d->dev, at, b->stage, b->numel * sizeof(float), err));
     }
-    CDDP_TRY(d->dc->join(d->dcomm, err)); /* the next forward reads the gathered parameters */
-    return d->dc->watch(d->dcomm, err);
+    CDDP_TRY(cddp_dcomm_join(d->dcomm, err)); /* the next forward reads the gathered parameters */
+    return cddp_dcomm_watch(d->dcomm, err);
 }
 
 /* block is the model's device's memory: gathered in place on the host, or (staged) through a host

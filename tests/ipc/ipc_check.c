@@ -1,16 +1,17 @@
-/* ipc_check.c: one rank of the CUDA-IPC communicator's checks (cddp/ipc.h), under the launcher, on
- * the emulated device (or a GPU): rounds of allreduce (sum out of place, mean in place),
+/* ipc_check.c: one rank of the checks of collectives on device memory (cddp/dcomm.h), through
+ * CUDA IPC (cddp/ipc.h) or host copies, under the launcher, on the emulated device (or a GPU):
+ * rounds of allreduce (sum out of place, mean in place),
  * reduce-scatter and allgather, queued back to back with no wait of the host between them, each
  * round's results read back once and compared with what the ranks' values must give. The values
  * are eighths of small integers, so every sum is exact whatever the order of its terms, and the
- * mean is the sum times 1 / world as the communicator computes it: every element must match bit
- * for bit. The last rank's device is made late before each round's first collective (a hundred
- * passes over 16 MiB queued first) and, every other round, its host too (10 ms asleep before it
- * queues), so a collective that read another rank's scratch before that rank's copy into it had
- * run would read NaNs (fresh device memory) or the last round's values.
+ * mean is the sum times 1 / world as CUDA IPC computes it (divided by world through the host):
+ * every element must match bit for bit. The last rank's device is made late before each round's
+ * first collective (a hundred passes over 16 MiB queued first) and, every other round, its host too
+ * (10 ms asleep before it queues), so a collective that read another rank's scratch before that
+ * rank's copy into it had run would read NaNs (fresh device memory) or the last round's values.
  *
- *   ipc_check [--device emu|cuda] [--scratch BYTES] [--rounds N] [--die-at K] [--timeout S]
- *             [--mismatch]
+ *   ipc_check [--device emu|cuda] [--transport ipc|host] [--scratch BYTES] [--rounds N]
+ *             [--die-at K] [--timeout S] [--mismatch]
  *
  * --scratch (default 64 KiB) is small, so that the larger collectives run in pieces and the
  * scratch starts over many times a round. --die-at K: the last rank exits (status 3) before its
@@ -18,7 +19,7 @@
  * "rank R: ipc ok (...)" and exits 0, or prints what is wrong and exits 1 (2: a collective or
  * the communicator failed, with its message). */
 #include <cddp/cddp.h>
-#include <cddp/ipc.h>
+#include <cddp/dcomm.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -28,6 +29,7 @@
 #include <unistd.h>
 
 static int rank, world;
+static bool through_host;
 
 #define FAIL(...)                                                                                  \
     do {                                                                                           \
@@ -76,7 +78,7 @@ static float want_sum(int64_t i, int t, int64_t n) {
 }
 static float want_mean(int64_t i, int t, int64_t n) {
     (void)n;
-    return sum_of(i, t) * (1.0f / (float)world);
+    return through_host ? sum_of(i, t) / (float)world : sum_of(i, t) * (1.0f / (float)world);
 }
 /* reduce-scatter: this rank's part (count n) of blocks whose element j of rank r's block b is
  * value(r, b n + j) */
@@ -97,6 +99,8 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc)
             device = argv[++i];
+        else if (!strcmp(argv[i], "--transport") && i + 1 < argc)
+            through_host = !strcmp(argv[++i], "host");
         else if (!strcmp(argv[i], "--scratch") && i + 1 < argc)
             scratch = (size_t)atol(argv[++i]);
         else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
@@ -108,8 +112,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--mismatch"))
             mismatch = true;
         else {
-            fprintf(stderr, "usage: ipc_check [--device emu|cuda] [--scratch BYTES] [--rounds N] "
-                            "[--die-at K] [--timeout S] [--mismatch]\n");
+            fprintf(stderr, "usage: ipc_check [--device emu|cuda] [--transport ipc|host] "
+                            "[--scratch BYTES] [--rounds N] [--die-at K] [--timeout S] "
+                            "[--mismatch]\n");
             return 64;
         }
     }
@@ -122,14 +127,18 @@ int main(int argc, char **argv) {
     rank = cddp_comm_rank(g), world = cddp_comm_size(g);
     cddp_device *dev = cddp_device_for_rank(device, &err);
     if (!dev) FAIL("%s", err.msg);
-    cddp_ipc *c = cddp_ipc_create(
-        g, dev, &(cddp_ipc_options){.scratch_bytes = scratch, .timeout_s = timeout}, &err);
-    check(c ? CDDP_OK : err.code, &err, "cddp_ipc_create");
+    cddp_dcomm *c = cddp_dcomm_create(
+        g, dev,
+        &(cddp_dcomm_options){.transport = through_host ? CDDP_DCOMM_HOST : CDDP_DCOMM_IPC,
+                              .scratch_bytes = scratch,
+                              .timeout_s = timeout},
+        &err);
+    check(c ? CDDP_OK : err.code, &err, "cddp_dcomm_create");
 
-    /* a double is refused, saying what is taken */
-    if (cddp_ipc_allreduce(c, NULL, NULL, 4, CDDP_COMM_F64, CDDP_COMM_SUM, &err) !=
-            CDDP_EUNSUPPORTED ||
-        !strstr(err.msg, "float32 sums and means only"))
+    /* CUDA IPC refuses a double, saying what it takes */
+    if (!through_host && (cddp_dcomm_allreduce(c, NULL, NULL, 4, CDDP_COMM_F64, CDDP_COMM_SUM,
+                                               &err) != CDDP_EUNSUPPORTED ||
+                          !strstr(err.msg, "float32 sums and means only")))
         FAIL("a float64 allreduce was not refused as it should be: '%s'", err.msg);
 
     /* 0, 1, a few, not a multiple of the world, and more than the scratch holds */
@@ -166,19 +175,19 @@ int main(int argc, char **argv) {
             int64_t n = counts[k];
             float *sum = out[0][k], *mean = out[1][k], *part = out[2][k], *all = out[3][k];
             int64_t more = mismatch && rank == world - 1 && t == 0 && k == 1;
-            CALL(cddp_ipc_allreduce(c, src, sum, n + more, CDDP_COMM_F32, CDDP_COMM_SUM, &err));
+            CALL(cddp_dcomm_allreduce(c, src, sum, n + more, CDDP_COMM_F32, CDDP_COMM_SUM, &err));
             check(cddp_device_copy(dev, mean, src, sizeof(float) * (size_t)n, &err), &err, "copy");
-            CALL(cddp_ipc_allreduce(c, mean, mean, n, CDDP_COMM_F32, CDDP_COMM_MEAN, &err));
+            CALL(cddp_dcomm_allreduce(c, mean, mean, n, CDDP_COMM_F32, CDDP_COMM_MEAN, &err));
             /* reduce-scatter: block b of n elements holds value(rank, b n + j) */
             float *blocks = all; /* n x world, filled from src by the device */
             for (int b = 0; b < world; b++)
                 check(cddp_device_copy(dev, blocks + b * n, src + b * n, sizeof(float) * (size_t)n,
                                        &err),
                       &err, "copy");
-            CALL(cddp_ipc_reduce_scatter(c, blocks, part, n, CDDP_COMM_F32, CDDP_COMM_SUM, &err));
-            CALL(cddp_ipc_allgather(c, src, all, n, CDDP_COMM_F32, &err));
+            CALL(cddp_dcomm_reduce_scatter(c, blocks, part, n, CDDP_COMM_F32, CDDP_COMM_SUM, &err));
+            CALL(cddp_dcomm_allgather(c, src, all, n, CDDP_COMM_F32, &err));
         }
-        CALL(cddp_ipc_join(c, &err));
+        CALL(cddp_dcomm_join(c, &err));
         for (int k = 0; k < ncounts; k++) {
             int64_t n = counts[k];
             float *got = malloc(sizeof(float) * (size_t)(n ? n : 1) * (size_t)world);
@@ -199,10 +208,10 @@ int main(int argc, char **argv) {
             free(got);
         }
     }
-    check(cddp_ipc_wait(c, &err), &err, "cddp_ipc_wait");
-    printf("rank %d: ipc ok (%d ranks, %d collectives, %s, %zu bytes of scratch)\n", rank, world,
-           calls, cddp_device_name(dev), scratch);
-    cddp_ipc_destroy(c);
+    check(cddp_dcomm_wait(c, &err), &err, "cddp_dcomm_wait");
+    printf("rank %d: %s ok (%d ranks, %d collectives, %s, %zu bytes of scratch)\n", rank,
+           through_host ? "host" : "ipc", world, calls, cddp_device_name(dev), scratch);
+    cddp_dcomm_destroy(c);
     for (int k = 0; k < ncounts; k++)
         for (int j = 0; j < 4; j++) cddp_device_free(dev, out[j][k]);
     cddp_device_free(dev, src);

@@ -1,0 +1,326 @@
+/* dcomm.c: collectives on a device's memory through one of three transports (cddp/dcomm.h): host
+ * copies (here), CUDA IPC's communicator (ipc.c) or NCCL's (nccl.c), behind one table chosen when
+ * the communicator is made. DistributedDataParallel's nccl and ipc options use it. */
+#include "cddp/dcomm.h"
+
+#include "cddp/ipc.h"
+#include "cddp/nccl.h"
+
+#include <string.h>
+
+typedef struct transport {
+    const char *name;
+    int (*allreduce)(void *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dtype,
+                     cddp_comm_op op, cddp_error *err);
+    int (*reduce_scatter)(void *c, const void *send, void *recv, int64_t count,
+                          cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err);
+    int (*allgather)(void *c, const void *send, void *recv, int64_t count, cddp_comm_dtype dtype,
+                     cddp_error *err);
+    int (*join)(void *c, cddp_error *err);
+    int (*wait)(void *c, cddp_error *err); /* after the join: the host waits for the results */
+    int (*watch)(void *c, cddp_error *err);
+    void (*destroy)(void *c);
+} transport;
+
+struct cddp_dcomm {
+    const transport *t;
+    void *c; /* the transport's communicator */
+};
+
+/* ---- host copies ---------------------------------------------------------------------------- */
+
+/* A queued collective: its host copy (page-locked where the device has such memory), the event
+ * after the copy to the host, what runs on the group's thread, and what goes back at the join. */
+typedef struct staged {
+    char *host;
+    bool locked;
+    cddp_event *ready;
+    cddp_comm_work *pre, *work;
+    void *dst;
+    size_t from, bytes; /* host + from -> dst */
+} staged;
+
+typedef struct host_comm {
+    cddp_comm *group;
+    cddp_device *dev;
+    double timeout;
+    staged *q; /* the collectives queued since the last join */
+    int n, cap;
+    cddp_error failed; /* latched */
+} host_comm;
+
+static int host_fail(host_comm *h, const cddp_error *e, cddp_error *err) {
+    if (!h->failed.code) h->failed = *e;
+    *err = h->failed;
+    return h->failed.code;
+}
+
+static int wait_ready(void *s, cddp_error *err) {
+    return cddp_event_synchronize(((staged *)s)->ready, err);
+}
+
+static void staged_free(host_comm *h, staged *s) {
+    if (s->locked)
+        cddp_device_host_free(h->dev, s->host);
+    else
+        cddp_aligned_free(s->host);
+    cddp_event_destroy(s->ready);
+}
+
+/* Queues kind's collective on a host copy of `bytes`, into which the device's `in` bytes at `into`
+ * are copied first; the join copies `back` bytes from `from` into dst. */
+typedef enum { ALLREDUCE, REDUCE_SCATTER, ALLGATHER } kind;
+
+static int host_queue(host_comm *h, kind k, const void *in, size_t in_bytes, size_t into,
+                      size_t bytes, void *dst, size_t from, size_t back, int64_t count,
+                      cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    if (h->failed.code) return host_fail(h, &h->failed, err);
+    cddp_error e = {0};
+    if (h->n == h->cap) {
+        int cap = h->cap ? 2 * h->cap : 8;
+        staged *q = cddp_realloc(h->q, (size_t)cap * sizeof *q);
+        if (!q) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+        h->q = q, h->cap = cap;
+    }
+    staged *s = &h->q[h->n];
+    *s = (staged){.dst = dst, .from = from, .bytes = back};
+    s->host = cddp_device_host_alloc(h->dev, bytes, &e);
+    if ((s->locked = s->host != NULL) == false) s->host = cddp_aligned_alloc(bytes + 64);
+    if (!s->host || !(s->ready = cddp_event_create(h->dev, &e))) {
+        if (s->host) staged_free(h, s);
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory for a host copy of %zu bytes",
+                              bytes);
+    }
+    h->n++;
+    char *at = s->host;
+    if (cddp_device_download_async(h->dev, at + into, in, in_bytes, &e) != CDDP_OK ||
+        cddp_event_record(s->ready, &e) != CDDP_OK ||
+        !(s->pre = cddp_comm_call_async(h->group, wait_ready, s, &e)))
+        return host_fail(h, &e, err);
+    size_t es = cddp_comm_dtype_size(dtype);
+    int rank = cddp_comm_rank(h->group);
+    s->work = k == ALLREDUCE
+                  ? cddp_comm_allreduce_async(h->group, at, at, count, dtype, op, h->timeout, &e)
+              : k == REDUCE_SCATTER
+                  ? cddp_comm_reduce_scatter_async(h->group, at, at + (size_t)rank * count * es,
+                                                   count, dtype, op, h->timeout, &e)
+                  : cddp_comm_allgather_async(h->group, at + (size_t)rank * count * es, at, count,
+                                              dtype, h->timeout, &e);
+    return s->work ? CDDP_OK : host_fail(h, &e, err);
+}
+
+static int host_allreduce(void *c, const void *send, void *recv, int64_t count,
+                          cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    host_comm *h = c;
+    if (cddp_device_host_accessible(h->dev))
+        return cddp_comm_allreduce(h->group, send, recv, count, dtype, op, h->timeout, err);
+    size_t b = (size_t)count * cddp_comm_dtype_size(dtype);
+    return host_queue(h, ALLREDUCE, send, b, 0, b, recv, 0, b, count, dtype, op, err);
+}
+
+static int host_reduce_scatter(void *c, const void *send, void *recv, int64_t count,
+                               cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    host_comm *h = c;
+    if (cddp_device_host_accessible(h->dev))
+        return cddp_comm_reduce_scatter(h->group, send, recv, count, dtype, op, h->timeout, err);
+    size_t b = (size_t)count * cddp_comm_dtype_size(dtype),
+           all = b * (size_t)cddp_comm_size(h->group);
+    return host_queue(h, REDUCE_SCATTER, send, all, 0, all, recv,
+                      b * (size_t)cddp_comm_rank(h->group), b, count, dtype, op, err);
+}
+
+static int host_allgather(void *c, const void *send, void *recv, int64_t count,
+                          cddp_comm_dtype dtype, cddp_error *err) {
+    host_comm *h = c;
+    if (cddp_device_host_accessible(h->dev))
+        return cddp_comm_allgather(h->group, send, recv, count, dtype, h->timeout, err);
+    size_t b = (size_t)count * cddp_comm_dtype_size(dtype),
+           all = b * (size_t)cddp_comm_size(h->group);
+    return host_queue(h, ALLGATHER, send, b, b * (size_t)cddp_comm_rank(h->group), all, recv, 0,
+                      all, count, dtype, CDDP_COMM_SUM, err);
+}
+
+/* Every queued collective waited for (all of them, also after a failure: none may outlive the
+ * join), its result copied back onto the device's default queue. */
+static int host_join(void *c, cddp_error *err) {
+    host_comm *h = c;
+    for (int i = 0; i < h->n; i++) {
+        staged *s = &h->q[i];
+        cddp_error e = {0};
+        if ((s->pre && cddp_comm_wait(s->pre, -1, &e) != CDDP_OK) ||
+            (s->work && cddp_comm_wait(s->work, -1, &e) != CDDP_OK) ||
+            (!h->failed.code &&
+             cddp_device_upload(h->dev, s->dst, s->host + s->from, s->bytes, &e) != CDDP_OK))
+            if (!h->failed.code) h->failed = e;
+        staged_free(h, s);
+    }
+    h->n = 0;
+    return h->failed.code ? host_fail(h, &h->failed, err) : CDDP_OK;
+}
+
+static int host_wait(void *c, cddp_error *err) {
+    host_comm *h = c;
+    cddp_error e = {0};
+    if (cddp_device_synchronize(h->dev, &e) != CDDP_OK) return host_fail(h, &e, err);
+    return CDDP_OK;
+}
+
+static int host_watch(void *c, cddp_error *err) {
+    host_comm *h = c;
+    return h->failed.code ? host_fail(h, &h->failed, err) : CDDP_OK;
+}
+
+static void host_destroy(void *c) {
+    host_comm *h = c;
+    cddp_error e = {0};
+    host_join(h, &e);
+    cddp_free(h->q);
+    cddp_free(h);
+}
+
+static const transport host = {"host",    host_allreduce, host_reduce_scatter, host_allgather,
+                               host_join, host_wait,      host_watch,          host_destroy};
+
+/* ---- NCCL and CUDA IPC ---------------------------------------------------------------------- */
+
+static int nccl_allreduce(void *c, const void *send, void *recv, int64_t count,
+                          cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    return cddp_nccl_allreduce(c, send, recv, count, dtype, op, err);
+}
+static int nccl_reduce_scatter(void *c, const void *send, void *recv, int64_t count,
+                               cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    return cddp_nccl_reduce_scatter(c, send, recv, count, dtype, op, err);
+}
+static int nccl_allgather(void *c, const void *send, void *recv, int64_t count,
+                          cddp_comm_dtype dtype, cddp_error *err) {
+    return cddp_nccl_allgather(c, send, recv, count, dtype, err);
+}
+static int nccl_join(void *c, cddp_error *err) {
+    return cddp_nccl_join(c, err);
+}
+static int nccl_wait(void *c, cddp_error *err) {
+    return cddp_nccl_wait(c, err);
+}
+static int nccl_watch(void *c, cddp_error *err) {
+    return cddp_nccl_watch(c, err);
+}
+static void nccl_destroy(void *c) {
+    cddp_nccl_destroy(c);
+}
+
+static const transport nccl = {"NCCL",    nccl_allreduce, nccl_reduce_scatter, nccl_allgather,
+                               nccl_join, nccl_wait,      nccl_watch,          nccl_destroy};
+
+static int ipc_allreduce(void *c, const void *send, void *recv, int64_t count,
+                         cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    return cddp_ipc_allreduce(c, send, recv, count, dtype, op, err);
+}
+static int ipc_reduce_scatter(void *c, const void *send, void *recv, int64_t count,
+                              cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    return cddp_ipc_reduce_scatter(c, send, recv, count, dtype, op, err);
+}
+static int ipc_allgather(void *c, const void *send, void *recv, int64_t count,
+                         cddp_comm_dtype dtype, cddp_error *err) {
+    return cddp_ipc_allgather(c, send, recv, count, dtype, err);
+}
+static int ipc_join(void *c, cddp_error *err) {
+    return cddp_ipc_join(c, err);
+}
+static int ipc_wait(void *c, cddp_error *err) {
+    return cddp_ipc_wait(c, err);
+}
+static int ipc_check(void *c, cddp_error *err) {
+    return cddp_ipc_check(c, err);
+}
+static void ipc_destroy(void *c) {
+    cddp_ipc_destroy(c);
+}
+
+static const transport ipc = {"CUDA IPC", ipc_allreduce, ipc_reduce_scatter, ipc_allgather,
+                              ipc_join,   ipc_wait,      ipc_check,          ipc_destroy};
+
+/* ---- the communicator ----------------------------------------------------------------------- */
+
+cddp_dcomm *cddp_dcomm_create(cddp_comm *group, cddp_device *dev, const cddp_dcomm_options *opts,
+                              cddp_error *err) {
+    cddp_dcomm_options o = opts ? *opts : (cddp_dcomm_options){0};
+    if ((unsigned)o.transport > CDDP_DCOMM_NCCL) {
+        cddp_error_set(err, CDDP_EINVAL, "cddp_dcomm_create: unknown transport %d",
+                       (int)o.transport);
+        return NULL;
+    }
+    cddp_dcomm *d = cddp_calloc(1, sizeof *d);
+    if (!d) {
+        cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+        return NULL;
+    }
+    if (o.transport == CDDP_DCOMM_NCCL) {
+        d->t = &nccl;
+        d->c = cddp_nccl_create(group, dev, &(cddp_nccl_options){.timeout_s = o.timeout_s}, err);
+    } else if (o.transport == CDDP_DCOMM_IPC) {
+        d->t = &ipc;
+        d->c = cddp_ipc_create(
+            group, dev,
+            &(cddp_ipc_options){.scratch_bytes = o.scratch_bytes, .timeout_s = o.timeout_s}, err);
+    } else {
+        host_comm *h = cddp_calloc(1, sizeof *h);
+        if (h)
+            *h = (host_comm){
+                .group = group, .dev = dev, .timeout = o.timeout_s > 0 ? o.timeout_s : -1};
+        else
+            cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+        d->t = &host;
+        d->c = h;
+    }
+    if (!d->c) {
+        cddp_free(d);
+        return NULL;
+    }
+    cddp_log(cddp_comm_rank(group) == 0 ? CDDP_LOG_INFO : CDDP_LOG_DEBUG, "dcomm",
+             "collectives on %s's memory: %s", cddp_device_name(dev),
+             o.transport == CDDP_DCOMM_NCCL ? "NCCL, on a stream of its own"
+             : o.transport == CDDP_DCOMM_IPC
+                 ? "CUDA IPC (each rank sums its part from the others' memory), on a stream of "
+                   "its own"
+             : cddp_device_host_accessible(dev) ? "the group's transport, on the memory itself"
+                                                : "through host copies and the group's transport");
+    return d;
+}
+
+const char *cddp_dcomm_transport_name(const cddp_dcomm *d) {
+    return d->t->name;
+}
+
+int cddp_dcomm_allreduce(cddp_dcomm *d, const void *send, void *recv, int64_t count,
+                         cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    return d->t->allreduce(d->c, send, recv, count, dtype, op, err);
+}
+
+int cddp_dcomm_reduce_scatter(cddp_dcomm *d, const void *send, void *recv, int64_t count,
+                              cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    return d->t->reduce_scatter(d->c, send, recv, count, dtype, op, err);
+}
+
+int cddp_dcomm_allgather(cddp_dcomm *d, const void *send, void *recv, int64_t count,
+                         cddp_comm_dtype dtype, cddp_error *err) {
+    return d->t->allgather(d->c, send, recv, count, dtype, err);
+}
+
+int cddp_dcomm_join(cddp_dcomm *d, cddp_error *err) {
+    return d->t->join(d->c, err);
+}
+
+int cddp_dcomm_wait(cddp_dcomm *d, cddp_error *err) {
+    CDDP_TRY(d->t->join(d->c, err));
+    return d->t->wait(d->c, err);
+}
+
+int cddp_dcomm_watch(cddp_dcomm *d, cddp_error *err) {
+    return d->t->watch(d->c, err);
+}
+
+void cddp_dcomm_destroy(cddp_dcomm *d) {
+    if (!d) return;
+    d->t->destroy(d->c);
+    cddp_free(d);
+}
