@@ -44,7 +44,8 @@ typedef struct host_comm {
     cddp_comm *group;
     cddp_device *dev;
     double timeout;
-    staged *q; /* the collectives queued since the last join */
+    staged **q; /* the collectives queued since the last join (each where the group's thread
+                 * reaches it until then: q grows, they do not move) */
     int n, cap;
     cddp_error failed; /* latched */
 } host_comm;
@@ -65,6 +66,7 @@ static void staged_free(host_comm *h, staged *s) {
     else
         cddp_aligned_free(s->host);
     cddp_event_destroy(s->ready);
+    cddp_free(s);
 }
 
 /* Queues kind's collective on a host copy of `bytes`, into which the device's `in` bytes at `into`
@@ -78,20 +80,22 @@ static int host_queue(host_comm *h, kind k, const void *in, size_t in_bytes, siz
     cddp_error e = {0};
     if (h->n == h->cap) {
         int cap = h->cap ? 2 * h->cap : 8;
-        staged *q = cddp_realloc(h->q, (size_t)cap * sizeof *q);
+        staged **q = cddp_realloc(h->q, (size_t)cap * sizeof *q);
         if (!q) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
         h->q = q, h->cap = cap;
     }
-    staged *s = &h->q[h->n];
+    staged *s = cddp_calloc(1, sizeof *s);
+    if (!s) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
     *s = (staged){.dst = dst, .from = from, .bytes = back};
-    s->host = cddp_device_host_alloc(h->dev, bytes, &e);
-    if ((s->locked = s->host != NULL) == false) s->host = cddp_aligned_alloc(bytes + 64);
+    s->host = cddp_device_host_alloc(h->dev, bytes, &e); /* page-locked where it can be */
+    s->locked = s->host != NULL;
+    if (!s->locked) s->host = cddp_aligned_alloc(bytes + 64);
     if (!s->host || !(s->ready = cddp_event_create(h->dev, &e))) {
-        if (s->host) staged_free(h, s);
+        staged_free(h, s);
         return cddp_error_set(err, CDDP_ENOMEM, "out of memory for a host copy of %zu bytes",
                               bytes);
     }
-    h->n++;
+    h->q[h->n++] = s;
     char *at = s->host;
     if (cddp_device_download_async(h->dev, at + into, in, in_bytes, &e) != CDDP_OK ||
         cddp_event_record(s->ready, &e) != CDDP_OK ||
@@ -145,13 +149,16 @@ static int host_allgather(void *c, const void *send, void *recv, int64_t count,
 static int host_join(void *c, cddp_error *err) {
     host_comm *h = c;
     for (int i = 0; i < h->n; i++) {
-        staged *s = &h->q[i];
+        staged *s = h->q[i];
         cddp_error e = {0};
-        if ((s->pre && cddp_comm_wait(s->pre, -1, &e) != CDDP_OK) ||
-            (s->work && cddp_comm_wait(s->work, -1, &e) != CDDP_OK) ||
-            (!h->failed.code &&
-             cddp_device_upload(h->dev, s->dst, s->host + s->from, s->bytes, &e) != CDDP_OK))
-            if (!h->failed.code) h->failed = e;
+        /* both waited for whatever the first says: the group's thread may still read the copy */
+        int rc = s->pre ? cddp_comm_wait(s->pre, -1, &e) : CDDP_OK;
+        if (s->work && cddp_comm_wait(s->work, -1, rc == CDDP_OK ? &e : NULL) != CDDP_OK &&
+            rc == CDDP_OK)
+            rc = e.code;
+        if (rc == CDDP_OK && !h->failed.code)
+            rc = cddp_device_upload(h->dev, s->dst, s->host + s->from, s->bytes, &e);
+        if (rc != CDDP_OK && !h->failed.code) h->failed = e;
         staged_free(h, s);
     }
     h->n = 0;
