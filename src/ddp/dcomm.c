@@ -1,10 +1,9 @@
 /* dcomm.c: collectives on a device's memory through one of three transports (cddp/dcomm.h): host
  * copies (here), CUDA IPC's communicator (ipc.c) or NCCL's (nccl.c), behind one table chosen when
  * the communicator is made. DistributedDataParallel's nccl and ipc options use it. */
-#include "cddp/dcomm.h"
+#include "ddp/internal.h"
 
 #include "cddp/ipc.h"
-#include "cddp/nccl.h"
 
 #include <string.h>
 
@@ -61,10 +60,7 @@ static int wait_ready(void *s, cddp_error *err) {
 }
 
 static void staged_free(host_comm *h, staged *s) {
-    if (s->locked)
-        cddp_device_host_free(h->dev, s->host);
-    else
-        cddp_aligned_free(s->host);
+    cddp__ddp_host_copy_free(h->dev, s->host, s->locked);
     cddp_event_destroy(s->ready);
     cddp_free(s);
 }
@@ -87,9 +83,7 @@ static int host_queue(host_comm *h, kind k, const void *in, size_t in_bytes, siz
     staged *s = cddp_calloc(1, sizeof *s);
     if (!s) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
     *s = (staged){.dst = dst, .from = from, .bytes = back};
-    s->host = cddp_device_host_alloc(h->dev, bytes, &e); /* page-locked where it can be */
-    s->locked = s->host != NULL;
-    if (!s->locked) s->host = cddp_aligned_alloc(bytes + 64);
+    s->host = cddp__ddp_host_copy(h->dev, bytes, &s->locked);
     if (!s->host || !(s->ready = cddp_event_create(h->dev, &e))) {
         staged_free(h, s);
         return cddp_error_set(err, CDDP_ENOMEM, "out of memory for a host copy of %zu bytes",
