@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 void *cddp__kq_scratch(cddp__kq *q, size_t bytes) {
     if (q->scratch) return q->scratch(q, bytes);
@@ -238,36 +239,84 @@ static int no_ipc(const cddp_device *dev, cddp_error *err) {
                           dev->name);
 }
 
-int cddp_device_ipc_export(cddp_device *dev, void *p, cddp_ipc_handle *h, cddp_error *err) {
+/* What every handle opens with: which kind of device made it, whether it is an event, and which
+ * process; the device's own bytes follow. */
+typedef struct ipc_head {
+    char magic[8];
+    int32_t kind, event, pid, unused;
+} ipc_head;
+
+_Static_assert(sizeof(ipc_head) + CDDP__IPC_PAYLOAD == CDDP_IPC_HANDLE_BYTES,
+               "a handle is its head and a device's payload");
+
+static unsigned char *head_write(const cddp_device *dev, cddp_ipc_handle *h, bool event) {
+    ipc_head head = {"cddpipc", (int32_t)dev->kind, event, (int32_t)getpid(), 0};
     memset(h, 0, sizeof *h);
-    return dev->ops->ipc_export ? dev->ops->ipc_export(dev, p, h->bytes, err) : no_ipc(dev, err);
+    memcpy(h->bytes, &head, sizeof head);
+    return h->bytes + sizeof head;
+}
+
+/* The exporting process, or -1 with err: a handle of another kind of device, of the other of
+ * memory and events, or of this same process (which cannot open its own). */
+static int head_read(const cddp_device *dev, const cddp_ipc_handle *h, bool event,
+                     cddp_error *err) {
+    ipc_head head;
+    memcpy(&head, h->bytes, sizeof head);
+    const char *what = event ? "an event" : "memory";
+    if (memcmp(head.magic, "cddpipc", 8) != 0 || head.kind != (int32_t)dev->kind ||
+        head.event != event) {
+        cddp_error_set(err, CDDP_EINVAL,
+                       "%s: not a handle of %s of this kind of device (exported by another kind, "
+                       "or for the other of memory and events?)",
+                       dev->name, what);
+        return -1;
+    }
+    if (head.pid == (int32_t)getpid()) {
+        cddp_error_set(err, CDDP_EINVAL,
+                       "%s: a handle of %s exported by this same process (another process opens "
+                       "it)",
+                       dev->name, what);
+        return -1;
+    }
+    return head.pid;
+}
+
+int cddp_device_ipc_export(cddp_device *dev, void *p, cddp_ipc_handle *h, cddp_error *err) {
+    unsigned char *payload = head_write(dev, h, false);
+    return dev->ops->ipc_export ? dev->ops->ipc_export(dev, p, payload, err) : no_ipc(dev, err);
 }
 
 void *cddp_device_ipc_open(cddp_device *dev, const cddp_ipc_handle *h, cddp_error *err) {
-    if (dev->ops->ipc_open) return dev->ops->ipc_open(dev, h->bytes, err);
-    no_ipc(dev, err);
-    return NULL;
+    if (!dev->ops->ipc_open) {
+        no_ipc(dev, err);
+        return NULL;
+    }
+    int pid = head_read(dev, h, false, err);
+    return pid < 0 ? NULL : dev->ops->ipc_open(dev, h->bytes + sizeof(ipc_head), pid, err);
 }
 
 void cddp_device_ipc_close(cddp_device *dev, void *p) {
     if (p && dev->ops->ipc_close) dev->ops->ipc_close(dev, p);
 }
 
-/* An event made for sharing (its handle into out) or opened from another process's handle (in). */
-static cddp_event *shared_event(cddp_device *dev, unsigned char *out, const unsigned char *in,
+/* An event made for sharing (its handle into out) or opened from another process's (in). */
+static cddp_event *shared_event(cddp_device *dev, cddp_ipc_handle *out, const cddp_ipc_handle *in,
                                 cddp_error *err) {
     const cddp__device_ops *o = dev->ops;
     if (out ? !o->ipc_event_create : !o->ipc_event_open) {
         no_ipc(dev, err);
         return NULL;
     }
+    int pid = in ? head_read(dev, in, true, err) : 0;
+    if (pid < 0) return NULL;
     cddp_event *e = cddp_calloc(1, sizeof *e);
     if (!e) {
         cddp_error_set(err, CDDP_ENOMEM, "out of memory for an event");
         return NULL;
     }
     e->dev = dev;
-    if (!(e->ev = out ? o->ipc_event_create(dev, out, err) : o->ipc_event_open(dev, in, err))) {
+    if (!(e->ev = out ? o->ipc_event_create(dev, head_write(dev, out, true), err)
+                      : o->ipc_event_open(dev, in->bytes + sizeof(ipc_head), pid, err))) {
         cddp_free(e);
         return NULL;
     }
@@ -275,12 +324,11 @@ static cddp_event *shared_event(cddp_device *dev, unsigned char *out, const unsi
 }
 
 cddp_event *cddp_event_create_shared(cddp_device *dev, cddp_ipc_handle *h, cddp_error *err) {
-    memset(h, 0, sizeof *h);
-    return shared_event(dev, h->bytes, NULL, err);
+    return shared_event(dev, h, NULL, err);
 }
 
 cddp_event *cddp_event_open_shared(cddp_device *dev, const cddp_ipc_handle *h, cddp_error *err) {
-    return shared_event(dev, NULL, h->bytes, err);
+    return shared_event(dev, NULL, h, err);
 }
 
 int cddp_device_transfer(cddp_device *to, void *dst, cddp_device *from, const void *src,

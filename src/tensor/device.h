@@ -103,16 +103,22 @@ typedef struct cddp__device_ops {
      * beside cddp's (NCCL) */
     void *(*native_queue)(cddp_device *dev);
     /* May be NULL (the CPU): memory and events other processes on this host open (cddp/device.h's
-     * "shared with other processes"). ipc_export: the allocation at p (alloc's pointer) as a
-     * handle of CDDP_IPC_HANDLE_BYTES; ipc_open: another process's, as device memory of dev
-     * (copies and kernels take it) until ipc_close; ipc_event_create: an event ipc_event_open
-     * opens in another process (the events' other calls take both) */
-    int (*ipc_export)(cddp_device *dev, void *p, unsigned char *handle, cddp_error *err);
-    void *(*ipc_open)(cddp_device *dev, const unsigned char *handle, cddp_error *err);
+     * "shared with other processes"). device.c writes and checks what every handle opens with
+     * (which kind of device, memory or event, which process); a device fills and reads the rest,
+     * CDDP__IPC_PAYLOAD bytes. ipc_export: the allocation at p (alloc's pointer); ipc_open: process
+     * pid's, as device memory of dev (copies and kernels take it) until ipc_close;
+     * ipc_event_create: an event ipc_event_open opens in another process (the events' other calls
+     * take both) */
+    int (*ipc_export)(cddp_device *dev, void *p, unsigned char *payload, cddp_error *err);
+    void *(*ipc_open)(cddp_device *dev, const unsigned char *payload, int pid, cddp_error *err);
     void (*ipc_close)(cddp_device *dev, void *p);
-    void *(*ipc_event_create)(cddp_device *dev, unsigned char *handle, cddp_error *err);
-    void *(*ipc_event_open)(cddp_device *dev, const unsigned char *handle, cddp_error *err);
+    void *(*ipc_event_create)(cddp_device *dev, unsigned char *payload, cddp_error *err);
+    void *(*ipc_event_open)(cddp_device *dev, const unsigned char *payload, int pid,
+                            cddp_error *err);
 } cddp__device_ops;
+
+/* The bytes of a cddp_ipc_handle a device fills (after device.c's 24). */
+#define CDDP__IPC_PAYLOAD 72
 
 struct cddp_device {
     char name[32];

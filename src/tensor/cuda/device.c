@@ -19,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define MAX_GPUS   16
 #define MAX_CHECKS 256 /* checks remembered between two synchronizations */
@@ -265,51 +264,27 @@ static void *cuda_native_queue(cddp_device *dev) {
 
 /* ---- shared with other processes: CUDA IPC --------------------------------------------------- */
 
-typedef struct cuda_handle {
-    char magic[16];
-    int32_t pid;
-    union {
-        cudaIpcMemHandle_t mem;
-        cudaIpcEventHandle_t event;
-    } h;
-} cuda_handle;
+/* A handle's payload (device.c writes and checks the rest): CUDA's handle. */
+_Static_assert(sizeof(cudaIpcMemHandle_t) <= CDDP__IPC_PAYLOAD &&
+                   sizeof(cudaIpcEventHandle_t) <= CDDP__IPC_PAYLOAD,
+               "CUDA's handles fit a cddp_ipc_handle");
 
-_Static_assert(sizeof(cuda_handle) <= CDDP_IPC_HANDLE_BYTES,
-               "a CUDA handle fits a cddp_ipc_handle");
-
-#define MEMORY_MAGIC "cddp cuda mem"
-#define EVENT_MAGIC  "cddp cuda event"
-
-static int read_handle(cddp_device *dev, const unsigned char *bytes, const char *magic,
-                       cuda_handle *h, cddp_error *err) {
-    memcpy(h, bytes, sizeof *h);
-    if (memcmp(h->magic, magic, strlen(magic) + 1) != 0)
-        return cddp_error_set(err, CDDP_EINVAL,
-                              "%s: not a handle of CUDA %s (exported by another kind of device?)",
-                              dev->name, strcmp(magic, EVENT_MAGIC) ? "memory" : "events");
-    if (h->pid == (int32_t)getpid())
-        return cddp_error_set(err, CDDP_EINVAL,
-                              "%s: a handle exported by this same process (CUDA IPC opens it in "
-                              "another)",
-                              dev->name);
-    return CDDP_OK;
-}
-
-static int cuda_ipc_export(cddp_device *dev, void *p, unsigned char *handle, cddp_error *err) {
-    cuda_handle h = {.pid = (int32_t)getpid()};
-    memcpy(h.magic, MEMORY_MAGIC, sizeof MEMORY_MAGIC);
+static int cuda_ipc_export(cddp_device *dev, void *p, unsigned char *payload, cddp_error *err) {
+    cudaIpcMemHandle_t h;
     enter(dev);
-    CDDP_TRY(failed(dev, cudaIpcGetMemHandle(&h.h.mem, p), "cudaIpcGetMemHandle", err));
-    memcpy(handle, &h, sizeof h);
+    CDDP_TRY(failed(dev, cudaIpcGetMemHandle(&h, p), "cudaIpcGetMemHandle", err));
+    memcpy(payload, &h, sizeof h);
     return CDDP_OK;
 }
 
-static void *cuda_ipc_open(cddp_device *dev, const unsigned char *handle, cddp_error *err) {
-    cuda_handle h;
+static void *cuda_ipc_open(cddp_device *dev, const unsigned char *payload, int pid,
+                           cddp_error *err) {
+    cudaIpcMemHandle_t h;
     void *p = NULL;
-    if (read_handle(dev, handle, MEMORY_MAGIC, &h, err) != CDDP_OK) return NULL;
+    (void)pid;
+    memcpy(&h, payload, sizeof h);
     enter(dev);
-    if (failed(dev, cudaIpcOpenMemHandle(&p, h.h.mem, cudaIpcMemLazyEnablePeerAccess),
+    if (failed(dev, cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
                "cudaIpcOpenMemHandle (another process's memory)", err))
         return NULL;
     return p;
@@ -321,28 +296,29 @@ static void cuda_ipc_close(cddp_device *dev, void *p) {
     cudaIpcCloseMemHandle(p);
 }
 
-static void *cuda_ipc_event_create(cddp_device *dev, unsigned char *handle, cddp_error *err) {
-    cuda_handle h = {.pid = (int32_t)getpid()};
-    memcpy(h.magic, EVENT_MAGIC, sizeof EVENT_MAGIC);
+static void *cuda_ipc_event_create(cddp_device *dev, unsigned char *payload, cddp_error *err) {
+    cudaIpcEventHandle_t h;
     cudaEvent_t ev = NULL;
     enter(dev);
     if (failed(dev, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventInterprocess),
                "making an inter-process event", err))
         return NULL;
-    if (failed(dev, cudaIpcGetEventHandle(&h.h.event, ev), "cudaIpcGetEventHandle", err)) {
+    if (failed(dev, cudaIpcGetEventHandle(&h, ev), "cudaIpcGetEventHandle", err)) {
         cudaEventDestroy(ev);
         return NULL;
     }
-    memcpy(handle, &h, sizeof h);
+    memcpy(payload, &h, sizeof h);
     return ev;
 }
 
-static void *cuda_ipc_event_open(cddp_device *dev, const unsigned char *handle, cddp_error *err) {
-    cuda_handle h;
+static void *cuda_ipc_event_open(cddp_device *dev, const unsigned char *payload, int pid,
+                                 cddp_error *err) {
+    cudaIpcEventHandle_t h;
     cudaEvent_t ev = NULL;
-    if (read_handle(dev, handle, EVENT_MAGIC, &h, err) != CDDP_OK) return NULL;
+    (void)pid;
+    memcpy(&h, payload, sizeof h);
     enter(dev);
-    if (failed(dev, cudaIpcOpenEventHandle(&ev, h.h.event),
+    if (failed(dev, cudaIpcOpenEventHandle(&ev, h),
                "cudaIpcOpenEventHandle (another process's event)", err))
         return NULL;
     return ev;

@@ -374,35 +374,17 @@ static int emu_queue_wait(cddp_device *dev, void *queue, void *ev, cddp_error *e
 
 /* ---- shared with other processes (what CUDA IPC does on a GPU) ------------------------------ */
 
-/* A handle: which process, and its memory file (an allocation's place in it, or an event's). */
+/* A handle's payload (device.c writes and checks the rest, the exporting process among it): its
+ * memory file, and an allocation's place in it (an event's file holds the event alone). */
 typedef struct emu_handle {
-    char magic[16];
-    int32_t pid, fd;
+    int32_t fd;
     uint64_t at, size;
 } emu_handle;
 
-_Static_assert(sizeof(emu_handle) <= CDDP_IPC_HANDLE_BYTES, "an emu handle fits a cddp_ipc_handle");
+_Static_assert(sizeof(emu_handle) <= CDDP__IPC_PAYLOAD, "an emu handle fits a cddp_ipc_handle");
 
-#define MEMORY_MAGIC "cddp emu memory"
-#define EVENT_MAGIC  "cddp emu event"
-
-static int read_handle(cddp_device *dev, const unsigned char *bytes, const char *magic,
-                       emu_handle *h, cddp_error *err) {
-    memcpy(h, bytes, sizeof *h);
-    if (memcmp(h->magic, magic, strlen(magic) + 1) != 0)
-        return cddp_error_set(err, CDDP_EINVAL,
-                              "%s: not a handle of the emulated device's %s (exported by another "
-                              "kind of device?)",
-                              dev->name, strcmp(magic, EVENT_MAGIC) ? "memory" : "events");
-    if (h->pid == getpid())
-        return cddp_error_set(err, CDDP_EINVAL,
-                              "%s: a handle exported by this same process (open it in another)",
-                              dev->name);
-    return CDDP_OK;
-}
-
-static int emu_ipc_export(cddp_device *dev, void *p, unsigned char *handle, cddp_error *err) {
-    emu_handle h = {MEMORY_MAGIC, (int32_t)getpid(), 0, 0, 0};
+static int emu_ipc_export(cddp_device *dev, void *p, unsigned char *payload, cddp_error *err) {
+    emu_handle h;
     int fd;
     size_t at, size;
     if (cddp__emu_mem_extent(of(dev)->mem, p, &fd, &at, &size) != 0)
@@ -410,15 +392,16 @@ static int emu_ipc_export(cddp_device *dev, void *p, unsigned char *handle, cddp
                               "%s: %p is not where an allocation of the device starts (export what "
                               "cddp_device_alloc returned)",
                               dev->name, p);
-    h.fd = fd, h.at = at, h.size = size;
-    memcpy(handle, &h, sizeof h);
+    h = (emu_handle){fd, at, size};
+    memcpy(payload, &h, sizeof h);
     return CDDP_OK;
 }
 
-static void *emu_ipc_open(cddp_device *dev, const unsigned char *handle, cddp_error *err) {
+static void *emu_ipc_open(cddp_device *dev, const unsigned char *payload, int pid,
+                          cddp_error *err) {
     emu_handle h;
-    if (read_handle(dev, handle, MEMORY_MAGIC, &h, err) != CDDP_OK) return NULL;
-    return cddp__emu_mem_import(of(dev)->mem, h.pid, h.fd, h.at, h.size, err);
+    memcpy(&h, payload, sizeof h);
+    return cddp__emu_mem_import(of(dev)->mem, pid, h.fd, h.at, h.size, err);
 }
 
 /* Closing waits until nothing queued on any of the device's queues may still read it. */
@@ -429,7 +412,7 @@ static void emu_ipc_close(cddp_device *dev, void *p) {
     cddp__emu_mem_unimport(of(dev)->mem, p);
 }
 
-static void *emu_ipc_event_create(cddp_device *dev, unsigned char *handle, cddp_error *err) {
+static void *emu_ipc_event_create(cddp_device *dev, unsigned char *payload, cddp_error *err) {
     emu_event *e = emu_event_create(dev, err);
     if (!e) return NULL;
     int fd = memfd_create("cddp-emu-event", MFD_CLOEXEC);
@@ -444,16 +427,17 @@ static void *emu_ipc_event_create(cddp_device *dev, unsigned char *handle, cddp_
         return NULL;
     }
     e->s = s, e->fd = fd, e->pid = getpid();
-    emu_handle h = {EVENT_MAGIC, e->pid, fd, 0, sizeof(shared_ev)};
-    memcpy(handle, &h, sizeof h);
+    emu_handle h = {fd, 0, sizeof(shared_ev)};
+    memcpy(payload, &h, sizeof h);
     return e;
 }
 
-static void *emu_ipc_event_open(cddp_device *dev, const unsigned char *handle, cddp_error *err) {
+static void *emu_ipc_event_open(cddp_device *dev, const unsigned char *payload, int pid,
+                                cddp_error *err) {
     emu_handle h;
-    if (read_handle(dev, handle, EVENT_MAGIC, &h, err) != CDDP_OK) return NULL;
+    memcpy(&h, payload, sizeof h);
     char path[64];
-    snprintf(path, sizeof path, "/proc/%d/fd/%d", h.pid, h.fd);
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, h.fd);
     int fd = open(path, O_RDWR | O_CLOEXEC);
     void *s = fd < 0 ? MAP_FAILED
                      : mmap(NULL, sizeof(shared_ev), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -462,7 +446,7 @@ static void *emu_ipc_event_open(cddp_device *dev, const unsigned char *handle, c
     if (s == MAP_FAILED) {
         cddp_error_set(err, CDDP_ENOENT,
                        "%s: cannot open process %d's event (%s): %s (has it ended?)", dev->name,
-                       h.pid, path, strerror(e));
+                       pid, path, strerror(e));
         return NULL;
     }
     emu_event *ev = emu_event_create(dev, err);
@@ -470,7 +454,7 @@ static void *emu_ipc_event_open(cddp_device *dev, const unsigned char *handle, c
         munmap(s, sizeof(shared_ev));
         return NULL;
     }
-    ev->s = s, ev->pid = h.pid;
+    ev->s = s, ev->pid = pid;
     return ev;
 }
 
