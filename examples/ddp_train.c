@@ -1,16 +1,17 @@
 /* ddp_train.c: the OneFlow seed's ddp_train.py in C: a linear model y = x w fitted data-parallel.
  *
  *   cddprun --nproc_per_node 2 build/bin/ddp_train [--device cpu|emu|cuda] [--optimizer adamw]
- *                                                  [--nccl | --ipc]
+ *                                                  [--transport auto|host|ipc|nccl]
  *
  * Each rank picks its own training data by rank (train_x[rank], train_y[rank]); w starts at
  * zero; the loss is the summed squared error; SGD with lr 0.01 runs 500 iterations. Both ranks'
  * data are consistent with w = [[2], [3]], and DistributedDataParallel averages the two ranks'
  * gradients, so both converge to it. The two changes from a single-process program are marked;
  * --device trains on another device (the model moved there, the data copied there); --optimizer
- * adamw uses AdamW (lr 0.05, no weight decay) instead of SGD; --nccl reduces the gradients with
- * NCCL on the device (each rank on its own GPU), --ipc through CUDA IPC (the ranks of one host,
- * sharing a GPU or not).
+ * adamw uses AdamW (lr 0.05, no weight decay) instead of SGD; --transport says how the gradients
+ * of a model on a device are reduced (default auto: NCCL where each rank has a GPU of its own, else
+ * host copies; ipc: through CUDA IPC, the ranks of one host, sharing a GPU or not); --nccl and
+ * --ipc are --transport nccl and --transport ipc.
  */
 #include <cddp/cddp.h>
 
@@ -23,14 +24,19 @@ static const float train_y[2][2] = {{8, 13}, {26, 9}};
 int main(int argc, char **argv) {
     cddp_error err = {0};
     const char *spec = "cpu", *optimizer = "sgd";
-    bool nccl = false, ipc = false;
+    cddp_dcomm_transport transport = CDDP_DCOMM_AUTO;
     for (int i = 1; i < argc; i++) {
         bool value = i + 1 < argc;
         if (!strcmp(argv[i], "--nccl"))
-            nccl = true;
+            transport = CDDP_DCOMM_NCCL;
         else if (!strcmp(argv[i], "--ipc"))
-            ipc = true;
-        else if (value && !strcmp(argv[i], "--device"))
+            transport = CDDP_DCOMM_IPC;
+        else if (value && !strcmp(argv[i], "--transport")) {
+            if (cddp_dcomm_transport_parse(argv[++i], &transport, &err) != CDDP_OK) {
+                fprintf(stderr, "ddp_train: --transport: %s\n", err.msg);
+                return 2;
+            }
+        } else if (value && !strcmp(argv[i], "--device"))
             spec = argv[++i];
         else if (value && !strcmp(argv[i], "--optimizer"))
             optimizer = argv[++i];
@@ -39,9 +45,8 @@ int main(int argc, char **argv) {
     }
     bool adamw = optimizer && !strcmp(optimizer, "adamw");
     if (!optimizer || (!adamw && strcmp(optimizer, "sgd"))) {
-        fprintf(
-            stderr,
-            "usage: ddp_train [--device cpu|emu|cuda] [--optimizer sgd|adamw] [--nccl | --ipc]\n");
+        fprintf(stderr, "usage: ddp_train [--device cpu|emu|cuda] [--optimizer sgd|adamw]\n"
+                        "                 [--transport auto|host|ipc|nccl | --nccl | --ipc]\n");
         return 2;
     }
     cddp_device *dev = cddp_device_for_rank(spec, &err);
@@ -60,7 +65,7 @@ int main(int argc, char **argv) {
     /* Change 1: join the group the launcher started, and wrap the model. */
     cddp_comm *group = cddp_comm_create(NULL, &err);
     cddp_ddp *ddp =
-        group ? cddp_ddp_wrap(m, group, &(cddp_ddp_options){.nccl = nccl, .ipc = ipc}, &err) : NULL;
+        group ? cddp_ddp_wrap(m, group, &(cddp_ddp_options){.transport = transport}, &err) : NULL;
     if (!ddp) {
         fprintf(stderr, "ddp_train: %s\n", err.msg);
         return 1;

@@ -53,7 +53,8 @@ typedef struct options {
     double bucket_cap_mb;
     uint64_t seed;
     int64_t limit;
-    bool json, zero, nccl, ipc;
+    bool json, zero;
+    cddp_dcomm_transport transport;
 } options;
 
 static void usage(FILE *out) {
@@ -101,12 +102,8 @@ static void usage(FILE *out) {
         "                      for the same steps: ranks x --batch-size)\n"
         "  --hook NAME         gradient compression: none, bf16 or fp16 (default none)\n"
         "  --bucket-cap-mb X   DDP bucket size in MiB (default 25)\n"
-        "  --zero              shard the optimizer state across the ranks (ZeRO-1)\n"
-        "  --nccl              reduce the gradients with NCCL on the GPUs (--device cuda, a\n"
-        "                      GPU for each rank) instead of through host memory\n"
-        "  --ipc               reduce the gradients through CUDA IPC, each rank reading the\n"
-        "                      others' GPU memory (the ranks of one host; they may share a GPU)\n"
-        "  --json              end with one JSON line of results\n"
+        "  --zero              shard the optimizer state across the ranks "
+        "(ZeRO-1)\n" RUN_TRANSPORT_HELP "  --json              end with one JSON line of results\n"
         "  --sample-log PATH   each rank appends a line 'epoch step index' for every sample it\n"
         "                      trains on to PATH.<rank> (to check which samples a job saw)\n"
         "  -h, --help          show this help\n");
@@ -147,6 +144,7 @@ static int parse_args(int argc, char **argv, options *o) {
                                              {"zero", no_argument, 0, 'z'},
                                              {"nccl", no_argument, 0, 'N'},
                                              {"ipc", no_argument, 0, 'Q'},
+                                             {"transport", required_argument, 0, 'X'},
                                              {"save-every", required_argument, 0, 'E'},
                                              {"save_every", required_argument, 0, 'E'},
                                              {"keep", required_argument, 0, 'K'},
@@ -224,10 +222,13 @@ static int parse_args(int argc, char **argv, options *o) {
             o->zero = true;
             break;
         case 'N':
-            o->nccl = true;
+            o->transport = CDDP_DCOMM_NCCL;
             break;
         case 'Q':
-            o->ipc = true;
+            o->transport = CDDP_DCOMM_IPC;
+            break;
+        case 'X':
+            ok = run_transport(P, optarg, &o->transport);
             break;
         case 'I':
             o->init_from = optarg;
@@ -499,8 +500,7 @@ int main(int argc, char **argv) {
     /* The one call that makes it data-parallel. */
     cddp_ddp_options dopt = {.bucket_cap_mb = o.bucket_cap_mb,
                              .shard_optimizer = o.zero,
-                             .nccl = o.nccl,
-                             .ipc = o.ipc,
+                             .transport = o.transport,
                              .hook = !strcmp(o.hook, "bf16")   ? CDDP_DDP_HOOK_BF16
                                      : !strcmp(o.hook, "fp16") ? CDDP_DDP_HOOK_FP16
                                                                : CDDP_DDP_HOOK_NONE};

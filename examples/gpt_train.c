@@ -45,7 +45,8 @@ typedef struct options {
     double lr, min_lr, weight_decay, grad_clip, beta1, beta2, temperature, peak_tflops;
     const char *data, *out, *resume, *init_from, *device, *dtype, *prompt, *tensorboard;
     uint64_t seed;
-    bool json, zero, nccl, ipc;
+    bool json, zero;
+    cddp_dcomm_transport transport;
 } options;
 
 static void usage(FILE *out) {
@@ -72,11 +73,7 @@ static void usage(FILE *out) {
         "  --beta1 X, --beta2 X  AdamW's (default 0.9, 0.99)\n"
         "  --grad_clip X       clip the gradients' global norm (default 1.0; 0: never)\n"
         "  --seed N            weights and data order (default 1337)\n"
-        "  --zero              shard AdamW's state across the ranks (ZeRO-1)\n"
-        "  --nccl              reduce the gradients with NCCL on the GPUs (--device cuda, a\n"
-        "                      GPU for each rank) instead of through host memory\n"
-        "  --ipc               reduce the gradients through CUDA IPC, each rank reading the\n"
-        "                      others' GPU memory (the ranks of one host; they may share a GPU)\n"
+        "  --zero              shard AdamW's state across the ranks (ZeRO-1)\n" RUN_TRANSPORT_HELP
         "  --device NAME       where to train: cpu, emu (the emulated device), cuda; a kind\n"
         "                      without :N is the local rank's device of it (default cpu)\n"
         "  --dtype NAME        fp32, or bf16: mixed precision, the matrix products in bf16\n"
@@ -206,7 +203,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"dtype", 's', &o->dtype, 0, 0, false},
     };
     enum { NF = sizeof flags / sizeof flags[0] };
-    struct option longopts[NF + 7];
+    struct option longopts[NF + 8];
     for (int i = 0; i < NF; i++)
         longopts[i] = (struct option){flags[i].name, required_argument, 0, i};
     longopts[NF] = (struct option){"resume", optional_argument, 0, 'R'};
@@ -215,7 +212,8 @@ static int parse_args(int argc, char **argv, options *o) {
     longopts[NF + 3] = (struct option){"zero", no_argument, 0, 'z'};
     longopts[NF + 4] = (struct option){"nccl", no_argument, 0, 'N'};
     longopts[NF + 5] = (struct option){"ipc", no_argument, 0, 'P'};
-    longopts[NF + 6] = (struct option){0, 0, 0, 0};
+    longopts[NF + 6] = (struct option){"transport", required_argument, 0, 'X'};
+    longopts[NF + 7] = (struct option){0, 0, 0, 0};
     int c;
     bool resume = false;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -244,9 +242,11 @@ static int parse_args(int argc, char **argv, options *o) {
         } else if (c == 'z') {
             o->zero = true;
         } else if (c == 'N') {
-            o->nccl = true;
+            o->transport = CDDP_DCOMM_NCCL;
         } else if (c == 'P') {
-            o->ipc = true;
+            o->transport = CDDP_DCOMM_IPC;
+        } else if (c == 'X') {
+            if (!run_transport("gpt_train", optarg, &o->transport)) return -1;
         } else if (c == 'h') {
             usage(stdout);
             exit(0);
@@ -607,8 +607,8 @@ int main(int argc, char **argv) {
     aw.decay_matrices_only = true;
     /* The optimizer after the wrap: under --zero its state is the shard's from the start. */
     if (!(ddp = cddp_ddp_wrap(
-              m, group,
-              &(cddp_ddp_options){.shard_optimizer = o.zero, .nccl = o.nccl, .ipc = o.ipc}, &err)))
+              m, group, &(cddp_ddp_options){.shard_optimizer = o.zero, .transport = o.transport},
+              &err)))
         goto fail;
     if (!(opt = cddp_optim_adamw(m, &aw, &err))) goto fail;
 

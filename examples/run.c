@@ -146,3 +146,10 @@ bool run_device(const char *prog, const char *device, const char *name, cddp_dev
     *out = d;
     return true;
 }
+
+bool run_transport(const char *prog, const char *text, cddp_dcomm_transport *t) {
+    cddp_error err = {0};
+    if (cddp_dcomm_transport_parse(text, t, &err) == CDDP_OK) return true;
+    fprintf(stderr, "%s: --transport %s: %s\n", prog, text, err.msg);
+    return false;
+}

@@ -48,6 +48,17 @@ bool run_double(const char *prog, const char *what, const char *text, double lo,
  * <why>" on stderr, when either is not one or the device cannot. Logs on what the products run. */
 bool run_device(const char *prog, const char *device, const char *dtype, cddp_device **dev,
                 cddp_dtype *compute);
+/* The help text of --transport, --nccl and --ipc. */
+#define RUN_TRANSPORT_HELP                                                                         \
+    "  --transport NAME    how the gradients of a model on a device are reduced: nccl\n"           \
+    "                      (NCCL, a GPU for each rank), ipc (CUDA IPC, each rank reading\n"        \
+    "                      the others' GPU memory: the ranks of one host, which may share a\n"     \
+    "                      GPU), host (through host memory) or auto (default: nccl where\n"        \
+    "                      each rank has a GPU of its own, else host; CDDP_DDP_TRANSPORT)\n"       \
+    "  --nccl, --ipc       --transport nccl, --transport ipc\n"
+/* --transport NAME (cddp_dcomm_transport_parse) into *t; false, after printing "prog: --transport
+ * <name>: <why>" on stderr, when it names none. */
+bool run_transport(const char *prog, const char *text, cddp_dcomm_transport *t);
 /* The optimizer state this process holds, in bytes (the shard's alone under ZeRO-1). */
 long long run_optim_state_bytes(const cddp_optim *opt);
 

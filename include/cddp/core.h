@@ -196,6 +196,10 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
     X(DDP_OVERLAP, STR, "auto",                                                                    \
       "Where DDP reduces gradient buckets: thread, inline, or auto (thread when there are other "  \
       "ranks and each rank on this host has two cores, else inline).")                             \
+    X(DDP_TRANSPORT, STR, "auto",                                                                  \
+      "How DDP reduces the gradients of a model on a device where the program leaves it to cddp: " \
+      "host, ipc, nccl, or auto (nccl when every rank has a GPU of its own and NCCL opens on "     \
+      "every rank, else host).")                                                                   \
     X(DDP_STATS, INT, "0", "1: rank 0 prints DistributedDataParallel's step timings.")             \
     X(DDP_STATS_EVERY, INT, "100", "Steps between two CDDP_DDP_STATS lines.")                      \
     X(TIMELINE, STR, "off",                                                                        \

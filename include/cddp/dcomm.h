@@ -3,7 +3,12 @@
  * One communicator over a group's ranks (cddp_comm_create), each on its device, and one transport
  * chosen when it is made, for the job's shape:
  *
- *   CDDP_DCOMM_HOST  (the default) through host copies: each collective's data is copied to the
+ *   CDDP_DCOMM_AUTO  (the default) NCCL where every rank has a GPU of its own and NCCL opens on
+ *                    every rank; otherwise HOST (one rank, the CPU, the emulated device, ranks
+ *                    sharing a GPU, no NCCL). The ranks choose together, alike, from what each
+ *                    one's device and machine are (cddp_dcomm_choose); IPC only when named (its
+ *                    speed against HOST's on a shared GPU is not measured yet)
+ *   CDDP_DCOMM_HOST  through host copies: each collective's data is copied to the
  *                    host (page-locked memory on a GPU) after the device's work queued so far, the
  *                    group's own transport reduces it there (shared memory, TCP, MPI: any group,
  *                    across nodes too) on its communication thread, and cddp_dcomm_join copies the
@@ -16,9 +21,9 @@
  * communication thread waits for the copy to the host; IPC and NCCL run on a stream of their
  * own). cddp_dcomm_join makes the device's default queue's later work see the results (HOST: the
  * host waits there for the group's collectives, not the device, and queues the copies back);
- * cddp_dcomm_wait also makes the host wait for them. Rank 0 logs the transport once, as the
- * group logs its backend. DistributedDataParallel's nccl and ipc options use the same
- * communicators (its host path stages per bucket itself).
+ * cddp_dcomm_wait also makes the host wait for them. Rank 0 logs the transport once, and why
+ * it was chosen, as the group logs its backend. DistributedDataParallel's transport option takes
+ * the same names and choice (its host path stages per bucket itself).
  *
  *   cddp_dcomm *d = cddp_dcomm_create(group, dev, &(cddp_dcomm_options){.transport =
  *                                     CDDP_DCOMM_IPC}, &err);
@@ -39,21 +44,33 @@ extern "C" {
 #endif
 
 typedef enum cddp_dcomm_transport {
-    CDDP_DCOMM_HOST = 0,
-    CDDP_DCOMM_IPC = 1,
-    CDDP_DCOMM_NCCL = 2,
+    CDDP_DCOMM_AUTO = 0,
+    CDDP_DCOMM_HOST = 1,
+    CDDP_DCOMM_IPC = 2,
+    CDDP_DCOMM_NCCL = 3,
 } cddp_dcomm_transport;
 
+/* "auto", "host", "ipc", "nccl" (the spelling of --transport and CDDP_DDP_TRANSPORT). */
+CDDP_API const char *cddp_dcomm_transport_spelling(cddp_dcomm_transport t);
+/* The transport a spelling names: CDDP_OK, or CDDP_EINVAL (err lists the four). */
+CDDP_API int cddp_dcomm_transport_parse(const char *name, cddp_dcomm_transport *t, cddp_error *err);
+/* What CDDP_DCOMM_AUTO takes for this group and device: HOST or NCCL, and why in `why` (a
+ * phrase: "one rank per GPU, NCCL 2.28.9 on every rank"). Collective (one allgather of what
+ * each rank's device and machine are); every rank gets the same answer. CDDP_OK, or the group's
+ * failure. */
+CDDP_API int cddp_dcomm_choose(cddp_comm *group, cddp_device *dev, cddp_dcomm_transport *t,
+                               char *why, size_t why_size, cddp_error *err);
+
 typedef struct cddp_dcomm_options {
-    cddp_dcomm_transport transport;
+    cddp_dcomm_transport transport; /* default (0): AUTO */
     double timeout_s;     /* each collective (default: the group's; IPC and NCCL: 300 s) */
     size_t scratch_bytes; /* IPC: each rank's scratch (cddp_ipc_options; default 64 MiB) */
 } cddp_dcomm_options;
 
 typedef struct cddp_dcomm cddp_dcomm;
 
-/* Collective. NULL with err: the transport cannot serve this group or device (cddp/ipc.h and
- * cddp/nccl.h say when), or an unknown transport. */
+/* Collective. NULL with err: the transport named cannot serve this group or device (cddp/ipc.h
+ * and cddp/nccl.h say when), or an unknown transport. */
 CDDP_API cddp_dcomm *cddp_dcomm_create(cddp_comm *group, cddp_device *dev,
                                        const cddp_dcomm_options *opts, cddp_error *err);
 /* "host", "CUDA IPC", "NCCL". */

@@ -59,6 +59,11 @@ CDDP_API int cddp_device_index(const cddp_device *dev);
 CDDP_API bool cddp_device_host_accessible(const cddp_device *dev);
 /* One line about the device for logs: its name, model and memory. */
 CDDP_API const char *cddp_device_describe(const cddp_device *dev);
+/* Which device of the machine it is, whatever a process's numbering: a GPU's PCI address
+ * ("0000:65:00.0"; CUDA_VISIBLE_DEVICES may number it cuda:0 in one process and cuda:1 in
+ * another), the name for the CPU and the emulated device (every process's emu:0 is one). Two
+ * ranks on one host with the same id share the device. */
+CDDP_API const char *cddp_device_bus_id(const cddp_device *dev);
 /* How many devices of a kind this process can use (0 when none, or the kind is not built). */
 CDDP_API int cddp_device_count(cddp_device_kind kind);
 /* The device's own queue in its platform's terms, for a library that queues work beside cddp's

@@ -30,7 +30,7 @@
 #      NCCL (the wheels' library) on one rank: cddp_nccl's allreduce of device memory (and its
 #      order with the device's stream), ddp_train --nccl against ddp_train, the 6-layer GPT's
 #      tokens/s with --nccl against without (bar: 2 %), and 2 ranks on the one GPU refused with
-#      --nccl; whether CUDA IPC works between two processes on the GPU (ipc_probe) and cddp_ipc's
+#      --nccl (and left to the auto choice: host copies, rank 0 says why); whether CUDA IPC works between two processes on the GPU (ipc_probe) and cddp_ipc's
 #      collectives on 2 ranks sharing it (ipc_check, bit for bit); last, rank 1 of 2 on the GPU
 #      SIGKILLed mid-training, staged and with --ipc: the job stops naming it
 #  11. gpt_train's recipe (its defaults: 4 layers, width 128, 2000 iterations on fortunes) in bf16
@@ -510,6 +510,12 @@ nccl1() {
     ok=FAIL
     echo "$b" | grep -q "NCCL: ranks 0 and 1 are on one GPU" && ok=ok
     outcome "ddp_train --nccl, 2 ranks on one GPU refused" "$ok" "$(echo "$b" | grep -m1 "on one GPU" | cut -c1-160)"
+    # the same left to the transport's auto choice: host copies, rank 0 saying why
+    b=$(cddp env CDDP_LOG_LEVEL=info timeout 60 "$bin/cddprun" --nproc_per_node 2 "$bin/ddp_train" --device cuda 2>&1)
+    ok=FAIL
+    echo "$b" | grep -q "reduced from host copies by the group's transports (auto: ranks 0 and 1 share a GPU, which NCCL refuses" &&
+        echo "$b" | grep -q "^500/500 loss" && ok=ok
+    outcome "ddp_train, 2 ranks on one GPU, transport auto" "$ok" "$(echo "$b" | grep -m1 "its gradients are" | cut -c1-200)"
 }
 # ipc: CUDA IPC between two processes on the GPU (tests/gpu/ipc_probe.c): memory and an event
 # opened by another process, its reads and writes checked; CUDA's words when a step fails. Then

@@ -1,11 +1,13 @@
 /* dcomm.c: collectives on a device's memory through one of three transports (cddp/dcomm.h): host
  * copies (here), CUDA IPC's communicator (ipc.c) or NCCL's (nccl.c), behind one table chosen when
- * the communicator is made. DistributedDataParallel's nccl and ipc options use it. */
+ * the communicator is made; and the choice AUTO makes, which DistributedDataParallel makes too. */
 #include "ddp/internal.h"
 
 #include "cddp/ipc.h"
 
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct transport {
     const char *name;
@@ -240,12 +242,91 @@ static void ipc_destroy(void *c) {
 static const transport ipc = {"CUDA IPC", ipc_allreduce, ipc_reduce_scatter, ipc_allgather,
                               ipc_join,   ipc_wait,      ipc_check,          ipc_destroy};
 
+/* ---- the choice ------------------------------------------------------------------------------ */
+
+static const char *const spellings[] = {"auto", "host", "ipc", "nccl"};
+
+const char *cddp_dcomm_transport_spelling(cddp_dcomm_transport t) {
+    return (unsigned)t <= CDDP_DCOMM_NCCL ? spellings[t] : "unknown";
+}
+
+int cddp_dcomm_transport_parse(const char *name, cddp_dcomm_transport *t, cddp_error *err) {
+    for (unsigned i = 0; name && i <= CDDP_DCOMM_NCCL; i++)
+        if (strcmp(name, spellings[i]) == 0) {
+            *t = (cddp_dcomm_transport)i;
+            return CDDP_OK;
+        }
+    return cddp_error_set(err, CDDP_EINVAL,
+                          "'%s' is not a transport: expected auto, host, ipc or nccl",
+                          name ? name : "(null)");
+}
+
+static const char *kind_name(int64_t k) {
+    return k == CDDP_DEVICE_CPU ? "cpu" : k == CDDP_DEVICE_EMU ? "emu" : "cuda";
+}
+
+cddp_dcomm_transport cddp__dcomm_decide(const cddp__placement *all, int world, char *why,
+                                        size_t n) {
+    int a = 0, b = 0;
+    if (world == 1) {
+        snprintf(why, n, "one rank: nothing travels");
+        return CDDP_DCOMM_HOST;
+    }
+    for (int r = 1; r < world; r++)
+        if (all[r].kind != all[0].kind) {
+            snprintf(why, n, "the ranks' devices are of different kinds (rank 0 %s, rank %d %s)",
+                     kind_name(all[0].kind), r, kind_name(all[r].kind));
+            return CDDP_DCOMM_HOST;
+        }
+    if (all[0].kind == CDDP_DEVICE_CPU) {
+        snprintf(why, n, "the CPU: the group's transport works on the memory itself");
+        return CDDP_DCOMM_HOST;
+    }
+    if (all[0].kind != CDDP_DEVICE_CUDA) {
+        snprintf(why, n,
+                 "NCCL moves GPU memory only, not the emulated device's; ipc shares it when "
+                 "named");
+        return CDDP_DCOMM_HOST;
+    }
+    for (int r = 0; r < world; r++)
+        if (all[r].nccl <= 0) {
+            snprintf(why, n,
+                     "NCCL does not open on rank %d (libnccl.so.2, or CDDP_NCCL_LIBRARY; "
+                     "cddp_nccl_version is 0 there)",
+                     r);
+            return CDDP_DCOMM_HOST;
+        }
+    if (cddp__placement_shared(all, world, &a, &b)) {
+        snprintf(why, n,
+                 "ranks %d and %d share a GPU, which NCCL refuses (ipc, named, reads each "
+                 "other's memory instead)",
+                 a, b);
+        return CDDP_DCOMM_HOST;
+    }
+    int64_t v = all[0].nccl;
+    snprintf(why, n, "one rank per GPU, NCCL on every rank (%d.%d.%d on rank 0)", (int)(v / 10000),
+             (int)(v / 100 % 100), (int)(v % 100));
+    return CDDP_DCOMM_NCCL;
+}
+
+int cddp_dcomm_choose(cddp_comm *group, cddp_device *dev, cddp_dcomm_transport *t, char *why,
+                      size_t why_size, cddp_error *err) {
+    int world = cddp_comm_size(group);
+    cddp__placement *all = cddp_calloc((size_t)world, sizeof *all);
+    if (!all) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    int64_t v = cddp_device_kind_of(dev) == CDDP_DEVICE_CUDA ? cddp_nccl_version(NULL) : 0;
+    int rc = cddp__placement_gather(group, dev, v, all, err);
+    if (rc == CDDP_OK) *t = cddp__dcomm_decide(all, world, why, why_size);
+    cddp_free(all);
+    return rc;
+}
+
 /* ---- the communicator ----------------------------------------------------------------------- */
 
-cddp_dcomm *cddp_dcomm_create(cddp_comm *group, cddp_device *dev, const cddp_dcomm_options *opts,
-                              cddp_error *err) {
+cddp_dcomm *cddp__dcomm_open(cddp_comm *group, cddp_device *dev, const cddp_dcomm_options *opts,
+                             cddp_error *err) {
     cddp_dcomm_options o = opts ? *opts : (cddp_dcomm_options){0};
-    if ((unsigned)o.transport > CDDP_DCOMM_NCCL) {
+    if (o.transport == CDDP_DCOMM_AUTO || (unsigned)o.transport > CDDP_DCOMM_NCCL) {
         cddp_error_set(err, CDDP_EINVAL, "cddp_dcomm_create: unknown transport %d",
                        (int)o.transport);
         return NULL;
@@ -277,14 +358,32 @@ cddp_dcomm *cddp_dcomm_create(cddp_comm *group, cddp_device *dev, const cddp_dco
         cddp_free(d);
         return NULL;
     }
-    cddp_log(cddp_comm_rank(group) == 0 ? CDDP_LOG_INFO : CDDP_LOG_DEBUG, "dcomm",
-             "collectives on %s's memory: %s", cddp_device_name(dev),
-             o.transport == CDDP_DCOMM_NCCL ? "NCCL, on a stream of its own"
-             : o.transport == CDDP_DCOMM_IPC
-                 ? "CUDA IPC (each rank sums its part from the others' memory), on a stream of "
-                   "its own"
-             : cddp_device_host_accessible(dev) ? "the group's transport, on the memory itself"
-                                                : "through host copies and the group's transport");
+    return d;
+}
+
+const char *cddp__dcomm_how(cddp_dcomm_transport t, cddp_device *dev) {
+    return t == CDDP_DCOMM_NCCL ? "by NCCL, on a stream of its own"
+           : t == CDDP_DCOMM_IPC
+               ? "through CUDA IPC (each rank sums its part from the others' memory), on a stream "
+                 "of its own"
+           : cddp_device_host_accessible(dev) ? "by the group's transport, on the memory itself"
+                                              : "through host copies and the group's transport";
+}
+
+cddp_dcomm *cddp_dcomm_create(cddp_comm *group, cddp_device *dev, const cddp_dcomm_options *opts,
+                              cddp_error *err) {
+    cddp_dcomm_options o = opts ? *opts : (cddp_dcomm_options){0};
+    char why[200];
+    snprintf(why, sizeof why, "transport %s, as named", cddp_dcomm_transport_spelling(o.transport));
+    if (o.transport == CDDP_DCOMM_AUTO &&
+        cddp_dcomm_choose(group, dev, &o.transport, why, sizeof why, err) != CDDP_OK)
+        return NULL;
+    cddp_dcomm *d = cddp__dcomm_open(group, dev, &o, err);
+    if (d)
+        cddp_log(cddp_comm_rank(group) == 0 ? CDDP_LOG_INFO : CDDP_LOG_DEBUG, "dcomm",
+                 "collectives on %s's memory: %s (%s%s)", cddp_device_name(dev),
+                 cddp__dcomm_how(o.transport, dev),
+                 opts && opts->transport != CDDP_DCOMM_AUTO ? "" : "auto: ", why);
     return d;
 }
 

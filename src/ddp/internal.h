@@ -3,8 +3,12 @@
  * DDP is these files, on public APIs only (comm.h, nn.h, autograd.h, checkpoint.h, device.h),
  * lowest first:
  *
+ *   placement.c where each rank's device is, gathered across the group
  *   nccl.c      the NCCL communicator (cddp/nccl.h, public: tests use it alone), its collectives
  *               on a stream of its own ordered with the device's queue
+ *   ipc.c       the CUDA IPC communicator (cddp/ipc.h)
+ *   dcomm.c     collectives on device memory over either or host copies (cddp/dcomm.h), and
+ *               the choice of a transport (AUTO)
  *   stage.c     a model on a device the host cannot read: host copies of its blocks, filled and
  *               emptied around each bucket's reduction
  *   reducer.c   what reduces one bucket (the reducers below)
@@ -86,7 +90,8 @@ struct cddp_ddp {
      * join, find_unused_parameters, shard_optimizer or nccl): buckets are neither reduced nor,
      * on a device the host cannot read, copied to the host and back */
     bool alone;
-    cddp_dcomm *dcomm; /* the nccl or ipc option's: buckets reduced on the device itself */
+    cddp_dcomm *dcomm; /* the nccl or ipc transport's: buckets reduced on the device itself */
+    char why[200];     /* why the transport (o.transport) was taken, for the log */
     float *hgrad, *hparams, *hbufs;
     cddp_ddp_options o;
     int rank, world, nparams;
@@ -130,10 +135,39 @@ static inline float *cddp__ddp_grad(const cddp_ddp *d, int i) {
 
 /* ---- wrap.c ------------------------------------------------------------------------------ */
 
-/* Whether the options reduce on the device itself (nccl, ipc), not through host copies. */
+/* Whether the options (their transport chosen) reduce on the device itself (nccl, ipc), not
+ * through host copies. */
 static inline bool cddp__ddp_on_device(const cddp_ddp_options *o) {
-    return o->nccl || o->ipc;
+    return o->transport == CDDP_DCOMM_NCCL || o->transport == CDDP_DCOMM_IPC;
 }
+
+/* ---- placement.c ------------------------------------------------------------------------- */
+
+/* Where one rank's device is (int64s: one allgather). */
+typedef struct cddp__placement {
+    int64_t kind; /* cddp_device_kind */
+    int64_t card; /* a hash of cddp__placement_where: equal for ranks on one device of one host */
+    int64_t nccl; /* what the rank said of NCCL: its version where it opens (0: not asked, none) */
+} cddp__placement;
+
+/* "HOST BUS_ID": where the device is, for the messages that name it. */
+void cddp__placement_where(cddp_device *dev, char *out, size_t n);
+/* Every rank's placement (its device, and nccl as it says) into all (world of them);
+ * collective. */
+int cddp__placement_gather(cddp_comm *group, cddp_device *dev, int64_t nccl, cddp__placement *all,
+                           cddp_error *err);
+/* The first two ranks (a < b) on one device of one host, if any. */
+bool cddp__placement_shared(const cddp__placement *all, int world, int *a, int *b);
+
+/* ---- dcomm.c ----------------------------------------------------------------------------- */
+
+/* AUTO's rule (cddp/dcomm.h) over what the ranks brought: HOST or NCCL, why into `why`. */
+cddp_dcomm_transport cddp__dcomm_decide(const cddp__placement *all, int world, char *why, size_t n);
+/* cddp_dcomm_create for a transport already chosen (not AUTO), without its log line. */
+cddp_dcomm *cddp__dcomm_open(cddp_comm *group, cddp_device *dev, const cddp_dcomm_options *opts,
+                             cddp_error *err);
+/* How a transport reduces on dev, for the log lines: "by NCCL, on a stream of its own". */
+const char *cddp__dcomm_how(cddp_dcomm_transport t, cddp_device *dev);
 
 /* ---- stage.c ----------------------------------------------------------------------------- */
 

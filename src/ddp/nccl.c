@@ -14,6 +14,8 @@
  * Without NCCL's header (CDDP_HAVE_NCCL unset) every call says so. */
 #include "cddp/nccl.h"
 
+#include "ddp/internal.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -256,35 +258,28 @@ static void release(cddp_nccl *n) {
     cddp_free(n);
 }
 
-/* NCCL takes one rank per GPU (two ranks on one fail inside NCCL's init): every rank's GPU, as
- * its host's name and the GPU's PCI address (the same GPU whatever CUDA_VISIBLE_DEVICES numbers
- * it), compared across the group first, so that every rank says which ranks share one. */
+/* NCCL takes one rank per GPU (two ranks on one fail inside NCCL's init): every rank's GPU, by
+ * its host and PCI address (cddp_device_bus_id: the same GPU whatever CUDA_VISIBLE_DEVICES
+ * numbers it), compared across the group first, so that every rank says which ranks share one. */
 static int one_rank_per_gpu(cddp_comm *group, cddp_device *dev, cddp_error *err) {
     if (cddp_device_kind_of(dev) != CDDP_DEVICE_CUDA) return CDDP_OK;
-    char where[320] = "", bus[64] = "?";
-    gethostname(where, 255);
-    cudaDeviceGetPCIBusId(bus, (int)sizeof bus, cddp_device_index(dev));
-    size_t at = strlen(where);
-    snprintf(where + at, sizeof where - at, " %s", bus);
-    uint64_t h = 1469598103934665603ull;
-    for (const char *c = where; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
-    int64_t mine = (int64_t)h, world = cddp_comm_size(group);
-    int64_t *all = cddp_calloc((size_t)world, sizeof *all);
+    int world = cddp_comm_size(group), a = 0, b = 0;
+    cddp__placement *all = cddp_calloc((size_t)world, sizeof *all);
     if (!all) return cddp_error_set(err, CDDP_ENOMEM, "NCCL: out of memory");
-    int rc = cddp_comm_allgather(group, &mine, all, 1, CDDP_COMM_I64, -1, err);
-    for (int64_t a = 0; rc == CDDP_OK && a < world; a++)
-        for (int64_t b = a + 1; rc == CDDP_OK && b < world; b++) {
-            if (all[a] != all[b]) continue;
-            char here[340] = "";
-            if (all[a] == mine) snprintf(here, sizeof here, " (here: %s)", where);
-            rc = cddp_error_set(err, CDDP_EINVAL,
-                                "NCCL: ranks %lld and %lld are on one GPU%s: NCCL takes one rank "
-                                "per GPU: start at most one rank per GPU (cddprun "
-                                "--nproc_per_node gpu), or take ipc instead (--ipc: ranks of "
-                                "one host that share a GPU sum from each other's memory), or "
-                                "drop nccl (the gradients then go through host memory)",
-                                (long long)a, (long long)b, here);
-        }
+    int rc = cddp__placement_gather(group, dev, 0, all, err);
+    if (rc == CDDP_OK && cddp__placement_shared(all, world, &a, &b)) {
+        char where[320], here[340] = "";
+        cddp__placement_where(dev, where, sizeof where);
+        if (all[a].card == all[cddp_comm_rank(group)].card)
+            snprintf(here, sizeof here, " (here: %s)", where);
+        rc = cddp_error_set(err, CDDP_EINVAL,
+                            "NCCL: ranks %d and %d are on one GPU%s: NCCL takes one rank per "
+                            "GPU: start at most one rank per GPU (cddprun --nproc_per_node "
+                            "gpu), or take ipc instead (--ipc: ranks of one host that share a "
+                            "GPU sum from each other's memory), or the host transport (the "
+                            "gradients then go through host memory)",
+                            a, b, here);
+    }
     cddp_free(all);
     return rc;
 }

@@ -64,14 +64,6 @@ int cddp__ddp_stage_setup(cddp_ddp *d, cddp_error *err) {
     if ((!d->hgrad && !dc && !d->alone) || !d->hparams || !d->hbufs)
         return cddp_error_set(err, CDDP_ENOMEM, "out of memory for the host copies of the model");
     for (int k = 0; k < d->nbuckets; k++) CDDP_TRY(cddp__ddp_stage_bucket(d, &d->buckets[k], err));
-    /* what the device's gradients go through, once, on rank 0 (as comm's backend line) */
-    cddp_log(d->rank == 0 ? CDDP_LOG_INFO : CDDP_LOG_DEBUG, "ddp",
-             "the model is on %s: its gradients are %s", cddp_device_name(d->dev),
-             d->alone    ? "left where they are (one rank: nothing to reduce)"
-             : d->o.nccl ? "reduced there by NCCL, on a stream of its own"
-             : d->o.ipc  ? "reduced there through CUDA IPC (each rank sums its part from the "
-                           "others' memory), on a stream of its own"
-                         : "reduced from host copies by the group's transports");
     return CDDP_OK;
 }
 

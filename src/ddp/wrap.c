@@ -62,7 +62,7 @@ typedef struct wrap_rec {
     int64_t nparams, numel, nbuffers;
     double bucket_cap_mb;
     int32_t sum, find_unused, hook, join, join_throw, no_broadcast_buffers;
-    int32_t shard_optimizer, nccl, ipc;
+    int32_t shard_optimizer, transport;
 } wrap_rec;
 
 typedef struct param_rec {
@@ -91,8 +91,7 @@ static int agree(cddp_ddp *d, cddp_error *err) {
                      d->o.join_throw,
                      d->o.no_broadcast_buffers,
                      d->o.shard_optimizer,
-                     d->o.nccl,
-                     d->o.ipc};
+                     d->o.transport};
     wrap_rec *all = cddp_calloc((size_t)W, sizeof *all);
     param_rec *pm = cddp_calloc((size_t)nrec + 1, sizeof *pm);
     param_rec *pall = cddp_calloc((size_t)W * ((size_t)nrec + 1), sizeof *pall);
@@ -137,8 +136,7 @@ static int agree(cddp_ddp *d, cddp_error *err) {
         SAME(join_throw, "join_throw", "%d", ASIS)
         SAME(no_broadcast_buffers, "no_broadcast_buffers", "%d", ASIS)
         SAME(shard_optimizer, "shard_optimizer", "%d", (int))
-        SAME(nccl, "nccl", "%d", (int))
-        SAME(ipc, "ipc", "%d", (int))
+        SAME(transport, "transport", "%s", cddp_dcomm_transport_spelling)
 #undef SAME
 #undef ASIS
     }
@@ -289,12 +287,22 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
                                 "option");
         return NULL;
     }
-    if (o.ipc && (o.nccl || o.hook != CDDP_DDP_HOOK_NONE)) {
-        cddp_error_set(err, CDDP_EUNSUPPORTED, "cddp_ddp_wrap: ipc does not go with %s",
-                       o.nccl ? "nccl: choose one of the two"
-                              : "a bf16/fp16 hook: CUDA IPC reduces in float32 (the hooks halve "
-                                "what crosses a network; between the GPUs of one host, drop "
-                                "the hook)");
+    if ((unsigned)o.transport > CDDP_DCOMM_NCCL) {
+        cddp_error_set(err, CDDP_EINVAL, "cddp_ddp_wrap: unknown transport %d", (int)o.transport);
+        return NULL;
+    }
+    bool from_knob = o.transport == CDDP_DCOMM_AUTO;
+    const char *knob = cddp_knob_str(CDDP_KNOB_DDP_TRANSPORT);
+    if (from_knob && cddp_dcomm_transport_parse(knob, &o.transport, err) != CDDP_OK) {
+        cddp_error_set(err, CDDP_EINVAL, "CDDP_DDP_TRANSPORT=%s: expected auto, host, ipc or nccl",
+                       knob);
+        return NULL;
+    }
+    if (o.transport == CDDP_DCOMM_IPC && o.hook != CDDP_DDP_HOOK_NONE) {
+        cddp_error_set(err, CDDP_EUNSUPPORTED,
+                       "cddp_ddp_wrap: the ipc transport does not go with a bf16/fp16 hook: CUDA "
+                       "IPC reduces in float32 (the hooks halve what crosses a network; between "
+                       "the GPUs of one host, drop the hook)");
         return NULL;
     }
     cddp_ddp *d = cddp_calloc(1, sizeof *d);
@@ -323,29 +331,53 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
         rc = cddp_error_set(err, CDDP_ENOMEM, "out of memory");
         goto out;
     }
-    d->reducer = cddp__ddp_reducer(&o);
-    d->alone = d->world == 1 && d->reducer == &cddp__allreduce_reducer && !o.join &&
-               !o.find_unused_parameters;
     CDDP_TRY_GOTO(cddp__ddp_timeline_open(d, err), out);
     CDDP_TRY_GOTO(choose_overlap(d, err), out);
     d->print_stats = cddp_knob_int(CDDP_KNOB_DDP_STATS) != 0;
     d->stats_every = CDDP_MAX(cddp_knob_int(CDDP_KNOB_DDP_STATS_EVERY), 1);
     CDDP_TRY_GOTO(agree(d, err), out);
+    /* the transport, once every rank asks for the same */
+    if (o.transport == CDDP_DCOMM_AUTO) {
+        char why[sizeof d->why - 8];
+        CDDP_TRY_GOTO(
+            cddp_dcomm_choose(group, cddp_model_device(m), &o.transport, why, sizeof why, err),
+            out);
+        snprintf(d->why, sizeof d->why, "auto: %s", why);
+        d->o.transport = o.transport;
+    } else {
+        snprintf(d->why, sizeof d->why, "transport %s, as %s",
+                 cddp_dcomm_transport_spelling(o.transport),
+                 from_knob ? "CDDP_DDP_TRANSPORT names" : "named");
+    }
+    d->reducer = cddp__ddp_reducer(&o);
+    d->alone = d->world == 1 && d->reducer == &cddp__allreduce_reducer && !o.join &&
+               !o.find_unused_parameters;
     CDDP_TRY_GOTO(cddp__ddp_stage_setup(d, err), out);
     if (cddp__ddp_on_device(&o)) { /* ipc: a scratch as large as the gradients (and each
                                     * bucket's padding), so a step never waits to start it over */
         size_t scratch = (cddp_model_numel(m) + (size_t)(d->nparams + 1) * (size_t)d->world * 64) *
                          sizeof(float);
-        if (!(d->dcomm = cddp_dcomm_create(
-                  group, d->dev,
-                  &(cddp_dcomm_options){.transport = o.nccl ? CDDP_DCOMM_NCCL : CDDP_DCOMM_IPC,
-                                        .timeout_s = o.timeout_s,
-                                        .scratch_bytes = scratch},
-                  err))) {
+        if (!(d->dcomm = cddp__dcomm_open(group, d->dev,
+                                          &(cddp_dcomm_options){.transport = o.transport,
+                                                                .timeout_s = o.timeout_s,
+                                                                .scratch_bytes = scratch},
+                                          err))) {
             rc = err->code;
             goto out;
         }
     }
+    /* what a device's gradients go through and why, once, on rank 0 (as comm's backend line) */
+    if (d->staged && d->alone)
+        cddp_log(d->rank == 0 ? CDDP_LOG_INFO : CDDP_LOG_DEBUG, "ddp",
+                 "the model is on %s: its gradients are left where they are (one rank: nothing "
+                 "to reduce)",
+                 cddp_device_name(d->dev));
+    else if (d->staged)
+        cddp_log(d->rank == 0 ? CDDP_LOG_INFO : CDDP_LOG_DEBUG, "ddp",
+                 "the model is on %s: its gradients are reduced %s (%s)", cddp_device_name(d->dev),
+                 d->dcomm ? cddp__dcomm_how(o.transport, d->dev)
+                          : "from host copies by the group's transports",
+                 d->why);
     /* Everyone starts from rank 0's weights. */
     CDDP_TRY_GOTO(cddp__ddp_params_in(d, err), out);
     CDDP_TRY_GOTO(cddp_comm_broadcast(group, cddp__ddp_params(d), (int64_t)cddp_model_numel(m),

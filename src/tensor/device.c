@@ -50,6 +50,10 @@ const char *cddp_device_describe(const cddp_device *dev) {
     return dev->describe;
 }
 
+const char *cddp_device_bus_id(const cddp_device *dev) {
+    return dev->bus_id[0] ? dev->bus_id : dev->name;
+}
+
 void *cddp_device_native_queue(cddp_device *dev) {
     return dev->ops->native_queue ? dev->ops->native_queue(dev) : NULL;
 }

@@ -130,6 +130,7 @@ struct cddp_device {
     const cddp__device_ops *ops;
     const cddp__kernels *k;
     char describe[256];
+    char bus_id[32]; /* a GPU's PCI address; empty: the name stands for it */
     void *impl;
     void *slot; /* 64 bytes of its memory for results the host reads back (device.c) */
 };

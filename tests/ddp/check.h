@@ -37,20 +37,6 @@ static inline cddp_device *check_device(void) {
     return dev;
 }
 
-static inline bool check_env_set(const char *name) {
-    const char *v = getenv(name);
-    return v && *v && strcmp(v, "0") != 0;
-}
-
-/* o with the device communicator the environment asks for: CDDP_TEST_NCCL (the nccl option:
- * tests/nccl/nccl_test.sh, with its stand-in for NCCL) or CDDP_TEST_IPC (the ipc option: ctest
- * runs the checks on the emulated device with it). */
-static inline cddp_ddp_options check_options(cddp_ddp_options o) {
-    o.nccl = o.nccl || check_env_set("CDDP_TEST_NCCL");
-    o.ipc = o.ipc || check_env_set("CDDP_TEST_IPC");
-    return o;
-}
-
 /* A context on the check device, its products in CDDP_TEST_COMPUTE's precision: bf16 (mixed
  * precision), or float32 when unset. */
 static inline cddp_ctx *check_ctx(void) {

@@ -64,7 +64,6 @@ static cddp_model *make_model(kind k) {
 static run start(kind k, cddp_comm *g, cddp_ddp_options o) {
     cddp_error err = {0};
     run r = {make_model(k), NULL, NULL};
-    o = check_options(o);
     if (!(r.d = cddp_ddp_wrap(r.m, g, &o, &err))) FAIL("wrap: %s", err.msg);
     cddp_adamw_options a = cddp_adamw_defaults(1e-2f);
     a.beta2 = 0.95f;

@@ -105,13 +105,13 @@ timeout 60 "$R" --standalone --nproc_per_node 2 --tee "$D" --nccl --device emu >
     fail "DDP over NCCL on the emulated device was taken"
 expect_in "NCCL: emu:0: NCCL moves GPU memory: use a CUDA device" "$work/ddpemu"
 echo "ok: DDP with nccl: the host path's losses and weights (with the bf16 and fp16 hooks too), NCCL's errors, a device NCCL cannot read"
-# tests/ddp/ddp_check.c's modes with the nccl option (CDDP_TEST_NCCL), against one process on the
+# tests/ddp/ddp_check.c's modes with the nccl transport (CDDP_DDP_TRANSPORT), against one process on the
 # whole batch as over the host: plain, accumulation, sum, find_unused_parameters (a branch used on
 # some steps and ranks, a parameter no rank uses keeping its gradient) and join (uneven inputs)
 for mode in "equal mlp" "equal cnn 0.0005" nosync sum unused join "buffers join"; do
     : > "$work/log"
     # shellcheck disable=SC2086 # the mode is its words
-    CDDP_TEST_NCCL=1 timeout 60 "$R" --standalone --nproc_per_node 2 "$build/bin/ddp_check" $mode \
+    CDDP_DDP_TRANSPORT=nccl timeout 60 "$R" --standalone --nproc_per_node 2 "$build/bin/ddp_check" $mode \
         > "$work/check" 2>&1 || { cat "$work/check"; fail "ddp_check $mode with nccl failed"; }
     [ "$(grep -c '^ok: ' "$work/check")" = 2 ] ||
         { cat "$work/check"; fail "ddp_check $mode with nccl: not every rank said ok"; }

@@ -471,6 +471,8 @@ static gpu *open_gpu(int index, cddp_error *err) {
         return NULL;
     }
     g->dev.memory = prop.totalGlobalMem;
+    if (cudaDeviceGetPCIBusId(g->dev.bus_id, (int)sizeof g->dev.bus_id, index) != cudaSuccess)
+        g->dev.bus_id[0] = 0;
     int driver = 0, runtime = 0;
     cudaDriverGetVersion(&driver);
     cudaRuntimeGetVersion(&runtime);
