@@ -164,6 +164,39 @@ static double to_and_back(cddp_device *a, cddp_device *b, float *grad) {
     return l;
 }
 
+/* Queued copies both ways from page-locked host memory: the data is there once an event recorded
+ * after them is done, and the host's buffer may be reused from then on. */
+static void test_queued_copies(void **state) {
+    (void)state;
+    cddp_device *devs[] = {cddp_device_cpu(), emu(0)};
+    for (int k = 0; k < 2; k++) {
+        cddp_device *dev = devs[k];
+        cddp_error err = {0};
+        enum { N = 1000 };
+        float *host = cddp_device_host_alloc(dev, N * sizeof(float), &err), back[N];
+        float *d = cddp_device_alloc(dev, N * sizeof(float), &err);
+        cddp_event *ev = cddp_event_create(dev, &err);
+        assert_non_null(host);
+        assert_non_null(d);
+        assert_non_null(ev);
+        for (int i = 0; i < N; i++) host[i] = (float)i / 8;
+        assert_int_equal(cddp_device_upload_async(dev, d, host, N * sizeof(float), &err), CDDP_OK);
+        assert_int_equal(cddp_event_record(ev, &err), CDDP_OK);
+        assert_int_equal(cddp_event_synchronize(ev, &err), CDDP_OK);
+        for (int i = 0; i < N; i++) host[i] = -1; /* free again: the device has its copy */
+        assert_int_equal(cddp_device_download_async(dev, host, d, N * sizeof(float), &err),
+                         CDDP_OK);
+        assert_int_equal(cddp_event_record(ev, &err), CDDP_OK);
+        assert_int_equal(cddp_event_synchronize(ev, &err), CDDP_OK);
+        memcpy(back, host, sizeof back);
+        for (int i = 0; i < N; i++) assert_float_equal(back[i], (float)i / 8, 0);
+        assert_int_equal(cddp_device_upload_async(dev, d, host, 0, &err), CDDP_OK);
+        cddp_event_destroy(ev);
+        cddp_device_free(dev, d);
+        cddp_device_host_free(dev, host);
+    }
+}
+
 static void test_to_round_trip(void **state) {
     (void)state;
     float g_cpu[12], g_emu[12];
@@ -232,6 +265,7 @@ int main(void) {
         cmocka_unit_test(test_queue_order),
         cmocka_unit_test(test_late_failure),
         cmocka_unit_test(test_mixing_devices_aborts),
+        cmocka_unit_test(test_queued_copies),
         cmocka_unit_test(test_to_round_trip),
         cmocka_unit_test(test_attends_by_rows),
         cmocka_unit_test(test_arena_limit_is_the_devices_memory),

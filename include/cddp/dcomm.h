@@ -11,8 +11,11 @@
  *   CDDP_DCOMM_HOST  through host copies: each collective's data is copied to the
  *                    host (page-locked memory on a GPU) after the device's work queued so far, the
  *                    group's own transport reduces it there (shared memory, TCP, MPI: any group,
- *                    across nodes too) on its communication thread, and cddp_dcomm_join copies the
- *                    results back; on the CPU the group works on the memory itself
+ *                    across nodes too) on its communication thread, and cddp_dcomm_join queues the
+ *                    copies of the results back; the host copies are kept for the next
+ *                    collectives (up to 16 of them: more between two joins are let go at the join,
+ *                    which then waits for their copies back); on the CPU the group works on the
+ *                    memory itself
  *   CDDP_DCOMM_IPC   through CUDA IPC (cddp/ipc.h): the ranks of one host read each other's device
  *                    memory, ranks sharing a GPU included (the emulated device shares alike)
  *   CDDP_DCOMM_NCCL  through NCCL (cddp/nccl.h): one rank per GPU, one host or many

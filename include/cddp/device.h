@@ -94,6 +94,12 @@ CDDP_API int cddp_device_memset(cddp_device *dev, void *dst, int byte, size_t by
  * after it is done (cddp_event_synchronize). On the CPU it is done when the call returns. */
 CDDP_API int cddp_device_download_async(cddp_device *dev, void *dst, const void *src, size_t bytes,
                                         cddp_error *err);
+/* A copy to the device that is queued, not waited for: src must stay unchanged until an event
+ * recorded after it is done (from cddp_device_host_alloc memory it then runs while the host goes
+ * on; cddp_device_upload from such memory waits for it). On the CPU it is done when the call
+ * returns. */
+CDDP_API int cddp_device_upload_async(cddp_device *dev, void *dst, const void *src, size_t bytes,
+                                      cddp_error *err);
 
 /* Events: a point in the device's queue. Record one after some work, and whoever must not go on
  * before that work has run (a thread that reads what it wrote) synchronizes with it. An event is

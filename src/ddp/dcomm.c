@@ -30,16 +30,26 @@ struct cddp_dcomm {
 
 /* ---- host copies ---------------------------------------------------------------------------- */
 
-/* A queued collective: its host copy (page-locked where the device has such memory), the event
- * after the copy to the host, what runs on the group's thread, and what goes back at the join. */
+/* A queued collective: its host copy (page-locked where the device has such memory, cap bytes),
+ * the event after the copy to the host, what runs on the group's thread, what goes back at the
+ * join, and the event after that copy back (before which the host copy may not be freed).
+ *
+ * A host copy is reused by the next collectives as soon as it is joined, its copy back perhaps not
+ * run yet: the device's copies into and out of it are all queued on its default queue, in order,
+ * and the group's thread writes it only after the `ready` event of the next copy into it. */
 typedef struct staged {
     char *host;
+    size_t cap;
     bool locked;
-    cddp_event *ready;
+    cddp_event *ready, *done;
     cddp_comm_work *pre, *work;
     void *dst;
     size_t from, bytes; /* host + from -> dst */
 } staged;
+
+/* Host copies kept for the next collectives: page-locked memory is slow to get and, on a GPU,
+ * freeing it waits for the device. Past this many, a joined one is let go (after its copy back). */
+#define POOL_KEEP 16
 
 typedef struct host_comm {
     cddp_comm *group;
@@ -48,6 +58,8 @@ typedef struct host_comm {
     staged **q; /* the collectives queued since the last join (each where the group's thread
                  * reaches it until then: q grows, they do not move) */
     int n, cap;
+    staged **pool; /* joined host copies, for the next collectives */
+    int npool, cappool;
     cddp_error failed; /* latched */
 } host_comm;
 
@@ -61,10 +73,56 @@ static int wait_ready(void *s, cddp_error *err) {
     return cddp_event_synchronize(((staged *)s)->ready, err);
 }
 
+/* Frees s once its copy back has run. */
 static void staged_free(host_comm *h, staged *s) {
+    if (s->done) cddp_event_synchronize(s->done, NULL);
     cddp__ddp_host_copy_free(h->dev, s->host, s->locked);
     cddp_event_destroy(s->ready);
+    cddp_event_destroy(s->done);
     cddp_free(s);
+}
+
+/* A host copy of at least `bytes` for the next collective: the smallest pooled one that holds
+ * it, else a new one. NULL when out of memory. */
+static staged *staged_get(host_comm *h, size_t bytes) {
+    int best = -1;
+    for (int i = 0; i < h->npool; i++)
+        if (h->pool[i]->cap >= bytes && (best < 0 || h->pool[i]->cap < h->pool[best]->cap))
+            best = i;
+    if (best >= 0) {
+        staged *s = h->pool[best];
+        h->pool[best] = h->pool[--h->npool];
+        return s;
+    }
+    staged *s = cddp_calloc(1, sizeof *s);
+    if (!s) return NULL;
+    cddp_error e = {0};
+    s->cap = bytes;
+    s->host = cddp__ddp_host_copy(h->dev, bytes, &s->locked);
+    if (!s->host || !(s->ready = cddp_event_create(h->dev, &e)) ||
+        !(s->done = cddp_event_create(h->dev, &e))) {
+        staged_free(h, s);
+        return NULL;
+    }
+    return s;
+}
+
+/* s joined: into the pool, or freed when the pool is full (or cannot grow). */
+static void staged_put(host_comm *h, staged *s) {
+    if (h->npool >= POOL_KEEP) {
+        staged_free(h, s);
+        return;
+    }
+    if (h->npool == h->cappool) {
+        int cap = h->cappool ? 2 * h->cappool : POOL_KEEP;
+        staged **p = cddp_realloc(h->pool, (size_t)cap * sizeof *p);
+        if (!p) {
+            staged_free(h, s);
+            return;
+        }
+        h->pool = p, h->cappool = cap;
+    }
+    h->pool[h->npool++] = s;
 }
 
 /* Queues kind's collective on a host copy of `bytes`, into which the device's `in` bytes at `into`
@@ -82,15 +140,11 @@ static int host_queue(host_comm *h, kind k, const void *in, size_t in_bytes, siz
         if (!q) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
         h->q = q, h->cap = cap;
     }
-    staged *s = cddp_calloc(1, sizeof *s);
-    if (!s) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
-    *s = (staged){.dst = dst, .from = from, .bytes = back};
-    s->host = cddp__ddp_host_copy(h->dev, bytes, &s->locked);
-    if (!s->host || !(s->ready = cddp_event_create(h->dev, &e))) {
-        staged_free(h, s);
+    staged *s = staged_get(h, bytes);
+    if (!s)
         return cddp_error_set(err, CDDP_ENOMEM, "out of memory for a host copy of %zu bytes",
                               bytes);
-    }
+    s->dst = dst, s->from = from, s->bytes = back, s->pre = s->work = NULL;
     h->q[h->n++] = s;
     char *at = s->host;
     if (cddp_device_download_async(h->dev, at + into, in, in_bytes, &e) != CDDP_OK ||
@@ -141,7 +195,8 @@ static int host_allgather(void *c, const void *send, void *recv, int64_t count,
 }
 
 /* Every queued collective waited for (all of them, also after a failure: none may outlive the
- * join), its result copied back onto the device's default queue. */
+ * join), its result copied back on the device's default queue (queued: the host waits for the
+ * group's collectives, not for the device), its host copy into the pool. */
 static int host_join(void *c, cddp_error *err) {
     host_comm *h = c;
     for (int i = 0; i < h->n; i++) {
@@ -152,10 +207,13 @@ static int host_join(void *c, cddp_error *err) {
         if (s->work && cddp_comm_wait(s->work, -1, rc == CDDP_OK ? &e : NULL) != CDDP_OK &&
             rc == CDDP_OK)
             rc = e.code;
-        if (rc == CDDP_OK && !h->failed.code)
-            rc = cddp_device_upload(h->dev, s->dst, s->host + s->from, s->bytes, &e);
+        if (rc == CDDP_OK && !h->failed.code &&
+            cddp_device_upload_async(h->dev, s->dst, s->host + s->from, s->bytes, &e) == CDDP_OK)
+            rc = cddp_event_record(s->done, &e);
+        else if (rc == CDDP_OK && !h->failed.code)
+            rc = e.code;
         if (rc != CDDP_OK && !h->failed.code) h->failed = e;
-        staged_free(h, s);
+        staged_put(h, s);
     }
     h->n = 0;
     return h->failed.code ? host_fail(h, &h->failed, err) : CDDP_OK;
@@ -177,6 +235,8 @@ static void host_destroy(void *c) {
     host_comm *h = c;
     cddp_error e = {0};
     host_join(h, &e);
+    for (int i = 0; i < h->npool; i++) staged_free(h, h->pool[i]);
+    cddp_free(h->pool);
     cddp_free(h->q);
     cddp_free(h);
 }

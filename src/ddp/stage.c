@@ -69,6 +69,7 @@ int cddp__ddp_stage_setup(cddp_ddp *d, cddp_error *err) {
 
 void cddp__ddp_stage_release(cddp_ddp *d) {
     if (!d->staged) return;
+    cddp_device_synchronize(d->dev, NULL); /* the last copies out of the host copies have run */
     if (d->hgrad_comm) {
         if (d->locked[0]) cddp_device_host_unregister(d->dev, d->hgrad);
         cddp_comm_free(d->group, d->hgrad);
@@ -101,9 +102,13 @@ static int range_in(cddp_ddp *d, size_t at, size_t n, cddp_error *err) {
                                       n * sizeof(float), err);
 }
 
+/* Queued, not waited for (an upload from page-locked memory would wait for the device's queue):
+ * the optimizer's kernels after it on the same queue see the sums, and the host copy is next
+ * written after the next step's copy into it, which that queue runs after this one (the group's
+ * thread writes it only after that copy's event). */
 static int range_out(cddp_ddp *d, size_t at, size_t n, cddp_error *err) {
-    return cddp_device_upload(d->dev, cddp_model_grad(d->model) + at, d->hgrad + at,
-                              n * sizeof(float), err);
+    return cddp_device_upload_async(d->dev, cddp_model_grad(d->model) + at, d->hgrad + at,
+                                    n * sizeof(float), err);
 }
 
 int cddp__ddp_stage_in(cddp_ddp *d, bucket *b, cddp_error *err) {

@@ -97,6 +97,13 @@ int cddp_device_download_async(cddp_device *dev, void *dst, const void *src, siz
     return bytes ? dev->ops->download_async(dev, NULL, dst, src, bytes, err) : CDDP_OK;
 }
 
+int cddp_device_upload_async(cddp_device *dev, void *dst, const void *src, size_t bytes,
+                             cddp_error *err) {
+    if (!bytes) return CDDP_OK;
+    return dev->ops->upload_async ? dev->ops->upload_async(dev, NULL, dst, src, bytes, err)
+                                  : dev->ops->upload(dev, NULL, dst, src, bytes, err);
+}
+
 struct cddp_event {
     cddp_device *dev;
     void *ev; /* the device's */
