@@ -58,7 +58,7 @@ CDDP_API const char *cddp_dcomm_transport_spelling(cddp_dcomm_transport t);
 /* The transport a spelling names: CDDP_OK, or CDDP_EINVAL (err lists the four). */
 CDDP_API int cddp_dcomm_transport_parse(const char *name, cddp_dcomm_transport *t, cddp_error *err);
 /* What CDDP_DCOMM_AUTO takes for this group and device: HOST or NCCL, and why in `why` (a
- * phrase: "one rank per GPU, NCCL 2.28.9 on every rank"). Collective (one allgather of what
+ * phrase: "ranks 0 and 1 share a GPU, which NCCL refuses ..."). Collective (one allgather of what
  * each rank's device and machine are); every rank gets the same answer. CDDP_OK, or the group's
  * failure. */
 CDDP_API int cddp_dcomm_choose(cddp_comm *group, cddp_device *dev, cddp_dcomm_transport *t,
