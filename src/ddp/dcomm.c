@@ -57,8 +57,8 @@ typedef struct host_comm {
     staged **q; /* the collectives queued since the last join (each where the group's thread
                  * reaches it until then: q grows, they do not move) */
     int n, cap;
-    staged **pool; /* joined host copies, for the next collectives */
-    int npool, cappool;
+    staged *pool[POOL_KEEP]; /* joined host copies, for the next collectives */
+    int npool;
     cddp_error failed; /* latched */
 } host_comm;
 
@@ -106,22 +106,12 @@ static staged *staged_get(host_comm *h, size_t bytes) {
     return s;
 }
 
-/* s joined: into the pool, or freed when the pool is full (or cannot grow). */
+/* s joined: into the pool, or freed when the pool is full. */
 static void staged_put(host_comm *h, staged *s) {
-    if (h->npool >= POOL_KEEP) {
+    if (h->npool < POOL_KEEP)
+        h->pool[h->npool++] = s;
+    else
         staged_free(h, s);
-        return;
-    }
-    if (h->npool == h->cappool) {
-        int cap = h->cappool ? 2 * h->cappool : POOL_KEEP;
-        staged **p = cddp_realloc(h->pool, (size_t)cap * sizeof *p);
-        if (!p) {
-            staged_free(h, s);
-            return;
-        }
-        h->pool = p, h->cappool = cap;
-    }
-    h->pool[h->npool++] = s;
 }
 
 /* Queues kind's collective on a host copy of `bytes`, into which the device's `in` bytes at `into`
@@ -235,7 +225,6 @@ static void host_destroy(void *c) {
     cddp_error e = {0};
     host_join(h, &e);
     for (int i = 0; i < h->npool; i++) staged_free(h, h->pool[i]);
-    cddp_free(h->pool);
     cddp_free(h->q);
     cddp_free(h);
 }
