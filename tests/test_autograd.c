@@ -185,6 +185,38 @@ static void test_leaf_gradients_through_views(void **state) {
     cddp_ctx_destroy(ctx);
 }
 
+/* A reshape's backward hands its gradient on as its input's (no copy) where the input has none
+ * yet: what other ops add to the input's gradient afterwards lands on it, and a view that keeps
+ * its gradient (cddp_retain_grad) keeps it unchanged. h = 2x is read by a product recorded before
+ * the view and by the view's square: dL/dh = s + 2h, dL/dx = 2 (s + 4x). */
+static void test_view_gradient_handed_on(void **state) {
+    (void)state;
+    cddp_ctx *ctx = test_ctx(0);
+    float v[6] = {1, -2, 3, -4, 5, -6}, sv[6] = {0.5f, 2, -1, 4, -3, 0.25f};
+    for (int retain = 0; retain < 2; retain++) {
+        for (int before = 0; before < 2; before++) {
+            cddp_ctx_reset(ctx);
+            cddp_tensor *x =
+                cddp_requires_grad(ctx, cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(2, 3), v));
+            cddp_tensor *s = cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(2, 3), sv);
+            cddp_tensor *h = cddp_scale(ctx, x, 2.0f), *other = NULL;
+            if (before) other = cddp_sum(ctx, cddp_mul(ctx, h, s));
+            cddp_tensor *flat = cddp_reshape(ctx, h, CDDP_SHAPE(6));
+            if (retain) cddp_retain_grad(flat);
+            cddp_tensor *loss = cddp_sum(ctx, cddp_mul(ctx, flat, flat));
+            if (!before) other = cddp_sum(ctx, cddp_mul(ctx, h, s));
+            assert_int_equal(cddp_backward(ctx, cddp_add(ctx, loss, other)), CDDP_OK);
+            const float *gx = HOST_GRAD(x);
+            for (int i = 0; i < 6; i++) assert_true(gx[i] == 2.0f * (sv[i] + 4.0f * v[i]));
+            if (retain) { /* the view's own gradient copied, not handed on */
+                const float *gf = HOST_GRAD(flat);
+                for (int i = 0; i < 6; i++) assert_true(gf[i] == 4.0f * v[i]);
+            }
+        }
+    }
+    cddp_ctx_destroy(ctx);
+}
+
 /* An op's output's gradient is released once its op's backward ran, and its memory serves the
  * next gradients: a chain of 8 scalings holds about two gradients at a time, not 9. A retained
  * one (cddp_retain_grad) stays readable. */
@@ -268,6 +300,7 @@ int main(void) {
         cmocka_unit_test(test_accumulation_and_zeroing),
         cmocka_unit_test(test_backward_misuse),
         cmocka_unit_test(test_leaf_gradients_through_views),
+        cmocka_unit_test(test_view_gradient_handed_on),
         cmocka_unit_test(test_intermediate_gradients_released),
         cmocka_unit_test(test_residual_gradients),
         cmocka_unit_test(test_batch_norm_relu_keeps_retained_gradient),

@@ -583,27 +583,42 @@ static void test_bf16_grad_half(void **state) {
 
 /* GELU's backward hands the linear layer before it (the GPT's MLP) its output's gradient in bf16,
  * and that gradient's column sums into the layer's bias gradient, as the layer's backward would
- * have rounded and summed them: every gradient is the bits it is with the hand-over turned off
+ * have rounded and summed them; so does cross-entropy's backward to the linear layer that made its
+ * logits (a classifier), through the reshape between them (the GPT's (B, T, V) logits reach the
+ * loss as (B T, V)). Every gradient is the bits it is with the hand-over turned off
  * (cddp_retain_grad on the layer's output), and grad_half is the float32 gradient rounded. */
-static void gelu_chain(bool keep, float *grads[3], uint16_t **half, float **h_grad) {
-    enum { N = 6, IN = 24, OUT = 40 };
-    float xv[N * IN], wv[OUT * IN], bv[OUT], sv[N * OUT];
+enum { CB = 2, CT = 3, CN = CB * CT, CIN = 24, COUT = 40 };
+
+static void linear_chain(bool classifier, bool keep, float *grads[3], uint16_t **half,
+                         float **h_grad) {
+    float xv[CN * CIN], wv[COUT * CIN], bv[COUT], sv[CN * COUT];
+    int64_t labels[CN];
     cddp_rng rng;
     cddp_rng_seed(&rng, 21);
     float *all[] = {xv, wv, bv, sv};
-    int len[] = {N * IN, OUT * IN, OUT, N * OUT};
+    int len[] = {CN * CIN, COUT * CIN, COUT, CN * COUT};
     for (int a = 0; a < 4; a++)
         for (int i = 0; i < len[a]; i++) all[a][i] = 4 * cddp_rng_uniform(&rng) - 2;
+    for (int i = 0; i < CN; i++) labels[i] = (int64_t)(cddp_rng_uniform(&rng) * COUT) % COUT;
     cddp_ctx_reset(lo);
-    cddp_tensor *x = cddp_requires_grad(lo, cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(N, IN), xv));
-    cddp_tensor *w = cddp_requires_grad(lo, cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(OUT, IN), wv));
-    cddp_tensor *b = cddp_requires_grad(lo, cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(OUT), bv));
+    cddp_tensor *x =
+        cddp_requires_grad(lo, cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(CB, CT, CIN), xv));
+    cddp_tensor *w =
+        cddp_requires_grad(lo, cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(COUT, CIN), wv));
+    cddp_tensor *b = cddp_requires_grad(lo, cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(COUT), bv));
     cddp_tensor *h = cddp_linear(lo, x, w, b);
     assert_non_null(h);
     if (keep) cddp_retain_grad(h);
-    cddp_tensor *y = cddp_gelu_tanh(lo, h);
-    cddp_tensor *s = cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(N, OUT), sv);
-    assert_int_equal(cddp_backward(lo, cddp_sum(lo, cddp_mul(lo, y, s))), CDDP_OK);
+    cddp_tensor *loss;
+    if (classifier) {
+        cddp_tensor *y = cddp_from_data(lo, CDDP_I64, CDDP_SHAPE(CN), labels);
+        loss =
+            cddp_cross_entropy(lo, cddp_reshape(lo, h, CDDP_SHAPE(CN, COUT)), y, CDDP_REDUCE_MEAN);
+    } else {
+        cddp_tensor *s = cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(CB, CT, COUT), sv);
+        loss = cddp_sum(lo, cddp_mul(lo, cddp_gelu_tanh(lo, h), s));
+    }
+    assert_int_equal(cddp_backward(lo, loss), CDDP_OK);
     cddp_tensor *ts[3] = {x, w, b};
     for (int a = 0; a < 3; a++) {
         grads[a] = malloc((size_t)ts[a]->numel * sizeof(float));
@@ -614,34 +629,35 @@ static void gelu_chain(bool keep, float *grads[3], uint16_t **half, float **h_gr
     *h_grad = NULL;
     if (keep) {
         assert_null(h->grad_half);
-        *h_grad = malloc(sizeof(float) * N * OUT);
+        *h_grad = malloc(sizeof(float) * CN * COUT);
         assert_non_null(*h_grad);
-        memcpy(*h_grad, HOST_GRAD(h), sizeof(float) * N * OUT);
+        memcpy(*h_grad, HOST_GRAD(h), sizeof(float) * CN * COUT);
     } else {
         assert_non_null(h->grad_half); /* the CPU's products take bf16 operands, emulated too */
         assert_null(h->grad);
-        *half = malloc(sizeof(uint16_t) * N * OUT);
+        *half = malloc(sizeof(uint16_t) * CN * COUT);
         assert_non_null(*half);
-        memcpy(*half, host_f32(h->device, h->grad_half, N * OUT / 2), sizeof(uint16_t) * N * OUT);
+        memcpy(*half, host_f32(h->device, h->grad_half, CN * COUT / 2),
+               sizeof(uint16_t) * CN * COUT);
     }
 }
 
-static void test_bf16_gelu_grad_half(void **state) {
-    (void)state;
+static void check_linear_chain(bool classifier) {
     float *on[3], *off[3], *h_grad, *unused_grad;
     uint16_t *half, *unused_half;
-    gelu_chain(false, on, &half, &unused_grad);
-    gelu_chain(true, off, &unused_half, &h_grad);
-    int64_t n[3] = {6 * 24, 40 * 24, 40};
+    linear_chain(classifier, false, on, &half, &unused_grad);
+    linear_chain(classifier, true, off, &unused_half, &h_grad);
+    int64_t n[3] = {CN * CIN, COUT * CIN, COUT};
     for (int a = 0; a < 3; a++) {
         for (int64_t i = 0; i < n[a]; i++)
             if (memcmp(&on[a][i], &off[a][i], sizeof(float)))
-                fail_msg("gradient %d [%lld]: %a with the hand-over, %a without", a, (long long)i,
-                         (double)on[a][i], (double)off[a][i]);
+                fail_msg("%s: gradient %d [%lld]: %a with the hand-over, %a without",
+                         classifier ? "classifier" : "gelu", a, (long long)i, (double)on[a][i],
+                         (double)off[a][i]);
         free(on[a]);
         free(off[a]);
     }
-    for (int i = 0; i < 6 * 40; i++) {
+    for (int i = 0; i < CN * COUT; i++) {
         float v = bf16(h_grad[i]);
         uint32_t u;
         memcpy(&u, &v, sizeof u);
@@ -649,6 +665,16 @@ static void test_bf16_gelu_grad_half(void **state) {
     }
     free(half);
     free(h_grad);
+}
+
+static void test_bf16_gelu_grad_half(void **state) {
+    (void)state;
+    check_linear_chain(false);
+}
+
+static void test_bf16_classifier_grad_half(void **state) {
+    (void)state;
+    check_linear_chain(true);
 }
 
 /* comm's 16-bit conversions (bits, by hand) against the compiler's IEEE half: every half to
@@ -704,10 +730,15 @@ static void test_half_conversions(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bf16_path),         cmocka_unit_test(test_bf16_products),
-        cmocka_unit_test(test_bf16_convolutions), cmocka_unit_test(test_bf16_attention),
-        cmocka_unit_test(test_bf16_halves),       cmocka_unit_test(test_half_conversions),
-        cmocka_unit_test(test_bf16_grad_half),    cmocka_unit_test(test_bf16_gelu_grad_half),
+        cmocka_unit_test(test_bf16_path),
+        cmocka_unit_test(test_bf16_products),
+        cmocka_unit_test(test_bf16_convolutions),
+        cmocka_unit_test(test_bf16_attention),
+        cmocka_unit_test(test_bf16_halves),
+        cmocka_unit_test(test_half_conversions),
+        cmocka_unit_test(test_bf16_grad_half),
+        cmocka_unit_test(test_bf16_gelu_grad_half),
+        cmocka_unit_test(test_bf16_classifier_grad_half),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -135,9 +135,12 @@ uint16_t *cddp__half_for(cddp_ctx *ctx, cddp__cdev *d, cddp_tensor *out);
  * set) when n makes the whole of it and the op that made x reads it so (cddp__takes_grad_half): x
  * is no parameter, keeps no gradient, has no ready hook and no gradient yet, is n's input once, and
  * no op ran between x's and n (whose backward would add to it after n's); else NULL (then, or
- * when out of memory, the failure latched, n makes x->grad as usual). The numbers are those of
- * the float32 gradient rounded by the products (to nearest even), with a pass less over it. */
-uint16_t *cddp__input_grad_half(cddp_ctx *ctx, cddp__node *n);
+ * when out of memory, the failure latched, n makes x->grad as usual). x may be reached through
+ * reshapes made just before n, each free of a gradient as x: then the memory is that of the
+ * reshaped tensor's gradient, in the same order. *made (made may be NULL) is the node that made
+ * the tensor whose gradient it is. The numbers are those of the float32 gradient rounded by the
+ * products (to nearest even), with a pass less over it. */
+uint16_t *cddp__input_grad_half(cddp_ctx *ctx, cddp__node *n, cddp__node **made);
 /* grad_half.c: whether node made's backward reads its output's gradient in bf16: a convolution in
  * mixed precision on a device whose conv2d_grad takes dy16 (ops/conv.c), a linear layer whose
  * products take bf16 operands (ops/linear.c: its bias's gradient, the column sums of the output's,

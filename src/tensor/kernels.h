@@ -145,16 +145,23 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
  * with fmt's message: fmt takes the id, its position, limit and limit - 1 (four long longs). */
 #define CDDP__KA_check_ids(F)                                                                      \
     F(const void *, ids) F(cddp_dtype, dtype) F(int64_t, n) F(int64_t, limit) F(const char *, fmt)
-/* logp = log_softmax(logits) (N,C); loss[0] = -sum_i logp[i, label_i] (/ N when mean) */
+/* loss[0] = -sum_i logp[i, label_i] (/ N when mean), logp = log_softmax(logits) (N,C) row by row
+ * as (x - m) - ls, with m the row's largest value and ls the log of its sum of exp(x - m); stats
+ * (2 N floats) keeps each row's m and ls, from which the backward makes the softmax again (the
+ * log-probabilities are never stored: the GPT-2 classifier's would be 16,384 x 50,304 floats) */
 #define CDDP__KA_cross_entropy(F)                                                                  \
     F(const float *, logits)                                                                       \
-    F(const void *, labels) F(cddp_dtype, dtype) F(float *, logp) F(float *, loss) F(int64_t, N)   \
+    F(const void *, labels) F(cddp_dtype, dtype) F(float *, stats) F(float *, loss) F(int64_t, N)  \
         F(int64_t, C) F(bool, mean)
-/* dlogits (+)= (exp(logp) - onehot) dy[0] (/ N) */
+/* dlogits (+)= (exp(logp) - onehot) dy[0] (/ N), logp made from the logits and the forward's
+ * stats as the forward made it; or (dx16 given, dx NULL; only where gemm_takes_bf16 says so)
+ * stored rounded to bf16 as to_bf16 rounds it, its column sums added into colsum (may be NULL) as
+ * to_bf16 adds them: for the linear layer that made the logits (grad_half) */
 #define CDDP__KA_cross_entropy_grad(F)                                                             \
-    F(const float *, logp)                                                                         \
-    F(const void *, labels) F(cddp_dtype, dtype) F(const float *, dy) F(float *, dx) F(int64_t, N) \
-        F(int64_t, C) F(bool, mean) F(bool, assign)
+    F(const float *, logits)                                                                       \
+    F(const float *, stats) F(const void *, labels) F(cddp_dtype, dtype) F(const float *, dy)      \
+        F(float *, dx) F(int64_t, N) F(int64_t, C) F(bool, mean) F(bool, assign)                   \
+            F(uint16_t *, dx16) F(float *, colsum)
 /* loss[0] = sum (p - t)^2 (/ n) */
 #define CDDP__KA_mse(F)                                                                            \
     F(const float *, p) F(const float *, t) F(float *, loss) F(int64_t, n) F(bool, mean)

@@ -327,6 +327,21 @@ static cddp_tensor *f_attention_block(cddp_ctx *c, cddp_tensor **x, const void *
     return cddp_linear(c, cddp_attention(c, h, 2), x[2], NULL);
 }
 
+/* A classifier: the logits of x (B, T, C) by the linear layer x[1] (bias x[2], or none), reshaped
+ * to (B T, V) for cross-entropy, as the GPT's; in bf16 cross-entropy's backward hands the layer its
+ * gradient rounded, through the reshape. */
+typedef struct classifier_arg {
+    labels_arg l;
+    bool bias;
+} classifier_arg;
+
+static cddp_tensor *f_classifier(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    const classifier_arg *k = a;
+    cddp_tensor *logits = cddp_linear(c, x[0], x[1], k->bias ? x[2] : NULL);
+    return cddp_cross_entropy(c, cddp_reshape(c, logits, 2, (int64_t[]){k->l.n, k->l.classes}),
+                              labels_of(c, &k->l), k->l.red);
+}
+
 #define IN(lo_, hi_, grad_, ...)                                                                   \
     {                                                                                              \
         .ndim = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), .shape = {__VA_ARGS__}, \
@@ -365,6 +380,10 @@ static void op_cases(void) {
                l32 = {300, 1000, CDDP_I32, CDDP_REDUCE_SUM};
     check("cross_entropy_i64_mean", f_cross_entropy, &l64, 1, (input[]){IN(-3, 3, true, 64, 10)});
     check("cross_entropy_i32_sum", f_cross_entropy, &l32, 1, (input[]){IN(-3, 3, true, 300, 1000)});
+    classifier_arg cls = {{66, 1000, CDDP_I64, CDDP_REDUCE_MEAN}, true};
+    check("classifier", f_classifier, &cls, 3,
+          (input[]){IN(-1, 1, true, 2, 33, 64), IN(-0.2f, 0.2f, true, 1000, 64),
+                    IN(-0.1f, 0.1f, true, 1000)});
     check("mse", f_mse, NULL, 2, (input[]){IN(-1, 1, true, 257, 3), IN(-1, 1, true, 257, 3)});
     check("sum", f_sum, NULL, 1, (input[]){IN(-1, 1, true, 100003)});
     check("mean", f_mean, NULL, 1, (input[]){IN(-1, 1, true, 17, 19)});
@@ -409,6 +428,15 @@ static void bf16_cases(void) {
     check("bf16_attention_block", f_attention_block, NULL, 3,
           (input[]){IN(-2, 2, true, 3, 67, 128), IN(-0.2f, 0.2f, true, 3 * 128, 128),
                     IN(-0.2f, 0.2f, true, 128, 128)});
+    /* the classifier's gradient handed over in bf16: rows of 1000 (16 bytes at a time) with a
+     * bias, and of 257 without */
+    classifier_arg cls = {{66, 1000, CDDP_I64, CDDP_REDUCE_MEAN}, true},
+                   odd = {{66, 257, CDDP_I32, CDDP_REDUCE_SUM}, false};
+    check("bf16_classifier", f_classifier, &cls, 3,
+          (input[]){IN(-1, 1, true, 2, 33, 64), IN(-0.2f, 0.2f, true, 1000, 64),
+                    IN(-0.1f, 0.1f, true, 1000)});
+    check("bf16_classifier_257", f_classifier, &odd, 2,
+          (input[]){IN(-1, 1, true, 2, 33, 64), IN(-0.2f, 0.2f, true, 257, 64)});
     /* attention by rows where the device has it (the CUDA device's flash kernels: heads of 64 and
      * 32), over several blocks of 64 queries and keys, the last one partial; peaked weights
      * (scores of a few units: each row's running maximum moves from block to block) */

@@ -112,24 +112,39 @@ void cddp__cpu_gelu_tanh_grad(cddp__kq *q, const cddp__k_gelu_tanh_grad *a) {
     }
 }
 
+/* Row by row: m, ls (the row's log-sum-exp less m, exp(x - m) summed in scratch) and the label's
+ * (x - m) - ls, as softmax_rows makes log_softmax. */
 void cddp__cpu_cross_entropy(cddp__kq *q, const cddp__k_cross_entropy *a) {
-    (void)q;
     int64_t N = a->N, C = a->C;
-    cddp__softmax_rows(a->logits, a->logp, N, C, true);
+    float *row = cddp__kq_scratch(q, (size_t)C * sizeof(float));
+    if (!row) return;
     double loss = 0.0;
-    for (int64_t i = 0; i < N; i++) loss -= a->logp[i * C + cddp__index_at(a->labels, a->dtype, i)];
+    for (int64_t i = 0; i < N; i++) {
+        const float *x = a->logits + i * C;
+        float m = cddp__max(x, C), ls = logf(cddp__exp_shifted(x, m, row, C));
+        a->stats[2 * i] = m;
+        a->stats[2 * i + 1] = ls;
+        loss -= (x[cddp__index_at(a->labels, a->dtype, i)] - m) - ls;
+    }
     if (a->mean) loss /= (double)N;
     a->loss[0] = (float)loss;
 }
 
-/* loss = -sum_i logp[i, y_i] (/ N): dlogits[i, j] = (p[i, j] - [j = y_i]) g (/ N). */
+/* loss = -sum_i logp[i, y_i] (/ N): dlogits[i, j] = (p[i, j] - [j = y_i]) g (/ N), p = exp(logp).
+ * With dx16, a row at a time in cache: made, rounded, and added to the column sums. */
 void cddp__cpu_cross_entropy_grad(cddp__kq *q, const cddp__k_cross_entropy_grad *a) {
-    (void)q;
     int64_t N = a->N, C = a->C;
     float g = a->dy[0] / (a->mean ? (float)N : 1.0f);
+    float *row = a->dx16 ? cddp__kq_scratch(q, (size_t)C * sizeof(float)) : NULL;
+    if (a->dx16 && !row) return;
     for (int64_t i = 0; i < N; i++) {
-        cddp__add_exp_scaled(a->dx + i * C, a->logp + i * C, g, C, a->assign);
-        a->dx[i * C + cddp__index_at(a->labels, a->dtype, i)] -= g;
+        float *d = a->dx16 ? row : a->dx + i * C;
+        const float *s = a->stats + 2 * i;
+        cddp__add_softmax_scaled(d, a->logits + i * C, s[0], s[1], g, C, a->assign || a->dx16);
+        d[cddp__index_at(a->labels, a->dtype, i)] -= g;
+        if (!a->dx16) continue;
+        cddp__to_bf16_rows(a->dx16 + i * C, C, row, C, 1, C);
+        if (a->colsum) cddp__add_into(a->colsum, row, C);
     }
 }
 

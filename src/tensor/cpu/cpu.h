@@ -134,8 +134,10 @@ void cddp__relu_pool2x2_lanes(const float *x, const cddp__lanes *l, int64_t N, i
 void cddp__relu_pool2x2_lanes_grad(const int8_t *code, const float *dy, const cddp__lanes *l,
                                    int64_t N, int64_t C, int64_t H, int64_t W, float *dx,
                                    float *tile);
-/* y += g exp(x), or y = g exp(x) when assign */
-void cddp__add_exp_scaled(float *y, const float *x, float g, int64_t n, bool assign);
+/* y += g exp((x - m) - ls), or y = when assign: g times a row's softmax, from its largest value m
+ * and the log ls of its sum of exp(x - m) (cross-entropy's gradient) */
+void cddp__add_softmax_scaled(float *y, const float *x, float m, float ls, float g, int64_t n,
+                              bool assign);
 /* y = GELU(x) with the tanh approximation, keeping its slope GELU'(x) in s for the gradient;
  * dx += s dy (dx = when assign). */
 void cddp__gelu_tanh_rows(const float *x, float *y, int64_t n);

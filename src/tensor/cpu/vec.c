@@ -301,11 +301,12 @@ CLONES void cddp__add_into(float *restrict acc, const float *restrict x, int64_t
     for (int64_t i = 0; i < n; i++) acc[i] += x[i];
 }
 
-CLONES void cddp__add_exp_scaled(float *y, const float *x, float g, int64_t n, bool assign) {
+CLONES void cddp__add_softmax_scaled(float *y, const float *x, float m, float ls, float g,
+                                     int64_t n, bool assign) {
     if (assign)
-        for (int64_t i = 0; i < n; i++) y[i] = g * vexp(x[i]);
+        for (int64_t i = 0; i < n; i++) y[i] = g * vexp((x[i] - m) - ls);
     else
-        for (int64_t i = 0; i < n; i++) y[i] += g * vexp(x[i]);
+        for (int64_t i = 0; i < n; i++) y[i] += g * vexp((x[i] - m) - ls);
 }
 
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */

@@ -205,12 +205,9 @@ __global__ void unary_grad_k(cddp__unop op, const float *x, const float *y, cons
     }
 }
 
-/* A block per row: the row's largest value and the sum of exp(x - max) in one reading (lse_part),
- * then the row; 16 bytes at a time where the rows are (the classifier's 50,304 columns). */
-__global__ void softmax_k(const float *x, float *y, int64_t C, bool log_) {
-    const float *a = x + blockIdx.x * C;
-    float *b = y + blockIdx.x * C;
-    bool vec = C % 4 == 0 && ((uintptr_t)a | (uintptr_t)b) % 16 == 0;
+/* A row's statistics (lse_part) in one reading by a block, merged in every thread; 16 bytes at a
+ * time where the row is (vec: the classifier's 50,304 columns). */
+__device__ lse_part row_lse(const float *a, int64_t C, bool vec) {
     lse_part p = {-INFINITY, 0.0};
     if (vec)
         for (int64_t j = threadIdx.x; j < C / 4; j += blockDim.x) {
@@ -219,7 +216,16 @@ __global__ void softmax_k(const float *x, float *y, int64_t C, bool log_) {
         }
     else
         for (int64_t j = threadIdx.x; j < C; j += blockDim.x) p = with(p, a[j]);
-    p = block_lse(p);
+    return block_lse(p);
+}
+
+/* A block per row: the row's largest value and the sum of exp(x - max) in one reading, then the
+ * row. */
+__global__ void softmax_k(const float *x, float *y, int64_t C, bool log_) {
+    const float *a = x + blockIdx.x * C;
+    float *b = y + blockIdx.x * C;
+    bool vec = C % 4 == 0 && ((uintptr_t)a | (uintptr_t)b) % 16 == 0;
+    lse_part p = row_lse(a, C, vec);
     float m = p.m, sum = (float)p.s, ls = logf(sum);
     auto out = [=](float v) { return log_ ? (v - m) - ls : expf(v - m) / sum; };
     if (vec)
@@ -254,30 +260,79 @@ __global__ void check_ids_k(const void *ids, cddp_dtype dtype, int64_t n, int64_
     }
 }
 
-/* loss = -sum_i logp[i, label_i] (/ N), one block, in double */
-__global__ void nll_k(const float *logp, const void *labels, cddp_dtype dtype, float *loss,
-                      int64_t N, int64_t C, bool mean) {
+/* A block per row: its largest value m and ls, the log of its sum of exp(x - m), into stats. */
+__global__ void cross_entropy_stats_k(const float *x, float *stats, int64_t C) {
+    const float *a = x + blockIdx.x * C;
+    lse_part p = row_lse(a, C, C % 4 == 0 && (uintptr_t)a % 16 == 0);
+    if (threadIdx.x == 0) {
+        stats[2 * blockIdx.x] = p.m;
+        stats[2 * blockIdx.x + 1] = logf((float)p.s);
+    }
+}
+
+/* loss = -sum_i logp[i, label_i] (/ N), logp = (x - m) - ls; one block, in double */
+__global__ void nll_k(const float *logits, const float *stats, const void *labels, cddp_dtype dtype,
+                      float *loss, int64_t N, int64_t C, bool mean) {
     double s = 0;
     for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
         int64_t l = index_at(labels, dtype, i); /* one out of range was reported by check_ids */
-        if (l >= 0 && l < C) s -= logp[i * C + l];
+        if (l >= 0 && l < C) s -= (logits[i * C + l] - stats[2 * i]) - stats[2 * i + 1];
     }
     s = block_sum(s);
     if (threadIdx.x == 0) loss[0] = (float)(mean ? s / (double)N : s);
 }
 
-/* A block per row i: (exp(logp) - onehot(label_i)) dy (/ N) */
-__global__ void cross_entropy_grad_k(const float *logp, const void *labels, cddp_dtype dtype,
-                                     const float *dy, float *dx, int64_t N, int64_t C, bool mean,
-                                     bool assign) {
-    float g = dy[0] / (mean ? (float)N : 1.0f);
-    int64_t i = blockIdx.x, label = index_at(labels, dtype, i);
-    const float *lp = logp + i * C;
-    float *d = dx + i * C;
-    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-        float v = g * expf(lp[j]) - (j == label ? g : 0.0f);
-        d[j] = assign ? v : d[j] + v;
+/* Element (r, c) of the logits' gradient: (exp(logp) - onehot(label)) g, g = dy[0] (/ N), read
+ * on the device (the loss's gradient is device memory) */
+struct ce_dx {
+    const float *x, *stats;
+    const void *labels;
+    cddp_dtype dtype;
+    const float *dy;
+    float div; /* N for a mean, else 1 */
+    int64_t C;
+    __device__ float at(float v, int64_t r, int64_t c, int64_t label, float g) const {
+        return g * expf((v - stats[2 * r]) - stats[2 * r + 1]) - (c == label ? g : 0.0f);
     }
+    __device__ float operator()(int64_t r, int64_t c) const {
+        return at(x[r * C + c], r, c, index_at(labels, dtype, r), dy[0] / div);
+    }
+};
+
+/* A block per row: the logits' gradient stored (assign), added, or (dx16) stored rounded to bf16;
+ * 16 bytes of logits at a time where the rows allow. */
+__global__ void cross_entropy_grad_k(ce_dx f, float *dx, bool assign, uint16_t *dx16) {
+    int64_t r = blockIdx.x, C = f.C, label = index_at(f.labels, f.dtype, r);
+    float g = f.dy[0] / f.div;
+    const float *a = f.x + r * C;
+    float *d = dx16 ? nullptr : dx + r * C;
+    uint16_t *h = dx16 ? dx16 + r * C : nullptr;
+    bool vec =
+        C % 4 == 0 && (uintptr_t)a % 16 == 0 && (h ? (uintptr_t)h % 8 : (uintptr_t)d % 16) == 0;
+    if (vec)
+        for (int64_t j = threadIdx.x; j < C / 4; j += blockDim.x) {
+            float4 v = ((const float4 *)a)[j];
+            int64_t c = 4 * j;
+            float4 e = make_float4(f.at(v.x, r, c, label, g), f.at(v.y, r, c + 1, label, g),
+                                   f.at(v.z, r, c + 2, label, g), f.at(v.w, r, c + 3, label, g));
+            if (h) {
+                ((ushort4 *)h)[j] =
+                    make_ushort4(bf16_of(e.x), bf16_of(e.y), bf16_of(e.z), bf16_of(e.w));
+            } else if (assign) {
+                ((float4 *)d)[j] = e;
+            } else {
+                float4 o = ((float4 *)d)[j];
+                ((float4 *)d)[j] = make_float4(o.x + e.x, o.y + e.y, o.z + e.z, o.w + e.w);
+            }
+        }
+    else
+        for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
+            float e = f.at(a[j], r, j, label, g);
+            if (h)
+                h[j] = bf16_of(e);
+            else
+                d[j] = assign ? e : d[j] + e;
+        }
 }
 
 __global__ void mse_k(const float *p, const float *t, float *loss, int64_t n, bool mean) {
@@ -865,17 +920,19 @@ void cddp__cuda_check_ids(cddp__kq *q, const cddp__k_check_ids *a) {
 void cddp__cuda_cross_entropy(cddp__kq *q, const cddp__k_cross_entropy *a) {
     cudaStream_t s = cddp__cuda_enter(q);
     if (a->N == 0) return;
-    softmax_k<<<(unsigned)a->N, REDUCE, 0, s>>>(a->logits, a->logp, a->C, true);
-    nll_k<<<1, REDUCE, 0, s>>>(a->logp, a->labels, a->dtype, a->loss, a->N, a->C, a->mean);
+    cross_entropy_stats_k<<<(unsigned)a->N, REDUCE, 0, s>>>(a->logits, a->stats, a->C);
+    nll_k<<<1, REDUCE, 0, s>>>(a->logits, a->stats, a->labels, a->dtype, a->loss, a->N, a->C,
+                               a->mean);
     LAUNCHED(q, "cross_entropy");
 }
 
 void cddp__cuda_cross_entropy_grad(cddp__kq *q, const cddp__k_cross_entropy_grad *a) {
     cudaStream_t s = cddp__cuda_enter(q);
     if (a->N * a->C == 0) return;
-    cross_entropy_grad_k<<<(unsigned)a->N, REDUCE, 0, s>>>(a->logp, a->labels, a->dtype, a->dy,
-                                                           a->dx, a->N, a->C, a->mean, a->assign);
-    LAUNCHED(q, "cross_entropy_grad");
+    ce_dx f = {a->logits, a->stats, a->labels, a->dtype, a->dy, a->mean ? (float)a->N : 1.0f, a->C};
+    cross_entropy_grad_k<<<(unsigned)a->N, REDUCE, 0, s>>>(f, a->dx, a->assign, a->dx16);
+    if (LAUNCHED(q, "cross_entropy_grad")) return;
+    if (a->dx16 && a->colsum) colsum(q, s, f, a->N, a->C, a->colsum, "cross_entropy_grad");
 }
 
 void cddp__cuda_mse(cddp__kq *q, const cddp__k_mse *a) {

@@ -1,8 +1,8 @@
 /* grad_half.c: gradients handed over in bf16 (cddp_tensor.grad_half): an op whose backward makes
  * the whole gradient of its input x, where the op that made x multiplies in bf16 and reads that
  * gradient rounded anyway (a convolution's or a linear layer's backward in mixed precision), writes
- * it rounded instead of in float32: a pass over it less, and half its bytes. Batch normalisation's
- * and GELU's backward do (ops/norm.c, ops/transformer.c). */
+ * it rounded instead of in float32: a pass over it less, and half its bytes. Batch normalisation's,
+ * GELU's and cross-entropy's backward do (ops/norm.c, ops/transformer.c, ops/loss.c). */
 #include "tensor/internal.h"
 
 bool cddp__takes_grad_half(cddp_ctx *ctx, const cddp__node *made) {
@@ -11,14 +11,32 @@ bool cddp__takes_grad_half(cddp_ctx *ctx, const cddp__node *made) {
                                         : false;
 }
 
-uint16_t *cddp__input_grad_half(cddp_ctx *ctx, cddp__node *n) {
-    cddp_tensor *x = n->in[0];
-    cddp__node *made = x->node;
-    if (!x->requires_grad || x->is_param || x->retain_grad || x->ready_hook || x->grad ||
-        x->grad_half || !made || made != n->prev || !cddp__takes_grad_half(ctx, made))
-        return NULL;
+/* Whether x's gradient is still to be made, by one op, and kept by nobody: no parameter, no
+ * retained gradient, no hook, nothing of it made yet. */
+static bool gradient_free(const cddp_tensor *x) {
+    return x->requires_grad && !x->is_param && !x->retain_grad && !x->ready_hook && !x->grad &&
+           !x->grad_half;
+}
+
+/* Whether t is one of n's inputs after the first. */
+static bool later_input(const cddp__node *n, const cddp_tensor *t) {
     for (int i = 1; i < n->nin; i++)
-        if (n->in[i] == x) return NULL; /* x's gradient has a second part from n */
-    cddp__cdev *d = cddp__node_dev(ctx, made);
+        if (n->in[i] == t) return true;
+    return false;
+}
+
+uint16_t *cddp__input_grad_half(cddp_ctx *ctx, cddp__node *n, cddp__node **made) {
+    cddp_tensor *x = n->in[0];
+    /* Through views made just before: a reshape's backward would only pass the gradient on (it
+     * is then not run: its output gets no gradient). */
+    cddp__node *at = n;
+    while (gradient_free(x) && !later_input(n, x) && x->node && x->node == at->prev &&
+           x->node->op == CDDP_OP_RESHAPE)
+        x = (at = x->node)->in[0];
+    if (!gradient_free(x) || later_input(n, x) /* a second part of x's gradient from n */ ||
+        !x->node || x->node != at->prev || !cddp__takes_grad_half(ctx, x->node))
+        return NULL;
+    cddp__cdev *d = cddp__node_dev(ctx, x->node);
+    if (made) *made = x->node;
     return d ? x->grad_half = cddp__dalloc(d, (size_t)x->numel * sizeof(uint16_t)) : NULL;
 }

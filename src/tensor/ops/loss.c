@@ -20,32 +20,42 @@ cddp_tensor *cddp_cross_entropy(cddp_ctx *ctx, cddp_tensor *logits, cddp_tensor 
             .fmt = "cross_entropy: label %lld of sample %lld is out of range for %lld classes "
                    "(labels must be in [0, %lld])");
     if (CDDP__FAILED(ctx)) return NULL;
-    /* The log-probabilities are kept: backward needs softmax = exp(logp). */
-    float *logp = cddp__dalloc(d, (size_t)(N * C) * sizeof(float));
+    /* Each row's largest value and log-sum-exp are kept: backward makes the softmax from them
+     * and the logits (which the step keeps), not from N x C log-probabilities written and read
+     * back (GPT-2's classifier: 3.3 GB a step, twice) */
+    float *stats = cddp__dalloc(d, (size_t)(2 * N) * sizeof(float));
     cddp_tensor *out = cddp__empty(d, CDDP_F32, 0, NULL);
-    if (!logp || !out) return NULL;
+    if (!stats || !out) return NULL;
     CDDP__K(&d->q, cross_entropy, .logits = logits->data, .labels = labels->data,
-            .dtype = labels->dtype, .logp = logp, .loss = out->data, .N = N, .C = C,
+            .dtype = labels->dtype, .stats = stats, .loss = out->data, .N = N, .C = C,
             .mean = reduction == CDDP_REDUCE_MEAN);
     cddp__node *n;
     if (!cddp__record_op(ctx, CDDP_OP_CROSS_ENTROPY, out, 2, (cddp_tensor *[]){logits, labels}, &n))
         return NULL;
     if (n) {
         n->arg.reduction = reduction;
-        n->saved = logp;
+        n->saved = stats;
     }
     return out;
 }
 
+/* For a linear layer in bf16 that made the logits (a classifier; through a reshape, as the GPT's
+ * (B, T, V) logits reach the loss as (B T, V)), their gradient rounded as that layer's backward
+ * would round it, and its bias's gradient on the way (cddp__input_grad_half): the gradient is
+ * written once, in half the bytes, and never copied or read back in float32. */
 void cddp__cross_entropy_backward(cddp_ctx *ctx, cddp__node *n) {
-    bool assign;
-    float *dx = cddp__input_grad_assign(ctx, n, &assign);
+    bool assign = true;
+    cddp__node *made = NULL;
+    uint16_t *dx16 = cddp__input_grad_half(ctx, n, &made);
+    float *dx = dx16 ? NULL : cddp__input_grad_assign(ctx, n, &assign);
+    float *colsum = dx16 ? cddp__linear_bias_grad(ctx, made) : NULL;
     cddp__cdev *d = cddp__node_dev(ctx, n);
     cddp_tensor *x = n->in[0], *labels = n->in[1];
-    if (!dx || !d) return;
-    CDDP__K(&d->q, cross_entropy_grad, .logp = n->saved, .labels = labels->data,
+    if ((!dx && !dx16) || !d || CDDP__FAILED(ctx)) return;
+    CDDP__K(&d->q, cross_entropy_grad, .logits = x->data, .stats = n->saved, .labels = labels->data,
             .dtype = labels->dtype, .dy = n->out->grad, .dx = dx, .N = x->shape[0],
-            .C = x->shape[1], .mean = n->arg.reduction == CDDP_REDUCE_MEAN, .assign = assign);
+            .C = x->shape[1], .mean = n->arg.reduction == CDDP_REDUCE_MEAN, .assign = assign,
+            .dx16 = dx16, .colsum = colsum);
 }
 
 cddp_tensor *cddp_mse_loss(cddp_ctx *ctx, cddp_tensor *pred, cddp_tensor *target,

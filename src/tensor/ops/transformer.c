@@ -116,9 +116,10 @@ cddp_tensor *cddp_gelu_tanh(cddp_ctx *ctx, cddp_tensor *x) {
 void cddp__gelu_tanh_backward(cddp_ctx *ctx, cddp__node *n) {
     bool assign = true;
     cddp_tensor *x = n->in[0];
-    uint16_t *dx16 = cddp__input_grad_half(ctx, n);
+    cddp__node *made = NULL;
+    uint16_t *dx16 = cddp__input_grad_half(ctx, n, &made);
     float *dx = dx16 ? NULL : cddp__input_grad_assign(ctx, n, &assign);
-    float *colsum = dx16 ? cddp__linear_bias_grad(ctx, x->node) : NULL;
+    float *colsum = dx16 ? cddp__linear_bias_grad(ctx, made) : NULL;
     cddp__cdev *d = cddp__node_dev(ctx, n);
     if ((!dx && !dx16) || !d || CDDP__FAILED(ctx)) return;
     CDDP__K(&d->q, gelu_tanh_grad, .x = x->data, .dy = n->out->grad, .dx = dx, .n = x->numel,
