@@ -583,21 +583,23 @@ static void test_bf16_grad_half(void **state) {
 
 /* GELU's backward hands the linear layer before it (the GPT's MLP) its output's gradient in bf16,
  * and that gradient's column sums into the layer's bias gradient, as the layer's backward would
- * have rounded and summed them; so does cross-entropy's backward to the linear layer that made its
+ * have rounded and summed them; so do cross-entropy's backward to the linear layer that made its
  * logits (a classifier), through the reshape between them (the GPT's (B, T, V) logits reach the
- * loss as (B T, V)). Every gradient is the bits it is with the hand-over turned off
+ * loss as (B T, V)), and a residual add's to the layer that made its second term (a GPT block's
+ * output projection). Every gradient is the bits it is with the hand-over turned off
  * (cddp_retain_grad on the layer's output), and grad_half is the float32 gradient rounded. */
 enum { CB = 2, CT = 3, CN = CB * CT, CIN = 24, COUT = 40 };
+typedef enum tail { GELU_TAIL, CLASSIFIER_TAIL, RESIDUAL_TAIL } tail;
+static const char *const tail_name[] = {"gelu", "classifier", "residual"};
 
-static void linear_chain(bool classifier, bool keep, float *grads[3], uint16_t **half,
-                         float **h_grad) {
-    float xv[CN * CIN], wv[COUT * CIN], bv[COUT], sv[CN * COUT];
+static void linear_chain(tail t, bool keep, float *grads[3], uint16_t **half, float **h_grad) {
+    float xv[CN * CIN], wv[COUT * CIN], bv[COUT], sv[CN * COUT], rv[CN * COUT];
     int64_t labels[CN];
     cddp_rng rng;
     cddp_rng_seed(&rng, 21);
-    float *all[] = {xv, wv, bv, sv};
-    int len[] = {CN * CIN, COUT * CIN, COUT, CN * COUT};
-    for (int a = 0; a < 4; a++)
+    float *all[] = {xv, wv, bv, sv, rv};
+    int len[] = {CN * CIN, COUT * CIN, COUT, CN * COUT, CN * COUT};
+    for (int a = 0; a < 5; a++)
         for (int i = 0; i < len[a]; i++) all[a][i] = 4 * cddp_rng_uniform(&rng) - 2;
     for (int i = 0; i < CN; i++) labels[i] = (int64_t)(cddp_rng_uniform(&rng) * COUT) % COUT;
     cddp_ctx_reset(lo);
@@ -609,13 +611,16 @@ static void linear_chain(bool classifier, bool keep, float *grads[3], uint16_t *
     cddp_tensor *h = cddp_linear(lo, x, w, b);
     assert_non_null(h);
     if (keep) cddp_retain_grad(h);
-    cddp_tensor *loss;
-    if (classifier) {
+    cddp_tensor *loss, *s = cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(CB, CT, COUT), sv);
+    if (t == CLASSIFIER_TAIL) {
         cddp_tensor *y = cddp_from_data(lo, CDDP_I64, CDDP_SHAPE(CN), labels);
         loss =
             cddp_cross_entropy(lo, cddp_reshape(lo, h, CDDP_SHAPE(CN, COUT)), y, CDDP_REDUCE_MEAN);
+    } else if (t == RESIDUAL_TAIL) { /* a residual r (a leaf wanting its gradient) plus h */
+        cddp_tensor *r =
+            cddp_requires_grad(lo, cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(CB, CT, COUT), rv));
+        loss = cddp_sum(lo, cddp_mul(lo, cddp_add(lo, r, h), s));
     } else {
-        cddp_tensor *s = cddp_from_data(lo, CDDP_F32, CDDP_SHAPE(CB, CT, COUT), sv);
         loss = cddp_sum(lo, cddp_mul(lo, cddp_gelu_tanh(lo, h), s));
     }
     assert_int_equal(cddp_backward(lo, loss), CDDP_OK);
@@ -642,18 +647,17 @@ static void linear_chain(bool classifier, bool keep, float *grads[3], uint16_t *
     }
 }
 
-static void check_linear_chain(bool classifier) {
+static void check_linear_chain(tail t) {
     float *on[3], *off[3], *h_grad, *unused_grad;
     uint16_t *half, *unused_half;
-    linear_chain(classifier, false, on, &half, &unused_grad);
-    linear_chain(classifier, true, off, &unused_half, &h_grad);
+    linear_chain(t, false, on, &half, &unused_grad);
+    linear_chain(t, true, off, &unused_half, &h_grad);
     int64_t n[3] = {CN * CIN, COUT * CIN, COUT};
     for (int a = 0; a < 3; a++) {
         for (int64_t i = 0; i < n[a]; i++)
             if (memcmp(&on[a][i], &off[a][i], sizeof(float)))
-                fail_msg("%s: gradient %d [%lld]: %a with the hand-over, %a without",
-                         classifier ? "classifier" : "gelu", a, (long long)i, (double)on[a][i],
-                         (double)off[a][i]);
+                fail_msg("%s: gradient %d [%lld]: %a with the hand-over, %a without", tail_name[t],
+                         a, (long long)i, (double)on[a][i], (double)off[a][i]);
         free(on[a]);
         free(off[a]);
     }
@@ -669,12 +673,17 @@ static void check_linear_chain(bool classifier) {
 
 static void test_bf16_gelu_grad_half(void **state) {
     (void)state;
-    check_linear_chain(false);
+    check_linear_chain(GELU_TAIL);
 }
 
 static void test_bf16_classifier_grad_half(void **state) {
     (void)state;
-    check_linear_chain(true);
+    check_linear_chain(CLASSIFIER_TAIL);
+}
+
+static void test_bf16_residual_grad_half(void **state) {
+    (void)state;
+    check_linear_chain(RESIDUAL_TAIL);
 }
 
 /* comm's 16-bit conversions (bits, by hand) against the compiler's IEEE half: every half to
@@ -739,6 +748,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_grad_half),
         cmocka_unit_test(test_bf16_gelu_grad_half),
         cmocka_unit_test(test_bf16_classifier_grad_half),
+        cmocka_unit_test(test_bf16_residual_grad_half),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -131,16 +131,16 @@ void *cddp__dalloc_zero(cddp__cdev *d, size_t bytes);
  * context multiplies in bf16 on a device whose gemm takes bf16 operands (the op's kernel then
  * writes it); NULL otherwise, or when out of memory (the failure latched). */
 uint16_t *cddp__half_for(cddp_ctx *ctx, cddp__cdev *d, cddp_tensor *out);
-/* grad_half.c: for node n's backward, the memory of its input x's gradient in bf16 (x->grad_half,
- * set) when n makes the whole of it and the op that made x reads it so (cddp__takes_grad_half): x
- * is no parameter, keeps no gradient, has no ready hook and no gradient yet, is n's input once, and
- * no op ran between x's and n (whose backward would add to it after n's); else NULL (then, or
- * when out of memory, the failure latched, n makes x->grad as usual). x may be reached through
- * reshapes made just before n, each free of a gradient as x: then the memory is that of the
- * reshaped tensor's gradient, in the same order. *made (made may be NULL) is the node that made
- * the tensor whose gradient it is. The numbers are those of the float32 gradient rounded by the
- * products (to nearest even), with a pass less over it. */
-uint16_t *cddp__input_grad_half(cddp_ctx *ctx, cddp__node *n, cddp__node **made);
+/* grad_half.c: for node n's backward, the memory of its k-th input x's gradient in bf16
+ * (x->grad_half, set) when n makes the whole of it and the op that made x reads it so
+ * (cddp__takes_grad_half): x is no parameter, keeps no gradient, has no ready hook and no gradient
+ * yet, is n's input once, and no op ran between x's and n (whose backward would add to it after
+ * n's); else NULL (then, or when out of memory, the failure latched, n makes x->grad as usual). x
+ * may be reached through reshapes made just before n, each free of a gradient as x: then the memory
+ * is that of the reshaped tensor's gradient, in the same order. *made (made may be NULL) is the
+ * node that made the tensor whose gradient it is. The numbers are those of the float32 gradient
+ * rounded by the products (to nearest even), with a pass less over it. */
+uint16_t *cddp__input_grad_half(cddp_ctx *ctx, cddp__node *n, int k, cddp__node **made);
 /* grad_half.c: whether node made's backward reads its output's gradient in bf16: a convolution in
  * mixed precision on a device whose conv2d_grad takes dy16 (ops/conv.c), a linear layer whose
  * products take bf16 operands (ops/linear.c: its bias's gradient, the column sums of the output's,

@@ -327,6 +327,14 @@ static cddp_tensor *f_attention_block(cddp_ctx *c, cddp_tensor **x, const void *
     return cddp_linear(c, cddp_attention(c, h, 2), x[2], NULL);
 }
 
+/* A residual block's shape: x + linear(layer_norm(x)) (x[1], bias x[2]); in bf16 the add's
+ * backward hands the linear layer its gradient rounded, the bias's column sums on the way. */
+static cddp_tensor *f_residual(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_add(c, x[0],
+                    cddp_linear(c, cddp_layer_norm(c, x[0], NULL, NULL, 1e-5f), x[1], x[2]));
+}
+
 /* A classifier: the logits of x (B, T, C) by the linear layer x[1] (bias x[2], or none), reshaped
  * to (B T, V) for cross-entropy, as the GPT's; in bf16 cross-entropy's backward hands the layer its
  * gradient rounded, through the reshape. */
@@ -428,6 +436,9 @@ static void bf16_cases(void) {
     check("bf16_attention_block", f_attention_block, NULL, 3,
           (input[]){IN(-2, 2, true, 3, 67, 128), IN(-0.2f, 0.2f, true, 3 * 128, 128),
                     IN(-0.2f, 0.2f, true, 128, 128)});
+    check("bf16_residual", f_residual, NULL, 3,
+          (input[]){IN(-2, 2, true, 2, 33, 64), IN(-0.2f, 0.2f, true, 64, 64),
+                    IN(-0.1f, 0.1f, true, 64)});
     /* the classifier's gradient handed over in bf16: rows of 1000 (16 bytes at a time) with a
      * bias, and of 257 without */
     classifier_arg cls = {{66, 1000, CDDP_I64, CDDP_REDUCE_MEAN}, true},

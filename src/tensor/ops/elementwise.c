@@ -90,7 +90,8 @@ cddp_tensor *cddp_div(cddp_ctx *ctx, cddp_tensor *a, cddp_tensor *b) {
 /* z = x + y of one shape (a transformer's residual stream): both gradients are dz. dz is dead
  * after this backward (tape.c releases it), so an input that has no gradient yet, in z's layout,
  * takes dz's memory itself instead of a copy (the other input, if it wants one, gets the copy,
- * queued before anything can add to that memory). */
+ * queued before anything can add to that memory), or, where a linear layer in bf16 made it and
+ * reads it so, dz rounded (cddp__input_grad_half). */
 static bool same_shape_add_backward(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n) {
     cddp_tensor *a = n->in[0], *b = n->in[1], *z = n->out;
     if (n->op != CDDP_OP_ADD || a->numel != z->numel || b->numel != z->numel) return false;
@@ -98,6 +99,18 @@ static bool same_shape_add_backward(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n)
     for (int k = 0; k < 2; k++) {
         cddp_tensor *t = n->in[k];
         if (!t->requires_grad) continue;
+        /* a linear layer in bf16 made t just before (a block's output projection): t's gradient
+         * rounded as that layer's backward would round it, its bias's gradient on the way */
+        cddp__node *made = NULL;
+        uint16_t *half = t->node && t->node->op == CDDP_OP_LINEAR
+                             ? cddp__input_grad_half(ctx, n, k, &made)
+                             : NULL;
+        if (half) {
+            int64_t cols = t->shape[t->ndim - 1];
+            CDDP__K(&d->q, to_bf16, .dst = half, .src = dz, .rows = t->numel / cols, .cols = cols,
+                    .ld = cols, .colsum = cddp__linear_bias_grad(ctx, made));
+            continue;
+        }
         if (z->grad && !t->grad && !t->is_param && !z->retain_grad && t->block == z->block &&
             t->device == z->device) {
             t->grad = dz; /* moved: z no longer has it */

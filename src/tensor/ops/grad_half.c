@@ -2,7 +2,8 @@
  * the whole gradient of its input x, where the op that made x multiplies in bf16 and reads that
  * gradient rounded anyway (a convolution's or a linear layer's backward in mixed precision), writes
  * it rounded instead of in float32: a pass over it less, and half its bytes. Batch normalisation's,
- * GELU's and cross-entropy's backward do (ops/norm.c, ops/transformer.c, ops/loss.c). */
+ * GELU's, cross-entropy's and a same-shape add's backward do (ops/norm.c, ops/transformer.c,
+ * ops/loss.c, ops/elementwise.c). */
 #include "tensor/internal.h"
 
 bool cddp__takes_grad_half(cddp_ctx *ctx, const cddp__node *made) {
@@ -18,22 +19,22 @@ static bool gradient_free(const cddp_tensor *x) {
            !x->grad_half;
 }
 
-/* Whether t is one of n's inputs after the first. */
-static bool later_input(const cddp__node *n, const cddp_tensor *t) {
-    for (int i = 1; i < n->nin; i++)
-        if (n->in[i] == t) return true;
+/* Whether t is one of n's inputs other than its k-th. */
+static bool other_input(const cddp__node *n, int k, const cddp_tensor *t) {
+    for (int i = 0; i < n->nin; i++)
+        if (i != k && n->in[i] == t) return true;
     return false;
 }
 
-uint16_t *cddp__input_grad_half(cddp_ctx *ctx, cddp__node *n, cddp__node **made) {
-    cddp_tensor *x = n->in[0];
+uint16_t *cddp__input_grad_half(cddp_ctx *ctx, cddp__node *n, int k, cddp__node **made) {
+    cddp_tensor *x = n->in[k];
     /* Through views made just before: a reshape's backward would only pass the gradient on (it
      * is then not run: its output gets no gradient). */
     cddp__node *at = n;
-    while (gradient_free(x) && !later_input(n, x) && x->node && x->node == at->prev &&
+    while (gradient_free(x) && !other_input(n, k, x) && x->node && x->node == at->prev &&
            x->node->op == CDDP_OP_RESHAPE)
         x = (at = x->node)->in[0];
-    if (!gradient_free(x) || later_input(n, x) /* a second part of x's gradient from n */ ||
+    if (!gradient_free(x) || other_input(n, k, x) /* a second part of x's gradient from n */ ||
         !x->node || x->node != at->prev || !cddp__takes_grad_half(ctx, x->node))
         return NULL;
     cddp__cdev *d = cddp__node_dev(ctx, x->node);

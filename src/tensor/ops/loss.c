@@ -46,7 +46,7 @@ cddp_tensor *cddp_cross_entropy(cddp_ctx *ctx, cddp_tensor *logits, cddp_tensor 
 void cddp__cross_entropy_backward(cddp_ctx *ctx, cddp__node *n) {
     bool assign = true;
     cddp__node *made = NULL;
-    uint16_t *dx16 = cddp__input_grad_half(ctx, n, &made);
+    uint16_t *dx16 = cddp__input_grad_half(ctx, n, 0, &made);
     float *dx = dx16 ? NULL : cddp__input_grad_assign(ctx, n, &assign);
     float *colsum = dx16 ? cddp__linear_bias_grad(ctx, made) : NULL;
     cddp__cdev *d = cddp__node_dev(ctx, n);

@@ -133,7 +133,7 @@ static void batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
     }
     bool assign = true; /* dx stored, not added, when x had no gradient yet */
     /* the whole of x's gradient, in bf16 for the convolution that made x, where it reads it so */
-    uint16_t *dx16 = cddp__input_grad_half(ctx, n, NULL);
+    uint16_t *dx16 = cddp__input_grad_half(ctx, n, 0, NULL);
     float *dx = dx16 ? NULL : cddp__input_grad_assign(ctx, n, &assign);
     cddp_tensor *g = n->in[1], *b = n->in[2];
     float *gg = g && g->requires_grad ? cddp_grad_buffer(ctx, g) : NULL;

@@ -117,7 +117,7 @@ void cddp__gelu_tanh_backward(cddp_ctx *ctx, cddp__node *n) {
     bool assign = true;
     cddp_tensor *x = n->in[0];
     cddp__node *made = NULL;
-    uint16_t *dx16 = cddp__input_grad_half(ctx, n, &made);
+    uint16_t *dx16 = cddp__input_grad_half(ctx, n, 0, &made);
     float *dx = dx16 ? NULL : cddp__input_grad_assign(ctx, n, &assign);
     float *colsum = dx16 ? cddp__linear_bias_grad(ctx, made) : NULL;
     cddp__cdev *d = cddp__node_dev(ctx, n);
