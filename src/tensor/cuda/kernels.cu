@@ -507,17 +507,35 @@ __global__ void sum_parts_k(const double *part, double *out) {
 /* Column sums in two steps, each in a fixed order, the rows cut into chunks: a block of
  * COLS columns x LANES row lanes sums one chunk (lane y its rows y, y + LANES, ..., then the
  * lanes in order) into part[chunk][column]; then a thread per column adds the chunks' sums, in
- * order, to dst. F gives element (r, c) of what is summed. */
+ * order, to dst. F gives element (r, c) of what is summed; S stores it as it goes, where the pass
+ * also writes what it sums (rounded to bf16: bf16_store), so that the elements are made once. */
 constexpr int COLS = 32, LANES = 8;
 
-template <typename F>
-__global__ void colsum_part_k(F f, int64_t rows, int64_t cols, int64_t chunk, float *part) {
+struct no_store {
+    __device__ void operator()(int64_t, int64_t, float) const {}
+};
+/* element (r, c) rounded into dst, rows of cols, dense */
+struct bf16_store {
+    uint16_t *dst;
+    int64_t cols;
+    __device__ void operator()(int64_t r, int64_t c, float v) const {
+        dst[r * cols + c] = bf16_of(v);
+    }
+};
+
+template <typename F, typename S>
+__global__ void colsum_part_k(F f, S store, int64_t rows, int64_t cols, int64_t chunk,
+                              float *part) {
     __shared__ float acc[LANES][COLS + 1];
     int64_t c = (int64_t)blockIdx.x * COLS + threadIdx.x, r0 = (int64_t)blockIdx.y * chunk;
     int64_t r1 = r0 + chunk < rows ? r0 + chunk : rows;
     float s = 0.0f;
     if (c < cols)
-        for (int64_t r = r0 + threadIdx.y; r < r1; r += LANES) s += f(r, c);
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += LANES) {
+            float v = f(r, c);
+            store(r, c, v);
+            s += v;
+        }
     acc[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && c < cols) {
@@ -527,10 +545,15 @@ __global__ void colsum_part_k(F f, int64_t rows, int64_t cols, int64_t chunk, fl
     }
 }
 
-template <typename F> __global__ void colsum_serial_k(F f, int64_t rows, int64_t cols, float *dst) {
+template <typename F, typename S>
+__global__ void colsum_serial_k(F f, S store, int64_t rows, int64_t cols, float *dst) {
     FOR_EACH(c, cols) {
         float s = dst[c];
-        for (int64_t r = 0; r < rows; r++) s += f(r, c);
+        for (int64_t r = 0; r < rows; r++) {
+            float v = f(r, c);
+            store(r, c, v);
+            s += v;
+        }
         dst[c] = s;
     }
 }
@@ -812,23 +835,24 @@ __global__ void attn_cached_k(const float *qkv, const float *cache, float *out, 
 
 #define LAUNCHED(q, what) cddp__cuda_failed(q, cudaGetLastError(), what)
 
-/* dst[c] += sum over rows of f(r, c) (column sums): in two steps where there are enough rows for
- * them and the caller's context has scratch for the chunks' sums, else a thread per column adds
- * every row in order (false: failed, reported through q). */
-template <typename F>
+/* dst[c] += sum over rows of f(r, c) (column sums), each element stored by store as it is made:
+ * in two steps where there are enough rows for them and the caller's context has scratch for the
+ * chunks' sums, else a thread per column adds every row in order (false: failed, reported
+ * through q). */
+template <typename F, typename S = no_store>
 static bool colsum(cddp__kq *q, cudaStream_t s, F f, int64_t rows, int64_t cols, float *dst,
-                   const char *what) {
+                   const char *what, S store = S()) {
     int64_t chunk = 64;
     while ((rows + chunk - 1) / chunk > 65535) chunk *= 2;
     int64_t parts = (rows + chunk - 1) / chunk;
     if (parts < 4 || !q->scratch) {
-        colsum_serial_k<<<blocks(cols), THREADS, 0, s>>>(f, rows, cols, dst);
+        colsum_serial_k<<<blocks(cols), THREADS, 0, s>>>(f, store, rows, cols, dst);
         return !LAUNCHED(q, what);
     }
     float *part = (float *)cddp__kq_scratch(q, (size_t)(parts * cols) * sizeof(float));
     if (!part) return false;
     dim3 grid((unsigned)((cols + COLS - 1) / COLS), (unsigned)parts), block(COLS, LANES);
-    colsum_part_k<<<grid, block, 0, s>>>(f, rows, cols, chunk, part);
+    colsum_part_k<<<grid, block, 0, s>>>(f, store, rows, cols, chunk, part);
     colsum_total_k<<<blocks(cols), THREADS, 0, s>>>(part, parts, cols, dst);
     return !LAUNCHED(q, what);
 }
@@ -930,9 +954,12 @@ void cddp__cuda_cross_entropy_grad(cddp__kq *q, const cddp__k_cross_entropy_grad
     cudaStream_t s = cddp__cuda_enter(q);
     if (a->N * a->C == 0) return;
     ce_dx f = {a->logits, a->stats, a->labels, a->dtype, a->dy, a->mean ? (float)a->N : 1.0f, a->C};
+    if (a->dx16 && a->colsum) { /* made, rounded and summed in one pass */
+        colsum(q, s, f, a->N, a->C, a->colsum, "cross_entropy_grad", bf16_store{a->dx16, a->C});
+        return;
+    }
     cross_entropy_grad_k<<<(unsigned)a->N, REDUCE, 0, s>>>(f, a->dx, a->assign, a->dx16);
-    if (LAUNCHED(q, "cross_entropy_grad")) return;
-    if (a->dx16 && a->colsum) colsum(q, s, f, a->N, a->C, a->colsum, "cross_entropy_grad");
+    LAUNCHED(q, "cross_entropy_grad");
 }
 
 void cddp__cuda_mse(cddp__kq *q, const cddp__k_mse *a) {
@@ -1059,10 +1086,14 @@ void cddp__cuda_binary_grad(cddp__kq *q, const cddp__k_binary_grad *a) {
 void cddp__cuda_to_bf16(cddp__kq *q, const cddp__k_to_bf16 *a) {
     cudaStream_t s = cddp__cuda_enter(q);
     if (a->rows == 0 || a->cols == 0) return;
+    if (a->colsum) { /* rounded in the pass that sums the columns: src read once */
+        colsum(q, s, src_rows{a->src, a->ld}, a->rows, a->cols, a->colsum, "to_bf16",
+               bf16_store{a->dst, a->cols});
+        return;
+    }
     to_bf16_k<<<blocks(a->rows * a->cols), THREADS, 0, s>>>(a->dst, a->src, a->rows, a->cols,
                                                             a->ld);
-    if (LAUNCHED(q, "to_bf16")) return;
-    if (a->colsum) colsum(q, s, src_rows{a->src, a->ld}, a->rows, a->cols, a->colsum, "to_bf16");
+    LAUNCHED(q, "to_bf16");
 }
 
 void cddp__cuda_layer_norm(cddp__kq *q, const cddp__k_layer_norm *a) {
@@ -1097,12 +1128,14 @@ void cddp__cuda_gelu_tanh(cddp__kq *q, const cddp__k_gelu_tanh *a) {
 void cddp__cuda_gelu_tanh_grad(cddp__kq *q, const cddp__k_gelu_tanh_grad *a) {
     cudaStream_t s = cddp__cuda_enter(q);
     if (a->n == 0) return;
+    if (a->dx16 && a->colsum) { /* made, rounded and summed in one pass over x and dy */
+        colsum(q, s, gelu_dx{a->x, a->dy, a->cols}, a->n / a->cols, a->cols, a->colsum,
+               "gelu_tanh_grad", bf16_store{a->dx16, a->cols});
+        return;
+    }
     gelu_tanh_grad_k<<<blocks(a->n), THREADS, 0, s>>>(a->dx, a->x, a->dy, a->n, !a->assign,
                                                       a->dx16);
-    if (LAUNCHED(q, "gelu_tanh_grad")) return;
-    if (a->dx16 && a->colsum)
-        colsum(q, s, gelu_dx{a->x, a->dy, a->cols}, a->n / a->cols, a->cols, a->colsum,
-               "gelu_tanh_grad");
+    LAUNCHED(q, "gelu_tanh_grad");
 }
 
 void cddp__cuda_causal_softmax(cddp__kq *q, const cddp__k_causal_softmax *a) {
