@@ -124,7 +124,9 @@ void cddp__cpu_cross_entropy(cddp__kq *q, const cddp__k_cross_entropy *a) {
         float m = cddp__max(x, C), ls = logf(cddp__exp_shifted(x, m, row, C));
         a->stats[2 * i] = m;
         a->stats[2 * i + 1] = ls;
-        loss -= (x[cddp__index_at(a->labels, a->dtype, i)] - m) - ls;
+        /* a label outside [0, C) was reported by check_ids, which a queue runs before this */
+        int64_t l = cddp__index_at(a->labels, a->dtype, i);
+        if (l >= 0 && l < C) loss -= (x[l] - m) - ls;
     }
     if (a->mean) loss /= (double)N;
     a->loss[0] = (float)loss;
@@ -141,7 +143,8 @@ void cddp__cpu_cross_entropy_grad(cddp__kq *q, const cddp__k_cross_entropy_grad 
         float *d = a->dx16 ? row : a->dx + i * C;
         const float *s = a->stats + 2 * i;
         cddp__add_softmax_scaled(d, a->logits + i * C, s[0], s[1], g, C, a->assign || a->dx16);
-        d[cddp__index_at(a->labels, a->dtype, i)] -= g;
+        int64_t l = cddp__index_at(a->labels, a->dtype, i);
+        if (l >= 0 && l < C) d[l] -= g;
         if (!a->dx16) continue;
         cddp__to_bf16_rows(a->dx16 + i * C, C, row, C, 1, C);
         if (a->colsum) cddp__add_into(a->colsum, row, C);
