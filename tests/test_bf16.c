@@ -686,6 +686,61 @@ static void test_bf16_residual_grad_half(void **state) {
     check_linear_chain(RESIDUAL_TAIL);
 }
 
+/* cddp_gelu_tanh_linear (GPT's MLP after its first layer: GELU's output made only in bf16 for the
+ * product) gives the output and every gradient the bits that cddp_gelu_tanh then cddp_linear
+ * give, in mixed precision and in float32, and hands the layer before it its gradient in bf16. */
+enum { MIN_ = 24, MHID = 40, MOUT = 16 };
+
+static void mlp_chain(cddp_ctx *c, bool fused, float *res[6]) {
+    float xv[CN * MIN_], w1[MHID * MIN_], b1[MHID], w2[MOUT * MHID], b2[MOUT], sv[CN * MOUT];
+    cddp_rng rng;
+    cddp_rng_seed(&rng, 5);
+    float *all[] = {xv, w1, b1, w2, b2, sv};
+    int len[] = {CN * MIN_, MHID * MIN_, MHID, MOUT * MHID, MOUT, CN * MOUT};
+    for (int a = 0; a < 6; a++)
+        for (int i = 0; i < len[a]; i++) all[a][i] = 2 * cddp_rng_uniform(&rng) - 1;
+    cddp_ctx_reset(c);
+    const int64_t *shapes[] = {(int64_t[]){CB, CT, MIN_}, (int64_t[]){MHID, MIN_},
+                               (int64_t[]){MHID}, (int64_t[]){MOUT, MHID}, (int64_t[]){MOUT}};
+    int ndim[] = {3, 2, 1, 2, 1};
+    cddp_tensor *t[5];
+    for (int a = 0; a < 5; a++)
+        t[a] = cddp_requires_grad(c, cddp_from_data(c, CDDP_F32, ndim[a], shapes[a], all[a]));
+    cddp_tensor *h = cddp_linear(c, t[0], t[1], t[2]);
+    cddp_tensor *y = fused ? cddp_gelu_tanh_linear(c, h, t[3], t[4])
+                           : cddp_linear(c, cddp_gelu_tanh(c, h), t[3], t[4]);
+    assert_non_null(y);
+    cddp_tensor *s = cddp_from_data(c, CDDP_F32, CDDP_SHAPE(CB, CT, MOUT), sv);
+    assert_int_equal(cddp_backward(c, cddp_sum(c, cddp_mul(c, y, s))), CDDP_OK);
+    if (fused && c == lo) assert_non_null(h->grad_half); /* the first layer's, handed over */
+    for (int a = 0; a < 6; a++) {
+        const cddp_tensor *of = a < 5 ? t[a] : y;
+        size_t bytes = (size_t)of->numel * sizeof(float);
+        res[a] = malloc(bytes);
+        assert_non_null(res[a]);
+        memcpy(res[a], a < 5 ? HOST_GRAD(of) : HOST(of), bytes);
+    }
+}
+
+static void test_bf16_gelu_linear_fused(void **state) {
+    (void)state;
+    static const char *const what[] = {"x's gradient", "w1's", "b1's", "w2's", "b2's", "output"};
+    int64_t n[6] = {CN * MIN_, MHID * MIN_, MHID, MOUT * MHID, MOUT, CN * MOUT};
+    for (int mixed = 0; mixed < 2; mixed++) {
+        float *one[6], *two[6];
+        mlp_chain(mixed ? lo : ctx, true, one);
+        mlp_chain(mixed ? lo : ctx, false, two);
+        for (int a = 0; a < 6; a++) {
+            for (int64_t i = 0; i < n[a]; i++)
+                if (memcmp(&one[a][i], &two[a][i], sizeof(float)))
+                    fail_msg("%s, %s [%lld]: %a fused, %a as two ops", mixed ? "bf16" : "float32",
+                             what[a], (long long)i, (double)one[a][i], (double)two[a][i]);
+            free(one[a]);
+            free(two[a]);
+        }
+    }
+}
+
 /* comm's 16-bit conversions (bits, by hand) against the compiler's IEEE half: every half to
  * float32, and float32 to half at every midpoint between two halves and one unit either side of
  * it (where rounding to nearest even decides), then over all float32 bit patterns in steps. */
@@ -749,6 +804,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_gelu_grad_half),
         cmocka_unit_test(test_bf16_classifier_grad_half),
         cmocka_unit_test(test_bf16_residual_grad_half),
+        cmocka_unit_test(test_bf16_gelu_linear_fused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

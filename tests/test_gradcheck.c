@@ -21,6 +21,7 @@
 enum {
     OP_MATMUL,
     OP_LINEAR,
+    OP_GELU_TANH_LINEAR,
     OP_ADD,
     OP_SUB,
     OP_MUL,
@@ -53,6 +54,7 @@ enum {
 
 static const char *op_names[OP_COUNT] = {"matmul",
                                          "linear",
+                                         "gelu_tanh_linear",
                                          "add",
                                          "sub",
                                          "mul",
@@ -206,7 +208,8 @@ static void make_case(gc_case *c, int op) {
         set_shape(c, 1, 2, c->tb ? N : K, c->tb ? K : N, 0, 0);
         break;
     }
-    case OP_LINEAR: { /* (N, in), or (B, T, in): every leading dimension a row */
+    case OP_LINEAR: /* (N, in), or (B, T, in): every leading dimension a row */
+    case OP_GELU_TANH_LINEAR: {
         int64_t N = rnd(1, 5), in = rnd(1, 6), out = rnd(1, 5);
         c->bias = rnd(0, 1);
         c->nin = c->bias ? 3 : 2;
@@ -377,6 +380,8 @@ static cddp_tensor *forward_op(gc_case *c, cddp_tensor **in) {
         return cddp_matmul(ctx, in[0], in[1], c->ta, c->tb);
     case OP_LINEAR:
         return cddp_linear(ctx, in[0], in[1], c->bias ? in[2] : NULL);
+    case OP_GELU_TANH_LINEAR:
+        return cddp_gelu_tanh_linear(ctx, in[0], in[1], c->bias ? in[2] : NULL);
     case OP_ADD:
         return cddp_add(ctx, in[0], in[1]);
     case OP_SUB:
@@ -552,6 +557,7 @@ static void check_op(int op) {
     }
 GC_TEST(matmul, OP_MATMUL)
 GC_TEST(linear, OP_LINEAR)
+GC_TEST(gelu_tanh_linear, OP_GELU_TANH_LINEAR)
 GC_TEST(add, OP_ADD)
 GC_TEST(sub, OP_SUB)
 GC_TEST(mul, OP_MUL)
@@ -596,20 +602,35 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_grad_matmul),      cmocka_unit_test(test_grad_linear),
-        cmocka_unit_test(test_grad_add),         cmocka_unit_test(test_grad_sub),
-        cmocka_unit_test(test_grad_mul),         cmocka_unit_test(test_grad_div),
-        cmocka_unit_test(test_grad_scale),       cmocka_unit_test(test_grad_relu),
-        cmocka_unit_test(test_grad_gelu),        cmocka_unit_test(test_grad_tanh),
-        cmocka_unit_test(test_grad_sigmoid),     cmocka_unit_test(test_grad_softmax),
-        cmocka_unit_test(test_grad_log_softmax), cmocka_unit_test(test_grad_cross_entropy),
-        cmocka_unit_test(test_grad_mse_loss),    cmocka_unit_test(test_grad_sum),
-        cmocka_unit_test(test_grad_mean),        cmocka_unit_test(test_grad_conv2d),
-        cmocka_unit_test(test_grad_max_pool2d),  cmocka_unit_test(test_grad_relu_max_pool2d),
-        cmocka_unit_test(test_grad_avg_pool2d),  cmocka_unit_test(test_grad_adaptive_avg_pool2d),
-        cmocka_unit_test(test_grad_dropout),     cmocka_unit_test(test_grad_reshape),
-        cmocka_unit_test(test_grad_batch_norm),  cmocka_unit_test(test_grad_embedding),
-        cmocka_unit_test(test_grad_layer_norm),  cmocka_unit_test(test_grad_gelu_tanh),
+        cmocka_unit_test(test_grad_matmul),
+        cmocka_unit_test(test_grad_linear),
+        cmocka_unit_test(test_grad_gelu_tanh_linear),
+        cmocka_unit_test(test_grad_add),
+        cmocka_unit_test(test_grad_sub),
+        cmocka_unit_test(test_grad_mul),
+        cmocka_unit_test(test_grad_div),
+        cmocka_unit_test(test_grad_scale),
+        cmocka_unit_test(test_grad_relu),
+        cmocka_unit_test(test_grad_gelu),
+        cmocka_unit_test(test_grad_tanh),
+        cmocka_unit_test(test_grad_sigmoid),
+        cmocka_unit_test(test_grad_softmax),
+        cmocka_unit_test(test_grad_log_softmax),
+        cmocka_unit_test(test_grad_cross_entropy),
+        cmocka_unit_test(test_grad_mse_loss),
+        cmocka_unit_test(test_grad_sum),
+        cmocka_unit_test(test_grad_mean),
+        cmocka_unit_test(test_grad_conv2d),
+        cmocka_unit_test(test_grad_max_pool2d),
+        cmocka_unit_test(test_grad_relu_max_pool2d),
+        cmocka_unit_test(test_grad_avg_pool2d),
+        cmocka_unit_test(test_grad_adaptive_avg_pool2d),
+        cmocka_unit_test(test_grad_dropout),
+        cmocka_unit_test(test_grad_reshape),
+        cmocka_unit_test(test_grad_batch_norm),
+        cmocka_unit_test(test_grad_embedding),
+        cmocka_unit_test(test_grad_layer_norm),
+        cmocka_unit_test(test_grad_gelu_tanh),
         cmocka_unit_test(test_grad_attention),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

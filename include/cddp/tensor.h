@@ -388,6 +388,12 @@ CDDP_API cddp_tensor *cddp_layer_norm(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor
 /* GELU with the tanh approximation (PyTorch's approximate="tanh", GPT-2's):
  * x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
 CDDP_API cddp_tensor *cddp_gelu_tanh(cddp_ctx *ctx, cddp_tensor *x);
+/* cddp_linear(ctx, cddp_gelu_tanh(ctx, x), w, b) as one op, the same numbers (a transformer's MLP
+ * after its first layer): in mixed precision on a device whose products take bf16 operands, GELU's
+ * output is made only rounded to bf16 for the product, never in float32, which nothing else would
+ * read (GPT-2's MLP: 16,384 x 3,072 floats a layer written and kept); otherwise the two ops. */
+CDDP_API cddp_tensor *cddp_gelu_tanh_linear(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w,
+                                            cddp_tensor *b);
 /* Causal self-attention, fused: qkv (B, T, 3C) holds each position's query, key and value side
  * by side (nanoGPT's c_attn output), C split into n_head heads of C / n_head. Per head,
  * softmax(q k^T / sqrt(C / n_head)) with every position's future masked, times v; the heads side

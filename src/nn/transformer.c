@@ -47,8 +47,12 @@ static cddp_tensor *attention_forward(cddp_module *self, cddp_ctx *ctx, cddp_ten
 static const cddp_module_type attention_type = {"CausalSelfAttention", NULL, attention_forward,
                                                 free};
 
+/* c_proj's product takes GELU's output as one op (cddp_gelu_tanh_linear: in mixed precision GELU's
+ * output is made only in bf16, for the product) */
 static cddp_tensor *mlp_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
-    return run(self, 1, ctx, cddp_gelu_tanh(ctx, run(self, 0, ctx, x)));
+    cddp_module *proj = child(self, 1);
+    return cddp_gelu_tanh_linear(ctx, run(self, 0, ctx, x), cddp_module_get_param(proj, 0),
+                                 proj->nparams > 1 ? cddp_module_get_param(proj, 1) : NULL);
 }
 
 static const cddp_module_type mlp_type = {"MLP", NULL, mlp_forward, NULL};

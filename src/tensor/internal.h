@@ -150,6 +150,26 @@ bool cddp__conv2d_takes_grad_half(cddp_ctx *ctx, const cddp__node *made);
 bool cddp__linear_takes_grad_half(cddp_ctx *ctx, const cddp__node *made);
 /* The gradient buffer of the linear node made's bias, where it has one that wants it; else NULL. */
 float *cddp__linear_bias_grad(cddp_ctx *ctx, const cddp__node *made);
+/* ops/linear.c, for the ops built on linear's products (cddp_gelu_tanh_linear): linear's argument
+ * checks, naming op (aborts), the output's shape into shape (CDDP_MAX_DIMS) and the device of the
+ * inputs (CDDP__ON); whether d's
+ * products in ctx take bf16 operands (mixed precision, a gemm that takes them); y = x16 W^T + b in
+ * bf16 recorded as node op of inputs x, w, b with x16 and W rounded kept (x16 NULL: x's x->half,
+ * or x rounded here); for such a node's backward, its output's gradient as the products read it
+ * (NULL: out of memory, latched), then dx = dy W (stored when assign, else added; dx NULL: none)
+ * and W's gradient dW += dy^T x16. */
+cddp__cdev *cddp__linear_on(cddp_ctx *ctx, const char *op, cddp_tensor *x, cddp_tensor *w,
+                            cddp_tensor *b, int64_t *shape);
+bool cddp__takes_bf16(cddp_ctx *ctx, cddp__cdev *d);
+cddp_tensor *cddp__linear_bf16(cddp_ctx *ctx, cddp__cdev *d, cddp__op op, cddp_tensor *x,
+                               uint16_t *x16, cddp_tensor *w, cddp_tensor *b, cddp_tensor *y);
+const uint16_t *cddp__linear_grad_rounded(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n);
+void cddp__linear_products_backward(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n, const uint16_t *dy,
+                                    float *dx, bool assign);
+/* Whether op is a linear layer's product: linear, or GELU then linear (cddp_gelu_tanh_linear). */
+static inline bool cddp__op_is_linear(cddp__op op) {
+    return op == CDDP_OP_LINEAR || op == CDDP_OP_GELU_TANH_LINEAR;
+}
 /* Zeroes bytes of d's memory at p, in queue order; false (the failure latched) when it cannot. */
 bool cddp__dzero(cddp__cdev *d, void *p, size_t bytes);
 /* Device memory d keeps for the context outside the arena (at least bytes, grown as needed), for
@@ -195,6 +215,11 @@ float *cddp__input_grad_assign(cddp_ctx *ctx, cddp__node *n, bool *assign);
 /* After its node's backward: t's gradient released for the step's next ones (t->grad NULL),
  * unless t is a parameter, a leaf or retains it (cddp_retain_grad). */
 void cddp__release_grad(cddp_ctx *ctx, cddp_tensor *t);
+/* tape.c: gradient memory of numel floats (uninitialised) for a value inside one op's backward (a
+ * fused op's intermediate), from the released gradients as cddp_grad_buffer's, and given back to
+ * them; NULL (the failure latched) when out of memory. */
+float *cddp__grad_scratch(cddp__cdev *d, int64_t numel);
+void cddp__grad_scratch_release(cddp__cdev *d, float *p, int64_t numel);
 
 /* ---- ops/dispatch.c: each op's backward (cddp__name_backward, from the list) ------------- */
 

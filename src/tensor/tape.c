@@ -61,8 +61,8 @@ void cddp__release_grad(cddp_ctx *ctx, cddp_tensor *t) {
 }
 
 /* Gradient memory for t on d: a released buffer that fits, else the arena's; zeroed when zero. */
-static float *grad_memory(cddp__cdev *d, const cddp_tensor *t, bool zero) {
-    size_t bytes = (size_t)t->numel * sizeof(float);
+static float *grad_memory(cddp__cdev *d, int64_t numel, bool zero) {
+    size_t bytes = (size_t)numel * sizeof(float);
     int best = -1;
     for (int i = 0; i < d->nspare; i++)
         if (d->spare[i].bytes >= bytes && (best < 0 || d->spare[i].bytes < d->spare[best].bytes))
@@ -73,10 +73,19 @@ static float *grad_memory(cddp__cdev *d, const cddp_tensor *t, bool zero) {
     return zero && !cddp__dzero(d, p, bytes) ? NULL : p;
 }
 
+float *cddp__grad_scratch(cddp__cdev *d, int64_t numel) {
+    return grad_memory(d, numel, false);
+}
+
+void cddp__grad_scratch_release(cddp__cdev *d, float *p, int64_t numel) {
+    if (p && d->nspare < CDDP__SPARE_GRADS)
+        d->spare[d->nspare++] = (cddp__spare){p, (size_t)numel * sizeof(float)};
+}
+
 float *cddp_grad_buffer(cddp_ctx *ctx, cddp_tensor *t) {
     if (t->grad) return t->grad;
     cddp__cdev *d = cddp__ctx_dev(ctx, t->device);
-    if (d) t->grad = grad_memory(d, t, true);
+    if (d) t->grad = grad_memory(d, t->numel, true);
     return t->grad;
 }
 
@@ -84,7 +93,7 @@ float *cddp_grad_buffer_assign(cddp_ctx *ctx, cddp_tensor *t, bool *assign) {
     *assign = t->grad == NULL;
     if (!*assign) return t->grad;
     cddp__cdev *d = cddp__ctx_dev(ctx, t->device);
-    if (d) t->grad = grad_memory(d, t, false);
+    if (d) t->grad = grad_memory(d, t->numel, false);
     return t->grad;
 }
 

@@ -274,6 +274,10 @@ static cddp_tensor *f_gelu_tanh(cddp_ctx *c, cddp_tensor **x, const void *a) {
     (void)a;
     return cddp_gelu_tanh(c, x[0]);
 }
+static cddp_tensor *f_gelu_linear(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_gelu_tanh_linear(c, x[0], x[1], x[2]);
+}
 static cddp_tensor *f_attention(cddp_ctx *c, cddp_tensor **x, const void *a) {
     (void)a;
     return cddp_attention(c, x[0], 2);
@@ -318,6 +322,13 @@ static cddp_tensor *f_mlp_block(cddp_ctx *c, cddp_tensor **x, const void *a) {
     (void)a;
     cddp_tensor *h = cddp_layer_norm(c, x[0], NULL, NULL, 1e-5f);
     return cddp_linear(c, cddp_gelu_tanh(c, cddp_linear(c, h, x[1], x[2])), x[3], NULL);
+}
+/* The same through cddp_gelu_tanh_linear: in bf16 GELU's output made only rounded (gelu_tanh
+ * without y), its backward from the product's into the first linear's gradient in bf16. */
+static cddp_tensor *f_mlp_fused(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    cddp_tensor *h = cddp_layer_norm(c, x[0], NULL, NULL, 1e-5f);
+    return cddp_gelu_tanh_linear(c, cddp_linear(c, h, x[1], x[2]), x[3], NULL);
 }
 /* Attention's half: layer_norm, the qkv projection (x[1]), attention in 2 heads, the output
  * projection (x[2]) of its bf16 copy. */
@@ -410,6 +421,9 @@ static void op_cases(void) {
     check("add_positions", f_add_bcast, NULL, 2,
           (input[]){IN(-1, 1, true, 4, 9, 16), IN(-1, 1, true, 9, 16)});
     check("gelu_tanh", f_gelu_tanh, NULL, 1, (input[]){IN(-3, 3, true, 4099)});
+    check("gelu_tanh_linear", f_gelu_linear, NULL, 3,
+          (input[]){IN(-3, 3, true, 5, 7, 48), IN(-0.2f, 0.2f, true, 24, 48),
+                    IN(-0.1f, 0.1f, true, 24)});
     check("attention", f_attention, NULL, 1, (input[]){IN(-1, 1, true, 2, 16, 3 * 32)});
     check("attention_T67_HS64", f_attention, NULL, 1, (input[]){IN(-1, 1, true, 3, 67, 3 * 128)});
     check("attention_cached", f_attention_cached, NULL, 2,
@@ -431,6 +445,9 @@ static void bf16_cases(void) {
           (input[]){IN(-1, 1, true, 64, 784), IN(-0.05f, 0.05f, true, 512, 784),
                     IN(-0.05f, 0.05f, true, 512)});
     check("bf16_mlp_block", f_mlp_block, NULL, 4,
+          (input[]){IN(-2, 2, true, 2, 33, 64), IN(-0.2f, 0.2f, true, 256, 64),
+                    IN(-0.1f, 0.1f, true, 256), IN(-0.1f, 0.1f, true, 64, 256)});
+    check("bf16_mlp_fused", f_mlp_fused, NULL, 4,
           (input[]){IN(-2, 2, true, 2, 33, 64), IN(-0.2f, 0.2f, true, 256, 64),
                     IN(-0.1f, 0.1f, true, 256), IN(-0.1f, 0.1f, true, 64, 256)});
     check("bf16_attention_block", f_attention_block, NULL, 3,

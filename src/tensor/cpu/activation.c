@@ -83,14 +83,18 @@ void cddp__cpu_softmax_grad(cddp__kq *q, const cddp__k_softmax_grad *a) {
     }
 }
 
-/* With y16, 4096 values at a time, each block rounded while it is in cache. */
+/* With y16, 4096 values at a time, each block rounded while it is in cache (without y, made in
+ * scratch). */
 void cddp__cpu_gelu_tanh(cddp__kq *q, const cddp__k_gelu_tanh *a) {
-    (void)q;
-    int64_t step = a->y16 ? 4096 : a->n;
+    enum { STEP = 4096 };
+    int64_t step = a->y16 ? STEP : a->n;
+    float *tmp = a->y ? NULL : cddp__kq_scratch(q, STEP * sizeof(float));
+    if (!a->y && !tmp) return;
     for (int64_t i = 0; i < a->n; i += step) {
         int64_t n = a->n - i < step ? a->n - i : step;
-        cddp__gelu_tanh_rows(a->x + i, a->y + i, n);
-        if (a->y16) cddp__to_bf16_rows(a->y16 + i, n, a->y + i, n, 1, n);
+        float *y = a->y ? a->y + i : tmp;
+        cddp__gelu_tanh_rows(a->x + i, y, n);
+        if (a->y16) cddp__to_bf16_rows(a->y16 + i, n, y, n, 1, n);
     }
 }
 

@@ -696,12 +696,12 @@ __global__ void binary_grad_k(cddp__binop op, cddp__bcast bc, bool of_b, const f
 constexpr float GELU_K = 0.7978845608028654f; /* sqrt(2 / pi) */
 constexpr float GELU_C = 0.044715f;
 
-/* y = GELU(x) (tanh form), and y16 rounded (when not NULL) */
+/* y = GELU(x) (tanh form) where y is not NULL, and y16 rounded where it is not */
 __global__ void gelu_tanh_k(const float *x, float *y, int64_t n, uint16_t *y16) {
     FOR_EACH(i, n) {
-        float v = x[i], th = tanhf(GELU_K * (v + GELU_C * v * v * v));
-        y[i] = 0.5f * v * (1.0f + th);
-        if (y16) y16[i] = bf16_of(y[i]);
+        float v = x[i], th = tanhf(GELU_K * (v + GELU_C * v * v * v)), r = 0.5f * v * (1.0f + th);
+        if (y) y[i] = r;
+        if (y16) y16[i] = bf16_of(r);
     }
 }
 

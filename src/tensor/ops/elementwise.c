@@ -102,7 +102,7 @@ static bool same_shape_add_backward(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n)
         /* a linear layer in bf16 made t just before (a block's output projection): t's gradient
          * rounded as that layer's backward would round it, its bias's gradient on the way */
         cddp__node *made = NULL;
-        uint16_t *half = t->node && t->node->op == CDDP_OP_LINEAR
+        uint16_t *half = t->node && cddp__op_is_linear(t->node->op)
                              ? cddp__input_grad_half(ctx, n, k, &made)
                              : NULL;
         if (half) {

@@ -7,9 +7,9 @@
 #include "tensor/internal.h"
 
 bool cddp__takes_grad_half(cddp_ctx *ctx, const cddp__node *made) {
-    return made->op == CDDP_OP_CONV2D   ? cddp__conv2d_takes_grad_half(ctx, made)
-           : made->op == CDDP_OP_LINEAR ? cddp__linear_takes_grad_half(ctx, made)
-                                        : false;
+    return made->op == CDDP_OP_CONV2D     ? cddp__conv2d_takes_grad_half(ctx, made)
+           : cddp__op_is_linear(made->op) ? cddp__linear_takes_grad_half(ctx, made)
+                                          : false;
 }
 
 /* Whether x's gradient is still to be made, by one op, and kept by nobody: no parameter, no

@@ -103,29 +103,31 @@ static uint16_t *rounded(cddp__cdev *d, const float *x, int64_t rows, int64_t co
 }
 
 /* Whether d's products in ctx take bf16 operands (mixed precision, and a gemm that takes them). */
-static bool takes_bf16(cddp_ctx *ctx, cddp__cdev *d) {
+bool cddp__takes_bf16(cddp_ctx *ctx, cddp__cdev *d) {
     return ctx->compute == CDDP_BF16 && d->q.dev->k->gemm_takes_bf16();
 }
 
 uint16_t *cddp__half_for(cddp_ctx *ctx, cddp__cdev *d, cddp_tensor *out) {
-    if (!out || !takes_bf16(ctx, d)) return NULL;
+    if (!out || !cddp__takes_bf16(ctx, d)) return NULL;
     return out->half = cddp__dalloc(d, (size_t)out->numel * sizeof(uint16_t));
 }
 
-static cddp_tensor *linear_bf16(cddp_ctx *ctx, cddp__cdev *d, cddp_tensor *x, cddp_tensor *w,
-                                cddp_tensor *b, cddp_tensor *y) {
+/* y = x W^T + b in bf16, recorded as op (LINEAR, or GELU_TANH_LINEAR, whose x16 is GELU's output
+ * rounded: then x is GELU's input) with x16 and W rounded kept for the backward; x16 NULL: x's
+ * rounded copy where its op made one (x->half), else rounded here. */
+cddp_tensor *cddp__linear_bf16(cddp_ctx *ctx, cddp__cdev *d, cddp__op op, cddp_tensor *x,
+                               uint16_t *x16, cddp_tensor *w, cddp_tensor *b, cddp_tensor *y) {
     int64_t in = w->shape[1], N = x->numel / in, outf = w->shape[0];
     if (!cddp__computes(ctx, d)) return NULL;
     linear_saved *sv = cddp__ctx_alloc(ctx, sizeof *sv);
-    uint16_t *x16 = !sv ? NULL : x->half ? x->half : rounded(d, x->data, N, in, NULL, false);
-    uint16_t *w16 = x16 ? rounded(d, w->data, outf, in, NULL, false) : NULL;
+    if (sv && !x16) x16 = x->half ? x->half : rounded(d, x->data, N, in, NULL, false);
+    uint16_t *w16 = sv && x16 ? rounded(d, w->data, outf, in, NULL, false) : NULL;
     if (!w16) return NULL;
     CDDP__K(&d->q, gemm, .ta = false, .tb = true, .M = N, .N = outf, .K = in, .alpha = 1.0f,
             .lda = in, .ldb = in, .beta = 0.0f, .C = y->data, .ldc = outf, .compute = CDDP_BF16,
             .A16 = x16, .B16 = w16, .bias = b ? b->data : NULL);
     cddp__node *n;
-    if (!cddp__record_op(ctx, CDDP_OP_LINEAR, y, b ? 3 : 2, (cddp_tensor *[]){x, w, b}, &n))
-        return NULL;
+    if (!cddp__record_op(ctx, op, y, b ? 3 : 2, (cddp_tensor *[]){x, w, b}, &n)) return NULL;
     if (n) {
         *sv = (linear_saved){x16, w16};
         n->saved = sv;
@@ -137,7 +139,7 @@ static cddp_tensor *linear_bf16(cddp_ctx *ctx, cddp__cdev *d, cddp_tensor *x, cd
  * over rounded (grad_half: GELU's backward), with its column sums added to the bias's. */
 bool cddp__linear_takes_grad_half(cddp_ctx *ctx, const cddp__node *made) {
     cddp__cdev *d = cddp__node_dev(ctx, made);
-    return made->saved && made->out->numel > 0 && d && takes_bf16(ctx, d);
+    return made->saved && made->out->numel > 0 && d && cddp__takes_bf16(ctx, d);
 }
 
 float *cddp__linear_bias_grad(cddp_ctx *ctx, const cddp__node *made) {
@@ -145,26 +147,29 @@ float *cddp__linear_bias_grad(cddp_ctx *ctx, const cddp__node *made) {
     return b && b->requires_grad ? cddp_grad_buffer(ctx, b) : NULL;
 }
 
-static void linear_bf16_backward(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n) {
+/* The output's gradient as the backward's products read it: rounded by the op after (grad_half,
+ * its column sums in the bias's gradient already), or rounded here with them; NULL (the failure
+ * latched) when out of memory. */
+const uint16_t *cddp__linear_grad_rounded(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n) {
+    cddp_tensor *b = n->nin > 2 ? n->in[2] : NULL;
+    int64_t outf = n->in[1]->shape[0], N = n->out->numel / outf;
+    if (n->out->grad_half) return n->out->grad_half;
+    float *gb = b && b->requires_grad ? cddp_grad_buffer(ctx, b) : NULL;
+    if (b && b->requires_grad && !gb) return NULL;
+    return rounded(d, n->out->grad, N, outf, gb, true);
+}
+
+/* dx (stored when assign, else added) = dy W, and W's gradient dW += dy^T x16, in bf16 */
+void cddp__linear_products_backward(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n, const uint16_t *dy,
+                                    float *dx, bool assign) {
     const linear_saved *sv = n->saved;
-    cddp_tensor *x = n->in[0], *W = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
-    int64_t in = W->shape[1], N = x->numel / in, outf = W->shape[0];
-    const uint16_t *dy = n->out->grad_half; /* rounded, its column sums in b's gradient already */
-    if (!dy) {
-        float *gb = b && b->requires_grad ? cddp_grad_buffer(ctx, b) : NULL;
-        if (b && b->requires_grad && !gb) return;
-        dy = rounded(d, n->out->grad, N, outf, gb, true);
-    }
-    if (!dy) return;
-    if (x->requires_grad) { /* dx = dy W */
-        bool assign;
-        float *gx = cddp_grad_buffer_assign(ctx, x, &assign);
-        if (!gx) return;
+    cddp_tensor *W = n->in[1];
+    int64_t in = W->shape[1], N = n->out->numel / W->shape[0], outf = W->shape[0];
+    if (dx)
         CDDP__K(&d->q, gemm, .M = N, .N = in, .K = outf, .alpha = 1.0f, .lda = outf, .ldb = in,
-                .beta = assign ? 0.0f : 1.0f, .C = gx, .ldc = in, .compute = CDDP_BF16, .A16 = dy,
+                .beta = assign ? 0.0f : 1.0f, .C = dx, .ldc = in, .compute = CDDP_BF16, .A16 = dy,
                 .B16 = sv->w);
-    }
-    if (W->requires_grad) { /* dW += dy^T x */
+    if (W->requires_grad) {
         float *gw = cddp_grad_buffer(ctx, W);
         if (!gw) return;
         CDDP__K(&d->q, gemm, .ta = true, .M = outf, .N = in, .K = N, .alpha = 1.0f, .lda = outf,
@@ -173,26 +178,39 @@ static void linear_bf16_backward(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n) {
     }
 }
 
+static void linear_bf16_backward(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n) {
+    cddp_tensor *x = n->in[0];
+    const uint16_t *dy = cddp__linear_grad_rounded(ctx, d, n);
+    bool assign = false;
+    float *gx = dy && x->requires_grad ? cddp_grad_buffer_assign(ctx, x, &assign) : NULL;
+    if (dy && (gx || !x->requires_grad)) cddp__linear_products_backward(ctx, d, n, dy, gx, assign);
+}
+
 /* ---- linear ------------------------------------------------------------------------------- */
+
+cddp__cdev *cddp__linear_on(cddp_ctx *ctx, const char *op, cddp_tensor *x, cddp_tensor *w,
+                            cddp_tensor *b, int64_t *shape) {
+    cddp__need_f32(op, x);
+    cddp__need_f32(op, w);
+    CDDP_CHECK(x->ndim >= 1 && w->ndim == 2 && x->shape[x->ndim - 1] == w->shape[1],
+               "%s: input %s does not fit weight %s (want (...,in) and (out,in))", op,
+               CDDP__SHAPE(x), CDDP__SHAPE(w));
+    if (b)
+        CDDP_CHECK(b->ndim == 1 && b->shape[0] == w->shape[0], "%s: bias %s for weight %s", op,
+                   CDDP__SHAPE(b), CDDP__SHAPE(w));
+    memcpy(shape, x->shape, sizeof(int64_t) * CDDP_MAX_DIMS);
+    shape[x->ndim - 1] = w->shape[0];
+    return CDDP__ON(ctx, op, x, w, b);
+}
 
 cddp_tensor *cddp_linear(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_tensor *b) {
     if (CDDP__FAILED(ctx) || !x || !w) return NULL;
-    cddp__need_f32("linear", x);
-    cddp__need_f32("linear", w);
-    CDDP_CHECK(x->ndim >= 1 && w->ndim == 2 && x->shape[x->ndim - 1] == w->shape[1],
-               "linear: input %s does not fit weight %s (want (...,in) and (out,in))",
-               CDDP__SHAPE(x), CDDP__SHAPE(w));
-    int64_t in = w->shape[1], N = in ? x->numel / in : 0, outf = w->shape[0];
-    if (b)
-        CDDP_CHECK(b->ndim == 1 && b->shape[0] == outf, "linear: bias %s for weight %s",
-                   CDDP__SHAPE(b), CDDP__SHAPE(w));
-    int64_t shape[CDDP_MAX_DIMS];
-    memcpy(shape, x->shape, sizeof shape);
-    shape[x->ndim - 1] = outf;
-    cddp__cdev *d = CDDP__ON(ctx, "linear", x, w, b);
+    int64_t shape[CDDP_MAX_DIMS], in = w->shape[1], N = in ? x->numel / in : 0, outf = w->shape[0];
+    cddp__cdev *d = cddp__linear_on(ctx, "linear", x, w, b, shape);
     cddp_tensor *y = cddp__empty(d, CDDP_F32, x->ndim, shape);
     if (!y) return NULL;
-    if (N && in && outf && takes_bf16(ctx, d)) return linear_bf16(ctx, d, x, w, b, y);
+    if (N && in && outf && cddp__takes_bf16(ctx, d))
+        return cddp__linear_bf16(ctx, d, CDDP_OP_LINEAR, x, NULL, w, b, y);
     /* the bias added to the product's rows while they are still in cache, not copied into y
      * first for the GEMM to read back (the GPT, one rank, 4 interleaved rounds: 20.1-20.5k ->
      * 20.8-21.3k tokens/s, its forward 14.3-14.6 -> 13.1-13.5 ms; the MLP and the CNN level) */

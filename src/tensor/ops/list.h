@@ -15,6 +15,7 @@
     X(TO_DEVICE, to_device) /* device.c */                                                         \
     X(MATMUL, matmul)       /* linear.c */                                                         \
     X(LINEAR, linear)                                                                              \
+    X(GELU_TANH_LINEAR, gelu_tanh_linear)                                                          \
     X(ADD, add) /* elementwise.c */                                                                \
     X(SUB, sub)                                                                                    \
     X(MUL, mul)                                                                                    \

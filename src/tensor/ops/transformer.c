@@ -126,6 +126,50 @@ void cddp__gelu_tanh_backward(cddp_ctx *ctx, cddp__node *n) {
             .assign = assign, .dx16 = dx16, .colsum = colsum, .cols = x->shape[x->ndim - 1]);
 }
 
+/* ---- GELU, then linear ------------------------------------------------------------------- */
+
+/* In mixed precision one node: GELU's output is made only rounded, for the product (its float32
+ * values, which nothing else reads, are never written: GPT-2's MLP, 16,384 x 3,072 floats a
+ * layer), and kept for the weight's gradient as linear keeps its input's rounding. Otherwise the
+ * two ops. The numbers are those of cddp_gelu_tanh then cddp_linear. */
+cddp_tensor *cddp_gelu_tanh_linear(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_tensor *b) {
+    if (CDDP__FAILED(ctx) || !x || !w) return NULL;
+    int64_t shape[CDDP_MAX_DIMS], in = w->shape[1], N = in ? x->numel / in : 0, outf = w->shape[0];
+    cddp__cdev *d = cddp__linear_on(ctx, "gelu_tanh_linear", x, w, b, shape);
+    if (!d) return NULL;
+    if (!(N && in && outf && cddp__takes_bf16(ctx, d)))
+        return cddp_linear(ctx, cddp_gelu_tanh(ctx, x), w, b);
+    cddp_tensor *y = cddp__empty(d, CDDP_F32, x->ndim, shape);
+    uint16_t *g16 = y ? cddp__dalloc(d, (size_t)x->numel * sizeof(uint16_t)) : NULL;
+    if (!g16) return NULL;
+    CDDP__K(&d->q, gelu_tanh, .x = x->data, .y = NULL, .n = x->numel, .y16 = g16);
+    return cddp__linear_bf16(ctx, d, CDDP_OP_GELU_TANH_LINEAR, x, g16, w, b, y);
+}
+
+/* The product's backward into GELU's output's gradient (memory of the step's released
+ * gradients, given back after), then GELU's backward from it: to x's gradient, or, for the
+ * linear layer in bf16 that made x, rounded with its bias's column sums (cddp__input_grad_half),
+ * as the two ops' backward would. */
+void cddp__gelu_tanh_linear_backward(cddp_ctx *ctx, cddp__node *n) {
+    cddp__cdev *d = cddp__node_dev(ctx, n);
+    cddp_tensor *x = n->in[0];
+    const uint16_t *dy = d ? cddp__linear_grad_rounded(ctx, d, n) : NULL;
+    if (!dy) return;
+    float *dg = x->requires_grad ? cddp__grad_scratch(d, x->numel) : NULL;
+    if (x->requires_grad && !dg) return;
+    cddp__linear_products_backward(ctx, d, n, dy, dg, true);
+    if (!dg) return;
+    bool assign = true;
+    cddp__node *made = NULL;
+    uint16_t *dx16 = cddp__input_grad_half(ctx, n, 0, &made);
+    float *dx = dx16 ? NULL : cddp__input_grad_assign(ctx, n, &assign);
+    float *colsum = dx16 ? cddp__linear_bias_grad(ctx, made) : NULL;
+    if ((dx || dx16) && !CDDP__FAILED(ctx))
+        CDDP__K(&d->q, gelu_tanh_grad, .x = x->data, .dy = dg, .dx = dx, .n = x->numel,
+                .assign = assign, .dx16 = dx16, .colsum = colsum, .cols = x->shape[x->ndim - 1]);
+    cddp__grad_scratch_release(d, dg, x->numel);
+}
+
 /* ---- causal self-attention --------------------------------------------------------------- */
 
 /* The op's arguments, kept for backward: the heads, and the attention weights P (B, NH, T, T)
