@@ -141,6 +141,9 @@ uint16_t *cddp__half_for(cddp_ctx *ctx, cddp__cdev *d, cddp_tensor *out);
  * node that made the tensor whose gradient it is. The numbers are those of the float32 gradient
  * rounded by the products (to nearest even), with a pass less over it. */
 uint16_t *cddp__input_grad_half(cddp_ctx *ctx, cddp__node *n, int k, cddp__node **made);
+/* grad_half.c: whether x's gradient is still to be made, by one op, and kept by nobody: x wants
+ * one, is no parameter, keeps no gradient, has no hook, and nothing of it is made yet. */
+bool cddp__gradient_free(const cddp_tensor *x);
 /* grad_half.c: whether node made's backward reads its output's gradient in bf16: a convolution in
  * mixed precision on a device whose conv2d_grad takes dy16 (ops/conv.c), a linear layer whose
  * products take bf16 operands (ops/linear.c: its bias's gradient, the column sums of the output's,

@@ -12,9 +12,7 @@ bool cddp__takes_grad_half(cddp_ctx *ctx, const cddp__node *made) {
                                           : false;
 }
 
-/* Whether x's gradient is still to be made, by one op, and kept by nobody: no parameter, no
- * retained gradient, no hook, nothing of it made yet. */
-static bool gradient_free(const cddp_tensor *x) {
+bool cddp__gradient_free(const cddp_tensor *x) {
     return x->requires_grad && !x->is_param && !x->retain_grad && !x->ready_hook && !x->grad &&
            !x->grad_half;
 }
@@ -31,11 +29,12 @@ uint16_t *cddp__input_grad_half(cddp_ctx *ctx, cddp__node *n, int k, cddp__node 
     /* Through views made just before: a reshape's backward would only pass the gradient on (it
      * is then not run: its output gets no gradient). */
     cddp__node *at = n;
-    while (gradient_free(x) && !other_input(n, k, x) && x->node && x->node == at->prev &&
+    while (cddp__gradient_free(x) && !other_input(n, k, x) && x->node && x->node == at->prev &&
            x->node->op == CDDP_OP_RESHAPE)
         x = (at = x->node)->in[0];
-    if (!gradient_free(x) || other_input(n, k, x) /* a second part of x's gradient from n */ ||
-        !x->node || x->node != at->prev || !cddp__takes_grad_half(ctx, x->node))
+    if (!cddp__gradient_free(x) ||
+        other_input(n, k, x) /* a second part of x's gradient from n */ || !x->node ||
+        x->node != at->prev || !cddp__takes_grad_half(ctx, x->node))
         return NULL;
     cddp__cdev *d = cddp__node_dev(ctx, x->node);
     if (made) *made = x->node;

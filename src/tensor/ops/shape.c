@@ -53,8 +53,7 @@ cddp_tensor *cddp_flatten(cddp_ctx *ctx, cddp_tensor *x) {
  * (the GPT's classifier in float32: 16,384 x 50,304 floats a step for GPT-2, read and written). */
 void cddp__reshape_backward(cddp_ctx *ctx, cddp__node *n) {
     cddp_tensor *x = n->in[0], *out = n->out;
-    if (x->requires_grad && !x->grad && !x->grad_half && !x->is_param && !x->retain_grad &&
-        !x->ready_hook && out->grad && !out->retain_grad) {
+    if (cddp__gradient_free(x) && out->grad && !out->retain_grad) {
         x->grad = out->grad;
         out->grad = NULL;
         return;
