@@ -466,12 +466,16 @@ static void bf16_cases(void) {
     check("bf16_classifier_257", f_classifier, &odd, 2,
           (input[]){IN(-1, 1, true, 2, 33, 64), IN(-0.2f, 0.2f, true, 257, 64)});
     /* attention by rows where the device has it (the CUDA device's flash kernels: heads of 64 and
-     * 32), over several blocks of 64 queries and keys, the last one partial; peaked weights
+     * 32), over several blocks of 64 queries and keys (the next block's tiles loaded while one's
+     * are multiplied), the last one partial; peaked weights
      * (scores of a few units: each row's running maximum moves from block to block) */
     check("bf16_attention_T200_HS64", f_attention, NULL, 1,
           (input[]){IN(-1, 1, true, 2, 200, 3 * 128)});
     check("bf16_attention_T130_HS32", f_attention, NULL, 1,
           (input[]){IN(-1, 1, true, 3, 130, 3 * 64)});
+    /* one partial block: only the diagonal, most of its rows past T */
+    check("bf16_attention_T40_HS64", f_attention, NULL, 1,
+          (input[]){IN(-1, 1, true, 3, 40, 3 * 128)});
     check("bf16_attention_peaked", f_attention, NULL, 1,
           (input[]){IN(-3, 3, true, 2, 256, 3 * 128)});
     bound = BOUND;

@@ -2,13 +2,17 @@
  * tensor/kernels.h; the CPU's reference is src/tensor/cpu/attn_rows.c), in bf16 on the tensor
  * cores, for heads of 32 or 64.
  *
- * A block of 4 warps takes 64 queries (or 64 keys) of one head, each warp 16 rows of them. Tiles
- * of q, k, v and the output's gradient are read from float32 memory and rounded to bf16 into
- * shared memory; every product is the tensor cores' mma.sync m16n8k16 (bf16 operands, float32
- * sums), its operands loaded from those tiles by ldmatrix. A warp's scores, weights and their
- * gradients stay in its registers: the float32 accumulators of one product, rounded in pairs,
- * are the operands of the next (the layouts of the PTX ISA's m16n8k16: a thread holds rows g and
- * g + 8, g its lane / 4, columns 2 (lane % 4) and the one after, of each 8 columns).
+ * A block of 4 warps takes 64 queries (or 64 keys) of one head, each warp 16 rows of them. The
+ * float32 q, k, v and the output's gradient are first rounded to bf16 (round_k, into the step's
+ * scratch: the tiles' values, which every product took rounded anyway); the kernels then copy
+ * tiles of them into shared memory with cp.async, two stages deep, so that the next block's
+ * tiles come while this one's are multiplied. Every product is the tensor cores' mma.sync
+ * m16n8k16 (bf16 operands, float32 sums), its operands loaded from the tiles by ldmatrix. A
+ * warp's scores, weights and their gradients stay in its registers: the float32 accumulators of
+ * one product, rounded in pairs, are the operands of the next (the layouts of the PTX ISA's
+ * m16n8k16: a thread holds rows g and g + 8, g its lane / 4, columns 2 (lane % 4) and the one
+ * after, of each 8 columns). Only the diagonal block is masked: below it every key comes before
+ * every query.
  *
  *   forward   per key block: S = q k^T, the online softmax (each row's running maximum m and sum
  *             l, the output's rows rescaled when m grows), O += P v with P the unnormalised
@@ -169,61 +173,91 @@ __device__ void put_rows(float *dst, int64_t ld, const float (&acc)[D / 8][4], i
     }
 }
 
-/* Rows row0.. of N heads' (T, D) slices (src[t], rows ld[t] floats apart, 16-byte aligned)
- * rounded into bf16 tiles dst[t] (rows D + 8 apart); rows past T are zeros. Every load is issued
- * before the first is used (16 bytes each): one trip to memory per call, not one per element. */
-template <int D, int N>
-__device__ void load_tiles(bf16 *const (&dst)[N], const float *const (&src)[N],
-                           const int64_t (&ld)[N], int64_t row0, int64_t T) {
-    constexpr int PER = ROWS * D / 4 / THREADS; /* float4s of a tile per thread */
-    float4 v[N][PER];
+/* cp.async: 16 bytes from global to shared memory, of which `bytes` (16, or 0: zeros) are read;
+ * a group of them committed, and a wait until all but the last n groups have landed. */
+__device__ void copy16(bf16 *dst, const bf16 *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ void commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ void wait_landed() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Rows row0.. of a head's (T, D) bf16 slice (rows ld apart) into a tile (rows D + 8 apart), by
+ * cp.async (nothing waits here); rows past T are zeros. */
+template <int D>
+__device__ void copy_tile(bf16 *tile, const bf16 *src, int64_t ld, int64_t row0, int64_t T) {
+    constexpr int CH = D / 8, PER = ROWS * CH / THREADS; /* 16-byte pieces: of a row, a thread's */
 #pragma unroll
-    for (int t = 0; t < N; t++)
-#pragma unroll
-        for (int k = 0; k < PER; k++) {
-            int i = threadIdx.x + k * THREADS, r = i / (D / 4), c = i % (D / 4) * 4;
-            v[t][k] = row0 + r < T ? *(const float4 *)(src[t] + (row0 + r) * ld[t] + c)
-                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-    for (int t = 0; t < N; t++)
-#pragma unroll
-        for (int k = 0; k < PER; k++) {
-            int i = threadIdx.x + k * THREADS, r = i / (D / 4), c = i % (D / 4) * 4;
-            __nv_bfloat162 *to = (__nv_bfloat162 *)(dst[t] + r * (D + 8) + c);
-            to[0] = __floats2bfloat162_rn(v[t][k].x, v[t][k].y);
-            to[1] = __floats2bfloat162_rn(v[t][k].z, v[t][k].w);
-        }
+    for (int k = 0; k < PER; k++) {
+        int i = threadIdx.x + k * THREADS, r = i / CH, c = i % CH * 8;
+        bool in = row0 + r < T;
+        copy16(tile + r * LD<D> + c, in ? src + (row0 + r) * ld + c : src, in ? 16 : 0);
+    }
+}
+
+/* n4 float4's rounded to bf16 (to nearest even, as the host's to_bf16 rounds): the kernels'
+ * operands, copied into their tiles as they are. */
+__global__ void round_k(uint2 *dst, const float4 *src, int64_t n4) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float4 v = src[i];
+        dst[i] = make_uint2(pack(v.x, v.y), pack(v.z, v.w));
+    }
+}
+
+/* The block's warp's first row of the block's 64. */
+__device__ int warp_row0() {
+    return threadIdx.x / 32 * 16;
 }
 
 template <int D>
 __global__ void __launch_bounds__(THREADS)
-    flash_forward_k(const float *qkv, float *out, float *lse, uint16_t *out16, int64_t T, int64_t C,
+    flash_forward_k(const bf16 *qkv, float *out, float *lse, uint16_t *out16, int64_t T, int64_t C,
                     int64_t NH, float scale) {
-    __shared__ __align__(16) bf16 qs[ROWS * LD<D>], ks[ROWS * LD<D>], vs[ROWS * LD<D>];
+    /* two stages of (k, v): block kb's in stage kb % 2 while the next one's come; q at first
+     * in stage 1 */
+    __shared__ __align__(16) bf16 tiles[2][2][ROWS * LD<D>];
     int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH, ld = 3 * C;
-    int64_t qb = gridDim.x - 1 - blockIdx.x, i0 = qb * ROWS + threadIdx.x / 32 * 16;
-    const float *x = qkv + b * T * ld + h * D;
-    load_tiles<D, 1>({qs}, {x}, {ld}, qb * ROWS, T);
+    int64_t qb = gridDim.x - 1 - blockIdx.x, i0 = qb * ROWS + warp_row0();
+    const bf16 *x = qkv + b * T * ld + h * D;
+    copy_tile<D>(tiles[1][0], x, ld, qb * ROWS, T);
+    copy_tile<D>(tiles[0][0], x + C, ld, 0, T);
+    copy_tile<D>(tiles[0][1], x + 2 * C, ld, 0, T);
+    commit();
+    wait_landed<0>();
     __syncthreads();
     uint32_t qa[D / 16][4];
-    rows_of<D>(qa, qs);
+    rows_of<D>(qa, tiles[1][0]);
     float o[D / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     float scale2 = scale * LOG2E; /* m: of the scores times log2 e; l: this thread's part */
     for (int64_t kb = 0; kb <= qb; kb++) {
-        int64_t j0 = kb * ROWS;
-        __syncthreads(); /* the last block's k and v read */
-        load_tiles<D, 2>({ks, vs}, {x + C, x + 2 * C}, {ld, ld}, j0, T);
+        int cur = (int)(kb & 1);
+        __syncthreads(); /* the other stage read (q, or the block before last's k and v) */
+        if (kb < qb) {
+            copy_tile<D>(tiles[cur ^ 1][0], x + C, ld, (kb + 1) * ROWS, T);
+            copy_tile<D>(tiles[cur ^ 1][1], x + 2 * C, ld, (kb + 1) * ROWS, T);
+        }
+        commit();         /* (an empty group after the last block) */
+        wait_landed<1>(); /* this block's k and v */
         __syncthreads();
         float s[NT][4];
-        times_rows<D>(s, qa, ks);
+        times_rows<D>(s, qa, tiles[cur][0]);
+        /* keys after the query only on the diagonal; below it every key of the block is at or
+         * before every query of the block (and before T). Rows past T are zeros and not stored. */
+        bool diag = kb == qb;
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int n = 0; n < NT; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int64_t i = i0 + row_of(e), j = j0 + col_of(n, e);
-                s[n][e] = j <= i && j < T ? s[n][e] * scale2 : -INFINITY;
+                bool after = diag && col_of(n, e) > warp_row0() + row_of(e);
+                s[n][e] = after ? -INFINITY : s[n][e] * scale2;
                 mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
             }
         float shift[2], alpha[2];
@@ -246,7 +280,7 @@ __global__ void __launch_bounds__(THREADS)
         for (int n = 0; n < D / 8; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) o[n][e] *= alpha[e / 2];
-        add_times<D>(o, s, vs);
+        add_times<D>(o, s, tiles[cur][1]);
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -285,115 +319,163 @@ __global__ void flash_dot_k(const float *out, const float *dout, float *dsum, in
     if (lane == 0) dsum[w] = s;
 }
 
-/* The tiles both backward kernels use, and the block's 64 queries' lse (times log2 e) and D. */
+/* Shared memory of both backward kernels: two stages of tiles, (q, dout) or (k, v), and the 64
+ * queries' lse (times log2 e) and D. */
 template <int D> struct bwd_tiles {
-    bf16 qs[ROWS * LD<D>], gs[ROWS * LD<D>], ks[ROWS * LD<D>], vs[ROWS * LD<D>];
+    bf16 tiles[2][2][ROWS * LD<D>];
     float lse[ROWS], dsum[ROWS];
-    /* q and dout's rows i0.. and their lse and D */
-    __device__ void load_queries(const float *x, int64_t ld, const float *g, int64_t C,
-                                 const float *lse_h, const float *dsum_h, int64_t i0, int64_t T) {
-        load_tiles<D, 2>({qs, gs}, {x, g}, {ld, C}, i0, T);
-        for (int r = threadIdx.x; r < ROWS; r += THREADS) {
-            lse[r] = i0 + r < T ? lse_h[i0 + r] * LOG2E : 0.0f;
-            dsum[r] = i0 + r < T ? dsum_h[i0 + r] : 0.0f;
-        }
-    }
 };
+static_assert(THREADS == 2 * ROWS, "a thread per query's lse and one per its D");
+
+/* This thread's part of queries row0..'s lse (times log2 e) and D, from a head's (lse_h, dsum_h):
+ * threads 0..63 the lse, 64..127 the D; 0 past T. Loaded early, stored in the tiles (put_stat)
+ * once the last block's are read. */
+__device__ float query_stat(const float *lse_h, const float *dsum_h, int64_t row0, int64_t T) {
+    int r = threadIdx.x % ROWS;
+    if (row0 + r >= T) return 0.0f;
+    return threadIdx.x < ROWS ? lse_h[row0 + r] * LOG2E : dsum_h[row0 + r];
+}
+template <int D> __device__ void put_stat(bwd_tiles<D> &t, float v) {
+    (threadIdx.x < ROWS ? t.lse : t.dsum)[threadIdx.x % ROWS] = v;
+}
 
 /* The weights P = exp(S - lse) (into s) and their gradient dS = P (dP - D) (into dp) of a
- * warp's 16 x 64 tile, masked to i >= j, i < T: queries i and keys j are the rows (from row0)
- * and columns (from col0), or (keys_rows) the other way round; lse and dsum by query of the
- * block. */
-__device__ void weights(float (&s)[NT][4], float (&dp)[NT][4], int64_t row0, int64_t col0,
-                        bool keys_rows, const float *lse, const float *dsum, int64_t T,
-                        float scale2) {
+ * warp's 16 x 64 tile: queries are its rows and keys its columns, or (keys_rows) the other way
+ * round; on the diagonal block (diag) the keys after a query are masked. lse and dsum by query of
+ * the block. A query past T has q, dout, lse and D zero: its P is 1 and its dS 0, and nothing of
+ * its row is stored (dq) or added (its dout row and dS are zeros: dk, dv). */
+__device__ void weights(float (&s)[NT][4], float (&dp)[NT][4], bool keys_rows, bool diag,
+                        const float *lse, const float *dsum, float scale2) {
 #pragma unroll
     for (int n = 0; n < NT; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            int r = row_of(e), c = col_of(n, e);
-            int64_t i = keys_rows ? col0 + c : row0 + r, j = keys_rows ? row0 + r : col0 + c;
-            int qi = keys_rows ? c : (int)(threadIdx.x / 32 * 16) + r;
-            float p = j <= i && i < T ? exp2f(s[n][e] * scale2 - lse[qi]) : 0.0f;
+            int r = warp_row0() + row_of(e), c = col_of(n, e), qi = keys_rows ? c : r;
+            bool after = diag && (keys_rows ? r > c : c > r);
+            float p = after ? 0.0f : exp2f(s[n][e] * scale2 - lse[qi]);
             s[n][e] = p;
             dp[n][e] = p * (dp[n][e] - dsum[qi]);
         }
 }
 
-/* dk and dv of 64 keys, over the query blocks from the diagonal down. */
+/* dk and dv of 64 keys, over the query blocks from the diagonal down: (q, dout) of block qb in
+ * stage (qb - kb + 1) % 2 while the next block's come. */
 template <int D>
 __global__ void __launch_bounds__(THREADS)
-    flash_dkv_k(const float *qkv, const float *dout, const float *lse, const float *dsum,
-                float *dqkv, int64_t T, int64_t C, int64_t NH, float scale, bool assign) {
+    flash_dkv_k(const bf16 *qkv, const bf16 *dout, const float *lse, const float *dsum, float *dqkv,
+                int64_t T, int64_t C, int64_t NH, float scale, bool assign) {
     __shared__ __align__(16) bwd_tiles<D> t;
     int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH, ld = 3 * C;
-    int64_t kb = blockIdx.x, blocks = (T + ROWS - 1) / ROWS, j0 = kb * ROWS + threadIdx.x / 32 * 16;
-    const float *x = qkv + b * T * ld + h * D, *g = dout + b * T * C + h * D;
-    load_tiles<D, 2>({t.ks, t.vs}, {x + C, x + 2 * C}, {ld, ld}, kb * ROWS, T);
+    int64_t kb = blockIdx.x, blocks = (T + ROWS - 1) / ROWS, j0 = kb * ROWS + warp_row0();
+    const bf16 *x = qkv + b * T * ld + h * D, *g = dout + b * T * C + h * D;
+    const float *lse_h = lse + bh * T, *dsum_h = dsum + bh * T;
+    copy_tile<D>(t.tiles[0][0], x + C, ld, kb * ROWS, T);
+    copy_tile<D>(t.tiles[0][1], x + 2 * C, ld, kb * ROWS, T);
+    copy_tile<D>(t.tiles[1][0], x, ld, kb * ROWS, T);
+    copy_tile<D>(t.tiles[1][1], g, C, kb * ROWS, T);
+    commit();
+    float stat = query_stat(lse_h, dsum_h, kb * ROWS, T);
+    wait_landed<0>();
     __syncthreads();
     uint32_t ka[D / 16][4], va[D / 16][4];
-    rows_of<D>(ka, t.ks);
-    rows_of<D>(va, t.vs);
-    float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+    rows_of<D>(ka, t.tiles[0][0]);
+    rows_of<D>(va, t.tiles[0][1]);
+    float dk[D / 8][4] = {}, dv[D / 8][4] = {}, scale2 = scale * LOG2E;
     for (int64_t qb = kb; qb < blocks; qb++) {
-        __syncthreads(); /* the last block's q and dout read */
-        t.load_queries(x, ld, g, C, lse + bh * T, dsum + bh * T, qb * ROWS, T);
+        int cur = (int)((qb - kb + 1) & 1);
+        __syncthreads(); /* the other stage (k and v at first) and the last block's lse, D read */
+        put_stat(t, stat);
+        if (qb + 1 < blocks) {
+            copy_tile<D>(t.tiles[cur ^ 1][0], x, ld, (qb + 1) * ROWS, T);
+            copy_tile<D>(t.tiles[cur ^ 1][1], g, C, (qb + 1) * ROWS, T);
+            stat = query_stat(lse_h, dsum_h, (qb + 1) * ROWS, T);
+        }
+        commit();
+        wait_landed<1>(); /* this block's q and dout */
         __syncthreads();
+        const bf16 *qs = t.tiles[cur][0], *gs = t.tiles[cur][1];
         float st[NT][4], dpt[NT][4]; /* S^T and dP^T: keys by queries */
-        times_rows<D>(st, ka, t.qs);
-        times_rows<D>(dpt, va, t.gs);
-        weights(st, dpt, j0, qb * ROWS, true, t.lse, t.dsum, T, scale * LOG2E);
-        add_times<D>(dv, st, t.gs);
-        add_times<D>(dk, dpt, t.qs);
+        times_rows<D>(st, ka, qs);
+        times_rows<D>(dpt, va, gs);
+        weights(st, dpt, true, qb == kb, t.lse, t.dsum, scale2);
+        add_times<D>(dv, st, gs);
+        add_times<D>(dk, dpt, qs);
     }
     float *dx = dqkv + b * T * ld + h * D;
     put_rows<D>(dx + C, ld, dk, j0, T, scale, assign);
     put_rows<D>(dx + 2 * C, ld, dv, j0, T, 1.0f, assign);
 }
 
-/* dq of 64 queries, over the key blocks up to the diagonal. */
+/* dq of 64 queries, over the key blocks up to the diagonal: (k, v) of block kb in stage kb % 2
+ * while the next block's come; q and dout at first in stage 1. */
 template <int D>
 __global__ void __launch_bounds__(THREADS)
-    flash_dq_k(const float *qkv, const float *dout, const float *lse, const float *dsum,
-               float *dqkv, int64_t T, int64_t C, int64_t NH, float scale, bool assign) {
+    flash_dq_k(const bf16 *qkv, const bf16 *dout, const float *lse, const float *dsum, float *dqkv,
+               int64_t T, int64_t C, int64_t NH, float scale, bool assign) {
     __shared__ __align__(16) bwd_tiles<D> t;
     int64_t bh = blockIdx.y, b = bh / NH, h = bh % NH, ld = 3 * C;
-    int64_t qb = gridDim.x - 1 - blockIdx.x, i0 = qb * ROWS + threadIdx.x / 32 * 16;
-    const float *x = qkv + b * T * ld + h * D, *g = dout + b * T * C + h * D;
-    t.load_queries(x, ld, g, C, lse + bh * T, dsum + bh * T, qb * ROWS, T);
+    int64_t qb = gridDim.x - 1 - blockIdx.x, i0 = qb * ROWS + warp_row0();
+    const bf16 *x = qkv + b * T * ld + h * D, *g = dout + b * T * C + h * D;
+    copy_tile<D>(t.tiles[1][0], x, ld, qb * ROWS, T);
+    copy_tile<D>(t.tiles[1][1], g, C, qb * ROWS, T);
+    copy_tile<D>(t.tiles[0][0], x + C, ld, 0, T);
+    copy_tile<D>(t.tiles[0][1], x + 2 * C, ld, 0, T);
+    commit();
+    put_stat(t, query_stat(lse + bh * T, dsum + bh * T, qb * ROWS, T));
+    wait_landed<0>();
     __syncthreads();
     uint32_t qa[D / 16][4], ga[D / 16][4];
-    rows_of<D>(qa, t.qs);
-    rows_of<D>(ga, t.gs);
-    float dq[D / 8][4] = {};
+    rows_of<D>(qa, t.tiles[1][0]);
+    rows_of<D>(ga, t.tiles[1][1]);
+    float dq[D / 8][4] = {}, scale2 = scale * LOG2E;
     for (int64_t kb = 0; kb <= qb; kb++) {
-        __syncthreads(); /* the last block's k and v read */
-        load_tiles<D, 2>({t.ks, t.vs}, {x + C, x + 2 * C}, {ld, ld}, kb * ROWS, T);
+        int cur = (int)(kb & 1);
+        __syncthreads(); /* the other stage read (q and dout, or the block before last's k, v) */
+        if (kb < qb) {
+            copy_tile<D>(t.tiles[cur ^ 1][0], x + C, ld, (kb + 1) * ROWS, T);
+            copy_tile<D>(t.tiles[cur ^ 1][1], x + 2 * C, ld, (kb + 1) * ROWS, T);
+        }
+        commit();
+        wait_landed<1>(); /* this block's k and v */
         __syncthreads();
+        const bf16 *ks = t.tiles[cur][0];
         float s[NT][4], dp[NT][4];
-        times_rows<D>(s, qa, t.ks);
-        times_rows<D>(dp, ga, t.vs);
-        weights(s, dp, i0, kb * ROWS, false, t.lse, t.dsum, T, scale * LOG2E);
-        add_times<D>(dq, dp, t.ks);
+        times_rows<D>(s, qa, ks);
+        times_rows<D>(dp, ga, t.tiles[cur][1]);
+        weights(s, dp, false, kb == qb, t.lse, t.dsum, scale2);
+        add_times<D>(dq, dp, ks);
     }
     put_rows<D>(dqkv + b * T * ld + h * D, ld, dq, i0, T, scale, assign);
 }
 
-template <int D> void forward(cddp__kq *q, cudaStream_t s, const cddp__k_flash_attention *a) {
+/* n floats (a multiple of 4, 16-byte aligned: takes() checked) rounded to bf16 in the queue's
+ * scratch (the step's arena), for the kernels' tiles; NULL when it failed (reported). */
+const bf16 *rounded(cddp__kq *q, cudaStream_t s, const float *x, int64_t n) {
+    bf16 *r = (bf16 *)cddp__kq_scratch(q, (size_t)n * sizeof(bf16));
+    if (!r) return NULL;
+    int64_t n4 = n / 4, blocks = (n4 + 255) / 256;
+    round_k<<<(unsigned)(blocks < 8192 ? blocks : 8192), 256, 0, s>>>((uint2 *)r, (const float4 *)x,
+                                                                      n4);
+    return cddp__cuda_failed(q, cudaGetLastError(), "flash_attention") ? NULL : r;
+}
+
+template <int D>
+void forward(cddp__kq *q, cudaStream_t s, const cddp__k_flash_attention *a, const bf16 *qkv) {
     dim3 grid((unsigned)((a->T + ROWS - 1) / ROWS), (unsigned)(a->B * a->NH));
-    flash_forward_k<D><<<grid, THREADS, 0, s>>>(a->qkv, a->out, a->lse, a->out16, a->T, a->C, a->NH,
+    flash_forward_k<D><<<grid, THREADS, 0, s>>>(qkv, a->out, a->lse, a->out16, a->T, a->C, a->NH,
                                                 1.0f / sqrtf((float)D));
     cddp__cuda_failed(q, cudaGetLastError(), "flash_attention");
 }
 
 template <int D>
-void backward(cddp__kq *q, cudaStream_t s, const cddp__k_flash_attention_grad *a, float *dsum) {
+void backward(cddp__kq *q, cudaStream_t s, const cddp__k_flash_attention_grad *a, const bf16 *qkv,
+              const bf16 *dout, const float *dsum) {
     dim3 grid((unsigned)((a->T + ROWS - 1) / ROWS), (unsigned)(a->B * a->NH));
     float scale = 1.0f / sqrtf((float)D);
-    flash_dkv_k<D><<<grid, THREADS, 0, s>>>(a->qkv, a->dout, a->lse, dsum, a->dqkv, a->T, a->C,
-                                            a->NH, scale, a->assign);
-    flash_dq_k<D><<<grid, THREADS, 0, s>>>(a->qkv, a->dout, a->lse, dsum, a->dqkv, a->T, a->C,
-                                           a->NH, scale, a->assign);
+    flash_dkv_k<D><<<grid, THREADS, 0, s>>>(qkv, dout, a->lse, dsum, a->dqkv, a->T, a->C, a->NH,
+                                            scale, a->assign);
+    flash_dq_k<D><<<grid, THREADS, 0, s>>>(qkv, dout, a->lse, dsum, a->dqkv, a->T, a->C, a->NH,
+                                           scale, a->assign);
     cddp__cuda_failed(q, cudaGetLastError(), "flash_attention_grad");
 }
 
@@ -421,10 +503,12 @@ bool takes(cddp__kq *q, int64_t B, int64_t T, int64_t C, int64_t NH, cddp_dtype 
 void cddp__cuda_flash_attention(cddp__kq *q, const cddp__k_flash_attention *a) {
     cudaStream_t s = cddp__cuda_enter(q);
     if (a->B * a->T == 0 || !takes(q, a->B, a->T, a->C, a->NH, a->compute, a->qkv, a->qkv)) return;
+    const bf16 *qkv = rounded(q, s, a->qkv, a->B * a->T * 3 * a->C);
+    if (!qkv) return;
     if (a->C / a->NH == 64)
-        forward<64>(q, s, a);
+        forward<64>(q, s, a, qkv);
     else
-        forward<32>(q, s, a);
+        forward<32>(q, s, a, qkv);
 }
 
 void cddp__cuda_flash_attention_grad(cddp__kq *q, const cddp__k_flash_attention_grad *a) {
@@ -436,8 +520,11 @@ void cddp__cuda_flash_attention_grad(cddp__kq *q, const cddp__k_flash_attention_
     flash_dot_k<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, s>>>(a->out, a->dout, dsum, a->T,
                                                                     a->C, a->NH, rows);
     if (cddp__cuda_failed(q, cudaGetLastError(), "flash_attention_grad")) return;
+    const bf16 *qkv = rounded(q, s, a->qkv, a->B * a->T * 3 * a->C);
+    const bf16 *dout = qkv ? rounded(q, s, a->dout, a->B * a->T * a->C) : NULL;
+    if (!dout) return;
     if (a->C / a->NH == 64)
-        backward<64>(q, s, a, dsum);
+        backward<64>(q, s, a, qkv, dout, dsum);
     else
-        backward<32>(q, s, a, dsum);
+        backward<32>(q, s, a, qkv, dout, dsum);
 }
