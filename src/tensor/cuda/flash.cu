@@ -17,11 +17,12 @@
  *   forward   per key block: S = q k^T, the online softmax (each row's running maximum m and sum
  *             l, the output's rows rescaled when m grows), O += P v with P the unnormalised
  *             weights rounded to bf16; at the end out = O / l, lse = m + log l.
- *   backward  D = rowsum(dout out) (flash_dot_k); then two kernels, each summing in a fixed
- *             order (no atomics: the same gradients every run): per key block, over the query
- *             blocks at or below the diagonal, dv += P^T dout and dk += dS^T q; per query block,
- *             over the key blocks up to the diagonal, dq += dS k; with P = exp(S - lse) and
- *             dS = P (dout v^T - D) made again in each.
+ *   backward  D = rowsum(dout out), dout rounded in the same pass (flash_dot_k); then two
+ *             kernels, each summing in a fixed order (no atomics: the same gradients every
+ *             run): per key block, over the query blocks at or below the diagonal,
+ *             dv += P^T dout and dk += dS^T q; per query block, over the key blocks up to the
+ *             diagonal, dq += dS k; with P = exp(S - lse) and dS = P (dout v^T - D) made again
+ *             in each.
  * Blocks run heaviest first (the most blocks along the diagonal). */
 #include "tensor/cuda/cuda.h"
 
@@ -305,16 +306,21 @@ __global__ void __launch_bounds__(THREADS)
         }
 }
 
-/* D[row] = dout_row . out_row, a warp per (batch element, head, query) row. */
-__global__ void flash_dot_k(const float *out, const float *dout, float *dsum, int64_t T, int64_t C,
-                            int64_t NH, int64_t rows) {
+/* D[row] = dout_row . out_row, a warp per (batch element, head, query) row; and the row of dout
+ * rounded to bf16 into g16 (B, T, C) for the kernels' tiles, in the same pass. */
+__global__ void flash_dot_k(const float *out, const float *dout, float *dsum, bf16 *g16, int64_t T,
+                            int64_t C, int64_t NH, int64_t rows) {
     int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     int lane = threadIdx.x % 32;
     if (w >= rows) return;
-    int64_t bh = w / T, i = w % T, b = bh / NH, h = bh % NH, HS = C / NH;
-    const float *o = out + (b * T + i) * C + h * HS, *g = dout + (b * T + i) * C + h * HS;
+    int64_t bh = w / T, i = w % T, b = bh / NH, h = bh % NH, HS = C / NH,
+            at = (b * T + i) * C + h * HS;
     float s = 0.0f;
-    for (int64_t c = lane; c < HS; c += 32) s += o[c] * g[c];
+    for (int64_t c = lane; c < HS; c += 32) {
+        float g = dout[at + c];
+        s += out[at + c] * g;
+        g16[at + c] = __float2bfloat16_rn(g);
+    }
     s = warp_sum(s);
     if (lane == 0) dsum[w] = s;
 }
@@ -516,13 +522,14 @@ void cddp__cuda_flash_attention_grad(cddp__kq *q, const cddp__k_flash_attention_
     if (a->B * a->T == 0 || !takes(q, a->B, a->T, a->C, a->NH, a->compute, a->qkv, a->dout)) return;
     int64_t rows = a->B * a->NH * a->T;
     float *dsum = (float *)cddp__kq_scratch(q, (size_t)rows * sizeof(float));
-    if (!dsum) return;
-    flash_dot_k<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, s>>>(a->out, a->dout, dsum, a->T,
-                                                                    a->C, a->NH, rows);
+    bf16 *dout =
+        dsum ? (bf16 *)cddp__kq_scratch(q, (size_t)(a->B * a->T * a->C) * sizeof(bf16)) : NULL;
+    if (!dout) return;
+    flash_dot_k<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, s>>>(a->out, a->dout, dsum, dout,
+                                                                    a->T, a->C, a->NH, rows);
     if (cddp__cuda_failed(q, cudaGetLastError(), "flash_attention_grad")) return;
     const bf16 *qkv = rounded(q, s, a->qkv, a->B * a->T * 3 * a->C);
-    const bf16 *dout = qkv ? rounded(q, s, a->dout, a->B * a->T * a->C) : NULL;
-    if (!dout) return;
+    if (!qkv) return;
     if (a->C / a->NH == 64)
         backward<64>(q, s, a, qkv, dout, dsum);
     else
