@@ -109,6 +109,24 @@ static double expected(cddp_comm_op op, cddp_comm_dtype dt, int64_t i) {
     return NAN;
 }
 
+/* b[0..n) = input(op, r, first + i) and the first i where b differs from expected(op, dt,
+ * first + i), or -1 (its value in *got): both repeat every 3 elements, so each of the 3 values is
+ * made once, not per element (the matrix checks millions of elements per rank). */
+static void fill(void *b, cddp_comm_dtype dt, int64_t n, cddp_comm_op op, int r, int64_t first) {
+    int v[3], m = (int)(first % 3);
+    for (int k = 0; k < 3; k++) v[k] = input(op, r, k);
+    for (int64_t i = 0; i < n; i++, m = m == 2 ? 0 : m + 1) set(b, dt, i, v[m]);
+}
+static int64_t first_wrong(const void *b, cddp_comm_dtype dt, int64_t n, cddp_comm_op op,
+                           int64_t first, double *got) {
+    double want[3];
+    int m = (int)(first % 3);
+    for (int k = 0; k < 3; k++) want[k] = expected(op, dt, k);
+    for (int64_t i = 0; i < n; i++, m = m == 2 ? 0 : m + 1)
+        if ((*got = get(b, dt, i)) != want[m]) return i;
+    return -1;
+}
+
 /* Whether dtype holds the integer v exactly (and without overflow). */
 static bool exact(cddp_comm_dtype dt, double v) {
     switch (dt) {
@@ -154,7 +172,7 @@ static int reductions(cddp_comm *c, uint8_t *in, uint8_t *out, size_t cap, bool 
                     /* 16 ranks on 2 cores: the largest count in float only (the integer's at
                      * 5 and 8 ranks) */
                     if (world > 8 && ci == 4 && dt != CDDP_COMM_F32) continue;
-                    for (int64_t i = 0; i < total; i++) set(in, dt, i, input(op, rank, i));
+                    fill(in, dt, total, op, rank, 0);
                     memset(out, 0xAB, cap);
                     size_t es = cddp_comm_dtype_size(dt);
                     void *dst = inplace ? (void *)(in + (size_t)first * es) : out;
@@ -165,16 +183,15 @@ static int reductions(cddp_comm *c, uint8_t *in, uint8_t *out, size_t cap, bool 
                         snprintf(why, sizeof why, "%s failed: %s", name, err.msg);
                         die("%s%.0f", why, 0);
                     }
-                    for (int64_t j = 0; j < n; j++) {
-                        double got = get(dst, dt, j), want = expected(op, dt, first + j);
-                        if (got != want) {
-                            char what[160];
-                            snprintf(what, sizeof what,
-                                     "%s %s %s count %lld %s: element %lld is %g, want", name,
-                                     cddp_comm_op_name(op), cddp_comm_dtype_name(dt), (long long)n,
-                                     inplace ? "in place" : "out of place", (long long)j, got);
-                            die("%s %g", what, want);
-                        }
+                    double got;
+                    int64_t j = first_wrong(dst, dt, n, op, first, &got);
+                    if (j >= 0) {
+                        char what[160];
+                        snprintf(what, sizeof what,
+                                 "%s %s %s count %lld %s: element %lld is %g, want", name,
+                                 cddp_comm_op_name(op), cddp_comm_dtype_name(dt), (long long)n,
+                                 inplace ? "in place" : "out of place", (long long)j, got);
+                        die("%s %g", what, expected(op, dt, first + j));
                     }
                     checks++;
                 }
@@ -198,12 +215,12 @@ static int registered(cddp_comm *c, uint8_t *out, size_t cap) {
         uint8_t *base = mine_plain ? plain : mem;
         size_t at = offsets[k][rank == world - 1];
         int64_t n = 100003;
-        for (int64_t i = 0; i < n; i++) ((float *)(base + at))[i] = (float)input(0, rank, i);
+        double got;
+        fill(base + at, CDDP_COMM_F32, n, CDDP_COMM_SUM, rank, 0);
         if (cddp_comm_allreduce(c, base + at, base + at, n, CDDP_COMM_F32, CDDP_COMM_SUM, -1, &err))
             die("allreduce at an offset failed: %s%.0f", err.msg, 0);
-        for (int64_t i = 0; i < n; i++)
-            if (((float *)(base + at))[i] != expected(0, CDDP_COMM_F32, i))
-                die("allreduce at offset case %s%.0f wrong", "", k);
+        if (first_wrong(base + at, CDDP_COMM_F32, n, CDDP_COMM_SUM, 0, &got) >= 0)
+            die("allreduce at offset case %s%.0f wrong", "", k);
         checks++;
     }
     /* Back to back, sizes about a piece (64 KiB, which the ranks take as they come): every call
@@ -212,12 +229,12 @@ static int registered(cddp_comm *c, uint8_t *out, size_t cap) {
     for (int it = 0; it < 60; it++) {
         int64_t n = sizes[it % 5];
         float *f = (float *)mem;
-        for (int64_t i = 0; i < n; i++) f[i] = (float)input(0, rank, i);
+        double got;
+        fill(f, CDDP_COMM_F32, n, CDDP_COMM_SUM, rank, 0);
         if (cddp_comm_allreduce(c, f, f, n, CDDP_COMM_F32, CDDP_COMM_SUM, -1, &err))
             die("back-to-back allreduce failed: %s%.0f", err.msg, 0);
-        for (int64_t i = 0; i < n; i++)
-            if (f[i] != expected(0, CDDP_COMM_F32, i))
-                die("back-to-back allreduce %s%.0f wrong", "", (double)it);
+        if (first_wrong(f, CDDP_COMM_F32, n, CDDP_COMM_SUM, 0, &got) >= 0)
+            die("back-to-back allreduce %s%.0f wrong", "", (double)it);
     }
     checks++;
     cddp_comm_free(c, mem);
