@@ -686,40 +686,69 @@ static void test_bf16_residual_grad_half(void **state) {
     check_linear_chain(RESIDUAL_TAIL);
 }
 
+/* A fused op against the ops it stands for: k inputs of the given shapes, uniform in [-1, 1) and
+ * requiring gradients; after y is made from them, the backward of sum(y s) (s uniform, y's shape)
+ * and res[0..k) each input's gradient, res[k] y, on the host (freed by same_bits). */
+typedef struct chain {
+    cddp_rng rng;
+    int k;
+    cddp_tensor *t[5];
+} chain;
+
+static void chain_inputs(chain *ch, cddp_ctx *c, uint64_t seed, int k, const int ndim[],
+                         const int64_t *const shapes[]) {
+    cddp_rng_seed(&ch->rng, seed);
+    cddp_ctx_reset(c);
+    ch->k = k;
+    for (int a = 0; a < k; a++) {
+        ch->t[a] = cddp_requires_grad(c, cddp_uniform(c, ndim[a], shapes[a], -1, 1, &ch->rng));
+        assert_non_null(ch->t[a]);
+    }
+}
+
+static void chain_backward(chain *ch, cddp_ctx *c, cddp_tensor *y, float **res) {
+    assert_non_null(y);
+    cddp_tensor *s = cddp_uniform(c, y->ndim, y->shape, -1, 1, &ch->rng);
+    assert_int_equal(cddp_backward(c, cddp_sum(c, cddp_mul(c, y, s))), CDDP_OK);
+    for (int a = 0; a <= ch->k; a++) {
+        const cddp_tensor *of = a < ch->k ? ch->t[a] : y;
+        size_t bytes = (size_t)of->numel * sizeof(float);
+        res[a] = malloc(bytes);
+        assert_non_null(res[a]);
+        memcpy(res[a], a < ch->k ? HOST_GRAD(of) : HOST(of), bytes);
+    }
+}
+
+/* one[a] and two[a] (n[a] floats each, a = 0..k) the same bits; what[a] names them. */
+static void same_bits(float **one, float **two, const int64_t *n, int k, const char *const *what,
+                      bool mixed) {
+    for (int a = 0; a <= k; a++) {
+        for (int64_t i = 0; i < n[a]; i++)
+            if (memcmp(&one[a][i], &two[a][i], sizeof(float)))
+                fail_msg("%s, %s [%lld]: %a fused, %a as two ops", mixed ? "bf16" : "float32",
+                         what[a], (long long)i, (double)one[a][i], (double)two[a][i]);
+        free(one[a]);
+        free(two[a]);
+    }
+}
+
 /* cddp_gelu_tanh_linear (GPT's MLP after its first layer: GELU's output made only in bf16 for the
  * product) gives the output and every gradient the bits that cddp_gelu_tanh then cddp_linear
  * give, in mixed precision and in float32, and hands the layer before it its gradient in bf16. */
 enum { MIN_ = 24, MHID = 40, MOUT = 16 };
 
 static void mlp_chain(cddp_ctx *c, bool fused, float *res[6]) {
-    float xv[CN * MIN_], w1[MHID * MIN_], b1[MHID], w2[MOUT * MHID], b2[MOUT], sv[CN * MOUT];
-    cddp_rng rng;
-    cddp_rng_seed(&rng, 5);
-    float *all[] = {xv, w1, b1, w2, b2, sv};
-    int len[] = {CN * MIN_, MHID * MIN_, MHID, MOUT * MHID, MOUT, CN * MOUT};
-    for (int a = 0; a < 6; a++)
-        for (int i = 0; i < len[a]; i++) all[a][i] = 2 * cddp_rng_uniform(&rng) - 1;
-    cddp_ctx_reset(c);
-    const int64_t *shapes[] = {(int64_t[]){CB, CT, MIN_}, (int64_t[]){MHID, MIN_},
-                               (int64_t[]){MHID}, (int64_t[]){MOUT, MHID}, (int64_t[]){MOUT}};
-    int ndim[] = {3, 2, 1, 2, 1};
-    cddp_tensor *t[5];
-    for (int a = 0; a < 5; a++)
-        t[a] = cddp_requires_grad(c, cddp_from_data(c, CDDP_F32, ndim[a], shapes[a], all[a]));
-    cddp_tensor *h = cddp_linear(c, t[0], t[1], t[2]);
-    cddp_tensor *y = fused ? cddp_gelu_tanh_linear(c, h, t[3], t[4])
-                           : cddp_linear(c, cddp_gelu_tanh(c, h), t[3], t[4]);
-    assert_non_null(y);
-    cddp_tensor *s = cddp_from_data(c, CDDP_F32, CDDP_SHAPE(CB, CT, MOUT), sv);
-    assert_int_equal(cddp_backward(c, cddp_sum(c, cddp_mul(c, y, s))), CDDP_OK);
+    chain ch;
+    chain_inputs(&ch, c, 5, 5, (int[]){3, 2, 1, 2, 1},
+                 (const int64_t *const[]){(int64_t[]){CB, CT, MIN_}, (int64_t[]){MHID, MIN_},
+                                          (int64_t[]){MHID}, (int64_t[]){MOUT, MHID},
+                                          (int64_t[]){MOUT}});
+    cddp_tensor **t = ch.t, *h = cddp_linear(c, t[0], t[1], t[2]);
+    chain_backward(&ch, c,
+                   fused ? cddp_gelu_tanh_linear(c, h, t[3], t[4])
+                         : cddp_linear(c, cddp_gelu_tanh(c, h), t[3], t[4]),
+                   res);
     if (fused && c == lo) assert_non_null(h->grad_half); /* the first layer's, handed over */
-    for (int a = 0; a < 6; a++) {
-        const cddp_tensor *of = a < 5 ? t[a] : y;
-        size_t bytes = (size_t)of->numel * sizeof(float);
-        res[a] = malloc(bytes);
-        assert_non_null(res[a]);
-        memcpy(res[a], a < 5 ? HOST_GRAD(of) : HOST(of), bytes);
-    }
 }
 
 static void test_bf16_gelu_linear_fused(void **state) {
@@ -730,14 +759,37 @@ static void test_bf16_gelu_linear_fused(void **state) {
         float *one[6], *two[6];
         mlp_chain(mixed ? lo : ctx, true, one);
         mlp_chain(mixed ? lo : ctx, false, two);
-        for (int a = 0; a < 6; a++) {
-            for (int64_t i = 0; i < n[a]; i++)
-                if (memcmp(&one[a][i], &two[a][i], sizeof(float)))
-                    fail_msg("%s, %s [%lld]: %a fused, %a as two ops", mixed ? "bf16" : "float32",
-                             what[a], (long long)i, (double)one[a][i], (double)two[a][i]);
-            free(one[a]);
-            free(two[a]);
-        }
+        same_bits(one, two, n, 5, what, mixed);
+    }
+}
+
+/* cddp_qkv_attention (a GPT block's c_attn and attention: in mixed precision where the device
+ * attends by rows, the emulated device here, q, k and v kept only in bf16) gives the output and
+ * every gradient the bits that cddp_linear then cddp_attention give, in mixed precision and in
+ * float32: 2 heads of 32 over a context of 70 (two blocks of 64 rows). */
+enum { QB = 2, QT = 70, QIN = 24, QC = 64 };
+
+static void qkv_chain(cddp_ctx *c, bool fused, float *res[4]) {
+    chain ch;
+    chain_inputs(&ch, c, 9, 3, (int[]){3, 2, 1},
+                 (const int64_t *const[]){(int64_t[]){QB, QT, QIN}, (int64_t[]){3 * QC, QIN},
+                                          (int64_t[]){3 * QC}});
+    cddp_tensor **t = ch.t;
+    chain_backward(&ch, c,
+                   fused ? cddp_qkv_attention(c, t[0], t[1], t[2], 2)
+                         : cddp_attention(c, cddp_linear(c, t[0], t[1], t[2]), 2),
+                   res);
+}
+
+static void test_bf16_qkv_attention_fused(void **state) {
+    (void)state;
+    static const char *const what[] = {"x's gradient", "w's", "b's", "output"};
+    int64_t n[4] = {QB * QT * QIN, 3 * QC * QIN, 3 * QC, QB * QT * QC};
+    for (int mixed = 0; mixed < 2; mixed++) {
+        float *one[4], *two[4];
+        qkv_chain(mixed ? lo : ctx, true, one);
+        qkv_chain(mixed ? lo : ctx, false, two);
+        same_bits(one, two, n, 3, what, mixed);
     }
 }
 
@@ -805,6 +857,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_classifier_grad_half),
         cmocka_unit_test(test_bf16_residual_grad_half),
         cmocka_unit_test(test_bf16_gelu_linear_fused),
+        cmocka_unit_test(test_bf16_qkv_attention_fused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

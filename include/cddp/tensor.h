@@ -399,6 +399,12 @@ CDDP_API cddp_tensor *cddp_gelu_tanh_linear(cddp_ctx *ctx, cddp_tensor *x, cddp_
  * softmax(q k^T / sqrt(C / n_head)) with every position's future masked, times v; the heads side
  * by side -> (B, T, C). Keeps the attention weights (B * n_head * T * T floats) for backward. */
 CDDP_API cddp_tensor *cddp_attention(cddp_ctx *ctx, cddp_tensor *qkv, int n_head);
+/* cddp_attention(ctx, cddp_linear(ctx, x, w, b), n_head) as one op, the same numbers (a GPT
+ * block's c_attn and attention): x (B, T, in), w (3C, in). In mixed precision, where the device
+ * attends by rows (a GPU), q, k and v are kept only rounded to bf16, as the attention reads them,
+ * never in float32 (GPT-2: 16,384 x 2,304 floats a layer); otherwise the two ops. */
+CDDP_API cddp_tensor *cddp_qkv_attention(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w,
+                                         cddp_tensor *b, int n_head);
 /* Causal self-attention for generation, with a key/value cache: qkv (B, T, 3C) holds the
  * projections of positions past..past+T-1 of each sequence; their keys and values are stored into
  * cache (B, L, 2C: a position's key, then its value), whose positions 0..past-1 hold the earlier

@@ -39,9 +39,15 @@ typedef struct heads {
     int n_head;
 } heads;
 
+/* c_attn's product and the attention as one op (cddp_qkv_attention: in mixed precision on a GPU
+ * q, k and v are kept only in bf16, as the attention reads them) */
 static cddp_tensor *attention_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
     const heads *h = cddp_module_state(self);
-    return run(self, 1, ctx, cddp_attention(ctx, run(self, 0, ctx, x), h->n_head));
+    cddp_module *qkv = child(self, 0);
+    return run(self, 1, ctx,
+               cddp_qkv_attention(ctx, x, cddp_module_get_param(qkv, 0),
+                                  qkv->nparams > 1 ? cddp_module_get_param(qkv, 1) : NULL,
+                                  h->n_head));
 }
 
 static const cddp_module_type attention_type = {"CausalSelfAttention", NULL, attention_forward,

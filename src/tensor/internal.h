@@ -167,6 +167,18 @@ bool cddp__takes_bf16(cddp_ctx *ctx, cddp__cdev *d);
 cddp_tensor *cddp__linear_bf16(cddp_ctx *ctx, cddp__cdev *d, cddp__op op, cddp_tensor *x,
                                uint16_t *x16, cddp_tensor *w, cddp_tensor *b, cddp_tensor *y);
 const uint16_t *cddp__linear_grad_rounded(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n);
+/* A linear layer's part of an op that holds one (its node's in[0..2] x, W, b; its saved state
+ * starting with cddp__linear_saved: the backward's products read it): the product y = x W^T + b
+ * (N rows of W's out features, float32) queued in bf16 without recording an op, x16 and W rounded
+ * into *sv (false: out of memory, latched); and the backward's rounding of that output's gradient
+ * dy, its column sums added to the bias's gradient (NULL: out of memory, latched). */
+typedef struct cddp__linear_saved {
+    uint16_t *x, *w; /* (N, in) and (outf, in), rounded to bf16 */
+} cddp__linear_saved;
+bool cddp__linear_bf16_product(cddp_ctx *ctx, cddp__cdev *d, cddp_tensor *x, uint16_t *x16,
+                               cddp_tensor *w, cddp_tensor *b, float *y, cddp__linear_saved *sv);
+const uint16_t *cddp__linear_round_grad(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n,
+                                        const float *dy);
 void cddp__linear_products_backward(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n, const uint16_t *dy,
                                     float *dx, bool assign);
 /* Whether op is a linear layer's product: linear, or GELU then linear (cddp_gelu_tanh_linear). */

@@ -248,18 +248,20 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
  * scores into lse (B,NH,T); the weights are made again from it by the backward. Only where the
  * device's attends_by_rows says so. In bf16 (compute) q, k, v and the weights are rounded for the
  * products as attention's; the weights before they are divided by their sum (a row's sum and the
- * division stay float32). */
+ * division stay float32). qkv16 (else NULL): q, k, v already rounded, (B,T,3C) in bf16, read
+ * instead of qkv (then NULL: the qkv projection that made them, cddp_qkv_attention). */
 #define CDDP__KA_flash_attention(F)                                                                \
     F(const float *, qkv)                                                                          \
     F(float *, out) F(float *, lse) F(int64_t, B) F(int64_t, T) F(int64_t, C) F(int64_t, NH)       \
-        F(cddp_dtype, compute) F(uint16_t *, out16)
+        F(cddp_dtype, compute) F(uint16_t *, out16) F(const uint16_t *, qkv16)
 /* its backward from the forward's out and lse: dqkv as attention_grad's (with D = rowsum(dout
- * out) for each query, dS = P (dP - D)); in bf16 also dout and dS rounded for the products */
+ * out) for each query, dS = P (dP - D)); in bf16 also dout and dS rounded for the products; qkv16
+ * as the forward's */
 #define CDDP__KA_flash_attention_grad(F)                                                           \
     F(const float *, qkv)                                                                          \
     F(const float *, out) F(const float *, lse) F(const float *, dout) F(float *, dqkv)           \
         F(int64_t, B) F(int64_t, T) F(int64_t, C) F(int64_t, NH) F(bool, assign)                   \
-            F(cddp_dtype, compute)
+            F(cddp_dtype, compute) F(const uint16_t *, qkv16)
 
 /* Batch normalisation (norm.c's blocks: N images of C channels in groups of B, P positions each),
  * relu(bn(x) + r) with relu and r (r may be NULL); stats: mean and 1/std (2 C). In training the

@@ -338,6 +338,15 @@ static cddp_tensor *f_attention_block(cddp_ctx *c, cddp_tensor **x, const void *
     return cddp_linear(c, cddp_attention(c, h, 2), x[2], NULL);
 }
 
+/* The same through cddp_qkv_attention, with the projection's bias (x[3]): in bf16 by rows q, k
+ * and v kept only rounded (the flash kernels' qkv16), the backward into their gradient in scratch
+ * and the projection's products from it. */
+static cddp_tensor *f_qkv_attention(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    cddp_tensor *h = cddp_layer_norm(c, x[0], NULL, NULL, 1e-5f);
+    return cddp_linear(c, cddp_qkv_attention(c, h, x[1], x[3], 2), x[2], NULL);
+}
+
 /* A residual block's shape: x + linear(layer_norm(x)) (x[1], bias x[2]); in bf16 the add's
  * backward hands the linear layer its gradient rounded, the bias's column sums on the way. */
 static cddp_tensor *f_residual(cddp_ctx *c, cddp_tensor **x, const void *a) {
@@ -478,6 +487,9 @@ static void bf16_cases(void) {
           (input[]){IN(-1, 1, true, 3, 40, 3 * 128)});
     check("bf16_attention_peaked", f_attention, NULL, 1,
           (input[]){IN(-3, 3, true, 2, 256, 3 * 128)});
+    check("bf16_qkv_attention", f_qkv_attention, NULL, 4,
+          (input[]){IN(-2, 2, true, 2, 130, 128), IN(-0.2f, 0.2f, true, 3 * 128, 128),
+                    IN(-0.2f, 0.2f, true, 128, 128), IN(-0.1f, 0.1f, true, 3 * 128)});
     bound = BOUND;
 }
 

@@ -29,12 +29,23 @@ static void head_copy(float *dst, const float *src, int64_t ld, int64_t T, int64
     for (int64_t t = 0; t < T; t++) memcpy(dst + t * HS, src + t * ld, (size_t)HS * sizeof(float));
 }
 
-/* Head h of batch element b's q, k and v (dense, into w: 3 T HS floats). */
-static void head_qkv(float *w, const float *qkv, int64_t b, int64_t h, int64_t T, int64_t C,
-                     int64_t HS, bool bf16) {
-    const float *x = qkv + b * T * 3 * C + h * HS;
-    for (int part = 0; part < 3; part++)
-        head_copy(w + part * T * HS, x + part * C, 3 * C, T, HS, bf16);
+/* Head h of batch element b's q, k and v (dense, into w: 3 T HS floats): from qkv16 where the
+ * kernel has it (already rounded: widened), else from qkv. */
+static void head_qkv(float *w, const float *qkv, const uint16_t *qkv16, int64_t b, int64_t h,
+                     int64_t T, int64_t C, int64_t HS, bool bf16) {
+    int64_t at = b * T * 3 * C + h * HS;
+    for (int part = 0; part < 3; part++) {
+        float *dst = w + part * T * HS;
+        if (!qkv16) {
+            head_copy(dst, qkv + at + part * C, 3 * C, T, HS, bf16);
+            continue;
+        }
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t d = 0; d < HS; d++) {
+                uint32_t u = (uint32_t)qkv16[at + part * C + t * 3 * C + d] << 16;
+                memcpy(&dst[t * HS + d], &u, sizeof u);
+            }
+    }
 }
 
 void cddp__cpu_flash_attention(cddp__kq *q, const cddp__k_flash_attention *a) {
@@ -46,7 +57,7 @@ void cddp__cpu_flash_attention(cddp__kq *q, const cddp__k_flash_attention *a) {
     float scale = 1.0f / sqrtf((float)HS);
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < NH; h++) {
-            head_qkv(w, a->qkv, b, h, T, C, HS, bf16);
+            head_qkv(w, a->qkv, a->qkv16, b, h, T, C, HS, bf16);
             for (int64_t i = 0; i < T; i++) {
                 float m = -INFINITY, l = 0.0f;
                 for (int64_t j = 0; j <= i; j++) {
@@ -87,7 +98,7 @@ void cddp__cpu_flash_attention_grad(cddp__kq *q, const cddp__k_flash_attention_g
     float scale = 1.0f / sqrtf((float)HS);
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < NH; h++) {
-            head_qkv(w, a->qkv, b, h, T, C, HS, bf16);
+            head_qkv(w, a->qkv, a->qkv16, b, h, T, C, HS, bf16);
             head_copy(gh, a->dout + b * T * C + h * HS, C, T, HS, bf16);
             memset(dq, 0, (size_t)(3 * T * HS) * sizeof(float));
             for (int64_t i = 0; i < T; i++) {

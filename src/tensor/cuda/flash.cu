@@ -3,16 +3,16 @@
  * cores, for heads of 32 or 64.
  *
  * A block of 4 warps takes 64 queries (or 64 keys) of one head, each warp 16 rows of them. The
- * float32 q, k, v and the output's gradient are first rounded to bf16 (round_k, into the step's
- * scratch: the tiles' values, which every product took rounded anyway); the kernels then copy
- * tiles of them into shared memory with cp.async, two stages deep, so that the next block's
- * tiles come while this one's are multiplied. Every product is the tensor cores' mma.sync
- * m16n8k16 (bf16 operands, float32 sums), its operands loaded from the tiles by ldmatrix. A
- * warp's scores, weights and their gradients stay in its registers: the float32 accumulators of
- * one product, rounded in pairs, are the operands of the next (the layouts of the PTX ISA's
- * m16n8k16: a thread holds rows g and g + 8, g its lane / 4, columns 2 (lane % 4) and the one
- * after, of each 8 columns). Only the diagonal block is masked: below it every key comes before
- * every query.
+ * float32 q, k, v (unless the op has them in bf16 already: qkv16) and the output's gradient are
+ * first rounded to bf16 (round_k, into the step's scratch: the tiles' values, which every product
+ * took rounded anyway); the kernels then copy tiles of them into shared memory with cp.async, two
+ * stages deep, so that the next block's tiles come while this one's are multiplied. Every product
+ * is the tensor cores' mma.sync m16n8k16 (bf16 operands, float32 sums), its operands loaded from
+ * the tiles by ldmatrix. A warp's scores, weights and their gradients stay in its registers: the
+ * float32 accumulators of one product, rounded in pairs, are the operands of the next (the
+ * layouts of the PTX ISA's m16n8k16: a thread holds rows g and g + 8, g its lane / 4, columns
+ * 2 (lane % 4) and the one after, of each 8 columns). Only the diagonal block is masked: below
+ * it every key comes before every query.
  *
  *   forward   per key block: S = q k^T, the online softmax (each row's running maximum m and sum
  *             l, the output's rows rescaled when m grows), O += P v with P the unnormalised
@@ -509,7 +509,8 @@ bool takes(cddp__kq *q, int64_t B, int64_t T, int64_t C, int64_t NH, cddp_dtype 
 void cddp__cuda_flash_attention(cddp__kq *q, const cddp__k_flash_attention *a) {
     cudaStream_t s = cddp__cuda_enter(q);
     if (a->B * a->T == 0 || !takes(q, a->B, a->T, a->C, a->NH, a->compute, a->qkv, a->qkv)) return;
-    const bf16 *qkv = rounded(q, s, a->qkv, a->B * a->T * 3 * a->C);
+    const bf16 *qkv =
+        a->qkv16 ? (const bf16 *)a->qkv16 : rounded(q, s, a->qkv, a->B * a->T * 3 * a->C);
     if (!qkv) return;
     if (a->C / a->NH == 64)
         forward<64>(q, s, a, qkv);
@@ -528,7 +529,8 @@ void cddp__cuda_flash_attention_grad(cddp__kq *q, const cddp__k_flash_attention_
     flash_dot_k<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, s>>>(a->out, a->dout, dsum, dout,
                                                                     a->T, a->C, a->NH, rows);
     if (cddp__cuda_failed(q, cudaGetLastError(), "flash_attention_grad")) return;
-    const bf16 *qkv = rounded(q, s, a->qkv, a->B * a->T * 3 * a->C);
+    const bf16 *qkv =
+        a->qkv16 ? (const bf16 *)a->qkv16 : rounded(q, s, a->qkv, a->B * a->T * 3 * a->C);
     if (!qkv) return;
     if (a->C / a->NH == 64)
         backward<64>(q, s, a, qkv, dout, dsum);

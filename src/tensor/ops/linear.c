@@ -84,10 +84,8 @@ void cddp__matmul_backward(cddp_ctx *ctx, cddp__node *n) {
  * numbers are those of the float32 operands given to the gemm kernel in bf16 (it rounds them the
  * same way), with one less pass over the output each way. An x that its op rounded as it wrote it
  * (x->half: layer norm, GELU, attention; cddp__half_for) is not rounded again. (The 6-layer GPT in
- * bf16 on one Zen 4 core: the roundings and the bias passes had taken 7 % of its step.) */
-typedef struct linear_saved {
-    uint16_t *x, *w; /* (N, in) and (outf, in), rounded to bf16 */
-} linear_saved;
+ * bf16 on one Zen 4 core: the roundings and the bias passes had taken 7 % of its step.) Its
+ * saved state is cddp__linear_saved (internal.h). */
 
 /* x (rows, cols) rounded on d, into arena memory, or for a value the op's next kernels alone
  * read (temporary), into the context's reused memory; NULL (the failure latched) when out of
@@ -112,26 +110,30 @@ uint16_t *cddp__half_for(cddp_ctx *ctx, cddp__cdev *d, cddp_tensor *out) {
     return out->half = cddp__dalloc(d, (size_t)out->numel * sizeof(uint16_t));
 }
 
+bool cddp__linear_bf16_product(cddp_ctx *ctx, cddp__cdev *d, cddp_tensor *x, uint16_t *x16,
+                               cddp_tensor *w, cddp_tensor *b, float *y, cddp__linear_saved *sv) {
+    int64_t in = w->shape[1], N = x->numel / in, outf = w->shape[0];
+    if (!x16) x16 = x->half ? x->half : rounded(d, x->data, N, in, NULL, false);
+    uint16_t *w16 = x16 ? rounded(d, w->data, outf, in, NULL, false) : NULL;
+    if (!w16 || CDDP__FAILED(ctx)) return false;
+    CDDP__K(&d->q, gemm, .ta = false, .tb = true, .M = N, .N = outf, .K = in, .alpha = 1.0f,
+            .lda = in, .ldb = in, .beta = 0.0f, .C = y, .ldc = outf, .compute = CDDP_BF16,
+            .A16 = x16, .B16 = w16, .bias = b ? b->data : NULL);
+    *sv = (cddp__linear_saved){x16, w16};
+    return true;
+}
+
 /* y = x W^T + b in bf16, recorded as op (LINEAR, or GELU_TANH_LINEAR, whose x16 is GELU's output
  * rounded: then x is GELU's input) with x16 and W rounded kept for the backward; x16 NULL: x's
  * rounded copy where its op made one (x->half), else rounded here. */
 cddp_tensor *cddp__linear_bf16(cddp_ctx *ctx, cddp__cdev *d, cddp__op op, cddp_tensor *x,
                                uint16_t *x16, cddp_tensor *w, cddp_tensor *b, cddp_tensor *y) {
-    int64_t in = w->shape[1], N = x->numel / in, outf = w->shape[0];
     if (!cddp__computes(ctx, d)) return NULL;
-    linear_saved *sv = cddp__ctx_alloc(ctx, sizeof *sv);
-    if (sv && !x16) x16 = x->half ? x->half : rounded(d, x->data, N, in, NULL, false);
-    uint16_t *w16 = sv && x16 ? rounded(d, w->data, outf, in, NULL, false) : NULL;
-    if (!w16) return NULL;
-    CDDP__K(&d->q, gemm, .ta = false, .tb = true, .M = N, .N = outf, .K = in, .alpha = 1.0f,
-            .lda = in, .ldb = in, .beta = 0.0f, .C = y->data, .ldc = outf, .compute = CDDP_BF16,
-            .A16 = x16, .B16 = w16, .bias = b ? b->data : NULL);
+    cddp__linear_saved *sv = cddp__ctx_alloc(ctx, sizeof *sv);
+    if (!sv || !cddp__linear_bf16_product(ctx, d, x, x16, w, b, y->data, sv)) return NULL;
     cddp__node *n;
     if (!cddp__record_op(ctx, op, y, b ? 3 : 2, (cddp_tensor *[]){x, w, b}, &n)) return NULL;
-    if (n) {
-        *sv = (linear_saved){x16, w16};
-        n->saved = sv;
-    }
+    if (n) n->saved = sv;
     return y;
 }
 
@@ -147,24 +149,29 @@ float *cddp__linear_bias_grad(cddp_ctx *ctx, const cddp__node *made) {
     return b && b->requires_grad ? cddp_grad_buffer(ctx, b) : NULL;
 }
 
+const uint16_t *cddp__linear_round_grad(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n,
+                                        const float *dy) {
+    cddp_tensor *b = n->nin > 2 ? n->in[2] : NULL, *W = n->in[1];
+    int64_t outf = W->shape[0], N = n->in[0]->numel / W->shape[1];
+    float *gb = b && b->requires_grad ? cddp_grad_buffer(ctx, b) : NULL;
+    if (b && b->requires_grad && !gb) return NULL;
+    return rounded(d, dy, N, outf, gb, true);
+}
+
 /* The output's gradient as the backward's products read it: rounded by the op after (grad_half,
  * its column sums in the bias's gradient already), or rounded here with them; NULL (the failure
  * latched) when out of memory. */
 const uint16_t *cddp__linear_grad_rounded(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n) {
-    cddp_tensor *b = n->nin > 2 ? n->in[2] : NULL;
-    int64_t outf = n->in[1]->shape[0], N = n->out->numel / outf;
     if (n->out->grad_half) return n->out->grad_half;
-    float *gb = b && b->requires_grad ? cddp_grad_buffer(ctx, b) : NULL;
-    if (b && b->requires_grad && !gb) return NULL;
-    return rounded(d, n->out->grad, N, outf, gb, true);
+    return cddp__linear_round_grad(ctx, d, n, n->out->grad);
 }
 
 /* dx (stored when assign, else added) = dy W, and W's gradient dW += dy^T x16, in bf16 */
 void cddp__linear_products_backward(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n, const uint16_t *dy,
                                     float *dx, bool assign) {
-    const linear_saved *sv = n->saved;
+    const cddp__linear_saved *sv = n->saved;
     cddp_tensor *W = n->in[1];
-    int64_t in = W->shape[1], N = n->out->numel / W->shape[0], outf = W->shape[0];
+    int64_t in = W->shape[1], N = n->in[0]->numel / in, outf = W->shape[0];
     if (dx)
         CDDP__K(&d->q, gemm, .M = N, .N = in, .K = outf, .alpha = 1.0f, .lda = outf, .ldb = in,
                 .beta = assign ? 0.0f : 1.0f, .C = dx, .ldc = in, .compute = CDDP_BF16, .A16 = dy,

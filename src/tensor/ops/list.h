@@ -44,6 +44,7 @@
     X(EMBEDDING, embedding) /* transformer.c */                                                    \
     X(LAYER_NORM, layer_norm)                                                                      \
     X(GELU_TANH, gelu_tanh)                                                                        \
-    X(ATTENTION, attention)
+    X(ATTENTION, attention)                                                                        \
+    X(QKV_ATTENTION, qkv_attention)
 
 #endif

@@ -218,6 +218,73 @@ cddp_tensor *cddp_attention(cddp_ctx *ctx, cddp_tensor *qkv, int n_head) {
     return out;
 }
 
+/* cddp_qkv_attention's state for its backward: the linear layer's (first: its products read it),
+ * q, k, v rounded to bf16 (B, T, 3C) and each query's log-sum-exp (B, n_head, T). */
+typedef struct qkv_attention_saved {
+    cddp__linear_saved linear;
+    uint16_t *qkv16;
+    float *lse;
+    int n_head;
+} qkv_attention_saved;
+
+/* In mixed precision, attending by rows: the product into memory reused by the next op (not
+ * kept), rounded to bf16 once for the attention's tiles and kept for its backward, instead of
+ * q, k, v kept in float32 and rounded again by the backward. */
+cddp_tensor *cddp_qkv_attention(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_tensor *b,
+                                int n_head) {
+    if (CDDP__FAILED(ctx) || !x || !w) return NULL;
+    int64_t shape[CDDP_MAX_DIMS], in = w->shape[1], outf = w->shape[0];
+    cddp__cdev *d = cddp__linear_on(ctx, "qkv_attention", x, w, b, shape);
+    if (!d) return NULL;
+    CDDP_CHECK(x->ndim == 3 && n_head > 0 && outf % (3 * (int64_t)n_head) == 0,
+               "qkv_attention: x %s must be (B,T,in) and weight %s (3C,in) with C a multiple of "
+               "%d heads",
+               CDDP__SHAPE(x), CDDP__SHAPE(w), n_head);
+    int64_t B = x->shape[0], T = x->shape[1], C = outf / 3, N = B * T;
+    if (!(N && in && cddp__takes_bf16(ctx, d) && by_rows(ctx, d, B, T, C, n_head)))
+        return cddp_attention(ctx, cddp_linear(ctx, x, w, b), n_head);
+    cddp_tensor *out = cddp__empty(d, CDDP_F32, 3, (int64_t[]){B, T, C});
+    qkv_attention_saved *sv = out ? cddp__ctx_alloc(ctx, sizeof *sv) : NULL;
+    uint16_t *qkv16 = sv ? cddp__dalloc(d, (size_t)(N * outf) * sizeof(uint16_t)) : NULL;
+    float *lse = qkv16 ? cddp__dalloc(d, (size_t)(B * n_head * T) * sizeof(float)) : NULL;
+    uint16_t *half = lse ? cddp__half_for(ctx, d, out) : NULL;
+    float *qkv = half ? cddp__dreuse(d, (size_t)(N * outf) * sizeof(float)) : NULL;
+    if (!qkv || !cddp__computes(ctx, d) ||
+        !cddp__linear_bf16_product(ctx, d, x, NULL, w, b, qkv, &sv->linear))
+        return NULL;
+    CDDP__K(&d->q, to_bf16, .dst = qkv16, .src = qkv, .rows = N, .cols = outf, .ld = outf);
+    CDDP__K(&d->q, flash_attention, .qkv16 = qkv16, .out = out->data, .lse = lse, .B = B, .T = T,
+            .C = C, .NH = n_head, .compute = ctx->compute, .out16 = half);
+    cddp__node *node;
+    if (!cddp__record_op(ctx, CDDP_OP_QKV_ATTENTION, out, b ? 3 : 2, (cddp_tensor *[]){x, w, b},
+                         &node))
+        return NULL;
+    if (node) {
+        sv->qkv16 = qkv16, sv->lse = lse, sv->n_head = n_head;
+        node->saved = sv;
+    }
+    return out;
+}
+
+/* The attention's backward into q, k and v's gradient (memory of the step's released
+ * gradients, given back after), then the linear layer's from it, as the two ops' backward. */
+void cddp__qkv_attention_backward(cddp_ctx *ctx, cddp__node *n) {
+    cddp__cdev *d = cddp__node_dev(ctx, n);
+    const qkv_attention_saved *sv = n->saved;
+    cddp_tensor *x = n->in[0];
+    int64_t B = x->shape[0], T = x->shape[1], outf = n->in[1]->shape[0], N = B * T;
+    float *dqkv = d ? cddp__grad_scratch(d, N * outf) : NULL;
+    if (!dqkv) return;
+    CDDP__K(&d->q, flash_attention_grad, .qkv16 = sv->qkv16, .out = n->out->data, .lse = sv->lse,
+            .dout = n->out->grad, .dqkv = dqkv, .B = B, .T = T, .C = outf / 3, .NH = sv->n_head,
+            .assign = true, .compute = ctx->compute);
+    const uint16_t *dy = cddp__linear_round_grad(ctx, d, n, dqkv);
+    bool assign = false;
+    float *dx = dy && x->requires_grad ? cddp_grad_buffer_assign(ctx, x, &assign) : NULL;
+    if (dy && (dx || !x->requires_grad)) cddp__linear_products_backward(ctx, d, n, dy, dx, assign);
+    cddp__grad_scratch_release(d, dqkv, N * outf);
+}
+
 /* The attention of new positions past..past+T-1 against a cache of the earlier ones' projections
  * (see tensor.h). No gradient: it is for generation, with gradients off. */
 cddp_tensor *cddp_attention_cached(cddp_ctx *ctx, cddp_tensor *qkv, int n_head, cddp_tensor *cache,
