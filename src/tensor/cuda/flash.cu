@@ -4,15 +4,15 @@
  *
  * A block of 4 warps takes 64 queries (or 64 keys) of one head, each warp 16 rows of them. The
  * float32 q, k, v (unless the op has them in bf16 already: qkv16) and the output's gradient are
- * first rounded to bf16 (round_k, into the step's scratch: the tiles' values, which every product
- * took rounded anyway); the kernels then copy tiles of them into shared memory with cp.async, two
- * stages deep, so that the next block's tiles come while this one's are multiplied. Every product
- * is the tensor cores' mma.sync m16n8k16 (bf16 operands, float32 sums), its operands loaded from
- * the tiles by ldmatrix. A warp's scores, weights and their gradients stay in its registers: the
- * float32 accumulators of one product, rounded in pairs, are the operands of the next (the
- * layouts of the PTX ISA's m16n8k16: a thread holds rows g and g + 8, g its lane / 4, columns
- * 2 (lane % 4) and the one after, of each 8 columns). Only the diagonal block is masked: below
- * it every key comes before every query.
+ * first rounded to bf16 (by to_bf16 and flash_dot_k, into the step's scratch: the tiles' values,
+ * which every product took rounded anyway); the kernels then copy tiles of them into shared memory
+ * with cp.async, two stages deep, so that the next block's tiles come while this one's are
+ * multiplied. Every product is the tensor cores' mma.sync m16n8k16 (bf16 operands, float32 sums),
+ * its operands loaded from the tiles by ldmatrix. A warp's scores, weights and their gradients stay
+ * in its registers: the float32 accumulators of one product, rounded in pairs, are the operands of
+ * the next (the layouts of the PTX ISA's m16n8k16: a thread holds rows g and g + 8, g its lane / 4,
+ * columns 2 (lane % 4) and the one after, of each 8 columns). Only the diagonal block is masked:
+ * below it every key comes before every query.
  *
  *   forward   per key block: S = q k^T, the online softmax (each row's running maximum m and sum
  *             l, the output's rows rescaled when m grows), O += P v with P the unnormalised
@@ -199,16 +199,6 @@ __device__ void copy_tile(bf16 *tile, const bf16 *src, int64_t ld, int64_t row0,
         int i = threadIdx.x + k * THREADS, r = i / CH, c = i % CH * 8;
         bool in = row0 + r < T;
         copy16(tile + r * LD<D> + c, in ? src + (row0 + r) * ld + c : src, in ? 16 : 0);
-    }
-}
-
-/* n4 float4's rounded to bf16 (to nearest even, as the host's to_bf16 rounds): the kernels'
- * operands, copied into their tiles as they are. */
-__global__ void round_k(uint2 *dst, const float4 *src, int64_t n4) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        float4 v = src[i];
-        dst[i] = make_uint2(pack(v.x, v.y), pack(v.z, v.w));
     }
 }
 
@@ -454,15 +444,15 @@ __global__ void __launch_bounds__(THREADS)
     put_rows<D>(dqkv + b * T * ld + h * D, ld, dq, i0, T, scale, assign);
 }
 
-/* n floats (a multiple of 4, 16-byte aligned: takes() checked) rounded to bf16 in the queue's
- * scratch (the step's arena), for the kernels' tiles; NULL when it failed (reported). */
-const bf16 *rounded(cddp__kq *q, cudaStream_t s, const float *x, int64_t n) {
-    bf16 *r = (bf16 *)cddp__kq_scratch(q, (size_t)n * sizeof(bf16));
+/* n floats rounded to bf16 in the queue's scratch (the step's arena), for the kernels' tiles, by
+ * the to_bf16 kernel; NULL when there is no scratch (reported). */
+const bf16 *rounded(cddp__kq *q, const float *x, int64_t n) {
+    uint16_t *r = (uint16_t *)cddp__kq_scratch(q, (size_t)n * sizeof(uint16_t));
     if (!r) return NULL;
-    int64_t n4 = n / 4, blocks = (n4 + 255) / 256;
-    round_k<<<(unsigned)(blocks < 8192 ? blocks : 8192), 256, 0, s>>>((uint2 *)r, (const float4 *)x,
-                                                                      n4);
-    return cddp__cuda_failed(q, cudaGetLastError(), "flash_attention") ? NULL : r;
+    cddp__k_to_bf16 a = {};
+    a.dst = r, a.src = x, a.rows = 1, a.cols = n, a.ld = n;
+    cddp__cuda_to_bf16(q, &a); /* a failed launch is reported by it */
+    return (const bf16 *)r;
 }
 
 template <int D>
@@ -510,7 +500,7 @@ void cddp__cuda_flash_attention(cddp__kq *q, const cddp__k_flash_attention *a) {
     cudaStream_t s = cddp__cuda_enter(q);
     if (a->B * a->T == 0 || !takes(q, a->B, a->T, a->C, a->NH, a->compute, a->qkv, a->qkv)) return;
     const bf16 *qkv =
-        a->qkv16 ? (const bf16 *)a->qkv16 : rounded(q, s, a->qkv, a->B * a->T * 3 * a->C);
+        a->qkv16 ? (const bf16 *)a->qkv16 : rounded(q, a->qkv, a->B * a->T * 3 * a->C);
     if (!qkv) return;
     if (a->C / a->NH == 64)
         forward<64>(q, s, a, qkv);
@@ -530,7 +520,7 @@ void cddp__cuda_flash_attention_grad(cddp__kq *q, const cddp__k_flash_attention_
                                                                     a->T, a->C, a->NH, rows);
     if (cddp__cuda_failed(q, cudaGetLastError(), "flash_attention_grad")) return;
     const bf16 *qkv =
-        a->qkv16 ? (const bf16 *)a->qkv16 : rounded(q, s, a->qkv, a->B * a->T * 3 * a->C);
+        a->qkv16 ? (const bf16 *)a->qkv16 : rounded(q, a->qkv, a->B * a->T * 3 * a->C);
     if (!qkv) return;
     if (a->C / a->NH == 64)
         backward<64>(q, s, a, qkv, dout, dsum);

@@ -160,6 +160,16 @@ __global__ void to_bf16_k(uint16_t *dst, const float *src, int64_t rows, int64_t
     FOR_EACH(i, rows * cols) dst[i] = bf16_of(src[i / cols * ld + i % cols]);
 }
 
+/* The same for dense rows, 4 values a thread (n4 float4's, src 16-byte and dst 8-byte aligned):
+ * no division per element, one 16-byte load and one 8-byte store. */
+__global__ void to_bf16_dense_k(uint2 *dst, const float4 *src, int64_t n4) {
+    FOR_EACH(i, n4) {
+        float4 v = src[i];
+        dst[i] = make_uint2(bf16_of(v.x) | (uint32_t)bf16_of(v.y) << 16,
+                            bf16_of(v.z) | (uint32_t)bf16_of(v.w) << 16);
+    }
+}
+
 __global__ void mul_k(float *y, const float *a, const float *b, int64_t n, bool add) {
     FOR_EACH(i, n) y[i] = add ? y[i] + a[i] * b[i] : a[i] * b[i];
 }
@@ -1135,8 +1145,13 @@ void cddp__cuda_to_bf16(cddp__kq *q, const cddp__k_to_bf16 *a) {
                bf16_store{a->dst, a->cols});
         return;
     }
-    to_bf16_k<<<blocks(a->rows * a->cols), THREADS, 0, s>>>(a->dst, a->src, a->rows, a->cols,
-                                                            a->ld);
+    int64_t n = a->rows * a->cols;
+    if ((a->ld == a->cols || a->rows == 1) && n % 4 == 0 && (uintptr_t)a->src % 16 == 0 &&
+        (uintptr_t)a->dst % 8 == 0)
+        to_bf16_dense_k<<<blocks(n / 4), THREADS, 0, s>>>((uint2 *)a->dst, (const float4 *)a->src,
+                                                          n / 4);
+    else
+        to_bf16_k<<<blocks(n), THREADS, 0, s>>>(a->dst, a->src, a->rows, a->cols, a->ld);
     LAUNCHED(q, "to_bf16");
 }
 
