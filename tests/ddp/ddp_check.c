@@ -518,10 +518,16 @@ static int resume(cddp_comm *g, const char *dir) {
 
 enum { GPT_T = 8, GPT_V = 32 };
 
+/* 2 heads of 8, or of CDDP_TEST_GPT_HEAD_SIZE (32: heads a GPU attends to by rows, which the
+ * emulated device does too, in bf16) */
 static cddp_model *gpt_model(void) {
     cddp_error err = {0};
-    cddp_gpt_config c = {
-        .vocab_size = GPT_V, .block_size = GPT_T, .n_layer = 2, .n_head = 2, .n_embd = 16};
+    const char *hs = getenv("CDDP_TEST_GPT_HEAD_SIZE");
+    cddp_gpt_config c = {.vocab_size = GPT_V,
+                         .block_size = GPT_T,
+                         .n_layer = 2,
+                         .n_head = 2,
+                         .n_embd = 2 * (hs ? atoi(hs) : 8)};
     cddp_model *m = cddp_model_create_with(cddp_nn_gpt(&c), &err);
     if (!m || cddp_model_build(m, 5))
         FAIL("cannot build the GPT: %s", m ? cddp_model_error(m) : err.msg);
