@@ -41,10 +41,8 @@ static void head_qkv(float *w, const float *qkv, const uint16_t *qkv16, int64_t 
             continue;
         }
         for (int64_t t = 0; t < T; t++)
-            for (int64_t d = 0; d < HS; d++) {
-                uint32_t u = (uint32_t)qkv16[at + part * C + t * 3 * C + d] << 16;
-                memcpy(&dst[t * HS + d], &u, sizeof u);
-            }
+            for (int64_t d = 0; d < HS; d++)
+                dst[t * HS + d] = cddp__bf16_widen(qkv16[at + part * C + t * 3 * C + d]);
     }
 }
 

@@ -258,10 +258,7 @@ static void copy_row(float *restrict dst, const float *restrict src, int64_t n, 
 /* n bf16 values from src (every stride-th) into dst as float32 (exact). */
 static void widen_row(float *restrict dst, const uint16_t *restrict src, int64_t n,
                       int64_t stride) {
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)src[i * stride] << 16;
-        memcpy(&dst[i], &u, sizeof u);
-    }
+    for (int64_t i = 0; i < n; i++) dst[i] = cddp__bf16_widen(src[i * stride]);
 }
 
 static void weights_grad(cddp__kq *q, const cddp__conv_geom *g, const float *xd,

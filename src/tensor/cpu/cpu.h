@@ -54,12 +54,16 @@ static inline uint16_t cddp__round_bf16(float x) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
-/* x rounded to bf16 (cddp__round_bf16) and widened back: the value a bf16 product reads. */
-static inline float cddp__bf16_rounded(float x) {
-    uint32_t u = (uint32_t)cddp__round_bf16(x) << 16;
+/* A bf16 value as float32 (exact). */
+static inline float cddp__bf16_widen(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
+}
+/* x rounded to bf16 (cddp__round_bf16) and widened back: the value a bf16 product reads. */
+static inline float cddp__bf16_rounded(float x) {
+    return cddp__bf16_widen(cddp__round_bf16(x));
 }
 /* The answers to cddp__kernels' questions, for a table of the CPU's kernels (the CPU's, and the
  * emulated device's, which runs them). */

@@ -245,10 +245,7 @@ static bool operands_of(cddp__kq *q, const cddp__k_gemm *a, bool native, operand
         if (native)
             cddp__to_bf16_rows(buf, cols, f, ld, rows, cols);
         else if (h) /* bf16 to float32: exact */
-            for (int64_t e = 0; e < rows * cols; e++) {
-                uint32_t u = (uint32_t)h[e] << 16;
-                memcpy((float *)buf + e, &u, sizeof u);
-            }
+            for (int64_t e = 0; e < rows * cols; e++) ((float *)buf)[e] = cddp__bf16_widen(h[e]);
         else
             cddp__bf16_round_rows(buf, f, ld, rows, cols);
     }
