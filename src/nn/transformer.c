@@ -35,6 +35,11 @@ static cddp_tensor *run(const cddp_module *m, int i, cddp_ctx *ctx, cddp_tensor 
 
 /* ---- attention, MLP, block ----------------------------------------------------------------*/
 
+/* A Linear child's bias, or NULL when it has none (its weight is parameter 0). */
+static cddp_tensor *bias_of(const cddp_module *linear) {
+    return linear->nparams > 1 ? cddp_module_get_param(linear, 1) : NULL;
+}
+
 typedef struct heads {
     int n_head;
 } heads;
@@ -45,9 +50,7 @@ static cddp_tensor *attention_forward(cddp_module *self, cddp_ctx *ctx, cddp_ten
     const heads *h = cddp_module_state(self);
     cddp_module *qkv = child(self, 0);
     return run(self, 1, ctx,
-               cddp_qkv_attention(ctx, x, cddp_module_get_param(qkv, 0),
-                                  qkv->nparams > 1 ? cddp_module_get_param(qkv, 1) : NULL,
-                                  h->n_head));
+               cddp_qkv_attention(ctx, x, cddp_module_get_param(qkv, 0), bias_of(qkv), h->n_head));
 }
 
 static const cddp_module_type attention_type = {"CausalSelfAttention", NULL, attention_forward,
@@ -58,7 +61,7 @@ static const cddp_module_type attention_type = {"CausalSelfAttention", NULL, att
 static cddp_tensor *mlp_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
     cddp_module *proj = child(self, 1);
     return cddp_gelu_tanh_linear(ctx, run(self, 0, ctx, x), cddp_module_get_param(proj, 0),
-                                 proj->nparams > 1 ? cddp_module_get_param(proj, 1) : NULL);
+                                 bias_of(proj));
 }
 
 static const cddp_module_type mlp_type = {"MLP", NULL, mlp_forward, NULL};

@@ -109,11 +109,11 @@ static double expected(cddp_comm_op op, cddp_comm_dtype dt, int64_t i) {
     return NAN;
 }
 
-/* b[0..n) = input(op, r, first + i) and the first i where b differs from expected(op, dt,
- * first + i), or -1 (its value in *got): both repeat every 3 elements, so each of the 3 values is
- * made once, not per element (the matrix checks millions of elements per rank). */
-static void fill(void *b, cddp_comm_dtype dt, int64_t n, cddp_comm_op op, int r, int64_t first) {
-    int v[3], m = (int)(first % 3);
+/* b[0..n) = input(op, r, i), and the first i where b differs from expected(op, dt, first + i),
+ * or -1 (its value in *got): both repeat every 3 elements, so each of the 3 values is made once,
+ * not per element (the matrix checks millions of elements per rank). */
+static void fill(void *b, cddp_comm_dtype dt, int64_t n, cddp_comm_op op, int r) {
+    int v[3], m = 0;
     for (int k = 0; k < 3; k++) v[k] = input(op, r, k);
     for (int64_t i = 0; i < n; i++, m = m == 2 ? 0 : m + 1) set(b, dt, i, v[m]);
 }
@@ -172,7 +172,7 @@ static int reductions(cddp_comm *c, uint8_t *in, uint8_t *out, size_t cap, bool 
                     /* 16 ranks on 2 cores: the largest count in float only (the integer's at
                      * 5 and 8 ranks) */
                     if (world > 8 && ci == 4 && dt != CDDP_COMM_F32) continue;
-                    fill(in, dt, total, op, rank, 0);
+                    fill(in, dt, total, op, rank);
                     memset(out, 0xAB, cap);
                     size_t es = cddp_comm_dtype_size(dt);
                     void *dst = inplace ? (void *)(in + (size_t)first * es) : out;
@@ -216,7 +216,7 @@ static int registered(cddp_comm *c, uint8_t *out, size_t cap) {
         size_t at = offsets[k][rank == world - 1];
         int64_t n = 100003;
         double got;
-        fill(base + at, CDDP_COMM_F32, n, CDDP_COMM_SUM, rank, 0);
+        fill(base + at, CDDP_COMM_F32, n, CDDP_COMM_SUM, rank);
         if (cddp_comm_allreduce(c, base + at, base + at, n, CDDP_COMM_F32, CDDP_COMM_SUM, -1, &err))
             die("allreduce at an offset failed: %s%.0f", err.msg, 0);
         if (first_wrong(base + at, CDDP_COMM_F32, n, CDDP_COMM_SUM, 0, &got) >= 0)
@@ -230,7 +230,7 @@ static int registered(cddp_comm *c, uint8_t *out, size_t cap) {
         int64_t n = sizes[it % 5];
         float *f = (float *)mem;
         double got;
-        fill(f, CDDP_COMM_F32, n, CDDP_COMM_SUM, rank, 0);
+        fill(f, CDDP_COMM_F32, n, CDDP_COMM_SUM, rank);
         if (cddp_comm_allreduce(c, f, f, n, CDDP_COMM_F32, CDDP_COMM_SUM, -1, &err))
             die("back-to-back allreduce failed: %s%.0f", err.msg, 0);
         if (first_wrong(f, CDDP_COMM_F32, n, CDDP_COMM_SUM, 0, &got) >= 0)
