@@ -2,7 +2,7 @@
 """bf16_vs_torch.py BUILD_DIR [ROUNDS] [MODELS]: mixed precision on the CPU, cddp against itself in
 float32 and against PyTorch's CPU autocast to bfloat16 (and float32), rounds interleaved.
 
-MODELS, comma-separated (default gpt4,gpt6,mlp,cnn,resnet):
+MODELS, comma-separated (default gpt4,gpt6,mlp,cnn,resnet,resnet16):
   gpt4    nanoGPT's CPU recipe (4 layers, 4 heads, width 128, context 64, batch 12), 30 iterations
   gpt6    a larger GPT: 6 layers, 6 heads, width 384, context 256, batch 12, 10 iterations
   mlp     the seed's MLP (784-512-512-10) on Fashion-MNIST, one epoch at batch 64 (fashion_mnist
@@ -10,6 +10,7 @@ MODELS, comma-separated (default gpt4,gpt6,mlp,cnn,resnet):
           does not count either)
   cnn     fashion_mnist's CNN (2 convolutions with ReLU and pooling, 2 linear layers), the same
   resnet  fashion_mnist's ResNet (16, 32, 64 channels, BatchNorm), the first 12800 samples
+  resnet16  the same, cddp's activations in bf16 between the layers (CDDP_BF16_ACTIVATIONS=1)
 Each model runs on one rank with one math thread, and on 2 ranks under cddprun (one thread each;
 PyTorch's DDP over gloo), in cddp fp32, cddp bf16 (--dtype bf16), PyTorch fp32 and PyTorch
 autocast bf16. Prints every run, then per model and ranks the median (lowest..highest) of each
@@ -29,10 +30,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def main():
     if len(sys.argv) < 2:
-        sys.exit("usage: bf16_vs_torch.py BUILD_DIR [ROUNDS] [gpt4,gpt6,mlp,cnn,resnet]")
+        sys.exit("usage: bf16_vs_torch.py BUILD_DIR [ROUNDS] [gpt4,gpt6,mlp,cnn,resnet,resnet16]")
     build = sys.argv[1]
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    models = (sys.argv[3] if len(sys.argv) > 3 else "gpt4,gpt6,mlp,cnn,resnet").split(",")
+    models = (sys.argv[3] if len(sys.argv) > 3 else "gpt4,gpt6,mlp,cnn,resnet,resnet16").split(",")
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", CDDP_LOG_LEVEL="error")
     launch = [os.path.join(build, "bin", "cddprun"), "--standalone", "--nproc_per_node", "2"]
     gpt = os.path.join(build, "bin", "gpt_train")
@@ -51,8 +52,9 @@ def main():
                     "tokens_per_s"
             return [PY, os.path.join(HERE, "gpt_torch.py")] + common + \
                 ["--dtype", dtype, "--eval_batches", "1"], "tokens_per_s"
-        common = ["--model", model, "--batch-size", "64", "--dtype", dtype] + \
-            (["--limit", "12800"] if model == "resnet" else [])
+        resnet = model.startswith("resnet")
+        common = ["--model", "resnet" if resnet else model, "--batch-size", "64", "--dtype",
+                  dtype] + (["--limit", "12800"] if resnet else [])
         if impl == "cddp":
             return [fm, "--epochs", "1", "--log-every", "0", "--out", "none", "--json"] + common, \
                 "samples_per_s"
@@ -75,7 +77,9 @@ def main():
                         cmd, unit = cmds(model, impl, dtype)
                         if world == 2:
                             cmd = launch + cmd
-                        j = run_json("bf16_vs_torch", cmd, env)
+                        j = run_json("bf16_vs_torch", cmd,
+                                     dict(env, CDDP_BF16_ACTIVATIONS="1") if model == "resnet16"
+                                     else env)
                         key = (model, world, impl, dtype)
                         seen.setdefault(key, []).append(j[unit])
                         extra = ""

@@ -844,6 +844,165 @@ static void test_half_conversions(void **state) {
     }
 }
 
+/* ---- activations in bf16 -------------------------------------------------------------------- */
+
+/* A ResNet's chain with its activations in bf16 (cddp_to_dtype, then convolutions and batch
+ * normalisations that take and return bf16), against the same chain in float32 rounded where the
+ * bf16 one rounds (a float32 round trip through bf16 after the input, the convolution and the
+ * batch normalisation): the output and every gradient the same bits where the products are
+ * emulated (float32 loops on the same values), within bf16's 1e-2 of the largest on bf16 units
+ * (their convolution writing bf16 may sum in another order). The cases: the stem (one input
+ * channel, row-major: cddp's own loop for the weights' gradient) into batch_norm_relu; 16
+ * channels blocked into batch_norm_add_relu with a bf16 residual, and with a float32 one; a 1x1
+ * stride-2 shortcut into batch_norm; 16 channels row-major into batch_norm_relu in evaluation, and
+ * into batch_norm_add_relu with a bf16 residual; a float32 convolution into batch_norm_add_relu
+ * with a bf16 residual (its output float32). */
+enum {
+    ACT_STEM,
+    ACT_ADD_HALF,
+    ACT_ADD_F32,
+    ACT_SHORTCUT,
+    ACT_EVAL,
+    ACT_PLAIN_ADD,
+    ACT_F32_X,
+    ACT_CASES
+};
+
+/* x rounded to bf16 and widened back, as a float32 tensor (the reference's rounding) */
+static cddp_tensor *round_trip(cddp_ctx *c, cddp_tensor *x) {
+    return cddp_to_dtype(c, cddp_to_dtype(c, x, CDDP_BF16), CDDP_F32);
+}
+
+static void act_chain(int kind, bool half, float *res[7], int64_t n[7]) {
+    const int64_t C = kind == ACT_STEM ? 1 : 16, O = 16, N = 2, H = 8;
+    const int k = kind == ACT_SHORTCUT ? 1 : 3, stride = kind == ACT_SHORTCUT ? 2 : 1;
+    const int64_t OH = (H + 2 * (k / 2) - k) / stride + 1;
+    bool blocked =
+        kind == ACT_ADD_HALF || kind == ACT_ADD_F32 || kind == ACT_SHORTCUT || kind == ACT_F32_X;
+    bool train = kind != ACT_EVAL, residual = kind == ACT_ADD_HALF || kind == ACT_ADD_F32 ||
+                                              kind == ACT_PLAIN_ADD || kind == ACT_F32_X;
+    bool x_half = half && kind != ACT_F32_X, r_half = kind != ACT_ADD_F32;
+    chain ch;
+    chain_inputs(&ch, lo, 41 + (uint64_t)kind, residual ? 5 : 4, (int[]){4, 4, 1, 1, 4},
+                 (const int64_t *const[]){(int64_t[]){N, C, H, H}, (int64_t[]){O, C, k, k},
+                                          (int64_t[]){O}, (int64_t[]){O},
+                                          (int64_t[]){N, O, OH, OH}});
+    cddp_tensor **t = ch.t, *rm = NULL, *rv = NULL;
+    if (!train) { /* running statistics away from the batch's */
+        rm = cddp_uniform(lo, 1, (int64_t[]){O}, -0.5, 0.5, &ch.rng);
+        rv = cddp_uniform(lo, 1, (int64_t[]){O}, 0.5, 2, &ch.rng);
+    }
+    cddp_tensor *x = blocked ? cddp_to_blocked(lo, t[0]) : t[0];
+    cddp_tensor *r = !residual ? NULL : blocked ? cddp_to_blocked(lo, t[4]) : t[4];
+    x = x_half ? cddp_to_dtype(lo, x, CDDP_BF16) : round_trip(lo, x);
+    if (residual && r_half) r = half ? cddp_to_dtype(lo, r, CDDP_BF16) : round_trip(lo, r);
+    cddp_tensor *h = blocked || kind == ACT_STEM
+                         ? cddp_conv2d_blocked(lo, x, t[1], NULL, stride, k / 2, 1)
+                         : cddp_conv2d(lo, x, t[1], NULL, stride, k / 2);
+    assert_non_null(h);
+    assert_int_equal(h->dtype, x_half ? CDDP_BF16 : CDDP_F32);
+    if (!x_half) h = round_trip(lo, h);
+    cddp_tensor *y =
+        residual ? cddp_batch_norm_add_relu(lo, h, r, t[2], t[3], rm, rv, train, 0.1f, 1e-5f)
+        : kind == ACT_SHORTCUT
+            ? cddp_batch_norm(lo, h, t[2], t[3], rm, rv, train, 0.1f, 1e-5f)
+            : cddp_batch_norm_relu(lo, h, t[2], t[3], rm, rv, train, 0.1f, 1e-5f);
+    assert_non_null(y);
+    assert_int_equal(y->dtype, x_half ? CDDP_BF16 : CDDP_F32);
+    assert_int_equal(y->block, h->block);
+    y = cddp_to_nchw(lo, x_half ? cddp_to_dtype(lo, y, CDDP_F32) : round_trip(lo, y));
+    float *got[6];
+    chain_backward(&ch, lo, y, got); /* the inputs' gradients, then y */
+    for (int a = 0; a < 5; a++) {
+        res[a] = a < ch.k ? got[a] : NULL; /* the residual's: only where it is added */
+        n[a] = a < ch.k ? t[a]->numel : 0;
+    }
+    res[5] = got[ch.k];
+    n[5] = y->numel;
+    res[6] = NULL;
+    n[6] = 0;
+    if (!train) { /* the running statistics stay as they were in evaluation */
+        res[6] = malloc(2 * (size_t)O * sizeof(float));
+        assert_non_null(res[6]);
+        memcpy(res[6], HOST(rm), (size_t)O * sizeof(float));
+        memcpy(res[6] + O, HOST(rv), (size_t)O * sizeof(float));
+        n[6] = 2 * O;
+    }
+}
+
+static void test_bf16_activations(void **state) {
+    (void)state;
+    static const char *const what[] = {"x's gradient",   "w's",    "gamma's",           "beta's",
+                                       "the residual's", "output", "running statistics"};
+    cddp_error err = {0};
+    const char *how = NULL;
+    assert_int_equal(cddp_device_computes(test_device(), CDDP_BF16, &how, &err), CDDP_OK);
+    bool units = strstr(how, "emulated") == NULL;
+    for (int kind = 0; kind < ACT_CASES; kind++) {
+        float *half[7], *ref[7];
+        int64_t n[7], nr[7];
+        act_chain(kind, true, half, n);
+        act_chain(kind, false, ref, nr);
+        for (int a = 0; a < 7; a++) {
+            assert_int_equal(n[a], nr[a]);
+            double mag = 0, d = n[a] ? max_diff(half[a], ref[a], n[a], &mag) : 0;
+            if (units ? d > 1e-2 * mag : d != 0)
+                fail_msg("case %d, %s: %g from float32 rounded alike (largest %g)", kind, what[a],
+                         d, mag);
+            free(half[a]);
+            free(ref[a]);
+        }
+    }
+}
+
+/* cddp_to_dtype: float32 to bf16 rounds to nearest even (a NaN stays a NaN), bf16 to float32 is
+ * exact, a tensor already in the dtype is returned as it is, and the gradient passes through. */
+static void test_bf16_to_dtype(void **state) {
+    (void)state;
+    const float v[] = {1.0f,   1.00390625f, 1.01171875f, -3.1415926f, 0x1.fffffep+127f,
+                       1e-40f, NAN,         0.0f};
+    const int64_t n = sizeof v / sizeof v[0];
+    cddp_ctx_reset(ctx);
+    cddp_tensor *x = cddp_requires_grad(ctx, cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(n), v));
+    cddp_tensor *h = cddp_to_dtype(ctx, x, CDDP_BF16), *f = cddp_to_dtype(ctx, h, CDDP_F32);
+    assert_true(cddp_to_dtype(ctx, x, CDDP_F32) == x && cddp_to_dtype(ctx, h, CDDP_BF16) == h);
+    assert_int_equal(h->dtype, CDDP_BF16);
+    assert_int_equal(f->dtype, CDDP_F32);
+    const float *got = HOST(f);
+    for (int64_t i = 0; i < n; i++) {
+        float want = bf16(v[i]);
+        if (isnan(v[i]) ? !isnan(got[i]) : memcmp(&got[i], &want, sizeof want))
+            fail_msg("[%lld]: %a rounded to %a, want %a", (long long)i, (double)v[i],
+                     (double)got[i], (double)want);
+        assert_true(cddp_get(h, i) == got[i] || isnan(v[i]));
+    }
+    float iv[sizeof v / sizeof v[0]];
+    for (int64_t i = 0; i < n; i++) iv[i] = (float)i;
+    cddp_tensor *s = cddp_from_data(ctx, CDDP_F32, CDDP_SHAPE(n), iv);
+    assert_int_equal(cddp_backward(ctx, cddp_sum(ctx, cddp_mul(ctx, f, s))), CDDP_OK);
+    const float *g = HOST_GRAD(x);
+    for (int64_t i = 0; i < n; i++) assert_true(g[i] == (float)i);
+}
+
+/* A convolution given a bf16 input outside mixed precision stops, saying how to go on. */
+static void half_conv_in_f32(void *arg) {
+    (void)arg;
+    cddp_ctx_reset(ctx);
+    cddp_tensor *x =
+        cddp_to_dtype(ctx, cddp_ones(ctx, CDDP_F32, CDDP_SHAPE(1, 1, 4, 4)), CDDP_BF16);
+    cddp_conv2d(ctx, x, cddp_ones(ctx, CDDP_F32, CDDP_SHAPE(2, 1, 3, 3)), NULL, 1, 1);
+}
+
+static void test_bf16_activation_refused(void **state) {
+    (void)state;
+    char msg[1024];
+    int status = run_in_child(half_conv_in_f32, NULL, msg, sizeof msg);
+    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+    if (!strstr(msg, "conv2d: a bfloat16 input needs mixed precision") ||
+        !strstr(msg, "cddp_to_dtype"))
+        fail_msg("said: %s", msg);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_path),
@@ -858,6 +1017,9 @@ int main(void) {
         cmocka_unit_test(test_bf16_residual_grad_half),
         cmocka_unit_test(test_bf16_gelu_linear_fused),
         cmocka_unit_test(test_bf16_qkv_attention_fused),
+        cmocka_unit_test(test_bf16_activations),
+        cmocka_unit_test(test_bf16_to_dtype),
+        cmocka_unit_test(test_bf16_activation_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

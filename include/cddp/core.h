@@ -143,6 +143,9 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
       "1: bf16 matrix products also on a processor without AVX512-BF16 or AMX, emulated "          \
       "(bf16-rounded operands multiplied in float32: the same numbers, slower than float32), "     \
       "for testing bf16 numerics there; 0: refused.")                                              \
+    X(BF16_ACTIVATIONS, INT, "0",                                                                  \
+      "1: in mixed precision (bf16) a ResNet keeps its activations in bf16 between its "           \
+      "convolutions and batch normalisations (half their memory; cddp_to_dtype); 0: float32.")     \
     X(FLASH_ATTENTION, INT, "1",                                                                   \
       "1: attention runs by rows (flash attention: the (B,NH,T,T) weights never stored) where "    \
       "the device has kernels for it (CUDA in bf16, heads of 32 or 64); 0: it keeps the weights.") \

@@ -192,6 +192,17 @@ CDDP_API double cddp_item(const cddp_tensor *t);
  * A copy to the host waits for x's device; one from the host returns once x may change. */
 CDDP_API cddp_tensor *cddp_to(cddp_ctx *ctx, cddp_tensor *x, cddp_device *dev);
 
+/* x in dtype, CDDP_F32 or CDDP_BF16 (rounded to nearest even; widened back exactly), a
+ * differentiable copy in x's layout; x itself when it is in dtype already. Its gradient, as every
+ * gradient, is float32 and passes through unchanged (PyTorch's x.to(torch.bfloat16)).
+ * Activations in bf16: in mixed precision (cddp_ctx_options.compute = CDDP_BF16) the
+ * convolutions (cddp_conv2d, cddp_conv2d_groups, cddp_conv2d_blocked) and batch normalisations
+ * (cddp_batch_norm, ..._relu, ..._add_relu, whose residual may be either) take a bf16 input and
+ * return their output in bf16, half the bytes for what reads it next; they compute as with the
+ * input widened and round their output. Other ops refuse bf16 tensors: widen them first.
+ * cddp_nn_resnet keeps its activations so in mixed precision with CDDP_BF16_ACTIVATIONS=1. */
+CDDP_API cddp_tensor *cddp_to_dtype(cddp_ctx *ctx, cddp_tensor *x, cddp_dtype dtype);
+
 /* Views: share data with x. One dimension of reshape may be -1 (inferred). */
 CDDP_API cddp_tensor *cddp_reshape(cddp_ctx *ctx, cddp_tensor *x, int ndim, const int64_t *shape);
 /* (N, ...) -> (N, prod(...)), as nn.Flatten(). */

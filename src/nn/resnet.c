@@ -20,7 +20,11 @@
  * until the average pooling, whose output is row-major: no reorder between the layers, forward or
  * backward. A BasicBlock given a row-major tensor works row-major. Each BatchNorm followed by a
  * ReLU runs as one op, cddp_batch_norm_relu, and a block's second BatchNorm, the residual sum and
- * the ReLU after it as another, cddp_batch_norm_add_relu.
+ * the ReLU after it as another, cddp_batch_norm_add_relu. In mixed precision with
+ * CDDP_BF16_ACTIVATIONS=1 those activations are bf16 too, from the stem's input to the pooling
+ * (cddp_to_dtype; PyTorch's autocast keeps a ResNet's so): half their memory, each convolution
+ * writing bf16 and reading it without a reorder. Off by default until it is measured faster on a
+ * processor with bf16 units (docs/GUIDE.md's bf16 section).
  */
 #include "nn/internal.h"
 
@@ -75,9 +79,11 @@ cddp_module *cddp_nn_basic_block(int64_t in, int64_t out, int stride) {
 
 static cddp_tensor *resnet_forward(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x) {
     int n = cddp_module_num_children(self);
+    if (cddp_ctx_compute(ctx) == CDDP_BF16 && cddp_knob_int(CDDP_KNOB_BF16_ACTIVATIONS))
+        x = cddp_to_dtype(ctx, x, CDDP_BF16); /* the stem's convolution rounds it anyway */
     x = bn_relu(self, 1, ctx, run(self, 0, ctx, x), NULL);
     for (int i = 2; i < n - 1; i++) x = run(self, i, ctx, x);
-    x = cddp_flatten(ctx, cddp_adaptive_avg_pool2d(ctx, x, 1, 1));
+    x = cddp_flatten(ctx, cddp_adaptive_avg_pool2d(ctx, cddp_to_dtype(ctx, x, CDDP_F32), 1, 1));
     return run(self, n - 1, ctx, x);
 }
 

@@ -265,23 +265,28 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 
 /* Batch normalisation (norm.c's blocks: N images of C channels in groups of B, P positions each),
  * relu(bn(x) + r) with relu and r (r may be NULL); stats: mean and 1/std (2 C). In training the
- * batch's statistics, and rmean/rvar (either may be NULL) move by momentum; else rmean/rvar's. */
+ * batch's statistics, and rmean/rvar (either may be NULL) move by momentum; else rmean/rvar's.
+ * Activations in bf16: x16 for x, r16 for r (widened exactly), y16 for y (rounded to nearest
+ * even), each with its float32 pointer NULL. */
 #define CDDP__KA_batch_norm(F)                                                                     \
     F(const float *, x)                                                                            \
     F(const float *, r) F(const float *, w) F(const float *, b) F(float *, rmean) F(float *, rvar) \
         F(float *, y) F(float *, stats) F(int64_t, N) F(int64_t, C) F(int64_t, P) F(int64_t, B)    \
-            F(bool, training) F(bool, relu) F(float, momentum) F(float, eps)
+            F(bool, training) F(bool, relu) F(float, momentum) F(float, eps)                       \
+                F(const uint16_t *, x16) F(const uint16_t *, r16) F(uint16_t *, y16)
 /* its gradients: dx (stored when assign), dr (the residual's, stored when rassign), dw and db
  * added; each may be NULL. dy is the output's gradient, y the output (for relu); with dy_free and
  * relu the kernel leaves dy masked where y is 0 (the gradient is the op's after this backward:
  * the residual's gradient, or released). dx16 (then dx is NULL): x's gradient stored rounded to
- * bf16 (to nearest even) instead, for a convolution's backward (conv_grad_takes_bf16) */
+ * bf16 (to nearest even) instead, for a convolution's backward (conv_grad_takes_bf16). x16, y16:
+ * x and y in bf16 (as the forward's) */
 #define CDDP__KA_batch_norm_grad(F)                                                                \
     F(const float *, x)                                                                            \
     F(const float *, y) F(float *, dy) F(const float *, w) F(const float *, stats)                 \
         F(float *, dx) F(bool, assign) F(float *, dr) F(bool, rassign) F(float *, dw)              \
             F(float *, db) F(int64_t, N) F(int64_t, C) F(int64_t, P) F(int64_t, B)                 \
-                F(bool, training) F(bool, relu) F(bool, dy_free) F(uint16_t *, dx16)
+                F(bool, training) F(bool, relu) F(bool, dy_free) F(uint16_t *, dx16)       \
+                    F(const uint16_t *, x16) F(const uint16_t *, y16)
 
 /* Max pooling of planes (H,W) into (OH,OW) (relu: of max(x, 0)); arg (may be NULL): each
  * maximum's index in its plane. */
@@ -316,18 +321,20 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
         F(int64_t, OW) F(int, x_block)
 
 /* Convolution (g): y = x * w + b (b may be NULL). *state (state NULL: nothing kept; else a slot
- * of device memory) receives what the backward needs, kept in the step arena. */
+ * of device memory) receives what the backward needs, kept in the step arena. In bf16 (g's
+ * compute), x16 may stand for x and y16 for y (activations in bf16; the float32 pointer NULL). */
 #define CDDP__KA_conv2d(F)                                                                         \
     F(const float *, x)                                                                            \
-    F(const float *, w) F(const float *, b) F(float *, y) F(cddp__conv_geom, g) F(void **, state)
+    F(const float *, w) F(const float *, b) F(float *, y) F(cddp__conv_geom, g) F(void **, state)  \
+        F(const uint16_t *, x16) F(uint16_t *, y16)
 /* Its gradients from dy (g's output layout), or from dy16, the same rounded to bf16 (only where
  * conv_grad_takes_bf16 says so; dy is then NULL): each of dx, dw, db may be NULL, else stored (its
- * *_assign) or added; state: the forward's slot. */
+ * *_assign) or added; state: the forward's slot; x16: x in bf16 (as the forward's). */
 #define CDDP__KA_conv2d_grad(F)                                                                    \
     F(const float *, x)                                                                            \
     F(const float *, w) F(const float *, dy) F(float *, dx) F(bool, dx_assign) F(float *, dw)      \
         F(bool, dw_assign) F(float *, db) F(bool, db_assign) F(cddp__conv_geom, g)                 \
-            F(void **, state) F(const uint16_t *, dy16)
+            F(void **, state) F(const uint16_t *, dy16) F(const uint16_t *, x16)
 /* relu and 2x2 max pooling (stride 2) of the convolution, into y (N,O,OH/2,OW/2) row-major: only
  * where the device says it fuses (conv_pool_fuses) */
 #define CDDP__KA_conv2d_relu_pool(F)                                                               \

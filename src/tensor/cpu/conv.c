@@ -10,7 +10,10 @@
  * float32 results: the bf16 units' products with float32 sums, as the gemm kernel's. Emulated
  * (CDDP_BF16_EMULATE=1 on a processor without bf16 units), those operands are rounded in float32
  * and the float32 primitives run; the own loop of weights_grad rounds them as it copies them, in
- * both. */
+ * both. Activations in bf16 (x16, y16): the primitives read the input and write the output as
+ * bf16 (no reorder where the layout is the primitive's), kept for the weights' gradient as they
+ * are; emulated, the input is widened (exactly) for the float32 primitives and their output
+ * rounded to nearest even. */
 #include "tensor/cpu/dnnl.h"
 
 #include <string.h>
@@ -22,7 +25,7 @@ enum { FWD_TRAIN, FWD_INFER, BWD_DATA, BWD_WEIGHTS };
  * (the primitive's choice). */
 typedef struct conv_key {
     int64_t kind, N, C, H, W, O, KH, KW, OH, OW, stride, pad, groups, bias, src_block, dst_block,
-        bf16;
+        bf16, dst_bf16;
 } conv_key;
 
 static dnnl_format_tag_t block_tag(int64_t block) {
@@ -67,7 +70,9 @@ static dnnl_status_t make_conv(dnnl_primitive_desc_t *pd, const void *key,
            k->kind == BWD_WEIGHTS ? dnnl_f32 : in);
     md_tag(&dst, 4, (dnnl_dims_t){k->N, k->O, k->OH, k->OW},
            plain ? dnnl_nchw : block_tag(k->dst_block),
-           k->kind == FWD_TRAIN || k->kind == FWD_INFER ? dnnl_f32 : in);
+           k->kind != FWD_TRAIN && k->kind != FWD_INFER ? in
+           : k->dst_bf16                                ? dnnl_bf16
+                                                        : dnnl_f32);
     cddp__dnnl_ok(dnnl_memory_desc_init_by_tag(&b, 1, (dnnl_dims_t){k->O}, dnnl_f32, dnnl_x),
                   "describing a bias");
     const dnnl_dims_t strides = {k->stride, k->stride}, pad = {k->pad, k->pad};
@@ -96,7 +101,8 @@ static dnnl_status_t make_conv(dnnl_primitive_desc_t *pd, const void *key,
     return dnnl_primitive_desc_create(pd, &d, attr, cddp__dnnl_engine(), hint);
 }
 
-static const cddp__dnnl_prim *conv_prim(const cddp__conv_geom *g, int kind) {
+/* g's primitive of kind; a forward writing bf16 when dst_bf16 (bf16 units only). */
+static const cddp__dnnl_prim *conv_prim_to(const cddp__conv_geom *g, int kind, bool dst_bf16) {
     conv_key k = {.kind = kind,
                   .N = g->N,
                   .C = g->C,
@@ -113,8 +119,13 @@ static const cddp__dnnl_prim *conv_prim(const cddp__conv_geom *g, int kind) {
                   .bias = g->bias,
                   .src_block = g->x_block,
                   .dst_block = g->out_block,
-                  .bf16 = g->compute == CDDP_BF16 && cddp__cpu_bf16_native()};
+                  .bf16 = g->compute == CDDP_BF16 && cddp__cpu_bf16_native(),
+                  .dst_bf16 = dst_bf16};
     return cddp__dnnl_get(&k, sizeof k, make_conv);
+}
+
+static const cddp__dnnl_prim *conv_prim(const cddp__conv_geom *g, int kind) {
+    return conv_prim_to(g, kind, false);
 }
 
 /* An operand of n floats as g's products read it: itself, or in bf16 when the float32 primitives
@@ -129,6 +140,14 @@ static const float *operand(cddp__kq *q, const cddp__conv_geom *g, const float *
 
 static int64_t input_n(const cddp__conv_geom *g) {
     return g->N * g->C * g->H * g->W;
+}
+
+/* The input in bf16 (x16) as float32 loops and primitives read it: widened (exact) into scratch;
+ * NULL when out of memory (reported through q). */
+static const float *widened(cddp__kq *q, const cddp__conv_geom *g, const uint16_t *x16) {
+    float *x = cddp__kq_scratch(q, (size_t)input_n(g) * sizeof(float));
+    if (x) cddp__bf16_widen_n(x, x16, input_n(g));
+    return x;
 }
 
 static int64_t weights_n(const cddp__conv_geom *g) {
@@ -183,17 +202,22 @@ static cddp__dnnl_arg vec_arg(int arg, const void *data, cddp__dnnl_io io, int64
 }
 
 /* Runs the forward primitive p into dst: (N,O,OH,OW) in g's output layout, or in the layout dst_md;
- * x's copy in p's layout into xc (when not NULL) for the weights' gradient. */
+ * x's copy in p's layout into xc (when not NULL) for the weights' gradient. x16 (then x is NULL):
+ * the input in bf16, which p reads as it is; dst16: p writes bf16 into dst. */
 static bool conv_forward(cddp__kq *q, const cddp__dnnl_prim *p, const cddp__conv_geom *g,
-                         const float *x, const float *w, const float *b, void *dst,
-                         const dnnl_memory_desc_t *dst_md, cddp__dnnl_copy *xc) {
+                         const float *x, const uint16_t *x16, const float *w, const float *b,
+                         void *dst, bool dst16, const dnnl_memory_desc_t *dst_md,
+                         cddp__dnnl_copy *xc) {
     const int64_t od[4] = {g->N, g->O, g->OH, g->OW};
-    if (!(x = operand(q, g, x, input_n(g))) || !(w = operand(q, g, w, weights_n(g)))) return false;
+    if ((!x16 && !(x = operand(q, g, x, input_n(g)))) || !(w = operand(q, g, w, weights_n(g))))
+        return false;
     cddp__dnnl_arg args[4] = {
-        input_arg(DNNL_ARG_SRC, x, CDDP__DNNL_IN, g),
+        input_arg(DNNL_ARG_SRC, x16 ? (const void *)x16 : x, CDDP__DNNL_IN, g),
         weights(DNNL_ARG_WEIGHTS, w, CDDP__DNNL_IN, g),
         nchw_dims(DNNL_ARG_DST, dst, CDDP__DNNL_OUT, od, cddp__dnnl_tag(g->out_block), dst_md)};
     args[0].copy = xc;
+    args[0].bf16 = x16 != NULL;
+    args[2].bf16 = dst16;
     if (b) args[3] = vec_arg(DNNL_ARG_BIAS, b, CDDP__DNNL_IN, g->O);
     return cddp__dnnl_run(q, p, b ? 4 : 3, args);
 }
@@ -207,8 +231,20 @@ void cddp__cpu_conv2d(cddp__kq *q, const cddp__k_conv2d *a) {
         xc->data = NULL;
         *a->state = xc;
     }
-    const cddp__dnnl_prim *p = conv_prim(g, g->train ? FWD_TRAIN : FWD_INFER);
-    conv_forward(q, p, g, a->x, a->w, a->b, a->y, NULL, xc);
+    int kind = g->train ? FWD_TRAIN : FWD_INFER;
+    if (cddp__cpu_bf16_native() || (!a->x16 && !a->y16)) { /* the primitive reads and writes bf16 */
+        conv_forward(q, conv_prim_to(g, kind, a->y16 != NULL), g, a->x, a->x16, a->w, a->b,
+                     a->y16 ? (void *)a->y16 : a->y, a->y16 != NULL, NULL, xc);
+        return;
+    }
+    /* emulated: float32 primitives on the input widened, the output rounded */
+    int64_t yn = g->N * g->O * g->OH * g->OW;
+    const float *x = a->x16 ? widened(q, g, a->x16) : a->x;
+    float *y = a->y16 ? cddp__kq_scratch(q, (size_t)yn * sizeof(float)) : a->y;
+    if (!x || !y ||
+        !conv_forward(q, conv_prim(g, kind), g, x, NULL, a->w, a->b, y, false, NULL, xc))
+        return;
+    if (a->y16) cddp__to_bf16_rows(a->y16, yn, y, yn, 1, yn);
 }
 
 /* The output's gradient as a backward reads it: its data, and its layout (for oneDNN md, or tag
@@ -315,9 +351,11 @@ static cddp__dnnl_io io_of(bool assign) {
     return assign ? CDDP__DNNL_OUT : CDDP__DNNL_ADD;
 }
 
-/* The gradients o wants, from the output's gradient dy; xc: x's copy made by the forward. */
-static void conv_backward(cddp__kq *q, const cddp__conv_geom *g, const float *x, const float *W,
-                          const conv_grad *dy, const conv_out *o, cddp__dnnl_copy *xc) {
+/* The gradients o wants, from the output's gradient dy; xc: x's copy made by the forward; x16
+ * (then x is NULL): the input in bf16. */
+static void conv_backward(cddp__kq *q, const cddp__conv_geom *g, const float *x,
+                          const uint16_t *x16, const float *W, const conv_grad *dy,
+                          const conv_out *o, cddp__dnnl_copy *xc) {
     const int64_t od[4] = {g->N, g->O, g->OH, g->OW};
     cddp__dnnl_copy dyc = {0}; /* the output's gradient reordered once for both runs */
     const float *d = dy->data; /* as the products read it */
@@ -337,12 +375,15 @@ static void conv_backward(cddp__kq *q, const cddp__conv_geom *g, const float *x,
         if (!cddp__dnnl_run(q, p, 3, args)) return;
     }
     if (!o->dw && !o->db) return;
+    /* bf16 units read x16 as it is; float32 loops and primitives, widened */
+    bool x_bf16 = x16 && cddp__cpu_bf16_native() && !own;
+    if (x16 && !x_bf16 && !(x = widened(q, g, x16))) return;
     if (own) { /* x and the output gradient rounded as the loop copies them, in mixed precision */
         weights_grad(q, g, x, dy, o, g->compute == CDDP_BF16);
         return;
     }
     /* x as the forward's reorder left it, else rounded again when emulating */
-    if (!(xc && xc->data) && !(x = operand(q, g, x, input_n(g)))) return;
+    if (!x_bf16 && !(xc && xc->data) && !(x = operand(q, g, x, input_n(g)))) return;
     /* Weights and bias come from one primitive; one that is not wanted goes to scratch. */
     int64_t wn = g->O * (g->C / g->groups) * g->KH * g->KW;
     float *gw = o->dw ? o->dw : cddp__kq_scratch(q, (size_t)wn * sizeof(float));
@@ -350,9 +391,10 @@ static void conv_backward(cddp__kq *q, const cddp__conv_geom *g, const float *x,
     if (!gw || (g->bias && !gb)) return;
     const cddp__dnnl_prim *p = conv_prim(g, BWD_WEIGHTS);
     cddp__dnnl_arg args[4] = {
-        input_arg(DNNL_ARG_SRC, x, CDDP__DNNL_IN, g), dy_arg,
+        input_arg(DNNL_ARG_SRC, x_bf16 ? (const void *)x16 : x, CDDP__DNNL_IN, g), dy_arg,
         weights(DNNL_ARG_DIFF_WEIGHTS, gw, o->dw ? io_of(o->dw_assign) : CDDP__DNNL_OUT, g)};
     args[0].copy = xc;
+    args[0].bf16 = x_bf16;
     if (g->bias)
         args[3] =
             vec_arg(DNNL_ARG_DIFF_BIAS, gb, o->db ? io_of(o->db_assign) : CDDP__DNNL_OUT, g->O);
@@ -376,7 +418,7 @@ void cddp__cpu_conv2d_grad(cddp__kq *q, const cddp__k_conv2d_grad *a) {
                           .sW = B},
                     .n = g->N * g->O * g->OH * g->OW};
     conv_out o = {a->dx, a->dw, a->db, a->dx_assign, a->dw_assign, a->db_assign};
-    conv_backward(q, g, a->x, a->w, &dy, &o, *a->state);
+    conv_backward(q, g, a->x, a->x16, a->w, &dy, &o, *a->state);
 }
 
 /* ---- convolution, ReLU and 2x2 max pooling in one kernel -----------------------------------
@@ -438,7 +480,8 @@ void cddp__cpu_conv2d_relu_pool(cddp__kq *q, const cddp__k_conv2d_relu_pool *a) 
         if (!sv->code) return;
         *a->state = sv;
     }
-    if (!conv_forward(q, p, g, a->x, a->w, a->b, conv, md, sv ? &sv->xc : NULL)) return;
+    if (!conv_forward(q, p, g, a->x, NULL, a->w, a->b, conv, false, md, sv ? &sv->xc : NULL))
+        return;
     cddp__relu_pool2x2_lanes(conv, &l, g->N, g->O, g->OH, g->OW, a->y, sv ? sv->code : NULL, tile);
 }
 
@@ -454,5 +497,5 @@ void cddp__cpu_conv2d_relu_pool_grad(cddp__kq *q, const cddp__k_conv2d_relu_pool
                    .md = sv->md,
                    .l = sv->l,
                    .n = (int64_t)(dnnl_memory_desc_get_size(sv->md) / sizeof(float))};
-    conv_backward(q, g, a->x, a->w, &d, &o, &sv->xc);
+    conv_backward(q, g, a->x, NULL, a->w, &d, &o, &sv->xc);
 }

@@ -3,7 +3,8 @@
  * The CPU device's files, lowest first (no circle):
  *
  *   vec.c        vectorised loops: exp, GELU, layer normalisation's rows, batch normalisation's
- *                sums, ReLU, pooling, adds
+ *                sums on planes, ReLU, pooling, adds
+ *   lanes.c      batch normalisation's loops on channel-blocked blocks, float32 and bf16
  *   attn.c       the products of one head of causal self-attention
  *   attn_bf16.c  the same in bf16, on AVX512-BF16
  *   attn_rows.c  attention by rows (flash_attention): the reference for the CUDA device's kernels
@@ -47,6 +48,9 @@ void cddp__bf16_round(float *dst, const float *src, int64_t n);
 void cddp__bf16_round_rows(float *dst, const float *src, int64_t ld, int64_t rows, int64_t cols);
 void cddp__to_bf16_rows(uint16_t *dst, int64_t ldd, const float *src, int64_t ld, int64_t rows,
                         int64_t cols);
+/* n floats rounded to bf16 into dst, as cddp__round_bf16 rounds them (AVX512-BF16's conversion, or
+ * AVX2's integer lanes, where the processor has them) */
+void cddp__bf16_narrow_n(uint16_t *dst, const float *src, int64_t n);
 /* x rounded to bf16, to nearest with ties to even; a NaN stays a (quiet) NaN. */
 static inline uint16_t cddp__round_bf16(float x) {
     uint32_t u;
@@ -74,6 +78,9 @@ static inline float cddp__bf16_rounded(float x) {
 
 /* ---- vec.c: vectorised loops -------------------------------------------------------------- */
 
+/* n bf16 values as float32 (exact) */
+void cddp__bf16_widen_n(float *dst, const uint16_t *src, int64_t n);
+
 /* y = exp(x - shift), returning the sum of y. */
 float cddp__exp_shifted(const float *x, float shift, float *y, int64_t n);
 /* sum x[i], and sum (x[i] - m)^2, in 8 lanes (float) */
@@ -87,19 +94,28 @@ float cddp__dot_dev(const float *d, const float *x, float m, int64_t n);
 /* dx[i] += k (d[i] - a - (x[i] - m) b) (= when assign): batch normalisation's input gradient */
 void cddp__norm_grad_into(float *dx, const float *d, const float *x, float k, float a, float m,
                           float b, int64_t n, bool assign);
-/* Batch normalisation's loops over a block of P positions of B channels side by side (x[p B + k],
- * B at most 16), per channel k: out[k] += sum_p x, or (x - m[k])^2; y = (x - m[k])
- * s[k] + b[k], with r (else NULL) + r, with relu max(that, 0), in one pass; dx += k[j] (d - a[j] -
- * (x - m[j]) b[j]) (= when assign). */
-void cddp__lanes_sum(const float *x, int64_t P, int64_t B, double *out);
-void cddp__lanes_sq_dev(const float *x, const float *m, int64_t P, int64_t B, double *out);
-/* batch normalisation's backward sums of a block, dy masked by y > 0 (y not NULL) and stored into
- * g_out (when not NULL; it may be dy) on the way: out_s += sum g, out_t += sum g (x - m) */
-void cddp__lanes_grad_sums(float *dy, const float *y, const float *x, const float *m, float *g_out,
+
+/* ---- lanes.c: batch normalisation's loops over a block of P positions of B channels side by
+ * side (x[p B + k], B at most 16), per channel k: out[k] += sum_p x, or (x - m[k])^2; y = (x -
+ * m[k]) s[k] + b[k], with r (else none) + r, with relu max(that, 0), in one pass; dx += k[j] (d -
+ * a[j] - (x - m[j]) b[j]) (= when assign). */
+/* A block's values as those loops read them: float32 (f) or bf16 (h, widened exactly in the
+ * loop), the other NULL (both NULL: none). */
+typedef struct cddp__vals {
+    const float *f;
+    const uint16_t *h;
+} cddp__vals;
+void cddp__lanes_sum(cddp__vals x, int64_t P, int64_t B, double *out);
+void cddp__lanes_sq_dev(cddp__vals x, const float *m, int64_t P, int64_t B, double *out);
+/* batch normalisation's backward sums of a block, dy masked by y > 0 (y not none; y and x of one
+ * dtype) and stored into g_out (when not NULL; it may be dy) on the way: out_s += sum g, out_t +=
+ * sum g (x - m) */
+void cddp__lanes_grad_sums(float *dy, cddp__vals y, cddp__vals x, const float *m, float *g_out,
                            int64_t P, int64_t B, double *out_s, double *out_t);
-void cddp__lanes_normalize(const float *x, const float *m, const float *s, const float *b,
-                           const float *r, bool relu, float *y, int64_t P, int64_t B);
-void cddp__lanes_norm_grad_into(float *dx, const float *d, const float *x, const float *k,
+/* into y, or (x in bf16) into y16 rounded to nearest even; r float32, or bf16 with a bf16 x */
+void cddp__lanes_normalize(cddp__vals x, const float *m, const float *s, const float *b,
+                           cddp__vals r, bool relu, float *y, uint16_t *y16, int64_t P, int64_t B);
+void cddp__lanes_norm_grad_into(float *dx, const float *d, cddp__vals x, const float *k,
                                 const float *a, const float *m, const float *b, int64_t P,
                                 int64_t B, bool assign);
 /* out[i] += sum_j y[j] x[off[i] + j] (j < n) for the k offsets, 8 at a time in one pass over y */

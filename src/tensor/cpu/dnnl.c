@@ -132,7 +132,8 @@ const dnnl_memory_desc_t *cddp__dnnl_md(const cddp__dnnl_prim *p, int arg) {
 static dnnl_memory_desc_t given_md(const cddp__dnnl_arg *a) {
     if (a->md) return *a->md;
     dnnl_memory_desc_t md;
-    cddp__dnnl_ok(dnnl_memory_desc_init_by_tag(&md, a->ndims, a->dims, dnnl_f32, a->tag),
+    cddp__dnnl_ok(dnnl_memory_desc_init_by_tag(&md, a->ndims, a->dims,
+                                               a->bf16 ? dnnl_bf16 : dnnl_f32, a->tag),
                   "describing a tensor");
     return md;
 }

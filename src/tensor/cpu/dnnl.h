@@ -58,6 +58,7 @@ typedef struct cddp__dnnl_arg {
     dnnl_format_tag_t tag;
     const dnnl_memory_desc_t *md; /* data's layout when it is not the plain one; or NULL */
     cddp__dnnl_copy *copy; /* an input's: used when it has the layout wanted, else made; or NULL */
+    bool bf16;             /* without md: data's values are bf16, not float32 */
 } cddp__dnnl_arg;
 
 /* Runs p on the arguments (at most 8), reordering where p's layout is not the plain one, with

@@ -64,10 +64,6 @@ static void *buffer(cddp__kq *q, int i, size_t bytes) {
 
 /* ---- rounding to bf16 ----------------------------------------------------------------------- */
 
-static void to_bf16_any(uint16_t *dst, const float *src, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = cddp__round_bf16(src[i]);
-}
-
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void
 to_bf16_avx512(uint16_t *dst, const float *src, int64_t n) {
     int64_t i = 0;
@@ -86,15 +82,51 @@ static bool has_avx512bf16(void) {
     return __builtin_cpu_supports("avx512bf16");
 }
 
+/* cddp__round_bf16 on 16 floats at a time: both results made (rounded to nearest even, and a NaN
+ * kept quiet), one kept per lane, the 32-bit lanes packed to 16 bits in order */
+__attribute__((target("avx2"))) static void to_bf16_avx2(uint16_t *dst, const float *src,
+                                                         int64_t n) {
+    const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff),
+                  abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000),
+                  quiet = _mm256_set1_epi32(0x40);
+    int64_t i = 0;
+    __m256i h[2];
+    for (; i + 16 <= n; i += 16) {
+        for (int k = 0; k < 2; k++) {
+            __m256i u = _mm256_loadu_si256((const __m256i *)(src + i + 8 * k));
+            __m256i top = _mm256_srli_epi32(u, 16);
+            __m256i even = _mm256_srli_epi32(
+                _mm256_add_epi32(_mm256_add_epi32(u, bias), _mm256_and_si256(top, one)), 16);
+            __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
+            h[k] = _mm256_blendv_epi8(even, _mm256_or_si256(top, quiet), nan);
+        }
+        __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h[0], h[1]), 0xd8);
+        _mm256_storeu_si256((__m256i *)(dst + i), packed);
+    }
+    for (; i < n; i++) dst[i] = cddp__round_bf16(src[i]);
+}
+
+static int narrow_path; /* 1 AVX512-BF16, 2 AVX2, 3 neither */
+static pthread_once_t narrow_once = PTHREAD_ONCE_INIT;
+
+static void find_narrow(void) {
+    narrow_path = has_avx512bf16() ? 1 : __builtin_cpu_supports("avx2") ? 2 : 3;
+}
+
+void cddp__bf16_narrow_n(uint16_t *dst, const float *src, int64_t n) {
+    pthread_once(&narrow_once, find_narrow);
+    int path = narrow_path;
+    if (path == 1)
+        to_bf16_avx512(dst, src, n);
+    else if (path == 2)
+        to_bf16_avx2(dst, src, n);
+    else
+        for (int64_t i = 0; i < n; i++) dst[i] = cddp__round_bf16(src[i]);
+}
+
 void cddp__to_bf16_rows(uint16_t *dst, int64_t ldd, const float *src, int64_t ld, int64_t rows,
                         int64_t cols) {
-    bool fast = has_avx512bf16();
-    for (int64_t r = 0; r < rows; r++) {
-        if (fast)
-            to_bf16_avx512(dst + r * ldd, src + r * ld, cols);
-        else
-            to_bf16_any(dst + r * ldd, src + r * ld, cols);
-    }
+    for (int64_t r = 0; r < rows; r++) cddp__bf16_narrow_n(dst + r * ldd, src + r * ld, cols);
 }
 
 void cddp__bf16_round_rows(float *dst, const float *src, int64_t ld, int64_t rows, int64_t cols) {
@@ -245,7 +277,7 @@ static bool operands_of(cddp__kq *q, const cddp__k_gemm *a, bool native, operand
         if (native)
             cddp__to_bf16_rows(buf, cols, f, ld, rows, cols);
         else if (h) /* bf16 to float32: exact */
-            for (int64_t e = 0; e < rows * cols; e++) ((float *)buf)[e] = cddp__bf16_widen(h[e]);
+            cddp__bf16_widen_n(buf, h, rows * cols);
         else
             cddp__bf16_round_rows(buf, f, ld, rows, cols);
     }

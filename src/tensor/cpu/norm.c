@@ -14,7 +14,12 @@
  * gives the residual the masked block and takes both sums, a blocked layout's in one loop; the
  * masked block is written over the gradient itself when the op may overwrite it (dy_free), else
  * into a block of scratch when the residual needs it, else nowhere. The second pass makes the
- * input's gradient, from the masked gradient, or masking again. */
+ * input's gradient, from the masked gradient, or masking again.
+ *
+ * Activations in bf16 (x16, r16, y16): the channel-blocked loops read them as bf16 and widen each
+ * value as they go (exact: the same float32 arithmetic, half the bytes from memory) and write the
+ * output rounded; a plane's loops (B 1), the ReLU's mask of the second backward pass and a bf16
+ * residual beside a float32 x take each block widened into a block of scratch first. */
 #include "tensor/cpu/cpu.h"
 
 #include <math.h>
@@ -30,18 +35,47 @@ static int64_t at(const blocks *v, int64_t n, int64_t g) {
     return (n * v->G + g) * v->B * v->P;
 }
 
+/* A tensor's values: float32 (f), bf16 (h), or none (both NULL); scratch for a block of them
+ * widened. */
+typedef struct values {
+    const float *f;
+    const uint16_t *h;
+    float *scratch; /* a block's B P floats, where h */
+} values;
+
+/* The block at offset o, of B P values, as float32 (widened into scratch where bf16); NULL when
+ * there are none. */
+static const float *block_in(const blocks *v, const values *s, int64_t o) {
+    if (!s->h) return s->f ? s->f + o : NULL;
+    cddp__bf16_widen_n(s->scratch, s->h + o, v->B * v->P);
+    return s->scratch;
+}
+
+/* The block at offset o as the loops take it: as it is for the channel-blocked loops, unless
+ * widen; else (a plane's loops) as float32. */
+static cddp__vals block_at(const blocks *v, const values *s, int64_t o, bool widen) {
+    if (v->B > 1 && !widen) return (cddp__vals){s->f ? s->f + o : NULL, s->h ? s->h + o : NULL};
+    return (cddp__vals){block_in(v, s, o), NULL};
+}
+
+/* v's values f, or h with a block of scratch from q; false when out of memory (reported). */
+static bool values_of(cddp__kq *q, const blocks *v, values *s, const float *f, const uint16_t *h) {
+    *s = (values){f, h, NULL};
+    return !h || (s->scratch = cddp__kq_scratch(q, (size_t)(v->B * v->P) * sizeof(float)));
+}
+
 /* A block's loops (cddp__lanes_*, with a plane's own loops when B is 1); per-channel values are
  * the group's B. */
-static void block_sum(const blocks *v, const float *x, double *out) {
+static void block_sum(const blocks *v, cddp__vals x, double *out) {
     if (v->B == 1)
-        *out += cddp__sum(x, v->P);
+        *out += cddp__sum(x.f, v->P);
     else
         cddp__lanes_sum(x, v->P, v->B, out);
 }
 
-static void block_sq_dev(const blocks *v, const float *x, const float *m, double *out) {
+static void block_sq_dev(const blocks *v, cddp__vals x, const float *m, double *out) {
     if (v->B == 1)
-        *out += cddp__sq_dev(x, *m, v->P);
+        *out += cddp__sq_dev(x.f, *m, v->P);
     else
         cddp__lanes_sq_dev(x, m, v->P, v->B, out);
 }
@@ -50,12 +84,12 @@ static void block_sq_dev(const blocks *v, const float *x, const float *m, double
  * memory: each block's sum, then its squared deviations from its own mean while the block is still
  * in cache, the blocks combined as Chan, Golub and LeVeque's parallel variance (in double). bs, bq
  * and bm: scratch for B channels. */
-static void group_stats(const blocks *v, const float *x, int64_t g, double *mean, double *m2,
+static void group_stats(const blocks *v, const values *x, int64_t g, double *mean, double *m2,
                         double *bs, double *bq, float *bm) {
     double P = (double)v->P;
     for (int64_t k = 0; k < v->B; k++) mean[k] = m2[k] = 0.0;
     for (int64_t n = 0; n < v->N; n++) {
-        const float *xb = x + at(v, n, g);
+        cddp__vals xb = block_at(v, x, at(v, n, g), false);
         for (int64_t k = 0; k < v->B; k++) bs[k] = bq[k] = 0.0;
         block_sum(v, xb, bs);
         for (int64_t k = 0; k < v->B; k++) bm[k] = (float)(bs[k] / P);
@@ -69,24 +103,28 @@ static void group_stats(const blocks *v, const float *x, int64_t g, double *mean
     }
 }
 
-/* y = relu((x - m) s + b + r), r (may be NULL) and the ReLU as asked: a plane's loops one after
- * the other, a channel-blocked block's in one pass. */
-static void block_normalize(const blocks *v, const float *x, const float *m, const float *s,
-                            const float *b, const float *r, bool relu, float *y) {
+/* y = relu((x - m) s + b + r), r (may be none) and the ReLU as asked, into y, or (y16) rounded:
+ * a plane's loops one after the other (y16: through scratch ys), a channel-blocked block's in one
+ * pass. */
+static void block_normalize(const blocks *v, cddp__vals x, const float *m, const float *s,
+                            const float *b, cddp__vals r, bool relu, float *y, uint16_t *y16,
+                            float *ys) {
     if (v->B > 1) {
-        cddp__lanes_normalize(x, m, s, b, r, relu, y, v->P, v->B);
+        cddp__lanes_normalize(x, m, s, b, r, relu, y, y16, v->P, v->B);
         return;
     }
-    cddp__normalize(x, *m, *s, *b, y, v->P);
-    if (r) cddp__add_into(y, r, v->P);
-    if (relu) cddp__relu(y, y, v->P);
+    float *out = y16 ? ys : y;
+    cddp__normalize(x.f, *m, *s, *b, out, v->P);
+    if (r.f) cddp__add_into(out, r.f, v->P);
+    if (relu) cddp__relu(out, out, v->P);
+    if (y16) cddp__bf16_narrow_n(y16, out, v->P);
 }
 
-static void block_norm_grad(const blocks *v, float *dx, const float *d, const float *x,
+static void block_norm_grad(const blocks *v, float *dx, const float *d, cddp__vals x,
                             const float *k, const float *a, const float *m, const float *b,
                             bool assign) {
     if (v->B == 1)
-        cddp__norm_grad_into(dx, d, x, *k, *a, *m, *b, v->P, assign);
+        cddp__norm_grad_into(dx, d, x.f, *k, *a, *m, *b, v->P, assign);
     else
         cddp__lanes_norm_grad_into(dx, d, x, k, a, m, b, v->P, v->B, assign);
 }
@@ -106,14 +144,19 @@ void cddp__cpu_batch_norm(cddp__kq *q, const cddp__k_batch_norm *a) {
     float *sb =
         cddp__kq_scratch(q, 3 * (size_t)C * sizeof(float)); /* scale, shift, a block's mean */
     double *acc = cddp__kq_scratch(q, 4 * (size_t)C * sizeof(double));
-    if (!sb || !acc) return;
-    const float *xd = a->x, *r = a->r, *w = a->w, *b = a->b;
+    values xv, rv;
+    /* a plane's bf16 output, normalised here first */
+    float *yb = a->y16 && v.B == 1 ? cddp__kq_scratch(q, (size_t)v.P * sizeof(float)) : NULL;
+    if (!sb || !acc || !values_of(q, &v, &xv, a->x, a->x16) ||
+        !values_of(q, &v, &rv, a->r, a->r16) || (a->y16 && v.B == 1 && !yb))
+        return;
+    const float *w = a->w, *b = a->b;
     float *y = a->y, *mean = a->stats, *inv = a->stats + C, *scale = sb, *shift = sb + C;
     float *rmean = a->rmean, *rvar = a->rvar, momentum = a->momentum;
     for (int64_t g = 0; g < v.G; g++) {
         int64_t c0 = g * v.B;
         double *mu = acc + c0, *m2 = acc + C + c0;
-        if (a->training) group_stats(&v, xd, g, mu, m2, acc + 2 * C, acc + 3 * C, sb + 2 * C);
+        if (a->training) group_stats(&v, &xv, g, mu, m2, acc + 2 * C, acc + 3 * C, sb + 2 * C);
         for (int64_t c = c0; c < c0 + v.B; c++) {
             double var;
             if (a->training) {
@@ -131,9 +174,13 @@ void cddp__cpu_batch_norm(cddp__kq *q, const cddp__k_batch_norm *a) {
             scale[c] = inv[c] * (w ? w[c] : 1.0f);
             shift[c] = b ? b[c] : 0.0f;
         }
-        for (int64_t n = 0; n < v.N; n++)
-            block_normalize(&v, xd + at(&v, n, g), mean + c0, scale + c0, shift + c0,
-                            r ? r + at(&v, n, g) : NULL, a->relu, y + at(&v, n, g));
+        for (int64_t n = 0; n < v.N; n++) {
+            int64_t o = at(&v, n, g);
+            /* a bf16 residual beside a float32 x, widened first */
+            block_normalize(&v, block_at(&v, &xv, o, false), mean + c0, scale + c0, shift + c0,
+                            block_at(&v, &rv, o, rv.h && !xv.h), a->relu, y ? y + o : NULL,
+                            a->y16 ? a->y16 + o : NULL, yb);
+        }
     }
 }
 
@@ -151,8 +198,12 @@ void cddp__cpu_batch_norm_grad(cddp__kq *q, const cddp__k_batch_norm_grad *a) {
         relu && !in_place ? cddp__kq_scratch(q, (size_t)(v.B * v.P) * sizeof(float)) : NULL;
     /* dx16: each block's dx made here (in cache), then rounded into dx16 */
     float *block_dx = a->dx16 ? cddp__kq_scratch(q, (size_t)(v.B * v.P) * sizeof(float)) : NULL;
-    if (!acc || !coef || (relu && !in_place && !scratch) || (a->dx16 && !block_dx)) return;
-    const float *xd = a->x, *y = a->y, *mean = a->stats, *inv = a->stats + C;
+    values xv, yv;
+    if (!acc || !coef || (relu && !in_place && !scratch) || (a->dx16 && !block_dx) ||
+        !values_of(q, &v, &xv, a->x, a->x16) ||
+        !values_of(q, &v, &yv, relu ? a->y : NULL, relu ? a->y16 : NULL))
+        return;
+    const float *mean = a->stats, *inv = a->stats + C;
     float *dy = a->dy;
     float *dx = a->dx, *dr = a->dr, *gg = a->dw, *gb = a->db;
     float *ck = coef, *ca = coef + C, *cb = coef + 2 * C;
@@ -164,15 +215,15 @@ void cddp__cpu_batch_norm_grad(cddp__kq *q, const cddp__k_batch_norm_grad *a) {
             int64_t o = at(&v, s, grp);
             float *dyb = dy + o;
             const float *d; /* the block's gradient, masked (NULL: not kept, nobody reads it) */
-            if (v.B > 1) {  /* masked and summed both ways in one pass */
+            cddp__vals xb = block_at(&v, &xv, o, false), yb = block_at(&v, &yv, o, false);
+            if (v.B > 1) { /* masked and summed both ways in one pass */
                 float *g = !relu ? NULL : in_place ? dyb : dr ? scratch : NULL;
-                cddp__lanes_grad_sums(dyb, relu ? y + o : NULL, xd + o, mean + c0, g, v.P, v.B, sdy,
-                                      sdyxh);
+                cddp__lanes_grad_sums(dyb, yb, xb, mean + c0, g, v.P, v.B, sdy, sdyxh);
                 d = relu ? g : dyb;
             } else {
-                d = block_grad(&v, dyb, y + o, relu, in_place ? dyb : scratch);
-                block_sum(&v, d, sdy);
-                *sdyxh += cddp__dot_dev(d, xd + o, mean[c0], v.P);
+                d = block_grad(&v, dyb, yb.f, relu, in_place ? dyb : scratch);
+                *sdy += cddp__sum(d, v.P);
+                *sdyxh += cddp__dot_dev(d, xb.f, mean[c0], v.P);
             }
             if (dr && a->rassign)
                 memcpy(dr + o, d, (size_t)(v.B * v.P) * sizeof(float));
@@ -191,10 +242,11 @@ void cddp__cpu_batch_norm_grad(cddp__kq *q, const cddp__k_batch_norm_grad *a) {
         if (!dx && !a->dx16) continue;
         for (int64_t s = 0; s < v.N; s++) {
             int64_t o = at(&v, s, grp);
-            const float *d =
-                block_grad(&v, dy + o, y + o, relu && !in_place, scratch); /* in place: masked */
-            block_norm_grad(&v, dx ? dx + o : block_dx, d, xd + o, ck + c0, ca + c0, mean + c0,
-                            cb + c0, dx ? a->assign : true);
+            const float *d = relu && !in_place
+                                 ? block_grad(&v, dy + o, block_in(&v, &yv, o), true, scratch)
+                                 : dy + o; /* in place: masked already */
+            block_norm_grad(&v, dx ? dx + o : block_dx, d, block_at(&v, &xv, o, false), ck + c0,
+                            ca + c0, mean + c0, cb + c0, dx ? a->assign : true);
             if (!dx) cddp__to_bf16_rows(a->dx16 + o, v.B * v.P, block_dx, v.B * v.P, 1, v.B * v.P);
         }
     }

@@ -112,170 +112,6 @@ CLONES void cddp__norm_grad_into(float *restrict dx, const float *restrict d,
         for (int64_t i = 0; i < n; i++) dx[i] += k * (d[i] - a - (x[i] - m) * b);
 }
 
-/* ---- batch normalisation over channels in blocks of B (oneDNN's nChwBc) ------------------------
- * A block holds P positions of B channels side by side, x[p B + k]; the per-channel values (m, s,
- * ...) are the block's B. Each sum runs in 4 accumulators of B lanes, one for every fourth
- * position (a plane's sum in float, as cddp__sum's 8 lanes), added into doubles at the end. The
- * loops are written for any B, and instantiated for 16 and 8, which the compiler then vectorises
- * lane by lane. */
-#define MAX_BLOCK 16
-
-enum { LANE_SUM, LANE_SQ_DEV };
-
-/* out[k] += sum_p of: x (LANE_SUM), (x - m)^2 (LANE_SQ_DEV). */
-static inline __attribute__((always_inline)) void lane_sums(int what, const float *restrict x,
-                                                            const float *restrict m, int64_t P,
-                                                            int64_t B, double *restrict out) {
-    float acc[4][MAX_BLOCK] = {{0}};
-    float mk[MAX_BLOCK] = {0};
-    if (what != LANE_SUM) memcpy(mk, m, (size_t)B * sizeof(float));
-    int64_t p = 0;
-#define TERM(v, q, k)                                                                              \
-    (what == LANE_SUM ? (v)[(q)*B + (k)] : ((v)[(q)*B + (k)] - mk[k]) * ((v)[(q)*B + (k)] - mk[k]))
-    for (; p + 4 <= P; p += 4)
-        for (int u = 0; u < 4; u++)
-            for (int64_t k = 0; k < B; k++) acc[u][k] += TERM(x, p + u, k);
-    for (; p < P; p++)
-        for (int64_t k = 0; k < B; k++) acc[0][k] += TERM(x, p, k);
-#undef TERM
-    for (int64_t k = 0; k < B; k++)
-        out[k] += (double)((acc[0][k] + acc[1][k]) + (acc[2][k] + acc[3][k]));
-}
-
-/* The call with B a constant the compiler sees: 16, 8, or any other (not vectorised). */
-#define BY_BLOCK(B, call_with)                                                                     \
-    do {                                                                                           \
-        CDDP_CHECK((B) >= 1 && (B) <= MAX_BLOCK, "a block of %lld channels", (long long)(B));      \
-        if ((B) == 16)                                                                             \
-            call_with(16);                                                                         \
-        else if ((B) == 8)                                                                         \
-            call_with(8);                                                                          \
-        else                                                                                       \
-            call_with(B);                                                                          \
-    } while (0)
-
-CLONES void cddp__lanes_sum(const float *x, int64_t P, int64_t B, double *out) {
-#define CALL(b) lane_sums(LANE_SUM, x, NULL, P, b, out)
-    BY_BLOCK(B, CALL);
-#undef CALL
-}
-
-CLONES void cddp__lanes_sq_dev(const float *x, const float *m, int64_t P, int64_t B, double *out) {
-#define CALL(b) lane_sums(LANE_SQ_DEV, x, m, P, b, out)
-    BY_BLOCK(B, CALL);
-#undef CALL
-}
-
-/* Batch normalisation's two backward sums in one pass: out_s[k] += sum_p g, out_t[k] += sum_p
- * g (x - m), g the gradient dy, or (y not NULL: a ReLU's output) dy where y > 0 and +0 elsewhere,
- * written over dy (store 1) or into g_out (store 2) on the way. The mask is a bitwise and, not a
- * choice, so that the compiler contracts g (x - m) alike with and without it: batch_norm_relu's
- * gradients are then the bits of relu's backward followed by batch_norm's (test_ops). Four
- * accumulators of B lanes each way, as lane_sums. */
-static inline __attribute__((always_inline)) void
-lane_grad_sums(float *restrict dy, const float *restrict y, const float *restrict x,
-               const float *restrict m, float *restrict g_out, int store, int64_t P, int64_t B,
-               double *restrict out_s, double *restrict out_t) {
-    float s[4][MAX_BLOCK] = {{0}}, t[4][MAX_BLOCK] = {{0}}, mk[MAX_BLOCK];
-    memcpy(mk, m, (size_t)B * sizeof(float));
-#define STEP(q, u)                                                                                 \
-    for (int64_t k = 0; k < B; k++) {                                                              \
-        int64_t i = (q)*B + k;                                                                     \
-        float g = dy[i];                                                                           \
-        if (y) {                                                                                   \
-            uint32_t bits;                                                                         \
-            memcpy(&bits, &g, 4);                                                                  \
-            bits &= y[i] > 0.0f ? 0xffffffffu : 0u;                                                \
-            memcpy(&g, &bits, 4);                                                                  \
-        }                                                                                          \
-        if (store == 1) dy[i] = g;                                                                 \
-        if (store == 2) g_out[i] = g;                                                              \
-        s[u][k] += g;                                                                              \
-        t[u][k] += g * (x[i] - mk[k]);                                                             \
-    }
-    int64_t p = 0;
-    for (; p + 4 <= P; p += 4)
-        for (int u = 0; u < 4; u++) STEP(p + u, u)
-    for (; p < P; p++) STEP(p, 0)
-#undef STEP
-    for (int64_t k = 0; k < B; k++) {
-        out_s[k] += (double)((s[0][k] + s[1][k]) + (s[2][k] + s[3][k]));
-        out_t[k] += (double)((t[0][k] + t[1][k]) + (t[2][k] + t[3][k]));
-    }
-}
-
-CLONES void cddp__lanes_grad_sums(float *dy, const float *y, const float *x, const float *m,
-                                  float *g_out, int64_t P, int64_t B, double *out_s,
-                                  double *out_t) {
-#define CALL(bb)                                                                                   \
-    do {                                                                                           \
-        if (y && g_out == dy)                                                                      \
-            lane_grad_sums(dy, y, x, m, NULL, 1, P, bb, out_s, out_t);                             \
-        else if (y && g_out)                                                                       \
-            lane_grad_sums(dy, y, x, m, g_out, 2, P, bb, out_s, out_t);                            \
-        else if (y)                                                                                \
-            lane_grad_sums(dy, y, x, m, NULL, 0, P, bb, out_s, out_t);                             \
-        else                                                                                       \
-            lane_grad_sums(dy, NULL, x, m, NULL, 0, P, bb, out_s, out_t);                          \
-    } while (0)
-    BY_BLOCK(B, CALL);
-#undef CALL
-}
-
-/* r and relu are constants where it is inlined: one loop per case, the residual's sum and the
- * rectification in the pass that normalises (they were two more passes over the block). */
-static inline __attribute__((always_inline)) void
-lane_normalize(const float *restrict x, const float *restrict m, const float *restrict s,
-               const float *restrict b, const float *restrict r, bool relu, float *restrict y,
-               int64_t P, int64_t B) {
-    for (int64_t p = 0; p < P; p++)
-        for (int64_t k = 0; k < B; k++) {
-            float v = (x[p * B + k] - m[k]) * s[k] + b[k];
-            if (r) v += r[p * B + k];
-            y[p * B + k] = relu ? (v > 0.0f ? v : 0.0f) : v;
-        }
-}
-
-CLONES void cddp__lanes_normalize(const float *x, const float *m, const float *s, const float *b,
-                                  const float *r, bool relu, float *y, int64_t P, int64_t B) {
-#define CALL(bb)                                                                                   \
-    do {                                                                                           \
-        if (r && relu)                                                                             \
-            lane_normalize(x, m, s, b, r, true, y, P, bb);                                         \
-        else if (r)                                                                                \
-            lane_normalize(x, m, s, b, r, false, y, P, bb);                                        \
-        else if (relu)                                                                             \
-            lane_normalize(x, m, s, b, NULL, true, y, P, bb);                                      \
-        else                                                                                       \
-            lane_normalize(x, m, s, b, NULL, false, y, P, bb);                                     \
-    } while (0)
-    BY_BLOCK(B, CALL);
-#undef CALL
-}
-
-static inline __attribute__((always_inline)) void
-lane_norm_grad(float *restrict dx, const float *restrict d, const float *restrict x,
-               const float *restrict k, const float *restrict a, const float *restrict m,
-               const float *restrict b, int64_t P, int64_t B, bool assign) {
-    for (int64_t p = 0; p < P; p++)
-        for (int64_t j = 0; j < B; j++) {
-            float g = k[j] * (d[p * B + j] - a[j] - (x[p * B + j] - m[j]) * b[j]);
-            dx[p * B + j] = assign ? g : dx[p * B + j] + g;
-        }
-}
-
-CLONES void cddp__lanes_norm_grad_into(float *dx, const float *d, const float *x, const float *k,
-                                       const float *a, const float *m, const float *b, int64_t P,
-                                       int64_t B, bool assign) {
-    /* each case its own loop, the store or the add constant inside */
-#define CALL(bb) lane_norm_grad(dx, d, x, k, a, m, b, P, bb, true)
-    if (assign) BY_BLOCK(B, CALL);
-#undef CALL
-#define CALL(bb) lane_norm_grad(dx, d, x, k, a, m, b, P, bb, false)
-    if (!assign) BY_BLOCK(B, CALL);
-#undef CALL
-}
-
 CLONES float cddp__exp_shifted(const float *x, float shift, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = vexp(x[i] - shift);
     return sum_lanes(y, n);
@@ -295,6 +131,13 @@ CLONES float cddp__max(const float *x, int64_t n) {
 
 CLONES void cddp__scale_into(float *y, float s, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] *= s;
+}
+
+CLONES void cddp__bf16_widen_n(float *restrict dst, const uint16_t *restrict src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        memcpy(dst + i, &u, sizeof u);
+    }
 }
 
 CLONES void cddp__add_into(float *restrict acc, const float *restrict x, int64_t n) {

@@ -7,10 +7,11 @@
 
 #include <string.h>
 
-/* Checks a convolution's arguments (as op) and returns its shape, output row-major. */
+/* Checks a convolution's arguments (as op) and returns its shape, output row-major. x may be in
+ * bf16 (its caller says where that is allowed). */
 static cddp__conv_geom conv_check(const char *op, const cddp_tensor *x, const cddp_tensor *w,
                                   const cddp_tensor *b, int stride, int pad, int groups) {
-    cddp__need_f32_any(op, x);
+    if (x->dtype != CDDP_BF16) cddp__need_f32_any(op, x);
     cddp__need_f32(op, w);
     CDDP_CHECK(groups >= 1 && x->ndim == 4 && w->ndim == 4 && x->shape[1] % groups == 0 &&
                    w->shape[0] % groups == 0 && x->shape[1] == w->shape[1] * groups,
@@ -53,17 +54,22 @@ static bool record_conv(cddp__cdev *d, cddp__node *node, const cddp__conv_geom *
     return node->saved != NULL;
 }
 
-/* The convolution, its output blocked by out_block channels (0: plain). */
+/* The convolution, its output blocked by out_block channels (0: plain), in x's dtype: a bf16 x
+ * (activations in bf16, mixed precision only) gives a bf16 output. */
 static cddp_tensor *conv2d(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_tensor *b,
                            int stride, int padding, int groups, int out_block) {
     if (CDDP__FAILED(ctx) || !x || !w) return NULL;
     cddp__conv_geom g = conv_check("conv2d", x, w, b, stride, padding, groups);
+    bool half = x->dtype == CDDP_BF16;
+    CDDP_CHECK(!half || ctx->compute == CDDP_BF16,
+               "conv2d: a bfloat16 input needs mixed precision (cddp_ctx_options.compute = "
+               "CDDP_BF16); widen it with cddp_to_dtype(ctx, x, CDDP_F32) to convolve in float32");
     if (w->shape[0] % CDDP_MAX(out_block, 1)) out_block = 0;
     g.out_block = out_block;
     cddp__cdev *d = CDDP__ON(ctx, "conv2d", x, w, b);
     if (!d || !cddp__computes(ctx, d)) return NULL;
     g.compute = ctx->compute;
-    cddp_tensor *out = cddp__empty(d, CDDP_F32, 4, (int64_t[]){g.N, g.O, g.OH, g.OW});
+    cddp_tensor *out = cddp__empty(d, x->dtype, 4, (int64_t[]){g.N, g.O, g.OH, g.OW});
     if (!out) return NULL;
     out->block = out_block;
     cddp_tensor *in[3] = {x, w, b};
@@ -72,8 +78,9 @@ static cddp_tensor *conv2d(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_t
     if (!record_conv(d, node, &g)) return NULL;
     g.train = node != NULL;
     if (out->numel > 0)
-        CDDP__K(&d->q, conv2d, .x = x->data, .w = w->data, .b = b ? b->data : NULL, .y = out->data,
-                .g = g, .state = node ? node->saved : NULL);
+        CDDP__K(&d->q, conv2d, .x = half ? NULL : x->data, .x16 = half ? x->data : NULL,
+                .w = w->data, .b = b ? b->data : NULL, .y = half ? NULL : out->data,
+                .y16 = half ? out->data : NULL, .g = g, .state = node ? node->saved : NULL);
     return CDDP__FAILED(ctx) ? NULL : out;
 }
 
@@ -129,10 +136,12 @@ void cddp__conv2d_backward(cddp_ctx *ctx, cddp__node *n) {
     bool xa, wa, ba;
     cddp__cdev *d = cddp__node_dev(ctx, n);
     if (!d || !cddp__computes(ctx, d) || !conv_grads(ctx, n, &dx, &xa, &dw, &wa, &db, &ba)) return;
-    CDDP__K(&d->q, conv2d_grad, .x = n->in[0]->data, .w = n->in[1]->data,
-            .dy = n->out->grad_half ? NULL : n->out->grad, .dy16 = n->out->grad_half, .dx = dx,
-            .dx_assign = xa, .dw = dw, .dw_assign = wa, .db = db, .db_assign = ba,
-            .g = node_geom(ctx, n, n->out->block), .state = n->saved);
+    cddp_tensor *x = n->in[0];
+    bool half = x->dtype == CDDP_BF16;
+    CDDP__K(&d->q, conv2d_grad, .x = half ? NULL : x->data, .x16 = half ? x->data : NULL,
+            .w = n->in[1]->data, .dy = n->out->grad_half ? NULL : n->out->grad,
+            .dy16 = n->out->grad_half, .dx = dx, .dx_assign = xa, .dw = dw, .dw_assign = wa,
+            .db = db, .db_assign = ba, .g = node_geom(ctx, n, n->out->block), .state = n->saved);
 }
 
 /* ---- convolution, ReLU and 2x2 max pooling in one op ---------------------------------------
@@ -144,6 +153,7 @@ cddp_tensor *cddp_conv2d_relu_max_pool2d(cddp_ctx *ctx, cddp_tensor *x, cddp_ten
                                          cddp_tensor *b, int stride, int padding, int groups,
                                          int pool_kernel, int pool_stride, int pool_padding) {
     if (CDDP__FAILED(ctx) || !x || !w) return NULL;
+    cddp__need_f32_any("conv2d_relu_max_pool2d", x);
     cddp__conv_geom g = conv_check("conv2d_relu_max_pool2d", x, w, b, stride, padding, groups);
     cddp__cdev *d = CDDP__ON(ctx, "conv2d_relu_max_pool2d", x, w, b);
     if (!d || !cddp__computes(ctx, d)) return NULL;

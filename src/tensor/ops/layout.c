@@ -45,6 +45,7 @@ cddp_tensor *cddp_to_blocked(cddp_ctx *ctx, cddp_tensor *x) {
 cddp_tensor *cddp_to_nchw(cddp_ctx *ctx, cddp_tensor *x) {
     if (CDDP__FAILED(ctx) || !x) return NULL;
     if (!x->block) return x;
+    cddp__need_f32_any("to_nchw", x);
     return relayout(ctx, CDDP_OP_TO_NCHW, x, 0);
 }
 

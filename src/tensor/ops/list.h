@@ -9,7 +9,8 @@
 #define CDDP_TENSOR_OPS_LIST_H
 
 #define CDDP_OP_LIST(X)                                                                            \
-    X(RESHAPE, reshape)       /* shape.c */                                                        \
+    X(RESHAPE, reshape) /* shape.c */                                                              \
+    X(TO_DTYPE, to_dtype)                                                                          \
     X(TO_BLOCKED, to_blocked) /* layout.c */                                                       \
     X(TO_NCHW, to_nchw)                                                                            \
     X(TO_DEVICE, to_device) /* device.c */                                                         \

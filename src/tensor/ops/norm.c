@@ -14,7 +14,11 @@
  * block's end), adds r's block before rectifying it, and gives r the masked gradient: r takes the
  * output's gradient buffer itself, masked in place, where r has no gradient yet and the output's
  * is released after this backward (a ResNet's shortcut), else block by block in the first
- * backward pass. No sum tensor, no pass for the sum or its gradient. */
+ * backward pass. No sum tensor, no pass for the sum or its gradient.
+ *
+ * x and r may be bf16 (activations in bf16, as a ResNet in mixed precision keeps them): the
+ * kernels widen them a block at a time and compute in float32; the output is then bf16 too, its
+ * values rounded to nearest even, and the backward reads the bf16 input and output. */
 #include "tensor/internal.h"
 
 #include <string.h>
@@ -33,6 +37,15 @@ static blocks blocks_of(const cddp_tensor *x) {
                     .G = C / B};
 }
 
+/* t's data as the kernels take it: float32, or bf16; NULL for the other dtype (or no t). */
+static float *f32_of(const cddp_tensor *t) {
+    return t && t->dtype == CDDP_F32 ? t->data : NULL;
+}
+
+static uint16_t *bf16_of(const cddp_tensor *t) {
+    return t && t->dtype == CDDP_BF16 ? t->data : NULL;
+}
+
 /* op: batch_norm, batch_norm_relu, or batch_norm_add_relu with the residual r. */
 static cddp_tensor *batch_norm(cddp_ctx *ctx, cddp__op op, cddp_tensor *x, cddp_tensor *r,
                                cddp_tensor *weight, cddp_tensor *bias, cddp_tensor *running_mean,
@@ -40,9 +53,9 @@ static cddp_tensor *batch_norm(cddp_ctx *ctx, cddp__op op, cddp_tensor *x, cddp_
     if (CDDP__FAILED(ctx) || !x || (op == CDDP_OP_BATCH_NORM_ADD_RELU && !r)) return NULL;
     bool relu = op != CDDP_OP_BATCH_NORM;
     const char *name = !relu ? "batch_norm" : r ? "batch_norm_add_relu" : "batch_norm_relu";
-    cddp__need_f32_any(name, x);
+    if (x->dtype != CDDP_BF16) cddp__need_f32_any(name, x);
     if (r) {
-        cddp__need_f32_any(name, r);
+        if (r->dtype != CDDP_BF16) cddp__need_f32_any(name, r);
         CDDP_CHECK(r->ndim == x->ndim && !memcmp(r->shape, x->shape, sizeof x->shape) &&
                        r->block == x->block,
                    "batch_norm_add_relu: the residual %s (blocked by %d) is not of x's shape %s "
@@ -67,16 +80,16 @@ static cddp_tensor *batch_norm(cddp_ctx *ctx, cddp__op op, cddp_tensor *x, cddp_
                "channel, got %s",
                CDDP__SHAPE(x));
     cddp__cdev *d = CDDP__ON(ctx, name, x, r, weight, bias, running_mean, running_var);
-    cddp_tensor *out = cddp__empty(d, CDDP_F32, x->ndim, x->shape);
+    cddp_tensor *out = cddp__empty(d, x->dtype, x->ndim, x->shape);
     float *stats = out ? cddp__dalloc(d, 2 * (size_t)C * sizeof(float)) : NULL; /* mean, 1/std */
     if (!stats) return NULL;
     out->block = x->block;
-    CDDP__K(&d->q, batch_norm, .x = x->data, .r = r ? r->data : NULL,
+    CDDP__K(&d->q, batch_norm, .x = f32_of(x), .x16 = bf16_of(x), .r = f32_of(r), .r16 = bf16_of(r),
             .w = weight ? weight->data : NULL, .b = bias ? bias->data : NULL,
             .rmean = running_mean ? running_mean->data : NULL,
-            .rvar = running_var ? running_var->data : NULL, .y = out->data, .stats = stats,
-            .N = v.N, .C = C, .P = v.P, .B = v.B, .training = training, .relu = relu,
-            .momentum = momentum, .eps = eps);
+            .rvar = running_var ? running_var->data : NULL, .y = f32_of(out), .y16 = bf16_of(out),
+            .stats = stats, .N = v.N, .C = C, .P = v.P, .B = v.B, .training = training,
+            .relu = relu, .momentum = momentum, .eps = eps);
     cddp_tensor *in[4] = {x, weight, bias, r};
     cddp__node *node;
     if (!cddp__record_op(ctx, op, out, r ? 4 : 3, in, &node)) return NULL;
@@ -140,11 +153,11 @@ static void batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
     float *gb = b && b->requires_grad ? cddp_grad_buffer(ctx, b) : NULL;
     if (CDDP__FAILED(ctx)) return;
     blocks v = blocks_of(x);
-    CDDP__K(&d->q, batch_norm_grad, .x = x->data, .y = n->out->data, .dy = dy,
-            .w = g ? g->data : NULL, .stats = n->saved, .dx = dx, .assign = assign, .dr = dr,
-            .rassign = rassign, .dw = gg, .db = gb, .N = v.N, .C = v.C, .P = v.P, .B = v.B,
-            .training = n->arg.training, .relu = n->op != CDDP_OP_BATCH_NORM, .dy_free = dy_free,
-            .dx16 = dx16);
+    CDDP__K(&d->q, batch_norm_grad, .x = f32_of(x), .x16 = bf16_of(x), .y = f32_of(n->out),
+            .y16 = bf16_of(n->out), .dy = dy, .w = g ? g->data : NULL, .stats = n->saved, .dx = dx,
+            .assign = assign, .dr = dr, .rassign = rassign, .dw = gg, .db = gb, .N = v.N, .C = v.C,
+            .P = v.P, .B = v.B, .training = n->arg.training, .relu = n->op != CDDP_OP_BATCH_NORM,
+            .dy_free = dy_free, .dx16 = dx16);
 }
 
 void cddp__batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {

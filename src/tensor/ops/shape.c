@@ -1,5 +1,6 @@
 /* shape.c: views: reshape and flatten share their input's data; a view's backward routes its
- * gradient back to the source, element for element. */
+ * gradient back to the source, element for element. And to_dtype, a copy in another dtype
+ * (float32 <-> bf16), whose gradient goes back the same way. */
 #include "tensor/internal.h"
 
 /* A view of x with another shape. */
@@ -63,4 +64,27 @@ void cddp__reshape_backward(cddp_ctx *ctx, cddp__node *n) {
     cddp__cdev *d = cddp__node_dev(ctx, n);
     if (dx && d)
         CDDP__K(&d->q, accumulate, .dst = dx, .src = out->grad, .n = x->numel, .assign = assign);
+}
+
+cddp_tensor *cddp_to_dtype(cddp_ctx *ctx, cddp_tensor *x, cddp_dtype dtype) {
+    if (CDDP__FAILED(ctx) || !x) return NULL;
+    CDDP_CHECK((dtype == CDDP_F32 || dtype == CDDP_BF16) &&
+                   (x->dtype == CDDP_F32 || x->dtype == CDDP_BF16),
+               "to_dtype: %s to %s (float32 and bfloat16 convert into each other)",
+               cddp_dtype_name(x->dtype), cddp_dtype_name(dtype));
+    if (x->dtype == dtype) return x;
+    cddp__cdev *d = CDDP__ON(ctx, "to_dtype", x);
+    cddp_tensor *out = cddp__empty(d, dtype, x->ndim, x->shape);
+    if (!out) return NULL;
+    out->block = x->block;
+    bool widen = dtype == CDDP_F32;
+    if (x->numel > 0)
+        CDDP__K(&d->q, cast16, .h = widen ? x->data : out->data, .f = widen ? out->data : x->data,
+                .n = x->numel, .f16 = false, .widen = widen, .scale = 1.0f);
+    if (!cddp__record_op(ctx, CDDP_OP_TO_DTYPE, out, 1, &x, NULL)) return NULL;
+    return out;
+}
+
+void cddp__to_dtype_backward(cddp_ctx *ctx, cddp__node *n) {
+    cddp__reshape_backward(ctx, n);
 }
