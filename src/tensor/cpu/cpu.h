@@ -78,8 +78,10 @@ static inline float cddp__bf16_rounded(float x) {
 
 /* ---- vec.c: vectorised loops -------------------------------------------------------------- */
 
-/* n bf16 values as float32 (exact) */
+/* n bf16 values as float32 (exact); n floats rounded to bf16 and widened back (cddp__bf16_rounded;
+ * dst may be src) */
 void cddp__bf16_widen_n(float *dst, const uint16_t *src, int64_t n);
+void cddp__bf16_round_n(float *dst, const float *src, int64_t n);
 
 /* y = exp(x - shift), returning the sum of y. */
 float cddp__exp_shifted(const float *x, float shift, float *y, int64_t n);

@@ -130,8 +130,7 @@ void cddp__to_bf16_rows(uint16_t *dst, int64_t ldd, const float *src, int64_t ld
 }
 
 void cddp__bf16_round_rows(float *dst, const float *src, int64_t ld, int64_t rows, int64_t cols) {
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = cddp__bf16_rounded(src[r * ld + c]);
+    for (int64_t r = 0; r < rows; r++) cddp__bf16_round_n(dst + r * cols, src + r * ld, cols);
 }
 
 void cddp__bf16_round(float *dst, const float *src, int64_t n) {

@@ -140,6 +140,17 @@ CLONES void cddp__bf16_widen_n(float *restrict dst, const uint16_t *restrict src
     }
 }
 
+/* cddp__bf16_rounded without cddp__round_bf16's branch, so that it vectorises; dst may be src */
+CLONES void cddp__bf16_round_n(float *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, src + i, sizeof u);
+        uint32_t even = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = (u >> 16) | 0x40u;
+        uint32_t w = ((u & 0x7fffffffu) > 0x7f800000u ? nan : even) << 16;
+        memcpy(dst + i, &w, sizeof w);
+    }
+}
+
 CLONES void cddp__add_into(float *restrict acc, const float *restrict x, int64_t n) {
     for (int64_t i = 0; i < n; i++) acc[i] += x[i];
 }
@@ -366,7 +377,8 @@ CLONES void cddp__max_pool2x2_grad(const int32_t *arg, const float *dy, const fl
 /* Pooling on a layout with channels innermost (oneDNN's blocked ones): the vector runs across the
  * B channels of a group, which are contiguous, so each window is 4 vector loads and 3 compares; a
  * row of outputs is gathered in a (W/2, B) tile and written out to the plain planes one channel at
- * a time (a transposition inside L1). B is a constant in the common case (16, AVX-512's). */
+ * a time (a transposition inside L1). B is a constant in the common cases (16, AVX-512's; 8,
+ * AVX2's). */
 ALWAYS_INLINE void relu_pool_lanes(const float *restrict x, const cddp__lanes *l, int64_t B,
                                    int64_t N, int64_t C, int64_t H, int64_t W, float *restrict y,
                                    int8_t *restrict code, bool keep, float *restrict t) {
@@ -402,11 +414,16 @@ ALWAYS_INLINE void relu_pool_lanes(const float *restrict x, const cddp__lanes *l
 
 CLONES void cddp__relu_pool2x2_lanes(const float *x, const cddp__lanes *l, int64_t N, int64_t C,
                                      int64_t H, int64_t W, float *y, int8_t *code, float *tile) {
-    /* each case its own loop, the conditions constant inside */
+    /* each case its own loop, the conditions constant inside: 16 lanes (AVX-512's blocks), 8
+     * (AVX2's), any other */
     if (l->B == 16 && code)
         relu_pool_lanes(x, l, 16, N, C, H, W, y, code, true, tile);
     else if (l->B == 16)
         relu_pool_lanes(x, l, 16, N, C, H, W, y, NULL, false, tile);
+    else if (l->B == 8 && code)
+        relu_pool_lanes(x, l, 8, N, C, H, W, y, code, true, tile);
+    else if (l->B == 8)
+        relu_pool_lanes(x, l, 8, N, C, H, W, y, NULL, false, tile);
     else if (code)
         relu_pool_lanes(x, l, l->B, N, C, H, W, y, code, true, tile);
     else
@@ -466,6 +483,8 @@ CLONES void cddp__relu_pool2x2_lanes_grad(const int8_t *code, const float *dy, c
                                           float *tile) {
     if (l->B == 16)
         relu_pool_lanes_grad(code, dy, l, 16, N, C, H, W, dx, tile);
+    else if (l->B == 8)
+        relu_pool_lanes_grad(code, dy, l, 8, N, C, H, W, dx, tile);
     else
         relu_pool_lanes_grad(code, dy, l, l->B, N, C, H, W, dx, tile);
 }
