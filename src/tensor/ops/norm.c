@@ -17,8 +17,8 @@
  * backward pass. No sum tensor, no pass for the sum or its gradient.
  *
  * x and r may be bf16 (activations in bf16, as a ResNet in mixed precision keeps them): the
- * kernels widen them a block at a time and compute in float32; the output is then bf16 too, its
- * values rounded to nearest even, and the backward reads the bf16 input and output. */
+ * kernels widen each value as they read it and compute in float32; the output is then bf16 too,
+ * its values rounded to nearest even, and the backward reads the bf16 input and output. */
 #include "tensor/internal.h"
 
 #include <string.h>
