@@ -58,6 +58,14 @@ static inline uint16_t cddp__round_bf16(float x) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
+/* The same without the branch, so that a loop calling it vectorises: both results made, one kept.
+ */
+static inline uint16_t cddp__round_bf16_lanes(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    uint32_t even = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : even);
+}
 /* A bf16 value as float32 (exact). */
 static inline float cddp__bf16_widen(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;

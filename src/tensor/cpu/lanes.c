@@ -15,19 +15,11 @@
  * loops are written for any B, and instantiated for 16 and 8, which the compiler then vectorises
  * lane by lane. Activations in bf16 (half, a constant in each instance): x, y and r read as bf16
  * and widened in the loop (exact, so the same float32 arithmetic and the same bits), y written
- * rounded to nearest even (VAL, narrow1). */
+ * rounded to nearest even (VAL, cddp__round_bf16_lanes). */
 #define MAX_BLOCK 16
 
 /* element i of v: float32, or (half) bf16 widened */
 #define VAL(v, half, i) ((half) ? cddp__bf16_widen((v).h[i]) : (v).f[i])
-
-/* cddp__round_bf16 without its branch, so that it vectorises: both results made, one kept */
-static inline uint16_t narrow1(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    uint32_t even = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = (u >> 16) | 0x40u;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : even);
-}
 
 enum { LANE_SUM, LANE_SQ_DEV };
 
@@ -168,7 +160,7 @@ lane_normalize(cddp__vals x, bool half, const float *restrict m, const float *re
             if (rk) v += VAL(r, rk == 2, p * B + k);
             v = relu ? (v > 0.0f ? v : 0.0f) : v;
             if (half)
-                y16[p * B + k] = narrow1(v);
+                y16[p * B + k] = cddp__round_bf16_lanes(v);
             else
                 y[p * B + k] = v;
         }

@@ -140,13 +140,10 @@ CLONES void cddp__bf16_widen_n(float *restrict dst, const uint16_t *restrict src
     }
 }
 
-/* cddp__bf16_rounded without cddp__round_bf16's branch, so that it vectorises; dst may be src */
+/* cddp__bf16_rounded, vectorised; dst may be src */
 CLONES void cddp__bf16_round_n(float *dst, const float *src, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, src + i, sizeof u);
-        uint32_t even = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = (u >> 16) | 0x40u;
-        uint32_t w = ((u & 0x7fffffffu) > 0x7f800000u ? nan : even) << 16;
+        uint32_t w = (uint32_t)cddp__round_bf16_lanes(src[i]) << 16;
         memcpy(dst + i, &w, sizeof w);
     }
 }
