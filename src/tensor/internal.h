@@ -202,6 +202,14 @@ cddp_tensor *cddp__empty(cddp__cdev *d, cddp_dtype dtype, int ndim, const int64_
 void cddp__need_f32(const char *op, const cddp_tensor *t);
 void cddp__need_f32_any(const char *op, const cddp_tensor *t);
 void cddp__need_nchw(const char *op, const cddp_tensor *t);
+/* t's data for a kernel's float32 argument (x) or its bf16 one (x16, activations in bf16): NULL for
+ * the other dtype, or when there is no t. */
+static inline float *cddp__f32_data(const cddp_tensor *t) {
+    return t && t->dtype == CDDP_F32 ? (float *)t->data : NULL;
+}
+static inline uint16_t *cddp__bf16_data(const cddp_tensor *t) {
+    return t && t->dtype == CDDP_BF16 ? (uint16_t *)t->data : NULL;
+}
 /* Where element i (in row-major order) of t lies in its data, blocked or not. */
 int64_t cddp__blocked_offset(const cddp_tensor *t, int64_t i);
 /* Host memory holding n bytes for the host to fill and then cddp__upload into dst on d: dst

@@ -60,8 +60,7 @@ static cddp_tensor *conv2d(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_t
                            int stride, int padding, int groups, int out_block) {
     if (CDDP__FAILED(ctx) || !x || !w) return NULL;
     cddp__conv_geom g = conv_check("conv2d", x, w, b, stride, padding, groups);
-    bool half = x->dtype == CDDP_BF16;
-    CDDP_CHECK(!half || ctx->compute == CDDP_BF16,
+    CDDP_CHECK(x->dtype != CDDP_BF16 || ctx->compute == CDDP_BF16,
                "conv2d: a bfloat16 input needs mixed precision (cddp_ctx_options.compute = "
                "CDDP_BF16); widen it with cddp_to_dtype(ctx, x, CDDP_F32) to convolve in float32");
     if (w->shape[0] % CDDP_MAX(out_block, 1)) out_block = 0;
@@ -78,9 +77,9 @@ static cddp_tensor *conv2d(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w, cddp_t
     if (!record_conv(d, node, &g)) return NULL;
     g.train = node != NULL;
     if (out->numel > 0)
-        CDDP__K(&d->q, conv2d, .x = half ? NULL : x->data, .x16 = half ? x->data : NULL,
-                .w = w->data, .b = b ? b->data : NULL, .y = half ? NULL : out->data,
-                .y16 = half ? out->data : NULL, .g = g, .state = node ? node->saved : NULL);
+        CDDP__K(&d->q, conv2d, .x = cddp__f32_data(x), .x16 = cddp__bf16_data(x), .w = w->data,
+                .b = b ? b->data : NULL, .y = cddp__f32_data(out), .y16 = cddp__bf16_data(out),
+                .g = g, .state = node ? node->saved : NULL);
     return CDDP__FAILED(ctx) ? NULL : out;
 }
 
@@ -136,9 +135,7 @@ void cddp__conv2d_backward(cddp_ctx *ctx, cddp__node *n) {
     bool xa, wa, ba;
     cddp__cdev *d = cddp__node_dev(ctx, n);
     if (!d || !cddp__computes(ctx, d) || !conv_grads(ctx, n, &dx, &xa, &dw, &wa, &db, &ba)) return;
-    cddp_tensor *x = n->in[0];
-    bool half = x->dtype == CDDP_BF16;
-    CDDP__K(&d->q, conv2d_grad, .x = half ? NULL : x->data, .x16 = half ? x->data : NULL,
+    CDDP__K(&d->q, conv2d_grad, .x = cddp__f32_data(n->in[0]), .x16 = cddp__bf16_data(n->in[0]),
             .w = n->in[1]->data, .dy = n->out->grad_half ? NULL : n->out->grad,
             .dy16 = n->out->grad_half, .dx = dx, .dx_assign = xa, .dw = dw, .dw_assign = wa,
             .db = db, .db_assign = ba, .g = node_geom(ctx, n, n->out->block), .state = n->saved);

@@ -37,15 +37,6 @@ static blocks blocks_of(const cddp_tensor *x) {
                     .G = C / B};
 }
 
-/* t's data as the kernels take it: float32, or bf16; NULL for the other dtype (or no t). */
-static float *f32_of(const cddp_tensor *t) {
-    return t && t->dtype == CDDP_F32 ? t->data : NULL;
-}
-
-static uint16_t *bf16_of(const cddp_tensor *t) {
-    return t && t->dtype == CDDP_BF16 ? t->data : NULL;
-}
-
 /* op: batch_norm, batch_norm_relu, or batch_norm_add_relu with the residual r. */
 static cddp_tensor *batch_norm(cddp_ctx *ctx, cddp__op op, cddp_tensor *x, cddp_tensor *r,
                                cddp_tensor *weight, cddp_tensor *bias, cddp_tensor *running_mean,
@@ -84,12 +75,12 @@ static cddp_tensor *batch_norm(cddp_ctx *ctx, cddp__op op, cddp_tensor *x, cddp_
     float *stats = out ? cddp__dalloc(d, 2 * (size_t)C * sizeof(float)) : NULL; /* mean, 1/std */
     if (!stats) return NULL;
     out->block = x->block;
-    CDDP__K(&d->q, batch_norm, .x = f32_of(x), .x16 = bf16_of(x), .r = f32_of(r), .r16 = bf16_of(r),
-            .w = weight ? weight->data : NULL, .b = bias ? bias->data : NULL,
-            .rmean = running_mean ? running_mean->data : NULL,
-            .rvar = running_var ? running_var->data : NULL, .y = f32_of(out), .y16 = bf16_of(out),
-            .stats = stats, .N = v.N, .C = C, .P = v.P, .B = v.B, .training = training,
-            .relu = relu, .momentum = momentum, .eps = eps);
+    CDDP__K(&d->q, batch_norm, .x = cddp__f32_data(x), .x16 = cddp__bf16_data(x),
+            .r = cddp__f32_data(r), .r16 = cddp__bf16_data(r), .w = weight ? weight->data : NULL,
+            .b = bias ? bias->data : NULL, .rmean = running_mean ? running_mean->data : NULL,
+            .rvar = running_var ? running_var->data : NULL, .y = cddp__f32_data(out),
+            .y16 = cddp__bf16_data(out), .stats = stats, .N = v.N, .C = C, .P = v.P, .B = v.B,
+            .training = training, .relu = relu, .momentum = momentum, .eps = eps);
     cddp_tensor *in[4] = {x, weight, bias, r};
     cddp__node *node;
     if (!cddp__record_op(ctx, op, out, r ? 4 : 3, in, &node)) return NULL;
@@ -153,11 +144,12 @@ static void batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
     float *gb = b && b->requires_grad ? cddp_grad_buffer(ctx, b) : NULL;
     if (CDDP__FAILED(ctx)) return;
     blocks v = blocks_of(x);
-    CDDP__K(&d->q, batch_norm_grad, .x = f32_of(x), .x16 = bf16_of(x), .y = f32_of(n->out),
-            .y16 = bf16_of(n->out), .dy = dy, .w = g ? g->data : NULL, .stats = n->saved, .dx = dx,
-            .assign = assign, .dr = dr, .rassign = rassign, .dw = gg, .db = gb, .N = v.N, .C = v.C,
-            .P = v.P, .B = v.B, .training = n->arg.training, .relu = n->op != CDDP_OP_BATCH_NORM,
-            .dy_free = dy_free, .dx16 = dx16);
+    CDDP__K(&d->q, batch_norm_grad, .x = cddp__f32_data(x), .x16 = cddp__bf16_data(x),
+            .y = cddp__f32_data(n->out), .y16 = cddp__bf16_data(n->out), .dy = dy,
+            .w = g ? g->data : NULL, .stats = n->saved, .dx = dx, .assign = assign, .dr = dr,
+            .rassign = rassign, .dw = gg, .db = gb, .N = v.N, .C = v.C, .P = v.P, .B = v.B,
+            .training = n->arg.training, .relu = n->op != CDDP_OP_BATCH_NORM, .dy_free = dy_free,
+            .dx16 = dx16);
 }
 
 void cddp__batch_norm_backward(cddp_ctx *ctx, cddp__node *n) {
