@@ -56,28 +56,26 @@ static inline __attribute__((always_inline)) void lane_sums(int what, cddp__vals
             call_with(B);                                                                          \
     } while (0)
 
-CLONES void cddp__lanes_sum(cddp__vals x, int64_t P, int64_t B, double *out) {
+/* lane_sums of what (a constant where it is inlined), one instance per B and dtype */
+static inline __attribute__((always_inline)) void sums(int what, cddp__vals x, const float *m,
+                                                       int64_t P, int64_t B, double *out) {
 #define CALL(b)                                                                                    \
     do {                                                                                           \
         if (x.h)                                                                                   \
-            lane_sums(LANE_SUM, x, true, NULL, P, b, out);                                         \
+            lane_sums(what, x, true, m, P, b, out);                                                \
         else                                                                                       \
-            lane_sums(LANE_SUM, x, false, NULL, P, b, out);                                        \
+            lane_sums(what, x, false, m, P, b, out);                                               \
     } while (0)
     BY_BLOCK(B, CALL);
 #undef CALL
 }
 
+CLONES void cddp__lanes_sum(cddp__vals x, int64_t P, int64_t B, double *out) {
+    sums(LANE_SUM, x, NULL, P, B, out);
+}
+
 CLONES void cddp__lanes_sq_dev(cddp__vals x, const float *m, int64_t P, int64_t B, double *out) {
-#define CALL(b)                                                                                    \
-    do {                                                                                           \
-        if (x.h)                                                                                   \
-            lane_sums(LANE_SQ_DEV, x, true, m, P, b, out);                                         \
-        else                                                                                       \
-            lane_sums(LANE_SQ_DEV, x, false, m, P, b, out);                                        \
-    } while (0)
-    BY_BLOCK(B, CALL);
-#undef CALL
+    sums(LANE_SQ_DEV, x, m, P, B, out);
 }
 
 /* Batch normalisation's two backward sums in one pass: out_s[k] += sum_p g, out_t[k] += sum_p
