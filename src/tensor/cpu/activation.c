@@ -94,7 +94,7 @@ void cddp__cpu_gelu_tanh(cddp__kq *q, const cddp__k_gelu_tanh *a) {
         int64_t n = a->n - i < step ? a->n - i : step;
         float *y = a->y ? a->y + i : tmp;
         cddp__gelu_tanh_rows(a->x + i, y, n);
-        if (a->y16) cddp__to_bf16_rows(a->y16 + i, n, y, n, 1, n);
+        if (a->y16) cddp__bf16_narrow_n(a->y16 + i, y, n);
     }
 }
 
@@ -111,7 +111,7 @@ void cddp__cpu_gelu_tanh_grad(cddp__kq *q, const cddp__k_gelu_tanh_grad *a) {
     if (!row) return;
     for (int64_t i = 0; i < a->n; i += C) {
         cddp__gelu_tanh_grad(a->x + i, a->dy + i, row, C, true);
-        cddp__to_bf16_rows(a->dx16 + i, C, row, C, 1, C);
+        cddp__bf16_narrow_n(a->dx16 + i, row, C);
         if (a->colsum) cddp__add_into(a->colsum, row, C);
     }
 }
@@ -150,7 +150,7 @@ void cddp__cpu_cross_entropy_grad(cddp__kq *q, const cddp__k_cross_entropy_grad 
         int64_t l = cddp__index_at(a->labels, a->dtype, i);
         if (l >= 0 && l < C) d[l] -= g;
         if (!a->dx16) continue;
-        cddp__to_bf16_rows(a->dx16 + i * C, C, row, C, 1, C);
+        cddp__bf16_narrow_n(a->dx16 + i * C, row, C);
         if (a->colsum) cddp__add_into(a->colsum, row, C);
     }
 }

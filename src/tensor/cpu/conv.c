@@ -244,7 +244,7 @@ void cddp__cpu_conv2d(cddp__kq *q, const cddp__k_conv2d *a) {
     if (!x || !y ||
         !conv_forward(q, conv_prim(g, kind), g, x, NULL, a->w, a->b, y, false, NULL, xc))
         return;
-    if (a->y16) cddp__to_bf16_rows(a->y16, yn, y, yn, 1, yn);
+    if (a->y16) cddp__bf16_narrow_n(a->y16, y, yn);
 }
 
 /* The output's gradient as a backward reads it: its data, and its layout (for oneDNN md, or tag

@@ -366,7 +366,7 @@ void cddp__cpu_to_bf16(cddp__kq *q, const cddp__k_to_bf16 *a) {
         return;
     }
     for (int64_t r = 0; r < a->rows; r++) {
-        cddp__to_bf16_rows(a->dst + r * a->cols, a->cols, a->src + r * a->ld, a->ld, 1, a->cols);
+        cddp__bf16_narrow_n(a->dst + r * a->cols, a->src + r * a->ld, a->cols);
         cddp__add_into(a->colsum, a->src + r * a->ld, a->cols);
     }
 }

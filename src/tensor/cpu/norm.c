@@ -247,7 +247,7 @@ void cddp__cpu_batch_norm_grad(cddp__kq *q, const cddp__k_batch_norm_grad *a) {
                                  : dy + o; /* in place: masked already */
             block_norm_grad(&v, dx ? dx + o : block_dx, d, block_at(&v, &xv, o, false), ck + c0,
                             ca + c0, mean + c0, cb + c0, dx ? a->assign : true);
-            if (!dx) cddp__to_bf16_rows(a->dx16 + o, v.B * v.P, block_dx, v.B * v.P, 1, v.B * v.P);
+            if (!dx) cddp__bf16_narrow_n(a->dx16 + o, block_dx, v.B * v.P);
         }
     }
 }
