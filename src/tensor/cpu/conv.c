@@ -472,7 +472,7 @@ void cddp__cpu_conv2d_relu_pool(cddp__kq *q, const cddp__k_conv2d_relu_pool *a) 
     int64_t PH = g->OH / 2, PW = g->OW / 2, G = (g->O + l.B - 1) / l.B;
     fused_saved *sv = a->state ? cddp__kq_scratch(q, sizeof *sv) : NULL;
     float *conv = cddp__kq_scratch(q, dnnl_memory_desc_get_size(md));
-    float *tile = cddp__kq_scratch(q, (size_t)(PW * l.B) * sizeof(float));
+    float *tile = cddp__kq_scratch(q, (size_t)(g->OW * l.B) * sizeof(float));
     if ((a->state && !sv) || !conv || !tile) return;
     if (sv) {
         *sv = (fused_saved){.md = md, .l = l};
@@ -489,7 +489,7 @@ void cddp__cpu_conv2d_relu_pool_grad(cddp__kq *q, const cddp__k_conv2d_relu_pool
     const cddp__conv_geom *g = &a->g;
     fused_saved *sv = *a->state;
     float *dy = cddp__kq_scratch(q, dnnl_memory_desc_get_size(sv->md));
-    float *tile = cddp__kq_scratch(q, (size_t)(g->OW / 2 * sv->l.B) * sizeof(float));
+    float *tile = cddp__kq_scratch(q, (size_t)(g->OW * sv->l.B) * sizeof(float));
     if (!dy || !tile) return;
     cddp__relu_pool2x2_lanes_grad(sv->code, a->dy, &sv->l, g->N, g->O, g->OH, g->OW, dy, tile);
     conv_out o = {a->dx, a->dw, a->db, a->dx_assign, a->dw_assign, a->db_assign};

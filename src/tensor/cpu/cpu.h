@@ -158,7 +158,7 @@ typedef struct cddp__lanes {
  * plain: cddp__max_pool2x2's values. With code (N, groups, H/2, W/2, B int8), each maximum's
  * place in its window (0..3 in row-major order, the first of equals) or -1 where it is 0. Its
  * gradient, into every element of dx (layout l, padding lanes too): dy (plain, the shape of y) at
- * each window's maximum where that is positive, 0 elsewhere. tile: B (W / 2) floats of scratch. */
+ * each window's maximum where that is positive, 0 elsewhere. tile: B W floats of scratch. */
 void cddp__relu_pool2x2_lanes(const float *x, const cddp__lanes *l, int64_t N, int64_t C, int64_t H,
                               int64_t W, float *y, int8_t *code, float *tile);
 void cddp__relu_pool2x2_lanes_grad(const int8_t *code, const float *dy, const cddp__lanes *l,

@@ -374,17 +374,19 @@ CLONES void cddp__max_pool2x2_grad(const int32_t *arg, const float *dy, const fl
 /* Pooling on a layout with channels innermost (oneDNN's blocked ones): the vector runs across the
  * B channels of a group, which are contiguous, so each window is 4 vector loads and 3 compares; a
  * row of outputs is gathered in a (W/2, B) tile and written out to the plain planes one channel at
- * a time (a transposition inside L1). B is a constant in the common cases (16, AVX-512's; 8,
- * AVX2's). */
+ * a time (a transposition inside L1). The maxima's places go through a second tile as floats,
+ * narrowed to int8 a row at a time (and widened so for the gradient): int8 inside the loop over 8
+ * lanes made GCC split it into pairs of lanes and spill, at 2.6 times the time (the
+ * gradient's 1.2). B is a constant in the common cases (16, AVX-512's; 8, AVX2's). */
 ALWAYS_INLINE void relu_pool_lanes(const float *restrict x, const cddp__lanes *l, int64_t B,
                                    int64_t N, int64_t C, int64_t H, int64_t W, float *restrict y,
                                    int8_t *restrict code, bool keep, float *restrict t) {
     int64_t OH = H / 2, OW = W / 2, G = (C + B - 1) / B, sW = l->sW, sH = l->sH;
+    float *restrict tc = t + OW * B;
     for (int64_t n = 0; n < N; n++)
         for (int64_t g = 0; g < G; g++)
             for (int64_t oh = 0; oh < OH; oh++) {
                 const float *r0 = x + n * l->sN + g * l->sG + 2 * oh * sH;
-                int8_t *cd = keep ? code + ((n * G + g) * OH + oh) * OW * B : NULL;
                 for (int64_t ow = 0; ow < OW; ow++) {
                     const float *a = r0 + 2 * ow * sW, *b = a + sW, *c = a + sH, *d = c + sW;
                     SIMD for (int64_t k = 0; k < B; k++) {
@@ -393,13 +395,17 @@ ALWAYS_INLINE void relu_pool_lanes(const float *restrict x, const cddp__lanes *l
                         float v0 = relu_if(a[k], true), v1 = relu_if(b[k], true);
                         float v2 = relu_if(c[k], true), v3 = relu_if(d[k], true);
                         float top = v1 > v0 ? v1 : v0, bottom = v3 > v2 ? v3 : v2;
-                        int32_t at_top = v1 > v0 ? 1 : 0, at_bottom = v3 > v2 ? 3 : 2;
                         float m = bottom > top ? bottom : top;
                         t[ow * B + k] = m;
-                        if (keep)
-                            cd[ow * B + k] =
-                                (int8_t)(m > 0.0f ? (bottom > top ? at_bottom : at_top) : -1);
+                        if (keep) {
+                            float at_top = v1 > v0 ? 1.0f : 0.0f, at_bottom = v3 > v2 ? 3.0f : 2.0f;
+                            tc[ow * B + k] = m > 0.0f ? (bottom > top ? at_bottom : at_top) : -1.0f;
+                        }
                     }
+                }
+                if (keep) {
+                    int8_t *cd = code + ((n * G + g) * OH + oh) * OW * B;
+                    SIMD for (int64_t i = 0; i < OW * B; i++) cd[i] = (int8_t)(int32_t)tc[i];
                 }
                 int64_t nl = CDDP_MIN(B, C - g * B);
                 for (int64_t k = 0; k < nl; k++) {
@@ -441,6 +447,7 @@ ALWAYS_INLINE void relu_pool_lanes_grad(const int8_t *restrict code, const float
                                         int64_t H, int64_t W, float *restrict dx,
                                         float *restrict t) {
     int64_t OH = H / 2, OW = W / 2, G = (C + B - 1) / B, sW = l->sW, sH = l->sH;
+    float *restrict tc = t + OW * B; /* a row's places, as floats (see relu_pool_lanes) */
     for (int64_t n = 0; n < N; n++)
         for (int64_t g = 0; g < G; g++) {
             float *plane = dx + n * l->sN + g * l->sG;
@@ -452,17 +459,17 @@ ALWAYS_INLINE void relu_pool_lanes_grad(const int8_t *restrict code, const float
                     for (int64_t ow = 0; ow < OW; ow++) t[ow * B + k] = in[ow];
                 }
                 const int8_t *cd = code + ((n * G + g) * OH + oh) * OW * B;
+                SIMD for (int64_t i = 0; i < OW * B; i++) tc[i] = (float)cd[i];
                 float *r0 = plane + 2 * oh * sH;
                 for (int64_t ow = 0; ow < OW; ow++) {
                     float *restrict a = r0 + 2 * ow * sW, *restrict b = a + sW;
                     float *restrict c = a + sH, *restrict d = c + sW;
                     SIMD for (int64_t k = 0; k < B; k++) {
-                        int32_t at = cd[ow * B + k];
-                        float v = t[ow * B + k];
-                        a[k] = keep_if(v, at == 0);
-                        b[k] = keep_if(v, at == 1);
-                        c[k] = keep_if(v, at == 2);
-                        d[k] = keep_if(v, at == 3);
+                        float at = tc[ow * B + k], v = t[ow * B + k];
+                        a[k] = keep_if(v, at == 0.0f);
+                        b[k] = keep_if(v, at == 1.0f);
+                        c[k] = keep_if(v, at == 2.0f);
+                        d[k] = keep_if(v, at == 3.0f);
                     }
                 }
                 if (W & 1) /* an odd last column is in no window */
