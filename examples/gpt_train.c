@@ -5,7 +5,8 @@
  *
  * The text is read with the byte tokenizer (every byte a token, vocabulary 256): a text file or a
  * folder of them is split 90/10 into training and validation text; a token file in llm.c's format
- * named ...train.bin is read with its ...val.bin (cddp-tokenize writes them). Training samples are
+ * named ...train.bin is read with its ...val.bin (cddp-tokenize writes them), and a pattern of them
+ * (llm.c's shards, fineweb_train_*.bin) with the same pattern's val shards. Training samples are
  * windows of block_size tokens (every offset of the training text: stride 1), drawn by a
  * DistributedSampler so that the ranks see disjoint windows each epoch.
  *
@@ -26,6 +27,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <glob.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -80,8 +82,11 @@ static void usage(FILE *out) {
         "                      with float32 sums (AVX512-BF16 or AMX, a GPU's tensor cores),\n"
         "                      the rest in float32 (default fp32)\n"
         "data and output:\n"
-        "  --data PATH         a text file, a folder of text files, or a token file *train.bin\n"
-        "                      (with its *val.bin) (default Debian's fortunes, " FORTUNES ")\n"
+        "  --data PATH         a text file, a folder of text files, a token file *train.bin\n"
+        "                      (with its *val.bin), or a pattern of token files: llm.c's\n"
+        "                      shards, 'fineweb_train_*.bin' (with 'fineweb_val_*.bin');\n"
+        "                      token files are mapped, not copied (default Debian's\n"
+        "                      fortunes, " FORTUNES ")\n"
         "  --stride N          training windows start every N tokens (default 1)\n"
         "  --eval_interval N   evaluate and save every N iterations (default 250)\n"
         "  --save_every N      save a checkpoint every N iterations too (default 0: at\n"
@@ -308,9 +313,58 @@ static bool ends_with(const char *s, const char *tail) {
     return n >= m && strcmp(s + n - m, tail) == 0;
 }
 
-/* The training and validation tokens: a *train.bin with its *val.bin, or one text (file, folder
- * or token file) split 90/10. */
-static int load_data(const char *path, cddp_tokens *train, cddp_tokens *val, cddp_error *err) {
+/* A corpus: its token arrays (shards) in order. */
+typedef struct corpus {
+    cddp_tokens *shard;
+    int count;
+    int64_t tokens;
+} corpus;
+
+static void corpus_free(corpus *c) {
+    for (int k = 0; k < c->count; k++) cddp_tokens_free(&c->shard[k]);
+    free(c->shard);
+    memset(c, 0, sizeof *c);
+}
+
+/* Every token file pattern matches, in name order (llm.c's shards: fineweb_train_000001.bin, ...),
+ * read (mapped) into c. */
+static int corpus_glob(const char *pattern, const char *what, corpus *c, cddp_error *err) {
+    glob_t g;
+    int rc = glob(pattern, 0, NULL, &g);
+    if (rc != 0) {
+        if (rc != GLOB_NOMATCH) return cddp_error_set(err, CDDP_EIO, "%s: cannot list", pattern);
+        return cddp_error_set(err, CDDP_ENOENT, "%s: no %s matches it", pattern, what);
+    }
+    if (g.gl_pathc > INT32_MAX || !(c->shard = calloc(g.gl_pathc, sizeof *c->shard)))
+        rc = cddp_error_set(err, CDDP_ENOMEM, "%s: %zu files", pattern, g.gl_pathc);
+    for (size_t k = 0; rc == CDDP_OK && k < g.gl_pathc; k++) {
+        rc = cddp_tokens_read(g.gl_pathv[k], &c->shard[k], err);
+        c->count = (int)k + (rc == CDDP_OK);
+        c->tokens += c->shard[k].count;
+    }
+    globfree(&g);
+    if (rc != CDDP_OK) corpus_free(c);
+    return rc;
+}
+
+/* c as one array of tokens t (taken over). */
+static int corpus_of(cddp_tokens *t, corpus *c, cddp_error *err) {
+    if (!(c->shard = calloc(1, sizeof *c->shard))) {
+        cddp_tokens_free(t);
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    }
+    c->shard[0] = *t;
+    c->count = 1;
+    c->tokens = t->count;
+    memset(t, 0, sizeof *t);
+    return CDDP_OK;
+}
+
+/* The training and validation tokens: a pattern of token files (llm.c's shards,
+ * fineweb_train_*.bin) with the same pattern's validation shards (the last "train" of its file
+ * name as "val"); a *train.bin with its *val.bin; or one text (file, folder or token file) split
+ * 90/10. Token files are mapped, not copied. */
+static int load_data(const char *path, corpus *train, corpus *val, cddp_error *err) {
     if (!path) {
         struct stat st;
         if (stat(FORTUNES, &st) != 0)
@@ -320,28 +374,48 @@ static int load_data(const char *path, cddp_tokens *train, cddp_tokens *val, cdd
                                   "demo-gpt installs it)");
         path = FORTUNES;
     }
-    if (ends_with(path, "train.bin")) {
-        char vpath[4096];
-        size_t n = strlen(path) - strlen("train.bin");
-        snprintf(vpath, sizeof vpath, "%.*sval.bin", (int)n, path);
-        if (access(vpath, F_OK) == 0) {
-            CDDP_TRY(cddp_tokens_read(path, train, err));
-            int rc = cddp_tokens_read(vpath, val, err);
-            if (rc != CDDP_OK) cddp_tokens_free(train);
-            return rc;
-        }
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path, *at = NULL;
+    for (const char *p = strstr(base, "train"); p; p = strstr(p + 1, "train")) at = p;
+    char vpath[4096];
+    if (at && strlen(path) < sizeof vpath - 1)
+        snprintf(vpath, sizeof vpath, "%.*sval%s", (int)(at - path), path, at + strlen("train"));
+    if (strpbrk(path, "*?[")) { /* shards */
+        if (!at)
+            return cddp_error_set(err, CDDP_EINVAL,
+                                  "--data %s: a pattern names the training shards, with train in "
+                                  "their file name (the same with val names the validation "
+                                  "shards), as llm.c's fineweb_train_*.bin",
+                                  path);
+        CDDP_TRY(corpus_glob(path, "token file", train, err));
+        int rc = corpus_glob(vpath, "validation shard (the training shards' pattern with val)", val,
+                             err);
+        if (rc != CDDP_OK) corpus_free(train);
+        return rc;
     }
-    cddp_tokens all;
-    CDDP_TRY(cddp_tokens_load(path, &all, err));
-    int rc = cddp_tokens_split(&all, 0.1, train, val, err);
-    cddp_tokens_free(&all);
+    cddp_tokens a = {0}, b = {0};
+    if (at && ends_with(path, "train.bin") && access(vpath, F_OK) == 0) {
+        CDDP_TRY(cddp_tokens_read(path, &a, err));
+        int rc = cddp_tokens_read(vpath, &b, err);
+        if (rc != CDDP_OK) cddp_tokens_free(&a);
+        CDDP_TRY(rc);
+    } else {
+        cddp_tokens all;
+        CDDP_TRY(cddp_tokens_load(path, &all, err));
+        int rc = cddp_tokens_split(&all, 0.1, &a, &b, err);
+        cddp_tokens_free(&all);
+        CDDP_TRY(rc);
+    }
+    int rc = corpus_of(&a, train, err);
+    if (rc == CDDP_OK && (rc = corpus_of(&b, val, err)) != CDDP_OK) corpus_free(train);
+    cddp_tokens_free(&b);
     return rc;
 }
 
-static int64_t max_token(const cddp_tokens *t) {
+static int64_t max_token(const corpus *c) {
     int64_t m = 0;
-    for (int64_t i = 0; i < t->count; i++)
-        if (t->data[i] > m) m = t->data[i];
+    for (int k = 0; k < c->count; k++)
+        for (int64_t i = 0; i < c->shard[k].count; i++)
+            if (c->shard[k].data[i] > m) m = c->shard[k].data[i];
     return m;
 }
 
@@ -529,7 +603,7 @@ int main(int argc, char **argv) {
     if (!run_device("gpt_train", o.device, o.dtype, &dev, &compute)) return 2;
     cddp_comm *group = NULL;
     cddp_ddp *ddp = NULL;
-    cddp_tokens train_text = {0}, val_text = {0};
+    corpus train_text = {0}, val_text = {0};
     cddp_dataset *train = NULL, *val = NULL;
     cddp_sampler *sampler = NULL;
     cddp_loader *loader = NULL;
@@ -571,8 +645,13 @@ int main(int argc, char **argv) {
                        o.vocab_size);
         goto fail;
     }
-    if (!(train = cddp_dataset_token_windows(&train_text, o.block_size, o.stride, &err))) goto fail;
-    if (!(val = cddp_dataset_token_windows(&val_text, o.block_size, o.block_size, &err))) goto fail;
+    int64_t n_train = train_text.tokens, n_val = val_text.tokens;
+    train =
+        cddp_dataset_token_shards(train_text.shard, train_text.count, o.block_size, o.stride, &err);
+    if (!train) goto fail;
+    val =
+        cddp_dataset_token_shards(val_text.shard, val_text.count, o.block_size, o.block_size, &err);
+    if (!val) goto fail;
     cddp_sampler_options so = cddp_sampler_defaults();
     so.seed = o.seed;
     so.rank = rank;
@@ -671,7 +750,7 @@ int main(int argc, char **argv) {
     cddp_ddp_print0(ddp,
                     "%s\ntraining windows: %" PRId64 " (%" PRId64 " tokens), validation: %" PRId64
                     " tokens\n",
-                    title, cddp_dataset_len(train), train_text.count, val_text.count);
+                    title, cddp_dataset_len(train), n_train, n_val);
 
     /* The loop. */
     split sp = {0};
@@ -858,8 +937,8 @@ done:
     cddp_sampler_destroy(sampler);
     cddp_dataset_destroy(train);
     cddp_dataset_destroy(val);
-    cddp_tokens_free(&train_text);
-    cddp_tokens_free(&val_text);
+    corpus_free(&train_text);
+    corpus_free(&val_text);
     cddp_comm_destroy(group);
     return status;
 }

@@ -224,7 +224,7 @@ static void test_split(void **state) {
     (void)state;
     uint16_t d[100];
     for (int i = 0; i < 100; i++) d[i] = (uint16_t)i;
-    cddp_tokens all = {100, d}, train, val;
+    cddp_tokens all = {.count = 100, .data = d}, train, val;
     cddp_error err = {0};
     assert_int_equal(cddp_tokens_split(&all, 0.1, &train, &val, &err), CDDP_OK);
     assert_int_equal(train.count, 90);
@@ -247,7 +247,7 @@ static void test_windows_under_the_sampler(void **state) {
     (void)state;
     uint16_t d[103];
     for (int i = 0; i < 103; i++) d[i] = (uint16_t)(1000 + i);
-    cddp_tokens text = {103, d};
+    cddp_tokens text = {.count = 103, .data = d};
     cddp_error err = {0};
     /* (103 - 8 - 1) / 8 + 1 = 12 windows that do not overlap; with stride 3, 32. */
     cddp_dataset *ds = cddp_dataset_token_windows(&text, 8, 8, &err);
@@ -310,6 +310,82 @@ static void test_windows_under_the_sampler(void **state) {
     assert_non_null(strstr(err.msg, "must be positive"));
 }
 
+/* A token file read is the file mapped (on this little-endian host), private: a write to the
+ * tokens does not reach the file, and another read sees the file's tokens. */
+static void test_mapped(void **state) {
+    (void)state;
+    uint16_t tokens[5] = {7, 8, 9, 65535, 0};
+    char path[512];
+    snprintf(path, sizeof path, "%s/m.bin", test_dir);
+    cddp_error err = {0};
+    assert_int_equal(cddp_tokens_write(path, tokens, 5, &err), CDDP_OK);
+    cddp_tokens a, b;
+    assert_int_equal(cddp_tokens_read(path, &a, &err), CDDP_OK);
+    assert_non_null(a.map);
+    assert_int_equal(a.map_bytes, 1024 + 10);
+    assert_ptr_equal(a.data, (uint8_t *)a.map + 1024);
+    assert_memory_equal(a.data, tokens, sizeof tokens);
+    a.data[0] = 1234;
+    assert_int_equal(cddp_tokens_read(path, &b, &err), CDDP_OK);
+    assert_int_equal(b.data[0], 7);
+    /* the file replaced while mapped: the mapping keeps the old tokens */
+    uint16_t other[3] = {1, 2, 3};
+    assert_int_equal(cddp_tokens_write(path, other, 3, &err), CDDP_OK);
+    assert_int_equal(b.count, 5);
+    assert_int_equal(b.data[3], 65535);
+    cddp_tokens_free(&a);
+    cddp_tokens_free(&b);
+    assert_null(a.data);
+    assert_null(a.map);
+}
+
+/* Windows over shards: numbered on across them, none across two, a short shard has none; the
+ * shards are taken over (the caller's zeroed). */
+static void test_shards(void **state) {
+    (void)state;
+    cddp_error err = {0};
+    int64_t sizes[3] = {20, 4, 14}; /* windows of 4 at stride 4: 4, 0 (4 tokens: too short), 3 */
+    cddp_tokens sh[3];
+    for (int k = 0; k < 3; k++) {
+        uint16_t d[20];
+        for (int i = 0; i < sizes[k]; i++) d[i] = (uint16_t)(1000 * (k + 1) + i);
+        char path[512];
+        snprintf(path, sizeof path, "%s/shard_train_%d.bin", test_dir, k);
+        assert_int_equal(cddp_tokens_write(path, d, sizes[k], &err), CDDP_OK);
+        assert_int_equal(cddp_tokens_read(path, &sh[k], &err), CDDP_OK);
+    }
+    cddp_dataset *ds = cddp_dataset_token_shards(sh, 3, 4, 4, &err);
+    assert_non_null(ds);
+    for (int k = 0; k < 3; k++) {
+        assert_null(sh[k].data);
+        assert_null(sh[k].map);
+        assert_int_equal(sh[k].count, 0);
+    }
+    assert_int_equal(cddp_dataset_len(ds), 7);
+    int64_t x[4], y[4];
+    void *out[2] = {x, y};
+    const int64_t want_x0[7] = {1000, 1004, 1008, 1012, 3000, 3004, 3008};
+    for (int64_t i = 0; i < 7; i++) {
+        assert_int_equal(cddp_dataset_get(ds, i, out, &err), CDDP_OK);
+        for (int j = 0; j < 4; j++) {
+            assert_int_equal(x[j], want_x0[i] + j);
+            assert_int_equal(y[j], want_x0[i] + j + 1); /* within its shard */
+        }
+    }
+    assert_int_equal(cddp_dataset_get(ds, 7, out, &err), CDDP_ERANGE);
+    cddp_dataset_destroy(ds);
+
+    /* no shard long enough: the longest named; the shards released all the same */
+    uint16_t *d = cddp_malloc(2 * sizeof *d), *e = cddp_malloc(3 * sizeof *e);
+    d[0] = d[1] = e[0] = e[1] = e[2] = 1;
+    cddp_tokens few[2] = {{.count = 2, .data = d}, {.count = 3, .data = e}};
+    assert_null(cddp_dataset_token_shards(few, 2, 4, 1, &err));
+    assert_non_null(
+        strstr(err.msg, "the longest shard holds 3 tokens, a window of 4 needs at least 5"));
+    assert_null(few[0].data);
+    assert_null(few[1].data);
+}
+
 /* The corpus of the GPT example and tests: Debian's fortunes folder. */
 static void test_fortunes(void **state) {
     (void)state;
@@ -338,6 +414,8 @@ int main(void) {
         cmocka_unit_test(test_text_and_folders),
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_windows_under_the_sampler),
+        cmocka_unit_test(test_mapped),
+        cmocka_unit_test(test_shards),
         cmocka_unit_test(test_fortunes),
     };
     return cmocka_run_group_tests(tests, temp_dir_setup, temp_dir_teardown);

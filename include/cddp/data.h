@@ -132,11 +132,17 @@ CDDP_API cddp_dataset *cddp_dataset_shard(cddp_dataset *ds, int num_shards, int 
 typedef struct cddp_tokens {
     int64_t count;
     uint16_t *data; /* count tokens, owned; release with cddp_tokens_free */
+    void *map;      /* cddp_tokens_read's mapping of the file that data is in (else NULL) */
+    size_t map_bytes;
 } cddp_tokens;
 
 /* Reads a token file. A wrong magic or version, a header shorter than 1024 bytes, or a size
  * that is not the header's count (truncated, trailing bytes) is CDDP_EFORMAT naming the file;
- * nothing is allocated before the size is checked. *out is zeroed on failure. */
+ * nothing is allocated before the size is checked. *out is zeroed on failure. On a little-endian
+ * host the tokens are the file mapped into memory, not a copy: pages are read from the disk as
+ * they are first touched and shared by every process that maps the file (the ranks of a host),
+ * and a write to data copies its page. The file must keep its size while mapped (replacing it,
+ * as cddp_tokens_write does, is safe: the mapping keeps the old one). */
 CDDP_API int cddp_tokens_read(const char *path, cddp_tokens *out, cddp_error *err);
 /* Writes count tokens (at most INT32_MAX) atomically: a reader sees the old file or the new. */
 CDDP_API int cddp_tokens_write(const char *path, const uint16_t *tokens, int64_t count,
@@ -163,6 +169,14 @@ CDDP_API void cddp_tokens_free(cddp_tokens *t);
  * tokens or a size is not positive. */
 CDDP_API cddp_dataset *cddp_dataset_token_windows(const cddp_tokens *tokens, int64_t block_size,
                                                   int64_t stride, cddp_error *err);
+/* The same over count token arrays one after another (a corpus in shards, as llm.c's FineWeb
+ * files), no window across two: each shard's windows as above (none in a shard shorter than
+ * block_size + 1), numbered on from the previous shard's. The shards are taken over, not copied:
+ * from the call on they are the dataset's, released with it (or at once when the call fails),
+ * and the caller's structs are zeroed; read with cddp_tokens_read, which maps them, the dataset
+ * holds no copy of the text. CDDP_EINVAL (NULL) when no shard holds a window. */
+CDDP_API cddp_dataset *cddp_dataset_token_shards(cddp_tokens *shards, int count, int64_t block_size,
+                                                 int64_t stride, cddp_error *err);
 
 /* ---- DistributedSampler ------------------------------------------------------------------- */
 

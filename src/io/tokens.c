@@ -4,7 +4,10 @@
  * count, then zeros) followed by the tokens as little-endian uint16. The reader checks the header
  * against the file's size before it allocates anything, so a corrupt count cannot ask for absurd
  * memory, and a truncated or overlong file is an error that says how many bytes it lacks or has
- * in excess. Files are written through io/atomic.c: a reader sees the old file or the new one.
+ * in excess. On a little-endian host the tokens are the file's pages, mapped (private, so a write
+ * copies the page) rather than read: a corpus costs no memory of its own, the ranks of a host
+ * share its pages, and only what training touches is read from the disk. Files are written
+ * through io/atomic.c: a reader sees the old file or the new one, and a mapping keeps the old.
  */
 #include "cddp/core.h"
 #include "cddp/data.h"
@@ -15,6 +18,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #define HEADER_INTS  256
@@ -94,6 +98,22 @@ int cddp_tokens_read(const char *path, cddp_tokens *out, cddp_error *err) {
                             size);
         goto out;
     }
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (count > 0) { /* the file's pages are the tokens: mapped, shared until written */
+        void *map = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fileno(f), 0);
+        if (map == MAP_FAILED) {
+            rc = cddp_error_set(err, errno == ENOMEM ? CDDP_ENOMEM : CDDP_EIO,
+                                "%s: cannot map its %" PRId64 " bytes: %s", path, size,
+                                strerror(errno));
+            goto out;
+        }
+        *out = (cddp_tokens){.count = count,
+                             .data = (uint16_t *)((uint8_t *)map + HEADER_BYTES),
+                             .map = map,
+                             .map_bytes = (size_t)size};
+        goto out;
+    }
+#endif
     out->data = cddp_malloc(count ? (size_t)count * 2 : 1);
     if (!out->data) {
         rc =
@@ -155,13 +175,6 @@ int cddp_tokens_from_text(const char *path, cddp_tokens *out, cddp_error *err) {
     fclose(f);
     if (rc != CDDP_OK) cddp_tokens_free(out);
     return rc;
-}
-
-void cddp_tokens_free(cddp_tokens *t) {
-    if (!t) return;
-    cddp_free(t->data);
-    t->data = NULL;
-    t->count = 0;
 }
 
 static int name_order(const void *a, const void *b) {

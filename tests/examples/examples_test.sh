@@ -27,7 +27,10 @@
 #   bad_args        bad numbers on the command lines and in a checkpoint's metadata, a folder
 #                   given as a checkpoint and a diverging run: a clear error and a non-zero exit
 #   gpt_tokens      cddp-tokenize writes llm.c's token files (read back with NumPy as llm.c's
-#                   loader does), gpt_train trains on them, and a truncated file is refused
+#                   loader does), gpt_train trains on them, and a truncated file is refused; on
+#                   llm.c's shards (a pattern): the windows of every shard, the validation
+#                   shard's loss as val.bin's, missing validation shards and a pattern without
+#                   train refused
 #   device          --device emu (the emulated device): ddp_train on 2 ranks converges, and with
 #                   AdamW ends as on the CPU on both ranks; the CNN on
 #                   2 ranks and the GPT give the CPU's losses and accuracy exactly, and a
@@ -651,7 +654,44 @@ PYEOF
     head -c 2000 data/train.bin > cut.bin
     "$build/bin/gpt_train" --data cut.bin --max_iters 1 --out none > bad.out 2>&1 && fail "a truncated token file was accepted"
     grep -q "cut.bin: truncated: the header promises" bad.out || { cat bad.out; fail "the truncated file's error does not say so"; }
-    echo "ok: cddp-tokenize, llm.c's format, training on it, a truncated file refused"
+    # llm.c's shards (FineWeb's fineweb_train_000001.bin, ...): the training tokens in 3 files, one
+    # of them shorter than a window, and val.bin as the one validation shard
+    $PY - <<'PYEOF' > shards.want || fail "cannot write the shards"
+import numpy as np
+def save(path, tokens):  # as llm.c's write_datafile
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1], header[2] = 20240520, 1, len(tokens)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.astype(np.uint16).tobytes())
+def load(path):
+    return np.frombuffer(open(path, "rb").read()[1024:], dtype=np.uint16)
+train, val = load("data/train.bin"), load("data/val.bin")
+parts = [train[:7000], train[7000:7010], train[7010:]]
+for i, part in enumerate(parts):
+    save("data/corpus_train_%06d.bin" % (i + 1), part)
+save("data/corpus_val_000000.bin", val)
+# windows of 16 tokens every 16: none across two shards, none in the 10-token one
+print(sum((len(p) - 17) // 16 + 1 for p in parts if len(p) >= 17), len(train))
+PYEOF
+    read -r windows tokens < shards.want
+    GPT="$build/bin/gpt_train --n_layer 1 --n_head 2 --n_embd 32 --block_size 16 --batch_size 4 --stride 16"
+    GPT="$GPT --max_iters 4 --eval_interval 4 --eval_iters 4 --sample 0 --out none"
+    run --nproc_per_node 2 $GPT --data 'data/corpus_train_*.bin' > shards.out 2>&1 \
+        || { cat shards.out; fail "training on shards failed"; }
+    grep -q "^training windows: $windows ($tokens tokens)" shards.out ||
+        { cat shards.out; fail "the shards' windows are not $windows of $tokens tokens"; }
+    run --nproc_per_node 2 $GPT --data data/train.bin > one.out 2>&1 || { cat one.out; fail "training on train.bin failed"; }
+    v1=$(sed -n 's/^step 0: .*val loss \([0-9.]*\).*/\1/p' shards.out) v2=$(sed -n 's/^step 0: .*val loss \([0-9.]*\).*/\1/p' one.out)
+    [ -n "$v1" ] && [ "$v1" = "$v2" ] || fail "the validation shard's loss at step 0, '$v1', is not val.bin's '$v2'"
+    rm data/corpus_val_000000.bin
+    "$build/bin/gpt_train" --data 'data/corpus_train_*.bin' --max_iters 1 --out none > bad.out 2>&1 && fail "shards without validation shards were accepted"
+    grep -q "data/corpus_val_\*.bin: no validation shard (the training shards' pattern with val) matches it" bad.out ||
+        { cat bad.out; fail "the missing validation shards' error does not say so"; }
+    "$build/bin/gpt_train" --data 'data/corpus_*.bin' --max_iters 1 --out none > bad.out 2>&1 && fail "a pattern without train was accepted"
+    grep -q "with train in their file name" bad.out || { cat bad.out; fail "the pattern without train's error does not say so"; }
+    echo "ok: cddp-tokenize, llm.c's format, training on it, a truncated file refused; llm.c's shards:" \
+         "$windows windows of $tokens tokens, the validation shard's loss as val.bin's ($v1)"
     ;;
 device)
     run --nproc_per_node 2 --tee "$build/bin/ddp_train" --device emu > out 2>&1 || { cat out; fail "ddp_train --device emu failed"; }
