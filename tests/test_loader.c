@@ -1,7 +1,11 @@
 /* test_loader.c: datasets (custom, in-memory, MNIST, MindSpore-style shards) and the DataLoader:
  * it yields exactly the sampler's choice, in order, the same with and without prefetching, in host
- * memory or copied to a device. */
+ * memory or copied to a device; every case twice, with the sampler's lists and with its rule
+ * (cddp__sampler_list_max 0: the loader computes the indices as it goes instead of copying them).
+ */
 #include "helpers.h"
+
+#include "data/internal.h"
 
 /* A custom dataset: sample i is a (1,2,3) image whose pixels encode (i, pixel) and label i. It
  * fails on the index `fail_at` (-1: never). */
@@ -459,5 +463,7 @@ int main(void) {
         cmocka_unit_test(test_batch_tensor),
         cmocka_unit_test(test_loader_on_the_device),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests_name("lists", tests, NULL, NULL);
+    cddp__sampler_list_max = 0;
+    return failed + cmocka_run_group_tests_name("rules", tests, NULL, NULL);
 }

@@ -1,6 +1,12 @@
 /* test_sampler.c: the DistributedSampler against PyTorch's semantics and the extensions
- * (uneven mode, resumable position, automatic epoch advance). */
+ * (uneven mode, resumable position, automatic epoch advance), every case twice: with each epoch's
+ * order a shuffled list, and by the keyed bijection that large datasets use instead
+ * (cddp__sampler_list_max lowered to 0). */
 #include "helpers.h"
+
+#include "data/internal.h"
+
+#include <sys/resource.h>
 
 static cddp_sampler *make(int64_t n, int replicas, int rank, bool shuffle, bool drop_last,
                           bool uneven, uint64_t seed) {
@@ -361,6 +367,63 @@ static void test_options_and_environment(void **state) {
     cddp_sampler_destroy(s);
 }
 
+/* The bijection itself: a permutation of [0, N) for N from 1 to 700 and around powers of 2, other
+ * for another epoch or seed; and on ten billion samples (a corpus of billions of tokens at stride
+ * 1), a sampler that keeps nothing per sample: its entries in range and distinct. */
+static void test_rule(void **state) {
+    (void)state;
+    cddp__sampler_list_max = 0;
+    int64_t sizes[720], ns = 0;
+    for (int64_t n = 1; n <= 700; n++) sizes[ns++] = n;
+    for (int b = 10; b <= 16; b += 3)
+        for (int d = -1; d <= 1; d++) sizes[ns++] = ((int64_t)1 << b) + d;
+    for (int64_t k = 0; k < ns; k++) {
+        int64_t n = sizes[k];
+        int64_t *a = malloc(sizeof(int64_t) * (size_t)n), *b = malloc(sizeof(int64_t) * (size_t)n);
+        char *seen = calloc((size_t)n, 1);
+        cddp_sampler *s = make(n, 1, 0, true, false, false, 3);
+        cddp_sampler_indices(s, 0, a);
+        cddp_sampler_indices(s, 1, b);
+        for (int64_t i = 0; i < n; i++) {
+            assert_true(a[i] >= 0 && a[i] < n);
+            assert_int_equal(seen[a[i]]++, 0);
+        }
+        if (n >= 8) assert_memory_not_equal(a, b, sizeof(int64_t) * (size_t)n);
+        cddp_sampler_destroy(s);
+        free(a);
+        free(b);
+        free(seen);
+    }
+    cddp__sampler_list_max = (int64_t)1 << 24; /* the default */
+    struct rusage before, after;
+    getrusage(RUSAGE_SELF, &before);
+    int64_t big = 10000000000, out[4096];
+    cddp_sampler *s = make(big, 4, 3, true, true, false, 1);
+    assert_int_equal(cddp_sampler_len(s), big / 4);
+    assert_int_equal(cddp_sampler_begin(s), big / 4);
+    for (int k = 0; k < 4096; k++) {
+        out[k] = cddp_sampler_next(s);
+        assert_true(out[k] >= 0 && out[k] < big);
+        for (int j = 0; j < k; j++) assert_true(out[j] != out[k]);
+    }
+    getrusage(RUSAGE_SELF, &after);
+    assert_true(after.ru_maxrss - before.ru_maxrss < 16 * 1024); /* KB: nothing per sample */
+    cddp_sampler_destroy(s);
+}
+
+/* Every case with the lists, then by the rule. */
+static int lists(void **state) {
+    (void)state;
+    cddp__sampler_list_max = (int64_t)1 << 24;
+    return 0;
+}
+
+static int rules(void **state) {
+    (void)state;
+    cddp__sampler_list_max = 0;
+    return 0;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_pytorch_without_shuffle),
@@ -372,5 +435,8 @@ int main(void) {
         cmocka_unit_test(test_resume_on_other_world_sizes),
         cmocka_unit_test(test_options_and_environment),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const struct CMUnitTest rule[] = {cmocka_unit_test(test_rule)};
+    int failed = cmocka_run_group_tests_name("lists", tests, lists, NULL);
+    failed += cmocka_run_group_tests_name("rules", tests, rules, NULL);
+    return failed + cmocka_run_group_tests_name("rule", rule, NULL, NULL);
 }

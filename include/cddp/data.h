@@ -183,7 +183,10 @@ CDDP_API cddp_dataset *cddp_dataset_token_shards(cddp_tokens *shards, int count,
 /* PyTorch's DistributedSampler, plus what its users ask for.
  *
  * Each epoch every rank draws the same permutation of [0, N) from seed + epoch (or takes
- * 0..N-1 without shuffle), then takes every num_replicas-th index starting at its rank. With
+ * 0..N-1 without shuffle), then takes every num_replicas-th index starting at its rank. The
+ * permutation is a shuffled list up to 2^24 samples; beyond (a corpus of billions of token
+ * windows), where the list would take 8 bytes a sample on every rank, it is a keyed bijection
+ * computed for each index as it is drawn: nothing is kept per sample. With
  * drop_last false the permutation is first padded by repeating its start so that every rank gets
  * ceil(N / replicas) samples; with drop_last true it is cut to floor(N / replicas) per rank. In
  * the uneven mode every sample is seen exactly once per epoch and ranks get ceil or floor of

@@ -11,4 +11,22 @@ void cddp__sampler_advance(cddp_sampler *s, int64_t n);
  * all of them when it started at the beginning; as many as cddp_sampler_len at most. */
 void cddp__sampler_run_indices(const cddp_sampler *s, int64_t *out);
 
+/* Above this many samples a shuffling sampler keeps no list: each epoch's order is a rule
+ * (sampler.c). Tests lower it to run every case both ways. */
+extern int64_t cddp__sampler_list_max;
+/* What computes this run's indices without a list (no shuffle, or the rule): entry k of them is
+ * the epoch's list entry first + k stride (mod n), through the keyed bijection when shuffled. A
+ * copy of the sampler's parameters, so the loader's thread may use it while the sampler moves
+ * on. */
+typedef struct cddp__sampler_run {
+    uint64_t key, mask;
+    int64_t n, first, stride;
+    int half;
+    bool shuffle;
+} cddp__sampler_run;
+/* Sets run and returns true when the sampler keeps no list; false when it does (then
+ * cddp__sampler_run_indices copies the run's indices). */
+bool cddp__sampler_run_rule(const cddp_sampler *s, cddp__sampler_run *run);
+int64_t cddp__sampler_run_index(const cddp__sampler_run *run, int64_t k);
+
 #endif

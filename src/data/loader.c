@@ -53,8 +53,10 @@ struct cddp_loader {
     cddp_error release_err;
 
     /* The epoch being iterated. */
-    int64_t *all;        /* this rank's indices for the epoch */
-    const int64_t *todo; /* the ones still to deliver at begin */
+    int64_t *all;           /* this rank's indices for the epoch, when the sampler keeps a list */
+    const int64_t *todo;    /* the ones still to deliver at begin */
+    cddp__sampler_run rule; /* else what computes them (with no sampler: base + k) */
+    bool by_rule, made;     /* made: the synchronisation objects exist */
     int64_t count, nbatches, next_batch, epoch, base;
     int64_t own_epoch; /* epoch counter when there is no sampler */
 
@@ -118,7 +120,9 @@ static void fill(cddp_loader *l, slot *s, int64_t b) {
         void *out[CDDP_MAX_FIELDS];
         for (int f = 0; f < l->nfields; f++)
             out[f] = (char *)s->data[f] + (size_t)j * l->field_bytes[f];
-        s->indices[j] = l->todo[first + j];
+        s->indices[j] = l->all       ? l->todo[first + j]
+                        : l->by_rule ? cddp__sampler_run_index(&l->rule, l->base + first + j)
+                                     : l->base + first + j;
         s->status = cddp_dataset_get(l->ds, s->indices[j], out, &s->err);
         if (s->status == CDDP_OK && has_transforms(&l->o))
             transform(l, out[l->o.image_field], l->base + first + j);
@@ -272,11 +276,13 @@ cddp_loader *cddp_loader_create(cddp_dataset *ds, cddp_sampler *sampler,
                        !(s->released = cddp_event_create(l->dev, err))))
             goto failed;
     }
-    int64_t n = sampler ? cddp_sampler_len(sampler) : cddp_dataset_len(ds);
-    l->all = cddp_malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
-    if (!l->all) goto oom;
+    if (sampler && !cddp__sampler_run_rule(sampler, &l->rule)) { /* a list: copied each epoch */
+        int64_t n = cddp_sampler_len(sampler);
+        if (!(l->all = cddp_malloc(sizeof(int64_t) * (size_t)(n ? n : 1)))) goto oom;
+    }
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->changed, NULL);
+    l->made = true;
     return l;
 oom:
     cddp_loader_destroy(l);
@@ -296,7 +302,7 @@ failed: /* the device said why */
 
 void cddp_loader_destroy(cddp_loader *l) {
     if (!l) return;
-    if (l->all) { /* the synchronisation objects exist once `all` does */
+    if (l->made) {
         stop_worker(l);
         pthread_mutex_destroy(&l->mu);
         pthread_cond_destroy(&l->changed);
@@ -343,14 +349,16 @@ int64_t cddp_loader_begin(cddp_loader *l) {
         cddp_sampler_state st = cddp_sampler_get_state(l->sampler);
         l->epoch = st.epoch;
         l->base = st.consumed;
-        cddp__sampler_run_indices(l->sampler, l->all);
+        if (l->all)
+            cddp__sampler_run_indices(l->sampler, l->all);
+        else
+            l->by_rule = cddp__sampler_run_rule(l->sampler, &l->rule);
     } else {
         l->epoch = ++l->own_epoch;
         l->base = 0;
         l->count = cddp_dataset_len(l->ds);
-        for (int64_t i = 0; i < l->count; i++) l->all[i] = i;
     }
-    l->todo = l->all + l->base;
+    l->todo = l->all ? l->all + l->base : NULL;
     int64_t bs = l->o.batch_size;
     l->nbatches = l->o.drop_last ? l->count / bs : (l->count + bs - 1) / bs;
     l->next_batch = 0;

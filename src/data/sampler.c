@@ -17,7 +17,14 @@
  * same entries as without the interruption.
  *
  * The permutation for an epoch is a Fisher-Yates shuffle driven by cddp_rng seeded with
- * seed + epoch, so every rank computes the same one without communicating.
+ * seed + epoch, so every rank computes the same one without communicating. Above
+ * cddp__sampler_list_max samples (a corpus of billions of token windows) a list of them all would
+ * take gigabytes on every rank and seconds to shuffle, so the permutation is a rule instead: a
+ * keyed bijection of the index's bits (a balanced Feistel network of 6 rounds over the smallest
+ * even number of bits that holds N - 1, keyed by seed and epoch), walked again while it lands at
+ * N or beyond ("cycle walking": at most 4 tries on average, as the bits hold under 4 N). Each
+ * entry costs a few hashes and nothing is kept; the padding, the strides and the resumed
+ * positions are the same functions of the entry either way.
  */
 #include "cddp/data.h"
 #include "cddp/core.h"
@@ -35,9 +42,11 @@ struct cddp_sampler {
     int64_t this_len;    /* samples this rank yields in this epoch from start */
     bool explicit_epoch; /* set_epoch or set_state since the last begin */
     bool begun;          /* begin has run at least once */
-    int64_t *order;      /* this epoch's indices, valid for order_epoch */
+    int64_t *order;      /* this epoch's indices, valid for order_epoch; NULL: by the rule */
     int64_t order_epoch;
 };
+
+int64_t cddp__sampler_list_max = INT64_C(1) << 24;
 
 cddp_sampler_options cddp_sampler_defaults(void) {
     return (cddp_sampler_options){.num_replicas = 0, .rank = -1, .shuffle = true};
@@ -89,9 +98,13 @@ cddp_sampler *cddp_sampler_create(int64_t n, const cddp_sampler_options *opts, c
         s->total = s->per_rank * R;
     }
     s->this_len = s->per_rank;
-    s->order = cddp_malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
-    if (!s->order) goto oom;
     s->order_epoch = -1;
+    if (o.shuffle && n > cddp__sampler_list_max)
+        cddp_log(CDDP_LOG_DEBUG, "data",
+                 "sampler: %lld samples: each epoch's order by a keyed bijection (no list)",
+                 (long long)n);
+    else if (o.shuffle && !(s->order = cddp_malloc(sizeof(int64_t) * (size_t)(n ? n : 1))))
+        goto oom;
     return s;
 oom:
     cddp_sampler_destroy(s);
@@ -146,10 +159,9 @@ int cddp_sampler_num_replicas(const cddp_sampler *s) {
     return s->o.num_replicas;
 }
 
-/* The permutation of [0, n) for epoch (identity without shuffle). */
+/* The shuffled permutation of [0, n) for epoch, as a list. */
 static void permutation(const cddp_sampler *s, int64_t epoch, int64_t *p) {
     for (int64_t i = 0; i < s->n; i++) p[i] = i;
-    if (!s->o.shuffle) return;
     cddp_rng rng;
     cddp_rng_seed(&rng, s->o.seed + (uint64_t)epoch);
     for (int64_t i = s->n - 1; i > 0; i--) {
@@ -169,13 +181,62 @@ static const int64_t *cached_permutation(const cddp_sampler *s, int64_t epoch) {
     return s->order;
 }
 
+/* splitmix64's finaliser: every bit of z moves about half of the result's */
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+    return z ^ (z >> 31);
+}
+
+/* The rule for epoch, entry k of this rank's run being list entry first + k stride. */
+static cddp__sampler_run rule_of(const cddp_sampler *s, int64_t epoch, int64_t first) {
+    int bits = 0;
+    while (bits < 63 && (UINT64_C(1) << bits) < (uint64_t)s->n) bits++;
+    int half = (bits + 1) / 2;
+    return (cddp__sampler_run){
+        .key = mix64(s->o.seed ^ mix64((uint64_t)epoch + UINT64_C(0x9e3779b97f4a7c15))),
+        .mask = (UINT64_C(1) << half) - 1,
+        .n = s->n,
+        .half = half,
+        .shuffle = s->o.shuffle,
+        .first = first,
+        .stride = s->o.num_replicas};
+}
+
+int64_t cddp__sampler_run_index(const cddp__sampler_run *r, int64_t k) {
+    uint64_t x = (uint64_t)((r->first + k * r->stride) % r->n);
+    if (!r->shuffle) return (int64_t)x;
+    do {
+        uint64_t hi = x >> r->half, lo = x & r->mask;
+        for (uint64_t round = 0; round < 6; round++) {
+            uint64_t f = mix64(r->key ^ (round << 58) ^ lo) & r->mask;
+            uint64_t t = hi ^ f;
+            hi = lo;
+            lo = t;
+        }
+        x = hi << r->half | lo;
+    } while (x >= (uint64_t)r->n);
+    return (int64_t)x;
+}
+
 /* This rank's len entries of epoch's list from entry start on: start + rank, + R, ... Entry k of
  * the padded list is p[k mod n]: the padding repeats the start. */
 static void rank_entries(const cddp_sampler *s, int64_t epoch, int64_t start, int64_t len,
                          int64_t *out) {
-    const int64_t *p = cached_permutation(s, epoch);
     int64_t R = s->o.num_replicas;
-    for (int64_t j = 0; j < len; j++) out[j] = p[(start + s->o.rank + j * R) % s->n];
+    if (s->order) {
+        const int64_t *p = cached_permutation(s, epoch);
+        for (int64_t j = 0; j < len; j++) out[j] = p[(start + s->o.rank + j * R) % s->n];
+        return;
+    }
+    cddp__sampler_run r = rule_of(s, epoch, start + s->o.rank);
+    for (int64_t j = 0; j < len; j++) out[j] = cddp__sampler_run_index(&r, j);
+}
+
+bool cddp__sampler_run_rule(const cddp_sampler *s, cddp__sampler_run *run) {
+    if (s->order) return false;
+    *run = rule_of(s, s->epoch, s->start + s->o.rank);
+    return true;
 }
 
 void cddp_sampler_indices(const cddp_sampler *s, int64_t epoch, int64_t *out) {
