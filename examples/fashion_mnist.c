@@ -81,7 +81,8 @@ static void usage(FILE *out) {
         "  --dtype NAME        fp32, or bf16: mixed precision, the linear layers' and the\n"
         "                      convolutions' products in bf16 with float32 sums (AVX512-BF16\n"
         "                      or AMX, a GPU's tensor cores), the rest in float32 (default fp32)\n"
-        "  --limit N           train on the first N samples only (default: all)\n"
+        "  --limit N           train on the first N samples only, reading the training\n"
+        "                      files no further (default: all)\n"
         "  --log-every N       print the loss every N steps (default 100; 0: never)\n"
         "  --target-acc X      stop after the first epoch whose test accuracy reaches X\n"
         "  --save PATH         write a safetensors checkpoint after the last epoch\n"
@@ -441,29 +442,12 @@ int main(int argc, char **argv) {
         }
     }
 
-    train = cddp_dataset_mnist(o.data, true, &err);
+    train = cddp_dataset_mnist_first(o.data, true, o.limit, &err); /* --limit: its first N */
     test = train ? cddp_dataset_mnist(o.data, false, &err) : NULL;
     if (!test) goto fail;
     if (cddp_field_bytes(cddp_dataset_field(train, 0)) != 784 * sizeof(float)) {
         cddp_error_set(&err, CDDP_EFORMAT, "expected 28x28 images");
         goto fail;
-    }
-    if (o.limit >= 0 && o.limit < cddp_dataset_len(train)) {
-        /* --limit: the first samples, copied into an in-memory dataset. */
-        int64_t n = o.limit;
-        float *img = malloc(sizeof(float) * 784 * (size_t)(n ? n : 1));
-        int64_t *lab = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
-        for (int64_t i = 0; i < n && img && lab; i++)
-            cddp_dataset_get(train, i, (void *const[]){img + 784 * i, lab + i}, &err);
-        cddp_field f[2] = {*cddp_dataset_field(train, 0), *cddp_dataset_field(train, 1)};
-        cddp_dataset *prefix =
-            img && lab ? cddp_dataset_from_arrays(n, 2, f, (const void *const[]){img, lab}, &err)
-                       : NULL;
-        free(img);
-        free(lab);
-        if (!prefix) goto fail;
-        cddp_dataset_destroy(train);
-        train = prefix;
     }
     /* Each rank trains on its part of every epoch and evaluates its shard of the test set. */
     cddp_sampler_options so = cddp_sampler_defaults();

@@ -188,6 +188,23 @@ static void test_fashion_mnist(void **state) {
     cddp_mnist_normalize(&train, 0, 1, 0.1307f, 0.3081f, img);
     for (int i = 0; i < 784; i++)
         assert_close(img[i], (train.images[i] / 255.0 - 0.1307) / 0.3081, 1e-5, 1e-5);
+    /* the first 100 only: the same samples; more than there are: all; none */
+    cddp_dataset *few = cddp_dataset_mnist_first(NULL, true, 100, &err);
+    assert_non_null(few);
+    assert_int_equal(cddp_dataset_len(few), 100);
+    for (int64_t i = 0; i < 100; i++) {
+        int64_t label;
+        assert_int_equal(cddp_dataset_get(few, i, (void *const[]){img, &label}, &err), CDDP_OK);
+        assert_int_equal(label, train.labels[i]);
+        for (int k = 0; k < 784; k++) assert_true(img[k] == (float)train.images[784 * i + k]);
+    }
+    cddp_dataset_destroy(few);
+    few = cddp_dataset_mnist_first(NULL, false, 70000, &err);
+    assert_int_equal(cddp_dataset_len(few), 10000);
+    cddp_dataset_destroy(few);
+    few = cddp_dataset_mnist_first(NULL, false, 0, &err);
+    assert_int_equal(cddp_dataset_len(few), 0);
+    cddp_dataset_destroy(few);
     cddp_mnist_free(&train);
     cddp_mnist_free(&test);
 }
@@ -224,6 +241,24 @@ static void test_mnist_errors(void **state) {
     assert_int_equal(cddp_mnist_load("/nonexistent", false, &ds, &err), CDDP_ENOENT);
     assert_non_null(strstr(err.msg, "dataset-fashion-mnist"));
     assert_null(ds.images);
+    /* images cut after the second of 3: refused whole; its first 2 read, and nothing further */
+    uint8_t two[2 * 28 * 28] = {0};
+    two[28 * 28] = 200;
+    static uint8_t tbuf[2 * 28 * 28 + 64];
+    uint32_t tdims[3] = {3, 28, 28};
+    n = make_idx(tbuf, CDDP_IDX_U8, 3, tdims, two, 1, sizeof two);
+    put("train-images-idx3-ubyte", tbuf, n, false, path, sizeof path);
+    assert_int_equal(cddp_mnist_load(test_dir, true, &ds, &err), CDDP_EFORMAT);
+    assert_non_null(strstr(err.msg, "truncated"));
+    cddp_dataset *first = cddp_dataset_mnist_first(test_dir, true, 2, &err);
+    assert_non_null(first);
+    assert_int_equal(cddp_dataset_len(first), 2);
+    float px[784];
+    int64_t label;
+    assert_int_equal(cddp_dataset_get(first, 1, (void *const[]){px, &label}, &err), CDDP_OK);
+    assert_true(px[0] == 200.0f);
+    assert_int_equal(label, 2);
+    cddp_dataset_destroy(first);
 }
 
 int main(void) {

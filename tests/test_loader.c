@@ -1,8 +1,8 @@
 /* test_loader.c: datasets (custom, in-memory, MNIST, MindSpore-style shards) and the DataLoader:
  * it yields exactly the sampler's choice, in order, the same with and without prefetching, in host
- * memory or copied to a device; every case twice, with the sampler's lists and with its rule
- * (cddp__sampler_list_max 0: the loader computes the indices as it goes instead of copying them).
- */
+ * memory or copied to a device; the cases with a sampler twice, with the sampler's lists and
+ * with its rule (cddp__sampler_list_max 0: the loader computes the indices as it goes instead of
+ * copying them). */
 #include "helpers.h"
 
 #include "data/internal.h"
@@ -463,7 +463,15 @@ int main(void) {
         cmocka_unit_test(test_batch_tensor),
         cmocka_unit_test(test_loader_on_the_device),
     };
+    /* the cases with a sampler again, by its rule */
+    const struct CMUnitTest by_rule[] = {
+        cmocka_unit_test(test_loader_yields_the_samplers_choice),
+        cmocka_unit_test(test_prefetch_changes_nothing),
+        cmocka_unit_test(test_resume_through_the_loader),
+        cmocka_unit_test(test_dataset_errors_reach_the_caller),
+        cmocka_unit_test(test_loader_on_the_device),
+    };
     int failed = cmocka_run_group_tests_name("lists", tests, NULL, NULL);
     cddp__sampler_list_max = 0;
-    return failed + cmocka_run_group_tests_name("rules", tests, NULL, NULL);
+    return failed + cmocka_run_group_tests_name("rules", by_rule, NULL, NULL);
 }

@@ -106,6 +106,11 @@ CDDP_API int cddp_dataset_get(cddp_dataset *ds, int64_t i, void *const *out, cdd
  * 0..255 (the loader's transforms rescale and normalise), field 1 "label" int64 (). dir as for
  * cddp_mnist_load. */
 CDDP_API cddp_dataset *cddp_dataset_mnist(const char *dir, bool train, cddp_error *err);
+/* The same, of the split's first n samples only (n < 0: all): the files are decompressed and
+ * checked no further than those, so a quick run on a few thousand samples does not pay for
+ * Fashion-MNIST's 47 MB of training images (about 0.2 s on one core). */
+CDDP_API cddp_dataset *cddp_dataset_mnist_first(const char *dir, bool train, int64_t n,
+                                                cddp_error *err);
 
 /* An in-memory dataset of n samples: data[f] holds n samples of field f back to back and is
  * copied, so the caller may free it at once. */

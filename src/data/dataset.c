@@ -6,6 +6,7 @@
  */
 #include "cddp/data.h"
 #include "cddp/core.h"
+#include "data/internal.h"
 
 #include <string.h>
 
@@ -104,12 +105,16 @@ static void mnist_destroy(void *self) {
 }
 
 cddp_dataset *cddp_dataset_mnist(const char *dir, bool train, cddp_error *err) {
+    return cddp_dataset_mnist_first(dir, train, -1, err);
+}
+
+cddp_dataset *cddp_dataset_mnist_first(const char *dir, bool train, int64_t n, cddp_error *err) {
     cddp_mnist *m = cddp_calloc(1, sizeof *m);
     if (!m) {
         cddp_error_set(err, CDDP_ENOMEM, "out of memory");
         return NULL;
     }
-    if (cddp_mnist_load(dir, train, m, err) != CDDP_OK) {
+    if (cddp__mnist_load(dir, train, n, m, err) != CDDP_OK) {
         cddp_free(m);
         return NULL;
     }

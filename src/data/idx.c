@@ -6,6 +6,7 @@
  */
 #include "cddp/data.h"
 #include "cddp/core.h"
+#include "data/internal.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -63,7 +64,10 @@ static void byteswap(void *data, int64_t count, size_t size) {
         }
 }
 
-int cddp_idx_read(const char *path, size_t max_bytes, cddp_idx *out, cddp_error *err) {
+/* cddp_idx_read, or with first >= 0 its first `first` items along the first dimension only: the
+ * file is read no further (nor checked beyond them). */
+static int idx_read(const char *path, size_t max_bytes, int64_t first, cddp_idx *out,
+                    cddp_error *err) {
     int rc = CDDP_OK;
     const char *why = "unexpected end of file";
     memset(out, 0, sizeof *out);
@@ -109,6 +113,11 @@ int cddp_idx_read(const char *path, size_t max_bytes, cddp_idx *out, cddp_error 
         }
         count *= d;
     }
+    bool partial = first >= 0 && first < out->dims[0];
+    if (partial) { /* dims[0] > first >= 0, so it divides count */
+        count = count / (uint64_t)out->dims[0] * (uint64_t)first;
+        out->dims[0] = first;
+    }
     out->count = (int64_t)count;
     size_t bytes = (size_t)count * esize;
     /* The memory grows with the data actually read (doubling from 64 MiB), not with what the
@@ -142,7 +151,7 @@ int cddp_idx_read(const char *path, size_t max_bytes, cddp_idx *out, cddp_error 
         goto fail;
     }
     uint8_t extra;
-    got = gz_read_full(gz, &extra, 1, &why);
+    got = partial ? 0 : gz_read_full(gz, &extra, 1, &why);
     if (got != 0) {
         rc = cddp_error_set(err, CDDP_EFORMAT,
                             "%s: %s after the %zu data bytes the header "
@@ -159,6 +168,10 @@ fail:
     return rc;
 }
 
+int cddp_idx_read(const char *path, size_t max_bytes, cddp_idx *out, cddp_error *err) {
+    return idx_read(path, max_bytes, -1, out, err);
+}
+
 void cddp_idx_free(cddp_idx *idx) {
     if (!idx) return;
     cddp_free(idx->data);
@@ -166,13 +179,14 @@ void cddp_idx_free(cddp_idx *idx) {
 }
 
 /* Opens dir/name.gz, falling back to dir/name. */
-static int read_either(const char *dir, const char *name, cddp_idx *out, cddp_error *err) {
+static int read_either(const char *dir, const char *name, int64_t first, cddp_idx *out,
+                       cddp_error *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s.gz", dir, name);
-    int rc = cddp_idx_read(path, 0, out, err);
+    int rc = idx_read(path, 0, first, out, err);
     if (rc != CDDP_ENOENT) return rc;
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    rc = cddp_idx_read(path, 0, out, err);
+    rc = idx_read(path, 0, first, out, err);
     if (rc == CDDP_ENOENT)
         cddp_error_set(err, rc,
                        "%s/%s(.gz) not found; install Debian's dataset-fashion-mnist or "
@@ -182,16 +196,20 @@ static int read_either(const char *dir, const char *name, cddp_idx *out, cddp_er
 }
 
 int cddp_mnist_load(const char *dir, bool train, cddp_mnist *out, cddp_error *err) {
+    return cddp__mnist_load(dir, train, -1, out, err);
+}
+
+int cddp__mnist_load(const char *dir, bool train, int64_t first, cddp_mnist *out, cddp_error *err) {
     memset(out, 0, sizeof *out);
     if (!dir) dir = cddp_knob_str(CDDP_KNOB_DATA);
     const char *split = train ? "train" : "t10k";
     char name[64];
     cddp_idx im = {0}, lb = {0};
     snprintf(name, sizeof name, "%s-images-idx3-ubyte", split);
-    int rc = read_either(dir, name, &im, err);
+    int rc = read_either(dir, name, first, &im, err);
     if (rc) return rc;
     snprintf(name, sizeof name, "%s-labels-idx1-ubyte", split);
-    rc = read_either(dir, name, &lb, err);
+    rc = read_either(dir, name, first, &lb, err);
     if (rc) goto fail;
     if (im.type != CDDP_IDX_U8 || im.ndim != 3 || lb.type != CDDP_IDX_U8 || lb.ndim != 1) {
         rc = cddp_error_set(err, CDDP_EFORMAT,

@@ -29,4 +29,8 @@ typedef struct cddp__sampler_run {
 bool cddp__sampler_run_rule(const cddp_sampler *s, cddp__sampler_run *run);
 int64_t cddp__sampler_run_index(const cddp__sampler_run *run, int64_t k);
 
+/* cddp_mnist_load, or with first >= 0 the split's first `first` samples only, its files read no
+ * further (cddp_dataset_mnist_first). */
+int cddp__mnist_load(const char *dir, bool train, int64_t first, cddp_mnist *out, cddp_error *err);
+
 #endif
