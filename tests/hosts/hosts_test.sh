@@ -38,7 +38,8 @@
 #   late   the same job with torchrun's line (--nnodes 2:3 --rdzv-backend c10d, no --node_rank)
 #          started on hosts 0 and 1; host 2 comes with the same line once a checkpoint exists: it
 #          takes node rank 2, the group restarts at once with it (scale-up, not counted as a
-#          restart), resumes on 3 ranks and ends as the uninterrupted run, every sample once per
+#          restart, also on host 1, whose rank fails before its launcher's next look at the
+#          store), resumes on 3 ranks and ends as the uninterrupted run, every sample once per
 #          epoch
 #   below  an elastic job of 2 hosts (--nnodes 2:3); host 1 dies: with 1 node left, below MIN,
 #          host 0 stops within CDDP_RDZV_TIMEOUT_S (3 s here) and says why
@@ -118,9 +119,13 @@ elastic_node() {
            if [ -e \$c ]; then exec '$FM' $args --batch-size \$b \$log --resume \$c;
            else exec '$FM' $args --batch-size \$b \$log; fi"
     if [ "$scenario" = late ]; then # torchrun's line: node ranks from the rendezvous
+        # host 1 looks at the store every 2 s only: its rank fails (host 0 stopped its peer for
+        # the scale-up) before it sees why, which must still be the scale-up, not a failure
+        look=""
+        [ "$1" = 1 ] && look="--monitor-interval 2"
         "$H" exec "$name" "$1" "$build/bin/cddprun" --nnodes 2:3 --nproc-per-node 1 \
             --rdzv-backend c10d --rdzv-endpoint "$("$H" addr "$name" 0):29400" --rdzv-id job1 \
-            --token-file "$work/token" --max-restarts 1 --grace-period 1 sh -c "$train" \
+            --token-file "$work/token" --max-restarts 1 --grace-period 1 $look sh -c "$train" \
             > "node$1.out" 2>&1 &
     else
         node "$1" 2:3 1 --max_restarts 1 --grace_period 1 sh -c "$train"
@@ -394,7 +399,9 @@ elastic | late)
         has node2.out "cddprun: node 2 of 3 (no --node_rank: the order the nodes joined in"
         has node2.out "cddprun: node 2 came after round 0 of the job formed"
         has node0.out "cddprun: node 2 came to join the job: the group restarts with it (round 1)"
-        grep -q "restarting the group (restart" node0.out && fail "the scale-up counted as a restart"
+        grep -q "restarting the group (restart" node0.out node1.out && fail "the scale-up counted as a restart"
+        grep -q "the job failed" node1.out && { cat node1.out; fail "host 1 took the scale-up for a failure"; }
+        has node1.out "cddprun: node 2 came to join the job: the group restarts with it (round 1)"
     fi
     [ "$(json node0.out world)" = $world ] || fail "the job ended on $(json node0.out world) ranks, not $world"
     a=$(json straight.out test_acc) b=$(json node0.out test_acc)

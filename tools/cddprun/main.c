@@ -96,6 +96,18 @@ static round_result run_round(job *j) {
                 break;
             }
     }
+    /* A rank that exited with an error because node 0 restarts the group for a node that came to
+     * join (it stopped its ranks, this rank's peers): node 0 posted the restart before it stopped
+     * them, so the store has it now, though this node's next look at it was still to come. The
+     * round ends in that restart, not in a failure of this node's (which would use up a restart,
+     * or end this node's part of the job). */
+    if (first && !first->running && WIFEXITED(first->status) && !remote[0] && o->nnodes > 1 &&
+        !cddprun_got_signal && cddprun_remote_failure(j, remote, sizeof remote)) {
+        if (!strncmp(remote, CDDPRUN_GROW, strlen(CDDPRUN_GROW)))
+            first = NULL;
+        else
+            remote[0] = 0; /* another node's failure: this node's own report, as before */
+    }
     /* A node that cddprun --hosts started waits up to a second for the head before it reports a
      * failure: when the head stops the job (Ctrl-C), the end of its control stream reaches this
      * node over ssh after this node's ranks may have seen their peers on the other nodes stop,
