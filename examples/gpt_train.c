@@ -376,10 +376,10 @@ static int load_data(const char *path, corpus *train, corpus *val, cddp_error *e
     }
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path, *at = NULL;
     for (const char *p = strstr(base, "train"); p; p = strstr(p + 1, "train")) at = p;
-    char vpath[4096];
+    char vpath[4096] = "";
     if (at && strlen(path) < sizeof vpath - 1)
         snprintf(vpath, sizeof vpath, "%.*sval%s", (int)(at - path), path, at + strlen("train"));
-    if (strpbrk(path, "*?[")) { /* shards */
+    if (strpbrk(path, "*?[") && access(path, F_OK) != 0) { /* shards (not a file named so) */
         if (!at)
             return cddp_error_set(err, CDDP_EINVAL,
                                   "--data %s: a pattern names the training shards, with train in "
