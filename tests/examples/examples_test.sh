@@ -30,7 +30,7 @@
 #                   loader does), gpt_train trains on them, and a truncated file is refused; on
 #                   llm.c's shards (a pattern): the windows of every shard, the validation
 #                   shard's loss as val.bin's, missing validation shards and a pattern without
-#                   train refused
+#                   train refused; cddp-tokenize --shard_tokens writes shards of the same tokens
 #   device          --device emu (the emulated device): ddp_train on 2 ranks converges, and with
 #                   AdamW ends as on the CPU on both ranks; the CNN on
 #                   2 ranks and the GPT give the CPU's losses and accuracy exactly, and a
@@ -690,6 +690,25 @@ PYEOF
         { cat bad.out; fail "the missing validation shards' error does not say so"; }
     "$build/bin/gpt_train" --data 'data/corpus_*.bin' --max_iters 1 --out none > bad.out 2>&1 && fail "a pattern without train was accepted"
     grep -q "with train in their file name" bad.out || { cat bad.out; fail "the pattern without train's error does not say so"; }
+    # cddp-tokenize --shard_tokens writes such shards: their tokens are train.bin's and val.bin's
+    "$build/bin/cddp-tokenize" --shard_tokens 5000 text.txt sdata > stok.out 2>&1 || { cat stok.out; fail "cddp-tokenize --shard_tokens failed"; }
+    grep -q "sdata/train_\*.bin (16200 in 4 shards), sdata/val_\*.bin (1800 in 1); train with gpt_train --data 'sdata/train_\*.bin'" stok.out ||
+        { cat stok.out; fail "cddp-tokenize --shard_tokens did not say its shards"; }
+    $PY - <<'PYEOF' || fail "the shards do not hold train.bin's and val.bin's tokens"
+import glob, numpy as np
+def load(path):
+    return np.frombuffer(open(path, "rb").read()[1024:], dtype=np.uint16)
+train = [load(p) for p in sorted(glob.glob("sdata/train_*.bin"))]
+assert [len(t) for t in train] == [5000, 5000, 5000, 1200], [len(t) for t in train]
+assert (np.concatenate(train) == load("data/train.bin")).all()
+assert sorted(glob.glob("sdata/val_*.bin")) == ["sdata/val_000000.bin"]
+assert (load("sdata/val_000000.bin") == load("data/val.bin")).all()
+PYEOF
+    "$build/bin/gpt_train" --data 'sdata/train_*.bin' --n_layer 1 --n_head 2 --n_embd 32 --block_size 16 \
+        --batch_size 4 --max_iters 2 --eval_interval 2 --eval_iters 2 --sample 0 --out none > sh.out 2>&1 ||
+        { cat sh.out; fail "training on cddp-tokenize's shards failed"; }
+    "$build/bin/cddp-tokenize" --shard_tokens 0 text.txt x > bad.out 2>&1 && fail "--shard_tokens 0 was accepted"
+    grep -q -- "--shard_tokens 0: expected a whole number from 1 to" bad.out || { cat bad.out; fail "no clear error for --shard_tokens 0"; }
     echo "ok: cddp-tokenize, llm.c's format, training on it, a truncated file refused; llm.c's shards:" \
          "$windows windows of $tokens tokens, the validation shard's loss as val.bin's ($v1)"
     ;;

@@ -4,7 +4,9 @@
  *
  * The input is a text file or a folder of them (every regular file holding text, in name order).
  * The first 90% of the tokens go to train.bin and the rest to val.bin (--val_fraction), as
- * nanoGPT's prepare scripts split their text; gpt_train --data DIR/train.bin reads both.
+ * nanoGPT's prepare scripts split their text; gpt_train --data DIR/train.bin reads both. With
+ * --shard_tokens N each part is written as shards of N tokens, train_000001.bin, ... and
+ * val_000000.bin, ... as llm.c's FineWeb comes (gpt_train --data 'DIR/train_*.bin').
  */
 #include <cddp/cddp.h>
 
@@ -17,25 +19,65 @@
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: cddp-tokenize [--val_fraction X] INPUT OUTDIR\n"
+            "usage: cddp-tokenize [--val_fraction X] [--shard_tokens N] INPUT OUTDIR\n"
             "Reads INPUT (a text file, or a folder whose text files are read in name order) as\n"
             "bytes (the byte tokenizer: vocabulary 256) and writes OUTDIR/train.bin and\n"
             "OUTDIR/val.bin in llm.c's token format (a 1024-byte header: magic 20240520,\n"
             "version 1, the count; then uint16 tokens).\n\n"
             "  --val_fraction X   the share of the text, taken from its end, for val.bin\n"
             "                     (default 0.1)\n"
+            "  --shard_tokens N   write each part as shards of N tokens, as llm.c's FineWeb:\n"
+            "                     OUTDIR/train_000001.bin, ... and OUTDIR/val_000000.bin, ...\n"
+            "                     (train with gpt_train --data 'OUTDIR/train_*.bin'); needed\n"
+            "                     beyond 2147483647 tokens a part, a file's most (default 0:\n"
+            "                     one file a part)\n"
             "  -h, --help         show this help\n");
+}
+
+/* Writes t as dir/name.bin, or with shard > 0 as dir/name_%06d.bin files of shard tokens each,
+ * numbered from first; *files counts them. */
+static int write_part(const char *dir, const char *name, const cddp_tokens *t, int64_t shard,
+                      int first, int *files, cddp_error *err) {
+    char path[4096];
+    if (shard == 0) {
+        snprintf(path, sizeof path, "%s/%s.bin", dir, name);
+        *files = 1;
+        int rc = cddp_tokens_write(path, t->data, t->count, err);
+        if (rc == CDDP_ERANGE)
+            cddp_error_set(err, rc,
+                           "%s: %lld tokens, more than a token file holds (2147483647): give "
+                           "--shard_tokens (llm.c's FineWeb shards hold 100000000)",
+                           path, (long long)t->count);
+        return rc;
+    }
+    *files = 0;
+    for (int64_t at = 0; at < t->count || *files == 0; at += shard) {
+        snprintf(path, sizeof path, "%s/%s_%06d.bin", dir, name, first + *files);
+        int64_t n = t->count - at < shard ? t->count - at : shard;
+        CDDP_TRY(cddp_tokens_write(path, t->data + at, n, err));
+        ++*files;
+    }
+    return CDDP_OK;
 }
 
 int main(int argc, char **argv) {
     double val_fraction = 0.1;
-    static const struct option longopts[] = {
-        {"val_fraction", required_argument, 0, 'v'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int64_t shard = 0;
+    static const struct option longopts[] = {{"val_fraction", required_argument, 0, 'v'},
+                                             {"shard_tokens", required_argument, 0, 's'},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         if (c == 'v') {
             cddp_error err = {0};
             if (cddp_parse_double("--val_fraction", optarg, 0, 0.99, true, &val_fraction, &err)) {
+                fprintf(stderr, "cddp-tokenize: %s\n", err.msg);
+                return 2;
+            }
+        } else if (c == 's') {
+            cddp_error err = {0};
+            if (cddp_parse_int("--shard_tokens", optarg, 1, INT32_MAX, &shard, &err)) {
                 fprintf(stderr, "cddp-tokenize: %s\n", err.msg);
                 return 2;
             }
@@ -61,18 +103,17 @@ int main(int argc, char **argv) {
     int rc = cddp_tokens_split(&all, val_fraction, &train, &val, &err);
     if (rc == CDDP_OK && mkdir(dir, 0755) != 0 && errno != EEXIST)
         rc = cddp_error_set(&err, CDDP_EIO, "cannot create %s: %s", dir, strerror(errno));
-    char path[4096];
-    if (rc == CDDP_OK) {
-        snprintf(path, sizeof path, "%s/train.bin", dir);
-        rc = cddp_tokens_write(path, train.data, train.count, &err);
-    }
-    if (rc == CDDP_OK) {
-        snprintf(path, sizeof path, "%s/val.bin", dir);
-        rc = cddp_tokens_write(path, val.data, val.count, &err);
-    }
-    if (rc == CDDP_OK)
+    int ntrain = 0, nval = 0;
+    if (rc == CDDP_OK) rc = write_part(dir, "train", &train, shard, 1, &ntrain, &err);
+    if (rc == CDDP_OK) rc = write_part(dir, "val", &val, shard, 0, &nval, &err);
+    if (rc == CDDP_OK && shard == 0)
         printf("cddp-tokenize: %lld tokens from %s: %s/train.bin (%lld), %s/val.bin (%lld)\n",
                (long long)all.count, in, dir, (long long)train.count, dir, (long long)val.count);
+    else if (rc == CDDP_OK)
+        printf("cddp-tokenize: %lld tokens from %s: %s/train_*.bin (%lld in %d shards), "
+               "%s/val_*.bin (%lld in %d); train with gpt_train --data '%s/train_*.bin'\n",
+               (long long)all.count, in, dir, (long long)train.count, ntrain, dir,
+               (long long)val.count, nval, dir);
     else
         fprintf(stderr, "cddp-tokenize: %s\n", err.msg);
     cddp_tokens_free(&all);
