@@ -707,6 +707,9 @@ PYEOF
     "$build/bin/gpt_train" --data 'sdata/train_*.bin' --n_layer 1 --n_head 2 --n_embd 32 --block_size 16 \
         --batch_size 4 --max_iters 2 --eval_interval 2 --eval_iters 2 --sample 0 --out none > sh.out 2>&1 ||
         { cat sh.out; fail "training on cddp-tokenize's shards failed"; }
+    "$build/bin/cddp-tokenize" --shard_tokens 9000 text.txt sdata > bad.out 2>&1 && fail "shards were written beside old ones"
+    grep -q "sdata already holds 4 shards (sdata/train_000001.bin): a pattern would read them with the new ones" bad.out ||
+        { cat bad.out; fail "no clear error for a folder with shards in it"; }
     "$build/bin/cddp-tokenize" --shard_tokens 0 text.txt x > bad.out 2>&1 && fail "--shard_tokens 0 was accepted"
     grep -q -- "--shard_tokens 0: expected a whole number from 1 to" bad.out || { cat bad.out; fail "no clear error for --shard_tokens 0"; }
     echo "ok: cddp-tokenize, llm.c's format, training on it, a truncated file refused; llm.c's shards:" \

@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +31,7 @@ static void usage(FILE *out) {
             "                     OUTDIR/train_000001.bin, ... and OUTDIR/val_000000.bin, ...\n"
             "                     (train with gpt_train --data 'OUTDIR/train_*.bin'); needed\n"
             "                     beyond 2147483647 tokens a part, a file's most (default 0:\n"
-            "                     one file a part)\n"
+            "                     one file a part); OUTDIR must hold no shards yet\n"
             "  -h, --help         show this help\n");
 }
 
@@ -104,6 +105,17 @@ int main(int argc, char **argv) {
     if (rc == CDDP_OK && mkdir(dir, 0755) != 0 && errno != EEXIST)
         rc = cddp_error_set(&err, CDDP_EIO, "cannot create %s: %s", dir, strerror(errno));
     int ntrain = 0, nval = 0;
+    for (int k = 0; rc == CDDP_OK && shard > 0 && k < 2; k++) { /* never mixed with old shards */
+        char pattern[4096];
+        glob_t g;
+        snprintf(pattern, sizeof pattern, "%s/%s_*.bin", dir, k ? "val" : "train");
+        if (glob(pattern, 0, NULL, &g) == 0)
+            rc = cddp_error_set(&err, CDDP_EINVAL,
+                                "%s already holds %zu shards (%s): a pattern would read them with "
+                                "the new ones; give an empty folder",
+                                dir, g.gl_pathc, g.gl_pathv[0]);
+        globfree(&g);
+    }
     if (rc == CDDP_OK) rc = write_part(dir, "train", &train, shard, 1, &ntrain, &err);
     if (rc == CDDP_OK) rc = write_part(dir, "val", &val, shard, 0, &nval, &err);
     if (rc == CDDP_OK && shard == 0)
