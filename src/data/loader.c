@@ -55,8 +55,8 @@ struct cddp_loader {
     /* The epoch being iterated. */
     int64_t *all;           /* this rank's indices for the epoch, when the sampler keeps a list */
     const int64_t *todo;    /* the ones still to deliver at begin */
-    cddp__sampler_run rule; /* else what computes them (with no sampler: base + k) */
-    bool by_rule, made;     /* made: the synchronisation objects exist */
+    cddp__sampler_run rule; /* else what computes them (with no sampler: k itself) */
+    bool made;              /* the synchronisation objects exist */
     int64_t count, nbatches, next_batch, epoch, base;
     int64_t own_epoch; /* epoch counter when there is no sampler */
 
@@ -120,9 +120,8 @@ static void fill(cddp_loader *l, slot *s, int64_t b) {
         void *out[CDDP_MAX_FIELDS];
         for (int f = 0; f < l->nfields; f++)
             out[f] = (char *)s->data[f] + (size_t)j * l->field_bytes[f];
-        s->indices[j] = l->all       ? l->todo[first + j]
-                        : l->by_rule ? cddp__sampler_run_index(&l->rule, l->base + first + j)
-                                     : l->base + first + j;
+        s->indices[j] =
+            l->all ? l->todo[first + j] : cddp__sampler_run_index(&l->rule, l->base + first + j);
         s->status = cddp_dataset_get(l->ds, s->indices[j], out, &s->err);
         if (s->status == CDDP_OK && has_transforms(&l->o))
             transform(l, out[l->o.image_field], l->base + first + j);
@@ -352,11 +351,12 @@ int64_t cddp_loader_begin(cddp_loader *l) {
         if (l->all)
             cddp__sampler_run_indices(l->sampler, l->all);
         else
-            l->by_rule = cddp__sampler_run_rule(l->sampler, &l->rule);
+            cddp__sampler_run_rule(l->sampler, &l->rule);
     } else {
         l->epoch = ++l->own_epoch;
         l->base = 0;
         l->count = cddp_dataset_len(l->ds);
+        l->rule = (cddp__sampler_run){.n = l->count, .stride = 1}; /* in order */
     }
     l->todo = l->all ? l->all + l->base : NULL;
     int64_t bs = l->o.batch_size;
