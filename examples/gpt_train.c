@@ -21,22 +21,19 @@
  */
 #include <cddp/cddp.h>
 
+#include "corpus.h"
 #include "curves.h"
 #include "run.h"
 #include "text.h"
 
 #include <errno.h>
 #include <getopt.h>
-#include <glob.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#define FORTUNES     "/usr/share/games/fortunes"
 #define BENCH_WARMUP 5 /* --bench's iterations before the timed ones */
 
 typedef struct options {
@@ -62,7 +59,9 @@ static void usage(FILE *out) {
         "  --n_head N          attention heads (default 4)\n"
         "  --n_embd N          width, a multiple of n_head (default 128)\n"
         "  --block_size N      context length in tokens (default 64)\n"
-        "  --vocab_size N      vocabulary (default 256, or more for a token file that needs it)\n"
+        "  --vocab_size N      vocabulary (default 256, or the data's largest token + 1, which\n"
+        "                      reads every token at the start; given, tokens are checked as\n"
+        "                      they are read: 50257 for GPT-2's)\n"
         "training (nanoGPT's CPU recipe by default):\n"
         "  --batch_size N      sequences per micro-step on each rank (default 12)\n"
         "  --grad_accum N      micro-steps per iteration (default 1)\n"
@@ -86,7 +85,7 @@ static void usage(FILE *out) {
         "                      (with its *val.bin), or a pattern of token files: llm.c's\n"
         "                      shards, 'fineweb_train_*.bin' (with 'fineweb_val_*.bin');\n"
         "                      token files are mapped, not copied (default Debian's\n"
-        "                      fortunes, " FORTUNES ")\n"
+        "                      fortunes, " CORPUS_FORTUNES ")\n"
         "  --stride N          training windows start every N tokens (default 1)\n"
         "  --eval_interval N   evaluate and save every N iterations (default 250)\n"
         "  --save_every N      save a checkpoint every N iterations too (default 0: at\n"
@@ -308,117 +307,6 @@ static int parse_args(int argc, char **argv, options *o) {
 
 /* ---- data ------------------------------------------------------------------------------------*/
 
-static bool ends_with(const char *s, const char *tail) {
-    size_t n = strlen(s), m = strlen(tail);
-    return n >= m && strcmp(s + n - m, tail) == 0;
-}
-
-/* A corpus: its token arrays (shards) in order. */
-typedef struct corpus {
-    cddp_tokens *shard;
-    int count;
-    int64_t tokens;
-} corpus;
-
-static void corpus_free(corpus *c) {
-    for (int k = 0; k < c->count; k++) cddp_tokens_free(&c->shard[k]);
-    free(c->shard);
-    memset(c, 0, sizeof *c);
-}
-
-/* Every token file pattern matches, in name order (llm.c's shards: fineweb_train_000001.bin, ...),
- * read (mapped) into c. */
-static int corpus_glob(const char *pattern, const char *what, corpus *c, cddp_error *err) {
-    glob_t g;
-    int rc = glob(pattern, 0, NULL, &g);
-    if (rc != 0) {
-        if (rc != GLOB_NOMATCH) return cddp_error_set(err, CDDP_EIO, "%s: cannot list", pattern);
-        return cddp_error_set(err, CDDP_ENOENT, "%s: no %s matches it", pattern, what);
-    }
-    if (g.gl_pathc > INT32_MAX || !(c->shard = calloc(g.gl_pathc, sizeof *c->shard)))
-        rc = cddp_error_set(err, CDDP_ENOMEM, "%s: %zu files", pattern, g.gl_pathc);
-    for (size_t k = 0; rc == CDDP_OK && k < g.gl_pathc; k++) {
-        rc = cddp_tokens_read(g.gl_pathv[k], &c->shard[k], err);
-        c->count = (int)k + (rc == CDDP_OK);
-        c->tokens += c->shard[k].count;
-    }
-    globfree(&g);
-    if (rc != CDDP_OK) corpus_free(c);
-    return rc;
-}
-
-/* c as one array of tokens t (taken over). */
-static int corpus_of(cddp_tokens *t, corpus *c, cddp_error *err) {
-    if (!(c->shard = calloc(1, sizeof *c->shard))) {
-        cddp_tokens_free(t);
-        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
-    }
-    c->shard[0] = *t;
-    c->count = 1;
-    c->tokens = t->count;
-    memset(t, 0, sizeof *t);
-    return CDDP_OK;
-}
-
-/* The training and validation tokens: a pattern of token files (llm.c's shards,
- * fineweb_train_*.bin) with the same pattern's validation shards (the last "train" of its file
- * name as "val"); a *train.bin with its *val.bin; or one text (file, folder or token file) split
- * 90/10. Token files are mapped, not copied. */
-static int load_data(const char *path, corpus *train, corpus *val, cddp_error *err) {
-    if (!path) {
-        struct stat st;
-        if (stat(FORTUNES, &st) != 0)
-            return cddp_error_set(err, CDDP_ENOENT,
-                                  "no --data given and Debian's fortunes package, the default "
-                                  "corpus, is not installed (apt-get install fortunes; make "
-                                  "demo-gpt installs it)");
-        path = FORTUNES;
-    }
-    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path, *at = NULL;
-    for (const char *p = strstr(base, "train"); p; p = strstr(p + 1, "train")) at = p;
-    char vpath[4096] = "";
-    if (at && strlen(path) < sizeof vpath - 1)
-        snprintf(vpath, sizeof vpath, "%.*sval%s", (int)(at - path), path, at + strlen("train"));
-    if (strpbrk(path, "*?[") && access(path, F_OK) != 0) { /* shards (not a file named so) */
-        if (!at)
-            return cddp_error_set(err, CDDP_EINVAL,
-                                  "--data %s: a pattern names the training shards, with train in "
-                                  "their file name (the same with val names the validation "
-                                  "shards), as llm.c's fineweb_train_*.bin",
-                                  path);
-        CDDP_TRY(corpus_glob(path, "token file", train, err));
-        int rc = corpus_glob(vpath, "validation shard (the training shards' pattern with val)", val,
-                             err);
-        if (rc != CDDP_OK) corpus_free(train);
-        return rc;
-    }
-    cddp_tokens a = {0}, b = {0};
-    if (at && ends_with(path, "train.bin") && access(vpath, F_OK) == 0) {
-        CDDP_TRY(cddp_tokens_read(path, &a, err));
-        int rc = cddp_tokens_read(vpath, &b, err);
-        if (rc != CDDP_OK) cddp_tokens_free(&a);
-        CDDP_TRY(rc);
-    } else {
-        cddp_tokens all;
-        CDDP_TRY(cddp_tokens_load(path, &all, err));
-        int rc = cddp_tokens_split(&all, 0.1, &a, &b, err);
-        cddp_tokens_free(&all);
-        CDDP_TRY(rc);
-    }
-    int rc = corpus_of(&a, train, err);
-    if (rc == CDDP_OK && (rc = corpus_of(&b, val, err)) != CDDP_OK) corpus_free(train);
-    cddp_tokens_free(&b);
-    return rc;
-}
-
-static int64_t max_token(const corpus *c) {
-    int64_t m = 0;
-    for (int k = 0; k < c->count; k++)
-        for (int64_t i = 0; i < c->shard[k].count; i++)
-            if (c->shard[k].data[i] > m) m = c->shard[k].data[i];
-    return m;
-}
-
 /* ---- evaluation --------------------------------------------------------------------------- */
 
 /* The mean loss over n windows of ds spread evenly over it (all of them when n >= its length),
@@ -563,7 +451,6 @@ static int save(cddp_ddp *ddp, cddp_optim *opt, const char *path, const options 
     return cddp_ddp_save(ddp, path, opt, meta, err);
 }
 
-/* Reads the checkpoint's model shape into o, so that --resume needs no model options. */
 /* The GPT's shape in a checkpoint or a file of weights (cddp_gpt_config_read) into the options,
  * within the bounds the options have. */
 static int peek_shape(const char *path, options *o, cddp_error *err) {
@@ -636,22 +523,18 @@ int main(int argc, char **argv) {
     }
 
     /* The text: every rank reads it (it is small next to the model's work). */
-    if (load_data(o.data, &train_text, &val_text, &err) != CDDP_OK) goto fail;
-    int64_t top = CDDP_MAX(max_token(&train_text), max_token(&val_text));
-    if (o.vocab_size == 0) o.vocab_size = CDDP_MAX(256, top + 1);
-    if (top >= o.vocab_size) {
-        cddp_error_set(&err, CDDP_ERANGE,
-                       "the data holds token %" PRId64 ", beyond --vocab_size %" PRId64, top,
-                       o.vocab_size);
-        goto fail;
+    if (corpus_load(o.data, &train_text, &val_text, &err) != CDDP_OK) goto fail;
+    /* Without --vocab_size (nor a checkpoint's), the data's largest token sets it: every token is
+     * read now. With it, each window's tokens are checked as training and evaluation read them,
+     * and the start reads none (a corpus of billions of tokens, mapped, starts at once). */
+    int64_t check = o.vocab_size;
+    if (o.vocab_size == 0) {
+        int64_t top = CDDP_MAX(corpus_max_token(&train_text), corpus_max_token(&val_text));
+        o.vocab_size = CDDP_MAX(256, top + 1);
     }
     int64_t n_train = train_text.tokens, n_val = val_text.tokens;
-    train =
-        cddp_dataset_token_shards(train_text.shard, train_text.count, o.block_size, o.stride, &err);
-    if (!train) goto fail;
-    val =
-        cddp_dataset_token_shards(val_text.shard, val_text.count, o.block_size, o.block_size, &err);
-    if (!val) goto fail;
+    if (!(train = corpus_windows(&train_text, o.block_size, o.stride, check, &err))) goto fail;
+    if (!(val = corpus_windows(&val_text, o.block_size, o.block_size, check, &err))) goto fail;
     cddp_sampler_options so = cddp_sampler_defaults();
     so.seed = o.seed;
     so.rank = rank;
@@ -743,10 +626,10 @@ int main(int argc, char **argv) {
     int64_t params = (int64_t)cddp_model_numel(m);
     snprintf(title, sizeof title,
              "gpt_train: %" PRId64 " layers, %" PRId64 " heads, width %" PRId64
-             ", %.2fM parameters, "
+             ", vocabulary %" PRId64 ", %.2fM parameters, "
              "%d rank%s x batch %" PRId64 " x %" PRId64 " tokens",
-             o.n_layer, o.n_head, o.n_embd, (double)params / 1e6, world, world > 1 ? "s" : "",
-             o.batch_size * o.grad_accum, o.block_size);
+             o.n_layer, o.n_head, o.n_embd, o.vocab_size, (double)params / 1e6, world,
+             world > 1 ? "s" : "", o.batch_size * o.grad_accum, o.block_size);
     cddp_ddp_print0(ddp,
                     "%s\ntraining windows: %" PRId64 " (%" PRId64 " tokens), validation: %" PRId64
                     " tokens\n",

@@ -30,7 +30,8 @@
 #                   loader does), gpt_train trains on them, and a truncated file is refused; on
 #                   llm.c's shards (a pattern): the windows of every shard, the validation
 #                   shard's loss as val.bin's, missing validation shards and a pattern without
-#                   train refused; cddp-tokenize --shard_tokens writes shards of the same tokens
+#                   train refused; cddp-tokenize --shard_tokens writes shards of the same tokens;
+#                   the vocabulary from the largest token, or given and each window checked
 #   device          --device emu (the emulated device): ddp_train on 2 ranks converges, and with
 #                   AdamW ends as on the CPU on both ranks; the CNN on
 #                   2 ranks and the GPT give the CPU's losses and accuracy exactly, and a
@@ -654,6 +655,36 @@ PYEOF
     head -c 2000 data/train.bin > cut.bin
     "$build/bin/gpt_train" --data cut.bin --max_iters 1 --out none > bad.out 2>&1 && fail "a truncated token file was accepted"
     grep -q "cut.bin: truncated: the header promises" bad.out || { cat bad.out; fail "the truncated file's error does not say so"; }
+    # The vocabulary: without --vocab_size the largest token sets it; with it, each window is
+    # checked as it is read, a token beyond refused naming its file and its place there (val.bin's
+    # 40th: the step-0 evaluation's third window; a text split 90/10: counted in the whole file)
+    mkdir -p v
+    $PY - <<'PYEOF' || fail "cannot write the token files"
+import numpy as np
+def save(path, tokens):
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1], header[2] = 20240520, 1, len(tokens)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.astype(np.uint16).tobytes())
+tokens = np.frombuffer(open("data/train.bin", "rb").read()[1024:], dtype=np.uint16).copy()
+save("v/big_train.bin", tokens)
+val = tokens[:100].copy()
+val[40] = 300
+save("v/big_val.bin", val)
+one = tokens[:1000].copy()
+one[950] = 300
+save("v/one.bin", one)
+PYEOF
+    VGPT="$TINY_GPT --batch_size 4 --max_iters 1 --eval_iters 8 --sample 0 --out none"
+    $VGPT --data v/big_train.bin > v.out 2>&1 || { cat v.out; fail "training with the vocabulary inferred failed"; }
+    grep -q "^gpt_train: 2 layers, 2 heads, width 32, vocabulary 301," v.out || { cat v.out; fail "the vocabulary is not 301"; }
+    for c in "v/big_train.bin v/big_val.bin 40" "v/one.bin v/one.bin 950"; do
+        set -- $c
+        $VGPT --data "$1" --vocab_size 256 > v.out 2>&1 && fail "$1: a token beyond --vocab_size 256 was accepted"
+        grep -q "^gpt_train: rank 0: $2: token 300 at $3 (counted from 0) is beyond the model's vocabulary of 256 (--vocab_size)" v.out ||
+            { cat v.out; fail "$1: the token beyond the vocabulary is not named as $2's token $3"; }
+    done
     # llm.c's shards (FineWeb's fineweb_train_000001.bin, ...): the training tokens in 3 files, one
     # of them shorter than a window, and val.bin as the one validation shard
     $PY - <<'PYEOF' > shards.want || fail "cannot write the shards"
