@@ -59,9 +59,18 @@ int cddp__atomic_open(cddp__atomic_file *af, const char *path, cddp_error *err) 
     return CDDP_OK;
 }
 
+/* A write, flush or close of af's temporary failed with errno e: on a full file system the
+ * message says what the save leaves (the temporary is removed by cddp__atomic_close). */
+static int failed(const cddp__atomic_file *af, const char *doing, int e, cddp_error *err) {
+    if (e != ENOSPC && e != EDQUOT)
+        return cddp_error_set(err, CDDP_EIO, "%s %s: %s", doing, af->tmp, strerror(e));
+    return cddp_error_set(err, CDDP_EIO, "%s %s: %s (%s %s; free space there or save elsewhere)",
+                          doing, af->tmp, strerror(e), af->path,
+                          access(af->path, F_OK) == 0 ? "keeps what it held" : "was not written");
+}
+
 int cddp__atomic_write(cddp__atomic_file *af, const void *data, size_t bytes, cddp_error *err) {
-    if (bytes && fwrite(data, 1, bytes, af->f) != bytes)
-        return cddp_error_set(err, CDDP_EIO, "writing %s: %s", af->tmp, strerror(errno));
+    if (bytes && fwrite(data, 1, bytes, af->f) != bytes) return failed(af, "writing", errno, err);
     af->bytes += bytes;
     af->crc32 = cddp__crc32(af->crc32, data, bytes);
     return CDDP_OK;
@@ -89,9 +98,8 @@ static void sync_folder(const char *path) {
 int cddp__atomic_close(cddp__atomic_file *af, int rc, cddp_error *err) {
     if (!af->f) return rc;
     if (rc == CDDP_OK && (fflush(af->f) != 0 || fsync(fileno(af->f)) != 0))
-        rc = cddp_error_set(err, CDDP_EIO, "flushing %s: %s", af->tmp, strerror(errno));
-    if (fclose(af->f) != 0 && rc == CDDP_OK)
-        rc = cddp_error_set(err, CDDP_EIO, "closing %s: %s", af->tmp, strerror(errno));
+        rc = failed(af, "flushing", errno, err);
+    if (fclose(af->f) != 0 && rc == CDDP_OK) rc = failed(af, "closing", errno, err);
     af->f = NULL;
     if (rc == CDDP_OK && rename(af->tmp, af->path) != 0)
         rc = cddp_error_set(err, CDDP_EIO, "renaming %s to %s: %s", af->tmp, af->path,

@@ -37,6 +37,8 @@
 #                   2 ranks and the GPT give the CPU's losses and accuracy exactly, and a
 #                   checkpoint saved from the device resumes on the CPU; a device that is not one,
 #                   or not on this machine (cuda without a GPU), exits 2 saying so in one line
+#   disk_full       saves on full file systems (tmpfs) fail on every rank saying so, and what was
+#                   saved before verifies and resumes
 #   ckpt_kill       30 runs on 2 or 3 ranks saving a checkpoint set every iteration, each
 #                   SIGKILLed (a rank or cddprun) at a random moment and resumed by the next: every
 #                   set with a manifest verifies, the newest complete one always resumes
@@ -454,6 +456,42 @@ ckpt_kill)
     done
     [ "$mid" -ge 5 ] || fail "only $mid of 30 kills landed during a save: the test does not exercise it"
     echo "ok: 30 random SIGKILLs on 2 and 3 ranks ($mid during a save): every set with a manifest verified, each next run resumed from the newest"
+    ;;
+disk_full)
+    # Saves that do not fit, on file systems of this test's own (tmpfs, in a mount namespace that
+    # ends with the test): one of 8 MiB holds the MLP's first checkpoint (5.4 MB) but not a second
+    # beside it, one of 640 KiB a small GPT's first checkpoint set (416 KB) but not the next. Each save
+    # fails on both ranks, the one that could not write saying the disk is full and what it left;
+    # no temporary stays; the checkpoint and the set saved before verify and resume.
+    if [ -z "${CDDP_TEST_MOUNTS:-}" ]; then # again in a mount namespace, with a work folder of its own
+        cd / && rm -rf "$work" && exec unshare -m --propagation private env CDDP_TEST_MOUNTS=1 "$0" "$@"
+        fail "cannot run in a mount namespace of its own (unshare -m)"
+    fi
+    trap 'umount "$work/fm" "$work/gpt" 2>/dev/null; rm -rf "$work"' EXIT
+    mkdir fm gpt
+    mount -t tmpfs -o size=8m none fm && mount -t tmpfs -o size=640k none gpt || fail "cannot mount a tmpfs"
+    run --nproc_per_node 2 "$FM" --epochs 2 --limit 2000 --log-every 0 --out fm/run --save-every 10 \
+        > fm.out 2>&1 && { cat fm.out; fail "a checkpoint was saved on a full disk"; }
+    has() { grep -q -- "$2" "$1" || { cat "$1"; fail "$1 does not say: $2"; }; }
+    has fm.out "^fashion_mnist: rank 0: writing fm/run/checkpoint.safetensors.tmp.[^:]*: No space left on device (fm/run/checkpoint.safetensors keeps what it held; free space there or save elsewhere)"
+    has fm.out "^fashion_mnist: rank 1: rank 0 could not write the checkpoint fm/run/checkpoint.safetensors (its log says why)"
+    ls fm/run | grep -q '\.tmp\.' && fail "a temporary was left in fm/run: $(ls fm/run)"
+    "$build/bin/cddp-ckpt" verify fm/run/checkpoint.safetensors > v.out 2>&1 || { cat v.out; fail "the kept checkpoint does not verify"; }
+    run --nproc_per_node 2 "$FM" --epochs 1 --limit 2000 --log-every 0 --resume fm/run/checkpoint.safetensors \
+        --out none > r.out 2>&1 || { cat r.out; fail "the kept checkpoint does not resume"; }
+    has r.out "^resumed from fm/run/checkpoint.safetensors in epoch 0, after 1280 of its samples"
+    run --nproc_per_node 2 $TINY_GPT --batch_size 4 --max_iters 30 --eval_interval 10 --eval_iters 1 --keep 5 \
+        --sample 0 --out gpt/run > g.out 2>&1 && { cat g.out; fail "a checkpoint set was saved on a full disk"; }
+    has g.out "^gpt_train: rank [01]: writing gpt/run/checkpoints/step-00000020/shard-0000[01]-of-00002.safetensors.tmp.[^:]*: No space left on device (gpt/run/checkpoints/step-00000020/shard-0000[01]-of-00002.safetensors was not written; free space there or save elsewhere)"
+    [ "$(grep -c '^gpt_train: rank [01]: ' g.out)" = 2 ] || { cat g.out; fail "not both ranks failed the save"; }
+    ls gpt/run/checkpoints/step-00000020 | grep -q '\.tmp\.' && fail "a temporary was left in step-00000020"
+    "$build/bin/cddp-ckpt" verify gpt/run/checkpoints > v.out 2>&1 || { cat v.out; fail "the newest complete set does not verify"; }
+    "$build/bin/cddp-ckpt" show gpt/run/checkpoints > v.out 2>&1 || { cat v.out; fail "cddp-ckpt show failed"; }
+    has v.out "^  set  *gpt/run/checkpoints/step-00000010:"
+    $TINY_GPT --batch_size 4 --max_iters 12 --eval_interval 100 --sample 0 --resume gpt/run/checkpoints --out none \
+        > r.out 2>&1 || { cat r.out; fail "the set saved before does not resume"; }
+    has r.out "^resumed from gpt/run/checkpoints/step-00000010 at iteration 10"
+    echo "ok: full disks: the saves failed on every rank saying so, nothing half-written stayed, and the checkpoint and set saved before resumed"
     ;;
 init_from)
     # A model's weights alone (the checkpoint without its optimizer state and metadata, as a
