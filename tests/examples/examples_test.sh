@@ -714,6 +714,20 @@ one = tokens[:1000].copy()
 one[950] = 300
 save("v/one.bin", one)
 PYEOF
+    # A token file cut short while training reads it (mapped): the rank dies of SIGBUS, and
+    # cddprun says what that means (AddressSanitizer's builds too: it leaves SIGBUS alone here)
+    cp data/train.bin v/cut_train.bin && cp data/val.bin v/cut_val.bin
+    env ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}handle_sigbus=0" \
+        "$build/bin/cddprun" --standalone --nproc_per_node 2 $TINY_GPT --batch_size 4 --max_iters 1000000 --eval_interval 1000000 --log_interval 1 \
+        --sample 0 --out none --data v/cut_train.bin > cut.out 2>&1 &
+    job=$!
+    for _ in $(seq 400); do grep -q "^iter " cut.out && break; sleep 0.025; done
+    truncate -s 1024 v/cut_train.bin # the header alone
+    for _ in $(seq 400); do kill -0 "$job" 2>/dev/null || break; sleep 0.025; done
+    kill -0 "$job" 2>/dev/null && { kill "$job"; cat cut.out; fail "training went on from a token file cut short"; }
+    wait "$job" && { cat cut.out; fail "training from a token file cut short exited 0"; }
+    grep -q "root cause: rank [01] (local rank [01], host .*) was killed by SIGBUS (signal 7) at .* (a file mapped into its memory was cut short or could not be read: a token file rewritten or truncated while training reads it" cut.out ||
+        { cat cut.out; fail "cddprun does not say what the SIGBUS of a token file cut short means"; }
     VGPT="$TINY_GPT --batch_size 4 --max_iters 1 --eval_iters 8 --sample 0 --out none"
     $VGPT --data v/big_train.bin > v.out 2>&1 || { cat v.out; fail "training with the vocabulary inferred failed"; }
     grep -q "^gpt_train: 2 layers, 2 heads, width 32, vocabulary 301," v.out || { cat v.out; fail "the vocabulary is not 301"; }

@@ -80,11 +80,14 @@ void cddprun_describe(const job *j, const worker *w, char *out, size_t n) {
                  w->local_rank, j->host, WEXITSTATUS(w->status), when);
     } else {
         int sig = WTERMSIG(w->status);
-        const char *oom = "";
+        const char *why = "";
+        if (sig == SIGBUS) /* what a process meets on a mapped file, not on its own memory */
+            why = " (a file mapped into its memory was cut short or could not be read: a token "
+                  "file rewritten or truncated while training reads it, or a disk error?)";
         if (sig == SIGKILL) {
             long now = cddprun_oom_kills();
             bool counted = now >= 0 && j->oom_kills_at_start >= 0;
-            oom = counted && now > j->oom_kills_at_start
+            why = counted && now > j->oom_kills_at_start
                       ? " (the kernel's OOM killer: the memory cgroup counts a new oom_kill; give "
                         "the job more memory or use less)"
                   : kernel_log_oom(w->pid, w->start_mono)
@@ -96,6 +99,6 @@ void cddprun_describe(const job *j, const worker *w, char *out, size_t n) {
         snprintf(out, n,
                  "rank %d (local rank %d, host %s) was killed by SIG%s (signal %d) at "
                  "%s%s",
-                 w->rank, w->local_rank, j->host, sigabbrev_np(sig), sig, when, oom);
+                 w->rank, w->local_rank, j->host, sigabbrev_np(sig), sig, when, why);
     }
 }
