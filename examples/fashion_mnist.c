@@ -87,7 +87,9 @@ static void usage(FILE *out) {
         "  --target-acc X      stop after the first epoch whose test accuracy reaches X\n"
         "  --save PATH         write a safetensors checkpoint after the last epoch\n"
         "  --out DIR           rank 0 writes checkpoint.safetensors (every epoch), metrics.csv\n"
-        "                      and curves.svg here (default runs/fashion_mnist; 'none': no files)\n"
+        "                      and curves.svg here (default runs/fashion_mnist; 'none': no\n"
+        "                      files); a restart of the job (cddprun --max_restarts) goes on\n"
+        "                      from it\n"
         "  --tensorboard DIR   rank 0 also writes TensorBoard's event files to DIR: loss and\n"
         "                      lr every step, test_accuracy and samples_per_s every epoch\n"
         "  --init-from PATH    start from a model's weights (a checkpoint or a safetensors file\n"
@@ -388,9 +390,10 @@ static int save_checkpoint(cddp_ddp *ddp, cddp_comm *group, cddp_ctx *ctx, cddp_
     snprintf(ep, sizeof ep, "%d", epochs_done);
     snprintf(de, sizeof de, "%lld", (long long)st.epoch);
     snprintf(pos, sizeof pos, "%lld", (long long)st.position);
-    const char *meta[2 * RUN_MAX_RNG + 10] = {"epoch",      ep, "model",         o->model,
+    const char *meta[2 * RUN_MAX_RNG + 12] = {"epoch",      ep, "model",         o->model,
                                               "data_epoch", de, "data_position", pos};
     int nm = 8;
+    if (*run_job_id()) meta[nm++] = "run_id", meta[nm++] = run_job_id();
     run_rng_meta rngs; /* every rank's random state travels to rank 0 */
     if (run_rng_gather(group, cddp_ctx_rng(ctx), &rngs, meta, &nm, err)) return -1;
     meta[nm] = NULL;
@@ -425,6 +428,10 @@ int main(int argc, char **argv) {
     if (!(group = cddp_comm_create(NULL, &err))) goto fail;
     int rank = cddp_comm_rank(group), world = cddp_comm_size(group);
     if (rank == 0 && o.save && run_check_writable("--save", o.save, &err) != CDDP_OK) goto fail;
+    char restart_at[4096]; /* a restart of the job goes on from the job's last save */
+    if (files && run_restart_from(group, "fashion_mnist", o.out, restart_at, sizeof restart_at,
+                                  &o.resume, &o.init_from, &err) != CDDP_OK)
+        goto fail;
     bool tty = rank == 0 && isatty(STDOUT_FILENO);
     snprintf(title, sizeof title, "fashion_mnist: %s, %s, %d rank%s x batch %d (loss: rank 0's)",
              o.model, o.optimizer, world, world > 1 ? "s" : "", o.batch);

@@ -98,7 +98,8 @@ static void usage(FILE *out) {
         "                      validation text)\n"
         "  --log_interval N    print the loss every N iterations (default 10)\n"
         "  --out DIR           rank 0 writes checkpoint.safetensors, loss.csv, eval.csv and\n"
-        "                      curves.svg here (default runs/gpt; 'none': no files)\n"
+        "                      curves.svg here (default runs/gpt; 'none': no files); a\n"
+        "                      restart of the job (cddprun --max_restarts) goes on from it\n"
         "  --resume[=PATH]     continue from a checkpoint: a file, a set, or a folder of sets\n"
         "                      (its newest complete set) (default OUT/checkpoint.safetensors,\n"
         "                      with --keep OUT/checkpoints)\n"
@@ -446,7 +447,9 @@ static int save(cddp_ddp *ddp, cddp_optim *opt, const char *path, const options 
     const char *meta[] = {"iter",       v[0],  "n_layer",       v[1], "n_head",     v[2],
                           "n_embd",     v[3],  "block_size",    v[4], "vocab_size", v[5],
                           "data_epoch", v[6],  "data_consumed", v[7], "world",      v[8],
-                          "model",      "gpt", "data_position", v[9], NULL};
+                          "model",      "gpt", "data_position", v[9], "run_id",     run_job_id(),
+                          NULL};
+    if (!*run_job_id()) meta[20] = NULL; /* outside a launcher and Slurm: no job to name */
     if (o->keep > 0) return cddp_ddp_save_set(ddp, path, iter, (int)o->keep, opt, meta, err);
     return cddp_ddp_save(ddp, path, opt, meta, err);
 }
@@ -508,6 +511,10 @@ int main(int argc, char **argv) {
     if (files)
         snprintf(ckpt, sizeof ckpt, "%s/%s", o.out,
                  o.keep ? "checkpoints" : "checkpoint.safetensors");
+    char restart_at[4096]; /* a restart of the job goes on from the job's last save */
+    if (files && run_restart_from(group, "gpt_train", o.out, restart_at, sizeof restart_at,
+                                  &o.resume, &o.init_from, &err) != CDDP_OK)
+        goto fail;
     if (o.resume) {
         if (!*o.resume && !*ckpt) {
             cddp_error_set(&err, CDDP_EINVAL, "--resume needs a PATH when --out is none");

@@ -81,6 +81,60 @@ int run_rng_restore(const cddp_safetensors *f, const char *path, int rank, cddp_
     return CDDP_OK;
 }
 
+const char *run_job_id(void) {
+    static char id[160];
+    const char *run = getenv(CDDP_ENV_RUN_ID), *slurm = getenv("SLURM_JOB_ID");
+    if (run && *run)
+        snprintf(id, sizeof id, "%s", run);
+    else if (slurm && *slurm)
+        snprintf(id, sizeof id, "slurm-%s", slurm);
+    else
+        id[0] = '\0';
+    return id;
+}
+
+/* Whether the variable holds a count above 0. */
+static bool counts(const char *name) {
+    const char *v = getenv(name);
+    return v && strtol(v, NULL, 10) > 0;
+}
+
+int run_restart_from(cddp_comm *group, const char *prog, const char *out, char *buf, size_t cap,
+                     const char **resume, const char **init_from, cddp_error *err) {
+    if (*resume) return CDDP_OK;
+    /* rank 0's answer as int32 words: whether to resume, then the path */
+    int32_t msg[1 + 4096 / sizeof(int32_t)] = {0};
+    char *path = (char *)(msg + 1);
+    if (cddp_comm_rank(group) == 0) {
+        cddp_error e = {0};
+        cddp_safetensors *f = cddp_checkpoint_resolve(out, path, 4096, &e) == CDDP_OK
+                                  ? cddp_checkpoint_metadata(path, &e)
+                                  : NULL; /* nothing there (or nothing complete) */
+        const char *job = run_job_id(), *id = f ? cddp_safetensors_meta(f, "run_id") : NULL;
+        bool restart = counts(CDDP_ENV_RESTART_COUNT) || counts("SLURM_RESTART_COUNT");
+        if (f && restart && *job && id && !strcmp(id, job)) {
+            msg[0] = 1;
+            const char *n = getenv(CDDP_ENV_RESTART_COUNT);
+            printf("restart %s of job %s: on from its checkpoint %s\n",
+                   counts(CDDP_ENV_RESTART_COUNT) ? n : getenv("SLURM_RESTART_COUNT"), job, path);
+        } else if (f)
+            fprintf(stderr,
+                    "%s: %s holds the checkpoint of %s%s: this run replaces it at its first save "
+                    "(--resume %s continues it instead)\n",
+                    prog, path, id ? "run " : "an earlier run", id ? id : "", out);
+        cddp_safetensors_destroy(f);
+    }
+    CDDP_TRY(cddp_comm_broadcast(group, msg, (int64_t)(sizeof msg / sizeof msg[0]), CDDP_COMM_I32,
+                                 0, -1, err));
+    if (!msg[0]) return CDDP_OK;
+    path[4095] = '\0';
+    if (strlen(path) >= cap) return cddp_error_set(err, CDDP_EINVAL, "%s: path too long", path);
+    snprintf(buf, cap, "%s", path);
+    *resume = buf;
+    *init_from = NULL;
+    return CDDP_OK;
+}
+
 long long run_peak_rss_bytes(void) {
     struct rusage u;
     return getrusage(RUSAGE_SELF, &u) == 0 ? (long long)u.ru_maxrss * 1024 : 0;

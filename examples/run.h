@@ -30,6 +30,20 @@ int run_rng_gather(cddp_comm *group, const cddp_rng *mine, run_rng_meta *keep, c
 int run_rng_restore(const cddp_safetensors *f, const char *path, int rank, cddp_rng *rng,
                     cddp_error *err);
 
+/* The job this process runs in, kept in each checkpoint's metadata as "run_id": the launcher's
+ * CDDP_RUN_ID, else "slurm-" and Slurm's job id; "" outside both. */
+const char *run_job_id(void);
+/* Where a run that saves into out resumes from when it was not told to (*resume NULL;
+ * collective: rank 0 looks, every rank gets the answer). When this start is a restart of its job
+ * (cddprun's CDDP_RESTART_COUNT above 0, after a failure or with a node that came; or a Slurm job
+ * requeued: SLURM_RESTART_COUNT) and out holds a checkpoint of this job (its run_id), its path
+ * goes to buf (cap bytes), *resume points there, *init_from is set to NULL and rank 0 says so:
+ * the restart continues where the job's last save was, not from the start. Otherwise, when out
+ * holds another run's checkpoint, rank 0 says on stderr that this run replaces it at its first
+ * save. */
+int run_restart_from(cddp_comm *group, const char *prog, const char *out, char *buf, size_t cap,
+                     const char **resume, const char **init_from, cddp_error *err);
+
 /* The process's peak resident memory, in bytes (getrusage). */
 long long run_peak_rss_bytes(void);
 /* An option's or a checkpoint's number, checked by cddp_parse_int/_double; false, after printing

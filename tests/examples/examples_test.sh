@@ -37,6 +37,9 @@
 #                   2 ranks and the GPT give the CPU's losses and accuracy exactly, and a
 #                   checkpoint saved from the device resumes on the CPU; a device that is not one,
 #                   or not on this machine (cuda without a GPU), exits 2 saying so in one line
+#   restart         a rank killed in the first round of cddprun --max_restarts 1: the restart goes
+#                   on from the job's checkpoint (fashion_mnist's file, gpt_train's sets); a
+#                   new job with the same --out starts over, saying so
 #   disk_full       saves on full file systems (tmpfs) fail on every rank saying so, and what was
 #                   saved before verifies and resumes
 #   ckpt_kill       30 runs on 2 or 3 ranks saving a checkpoint set every iteration, each
@@ -456,6 +459,47 @@ ckpt_kill)
     done
     [ "$mid" -ge 5 ] || fail "only $mid of 30 kills landed during a save: the test does not exercise it"
     echo "ok: 30 random SIGKILLs on 2 and 3 ranks ($mid during a save): every set with a manifest verified, each next run resumed from the newest"
+    ;;
+restart)
+    # cddprun --max_restarts 1, rank 1 SIGKILLed once the job's first checkpoint is there (in the
+    # first round only): the restart goes on from the job's checkpoint by itself and the job ends
+    # well, as torchrun's test_rank_restart_after_failure wants; for fashion_mnist's checkpoint
+    # file and gpt_train's checkpoint sets. A new job with the same --out starts over, saying it
+    # replaces the checkpoint there.
+    cat > worker.sh <<'EOF'
+#!/bin/sh
+# worker.sh CHECKPOINT PROGRAM ARGS...: rank 1 of the first round is killed once CHECKPOINT is there
+ckpt=$1
+shift
+[ "$CDDP_RESTART_COUNT" = 0 ] && [ "$RANK" = 1 ] || exec "$@"
+"$@" &
+p=$!
+for _ in $(seq 1000); do [ -e "$ckpt" ] && break; sleep 0.01; done
+kill -KILL "$p"
+wait "$p"
+EOF
+    chmod +x worker.sh
+    for prog in fm gpt; do
+        if [ $prog = fm ]; then
+            ckpt=o_fm/checkpoint.safetensors
+            set -- "$FM" --epochs 2 --limit 6000 --log-every 0 --save-every 5 --json --out o_fm
+        else
+            ckpt=o_gpt/checkpoints/step-00000005/manifest.safetensors
+            set -- $TINY_GPT --batch_size 4 --max_iters 200 --eval_interval 100 --eval_iters 1 --save_every 5 \
+                --keep 2 --sample 0 --json --out o_gpt
+        fi
+        "$build/bin/cddprun" --standalone --nproc_per_node 2 --max_restarts 1 ./worker.sh "$ckpt" "$@" > $prog.out 2>&1 ||
+            { cat $prog.out; fail "$prog: the job did not end well after its restart"; }
+        grep -q "restarting the group (restart 1 of 1)" $prog.out || { cat $prog.out; fail "$prog: no restart"; }
+        grep -q "^restart 1 of job [0-9a-f]*: on from its checkpoint o_$prog/" $prog.out ||
+            { cat $prog.out; fail "$prog: the restart did not go on from the job's checkpoint"; }
+        grep -q "^resumed from o_$prog/" $prog.out || { cat $prog.out; fail "$prog: the restart did not resume"; }
+        "$build/bin/cddprun" --standalone --nproc_per_node 2 "$@" > again.out 2>&1 || { cat again.out; fail "$prog: a new job failed"; }
+        grep -q "resumed from" again.out && { cat again.out; fail "$prog: a new job resumed another job's checkpoint"; }
+        grep -q "^[a-z_]*: o_$prog/[^ ]* holds the checkpoint of run [0-9a-f]*: this run replaces it at its first save (--resume o_$prog continues it instead)" again.out ||
+            { cat again.out; fail "$prog: a new job did not say it replaces the checkpoint there"; }
+    done
+    echo "ok: after rank 1 was killed, each job's restart went on from its own checkpoint (a file, a set); a new job started over"
     ;;
 disk_full)
     # Saves that do not fit, on file systems of this test's own (tmpfs, in a mount namespace that
