@@ -39,7 +39,8 @@
 #                   or not on this machine (cuda without a GPU), exits 2 saying so in one line
 #   restart         a rank killed in the first round of cddprun --max_restarts 1: the restart goes
 #                   on from the job's checkpoint (fashion_mnist's file, gpt_train's sets); a
-#                   new job with the same --out starts over, saying so
+#                   new job with the same --out starts over, saying so; a requeued Slurm job
+#                   goes on from the checkpoint of its first run
 #   disk_full       saves on full file systems (tmpfs) fail on every rank saying so, and what was
 #                   saved before verifies and resumes
 #   ckpt_kill       30 runs on 2 or 3 ranks saving a checkpoint set every iteration, each
@@ -499,7 +500,23 @@ EOF
         grep -q "^[a-z_]*: o_$prog/[^ ]* holds the checkpoint of run [0-9a-f]*: this run replaces it at its first save (--resume o_$prog continues it instead)" again.out ||
             { cat again.out; fail "$prog: a new job did not say it replaces the checkpoint there"; }
     done
-    echo "ok: after rank 1 was killed, each job's restart went on from its own checkpoint (a file, a set); a new job started over"
+    # A Slurm job requeued (its environment as Slurm sets it): cddprun names the job after
+    # SLURM_JOB_ID, so the requeued job's cddprun (SLURM_RESTART_COUNT 1) goes on from the
+    # checkpoint the first one saved before it was killed
+    set -- "$FM" --epochs 2 --limit 6000 --log-every 0 --save-every 5 --json --out o_slurm
+    SLURM_JOB_ID=4242 SLURM_RESTART_COUNT=0 "$build/bin/cddprun" --standalone --nproc_per_node 2 "$@" > s0.out 2>&1 &
+    job=$!
+    for _ in $(seq 1000); do [ -e o_slurm/checkpoint.safetensors ] && break; sleep 0.01; done
+    kill -KILL "$job"
+    wait "$job" 2>/dev/null
+    sleep 0.2 # its ranks, stopped by its guardian
+    "$build/bin/cddp-ckpt" show o_slurm/checkpoint.safetensors | grep -q "run_id.*slurm-4242" ||
+        fail "the checkpoint does not name the Slurm job (run_id slurm-4242)"
+    SLURM_JOB_ID=4242 SLURM_RESTART_COUNT=1 "$build/bin/cddprun" --standalone --nproc_per_node 2 "$@" > s1.out 2>&1 ||
+        { cat s1.out; fail "the requeued job failed"; }
+    grep -q "^restart 1 of job slurm-4242: on from its checkpoint o_slurm/checkpoint.safetensors" s1.out ||
+        { cat s1.out; fail "the requeued job did not go on from its checkpoint"; }
+    echo "ok: after rank 1 was killed, each job's restart went on from its own checkpoint (a file, a set); a new job started over; a requeued Slurm job went on too"
     ;;
 disk_full)
     # Saves that do not fit, on file systems of this test's own (tmpfs, in a mount namespace that

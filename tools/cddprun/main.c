@@ -417,8 +417,11 @@ int main(int argc, char **argv) {
     setenv(CDDP_ENV_STORE_PORT, port_text, 1); /* inherited by the workers */
     if (o->node_rank == 0) {
         char id[64];
+        const char *slurm = getenv("SLURM_JOB_ID"); /* the same job again when Slurm requeues it */
         if (o->run_id)
             snprintf(id, sizeof id, "%s", o->run_id);
+        else if (slurm && *slurm && strlen(slurm) < 40)
+            snprintf(id, sizeof id, "slurm-%s", slurm);
         else
             cddprun_random_hex(id, 8);
         if (cddp_store_set_str(j.store, "run_id", id, &err)) cddprun_fail_rdzv("rendezvous", &err);
