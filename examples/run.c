@@ -6,7 +6,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,40 +132,6 @@ int run_restart_from(cddp_comm *group, const char *prog, const char *out, char *
     snprintf(buf, cap, "%s", path);
     *resume = buf;
     *init_from = NULL;
-    return CDDP_OK;
-}
-
-static volatile sig_atomic_t stop_sig;
-static bool stop_says; /* rank 0 (or a process on its own) says what a signal does */
-
-static void on_stop(int sig) {
-    static const char say[] = "\nstopping after this step, with a checkpoint (again to end now)\n";
-    if (!stop_sig && stop_says) (void)!write(STDERR_FILENO, say, sizeof say - 1);
-    stop_sig = sig;
-}
-
-static void stop_handlers(void (*handler)(int)) {
-    struct sigaction sa = {.sa_handler = handler, .sa_flags = SA_RESTART | SA_RESETHAND};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-}
-
-void run_stop_catch(int rank) {
-    stop_says = rank == 0;
-    stop_handlers(on_stop);
-}
-
-void run_stop_release(void) {
-    stop_handlers(SIG_DFL);
-    if (stop_sig) raise(stop_sig); /* asked since the last step: as if never caught */
-}
-
-int run_stop_agreed(cddp_comm *group, int *sig, cddp_error *err) {
-    int32_t s = stop_sig;
-    if (cddp_comm_size(group) > 1)
-        CDDP_TRY(cddp_comm_allreduce(group, &s, &s, 1, CDDP_COMM_I32, CDDP_COMM_MAX, -1, err));
-    *sig = s;
     return CDDP_OK;
 }
 
