@@ -109,7 +109,10 @@ static void usage(FILE *out) {
         "(ZeRO-1)\n" RUN_TRANSPORT_HELP "  --json              end with one JSON line of results\n"
         "  --sample-log PATH   each rank appends a line 'epoch step index' for every sample it\n"
         "                      trains on to PATH.<rank> (to check which samples a job saw)\n"
-        "  -h, --help          show this help\n");
+        "  -h, --help          show this help\n"
+        "SIGTERM (cddprun's stop, a scheduler's) or Ctrl-C while training: every rank stops\n"
+        "after the same step with a checkpoint in OUT and exits 128 + the signal; again: at "
+        "once.\n");
 }
 
 static int parse_args(int argc, char **argv, options *o) {
@@ -402,6 +405,7 @@ static int save_checkpoint(cddp_ddp *ddp, cddp_comm *group, cddp_ctx *ctx, cddp_
 }
 
 int main(int argc, char **argv) {
+    run_stop_watch(); /* before any thread: SIGTERM and SIGINT to a thread of their own */
     options o;
     if (parse_args(argc, argv, &o) != 0) return 2;
     int status = 1;
@@ -567,6 +571,7 @@ int main(int argc, char **argv) {
     double train_s = 0.0, acc = 0.0, last_loss = NAN;
     int64_t samples = 0, since_save = 0;
     int epochs_run = 0;
+    run_stop_catch(rank); /* SIGTERM, Ctrl-C: a checkpoint after the step, then the end */
     for (int epoch = first_epoch; epoch < o.epochs; epoch++) {
         if (!(epoch == first_epoch && mid.position > 0)) cddp_sampler_set_epoch(sampler, epoch);
         double t0 = cddp_now_s();
@@ -605,10 +610,21 @@ int main(int argc, char **argv) {
                     fprintf(sample_log, "%d %" PRId64 " %" PRId64 "\n", epoch, step, b.indices[k]);
                 fflush(sample_log);
             }
-            if (files && o.save_every > 0 && ++since_save % o.save_every == 0 &&
+            bool saved = files && o.save_every > 0 && ++since_save % o.save_every == 0;
+            int sig = 0;
+            if (run_stop_agreed(group, &sig, &err) != CDDP_OK) goto fail;
+            if ((saved || (sig && files)) &&
                 save_checkpoint(ddp, group, ctx, opt, ckpt, &o, epoch, epoch * steps + step + 1,
                                 cddp_sampler_get_state(sampler), &err) != CDDP_OK)
                 goto fail;
+            if (sig) {
+                cddp_ddp_print0(ddp, "stopped by SIG%s after step %" PRId64 " of epoch %d: %s%s\n",
+                                sigabbrev_np(sig), step, epoch,
+                                files ? "--resume continues from " : "nothing saved (--out none)",
+                                files ? ckpt : "");
+                status = 128 + sig;
+                goto done;
+            }
             if (rank == 0) {
                 progress(&o, tty, epoch, step, steps, last_loss);
                 if (files) curves_add_loss(&curve, epoch * steps + step, epoch, last_loss);
@@ -647,6 +663,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
         if (o.target_acc > 0 && acc >= o.target_acc) break;
     }
+    run_stop_release();
     if (o.save) {
         char ep[16];
         snprintf(ep, sizeof ep, "%d", first_epoch + epochs_run);

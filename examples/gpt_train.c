@@ -121,7 +121,10 @@ static void usage(FILE *out) {
         "                      tokens/s and the model FLOPs utilisation (MFU)\n"
         "  --peak_tflops X     the device's peak for MFU (default: an H100's or H200's\n"
         "                      dense bf16 989.4, an A100's 312; else MFU is not given)\n"
-        "  -h, --help          show this help\n");
+        "  -h, --help          show this help\n"
+        "SIGTERM (cddprun's stop, a scheduler's) or Ctrl-C while training: every rank stops\n"
+        "after the same step with a checkpoint in OUT and exits 128 + the signal; again: at "
+        "once.\n");
 }
 
 /* The largest GPT gpt_train builds: its options' bounds, and those of a checkpoint's shape. */
@@ -484,6 +487,7 @@ static int peek_shape(const char *path, options *o, cddp_error *err) {
 }
 
 int main(int argc, char **argv) {
+    run_stop_watch(); /* before any thread: SIGTERM and SIGINT to a thread of their own */
     options o;
     if (parse_args(argc, argv, &o) != 0) return 2;
     int status = 1;
@@ -651,6 +655,7 @@ int main(int argc, char **argv) {
     int64_t first = iter, T = o.block_size, tokens = 0;
     int64_t flat[2] = {o.batch_size * T, o.vocab_size}, rows = o.batch_size * T;
     cddp_loader_begin(loader);
+    run_stop_catch(rank); /* SIGTERM, Ctrl-C: a checkpoint after the iteration, then the end */
     for (; iter <= o.max_iters; iter++) {
         bool last = iter == o.max_iters;
         bool at_eval =
@@ -761,7 +766,21 @@ int main(int argc, char **argv) {
         if (o.log_interval && iter % o.log_interval == 0)
             cddp_ddp_print0(ddp, "iter %" PRId64 ": loss %.4f, time %.1fms, lr %.2e\n", iter,
                             last_loss, (t1 - t0) * 1e3, (double)cddp_optim_lr(opt));
+        int sig = 0;
+        if (run_stop_agreed(group, &sig, &err) != CDDP_OK) goto fail;
+        if (sig) {
+            if (files &&
+                save(ddp, opt, ckpt, &o, iter + 1, cddp_sampler_get_state(sampler), world, &err))
+                goto fail;
+            cddp_ddp_print0(ddp, "stopped by SIG%s after iteration %" PRId64 ": %s%s\n",
+                            sigabbrev_np(sig), iter,
+                            files ? "--resume continues from " : "nothing saved (--out none)",
+                            files ? ckpt : "");
+            status = 128 + sig;
+            goto done;
+        }
     }
+    run_stop_release();
     if (files && rank == 0)
         printf("checkpoint: %s\ncurves: %s/curves.svg (loss.csv, eval.csv)\n", ckpt, o.out);
     if (rank == 0 && o.sample > 0) {
