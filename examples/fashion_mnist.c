@@ -558,7 +558,10 @@ int main(int argc, char **argv) {
         snprintf(svg_path, sizeof svg_path, "%s/curves.svg", o.out);
         if (rank == 0 && o.resume) { /* the curves so far, up to the checkpoint's epoch */
             curves_load(&curve, o.out);
-            while (curve.nloss && curve.loss[curve.nloss - 1].epoch >= first_epoch) curve.nloss--;
+            /* the steps before the checkpoint's, numbered as the loop below numbers them */
+            int64_t steps = (cddp_sampler_len(sampler) + o.batch - 1) / o.batch;
+            int64_t at = first_epoch * steps + mid.position / ((int64_t)o.batch * world);
+            while (curve.nloss && curve.loss[curve.nloss - 1].step >= at) curve.nloss--;
             while (curve.neval && curve.eval[curve.neval - 1].epoch >= first_epoch) curve.neval--;
         }
         if (rank == 0 && !(csv = fopen(csv_path, o.resume ? "a" : "w"))) {
@@ -618,6 +621,12 @@ int main(int argc, char **argv) {
                                 cddp_sampler_get_state(sampler), &err) != CDDP_OK)
                 goto fail;
             if (sig) {
+                if (files && rank == 0) { /* the losses up to here */
+                    curves_add_loss(&curve, epoch * steps + step, epoch, last_loss);
+                    if (!curves_save(&curve, o.out))
+                        fprintf(stderr, "fashion_mnist: cannot write the curves in %s: %s\n", o.out,
+                                strerror(errno));
+                }
                 cddp_ddp_print0(ddp, "stopped by SIG%s after step %" PRId64 " of epoch %d: %s%s\n",
                                 sigabbrev_np(sig), step, epoch,
                                 files ? "--resume continues from " : "nothing saved (--out none)",

@@ -772,6 +772,9 @@ int main(int argc, char **argv) {
             if (files &&
                 save(ddp, opt, ckpt, &o, iter + 1, cddp_sampler_get_state(sampler), world, &err))
                 goto fail;
+            if (files && rank == 0 && !curves_save(&curve, o.out)) /* the losses up to here */
+                fprintf(stderr, "gpt_train: cannot write the curves in %s: %s\n", o.out,
+                        strerror(errno));
             cddp_ddp_print0(ddp, "stopped by SIG%s after iteration %" PRId64 ": %s%s\n",
                             sigabbrev_np(sig), iter,
                             files ? "--resume continues from " : "nothing saved (--out none)",

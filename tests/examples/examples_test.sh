@@ -547,6 +547,8 @@ stop)
     losses straight.out > a.l
     { losses cut.out | awk -v at="$at" '$1 <= at'; losses resumed.out; } > b.l
     [ "$(wc -l < a.l)" = 60 ] && cmp -s a.l b.l || { diff a.l b.l | head; fail "the stopped and resumed run's losses are not the uninterrupted run's"; }
+    [ "$(sed 1d cut/loss.csv | cut -d, -f1 | sort -un | wc -l)" = 60 ] && [ "$(wc -l < cut/loss.csv)" = 61 ] ||
+        fail "cut/loss.csv does not hold each of the 60 iterations once (the curves saved at the stop)"
     # (as a terminal's foreground job has it: a background job of a script starts with SIGINT
     # ignored, and keeps it so)
     "$PY" -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])' \
@@ -554,9 +556,12 @@ stop)
     stop_at $! fm.out "step: 2," INT 130
     step=$(sed -n 's/^stopped by SIGINT after step \([0-9]*\) of epoch 0: --resume continues from fm\/checkpoint.safetensors$/\1/p' fm.out)
     [ -n "$step" ] || { cat fm.out; fail "fashion_mnist did not stop with a checkpoint"; }
-    "$FM" --epochs 1 --limit 30000 --log-every 0 --resume fm --out none > fm2.out 2>&1 || { cat fm2.out; fail "fashion_mnist's resume failed"; }
+    "$FM" --epochs 1 --limit 30000 --log-every 0 --resume fm --out fm > fm2.out 2>&1 || { cat fm2.out; fail "fashion_mnist's resume failed"; }
     grep -q "^resumed from fm/checkpoint.safetensors in epoch 0, after $(((step + 1) * 64)) of its samples" fm2.out ||
         { cat fm2.out; fail "fashion_mnist did not resume after step $step"; }
+    # the loss curve of a resume in the middle of an epoch: each of its 469 steps once
+    [ "$(sed 1d fm/loss.csv | cut -d, -f1 | sort -un | wc -l)" = 469 ] && [ "$(wc -l < fm/loss.csv)" = 470 ] ||
+        fail "fm/loss.csv does not hold each of the epoch's 469 steps once"
     # No signal lands on a computing thread: 10 SIGTERMs at random moments of a run (with glibc's
     # heap checks), each a stop with a checkpoint or, before training, the end; never a crash (a
     # handler on the training thread's stack corrupted the heap in 5 of 20 such runs)
