@@ -144,12 +144,7 @@ int run_restart_from(cddp_comm *group, const char *prog, const char *out, char *
  * of 20 early SIGINTs when a handler ran on the training thread). A thread of its own takes the
  * signals with sigwait; a thread made before main that does not block them runs on_signal. */
 static volatile sig_atomic_t stop_sig, stop_armed, stop_says;
-
-static void stop_set(sigset_t *set) {
-    sigemptyset(set);
-    sigaddset(set, SIGTERM);
-    sigaddset(set, SIGINT);
-}
+static sigset_t stop_set; /* SIGTERM and SIGINT, but one the process was started to ignore */
 
 /* The signal ends the process as if never caught: its default action, on this thread. */
 static void end_now(int sig) {
@@ -181,24 +176,24 @@ static void on_signal(int sig) {
 
 static void *watch(void *arg) {
     (void)arg;
-    sigset_t set;
-    stop_set(&set);
     for (int sig;;)
-        if (sigwait(&set, &sig) == 0) take(sig);
+        if (sigwait(&stop_set, &sig) == 0) take(sig);
     return NULL;
 }
 
 void run_stop_watch(void) {
-    sigset_t set;
-    stop_set(&set);
-    pthread_sigmask(SIG_BLOCK, &set, NULL); /* inherited by every thread made from here on */
+    sigemptyset(&stop_set);
     for (int sig = SIGINT;; sig = SIGTERM) {
         struct sigaction old, sa = {.sa_handler = on_signal};
         sigemptyset(&sa.sa_mask);
         /* a signal the process was started to ignore (a background job's SIGINT) stays ignored */
-        if (sigaction(sig, NULL, &old) == 0 && old.sa_handler != SIG_IGN) sigaction(sig, &sa, NULL);
+        if (sigaction(sig, NULL, &old) == 0 && old.sa_handler != SIG_IGN) {
+            sigaddset(&stop_set, sig);
+            sigaction(sig, &sa, NULL);
+        }
         if (sig == SIGTERM) break;
     }
+    pthread_sigmask(SIG_BLOCK, &stop_set, NULL); /* inherited by every thread made from now on */
     pthread_attr_t attr;
     pthread_t t;
     pthread_attr_init(&attr);
@@ -210,14 +205,11 @@ void run_stop_watch(void) {
                 "cannot start the thread that takes SIGTERM and SIGINT: %s; they end "
                 "the process without a checkpoint\n",
                 strerror(rc));
-        for (int sig = SIGINT;; sig = SIGTERM) {
-            struct sigaction old, dfl = {.sa_handler = SIG_DFL};
-            sigemptyset(&dfl.sa_mask);
-            if (sigaction(sig, NULL, &old) == 0 && old.sa_handler != SIG_IGN)
-                sigaction(sig, &dfl, NULL);
-            if (sig == SIGTERM) break;
-        }
-        pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+        struct sigaction dfl = {.sa_handler = SIG_DFL};
+        sigemptyset(&dfl.sa_mask);
+        for (int sig = SIGINT; sig <= SIGTERM; sig++)
+            if (sigismember(&stop_set, sig) == 1) sigaction(sig, &dfl, NULL);
+        pthread_sigmask(SIG_UNBLOCK, &stop_set, NULL);
     }
 }
 
