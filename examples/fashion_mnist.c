@@ -549,6 +549,10 @@ int main(int argc, char **argv) {
             cddp_ddp_print0(ddp, "resumed from %s after epoch %d\n", o.resume, first_epoch);
     }
     if (rank == 0 && o.tensorboard && !curves_tensorboard(&curve, o.tensorboard, &err)) goto fail;
+    /* Steps are numbered epoch * steps + the step in the epoch; a mid-epoch checkpoint had taken
+     * the first epoch's first `done` steps, and the numbers go on from there. */
+    int64_t steps = (cddp_sampler_len(sampler) + o.batch - 1) / o.batch;
+    int64_t done = mid.position / ((int64_t)o.batch * world);
     char ckpt[4096] = "", csv_path[4096] = "", svg_path[4096] = "";
     if (files) {
         if (rank == 0 && run_make_dirs(o.out, &err) != CDDP_OK) goto fail;
@@ -558,10 +562,8 @@ int main(int argc, char **argv) {
         snprintf(svg_path, sizeof svg_path, "%s/curves.svg", o.out);
         if (rank == 0 && o.resume) { /* the curves so far, up to the checkpoint's epoch */
             curves_load(&curve, o.out);
-            /* the steps before the checkpoint's, numbered as the loop below numbers them */
-            int64_t steps = (cddp_sampler_len(sampler) + o.batch - 1) / o.batch;
-            int64_t at = first_epoch * steps + mid.position / ((int64_t)o.batch * world);
-            while (curve.nloss && curve.loss[curve.nloss - 1].step >= at) curve.nloss--;
+            while (curve.nloss && curve.loss[curve.nloss - 1].step >= first_epoch * steps + done)
+                curve.nloss--; /* the steps from the checkpoint's on */
             while (curve.neval && curve.eval[curve.neval - 1].epoch >= first_epoch) curve.neval--;
         }
         if (rank == 0 && !(csv = fopen(csv_path, o.resume ? "a" : "w"))) {
@@ -578,14 +580,12 @@ int main(int argc, char **argv) {
     for (int epoch = first_epoch; epoch < o.epochs; epoch++) {
         if (!(epoch == first_epoch && mid.position > 0)) cddp_sampler_set_epoch(sampler, epoch);
         double t0 = cddp_now_s();
-        int64_t steps = (cddp_sampler_len(sampler) + o.batch - 1) / o.batch, epoch_samples = 0;
-        /* the epoch's steps a mid-epoch checkpoint had taken: the step numbers go on from there */
-        int64_t done = epoch == first_epoch ? mid.position / ((int64_t)o.batch * world) : 0;
+        int64_t epoch_samples = 0;
         cddp_batch b;
         int rc;
         cddp_loader_begin(train_loader);
         while ((rc = cddp_loader_next(train_loader, &b, &err)) == 1) {
-            int64_t step = done + b.index; /* in the epoch */
+            int64_t step = (epoch == first_epoch ? done : 0) + b.index; /* in the epoch */
             cddp_ctx_reset(ctx);
             cddp_tensor *loss =
                 cddp_cross_entropy(ctx, cddp_model_forward(m, ctx, images(ctx, &b, cnn)),
