@@ -139,12 +139,14 @@ int run_restart_from(cddp_comm *group, const char *prog, const char *out, char *
 
 /* Stopping on request. Every thread of the process but those made before main (OpenBLAS's pool,
  * idle while cddp trains: its GEMMs are oneDNN's) blocks SIGTERM and SIGINT, so that no handler
- * ever runs on the stack of a thread in the middle of a kernel: oneDNN's JIT code keeps data
- * below its stack pointer, which a handler's frame overwrites (the heap was found corrupted in 5
- * of 20 early SIGINTs when a handler ran on the training thread). A thread of its own takes the
- * signals with sigwait; a thread made before main that does not block them runs on_signal. */
+ * ever runs on the stack of a thread in the middle of a kernel: with a handler on the training
+ * thread, 5 of 20 early SIGINTs found the heap corrupted, as when code keeps data below its stack
+ * pointer beyond the red zone, which a handler's frame overwrites (oneDNN's JIT GEMM most likely).
+ * A thread of its own takes the signals with sigwait; a thread made before main that does not block
+ * them runs take as the handler. */
 static volatile sig_atomic_t stop_sig, stop_armed, stop_says;
 static sigset_t stop_set; /* SIGTERM and SIGINT, but one the process was started to ignore */
+static const int stop_sigs[] = {SIGINT, SIGTERM};
 
 /* The signal ends the process as if never caught: its default action, on this thread. */
 static void end_now(int sig) {
@@ -170,10 +172,6 @@ static void take(int sig) {
     if (stop_says) (void)!write(STDERR_FILENO, say, sizeof say - 1);
 }
 
-static void on_signal(int sig) {
-    take(sig);
-}
-
 static void *watch(void *arg) {
     (void)arg;
     for (int sig;;)
@@ -183,15 +181,14 @@ static void *watch(void *arg) {
 
 void run_stop_watch(void) {
     sigemptyset(&stop_set);
-    for (int sig = SIGINT;; sig = SIGTERM) {
-        struct sigaction old, sa = {.sa_handler = on_signal};
+    for (int k = 0; k < 2; k++) { /* the handler: for threads made before main */
+        struct sigaction old, sa = {.sa_handler = take};
         sigemptyset(&sa.sa_mask);
         /* a signal the process was started to ignore (a background job's SIGINT) stays ignored */
-        if (sigaction(sig, NULL, &old) == 0 && old.sa_handler != SIG_IGN) {
-            sigaddset(&stop_set, sig);
-            sigaction(sig, &sa, NULL);
+        if (sigaction(stop_sigs[k], NULL, &old) == 0 && old.sa_handler != SIG_IGN) {
+            sigaddset(&stop_set, stop_sigs[k]);
+            sigaction(stop_sigs[k], &sa, NULL);
         }
-        if (sig == SIGTERM) break;
     }
     pthread_sigmask(SIG_BLOCK, &stop_set, NULL); /* inherited by every thread made from now on */
     pthread_attr_t attr;
@@ -207,8 +204,8 @@ void run_stop_watch(void) {
                 strerror(rc));
         struct sigaction dfl = {.sa_handler = SIG_DFL};
         sigemptyset(&dfl.sa_mask);
-        for (int sig = SIGINT; sig <= SIGTERM; sig++)
-            if (sigismember(&stop_set, sig) == 1) sigaction(sig, &dfl, NULL);
+        for (int k = 0; k < 2; k++)
+            if (sigismember(&stop_set, stop_sigs[k]) == 1) sigaction(stop_sigs[k], &dfl, NULL);
         pthread_sigmask(SIG_UNBLOCK, &stop_set, NULL);
     }
 }
