@@ -452,7 +452,8 @@ static int save(cddp_ddp *ddp, cddp_optim *opt, const char *path, const options 
                           "data_epoch", v[6],  "data_consumed", v[7], "world",      v[8],
                           "model",      "gpt", "data_position", v[9], "run_id",     run_job_id(),
                           NULL};
-    if (!*run_job_id()) meta[20] = NULL; /* outside a launcher and Slurm: no job to name */
+    size_t n = sizeof meta / sizeof meta[0];
+    if (!*run_job_id()) meta[n - 3] = NULL; /* outside a launcher and Slurm: no job to name */
     if (o->keep > 0) return cddp_ddp_save_set(ddp, path, iter, (int)o->keep, opt, meta, err);
     return cddp_ddp_save(ddp, path, opt, meta, err);
 }
