@@ -405,11 +405,13 @@ static int save_checkpoint(cddp_ddp *ddp, cddp_comm *group, cddp_ctx *ctx, cddp_
 }
 
 int main(int argc, char **argv) {
-    run_stop_watch(); /* before any thread: SIGTERM and SIGINT to a thread of their own */
+    cddp_error err = {0};
+    /* first, before any thread: SIGTERM and SIGINT to a thread of their own */
+    if (cddp_stop_watch(&err) != CDDP_OK) fprintf(stderr, "fashion_mnist: %s\n", err.msg);
+    cddp_error_clear(&err);
     options o;
     if (parse_args(argc, argv, &o) != 0) return 2;
     int status = 1;
-    cddp_error err = {0};
     cddp_device *dev;
     cddp_dtype compute;
     if (!run_device("fashion_mnist", o.device, o.dtype, &dev, &compute)) return 2;
@@ -576,7 +578,8 @@ int main(int argc, char **argv) {
     double train_s = 0.0, acc = 0.0, last_loss = NAN;
     int64_t samples = 0, since_save = 0;
     int epochs_run = 0;
-    run_stop_catch(rank); /* SIGTERM, Ctrl-C: a checkpoint after the step, then the end */
+    /* SIGTERM, Ctrl-C: a checkpoint after the step, then the end */
+    cddp_stop_catch(rank == 0 ? RUN_STOP_SAY : NULL);
     for (int epoch = first_epoch; epoch < o.epochs; epoch++) {
         if (!(epoch == first_epoch && mid.position > 0)) cddp_sampler_set_epoch(sampler, epoch);
         double t0 = cddp_now_s();
@@ -615,7 +618,7 @@ int main(int argc, char **argv) {
             }
             bool saved = files && o.save_every > 0 && ++since_save % o.save_every == 0;
             int sig = 0;
-            if (run_stop_agreed(group, &sig, &err) != CDDP_OK) goto fail;
+            if (cddp_stop_agreed(group, &sig, &err) != CDDP_OK) goto fail;
             if ((saved || (sig && files)) &&
                 save_checkpoint(ddp, group, ctx, opt, ckpt, &o, epoch, epoch * steps + step + 1,
                                 cddp_sampler_get_state(sampler), &err) != CDDP_OK)
@@ -672,7 +675,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
         if (o.target_acc > 0 && acc >= o.target_acc) break;
     }
-    run_stop_release();
+    cddp_stop_release();
     if (o.save) {
         char ep[16];
         snprintf(ep, sizeof ep, "%d", first_epoch + epochs_run);

@@ -488,11 +488,13 @@ static int peek_shape(const char *path, options *o, cddp_error *err) {
 }
 
 int main(int argc, char **argv) {
-    run_stop_watch(); /* before any thread: SIGTERM and SIGINT to a thread of their own */
+    cddp_error err = {0};
+    /* first, before any thread: SIGTERM and SIGINT to a thread of their own */
+    if (cddp_stop_watch(&err) != CDDP_OK) fprintf(stderr, "gpt_train: %s\n", err.msg);
+    cddp_error_clear(&err);
     options o;
     if (parse_args(argc, argv, &o) != 0) return 2;
     int status = 1;
-    cddp_error err = {0};
     cddp_device *dev;
     cddp_dtype compute;
     if (!run_device("gpt_train", o.device, o.dtype, &dev, &compute)) return 2;
@@ -656,7 +658,8 @@ int main(int argc, char **argv) {
     int64_t first = iter, T = o.block_size, tokens = 0;
     int64_t flat[2] = {o.batch_size * T, o.vocab_size}, rows = o.batch_size * T;
     cddp_loader_begin(loader);
-    run_stop_catch(rank); /* SIGTERM, Ctrl-C: a checkpoint after the iteration, then the end */
+    /* SIGTERM, Ctrl-C: a checkpoint after the iteration, then the end */
+    cddp_stop_catch(rank == 0 ? RUN_STOP_SAY : NULL);
     for (; iter <= o.max_iters; iter++) {
         bool last = iter == o.max_iters;
         bool at_eval =
@@ -768,7 +771,7 @@ int main(int argc, char **argv) {
             cddp_ddp_print0(ddp, "iter %" PRId64 ": loss %.4f, time %.1fms, lr %.2e\n", iter,
                             last_loss, (t1 - t0) * 1e3, (double)cddp_optim_lr(opt));
         int sig = 0;
-        if (run_stop_agreed(group, &sig, &err) != CDDP_OK) goto fail;
+        if (cddp_stop_agreed(group, &sig, &err) != CDDP_OK) goto fail;
         if (sig) {
             if (files &&
                 save(ddp, opt, ckpt, &o, iter + 1, cddp_sampler_get_state(sampler), world, &err))
@@ -784,7 +787,7 @@ int main(int argc, char **argv) {
             goto done;
         }
     }
-    run_stop_release();
+    cddp_stop_release();
     if (files && rank == 0)
         printf("checkpoint: %s\ncurves: %s/curves.svg (loss.csv, eval.csv)\n", ckpt, o.out);
     if (rank == 0 && o.sample > 0) {

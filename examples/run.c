@@ -1,13 +1,9 @@
 /* run.c: the examples' run helpers (see run.h). */
 #include "run.h"
 
-#include <sys/resource.h>
-
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,97 +130,6 @@ int run_restart_from(cddp_comm *group, const char *prog, const char *out, char *
     snprintf(buf, cap, "%s", path);
     *resume = buf;
     *init_from = NULL;
-    return CDDP_OK;
-}
-
-/* Stopping on request. Every thread of the process but those made before main (OpenBLAS's pool,
- * idle while cddp trains: its GEMMs are oneDNN's) blocks SIGTERM and SIGINT, so that no handler
- * ever runs on the stack of a thread in the middle of a kernel: with a handler on the training
- * thread, 5 of 20 early SIGINTs found the heap corrupted, as when code keeps data below its stack
- * pointer beyond the red zone, which a handler's frame overwrites (oneDNN's JIT GEMM most likely).
- * A thread of its own takes the signals with sigwait; a thread made before main that does not block
- * them runs take as the handler. */
-static volatile sig_atomic_t stop_sig, stop_armed, stop_says;
-static sigset_t stop_set; /* SIGTERM and SIGINT, but one the process was started to ignore */
-static const int stop_sigs[] = {SIGINT, SIGTERM};
-
-/* The signal ends the process as if never caught: its default action, on this thread. */
-static void end_now(int sig) {
-    struct sigaction dfl = {.sa_handler = SIG_DFL};
-    sigemptyset(&dfl.sa_mask);
-    sigaction(sig, &dfl, NULL);
-    sigset_t one;
-    sigemptyset(&one);
-    sigaddset(&one, sig);
-    pthread_sigmask(SIG_UNBLOCK, &one, NULL); /* in a handler: once it returns */
-    raise(sig);
-}
-
-/* The first signal while training is a request to stop after the step; another, or one outside
- * training, ends the process. */
-static void take(int sig) {
-    static const char say[] = "\nstopping after this step, with a checkpoint (again to end now)\n";
-    if (!stop_armed || stop_sig) {
-        end_now(sig);
-        return;
-    }
-    stop_sig = sig;
-    if (stop_says) (void)!write(STDERR_FILENO, say, sizeof say - 1);
-}
-
-static void *watch(void *arg) {
-    (void)arg;
-    for (int sig;;)
-        if (sigwait(&stop_set, &sig) == 0) take(sig);
-    return NULL;
-}
-
-void run_stop_watch(void) {
-    sigemptyset(&stop_set);
-    for (int k = 0; k < 2; k++) { /* the handler: for threads made before main */
-        struct sigaction old, sa = {.sa_handler = take};
-        sigemptyset(&sa.sa_mask);
-        /* a signal the process was started to ignore (a background job's SIGINT) stays ignored */
-        if (sigaction(stop_sigs[k], NULL, &old) == 0 && old.sa_handler != SIG_IGN) {
-            sigaddset(&stop_set, stop_sigs[k]);
-            sigaction(stop_sigs[k], &sa, NULL);
-        }
-    }
-    pthread_sigmask(SIG_BLOCK, &stop_set, NULL); /* inherited by every thread made from now on */
-    pthread_attr_t attr;
-    pthread_t t;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int rc = pthread_create(&t, &attr, watch, NULL);
-    pthread_attr_destroy(&attr);
-    if (rc != 0) { /* no thread to take them: the signals end the process, as they did */
-        fprintf(stderr,
-                "cannot start the thread that takes SIGTERM and SIGINT: %s; they end "
-                "the process without a checkpoint\n",
-                strerror(rc));
-        struct sigaction dfl = {.sa_handler = SIG_DFL};
-        sigemptyset(&dfl.sa_mask);
-        for (int k = 0; k < 2; k++)
-            if (sigismember(&stop_set, stop_sigs[k]) == 1) sigaction(stop_sigs[k], &dfl, NULL);
-        pthread_sigmask(SIG_UNBLOCK, &stop_set, NULL);
-    }
-}
-
-void run_stop_catch(int rank) {
-    stop_says = rank == 0;
-    stop_armed = 1;
-}
-
-void run_stop_release(void) {
-    stop_armed = 0;
-    if (stop_sig) end_now(stop_sig); /* asked since the last step: as if never caught */
-}
-
-int run_stop_agreed(cddp_comm *group, int *sig, cddp_error *err) {
-    int32_t s = stop_sig;
-    if (cddp_comm_size(group) > 1)
-        CDDP_TRY(cddp_comm_allreduce(group, &s, &s, 1, CDDP_COMM_I32, CDDP_COMM_MAX, -1, err));
-    *sig = s;
     return CDDP_OK;
 }
 

@@ -44,19 +44,8 @@ const char *run_job_id(void);
 int run_restart_from(cddp_comm *group, const char *prog, const char *out, char *buf, size_t cap,
                      const char **resume, const char **init_from, cddp_error *err);
 
-/* Stopping on request. run_stop_watch, first thing in main (before any thread is made), takes
- * SIGTERM (what cddprun, Slurm and most schedulers send first) and SIGINT (Ctrl-C) away from the
- * threads that compute. Outside training they end the process as before; from run_stop_catch to
- * run_stop_release the first one is noted (rank 0 says it stops after the step) and the training
- * loop asks run_stop_agreed after each step (collective: any rank's request stops every rank after
- * the same step), saves a checkpoint and exits with 128 + the signal; a second one ends the
- * process at once. run_stop_release, before what cannot stop midway (the last evaluation), ends
- * the process with a signal that came since the last step. */
-void run_stop_watch(void);
-void run_stop_catch(int rank);
-void run_stop_release(void);
-/* Whether any rank was asked to stop: *sig is the signal (the largest of the ranks'), or 0. */
-int run_stop_agreed(cddp_comm *group, int *sig, cddp_error *err);
+/* What rank 0 says on stderr when a stop is asked for (cddp_stop_catch). */
+#define RUN_STOP_SAY "stopping after this step, with a checkpoint (again to end now)\n"
 
 /* The process's peak resident memory, in bytes (getrusage). */
 long long run_peak_rss_bytes(void);

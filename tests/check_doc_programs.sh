@@ -4,7 +4,9 @@
 # as the text says: a program that makes a group runs under cddprun on 2 ranks, the others alone.
 # Then each one's results are checked: the first trains (its loss falls below 0.7) and saves a
 # checkpoint, the data-parallel one trains an epoch on 2 ranks and rank 0 saves, the
-# checkpoint-set one resumes its newest set exactly, the sharding one sees its half of the data,
+# checkpoint-set one resumes its newest set exactly, the stop one, sent SIGTERM through cddprun
+# as the guide says, stops both ranks after the same step, saves and exits 143, the sharding one sees
+# its half of the data,
 # the GPT trains, the layout one computes the same values in both layouts. CDDP_EXAMPLE_CFLAGS
 # carries the sanitizer flags of a sanitizer build.
 set -eu
@@ -12,11 +14,11 @@ src=$(cd "$1" && pwd); build=$(cd "$2" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-# Numbered in reading order: the README's 2, then the guide's 4.
+# Numbered in reading order: the README's 2, then the guide's 5.
 awk -v dir="$work" '/^```c$/ { n++; on = 1; next } /^```$/ { on = 0 } on { print > (dir "/prog" n ".c") }' \
     "$src/README.md" "$src/docs/GUIDE.md"
 count=$(ls "$work"/prog*.c 2>/dev/null | wc -l)
-[ "$count" = 6 ] || fail "README.md and docs/GUIDE.md have $count C blocks; this test knows 6 (update it with them)"
+[ "$count" = 7 ] || fail "README.md and docs/GUIDE.md have $count C blocks; this test knows 7 (update it with them)"
 [ "$(awk '/^```c$/' "$src/README.md" | wc -l)" = 2 ] || fail "README.md should hold 2 of the C blocks (update this test)"
 unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS RANK WORLD_SIZE
 for i in $(seq "$count"); do
@@ -26,13 +28,29 @@ for i in $(seq "$count"); do
     cc -std=c11 -Wall -Wextra -Werror ${CDDP_EXAMPLE_CFLAGS:-} -I"$src/include" "$p.c" -o "$p" \
         -L"$build/lib" -lcddp -Wl,-rpath,"$build/lib" || fail "C block $i of README.md + docs/GUIDE.md does not compile"
     mkdir "$p.run"
-    if grep -q cddp_comm_create "$p.c"; then
+    if grep -q cddp_stop_catch "$p.c"; then # SIGTERM to cddprun once rank 0 has trained 200 steps
+        (cd "$p.run" && exec "$build/bin/cddprun" --standalone --nproc_per_node 2 "$p") > "$p.out" 2>&1 &
+        job=$!
+        for _ in $(seq 3000); do grep -q '^step 200$' "$p.out" && break; sleep 0.01; done
+        kill -TERM "$job"
+        rc=0
+        wait "$job" || rc=$?
+        [ "$rc" = 143 ] || { cat "$p.out"; fail "C block $i of README.md + docs/GUIDE.md exited $rc after SIGTERM, not 143"; }
+    elif grep -q cddp_comm_create "$p.c"; then
         (cd "$p.run" && "$build/bin/cddprun" --standalone --nproc_per_node 2 "$p") > "$p.out" 2>&1
     else
         (cd "$p.run" && "$p") > "$p.out" 2>&1
     fi || { cat "$p.out"; fail "C block $i of README.md + docs/GUIDE.md failed"; }
     echo "--- C block $i:"; cat "$p.out"
 done
+# 4: stopped by SIGTERM: rank 0 alone says it stops, and that the ranks saved after the same step.
+[ "$(grep -c '^stopping after this step$' "$work/prog4.out")" = 1 ] || fail "program 4: not rank 0 alone said it stops"
+grep -Eq '^stopped by signal 15 after step [0-9]+: saved stopped.safetensors$' "$work/prog4.out" ||
+    fail "program 4 did not say it stopped and saved"
+[ -s "$work/prog4.run/stopped.safetensors" ] && [ ! -e "$work/prog4.run/model.safetensors" ] ||
+    fail "program 4 did not save stopped.safetensors (alone)"
+"$build/bin/cddp-ckpt" verify "$work/prog4.run/stopped.safetensors" > "$work/v4.out" 2>&1 ||
+    { cat "$work/v4.out"; fail "program 4's stopped.safetensors does not verify"; }
 # 1: a single-process epoch.
 last=$(sed -n 's/^step [0-9]*: loss \([0-9.]*\)$/\1/p' "$work/prog1.out" | tail -n 1)
 awk -v l="$last" 'BEGIN { exit !(l != "" && l < 0.7) }' || fail "program 1: last loss '$last' is not below 0.7"
@@ -46,21 +64,21 @@ awk -v l="$loss" 'BEGIN { exit !(l < 0.7) }' || fail "program 2: loss $loss is n
 grep -qx "resumed from ckpt/step-00000003: 3 optimizer steps, the same parameters" "$work/prog3.out" \
     || fail "program 3 did not resume the newest set exactly"
 [ "$(ls "$work/prog3.run/ckpt")" = "$(printf 'step-00000002\nstep-00000003')" ] || fail "program 3 did not keep the newest 2 sets"
-# 4: each of 2 ranks sees half of Fashion-MNIST's 60000 samples per epoch.
+# 5: each of 2 ranks sees half of Fashion-MNIST's 60000 samples per epoch.
 for r in 0 1; do
-    grep -qx "rank $r of 2: 60000 samples in 2 epochs; its MindSpore shard holds 30000" "$work/prog4.out" ||
-        fail "program 4: rank $r did not see half of the data"
+    grep -qx "rank $r of 2: 60000 samples in 2 epochs; its MindSpore shard holds 30000" "$work/prog5.out" ||
+        fail "program 5: rank $r did not see half of the data"
 done
-# 5: a small GPT on fortunes, 2 ranks; rank 0 prints three losses and saves.
-[ "$(grep -c '^iter [0-9]*: loss' "$work/prog5.out")" = 3 ] || fail "program 5: not three loss lines (rank 0's)"
-last=$(sed -n 's/^iter 149: loss \([0-9.]*\)$/\1/p' "$work/prog5.out")
-awk -v l="$last" 'BEGIN { exit !(l != "" && l < 3.1) }' || fail "program 5: loss '$last' at iteration 149 is not below 3.1"
-[ -s "$work/prog5.run/gpt.safetensors" ] || fail "program 5 saved no gpt.safetensors"
-# 6: a residual unit in oneDNN's blocked layout and row-major: the same outputs and gradients (the
+# 6: a small GPT on fortunes, 2 ranks; rank 0 prints three losses and saves.
+[ "$(grep -c '^iter [0-9]*: loss' "$work/prog6.out")" = 3 ] || fail "program 6: not three loss lines (rank 0's)"
+last=$(sed -n 's/^iter 149: loss \([0-9.]*\)$/\1/p' "$work/prog6.out")
+awk -v l="$last" 'BEGIN { exit !(l != "" && l < 3.1) }' || fail "program 6: loss '$last' at iteration 149 is not below 3.1"
+[ -s "$work/prog6.run/gpt.safetensors" ] || fail "program 6 saved no gpt.safetensors"
+# 7: a residual unit in oneDNN's blocked layout and row-major: the same outputs and gradients (the
 # batch normalisation's sums in another order: within 1e-5), on a machine whose oneDNN blocks.
-line=$(grep '^blocks of ' "$work/prog6.out") || fail "program 6 printed no result"
-echo "$line" | grep -Eq '^blocks of (8|16) channels: ' || fail "program 6 ran without the blocked layout: $line"
+line=$(grep '^blocks of ' "$work/prog7.out") || fail "program 7 printed no result"
+echo "$line" | grep -Eq '^blocks of (8|16) channels: ' || fail "program 7 ran without the blocked layout: $line"
 set -- $(echo "$line" | sed -n 's/.*outputs within \([^,]*\), weight gradients within \(.*\)$/\1 \2/p')
 awk -v a="${1:-x}" -v b="${2:-x}" 'BEGIN { exit !(a + 0 == a && b + 0 == b && a < 1e-5 && b < 1e-5) }' ||
-    fail "program 6: the layouts disagree: $line"
+    fail "program 7: the layouts disagree: $line"
 echo "ok: the $count C programs of README.md and docs/GUIDE.md compile and run as they say"
