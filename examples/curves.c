@@ -194,9 +194,10 @@ static bool draw(const curves *c, const char *path) {
     panel lp = {80, 50, 380, 270, xlo, xhi, 0, ymax > 0 ? ceil(ymax / ys) * ys : 1};
     axes(f, &lp, "step", "training loss", c->loss, n);
     int64_t k = n / 40 < 1 ? 1 : n / 40 > 200 ? 200 : n / 40;
-    double *x = malloc(sizeof(double) * (size_t)(n ? n : 1)),
-           *y = malloc(sizeof(double) * (size_t)(n ? n : 1)),
-           *m = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    /* x and y hold the loss's points, then the evaluation's */
+    size_t points = (size_t)(n > c->neval ? n : c->neval > 0 ? c->neval : 1);
+    double *x = malloc(sizeof(double) * points), *y = malloc(sizeof(double) * points),
+           *m = malloc(sizeof(double) * points);
     if (x && y && m && n) {
         double sum = 0;
         for (int64_t i = 0; i < n; i++) {
