@@ -31,28 +31,54 @@ void cddp__cpu_fill(cddp__kq *q, const cddp__k_fill *a) {
     }
 }
 
+/* The elementwise kernels split their values across the math threads (a part's start on a
+ * multiple of 16: the vector loops' blocks as on one thread), the row kernels their rows. */
+
+#define SPLIT_VALUES(n, part_fn, a)                                                                \
+    cddp__cpu_split((n), 16, cddp__cpu_parts((n), CDDP__CPU_GRAIN), part_fn, (void *)(a))
+#define SPLIT_ROWS(rows, cols, part_fn, a)                                                         \
+    cddp__cpu_split((rows), 1, cddp__cpu_row_parts((rows), (cols)), part_fn, (void *)(a))
+
+static void accumulate_part(int64_t lo, int64_t hi, int part, void *arg) {
+    (void)part;
+    const cddp__k_accumulate *a = arg;
+    if (a->assign)
+        memcpy(a->dst + lo, a->src + lo, (size_t)(hi - lo) * sizeof(float));
+    else
+        cddp__add_into(a->dst + lo, a->src + lo, hi - lo);
+}
+
 void cddp__cpu_accumulate(cddp__kq *q, const cddp__k_accumulate *a) {
     (void)q;
-    if (a->assign)
-        memcpy(a->dst, a->src, (size_t)a->n * sizeof(float));
-    else
-        cddp__add_into(a->dst, a->src, a->n);
+    SPLIT_VALUES(a->n, accumulate_part, a);
+}
+
+static void add_rows_part(int64_t lo, int64_t hi, int part, void *arg) {
+    (void)part;
+    const cddp__k_add_rows *a = arg;
+    for (int64_t i = lo; i < hi; i++)
+        cddp__add_into(a->dst + i * a->dst_stride, a->src + i * a->src_stride, a->cols);
 }
 
 void cddp__cpu_add_rows(cddp__kq *q, const cddp__k_add_rows *a) {
     (void)q;
-    for (int64_t i = 0; i < a->rows; i++)
-        cddp__add_into(a->dst + i * a->dst_stride, a->src + i * a->src_stride, a->cols);
+    SPLIT_ROWS(a->rows, a->cols, add_rows_part, a);
+}
+
+static void scale_part(int64_t lo, int64_t hi, int part, void *arg) {
+    (void)part;
+    const cddp__k_scale *a = arg;
+    const float *x = a->x;
+    float *y = a->y, s = a->s;
+    if (a->add)
+        for (int64_t i = lo; i < hi; i++) y[i] += s * x[i];
+    else
+        for (int64_t i = lo; i < hi; i++) y[i] = s * x[i];
 }
 
 void cddp__cpu_scale(cddp__kq *q, const cddp__k_scale *a) {
     (void)q;
-    const float *x = a->x;
-    float *y = a->y, s = a->s;
-    if (a->add)
-        for (int64_t i = 0; i < a->n; i++) y[i] += s * x[i];
-    else
-        for (int64_t i = 0; i < a->n; i++) y[i] = s * x[i];
+    SPLIT_VALUES(a->n, scale_part, a);
 }
 
 /* The host path's conversions (cddp_comm_from_f32, cddp_comm_to_f32): DDP's 16-bit buckets round
@@ -69,14 +95,20 @@ void cddp__cpu_cast16(cddp__kq *q, const cddp__k_cast16 *a) {
         for (int64_t i = 0; i < a->n; i++) a->f[i] *= a->scale;
 }
 
-void cddp__cpu_mul(cddp__kq *q, const cddp__k_mul *a) {
-    (void)q;
+static void mul_part(int64_t lo, int64_t hi, int part, void *arg) {
+    (void)part;
+    const cddp__k_mul *a = arg;
     const float *x = a->a, *m = a->b;
     float *y = a->y;
     if (a->add)
-        for (int64_t i = 0; i < a->n; i++) y[i] += x[i] * m[i];
+        for (int64_t i = lo; i < hi; i++) y[i] += x[i] * m[i];
     else
-        for (int64_t i = 0; i < a->n; i++) y[i] = x[i] * m[i];
+        for (int64_t i = lo; i < hi; i++) y[i] = x[i] * m[i];
+}
+
+void cddp__cpu_mul(cddp__kq *q, const cddp__k_mul *a) {
+    (void)q;
+    SPLIT_VALUES(a->n, mul_part, a);
 }
 
 /* Broadcast iteration: maps each output element i to the flat index of a and of b. */
@@ -95,36 +127,50 @@ void cddp__cpu_mul(cddp__kq *q, const cddp__k_mul *a) {
                     }                                                                              \
     } while (0)
 
+/* Operands of the same shape: values lo..hi. */
+static void binary_part(int64_t lo, int64_t hi, int part, void *arg) {
+    (void)part;
+    const cddp__k_binary *k = arg;
+    const float *x = k->a, *y = k->b;
+    float *z = k->z;
+    switch (k->op) {
+    case CDDP__ADD:
+        for (int64_t i = lo; i < hi; i++) z[i] = x[i] + y[i];
+        break;
+    case CDDP__SUB:
+        for (int64_t i = lo; i < hi; i++) z[i] = x[i] - y[i];
+        break;
+    case CDDP__MUL:
+        for (int64_t i = lo; i < hi; i++) z[i] = x[i] * y[i];
+        break;
+    case CDDP__DIV:
+        for (int64_t i = lo; i < hi; i++) z[i] = x[i] / y[i];
+        break;
+    }
+}
+
 void cddp__cpu_binary(cddp__kq *q, const cddp__k_binary *k) {
     (void)q;
     const float *x = k->a, *y = k->b;
     float *z = k->z;
     const cddp__bcast *bc = &k->bc;
     int64_t n = k->n;
+    if (bc->same) {
+        SPLIT_VALUES(n, binary_part, k);
+        return;
+    }
     switch (k->op) {
     case CDDP__ADD:
-        if (bc->same)
-            for (int64_t i = 0; i < n; i++) z[i] = x[i] + y[i];
-        else
-            BCAST_FOR(bc, i, ia, ib, z[i] = x[ia] + y[ib]);
+        BCAST_FOR(bc, i, ia, ib, z[i] = x[ia] + y[ib]);
         break;
     case CDDP__SUB:
-        if (bc->same)
-            for (int64_t i = 0; i < n; i++) z[i] = x[i] - y[i];
-        else
-            BCAST_FOR(bc, i, ia, ib, z[i] = x[ia] - y[ib]);
+        BCAST_FOR(bc, i, ia, ib, z[i] = x[ia] - y[ib]);
         break;
     case CDDP__MUL:
-        if (bc->same)
-            for (int64_t i = 0; i < n; i++) z[i] = x[i] * y[i];
-        else
-            BCAST_FOR(bc, i, ia, ib, z[i] = x[ia] * y[ib]);
+        BCAST_FOR(bc, i, ia, ib, z[i] = x[ia] * y[ib]);
         break;
     case CDDP__DIV:
-        if (bc->same)
-            for (int64_t i = 0; i < n; i++) z[i] = x[i] / y[i];
-        else
-            BCAST_FOR(bc, i, ia, ib, z[i] = x[ia] / y[ib]);
+        BCAST_FOR(bc, i, ia, ib, z[i] = x[ia] / y[ib]);
         break;
     }
 }
@@ -172,10 +218,16 @@ void cddp__cpu_sum(cddp__kq *q, const cddp__k_sum *a) {
     a->out[0] = (float)s;
 }
 
+static void sum_grad_part(int64_t lo, int64_t hi, int part, void *arg) {
+    (void)part;
+    const cddp__k_sum_grad *a = arg;
+    float g = a->dy[0] / (a->mean ? (float)a->n : 1.0f);
+    for (int64_t i = lo; i < hi; i++) a->dx[i] += g;
+}
+
 void cddp__cpu_sum_grad(cddp__kq *q, const cddp__k_sum_grad *a) {
     (void)q;
-    float g = a->dy[0] / (a->mean ? (float)a->n : 1.0f);
-    for (int64_t i = 0; i < a->n; i++) a->dx[i] += g;
+    SPLIT_VALUES(a->n, sum_grad_part, a);
 }
 
 static int64_t row_argmax(const float *a, int64_t C) {
@@ -228,11 +280,17 @@ void cddp__cpu_check_ids(cddp__kq *q, const cddp__k_check_ids *a) {
     }
 }
 
-void cddp__cpu_embedding(cddp__kq *q, const cddp__k_embedding *a) {
-    (void)q;
-    for (int64_t i = 0; i < a->n; i++)
+static void embedding_part(int64_t lo, int64_t hi, int part, void *arg) {
+    (void)part;
+    const cddp__k_embedding *a = arg;
+    for (int64_t i = lo; i < hi; i++)
         memcpy(a->out + i * a->C, a->table + cddp__index_at(a->ids, a->dtype, i) * a->C,
                (size_t)a->C * sizeof(float));
+}
+
+void cddp__cpu_embedding(cddp__kq *q, const cddp__k_embedding *a) {
+    (void)q;
+    SPLIT_ROWS(a->n, a->C, embedding_part, a);
 }
 
 /* Each position's gradient row into its id's row, positions in order (deterministic). */

@@ -463,6 +463,39 @@ bool cddp__cpu_conv_pool_fuses(const cddp__conv_geom *g) {
                     &l);
 }
 
+/* The ReLU and pooling of the fused op, and its gradient, split across the math threads by batch
+ * element, each part with a tile of its own. */
+typedef struct {
+    const cddp__conv_geom *g;
+    const cddp__lanes *l;
+    float *conv, *y; /* the forward's; the gradient's: dy, and dx into conv */
+    int8_t *code;
+    float *tile;
+} pool_job;
+
+static size_t tile_floats(const cddp__conv_geom *g, const cddp__lanes *l) {
+    return cddp__up16((size_t)(g->OW * l->B));
+}
+
+static void relu_pool_part(int64_t lo, int64_t hi, int part, void *arg) {
+    const pool_job *j = arg;
+    const cddp__conv_geom *g = j->g;
+    int64_t PH = g->OH / 2, PW = g->OW / 2, G = (g->O + j->l->B - 1) / j->l->B;
+    cddp__relu_pool2x2_lanes(j->conv + lo * j->l->sN, j->l, hi - lo, g->O, g->OH, g->OW,
+                             j->y + lo * g->O * PH * PW,
+                             j->code ? j->code + lo * G * PH * PW * j->l->B : NULL,
+                             j->tile + (size_t)part * tile_floats(g, j->l));
+}
+
+static void relu_pool_grad_part(int64_t lo, int64_t hi, int part, void *arg) {
+    const pool_job *j = arg;
+    const cddp__conv_geom *g = j->g;
+    int64_t PH = g->OH / 2, PW = g->OW / 2, G = (g->O + j->l->B - 1) / j->l->B;
+    cddp__relu_pool2x2_lanes_grad(j->code + lo * G * PH * PW * j->l->B, j->y + lo * g->O * PH * PW,
+                                  j->l, hi - lo, g->O, g->OH, g->OW, j->conv + lo * j->l->sN,
+                                  j->tile + (size_t)part * tile_floats(g, j->l));
+}
+
 void cddp__cpu_conv2d_relu_pool(cddp__kq *q, const cddp__k_conv2d_relu_pool *a) {
     const cddp__conv_geom *g = &a->g;
     const cddp__dnnl_prim *p = conv_prim(g, g->train ? FWD_TRAIN : FWD_INFER);
@@ -472,7 +505,8 @@ void cddp__cpu_conv2d_relu_pool(cddp__kq *q, const cddp__k_conv2d_relu_pool *a) 
     int64_t PH = g->OH / 2, PW = g->OW / 2, G = (g->O + l.B - 1) / l.B;
     fused_saved *sv = a->state ? cddp__kq_scratch(q, sizeof *sv) : NULL;
     float *conv = cddp__kq_scratch(q, dnnl_memory_desc_get_size(md));
-    float *tile = cddp__kq_scratch(q, (size_t)(g->OW * l.B) * sizeof(float));
+    int parts = cddp__cpu_row_parts(g->N, g->O * g->OH * g->OW);
+    float *tile = cddp__kq_scratch(q, (size_t)parts * tile_floats(g, &l) * sizeof(float));
     if ((a->state && !sv) || !conv || !tile) return;
     if (sv) {
         *sv = (fused_saved){.md = md, .l = l};
@@ -482,16 +516,19 @@ void cddp__cpu_conv2d_relu_pool(cddp__kq *q, const cddp__k_conv2d_relu_pool *a) 
     }
     if (!conv_forward(q, p, g, a->x, NULL, a->w, a->b, conv, false, md, sv ? &sv->xc : NULL))
         return;
-    cddp__relu_pool2x2_lanes(conv, &l, g->N, g->O, g->OH, g->OW, a->y, sv ? sv->code : NULL, tile);
+    pool_job j = {g, &l, conv, a->y, sv ? sv->code : NULL, tile};
+    cddp__cpu_split(g->N, 1, parts, relu_pool_part, &j);
 }
 
 void cddp__cpu_conv2d_relu_pool_grad(cddp__kq *q, const cddp__k_conv2d_relu_pool_grad *a) {
     const cddp__conv_geom *g = &a->g;
     fused_saved *sv = *a->state;
     float *dy = cddp__kq_scratch(q, dnnl_memory_desc_get_size(sv->md));
-    float *tile = cddp__kq_scratch(q, (size_t)(g->OW * sv->l.B) * sizeof(float));
+    int parts = cddp__cpu_row_parts(g->N, g->O * g->OH * g->OW);
+    float *tile = cddp__kq_scratch(q, (size_t)parts * tile_floats(g, &sv->l) * sizeof(float));
     if (!dy || !tile) return;
-    cddp__relu_pool2x2_lanes_grad(sv->code, a->dy, &sv->l, g->N, g->O, g->OH, g->OW, dy, tile);
+    pool_job j = {g, &sv->l, dy, (float *)a->dy, sv->code, tile};
+    cddp__cpu_split(g->N, 1, parts, relu_pool_grad_part, &j);
     conv_out o = {a->dx, a->dw, a->db, a->dx_assign, a->dw_assign, a->db_assign};
     conv_grad d = {.data = dy,
                    .md = sv->md,

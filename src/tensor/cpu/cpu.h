@@ -14,8 +14,10 @@
  *   <family>.c   the kernels of tensor/kernels.h, by op family (basic, activation, loss,
  *                transformer, norm, pool, conv)
  *   device.c     the device: memory, its queue (the calling thread), the kernel table
+ *   par.c        a kernel's work split across the math threads
  *
- * Every kernel runs on the calling thread and has finished when it returns.
+ * Every kernel is called on the calling thread and has finished when it returns (its parts, where
+ * it is split, on the math threads too).
  */
 #ifndef CDDP_TENSOR_CPU_H
 #define CDDP_TENSOR_CPU_H
@@ -25,6 +27,33 @@
 #include <string.h>
 
 /* ---- the kernels (tensor/kernels.h) -------------------------------------------------------- */
+
+/* par.c: a kernel's work split across the process's math threads (OpenMP's pool, oneDNN's).
+ * cddp__cpu_parts: how many parts n units of work make: the math threads, at most n / grain (parts
+ * of at least grain units), 1 inside a part. cddp__cpu_split runs fn(lo, hi, part, arg) over
+ * [0, n) in that many contiguous parts, each on a thread of its own (part < parts: for a scratch
+ * buffer per part), each but the first starting on a multiple of align; with 1 part, fn(0, n, 0,
+ * arg) on the calling thread. A kernel so split computes each output element as a single call
+ * over [0, n) would, so that its results do not depend on the number of threads: rows, heads or
+ * elements that are independent of one another (align a multiple of the vector loops' width
+ * where they are elements), never the terms of one sum. */
+typedef void (*cddp__cpu_part)(int64_t lo, int64_t hi, int part, void *arg);
+/* n rounded up to a multiple of 16: a part's share of scratch, so that each part's starts on 64
+ * bytes (floats) */
+static inline size_t cddp__up16(size_t n) {
+    return (n + 15) / 16 * 16;
+}
+int cddp__cpu_parts(int64_t n, int64_t grain);
+/* The values a part of an elementwise or row kernel takes at least (fewer cost more to hand to a
+ * thread than they save), and the parts of rows of cols values: of at least that many values, at
+ * most one a row. */
+#define CDDP__CPU_GRAIN 16384
+int cddp__cpu_row_parts(int64_t rows, int64_t cols);
+/* The parts of the columns of rows of cols values, for a kernel that sums over the rows (column
+ * sums: each part its columns over every row, in order): of at least that many values, and at
+ * least 64 columns each. */
+int cddp__cpu_col_parts(int64_t rows, int64_t cols);
+void cddp__cpu_split(int64_t n, int64_t align, int parts, cddp__cpu_part fn, void *arg);
 
 #define CDDP__CPU_DECL(name) void cddp__cpu_##name(cddp__kq *q, const cddp__k_##name *a);
 CDDP_KERNEL_LIST(CDDP__CPU_DECL)
@@ -172,14 +201,16 @@ void cddp__add_softmax_scaled(float *y, const float *x, float m, float ls, float
  * dx += s dy (dx = when assign). */
 void cddp__gelu_tanh_rows(const float *x, float *y, int64_t n);
 void cddp__gelu_tanh_grad(const float *x, const float *dy, float *dx, int64_t n, bool assign);
-/* LayerNorm over rows of C (w and b never NULL), keeping each row's mean and 1/std; and its
- * gradients (dx, dw, db may each be NULL; dx stored when assign, else added; scratch: 2 C
- * floats). */
+/* LayerNorm over rows of C (w and b never NULL), keeping each row's mean and 1/std; the input's
+ * gradient (stored when assign, else added; scratch: 2 C floats); and the weight's and bias's
+ * (either may be NULL), added over the rows in order, for C columns of rows ld apart. */
 void cddp__layer_norm_rows(const float *x, const float *w, const float *b, float *y, float *mean,
                            float *rstd, int64_t rows, int64_t C, float eps);
 void cddp__layer_norm_grad(const float *x, const float *w, const float *dy, const float *mean,
-                           const float *rstd, float *dx, bool assign, float *dw, float *db,
-                           int64_t rows, int64_t C, float *scratch);
+                           const float *rstd, float *dx, bool assign, int64_t rows, int64_t C,
+                           float *scratch);
+void cddp__layer_norm_wgrad(const float *x, const float *dy, const float *mean, const float *rstd,
+                            float *dw, float *db, int64_t rows, int64_t C, int64_t ld);
 
 /* ---- attn.c: one head of causal self-attention (see there) --------------------------------- */
 

@@ -283,8 +283,15 @@ static bool operands_of(cddp__kq *q, const cddp__k_gemm *a, bool native, operand
     return true;
 }
 
+static void add_bias_part(int64_t lo, int64_t hi, int part, void *arg) {
+    (void)part;
+    const cddp__k_gemm *a = arg;
+    for (int64_t i = lo; i < hi; i++) cddp__add_into(a->C + i * a->ldc, a->bias, a->N);
+}
+
+/* The rows split across the math threads. */
 static void add_bias(const cddp__k_gemm *a) {
-    for (int64_t i = 0; i < a->M; i++) cddp__add_into(a->C + i * a->ldc, a->bias, a->N);
+    cddp__cpu_split(a->M, 1, cddp__cpu_row_parts(a->M, a->N), add_bias_part, (void *)a);
 }
 
 static void gemm_bf16(cddp__kq *q, const cddp__k_gemm *a) {
@@ -358,15 +365,28 @@ void cddp__cpu_gemm(cddp__kq *q, const cddp__k_gemm *a) {
     if (a->bias) add_bias(a);
 }
 
-/* Row by row: each row's column sums taken while it is in cache from its rounding. */
-void cddp__cpu_to_bf16(cddp__kq *q, const cddp__k_to_bf16 *a) {
-    (void)q;
+/* Rows lo..hi; with column sums, columns lo..hi of every row, each row's sums taken while it is in
+ * cache from its rounding. */
+static void to_bf16_part(int64_t lo, int64_t hi, int part, void *arg) {
+    (void)part;
+    const cddp__k_to_bf16 *a = arg;
     if (!a->colsum) {
-        cddp__to_bf16_rows(a->dst, a->cols, a->src, a->ld, a->rows, a->cols);
+        cddp__to_bf16_rows(a->dst + lo * a->cols, a->cols, a->src + lo * a->ld, a->ld, hi - lo,
+                           a->cols);
         return;
     }
     for (int64_t r = 0; r < a->rows; r++) {
-        cddp__bf16_narrow_n(a->dst + r * a->cols, a->src + r * a->ld, a->cols);
-        cddp__add_into(a->colsum, a->src + r * a->ld, a->cols);
+        cddp__bf16_narrow_n(a->dst + r * a->cols + lo, a->src + r * a->ld + lo, hi - lo);
+        cddp__add_into(a->colsum + lo, a->src + r * a->ld + lo, hi - lo);
     }
+}
+
+/* Split across the math threads: the rows, or with column sums the columns. */
+void cddp__cpu_to_bf16(cddp__kq *q, const cddp__k_to_bf16 *a) {
+    (void)q;
+    if (!a->colsum) {
+        cddp__cpu_split(a->rows, 1, cddp__cpu_row_parts(a->rows, a->cols), to_bf16_part, (void *)a);
+        return;
+    }
+    cddp__cpu_split(a->cols, 16, cddp__cpu_col_parts(a->rows, a->cols), to_bf16_part, (void *)a);
 }

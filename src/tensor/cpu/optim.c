@@ -26,9 +26,17 @@ static void sgd_loop(float *restrict p, const float *restrict grad, float *restr
         for (int64_t i = 0; i < n; i++) p[i] -= lr * buf[i];
 }
 
+/* Each update's values split across the math threads (a part's start on a multiple of 16: the
+ * vector loops' blocks as on one thread). */
+static void sgd_part(int64_t lo, int64_t hi, int part, void *arg) {
+    (void)part;
+    const cddp__k_sgd *a = arg;
+    sgd_loop(a->p + lo, a->g + lo, a->buf ? a->buf + lo : NULL, hi - lo, &a->h);
+}
+
 void cddp__cpu_sgd(cddp__kq *q, const cddp__k_sgd *a) {
     (void)q;
-    sgd_loop(a->p, a->g, a->buf, a->n, &a->h);
+    cddp__cpu_split(a->n, 16, cddp__cpu_parts(a->n, CDDP__CPU_GRAIN), sgd_part, (void *)a);
 }
 
 /* The update loop, vectorised (see CDDP_SIMD_CLONES). */
@@ -45,11 +53,17 @@ CDDP_SIMD_CLONES static void adamw_loop(float *restrict p, const float *restrict
     }
 }
 
+static void adamw_part(int64_t lo, int64_t hi, int part, void *arg) {
+    (void)part;
+    const cddp__k_adamw *a = arg;
+    const cddp_adamw_hparams *h = &a->h;
+    adamw_loop(a->p + lo, a->g + lo, hi - lo, a->m + lo, a->v + lo, h->beta1, h->beta2, h->eps,
+               h->step_size, h->bc2_sqrt, h->decay);
+}
+
 void cddp__cpu_adamw(cddp__kq *q, const cddp__k_adamw *a) {
     (void)q;
-    const cddp_adamw_hparams *h = &a->h;
-    adamw_loop(a->p, a->g, a->n, a->m, a->v, h->beta1, h->beta2, h->eps, h->step_size, h->bc2_sqrt,
-               h->decay);
+    cddp__cpu_split(a->n, 16, cddp__cpu_parts(a->n, CDDP__CPU_GRAIN), adamw_part, (void *)a);
 }
 
 /* The sum of squares in double, in 8 lanes that vectorise (the order is fixed: the same result

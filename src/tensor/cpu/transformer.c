@@ -13,29 +13,66 @@ static const float *unit(cddp__kq *q, int64_t C, float v) {
     return u;
 }
 
-/* With y16, 16 rows at a time, each block rounded while it is in cache. */
-void cddp__cpu_layer_norm(cddp__kq *q, const cddp__k_layer_norm *a) {
-    const float *w = a->w ? a->w : unit(q, a->C, 1.0f);
-    const float *b = a->b ? a->b : unit(q, a->C, 0.0f);
-    if (!w || !b) return;
-    int64_t C = a->C, step = a->y16 ? 16 : a->rows;
-    for (int64_t r = 0; r < a->rows; r += step) {
-        int64_t n = a->rows - r < step ? a->rows - r : step;
+/* Rows lo..hi, with y16 16 at a time, each block rounded while it is in cache. */
+static void layer_norm_part(int64_t lo, int64_t hi, int part, void *arg) {
+    (void)part;
+    const cddp__k_layer_norm *a = ((void **)arg)[0];
+    const float *w = ((void **)arg)[1], *b = ((void **)arg)[2];
+    int64_t C = a->C, step = a->y16 ? 16 : hi - lo;
+    for (int64_t r = lo; r < hi; r += step) {
+        int64_t n = hi - r < step ? hi - r : step;
         cddp__layer_norm_rows(a->x + r * C, w, b, a->y + r * C, a->mean + r, a->rstd + r, n, C,
                               a->eps);
         if (a->y16) cddp__to_bf16_rows(a->y16 + r * C, C, a->y + r * C, C, n, C);
     }
 }
 
+/* The rows split across the math threads. */
+void cddp__cpu_layer_norm(cddp__kq *q, const cddp__k_layer_norm *a) {
+    const float *w = a->w ? a->w : unit(q, a->C, 1.0f);
+    const float *b = a->b ? a->b : unit(q, a->C, 0.0f);
+    if (!w || !b) return;
+    int parts = cddp__cpu_parts(a->rows * a->C, CDDP__CPU_GRAIN);
+    if (parts > a->rows / 16) parts = a->rows / 16 > 1 ? (int)(a->rows / 16) : 1;
+    cddp__cpu_split(a->rows, 16, parts, layer_norm_part,
+                    (void *[]){(void *)a, (void *)w, (void *)b});
+}
+
+/* Rows lo..hi of dx, with a part's scratch. */
+static void layer_norm_dx_part(int64_t lo, int64_t hi, int part, void *arg) {
+    const cddp__k_layer_norm_grad *a = ((void **)arg)[0];
+    const float *w = ((void **)arg)[1];
+    float *scratch = (float *)((void **)arg)[2] + (size_t)part * 2 * cddp__up16((size_t)a->C);
+    int64_t C = a->C;
+    cddp__layer_norm_grad(a->x + lo * C, w, a->dy + lo * C, a->mean + lo, a->rstd + lo,
+                          a->dx + lo * C, a->assign, hi - lo, C, scratch);
+}
+
+/* Columns lo..hi of dw and db, over every row. */
+static void layer_norm_w_part(int64_t lo, int64_t hi, int part, void *arg) {
+    (void)part;
+    const cddp__k_layer_norm_grad *a = arg;
+    cddp__layer_norm_wgrad(a->x + lo, a->dy + lo, a->mean, a->rstd, a->dw ? a->dw + lo : NULL,
+                           a->db ? a->db + lo : NULL, a->rows, hi - lo, a->C);
+}
+
 /* With h = (x - mean) rstd and y = w h + b, per row of C features:
  * db += dy, dw += dy h, and, as mean and rstd depend on x,
- * dx += rstd (w dy - mean(w dy) - h mean(w dy h)). */
+ * dx += rstd (w dy - mean(w dy) - h mean(w dy h)).
+ * dx by rows, dw and db by columns, each split across the math threads. */
 void cddp__cpu_layer_norm_grad(cddp__kq *q, const cddp__k_layer_norm_grad *a) {
-    float *scratch = cddp__kq_scratch(q, 2 * (size_t)a->C * sizeof(float));
-    const float *w = a->w ? a->w : unit(q, a->C, 1.0f);
-    if (!scratch || !w) return;
-    cddp__layer_norm_grad(a->x, w, a->dy, a->mean, a->rstd, a->dx, a->assign, a->dw, a->db, a->rows,
-                          a->C, scratch);
+    int64_t C = a->C;
+    if (a->dx) {
+        int parts = cddp__cpu_row_parts(a->rows, C);
+        float *scratch = cddp__kq_scratch(q, (size_t)parts * 2 * cddp__up16((size_t)C) * 4);
+        const float *w = a->w ? a->w : unit(q, C, 1.0f);
+        if (!scratch || !w) return;
+        cddp__cpu_split(a->rows, 1, parts, layer_norm_dx_part,
+                        (void *[]){(void *)a, (void *)w, scratch});
+    }
+    if (a->dw || a->db) {
+        cddp__cpu_split(C, 16, cddp__cpu_col_parts(a->rows, C), layer_norm_w_part, (void *)a);
+    }
 }
 
 /* Row t of P (T long): softmax of s[0..t] (the scores of positions up to t), zeros after. */
@@ -66,59 +103,91 @@ static products products_of(cddp_dtype compute) {
     return cddp__cpu_bf16_native() ? IN_BF16 : IN_BF16_EMULATED;
 }
 
+/* A kernel's heads split across the math threads: each part takes a run of the B x NH (batch
+ * element, head) pairs, with scratch of its own (floats and words, each part's 64-byte aligned). */
+typedef struct {
+    const void *a;
+    products in;
+    float *f;
+    uint32_t *w;
+    size_t nf, nw; /* each part's, rounded up to 16 */
+} heads;
+
+/* Scratch of nf floats and nw words for each of parts parts (false: out of memory, latched). */
+static bool heads_scratch(cddp__kq *q, heads *h, int parts, size_t nf, size_t nw) {
+    h->nf = cddp__up16(nf), h->nw = cddp__up16(nw);
+    h->f = h->nf ? cddp__kq_scratch(q, (size_t)parts * h->nf * sizeof(float)) : NULL;
+    h->w = h->nw ? cddp__kq_scratch(q, (size_t)parts * h->nw * 4) : NULL;
+    return (!h->nf || h->f) && (!h->nw || h->w);
+}
+
+static void attention_heads(int64_t lo, int64_t hi, int part, void *arg) {
+    const heads *hd = arg;
+    const cddp__k_attention *a = hd->a;
+    int64_t T = a->T, C = a->C, NH = a->NH, HS = C / NH;
+    products in = hd->in;
+    float *kt = hd->f + (size_t)part * hd->nf;
+    uint32_t *w = hd->w ? hd->w + (size_t)part * hd->nw : NULL;
+    float scale = 1.0f / sqrtf((float)HS);
+    for (int64_t bh = lo; bh < hi; bh++) {
+        int64_t b = bh / NH, h = bh % NH;
+        const float *qh = a->qkv + b * T * 3 * C + h * HS, *k = qh + C, *v = qh + 2 * C;
+        float *ph = a->p + (b * NH + h) * T * T, *o = a->out + b * T * C + h * HS;
+        if (in == IN_BF16) {
+            uint32_t *qa = w, *kb = qa + rows_words(T, HS), *vx = kb + pairs_words(HS, T),
+                     *pw = vx + pairs_words(T, HS);
+            cddp__bf16_pack_rows(qa, qh, 3 * C, T, HS);
+            cddp__bf16_pack_cols(kb, k, 3 * C, T, HS);
+            cddp__attn_scores_bf16(qa, kb, T, HS, scale, ph);
+            for (int64_t t = 0; t < T; t++) causal_softmax_row(ph + t * T, t, T);
+            cddp__bf16_pack_rows_causal(pw, ph, T);
+            cddp__bf16_pack_pairs(vx, v, 3 * C, T, HS);
+            cddp__attn_mix_bf16(pw, vx, T, HS, 1.0f, o, C, false);
+            continue;
+        }
+        int64_t ld = 3 * C;
+        const float *pm = ph;
+        if (in == IN_BF16_EMULATED) {
+            float *r = (float *)w;
+            cddp__bf16_round_rows(r, qh, 3 * C, T, HS);
+            cddp__bf16_round_rows(r + T * HS, k, 3 * C, T, HS);
+            cddp__bf16_round_rows(r + 2 * T * HS, v, 3 * C, T, HS);
+            qh = r, k = r + T * HS, v = r + 2 * T * HS, ld = HS;
+        }
+        cddp__attn_transpose(k, ld, T, HS, kt);
+        cddp__attn_scores(qh, ld, kt, T, HS, scale, ph);
+        for (int64_t t = 0; t < T; t++) causal_softmax_row(ph + t * T, t, T);
+        if (in == IN_BF16_EMULATED) {
+            float *pr = (float *)w + 3 * T * HS;
+            cddp__bf16_round_rows(pr, ph, T, T, T);
+            pm = pr;
+        }
+        cddp__attn_mix(pm, v, ld, T, HS, 1.0f, o, C, false);
+    }
+}
+
+/* The rows of batch elements lo..hi of out rounded into out16. */
+static void attention_out16(int64_t lo, int64_t hi, int part, void *arg) {
+    (void)part;
+    const cddp__k_attention *a = arg;
+    int64_t T = a->T, C = a->C;
+    cddp__to_bf16_rows(a->out16 + lo * T * C, C, a->out + lo * T * C, C, (hi - lo) * T, C);
+}
+
 /* Per batch element b and head h, with q, k, v the head's (T, HS) slices of qkv (rows 3C apart)
  * and o its slice of out (rows C apart):
  *   P = causal softmax(q k^T / sqrt(HS)),  o = P v   (attn.c's loops, the masked half skipped;
- *   in bf16 attn_bf16.c's, q, k, P and v rounded). */
+ *   in bf16 attn_bf16.c's, q, k, P and v rounded). The heads split across the math threads. */
 void cddp__cpu_attention(cddp__kq *q, const cddp__k_attention *a) {
     int64_t B = a->B, T = a->T, C = a->C, NH = a->NH, HS = C / NH;
-    products in = products_of(a->compute);
-    float *kt = cddp__kq_scratch(q, (size_t)(HS * T) * sizeof(float));
+    heads hd = {.a = a, .in = products_of(a->compute)};
     /* bf16: q, k, v and P packed; emulated: q, k, v and P rounded */
     size_t words = rows_words(T, HS) + 2 * pairs_words(HS, T) + pairs_words(T, HS) +
                    rows_words(T, T) + 4 * (size_t)(T * HS) + (size_t)(T * T);
-    uint32_t *w = in == IN_F32 ? NULL : cddp__kq_scratch(q, words * 4);
-    if (!kt || (in != IN_F32 && !w)) return;
-    float scale = 1.0f / sqrtf((float)HS);
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < NH; h++) {
-            const float *qh = a->qkv + b * T * 3 * C + h * HS, *k = qh + C, *v = qh + 2 * C;
-            float *ph = a->p + (b * NH + h) * T * T, *o = a->out + b * T * C + h * HS;
-            if (in == IN_BF16) {
-                uint32_t *qa = w, *kb = qa + rows_words(T, HS), *vx = kb + pairs_words(HS, T),
-                         *pw = vx + pairs_words(T, HS);
-                cddp__bf16_pack_rows(qa, qh, 3 * C, T, HS);
-                cddp__bf16_pack_cols(kb, k, 3 * C, T, HS);
-                cddp__attn_scores_bf16(qa, kb, T, HS, scale, ph);
-                for (int64_t t = 0; t < T; t++) causal_softmax_row(ph + t * T, t, T);
-                cddp__bf16_pack_rows_causal(pw, ph, T);
-                cddp__bf16_pack_pairs(vx, v, 3 * C, T, HS);
-                cddp__attn_mix_bf16(pw, vx, T, HS, 1.0f, o, C, false);
-                if (a->out16 && h == NH - 1) /* batch element b's rows, while in cache */
-                    cddp__to_bf16_rows(a->out16 + b * T * C, C, a->out + b * T * C, C, T, C);
-                continue;
-            }
-            int64_t ld = 3 * C;
-            const float *pm = ph;
-            if (in == IN_BF16_EMULATED) {
-                float *r = (float *)w;
-                cddp__bf16_round_rows(r, qh, 3 * C, T, HS);
-                cddp__bf16_round_rows(r + T * HS, k, 3 * C, T, HS);
-                cddp__bf16_round_rows(r + 2 * T * HS, v, 3 * C, T, HS);
-                qh = r, k = r + T * HS, v = r + 2 * T * HS, ld = HS;
-            }
-            cddp__attn_transpose(k, ld, T, HS, kt);
-            cddp__attn_scores(qh, ld, kt, T, HS, scale, ph);
-            for (int64_t t = 0; t < T; t++) causal_softmax_row(ph + t * T, t, T);
-            if (in == IN_BF16_EMULATED) {
-                float *pr = (float *)w + 3 * T * HS;
-                cddp__bf16_round_rows(pr, ph, T, T, T);
-                pm = pr;
-            }
-            cddp__attn_mix(pm, v, ld, T, HS, 1.0f, o, C, false);
-            if (a->out16 && h == NH - 1)
-                cddp__to_bf16_rows(a->out16 + b * T * C, C, a->out + b * T * C, C, T, C);
-        }
+    int parts = cddp__cpu_parts(B * NH, 1);
+    if (!heads_scratch(q, &hd, parts, (size_t)(HS * T), hd.in == IN_F32 ? 0 : words)) return;
+    cddp__cpu_split(B * NH, 1, parts, attention_heads, &hd);
+    if (a->out16) cddp__cpu_split(B, 1, cddp__cpu_parts(B, 1), attention_out16, (void *)a);
 }
 
 /* Row r of d (T long, dP on entry, query t = r % T) becomes P * (dP - rowsum(dP * P)) up to t,
@@ -162,52 +231,62 @@ static void head_grad_bf16(const float *qh, const float *ph, const float *dout, 
     cddp__attn_mix_t_bf16(wp, x, T, HS, scale, dq + C, 3 * C, acc);
 }
 
+static void attention_grad_heads(int64_t lo, int64_t hi, int part, void *arg) {
+    const heads *hd = arg;
+    const cddp__k_attention_grad *a = hd->a;
+    int64_t T = a->T, C = a->C, NH = a->NH, HS = C / NH;
+    products in = hd->in;
+    float *ds = hd->f + (size_t)part * hd->nf,
+          *vt = ds + cddp__up16((size_t)(T * T)); /* v^T: attn.c's */
+    uint32_t *w = hd->w ? hd->w + (size_t)part * hd->nw : NULL;
+    bool acc = !a->assign;
+    float scale = 1.0f / sqrtf((float)HS);
+    for (int64_t bh = lo; bh < hi; bh++) {
+        int64_t b = bh / NH, h = bh % NH;
+        const float *qh = a->qkv + b * T * 3 * C + h * HS, *k = qh + C, *v = qh + 2 * C;
+        float *dq = a->dqkv + b * T * 3 * C + h * HS, *dk = dq + C, *dv = dq + 2 * C;
+        const float *ph = a->p + (b * NH + h) * T * T;
+        const float *dout = a->dout + b * T * C + h * HS, *pm = ph;
+        if (in == IN_BF16) {
+            head_grad_bf16(qh, ph, dout, dq, T, C, HS, acc, ds, w);
+            continue;
+        }
+        int64_t ld = 3 * C, ldo = C;
+        float *r = (float *)w;
+        if (in == IN_BF16_EMULATED) {
+            cddp__bf16_round_rows(r, qh, 3 * C, T, HS);
+            cddp__bf16_round_rows(r + T * HS, k, 3 * C, T, HS);
+            cddp__bf16_round_rows(r + 2 * T * HS, v, 3 * C, T, HS);
+            cddp__bf16_round_rows(r + 3 * T * HS, dout, C, T, HS);
+            cddp__bf16_round_rows(r + 4 * T * HS, ph, T, T, T);
+            qh = r, k = r + T * HS, v = r + 2 * T * HS, dout = r + 3 * T * HS;
+            pm = r + 4 * T * HS, ld = ldo = HS;
+        }
+        cddp__attn_mix_t(pm, dout, ldo, T, HS, 1.0f, dv, 3 * C, acc);
+        cddp__attn_transpose(v, ld, T, HS, vt);
+        cddp__attn_scores(dout, ldo, vt, T, HS, 1.0f, ds);
+        softmax_grad_rows(ds, ph, T, T);
+        if (in == IN_BF16_EMULATED) cddp__bf16_round_rows(ds, ds, T, T, T);
+        cddp__attn_mix(ds, k, ld, T, HS, scale, dq, 3 * C, acc);
+        cddp__attn_mix_t(ds, qh, ld, T, HS, scale, dk, 3 * C, acc);
+    }
+}
+
 /* With do the head's slice of the output's gradient:
  *   dv += P^T do;  dP = do v^T;  dS = P * (dP - rowsum(dP * P))  (the softmax's backward, zero
  *   above the diagonal since P is);  dq += dS k / sqrt(HS);  dk += dS^T q / sqrt(HS). In bf16 the
- *   products' operands are rounded (q, k, v, P, do, dS); the softmax's backward stays float32. */
+ *   products' operands are rounded (q, k, v, P, do, dS); the softmax's backward stays float32.
+ *   The heads split across the math threads. */
 void cddp__cpu_attention_grad(cddp__kq *q, const cddp__k_attention_grad *a) {
     int64_t B = a->B, T = a->T, C = a->C, NH = a->NH, HS = C / NH;
-    products in = products_of(a->compute);
-    float *ds = cddp__kq_scratch(q, (size_t)(T * T) * sizeof(float));
-    float *vt = in == IN_BF16 ? NULL /* v^T: attn.c's loops only */
-                              : cddp__kq_scratch(q, (size_t)(T * HS) * sizeof(float));
-    size_t words = in == IN_BF16 ? pairs_words(T, T) + pairs_words(T, HS) + rows_words(T, HS) +
-                                       pairs_words(HS, T)
-                                 : 4 * (size_t)(T * HS) + (size_t)(T * T);
-    uint32_t *w = in == IN_F32 ? NULL : cddp__kq_scratch(q, words * 4);
-    if (!ds || (in != IN_BF16 && !vt) || (in != IN_F32 && !w)) return;
-    bool acc = !a->assign;
-    float scale = 1.0f / sqrtf((float)HS);
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < NH; h++) {
-            const float *qh = a->qkv + b * T * 3 * C + h * HS, *k = qh + C, *v = qh + 2 * C;
-            float *dq = a->dqkv + b * T * 3 * C + h * HS, *dk = dq + C, *dv = dq + 2 * C;
-            const float *ph = a->p + (b * NH + h) * T * T;
-            const float *dout = a->dout + b * T * C + h * HS, *pm = ph;
-            if (in == IN_BF16) {
-                head_grad_bf16(qh, ph, dout, dq, T, C, HS, acc, ds, w);
-                continue;
-            }
-            int64_t ld = 3 * C, ldo = C;
-            float *r = (float *)w;
-            if (in == IN_BF16_EMULATED) {
-                cddp__bf16_round_rows(r, qh, 3 * C, T, HS);
-                cddp__bf16_round_rows(r + T * HS, k, 3 * C, T, HS);
-                cddp__bf16_round_rows(r + 2 * T * HS, v, 3 * C, T, HS);
-                cddp__bf16_round_rows(r + 3 * T * HS, dout, C, T, HS);
-                cddp__bf16_round_rows(r + 4 * T * HS, ph, T, T, T);
-                qh = r, k = r + T * HS, v = r + 2 * T * HS, dout = r + 3 * T * HS;
-                pm = r + 4 * T * HS, ld = ldo = HS;
-            }
-            cddp__attn_mix_t(pm, dout, ldo, T, HS, 1.0f, dv, 3 * C, acc);
-            cddp__attn_transpose(v, ld, T, HS, vt);
-            cddp__attn_scores(dout, ldo, vt, T, HS, 1.0f, ds);
-            softmax_grad_rows(ds, ph, T, T);
-            if (in == IN_BF16_EMULATED) cddp__bf16_round_rows(ds, ds, T, T, T);
-            cddp__attn_mix(ds, k, ld, T, HS, scale, dq, 3 * C, acc);
-            cddp__attn_mix_t(ds, qh, ld, T, HS, scale, dk, 3 * C, acc);
-        }
+    heads hd = {.a = a, .in = products_of(a->compute)};
+    size_t words = hd.in == IN_BF16 ? pairs_words(T, T) + pairs_words(T, HS) + rows_words(T, HS) +
+                                          pairs_words(HS, T)
+                                    : 4 * (size_t)(T * HS) + (size_t)(T * T);
+    int parts = cddp__cpu_parts(B * NH, 1);
+    size_t floats = cddp__up16((size_t)(T * T)) + (hd.in == IN_BF16 ? 0 : (size_t)(T * HS));
+    if (!heads_scratch(q, &hd, parts, floats, hd.in == IN_F32 ? 0 : words)) return;
+    cddp__cpu_split(B * NH, 1, parts, attention_grad_heads, &hd);
 }
 
 /* Per batch element b, head h and new position i = past + t: the scores of its query against the

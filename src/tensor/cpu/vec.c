@@ -203,12 +203,11 @@ CLONES void cddp__layer_norm_rows(const float *x, const float *w, const float *b
     }
 }
 
-/* With h = (x - mean) rstd and g = w dy, per row: db += dy, dw += dy h, and
- * dx = rstd (g - mean(g) - h mean(g h)) (stored when assign, else added). dx, dw and db may be
- * NULL; w is never. scratch holds 2 C floats (a row's h and g). */
+/* With h = (x - mean) rstd and g = w dy, per row: dx = rstd (g - mean(g) - h mean(g h)) (stored
+ * when assign, else added); w is never NULL. scratch holds 2 C floats (a row's h and g). */
 CLONES void cddp__layer_norm_grad(const float *x, const float *w, const float *dy,
                                   const float *mean, const float *rstd, float *dx, bool assign,
-                                  float *dw, float *db, int64_t rows, int64_t C, float *scratch) {
+                                  int64_t rows, int64_t C, float *scratch) {
     float *h = scratch, *g = scratch + C;
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * C, *gr = dy + r * C;
@@ -217,17 +216,27 @@ CLONES void cddp__layer_norm_grad(const float *x, const float *w, const float *d
             h[i] = (xr[i] - m) * s;
             g[i] = gr[i] * w[i];
         }
-        if (db)
-            for (int64_t i = 0; i < C; i++) db[i] += gr[i];
-        if (dw)
-            for (int64_t i = 0; i < C; i++) dw[i] += gr[i] * h[i];
-        if (!dx) continue;
         float mean_g = sum_lanes(g, C) / (float)C, mean_gh = dot_lanes(g, h, C) / (float)C;
         float *dr = dx + r * C;
         if (assign)
             for (int64_t i = 0; i < C; i++) dr[i] = s * (g[i] - mean_g - h[i] * mean_gh);
         else
             for (int64_t i = 0; i < C; i++) dr[i] += s * (g[i] - mean_g - h[i] * mean_gh);
+    }
+}
+
+/* Over the rows, in order, C columns of rows ld apart: db += dy, dw += dy (x - mean) rstd (either
+ * may be NULL). */
+CLONES void cddp__layer_norm_wgrad(const float *x, const float *dy, const float *mean,
+                                   const float *rstd, float *dw, float *db, int64_t rows, int64_t C,
+                                   int64_t ld) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * ld, *gr = dy + r * ld;
+        float m = mean[r], s = rstd[r];
+        if (db)
+            for (int64_t i = 0; i < C; i++) db[i] += gr[i];
+        if (dw)
+            for (int64_t i = 0; i < C; i++) dw[i] += gr[i] * ((xr[i] - m) * s);
     }
 }
 
