@@ -154,13 +154,14 @@ static cddp_tensor *f_conv_relu_pool(cddp_ctx *c, cddp_tensor **x, const void *a
 }
 
 /* The CNN's fused convolution, ReLU and pooling: the ReLU and pooling and their gradient split
- * by batch element (the convolution's weight gradient, oneDNN's sum over the batch, is left out:
- * its order is oneDNN's). */
+ * by batch element; the first layer's weight and bias gradients (cddp's loop for few input
+ * channels) by output channel. The second's, oneDNN's sum over the batch, is left out: its order
+ * is oneDNN's. */
 static void test_conv_relu_pool(void **state) {
     (void)state;
     /* the layers of fashion_mnist's CNN, 9 images */
-    input in1[] = {IN(-1, 1, true, 9, 1, 28, 28), IN(-0.3f, 0.3f, false, 32, 1, 3, 3),
-                   IN(-0.1f, 0.1f, false, 32)};
+    input in1[] = {IN(-1, 1, true, 9, 1, 28, 28), IN(-0.3f, 0.3f, true, 32, 1, 3, 3),
+                   IN(-0.1f, 0.1f, true, 32)};
     same_bits("conv2d_relu_max_pool2d", CDDP_F32, f_conv_relu_pool, NULL, 3, in1);
     input in2[] = {IN(-1, 1, true, 9, 32, 14, 14), IN(-0.1f, 0.1f, false, 64, 32, 3, 3),
                    IN(-0.1f, 0.1f, false, 64)};

@@ -272,7 +272,8 @@ typedef struct conv_out {
  * right), every weight's gradient over one plane is a single dot product: dW[o,c,kh,kw] =
  * sum_j dy'[j] x'[j + kh PW + kw], j over the OH x PW padded output plane, the zeros cancelling
  * the terms that would wrap into the next row; vec.c takes 8 weights' dot products in one pass.
- * Sums over the batch are kept in double. */
+ * Sums over the batch are kept in double, each output channel's over the images in order; the
+ * output channels split across the math threads. */
 static bool own_weights_grad(const cddp__conv_geom *g) {
     return g->stride == 1 && g->C / g->groups < 8 && !g->x_block;
 }
@@ -297,54 +298,90 @@ static void widen_row(float *restrict dst, const uint16_t *restrict src, int64_t
     for (int64_t i = 0; i < n; i++) dst[i] = cddp__bf16_widen(src[i * stride]);
 }
 
+/* weights_grad's work: output channels split across the math threads, each part with padded
+ * planes of its own and its channels' sums over the batch, in order. */
+typedef struct {
+    const cddp__conv_geom *g;
+    const float *xd;
+    const conv_grad *dy;
+    bool round;
+    const int64_t *off;
+    double *acc;     /* O K weights' sums, then O biases' */
+    float *xp, *yp;  /* each part's: cpg xn floats, O yn floats (its channels' planes) */
+    size_t nxp, nyp; /* each part's floats, rounded up to 16 */
+    bool bias;
+} wgrad_job;
+
+static void weights_grad_part(int64_t lo, int64_t hi, int part, void *arg) {
+    const wgrad_job *j = arg;
+    const cddp__conv_geom *g = j->g;
+    int64_t C = g->C, H = g->H, W = g->W, O = g->O, OH = g->OH, OW = g->OW, pad = g->pad;
+    int64_t cpg = C / g->groups, opg = O / g->groups, PH = H + 2 * pad, PW = W + 2 * pad;
+    int64_t K = cpg * g->KH * g->KW, xn = PH * PW + g->KW, yn = OH * PW;
+    float *xp = j->xp + (size_t)part * j->nxp, *yp = j->yp + (size_t)part * j->nyp;
+    memset(xp, 0, (size_t)(cpg * xn) * sizeof(float)); /* the borders stay 0 */
+    memset(yp, 0, (size_t)(O * yn) * sizeof(float));
+    const cddp__lanes *l = &j->dy->l;
+    for (int64_t n = 0; n < g->N; n++) {
+        /* row by row; with channels innermost a row of B channels (in L1) read once per channel */
+        for (int64_t o0 = lo / l->B * l->B; o0 < hi; o0 += l->B)
+            for (int64_t h = 0; h < OH; h++) {
+                int64_t at = n * l->sN + o0 / l->B * l->sG + h * l->sH;
+                for (int64_t oc = CDDP_MAX(o0, lo); oc < CDDP_MIN(o0 + l->B, hi); oc++)
+                    if (j->dy->data16) /* rounded already */
+                        widen_row(yp + oc * yn + h * PW, j->dy->data16 + at + oc - o0, OW, l->sW);
+                    else
+                        copy_row(yp + oc * yn + h * PW, j->dy->data + at + oc - o0, OW, l->sW,
+                                 j->round);
+            }
+        for (int64_t gr = lo / opg; gr * opg < hi; gr++) {
+            for (int64_t c = 0; c < cpg; c++)
+                for (int64_t h = 0; h < H; h++)
+                    copy_row(xp + c * xn + (h + pad) * PW + pad,
+                             j->xd + ((n * C + gr * cpg + c) * H + h) * W, W, 1, j->round);
+            for (int64_t oc = CDDP_MAX(gr * opg, lo); oc < CDDP_MIN((gr + 1) * opg, hi); oc++) {
+                if (j->bias) j->acc[O * K + oc] += cddp__sum(yp + oc * yn, yn);
+                cddp__dot_offsets(yp + oc * yn, xp, j->off, K, yn, j->acc + oc * K);
+            }
+        }
+    }
+}
+
 static void weights_grad(cddp__kq *q, const cddp__conv_geom *g, const float *xd,
                          const conv_grad *dy, const conv_out *o, bool round) {
-    int64_t N = g->N, C = g->C, H = g->H, W = g->W;
-    int64_t O = g->O, KH = g->KH, KW = g->KW, OH = g->OH, OW = g->OW;
-    int64_t pad = g->pad, groups = g->groups;
-    int64_t cpg = C / groups, opg = O / groups, PH = H + 2 * pad, PW = W + 2 * pad;
-    int64_t K = cpg * KH * KW, xn = PH * PW + KW, yn = OH * PW;
-    double *acc = cddp__kq_scratch(q, (size_t)(O * K + O) * sizeof(double));
-    float *xp = cddp__kq_scratch(q, (size_t)(cpg * xn) * sizeof(float));
-    float *yp = cddp__kq_scratch(q, (size_t)(O * yn) * sizeof(float)); /* an image's planes */
+    int64_t C = g->C, H = g->H, W = g->W, O = g->O, KH = g->KH, KW = g->KW, pad = g->pad;
+    int64_t cpg = C / g->groups, PH = H + 2 * pad, PW = W + 2 * pad;
+    int64_t K = cpg * KH * KW, xn = PH * PW + KW, yn = g->OH * PW;
+    int parts = cddp__cpu_parts(O, 4);
+    wgrad_job j = {g,
+                   xd,
+                   dy,
+                   round,
+                   NULL,
+                   NULL,
+                   NULL,
+                   NULL,
+                   cddp__up16((size_t)(cpg * xn)),
+                   cddp__up16((size_t)(O * yn)),
+                   o->db != NULL};
+    j.acc = cddp__kq_scratch(q, (size_t)(O * K + O) * sizeof(double));
+    j.xp = cddp__kq_scratch(q, (size_t)parts * j.nxp * sizeof(float));
+    j.yp = cddp__kq_scratch(q, (size_t)parts * j.nyp * sizeof(float)); /* an image's planes */
     int64_t *off = cddp__kq_scratch(q, (size_t)K * sizeof(int64_t));
-    if (!acc || !xp || !yp || !off) return;
-    float *gw = o->dw, *gb = o->db;
+    if (!j.acc || !j.xp || !j.yp || !off) return;
     for (int64_t c = 0; c < cpg; c++) /* where each weight's window starts in the padded planes */
         for (int64_t kh = 0; kh < KH; kh++)
             for (int64_t kw = 0; kw < KW; kw++)
                 off[(c * KH + kh) * KW + kw] = c * xn + kh * PW + kw;
-    memset(acc, 0, (size_t)(O * K + O) * sizeof(double));
-    memset(xp, 0, (size_t)(cpg * xn) * sizeof(float)); /* the borders stay 0 */
-    memset(yp, 0, (size_t)(O * yn) * sizeof(float));
-    const cddp__lanes *l = &dy->l;
-    for (int64_t n = 0; n < N; n++) {
-        /* row by row; with channels innermost a row of B channels (in L1) read once per channel */
-        for (int64_t o0 = 0; o0 < O; o0 += l->B)
-            for (int64_t h = 0; h < OH; h++) {
-                int64_t at = n * l->sN + o0 / l->B * l->sG + h * l->sH;
-                for (int64_t k = 0; k < CDDP_MIN(l->B, O - o0); k++)
-                    if (dy->data16) /* rounded already */
-                        widen_row(yp + (o0 + k) * yn + h * PW, dy->data16 + at + k, OW, l->sW);
-                    else
-                        copy_row(yp + (o0 + k) * yn + h * PW, dy->data + at + k, OW, l->sW, round);
-            }
-        for (int64_t gr = 0; gr < groups; gr++) {
-            for (int64_t c = 0; c < cpg; c++)
-                for (int64_t h = 0; h < H; h++)
-                    copy_row(xp + c * xn + (h + pad) * PW + pad,
-                             xd + ((n * C + gr * cpg + c) * H + h) * W, W, 1, round);
-            for (int64_t oc = gr * opg; oc < (gr + 1) * opg; oc++) {
-                if (gb) acc[O * K + oc] += cddp__sum(yp + oc * yn, yn);
-                cddp__dot_offsets(yp + oc * yn, xp, off, K, yn, acc + oc * K);
-            }
-        }
-    }
+    j.off = off;
+    memset(j.acc, 0, (size_t)(O * K + O) * sizeof(double));
+    cddp__cpu_split(O, 1, parts, weights_grad_part, &j);
+    float *gw = o->dw, *gb = o->db;
     if (gw)
-        for (int64_t i = 0; i < O * K; i++) gw[i] = (o->dw_assign ? 0.0f : gw[i]) + (float)acc[i];
+        for (int64_t i = 0; i < O * K; i++) gw[i] = (o->dw_assign ? 0.0f : gw[i]) + (float)j.acc[i];
     if (gb)
         for (int64_t oc = 0; oc < O; oc++)
-            gb[oc] = (o->db_assign ? 0.0f : gb[oc]) + (float)acc[O * K + oc];
+            gb[oc] = (o->db_assign ? 0.0f : gb[oc]) + (float)j.acc[O * K + oc];
 }
 
 static cddp__dnnl_io io_of(bool assign) {
