@@ -168,6 +168,33 @@ static void test_conv_relu_pool(void **state) {
     same_bits("conv2d_relu_max_pool2d", CDDP_F32, f_conv_relu_pool, NULL, 3, in2);
 }
 
+static cddp_tensor *f_batch_norm(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    bool blocked = *(const bool *)a; /* oneDNN's channel blocks (the ResNet's), or row-major */
+    int64_t C = x[0]->shape[1];
+    cddp_tensor *rm = cddp_zeros(c, CDDP_F32, 1, (int64_t[]){C});
+    cddp_tensor *rv = cddp_ones(c, CDDP_F32, 1, (int64_t[]){C});
+    cddp_tensor *in = blocked ? cddp_to_blocked(c, x[0]) : x[0];
+    cddp_tensor *r = blocked ? cddp_to_blocked(c, x[3]) : x[3];
+    cddp_tensor *y = cddp_batch_norm_relu(c, in, x[1], x[2], rm, rv, true, 0.1f, 1e-5f);
+    y = cddp_batch_norm_add_relu(c, y, r, x[1], x[2], rm, rv, true, 0.1f, 1e-5f);
+    return cddp_to_nchw(c, cddp_batch_norm(c, y, x[1], x[2], rm, rv, true, 0.1f, 1e-5f));
+}
+
+/* Batch normalisation (with a ReLU, with a residual sum and a ReLU, alone), forward and backward:
+ * its channel groups split across the math threads, each group's sums over the batch in one
+ * part. */
+static void test_batch_norm(void **state) {
+    (void)state;
+    input in[] = {IN(-2, 2, true, 8, 40, 12, 12), IN(0.5f, 1.5f, true, 40),
+                  IN(-0.5f, 0.5f, true, 40), IN(-1, 1, true, 8, 40, 12, 12)};
+    for (int blocked = 0; blocked < 2; blocked++) {
+        bool b = blocked;
+        same_bits(b ? "batch_norm, blocked" : "batch_norm", CDDP_F32, f_batch_norm, &b, 4, in);
+        same_bits(b ? "batch_norm, blocked, bf16" : "batch_norm, bf16", CDDP_BF16, f_batch_norm, &b,
+                  4, in);
+    }
+}
+
 static void test_rows(void **state) {
     (void)state;
     input sm[] = {IN(-5, 5, true, 333, 130)};
@@ -292,7 +319,7 @@ int main(void) {
         cmocka_unit_test(test_layer_norm),     cmocka_unit_test(test_gelu_tanh),
         cmocka_unit_test(test_rows),           cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_bf16_passes),    cmocka_unit_test(test_optimizers),
-        cmocka_unit_test(test_conv_relu_pool),
+        cmocka_unit_test(test_conv_relu_pool), cmocka_unit_test(test_batch_norm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,7 +4,8 @@
  * Both layouts are walked as blocks: image n's group g of B channels is a block of P = H W
  * positions, B values side by side at each (row-major: B = 1, a group is a channel and a block
  * its plane). A group's blocks over the batch are summed, normalised and differentiated together,
- * each block while it is in cache. Each block's sums are taken in float lanes and added across
+ * each block while it is in cache; the groups split across the math threads, a group in one part
+ * (its sums in the same order on any number of threads). Each block's sums are taken in float lanes and added across
  * blocks in double. The forward reads x twice from memory: the statistics (each block's sum, then
  * its deviations from its own mean while it is in cache, the blocks combined in double), then the
  * normalisation; with relu each block is rectified as it is normalised (a residual's block added
@@ -56,12 +57,6 @@ static const float *block_in(const blocks *v, const values *s, int64_t o) {
 static cddp__vals block_at(const blocks *v, const values *s, int64_t o, bool widen) {
     if (v->B > 1 && !widen) return (cddp__vals){s->f ? s->f + o : NULL, s->h ? s->h + o : NULL};
     return (cddp__vals){block_in(v, s, o), NULL};
-}
-
-/* v's values f, or h with a block of scratch from q; false when out of memory (reported). */
-static bool values_of(cddp__kq *q, const blocks *v, values *s, const float *f, const uint16_t *h) {
-    *s = (values){f, h, NULL};
-    return !h || (s->scratch = cddp__kq_scratch(q, (size_t)(v->B * v->P) * sizeof(float)));
 }
 
 /* A block's loops (cddp__lanes_*, with a plane's own loops when B is 1); per-channel values are
@@ -138,25 +133,50 @@ static const float *block_grad(const blocks *v, const float *d, const float *y, 
     return scratch;
 }
 
-void cddp__cpu_batch_norm(cddp__kq *q, const cddp__k_batch_norm *a) {
-    blocks v = {.N = a->N, .C = a->C, .P = a->P, .B = a->B, .G = a->C / a->B};
+/* The groups split across the math threads: each part takes a run of them, with blocks of
+ * scratch of its own (bf16 blocks widened, a plane's output, a block's masked gradient or dx). */
+typedef struct {
+    blocks v;
+    const void *a; /* the kernel's arguments */
+    double *acc;   /* per channel: the forward's mean and m2, the backward's two sums */
+    float *coef;   /* per channel: the forward's scale and shift, the backward's k, a and b */
+    float *block;  /* each part's: 4 blocks of B P floats, then B floats */
+    double *bd;    /* each part's: 2 B doubles */
+    size_t nblock; /* a block's floats, rounded up to 16 */
+} bn_job;
+
+/* Part part's values of f and h, with its block k (0..3; 4: its B floats) for h widened. */
+static values part_values(const bn_job *j, int part, int k, const float *f, const uint16_t *h) {
+    float *mine = j->block + (size_t)part * (4 * j->nblock + cddp__up16((size_t)j->v.B));
+    return (values){f, h, mine + (size_t)k * j->nblock};
+}
+
+/* Scratch for parts parts (false: out of memory, reported). */
+static bool bn_scratch(cddp__kq *q, bn_job *j, int parts) {
+    j->nblock = cddp__up16((size_t)(j->v.B * j->v.P));
+    size_t per = 4 * j->nblock + cddp__up16((size_t)j->v.B);
+    j->block = cddp__kq_scratch(q, (size_t)parts * per * sizeof(float));
+    j->bd = cddp__kq_scratch(q, (size_t)parts * 2 * (size_t)j->v.B * sizeof(double));
+    return j->block && j->bd;
+}
+
+/* Groups lo..hi of the forward: statistics (training), scale and shift, the normalisation. */
+static void batch_norm_part(int64_t lo, int64_t hi, int part, void *arg) {
+    const bn_job *j = arg;
+    const cddp__k_batch_norm *a = j->a;
+    const blocks v = j->v;
     int64_t C = v.C, M = v.N * v.P;
-    float *sb =
-        cddp__kq_scratch(q, 3 * (size_t)C * sizeof(float)); /* scale, shift, a block's mean */
-    double *acc = cddp__kq_scratch(q, 4 * (size_t)C * sizeof(double));
-    values xv, rv;
-    /* a plane's bf16 output, normalised here first */
-    float *yb = a->y16 && v.B == 1 ? cddp__kq_scratch(q, (size_t)v.P * sizeof(float)) : NULL;
-    if (!sb || !acc || !values_of(q, &v, &xv, a->x, a->x16) ||
-        !values_of(q, &v, &rv, a->r, a->r16) || (a->y16 && v.B == 1 && !yb))
-        return;
+    values xv = part_values(j, part, 0, a->x, a->x16), rv = part_values(j, part, 1, a->r, a->r16);
+    float *yb = part_values(j, part, 2, NULL, NULL).scratch; /* a plane's bf16 output, first */
+    float *bm = part_values(j, part, 4, NULL, NULL).scratch; /* a block's means, B floats */
+    double *bs = j->bd + (size_t)part * 2 * (size_t)v.B, *bq = bs + v.B;
     const float *w = a->w, *b = a->b;
-    float *y = a->y, *mean = a->stats, *inv = a->stats + C, *scale = sb, *shift = sb + C;
+    float *y = a->y, *mean = a->stats, *inv = a->stats + C, *scale = j->coef, *shift = j->coef + C;
     float *rmean = a->rmean, *rvar = a->rvar, momentum = a->momentum;
-    for (int64_t g = 0; g < v.G; g++) {
+    for (int64_t g = lo; g < hi; g++) {
         int64_t c0 = g * v.B;
-        double *mu = acc + c0, *m2 = acc + C + c0;
-        if (a->training) group_stats(&v, &xv, g, mu, m2, acc + 2 * C, acc + 3 * C, sb + 2 * C);
+        double *mu = j->acc + c0, *m2 = j->acc + C + c0;
+        if (a->training) group_stats(&v, &xv, g, mu, m2, bs, bq, bm);
         for (int64_t c = c0; c < c0 + v.B; c++) {
             double var;
             if (a->training) {
@@ -184,32 +204,35 @@ void cddp__cpu_batch_norm(cddp__kq *q, const cddp__k_batch_norm *a) {
     }
 }
 
-/* With xh = (x - mean) inv and y = g xh + b, per channel over its M values:
- * db = sum dy, dg = sum dy xh; in training (mean and inv depend on x)
- * dx = g inv (dy - sum(dy) / M - xh sum(dy xh) / M), in evaluation dx = g inv dy. */
-void cddp__cpu_batch_norm_grad(cddp__kq *q, const cddp__k_batch_norm_grad *a) {
-    blocks v = {.N = a->N, .C = a->C, .P = a->P, .B = a->B, .G = a->C / a->B};
+void cddp__cpu_batch_norm(cddp__kq *q, const cddp__k_batch_norm *a) {
+    bn_job j = {.v = {.N = a->N, .C = a->C, .P = a->P, .B = a->B, .G = a->C / a->B}, .a = a};
+    int parts = cddp__cpu_row_parts(j.v.G, j.v.N * j.v.B * j.v.P);
+    j.coef = cddp__kq_scratch(q, 2 * (size_t)j.v.C * sizeof(float)); /* scale, shift */
+    j.acc = cddp__kq_scratch(q, 2 * (size_t)j.v.C * sizeof(double));
+    if (!j.coef || !j.acc || !bn_scratch(q, &j, parts)) return;
+    cddp__cpu_split(j.v.G, 1, parts, batch_norm_part, &j);
+}
+
+/* Groups lo..hi of the backward: the sums, the parameters' gradients, dx. */
+static void batch_norm_grad_part(int64_t lo, int64_t hi, int part, void *arg) {
+    const bn_job *j = arg;
+    const cddp__k_batch_norm_grad *a = j->a;
+    const blocks v = j->v;
     int64_t C = v.C, M = v.N * v.P;
     bool relu = a->relu, training = a->training;
-    double *acc = cddp__kq_scratch(q, 2 * (size_t)C * sizeof(double));
-    float *coef = cddp__kq_scratch(q, 3 * (size_t)C * sizeof(float)); /* dx's k, a and b */
     bool in_place = relu && a->dy_free; /* masked into dy itself, once */
-    float *scratch =
-        relu && !in_place ? cddp__kq_scratch(q, (size_t)(v.B * v.P) * sizeof(float)) : NULL;
+    values xv = part_values(j, part, 0, a->x, a->x16);
+    values yv = part_values(j, part, 1, relu ? a->y : NULL, relu ? a->y16 : NULL);
+    float *scratch = part_values(j, part, 2, NULL, NULL).scratch;
     /* dx16: each block's dx made here (in cache), then rounded into dx16 */
-    float *block_dx = a->dx16 ? cddp__kq_scratch(q, (size_t)(v.B * v.P) * sizeof(float)) : NULL;
-    values xv, yv;
-    if (!acc || !coef || (relu && !in_place && !scratch) || (a->dx16 && !block_dx) ||
-        !values_of(q, &v, &xv, a->x, a->x16) ||
-        !values_of(q, &v, &yv, relu ? a->y : NULL, relu ? a->y16 : NULL))
-        return;
+    float *block_dx = part_values(j, part, 3, NULL, NULL).scratch;
     const float *mean = a->stats, *inv = a->stats + C;
     float *dy = a->dy;
     float *dx = a->dx, *dr = a->dr, *gg = a->dw, *gb = a->db;
-    float *ck = coef, *ca = coef + C, *cb = coef + 2 * C;
-    for (int64_t grp = 0; grp < v.G; grp++) {
+    float *ck = j->coef, *ca = j->coef + C, *cb = j->coef + 2 * C;
+    for (int64_t grp = lo; grp < hi; grp++) {
         int64_t c0 = grp * v.B;
-        double *sdy = acc + c0, *sdyxh = acc + C + c0;
+        double *sdy = j->acc + c0, *sdyxh = j->acc + C + c0;
         for (int64_t k = 0; k < v.B; k++) sdy[k] = sdyxh[k] = 0.0;
         for (int64_t s = 0; s < v.N; s++) {
             int64_t o = at(&v, s, grp);
@@ -250,4 +273,16 @@ void cddp__cpu_batch_norm_grad(cddp__kq *q, const cddp__k_batch_norm_grad *a) {
             if (!dx) cddp__bf16_narrow_n(a->dx16 + o, block_dx, v.B * v.P);
         }
     }
+}
+
+/* With xh = (x - mean) inv and y = g xh + b, per channel over its M values:
+ * db = sum dy, dg = sum dy xh; in training (mean and inv depend on x)
+ * dx = g inv (dy - sum(dy) / M - xh sum(dy xh) / M), in evaluation dx = g inv dy. */
+void cddp__cpu_batch_norm_grad(cddp__kq *q, const cddp__k_batch_norm_grad *a) {
+    bn_job j = {.v = {.N = a->N, .C = a->C, .P = a->P, .B = a->B, .G = a->C / a->B}, .a = a};
+    int parts = cddp__cpu_row_parts(j.v.G, j.v.N * j.v.B * j.v.P);
+    j.acc = cddp__kq_scratch(q, 2 * (size_t)j.v.C * sizeof(double));
+    j.coef = cddp__kq_scratch(q, 3 * (size_t)j.v.C * sizeof(float)); /* dx's k, a and b */
+    if (!j.acc || !j.coef || !bn_scratch(q, &j, parts)) return;
+    cddp__cpu_split(j.v.G, 1, parts, batch_norm_grad_part, &j);
 }
