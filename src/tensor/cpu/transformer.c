@@ -64,7 +64,8 @@ void cddp__cpu_layer_norm_grad(cddp__kq *q, const cddp__k_layer_norm_grad *a) {
     int64_t C = a->C;
     if (a->dx) {
         int parts = cddp__cpu_row_parts(a->rows, C);
-        float *scratch = cddp__kq_scratch(q, (size_t)parts * 2 * cddp__up16((size_t)C) * 4);
+        float *scratch =
+            cddp__kq_scratch(q, (size_t)parts * 2 * cddp__up16((size_t)C) * sizeof(float));
         const float *w = a->w ? a->w : unit(q, C, 1.0f);
         if (!scratch || !w) return;
         cddp__cpu_split(a->rows, 1, parts, layer_norm_dx_part,
