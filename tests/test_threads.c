@@ -201,7 +201,7 @@ static void test_rows(void **state) {
     same_bits("softmax and log_softmax", CDDP_F32, f_softmaxes, NULL, 1, sm);
     input ce[] = {IN(-5, 5, true, 333, 130), IN(-1, 1, true, 1)};
     same_bits("cross_entropy", CDDP_F32, f_cross_entropy, NULL, 2, ce);
-    input em[] = {IN(-1, 1, true, 50, 40)};
+    input em[] = {IN(-1, 1, true, 50, 160)}; /* the gradient split by columns */
     same_bits("embedding", CDDP_F32, f_embedding, NULL, 1, em);
 }
 
@@ -230,8 +230,9 @@ enum { R = 300, K = 200, NG = 70001 };
 
 /* Mixed precision's passes, called directly on fixed inputs: a gradient rounded with its column
  * sums (to_bf16), GELU's output made only rounded, GELU's backward rounded with the column sums,
- * cross-entropy and its backward rounded with the column sums (by columns); into out16 (R K x 3 +
- * NG values) and out (4 K + 2 R + 1 values). */
+ * cross-entropy and its backward rounded with the column sums (by columns), rows added into one
+ * (a bias's gradient in float32: by columns) and into rows; into out16 (R K x 3 + NG values) and
+ * out (4 K + 2 R + 1 + R K values). */
 static void bf16_passes(int threads, uint16_t *out16, float *out) {
     cddp_set_num_threads(threads);
     cddp__kq q = {.scratch = scratch};
@@ -240,14 +241,17 @@ static void bf16_passes(int threads, uint16_t *out16, float *out) {
     for (int64_t i = 0; i < NG; i++) x[i] = (float)((i * 40503) % 8000) / 1000 - 4;
     for (int64_t i = 0; i < R * K; i++) dy[i] = (float)((i * 9973) % 2000) / 1000 - 1;
     for (int64_t i = 0; i < R; i++) labels[i] = (i * 7919) % K;
-    memset(out, 0, sizeof(float) * (4 * K + 2 * R + 1));
-    float *colsum = out, *stats = out + 4 * K, *loss = stats + 2 * R, one = 1.0f;
+    memset(out, 0, sizeof(float) * (4 * K + 2 * R + 1 + R * K));
+    float *colsum = out, *stats = out + 4 * K, *loss = stats + 2 * R, *dy2 = loss + 1, one = 1.0f;
     cddp__cpu_to_bf16(&q, &(cddp__k_to_bf16){out16, dy, R, K, K, colsum});
     cddp__cpu_gelu_tanh(&q, &(cddp__k_gelu_tanh){x, NULL, NG, out16 + R * K});
     cddp__cpu_gelu_tanh_grad(
         &q, &(cddp__k_gelu_tanh_grad){x, dy, NULL, R * K, true, out16 + R * K + NG, colsum + K, K});
     cddp__cpu_cross_entropy(&q,
                             &(cddp__k_cross_entropy){x, labels, CDDP_I64, stats, loss, R, K, true});
+    /* a bias's gradient: every row summed into one (by columns), and rows added into rows */
+    cddp__cpu_add_rows(&q, &(cddp__k_add_rows){colsum + 3 * K, dy, R, K, 0, K});
+    cddp__cpu_add_rows(&q, &(cddp__k_add_rows){dy2, dy, R, K, K, K});
     cddp__cpu_cross_entropy_grad(
         &q, &(cddp__k_cross_entropy_grad){x, stats, labels, CDDP_I64, &one, NULL, R, K, true, true,
                                           out16 + 2 * R * K + NG, colsum + 2 * K});
@@ -257,7 +261,7 @@ static void bf16_passes(int threads, uint16_t *out16, float *out) {
 
 static void test_bf16_passes(void **state) {
     (void)state;
-    size_t n16 = 3 * R * K + NG, nf = 4 * K + 2 * R + 1;
+    size_t n16 = 3 * R * K + NG, nf = 4 * K + 2 * R + 1 + R * K;
     uint16_t *h1 = malloc(2 * n16), *h3 = malloc(2 * n16);
     float *f1 = malloc(4 * nf), *f3 = malloc(4 * nf);
     assert_true(h1 && h3 && f1 && f3);
@@ -266,6 +270,27 @@ static void test_bf16_passes(void **state) {
     assert_memory_equal(h1, h3, 2 * n16);
     assert_memory_equal(f1, f3, 4 * nf);
     free(h1), free(h3), free(f1), free(f3);
+}
+
+/* Rows summed into one row (a bias's gradient in float32), enough of them that the parts run at
+ * the same time: equal, bit for bit, to the sum taken row after row here (parts that split the
+ * rows would race on the row they add into). */
+static void test_rows_into_one(void **state) {
+    (void)state;
+    enum { ROWS = 4096, COLS = 256 };
+    float *src = malloc(sizeof(float) * ROWS * COLS), *want = calloc(COLS, sizeof(float));
+    float *got = calloc(COLS, sizeof(float));
+    assert_true(src && want && got);
+    for (int64_t i = 0; i < ROWS * COLS; i++) src[i] = (float)((i * 9973) % 2000) / 1000 - 1;
+    for (int64_t r = 0; r < ROWS; r++)
+        for (int64_t c = 0; c < COLS; c++) want[c] += src[r * COLS + c];
+    cddp_set_num_threads(3);
+    assert_int_equal(cddp__cpu_col_parts(ROWS, COLS), 3);
+    cddp__kq q = {.scratch = scratch};
+    cddp__cpu_add_rows(&q, &(cddp__k_add_rows){got, src, ROWS, COLS, 0, COLS});
+    cddp_set_num_threads(1);
+    assert_memory_equal(got, want, sizeof(float) * COLS);
+    free(src), free(want), free(got);
 }
 
 /* Three steps of SGD (momentum) and of AdamW over 70,001 parameters, the gradients set by hand. */
@@ -320,6 +345,7 @@ int main(void) {
         cmocka_unit_test(test_rows),           cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_bf16_passes),    cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_conv_relu_pool), cmocka_unit_test(test_batch_norm),
+        cmocka_unit_test(test_rows_into_one),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -60,9 +60,25 @@ static void add_rows_part(int64_t lo, int64_t hi, int part, void *arg) {
         cddp__add_into(a->dst + i * a->dst_stride, a->src + i * a->src_stride, a->cols);
 }
 
+/* Columns lo..hi of every row, rows in order (the rows add into one: a bias's gradient). */
+static void add_rows_cols_part(int64_t lo, int64_t hi, int part, void *arg) {
+    (void)part;
+    const cddp__k_add_rows *a = arg;
+    for (int64_t i = 0; i < a->rows; i++)
+        cddp__add_into(a->dst + lo, a->src + i * a->src_stride + lo, hi - lo);
+}
+
+/* Rows into rows of their own split by rows; rows summed into one row (dst_stride 0) by columns,
+ * each column's rows added in order. */
 void cddp__cpu_add_rows(cddp__kq *q, const cddp__k_add_rows *a) {
     (void)q;
-    SPLIT_ROWS(a->rows, a->cols, add_rows_part, a);
+    if (a->dst_stride == 0)
+        cddp__cpu_split(a->cols, 16, cddp__cpu_col_parts(a->rows, a->cols), add_rows_cols_part,
+                        (void *)a);
+    else if (a->dst_stride >= a->cols)
+        SPLIT_ROWS(a->rows, a->cols, add_rows_part, a);
+    else /* rows that overlap: in order, on this thread */
+        add_rows_part(0, a->rows, 0, (void *)a);
 }
 
 static void scale_part(int64_t lo, int64_t hi, int part, void *arg) {
@@ -293,10 +309,18 @@ void cddp__cpu_embedding(cddp__kq *q, const cddp__k_embedding *a) {
     SPLIT_ROWS(a->n, a->C, embedding_part, a);
 }
 
-/* Each position's gradient row into its id's row, positions in order (deterministic). */
+/* Columns lo..hi of each position's gradient row into its id's row, positions in order. */
+static void embedding_grad_part(int64_t lo, int64_t hi, int part, void *arg) {
+    (void)part;
+    const cddp__k_embedding_grad *a = arg;
+    for (int64_t i = 0; i < a->n; i++)
+        cddp__add_into(a->dtable + cddp__index_at(a->ids, a->dtype, i) * a->C + lo,
+                       a->dy + i * a->C + lo, hi - lo);
+}
+
+/* Deterministic: each row of the table adds its positions in order; the columns split across
+ * the math threads. */
 void cddp__cpu_embedding_grad(cddp__kq *q, const cddp__k_embedding_grad *a) {
     (void)q;
-    for (int64_t i = 0; i < a->n; i++)
-        cddp__add_into(a->dtable + cddp__index_at(a->ids, a->dtype, i) * a->C, a->dy + i * a->C,
-                       a->C);
+    cddp__cpu_split(a->C, 16, cddp__cpu_col_parts(a->n, a->C), embedding_grad_part, (void *)a);
 }
