@@ -5,11 +5,12 @@
  * positions, B values side by side at each (row-major: B = 1, a group is a channel and a block
  * its plane). A group's blocks over the batch are summed, normalised and differentiated together,
  * each block while it is in cache; the groups split across the math threads, a group in one part
- * (its sums in the same order on any number of threads). Each block's sums are taken in float lanes and added across
- * blocks in double. The forward reads x twice from memory: the statistics (each block's sum, then
- * its deviations from its own mean while it is in cache, the blocks combined in double), then the
- * normalisation; with relu each block is rectified as it is normalised (a residual's block added
- * first; a blocked layout's in the same pass, a plane's in passes right after).
+ * (its sums in the same order on any number of threads). Each block's sums are taken in float lanes
+ * and added across blocks in double. The forward reads x twice from memory: the statistics (each
+ * block's sum, then its deviations from its own mean while it is in cache, the blocks combined in
+ * double), then the normalisation; with relu each block is rectified as it is normalised (a
+ * residual's block added first; a blocked layout's in the same pass, a plane's in passes right
+ * after).
  *
  * The backward also reads its inputs twice. The first pass masks the output's gradient (relu),
  * gives the residual the masked block and takes both sums, a blocked layout's in one loop; the
