@@ -405,13 +405,11 @@ static int save_checkpoint(cddp_ddp *ddp, cddp_comm *group, cddp_ctx *ctx, cddp_
 }
 
 int main(int argc, char **argv) {
-    cddp_error err = {0};
-    /* first, before any thread: SIGTERM and SIGINT to a thread of their own */
-    if (cddp_stop_watch(&err) != CDDP_OK) fprintf(stderr, "fashion_mnist: %s\n", err.msg);
-    cddp_error_clear(&err);
+    run_stop_watch("fashion_mnist"); /* before any thread: SIGTERM, SIGINT to one of their own */
     options o;
     if (parse_args(argc, argv, &o) != 0) return 2;
     int status = 1;
+    cddp_error err = {0};
     cddp_device *dev;
     cddp_dtype compute;
     if (!run_device("fashion_mnist", o.device, o.dtype, &dev, &compute)) return 2;
@@ -630,11 +628,9 @@ int main(int argc, char **argv) {
                         fprintf(stderr, "fashion_mnist: cannot write the curves in %s: %s\n", o.out,
                                 strerror(errno));
                 }
-                cddp_ddp_print0(ddp, "stopped by SIG%s after step %" PRId64 " of epoch %d: %s%s\n",
-                                sigabbrev_np(sig), step, epoch,
-                                files ? "--resume continues from " : "nothing saved (--out none)",
-                                files ? ckpt : "");
-                status = 128 + sig;
+                char after[64];
+                snprintf(after, sizeof after, "step %" PRId64 " of epoch %d", step, epoch);
+                status = run_stopped(ddp, sig, after, files ? ckpt : NULL);
                 goto done;
             }
             if (rank == 0) {

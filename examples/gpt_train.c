@@ -488,13 +488,11 @@ static int peek_shape(const char *path, options *o, cddp_error *err) {
 }
 
 int main(int argc, char **argv) {
-    cddp_error err = {0};
-    /* first, before any thread: SIGTERM and SIGINT to a thread of their own */
-    if (cddp_stop_watch(&err) != CDDP_OK) fprintf(stderr, "gpt_train: %s\n", err.msg);
-    cddp_error_clear(&err);
+    run_stop_watch("gpt_train"); /* before any thread: SIGTERM, SIGINT to one of their own */
     options o;
     if (parse_args(argc, argv, &o) != 0) return 2;
     int status = 1;
+    cddp_error err = {0};
     cddp_device *dev;
     cddp_dtype compute;
     if (!run_device("gpt_train", o.device, o.dtype, &dev, &compute)) return 2;
@@ -779,11 +777,9 @@ int main(int argc, char **argv) {
             if (files && rank == 0 && !curves_save(&curve, o.out)) /* the losses up to here */
                 fprintf(stderr, "gpt_train: cannot write the curves in %s: %s\n", o.out,
                         strerror(errno));
-            cddp_ddp_print0(ddp, "stopped by SIG%s after iteration %" PRId64 ": %s%s\n",
-                            sigabbrev_np(sig), iter,
-                            files ? "--resume continues from " : "nothing saved (--out none)",
-                            files ? ckpt : "");
-            status = 128 + sig;
+            char after[64];
+            snprintf(after, sizeof after, "iteration %" PRId64, iter);
+            status = run_stopped(ddp, sig, after, files ? ckpt : NULL);
             goto done;
         }
     }

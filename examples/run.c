@@ -133,6 +133,18 @@ int run_restart_from(cddp_comm *group, const char *prog, const char *out, char *
     return CDDP_OK;
 }
 
+void run_stop_watch(const char *prog) {
+    cddp_error err = {0};
+    if (cddp_stop_watch(&err) != CDDP_OK) fprintf(stderr, "%s: %s\n", prog, err.msg);
+}
+
+int run_stopped(const cddp_ddp *ddp, int sig, const char *after, const char *ckpt) {
+    cddp_ddp_print0(ddp, "stopped by SIG%s after %s: %s%s\n", sigabbrev_np(sig), after,
+                    ckpt ? "--resume continues from " : "nothing saved (--out none)",
+                    ckpt ? ckpt : "");
+    return 128 + sig;
+}
+
 long long run_peak_rss_bytes(void) {
     struct rusage u;
     return getrusage(RUSAGE_SELF, &u) == 0 ? (long long)u.ru_maxrss * 1024 : 0;

@@ -46,6 +46,13 @@ int run_restart_from(cddp_comm *group, const char *prog, const char *out, char *
 
 /* What rank 0 says on stderr when a stop is asked for (cddp_stop_catch). */
 #define RUN_STOP_SAY "stopping after this step, with a checkpoint (again to end now)\n"
+/* cddp_stop_watch, first in main; where it cannot, "prog: why" on stderr, and the program runs on
+ * as without it. */
+void run_stop_watch(const char *prog);
+/* Rank 0's line once the ranks stopped on signal sig after `after` (the loop's words: "step 12 of
+ * epoch 0"): where --resume continues from (ckpt), or that nothing was saved (ckpt NULL); returns
+ * the exit status, 128 + sig. */
+int run_stopped(const cddp_ddp *ddp, int sig, const char *after, const char *ckpt);
 
 /* The process's peak resident memory, in bytes (getrusage). */
 long long run_peak_rss_bytes(void);

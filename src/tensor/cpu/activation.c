@@ -31,7 +31,7 @@ static void unary_part(int64_t lo, int64_t hi, int part, void *arg) {
 
 void cddp__cpu_unary(cddp__kq *q, const cddp__k_unary *k) {
     (void)q;
-    cddp__cpu_split(k->n, 16, cddp__cpu_parts(k->n, CDDP__CPU_GRAIN), unary_part, (void *)k);
+    cddp__cpu_split_values(k->n, unary_part, k);
 }
 
 /* dx (+)= f'(x) dy:
@@ -75,7 +75,7 @@ static void unary_grad_part(int64_t lo, int64_t hi, int part, void *arg) {
 
 void cddp__cpu_unary_grad(cddp__kq *q, const cddp__k_unary_grad *k) {
     (void)q;
-    cddp__cpu_split(k->n, 16, cddp__cpu_parts(k->n, CDDP__CPU_GRAIN), unary_grad_part, (void *)k);
+    cddp__cpu_split_values(k->n, unary_grad_part, k);
 }
 
 static void softmax_part(int64_t lo, int64_t hi, int part, void *arg) {
@@ -86,7 +86,7 @@ static void softmax_part(int64_t lo, int64_t hi, int part, void *arg) {
 
 void cddp__cpu_softmax(cddp__kq *q, const cddp__k_softmax *a) {
     (void)q;
-    cddp__cpu_split(a->rows, 1, cddp__cpu_row_parts(a->rows, a->C), softmax_part, (void *)a);
+    cddp__cpu_split_rows(a->rows, a->C, softmax_part, a);
 }
 
 /* softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy), per row. */
@@ -107,7 +107,7 @@ static void softmax_grad_part(int64_t lo, int64_t hi, int part, void *arg) {
 
 void cddp__cpu_softmax_grad(cddp__kq *q, const cddp__k_softmax_grad *a) {
     (void)q;
-    cddp__cpu_split(a->rows, 1, cddp__cpu_row_parts(a->rows, a->C), softmax_grad_part, (void *)a);
+    cddp__cpu_split_rows(a->rows, a->C, softmax_grad_part, a);
 }
 
 enum { GELU_STEP = 4096 };
@@ -156,8 +156,7 @@ static void gelu_tanh_grad_part(int64_t lo, int64_t hi, int part, void *arg) {
  * Split across the math threads: the values, or with dx16 (and the column sums) the columns. */
 void cddp__cpu_gelu_tanh_grad(cddp__kq *q, const cddp__k_gelu_tanh_grad *a) {
     if (!a->dx16) {
-        int parts = cddp__cpu_parts(a->n, CDDP__CPU_GRAIN);
-        cddp__cpu_split(a->n, 16, parts, gelu_tanh_grad_part, (void *[]){(void *)a, NULL});
+        cddp__cpu_split_values(a->n, gelu_tanh_grad_part, (void *[]){(void *)a, NULL});
         return;
     }
     int64_t C = a->cols;
@@ -231,8 +230,7 @@ static void cross_entropy_grad_part(int64_t lo, int64_t hi, int part, void *arg)
 void cddp__cpu_cross_entropy_grad(cddp__kq *q, const cddp__k_cross_entropy_grad *a) {
     int64_t N = a->N, C = a->C;
     if (!a->dx16) {
-        cddp__cpu_split(N, 1, cddp__cpu_row_parts(N, C), cross_entropy_grad_part,
-                        (void *[]){(void *)a});
+        cddp__cpu_split_rows(N, C, cross_entropy_grad_part, (void *[]){(void *)a});
         return;
     }
     int parts = cddp__cpu_col_parts(N, C);

@@ -34,11 +34,6 @@ void cddp__cpu_fill(cddp__kq *q, const cddp__k_fill *a) {
 /* The elementwise kernels split their values across the math threads (a part's start on a
  * multiple of 16: the vector loops' blocks as on one thread), the row kernels their rows. */
 
-#define SPLIT_VALUES(n, part_fn, a)                                                                \
-    cddp__cpu_split((n), 16, cddp__cpu_parts((n), CDDP__CPU_GRAIN), part_fn, (void *)(a))
-#define SPLIT_ROWS(rows, cols, part_fn, a)                                                         \
-    cddp__cpu_split((rows), 1, cddp__cpu_row_parts((rows), (cols)), part_fn, (void *)(a))
-
 static void accumulate_part(int64_t lo, int64_t hi, int part, void *arg) {
     (void)part;
     const cddp__k_accumulate *a = arg;
@@ -50,7 +45,7 @@ static void accumulate_part(int64_t lo, int64_t hi, int part, void *arg) {
 
 void cddp__cpu_accumulate(cddp__kq *q, const cddp__k_accumulate *a) {
     (void)q;
-    SPLIT_VALUES(a->n, accumulate_part, a);
+    cddp__cpu_split_values(a->n, accumulate_part, a);
 }
 
 static void add_rows_part(int64_t lo, int64_t hi, int part, void *arg) {
@@ -73,10 +68,9 @@ static void add_rows_cols_part(int64_t lo, int64_t hi, int part, void *arg) {
 void cddp__cpu_add_rows(cddp__kq *q, const cddp__k_add_rows *a) {
     (void)q;
     if (a->dst_stride == 0)
-        cddp__cpu_split(a->cols, 16, cddp__cpu_col_parts(a->rows, a->cols), add_rows_cols_part,
-                        (void *)a);
+        cddp__cpu_split_cols(a->rows, a->cols, add_rows_cols_part, a);
     else if (a->dst_stride >= a->cols)
-        SPLIT_ROWS(a->rows, a->cols, add_rows_part, a);
+        cddp__cpu_split_rows(a->rows, a->cols, add_rows_part, a);
     else /* rows that overlap: in order, on this thread */
         add_rows_part(0, a->rows, 0, (void *)a);
 }
@@ -94,7 +88,7 @@ static void scale_part(int64_t lo, int64_t hi, int part, void *arg) {
 
 void cddp__cpu_scale(cddp__kq *q, const cddp__k_scale *a) {
     (void)q;
-    SPLIT_VALUES(a->n, scale_part, a);
+    cddp__cpu_split_values(a->n, scale_part, a);
 }
 
 /* The host path's conversions (cddp_comm_from_f32, cddp_comm_to_f32): DDP's 16-bit buckets round
@@ -124,7 +118,7 @@ static void mul_part(int64_t lo, int64_t hi, int part, void *arg) {
 
 void cddp__cpu_mul(cddp__kq *q, const cddp__k_mul *a) {
     (void)q;
-    SPLIT_VALUES(a->n, mul_part, a);
+    cddp__cpu_split_values(a->n, mul_part, a);
 }
 
 /* Broadcast iteration: maps each output element i to the flat index of a and of b. */
@@ -172,7 +166,7 @@ void cddp__cpu_binary(cddp__kq *q, const cddp__k_binary *k) {
     const cddp__bcast *bc = &k->bc;
     int64_t n = k->n;
     if (bc->same) {
-        SPLIT_VALUES(n, binary_part, k);
+        cddp__cpu_split_values(n, binary_part, k);
         return;
     }
     switch (k->op) {
@@ -243,7 +237,7 @@ static void sum_grad_part(int64_t lo, int64_t hi, int part, void *arg) {
 
 void cddp__cpu_sum_grad(cddp__kq *q, const cddp__k_sum_grad *a) {
     (void)q;
-    SPLIT_VALUES(a->n, sum_grad_part, a);
+    cddp__cpu_split_values(a->n, sum_grad_part, a);
 }
 
 static int64_t row_argmax(const float *a, int64_t C) {
@@ -306,7 +300,7 @@ static void embedding_part(int64_t lo, int64_t hi, int part, void *arg) {
 
 void cddp__cpu_embedding(cddp__kq *q, const cddp__k_embedding *a) {
     (void)q;
-    SPLIT_ROWS(a->n, a->C, embedding_part, a);
+    cddp__cpu_split_rows(a->n, a->C, embedding_part, a);
 }
 
 /* Columns lo..hi of each position's gradient row into its id's row, positions in order. */
@@ -322,5 +316,5 @@ static void embedding_grad_part(int64_t lo, int64_t hi, int part, void *arg) {
  * the math threads. */
 void cddp__cpu_embedding_grad(cddp__kq *q, const cddp__k_embedding_grad *a) {
     (void)q;
-    cddp__cpu_split(a->C, 16, cddp__cpu_col_parts(a->n, a->C), embedding_grad_part, (void *)a);
+    cddp__cpu_split_cols(a->n, a->C, embedding_grad_part, a);
 }

@@ -53,6 +53,12 @@ int cddp__cpu_row_parts(int64_t rows, int64_t cols);
  * sums: each part its columns over every row, in order): of at least that many values, and at
  * least 64 columns each. */
 int cddp__cpu_col_parts(int64_t rows, int64_t cols);
+/* The three usual splits, without scratch per part: n values (parts of CDDP__CPU_GRAIN, starting
+ * on multiples of 16), rows of cols values (cddp__cpu_row_parts), and the columns of rows of cols
+ * values (cddp__cpu_col_parts, starting on multiples of 16). */
+void cddp__cpu_split_values(int64_t n, cddp__cpu_part fn, const void *arg);
+void cddp__cpu_split_rows(int64_t rows, int64_t cols, cddp__cpu_part fn, const void *arg);
+void cddp__cpu_split_cols(int64_t rows, int64_t cols, cddp__cpu_part fn, const void *arg);
 void cddp__cpu_split(int64_t n, int64_t align, int parts, cddp__cpu_part fn, void *arg);
 
 #define CDDP__CPU_DECL(name) void cddp__cpu_##name(cddp__kq *q, const cddp__k_##name *a);

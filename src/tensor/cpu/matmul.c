@@ -291,7 +291,7 @@ static void add_bias_part(int64_t lo, int64_t hi, int part, void *arg) {
 
 /* The rows split across the math threads. */
 static void add_bias(const cddp__k_gemm *a) {
-    cddp__cpu_split(a->M, 1, cddp__cpu_row_parts(a->M, a->N), add_bias_part, (void *)a);
+    cddp__cpu_split_rows(a->M, a->N, add_bias_part, a);
 }
 
 static void gemm_bf16(cddp__kq *q, const cddp__k_gemm *a) {
@@ -385,8 +385,8 @@ static void to_bf16_part(int64_t lo, int64_t hi, int part, void *arg) {
 void cddp__cpu_to_bf16(cddp__kq *q, const cddp__k_to_bf16 *a) {
     (void)q;
     if (!a->colsum) {
-        cddp__cpu_split(a->rows, 1, cddp__cpu_row_parts(a->rows, a->cols), to_bf16_part, (void *)a);
+        cddp__cpu_split_rows(a->rows, a->cols, to_bf16_part, a);
         return;
     }
-    cddp__cpu_split(a->cols, 16, cddp__cpu_col_parts(a->rows, a->cols), to_bf16_part, (void *)a);
+    cddp__cpu_split_cols(a->rows, a->cols, to_bf16_part, a);
 }

@@ -36,7 +36,7 @@ static void sgd_part(int64_t lo, int64_t hi, int part, void *arg) {
 
 void cddp__cpu_sgd(cddp__kq *q, const cddp__k_sgd *a) {
     (void)q;
-    cddp__cpu_split(a->n, 16, cddp__cpu_parts(a->n, CDDP__CPU_GRAIN), sgd_part, (void *)a);
+    cddp__cpu_split_values(a->n, sgd_part, a);
 }
 
 /* The update loop, vectorised (see CDDP_SIMD_CLONES). */
@@ -63,7 +63,7 @@ static void adamw_part(int64_t lo, int64_t hi, int part, void *arg) {
 
 void cddp__cpu_adamw(cddp__kq *q, const cddp__k_adamw *a) {
     (void)q;
-    cddp__cpu_split(a->n, 16, cddp__cpu_parts(a->n, CDDP__CPU_GRAIN), adamw_part, (void *)a);
+    cddp__cpu_split_values(a->n, adamw_part, a);
 }
 
 /* The sum of squares in double, in 8 lanes that vectorise (the order is fixed: the same result

@@ -73,3 +73,15 @@ void cddp__cpu_split(int64_t n, int64_t align, int parts, cddp__cpu_part fn, voi
     split_job j = {n, align < 1 ? 1 : align, fn, arg};
     omp.parallel(run_part, &j, (unsigned)parts, 0);
 }
+
+void cddp__cpu_split_values(int64_t n, cddp__cpu_part fn, const void *arg) {
+    cddp__cpu_split(n, 16, cddp__cpu_parts(n, CDDP__CPU_GRAIN), fn, (void *)arg);
+}
+
+void cddp__cpu_split_rows(int64_t rows, int64_t cols, cddp__cpu_part fn, const void *arg) {
+    cddp__cpu_split(rows, 1, cddp__cpu_row_parts(rows, cols), fn, (void *)arg);
+}
+
+void cddp__cpu_split_cols(int64_t rows, int64_t cols, cddp__cpu_part fn, const void *arg) {
+    cddp__cpu_split(cols, 16, cddp__cpu_col_parts(rows, cols), fn, (void *)arg);
+}

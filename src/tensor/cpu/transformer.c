@@ -72,7 +72,7 @@ void cddp__cpu_layer_norm_grad(cddp__kq *q, const cddp__k_layer_norm_grad *a) {
                         (void *[]){(void *)a, (void *)w, scratch});
     }
     if (a->dw || a->db) {
-        cddp__cpu_split(C, 16, cddp__cpu_col_parts(a->rows, C), layer_norm_w_part, (void *)a);
+        cddp__cpu_split_cols(a->rows, C, layer_norm_w_part, a);
     }
 }
 
