@@ -1,6 +1,8 @@
 /* test_dcomm.c: the choice CDDP_DCOMM_AUTO makes (and DistributedDataParallel with it) from what
- * every rank's device and machine are, case by case, and the transports' spellings. */
+ * every rank's device and machine are, case by case, and the transports' spellings; and how many
+ * of a host's ranks share a rank's CPUs, from their CPU sets. */
 #include "helpers.h"
+#include "comm/internal.h"
 #include "ddp/internal.h"
 
 enum { CPU = CDDP_DEVICE_CPU, EMU = CDDP_DEVICE_EMU, CUDA = CDDP_DEVICE_CUDA };
@@ -77,12 +79,53 @@ static void test_spellings(void **state) {
     assert_string_equal(cddp_device_bus_id(cddp_device_cpu()), "cpu");
 }
 
+/* sets[r] = CPUs lo..hi-1 of a 64-CPU host (hi 0: not known) */
+static void cpus(cpu_set_t *s, int lo, int hi) {
+    CPU_ZERO(s);
+    for (int c = lo; c < hi; c++) CPU_SET(c, s);
+}
+
+static void test_cpu_sharers_case_by_case(void **state) {
+    (void)state;
+    cpu_set_t s[4];
+    /* bound to 16 CPUs each (cddprun --bind_core, srun --cpus-per-task=16): each alone */
+    for (int r = 0; r < 4; r++) cpus(&s[r], 16 * r, 16 * r + 16);
+    for (int r = 0; r < 4; r++) assert_int_equal(cddp__cpu_sharers(s, 4, r), 1);
+    /* unbound: every rank on all 64 */
+    for (int r = 0; r < 4; r++) cpus(&s[r], 0, 64);
+    for (int r = 0; r < 4; r++) assert_int_equal(cddp__cpu_sharers(s, 4, r), 4);
+    /* two sockets, two ranks bound to each (mpirun's --bind-to socket) */
+    cpus(&s[0], 0, 32), cpus(&s[1], 32, 64), cpus(&s[2], 0, 32), cpus(&s[3], 32, 64);
+    for (int r = 0; r < 4; r++) assert_int_equal(cddp__cpu_sharers(s, 4, r), 2);
+    /* overlapping by one CPU: 0 meets 1, 1 meets 0 and 2, 3 alone */
+    cpus(&s[0], 0, 9), cpus(&s[1], 8, 17), cpus(&s[2], 16, 24), cpus(&s[3], 24, 32);
+    assert_int_equal(cddp__cpu_sharers(s, 4, 0), 2);
+    assert_int_equal(cddp__cpu_sharers(s, 4, 1), 3);
+    assert_int_equal(cddp__cpu_sharers(s, 4, 3), 1);
+    /* a set not known (empty) meets every set, and its own count is 0 */
+    cpus(&s[2], 0, 0);
+    assert_int_equal(cddp__cpu_sharers(s, 4, 3), 2);
+    assert_int_equal(cddp__cpu_sharers(s, 4, 2), 0);
+}
+
+/* A group of one: the cores this process may run on, all its own. */
+static void test_local_cores_of_a_group_of_one(void **state) {
+    (void)state;
+    cddp_error err = {0};
+    cddp_comm *g = cddp_comm_create(&(cddp_comm_options){.rank = 0, .world_size = 1}, &err);
+    if (!g) fail_msg("%s", err.msg);
+    assert_int_equal(cddp_comm_local_cores(g), cddp_num_cores());
+    cddp_comm_destroy(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auto_takes_nccl_for_a_gpu_per_rank),
         cmocka_unit_test(test_auto_takes_host_otherwise),
         cmocka_unit_test(test_choose_on_this_machine),
         cmocka_unit_test(test_spellings),
+        cmocka_unit_test(test_cpu_sharers_case_by_case),
+        cmocka_unit_test(test_local_cores_of_a_group_of_one),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

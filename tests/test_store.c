@@ -597,7 +597,7 @@ static void test_store_stopping_under_handshake(void **state) {
 
 typedef struct resetter_arg {
     int lfd, resets;
-    volatile bool stop;
+    _Atomic bool stop;
 } resetter_arg;
 
 static void *resetter(void *p) {

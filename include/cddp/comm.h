@@ -84,6 +84,12 @@ CDDP_API int cddp_comm_rank(const cddp_comm *c);
 CDDP_API int cddp_comm_size(const cddp_comm *c);
 CDDP_API int cddp_comm_local_rank(const cddp_comm *c);
 CDDP_API int cddp_comm_local_size(const cddp_comm *c);
+/* The cores this rank may count as its own: the CPUs it may run on (cddp_num_cores) divided
+ * among the ranks on its host that may run on some of them too. A launcher that binds each rank
+ * to CPUs of its own (cddprun --bind_core, srun --cpus-per-task with its binding) gives each
+ * rank all of its CPUs; unbound ranks share the host's. 0 when the host's ranks outnumber its
+ * cores. */
+CDDP_API int cddp_comm_local_cores(const cddp_comm *c);
 /* The transport: "self" (one rank), "shm", "tcp" or "mpi". */
 CDDP_API const char *cddp_comm_backend(const cddp_comm *c);
 /* The group's first error, or NULL while it is healthy. */

@@ -198,7 +198,7 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
       "else cddp's own), shm or mpi.")                                                             \
     X(DDP_OVERLAP, STR, "auto",                                                                    \
       "Where DDP reduces gradient buckets: thread, inline, or auto (thread when there are other "  \
-      "ranks and each rank on this host has two cores, else inline).")                             \
+      "ranks and each rank on this host has two cores of its own, else inline).")                  \
     X(DDP_TRANSPORT, STR, "auto",                                                                  \
       "How DDP reduces the gradients of a model on a device where the program leaves it to cddp: " \
       "host, ipc, nccl, or auto (nccl when every rank has a GPU of its own and NCCL opens on "     \
@@ -225,7 +225,8 @@ CDDP_API long cddp_knob_int(cddp_knob knob);
 /* Threads per process for the math libraries (OpenBLAS's matrix products): sets
  * OMP_NUM_THREADS and OPENBLAS_NUM_THREADS to n (at least 1) and resizes the running pool. A
  * group whose ranks share a host calls it with 1 when none of those variables is set (as cddprun
- * does for its workers), so that N ranks do not start N thread pools on the same cores. */
+ * does for its workers), so that N ranks do not start N thread pools on the same cores; with the
+ * count of the rank's CPUs when a launcher bound each rank to CPUs of its own. */
 CDDP_API void cddp_set_num_threads(int n);
 /* The threads OpenBLAS uses now. */
 CDDP_API int cddp_num_threads(void);
@@ -287,9 +288,10 @@ CDDP_API int cddp_error_vset(cddp_error *err, int code, const char *fmt, va_list
 /* Put before a function of plain loops (an op's kernel, an optimizer's update) to have it
  * compiled twice on x86-64 with GCC: for AVX2 + FMA (x86-64-v3) and for the baseline the library
  * is built for; the loader runs the one the machine supports. Empty elsewhere (and under
- * AddressSanitizer, whose interceptors do not mix with the loader's choice). */
+ * AddressSanitizer or ThreadSanitizer, whose instrumented code must not run before the runtime
+ * starts, as a resolver run by the loader would). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&                             \
-    !defined(__SANITIZE_ADDRESS__)
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define CDDP_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define CDDP_SIMD_CLONES

@@ -7,7 +7,7 @@
  * (CDDP_BACKEND). Across hosts with several ranks on some, each host's ranks also get a
  * shared-memory group of their own for the hierarchical allreduce. Rank 0 then says once what
  * the group runs on and why, and ranks that share a host get one math-library thread each
- * unless the user chose.
+ * unless the user chose (or a thread for each CPU bound to them alone).
  *
  * The public calls build a coll and either run it on the caller's thread (work.c makes it wait
  * for queued work first) or queue it; collective.c does the rest.
@@ -282,22 +282,37 @@ static double spin_seconds(const cddp_comm *c) {
         if (cddp_parse_int("CDDP_SPIN_US", knob, 0, 1000000, &us, &e) == CDDP_OK) return 1e-6 * us;
         cddp_log(CDDP_LOG_ERROR, "comm", "%s (or auto); using auto", e.msg);
     }
-    return c->local_world <= cddp_num_cores() ? 20e-3 : 20e-6;
+    return cddp_comm_local_cores(c) >= 1 ? 20e-3 : 20e-6;
 }
 
-/* More than one rank on this host and no thread count chosen: one thread each for the math
- * libraries, as cddprun gives its workers, so that the ranks do not each start a pool as large
- * as the host. Said once, on rank 0. */
-static void limit_threads(const cddp_comm *c) {
+/* More than one rank on this host and no thread count chosen: as many threads for the math
+ * libraries as this rank has CPUs of its own when a launcher bound each rank to CPUs no other
+ * rank on the host may run on (cddprun --bind_core, srun's binding with --cpus-per-task, mpirun's
+ * --map-by ...:PE=N), else one, as cddprun gives its workers, so that the ranks do not each start
+ * a pool as large as the host. Said once, on rank 0. */
+static void choose_threads(const cddp_comm *c) {
     if (c->local_world < 2 || getenv("OPENBLAS_NUM_THREADS") || getenv("GOTO_NUM_THREADS") ||
         getenv("OMP_NUM_THREADS"))
         return;
-    cddp_set_num_threads(1);
-    if (c->rank == 0)
+    bool own = c->cpu_sharers == 1;
+    int n = own ? c->own_cpus : 1;
+    cddp_set_num_threads(n);
+    if (c->rank != 0) return;
+    if (own)
+        cddp_log(CDDP_LOG_INFO, "comm",
+                 "%d ranks on this host, each bound to CPUs of its own: setting OMP_NUM_THREADS "
+                 "and OPENBLAS_NUM_THREADS (unset here) to each rank's count of CPUs (%d on rank "
+                 "0); set them to tune",
+                 c->local_world, n);
+    else
         cddp_log(CDDP_LOG_INFO, "comm",
                  "%d ranks share this host: setting OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 "
-                 "(unset here) so that they do not oversubscribe the cores; set them to tune",
-                 c->local_world);
+                 "(unset here) so that they do not oversubscribe the cores; set them to tune%s",
+                 c->local_world,
+                 c->own_cpus >= 2 * c->local_world
+                     ? ", or bind each rank to CPUs of its own (cddprun --bind_core; srun "
+                       "--cpus-per-task=N), which gives it a thread for each"
+                     : "");
 }
 
 /* The MPI backend: CDDP_BACKEND=mpi, or auto under an MPI launcher when MPI is built in (and
@@ -318,28 +333,43 @@ static int want_mpi(const cddp__launch *l, const cddp_comm_options *o, bool *mpi
     return CDDP_OK;
 }
 
-/* Who shares a host with whom: every rank posts its host identity and reads everyone's. Sets
- * local_rank, local_world, nhosts and the hosts' leaders. */
+/* Who shares a host with whom: every rank posts its host identity and its CPU set, and reads
+ * everyone's. Sets local_rank, local_world, nhosts, the hosts' leaders and the CPUs this rank
+ * shares with the others on its host. */
 static int group_hosts(cddp_comm *c, cddp_store *st, cddp_error *err) {
-    char me[256], key[64];
-    cddp_host_id(me, sizeof me);
+    char me[256 + 2 * sizeof(cpu_set_t) + 2], key[64];
+    cddp_host_id(me, 256);
+    size_t len = strlen(me);
+    me[len] = '\n';
+    cddp__cpus_text(me + len + 1);
     snprintf(key, sizeof key, "comm/host/%d", c->rank);
     CDDP_TRY(cddp_store_set_str(st, key, me, err));
+    me[len] = '\0';
     char **hosts = cddp_calloc((size_t)c->world, sizeof *hosts);
-    if (!hosts) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    cpu_set_t *sets = cddp_calloc((size_t)c->world, sizeof *sets);
+    if (!hosts || !sets) {
+        cddp_free(hosts);
+        cddp_free(sets);
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    }
     int rc = CDDP_OK, local = 0, before = 0;
     for (int r = 0; r < c->world && rc == CDDP_OK; r++) {
         size_t n;
         snprintf(key, sizeof key, "comm/host/%d", r);
         if ((rc = cddp_store_get(st, key, -1, (void **)&hosts[r], &n, err)) != CDDP_OK) break;
+        char *cpus = strchr(hosts[r], '\n');
+        if (cpus) *cpus++ = '\0';
         if (strcmp(hosts[r], me) == 0) {
+            cddp__cpus_parse(cpus ? cpus : "", &sets[local]);
             local++;
             if (r < c->rank) before++;
         }
     }
     if (rc == CDDP_OK) rc = find_leaders(c, (const char *const *)hosts, err);
+    if (rc == CDDP_OK) cddp__comm_set_cpus(c, sets, local, before);
     for (int r = 0; r < c->world; r++) cddp_free(hosts[r]);
     cddp_free(hosts);
+    cddp_free(sets);
     c->local_rank = before;
     c->local_world = local;
     c->nhosts = c->nleaders;
@@ -518,7 +548,7 @@ cddp_comm *cddp_comm_create(const cddp_comm_options *opts, cddp_error *err) {
                  "unset: a batch script?): it trains alone. Start the %d tasks with srun (or with "
                  "cddprun or mpirun)",
                  l.slurm_tasks_outside, l.slurm_tasks_outside);
-    limit_threads(c);
+    choose_threads(c);
 out:
     if (rc != CDDP_OK) {
         cddp_comm_destroy(c);

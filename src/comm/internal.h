@@ -4,6 +4,7 @@
  *
  *   reduce.c    reduction kernels and 16-bit conversions
  *   fail.c      the group's latched failure, aborts, the fingerprint check and its messages
+ *   cpus.c      the CPUs of the ranks on a host: how many share this rank's
  *   self.c shm.c tcp.c mpi.c
  *               transports: connecting the ranks, the start of a collective (every rank's
  *               fingerprint checked), moving bytes between two ranks, the user's send/recv,
@@ -128,6 +129,18 @@ typedef struct cddp__transport {
     int (*root_cause)(cddp_comm *c, const char *what, double wait_s, cddp_error *err);
 } cddp__transport;
 
+/* Of the n CPU sets of the ranks on one host, how many meet sets[me], sets[me] included: 1 when
+ * a launcher bound each rank to CPUs of its own, n when they all may run anywhere; 0 when
+ * sets[me] is empty (not known). A set not known (empty) counts as meeting every set. */
+int cddp__cpu_sharers(const cpu_set_t *sets, int n, int me);
+/* Sets c->own_cpus and c->cpu_sharers from the host's ranks' CPU sets (mine among them). */
+void cddp__comm_set_cpus(cddp_comm *c, const cpu_set_t *sets, int n, int me);
+/* This process's CPU set as hex digits, a byte at a time (every rank on a host reads them in the
+ * same byte order); empty when it cannot be read. out holds 2 * sizeof(cpu_set_t) + 1. */
+void cddp__cpus_text(char *out);
+/* The CPU set cddp__cpus_text wrote; empty when t is not one. */
+void cddp__cpus_parse(const char *t, cpu_set_t *s);
+
 extern const cddp__transport cddp__self_transport, cddp__shm_transport, cddp__tcp_transport,
     cddp__mpi_transport;
 
@@ -136,6 +149,9 @@ struct cddp_comm {
     void *priv; /* the transport's state */
     int rank, world, local_rank, local_world;
     int nhosts; /* hosts the group's ranks are on */
+    /* The CPUs this rank may run on (its affinity; 0: not known), and how many of the ranks on
+     * its host may run on some of them, itself included (cddp__cpu_sharers) */
+    int own_cpus, cpu_sharers;
     double timeout;
     /* The stall inspector: the call under way and when it started, when this rank last said it
      * was stalled, and CDDP_STALL_WARN_S (0: never). */

@@ -14,9 +14,11 @@
 #include <string.h>
 #include <unistd.h>
 
-static volatile sig_atomic_t stop_sig, stop_armed, stop_handed;
-static const char *volatile stop_say;
-static volatile size_t stop_say_len;
+/* Atomics (lock-free, so a handler may touch them too): the watcher thread writes what the
+ * training thread reads. */
+static _Atomic int stop_sig, stop_armed, stop_handed;
+static const char *_Atomic stop_say;
+static _Atomic size_t stop_say_len;
 static sigset_t stop_set; /* SIGINT and SIGTERM, but one the process was started to ignore */
 static const int stop_sigs[] = {SIGINT, SIGTERM};
 static pthread_once_t stop_once = PTHREAD_ONCE_INIT;

@@ -232,9 +232,10 @@ static int place_gradients(cddp_ddp *d, cddp_error *err) {
 /* Inline when the option or CDDP_DDP_OVERLAP says so, or (auto) when there is nothing to overlap
  * with (a group of one, whose allreduce moves nothing: the thread's hand-off alone would cost a
  * wake-up per step) or this host cannot give every local rank a core for its training thread and
- * another for its communication thread: the ranks' CPU set has fewer than 2 cores, or fewer than
- * two per rank on the host. A communication thread that must take turns with the training
- * threads gains no overlap and costs a thread switch, a wake-up and a cache refill per bucket. */
+ * another for its communication thread: fewer than 2 cores of its own (cddp_comm_local_cores:
+ * its CPUs, shared among the host's ranks that may run on them). A communication thread that must
+ * take turns with the training threads gains no overlap and costs a thread switch, a wake-up and a
+ * cache refill per bucket. */
 static int choose_overlap(cddp_ddp *d, cddp_error *err) {
     cddp_ddp_overlap o = d->o.overlap;
     const char *knob = cddp_knob_str(CDDP_KNOB_DDP_OVERLAP);
@@ -244,11 +245,10 @@ static int choose_overlap(cddp_ddp *d, cddp_error *err) {
         return cddp_error_set(err, CDDP_EINVAL,
                               "CDDP_DDP_OVERLAP=%s: expected thread, inline or auto", knob);
     if (o == CDDP_DDP_OVERLAP_AUTO) {
-        int cores = cddp_num_cores();
-        int local = cddp_comm_local_size(d->group);
-        o = d->world == 1 || cores < 2 * local ? CDDP_DDP_OVERLAP_INLINE : CDDP_DDP_OVERLAP_THREAD;
-        cddp_log(CDDP_LOG_DEBUG, "ddp", "%d cores for %d ranks on this host: buckets reduced %s",
-                 cores, local, o == CDDP_DDP_OVERLAP_INLINE ? "inline" : "on the thread");
+        int cores = cddp_comm_local_cores(d->group);
+        o = d->world == 1 || cores < 2 ? CDDP_DDP_OVERLAP_INLINE : CDDP_DDP_OVERLAP_THREAD;
+        cddp_log(CDDP_LOG_DEBUG, "ddp", "%d cores of its own for this rank: buckets reduced %s",
+                 cores, o == CDDP_DDP_OVERLAP_INLINE ? "inline" : "on the thread");
     }
     d->inline_comm = o == CDDP_DDP_OVERLAP_INLINE;
     return CDDP_OK;

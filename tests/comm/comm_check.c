@@ -443,9 +443,10 @@ int main(int argc, char **argv) {
         if (v != (int64_t)world * (world + 1) / 2) die("%sallreduce gave %.0f", "", (double)v);
         const char *omp = getenv("OMP_NUM_THREADS"), *blas = getenv("OPENBLAS_NUM_THREADS");
         printf("ok: rank %d of %d (%s backend), local rank %d of %d, threads %d, "
-               "OMP_NUM_THREADS=%s OPENBLAS_NUM_THREADS=%s\n",
+               "OMP_NUM_THREADS=%s OPENBLAS_NUM_THREADS=%s, cores of its own %d\n",
                rank, world, backend, cddp_comm_local_rank(c), cddp_comm_local_size(c),
-               cddp_num_threads(), omp ? omp : "unset", blas ? blas : "unset");
+               cddp_num_threads(), omp ? omp : "unset", blas ? blas : "unset",
+               cddp_comm_local_cores(c));
     } else if (!strcmp(mode, "kill")) {
         /* The last rank dies at the 50th collective; the others must say so within 5 s. With
          * "async", 8 queued collectives are in flight when it dies, and every one must fail. */

@@ -89,16 +89,42 @@ cddprun)
     once "$work/err" "[cddp rank 0] I comm: 2 ranks on 1 host: shared memory (every rank on this host); started by cddprun"
     none "$work/err" "share this host"
     oks 2 "(shm backend), local rank"
-    oks 2 "threads 1, OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1"
-    echo "ok: cddprun: one backend line, threads from cddprun" ;;
+    oks 2 "threads 1, OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1, cores of its own $(($(nproc) / 2))"
+    once "$work/err" "cddprun: setting OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 for each worker (unset here)"
+    # --bind_core: each worker on its share of the CPUs, with a thread for each.
+    share=$(($(nproc) / 2))
+    [ "$share" -ge 1 ] || share=1
+    "$build/bin/cddprun" --standalone --nproc_per_node 2 --bind_core "$C" launch > "$work/out" \
+        2> "$work/err" || fail "cddprun --bind_core exited $?"
+    oks 2 "threads $share, OMP_NUM_THREADS=$share OPENBLAS_NUM_THREADS=$share, cores of its own $share"
+    once "$work/err" "cddprun: --bind_core: each of the 2 workers is bound to $share CPU"
+    # One worker bound to every CPU: as many threads.
+    "$build/bin/cddprun" --standalone --nproc_per_node 1 --bind_core "$C" launch > "$work/out" \
+        2> "$work/err" || fail "cddprun --bind_core, 1 worker, exited $?"
+    oks 1 "threads $(nproc), OMP_NUM_THREADS=$(nproc) OPENBLAS_NUM_THREADS=$(nproc), cores of its own $(nproc)"
+    echo "ok: cddprun: one backend line, threads from cddprun, bound or not" ;;
 mpirun)
-    mpirun --allow-run-as-root --oversubscribe -np 2 "$C" launch > "$work/out" 2> "$work/err" ||
-        fail "mpirun exited $?"
+    # Unbound (--bind-to none): the ranks share the host's CPUs, one thread each.
+    mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$C" launch > "$work/out" \
+        2> "$work/err" || fail "mpirun exited $?"
     once "$work/err" "[cddp rank 0] I comm: 2 ranks on 1 host: mpi (OMPI_COMM_WORLD_SIZE set); started by mpirun"
     once "$work/err" "[cddp rank 0] I comm: 2 ranks share this host: setting OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 (unset here)"
     oks 2 "(mpi backend), local rank"
     oks 2 "of 2, threads 1, OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1"
-    echo "ok: mpirun: the MPI backend and why, said once; one thread per rank" ;;
+    if [ "$(nproc)" -ge 2 ]; then
+        # Bound to a core each (mpirun's default for 2 ranks): CPUs of their own, as many
+        # threads as each has (here 1), said so.
+        mpirun --allow-run-as-root -np 2 --bind-to core "$C" launch > "$work/out" 2> "$work/err" ||
+            fail "mpirun --bind-to core exited $?"
+        once "$work/err" "[cddp rank 0] I comm: 2 ranks on this host, each bound to CPUs of its own: setting OMP_NUM_THREADS and OPENBLAS_NUM_THREADS (unset here) to each rank's count of CPUs (1 on rank 0)"
+        none "$work/err" "share this host"
+        oks 2 "of 2, threads 1, OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1, cores of its own 1"
+    fi
+    # Both on one CPU: no core of its own for either.
+    taskset -c 0 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$C" launch \
+        > "$work/out" 2> "$work/err" || fail "mpirun on one CPU exited $?"
+    oks 2 "of 2, threads 1, OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1, cores of its own 0"
+    echo "ok: mpirun: the MPI backend and why, said once; one thread per rank, bound or not" ;;
 srun)
     srun_pair
     once "$work/err" "[cddp rank 0] I comm: 2 ranks on 1 host: shared memory (every rank on this host); started by srun (SLURM_PROCID set)"

@@ -139,6 +139,9 @@ void cddprun_on_signal(int sig);
 /* In a child before exec: no signal blocked, the ones the launcher handles back to default. */
 void cddprun_default_signals(void);
 void cddprun_start_workers(job *j);
+/* The CPUs --bind_core gives each of n workers: those cddprun may run on divided among them (at
+ * least 1). */
+int cddprun_cpu_share(int n);
 /* Looks at the running workers' state (/proc/<pid>/stat): one stopped by a signal (SIGSTOP, a
  * debugger) for 2 s is said once. Returns the worker stopped longest, or NULL. */
 worker *cddprun_halted(job *j);

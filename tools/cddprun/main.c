@@ -303,6 +303,31 @@ static void on_stop_signals(void (*handler)(int)) {
     sigaction(SIGHUP, &sa, NULL);
 }
 
+/* Says once what math threads the workers get where cddprun chooses (OMP_NUM_THREADS or
+ * OPENBLAS_NUM_THREADS unset, several workers): the CPUs --bind_core gives each, else one. */
+static void say_threads(const options *o) {
+    int n = o->nproc_per_node, share = cddprun_cpu_share(n), k = o->bind_core ? share : 1;
+    bool omp = !getenv("OMP_NUM_THREADS"), blas = !getenv("OPENBLAS_NUM_THREADS");
+    if (n < 2 || (!omp && !blas)) return;
+    char set[96] = "";
+    if (omp) snprintf(set, sizeof set, "OMP_NUM_THREADS=%d", k);
+    if (blas)
+        snprintf(set + strlen(set), sizeof set - strlen(set), "%sOPENBLAS_NUM_THREADS=%d",
+                 omp ? " and " : "", k);
+    if (o->bind_core)
+        fprintf(stderr,
+                "cddprun: --bind_core: each of the %d workers is bound to %d CPU%s, with %s "
+                "(unset here); set to tune\n",
+                n, share, share == 1 ? "" : "s", set);
+    else
+        fprintf(stderr,
+                "cddprun: setting %s for each worker (unset here) so that %d processes do not "
+                "oversubscribe the cores; set to tune%s\n",
+                set, n,
+                share > 1 ? ", or --bind_core: each worker on CPUs of its own, a thread for each"
+                          : "");
+}
+
 int main(int argc, char **argv) {
     job j = {0};
     cddprun_parse_options(argc, argv, &j.o);
@@ -344,12 +369,7 @@ int main(int argc, char **argv) {
         o->master_port = 0;
     }
     cddprun_job_token(o, j.token);
-    if (o->nproc_per_node > 1 && (!getenv("OMP_NUM_THREADS") || !getenv("OPENBLAS_NUM_THREADS")))
-        fprintf(stderr,
-                "cddprun: setting OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 for each "
-                "worker (unset here) so that %d processes do not oversubscribe the cores; set "
-                "them to tune\n",
-                o->nproc_per_node);
+    say_threads(o);
 
     /* Signals: while this node joins the rendezvous (no worker yet; a connection is retried for
      * up to CDDP_RDZV_TIMEOUT_S) SIGINT/TERM/HUP end cddprun at once; then they stop the job. */

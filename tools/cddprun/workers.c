@@ -187,22 +187,35 @@ static void guard(char sign, pid_t pgid) {
 
 /* ---- starting workers -------------------------------------------------------------------- */
 
+/* The CPUs cddprun may run on, in order; their count (0 when they cannot be read). */
+static int usable_cpus(int cpus[CPU_SETSIZE]) {
+    cpu_set_t all;
+    if (sched_getaffinity(0, sizeof all, &all) != 0) return 0;
+    int n = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &all)) cpus[n++] = c;
+    return n;
+}
+
+int cddprun_cpu_share(int n) {
+    int cpus[CPU_SETSIZE], ncpu = usable_cpus(cpus);
+    return ncpu >= n ? ncpu / n : 1;
+}
+
 /* --bind_core, in worker local_rank of n: its share of the CPUs cddprun may run on, in order
  * (with 8 CPUs and 4 workers, worker 1 gets the 3rd and 4th); with fewer CPUs than workers, one
- * CPU each, round the CPUs. */
-static void bind_core(int local_rank, int n) {
-    cpu_set_t all, mine;
-    if (sched_getaffinity(0, sizeof all, &all) != 0) return;
-    int cpus[CPU_SETSIZE], ncpu = 0;
-    for (int c = 0; c < CPU_SETSIZE; c++)
-        if (CPU_ISSET(c, &all)) cpus[ncpu++] = c;
-    if (!ncpu) return;
-    int share = ncpu >= n ? ncpu / n : 1;
+ * CPU each, round the CPUs. The CPUs it was bound to, 0 when it stays unbound. */
+static int bind_core(int local_rank, int n) {
+    cpu_set_t mine;
+    int cpus[CPU_SETSIZE], ncpu = usable_cpus(cpus);
+    if (!ncpu) return 0;
+    int share = cddprun_cpu_share(n);
     CPU_ZERO(&mine);
     for (int k = 0; k < share; k++) CPU_SET(cpus[(local_rank * share + k) % ncpu], &mine);
-    if (sched_setaffinity(0, sizeof mine, &mine) != 0)
-        fprintf(stderr, "cddprun: --bind_core: local rank %d stays unbound: %s\n", local_rank,
-                strerror(errno));
+    if (sched_setaffinity(0, sizeof mine, &mine) == 0) return share;
+    fprintf(stderr, "cddprun: --bind_core: local rank %d stays unbound: %s\n", local_rank,
+            strerror(errno));
+    return 0;
 }
 
 void cddprun_start_workers(job *j) {
@@ -267,7 +280,10 @@ void cddprun_start_workers(job *j) {
                 dup2(null, 1);
                 dup2(null, 2);
             }
-            if (o->bind_core) bind_core(i, o->nproc_per_node);
+            /* math threads: the CPUs bound to it, else one when it shares the CPUs (unless set) */
+            int threads = o->nproc_per_node > 1 ? 1 : 0, bound = 0;
+            if (o->bind_core) bound = bind_core(i, o->nproc_per_node);
+            if (bound) threads = bound;
             set_env_int("RANK", w->rank);
             set_env_int("LOCAL_RANK", i);
             set_env_int("WORLD_SIZE", j->world);
@@ -286,9 +302,11 @@ void cddprun_start_workers(job *j) {
             setenv(CDDP_ENV_STORE_ADDR, o->master_addr, 1);
             setenv(CDDP_ENV_STORE_TOKEN, j->token, 1);
             setenv(CDDP_ENV_LOCAL_ADDR, j->host, 1);
-            if (o->nproc_per_node > 1) {
-                setenv("OMP_NUM_THREADS", "1", 0);
-                setenv("OPENBLAS_NUM_THREADS", "1", 0);
+            if (threads) {
+                char v[16];
+                snprintf(v, sizeof v, "%d", threads);
+                setenv("OMP_NUM_THREADS", v, 0);
+                setenv("OPENBLAS_NUM_THREADS", v, 0);
             }
             execvp(j->argv[0], j->argv);
             fprintf(stderr, "cddprun: cannot run %s: %s\n", j->argv[0], strerror(errno));
