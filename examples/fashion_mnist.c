@@ -53,7 +53,7 @@ typedef struct options {
     double bucket_cap_mb;
     uint64_t seed;
     int64_t limit;
-    bool json, zero;
+    bool json, zero, sync_bn;
     cddp_dcomm_transport transport;
 } options;
 
@@ -106,7 +106,11 @@ static void usage(FILE *out) {
         "  --hook NAME         gradient compression: none, bf16 or fp16 (default none)\n"
         "  --bucket-cap-mb X   DDP bucket size in MiB (default 25)\n"
         "  --zero              shard the optimizer state across the ranks "
-        "(ZeRO-1)\n" RUN_TRANSPORT_HELP "  --json              end with one JSON line of results\n"
+        "(ZeRO-1)\n"
+        "  --sync-bn           the ResNet's BatchNorms take their statistics over every rank's\n"
+        "                      batch (PyTorch's SyncBatchNorm): as one process on the whole\n"
+        "                      batch\n" RUN_TRANSPORT_HELP
+        "  --json              end with one JSON line of results\n"
         "  --sample-log PATH   each rank appends a line 'epoch step index' for every sample it\n"
         "                      trains on to PATH.<rank> (to check which samples a job saw)\n"
         "  -h, --help          show this help\n"
@@ -148,6 +152,8 @@ static int parse_args(int argc, char **argv, options *o) {
                                              {"bucket-cap-mb", required_argument, 0, 'B'},
                                              {"json", no_argument, 0, 'j'},
                                              {"zero", no_argument, 0, 'z'},
+                                             {"sync-bn", no_argument, 0, 'Y'},
+                                             {"sync_bn", no_argument, 0, 'Y'},
                                              {"nccl", no_argument, 0, 'N'},
                                              {"ipc", no_argument, 0, 'Q'},
                                              {"transport", required_argument, 0, 'X'},
@@ -227,6 +233,9 @@ static int parse_args(int argc, char **argv, options *o) {
         case 'z':
             o->zero = true;
             break;
+        case 'Y':
+            o->sync_bn = true;
+            break;
         case 'N':
             o->transport = CDDP_DCOMM_NCCL;
             break;
@@ -283,6 +292,11 @@ static int parse_args(int argc, char **argv, options *o) {
     if (strcmp(o->schedule, "constant") && strcmp(o->schedule, "cosine")) {
         fprintf(stderr, "fashion_mnist: --lr-schedule must be constant or cosine, not '%s'\n",
                 o->schedule);
+        return -1;
+    }
+    if (o->sync_bn && strcmp(o->model, "resnet") != 0) {
+        fprintf(stderr, "fashion_mnist: --sync-bn: the %s has no BatchNorm (--model resnet has)\n",
+                o->model);
         return -1;
     }
     if (strcmp(o->hook, "none") && strcmp(o->hook, "bf16") && strcmp(o->hook, "fp16")) {
@@ -492,6 +506,13 @@ int main(int argc, char **argv) {
         goto fail;
     }
     if (cddp_model_to(m, dev, &err) != CDDP_OK) goto fail;
+    if (o.sync_bn) {
+        int nbn = cddp_model_sync_batch_norm(m, group);
+        if (rank == 0)
+            printf("sync BatchNorm: %d BatchNorms take their statistics over the %d ranks' "
+                   "batches\n",
+                   nbn, world);
+    }
     /* The one call that makes it data-parallel. */
     cddp_ddp_options dopt = {.bucket_cap_mb = o.bucket_cap_mb,
                              .shard_optimizer = o.zero,

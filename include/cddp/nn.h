@@ -244,6 +244,12 @@ CDDP_API void cddp_model_zero_grad(cddp_model *m);
 /* Training mode (the default) enables dropout and BatchNorm's batch statistics; evaluation mode
  * disables dropout and normalises with the running statistics. */
 CDDP_API void cddp_model_set_training(cddp_model *m, bool training);
+/* Every BatchNorm of m takes its batch statistics over the batches of all of group's ranks in
+ * training (cddp_sync_batch_norm; PyTorch's SyncBatchNorm.convert_sync_batchnorm), group NULL:
+ * each rank's own again. Returns how many BatchNorms there are. The group is the caller's, used
+ * in every training forward and backward from then on: keep it until the model is done, and call
+ * the model's forward and backward on every rank alike (DistributedDataParallel's group does). */
+CDDP_API int cddp_model_sync_batch_norm(cddp_model *m, cddp_comm *group);
 CDDP_API bool cddp_model_training(const cddp_model *m);
 /* Sets the gradient-ready hook of every parameter (see autograd.h). */
 CDDP_API void cddp_model_set_ready_hook(cddp_model *m, cddp_ready_hook hook, void *user);

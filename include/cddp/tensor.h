@@ -351,6 +351,25 @@ CDDP_API cddp_tensor *cddp_batch_norm_add_relu(cddp_ctx *ctx, cddp_tensor *x, cd
                                                cddp_tensor *running_mean, cddp_tensor *running_var,
                                                bool training, float momentum, float eps);
 
+typedef struct cddp_comm cddp_comm; /* cddp/comm.h */
+/* Batch normalisation whose batch is every rank's of group (PyTorch's SyncBatchNorm): in
+ * training the mean and variance are those of all the ranks' batches together (gathered in the
+ * forward: each rank's count, mean and squared deviations per channel, combined in rank order, so
+ * every rank normalises with the same numbers), the running statistics move toward them, and the
+ * backward gathers each channel's two gradient sums the same way for x's gradient; the weight's
+ * and bias's gradients are this rank's own, which DistributedDataParallel then averages. The
+ * ranks' batches may differ in size. With residual (then relu must be true):
+ * cddp_batch_norm_add_relu's op; else with relu cddp_batch_norm_relu's, without it
+ * cddp_batch_norm's. A collective on group in the forward and in the backward of training: every
+ * rank calls it in the same order (not beside DistributedDataParallel's join, whose joined ranks
+ * stop calling it). group NULL or of one rank, or evaluation: the plain op, no communication.
+ * A failed collective latches in ctx with the group's words. */
+CDDP_API cddp_tensor *cddp_sync_batch_norm(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *residual,
+                                           bool relu, cddp_tensor *weight, cddp_tensor *bias,
+                                           cddp_tensor *running_mean, cddp_tensor *running_var,
+                                           bool training, float momentum, float eps,
+                                           cddp_comm *group);
+
 /* ---- the tape --------------------------------------------------------------------------
  * What an op records when gradients flow, for autograd's backward (and anything else that walks
  * the graph). Nodes live in the context's arena until cddp_ctx_reset. */

@@ -108,6 +108,9 @@ bool cddp__module_add_all(cddp_module *m, const char *const *names, cddp_module 
  * first convolution of a network that keeps its activations blocked (the ResNet's stem). */
 cddp_module *cddp__nn_conv2d_blocked(int64_t in, int64_t out, int kernel, int stride, int padding,
                                      bool bias);
+/* Every BatchNorm under m (m too) takes its statistics over group's ranks (NULL: its own); how
+ * many there are. */
+int cddp__nn_sync_batch_norm(cddp_module *m, cddp_comm *group);
 /* Runs the BatchNorm module bn and a ReLU after it as one op (cddp_batch_norm_relu), or with a
  * residual (not NULL) added before the ReLU (cddp_batch_norm_add_relu); aborts when bn is not a
  * BatchNorm. */

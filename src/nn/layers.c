@@ -20,6 +20,7 @@ typedef struct layer {
     float momentum, eps;         /* BatchNorm, LayerNorm (eps) */
     bool custom_init;            /* Linear, Embedding: weights from init (biases zeros) */
     cddp_init init;
+    cddp_comm *group; /* BatchNorm: the ranks whose batches it takes together (NULL: its own) */
 } layer;
 
 static layer *state(const cddp_module *m) {
@@ -253,6 +254,9 @@ static cddp_tensor *norm_run(cddp_module *self, cddp_ctx *ctx, cddp_tensor *x, b
     cddp_tensor *w = param_or_null(self, 0), *b = param_or_null(self, 1);
     cddp_tensor *rm = cddp_module_get_buffer(self, 0), *rv = cddp_module_get_buffer(self, 1);
     bool training = cddp_module_training(self);
+    if (l->group)
+        return cddp_sync_batch_norm(ctx, x, r, relu || r, w, b, rm, rv, training, l->momentum,
+                                    l->eps, l->group);
     if (r) return cddp_batch_norm_add_relu(ctx, x, r, w, b, rm, rv, training, l->momentum, l->eps);
     return (relu ? cddp_batch_norm_relu : cddp_batch_norm)(ctx, x, w, b, rm, rv, training,
                                                            l->momentum, l->eps);
@@ -275,6 +279,14 @@ cddp_module *cddp_nn_batch_norm(int64_t features) {
     return make(
         &norm_type,
         (layer){.in = features, .out = features, .bias = true, .momentum = 0.1f, .eps = 1e-5f});
+}
+
+int cddp__nn_sync_batch_norm(cddp_module *m, cddp_comm *group) {
+    int n = 0;
+    if (m->type == &norm_type) state(m)->group = group, n++;
+    for (int i = 0; i < cddp_module_num_children(m); i++)
+        n += cddp__nn_sync_batch_norm(cddp_module_child(m, i), group);
+    return n;
 }
 
 /* ---- LayerNorm and Embedding ------------------------------------------------------------- */

@@ -74,6 +74,10 @@ bool cddp_model_training(const cddp_model *m) {
     return m->training;
 }
 
+int cddp_model_sync_batch_norm(cddp_model *m, cddp_comm *group) {
+    return cddp__nn_sync_batch_norm(m->root, group);
+}
+
 void cddp_model_set_event_hook(cddp_model *m, cddp_model_event_hook hook, void *user) {
     m->event_hook = hook;
     m->event_user = user;

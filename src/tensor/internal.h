@@ -60,7 +60,10 @@ struct cddp__node {
         struct {
             int kernel, stride, padding;
         } pool;
-        bool training; /* batch_norm: batch statistics (else the running ones) */
+        struct {
+            bool training;           /* batch statistics (else the running ones) */
+            struct cddp_comm *group; /* sync batch normalisation's ranks (NULL: this one's) */
+        } bn;
     } arg;
     void *saved;
 };

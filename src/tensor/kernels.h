@@ -267,26 +267,34 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
  * relu(bn(x) + r) with relu and r (r may be NULL); stats: mean and 1/std (2 C). In training the
  * batch's statistics, and rmean/rvar (either may be NULL) move by momentum; else rmean/rvar's.
  * Activations in bf16: x16 for x, r16 for r (widened exactly), y16 for y (rounded to nearest
- * even), each with its float32 pointer NULL. */
+ * even), each with its float32 pointer NULL. The statistics of several processes' batches (sync
+ * batch normalisation, training): phase 1 only writes each channel's mean and sum of squared
+ * deviations from it (sums: 2 C doubles, device memory); phase 2 then normalises with those of
+ * the whole batch in sums, count values per channel (phase 0: both at once, from this batch). */
 #define CDDP__KA_batch_norm(F)                                                                     \
     F(const float *, x)                                                                            \
     F(const float *, r) F(const float *, w) F(const float *, b) F(float *, rmean) F(float *, rvar) \
         F(float *, y) F(float *, stats) F(int64_t, N) F(int64_t, C) F(int64_t, P) F(int64_t, B)    \
             F(bool, training) F(bool, relu) F(float, momentum) F(float, eps)                       \
-                F(const uint16_t *, x16) F(const uint16_t *, r16) F(uint16_t *, y16)
+                F(const uint16_t *, x16) F(const uint16_t *, r16) F(uint16_t *, y16) F(int, phase) \
+                    F(double *, sums) F(int64_t, count)
 /* its gradients: dx (stored when assign), dr (the residual's, stored when rassign), dw and db
  * added; each may be NULL. dy is the output's gradient, y the output (for relu); with dy_free and
  * relu the kernel leaves dy masked where y is 0 (the gradient is the op's after this backward:
  * the residual's gradient, or released). dx16 (then dx is NULL): x's gradient stored rounded to
  * bf16 (to nearest even) instead, for a convolution's backward (conv_grad_takes_bf16). x16, y16:
- * x and y in bf16 (as the forward's) */
+ * x and y in bf16 (as the forward's). Sync batch normalisation: phase 1 does all but dx, and
+ * writes each channel's sum of the (masked) gradient and of its products with x's deviations
+ * from the mean (sums: 2 C doubles); phase 2 makes dx from the whole batch's sums in sums, count
+ * values per channel (phase 0: all of it, from this batch). */
 #define CDDP__KA_batch_norm_grad(F)                                                                \
     F(const float *, x)                                                                            \
     F(const float *, y) F(float *, dy) F(const float *, w) F(const float *, stats)                 \
         F(float *, dx) F(bool, assign) F(float *, dr) F(bool, rassign) F(float *, dw)              \
             F(float *, db) F(int64_t, N) F(int64_t, C) F(int64_t, P) F(int64_t, B)                 \
                 F(bool, training) F(bool, relu) F(bool, dy_free) F(uint16_t *, dx16)       \
-                    F(const uint16_t *, x16) F(const uint16_t *, y16)
+                    F(const uint16_t *, x16) F(const uint16_t *, y16) F(int, phase)        \
+                        F(double *, sums) F(int64_t, count)
 
 /* Max pooling of planes (H,W) into (OH,OW) (relu: of max(x, 0)); arg (may be NULL): each
  * maximum's index in its plane. */

@@ -22,6 +22,12 @@
  *   ddp_check buffers join            the BatchNorm model, rank i has 3 + i batches: join shadows
  *                                     the buffer broadcasts too; every rank ends with the buffers
  *                                     of the rank that trained longest
+ *   ddp_check syncbn                  a ResNet whose BatchNorms take every rank's batch
+ *                                     (cddp_model_sync_batch_norm): ranks with 8 + 2 rank
+ *                                     samples give the running statistics of one process on all
+ *                                     of them; then 5 steps on rank slices equal one process
+ *                                     with plain BatchNorms on the whole batch (parameters and
+ *                                     running statistics within 1e-5)
  *   ddp_check gpt ACCUM [CAP_MB]      a GPT with its tied head, GPT-2's recipe (AdamW on matrices,
  *                                     clipping, warmup and cosine), ACCUM micro-steps per step
  *                                     (no_sync), B sequences per rank and micro-step: 5 steps
@@ -40,13 +46,19 @@ enum { B = 8, D = 6, H = 5, O = 3, STEPS = 5 };
 
 /* ---- models and data --------------------------------------------------------------------- */
 
-typedef enum { MLP, CNN, CUSTOM, NORM } kind;
+typedef enum { MLP, CNN, CUSTOM, NORM, RESNET } kind;
 static int in_features(kind k) {
-    return k == CNN ? 64 : D;
+    return k == CNN || k == RESNET ? 64 : D;
 }
 
 static cddp_model *make_model(kind k, uint64_t seed, bool odd) {
-    cddp_model *m = cddp_model_create();
+    /* a stem, a block of 8 channels and one of 16 with a stride-2 shortcut: blocked activations,
+     * the three BatchNorm ops */
+    cddp_resnet_config rc8 = {.in_channels = 1, .classes = O, .widths = {8, 16}, .blocks = 1};
+    cddp_error err = {0};
+    cddp_model *m =
+        k == RESNET ? cddp_model_create_with(cddp_nn_resnet(&rc8), &err) : cddp_model_create();
+    if (!m) FAIL("cannot make the model: %s", err.msg);
     int rc = 0;
     if (k == MLP) {
         rc |= cddp_model_add(m, "fc1", cddp_nn_linear(D, odd ? 7 : 16));
@@ -66,7 +78,7 @@ static cddp_model *make_model(kind k, uint64_t seed, bool odd) {
         rc |= cddp_model_add(m, "pool2", cddp_nn_max_pool2d(2, 2));
         rc |= cddp_model_add(m, "flatten", cddp_nn_flatten());
         rc |= cddp_model_add(m, "fc", cddp_nn_linear(32, O));
-    } else {
+    } else if (k == CUSTOM) {
         cddp_init u = {CDDP_INIT_UNIFORM, -0.5f, 0.5f};
         rc |= cddp_model_add_param(m, "a.weight", 2, (int64_t[]){H, D}, u, NULL);
         rc |= cddp_model_add_param(m, "b.weight", 2, (int64_t[]){H, H}, u, NULL);
@@ -93,8 +105,9 @@ static cddp_tensor *loss_of(cddp_ctx *ctx, cddp_model *m, kind k, int s, int64_t
     float *x = malloc(sizeof(float) * (size_t)(n * count));
     int64_t *y = malloc(sizeof(int64_t) * (size_t)count);
     for (int64_t i = 0; i < count; i++) sample(s, first + i, x + i * n, n, y + i);
-    cddp_tensor *xt = k == CNN ? cddp_from_data(ctx, CDDP_F32, 4, (int64_t[]){count, 1, 8, 8}, x)
-                               : cddp_from_data(ctx, CDDP_F32, 2, (int64_t[]){count, n}, x);
+    cddp_tensor *xt = k == CNN || k == RESNET
+                          ? cddp_from_data(ctx, CDDP_F32, 4, (int64_t[]){count, 1, 8, 8}, x)
+                          : cddp_from_data(ctx, CDDP_F32, 2, (int64_t[]){count, n}, x);
     cddp_tensor *yt = cddp_from_data(ctx, CDDP_I64, 1, (int64_t[]){count}, y);
     free(x);
     free(y);
@@ -131,6 +144,22 @@ static void compare(const cddp_model *got, const cddp_model *ref, const char *wh
             FAIL("%s: %s differs from the single-process reference by %g (largest value %g)", when,
                  b->name, dmax, rmax);
     }
+}
+
+/* Every buffer (running statistics) within 1e-5 of the reference's, relative to the largest. */
+static void compare_buffers(const cddp_model *got, const cddp_model *ref, const char *when) {
+    int64_t n = (int64_t)cddp_model_buffer_numel(ref);
+    const float *a = on_host(cddp_model_buffer_data(got), n),
+                *b = on_host(cddp_model_buffer_data(ref), n);
+    double dmax = 0, rmax = 0;
+    int64_t worst = 0;
+    for (int64_t e = 0; e < n; e++) {
+        if (fabs(a[e] - b[e]) > dmax) dmax = fabs(a[e] - b[e]), worst = e;
+        rmax = fmax(rmax, fabs(b[e]));
+    }
+    if (dmax > 1e-5 * rmax)
+        FAIL("%s: buffer value %lld is %.7g, the single-process reference's %.7g", when,
+             (long long)worst, a[worst], b[worst]);
 }
 
 static cddp_optim *sgd(cddp_model *m) {
@@ -252,6 +281,54 @@ static int buffers(cddp_comm *g, bool off) {
            off ? "kept per rank" : "broadcast from rank 0 before each forward", STEPS);
     free(all);
     release(ctx, om, NULL, d, m, NULL);
+    return 0;
+}
+
+/* Sync BatchNorm in a ResNet (blocked activations; batch_norm_relu, batch_norm_add_relu and a
+ * shortcut's batch_norm). First one training forward on batches of 8 + 2 rank samples: the
+ * running statistics of every rank are those of one process on all of them (each rank's count
+ * weighs its statistics). Then STEPS steps of DDP on slices of B equal the reference with plain
+ * BatchNorms on the whole batch. */
+static void compare_grads(const cddp_model *got, const cddp_model *ref, double tol,
+                          const char *when);
+static int syncbn(cddp_comm *g) {
+    cddp_model *m = make_model(RESNET, 1, false), *ref = make_model(RESNET, 1, false);
+    int nbn = cddp_model_sync_batch_norm(m, g);
+    if (nbn != 6) FAIL("cddp_model_sync_batch_norm found %d BatchNorms, not the ResNet's 6", nbn);
+    cddp_ctx *ctx = check_ctx();
+    int64_t first = 0, total = 0;
+    for (int r = 0; r < world; r++) total += 8 + 2 * r, first += r < rank ? 8 + 2 * r : 0;
+    cddp_tensor *l = loss_of(ctx, m, RESNET, 100, first, 8 + 2 * rank, false);
+    cddp_ctx_reset(ctx);
+    cddp_tensor *lr = loss_of(ctx, ref, RESNET, 100, 0, total, false);
+    if (!l || !lr) FAIL("uneven forward: %s", cddp_ctx_error(ctx));
+    compare_buffers(m, ref, "uneven batches, after one forward");
+    cddp_model_destroy(m);
+    cddp_model_destroy(ref);
+    m = make_model(RESNET, 1, false), ref = make_model(RESNET, 1, false);
+    cddp_model_sync_batch_norm(m, g);
+    cddp_ddp *d = wrap(m, g, (cddp_ddp_options){.bucket_cap_mb = 0.0005});
+    cddp_optim *om = sgd(m), *oref = sgd(ref);
+    for (int s = 0; s < STEPS; s++) {
+        cddp_model_zero_grad(m);
+        cddp_model_zero_grad(ref);
+        cddp_ctx_reset(ctx);
+        backward(ctx, loss_of(ctx, m, RESNET, s, (int64_t)rank * B, B, false), "ddp");
+        cddp_ctx_reset(ctx);
+        backward(ctx, loss_of(ctx, ref, RESNET, s, 0, (int64_t)world * B, false), "reference");
+        char when[64];
+        snprintf(when, sizeof when, "step %d", s + 1);
+        compare_grads(m, ref, 1e-5, when);
+        cddp_optim_step(om);
+        cddp_optim_step(oref);
+        snprintf(when, sizeof when, "after step %d", s + 1);
+        compare(m, ref, when);
+        compare_buffers(m, ref, when);
+    }
+    printf("ok: rank %d of %d: a ResNet's %d BatchNorms on every rank's batch: uneven batches' "
+           "running statistics and %d steps equal the single-process reference; products in %s\n",
+           rank, world, nbn, STEPS, cddp_dtype_name(cddp_ctx_compute(ctx)));
+    release(ctx, om, oref, d, m, ref);
     return 0;
 }
 
@@ -701,7 +778,7 @@ int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: ddp_check equal mlp|cnn [CAP_MB] | nosync | sum | unused | "
                         "unused_noflag | join | join_throw | mismatch shape|option | resume DIR | "
-                        "buffers [off|join] | gpt ACCUM [CAP_MB]\n");
+                        "buffers [off|join] | syncbn | gpt ACCUM [CAP_MB]\n");
         return 2;
     }
     cddp_error err = {0};
@@ -729,6 +806,8 @@ int main(int argc, char **argv) {
         status = buffers_join(g);
     else if (!strcmp(mode, "buffers"))
         status = buffers(g, argc > 2 && !strcmp(argv[2], "off"));
+    else if (!strcmp(mode, "syncbn"))
+        status = syncbn(g);
     else if (!strcmp(mode, "gpt") && argc > 2)
         status = gpt(g, atoi(argv[2]), argc > 3 ? atof(argv[3]) : 0);
     else

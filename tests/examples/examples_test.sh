@@ -17,7 +17,8 @@
 #                   accuracies within 0.5 points
 #   resnet          the ResNet on 2 ranks, 4096 samples: test accuracy >= 0.45 and its
 #                   checkpoint's BatchNorm statistics; in mixed precision (activations in bf16)
-#                   >= 0.45 too
+#                   >= 0.45 too; with --sync-bn, 2 ranks of 32 end with the weights and running
+#                   statistics of 1 process of 64 (within 1e-4), where plain DDP does not
 #   gpt             2 ranks train a small GPT on fortunes for 40 iterations: nanoGPT's lines, the
 #                   losses fall, one sample from rank 0, the JSON fields, the checkpoint (which
 #                   holds the tied head under both names) and curves that render
@@ -183,7 +184,47 @@ PYEOF
     mixed=$(acc_of mixed.out)
     awk -v a="$mixed" 'BEGIN { exit !(a >= 0.45) }' || fail "test accuracy in bf16 $mixed < 0.45"
     grep -q '"dtype": "bfloat16"' mixed.out || fail "the --dtype bf16 run did not say bfloat16"
-    echo "ok: ResNet on 2 ranks, test accuracy $acc; in bf16 $mixed"
+    # --sync-bn: 2 ranks of 32 samples a step train as 1 process of 64 (the sampler's two
+    # halves of each global batch), where plain DDP's BatchNorms, each on its rank's 32, do not.
+    # One step: the running statistics within 1e-6 of one process's (measured 4e-8) and the
+    # weights within 1e-5 (2e-6); plain DDP's are 0.1 and 0.4 away. (Over more steps the runs
+    # part as any two float32 runs of a ResNet do: a product summed in another order flips a
+    # ReLU here and there, 2.5e-3 after 4 steps, 0.16 after 16; tests/ddp/ddp_check.c's syncbn
+    # holds 5 steps to 1e-5 on a smaller one.)
+    sync="--model resnet --epochs 1 --limit 64 --lr 0.05 --out none"
+    run --nproc_per_node 2 "$FM" $sync --batch-size 32 --sync-bn --save sync.safetensors > sync.out 2>&1 ||
+        { cat sync.out; fail "--sync-bn failed"; }
+    grep -q "sync BatchNorm: 9 BatchNorms take their statistics over the 2 ranks' batches" sync.out ||
+        fail "--sync-bn did not say what it synchronised"
+    run --nproc_per_node 1 "$FM" $sync --batch-size 64 --save one.safetensors > one.out 2>&1 ||
+        { cat one.out; fail "1 process at 64 failed"; }
+    run --nproc_per_node 2 "$FM" $sync --batch-size 32 --save plain.safetensors > plain.out 2>&1 ||
+        { cat plain.out; fail "plain DDP at 2 x 32 failed"; }
+    $PY - <<'PYEOF' || fail "--sync-bn's weights and statistics against one process's"
+import json, struct
+def tensors(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    out = {}
+    for name, t in head.items():
+        if name == "__metadata__" or t["dtype"] != "F32":
+            continue
+        a, b = t["data_offsets"]
+        out[name] = struct.unpack("<%df" % ((b - a) // 4), raw[8 + n + a:8 + n + b])
+    return out
+def worst(x, y, stats):  # the largest difference, relative to the tensor's largest value
+    return max(max(abs(p - q) for p, q in zip(x[k], y[k])) / max(max(abs(q) for q in y[k]), 1e-30)
+               for k in y if ("running" in k) == stats and not k.startswith("optim."))
+sync, one, plain = (tensors(p) for p in ("sync.safetensors", "one.safetensors", "plain.safetensors"))
+assert sorted(sync) == sorted(one) and len(one) > 20, (len(sync), len(one))
+ss, sw, ps, pw = worst(sync, one, True), worst(sync, one, False), worst(plain, one, True), worst(plain, one, False)
+assert ss < 1e-6 and sw < 1e-5, "sync BatchNorm: statistics %g, weights %g from one process" % (ss, sw)
+assert ps > 1e-2 and pw > 1e-2, "plain DDP only %g, %g from one process: the check proves nothing" % (ps, pw)
+print("ok: --sync-bn on 2 x 32 as 1 x 64: statistics within %.1e, weights %.1e (plain DDP: %.1e, %.1e)"
+      % (ss, sw, ps, pw))
+PYEOF
+    echo "ok: ResNet on 2 ranks, test accuracy $acc; in bf16 $mixed; --sync-bn as one process"
     ;;
 resume)
     args="--epochs 2 --batch-size 32 --limit 24000 --json"

@@ -161,12 +161,13 @@ static bool bn_scratch(cddp__kq *q, bn_job *j, int parts) {
     return j->block && j->bd;
 }
 
-/* Groups lo..hi of the forward: statistics (training), scale and shift, the normalisation. */
+/* Groups lo..hi of the forward: statistics (training), scale and shift, the normalisation; phase 1
+ * the statistics alone, phase 2 the rest with the statistics given. */
 static void batch_norm_part(int64_t lo, int64_t hi, int part, void *arg) {
     const bn_job *j = arg;
     const cddp__k_batch_norm *a = j->a;
     const blocks v = j->v;
-    int64_t C = v.C, M = v.N * v.P;
+    int64_t C = v.C, M = a->phase == 2 ? a->count : v.N * v.P;
     values xv = part_values(j, part, 0, a->x, a->x16), rv = part_values(j, part, 1, a->r, a->r16);
     float *yb = part_values(j, part, 2, NULL, NULL).scratch; /* a plane's bf16 output, first */
     float *bm = part_values(j, part, 4, NULL, NULL).scratch; /* a block's means, B floats */
@@ -177,7 +178,8 @@ static void batch_norm_part(int64_t lo, int64_t hi, int part, void *arg) {
     for (int64_t g = lo; g < hi; g++) {
         int64_t c0 = g * v.B;
         double *mu = j->acc + c0, *m2 = j->acc + C + c0;
-        if (a->training) group_stats(&v, &xv, g, mu, m2, bs, bq, bm);
+        if (a->training && a->phase != 2) group_stats(&v, &xv, g, mu, m2, bs, bq, bm);
+        if (a->phase == 1) continue;
         for (int64_t c = c0; c < c0 + v.B; c++) {
             double var;
             if (a->training) {
@@ -209,17 +211,18 @@ void cddp__cpu_batch_norm(cddp__kq *q, const cddp__k_batch_norm *a) {
     bn_job j = {.v = {.N = a->N, .C = a->C, .P = a->P, .B = a->B, .G = a->C / a->B}, .a = a};
     int parts = cddp__cpu_row_parts(j.v.G, j.v.N * j.v.B * j.v.P);
     j.coef = cddp__kq_scratch(q, 2 * (size_t)j.v.C * sizeof(float)); /* scale, shift */
-    j.acc = cddp__kq_scratch(q, 2 * (size_t)j.v.C * sizeof(double));
+    j.acc = a->phase ? a->sums : cddp__kq_scratch(q, 2 * (size_t)j.v.C * sizeof(double));
     if (!j.coef || !j.acc || !bn_scratch(q, &j, parts)) return;
     cddp__cpu_split(j.v.G, 1, parts, batch_norm_part, &j);
 }
 
-/* Groups lo..hi of the backward: the sums, the parameters' gradients, dx. */
+/* Groups lo..hi of the backward: the sums, the parameters' gradients, dx; phase 1 all but dx,
+ * phase 2 dx alone, from the sums given. */
 static void batch_norm_grad_part(int64_t lo, int64_t hi, int part, void *arg) {
     const bn_job *j = arg;
     const cddp__k_batch_norm_grad *a = j->a;
     const blocks v = j->v;
-    int64_t C = v.C, M = v.N * v.P;
+    int64_t C = v.C, M = a->phase == 2 ? a->count : v.N * v.P;
     bool relu = a->relu, training = a->training;
     bool in_place = relu && a->dy_free; /* masked into dy itself, once */
     values xv = part_values(j, part, 0, a->x, a->x16);
@@ -234,8 +237,8 @@ static void batch_norm_grad_part(int64_t lo, int64_t hi, int part, void *arg) {
     for (int64_t grp = lo; grp < hi; grp++) {
         int64_t c0 = grp * v.B;
         double *sdy = j->acc + c0, *sdyxh = j->acc + C + c0;
-        for (int64_t k = 0; k < v.B; k++) sdy[k] = sdyxh[k] = 0.0;
-        for (int64_t s = 0; s < v.N; s++) {
+        for (int64_t k = 0; k < v.B && a->phase != 2; k++) sdy[k] = sdyxh[k] = 0.0;
+        for (int64_t s = 0; s < v.N && a->phase != 2; s++) {
             int64_t o = at(&v, s, grp);
             float *dyb = dy + o;
             const float *d; /* the block's gradient, masked (NULL: not kept, nobody reads it) */
@@ -256,14 +259,14 @@ static void batch_norm_grad_part(int64_t lo, int64_t hi, int part, void *arg) {
         }
         for (int64_t c = c0; c < c0 + v.B; c++) {
             double sx = sdyxh[c - c0] * inv[c];
-            if (gb) gb[c] += (float)sdy[c - c0];
-            if (gg) gg[c] += (float)sx;
+            if (gb && a->phase != 2) gb[c] += (float)sdy[c - c0];
+            if (gg && a->phase != 2) gg[c] += (float)sx;
             float mdyxh = training ? (float)(sx / (double)M) : 0.0f;
             ck[c] = (a->w ? a->w[c] : 1.0f) * inv[c];
             ca[c] = training ? (float)(sdy[c - c0] / (double)M) : 0.0f;
             cb[c] = inv[c] * mdyxh;
         }
-        if (!dx && !a->dx16) continue;
+        if (a->phase == 1 || (!dx && !a->dx16)) continue;
         for (int64_t s = 0; s < v.N; s++) {
             int64_t o = at(&v, s, grp);
             const float *d = relu && !in_place
@@ -282,7 +285,7 @@ static void batch_norm_grad_part(int64_t lo, int64_t hi, int part, void *arg) {
 void cddp__cpu_batch_norm_grad(cddp__kq *q, const cddp__k_batch_norm_grad *a) {
     bn_job j = {.v = {.N = a->N, .C = a->C, .P = a->P, .B = a->B, .G = a->C / a->B}, .a = a};
     int parts = cddp__cpu_row_parts(j.v.G, j.v.N * j.v.B * j.v.P);
-    j.acc = cddp__kq_scratch(q, 2 * (size_t)j.v.C * sizeof(double));
+    j.acc = a->phase ? a->sums : cddp__kq_scratch(q, 2 * (size_t)j.v.C * sizeof(double));
     j.coef = cddp__kq_scratch(q, 3 * (size_t)j.v.C * sizeof(float)); /* dx's k, a and b */
     if (!j.acc || !j.coef || !bn_scratch(q, &j, parts)) return;
     cddp__cpu_split(j.v.G, 1, parts, batch_norm_grad_part, &j);
