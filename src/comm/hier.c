@@ -3,8 +3,10 @@
  * Inside a host, shared memory is an order of magnitude faster than any network; across hosts,
  * only one copy of the message needs to cross. So: reduce on each host over its shared-memory
  * group (c->host), a ring allreduce of the hosts' leaders (local rank 0) over the group's own
- * transport, then a broadcast on each host. Every step runs in float32 for 16-bit types, and a
- * mean is a sum divided once at the end, so the result is what the flat ring gives.
+ * transport, then a broadcast on each host. For 16-bit types the sums run in float32 and the
+ * hosts' sums cross between the leaders as 16-bit values (ring.c's ring_allreduce_half: half
+ * the bytes, what the 16-bit gradient hooks are for), each segment rounded once with a mean's
+ * division before; otherwise a mean is a sum divided once at the end, as the flat ring does.
  *
  * A failure on a host's group (whose ranks are numbered 0..local_world-1 there) is most often
  * caused by a rank that the group's transport names too (it died or aborted), by its global
@@ -40,7 +42,7 @@ int cddp__hier_allreduce(cddp_comm *c, const coll *a, const cddp__place *p, doub
     uint8_t *buf = a->recv;
     float *wide = NULL;
     cddp_comm_dtype dt = a->dtype;
-    if (cddp__comm_is_half(dt)) { /* float32 on the wire and in the sums */
+    if (cddp__comm_is_half(dt)) { /* float32 in the sums; 16 bits between the hosts */
         if (!(wide = cddp_aligned_alloc((size_t)n * sizeof(float) + 64)))
             return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
         cddp_comm_to_f32(dt, a->send, wide, n);
@@ -52,7 +54,13 @@ int cddp__hier_allreduce(cddp_comm *c, const coll *a, const cddp__place *p, doub
     cddp_comm_op sum = a->op == CDDP_COMM_MEAN ? CDDP_COMM_SUM : a->op;
     int rc = CDDP_OK;
     if (c->host) rc = on_host(c, K_ALLREDUCE, sum, dt, buf, n, deadline, err);
-    if (rc == CDDP_OK && c->leader_index >= 0) {
+    if (rc == CDDP_OK && c->leader_index >= 0 && wide) {
+        /* the hosts' sums cross as 16-bit values (rounded once each, the mean's division
+         * before), then widen again for the host's broadcast */
+        cddp__ring g = {c->leaders, c->nleaders, c->leader_index};
+        rc = cddp__ring_allreduce_half(c, &g, wide, a->recv, n, a->dtype, a->op, deadline, err);
+        if (rc == CDDP_OK) cddp_comm_to_f32(a->dtype, a->recv, wide, n);
+    } else if (rc == CDDP_OK && c->leader_index >= 0) {
         cddp__ring g = {c->leaders, c->nleaders, c->leader_index};
         rc = cddp__ring_allreduce_buf(c, &g, buf, n, dt, sum, deadline, err);
         if (rc == CDDP_OK && a->op == CDDP_COMM_MEAN) cddp_comm_divide(dt, buf, n, c->world);

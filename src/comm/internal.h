@@ -308,6 +308,12 @@ typedef struct cddp__ring {
  * size. */
 int cddp__ring_allreduce_buf(cddp_comm *c, const cddp__ring *g, uint8_t *buf, int64_t n,
                              cddp_comm_dtype dt, cddp_comm_op op, double deadline, cddp_error *err);
+/* The same for a 16-bit type dt16 (ring.c's opening says how): wide holds n float32 values (the
+ * input, widened; overwritten), narrow receives the result (n 16-bit values; may be the input's
+ * own memory, which is no longer read). */
+int cddp__ring_allreduce_half(cddp_comm *c, const cddp__ring *g, float *wide, uint16_t *narrow,
+                              int64_t n, cddp_comm_dtype dt16, cddp_comm_op op, double deadline,
+                              cddp_error *err);
 /* The generic collectives, over the transport's moves. */
 int cddp__ring_allreduce(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,
                          cddp_error *err);

@@ -15,9 +15,13 @@
  * chunks (CDDP_TCP_CHUNK_KB), each added while the next is on its way, so the link and the adds
  * overlap. Every element is reduced by one rank in one order and copied to the others, so every
  * rank gets bit-identical results; a mean divides each segment once, where it is complete.
- * 16-bit types travel and accumulate as float32 (widened on the way in, rounded once on the way
- * out), as on every other path. The ring's latency is 2(n-1) steps, which is why small messages
- * take a transport's one-hop path where it has one.
+ * 16-bit types travel as 16 bits and accumulate in float32 (ring_allreduce_half): each hop's
+ * partial sum is rounded for the wire and widened where it arrives, each rank's complete
+ * segment is rounded once, and the allgather moves the rounded segments, so the bytes on the
+ * wire are half of float32's (what the bf16/fp16 gradient hooks are for) and every rank gets the
+ * same bits. On 2 ranks (or hosts) that is one rounding, as in the other paths; each more rank
+ * adds one to the partial sums (a 16-bit ring, NCCL's, rounds at every hop). The ring's latency is
+ * 2(n-1) steps, which is why small messages take a transport's one-hop path where it has one.
  *
  * reduce_scatter is the first half over the whole input, whose segments are then exactly the
  * ranks' blocks; allgather the second half. broadcast, gather and scatter are linear: the root
@@ -94,6 +98,45 @@ static int allgather_buf(cddp_comm *c, const cddp__ring *g, uint8_t *buf, int64_
     return CDDP_OK;
 }
 
+/* The reduce-scatter of ring_allreduce_half: wide (n float32) accumulates, and each segment sent
+ * is first rounded into narrow (n 16-bit values of dt16), which goes on the wire. */
+static int reduce_scatter_half(cddp_comm *c, const cddp__ring *g, float *wide, uint16_t *narrow,
+                               int64_t count, cddp_comm_dtype dt16, cddp_comm_op op,
+                               double deadline, cddp_error *err) {
+    int W = g->n, me = g->idx, next = ring_peer(g, me + 1), prev = ring_peer(g, me - 1);
+    int64_t per = (int64_t)(c->ring_chunk / sizeof(uint16_t));
+    uint8_t *tmp = scratch(c, (size_t)per * (sizeof(uint16_t) + sizeof(float)), err);
+    if (!tmp) return CDDP_ENOMEM;
+    uint16_t *in16 = (uint16_t *)tmp;
+    float *in32 = (float *)(tmp + (size_t)per * sizeof(uint16_t));
+    for (int s = 0; s < W - 1; s++) {
+        int sq = ((me - s - 1) % W + W) % W, rq = ((me - s - 2) % W + W) % W;
+        int64_t slo = seg_lo(count, sq, W), sn = seg_lo(count, sq + 1, W) - slo;
+        int64_t rlo = seg_lo(count, rq, W), rn = seg_lo(count, rq + 1, W) - rlo;
+        cddp_comm_from_f32(dt16, wide + slo, narrow + slo, sn);
+        cddp__xfer out = {next, (uint8_t *)(narrow + slo), (size_t)sn * sizeof(uint16_t), 0};
+        for (int64_t at = 0; at < rn; at += per) {
+            int64_t kr = CDDP_MIN(per, rn - at);
+            cddp__xfer in = {prev, (uint8_t *)in16, (size_t)kr * sizeof(uint16_t), 0};
+            CDDP_TRY(c->tr->move(c, &out, 1, &in, 1, false, "collective", deadline, err));
+            cddp_comm_to_f32(dt16, in16, in32, kr);
+            cddp_comm_combine(CDDP_COMM_F32, op, wide + rlo + at, in32, kr);
+        }
+        CDDP_TRY(c->tr->move(c, &out, 1, NULL, 0, true, "collective", deadline, err));
+    }
+    return CDDP_OK;
+}
+
+int cddp__ring_allreduce_half(cddp_comm *c, const cddp__ring *g, float *wide, uint16_t *narrow,
+                              int64_t n, cddp_comm_dtype dt16, cddp_comm_op op, double deadline,
+                              cddp_error *err) {
+    CDDP_TRY(reduce_scatter_half(c, g, wide, narrow, n, dt16, op, deadline, err));
+    int64_t lo = seg_lo(n, g->idx, g->n), hi = seg_lo(n, g->idx + 1, g->n);
+    if (op == CDDP_COMM_MEAN) cddp_comm_divide(CDDP_COMM_F32, wide + lo, hi - lo, c->world);
+    cddp_comm_from_f32(dt16, wide + lo, narrow + lo, hi - lo);
+    return allgather_buf(c, g, (uint8_t *)narrow, n, sizeof(uint16_t), deadline, err);
+}
+
 int cddp__ring_allreduce_buf(cddp_comm *c, const cddp__ring *g, uint8_t *buf, int64_t n,
                              cddp_comm_dtype dt, cddp_comm_op op, double deadline,
                              cddp_error *err) {
@@ -128,10 +171,11 @@ int cddp__ring_allreduce(cddp_comm *c, const coll *a, const cddp__place *p, doub
     float *wide;
     uint8_t *buf = work_buffer(c, a, a->count, &wide, err);
     if (!buf) return CDDP_ENOMEM;
-    cddp_comm_dtype dt = wide ? CDDP_COMM_F32 : a->dtype;
     cddp__ring flat = {NULL, c->world, c->rank};
-    int rc = cddp__ring_allreduce_buf(c, &flat, buf, a->count, dt, a->op, deadline, err);
-    if (wide && rc == CDDP_OK) cddp_comm_from_f32(a->dtype, wide, a->recv, a->count);
+    int rc =
+        wide ? cddp__ring_allreduce_half(c, &flat, wide, a->recv, a->count, a->dtype, a->op,
+                                         deadline, err)
+             : cddp__ring_allreduce_buf(c, &flat, buf, a->count, a->dtype, a->op, deadline, err);
     cddp_aligned_free(wide);
     return rc;
 }
