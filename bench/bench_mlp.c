@@ -3,6 +3,7 @@
  *
  *   bench_mlp [--model mlp|cnn|resnet] [--batch-size 32] [--lr 0.01] [--epochs 1] [--threads 1]
  *             [--data DIR] [--bucket-cap-mb X] [--device cpu|emu|cuda]
+ *             [--hook none|bf16|fp16|powersgd] [--powersgd-rank R] [--powersgd-start S]
  *   cddprun --nproc_per_node 2 bench_mlp ...
  *
  * The setting of bench/mlp_torch.py, so that bench/mlp_vs_torch.sh and bench/ddp_vs_torch.sh can
@@ -25,7 +26,9 @@ int main(int argc, char **argv) {
     int batch = 32, epochs = 1, threads = 1;
     float lr = 0.01f;
     double cap_mb = 0;
-    const char *data = NULL, *model = "mlp", *device = "cpu";
+    const char *data = NULL, *model = "mlp", *device = "cpu", *hook = "none";
+    int psgd_rank = 0;
+    int64_t psgd_start = 0;
     static const struct option longopts[] = {{"batch-size", required_argument, 0, 'b'},
                                              {"lr", required_argument, 0, 'l'},
                                              {"epochs", required_argument, 0, 'e'},
@@ -34,6 +37,9 @@ int main(int argc, char **argv) {
                                              {"bucket-cap-mb", required_argument, 0, 'B'},
                                              {"model", required_argument, 0, 'm'},
                                              {"device", required_argument, 0, 'D'},
+                                             {"hook", required_argument, 0, 'H'},
+                                             {"powersgd-rank", required_argument, 0, 'r'},
+                                             {"powersgd-start", required_argument, 0, 's'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     int c;
@@ -63,12 +69,22 @@ int main(int argc, char **argv) {
         case 'm':
             model = optarg;
             break;
+        case 'H':
+            hook = optarg;
+            break;
+        case 'r':
+            psgd_rank = atoi(optarg);
+            break;
+        case 's':
+            psgd_start = atoll(optarg);
+            break;
         case 'h':
             printf("usage: [cddprun --nproc_per_node N] bench_mlp [--model mlp|cnn|resnet] "
                    "[--batch-size N] "
                    "[--lr X] "
                    "[--epochs N] [--threads N] [--data DIR] [--bucket-cap-mb X] "
-                   "[--device NAME]\n");
+                   "[--device NAME] [--hook none|bf16|fp16|powersgd] [--powersgd-rank R] "
+                   "[--powersgd-start S]\n");
             return 0;
         default:
             return 2;
@@ -77,6 +93,14 @@ int main(int argc, char **argv) {
     bool resnet = strcmp(model, "resnet") == 0, cnn = resnet || strcmp(model, "cnn") == 0;
     if (!cnn && strcmp(model, "mlp") != 0) {
         fprintf(stderr, "bench_mlp: --model must be mlp, cnn or resnet, not '%s'\n", model);
+        return 2;
+    }
+    cddp_ddp_hook h = !strcmp(hook, "bf16")       ? CDDP_DDP_HOOK_BF16
+                      : !strcmp(hook, "fp16")     ? CDDP_DDP_HOOK_FP16
+                      : !strcmp(hook, "powersgd") ? CDDP_DDP_HOOK_POWERSGD
+                                                  : CDDP_DDP_HOOK_NONE;
+    if (h == CDDP_DDP_HOOK_NONE && strcmp(hook, "none") != 0) {
+        fprintf(stderr, "bench_mlp: --hook must be none, bf16, fp16 or powersgd, not '%s'\n", hook);
         return 2;
     }
     if (batch < 1 || epochs < 1 || threads < 1) {
@@ -116,8 +140,12 @@ int main(int argc, char **argv) {
         return 1;
     }
     cddp_ddp *ddp = NULL;
-    if (world > 1 &&
-        !(ddp = cddp_ddp_wrap(m, group, &(cddp_ddp_options){.bucket_cap_mb = cap_mb}, &err))) {
+    if (world > 1 && !(ddp = cddp_ddp_wrap(m, group,
+                                           &(cddp_ddp_options){.bucket_cap_mb = cap_mb,
+                                                               .hook = h,
+                                                               .powersgd_rank = psgd_rank,
+                                                               .powersgd_start_step = psgd_start},
+                                           &err))) {
         fprintf(stderr, "bench_mlp: %s\n", err.msg);
         return 1;
     }
@@ -174,10 +202,11 @@ int main(int argc, char **argv) {
                "\"samples\": %.0f, \"train_s\": %.3f, \"samples_per_s\": %.1f, "
                "\"final_loss\": %.4f, \"forward_ms\": %.3f, \"backward_ms\": %.3f, "
                "\"allreduce_ms\": %.3f, \"wait_ms\": %.3f, \"overlap\": %.2f, \"buckets\": %d, "
-               "\"comm_inline\": %s}\n",
+               "\"comm_inline\": %s, \"hook\": \"%s\", \"bytes_per_step\": %zu}\n",
                cddp_device_name(dev), model, world, batch, threads, sums[0], slowest,
                sums[0] / slowest, loss, st.forward_s * 1e3, st.backward_s * 1e3, st.comm_s * 1e3,
-               st.wait_s * 1e3, st.overlap, st.buckets, st.comm_inline ? "true" : "false");
+               st.wait_s * 1e3, st.overlap, st.buckets, st.comm_inline ? "true" : "false", hook,
+               st.bytes);
     cddp_ddp_destroy(ddp);
     cddp_comm_destroy(group);
     cddp_sampler_destroy(sampler);

@@ -54,6 +54,7 @@ typedef struct options {
     uint64_t seed;
     int64_t limit;
     bool json, zero, sync_bn;
+    int64_t powersgd_rank, powersgd_start;
     cddp_dcomm_transport transport;
 } options;
 
@@ -103,7 +104,11 @@ static void usage(FILE *out) {
         "                      a set, or a folder of sets: its newest complete one), also\n"
         "                      mid-epoch and on another number of ranks (keep the global batch\n"
         "                      for the same steps: ranks x --batch-size)\n"
-        "  --hook NAME         gradient compression: none, bf16 or fp16 (default none)\n"
+        "  --hook NAME         gradient compression: none, bf16, fp16 or powersgd (low-rank\n"
+        "                      with error feedback, PyTorch's PowerSGD) (default none)\n"
+        "  --powersgd-rank R   PowerSGD's rank: the columns each matrix travels as (default 1)\n"
+        "  --powersgd-start S  the first step PowerSGD compresses, counted from 1 (default\n"
+        "                      1001: 1000 plain steps first)\n"
         "  --bucket-cap-mb X   DDP bucket size in MiB (default 25)\n"
         "  --zero              shard the optimizer state across the ranks "
         "(ZeRO-1)\n"
@@ -148,6 +153,10 @@ static int parse_args(int argc, char **argv, options *o) {
                                              {"out", required_argument, 0, 'O'},
                                              {"resume", required_argument, 0, 'R'},
                                              {"hook", required_argument, 0, 'H'},
+                                             {"powersgd-rank", required_argument, 0, 'W'},
+                                             {"powersgd_rank", required_argument, 0, 'W'},
+                                             {"powersgd-start", required_argument, 0, 'V'},
+                                             {"powersgd_start", required_argument, 0, 'V'},
                                              {"lr-schedule", required_argument, 0, 'C'},
                                              {"bucket-cap-mb", required_argument, 0, 'B'},
                                              {"json", no_argument, 0, 'j'},
@@ -224,6 +233,12 @@ static int parse_args(int argc, char **argv, options *o) {
         case 'H':
             o->hook = optarg;
             break;
+        case 'W':
+            ok = run_int(P, "--powersgd-rank", optarg, 1, 1 << 16, &o->powersgd_rank);
+            break;
+        case 'V':
+            ok = run_int(P, "--powersgd-start", optarg, 1, INT64_MAX, &o->powersgd_start);
+            break;
         case 'B':
             ok = run_double(P, "--bucket-cap-mb", optarg, 0, 4096, true, &o->bucket_cap_mb);
             break;
@@ -299,8 +314,10 @@ static int parse_args(int argc, char **argv, options *o) {
                 o->model);
         return -1;
     }
-    if (strcmp(o->hook, "none") && strcmp(o->hook, "bf16") && strcmp(o->hook, "fp16")) {
-        fprintf(stderr, "fashion_mnist: --hook must be none, bf16 or fp16, not '%s'\n", o->hook);
+    if (strcmp(o->hook, "none") && strcmp(o->hook, "bf16") && strcmp(o->hook, "fp16") &&
+        strcmp(o->hook, "powersgd")) {
+        fprintf(stderr, "fashion_mnist: --hook must be none, bf16, fp16 or powersgd, not '%s'\n",
+                o->hook);
         return -1;
     }
     if (strcmp(o->model, "mlp") != 0 && strcmp(o->model, "cnn") != 0 &&
@@ -517,9 +534,12 @@ int main(int argc, char **argv) {
     cddp_ddp_options dopt = {.bucket_cap_mb = o.bucket_cap_mb,
                              .shard_optimizer = o.zero,
                              .transport = o.transport,
-                             .hook = !strcmp(o.hook, "bf16")   ? CDDP_DDP_HOOK_BF16
-                                     : !strcmp(o.hook, "fp16") ? CDDP_DDP_HOOK_FP16
-                                                               : CDDP_DDP_HOOK_NONE};
+                             .powersgd_rank = (int)o.powersgd_rank,
+                             .powersgd_start_step = o.powersgd_start,
+                             .hook = !strcmp(o.hook, "bf16")       ? CDDP_DDP_HOOK_BF16
+                                     : !strcmp(o.hook, "fp16")     ? CDDP_DDP_HOOK_FP16
+                                     : !strcmp(o.hook, "powersgd") ? CDDP_DDP_HOOK_POWERSGD
+                                                                   : CDDP_DDP_HOOK_NONE};
     if (!(ddp = cddp_ddp_wrap(m, group, &dopt, &err))) goto fail;
     /* After the wrap, so that under --zero the state is the shard's from the start. */
     if (strcmp(o.optimizer, "sgd") == 0)

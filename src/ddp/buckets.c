@@ -36,6 +36,7 @@ void cddp__ddp_free_buckets(cddp_ddp *d) {
         } else {
             cddp_aligned_free(d->buckets[b].stage);
             cddp_aligned_free(d->buckets[b].half);
+            cddp_aligned_free(d->buckets[b].lowrank);
         }
         cddp_event_destroy(d->buckets[b].ready_ev);
     }

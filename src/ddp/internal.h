@@ -12,6 +12,7 @@
  *   stage.c     a model on a device the host cannot read: host copies of its blocks, filled and
  *               emptied around each bucket's reduction
  *   reducer.c   what reduces one bucket (the reducers below)
+ *   powersgd.c  the PowerSGD reducer: low-rank compression with error feedback
  *   timeline.c  the step's statistics and the Chrome-trace timeline
  *   buckets.c   the buckets and a synchronised backward: ready hooks, launching complete buckets
  *               in order, the end of backward, the rebuild in ready order; the step's events
@@ -46,8 +47,12 @@ typedef struct bucket {
     int pending;    /* parameters still to become ready in this backward */
     float *stage;   /* packed float32 (non-contiguous buckets; on the device with nccl) */
     uint16_t *half; /* packed 16-bit (compression reducers) */
+    float *lowrank; /* PowerSGD: the Qs of its matrices, back to back */
+    bool compressed; /* PowerSGD: this step's reduction was compressed */
     cddp_comm_work *work;
-    cddp_comm_work *pre[2]; /* what runs before the collective on the thread (cddp__ddp_before) */
+    /* what runs before the last collective on the thread (cddp__ddp_before, and collectives
+     * before the last: cddp__ddp_collective_first) */
+    cddp_comm_work *pre[4];
     int npre;
     cddp_event *ready_ev; /* staged: recorded after the copy of its gradients to the host */
     bool reduced;         /* reduced inline, not yet finished */
@@ -67,7 +72,15 @@ typedef struct cddp__reducer {
 
 extern const cddp__reducer cddp__allreduce_reducer, cddp__bf16_reducer, cddp__fp16_reducer,
     cddp__zero_reducer, cddp__dev_reducer, cddp__dev_zero_reducer, cddp__dev_bf16_reducer,
-    cddp__dev_fp16_reducer;
+    cddp__dev_fp16_reducer, cddp__powersgd_reducer;
+
+/* PowerSGD's state of one parameter (powersgd.c): kept across steps and bucket rebuilds. */
+typedef struct cddp__psgd {
+    int64_t n, m; /* the gradient as an n x m matrix */
+    int r;        /* its rank; 0: not compressed (a vector, or too small to gain) */
+    float *q;     /* m x r, the last step's Q (warm start); NULL until the first compressed step */
+    float *error; /* n x m, what the last approximation left out of this rank's gradient */
+} cddp__psgd;
 
 typedef struct event {
     const char *name;
@@ -121,6 +134,8 @@ struct cddp_ddp {
     size_t nevents, cap_events;
     /* shard_optimizer: this rank's part of every bucket, [begin, end) pairs in the flat block */
     int64_t *shard;
+    cddp__psgd *psgd;  /* PowerSGD: per parameter */
+    size_t step_bytes; /* what this step's collectives carried, where a reducer counts them */
 };
 
 /* The deadline of DDP's collectives: the option's, or the group's (-1). */
@@ -210,6 +225,15 @@ void cddp__ddp_before(cddp_ddp *d, bucket *b, cddp_comm_fn fn);
  * A failure is kept for the end of backward. */
 void cddp__ddp_collective(cddp_ddp *d, bucket *b, cddp__ddp_kind kind, const void *send, void *recv,
                           int64_t count, cddp_comm_dtype dtype, cddp_comm_op op);
+/* An allreduce that comes before the bucket's last collective (PowerSGD's first sum): inline, or
+ * queued ahead of what follows (b->pre). A failure is kept for the end of backward. */
+void cddp__ddp_collective_first(cddp_ddp *d, bucket *b, const void *send, void *recv,
+                                int64_t count, cddp_comm_op op);
+
+/* ---- powersgd.c -------------------------------------------------------------------------- */
+
+/* Frees PowerSGD's per-parameter state. */
+void cddp__ddp_psgd_free(cddp_ddp *d);
 
 /* ---- buckets.c --------------------------------------------------------------------------- */
 

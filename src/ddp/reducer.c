@@ -59,6 +59,26 @@ void cddp__ddp_collective(cddp_ddp *d, bucket *b, cddp__ddp_kind kind, const voi
     if (!b->work && !b->reduced && !d->hook_err.code) d->hook_err = err;
 }
 
+void cddp__ddp_collective_first(cddp_ddp *d, bucket *b, const void *send, void *recv, int64_t count,
+                                cddp_comm_op op) {
+    cddp_error err = {0};
+    double t = cddp__ddp_timeout(d);
+    if (d->inline_comm) {
+        if (cddp_comm_allreduce(d->group, send, recv, count, CDDP_COMM_F32, op, t, &err) &&
+            !d->hook_err.code)
+            d->hook_err = err;
+        return;
+    }
+    CDDP_CHECK(b->npre < (int)CDDP_ARRAY_LEN(b->pre), "DDP: a bucket with more than %d steps",
+               (int)CDDP_ARRAY_LEN(b->pre));
+    cddp_comm_work *w =
+        cddp_comm_allreduce_async(d->group, send, recv, count, CDDP_COMM_F32, op, t, &err);
+    if (w)
+        b->pre[b->npre++] = w;
+    else if (!d->hook_err.code)
+        d->hook_err = err;
+}
+
 /* Copies the bucket's gradients to stage back to back (to_block false), or back (true). */
 static void pack(cddp_ddp *d, bucket *b, float *stage, bool to_block) {
     size_t at = 0;
@@ -339,6 +359,8 @@ const cddp__reducer *cddp__ddp_reducer(const cddp_ddp_options *o) {
     if (dev) return o->shard_optimizer ? &cddp__dev_zero_reducer : &cddp__dev_reducer;
     if (o->shard_optimizer) return &cddp__zero_reducer;
     switch (o->hook) {
+    case CDDP_DDP_HOOK_POWERSGD:
+        return &cddp__powersgd_reducer;
     case CDDP_DDP_HOOK_BF16:
         return &cddp__bf16_reducer;
     case CDDP_DDP_HOOK_FP16:

@@ -43,7 +43,11 @@ void cddp__ddp_report_stats(cddp_ddp *d, double t_walk_end, double t_done, doubl
     s->overlap = s->comm_s > 0 && !d->inline_comm ? 1.0 - s->wait_s / s->comm_s : 0;
     if (s->overlap < 0) s->overlap = 0;
     s->buckets = d->nbuckets;
-    s->bytes = d->alone ? 0 : cddp_model_numel(d->model) * (d->o.hook ? 2 : 4);
+    s->bytes = d->alone ? 0
+               : d->o.hook == CDDP_DDP_HOOK_POWERSGD
+                   ? d->step_bytes
+                   : cddp_model_numel(d->model) * (d->o.hook ? 2 : 4);
+    d->step_bytes = 0;
     s->comm_inline = d->inline_comm;
     if (d->t_forward > 0 && d->t_forward < t_backward0)
         cddp__ddp_record(d, "forward", -1, 0, d->t_forward, t_backward0);

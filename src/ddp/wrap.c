@@ -62,7 +62,8 @@ typedef struct wrap_rec {
     int64_t nparams, numel, nbuffers;
     double bucket_cap_mb;
     int32_t sum, find_unused, hook, join, join_throw, no_broadcast_buffers;
-    int32_t shard_optimizer, transport;
+    int32_t shard_optimizer, transport, powersgd_rank, pad;
+    int64_t powersgd_start_step;
 } wrap_rec;
 
 typedef struct param_rec {
@@ -72,7 +73,10 @@ typedef struct param_rec {
 } param_rec;
 
 static const char *hook_name(int h) {
-    return h == CDDP_DDP_HOOK_BF16 ? "bf16" : h == CDDP_DDP_HOOK_FP16 ? "fp16" : "none";
+    return h == CDDP_DDP_HOOK_BF16       ? "bf16"
+           : h == CDDP_DDP_HOOK_FP16     ? "fp16"
+           : h == CDDP_DDP_HOOK_POWERSGD ? "powersgd"
+                                         : "none";
 }
 
 /* Every rank compares every rank with rank 0, so each reports the same first difference. */
@@ -91,7 +95,10 @@ static int agree(cddp_ddp *d, cddp_error *err) {
                      d->o.join_throw,
                      d->o.no_broadcast_buffers,
                      d->o.shard_optimizer,
-                     d->o.transport};
+                     d->o.transport,
+                     d->o.powersgd_rank,
+                     0,
+                     d->o.powersgd_start_step};
     wrap_rec *all = cddp_calloc((size_t)W, sizeof *all);
     param_rec *pm = cddp_calloc((size_t)nrec + 1, sizeof *pm);
     param_rec *pall = cddp_calloc((size_t)W * ((size_t)nrec + 1), sizeof *pall);
@@ -137,6 +144,8 @@ static int agree(cddp_ddp *d, cddp_error *err) {
         SAME(no_broadcast_buffers, "no_broadcast_buffers", "%d", ASIS)
         SAME(shard_optimizer, "shard_optimizer", "%d", (int))
         SAME(transport, "transport", "%s", cddp_dcomm_transport_spelling)
+        SAME(powersgd_rank, "powersgd_rank", "%d", ASIS)
+        SAME(powersgd_start_step, "powersgd_start_step", "%" PRId64, ASIS)
 #undef SAME
 #undef ASIS
     }
@@ -185,6 +194,7 @@ void cddp_ddp_destroy(cddp_ddp *d) {
     if (d->grad_block && d->model && cddp_model_set_grad_block(d->model, NULL) == CDDP_OK)
         cddp_comm_free(d->group, d->grad_block);
     cddp__ddp_free_buckets(d);
+    cddp__ddp_psgd_free(d);
     cddp_dcomm_destroy(d->dcomm);
     cddp_free(d->bucket_of);
     cddp_free(d->ready);
@@ -268,7 +278,7 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
     }
     cddp_ddp_options o = opts ? *opts : (cddp_ddp_options){0};
     if (o.bucket_cap_mb <= 0) o.bucket_cap_mb = 25;
-    if ((unsigned)o.hook > CDDP_DDP_HOOK_FP16) {
+    if ((unsigned)o.hook > CDDP_DDP_HOOK_POWERSGD) {
         cddp_error_set(err, CDDP_EINVAL, "cddp_ddp_wrap: unknown hook %d", (int)o.hook);
         return NULL;
     }
@@ -279,12 +289,24 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
     if (o.shard_optimizer && (o.hook != CDDP_DDP_HOOK_NONE || o.join)) {
         cddp_error_set(err, CDDP_EUNSUPPORTED,
                        "cddp_ddp_wrap: shard_optimizer does not go with %s; %s",
-                       o.join ? "join" : "a bf16/fp16 hook",
+                       o.join                             ? "join"
+                       : o.hook == CDDP_DDP_HOOK_POWERSGD ? "the powersgd hook"
+                                                          : "a bf16/fp16 hook",
                        o.join ? "a rank that joined takes no optimizer step, so its shard "
                                 "would stay behind: train with even inputs (drop the last "
                                 "batches) or without shard_optimizer"
                               : "the shards are reduced in float32: drop the hook or the "
                                 "option");
+        return NULL;
+    }
+    if (o.hook == CDDP_DDP_HOOK_POWERSGD &&
+        (o.join || o.powersgd_rank < 0 || o.powersgd_start_step < 0)) {
+        cddp_error_set(err, CDDP_EINVAL,
+                       o.join ? "cddp_ddp_wrap: the powersgd hook does not go with join (a rank "
+                                "that joined would have to shadow its two sums a bucket): "
+                                "train with even inputs, or with another hook"
+                              : "cddp_ddp_wrap: powersgd_rank and powersgd_start_step must not "
+                                "be negative (0: their defaults, 1 and 1001)");
         return NULL;
     }
     if ((unsigned)o.transport > CDDP_DCOMM_NCCL) {
@@ -296,6 +318,13 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
     if (from_knob && cddp_dcomm_transport_parse(knob, &o.transport, err) != CDDP_OK) {
         cddp_error_set(err, CDDP_EINVAL, "CDDP_DDP_TRANSPORT=%s: expected auto, host, ipc or nccl",
                        knob);
+        return NULL;
+    }
+    if (cddp__ddp_on_device(&o) && o.hook == CDDP_DDP_HOOK_POWERSGD) {
+        cddp_error_set(err, CDDP_EUNSUPPORTED,
+                       "cddp_ddp_wrap: the powersgd hook reduces host memory: it does not go with "
+                       "the %s transport (take the host transport, or another hook)",
+                       cddp_dcomm_transport_spelling(o.transport));
         return NULL;
     }
     if (o.transport == CDDP_DCOMM_IPC && o.hook != CDDP_DDP_HOOK_NONE) {
@@ -337,7 +366,10 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
     d->stats_every = CDDP_MAX(cddp_knob_int(CDDP_KNOB_DDP_STATS_EVERY), 1);
     CDDP_TRY_GOTO(agree(d, err), out);
     /* the transport, once every rank asks for the same */
-    if (o.transport == CDDP_DCOMM_AUTO) {
+    if (o.transport == CDDP_DCOMM_AUTO && o.hook == CDDP_DDP_HOOK_POWERSGD) {
+        o.transport = d->o.transport = CDDP_DCOMM_HOST; /* its sums are of host memory */
+        snprintf(d->why, sizeof d->why, "auto: the powersgd hook reduces host memory");
+    } else if (o.transport == CDDP_DCOMM_AUTO) {
         char why[sizeof d->why - 8];
         CDDP_TRY_GOTO(
             cddp_dcomm_choose(group, cddp_model_device(m), &o.transport, why, sizeof why, err),

@@ -46,7 +46,7 @@ enum { B = 8, D = 6, H = 5, O = 3, STEPS = 5 };
 
 /* ---- models and data --------------------------------------------------------------------- */
 
-typedef enum { MLP, CNN, CUSTOM, NORM, RESNET } kind;
+typedef enum { MLP, CNN, CUSTOM, NORM, RESNET, WIDE } kind;
 static int in_features(kind k) {
     return k == CNN || k == RESNET ? 64 : D;
 }
@@ -66,6 +66,12 @@ static cddp_model *make_model(kind k, uint64_t seed, bool odd) {
         rc |= cddp_model_add(m, "fc2", cddp_nn_linear(odd ? 7 : 16, 16));
         rc |= cddp_model_add(m, "relu2", cddp_nn_relu());
         rc |= cddp_model_add(m, "fc3", cddp_nn_linear(16, O));
+    } else if (k == WIDE) { /* a 256 x 256 matrix, whose gradient has rank <= the batch */
+        rc |= cddp_model_add(m, "fc1", cddp_nn_linear(D, 256));
+        rc |= cddp_model_add(m, "relu1", cddp_nn_relu());
+        rc |= cddp_model_add(m, "fc2", cddp_nn_linear(256, 256));
+        rc |= cddp_model_add(m, "relu2", cddp_nn_relu());
+        rc |= cddp_model_add(m, "fc3", cddp_nn_linear(256, O));
     } else if (k == NORM) {
         rc |= cddp_model_add(m, "bn", cddp_nn_batch_norm(D));
         rc |= cddp_model_add(m, "fc", cddp_nn_linear(D, O));
@@ -180,6 +186,16 @@ static cddp_ddp *wrap(cddp_model *m, cddp_comm *g, cddp_ddp_options o) {
 
 static void backward(cddp_ctx *ctx, cddp_tensor *loss, const char *what) {
     if (cddp_backward(ctx, loss) != CDDP_OK) FAIL("%s: backward: %s", what, cddp_ctx_error(ctx));
+}
+
+/* Step s's backward of m (DDP) on this rank's slice of B, and of ref on the whole batch. */
+static void ddp_and_reference(cddp_ctx *ctx, cddp_model *m, cddp_model *ref, kind k, int s) {
+    cddp_model_zero_grad(m);
+    cddp_model_zero_grad(ref);
+    cddp_ctx_reset(ctx);
+    backward(ctx, loss_of(ctx, m, k, s, (int64_t)rank * B, B, false), "ddp");
+    cddp_ctx_reset(ctx);
+    backward(ctx, loss_of(ctx, ref, k, s, 0, (int64_t)world * B, false), "reference");
 }
 
 /* Frees what a mode made (the optimizers may be NULL). */
@@ -310,12 +326,7 @@ static int syncbn(cddp_comm *g) {
     cddp_ddp *d = wrap(m, g, (cddp_ddp_options){.bucket_cap_mb = 0.0005});
     cddp_optim *om = sgd(m), *oref = sgd(ref);
     for (int s = 0; s < STEPS; s++) {
-        cddp_model_zero_grad(m);
-        cddp_model_zero_grad(ref);
-        cddp_ctx_reset(ctx);
-        backward(ctx, loss_of(ctx, m, RESNET, s, (int64_t)rank * B, B, false), "ddp");
-        cddp_ctx_reset(ctx);
-        backward(ctx, loss_of(ctx, ref, RESNET, s, 0, (int64_t)world * B, false), "reference");
+        ddp_and_reference(ctx, m, ref, RESNET, s);
         char when[64];
         snprintf(when, sizeof when, "step %d", s + 1);
         compare_grads(m, ref, 1e-5, when);
@@ -371,6 +382,130 @@ static int equal(cddp_comm *g, kind k, double cap_mb, int accumulate) {
            st.comm_inline ? "inline" : "on the communication thread",
            cddp_dtype_name(cddp_ctx_compute(ctx)));
     release(ctx, om, oref, d, m, ref);
+    return 0;
+}
+
+/* The largest difference between two gradient blocks, relative to b's largest value. */
+static double grad_gap(const float *a, const float *b, size_t n) {
+    double dmax = 0, rmax = 0;
+    for (size_t e = 0; e < n; e++) {
+        dmax = fmax(dmax, fabs(a[e] - b[e]));
+        rmax = fmax(rmax, fabs(b[e]));
+    }
+    return dmax / rmax;
+}
+
+/* PowerSGD (a model whose 256 x 256 matrix is compressed, the other matrices being too small to
+ * gain, and the biases travelling whole):
+ *  - rank 32 from step 1: the matrix's gradient sums the outer products of at most 32 samples
+ *    (8 a rank, 4 ranks at most), so the first approximation (Q random) spans it: step 1's
+ *    gradients equal the reference's on the whole batch within 1e-5; the statistics count the
+ *    bytes of P, Q and the whole gradients;
+ *  - rank 1 from step 3: steps 1 and 2 are plain allreduces (within 1e-5), later steps are not
+ *    the mean (compressed), and every rank holds the same parameters after each step;
+ *  - error feedback: with the parameters fixed (lr 0) and the same batch every step, the mean
+ *    of 200 rank-1 gradients comes within 2 % of the true mean gradient, which one rank-1
+ *    gradient misses by 10 times more.
+ * And the wrap refuses it with join, shard_optimizer, the nccl transport and a negative rank,
+ * saying why. */
+static int powersgd(cddp_comm *g) {
+    cddp_error err = {0};
+    size_t n = 0;
+    cddp_model *bad = make_model(WIDE, 1, false);
+    struct {
+        cddp_ddp_options o;
+        const char *says;
+    } refused[] = {
+        {{.hook = CDDP_DDP_HOOK_POWERSGD, .join = true}, "the powersgd hook does not go with join"},
+        {{.hook = CDDP_DDP_HOOK_POWERSGD, .shard_optimizer = true},
+         "shard_optimizer does not go with the powersgd hook"},
+        {{.hook = CDDP_DDP_HOOK_POWERSGD, .transport = CDDP_DCOMM_NCCL},
+         "the powersgd hook reduces host memory: it does not go with the nccl transport"},
+        {{.hook = CDDP_DDP_HOOK_POWERSGD, .powersgd_rank = -1},
+         "powersgd_rank and powersgd_start_step must not be negative"}};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        cddp_ddp *d = cddp_ddp_wrap(bad, g, &refused[i].o, &err);
+        if (d || !strstr(err.msg, refused[i].says))
+            FAIL("powersgd: case %zu wrapped, or said '%s', not '%s'", i, d ? "" : err.msg,
+                 refused[i].says);
+    }
+    cddp_model_destroy(bad);
+    for (int pass = 0; pass < 2; pass++) {
+        int r = pass == 0 ? 32 : 1, start = pass == 0 ? 1 : 3;
+        cddp_model *m = make_model(WIDE, 1, false), *ref = make_model(WIDE, 1, false);
+        n = cddp_model_numel(m);
+        cddp_ddp *d = wrap(m, g,
+                           (cddp_ddp_options){.bucket_cap_mb = 0.0005,
+                                              .hook = CDDP_DDP_HOOK_POWERSGD,
+                                              .powersgd_rank = r,
+                                              .powersgd_start_step = start});
+        cddp_optim *om = sgd(m), *oref = sgd(ref);
+        cddp_ctx *ctx = check_ctx();
+        float *all = malloc(sizeof(float) * n * (size_t)world);
+        for (int s = 0; s < (pass == 0 ? 1 : STEPS); s++) {
+            ddp_and_reference(ctx, m, ref, WIDE, s);
+            double gap = grad_gap(on_host(cddp_model_grad(m), (int64_t)n),
+                                  on_host(cddp_model_grad(ref), (int64_t)n), n);
+            bool mean = pass == 0 || s + 1 < start;
+            if (mean && gap > 1e-5)
+                FAIL("powersgd rank %d, step %d: the gradients are %g from the mean", r, s + 1,
+                     gap);
+            if (!mean && gap < 1e-3)
+                FAIL("powersgd rank 1, step %d: the gradients are the mean (%g): not compressed",
+                     s + 1, gap);
+            cddp_optim_step(om);
+            cddp_optim_step(oref);
+            if (cddp_comm_allgather(g, on_host(cddp_model_data(m), (int64_t)n), all, (int64_t)n,
+                                    CDDP_COMM_F32, 30, &err))
+                FAIL("allgather: %s", err.msg);
+            for (int q = 1; q < world; q++)
+                if (memcmp(all, all + n * (size_t)q, n * sizeof(float)))
+                    FAIL("powersgd, after step %d: rank %d's parameters differ from rank 0's",
+                         s + 1, q);
+        }
+        /* rank 32: the 256 x 256 matrix sends 32 (256 + 256) floats */
+        size_t want = (n - 256 * 256 + 32 * (256 + 256)) * sizeof(float);
+        cddp_ddp_stats st = cddp_ddp_stats_get(d);
+        if (pass == 0 && st.bytes != want)
+            FAIL("powersgd: the statistics count %zu bytes a step, not %zu", st.bytes, want);
+        free(all);
+        release(ctx, om, oref, d, m, ref);
+    }
+    /* error feedback */
+    cddp_model *m = make_model(WIDE, 1, false), *ref = make_model(WIDE, 1, false);
+    cddp_ddp *d =
+        wrap(m, g, (cddp_ddp_options){.hook = CDDP_DDP_HOOK_POWERSGD, .powersgd_start_step = 1});
+    cddp_optim *om = cddp_optim_sgd(m, &(cddp_sgd_options){.lr = 0.0f}, &err);
+    if (!om) FAIL("sgd: %s", err.msg);
+    cddp_ctx *ctx = check_ctx();
+    cddp_model_zero_grad(ref);
+    backward(ctx, loss_of(ctx, ref, WIDE, 0, 0, (int64_t)world * B, false), "reference");
+    const float *want = on_host(cddp_model_grad(ref), (int64_t)n);
+    double *sum = calloc(n, sizeof(double)), first = 0;
+    float *mean = malloc(n * sizeof(float));
+    enum { T = 200 };
+    for (int s = 0; s < T; s++) {
+        cddp_model_zero_grad(m);
+        cddp_ctx_reset(ctx);
+        backward(ctx, loss_of(ctx, m, WIDE, 0, (int64_t)rank * B, B, false), "ddp");
+        const float *got = on_host(cddp_model_grad(m), (int64_t)n);
+        if (s == 0) first = grad_gap(got, want, n);
+        for (size_t e = 0; e < n; e++) sum[e] += got[e];
+        cddp_optim_step(om);
+    }
+    for (size_t e = 0; e < n; e++) mean[e] = (float)(sum[e] / T);
+    double gap = grad_gap(mean, want, n);
+    if (!(gap < 0.02 && first > 10 * gap))
+        FAIL("powersgd error feedback: the mean of %d rank-1 gradients is %g from the true "
+             "gradient (the first one %g)",
+             T, gap, first);
+    printf("ok: rank %d of %d: powersgd: rank 32 spans the batch's gradient, rank 1 the same "
+           "parameters on every rank, error feedback: %d steps' mean %.3g from the gradient (one "
+           "step %.3g)\n",
+           rank, world, T, gap, first);
+    free(sum);
+    free(mean);
+    release(ctx, om, NULL, d, m, ref);
     return 0;
 }
 
@@ -778,7 +913,7 @@ int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: ddp_check equal mlp|cnn [CAP_MB] | nosync | sum | unused | "
                         "unused_noflag | join | join_throw | mismatch shape|option | resume DIR | "
-                        "buffers [off|join] | syncbn | gpt ACCUM [CAP_MB]\n");
+                        "buffers [off|join] | syncbn | powersgd | gpt ACCUM [CAP_MB]\n");
         return 2;
     }
     cddp_error err = {0};
@@ -806,6 +941,8 @@ int main(int argc, char **argv) {
         status = buffers_join(g);
     else if (!strcmp(mode, "buffers"))
         status = buffers(g, argc > 2 && !strcmp(argv[2], "off"));
+    else if (!strcmp(mode, "powersgd"))
+        status = powersgd(g);
     else if (!strcmp(mode, "syncbn"))
         status = syncbn(g);
     else if (!strcmp(mode, "gpt") && argc > 2)
