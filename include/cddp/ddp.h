@@ -82,9 +82,9 @@ typedef struct cddp_ddp_options {
     bool find_unused_parameters; /* allow parameters without a gradient in a backward */
     cddp_ddp_hook hook;
     int powersgd_rank;           /* PowerSGD: r (0: 1, PyTorch's matrix_approximation_rank) */
-    int64_t powersgd_start_step; /* PowerSGD: the first compressed step, counted from 1 (0:
-                                    1001: 1000 plain steps first, PyTorch's start_powerSGD_iter);
-                                    the steps before are plain allreduces */
+    int64_t powersgd_start_step; /* PowerSGD: the first compressed step, counted from 1 at the
+                                    wrap (0: 1001: 1000 plain steps first, PyTorch's
+                                    start_powerSGD_iter); the steps before are plain allreduces */
     bool join;       /* uneven inputs: ranks may run out of batches at different steps (each
                         synchronised step then also reduces who is still training) */
     bool join_throw; /* with join: fail every rank when one runs out, instead of shadowing */
