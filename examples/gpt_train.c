@@ -40,9 +40,9 @@ typedef struct options {
     int64_t n_layer, n_head, n_embd, block_size, vocab_size;
     int64_t batch_size, grad_accum, max_iters, warmup_iters, lr_decay_iters;
     int64_t eval_interval, eval_iters, final_eval, log_interval, sample, stride, top_k, save_every,
-        keep, bench;
+        keep, bench, powersgd_rank, powersgd_start;
     double lr, min_lr, weight_decay, grad_clip, beta1, beta2, temperature, peak_tflops;
-    const char *data, *out, *resume, *init_from, *device, *dtype, *prompt, *tensorboard;
+    const char *data, *out, *resume, *init_from, *device, *dtype, *prompt, *tensorboard, *hook;
     uint64_t seed;
     bool json, zero;
     cddp_dcomm_transport transport;
@@ -74,7 +74,12 @@ static void usage(FILE *out) {
         "  --beta1 X, --beta2 X  AdamW's (default 0.9, 0.99)\n"
         "  --grad_clip X       clip the gradients' global norm (default 1.0; 0: never)\n"
         "  --seed N            weights and data order (default 1337)\n"
-        "  --zero              shard AdamW's state across the ranks (ZeRO-1)\n" RUN_TRANSPORT_HELP
+        "  --zero              shard AdamW's state across the ranks (ZeRO-1)\n"
+        "  --hook NAME         gradient compression: none, bf16, fp16 or powersgd (low-rank\n"
+        "                      with error feedback, PyTorch's PowerSGD) (default none)\n"
+        "  --powersgd_rank R   PowerSGD's rank (default 1)\n"
+        "  --powersgd_start S  the first step PowerSGD compresses, counted from 1 (default\n"
+        "                      1001)\n" RUN_TRANSPORT_HELP
         "  --device NAME       where to train: cpu, emu (the emulated device), cuda; a kind\n"
         "                      without :N is the local rank's device of it (default cpu)\n"
         "  --dtype NAME        fp32, or bf16: mixed precision, the matrix products in bf16\n"
@@ -169,6 +174,7 @@ static int parse_args(int argc, char **argv, options *o) {
                    .temperature = 0.8,
                    .out = "runs/gpt",
                    .device = "cpu",
+                   .hook = "none",
                    .dtype = "fp32",
                    .seed = 1337};
     int64_t seed = (int64_t)o->seed;
@@ -209,6 +215,9 @@ static int parse_args(int argc, char **argv, options *o) {
         {"tensorboard", 's', &o->tensorboard, 0, 0, false},
         {"device", 's', &o->device, 0, 0, false},
         {"dtype", 's', &o->dtype, 0, 0, false},
+        {"hook", 's', &o->hook, 0, 0, false},
+        {"powersgd_rank", 'i', &o->powersgd_rank, 1, 65536, false},
+        {"powersgd_start", 'i', &o->powersgd_start, 1, (double)INT64_MAX, false},
     };
     enum { NF = sizeof flags / sizeof flags[0] };
     struct option longopts[NF + 8];
@@ -294,6 +303,9 @@ static int parse_args(int argc, char **argv, options *o) {
         {!(o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1),
          "--beta1 and --beta2 must be in [0, 1)"},
         {o->vocab_size < 0 || o->vocab_size > MOST_VOCAB, "--vocab_size must be in [1, 65536]"},
+        {strcmp(o->hook, "none") && strcmp(o->hook, "bf16") && strcmp(o->hook, "fp16") &&
+             strcmp(o->hook, "powersgd"),
+         "--hook must be none, bf16, fp16 or powersgd"},
     };
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
         if (checks[i].bad) {
@@ -581,7 +593,15 @@ int main(int argc, char **argv) {
     aw.decay_matrices_only = true;
     /* The optimizer after the wrap: under --zero its state is the shard's from the start. */
     if (!(ddp = cddp_ddp_wrap(
-              m, group, &(cddp_ddp_options){.shard_optimizer = o.zero, .transport = o.transport},
+              m, group,
+              &(cddp_ddp_options){.shard_optimizer = o.zero,
+                                  .transport = o.transport,
+                                  .hook = !strcmp(o.hook, "bf16")       ? CDDP_DDP_HOOK_BF16
+                                          : !strcmp(o.hook, "fp16")     ? CDDP_DDP_HOOK_FP16
+                                          : !strcmp(o.hook, "powersgd") ? CDDP_DDP_HOOK_POWERSGD
+                                                                        : CDDP_DDP_HOOK_NONE,
+                                  .powersgd_rank = (int)o.powersgd_rank,
+                                  .powersgd_start_step = o.powersgd_start},
               &err)))
         goto fail;
     if (!(opt = cddp_optim_adamw(m, &aw, &err))) goto fail;
@@ -824,13 +844,14 @@ int main(int argc, char **argv) {
                ", \"tokens\": %" PRId64 ", \"train_s\": %.3f, \"tokens_per_s\": %.1f, "
                "\"train_loss\": %s, \"last_loss\": %.4f, \"val_loss\": %s, "
                "\"median_iter_ms\": %.3f, "
-               "\"zero\": %s, \"optim_state_bytes\": %lld, \"peak_rss_bytes\": %lld, "
+               "\"zero\": %s, \"hook\": \"%s\", \"optim_state_bytes\": %lld, "
+               "\"peak_rss_bytes\": %lld, "
                "\"iter_ms\": {\"forward\": %.3f, \"backward\": %.3f, \"allreduce\": %.3f, "
                "\"allreduce_wait\": %.3f, \"optimizer\": %.3f}%s}\n",
                iter - first, world, cddp_dtype_name(compute), params, tokens, train_s,
                train_s > 0 ? (double)tokens / train_s : 0.0, json_number(tl, train_loss), last_loss,
                json_number(vl, val_loss), median(iter_s, n_iter_s) * 1e3, o.zero ? "true" : "false",
-               run_optim_state_bytes(opt), run_peak_rss_bytes(), sp.forward / n * 1e3,
+               o.hook, run_optim_state_bytes(opt), run_peak_rss_bytes(), sp.forward / n * 1e3,
                sp.backward / n * 1e3, sp.comm / n * 1e3, sp.wait / n * 1e3, sp.optimizer / n * 1e3,
                extra);
     }

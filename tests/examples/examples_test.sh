@@ -21,7 +21,8 @@
 #                   statistics of 1 process of 64 (within 1e-4), where plain DDP does not
 #   gpt             2 ranks train a small GPT on fortunes for 40 iterations: nanoGPT's lines, the
 #                   losses fall, one sample from rank 0, the JSON fields, the checkpoint (which
-#                   holds the tied head under both names) and curves that render
+#                   holds the tied head under both names) and curves that render; --hook powersgd
+#                   from step 6 gives the plain run's first 6 losses and other ones after
 #                   and --bench: only timed iterations, its median, tokens/s, FLOPs and MFU
 #   gpt_resume      20 iterations, then --resume for 20 more, equal 40 uninterrupted ones: the
 #                   same loss at every iteration and the same validation loss
@@ -319,6 +320,20 @@ assert "optim.exp_avg.transformer.wte.weight" in t
 print("ok: the checkpoint holds nanoGPT's names, the tied head twice, the run's shape")
 PYEOF
     echo "ok: validation loss $first -> $last on 2 ranks"
+    # --hook powersgd from step 6: iterations 0-5 see the parameters of plain steps (the same
+    # losses as a plain run), iteration 6 on those of a compressed one; the JSON says which hook.
+    short="--max_iters 10 --warmup_iters 2 --eval_interval 10 --eval_iters 2 --final_eval 2 --log_interval 1 --out none --sample 0 --json"
+    run --nproc_per_node 2 $GPT $short > plain.out 2>&1 || { cat plain.out; fail "the plain run failed"; }
+    run --nproc_per_node 2 $GPT $short --hook powersgd --powersgd_rank 2 --powersgd_start 6 > psgd.out 2>&1 ||
+        { cat psgd.out; fail "--hook powersgd failed"; }
+    losses() { sed -n "s/^iter \([0-9]*\): loss \([0-9.]*\),.*/\1 \2/p" "$1"; }
+    [ "$(losses plain.out | head -n 6)" = "$(losses psgd.out | head -n 6)" ] ||
+        fail "powersgd's first 6 losses differ from the plain run's: $(losses psgd.out | head -n 6 | tr '\n' ' ')"
+    [ "$(losses plain.out | tail -n 4)" != "$(losses psgd.out | tail -n 4)" ] ||
+        fail "powersgd's losses from iteration 6 on are the plain run's: nothing was compressed"
+    [ "$(losses psgd.out | wc -l)" = 10 ] || fail "powersgd printed $(losses psgd.out | wc -l) losses"
+    grep -q '"hook": "powersgd"' psgd.out || fail "the JSON line does not name the powersgd hook"
+    echo "ok: --hook powersgd: plain until step 6, compressed after"
     # --bench: 5 + 3 iterations on 2 ranks, nothing else; its numbers agree with each other
     rm -rf runs
     run --nproc_per_node 2 $GPT --bench 3 --peak_tflops 0.5 --json > bench.out 2>&1 || { cat bench.out; fail "--bench failed"; }
