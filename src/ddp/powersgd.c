@@ -121,14 +121,23 @@ static void sizes(const cddp_ddp *d, const bucket *b, size_t *first, size_t *sec
 /* The products, with Q kept transposed (Q^T: r x m, row-major) so that every inner loop runs
  * along a row of M: P = M Q (n x r), Q^T = P^T M, and M's approximation P Q^T. */
 
-/* p (n x r) = M (n x m) Q, from qt = Q^T */
+/* p (n x r) = M (n x m) Q, from qt = Q^T: each element a dot product of a row of M and one of
+ * Q^T, in LANES running sums (a fixed order, which the compiler puts in vector lanes) added at
+ * the end */
+enum { LANES = 16 };
 CDDP_SIMD_CLONES
 static void times_q(float *restrict p, const float *restrict M, const float *restrict qt, int64_t n,
                     int64_t m, int r) {
     for (int64_t i = 0; i < n; i++)
         for (int k = 0; k < r; k++) {
+            const float *a = M + i * m, *b = qt + k * m;
+            float lane[LANES] = {0};
+            int64_t j = 0;
+            for (; j + LANES <= m; j += LANES)
+                for (int l = 0; l < LANES; l++) lane[l] += a[j + l] * b[j + l];
             float acc = 0.0f;
-            for (int64_t j = 0; j < m; j++) acc += M[i * m + j] * qt[k * m + j];
+            for (; j < m; j++) acc += a[j] * b[j];
+            for (int l = 0; l < LANES; l++) acc += lane[l];
             p[i * r + k] = acc;
         }
 }
