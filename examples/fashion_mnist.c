@@ -309,6 +309,11 @@ static int parse_args(int argc, char **argv, options *o) {
                 o->schedule);
         return -1;
     }
+    if ((o->powersgd_rank || o->powersgd_start) && strcmp(o->hook, "powersgd") != 0) {
+        fprintf(stderr,
+                "fashion_mnist: --powersgd-rank and --powersgd-start need --hook powersgd\n");
+        return -1;
+    }
     if (o->sync_bn && strcmp(o->model, "resnet") != 0) {
         fprintf(stderr, "fashion_mnist: --sync-bn: the %s has no BatchNorm (--model resnet has)\n",
                 o->model);

@@ -306,6 +306,8 @@ static int parse_args(int argc, char **argv, options *o) {
         {strcmp(o->hook, "none") && strcmp(o->hook, "bf16") && strcmp(o->hook, "fp16") &&
              strcmp(o->hook, "powersgd"),
          "--hook must be none, bf16, fp16 or powersgd"},
+        {(o->powersgd_rank || o->powersgd_start) && strcmp(o->hook, "powersgd"),
+         "--powersgd_rank and --powersgd_start need --hook powersgd"},
     };
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
         if (checks[i].bad) {

@@ -295,8 +295,10 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
                        o.join ? "a rank that joined takes no optimizer step, so its shard "
                                 "would stay behind: train with even inputs (drop the last "
                                 "batches) or without shard_optimizer"
-                              : "the shards are reduced in float32: drop the hook or the "
-                                "option");
+                       : o.hook == CDDP_DDP_HOOK_POWERSGD
+                           ? "PowerSGD compresses whole matrices, which the shards cut: drop the "
+                             "hook or the option"
+                           : "the shards are reduced in float32: drop the hook or the option");
         return NULL;
     }
     if (o.hook == CDDP_DDP_HOOK_POWERSGD &&

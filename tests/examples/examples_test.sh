@@ -775,11 +775,18 @@ bad_args)
         "--limit -5:--limit -5: expected a whole number from 1 to" \
         "--target-acc nan:--target-acc nan: expected a finite number in [0, 1]" \
         "--log-every -1:--log-every -1: expected a whole number from 0 to" \
-        "--seed 1x:--seed 1x: expected a whole number"; do
+        "--seed 1x:--seed 1x: expected a whole number" \
+        "--powersgd-rank 0 --hook powersgd:--powersgd-rank 0: expected a whole number from 1 to" \
+        "--powersgd-rank 2:--powersgd-rank and --powersgd-start need --hook powersgd" \
+        "--hook lowrank:--hook must be none, bf16, fp16 or powersgd" \
+        "--sync-bn --model cnn:--sync-bn: the cnn has no BatchNorm (--model resnet has)"; do
         # shellcheck disable=SC2086
         refused 2 "${bad#*:}" "$FM" ${bad%%:*} --out none
     done
     refused 2 "--max_iters -1: expected a whole number from 0 to" $TINY_GPT --max_iters -1
+    refused 2 "--powersgd_rank and --powersgd_start need --hook powersgd" $TINY_GPT --powersgd_start 3
+    refused 1 "shard_optimizer does not go with the powersgd hook; PowerSGD compresses whole matrices" \
+        "$build/bin/cddprun" --standalone --nproc_per_node 2 $TINY_GPT --hook powersgd --zero --out none
     refused 2 "--n_layer 99999999999: expected a whole number from 1 to 1024" \
         $TINY_GPT --n_layer 99999999999
     refused 2 "--temperature -0.5: expected a finite number in [0, 100]" $TINY_GPT --temperature -0.5
