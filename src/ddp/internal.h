@@ -52,7 +52,7 @@ typedef struct bucket {
     cddp_comm_work *work;
     /* what runs before the last collective on the thread (cddp__ddp_before, and collectives
      * before the last: cddp__ddp_collective_first) */
-    cddp_comm_work *pre[4];
+    cddp_comm_work *pre[6];
     int npre;
     cddp_event *ready_ev; /* staged: recorded after the copy of its gradients to the host */
     bool reduced;         /* reduced inline, not yet finished */
