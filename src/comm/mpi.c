@@ -85,9 +85,13 @@ static int mpi_setup(cddp_comm *c, struct cddp_store *st, double deadline, cddp_
     MPI_Comm_size(shared, &c->local_world);
     /* the CPU sets of this host's ranks (mpirun binds each rank to a core or a socket) */
     cpu_set_t mine, *sets = cddp_calloc((size_t)c->local_world, sizeof *sets);
+    if (!sets) {
+        MPI_Comm_free(&shared);
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    }
     if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_ZERO(&mine);
-    if (sets && MPI_Allgather(&mine, sizeof mine, MPI_BYTE, sets, sizeof mine, MPI_BYTE, shared) ==
-                    MPI_SUCCESS)
+    if (MPI_Allgather(&mine, sizeof mine, MPI_BYTE, sets, sizeof mine, MPI_BYTE, shared) ==
+        MPI_SUCCESS)
         cddp__comm_set_cpus(c, sets, c->local_world, c->local_rank);
     cddp_free(sets);
     MPI_Comm_free(&shared);
