@@ -103,8 +103,9 @@ typedef struct cddp_ddp_options {
      * cddp_ddp_save gathers the optimizer state into one file, cddp_ddp_save_set writes each
      * rank's shard as it is, and cddp_ddp_load reads each rank's shard from either, so a
      * checkpoint loads on any number of ranks, with or without this option. Works with sum,
-     * no_sync and find_unused_parameters; not with the bf16/fp16 hooks or join (wrapping fails
-     * saying so). */
+     * no_sync, find_unused_parameters and the bf16/fp16 hooks (16-bit copies reduce-scattered,
+     * each rank's part unpacked in float32; on host memory: not with the nccl or ipc
+     * transports); not with the powersgd hook or join (wrapping fails saying so). */
     bool shard_optimizer;
     /* How the gradients of a model on a device (not the CPU) are reduced (cddp/dcomm.h's names):
      *  - CDDP_DCOMM_NCCL: with NCCL (cddp/nccl.h) on the model's device, each bucket queued on

@@ -188,7 +188,8 @@ int cddp__ring_reduce_scatter(cddp_comm *c, const coll *a, const cddp__place *p,
     int64_t total = a->count * W;
     bool half = cddp__comm_is_half(a->dtype);
     size_t wes = half ? 4 : es;
-    uint8_t *buf = cddp_aligned_alloc((size_t)total * wes + 64);
+    /* 16-bit: a float32 copy to sum in, and 16-bit staging for the wire (as the allreduce) */
+    uint8_t *buf = cddp_aligned_alloc((size_t)total * (wes + (half ? es : 0)) + 64);
     if (!buf) return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
     if (half)
         cddp_comm_to_f32(a->dtype, a->send, (float *)buf, total);
@@ -196,7 +197,10 @@ int cddp__ring_reduce_scatter(cddp_comm *c, const coll *a, const cddp__place *p,
         memcpy(buf, a->send, (size_t)total * es);
     cddp_comm_dtype dt = half ? CDDP_COMM_F32 : a->dtype;
     cddp__ring flat = {NULL, W, c->rank};
-    int rc = reduce_scatter_buf(c, &flat, buf, total, dt, a->op, deadline, err);
+    int rc =
+        half ? reduce_scatter_half(c, &flat, (float *)buf, (uint16_t *)(buf + (size_t)total * wes),
+                                   total, a->dtype, a->op, deadline, err)
+             : reduce_scatter_buf(c, &flat, buf, total, dt, a->op, deadline, err);
     uint8_t *mine = buf + (size_t)(a->count * c->rank) * wes;
     if (rc == CDDP_OK && a->op == CDDP_COMM_MEAN) cddp_comm_divide(dt, mine, a->count, W);
     if (rc == CDDP_OK && half)

@@ -72,7 +72,7 @@ typedef struct cddp__reducer {
 
 extern const cddp__reducer cddp__allreduce_reducer, cddp__bf16_reducer, cddp__fp16_reducer,
     cddp__zero_reducer, cddp__dev_reducer, cddp__dev_zero_reducer, cddp__dev_bf16_reducer,
-    cddp__dev_fp16_reducer, cddp__powersgd_reducer;
+    cddp__dev_fp16_reducer, cddp__powersgd_reducer, cddp__zero_half_reducer;
 
 /* PowerSGD's state of one parameter (powersgd.c): kept across steps and bucket rebuilds. */
 typedef struct cddp__psgd {

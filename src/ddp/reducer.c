@@ -9,7 +9,8 @@
  *              else through a staging buffer padded with zeros to world parts of equal length
  *   bf16, fp16 every bucket is packed as 16-bit floats (rounded to nearest even), summed by the
  *              transport in float32, and unpacked with the mean applied in float32: half the
- *              bytes on the wire, PyTorch's bf16/fp16 compression hooks
+ *              bytes on the wire, PyTorch's bf16/fp16 compression hooks; with shard_optimizer
+ *              reduce-scattered alike (zero_half), each rank unpacking its part
  *   device     (the nccl and ipc options) every bucket is allreduced in the device's memory by
  *              the device communicator (cddp/dcomm.h: NCCL's or CUDA IPC's), on its stream after
  *              the kernels that wrote the gradients (so nothing waits for them); a bucket that is
@@ -214,6 +215,47 @@ static void half_finish(cddp_ddp *d, bucket *b) {
     }
 }
 
+/* ---- bf16 and fp16 compression with the sharded optimizer: reduce-scatter of 16-bit copies -- */
+
+/* The bucket as 16-bit floats, padded with zeros to world parts of equal length. */
+static int zero_half_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
+    int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
+    if (b->offset < 0)
+        return cddp_error_set(err, CDDP_ESTATE, "shard_optimizer: a bucket is not one range");
+    if (!(b->half = cddp_aligned_alloc((size_t)(c * d->world) * sizeof(uint16_t) + 64)))
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    return CDDP_OK;
+}
+
+static int zero_half_pack(void *bucket_, cddp_error *err) {
+    bucket *b = bucket_;
+    cddp_ddp *d = b->ddp;
+    (void)err;
+    int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
+    cddp_comm_from_f32(half_type(d), d->hgrad + b->offset, b->half, (int64_t)b->numel);
+    memset(b->half + b->numel, 0, ((size_t)(c * d->world) - b->numel) * sizeof(uint16_t));
+    return CDDP_OK;
+}
+
+/* Summed, not averaged: the mean is applied in float32 when unpacking. */
+static void zero_half_launch(cddp_ddp *d, bucket *b) {
+    int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
+    cddp__ddp_before(d, b, zero_half_pack);
+    cddp__ddp_collective(d, b, CDDP__DDP_REDUCE_SCATTER, b->half, b->half + (size_t)(d->rank * c),
+                         c, half_type(d), CDDP_COMM_SUM);
+}
+
+static void zero_half_finish(cddp_ddp *d, bucket *b) {
+    int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
+    float *g = d->hgrad + b->offset, scale = d->o.sum ? 1.0f : 1.0f / (float)d->world;
+    if (hi <= lo) return;
+    cddp_comm_to_f32(half_type(d), b->half + (size_t)(d->rank * c), g + lo, hi - lo);
+    for (int64_t e = lo; e < hi; e++) g[e] *= scale;
+}
+
+const cddp__reducer cddp__zero_half_reducer = {"reduce_scatter_16", zero_half_prepare,
+                                               zero_half_launch, zero_half_finish};
+
 const cddp__reducer cddp__bf16_reducer = {"bf16", half_prepare, half_launch, half_finish};
 const cddp__reducer cddp__fp16_reducer = {"fp16", half_prepare, half_launch, half_finish};
 
@@ -357,7 +399,8 @@ const cddp__reducer *cddp__ddp_reducer(const cddp_ddp_options *o) {
     if (dev && o->hook != CDDP_DDP_HOOK_NONE)
         return o->hook == CDDP_DDP_HOOK_BF16 ? &cddp__dev_bf16_reducer : &cddp__dev_fp16_reducer;
     if (dev) return o->shard_optimizer ? &cddp__dev_zero_reducer : &cddp__dev_reducer;
-    if (o->shard_optimizer) return &cddp__zero_reducer;
+    if (o->shard_optimizer)
+        return o->hook == CDDP_DDP_HOOK_NONE ? &cddp__zero_reducer : &cddp__zero_half_reducer;
     switch (o->hook) {
     case CDDP_DDP_HOOK_POWERSGD:
         return &cddp__powersgd_reducer;

@@ -286,19 +286,15 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
         cddp_error_set(err, CDDP_EINVAL, "cddp_ddp_wrap: unknown overlap %d", (int)o.overlap);
         return NULL;
     }
-    if (o.shard_optimizer && (o.hook != CDDP_DDP_HOOK_NONE || o.join)) {
+    if (o.shard_optimizer && (o.hook == CDDP_DDP_HOOK_POWERSGD || o.join)) {
         cddp_error_set(err, CDDP_EUNSUPPORTED,
                        "cddp_ddp_wrap: shard_optimizer does not go with %s; %s",
-                       o.join                             ? "join"
-                       : o.hook == CDDP_DDP_HOOK_POWERSGD ? "the powersgd hook"
-                                                          : "a bf16/fp16 hook",
+                       o.join ? "join" : "the powersgd hook",
                        o.join ? "a rank that joined takes no optimizer step, so its shard "
                                 "would stay behind: train with even inputs (drop the last "
                                 "batches) or without shard_optimizer"
-                       : o.hook == CDDP_DDP_HOOK_POWERSGD
-                           ? "PowerSGD compresses whole matrices, which the shards cut: drop the "
-                             "hook or the option"
-                           : "the shards are reduced in float32: drop the hook or the option");
+                              : "PowerSGD compresses whole matrices, which the shards cut: drop "
+                                "the hook or the option");
         return NULL;
     }
     if (o.hook == CDDP_DDP_HOOK_POWERSGD &&
@@ -382,6 +378,14 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
         snprintf(d->why, sizeof d->why, "transport %s, as %s",
                  cddp_dcomm_transport_spelling(o.transport),
                  from_knob ? "CDDP_DDP_TRANSPORT names" : "named");
+    }
+    if (cddp__ddp_on_device(&o) && o.shard_optimizer && o.hook != CDDP_DDP_HOOK_NONE) {
+        rc = cddp_error_set(err, CDDP_EUNSUPPORTED,
+                            "cddp_ddp_wrap: shard_optimizer with a bf16/fp16 hook reduces host "
+                            "copies: not with the %s transport (%s); take the host transport, or "
+                            "drop the hook or the option",
+                            cddp_dcomm_transport_spelling(o.transport), d->why);
+        goto out;
     }
     d->reducer = cddp__ddp_reducer(&o);
     d->alone = d->world == 1 && d->reducer == &cddp__allreduce_reducer && !o.join &&

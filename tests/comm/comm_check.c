@@ -496,20 +496,22 @@ int main(int argc, char **argv) {
             status = expect_failure(rc, &err, "timed out waiting for rank 1", t0, 1.0, 2.0);
         }
     } else if (!strcmp(mode, "wire") && argc > 3) {
-        /* One allreduce (sum) of N elements of f32 or bf16, each rank's rank + 1 at every
-         * element: every element must be world (world + 1) / 2 (exact in both). The test
-         * (wire_test.sh) counts the bytes that crossed. */
-        bool half = !strcmp(argv[2], "bf16");
-        int64_t n = atoll(argv[3]);
+        /* One allreduce (sum) of N elements of f32 or bf16 (with "rs": a reduce_scatter of
+         * world x N into N), each rank's rank + 1 at every element: every element must be
+         * world (world + 1) / 2 (exact in both). The test (wire_test.sh) counts the bytes that
+         * crossed. */
+        bool half = !strcmp(argv[2], "bf16"), rs = argc > 4 && !strcmp(argv[4], "rs");
+        int64_t n = atoll(argv[3]), in = rs ? n * world : n;
         size_t es = half ? 2 : 4;
-        uint8_t *v = malloc((size_t)n * es);
-        float *f = malloc((size_t)n * sizeof(float));
-        for (int64_t i = 0; i < n; i++) f[i] = (float)(rank + 1);
-        if (half) cddp_comm_from_f32(CDDP_COMM_BF16, f, v, n);
-        else memcpy(v, f, (size_t)n * es);
-        if (cddp_comm_allreduce(c, v, v, n, half ? CDDP_COMM_BF16 : CDDP_COMM_F32, CDDP_COMM_SUM,
-                                -1, &err))
-            die("allreduce: %s%.0f", err.msg, 0);
+        cddp_comm_dtype dt = half ? CDDP_COMM_BF16 : CDDP_COMM_F32;
+        uint8_t *v = malloc((size_t)in * es);
+        float *f = malloc((size_t)in * sizeof(float));
+        for (int64_t i = 0; i < in; i++) f[i] = (float)(rank + 1);
+        if (half) cddp_comm_from_f32(CDDP_COMM_BF16, f, v, in);
+        else memcpy(v, f, (size_t)in * es);
+        if (rs ? cddp_comm_reduce_scatter(c, v, v, n, dt, CDDP_COMM_SUM, -1, &err)
+               : cddp_comm_allreduce(c, v, v, n, dt, CDDP_COMM_SUM, -1, &err))
+            die("collective: %s%.0f", err.msg, 0);
         if (half) cddp_comm_to_f32(CDDP_COMM_BF16, v, f, n);
         else memcpy(f, v, (size_t)n * es);
         for (int64_t i = 0; i < n; i++)

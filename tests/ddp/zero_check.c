@@ -2,7 +2,7 @@
  * against plain DistributedDataParallel in the same program: two copies of a model, one wrapped
  * with shard_optimizer, one without, the same batches on each rank.
  *
- *   zero_check mlp|cnn|gpt [CAP_MB] [sum|nosync|unused]
+ *   zero_check mlp|cnn|gpt [CAP_MB] [sum|nosync|unused|bf16]
  *       10 AdamW steps (the GPT: GPT-2's recipe, clipping at 0.5 and the schedule); after every
  *       step the parameters within 1e-6 of DDP's (relative to the model's largest), the reduced
  *       gradients of this rank's shard within 1e-6 too; each rank's optimizer state is its shard
@@ -11,9 +11,11 @@
  *       A checkpoint saved at step 5 by the sharded run continues, loaded into a fresh sharded
  *       run, bit for bit like the uninterrupted one, and loaded into a fresh plain DDP run like
  *       DDP (within 1e-6).
+ *       bf16: both runs with the bf16 hook (the sharded one reduce-scatters 16-bit copies, DDP
+ *       allreduces them), the same bounds.
  *   zero_check refuse
- *       shard_optimizer with join and with a bf16 hook: wrapping fails saying why; a sharded
- *       optimizer's state cannot go through cddp_checkpoint_save, which names the way.
+ *       shard_optimizer with join and with the powersgd hook: wrapping fails saying why; a
+ *       sharded optimizer's state cannot go through cddp_checkpoint_save, which names the way.
  * Prints "ok: ..." and exits 0 when every check holds on this rank; exits 1 saying why.
  */
 #define CHECK_NAME "zero_check"
@@ -171,7 +173,11 @@ static void same_params(const run *got, const run *ref, double tol, const char *
 static int equal(cddp_comm *g, kind k, double cap_mb, const char *variant) {
     bool sum = !strcmp(variant, "sum"), unused = !strcmp(variant, "unused");
     int accum = !strcmp(variant, "nosync") ? 2 : 1;
-    cddp_ddp_options o = {.bucket_cap_mb = cap_mb, .sum = sum, .find_unused_parameters = unused};
+    cddp_ddp_options o = {.bucket_cap_mb = cap_mb,
+                          .sum = sum,
+                          .find_unused_parameters = unused,
+                          .hook =
+                              !strcmp(variant, "bf16") ? CDDP_DDP_HOOK_BF16 : CDDP_DDP_HOOK_NONE};
     run ddp = start(k, g, o);
     o.shard_optimizer = true;
     run zero = start(k, g, o);
@@ -271,9 +277,9 @@ static int refuse(cddp_comm *g) {
         cddp_ddp_wrap(m, g, &(cddp_ddp_options){.shard_optimizer = true, .join = true}, &err);
     expect(d ? CDDP_OK : err.code, &err, "shard_optimizer does not go with join", "join");
     d = cddp_ddp_wrap(
-        m, g, &(cddp_ddp_options){.shard_optimizer = true, .hook = CDDP_DDP_HOOK_BF16}, &err);
-    expect(d ? CDDP_OK : err.code, &err, "shard_optimizer does not go with a bf16/fp16 hook",
-           "bf16");
+        m, g, &(cddp_ddp_options){.shard_optimizer = true, .hook = CDDP_DDP_HOOK_POWERSGD}, &err);
+    expect(d ? CDDP_OK : err.code, &err, "shard_optimizer does not go with the powersgd hook",
+           "powersgd");
     cddp_model_destroy(m);
     run z = start(MLP, g, (cddp_ddp_options){.shard_optimizer = true});
     cddp_ctx *ctx = check_ctx();
@@ -285,7 +291,7 @@ static int refuse(cddp_comm *g) {
                "cddp_checkpoint_save of a sharded optimizer");
         if (fopen("refused.safetensors", "r")) FAIL("a refused save left a file");
     }
-    printf("ok: rank %d of %d: shard_optimizer refuses join and bf16, and "
+    printf("ok: rank %d of %d: shard_optimizer refuses join and powersgd, and "
            "cddp_checkpoint_save of its shard\n",
            rank, world);
     cddp_ctx_destroy(ctx);
