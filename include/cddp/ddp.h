@@ -52,7 +52,7 @@ extern "C" {
  * and each Q starts from the last (warm start). Vectors (biases, norms' weights) and matrices too
  * small to gain twice travel in float32 with the first sum. Every rank gets the same gradients;
  * they are not the plain mean, but training with them reaches about the same accuracy for far
- * fewer bytes (a rank r of min(n, m) reproduces the mean). Before powersgd_start_step the
+ * fewer bytes. Before powersgd_start_step the
  * buckets are allreduced as without a hook. On host memory only (not with the nccl or ipc
  * transports), and not with shard_optimizer or join. */
 typedef enum cddp_ddp_hook {
