@@ -217,11 +217,12 @@ static void half_finish(cddp_ddp *d, bucket *b) {
 
 /* ---- bf16 and fp16 compression with the sharded optimizer: reduce-scatter of 16-bit copies -- */
 
-/* The bucket as 16-bit floats, padded with zeros to world parts of equal length. */
+/* The bucket as 16-bit floats, padded with zeros to world parts of equal length; and what the
+ * float32 reducer prepares too: the parameters' allgather after each step (zero.c) goes through
+ * its padded staging buffer where the parts do not divide the bucket evenly. */
 static int zero_half_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
+    CDDP_TRY(zero_prepare(d, b, err));
     int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
-    if (b->offset < 0)
-        return cddp_error_set(err, CDDP_ESTATE, "shard_optimizer: a bucket is not one range");
     if (!(b->half = cddp_aligned_alloc((size_t)(c * d->world) * sizeof(uint16_t) + 64)))
         return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
     return CDDP_OK;
