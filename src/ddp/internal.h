@@ -43,11 +43,11 @@ typedef struct bucket {
     int *params; /* parameter indices, in the order they are expected ready */
     int nparams;
     size_t numel;
-    int64_t offset; /* first element in the flat block when contiguous, else -1 */
-    int pending;    /* parameters still to become ready in this backward */
-    float *stage;   /* packed float32 (non-contiguous buckets; on the device with nccl) */
-    uint16_t *half; /* packed 16-bit (compression reducers) */
-    float *lowrank; /* PowerSGD: the Qs of its matrices, back to back */
+    int64_t offset;  /* first element in the flat block when contiguous, else -1 */
+    int pending;     /* parameters still to become ready in this backward */
+    float *stage;    /* packed float32 (non-contiguous buckets; on the device with nccl) */
+    uint16_t *half;  /* packed 16-bit (compression reducers) */
+    float *lowrank;  /* PowerSGD: the Qs of its matrices, back to back */
     bool compressed; /* PowerSGD: this step's reduction was compressed */
     cddp_comm_work *work;
     /* what runs before the last collective on the thread (cddp__ddp_before, and collectives
@@ -227,8 +227,8 @@ void cddp__ddp_collective(cddp_ddp *d, bucket *b, cddp__ddp_kind kind, const voi
                           int64_t count, cddp_comm_dtype dtype, cddp_comm_op op);
 /* An allreduce that comes before the bucket's last collective (PowerSGD's first sum): inline, or
  * queued ahead of what follows (b->pre). A failure is kept for the end of backward. */
-void cddp__ddp_collective_first(cddp_ddp *d, bucket *b, const void *send, void *recv,
-                                int64_t count, cddp_comm_op op);
+void cddp__ddp_collective_first(cddp_ddp *d, bucket *b, const void *send, void *recv, int64_t count,
+                                cddp_comm_op op);
 
 /* ---- powersgd.c -------------------------------------------------------------------------- */
 

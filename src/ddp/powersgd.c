@@ -18,7 +18,7 @@
  * the sums), overlapping the rest of backward; inline, one after the other. Because P Q^T sums
  * the ranks' M (P is the sum's P, Q sums M^T P), every rank ends with the same gradients. The
  * state of each parameter (E and Q) lives across steps and bucket rebuilds (d->psgd). Before
- * powersgd_start_step a bucket is packed and allreduced as the plain reducer does.
+ * powersgd_start_step the plain reducer (cddp__allreduce_reducer) reduces the bucket.
  */
 #include "ddp/internal.h"
 
@@ -88,23 +88,6 @@ static int psgd_prepare(cddp_ddp *d, bucket *b, cddp_error *err) {
     b->stage = cddp_aligned_alloc(b->numel * sizeof(float) + 64);
     b->lowrank = cddp_aligned_alloc((q + row) * sizeof(float) + 64);
     if (!b->stage || !b->lowrank) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
-    return CDDP_OK;
-}
-
-/* The whole bucket into the stage, or back (plain steps). */
-static void pack_plain(cddp_ddp *d, bucket *b, bool back) {
-    size_t at = 0;
-    for (int j = 0; j < b->nparams; j++) {
-        int64_t n = cddp_model_param(d->model, b->params[j])->numel;
-        float *g = cddp__ddp_grad(d, b->params[j]);
-        memcpy(back ? g : b->stage + at, back ? b->stage + at : g, (size_t)n * sizeof(float));
-        at += (size_t)n;
-    }
-}
-
-static int plain_pack(void *bucket_, cddp_error *err) {
-    (void)err;
-    pack_plain(((bucket *)bucket_)->ddp, bucket_, false);
     return CDDP_OK;
 }
 
@@ -243,12 +226,9 @@ static int middle(void *bucket_, cddp_error *err) {
 }
 
 static void psgd_launch(cddp_ddp *d, bucket *b) {
-    cddp_comm_op op = d->o.sum ? CDDP_COMM_SUM : CDDP_COMM_MEAN;
     b->compressed = d->steps + 1 >= start_step(d); /* d->steps: the steps done before this one */
     if (!b->compressed) {
-        cddp__ddp_before(d, b, plain_pack);
-        cddp__ddp_collective(d, b, CDDP__DDP_ALLREDUCE, b->stage, b->stage, (int64_t)b->numel,
-                             CDDP_COMM_F32, op);
+        cddp__allreduce_reducer.launch(d, b);
         d->step_bytes += b->numel * sizeof(float);
         return;
     }
@@ -271,7 +251,7 @@ static void psgd_launch(cddp_ddp *d, bucket *b) {
  * kept as the next step's error, and Q kept as its start. */
 static void psgd_finish(cddp_ddp *d, bucket *b) {
     if (!b->compressed) {
-        pack_plain(d, b, true);
+        cddp__allreduce_reducer.finish(d, b);
         return;
     }
     float scale = d->o.sum ? 1.0f : 1.0f / (float)d->world;

@@ -203,14 +203,18 @@ static void half_launch(cddp_ddp *d, bucket *b) {
                          half_type(d), CDDP_COMM_SUM);
 }
 
-static void half_finish(cddp_ddp *d, bucket *b) {
+/* n summed 16-bit values into float32 gradients, the mean applied (not with sum). */
+static void unpack_half(const cddp_ddp *d, const uint16_t *from, float *g, int64_t n) {
     float scale = d->o.sum ? 1.0f : 1.0f / (float)d->world;
+    cddp_comm_to_f32(half_type(d), from, g, n);
+    for (int64_t e = 0; e < n; e++) g[e] *= scale;
+}
+
+static void half_finish(cddp_ddp *d, bucket *b) {
     size_t at = 0;
     for (int j = 0; j < b->nparams; j++) {
-        float *g = cddp__ddp_grad(d, b->params[j]);
         int64_t n = cddp_model_param(d->model, b->params[j])->numel;
-        cddp_comm_to_f32(half_type(d), b->half + at, g, n);
-        for (int64_t e = 0; e < n; e++) g[e] *= scale;
+        unpack_half(d, b->half + at, cddp__ddp_grad(d, b->params[j]), n);
         at += (size_t)n;
     }
 }
@@ -248,10 +252,8 @@ static void zero_half_launch(cddp_ddp *d, bucket *b) {
 
 static void zero_half_finish(cddp_ddp *d, bucket *b) {
     int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
-    float *g = d->hgrad + b->offset, scale = d->o.sum ? 1.0f : 1.0f / (float)d->world;
-    if (hi <= lo) return;
-    cddp_comm_to_f32(half_type(d), b->half + (size_t)(d->rank * c), g + lo, hi - lo);
-    for (int64_t e = lo; e < hi; e++) g[e] *= scale;
+    if (hi > lo)
+        unpack_half(d, b->half + (size_t)(d->rank * c), d->hgrad + b->offset + lo, hi - lo);
 }
 
 const cddp__reducer cddp__zero_half_reducer = {"reduce_scatter_16", zero_half_prepare,

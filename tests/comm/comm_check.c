@@ -507,13 +507,17 @@ int main(int argc, char **argv) {
         uint8_t *v = malloc((size_t)in * es);
         float *f = malloc((size_t)in * sizeof(float));
         for (int64_t i = 0; i < in; i++) f[i] = (float)(rank + 1);
-        if (half) cddp_comm_from_f32(CDDP_COMM_BF16, f, v, in);
-        else memcpy(v, f, (size_t)in * es);
+        if (half)
+            cddp_comm_from_f32(CDDP_COMM_BF16, f, v, in);
+        else
+            memcpy(v, f, (size_t)in * es);
         if (rs ? cddp_comm_reduce_scatter(c, v, v, n, dt, CDDP_COMM_SUM, -1, &err)
                : cddp_comm_allreduce(c, v, v, n, dt, CDDP_COMM_SUM, -1, &err))
             die("collective: %s%.0f", err.msg, 0);
-        if (half) cddp_comm_to_f32(CDDP_COMM_BF16, v, f, n);
-        else memcpy(f, v, (size_t)n * es);
+        if (half)
+            cddp_comm_to_f32(CDDP_COMM_BF16, v, f, n);
+        else
+            memcpy(f, v, (size_t)n * es);
         for (int64_t i = 0; i < n; i++)
             if (f[i] != (float)(world * (world + 1) / 2))
                 die("%selement %.0f is wrong", "", (double)i);
