@@ -319,8 +319,7 @@ static int parse_args(int argc, char **argv, options *o) {
                 o->model);
         return -1;
     }
-    if (strcmp(o->hook, "none") && strcmp(o->hook, "bf16") && strcmp(o->hook, "fp16") &&
-        strcmp(o->hook, "powersgd")) {
+    if (run_hook(o->hook) < 0) {
         fprintf(stderr, "fashion_mnist: --hook must be none, bf16, fp16 or powersgd, not '%s'\n",
                 o->hook);
         return -1;
@@ -541,10 +540,7 @@ int main(int argc, char **argv) {
                              .transport = o.transport,
                              .powersgd_rank = (int)o.powersgd_rank,
                              .powersgd_start_step = o.powersgd_start,
-                             .hook = !strcmp(o.hook, "bf16")       ? CDDP_DDP_HOOK_BF16
-                                     : !strcmp(o.hook, "fp16")     ? CDDP_DDP_HOOK_FP16
-                                     : !strcmp(o.hook, "powersgd") ? CDDP_DDP_HOOK_POWERSGD
-                                                                   : CDDP_DDP_HOOK_NONE};
+                             .hook = (cddp_ddp_hook)run_hook(o.hook)};
     if (!(ddp = cddp_ddp_wrap(m, group, &dopt, &err))) goto fail;
     /* After the wrap, so that under --zero the state is the shard's from the start. */
     if (strcmp(o.optimizer, "sgd") == 0)

@@ -303,9 +303,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {!(o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1),
          "--beta1 and --beta2 must be in [0, 1)"},
         {o->vocab_size < 0 || o->vocab_size > MOST_VOCAB, "--vocab_size must be in [1, 65536]"},
-        {strcmp(o->hook, "none") && strcmp(o->hook, "bf16") && strcmp(o->hook, "fp16") &&
-             strcmp(o->hook, "powersgd"),
-         "--hook must be none, bf16, fp16 or powersgd"},
+        {run_hook(o->hook) < 0, "--hook must be none, bf16, fp16 or powersgd"},
         {(o->powersgd_rank || o->powersgd_start) && strcmp(o->hook, "powersgd"),
          "--powersgd_rank and --powersgd_start need --hook powersgd"},
     };
@@ -594,17 +592,13 @@ int main(int argc, char **argv) {
     aw.weight_decay = (float)o.weight_decay;
     aw.decay_matrices_only = true;
     /* The optimizer after the wrap: under --zero its state is the shard's from the start. */
-    if (!(ddp = cddp_ddp_wrap(
-              m, group,
-              &(cddp_ddp_options){.shard_optimizer = o.zero,
-                                  .transport = o.transport,
-                                  .hook = !strcmp(o.hook, "bf16")       ? CDDP_DDP_HOOK_BF16
-                                          : !strcmp(o.hook, "fp16")     ? CDDP_DDP_HOOK_FP16
-                                          : !strcmp(o.hook, "powersgd") ? CDDP_DDP_HOOK_POWERSGD
-                                                                        : CDDP_DDP_HOOK_NONE,
-                                  .powersgd_rank = (int)o.powersgd_rank,
-                                  .powersgd_start_step = o.powersgd_start},
-              &err)))
+    if (!(ddp = cddp_ddp_wrap(m, group,
+                              &(cddp_ddp_options){.shard_optimizer = o.zero,
+                                                  .transport = o.transport,
+                                                  .hook = (cddp_ddp_hook)run_hook(o.hook),
+                                                  .powersgd_rank = (int)o.powersgd_rank,
+                                                  .powersgd_start_step = o.powersgd_start},
+                              &err)))
         goto fail;
     if (!(opt = cddp_optim_adamw(m, &aw, &err))) goto fail;
 

@@ -211,6 +211,16 @@ bool run_device(const char *prog, const char *device, const char *name, cddp_dev
     return true;
 }
 
+int run_hook(const char *name) {
+    static const char *const names[] = {[CDDP_DDP_HOOK_NONE] = "none",
+                                        [CDDP_DDP_HOOK_BF16] = "bf16",
+                                        [CDDP_DDP_HOOK_FP16] = "fp16",
+                                        [CDDP_DDP_HOOK_POWERSGD] = "powersgd"};
+    for (int h = 0; h < (int)(sizeof names / sizeof names[0]); h++)
+        if (!strcmp(name, names[h])) return h;
+    return -1;
+}
+
 bool run_transport(const char *prog, const char *text, cddp_dcomm_transport *t) {
     cddp_error err = {0};
     if (cddp_dcomm_transport_parse(text, t, &err) == CDDP_OK) return true;

@@ -83,6 +83,8 @@ bool run_device(const char *prog, const char *device, const char *dtype, cddp_de
 /* --transport NAME (cddp_dcomm_transport_parse) into *t; false, after printing "prog: --transport
  * <name>: <why>" on stderr, when it names none. */
 bool run_transport(const char *prog, const char *text, cddp_dcomm_transport *t);
+/* The gradient hook --hook names (none, bf16, fp16, powersgd); -1 for any other name. */
+int run_hook(const char *name);
 /* The optimizer state this process holds, in bytes (the shard's alone under ZeRO-1). */
 long long run_optim_state_bytes(const cddp_optim *opt);
 
