@@ -6,19 +6,19 @@
 # checkpoint, the data-parallel one trains an epoch on 2 ranks and rank 0 saves, the
 # checkpoint-set one resumes its newest set exactly, the stop one, sent SIGTERM through cddprun
 # as the guide says, stops both ranks after the same step, saves and exits 143, the sharding one sees
-# its half of the data,
-# the GPT trains, the layout one computes the same values in both layouts. CDDP_EXAMPLE_CFLAGS
-# carries the sanitizer flags of a sanitizer build.
+# its half of the data, the NumPy one reads the arrays that the guide's Python saved, the GPT
+# trains, the layout one computes the same values in both layouts. CDDP_EXAMPLE_CFLAGS carries the
+# sanitizer flags of a sanitizer build.
 set -eu
 src=$(cd "$1" && pwd); build=$(cd "$2" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-# Numbered in reading order: the README's 2, then the guide's 5.
+# Numbered in reading order: the README's 2, then the guide's 6.
 awk -v dir="$work" '/^```c$/ { n++; on = 1; next } /^```$/ { on = 0 } on { print > (dir "/prog" n ".c") }' \
     "$src/README.md" "$src/docs/GUIDE.md"
 count=$(ls "$work"/prog*.c 2>/dev/null | wc -l)
-[ "$count" = 7 ] || fail "README.md and docs/GUIDE.md have $count C blocks; this test knows 7 (update it with them)"
+[ "$count" = 8 ] || fail "README.md and docs/GUIDE.md have $count C blocks; this test knows 8 (update it with them)"
 [ "$(awk '/^```c$/' "$src/README.md" | wc -l)" = 2 ] || fail "README.md should hold 2 of the C blocks (update this test)"
 unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS RANK WORLD_SIZE
 for i in $(seq "$count"); do
@@ -28,6 +28,11 @@ for i in $(seq "$count"); do
     cc -std=c11 -Wall -Wextra -Werror ${CDDP_EXAMPLE_CFLAGS:-} -I"$src/include" "$p.c" -o "$p" \
         -L"$build/lib" -lcddp -Wl,-rpath,"$build/lib" || fail "C block $i of README.md + docs/GUIDE.md does not compile"
     mkdir "$p.run"
+    if grep -q cddp_dataset_npy "$p.c"; then # the guide's Python before it saves the arrays
+        awk '/^```python$/ { on = 1; next } /^```$/ { on = 0 } on' "$src/docs/GUIDE.md" > "$p.run/save.py"
+        grep -q 'np.save("images.npy"' "$p.run/save.py" || fail "docs/GUIDE.md has no Python block saving images.npy"
+        (cd "$p.run" && "${CDDP_PYTHON3:-python3}" save.py) || fail "the guide's Python that saves the .npy files failed"
+    fi
     if grep -q cddp_stop_catch "$p.c"; then # SIGTERM to cddprun once rank 0 has trained 200 steps
         (cd "$p.run" && exec "$build/bin/cddprun" --standalone --nproc_per_node 2 "$p") > "$p.out" 2>&1 &
         job=$!
@@ -69,16 +74,21 @@ for r in 0 1; do
     grep -qx "rank $r of 2: 60000 samples in 2 epochs; its MindSpore shard holds 30000" "$work/prog5.out" ||
         fail "program 5: rank $r did not see half of the data"
 done
-# 6: a small GPT on fortunes, 2 ranks; rank 0 prints three losses and saves.
-[ "$(grep -c '^iter [0-9]*: loss' "$work/prog6.out")" = 3 ] || fail "program 6: not three loss lines (rank 0's)"
-last=$(sed -n 's/^iter 149: loss \([0-9.]*\)$/\1/p' "$work/prog6.out")
-awk -v l="$last" 'BEGIN { exit !(l != "" && l < 3.1) }' || fail "program 6: loss '$last' at iteration 149 is not below 3.1"
-[ -s "$work/prog6.run/gpt.safetensors" ] || fail "program 6 saved no gpt.safetensors"
-# 7: a residual unit in oneDNN's blocked layout and row-major: the same outputs and gradients (the
+# 6: the NumPy arrays the guide's Python saved: every sample, Fashion-MNIST's mean and classes.
+grep -qx "60000 samples: images float32 (1, 28, 28), labels int64" "$work/prog6.out" ||
+    fail "program 6 did not read the two arrays as the guide says"
+grep -qx "mean pixel 0.2860; class 0: 6000 samples, class 9: 6000" "$work/prog6.out" ||
+    fail "program 6 did not read Fashion-MNIST's pixels and labels from the arrays"
+# 7: a small GPT on fortunes, 2 ranks; rank 0 prints three losses and saves.
+[ "$(grep -c '^iter [0-9]*: loss' "$work/prog7.out")" = 3 ] || fail "program 7: not three loss lines (rank 0's)"
+last=$(sed -n 's/^iter 149: loss \([0-9.]*\)$/\1/p' "$work/prog7.out")
+awk -v l="$last" 'BEGIN { exit !(l != "" && l < 3.1) }' || fail "program 7: loss '$last' at iteration 149 is not below 3.1"
+[ -s "$work/prog7.run/gpt.safetensors" ] || fail "program 7 saved no gpt.safetensors"
+# 8: a residual unit in oneDNN's blocked layout and row-major: the same outputs and gradients (the
 # batch normalisation's sums in another order: within 1e-5), on a machine whose oneDNN blocks.
-line=$(grep '^blocks of ' "$work/prog7.out") || fail "program 7 printed no result"
-echo "$line" | grep -Eq '^blocks of (8|16) channels: ' || fail "program 7 ran without the blocked layout: $line"
+line=$(grep '^blocks of ' "$work/prog8.out") || fail "program 8 printed no result"
+echo "$line" | grep -Eq '^blocks of (8|16) channels: ' || fail "program 8 ran without the blocked layout: $line"
 set -- $(echo "$line" | sed -n 's/.*outputs within \([^,]*\), weight gradients within \(.*\)$/\1 \2/p')
 awk -v a="${1:-x}" -v b="${2:-x}" 'BEGIN { exit !(a + 0 == a && b + 0 == b && a < 1e-5 && b < 1e-5) }' ||
-    fail "program 7: the layouts disagree: $line"
+    fail "program 8: the layouts disagree: $line"
 echo "ok: the $count C programs of README.md and docs/GUIDE.md compile and run as they say"

@@ -117,6 +117,29 @@ CDDP_API cddp_dataset *cddp_dataset_mnist_first(const char *dir, bool train, int
 CDDP_API cddp_dataset *cddp_dataset_from_arrays(int64_t n, int nfields, const cddp_field *fields,
                                                 const void *const *data, cddp_error *err);
 
+/* Arrays saved with NumPy (np.save: .npy files, format versions 1, 2 and 3) as a dataset of
+ * nfields fields, field f the array in paths[f]: every array holds the samples along its first
+ * dimension, the same count in all, and sample i's field f is paths[f][i] (up to 3 more
+ * dimensions; a 1-D array gives a field of shape ()). The field's name is the file's without
+ * its folder and ".npy".
+ *
+ * The files are mapped, not read: a sample's bytes are read when the loader asks for them, so
+ * the data may be larger than memory, and the ranks on a host share one copy in the page cache.
+ *
+ * dtypes[f] is field f's dtype in the batches, converted from the file's as each sample is read:
+ * CDDP_F32 from any number (bool, int8..int64, uint8..uint64, float16, float32, float64; an
+ * integer as the nearest float32), CDDP_I32 or CDDP_I64 from bool and integer arrays only (a
+ * value outside the field's range fails that sample, naming file, sample and value). dtypes NULL:
+ * float32 for floating arrays, int64 for the others (uint8 images then come as int64: give
+ * CDDP_F32 for them, which the loader's transforms need).
+ *
+ * NULL with err naming the file and what to do when a file is not a .npy file, is truncated or
+ * holds more than one array, holds a big-endian, structured, object, string or complex array,
+ * is in Fortran order (np.ascontiguousarray), has no sample dimension or no samples, or the
+ * counts differ; no file stays mapped. */
+CDDP_API cddp_dataset *cddp_dataset_npy(int nfields, const char *const *paths,
+                                        const cddp_dtype *dtypes, cddp_error *err);
+
 /* MindSpore's num_shards/shard_id, strict: a view of ds holding samples shard_id,
  * shard_id + num_shards, shard_id + 2 num_shards, ... Every sample is in exactly one shard; shard
  * sizes differ by at most one (so ranks may take different step counts: use DDP's join); nothing

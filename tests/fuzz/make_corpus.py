@@ -92,3 +92,28 @@ put("store", "requests", b"\1" + requests)
 put("store", "regress-add-overflow", b"\1" + frame(4, field(b"n") + struct.pack("<q", 2**63 - 1)) +
     frame(4, field(b"n") + struct.pack("<q", 2**63 - 1)))
 put("store", "wait-parked", b"\1" + frame(8, struct.pack("<QI", 60000, 1) + field(b"never")))
+
+# NumPy's .npy files, laid out as np.save writes them: float32 images, int64 labels, uint8 in
+# format version 2, float16 and bool; a structured array and a Fortran-order one (refused).
+
+
+def npy(descr, shape, payload, version=1, fortran=False):
+    dims = "".join("%d, " % d for d in shape).rstrip(" ")
+    text = "{'descr': %s, 'fortran_order': %s, 'shape': (%s), }" % (
+        descr if descr.startswith("[") else repr(descr), fortran, dims)
+    head = 10 if version == 1 else 12
+    pad = -(head + len(text) + 1) % 64
+    text = (text + " " * pad + "\n").encode()
+    size = struct.pack("<H", len(text)) if version == 1 else struct.pack("<I", len(text))
+    return b"\x93NUMPY" + bytes([version, 0]) + size + text + payload
+
+
+put("npy", "f4-images", npy("<f4", [2, 1, 2, 2], struct.pack("<8f", *range(8))))
+put("npy", "i8-labels", npy("<i8", [3], struct.pack("<3q", 3, -1, 2**62)))
+put("npy", "u1-version2", npy("|u1", [2, 3], bytes(range(6)), version=2))
+put("npy", "f2-and-bool", npy("<f2", [2], struct.pack("<2e", 1.5, -0.25)))
+put("npy", "b1", npy("|b1", [4], b"\1\0\1\1"))
+put("npy", "structured", npy("[('a', '<f4')]", [1], b"\0" * 4))
+put("npy", "fortran", npy("<f4", [2, 2], b"\0" * 16, fortran=True))
+# A dimension of 67 digits, which overflowed while it was parsed (regression).
+put("npy", "regress-shape-overflow", npy("<f4", [0, int("2" * 67), 2, 2], b""))

@@ -1,0 +1,491 @@
+/* npy.c: arrays saved with NumPy (.npy files) as a dataset (cddp_dataset_npy, cddp/data.h).
+ *
+ * A .npy file is the magic "\x93NUMPY", the format's major and minor version, the header's length
+ * (2 bytes little-endian in version 1, 4 in versions 2 and 3), then the header, a Python dict
+ * literal such as {'descr': '<f4', 'fortran_order': False, 'shape': (60000, 1, 28, 28), }
+ * padded with spaces and ended by a newline so that the data start at a multiple of 64 (16 in
+ * older files), then the elements in C order. The header is parsed here by a small grammar of
+ * what NumPy writes (strings, True/False, a tuple of integers), never evaluated; every size is
+ * checked against the file's before a byte of data is touched, so a crafted file is refused,
+ * not read past.
+ *
+ * Each file is mapped and stays mapped; a sample is converted to its field's dtype as the loader
+ * fetches it, so opening a dataset of any size costs its headers alone.
+ */
+#include "cddp/comm.h" /* cddp_comm_to_f32: float16 widened as the 16-bit collectives do */
+#include "cddp/core.h"
+#include "cddp/data.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* The longest header cddp reads: NumPy writes about 128 bytes; a header of more is no array's. */
+#define NPY_MAX_HEADER (1 << 16)
+#define NPY_MAX_NDIM   32 /* parsed, then refused beyond CDDP_MAX_DIMS */
+
+typedef struct npy_array {
+    char *path; /* a copy: messages name the file as samples are read */
+    char name[128];
+    uint8_t *map;
+    size_t map_bytes;
+    const uint8_t *data;
+    char kind; /* 'b' bool, 'i' signed, 'u' unsigned, 'f' floating */
+    int size;  /* bytes per element */
+    int ndim;  /* the file's, the sample dimension included */
+    int64_t shape[NPY_MAX_NDIM];
+    int64_t elems;       /* per sample */
+    size_t sample_bytes; /* elems * size */
+    cddp_dtype out;
+} npy_array;
+
+typedef struct npy_set {
+    int nfields;
+    int64_t n;
+    npy_array a[CDDP_MAX_FIELDS];
+} npy_set;
+
+/* NumPy's name of a dtype cddp reads. */
+static const char *np_name(char kind, int size) {
+    switch (kind) {
+    case 'b':
+        return "bool";
+    case 'i':
+        return size == 1 ? "int8" : size == 2 ? "int16" : size == 4 ? "int32" : "int64";
+    case 'u':
+        return size == 1 ? "uint8" : size == 2 ? "uint16" : size == 4 ? "uint32" : "uint64";
+    default:
+        return size == 2 ? "float16" : size == 4 ? "float32" : "float64";
+    }
+}
+
+/* ---- the header ---------------------------------------------------------------------------- */
+
+typedef struct lex {
+    const char *s, *end;
+} lex;
+
+static void skip_blanks(lex *l) {
+    while (l->s < l->end && (*l->s == ' ' || *l->s == '\t' || *l->s == '\n' || *l->s == '\r'))
+        l->s++;
+}
+
+static bool peek(lex *l, char c) {
+    skip_blanks(l);
+    return l->s < l->end && *l->s == c;
+}
+
+static bool eat(lex *l, char c) {
+    if (!peek(l, c)) return false;
+    l->s++;
+    return true;
+}
+
+/* A quoted string without escapes into out (cap bytes). */
+static bool string(lex *l, char *out, size_t cap) {
+    skip_blanks(l);
+    if (l->s >= l->end || (*l->s != '\'' && *l->s != '"')) return false;
+    char quote = *l->s++;
+    size_t n = 0;
+    for (; l->s < l->end && *l->s != quote; l->s++) {
+        if (*l->s == '\\' || *l->s == '\n' || n + 1 >= cap) return false;
+        out[n++] = *l->s;
+    }
+    if (l->s >= l->end) return false;
+    l->s++;
+    out[n] = '\0';
+    return true;
+}
+
+static bool word(lex *l, const char *w) {
+    skip_blanks(l);
+    size_t n = strlen(w);
+    if ((size_t)(l->end - l->s) < n || memcmp(l->s, w, n) != 0) return false;
+    const char *after = l->s + n;
+    if (after < l->end && (*after == '_' || (*after >= 'a' && *after <= 'z') ||
+                           (*after >= 'A' && *after <= 'Z') || (*after >= '0' && *after <= '9')))
+        return false;
+    l->s = after;
+    return true;
+}
+
+/* A non-negative integer below 2^62 (Python 2's files may end it with L). */
+static bool integer(lex *l, int64_t *v) {
+    skip_blanks(l);
+    int64_t x = 0;
+    const char *start = l->s;
+    for (; l->s < l->end && *l->s >= '0' && *l->s <= '9'; l->s++) {
+        int d = *l->s - '0';
+        if (x > (((int64_t)1 << 62) - 1 - d) / 10) return false;
+        x = x * 10 + d;
+    }
+    if (l->s == start) return false;
+    if (l->s < l->end && *l->s == 'L') l->s++;
+    *v = x;
+    return true;
+}
+
+/* The header dict into a's kind, size and shape; CDDP_EFORMAT or CDDP_EUNSUPPORTED naming the
+ * file and what is wrong otherwise. */
+static int parse_dict(npy_array *a, const char *text, size_t len, cddp_error *err) {
+    lex l = {text, text + len};
+    char descr[64] = "", key[32];
+    int fortran = -1;
+    bool have_shape = false;
+    if (!eat(&l, '{')) goto bad;
+    while (!eat(&l, '}')) {
+        if (!string(&l, key, sizeof key) || !eat(&l, ':')) goto bad;
+        if (strcmp(key, "descr") == 0) {
+            if (peek(&l, '['))
+                return cddp_error_set(err, CDDP_EUNSUPPORTED,
+                                      "%s holds a structured array (named fields); save each "
+                                      "field as an array of its own, a file each",
+                                      a->path);
+            if (!string(&l, descr, sizeof descr)) goto bad;
+        } else if (strcmp(key, "fortran_order") == 0) {
+            if (word(&l, "True"))
+                fortran = 1;
+            else if (word(&l, "False"))
+                fortran = 0;
+            else
+                goto bad;
+        } else if (strcmp(key, "shape") == 0) {
+            if (!eat(&l, '(')) goto bad;
+            a->ndim = 0;
+            while (!eat(&l, ')')) {
+                if (a->ndim == NPY_MAX_NDIM || !integer(&l, &a->shape[a->ndim++])) goto bad;
+                if (!eat(&l, ',') && !peek(&l, ')')) goto bad;
+            }
+            have_shape = true;
+        } else {
+            return cddp_error_set(err, CDDP_EFORMAT,
+                                  "%s: its header has the key '%s', which NumPy does not write "
+                                  "(not a .npy file?)",
+                                  a->path, key);
+        }
+        if (!eat(&l, ',') && !peek(&l, '}')) goto bad;
+    }
+    skip_blanks(&l);
+    if (l.s != l.end || !descr[0] || fortran < 0 || !have_shape) goto bad;
+    if (fortran)
+        return cddp_error_set(err, CDDP_EUNSUPPORTED,
+                              "%s is in Fortran order; save np.ascontiguousarray(x) instead",
+                              a->path);
+    /* descr: a byte order (< little, > big, | not applicable, = the machine's), a kind, a size */
+    char order = descr[0], kind = descr[1];
+    long size = 0;
+    const char *digit = order && kind ? descr + 2 : "";
+    for (; *digit >= '0' && *digit <= '9' && size < 100; digit++) size = size * 10 + (*digit - '0');
+    bool known =
+        order && strchr("<>|=", order) && !*digit && digit != descr + 2 &&
+        ((kind == 'b' && size == 1) ||
+         ((kind == 'i' || kind == 'u') && (size == 1 || size == 2 || size == 4 || size == 8)) ||
+         (kind == 'f' && (size == 2 || size == 4 || size == 8)));
+    if (!known) {
+        const char *what = kind == 'c'                                 ? " (complex numbers)"
+                           : kind == 'O'                               ? " (Python objects)"
+                           : kind == 'U' || kind == 'S' || kind == 'a' ? " (strings)"
+                           : kind == 'M' || kind == 'm'                ? " (dates or times)"
+                           : kind == 'V'                               ? " (raw bytes)"
+                           : kind == 'f' && size > 8                   ? " (long doubles)"
+                                                                       : "";
+        return cddp_error_set(err, CDDP_EUNSUPPORTED,
+                              "%s holds '%s' elements%s; cddp reads bool, int8..int64, "
+                              "uint8..uint64, float16, float32 and float64",
+                              a->path, descr, what);
+    }
+    if (order == '>' && size > 1)
+        return cddp_error_set(err, CDDP_EUNSUPPORTED,
+                              "%s holds big-endian %s ('%s'); save x.astype('<%c%ld') instead",
+                              a->path, np_name(kind, (int)size), descr, kind, size);
+    a->kind = kind;
+    a->size = (int)size;
+    return CDDP_OK;
+bad:
+    return cddp_error_set(err, CDDP_EFORMAT,
+                          "%s: its header is not the dict NumPy writes ({'descr': ..., "
+                          "'fortran_order': ..., 'shape': (...)}); the file is damaged or not "
+                          ".npy",
+                          a->path);
+}
+
+/* The magic, the header and the sizes of the mapped file (a->map, a->map_bytes). */
+static int parse_file(npy_array *a, cddp_error *err) {
+    const uint8_t *m = a->map;
+    size_t size = a->map_bytes;
+    if (size < 10 || memcmp(m, "\x93NUMPY", 6) != 0)
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s is not a .npy file (it does not start with \\x93NUMPY; "
+                              "np.save writes them)",
+                              a->path);
+    int major = m[6];
+    if (major < 1 || major > 3)
+        return cddp_error_set(err, CDDP_EUNSUPPORTED,
+                              "%s is a .npy file of format version %d.%d; cddp reads 1, 2 and 3",
+                              a->path, major, m[7]);
+    size_t at = major == 1 ? 10 : 12;
+    if (size < at) return cddp_error_set(err, CDDP_EFORMAT, "%s ends inside its header", a->path);
+    size_t hl = major == 1
+                    ? (size_t)m[8] | (size_t)m[9] << 8
+                    : (size_t)m[8] | (size_t)m[9] << 8 | (size_t)m[10] << 16 | (size_t)m[11] << 24;
+    if (hl > NPY_MAX_HEADER || hl > size - at)
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s: its header of %zu bytes does not fit the %zu-byte file "
+                              "(truncated, or not .npy)",
+                              a->path, hl, size);
+    CDDP_TRY(parse_dict(a, (const char *)m + at, hl, err));
+    size_t start = at + hl;
+    a->data = m + start;
+    if (a->ndim == 0)
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "%s holds a single value (shape ()), not samples along a first "
+                              "dimension",
+                              a->path);
+    if (a->ndim > CDDP_MAX_DIMS)
+        return cddp_error_set(err, CDDP_EUNSUPPORTED,
+                              "%s has %d dimensions; a sample may have up to %d (the array up to "
+                              "%d): reshape it",
+                              a->path, a->ndim, CDDP_MAX_DIMS - 1, CDDP_MAX_DIMS);
+    uint64_t elems = 1, bytes;
+    for (int d = 1; d < a->ndim; d++) {
+        if (a->shape[d] == 0)
+            return cddp_error_set(err, CDDP_EINVAL,
+                                  "%s: its samples have no elements (dimension %d is 0)", a->path,
+                                  d);
+        if (__builtin_mul_overflow(elems, (uint64_t)a->shape[d], &elems)) goto too_big;
+    }
+    if (a->shape[0] == 0)
+        return cddp_error_set(err, CDDP_EINVAL, "%s holds no samples (its first dimension is 0)",
+                              a->path);
+    if (__builtin_mul_overflow(elems, (uint64_t)a->size, &bytes) ||
+        __builtin_mul_overflow(bytes, (uint64_t)a->shape[0], &bytes))
+        goto too_big;
+    if (bytes > size - start)
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s is truncated: %" PRId64 " samples of %" PRIu64 " %s need %" PRIu64
+                              " bytes of data, the file holds %zu",
+                              a->path, a->shape[0], elems, np_name(a->kind, a->size), bytes,
+                              size - start);
+    if (bytes < size - start)
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s has %zu bytes after its array (several arrays saved into one "
+                              "file?); cddp reads one array a file",
+                              a->path, size - start - (size_t)bytes);
+    a->elems = (int64_t)elems;
+    a->sample_bytes = (size_t)elems * (size_t)a->size;
+    return CDDP_OK;
+too_big:
+    return cddp_error_set(err, CDDP_EFORMAT, "%s: its shape is too large for any file", a->path);
+}
+
+static void release(npy_array *a) {
+    if (a->map) munmap(a->map, a->map_bytes);
+    cddp_free(a->path);
+    a->map = NULL;
+    a->path = NULL;
+}
+
+/* Maps path and checks it: a->out is the field's dtype (CDDP_F32 + 1 ... as given, or -1 for
+ * the default). */
+static int open_array(npy_array *a, const char *path, int want, cddp_error *err) {
+    if (!(a->path = cddp_strdup(path)))
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory for a dataset");
+    const char *base = strrchr(path, '/');
+    snprintf(a->name, sizeof a->name, "%s", base ? base + 1 : path);
+    size_t nl = strlen(a->name);
+    if (nl > 4 && strcmp(a->name + nl - 4, ".npy") == 0) a->name[nl - 4] = '\0';
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return cddp_error_set(err, errno == ENOENT ? CDDP_ENOENT : CDDP_EIO, "cannot open %s: %s",
+                              path, strerror(errno));
+    struct stat st;
+    int rc = CDDP_OK;
+    if (fstat(fd, &st) != 0)
+        rc = cddp_error_set(err, CDDP_EIO, "cannot read %s: %s", path, strerror(errno));
+    else if (S_ISDIR(st.st_mode))
+        rc = cddp_error_set(err, CDDP_EINVAL, "%s is a folder, not a .npy file", path);
+    else if (st.st_size < 10)
+        rc = cddp_error_set(err, CDDP_EFORMAT, "%s is not a .npy file (%lld bytes)", path,
+                            (long long)st.st_size);
+    if (!rc) {
+        a->map_bytes = (size_t)st.st_size;
+        void *m = mmap(NULL, a->map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m == MAP_FAILED)
+            rc = cddp_error_set(err, CDDP_EIO, "cannot map %s: %s", path, strerror(errno));
+        else
+            a->map = m;
+    }
+    close(fd);
+    if (!rc) rc = parse_file(a, err);
+    if (rc) return rc;
+    bool floating = a->kind == 'f';
+    a->out = want < 0 ? (floating ? CDDP_F32 : CDDP_I64) : (cddp_dtype)want;
+    if (a->out != CDDP_F32 && a->out != CDDP_I32 && a->out != CDDP_I64)
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "%s: a field read from a .npy file is float32, int32 or int64, "
+                              "not %s",
+                              path, cddp_dtype_name(a->out));
+    if (floating && a->out != CDDP_F32)
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "%s holds %s values, and its field was asked as %s: save "
+                              "integers (x.astype(np.int64)) or ask for CDDP_F32",
+                              path, np_name(a->kind, a->size), cddp_dtype_name(a->out));
+    return CDDP_OK;
+}
+
+/* ---- samples ------------------------------------------------------------------------------- */
+
+/* Element k of p, an integer array's, as a signed value; false for a uint64 above INT64_MAX. */
+static bool load_int(const uint8_t *p, char kind, int size, int64_t *v) {
+    switch (size) {
+    case 1:
+        *v = kind == 'i' ? (int64_t)(int8_t)*p : (int64_t)*p;
+        return true;
+    case 2: {
+        uint16_t x;
+        memcpy(&x, p, 2);
+        *v = kind == 'i' ? (int64_t)(int16_t)x : (int64_t)x;
+        return true;
+    }
+    case 4: {
+        uint32_t x;
+        memcpy(&x, p, 4);
+        *v = kind == 'i' ? (int64_t)(int32_t)x : (int64_t)x;
+        return true;
+    }
+    default: {
+        uint64_t x;
+        memcpy(&x, p, 8);
+        *v = (int64_t)x;
+        return kind == 'i' || x <= (uint64_t)INT64_MAX;
+    }
+    }
+}
+
+static void to_f32(const npy_array *a, const uint8_t *p, float *dst) {
+    int64_t n = a->elems;
+    if (a->kind == 'f' && a->size == 4) {
+        memcpy(dst, p, (size_t)n * 4);
+    } else if (a->kind == 'f' && a->size == 8) {
+        for (int64_t k = 0; k < n; k++) {
+            double d;
+            memcpy(&d, p + 8 * k, 8);
+            dst[k] = (float)d;
+        }
+    } else if (a->kind == 'f') {
+        for (int64_t k = 0; k < n; k++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * k, 2);
+            cddp_comm_to_f32(CDDP_COMM_F16, &h, dst + k, 1);
+        }
+    } else if (a->size == 1 && a->kind != 'i') { /* uint8, bool: images, masks */
+        for (int64_t k = 0; k < n; k++) dst[k] = (float)p[k];
+    } else if (a->kind == 'u' && a->size == 8) {
+        for (int64_t k = 0; k < n; k++) {
+            uint64_t x;
+            memcpy(&x, p + 8 * k, 8);
+            dst[k] = (float)x;
+        }
+    } else {
+        for (int64_t k = 0; k < n; k++) {
+            int64_t v;
+            load_int(p + (size_t)k * (size_t)a->size, a->kind, a->size, &v);
+            dst[k] = (float)v;
+        }
+    }
+}
+
+static int to_int(const npy_array *a, int64_t i, const uint8_t *p, void *dst, cddp_error *err) {
+    bool wide = a->out == CDDP_I64;
+    for (int64_t k = 0; k < a->elems; k++) {
+        const uint8_t *e = p + (size_t)k * (size_t)a->size;
+        int64_t v;
+        if (!load_int(e, a->kind, a->size, &v) || (!wide && (v < INT32_MIN || v > INT32_MAX))) {
+            char value[32];
+            uint64_t u = 0;
+            if (a->kind == 'u' && a->size == 8) memcpy(&u, e, 8);
+            if (a->kind == 'u' && a->size == 8)
+                snprintf(value, sizeof value, "%" PRIu64, u);
+            else
+                snprintf(value, sizeof value, "%" PRId64, v);
+            return cddp_error_set(
+                err, CDDP_ERANGE, "%s: sample %" PRId64 " holds %s, outside %s's range%s", a->path,
+                i, value, cddp_dtype_name(a->out), wide ? "" : " (ask for CDDP_I64 for its field)");
+        }
+        if (wide)
+            ((int64_t *)dst)[k] = v;
+        else
+            ((int32_t *)dst)[k] = (int32_t)v;
+    }
+    return CDDP_OK;
+}
+
+static int64_t npy_len(void *self) {
+    return ((npy_set *)self)->n;
+}
+
+static int npy_get(void *self, int64_t i, void *const *out, cddp_error *err) {
+    npy_set *s = self;
+    for (int f = 0; f < s->nfields; f++) {
+        const npy_array *a = &s->a[f];
+        const uint8_t *p = a->data + (size_t)i * a->sample_bytes;
+        if (a->out == CDDP_F32)
+            to_f32(a, p, out[f]);
+        else
+            CDDP_TRY(to_int(a, i, p, out[f], err));
+    }
+    return CDDP_OK;
+}
+
+static void npy_destroy(void *self) {
+    npy_set *s = self;
+    for (int f = 0; f < s->nfields; f++) release(&s->a[f]);
+    cddp_free(s);
+}
+
+cddp_dataset *cddp_dataset_npy(int nfields, const char *const *paths, const cddp_dtype *dtypes,
+                               cddp_error *err) {
+    if (nfields < 1 || nfields > CDDP_MAX_FIELDS || !paths) {
+        cddp_error_set(err, CDDP_EINVAL,
+                       paths ? "a dataset of .npy files has 1 to %d of them, not %d"
+                             : "a dataset of .npy files needs their paths (NULL given)",
+                       CDDP_MAX_FIELDS, nfields);
+        return NULL;
+    }
+    npy_set *s = cddp_calloc(1, sizeof *s);
+    if (!s) {
+        cddp_error_set(err, CDDP_ENOMEM, "out of memory for a dataset");
+        return NULL;
+    }
+    s->nfields = nfields;
+    int rc = CDDP_OK;
+    cddp_field fields[CDDP_MAX_FIELDS];
+    for (int f = 0; f < nfields && !rc; f++) {
+        npy_array *a = &s->a[f];
+        if (!paths[f]) {
+            rc = cddp_error_set(err, CDDP_EINVAL, "the path of field %d is NULL", f);
+            break;
+        }
+        rc = open_array(a, paths[f], dtypes ? (int)dtypes[f] : -1, err);
+        if (rc) break;
+        if (f > 0 && a->shape[0] != s->n)
+            rc = cddp_error_set(err, CDDP_EINVAL,
+                                "%s holds %" PRId64 " samples, %s %" PRId64
+                                ": the arrays of a dataset need the same first dimension",
+                                paths[0], s->n, paths[f], a->shape[0]);
+        s->n = a->shape[0];
+        fields[f] = (cddp_field){.name = a->name, .dtype = a->out, .ndim = a->ndim - 1};
+        for (int d = 1; d < a->ndim; d++) fields[f].shape[d - 1] = a->shape[d];
+    }
+    if (rc) {
+        npy_destroy(s);
+        return NULL;
+    }
+    static const cddp_dataset_ops ops = {npy_len, npy_get, npy_destroy};
+    return cddp_dataset_create(&ops, s, nfields, fields, err);
+}

@@ -1,0 +1,28 @@
+/* fuzz_npy.c: a NumPy .npy file on any bytes, as a dataset of one field (cddp_dataset_npy) in
+ * the file's own dtype, then as float32: a clear error, or every sample read. */
+#include "fuzz.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    const char *path = fuzz_as_file(data, size);
+    for (int as = 0; as < 2; as++) {
+        cddp_error err = {0};
+        cddp_dataset *ds = cddp_dataset_npy(1, &path, as ? (cddp_dtype[]){CDDP_F32} : NULL, &err);
+        if (!ds) {
+            if (!err.msg[0]) abort(); /* a refusal must say why */
+            continue;
+        }
+        size_t bytes = cddp_field_bytes(cddp_dataset_field(ds, 0));
+        uint8_t *sample = malloc(bytes ? bytes : 1);
+        if (!sample) abort();
+        for (int64_t i = 0; i < cddp_dataset_len(ds); i++) {
+            void *out[1] = {sample};
+            if (cddp_dataset_get(ds, i, out, &err) == CDDP_OK)
+                for (size_t k = 0; k < bytes; k++) fuzz_sink ^= sample[k];
+            else if (!err.msg[0])
+                abort();
+        }
+        free(sample);
+        cddp_dataset_destroy(ds);
+    }
+    return 0;
+}
