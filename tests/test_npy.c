@@ -193,6 +193,27 @@ static void test_ranges(void **state) {
     cddp_dataset_destroy(ds);
 }
 
+/* np.save to the same path rewrites the file in place, maybe while a job reads it: a sample
+ * that is no longer there fails naming the file; the ones still there read as before. */
+static void test_rewritten_under_the_job(void **state) {
+    (void)state;
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", fx("f4.npy"), fx("rewritten.npy"));
+    assert_int_equal(system(cmd), 0);
+    cddp_error err = {0};
+    cddp_dataset *ds = open1("rewritten.npy", -1, &err);
+    if (!ds) fail_msg("%s", err.msg);
+    assert_int_equal(truncate(fx("rewritten.npy"), 128 + 2 * 24), 0); /* 2 of the 5 samples */
+    float got[6];
+    void *out[1] = {got};
+    assert_int_equal(cddp_dataset_get(ds, 1, out, &err), CDDP_OK);
+    for (int k = 0; k < 6; k++) assert_true(got[k] == (float)want("f4", 6 + k));
+    assert_int_equal(cddp_dataset_get(ds, 4, out, &err), CDDP_EIO);
+    if (!strstr(err.msg, "rewritten.npy: reading sample 4") || !strstr(err.msg, "ends before it"))
+        fail_msg("the message does not name the file and the sample: %s", err.msg);
+    cddp_dataset_destroy(ds);
+}
+
 /* Opening fails with status rc and a message holding each of the words. */
 static void refused(int n, const char *const *paths, const cddp_dtype *dtypes, int rc,
                     const char *w1, const char *w2) {
@@ -330,8 +351,11 @@ static void test_damaged_headers(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_every_kind),      cmocka_unit_test(test_under_the_loader),
-        cmocka_unit_test(test_ranges),          cmocka_unit_test(test_refused_numpy_files),
+        cmocka_unit_test(test_every_kind),
+        cmocka_unit_test(test_under_the_loader),
+        cmocka_unit_test(test_ranges),
+        cmocka_unit_test(test_rewritten_under_the_job),
+        cmocka_unit_test(test_refused_numpy_files),
         cmocka_unit_test(test_damaged_headers),
     };
     return cmocka_run_group_tests(tests, make_fixtures, temp_dir_teardown);

@@ -123,8 +123,10 @@ CDDP_API cddp_dataset *cddp_dataset_from_arrays(int64_t n, int nfields, const cd
  * dimensions; a 1-D array gives a field of shape ()). The field's name is the file's without
  * its folder and ".npy".
  *
- * The files are mapped, not read: a sample's bytes are read when the loader asks for them, so
- * the data may be larger than memory, and the ranks on a host share one copy in the page cache.
+ * Opening reads the headers alone; a sample's bytes are read from its file when the loader asks
+ * for them, so the data may be larger than memory, and the ranks on a host share the files'
+ * pages in the page cache. A file rewritten shorter while the dataset is open (np.save to the
+ * same path) fails the samples no longer there, naming the file (CDDP_EIO).
  *
  * dtypes[f] is field f's dtype in the batches, converted from the file's as each sample is read:
  * CDDP_F32 from any number (bool, int8..int64, uint8..uint64, float16, float32, float64; an
@@ -136,7 +138,7 @@ CDDP_API cddp_dataset *cddp_dataset_from_arrays(int64_t n, int nfields, const cd
  * NULL with err naming the file and what to do when a file is not a .npy file, is truncated or
  * holds more than one array, holds a big-endian, structured, object, string or complex array,
  * is in Fortran order (np.ascontiguousarray), has no sample dimension or no samples, or the
- * counts differ; no file stays mapped. */
+ * counts differ; no file stays open. */
 CDDP_API cddp_dataset *cddp_dataset_npy(int nfields, const char *const *paths,
                                         const cddp_dtype *dtypes, cddp_error *err);
 

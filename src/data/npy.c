@@ -6,11 +6,14 @@
  * padded with spaces and ended by a newline so that the data start at a multiple of 64 (16 in
  * older files), then the elements in C order. The header is parsed here by a small grammar of
  * what NumPy writes (strings, True/False, a tuple of integers), never evaluated; every size is
- * checked against the file's before a byte of data is touched, so a crafted file is refused,
- * not read past.
+ * checked against the file's before a byte of data is read, so a crafted file is refused, not
+ * read past.
  *
- * Each file is mapped and stays mapped; a sample is converted to its field's dtype as the loader
- * fetches it, so opening a dataset of any size costs its headers alone.
+ * Each file stays open and a sample's bytes are read (pread) and converted to its field's dtype
+ * as the loader fetches it, so opening a dataset of any size costs its headers alone, and the
+ * ranks of a host share the files' pages in the page cache. Not mapped: a file truncated under a
+ * running job (np.save to the same path rewrites it in place) would kill a process that maps it
+ * with SIGBUS; read, it fails the sample that is gone, naming the file.
  */
 #include "cddp/comm.h" /* cddp_comm_to_f32: float16 widened as the 16-bit collectives do */
 #include "cddp/core.h"
@@ -21,7 +24,6 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -32,12 +34,12 @@
 typedef struct npy_array {
     char *path; /* a copy: messages name the file as samples are read */
     char name[128];
-    uint8_t *map;
-    size_t map_bytes;
-    const uint8_t *data;
-    char kind; /* 'b' bool, 'i' signed, 'u' unsigned, 'f' floating */
-    int size;  /* bytes per element */
-    int ndim;  /* the file's, the sample dimension included */
+    int fd;              /* -1: not open */
+    uint64_t data_start; /* the first sample's offset in the file */
+    uint8_t *scratch;    /* one sample as the file holds it, for the conversions */
+    char kind;           /* 'b' bool, 'i' signed, 'u' unsigned, 'f' floating */
+    int size;            /* bytes per element */
+    int ndim;            /* the file's, the sample dimension included */
     int64_t shape[NPY_MAX_NDIM];
     int64_t elems;       /* per sample */
     size_t sample_bytes; /* elems * size */
@@ -214,10 +216,9 @@ bad:
                           a->path);
 }
 
-/* The magic, the header and the sizes of the mapped file (a->map, a->map_bytes). */
-static int parse_file(npy_array *a, cddp_error *err) {
-    const uint8_t *m = a->map;
-    size_t size = a->map_bytes;
+/* The magic, the header (m: the file's first bytes, the whole header if it fits NPY_MAX_HEADER)
+ * and the sizes against the file's (size bytes). */
+static int parse_file(npy_array *a, const uint8_t *m, size_t size, cddp_error *err) {
     if (size < 10 || memcmp(m, "\x93NUMPY", 6) != 0)
         return cddp_error_set(err, CDDP_EFORMAT,
                               "%s is not a .npy file (it does not start with \\x93NUMPY; "
@@ -240,7 +241,7 @@ static int parse_file(npy_array *a, cddp_error *err) {
                               a->path, hl, size);
     CDDP_TRY(parse_dict(a, (const char *)m + at, hl, err));
     size_t start = at + hl;
-    a->data = m + start;
+    a->data_start = start;
     if (a->ndim == 0)
         return cddp_error_set(err, CDDP_EINVAL,
                               "%s holds a single value (shape ()), not samples along a first "
@@ -284,14 +285,33 @@ too_big:
 }
 
 static void release(npy_array *a) {
-    if (a->map) munmap(a->map, a->map_bytes);
+    if (a->fd >= 0) close(a->fd);
     cddp_free(a->path);
-    a->map = NULL;
+    cddp_free(a->scratch);
+    a->fd = -1;
     a->path = NULL;
+    a->scratch = NULL;
 }
 
-/* Maps path and checks it: a->out is the field's dtype (CDDP_F32 + 1 ... as given, or -1 for
- * the default). */
+/* n bytes at offset at of a's file into dst (what: for the message); CDDP_EIO naming the file
+ * when the read fails or the file ends before them. */
+static int read_at(const npy_array *a, void *dst, size_t n, uint64_t at, const char *what,
+                   cddp_error *err) {
+    for (size_t got = 0; got < n;) {
+        ssize_t k = pread(a->fd, (char *)dst + got, n - got, (off_t)(at + got));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0)
+            return cddp_error_set(err, CDDP_EIO, "%s: reading %s: %s", a->path, what,
+                                  k < 0 ? strerror(errno)
+                                        : "the file ends before it (was the file rewritten "
+                                          "after the dataset opened it?)");
+        got += (size_t)k;
+    }
+    return CDDP_OK;
+}
+
+/* Opens path, reads its header and checks it against the file: a->out is the field's dtype as
+ * asked (want), or the default (want < 0). */
 static int open_array(npy_array *a, const char *path, int want, cddp_error *err) {
     if (!(a->path = cddp_strdup(path)))
         return cddp_error_set(err, CDDP_ENOMEM, "out of memory for a dataset");
@@ -299,30 +319,27 @@ static int open_array(npy_array *a, const char *path, int want, cddp_error *err)
     snprintf(a->name, sizeof a->name, "%s", base ? base + 1 : path);
     size_t nl = strlen(a->name);
     if (nl > 4 && strcmp(a->name + nl - 4, ".npy") == 0) a->name[nl - 4] = '\0';
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if ((a->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
         return cddp_error_set(err, errno == ENOENT ? CDDP_ENOENT : CDDP_EIO, "cannot open %s: %s",
                               path, strerror(errno));
     struct stat st;
-    int rc = CDDP_OK;
-    if (fstat(fd, &st) != 0)
-        rc = cddp_error_set(err, CDDP_EIO, "cannot read %s: %s", path, strerror(errno));
-    else if (S_ISDIR(st.st_mode))
-        rc = cddp_error_set(err, CDDP_EINVAL, "%s is a folder, not a .npy file", path);
-    else if (st.st_size < 10)
-        rc = cddp_error_set(err, CDDP_EFORMAT, "%s is not a .npy file (%lld bytes)", path,
-                            (long long)st.st_size);
-    if (!rc) {
-        a->map_bytes = (size_t)st.st_size;
-        void *m = mmap(NULL, a->map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED)
-            rc = cddp_error_set(err, CDDP_EIO, "cannot map %s: %s", path, strerror(errno));
-        else
-            a->map = m;
-    }
-    close(fd);
-    if (!rc) rc = parse_file(a, err);
+    if (fstat(a->fd, &st) != 0)
+        return cddp_error_set(err, CDDP_EIO, "cannot read %s: %s", path, strerror(errno));
+    if (S_ISDIR(st.st_mode))
+        return cddp_error_set(err, CDDP_EINVAL, "%s is a folder, not a .npy file", path);
+    if (st.st_size < 10)
+        return cddp_error_set(err, CDDP_EFORMAT, "%s is not a .npy file (%lld bytes)", path,
+                              (long long)st.st_size);
+    size_t size = (size_t)st.st_size, head = CDDP_MIN(size, (size_t)12 + NPY_MAX_HEADER);
+    uint8_t *m = cddp_malloc(head);
+    int rc = m ? read_at(a, m, head, 0, "its header", err)
+               : cddp_error_set(err, CDDP_ENOMEM, "out of memory for a dataset");
+    if (!rc) rc = parse_file(a, m, size, err);
+    cddp_free(m);
     if (rc) return rc;
+    if (!(a->scratch = cddp_malloc(a->sample_bytes)))
+        return cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory for a sample of %zu bytes", path,
+                              a->sample_bytes);
     bool floating = a->kind == 'f';
     a->out = want < 0 ? (floating ? CDDP_F32 : CDDP_I64) : (cddp_dtype)want;
     if (a->out != CDDP_F32 && a->out != CDDP_I32 && a->out != CDDP_I64)
@@ -377,7 +394,7 @@ static void to_f32(const npy_array *a, const uint8_t *p, float *dst) {
             memcpy(&d, p + 8 * k, 8);
             dst[k] = (float)d;
         }
-    } else if (a->kind == 'f') {
+    } else if (a->kind == 'f') { /* float16 */
         for (int64_t k = 0; k < n; k++) {
             uint16_t h;
             memcpy(&h, p + 2 * k, 2);
@@ -433,11 +450,16 @@ static int npy_get(void *self, int64_t i, void *const *out, cddp_error *err) {
     npy_set *s = self;
     for (int f = 0; f < s->nfields; f++) {
         const npy_array *a = &s->a[f];
-        const uint8_t *p = a->data + (size_t)i * a->sample_bytes;
+        bool as_is = a->out == CDDP_F32 && a->kind == 'f' && a->size == 4;
+        char what[48];
+        snprintf(what, sizeof what, "sample %" PRId64, i);
+        CDDP_TRY(read_at(a, as_is ? out[f] : a->scratch, a->sample_bytes,
+                         a->data_start + (uint64_t)i * a->sample_bytes, what, err));
+        if (as_is) continue;
         if (a->out == CDDP_F32)
-            to_f32(a, p, out[f]);
+            to_f32(a, a->scratch, out[f]);
         else
-            CDDP_TRY(to_int(a, i, p, out[f], err));
+            CDDP_TRY(to_int(a, i, a->scratch, out[f], err));
     }
     return CDDP_OK;
 }
@@ -463,6 +485,7 @@ cddp_dataset *cddp_dataset_npy(int nfields, const char *const *paths, const cddp
         return NULL;
     }
     s->nfields = nfields;
+    for (int f = 0; f < nfields; f++) s->a[f].fd = -1;
     int rc = CDDP_OK;
     cddp_field fields[CDDP_MAX_FIELDS];
     for (int f = 0; f < nfields && !rc; f++) {
