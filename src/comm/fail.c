@@ -52,6 +52,18 @@ int cddp__comm_peer_died(cddp_comm *c, cddp_error *err, int who, int pid, const 
                            who, pid, what, num);
 }
 
+int cddp__comm_peer_left(cddp_comm *c, cddp_error *err, int who, const char *what, uint64_t num,
+                         uint64_t after) {
+    return cddp__comm_fail(c, err, CDDP_EIO,
+                           "rank %d left the group (cddp_comm_destroy) after %" PRIu64
+                           " collectives, while this rank was in %s #%" PRIu64
+                           " with it: the ranks did not make the same calls. Did they take "
+                           "different numbers of steps (data of different lengths, a last batch "
+                           "some ranks lack)? Give every rank as many batches (a "
+                           "DistributedSampler does), or let ranks finish early with DDP's join",
+                           who, after, what, num);
+}
+
 int cddp__comm_timed_out(cddp_comm *c, cddp_error *err, const char *what, uint64_t num, int who) {
     return cddp__comm_fail(c, err, CDDP_ETIMEDOUT,
                            "%s #%" PRIu64 " timed out waiting for rank %d (is it stopped, stuck, "

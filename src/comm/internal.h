@@ -255,6 +255,10 @@ int cddp__comm_peer_aborted(cddp_comm *c, cddp_error *err, int who, const char *
 int cddp__comm_peer_died(cddp_comm *c, cddp_error *err, int who, int pid, const char *what,
                          uint64_t num);
 int cddp__comm_timed_out(cddp_comm *c, cddp_error *err, const char *what, uint64_t num, int who);
+/* Rank who destroyed the group after `after` collectives while this rank waits for it in call num:
+ * the ranks did not make the same calls (most often: different numbers of steps). */
+int cddp__comm_peer_left(cddp_comm *c, cddp_error *err, int who, const char *what, uint64_t num,
+                         uint64_t after);
 /* The stall inspector, from a transport's wait: once the call has waited CDDP_STALL_WARN_S (and
  * every CDDP_STALL_WARN_S after), logs the call and the n ranks it waits for; arrived: whether
  * they entered the call (and owe their data) or have not. */

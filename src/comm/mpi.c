@@ -7,8 +7,13 @@
  * the MPI call, which keeps cddp's promise of float32 accumulation without custom MPI types.
  * Every collective is MPI's own (collective.c's table), after the same fingerprint check as on
  * every transport; moves (for the generic algorithms under CDDP_COMM_ALGORITHM=ring) are
- * nonblocking sends and receives. Deadlines and dead peers are MPI's business: mpirun ends the
- * job when a rank dies, and an abort is MPI_Abort.
+ * nonblocking sends and receives. Dead peers are MPI's business (mpirun ends the job when a rank
+ * dies) and an abort is MPI_Abort; deadlines are cddp's where the ranks meet: the fingerprints
+ * travel by a nonblocking allgather and the moves by nonblocking messages, tested until they
+ * complete, the call's deadline passes or the group is aborted. A rank that never comes (it left
+ * the group, is stopped, stuck, or calls something else) then fails the others' call instead of
+ * hanging them; MPI cannot cancel the pending operation, so such a group does not finalise MPI, and
+ * the job's end is the program's exit (mpirun then ends the ranks still in MPI).
  */
 #include "comm/internal.h"
 
@@ -60,6 +65,7 @@ static int mpi_error(cddp_comm *c, cddp_error *err, int code, const char *what) 
 typedef struct mpi {
     MPI_Comm comm;    /* the group's, duplicated from MPI_COMM_WORLD */
     bool owner;       /* this group initialised MPI and finalises it */
+    bool abandoned;   /* a wait gave up on pending requests: MPI cannot be finalised */
     MPI_Request *req; /* a move's requests: the sends still in flight first */
     int npending, cap;
 } mpi;
@@ -103,6 +109,12 @@ static int mpi_setup(cddp_comm *c, struct cddp_store *st, double deadline, cddp_
 static void mpi_close(cddp_comm *c) {
     mpi *m = c->priv;
     if (!m) return;
+    if (m->abandoned) { /* freeing or finalising under a pending operation may never return */
+        cddp_free(m->req);
+        cddp_free(m);
+        c->priv = NULL;
+        return;
+    }
     if (m->comm) MPI_Comm_free(&m->comm);
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -112,17 +124,51 @@ static void mpi_close(cddp_comm *c) {
     c->priv = NULL;
 }
 
+/* MPI_Waitall with cddp's deadline (< 0: none) and abort: MPI_Testall in a loop, which polls as
+ * MPI_Waitall itself does (Open MPI's waits spin on its progress engine; a sleep between tests
+ * would add its wake-up to every collective: 4 floats took 290 us instead of 5), looking at the
+ * deadline and the abort flag every 10 ms. On either the requests are abandoned (MPI cannot cancel
+ * them: the group then never finalises MPI) and the group fails. MPI does not say which rank is
+ * late. */
+static int mpi_wait(cddp_comm *c, MPI_Request *req, int n, double deadline, const char *what,
+                    cddp_error *err) {
+    double next_look = cddp_now_s() + 0.01;
+    for (unsigned k = 1;; k++) {
+        int done = 0, rc = MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_error(c, err, rc, what);
+        if (done) return CDDP_OK;
+        if (k % 64) continue;
+        double now = cddp_now_s();
+        if (now < next_look) continue;
+        next_look = now + 0.01;
+        int st = cddp__comm_aborted_here(c, err);
+        if (!st && deadline >= 0 && now > deadline)
+            st = cddp__comm_fail(c, err, CDDP_ETIMEDOUT,
+                                 "%s #%" PRIu64 " timed out: not every rank reached it (over MPI "
+                                 "cddp cannot tell which: one that left the group, is stopped, "
+                                 "stuck, or calling something else?); raise CDDP_TIMEOUT_S or the "
+                                 "call's timeout if it is only slow",
+                                 what, c->seq);
+        if (st) {
+            ((mpi *)c->priv)->abandoned = true;
+            return st;
+        }
+    }
+}
+
 static int mpi_begin(cddp_comm *c, const coll *a, const fingerprint *mine, double deadline,
                      cddp__place *place, cddp_error *err) {
-    (void)a, (void)deadline;
+    (void)a;
     *place = (cddp__place){NULL, 0};
     fingerprint *all = cddp_malloc(sizeof *all * (size_t)c->world);
     if (!all) return cddp__comm_fail(c, err, CDDP_ENOMEM, "out of memory");
-    int rc =
-        MPI_Allgather(mine, (int)sizeof *mine, MPI_BYTE, all, (int)sizeof *mine, MPI_BYTE, COMM(c));
-    int st = rc == MPI_SUCCESS ? cddp__comm_check_fingerprints(c, mine, all, sizeof *all, err)
-                               : mpi_error(c, err, rc, "Allgather");
-    cddp_free(all);
+    MPI_Request req;
+    int rc = MPI_Iallgather(mine, (int)sizeof *mine, MPI_BYTE, all, (int)sizeof *mine, MPI_BYTE,
+                            COMM(c), &req);
+    int st = rc == MPI_SUCCESS ? mpi_wait(c, &req, 1, deadline, "collective", err)
+                               : mpi_error(c, err, rc, "Iallgather");
+    if (!st) st = cddp__comm_check_fingerprints(c, mine, all, sizeof *all, err);
+    if (!((mpi *)c->priv)->abandoned) cddp_free(all); /* MPI may still write an abandoned one */
     return st;
 }
 
@@ -291,11 +337,10 @@ static int mpi_p2p(cddp_comm *c, const coll *a, double deadline, cddp_error *err
 /* Moves as nonblocking sends and receives, cut into messages of the ring's chunk counted from
  * each transfer's start, so that a segment sent whole is received chunk by chunk (the ring's
  * pipeline) and the other way round. Without all, the sends stay in flight (their requests are
- * kept) and only the receives are waited for; a later call with all waits for them too. MPI
- * waits without deadlines: the job's end is what stops a stuck one. */
+ * kept) and only the receives are waited for; a later call with all waits for them too, each
+ * wait until the call's deadline (mpi_wait). */
 static int mpi_move(cddp_comm *c, cddp__xfer *send, int nsend, cddp__xfer *recv, int nrecv,
                     bool all, const char *what, double deadline, cddp_error *err) {
-    (void)deadline;
     mpi *m = c->priv;
     size_t piece = CDDP_MIN(c->ring_chunk, (size_t)PIECE);
     int n = m->npending;
@@ -321,13 +366,13 @@ static int mpi_move(cddp_comm *c, cddp__xfer *send, int nsend, cddp__xfer *recv,
                            recv[i].peer, 8, COMM(c), &m->req[k++]);
         recv[i].done = recv[i].n;
     }
-    if (rc == MPI_SUCCESS)
-        rc = MPI_Waitall(k - m->npending, m->req + m->npending, MPI_STATUSES_IGNORE);
-    if (rc == MPI_SUCCESS && all) {
-        rc = MPI_Waitall(m->npending, m->req, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) return mpi_error(c, err, rc, what);
+    CDDP_TRY(mpi_wait(c, m->req + m->npending, k - m->npending, deadline, what, err));
+    if (all) {
+        CDDP_TRY(mpi_wait(c, m->req, m->npending, deadline, what, err));
         m->npending = 0;
     }
-    return rc == MPI_SUCCESS ? CDDP_OK : mpi_error(c, err, rc, what);
+    return CDDP_OK;
 }
 
 int cddp__mpi_collective(cddp_comm *c, const coll *a, const cddp__place *p, double deadline,

@@ -145,6 +145,14 @@ static int shm_setup(cddp_comm *c, struct cddp_store *st, double deadline, cddp_
 static void shm_close(cddp_comm *c) {
     shm *s = priv(c);
     if (!s) return;
+    /* A peer still waiting for this rank fails at once, saying it left (not died), unless the
+     * group failed here: then the peers have that notice. */
+    if (s->seg && !c->failed.code && !atomic_load(&c->aborted)) {
+        ctl *mine = ctl_of(c, c->rank);
+        mine->left_after = c->seq;
+        atomic_store_explicit(&mine->left, 1, memory_order_release);
+        cddp__shm_wake(c);
+    }
     for (int i = 0; i < MAX_REGS; i++)
         if (s->regs[i].id) cddp__shm_unmap_reg(c, &s->regs[i]);
     if (s->seg) munmap(s->seg, s->seg_size);

@@ -31,6 +31,8 @@ typedef struct ctl {
     int32_t reg_mapped;     /* cddp_comm_alloc: 0, or the errno that kept a peer's block */
     _Atomic int32_t failed; /* the group failed on this rank: abort_reason says why */
     _Atomic int32_t cpu;    /* 1 + the CPU this rank last waited on (0: not known) */
+    _Atomic int32_t left;   /* 1 once this rank destroyed the group (healthy), after */
+    uint64_t left_after;    /* this many collectives */
     int32_t reg_fd;         /* cddp_comm_alloc: this rank's block's descriptor, for the peers */
     uint64_t reg_ino;       /* and its inode, which they check */
     char abort_reason[320]; /* written before the header's abort_rank, or before failed */

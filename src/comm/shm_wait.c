@@ -114,6 +114,8 @@ int cddp__shm_idle(cddp_comm *c, waiting *w, bool (*ready)(const void *), const 
     w->next_check = now + 0.01;
     if (notices && atomic_load(&ctl_of(c, who)->failed) && !ready(arg))
         return cddp__comm_peer_failed(c, err, who, ctl_of(c, who)->abort_reason);
+    if (atomic_load_explicit(&ctl_of(c, who)->left, memory_order_acquire) && !ready(arg))
+        return cddp__comm_peer_left(c, err, who, what, num, ctl_of(c, who)->left_after);
     if (gone(c, who) && !ready(arg)) {
         CDDP_TRY(cddp__shm_check_abort(c, err)); /* it may have aborted the group, then exited */
         return cddp__comm_peer_died(c, err, who, (int)ctl_of(c, who)->pid, what, num);

@@ -111,12 +111,8 @@ static int peer_failure(cddp_comm *c, int r, const char *what, cddp_error *err) 
         return cddp__comm_peer_aborted(c, err, r, t->notes[r].why);
     case PEER_FAILED:
         return cddp__comm_peer_failed(c, err, r, t->notes[r].why);
-    default: /* PEER_LEFT */
-        return cddp__comm_fail(c, err, CDDP_EIO,
-                               "rank %d left the group (cddp_comm_destroy) while this rank was "
-                               "in %s #%" PRIu64 " with it; did every rank call the same "
-                               "collectives?",
-                               r, what, c->seq);
+    default: /* PEER_LEFT: its notice says after how many collectives */
+        return cddp__comm_peer_left(c, err, r, what, c->seq, strtoull(t->notes[r].why, NULL, 10));
     }
 }
 
@@ -422,7 +418,9 @@ static void tcp_close(cddp_comm *c) {
     tcp *t = T(c);
     if (!t) return;
     if (t->data && t->control) {
-        tell(c, PEER_LEFT, "");
+        char after[24]; /* the collectives this rank made, for a peer still in one */
+        snprintf(after, sizeof after, "%" PRIu64, c->seq);
+        tell(c, PEER_LEFT, after);
         while (atomic_load(&t->told) != 2) /* another thread's abort is telling the peers */
             sched_yield();
         uint8_t sink[4096];

@@ -416,8 +416,8 @@ static void *abort_later(void *c) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: comm_check matrix|launch|kill [async]|abort|stop|mismatch "
-                        "KIND|deadline|loop S\n");
+        fprintf(stderr, "usage: comm_check matrix|launch|kill [async]|leave [exit]|abort|stop|"
+                        "mismatch KIND|deadline|loop S\n");
         return 2;
     }
     const char *mode = argv[1];
@@ -479,6 +479,36 @@ int main(int argc, char **argv) {
         char text[64];
         snprintf(text, sizeof text, "rank %d (pid", world - 1);
         status = expect_failure(rc, &err, text, t0, 0, 5.0);
+    } else if (!strcmp(mode, "leave")) {
+        /* The last rank leaves at the 50th collective while the others go on: by
+         * cddp_comm_destroy, then staying alive 3 s (the others must fail at once saying it left,
+         * not wait for its end), or with "exit" by returning from main without it (the others
+         * find it gone; they then exit 3, so that the launcher's report names the rank that
+         * finished before them). Over MPI, which cannot tell, the others' calls time out at
+         * their 2 s deadline instead of hanging. */
+        bool destroy = !(argc > 2 && !strcmp(argv[2], "exit")), mpi = !strcmp(backend, "mpi");
+        int rc = 0;
+        t0 = 0;
+        for (int k = 0; k < 100000 && rc == 0; k++) {
+            if (k == 50 && rank == world - 1) {
+                if (!destroy) return 0;
+                cddp_comm_destroy(c);
+                sleep(3);
+                return 0;
+            }
+            if (k == 50) t0 = cddp_now_s();
+            rc = cddp_comm_allreduce(c, buf, buf, 64, CDDP_COMM_F32, CDDP_COMM_SUM, mpi ? 2 : 60,
+                                     &err);
+        }
+        char text[96];
+        snprintf(text, sizeof text,
+                 mpi       ? "timed out: not every rank reached it"
+                 : destroy ? "rank %d left the group (cddp_comm_destroy) after "
+                           : "rank %d (pid",
+                 world - 1);
+        status = mpi ? expect_failure(rc, &err, text, t0, 2.0, 3.0)
+                     : expect_failure(rc, &err, text, t0, 0, destroy ? 1.0 : 5.0);
+        if (!destroy && !status) status = 3;
     } else if (!strcmp(mode, "stop")) {
         if (rank == 1) {
             /* A helper wakes this rank after the others have timed out; it then just leaves. */

@@ -8,7 +8,7 @@ build=$1 mode=$2 world=$3 arg=${4:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 case "$mode" in
-kill | stop) want=$((world - 1)) ;; # every survivor
+kill | stop | leave) want=$((world - 1)) ;; # every survivor
 mismatch | abort) want=$world ;;    # every rank, the odd one included
 deadline) want=1 ;;                 # rank 0, alone in the barrier
 *) echo "unknown mode $mode"; exit 2 ;;
@@ -24,6 +24,13 @@ if [ "$got" != "$want" ]; then
     exit 1
 fi
 cat "$work"/logs/rank.*/stdout
+# A rank that returned from main while its peers still called collectives: the launcher's report
+# names it as having finished before the failure.
+if [ "$mode $arg" = "leave exit" ] && ! grep -q "finished before it: rank $((world - 1)) " "$work/launcher"; then
+    echo "FAIL: the launcher's report does not say that rank $((world - 1)) finished before the failure"
+    cat "$work/launcher"
+    exit 1
+fi
 if [ -n "${CDDP_TRANSPORT:-}" ] && grep -h '^ok: ' "$work"/logs/rank.*/stdout | grep -qv "($CDDP_TRANSPORT backend)"; then
     echo "FAIL: CDDP_TRANSPORT=$CDDP_TRANSPORT, but a rank used another backend"
     exit 1

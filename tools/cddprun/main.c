@@ -229,6 +229,16 @@ static round_result run_round(job *j) {
         } else if (w->stopped) {
             fprintf(stderr, "  stopped: rank %d (local rank %d) by cddprun\n", w->rank,
                     w->local_rank);
+        } else if (first && !w->running && WIFEXITED(w->status) && !WEXITSTATUS(w->status) &&
+                   w->end_wall <= when + o->monitor_interval + 0.2) {
+            /* A rank that finished while its peers still called collectives with it is why they
+             * failed, though it did nothing wrong by itself. (Exits are seen at the monitor's
+             * looks, and the failure waited 0.2 s for others: one that came then counts too.) */
+            cddprun_describe(j, w, text, sizeof text);
+            fprintf(stderr,
+                    "  finished before it: %s; ranks still in a collective with a rank that "
+                    "ended fail: do the ranks take the same number of steps?\n",
+                    text);
         }
     }
     return ROUND_FAILED;
