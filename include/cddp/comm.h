@@ -185,8 +185,11 @@ CDDP_API cddp_comm_work *cddp_comm_reduce_scatter_async(cddp_comm *c, const void
 CDDP_API cddp_comm_work *cddp_comm_barrier_async(cddp_comm *c, double timeout_s, cddp_error *err);
 /* Queues fn(arg) on the group's communication thread, in issue order with its collectives (not a
  * collective: this rank's alone): how a caller makes a queued collective wait for something of its
- * own first (a device's copy of the data it reads, cddp/device.h's events) without waiting itself.
- * cddp_comm_wait returns fn's status (err filled by fn on failure). */
+ * own first (a device's copy of the data it reads, cddp/device.h's events) without waiting itself,
+ * or runs collectives of its own there (DDP's comm_hook): fn may call the group's blocking
+ * collectives, which run at once on that thread, in fn's turn; waiting in fn for work queued
+ * after it fails (CDDP_ESTATE) instead of never ending. cddp_comm_wait returns fn's status (err
+ * filled by fn on failure). */
 typedef int (*cddp_comm_fn)(void *arg, cddp_error *err);
 CDDP_API cddp_comm_work *cddp_comm_call_async(cddp_comm *c, cddp_comm_fn fn, void *arg,
                                               cddp_error *err);

@@ -74,6 +74,20 @@ typedef enum cddp_ddp_overlap {
                                 for a core that the ranks' training threads already fill */
 } cddp_ddp_overlap;
 
+/* A communication hook of your own (PyTorch's DistributedDataParallel.register_comm_hook): called
+ * once per bucket in each synchronised step, once the bucket's gradients are all ready, with them
+ * as one float32 array in host memory (grads: count elements, the gradients of the bucket's
+ * parameters back to back in the bucket's order, cddp_ddp_bucket_params; bucket: its index) and
+ * the group. It leaves in grads the gradients this rank's optimizer will step with, which must be
+ * the same on every rank (for DDP's meaning, the mean over the ranks), and may use the group's
+ * collectives for it, the blocking ones (it runs on the group's communication thread while
+ * backward goes on, or inline on the training thread, as cddp_ddp_options.overlap says; every
+ * rank calls it for the buckets in the same order). It returns CDDP_OK, or a failure with err
+ * filled: this rank's backward then fails with it, and the group is aborted so that the other
+ * ranks fail at once, naming this one and the reason. */
+typedef int (*cddp_ddp_comm_hook_fn)(void *state, cddp_comm *group, int bucket, float *grads,
+                                     int64_t count, cddp_error *err);
+
 /* Zero-initialised options are PyTorch's defaults; see cddp_ddp_defaults. */
 typedef struct cddp_ddp_options {
     double bucket_cap_mb;        /* 0: 25 (the first bucket closes at 1 MiB, as in PyTorch) */
@@ -81,6 +95,11 @@ typedef struct cddp_ddp_options {
                                     gradients_mean=False) */
     bool find_unused_parameters; /* allow parameters without a gradient in a backward */
     cddp_ddp_hook hook;
+    /* Your own hook (above) instead of the allreduce, with its state (yours: DDP only passes it
+     * on). On host memory (not the nccl or ipc transports); not with hook, sum, shard_optimizer or
+     * join (wrapping fails saying so). */
+    cddp_ddp_comm_hook_fn comm_hook;
+    void *comm_hook_state;
     int powersgd_rank;           /* PowerSGD: r (0: 1, PyTorch's matrix_approximation_rank) */
     int64_t powersgd_start_step; /* PowerSGD: the first compressed step, counted from 1 at the
                                     wrap (0: 1001: 1000 plain steps first, PyTorch's

@@ -4,7 +4,10 @@
  * blocking call waits until the queue is empty and the thread idle, then runs on its caller's
  * thread: small blocking collectives pay no thread hand-off, and the order in which a rank
  * issues collectives is the order in which they run, whichever way each was issued (every rank
- * must run them in the same order, or the fingerprints catch it).
+ * must run them in the same order, or the fingerprints catch it). A blocking call made by a
+ * queued function (cddp_comm_call_async: DDP's communication hooks) runs at once on the thread,
+ * inside that function's turn; a wait there for work queued after it could never end, and fails
+ * saying so.
  *
  * Waiters sleep on condition variables, never spin: the thread that waits for a gradient
  * bucket leaves the core to the ranks still computing. Handles are recycled through a free
@@ -77,7 +80,16 @@ static void *thread_main(void *arg) {
     return NULL;
 }
 
+/* Whether the caller is the group's communication thread (running a queued function). */
+static bool on_thread(cddp_comm *c) {
+    pthread_mutex_lock(&c->mu);
+    bool here = c->thread_started && pthread_equal(pthread_self(), c->thread);
+    pthread_mutex_unlock(&c->mu);
+    return here;
+}
+
 int cddp__comm_run(cddp_comm *c, const coll *a, cddp_error *err) {
+    if (on_thread(c)) return cddp__comm_execute(c, a, err); /* its turn is this call's */
     pthread_mutex_lock(&c->mu);
     while (c->head || c->thread_busy || c->inline_busy) pthread_cond_wait(&c->finished, &c->mu);
     c->inline_busy = true;
@@ -144,6 +156,11 @@ int cddp_comm_wait_timed(cddp_comm_work *w, double timeout_s, double *t_start, d
                          cddp_error *err) {
     cddp_comm *c = w->group;
     bool timed_out = false;
+    if (on_thread(c) && !cddp_comm_test(w))
+        return cddp_error_set(err, CDDP_ESTATE,
+                              "a function queued on the group's communication thread waits for "
+                              "work queued after it, which that thread would run only once the "
+                              "function returns: use the blocking collectives there");
     pthread_mutex_lock(&c->mu);
     if (timeout_s >= 0 && !w->done) {
         struct timespec at;

@@ -25,7 +25,8 @@
  * packs what the bucket needs and starts its collective (queued on the group's thread, or run
  * inline on the training thread: cddp__ddp_collective decides), finish moves the result into the
  * gradients once the collective is done. Plain allreduce, and allreduce of 16-bit copies
- * (bf16/fp16 compression) and the sharded optimizer's reduce-scatter are the instances.
+ * (bf16/fp16 compression), the sharded optimizer's reduce-scatter, PowerSGD and a hook of the
+ * user's are the instances.
  */
 #ifndef CDDP_DDP_INTERNAL_H
 #define CDDP_DDP_INTERNAL_H
@@ -72,7 +73,7 @@ typedef struct cddp__reducer {
 
 extern const cddp__reducer cddp__allreduce_reducer, cddp__bf16_reducer, cddp__fp16_reducer,
     cddp__zero_reducer, cddp__dev_reducer, cddp__dev_zero_reducer, cddp__dev_bf16_reducer,
-    cddp__dev_fp16_reducer, cddp__powersgd_reducer, cddp__zero_half_reducer;
+    cddp__dev_fp16_reducer, cddp__powersgd_reducer, cddp__zero_half_reducer, cddp__user_reducer;
 
 /* PowerSGD's state of one parameter (powersgd.c): kept across steps and bucket rebuilds. */
 typedef struct cddp__psgd {

@@ -4,6 +4,9 @@
  *              the block in memory from cddp_comm_alloc, the shared-memory transport reads every
  *              rank's copy where it is: no copy at all); a bucket rebuilt from a ready order that
  *              jumps around is packed into a staging buffer and unpacked afterwards
+ *   comm_hook  the user's function (cddp_ddp_options.comm_hook) on the bucket's gradients, one
+ *              range of the block or packed as allreduce's, queued on the group's thread as one
+ *              call (its blocking collectives run there, in its turn) or run inline
  *   zero       (shard_optimizer) every bucket is reduce-scattered: each rank receives its part
  *              (cddp__ddp_part) of the reduced bucket, in place when the bucket divides evenly,
  *              else through a staging buffer padded with zeros to world parts of equal length
@@ -23,6 +26,7 @@
  */
 #include "ddp/internal.h"
 
+#include <stdio.h>
 #include <string.h>
 
 void cddp__ddp_before(cddp_ddp *d, bucket *b, cddp_comm_fn fn) {
@@ -126,6 +130,44 @@ static void plain_finish(cddp_ddp *d, bucket *b) {
 
 const cddp__reducer cddp__allreduce_reducer = {"allreduce", plain_prepare, plain_launch,
                                                plain_finish};
+
+/* ---- a hook of the user's (cddp_ddp_options.comm_hook) ----------------------------------- */
+
+/* The hook on the bucket's gradients (packed first when the bucket is not one range). A failure
+ * aborts the group, so that the other ranks, which may wait for this one in the hook's
+ * collectives, fail at once with its reason. */
+static int user_call(void *bucket_, cddp_error *err) {
+    bucket *b = bucket_;
+    cddp_ddp *d = b->ddp;
+    int k = (int)(b - d->buckets);
+    float *buf = b->offset >= 0 ? d->hgrad + b->offset : b->stage;
+    if (b->offset < 0) pack(d, b, b->stage, false);
+    cddp_error e = {0};
+    int rc = d->o.comm_hook(d->o.comm_hook_state, d->group, k, buf, (int64_t)b->numel, &e);
+    if (rc == CDDP_OK) return CDDP_OK;
+    if (!e.msg[0]) cddp_error_set(&e, rc, "status %d, no message", rc);
+    int skip = 0; /* the "rank N: " it may start with: the message is this rank's anyway */
+    sscanf(e.msg, "rank %*d: %n", &skip);
+    char why[CDDP_ERROR_MSG_MAX];
+    snprintf(why, sizeof why, "DDP: the comm_hook failed on bucket %d: %.400s", k, e.msg + skip);
+    cddp_comm_abort(d->group, why);
+    return cddp_error_set(err, rc < 0 ? rc : CDDP_EIO, "%s", why);
+}
+
+static void user_launch(cddp_ddp *d, bucket *b) {
+    cddp_error err = {0};
+    if (d->inline_comm) {
+        b->t_start = cddp_now_s();
+        int rc = user_call(b, &err);
+        b->t_end = cddp_now_s();
+        b->reduced = rc == CDDP_OK;
+    } else {
+        b->work = cddp_comm_call_async(d->group, user_call, b, &err);
+    }
+    if (!b->work && !b->reduced && !d->hook_err.code) d->hook_err = err;
+}
+
+const cddp__reducer cddp__user_reducer = {"comm_hook", plain_prepare, user_launch, plain_finish};
 
 /* ---- reduce-scatter (ZeRO-1) ------------------------------------------------------------- */
 
@@ -404,6 +446,7 @@ const cddp__reducer *cddp__ddp_reducer(const cddp_ddp_options *o) {
     if (dev) return o->shard_optimizer ? &cddp__dev_zero_reducer : &cddp__dev_reducer;
     if (o->shard_optimizer)
         return o->hook == CDDP_DDP_HOOK_NONE ? &cddp__zero_reducer : &cddp__zero_half_reducer;
+    if (o->comm_hook) return &cddp__user_reducer;
     switch (o->hook) {
     case CDDP_DDP_HOOK_POWERSGD:
         return &cddp__powersgd_reducer;

@@ -62,7 +62,7 @@ typedef struct wrap_rec {
     int64_t nparams, numel, nbuffers;
     double bucket_cap_mb;
     int32_t sum, find_unused, hook, join, join_throw, no_broadcast_buffers;
-    int32_t shard_optimizer, transport, powersgd_rank, pad;
+    int32_t shard_optimizer, transport, powersgd_rank, comm_hook;
     int64_t powersgd_start_step;
 } wrap_rec;
 
@@ -97,7 +97,7 @@ static int agree(cddp_ddp *d, cddp_error *err) {
                      d->o.shard_optimizer,
                      d->o.transport,
                      d->o.powersgd_rank,
-                     0,
+                     d->o.comm_hook != NULL,
                      d->o.powersgd_start_step};
     wrap_rec *all = cddp_calloc((size_t)W, sizeof *all);
     param_rec *pm = cddp_calloc((size_t)nrec + 1, sizeof *pm);
@@ -135,6 +135,7 @@ static int agree(cddp_ddp *d, cddp_error *err) {
         goto out;                                                                                  \
     }
 #define ASIS(x) (x)
+#define HAS(x)  ((x) ? "set" : "none")
         SAME(bucket_cap_mb, "bucket_cap_mb", "%g", ASIS)
         SAME(sum, "sum", "%d", ASIS)
         SAME(find_unused, "find_unused_parameters", "%d", ASIS)
@@ -146,8 +147,10 @@ static int agree(cddp_ddp *d, cddp_error *err) {
         SAME(transport, "transport", "%s", cddp_dcomm_transport_spelling)
         SAME(powersgd_rank, "powersgd_rank", "%d", ASIS)
         SAME(powersgd_start_step, "powersgd_start_step", "%" PRId64, ASIS)
+        SAME(comm_hook, "a comm_hook", "%s", HAS)
 #undef SAME
 #undef ASIS
+#undef HAS
     }
     for (int i = 0; i < nrec; i++) {
         const cddp_tensor *t =
@@ -307,6 +310,17 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
                                 "be negative (0: their defaults, 1 and 1001)");
         return NULL;
     }
+    if (o.comm_hook && (o.hook != CDDP_DDP_HOOK_NONE || o.sum || o.shard_optimizer || o.join)) {
+        cddp_error_set(err, CDDP_EINVAL,
+                       "cddp_ddp_wrap: a comm_hook makes the gradients itself: it does not go "
+                       "with %s",
+                       o.hook != CDDP_DDP_HOOK_NONE ? "a hook (choose one of the two)"
+                       : o.sum ? "sum (the hook decides what it leaves: a sum, or the mean)"
+                       : o.shard_optimizer
+                           ? "shard_optimizer (whose reduce-scatter gives each rank its part)"
+                           : "join (a rank that joined could not shadow the hook's collectives)");
+        return NULL;
+    }
     if ((unsigned)o.transport > CDDP_DCOMM_NCCL) {
         cddp_error_set(err, CDDP_EINVAL, "cddp_ddp_wrap: unknown transport %d", (int)o.transport);
         return NULL;
@@ -318,10 +332,11 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
                        knob);
         return NULL;
     }
-    if (cddp__ddp_on_device(&o) && o.hook == CDDP_DDP_HOOK_POWERSGD) {
+    if (cddp__ddp_on_device(&o) && (o.hook == CDDP_DDP_HOOK_POWERSGD || o.comm_hook)) {
         cddp_error_set(err, CDDP_EUNSUPPORTED,
-                       "cddp_ddp_wrap: the powersgd hook reduces host memory: it does not go with "
-                       "the %s transport (take the host transport, or another hook)",
+                       "cddp_ddp_wrap: %s reduces host memory: it does not go with the %s "
+                       "transport (take the host transport, or another hook)",
+                       o.comm_hook ? "a comm_hook" : "the powersgd hook",
                        cddp_dcomm_transport_spelling(o.transport));
         return NULL;
     }
@@ -364,9 +379,10 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
     d->stats_every = CDDP_MAX(cddp_knob_int(CDDP_KNOB_DDP_STATS_EVERY), 1);
     CDDP_TRY_GOTO(agree(d, err), out);
     /* the transport, once every rank asks for the same */
-    if (o.transport == CDDP_DCOMM_AUTO && o.hook == CDDP_DDP_HOOK_POWERSGD) {
+    if (o.transport == CDDP_DCOMM_AUTO && (o.hook == CDDP_DDP_HOOK_POWERSGD || o.comm_hook)) {
         o.transport = d->o.transport = CDDP_DCOMM_HOST; /* its sums are of host memory */
-        snprintf(d->why, sizeof d->why, "auto: the powersgd hook reduces host memory");
+        snprintf(d->why, sizeof d->why, "auto: %s reduces host memory",
+                 o.comm_hook ? "the comm_hook" : "the powersgd hook");
     } else if (o.transport == CDDP_DCOMM_AUTO) {
         char why[sizeof d->why - 8];
         CDDP_TRY_GOTO(

@@ -28,6 +28,9 @@
  *                                     of them; then 5 steps on rank slices equal one process
  *                                     with plain BatchNorms on the whole batch (parameters and
  *                                     running statistics within 1e-5)
+ *   ddp_check hook                    a communication hook of the user's (comm_hook): the mean
+ *                                     by two collectives in the hook equals DDP's own, bit for
+ *                                     bit, and the reference; a failing hook fails every rank
  *   ddp_check gpt ACCUM [CAP_MB]      a GPT with its tied head, GPT-2's recipe (AdamW on matrices,
  *                                     clipping, warmup and cosine), ACCUM micro-steps per step
  *                                     (no_sync), B sequences per rank and micro-step: 5 steps
@@ -343,12 +346,10 @@ static int syncbn(cddp_comm *g) {
     return 0;
 }
 
-/* DDP on slices vs the reference on the whole batch; accumulate micro-steps with no_sync. */
-static int equal(cddp_comm *g, kind k, double cap_mb, int accumulate) {
-    cddp_model *m = make_model(k, 1, false), *ref = make_model(k, 1, false);
-    cddp_ddp *d = wrap(m, g, (cddp_ddp_options){.bucket_cap_mb = cap_mb});
-    cddp_optim *om = sgd(m), *oref = sgd(ref);
-    cddp_ctx *ctx = check_ctx();
+/* STEPS steps of m (DDP d, on this rank's slices of B) and of ref (on the whole batch), each of
+ * accumulate micro-steps (no_sync before the last), the parameters compared after each. */
+static void steps_equal(cddp_ctx *ctx, cddp_ddp *d, cddp_model *m, cddp_model *ref, cddp_optim *om,
+                        cddp_optim *oref, kind k, int accumulate, const char *what) {
     for (int s = 0; s < STEPS; s++) {
         cddp_model_zero_grad(m);
         cddp_model_zero_grad(ref);
@@ -362,10 +363,19 @@ static int equal(cddp_comm *g, kind k, double cap_mb, int accumulate) {
         }
         cddp_optim_step(om);
         cddp_optim_step(oref);
-        char when[64];
-        snprintf(when, sizeof when, "after step %d", s + 1);
+        char when[96];
+        snprintf(when, sizeof when, "%safter step %d", what, s + 1);
         compare(m, ref, when);
     }
+}
+
+/* DDP on slices vs the reference on the whole batch; accumulate micro-steps with no_sync. */
+static int equal(cddp_comm *g, kind k, double cap_mb, int accumulate) {
+    cddp_model *m = make_model(k, 1, false), *ref = make_model(k, 1, false);
+    cddp_ddp *d = wrap(m, g, (cddp_ddp_options){.bucket_cap_mb = cap_mb});
+    cddp_optim *om = sgd(m), *oref = sgd(ref);
+    cddp_ctx *ctx = check_ctx();
+    steps_equal(ctx, d, m, ref, om, oref, k, accumulate, "");
     cddp_ddp_stats st = cddp_ddp_stats_get(d);
     if (st.steps != STEPS)
         FAIL("the statistics count %lld synchronised steps", (long long)st.steps);
@@ -382,6 +392,148 @@ static int equal(cddp_comm *g, kind k, double cap_mb, int accumulate) {
            st.comm_inline ? "inline" : "on the communication thread",
            cddp_dtype_name(cddp_ctx_compute(ctx)));
     release(ctx, om, oref, d, m, ref);
+    return 0;
+}
+
+/* A communication hook of the user's: the mean as DDP's allreduce makes it (the sum, then
+ * divided by the ranks), in two halves, by two blocking collectives from inside the hook; it
+ * counts its calls, and fails (a planted error) at call fail_call on rank fail_rank. */
+typedef struct mean_hook {
+    int calls, fail_rank, fail_call;
+} mean_hook;
+
+static int mean_by_halves(void *state, cddp_comm *group, int bucket, float *grads, int64_t count,
+                          cddp_error *err) {
+    mean_hook *h = state;
+    (void)bucket;
+    if (h->calls++ == h->fail_call && rank == h->fail_rank)
+        return cddp_error_set(err, CDDP_EINVAL, "planted failure on rank %d", rank);
+    int64_t half = count / 2;
+    CDDP_TRY(cddp_comm_allreduce(group, grads, grads, half, CDDP_COMM_F32, CDDP_COMM_SUM, -1, err));
+    CDDP_TRY(cddp_comm_allreduce(group, grads + half, grads + half, count - half, CDDP_COMM_F32,
+                                 CDDP_COMM_SUM, -1, err));
+    cddp_comm_divide(CDDP_COMM_F32, grads, count, cddp_comm_size(group));
+    return CDDP_OK;
+}
+
+/* Linear(1, 5), the same on every rank. */
+static cddp_model *linear_1_5(void) {
+    cddp_model *m = cddp_model_create();
+    if (cddp_model_add(m, "fc", cddp_nn_linear(1, 5)) || cddp_model_build(m, 7))
+        FAIL("cannot build Linear(1, 5): %s", cddp_model_error(m));
+    return on_device(m);
+}
+
+/* The backward of sum(m(x)) for x = this rank's number, a (1, 1) batch. */
+static int rank_backward(cddp_ctx *ctx, cddp_model *m) {
+    float x = (float)rank;
+    cddp_model_zero_grad(m);
+    cddp_ctx_reset(ctx);
+    cddp_tensor *in = cddp_from_host(ctx, CDDP_F32, 2, (int64_t[]){1, 1}, &x);
+    return cddp_backward(ctx, cddp_sum(ctx, cddp_model_forward(m, ctx, in)));
+}
+
+/* comm_hook (PyTorch's register_comm_hook), each step's buckets through mean_by_halves:
+ *  - parity (PyTorch's test_ddp_hook_parity_allreduce): Linear(1, 5) with input = the rank's
+ *    number, 100 steps: the weight's gradient is the ranks' mean, (W - 1) / 2, every time, with
+ *    the hook and without it, and the two models' parameters are the same bits after every step;
+ *  - the MLP in buckets of 0.0005 MB: 5 steps equal the single-process reference (1e-5), the hook
+ *    called once per bucket and step;
+ *  - a hook that fails (the last rank's, at its second call): that rank's backward fails naming
+ *    the bucket and its reason, and every other rank's at once, naming that rank;
+ *  - the wrap refuses it with another hook, sum, shard_optimizer, join and the nccl transport. */
+static int hook(cddp_comm *g) {
+    cddp_error err = {0};
+    mean_hook h = {.fail_rank = -1, .fail_call = -1};
+    cddp_model *bad = make_model(MLP, 1, false);
+    struct {
+        cddp_ddp_options o;
+        const char *says;
+    } refused[] = {{{.hook = CDDP_DDP_HOOK_BF16}, "does not go with a hook"},
+                   {{.sum = true}, "does not go with sum"},
+                   {{.shard_optimizer = true}, "does not go with shard_optimizer"},
+                   {{.join = true}, "does not go with join"},
+                   {{.transport = CDDP_DCOMM_NCCL},
+                    "a comm_hook reduces host memory: it does not go with the nccl transport"}};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        refused[i].o.comm_hook = mean_by_halves;
+        refused[i].o.comm_hook_state = &h;
+        cddp_ddp *d = cddp_ddp_wrap(bad, g, &refused[i].o, &err);
+        if (d || !strstr(err.msg, refused[i].says))
+            FAIL("comm_hook: case %zu wrapped, or said '%s', not '%s'", i, d ? "" : err.msg,
+                 refused[i].says);
+    }
+    cddp_model_destroy(bad);
+
+    /* parity */
+    cddp_model *plain = linear_1_5(), *hooked = linear_1_5();
+    cddp_ddp *dp = wrap(plain, g, (cddp_ddp_options){0});
+    cddp_ddp *dh =
+        wrap(hooked, g, (cddp_ddp_options){.comm_hook = mean_by_halves, .comm_hook_state = &h});
+    cddp_optim *op = sgd(plain), *oh = sgd(hooked);
+    cddp_ctx *ctx = check_ctx();
+    size_t n = cddp_model_numel(hooked);
+    float *want = malloc(n * sizeof(float)), *pp = malloc(n * sizeof(float));
+    for (int s = 0; s < 100; s++) {
+        if (rank_backward(ctx, plain) || rank_backward(ctx, hooked))
+            FAIL("comm_hook parity, step %d: backward: %s", s + 1, cddp_ctx_error(ctx));
+        memcpy(pp, on_host(cddp_model_grad(plain), (int64_t)n), n * sizeof(float));
+        const float *gh = on_host(cddp_model_grad(hooked), (int64_t)n);
+        for (size_t e = 0; e < n; e++) /* fc.weight (5, 1), then fc.bias (5) */
+            want[e] = e < 5 ? (float)(world - 1) / 2.0f : 1.0f;
+        if (memcmp(gh, want, n * sizeof(float)) || memcmp(pp, want, n * sizeof(float)))
+            FAIL("comm_hook parity, step %d: the gradients are not the mean of the ranks' "
+                 "(weight %g with the hook, %g without; expected %g)",
+                 s + 1, gh[0], pp[0], want[0]);
+        cddp_optim_step(op);
+        cddp_optim_step(oh);
+        memcpy(pp, on_host(cddp_model_data(plain), (int64_t)n), n * sizeof(float));
+        if (memcmp(pp, on_host(cddp_model_data(hooked), (int64_t)n), n * sizeof(float)))
+            FAIL("comm_hook parity, after step %d: the parameters differ from DDP's own", s + 1);
+    }
+    if (h.calls != 100) FAIL("comm_hook parity: the hook was called %d times, not 100", h.calls);
+    free(want);
+    free(pp);
+    release(ctx, op, NULL, dp, plain, NULL);
+    cddp_optim_destroy(oh);
+    cddp_ddp_destroy(dh);
+    cddp_model_destroy(hooked);
+
+    /* the MLP in several buckets against the reference */
+    h.calls = 0;
+    cddp_model *m = make_model(MLP, 1, false), *ref = make_model(MLP, 1, false);
+    cddp_ddp *d =
+        wrap(m, g,
+             (cddp_ddp_options){
+                 .bucket_cap_mb = 0.0005, .comm_hook = mean_by_halves, .comm_hook_state = &h});
+    cddp_optim *om = sgd(m), *oref = sgd(ref);
+    ctx = check_ctx();
+    steps_equal(ctx, d, m, ref, om, oref, MLP, 1, "comm_hook, ");
+    int buckets = cddp_ddp_num_buckets(d);
+    if (buckets < 2 || h.calls != STEPS * buckets)
+        FAIL("comm_hook: %d calls for %d steps of %d buckets", h.calls, STEPS, buckets);
+    release(ctx, om, oref, d, m, ref);
+
+    /* a failure: the last rank's hook at its second call (the second step) */
+    h = (mean_hook){.fail_rank = world - 1, .fail_call = 1};
+    m = linear_1_5();
+    d = wrap(m, g, (cddp_ddp_options){.comm_hook = mean_by_halves, .comm_hook_state = &h});
+    ctx = check_ctx();
+    if (rank_backward(ctx, m)) FAIL("comm_hook, step 1: backward: %s", cddp_ctx_error(ctx));
+    if (rank_backward(ctx, m) == CDDP_OK) FAIL("comm_hook: the planted failure went unnoticed");
+    char says[160];
+    if (rank == world - 1)
+        snprintf(says, sizeof says,
+                 "DDP: the comm_hook failed on bucket 0: planted failure on rank %d", rank);
+    else
+        snprintf(says, sizeof says, "rank %d aborted the group: DDP: the comm_hook failed",
+                 world - 1);
+    if (!strstr(cddp_ctx_error(ctx), says))
+        FAIL("comm_hook: the failure says '%s', not '%s'", cddp_ctx_error(ctx), says);
+    release(ctx, NULL, NULL, d, m, NULL);
+    printf("ok: rank %d of %d: comm_hook: the mean in 100 steps as DDP's own, bit for bit; %d "
+           "buckets equal the reference; a failing hook fails every rank, naming rank %d\n",
+           rank, world, buckets, world - 1);
     return 0;
 }
 
@@ -913,7 +1065,7 @@ int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: ddp_check equal mlp|cnn [CAP_MB] | nosync | sum | unused | "
                         "unused_noflag | join | join_throw | mismatch shape|option | resume DIR | "
-                        "buffers [off|join] | syncbn | powersgd | gpt ACCUM [CAP_MB]\n");
+                        "buffers [off|join] | syncbn | powersgd | hook | gpt ACCUM [CAP_MB]\n");
         return 2;
     }
     cddp_error err = {0};
@@ -943,6 +1095,8 @@ int main(int argc, char **argv) {
         status = buffers(g, argc > 2 && !strcmp(argv[2], "off"));
     else if (!strcmp(mode, "powersgd"))
         status = powersgd(g);
+    else if (!strcmp(mode, "hook"))
+        status = hook(g);
     else if (!strcmp(mode, "syncbn"))
         status = syncbn(g);
     else if (!strcmp(mode, "gpt") && argc > 2)

@@ -236,8 +236,8 @@ static round_result run_round(job *j) {
              * looks, and the failure waited 0.2 s for others: one that came then counts too.) */
             cddprun_describe(j, w, text, sizeof text);
             fprintf(stderr,
-                    "  finished before it: %s; ranks still in a collective with a rank that "
-                    "ended fail: do the ranks take the same number of steps?\n",
+                    "  finished before it: %s (if the failure is a collective that waited for "
+                    "it, the ranks took different numbers of steps)\n",
                     text);
         }
     }
