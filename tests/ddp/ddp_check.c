@@ -31,6 +31,8 @@
  *   ddp_check hook                    a communication hook of the user's (comm_hook): the mean
  *                                     by two collectives in the hook equals DDP's own, bit for
  *                                     bit, and the reference; a failing hook fails every rank
+ *   ddp_check ignored                 a forward whose output is dropped before each step's, with
+ *                                     and without find_unused_parameters: equal the reference
  *   ddp_check gpt ACCUM [CAP_MB]      a GPT with its tied head, GPT-2's recipe (AdamW on matrices,
  *                                     clipping, warmup and cosine), ACCUM micro-steps per step
  *                                     (no_sync), B sequences per rank and micro-step: 5 steps
@@ -367,6 +369,40 @@ static void steps_equal(cddp_ctx *ctx, cddp_ddp *d, cddp_model *m, cddp_model *r
         snprintf(when, sizeof when, "%safter step %d", what, s + 1);
         compare(m, ref, when);
     }
+}
+
+/* Forwards whose output is dropped (PyTorch's test_ignored_output and
+ * test_ignored_output_with_unused_parameters): before each step's real forward, a training-mode
+ * forward on the same slice whose loss no backward reads; with and without
+ * find_unused_parameters, STEPS steps equal the reference. */
+static int ignored(cddp_comm *g) {
+    for (int flag = 0; flag < 2; flag++) {
+        cddp_model *m = make_model(MLP, 1, false), *ref = make_model(MLP, 1, false);
+        cddp_ddp *d = wrap(m, g, (cddp_ddp_options){.find_unused_parameters = flag});
+        cddp_optim *om = sgd(m), *oref = sgd(ref);
+        cddp_ctx *ctx = check_ctx();
+        for (int s = 0; s < STEPS; s++) {
+            cddp_model_zero_grad(m);
+            cddp_model_zero_grad(ref);
+            cddp_ctx_reset(ctx);
+            if (!loss_of(ctx, m, MLP, s, (int64_t)rank * B, B, false)) /* dropped */
+                FAIL("the ignored forward failed: %s", cddp_ctx_error(ctx));
+            backward(ctx, loss_of(ctx, m, MLP, s, (int64_t)rank * B, B, false), "ddp");
+            cddp_ctx_reset(ctx);
+            backward(ctx, loss_of(ctx, ref, MLP, s, 0, (int64_t)world * B, false), "reference");
+            cddp_optim_step(om);
+            cddp_optim_step(oref);
+            char when[96];
+            snprintf(when, sizeof when, "ignored outputs%s, after step %d",
+                     flag ? " with find_unused_parameters" : "", s + 1);
+            compare(m, ref, when);
+        }
+        release(ctx, om, oref, d, m, ref);
+    }
+    printf("ok: rank %d of %d: a dropped forward before each step, with and without "
+           "find_unused_parameters: %d steps equal the single-process reference\n",
+           rank, world, STEPS);
+    return 0;
 }
 
 /* DDP on slices vs the reference on the whole batch; accumulate micro-steps with no_sync. */
@@ -1063,9 +1099,10 @@ static int gpt(cddp_comm *g, int accumulate, double cap_mb) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: ddp_check equal mlp|cnn [CAP_MB] | nosync | sum | unused | "
-                        "unused_noflag | join | join_throw | mismatch shape|option | resume DIR | "
-                        "buffers [off|join] | syncbn | powersgd | hook | gpt ACCUM [CAP_MB]\n");
+        fprintf(stderr,
+                "usage: ddp_check equal mlp|cnn [CAP_MB] | nosync | sum | unused | "
+                "unused_noflag | join | join_throw | mismatch shape|option | resume DIR | "
+                "buffers [off|join] | syncbn | powersgd | hook | ignored | gpt ACCUM [CAP_MB]\n");
         return 2;
     }
     cddp_error err = {0};
@@ -1097,6 +1134,8 @@ int main(int argc, char **argv) {
         status = powersgd(g);
     else if (!strcmp(mode, "hook"))
         status = hook(g);
+    else if (!strcmp(mode, "ignored"))
+        status = ignored(g);
     else if (!strcmp(mode, "syncbn"))
         status = syncbn(g);
     else if (!strcmp(mode, "gpt") && argc > 2)
