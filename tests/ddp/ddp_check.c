@@ -349,9 +349,11 @@ static int syncbn(cddp_comm *g) {
 }
 
 /* STEPS steps of m (DDP d, on this rank's slices of B) and of ref (on the whole batch), each of
- * accumulate micro-steps (no_sync before the last), the parameters compared after each. */
+ * accumulate micro-steps (no_sync before the last), the parameters compared after each; with
+ * dropped, each micro-step's forward of m comes after one on the same slice whose loss no
+ * backward reads. */
 static void steps_equal(cddp_ctx *ctx, cddp_ddp *d, cddp_model *m, cddp_model *ref, cddp_optim *om,
-                        cddp_optim *oref, kind k, int accumulate, const char *what) {
+                        cddp_optim *oref, kind k, int accumulate, bool dropped, const char *what) {
     for (int s = 0; s < STEPS; s++) {
         cddp_model_zero_grad(m);
         cddp_model_zero_grad(ref);
@@ -359,6 +361,8 @@ static void steps_equal(cddp_ctx *ctx, cddp_ddp *d, cddp_model *m, cddp_model *r
             int step = s * accumulate + a;
             cddp_ddp_no_sync(d, a + 1 < accumulate);
             cddp_ctx_reset(ctx);
+            if (dropped && !loss_of(ctx, m, k, step, (int64_t)rank * B, B, false))
+                FAIL("the dropped forward failed: %s", cddp_ctx_error(ctx));
             backward(ctx, loss_of(ctx, m, k, step, (int64_t)rank * B, B, false), "ddp");
             cddp_ctx_reset(ctx);
             backward(ctx, loss_of(ctx, ref, k, step, 0, (int64_t)world * B, false), "reference");
@@ -381,22 +385,8 @@ static int ignored(cddp_comm *g) {
         cddp_ddp *d = wrap(m, g, (cddp_ddp_options){.find_unused_parameters = flag});
         cddp_optim *om = sgd(m), *oref = sgd(ref);
         cddp_ctx *ctx = check_ctx();
-        for (int s = 0; s < STEPS; s++) {
-            cddp_model_zero_grad(m);
-            cddp_model_zero_grad(ref);
-            cddp_ctx_reset(ctx);
-            if (!loss_of(ctx, m, MLP, s, (int64_t)rank * B, B, false)) /* dropped */
-                FAIL("the ignored forward failed: %s", cddp_ctx_error(ctx));
-            backward(ctx, loss_of(ctx, m, MLP, s, (int64_t)rank * B, B, false), "ddp");
-            cddp_ctx_reset(ctx);
-            backward(ctx, loss_of(ctx, ref, MLP, s, 0, (int64_t)world * B, false), "reference");
-            cddp_optim_step(om);
-            cddp_optim_step(oref);
-            char when[96];
-            snprintf(when, sizeof when, "ignored outputs%s, after step %d",
-                     flag ? " with find_unused_parameters" : "", s + 1);
-            compare(m, ref, when);
-        }
+        steps_equal(ctx, d, m, ref, om, oref, MLP, 1, true,
+                    flag ? "ignored outputs with find_unused_parameters, " : "ignored outputs, ");
         release(ctx, om, oref, d, m, ref);
     }
     printf("ok: rank %d of %d: a dropped forward before each step, with and without "
@@ -411,7 +401,7 @@ static int equal(cddp_comm *g, kind k, double cap_mb, int accumulate) {
     cddp_ddp *d = wrap(m, g, (cddp_ddp_options){.bucket_cap_mb = cap_mb});
     cddp_optim *om = sgd(m), *oref = sgd(ref);
     cddp_ctx *ctx = check_ctx();
-    steps_equal(ctx, d, m, ref, om, oref, k, accumulate, "");
+    steps_equal(ctx, d, m, ref, om, oref, k, accumulate, false, "");
     cddp_ddp_stats st = cddp_ddp_stats_get(d);
     if (st.steps != STEPS)
         FAIL("the statistics count %lld synchronised steps", (long long)st.steps);
@@ -544,7 +534,7 @@ static int hook(cddp_comm *g) {
                  .bucket_cap_mb = 0.0005, .comm_hook = mean_by_halves, .comm_hook_state = &h});
     cddp_optim *om = sgd(m), *oref = sgd(ref);
     ctx = check_ctx();
-    steps_equal(ctx, d, m, ref, om, oref, MLP, 1, "comm_hook, ");
+    steps_equal(ctx, d, m, ref, om, oref, MLP, 1, false, "comm_hook, ");
     int buckets = cddp_ddp_num_buckets(d);
     if (buckets < 2 || h.calls != STEPS * buckets)
         FAIL("comm_hook: %d calls for %d steps of %d buckets", h.calls, STEPS, buckets);
