@@ -33,6 +33,7 @@
  *                                     bit, and the reference; a failing hook fails every rank
  *   ddp_check ignored                 a forward whose output is dropped before each step's, with
  *                                     and without find_unused_parameters: equal the reference
+ *   ddp_check assign                  how parameters of given sizes are cut into buckets
  *   ddp_check gpt ACCUM [CAP_MB]      a GPT with its tied head, GPT-2's recipe (AdamW on matrices,
  *                                     clipping, warmup and cosine), ACCUM micro-steps per step
  *                                     (no_sync), B sequences per rank and micro-step: 5 steps
@@ -392,6 +393,67 @@ static int ignored(cddp_comm *g) {
     printf("ok: rank %d of %d: a dropped forward before each step, with and without "
            "find_unused_parameters: %d steps equal the single-process reference\n",
            rank, world, STEPS);
+    return 0;
+}
+
+/* The buckets DDP cuts a model of parameters of sizes[0..n) floats (declared in that order) into,
+ * with bucket_cap_mb cap, as "[3] [2 1] [0]" (launch order: the last declared first). */
+static void buckets_of(cddp_comm *g, const int64_t *sizes, int n, double cap, char *out,
+                       size_t len) {
+    cddp_model *m = cddp_model_create();
+    cddp_init u = {CDDP_INIT_UNIFORM, -0.5f, 0.5f};
+    for (int i = 0; i < n; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "p%d", i);
+        if (cddp_model_add_param(m, name, 1, &sizes[i], u, NULL)) FAIL("add_param %d", i);
+    }
+    if (cddp_model_build(m, 1)) FAIL("cannot build: %s", cddp_model_error(m));
+    cddp_ddp *d = wrap(on_device(m), g, (cddp_ddp_options){.bucket_cap_mb = cap});
+    size_t at = 0;
+    out[0] = '\0';
+    for (int b = 0; b < cddp_ddp_num_buckets(d); b++) {
+        int params[16], k = cddp_ddp_bucket_params(d, b, params, 16);
+        for (int j = 0; j < k && at < len; j++)
+            at += (size_t)snprintf(out + at, len - at, "%s%d%s",
+                                   j   ? " "
+                                   : b ? " ["
+                                       : "[",
+                                   params[j], j + 1 == k ? "]" : "");
+    }
+    cddp_ddp_destroy(d);
+    cddp_model_destroy(m);
+}
+
+/* Bucket assignment (PyTorch's ComputeBucketAssignmentTest, on DDP's rule: parameters join the
+ * open bucket, in reverse declaration order, until it holds at least its limit, the first one's
+ * min(1 MiB, cap), the others' cap; one that is not a range of the flat block stays open up to
+ * twice the limit):
+ *  - PyTorch's single limit: floats 50, 100, 200, 100 declared (the last launched first) with a
+ *    400-byte cap: each its own bucket, [3] [2] [1] [0]; 10 floats each with 80 and 120 bytes;
+ *  - the first bucket's 1 MiB under a 4 MB cap and under a 1 MB one. */
+static int assign(cddp_comm *g) {
+    struct {
+        int64_t sizes[6];
+        int n;
+        double cap;
+        const char *want;
+    } cases[] = {
+        {{50, 100, 200, 100}, 4, 400.0 / (1 << 20), "[3] [2] [1] [0]"},
+        {{10, 10, 10, 10}, 4, 80.0 / (1 << 20), "[3 2] [1 0]"},
+        {{10, 10, 10, 10, 10}, 5, 120.0 / (1 << 20), "[4 3 2] [1 0]"},
+        /* 1 MiB closes the first bucket (its third parameter takes it to 1.5 MiB), then the
+         * cap */
+        {{1 << 18, 1 << 18, 1 << 18, 1 << 16, 1 << 16}, 5, 4, "[4 3 2] [1 0]"},
+        {{1 << 20, 1 << 18, 1 << 16}, 3, 1, "[2 1] [0]"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char got[128];
+        buckets_of(g, cases[c].sizes, cases[c].n, cases[c].cap, got, sizeof got);
+        if (strcmp(got, cases[c].want))
+            FAIL("bucket assignment, case %zu: %s, not %s", c, got, cases[c].want);
+    }
+    printf("ok: rank %d of %d: bucket assignment as PyTorch's rule gives it in %zu cases\n", rank,
+           world, sizeof cases / sizeof cases[0]);
     return 0;
 }
 
@@ -1092,7 +1154,8 @@ int main(int argc, char **argv) {
         fprintf(stderr,
                 "usage: ddp_check equal mlp|cnn [CAP_MB] | nosync | sum | unused | "
                 "unused_noflag | join | join_throw | mismatch shape|option | resume DIR | "
-                "buffers [off|join] | syncbn | powersgd | hook | ignored | gpt ACCUM [CAP_MB]\n");
+                "buffers [off|join] | syncbn | powersgd | hook | ignored | assign | gpt ACCUM "
+                "[CAP_MB]\n");
         return 2;
     }
     cddp_error err = {0};
@@ -1126,6 +1189,8 @@ int main(int argc, char **argv) {
         status = hook(g);
     else if (!strcmp(mode, "ignored"))
         status = ignored(g);
+    else if (!strcmp(mode, "assign"))
+        status = assign(g);
     else if (!strcmp(mode, "syncbn"))
         status = syncbn(g);
     else if (!strcmp(mode, "gpt") && argc > 2)
