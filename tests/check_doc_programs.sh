@@ -91,4 +91,11 @@ echo "$line" | grep -Eq '^blocks of (8|16) channels: ' || fail "program 8 ran wi
 set -- $(echo "$line" | sed -n 's/.*outputs within \([^,]*\), weight gradients within \(.*\)$/\1 \2/p')
 awk -v a="${1:-x}" -v b="${2:-x}" 'BEGIN { exit !(a + 0 == a && b + 0 == b && a < 1e-5 && b < 1e-5) }' ||
     fail "program 8: the layouts disagree: $line"
+# docs/DISTRIBUTED.md's C is a communication hook, not a program: it must be, character for
+# character, the one tests/ddp/ddp_check.c compiles and runs (ddp_check hook).
+awk '/^```c$/ { on = 1; next } /^```$/ { on = 0 } on' "$src/docs/DISTRIBUTED.md" > "$work/hook.c"
+[ -s "$work/hook.c" ] || fail "docs/DISTRIBUTED.md has no C block (its communication hook)"
+"${CDDP_PYTHON3:-python3}" -c 'import sys; sys.exit(open(sys.argv[1]).read() not in open(sys.argv[2]).read())' \
+    "$work/hook.c" "$src/tests/ddp/ddp_check.c" ||
+    fail "docs/DISTRIBUTED.md's communication hook is not the one tests/ddp/ddp_check.c runs"
 echo "ok: the $count C programs of README.md and docs/GUIDE.md compile and run as they say"

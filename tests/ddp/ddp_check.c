@@ -484,24 +484,31 @@ static int equal(cddp_comm *g, kind k, double cap_mb, int accumulate) {
 }
 
 /* A communication hook of the user's: the mean as DDP's allreduce makes it (the sum, then
- * divided by the ranks), in two halves, by two blocking collectives from inside the hook; it
- * counts its calls, and fails (a planted error) at call fail_call on rank fail_rank. */
-typedef struct mean_hook {
-    int calls, fail_rank, fail_call;
-} mean_hook;
-
+ * divided by the ranks), in two halves, by two blocking collectives from inside the hook
+ * (docs/DISTRIBUTED.md shows it: tests/check_doc_programs.sh checks that it is this one). */
 static int mean_by_halves(void *state, cddp_comm *group, int bucket, float *grads, int64_t count,
                           cddp_error *err) {
-    mean_hook *h = state;
-    (void)bucket;
-    if (h->calls++ == h->fail_call && rank == h->fail_rank)
-        return cddp_error_set(err, CDDP_EINVAL, "planted failure on rank %d", rank);
+    (void)state, (void)bucket;
     int64_t half = count / 2;
     CDDP_TRY(cddp_comm_allreduce(group, grads, grads, half, CDDP_COMM_F32, CDDP_COMM_SUM, -1, err));
     CDDP_TRY(cddp_comm_allreduce(group, grads + half, grads + half, count - half, CDDP_COMM_F32,
                                  CDDP_COMM_SUM, -1, err));
     cddp_comm_divide(CDDP_COMM_F32, grads, count, cddp_comm_size(group));
     return CDDP_OK;
+}
+
+/* mean_by_halves, counting its calls, and failing (a planted error) at call fail_call on rank
+ * fail_rank. */
+typedef struct mean_hook {
+    int calls, fail_rank, fail_call;
+} mean_hook;
+
+static int counted_mean(void *state, cddp_comm *group, int bucket, float *grads, int64_t count,
+                        cddp_error *err) {
+    mean_hook *h = state;
+    if (h->calls++ == h->fail_call && rank == h->fail_rank)
+        return cddp_error_set(err, CDDP_EINVAL, "planted failure on rank %d", rank);
+    return mean_by_halves(state, group, bucket, grads, count, err);
 }
 
 /* Linear(1, 5), the same on every rank. */
@@ -544,7 +551,7 @@ static int hook(cddp_comm *g) {
                    {{.transport = CDDP_DCOMM_NCCL},
                     "a comm_hook reduces host memory: it does not go with the nccl transport"}};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
-        refused[i].o.comm_hook = mean_by_halves;
+        refused[i].o.comm_hook = counted_mean;
         refused[i].o.comm_hook_state = &h;
         cddp_ddp *d = cddp_ddp_wrap(bad, g, &refused[i].o, &err);
         if (d || !strstr(err.msg, refused[i].says))
@@ -557,7 +564,7 @@ static int hook(cddp_comm *g) {
     cddp_model *plain = linear_1_5(), *hooked = linear_1_5();
     cddp_ddp *dp = wrap(plain, g, (cddp_ddp_options){0});
     cddp_ddp *dh =
-        wrap(hooked, g, (cddp_ddp_options){.comm_hook = mean_by_halves, .comm_hook_state = &h});
+        wrap(hooked, g, (cddp_ddp_options){.comm_hook = counted_mean, .comm_hook_state = &h});
     cddp_optim *op = sgd(plain), *oh = sgd(hooked);
     cddp_ctx *ctx = check_ctx();
     size_t n = cddp_model_numel(hooked);
@@ -593,7 +600,7 @@ static int hook(cddp_comm *g) {
     cddp_ddp *d =
         wrap(m, g,
              (cddp_ddp_options){
-                 .bucket_cap_mb = 0.0005, .comm_hook = mean_by_halves, .comm_hook_state = &h});
+                 .bucket_cap_mb = 0.0005, .comm_hook = counted_mean, .comm_hook_state = &h});
     cddp_optim *om = sgd(m), *oref = sgd(ref);
     ctx = check_ctx();
     steps_equal(ctx, d, m, ref, om, oref, MLP, 1, false, "comm_hook, ");
@@ -605,7 +612,7 @@ static int hook(cddp_comm *g) {
     /* a failure: the last rank's hook at its second call (the second step) */
     h = (mean_hook){.fail_rank = world - 1, .fail_call = 1};
     m = linear_1_5();
-    d = wrap(m, g, (cddp_ddp_options){.comm_hook = mean_by_halves, .comm_hook_state = &h});
+    d = wrap(m, g, (cddp_ddp_options){.comm_hook = counted_mean, .comm_hook_state = &h});
     ctx = check_ctx();
     if (rank_backward(ctx, m)) FAIL("comm_hook, step 1: backward: %s", cddp_ctx_error(ctx));
     if (rank_backward(ctx, m) == CDDP_OK) FAIL("comm_hook: the planted failure went unnoticed");
