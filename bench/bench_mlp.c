@@ -3,7 +3,7 @@
  *
  *   bench_mlp [--model mlp|cnn|resnet] [--batch-size 32] [--lr 0.01] [--epochs 1] [--threads 1]
  *             [--data DIR] [--bucket-cap-mb X] [--device cpu|emu|cuda]
- *             [--hook none|bf16|fp16|powersgd] [--powersgd-rank R] [--powersgd-start S]
+ *             [--hook none|bf16|fp16|powersgd|user] [--powersgd-rank R] [--powersgd-start S]
  *   cddprun --nproc_per_node 2 bench_mlp ...
  *
  * The setting of bench/mlp_torch.py, so that bench/mlp_vs_torch.sh and bench/ddp_vs_torch.sh can
@@ -12,7 +12,8 @@
  * around the training loop only (batch gathering included). With more than one rank the model is
  * wrapped with DistributedDataParallel (default options: CDDP_DDP_OVERLAP picks where the buckets
  * are reduced). Rank 0 prints one JSON line: samples/s over all ranks, and the last step's DDP
- * time split.
+ * time split. --hook user takes the buckets through a communication hook of the program's (the
+ * mean by one blocking allreduce in the hook: what DDP does itself), for the hook path's cost.
  */
 #include "common.h"
 
@@ -21,6 +22,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* --hook user: the mean, as DDP's own allreduce makes it, from inside a comm_hook */
+static int mean_hook(void *state, cddp_comm *group, int bucket, float *grads, int64_t count,
+                     cddp_error *err) {
+    (void)state, (void)bucket;
+    return cddp_comm_allreduce(group, grads, grads, count, CDDP_COMM_F32, CDDP_COMM_MEAN, -1, err);
+}
 
 int main(int argc, char **argv) {
     int batch = 32, epochs = 1, threads = 1;
@@ -83,7 +91,7 @@ int main(int argc, char **argv) {
                    "[--batch-size N] "
                    "[--lr X] "
                    "[--epochs N] [--threads N] [--data DIR] [--bucket-cap-mb X] "
-                   "[--device NAME] [--hook none|bf16|fp16|powersgd] [--powersgd-rank R] "
+                   "[--device NAME] [--hook none|bf16|fp16|powersgd|user] [--powersgd-rank R] "
                    "[--powersgd-start S]\n");
             return 0;
         default:
@@ -99,8 +107,10 @@ int main(int argc, char **argv) {
                       : !strcmp(hook, "fp16")     ? CDDP_DDP_HOOK_FP16
                       : !strcmp(hook, "powersgd") ? CDDP_DDP_HOOK_POWERSGD
                                                   : CDDP_DDP_HOOK_NONE;
-    if (h == CDDP_DDP_HOOK_NONE && strcmp(hook, "none") != 0) {
-        fprintf(stderr, "bench_mlp: --hook must be none, bf16, fp16 or powersgd, not '%s'\n", hook);
+    bool user = !strcmp(hook, "user");
+    if (h == CDDP_DDP_HOOK_NONE && strcmp(hook, "none") != 0 && !user) {
+        fprintf(stderr, "bench_mlp: --hook must be none, bf16, fp16, powersgd or user, not '%s'\n",
+                hook);
         return 2;
     }
     if (batch < 1 || epochs < 1 || threads < 1) {
@@ -143,6 +153,7 @@ int main(int argc, char **argv) {
     if (world > 1 && !(ddp = cddp_ddp_wrap(m, group,
                                            &(cddp_ddp_options){.bucket_cap_mb = cap_mb,
                                                                .hook = h,
+                                                               .comm_hook = user ? mean_hook : NULL,
                                                                .powersgd_rank = psgd_rank,
                                                                .powersgd_start_step = psgd_start},
                                            &err))) {

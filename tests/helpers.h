@@ -144,6 +144,20 @@ static inline void source_path(char *buf, size_t n, const char *rel) {
     snprintf(buf, n, "%s/%s", source_dir(), rel);
 }
 
+/* A whole file into memory (*n bytes, and a NUL after them); free it. */
+static inline uint8_t *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc(*n + 1);
+    assert_int_equal(fread(b, 1, *n, f), *n);
+    b[*n] = 0;
+    fclose(f);
+    return b;
+}
+
 /* A private temporary folder per test program: test_dir, made by temp_dir_setup and removed
  * with its contents by temp_dir_teardown (use them as cmocka group setup/teardown). */
 static char test_dir[256];

@@ -2,7 +2,7 @@
  * (tests/data/npy_fixtures.py) of every element type, in each field dtype, sample by sample against
  * the values NumPy wrote; under the sampler and the loader; values out of a field's range; what
  * NumPy writes that cddp refuses, and damaged headers written byte by byte, each with a message
- * naming the file and the remedy. */
+ * naming the file and the remedy; arrays in NumPy's archives (.npz), stored and compressed. */
 #include "helpers.h"
 
 #include <sys/stat.h>
@@ -230,6 +230,66 @@ static void refused1(const char *name, int dtype, int rc, const char *words) {
     refused(1, &p, dtype < 0 ? NULL : &d, rc, name, words);
 }
 
+/* NumPy's archives: ARCHIVE:NAME fields, stored (np.savez) and deflated (np.savez_compressed),
+ * the same values as the .npy files; the archive alone, a missing name, an array in Fortran order
+ * inside, and damaged archives (cut short; a changed byte in a deflated member) refused in words.
+ */
+static void test_archives(void **state) {
+    (void)state;
+    static const int64_t labels[5] = {3, 1, 4, 1, 5};
+    const char *archives[2] = {"stored.npz", "compressed.npz"};
+    for (int z = 0; z < 2; z++) {
+        char img[512], lab[512];
+        snprintf(img, sizeof img, "%s:images", fx(archives[z]));
+        snprintf(lab, sizeof lab, "%s:labels.npy", fx(archives[z]));
+        const char *paths[2] = {img, lab};
+        cddp_error err = {0};
+        cddp_dataset *ds = cddp_dataset_npy(2, paths, (cddp_dtype[]){CDDP_F32, CDDP_I64}, &err);
+        if (!ds) fail_msg("%s: %s", archives[z], err.msg);
+        assert_string_equal(cddp_dataset_field(ds, 0)->name, "images");
+        assert_string_equal(cddp_dataset_field(ds, 1)->name, "labels");
+        assert_int_equal(cddp_dataset_field(ds, 0)->ndim, 3);
+        assert_int_equal(cddp_dataset_len(ds), 5);
+        for (int64_t i = 0; i < 5; i++) {
+            float x[6];
+            int64_t y;
+            void *out[2] = {x, &y};
+            assert_int_equal(cddp_dataset_get(ds, i, out, &err), CDDP_OK);
+            assert_int_equal(y, labels[i]);
+            for (int k = 0; k < 6; k++) assert_true(x[k] == (float)want("u1", i * 6 + k));
+        }
+        cddp_dataset_destroy(ds);
+    }
+    refused1("stored.npz", -1, CDDP_EINVAL, "stored.npz:NAME (it holds images, labels)");
+    char p[512];
+    snprintf(p, sizeof p, "%s:nope", fx("compressed.npz"));
+    const char *one = p;
+    refused(1, &one, NULL, CDDP_ENOENT, "holds no array 'nope' (it holds images, labels)", NULL);
+    snprintf(p, sizeof p, "%s:x", fx("fortran.npz"));
+    refused(1, &one, NULL, CDDP_EUNSUPPORTED, "fortran.npz:x is in Fortran order", NULL);
+    /* cut short: the end of the central directory is gone */
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "head -c 300 '%s' > '%s'", fx("stored.npz"), fx("cut.npz"));
+    assert_int_equal(system(cmd), 0);
+    snprintf(p, sizeof p, "%s:images", fx("cut.npz"));
+    refused(1, &one, NULL, CDDP_EFORMAT, "cut.npz: no end of central directory", NULL);
+    /* a changed byte in the deflated images: zlib or the CRC-32 catches it */
+    size_t n;
+    uint8_t *zb = slurp(fx("compressed.npz"), &n);
+    zb[30 + strlen("images.npy") + 20] ^= 0x55; /* inside the first member's data */
+    FILE *f = fopen(fx("changed.npz"), "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(zb, 1, n, f), n);
+    fclose(f);
+    free(zb);
+    snprintf(p, sizeof p, "%s:images", fx("changed.npz"));
+    cddp_error err = {0};
+    assert_null(cddp_dataset_npy(1, &one, NULL, &err));
+    if (!strstr(err.msg, "changed.npz") ||
+        (!strstr(err.msg, "does not inflate") && !strstr(err.msg, "CRC-32")))
+        fail_msg("a changed deflated member: %s", err.msg);
+}
+
 static void test_refused_numpy_files(void **state) {
     (void)state;
     refused1("big_endian.npy", -1, CDDP_EUNSUPPORTED, "astype('<f4')");
@@ -309,8 +369,10 @@ static void test_damaged_headers(void **state) {
     n = npy1(b, good, 20);
     crafted("truncated", b, n, CDDP_EFORMAT, "truncated: 3 samples of 2 float32 need 24 bytes");
     crafted("short", b, 6, CDDP_EFORMAT, "not a .npy file");
-    static const char zip[] = "PK\x03\x04 a zip file, say";
-    crafted("not npy", zip, sizeof zip - 1, CDDP_EFORMAT, "\\x93NUMPY");
+    static const char gif[] = "GIF89a, an image, say";
+    crafted("not npy", gif, sizeof gif - 1, CDDP_EFORMAT, "\\x93NUMPY");
+    static const char zip[] = "PK\x03\x04 but no zip archive";
+    crafted("a zip's start", zip, sizeof zip - 1, CDDP_EFORMAT, "no end of central directory");
     n = npy1(b, good, 24);
     b[6] = 4;
     crafted("version 4", b, n, CDDP_EUNSUPPORTED, "version 4.0");
@@ -356,6 +418,7 @@ int main(void) {
         cmocka_unit_test(test_ranges),
         cmocka_unit_test(test_rewritten_under_the_job),
         cmocka_unit_test(test_refused_numpy_files),
+        cmocka_unit_test(test_archives),
         cmocka_unit_test(test_damaged_headers),
     };
     return cmocka_run_group_tests(tests, make_fixtures, temp_dir_teardown);

@@ -31,18 +31,6 @@ static size_t llmc_file(uint8_t *buf, const uint16_t *tokens, uint32_t count) {
     return 1024 + 2 * (size_t)count;
 }
 
-static uint8_t *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc(*n + 1);
-    assert_int_equal(fread(b, 1, *n, f), *n);
-    fclose(f);
-    return b;
-}
-
 static void test_layout_and_round_trip(void **state) {
     (void)state;
     uint16_t tokens[7] = {0, 1, 255, 256, 50256, 65535, 42};

@@ -120,8 +120,10 @@ CDDP_API cddp_dataset *cddp_dataset_from_arrays(int64_t n, int nfields, const cd
 /* Arrays saved with NumPy (np.save: .npy files, format versions 1, 2 and 3) as a dataset of
  * nfields fields, field f the array in paths[f]: every array holds the samples along its first
  * dimension, the same count in all, and sample i's field f is paths[f][i] (up to 3 more
- * dimensions; a 1-D array gives a field of shape ()). The field's name is the file's without
- * its folder and ".npy".
+ * dimensions; a 1-D array gives a field of shape ()). paths[f] may also be ARCHIVE:NAME, array
+ * NAME of a NumPy archive (np.savez(ARCHIVE, NAME=x): stored, read from the file as .npy files
+ * are; np.savez_compressed: deflated, inflated into memory once and its CRC-32 checked). The
+ * field's name is the file's without its folder and ".npy", or NAME.
  *
  * Opening reads the headers alone; a sample's bytes are read from its file when the loader asks
  * for them, so the data may be larger than memory, and the ranks on a host share the files'
@@ -136,9 +138,10 @@ CDDP_API cddp_dataset *cddp_dataset_from_arrays(int64_t n, int nfields, const cd
  * CDDP_F32 for them, which the loader's transforms need).
  *
  * NULL with err naming the file and what to do when a file is not a .npy file, is truncated or
- * holds more than one array, holds a big-endian, structured, object, string or complex array,
- * is in Fortran order (np.ascontiguousarray), has no sample dimension or no samples, or the
- * counts differ; no file stays open. */
+ * holds more than one array, holds a big-endian, structured, object, string or complex array, is
+ * in Fortran order (np.ascontiguousarray), has no sample dimension or no samples, is an archive
+ * given without a NAME (the message lists its arrays) or one that lacks NAME or is damaged, or
+ * the counts differ; no file stays open. */
 CDDP_API cddp_dataset *cddp_dataset_npy(int nfields, const char *const *paths,
                                         const cddp_dtype *dtypes, cddp_error *err);
 

@@ -217,7 +217,8 @@ typedef struct cddp_ddp_stats {
     int64_t steps; /* synchronised backwards so far */
     double forward_s, backward_s, comm_s, wait_s, overlap;
     int buckets;
-    size_t bytes;       /* gradient bytes reduced per step (0 on one rank: nothing to reduce) */
+    size_t bytes;       /* gradient bytes reduced per step (0 on one rank: nothing to reduce;
+                           with a comm_hook, those handed to it: what it sends is its own) */
     bool comm_inline;   /* the buckets ran on the training thread (CDDP_DDP_OVERLAP_INLINE) */
     double allgather_s; /* shard_optimizer: the parameters' allgather after the last step */
 } cddp_ddp_stats;

@@ -33,4 +33,19 @@ int64_t cddp__sampler_run_index(const cddp__sampler_run *run, int64_t k);
  * further (cddp_dataset_mnist_first). */
 int cddp__mnist_load(const char *dir, bool train, int64_t first, cddp_mnist *out, cddp_error *err);
 
+/* npz.c: a member of a zip archive (NumPy's .npz: np.savez stores its arrays, np.savez_compressed
+ * deflates them). A stored member lies in the file at offset, size bytes; a deflated one is
+ * inflated into data (size bytes, cddp_free it; NULL for a stored one). */
+typedef struct cddp__zip_member {
+    uint64_t offset, size;
+    uint8_t *data;
+} cddp__zip_member;
+/* Whether the file open as fd starts as a zip archive does. */
+bool cddp__zip_is(int fd);
+/* Member name (".npy" added unless it ends so) of the archive open as fd (path: for messages).
+ * CDDP_ENOENT when there is none, with names (cap bytes) listing the archive's arrays; a damaged
+ * archive, an encrypted member or another compression fail in words. */
+int cddp__zip_find(int fd, const char *path, const char *name, cddp__zip_member *m, char *names,
+                   size_t cap, cddp_error *err);
+
 #endif

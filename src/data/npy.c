@@ -18,6 +18,7 @@
 #include "cddp/comm.h" /* cddp_comm_to_f32: float16 widened as the 16-bit collectives do */
 #include "cddp/core.h"
 #include "cddp/data.h"
+#include "data/internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -35,7 +36,10 @@ typedef struct npy_array {
     char *path; /* a copy: messages name the file as samples are read */
     char name[128];
     int fd;              /* -1: not open */
-    uint64_t data_start; /* the first sample's offset in the file */
+    uint64_t base;       /* the array's offset in the file (an archive's member), else 0 */
+    uint64_t bytes;      /* the array's bytes, header included */
+    uint8_t *mem;        /* a compressed member, inflated (then reads come from here) */
+    uint64_t data_start; /* the first sample's offset in the array */
     uint8_t *scratch;    /* one sample as the file holds it, for the conversions */
     char kind;           /* 'b' bool, 'i' signed, 'u' unsigned, 'f' floating */
     int size;            /* bytes per element */
@@ -286,6 +290,7 @@ too_big:
 
 static void release(npy_array *a) {
     if (a->fd >= 0) close(a->fd);
+    cddp_free(a->mem);
     cddp_free(a->path);
     cddp_free(a->scratch);
     a->fd = -1;
@@ -297,6 +302,11 @@ static void release(npy_array *a) {
  * when the read fails or the file ends before them. */
 static int read_at(const npy_array *a, void *dst, size_t n, uint64_t at, const char *what,
                    cddp_error *err) {
+    if (a->mem) { /* checked against bytes when opened */
+        memcpy(dst, a->mem + at, n);
+        return CDDP_OK;
+    }
+    at += a->base;
     for (size_t got = 0; got < n;) {
         ssize_t k = pread(a->fd, (char *)dst + got, n - got, (off_t)(at + got));
         if (k < 0 && errno == EINTR) continue;
@@ -310,27 +320,67 @@ static int read_at(const npy_array *a, void *dst, size_t n, uint64_t at, const c
     return CDDP_OK;
 }
 
-/* Opens path, reads its header and checks it against the file: a->out is the field's dtype as
- * asked (want), or the default (want < 0). */
+/* Where path's array is: path itself when it names a file, else ARCHIVE:NAME, array NAME of a .npz
+ * archive (np.savez, np.savez_compressed); a->name is the field's name. Opens the file as a->fd
+ * and sets base, bytes and mem. */
+static int locate(npy_array *a, const char *path, cddp_error *err) {
+    struct stat st;
+    char *file = cddp_strdup(path), *colon = file ? strrchr(file, ':') : NULL;
+    if (!file) return cddp_error_set(err, CDDP_ENOMEM, "out of memory for a dataset");
+    const char *member = NULL;
+    if (stat(path, &st) != 0 && errno == ENOENT && colon) {
+        *colon = '\0';
+        if (stat(file, &st) == 0)
+            member = colon + 1;
+        else
+            *colon = ':';
+    }
+    const char *base = member ? member : strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
+    snprintf(a->name, sizeof a->name, "%s", base);
+    size_t nl = strlen(a->name);
+    if (nl > 4 && strcmp(a->name + nl - 4, ".npy") == 0) a->name[nl - 4] = '\0';
+    int rc = CDDP_OK;
+    if ((a->fd = open(file, O_RDONLY | O_CLOEXEC)) < 0)
+        rc = cddp_error_set(err, errno == ENOENT ? CDDP_ENOENT : CDDP_EIO, "cannot open %s: %s",
+                            path, strerror(errno));
+    else if (fstat(a->fd, &st) != 0)
+        rc = cddp_error_set(err, CDDP_EIO, "cannot read %s: %s", path, strerror(errno));
+    else if (S_ISDIR(st.st_mode))
+        rc = cddp_error_set(err, CDDP_EINVAL, "%s is a folder, not a .npy file", path);
+    char names[512] = "";
+    cddp__zip_member zm;
+    if (!rc && member) {
+        rc = cddp__zip_find(a->fd, file, member, &zm, names, sizeof names, err);
+        a->base = zm.offset, a->bytes = zm.size, a->mem = zm.data;
+    } else if (!rc && cddp__zip_is(a->fd)) {
+        cddp_error listing = {0}; /* what it holds: a missing name's answer, or what is damaged */
+        rc = cddp__zip_find(a->fd, file, "", &zm, names, sizeof names, &listing);
+        if (rc == CDDP_ENOENT || rc == CDDP_OK)
+            rc = cddp_error_set(err, CDDP_EINVAL,
+                                "%s is an archive of arrays (.npz: np.savez): name one as %s:NAME "
+                                "(it holds %s)",
+                                path, path, names[0] ? names : "none");
+        else if (err)
+            *err = listing;
+        cddp_free(zm.data);
+    } else if (!rc) {
+        a->bytes = (uint64_t)st.st_size;
+    }
+    cddp_free(file);
+    return rc;
+}
+
+/* Opens path (a .npy file, or an array of a .npz archive: locate), reads its header and checks it
+ * against the array's bytes: a->out is the field's dtype as asked (want), or the default (want <
+ * 0). */
 static int open_array(npy_array *a, const char *path, int want, cddp_error *err) {
     if (!(a->path = cddp_strdup(path)))
         return cddp_error_set(err, CDDP_ENOMEM, "out of memory for a dataset");
-    const char *base = strrchr(path, '/');
-    snprintf(a->name, sizeof a->name, "%s", base ? base + 1 : path);
-    size_t nl = strlen(a->name);
-    if (nl > 4 && strcmp(a->name + nl - 4, ".npy") == 0) a->name[nl - 4] = '\0';
-    if ((a->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-        return cddp_error_set(err, errno == ENOENT ? CDDP_ENOENT : CDDP_EIO, "cannot open %s: %s",
-                              path, strerror(errno));
-    struct stat st;
-    if (fstat(a->fd, &st) != 0)
-        return cddp_error_set(err, CDDP_EIO, "cannot read %s: %s", path, strerror(errno));
-    if (S_ISDIR(st.st_mode))
-        return cddp_error_set(err, CDDP_EINVAL, "%s is a folder, not a .npy file", path);
-    if (st.st_size < 10)
-        return cddp_error_set(err, CDDP_EFORMAT, "%s is not a .npy file (%lld bytes)", path,
-                              (long long)st.st_size);
-    size_t size = (size_t)st.st_size, head = CDDP_MIN(size, (size_t)12 + NPY_MAX_HEADER);
+    CDDP_TRY(locate(a, path, err));
+    if (a->bytes < 10)
+        return cddp_error_set(err, CDDP_EFORMAT, "%s is not a .npy file (%" PRIu64 " bytes)", path,
+                              a->bytes);
+    size_t size = (size_t)a->bytes, head = CDDP_MIN(size, (size_t)12 + NPY_MAX_HEADER);
     uint8_t *m = cddp_malloc(head);
     int rc = m ? read_at(a, m, head, 0, "its header", err)
                : cddp_error_set(err, CDDP_ENOMEM, "out of memory for a dataset");

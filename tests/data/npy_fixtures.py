@@ -67,3 +67,11 @@ np.save(path("dims5.npy"), np.zeros((2, 1, 1, 1, 2), dtype=np.float32))
 with open(path("two.npy"), "wb") as f:
     np.save(f, f4)
     np.save(f, f4)
+
+# Archives: np.savez stores its arrays, np.savez_compressed deflates them; the same images and
+# labels in each (keyword names), and an archive whose array is in Fortran order.
+labels = np.array([3, 1, 4, 1, 5], dtype=np.int64)
+images = (j * 7 % 251).astype(np.uint8).reshape(5, 1, 2, 3)
+np.savez(path("stored.npz"), images=images, labels=labels)
+np.savez_compressed(path("compressed.npz"), images=images, labels=labels)
+np.savez(path("fortran.npz"), x=np.asfortranarray(np.ones((4, 3), dtype=np.float32)))

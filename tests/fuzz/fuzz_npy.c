@@ -1,12 +1,17 @@
-/* fuzz_npy.c: a NumPy .npy file on any bytes, as a dataset of one field (cddp_dataset_npy) in
- * the file's own dtype, then as float32: a clear error, or every sample read. */
+/* fuzz_npy.c: any bytes as a NumPy .npy file, and as a .npz archive's array x (PATH:x), each a
+ * dataset of one field (cddp_dataset_npy) in the file's own dtype, then as float32: a clear
+ * error, or every sample read. */
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    const char *path = fuzz_as_file(data, size);
-    for (int as = 0; as < 2; as++) {
+    const char *file = fuzz_as_file(data, size);
+    char member[96];
+    snprintf(member, sizeof member, "%s:x", file);
+    for (int as = 0; as < 4; as++) {
         cddp_error err = {0};
-        cddp_dataset *ds = cddp_dataset_npy(1, &path, as ? (cddp_dtype[]){CDDP_F32} : NULL, &err);
+        const char *path = as < 2 ? file : member;
+        cddp_dataset *ds =
+            cddp_dataset_npy(1, &path, as % 2 ? (cddp_dtype[]){CDDP_F32} : NULL, &err);
         if (!ds) {
             if (!err.msg[0]) abort(); /* a refusal must say why */
             continue;

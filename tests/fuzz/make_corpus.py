@@ -6,9 +6,11 @@ so that every corpus run is also a regression test. corpus/safetensors/ckpt (a c
 fuzz_safetensors.c's model with AdamW state, written by cddp_checkpoint_save) is committed as is.
 """
 import gzip
+import io
 import json
 import os
 import struct
+import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -117,3 +119,23 @@ put("npy", "structured", npy("[('a', '<f4')]", [1], b"\0" * 4))
 put("npy", "fortran", npy("<f4", [2, 2], b"\0" * 16, fortran=True))
 # A dimension of 67 digits, which overflowed while it was parsed (regression).
 put("npy", "regress-shape-overflow", npy("<f4", [0, int("2" * 67), 2, 2], b""))
+
+# .npz archives (np.savez: stored; np.savez_compressed: deflated) holding x.npy, as the harness
+# reads them (PATH:x); and one holding y.npy alone.
+def npz(members, method):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=method) as z:
+        for name, payload in members:  # a fixed time: the same bytes at every run
+            z.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), payload,
+                       compress_type=method)
+    return buf.getvalue()
+
+
+x_npy = npy("<f4", [2, 1, 2, 2], struct.pack("<8f", *range(8)))
+put("npy", "npz-stored", npz([("x.npy", x_npy), ("y.npy", npy("<i8", [2], struct.pack("<2q", 1, 2)))],
+                             zipfile.ZIP_STORED))
+put("npy", "npz-deflated", npz([("x.npy", x_npy)], zipfile.ZIP_DEFLATED))
+put("npy", "npz-without-x", npz([("y.npy", x_npy)], zipfile.ZIP_STORED))
+# corpus/npy/regress-npz-claims-2gib (fuzz_npy's finding, committed as found): a deflated member of
+# 95 bytes whose record claims 2 GiB, which was allocated before inflating; now refused by the
+# deflate ratio.
