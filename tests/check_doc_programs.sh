@@ -28,7 +28,7 @@ for i in $(seq "$count"); do
     cc -std=c11 -Wall -Wextra -Werror ${CDDP_EXAMPLE_CFLAGS:-} -I"$src/include" "$p.c" -o "$p" \
         -L"$build/lib" -lcddp -Wl,-rpath,"$build/lib" || fail "C block $i of README.md + docs/GUIDE.md does not compile"
     mkdir "$p.run"
-    if grep -q cddp_dataset_npy "$p.c"; then # the guide's Python before it saves the arrays
+    if grep -q cddp_dataset_from_files "$p.c"; then # the guide's Python before it saves the arrays
         awk '/^```python$/ { on = 1; next } /^```$/ { on = 0 } on' "$src/docs/GUIDE.md" > "$p.run/save.py"
         grep -q 'np.save("images.npy"' "$p.run/save.py" || fail "docs/GUIDE.md has no Python block saving images.npy"
         (cd "$p.run" && "${CDDP_PYTHON3:-python3}" save.py) || fail "the guide's Python that saves the .npy files failed"

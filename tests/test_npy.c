@@ -1,8 +1,9 @@
-/* test_npy.c: NumPy's .npy files as a dataset (cddp_dataset_npy): files written by NumPy itself
- * (tests/data/npy_fixtures.py) of every element type, in each field dtype, sample by sample against
- * the values NumPy wrote; under the sampler and the loader; values out of a field's range; what
- * NumPy writes that cddp refuses, and damaged headers written byte by byte, each with a message
- * naming the file and the remedy; arrays in NumPy's archives (.npz), stored and compressed. */
+/* test_npy.c: NumPy's .npy files as a dataset (cddp_dataset_from_files): files written by NumPy
+ * itself (tests/data/npy_fixtures.py) of every element type, in each field dtype, sample by sample
+ * against the values NumPy wrote; under the sampler and the loader; values out of a field's range;
+ * what NumPy writes that cddp refuses, and damaged headers written byte by byte, each with a
+ * message naming the file and the remedy; arrays in NumPy's archives (.npz), stored and compressed.
+ */
 #include "helpers.h"
 
 #include <sys/stat.h>
@@ -45,7 +46,7 @@ static double want(const char *code, int64_t j) {
 static cddp_dataset *open1(const char *name, int dtype, cddp_error *err) {
     const char *p = fx(name);
     cddp_dtype d = (cddp_dtype)dtype;
-    return cddp_dataset_npy(1, &p, dtype < 0 ? NULL : &d, err);
+    return cddp_dataset_from_files(1, &p, dtype < 0 ? NULL : &d, err);
 }
 
 /* Every sample of a (5, 2, 3) fixture read as dtype, against the formula. */
@@ -115,7 +116,7 @@ static void test_under_the_loader(void **state) {
     (void)state;
     cddp_error err = {0};
     const char *paths[2] = {fx("images.npy"), fx("labels.npy")};
-    cddp_dataset *ds = cddp_dataset_npy(2, paths, (cddp_dtype[]){CDDP_F32, CDDP_I64}, &err);
+    cddp_dataset *ds = cddp_dataset_from_files(2, paths, (cddp_dtype[]){CDDP_F32, CDDP_I64}, &err);
     if (!ds) fail_msg("%s", err.msg);
     const cddp_field *img = cddp_dataset_field(ds, 0), *lab = cddp_dataset_field(ds, 1);
     assert_string_equal(img->name, "images");
@@ -218,7 +219,7 @@ static void test_rewritten_under_the_job(void **state) {
 static void refused(int n, const char *const *paths, const cddp_dtype *dtypes, int rc,
                     const char *w1, const char *w2) {
     cddp_error err = {0};
-    assert_null(cddp_dataset_npy(n, paths, dtypes, &err));
+    assert_null(cddp_dataset_from_files(n, paths, dtypes, &err));
     if (err.code != rc || !strstr(err.msg, w1) || (w2 && !strstr(err.msg, w2)))
         fail_msg("expected %d with '%s'%s%s, got %d: %s", rc, w1, w2 ? " and " : "", w2 ? w2 : "",
                  err.code, err.msg);
@@ -244,7 +245,8 @@ static void test_archives(void **state) {
         snprintf(lab, sizeof lab, "%s:labels.npy", fx(archives[z]));
         const char *paths[2] = {img, lab};
         cddp_error err = {0};
-        cddp_dataset *ds = cddp_dataset_npy(2, paths, (cddp_dtype[]){CDDP_F32, CDDP_I64}, &err);
+        cddp_dataset *ds =
+            cddp_dataset_from_files(2, paths, (cddp_dtype[]){CDDP_F32, CDDP_I64}, &err);
         if (!ds) fail_msg("%s: %s", archives[z], err.msg);
         assert_string_equal(cddp_dataset_field(ds, 0)->name, "images");
         assert_string_equal(cddp_dataset_field(ds, 1)->name, "labels");
@@ -284,10 +286,56 @@ static void test_archives(void **state) {
     free(zb);
     snprintf(p, sizeof p, "%s:images", fx("changed.npz"));
     cddp_error err = {0};
-    assert_null(cddp_dataset_npy(1, &one, NULL, &err));
+    assert_null(cddp_dataset_from_files(1, &one, NULL, &err));
     if (!strstr(err.msg, "changed.npz") ||
         (!strstr(err.msg, "does not inflate") && !strstr(err.msg, "CRC-32")))
         fail_msg("a changed deflated member: %s", err.msg);
+}
+
+/* Tensors of a safetensors file (FILE:NAME): U8 images and I64 labels as the .npy files give
+ * them, BF16 and F16 values widened exactly; the file alone, a missing name, an 8-bit float, a
+ * tensor whose span does not fit its shape, and ":NAME" on a .npy file refused in words. */
+static void test_safetensors(void **state) {
+    (void)state;
+    char img[512], lab[512], b16[512], h16[512];
+    snprintf(img, sizeof img, "%s:images", fx("tensors.safetensors"));
+    snprintf(lab, sizeof lab, "%s:labels", fx("tensors.safetensors"));
+    snprintf(b16, sizeof b16, "%s:bf16", fx("tensors.safetensors"));
+    snprintf(h16, sizeof h16, "%s:f16", fx("tensors.safetensors"));
+    const char *paths[4] = {img, lab, b16, h16};
+    cddp_error err = {0};
+    cddp_dataset *ds = cddp_dataset_from_files(
+        4, paths, (cddp_dtype[]){CDDP_F32, CDDP_I64, CDDP_F32, CDDP_F32}, &err);
+    if (!ds) fail_msg("%s", err.msg);
+    assert_string_equal(cddp_dataset_field(ds, 2)->name, "bf16");
+    assert_int_equal(cddp_dataset_field(ds, 2)->ndim, 2);
+    static const int64_t labels[5] = {3, 1, 4, 1, 5};
+    for (int64_t i = 0; i < 5; i++) {
+        float x[6], b[6], h[6];
+        int64_t y;
+        void *out[4] = {x, &y, b, h};
+        assert_int_equal(cddp_dataset_get(ds, i, out, &err), CDDP_OK);
+        assert_int_equal(y, labels[i]);
+        for (int k = 0; k < 6; k++) {
+            assert_true(x[k] == (float)want("u1", i * 6 + k));
+            assert_true(b[k] == (float)want("f4", i * 6 + k));
+            assert_true(h[k] == (float)want("f2", i * 6 + k));
+        }
+    }
+    cddp_dataset_destroy(ds);
+    refused1("tensors.safetensors", -1, CDDP_EINVAL,
+             "tensors.safetensors:NAME (it holds images, labels, bf16, f16, f8)");
+    char p[512];
+    const char *one = p;
+    snprintf(p, sizeof p, "%s:nope", fx("tensors.safetensors"));
+    refused(1, &one, NULL, CDDP_ENOENT, "holds no tensor 'nope'", NULL);
+    snprintf(p, sizeof p, "%s:f8", fx("tensors.safetensors"));
+    refused(1, &one, NULL, CDDP_EUNSUPPORTED, "tensor 'f8' holds F8_E4M3", NULL);
+    snprintf(p, sizeof p, "%s:x", fx("bad_span.safetensors"));
+    refused(1, &one, NULL, CDDP_EFORMAT,
+            "its data_offsets span 116 bytes, but 5 samples of 6 float32 need 120", NULL);
+    snprintf(p, sizeof p, "%s:x", fx("f4.npy"));
+    refused(1, &one, NULL, CDDP_EINVAL, "is neither a .npz archive nor a safetensors file", NULL);
 }
 
 static void test_refused_numpy_files(void **state) {
@@ -323,7 +371,7 @@ static void crafted(const char *what, const void *bytes, size_t n, int rc, const
     assert_int_equal(fwrite(bytes, 1, n, f), n);
     fclose(f);
     cddp_error err = {0};
-    cddp_dataset *ds = cddp_dataset_npy(1, &p, NULL, &err);
+    cddp_dataset *ds = cddp_dataset_from_files(1, &p, NULL, &err);
     if (ds || err.code != rc || !strstr(err.msg, words) || !strstr(err.msg, "crafted.npy"))
         fail_msg("%s: expected %d with '%s', got %s%d: %s", what, rc, words,
                  ds ? "a dataset, " : "", err.code, err.msg);
@@ -354,7 +402,7 @@ static void test_damaged_headers(void **state) {
         fwrite(b, 1, n, f);
         fclose(f);
         cddp_error err = {0};
-        cddp_dataset *ds = cddp_dataset_npy(1, &p, NULL, &err);
+        cddp_dataset *ds = cddp_dataset_from_files(1, &p, NULL, &err);
         if (!ds) fail_msg("%s", err.msg);
         assert_int_equal(cddp_dataset_len(ds), 3);
         cddp_dataset_destroy(ds);
@@ -362,7 +410,7 @@ static void test_damaged_headers(void **state) {
         f = fopen(p, "wb");
         fwrite(b, 1, n, f);
         fclose(f);
-        ds = cddp_dataset_npy(1, &p, NULL, &err);
+        ds = cddp_dataset_from_files(1, &p, NULL, &err);
         if (!ds) fail_msg("%s", err.msg);
         cddp_dataset_destroy(ds);
     }
@@ -419,6 +467,7 @@ int main(void) {
         cmocka_unit_test(test_rewritten_under_the_job),
         cmocka_unit_test(test_refused_numpy_files),
         cmocka_unit_test(test_archives),
+        cmocka_unit_test(test_safetensors),
         cmocka_unit_test(test_damaged_headers),
     };
     return cmocka_run_group_tests(tests, make_fixtures, temp_dir_teardown);

@@ -122,8 +122,10 @@ CDDP_API cddp_dataset *cddp_dataset_from_arrays(int64_t n, int nfields, const cd
  * dimension, the same count in all, and sample i's field f is paths[f][i] (up to 3 more
  * dimensions; a 1-D array gives a field of shape ()). paths[f] may also be ARCHIVE:NAME, array
  * NAME of a NumPy archive (np.savez(ARCHIVE, NAME=x): stored, read from the file as .npy files
- * are; np.savez_compressed: deflated, inflated into memory once and its CRC-32 checked). The
- * field's name is the file's without its folder and ".npy", or NAME.
+ * are; np.savez_compressed: deflated, inflated into memory once and its CRC-32 checked), or
+ * FILE:NAME, tensor NAME of a safetensors file (PyTorch's safetensors.torch.save_file; its dtypes
+ * BOOL, U8..U64, I8..I64, F16, BF16, F32, F64), read from the file likewise. The field's name is
+ * the file's without its folder and ".npy", or NAME.
  *
  * Opening reads the headers alone; a sample's bytes are read from its file when the loader asks
  * for them, so the data may be larger than memory, and the ranks on a host share the files'
@@ -131,8 +133,8 @@ CDDP_API cddp_dataset *cddp_dataset_from_arrays(int64_t n, int nfields, const cd
  * same path) fails the samples no longer there, naming the file (CDDP_EIO).
  *
  * dtypes[f] is field f's dtype in the batches, converted from the file's as each sample is read:
- * CDDP_F32 from any number (bool, int8..int64, uint8..uint64, float16, float32, float64; an
- * integer as the nearest float32), CDDP_I32 or CDDP_I64 from bool and integer arrays only (a
+ * CDDP_F32 from any number (bool, int8..int64, uint8..uint64, float16, bfloat16, float32, float64;
+ * an integer as the nearest float32), CDDP_I32 or CDDP_I64 from bool and integer arrays only (a
  * value outside the field's range fails that sample, naming file, sample and value). dtypes NULL:
  * float32 for floating arrays, int64 for the others (uint8 images then come as int64: give
  * CDDP_F32 for them, which the loader's transforms need).
@@ -140,10 +142,10 @@ CDDP_API cddp_dataset *cddp_dataset_from_arrays(int64_t n, int nfields, const cd
  * NULL with err naming the file and what to do when a file is not a .npy file, is truncated or
  * holds more than one array, holds a big-endian, structured, object, string or complex array, is
  * in Fortran order (np.ascontiguousarray), has no sample dimension or no samples, is an archive
- * given without a NAME (the message lists its arrays) or one that lacks NAME or is damaged, or
- * the counts differ; no file stays open. */
-CDDP_API cddp_dataset *cddp_dataset_npy(int nfields, const char *const *paths,
-                                        const cddp_dtype *dtypes, cddp_error *err);
+ * or safetensors file given without a NAME (the message lists its arrays) or one that lacks NAME
+ * or is damaged, or the counts differ; no file stays open. */
+CDDP_API cddp_dataset *cddp_dataset_from_files(int nfields, const char *const *paths,
+                                               const cddp_dtype *dtypes, cddp_error *err);
 
 /* MindSpore's num_shards/shard_id, strict: a view of ds holding samples shard_id,
  * shard_id + num_shards, shard_id + 2 num_shards, ... Every sample is in exactly one shard; shard

@@ -45,6 +45,23 @@ bool cddp__zip_is(int fd);
 /* Member name (".npy" added unless it ends so) of the archive open as fd (path: for messages).
  * CDDP_ENOENT when there is none, with names (cap bytes) listing the archive's arrays; a damaged
  * archive, an encrypted member or another compression fail in words. */
+/* tensors.c: a tensor of a safetensors file: its element type as NumPy's kind and size ('B', 2:
+ * bfloat16), its shape, and where its bytes lie in the file. */
+#define CDDP__MAX_NDIM 32
+typedef struct cddp__st_tensor {
+    char kind;
+    int size, ndim;
+    int64_t shape[CDDP__MAX_NDIM];
+    uint64_t offset, bytes;
+} cddp__st_tensor;
+/* Whether the file open as fd starts as a safetensors file does (a header length that fits, then
+ * '{'). */
+bool cddp__st_is(int fd);
+/* Tensor name of the safetensors file open as fd (path: for messages): CDDP_ENOENT when there is
+ * none, with names (cap bytes) listing its tensors; a damaged header or an unknown dtype fail in
+ * words. */
+int cddp__st_find(int fd, const char *path, const char *name, cddp__st_tensor *t, char *names,
+                  size_t cap, cddp_error *err);
 int cddp__zip_find(int fd, const char *path, const char *name, cddp__zip_member *m, char *names,
                    size_t cap, cddp_error *err);
 

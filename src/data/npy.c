@@ -1,4 +1,4 @@
-/* npy.c: arrays saved with NumPy (.npy files) as a dataset (cddp_dataset_npy, cddp/data.h).
+/* npy.c: arrays saved with NumPy (.npy files) as a dataset (cddp_dataset_from_files, cddp/data.h).
  *
  * A .npy file is the magic "\x93NUMPY", the format's major and minor version, the header's length
  * (2 bytes little-endian in version 1, 4 in versions 2 and 3), then the header, a Python dict
@@ -30,7 +30,7 @@
 
 /* The longest header cddp reads: NumPy writes about 128 bytes; a header of more is no array's. */
 #define NPY_MAX_HEADER (1 << 16)
-#define NPY_MAX_NDIM   32 /* parsed, then refused beyond CDDP_MAX_DIMS */
+#define NPY_MAX_NDIM   CDDP__MAX_NDIM /* parsed, then refused beyond CDDP_MAX_DIMS */
 
 typedef struct npy_array {
     char *path; /* a copy: messages name the file as samples are read */
@@ -39,9 +39,10 @@ typedef struct npy_array {
     uint64_t base;       /* the array's offset in the file (an archive's member), else 0 */
     uint64_t bytes;      /* the array's bytes, header included */
     uint8_t *mem;        /* a compressed member, inflated (then reads come from here) */
+    bool described;      /* a safetensors tensor: its header gave kind, size and shape */
     uint64_t data_start; /* the first sample's offset in the array */
     uint8_t *scratch;    /* one sample as the file holds it, for the conversions */
-    char kind;           /* 'b' bool, 'i' signed, 'u' unsigned, 'f' floating */
+    char kind;           /* 'b' bool, 'i' signed, 'u' unsigned, 'f' floating, 'B' bfloat16 */
     int size;            /* bytes per element */
     int ndim;            /* the file's, the sample dimension included */
     int64_t shape[NPY_MAX_NDIM];
@@ -65,6 +66,8 @@ static const char *np_name(char kind, int size) {
         return size == 1 ? "int8" : size == 2 ? "int16" : size == 4 ? "int32" : "int64";
     case 'u':
         return size == 1 ? "uint8" : size == 2 ? "uint16" : size == 4 ? "uint32" : "uint64";
+    case 'B':
+        return "bfloat16";
     default:
         return size == 2 ? "float16" : size == 4 ? "float32" : "float64";
     }
@@ -220,6 +223,8 @@ bad:
                           a->path);
 }
 
+static int layout(npy_array *a, uint64_t data, cddp_error *err);
+
 /* The magic, the header (m: the file's first bytes, the whole header if it fits NPY_MAX_HEADER)
  * and the sizes against the file's (size bytes). */
 static int parse_file(npy_array *a, const uint8_t *m, size_t size, cddp_error *err) {
@@ -244,8 +249,13 @@ static int parse_file(npy_array *a, const uint8_t *m, size_t size, cddp_error *e
                               "(truncated, or not .npy)",
                               a->path, hl, size);
     CDDP_TRY(parse_dict(a, (const char *)m + at, hl, err));
-    size_t start = at + hl;
-    a->data_start = start;
+    a->data_start = at + hl;
+    return layout(a, size - (at + hl), err);
+}
+
+/* The array's shape against its data, data bytes from a->data_start: one sample dimension and up
+ * to 3 more, samples, and exactly the bytes they need; a->elems and a->sample_bytes. */
+static int layout(npy_array *a, uint64_t data, cddp_error *err) {
     if (a->ndim == 0)
         return cddp_error_set(err, CDDP_EINVAL,
                               "%s holds a single value (shape ()), not samples along a first "
@@ -270,17 +280,22 @@ static int parse_file(npy_array *a, const uint8_t *m, size_t size, cddp_error *e
     if (__builtin_mul_overflow(elems, (uint64_t)a->size, &bytes) ||
         __builtin_mul_overflow(bytes, (uint64_t)a->shape[0], &bytes))
         goto too_big;
-    if (bytes > size - start)
+    if (a->described && bytes != data)
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s: its data_offsets span %" PRIu64 " bytes, but %" PRId64
+                              " samples of %" PRIu64 " %s need %" PRIu64
+                              " (a damaged safetensors file?)",
+                              a->path, data, a->shape[0], elems, np_name(a->kind, a->size), bytes);
+    if (bytes > data)
         return cddp_error_set(err, CDDP_EFORMAT,
                               "%s is truncated: %" PRId64 " samples of %" PRIu64 " %s need %" PRIu64
-                              " bytes of data, the file holds %zu",
-                              a->path, a->shape[0], elems, np_name(a->kind, a->size), bytes,
-                              size - start);
-    if (bytes < size - start)
+                              " bytes of data, the file holds %" PRIu64,
+                              a->path, a->shape[0], elems, np_name(a->kind, a->size), bytes, data);
+    if (bytes < data)
         return cddp_error_set(err, CDDP_EFORMAT,
-                              "%s has %zu bytes after its array (several arrays saved into one "
-                              "file?); cddp reads one array a file",
-                              a->path, size - start - (size_t)bytes);
+                              "%s has %" PRIu64 " bytes after its array (several arrays saved into "
+                              "one file?); cddp reads one array a file",
+                              a->path, data - bytes);
     a->elems = (int64_t)elems;
     a->sample_bytes = (size_t)elems * (size_t)a->size;
     return CDDP_OK;
@@ -348,21 +363,38 @@ static int locate(npy_array *a, const char *path, cddp_error *err) {
     else if (S_ISDIR(st.st_mode))
         rc = cddp_error_set(err, CDDP_EINVAL, "%s is a folder, not a .npy file", path);
     char names[512] = "";
-    cddp__zip_member zm;
-    if (!rc && member) {
-        rc = cddp__zip_find(a->fd, file, member, &zm, names, sizeof names, err);
-        a->base = zm.offset, a->bytes = zm.size, a->mem = zm.data;
-    } else if (!rc && cddp__zip_is(a->fd)) {
-        cddp_error listing = {0}; /* what it holds: a missing name's answer, or what is damaged */
-        rc = cddp__zip_find(a->fd, file, "", &zm, names, sizeof names, &listing);
-        if (rc == CDDP_ENOENT || rc == CDDP_OK)
-            rc = cddp_error_set(err, CDDP_EINVAL,
-                                "%s is an archive of arrays (.npz: np.savez): name one as %s:NAME "
-                                "(it holds %s)",
-                                path, path, names[0] ? names : "none");
-        else if (err)
-            *err = listing;
-        cddp_free(zm.data);
+    bool zip = !rc && cddp__zip_is(a->fd), st_file = !rc && !zip && cddp__st_is(a->fd);
+    if (zip || st_file) { /* files of named arrays: NAME is one of them */
+        cddp_error mine = {0};
+        cddp__zip_member zm = {0};
+        cddp__st_tensor t;
+        const char *want = member ? member : "", *what = zip ? "array" : "tensor";
+        rc = zip ? cddp__zip_find(a->fd, file, want, &zm, names, sizeof names, &mine)
+                 : cddp__st_find(a->fd, file, want, &t, names, sizeof names, &mine);
+        if (!member && (rc == CDDP_OK || rc == CDDP_ENOENT)) {
+            cddp_free(zm.data);
+            rc = cddp_error_set(
+                err, CDDP_EINVAL, "%s is %s: name one as %s:NAME (it holds %s)", path,
+                zip ? "an archive of arrays (.npz: np.savez)" : "a safetensors file of tensors",
+                path, names[0] ? names : "none");
+        } else if (rc == CDDP_ENOENT) {
+            rc = cddp_error_set(err, CDDP_ENOENT, "%s holds no %s '%s' (it holds %s)", file, what,
+                                member, names[0] ? names : "none");
+        } else if (rc) {
+            if (err) *err = mine;
+        } else if (zip) {
+            a->base = zm.offset, a->bytes = zm.size, a->mem = zm.data;
+        } else {
+            a->described = true;
+            a->kind = t.kind, a->size = t.size, a->ndim = t.ndim;
+            memcpy(a->shape, t.shape, sizeof t.shape);
+            a->base = t.offset, a->bytes = t.bytes;
+        }
+    } else if (!rc && member) {
+        rc = cddp_error_set(err, CDDP_EINVAL,
+                            "%s is neither a .npz archive nor a safetensors file, whose arrays "
+                            "':%s' would name",
+                            file, member);
     } else if (!rc) {
         a->bytes = (uint64_t)st.st_size;
     }
@@ -377,20 +409,24 @@ static int open_array(npy_array *a, const char *path, int want, cddp_error *err)
     if (!(a->path = cddp_strdup(path)))
         return cddp_error_set(err, CDDP_ENOMEM, "out of memory for a dataset");
     CDDP_TRY(locate(a, path, err));
-    if (a->bytes < 10)
-        return cddp_error_set(err, CDDP_EFORMAT, "%s is not a .npy file (%" PRIu64 " bytes)", path,
-                              a->bytes);
-    size_t size = (size_t)a->bytes, head = CDDP_MIN(size, (size_t)12 + NPY_MAX_HEADER);
-    uint8_t *m = cddp_malloc(head);
-    int rc = m ? read_at(a, m, head, 0, "its header", err)
-               : cddp_error_set(err, CDDP_ENOMEM, "out of memory for a dataset");
-    if (!rc) rc = parse_file(a, m, size, err);
-    cddp_free(m);
-    if (rc) return rc;
+    if (a->described) { /* a safetensors tensor: its header said what it holds */
+        CDDP_TRY(layout(a, a->bytes, err));
+    } else {
+        if (a->bytes < 10)
+            return cddp_error_set(err, CDDP_EFORMAT, "%s is not a .npy file (%" PRIu64 " bytes)",
+                                  path, a->bytes);
+        size_t size = (size_t)a->bytes, head = CDDP_MIN(size, (size_t)12 + NPY_MAX_HEADER);
+        uint8_t *m = cddp_malloc(head);
+        int rc = m ? read_at(a, m, head, 0, "its header", err)
+                   : cddp_error_set(err, CDDP_ENOMEM, "out of memory for a dataset");
+        if (!rc) rc = parse_file(a, m, size, err);
+        cddp_free(m);
+        if (rc) return rc;
+    }
     if (!(a->scratch = cddp_malloc(a->sample_bytes)))
         return cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory for a sample of %zu bytes", path,
                               a->sample_bytes);
-    bool floating = a->kind == 'f';
+    bool floating = a->kind == 'f' || a->kind == 'B';
     a->out = want < 0 ? (floating ? CDDP_F32 : CDDP_I64) : (cddp_dtype)want;
     if (a->out != CDDP_F32 && a->out != CDDP_I32 && a->out != CDDP_I64)
         return cddp_error_set(err, CDDP_EINVAL,
@@ -443,6 +479,12 @@ static void to_f32(const npy_array *a, const uint8_t *p, float *dst) {
             double d;
             memcpy(&d, p + 8 * k, 8);
             dst[k] = (float)d;
+        }
+    } else if (a->kind == 'B') {
+        for (int64_t k = 0; k < n; k++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * k, 2);
+            cddp_comm_to_f32(CDDP_COMM_BF16, &h, dst + k, 1);
         }
     } else if (a->kind == 'f') { /* float16 */
         for (int64_t k = 0; k < n; k++) {
@@ -520,8 +562,8 @@ static void npy_destroy(void *self) {
     cddp_free(s);
 }
 
-cddp_dataset *cddp_dataset_npy(int nfields, const char *const *paths, const cddp_dtype *dtypes,
-                               cddp_error *err) {
+cddp_dataset *cddp_dataset_from_files(int nfields, const char *const *paths,
+                                      const cddp_dtype *dtypes, cddp_error *err) {
     if (nfields < 1 || nfields > CDDP_MAX_FIELDS || !paths) {
         cddp_error_set(err, CDDP_EINVAL,
                        paths ? "a dataset of .npy files has 1 to %d of them, not %d"

@@ -1,5 +1,5 @@
 /* npz.c: a member of a zip archive, as NumPy's .npz files hold their arrays (np.savez stores them,
- * np.savez_compressed deflates them), for cddp_dataset_npy's ARCHIVE:NAME fields.
+ * np.savez_compressed deflates them), for cddp_dataset_from_files's ARCHIVE:NAME fields.
  *
  * A zip file ends with the end-of-central-directory record (22 bytes and a comment of up to 64
  * KiB), which says where the central directory is: a record per member with its name, compression,

@@ -5,10 +5,12 @@ Every kind cddp reads, 5 samples of shape (2, 3), element j (counted over the wh
   bool: j % 3 == 0;  unsigned: j * 7 % 251;  signed: j * 7 % 251 - 125;  floating: that / 4
 (exact in every one of them), named by NumPy's dtype code (i1.npy, u8.npy, f2.npy, b1.npy, ...);
 the same float32 array in format versions 2.0 and 3.0; a 1-D label array and a 4-D image
-array; values outside int32's and int64's ranges; and what cddp must refuse, each made the way a
-user would make it.
+array; values outside int32's and int64's ranges; what cddp must refuse, each made the way a user
+would make it; .npz archives (np.savez, np.savez_compressed); and safetensors files.
 """
+import json
 import os
+import struct
 import sys
 
 import numpy as np
@@ -75,3 +77,32 @@ images = (j * 7 % 251).astype(np.uint8).reshape(5, 1, 2, 3)
 np.savez(path("stored.npz"), images=images, labels=labels)
 np.savez_compressed(path("compressed.npz"), images=images, labels=labels)
 np.savez(path("fortran.npz"), x=np.asfortranarray(np.ones((4, 3), dtype=np.float32)))
+
+# safetensors files, laid out as safetensors' save_file lays them (an 8-byte header length, the
+# JSON header padded with spaces to 8 bytes, the tensors' bytes back to back): images (U8) and
+# labels (I64); the floating fixture's values as BF16 (float32's top half: exact for them) and
+# F16; an 8-bit float cddp does not read; and a file whose tensor's span does not fit its shape.
+
+
+def save_safetensors(name, tensors, span_fix=0):
+    header, blobs, off = {}, [], 0
+    for key, (dtype, raw, shape) in tensors.items():
+        header[key] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + len(raw) + span_fix]}
+        off += len(raw)
+        blobs.append(raw)
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path(name), "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+bf16 = (f4.view(np.uint32) >> 16).astype("<u2")
+save_safetensors("tensors.safetensors", {
+    "images": ("U8", images.tobytes(), images.shape),
+    "labels": ("I64", labels.tobytes(), labels.shape),
+    "bf16": ("BF16", bf16.tobytes(), bf16.shape),
+    "f16": ("F16", f4.astype("<f2").tobytes(), f4.shape),
+    "f8": ("F8_E4M3", bytes(5), (5,)),
+})
+save_safetensors("bad_span.safetensors", {"x": ("F32", f4.tobytes(), f4.shape)}, span_fix=-4)

@@ -1,6 +1,6 @@
-/* fuzz_npy.c: any bytes as a NumPy .npy file, and as a .npz archive's array x (PATH:x), each a
- * dataset of one field (cddp_dataset_npy) in the file's own dtype, then as float32: a clear
- * error, or every sample read. */
+/* fuzz_npy.c: any bytes as a NumPy .npy file, and as an array x of a .npz archive or safetensors
+ * file (PATH:x), each a dataset of one field (cddp_dataset_from_files) in the file's own dtype,
+ * then as float32: a clear error, or every sample read. */
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -11,7 +11,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         cddp_error err = {0};
         const char *path = as < 2 ? file : member;
         cddp_dataset *ds =
-            cddp_dataset_npy(1, &path, as % 2 ? (cddp_dtype[]){CDDP_F32} : NULL, &err);
+            cddp_dataset_from_files(1, &path, as % 2 ? (cddp_dtype[]){CDDP_F32} : NULL, &err);
         if (!ds) {
             if (!err.msg[0]) abort(); /* a refusal must say why */
             continue;

@@ -139,3 +139,9 @@ put("npy", "npz-without-x", npz([("y.npy", x_npy)], zipfile.ZIP_STORED))
 # corpus/npy/regress-npz-claims-2gib (fuzz_npy's finding, committed as found): a deflated member of
 # 95 bytes whose record claims 2 GiB, which was allocated before inflating; now refused by the
 # deflate ratio.
+
+# A safetensors file holding x (F32) and y (U8), read as PATH:x.
+put("npy", "safetensors-x", safetensors(
+    {"x": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+     "y": {"dtype": "U8", "shape": [2], "data_offsets": [16, 18]},
+     "__metadata__": {"format": "pt"}}, struct.pack("<4f", 1, 2, 3, 4) + b"\1\2"))
