@@ -1,4 +1,6 @@
-/* npy.c: arrays saved with NumPy (.npy files) as a dataset (cddp_dataset_from_files, cddp/data.h).
+/* npy.c: arrays in files as a dataset (cddp_dataset_from_files, cddp/data.h): NumPy's .npy files,
+ * and the arrays of .npz archives (npz.c) and safetensors files (tensors.c), each read as a .npy
+ * array is once its place and layout are known.
  *
  * A .npy file is the magic "\x93NUMPY", the format's major and minor version, the header's length
  * (2 bytes little-endian in version 1, 4 in versions 2 and 3), then the header, a Python dict
@@ -15,7 +17,7 @@
  * running job (np.save to the same path rewrites it in place) would kill a process that maps it
  * with SIGBUS; read, it fails the sample that is gone, naming the file.
  */
-#include "cddp/comm.h" /* cddp_comm_to_f32: float16 widened as the 16-bit collectives do */
+#include "cddp/comm.h" /* cddp_comm_to_f32: 16-bit floats widened as the collectives do */
 #include "cddp/core.h"
 #include "cddp/data.h"
 #include "data/internal.h"
@@ -335,9 +337,10 @@ static int read_at(const npy_array *a, void *dst, size_t n, uint64_t at, const c
     return CDDP_OK;
 }
 
-/* Where path's array is: path itself when it names a file, else ARCHIVE:NAME, array NAME of a .npz
- * archive (np.savez, np.savez_compressed); a->name is the field's name. Opens the file as a->fd
- * and sets base, bytes and mem. */
+/* Where path's array is: path itself when it names a file, else FILE:NAME, array NAME of a .npz
+ * archive (np.savez, np.savez_compressed) or tensor NAME of a safetensors file, told apart by
+ * their first bytes; a->name is the field's name. Opens the file as a->fd and sets base, bytes
+ * and mem (a deflated member), or for a tensor its kind, size and shape too (described). */
 static int locate(npy_array *a, const char *path, cddp_error *err) {
     struct stat st;
     char *file = cddp_strdup(path), *colon = file ? strrchr(file, ':') : NULL;
@@ -402,9 +405,9 @@ static int locate(npy_array *a, const char *path, cddp_error *err) {
     return rc;
 }
 
-/* Opens path (a .npy file, or an array of a .npz archive: locate), reads its header and checks it
- * against the array's bytes: a->out is the field's dtype as asked (want), or the default (want <
- * 0). */
+/* Opens path (a .npy file, an array of a .npz archive or a safetensors tensor: locate), reads its
+ * .npy header (a tensor's comes from its file's) and checks the shape against the array's bytes:
+ * a->out is the field's dtype as asked (want), or the default (want < 0). */
 static int open_array(npy_array *a, const char *path, int want, cddp_error *err) {
     if (!(a->path = cddp_strdup(path)))
         return cddp_error_set(err, CDDP_ENOMEM, "out of memory for a dataset");
