@@ -1,12 +1,15 @@
 /* bench_data.c: the data pipeline's speed, and how much of a training step waits for data.
  *
- *   bench_data [--batch-size 64] [--prefetch 4] [--data DIR]
+ *   bench_data [--batch-size 64] [--prefetch 4] [--data DIR | --npy DIR]
  *
  * 1. Loading + collation: one epoch of Fashion-MNIST's 60000 training images through
  *    DistributedSampler + DataLoader (rescale and normalise, as the seeds do), no training.
  * 2. Training: the MLP (784-512-512-10), SGD lr 0.01 momentum 0.9, one BLAS thread, one epoch
  *    fed by the loader; the share of the loop's time spent inside cddp_loader_next.
  * Both with prefetch 0 (loading on the training thread) and with --prefetch (a worker thread).
+ * With --npy DIR the images and labels come from DIR/images.npy (uint8, (N, 1, 28, 28)) and
+ * DIR/labels.npy (int64), as docs/GUIDE.md's Python saves them (cddp_dataset_from_files: each
+ * sample read from the files as the loader takes it), instead of Fashion-MNIST in memory.
  * Prints one JSON line per measurement and a table.
  */
 #include "common.h"
@@ -41,8 +44,9 @@ static void fail(const char *msg) {
 int main(int argc, char **argv) {
     int64_t batch = 64;
     int prefetch = 4;
-    const char *data = NULL;
+    const char *data = NULL, *npy = NULL;
     static const struct option longopts[] = {{"batch-size", required_argument, 0, 'b'},
+                                             {"npy", required_argument, 0, 'n'},
                                              {"prefetch", required_argument, 0, 'p'},
                                              {"data", required_argument, 0, 'd'},
                                              {"help", no_argument, 0, 'h'},
@@ -59,8 +63,11 @@ int main(int argc, char **argv) {
         case 'd':
             data = optarg;
             break;
+        case 'n':
+            npy = optarg;
+            break;
         case 'h':
-            printf("usage: bench_data [--batch-size N] [--prefetch N] [--data DIR]\n");
+            printf("usage: bench_data [--batch-size N] [--prefetch N] [--data DIR | --npy DIR]\n");
             return 0;
         default:
             return 2;
@@ -69,7 +76,12 @@ int main(int argc, char **argv) {
     if (batch < 1 || prefetch < 1) fail("--batch-size and --prefetch must be >= 1");
     openblas_set_num_threads(1);
     cddp_error err = {0};
-    cddp_dataset *ds = cddp_dataset_mnist(data, true, &err);
+    char images[4096], labels[4096];
+    snprintf(images, sizeof images, "%s/images.npy", npy ? npy : "");
+    snprintf(labels, sizeof labels, "%s/labels.npy", npy ? npy : "");
+    cddp_dataset *ds = npy ? cddp_dataset_from_files(2, (const char *const[]){images, labels},
+                                                     (cddp_dtype[]){CDDP_F32, CDDP_I64}, &err)
+                           : cddp_dataset_mnist(data, true, &err);
     if (!ds) fail(err.msg);
     cddp_sampler_options so = {1, 0, true, 0, false, false};
     cddp_sampler *s = cddp_sampler_create(cddp_dataset_len(ds), &so, &err);
@@ -109,11 +121,12 @@ int main(int argc, char **argv) {
         double total = cddp_now_s() - t0;
         wait_share[k] = cddp_loader_wait_seconds(l) / total;
         step_rate[k] = (double)n / total;
-        printf("{\"prefetch\": %d, \"batch\": %lld, \"load_samples_per_s\": %.0f, "
-               "\"train_samples_per_s\": %.0f, \"train_s\": %.3f, \"wait_s\": %.3f, "
-               "\"wait_share\": %.4f}\n",
-               depths[k], (long long)batch, load_rate[k], step_rate[k], total,
-               cddp_loader_wait_seconds(l), wait_share[k]);
+        printf(
+            "{\"source\": \"%s\", \"prefetch\": %d, \"batch\": %lld, \"load_samples_per_s\": %.0f, "
+            "\"train_samples_per_s\": %.0f, \"train_s\": %.3f, \"wait_s\": %.3f, "
+            "\"wait_share\": %.4f}\n",
+            npy ? "npy" : "memory", depths[k], (long long)batch, load_rate[k], step_rate[k], total,
+            cddp_loader_wait_seconds(l), wait_share[k]);
         cddp_loader_destroy(l);
         cddp_ctx_destroy(ctx);
         cddp_optim_destroy(opt);

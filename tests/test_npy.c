@@ -6,6 +6,8 @@
  */
 #include "helpers.h"
 
+#include "data/internal.h"
+
 #include <sys/stat.h>
 
 static char fixtures[320];
@@ -198,6 +200,8 @@ static void test_ranges(void **state) {
  * that is no longer there fails naming the file; the ones still there read as before. */
 static void test_rewritten_under_the_job(void **state) {
     (void)state;
+    int64_t keep = cddp__npy_memory_max;
+    cddp__npy_memory_max = 0; /* read a sample at a time, as a large array is */
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "cp '%s' '%s'", fx("f4.npy"), fx("rewritten.npy"));
     assert_int_equal(system(cmd), 0);
@@ -213,6 +217,7 @@ static void test_rewritten_under_the_job(void **state) {
     if (!strstr(err.msg, "rewritten.npy: reading sample 4") || !strstr(err.msg, "ends before it"))
         fail_msg("the message does not name the file and the sample: %s", err.msg);
     cddp_dataset_destroy(ds);
+    cddp__npy_memory_max = keep;
 }
 
 /* Opening fails with status rc and a message holding each of the words. */
@@ -459,6 +464,19 @@ static void test_damaged_headers(void **state) {
     crafted("no descr", b, n, CDDP_EFORMAT, "not the dict");
 }
 
+/* The same with every array read a sample at a time from its file, as arrays over 64 MiB are
+ * (the others above come whole into memory at open). */
+static void test_from_the_files(void **state) {
+    int64_t keep = cddp__npy_memory_max;
+    cddp__npy_memory_max = 0;
+    test_every_kind(state);
+    test_under_the_loader(state);
+    test_ranges(state);
+    test_archives(state);
+    test_safetensors(state);
+    cddp__npy_memory_max = keep;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_kind),
@@ -469,6 +487,7 @@ int main(void) {
         cmocka_unit_test(test_archives),
         cmocka_unit_test(test_safetensors),
         cmocka_unit_test(test_damaged_headers),
+        cmocka_unit_test(test_from_the_files),
     };
     return cmocka_run_group_tests(tests, make_fixtures, temp_dir_teardown);
 }

@@ -127,10 +127,11 @@ CDDP_API cddp_dataset *cddp_dataset_from_arrays(int64_t n, int nfields, const cd
  * BOOL, U8..U64, I8..I64, F16, BF16, F32, F64), read from the file likewise. The field's name is
  * the file's without its folder and ".npy", or NAME.
  *
- * Opening reads the headers alone; a sample's bytes are read from its file when the loader asks
- * for them, so the data may be larger than memory, and the ranks on a host share the files'
- * pages in the page cache. A file rewritten shorter while the dataset is open (np.save to the
- * same path) fails the samples no longer there, naming the file (CDDP_EIO).
+ * An array of up to 64 MiB is read whole when the dataset opens, and its samples come from
+ * memory; a larger one stays in its file, a sample's bytes read when the loader asks for them, so
+ * the data may be larger than memory, and the ranks on a host share the files' pages in the page
+ * cache. A file rewritten shorter while the dataset reads it so (np.save to the same path) fails
+ * the samples no longer there, naming the file (CDDP_EIO).
  *
  * dtypes[f] is field f's dtype in the batches, converted from the file's as each sample is read:
  * CDDP_F32 from any number (bool, int8..int64, uint8..uint64, float16, bfloat16, float32, float64;

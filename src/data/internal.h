@@ -45,6 +45,11 @@ bool cddp__zip_is(int fd);
 /* Member name (".npy" added unless it ends so) of the archive open as fd (path: for messages).
  * CDDP_ENOENT when there is none, with names (cap bytes) listing the archive's arrays; a damaged
  * archive, an encrypted member or another compression fail in words. */
+/* npy.c: an array of at most this many bytes (header included) is read whole when the dataset
+ * opens, and its samples taken from memory; a larger one is read a sample at a time. Tests lower
+ * it to read small files a sample at a time. */
+extern int64_t cddp__npy_memory_max;
+
 /* tensors.c: a tensor of a safetensors file: its element type as NumPy's kind and size ('B', 2:
  * bfloat16), its shape, and where its bytes lie in the file. */
 #define CDDP__MAX_NDIM 32

@@ -11,11 +11,14 @@
  * checked against the file's before a byte of data is read, so a crafted file is refused, not
  * read past.
  *
- * Each file stays open and a sample's bytes are read (pread) and converted to its field's dtype
- * as the loader fetches it, so opening a dataset of any size costs its headers alone, and the
- * ranks of a host share the files' pages in the page cache. Not mapped: a file truncated under a
- * running job (np.save to the same path rewrites it in place) would kill a process that maps it
- * with SIGBUS; read, it fails the sample that is gone, naming the file.
+ * An array of up to 64 MiB is read whole when the dataset opens (one read, then no system call
+ * per sample: Fashion-MNIST's images come as fast as from memory); a larger one stays in its file,
+ * which stays open, and a sample's bytes are read (pread) as the loader fetches it, so opening a
+ * dataset of any size costs its headers and small arrays alone, and the ranks of a host share the
+ * files' pages in the page cache. Either way a sample is converted to its field's dtype as it is
+ * fetched. Not mapped: a file truncated under a running job (np.save to the same path rewrites it
+ * in place) would kill a process that maps it with SIGBUS; read, it fails the sample that is gone,
+ * naming the file.
  */
 #include "cddp/comm.h" /* cddp_comm_to_f32: 16-bit floats widened as the collectives do */
 #include "cddp/core.h"
@@ -34,13 +37,16 @@
 #define NPY_MAX_HEADER (1 << 16)
 #define NPY_MAX_NDIM   CDDP__MAX_NDIM /* parsed, then refused beyond CDDP_MAX_DIMS */
 
+int64_t cddp__npy_memory_max = INT64_C(64) << 20;
+
 typedef struct npy_array {
     char *path; /* a copy: messages name the file as samples are read */
     char name[128];
     int fd;              /* -1: not open */
     uint64_t base;       /* the array's offset in the file (an archive's member), else 0 */
     uint64_t bytes;      /* the array's bytes, header included */
-    uint8_t *mem;        /* a compressed member, inflated (then reads come from here) */
+    uint8_t *mem;        /* the array in memory (then reads come from here): a small one read
+                            whole, or a compressed member inflated */
     bool described;      /* a safetensors tensor: its header gave kind, size and shape */
     uint64_t data_start; /* the first sample's offset in the array */
     uint8_t *scratch;    /* one sample as the file holds it, for the conversions */
@@ -426,6 +432,18 @@ static int open_array(npy_array *a, const char *path, int want, cddp_error *err)
         cddp_free(m);
         if (rc) return rc;
     }
+    if (!a->mem && a->bytes <= (uint64_t)cddp__npy_memory_max) { /* small: read it whole now */
+        uint8_t *whole = cddp_malloc(a->bytes ? a->bytes : 1);
+        int rc =
+            whole ? read_at(a, whole, a->bytes, 0, "the array", err)
+                  : cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory for its %" PRIu64 " bytes",
+                                   path, a->bytes);
+        if (rc) {
+            cddp_free(whole);
+            return rc;
+        }
+        a->mem = whole;
+    }
     if (!(a->scratch = cddp_malloc(a->sample_bytes)))
         return cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory for a sample of %zu bytes", path,
                               a->sample_bytes);
@@ -546,15 +564,20 @@ static int npy_get(void *self, int64_t i, void *const *out, cddp_error *err) {
     for (int f = 0; f < s->nfields; f++) {
         const npy_array *a = &s->a[f];
         bool as_is = a->out == CDDP_F32 && a->kind == 'f' && a->size == 4;
-        char what[48];
-        snprintf(what, sizeof what, "sample %" PRId64, i);
-        CDDP_TRY(read_at(a, as_is ? out[f] : a->scratch, a->sample_bytes,
-                         a->data_start + (uint64_t)i * a->sample_bytes, what, err));
+        uint64_t at = a->data_start + (uint64_t)i * a->sample_bytes;
+        const uint8_t *src = a->mem ? a->mem + at : a->scratch;
+        if (!a->mem) { /* from the file: into the field, or the scratch to convert */
+            char what[48];
+            snprintf(what, sizeof what, "sample %" PRId64, i);
+            CDDP_TRY(read_at(a, as_is ? out[f] : a->scratch, a->sample_bytes, at, what, err));
+        } else if (as_is) {
+            memcpy(out[f], src, a->sample_bytes);
+        }
         if (as_is) continue;
         if (a->out == CDDP_F32)
-            to_f32(a, a->scratch, out[f]);
+            to_f32(a, src, out[f]);
         else
-            CDDP_TRY(to_int(a, i, a->scratch, out[f], err));
+            CDDP_TRY(to_int(a, i, src, out[f], err));
     }
     return CDDP_OK;
 }
