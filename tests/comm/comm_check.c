@@ -481,12 +481,12 @@ int main(int argc, char **argv) {
         status = expect_failure(rc, &err, text, t0, 0, 5.0);
     } else if (!strcmp(mode, "leave")) {
         /* The last rank leaves at the 50th collective while the others go on: by
-         * cddp_comm_destroy, then staying alive 3 s (the others must fail at once saying it left,
-         * not wait for its end), or with "exit" by ending with status 0 without it (_exit, so
+         * cddp_comm_destroy, then staying alive 1.5 s (the others must fail within 1 s saying it
+         * left, not wait for its end), or with "exit" by ending with status 0 without it (_exit, so
          * that a sanitizer's leak check does not turn it into a failure; the others find it gone
          * and then exit 3, so that the launcher's report names the rank that finished before
          * them). Over MPI, which cannot tell, the others' calls time out at
-         * their 2 s deadline instead of hanging. */
+         * their 1 s deadline instead of hanging. */
         bool destroy = !(argc > 2 && !strcmp(argv[2], "exit")), mpi = !strcmp(backend, "mpi");
         int rc = 0;
         t0 = 0;
@@ -494,11 +494,11 @@ int main(int argc, char **argv) {
             if (k == 50 && rank == world - 1) {
                 if (!destroy) _exit(0);
                 cddp_comm_destroy(c);
-                sleep(3);
+                usleep(1500000);
                 return 0;
             }
             if (k == 50) t0 = cddp_now_s();
-            rc = cddp_comm_allreduce(c, buf, buf, 64, CDDP_COMM_F32, CDDP_COMM_SUM, mpi ? 2 : 60,
+            rc = cddp_comm_allreduce(c, buf, buf, 64, CDDP_COMM_F32, CDDP_COMM_SUM, mpi ? 1 : 60,
                                      &err);
         }
         char text[96];
@@ -507,7 +507,7 @@ int main(int argc, char **argv) {
                  : destroy ? "rank %d left the group (cddp_comm_destroy) after "
                            : "rank %d (pid",
                  world - 1);
-        status = mpi ? expect_failure(rc, &err, text, t0, 2.0, 3.0)
+        status = mpi ? expect_failure(rc, &err, text, t0, 1.0, 2.0)
                      : expect_failure(rc, &err, text, t0, 0, destroy ? 1.0 : 5.0);
         if (!destroy && !status) status = 3;
     } else if (!strcmp(mode, "stop")) {
