@@ -33,6 +33,10 @@ int64_t cddp__sampler_run_index(const cddp__sampler_run *run, int64_t k);
  * further (cddp_dataset_mnist_first). */
 int cddp__mnist_load(const char *dir, bool train, int64_t first, cddp_mnist *out, cddp_error *err);
 
+/* npz.c: n bytes at offset at of fd into dst, however many reads it takes (EINTR retried):
+ * CDDP_OK; or 1 when the file ends first, or -1 with errno set when a read fails. */
+int cddp__read_exact(int fd, void *dst, size_t n, uint64_t at);
+
 /* npz.c: a member of a zip archive (NumPy's .npz: np.savez stores its arrays, np.savez_compressed
  * deflates them). A stored member lies in the file at offset, size bytes; a deflated one is
  * inflated into data (size bytes, cddp_free it; NULL for a stored one). */

@@ -329,18 +329,12 @@ static int read_at(const npy_array *a, void *dst, size_t n, uint64_t at, const c
         memcpy(dst, a->mem + at, n);
         return CDDP_OK;
     }
-    at += a->base;
-    for (size_t got = 0; got < n;) {
-        ssize_t k = pread(a->fd, (char *)dst + got, n - got, (off_t)(at + got));
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0)
-            return cddp_error_set(err, CDDP_EIO, "%s: reading %s: %s", a->path, what,
-                                  k < 0 ? strerror(errno)
-                                        : "the file ends before it (was the file rewritten "
-                                          "after the dataset opened it?)");
-        got += (size_t)k;
-    }
-    return CDDP_OK;
+    int r = cddp__read_exact(a->fd, dst, n, a->base + at);
+    if (r == CDDP_OK) return CDDP_OK;
+    return cddp_error_set(err, CDDP_EIO, "%s: reading %s: %s", a->path, what,
+                          r < 0 ? strerror(errno)
+                                : "the file ends before it (was the file rewritten after the "
+                                  "dataset opened it?)");
 }
 
 /* Where path's array is: path itself when it names a file, else FILE:NAME, array NAME of a .npz

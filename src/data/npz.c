@@ -40,16 +40,21 @@ static uint64_t le64(const uint8_t *p) {
     return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
 }
 
-static int read_at(int fd, void *dst, size_t n, uint64_t at, const char *path, cddp_error *err) {
+int cddp__read_exact(int fd, void *dst, size_t n, uint64_t at) {
     for (size_t got = 0; got < n;) {
         ssize_t k = pread(fd, (char *)dst + got, n - got, (off_t)(at + got));
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0)
-            return cddp_error_set(err, k < 0 ? CDDP_EIO : CDDP_EFORMAT, "%s: %s", path,
-                                  k < 0 ? strerror(errno) : "the zip archive ends early");
+        if (k <= 0) return k < 0 ? -1 : 1;
         got += (size_t)k;
     }
     return CDDP_OK;
+}
+
+static int read_at(int fd, void *dst, size_t n, uint64_t at, const char *path, cddp_error *err) {
+    int r = cddp__read_exact(fd, dst, n, at);
+    if (r == CDDP_OK) return CDDP_OK;
+    return cddp_error_set(err, r < 0 ? CDDP_EIO : CDDP_EFORMAT, "%s: %s", path,
+                          r < 0 ? strerror(errno) : "the zip archive ends early");
 }
 
 /* zlib's CRC-32 of n bytes (its counts are 32-bit: in pieces) */

@@ -73,16 +73,10 @@ int cddp__st_find(int fd, const char *path, const char *name, cddp__st_tensor *t
                               path, n);
     char *text = cddp_malloc(n);
     if (!text) return cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
-    int rc = CDDP_OK;
-    for (uint64_t got = 0; !rc && got < n;) {
-        ssize_t k = pread(fd, text + got, n - got, (off_t)(8 + got));
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0)
-            rc = cddp_error_set(err, CDDP_EIO, "cannot read %s: %s", path,
-                                k < 0 ? strerror(errno) : "it ends early");
-        else
-            got += (uint64_t)k;
-    }
+    int r = cddp__read_exact(fd, text, n, 8), rc = CDDP_OK;
+    if (r != CDDP_OK)
+        rc = cddp_error_set(err, CDDP_EIO, "cannot read %s: %s", path,
+                            r < 0 ? strerror(errno) : "it ends early");
     cJSON *root = rc ? NULL : cJSON_ParseWithLength(text, n);
     cddp_free(text);
     if (rc) return rc;
