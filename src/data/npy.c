@@ -495,17 +495,12 @@ static void to_f32(const npy_array *a, const uint8_t *p, float *dst) {
             memcpy(&d, p + 8 * k, 8);
             dst[k] = (float)d;
         }
-    } else if (a->kind == 'B') {
+    } else if (a->kind == 'B' || a->kind == 'f') { /* bfloat16, float16 */
+        cddp_comm_dtype half = a->kind == 'B' ? CDDP_COMM_BF16 : CDDP_COMM_F16;
         for (int64_t k = 0; k < n; k++) {
             uint16_t h;
             memcpy(&h, p + 2 * k, 2);
-            cddp_comm_to_f32(CDDP_COMM_BF16, &h, dst + k, 1);
-        }
-    } else if (a->kind == 'f') { /* float16 */
-        for (int64_t k = 0; k < n; k++) {
-            uint16_t h;
-            memcpy(&h, p + 2 * k, 2);
-            cddp_comm_to_f32(CDDP_COMM_F16, &h, dst + k, 1);
+            cddp_comm_to_f32(half, &h, dst + k, 1);
         }
     } else if (a->size == 1 && a->kind != 'i') { /* uint8, bool: images, masks */
         for (int64_t k = 0; k < n; k++) dst[k] = (float)p[k];
