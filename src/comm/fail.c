@@ -65,6 +65,13 @@ int cddp__comm_peer_left(cddp_comm *c, cddp_error *err, int who, const char *wha
 }
 
 int cddp__comm_timed_out(cddp_comm *c, cddp_error *err, const char *what, uint64_t num, int who) {
+    if (who < 0) /* MPI: its collectives do not say who is late */
+        return cddp__comm_fail(c, err, CDDP_ETIMEDOUT,
+                               "%s #%" PRIu64 " timed out: not every rank reached it (over MPI "
+                               "cddp cannot tell which: one that left the group, is stopped, "
+                               "stuck, or calling something else?); raise CDDP_TIMEOUT_S or the "
+                               "call's timeout if it is only slow",
+                               what, num);
     return cddp__comm_fail(c, err, CDDP_ETIMEDOUT,
                            "%s #%" PRIu64 " timed out waiting for rank %d (is it stopped, stuck, "
                            "or calling something else?); raise CDDP_TIMEOUT_S or the call's "

@@ -254,6 +254,7 @@ int cddp__comm_aborted_here(cddp_comm *c, cddp_error *err); /* CDDP_OK when not 
 int cddp__comm_peer_aborted(cddp_comm *c, cddp_error *err, int who, const char *why);
 int cddp__comm_peer_died(cddp_comm *c, cddp_error *err, int who, int pid, const char *what,
                          uint64_t num);
+/* who < 0: a rank the transport cannot name (MPI) */
 int cddp__comm_timed_out(cddp_comm *c, cddp_error *err, const char *what, uint64_t num, int who);
 /* Rank who destroyed the group after `after` collectives while this rank waits for it in call num:
  * the ranks did not make the same calls (most often: different numbers of steps). */

@@ -143,12 +143,7 @@ static int mpi_wait(cddp_comm *c, MPI_Request *req, int n, double deadline, cons
         next_look = now + 0.01;
         int st = cddp__comm_aborted_here(c, err);
         if (!st && deadline >= 0 && now > deadline)
-            st = cddp__comm_fail(c, err, CDDP_ETIMEDOUT,
-                                 "%s #%" PRIu64 " timed out: not every rank reached it (over MPI "
-                                 "cddp cannot tell which: one that left the group, is stopped, "
-                                 "stuck, or calling something else?); raise CDDP_TIMEOUT_S or the "
-                                 "call's timeout if it is only slow",
-                                 what, c->seq);
+            st = cddp__comm_timed_out(c, err, what, c->seq, -1);
         if (st) {
             ((mpi *)c->priv)->abandoned = true;
             return st;
