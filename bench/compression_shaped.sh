@@ -14,14 +14,8 @@ rounds=${2:-3}
 rate=${3:-1gbit}
 batch=${4:-32}
 here=$(cd "$(dirname "$0")" && pwd)
-H="$here/../tests/hosts/hosts.sh"
-[ "$(id -u)" = 0 ] || { echo "bench/compression_shaped.sh: network namespaces need root" >&2; exit 1; }
-work=$(mktemp -d)
-name="cs$$"
-name=$(echo "$name" | cut -c1-8)
-trap '"$H" stop "$name"; rm -rf "$work"' EXIT
-trap 'exit 1' INT TERM
-(umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/token")
+. "$here/shaped_setup.sh"
+shaped_setup bench/compression_shaped.sh cs
 unset RANK WORLD_SIZE MASTER_ADDR MASTER_PORT CDDP_STORE_PORT
 export CDDP_LOG_LEVEL=warn OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 

@@ -16,14 +16,8 @@ rate=${3:-1gbit}
 shift $(($# < 3 ? $# : 3))
 counts=${*:-2 4}
 here=$(cd "$(dirname "$0")" && pwd)
-H="$here/../tests/hosts/hosts.sh"
-[ "$(id -u)" = 0 ] || { echo "bench/shaped_links.sh: network namespaces need root" >&2; exit 1; }
-work=$(mktemp -d)
-name="sb$$"
-name=$(echo "$name" | cut -c1-8)
-trap '"$H" stop "$name"; rm -rf "$work"' EXIT
-trap 'exit 1' INT TERM
-(umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/token")
+. "$here/shaped_setup.sh"
+shaped_setup bench/shaped_links.sh sb
 # Two sweeps, each in fresh processes: the sizes of cddp's one-hop path, then the ring's. In one
 # sweep, the one-hop path's incast (every rank sends to every other at once) makes the shaped
 # links drop packets, and TCP's congestion state then holds the ring's sizes below the link
