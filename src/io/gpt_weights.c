@@ -176,18 +176,27 @@ static int llmc_open(source *s, cddp_error *err) {
                               "%s: llm.c header with max_seq_len %d, vocab_size %d (padded %d), "
                               "%d layers, %d heads, %d channels: not a GPT",
                               s->path, h[2], h[3], h[7], h[4], h[5], h[6]);
-    int64_t C = h[6], L = h[4], size[NKIND], elt = s->version == 3 ? 4 : 2;
+    /* Each block's bytes, added up with every product checked: a damaged header's sizes can
+     * multiply past 64 bits and wrap to a size that matches the file. */
+    uint64_t at = 1024, elt = s->version == 3 ? 4 : 2;
+    bool wraps = false;
     for (int k = 0; k < NKIND; k++) {
         int64_t shape[2];
-        size[k] = numel_of(shape_of(k, &s->g, shape), shape);
-        if (per_layer(k)) size[k] *= L;
-    }
-    size[WTE] = s->vpad * C;
-    uint64_t at = 1024;
-    for (int k = 0; k < NKIND; k++) {
+        int nd = shape_of(k, &s->g, shape);
+        if (k == WTE) shape[0] = s->vpad;
+        uint64_t bytes = elt;
+        for (int d = 0; d < nd; d++)
+            wraps |= __builtin_mul_overflow(bytes, (uint64_t)shape[d], &bytes);
+        if (per_layer(k)) wraps |= __builtin_mul_overflow(bytes, (uint64_t)h[4], &bytes);
         s->at[k] = at;
-        at += (uint64_t)(size[k] * elt);
+        wraps |= __builtin_add_overflow(at, bytes, &at);
     }
+    if (wraps)
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s: llm.c header with max_seq_len %d, vocab_size %d (padded %d), "
+                              "%d layers, %d channels: a GPT of more than 2^64 bytes (a damaged "
+                              "file?)",
+                              s->path, h[2], h[3], h[7], h[4], h[6]);
     if (fstat(s->fd, &st) || (uint64_t)st.st_size != at)
         return cddp_error_set(err, CDDP_EFORMAT,
                               "%s: %lld bytes, but its header describes a GPT of %" PRIu64

@@ -145,3 +145,76 @@ put("npy", "safetensors-x", safetensors(
     {"x": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
      "y": {"dtype": "U8", "shape": [2], "data_offsets": [16, 18]},
      "__metadata__": {"format": "pt"}}, struct.pack("<4f", 1, 2, 3, 4) + b"\1\2"))
+
+# A GPT's weights as --init_from reads them (fuzz_gpt_weights.c): vocabulary 5, 4 positions, one
+# layer of width 2 with 1 head; in llm.c's file (float32 and bf16, the vocabulary padded to 8), in
+# Hugging Face's layout (Conv1D weights (in, out), the causal mask, the tied head) with the
+# config.json the harness writes beside it (the bytes before the first NUL), and in nanoGPT's
+# layout with cddp's metadata.
+V, T, C, L, VP = 5, 4, 2, 1, 8
+GPT = [("wte.weight", [V, C]), ("wpe.weight", [T, C])] + [
+    ("h.0." + n, s) for n, s in [
+        ("ln_1.weight", [C]), ("ln_1.bias", [C]), ("attn.c_attn.weight", [3 * C, C]),
+        ("attn.c_attn.bias", [3 * C]), ("attn.c_proj.weight", [C, C]), ("attn.c_proj.bias", [C]),
+        ("ln_2.weight", [C]), ("ln_2.bias", [C]), ("mlp.c_fc.weight", [4 * C, C]),
+        ("mlp.c_fc.bias", [4 * C]), ("mlp.c_proj.weight", [C, 4 * C]), ("mlp.c_proj.bias", [C])]
+] + [("ln_f.weight", [C]), ("ln_f.bias", [C])]
+
+
+def numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def values(n, at):
+    return [((at + i) % 7 - 3) / 8 for i in range(n)]
+
+
+def llmc_model(version, header=None):
+    h = header or [20240326, version, T, V, L, 1, C, VP]
+    out, at = b"", 0
+    for name, shape in GPT:
+        n = VP * C if name == "wte.weight" else numel(shape)
+        vals = values(n, at)
+        at += n
+        if version == 3:
+            out += struct.pack("<%df" % n, *vals)
+        else:  # bf16: the upper half of each float32
+            out += b"".join(struct.pack("<f", v)[2:] for v in vals)
+    return struct.pack("<256i", *(h + [0] * (256 - len(h)))) + out
+
+
+def st_model(prefix, conv1d, metadata=None, extra=()):
+    header, data = {}, b""
+    for name, shape in GPT:
+        if conv1d and name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
+            shape = shape[::-1]
+        vals = values(numel(shape), len(data) // 4)
+        header[prefix + name] = {"dtype": "F32", "shape": shape,
+                                 "data_offsets": [len(data), len(data) + 4 * len(vals)]}
+        data += struct.pack("<%df" % len(vals), *vals)
+    for name, shape, payload in extra:
+        header[name] = {"dtype": "F32", "shape": shape,
+                        "data_offsets": [len(data), len(data) + len(payload)]}
+        data += payload
+    if metadata:
+        header["__metadata__"] = metadata
+    return safetensors(header, data)
+
+
+put("gpt_weights", "llmc-f32", llmc_model(3))
+put("gpt_weights", "llmc-bf16", llmc_model(5))
+hf_config = json.dumps({"model_type": "gpt2", "n_head": 1, "n_embd": C, "n_layer": L,
+                        "n_positions": T, "vocab_size": V}).encode()
+wte = struct.pack("<%df" % (V * C), *values(V * C, 0))
+put("gpt_weights", "hf-pair", hf_config + b"\0" + st_model(
+    "transformer.", True, extra=[("transformer.h.0.attn.bias", [1, 1, T, T], b"\0" * 4 * T * T),
+                                 ("lm_head.weight", [V, C], wte)]))
+put("gpt_weights", "nanogpt-meta", st_model("transformer.", False, metadata={
+    "vocab_size": str(V), "block_size": str(T), "n_layer": str(L), "n_head": "1",
+    "n_embd": str(C)}))
+# An llm.c header whose sizes multiply past 64 bits: its size check wrapped (regression).
+put("gpt_weights", "regress-llmc-size-overflow",
+    llmc_model(3, [20240326, 3, 2**31 - 1, 1, 2**31 - 1, 1, 2**30, 2**31 - 1])[:1024])

@@ -18,9 +18,9 @@ run() {
 run idx & run tokens & wait
 run safetensors & run store & wait
 run secret & run ckpt_set & wait
-run npy & wait
+run npy & run gpt_weights & wait
 fail=0
-for h in idx tokens safetensors store secret ckpt_set npy; do
+for h in idx tokens safetensors store secret ckpt_set npy gpt_weights; do
     rc=$(cat "$build/fuzz/$h/rc")
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$build/fuzz/$h/log")
     if [ "$rc" != 0 ]; then
