@@ -45,6 +45,7 @@ typedef struct options {
     const char *data, *out, *resume, *init_from, *device, *dtype, *prompt, *tensorboard, *hook;
     uint64_t seed;
     bool json, zero;
+    bool n_head_given; /* --n_head was given (a file of weights alone may need it) */
     cddp_dcomm_transport transport;
 } options;
 
@@ -110,7 +111,8 @@ static void usage(FILE *out) {
         "                      with --keep OUT/checkpoints)\n"
         "  --init_from PATH    start from a model's weights, of its shape: a checkpoint,\n"
         "                      nanoGPT's or Hugging Face's GPT-2 safetensors (n_head from\n"
-        "                      config.json beside it, else --n_head), or llm.c's model file\n"
+        "                      config.json beside it, else --n_head, which is then needed),\n"
+        "                      or llm.c's model file\n"
         "                      (gpt2_124M.bin); a fresh optimizer, iteration 0\n"
         "  --sample N          rank 0 ends by writing N bytes of generated text (default 200)\n"
         "  --prompt TEXT       ... after this text (default: from a newline)\n"
@@ -249,6 +251,7 @@ static int parse_args(int argc, char **argv, options *o) {
                           : run_double("gpt_train", what, optarg, f->lo, f->hi, f->lo_open,
                                        (double *)f->at);
             if (!ok) return -1;
+            if (f->at == &o->n_head) o->n_head_given = true;
         } else if (c == 'R') {
             resume = true;
             /* --resume PATH as well as --resume=PATH */
@@ -473,7 +476,9 @@ static int save(cddp_ddp *ddp, cddp_optim *opt, const char *path, const options 
 /* The GPT's shape in a checkpoint or a file of weights (cddp_gpt_config_read) into the options,
  * within the bounds the options have. */
 static int peek_shape(const char *path, options *o, cddp_error *err) {
-    cddp_gpt_config g = {.n_head = o->n_head};
+    /* A file of weights alone that does not say its head count takes --n_head, never its
+     * default: GPT-2's weights read with 4 heads instead of 12 train, wrongly. */
+    cddp_gpt_config g = {.n_head = o->n_head_given ? o->n_head : 0};
     int rc = cddp_gpt_config_read(path, &g, err);
     const struct {
         const char *name;

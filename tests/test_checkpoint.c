@@ -308,6 +308,30 @@ static void test_repeated_keys(void **state) {
     cddp_safetensors_destroy(f);
 }
 
+/* Two tensors that share bytes: a file no writer makes, refused with both tensors' ranges. Tensors
+ * in any order of offsets that do not overlap, and an empty tensor at another's offset, read. */
+static void test_overlapping_offsets(void **state) {
+    (void)state;
+    char bad[512];
+    path_in(bad, sizeof bad, "overlap.safetensors");
+    write_header(bad,
+                 "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]},"
+                 "\"b\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,12]}}",
+                 16);
+    expect_read_error(bad, CDDP_EFORMAT,
+                      "tensors 'b' (bytes 0-12) and 'a' (bytes 8-16) overlap in the data section");
+    write_header(bad,
+                 "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]},"
+                 "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                 "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]}}",
+                 16);
+    cddp_error err = {0};
+    cddp_safetensors *f = cddp_safetensors_read(bad, &err);
+    assert_non_null(f);
+    assert_int_equal(cddp_safetensors_count(f), 3);
+    cddp_safetensors_destroy(f);
+}
+
 static int count_temporaries(void) {
     DIR *d = opendir(test_dir);
     int n = 0;
@@ -494,6 +518,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tied_parameter),
         cmocka_unit_test(test_corrupt_files),
         cmocka_unit_test(test_repeated_keys),
+        cmocka_unit_test(test_overlapping_offsets),
         cmocka_unit_test(test_failed_write_leaves_nothing),
         cmocka_unit_test(test_killed_writer_never_tears_the_file),
         cmocka_unit_test(test_reads_python_written_files),

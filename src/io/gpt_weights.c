@@ -29,6 +29,7 @@
 
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -363,27 +364,43 @@ static int from_meta(const cddp_safetensors *f, const char *path, cddp_gpt_confi
     return CDDP_OK;
 }
 
-/* n_head from Hugging Face's config.json beside path; 0 when there is none. */
-static int64_t hf_heads(const char *path) {
+/* n_head from Hugging Face's config.json beside path into *heads; 0 when there is no such file.
+ * A config.json that cannot be read, is not JSON or names no head count is refused by name: its
+ * weights would otherwise load with a head count of the caller's guess. */
+static int hf_heads(const char *path, int64_t *heads, cddp_error *err) {
     char json[4200];
     const char *slash = strrchr(path, '/');
     snprintf(json, sizeof json, "%.*sconfig.json", slash ? (int)(slash - path + 1) : 0, path);
+    *heads = 0;
     FILE *f = fopen(json, "rb");
-    if (!f) return 0;
+    if (!f) return CDDP_OK;
     char *text = malloc(1 << 20);
     size_t n = text ? fread(text, 1, (1 << 20) - 1, f) : 0;
+    bool failed = ferror(f);
     fclose(f);
-    if (!text) return 0;
+    if (!text) return cddp_error_set(err, CDDP_ENOMEM, "out of memory for %s", json);
     text[n] = '\0';
-    cJSON *root = cJSON_Parse(text);
+    cJSON *root = failed ? NULL : cJSON_Parse(text);
     free(text);
     const cJSON *h = cJSON_GetObjectItemCaseSensitive(root, "n_head");
     if (!cJSON_IsNumber(h)) h = cJSON_GetObjectItemCaseSensitive(root, "num_attention_heads");
-    int64_t heads = cJSON_IsNumber(h) && h->valuedouble >= 1 && h->valuedouble <= 1 << 20
-                        ? (int64_t)h->valuedouble
-                        : 0;
+    if (cJSON_IsNumber(h) && h->valuedouble >= 1 && h->valuedouble <= 1 << 20 &&
+        h->valuedouble == (double)(int64_t)h->valuedouble)
+        *heads = (int64_t)h->valuedouble;
+    int rc = *heads   ? CDDP_OK
+             : failed ? cddp_error_set(err, CDDP_EIO, "cannot read %s", json)
+             : !cJSON_IsObject(root)
+                 ? cddp_error_set(err, CDDP_EFORMAT,
+                                  "%s is not a JSON object (damaged?): the GPT's head count "
+                                  "comes from it; repair it, or remove it and give n_head",
+                                  json)
+                 : cddp_error_set(err, CDDP_EFORMAT,
+                                  "%s has no n_head (nor num_attention_heads) of 1 or more: the "
+                                  "GPT's head count comes from it; repair it, or remove it and "
+                                  "give n_head",
+                                  json);
     cJSON_Delete(root);
-    return heads;
+    return rc;
 }
 
 /* A safetensors file without cddp's metadata: the shape from its tensors. */
@@ -398,7 +415,9 @@ static int from_tensors(const source *s, cddp_gpt_config *g, cddp_error *err) {
     for (int i = 0; i < cddp_safetensors_count(s->index); i++)
         if (kind_of(cddp_safetensors_at(s->index, i)->name, &layer) >= 0 && layer + 1 > layers)
             layers = layer + 1;
-    int64_t heads = hf_heads(s->path);
+    int64_t heads;
+    int rc = hf_heads(s->path, &heads, err);
+    if (rc) return rc;
     *g = (cddp_gpt_config){.vocab_size = wte->shape[0],
                            .block_size = wpe->shape[0],
                            .n_layer = layers,
@@ -406,8 +425,10 @@ static int from_tensors(const source *s, cddp_gpt_config *g, cddp_error *err) {
                            .n_embd = wte->shape[1]};
     if (g->n_head < 1)
         return cddp_error_set(err, CDDP_EINVAL,
-                              "%s does not say how many heads its GPT has: put its config.json "
-                              "(Hugging Face's, with n_head) beside it, or give n_head",
+                              "%s does not say how many heads its GPT has, and none was given: "
+                              "put its config.json (Hugging Face's, with n_head) beside it, or "
+                              "give the head count (gpt_train and gpt_generate: --n_head N; "
+                              "GPT-2 124M has 12)",
                               s->path);
     return CDDP_OK;
 }
@@ -459,6 +480,26 @@ static int same_shape(const source *s, const cddp_gpt_config *g, cddp_error *err
     return CDDP_OK;
 }
 
+/* Every value of a tensor just read is a number: a NaN or an infinity in a file of weights makes
+ * the first step's loss NaN, far from its cause. The tensor is named with the first such value. */
+static int all_finite(const source *s, const char *name, const float *x, int64_t n,
+                      cddp_error *err) {
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) bad++, first = first < 0 ? i : first;
+    if (!bad) return CDDP_OK;
+    return cddp_error_set(err, CDDP_EFORMAT,
+                          "%s: %s holds %" PRId64 " value%s that %s NaN or infinite "
+                          "(the first, %s, at element %" PRId64 " of %" PRId64 "): the file is "
+                          "damaged, or was saved from a run that diverged; nothing can train "
+                          "from it",
+                          s->path, name, bad, bad > 1 ? "s" : "", bad > 1 ? "are" : "is",
+                          isnan(x[first]) ? "NaN"
+                          : x[first] > 0  ? "+inf"
+                                          : "-inf",
+                          first, n);
+}
+
 int cddp_gpt_load_weights(cddp_model *m, const char *path, cddp_error *err) {
     cddp_gpt_config g;
     if (cddp_model_gpt_config(m, &g) != CDDP_OK)
@@ -486,6 +527,7 @@ int cddp_gpt_load_weights(cddp_model *m, const char *path, cddp_error *err) {
         float *dst = flat + cddp_model_param_offset(m, i);
         if (kind == WTE) wte = dst;
         rc = fill(&s, &g, kind, layer, dst, err);
+        if (!rc) rc = all_finite(&s, p->name, dst, p->numel, err);
     }
     if (!rc && !s.llmc) rc = st_check_extra(&s, &g, wte, err);
     source_close(&s);

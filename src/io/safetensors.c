@@ -170,6 +170,38 @@ static int first_repeat(const cddp_safetensors *f, const char **twice) {
     return CDDP_OK;
 }
 
+/* The byte range of tensor t, whose data is still an offset into the data section. */
+static uint64_t st_begin(const cddp_st_tensor *t) {
+    return (uint64_t)(uintptr_t)t->data;
+}
+static uint64_t st_end(const cddp_st_tensor *t) {
+    return st_begin(t) + (uint64_t)numel_of(t) * cddp_dtype_size(t->dtype);
+}
+static int by_begin(const void *a, const void *b) {
+    uint64_t x = st_begin(*(const cddp_st_tensor *const *)a),
+             y = st_begin(*(const cddp_st_tensor *const *)b);
+    return (x > y) - (x < y);
+}
+
+/* Two tensors whose bytes overlap, in *a and *b (NULL: none): the format gives each tensor bytes
+ * of its own, and a writer never shares them, so a file that does is damaged or crafted (writing
+ * one tensor would change the other). Empty tensors overlap nothing. CDDP_ENOMEM without memory. */
+static int first_overlap(const cddp_safetensors *f, const cddp_st_tensor **a,
+                         const cddp_st_tensor **b) {
+    *a = *b = NULL;
+    if (f->n < 2) return CDDP_OK;
+    const cddp_st_tensor **by = cddp_malloc(sizeof *by * (size_t)f->n);
+    if (!by) return CDDP_ENOMEM;
+    int n = 0;
+    for (int i = 0; i < f->n; i++)
+        if (st_end(&f->tensors[i]) > st_begin(&f->tensors[i])) by[n++] = &f->tensors[i];
+    qsort(by, (size_t)n, sizeof *by, by_begin);
+    for (int i = 1; i < n && !*a; i++)
+        if (st_begin(by[i]) < st_end(by[i - 1])) *a = by[i - 1], *b = by[i];
+    cddp_free(by);
+    return CDDP_OK;
+}
+
 /* A JSON number that is a non-negative integer representable exactly; -1 otherwise. */
 static int64_t json_uint(const cJSON *v) {
     if (!cJSON_IsNumber(v)) return -1;
@@ -336,6 +368,19 @@ static cddp_safetensors *parse_header(const char *path, FILE *fp, uint64_t *data
     }
     if (twice) {
         rc = cddp_error_set(err, CDDP_EFORMAT, "%s: '%s' appears twice in the header", path, twice);
+        goto out;
+    }
+    const cddp_st_tensor *x, *y;
+    if (first_overlap(f, &x, &y) == CDDP_ENOMEM) {
+        rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    if (x) {
+        rc = cddp_error_set(err, CDDP_EFORMAT,
+                            "%s: tensors '%s' (bytes %" PRIu64 "-%" PRIu64 ") and '%s' (bytes "
+                            "%" PRIu64 "-%" PRIu64 ") overlap in the data section: each tensor "
+                            "needs bytes of its own (a damaged file?)",
+                            path, x->name, st_begin(x), st_end(x), y->name, st_begin(y), st_end(y));
         goto out;
     }
 out:

@@ -146,7 +146,16 @@ int main(int argc, char **argv) {
         good("gpt2_bf16.bin", 0, "logits_bf16", devs[d]);
         good("hf_bf16/model.safetensors", 0, "logits_bf16", devs[d]);
     }
-    bad("hf_lm/model.safetensors", true, (const char *[]){"how many heads", "config.json"}, 2);
+    bad("hf_lm/model.safetensors", true,
+        (const char *[]){"how many heads", "none was given", "config.json", "--n_head"}, 4);
+    bad("broken_config/model.safetensors", true,
+        (const char *[]){"broken_config/config.json is not a JSON object", "give n_head"}, 2);
+    bad("headless_config/model.safetensors", true,
+        (const char *[]){"headless_config/config.json has no n_head"}, 1);
+    bad("nan/model.safetensors", false,
+        (const char *[]){"transformer.h.1.mlp.c_fc.weight holds 2 values that are NaN or infinite",
+                         "the first, NaN, at element 160 of 4096", "diverged"},
+        3);
     bad("hf_fc_linear/model.safetensors", false,
         (const char *[]){"h.1.mlp.c_fc.weight", "(128,32)", "(32,128)", "Conv1D"}, 4);
     bad("wide/model.safetensors", false, (const char *[]){"wte.weight", "(100,48)", "(100,32)"}, 3);

@@ -151,7 +151,8 @@ def main():
         convert(sys.argv[2], int(sys.argv[3]), sys.argv[4])
         return
     out = sys.argv[1]
-    for d in ("hf", "hf_lm", "hf_bf16", "hf_fc_linear", "wide", "extra", "untied"):
+    for d in ("hf", "hf_lm", "hf_bf16", "hf_fc_linear", "wide", "extra", "untied", "nan",
+              "broken_config", "headless_config"):
         os.makedirs(os.path.join(out, d), exist_ok=True)
     m = model()
     sd = nanogpt_dict(m)
@@ -194,6 +195,19 @@ def main():
     untied = hf_dict(sd, "transformer.", head=True)
     untied["lm_head.weight"] = untied["lm_head.weight"] + 1
     safetensors_np.save(os.path.join(out, "untied", "model.safetensors"), untied)
+    nan = hf_dict(sd)
+    nan["h.1.mlp.c_fc.weight"] = nan["h.1.mlp.c_fc.weight"].copy()
+    nan["h.1.mlp.c_fc.weight"].flat[5] = np.nan
+    nan["h.1.mlp.c_fc.weight"].flat[9] = np.inf
+    safetensors_np.save(os.path.join(out, "nan", "model.safetensors"), nan)
+    with open(os.path.join(out, "nan", "config.json"), "w") as f:
+        json.dump(config, f)
+    # config.json cut short (not JSON), and one whose head count is a string
+    for d, text in (("broken_config", json.dumps(config)[:-9]),
+                    ("headless_config", json.dumps(dict(config, n_head="four")))):
+        safetensors_np.save(os.path.join(out, d, "model.safetensors"), hf)
+        with open(os.path.join(out, d, "config.json"), "w") as f:
+            f.write(text)
     safetensors_np.save(os.path.join(out, "batch.safetensors"),
                         {"x": x.numpy(), "logits": want, "logits_bf16": want_bf16})
     print(f"wrote a GPT (vocab {VOCAB}, block {BLOCK}, {LAYERS} layers, {HEADS} heads, width "
