@@ -39,6 +39,25 @@ static cddp_store *client(void) {
     return s;
 }
 
+/* The proof is HMAC-SHA256(secret, label NUL first second), as every cddp version computes it:
+ * the value here is Python's hmac module's for the same bytes. Proofs compare equal only to
+ * themselves, never to the all-zero proof. */
+static void test_proof_is_hmac_sha256(void **state) {
+    (void)state;
+    uint8_t first[CDDP_NET_NONCE], second[CDDP_NET_NONCE], proof[CDDP_NET_PROOF],
+        want[] = {0x92, 0xd0, 0x93, 0x29, 0x44, 0xa8, 0x98, 0xcd, 0x7a, 0x6c, 0xfc,
+                  0xe1, 0x91, 0xc5, 0x4f, 0x57, 0x33, 0x69, 0xa4, 0x1e, 0xb4, 0x25,
+                  0x87, 0x4b, 0xd1, 0xe1, 0x0b, 0x50, 0x34, 0xea, 0x8a, 0xfc};
+    for (int i = 0; i < CDDP_NET_NONCE; i++) first[i] = (uint8_t)i, second[i] = (uint8_t)(100 + i);
+    cddp_net_proof("job-secret", "cddp store: client", first, second, proof);
+    assert_memory_equal(proof, want, sizeof want);
+    assert_true(cddp_net_proof_equal(proof, want));
+    want[31] ^= 1;
+    assert_false(cddp_net_proof_equal(proof, want));
+    uint8_t zero[CDDP_NET_PROOF] = {0};
+    assert_false(cddp_net_proof_equal(zero, zero));
+}
+
 static void test_operations(void **state) {
     (void)state;
     cddp_store *s = client();
@@ -681,6 +700,7 @@ static void test_user_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_proof_is_hmac_sha256),
         cmocka_unit_test(test_operations),
         cmocka_unit_test(test_waits),
         cmocka_unit_test(test_will),

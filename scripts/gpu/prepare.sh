@@ -50,7 +50,7 @@ for p in $programs; do strip -o "$carry/bin/$p" "$build/bin/$p"; done
 
 # The runtime libraries the programs load (ldd here), by the Debian packages that hold them.
 (cd "$carry/debs" && apt-get download -q libopenblas0-pthread libgfortran5 libquadmath0 \
-    libdnnl2 ocl-icd-libopencl1 libcjson1 libssl3 libgomp1 >/dev/null 2>&1) || {
+    libdnnl2 ocl-icd-libopencl1 libcjson1 libnettle8 libgomp1 >/dev/null 2>&1) || {
     echo "prepare.sh: apt-get download failed (Debian's mirror unreachable?)" >&2
     exit 1
 }

@@ -1024,6 +1024,11 @@ device)
             "$build/bin/$p" --device cuda > cuda.out 2>&1; rc=$?
             [ $rc = 2 ] && [ "$(wc -l < cuda.out)" = 1 ] && grep -q "^$p: --device cuda: no CUDA device: " cuda.out \
                 || { cat cuda.out; fail "$p --device cuda without a GPU: exit $rc"; }
+            # without NVIDIA's driver at all, the words say so (the runtime's own are "driver
+            # version is insufficient")
+            if ! ldconfig -p | grep -q "libcuda\.so\.1 " && ! grep -q "built without" cuda.out; then
+                grep -q "no NVIDIA driver on this machine" cuda.out || { cat cuda.out; fail "$p --device cuda: no word of the missing driver"; }
+            fi
         done
     fi
     echo "ok: ddp_train, the CNN on 2 ranks and the GPT train on emu as on the CPU, to the last digit; its checkpoint resumes on the CPU; bad devices refused; no GPU said in one line"

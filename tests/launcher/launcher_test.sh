@@ -384,6 +384,20 @@ peer_flags)
     # one process per GPU: this machine has none, and says why (no driver, no device or no CUDA
     # in this build); CUDA_VISIBLE_DEVICES= hides any
     CUDA_VISIBLE_DEVICES= check_usage "--nproc_per_node gpu: no CUDA device" --nproc_per_node gpu
+    if ! ldconfig -p | grep -q "libcuda\.so\.1 "; then
+        check_usage "--nproc_per_node gpu: no CUDA device: no NVIDIA driver on this machine" --nproc_per_node gpu
+    fi
+    # cddprun loads no kernel library (OpenBLAS and oneDNN start thread pools; the CUDA runtime):
+    # their start was most of a small job's launch
+    needed=$(readelf -d "$R" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')
+    case "$needed" in
+    *openblas* | *dnnl* | *cuda* | *cublas* | *gomp* | *nccl*) fail "cddprun needs $needed" ;;
+    libc.so.6*) ;; # the NEEDED list was read: it names libc
+    *) [ -n "$needed" ] || fail "no NEEDED list read from $R" ;;
+    esac
+    # and its run path has no empty entry, which the loader would take for the current folder
+    runpath=$(readelf -d "$R" | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p')
+    [ -z "$runpath" ] || case ":$runpath:" in *::*) fail "cddprun's run path '$runpath' holds an empty entry (the current folder)" ;; esac
     check_usage "--nproc_per_node xpu: cddp runs on CPUs and NVIDIA GPUs" --nproc_per_node xpu
     check_usage "--rdzv-backend etcd: cddprun's rendezvous is its own store" --rdzv-backend etcd
     check_usage "--local_ranks_filter 0,4: expected local ranks of this node (0..1)" \

@@ -1,10 +1,10 @@
 /* options.c: cddprun's options: the table, parsing (command line and CDDPRUN_*), --help. The
  * checks before anything starts are in validate.c. */
 #include "cddprun.h"
-#include "cddp/device.h"
 #include "cddp/launch.h"
 
 #include <ctype.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -310,12 +310,38 @@ static bool option_bool(const char *name, const char *v) {
 
 /* --nproc_per_node gpu (torchrun's): the GPUs this process sees (CUDA_VISIBLE_DEVICES applies),
  * one rank each; each rank's program picks its local rank's (--device cuda). None: why, and exit.
- */
+ *
+ * They are counted through the NVIDIA driver's own library, opened here and only here: linking
+ * cddp's device table instead would make every start of cddprun load the kernels' libraries
+ * (OpenBLAS, oneDNN, the CUDA runtime) for an option few jobs use. */
 static int visible_gpus(const char *name) {
-    int n = cddp_device_count(CDDP_DEVICE_CUDA);
+    typedef int (*cu_init_fn)(unsigned);
+    typedef int (*cu_count_fn)(int *);
+    typedef int (*cu_string_fn)(int, const char **);
+    char why[512];
+    int n = 0;
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!cuda) {
+        snprintf(why, sizeof why, "no CUDA device: no NVIDIA driver on this machine (%s)",
+                 dlerror());
+    } else {
+        cu_init_fn init = (cu_init_fn)dlsym(cuda, "cuInit");
+        cu_count_fn count = (cu_count_fn)dlsym(cuda, "cuDeviceGetCount");
+        cu_string_fn str = (cu_string_fn)dlsym(cuda, "cuGetErrorString");
+        const char *text = NULL;
+        int rc = init && count ? init(0) : -1;
+        if (rc == 0) rc = count(&n);
+        if (rc == 100 /* CUDA_ERROR_NO_DEVICE */ || (rc == 0 && n == 0))
+            snprintf(why, sizeof why,
+                     "no CUDA device: the driver sees no GPU (CUDA_VISIBLE_DEVICES=%s)",
+                     getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "unset");
+        else if (rc != 0)
+            snprintf(why, sizeof why, "no CUDA device: the driver reports %s (error %d)",
+                     str && rc > 0 && str(rc, &text) == 0 && text ? text : "that it cannot start",
+                     rc);
+        dlclose(cuda);
+    }
     if (n > 0) return n;
-    cddp_error err = {0};
-    const char *why = cddp_device_get("cuda", &err) ? "none visible" : err.msg;
     cddprun_die_usage("--%s gpu: %s: give the number of processes (--%s N), or auto for one per "
                       "core",
                       name, why, name);

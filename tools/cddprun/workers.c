@@ -135,8 +135,11 @@ static void guardian(int in) {
     for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) signal(ignored[i], SIG_IGN);
     int null = open("/dev/null", O_RDWR);
     for (int fd = 0; fd < 3 && null >= 0; fd++) dup2(null, fd); /* never holds the console */
-    for (int fd = 3; fd < 4096; fd++)
-        if (fd != in) close(fd);
+    /* every descriptor but the pipe: two calls, or one each on a kernel before close_range */
+    if ((in > 3 && close_range(3, (unsigned)in - 1, 0) != 0) ||
+        close_range((unsigned)in + 1, ~0u, 0) != 0)
+        for (int fd = 3; fd < 4096; fd++)
+            if (fd != in) close(fd);
     static pid_t groups[4096];
     int n = 0;
     char buf[4096], line[32];

@@ -15,6 +15,7 @@
  * the failure through the context that queued it, as the CPU's kernels do at once. */
 #include "tensor/cuda/cuda.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -432,6 +433,13 @@ static int cuda_count(cddp_error *err) {
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         cudaGetLastError();
+        /* The runtime says "driver version is insufficient" where there is no driver at all. */
+        void *driver = e == cudaErrorInsufficientDriver ? dlopen("libcuda.so.1", RTLD_LAZY) : NULL;
+        if (e == cudaErrorInsufficientDriver && !driver)
+            return cddp_error_set(err, CDDP_EUNSUPPORTED,
+                                  "no CUDA device: no NVIDIA driver on this machine (libcuda.so.1 "
+                                  "is not installed)");
+        if (driver) dlclose(driver);
         return cddp_error_set(err, CDDP_EUNSUPPORTED, "no CUDA device: the driver reports %s (%s)",
                               cudaGetErrorString(e), cudaGetErrorName(e));
     }
