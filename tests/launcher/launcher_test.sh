@@ -86,6 +86,45 @@ multinode)
     loser="$work/t1"; [ $rc1 = 0 ] && loser="$work/t2"
     expect_in "cddprun: node rank 1 is taken in this job by another launcher (" "$loser"
     expect_in "give each node its own --node_rank" "$loser"
+    # Jobs never mix at one endpoint: a node started for another run (--rdzv_id jobB, the same
+    # token) is refused at once, naming both ids, by an elastic job and by a fixed one whose nodes
+    # take their ranks in the order they come (each as if on a host of its own); jobA goes on
+    # with its own nodes, and does not restart.
+    export CDDPRUN_TOKEN=one-token-for-every-job
+    refused() { # FILE START_NS: jobB's node exited 1 within 1.5 s, naming both runs only
+        took=$(( ($(date +%s%N) - $2) / 1000000 ))
+        [ "$rc" = 1 ] || { cat "$1"; fail "the node of jobB exited $rc"; }
+        [ $took -lt 1500 ] || fail "the node of jobB took $took ms to be refused"
+        expect_in "is run 'jobA', but this node was started for run 'jobB'" "$1"
+        ! grep -q "node rank\|another launcher on this host\|one too many" "$1" || { cat "$1"; fail "the refusal blames a node rank or a host"; }
+    }
+    ran_alone() { # FILE: jobA's node ended well, in its own run, without a restart
+        expect_in "A jobA" "$1"
+        ! grep -q "restart" "$1" || { cat "$1"; fail "jobA restarted for jobB's node"; }
+    }
+    job_a="sleep 2; echo A \$CDDP_RUN_ID"
+    port=$(free_port)
+    common="--nnodes 1:3 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port $port"
+    "$R" $common --node_rank 0 --rdzv_id jobA sh -c "$job_a" > "$work/a0" 2>&1 &
+    pa=$!
+    t0=$(date +%s%N)
+    "$R" $common --node_rank 1 --rdzv_id jobB true > "$work/b1" 2>&1; rc=$?
+    refused "$work/b1" "$t0"
+    wait $pa || { cat "$work/a0"; fail "elastic jobA exited $? after jobB's node came"; }
+    ran_alone "$work/a0"
+    port=$(free_port)
+    common="--nnodes 2 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port $port"
+    CDDP_HOST_ID=hostA0 "$R" $common --rdzv_id jobA sh -c "$job_a" > "$work/a0" 2>&1 &
+    pa=$!
+    CDDP_HOST_ID=hostA1 "$R" $common --rdzv_id jobA sh -c "$job_a" > "$work/a1" 2>&1 &
+    pa1=$!
+    t0=$(date +%s%N)
+    CDDP_HOST_ID=hostB "$R" $common --rdzv_id jobB true > "$work/b1" 2>&1; rc=$?
+    refused "$work/b1" "$t0"
+    wait $pa1 || { cat "$work/a1"; fail "jobA's node 1 exited $?"; }
+    wait $pa || { cat "$work/a0"; fail "jobA exited $? after jobB's node came"; }
+    ran_alone "$work/a0"
+    unset CDDPRUN_TOKEN
     # An interface's name where an address is expected takes its address (lo: 127.0.0.1), for
     # cddprun, for the ranks' TCP transport, and from CDDP_SOCKET_IFNAME; a name that is neither an
     # address nor an interface is refused before anything starts.

@@ -162,6 +162,11 @@ bool cddprun_can_listen(const char *host);
 /* A rendezvous failure: says it and exits 1. */
 void cddprun_fail_rdzv(const char *what, const cddp_error *err) __attribute__((noreturn));
 void cddprun_random_hex(char *out, size_t bytes);
+/* The job's run id: node 0 (the store's host) posts its own (--run_id/--rdzv_id, else
+ * slurm-<SLURM_JOB_ID>, else random); another node takes it, and one given an id of its own that
+ * differs is refused, naming both (a launcher of another job at the same endpoint). Exits on
+ * failure. */
+void cddprun_run_id(job *j);
 /* Registers this node for the round, waits for the others, and computes ranks. */
 void cddprun_rendezvous(job *j);
 /* Has another node posted a failure for this round? Fills why. */

@@ -425,6 +425,7 @@ int main(int argc, char **argv) {
     cddp_store_options so = {o->master_addr, o->master_port, j.token, 0, NULL};
     j.store = cddp_store_connect(&so, &err);
     if (!j.store) cddprun_fail_rdzv("cannot join the job's rendezvous", &err);
+    cddprun_run_id(&j); /* before a node rank is taken: a node of another job takes none */
     if (auto_rank) take_node_rank(&j);
     if (o->nnodes > 1 && !o->local_addr && !*ifname &&
         (everywhere || !cddp_net_is_loopback(o->master_addr))) {
@@ -445,18 +446,6 @@ int main(int argc, char **argv) {
     char port_text[16];
     snprintf(port_text, sizeof port_text, "%d", o->master_port);
     setenv(CDDP_ENV_STORE_PORT, port_text, 1); /* inherited by the workers */
-    if (o->node_rank == 0) {
-        char id[64];
-        const char *slurm = getenv("SLURM_JOB_ID"); /* the same job again when Slurm requeues it */
-        if (o->run_id)
-            snprintf(id, sizeof id, "%s", o->run_id);
-        else if (slurm && *slurm && strlen(slurm) < 40)
-            snprintf(id, sizeof id, "slurm-%s", slurm);
-        else
-            cddprun_random_hex(id, 8);
-        if (cddp_store_set_str(j.store, "run_id", id, &err)) cddprun_fail_rdzv("rendezvous", &err);
-    }
-
     int status = 1;
     for (j.round = 0;; j.round++) {
         round_result r = run_round(&j);

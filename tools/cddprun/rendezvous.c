@@ -64,6 +64,48 @@ static bool has(job *j, const char *key) {
     return cddp_store_wait(j->store, &key, 1, 0, &err) == CDDP_OK;
 }
 
+void cddprun_run_id(job *j) {
+    const options *o = &j->o;
+    cddp_error err = {0};
+    if (j->server) {
+        const char *slurm = getenv("SLURM_JOB_ID"); /* the same job again when Slurm requeues it */
+        if (o->run_id)
+            snprintf(j->run_id, sizeof j->run_id, "%s", o->run_id);
+        else if (slurm && *slurm && strlen(slurm) < 40)
+            snprintf(j->run_id, sizeof j->run_id, "slurm-%s", slurm);
+        else
+            cddprun_random_hex(j->run_id, 8);
+        if (cddp_store_set_str(j->store, "run_id", j->run_id, &err))
+            cddprun_fail_rdzv("rendezvous", &err);
+        return;
+    }
+    const char *key = "run_id";
+    int rc = wait_for_nodes(j, &key, 1, &err);
+    if (rc == CDDP_ETIMEDOUT) {
+        fprintf(stderr,
+                "cddprun: rendezvous failed: the store at %s gave no run id within %ld s "
+                "(CDDP_RDZV_TIMEOUT_S): is it another program's, or a launcher of another "
+                "version?\n",
+                CDDP_NET_ENDPOINT(o->master_addr, o->master_port),
+                cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S));
+        exit(1);
+    }
+    void *v;
+    size_t n;
+    if (rc || cddp_store_get(j->store, key, -1, &v, &n, &err))
+        cddprun_fail_rdzv("rendezvous", &err);
+    snprintf(j->run_id, sizeof j->run_id, "%s", (char *)v);
+    cddp_free(v);
+    if (o->run_id && strcmp(o->run_id, j->run_id) != 0) {
+        fprintf(stderr,
+                "cddprun: the job at %s is run '%s', but this node was started for run '%s' "
+                "(--rdzv_id/--run_id): another job holds that endpoint. Give this node that "
+                "job's id to join it, or its own job another --master_port (or --rdzv_endpoint)\n",
+                CDDP_NET_ENDPOINT(o->master_addr, o->master_port), j->run_id, o->run_id);
+        exit(1);
+    }
+}
+
 /* Elastic, node 0: waits until --nnodes MAX nodes registered for the round, or MIN and no other
  * for LAST_CALL_S, or (a restart) MIN and every node of the last round that is not lost, and
  * posts the round's members ("0,2,3"). */
@@ -330,9 +372,6 @@ void cddprun_rendezvous(job *j) {
         exit(1);
     }
     snprintf(j->worker_port, sizeof j->worker_port, "%ld", wp);
-    cddp_free(v);
-    if (cddp_store_get(j->store, "run_id", -1, &v, &n, &err)) cddprun_fail_rdzv("rendezvous", &err);
-    snprintf(j->run_id, sizeof j->run_id, "%s", (char *)v);
     cddp_free(v);
     cddp_free(keys);
     cddp_free(names);
