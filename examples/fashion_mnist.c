@@ -595,6 +595,15 @@ int main(int argc, char **argv) {
      * the first epoch's first `done` steps, and the numbers go on from there. */
     int64_t steps = (cddp_sampler_len(sampler) + o.batch - 1) / o.batch;
     int64_t done = mid.position / ((int64_t)o.batch * world);
+    /* A checkpoint from an epoch's last step (--save_every, or a stop there) whose epoch-end save
+     * a kill prevented: the epoch's training is whole, its evaluation and checkpoint are not. */
+    bool trained_whole = mid.position > 0 && mid.position >= cddp_sampler_len(sampler) * world;
+    if (trained_whole) done = steps;
+    if (o.resume && first_epoch >= o.epochs)
+        cddp_ddp_print0(ddp,
+                        "nothing to train: %s is from the end of epoch %d, and --epochs is %d "
+                        "(training was complete; a larger --epochs goes on)\n",
+                        o.resume, first_epoch - 1, o.epochs);
     char ckpt[4096] = "", csv_path[4096] = "", svg_path[4096] = "";
     if (files) {
         if (rank == 0 && run_make_dirs(o.out, &err) != CDDP_OK) goto fail;
@@ -617,7 +626,7 @@ int main(int argc, char **argv) {
 
     double train_s = 0.0, acc = 0.0, last_loss = NAN;
     int64_t samples = 0, since_save = 0;
-    int epochs_run = 0;
+    int epochs_run = 0, epochs_trained = 0;
     /* SIGTERM, Ctrl-C: a checkpoint after the step, then the end */
     cddp_stop_catch(rank == 0 ? RUN_STOP_SAY : NULL);
     for (int epoch = first_epoch; epoch < o.epochs; epoch++) {
@@ -625,9 +634,18 @@ int main(int argc, char **argv) {
         double t0 = cddp_now_s();
         int64_t epoch_samples = 0;
         cddp_batch b;
-        int rc;
-        cddp_loader_begin(train_loader);
-        while ((rc = cddp_loader_next(train_loader, &b, &err)) == 1) {
+        int rc = 0;
+        bool train_epoch = !(epoch == first_epoch && trained_whole);
+        epochs_trained += train_epoch;
+        if (!train_epoch) {
+            cddp_ddp_print0(ddp,
+                            "epoch %d was trained whole before the checkpoint: its "
+                            "evaluation and end-of-epoch checkpoint follow\n",
+                            epoch);
+            if (curve.nloss) last_loss = curve.loss[curve.nloss - 1].value; /* its last step's */
+        }
+        if (train_epoch) cddp_loader_begin(train_loader);
+        while (train_epoch && (rc = cddp_loader_next(train_loader, &b, &err)) == 1) {
             int64_t step = (epoch == first_epoch ? done : 0) + b.index; /* in the epoch */
             cddp_ctx_reset(ctx);
             cddp_tensor *loss =
@@ -682,7 +700,7 @@ int main(int argc, char **argv) {
                 curves_scalar(&curve, "lr", epoch * steps + step, (double)cddp_optim_lr(opt));
             }
         }
-        if (rc < 0) goto fail;
+        if (train_epoch && rc < 0) goto fail;
         double epoch_s = cddp_now_s() - t0;
         train_s += epoch_s;
         samples += epoch_samples;
@@ -691,14 +709,17 @@ int main(int argc, char **argv) {
         cddp_ddp_print0(ddp, "epoch: %d, test accuracy: %.4f\n", epoch, acc);
         if (rank == 0) {
             curves_scalar(&curve, "test_accuracy", (epoch + 1) * steps - 1, acc);
-            curves_scalar(&curve, "samples_per_s", (epoch + 1) * steps - 1,
-                          epoch_s > 0 ? (double)epoch_samples * world / epoch_s : 0.0);
+            if (train_epoch) /* the time of an epoch trained before the checkpoint is not known */
+                curves_scalar(&curve, "samples_per_s", (epoch + 1) * steps - 1,
+                              epoch_s > 0 ? (double)epoch_samples * world / epoch_s : 0.0);
         }
         if (files) { /* the checkpoint, then the metrics that point to it */
             if (save_checkpoint(ddp, group, ctx, opt, ckpt, &o, epoch + 1, (epoch + 1) * steps,
                                 (cddp_sampler_state){.epoch = epoch + 1}, &err) != CDDP_OK)
                 goto fail;
-            double sps = epoch_s > 0 ? (double)epoch_samples * world / epoch_s : 0;
+            double sps = !train_epoch  ? NAN
+                         : epoch_s > 0 ? (double)epoch_samples * world / epoch_s
+                                       : 0;
             if (csv) {
                 fprintf(csv, "%d,%.6f,%.4f,%.1f,%d\n", epoch, last_loss, acc, sps, world);
                 fflush(csv);
@@ -726,9 +747,9 @@ int main(int argc, char **argv) {
     int64_t total = samples;
     if (cddp_comm_allreduce(group, &total, &total, 1, CDDP_COMM_I64, CDDP_COMM_SUM, -1, &err))
         goto fail;
-    if (epochs_run > 0 && total == 0) {
+    if (epochs_trained > 0 && total == 0) {
         cddp_error_set(&err, CDDP_EINVAL, "trained on no samples in %d epoch%s: is %s empty?",
-                       epochs_run, epochs_run > 1 ? "s" : "", o.data ? o.data : "the data");
+                       epochs_trained, epochs_trained > 1 ? "s" : "", o.data ? o.data : "the data");
         goto fail;
     }
     if (o.json && rank == 0) {

@@ -249,7 +249,41 @@ resume)
     [ "$(cut -d, -f1,2 killed/eval.csv | tr '\n' ' ')" = "step,epoch 374,0 749,1 " ] || fail "eval.csv after resume"
     awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; exit !(a != "" && b != "" && d * d <= 0.005 * 0.005) }' \
         || fail "resumed accuracy $b is not within 0.5 points of $a"
-    echo "ok: resumed to $b (uninterrupted $a)"
+    # Killed just past the save at an epoch's last step (--save-every, or a stop there), before
+    # the epoch's own: that checkpoint has the whole epoch consumed. It is made here from the
+    # epoch-end checkpoint with the last step's metadata (epoch 0, data_epoch 0, data_position
+    # every sample; the same weights and state). Resumed, epoch 0 is evaluated and saved, not
+    # trained again; --epochs 1 then ends well, --epochs 2 goes on to epoch 1. A checkpoint from
+    # after the last epoch ends at once, saying training was complete.
+    FMW="--limit 2000 --batch-size 50 --log-every 0 --json"
+    run --nproc_per_node 2 "$FM" $FMW --epochs 1 --out whole > w0.out 2>&1 || { cat w0.out; fail "the 1-epoch run failed"; }
+    $PY - <<'PYEOF' || fail "cannot rewrite the checkpoint's metadata"
+import json, struct
+raw = open("whole/checkpoint.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+head["__metadata__"].update(epoch="0", data_epoch="0", data_position="2000")
+h = json.dumps(head).encode()
+h += b" " * (-len(h) % 8)
+open("last_step.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+PYEOF
+    for e in 1 2; do
+        rm -rf w$e && mkdir w$e && cp last_step.safetensors w$e/checkpoint.safetensors
+        run --nproc_per_node 2 "$FM" $FMW --epochs $e --out w$e --resume w$e/checkpoint.safetensors > w$e.out 2>&1 ||
+            { cat w$e.out; fail "--epochs $e from the last step's checkpoint failed"; }
+        grep -q "epoch 0 was trained whole before the checkpoint: its evaluation and end-of-epoch checkpoint follow" w$e.out ||
+            { cat w$e.out; fail "--epochs $e: no word of the whole epoch"; }
+        want=$(grep -o 'epoch: 0, test accuracy: [0-9.]*' w0.out)
+        [ -n "$want" ] && grep -qF "$want" w$e.out ||
+            { cat w0.out w$e.out; fail "--epochs $e: epoch 0's accuracy is not the uninterrupted run's"; }
+        [ "$(grep -c '^0,' w$e/metrics.csv)" = 1 ] || fail "--epochs $e: metrics.csv has no line of epoch 0"
+    done
+    grep -q "epoch: 1, test accuracy" w2.out || { cat w2.out; fail "--epochs 2 did not go on to epoch 1"; }
+    run --nproc_per_node 2 "$FM" $FMW --epochs 1 --out whole --resume whole/checkpoint.safetensors > w3.out 2>&1 ||
+        { cat w3.out; fail "resuming a complete run failed"; }
+    grep -q "nothing to train: whole/checkpoint.safetensors is from the end of epoch 0, and --epochs is 1" w3.out ||
+        { cat w3.out; fail "a complete run's resume did not say so"; }
+    echo "ok: resumed to $b (uninterrupted $a); a checkpoint of an epoch's last step evaluates and saves that epoch, and goes on"
     ;;
 bf16)
     run --nproc_per_node 2 "$FM" --epochs 1 --out none --json > f32.out 2>&1 || { cat f32.out; fail "float32 run failed"; }
