@@ -735,6 +735,11 @@ PYEOF
     [ -n "$va" ] && [ "$va" = "$vb" ] || fail "validation loss $vb from the weights, $va where they were trained"
     run --nproc_per_node 2 $GPT --max_iters 10 --out none --init_from weights.safetensors > c.out 2>&1 \
         || { cat c.out; fail "training from the weights failed"; }
+    # Those weights do not say their head count: without --n_head they are refused, not read with
+    # gpt_train's default of 4 heads.
+    if "$build/bin/gpt_train" --n_layer 2 --n_embd 32 --max_iters 0 --out none --sample 0 \
+        --init_from weights.safetensors > n.out 2>&1; then fail "weights without a head count loaded with the default"; fi
+    grep -q "none was given.*--n_head" n.out || { cat n.out; fail "weights without a head count: no reason given"; }
     # The same model in Hugging Face's layout (Conv1D's transposed weights, config.json) and in
     # llm.c's model file (tests/reference/make_gpt_weights.py follows the published layouts).
     $PY "$CDDP_SOURCE_DIR/tests/reference/make_gpt_weights.py" --convert a/checkpoint.safetensors 2 foreign ||
