@@ -174,6 +174,28 @@ static void test_keep_and_killed_saves(void **state) {
     save_two(root, 1, 2, a, oa, split);
     expect_newest(root, "step-00000001");
     assert_int_equal(count_sets(root), 2);
+    /* Temporaries of writers killed while saving into a folder (another world size's, another
+     * host's, a dead process of this one) go when a save into it commits; nothing else does. */
+    assert_int_equal(cddp_ckpt_set_prepare(root, 4, dir, sizeof dir, &err), CDDP_OK);
+    const char *left[] = {"shard-00002-of-00003.safetensors.tmp.otherhost.4242",
+                          "shard-00001-of-00002.safetensors.tmp.thishost.999999",
+                          "manifest.safetensors.tmp.otherhost.77"};
+    char path[800];
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, left[i]);
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        fputs("half a shard", f);
+        fclose(f);
+    }
+    save_two(root, 4, 2, a, oa, split);
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, left[i]);
+        assert_int_equal(access(path, F_OK), -1);
+    }
+    snprintf(path, sizeof path, "%s/shard-00001-of-00002.safetensors", dir);
+    assert_int_equal(access(path, F_OK), 0);
+    expect_newest(root, "step-00000004");
     /* Saving over a set hides it first: until the new commit, the one before is the newest. */
     assert_int_equal(cddp_ckpt_set_prepare(root, 1, dir, sizeof dir, &err), CDDP_OK);
     expect_newest(root, "step-00000004");

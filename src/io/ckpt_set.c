@@ -236,7 +236,10 @@ static void remove_set(const char *root, const char *name) {
         cddp_log(CDDP_LOG_WARN, "io", "cannot remove %s: %s", dir, strerror(errno));
 }
 
-/* Removes shard files of other world sizes from dir (a set saved there before by more ranks). */
+/* Removes from dir, once its manifest is committed, the shard files of other world sizes (a set
+ * saved there before by more ranks) and every temporary: this save's shards are all in place, so
+ * a temporary is a killed writer's (of an earlier save into this folder, of any world size and
+ * host), which the writers' own sweep misses when its name is not theirs. */
 static void remove_other_shards(const char *dir, int world) {
     DIR *d = opendir(dir);
     if (!d) return;
@@ -244,9 +247,14 @@ static void remove_other_shards(const char *dir, int world) {
     snprintf(mine, sizeof mine, "-of-%05d.safetensors", world);
     for (struct dirent *e; (e = readdir(d));) {
         size_t len = strlen(e->d_name), ml = strlen(mine);
-        if (strncmp(e->d_name, "shard-", 6) == 0 && !strstr(e->d_name, ".tmp.") &&
-            (len < ml || strcmp(e->d_name + len - ml, mine) != 0))
+        bool temporary = strstr(e->d_name, ".tmp.") != NULL;
+        if (temporary || (strncmp(e->d_name, "shard-", 6) == 0 &&
+                          (len < ml || strcmp(e->d_name + len - ml, mine) != 0))) {
+            if (temporary)
+                cddp_log(CDDP_LOG_INFO, "io", "removed %s/%s, left by a writer that was killed",
+                         dir, e->d_name);
             unlinkat(dirfd(d), e->d_name, 0);
+        }
     }
     closedir(d);
 }
