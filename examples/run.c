@@ -205,7 +205,7 @@ bool run_device(const char *prog, const char *device, const char *name, cddp_dev
         fprintf(stderr, "%s: --dtype %s: %s: %s\n", prog, name, cddp_device_name(dev), err.msg);
         return false;
     }
-    cddp_log(CDDP_LOG_INFO, "train", "%s: %s", cddp_device_name(dev), how);
+    cddp_log(CDDP_LOG_INFO, prog, "%s: %s", cddp_device_name(dev), how);
     *out_dev = dev;
     *out = d;
     return true;

@@ -139,10 +139,10 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
       "1: a ResNet keeps its activations in oneDNN's channel-blocked layout between layers "       \
       "(cddp_to_blocked); 0: plain NCHW everywhere, each convolution reordering its own.")         \
     X(EMU_DEVICES, INT, "2", "How many emulated devices (emu:0, emu:1, ...) a process has.")       \
-    X(BF16_EMULATE, INT, "0",                                                                      \
-      "1: bf16 matrix products also on a processor without AVX512-BF16 or AMX, emulated "          \
-      "(bf16-rounded operands multiplied in float32: the same numbers, slower than float32), "     \
-      "for testing bf16 numerics there; 0: refused.")                                              \
+    X(BF16_EMULATE, STR, "auto",                                                                   \
+      "bf16 matrix products on a processor without AVX512-BF16 or AMX: auto, emulated "            \
+      "(bf16-rounded operands multiplied in float32: the same numbers, slower than float32) "      \
+      "with a one-line warning; 1: emulated without it; 0: refused.")                              \
     X(BF16_ACTIVATIONS, INT, "0",                                                                  \
       "1: in mixed precision (bf16) a ResNet keeps its activations in bf16 between its "           \
       "convolutions and batch normalisations (half their memory; cddp_to_dtype); 0: float32.")     \

@@ -299,10 +299,16 @@ bf16)
     awk -v a="$a" -v c="$c" 'BEGIN { d = a - c; exit !(a != "" && c != "" && d * d <= 0.005 * 0.005) }' \
         || fail "--dtype bf16 accuracy $c is not within 0.5 points of float32's $a"
     grep -q '"dtype": "bfloat16"' mixed.out || fail "the --dtype bf16 run did not say bfloat16"
-    DNNL_MAX_CPU_ISA=AVX512_CORE "$FM" --dtype bf16 --out none > refused.out 2>&1; rc=$?
+    # Without bf16 units (oneDNN kept from them), bf16 is emulated with one warning for the job,
+    # and refused in one line with CDDP_BF16_EMULATE=0.
+    CDDP_LOG_LEVEL=warn DNNL_MAX_CPU_ISA=AVX512_CORE run --nproc_per_node 2 "$FM" --dtype bf16 --epochs 1 --limit 1000 --out none > emulated.out 2>&1 ||
+        { cat emulated.out; fail "--dtype bf16 without bf16 units failed"; }
+    [ "$(grep -c "W cpu: this processor has no bf16 units (AVX512-BF16, AMX): bf16 products are emulated" emulated.out)" = 1 ] ||
+        { cat emulated.out; fail "--dtype bf16 without bf16 units: not one warning"; }
+    CDDP_BF16_EMULATE=0 DNNL_MAX_CPU_ISA=AVX512_CORE "$FM" --dtype bf16 --out none > refused.out 2>&1; rc=$?
     [ $rc = 2 ] && [ "$(wc -l < refused.out)" = 1 ] && grep -q "^fashion_mnist: --dtype bf16: cpu: bf16 on the CPU needs AVX512-BF16 or AMX" refused.out \
-        || { cat refused.out; fail "--dtype bf16 without bf16 units: exit $rc"; }
-    echo "ok: bf16 compression $b, mixed precision $c vs float32 $a; refused without bf16 units"
+        || { cat refused.out; fail "--dtype bf16 without bf16 units, CDDP_BF16_EMULATE=0: exit $rc"; }
+    echo "ok: bf16 compression $b, mixed precision $c vs float32 $a; emulated with a warning without bf16 units, or refused"
     ;;
 bf16_cnn)
     run --nproc_per_node 2 "$FM" --model cnn --epochs 2 --out none --json > f32.out 2>&1 || { cat f32.out; fail "float32 run failed"; }

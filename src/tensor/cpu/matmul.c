@@ -9,11 +9,11 @@
  * are stored. On one Zen 4 core (4096 x 384 x 384 and the GPT's shapes): 196-213 GFLOP/s, against
  * 102-111 in float32.
  *
- * Only on a processor that multiplies bf16 natively (AVX512-BF16, AMX): oneDNN's emulation on
- * AVX-512 alone ran at 38 GFLOP/s against float32's 105, and it has none on AVX2, so bf16 is
- * refused there (cddp__cpu_computes) unless CDDP_BF16_EMULATE=1 asks for it anyway, for tests:
- * then the rounded operands are multiplied by the float32 GEMM. A product of two bf16 values is
- * exact in float32, so that gives the same numbers as bf16 hardware up to the order of the sums. */
+ * oneDNN multiplies only on a processor with bf16 units (AVX512-BF16, AMX): its own emulation on
+ * AVX-512 alone ran at 38 GFLOP/s against float32's 105, and it has none on AVX2. Elsewhere cddp
+ * emulates (cddp__cpu_computes says so once; CDDP_BF16_EMULATE=0 refuses instead): the rounded
+ * operands are multiplied by the float32 GEMM. A product of two bf16 values is exact in float32,
+ * so that gives the same numbers as bf16 hardware up to the order of the sums. */
 #include "tensor/cpu/dnnl.h"
 
 #include <immintrin.h>
@@ -139,9 +139,22 @@ void cddp__bf16_round(float *dst, const float *src, int64_t n) {
 
 /* ---- whether, and on what ------------------------------------------------------------------- */
 
+/* CDDP_BF16_EMULATE: auto (emulate, and say so once), 1 (emulate) or 0 (refuse). */
 static bool emulate(void) {
-    return cddp_knob_int(CDDP_KNOB_BF16_EMULATE) == 1;
+    return strcmp(cddp_knob_str(CDDP_KNOB_BF16_EMULATE), "0") != 0;
 }
+
+static void warn_emulated(void) {
+    int rank = 0, world = 1;
+    cddp_error err = {0};
+    if (cddp_env_rank_world(&rank, &world, &err) != CDDP_OK) rank = 0;
+    if (rank == 0 && !strcmp(cddp_knob_str(CDDP_KNOB_BF16_EMULATE), "auto")) /* one line a job */
+        cddp_log(CDDP_LOG_WARN, "cpu",
+                 "this processor has no bf16 units (AVX512-BF16, AMX): bf16 products are emulated, "
+                 "bf16-rounded operands multiplied in float32, slower than --dtype fp32 "
+                 "(CDDP_BF16_EMULATE=1 says nothing, 0 refuses)");
+}
+static pthread_once_t warn_once = PTHREAD_ONCE_INIT;
 
 /* AMX or AVX512-BF16, as oneDNN will use it (DNNL_MAX_CPU_ISA applies), and the conversions' own;
  * NULL when neither. Asked once: every bf16 product asks. */
@@ -171,11 +184,10 @@ int cddp__cpu_computes(cddp_dtype dtype, const char **how, cddp_error *err) {
     if (dtype == CDDP_F32)
         on = "float32 products";
     else if (dtype == CDDP_BF16)
-        on = native() ? native()
-             : emulate()
-                 ? "bf16 products emulated (CDDP_BF16_EMULATE=1): bf16-rounded operands multiplied "
-                   "in float32, slower than float32"
-                 : NULL;
+        on = native()    ? native()
+             : emulate() ? "bf16 products emulated (no AVX512-BF16 or AMX): bf16-rounded operands "
+                           "multiplied in float32, slower than float32"
+                         : NULL;
     else
         return cddp_error_set(err, CDDP_EINVAL, "the CPU multiplies in float32 or bf16, not %s",
                               cddp_dtype_name(dtype));
@@ -183,9 +195,9 @@ int cddp__cpu_computes(cddp_dtype dtype, const char **how, cddp_error *err) {
         return cddp_error_set(
             err, CDDP_EUNSUPPORTED,
             "bf16 on the CPU needs AVX512-BF16 or AMX, and this processor has neither (or "
-            "DNNL_MAX_CPU_ISA keeps oneDNN from them; oneDNN would emulate bf16 at about a third "
-            "of float32's speed): train in fp32, or set CDDP_BF16_EMULATE=1 to check bf16's "
-            "numbers slowly");
+            "DNNL_MAX_CPU_ISA keeps oneDNN from them), and CDDP_BF16_EMULATE=0 refuses the "
+            "emulation: train in fp32, or unset CDDP_BF16_EMULATE to emulate bf16, slowly");
+    if (dtype == CDDP_BF16 && !native()) pthread_once(&warn_once, warn_emulated);
     if (how) *how = on;
     return CDDP_OK;
 }
