@@ -531,10 +531,19 @@ logs)
     grep -qx "out 0" "$work/rdc" && fail "--redirects 0:1 printed rank 0's stdout"
     for l in "err 0" "out 1" "err 1"; do grep -qx -- "$l" "$work/rdc" || fail "--redirects 0:1: no '$l' on the console"; done
     grep -qx "out 0" "$work/rd/rank.0/stdout" || fail "--redirects 0:1: rank 0's stdout not in its file"
+    # Ranks that share the console, without --tee, never cut into each other's lines: awk's stdio
+    # writes its buffer whenever it fills, mid-line, and the ranks write at once.
+    cat > "$work/lines.sh" <<'LINES'
+awk -v r="$RANK" 'BEGIN { x = sprintf("%1000s", ""); gsub(/ /, "x", x)
+    for (i = 0; i < 300; i++) { printf "rank %s line %d %s\n", r, i, x; if (i % 20 == 0) system("sleep 0.01") } }'
+LINES
+    "$R" --standalone --nproc_per_node 2 sh "$work/lines.sh" > "$work/whole" 2> /dev/null || fail "the lines job failed"
+    [ "$(grep -c '^rank [01] line [0-9]* x\{1000\}$' "$work/whole")" = 600 ] ||
+        fail "ranks' lines cut into each other on the console: $(grep -vc '^rank [01] line [0-9]* x\{1000\}$' "$work/whole") of $(wc -l < "$work/whole") lines broken"
     # A failure report points at the log.
     "$R" --standalone --logdir "$work/logs2" sh -c 'echo boom >&2; exit 4' > "$work/f" 2>&1
     expect_in "log: $work/logs2/rank.0/stderr" "$work/f"
-    echo "ok: --logdir files, --redirect_stdout_and_stderr, overwrite, --tee with torchrun's values and maps, --redirects, --log-dir, log paths in reports" ;;
+    echo "ok: --logdir files, --redirect_stdout_and_stderr, overwrite, --tee with torchrun's values and maps, --redirects, --log-dir, whole lines on a shared console, log paths in reports" ;;
 python)
     printf 'import os\nprint("py", os.environ["RANK"])\n' > "$work/hello.py"
     "$R" --standalone --nproc_per_node 2 --tee "$work/hello.py" > "$work/out" 2>&1 || fail "a .py program failed"

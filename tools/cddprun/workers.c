@@ -55,16 +55,18 @@ static void emit(const worker *w, stream *s, const char *data, size_t n) {
         }
     }
     if (!s->console) return;
-    if (!s->prefix) {
-        fwrite(data, 1, n, s->to);
-        fflush(s->to);
-        return;
-    }
+    /* Whole lines only, so that ranks sharing the console never cut into each other's: a line
+     * ends at '\n' (or, unprefixed, at a progress bar's '\r'), or when the buffer is full. */
     for (size_t i = 0; i < n; i++) {
         if (s->len < sizeof s->line - 1) s->line[s->len++] = data[i];
-        if (data[i] == '\n' || s->len == sizeof s->line - 1) {
-            fprintf(s->to, "[rank %d]: %.*s", w->rank, (int)s->len, s->line);
-            if (s->line[s->len - 1] != '\n') fputc('\n', s->to);
+        bool end = data[i] == '\n' || (!s->prefix && data[i] == '\r');
+        if (end || s->len == sizeof s->line - 1) {
+            if (s->prefix) {
+                fprintf(s->to, "[rank %d]: %.*s", w->rank, (int)s->len, s->line);
+                if (s->line[s->len - 1] != '\n') fputc('\n', s->to);
+            } else {
+                fwrite(s->line, 1, s->len, s->to);
+            }
             fflush(s->to);
             s->len = 0;
         }
@@ -224,6 +226,9 @@ static int bind_core(int local_rank, int n) {
 void cddprun_start_workers(job *j) {
     const options *o = &j->o;
     start_guardian();
+    int on_console = 0; /* workers of this node that write to the console */
+    for (int i = 0; i < o->nproc_per_node; i++)
+        on_console += cddprun_rank_shown(o, i) && cddprun_streams_for(&o->redirects, i) != 3;
     for (int i = 0; i < o->nproc_per_node; i++) {
         worker *w = &j->w[i];
         *w = (worker){.rank = j->base + i, .local_rank = i, .running = true};
@@ -233,10 +238,12 @@ void cddprun_start_workers(job *j) {
         w->err = (stream){
             .fd = -1, .log = -1, .console = !(redirect & 2), .prefix = tee & 2, .to = stderr};
         if (!cddprun_rank_shown(o, i)) w->out.console = w->err.console = false;
-        /* Through cddprun when a stream is prefixed or goes both to a file and the console;
-         * else straight to its file, or to the console. */
+        /* Through cddprun when a stream is prefixed, goes both to a file and the console, or
+         * shares the console with another worker's (cddprun writes whole lines); else straight
+         * to its file, or to the console. */
+        bool console = w->out.console || w->err.console;
         bool pipes =
-            w->out.prefix || w->err.prefix || (o->logdir && (w->out.console || w->err.console));
+            w->out.prefix || w->err.prefix || (o->logdir && console) || (on_console > 1 && console);
         snprintf(w->log_path, sizeof w->log_path, "the console (use --logdir to keep logs)");
         if (o->logdir) {
             char p[PATH_MAX];
