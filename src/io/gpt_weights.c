@@ -232,8 +232,23 @@ static int source_open(source *s, const char *path, cddp_error *err) {
         s->llmc = true;
         return llmc_open(s, err);
     }
+    /* llm.c's other files start with magics of their own: named, not read as safetensors */
+    if (magic == 20240328 || magic == 20240520)
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s is llm.c's %s (magic %d), not a model's weights (llm.c's model "
+                              "files start with %d)",
+                              path, magic == 20240328 ? "tokenizer file" : "token file", magic,
+                              LLMC_MAGIC);
     uint64_t size;
     s->index = cddp__safetensors_index_fd(s->fd, path, &s->data_start, &size, err);
+    if (!s->index && err && err->code == CDDP_EFORMAT) {
+        char why[CDDP_ERROR_MSG_MAX];
+        snprintf(why, sizeof why, "%s", err->msg);
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s holds no GPT's weights: it is not llm.c's model file (it starts "
+                              "with %d, not the magic %d), nor a safetensors file (%s)",
+                              path, magic, LLMC_MAGIC, why);
+    }
     if (!s->index) return err && err->code ? err->code : CDDP_EFORMAT;
     return st_orientation(s, err);
 }

@@ -163,6 +163,11 @@ int main(int argc, char **argv) {
     bad("extra/model.safetensors", false, (const char *[]){"h.2.", "2 layers"}, 2);
     bad("untied/model.safetensors", false, (const char *[]){"lm_head.weight", "ties"}, 2);
     bad("batch.safetensors", false, (const char *[]){"c_attn"}, 1);
+    bad("wrong_magic.bin", true,
+        (const char *[]){"not llm.c's model file (it starts with 20240327, not the magic 20240326)",
+                         "nor a safetensors file"},
+        2);
+    bad("tokens.bin", true, (const char *[]){"is llm.c's token file (magic 20240520)"}, 1);
     printf("%s\n", failures ? "FAILED" : "ok: every layout loads and every wrong file is refused");
     return failures ? 1 : 0;
 }

@@ -208,6 +208,12 @@ def main():
         safetensors_np.save(os.path.join(out, d, "model.safetensors"), hf)
         with open(os.path.join(out, d, "config.json"), "w") as f:
             f.write(text)
+    # llm.c's model file with another magic, and llm.c's token file, neither a model
+    raw = open(os.path.join(out, "gpt2.bin"), "rb").read()
+    open(os.path.join(out, "wrong_magic.bin"), "wb").write(struct.pack("<i", 20240327) + raw[4:])
+    head = np.zeros(256, np.int32)
+    head[:3] = [20240520, 1, 3]
+    open(os.path.join(out, "tokens.bin"), "wb").write(head.tobytes() + struct.pack("<3H", 1, 2, 3))
     safetensors_np.save(os.path.join(out, "batch.safetensors"),
                         {"x": x.numpy(), "logits": want, "logits_bf16": want_bf16})
     print(f"wrote a GPT (vocab {VOCAB}, block {BLOCK}, {LAYERS} layers, {HEADS} heads, width "
