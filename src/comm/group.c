@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 int cddp_comm_rank(const cddp_comm *c) {
@@ -249,6 +250,29 @@ static int setup_host_group(cddp_comm *c, cddp_store *st, cddp_error *err) {
     snprintf(prefix, sizeof prefix, "comm/h%d/", c->host_leader);
     return sub_group(c, st, &cddp__shm_transport, c->local_rank, c->local_world, prefix, &c->host,
                      err);
+}
+
+/* A rank whose rendezvous failed says so in the group's store (comm/failed/<rank>). Rank 0, whose
+ * process holds the store, keeps it up to LINGER_S more for every other rank to fail or finish as
+ * well: a setup that cannot work (a loopback address across hosts) is then explained by each
+ * rank from the store's posts, not by the store's end under a rank still reading them. */
+#define LINGER_S 5.0
+static void linger_on_failure(const cddp_comm *c, cddp_store *st, bool holds_store) {
+    char key[2][64];
+    cddp_error e = {0};
+    snprintf(key[0], sizeof key[0], "comm/failed/%d", c->rank);
+    cddp_store_set_str(st, key[0], "1", &e);
+    double until = cddp_now_s() + LINGER_S;
+    for (int r = 1; holds_store && r < c->world; r++)
+        for (bool ended = false; !ended && cddp_now_s() < until;) {
+            snprintf(key[0], sizeof key[0], "comm/failed/%d", r);
+            snprintf(key[1], sizeof key[1], "comm/done/%d", r);
+            for (int k = 0; k < 2 && !ended; k++) {
+                const char *kk = key[k];
+                ended = cddp_store_wait(st, &kk, 1, 0, &e) == CDDP_OK;
+            }
+            if (!ended) nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+        }
 }
 
 /* Says once, on rank 0, what the group runs on and why, and who started it. */
@@ -493,6 +517,7 @@ static int rendezvous(cddp_comm *c, const cddp__launch *l, const cddp_comm_optio
         CDDP_TRY_GOTO(cddp_store_wait(st, &k, 1, -1, err), out);
     }
 out:
+    if (rc != CDDP_OK && st) linger_on_failure(c, st, srv != NULL);
     c->token = NULL;
     cddp_store_close(st);
     cddp_store_server_stop(srv);

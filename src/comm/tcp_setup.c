@@ -40,12 +40,21 @@ static void mesh_proof(const cddp_comm *c, int from, int to, int ch, const uint8
 /* Where this rank listens: CDDP_LOCAL_ADDR (an address, a host name or an interface's name),
  * else CDDP_SOCKET_IFNAME's address, else the address on the route to the master (the store's
  * connection: what srun's ranks on other hosts reach; cddp_net_peer_addr). */
-static int local_address(const cddp_comm *c, cddp_store *st, char *out, size_t n, cddp_error *err) {
+static int local_address(const cddp_comm *c, cddp_store *st, char *out, size_t n, char *from,
+                         size_t fn, cddp_error *err) {
     const char *knob = cddp_knob_str(CDDP_KNOB_LOCAL_ADDR);
     const char *ifname = cddp_knob_str(CDDP_KNOB_SOCKET_IFNAME);
     bool given = *knob && strcmp(knob, "auto") != 0;
     cddp_error e = {0};
     int rc = CDDP_OK;
+    if (given)
+        snprintf(from, fn, "CDDP_LOCAL_ADDR=%s", knob);
+    else if (*ifname)
+        snprintf(from, fn, "CDDP_SOCKET_IFNAME=%s", ifname);
+    else
+        snprintf(from, fn, "route");
+    for (char *p = from; *p; p++) /* one word in the posted line */
+        if (*p == ' ') *p = '_';
     if (given) {
         rc = cddp_net_local_host(knob, out, n, NULL, &e);
     } else if (*ifname) {
@@ -67,6 +76,13 @@ static int local_address(const cddp_comm *c, cddp_store *st, char *out, size_t n
     return CDDP_OK;
 }
 
+/* What chose a posted address, in words: the knob and its value, or the route to the master. */
+static const char *origin(const char *from) {
+    return !strcmp(from, "route") ? "the route to the master: is MASTER_ADDR loopback?"
+           : *from                ? from
+                                  : "?";
+}
+
 static void big_buffers(int fd) {
     int size = 4 << 20;
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
@@ -82,8 +98,21 @@ static int connect_lower(cddp_comm *c, cddp_store *st, int r, double deadline, c
     snprintf(key, sizeof key, "comm/tcp/%d", r);
     CDDP_TRY(cddp_store_get(st, key, -1, &v, &len, err));
     int rc = CDDP_OK;
-    if (sscanf(v, "%255s %d", host, &port) != 2)
+    char reach[128] = "", mine[128], from[64] = "";
+    if (sscanf(v, "%255s %d %127s %63s", host, &port, reach, from) < 2)
         rc = cddp_error_set(err, CDDP_EIO, "rank %d posted a bad address '%s'", r, (char *)v);
+    /* A loopback address reaches rank r only from its own machine and network namespace: from
+     * another host it would reach this one's loopback, and the connection would fail at the
+     * deadline. Said at once, with what chose the address. */
+    cddp_net_loopback_id(mine, sizeof mine);
+    if (rc == CDDP_OK && *reach && strcmp(reach, mine) != 0 && cddp_net_is_loopback(host))
+        rc = cddp_error_set(
+            err, CDDP_EINVAL,
+            "rank %d listens at %s, a loopback address (from %s), but it is on another host (or "
+            "network namespace) than rank %d: no rank of another host can reach it there. Give "
+            "every rank an address the other hosts reach: cddprun --local_addr (or "
+            "CDDP_SOCKET_IFNAME) naming an interface other than lo, or CDDP_LOCAL_ADDR",
+            r, host, origin(from), c->rank);
     for (int ch = CH_DATA; ch <= CH_CONTROL && rc == CDDP_OK; ch++) {
         int *fd = ch == CH_DATA ? &t->data[r] : &t->control[r];
         if ((rc = cddp_net_connect(host, port, NULL, deadline, fd, err)) != CDDP_OK) break;
@@ -249,12 +278,34 @@ int cddp__tcp_setup(cddp_comm *c, cddp_store *st, double deadline, cddp_error *e
     for (int r = 0; r < W; r++) t->data[r] = t->control[r] = -1;
     t->pid[me] = (int)getpid();
     t->small = (size_t)CDDP_MAX(cddp_knob_int(CDDP_KNOB_TCP_SMALL_KB), 0) << 10;
-    char addr[256], key[64], val[300];
-    CDDP_TRY(local_address(c, st, addr, sizeof addr, err));
+    char addr[256], key[64], val[512], from[64], reach[128];
+    CDDP_TRY(local_address(c, st, addr, sizeof addr, from, sizeof from, err));
     CDDP_TRY(cddp_net_listen(addr, 0, &listen_fd, &port, err));
+    cddp_net_loopback_id(reach, sizeof reach);
     snprintf(key, sizeof key, "comm/tcp/%d", me);
-    snprintf(val, sizeof val, "%s %d", addr, port);
+    snprintf(val, sizeof val, "%s %d %s %s", addr, port, reach, from); /* what connects needs */
     int rc = cddp_store_set_str(st, key, val, err);
+    /* Listening on loopback in a group across hosts: the higher ranks of other hosts would
+     * connect to their own loopback. They say so (connect_lower); so does this rank, which would
+     * otherwise wait for them until the deadline. */
+    if (rc == CDDP_OK && c->local_world < W && cddp_net_is_loopback(addr))
+        for (int r = me + 1; r < W && rc == CDDP_OK; r++) {
+            void *v = NULL;
+            size_t len;
+            char theirs[128] = "";
+            snprintf(key, sizeof key, "comm/tcp/%d", r);
+            rc = cddp_store_get(st, key, -1, &v, &len, err);
+            if (rc == CDDP_OK && sscanf(v, "%*s %*d %127s", theirs) == 1 &&
+                strcmp(theirs, reach) != 0)
+                rc = cddp_error_set(
+                    err, CDDP_EINVAL,
+                    "rank %d listens at %s, a loopback address (from %s), but rank %d is on "
+                    "another host (or network namespace) and cannot reach it there. Give every "
+                    "rank an address the other hosts reach: cddprun --local_addr (or "
+                    "CDDP_SOCKET_IFNAME) naming an interface other than lo, or CDDP_LOCAL_ADDR",
+                    me, addr, origin(from), r);
+            cddp_free(v);
+        }
     for (int r = 0; r < me && rc == CDDP_OK; r++) rc = connect_lower(c, st, r, deadline, err);
     if (rc == CDDP_OK) rc = accept_higher(c, listen_fd, addr, port, deadline, err);
     close(listen_fd);

@@ -380,6 +380,19 @@ bool cddp_net_is_loopback(const char *host) {
     return all;
 }
 
+void cddp_net_loopback_id(char *out, size_t n) {
+    char boot[64] = "?";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof boot, f)) snprintf(boot, sizeof boot, "?");
+        fclose(f);
+        boot[strcspn(boot, "\n")] = '\0';
+    }
+    struct stat st;
+    unsigned long long ns = stat("/proc/self/ns/net", &st) == 0 ? (unsigned long long)st.st_ino : 0;
+    snprintf(out, n, "%s/%llu", boot, ns);
+}
+
 bool cddp_net_own_name_loopback(const char *host) {
     unsigned char a[sizeof(struct in6_addr)];
     if (!host || !strcmp(host, "localhost") || inet_pton(AF_INET, host, a) == 1 ||

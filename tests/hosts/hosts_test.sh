@@ -260,8 +260,37 @@ srun)
     has node0.out "cddprun: --master_addr $name-host0 is a loopback address on this machine (/etc/hosts maps a host's own name to 127.0.1.1): node 0's store listens on every interface"
     has node0.out "cddprun: node 0's address for the others is $("$H" addr "$name" 0), interface eth0"
     has node1.out "cddprun: node 1's address for the others is $("$H" addr "$name" 1), interface eth0"
+    # Loopback across hosts (CDDP_SOCKET_IFNAME=lo, --local_addr lo): refused at once, saying
+    # why, by srun's ranks (each side of the connection that could not be) and by cddprun on
+    # every node, not after CDDP_RDZV_TIMEOUT_S (20 s here).
+    t0=$(date +%s)
+    pids=""
+    for r in 0 1; do
+        "$H" exec "$name" "$r" env SLURM_JOB_ID=4243 SLURM_STEP_ID=0 SLURM_PROCID=$r SLURM_NTASKS=2 \
+            SLURM_LOCALID=0 SLURM_NODEID=$r SLURM_STEP_NUM_NODES=2 SLURM_NNODES=2 \
+            SLURM_STEP_NODELIST="$list" SLURM_STEP_TASKS_PER_NODE="1(x2)" CDDP_STORE_TOKEN=t \
+            CDDP_RDZV_TIMEOUT_S=20 CDDP_SOCKET_IFNAME=lo "$build/bin/ddp_train" > "lo$r.out" 2>&1 &
+        pids="$pids $!"
+    done
+    for pid in $pids; do wait "$pid" && fail "a rank on loopback across hosts went on"; done
+    for i in 0 1; do
+        "$H" exec "$name" "$i" "$build/bin/cddprun" --nnodes 2 --node_rank "$i" --nproc_per_node 1 \
+            --master_addr "$("$H" addr "$name" 0)" --master_port 29401 --token_file "$work/token" \
+            --local_addr lo "$build/bin/ddp_train" > "clo$i.out" 2>&1 &
+        eval "p$i=\$!"
+    done
+    wait "$p0" && fail "cddprun --local_addr lo across hosts: node 0 went on"
+    wait "$p1" && fail "cddprun --local_addr lo across hosts: node 1 went on"
+    took=$(( $(date +%s) - t0 ))
+    [ "$took" -lt 10 ] || fail "loopback across hosts took $took s to be refused"
+    has lo0.out "rank 0 listens at 127.0.0.1, a loopback address (from CDDP_SOCKET_IFNAME=lo), but rank 1 is on another host (or network namespace)"
+    has lo1.out "rank 0 listens at 127.0.0.1, a loopback address (from CDDP_SOCKET_IFNAME=lo), but it is on another host (or network namespace) than rank 1"
+    for i in 0 1; do
+        has "clo$i.out" "cddprun: node 0's address for the others is 127.0.0.1, a loopback address, but node 1 is on another host (or network namespace)"
+    done
     echo "ok: srun's variables alone on 2 hosts x 2 tasks: final loss $loss, one host's $ref;" \
-         "cddprun without --local_addr advertises the route to the master" ;;
+         "cddprun without --local_addr advertises the route to the master; loopback across" \
+         "hosts refused in $took s" ;;
 kill)
     hosts 2
     node 0 2 2 --grace_period 1 "$FM" --epochs 1000 --limit 2000 --out out0

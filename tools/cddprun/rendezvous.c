@@ -253,6 +253,69 @@ static void claim_node_rank(job *j, bool elastic) {
     exit(1);
 }
 
+/* Node k's address for the others and which loopback it reaches (cddp_net_loopback_id), as it
+ * registered for the round, into host and reach. False when it posted none. */
+static bool node_reach(job *j, int k, char *host, size_t hn, char *reach, size_t rn) {
+    char key[64];
+    void *v = NULL;
+    size_t len = 0;
+    cddp_error err = {0};
+    snprintf(key, sizeof key, "r%d/reach/%d", j->round, k);
+    if (cddp_store_get(j->store, key, 0, &v, &len, &err) != CDDP_OK) return false;
+    snprintf(reach, rn, "%s", (char *)v);
+    cddp_free(v);
+    snprintf(key, sizeof key, "r%d/node/%d", j->round, k);
+    if (cddp_store_get(j->store, key, 0, &v, &len, &err) != CDDP_OK) return false;
+    const char *space = strchr(v, ' ');
+    snprintf(host, hn, "%s", space ? space + 1 : "?");
+    cddp_free(v);
+    return true;
+}
+
+/* Every node of the round refuses the job for the same reason: each says so in the store, and
+ * node 0, whose process holds it, waits up to 2 s for the others to have read what they need. */
+static void refuse_together(job *j) {
+    char key[64];
+    cddp_error err = {0};
+    snprintf(key, sizeof key, "r%d/refused/%d", j->round, j->o.node_rank);
+    cddp_store_set_str(j->store, key, "1", &err);
+    double until = cddp_now_s() + 2.0;
+    for (int k = 1; j->server && k < j->o.nnodes; k++) {
+        snprintf(key, sizeof key, "r%d/refused/%d", j->round, k);
+        const char *kk = key;
+        double left = until - cddp_now_s();
+        if (j->in[k] && left > 0) cddp_store_wait(j->store, &kk, 1, left, &err);
+    }
+}
+
+/* A node whose address for the others is loopback (--local_addr lo, CDDP_SOCKET_IFNAME=lo) in a
+ * job with nodes on other hosts (or network namespaces): their ranks would connect to their own
+ * loopback and fail at CDDP_RDZV_TIMEOUT_S. Every node sees the same and exits at once. */
+static void loopback_reachable(job *j) {
+    const options *o = &j->o;
+    char host[256], reach[128], other_host[256], other[128];
+    for (int k = 0; k < o->nnodes; k++) {
+        if (!j->in[k] || !node_reach(j, k, host, sizeof host, reach, sizeof reach) ||
+            !cddp_net_is_loopback(host))
+            continue;
+        for (int l = 0; l < o->nnodes; l++) {
+            if (l == k || !j->in[l] ||
+                !node_reach(j, l, other_host, sizeof other_host, other, sizeof other) ||
+                !strcmp(reach, other))
+                continue;
+            fprintf(stderr,
+                    "cddprun: node %d's address for the others is %s, a loopback address, but "
+                    "node %d is on another host (or network namespace): its ranks cannot reach "
+                    "node %d's there. Give node %d an address the other hosts reach: "
+                    "--local_addr (or CDDP_SOCKET_IFNAME) naming an interface other than lo, or "
+                    "its host name\n",
+                    k, host, l, k, k);
+            refuse_together(j);
+            exit(1);
+        }
+    }
+}
+
 /* Registers this node for the round, waits for the others, and computes ranks. In an elastic
  * job (--nnodes MIN:MAX) node 0 decides who is in the round; a node that comes after a round
  * formed waits for the next one, which the job's next restart starts. */
@@ -287,6 +350,10 @@ void cddprun_rendezvous(job *j) {
             if (cddp_store_set_will(j->store, key, "1", 1, &err))
                 cddprun_fail_rdzv("rendezvous", &err);
         }
+        char reach[128];
+        cddp_net_loopback_id(reach, sizeof reach); /* before the node: posted when it is */
+        snprintf(key, sizeof key, "r%d/reach/%d", j->round, o->node_rank);
+        if (cddp_store_set_str(j->store, key, reach, &err)) cddprun_fail_rdzv("rendezvous", &err);
         snprintf(key, sizeof key, "r%d/node/%d", j->round, o->node_rank);
         snprintf(val, sizeof val, "%d %s", o->nproc_per_node, j->host);
         if (cddp_store_set_str(j->store, key, val, &err)) cddprun_fail_rdzv("rendezvous", &err);
@@ -340,6 +407,7 @@ void cddprun_rendezvous(job *j) {
                 CDDP_NET_ENDPOINT(o->master_addr, o->master_port), o->nnodes);
         exit(1);
     }
+    loopback_reachable(j);
     j->world = j->base = j->nodes = j->group_rank = 0;
     for (int i = 0, k = 0; k < o->nnodes; k++) {
         if (!j->in[k]) continue;
