@@ -175,7 +175,8 @@ static const char *listen_host(const cddp__launch *l, const char *addr) {
  * sets its own) and the group's number in this process (groups are created collectively, so
  * every rank counts the same). */
 static int store_via_launcher(const cddp__launch *l, int rank, const char *addr, const char *token,
-                              cddp_store_server **srv, int *port, cddp_error *err) {
+                              cddp_store_server **srv, int *port, cddp_store **kept,
+                              cddp_error *err) {
     static _Atomic int groups;
     char key[96], text[16];
     snprintf(key, sizeof key, "comm/r%d/m%d/g%d/port", l->restart, l->master_port,
@@ -184,6 +185,7 @@ static int store_via_launcher(const cddp__launch *l, int rank, const char *addr,
                              0, NULL};
     cddp_store *launcher = cddp_store_connect(&lo, err);
     if (!launcher) return err ? err->code : CDDP_EIO;
+    *kept = launcher; /* the caller's, until the group formed: cddprun posts ranks' exits there */
     int rc = CDDP_OK;
     if (rank == 0) {
         if (!(*srv = cddp_store_server_start(listen_host(l, addr), 0, token, err))) {
@@ -200,8 +202,40 @@ static int store_via_launcher(const cddp__launch *l, int rank, const char *addr,
         if (rc == CDDP_OK) *port = atoi(v);
         cddp_free(v);
     }
-    cddp_store_close(launcher);
     return rc;
+}
+
+/* Waits for key in the group's store, posted by rank r, up to CDDP_RDZV_TIMEOUT_S. Under cddprun
+ * (launcher not NULL) a quarter second at a time, looking between for the notice cddprun posts
+ * when it reaps a worker (comm/r<restart>/exited/<rank>): a rank that ended before it joined,
+ * even with exit code 0, fails the wait at once, named, instead of at the timeout. */
+static int await_rank(const cddp_comm *c, cddp_store *st, cddp_store *launcher, int restart, int r,
+                      const char *key, cddp_error *err) {
+    const char *k = key;
+    if (!launcher) return cddp_store_wait(st, &k, 1, -1, err);
+    char gone[64];
+    snprintf(gone, sizeof gone, "comm/r%d/exited/%d", restart, r);
+    double until = cddp_now_s() + (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
+    for (;;) {
+        double left = until - cddp_now_s();
+        int rc = cddp_store_wait(st, &k, 1, CDDP_MAX(CDDP_MIN(left, 0.25), 0.0), err);
+        if (rc != CDDP_ETIMEDOUT || left <= 0.25) return rc;
+        const char *g = gone;
+        void *how = NULL;
+        size_t n = 0;
+        cddp_error e = {0};
+        if (cddp_store_wait(launcher, &g, 1, 0, &e) != CDDP_OK ||
+            cddp_store_get(launcher, gone, 0, &how, &n, &e) != CDDP_OK)
+            continue;
+        rc = cddp_error_set(err, CDDP_ESTATE,
+                            "rank %d %s before it joined the group that rank %d and the others "
+                            "are forming: every rank must create it (cddp_comm_create, which DDP "
+                            "and the programs call at their start) before it ends. Did rank %d "
+                            "find nothing to do (no data of its own, a condition on its rank)?",
+                            r, (char *)how, c->rank, r);
+        cddp_free(how);
+        return rc;
+    }
 }
 
 /* The hosts' leaders (each host's lowest rank), from every rank's host identity. */
@@ -360,7 +394,8 @@ static int want_mpi(const cddp__launch *l, const cddp_comm_options *o, bool *mpi
 /* Who shares a host with whom: every rank posts its host identity and its CPU set, and reads
  * everyone's. Sets local_rank, local_world, nhosts, the hosts' leaders and the CPUs this rank
  * shares with the others on its host. */
-static int group_hosts(cddp_comm *c, cddp_store *st, cddp_error *err) {
+static int group_hosts(cddp_comm *c, cddp_store *st, cddp_store *launcher, int restart,
+                       cddp_error *err) {
     char me[256 + 2 * sizeof(cpu_set_t) + 2], key[64];
     cddp_host_id(me, 256);
     size_t len = strlen(me);
@@ -380,7 +415,9 @@ static int group_hosts(cddp_comm *c, cddp_store *st, cddp_error *err) {
     for (int r = 0; r < c->world && rc == CDDP_OK; r++) {
         size_t n;
         snprintf(key, sizeof key, "comm/host/%d", r);
-        if ((rc = cddp_store_get(st, key, -1, (void **)&hosts[r], &n, err)) != CDDP_OK) break;
+        if ((rc = await_rank(c, st, launcher, restart, r, key, err)) != CDDP_OK ||
+            (rc = cddp_store_get(st, key, -1, (void **)&hosts[r], &n, err)) != CDDP_OK)
+            break;
         char *cpus = strchr(hosts[r], '\n');
         if (cpus) *cpus++ = '\0';
         if (strcmp(hosts[r], me) == 0) {
@@ -488,10 +525,11 @@ static int rendezvous(cddp_comm *c, const cddp__launch *l, const cddp_comm_optio
     bool whole_job =
         !opts || (opts->world_size <= 0 && !opts->master_addr && opts->master_port <= 0);
     cddp_store_server *srv = NULL;
-    cddp_store *st = NULL;
+    cddp_store *st = NULL, *launcher = NULL;
     int rc = CDDP_OK;
     if (whole_job && l->store_port > 0)
-        CDDP_TRY_GOTO(store_via_launcher(l, c->rank, addr, token, &srv, &port, err), out);
+        CDDP_TRY_GOTO(store_via_launcher(l, c->rank, addr, token, &srv, &port, &launcher, err),
+                      out);
     else if (c->rank == 0 &&
              !(srv = cddp_store_server_start(listen_host(l, addr), port, token, err))) {
         rc = err ? err->code : CDDP_EIO;
@@ -503,7 +541,7 @@ static int rendezvous(cddp_comm *c, const cddp__launch *l, const cddp_comm_optio
         rc = err ? err->code : CDDP_EIO;
         goto out;
     }
-    CDDP_TRY_GOTO(group_hosts(c, st, err), out);
+    CDDP_TRY_GOTO(group_hosts(c, st, launcher, l->restart, err), out);
     c->spin_s = spin_seconds(c);
     c->token = token;
     CDDP_TRY_GOTO(connect_ranks(c, st, why, n, err), out);
@@ -520,6 +558,7 @@ out:
     if (rc != CDDP_OK && st) linger_on_failure(c, st, srv != NULL);
     c->token = NULL;
     cddp_store_close(st);
+    cddp_store_close(launcher);
     cddp_store_server_stop(srv);
     return rc;
 }

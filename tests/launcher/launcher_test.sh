@@ -159,7 +159,16 @@ exit3)
     expect_in "root cause: rank 1 (local rank 1, host" "$work/out"
     expect_in "exited with code 3" "$work/out"
     all_gone "$work/pid.0 $work/pid.2" 2 || fail "other workers still alive"
-    echo "ok: exit 3 reported with rank and code; others stopped; cddprun exited $rc" ;;
+    # A worker that ends before its group forms, with exit code 0, ends the job at once: the
+    # others, waiting for it in their rendezvous (CDDP_RDZV_TIMEOUT_S: 300 s), name it.
+    t0=$(date +%s)
+    "$R" --standalone --nproc_per_node 3 sh -c \
+        "if [ \$RANK = 1 ]; then exit 0; fi; exec $build/bin/ddp_train" > "$work/early" 2>&1
+    rc=$? took=$(( $(date +%s) - t0 ))
+    [ $rc = 1 ] || { cat "$work/early"; fail "a job whose rank 1 ended before joining exited $rc"; }
+    [ $took -lt 20 ] || fail "a job whose rank 1 ended before joining took $took s to end"
+    expect_in "rank 1 exited with code 0 before it joined the group that rank " "$work/early"
+    echo "ok: exit 3 reported with rank and code; others stopped; a rank that ended (code 0) before its group formed named in $took s" ;;
 sigkill)
     "$R" --standalone --nproc_per_node 2 --grace_period 2 sh -c \
         "echo \$\$ > $work/pid.\$RANK; if [ \$RANK = 0 ]; then sleep 0.2; kill -9 \$\$; fi; sleep 60" \

@@ -392,6 +392,21 @@ double cddprun_wall_s(void) {
 }
 
 /* Reaps exited workers; returns the number still running. */
+/* Says in the job's store that worker w ended (comm/r<round>/exited/<rank>): ranks forming their
+ * group wait for each other, and one that ended first, whatever its exit code, is then named at
+ * once (the library reads it while it waits) instead of at CDDP_RDZV_TIMEOUT_S. */
+static void exited(job *j, const worker *w) {
+    char key[64], how[64];
+    snprintf(key, sizeof key, "comm/r%d/exited/%d", j->round, w->rank);
+    if (WIFEXITED(w->status))
+        snprintf(how, sizeof how, "exited with code %d", WEXITSTATUS(w->status));
+    else
+        snprintf(how, sizeof how, "was killed by SIG%s",
+                 sigabbrev_np(WTERMSIG(w->status)) ? sigabbrev_np(WTERMSIG(w->status)) : "?");
+    cddp_error err = {0};
+    if (j->store) cddp_store_set_str(j->store, key, how, &err);
+}
+
 int cddprun_reap(job *j, worker **first_failure) {
     int status, running = 0;
     for (int i = 0; i < j->o.nproc_per_node; i++) {
@@ -406,6 +421,7 @@ int cddprun_reap(job *j, worker **first_failure) {
             w->status = status;
             w->end_time = (double)time(NULL);
             bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+            exited(j, w);
             if (!ok && !w->stopped) {
                 w->failed = true;
                 if (first_failure && !*first_failure) *first_failure = w;
