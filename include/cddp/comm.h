@@ -82,6 +82,9 @@ CDDP_API void cddp_comm_destroy(cddp_comm *c);
 
 CDDP_API int cddp_comm_rank(const cddp_comm *c);
 CDDP_API int cddp_comm_size(const cddp_comm *c);
+/* The group's default deadline of a call, in seconds (cddp_comm_options.timeout_s, else
+ * CDDP_TIMEOUT_S): what the device collectives built on the group (NCCL, CUDA IPC) wait too. */
+CDDP_API double cddp_comm_timeout(const cddp_comm *c);
 CDDP_API int cddp_comm_local_rank(const cddp_comm *c);
 CDDP_API int cddp_comm_local_size(const cddp_comm *c);
 /* The cores this rank may count as its own: the CPUs it may run on (cddp_num_cores) divided

@@ -49,7 +49,7 @@ typedef struct cddp_ipc_options {
     /* each rank's scratch block on its device (default 64 MiB; every rank passes the same): a
      * collective of up to this many bytes per rank runs in one piece */
     size_t scratch_bytes;
-    double timeout_s; /* each fence's meeting, and forming the communicator (default 300) */
+    double timeout_s; /* each fence's meeting, and forming it (default: the group's deadline) */
 } cddp_ipc_options;
 
 /* Collective. NULL with err (on every rank the same failure, naming the rank it happened on):

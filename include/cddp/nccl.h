@@ -40,7 +40,7 @@ typedef struct cddp_nccl cddp_nccl;
 
 typedef struct cddp_nccl_options {
     const char *library; /* the NCCL library to open (default: $CDDP_NCCL_LIBRARY, libnccl.so.2) */
-    double timeout_s;    /* forming the communicator, and each wait (default 300) */
+    double timeout_s;    /* forming the communicator, and each wait (default: the group's) */
 } cddp_nccl_options;
 
 /* NULL with err saying why: dev is not a CUDA device (or the CPU, for a stand-in library in

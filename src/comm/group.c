@@ -26,6 +26,9 @@
 int cddp_comm_rank(const cddp_comm *c) {
     return c->rank;
 }
+double cddp_comm_timeout(const cddp_comm *c) {
+    return c->timeout;
+}
 int cddp_comm_size(const cddp_comm *c) {
     return c->world;
 }

@@ -117,7 +117,7 @@ cddp_ipc *cddp_ipc_create(cddp_comm *group, cddp_device *dev, const cddp_ipc_opt
     c->dev = dev;
     c->rank = cddp_comm_rank(group);
     c->world = cddp_comm_size(group);
-    c->timeout = o.timeout_s > 0 ? o.timeout_s : 300;
+    c->timeout = o.timeout_s > 0 ? o.timeout_s : cddp_comm_timeout(group);
     c->cap = ((o.scratch_bytes ? o.scratch_bytes : DEFAULT_SCRATCH) + ALIGN - 1) / ALIGN * ALIGN;
     c->scratch = cddp_calloc((size_t)c->world, sizeof *c->scratch);
     c->ev = cddp_calloc((size_t)c->world, sizeof *c->ev);

@@ -40,7 +40,12 @@ for r in 0 1; do
     expect_in "[rank $r]: no communicator after 1." "$work/hang"
     expect_in "rank $r: NCCL: forming the communicator did not finish within 1 s (2 ranks: one did not join, or one is stuck): the communicator was aborted" "$work/hang"
 done
-echo "ok: a communicator that does not form is aborted at the timeout on every rank"
+# Without a timeout of its own, the group's: CDDP_TIMEOUT_S (it waited a fixed 300 s)
+start=$(date +%s)
+CDDP_TIMEOUT_S=2 FAKE_NCCL_INIT=hang job 2 "$work/hang2" && fail "a communicator that never formed was taken"
+[ $(( $(date +%s) - start )) -lt 30 ] || fail "with CDDP_TIMEOUT_S=2 the hanging communicator took $(( $(date +%s) - start )) s to give up"
+expect_in "NCCL: forming the communicator did not finish within 2 s (2 ranks" "$work/hang2"
+echo "ok: a communicator that does not form is aborted at the timeout on every rank (its own, else CDDP_TIMEOUT_S)"
 
 FAKE_NCCL_INIT=fail job 2 "$work/initfail" && fail "a failed NCCL init was taken"
 expect_in "rank 0: NCCL: forming the communicator failed (2 ranks): unhandled system error" "$work/initfail"
