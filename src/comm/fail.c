@@ -44,12 +44,21 @@ int cddp__comm_peer_aborted(cddp_comm *c, cddp_error *err, int who, const char *
     return cddp__comm_fail(c, err, CDDP_EIO, "rank %d aborted the group: %.319s", who, why);
 }
 
+const char *cddp__comm_cause_told(const cddp_comm *c) {
+    const char *by = c->started_by;
+    return !strcmp(by, "cddprun")  ? "the launcher's report says why"
+           : !strcmp(by, "srun")   ? "srun's output for its task says why"
+           : !strcmp(by, "mpirun") ? "mpirun's output says why"
+           : *by                   ? "its launcher's output says why"
+                                   : "its own output says why";
+}
+
 int cddp__comm_peer_died(cddp_comm *c, cddp_error *err, int who, int pid, const char *what,
                          uint64_t num) {
     return cddp__comm_fail(c, err, CDDP_EIO,
                            "rank %d (pid %d) died during %s #%" PRIu64
-                           "; the group is unusable (the launcher's report says why it died)",
-                           who, pid, what, num);
+                           "; the group is unusable (%s)",
+                           who, pid, what, num, cddp__comm_cause_told(c));
 }
 
 int cddp__comm_peer_left(cddp_comm *c, cddp_error *err, int who, const char *what, uint64_t num,

@@ -578,6 +578,7 @@ cddp_comm *cddp_comm_create(const cddp_comm_options *opts, cddp_error *err) {
         return NULL;
     }
     int rc = cddp__launch_read(&l, err);
+    snprintf(c->started_by, sizeof c->started_by, "%s", l.by);
     if (rc == CDDP_OK) rc = want_mpi(&l, &o, &mpi, why, sizeof why, err);
     if (rc != CDDP_OK) goto out;
     c->timeout = o.timeout_s > 0 ? o.timeout_s : (double)cddp_knob_int(CDDP_KNOB_TIMEOUT_S);

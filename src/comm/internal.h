@@ -146,7 +146,8 @@ extern const cddp__transport cddp__self_transport, cddp__shm_transport, cddp__tc
 
 struct cddp_comm {
     const cddp__transport *tr;
-    void *priv; /* the transport's state */
+    void *priv;          /* the transport's state */
+    char started_by[32]; /* the launcher (cddp__launch.by): where a dead rank's cause is told */
     int rank, world, local_rank, local_world;
     int nhosts; /* hosts the group's ranks are on */
     /* The CPUs this rank may run on (its affinity; 0: not known), and how many of the ranks on
@@ -252,6 +253,9 @@ int cddp__comm_failed(const cddp_comm *c, cddp_error *err);
 /* The failures every transport reports in the same words (each latches the group). */
 int cddp__comm_aborted_here(cddp_comm *c, cddp_error *err); /* CDDP_OK when not aborted */
 int cddp__comm_peer_aborted(cddp_comm *c, cddp_error *err, int who, const char *why);
+/* Where the cause of a rank's end is told, in words, for c's launcher: cddprun's report, srun's
+ * or mpirun's output, the rank's own output. */
+const char *cddp__comm_cause_told(const cddp_comm *c);
 int cddp__comm_peer_died(cddp_comm *c, cddp_error *err, int who, int pid, const char *what,
                          uint64_t num);
 /* who < 0: a rank the transport cannot name (MPI) */

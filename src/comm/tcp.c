@@ -161,8 +161,8 @@ static int peer_closed(cddp_comm *c, int r, const char *what, cddp_error *err) {
     if (t->state[r] == PEER_LIVE)
         return cddp__comm_fail(c, err, CDDP_EIO,
                                "%s #%" PRIu64 ": rank %d closed the connection: it died or "
-                               "failed; the launcher's report says why",
-                               what, c->seq, r);
+                               "failed; %s",
+                               what, c->seq, r, cddp__comm_cause_told(c));
     if (t->state[r] == PEER_FAILED) CDDP_TRY(check_peers(c, what, false, err)); /* the root cause */
     return peer_failure(c, r, what, err);
 }

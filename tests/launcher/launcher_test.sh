@@ -142,6 +142,17 @@ multinode)
         eval "pid$r=\$!"
     done
     wait "$pid0" && wait "$pid1" || { cat "$work/rank0" "$work/rank1"; fail "CDDP_LOCAL_ADDR=lo: a rank failed"; }
+    # srun's tasks that lose a peer point at srun's output, not at a launcher's report that srun
+    # does not write
+    port=$(free_port)
+    for r in 0 1; do
+        SLURM_JOB_ID=77 SLURM_STEP_ID=0 SLURM_PROCID=$r SLURM_NTASKS=2 SLURM_LOCALID=$r SLURM_NODEID=0 \
+            SLURM_STEP_NUM_NODES=1 SLURM_NNODES=1 SLURM_STEP_NODELIST=localhost SLURM_STEP_TASKS_PER_NODE=2 \
+            MASTER_ADDR=127.0.0.1 MASTER_PORT=$port CDDP_STORE_TOKEN=t "$build/bin/comm_check" kill > "$work/srun$r" 2>&1 &
+        eval "pid$r=\$!"
+    done
+    wait "$pid0"; wait "$pid1"
+    expect_in "(srun's output for its task says why)" "$work/srun0"
     "$R" --standalone --nproc_per_node 1 --local_addr nosuchif0 true > "$work/bad" 2>&1; rc=$?
     [ $rc = 2 ] || fail "--local_addr nosuchif0: exit $rc"
     expect_in "--local_addr nosuchif0: 'nosuchif0' is neither an address this machine resolves" "$work/bad"
