@@ -513,6 +513,9 @@ ssh)
     rc=$?
     [ $rc = 1 ] || fail "the job with a failing rank exited $rc, not 1"
     has fail.out "root cause, on node 2: rank 3 (local rank 0, host $("$H" addr "$name" 2)) exited with code 3"
+    # node 0's merged report alone on the head's console: the other nodes point at it
+    [ "$(grep -c '^  root cause' fail.out)" = 1 ] || { cat fail.out; fail "the head's console holds more reports than node 0's"; }
+    has fail.out "cddprun: node 2's part of the job failed; node 0's report names the root cause"
     nothing_left 3 "after a rank failed"
     # Ctrl-C: SIGINT to the head stops every node.
     run_head int.out "$FM" --epochs 1000 --limit 2000 --out int
@@ -542,6 +545,27 @@ ssh)
         { cat late.out; fail "a node reached late by the head's stop reported a failure"; }
     grep -q "root cause" late.out && { cat late.out; fail "a stopped job reported a root cause"; }
     nothing_left 3 "after Ctrl-C with a late control stream"
+    # The head's host vanishes silently: its link goes down, then everything on it is killed (no
+    # connection's end reaches hosts 1 and 2, whose ssh sessions linger). Their launchers stop
+    # within 10 s of the head's last heartbeat, saying why, and their ranks with them.
+    run_head gone.out "$FM" --epochs 1000 --limit 2000 --out gone
+    await 60 "no second epoch in 60 s (head gone)" grep -q "^epoch: 1," gone.out
+    ip link set "${name}v0" down
+    for p in $(ip netns pids "${name}0"); do kill -KILL "$p" 2>/dev/null; done
+    t0=$(date +%s)
+    while :; do
+        left=""
+        for k in 1 2; do
+            for p in $(ip netns pids "$name$k"); do
+                case "$(cat /proc/$p/comm 2>/dev/null)" in cddprun | fashion_mnist) left="$left $p" ;; esac
+            done
+        done
+        [ -z "$left" ] && break
+        [ $(($(date +%s) - t0)) -lt 20 ] || fail "hosts 1 and 2 still run$left 20 s after the head's host vanished"
+        sleep 0.2
+    done
+    gone_s=$(($(date +%s) - t0))
+    ip link set "${name}v0" up
     # A host without sshd: the head names it and stops the others at once.
     list="$name-host0,$name-host1,$name-host3"
     t0=$(date +%s%N)
@@ -551,7 +575,8 @@ ssh)
     nothing_left 3 "after an unreachable host"
     echo "ok: cddprun --hosts on 3 hosts over ssh: final loss $loss, one host's $ref; a failed" \
          "rank failed the job; SIGINT stopped every host in $int_ms ms; an unreachable host named" \
-         "in $ms ms; nothing left running on any host" ;;
+         "in $ms ms; nothing left running on any host; hosts whose head vanished stopped in" \
+         "$gone_s s" ;;
 cut)
     unset CDDP_TIMEOUT_S
     export CDDP_STORE_REPLY_S=5

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_HOSTS 4096
@@ -38,6 +39,11 @@ typedef struct host {
     int control;      /* the write end of its stdin; -1 once closed */
     int status;
 } host;
+
+/* The head's heartbeat on each node's control stream, and how long a node goes without it
+ * before it stops as if the head had stopped the job (docs/DISTRIBUTED.md states the bound). */
+#define HEAD_BEAT_S   1.0
+#define HEAD_SILENT_S 10
 
 /* ---- the host list ------------------------------------------------------------------------ */
 
@@ -343,6 +349,7 @@ static void start_node(host *x, char **argv, const char *cwd, const options *o,
         if (w <= 0) break; /* it ended already: its exit says why */
         off += (size_t)w;
     }
+    fcntl(x->control, F_SETFL, O_NONBLOCK); /* the heartbeats never block the head */
     cddp_free(cmd.p);
     cddp_free(words);
 }
@@ -463,9 +470,19 @@ int cddprun_hosts_main(options *o) {
     for (int k = 0; k < n; k++) running += h[k].pid > 0;
     double stop_at = cddprun_got_signal ? 0 : -1, kill_at = -1;
     bool said = false;
+    double beat = 0;
     while (running > 0) {
         struct pollfd pf = {cddprun_wake_pipe[0], POLLIN, 0};
         poll(&pf, 1, 200);
+        if (cddp_now_s() >= beat) { /* the heartbeat: a node that hears none stops (watch_head) */
+            for (int k = 0; k < n; k++)
+                if (h[k].control >= 0) { /* a node that ended is reaped below; a full pipe hears
+                                            the next beat */
+                    ssize_t w = write(h[k].control, ".", 1);
+                    (void)w;
+                }
+            beat = cddp_now_s() + HEAD_BEAT_S;
+        }
         char b[64];
         while (read(cddprun_wake_pipe[0], b, sizeof b) > 0) {}
         int st;
@@ -520,21 +537,45 @@ int cddprun_hosts_main(options *o) {
 
 /* ---- a node the head started ---------------------------------------------------------------- */
 
-/* Waits for the head's end of stdin; then stops this launcher as SIGHUP does. */
+/* Waits for the head's end of stdin, or HEAD_SILENT_S without its heartbeat (a head whose host
+ * or link vanished closes nothing: its ssh session lingers on this host); then stops this
+ * launcher as SIGHUP does. */
 static void *watch_head(void *arg) {
-    (void)arg;
     char b[64];
+    double heard = cddp_now_s();
+    bool silent = false;
     for (;;) {
+        struct pollfd pf = {STDIN_FILENO, POLLIN, 0};
+        int left = (int)((heard + HEAD_SILENT_S - cddp_now_s()) * 1000) + 1;
+        if (left <= 0) {
+            silent = true;
+            break;
+        }
+        if (poll(&pf, 1, left) <= 0) continue; /* the time is looked at again above */
         ssize_t r = read(STDIN_FILENO, b, sizeof b);
-        if (r > 0 || (r < 0 && errno == EINTR)) continue;
+        if (r > 0) heard = cddp_now_s();
+        if (r > 0 || (r < 0 && (errno == EINTR || errno == EAGAIN))) continue;
         break;
     }
-    static const char msg[] = "cddprun: stopping this node: the cddprun --hosts that started it "
-                              "stopped the job or is gone (its control stream closed)\n";
-    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    static const char closed[] = "cddprun: stopping this node: the cddprun --hosts that started "
+                                 "it stopped the job or is gone (its control stream closed)\n";
+    char msg[256];
+    int len = snprintf(msg, sizeof msg,
+                       "cddprun: stopping this node: the cddprun --hosts that started it sent "
+                       "nothing for %d s (its host, or the network to it, is gone)\n",
+                       HEAD_SILENT_S);
+    ssize_t w = silent ? write(STDERR_FILENO, msg, (size_t)len)
+                       : write(STDERR_FILENO, closed, sizeof closed - 1);
     (void)w;
     kill(getpid(), SIGHUP);
-    return NULL;
+    if (!silent) return NULL;
+    /* The head's host is gone, and node 0's store most likely with it: this launcher's last words
+     * to the store would wait for its replies (CDDP_STORE_REPLY_S). It ends once its workers had
+     * their grace period; the guardian then ends what of theirs is left. */
+    double grace = *(const double *)arg;
+    struct timespec ts = {(time_t)(grace + 3), 0};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+    _exit(128 + SIGHUP);
 }
 
 void cddprun_stdin_control(options *o, char *token) {
@@ -577,7 +618,9 @@ void cddprun_stdin_control(options *o, char *token) {
     o->token_file = NULL;
     o->token_in_argv = false;
     pthread_t tid;
-    if (pthread_create(&tid, NULL, watch_head, NULL) != 0) {
+    static double grace;
+    grace = o->grace_period;
+    if (pthread_create(&tid, NULL, watch_head, &grace) != 0) {
         fprintf(stderr, "cddprun: cannot watch stdin: %s\n", strerror(errno));
         exit(1);
     }

@@ -201,33 +201,50 @@ static round_result run_round(job *j) {
         }
         for (int k = 0; k < nothers; k++) j->lost[others[k].node] |= others[k].lost;
     }
-    fprintf(stderr, "cddprun: the job failed (run %s, attempt %d of %d, node %d of %d)\n",
+    /* A node that --hosts started reports into its log folder, not onto the head's console,
+     * where node 0's merged report alone names the root cause (a node's own would show its
+     * collateral failures as causes). */
+    FILE *rep = stderr;
+    char rep_path[PATH_MAX] = "";
+    if (o->stdin_control && o->node_rank != 0) {
+        if (o->logdir)
+            snprintf(rep_path, sizeof rep_path, "%s/cddprun-node%d.report", o->logdir,
+                     o->node_rank);
+        rep = *rep_path ? fopen(rep_path, j->round == 0 ? "w" : "a") : NULL;
+        fprintf(stderr, "cddprun: node %d's part of the job failed; node 0's report names the "
+                        "root cause%s%s\n",
+                o->node_rank, rep ? ", this node's own is in " : " (--logdir keeps this node's)",
+                rep ? rep_path : "");
+        if (!rep) rep = fopen("/dev/null", "w");
+        if (!rep) rep = stderr;
+    }
+    fprintf(rep, "cddprun: the job failed (run %s, attempt %d of %d, node %d of %d)\n",
             j->run_id, j->failures + 1, o->max_restarts + 1, o->node_rank, j->nodes);
     if (root >= 0 && others[root].lost)
-        fprintf(stderr, "  root cause: %s\n", others[root].text);
+        fprintf(rep, "  root cause: %s\n", others[root].text);
     else if (root >= 0)
-        fprintf(stderr, "  root cause, on node %d: %s\n", others[root].node, others[root].text);
+        fprintf(rep, "  root cause, on node %d: %s\n", others[root].node, others[root].text);
     else if (first)
-        fprintf(stderr, "  root cause: %s\n    log: %s\n", text, first->log_path);
+        fprintf(rep, "  root cause: %s\n    log: %s\n", text, first->log_path);
     else
-        fprintf(stderr, "  root cause%s: %s\n", silent ? "" : ", on another node", remote);
+        fprintf(rep, "  root cause%s: %s\n", silent ? "" : ", on another node", remote);
     if (root >= 0 && first)
-        fprintf(stderr, "  also failed, here: %s\n    log: %s\n", text, first->log_path);
+        fprintf(rep, "  also failed, here: %s\n    log: %s\n", text, first->log_path);
     for (int k = 0; k < nothers; k++)
         if (k != root && others[k].lost)
-            fprintf(stderr, "  also: %s\n", others[k].text);
+            fprintf(rep, "  also: %s\n", others[k].text);
         else if (k != root)
-            fprintf(stderr, "  also failed, on node %d: %s\n", others[k].node, others[k].text);
+            fprintf(rep, "  also failed, on node %d: %s\n", others[k].node, others[k].text);
     if (o->nnodes > 1 && o->node_rank != 0)
-        fprintf(stderr, "  (node 0's report merges every node's)\n");
+        fprintf(rep, "  (node 0's report merges every node's)\n");
     for (int i = 0; i < o->nproc_per_node; i++) {
         worker *w = &j->w[i];
         if (w == first) continue;
         if (w->failed) {
             cddprun_describe(j, w, text, sizeof text);
-            fprintf(stderr, "  also failed: %s\n    log: %s\n", text, w->log_path);
+            fprintf(rep, "  also failed: %s\n    log: %s\n", text, w->log_path);
         } else if (w->stopped) {
-            fprintf(stderr, "  stopped: rank %d (local rank %d) by cddprun\n", w->rank,
+            fprintf(rep, "  stopped: rank %d (local rank %d) by cddprun\n", w->rank,
                     w->local_rank);
         } else if (first && !w->running && WIFEXITED(w->status) && !WEXITSTATUS(w->status) &&
                    w->end_wall <= when + o->monitor_interval + 0.2) {
@@ -235,12 +252,13 @@ static round_result run_round(job *j) {
              * failed, though it did nothing wrong by itself. (Exits are seen at the monitor's
              * looks, and the failure waited 0.2 s for others: one that came then counts too.) */
             cddprun_describe(j, w, text, sizeof text);
-            fprintf(stderr,
+            fprintf(rep,
                     "  finished before it: %s (if the failure is a collective that waited for "
                     "it, the ranks took different numbers of steps)\n",
                     text);
         }
     }
+    if (rep != stderr && rep) fclose(rep);
     return ROUND_FAILED;
 }
 
