@@ -69,11 +69,7 @@ name="h$$"
 name=$(echo "$name" | cut -c1-8)
 # What an earlier run of this script left when it was killed (by ctest's timeout: no trap runs on
 # SIGKILL): hosts named after a process that is gone.
-for d in /run/cddp-hosts-h*; do
-    [ -d "$d" ] || continue
-    old=${d#/run/cddp-hosts-}
-    kill -0 "${old#h}" 2>/dev/null || "$H" stop "$old"
-done
+"$here/sweep.sh" > /dev/null || exit 1
 made_run_sshd=""
 trap '"$H" stop "$name"; [ -z "$made_run_sshd" ] || rmdir /run/sshd; rm -rf "$work"' EXIT
 trap 'exit 1' INT TERM
