@@ -163,6 +163,10 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
     X(STORE_REPLY_S, INT, "30",                                                                    \
       "Seconds a store request may wait for its reply (beyond a wait's own time) before the "      \
       "store counts as gone: its host died or the network to it is cut.")                          \
+    X(HEAD_SILENT_S, INT, "10",                                                                    \
+      "Seconds a node that cddprun --hosts started goes without the head's heartbeat (sent every " \
+      "second on its control stream) before it stops its workers and exits: the head's host or "   \
+      "the network to it is gone.")                                                                \
     X(STORE_MAX_PENDING, INT, "256",                                                               \
       "Store connections that have not yet proved the job token, at most (the oldest goes "        \
       "first).")                                                                                   \

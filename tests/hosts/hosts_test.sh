@@ -543,8 +543,10 @@ ssh)
     nothing_left 3 "after Ctrl-C with a late control stream"
     # The head's host vanishes silently: its link goes down, then everything on it is killed (no
     # connection's end reaches hosts 1 and 2, whose ssh sessions linger). Their launchers stop
-    # within 10 s of the head's last heartbeat, saying why, and their ranks with them.
+    # within CDDP_HEAD_SILENT_S (3 s here) of the head's last heartbeat, and their ranks with them.
+    export CDDP_HEAD_SILENT_S=3
     run_head gone.out "$FM" --epochs 1000 --limit 2000 --out gone
+    unset CDDP_HEAD_SILENT_S
     await 60 "no second epoch in 60 s (head gone)" grep -q "^epoch: 1," gone.out
     ip link set "${name}v0" down
     for p in $(ip netns pids "${name}0"); do kill -KILL "$p" 2>/dev/null; done

@@ -40,10 +40,9 @@ typedef struct host {
     int status;
 } host;
 
-/* The head's heartbeat on each node's control stream, and how long a node goes without it
- * before it stops as if the head had stopped the job (docs/DISTRIBUTED.md states the bound). */
-#define HEAD_BEAT_S   1.0
-#define HEAD_SILENT_S 10
+/* The head's heartbeat on each node's control stream; a node that goes CDDP_HEAD_SILENT_S without
+ * it stops as if the head had stopped the job (docs/DISTRIBUTED.md states the bound). */
+#define HEAD_BEAT_S 1.0
 
 /* ---- the host list ------------------------------------------------------------------------ */
 
@@ -537,16 +536,18 @@ int cddprun_hosts_main(options *o) {
 
 /* ---- a node the head started ---------------------------------------------------------------- */
 
-/* Waits for the head's end of stdin, or HEAD_SILENT_S without its heartbeat (a head whose host
+/* Waits for the head's end of stdin, or CDDP_HEAD_SILENT_S without its heartbeat (a head whose host
  * or link vanished closes nothing: its ssh session lingers on this host); then stops this
  * launcher as SIGHUP does. */
 static void *watch_head(void *arg) {
     char b[64];
+    const double *limits = arg; /* the grace period, then CDDP_HEAD_SILENT_S */
+    double silent_s = limits[1];
     double heard = cddp_now_s();
     bool silent = false;
     for (;;) {
         struct pollfd pf = {STDIN_FILENO, POLLIN, 0};
-        int left = (int)((heard + HEAD_SILENT_S - cddp_now_s()) * 1000) + 1;
+        int left = (int)((heard + silent_s - cddp_now_s()) * 1000) + 1;
         if (left <= 0) {
             silent = true;
             break;
@@ -562,8 +563,9 @@ static void *watch_head(void *arg) {
     char msg[256];
     int len = snprintf(msg, sizeof msg,
                        "cddprun: stopping this node: the cddprun --hosts that started it sent "
-                       "nothing for %d s (its host, or the network to it, is gone)\n",
-                       HEAD_SILENT_S);
+                       "nothing for %.0f s (CDDP_HEAD_SILENT_S: its host, or the network to it, "
+                       "is gone)\n",
+                       silent_s);
     ssize_t w = silent ? write(STDERR_FILENO, msg, (size_t)len)
                        : write(STDERR_FILENO, closed, sizeof closed - 1);
     (void)w;
@@ -572,7 +574,7 @@ static void *watch_head(void *arg) {
     /* The head's host is gone, and node 0's store most likely with it: this launcher's last words
      * to the store would wait for its replies (CDDP_STORE_REPLY_S). It ends once its workers had
      * their grace period; the guardian then ends what of theirs is left. */
-    double grace = *(const double *)arg;
+    double grace = limits[0];
     struct timespec ts = {(time_t)(grace + 3), 0};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
     _exit(128 + SIGHUP);
@@ -618,9 +620,10 @@ void cddprun_stdin_control(options *o, char *token) {
     o->token_file = NULL;
     o->token_in_argv = false;
     pthread_t tid;
-    static double grace;
-    grace = o->grace_period;
-    if (pthread_create(&tid, NULL, watch_head, &grace) != 0) {
+    static double limits[2]; /* read after the environment above is set: the head's */
+    limits[0] = o->grace_period;
+    limits[1] = (double)CDDP_MAX(cddp_knob_int(CDDP_KNOB_HEAD_SILENT_S), 1);
+    if (pthread_create(&tid, NULL, watch_head, limits) != 0) {
         fprintf(stderr, "cddprun: cannot watch stdin: %s\n", strerror(errno));
         exit(1);
     }
