@@ -160,7 +160,7 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
       "A collective that has waited this many seconds logs which ranks it waits for (0: never).")  \
     X(STORE_AUTH_TIMEOUT_S, INT, "10",                                                             \
       "Seconds a store connection may take to prove it has the job token before it is closed.")    \
-    X(STORE_REPLY_S, INT, "30",                                                                    \
+    X(STORE_REPLY_S, INT, "5",                                                                     \
       "Seconds a store request may wait for its reply (beyond a wait's own time) before the "      \
       "store counts as gone: its host died or the network to it is cut.")                          \
     X(HEAD_SILENT_S, INT, "10",                                                                    \

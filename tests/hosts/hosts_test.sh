@@ -41,6 +41,9 @@
 #          restart, also on host 1, whose rank fails before its launcher's next look at the
 #          store), resumes on 3 ranks and ends as the uninterrupted run, every sample once per
 #          epoch
+#   vanish the elastic job of 3 hosts, host 2's link cut mid-training (nothing dies, nothing
+#          closes): node 0 finds it silent at CDDP_STORE_REPLY_S (5 s by default) and the job
+#          trains again on hosts 0 and 1, as in elastic (bench/recovery.sh vanish: the figure)
 #   below  an elastic job of 2 hosts (--nnodes 2:3); host 1 dies: with 1 node left, below MIN,
 #          host 0 stops within CDDP_RDZV_TIMEOUT_S (3 s here) and says why
 #   ssh    one command, many hosts: cddprun --hosts on host 0 starts hosts 1 and 2 over ssh
@@ -52,10 +55,10 @@
 #          first: each node still says the head stopped it); a host without sshd is named. After
 #          each, nothing of the job runs on any host
 #   cut    3 hosts x 1 rank; host 2's link goes down mid-training (nothing is sent, nothing dies):
-#          with CDDP_STORE_REPLY_S=5 (and the collectives' own deadline, CDDP_TIMEOUT_S, at its
-#          300 s), every cddprun exits 1 within 30 s: host 0's report names host 2 as the root
-#          cause (silent, no heartbeat), not host 1's rank, which failed when host 0 stopped its
-#          own; host 2 says it lost node 0's store
+#          with CDDP_STORE_REPLY_S at its default, 5 s (the collectives' own deadline,
+#          CDDP_TIMEOUT_S, at its 300 s), every cddprun exits 1 within 30 s: host 0's report
+#          names host 2 as the root cause (silent, no heartbeat), not host 1's rank, which failed
+#          when host 0 stopped its own; host 2 says it lost node 0's store
 set -u
 build=$(cd "$1" && pwd)
 scenario=$2
@@ -387,7 +390,7 @@ replace)
     [ "$(json node0.out world)" = 3 ] || fail "the job ended on $(json node0.out world) ranks, not 3"
     echo "ok: host 2 died and host 3 took its place (node rank 2, freed by its will); the job" \
          "ended on 3 nodes, test accuracy $(json node0.out test_acc)" ;;
-elastic | late)
+elastic | late | vanish)
     args="--epochs 2 --limit 9000 --log-every 0 --json --out ckpt --save-every 10"
     "$build/bin/cddprun" --standalone --nproc_per_node 3 "$FM" $args --batch-size 32 \
         --out straight > straight.out 2>&1 || fail "the uninterrupted run exited $?"
@@ -408,6 +411,10 @@ elastic | late)
         elastic_node 2
         pids="$pids $!"
         expect="3 of 2..3 nodes (0,1,2)" world=3 event="host 2 came"
+    elif [ "$scenario" = vanish ]; then # silently: nothing closes, its processes run on
+        ip link set "${name}v2" down
+        pids=${pids% *}
+        expect="2 of 2..3 nodes (0,1)" world=2 event="host 2 vanished"
     else
         for p in $(ip netns pids "${name}2"); do kill -9 "$p" 2>/dev/null; done
         pids=${pids% *}
@@ -419,6 +426,9 @@ elastic | late)
     has node0.out "cddprun: round 1: $expect"
     if [ "$scenario" = elastic ]; then # the root cause is the lost node, not a rank that lost it
         has node0.out "  root cause: node 2 (host $("$H" addr "$name" 2), ranks 2-2) is gone: its launcher's connection to the job's store ended"
+    fi
+    if [ "$scenario" = vanish ]; then # found by its silence, at CDDP_STORE_REPLY_S (5 s)
+        has node0.out "  root cause: node 2 (host $("$H" addr "$name" 2), ranks 2-2) stopped answering: its launcher sent no heartbeat for ${CDDP_STORE_REPLY_S:-5} s"
     fi
     if [ "$scenario" = late ]; then
         has node2.out "cddprun: node 2 of 3 (no --node_rank: the order the nodes joined in"
@@ -576,8 +586,7 @@ ssh)
          "in $ms ms; nothing left running on any host; hosts whose head vanished stopped in" \
          "$gone_s s" ;;
 cut)
-    unset CDDP_TIMEOUT_S
-    export CDDP_STORE_REPLY_S=5
+    unset CDDP_TIMEOUT_S CDDP_STORE_REPLY_S # the silence bound at its default, 5 s
     hosts 3
     for i in 0 1 2; do
         node "$i" 3 1 "$FM" --epochs 1000 --limit 2000 --out "out$i"
@@ -601,7 +610,7 @@ cut)
     ms2=$((($(date +%s%N) - t0) / 1000000))
     [ $r0 = 1 ] && [ $r1 = 1 ] && [ $r2 = 1 ] || fail "the cddprun exited $r0, $r1 and $r2, not 1"
     [ $ms0 -le 30000 ] || fail "host 0's cddprun took $ms0 ms"
-    has node0.out "  root cause: node 2 (host $("$H" addr "$name" 2), ranks 2-2) stopped answering: its launcher sent no heartbeat for 5 s"
+    has node0.out "  root cause: node 2 (host $("$H" addr "$name" 2), ranks 2-2) stopped answering: its launcher sent no heartbeat for ${CDDP_STORE_REPLY_S:-5} s"
     grep -q "root cause, on node 1" node0.out && fail "host 0 blames host 1's rank, which failed after host 2"
     has node2.out "node 0's launcher is gone"
     echo "ok: host 2 of 3 cut off: host 0's cddprun exited 1 after $ms0 ms naming host 2, the others by $ms2 ms" ;;
