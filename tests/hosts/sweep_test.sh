@@ -7,13 +7,17 @@ here=$(cd "$(dirname "$0")" && pwd)
 H="$here/hosts.sh"
 fail() { echo "FAIL: $*"; exit 1; }
 [ "$(id -u)" = 0 ] || { echo "cannot run on this machine: network namespaces need root"; exit 77; }
-sh -c 'exit 0' &
-dead=$!
-wait $dead
+# a pid that is gone: a child that ended (another, should its pid be taken again at once)
+for _ in 1 2 3 4 5; do
+    sh -c 'exit 0' &
+    dead=$!
+    wait $dead
+    kill -0 "$dead" 2>/dev/null || break
+done
+kill -0 "$dead" 2>/dev/null && fail "no pid that stays gone"
 name=$(echo "h$dead" | cut -c1-8)
 live=$(echo "h$$" | cut -c1-8)
 trap '"$H" stop "$name"; "$H" stop "$live"' EXIT
-kill -0 "${name#h}" 2>/dev/null && { echo "cannot run now: pid ${name#h} was taken again"; exit 77; }
 "$H" start "$name" 2 none > /dev/null || fail "cannot start the hosts"
 "$H" start "$live" 1 none > /dev/null || fail "cannot start the live test's host"
 "$H" exec "$name" 1 sleep 600 &
