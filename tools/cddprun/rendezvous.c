@@ -253,27 +253,22 @@ static void claim_node_rank(job *j, bool elastic) {
     exit(1);
 }
 
-/* Node k's address for the others and which loopback it reaches (cddp_net_loopback_id), as it
- * registered for the round, into host and reach. False when it posted none. */
-static bool node_reach(job *j, int k, char *host, size_t hn, char *reach, size_t rn) {
+/* Which loopback node k reaches (cddp_net_loopback_id), as it registered for the round, into
+ * reach (n bytes). False when it posted none. */
+static bool node_reach(job *j, int k, char *reach, size_t n) {
     char key[64];
     void *v = NULL;
     size_t len = 0;
     cddp_error err = {0};
     snprintf(key, sizeof key, "r%d/reach/%d", j->round, k);
     if (cddp_store_get(j->store, key, 0, &v, &len, &err) != CDDP_OK) return false;
-    snprintf(reach, rn, "%s", (char *)v);
-    cddp_free(v);
-    snprintf(key, sizeof key, "r%d/node/%d", j->round, k);
-    if (cddp_store_get(j->store, key, 0, &v, &len, &err) != CDDP_OK) return false;
-    const char *space = strchr(v, ' ');
-    snprintf(host, hn, "%s", space ? space + 1 : "?");
+    snprintf(reach, n, "%s", (char *)v);
     cddp_free(v);
     return true;
 }
 
-/* Every node of the round refuses the job for the same reason: each says so in the store, and
- * node 0, whose process holds it, waits up to 2 s for the others to have read what they need. */
+/* A node that refuses the job says so in the store; node 0, whose process holds it, waits up to
+ * 2 s for the other nodes that refuse too, so that each reads what it needs to say why. */
 static void refuse_together(job *j) {
     char key[64];
     cddp_error err = {0};
@@ -288,31 +283,27 @@ static void refuse_together(job *j) {
     }
 }
 
-/* A node whose address for the others is loopback (--local_addr lo, CDDP_SOCKET_IFNAME=lo) in a
- * job with nodes on other hosts (or network namespaces): their ranks would connect to their own
- * loopback and fail at CDDP_RDZV_TIMEOUT_S. Every node sees the same and exits at once. */
+/* This node's address for the others is loopback (--local_addr lo, CDDP_SOCKET_IFNAME=lo) in a
+ * job with a node on another host (or network namespace): that node's ranks would connect to
+ * their own loopback and fail at CDDP_RDZV_TIMEOUT_S. Refused at once. Only such a node reads
+ * the others' posts: a job of many nodes costs its store nothing. */
 static void loopback_reachable(job *j) {
     const options *o = &j->o;
-    char host[256], reach[128], other_host[256], other[128];
+    if (!cddp_net_is_loopback(j->host)) return;
+    char mine[128], other[128];
+    cddp_net_loopback_id(mine, sizeof mine);
     for (int k = 0; k < o->nnodes; k++) {
-        if (!j->in[k] || !node_reach(j, k, host, sizeof host, reach, sizeof reach) ||
-            !cddp_net_is_loopback(host))
+        if (k == o->node_rank || !j->in[k] || !node_reach(j, k, other, sizeof other) ||
+            !strcmp(mine, other))
             continue;
-        for (int l = 0; l < o->nnodes; l++) {
-            if (l == k || !j->in[l] ||
-                !node_reach(j, l, other_host, sizeof other_host, other, sizeof other) ||
-                !strcmp(reach, other))
-                continue;
-            fprintf(stderr,
-                    "cddprun: node %d's address for the others is %s, a loopback address, but "
-                    "node %d is on another host (or network namespace): its ranks cannot reach "
-                    "node %d's there. Give node %d an address the other hosts reach: "
-                    "--local_addr (or CDDP_SOCKET_IFNAME) naming an interface other than lo, or "
-                    "its host name\n",
-                    k, host, l, k, k);
-            refuse_together(j);
-            exit(1);
-        }
+        fprintf(stderr,
+                "cddprun: node %d's address for the others is %s, a loopback address, but node "
+                "%d is on another host (or network namespace): its ranks cannot reach node %d's "
+                "there. Give node %d an address the other hosts reach: --local_addr (or "
+                "CDDP_SOCKET_IFNAME) naming an interface other than lo, or its host name\n",
+                o->node_rank, j->host, k, o->node_rank, o->node_rank);
+        refuse_together(j);
+        exit(1);
     }
 }
 
