@@ -547,12 +547,13 @@ static void *watch_head(void *arg) {
     bool silent = false;
     for (;;) {
         struct pollfd pf = {STDIN_FILENO, POLLIN, 0};
-        int left = (int)((heard + silent_s - cddp_now_s()) * 1000) + 1;
+        double left = heard + silent_s - cddp_now_s();
         if (left <= 0) {
             silent = true;
             break;
         }
-        if (poll(&pf, 1, left) <= 0) continue; /* the time is looked at again above */
+        /* a second at a time at most: the time is looked at again above */
+        if (poll(&pf, 1, (int)(CDDP_MIN(left, 1.0) * 1000) + 1) <= 0) continue;
         ssize_t r = read(STDIN_FILENO, b, sizeof b);
         if (r > 0) heard = cddp_now_s();
         if (r > 0 || (r < 0 && (errno == EINTR || errno == EAGAIN))) continue;
