@@ -227,6 +227,7 @@ void cddprun_start_workers(job *j) {
     const options *o = &j->o;
     start_guardian();
     int on_console = 0; /* workers of this node that write to the console */
+    bool terminal = isatty(STDOUT_FILENO) && isatty(STDERR_FILENO);
     for (int i = 0; i < o->nproc_per_node; i++)
         on_console += cddprun_rank_shown(o, i) && cddprun_streams_for(&o->redirects, i) != 3;
     for (int i = 0; i < o->nproc_per_node; i++) {
@@ -239,11 +240,13 @@ void cddprun_start_workers(job *j) {
             .fd = -1, .log = -1, .console = !(redirect & 2), .prefix = tee & 2, .to = stderr};
         if (!cddprun_rank_shown(o, i)) w->out.console = w->err.console = false;
         /* Through cddprun when a stream is prefixed, goes both to a file and the console, or
-         * shares the console with another worker's (cddprun writes whole lines); else straight
-         * to its file, or to the console. */
+         * shares a console that is a file or a pipe with another worker's: there the workers'
+         * stdio writes whole buffers, cut mid-line, and cddprun writes whole lines instead. On a
+         * terminal their stdio writes line by line already, and a worker keeps the terminal (its
+         * output at once, its progress bars). Else straight to its file, or to the console. */
         bool console = w->out.console || w->err.console;
-        bool pipes =
-            w->out.prefix || w->err.prefix || (o->logdir && console) || (on_console > 1 && console);
+        bool pipes = w->out.prefix || w->err.prefix || (o->logdir && console) ||
+                     (on_console > 1 && console && !terminal);
         snprintf(w->log_path, sizeof w->log_path, "the console (use --logdir to keep logs)");
         if (o->logdir) {
             char p[PATH_MAX];
