@@ -66,7 +66,7 @@ CDDP_API int cddp_dcomm_choose(cddp_comm *group, cddp_device *dev, cddp_dcomm_tr
 
 typedef struct cddp_dcomm_options {
     cddp_dcomm_transport transport; /* default (0): AUTO */
-    double timeout_s;     /* each collective (default: the group's, cddp_comm_timeout) */
+    double timeout_s;               /* each collective (default: cddp_comm_timeout) */
     size_t scratch_bytes; /* IPC: each rank's scratch (cddp_ipc_options; default 64 MiB) */
 } cddp_dcomm_options;
 

@@ -323,8 +323,8 @@ cddp_nccl *cddp_nccl_create(cddp_comm *group, cddp_device *dev, const cddp_nccl_
                      .main = cddp_device_native_queue(dev),
                      .rank = rank,
                      .world = world,
-                     .timeout = opts && opts->timeout_s > 0 ? opts->timeout_s
-                                                            : cddp_comm_timeout(group)};
+                     .timeout =
+                         opts && opts->timeout_s > 0 ? opts->timeout_s : cddp_comm_timeout(group)};
     pthread_mutex_init(&n->lock, NULL);
     pthread_cond_init(&n->wake, NULL);
     if (cddp_device_kind_of(dev) == CDDP_DEVICE_CUDA) cudaSetDevice(cddp_device_index(dev));

@@ -211,15 +211,16 @@ static round_result run_round(job *j) {
             snprintf(rep_path, sizeof rep_path, "%s/cddprun-node%d.report", o->logdir,
                      o->node_rank);
         rep = *rep_path ? fopen(rep_path, j->round == 0 ? "w" : "a") : NULL;
-        fprintf(stderr, "cddprun: node %d's part of the job failed; node 0's report names the "
-                        "root cause%s%s\n",
+        fprintf(stderr,
+                "cddprun: node %d's part of the job failed; node 0's report names the "
+                "root cause%s%s\n",
                 o->node_rank, rep ? ", this node's own is in " : " (--logdir keeps this node's)",
                 rep ? rep_path : "");
         if (!rep) rep = fopen("/dev/null", "w");
         if (!rep) rep = stderr;
     }
-    fprintf(rep, "cddprun: the job failed (run %s, attempt %d of %d, node %d of %d)\n",
-            j->run_id, j->failures + 1, o->max_restarts + 1, o->node_rank, j->nodes);
+    fprintf(rep, "cddprun: the job failed (run %s, attempt %d of %d, node %d of %d)\n", j->run_id,
+            j->failures + 1, o->max_restarts + 1, o->node_rank, j->nodes);
     if (root >= 0 && others[root].lost)
         fprintf(rep, "  root cause: %s\n", others[root].text);
     else if (root >= 0)
@@ -244,8 +245,7 @@ static round_result run_round(job *j) {
             cddprun_describe(j, w, text, sizeof text);
             fprintf(rep, "  also failed: %s\n    log: %s\n", text, w->log_path);
         } else if (w->stopped) {
-            fprintf(rep, "  stopped: rank %d (local rank %d) by cddprun\n", w->rank,
-                    w->local_rank);
+            fprintf(rep, "  stopped: rank %d (local rank %d) by cddprun\n", w->rank, w->local_rank);
         } else if (first && !w->running && WIFEXITED(w->status) && !WEXITSTATUS(w->status) &&
                    w->end_wall <= when + o->monitor_interval + 0.2) {
             /* A rank that finished while its peers still called collectives with it is why they
