@@ -76,11 +76,22 @@ static int local_address(const cddp_comm *c, cddp_store *st, char *out, size_t n
     return CDDP_OK;
 }
 
-/* What chose a posted address, in words: the knob and its value, or the route to the master. */
-static const char *origin(const char *from) {
-    return !strcmp(from, "route") ? "the route to the master: is MASTER_ADDR loopback?"
-           : *from                ? from
-                                  : "?";
+/* Rank `listener` listens at addr, a loopback address (chosen by `from`: the knob and its value,
+ * or "route", the route to the master), which rank `other`, on another host or network
+ * namespace, cannot reach: said at once, by both, rather than at the deadline. */
+static int loopback_unreachable(int listener, const char *addr, const char *from, int other,
+                                cddp_error *err) {
+    return cddp_error_set(
+        err, CDDP_EINVAL,
+        "rank %d listens at %s, a loopback address (from %s), but rank %d is on another host (or "
+        "network namespace) and cannot reach it there. Give every rank an address the other "
+        "hosts reach: cddprun --local_addr (or CDDP_SOCKET_IFNAME) naming an interface other "
+        "than lo, or CDDP_LOCAL_ADDR",
+        listener, addr,
+        !strcmp(from, "route") ? "the route to the master: is MASTER_ADDR loopback?"
+        : *from                ? from
+                               : "?",
+        other);
 }
 
 static void big_buffers(int fd) {
@@ -89,7 +100,10 @@ static void big_buffers(int fd) {
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
 }
 
-static int connect_lower(cddp_comm *c, cddp_store *st, int r, double deadline, cddp_error *err) {
+/* Connects to rank r (below this one), whose post holds its address; mine: this rank's
+ * cddp_net_loopback_id. */
+static int connect_lower(cddp_comm *c, cddp_store *st, int r, const char *mine, double deadline,
+                         cddp_error *err) {
     tcp *t = T(c);
     void *v = NULL;
     size_t len;
@@ -98,21 +112,13 @@ static int connect_lower(cddp_comm *c, cddp_store *st, int r, double deadline, c
     snprintf(key, sizeof key, "comm/tcp/%d", r);
     CDDP_TRY(cddp_store_get(st, key, -1, &v, &len, err));
     int rc = CDDP_OK;
-    char reach[128] = "", mine[128], from[64] = "";
+    char reach[128] = "", from[64] = "";
     if (sscanf(v, "%255s %d %127s %63s", host, &port, reach, from) < 2)
         rc = cddp_error_set(err, CDDP_EIO, "rank %d posted a bad address '%s'", r, (char *)v);
     /* A loopback address reaches rank r only from its own machine and network namespace: from
-     * another host it would reach this one's loopback, and the connection would fail at the
-     * deadline. Said at once, with what chose the address. */
-    cddp_net_loopback_id(mine, sizeof mine);
+     * another host it would reach this one's loopback. */
     if (rc == CDDP_OK && *reach && strcmp(reach, mine) != 0 && cddp_net_is_loopback(host))
-        rc = cddp_error_set(
-            err, CDDP_EINVAL,
-            "rank %d listens at %s, a loopback address (from %s), but it is on another host (or "
-            "network namespace) than rank %d: no rank of another host can reach it there. Give "
-            "every rank an address the other hosts reach: cddprun --local_addr (or "
-            "CDDP_SOCKET_IFNAME) naming an interface other than lo, or CDDP_LOCAL_ADDR",
-            r, host, origin(from), c->rank);
+        rc = loopback_unreachable(r, host, from, c->rank, err);
     for (int ch = CH_DATA; ch <= CH_CONTROL && rc == CDDP_OK; ch++) {
         int *fd = ch == CH_DATA ? &t->data[r] : &t->control[r];
         if ((rc = cddp_net_connect(host, port, NULL, deadline, fd, err)) != CDDP_OK) break;
@@ -297,16 +303,11 @@ int cddp__tcp_setup(cddp_comm *c, cddp_store *st, double deadline, cddp_error *e
             rc = cddp_store_get(st, key, -1, &v, &len, err);
             if (rc == CDDP_OK && sscanf(v, "%*s %*d %127s", theirs) == 1 &&
                 strcmp(theirs, reach) != 0)
-                rc = cddp_error_set(
-                    err, CDDP_EINVAL,
-                    "rank %d listens at %s, a loopback address (from %s), but rank %d is on "
-                    "another host (or network namespace) and cannot reach it there. Give every "
-                    "rank an address the other hosts reach: cddprun --local_addr (or "
-                    "CDDP_SOCKET_IFNAME) naming an interface other than lo, or CDDP_LOCAL_ADDR",
-                    me, addr, origin(from), r);
+                rc = loopback_unreachable(me, addr, from, r, err);
             cddp_free(v);
         }
-    for (int r = 0; r < me && rc == CDDP_OK; r++) rc = connect_lower(c, st, r, deadline, err);
+    for (int r = 0; r < me && rc == CDDP_OK; r++)
+        rc = connect_lower(c, st, r, reach, deadline, err);
     if (rc == CDDP_OK) rc = accept_higher(c, listen_fd, addr, port, deadline, err);
     close(listen_fd);
     if (rc != CDDP_OK) return rc;

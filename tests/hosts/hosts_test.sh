@@ -283,7 +283,7 @@ srun)
     took=$(( $(date +%s) - t0 ))
     [ "$took" -lt 10 ] || fail "loopback across hosts took $took s to be refused"
     has lo0.out "rank 0 listens at 127.0.0.1, a loopback address (from CDDP_SOCKET_IFNAME=lo), but rank 1 is on another host (or network namespace)"
-    has lo1.out "rank 0 listens at 127.0.0.1, a loopback address (from CDDP_SOCKET_IFNAME=lo), but it is on another host (or network namespace) than rank 1"
+    has lo1.out "rank 0 listens at 127.0.0.1, a loopback address (from CDDP_SOCKET_IFNAME=lo), but rank 1 is on another host (or network namespace)"
     has clo0.out "cddprun: node 0's address for the others is 127.0.0.1, a loopback address, but node 1 is on another host (or network namespace)"
     has clo1.out "cddprun: node 1's address for the others is 127.0.0.1, a loopback address, but node 0 is on another host (or network namespace)"
     echo "ok: srun's variables alone on 2 hosts x 2 tasks: final loss $loss, one host's $ref;" \
