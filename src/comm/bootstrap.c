@@ -27,6 +27,7 @@
  * in, and otherwise meets as any srun step does.
  */
 #include "cddp/launch.h"
+#include "cddp/net.h"
 #include "comm/internal.h"
 #include "cddp/core.h"
 
@@ -195,13 +196,10 @@ void cddp_host_id(char *out, size_t n) {
         snprintf(out, n, "%s", id);
         return;
     }
-    char boot[64] = "", host[128] = "";
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (f) {
-        if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
-        fclose(f);
-        boot[strcspn(boot, "\n")] = '\0';
-    }
+    char boot[128], host[128] = "";
+    cddp_net_loopback_id(boot, sizeof boot); /* "BOOT/NETNS": the boot id, "?" when unread */
+    boot[strcspn(boot, "/")] = '\0';
+    if (!strcmp(boot, "?")) boot[0] = '\0';
     gethostname(host, sizeof host - 1);
     snprintf(out, n, "%s/%s", boot, host);
 }
