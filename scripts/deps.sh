@@ -10,7 +10,8 @@
 # exits 1 so that make stops before a confusing compiler error.
 set -eu
 
-build_pkgs="cmake make gcc pkg-config libopenblas-dev libdnnl-dev nettle-dev zlib1g-dev libcjson-dev"
+build_pkgs="cmake make gcc pkg-config libopenblas-dev libdnnl-dev nettle-dev zlib1g-dev libcjson-dev \
+libpcre2-dev"
 # The tests also run a PyTorch script under cddprun (python3-torch) and render SVG curves the way
 # a user would look at them (librsvg2-bin's rsvg-convert). The GPT's corpus is Debian's fortunes.
 # CI fuzzes the readers with clang's libFuzzer (clang, libclang-rt-14-dev). A real Slurm runs on

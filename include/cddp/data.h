@@ -214,6 +214,47 @@ CDDP_API cddp_dataset *cddp_dataset_token_windows(const cddp_tokens *tokens, int
 CDDP_API cddp_dataset *cddp_dataset_token_shards(cddp_tokens *shards, int count, int64_t block_size,
                                                  int64_t stride, cddp_error *err);
 
+/* ---- Tokenizers: byte-level BPE ----------------------------------------------------------- */
+
+/* A byte-level BPE tokenizer, as GPT-2, Llama 3, Qwen and SmolLM ship theirs: Hugging Face's
+ * tokenizer.json, or GPT-2's vocab.json with merges.txt beside it. Encoding gives the ids that
+ * Hugging Face's tokenizers gives for the same file (encode(text, add_special_tokens=False): no
+ * template tokens are added), and decoding is its inverse: decode(encode(x)) is x, byte for byte.
+ * Added tokens (<|endoftext|> and the like) written in the text are their ids. A file that asks
+ * for what cddp does not implement (a normalizer, a SentencePiece-style tokenizer, BPE dropout,
+ * another model than BPE, another pre-tokenizer than ByteLevel, Split and Digits) is refused,
+ * naming it. Text is UTF-8; bytes that are not are encoded all the same, each a piece of its own.
+ * A tokenizer is read-only once loaded: threads may share one. */
+typedef struct cddp_tokenizer cddp_tokenizer;
+
+/* Reads path: a tokenizer.json, a vocab.json (merges.txt in its folder), or a model's folder
+ * holding either. The beginning- and end-of-text tokens are tokenizer_config.json's bos_token
+ * and eos_token when that file is in the same folder, else the first the vocabulary has of
+ * <|begin_of_text|>, <s>, <|endoftext|> (the beginning) and <|endoftext|>, <|end_of_text|>, </s>
+ * (the end). NULL with CDDP_ENOENT, CDDP_EFORMAT (naming what is wrong or not supported) or
+ * CDDP_ENOMEM. */
+CDDP_API cddp_tokenizer *cddp_tokenizer_load(const char *path, cddp_error *err);
+CDDP_API void cddp_tokenizer_destroy(cddp_tokenizer *t);
+/* The largest id + 1 (GPT-2's: 50257); a model's vocabulary must hold it. */
+CDDP_API int64_t cddp_tokenizer_vocab_size(const cddp_tokenizer *t);
+/* The beginning- and end-of-text tokens (GPT-2: both <|endoftext|>, 50256); -1 when none. */
+CDDP_API int64_t cddp_tokenizer_bos(const cddp_tokenizer *t);
+CDDP_API int64_t cddp_tokenizer_eos(const cddp_tokenizer *t);
+/* The id of one token by its text: an added token's content ("<|endoftext|>"), or a vocabulary
+ * token written as the vocabulary writes it ("Ġworld") or as its bytes (" world"); -1 when none. */
+CDDP_API int64_t cddp_tokenizer_id(const cddp_tokenizer *t, const char *token);
+/* Encodes text[0, len) into *ids (*count of them; cddp_free it). On failure *ids is NULL. */
+CDDP_API int cddp_tokenizer_encode(const cddp_tokenizer *t, const char *text, size_t len,
+                                   int32_t **ids, int64_t *count, cddp_error *err);
+/* Decodes count ids into *text (*len bytes and a NUL; cddp_free it). An id outside the vocabulary
+ * is CDDP_ERANGE naming it; *text is NULL then. */
+CDDP_API int cddp_tokenizer_decode(const cddp_tokenizer *t, const int32_t *ids, int64_t count,
+                                   char **text, size_t *len, cddp_error *err);
+/* The bytes token id stands for (*len of them, not NUL-terminated as far as the text goes: a
+ * token may hold a NUL), to print a sample token by token; NULL when id is not in the
+ * vocabulary. */
+CDDP_API const char *cddp_tokenizer_piece(const cddp_tokenizer *t, int64_t id, size_t *len);
+
 /* ---- DistributedSampler ------------------------------------------------------------------- */
 
 /* PyTorch's DistributedSampler, plus what its users ask for.
