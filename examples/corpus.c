@@ -132,12 +132,28 @@ int corpus_load(const char *path, corpus *train, corpus *val, cddp_error *err) {
 }
 
 int64_t corpus_max_token(const corpus *c) {
-    uint16_t m = 0; /* the loop as the compiler vectorises it: 10 GB/s on one core */
+    uint32_t m = 0; /* the loops as the compiler vectorises them: 10 GB/s on one core */
     for (int k = 0; k < c->count; k++) {
         const uint16_t *t = c->shard[k].data;
-        for (int64_t i = 0; i < c->shard[k].count; i++) m = t[i] > m ? t[i] : m;
+        const uint32_t *w = c->shard[k].wide;
+        for (int64_t i = 0; t && i < c->shard[k].count; i++) m = t[i] > m ? t[i] : m;
+        for (int64_t i = 0; w && i < c->shard[k].count; i++) m = w[i] > m ? w[i] : m;
     }
     return m;
+}
+
+int corpus_vocab(const corpus *c, int64_t *vocab, cddp_error *err) {
+    for (int k = 0; k < c->count; k++) {
+        int64_t v = c->shard[k].vocab_size;
+        if (v > 0 && *vocab > 0 && v != *vocab)
+            return cddp_error_set(err, CDDP_EINVAL,
+                                  "%s was tokenized with a vocabulary of %" PRId64
+                                  " tokens, the data before it with one of %" PRId64
+                                  ": files of two tokenizers",
+                                  c->name[k], v, *vocab);
+        if (v > 0) *vocab = v;
+    }
+    return CDDP_OK;
 }
 
 /* ---- windows checked as they are read ------------------------------------------------------- */

@@ -30,6 +30,10 @@ void corpus_free(corpus *c);
 
 /* The largest token in c: it reads every token. */
 int64_t corpus_max_token(const corpus *c);
+/* The vocabulary c's token files record (cddp-tokenize writes it) into *vocab, left as it is when
+ * none does (llm.c's own files, or *vocab from another corpus); CDDP_EINVAL naming the file when
+ * two record different ones. */
+int corpus_vocab(const corpus *c, int64_t *vocab, cddp_error *err);
 
 /* c's windows of block tokens every stride (cddp_dataset_token_shards, which takes c's shards
  * over). vocab > 0: each window's tokens are checked as the window is read, one at or beyond

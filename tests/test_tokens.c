@@ -37,7 +37,8 @@ static void test_layout_and_round_trip(void **state) {
     char path[512];
     snprintf(path, sizeof path, "%s/t.bin", test_dir);
     cddp_error err = {0};
-    assert_int_equal(cddp_tokens_write(path, tokens, 7, &err), CDDP_OK);
+    assert_int_equal(cddp_tokens_write(path, &(cddp_tokens){.count = 7, .data = tokens}, &err),
+                     CDDP_OK);
     size_t n;
     uint8_t *got = slurp(path, &n), want[1024 + 14];
     assert_int_equal(n, llmc_file(want, tokens, 7));
@@ -54,15 +55,21 @@ static void test_layout_and_round_trip(void **state) {
     assert_int_equal(t.count, 7);
     assert_int_equal(t.data[4], 50256);
     cddp_tokens_free(&t);
-    assert_int_equal(cddp_tokens_write(path, tokens, 0, &err), CDDP_OK);
+    assert_int_equal(cddp_tokens_write(path, &(cddp_tokens){.count = 0, .data = tokens}, &err),
+                     CDDP_OK);
     assert_int_equal(cddp_tokens_read(path, &t, &err), CDDP_OK);
     assert_int_equal(t.count, 0);
     cddp_tokens_free(&t);
     /* A count beyond the header's int32, and a folder that does not exist: clear errors, and no
      * temporary file is left behind. */
-    assert_int_equal(cddp_tokens_write(path, tokens, (int64_t)INT32_MAX + 1, &err), CDDP_ERANGE);
+    assert_int_equal(
+        cddp_tokens_write(path, &(cddp_tokens){.count = (int64_t)INT32_MAX + 1, .data = tokens},
+                          &err),
+        CDDP_ERANGE);
     assert_non_null(strstr(err.msg, "an int32 count"));
-    assert_int_equal(cddp_tokens_write("/nonexistent/t.bin", tokens, 7, &err), CDDP_EIO);
+    assert_int_equal(
+        cddp_tokens_write("/nonexistent/t.bin", &(cddp_tokens){.count = 7, .data = tokens}, &err),
+        CDDP_EIO);
     assert_non_null(strstr(err.msg, "does the folder exist"));
 }
 
@@ -109,6 +116,83 @@ static void test_corrupt_files(void **state) {
     assert_non_null(strstr(err.msg, "not a regular file"));
 }
 
+/* Llama 3's files (uint32 tokens, magic 20240801, version 7) and the vocabulary cddp records in
+ * the header's fourth int32: written, read back (mapped), split and windowed as uint16 files are;
+ * a uint16 file that says its vocabulary is past 65,536 is refused, as is writing one. */
+static void test_wide_and_vocab(void **state) {
+    (void)state;
+    uint32_t tokens[6] = {0, 1, 65535, 65536, 128255, 7};
+    char path[512];
+    snprintf(path, sizeof path, "%s/wide.bin", test_dir);
+    cddp_error err = {0};
+    cddp_tokens w = {.count = 6, .wide = tokens, .vocab_size = 128256};
+    assert_int_equal(cddp_tokens_write(path, &w, &err), CDDP_OK);
+    size_t n;
+    uint8_t *got = slurp(path, &n);
+    assert_int_equal(n, 1024 + 24);
+    uint8_t head[16];
+    le32(head, 20240801);
+    le32(head + 4, 7);
+    le32(head + 8, 6);
+    le32(head + 12, 128256);
+    assert_memory_equal(got, head, 16);
+    for (size_t i = 16; i < 1024; i++) assert_int_equal(got[i], 0);
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(got[1024 + 4 * i] | got[1025 + 4 * i] << 8 | got[1026 + 4 * i] << 16 |
+                             (uint32_t)got[1027 + 4 * i] << 24,
+                         tokens[i]);
+    free(got);
+    cddp_tokens t, a, b;
+    assert_int_equal(cddp_tokens_load(path, &t, &err), CDDP_OK);
+    assert_null(t.data);
+    assert_non_null(t.map);
+    assert_int_equal(t.count, 6);
+    assert_int_equal(t.vocab_size, 128256);
+    assert_memory_equal(t.wide, tokens, sizeof tokens);
+    assert_int_equal(cddp_tokens_split(&t, 0.5, &a, &b, &err), CDDP_OK);
+    assert_int_equal(a.wide[2], 65535);
+    assert_int_equal(b.wide[1], 128255);
+    assert_int_equal(b.vocab_size, 128256);
+    cddp_dataset *ds = cddp_dataset_token_windows(&t, 2, 2, &err);
+    assert_non_null(ds);
+    int64_t x[2], y[2];
+    void *out[2] = {x, y};
+    assert_int_equal(cddp_dataset_get(ds, 1, out, &err), CDDP_OK);
+    assert_int_equal(x[0], 65535);
+    assert_int_equal(x[1], 65536);
+    assert_int_equal(y[1], 128255);
+    cddp_dataset_destroy(ds);
+    cddp_tokens_free(&a);
+    cddp_tokens_free(&b);
+    cddp_tokens_free(&t);
+    /* a uint16 file records its vocabulary too; past 16 bits it is refused both ways */
+    uint16_t small[3] = {1, 2, 3};
+    assert_int_equal(
+        cddp_tokens_write(path, &(cddp_tokens){.count = 3, .data = small, .vocab_size = 50257},
+                          &err),
+        CDDP_OK);
+    assert_int_equal(cddp_tokens_read(path, &t, &err), CDDP_OK);
+    assert_int_equal(t.vocab_size, 50257);
+    cddp_tokens_free(&t);
+    assert_int_equal(
+        cddp_tokens_write(path, &(cddp_tokens){.count = 3, .data = small, .vocab_size = 70000},
+                          &err),
+        CDDP_ERANGE);
+    assert_non_null(strstr(err.msg, "a vocabulary of 70000 tokens for uint16 tokens"));
+    uint8_t buf[1024 + 6];
+    llmc_file(buf, small, 3);
+    le32(buf + 12, 70000);
+    expect_error(buf, sizeof buf, CDDP_EFORMAT, "a vocabulary of 70000 tokens recorded for uint16");
+    le32(buf + 12, 0);
+    le32(buf, 20240801);
+    expect_error(buf, sizeof buf, CDDP_EFORMAT, "version 1, only version 7 (uint32 tokens)");
+    /* the byte tokenizer's text is a vocabulary of 256 */
+    put("text.txt", "hi", 2, path, sizeof path);
+    assert_int_equal(cddp_tokens_load(path, &t, &err), CDDP_OK);
+    assert_int_equal(t.vocab_size, 256);
+    cddp_tokens_free(&t);
+}
+
 /* 3000 random mutations of a valid file: each cut, extension or byte change either reads back
  * exactly what the bytes say or is a format error naming the file; nothing else. */
 static void test_fuzzed_files(void **state) {
@@ -148,6 +232,8 @@ static void test_fuzzed_files(void **state) {
             assert_int_equal(len, n);
             assert_memory_equal(buf, good, 12);
             assert_int_equal(t.count, N);
+            assert_int_equal(t.vocab_size, (int32_t)(buf[12] | buf[13] << 8 | buf[14] << 16 |
+                                                     (uint32_t)buf[15] << 24));
             for (int i = 0; i < N; i++)
                 assert_int_equal(t.data[i], buf[1024 + 2 * i] | buf[1024 + 2 * i + 1] << 8);
             cddp_tokens_free(&t);
@@ -156,7 +242,7 @@ static void test_fuzzed_files(void **state) {
             assert_int_equal(rc, CDDP_EFORMAT);
             assert_non_null(strstr(err.msg, path));
             assert_null(t.data);
-            assert_true(len != n || memcmp(buf, good, 12) != 0);
+            assert_true(len != n || memcmp(buf, good, 16) != 0); /* or a vocabulary past 16 bits */
         }
     }
     /* Both outcomes happen often: the mutations are not all caught by one check. */
@@ -306,7 +392,8 @@ static void test_mapped(void **state) {
     char path[512];
     snprintf(path, sizeof path, "%s/m.bin", test_dir);
     cddp_error err = {0};
-    assert_int_equal(cddp_tokens_write(path, tokens, 5, &err), CDDP_OK);
+    assert_int_equal(cddp_tokens_write(path, &(cddp_tokens){.count = 5, .data = tokens}, &err),
+                     CDDP_OK);
     cddp_tokens a, b;
     assert_int_equal(cddp_tokens_read(path, &a, &err), CDDP_OK);
     assert_non_null(a.map);
@@ -318,7 +405,8 @@ static void test_mapped(void **state) {
     assert_int_equal(b.data[0], 7);
     /* the file replaced while mapped: the mapping keeps the old tokens */
     uint16_t other[3] = {1, 2, 3};
-    assert_int_equal(cddp_tokens_write(path, other, 3, &err), CDDP_OK);
+    assert_int_equal(cddp_tokens_write(path, &(cddp_tokens){.count = 3, .data = other}, &err),
+                     CDDP_OK);
     assert_int_equal(b.count, 5);
     assert_int_equal(b.data[3], 65535);
     cddp_tokens_free(&a);
@@ -339,7 +427,8 @@ static void test_shards(void **state) {
         for (int i = 0; i < sizes[k]; i++) d[i] = (uint16_t)(1000 * (k + 1) + i);
         char path[512];
         snprintf(path, sizeof path, "%s/shard_train_%d.bin", test_dir, k);
-        assert_int_equal(cddp_tokens_write(path, d, sizes[k], &err), CDDP_OK);
+        assert_int_equal(
+            cddp_tokens_write(path, &(cddp_tokens){.count = sizes[k], .data = d}, &err), CDDP_OK);
         assert_int_equal(cddp_tokens_read(path, &sh[k], &err), CDDP_OK);
     }
     cddp_dataset *ds = cddp_dataset_token_shards(sh, 3, 4, 4, &err);
@@ -398,6 +487,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_and_round_trip),
         cmocka_unit_test(test_corrupt_files),
+        cmocka_unit_test(test_wide_and_vocab),
         cmocka_unit_test(test_fuzzed_files),
         cmocka_unit_test(test_text_and_folders),
         cmocka_unit_test(test_split),

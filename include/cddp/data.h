@@ -158,17 +158,24 @@ CDDP_API cddp_dataset *cddp_dataset_shard(cddp_dataset *ds, int num_shards, int 
 
 /* ---- Token files and windows of text -------------------------------------------------------- */
 
-/* Token files in llm.c's format: a header of 256 little-endian int32 (magic 20240520, version 1,
- * the token count, zeros), then the tokens as little-endian uint16. cddp's tokenizer is the byte
- * tokenizer: a text's bytes are its tokens (vocabulary 256), so any text is tokenized without a
- * vocabulary file and decoded by writing the tokens back as bytes. */
+/* Token files in llm.c's format: a header of 256 little-endian int32 (the magic, the version, the
+ * token count, zeros), then the tokens, little-endian: uint16 in GPT-2's files (magic 20240520,
+ * version 1: vocabularies up to 65,536), uint32 in Llama 3's (magic 20240801, version 7: any
+ * vocabulary). cddp records the vocabulary of the tokenizer that wrote a file in the header's
+ * fourth int32 (llm.c leaves it zero and does not read it), so that a model of another vocabulary
+ * refuses the file rather than training on ids that mean other text. The byte tokenizer's
+ * vocabulary is 256: a text's bytes are its tokens, so any text is tokenized without a vocabulary
+ * file and decoded by writing the tokens back as bytes; cddp_tokens_encode tokenizes with a
+ * cddp_tokenizer (GPT-2's, Llama 3's). */
 #define CDDP_TOKENS_MAGIC   20240520
 #define CDDP_TOKENS_VERSION 1
 
 typedef struct cddp_tokens {
     int64_t count;
-    uint16_t *data; /* count tokens, owned; release with cddp_tokens_free */
-    void *map;      /* cddp_tokens_read's mapping of the file that data is in (else NULL) */
+    uint16_t *data;     /* count tokens, owned; release with cddp_tokens_free ... */
+    uint32_t *wide;     /* ... or here, data NULL: ids past 65,535 (a uint32 file) */
+    int64_t vocab_size; /* the vocabulary of the tokenizer that made them; 0: not recorded */
+    void *map;          /* cddp_tokens_read's mapping of the file that data is in (else NULL) */
     size_t map_bytes;
 } cddp_tokens;
 
@@ -180,10 +187,11 @@ typedef struct cddp_tokens {
  * and a write to data copies its page. The file must keep its size while mapped (replacing it,
  * as cddp_tokens_write does, is safe: the mapping keeps the old one). */
 CDDP_API int cddp_tokens_read(const char *path, cddp_tokens *out, cddp_error *err);
-/* Writes count tokens (at most INT32_MAX) atomically: a reader sees the old file or the new. */
-CDDP_API int cddp_tokens_write(const char *path, const uint16_t *tokens, int64_t count,
-                               cddp_error *err);
-/* Reads a text file as byte tokens (the byte tokenizer). */
+/* Writes t's count tokens (at most INT32_MAX) atomically, a reader seeing the old file or the new:
+ * a uint16 file from data, a uint32 file from wide, recording t->vocab_size (0 to leave it
+ * unrecorded; at most 65,536 for uint16). */
+CDDP_API int cddp_tokens_write(const char *path, const cddp_tokens *t, cddp_error *err);
+/* Reads a text file as byte tokens (the byte tokenizer; vocab_size 256). */
 CDDP_API int cddp_tokens_from_text(const char *path, cddp_tokens *out, cddp_error *err);
 /* Reads path as a token file when it starts with the token files' magic, as text otherwise; a
  * folder is every regular file in it that holds text (no NUL byte), in name order, one after
@@ -250,6 +258,12 @@ CDDP_API int cddp_tokenizer_encode(const cddp_tokenizer *t, const char *text, si
  * is CDDP_ERANGE naming it; *text is NULL then. */
 CDDP_API int cddp_tokenizer_decode(const cddp_tokenizer *t, const int32_t *ids, int64_t count,
                                    char **text, size_t *len, cddp_error *err);
+/* Reads path as cddp_tokens_load reads text (a text file, or a folder's text files in name order)
+ * and encodes it with t, each file's tokens after t's end-of-text token when it has one (as
+ * llm.c's prepare scripts begin every document with <|endoftext|>). out->vocab_size is t's; the
+ * ids are in data when it is at most 65,536, in wide otherwise. */
+CDDP_API int cddp_tokens_encode(const cddp_tokenizer *t, const char *path, cddp_tokens *out,
+                                cddp_error *err);
 /* The bytes token id stands for (*len of them, not NUL-terminated as far as the text goes: a
  * token may hold a NUL), to print a sample token by token; NULL when id is not in the
  * vocabulary. */

@@ -9,12 +9,22 @@
 #include <string.h>
 #include <sys/mman.h>
 
-static int copy_tokens(const uint16_t *from, int64_t n, cddp_tokens *to, cddp_error *err) {
+/* Tokens [from, from + n) of t as a new array in to (16 or 32 bits, as t's). */
+static int copy_tokens(const cddp_tokens *t, int64_t from, int64_t n, cddp_tokens *to,
+                       cddp_error *err) {
     memset(to, 0, sizeof *to);
-    to->data = cddp_malloc(n ? (size_t)n * sizeof *to->data : 1);
-    if (!to->data) return cddp_error_set(err, CDDP_ENOMEM, "cannot allocate %" PRId64 " tokens", n);
-    if (n) memcpy(to->data, from, (size_t)n * sizeof *to->data);
+    size_t width = t->wide ? 4 : 2;
+    void *p = cddp_malloc(n ? (size_t)n * width : 1);
+    if (!p) return cddp_error_set(err, CDDP_ENOMEM, "cannot allocate %" PRId64 " tokens", n);
+    if (n)
+        memcpy(p, t->wide ? (const void *)(t->wide + from) : (const void *)(t->data + from),
+               (size_t)n * width);
+    if (t->wide)
+        to->wide = p;
+    else
+        to->data = p;
     to->count = n;
+    to->vocab_size = t->vocab_size;
     return CDDP_OK;
 }
 
@@ -23,8 +33,10 @@ void cddp_tokens_free(cddp_tokens *t) {
     if (!t) return;
     if (t->map)
         munmap(t->map, t->map_bytes);
-    else
+    else {
         cddp_free(t->data);
+        cddp_free(t->wide);
+    }
     memset(t, 0, sizeof *t);
 }
 
@@ -40,12 +52,9 @@ int cddp_tokens_split(const cddp_tokens *all, double val_fraction, cddp_tokens *
         return cddp_error_set(err, CDDP_EINVAL,
                               "%" PRId64 " tokens cannot be split %g / %g: a part would be empty",
                               all->count, 1 - val_fraction, val_fraction);
-    int rc = copy_tokens(all->data, n_train, train, err);
-    if (rc == CDDP_OK) rc = copy_tokens(all->data + n_train, all->count - n_train, val, err);
-    if (rc != CDDP_OK) {
-        cddp_free(train->data);
-        memset(train, 0, sizeof *train);
-    }
+    int rc = copy_tokens(all, 0, n_train, train, err);
+    if (rc == CDDP_OK) rc = copy_tokens(all, n_train, all->count - n_train, val, err);
+    if (rc != CDDP_OK) cddp_tokens_free(train);
     return rc;
 }
 
@@ -72,12 +81,18 @@ static int windows_get(void *self, int64_t i, void *const *out, cddp_error *err)
         else
             hi = mid - 1;
     }
-    const uint16_t *t = w->shards[lo].data + (i - w->first[lo]) * w->stride;
-    int64_t *x = out[0], *y = out[1];
-    for (int64_t j = 0; j < w->block; j++) {
-        x[j] = t[j];
-        y[j] = t[j + 1];
-    }
+    const cddp_tokens *s = &w->shards[lo];
+    int64_t at = (i - w->first[lo]) * w->stride, *x = out[0], *y = out[1];
+    if (s->wide)
+        for (int64_t j = 0; j < w->block; j++) {
+            x[j] = s->wide[at + j];
+            y[j] = s->wide[at + j + 1];
+        }
+    else
+        for (int64_t j = 0; j < w->block; j++) {
+            x[j] = s->data[at + j];
+            y[j] = s->data[at + j + 1];
+        }
     return CDDP_OK;
 }
 
@@ -139,6 +154,6 @@ cddp_dataset *cddp_dataset_token_shards(cddp_tokens *shards, int count, int64_t 
 cddp_dataset *cddp_dataset_token_windows(const cddp_tokens *tokens, int64_t block_size,
                                          int64_t stride, cddp_error *err) {
     cddp_tokens copy;
-    if (copy_tokens(tokens->data, tokens->count, &copy, err) != CDDP_OK) return NULL;
+    if (copy_tokens(tokens, 0, tokens->count, &copy, err) != CDDP_OK) return NULL;
     return cddp_dataset_token_shards(&copy, 1, block_size, stride, err);
 }

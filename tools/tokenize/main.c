@@ -1,12 +1,18 @@
-/* cddp-tokenize: turns text into llm.c's token files with the byte tokenizer.
+/* cddp-tokenize: turns text into llm.c's token files, with a real tokenizer or the byte one.
  *
  *   cddp-tokenize /usr/share/games/fortunes data/fortunes     -> data/fortunes/{train,val}.bin
+ *   cddp-tokenize --tokenizer gpt2/tokenizer.json my.txt data/mine
  *
  * The input is a text file or a folder of them (every regular file holding text, in name order).
- * The first 90% of the tokens go to train.bin and the rest to val.bin (--val_fraction), as
- * nanoGPT's prepare scripts split their text; gpt_train --data DIR/train.bin reads both. With
- * --shard_tokens N each part is written as shards of N tokens, train_000001.bin, ... and
- * val_000000.bin, ... as llm.c's FineWeb comes (gpt_train --data 'DIR/train_*.bin').
+ * Without --tokenizer each byte is a token (vocabulary 256); with it, Hugging Face's
+ * tokenizer.json or GPT-2's vocab.json (merges.txt beside it) encodes the text, each file after
+ * the tokenizer's end-of-text token, as llm.c's prepare scripts write documents. The files record
+ * the vocabulary's size, so that a model of another vocabulary refuses them; ids past 65,535 are
+ * written as uint32 (llm.c's Llama 3 files). The first 90% of the tokens go to train.bin and the
+ * rest to val.bin (--val_fraction), as nanoGPT's prepare scripts split their text; gpt_train
+ * --data DIR/train.bin reads both. With --shard_tokens N each part is written as shards of N
+ * tokens, train_000001.bin, ... and val_000000.bin, ... as llm.c's FineWeb comes
+ * (gpt_train --data 'DIR/train_*.bin').
  */
 #include <cddp/cddp.h>
 
@@ -20,11 +26,18 @@
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: cddp-tokenize [--val_fraction X] [--shard_tokens N] INPUT OUTDIR\n"
-            "Reads INPUT (a text file, or a folder whose text files are read in name order) as\n"
-            "bytes (the byte tokenizer: vocabulary 256) and writes OUTDIR/train.bin and\n"
-            "OUTDIR/val.bin in llm.c's token format (a 1024-byte header: magic 20240520,\n"
-            "version 1, the count; then uint16 tokens).\n\n"
+            "usage: cddp-tokenize [--tokenizer FILE] [--val_fraction X] [--shard_tokens N]\n"
+            "                     INPUT OUTDIR\n"
+            "Reads INPUT (a text file, or a folder whose text files are read in name order),\n"
+            "tokenizes it and writes OUTDIR/train.bin and OUTDIR/val.bin in llm.c's token\n"
+            "format (a 1024-byte header: magic 20240520, version 1, the count, and here the\n"
+            "vocabulary's size; then uint16 tokens; magic 20240801, version 7 and uint32 tokens\n"
+            "for a vocabulary past 65,536, as llm.c's Llama 3 files).\n\n"
+            "  --tokenizer FILE   Hugging Face's tokenizer.json (byte-level BPE: GPT-2's,\n"
+            "                     Llama 3's, ...), GPT-2's vocab.json with merges.txt beside\n"
+            "                     it, or a model's folder holding either; each file of INPUT\n"
+            "                     is written after the tokenizer's end-of-text token\n"
+            "                     (default: bytes, the byte tokenizer: vocabulary 256)\n"
             "  --val_fraction X   the share of the text, taken from its end, for val.bin\n"
             "                     (default 0.1)\n"
             "  --shard_tokens N   write each part as shards of N tokens, as llm.c's FineWeb:\n"
@@ -43,7 +56,7 @@ static int write_part(const char *dir, const char *name, const cddp_tokens *t, i
     if (shard == 0) {
         snprintf(path, sizeof path, "%s/%s.bin", dir, name);
         *files = 1;
-        int rc = cddp_tokens_write(path, t->data, t->count, err);
+        int rc = cddp_tokens_write(path, t, err);
         if (rc == CDDP_ERANGE)
             cddp_error_set(err, rc,
                            "%s: %lld tokens, more than a token file holds (2147483647): give "
@@ -54,8 +67,11 @@ static int write_part(const char *dir, const char *name, const cddp_tokens *t, i
     *files = 0;
     for (int64_t at = 0; at < t->count || *files == 0; at += shard) {
         snprintf(path, sizeof path, "%s/%s_%06d.bin", dir, name, first + *files);
-        int64_t n = t->count - at < shard ? t->count - at : shard;
-        CDDP_TRY(cddp_tokens_write(path, t->data + at, n, err));
+        cddp_tokens part = {.count = t->count - at < shard ? t->count - at : shard,
+                            .data = t->data ? t->data + at : NULL,
+                            .wide = t->wide ? t->wide + at : NULL,
+                            .vocab_size = t->vocab_size};
+        CDDP_TRY(cddp_tokens_write(path, &part, err));
         ++*files;
     }
     return CDDP_OK;
@@ -64,13 +80,17 @@ static int write_part(const char *dir, const char *name, const cddp_tokens *t, i
 int main(int argc, char **argv) {
     double val_fraction = 0.1;
     int64_t shard = 0;
-    static const struct option longopts[] = {{"val_fraction", required_argument, 0, 'v'},
+    const char *tokenizer = NULL;
+    static const struct option longopts[] = {{"tokenizer", required_argument, 0, 't'},
+                                             {"val_fraction", required_argument, 0, 'v'},
                                              {"shard_tokens", required_argument, 0, 's'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        if (c == 'v') {
+        if (c == 't') {
+            tokenizer = optarg;
+        } else if (c == 'v') {
             cddp_error err = {0};
             if (cddp_parse_double("--val_fraction", optarg, 0, 0.99, true, &val_fraction, &err)) {
                 fprintf(stderr, "cddp-tokenize: %s\n", err.msg);
@@ -97,7 +117,14 @@ int main(int argc, char **argv) {
     const char *in = argv[optind], *dir = argv[optind + 1];
     cddp_error err = {0};
     cddp_tokens all, train, val;
-    if (cddp_tokens_load(in, &all, &err) != CDDP_OK) {
+    cddp_tokenizer *tok = NULL;
+    if (tokenizer && !(tok = cddp_tokenizer_load(tokenizer, &err))) {
+        fprintf(stderr, "cddp-tokenize: %s\n", err.msg);
+        return 1;
+    }
+    int loaded = tok ? cddp_tokens_encode(tok, in, &all, &err) : cddp_tokens_load(in, &all, &err);
+    cddp_tokenizer_destroy(tok);
+    if (loaded != CDDP_OK) {
         fprintf(stderr, "cddp-tokenize: %s\n", err.msg);
         return 1;
     }
@@ -119,8 +146,10 @@ int main(int argc, char **argv) {
     if (rc == CDDP_OK) rc = write_part(dir, "train", &train, shard, 1, &ntrain, &err);
     if (rc == CDDP_OK) rc = write_part(dir, "val", &val, shard, 0, &nval, &err);
     if (rc == CDDP_OK && shard == 0)
-        printf("cddp-tokenize: %lld tokens from %s: %s/train.bin (%lld), %s/val.bin (%lld)\n",
-               (long long)all.count, in, dir, (long long)train.count, dir, (long long)val.count);
+        printf("cddp-tokenize: %lld tokens (vocabulary %lld) from %s: %s/train.bin (%lld), "
+               "%s/val.bin (%lld)\n",
+               (long long)all.count, (long long)all.vocab_size, in, dir, (long long)train.count,
+               dir, (long long)val.count);
     else if (rc == CDDP_OK)
         printf("cddp-tokenize: %lld tokens from %s: %s/train_*.bin (%lld in %d shards), "
                "%s/val_*.bin (%lld in %d); train with gpt_train --data '%s/train_*.bin'\n",
