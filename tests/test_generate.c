@@ -112,6 +112,16 @@ static void test_tokens_reach_the_callback(void **state) {
     cddp_gpt_config g;
     assert_int_equal(cddp_model_gpt_config(m, &g), CDDP_OK);
     assert_memory_equal(&g, &config, sizeof g);
+    /* stopping at a token (an end of text): the same text up to its first place, then -1 */
+    opt.stop = true;
+    opt.stop_token = out[5];
+    s.n = 0;
+    assert_int_equal(cddp_gpt_generate(m, ctx, prompt, 1, 20, &opt, NULL, again, &err), CDDP_OK);
+    int first = 0;
+    while (out[first] != out[5]) first++;
+    assert_int_equal(s.n, first + 1);
+    assert_memory_equal(again, out, sizeof(int64_t) * (size_t)(first + 1));
+    for (int j = first + 1; j < 20; j++) assert_int_equal(again[j], -1);
     cddp_ctx_destroy(ctx);
     cddp_model_destroy(m);
 }
@@ -132,6 +142,8 @@ static void test_bad_arguments(void **state) {
     expect_refused(m, NULL, outside, 2, 4, NULL,
                    "prompt token 1 is 40, outside the model's vocabulary of 40");
     expect_refused(m, NULL, negative, 1, 4, NULL, "prompt token 0 is -1");
+    cddp_gpt_sampling stop = {.temperature = 1, .stop = true, .stop_token = V};
+    expect_refused(m, NULL, ok, 2, 4, &stop, "stop token");
     expect_refused(m, NULL, ok, 2, 4, &(cddp_gpt_sampling){.temperature = -1}, "temperature");
     expect_refused(m, NULL, ok, 2, 4, &(cddp_gpt_sampling){.temperature = 1, .top_k = -2}, "top_k");
     expect_refused(m, NULL, ok, 2, -1, NULL, "tokens to generate");

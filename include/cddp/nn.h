@@ -305,6 +305,10 @@ typedef struct cddp_gpt_sampling {
     float temperature; /* > 0; 0 takes the likeliest token every time (greedy) */
     int64_t top_k;     /* draw among the top_k likeliest tokens; 0: among all */
     bool no_cache;     /* recompute the whole context for every token (for checking the cache) */
+    /* With stop, generation ends once stop_token is drawn (an end-of-text token): it is the last
+     * token written to out and given to on_token, and the entries of out after it are -1. */
+    bool stop;
+    int64_t stop_token;
     /* Called with each new token as it is drawn (to print as it comes); may be NULL. */
     void (*on_token)(int64_t token, void *user);
     void *user;

@@ -107,6 +107,11 @@ static int check_args(const cddp_gpt_config *g, const int64_t *prompt, int64_t n
                               "cddp_gpt_generate: temperature %g and top_k %lld: the temperature "
                               "must be finite and >= 0, top_k >= 0",
                               (double)s->temperature, (long long)s->top_k);
+    if (s->stop && (s->stop_token < 0 || s->stop_token >= g->vocab_size))
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "cddp_gpt_generate: stop token %lld is outside the model's "
+                              "vocabulary of %lld",
+                              (long long)s->stop_token, (long long)g->vocab_size);
     for (int64_t i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= g->vocab_size)
             return cddp_error_set(err, CDDP_EINVAL,
@@ -173,6 +178,10 @@ int cddp_gpt_generate(cddp_model *m, cddp_ctx *ctx, const int64_t *prompt, int64
         int64_t tok = draw(logits, st.g->vocab_size, &s, rng, st.p, st.sorted);
         st.ids[st.len++] = out[k] = tok;
         if (s.on_token) s.on_token(tok, s.user);
+        if (s.stop && tok == s.stop_token) { /* the end of the text: nothing after it */
+            for (int64_t j = k + 1; j < n; j++) out[j] = -1;
+            break;
+        }
     }
     cddp_model_set_training(m, training);
     if (st.ctx) {
