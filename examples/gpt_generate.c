@@ -1,15 +1,17 @@
 /* gpt_generate.c: text from a GPT's weights.
  *
  *   build/bin/gpt_generate runs/gpt/checkpoint.safetensors --prompt "Q: " --tokens 300
- *   build/bin/gpt_generate gpt2/model.safetensors --tokenizer gpt2_tokenizer.bin     (GPT-2)
+ *   build/bin/gpt_generate gpt2/model.safetensors --tokenizer gpt2 --prompt "Hello," (GPT-2)
  *   build/bin/gpt_generate gpt2_124M.bin --tokenizer gpt2_tokenizer.bin --device cuda (llm.c's)
  *
  * MODEL is any file cddp_gpt_load_weights reads: a checkpoint of gpt_train (a file or a set),
  * nanoGPT's or Hugging Face's safetensors (n_head from the config.json beside it, or --n_head),
  * or llm.c's model file. The tokens are drawn one at a time with the model's key/value cache
  * (cddp_gpt_generate) and printed as they come: as bytes for a model of the byte tokenizer, through
- * llm.c's tokenizer file when --tokenizer names one, else as token ids. --json ends with the
- * generation's speed.
+ * the tokenizer --tokenizer names (Hugging Face's tokenizer.json, GPT-2's vocab.json, a model's
+ * folder, or llm.c's tokenizer file), else as token ids. --prompt is encoded by that tokenizer;
+ * without a prompt the text starts from its beginning-of-text token (GPT-2's <|endoftext|>).
+ * --json ends with the generation's speed.
  */
 #include <cddp/cddp.h>
 
@@ -29,14 +31,19 @@ static void usage(FILE *f) {
             "Prints text a GPT generates, a token at a time.\n"
             "  MODEL               a gpt_train checkpoint (file or set), nanoGPT's or Hugging\n"
             "                      Face's model.safetensors, or llm.c's gpt2_124M.bin\n"
-            "  --prompt TEXT       start after this text (byte-tokenizer models; default: a\n"
-            "                      newline)\n"
+            "  --prompt TEXT       start after this text (encoded by --tokenizer, or as bytes\n"
+            "                      for a byte-tokenizer model; default: from the tokenizer's\n"
+            "                      start token, GPT-2's <|endoftext|>, or a newline for bytes)\n"
+            "  --prompt_ids IDS    start after these token ids (\"50256,464\")\n"
+            "  --stop              end at the end-of-text token\n"
             "  --tokens N          tokens to generate (default 200)\n"
             "  --temperature X     divide the logits by X (default 0.8; 0: the likeliest token)\n"
             "  --top_k N           draw among the N likeliest tokens (default 200; 0: all)\n"
             "  --seed N            the draws' seed (default 1337)\n"
-            "  --tokenizer FILE    llm.c's tokenizer file (gpt2_tokenizer.bin), to print text\n"
-            "                      instead of token ids for a model of its vocabulary\n"
+            "  --tokenizer FILE    the model's tokenizer, to encode --prompt and print text\n"
+            "                      instead of token ids: Hugging Face's tokenizer.json, GPT-2's\n"
+            "                      vocab.json (merges.txt beside it), a model's folder holding\n"
+            "                      either, or llm.c's gpt2_tokenizer.bin (printing only)\n"
             "  --n_head N          heads, for a safetensors file without config.json beside it\n"
             "  --device NAME       cpu (default), cuda, cuda:N, emu\n"
             "  --dtype fp32|bf16   the precision of the matrix products (default fp32)\n"
@@ -47,10 +54,10 @@ static void usage(FILE *f) {
 }
 
 typedef struct options {
-    const char *model, *prompt, *tokenizer, *device, *dtype;
+    const char *model, *prompt, *prompt_ids, *tokenizer, *device, *dtype;
     int64_t tokens, top_k, seed, n_head;
     double temperature;
-    bool no_cache, json;
+    bool no_cache, json, stop;
 } options;
 
 static int parse_args(int argc, char **argv, options *o) {
@@ -61,6 +68,8 @@ static int parse_args(int argc, char **argv, options *o) {
                    .device = "cpu",
                    .dtype = "fp32"};
     static const struct option longopts[] = {{"prompt", required_argument, 0, 'p'},
+                                             {"prompt_ids", required_argument, 0, 'i'},
+                                             {"stop", no_argument, 0, 'S'},
                                              {"tokens", required_argument, 0, 'n'},
                                              {"temperature", required_argument, 0, 't'},
                                              {"top_k", required_argument, 0, 'k'},
@@ -107,6 +116,12 @@ static int parse_args(int argc, char **argv, options *o) {
             break;
         case 'c':
             o->no_cache = true;
+            break;
+        case 'i':
+            o->prompt_ids = optarg;
+            break;
+        case 'S':
+            o->stop = true;
             break;
         case 'j':
             o->json = true;
@@ -161,6 +176,8 @@ int main(int argc, char **argv) {
         goto fail;
     }
     text_sample_options so = {.prompt = o.prompt,
+                              .prompt_ids = o.prompt_ids,
+                              .stop = o.stop,
                               .n = o.tokens,
                               .top_k = o.top_k,
                               .vocab_size = g.vocab_size,
@@ -169,15 +186,15 @@ int main(int argc, char **argv) {
                               .no_cache = o.no_cache,
                               .vocab = o.tokenizer ? &vocab : NULL};
     double t0 = now_s();
-    if (text_sample(m, ctx, &so, stdout, &err) != CDDP_OK) goto fail;
+    int64_t drawn = 0;
+    if (text_sample(m, ctx, &so, stdout, &drawn, &err) != CDDP_OK) goto fail;
     double s = now_s() - t0;
     if (o.json)
         printf("{\"tokens\": %" PRId64 ", \"seconds\": %.4f, \"tokens_per_s\": %.1f, "
                "\"ms_per_token\": %.3f, \"cache\": %s, \"block_size\": %" PRId64
                ", \"n_layer\": %" PRId64 ", \"n_embd\": %" PRId64 "}\n",
-               o.tokens, s, s > 0 ? (double)o.tokens / s : 0.0,
-               o.tokens ? s * 1e3 / (double)o.tokens : 0.0, o.no_cache ? "false" : "true",
-               g.block_size, g.n_layer, g.n_embd);
+               drawn, s, s > 0 ? (double)drawn / s : 0.0, drawn ? s * 1e3 / (double)drawn : 0.0,
+               o.no_cache ? "false" : "true", g.block_size, g.n_layer, g.n_embd);
     status = 0;
     goto done;
 fail:

@@ -3,10 +3,13 @@
  *   cddprun --nproc_per_node 2 build/bin/gpt_train --max_iters 2000          (Debian's fortunes)
  *   build/bin/gpt_train --data input.txt --n_layer 6 --n_embd 192 --json    (one process)
  *
- * The text is read with the byte tokenizer (every byte a token, vocabulary 256): a text file or a
- * folder of them is split 90/10 into training and validation text; a token file in llm.c's format
- * named ...train.bin is read with its ...val.bin (cddp-tokenize writes them), and a pattern of them
- * (llm.c's shards, fineweb_train_*.bin) with the same pattern's val shards. Training samples are
+ * A text file or a folder of them is read with the byte tokenizer (every byte a token, vocabulary
+ * 256) and split 90/10 into training and validation text; a token file in llm.c's format named
+ * ...train.bin is read with its ...val.bin (cddp-tokenize writes them, with the byte tokenizer or
+ * a real one: GPT-2's, Llama 3's), and a pattern of them (llm.c's shards, fineweb_train_*.bin)
+ * with the same pattern's val shards. A token file that records its tokenizer's vocabulary must
+ * be of the model's (a model of --init_from or a checkpoint): GPT-2's weights on byte tokens are
+ * refused, not trained. Training samples are
  * windows of block_size tokens (every offset of the training text: stride 1), drawn by a
  * DistributedSampler so that the ranks see disjoint windows each epoch.
  *
@@ -16,8 +19,9 @@
  * clips alike), an AdamW step with weight decay on the matrices only. Every eval_interval
  * iterations rank 0 prints the training and validation losses (eval_iters batches each, spread
  * over the text and shared by the ranks) and saves OUT/checkpoint.safetensors; at the end the
- * whole validation text is evaluated and rank 0 samples --sample bytes of text (after --prompt),
- * a token at a time with the model's key/value cache (cddp_gpt_generate).
+ * whole validation text is evaluated and rank 0 samples --sample tokens of text (after --prompt,
+ * encoded with --tokenizer for a model of another vocabulary than bytes, which every rank checks
+ * before training), a token at a time with the model's key/value cache (cddp_gpt_generate).
  */
 #include <cddp/cddp.h>
 
@@ -42,9 +46,10 @@ typedef struct options {
     int64_t eval_interval, eval_iters, final_eval, log_interval, sample, stride, top_k, save_every,
         keep, bench, powersgd_rank, powersgd_start;
     double lr, min_lr, weight_decay, grad_clip, beta1, beta2, temperature, peak_tflops;
-    const char *data, *out, *resume, *init_from, *device, *dtype, *prompt, *tensorboard, *hook;
+    const char *data, *out, *resume, *init_from, *device, *dtype, *prompt, *tensorboard, *hook,
+        *tokenizer, *prompt_ids;
     uint64_t seed;
-    bool json, zero;
+    bool json, zero, stop;
     bool n_head_given; /* --n_head was given (a file of weights alone may need it) */
     cddp_dcomm_transport transport;
 } options;
@@ -53,16 +58,18 @@ static void usage(FILE *out) {
     fprintf(
         out,
         "usage: [cddprun --nproc_per_node N] gpt_train [options]\n"
-        "Trains a GPT (nanoGPT's model and recipe) on text with the byte tokenizer, data-parallel\n"
-        "over the launcher's ranks.\n\n"
+        "Trains a GPT (nanoGPT's model and recipe) on text, data-parallel over the launcher's\n"
+        "ranks: text files with the byte tokenizer, or token files of any tokenizer\n"
+        "(cddp-tokenize --tokenizer tokenizer.json TEXT DIR; --data DIR/train.bin).\n\n"
         "model:\n"
         "  --n_layer N         transformer blocks (default 4)\n"
         "  --n_head N          attention heads (default 4)\n"
         "  --n_embd N          width, a multiple of n_head (default 128)\n"
         "  --block_size N      context length in tokens (default 64)\n"
-        "  --vocab_size N      vocabulary (default 256, or the data's largest token + 1, which\n"
-        "                      reads every token at the start; given, tokens are checked as\n"
-        "                      they are read: 50257 for GPT-2's)\n"
+        "  --vocab_size N      vocabulary (default: the one the token files record, else\n"
+        "                      --tokenizer's, else 256 or the data's largest token + 1, which\n"
+        "                      reads every token at the start; tokens are checked as they\n"
+        "                      are read: 50257 for GPT-2's)\n"
         "training (nanoGPT's CPU recipe by default):\n"
         "  --batch_size N      sequences per micro-step on each rank (default 12)\n"
         "  --grad_accum N      micro-steps per iteration (default 1)\n"
@@ -114,8 +121,16 @@ static void usage(FILE *out) {
         "                      config.json beside it, else --n_head, which is then needed),\n"
         "                      or llm.c's model file\n"
         "                      (gpt2_124M.bin); a fresh optimizer, iteration 0\n"
-        "  --sample N          rank 0 ends by writing N bytes of generated text (default 200)\n"
-        "  --prompt TEXT       ... after this text (default: from a newline)\n"
+        "  --sample N          rank 0 ends by writing N tokens of generated text (default 200)\n"
+        "  --prompt TEXT       ... after this text (default: from the tokenizer's start token,\n"
+        "                      GPT-2's <|endoftext|>, or a newline for bytes), checked before\n"
+        "                      training\n"
+        "  --prompt_ids IDS    ... after these token ids (\"50256,464\")\n"
+        "  --tokenizer FILE    the model's tokenizer, to encode --prompt and print the sample\n"
+        "                      as text: Hugging Face's tokenizer.json, GPT-2's vocab.json\n"
+        "                      (merges.txt beside it), a model's folder, or llm.c's\n"
+        "                      gpt2_tokenizer.bin (printing only)\n"
+        "  --stop              end the sample at the end-of-text token\n"
         "  --temperature X     sampling temperature (default 0.8; 0: the likeliest byte)\n"
         "  --top_k N           sample among the N likeliest tokens (default 200; 0: all)\n"
         "  --tensorboard DIR   rank 0 also writes TensorBoard's event files to DIR: loss,\n"
@@ -140,7 +155,7 @@ enum {
     MOST_HEADS = 1024,
     MOST_EMBD = 65536,
     MOST_BLOCK = 1 << 20,
-    MOST_VOCAB = 65536
+    MOST_VOCAB = 1 << 22 /* uint32 token files: Llama 3's 128256 and past */
 };
 
 typedef struct flag {
@@ -214,6 +229,8 @@ static int parse_args(int argc, char **argv, options *o) {
         {"out", 's', &o->out, 0, 0, false},
         {"init_from", 's', &o->init_from, 0, 0, false},
         {"prompt", 's', &o->prompt, 0, 0, false},
+        {"prompt_ids", 's', &o->prompt_ids, 0, 0, false},
+        {"tokenizer", 's', &o->tokenizer, 0, 0, false},
         {"tensorboard", 's', &o->tensorboard, 0, 0, false},
         {"device", 's', &o->device, 0, 0, false},
         {"dtype", 's', &o->dtype, 0, 0, false},
@@ -222,7 +239,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"powersgd_start", 'i', &o->powersgd_start, 1, (double)INT64_MAX, false},
     };
     enum { NF = sizeof flags / sizeof flags[0] };
-    struct option longopts[NF + 8];
+    struct option longopts[NF + 9];
     for (int i = 0; i < NF; i++)
         longopts[i] = (struct option){flags[i].name, required_argument, 0, i};
     longopts[NF] = (struct option){"resume", optional_argument, 0, 'R'};
@@ -232,7 +249,8 @@ static int parse_args(int argc, char **argv, options *o) {
     longopts[NF + 4] = (struct option){"nccl", no_argument, 0, 'N'};
     longopts[NF + 5] = (struct option){"ipc", no_argument, 0, 'P'};
     longopts[NF + 6] = (struct option){"transport", required_argument, 0, 'X'};
-    longopts[NF + 7] = (struct option){0, 0, 0, 0};
+    longopts[NF + 7] = (struct option){"stop", no_argument, 0, 'S'};
+    longopts[NF + 8] = (struct option){0, 0, 0, 0};
     int c;
     bool resume = false;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -261,6 +279,8 @@ static int parse_args(int argc, char **argv, options *o) {
             o->json = true;
         } else if (c == 'z') {
             o->zero = true;
+        } else if (c == 'S') {
+            o->stop = true;
         } else if (c == 'N') {
             o->transport = CDDP_DCOMM_NCCL;
         } else if (c == 'P') {
@@ -305,7 +325,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {o->weight_decay < 0 || o->grad_clip < 0, "--weight_decay and --grad_clip must be >= 0"},
         {!(o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1),
          "--beta1 and --beta2 must be in [0, 1)"},
-        {o->vocab_size < 0 || o->vocab_size > MOST_VOCAB, "--vocab_size must be in [1, 65536]"},
+        {o->vocab_size < 0 || o->vocab_size > MOST_VOCAB, "--vocab_size must be in [1, 4194304]"},
         {run_hook(o->hook) < 0, "--hook must be none, bf16, fp16 or powersgd"},
         {(o->powersgd_rank || o->powersgd_start) && strcmp(o->hook, "powersgd"),
          "--powersgd_rank and --powersgd_start need --hook powersgd"},
@@ -516,6 +536,7 @@ int main(int argc, char **argv) {
     cddp_comm *group = NULL;
     cddp_ddp *ddp = NULL;
     corpus train_text = {0}, val_text = {0};
+    text_vocab vocab = {0};
     cddp_dataset *train = NULL, *val = NULL;
     cddp_sampler *sampler = NULL;
     cddp_loader *loader = NULL;
@@ -553,13 +574,38 @@ int main(int argc, char **argv) {
 
     /* The text: every rank reads it (it is small next to the model's work). */
     if (corpus_load(o.data, &train_text, &val_text, &err) != CDDP_OK) goto fail;
-    /* Without --vocab_size (nor a checkpoint's), the data's largest token sets it: every token is
-     * read now. With it, each window's tokens are checked as training and evaluation read them,
-     * and the start reads none (a corpus of billions of tokens, mapped, starts at once). */
+    /* The model's vocabulary: a checkpoint's or --vocab_size, else the one the token files record
+     * (cddp-tokenize writes it), else the tokenizer's, else the data's largest token + 1, every
+     * token read now. Otherwise each window's tokens are checked as training and evaluation read
+     * them, and the start reads none (a corpus of billions of tokens, mapped, starts at once). A
+     * vocabulary the files record must be the model's, as must the tokenizer's. */
+    int64_t data_vocab = 0;
+    if (corpus_vocab(&train_text, &data_vocab, &err) != CDDP_OK ||
+        corpus_vocab(&val_text, &data_vocab, &err) != CDDP_OK)
+        goto fail;
+    if (o.tokenizer && text_vocab_load(o.tokenizer, &vocab, &err) != CDDP_OK) goto fail;
+    if (o.vocab_size == 0 && (data_vocab || vocab.size))
+        o.vocab_size = data_vocab ? data_vocab : vocab.size;
     int64_t check = o.vocab_size;
     if (o.vocab_size == 0) {
         int64_t top = CDDP_MAX(corpus_max_token(&train_text), corpus_max_token(&val_text));
         o.vocab_size = CDDP_MAX(256, top + 1);
+    }
+    if (text_vocab_check(o.vocab_size, data_vocab, "the data", train_text.name[0], &err) != CDDP_OK)
+        goto fail;
+    text_sample_options ts = {.prompt = o.prompt,
+                              .prompt_ids = o.prompt_ids,
+                              .n = o.sample,
+                              .top_k = o.top_k,
+                              .vocab_size = o.vocab_size,
+                              .temperature = o.temperature,
+                              .seed = o.seed + 7,
+                              .stop = o.stop,
+                              .vocab = o.tokenizer ? &vocab : NULL};
+    if (o.sample > 0) { /* the prompt, the tokenizer: refused now, not after the training */
+        int64_t *ids, n_ids, stop;
+        if (text_prompt(&ts, &ids, &n_ids, &stop, &err) != CDDP_OK) goto fail;
+        free(ids);
     }
     int64_t n_train = train_text.tokens, n_val = val_text.tokens;
     if (!(train = corpus_windows(&train_text, o.block_size, o.stride, check, &err))) goto fail;
@@ -810,13 +856,7 @@ int main(int argc, char **argv) {
     if (rank == 0 && o.sample > 0) {
         printf("sample (%" PRId64 " %s, temperature %.2f, top_k %" PRId64 "):\n", o.sample,
                o.vocab_size == 256 ? "bytes" : "tokens", o.temperature, o.top_k);
-        text_sample_options ts = {.prompt = o.prompt,
-                                  .n = o.sample,
-                                  .top_k = o.top_k,
-                                  .vocab_size = o.vocab_size,
-                                  .temperature = o.temperature,
-                                  .seed = o.seed + 7};
-        if (text_sample(m, ctx, &ts, stdout, &err) != CDDP_OK) goto fail;
+        if (text_sample(m, ctx, &ts, stdout, NULL, &err) != CDDP_OK) goto fail;
     }
     bench b = {0};
     if (o.bench && rank == 0) {
@@ -873,6 +913,7 @@ done:
     cddp_dataset_destroy(val);
     corpus_free(&train_text);
     corpus_free(&val_text);
+    text_vocab_free(&vocab);
     cddp_comm_destroy(group);
     return status;
 }
