@@ -8,7 +8,9 @@
  *   - Hugging Face's GPT-2 (model.safetensors): the same names with or without "transformer."
  *     (GPT2LMHeadModel or GPT2Model), but c_attn, c_proj and c_fc are Conv1D modules whose weights
  *     are (in, out): the transpose. Each block also holds its causal mask ("attn.bias",
- *     "attn.masked_bias"), which is not a weight. The shape (n_head) is in config.json beside it.
+ *     "attn.masked_bias"), which is not a weight. The shape (n_head) is in config.json beside it,
+ *     whose fields that change the computation (activation_function, layer_norm_epsilon, the
+ *     attention's scaling, n_inner, model_type) must be GPT-2's: another is refused by name.
  *   - llm.c (gpt2_124M.bin): a header of 256 int32 (magic 20240326, version 3 for float32 or 5
  *     for bf16, max_seq_len, vocab_size, num_layers, num_heads, channels, padded_vocab_size),
  *     then the tensors back to back in a fixed order, each layer's stacked: wte (Vp, C) with its
@@ -379,10 +381,59 @@ static int from_meta(const cddp_safetensors *f, const char *path, cddp_gpt_confi
     return CDDP_OK;
 }
 
+/* The fields of GPT-2's config.json that change what the model computes, each as cddp's GPT
+ * computes it or refused by name: a model of another activation, LayerNorm epsilon or attention
+ * scaling would load with logits up to 0.4 off, silently. (Dropout does not change the forward
+ * pass; cddp's GPT trains without it.) */
+static int hf_fields(const cJSON *root, const char *json, int64_t width, cddp_error *err) {
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (cJSON_IsString(type) && strcmp(type->valuestring, "gpt2") != 0)
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s: model_type %s: cddp's GPT is GPT-2's (model_type gpt2)", json,
+                              type->valuestring);
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "activation_function");
+    if (act && !(cJSON_IsString(act) && (strcmp(act->valuestring, "gelu_new") == 0 ||
+                                         strcmp(act->valuestring, "gelu_pytorch_tanh") == 0 ||
+                                         strcmp(act->valuestring, "gelu_fast") == 0)))
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s: activation_function %s: cddp's GPT computes GELU's tanh "
+                              "approximation (gelu_new, GPT-2's), and would give this model other "
+                              "outputs",
+                              json, cJSON_IsString(act) ? act->valuestring : "(not a string)");
+    const cJSON *eps = cJSON_GetObjectItemCaseSensitive(root, "layer_norm_epsilon");
+    if (eps && !(cJSON_IsNumber(eps) && fabs(eps->valuedouble - 1e-5) <= 1e-12))
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s: layer_norm_epsilon %g: cddp's GPT normalises with GPT-2's 1e-05",
+                              json, cJSON_IsNumber(eps) ? eps->valuedouble : NAN);
+    static const struct {
+        const char *key;
+        bool want;
+        const char *what;
+    } flags[] = {{"scale_attn_weights", true, "scales the attention by 1/sqrt(head size)"},
+                 {"scale_attn_by_inverse_layer_idx", false, "does not scale by layer"},
+                 {"add_cross_attention", false, "has no cross-attention"}};
+    for (size_t k = 0; k < sizeof flags / sizeof *flags; k++) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, flags[k].key);
+        if (f && !cJSON_IsNull(f) && !(cJSON_IsBool(f) && cJSON_IsTrue(f) == flags[k].want))
+            return cddp_error_set(err, CDDP_EFORMAT,
+                                  "%s: %s is %s, where cddp's GPT, as GPT-2, %s (%s %s)", json,
+                                  flags[k].key, cJSON_IsTrue(f) ? "true" : "not true",
+                                  flags[k].what, flags[k].key, flags[k].want ? "true" : "false");
+    }
+    const cJSON *inner = cJSON_GetObjectItemCaseSensitive(root, "n_inner");
+    if (inner && !cJSON_IsNull(inner) &&
+        !(cJSON_IsNumber(inner) && width > 0 && inner->valuedouble == 4.0 * (double)width))
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s: n_inner %g: cddp's GPT has an MLP of 4 n_embd (%" PRId64 ")",
+                              json, cJSON_IsNumber(inner) ? inner->valuedouble : NAN, 4 * width);
+    return CDDP_OK;
+}
+
 /* n_head from Hugging Face's config.json beside path into *heads; 0 when there is no such file.
  * A config.json that cannot be read, is not JSON or names no head count is refused by name: its
- * weights would otherwise load with a head count of the caller's guess. */
-static int hf_heads(const char *path, int64_t *heads, cddp_error *err) {
+ * weights would otherwise load with a head count of the caller's guess; so is one whose fields
+ * ask for another computation than cddp's GPT (hf_fields; width: the model's n_embd). */
+static int hf_config(const char *path, int64_t width, int64_t *heads, cddp_error *err) {
     char json[4200];
     const char *slash = strrchr(path, '/');
     snprintf(json, sizeof json, "%.*sconfig.json", slash ? (int)(slash - path + 1) : 0, path);
@@ -402,7 +453,7 @@ static int hf_heads(const char *path, int64_t *heads, cddp_error *err) {
     if (cJSON_IsNumber(h) && h->valuedouble >= 1 && h->valuedouble <= 1 << 20 &&
         h->valuedouble == (double)(int64_t)h->valuedouble)
         *heads = (int64_t)h->valuedouble;
-    int rc = *heads   ? CDDP_OK
+    int rc = *heads   ? hf_fields(root, json, width, err)
              : failed ? cddp_error_set(err, CDDP_EIO, "cannot read %s", json)
              : !cJSON_IsObject(root)
                  ? cddp_error_set(err, CDDP_EFORMAT,
@@ -414,6 +465,7 @@ static int hf_heads(const char *path, int64_t *heads, cddp_error *err) {
                                   "GPT's head count comes from it; repair it, or remove it and "
                                   "give n_head",
                                   json);
+    if (rc != CDDP_OK) *heads = 0;
     cJSON_Delete(root);
     return rc;
 }
@@ -431,7 +483,7 @@ static int from_tensors(const source *s, cddp_gpt_config *g, cddp_error *err) {
         if (kind_of(cddp_safetensors_at(s->index, i)->name, &layer) >= 0 && layer + 1 > layers)
             layers = layer + 1;
     int64_t heads;
-    int rc = hf_heads(s->path, &heads, err);
+    int rc = hf_config(s->path, wte->shape[1], &heads, err);
     if (rc) return rc;
     *g = (cddp_gpt_config){.vocab_size = wte->shape[0],
                            .block_size = wpe->shape[0],
@@ -523,6 +575,15 @@ int cddp_gpt_load_weights(cddp_model *m, const char *path, cddp_error *err) {
     source s;
     int rc = source_open(&s, path, err);
     if (!rc && s.llmc) rc = same_shape(&s, &g, err);
+    int64_t heads = 0; /* Hugging Face's files: what config.json beside them says */
+    if (!rc && !s.llmc && !cddp_safetensors_meta(s.index, "n_layer"))
+        rc = hf_config(path, g.n_embd, &heads, err);
+    if (!rc && heads && heads != g.n_head)
+        rc = cddp_error_set(err, CDDP_EINVAL,
+                            "%s: its config.json says %" PRId64 " heads, but the model has %" PRId64
+                            ": build the GPT with n_head %" PRId64
+                            " (cddp_gpt_config_read reads it)",
+                            path, heads, g.n_head, heads);
     size_t numel = cddp_model_numel(m);
     float *flat = rc ? NULL : malloc(numel * sizeof(float));
     if (!rc && !flat) rc = cddp_error_set(err, CDDP_ENOMEM, "out of memory for the weights");

@@ -1,7 +1,7 @@
 /* weights_check.c DIR: a GPT's weights in the layouts of tests/reference/make_gpt_weights.py load
  * (cddp_gpt_config_read, cddp_gpt_load_weights) and give PyTorch's logits within 1e-5 relative,
- * on the CPU and the emulated device; the wrong files are refused with the reason (both shapes),
- * and leave the model as it was. */
+ * on the CPU and the emulated device; the wrong files are refused with the reason (both shapes,
+ * or the config.json field that asks for another computation), and leave the model as it was. */
 #include <cddp/cddp.h>
 
 #include <math.h>
@@ -146,6 +146,19 @@ int main(int argc, char **argv) {
         good("gpt2_bf16.bin", 0, "logits_bf16", devs[d]);
         good("hf_bf16/model.safetensors", 0, "logits_bf16", devs[d]);
     }
+    good("spelled_out/model.safetensors", 0, "logits", devs[0]); /* GPT-2's values, written out */
+    /* a config.json field that changes the computation: refused by name, before any weight */
+    bad("act_relu/model.safetensors", true, (const char *[]){"activation_function relu"}, 1);
+    bad("ln_eps/model.safetensors", true, (const char *[]){"layer_norm_epsilon 1e-06"}, 1);
+    bad("unscaled/model.safetensors", true,
+        (const char *[]){"scale_attn_weights is not true", "1/sqrt(head size)"}, 2);
+    bad("layer_scaled/model.safetensors", true,
+        (const char *[]){"scale_attn_by_inverse_layer_idx is true"}, 1);
+    bad("inner/model.safetensors", true, (const char *[]){"n_inner 64", "4 n_embd (128)"}, 2);
+    bad("llama_type/model.safetensors", true, (const char *[]){"model_type llama"}, 1);
+    bad("act_relu/model.safetensors", false, (const char *[]){"activation_function relu"}, 1);
+    bad("heads8/model.safetensors", false,
+        (const char *[]){"config.json says 8 heads, but the model has 4"}, 1);
     bad("hf_lm/model.safetensors", true,
         (const char *[]){"how many heads", "none was given", "config.json", "--n_head"}, 4);
     bad("broken_config/model.safetensors", true,

@@ -202,6 +202,23 @@ def main():
     safetensors_np.save(os.path.join(out, "nan", "model.safetensors"), nan)
     with open(os.path.join(out, "nan", "config.json"), "w") as f:
         json.dump(config, f)
+    # config.json with a field that changes the computation (each refused, naming it), and
+    # GPT-2's own values spelled out (accepted)
+    fields = {"act_relu": {"activation_function": "relu"},
+              "ln_eps": {"layer_norm_epsilon": 1e-6},
+              "unscaled": {"scale_attn_weights": False},
+              "layer_scaled": {"scale_attn_by_inverse_layer_idx": True},
+              "inner": {"n_inner": 64},
+              "llama_type": {"model_type": "llama"},
+              "heads8": {"n_head": 8},  # loaded into a model of 4: refused
+              "spelled_out": {"activation_function": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-5,
+                              "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+                              "n_inner": None, "add_cross_attention": False, "resid_pdrop": 0.1}}
+    for d, change in fields.items():
+        os.makedirs(os.path.join(out, d), exist_ok=True)
+        safetensors_np.save(os.path.join(out, d, "model.safetensors"), hf)
+        with open(os.path.join(out, d, "config.json"), "w") as f:
+            json.dump(dict(config, **change), f)
     # config.json cut short (not JSON), and one whose head count is a string
     for d, text in (("broken_config", json.dumps(config)[:-9]),
                     ("headless_config", json.dumps(dict(config, n_head="four")))):
