@@ -30,9 +30,11 @@ typedef enum cddp_dtype {
     CDDP_I32 = 1,
     CDDP_I64 = 2,
     CDDP_BF16 = 3, /* bfloat16: float32's top 16 bits (rounded to nearest even) */
+    CDDP_F16 = 4,  /* IEEE half, as files store it (safetensors' F16): read into float32; no op or
+                    * tensor computes in it */
 } cddp_dtype;
 
-/* "float32", "int32", "int64", "bfloat16" */
+/* "float32", "int32", "int64", "bfloat16", "float16" */
 CDDP_API const char *cddp_dtype_name(cddp_dtype dtype);
 CDDP_API size_t cddp_dtype_size(cddp_dtype dtype);
 

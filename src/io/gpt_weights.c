@@ -260,22 +260,28 @@ static void source_close(source *s) {
     if (s->fd >= 0) close(s->fd);
 }
 
-/* n float32 or bf16 values at byte at of the file into dst as float32. */
-static int read_floats(const source *s, uint64_t at, bool bf16, float *dst, int64_t n,
+/* n float32, bf16 or float16 values (dtype) at byte at of the file into dst as float32. */
+static int read_floats(const source *s, uint64_t at, cddp_dtype dtype, float *dst, int64_t n,
                        cddp_error *err) {
-    if (!bf16) return cddp__pread_all(s->fd, dst, (size_t)n * 4, at, s->path, err);
+    if (dtype == CDDP_F32) return cddp__pread_all(s->fd, dst, (size_t)n * 4, at, s->path, err);
     uint16_t *h = malloc((size_t)n * 2);
     if (!h) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
     int rc = cddp__pread_all(s->fd, h, (size_t)n * 2, at, s->path, err);
-    for (int64_t i = 0; !rc && i < n; i++) dst[i] = bf16_to_f32(h[i]);
+    if (!rc && dtype == CDDP_F16) /* exactly: every half is a float */
+        cddp_device_from_half(cddp_device_cpu(), dst, h, (size_t)n, true, 1.0f);
+    for (int64_t i = 0; !rc && dtype == CDDP_BF16 && i < n; i++) dst[i] = bf16_to_f32(h[i]);
     free(h);
     return rc;
+}
+
+static bool is_float(cddp_dtype d) {
+    return d == CDDP_F32 || d == CDDP_BF16 || d == CDDP_F16;
 }
 
 /* The n floats of a safetensors file's tensor t. */
 static int read_tensor(const source *s, const cddp_st_tensor *t, float *dst, int64_t n,
                        cddp_error *err) {
-    return read_floats(s, s->data_start + cddp__st_offset(t), t->dtype == CDDP_BF16, dst, n, err);
+    return read_floats(s, s->data_start + cddp__st_offset(t), t->dtype, dst, n, err);
 }
 
 /* Tensor (kind, layer) into dst (nn.Linear's orientation, numel floats), checked against g. */
@@ -287,7 +293,7 @@ static int fill(const source *s, const cddp_gpt_config *g, int kind, int64_t lay
     if (s->llmc) {
         int64_t per = kind == WTE ? s->vpad * g->n_embd : n; /* a layer's share of the block */
         uint64_t at = s->at[kind] + (uint64_t)(layer * per) * (s->version == 3 ? 4u : 2u);
-        return read_floats(s, at, s->version == 5, dst, n, err);
+        return read_floats(s, at, s->version == 5 ? CDDP_BF16 : CDDP_F32, dst, n, err);
     }
     const cddp_st_tensor *t = find(s, kind, layer);
     char name[160], a[64], b[64], c[64];
@@ -295,8 +301,8 @@ static int fill(const source *s, const cddp_gpt_config *g, int kind, int64_t lay
     if (!t) return cddp_error_set(err, CDDP_EFORMAT, "%s holds no %s", s->path, name);
     bool flip = s->conv1d && is_matrix(kind);
     int64_t file_want[2] = {flip ? want[1] : want[0], flip ? want[0] : want[1]};
-    if ((t->dtype != CDDP_F32 && t->dtype != CDDP_BF16) || t->ndim != nd ||
-        numel_of(nd, t->shape) != n || memcmp(t->shape, file_want, (size_t)nd * sizeof(int64_t)))
+    if (!is_float(t->dtype) || t->ndim != nd || numel_of(nd, t->shape) != n ||
+        memcmp(t->shape, file_want, (size_t)nd * sizeof(int64_t)))
         return flip ? cddp_error_set(err, CDDP_EFORMAT,
                                      "%s: %s is %s %s, but this file keeps its linear weights as "
                                      "Hugging Face's Conv1D does, (in, out) (its "
@@ -340,10 +346,9 @@ static int st_check_extra(const source *s, const cddp_gpt_config *g, const float
             continue; /* Hugging Face's causal masks */
         if (!strcmp(name, "lm_head.weight")) {
             int64_t n = g->vocab_size * g->n_embd;
-            float *head =
-                (t->dtype == CDDP_F32 || t->dtype == CDDP_BF16) && numel_of(t->ndim, t->shape) == n
-                    ? malloc((size_t)n * sizeof(float))
-                    : NULL;
+            float *head = is_float(t->dtype) && numel_of(t->ndim, t->shape) == n
+                              ? malloc((size_t)n * sizeof(float))
+                              : NULL;
             int rc = head ? read_tensor(s, t, head, n, err) : CDDP_EFORMAT;
             bool same = rc == CDDP_OK && !memcmp(head, wte, (size_t)n * sizeof(float));
             free(head);

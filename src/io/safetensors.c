@@ -33,7 +33,11 @@ struct cddp_safetensors {
 };
 
 static const char *st_dtype(cddp_dtype d) {
-    return d == CDDP_F32 ? "F32" : d == CDDP_I32 ? "I32" : d == CDDP_BF16 ? "BF16" : "I64";
+    return d == CDDP_F32    ? "F32"
+           : d == CDDP_I32  ? "I32"
+           : d == CDDP_BF16 ? "BF16"
+           : d == CDDP_F16  ? "F16"
+                            : "I64";
 }
 
 static int parse_dtype(const char *s, cddp_dtype *d) {
@@ -46,6 +50,8 @@ static int parse_dtype(const char *s, cddp_dtype *d) {
     else if (strcmp(s, "BF16") ==
              0) /* Hugging Face's weights, often: the GPT's loader reads them */
         *d = CDDP_BF16;
+    else if (strcmp(s, "F16") == 0) /* half the GPT-2 checkpoints people have */
+        *d = CDDP_F16;
     else
         return -1;
     return 0;
@@ -225,7 +231,7 @@ static int parse_entry(const char *path, const cJSON *e, uint64_t data_len, cddp
     if (parse_dtype(dtype->valuestring, &t->dtype) != 0)
         return cddp_error_set(err, CDDP_EUNSUPPORTED,
                               "%s: tensor '%s' has dtype %s; cddp reads "
-                              "F32, BF16, I32 and I64",
+                              "F32, BF16, F16, I32 and I64",
                               path, name, dtype->valuestring);
     int nd = cJSON_GetArraySize(shape);
     if (nd > CDDP_MAX_DIMS)

@@ -21,12 +21,14 @@ const char *cddp_dtype_name(cddp_dtype dtype) {
         return "int64";
     case CDDP_BF16:
         return "bfloat16";
+    case CDDP_F16:
+        return "float16";
     }
     return "unknown";
 }
 
 size_t cddp_dtype_size(cddp_dtype dtype) {
-    return dtype == CDDP_I64 ? 8 : dtype == CDDP_BF16 ? 2 : 4;
+    return dtype == CDDP_I64 ? 8 : dtype == CDDP_BF16 || dtype == CDDP_F16 ? 2 : 4;
 }
 
 static uint64_t splitmix64(uint64_t *x) {
@@ -386,6 +388,8 @@ static void check_shape(int ndim, const int64_t *shape) {
 cddp_tensor *cddp__tensor_header(cddp_ctx *ctx, cddp__cdev *d, cddp_dtype dtype, int ndim,
                                  const int64_t *shape) {
     check_shape(ndim, shape);
+    CDDP_CHECK(dtype != CDDP_F16, "a float16 tensor: CDDP_F16 is a file's type (safetensors' "
+                                  "F16), read into float32; tensors are F32, BF16, I32 or I64");
     cddp_tensor *t = cddp__ctx_alloc(ctx, sizeof *t);
     if (!t) return NULL;
     memset(t, 0, sizeof *t);
@@ -442,6 +446,8 @@ static uint64_t bits_of(cddp_dtype dtype, double v) {
         break;
     case CDDP_I64:
         b = (uint64_t)(int64_t)v;
+        break;
+    case CDDP_F16: /* no tensor holds it (cddp__tensor_header) */
         break;
     }
     return b;
@@ -597,6 +603,8 @@ double cddp_get(const cddp_tensor *t, int64_t i) {
         memcpy(&x, v, sizeof x);
         return (double)x;
     }
+    case CDDP_F16: /* no tensor holds it (cddp__tensor_header) */
+        break;
     }
     return 0;
 }

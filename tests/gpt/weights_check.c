@@ -145,6 +145,7 @@ int main(int argc, char **argv) {
         good("gpt2.bin", 0, "logits", devs[d]);
         good("gpt2_bf16.bin", 0, "logits_bf16", devs[d]);
         good("hf_bf16/model.safetensors", 0, "logits_bf16", devs[d]);
+        good("hf_f16/model.safetensors", 0, "logits_f16", devs[d]);
     }
     good("spelled_out/model.safetensors", 0, "logits", devs[0]); /* GPT-2's values, written out */
     /* a config.json field that changes the computation: refused by name, before any weight */

@@ -9,7 +9,8 @@ tests/gpt/weights_check.c:
 - hf_lm/model.safetensors: GPT2LMHeadModel's names ("transformer." and the tied "lm_head.weight"),
   no config.json.
 - hf_bf16/model.safetensors + config.json: Hugging Face's layout in BF16 (its logits from the
-  weights rounded to bf16).
+  weights rounded to bf16); hf_f16/ the same in F16 (float16, as half the GPT-2 files people
+  have; its logits from the weights rounded to float16).
 - nanogpt.safetensors: nanoGPT's state_dict (nn.Linear's (out, in)), no metadata.
 - gpt2.bin, gpt2_bf16.bin: llm.c's model files (magic 20240326, version 3 float32 and 5 bf16, the
   vocabulary padded to a multiple of 128 with zero rows); the bf16 one's logits from the same
@@ -151,7 +152,7 @@ def main():
         convert(sys.argv[2], int(sys.argv[3]), sys.argv[4])
         return
     out = sys.argv[1]
-    for d in ("hf", "hf_lm", "hf_bf16", "hf_fc_linear", "wide", "extra", "untied", "nan",
+    for d in ("hf", "hf_lm", "hf_bf16", "hf_f16", "hf_fc_linear", "wide", "extra", "untied", "nan",
               "broken_config", "headless_config"):
         os.makedirs(os.path.join(out, d), exist_ok=True)
     m = model()
@@ -180,6 +181,14 @@ def main():
     rounded.load_state_dict({k: torch.from_numpy(bf16(v)) for k, v in sd.items()})
     with torch.no_grad():
         want_bf16 = rounded(x).numpy()
+    safetensors_np.save(os.path.join(out, "hf_f16", "model.safetensors"),
+                        {k: v.astype(np.float16) for k, v in hf.items()})
+    with open(os.path.join(out, "hf_f16", "config.json"), "w") as f:
+        json.dump(config, f)
+    rounded.load_state_dict({k: torch.from_numpy(v.astype(np.float16).astype(np.float32))
+                             for k, v in sd.items()})
+    with torch.no_grad():
+        want_f16 = rounded(x).numpy()
     # the wrong ones
     bad = hf_dict(sd)
     bad["h.1.mlp.c_fc.weight"] = sd["transformer.h.1.mlp.c_fc.weight"]  # nn.Linear's (4C, C)
@@ -232,7 +241,8 @@ def main():
     head[:3] = [20240520, 1, 3]
     open(os.path.join(out, "tokens.bin"), "wb").write(head.tobytes() + struct.pack("<3H", 1, 2, 3))
     safetensors_np.save(os.path.join(out, "batch.safetensors"),
-                        {"x": x.numpy(), "logits": want, "logits_bf16": want_bf16})
+                        {"x": x.numpy(), "logits": want, "logits_bf16": want_bf16,
+                         "logits_f16": want_f16})
     print(f"wrote a GPT (vocab {VOCAB}, block {BLOCK}, {LAYERS} layers, {HEADS} heads, width "
           f"{WIDTH}) in Hugging Face's, nanoGPT's and llm.c's layouts to {out}")
 

@@ -11,7 +11,7 @@ import numpy as np
 
 # BF16 tensors are read and written as their bit patterns, uint16 arrays.
 DTYPES = {"F32": np.float32, "F64": np.float64, "I32": np.int32, "I64": np.int64,
-          "BF16": np.uint16}
+          "BF16": np.uint16, "F16": np.float16}
 NAMES = {np.dtype(v): k for k, v in DTYPES.items()}
 
 
