@@ -21,7 +21,7 @@ extern "C" {
 /* One tensor of a safetensors file. */
 typedef struct cddp_st_tensor {
     const char *name;
-    cddp_dtype dtype; /* F32, BF16, I32 or I64 in the file */
+    cddp_dtype dtype; /* F32, BF16, F16, I32 or I64 in the file */
     int ndim;
     int64_t shape[CDDP_MAX_DIMS];
     const void *data; /* numel * dtype size bytes, 64-byte aligned when read */
@@ -156,11 +156,11 @@ CDDP_API int cddp_ckpt_set_verify(cddp_ckpt_set *s, cddp_error *err);
 /* ---- A GPT's weights from the files people have ------------------------------------------
  *
  * cddp's checkpoints (a file or a set) and nanoGPT's state_dict in safetensors; Hugging Face's
- * GPT-2 model.safetensors, float32 or bf16 (GPT2Model's or GPT2LMHeadModel's names, Conv1D's
- * (in, out) weights transposed on the way in, the attention masks ignored, the tied head checked
- * equal to wte); and llm.c's model files (gpt2_124M.bin: magic 20240326, version 3 float32 or 5
- * bf16, the vocabulary padded). A linear weight's orientation is the file's, read from its c_attn
- * weight, (3C, C) or (C, 3C), so a square matrix cannot load transposed. */
+ * GPT-2 model.safetensors, float32, bf16 or float16 (GPT2Model's or GPT2LMHeadModel's names,
+ * Conv1D's (in, out) weights transposed on the way in, the attention masks ignored, the tied head
+ * checked equal to wte); and llm.c's model files (gpt2_124M.bin: magic 20240326, version 3 float32
+ * or 5 bf16, the vocabulary padded). A linear weight's orientation is the file's, read from its
+ * c_attn weight, (3C, C) or (C, 3C), so a square matrix cannot load transposed. */
 
 /* The GPT's shape in path: a cddp checkpoint's metadata, llm.c's header, or a safetensors file's
  * tensors with n_head from Hugging Face's config.json beside it (else the n_head *config holds on
@@ -171,6 +171,15 @@ CDDP_API int cddp_gpt_config_read(const char *path, cddp_gpt_config *config, cdd
  * the file's orientation), a tensor the GPT has not, a head not tied to wte, or another shape in
  * llm.c's header refuses the file and leaves the model as it was. */
 CDDP_API int cddp_gpt_load_weights(cddp_model *m, const char *path, cddp_error *err);
+/* Writes m's GPT (built, on any device) as Hugging Face's GPT2LMHeadModel saves one, so that
+ * transformers' from_pretrained(dir) loads it: dir/model.safetensors (GPT2LMHeadModel's names, a
+ * block's linear weights as Conv1D's (in, out), the tied head not stored, metadata format "pt")
+ * in dtype (CDDP_F32, CDDP_BF16 or CDDP_F16, rounded to nearest even) and dir/config.json (GPT-2's
+ * fields, the model's shape, no dropout, bos_token_id and eos_token_id: bos and eos, -1 for none:
+ * then GPT-2's 50256 for a vocabulary that holds it, else null). dir is made when missing; each
+ * file is written atomically. */
+CDDP_API int cddp_gpt_export_hf(const cddp_model *m, const char *dir, cddp_dtype dtype, int64_t bos,
+                                int64_t eos, cddp_error *err);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,10 @@
 #   4. gpt_generate from nothing starts at the tokenizer's start token (<|endoftext|>): the same
 #      greedy text as --prompt_ids of that token; --prompt through the tokenizer equals
 #      --prompt_ids of tokenizers' ids for it.
+#   5. cddp-ckpt export-hf: transformers' GPT2LMHeadModel.from_pretrained loads the model (f32)
+#      and generates cddp's greedy ids token for token; its AutoTokenizer (the files copied beside)
+#      gives tokenizers' ids; the bf16 and f16 exports hold the f32 weights as PyTorch rounds them;
+#      what transformers saves back (save_pretrained), cddp loads and generates the same ids.
 set -u
 build=$1 py=$2
 work=${KEEP_WORK:-$(mktemp -d)}
@@ -131,4 +135,44 @@ a=$(gen --tokenizer tok.json) && b=$(gen --tokenizer tok.json --prompt_ids "$eot
 a=$(gen --tokenizer tok.json --prompt "Why is") && b=$(gen --tokenizer tok.json --prompt_ids "$ids") ||
     fail "gpt_generate --prompt failed"
 [ "$a" = "$b" ] || fail "--prompt 'Why is' gives '$a', --prompt_ids $ids (tokenizers') '$b'"
+# 5. to transformers and back
+"$B/cddp-ckpt" export-hf --tokenizer tok.json run/checkpoint.safetensors hf > export.out 2>&1 ||
+    { cat export.out; fail "export-hf failed"; }
+for d in bf16 f16; do
+    "$B/cddp-ckpt" export-hf --dtype $d run/checkpoint.safetensors hf_$d > export.out 2>&1 ||
+        { cat export.out; fail "export-hf --dtype $d failed"; }
+done
+"$B/cddp-ckpt" export-hf --dtype f8 run/checkpoint.safetensors bad > bad.out 2>&1
+[ $? = 2 ] && grep -q -- "--dtype f8: f32, bf16 or f16" bad.out || { cat bad.out; fail "--dtype f8 was not refused"; }
+"$B/cddp-ckpt" export-hf --tokenizer wide.json run/checkpoint.safetensors bad > bad.out 2>&1 &&
+    fail "a tokenizer of 70001 tokens was exported with a model of 1000"
+grep -q "has 70001 tokens, more than the model's vocabulary of 1000" bad.out || { cat bad.out; fail "the tokenizer's refusal does not say why"; }
+[ -e bad ] && fail "a refused export left files"
+cddp_ids=$(gen --prompt_ids "$ids" --tokens 10) || fail "gpt_generate failed"
+"$py" - "$ids" "$cddp_ids" <<'PYEOF' || fail "transformers does not take cddp's export as cddp has it"
+import sys
+import torch
+from transformers import AutoTokenizer, GPT2LMHeadModel
+from tokenizers import Tokenizer
+prompt = [int(i) for i in sys.argv[1].split(",")]
+want = [int(i) for i in sys.argv[2].split()]  # cddp's: the prompt, then 10 greedy tokens (in block_size 16)
+m = GPT2LMHeadModel.from_pretrained("hf").eval()
+with torch.no_grad():
+    got = m.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=10,
+                     attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                     pad_token_id=0)[0].tolist()
+assert got == want, (got, want)
+text = "Why is the sky blue? 42 reasons\n"
+assert AutoTokenizer.from_pretrained("hf")(text).input_ids == Tokenizer.from_file("tok.json").encode(text).ids
+sd = {k: v for k, v in m.state_dict().items() if not k.endswith(("attn.bias", "masked_bias"))}
+for d, dt in (("bf16", torch.bfloat16), ("f16", torch.float16)):
+    r = GPT2LMHeadModel.from_pretrained(f"hf_{d}", torch_dtype=dt).state_dict()
+    for k, v in sd.items():
+        assert r[k].dtype == dt and torch.equal(r[k], v.to(dt)), (d, k)
+m.save_pretrained("back", safe_serialization=True)
+print(f"ok: transformers generates cddp's {len(want) - len(prompt)} greedy tokens; bf16, f16 exact")
+PYEOF
+back=$("$B/gpt_generate" back/model.safetensors --temperature 0 --tokens 10 --prompt_ids "$ids" 2> /dev/null) ||
+    fail "cddp cannot load what transformers saved"
+[ "$back" = "$cddp_ids" ] || fail "from transformers' save: '$back', cddp's own: '$cddp_ids'"
 echo "ok: the journey from text to tokens, training and text again"

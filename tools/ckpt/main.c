@@ -3,6 +3,7 @@
  *   cddp-ckpt show runs/gpt/checkpoint.safetensors
  *   cddp-ckpt verify runs/gpt/checkpoints
  *   cddp-ckpt consolidate runs/gpt/checkpoints/step-00000500 model.safetensors
+ *   cddp-ckpt export-hf --tokenizer gpt2 runs/gpt/checkpoint.safetensors my-gpt2
  *
  * A checkpoint is one safetensors file (rank 0 writes it: the model's tensors under their names,
  * the optimizer's state as "optim.<state>.<name>", and metadata: the optimizer, its steps, the
@@ -10,7 +11,9 @@
  * of sets (its newest complete one). A set is read into the same view as a file: its parameters
  * and state under their names, its buffers, its tied names, its manifest's metadata; verify
  * also checks each shard's checksum. consolidate keeps the model's tensors (and, with
- * --with_optimizer, the state), which PyTorch's load_state_dict(strict=True) takes.
+ * --with_optimizer, the state), which PyTorch's load_state_dict(strict=True) takes. export-hf
+ * writes a GPT as Hugging Face's GPT2LMHeadModel saves one (cddp_gpt_export_hf), with the
+ * tokenizer's files beside it, for transformers' from_pretrained.
  */
 #include <cddp/cddp.h>
 
@@ -30,6 +33,7 @@ static void usage(FILE *out) {
             "usage: cddp-ckpt show PATH\n"
             "       cddp-ckpt verify PATH\n"
             "       cddp-ckpt consolidate [--with_optimizer] PATH OUT\n"
+            "       cddp-ckpt export-hf [--dtype f32|bf16|f16] [--tokenizer FILE] PATH OUTDIR\n"
             "Reads a cddp checkpoint: a safetensors file (the model's tensors, the optimizer's\n"
             "state as optim.<state>.<name>, metadata), a set (a folder with one shard per rank\n"
             "and manifest.safetensors), or a folder of sets (its newest complete one).\n\n"
@@ -42,6 +46,11 @@ static void usage(FILE *out) {
             "  consolidate  writes OUT, one file with the model's tensors alone (PyTorch's\n"
             "               state_dict, for load_state_dict(strict=True)); --with_optimizer keeps\n"
             "               the state too\n"
+            "  export-hf    writes a GPT's checkpoint as Hugging Face's GPT2LMHeadModel saves\n"
+            "               one: OUTDIR/model.safetensors (--dtype, default f32) and\n"
+            "               OUTDIR/config.json, which transformers' from_pretrained(OUTDIR)\n"
+            "               loads; --tokenizer (a tokenizer.json, vocab.json or a folder) puts\n"
+            "               its files beside them and its tokens in config.json\n"
             "  -h, --help   show this help\n");
 }
 
@@ -198,6 +207,108 @@ static int consolidate(const view *v, const char *out, bool with_optimizer) {
     return 0;
 }
 
+/* from into to, whole; 0, or 1 after saying why. */
+static int copy_file(const char *from, const char *to) {
+    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+    char buf[65536];
+    size_t n;
+    bool ok = out != NULL;
+    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, out) == n;
+    ok = ok && !ferror(in);
+    if (in) fclose(in);
+    if (out && fclose(out) != 0) ok = false;
+    if (!ok) fprintf(stderr, "cddp-ckpt: export-hf: cannot copy %s to %s\n", from, to);
+    return ok ? 0 : 1;
+}
+
+/* The tokenizer's files into dir under the names transformers looks for: path itself (a
+ * tokenizer.json of any name, or a vocab.json with the merges.txt beside it) or, a folder, the
+ * tokenizer files it holds; and the tokenizer_config.json and special_tokens_map.json beside. */
+static int copy_tokenizer(const char *path, const char *dir, int *copied) {
+    static const char *const names[] = {"tokenizer.json", "vocab.json", "merges.txt",
+                                        "tokenizer_config.json", "special_tokens_map.json"};
+    char from[4200], to[4200], folder[4096], base[4096];
+    struct stat st;
+    bool is_folder = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    snprintf(folder, sizeof folder, "%s", path);
+    snprintf(base, sizeof base, "%s", path);
+    if (!is_folder) snprintf(folder, sizeof folder, "%s", dirname(folder));
+    const char *file = is_folder ? NULL : basename(base);
+    bool gpt2 = file && strlen(file) >= 10 && !strcmp(file + strlen(file) - 10, "vocab.json");
+    *copied = 0;
+    if (file) { /* the file given, under its usual name */
+        snprintf(to, sizeof to, "%s/%s", dir, gpt2 ? "vocab.json" : "tokenizer.json");
+        if (copy_file(path, to)) return 1;
+        ++*copied;
+    }
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+        if (file && k < 2) continue;           /* the file given stands for these */
+        if (file && !gpt2 && k == 2) continue; /* merges.txt goes with vocab.json */
+        snprintf(from, sizeof from, "%s/%s", folder, names[k]);
+        snprintf(to, sizeof to, "%s/%s", dir, names[k]);
+        if (stat(from, &st) != 0) continue;
+        if (copy_file(from, to)) return 1;
+        ++*copied;
+    }
+    return 0;
+}
+
+static int export_hf(const char *path, const char *dir, const char *dtype, const char *tokenizer) {
+    cddp_dtype dt = !strcmp(dtype, "f32") || !strcmp(dtype, "fp32")   ? CDDP_F32
+                    : !strcmp(dtype, "bf16")                          ? CDDP_BF16
+                    : !strcmp(dtype, "f16") || !strcmp(dtype, "fp16") ? CDDP_F16
+                                                                      : CDDP_I32;
+    if (dt == CDDP_I32) {
+        fprintf(stderr, "cddp-ckpt: export-hf: --dtype %s: f32, bf16 or f16\n", dtype);
+        return 2;
+    }
+    cddp_error err = {0};
+    char at[4096], real_at[4096], real_dir[4096];
+    cddp_gpt_config g = {0};
+    cddp_model *m = NULL;
+    cddp_tokenizer *tok = NULL;
+    int64_t bos = -1, eos = -1;
+    int rc = cddp_checkpoint_resolve(path, at, sizeof at, &err);
+    if (!rc && realpath(at, real_at) && realpath(dir, real_dir) &&
+        !strncmp(real_dir, real_at, strlen(real_at)))
+        rc = cddp_error_set(&err, CDDP_EINVAL,
+                            "export-hf: %s is inside the checkpoint %s: "
+                            "choose another OUTDIR",
+                            dir, at);
+    if (!rc) rc = cddp_gpt_config_read(at, &g, &err);
+    if (!rc && !(m = cddp_model_create_with(cddp_nn_gpt(&g), &err))) rc = err.code;
+    if (!rc && cddp_model_build(m, 0) != CDDP_OK)
+        rc = cddp_error_set(&err, CDDP_EINVAL, "%s", cddp_model_error(m));
+    if (!rc) rc = cddp_gpt_load_weights(m, at, &err);
+    if (!rc && tokenizer && !(tok = cddp_tokenizer_load(tokenizer, &err))) rc = err.code;
+    if (!rc && tok && cddp_tokenizer_vocab_size(tok) > g.vocab_size)
+        rc = cddp_error_set(&err, CDDP_EINVAL,
+                            "export-hf: the tokenizer %s has %" PRId64 " tokens, more than the "
+                            "model's vocabulary of %" PRId64 ": not this model's tokenizer",
+                            tokenizer, cddp_tokenizer_vocab_size(tok), g.vocab_size);
+    if (tok) {
+        bos = cddp_tokenizer_bos(tok);
+        eos = cddp_tokenizer_eos(tok);
+    }
+    if (!rc) rc = cddp_gpt_export_hf(m, dir, dt, bos, eos, &err);
+    cddp_tokenizer_destroy(tok);
+    cddp_model_destroy(m);
+    if (rc) {
+        fprintf(stderr, "cddp-ckpt: %s\n", err.msg);
+        return 1;
+    }
+    int copied = 0;
+    if (tokenizer && copy_tokenizer(tokenizer, dir, &copied)) return 1;
+    printf("wrote %s/model.safetensors (%s, %" PRId64 " layers, width %" PRId64
+           ", vocabulary %" PRId64
+           ") and %s/config.json%s%s: transformers' GPT2LMHeadModel.from_pretrained(\"%s\") loads "
+           "it\n",
+           dir, cddp_dtype_name(dt), g.n_layer, g.n_embd, g.vocab_size, dir,
+           copied ? ", with the tokenizer's files" : "",
+           tokenizer && !copied ? " (no tokenizer file copied)" : "", dir);
+    return 0;
+}
+
 /* consolidate never writes over what it reads, nor over a training checkpoint (a file with
  * optimizer state): it would leave the weights alone where the run's state was. 0, or 1 after
  * saying why. */
@@ -335,12 +446,20 @@ static int open_view(view *v, const char *path) {
 
 int main(int argc, char **argv) {
     bool with_optimizer = false;
-    static const struct option longopts[] = {
-        {"with_optimizer", no_argument, 0, 'w'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *dtype = NULL, *tokenizer = NULL;
+    static const struct option longopts[] = {{"with_optimizer", no_argument, 0, 'w'},
+                                             {"dtype", required_argument, 0, 'd'},
+                                             {"tokenizer", required_argument, 0, 't'},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         if (c == 'w') {
             with_optimizer = true;
+        } else if (c == 'd') {
+            dtype = optarg;
+        } else if (c == 't') {
+            tokenizer = optarg;
         } else if (c == 'h') {
             usage(stdout);
             return 0;
@@ -351,9 +470,9 @@ int main(int argc, char **argv) {
     }
     int left = argc - optind;
     const char *cmd = left > 0 ? argv[optind] : "";
-    bool known = (!strcmp(cmd, "show") || !strcmp(cmd, "verify")) ? left == 2
-                 : !strcmp(cmd, "consolidate")                    ? left == 3
-                                                                  : false;
+    bool known = (!strcmp(cmd, "show") || !strcmp(cmd, "verify"))           ? left == 2
+                 : !strcmp(cmd, "consolidate") || !strcmp(cmd, "export-hf") ? left == 3
+                                                                            : false;
     if (!known) {
         usage(stderr);
         return 2;
@@ -362,7 +481,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cddp-ckpt: --with_optimizer goes with consolidate\n");
         return 2;
     }
+    if ((dtype || tokenizer) && strcmp(cmd, "export-hf") != 0) {
+        fprintf(stderr, "cddp-ckpt: --dtype and --tokenizer go with export-hf\n");
+        return 2;
+    }
     const char *path = argv[optind + 1];
+    if (!strcmp(cmd, "export-hf"))
+        return export_hf(path, argv[optind + 2], dtype ? dtype : "f32", tokenizer);
     if (!strcmp(cmd, "consolidate") && check_out(path, argv[optind + 2])) return 1;
     view v = {0};
     if (open_view(&v, path) != 0) {
