@@ -156,11 +156,12 @@ CDDP_API int cddp_ckpt_set_verify(cddp_ckpt_set *s, cddp_error *err);
 /* ---- A GPT's weights from the files people have ------------------------------------------
  *
  * cddp's checkpoints (a file or a set) and nanoGPT's state_dict in safetensors; Hugging Face's
- * GPT-2 model.safetensors, float32, bf16 or float16 (GPT2Model's or GPT2LMHeadModel's names,
- * Conv1D's (in, out) weights transposed on the way in, the attention masks ignored, the tied head
- * checked equal to wte); and llm.c's model files (gpt2_124M.bin: magic 20240326, version 3 float32
- * or 5 bf16, the vocabulary padded). A linear weight's orientation is the file's, read from its
- * c_attn weight, (3C, C) or (C, 3C), so a square matrix cannot load transposed. */
+ * GPT-2 model.safetensors, or its sharded model.safetensors.index.json with the shards it names,
+ * or the model's folder holding either, float32, bf16 or float16 (GPT2Model's or GPT2LMHeadModel's
+ * names, Conv1D's (in, out) weights transposed on the way in, the attention masks ignored, the tied
+ * head checked equal to wte); and llm.c's model files (gpt2_124M.bin: magic 20240326, version 3
+ * float32 or 5 bf16, the vocabulary padded). A linear weight's orientation is the file's, read from
+ * its c_attn weight, (3C, C) or (C, 3C), so a square matrix cannot load transposed. */
 
 /* The GPT's shape in path: a cddp checkpoint's metadata, llm.c's header, or a safetensors file's
  * tensors with n_head from Hugging Face's config.json beside it (else the n_head *config holds on

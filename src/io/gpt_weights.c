@@ -120,9 +120,8 @@ typedef struct source {
     const char *path;
     int fd;
     bool llmc;
-    /* safetensors */
-    cddp_safetensors *index;
-    uint64_t data_start;
+    /* safetensors: one file, or a sharded checkpoint's files */
+    cddp__st_files st;
     bool conv1d; /* Hugging Face's Conv1D orientation: linear weights (in, out) */
     /* llm.c */
     int version;  /* 3: float32, 5: bf16 */
@@ -143,8 +142,8 @@ static void full_name(int kind, int64_t layer, char *name, size_t cap) {
 static const cddp_st_tensor *find(const source *s, int kind, int64_t layer) {
     char name[160];
     full_name(kind, layer, name, sizeof name);
-    const cddp_st_tensor *t = cddp_safetensors_find(s->index, name);
-    return t ? t : cddp_safetensors_find(s->index, name + 12);
+    const cddp_st_tensor *t = cddp__st_files_find(&s->st, name, NULL);
+    return t ? t : cddp__st_files_find(&s->st, name + 12, NULL);
 }
 
 static int64_t numel_of(int ndim, const int64_t *shape) {
@@ -227,6 +226,11 @@ static int st_orientation(source *s, cddp_error *err) {
 
 static int source_open(source *s, const char *path, cddp_error *err) {
     *s = (source){.path = path, .fd = -1};
+    size_t len = strlen(path);
+    if (len >= 11 && !strcmp(path + len - 11, ".index.json")) { /* Hugging Face's shards */
+        CDDP_TRY(cddp__st_files_open(&s->st, path, -1, err));
+        return st_orientation(s, err);
+    }
     if ((s->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
         return cddp_error_set(err, CDDP_EIO, "cannot open %s", path);
     int32_t magic = 0;
@@ -241,9 +245,9 @@ static int source_open(source *s, const char *path, cddp_error *err) {
                               "files start with %d)",
                               path, magic == 20240328 ? "tokenizer file" : "token file", magic,
                               LLMC_MAGIC);
-    uint64_t size;
-    s->index = cddp__safetensors_index_fd(s->fd, path, &s->data_start, &size, err);
-    if (!s->index && err && err->code == CDDP_EFORMAT) {
+    int rc = cddp__st_files_open(&s->st, path, s->fd, err);
+    s->fd = -1; /* the set's now */
+    if (rc == CDDP_EFORMAT && err) {
         char why[CDDP_ERROR_MSG_MAX];
         snprintf(why, sizeof why, "%s", err->msg);
         return cddp_error_set(err, CDDP_EFORMAT,
@@ -251,22 +255,26 @@ static int source_open(source *s, const char *path, cddp_error *err) {
                               "with %d, not the magic %d), nor a safetensors file (%s)",
                               path, magic, LLMC_MAGIC, why);
     }
-    if (!s->index) return err && err->code ? err->code : CDDP_EFORMAT;
+    CDDP_TRY(rc);
     return st_orientation(s, err);
 }
 
 static void source_close(source *s) {
-    if (s->index) cddp_safetensors_destroy(s->index);
+    cddp__st_files_close(&s->st);
     if (s->fd >= 0) close(s->fd);
 }
 
-/* n float32, bf16 or float16 values (dtype) at byte at of the file into dst as float32. */
-static int read_floats(const source *s, uint64_t at, cddp_dtype dtype, float *dst, int64_t n,
-                       cddp_error *err) {
-    if (dtype == CDDP_F32) return cddp__pread_all(s->fd, dst, (size_t)n * 4, at, s->path, err);
-    uint16_t *h = malloc((size_t)n * 2);
-    if (!h) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
-    int rc = cddp__pread_all(s->fd, h, (size_t)n * 2, at, s->path, err);
+/* n float32, bf16 or float16 values (dtype) into dst as float32: at byte at of llm.c's file, or
+ * (t not NULL) the safetensors tensor t. */
+static int read_floats(const source *s, const cddp_st_tensor *t, uint64_t at, cddp_dtype dtype,
+                       float *dst, int64_t n, cddp_error *err) {
+    size_t bytes = (size_t)n * (dtype == CDDP_F32 ? 4 : 2);
+    void *into = dtype == CDDP_F32 ? (void *)dst : malloc(bytes);
+    if (!into) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    int rc = t ? cddp__st_files_read(&s->st, t, into, bytes, err)
+               : cddp__pread_all(s->fd, into, bytes, at, s->path, err);
+    if (dtype == CDDP_F32) return rc;
+    uint16_t *h = into;
     if (!rc && dtype == CDDP_F16) /* exactly: every half is a float */
         cddp_device_from_half(cddp_device_cpu(), dst, h, (size_t)n, true, 1.0f);
     for (int64_t i = 0; !rc && dtype == CDDP_BF16 && i < n; i++) dst[i] = bf16_to_f32(h[i]);
@@ -281,7 +289,7 @@ static bool is_float(cddp_dtype d) {
 /* The n floats of a safetensors file's tensor t. */
 static int read_tensor(const source *s, const cddp_st_tensor *t, float *dst, int64_t n,
                        cddp_error *err) {
-    return read_floats(s, s->data_start + cddp__st_offset(t), t->dtype, dst, n, err);
+    return read_floats(s, t, 0, t->dtype, dst, n, err);
 }
 
 /* Tensor (kind, layer) into dst (nn.Linear's orientation, numel floats), checked against g. */
@@ -293,7 +301,7 @@ static int fill(const source *s, const cddp_gpt_config *g, int kind, int64_t lay
     if (s->llmc) {
         int64_t per = kind == WTE ? s->vpad * g->n_embd : n; /* a layer's share of the block */
         uint64_t at = s->at[kind] + (uint64_t)(layer * per) * (s->version == 3 ? 4u : 2u);
-        return read_floats(s, at, s->version == 5 ? CDDP_BF16 : CDDP_F32, dst, n, err);
+        return read_floats(s, NULL, at, s->version == 5 ? CDDP_BF16 : CDDP_F32, dst, n, err);
     }
     const cddp_st_tensor *t = find(s, kind, layer);
     char name[160], a[64], b[64], c[64];
@@ -332,8 +340,8 @@ static int fill(const source *s, const cddp_gpt_config *g, int kind, int64_t lay
  * checkpoint, or the tied head equal to wte. */
 static int st_check_extra(const source *s, const cddp_gpt_config *g, const float *wte,
                           cddp_error *err) {
-    for (int i = 0; i < cddp_safetensors_count(s->index); i++) {
-        const cddp_st_tensor *t = cddp_safetensors_at(s->index, i);
+    for (int i = 0; i < cddp__st_files_count(&s->st); i++) {
+        const cddp_st_tensor *t = cddp__st_files_at(&s->st, i, NULL);
         const char *name = t->name, *rest = strncmp(name, "transformer.", 12) ? name : name + 12;
         int64_t layer;
         int kind = kind_of(name, &layer);
@@ -484,8 +492,8 @@ static int from_tensors(const source *s, cddp_gpt_config *g, cddp_error *err) {
                               "weights",
                               s->path);
     int64_t layers = 0, layer;
-    for (int i = 0; i < cddp_safetensors_count(s->index); i++)
-        if (kind_of(cddp_safetensors_at(s->index, i)->name, &layer) >= 0 && layer + 1 > layers)
+    for (int i = 0; i < cddp__st_files_count(&s->st); i++)
+        if (kind_of(cddp__st_files_at(&s->st, i, NULL)->name, &layer) >= 0 && layer + 1 > layers)
             layers = layer + 1;
     int64_t heads;
     int rc = hf_config(s->path, wte->shape[1], &heads, err);
@@ -510,8 +518,22 @@ static bool is_dir(const char *path) {
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+/* A model's folder as Hugging Face keeps one (model.safetensors.index.json with its shards, or
+ * model.safetensors; config.json beside): the file to read, in file; else path itself (a folder
+ * is then a cddp checkpoint set). */
+static const char *hf_file(const char *path, char *file, size_t cap) {
+    static const char *const names[] = {"model.safetensors.index.json", "model.safetensors"};
+    for (size_t k = 0; is_dir(path) && k < sizeof names / sizeof *names; k++) {
+        snprintf(file, cap, "%s/%s", path, names[k]);
+        if (access(file, F_OK) == 0) return file;
+    }
+    return path;
+}
+
 int cddp_gpt_config_read(const char *path, cddp_gpt_config *g, cddp_error *err) {
     cddp_gpt_config out = *g;
+    char file[4200];
+    path = hf_file(path, file, sizeof file);
     int rc;
     if (is_dir(path)) { /* a checkpoint set */
         cddp_safetensors *f = cddp_checkpoint_metadata(path, err);
@@ -523,8 +545,8 @@ int cddp_gpt_config_read(const char *path, cddp_gpt_config *g, cddp_error *err) 
         rc = source_open(&s, path, err);
         if (!rc && s.llmc)
             out = s.g;
-        else if (!rc && cddp_safetensors_meta(s.index, "n_layer"))
-            rc = from_meta(s.index, path, &out, err);
+        else if (!rc && cddp_safetensors_meta(s.st.index[0], "n_layer"))
+            rc = from_meta(s.st.index[0], path, &out, err);
         else if (!rc)
             rc = from_tensors(&s, &out, err);
         source_close(&s);
@@ -573,6 +595,8 @@ static int all_finite(const source *s, const char *name, const float *x, int64_t
 }
 
 int cddp_gpt_load_weights(cddp_model *m, const char *path, cddp_error *err) {
+    char file[4200];
+    path = hf_file(path, file, sizeof file);
     cddp_gpt_config g;
     if (cddp_model_gpt_config(m, &g) != CDDP_OK)
         return cddp_error_set(err, CDDP_EINVAL, "cddp_gpt_load_weights: the model holds no GPT");
@@ -581,7 +605,7 @@ int cddp_gpt_load_weights(cddp_model *m, const char *path, cddp_error *err) {
     int rc = source_open(&s, path, err);
     if (!rc && s.llmc) rc = same_shape(&s, &g, err);
     int64_t heads = 0; /* Hugging Face's files: what config.json beside them says */
-    if (!rc && !s.llmc && !cddp_safetensors_meta(s.index, "n_layer"))
+    if (!rc && !s.llmc && !cddp_safetensors_meta(s.st.index[0], "n_layer"))
         rc = hf_config(path, g.n_embd, &heads, err);
     if (!rc && heads && heads != g.n_head)
         rc = cddp_error_set(err, CDDP_EINVAL,

@@ -52,6 +52,29 @@ cddp_safetensors *cddp__safetensors_index_fd(int fd, const char *path, uint64_t 
 static inline uint64_t cddp__st_offset(const cddp_st_tensor *t) {
     return (uint64_t)(uintptr_t)t->data;
 }
+/* st_files.c: one safetensors file, or Hugging Face's sharded checkpoint (its
+ * model.safetensors.index.json, whose weight_map names each tensor's file), as one set of
+ * tensors whose data stays on disk. */
+typedef struct cddp__st_files {
+    int n;                    /* files */
+    cddp_safetensors **index; /* each file's header (cddp__safetensors_index_fd) */
+    int *fd;
+    uint64_t *data_start;
+    char **path;
+} cddp__st_files;
+/* Opens path: a safetensors file (fd: it, open, taken over; -1 to open it here), or an index
+ * whose every shard is opened and checked (each tensor of the map in the file it names, none in
+ * two). On failure everything is closed and the error names the file and tensor. */
+int cddp__st_files_open(cddp__st_files *f, const char *path, int fd, cddp_error *err);
+void cddp__st_files_close(cddp__st_files *f);
+/* The tensor called name and (file may be NULL) the index of its file; NULL when none has it. */
+const cddp_st_tensor *cddp__st_files_find(const cddp__st_files *f, const char *name, int *file);
+/* Every tensor of every file, in file order: count, then i in [0, count). */
+int cddp__st_files_count(const cddp__st_files *f);
+const cddp_st_tensor *cddp__st_files_at(const cddp__st_files *f, int i, int *file);
+/* The first bytes of t's data (t from this set) into dst. */
+int cddp__st_files_read(const cddp__st_files *f, const cddp_st_tensor *t, void *dst, size_t bytes,
+                        cddp_error *err);
 /* Sets every tensor's data of an index to NULL: a handle for its names, shapes and metadata. */
 void cddp__safetensors_forget_data(cddp_safetensors *f);
 /* Reads n bytes at offset at of fd (the file path, for the message) into dst, all or an error. */

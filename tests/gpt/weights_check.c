@@ -146,6 +146,9 @@ int main(int argc, char **argv) {
         good("gpt2_bf16.bin", 0, "logits_bf16", devs[d]);
         good("hf_bf16/model.safetensors", 0, "logits_bf16", devs[d]);
         good("hf_f16/model.safetensors", 0, "logits_f16", devs[d]);
+        good("hf_sharded/model.safetensors.index.json", 0, "logits", devs[d]);
+        good("hf_sharded", 0, "logits", devs[d]); /* the model's folder, as from_pretrained */
+        good("hf", 0, "logits", devs[d]);
     }
     good("spelled_out/model.safetensors", 0, "logits", devs[0]); /* GPT-2's values, written out */
     /* a config.json field that changes the computation: refused by name, before any weight */
@@ -158,6 +161,14 @@ int main(int argc, char **argv) {
     bad("inner/model.safetensors", true, (const char *[]){"n_inner 64", "4 n_embd (128)"}, 2);
     bad("llama_type/model.safetensors", true, (const char *[]){"model_type llama"}, 1);
     bad("act_relu/model.safetensors", false, (const char *[]){"activation_function relu"}, 1);
+    bad("sharded_missing/model.safetensors.index.json", true,
+        (const char *[]){"names model-00002-of-00002.safetensors", "cannot open",
+                         "a shard missing"},
+        3);
+    bad("sharded_wrong/model.safetensors.index.json", true,
+        (const char *[]){"maps h.1.mlp.c_fc.weight to", "model-00001-of-00002.safetensors",
+                         "which does not hold it"},
+        3);
     bad("heads8/model.safetensors", false,
         (const char *[]){"config.json says 8 heads, but the model has 4"}, 1);
     bad("hf_lm/model.safetensors", true,

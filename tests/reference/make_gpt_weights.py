@@ -10,7 +10,9 @@ tests/gpt/weights_check.c:
   no config.json.
 - hf_bf16/model.safetensors + config.json: Hugging Face's layout in BF16 (its logits from the
   weights rounded to bf16); hf_f16/ the same in F16 (float16, as half the GPT-2 files people
-  have; its logits from the weights rounded to float16).
+  have; its logits from the weights rounded to float16); hf_sharded/ the float32 one in two
+  shards with model.safetensors.index.json, as save_pretrained writes a model past
+  max_shard_size, and two broken copies (a shard missing, a map that names the wrong shard).
 - nanogpt.safetensors: nanoGPT's state_dict (nn.Linear's (out, in)), no metadata.
 - gpt2.bin, gpt2_bf16.bin: llm.c's model files (magic 20240326, version 3 float32 and 5 bf16, the
   vocabulary padded to a multiple of 128 with zero rows); the bf16 one's logits from the same
@@ -211,6 +213,23 @@ def main():
     safetensors_np.save(os.path.join(out, "nan", "model.safetensors"), nan)
     with open(os.path.join(out, "nan", "config.json"), "w") as f:
         json.dump(config, f)
+    # sharded as save_pretrained shards: two files and the index of which holds what
+    names = sorted(hf)
+    shards = {"model-00001-of-00002.safetensors": names[:len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for d in ("hf_sharded", "sharded_missing", "sharded_wrong"):
+        os.makedirs(os.path.join(out, d), exist_ok=True)
+        weight_map = {n: f for f, ns in shards.items() for n in ns}
+        for f, ns in shards.items():
+            if d != "sharded_missing" or f.startswith("model-00001"):
+                safetensors_np.save(os.path.join(out, d, f), {n: hf[n] for n in ns},
+                                    {"format": "pt"})
+        if d == "sharded_wrong":  # a tensor of the second shard said to be in the first
+            weight_map["h.1.mlp.c_fc.weight"] = "model-00001-of-00002.safetensors"
+        with open(os.path.join(out, d, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": 0}, "weight_map": weight_map}, f)
+        with open(os.path.join(out, d, "config.json"), "w") as f:
+            json.dump(config, f)
     # config.json with a field that changes the computation (each refused, naming it), and
     # GPT-2's own values spelled out (accepted)
     fields = {"act_relu": {"activation_function": "relu"},
