@@ -133,13 +133,21 @@ static bool is_null(const cJSON *j) {
     return !j || cJSON_IsNull(j);
 }
 
-/* An id from JSON: an integer in [0, 2^31). */
-static int get_id(const cJSON *j, const char *path, const char *what, int32_t *id,
+/* An id from JSON: an integer from 0, below most (the ids of a file of `tokens` tokens stay
+ * near that count: a vocabulary is numbered densely, and an id of 10^9 in a damaged file must not
+ * ask for 8 GB of token slots). */
+static int get_id(const cJSON *j, const char *path, const char *what, int64_t tokens, int32_t *id,
                   cddp_error *err) {
     double v = cJSON_IsNumber(j) ? j->valuedouble : -1;
+    double most = 2.0 * (double)tokens + 65536;
     if (!(v >= 0 && v < 2147483647.0 && v == (double)(int32_t)v))
         return cddp_error_set(err, CDDP_EFORMAT, "%s: %s has no id (an integer from 0)", path,
                               what);
+    if (v >= most)
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s: %s has id %.0f, far past the file's %" PRId64 " tokens (a "
+                              "vocabulary numbers its tokens from 0, densely: damaged?)",
+                              path, what, v, tokens);
     *id = (int32_t)v;
     return CDDP_OK;
 }
@@ -186,7 +194,7 @@ static int read_vocab(cddp_tokenizer *t, const cJSON *vocab, cddp_error *err) {
         if (strlen(e->string) >= sizeof buf)
             return cddp_error_set(err, CDDP_EFORMAT, "%s: a token of %zu bytes (\"%.40s...\")",
                                   t->path, strlen(e->string), e->string);
-        CDDP_TRY(get_id(e, t->path, e->string, &id, err));
+        CDDP_TRY(get_id(e, t->path, e->string, n, &id, err));
         if (id < t->vocab_size && t->piece[id])
             return cddp_error_set(err, CDDP_EFORMAT, "%s: two tokens have id %" PRId32, t->path,
                                   id);
@@ -373,7 +381,7 @@ static int read_added(cddp_tokenizer *t, const cJSON *list, cddp_error *err) {
         if (!cJSON_IsString(content) || !*content->valuestring)
             return cddp_error_set(err, CDDP_EFORMAT, "%s: an added token without content", t->path);
         CDDP_TRY(get_id(cJSON_GetObjectItemCaseSensitive(a, "id"), t->path, content->valuestring,
-                        &id, err));
+                        t->vocab_size + n, &id, err));
         cddp__tok_added *x = &t->added[t->added_count++];
         x->len = strlen(content->valuestring);
         if (!(x->content = cddp_malloc(x->len + 1)))

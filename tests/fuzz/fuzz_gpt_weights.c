@@ -3,7 +3,10 @@
  * cddp's safetensors with their metadata.
  *
  * An input that starts with '{' is a pair: the bytes up to the first NUL are config.json, the
- * rest the weights file beside it (model.safetensors); any other input is the weights file alone.
+ * rest the weights file beside it (model.safetensors); one that starts with '!' is a sharded
+ * checkpoint: after the '!' up to the first NUL, model.safetensors.index.json, the rest the shard
+ * a.safetensors beside it (config.json as before, when the input before held one); any other
+ * input is the weights file alone.
  * cddp_gpt_config_read must refuse with a message or give a shape that builds a GPT; when that
  * GPT is small, cddp_gpt_load_weights must load it or refuse with a message. */
 #include "fuzz.h"
@@ -33,7 +36,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *dir = scratch();
     snprintf(path, sizeof path, "%s/config.json", dir);
     unlink(path);
-    if (size && data[0] == '{') {
+    bool sharded = size && data[0] == '!';
+    if (sharded) {
+        const uint8_t *nul = memchr(data, 0, size);
+        size_t json = nul ? (size_t)(nul - data) - 1 : size - 1;
+        put(dir, "model.safetensors.index.json", data + 1, json);
+        put(dir, "a.safetensors", nul ? nul + 1 : data, nul ? size - json - 2 : 0);
+    } else if (size && data[0] == '{') {
         const uint8_t *nul = memchr(data, 0, size);
         size_t json = nul ? (size_t)(nul - data) : size;
         put(dir, "config.json", data, json);
@@ -42,7 +51,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else {
         put(dir, "model.safetensors", data, size);
     }
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    snprintf(path, sizeof path, "%s/%s", dir,
+             sharded ? "model.safetensors.index.json" : "model.safetensors");
 
     cddp_error err = {0};
     cddp_gpt_config g = {.n_head = 0}; /* no heads given: the file must say */

@@ -215,6 +215,59 @@ put("gpt_weights", "hf-pair", hf_config + b"\0" + st_model(
 put("gpt_weights", "nanogpt-meta", st_model("transformer.", False, metadata={
     "vocab_size": str(V), "block_size": str(T), "n_layer": str(L), "n_head": "1",
     "n_embd": str(C)}))
+# Hugging Face's sharded layout: the index, then its one shard (a.safetensors).
+put("gpt_weights", "hf-sharded", b"!" + json.dumps({"weight_map": {
+    n: "a.safetensors" for n, _ in GPT}}).encode() + b"\0" + st_model("", True))
 # An llm.c header whose sizes multiply past 64 bits: its size check wrapped (regression).
 put("gpt_weights", "regress-llmc-size-overflow",
     llmc_model(3, [20240326, 3, 2**31 - 1, 1, 2**31 - 1, 1, 2**30, 2**31 - 1])[:1024])
+
+# Tokenizers (fuzz_tokenizer.c): a byte-level BPE tokenizer.json (GPT-2's pre-tokenizer; and
+# Llama 3's Split, Digits and added tokens), and GPT-2's vocab.json + merges.txt, each followed by
+# text to encode.
+
+
+def byte_level():
+    """The printable character byte-level BPE writes for each byte."""
+    keep = [b for b in range(256) if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255]
+    out, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
+
+
+BL = byte_level()
+VOCAB = {BL[b]: b for b in range(256)}
+MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n")]
+for a, b in MERGES:
+    VOCAB[a + b] = len(VOCAB)
+TEXT = "The theme: then, in 1999 <|endoftext|> Ünïcödé  \t\n".encode()
+
+
+def tokenizer_json(pre, added=(), model=None):
+    m = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+         "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+         "vocab": VOCAB, "merges": [a + " " + b for a, b in MERGES]}
+    m.update(model or {})
+    return json.dumps({"version": "1.0", "added_tokens": list(added), "normalizer": None,
+                       "pre_tokenizer": pre, "post_processor": None,
+                       "decoder": {"type": "ByteLevel"}, "model": m}).encode()
+
+
+EOT = {"id": len(VOCAB), "content": "<|endoftext|>", "single_word": False, "lstrip": False,
+       "rstrip": False, "normalized": False, "special": True}
+put("tokenizer", "gpt2", tokenizer_json(
+    {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}, [EOT]) + b"\0" + TEXT)
+put("tokenizer", "llama3", tokenizer_json({"type": "Sequence", "pretokenizers": [
+    {"type": "Split", "pattern": {"Regex": "\\p{N}{1,3}| ?\\p{L}+|\\s+"}, "behavior": "Isolated",
+     "invert": False},
+    {"type": "Digits", "individual_digits": True},
+    {"type": "ByteLevel", "add_prefix_space": True, "use_regex": False}]},
+    [dict(EOT, lstrip=True, rstrip=True)], {"ignore_merges": True, "merges": [list(m) for m in MERGES]})
+    + b"\0" + TEXT)
+put("tokenizer", "gpt2-files", b"V" + json.dumps(dict(VOCAB, **{"<|endoftext|>": len(VOCAB)})).encode()
+    + b"\0#version: 0.2\n" + "\n".join(a + " " + b for a, b in MERGES).encode() + b"\0" + TEXT)

@@ -19,8 +19,9 @@ run idx & run tokens & wait
 run safetensors & run store & wait
 run secret & run ckpt_set & wait
 run npy & run gpt_weights & wait
+run tokenizer & wait
 fail=0
-for h in idx tokens safetensors store secret ckpt_set npy gpt_weights; do
+for h in idx tokens safetensors store secret ckpt_set npy gpt_weights tokenizer; do
     rc=$(cat "$build/fuzz/$h/rc")
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$build/fuzz/$h/log")
     if [ "$rc" != 0 ]; then
