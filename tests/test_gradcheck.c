@@ -49,6 +49,9 @@ enum {
     OP_AVG_POOL2D,
     OP_ADAPTIVE_AVG_POOL2D,
     OP_RELU_MAX_POOL2D,
+    OP_RMS_NORM,
+    OP_SILU_MUL,
+    OP_ROPE,
     OP_COUNT
 };
 
@@ -81,7 +84,10 @@ static const char *op_names[OP_COUNT] = {"matmul",
                                          "attention",
                                          "avg_pool2d",
                                          "adaptive_avg_pool2d",
-                                         "relu_max_pool2d"};
+                                         "relu_max_pool2d",
+                                         "rms_norm",
+                                         "silu_mul",
+                                         "rope"};
 
 #define CASES   30
 #define MAX_IN  3
@@ -302,6 +308,29 @@ static void make_case(gc_case *c, int op) {
         set_shape(c, 0, 3, B, T, 3 * NH * HS, 0);
         break;
     }
+    case OP_RMS_NORM: { /* x (..., C); a weight or none (bias false) */
+        int nd = (int)rnd(1, 3);
+        int64_t C = rnd(2, 7);
+        c->bias = rnd(0, 3) != 0;
+        c->nin = c->bias ? 2 : 1;
+        set_shape(c, 0, nd, nd == 1 ? C : rnd(1, 3), nd == 2 ? C : rnd(1, 3), C, 0);
+        set_shape(c, 1, 1, C, 0, 0, 0);
+        break;
+    }
+    case OP_SILU_MUL: /* the gate and the values, of one shape */
+        c->nin = 2;
+        any_shape(c, 0);
+        c->ndim[1] = c->ndim[0];
+        memcpy(c->shape[1], c->shape[0], sizeof c->shape[0]);
+        break;
+    case OP_ROPE: { /* x (B, T, NH D) from position pos0; D/2 frequencies (a constant) */
+        int64_t B = rnd(1, 2), T = rnd(1, 5), NH = rnd(1, 3), D = 2 * rnd(1, 4);
+        c->kernel = (int)NH;
+        c->stride = (int)rnd(0, 9);
+        for (int64_t i = 0; i < D / 2; i++) c->running[0][i] = rndf(0.05f, 1.5f);
+        set_shape(c, 0, 3, B, T, NH * D, 0);
+        break;
+    }
     case OP_SCALE:
         c->s = rndf(-3, 3);
         any_shape(c, 0);
@@ -323,6 +352,8 @@ static void make_case(gc_case *c, int op) {
             float v = rndf(-1, 1);
             if (op == OP_RELU) v = (v < 0 ? -1.0f : 1.0f) * rndf(0.05f, 1.0f); /* no kink */
             if (op == OP_DIV && i == 1) v = (rnd(0, 1) ? 1.0f : -1.0f) * rndf(1.0f, 2.0f);
+            if (op == OP_RMS_NORM && i == 0) /* no row near 0, where 1/rms bends */
+                v = (v < 0 ? -1.0f : 1.0f) * rndf(0.3f, 1.0f);
             c->data[i][k] = v;
         }
     }
@@ -454,6 +485,15 @@ static cddp_tensor *forward_op(gc_case *c, cddp_tensor **in) {
         return cddp_gelu_tanh(ctx, in[0]);
     case OP_ATTENTION:
         return cddp_attention(ctx, in[0], c->kernel);
+    case OP_RMS_NORM:
+        return cddp_rms_norm(ctx, in[0], c->bias ? in[1] : NULL, 1e-5f);
+    case OP_SILU_MUL:
+        return cddp_silu_mul(ctx, in[0], in[1]);
+    case OP_ROPE: {
+        int64_t half = c->shape[0][2] / c->kernel / 2;
+        cddp_tensor *freq = cddp_from_data(ctx, CDDP_F32, 1, &half, c->running[0]);
+        return cddp_rope(ctx, in[0], freq, c->kernel, c->stride);
+    }
     }
     return NULL;
 }
@@ -585,6 +625,9 @@ GC_TEST(embedding, OP_EMBEDDING)
 GC_TEST(layer_norm, OP_LAYER_NORM)
 GC_TEST(gelu_tanh, OP_GELU_TANH)
 GC_TEST(attention, OP_ATTENTION)
+GC_TEST(rms_norm, OP_RMS_NORM)
+GC_TEST(silu_mul, OP_SILU_MUL)
+GC_TEST(rope, OP_ROPE)
 
 static int setup(void **state) {
     (void)state;
@@ -632,6 +675,9 @@ int main(void) {
         cmocka_unit_test(test_grad_layer_norm),
         cmocka_unit_test(test_grad_gelu_tanh),
         cmocka_unit_test(test_grad_attention),
+        cmocka_unit_test(test_grad_rms_norm),
+        cmocka_unit_test(test_grad_silu_mul),
+        cmocka_unit_test(test_grad_rope),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

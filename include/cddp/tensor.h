@@ -426,6 +426,20 @@ CDDP_API cddp_tensor *cddp_gelu_tanh(cddp_ctx *ctx, cddp_tensor *x);
  * read (GPT-2's MLP: 16,384 x 3,072 floats a layer written and kept); otherwise the two ops. */
 CDDP_API cddp_tensor *cddp_gelu_tanh_linear(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w,
                                             cddp_tensor *b);
+/* Llama's pieces, as Hugging Face's LlamaRMSNorm, LlamaMLP and apply_rotary_pos_emb compute them
+ * (the CPU and the emulated device; on CUDA they fail the context naming the kernel, for now).
+ * RMSNorm over the last dimension (C): y = x / sqrt(mean(x^2) + eps) * weight (C, or NULL: ones).
+ */
+CDDP_API cddp_tensor *cddp_rms_norm(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *weight, float eps);
+/* SwiGLU's gate: silu(g) u = g sigmoid(g) u elementwise, g and u of one shape (the gate and up
+ * projections, before the down projection). */
+CDDP_API cddp_tensor *cddp_silu_mul(cddp_ctx *ctx, cddp_tensor *g, cddp_tensor *u);
+/* Rotary position embeddings: x (..., T, n_head D), position pos0 + t at row t, each head's
+ * features i and i + D/2 (i < D/2, rotate_half's pairs) turned by the angle position inv_freq[i]
+ * (computed in float32); inv_freq (D/2) is a constant of the model (theta^(-2i/D), or Llama 3's
+ * rescaled ones) and takes no gradient. pos0 > 0: the positions after a key/value cache's. */
+CDDP_API cddp_tensor *cddp_rope(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *inv_freq,
+                                int64_t n_head, int64_t pos0);
 /* Causal self-attention, fused: qkv (B, T, 3C) holds each position's query, key and value side
  * by side (nanoGPT's c_attn output), C split into n_head heads of C / n_head. Per head,
  * softmax(q k^T / sqrt(C / n_head)) with every position's future masked, times v; the heads side

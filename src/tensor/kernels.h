@@ -223,6 +223,28 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 #define CDDP__KA_gelu_tanh_grad(F)                                                                 \
     F(const float *, x) F(const float *, dy) F(float *, dx) F(int64_t, n) F(bool, assign)          \
         F(uint16_t *, dx16) F(float *, colsum) F(int64_t, cols)
+/* Llama's pieces. RMSNorm over rows of C: y = x rstd w, rstd = 1/sqrt(mean(x^2) + eps) kept per
+ * row (w NULL: ones); its gradients: dx (stored when assign, else added) and dw added (may be
+ * NULL) */
+#define CDDP__KA_rms_norm(F)                                                                       \
+    F(const float *, x) F(const float *, w) F(float *, y) F(float *, rstd) F(int64_t, rows)        \
+        F(int64_t, C) F(float, eps)
+#define CDDP__KA_rms_norm_grad(F)                                                                  \
+    F(const float *, x) F(const float *, w) F(const float *, dy) F(const float *, rstd)            \
+        F(float *, dx) F(bool, assign) F(float *, dw) F(int64_t, rows) F(int64_t, C)
+/* SwiGLU's gate, y = silu(g) u elementwise; its gradients dg and du (each may be NULL; stored
+ * when its assign, else added) */
+#define CDDP__KA_silu_mul(F) F(const float *, g) F(const float *, u) F(float *, y) F(int64_t, n)
+#define CDDP__KA_silu_mul_grad(F)                                                                  \
+    F(const float *, g) F(const float *, u) F(const float *, dy) F(float *, dg) F(bool, assign_g)   \
+        F(float *, du) F(bool, assign_u) F(int64_t, n)
+/* Rotary positions (Llama's, Hugging Face's rotate_half layout): rows of x (B T rows of H heads
+ * of D), row r at position pos0 + r mod T, each head's pair (i, i + D/2) turned by the angle
+ * position inv_freq[i] (float32, as the reference computes it), or by minus it (inverse: the
+ * backward, dx from dy); into y, stored (assign) or added */
+#define CDDP__KA_rope(F)                                                                           \
+    F(const float *, x) F(float *, y) F(const float *, inv_freq) F(int64_t, rows) F(int64_t, T)    \
+        F(int64_t, H) F(int64_t, D) F(int64_t, pos0) F(bool, inverse) F(bool, assign)
 /* causal self-attention of qkv (B,T,3C) in NH heads into out (B,T,C), the weights into p
  * (B,NH,T,T); compute as gemm's (in bf16: q, k, v and the weights rounded for the products) */
 #define CDDP__KA_attention(F)                                                                      \
@@ -375,7 +397,8 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
     K(check_ids) K(cross_entropy) K(cross_entropy_grad) K(mse) K(mse_grad) K(sum) K(sum_grad)      \
     K(argmax)                                                                                      \
     K(reorder) K(embedding) K(embedding_grad) K(layer_norm) K(layer_norm_grad) K(gelu_tanh)        \
-    K(gelu_tanh_grad) K(attention) K(attention_cached) K(attention_grad) K(flash_attention)        \
+    K(gelu_tanh_grad) K(rms_norm) K(rms_norm_grad) K(silu_mul) K(silu_mul_grad) K(rope)          \
+    K(attention) K(attention_cached) K(attention_grad) K(flash_attention)        \
     K(flash_attention_grad) K(batch_norm)                                                          \
     K(batch_norm_grad) K(max_pool) K(max_pool_grad) K(avg_pool) K(avg_pool_grad)                   \
     K(adaptive_pool) K(adaptive_pool_grad) K(conv2d) K(conv2d_grad) K(conv2d_relu_pool)            \

@@ -46,6 +46,9 @@
     X(LAYER_NORM, layer_norm)                                                                      \
     X(GELU_TANH, gelu_tanh)                                                                        \
     X(ATTENTION, attention)                                                                        \
-    X(QKV_ATTENTION, qkv_attention)
+    X(QKV_ATTENTION, qkv_attention)                                                                \
+    X(RMS_NORM, rms_norm) /* llama.c */                                                            \
+    X(SILU_MUL, silu_mul)                                                                          \
+    X(ROPE, rope)
 
 #endif
