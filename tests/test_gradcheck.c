@@ -52,6 +52,7 @@ enum {
     OP_RMS_NORM,
     OP_SILU_MUL,
     OP_ROPE,
+    OP_QKV_PACK,
     OP_COUNT
 };
 
@@ -87,7 +88,8 @@ static const char *op_names[OP_COUNT] = {"matmul",
                                          "relu_max_pool2d",
                                          "rms_norm",
                                          "silu_mul",
-                                         "rope"};
+                                         "rope",
+                                         "qkv_pack"};
 
 #define CASES   30
 #define MAX_IN  3
@@ -331,6 +333,16 @@ static void make_case(gc_case *c, int op) {
         set_shape(c, 0, 3, B, T, NH * D, 0);
         break;
     }
+    case OP_QKV_PACK: { /* q (B, T, NH D), k and v (B, T, KV D), then the attention */
+        int64_t B = rnd(1, 2), T = rnd(1, 4), KV = rnd(1, 2), NH = KV * rnd(1, 3), D = rnd(1, 3);
+        c->kernel = (int)NH;
+        c->stride = (int)KV;
+        c->nin = 3;
+        set_shape(c, 0, 3, B, T, NH * D, 0);
+        set_shape(c, 1, 3, B, T, KV * D, 0);
+        set_shape(c, 2, 3, B, T, KV * D, 0);
+        break;
+    }
     case OP_SCALE:
         c->s = rndf(-3, 3);
         any_shape(c, 0);
@@ -494,6 +506,9 @@ static cddp_tensor *forward_op(gc_case *c, cddp_tensor **in) {
         cddp_tensor *freq = cddp_from_data(ctx, CDDP_F32, 1, &half, c->running[0]);
         return cddp_rope(ctx, in[0], freq, c->kernel, c->stride);
     }
+    case OP_QKV_PACK: /* through the attention, which reads every packed value */
+        return cddp_attention(ctx, cddp_qkv_pack(ctx, in[0], in[1], in[2], c->kernel, c->stride),
+                              c->kernel);
     }
     return NULL;
 }
@@ -628,6 +643,7 @@ GC_TEST(attention, OP_ATTENTION)
 GC_TEST(rms_norm, OP_RMS_NORM)
 GC_TEST(silu_mul, OP_SILU_MUL)
 GC_TEST(rope, OP_ROPE)
+GC_TEST(qkv_pack, OP_QKV_PACK)
 
 static int setup(void **state) {
     (void)state;
@@ -678,6 +694,7 @@ int main(void) {
         cmocka_unit_test(test_grad_rms_norm),
         cmocka_unit_test(test_grad_silu_mul),
         cmocka_unit_test(test_grad_rope),
+        cmocka_unit_test(test_grad_qkv_pack),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

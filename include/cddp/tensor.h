@@ -440,6 +440,12 @@ CDDP_API cddp_tensor *cddp_silu_mul(cddp_ctx *ctx, cddp_tensor *g, cddp_tensor *
  * rescaled ones) and takes no gradient. pos0 > 0: the positions after a key/value cache's. */
 CDDP_API cddp_tensor *cddp_rope(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *inv_freq,
                                 int64_t n_head, int64_t pos0);
+/* Grouped-query attention's inputs, packed for cddp_attention: q (..., n_head D), k and v
+ * (..., n_kv_head D), n_head a multiple of n_kv_head (1: multi-query) -> (..., 3 n_head D), the
+ * queries, then the keys and values with key/value head h / (n_head / n_kv_head) in head h's
+ * place (Hugging Face's repeat_kv). The backward sums the shared heads' gradients. */
+CDDP_API cddp_tensor *cddp_qkv_pack(cddp_ctx *ctx, cddp_tensor *q, cddp_tensor *k, cddp_tensor *v,
+                                    int64_t n_head, int64_t n_kv_head);
 /* Causal self-attention, fused: qkv (B, T, 3C) holds each position's query, key and value side
  * by side (nanoGPT's c_attn output), C split into n_head heads of C / n_head. Per head,
  * softmax(q k^T / sqrt(C / n_head)) with every position's future masked, times v; the heads side

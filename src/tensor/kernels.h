@@ -245,6 +245,17 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
 #define CDDP__KA_rope(F)                                                                           \
     F(const float *, x) F(float *, y) F(const float *, inv_freq) F(int64_t, rows) F(int64_t, T)    \
         F(int64_t, H) F(int64_t, D) F(int64_t, pos0) F(bool, inverse) F(bool, assign)
+/* Grouped-query attention's inputs packed for the attention kernels: rows of q (H heads of D), k
+ * and v (KV heads of D each) into qkv rows (3 H D): q, then k and v with kv head h / (H / KV) in
+ * head h's place (Hugging Face's repeat_kv); the backward (grad) from dqkv: dq, and dk, dv summed
+ * over the heads that share a kv head, each stored (assign) or added, each may be NULL */
+#define CDDP__KA_qkv_pack(F)                                                                       \
+    F(const float *, q) F(const float *, k) F(const float *, v) F(float *, qkv) F(int64_t, rows)   \
+        F(int64_t, H) F(int64_t, KV) F(int64_t, D)
+#define CDDP__KA_qkv_pack_grad(F)                                                                  \
+    F(const float *, dqkv) F(float *, dq) F(float *, dk) F(float *, dv) F(bool, assign_q)           \
+        F(bool, assign_k) F(bool, assign_v) F(int64_t, rows) F(int64_t, H) F(int64_t, KV)           \
+            F(int64_t, D)
 /* causal self-attention of qkv (B,T,3C) in NH heads into out (B,T,C), the weights into p
  * (B,NH,T,T); compute as gemm's (in bf16: q, k, v and the weights rounded for the products) */
 #define CDDP__KA_attention(F)                                                                      \
@@ -398,6 +409,7 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
     K(argmax)                                                                                      \
     K(reorder) K(embedding) K(embedding_grad) K(layer_norm) K(layer_norm_grad) K(gelu_tanh)        \
     K(gelu_tanh_grad) K(rms_norm) K(rms_norm_grad) K(silu_mul) K(silu_mul_grad) K(rope)          \
+    K(qkv_pack) K(qkv_pack_grad)                                                                   \
     K(attention) K(attention_cached) K(attention_grad) K(flash_attention)        \
     K(flash_attention_grad) K(batch_norm)                                                          \
     K(batch_norm_grad) K(max_pool) K(max_pool_grad) K(avg_pool) K(avg_pool_grad)                   \

@@ -1,6 +1,6 @@
 """Hugging Face's Llama pieces as the reference for cddp's ops: transformers' own LlamaRMSNorm,
 LlamaRotaryEmbedding with apply_rotary_pos_emb (default frequencies and Llama 3's rope_scaling),
-and LlamaMLP's act_fn(gate) * up, on random inputs, in float64 then rounded to float32, with the
+LlamaMLP's act_fn(gate) * up, and grouped-query attention through repeat_kv, on random inputs, in float64 then rounded to float32, with the
 gradients of sum(out * R) for a random R.
 
 Usage: make_ops.py OUT.safetensors
@@ -14,7 +14,7 @@ import torch
 from transformers import LlamaConfig
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import (LlamaRMSNorm, LlamaRotaryEmbedding,
-                                                      apply_rotary_pos_emb)
+                                                      apply_rotary_pos_emb, repeat_kv)
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/reference")
 import safetensors_np  # noqa: E402
@@ -69,6 +69,22 @@ for name, scaling, theta, pos0 in (("rope", None, 10000.0, 0), ("rope3", {
     (y * R).sum().backward()
     put(name, x=x, inv_freq=rot.inv_freq, R=R, y=y, dx=x.grad,
         meta=torch.tensor([H, pos0], dtype=torch.float64))
+
+# Grouped-query attention as LlamaAttention's eager path computes it: k and v of KV heads
+# repeated (repeat_kv) for H query heads, causal softmax(q k^T / sqrt(D)) v; 4 heads with 2 and
+# with 1 (multi-query) key/value heads; rows (B, T, heads D) as the projections give them
+for name, KV in (("gqa", 2), ("mqa", 1)):
+    B, T, H, D = 2, 5, 4, 8
+    q, k, v = leaf(B, T, H * D), leaf(B, T, KV * D), leaf(B, T, KV * D)
+    heads = lambda t, n: t.view(B, T, n, D).transpose(1, 2)  # noqa: E731
+    kk, vv = repeat_kv(heads(k, KV), H // KV), repeat_kv(heads(v, KV), H // KV)
+    w = heads(q, H) @ kk.transpose(2, 3) / D ** 0.5
+    w = w.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    y = (w @ vv).transpose(1, 2).reshape(B, T, H * D)
+    R = torch.randn_like(y)
+    (y * R).sum().backward()
+    put(name, q=q, k=k, v=v, R=R, y=y, dq=q.grad, dk=k.grad, dv=v.grad,
+        meta=torch.tensor([H, KV], dtype=torch.float64))
 
 safetensors_np.save(sys.argv[1], out)
 print(f"wrote {len(out)} tensors to {sys.argv[1]}")

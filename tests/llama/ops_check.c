@@ -1,7 +1,9 @@
 /* ops_check.c FILE: cddp's Llama ops against transformers' own modules, on what
  * tests/llama/make_ops.py wrote in FILE: cddp_rms_norm as LlamaRMSNorm (eps 1e-6 and 1e-5),
  * cddp_silu_mul as LlamaMLP's act_fn(gate) * up, cddp_rope as LlamaRotaryEmbedding with
- * apply_rotary_pos_emb (Llama 2's frequencies from position 0, Llama 3's scaled ones from 9000).
+ * apply_rotary_pos_emb (Llama 2's frequencies from position 0, Llama 3's scaled ones from 9000),
+ * and cddp_qkv_pack then cddp_attention as grouped-query (4 heads, 2 key/value heads) and
+ * multi-query attention through transformers' repeat_kv.
  * Each output and each input's gradient of sum(out * R) within 1e-5 relative (the largest
  * difference over a tensor against its largest value), on the CPU and the emulated device. */
 #include <cddp/cddp.h>
@@ -106,6 +108,20 @@ static void check(cddp_device *dev) {
         compare(dev, name, "y", r ? r->data : NULL, r ? r->numel : 0);
         backward(ctx, name, r);
         compare(dev, name, "dx", x->grad, x->numel);
+    }
+    for (int k = 0; k < 2; k++) { /* grouped-query and multi-query attention */
+        const char *name = k ? "mqa" : "gqa";
+        cddp_ctx_reset(ctx);
+        cddp_tensor *q = load(ctx, name, "q", true), *kk = load(ctx, name, "k", true),
+                    *v = load(ctx, name, "v", true);
+        const float *meta = get(name, "meta")->data;
+        int64_t H = (int64_t)meta[0], KV = (int64_t)meta[1];
+        cddp_tensor *a = cddp_attention(ctx, cddp_qkv_pack(ctx, q, kk, v, H, KV), (int)H);
+        compare(dev, name, "y", a ? a->data : NULL, a ? a->numel : 0);
+        backward(ctx, name, a);
+        compare(dev, name, "dq", q->grad, q->numel);
+        compare(dev, name, "dk", kk->grad, kk->numel);
+        compare(dev, name, "dv", v->grad, v->numel);
     }
     cddp_ctx_destroy(ctx);
 }

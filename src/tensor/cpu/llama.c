@@ -1,5 +1,6 @@
 /* llama.c: the CPU's kernels for Llama's pieces (tensor/kernels.h): RMSNorm, SwiGLU's gate and
- * rotary positions, each with its backward.
+ * rotary positions, each with its backward; and grouped-query attention's packing of q, k and v
+ * for the attention kernels.
  *
  * Rows (RMSNorm, rotary) and elements (the gate) are independent, so each kernel splits them
  * across the math threads and gives the same bits at any thread count; RMSNorm's weight gradient
@@ -10,6 +11,7 @@
 #include "tensor/cpu/cpu.h"
 
 #include <math.h>
+#include <string.h>
 
 /* ---- RMSNorm -------------------------------------------------------------------------------- */
 
@@ -138,4 +140,54 @@ static void rope_part(int64_t lo, int64_t hi, int part, void *arg) {
 void cddp__cpu_rope(cddp__kq *q, const cddp__k_rope *a) {
     (void)q;
     cddp__cpu_split_rows(a->rows, a->H * a->D, rope_part, a);
+}
+
+/* ---- grouped-query attention's packing ------------------------------------------------------ */
+
+static void qkv_pack_part(int64_t lo, int64_t hi, int part, void *arg) {
+    (void)part;
+    const cddp__k_qkv_pack *a = arg;
+    int64_t D = a->D, C = a->H * D, KVC = a->KV * D, rep = a->H / a->KV;
+    for (int64_t r = lo; r < hi; r++) {
+        float *out = a->qkv + r * 3 * C;
+        memcpy(out, a->q + r * C, (size_t)C * sizeof(float));
+        for (int64_t h = 0; h < a->H; h++) {
+            memcpy(out + C + h * D, a->k + r * KVC + h / rep * D, (size_t)D * sizeof(float));
+            memcpy(out + 2 * C + h * D, a->v + r * KVC + h / rep * D, (size_t)D * sizeof(float));
+        }
+    }
+}
+
+void cddp__cpu_qkv_pack(cddp__kq *q, const cddp__k_qkv_pack *a) {
+    (void)q;
+    cddp__cpu_split_rows(a->rows, 3 * a->H * a->D, qkv_pack_part, a);
+}
+
+/* dk (or dv) of one row: each kv head the sum of its heads' gradients, in head order. */
+static void kv_grad(const float *d, float *dkv, bool assign, int64_t H, int64_t KV, int64_t D) {
+    int64_t rep = H / KV;
+    for (int64_t g = 0; g < KV; g++)
+        for (int64_t i = 0; i < D; i++) {
+            float s = 0;
+            for (int64_t h = g * rep; h < (g + 1) * rep; h++) s += d[h * D + i];
+            dkv[g * D + i] = assign ? s : dkv[g * D + i] + s;
+        }
+}
+
+static void qkv_pack_grad_part(int64_t lo, int64_t hi, int part, void *arg) {
+    (void)part;
+    const cddp__k_qkv_pack_grad *a = arg;
+    int64_t D = a->D, C = a->H * D, KVC = a->KV * D;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *d = a->dqkv + r * 3 * C;
+        for (int64_t i = 0; a->dq && i < C; i++)
+            a->dq[r * C + i] = a->assign_q ? d[i] : a->dq[r * C + i] + d[i];
+        if (a->dk) kv_grad(d + C, a->dk + r * KVC, a->assign_k, a->H, a->KV, D);
+        if (a->dv) kv_grad(d + 2 * C, a->dv + r * KVC, a->assign_v, a->H, a->KV, D);
+    }
+}
+
+void cddp__cpu_qkv_pack_grad(cddp__kq *q, const cddp__k_qkv_pack_grad *a) {
+    (void)q;
+    cddp__cpu_split_rows(a->rows, 3 * a->H * a->D, qkv_pack_grad_part, a);
 }

@@ -49,6 +49,7 @@
     X(QKV_ATTENTION, qkv_attention)                                                                \
     X(RMS_NORM, rms_norm) /* llama.c */                                                            \
     X(SILU_MUL, silu_mul)                                                                          \
-    X(ROPE, rope)
+    X(ROPE, rope)                                                                                  \
+    X(QKV_PACK, qkv_pack)
 
 #endif

@@ -4,7 +4,11 @@
  *
  * RMSNorm keeps each row's 1/rms for its backward (one float a row). Rotary positions are a
  * rotation of each pair of a head's features, so the backward is the same kernel turning the
- * other way; the op keeps nothing but its arguments. */
+ * other way; the op keeps nothing but its arguments. Grouped-query attention (fewer key/value
+ * heads than query heads) packs q, k and v into the (B, T, 3C) rows the attention ops take, each
+ * key/value head repeated for the query heads that share it, as Hugging Face's repeat_kv does:
+ * the fused attention kernels serve it as they are, at the cost of the repeated copies (an
+ * attention that reads the shared heads in place would save them). */
 #include "tensor/internal.h"
 
 #include <string.h>
@@ -122,4 +126,64 @@ void cddp__rope_backward(cddp_ctx *ctx, cddp__node *n) {
     CDDP__K(&d->q, rope, .x = n->out->grad, .y = dx, .inv_freq = n->in[1]->data,
             .rows = x->numel / (sv->n_head * D), .T = x->shape[x->ndim - 2], .H = sv->n_head,
             .D = D, .pos0 = sv->pos0, .inverse = true, .assign = assign);
+}
+
+/* ---- grouped-query attention's packing ----------------------------------------------------- */
+
+typedef struct pack_saved {
+    int64_t n_head, n_kv_head;
+} pack_saved;
+
+cddp_tensor *cddp_qkv_pack(cddp_ctx *ctx, cddp_tensor *q, cddp_tensor *k, cddp_tensor *v,
+                           int64_t n_head, int64_t n_kv_head) {
+    if (CDDP__FAILED(ctx) || !q || !k || !v) return NULL;
+    cddp__need_f32("qkv_pack", q);
+    cddp__need_f32("qkv_pack", k);
+    cddp__need_f32("qkv_pack", v);
+    CDDP_CHECK(n_head >= 1 && n_kv_head >= 1 && n_head % n_kv_head == 0 && q->ndim >= 1 &&
+                   q->shape[q->ndim - 1] % n_head == 0,
+               "qkv_pack: q %s is not (..., n_head D) with n_head %lld a multiple of n_kv_head "
+               "%lld",
+               CDDP__SHAPE(q), (long long)n_head, (long long)n_kv_head);
+    int64_t D = q->shape[q->ndim - 1] / n_head, rows = q->numel / (n_head * D);
+    for (int i = 0; i < 2; i++) {
+        const cddp_tensor *t = i ? v : k;
+        bool fits = t->ndim == q->ndim && t->shape[t->ndim - 1] == n_kv_head * D &&
+                    !memcmp(t->shape, q->shape, sizeof(int64_t) * (size_t)(q->ndim - 1));
+        CDDP_CHECK(fits, "qkv_pack: %s %s is not q %s's rows of n_kv_head %lld heads of %lld",
+                   i ? "v" : "k", CDDP__SHAPE(t), CDDP__SHAPE(q), (long long)n_kv_head,
+                   (long long)D);
+    }
+    int64_t shape[CDDP_MAX_DIMS];
+    memcpy(shape, q->shape, sizeof shape);
+    shape[q->ndim - 1] = 3 * n_head * D;
+    cddp__cdev *d = CDDP__ON(ctx, "qkv_pack", q, k, v);
+    cddp_tensor *out = cddp__empty(d, CDDP_F32, q->ndim, shape);
+    pack_saved *sv = out ? cddp__ctx_alloc(ctx, sizeof *sv) : NULL;
+    if (!sv || CDDP__FAILED(ctx)) return NULL;
+    CDDP__K(&d->q, qkv_pack, .q = q->data, .k = k->data, .v = v->data, .qkv = out->data,
+            .rows = rows, .H = n_head, .KV = n_kv_head, .D = D);
+    cddp__node *node;
+    if (!cddp__record_op(ctx, CDDP_OP_QKV_PACK, out, 3, (cddp_tensor *[]){q, k, v}, &node))
+        return NULL;
+    if (node) {
+        *sv = (pack_saved){n_head, n_kv_head};
+        node->saved = sv;
+    }
+    return out;
+}
+
+void cddp__qkv_pack_backward(cddp_ctx *ctx, cddp__node *n) {
+    cddp_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2];
+    const pack_saved *sv = n->saved;
+    bool aq = false, ak = false, av = false;
+    float *dq = cddp__input_grad_assign(ctx, n, &aq);
+    float *dk = k->requires_grad ? cddp_grad_buffer_assign(ctx, k, &ak) : NULL;
+    float *dv = v->requires_grad ? cddp_grad_buffer_assign(ctx, v, &av) : NULL;
+    cddp__cdev *d = cddp__node_dev(ctx, n);
+    if (CDDP__FAILED(ctx) || !d || (!dq && !dk && !dv)) return;
+    int64_t D = q->shape[q->ndim - 1] / sv->n_head;
+    CDDP__K(&d->q, qkv_pack_grad, .dqkv = n->out->grad, .dq = dq, .dk = dk, .dv = dv,
+            .assign_q = aq, .assign_k = ak, .assign_v = av, .rows = q->numel / (sv->n_head * D),
+            .H = sv->n_head, .KV = sv->n_kv_head, .D = D);
 }
