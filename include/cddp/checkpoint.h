@@ -172,6 +172,12 @@ CDDP_API int cddp_gpt_config_read(const char *path, cddp_gpt_config *config, cdd
  * the file's orientation), a tensor the GPT has not, a head not tied to wte, or another shape in
  * llm.c's header refuses the file and leaves the model as it was. */
 CDDP_API int cddp_gpt_load_weights(cddp_model *m, const char *path, cddp_error *err);
+/* A Llama-family model's shape from Hugging Face's config.json: path is that file, the model's
+ * folder, or a weights file beside it. Every field that changes the computation is honoured
+ * (sizes, num_key_value_heads, rms_norm_eps, rope_theta, Llama 3's rope_scaling,
+ * tie_word_embeddings) or, unless it holds what cddp computes, refused naming it (hidden_act,
+ * attention_bias, mlp_bias, head_dim, another rope_scaling, a sliding_window, model_type). */
+CDDP_API int cddp_llama_config_read(const char *path, cddp_llama_config *config, cddp_error *err);
 /* Writes m's GPT (built, on any device) as Hugging Face's GPT2LMHeadModel saves one, so that
  * transformers' from_pretrained(dir) loads it: dir/model.safetensors (GPT2LMHeadModel's names, a
  * block's linear weights as Conv1D's (in, out), the tied head not stored, metadata format "pt")

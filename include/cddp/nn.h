@@ -106,6 +106,28 @@ typedef struct cddp_gpt_config {
 } cddp_gpt_config;
 CDDP_API cddp_module *cddp_nn_gpt(const cddp_gpt_config *config);
 
+/* A Llama-family transformer as Hugging Face's LlamaForCausalLM computes it (see src/nn/llama.c):
+ * token embeddings, n_layer pre-norm decoder layers (RMSNorm; attention with rotary positions and
+ * n_kv_head key/value heads shared by the n_head query heads, no biases; RMSNorm; a SwiGLU MLP of
+ * intermediate_size), a final RMSNorm and a head, tied to the embedding or not. Its forward takes
+ * idx (B, T) int64 (T at most max_positions) and returns logits (B, T, vocab_size). Parameters are
+ * named as Hugging Face's ("model.layers.0.self_attn.q_proj.weight", ..., "lm_head.weight").
+ * NULL when a size is not positive, n_embd / n_head is not even, n_head is not a multiple of
+ * n_kv_head, or out of memory. On the CPU and the emulated device (CUDA: not yet). */
+typedef struct cddp_llama_config {
+    int64_t vocab_size, max_positions, n_layer, n_head, n_embd, intermediate_size;
+    int64_t n_kv_head;   /* key/value heads; 0: n_head (no grouping) */
+    double rope_theta;   /* the rotary base: 10000 (Llama 2), 500000 (Llama 3) */
+    float rms_norm_eps;  /* 1e-5 (Llama 2), 1e-6 (Llama 3) */
+    bool tie_embeddings; /* the head is the token embedding ("lm_head.weight" its second name) */
+    /* Llama 3's rope_scaling (rope_type "llama3"): rope_factor 0 for none */
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int64_t rope_original_max;
+} cddp_llama_config;
+CDDP_API cddp_module *cddp_nn_llama(const cddp_llama_config *config);
+/* The rotary frequencies of config, n_embd / n_head / 2 floats, as transformers makes them. */
+CDDP_API int cddp_llama_inv_freq(const cddp_llama_config *config, float *inv_freq);
+
 /* ResNet's basic block (torchvision's BasicBlock, see src/nn/resnet.c): relu(bn2(conv2(relu(
  * bn1(conv1(x))))) + shortcut(x)), 3x3 convolutions without bias, the first with `stride`; the
  * shortcut is x, or "downsample" (a 1x1 convolution with stride and a BatchNorm) when stride is

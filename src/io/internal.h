@@ -52,6 +52,11 @@ cddp_safetensors *cddp__safetensors_index_fd(int fd, const char *path, uint64_t 
 static inline uint64_t cddp__st_offset(const cddp_st_tensor *t) {
     return (uint64_t)(uintptr_t)t->data;
 }
+/* st_files.c: the JSON object in the file at path (at most `most` bytes) into *root (cJSON_Delete
+ * it): CDDP_ENOENT when there is no such file, CDDP_EFORMAT when it is not a JSON object. */
+typedef struct cJSON cJSON;
+int cddp__json_read(const char *path, size_t most, cJSON **root, cddp_error *err);
+
 /* st_files.c: one safetensors file, or Hugging Face's sharded checkpoint (its
  * model.safetensors.index.json, whose weight_map names each tensor's file), as one set of
  * tensors whose data stays on disk. */
