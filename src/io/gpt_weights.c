@@ -264,20 +264,15 @@ static void source_close(source *s) {
     if (s->fd >= 0) close(s->fd);
 }
 
-/* n float32, bf16 or float16 values (dtype) into dst as float32: at byte at of llm.c's file, or
- * (t not NULL) the safetensors tensor t. */
-static int read_floats(const source *s, const cddp_st_tensor *t, uint64_t at, cddp_dtype dtype,
-                       float *dst, int64_t n, cddp_error *err) {
-    size_t bytes = (size_t)n * (dtype == CDDP_F32 ? 4 : 2);
-    void *into = dtype == CDDP_F32 ? (void *)dst : malloc(bytes);
-    if (!into) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
-    int rc = t ? cddp__st_files_read(&s->st, t, into, bytes, err)
-               : cddp__pread_all(s->fd, into, bytes, at, s->path, err);
-    if (dtype == CDDP_F32) return rc;
-    uint16_t *h = into;
-    if (!rc && dtype == CDDP_F16) /* exactly: every half is a float */
-        cddp_device_from_half(cddp_device_cpu(), dst, h, (size_t)n, true, 1.0f);
-    for (int64_t i = 0; !rc && dtype == CDDP_BF16 && i < n; i++) dst[i] = bf16_to_f32(h[i]);
+/* n float32 or bf16 values (llm.c's version 3 or 5) at byte at of llm.c's file into dst as
+ * float32. */
+static int read_llmc(const source *s, uint64_t at, bool bf16, float *dst, int64_t n,
+                     cddp_error *err) {
+    if (!bf16) return cddp__pread_all(s->fd, dst, (size_t)n * 4, at, s->path, err);
+    uint16_t *h = malloc((size_t)n * 2);
+    if (!h) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    int rc = cddp__pread_all(s->fd, h, (size_t)n * 2, at, s->path, err);
+    for (int64_t i = 0; !rc && i < n; i++) dst[i] = bf16_to_f32(h[i]);
     free(h);
     return rc;
 }
@@ -289,7 +284,7 @@ static bool is_float(cddp_dtype d) {
 /* The n floats of a safetensors file's tensor t. */
 static int read_tensor(const source *s, const cddp_st_tensor *t, float *dst, int64_t n,
                        cddp_error *err) {
-    return read_floats(s, t, 0, t->dtype, dst, n, err);
+    return cddp__st_files_read_f32(&s->st, t, dst, n, err);
 }
 
 /* Tensor (kind, layer) into dst (nn.Linear's orientation, numel floats), checked against g. */
@@ -301,7 +296,7 @@ static int fill(const source *s, const cddp_gpt_config *g, int kind, int64_t lay
     if (s->llmc) {
         int64_t per = kind == WTE ? s->vpad * g->n_embd : n; /* a layer's share of the block */
         uint64_t at = s->at[kind] + (uint64_t)(layer * per) * (s->version == 3 ? 4u : 2u);
-        return read_floats(s, NULL, at, s->version == 5 ? CDDP_BF16 : CDDP_F32, dst, n, err);
+        return read_llmc(s, at, s->version == 5, dst, n, err);
     }
     const cddp_st_tensor *t = find(s, kind, layer);
     char name[160], a[64], b[64], c[64];
@@ -576,24 +571,6 @@ static int same_shape(const source *s, const cddp_gpt_config *g, cddp_error *err
 
 /* Every value of a tensor just read is a number: a NaN or an infinity in a file of weights makes
  * the first step's loss NaN, far from its cause. The tensor is named with the first such value. */
-static int all_finite(const source *s, const char *name, const float *x, int64_t n,
-                      cddp_error *err) {
-    int64_t bad = 0, first = -1;
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(x[i])) bad++, first = first < 0 ? i : first;
-    if (!bad) return CDDP_OK;
-    return cddp_error_set(err, CDDP_EFORMAT,
-                          "%s: %s holds %" PRId64 " value%s that %s NaN or infinite "
-                          "(the first, %s, at element %" PRId64 " of %" PRId64 "): the file is "
-                          "damaged, or was saved from a run that diverged; nothing can train "
-                          "from it",
-                          s->path, name, bad, bad > 1 ? "s" : "", bad > 1 ? "are" : "is",
-                          isnan(x[first]) ? "NaN"
-                          : x[first] > 0  ? "+inf"
-                                          : "-inf",
-                          first, n);
-}
-
 int cddp_gpt_load_weights(cddp_model *m, const char *path, cddp_error *err) {
     char file[4200];
     path = hf_file(path, file, sizeof file);
@@ -632,7 +609,7 @@ int cddp_gpt_load_weights(cddp_model *m, const char *path, cddp_error *err) {
         float *dst = flat + cddp_model_param_offset(m, i);
         if (kind == WTE) wte = dst;
         rc = fill(&s, &g, kind, layer, dst, err);
-        if (!rc) rc = all_finite(&s, p->name, dst, p->numel, err);
+        if (!rc) rc = cddp__check_finite(s.path, p->name, dst, p->numel, err);
     }
     if (!rc && !s.llmc) rc = st_check_extra(&s, &g, wte, err);
     source_close(&s);

@@ -80,6 +80,13 @@ const cddp_st_tensor *cddp__st_files_at(const cddp__st_files *f, int i, int *fil
 /* The first bytes of t's data (t from this set) into dst. */
 int cddp__st_files_read(const cddp__st_files *f, const cddp_st_tensor *t, void *dst, size_t bytes,
                         cddp_error *err);
+/* t's n values (F32, BF16 or F16, widened exactly) into dst as float32. */
+int cddp__st_files_read_f32(const cddp__st_files *f, const cddp_st_tensor *t, float *dst, int64_t n,
+                            cddp_error *err);
+/* CDDP_OK when x's n values are finite; else CDDP_EFORMAT naming path's tensor name, how many are
+ * not and the first. */
+int cddp__check_finite(const char *path, const char *name, const float *x, int64_t n,
+                       cddp_error *err);
 /* Sets every tensor's data of an index to NULL: a handle for its names, shapes and metadata. */
 void cddp__safetensors_forget_data(cddp_safetensors *f);
 /* Reads n bytes at offset at of fd (the file path, for the message) into dst, all or an error. */

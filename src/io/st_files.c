@@ -9,8 +9,12 @@
  */
 #include "io/internal.h"
 
+#include "cddp/device.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <inttypes.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -173,4 +177,37 @@ int cddp__st_files_read(const cddp__st_files *f, const cddp_st_tensor *t, void *
             return cddp__pread_all(f->fd[k], dst, bytes, f->data_start[k] + cddp__st_offset(t),
                                    f->path[k], err);
     return cddp_error_set(err, CDDP_EINVAL, "%s is in none of the files read", t->name);
+}
+
+int cddp__st_files_read_f32(const cddp__st_files *f, const cddp_st_tensor *t, float *dst, int64_t n,
+                            cddp_error *err) {
+    if (t->dtype == CDDP_F32) return cddp__st_files_read(f, t, dst, (size_t)n * 4, err);
+    if (t->dtype != CDDP_BF16 && t->dtype != CDDP_F16)
+        return cddp_error_set(err, CDDP_EFORMAT, "%s is %s, not floating point", t->name,
+                              cddp_dtype_name(t->dtype));
+    uint16_t *h = malloc((size_t)n * 2 + 1);
+    if (!h) return cddp_error_set(err, CDDP_ENOMEM, "out of memory for %s", t->name);
+    int rc = cddp__st_files_read(f, t, h, (size_t)n * 2, err);
+    if (rc == CDDP_OK) /* every 16-bit float is a float32 exactly */
+        cddp_device_from_half(cddp_device_cpu(), dst, h, (size_t)n, t->dtype == CDDP_F16, 1.0f);
+    free(h);
+    return rc;
+}
+
+int cddp__check_finite(const char *path, const char *name, const float *x, int64_t n,
+                       cddp_error *err) {
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) bad++, first = first < 0 ? i : first;
+    if (!bad) return CDDP_OK;
+    return cddp_error_set(err, CDDP_EFORMAT,
+                          "%s: %s holds %" PRId64 " value%s that %s NaN or infinite "
+                          "(the first, %s, at element %" PRId64 " of %" PRId64 "): the file is "
+                          "damaged, or was saved from a run that diverged; nothing can train "
+                          "from it",
+                          path, name, bad, bad > 1 ? "s" : "", bad > 1 ? "are" : "is",
+                          isnan(x[first]) ? "NaN"
+                          : x[first] > 0  ? "+inf"
+                                          : "-inf",
+                          first, n);
 }

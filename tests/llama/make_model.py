@@ -5,11 +5,14 @@ the cross-entropy loss against targets and the gradient of every parameter.
 Usage: make_model.py OUTDIR
 Writes OUTDIR/<case>/{model.safetensors, config.json, reference.safetensors} for the cases:
 gqa (4 heads, 2 key/value heads, untied head, Llama 2's rotary frequencies) and mqa (4 heads, 1
-key/value head, tied head, Llama 3's rope_scaling and rms_norm_eps 1e-6); and OUTDIR/refused/
+key/value head, tied head, Llama 3's rope_scaling and rms_norm_eps 1e-6); gqa's model saved in
+bfloat16 (gqa_bf16) and float16 (gqa_f16), their references those of the rounded weights, and in
+shards of 40 KB with model.safetensors.index.json (gqa_sharded); and OUTDIR/refused/
 <what>/config.json, gqa's with one field that cddp does not compute, each with the words its
 refusal must say in OUTDIR/refusals.
 """
 import json
+import copy
 import os
 import sys
 
@@ -20,16 +23,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import safetensors_np  # noqa: E402
 
 out = sys.argv[1]
+GQA = dict(num_key_value_heads=2, tie_word_embeddings=False, rope_theta=10000.0,
+           rms_norm_eps=1e-5)
 CASES = {
-    "gqa": dict(num_key_value_heads=2, tie_word_embeddings=False, rope_theta=10000.0,
-                rms_norm_eps=1e-5),
+    "gqa": GQA, "gqa_bf16": GQA, "gqa_f16": GQA, "gqa_sharded": GQA,
     "mqa": dict(num_key_value_heads=1, tie_word_embeddings=True, rope_theta=10000.0,
                 rms_norm_eps=1e-6, rope_scaling={
                     "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
 }
 for name, extra in CASES.items():
-    torch.manual_seed(len(name))
+    torch.manual_seed(len(name.split("_")[0]))
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                       num_attention_heads=4, max_position_embeddings=128, **extra)
     m = LlamaForCausalLM(cfg).float().eval()
@@ -37,7 +41,15 @@ for name, extra in CASES.items():
         for p in m.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     d = os.path.join(out, name)
-    m.save_pretrained(d, safe_serialization=True)
+    half = {"bf16": torch.bfloat16, "f16": torch.float16}.get(name.split("_")[-1])
+    if half:  # the file holds the weights rounded; the reference is computed from them
+        with torch.no_grad():
+            for p in m.parameters():
+                p.copy_(p.to(half).float())
+        copy.deepcopy(m).to(half).save_pretrained(d, safe_serialization=True)
+    else:
+        m.save_pretrained(d, safe_serialization=True,
+                          max_shard_size="40KB" if name.endswith("sharded") else "5GB")
     x = torch.randint(0, 64, (2, 12))
     y = torch.randint(0, 64, (2, 12))
     logits = m(x).logits

@@ -1,7 +1,8 @@
 /* model_check.c OUTDIR CASE...: cddp's Llama against transformers' LlamaForCausalLM, on the
  * models tests/llama/make_model.py saved (each OUTDIR/CASE: model.safetensors, config.json,
  * reference.safetensors): the shape from config.json (cddp_llama_config_read), the weights by
- * their names (cddp_checkpoint_load), then the logits of a batch, the cross-entropy loss and the
+ * their names from the folder (cddp_model_load_hf: one file or shards, float32, bfloat16 or
+ * float16), then the logits of a batch, the cross-entropy loss and the
  * gradient of every parameter within 1e-5 relative of transformers' (the largest difference over a
  * tensor against its largest value), on the CPU and the emulated device; and the config.json
  * fields of OUTDIR/refusals refused naming them. */
@@ -49,9 +50,8 @@ static void check(const char *dir, cddp_device *dev) {
         return;
     }
     cddp_model *m = cddp_model_create_with(cddp_nn_llama(&g), &err);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if (!m || cddp_model_build(m, 1) || cddp_model_to(m, dev, &err) ||
-        cddp_checkpoint_load(path, m, NULL, NULL, &err)) {
+        cddp_model_load_hf(m, dir, &err)) {
         printf("FAIL: %s: the model: %s %s\n", dir, err.msg, m ? cddp_model_error(m) : "");
         failures++;
         cddp_model_destroy(m);
@@ -155,6 +155,20 @@ int main(int argc, char **argv) {
             check(dir, devs[d]);
         }
     refusals(argv[1]);
+    /* another model's weights (2 key/value heads into a model of 1): refused naming the tensor */
+    char a[4200], b[4200];
+    snprintf(a, sizeof a, "%s/mqa", argv[1]);
+    snprintf(b, sizeof b, "%s/gqa", argv[1]);
+    cddp_llama_config g;
+    cddp_model *m = cddp_llama_config_read(a, &g, &err)
+                        ? NULL
+                        : cddp_model_create_with(cddp_nn_llama(&g), &err);
+    if (!m || cddp_model_build(m, 1) || cddp_model_load_hf(m, b, &err) == CDDP_OK ||
+        !strstr(err.msg, "model.layers.0.self_attn.k_proj.weight is (16,32), the model's (8,32)")) {
+        printf("FAIL: gqa's weights into mqa's model: %s\n", err.msg);
+        failures++;
+    }
+    cddp_model_destroy(m);
     printf("%s\n", failures ? "FAILED" : "ok: logits, loss and gradients as transformers' Llama");
     return failures ? 1 : 0;
 }

@@ -1,0 +1,94 @@
+/* hf_weights.c: a model's parameters by name from Hugging Face's safetensors (cddp/checkpoint.h):
+ * one file, a sharded checkpoint (its model.safetensors.index.json), or the model's folder, in
+ * float32, bfloat16 or float16.
+ *
+ * For models whose parameters carry Hugging Face's own names and layout (the Llama of
+ * src/nn/llama.c: nn.Linear's (out, in) weights, as transformers keeps them), loading is by name
+ * and shape, nothing transposed. A tied parameter is found under any of its names (a tied
+ * checkpoint stores one). Everything is read and checked before the model changes: a tensor
+ * missing, of another shape, holding NaN or infinities, or a tensor the model has not (the
+ * rotary frequencies some versions saved aside) refuses the file naming it.
+ */
+#include "io/internal.h"
+
+#include "cddp/device.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* The file to read: path, or in a folder its model.safetensors.index.json or model.safetensors. */
+static const char *resolve(const char *path, char *file, size_t cap) {
+    static const char *const names[] = {"model.safetensors.index.json", "model.safetensors"};
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) return path;
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+        snprintf(file, cap, "%s/%s", path, names[k]);
+        if (access(file, F_OK) == 0) return file;
+    }
+    return path;
+}
+
+/* Parameter i's tensor in the files, under its name or one it is tied to. */
+static const cddp_st_tensor *find_param(const cddp__st_files *f, const cddp_model *m, int i) {
+    const cddp_tensor *p = cddp_model_param(m, i);
+    const cddp_st_tensor *t = cddp__st_files_find(f, p->name, NULL);
+    for (int k = 0; !t && k < cddp_model_num_ties(m); k++) {
+        const char *name;
+        if (cddp_model_tie(m, k, &name) == p) t = cddp__st_files_find(f, name, NULL);
+    }
+    return t;
+}
+
+/* Whether a file's tensor is one of the model's parameters (or a tied name of one), or a buffer
+ * transformers saves but nothing reads. */
+static bool known(const cddp_model *m, const char *name) {
+    size_t n = strlen(name);
+    if (n > 21 && !strcmp(name + n - 21, ".rotary_emb.inv_freq")) return true;
+    if (cddp_model_find(m, name)) return true;
+    return false;
+}
+
+int cddp_model_load_hf(cddp_model *m, const char *path, cddp_error *err) {
+    char file[4200];
+    path = resolve(path, file, sizeof file);
+    cddp__st_files f;
+    CDDP_TRY(cddp__st_files_open(&f, path, -1, err));
+    size_t numel = cddp_model_numel(m);
+    float *flat = malloc(numel * sizeof(float) + 1);
+    int rc = flat ? CDDP_OK : cddp_error_set(err, CDDP_ENOMEM, "out of memory for the weights");
+    for (int i = 0; rc == CDDP_OK && i < cddp_model_num_params(m); i++) {
+        const cddp_tensor *p = cddp_model_param(m, i);
+        const cddp_st_tensor *t = find_param(&f, m, i);
+        char a[64], b[64];
+        if (!t) {
+            rc = cddp_error_set(err, CDDP_EFORMAT, "%s holds no %s (the model's %s)", path, p->name,
+                                cddp_shape_str(p->ndim, p->shape, a, sizeof a));
+        } else if (t->ndim != p->ndim ||
+                   memcmp(t->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim)) {
+            rc = cddp_error_set(err, CDDP_EFORMAT, "%s: %s is %s, the model's %s", path, t->name,
+                                cddp_shape_str(t->ndim, t->shape, a, sizeof a),
+                                cddp_shape_str(p->ndim, p->shape, b, sizeof b));
+        } else {
+            float *dst = flat + cddp_model_param_offset(m, i);
+            rc = cddp__st_files_read_f32(&f, t, dst, p->numel, err);
+            if (rc == CDDP_OK) rc = cddp__check_finite(path, t->name, dst, p->numel, err);
+        }
+    }
+    for (int i = 0; rc == CDDP_OK && i < cddp__st_files_count(&f); i++) {
+        const char *name = cddp__st_files_at(&f, i, NULL)->name;
+        if (!known(m, name))
+            rc = cddp_error_set(err, CDDP_EFORMAT,
+                                "%s holds %s, which the model has not (another model's weights, "
+                                "or a larger one's?)",
+                                path, name);
+    }
+    cddp__st_files_close(&f);
+    cddp_device *dev = cddp_model_device(m);
+    if (rc == CDDP_OK)
+        rc = cddp_device_upload(dev, cddp_model_data(m), flat, numel * sizeof(float), err);
+    free(flat);
+    return rc;
+}
