@@ -179,6 +179,17 @@ CDDP_API int cddp_gpt_load_weights(cddp_model *m, const char *path, cddp_error *
  * Everything is read and checked first: a missing tensor, another shape, NaN or infinite values,
  * or a tensor the model has not refuses the file naming it and leaves the model as it was. */
 CDDP_API int cddp_model_load_hf(cddp_model *m, const char *path, cddp_error *err);
+/* Writes m's parameters (on any device) as save_pretrained does: dir/model.safetensors (made when
+ * missing, written atomically), each parameter under its name, a tied one once (under its own
+ * name), in dtype (CDDP_F32, CDDP_BF16 or CDDP_F16, rounded to nearest even), metadata format
+ * "pt". With cddp_llama_config_write beside it, a Llama that transformers' from_pretrained loads.
+ */
+CDDP_API int cddp_model_save_hf(const cddp_model *m, const char *dir, cddp_dtype dtype,
+                                cddp_error *err);
+/* config.json for config in dir (LlamaForCausalLM's fields; torch_dtype from dtype), written
+ * atomically. */
+CDDP_API int cddp_llama_config_write(const cddp_llama_config *config, const char *dir,
+                                     cddp_dtype dtype, cddp_error *err);
 /* A Llama-family model's shape from Hugging Face's config.json: path is that file, the model's
  * folder, or a weights file beside it. Every field that changes the computation is honoured
  * (sizes, num_key_value_heads, rms_norm_eps, rope_theta, Llama 3's rope_scaling,

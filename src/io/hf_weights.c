@@ -7,7 +7,9 @@
  * and shape, nothing transposed. A tied parameter is found under any of its names (a tied
  * checkpoint stores one). Everything is read and checked before the model changes: a tensor
  * missing, of another shape, holding NaN or infinities, or a tensor the model has not (the
- * rotary frequencies some versions saved aside) refuses the file naming it.
+ * rotary frequencies some versions saved aside) refuses the file naming it. cddp_model_save_hf
+ * writes the other way: every parameter under its name (a tied one once, as save_pretrained
+ * does), metadata format "pt", which transformers requires.
  */
 #include "io/internal.h"
 
@@ -90,5 +92,42 @@ int cddp_model_load_hf(cddp_model *m, const char *path, cddp_error *err) {
     if (rc == CDDP_OK)
         rc = cddp_device_upload(dev, cddp_model_data(m), flat, numel * sizeof(float), err);
     free(flat);
+    return rc;
+}
+
+int cddp_model_save_hf(const cddp_model *m, const char *dir, cddp_dtype dtype, cddp_error *err) {
+    if (dtype != CDDP_F32 && dtype != CDDP_BF16 && dtype != CDDP_F16)
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "cddp_model_save_hf: %s: Hugging Face's weights are float32, "
+                              "bfloat16 or float16",
+                              cddp_dtype_name(dtype));
+    size_t numel = cddp_model_numel(m), width = cddp_dtype_size(dtype);
+    int np = cddp_model_num_params(m);
+    float *flat = malloc(numel * sizeof(float) + 1);
+    uint8_t *out = dtype == CDDP_F32 ? (uint8_t *)flat : malloc(numel * width + 1);
+    cddp_st_tensor *t = calloc((size_t)np + 1, sizeof *t);
+    int rc = flat && out && t ? CDDP_OK
+                              : cddp_error_set(err, CDDP_ENOMEM, "out of memory for the weights");
+    if (rc == CDDP_OK)
+        rc = cddp_device_download(cddp_model_device(m), flat, cddp_model_data(m),
+                                  numel * sizeof(float), err);
+    if (rc == CDDP_OK && dtype != CDDP_F32) /* rounded to nearest even, as PyTorch's .to() */
+        cddp_device_to_half(cddp_device_cpu(), (uint16_t *)out, flat, numel, dtype == CDDP_F16);
+    for (int i = 0; rc == CDDP_OK && i < np; i++) { /* a tied parameter once, by its own name */
+        const cddp_tensor *p = cddp_model_param(m, i);
+        t[i] = (cddp_st_tensor){.name = p->name,
+                                .dtype = dtype,
+                                .ndim = p->ndim,
+                                .data = out + cddp_model_param_offset(m, i) * width};
+        memcpy(t[i].shape, p->shape, sizeof t[i].shape);
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    static const char *const meta[] = {"format", "pt", NULL};
+    if (rc == CDDP_OK) rc = cddp__make_dirs(dir, err);
+    if (rc == CDDP_OK) rc = cddp_safetensors_write(path, t, np, meta, err);
+    if (out != (uint8_t *)flat) free(out);
+    free(flat);
+    free(t);
     return rc;
 }

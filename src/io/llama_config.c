@@ -153,3 +153,35 @@ int cddp_llama_config_read(const char *path, cddp_llama_config *config, cddp_err
     if (rc == CDDP_OK) *config = g;
     return rc;
 }
+
+int cddp_llama_config_write(const cddp_llama_config *g, const char *dir, cddp_dtype dtype,
+                            cddp_error *err) {
+    char path[4200], scaling[512] = "null", text[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (g->rope_factor > 0)
+        snprintf(scaling, sizeof scaling,
+                 "{\"rope_type\": \"llama3\", \"factor\": %.17g, \"low_freq_factor\": %.17g, "
+                 "\"high_freq_factor\": %.17g, \"original_max_position_embeddings\": %" PRId64 "}",
+                 g->rope_factor, g->rope_low_freq_factor, g->rope_high_freq_factor,
+                 g->rope_original_max);
+    int n = snprintf(
+        text, sizeof text,
+        "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
+        "  \"vocab_size\": %" PRId64 ",\n  \"hidden_size\": %" PRId64
+        ",\n  \"intermediate_size\": %" PRId64 ",\n  \"num_hidden_layers\": %" PRId64
+        ",\n  \"num_attention_heads\": %" PRId64 ",\n  \"num_key_value_heads\": %" PRId64
+        ",\n  \"max_position_embeddings\": %" PRId64 ",\n  \"rms_norm_eps\": %.9g,\n"
+        "  \"rope_theta\": %.17g,\n  \"rope_scaling\": %s,\n  \"hidden_act\": \"silu\",\n"
+        "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n  \"attention_dropout\": 0.0,\n"
+        "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"%s\"\n}\n",
+        g->vocab_size, g->n_embd, g->intermediate_size, g->n_layer, g->n_head,
+        g->n_kv_head ? g->n_kv_head : g->n_head, g->max_positions, (double)g->rms_norm_eps,
+        g->rope_theta, scaling, g->tie_embeddings ? "true" : "false",
+        dtype == CDDP_BF16  ? "bfloat16"
+        : dtype == CDDP_F16 ? "float16"
+                            : "float32");
+    CDDP_TRY(cddp__make_dirs(dir, err));
+    cddp__atomic_file af;
+    CDDP_TRY(cddp__atomic_open(&af, path, err));
+    return cddp__atomic_close(&af, cddp__atomic_write(&af, text, (size_t)n, err), err);
+}

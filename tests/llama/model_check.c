@@ -111,6 +111,25 @@ static void check(const char *dir, cddp_device *dev) {
     cddp_model_destroy(m);
 }
 
+/* The model of OUT/name exported (cddp_model_save_hf, cddp_llama_config_write) to OUT/to in
+ * dtype, for check_export.py to open with transformers. */
+static void export(const char *out, const char *name, const char *to, cddp_dtype dtype) {
+    char from[4200], dir[4200];
+    snprintf(from, sizeof from, "%s/%s", out, name);
+    snprintf(dir, sizeof dir, "%s/%s", out, to);
+    cddp_error err = {0};
+    cddp_llama_config g;
+    cddp_model *m = cddp_llama_config_read(from, &g, &err)
+                        ? NULL
+                        : cddp_model_create_with(cddp_nn_llama(&g), &err);
+    if (!m || cddp_model_build(m, 1) || cddp_model_load_hf(m, from, &err) ||
+        cddp_model_save_hf(m, dir, dtype, &err) || cddp_llama_config_write(&g, dir, dtype, &err)) {
+        printf("FAIL: exporting %s: %s\n", from, err.msg);
+        failures++;
+    }
+    cddp_model_destroy(m);
+}
+
 /* Each config.json of OUT/refusals (a line: the folder, a tab, the words) refused with its words.
  */
 static void refusals(const char *out) {
@@ -155,6 +174,9 @@ int main(int argc, char **argv) {
             check(dir, devs[d]);
         }
     refusals(argv[1]);
+    export(argv[1], "gqa", "export_gqa", CDDP_F32);
+    export(argv[1], "mqa", "export_mqa", CDDP_F32);
+    export(argv[1], "gqa", "export_bf16", CDDP_BF16);
     /* another model's weights (2 key/value heads into a model of 1): refused naming the tensor */
     char a[4200], b[4200];
     snprintf(a, sizeof a, "%s/mqa", argv[1]);
