@@ -313,13 +313,14 @@ CDDP_API cddp_tensor *cddp_model_forward(cddp_model *m, cddp_ctx *ctx, cddp_tens
 /* The shape of the first GPT (cddp_nn_gpt) in m into *config: CDDP_OK, or CDDP_EINVAL when m
  * holds none. */
 CDDP_API int cddp_model_gpt_config(const cddp_model *m, cddp_gpt_config *config);
-/* Generating text with a GPT (the first cddp_nn_gpt module in m): n new tokens after the prompt's
- * n_prompt (at least one), each drawn from the softmax of the last position's logits divided by
- * the temperature, among the top_k likeliest, into out[0..n). Each block keeps the keys and values
- * of the positions it has seen (a key/value cache), so a new token costs one position, not the
- * whole prefix. The context is the last block_size tokens, as nanoGPT's generate crops it: once
- * the text is longer, every position moves and each token costs the whole window again. Runs on
- * the model's device in ctx (NULL: a context of its own), which it resets at every token and
+/* Generating text with a GPT (the first cddp_nn_gpt module in m; else the first cddp_nn_llama,
+ * which recomputes its window for every token: no cache for it yet): n new tokens after the
+ * prompt's n_prompt (at least one), each drawn from the softmax of the last position's logits
+ * divided by the temperature, among the top_k likeliest, into out[0..n). Each block keeps the keys
+ * and values of the positions it has seen (a key/value cache), so a new token costs one position,
+ * not the whole prefix. The context is the last block_size tokens, as nanoGPT's generate crops it:
+ * once the text is longer, every position moves and each token costs the whole window again. Runs
+ * on the model's device in ctx (NULL: a context of its own), which it resets at every token and
  * leaves with gradients as they were; the model is in evaluation mode while it runs. Draws from
  * rng (NULL: a generator seeded with 0). CDDP_EINVAL for a prompt token outside the vocabulary, a
  * model without a GPT or a bad option; a failure of an op is returned with its message. */

@@ -1,4 +1,4 @@
-/* generate.c: text from a GPT, a token at a time.
+/* generate.c: text from a GPT or a Llama, a token at a time.
  *
  * Every step feeds the model the positions it has not seen: the whole prompt first, then the one
  * token drawn last. Each block's attention keeps the keys and values of the positions before in a
@@ -7,6 +7,9 @@
  * prefix costs the whole context every time. When the text outgrows block_size the window slides,
  * every position's embedding changes, and each step recomputes the window, as nanoGPT's generate
  * does (the tokens drawn are the same with the cache and without it).
+ *
+ * A Llama (cddp_nn_llama) has no cache yet: each step runs the model over the window (the same
+ * tokens, at the window's cost per token).
  *
  * The draw: softmax(logits / temperature) over the top_k likeliest tokens (the others get
  * probability 0), the token where the running sum passes a uniform draw times the total, as
@@ -92,7 +95,8 @@ static int check_args(const cddp_gpt_config *g, const int64_t *prompt, int64_t n
                       const cddp_gpt_sampling *s, const int64_t *out, cddp_error *err) {
     if (!g)
         return cddp_error_set(err, CDDP_EINVAL,
-                              "cddp_gpt_generate: the model holds no GPT (cddp_nn_gpt)");
+                              "cddp_gpt_generate: the model holds no GPT (cddp_nn_gpt) nor Llama "
+                              "(cddp_nn_llama)");
     if (n_prompt < 1 || !prompt)
         return cddp_error_set(err, CDDP_EINVAL,
                               "cddp_gpt_generate: the prompt needs at least one token (a newline, "
@@ -164,6 +168,17 @@ int cddp_gpt_generate(cddp_model *m, cddp_ctx *ctx, const int64_t *prompt, int64
     cddp_gpt_sampling s = sampling ? *sampling : cddp_gpt_sampling_defaults();
     gen st = {0};
     st.gpt = m ? cddp__gpt_find(cddp_model_root(m), &st.g) : NULL;
+    const cddp_llama_config *lc = NULL;
+    cddp_gpt_config lg;
+    if (!st.gpt && m && (st.gpt = cddp__llama_find(cddp_model_root(m), &lc))) {
+        lg = (cddp_gpt_config){.vocab_size = lc->vocab_size,
+                               .block_size = lc->max_positions,
+                               .n_layer = lc->n_layer,
+                               .n_head = lc->n_head,
+                               .n_embd = lc->n_embd};
+        st.g = &lg;
+        s.no_cache = true; /* the whole window each step */
+    }
     int rc = check_args(st.gpt ? st.g : NULL, prompt, n_prompt, n, &s, out, err);
     if (rc != CDDP_OK) return rc;
     cddp_rng own_rng;

@@ -117,6 +117,11 @@ int cddp__nn_sync_batch_norm(cddp_module *m, cddp_comm *group);
 cddp_tensor *cddp__nn_batch_norm_relu(cddp_module *bn, cddp_ctx *ctx, cddp_tensor *x,
                                       cddp_tensor *residual);
 
+/* ---- llama.c ------------------------------------------------------------------------------ */
+
+/* The first Llama (cddp_nn_llama) in m's tree, depth first, its shape in *config; NULL if none. */
+const cddp_module *cddp__llama_find(const cddp_module *m, const cddp_llama_config **config);
+
 /* ---- transformer.c ------------------------------------------------------------------------ */
 
 /* The first GPT (cddp_nn_gpt) in m's tree, depth first, and its shape in *config; NULL if none. */

@@ -240,3 +240,16 @@ cddp_module *cddp_nn_llama(const cddp_llama_config *config) {
     }
     return lm;
 }
+
+const cddp_module *cddp__llama_find(const cddp_module *m, const cddp_llama_config **config) {
+    if (!m) return NULL;
+    if (m->type == &causal_lm_type || m->type == &causal_lm_tied_type) {
+        *config = &((const llama_state *)cddp_module_state(child(m, 0)))->g;
+        return m;
+    }
+    for (int i = 0; i < m->nchildren; i++) {
+        const cddp_module *l = cddp__llama_find(m->children[i], config);
+        if (l) return l;
+    }
+    return NULL;
+}

@@ -57,8 +57,14 @@ for name, extra in CASES.items():
     loss.backward()
     ref = {"x": x.numpy(), "y": y.numpy(), "logits": logits.detach().numpy(),
            "loss": loss.detach().reshape(1).numpy()}
+    m.generation_config.eos_token_id = None  # 12 tokens, whatever they are
     for n, p in m.named_parameters():
         ref["grad." + n] = p.grad.numpy()
+    prompt = torch.tensor([[1, 2, 3]])  # greedy generation, as generate(do_sample=False) draws
+    with torch.no_grad():
+        ids = m.generate(prompt, do_sample=False, max_new_tokens=12, min_new_tokens=12,
+                         attention_mask=torch.ones_like(prompt), pad_token_id=0)
+    ref["gen"] = ids[0].numpy()
     safetensors_np.save(os.path.join(d, "reference.safetensors"), ref)
     print(f"{name}: loss {loss.item():.6f}, {len(ref) - 4} gradients")
 
