@@ -6,11 +6,13 @@
  *
  * MODEL is any file cddp_gpt_load_weights reads: a checkpoint of gpt_train (a file or a set),
  * nanoGPT's or Hugging Face's safetensors (n_head from the config.json beside it, or --n_head),
- * or llm.c's model file. The tokens are drawn one at a time with the model's key/value cache
- * (cddp_gpt_generate) and printed as they come: as bytes for a model of the byte tokenizer, through
- * the tokenizer --tokenizer names (Hugging Face's tokenizer.json, GPT-2's vocab.json, a model's
- * folder, or llm.c's tokenizer file), else as token ids. --prompt is encoded by that tokenizer;
- * without a prompt the text starts from its beginning-of-text token (GPT-2's <|endoftext|>).
+ * or llm.c's model file; or a Llama: gpt_train --arch llama's checkpoint, or Hugging Face's
+ * Llama (its folder, config.json and weights, which cddp_model_load_hf reads). The tokens are drawn
+ * one at a time with the model's key/value cache (cddp_gpt_generate) and printed as they come: as
+ * bytes for a model of the byte tokenizer, through the tokenizer --tokenizer names (Hugging Face's
+ * tokenizer.json, GPT-2's vocab.json, a model's folder, or llm.c's tokenizer file), else as token
+ * ids. --prompt is encoded by that tokenizer; without a prompt the text starts from its
+ * beginning-of-text token (GPT-2's <|endoftext|>).
  * --json ends with the generation's speed.
  */
 #include <cddp/cddp.h>
@@ -165,11 +167,26 @@ int main(int argc, char **argv) {
     text_vocab vocab = {0};
     int status = 1;
     cddp_gpt_config g = {.n_head = o.n_head};
-    if (cddp_gpt_config_read(o.model, &g, &err) != CDDP_OK) goto fail;
+    cddp_llama_config lc; /* a Llama (its config.json, or gpt_train --arch llama's checkpoint) */
+    bool llama = cddp_llama_config_read(o.model, &lc, &(cddp_error){0}) == CDDP_OK;
+    cddp_safetensors *own = llama ? cddp_checkpoint_metadata(o.model, NULL) : NULL;
+    bool ours = own && cddp_safetensors_meta(own, "model"); /* gpt_train's checkpoint */
+    cddp_safetensors_destroy(own);
+    if (llama)
+        g = (cddp_gpt_config){.vocab_size = lc.vocab_size,
+                              .block_size = lc.max_positions,
+                              .n_layer = lc.n_layer,
+                              .n_head = lc.n_head,
+                              .n_embd = lc.n_embd};
+    else if (cddp_gpt_config_read(o.model, &g, &err) != CDDP_OK)
+        goto fail;
     if (o.tokenizer && text_vocab_load(o.tokenizer, &vocab, &err) != CDDP_OK) goto fail;
-    if (!(m = cddp_model_create_with(cddp_nn_gpt(&g), &err)) || cddp_model_build(m, 0) != CDDP_OK ||
-        cddp_model_to(m, dev, &err) != CDDP_OK ||
-        cddp_gpt_load_weights(m, o.model, &err) != CDDP_OK)
+    if (!(m = cddp_model_create_with(llama ? cddp_nn_llama(&lc) : cddp_nn_gpt(&g), &err)) ||
+        cddp_model_build(m, 0) != CDDP_OK || cddp_model_to(m, dev, &err) != CDDP_OK)
+        goto fail;
+    if ((!llama ? cddp_gpt_load_weights(m, o.model, &err)
+         : ours ? cddp_checkpoint_load(o.model, m, NULL, NULL, &err)
+                : cddp_model_load_hf(m, o.model, &err)) != CDDP_OK)
         goto fail;
     if (!(ctx = cddp_ctx_create(&(cddp_ctx_options){.device = dev, .compute = compute}))) {
         cddp_error_set(&err, CDDP_ENOMEM, "out of memory");

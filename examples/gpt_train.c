@@ -47,9 +47,14 @@ typedef struct options {
         keep, bench, powersgd_rank, powersgd_start;
     double lr, min_lr, weight_decay, grad_clip, beta1, beta2, temperature, peak_tflops;
     const char *data, *out, *resume, *init_from, *device, *dtype, *prompt, *tensorboard, *hook,
-        *tokenizer, *prompt_ids;
+        *tokenizer, *prompt_ids, *arch;
     uint64_t seed;
     bool json, zero, stop;
+    /* --arch llama: the Llama's own sizes, and its whole shape once read from a file */
+    int64_t n_kv_head, intermediate_size;
+    double rope_theta;
+    bool llama, llama_read;
+    cddp_llama_config lc;
     bool n_head_given; /* --n_head was given (a file of weights alone may need it) */
     cddp_dcomm_transport transport;
 } options;
@@ -62,6 +67,13 @@ static void usage(FILE *out) {
         "ranks: text files with the byte tokenizer, or token files of any tokenizer\n"
         "(cddp-tokenize --tokenizer tokenizer.json TEXT DIR; --data DIR/train.bin).\n\n"
         "model:\n"
+        "  --arch gpt|llama    the GPT (nanoGPT's, GPT-2's; default) or a Llama-family\n"
+        "                      transformer (RMSNorm, rotary positions, grouped-query\n"
+        "                      attention, SwiGLU; Hugging Face's names); a checkpoint or\n"
+        "                      --init_from of a Llama (its config.json) sets it\n"
+        "  --n_kv_head N       llama: key/value heads, dividing --n_head (default: n_head)\n"
+        "  --intermediate_size N  llama: the MLP's width (default: 8/3 n_embd, to 32s)\n"
+        "  --rope_theta X      llama: the rotary base (default 10000)\n"
         "  --n_layer N         transformer blocks (default 4)\n"
         "  --n_head N          attention heads (default 4)\n"
         "  --n_embd N          width, a multiple of n_head (default 128)\n"
@@ -193,6 +205,7 @@ static int parse_args(int argc, char **argv, options *o) {
                    .device = "cpu",
                    .hook = "none",
                    .dtype = "fp32",
+                   .arch = "gpt",
                    .seed = 1337};
     int64_t seed = (int64_t)o->seed;
     const flag flags[] = {
@@ -230,6 +243,10 @@ static int parse_args(int argc, char **argv, options *o) {
         {"init_from", 's', &o->init_from, 0, 0, false},
         {"prompt", 's', &o->prompt, 0, 0, false},
         {"prompt_ids", 's', &o->prompt_ids, 0, 0, false},
+        {"arch", 's', &o->arch, 0, 0, false},
+        {"n_kv_head", 'i', &o->n_kv_head, 1, MOST_HEADS, false},
+        {"intermediate_size", 'i', &o->intermediate_size, 1, MOST_EMBD * 8, false},
+        {"rope_theta", 'f', &o->rope_theta, 0, 1e12, true},
         {"tokenizer", 's', &o->tokenizer, 0, 0, false},
         {"tensorboard", 's', &o->tensorboard, 0, 0, false},
         {"device", 's', &o->device, 0, 0, false},
@@ -341,6 +358,16 @@ static int parse_args(int argc, char **argv, options *o) {
         return -1;
     }
     if (resume && !o->resume) o->resume = ""; /* OUT/checkpoint.safetensors, once OUT is known */
+    if (strcmp(o->arch, "gpt") != 0 && strcmp(o->arch, "llama") != 0) {
+        fprintf(stderr, "gpt_train: --arch %s: gpt or llama\n", o->arch);
+        return -1;
+    }
+    o->llama = strcmp(o->arch, "llama") == 0;
+    if (!o->llama && (o->n_kv_head || o->intermediate_size || o->rope_theta)) {
+        fprintf(stderr, "gpt_train: --n_kv_head, --intermediate_size and --rope_theta go with "
+                        "--arch llama\n");
+        return -1;
+    }
     return 0;
 }
 
@@ -469,9 +496,36 @@ static bench bench_of(const options *o, double *iter_s, int64_t n, int64_t param
     return b;
 }
 
+/* A Llama's shape as metadata (cddp_llama_config_read reads it back) from meta[n] on; the values
+ * in v. Returns the new n. */
+static size_t llama_meta(const cddp_llama_config *g, const char **meta, size_t n, char v[][32]) {
+    const struct {
+        const char *key;
+        double value;
+        bool integer;
+    } f[] = {{"max_positions", (double)g->max_positions, true},
+             {"n_kv_head", (double)g->n_kv_head, true},
+             {"intermediate_size", (double)g->intermediate_size, true},
+             {"rope_theta", g->rope_theta, false},
+             {"rms_norm_eps", (double)g->rms_norm_eps, false},
+             {"rope_factor", g->rope_factor, false},
+             {"rope_low_freq_factor", g->rope_low_freq_factor, false},
+             {"rope_high_freq_factor", g->rope_high_freq_factor, false},
+             {"rope_original_max", (double)g->rope_original_max, true}};
+    for (size_t k = 0; k < sizeof f / sizeof *f; k++) {
+        if (k >= 5 && !(g->rope_factor > 0)) break; /* no scaling: no scaling keys */
+        snprintf(v[k], 32, f[k].integer ? "%.0f" : "%.17g", f[k].value);
+        meta[n++] = f[k].key;
+        meta[n++] = v[k];
+    }
+    meta[n++] = "tie_embeddings";
+    meta[n++] = g->tie_embeddings ? "true" : "false";
+    return n;
+}
+
 static int save(cddp_ddp *ddp, cddp_optim *opt, const char *path, const options *o, int64_t iter,
                 cddp_sampler_state st, int world, cddp_error *err) {
-    char v[10][32];
+    char v[10][32], lv[9][32];
     snprintf(v[0], 32, "%" PRId64, iter);
     snprintf(v[1], 32, "%" PRId64, o->n_layer);
     snprintf(v[2], 32, "%" PRId64, o->n_head);
@@ -482,20 +536,51 @@ static int save(cddp_ddp *ddp, cddp_optim *opt, const char *path, const options 
     snprintf(v[7], 32, "%" PRId64, st.consumed);
     snprintf(v[8], 32, "%d", world);
     snprintf(v[9], 32, "%" PRId64, st.position);
-    const char *meta[] = {"iter",       v[0],  "n_layer",       v[1], "n_head",     v[2],
-                          "n_embd",     v[3],  "block_size",    v[4], "vocab_size", v[5],
-                          "data_epoch", v[6],  "data_consumed", v[7], "world",      v[8],
-                          "model",      "gpt", "data_position", v[9], "run_id",     run_job_id(),
-                          NULL};
-    size_t n = sizeof meta / sizeof meta[0];
-    if (!*run_job_id()) meta[n - 3] = NULL; /* outside a launcher and Slurm: no job to name */
+    const char *meta[64] = {"iter",          v[0], "n_layer",       v[1],
+                            "n_head",        v[2], "n_embd",        v[3],
+                            "block_size",    v[4], "vocab_size",    v[5],
+                            "data_epoch",    v[6], "data_consumed", v[7],
+                            "world",         v[8], "model",         o->llama ? "llama" : "gpt",
+                            "data_position", v[9]};
+    size_t n = 22;
+    if (o->llama) n = llama_meta(&o->lc, meta, n, lv);
+    if (*run_job_id()) { /* outside a launcher and Slurm: no job to name */
+        meta[n++] = "run_id";
+        meta[n++] = run_job_id();
+    }
+    meta[n] = NULL;
     if (o->keep > 0) return cddp_ddp_save_set(ddp, path, iter, (int)o->keep, opt, meta, err);
     return cddp_ddp_save(ddp, path, opt, meta, err);
 }
 
+/* A Llama's shape (a cddp checkpoint of one, or Hugging Face's config.json) into the options;
+ * CDDP_ENOENT when path holds none and --arch llama was not given (then it is a GPT's). */
+static int peek_llama(const char *path, options *o, cddp_error *err) {
+    cddp_llama_config g;
+    cddp_error e = {0};
+    int rc = cddp_llama_config_read(path, &g, &e);
+    if (rc != CDDP_OK && !o->llama) return CDDP_ENOENT;
+    if (rc != CDDP_OK) return cddp_error_set(err, rc, "%s", e.msg);
+    if (g.n_layer > MOST_LAYERS || g.n_head > MOST_HEADS || g.n_embd > MOST_EMBD ||
+        g.vocab_size > MOST_VOCAB)
+        return cddp_error_set(err, CDDP_EFORMAT, "%s: a Llama beyond what gpt_train builds", path);
+    o->llama = o->llama_read = true;
+    o->lc = g;
+    o->vocab_size = g.vocab_size;
+    o->n_layer = g.n_layer;
+    o->n_head = g.n_head;
+    o->n_embd = g.n_embd;
+    o->n_kv_head = g.n_kv_head;
+    o->intermediate_size = g.intermediate_size;
+    if (o->block_size > g.max_positions) o->block_size = g.max_positions;
+    return CDDP_OK;
+}
+
 /* The GPT's shape in a checkpoint or a file of weights (cddp_gpt_config_read) into the options,
- * within the bounds the options have. */
+ * within the bounds the options have; or a Llama's (peek_llama). */
 static int peek_shape(const char *path, options *o, cddp_error *err) {
+    int llama = peek_llama(path, o, err);
+    if (llama != CDDP_ENOENT) return llama;
     /* A file of weights alone that does not say its head count takes --n_head, never its
      * default: GPT-2's weights read with 4 heads instead of 12 train, wrongly. */
     cddp_gpt_config g = {.n_head = o->n_head_given ? o->n_head : 0};
@@ -626,7 +711,27 @@ int main(int argc, char **argv) {
                          .n_layer = o.n_layer,
                          .n_head = o.n_head,
                          .n_embd = o.n_embd};
-    if (!(m = cddp_model_create_with(cddp_nn_gpt(&g), &err))) goto fail;
+    if (o.llama && !o.llama_read) /* from the options; a file's shape is its own */
+        o.lc = (cddp_llama_config){.max_positions = o.block_size,
+                                   .n_layer = o.n_layer,
+                                   .n_head = o.n_head,
+                                   .n_embd = o.n_embd,
+                                   .n_kv_head = o.n_kv_head ? o.n_kv_head : o.n_head,
+                                   .intermediate_size = o.intermediate_size
+                                                            ? o.intermediate_size
+                                                            : (8 * o.n_embd / 3 + 31) / 32 * 32,
+                                   .rope_theta = o.rope_theta > 0 ? o.rope_theta : 10000.0,
+                                   .rms_norm_eps = 1e-5f};
+    o.lc.vocab_size = o.vocab_size;
+    if (!(m = cddp_model_create_with(o.llama ? cddp_nn_llama(&o.lc) : cddp_nn_gpt(&g), &err))) {
+        if (!err.msg[0])
+            cddp_error_set(&err, CDDP_EINVAL,
+                           "%s of %" PRId64 " heads, %" PRId64 " key/value heads and width %" PRId64
+                           ": the width a multiple of the heads (an even number each), the heads "
+                           "of the key/value heads",
+                           o.llama ? "a Llama" : "a GPT", o.n_head, o.lc.n_kv_head, o.n_embd);
+        goto fail;
+    }
     if (cddp_model_build(m, o.seed) != CDDP_OK) {
         cddp_error_set(&err, CDDP_EINVAL, "%s", cddp_model_error(m));
         goto fail;
@@ -655,7 +760,13 @@ int main(int argc, char **argv) {
 
     int64_t iter = 0;
     if (o.init_from) {
-        if (cddp_gpt_load_weights(m, o.init_from, &err) != CDDP_OK) goto fail;
+        cddp_safetensors *own = o.llama ? cddp_checkpoint_metadata(o.init_from, NULL) : NULL;
+        bool ours = own && cddp_safetensors_meta(own, "model"); /* a checkpoint of gpt_train's */
+        cddp_safetensors_destroy(own);
+        int rc = !o.llama ? cddp_gpt_load_weights(m, o.init_from, &err)
+                 : ours   ? cddp_checkpoint_load(o.init_from, m, NULL, NULL, &err)
+                          : cddp_model_load_hf(m, o.init_from, &err);
+        if (rc != CDDP_OK) goto fail;
         cddp_ddp_print0(ddp, "initialised from %s (weights only: a new optimizer, iteration 0)\n",
                         o.init_from);
     }

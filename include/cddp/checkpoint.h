@@ -191,10 +191,14 @@ CDDP_API int cddp_model_save_hf(const cddp_model *m, const char *dir, cddp_dtype
 CDDP_API int cddp_llama_config_write(const cddp_llama_config *config, const char *dir,
                                      cddp_dtype dtype, cddp_error *err);
 /* A Llama-family model's shape from Hugging Face's config.json: path is that file, the model's
- * folder, or a weights file beside it. Every field that changes the computation is honoured
- * (sizes, num_key_value_heads, rms_norm_eps, rope_theta, Llama 3's rope_scaling,
- * tie_word_embeddings) or, unless it holds what cddp computes, refused naming it (hidden_act,
- * attention_bias, mlp_bias, head_dim, another rope_scaling, a sliding_window, model_type). */
+ * folder, or a weights file beside it; or from a cddp checkpoint of one (a file, a set or a folder
+ * of sets whose metadata's model is "llama": its keys vocab_size, max_positions, n_layer, n_head,
+ * n_embd, n_kv_head, intermediate_size, rope_theta, rms_norm_eps, tie_embeddings and Llama 3's
+ * rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max). Every field that
+ * changes the computation is honoured (sizes, num_key_value_heads, rms_norm_eps, rope_theta, Llama
+ * 3's rope_scaling, tie_word_embeddings) or, unless it holds what cddp computes, refused naming it
+ * (hidden_act, attention_bias, mlp_bias, head_dim, another rope_scaling, a sliding_window,
+ * model_type). */
 CDDP_API int cddp_llama_config_read(const char *path, cddp_llama_config *config, cddp_error *err);
 /* Writes m's GPT (built, on any device) as Hugging Face's GPT2LMHeadModel saves one, so that
  * transformers' from_pretrained(dir) loads it: dir/model.safetensors (GPT2LMHeadModel's names, a

@@ -130,10 +130,69 @@ static int read_fields(const cJSON *root, cddp_llama_config *g, const char *json
     return CDDP_OK;
 }
 
+/* Keys of a cddp checkpoint's metadata (gpt_train --arch llama writes them) and their fields. */
+static int from_meta(const cddp_safetensors *f, const char *path, cddp_llama_config *g,
+                     cddp_error *err) {
+    const char *ikeys[] = {"vocab_size", "max_positions", "n_layer",          "n_head",
+                           "n_embd",     "n_kv_head",     "intermediate_size"};
+    int64_t *iat[] = {&g->vocab_size, &g->max_positions, &g->n_layer,          &g->n_head,
+                      &g->n_embd,     &g->n_kv_head,     &g->intermediate_size};
+    *g = (cddp_llama_config){0};
+    char what[4300];
+    for (size_t k = 0; k < sizeof ikeys / sizeof *ikeys; k++) {
+        const char *v = cddp_safetensors_meta(f, ikeys[k]);
+        snprintf(what, sizeof what, "%s: %s", path, ikeys[k]);
+        if (!v)
+            return cddp_error_set(err, CDDP_EFORMAT, "%s: no %s in its metadata", path, ikeys[k]);
+        CDDP_TRY(cddp_parse_int(what, v, 1, 1 << 24, iat[k], err));
+    }
+    const char *dkeys[] = {"rope_theta", "rms_norm_eps", "rope_factor", "rope_low_freq_factor",
+                           "rope_high_freq_factor"};
+    double d[5] = {0};
+    for (size_t k = 0; k < 5; k++) {
+        const char *v = cddp_safetensors_meta(f, dkeys[k]);
+        snprintf(what, sizeof what, "%s: %s", path, dkeys[k]);
+        if (!v && k < 2)
+            return cddp_error_set(err, CDDP_EFORMAT, "%s: no %s in its metadata", path, dkeys[k]);
+        if (v) CDDP_TRY(cddp_parse_double(what, v, 0, 1e12, k >= 2, &d[k], err));
+    }
+    g->rope_theta = d[0];
+    g->rms_norm_eps = (float)d[1];
+    g->rope_factor = d[2];
+    g->rope_low_freq_factor = d[3];
+    g->rope_high_freq_factor = d[4];
+    const char *v = cddp_safetensors_meta(f, "rope_original_max");
+    snprintf(what, sizeof what, "%s: rope_original_max", path);
+    if (v) CDDP_TRY(cddp_parse_int(what, v, 1, 1 << 30, &g->rope_original_max, err));
+    v = cddp_safetensors_meta(f, "tie_embeddings");
+    g->tie_embeddings = v && strcmp(v, "true") == 0;
+    return CDDP_OK;
+}
+
+/* A cddp checkpoint (a file or a set) of a Llama: its metadata's model is "llama". */
+static cddp_safetensors *llama_checkpoint(const char *path) {
+    cddp_error ignored = {0};
+    char at[4096];
+    if (cddp_checkpoint_resolve(path, at, sizeof at, &ignored) != CDDP_OK) return NULL;
+    cddp_safetensors *f = cddp_checkpoint_metadata(at, &ignored);
+    const char *model = f ? cddp_safetensors_meta(f, "model") : NULL;
+    if (model && strcmp(model, "llama") == 0) return f;
+    cddp_safetensors_destroy(f);
+    return NULL;
+}
+
 int cddp_llama_config_read(const char *path, cddp_llama_config *config, cddp_error *err) {
     char json[4200];
     struct stat st;
     size_t n = strlen(path);
+    cddp_safetensors *ck = llama_checkpoint(path);
+    if (ck) {
+        cddp_llama_config g;
+        int rc = from_meta(ck, path, &g, err);
+        cddp_safetensors_destroy(ck);
+        if (rc == CDDP_OK) *config = g;
+        return rc;
+    }
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
         snprintf(json, sizeof json, "%s/config.json", path);
     else if (n >= 11 && strcmp(path + n - 11, "config.json") == 0)

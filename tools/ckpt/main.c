@@ -47,7 +47,8 @@ static void usage(FILE *out) {
             "               state_dict, for load_state_dict(strict=True)); --with_optimizer keeps\n"
             "               the state too\n"
             "  export-hf    writes a GPT's checkpoint as Hugging Face's GPT2LMHeadModel saves\n"
-            "               one: OUTDIR/model.safetensors (--dtype, default f32) and\n"
+            "               one (a Llama's as LlamaForCausalLM does):\n"
+            "               OUTDIR/model.safetensors (--dtype, default f32) and\n"
             "               OUTDIR/config.json, which transformers' from_pretrained(OUTDIR)\n"
             "               loads; --tokenizer (a tokenizer.json, vocab.json or a folder) puts\n"
             "               its files beside them and its tokens in config.json\n"
@@ -275,11 +276,20 @@ static int export_hf(const char *path, const char *dir, const char *dtype, const
                             "export-hf: %s is inside the checkpoint %s: "
                             "choose another OUTDIR",
                             dir, at);
-    if (!rc) rc = cddp_gpt_config_read(at, &g, &err);
-    if (!rc && !(m = cddp_model_create_with(cddp_nn_gpt(&g), &err))) rc = err.code;
+    cddp_llama_config lc; /* a Llama's checkpoint (gpt_train --arch llama), else a GPT's */
+    bool llama = !rc && cddp_llama_config_read(at, &lc, &(cddp_error){0}) == CDDP_OK;
+    if (llama)
+        g = (cddp_gpt_config){
+            .vocab_size = lc.vocab_size, .n_layer = lc.n_layer, .n_embd = lc.n_embd};
+    else if (!rc)
+        rc = cddp_gpt_config_read(at, &g, &err);
+    if (!rc && !(m = cddp_model_create_with(llama ? cddp_nn_llama(&lc) : cddp_nn_gpt(&g), &err)))
+        rc = err.code;
     if (!rc && cddp_model_build(m, 0) != CDDP_OK)
         rc = cddp_error_set(&err, CDDP_EINVAL, "%s", cddp_model_error(m));
-    if (!rc) rc = cddp_gpt_load_weights(m, at, &err);
+    if (!rc)
+        rc = llama ? cddp_checkpoint_load(at, m, NULL, NULL, &err)
+                   : cddp_gpt_load_weights(m, at, &err);
     if (!rc && tokenizer && !(tok = cddp_tokenizer_load(tokenizer, &err))) rc = err.code;
     if (!rc && tok && cddp_tokenizer_vocab_size(tok) > g.vocab_size)
         rc = cddp_error_set(&err, CDDP_EINVAL,
@@ -290,7 +300,12 @@ static int export_hf(const char *path, const char *dir, const char *dtype, const
         bos = cddp_tokenizer_bos(tok);
         eos = cddp_tokenizer_eos(tok);
     }
-    if (!rc) rc = cddp_gpt_export_hf(m, dir, dt, bos, eos, &err);
+    if (!rc && llama) {
+        rc = cddp_model_save_hf(m, dir, dt, &err);
+        if (!rc) rc = cddp_llama_config_write(&lc, dir, dt, &err);
+    } else if (!rc) {
+        rc = cddp_gpt_export_hf(m, dir, dt, bos, eos, &err);
+    }
     cddp_tokenizer_destroy(tok);
     cddp_model_destroy(m);
     if (rc) {
@@ -301,11 +316,11 @@ static int export_hf(const char *path, const char *dir, const char *dtype, const
     if (tokenizer && copy_tokenizer(tokenizer, dir, &copied)) return 1;
     printf("wrote %s/model.safetensors (%s, %" PRId64 " layers, width %" PRId64
            ", vocabulary %" PRId64
-           ") and %s/config.json%s%s: transformers' GPT2LMHeadModel.from_pretrained(\"%s\") loads "
-           "it\n",
+           ") and %s/config.json%s%s: transformers' %s.from_pretrained(\"%s\") loads it\n",
            dir, cddp_dtype_name(dt), g.n_layer, g.n_embd, g.vocab_size, dir,
            copied ? ", with the tokenizer's files" : "",
-           tokenizer && !copied ? " (no tokenizer file copied)" : "", dir);
+           tokenizer && !copied ? " (no tokenizer file copied)" : "",
+           llama ? "LlamaForCausalLM" : "GPT2LMHeadModel", dir);
     return 0;
 }
 
