@@ -314,7 +314,8 @@ CDDP_API cddp_tensor *cddp_model_forward(cddp_model *m, cddp_ctx *ctx, cddp_tens
  * holds none. */
 CDDP_API int cddp_model_gpt_config(const cddp_model *m, cddp_gpt_config *config);
 /* Generating text with a GPT (the first cddp_nn_gpt module in m; else the first cddp_nn_llama,
- * which recomputes its window for every token: no cache for it yet): n new tokens after the
+ * whose cache holds the positions the generation reaches, its key/value heads repeated for the
+ * query heads that share them): n new tokens after the
  * prompt's n_prompt (at least one), each drawn from the softmax of the last position's logits
  * divided by the temperature, among the top_k likeliest, into out[0..n). Each block keeps the keys
  * and values of the positions it has seen (a key/value cache), so a new token costs one position,

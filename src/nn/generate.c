@@ -8,8 +8,9 @@
  * every position's embedding changes, and each step recomputes the window, as nanoGPT's generate
  * does (the tokens drawn are the same with the cache and without it).
  *
- * A Llama (cddp_nn_llama) has no cache yet: each step runs the model over the window (the same
- * tokens, at the window's cost per token).
+ * A Llama (cddp_nn_llama) caches its keys and values as the GPT does, the key/value heads
+ * repeated for the query heads that share them; its cache holds the positions this generation
+ * reaches (prompt and new tokens, at most max_positions), not the whole context a Llama 3 allows.
  *
  * The draw: softmax(logits / temperature) over the top_k likeliest tokens (the others get
  * probability 0), the token where the running sum passes a uniform draw times the total, as
@@ -57,6 +58,8 @@ static int64_t draw(const float *logits, int64_t V, const cddp_gpt_sampling *s, 
 /* The generation's state: the text so far, the caches and the scratch of the draw. */
 typedef struct gen {
     const cddp_module *gpt;
+    bool llama; /* gpt is a Llama */
+    int64_t cache_rows;
     const cddp_gpt_config *g;
     cddp_ctx *ctx, *own_ctx, *cache_ctx;
     cddp_tensor **caches;
@@ -78,9 +81,9 @@ static int next_logits(gen *s, bool no_cache, const float **row, cddp_error *err
     } else {
         if (from > 0) s->past = 0; /* the window slid: every position moved */
         int64_t start = from + s->past, T = s->len - start;
-        logits = cddp__gpt_forward_cached(
-            s->gpt, s->ctx, cddp_from_host(s->ctx, CDDP_I64, 2, (int64_t[]){1, T}, s->ids + start),
-            s->past, s->caches);
+        cddp_tensor *idx = cddp_from_host(s->ctx, CDDP_I64, 2, (int64_t[]){1, T}, s->ids + start);
+        logits = s->llama ? cddp__llama_forward_cached(s->gpt, s->ctx, idx, s->past, s->caches)
+                          : cddp__gpt_forward_cached(s->gpt, s->ctx, idx, s->past, s->caches);
         s->past += T;
     }
     if (!logits) return cddp_error_set(err, cddp_ctx_status(s->ctx), "%s", cddp_ctx_error(s->ctx));
@@ -146,7 +149,7 @@ static int setup(gen *s, cddp_model *m, cddp_ctx *ctx, const int64_t *prompt, in
                               "cddp_gpt_generate: the context is on %s but the model on %s",
                               cddp_device_name(cddp_ctx_device(ctx)), cddp_device_name(dev));
     if (no_cache) return CDDP_OK; /* the whole context each time: no cache to keep */
-    size_t bytes = (size_t)g->n_layer * (size_t)(g->block_size * 2 * g->n_embd) * sizeof(float);
+    size_t bytes = (size_t)g->n_layer * (size_t)(s->cache_rows * 2 * g->n_embd) * sizeof(float);
     if (!(s->caches = calloc((size_t)g->n_layer, sizeof *s->caches)))
         return cddp_error_set(err, CDDP_ENOMEM, "cddp_gpt_generate: out of memory");
     s->cache_ctx = cddp_ctx_create(&(cddp_ctx_options){
@@ -154,7 +157,7 @@ static int setup(gen *s, cddp_model *m, cddp_ctx *ctx, const int64_t *prompt, in
     if (!s->cache_ctx) return cddp_error_set(err, CDDP_ENOMEM, "cddp_gpt_generate: out of memory");
     for (int64_t l = 0; l < g->n_layer; l++)
         s->caches[l] =
-            cddp_empty(s->cache_ctx, CDDP_F32, 3, (int64_t[]){1, g->block_size, 2 * g->n_embd});
+            cddp_empty(s->cache_ctx, CDDP_F32, 3, (int64_t[]){1, s->cache_rows, 2 * g->n_embd});
     if (cddp_ctx_failed(s->cache_ctx))
         return cddp_error_set(err, cddp_ctx_status(s->cache_ctx),
                               "cddp_gpt_generate: the key/value cache (%zu bytes): %s", bytes,
@@ -177,8 +180,11 @@ int cddp_gpt_generate(cddp_model *m, cddp_ctx *ctx, const int64_t *prompt, int64
                                .n_head = lc->n_head,
                                .n_embd = lc->n_embd};
         st.g = &lg;
-        s.no_cache = true; /* the whole window each step */
+        st.llama = true;
     }
+    if (st.gpt) /* a Llama's context may be long: its cache holds what this generation reaches */
+        st.cache_rows =
+            st.llama && n_prompt + n < st.g->block_size ? n_prompt + n : st.g->block_size;
     int rc = check_args(st.gpt ? st.g : NULL, prompt, n_prompt, n, &s, out, err);
     if (rc != CDDP_OK) return rc;
     cddp_rng own_rng;

@@ -121,6 +121,10 @@ cddp_tensor *cddp__nn_batch_norm_relu(cddp_module *bn, cddp_ctx *ctx, cddp_tenso
 
 /* The first Llama (cddp_nn_llama) in m's tree, depth first, its shape in *config; NULL if none. */
 const cddp_module *cddp__llama_find(const cddp_module *m, const cddp_llama_config **config);
+/* The Llama's logits (1, T, vocab) for idx (1, T) at positions past..past+T-1, given caches[l]
+ * (1, L, 2 n_embd) holding positions 0..past-1 of layer l; adds the new positions to them. */
+cddp_tensor *cddp__llama_forward_cached(const cddp_module *lm, cddp_ctx *ctx, cddp_tensor *idx,
+                                        int64_t past, cddp_tensor *const *caches);
 
 /* ---- transformer.c ------------------------------------------------------------------------ */
 

@@ -253,3 +253,28 @@ const cddp_module *cddp__llama_find(const cddp_module *m, const cddp_llama_confi
     }
     return NULL;
 }
+
+/* As the model's forward for idx (1, T) at positions past..past+T-1, each layer's attention
+ * reading the earlier positions' keys and values (repeated for the heads that share them) from
+ * caches[l] (1, L, 2 n_embd) and adding the new ones'. */
+cddp_tensor *cddp__llama_forward_cached(const cddp_module *lm, cddp_ctx *ctx, cddp_tensor *idx,
+                                        int64_t past, cddp_tensor *const *caches) {
+    cddp_module *model = child(lm, 0), *layers = child(model, 1);
+    const llama_state *st = cddp_module_state(model);
+    int64_t H = st->g.n_head, KV = st->g.n_kv_head;
+    cddp_tensor *x = run(model, 0, ctx, idx);
+    cddp_tensor *f = x ? frequencies(st, ctx, x) : NULL;
+    for (int l = 0; l < cddp_module_num_children(layers); l++) {
+        cddp_module *layer = child(layers, l), *attn = child(layer, 1);
+        cddp_tensor *h = run(layer, 0, ctx, x);
+        cddp_tensor *q = cddp_rope(ctx, run(attn, 0, ctx, h), f, H, past);
+        cddp_tensor *k = cddp_rope(ctx, run(attn, 1, ctx, h), f, KV, past);
+        cddp_tensor *qkv = cddp_qkv_pack(ctx, q, k, run(attn, 2, ctx, h), H, KV);
+        x = cddp_add(ctx, x,
+                     run(attn, 3, ctx, cddp_attention_cached(ctx, qkv, (int)H, caches[l], past)));
+        x = cddp_add(ctx, x, run(layer, 3, ctx, run(layer, 2, ctx, x)));
+    }
+    cddp_tensor *hf = run(model, 2, ctx, x);
+    if (cddp_module_num_children(lm) > 1) return run(lm, 1, ctx, hf);
+    return cddp_linear(ctx, hf, cddp_module_get_param(child(model, 0), 0), NULL);
+}

@@ -106,12 +106,15 @@ static void check(const char *dir, cddp_device *dev) {
         /* greedy generation, token for token as transformers' generate(do_sample=False) */
         const cddp_st_tensor *gen = cddp_safetensors_find(ref, "gen");
         int64_t prompt[3] = {1, 2, 3}, drawn[12];
-        cddp_gpt_sampling s = {.temperature = 0};
-        if (!gen || cddp_gpt_generate(m, ctx, prompt, 3, 12, &s, NULL, drawn, &err) != CDDP_OK ||
-            memcmp(drawn, (const int64_t *)gen->data + 3, sizeof drawn) != 0) {
-            printf("FAIL: %s on %s: greedy tokens differ from transformers' generate: %s\n", dir,
-                   cddp_device_name(dev), err.msg);
-            failures++;
+        for (int nc = 0; nc < 2; nc++) { /* with the key/value cache, and recomputing the text */
+            cddp_gpt_sampling s = {.temperature = 0, .no_cache = nc};
+            if (!gen ||
+                cddp_gpt_generate(m, ctx, prompt, 3, 12, &s, NULL, drawn, &err) != CDDP_OK ||
+                memcmp(drawn, (const int64_t *)gen->data + 3, sizeof drawn) != 0) {
+                printf("FAIL: %s on %s%s: greedy tokens differ from transformers' generate: %s\n",
+                       dir, cddp_device_name(dev), nc ? " without the cache" : "", err.msg);
+                failures++;
+            }
         }
         printf("%s on %s: logits, loss %.6f, %d gradients and 12 greedy tokens compared\n", dir,
                cddp_device_name(dev), l, checked);
