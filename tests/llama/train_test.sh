@@ -3,8 +3,9 @@
 # with transformers (PYTHON: .pyenv's) as the reference.
 #
 #   1. A Llama with grouped-query attention (4 heads, 2 key/value heads) trains from scratch on 2
-#      ranks under cddprun: the loss falls; 10 iterations and a --resume to 20 (the arch read
-#      from the checkpoint) give the uninterrupted run's loss at every iteration.
+#      ranks under cddprun: the loss falls; one rank with 2 accumulation steps gives its losses at
+#      every iteration; 10 iterations and a --resume to 20 (the arch read from the checkpoint)
+#      give the uninterrupted run's loss at every iteration.
 #   2. Fine-tuning from Hugging Face's LlamaForCausalLM (make_model.py's, its folder): the whole
 #      validation text's loss at step 0 is the one transformers computes on the same windows.
 #   3. The fine-tuned checkpoint exported (cddp-ckpt export-hf) loads in transformers, whose
@@ -45,6 +46,13 @@ first=$(sed -n 's/^iter 0: loss \([0-9.]*\).*/\1/p' full.out)
 last=$(sed -n 's/^iter 19: loss \([0-9.]*\).*/\1/p' full.out)
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(a > 4 && b < a - 0.3) }' ||
     fail "the loss went from $first to $last in 20 iterations"
+"$B/gpt_train" --arch llama --n_kv_head 2 $L --max_iters 20 --grad_accum 2 --out accum > accum.out 2>&1 ||
+    { cat accum.out; fail "one rank with 2 accumulation steps did not train"; }
+awk -F, 'NR == FNR { if (FNR > 1) want[$1] = $3; next }
+         FNR > 1 { n++; d = $3 - want[$1]; if (d < 0) d = -d
+                   if (!($1 in want) || d > 1e-5 * want[$1] + 1e-5) { print "step " $1 ": " $3 " vs " want[$1]; bad = 1 } }
+         END { if (n != 20) { print n " steps"; bad = 1 }; exit bad }' full/loss.csv accum/loss.csv ||
+    fail "one rank with 2 accumulation steps does not give the 2 ranks' losses"
 for i in $(seq 10 19); do
     a=$(grep "^iter $i:" full.out | cut -d, -f1) b=$(grep "^iter $i:" rest.out | cut -d, -f1)
     [ -n "$a" ] && [ "$a" = "$b" ] || fail "iteration $i: '$a' uninterrupted, '$b' resumed"
