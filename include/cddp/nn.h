@@ -113,7 +113,8 @@ CDDP_API cddp_module *cddp_nn_gpt(const cddp_gpt_config *config);
  * idx (B, T) int64 (T at most max_positions) and returns logits (B, T, vocab_size). Parameters are
  * named as Hugging Face's ("model.layers.0.self_attn.q_proj.weight", ..., "lm_head.weight").
  * NULL when a size is not positive, n_embd / n_head is not even, n_head is not a multiple of
- * n_kv_head, or out of memory. On the CPU and the emulated device (CUDA: not yet). */
+ * n_kv_head, or out of memory. Proven on the CPU and the emulated device (CUDA: its kernels
+ * await a GPU check). */
 typedef struct cddp_llama_config {
     int64_t vocab_size, max_positions, n_layer, n_head, n_embd, intermediate_size;
     int64_t n_kv_head;   /* key/value heads; 0: n_head (no grouping) */

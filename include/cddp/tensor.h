@@ -427,7 +427,8 @@ CDDP_API cddp_tensor *cddp_gelu_tanh(cddp_ctx *ctx, cddp_tensor *x);
 CDDP_API cddp_tensor *cddp_gelu_tanh_linear(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *w,
                                             cddp_tensor *b);
 /* Llama's pieces, as Hugging Face's LlamaRMSNorm, LlamaMLP and apply_rotary_pos_emb compute them
- * (the CPU and the emulated device; on CUDA they fail the context naming the kernel, for now).
+ * (the CPU and the emulated device; CUDA's kernels are written, and tests/gpu/device_check.c
+ * compares them with the CPU's on a GPU, which has not run yet).
  * RMSNorm over the last dimension (C): y = x / sqrt(mean(x^2) + eps) * weight (C, or NULL: ones).
  */
 CDDP_API cddp_tensor *cddp_rms_norm(cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *weight, float eps);

@@ -293,6 +293,25 @@ static cddp_tensor *f_attention_cached(cddp_ctx *c, cddp_tensor **x, const void 
     cddp_ctx_set_grad_enabled(c, grad);
     return out;
 }
+/* Llama's: RMSNorm, SwiGLU's gate, rotary positions (3 heads of 16 from position 7; the
+ * frequencies a constant, x[1] taking no gradient), grouped-query packing through the attention
+ * (4 heads, 2 key/value heads of 8) */
+static cddp_tensor *f_rms_norm(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_rms_norm(c, x[0], x[1], 1e-6f);
+}
+static cddp_tensor *f_silu_mul(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_silu_mul(c, x[0], x[1]);
+}
+static cddp_tensor *f_rope(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_rope(c, x[0], x[1], 3, 7);
+}
+static cddp_tensor *f_gqa(cddp_ctx *c, cddp_tensor **x, const void *a) {
+    (void)a;
+    return cddp_attention(c, cddp_qkv_pack(c, x[0], x[1], x[2], 4, 2), 4);
+}
 static cddp_tensor *f_conv2d(cddp_ctx *c, cddp_tensor **x, const void *a) {
     (void)a;
     return cddp_conv2d(c, x[0], x[1], x[2], 1, 1);
@@ -437,6 +456,14 @@ static void op_cases(void) {
     check("attention_T67_HS64", f_attention, NULL, 1, (input[]){IN(-1, 1, true, 3, 67, 3 * 128)});
     check("attention_cached", f_attention_cached, NULL, 2,
           (input[]){IN(-1, 1, false, 2, 3, 3 * 32), IN(-1, 1, false, 2, 5, 3 * 32)});
+    check("rms_norm", f_rms_norm, NULL, 2,
+          (input[]){IN(-2, 2, true, 33, 768), IN(0.5f, 1.5f, true, 768)});
+    check("silu_mul", f_silu_mul, NULL, 2,
+          (input[]){IN(-4, 4, true, 7, 1001), IN(-1, 1, true, 7, 1001)});
+    check("rope", f_rope, NULL, 2, (input[]){IN(-1, 1, true, 2, 9, 48), IN(0.01f, 1, false, 8)});
+    check(
+        "qkv_pack_attention", f_gqa, NULL, 3,
+        (input[]){IN(-1, 1, true, 2, 6, 32), IN(-1, 1, true, 2, 6, 16), IN(-1, 1, true, 2, 6, 16)});
     check("conv2d", f_conv2d, NULL, 3,
           (input[]){IN(-1, 1, true, 2, 3, 9, 8), IN(-0.5f, 0.5f, true, 4, 3, 3, 3),
                     IN(-0.5f, 0.5f, true, 4)});

@@ -32,7 +32,8 @@ extern "C" { /* kernels.cu is C++: the tensor library's declarations are C's */
     K(sum_grad) K(argmax) K(embedding) K(embedding_grad) K(sgd) K(adamw) K(sum_squares) K(gemm)      \
     K(binary) K(binary_grad) K(layer_norm) K(layer_norm_grad) K(gelu_tanh) K(gelu_tanh_grad)     \
     K(causal_softmax) K(causal_softmax_grad) K(attention_cached) K(to_bf16) K(flash_attention)    \
-    K(flash_attention_grad)
+    K(flash_attention_grad) K(rms_norm) K(rms_norm_grad) K(silu_mul) K(silu_mul_grad) K(rope)      \
+    K(qkv_pack) K(qkv_pack_grad)
 /* clang-format on */
 
 #define CDDP__CUDA_DECL(name) void cddp__cuda_##name(cddp__kq *q, const cddp__k_##name *a);
