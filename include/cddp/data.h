@@ -224,10 +224,12 @@ CDDP_API cddp_dataset *cddp_dataset_token_shards(cddp_tokens *shards, int count,
 
 /* ---- Tokenizers: byte-level BPE ----------------------------------------------------------- */
 
-/* A byte-level BPE tokenizer, as GPT-2, Llama 3, Qwen and SmolLM ship theirs: Hugging Face's
+/* A byte-level BPE tokenizer, as GPT-2, Llama 3 and SmolLM ship theirs: Hugging Face's
  * tokenizer.json, or GPT-2's vocab.json with merges.txt beside it. Encoding gives the ids that
  * Hugging Face's tokenizers gives for the same file (encode(text, add_special_tokens=False): no
- * template tokens are added), and decoding is its inverse: decode(encode(x)) is x, byte for byte.
+ * template tokens are added), and decoding gives what its decode gives: the text itself, byte for
+ * byte, unless the tokenizer puts a space before each piece or has tokens that take the spaces
+ * around them.
  * Added tokens (<|endoftext|> and the like) written in the text are their ids. A file that asks
  * for what cddp does not implement (a normalizer, a SentencePiece-style tokenizer, BPE dropout,
  * another model than BPE, another pre-tokenizer than ByteLevel, Split and Digits) is refused,

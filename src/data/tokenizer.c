@@ -335,7 +335,7 @@ static int read_pre(cddp_tokenizer *t, const cJSON *p, bool *byte_level, cddp_er
     }
     return cddp_error_set(err, CDDP_EFORMAT,
                           "%s: pre-tokenizer %s%s: cddp reads byte-level BPE tokenizers (GPT-2's, "
-                          "Llama 3's, Qwen's, SmolLM's: ByteLevel, Split, Digits)",
+                          "Llama 3's, SmolLM's: ByteLevel, Split, Digits)",
                           t->path, type,
                           strcmp(type, "Metaspace") == 0
                               ? " (a SentencePiece-style tokenizer, as Llama 2's and Mistral's)"
