@@ -513,22 +513,10 @@ static bool is_dir(const char *path) {
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-/* A model's folder as Hugging Face keeps one (model.safetensors.index.json with its shards, or
- * model.safetensors; config.json beside): the file to read, in file; else path itself (a folder
- * is then a cddp checkpoint set). */
-static const char *hf_file(const char *path, char *file, size_t cap) {
-    static const char *const names[] = {"model.safetensors.index.json", "model.safetensors"};
-    for (size_t k = 0; is_dir(path) && k < sizeof names / sizeof *names; k++) {
-        snprintf(file, cap, "%s/%s", path, names[k]);
-        if (access(file, F_OK) == 0) return file;
-    }
-    return path;
-}
-
 int cddp_gpt_config_read(const char *path, cddp_gpt_config *g, cddp_error *err) {
     cddp_gpt_config out = *g;
     char file[4200];
-    path = hf_file(path, file, sizeof file);
+    path = cddp__hf_weights_file(path, file, sizeof file);
     int rc;
     if (is_dir(path)) { /* a checkpoint set */
         cddp_safetensors *f = cddp_checkpoint_metadata(path, err);
@@ -573,7 +561,7 @@ static int same_shape(const source *s, const cddp_gpt_config *g, cddp_error *err
  * the first step's loss NaN, far from its cause. The tensor is named with the first such value. */
 int cddp_gpt_load_weights(cddp_model *m, const char *path, cddp_error *err) {
     char file[4200];
-    path = hf_file(path, file, sizeof file);
+    path = cddp__hf_weights_file(path, file, sizeof file);
     cddp_gpt_config g;
     if (cddp_model_gpt_config(m, &g) != CDDP_OK)
         return cddp_error_set(err, CDDP_EINVAL, "cddp_gpt_load_weights: the model holds no GPT");

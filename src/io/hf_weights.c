@@ -18,20 +18,6 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-/* The file to read: path, or in a folder its model.safetensors.index.json or model.safetensors. */
-static const char *resolve(const char *path, char *file, size_t cap) {
-    static const char *const names[] = {"model.safetensors.index.json", "model.safetensors"};
-    struct stat st;
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) return path;
-    for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
-        snprintf(file, cap, "%s/%s", path, names[k]);
-        if (access(file, F_OK) == 0) return file;
-    }
-    return path;
-}
 
 /* Parameter i's tensor in the files, under its name or one it is tied to. */
 static const cddp_st_tensor *find_param(const cddp__st_files *f, const cddp_model *m, int i) {
@@ -55,7 +41,7 @@ static bool known(const cddp_model *m, const char *name) {
 
 int cddp_model_load_hf(cddp_model *m, const char *path, cddp_error *err) {
     char file[4200];
-    path = resolve(path, file, sizeof file);
+    path = cddp__hf_weights_file(path, file, sizeof file);
     cddp__st_files f;
     CDDP_TRY(cddp__st_files_open(&f, path, -1, err));
     size_t numel = cddp_model_numel(m);

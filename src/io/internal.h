@@ -71,6 +71,10 @@ typedef struct cddp__st_files {
  * whose every shard is opened and checked (each tensor of the map in the file it names, none in
  * two). On failure everything is closed and the error names the file and tensor. */
 int cddp__st_files_open(cddp__st_files *f, const char *path, int fd, cddp_error *err);
+/* A model's folder as Hugging Face keeps one: the file to read in it (model.safetensors.index.json
+ * with its shards, else model.safetensors) into file (cap bytes); path itself when path is not a
+ * folder or holds neither (a folder is then a cddp checkpoint set). */
+const char *cddp__hf_weights_file(const char *path, char *file, size_t cap);
 void cddp__st_files_close(cddp__st_files *f);
 /* The tensor called name and (file may be NULL) the index of its file; NULL when none has it. */
 const cddp_st_tensor *cddp__st_files_find(const cddp__st_files *f, const char *name, int *file);

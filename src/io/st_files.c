@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 void cddp__st_files_close(cddp__st_files *f) {
@@ -134,6 +135,17 @@ static int open_index(cddp__st_files *f, const char *path, cddp_error *err) {
         }
     cJSON_Delete(root);
     return rc;
+}
+
+const char *cddp__hf_weights_file(const char *path, char *file, size_t cap) {
+    static const char *const names[] = {"model.safetensors.index.json", "model.safetensors"};
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) return path;
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+        snprintf(file, cap, "%s/%s", path, names[k]);
+        if (access(file, F_OK) == 0) return file;
+    }
+    return path;
 }
 
 int cddp__st_files_open(cddp__st_files *f, const char *path, int fd, cddp_error *err) {
