@@ -169,9 +169,6 @@ int main(int argc, char **argv) {
     cddp_gpt_config g = {.n_head = o.n_head};
     cddp_llama_config lc; /* a Llama (its config.json, or gpt_train --arch llama's checkpoint) */
     bool llama = cddp_llama_config_read(o.model, &lc, &(cddp_error){0}) == CDDP_OK;
-    cddp_safetensors *own = llama ? cddp_checkpoint_metadata(o.model, NULL) : NULL;
-    bool ours = own && cddp_safetensors_meta(own, "model"); /* gpt_train's checkpoint */
-    cddp_safetensors_destroy(own);
     if (llama)
         g = (cddp_gpt_config){.vocab_size = lc.vocab_size,
                               .block_size = lc.max_positions,
@@ -184,9 +181,8 @@ int main(int argc, char **argv) {
     if (!(m = cddp_model_create_with(llama ? cddp_nn_llama(&lc) : cddp_nn_gpt(&g), &err)) ||
         cddp_model_build(m, 0) != CDDP_OK || cddp_model_to(m, dev, &err) != CDDP_OK)
         goto fail;
-    if ((!llama ? cddp_gpt_load_weights(m, o.model, &err)
-         : ours ? cddp_checkpoint_load(o.model, m, NULL, NULL, &err)
-                : cddp_model_load_hf(m, o.model, &err)) != CDDP_OK)
+    if ((llama ? cddp_model_load_hf(m, o.model, &err) : cddp_gpt_load_weights(m, o.model, &err)) !=
+        CDDP_OK)
         goto fail;
     if (!(ctx = cddp_ctx_create(&(cddp_ctx_options){.device = dev, .compute = compute}))) {
         cddp_error_set(&err, CDDP_ENOMEM, "out of memory");

@@ -760,12 +760,8 @@ int main(int argc, char **argv) {
 
     int64_t iter = 0;
     if (o.init_from) {
-        cddp_safetensors *own = o.llama ? cddp_checkpoint_metadata(o.init_from, NULL) : NULL;
-        bool ours = own && cddp_safetensors_meta(own, "model"); /* a checkpoint of gpt_train's */
-        cddp_safetensors_destroy(own);
-        int rc = !o.llama ? cddp_gpt_load_weights(m, o.init_from, &err)
-                 : ours   ? cddp_checkpoint_load(o.init_from, m, NULL, NULL, &err)
-                          : cddp_model_load_hf(m, o.init_from, &err);
+        int rc = o.llama ? cddp_model_load_hf(m, o.init_from, &err)
+                         : cddp_gpt_load_weights(m, o.init_from, &err);
         if (rc != CDDP_OK) goto fail;
         cddp_ddp_print0(ddp, "initialised from %s (weights only: a new optimizer, iteration 0)\n",
                         o.init_from);

@@ -172,7 +172,8 @@ CDDP_API int cddp_gpt_config_read(const char *path, cddp_gpt_config *config, cdd
  * the file's orientation), a tensor the GPT has not, a head not tied to wte, or another shape in
  * llm.c's header refuses the file and leaves the model as it was. */
 CDDP_API int cddp_gpt_load_weights(cddp_model *m, const char *path, cddp_error *err);
-/* Loads m's parameters (built, on any device) by name from Hugging Face's safetensors: a file, a
+/* Loads m's parameters (built, on any device) by name from Hugging Face's safetensors (or, given a
+ * cddp checkpoint, as cddp_checkpoint_load does, the optimizer's state left): a file, a
  * sharded checkpoint's model.safetensors.index.json, or the model's folder holding either; in
  * float32, bfloat16 or float16 (widened exactly). For models named and laid out as Hugging Face's
  * (cddp_nn_llama): nothing is transposed, and a tied parameter is found under any of its names.

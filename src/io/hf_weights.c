@@ -7,7 +7,8 @@
  * and shape, nothing transposed. A tied parameter is found under any of its names (a tied
  * checkpoint stores one). Everything is read and checked before the model changes: a tensor
  * missing, of another shape, holding NaN or infinities, or a tensor the model has not (the
- * rotary frequencies some versions saved aside) refuses the file naming it. cddp_model_save_hf
+ * rotary frequencies some versions saved aside) refuses the file naming it. A cddp checkpoint
+ * given instead (gpt_train's of a Llama) loads as cddp_checkpoint_load loads it. cddp_model_save_hf
  * writes the other way: every parameter under its name (a tied one once, as save_pretrained
  * does), metadata format "pt", which transformers requires.
  */
@@ -39,7 +40,19 @@ static bool known(const cddp_model *m, const char *name) {
     return false;
 }
 
+/* Whether path is a cddp checkpoint (a file, a set or a folder of sets): its metadata says so. */
+static bool cddp_checkpoint(const char *path) {
+    char at[4096];
+    cddp_error ignored = {0};
+    if (cddp_checkpoint_resolve(path, at, sizeof at, &ignored) != CDDP_OK) return false;
+    cddp_safetensors *f = cddp_checkpoint_metadata(at, &ignored);
+    bool ours = f && cddp_safetensors_meta(f, "cddp_format");
+    cddp_safetensors_destroy(f);
+    return ours;
+}
+
 int cddp_model_load_hf(cddp_model *m, const char *path, cddp_error *err) {
+    if (cddp_checkpoint(path)) return cddp_checkpoint_load(path, m, NULL, NULL, err);
     char file[4200];
     path = cddp__hf_weights_file(path, file, sizeof file);
     cddp__st_files f;
