@@ -39,6 +39,25 @@ static inline const char *fuzz_as_file(const uint8_t *data, size_t size) {
     return path;
 }
 
+/* For the harnesses whose readers open several files of a folder: n bytes written to dir/name
+ * (aborting when it cannot: the harness's own failure), in a folder of this process's own, made
+ * once, whose files each run rewrites. */
+static inline void fuzz_put(const char *dir, const char *name, const uint8_t *data, size_t n) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f)) abort();
+}
+
+static inline const char *fuzz_folder(void) {
+    static char dir[64];
+    if (!dir[0]) {
+        snprintf(dir, sizeof dir, "/tmp/cddp-fuzz-XXXXXX");
+        if (!mkdtemp(dir)) abort();
+    }
+    return dir;
+}
+
 /* The model the checkpoint harnesses load into (fc 3->4, out 4->2, the model of
  * corpus/safetensors/ckpt), with AdamW, made once. */
 static inline cddp_model *fuzz_small_model(cddp_optim **optim) {

@@ -13,43 +13,25 @@
 
 #include <stdbool.h>
 
-/* Writes n bytes to dir/name; aborts when it cannot (the harness's own failure). */
-static void put(const char *dir, const char *name, const uint8_t *data, size_t n) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f)) abort();
-}
-
-/* A folder of this process's own, made once; the pair's files are rewritten each run. */
-static const char *scratch(void) {
-    static char dir[64];
-    if (!dir[0]) {
-        snprintf(dir, sizeof dir, "/tmp/cddp-fuzz-gpt-XXXXXX");
-        if (!mkdtemp(dir)) abort();
-    }
-    return dir;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char path[512];
-    const char *dir = scratch();
+    const char *dir = fuzz_folder();
     snprintf(path, sizeof path, "%s/config.json", dir);
     unlink(path);
     bool sharded = size && data[0] == '!';
     if (sharded) {
         const uint8_t *nul = memchr(data, 0, size);
         size_t json = nul ? (size_t)(nul - data) - 1 : size - 1;
-        put(dir, "model.safetensors.index.json", data + 1, json);
-        put(dir, "a.safetensors", nul ? nul + 1 : data, nul ? size - json - 2 : 0);
+        fuzz_put(dir, "model.safetensors.index.json", data + 1, json);
+        fuzz_put(dir, "a.safetensors", nul ? nul + 1 : data, nul ? size - json - 2 : 0);
     } else if (size && data[0] == '{') {
         const uint8_t *nul = memchr(data, 0, size);
         size_t json = nul ? (size_t)(nul - data) : size;
-        put(dir, "config.json", data, json);
+        fuzz_put(dir, "config.json", data, json);
         size_t rest = nul ? size - json - 1 : 0;
-        put(dir, "model.safetensors", nul ? nul + 1 : data, rest);
+        fuzz_put(dir, "model.safetensors", nul ? nul + 1 : data, rest);
     } else {
-        put(dir, "model.safetensors", data, size);
+        fuzz_put(dir, "model.safetensors", data, size);
     }
     snprintf(path, sizeof path, "%s/%s", dir,
              sharded ? "model.safetensors.index.json" : "model.safetensors");

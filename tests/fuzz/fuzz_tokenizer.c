@@ -8,24 +8,6 @@
  * tokenizer whose encoding of the text is ids of its vocabulary, which decode. */
 #include "fuzz.h"
 
-/* Writes n bytes to dir/name; aborts when it cannot (the harness's own failure). */
-static void put(const char *dir, const char *name, const uint8_t *data, size_t n) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f)) abort();
-}
-
-/* A folder of this process's own, made once; its files are rewritten each run. */
-static const char *scratch(void) {
-    static char dir[64];
-    if (!dir[0]) {
-        snprintf(dir, sizeof dir, "/tmp/cddp-fuzz-tok-XXXXXX");
-        if (!mkdtemp(dir)) abort();
-    }
-    return dir;
-}
-
 /* The bytes of [*at, end) up to the next NUL (or end); *at moves past that NUL. */
 static size_t part(const uint8_t **at, const uint8_t *end) {
     const uint8_t *nul = memchr(*at, 0, (size_t)(end - *at));
@@ -35,7 +17,7 @@ static size_t part(const uint8_t **at, const uint8_t *end) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    const char *dir = scratch();
+    const char *dir = fuzz_folder();
     const uint8_t *at = data, *end = data + size;
     char path[512];
     bool gpt2 = size && data[0] == 'V';
@@ -43,14 +25,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         at++;
         const uint8_t *vocab = at;
         size_t nv = part(&at, end);
-        put(dir, "vocab.json", vocab, nv);
+        fuzz_put(dir, "vocab.json", vocab, nv);
         const uint8_t *merges = at;
         size_t nm = part(&at, end);
-        put(dir, "merges.txt", merges, nm);
+        fuzz_put(dir, "merges.txt", merges, nm);
     } else {
         const uint8_t *json = at;
         size_t n = part(&at, end);
-        put(dir, "tokenizer.json", json, n);
+        fuzz_put(dir, "tokenizer.json", json, n);
     }
     snprintf(path, sizeof path, "%s/%s", dir, gpt2 ? "vocab.json" : "tokenizer.json");
     cddp_error err = {0};
