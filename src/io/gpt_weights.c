@@ -373,20 +373,24 @@ static int st_check_extra(const source *s, const cddp_gpt_config *g, const float
 
 /* ---- the shape ------------------------------------------------------------------------------ */
 
-static int from_meta(const cddp_safetensors *f, const char *path, cddp_gpt_config *g,
-                     cddp_error *err) {
-    const char *keys[] = {"vocab_size", "block_size", "n_layer", "n_head", "n_embd"};
-    int64_t *at[] = {&g->vocab_size, &g->block_size, &g->n_layer, &g->n_head, &g->n_embd};
-    for (int i = 0; i < 5; i++) {
+int cddp__meta_sizes(const cddp_safetensors *f, const char *path, const char *const *keys,
+                     int64_t *const *at, int n, cddp_error *err) {
+    for (int i = 0; i < n; i++) {
         const char *v = cddp_safetensors_meta(f, keys[i]);
         char what[4200];
         snprintf(what, sizeof what, "%s: %s", path, keys[i]);
         if (!v)
             return cddp_error_set(err, CDDP_EFORMAT, "%s: no %s in its metadata", path, keys[i]);
-        int rc = cddp_parse_int(what, v, 1, 1 << 24, at[i], err);
-        if (rc) return rc;
+        CDDP_TRY(cddp_parse_int(what, v, 1, 1 << 24, at[i], err));
     }
     return CDDP_OK;
+}
+
+static int from_meta(const cddp_safetensors *f, const char *path, cddp_gpt_config *g,
+                     cddp_error *err) {
+    const char *keys[] = {"vocab_size", "block_size", "n_layer", "n_head", "n_embd"};
+    int64_t *at[] = {&g->vocab_size, &g->block_size, &g->n_layer, &g->n_head, &g->n_embd};
+    return cddp__meta_sizes(f, path, keys, at, 5, err);
 }
 
 /* The fields of GPT-2's config.json that change what the model computes, each as cddp's GPT

@@ -52,6 +52,11 @@ cddp_safetensors *cddp__safetensors_index_fd(int fd, const char *path, uint64_t 
 static inline uint64_t cddp__st_offset(const cddp_st_tensor *t) {
     return (uint64_t)(uintptr_t)t->data;
 }
+/* gpt_weights.c: a model's sizes from a cddp checkpoint's metadata: keys[i] into *at[i], each an
+ * integer in [1, 2^24]; CDDP_EFORMAT naming path and the key that is missing or wrong. */
+int cddp__meta_sizes(const cddp_safetensors *f, const char *path, const char *const *keys,
+                     int64_t *const *at, int n, cddp_error *err);
+
 /* st_files.c: the JSON object in the file at path (at most `most` bytes) into *root (cJSON_Delete
  * it): CDDP_ENOENT when there is no such file, CDDP_EFORMAT when it is not a JSON object. */
 typedef struct cJSON cJSON;

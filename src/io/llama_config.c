@@ -139,13 +139,7 @@ static int from_meta(const cddp_safetensors *f, const char *path, cddp_llama_con
                       &g->n_embd,     &g->n_kv_head,     &g->intermediate_size};
     *g = (cddp_llama_config){0};
     char what[4300];
-    for (size_t k = 0; k < sizeof ikeys / sizeof *ikeys; k++) {
-        const char *v = cddp_safetensors_meta(f, ikeys[k]);
-        snprintf(what, sizeof what, "%s: %s", path, ikeys[k]);
-        if (!v)
-            return cddp_error_set(err, CDDP_EFORMAT, "%s: no %s in its metadata", path, ikeys[k]);
-        CDDP_TRY(cddp_parse_int(what, v, 1, 1 << 24, iat[k], err));
-    }
+    CDDP_TRY(cddp__meta_sizes(f, path, ikeys, iat, 7, err));
     const char *dkeys[] = {"rope_theta", "rms_norm_eps", "rope_factor", "rope_low_freq_factor",
                            "rope_high_freq_factor"};
     double d[5] = {0};
