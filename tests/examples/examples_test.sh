@@ -584,7 +584,9 @@ EOF
             set -- "$FM" --epochs 2 --limit 6000 --log-every 0 --save-every 5 --json --out o_fm
         else
             ckpt=o_gpt/checkpoints/step-00000005/manifest.safetensors
-            set -- $TINY_GPT --batch_size 4 --max_iters 200 --eval_interval 100 --eval_iters 1 --save_every 5 \
+            # 2000 iterations (0.4 ms each): the job must outlast the worker's 10 ms polls for the
+            # first set, or rank 1 ends before it can be killed (200 did not, on a quiet machine)
+            set -- $TINY_GPT --batch_size 4 --max_iters 2000 --eval_interval 1000 --eval_iters 1 --save_every 5 \
                 --keep 2 --sample 0 --json --out o_gpt
         fi
         "$build/bin/cddprun" --standalone --nproc_per_node 2 --max_restarts 1 ./worker.sh "$ckpt" "$@" > $prog.out 2>&1 ||
