@@ -39,6 +39,14 @@ void curves_scalar(curves *c, const char *tag, int64_t step, double value) {
     c->tb = NULL;
 }
 
+void curves_ddp(curves *c, const cddp_ddp *ddp, int64_t step) {
+    cddp_ddp_stats st = cddp_ddp_stats_get(ddp);
+    if (!st.compared_at || st.compared_at == c->compared_at) return;
+    c->compared_at = st.compared_at;
+    curves_scalar(c, "ddp/slowest_rank_pct", step, st.slowest_pct);
+    curves_scalar(c, "ddp/straggler_rank", step, st.straggler);
+}
+
 void curves_free(curves *c) {
     cddp_summary_close(c->tb, NULL);
     c->tb = NULL;

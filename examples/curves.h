@@ -12,6 +12,7 @@
 #ifndef CDDP_EXAMPLES_CURVES_H
 #define CDDP_EXAMPLES_CURVES_H
 
+#include <cddp/ddp.h>
 #include <cddp/summary.h>
 
 #include <stdbool.h>
@@ -29,7 +30,8 @@ typedef struct curves {
     bool eval_is_fraction;  /* the evaluation lies in [0, 1]: shown as such */
     curve_point *loss, *eval;
     int64_t nloss, neval, cap_loss, cap_eval;
-    cddp_summary *tb; /* TensorBoard's event file, when open */
+    cddp_summary *tb;    /* TensorBoard's event file, when open */
+    int64_t compared_at; /* DDP's last straggler comparison written (curves_ddp) */
 } curves;
 
 /* Opens TensorBoard's event file in dir (created when missing); false with err saying why. */
@@ -37,6 +39,9 @@ bool curves_tensorboard(curves *c, const char *dir, cddp_error *err);
 /* One scalar to TensorBoard (nothing without curves_tensorboard). A write that fails is said once
  * on stderr, and the run goes on without TensorBoard. */
 void curves_scalar(curves *c, const char *tag, int64_t step, double value);
+/* After a comparison of DDP's straggler attribution: ddp/slowest_rank_pct (how much longer the
+ * slowest rank was busy a step than the median of the others) and ddp/straggler_rank (-1: none). */
+void curves_ddp(curves *c, const cddp_ddp *ddp, int64_t step);
 
 /* Appends a point; false when out of memory (the point is lost, nothing else). */
 bool curves_add_loss(curves *c, int64_t step, int epoch, double loss);

@@ -698,6 +698,7 @@ int main(int argc, char **argv) {
                 if (files) curves_add_loss(&curve, epoch * steps + step, epoch, last_loss);
                 curves_scalar(&curve, "loss", epoch * steps + step, last_loss);
                 curves_scalar(&curve, "lr", epoch * steps + step, (double)cddp_optim_lr(opt));
+                curves_ddp(&curve, ddp, epoch * steps + step);
             }
         }
         if (train_epoch && rc < 0) goto fail;

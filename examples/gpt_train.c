@@ -938,6 +938,7 @@ int main(int argc, char **argv) {
             curves_scalar(&curve, "tokens_per_s", iter,
                           t1 > t0 ? (double)(o.grad_accum * o.batch_size * T * world) / (t1 - t0)
                                   : 0.0);
+            curves_ddp(&curve, ddp, iter);
         }
         if (o.log_interval && iter % o.log_interval == 0)
             cddp_ddp_print0(ddp, "iter %" PRId64 ": loss %.4f, time %.1fms, lr %.2e\n", iter,

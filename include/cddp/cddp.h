@@ -14,6 +14,7 @@
 #include "cddp/net.h"
 #include "cddp/store.h"
 #include "cddp/comm.h"
+#include "cddp/flight.h"
 #include "cddp/stop.h"
 #include "cddp/ddp.h"
 #include "cddp/nccl.h"

@@ -95,6 +95,10 @@ CDDP_API int cddp_comm_local_size(const cddp_comm *c);
 CDDP_API int cddp_comm_local_cores(const cddp_comm *c);
 /* The transport: "self" (one rank), "shm", "tcp" or "mpi". */
 CDDP_API const char *cddp_comm_backend(const cddp_comm *c);
+/* Seconds the program's threads have spent blocked in this group so far: in its blocking
+ * collectives and in cddp_comm_wait (not the communication thread's own time). What DDP's
+ * straggler attribution takes out of the phases of a step. */
+CDDP_API double cddp_comm_blocked_s(const cddp_comm *c);
 /* The group's first error, or NULL while it is healthy. */
 CDDP_API const char *cddp_comm_error(const cddp_comm *c);
 

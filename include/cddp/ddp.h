@@ -28,6 +28,14 @@
  * times; CDDP_DDP_STATS=1 prints them on rank 0 every CDDP_DDP_STATS_EVERY steps.
  * CDDP_TIMELINE=FILE writes a Chrome trace (forward, backward, each bucket's allreduce, the
  * optimizer step; one row per rank) that opens in Perfetto or chrome://tracing.
+ *
+ * Stragglers. Every CDDP_STRAGGLER_EVERY (50) synchronised steps the ranks compare how long each
+ * was busy before the communication (the time between steps, forward, backward, the optimizer
+ * step: one small allgather), and rank 0 names a rank busy more than CDDP_STRAGGLER_PCT (15)
+ * percent longer than the median of the others, with the phase its time went to: "straggler:
+ * rank 3 is 18 % slower than the median of the others over the last 50 steps: its data loading
+ * (41.0 ms against 3.0 ms a step)". The stats below say the same. DDP also marks each phase in
+ * the flight recorder (cddp/flight.h) and names each bucket's collective there.
  */
 #ifndef CDDP_DDP_H
 #define CDDP_DDP_H
@@ -221,6 +229,16 @@ typedef struct cddp_ddp_stats {
                            with a comm_hook, those handed to it: what it sends is its own) */
     bool comm_inline;   /* the buckets ran on the training thread (CDDP_DDP_OVERLAP_INLINE) */
     double allgather_s; /* shard_optimizer: the parameters' allgather after the last step */
+    /* Straggler attribution (every CDDP_STRAGGLER_EVERY steps, on every rank alike): the step of
+     * the last comparison (0: none yet), the rank busiest before the communication then and by
+     * how much (percent over the median of the others), and, when that is over
+     * CDDP_STRAGGLER_PCT, the straggler (-1: none), the phase its time went to ("forward", ...)
+     * and that phase's mean time a step, its own and the median of the others'. */
+    int64_t compared_at;
+    int slowest, straggler;
+    double slowest_pct;
+    const char *straggler_phase;
+    double straggler_phase_s, median_phase_s;
 } cddp_ddp_stats;
 CDDP_API cddp_ddp_stats cddp_ddp_stats_get(const cddp_ddp *ddp);
 

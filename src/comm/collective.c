@@ -89,6 +89,7 @@ static double deadline_of(const cddp_comm *c, const coll *a) {
 
 /* The call under way, for the stall inspector. */
 static void begin_call(cddp_comm *c, const fingerprint *f) {
+    cddp__flight_started(c->flight_call, f->seq);
     c->call = *f;
     c->call_start = cddp_now_s();
     c->stall_said = 0;
@@ -123,12 +124,7 @@ static void release(cddp_comm *c, void *p) {
 
 /* ---- running a call ---------------------------------------------------------------------- */
 
-int cddp__comm_execute(cddp_comm *c, const coll *a, cddp_error *err) {
-    if (a->kind == K_FREE) {
-        release(c, a->recv);
-        return CDDP_OK;
-    }
-    if (a->kind == K_CALL) return a->fn(a->arg, err);
+static int execute(cddp_comm *c, const coll *a, cddp_error *err) {
     if (a->kind == K_SEND || a->kind == K_RECV) return p2p(c, a, err);
     CDDP_TRY(cddp__comm_failed(c, err));
     CDDP_TRY(cddp__comm_check(c, a, err));
@@ -147,4 +143,18 @@ int cddp__comm_execute(cddp_comm *c, const coll *a, cddp_error *err) {
     if (a->kind == K_ALLOC) return alloc(c, a, deadline, err);
     if (!g) return CDDP_OK; /* a barrier: everyone met in begin */
     return g->run(c, a, &place, deadline, err);
+}
+
+int cddp__comm_execute(cddp_comm *c, const coll *a, cddp_error *err) {
+    if (a->kind == K_FREE) {
+        release(c, a->recv);
+        return CDDP_OK;
+    }
+    if (a->kind == K_CALL) return a->fn(a->arg, err);
+    uint64_t id = a->flight ? a->flight : cddp__flight_call(c, a, false);
+    c->flight_call = id;
+    int rc = execute(c, a, err);
+    c->flight_call = 0;
+    cddp__flight_ended(id, rc);
+    return rc;
 }

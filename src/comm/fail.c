@@ -21,6 +21,7 @@ int cddp__comm_fail(cddp_comm *c, cddp_error *err, int code, const char *fmt, ..
         va_end(ap);
         if (c->tr && c->tr->failed) c->tr->failed(c);
         if (c->host && !atomic_load(&c->host->aborted)) cddp__comm_abort(c->host, c->failed.msg);
+        if (c->flight_group > 0) cddp__flight_dump_because(c->failed.msg);
     }
     if (err) *err = c->failed;
     return c->failed.code;
@@ -127,24 +128,26 @@ void cddp__comm_stalled(cddp_comm *c, const int *ranks, int n, bool arrived) {
              arrived ? (n > 1 ? "have not sent their part yet" : "has not sent its part yet")
                      : (n > 1 ? "have not reached this call" : "has not reached this call"),
              c->timeout, n > 1 ? "one of them" : "it");
+    if (c->flight_group > 0) {
+        char why[sizeof call + sizeof who + 80];
+        snprintf(why, sizeof why, "%s #%" PRIu64 " stalled: it has waited %.0f s for rank%s %s",
+                 call, c->call.seq, now - c->call_start, n > 1 ? "s" : "", who);
+        cddp__flight_dump_because(why);
+    }
 }
 
 static void describe(const fingerprint *f, char *out, size_t n) {
     const char *dt = cddp_comm_dtype_name(f->dtype), *op = cddp_comm_op_name(f->op);
+    const char *name = cddp__comm_kind_name(f->kind);
     switch (f->kind) {
     case K_ALLREDUCE:
     case K_REDUCE_SCATTER:
-        snprintf(out, n, "%s(%s, %s, count %" PRId64 ")",
-                 f->kind == K_ALLREDUCE ? "allreduce" : "reduce_scatter", op, dt, f->count);
+        snprintf(out, n, "%s(%s, %s, count %" PRId64 ")", name, op, dt, f->count);
         break;
     case K_BROADCAST:
     case K_GATHER:
     case K_SCATTER:
-        snprintf(out, n, "%s(%s, count %" PRId64 ", root %d)",
-                 f->kind == K_BROADCAST ? "broadcast"
-                 : f->kind == K_GATHER  ? "gather"
-                                        : "scatter",
-                 dt, f->count, f->root);
+        snprintf(out, n, "%s(%s, count %" PRId64 ", root %d)", name, dt, f->count, f->root);
         break;
     case K_ALLGATHER:
         snprintf(out, n, "allgather(%s, count %" PRId64 ")", dt, f->count);

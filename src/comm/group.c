@@ -610,6 +610,7 @@ cddp_comm *cddp_comm_create(const cddp_comm_options *opts, cddp_error *err) {
         if (c->world > 1) CDDP_TRY_GOTO(rendezvous(c, &l, opts, &o, why, sizeof why, err), out);
     }
     log_backend(c, &l, why);
+    cddp__flight_join(c);
     if (l.slurm_tasks_outside > 1 && c->world == 1)
         cddp_log(CDDP_LOG_WARN, "comm",
                  "SLURM_NTASKS=%d, but this process was not started by srun (SLURM_STEP_ID is "

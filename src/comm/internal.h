@@ -3,6 +3,7 @@
  * The floors of comm, lowest first (a file calls only the floors below it, never a circle):
  *
  *   reduce.c    reduction kernels and 16-bit conversions
+ *   flight.c    the flight recorder: the process's last collectives and step marks, its dump
  *   fail.c      the group's latched failure, aborts, the fingerprint check and its messages
  *   cpus.c      the CPUs of the ranks on a host: how many share this rank's
  *   self.c shm.c tcp.c mpi.c
@@ -71,6 +72,7 @@ typedef struct coll {
     double timeout_s; /* < 0: the group's */
     cddp_comm_fn fn;  /* K_CALL's */
     void *arg;
+    uint64_t flight; /* its flight record entry, from the queue (0: none yet) */
 } coll;
 
 /* Where a collective's buffer lies in memory from cddp_comm_alloc, when every rank's buffer is at
@@ -158,9 +160,12 @@ struct cddp_comm {
      * was stalled, and CDDP_STALL_WARN_S (0: never). */
     fingerprint call;
     double call_start, stall_said, stall_warn;
-    double spin_s;     /* how long a wait spins before it sleeps (CDDP_SPIN_US) */
-    cddp_error failed; /* latched */
-    uint64_t seq;      /* collectives started */
+    double spin_s;        /* how long a wait spins before it sleeps (CDDP_SPIN_US) */
+    cddp_error failed;    /* latched */
+    uint64_t seq;         /* collectives started */
+    int flight_group;     /* the flight recorder's number for this group, from 1; 0: not recorded */
+    uint64_t flight_call; /* the record's entry of the call under way (0: none) */
+    _Atomic int64_t blocked_ns; /* cddp_comm_blocked_s */
     /* The rendezvous keys of a group inside the job's store: "" for the job's group,
      * "comm/h<leader>/" for the shared-memory group of one host. */
     char key_prefix[32];
@@ -213,6 +218,22 @@ bool cddp__comm_is_half(cddp_comm_dtype dt);
 void cddp__comm_reduce_sources(cddp_comm_dtype dt, cddp_comm_op op, uint8_t *const *src, int W,
                                int64_t lo, int64_t n, uint8_t *const *dst, int ndst, float *acc,
                                void *tmp);
+
+/* ---- flight.c ---------------------------------------------------------------------------- */
+
+/* A call's kind in words: "allreduce", "send". */
+const char *cddp__comm_kind_name(int kind);
+
+/* A group made by cddp_comm_create joins the recorder (c->flight_group); the first sets up the
+ * ring (CDDP_FLIGHT_EVENTS) and SIGUSR1's handler. */
+void cddp__flight_join(cddp_comm *c);
+/* Call a of group c enters the record, queued or started now (the thread's label with it); its
+ * id, 0 when not recorded (a local call, a group not recorded, the recorder off). */
+uint64_t cddp__flight_call(const cddp_comm *c, const coll *a, bool queued);
+void cddp__flight_started(uint64_t id, uint64_t seq);
+void cddp__flight_ended(uint64_t id, int status);
+/* Writes the record, saying why, and logs where it went. */
+void cddp__flight_dump_because(const char *why);
 
 /* ---- fail.c ------------------------------------------------------------------------------ */
 

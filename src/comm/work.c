@@ -88,8 +88,17 @@ static bool on_thread(cddp_comm *c) {
     return here;
 }
 
+static void blocked_since(cddp_comm *c, double t0) {
+    atomic_fetch_add(&c->blocked_ns, (int64_t)((cddp_now_s() - t0) * 1e9));
+}
+
+double cddp_comm_blocked_s(const cddp_comm *c) {
+    return (double)atomic_load(&((cddp_comm *)c)->blocked_ns) * 1e-9;
+}
+
 int cddp__comm_run(cddp_comm *c, const coll *a, cddp_error *err) {
     if (on_thread(c)) return cddp__comm_execute(c, a, err); /* its turn is this call's */
+    double t0 = cddp_now_s();
     pthread_mutex_lock(&c->mu);
     while (c->head || c->thread_busy || c->inline_busy) pthread_cond_wait(&c->finished, &c->mu);
     c->inline_busy = true;
@@ -100,6 +109,7 @@ int cddp__comm_run(cddp_comm *c, const coll *a, cddp_error *err) {
     pthread_cond_broadcast(&c->queued);
     pthread_cond_broadcast(&c->finished);
     pthread_mutex_unlock(&c->mu);
+    blocked_since(c, t0);
     return rc;
 }
 
@@ -127,6 +137,7 @@ cddp_comm_work *cddp__comm_enqueue(cddp_comm *c, const coll *a, cddp_error *err)
         return NULL;
     }
     w->call = *a;
+    w->call.flight = cddp__flight_call(c, a, true);
     w->group = c;
     w->done = false;
     w->status = CDDP_OK;
@@ -156,6 +167,7 @@ int cddp_comm_wait_timed(cddp_comm_work *w, double timeout_s, double *t_start, d
                          cddp_error *err) {
     cddp_comm *c = w->group;
     bool timed_out = false;
+    double t0 = cddp_now_s();
     if (on_thread(c) && !cddp_comm_test(w))
         return cddp_error_set(err, CDDP_ESTATE,
                               "a function queued on the group's communication thread waits for "
@@ -186,6 +198,7 @@ int cddp_comm_wait_timed(cddp_comm_work *w, double timeout_s, double *t_start, d
     w->next = c->free_list;
     c->free_list = w;
     pthread_mutex_unlock(&c->mu);
+    blocked_since(c, t0);
     if (timed_out)
         return cddp_error_set(err, CDDP_ETIMEDOUT,
                               "waiting for queued work took longer than %g s; the group is "

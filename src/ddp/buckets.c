@@ -19,6 +19,7 @@
  * Every rank issues the same collectives in the same order, which the fingerprints check.
  */
 #include "ddp/internal.h"
+#include "cddp/flight.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -122,7 +123,14 @@ void cddp__ddp_launch(cddp_ddp *d, int k) {
         }
         cddp__ddp_before(d, b, cddp__ddp_stage_wait);
     }
+    char label[88]; /* the flight record's name of the bucket's collective */
+    const char *first = cddp_model_param(d->model, b->params[0])->name;
+    const char *last = cddp_model_param(d->model, b->params[b->nparams - 1])->name;
+    snprintf(label, sizeof label, b->nparams > 1 ? "bucket %d: %.36s .. %.36s" : "bucket %d: %.72s",
+             k, first, last);
+    cddp_flight_label(label);
     d->reducer->launch(d, b);
+    cddp_flight_label(NULL);
 }
 
 /* Launches every complete bucket that is next in order. */
@@ -213,6 +221,8 @@ void cddp__ddp_on_ready(void *user, cddp_tensor *p) {
     if (d->no_sync) return;
     if (!d->in_backward) { /* the first hook of this backward */
         d->in_backward = true;
+        cddp_flight_mark("backward", d->steps + 1);
+        cddp__ddp_straggler_backward(d);
         if (cddp_backward_queue_callback(finish, d) != CDDP_OK && !d->hook_err.code)
             cddp_error_set(&d->hook_err, CDDP_ESTATE, "DDP: cannot queue the end of backward");
         if (d->o.join) {
@@ -257,6 +267,7 @@ int cddp__ddp_rebuild(cddp_ddp *d, cddp_error *err) {
 static int finish(void *user, cddp_ctx *ctx, cddp_error *err) {
     cddp_ddp *d = user;
     double t_walk_end = cddp_now_s();
+    cddp_flight_mark("wait for buckets", d->steps + 1);
     int rc = CDDP_OK;
     if (d->hook_err.code) {
         *err = d->hook_err;
@@ -328,6 +339,9 @@ static int finish(void *user, cddp_ctx *ctx, cddp_error *err) {
     if (rc == CDDP_OK && !d->rebuilt) rc = cddp__ddp_rebuild(d, err);
     double t_done = cddp_now_s();
     if (rc == CDDP_OK) cddp__ddp_report_stats(d, t_walk_end, t_done, cddp_backward_start_time(ctx));
+    if (rc == CDDP_OK)
+        rc = cddp__ddp_straggler_step(d, cddp_backward_start_time(ctx), t_walk_end, t_done, err);
+    cddp_flight_mark("after backward", d->steps);
     memset(d->used, 0, sizeof(int32_t) * (size_t)d->nparams);
     cddp__ddp_reset_step(d);
     return rc;
@@ -359,10 +373,16 @@ void cddp__ddp_on_event(void *user, cddp_model *m, cddp_model_event ev) {
         if (cddp__ddp_sync_buffers(d, 0, &e) != CDDP_OK && !d->hook_err.code) d->hook_err = e;
     }
     if (ev == CDDP_EVENT_FORWARD) {
+        cddp_flight_mark("forward", d->steps + 1);
+        cddp__ddp_straggler_forward(d, now);
         d->t_forward = now;
     } else if (ev == CDDP_EVENT_OPTIM_BEGIN) {
+        cddp_flight_mark("optimizer step", d->steps);
+        cddp__ddp_straggler_optimizing(d);
         d->t_optim = now;
     } else {
+        cddp_flight_mark("between steps", d->steps + 1);
+        cddp__ddp_straggler_optimized(d, now);
         cddp__ddp_record(d, "optimizer step", -1, 0, d->t_optim, now);
         if (d->o.shard_optimizer) cddp__ddp_zero_after_step(d);
     }

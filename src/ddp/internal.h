@@ -14,6 +14,8 @@
  *   reducer.c   what reduces one bucket (the reducers below)
  *   powersgd.c  the PowerSGD reducer: low-rank compression with error feedback
  *   timeline.c  the step's statistics and the Chrome-trace timeline
+ *   straggler.c the step's phases compared across ranks: a rank slower than the others named,
+ *               with the phase its time goes to
  *   buckets.c   the buckets and a synchronised backward: ready hooks, launching complete buckets
  *               in order, the end of backward, the rebuild in ready order; the step's events
  *   zero.c      the sharded optimizer (ZeRO-1): each rank's shard of the buckets, the
@@ -83,6 +85,32 @@ typedef struct cddp__psgd {
     float *error; /* n x m, what the last approximation left out of this rank's gradient */
 } cddp__psgd;
 
+/* Straggler attribution's phases of a step: the program's time between steps (its data loading),
+ * forward, backward, the optimizer step (the four a rank is busy with), and the wait for the
+ * buckets' communication after backward. */
+enum {
+    CDDP__PH_DATA,
+    CDDP__PH_FORWARD,
+    CDDP__PH_BACKWARD,
+    CDDP__PH_OPTIM,
+    CDDP__PH_WAIT,
+    CDDP__PHASES
+};
+
+typedef struct cddp__straggler {
+    long every;                    /* CDDP_STRAGGLER_EVERY (0: off) */
+    double pct;                    /* CDDP_STRAGGLER_PCT */
+    bool in_step;                  /* a forward of this step came */
+    double t_first_forward, t_end; /* this step's first forward; the last step's end */
+    /* cddp_comm_blocked_s at the last step's end, this step's first forward, its backward's
+     * first gradient and the optimizer step's start: blocked time is no phase's own */
+    double b_end, b_forward, b_backward, b_optim;
+    double optim;               /* the last optimizer step's time, not yet counted */
+    double sum[CDDP__PHASES];   /* the window's steps, added */
+    double worst[CDDP__PHASES]; /* its busiest step (left out of the means) */
+    int steps;                  /* in the window */
+} cddp__straggler;
+
 typedef struct event {
     const char *name;
     int bucket; /* -1: none */
@@ -131,6 +159,7 @@ struct cddp_ddp {
     bool print_stats;
     long stats_every;
     char *timeline;
+    cddp__straggler sg;
     event *events;
     size_t nevents, cap_events;
     /* shard_optimizer: this rank's part of every bucket, [begin, end) pairs in the flat block */
@@ -289,5 +318,22 @@ void cddp__ddp_report_stats(cddp_ddp *d, double t_walk_end, double t_done, doubl
 int cddp__ddp_timeline_open(cddp_ddp *d, cddp_error *err);
 /* Appends this rank's events to the timeline file (at destroy). */
 void cddp__ddp_timeline_write(cddp_ddp *d);
+
+/* ---- straggler.c ------------------------------------------------------------------------- */
+
+/* Reads CDDP_STRAGGLER_EVERY and _PCT. */
+void cddp__ddp_straggler_init(cddp_ddp *d);
+/* A forward began at now (the first of a step starts it). */
+void cddp__ddp_straggler_forward(cddp_ddp *d, double now);
+/* The first gradient of a synchronised backward is ready; the optimizer step begins. */
+void cddp__ddp_straggler_backward(cddp_ddp *d);
+void cddp__ddp_straggler_optimizing(cddp_ddp *d);
+/* The optimizer step ended at now. */
+void cddp__ddp_straggler_optimized(cddp_ddp *d, double now);
+/* The end of a synchronised backward (its walk began at t_backward, ended at t_walk_end; the
+ * buckets were done at t_done): the step's phases join the window; every CDDP_STRAGGLER_EVERY
+ * steps the ranks compare their windows (one allgather) and rank 0 names a straggler. */
+int cddp__ddp_straggler_step(cddp_ddp *d, double t_backward, double t_walk_end, double t_done,
+                             cddp_error *err);
 
 #endif

@@ -377,6 +377,7 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
     CDDP_TRY_GOTO(choose_overlap(d, err), out);
     d->print_stats = cddp_knob_int(CDDP_KNOB_DDP_STATS) != 0;
     d->stats_every = CDDP_MAX(cddp_knob_int(CDDP_KNOB_DDP_STATS_EVERY), 1);
+    cddp__ddp_straggler_init(d);
     CDDP_TRY_GOTO(agree(d, err), out);
     /* the transport, once every rank asks for the same */
     if (o.transport == CDDP_DCOMM_AUTO && (o.hook == CDDP_DDP_HOOK_POWERSGD || o.comm_hook)) {

@@ -153,6 +153,26 @@ int cddprun_reap(job *j, worker **first_failure);
 void cddprun_pump(job *j, double timeout_s);
 /* Stops every running worker: SIGTERM to its process group, SIGKILL after the grace period. */
 void cddprun_stop_workers(job *j, int sig);
+/* mkdir -p: 0, or the errno that stopped it. */
+int cddprun_make_dirs(const char *path);
+
+/* flight.c */
+/* Before a round's workers start: the flight records' folder (made, CDDP_FLIGHT_DIR for the
+ * workers, this cddprun's pid in it, SIGUSR1 handled: the first time), its old records removed. */
+void cddprun_flight_round(job *j);
+/* In the monitor: a record a rank wrote of its own accord (or SIGUSR1 to cddprun) asks the other
+ * workers for theirs, and the report is printed a second later. */
+void cddprun_flight_watch(job *j);
+/* The job failed: asks the live workers for their records, waits up to a second for them. */
+void cddprun_flight_collect(job *j);
+/* After the failure report: the records' report, when the round has records. */
+void cddprun_flight_final(job *j, FILE *rep);
+/* The job ended: the pid file goes; a folder cddprun chose in /tmp goes too when the job
+ * succeeded and no rank wrote a record (records are kept, and named). */
+void cddprun_flight_end(job *j, bool ok);
+/* cddprun --dump|--status [--logdir DIR | --run_id ID | DIR]: asks the running job's cddprun for
+ * its ranks' records and prints the report; the exit status. */
+int cddprun_dump_main(int argc, char **argv);
 /* Copies what a stream holds now to its destinations. */
 void cddprun_drain(worker *w, stream *s);
 

@@ -59,6 +59,7 @@ static round_result run_round(job *j) {
     cddp_error err = {0};
     cddprun_rendezvous(j);
     j->oom_kills_at_start = cddprun_oom_kills();
+    cddprun_flight_round(j);
     cddprun_start_workers(j);
     worker *first = NULL;
     char remote[CDDP_ERROR_MSG_MAX] = "", key[64];
@@ -67,6 +68,7 @@ static round_result run_round(job *j) {
     j->next_beat = 0;
     while (cddprun_reap(j, &first) > 0 && !first && !cddprun_got_signal) {
         cddprun_pump(j, o->monitor_interval);
+        cddprun_flight_watch(j);
         worker *h = cddprun_halted(j);
         if (h && o->stopped_timeout > 0 && cddp_now_s() - h->halted_since >= o->stopped_timeout) {
             first = h; /* the root cause, stopped too long (--stopped_timeout) */
@@ -156,8 +158,10 @@ static round_result run_round(job *j) {
         snprintf(key, sizeof key, "r%d/failed", j->round);
         cddp_store_set_str(j->store, key, text, &err);
     }
-    if (first || remote[0])
+    if (first || remote[0]) {
+        cddprun_flight_collect(j);
         cddprun_stop_workers(j, SIGTERM);
+    }
     else
         while (cddprun_reap(j, NULL) > 0) cddprun_pump(j, o->monitor_interval);
     for (int i = 0; i < o->nproc_per_node; i++) { /* output written just before the exit */
@@ -258,6 +262,7 @@ static round_result run_round(job *j) {
                     text);
         }
     }
+    cddprun_flight_final(j, rep);
     if (rep != stderr && rep) fclose(rep);
     return ROUND_FAILED;
 }
@@ -358,6 +363,8 @@ static void say_threads(const options *o) {
 
 int main(int argc, char **argv) {
     job j = {0};
+    if (argc > 1 && (!strcmp(argv[1], "--dump") || !strcmp(argv[1], "--status")))
+        return cddprun_dump_main(argc, argv);
     cddprun_parse_options(argc, argv, &j.o);
     if (j.o.hosts || j.o.hostfile) {
         int status = cddprun_hosts_main(&j.o);
@@ -521,5 +528,6 @@ int main(int argc, char **argv) {
     cddp_free(j.argv);
     cddp_free(j.o.show);
     cddp_free(j.o.pass);
+    cddprun_flight_end(&j, status == 0);
     return status;
 }

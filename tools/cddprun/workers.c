@@ -92,7 +92,7 @@ void cddprun_drain(worker *w, stream *s) {
 }
 
 /* mkdir -p: every missing folder of path. */
-static int make_dirs(const char *path) {
+int cddprun_make_dirs(const char *path) {
     char buf[PATH_MAX];
     snprintf(buf, sizeof buf, "%s", path);
     for (char *p = buf + 1;; p++)
@@ -108,7 +108,7 @@ static int open_log(const job *j, int local, const char *name, int *fd, char *pa
     char dir[PATH_MAX - 16];
     snprintf(dir, sizeof dir, "%s%s/rank.%d", j->o.logdir, j->o.log_mpirun ? "/1" : "",
              j->base + local);
-    int e = make_dirs(dir);
+    int e = cddprun_make_dirs(dir);
     if (e) return e;
     snprintf(path, n, "%s/%s", dir, name);
     /* The first attempt overwrites an earlier run's files; restarts append. */

@@ -1,0 +1,351 @@
+/* flight.c: the flight recorder (cddp/flight.h): a ring of the process's last collectives and
+ * step marks, and its dump.
+ *
+ * One ring per process, under one lock: collectives come from the communication threads and the
+ * callers of blocking calls, marks from the training thread. An entry is found again by its id
+ * (the ring's slot is id % capacity, still its own while the id matches). The dump copies the
+ * ring under the lock and writes it outside, to a temporary file renamed over the last dump, so a
+ * reader never sees half a record. SIGUSR1's handler only writes a byte to a pipe; a thread of the
+ * recorder's own reads it and dumps.
+ */
+#include "comm/internal.h"
+#include "cddp/flight.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { T_CALL, T_MARK };
+enum { S_QUEUED, S_STARTED, S_DONE, S_FAILED };
+
+typedef struct entry {
+    uint64_t id; /* 0: empty */
+    uint8_t type, state;
+    int16_t group;
+    int32_t kind, op, dtype, root;
+    int64_t count, step;
+    uint64_t seq;
+    double queued, started, ended;
+    char label[88];
+} entry;
+
+static struct {
+    pthread_mutex_t mu;
+    entry *ring;
+    size_t cap;
+    uint64_t next; /* the last id given */
+    int rank, world, groups;
+    bool joined, signal_ready;
+    int pipe[2];
+} F = {.mu = PTHREAD_MUTEX_INITIALIZER, .rank = -1};
+
+const char *cddp__comm_kind_name(int kind) {
+    static const char *const names[K_COUNT] = {[K_ALLREDUCE] = "allreduce",
+                                               [K_BROADCAST] = "broadcast",
+                                               [K_ALLGATHER] = "allgather",
+                                               [K_BARRIER] = "barrier",
+                                               [K_REDUCE_SCATTER] = "reduce_scatter",
+                                               [K_GATHER] = "gather",
+                                               [K_SCATTER] = "scatter",
+                                               [K_ALLOC] = "alloc",
+                                               [K_FREE] = "free",
+                                               [K_CALL] = "call",
+                                               [K_SEND] = "send",
+                                               [K_RECV] = "recv"};
+    return kind >= 0 && kind < K_COUNT ? names[kind] : "?";
+}
+
+static _Thread_local char next_label[sizeof((entry *)0)->label];
+
+void cddp_flight_label(const char *label) {
+    snprintf(next_label, sizeof next_label, "%s", label ? label : "");
+}
+
+/* A new entry, under the lock; NULL when the recorder is off. */
+static entry *add(uint8_t type) {
+    if (!F.ring) return NULL;
+    uint64_t id = ++F.next;
+    entry *e = &F.ring[id % F.cap];
+    memset(e, 0, sizeof *e);
+    e->id = id;
+    e->type = type;
+    return e;
+}
+
+static entry *find(uint64_t id) {
+    entry *e = F.ring && id ? &F.ring[id % F.cap] : NULL;
+    return e && e->id == id ? e : NULL;
+}
+
+void cddp_flight_mark(const char *phase, int64_t step) {
+    double now = cddp_now_s();
+    pthread_mutex_lock(&F.mu);
+    entry *e = add(T_MARK);
+    if (e) {
+        snprintf(e->label, sizeof e->label, "%.63s", phase ? phase : "");
+        e->step = step;
+        e->started = now;
+        e->state = S_DONE;
+    }
+    pthread_mutex_unlock(&F.mu);
+}
+
+uint64_t cddp__flight_call(const cddp_comm *c, const coll *a, bool queued) {
+    if (c->flight_group <= 0 || a->kind == K_CALL || a->kind == K_FREE) return 0;
+    double now = cddp_now_s();
+    pthread_mutex_lock(&F.mu);
+    entry *e = add(T_CALL);
+    uint64_t id = 0;
+    if (e) {
+        id = e->id;
+        e->group = (int16_t)(c->flight_group - 1);
+        e->kind = a->kind;
+        e->op = (int32_t)a->op;
+        e->dtype = (int32_t)a->dtype;
+        e->root = a->root;
+        e->count = a->count;
+        e->state = queued ? S_QUEUED : S_STARTED;
+        e->queued = now;
+        e->started = queued ? 0 : now;
+        e->seq = c->seq;
+        memcpy(e->label, next_label, sizeof e->label);
+    }
+    pthread_mutex_unlock(&F.mu);
+    next_label[0] = '\0';
+    return id;
+}
+
+void cddp__flight_started(uint64_t id, uint64_t seq) {
+    if (!id) return;
+    double now = cddp_now_s();
+    pthread_mutex_lock(&F.mu);
+    entry *e = find(id);
+    if (e) {
+        e->state = S_STARTED;
+        e->started = now;
+        e->seq = seq;
+    }
+    pthread_mutex_unlock(&F.mu);
+}
+
+void cddp__flight_ended(uint64_t id, int status) {
+    if (!id) return;
+    double now = cddp_now_s();
+    pthread_mutex_lock(&F.mu);
+    entry *e = find(id);
+    if (e) {
+        e->state = status == CDDP_OK ? S_DONE : S_FAILED;
+        e->ended = now;
+    }
+    pthread_mutex_unlock(&F.mu);
+}
+
+/* ---- the dump ---------------------------------------------------------------------------- */
+
+void cddp_flight_dir(char *out, size_t n) {
+    const char *dir = cddp_knob_str(CDDP_KNOB_FLIGHT_DIR);
+    if (*dir) {
+        snprintf(out, n, "%s", dir);
+        return;
+    }
+    const char *run = getenv("CDDP_RUN_ID");
+    if (!run || !*run) run = getenv("SLURM_JOB_ID");
+    if (run && *run)
+        snprintf(out, n, "/tmp/cddp-flight-%s", run);
+    else
+        snprintf(out, n, "/tmp/cddp-flight-uid%u", (unsigned)getuid());
+}
+
+static const char *state_name(int s) {
+    return s == S_QUEUED ? "queued" : s == S_STARTED ? "started" : s == S_DONE ? "done" : "failed";
+}
+
+/* s as a JSON string's contents. */
+static void put_string(FILE *f, const char *s) {
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+}
+
+static void put_entry(FILE *f, const entry *e) {
+    if (e->type == T_MARK) {
+        fprintf(f, "{\"id\": %" PRIu64 ", \"type\": \"mark\", \"phase\": \"", e->id);
+        put_string(f, e->label);
+        fprintf(f, "\", \"step\": %" PRId64 ", \"t\": %.6f}", e->step, e->started);
+        return;
+    }
+    bool data = e->kind != K_BARRIER && e->kind != K_ALLOC;
+    fprintf(f,
+            "{\"id\": %" PRIu64 ", \"type\": \"collective\", \"group\": %d, \"seq\": %" PRIu64
+            ", \"op\": \"%s\"",
+            e->id, e->group, e->seq, cddp__comm_kind_name(e->kind));
+    if (e->kind == K_ALLREDUCE || e->kind == K_REDUCE_SCATTER)
+        fprintf(f, ", \"reduce\": \"%s\"", cddp_comm_op_name((cddp_comm_op)e->op));
+    if (data)
+        fprintf(f, ", \"dtype\": \"%s\", \"count\": %" PRId64 ", \"bytes\": %" PRId64,
+                cddp_comm_dtype_name((cddp_comm_dtype)e->dtype), e->count,
+                e->count * (int64_t)cddp_comm_dtype_size((cddp_comm_dtype)e->dtype));
+    if (e->kind == K_BROADCAST || e->kind == K_GATHER || e->kind == K_SCATTER)
+        fprintf(f, ", \"root\": %d", e->root);
+    if (e->kind == K_SEND || e->kind == K_RECV) fprintf(f, ", \"peer\": %d", e->root);
+    if (e->label[0]) {
+        fprintf(f, ", \"label\": \"");
+        put_string(f, e->label);
+        fputc('"', f);
+    }
+    fprintf(f, ", \"state\": \"%s\", \"queued\": %.6f", state_name(e->state), e->queued);
+    if (e->started > 0) fprintf(f, ", \"started\": %.6f", e->started);
+    if (e->ended > 0) fprintf(f, ", \"ended\": %.6f", e->ended);
+    fputc('}', f);
+}
+
+int cddp_flight_dump(const char *why, char *path, size_t n, cddp_error *err) {
+    pthread_mutex_lock(&F.mu);
+    size_t cap = F.cap;
+    uint64_t last = F.next;
+    int rank = F.rank, world = F.world;
+    entry *copy = cap ? cddp_malloc(cap * sizeof *copy) : NULL;
+    if (copy) memcpy(copy, F.ring, cap * sizeof *copy);
+    pthread_mutex_unlock(&F.mu);
+    if (cap && !copy) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    char dir[512], file[600], tmp[640];
+    cddp_flight_dir(dir, sizeof dir);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        int e = errno;
+        cddp_free(copy);
+        return cddp_error_set(err, CDDP_EIO, "cannot make the flight record's folder %s: %s", dir,
+                              strerror(e));
+    }
+    snprintf(file, sizeof file, "%s/rank-%d.json", dir, rank < 0 ? 0 : rank);
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", file, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        int e = errno;
+        cddp_free(copy);
+        return cddp_error_set(err, CDDP_EIO, "cannot write %s: %s", tmp, strerror(e));
+    }
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    double now = cddp_now_s(), wall_s = (double)wall.tv_sec + wall.tv_nsec * 1e-9;
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    const char *run = getenv("CDDP_RUN_ID");
+    fprintf(f, "{\"cddp_flight\": 1, \"rank\": %d, \"world\": %d, \"pid\": %d, \"host\": \"",
+            rank < 0 ? 0 : rank, world, (int)getpid());
+    put_string(f, host);
+    fprintf(f, "\", \"run_id\": \"");
+    put_string(f, run ? run : "");
+    fprintf(f, "\", \"why\": \"");
+    put_string(f, why ? why : "");
+    fprintf(f, "\", \"now\": %.6f, \"wall\": %.6f, \"capacity\": %zu, \"events\": [", now, wall_s,
+            cap);
+    bool first = true;
+    uint64_t from = last > cap ? last - cap + 1 : 1;
+    for (uint64_t id = from; cap && id <= last; id++) {
+        const entry *e = &copy[id % cap];
+        if (e->id != id) continue;
+        fprintf(f, "%s\n  ", first ? "" : ",");
+        put_entry(f, e);
+        first = false;
+    }
+    fprintf(f, "\n]}\n");
+    cddp_free(copy);
+    bool ok = fflush(f) == 0 && !ferror(f);
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, file) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return cddp_error_set(err, CDDP_EIO, "cannot write %s: %s", file, strerror(e));
+    }
+    if (path) snprintf(path, n, "%s", file);
+    return CDDP_OK;
+}
+
+/* A dump for a reason of the library's own: logged where it went, or why it did not. */
+void cddp__flight_dump_because(const char *why) {
+    if (!F.ring) return;
+    char path[600];
+    cddp_error err = {0};
+    if (cddp_flight_dump(why, path, sizeof path, &err) == CDDP_OK)
+        cddp_log(CDDP_LOG_WARN, "comm",
+                 "flight record written to %s (cddp-trace %.*s says where every rank stands)", path,
+                 (int)(strrchr(path, '/') - path), path);
+    else
+        cddp_log(CDDP_LOG_WARN, "comm", "no flight record: %s", err.msg);
+}
+
+/* ---- SIGUSR1 ----------------------------------------------------------------------------- */
+
+static void on_signal(int sig) {
+    (void)sig;
+    int saved = errno;
+    char b = 1;
+    ssize_t w = write(F.pipe[1], &b, 1);
+    (void)w;
+    errno = saved;
+}
+
+static void *signal_thread(void *arg) {
+    (void)arg;
+    for (;;) {
+        char b;
+        ssize_t r = read(F.pipe[0], &b, 1);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return NULL;
+        cddp__flight_dump_because("SIGUSR1: asked for the record");
+    }
+}
+
+/* Installs the handler, unless the program has its own. */
+static void install_signal(void) {
+    struct sigaction old;
+    if (sigaction(SIGUSR1, NULL, &old) != 0 || old.sa_handler != SIG_DFL ||
+        (old.sa_flags & SA_SIGINFO))
+        return;
+    if (pipe2(F.pipe, O_CLOEXEC | O_NONBLOCK) != 0) return;
+    fcntl(F.pipe[0], F_SETFL, 0); /* the thread's reads block; the handler's writes do not */
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&t, &attr, signal_thread, NULL);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        close(F.pipe[0]);
+        close(F.pipe[1]);
+        return;
+    }
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    F.signal_ready = true;
+}
+
+void cddp__flight_join(cddp_comm *c) {
+    pthread_mutex_lock(&F.mu);
+    if (!F.joined) {
+        F.joined = true;
+        long k = cddp_knob_int(CDDP_KNOB_FLIGHT_EVENTS);
+        if (k > 0 && (F.ring = cddp_calloc((size_t)k, sizeof(entry)))) F.cap = (size_t)k;
+        F.rank = c->rank;
+        F.world = c->world;
+        if (F.ring) install_signal();
+    }
+    c->flight_group = F.ring ? ++F.groups : 0;
+    pthread_mutex_unlock(&F.mu);
+}
