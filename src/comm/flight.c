@@ -230,7 +230,8 @@ int cddp_flight_dump(const char *why, char *path, size_t n, cddp_error *err) {
                               strerror(e));
     }
     snprintf(file, sizeof file, "%s/rank-%d.json", dir, rank < 0 ? 0 : rank);
-    snprintf(tmp, sizeof tmp, "%s.%d.tmp", file, (int)getpid());
+    static _Atomic unsigned dumps; /* two dumps at once (a failure, SIGUSR1) never share a file */
+    snprintf(tmp, sizeof tmp, "%s.%d.%u.tmp", file, (int)getpid(), atomic_fetch_add(&dumps, 1));
     FILE *f = fopen(tmp, "w");
     if (!f) {
         int e = errno;

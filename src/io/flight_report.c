@@ -281,15 +281,12 @@ static void timeline(rank_view *v, int world, const char *path, cddp_error *err)
             if (is_mark) continue;
             double t0 = num_of(e, "started", num_of(e, "queued", 0));
             double t1 = num_of(e, "ended", v[r].now);
-            char c[200];
-            call_named(e, c, sizeof c);
             fprintf(f,
                     ",\n{\"name\": \"%s #%.0f\", \"cat\": \"collective\", \"ph\": \"X\", "
                     "\"ts\": %.3f, \"dur\": %.3f, \"pid\": %d, \"tid\": 1, \"args\": {\"call\": "
                     "\"%s\", \"state\": \"%s\", \"bytes\": %.0f}}",
                     str_of(e, "op", "?"), num_of(e, "seq", 0), (t0 + shift) * 1e6, (t1 - t0) * 1e6,
                     r, str_of(e, "label", ""), str_of(e, "state", ""), num_of(e, "bytes", 0));
-            (void)c;
         }
     }
     fprintf(f, "\n]\n");
