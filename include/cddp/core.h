@@ -210,14 +210,14 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
     X(DDP_STATS, INT, "0", "1: rank 0 prints DistributedDataParallel's step timings.")             \
     X(DDP_STATS_EVERY, INT, "100", "Steps between two CDDP_DDP_STATS lines.")                      \
     X(TIMELINE, STR, "off",                                                                        \
-      "File for a Chrome-trace timeline of DDP steps, every rank in one file (Perfetto).")        \
+      "File for a Chrome-trace timeline of DDP steps, every rank in one file (Perfetto).")         \
     X(FLIGHT_EVENTS, INT, "4096",                                                                  \
-      "Collectives and step marks the flight recorder keeps (0: off).")                           \
+      "Collectives and step marks the flight recorder keeps (0: off).")                            \
     X(FLIGHT_DIR, STR, "",                                                                         \
-      "Folder for the flight record (rank-R.json), written when a group fails or stalls, on "     \
-      "SIGUSR1 (default /tmp/cddp-flight-RUN; cddprun: its --logdir's flight/).")                 \
+      "Folder for the flight record (rank-R.json), written when a group fails or stalls, on "      \
+      "SIGUSR1 (default /tmp/cddp-flight-RUN; cddprun: its --logdir's flight/).")                  \
     X(STRAGGLER_EVERY, INT, "50",                                                                  \
-      "Steps over which DDP compares the ranks' step phases to name a straggler (0: never).")     \
+      "Steps over which DDP compares the ranks' step phases to name a straggler (0: never).")      \
     X(STRAGGLER_PCT, INT, "15",                                                                    \
       "How much slower than the median (percent of its busy time) names a rank a straggler.")
 

@@ -151,7 +151,7 @@ int cddp__comm_execute(cddp_comm *c, const coll *a, cddp_error *err) {
         return CDDP_OK;
     }
     if (a->kind == K_CALL) return a->fn(a->arg, err);
-    uint64_t id = a->flight ? a->flight : cddp__flight_call(c, a, false);
+    uint64_t id = a->flight ? a->flight : cddp__flight_call(c, a);
     c->flight_call = id;
     int rc = execute(c, a, err);
     c->flight_call = 0;

@@ -42,7 +42,7 @@ static struct {
     size_t cap;
     uint64_t next; /* the last id given */
     int rank, world, groups;
-    bool joined, signal_ready;
+    bool joined;
     int pipe[2];
 } F = {.mu = PTHREAD_MUTEX_INITIALIZER, .rank = -1};
 
@@ -97,7 +97,7 @@ void cddp_flight_mark(const char *phase, int64_t step) {
     pthread_mutex_unlock(&F.mu);
 }
 
-uint64_t cddp__flight_call(const cddp_comm *c, const coll *a, bool queued) {
+uint64_t cddp__flight_call(const cddp_comm *c, const coll *a) {
     if (c->flight_group <= 0 || a->kind == K_CALL || a->kind == K_FREE) return 0;
     double now = cddp_now_s();
     pthread_mutex_lock(&F.mu);
@@ -111,10 +111,8 @@ uint64_t cddp__flight_call(const cddp_comm *c, const coll *a, bool queued) {
         e->dtype = (int32_t)a->dtype;
         e->root = a->root;
         e->count = a->count;
-        e->state = queued ? S_QUEUED : S_STARTED;
+        e->state = S_QUEUED; /* until it starts (cddp__flight_started) */
         e->queued = now;
-        e->started = queued ? 0 : now;
-        e->seq = c->seq;
         memcpy(e->label, next_label, sizeof e->label);
     }
     pthread_mutex_unlock(&F.mu);
@@ -188,10 +186,9 @@ static void put_entry(FILE *f, const entry *e) {
         return;
     }
     bool data = e->kind != K_BARRIER && e->kind != K_ALLOC;
-    fprintf(f,
-            "{\"id\": %" PRIu64 ", \"type\": \"collective\", \"group\": %d, \"seq\": %" PRIu64
-            ", \"op\": \"%s\"",
-            e->id, e->group, e->seq, cddp__comm_kind_name(e->kind));
+    fprintf(f, "{\"id\": %" PRIu64 ", \"type\": \"collective\", \"group\": %d", e->id, e->group);
+    if (e->started > 0) fprintf(f, ", \"seq\": %" PRIu64, e->seq); /* given at its start */
+    fprintf(f, ", \"op\": \"%s\"", cddp__comm_kind_name(e->kind));
     if (e->kind == K_ALLREDUCE || e->kind == K_REDUCE_SCATTER)
         fprintf(f, ", \"reduce\": \"%s\"", cddp_comm_op_name((cddp_comm_op)e->op));
     if (data)
@@ -334,7 +331,6 @@ static void install_signal(void) {
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGUSR1, &sa, NULL);
-    F.signal_ready = true;
 }
 
 void cddp__flight_join(cddp_comm *c) {

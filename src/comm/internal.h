@@ -227,9 +227,10 @@ const char *cddp__comm_kind_name(int kind);
 /* A group made by cddp_comm_create joins the recorder (c->flight_group); the first sets up the
  * ring (CDDP_FLIGHT_EVENTS) and SIGUSR1's handler. */
 void cddp__flight_join(cddp_comm *c);
-/* Call a of group c enters the record, queued or started now (the thread's label with it); its
- * id, 0 when not recorded (a local call, a group not recorded, the recorder off). */
-uint64_t cddp__flight_call(const cddp_comm *c, const coll *a, bool queued);
+/* Call a of group c enters the record, issued now (the thread's label with it); its id, 0 when
+ * not recorded (a local call, a group not recorded, the recorder off). It starts (its sequence
+ * number known) when it meets the other ranks. */
+uint64_t cddp__flight_call(const cddp_comm *c, const coll *a);
 void cddp__flight_started(uint64_t id, uint64_t seq);
 void cddp__flight_ended(uint64_t id, int status);
 /* Writes the record, saying why, and logs where it went. */

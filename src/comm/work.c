@@ -137,7 +137,7 @@ cddp_comm_work *cddp__comm_enqueue(cddp_comm *c, const coll *a, cddp_error *err)
         return NULL;
     }
     w->call = *a;
-    w->call.flight = cddp__flight_call(c, a, true);
+    w->call.flight = cddp__flight_call(c, a);
     w->group = c;
     w->done = false;
     w->status = CDDP_OK;

@@ -102,6 +102,10 @@ int cddp__ddp_build_buckets(cddp_ddp *d, const int *order, cddp_error *err) {
                            cddp_model_param(d->model, b->params[j])->name);
         cddp_log(CDDP_LOG_DEBUG, "ddp", "bucket %d: %zu elements, %s: %s", k, b->numel,
                  b->offset >= 0 ? "one range" : "packed", names);
+        const char *head = cddp_model_param(d->model, b->params[0])->name;
+        const char *tail = cddp_model_param(d->model, b->params[b->nparams - 1])->name;
+        snprintf(b->label, sizeof b->label,
+                 b->nparams > 1 ? "bucket %d: %.36s .. %.36s" : "bucket %d: %.72s", k, head, tail);
         CDDP_TRY(d->reducer->prepare(d, b, err));
         CDDP_TRY(cddp__ddp_stage_bucket(d, b, err));
     }
@@ -123,12 +127,7 @@ void cddp__ddp_launch(cddp_ddp *d, int k) {
         }
         cddp__ddp_before(d, b, cddp__ddp_stage_wait);
     }
-    char label[88]; /* the flight record's name of the bucket's collective */
-    const char *first = cddp_model_param(d->model, b->params[0])->name;
-    const char *last = cddp_model_param(d->model, b->params[b->nparams - 1])->name;
-    snprintf(label, sizeof label, b->nparams > 1 ? "bucket %d: %.36s .. %.36s" : "bucket %d: %.72s",
-             k, first, last);
-    cddp_flight_label(label);
+    cddp_flight_label(b->label);
     d->reducer->launch(d, b);
     cddp_flight_label(NULL);
 }

@@ -60,6 +60,7 @@ typedef struct bucket {
     cddp_event *ready_ev; /* staged: recorded after the copy of its gradients to the host */
     bool reduced;         /* reduced inline, not yet finished */
     double t_start, t_end;
+    char label[88]; /* its collective's name in the flight record: its first and last parameter */
 } bucket;
 
 typedef struct cddp__reducer {

@@ -2,22 +2,24 @@
  * stands, who is behind, and which rank called something else.
  *
  * Only the first group's collectives (the job's group: the first a process made) are compared
- * across ranks; a rank's place is its last collective there (waiting in it while it is queued or
- * started) and its last step mark. The records' clocks are each host's monotonic clock; each
+ * across ranks; a rank's place is its last collective there that started (waiting in it until it
+ * ends) and its last step mark. The records' clocks are each host's monotonic clock; each
  * record says what its clock and the wall clock read when it was written, which puts the
  * timeline's events of every host on one time axis.
  */
 #include "cddp/flight.h"
+#include "io/internal.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct rank_view {
     cJSON *root;
-    int rank, world, pid;
+    int world, pid; /* (its rank is its index) */
     const char *host, *why;
     double now, wall;
     cJSON *last;       /* its last collective of group 0, or NULL */
@@ -25,7 +27,7 @@ typedef struct rank_view {
     int64_t step;      /* the mark's step */
     double phase_t;    /* when the mark was made */
     int64_t seq;       /* the last collective's sequence number, -1: none */
-    bool waiting;      /* the last collective is queued or started */
+    bool waiting;      /* the last collective started and has not ended */
 } rank_view;
 
 static const char *str_of(const cJSON *o, const char *k, const char *dflt) {
@@ -36,27 +38,6 @@ static const char *str_of(const cJSON *o, const char *k, const char *dflt) {
 static double num_of(const cJSON *o, const char *k, double dflt) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     return cJSON_IsNumber(v) ? v->valuedouble : dflt;
-}
-
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *text = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len + 4096 + 1 > cap) {
-            cap = cap ? cap * 2 : 65536;
-            char *t = realloc(text, cap);
-            if (!t) break;
-            text = t;
-        }
-        size_t got = fread(text + len, 1, cap - len - 1, f);
-        len += got;
-        if (got == 0) break;
-    }
-    fclose(f);
-    if (text) text[len] = '\0';
-    return text;
 }
 
 /* A collective's call in words: "allreduce(mean, f32, count 1024)". */
@@ -103,13 +84,14 @@ static void view_of(rank_view *v) {
             v->step = (int64_t)num_of(e, "step", 0);
             v->phase_t = num_of(e, "t", 0);
         } else if (!strcmp(type, "collective") && num_of(e, "group", 0) == 0 &&
+                   cJSON_GetObjectItemCaseSensitive(e, "seq") &&
                    strcmp(str_of(e, "op", ""), "alloc") != 0) {
-            v->last = (cJSON *)e;
+            v->last = (cJSON *)e; /* the last that started: queued ones have no place yet */
         }
     }
     if (v->last) {
         const char *st = str_of(v->last, "state", "");
-        v->waiting = !strcmp(st, "queued") || !strcmp(st, "started");
+        v->waiting = !strcmp(st, "started");
         v->seq = (int64_t)num_of(v->last, "seq", -1);
     }
 }
@@ -118,7 +100,7 @@ static void view_of(rank_view *v) {
 static bool compared(const cJSON *e) {
     const char *op = str_of(e, "op", "");
     return !strcmp(str_of(e, "type", ""), "collective") && num_of(e, "group", -1) == 0 &&
-           strcmp(str_of(e, "state", ""), "queued") && strcmp(op, "send") && strcmp(op, "recv");
+           cJSON_GetObjectItemCaseSensitive(e, "seq") && strcmp(op, "send") && strcmp(op, "recv");
 }
 
 /* The first sequence number at which ranks called different collectives: the minority's. */
@@ -312,17 +294,17 @@ int cddp_flight_report(const char *dir, int world, FILE *out, const char *timeli
             continue;
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-        char *text = read_text(path);
-        cJSON *root = text ? cJSON_Parse(text) : NULL;
-        free(text);
-        if (!root || num_of(root, "cddp_flight", 0) != 1) {
+        struct stat st;
+        cJSON *root = NULL;
+        if (stat(path, &st) != 0 ||
+            cddp__json_read(path, (size_t)st.st_size, &root, NULL) != CDDP_OK ||
+            num_of(root, "cddp_flight", 0) != 1) {
             fprintf(out, "  %s is not a flight record (skipped)\n", path);
             cJSON_Delete(root);
             continue;
         }
         rank_view *x = &v[r];
         x->root = root;
-        x->rank = r;
         x->world = (int)num_of(root, "world", 0);
         x->pid = (int)num_of(root, "pid", 0);
         x->host = str_of(root, "host", "?");

@@ -95,12 +95,12 @@ static bool new_record(double since, bool own) {
     return found;
 }
 
-static void print_report(job *j, FILE *out, const char *title) {
+/* world: the job's ranks (0: the records say). */
+static void print_report(int world, FILE *out, const char *title) {
     fflush(stdout);
     fprintf(out, "cddprun: %s (cddp-trace %s says it again)\n", title, dir);
     cddp_error err = {0};
-    if (cddp_flight_report(dir, j->world, out, NULL, &err) != CDDP_OK)
-        fprintf(out, "  %s\n", err.msg);
+    if (cddp_flight_report(dir, world, out, NULL, &err) != CDDP_OK) fprintf(out, "  %s\n", err.msg);
     fflush(out);
 }
 
@@ -157,7 +157,7 @@ void cddprun_flight_watch(job *j) {
     }
     if (report_at > 0 && now >= report_at) {
         report_at = 0;
-        print_report(j, stderr, "where every rank stands, from their flight records");
+        print_report(j->world, stderr, "where every rank stands, from their flight records");
     }
 }
 
@@ -182,7 +182,7 @@ void cddprun_flight_collect(job *j) {
 
 void cddprun_flight_final(job *j, FILE *rep) {
     if (dir[0] && new_record(round_start_wall, false))
-        print_report(j, rep, "the ranks' flight records");
+        print_report(j->world, rep, "the ranks' flight records");
 }
 
 void cddprun_flight_end(job *j, bool ok) {
@@ -227,7 +227,6 @@ int cddprun_dump_main(int argc, char **argv) {
         return 1;
     }
     int asked = 0;
-    double t0 = cddprun_wall_s();
     struct dirent *de;
     while ((de = readdir(d))) {
         int node, used = 0;
@@ -254,8 +253,6 @@ int cddprun_dump_main(int argc, char **argv) {
         double until = cddprun_wall_s() + 2.0;
         while (cddprun_wall_s() < until) usleep(100000);
     }
-    job j = {0};
-    (void)t0;
-    print_report(&j, stdout, "where every rank stands");
+    print_report(0, stdout, "where every rank stands");
     return 0;
 }

@@ -161,8 +161,7 @@ static round_result run_round(job *j) {
     if (first || remote[0]) {
         cddprun_flight_collect(j);
         cddprun_stop_workers(j, SIGTERM);
-    }
-    else
+    } else
         while (cddprun_reap(j, NULL) > 0) cddprun_pump(j, o->monitor_interval);
     for (int i = 0; i < o->nproc_per_node; i++) { /* output written just before the exit */
         if (j->w[i].out.fd >= 0) cddprun_drain(&j->w[i], &j->w[i].out);
