@@ -57,7 +57,7 @@ static inline uint64_t cddp__st_offset(const cddp_st_tensor *t) {
 int cddp__meta_sizes(const cddp_safetensors *f, const char *path, const char *const *keys,
                      int64_t *const *at, int n, cddp_error *err);
 
-/* st_files.c: the JSON object in the file at path (at most `most` bytes) into *root (cJSON_Delete
+/* json.c: the JSON object in the file at path (at most `most` bytes) into *root (cJSON_Delete
  * it): CDDP_ENOENT when there is no such file, CDDP_EFORMAT when it is not a JSON object. */
 typedef struct cJSON cJSON;
 int cddp__json_read(const char *path, size_t most, cJSON **root, cddp_error *err);
