@@ -7,8 +7,12 @@
  *   cddprun --nproc_per_node W comm_check stop        rank 1 is SIGSTOPped; the others time out
  *   cddprun --nproc_per_node W comm_check mismatch K  rank 1 passes another count/op/dtype/root
  *   cddprun --nproc_per_node W comm_check deadline    rank 0 alone in a barrier with 0.5 s
- *   cddprun --nproc_per_node W comm_check loop S      allreduces for S seconds (a test stops or
- *                                                     kills a rank meanwhile)
+ *   cddprun --nproc_per_node W comm_check loop S [halt]  allreduces for S seconds (a test stops
+ *                                                     or kills a rank meanwhile; SIGUSR2 makes a
+ *                                                     rank exit with code 3); halt: a rank whose
+ *                                                     call fails stops itself (SIGSTOP) on its
+ *                                                     way out, as a leak checker stops a
+ *                                                     process's threads at its exit
  * Prints "ok: ..." and exits 0 when every check holds on this rank; exits 1 with the reason
  * otherwise. In the failure modes a survivor exits 0 when it got the right error in time.
  */
@@ -24,6 +28,11 @@
 
 static int rank, world;
 static const char *backend = "?";
+
+static void leave_3(int sig) {
+    (void)sig;
+    _exit(3);
+}
 
 static void die(const char *fmt, const char *a, double b) {
     fprintf(stderr, "comm_check rank %d: ", rank);
@@ -560,9 +569,12 @@ int main(int argc, char **argv) {
          * else 1 with the error. */
         double until = cddp_now_s() + atof(argv[2]);
         long calls = 0;
+        signal(SIGUSR2, leave_3);
         while (cddp_now_s() < until) {
             if (cddp_comm_allreduce(c, buf, buf, 64, CDDP_COMM_F32, CDDP_COMM_SUM, -1, &err)) {
                 printf("failed: rank %d after %ld calls: %s\n", rank, calls, err.msg);
+                fflush(stdout);
+                if (argc > 3 && !strcmp(argv[3], "halt")) raise(SIGSTOP);
                 status = 1;
                 break;
             }

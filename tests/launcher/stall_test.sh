@@ -8,6 +8,10 @@
 #                 fail, and cddprun's report names rank 1 as the root cause, not them.
 #   --stopped_timeout 2  the same on shared memory with CDDP_TIMEOUT_S at 60 s: cddprun stops the
 #                 job 2 s after rank 1 stopped, naming it as the root cause, and said so before
+#   halt at exit  3 ranks; rank 2 exits with code 3 (or is SIGKILLed), and ranks 0 and 1, whose
+#                 calls fail, stop themselves on their way out (as LeakSanitizer stops a process's
+#                 threads at its exit to read their stacks): the report names rank 2, which
+#                 failed first, not a rank stopped after it.
 #   zombie        rank 1 runs under a parent that never reaps it, and is SIGKILLed: a zombie
 #                 still answers kill(pid, 0), but rank 0 reports it dead at once, long before
 #                 CDDP_TIMEOUT_S (60 s).
@@ -82,6 +86,32 @@ grep -q "root cause: rank 1 (local rank 1, host .*, pid $stopped) stopped answer
     "$work/launcher" || fail "--stopped_timeout: the root cause is not rank 1"
 [ "$took" -lt 15 ] || fail "--stopped_timeout: the job took $took s to end (CDDP_TIMEOUT_S is 60)"
 echo "ok: --stopped_timeout 2: the job ended $took s after rank 1 stopped, naming it"
+
+# A rank stopped on its way out, after the failure it followed (a leak checker at exit): never the
+# root cause. Rank 2 leaves (exit code 3 on SIGUSR2, or SIGKILL); ranks 0 and 1 stop themselves
+# once their calls fail.
+for how in USR2 KILL; do
+    rm -rf "$work/logs" "$work"/pid.*
+    CDDP_TIMEOUT_S=60 "$R" --standalone --nproc_per_node 3 --grace_period 2 --logdir "$work/logs" \
+        sh -c "echo \$\$ > $work/pid.\$RANK; exec $check loop 120 halt" > "$work/launcher" 2>&1 &
+    cp=$!
+    wait_file "$work/pid.2"
+    sleep 1
+    gone=$(cat "$work/pid.2")
+    kill -$how "$gone"
+    wait "$cp"
+    rc=$?
+    cp=""
+    [ "$rc" = 1 ] || fail "halt at exit ($how): cddprun exited $rc (expected 1)"
+    for r in 0 1; do
+        grep -q "failed: rank $r after" "$work/logs/rank.$r/stdout" ||
+            fail "halt at exit ($how): rank $r did not see its call fail"
+    done
+    [ $how = USR2 ] && said="exited with code 3" || said="was killed by SIGKILL"
+    grep -q "root cause: rank 2 (local rank 2, host .*) $said" "$work/launcher" ||
+        fail "halt at exit ($how): the root cause is not rank 2, which $said"
+    echo "ok: rank 2 $said, ranks 0 and 1 stopped on their way out: the report names rank 2"
+done
 
 # A dead rank that its parent does not reap: a zombie.
 rm -rf "$work/logs" "$work"/pid.*

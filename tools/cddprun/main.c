@@ -134,6 +134,13 @@ static round_result run_round(job *j) {
      * the root cause, not the first of them to give up, also when another node's failure (its
      * ranks timed out first) ended this node's round. */
     worker *halted = first || (remote[0] && !silent) ? cddprun_halted(j) : NULL;
+    /* ... but not one that stopped after the first failure, on its way out (LeakSanitizer stops
+     * a process's threads at its exit to read their stacks), nor before a rank killed by a
+     * signal: a stopped rank makes the others time out and exit, never kills one. */
+    if (halted && first && first != halted && !first->running &&
+        (WIFSIGNALED(first->status) ||
+         cddprun_wall_s() - (cddp_now_s() - halted->halted_since) >= first->end_wall))
+        halted = NULL;
     if (halted && halted->halted_since > 0) {
         char since[32];
         time_t t = (time_t)(time(NULL) - (cddp_now_s() - halted->halted_since));
