@@ -215,7 +215,7 @@ CDDP_API size_t cddp_arena_high_water(const cddp_arena *arena);
       "Collectives and step marks the flight recorder keeps (0: off).")                            \
     X(FLIGHT_DIR, STR, "",                                                                         \
       "Folder for the flight record (rank-R.json), written when a group fails or stalls, on "      \
-      "SIGUSR1 (default /tmp/cddp-flight-RUN; cddprun: its --logdir's flight/).")                  \
+      "SIGUSR1 (default $TMPDIR or /tmp, then cddp-flight-RUN; cddprun: its --logdir's flight/).") \
     X(STRAGGLER_EVERY, INT, "50",                                                                  \
       "Steps over which DDP compares the ranks' step phases to name a straggler (0: never).")      \
     X(STRAGGLER_PCT, INT, "15",                                                                    \

@@ -8,8 +8,9 @@
  * the step's number; a program may add its own). Recording costs a lock and a copy of ~160 bytes
  * per collective or mark.
  *
- * The record is written, as CDDP_FLIGHT_DIR/rank-R.json (default /tmp/cddp-flight-RUN, RUN being
- * CDDP_RUN_ID or SLURM_JOB_ID, else the user's id; cddprun points it into its --logdir), when a
+ * The record is written, as CDDP_FLIGHT_DIR/rank-R.json (default $TMPDIR/cddp-flight-RUN, /tmp
+ * without TMPDIR, RUN being CDDP_RUN_ID, SLURM_JOB_ID or PMIX_NAMESPACE (mpirun's job), else
+ * "uid" and the user's id; cddprun points it into its --logdir), when a
  * group fails (a dead or aborted peer, a timeout, ranks that called different collectives), when
  * a collective stalls (CDDP_STALL_WARN_S), when the process gets SIGUSR1 (the handler is
  * installed with the first group, unless the program has one of its own), and when the program

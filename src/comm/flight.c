@@ -42,7 +42,7 @@ static struct {
     size_t cap;
     uint64_t next; /* the last id given */
     int rank, world, groups;
-    bool joined;
+    bool joined, made; /* made: the ring was allocated (or is off), by the first entry or group */
     int pipe[2];
 } F = {.mu = PTHREAD_MUTEX_INITIALIZER, .rank = -1};
 
@@ -68,8 +68,17 @@ void cddp_flight_label(const char *label) {
     snprintf(next_label, sizeof next_label, "%s", label ? label : "");
 }
 
+/* The ring, under the lock: made by the first mark or group (a process without a group keeps
+ * its marks too). */
+static void make_ring(void) {
+    F.made = true;
+    long k = cddp_knob_int(CDDP_KNOB_FLIGHT_EVENTS);
+    if (k > 0 && (F.ring = cddp_calloc((size_t)k, sizeof(entry)))) F.cap = (size_t)k;
+}
+
 /* A new entry, under the lock; NULL when the recorder is off. */
 static entry *add(uint8_t type) {
+    if (!F.made) make_ring();
     if (!F.ring) return NULL;
     uint64_t id = ++F.next;
     entry *e = &F.ring[id % F.cap];
@@ -153,12 +162,18 @@ void cddp_flight_dir(char *out, size_t n) {
         snprintf(out, n, "%s", dir);
         return;
     }
-    const char *run = getenv("CDDP_RUN_ID");
+    /* The job's id: cddprun's, Slurm's, else mpirun's (PMIx's namespace) */
+    const char *run = getenv("CDDP_RUN_ID"), *tmp = getenv("TMPDIR");
     if (!run || !*run) run = getenv("SLURM_JOB_ID");
+    if (!run || !*run) run = getenv("PMIX_NAMESPACE");
+    if (!tmp || !*tmp) tmp = "/tmp";
     if (run && *run)
-        snprintf(out, n, "/tmp/cddp-flight-%s", run);
+        snprintf(out, n, "%s/cddp-flight-%s", tmp, run);
     else
-        snprintf(out, n, "/tmp/cddp-flight-uid%u", (unsigned)getuid());
+        snprintf(out, n, "%s/cddp-flight-uid%u", tmp, (unsigned)getuid());
+    size_t from = strlen(tmp) + 1; /* a namespace may hold a '/' */
+    for (size_t k = from; k < n && k < strlen(out); k++)
+        if (out[k] == '/') out[k] = '_';
 }
 
 static const char *state_name(int s) {
@@ -213,7 +228,7 @@ int cddp_flight_dump(const char *why, char *path, size_t n, cddp_error *err) {
     pthread_mutex_lock(&F.mu);
     size_t cap = F.cap;
     uint64_t last = F.next;
-    int rank = F.rank, world = F.world;
+    int rank = F.rank, world = F.world ? F.world : 1; /* no group yet: a process of its own */
     entry *copy = cap ? cddp_malloc(cap * sizeof *copy) : NULL;
     if (copy) memcpy(copy, F.ring, cap * sizeof *copy);
     pthread_mutex_unlock(&F.mu);
@@ -335,10 +350,9 @@ static void install_signal(void) {
 
 void cddp__flight_join(cddp_comm *c) {
     pthread_mutex_lock(&F.mu);
+    if (!F.made) make_ring();
     if (!F.joined) {
         F.joined = true;
-        long k = cddp_knob_int(CDDP_KNOB_FLIGHT_EVENTS);
-        if (k > 0 && (F.ring = cddp_calloc((size_t)k, sizeof(entry)))) F.cap = (size_t)k;
         F.rank = c->rank;
         F.world = c->world;
         if (F.ring) install_signal();

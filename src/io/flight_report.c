@@ -91,7 +91,8 @@ static void view_of(rank_view *v) {
     }
     if (v->last) {
         const char *st = str_of(v->last, "state", "");
-        v->waiting = !strcmp(st, "started");
+        /* One that failed waited in it until the group failed: it is at the frontier too. */
+        v->waiting = !strcmp(st, "started") || !strcmp(st, "failed");
         v->seq = (int64_t)num_of(v->last, "seq", -1);
     }
 }
@@ -197,7 +198,8 @@ static void report(rank_view *v, int world, FILE *out) {
         for (int i = 0; i < nwait; i++) {
             const rank_view *w = &v[waiting[i]];
             double t = num_of(w->last, "started", num_of(w->last, "queued", w->now));
-            longest = w->now - t > longest ? w->now - t : longest;
+            double end = num_of(w->last, "ended", w->now);
+            longest = end - t > longest ? end - t : longest;
         }
         fprintf(out, "  rank%s %s wait%s in %s, up to %.1f s\n", nwait > 1 ? "s" : "", who,
                 nwait > 1 ? "" : "s", c, longest);

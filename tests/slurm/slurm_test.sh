@@ -9,7 +9,8 @@
 #   two_jobs      two 2-task jobs at once: each meets at its own derived port, both whole
 #   same_port     two jobs at once with the same MASTER_PORT: one trains, the other's tasks fail
 #                 with a message (port taken, or another job's store), never a mixed group
-#   kill          SIGKILL to task 1 mid-training: rank 0 names it, srun ends within 10 s
+#   kill          SIGKILL to task 1 mid-training: rank 0 names it, srun ends within 10 s; rank
+#                 0's flight record (no cddprun: by Slurm's job id) says so
 #   pmix          srun --mpi=pmix: the MPI backend, and why
 #   pmi2          srun --mpi=pmi2: cddp's own transport, and why
 set -u
@@ -158,8 +159,11 @@ for j in c d; do
 done
 ok "two jobs at MASTER_PORT=$port (exits $ra and $rb): each trained whole or was turned away"
 
-# A task killed mid-training: rank 0 names it and the step ends.
-srun --job-name cddp-kill -n 2 "$FM" --epochs 1000 --limit 2000 --out kill > kill.out 2> kill.err &
+# A task killed mid-training: rank 0 names it and the step ends; rank 0's flight record is in
+# $TMPDIR/cddp-flight-<job id>, and cddp-trace says rank 1 left none.
+mkdir -p "$work/tmp"
+TMPDIR="$work/tmp" srun --job-name cddp-kill -n 2 "$FM" --epochs 1000 --limit 2000 --out kill \
+    > kill.out 2> kill.err &
 ps=$!
 pid=""
 i=0
@@ -179,7 +183,11 @@ ms=$((($(date +%s%N) - t0) / 1000000))
 [ $rs != 0 ] || fail "srun exited 0 after a task was killed"
 [ $ms -le 10000 ] || fail "srun took $ms ms to end after the kill"
 has kill.err "rank 0: rank 1 (pid $pid) died during collective"
-ok "task 1 (pid $pid) killed: rank 0 named it, srun exited $rs after $ms ms"
+[ -s "$work/tmp/cddp-flight-$job/rank-0.json" ] || fail "no flight record of rank 0 in \$TMPDIR/cddp-flight-$job"
+"$build/bin/cddp-trace" --world 2 "$work/tmp/cddp-flight-$job" > trace.out 2>&1 || fail "cddp-trace exited $?"
+has trace.out "wrote it: rank 0: rank 1 (pid $pid) died during collective"
+has trace.out "rank 1 left no record"
+ok "task 1 (pid $pid) killed: rank 0 named it, srun exited $rs after $ms ms; its flight record says so"
 
 # srun --mpi=pmix: MPI, through slurmd's PMIx server.
 srun --mpi=pmix -n 2 "$C" launch > pmix.out 2> pmix.err || fail "srun --mpi=pmix exited $?"

@@ -1,0 +1,194 @@
+/* test_flight.c: the flight recorder's report (cddp_flight_report) from records written here, a
+ * rank at a time, as the recorder writes them: who waits where and who is behind (a rank whose
+ * call failed when the group did waited at the frontier, not behind it); a rank that left no
+ * record; ranks that called different collectives at one sequence number; a clean record set;
+ * and this process's own record (cddp_flight_mark, cddp_flight_dump) read back.
+ */
+#include "helpers.h"
+
+#include <cddp/flight.h>
+
+#include <stdarg.h>
+#include <sys/stat.h>
+
+static char dir[300];
+static int case_no;
+
+/* A fresh folder for one case. */
+static void fresh(void) {
+    snprintf(dir, sizeof dir, "%s/case%d", test_dir, ++case_no);
+    assert_int_equal(mkdir(dir, 0700), 0);
+}
+
+/* Writes rank r's record (of world ranks, taken at time now) with the events given, each a JSON
+ * object's text. */
+static void record(int r, int world, double now, int n, ...) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/rank-%d.json", dir, r);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "{\"cddp_flight\": 1, \"rank\": %d, \"world\": %d, \"pid\": %d, \"host\": \"h\", "
+            "\"run_id\": \"t\", \"why\": \"test\", \"now\": %.3f, \"wall\": %.3f, "
+            "\"capacity\": 64, \"events\": [",
+            r, world, 100 + r, now, 1e9 + now);
+    va_list ap;
+    va_start(ap, n);
+    for (int k = 0; k < n; k++) fprintf(f, "%s\n  %s", k ? "," : "", va_arg(ap, const char *));
+    va_end(ap);
+    fprintf(f, "]}\n");
+    assert_int_equal(fclose(f), 0);
+}
+
+/* The report of the folder, into a buffer (static: one at a time). */
+static const char *report(int world) {
+    static char text[8192];
+    FILE *f = fmemopen(text, sizeof text, "w");
+    assert_non_null(f);
+    cddp_error err = {0};
+    assert_int_equal(cddp_flight_report(dir, world, f, NULL, &err), CDDP_OK);
+    fclose(f);
+    return text;
+}
+
+static void has(const char *text, const char *want) {
+    if (!strstr(text, want)) fail_msg("expected \"%s\" in:\n%s", want, text);
+}
+
+static void hasnt(const char *text, const char *want) {
+    if (strstr(text, want)) fail_msg("did not expect \"%s\" in:\n%s", want, text);
+}
+
+#define DONE14                                                                                     \
+    "{\"type\": \"collective\", \"group\": 0, \"seq\": 14, \"op\": \"allreduce\", \"reduce\": "    \
+    "\"mean\", \"dtype\": \"float32\", \"count\": 100, \"bytes\": 400, \"label\": \"bucket 0: "    \
+    "a .. b\", \"state\": \"done\", \"queued\": 9.0, \"started\": 9.0, \"ended\": 9.5}"
+#define CALL15(state, ended)                                                                       \
+    "{\"type\": \"collective\", \"group\": 0, \"seq\": 15, \"op\": \"allreduce\", \"reduce\": "    \
+    "\"mean\", \"dtype\": \"float32\", \"count\": 100, \"bytes\": 400, \"label\": \"bucket 0: "    \
+    "a .. b\", \"state\": \"" state "\", \"queued\": 10.0, \"started\": 10.0" ended "}"
+#define MARK(phase, step, t)                                                                       \
+    "{\"type\": \"mark\", \"phase\": \"" phase "\", \"step\": " #step ", \"t\": " #t "}"
+
+/* Ranks 0 and 2 wait in #15, rank 1's #15 failed after 8 s (the group failed): all three are at
+ * the frontier; rank 3 is in step 5's forward, its last call #14: it is behind. */
+static void test_a_failed_call_is_at_the_frontier(void **state) {
+    (void)state;
+    fresh();
+    record(0, 4, 20.0, 3, MARK("backward", 4, 9.8), DONE14, CALL15("started", ""));
+    record(1, 4, 20.0, 4, MARK("backward", 4, 9.8), DONE14, CALL15("failed", ", \"ended\": 18.0"),
+           MARK("after backward", 4, 18.0));
+    record(2, 4, 20.0, 3, MARK("backward", 4, 9.8), DONE14, CALL15("started", ""));
+    record(3, 4, 20.0, 2, DONE14, MARK("forward", 5, 9.9));
+    const char *t = report(4);
+    has(t, "flight records in");
+    has(t, ": 4 of 4 ranks");
+    has(t, "ranks 0-2 wait in allreduce #15 (bucket 0: a .. b), up to 10.0 s");
+    has(t, "rank 3 is in step 5's forward (for 10.1 s); its last collective allreduce #14");
+    has(t, "done  <- BEHIND");
+    hasnt(t, "rank 1 is");
+    hasnt(t, "MISMATCH");
+}
+
+/* A rank without a record is named; the others wait for it. */
+static void test_a_rank_without_a_record(void **state) {
+    (void)state;
+    fresh();
+    record(0, 3, 20.0, 2, DONE14, CALL15("started", ""));
+    record(2, 3, 20.0, 2, DONE14, CALL15("started", ""));
+    const char *t = report(3);
+    has(t, ": 2 of 3 ranks");
+    has(t, "ranks 0, 2 wait in allreduce #15 (bucket 0: a .. b), up to 10.0 s");
+    has(t, "rank 1 left no record: it is stopped, killed, hung without answering SIGUSR1, or "
+           "never started (the ranks above wait for it)");
+}
+
+/* Rank 1 called allreduce of float64 where the others called it of float32: the minority is
+ * named, and no rank is called behind. */
+static void test_a_mismatch(void **state) {
+    (void)state;
+    fresh();
+    const char *odd =
+        "{\"type\": \"collective\", \"group\": 0, \"seq\": 15, \"op\": \"allreduce\", "
+        "\"reduce\": \"mean\", \"dtype\": \"float64\", \"count\": 1, \"bytes\": 8, "
+        "\"state\": \"failed\", \"queued\": 10.0, \"started\": 10.0, \"ended\": 10.1}";
+    record(0, 3, 20.0, 2, DONE14, CALL15("failed", ", \"ended\": 10.1"));
+    record(1, 3, 20.0, 2, DONE14, odd);
+    record(2, 3, 20.0, 2, DONE14, CALL15("failed", ", \"ended\": 10.1"));
+    const char *t = report(3);
+    has(t, "MISMATCH at collective #15: rank 1 called allreduce(mean, float64, count 1) where "
+           "ranks 0, 2 called allreduce(mean, float32, count 100)");
+    hasnt(t, "BEHIND");
+}
+
+/* Every rank done with #15: none is behind. */
+static void test_every_rank_done(void **state) {
+    (void)state;
+    fresh();
+    for (int r = 0; r < 2; r++)
+        record(r, 2, 20.0, 3, DONE14, CALL15("done", ", \"ended\": 10.5"), MARK("forward", 6, 11));
+    const char *t = report(2);
+    hasnt(t, "BEHIND");
+    hasnt(t, "wait in");
+    has(t, "rank 0 is in step 6's forward (for 9.0 s)");
+    has(t, "rank 1 is in step 6's forward (for 9.0 s)");
+}
+
+/* An empty folder: CDDP_ENOENT, with a message naming it. */
+static void test_no_records(void **state) {
+    (void)state;
+    fresh();
+    cddp_error err = {0};
+    FILE *f = fopen("/dev/null", "w");
+    assert_int_equal(cddp_flight_report(dir, 0, f, NULL, &err), CDDP_ENOENT);
+    fclose(f);
+    has(err.msg, dir);
+}
+
+/* This process's own record: its marks, written where asked, read back by the report. */
+static void test_own_record(void **state) {
+    (void)state;
+    fresh();
+    setenv("CDDP_FLIGHT_DIR", dir, 1);
+    char path[512], want[512];
+    cddp_flight_mark("data", 41);
+    cddp_flight_mark("forward", 42);
+    cddp_error err = {0};
+    assert_int_equal(cddp_flight_dump("a test", path, sizeof path, &err), CDDP_OK);
+    snprintf(want, sizeof want, "%s/rank-0.json", dir);
+    assert_string_equal(path, want);
+    const char *t = report(1);
+    has(t, "rank 0 (pid ");
+    has(t, "wrote it: a test");
+    has(t, "rank 0 is in step 42's forward");
+    has(t, "it made no collective");
+    unsetenv("CDDP_FLIGHT_DIR");
+}
+
+/* The default folder: in TMPDIR by run id. */
+static void test_default_folder(void **state) {
+    (void)state;
+    char got[512];
+    unsetenv("CDDP_FLIGHT_DIR");
+    setenv("TMPDIR", "/var/tmp/x", 1);
+    setenv("CDDP_RUN_ID", "job7", 1);
+    cddp_flight_dir(got, sizeof got);
+    assert_string_equal(got, "/var/tmp/x/cddp-flight-job7");
+    unsetenv("TMPDIR");
+    cddp_flight_dir(got, sizeof got);
+    assert_string_equal(got, "/tmp/cddp-flight-job7");
+    unsetenv("CDDP_RUN_ID");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_a_failed_call_is_at_the_frontier),
+        cmocka_unit_test(test_a_rank_without_a_record),
+        cmocka_unit_test(test_a_mismatch),
+        cmocka_unit_test(test_every_rank_done),
+        cmocka_unit_test(test_no_records),
+        cmocka_unit_test(test_own_record),
+        cmocka_unit_test(test_default_folder),
+    };
+    return cmocka_run_group_tests(tests, temp_dir_setup, temp_dir_teardown);
+}
