@@ -4,8 +4,9 @@
 # cddprun, TCP between them). The straggler attribution names the rank and the phase within 50
 # steps (and nothing in a clean run of 500 steps); the flight records' report names the rank and
 # the collective of a hang, a stopped rank and a skipped collective, while the job waits (within
-# the stall time) and after it failed; `cddprun --dump` asks a running job for its records; and
-# cddp-trace reads them again, with a timeline.
+# the stall time) and after it failed; `cddprun --dump` asks a running job for its records (on
+# one host, and on node 1 of 2 whose records are in another folder than node 0's: the report has
+# every rank's, through the job's store); and cddp-trace reads them again, with a timeline.
 set -u
 build=$1 planted=$2
 R="$build/bin/cddprun" T="$build/bin/cddp-trace"
@@ -109,4 +110,32 @@ wait "$bg"
 bg=""
 grep -qF "where every rank stands, from their flight records" "$work/job" ||
     { cat "$work/job"; fail "the job's console had no report"; }
+# cddprun --dump on node 1 of 2 emulated hosts, each with its own TMPDIR (its own folder): the
+# report printed there has node 0's ranks too (posted through the job's store), and so has node
+# 0's console.
+export TWO_HOSTS_TMPDIR="$work/hosts"
+"$two_hosts" --any-exit "$build" 2 "$planted" none 0 200000 > "$work/job" 2>&1 &
+bg=$!
+i=0
+until ls "$work"/hosts/node1/cddp-flight-*/cddprun-node1.pid > /dev/null 2>&1; do
+    i=$((i + 1))
+    [ $i -gt 300 ] && fail "no node 1 cddprun pid file after 30 s"
+    sleep 0.1
+done
+sleep 2
+node1=$(ls -d "$work"/hosts/node1/cddp-flight-*)
+"$R" --dump "$node1" > "$work/out" 2>&1 || fail "cddprun --dump on node 1 failed"
+has "flight records in $node1: 4 of 4 ranks"
+has "rank 0 (pid "
+has "rank 3 (pid "
+for node in 0 1; do
+    kill "$(cat "$work"/hosts/node$node/cddp-flight-*/cddprun-node$node.pid)" ||
+        fail "node $node's cddprun ended after --dump"
+done
+wait "$bg"
+bg=""
+grep -qF "flight records in $(ls -d "$work"/hosts/node0)/cddp-flight-" "$work/job" &&
+    grep -qF ": 4 of 4 ranks" "$work/job" ||
+    { cat "$work/job"; fail "node 0's console had no report of the 4 ranks"; }
 echo "ok: stragglers named by rank and phase, hangs by rank and collective, none in a clean run"
+echo "ok: cddprun --dump on node 1 of 2 reports all 4 ranks, with node 0's records"

@@ -10,7 +10,8 @@
 #                                (NAME-hostI, a UTS namespace), so that cddp tells the hosts apart
 #                                as it tells machines apart, and its own /etc/hosts as Debian
 #                                writes one (ip netns exec mounts /etc/netns/NAMEI/hosts): its
-#                                own name on 127.0.1.1, the other hosts' names on their addresses
+#                                own name on 127.0.1.1, the other hosts' names on their addresses;
+#                                and its own TMPDIR (as hosts have their own /tmp)
 #   hosts.sh addr NAME I         host I's address
 #   hosts.sh addr6 NAME I        host I's IPv6 address (fd00:K::I+1, on the same links)
 #   hosts.sh stop NAME           ends every process left in the hosts' namespaces (all of them
@@ -124,7 +125,8 @@ exec)
     i=$1
     shift
     [ -d "$state" ] || { echo "hosts.sh: $name is not up" >&2; exit 1; }
-    exec ip netns exec "$name$i" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name-host$i" "$@" ;;
+    mkdir -p "$state/tmp$i"
+    TMPDIR="$state/tmp$i" exec ip netns exec "$name$i" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name-host$i" "$@" ;;
 addr)
     [ $# = 1 ] || usage
     addr "$1" ;;

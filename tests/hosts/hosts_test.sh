@@ -58,7 +58,9 @@
 #          with CDDP_STORE_REPLY_S at its default, 5 s (the collectives' own deadline,
 #          CDDP_TIMEOUT_S, at its 300 s), every cddprun exits 1 within 30 s: host 0's report
 #          names host 2 as the root cause (silent, no heartbeat), not host 1's rank, which failed
-#          when host 0 stopped its own; host 2 says it lost node 0's store
+#          when host 0 stopped its own; host 2 says it lost node 0's store; host 0's flight report
+#          (with host 1's records, through the store: each host has its own TMPDIR) says ranks 0-1
+#          wait in one allreduce and rank 2 left no record
 set -u
 build=$(cd "$1" && pwd)
 scenario=$2
@@ -612,6 +614,12 @@ cut)
     has node0.out "  root cause: node 2 (host $("$H" addr "$name" 2), ranks 2-2) stopped answering: its launcher sent no heartbeat for ${CDDP_STORE_REPLY_S:-5} s"
     grep -q "root cause, on node 1" node0.out && fail "host 0 blames host 1's rank, which failed after host 2"
     has node2.out "node 0's launcher is gone"
-    echo "ok: host 2 of 3 cut off: host 0's cddprun exited 1 after $ms0 ms naming host 2, the others by $ms2 ms" ;;
+    # The flight records, host 1's through the store: hosts 0 and 1 wait in one allreduce, host
+    # 2's rank left none (its link is down).
+    has node0.out ": 2 of 3 ranks"
+    grep -q "^  ranks 0-1 wait in allreduce #[0-9]* (bucket [0-9]*: .* \.\. .*), up to " node0.out ||
+        fail "host 0's report does not say that ranks 0-1 wait in one allreduce"
+    has node0.out "rank 2 left no record: it is stopped, killed, hung without answering SIGUSR1, or never started (the ranks above wait for it)"
+    echo "ok: host 2 of 3 cut off: host 0's cddprun exited 1 after $ms0 ms naming host 2, the others by $ms2 ms; the flight records say ranks 0-1 wait for rank 2" ;;
 *) fail "unknown scenario $scenario" ;;
 esac

@@ -2,17 +2,26 @@
  * report of where every rank stands.
  *
  * The records go to CDDP_FLIGHT_DIR (the user's), else --logdir's flight/, else
- * /tmp/cddp-flight-RUN; each round starts with the folder's old records removed. When a rank
- * writes one of its own accord (its group failed, a collective stalled), cddprun asks the other
- * workers for theirs (SIGUSR1, only to a process that handles it: its /proc status says so) and
- * prints the report a second later; the job goes on. `cddprun --dump` (or --status) from another
- * shell signals the running cddprun (its pid is in the folder), which does the same, and prints
- * the report itself too. When the job fails, the live workers are asked before they are stopped,
- * and the report follows cddprun's own.
+ * $TMPDIR/cddp-flight-RUN (/tmp without TMPDIR); each round starts with the folder's old records
+ * removed. When a rank writes one of its own accord (its group failed, a collective stalled),
+ * cddprun asks the other workers for theirs (SIGUSR1, only to a process that handles it: its /proc
+ * status says so) and prints the report a second later; the job goes on. `cddprun --dump` (or
+ * --status) from another shell signals the running cddprun (its pid is in the folder), which does
+ * the same, and prints the report itself too. When the job fails, the live workers are asked before
+ * they are stopped, and the report follows cddprun's own.
+ *
+ * Across nodes (--nnodes > 1) it goes through the job's store: a node that asks its workers adds
+ * one to r<round>/flight/asks, and every node's watch asks its own when that count moves; each
+ * node then posts its workers' records (r<round>/flight/rank<R>: "<posted> <written>\n" and the
+ * record, written 0 when the rank left none), and node 0, or the node that --dump reached, puts
+ * the other nodes' records into its own folder before it prints the report, so that it covers
+ * every rank wherever the folders are. On failure each node posts after asking its workers; each
+ * report merges what the other nodes posted (node 0 waits up to 3 s for them).
  */
 #include "cddprun.h"
 
 #include <cddp/flight.h>
+#include <cddp/launch.h>
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
@@ -26,6 +35,10 @@ static char dir[PATH_MAX];
 static volatile sig_atomic_t dump_asked;
 static double next_scan, report_at, last_ask, round_start_wall;
 static bool in_tmp; /* the folder is cddprun's choice in /tmp (no --logdir, no CDDP_FLIGHT_DIR) */
+static int64_t asks_seen; /* the store's count of asks this node has answered */
+static double post_at;    /* when this node posts its workers' records to the store; 0: not due */
+static double asked_wall; /* when this node last asked its workers (wall clock) */
+static bool asked_here;   /* --dump reached this node: it prints the report and says it did */
 
 static void on_usr1(int sig) {
     (void)sig;
@@ -36,15 +49,16 @@ static void on_usr1(int sig) {
     errno = saved;
 }
 
-/* The folder's name for a job of run id run, with --logdir logdir (may be NULL). */
+/* The folder's name for a job of run id run, with --logdir logdir (may be NULL): the library's
+ * (CDDP_FLIGHT_DIR, else in $TMPDIR by run id) but for --logdir's. */
 static void dir_for(const char *logdir, const char *run, char *out, size_t n) {
     const char *mine = getenv("CDDP_FLIGHT_DIR");
-    if (mine && *mine)
-        snprintf(out, n, "%s", mine);
-    else if (logdir)
+    if (!(mine && *mine) && logdir) {
         snprintf(out, n, "%s/flight", logdir);
-    else
-        snprintf(out, n, "/tmp/cddp-flight-%s", run);
+        return;
+    }
+    setenv(CDDP_ENV_RUN_ID, run, 1); /* the workers get it too */
+    cddp_flight_dir(out, n);
 }
 
 /* Whether process pid handles SIGUSR1 (its SigCgt mask in /proc). */
@@ -60,16 +74,140 @@ static bool handles_usr1(pid_t pid) {
     return found && (mask >> (SIGUSR1 - 1) & 1);
 }
 
-/* Asks every running worker that can answer for its record. */
+static bool several(const job *j) {
+    return j->o.nnodes > 1 && j->store;
+}
+
+/* The worker running rank r on this node, or NULL. */
+static const worker *local(const job *j, int r) {
+    for (int i = 0; i < j->o.nproc_per_node; i++)
+        if (j->w[i].rank == r) return &j->w[i];
+    return NULL;
+}
+
+/* When path was last written (wall clock), 0 when it is not there. */
+static double written(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? (double)st.st_mtim.tv_sec + st.st_mtim.tv_nsec * 1e-9 : 0;
+}
+
+/* The contents of path in a new buffer (*len bytes), or NULL. */
+static char *contents(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *text = NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (text = malloc((size_t)n + 1)) &&
+        fread(text, 1, (size_t)n, f) != (size_t)n) {
+        free(text);
+        text = NULL;
+    }
+    fclose(f);
+    *len = n > 0 ? (size_t)n : 0;
+    return text;
+}
+
+/* Asks every running worker of this node that can answer for its record. */
 static void ask(job *j) {
     for (int i = 0; i < j->o.nproc_per_node; i++)
         if (j->w[i].running && handles_usr1(j->w[i].pid)) kill(j->w[i].pid, SIGUSR1);
     last_ask = cddp_now_s();
+    asked_wall = cddprun_wall_s();
+    post_at = several(j) ? last_ask + 0.8 : 0;
+}
+
+/* Asks this node's workers, and through the store every other node's. */
+static void ask_all(job *j) {
+    ask(j);
+    if (!several(j)) return;
+    char key[64];
+    cddp_error err = {0};
+    snprintf(key, sizeof key, "r%d/flight/asks", j->round);
+    if (cddp_store_add(j->store, key, 1, &asks_seen, &err) != CDDP_OK)
+        fprintf(stderr, "cddprun: cannot ask the other nodes for their records: %s\n",
+                cddp_error_msg(&err));
+}
+
+/* Whether another node asked since this one last answered. */
+static bool asked_elsewhere(job *j) {
+    char key[64];
+    cddp_error err = {0};
+    int64_t v = 0;
+    snprintf(key, sizeof key, "r%d/flight/asks", j->round);
+    if (cddp_store_add(j->store, key, 0, &v, &err) != CDDP_OK || v <= asks_seen) return false;
+    asks_seen = v;
+    return true;
+}
+
+/* Posts this node's workers' records (or that a rank left none this round) to the store. */
+static void post(job *j) {
+    post_at = 0;
+    if (!several(j) || cddp_store_fd(j->store) < 0) return;
+    for (int i = 0; i < j->o.nproc_per_node; i++) {
+        char path[PATH_MAX + 32], key[64], head[64];
+        snprintf(path, sizeof path, "%s/rank-%d.json", dir, j->w[i].rank);
+        double at = written(path);
+        size_t len = 0;
+        char *text = at >= round_start_wall ? contents(path, &len) : NULL;
+        if (!text) at = 0;
+        int h = snprintf(head, sizeof head, "%.6f %.6f\n", cddprun_wall_s(), at);
+        char *v = malloc((size_t)h + len);
+        if (v) {
+            memcpy(v, head, (size_t)h);
+            if (at > 0) memcpy(v + h, text, len);
+            snprintf(key, sizeof key, "r%d/flight/rank%d", j->round, j->w[i].rank);
+            cddp_error err = {0};
+            if (cddp_store_set(j->store, key, v, (size_t)h + (at > 0 ? len : 0), &err) != CDDP_OK)
+                i = j->o.nproc_per_node; /* the store is gone: no more tries */
+        }
+        free(v);
+        free(text);
+    }
+}
+
+/* Puts into this node's folder the records the other nodes posted since `since` (wall clock),
+ * waiting up to wait_s for a node to answer for each of its ranks. */
+static void merge(job *j, double since, double wait_s) {
+    if (!several(j) || j->world > 4096) return;
+    bool done[4096] = {false};
+    double until = cddp_now_s() + wait_s;
+    for (;;) {
+        int missing = 0;
+        for (int r = 0; r < j->world; r++) {
+            if (done[r] || local(j, r)) continue;
+            char key[64];
+            void *v = NULL;
+            size_t len = 0;
+            cddp_error err = {0};
+            snprintf(key, sizeof key, "r%d/flight/rank%d", j->round, r);
+            double posted = 0, at = 0;
+            int used = 0;
+            if (cddp_store_get(j->store, key, 0.001, &v, &len, &err) != CDDP_OK ||
+                sscanf(v, "%lf %lf\n%n", &posted, &at, &used) != 2 || posted < since) {
+                cddp_free(v);
+                missing += cddp_store_fd(j->store) >= 0;
+                continue;
+            }
+            done[r] = true;
+            char path[PATH_MAX + 32], tmp[PATH_MAX + 48];
+            snprintf(path, sizeof path, "%s/rank-%d.json", dir, r);
+            snprintf(tmp, sizeof tmp, "%s.merge", path);
+            FILE *f = at > written(path) ? fopen(tmp, "w") : NULL;
+            if (f) {
+                bool ok = fwrite((char *)v + used, 1, len - (size_t)used, f) == len - (size_t)used;
+                ok = fclose(f) == 0 && ok;
+                if (!ok || rename(tmp, path) != 0) unlink(tmp);
+            }
+            cddp_free(v);
+        }
+        if (!missing || cddp_now_s() >= until) return;
+        cddprun_pump(j, 0.1);
+    }
 }
 
 /* Whether a record newer than `since` (wall clock) is in the folder; with own, only one a rank
- * wrote of its own accord (not asked by SIGUSR1). */
-static bool new_record(double since, bool own) {
+ * of this node wrote of its own accord (not asked by SIGUSR1). */
+static bool new_record(const job *j, double since, bool own) {
     DIR *d = opendir(dir);
     if (!d) return false;
     bool found = false;
@@ -79,12 +217,12 @@ static bool new_record(double since, bool own) {
         if (sscanf(de->d_name, "rank-%d.json%n", &r, &used) != 1 || de->d_name[used]) continue;
         char path[PATH_MAX + 300], head[512];
         snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-        struct stat st;
-        if (stat(path, &st) != 0 || st.st_mtim.tv_sec + st.st_mtim.tv_nsec * 1e-9 < since) continue;
+        if (written(path) < since) continue;
         if (!own) {
             found = true;
             continue;
         }
+        if (!local(j, r)) continue;
         FILE *f = fopen(path, "r");
         size_t n = f ? fread(head, 1, sizeof head - 1, f) : 0;
         if (f) fclose(f);
@@ -138,50 +276,73 @@ void cddprun_flight_round(job *j) {
     }
     if (d) closedir(d);
     round_start_wall = cddprun_wall_s();
-    report_at = 0;
+    report_at = post_at = 0;
+    asks_seen = 0;
+    asked_here = false;
+}
+
+/* The marker a --dump waits for: this node's cddprun printed the report it asked for. */
+static void answered_path(const job *j, char *out, size_t n) {
+    snprintf(out, n, "%s/cddprun-node%d.answered", dir, j->o.node_rank);
 }
 
 void cddprun_flight_watch(job *j) {
     double now = cddp_now_s();
     if (dump_asked) {
         dump_asked = 0;
-        ask(j);
+        asked_here = true;
+        ask_all(j);
         report_at = now + 1.0;
     }
     if (now >= next_scan) {
         next_scan = now + 0.5;
-        if (now - last_ask > 10 && new_record(cddprun_wall_s() - 1.0, true)) {
+        if (several(j) && asked_elsewhere(j)) {
             ask(j);
+            report_at = now + 1.0;
+        } else if (now - last_ask > 10 && new_record(j, cddprun_wall_s() - 1.0, true)) {
+            ask_all(j);
             report_at = now + 1.0;
         }
     }
+    if (post_at > 0 && now >= post_at) post(j);
     if (report_at > 0 && now >= report_at) {
         report_at = 0;
+        /* Across nodes, node 0's console has the report, and the shell of a --dump */
+        if (several(j) && j->o.node_rank != 0 && !asked_here) return;
+        merge(j, asked_wall - 2.0, 2.0);
         print_report(j->world, stderr, "where every rank stands, from their flight records");
+        if (asked_here) {
+            char path[PATH_MAX + 48];
+            answered_path(j, path, sizeof path);
+            FILE *f = fopen(path, "w");
+            if (f) fclose(f);
+            asked_here = false;
+        }
     }
 }
 
 void cddprun_flight_collect(job *j) {
     ask(j);
-    double asked = cddprun_wall_s(), until = cddp_now_s() + 1.0;
+    double asked = asked_wall, until = cddp_now_s() + 1.0;
     int alive = 0;
     for (int i = 0; i < j->o.nproc_per_node; i++) alive += j->w[i].running;
     while (alive && cddp_now_s() < until) {
         int fresh = 0;
         for (int i = 0; i < j->o.nproc_per_node; i++) {
             char path[PATH_MAX + 32];
-            struct stat st;
             snprintf(path, sizeof path, "%s/rank-%d.json", dir, j->w[i].rank);
-            fresh += j->w[i].running && stat(path, &st) == 0 &&
-                     st.st_mtim.tv_sec + st.st_mtim.tv_nsec * 1e-9 >= asked - 0.01;
+            fresh += j->w[i].running && written(path) >= asked - 0.01;
         }
         if (fresh >= alive) break;
         cddprun_pump(j, 0.05);
     }
+    post(j);
 }
 
 void cddprun_flight_final(job *j, FILE *rep) {
-    if (dir[0] && new_record(round_start_wall, false))
+    if (!dir[0]) return;
+    merge(j, asked_wall - 2.0, j->o.node_rank == 0 ? 3.0 : 1.0);
+    if (new_record(j, round_start_wall, false))
         print_report(j->world, rep, "the ranks' flight records");
 }
 
@@ -190,7 +351,10 @@ void cddprun_flight_end(job *j, bool ok) {
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/cddprun-node%d.pid", dir, j->o.node_rank);
     unlink(path);
-    if (new_record(0, false)) {
+    answered_path(j, path, sizeof path);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/cddprun-node%d.pid", dir, j->o.node_rank);
+    if (new_record(j, 0, false)) {
         if (!ok) fprintf(stderr, "cddprun: the ranks' flight records are in %s\n", dir);
     } else if (in_tmp) {
         rmdir(dir);
@@ -226,7 +390,8 @@ int cddprun_dump_main(int argc, char **argv) {
                 dir);
         return 1;
     }
-    int asked = 0;
+    int asked = 0, nodes[64];
+    double request = cddprun_wall_s();
     struct dirent *de;
     while ((de = readdir(d))) {
         int node, used = 0;
@@ -239,7 +404,7 @@ int cddprun_dump_main(int argc, char **argv) {
         if (f && fscanf(f, "%d", &pid) == 1 && pid > 0 && kill(pid, SIGUSR1) == 0) {
             fprintf(stderr, "cddprun: asked node %d's cddprun (pid %d) for its ranks' records\n",
                     node, pid);
-            asked++;
+            if (asked < 64) nodes[asked++] = node;
         }
         if (f) fclose(f);
     }
@@ -249,9 +414,13 @@ int cddprun_dump_main(int argc, char **argv) {
                 "cddprun: no running cddprun of this job on this host (%s); the records "
                 "already there:\n",
                 dir);
-    } else {
-        double until = cddprun_wall_s() + 2.0;
-        while (cddprun_wall_s() < until) usleep(100000);
+    } else { /* until each has printed its report (it merged the other nodes' records) */
+        double until = cddprun_wall_s() + 8.0;
+        for (int k = 0; k < asked && cddprun_wall_s() < until; usleep(50000)) {
+            char path[PATH_MAX + 48];
+            snprintf(path, sizeof path, "%s/cddprun-node%d.answered", dir, nodes[k]);
+            if (written(path) >= request - 0.01) k++;
+        }
     }
     print_report(0, stdout, "where every rank stands");
     return 0;
