@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""check_house.py SOURCE_DIR: the rules that keep cddp's house in order (docs/ARCHITECTURE.md).
+"""check_house.py SOURCE_DIR: the rules that keep cddp's house in order (docs/ARCHITECTURE.md),
+for C (.c, .h) and CUDA (.cu, .cuh) alike.
 
 1. A module's private headers (src/<module>/*.h) are included only by that module's files; every
    other file includes public headers (include/cddp/) and its own module's.
 2. The programs in tools/ use only public headers.
 3. No circle of files: in the graph where file A points at file B when A calls (or names) a
    function that B defines, no two files of src/ reach each other.
-4. No source file of src/ or tools/ is longer than 700 lines.
+4. No source file (.c, .cu) of src/ or tools/ is longer than 700 lines.
 5. The floors: a file of src/ calls (or names) functions of its own module and of the modules on
    the floors below it only (FLOORS, lowest first, as docs/ARCHITECTURE.md draws them); a module
    not in FLOORS is a breach until it is given its floor.
@@ -24,7 +25,7 @@ src = sys.argv[1] if len(sys.argv) > 1 else "."
 bad = []
 
 
-def sources(top, exts=(".c", ".h")):
+def sources(top, exts=(".c", ".h", ".cu", ".cuh")):
     for d, _, files in os.walk(os.path.join(src, top)):
         for f in sorted(files):
             if f.endswith(exts):
@@ -60,19 +61,36 @@ for path in list(sources("src")) + list(sources("tools")):
         if inc.split("/")[0] != module:
             bad.append(f"{r}: includes \"{inc}\", a private header of another module")
     lines = text.count("\n")
-    if lines > MAX_LINES and path.endswith(".c"):
+    if lines > MAX_LINES and path.endswith((".c", ".cu")):
         bad.append(f"{r}: {lines} lines (at most {MAX_LINES}: split it where it has seams)")
 
 # 3: the file graph of src/.
 defined = {}  # function name -> file
 bodies = {}   # file -> its code
 definition = re.compile(r"(^|\n)([A-Za-z_][\w \t\*]*?)\b([A-Za-z_]\w*)\s*\(([^;{}]*)\)\s*\{")
-for path in sources("src", (".c",)):
+
+
+def unnamed_namespaces(code):
+    """The spans of C++'s anonymous namespaces: what is defined there is the file's own."""
+    spans = []
+    for m in re.finditer(r"\bnamespace\s*\{", code):
+        depth, i = 1, m.end()
+        while depth and i < len(code):
+            depth += {"{": 1, "}": -1}.get(code[i], 0)
+            i += 1
+        spans.append((m.start(), i))
+    return spans
+
+
+for path in sources("src", (".c", ".cu")):
     code = strip(open(path).read())
     bodies[path] = code
+    own = unnamed_namespaces(code)
     for m in definition.finditer(code):
+        if any(a <= m.start(3) < b for a, b in own):
+            continue
         head = m.group(2)
-        if "static" in head.split() or m.group(3) in ("if", "for", "while", "switch"):
+        if "static" in head.split() or m.group(3) in ("if", "for", "while", "switch", "operator"):
             continue
         defined[m.group(3)] = path
 

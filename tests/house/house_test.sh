@@ -37,5 +37,24 @@ plant
 mkdir "$work/t/src/extra"
 printf 'void cddp_extra(void);\nvoid cddp_extra(void) {}\n' > "$work/t/src/extra/extra.c"
 expect 'src/extra: a module without a floor'
+# CUDA files are held to the same rules: a long .cu, a .cu's private include of another module,
+# a .cuh's, and a launcher that calls a floor above; a function of an anonymous namespace is the
+# file's own (no link to it).
+plant
+i=0; while [ $i -lt 710 ]; do echo "/* padding */"; i=$((i + 1)); done >> "$work/t/src/tensor/cuda/basic.cu"
+expect 'src/tensor/cuda/basic.cu: '
+plant
+printf '#include "ddp/internal.h"\n' >> "$work/t/src/tensor/cuda/loss.cu"
+expect 'src/tensor/cuda/loss.cu: includes "ddp/internal.h", a private header of another module'
+plant
+printf '#include "io/internal.h"\n' >> "$work/t/src/tensor/cuda/common.cuh"
+expect 'src/tensor/cuda/common.cuh: includes "io/internal.h", a private header of another module'
+plant
+printf 'void cddp__house_c(void);\nvoid cddp__house_c(void) { cddp_optim_step(0); }\n' >> "$work/t/src/tensor/cuda/optim.cu"
+expect 'src/tensor/cuda/optim.cu calls src/optim/optim.c (cddp_optim_step): tensor is below optim'
+plant
+printf 'namespace {\n__device__ float house_own(float x) {\n    return x;\n}\n} // namespace\n' >> "$work/t/src/tensor/cuda/optim.cu"
+printf 'void cddp__house_d(void);\nvoid cddp__house_d(void) {\n    int house_own = 0;\n    (void)house_own;\n}\n' >> "$work/t/src/core/arena.c"
+"$py" "$check" "$work/t" > "$work/out" 2>&1 || { cat "$work/out"; fail "a function of an anonymous namespace was taken for a name of another file"; }
 echo "ok: the house rules hold, and a private include, a program's private include, a circle, a" \
-     "long file, a call to a floor above and a module without a floor are each caught"
+     "long file, a call to a floor above and a module without a floor are each caught, in C and CUDA"

@@ -5,7 +5,10 @@
  *   gemm.c      the gemm kernel on cuBLASLt
  *   lt.c        cuBLASLt, loaded when the first device opens (dlopen: a build with CUDA runs, on
  *               the CPU, on machines without the libraries)
- *   kernels.cu  the other kernels, each a __global__ function and its launcher on the stream
+ *   common.cuh  what the kernel files share: block reductions, the column sums, LAUNCHED
+ *   basic.cu, loss.cu, embedding.cu, optim.cu, broadcast.cu, transformer.cu, llama.cu,
+ *   attention.cu  the other kernels by family, each __global__ function followed by its launcher
+ *               on the stream
  *   flash.cu    attention by rows (flash attention) in bf16 on the tensor cores
  *
  * The kernels it has so far are CDDP_CUDA_KERNELS below (what the MLP, the seeds' programs, the
@@ -20,7 +23,7 @@
 #include <cuda_runtime_api.h>
 
 #ifdef __cplusplus
-extern "C" { /* kernels.cu is C++: the tensor library's declarations are C's */
+extern "C" { /* the .cu files are C++: the tensor library's declarations are C's */
 #endif
 
 #include "tensor/device.h"

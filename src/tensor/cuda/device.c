@@ -419,7 +419,7 @@ static void fill_table(void) {
     kernels.computes = computes;
     kernels.gemm_takes_bf16 = takes_bf16;
     kernels.conv_grad_takes_bf16 = no_conv_grad;
-    kernels.attends_by_rows = cddp__gpu_attends_by_rows; /* the shapes kernels.cu's flash takes */
+    kernels.attends_by_rows = cddp__gpu_attends_by_rows; /* the shapes flash.cu takes */
 }
 
 /* ---- the kind ------------------------------------------------------------------------------ */
