@@ -70,7 +70,7 @@ static void usage(FILE *out) {
         "  --momentum X        SGD momentum (default 0.9)\n"
         "  --lr-schedule NAME  constant, or cosine: from --lr down to 0 over all the epochs'\n"
         "                      steps (default constant)\n"
-        "  --optimizer NAME    sgd or adamw (default sgd)\n"
+        "  --optimizer NAME    sgd, adamw or lion (default sgd)\n"
         "  --model NAME        mlp (784-512-512-10), cnn (2 conv + pool + 2 fc) or resnet (a\n"
         "                      3x3 stem and three stages of basic blocks, 16, 32 and 64\n"
         "                      channels, BatchNorm, global average pooling) (default mlp)\n"
@@ -299,8 +299,9 @@ static int parse_args(int argc, char **argv, options *o) {
                         "data); --init-from starts a new one from weights: choose one\n");
         return -1;
     }
-    if (strcmp(o->optimizer, "sgd") != 0 && strcmp(o->optimizer, "adamw") != 0) {
-        fprintf(stderr, "fashion_mnist: --optimizer must be sgd or adamw, not '%s'\n",
+    if (strcmp(o->optimizer, "sgd") != 0 && strcmp(o->optimizer, "adamw") != 0 &&
+        strcmp(o->optimizer, "lion") != 0) {
+        fprintf(stderr, "fashion_mnist: --optimizer must be sgd, adamw or lion, not '%s'\n",
                 o->optimizer);
         return -1;
     }
@@ -545,7 +546,10 @@ int main(int argc, char **argv) {
     /* After the wrap, so that under --zero the state is the shard's from the start. */
     if (strcmp(o.optimizer, "sgd") == 0)
         opt = cddp_optim_sgd(m, &(cddp_sgd_options){.lr = o.lr, .momentum = o.momentum}, &err);
-    else {
+    else if (strcmp(o.optimizer, "lion") == 0) {
+        cddp_lion_options lion = cddp_lion_defaults(o.lr);
+        opt = cddp_optim_lion(m, &lion, &err);
+    } else {
         cddp_adamw_options aw = cddp_adamw_defaults(o.lr);
         opt = cddp_optim_adamw(m, &aw, &err);
     }

@@ -47,7 +47,7 @@ typedef struct options {
         keep, bench, powersgd_rank, powersgd_start;
     double lr, min_lr, weight_decay, grad_clip, beta1, beta2, temperature, peak_tflops;
     const char *data, *out, *resume, *init_from, *device, *dtype, *prompt, *tensorboard, *hook,
-        *tokenizer, *prompt_ids, *arch;
+        *tokenizer, *prompt_ids, *arch, *optimizer;
     uint64_t seed;
     bool json, zero, stop;
     /* --arch llama: the Llama's own sizes, and its whole shape once read from a file */
@@ -90,8 +90,10 @@ static void usage(FILE *out) {
         "  --min_lr X          learning rate after the decay (default 1e-4)\n"
         "  --warmup_iters N    linear warmup (default 100)\n"
         "  --lr_decay_iters N  cosine decay ends here (default max_iters)\n"
-        "  --weight_decay X    AdamW's, on matrices only (default 0.1)\n"
-        "  --beta1 X, --beta2 X  AdamW's (default 0.9, 0.99)\n"
+        "  --optimizer NAME    adamw (default) or lion (the sign of a momentum: give it a\n"
+        "                      3-10x smaller --lr and larger --weight_decay than AdamW's)\n"
+        "  --weight_decay X    the optimizer's, on matrices only (default 0.1)\n"
+        "  --beta1 X, --beta2 X  its betas (default 0.9, 0.99)\n"
         "  --grad_clip X       clip the gradients' global norm (default 1.0; 0: never)\n"
         "  --seed N            weights and data order (default 1337)\n"
         "  --zero              shard AdamW's state across the ranks (ZeRO-1)\n"
@@ -206,6 +208,7 @@ static int parse_args(int argc, char **argv, options *o) {
                    .hook = "none",
                    .dtype = "fp32",
                    .arch = "gpt",
+                   .optimizer = "adamw",
                    .seed = 1337};
     int64_t seed = (int64_t)o->seed;
     const flag flags[] = {
@@ -244,6 +247,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"prompt", 's', &o->prompt, 0, 0, false},
         {"prompt_ids", 's', &o->prompt_ids, 0, 0, false},
         {"arch", 's', &o->arch, 0, 0, false},
+        {"optimizer", 's', &o->optimizer, 0, 0, false},
         {"n_kv_head", 'i', &o->n_kv_head, 1, MOST_HEADS, false},
         {"intermediate_size", 'i', &o->intermediate_size, 1, MOST_EMBD * 8, false},
         {"rope_theta", 'f', &o->rope_theta, 0, 1e12, true},
@@ -363,6 +367,10 @@ static int parse_args(int argc, char **argv, options *o) {
         return -1;
     }
     o->llama = strcmp(o->arch, "llama") == 0;
+    if (strcmp(o->optimizer, "adamw") != 0 && strcmp(o->optimizer, "lion") != 0) {
+        fprintf(stderr, "gpt_train: --optimizer %s: adamw or lion\n", o->optimizer);
+        return -1;
+    }
     if (!o->llama && (o->n_kv_head || o->intermediate_size || o->rope_theta)) {
         fprintf(stderr, "gpt_train: --n_kv_head, --intermediate_size and --rope_theta go with "
                         "--arch llama\n");
@@ -747,6 +755,7 @@ int main(int argc, char **argv) {
     aw.beta2 = (float)o.beta2;
     aw.weight_decay = (float)o.weight_decay;
     aw.decay_matrices_only = true;
+    cddp_lion_options lion = {(float)o.lr, aw.beta1, aw.beta2, aw.weight_decay, true};
     /* The optimizer after the wrap: under --zero its state is the shard's from the start. */
     if (!(ddp = cddp_ddp_wrap(m, group,
                               &(cddp_ddp_options){.shard_optimizer = o.zero,
@@ -756,7 +765,9 @@ int main(int argc, char **argv) {
                                                   .powersgd_start_step = o.powersgd_start},
                               &err)))
         goto fail;
-    if (!(opt = cddp_optim_adamw(m, &aw, &err))) goto fail;
+    if (!(opt = strcmp(o.optimizer, "lion") ? cddp_optim_adamw(m, &aw, &err)
+                                            : cddp_optim_lion(m, &lion, &err)))
+        goto fail;
 
     int64_t iter = 0;
     if (o.init_from) {

@@ -212,6 +212,13 @@ typedef struct cddp_adamw_hparams {
 } cddp_adamw_hparams;
 CDDP_API void cddp_device_adamw(cddp_device *dev, float *p, const float *grad, float *m, float *v,
                                 size_t n, const cddp_adamw_hparams *h);
+/* Lion: c = beta1 m + (1 - beta1) g; p = p decay - lr sign(c) (sign(0) = 0), decay = 1 - lr wd;
+ * m = beta2 m + (1 - beta2) g. */
+typedef struct cddp_lion_hparams {
+    float lr, beta1, beta2, decay;
+} cddp_lion_hparams;
+CDDP_API void cddp_device_lion(cddp_device *dev, float *p, const float *grad, float *m, size_t n,
+                               const cddp_lion_hparams *h);
 /* *out = the sum of x[i]^2 in double, added in a fixed order (the same on every device and rank);
  * waits for the device. */
 CDDP_API int cddp_device_sum_squares(cddp_device *dev, const float *x, size_t n, double *out,

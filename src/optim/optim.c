@@ -1,54 +1,19 @@
-/* optim.c: SGD and AdamW on flat blocks (the rules are written out in cddp/optim.h).
+/* optim.c: what every optimizer does alike (optim/internal.h): its state on the model's device,
+ * the model's shard (ZeRO-1), parameter groups' weight decay, the update over the ranges, the
+ * accessors; and clipping and the learning rate schedule. The rules are files of their own
+ * (sgd.c, adamw.c, lion.c; the update rules are written out in cddp/optim.h).
  *
  * An update runs over the whole parameter block at once, which is what makes the flat layout
- * pay: one pass, no per-parameter dispatch. The arithmetic is the model's device's (cddp/device.h:
- * cddp_device_sgd, cddp_device_adamw), float32 in the same order as PyTorch's kernels so that
- * results agree to rounding; the state lives on that device too. Each rule is one entry of
- * `rules` below: its state's names and its step; a new optimizer (Lion) is an entry there and a
- * kernel of the devices.
+ * pay: one pass, no per-parameter dispatch. The arithmetic is the model's device's (cddp/device.h),
+ * float32 in the same order as PyTorch's kernels so that results agree to rounding; the state
+ * lives on that device too. A new optimizer is a file here with its rule and constructor, its
+ * declaration in cddp/optim.h, and its kernel on the devices.
  */
-#include "cddp/optim.h"
+#include "optim/internal.h"
 #include "cddp/core.h"
 
 #include <math.h>
 #include <string.h>
-
-typedef enum { OPT_SGD, OPT_ADAMW } opt_kind;
-
-typedef struct cddp_optim cddp_optim;
-
-/* An update rule: its name, its state blocks' names, and its step on elements [0, n) of a range
- * (p, g, the states from the range's start; wd its weight decay). */
-typedef struct rule {
-    const char *name;
-    const char *states[2];
-    void (*step)(cddp_optim *opt, float *p, const float *g, float **state, size_t n, float wd);
-} rule;
-
-struct cddp_optim {
-    opt_kind kind;
-    cddp_device *dev; /* the model's */
-    cddp_model *model;
-    cddp_sgd_options sgd;
-    cddp_adamw_options adamw;
-    float lr;
-    int64_t steps;
-    int nstates;
-    float *state[2]; /* for the ranges below only, one after another */
-    float *decay;    /* per parameter weight decay (parameter groups), NULL: the options' for all */
-    /* The ranges of the flat blocks this optimizer updates: the model's shard (ZeRO-1) or the
-     * whole block, [begin, end) pairs; taken from the model at version. */
-    int64_t *ranges;
-    int nranges;
-    bool sharded;
-    uint64_t version;
-    size_t state_numel;
-};
-
-cddp_adamw_options cddp_adamw_defaults(float lr) {
-    return (cddp_adamw_options){
-        .lr = lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 1e-2f};
-}
 
 /* The ranges this process updates: the model's shard, or (not sharded) the whole block, which
  * *whole holds. Returns their count; *version (if not NULL) the shard's. */
@@ -72,14 +37,14 @@ static int take_shard(cddp_optim *o, cddp_error *err) {
     size_t total = 0;
     for (int i = 0; i < k; i++) total += (size_t)(r[2 * i + 1] - r[2 * i]);
     int64_t *nr = cddp_malloc(sizeof *nr * 2 * (size_t)k);
-    float *ns[2] = {NULL, NULL};
+    float *ns[CDDP__OPTIM_MAX_STATES] = {NULL};
     bool ok = nr != NULL;
     for (int s = 0; s < o->nstates && ok; s++)
         ok = (ns[s] = cddp_device_alloc(o->dev, total * sizeof(float) + 64, NULL)) &&
              cddp_device_memset(o->dev, ns[s], 0, total * sizeof(float), NULL) == CDDP_OK;
     if (!ok) {
         cddp_free(nr);
-        for (int s = 0; s < 2; s++) cddp_device_free(o->dev, ns[s]);
+        for (int s = 0; s < CDDP__OPTIM_MAX_STATES; s++) cddp_device_free(o->dev, ns[s]);
         return cddp_error_set(err, CDDP_ENOMEM,
                               "out of memory for the optimizer state (%zu parameters) on %s", total,
                               cddp_device_name(o->dev));
@@ -99,7 +64,7 @@ static int take_shard(cddp_optim *o, cddp_error *err) {
         }
         base_new += (size_t)(nr[2 * a + 1] - nr[2 * a]);
     }
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < CDDP__OPTIM_MAX_STATES; s++) {
         cddp_device_free(o->dev, o->state[s]);
         o->state[s] = ns[s];
     }
@@ -112,25 +77,36 @@ static int take_shard(cddp_optim *o, cddp_error *err) {
     return CDDP_OK;
 }
 
-static cddp_optim *optim_new(cddp_model *m, opt_kind kind, int nstates, float lr, cddp_error *err) {
+cddp_optim *cddp__optim_new(cddp_model *m, const cddp__optim_rule *rule, const void *opts,
+                            size_t size, int nstates, float lr, float wd, bool decay_matrices_only,
+                            cddp_error *err) {
     if (!(lr >= 0.0f)) {
         cddp_error_set(err, CDDP_EINVAL, "learning rate %g must be >= 0", (double)lr);
         return NULL;
     }
     cddp_optim *o = cddp_calloc(1, sizeof *o);
-    if (!o) {
+    if (!o || !(o->opts = cddp_malloc(size))) {
+        cddp_free(o);
         cddp_error_set(err, CDDP_ENOMEM, "out of memory");
         return NULL;
     }
-    o->kind = kind;
+    memcpy(o->opts, opts, size);
+    o->rule = rule;
     o->model = m;
     o->dev = cddp_model_device(m);
     o->lr = lr;
+    o->weight_decay = wd;
     o->nstates = nstates;
     if (take_shard(o, err) != CDDP_OK) {
         cddp_optim_destroy(o);
         return NULL;
     }
+    for (int i = 0; decay_matrices_only && i < cddp_model_num_params(m); i++)
+        if (cddp_model_param(m, i)->ndim < 2 &&
+            cddp_optim_set_param_weight_decay(o, i, 0.0f, err) != CDDP_OK) {
+            cddp_optim_destroy(o);
+            return NULL;
+        }
     return o;
 }
 
@@ -148,22 +124,6 @@ size_t cddp_optim_state_numel(const cddp_optim *opt) {
     return opt->state_numel;
 }
 
-cddp_optim *cddp_optim_sgd(cddp_model *m, const cddp_sgd_options *opts, cddp_error *err) {
-    cddp_sgd_options o = *opts;
-    if (o.momentum < 0.0f || o.weight_decay < 0.0f) {
-        cddp_error_set(err, CDDP_EINVAL, "SGD: momentum %g and weight_decay %g must be >= 0",
-                       (double)o.momentum, (double)o.weight_decay);
-        return NULL;
-    }
-    if (o.nesterov && (o.momentum <= 0.0f || o.dampening != 0.0f)) {
-        cddp_error_set(err, CDDP_EINVAL, "SGD: nesterov needs momentum > 0 and dampening 0");
-        return NULL;
-    }
-    cddp_optim *opt = optim_new(m, OPT_SGD, o.momentum != 0.0f ? 1 : 0, o.lr, err);
-    if (opt) opt->sgd = o;
-    return opt;
-}
-
 int cddp_optim_set_param_weight_decay(cddp_optim *opt, int param_index, float weight_decay,
                                       cddp_error *err) {
     int n = cddp_model_num_params(opt->model);
@@ -174,71 +134,20 @@ int cddp_optim_set_param_weight_decay(cddp_optim *opt, int param_index, float we
     if (!opt->decay) {
         if (!(opt->decay = cddp_malloc(sizeof(float) * (size_t)(n ? n : 1))))
             return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
-        float all = opt->kind == OPT_SGD ? opt->sgd.weight_decay : opt->adamw.weight_decay;
-        for (int i = 0; i < n; i++) opt->decay[i] = all;
+        for (int i = 0; i < n; i++) opt->decay[i] = opt->weight_decay;
     }
     opt->decay[param_index] = weight_decay;
     return CDDP_OK;
 }
 
-cddp_optim *cddp_optim_adamw(cddp_model *m, const cddp_adamw_options *opts, cddp_error *err) {
-    cddp_adamw_options o = *opts;
-    if (!(o.beta1 >= 0.0f && o.beta1 < 1.0f && o.beta2 >= 0.0f && o.beta2 < 1.0f) ||
-        !(o.eps >= 0.0f) || !(o.weight_decay >= 0.0f)) {
-        cddp_error_set(err, CDDP_EINVAL,
-                       "AdamW: betas (%g, %g) must be in [0, 1), eps %g and weight_decay %g >= 0",
-                       (double)o.beta1, (double)o.beta2, (double)o.eps, (double)o.weight_decay);
-        return NULL;
-    }
-    cddp_optim *opt = optim_new(m, OPT_ADAMW, 2, o.lr, err);
-    if (opt) opt->adamw = o;
-    for (int i = 0; opt && o.decay_matrices_only && i < cddp_model_num_params(m); i++)
-        if (cddp_model_param(m, i)->ndim < 2 &&
-            cddp_optim_set_param_weight_decay(opt, i, 0.0f, err) != CDDP_OK) {
-            cddp_optim_destroy(opt);
-            return NULL;
-        }
-    return opt;
-}
-
 void cddp_optim_destroy(cddp_optim *opt) {
     if (!opt) return;
-    for (int i = 0; i < 2; i++) cddp_device_free(opt->dev, opt->state[i]);
+    for (int i = 0; i < CDDP__OPTIM_MAX_STATES; i++) cddp_device_free(opt->dev, opt->state[i]);
+    cddp_free(opt->opts);
     cddp_free(opt->decay);
     cddp_free(opt->ranges);
     cddp_free(opt);
 }
-
-static void sgd_step(cddp_optim *opt, float *p, const float *g, float **state, size_t n, float wd) {
-    const cddp_sgd_options *o = &opt->sgd;
-    cddp_sgd_hparams h = {.lr = opt->lr,
-                          .momentum = o->momentum,
-                          .dampening = o->dampening,
-                          .weight_decay = wd,
-                          .nesterov = o->nesterov,
-                          .first = opt->steps == 0};
-    cddp_device_sgd(opt->dev, p, g, o->momentum != 0.0f ? state[0] : NULL, n, &h);
-}
-
-static void adamw_step(cddp_optim *opt, float *p, const float *g, float **state, size_t n,
-                       float wd) {
-    const cddp_adamw_options *o = &opt->adamw;
-    float lr = opt->lr;
-    /* Scalars in double, as Python computes them, then rounded once to float. */
-    double t = (double)(opt->steps + 1);
-    cddp_adamw_hparams h = {.beta1 = o->beta1,
-                            .beta2 = o->beta2,
-                            .eps = o->eps,
-                            .step_size = (float)((double)lr / (1.0 - pow(o->beta1, t))),
-                            .bc2_sqrt = (float)sqrt(1.0 - pow(o->beta2, t)),
-                            .decay = (float)(1.0 - (double)lr * (double)wd)};
-    cddp_device_adamw(opt->dev, p, g, state[0], state[1], n, &h);
-}
-
-static const rule rules[] = {
-    [OPT_SGD] = {"sgd", {"momentum_buffer"}, sgd_step},
-    [OPT_ADAMW] = {"adamw", {"exp_avg", "exp_avg_sq"}, adamw_step},
-};
 
 /* Updates elements [lo, hi) of the flat blocks, where they meet this optimizer's ranges. */
 static void update(cddp_optim *opt, float *p, const float *g, size_t lo, size_t hi, float wd) {
@@ -248,9 +157,10 @@ static void update(cddp_optim *opt, float *p, const float *g, size_t lo, size_t 
         size_t x = CDDP_MAX(a, lo), y = CDDP_MIN(b, hi), at = base + (x - a);
         base += b - a;
         if (x >= y) continue;
-        float *state[2] = {opt->state[0] ? opt->state[0] + at : NULL,
-                           opt->state[1] ? opt->state[1] + at : NULL};
-        rules[opt->kind].step(opt, p + x, g + x, state, y - x, wd);
+        float *state[CDDP__OPTIM_MAX_STATES];
+        for (int s = 0; s < CDDP__OPTIM_MAX_STATES; s++)
+            state[s] = opt->state[s] ? opt->state[s] + at : NULL;
+        opt->rule->step(opt, p + x, g + x, state, y - x, wd);
     }
 }
 
@@ -262,7 +172,7 @@ void cddp_optim_step(cddp_optim *opt) {
     const float *g = cddp_model_grad(opt->model);
     size_t n = cddp_model_numel(opt->model);
     cddp_model_notify(opt->model, CDDP_EVENT_OPTIM_BEGIN);
-    float all = opt->kind == OPT_SGD ? opt->sgd.weight_decay : opt->adamw.weight_decay;
+    float all = opt->weight_decay;
     /* Runs of parameters with one weight decay (all of them without parameter groups), each a
      * range of the flat blocks, one straight pass each. */
     int np = cddp_model_num_params(opt->model);
@@ -295,7 +205,7 @@ void cddp_optim_set_steps(cddp_optim *opt, int64_t steps) {
 }
 
 const char *cddp_optim_name(const cddp_optim *opt) {
-    return rules[opt->kind].name;
+    return opt->rule->name;
 }
 
 int cddp_optim_num_states(const cddp_optim *opt) {
@@ -305,7 +215,7 @@ int cddp_optim_num_states(const cddp_optim *opt) {
 float *cddp_optim_state(const cddp_optim *opt, int i, const char **name) {
     CDDP_CHECK(i >= 0 && i < opt->nstates, "optimizer state %d out of range (%d states)", i,
                opt->nstates);
-    if (name) *name = rules[opt->kind].states[i];
+    if (name) *name = opt->rule->states[i];
     return opt->state[i];
 }
 

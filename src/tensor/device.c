@@ -374,6 +374,12 @@ void cddp_device_adamw(cddp_device *dev, float *p, const float *grad, float *m, 
     CDDP__K(&q, adamw, .p = p, .g = grad, .m = m, .v = v, .n = (int64_t)n, .h = *h);
 }
 
+void cddp_device_lion(cddp_device *dev, float *p, const float *grad, float *m, size_t n,
+                      const cddp_lion_hparams *h) {
+    cddp__kq q = cddp__device_kq(dev);
+    CDDP__K(&q, lion, .p = p, .g = grad, .m = m, .n = (int64_t)n, .h = *h);
+}
+
 void cddp_device_scale(cddp_device *dev, float *x, size_t n, float s) {
     cddp__kq q = cddp__device_kq(dev);
     CDDP__K(&q, scale, .y = x, .x = x, .s = s, .n = (int64_t)n);

@@ -388,14 +388,17 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
         F(bool, dw_assign) F(float *, db) F(bool, db_assign) F(cddp__conv_geom, g)                 \
             F(void **, state)
 
-/* The optimizers' updates of n elements of a flat block (device.h's cddp_device_sgd and
- * cddp_device_adamw say what each computes; buf NULL: SGD without momentum), and the sum of
- * squares of one (in double, in 8 lanes of a fixed order: the same on every device and rank). */
+/* The optimizers' updates of n elements of a flat block (device.h's cddp_device_sgd,
+ * cddp_device_adamw and cddp_device_lion say what each computes; buf NULL: SGD without momentum),
+ * and the sum of squares of one (in double, in 8 lanes of a fixed order: the same on every device
+ * and rank). */
 #define CDDP__KA_sgd(F)                                                                            \
     F(float *, p) F(const float *, g) F(float *, buf) F(int64_t, n) F(cddp_sgd_hparams, h)
 #define CDDP__KA_adamw(F)                                                                          \
     F(float *, p)                                                                                  \
     F(const float *, g) F(float *, m) F(float *, v) F(int64_t, n) F(cddp_adamw_hparams, h)
+#define CDDP__KA_lion(F)                                                                           \
+    F(float *, p) F(const float *, g) F(float *, m) F(int64_t, n) F(cddp_lion_hparams, h)
 #define CDDP__KA_sum_squares(F) F(const float *, x) F(double *, out) F(int64_t, n)
 
 /* ---- the table ----------------------------------------------------------------------------- */
@@ -414,7 +417,7 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
     K(flash_attention_grad) K(batch_norm)                                                          \
     K(batch_norm_grad) K(max_pool) K(max_pool_grad) K(avg_pool) K(avg_pool_grad)                   \
     K(adaptive_pool) K(adaptive_pool_grad) K(conv2d) K(conv2d_grad) K(conv2d_relu_pool)            \
-    K(conv2d_relu_pool_grad) K(sgd) K(adamw) K(sum_squares)
+    K(conv2d_relu_pool_grad) K(sgd) K(adamw) K(lion) K(sum_squares)
 /* clang-format on */
 
 #define CDDP__KFIELD(type, name) type name;

@@ -461,6 +461,37 @@ gpt_zero)
     grep -q '"zero": true' fm.out || fail "fashion_mnist --zero's JSON does not say so"
     echo "ok: --zero equals DDP at every iteration (within 2e-4), resumes exactly, loads on 1 rank; optimizer state $sz of $sd bytes"
     ;;
+gpt_lion)
+    # Lion (--optimizer lion): it trains (the loss falls), --zero shards its one state block and
+    # equals DDP at every iteration, a run resumed halfway equals the uninterrupted one, an AdamW
+    # checkpoint is refused by name, and fashion_mnist takes it too.
+    GPT="$TINY_GPT --batch_size 4 --optimizer lion --lr 3e-4 --weight_decay 1.0 \
+         --warmup_iters 5 --lr_decay_iters 60 --eval_interval 30 --eval_iters 4 --final_eval 10 \
+         --log_interval 1 --sample 0 --json"
+    run --nproc_per_node 2 $GPT --max_iters 60 --out none > ddp.out 2>&1 || { cat ddp.out; fail "the Lion run failed"; }
+    run --nproc_per_node 2 $GPT --max_iters 60 --out none --zero > zero.out 2>&1 || { cat zero.out; fail "Lion with --zero failed"; }
+    run --nproc_per_node 2 $GPT --max_iters 30 --out split > first.out 2>&1 || { cat first.out; fail "the first half failed"; }
+    run --nproc_per_node 2 $GPT --max_iters 60 --out split --resume > second.out 2>&1 || { cat second.out; fail "the resumed half failed"; }
+    losses ddp.out > a
+    losses zero.out > b
+    losses first.out second.out > c
+    [ "$(wc -l < a)" = 60 ] || fail "the Lion run logged $(wc -l < a) iterations"
+    awk 'NR <= 5 { f += $2 } NR > 55 { l += $2 } END { exit !(l / 5 < f / 5 - 0.3) }' a ||
+        { cat a; fail "Lion's loss did not fall by 0.3 over 60 iterations"; }
+    paste a b | awk '{ d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 2e-4) bad = 1 } END { exit bad }' \
+        || { paste a b; fail "Lion with --zero differs from DDP by more than 2e-4"; }
+    diff a c > /dev/null || { diff a c; fail "Lion resumed differs from Lion uninterrupted"; }
+    run --nproc_per_node 1 $TINY_GPT --max_iters 2 --eval_interval 2 --eval_iters 1 --final_eval 1 \
+        --sample 0 --out adamw > adamw.out 2>&1 || { cat adamw.out; fail "the AdamW run failed"; }
+    run --nproc_per_node 1 $GPT --max_iters 4 --out adamw --resume > mixed.out 2>&1 &&
+        fail "an AdamW checkpoint resumed under --optimizer lion"
+    grep -q "the file holds adamw state but the optimizer is lion" mixed.out ||
+        { cat mixed.out; fail "the refusal does not name both optimizers"; }
+    run --nproc_per_node 2 "$FM" --epochs 1 --limit 2000 --optimizer lion --lr 1e-4 --out none --json > fm.out 2>&1 \
+        || { cat fm.out; fail "fashion_mnist --optimizer lion failed"; }
+    grep -q '"optimizer": "lion"' fm.out || fail "fashion_mnist's JSON does not name Lion"
+    echo "ok: Lion trains (loss $(head -n 1 a | cut -d' ' -f2) to $(tail -n 1 a | cut -d' ' -f2)), --zero equals DDP, resumes exactly, refuses AdamW's state, runs fashion_mnist"
+    ;;
 gpt_reshard)
     # 4 ranks x 3 sequences with the optimizer sharded, killed once it wrote a checkpoint set (every 10 iterations: each rank
     # its shard), resumed from the folder of sets on 2 ranks x 6 and 3 ranks x 4 (the same global batch), each rank reading

@@ -542,7 +542,8 @@ static void optimizer_cases(void) {
     }
     cddp_device *c = cddp_device_cpu();
     cddp_error err = {0};
-    for (int which = 0; which < 3; which++) {
+    static const char *const names[] = {"sgd_momentum_wd", "sgd_nesterov", "adamw", "lion"};
+    for (int which = 0; which < 4; which++) {
         float *b[2][4];
         for (int s = 0; s < 2; s++)
             for (int k = 0; k < 4; k++) b[s][k] = block_on(s ? dev : c, h[k], N);
@@ -560,10 +561,13 @@ static void optimizer_cases(void) {
                         d, b[s][0], b[s][1], b[s][2], N,
                         &(cddp_sgd_hparams){
                             .lr = 0.1f, .momentum = 0.9f, .nesterov = true, .first = step == 0});
-                else
+                else if (which == 2)
                     cddp_device_adamw(d, b[s][0], b[s][1], b[s][2], b[s][3], N,
                                       &(cddp_adamw_hparams){0.9f, 0.95f, 1e-8f, 0.01f * (step + 1),
                                                             0.3f, 0.999f});
+                else
+                    cddp_device_lion(d, b[s][0], b[s][1], b[s][2], N,
+                                     &(cddp_lion_hparams){0.01f, 0.9f, 0.99f, 0.999f});
             }
         double worst = 0;
         for (int k = 0; k < (which == 2 ? 4 : 3); k++) {
@@ -573,15 +577,9 @@ static void optimizer_cases(void) {
             worst = fmax(worst, rel_err(back, b[0][k], N));
         }
         if (cddp_device_synchronize(dev, &err) == CDDP_EUNSUPPORTED)
-            report(which == 2 ? "adamw"
-                   : which    ? "sgd_nesterov"
-                              : "sgd_momentum_wd",
-                   "missing", 0, err.msg);
+            report(names[which], "missing", 0, err.msg);
         else
-            report(which == 2 ? "adamw"
-                   : which    ? "sgd_nesterov"
-                              : "sgd_momentum_wd",
-                   worst <= bound ? "ok" : "FAIL", worst, NULL);
+            report(names[which], worst <= bound ? "ok" : "FAIL", worst, NULL);
         for (int s = 0; s < 2; s++)
             for (int k = 0; k < 4; k++) cddp_device_free(s ? dev : c, b[s][k]);
     }

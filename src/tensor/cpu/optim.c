@@ -66,6 +66,30 @@ void cddp__cpu_adamw(cddp__kq *q, const cddp__k_adamw *a) {
     cddp__cpu_split_values(a->n, adamw_part, a);
 }
 
+/* Lion's update loop, vectorised: the sign as two comparisons (sign(0) = 0). */
+CDDP_SIMD_CLONES static void lion_loop(float *restrict p, const float *restrict grad, int64_t n,
+                                       float *restrict m, float lr, float b1, float b2,
+                                       float decay) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = grad[i], c = b1 * m[i] + (1.0f - b1) * g;
+        float sign = (float)(c > 0.0f) - (float)(c < 0.0f);
+        p[i] = p[i] * decay - lr * sign;
+        m[i] = b2 * m[i] + (1.0f - b2) * g;
+    }
+}
+
+static void lion_part(int64_t lo, int64_t hi, int part, void *arg) {
+    (void)part;
+    const cddp__k_lion *a = arg;
+    const cddp_lion_hparams *h = &a->h;
+    lion_loop(a->p + lo, a->g + lo, hi - lo, a->m + lo, h->lr, h->beta1, h->beta2, h->decay);
+}
+
+void cddp__cpu_lion(cddp__kq *q, const cddp__k_lion *a) {
+    (void)q;
+    cddp__cpu_split_values(a->n, lion_part, a);
+}
+
 /* The sum of squares in double, in 8 lanes that vectorise (the order is fixed: the same result
  * on every machine and rank). */
 CDDP_SIMD_CLONES static double sum_squares(const float *g, int64_t n) {

@@ -32,8 +32,9 @@ extern "C" { /* the .cu files are C++: the tensor library's declarations are C's
 #define CDDP_CUDA_KERNELS(K)                                                                       \
     K(fill) K(accumulate) K(add_rows) K(scale) K(cast16) K(mul) K(unary) K(unary_grad) K(softmax)  \
     K(softmax_grad) K(check_ids) K(cross_entropy) K(cross_entropy_grad) K(mse) K(mse_grad) K(sum)  \
-    K(sum_grad) K(argmax) K(embedding) K(embedding_grad) K(sgd) K(adamw) K(sum_squares) K(gemm)      \
-    K(binary) K(binary_grad) K(layer_norm) K(layer_norm_grad) K(gelu_tanh) K(gelu_tanh_grad)     \
+    K(sum_grad) K(argmax) K(embedding) K(embedding_grad) K(sgd) K(adamw) K(lion) K(sum_squares)    \
+    K(gemm) K(binary) K(binary_grad) K(layer_norm) K(layer_norm_grad) K(gelu_tanh)                 \
+    K(gelu_tanh_grad)                                                                              \
     K(causal_softmax) K(causal_softmax_grad) K(attention_cached) K(to_bf16) K(flash_attention)    \
     K(flash_attention_grad) K(rms_norm) K(rms_norm_grad) K(silu_mul) K(silu_mul_grad) K(rope)      \
     K(qkv_pack) K(qkv_pack_grad)

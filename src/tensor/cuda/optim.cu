@@ -44,6 +44,24 @@ void cddp__cuda_adamw(cddp__kq *q, const cddp__k_adamw *a) {
     LAUNCHED(q, "adamw");
 }
 
+/* Lion: the sign of the interpolated momentum (sign(0) = 0), then the momentum's update */
+static __global__ void lion_k(float *p, const float *grad, float *m, int64_t n,
+                              cddp_lion_hparams h) {
+    FOR_EACH(i, n) {
+        float g = grad[i], c = h.beta1 * m[i] + (1.0f - h.beta1) * g;
+        float sign = (float)(c > 0.0f) - (float)(c < 0.0f);
+        p[i] = p[i] * h.decay - h.lr * sign;
+        m[i] = h.beta2 * m[i] + (1.0f - h.beta2) * g;
+    }
+}
+
+void cddp__cuda_lion(cddp__kq *q, const cddp__k_lion *a) {
+    cudaStream_t s = cddp__cuda_enter(q);
+    if (a->n == 0) return;
+    lion_k<<<blocks(a->n), THREADS, 0, s>>>(a->p, a->g, a->m, a->n, a->h);
+    LAUNCHED(q, "lion");
+}
+
 /* sum_squares in two steps, each in a fixed order: every block's sum of its elements (a grid-stride
  * walk) into part, then one block's sum of those */
 static __global__ void sum_squares_k(const float *x, double *part, int64_t n) {

@@ -95,7 +95,8 @@ static void run_kcall(void *arg) {
     _Generic((x), bool : 1, int : 1, int64_t : 1, uint64_t : 1, float : 1,                         \
              const char * : 1, /* a message's format: host memory, read by the kernel as it is */  \
              cddp_dtype : 1, cddp__binop : 1, cddp__unop : 1, cddp__bcast : 1,                     \
-             cddp__conv_geom : 1, cddp_sgd_hparams : 1, cddp_adamw_hparams : 1, default : 0)
+             cddp__conv_geom : 1, cddp_sgd_hparams : 1, cddp_adamw_hparams : 1,                    \
+             cddp_lion_hparams : 1, default : 0)
 
 static void reach_slot(const cddp__emu_mem *m, void *slot) {
     void *p;
