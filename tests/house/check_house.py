@@ -6,7 +6,8 @@ for C (.c, .h) and CUDA (.cu, .cuh) alike.
    other file includes public headers (include/cddp/) and its own module's.
 2. The programs in tools/ use only public headers.
 3. No circle of files: in the graph where file A points at file B when A calls (or names) a
-   function that B defines, no two files of src/ reach each other.
+   function that B defines, no two files of src/ reach each other; nor two files of one program
+   of tools/.
 4. No source file (.c, .cu) of src/ or tools/ is longer than 700 lines.
 5. The floors: a file of src/ calls (or names) functions of its own module and of the modules on
    the floors below it only (FLOORS, lowest first, as docs/ARCHITECTURE.md draws them); a module
@@ -160,6 +161,42 @@ for comp in comps:
                     links.append(f"{rel(a)} -> {rel(b)} ({', '.join(via[:3])})")
         bad.append("a circle of files: " + ", ".join(names) + "\n    " + "\n    ".join(sorted(links)))
 
+# 3 again for each program of tools/: no two of its files call each other, round about.
+def reach(links, start):
+    """The files that start leads to, start among them."""
+    seen, todo = set(), [start]
+    while todo:
+        q = todo.pop()
+        if q not in seen:
+            seen.add(q)
+            todo.extend(links[q])
+    return seen
+
+
+def program_circles(folder):
+    files = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".c"))
+    code = {p: strip(open(p).read()) for p in files}
+    mine = {}
+    for p, text in code.items():
+        for m in definition.finditer(text):
+            if "static" not in m.group(2).split() and m.group(3) not in ("if", "for", "while",
+                                                                         "switch"):
+                mine[m.group(3)] = p
+    links = {p: {mine[n] for n in set(word.findall(text)) if n in mine and mine[n] != p}
+             for p, text in code.items()}
+    # a file that one of its links leads back to is in a circle
+    for p in files:
+        back = [q for q in sorted(links[p]) if p in reach(links, q)]
+        if back:
+            via = ", ".join(f"{os.path.basename(p)} -> {os.path.basename(q)}" for q in back)
+            bad.append(f"{rel(p)}: in a circle of files of {rel(folder)} ({via})")
+
+
+for prog in sorted(os.listdir(os.path.join(src, "tools"))):
+    folder = os.path.join(src, "tools", prog)
+    if os.path.isdir(folder):
+        program_circles(folder)
+
 if bad:
     print("FAIL: the house rules (docs/ARCHITECTURE.md) are broken:")
     for b in bad:
@@ -167,4 +204,5 @@ if bad:
     sys.exit(1)
 print(f"ok: {len(bodies)} files of src/: no private header of another module, no circle "
       f"({sum(len(e) for e in edges.values())} links between files), no call to a floor above "
-      f"({len(FLOORS)} floors), none over {MAX_LINES} lines; tools/ on public headers only")
+      f"({len(FLOORS)} floors), none over {MAX_LINES} lines; tools/ on public headers only, "
+      f"no circle in a program of tools/")

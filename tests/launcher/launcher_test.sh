@@ -350,6 +350,10 @@ errors)
         --monitor_interval; do
         expect_in "$o" "$work/help"
     done
+    # every option --help lists (the launcher's table) has its row in docs/LAUNCHER.md
+    for o in $(sed -n 's/^  \(-[a-z], \)\{0,1\}--\([a-z_]*\).*/\2/p' "$work/help"); do
+        grep -q -- "--$o\b" "$here/../../docs/LAUNCHER.md" || fail "docs/LAUNCHER.md lacks --$o"
+    done
     echo "ok: usage errors, port in use, unreachable master, missing node, the job's secret: one" \
          "clear message each" ;;
 hosts)

@@ -7,6 +7,11 @@
  *   rendezvous.c  meeting the other nodes in the store; failures they post
  *   report.c      what the report says about a worker that failed
  *   main.c        a round, restarts, the end of the job
+ *   flight.c      the workers' flight records, and cddprun --dump
+ *   util.c        helpers for the others: folders, the wall clock, random ids
+ *
+ * No two files call each other, round about (tests/house/check_house.py holds it): util.c and
+ * options.c call none of the others.
  */
 #ifndef CDDPRUN_H
 #define CDDPRUN_H

@@ -15,214 +15,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum {
-    OPT_NNODES = 256,
-    OPT_NODE_RANK,
-    OPT_NPROC,
-    OPT_MASTER_ADDR,
-    OPT_MASTER_PORT,
-    OPT_NO_PYTHON,
-    OPT_REDIRECT,
-    OPT_LOGDIR,
-    OPT_STANDALONE,
-    OPT_MAX_RESTARTS,
-    OPT_TEE,
-    OPT_MONITOR,
-    OPT_GRACE,
-    OPT_STOPPED,
-    OPT_LOCAL_ADDR,
-    OPT_TOKEN,
-    OPT_TOKEN_FILE,
-    OPT_RUN_ID,
-    OPT_REDIRECTS,
-    OPT_RDZV_ENDPOINT,
-    OPT_RDZV_BACKEND,
-    OPT_RDZV_ID,
-    OPT_RANKS_FILTER,
-    OPT_USE_ENV,
-    OPT_WORKER_NUM,
-    OPT_LOCAL_WORKER_NUM,
-    OPT_JOIN,
-    OPT_CLUSTER_TIME_OUT,
-    OPT_BIND_CORE,
-    OPT_LOG_LAYOUT,
-    OPT_HOSTS,
-    OPT_HOSTFILE,
-    OPT_SSH,
-    OPT_ENV,
-    OPT_STDIN_CONTROL
-};
-
-/* Each option once, with the environment variable it can also come from. Dash spellings
- * (torchrun's) are accepted for every underscore spelling. has_arg 2: the value is optional and,
- * when given, is the next argument if that looks like one (--tee 3), or follows '=' (--tee=3);
- * has_arg 3: a switch that may say --join=True, --join True or --join=False (msrun's booleans). */
-static const struct {
-    const char *name;
-    int has_arg, code;
-} option_table[] = {
-    {"nnodes", 1, OPT_NNODES},
-    {"node_rank", 1, OPT_NODE_RANK},
-    {"nproc_per_node", 1, OPT_NPROC},
-    {"master_addr", 1, OPT_MASTER_ADDR},
-    {"master_port", 1, OPT_MASTER_PORT},
-    {"module", 0, 'm'},
-    {"no_python", 0, OPT_NO_PYTHON},
-    {"redirect_stdout_and_stderr", 0, OPT_REDIRECT},
-    {"logdir", 1, OPT_LOGDIR},
-    {"log_dir", 1, OPT_LOGDIR},
-    {"log_layout", 1, OPT_LOG_LAYOUT},
-    {"redirects", 1, OPT_REDIRECTS},
-    {"standalone", 0, OPT_STANDALONE},
-    {"max_restarts", 1, OPT_MAX_RESTARTS},
-    {"tee", 2, OPT_TEE},
-    {"monitor_interval", 1, OPT_MONITOR},
-    {"grace_period", 1, OPT_GRACE},
-    {"stopped_timeout", 1, OPT_STOPPED},
-    {"local_addr", 1, OPT_LOCAL_ADDR},
-    {"token", 1, OPT_TOKEN},
-    {"token_file", 1, OPT_TOKEN_FILE},
-    {"run_id", 1, OPT_RUN_ID},
-    /* torchrun's and torch.distributed.launch's spellings */
-    {"rdzv_endpoint", 1, OPT_RDZV_ENDPOINT},
-    {"rdzv_backend", 1, OPT_RDZV_BACKEND},
-    {"rdzv_id", 1, OPT_RDZV_ID},
-    {"local_ranks_filter", 1, OPT_RANKS_FILTER},
-    {"use_env", 0, OPT_USE_ENV},
-    /* msrun's */
-    {"worker_num", 1, OPT_WORKER_NUM},
-    {"local_worker_num", 1, OPT_LOCAL_WORKER_NUM},
-    {"join", 3, OPT_JOIN},
-    {"cluster_time_out", 1, OPT_CLUSTER_TIME_OUT},
-    {"bind_core", 3, OPT_BIND_CORE},
-    /* one command, many hosts (hosts.c) */
-    {"hosts", 1, OPT_HOSTS},
-    {"hostfile", 1, OPT_HOSTFILE},
-    {"ssh", 1, OPT_SSH},
-    {"env", 1, OPT_ENV},
-    {"stdin_control", 0, OPT_STDIN_CONTROL},
-    {"help", 0, 'h'},
-};
-#define NOPTIONS (int)CDDP_ARRAY_LEN(option_table)
-
-static void usage(FILE *out) {
-    fprintf(
-        out,
-        "usage: cddprun [options] program [program args...]\n"
-        "\n"
-        "Starts nproc_per_node copies of a program on this node, with the environment of a\n"
-        "data-parallel job, and watches them: the first failure stops every worker on every node.\n"
-        "A .py program runs under python3 (unless --no_python); -m runs `python3 -m program`.\n"
-        "\n"
-        "options (each also as --dash-spelling, and from the environment as CDDPRUN_<OPTION>,\n"
-        "for example CDDPRUN_NPROC_PER_NODE=4 or CDDPRUN_TEE=3; the command line wins):\n"
-        "  --nnodes N              nodes in the job (default 1); MIN:MAX, an elastic job: it\n"
-        "                          starts with the nodes that came (MIN at least, MAX at most),\n"
-        "                          and after a failure the nodes still there start again from\n"
-        "                          the program's checkpoint, with --max_restarts\n"
-        "  --node_rank K           this node's rank, 0..N-1 (default 0); node 0 hosts the store\n"
-        "                          (in an elastic job: its id, 0..MAX-1; node 0 must stay)\n"
-        "  --nproc_per_node P      processes on this node (default 1)\n"
-        "  --master_addr HOST      node 0's address (default 127.0.0.1); the store binds to it\n"
-        "  --master_port PORT      node 0's store port (default 29500)\n"
-        "  --standalone            one node, any free port on 127.0.0.1 (no port clashes)\n"
-        "  -m, --module            run `python3 -m program`\n"
-        "  --no_python             run the program directly even if it ends in .py\n"
-        "  --logdir DIR            write each rank's output to DIR/rank.N/stdout and\n"
-        "                          DIR/rank.N/stderr (created as needed; the files of an earlier "
-        "run\n"
-        "                          in DIR are overwritten; restarts append to them); also "
-        "--log_dir\n"
-        "  --log_layout L          flat: DIR/rank.N/ (the default); mpirun: DIR/1/rank.N/, as\n"
-        "                          Open MPI's --output-filename writes them and MindSpore's\n"
-        "                          tutorials read them (log_output/1/rank.*/stdout)\n"
-        "  -r, --redirects V       with --logdir: streams V go only to the files, not the "
-        "console\n"
-        "  --redirect_stdout_and_stderr\n"
-        "                          the same as --redirects 3\n"
-        "  -t, --tee [V]           prefix console lines of streams V with [rank N] (alone: 3)\n"
-        "                          V, as torchrun's: 0 none, 1 stdout, 2 stderr, 3 both, or a map\n"
-        "                          of local ranks, 0:3,1:2 (ranks not in it: 0)\n"
-        "  --max_restarts K        restart the whole group up to K times after a failure (default "
-        "0)\n"
-        "  --monitor_interval S    seconds between looks at the workers and the store (default "
-        "0.1)\n"
-        "  --grace_period S        seconds between SIGTERM and SIGKILL when stopping (default 5)\n"
-        "  --stopped_timeout S     stop the job when a rank has been stopped (SIGSTOP, Ctrl-Z, a\n"
-        "                          debugger) for S seconds, naming it (default 0: the other ranks\n"
-        "                          wait for it up to CDDP_TIMEOUT_S, as a debugger session needs)\n"
-        "  --local_addr HOST       this node's address, as other nodes see it, or an interface\n"
-        "                          whose address it is (eth0) (default: CDDP_SOCKET_IFNAME's\n"
-        "                          address, else the hostname)\n"
-        "  --token_file FILE       the job's secret, the first line of FILE (make it readable\n"
-        "                          only by you); every node needs the same one. One node makes a\n"
-        "                          random one when none is given; a job on several nodes needs "
-        "one\n"
-        "  --token SECRET          the secret itself; other users can read a command line, so use\n"
-        "                          --token_file or CDDPRUN_TOKEN instead\n"
-        "  --run_id ID             the job's id, CDDP_RUN_ID in the workers (default: slurm-\n"
-        "                          and SLURM_JOB_ID in a Slurm job, else random)\n"
-        "  --local_ranks_filter L  the console shows only these local ranks' output (0,2)\n"
-        "  --bind_core             each worker runs on its own share of the CPUs, with a math\n"
-        "                          thread for each (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS)\n"
-        "\n"
-        "one command, many hosts (no Slurm, no mpirun; this cddprun starts every node's):\n"
-        "  --hosts H1:S1,H2:S2     the hosts ([user@]name or address) and their ranks (slots; a\n"
-        "                          host without :S gets --nproc_per_node); the first is node 0.\n"
-        "                          Other machines are reached with ssh (it must log in without a\n"
-        "                          prompt), and cddprun must be at this one's path there; each\n"
-        "                          node starts in this directory and gets the job's secret and\n"
-        "                          environment (CDDP_*, CDDPRUN_*, OMP_*, OPENBLAS_*, DNNL_*,\n"
-        "                          NCCL_*, CUDA_*, PYTHON*, PATH, LD_LIBRARY_PATH, VIRTUAL_ENV,\n"
-        "                          and -x's) on its stdin. Ctrl-C, or a node that fails, stops\n"
-        "                          every node\n"
-        "  --hostfile FILE         the hosts, one a line: `name slots=S` (mpirun's, DeepSpeed's)\n"
-        "                          or `name:S` (Horovod's); # starts a comment\n"
-        "  --ssh CMD               the ssh command and its options (default: ssh), such as\n"
-        "                          \"ssh -p 2222 -i ~/.ssh/cluster\"\n"
-        "  -x, --env NAME[=VALUE]  also forward NAME to every node (mpirun's -x; repeatable)\n"
-        "  --stdin_control         (what --hosts starts nodes with) read the job's secret and\n"
-        "                          environment from stdin; when stdin closes, stop this node\n"
-        "  -h, --help              this help\n"
-        "\n"
-        "a running job's flight records (what each rank did last; see cddp-trace):\n"
-        "  cddprun --dump [--logdir DIR | --run_id ID | FOLDER]\n"
-        "                          from another shell on any node of the job: every rank, on\n"
-        "                          every node, writes its record (the job goes on), and the\n"
-        "                          report of where each rank stands is printed here and on\n"
-        "                          node 0's console;\n"
-        "                          --status is the same. Give the --logdir or --run_id the job\n"
-        "                          was started with (its records: DIR/flight, else\n"
-        "                          $TMPDIR/cddp-flight-ID, /tmp without TMPDIR)\n"
-        "\n"
-        "torchrun's spellings: --nnodes MIN:MAX (N:N, a fixed count), --nproc_per_node\n"
-        "auto|cpu (one per core) or gpu (one per visible GPU; the program gives each rank\n"
-        "its GPU with --device cuda), --rdzv_endpoint HOST[:PORT] (node 0's\n"
-        "store: --master_addr and --master_port), --rdzv_backend c10d|static, --rdzv_id ID\n"
-        "(--run_id), --use_env (accepted: LOCAL_RANK is always in the environment).\n"
-        "msrun's: --worker_num N (every node's workers; N / --local_worker_num nodes),\n"
-        "--local_worker_num P (--nproc_per_node), --log_dir, --master_addr, --master_port,\n"
-        "--node_rank, --join[=True] (accepted: cddprun always waits), --cluster_time_out S\n"
-        "(CDDP_RDZV_TIMEOUT_S), --bind_core[=True].\n"
-        "\n"
-        "Inside an srun step of one task per node (srun --ntasks-per-node=1 cddprun ...), the\n"
-        "node count, this node's rank and node 0's address and port come from the step unless\n"
-        "given.\n"
-        "\n"
-        "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,\n"
-        "GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a free port where rank 0 hosts its own "
-        "store,\n"
-        "as torch.distributed's env:// expects; cddp programs find rank 0's store through the\n"
-        "launcher's instead), CDDP_RUN_ID, CDDP_RESTART_COUNT (also as\n"
-        "TORCHELASTIC_RESTART_COUNT), CDDP_STORE_ADDR/CDDP_STORE_PORT/CDDP_STORE_TOKEN (the\n"
-        "launcher's store), and OMP_NUM_THREADS and OPENBLAS_NUM_THREADS when unset: 1 when\n"
-        "P > 1, the count of its CPUs with --bind_core.\n"
-        "\n"
-        "Exit status: 0 when every worker exited 0; 1 when a worker failed (after the restarts);\n"
-        "2 for a usage error; 128+signal when cddprun itself was stopped by a signal.\n"
-        "Rendezvous waits at most CDDP_RDZV_TIMEOUT_S seconds (default 300).\n");
-}
-
 void cddprun_die_usage(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -357,175 +149,438 @@ static int visible_gpus(const char *name) {
                       name, why, name);
 }
 
-static void apply(options *o, int code, const char *name, const char *v) {
-    switch (code) {
-    case OPT_NNODES: {
-        /* torchrun's MIN:MAX: a fixed count when MIN = MAX */
-        const char *colon = strchr(v, ':');
-        if (colon) {
-            char lo[32];
-            snprintf(lo, sizeof lo, "%.*s", (int)CDDP_MIN(colon - v, 31), v);
-            long a = parse_int(name, lo, 1, 65536), b = parse_int(name, colon + 1, 1, 65536);
-            if (a > b) cddprun_die_usage("--%s %s: MIN:MAX with MIN above MAX", name, v);
-            o->nnodes_min = (int)a; /* an elastic job when a < b */
-            o->nnodes = (int)b;
-        } else {
-            o->nnodes = o->nnodes_min = (int)parse_int(name, v, 1, 65536);
+/* ---- each option's handling ----------------------------------------------------------------
+ * name: the spelling used (for messages); v: its value (NULL for an option without one, or an
+ * optional value not given). */
+
+static void on_nnodes(options *o, const char *name, const char *v) {
+    /* torchrun's MIN:MAX: a fixed count when MIN = MAX */
+    const char *colon = strchr(v, ':');
+    if (colon) {
+        char lo[32];
+        snprintf(lo, sizeof lo, "%.*s", (int)CDDP_MIN(colon - v, 31), v);
+        long a = parse_int(name, lo, 1, 65536), b = parse_int(name, colon + 1, 1, 65536);
+        if (a > b) cddprun_die_usage("--%s %s: MIN:MAX with MIN above MAX", name, v);
+        o->nnodes_min = (int)a; /* an elastic job when a < b */
+        o->nnodes = (int)b;
+    } else {
+        o->nnodes = o->nnodes_min = (int)parse_int(name, v, 1, 65536);
+    }
+    o->nnodes_given = true;
+}
+
+static void on_node_rank(options *o, const char *name, const char *v) {
+    o->node_rank = (int)parse_int(name, v, 0, 65535);
+    o->node_rank_given = true;
+}
+
+static void on_nproc(options *o, const char *name, const char *v) {
+    /* torchrun's auto and cpu: one process per core this process may run on */
+    if (!strcmp(v, "auto") || !strcmp(v, "cpu"))
+        o->nproc_per_node = cddp_num_cores();
+    else if (!strcmp(v, "gpu"))
+        o->nproc_per_node = visible_gpus(name);
+    else if (!strcmp(v, "xpu"))
+        cddprun_die_usage("--%s xpu: cddp runs on CPUs and NVIDIA GPUs: --%s gpu for one process "
+                          "per GPU, auto for one per core, or a number",
+                          name, name);
+    else
+        o->nproc_per_node = (int)parse_int(name, v, 1, 4096);
+    o->nproc_given = true;
+    o->nproc_text = v;
+}
+
+static void on_local_worker_num(options *o, const char *name, const char *v) { /* msrun's */
+    o->nproc_per_node = (int)parse_int(name, v, 1, 4096);
+    o->nproc_given = true;
+    o->nproc_text = v;
+}
+
+static void on_worker_num(options *o, const char *name, const char *v) {
+    o->worker_num = (int)parse_int(name, v, 1, 1 << 24);
+}
+
+static void on_master_addr(options *o, const char *name, const char *v) {
+    (void)name;
+    o->master_addr = v;
+    o->addr_given = true;
+}
+
+static void on_master_port(options *o, const char *name, const char *v) {
+    o->master_port = (int)parse_int(name, v, 1, 65535);
+    o->port_given = true;
+}
+
+static void on_module(options *o, const char *name, const char *v) {
+    (void)name, (void)v;
+    o->module = true;
+}
+
+static void on_no_python(options *o, const char *name, const char *v) {
+    (void)name, (void)v;
+    o->no_python = true;
+}
+
+static void on_redirect_all(options *o, const char *name, const char *v) {
+    (void)name, (void)v;
+    o->redirects = (stream_spec){.all = 3};
+    o->redirect_name = "redirect_stdout_and_stderr";
+}
+
+static void on_redirects(options *o, const char *name, const char *v) {
+    parse_streams(name, v, &o->redirects);
+    o->redirect_name = "redirects";
+}
+
+static void on_log_layout(options *o, const char *name, const char *v) {
+    if (strcmp(v, "flat") != 0 && strcmp(v, "mpirun") != 0)
+        cddprun_die_usage("--%s %s: expected flat (DIR/rank.N/stdout) or mpirun "
+                          "(DIR/1/rank.N/stdout)",
+                          name, v);
+    o->log_mpirun = !strcmp(v, "mpirun");
+}
+
+static void on_logdir(options *o, const char *name, const char *v) {
+    (void)name;
+    o->logdir = v;
+}
+
+static void on_standalone(options *o, const char *name, const char *v) {
+    (void)name, (void)v;
+    o->standalone = true;
+}
+
+static void on_max_restarts(options *o, const char *name, const char *v) {
+    o->max_restarts = (int)parse_int(name, v, 0, 1000000);
+}
+
+static void on_tee(options *o, const char *name, const char *v) {
+    if (v)
+        parse_streams(name, v, &o->tee);
+    else
+        o->tee = (stream_spec){.all = 3};
+}
+
+static void on_monitor(options *o, const char *name, const char *v) {
+    o->monitor_interval = parse_seconds(name, v);
+}
+
+static void on_grace(options *o, const char *name, const char *v) {
+    o->grace_period = parse_seconds(name, v);
+}
+
+static void on_stopped(options *o, const char *name, const char *v) {
+    o->stopped_timeout = parse_seconds(name, v);
+}
+
+static void on_local_addr(options *o, const char *name, const char *v) {
+    (void)name;
+    o->local_addr = v;
+}
+
+static void on_token(options *o, const char *name, const char *v) {
+    (void)name;
+    o->token = v;
+}
+
+static void on_token_file(options *o, const char *name, const char *v) {
+    (void)name;
+    o->token_file = v;
+}
+
+static void on_run_id(options *o, const char *name, const char *v) {
+    (void)name;
+    o->run_id = v;
+}
+
+static void on_rdzv_endpoint(options *o, const char *name, const char *v) {
+    /* HOST, HOST:PORT or [IPv6]:PORT: node 0's store */
+    static char host[256];
+    const char *port = NULL;
+    if (*v == '[') {
+        const char *end = strchr(v, ']');
+        if (!end || (end[1] && end[1] != ':'))
+            cddprun_die_usage("--%s %s: expected HOST, HOST:PORT or [ADDRESS]:PORT", name, v);
+        snprintf(host, sizeof host, "%.*s", (int)(end - v - 1), v + 1);
+        port = end[1] ? end + 2 : NULL;
+    } else {
+        const char *colon = strrchr(v, ':');
+        snprintf(host, sizeof host, "%.*s", (int)(colon ? colon - v : (long)strlen(v)), v);
+        port = colon ? colon + 1 : NULL;
+    }
+    if (!*host) cddprun_die_usage("--%s %s: no host", name, v);
+    o->master_addr = host;
+    o->addr_given = true;
+    if (port) o->master_port = (int)parse_int(name, port, 1, 65535);
+    o->port_given |= port != NULL;
+}
+
+static void on_rdzv_backend(options *o, const char *name, const char *v) {
+    (void)o;
+    if (strcmp(v, "c10d") != 0 && strcmp(v, "static") != 0)
+        cddprun_die_usage("--%s %s: cddprun's rendezvous is its own store on node 0, as c10d's "
+                          "is (static works the same); use --%s c10d",
+                          name, v, name);
+}
+
+static void on_ranks_filter(options *o, const char *name, const char *v) {
+    (void)name;
+    o->shown = v;
+}
+
+/* torch.distributed.launch's --use_env (LOCAL_RANK is always in the environment), msrun's --join
+ * (cddprun always waits for its workers): accepted, nothing to do but check a value given */
+static void on_accepted(options *o, const char *name, const char *v) {
+    (void)o;
+    if (v) option_bool(name, v);
+}
+
+static void on_cluster_time_out(options *o, const char *name, const char *v) {
+    (void)o; /* msrun's: how long the cluster may take to form */
+    parse_int(name, v, 1, 86400);
+    setenv("CDDP_RDZV_TIMEOUT_S", v, 1);
+}
+
+static void on_bind_core(options *o, const char *name, const char *v) {
+    o->bind_core = v ? option_bool(name, v) : true;
+}
+
+static void on_hosts(options *o, const char *name, const char *v) {
+    (void)name;
+    o->hosts = v;
+}
+
+static void on_hostfile(options *o, const char *name, const char *v) {
+    (void)name;
+    o->hostfile = v;
+}
+
+static void on_ssh(options *o, const char *name, const char *v) {
+    (void)name;
+    o->ssh = v;
+}
+
+static void on_env(options *o, const char *name, const char *v) {
+    if (!*v || *v == '=') cddprun_die_usage("-x/--%s '%s': expected NAME or NAME=VALUE", name, v);
+    if (o->nenv == MAX_FORWARDED)
+        cddprun_die_usage("-x/--%s: at most %d variables", name, MAX_FORWARDED);
+    o->env[o->nenv++] = v;
+}
+
+static void on_stdin_control(options *o, const char *name, const char *v) {
+    (void)name, (void)v;
+    o->stdin_control = true;
+}
+
+static void on_help(options *o, const char *name, const char *v);
+
+/* ---- the table -----------------------------------------------------------------------------
+ * Every option once: an option is a line here and its handling above. Dash spellings (torchrun's)
+ * are accepted for every underscore spelling, and each option also comes from the environment as
+ * CDDPRUN_<NAME> (the command line wins). */
+
+enum {
+    NONE,    /* no value: --standalone (CDDPRUN_STANDALONE=1) */
+    VALUE,   /* a value: --nnodes 2, --nnodes=2 */
+    STREAMS, /* an optional stream value: --tee, --tee 3, --tee=3 (CDDPRUN_TEE=3, or true) */
+    SWITCH,  /* an optional boolean, msrun's: --join, --join True, --join=False */
+};
+
+typedef struct optdef {
+    const char *name;
+    int value;   /* NONE, VALUE, STREAMS or SWITCH */
+    char letter; /* its one-letter spelling (-m), or 0 */
+    bool head;   /* under --hosts, the head's own: not passed on to the nodes it starts */
+    void (*on)(options *o, const char *name, const char *v);
+    const char *arg;  /* the value's name in --help ("" none); NULL: not in the list (the peers' */
+    const char *help; /* spellings, said after it); "\n" breaks a line. An entry without a name
+                       * is a heading of --help. */
+} optdef;
+
+static const optdef table[] = {
+    {"nnodes", VALUE, 0, true, on_nnodes, "N",
+     "nodes in the job (default 1); MIN:MAX, an elastic job: it starts with the nodes that came "
+     "(MIN at least, MAX at most), and after a failure the nodes still there start again from "
+     "the program's checkpoint, with --max_restarts"},
+    {"node_rank", VALUE, 0, true, on_node_rank, "K",
+     "this node's rank, 0..N-1 (default 0); node 0 hosts the store (in an elastic job: its id, "
+     "0..MAX-1; node 0 must stay)"},
+    {"nproc_per_node", VALUE, 0, true, on_nproc, "P", "processes on this node (default 1)"},
+    {"master_addr", VALUE, 0, true, on_master_addr, "HOST",
+     "node 0's address (default 127.0.0.1); the store binds to it"},
+    {"master_port", VALUE, 0, true, on_master_port, "PORT", "node 0's store port (default 29500)"},
+    {"standalone", NONE, 0, true, on_standalone, "",
+     "one node, any free port on 127.0.0.1 (no port clashes)"},
+    {"module", NONE, 'm', false, on_module, "", "run `python3 -m program`"},
+    {"no_python", NONE, 0, false, on_no_python, "",
+     "run the program directly even if it ends in .py"},
+    {"logdir", VALUE, 0, false, on_logdir, "DIR",
+     "write each rank's output to DIR/rank.N/stdout and DIR/rank.N/stderr (created as needed; "
+     "the files of an earlier run in DIR are overwritten; restarts append to them); also "
+     "--log_dir"},
+    {.name = "log_dir", .value = VALUE, .head = false, .on = on_logdir},
+    {"log_layout", VALUE, 0, false, on_log_layout, "L",
+     "flat: DIR/rank.N/ (the default); mpirun: DIR/1/rank.N/, as Open MPI's --output-filename "
+     "writes them and MindSpore's tutorials read them (log_output/1/rank.*/stdout)"},
+    {"redirects", VALUE, 'r', false, on_redirects, "V",
+     "with --logdir: streams V go only to the files, not the console"},
+    {"redirect_stdout_and_stderr", NONE, 0, false, on_redirect_all, "",
+     "the same as --redirects 3"},
+    {"tee", STREAMS, 't', false, on_tee, "[V]",
+     "prefix console lines of streams V with [rank N] (alone: 3)\nV, as torchrun's: 0 none, 1 "
+     "stdout, 2 stderr, 3 both, or a map of local ranks, 0:3,1:2 (ranks not in it: 0)"},
+    {"max_restarts", VALUE, 0, false, on_max_restarts, "K",
+     "restart the whole group up to K times after a failure (default 0)"},
+    {"monitor_interval", VALUE, 0, false, on_monitor, "S",
+     "seconds between looks at the workers and the store (default 0.1)"},
+    {"grace_period", VALUE, 0, false, on_grace, "S",
+     "seconds between SIGTERM and SIGKILL when stopping (default 5)"},
+    {"stopped_timeout", VALUE, 0, false, on_stopped, "S",
+     "stop the job when a rank has been stopped (SIGSTOP, Ctrl-Z, a debugger) for S seconds, "
+     "naming it (default 0: the other ranks wait for it up to CDDP_TIMEOUT_S, as a debugger "
+     "session needs)"},
+    {"local_addr", VALUE, 0, true, on_local_addr, "HOST",
+     "this node's address, as other nodes see it, or an interface whose address it is (eth0) "
+     "(default: CDDP_SOCKET_IFNAME's address, else the hostname)"},
+    {"token_file", VALUE, 0, true, on_token_file, "FILE",
+     "the job's secret, the first line of FILE (make it readable only by you); every node needs "
+     "the same one. One node makes a random one when none is given; a job on several nodes "
+     "needs one"},
+    {"token", VALUE, 0, true, on_token, "SECRET",
+     "the secret itself; other users can read a command line, so use --token_file or "
+     "CDDPRUN_TOKEN instead"},
+    {"run_id", VALUE, 0, true, on_run_id, "ID",
+     "the job's id, CDDP_RUN_ID in the workers (default: slurm- and SLURM_JOB_ID in a Slurm job, "
+     "else random)"},
+    {"local_ranks_filter", VALUE, 0, false, on_ranks_filter, "L",
+     "the console shows only these local ranks' output (0,2)"},
+    {"bind_core", SWITCH, 0, false, on_bind_core, "",
+     "each worker runs on its own share of the CPUs, with a math thread for each "
+     "(OMP_NUM_THREADS, OPENBLAS_NUM_THREADS)"},
+    /* torchrun's and torch.distributed.launch's spellings */
+    {.name = "rdzv_endpoint", .value = VALUE, .head = true, .on = on_rdzv_endpoint},
+    {.name = "rdzv_backend", .value = VALUE, .head = true, .on = on_rdzv_backend},
+    {.name = "rdzv_id", .value = VALUE, .head = true, .on = on_run_id},
+    {.name = "use_env", .value = NONE, .head = false, .on = on_accepted},
+    /* msrun's */
+    {.name = "worker_num", .value = VALUE, .head = true, .on = on_worker_num},
+    {.name = "local_worker_num", .value = VALUE, .head = true, .on = on_local_worker_num},
+    {.name = "join", .value = SWITCH, .head = false, .on = on_accepted},
+    {.name = "cluster_time_out", .value = VALUE, .head = false, .on = on_cluster_time_out},
+    /* one command, many hosts (hosts.c) */
+    {.help = "one command, many hosts (no Slurm, no mpirun; this cddprun starts every node's):"},
+    {"hosts", VALUE, 0, true, on_hosts, "H1:S1,H2:S2",
+     "the hosts ([user@]name or address) and their ranks (slots; a host without :S gets "
+     "--nproc_per_node); the first is node 0. Other machines are reached with ssh (it must log "
+     "in without a prompt), and cddprun must be at this one's path there; each node starts in "
+     "this directory and gets the job's secret and environment (CDDP_*, CDDPRUN_*, OMP_*, "
+     "OPENBLAS_*, DNNL_*, NCCL_*, CUDA_*, PYTHON*, PATH, LD_LIBRARY_PATH, VIRTUAL_ENV, and -x's) "
+     "on its stdin. Ctrl-C, or a node that fails, stops every node"},
+    {"hostfile", VALUE, 0, true, on_hostfile, "FILE",
+     "the hosts, one a line: `name slots=S` (mpirun's, DeepSpeed's) or `name:S` (Horovod's); # "
+     "starts a comment"},
+    {"ssh", VALUE, 0, true, on_ssh, "CMD",
+     "the ssh command and its options (default: ssh), such as \"ssh -p 2222 -i ~/.ssh/cluster\""},
+    {"env", VALUE, 'x', true, on_env, "NAME[=VALUE]",
+     "also forward NAME to every node (mpirun's -x; repeatable)"},
+    {"stdin_control", NONE, 0, true, on_stdin_control, "",
+     "(what --hosts starts nodes with) read the job's secret and environment from stdin; when "
+     "stdin closes, stop this node"},
+    {"help", NONE, 'h', false, on_help, "", "this help"},
+};
+#define NOPTIONS (int)CDDP_ARRAY_LEN(table)
+/* getopt_long returns an option's index, or a short option's letter, or '?': never the same */
+_Static_assert(CDDP_ARRAY_LEN(table) < '?', "more options than getopt's values can tell apart");
+
+/* Writes text wrapped to 92 columns, each line indented by indent, the first starting at column
+ * at (a newline in text breaks the line there). */
+static void wrap(FILE *out, const char *text, int at, int indent) {
+    const int width = 92;
+    while (*text) {
+        int room = width - at, n = 0, cut = -1;
+        while (text[n] && text[n] != '\n' && n < room) {
+            if (text[n] == ' ') cut = n;
+            n++;
         }
-        o->nnodes_given = true;
-        break;
+        if (text[n] && text[n] != '\n' && cut > 0) n = cut; /* break at the last space */
+        fprintf(out, "%.*s\n", n, text);
+        text += n;
+        while (*text == ' ' || *text == '\n') text++;
+        if (*text) fprintf(out, "%*s", indent, "");
+        at = indent;
     }
-    case OPT_NODE_RANK:
-        o->node_rank = (int)parse_int(name, v, 0, 65535);
-        o->node_rank_given = true;
-        break;
-    case OPT_NPROC:
-    case OPT_LOCAL_WORKER_NUM:
-        /* torchrun's auto and cpu: one process per core this process may run on */
-        if (code == OPT_NPROC && (!strcmp(v, "auto") || !strcmp(v, "cpu")))
-            o->nproc_per_node = cddp_num_cores();
-        else if (code == OPT_NPROC && !strcmp(v, "gpu"))
-            o->nproc_per_node = visible_gpus(name);
-        else if (code == OPT_NPROC && !strcmp(v, "xpu"))
-            cddprun_die_usage("--%s xpu: cddp runs on CPUs and NVIDIA GPUs: --%s gpu for one "
-                              "process per GPU, auto for one per core, or a number",
-                              name, name);
+}
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: cddprun [options] program [program args...]\n"
+            "\n"
+            "Starts nproc_per_node copies of a program on this node, with the environment of a\n"
+            "data-parallel job, and watches them: the first failure stops every worker on every "
+            "node.\n"
+            "A .py program runs under python3 (unless --no_python); -m runs `python3 -m "
+            "program`.\n"
+            "\n"
+            "options (each also as --dash-spelling, and from the environment as CDDPRUN_<OPTION>,\n"
+            "for example CDDPRUN_NPROC_PER_NODE=4 or CDDPRUN_TEE=3; the command line wins):\n");
+    for (int i = 0; i < NOPTIONS; i++) {
+        const optdef *d = &table[i];
+        if (!d->name) fprintf(out, "\n%s\n", d->help);
+        if (!d->name || !d->arg) continue;
+        char spelled[64], letter[8] = "";
+        if (d->letter) snprintf(letter, sizeof letter, "-%c, ", d->letter);
+        int n = snprintf(spelled, sizeof spelled, "  %s--%s%s%s", letter, d->name,
+                         *d->arg ? " " : "", d->arg);
+        if (n > 24)
+            fprintf(out, "%s\n%26s", spelled, "");
         else
-            o->nproc_per_node = (int)parse_int(name, v, 1, 4096);
-        o->nproc_given = true;
-        o->nproc_text = v;
-        break;
-    case OPT_WORKER_NUM:
-        o->worker_num = (int)parse_int(name, v, 1, 1 << 24);
-        break;
-    case OPT_MASTER_ADDR:
-        o->master_addr = v;
-        o->addr_given = true;
-        break;
-    case OPT_MASTER_PORT:
-        o->master_port = (int)parse_int(name, v, 1, 65535);
-        o->port_given = true;
-        break;
-    case 'm':
-        o->module = true;
-        break;
-    case OPT_NO_PYTHON:
-        o->no_python = true;
-        break;
-    case OPT_REDIRECT:
-        o->redirects = (stream_spec){.all = 3};
-        o->redirect_name = "redirect_stdout_and_stderr";
-        break;
-    case OPT_REDIRECTS:
-        parse_streams(name, v, &o->redirects);
-        o->redirect_name = "redirects";
-        break;
-    case OPT_LOG_LAYOUT:
-        if (strcmp(v, "flat") != 0 && strcmp(v, "mpirun") != 0)
-            cddprun_die_usage("--%s %s: expected flat (DIR/rank.N/stdout) or mpirun "
-                              "(DIR/1/rank.N/stdout)",
-                              name, v);
-        o->log_mpirun = !strcmp(v, "mpirun");
-        break;
-    case OPT_LOGDIR:
-        o->logdir = v;
-        break;
-    case OPT_STANDALONE:
-        o->standalone = true;
-        break;
-    case OPT_MAX_RESTARTS:
-        o->max_restarts = (int)parse_int(name, v, 0, 1000000);
-        break;
-    case OPT_TEE:
-        if (v)
-            parse_streams(name, v, &o->tee);
-        else
-            o->tee = (stream_spec){.all = 3};
-        break;
-    case OPT_MONITOR:
-        o->monitor_interval = parse_seconds(name, v);
-        break;
-    case OPT_GRACE:
-        o->grace_period = parse_seconds(name, v);
-        break;
-    case OPT_STOPPED:
-        o->stopped_timeout = parse_seconds(name, v);
-        break;
-    case OPT_LOCAL_ADDR:
-        o->local_addr = v;
-        break;
-    case OPT_TOKEN:
-        o->token = v;
-        break;
-    case OPT_TOKEN_FILE:
-        o->token_file = v;
-        break;
-    case OPT_RUN_ID:
-    case OPT_RDZV_ID:
-        o->run_id = v;
-        break;
-    case OPT_RDZV_ENDPOINT: { /* HOST, HOST:PORT or [IPv6]:PORT: node 0's store */
-        static char host[256];
-        const char *port = NULL;
-        if (*v == '[') {
-            const char *end = strchr(v, ']');
-            if (!end || (end[1] && end[1] != ':'))
-                cddprun_die_usage("--%s %s: expected HOST, HOST:PORT or [ADDRESS]:PORT", name, v);
-            snprintf(host, sizeof host, "%.*s", (int)(end - v - 1), v + 1);
-            port = end[1] ? end + 2 : NULL;
-        } else {
-            const char *colon = strrchr(v, ':');
-            snprintf(host, sizeof host, "%.*s", (int)(colon ? colon - v : (long)strlen(v)), v);
-            port = colon ? colon + 1 : NULL;
-        }
-        if (!*host) cddprun_die_usage("--%s %s: no host", name, v);
-        o->master_addr = host;
-        o->addr_given = true;
-        if (port) o->master_port = (int)parse_int(name, port, 1, 65535);
-        o->port_given |= port != NULL;
-        break;
+            fprintf(out, "%-26s", spelled);
+        wrap(out, d->help, 26, 26);
     }
-    case OPT_RDZV_BACKEND:
-        if (strcmp(v, "c10d") != 0 && strcmp(v, "static") != 0)
-            cddprun_die_usage("--%s %s: cddprun's rendezvous is its own store on node 0, as "
-                              "c10d's is (static works the same); use --%s c10d",
-                              name, v, name);
-        break;
-    case OPT_RANKS_FILTER:
-        o->shown = v;
-        break;
-    case OPT_USE_ENV: /* torch.distributed.launch: LOCAL_RANK is always in the environment */
-        break;
-    case OPT_JOIN: /* msrun: cddprun always waits for its workers */
-        if (v) option_bool(name, v);
-        break;
-    case OPT_CLUSTER_TIME_OUT: /* msrun: how long the cluster may take to form */
-        parse_int(name, v, 1, 86400);
-        setenv("CDDP_RDZV_TIMEOUT_S", v, 1);
-        break;
-    case OPT_BIND_CORE:
-        o->bind_core = v ? option_bool(name, v) : true;
-        break;
-    case OPT_HOSTS:
-        o->hosts = v;
-        break;
-    case OPT_HOSTFILE:
-        o->hostfile = v;
-        break;
-    case OPT_SSH:
-        o->ssh = v;
-        break;
-    case OPT_ENV:
-        if (!*v || *v == '=')
-            cddprun_die_usage("-x/--%s '%s': expected NAME or NAME=VALUE", name, v);
-        if (o->nenv == MAX_FORWARDED)
-            cddprun_die_usage("-x/--%s: at most %d variables", name, MAX_FORWARDED);
-        o->env[o->nenv++] = v;
-        break;
-    case OPT_STDIN_CONTROL:
-        o->stdin_control = true;
-        break;
-    }
+    fprintf(
+        out,
+        "\n"
+        "a running job's flight records (what each rank did last; see cddp-trace):\n"
+        "  cddprun --dump [--logdir DIR | --run_id ID | FOLDER]\n"
+        "                          from another shell on any node of the job: every rank, on\n"
+        "                          every node, writes its record (the job goes on), and the\n"
+        "                          report of where each rank stands is printed here and on\n"
+        "                          node 0's console; --status is the same. Give the --logdir or\n"
+        "                          --run_id the job was started with (its records: DIR/flight,\n"
+        "                          else $TMPDIR/cddp-flight-ID, /tmp without TMPDIR)\n"
+        "\n"
+        "torchrun's spellings: --nnodes MIN:MAX (N:N, a fixed count), --nproc_per_node\n"
+        "auto|cpu (one per core) or gpu (one per visible GPU; the program gives each rank\n"
+        "its GPU with --device cuda), --rdzv_endpoint HOST[:PORT] (node 0's\n"
+        "store: --master_addr and --master_port), --rdzv_backend c10d|static, --rdzv_id ID\n"
+        "(--run_id), --use_env (accepted: LOCAL_RANK is always in the environment).\n"
+        "msrun's: --worker_num N (every node's workers; N / --local_worker_num nodes),\n"
+        "--local_worker_num P (--nproc_per_node), --log_dir, --master_addr, --master_port,\n"
+        "--node_rank, --join[=True] (accepted: cddprun always waits), --cluster_time_out S\n"
+        "(CDDP_RDZV_TIMEOUT_S), --bind_core[=True].\n"
+        "\n"
+        "Inside an srun step of one task per node (srun --ntasks-per-node=1 cddprun ...), the\n"
+        "node count, this node's rank and node 0's address and port come from the step unless\n"
+        "given.\n"
+        "\n"
+        "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,\n"
+        "GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a free port where rank 0 hosts its own "
+        "store,\n"
+        "as torch.distributed's env:// expects; cddp programs find rank 0's store through the\n"
+        "launcher's instead), CDDP_RUN_ID, CDDP_RESTART_COUNT (also as\n"
+        "TORCHELASTIC_RESTART_COUNT), CDDP_STORE_ADDR/CDDP_STORE_PORT/CDDP_STORE_TOKEN (the\n"
+        "launcher's store), and OMP_NUM_THREADS and OPENBLAS_NUM_THREADS when unset: 1 when\n"
+        "P > 1, the count of its CPUs with --bind_core.\n"
+        "\n"
+        "Exit status: 0 when every worker exited 0; 1 when a worker failed (after the restarts);\n"
+        "2 for a usage error; 128+signal when cddprun itself was stopped by a signal.\n"
+        "Rendezvous waits at most CDDP_RDZV_TIMEOUT_S seconds (default 300).\n");
+}
+
+static void on_help(options *o, const char *name, const char *v) {
+    (void)o, (void)name, (void)v;
+    usage(stdout);
+    exit(0);
 }
 
 void cddprun_parse_options(int argc, char **argv, options *o) {
@@ -538,78 +593,70 @@ void cddprun_parse_options(int argc, char **argv, options *o) {
                    .grace_period = 5.0};
     /* The environment first (CDDPRUN_NPROC_PER_NODE=4), so that the command line wins. */
     for (int i = 0; i < NOPTIONS; i++) {
-        if (option_table[i].code == 'h') continue;
+        const optdef *d = &table[i];
+        if (!d->name || d->on == on_help) continue;
         char var[64] = "CDDPRUN_";
-        for (int k = 0; option_table[i].name[k] && k < 50; k++)
-            var[8 + k] = (char)toupper((unsigned char)option_table[i].name[k]);
+        for (int k = 0; d->name[k] && k < 50; k++)
+            var[8 + k] = (char)toupper((unsigned char)d->name[k]);
         const char *v = getenv(var);
         if (!v) continue;
-        if (option_table[i].has_arg == 2) /* CDDPRUN_TEE=3; true/yes: every stream */
-            apply(o, option_table[i].code, option_table[i].name,
-                  looks_like_streams(v) ? v
-                  : parse_bool(var, v)  ? "3"
-                                        : "0");
-        else if (option_table[i].has_arg == 1)
-            apply(o, option_table[i].code, option_table[i].name, v);
+        if (d->value == STREAMS) /* CDDPRUN_TEE=3; true/yes: every stream */
+            d->on(o, d->name, looks_like_streams(v) ? v : parse_bool(var, v) ? "3" : "0");
+        else if (d->value == VALUE)
+            d->on(o, d->name, v);
         else if (parse_bool(var, v))
-            apply(o, option_table[i].code, option_table[i].name, NULL);
+            d->on(o, d->name, NULL);
     }
+    /* getopt's table: each option (val: its index) and its dash spelling; its short letters */
     static struct option longopts[2 * NOPTIONS + 1];
     static char dashed[NOPTIONS][64];
-    int n = 0;
+    char letters[2 * NOPTIONS + 2] = "+"; /* "+": stop at the program, whose options are its own */
+    int n = 0, nl = 1;
     for (int i = 0; i < NOPTIONS; i++) {
-        int has = option_table[i].has_arg >= 2   ? optional_argument
-                  : option_table[i].has_arg == 1 ? required_argument
-                                                 : no_argument;
-        longopts[n++] = (struct option){option_table[i].name, has, NULL, option_table[i].code};
-        snprintf(dashed[i], sizeof dashed[i], "%s", option_table[i].name);
+        const optdef *d = &table[i];
+        if (!d->name) continue;
+        int has = d->value == VALUE  ? required_argument
+                  : d->value == NONE ? no_argument
+                                     : optional_argument;
+        longopts[n++] = (struct option){d->name, has, NULL, i};
+        snprintf(dashed[i], sizeof dashed[i], "%s", d->name);
         bool any = false;
         for (char *c = dashed[i]; *c; c++)
             if (*c == '_') *c = '-', any = true;
-        if (any) longopts[n++] = (struct option){dashed[i], has, NULL, option_table[i].code};
+        if (any) longopts[n++] = (struct option){dashed[i], has, NULL, i};
+        if (d->letter) {
+            letters[nl++] = d->letter;
+            if (d->value == VALUE) letters[nl++] = ':';
+            if (d->value == STREAMS || d->value == SWITCH) nl += sprintf(letters + nl, "::");
+        }
     }
     longopts[n] = (struct option){0, 0, 0, 0};
+    letters[nl] = '\0';
     int c, idx = 0, last = 1;
     o->pass = cddp_calloc((size_t)argc + 1, sizeof *o->pass);
     opterr = 0;
-    /* "+": stop at the program, so its own options are left alone. */
-    while ((c = getopt_long(argc, argv, "+hmr:t::x:", longopts, &idx)) != -1) {
-        if (c == 'h') {
-            usage(stdout);
-            exit(0);
-        }
+    while ((c = getopt_long(argc, argv, letters, longopts, &idx)) != -1) {
         if (c == '?') {
             if (optopt) cddprun_die_usage("unknown option -%c", optopt);
             cddprun_die_usage("unknown option or missing value: %s", argv[optind - 1]);
         }
-        const char *name = c == 'm'   ? "module"
-                           : c == 'r' ? "redirects"
-                           : c == 't' ? "tee"
-                           : c == 'x' ? "env"
-                                      : longopts[idx].name;
-        if (c == 'r') c = OPT_REDIRECTS;
-        if (c == 't') c = OPT_TEE;
-        if (c == 'x') c = OPT_ENV;
-        if (c == OPT_TOKEN) o->token_in_argv = true;
+        const optdef *d = c < NOPTIONS ? &table[c] : NULL;
+        const char *name = d ? longopts[idx].name : NULL;
+        for (int i = 0; !d && i < NOPTIONS; i++) /* a short letter: its option */
+            if (table[i].letter == c) name = (d = &table[i])->name;
+        if (d->on == on_token) o->token_in_argv = true;
         /* An optional value given as the next argument: --tee 3, --join True (msrun's) */
         const char *v = optarg;
-        if (!v && c == OPT_TEE && optind < argc && looks_like_streams(argv[optind]))
+        if (!v && d->value == STREAMS && optind < argc && looks_like_streams(argv[optind]))
             v = argv[optind++];
-        if (!v && (c == OPT_JOIN || c == OPT_BIND_CORE) && optind < argc &&
-            looks_like_bool(argv[optind]))
+        if (!v && d->value == SWITCH && optind < argc && looks_like_bool(argv[optind]))
             v = argv[optind++];
-        apply(o, c, name, v);
+        d->on(o, name, v);
         /* The words of this option, for the nodes that --hosts starts, unless the head gives
          * them their own value (or keeps it). A bundle of short options (-mt) is passed whole
          * once getopt leaves it. */
-        bool mine = c == OPT_HOSTS || c == OPT_HOSTFILE || c == OPT_SSH || c == OPT_ENV ||
-                    c == OPT_NNODES || c == OPT_NODE_RANK || c == OPT_NPROC ||
-                    c == OPT_LOCAL_WORKER_NUM || c == OPT_WORKER_NUM || c == OPT_MASTER_ADDR ||
-                    c == OPT_MASTER_PORT || c == OPT_RDZV_ENDPOINT || c == OPT_RDZV_BACKEND ||
-                    c == OPT_RDZV_ID || c == OPT_RUN_ID || c == OPT_TOKEN || c == OPT_TOKEN_FILE ||
-                    c == OPT_STANDALONE || c == OPT_LOCAL_ADDR || c == OPT_STDIN_CONTROL;
         for (; last < optind; last++)
-            if (!mine) o->pass[o->npass++] = argv[last];
+            if (!d->head) o->pass[o->npass++] = argv[last];
     }
     if (optind >= argc) cddprun_die_usage("no program given");
     o->program = argv + optind;

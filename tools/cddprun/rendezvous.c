@@ -18,18 +18,6 @@ void cddprun_fail_rdzv(const char *what, const cddp_error *err) {
     exit(1);
 }
 
-void cddprun_random_hex(char *out, size_t bytes) {
-    unsigned char raw[32] = {0};
-    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-    ssize_t r = fd >= 0 ? read(fd, raw, bytes) : -1;
-    if (fd >= 0) close(fd);
-    if (r != (ssize_t)bytes) { /* no /dev/urandom: time and pid, still unique enough for an id */
-        uint64_t x = (uint64_t)cddp_now_s() * 1000003u ^ (uint64_t)getpid() << 32;
-        memcpy(raw, &x, sizeof x);
-    }
-    for (size_t i = 0; i < bytes; i++) sprintf(out + 2 * i, "%02x", raw[i]);
-}
-
 /* A signal (Ctrl-C while the other nodes are awaited) ends cddprun at once, with the usual
  * 128 + signal. */
 static void exit_if_signalled(void) {

@@ -91,19 +91,6 @@ void cddprun_drain(worker *w, stream *s) {
     }
 }
 
-/* mkdir -p: every missing folder of path. */
-int cddprun_make_dirs(const char *path) {
-    char buf[PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1;; p++)
-        if (*p == '/' || *p == '\0') {
-            char c = *p;
-            *p = '\0';
-            if (mkdir(buf, 0777) != 0 && errno != EEXIST) return errno;
-            if (!(*p = c)) return 0;
-        }
-}
-
 static int open_log(const job *j, int local, const char *name, int *fd, char *path, size_t n) {
     char dir[PATH_MAX - 16];
     snprintf(dir, sizeof dir, "%s%s/rank.%d", j->o.logdir, j->o.log_mpirun ? "/1" : "",
@@ -386,12 +373,6 @@ worker *cddprun_halted(job *j) {
         }
     }
     return longest;
-}
-
-double cddprun_wall_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 /* Reaps exited workers; returns the number still running. */
