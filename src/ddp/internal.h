@@ -21,7 +21,9 @@
  *   zero.c      the sharded optimizer (ZeRO-1): each rank's shard of the buckets, the
  *               parameters' allgather after a step, the norm's sum, checkpoints of the state
  *   wrap.c      wrapping a model: the agreement checks, the first broadcast, where the gradients
- *               live and where buckets are reduced; join, barrier, save and load
+ *               live and where buckets are reduced; join, barrier
+ *   ckpt.c      checkpoints: one file (rank 0's, ZeRO's state gathered first) or a set (a file
+ *               per rank), saved and loaded with every rank agreeing on the outcome
  *
  * A reducer reduces one bucket, a list of parameters whose gradients travel together: launch
  * packs what the bucket needs and starts its collective (queued on the group's thread, or run
