@@ -25,6 +25,7 @@ fail() {
     exit 1
 }
 has() { grep -qF -- "$1" "$work/out" || fail "expected: $1"; }
+has_re() { grep -qE -- "$1" "$work/out" || fail "expected (a pattern): $1"; }
 hasnt() { ! grep -qF -- "$1" "$work/out" || fail "did not expect: $1"; }
 unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS RANK WORLD_SIZE CDDP_TRANSPORT CDDP_FLIGHT_DIR
 export CDDP_LOG_LEVEL=warn
@@ -62,10 +63,12 @@ for layout in one two; do
     export CDDP_STALL_WARN_S=2 CDDP_TIMEOUT_S=8
     run $layout hang 3 30
     has "where every rank stands, from their flight records"
-    has "ranks 0-2 wait in allreduce #15 (bucket 0: fc3.weight .. fc1.bias), up to 2."
+    # while they wait: after the stall warning (2 s), before the timeout (8 s)
+    has_re "ranks 0-2 wait in allreduce #15 \(bucket 0: fc3\.weight \.\. fc1\.bias\), up to [2-7]\.[0-9] s"
     has "rank 3 is in step 5's forward"
     has "<- BEHIND"
     has "ranks 0-2 wait in allreduce #15 (bucket 0: fc3.weight .. fc1.bias), up to 8."
+    has "  the others waited for: rank 3 is in step 5's forward"
     run $layout stop 1 30
     has "ranks 0, 2-3 wait in allreduce #15 (bucket 0: fc3.weight .. fc1.bias)"
     has "rank 1 left no record: it is stopped"

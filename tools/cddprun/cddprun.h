@@ -170,8 +170,12 @@ void cddprun_flight_round(job *j);
 void cddprun_flight_watch(job *j);
 /* The job failed: asks the live workers for their records, waits up to a second for them. */
 void cddprun_flight_collect(job *j);
-/* After the failure report: the records' report, when the round has records. */
-void cddprun_flight_final(job *j, FILE *rep);
+/* For the failure report: the records' report (the other nodes' merged in), a new string the
+ * caller frees; NULL when the round has no records. */
+char *cddprun_flight_final(job *j);
+/* The one rank the report marks BEHIND ("rank 3 is in step 5's forward (for 8.4 s); ..."), into
+ * line (n bytes): false when none is, or several. */
+bool cddprun_flight_behind(const char *report, char *line, size_t n);
 /* The job ended: the pid file goes; a folder cddprun chose in /tmp goes too when the job
  * succeeded and no rank wrote a record (records are kept, and named). */
 void cddprun_flight_end(job *j, bool ok);

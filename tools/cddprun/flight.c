@@ -339,11 +339,29 @@ void cddprun_flight_collect(job *j) {
     post(j);
 }
 
-void cddprun_flight_final(job *j, FILE *rep) {
-    if (!dir[0]) return;
+char *cddprun_flight_final(job *j) {
+    if (!dir[0]) return NULL;
     merge(j, asked_wall - 2.0, j->o.node_rank == 0 ? 3.0 : 1.0);
-    if (new_record(j, round_start_wall, false))
-        print_report(j->world, rep, "the ranks' flight records");
+    if (!new_record(j, round_start_wall, false)) return NULL;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return NULL;
+    fprintf(f, "cddprun: the ranks' flight records (cddp-trace %s says it again)\n", dir);
+    cddp_error err = {0};
+    if (cddp_flight_report(dir, j->world, f, NULL, &err) != CDDP_OK) fprintf(f, "  %s\n", err.msg);
+    fclose(f);
+    return text;
+}
+
+bool cddprun_flight_behind(const char *report, char *line, size_t n) {
+    const char *mark = "  <- BEHIND", *at = report ? strstr(report, mark) : NULL;
+    if (!at || strstr(at + strlen(mark), mark)) return false; /* none, or more than one */
+    const char *start = at;
+    while (start > report && start[-1] != '\n') start--;
+    while (*start == ' ') start++;
+    snprintf(line, n, "%.*s", (int)(at - start), start);
+    return true;
 }
 
 void cddprun_flight_end(job *j, bool ok) {

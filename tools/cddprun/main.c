@@ -214,6 +214,9 @@ static round_result run_round(job *j) {
     /* A node that --hosts started reports into its log folder, not onto the head's console,
      * where node 0's merged report alone names the root cause (a node's own would show its
      * collateral failures as causes). */
+    /* The flight records say which rank the others waited for: a rank that timed out waiting
+     * (the root cause by time) names it too, but the report should say it first. */
+    char *flight = cddprun_flight_final(j), behind[512];
     FILE *rep = stderr;
     char rep_path[PATH_MAX] = "";
     if (o->stdin_control && o->node_rank != 0) {
@@ -239,6 +242,8 @@ static round_result run_round(job *j) {
         fprintf(rep, "  root cause: %s\n    log: %s\n", text, first->log_path);
     else
         fprintf(rep, "  root cause%s: %s\n", silent ? "" : ", on another node", remote);
+    if (flight && cddprun_flight_behind(flight, behind, sizeof behind))
+        fprintf(rep, "  the others waited for: %s (the flight records, below)\n", behind);
     if (root >= 0 && first)
         fprintf(rep, "  also failed, here: %s\n    log: %s\n", text, first->log_path);
     for (int k = 0; k < nothers; k++)
@@ -268,7 +273,8 @@ static round_result run_round(job *j) {
                     text);
         }
     }
-    cddprun_flight_final(j, rep);
+    if (flight) fputs(flight, rep);
+    free(flight);
     if (rep != stderr && rep) fclose(rep);
     return ROUND_FAILED;
 }
