@@ -2,7 +2,9 @@
  * arena. */
 #include "helpers.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 static void test_status_names(void **state) {
     (void)state;
@@ -295,13 +297,42 @@ static void test_alloc(void **state) {
     cddp_free(s);
 }
 
+/* Which loopback this process reaches is the same when it has no file descriptor left (a
+ * launcher whose store a stranger floods): the boot id read once is kept, where reading it again
+ * failed and made the launcher take a node of its own machine for another host's. */
+static void test_loopback_id_out_of_descriptors(void **state) {
+    (void)state;
+    char before[128], after[128];
+    cddp_net_loopback_id(before, sizeof before);
+    assert_true(before[0] != '?');
+    assert_non_null(strchr(before, '/'));
+    struct rlimit old;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    int fd = open("/dev/null", O_RDONLY);
+    assert_true(fd >= 0);
+    close(fd);
+    struct rlimit none = {(rlim_t)fd, old.rlim_max}; /* the next descriptor is over the limit */
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &none), 0);
+    int more = open("/dev/null", O_RDONLY);
+    cddp_net_loopback_id(after, sizeof after);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    assert_int_equal(more, -1); /* the test did run out */
+    assert_string_equal(after, before);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_status_names),  cmocka_unit_test(test_error_messages),
-        cmocka_unit_test(test_knobs),         cmocka_unit_test(test_docs_list_every_knob),
-        cmocka_unit_test(test_parse_numbers), cmocka_unit_test(test_logging_levels),
-        cmocka_unit_test(test_arena),         cmocka_unit_test(test_arena_device_memory),
-        cmocka_unit_test(test_alloc),         cmocka_unit_test(test_slurm_step),
+        cmocka_unit_test(test_status_names),
+        cmocka_unit_test(test_error_messages),
+        cmocka_unit_test(test_knobs),
+        cmocka_unit_test(test_docs_list_every_knob),
+        cmocka_unit_test(test_parse_numbers),
+        cmocka_unit_test(test_logging_levels),
+        cmocka_unit_test(test_arena),
+        cmocka_unit_test(test_arena_device_memory),
+        cmocka_unit_test(test_alloc),
+        cmocka_unit_test(test_slurm_step),
+        cmocka_unit_test(test_loopback_id_out_of_descriptors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -48,7 +48,9 @@ CDDP_API bool cddp_net_in_use(const cddp_error *err);
 CDDP_API bool cddp_net_is_loopback(const char *host);
 /* Which loopback this process reaches, into out (n bytes; 80 suffice): the machine's boot id and
  * its network namespace's, "BOOT/NETNS". Two processes reach each other at a loopback address
- * exactly when theirs are equal (hosts emulated in namespaces of one machine differ). */
+ * exactly when theirs are equal (hosts emulated in namespaces of one machine differ). BOOT is "?"
+ * when the boot id could not be read (the first time: it is kept once read): then nothing can be
+ * told from it. */
 CDDP_API void cddp_net_loopback_id(char *out, size_t n);
 /* Whether host is a machine's name that resolves to loopback here (Debian's /etc/hosts maps the
  * host's own name to 127.0.1.1), not an address or "localhost": a name other machines resolve to
