@@ -24,11 +24,13 @@
 #include <cddp/launch.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static char dir[PATH_MAX];
@@ -196,6 +198,11 @@ static void merge(job *j, double since, double wait_s) {
             if (f) {
                 bool ok = fwrite((char *)v + used, 1, len - (size_t)used, f) == len - (size_t)used;
                 ok = fclose(f) == 0 && ok;
+                /* when its rank wrote it (the other node's clock), so that a later post of the
+                 * same node is newer, whatever the clocks of the nodes are */
+                struct timespec t[2] = {{0, UTIME_OMIT},
+                                        {(time_t)at, (long)((at - (double)(time_t)at) * 1e9)}};
+                if (ok) utimensat(AT_FDCWD, tmp, t, 0);
                 if (!ok || rename(tmp, path) != 0) unlink(tmp);
             }
             cddp_free(v);
