@@ -23,7 +23,7 @@ static void step(cddp_optim *opt, float *p, const float *g, float **state, size_
     cddp_device_adamw(opt->dev, p, g, state[0], state[1], n, &h);
 }
 
-static const cddp__optim_rule rule = {"adamw", 2, {"exp_avg", "exp_avg_sq"}, step};
+static const cddp__optim_rule rule = {"adamw", {"exp_avg", "exp_avg_sq"}, step};
 
 cddp_optim *cddp_optim_adamw(cddp_model *m, const cddp_adamw_options *opts, cddp_error *err) {
     const cddp_adamw_options *o = opts;

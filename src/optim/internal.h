@@ -16,8 +16,7 @@
 
 typedef struct cddp__optim_rule {
     const char *name;
-    int nstates; /* the most it has; a rule may keep fewer (SGD without momentum: 0) */
-    const char *states[CDDP__OPTIM_MAX_STATES];
+    const char *states[CDDP__OPTIM_MAX_STATES]; /* the names of the blocks it may keep */
     /* One update of elements [0, n) of a range: p, g and each state from the range's start; wd
      * the weight decay of its parameters. */
     void (*step)(cddp_optim *opt, float *p, const float *g, float **state, size_t n, float wd);

@@ -16,7 +16,7 @@ static void step(cddp_optim *opt, float *p, const float *g, float **state, size_
     cddp_device_lion(opt->dev, p, g, state[0], n, &h);
 }
 
-static const cddp__optim_rule rule = {"lion", 1, {"exp_avg"}, step};
+static const cddp__optim_rule rule = {"lion", {"exp_avg"}, step};
 
 cddp_optim *cddp_optim_lion(cddp_model *m, const cddp_lion_options *opts, cddp_error *err) {
     const cddp_lion_options *o = opts;

@@ -13,7 +13,7 @@ static void step(cddp_optim *opt, float *p, const float *g, float **state, size_
     cddp_device_sgd(opt->dev, p, g, o->momentum != 0.0f ? state[0] : NULL, n, &h);
 }
 
-static const cddp__optim_rule rule = {"sgd", 1, {"momentum_buffer"}, step};
+static const cddp__optim_rule rule = {"sgd", {"momentum_buffer"}, step};
 
 cddp_optim *cddp_optim_sgd(cddp_model *m, const cddp_sgd_options *opts, cddp_error *err) {
     const cddp_sgd_options *o = opts;
