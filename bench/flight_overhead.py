@@ -20,7 +20,7 @@ def main():
     bin_ = os.path.join(build, "bin")
     launch = [os.path.join(bin_, "cddprun"), "--standalone", "--nproc_per_node", "2"]
     mlp = launch + [os.path.join(bin_, "fashion_mnist"), "--model", "mlp", "--epochs", "1",
-                    "--batch", "32", "--json"]
+                    "--batch", "32", "--out", "none", "--json"]
     gpt = launch + [os.path.join(bin_, "gpt_train"), "--max_iters", "60", "--batch_size", "12",
                     "--eval_interval", "100000", "--eval_iters", "1", "--final_eval", "1",
                     "--sample", "0", "--out", "none", "--log_interval", "0", "--json"]
