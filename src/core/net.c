@@ -11,7 +11,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <nettle/hmac.h>
@@ -385,18 +385,23 @@ void cddp_net_loopback_id(char *out, size_t n) {
     /* The boot id once read is kept: a process out of file descriptors (a launcher whose store a
      * stranger floods) cannot open it again, and would name another machine. */
     static char known[64];
-    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static _Atomic int state; /* 0: not read, 1: being kept by one thread, 2: kept */
     char boot[64] = "?";
-    pthread_mutex_lock(&lock);
-    if (!known[0]) {
+    if (state == 2) {
+        snprintf(boot, sizeof boot, "%s", known);
+    } else {
         FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
         if (f) {
-            if (fgets(known, sizeof known, f)) known[strcspn(known, "\n")] = '\0';
+            if (!fgets(boot, sizeof boot, f)) snprintf(boot, sizeof boot, "?");
             fclose(f);
+            boot[strcspn(boot, "\n")] = '\0';
+        }
+        int none = 0; /* the first thread that read it keeps it; no lock (a fork may come) */
+        if (boot[0] != '?' && atomic_compare_exchange_strong(&state, &none, 1)) {
+            snprintf(known, sizeof known, "%s", boot);
+            state = 2;
         }
     }
-    if (known[0]) snprintf(boot, sizeof boot, "%s", known);
-    pthread_mutex_unlock(&lock);
     struct stat st;
     unsigned long long ns = stat("/proc/self/ns/net", &st) == 0 ? (unsigned long long)st.st_ino : 0;
     snprintf(out, n, "%s/%llu", boot, ns);
