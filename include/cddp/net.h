@@ -52,6 +52,9 @@ CDDP_API bool cddp_net_is_loopback(const char *host);
  * when the boot id could not be read (the first time: it is kept once read): then nothing can be
  * told from it. */
 CDDP_API void cddp_net_loopback_id(char *out, size_t n);
+/* Whether two processes' cddp_net_loopback_id say they cannot reach each other at a loopback
+ * address: both known (not empty, boot id not "?") and different. */
+CDDP_API bool cddp_net_loopback_apart(const char *a, const char *b);
 /* Whether host is a machine's name that resolves to loopback here (Debian's /etc/hosts maps the
  * host's own name to 127.0.1.1), not an address or "localhost": a name other machines resolve to
  * this one's network address, so a server for them listens on every interface. */

@@ -100,12 +100,6 @@ static void big_buffers(int fd) {
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
 }
 
-/* Whether two ranks' cddp_net_loopback_id say they cannot reach each other at a loopback
- * address: both known ("?": a boot id unread), and not the same. */
-static bool apart(const char *a, const char *b) {
-    return *a && *b && a[0] != '?' && b[0] != '?' && strcmp(a, b) != 0;
-}
-
 /* Connects to rank r (below this one), whose post holds its address; mine: this rank's
  * cddp_net_loopback_id. */
 static int connect_lower(cddp_comm *c, cddp_store *st, int r, const char *mine, double deadline,
@@ -123,7 +117,7 @@ static int connect_lower(cddp_comm *c, cddp_store *st, int r, const char *mine, 
         rc = cddp_error_set(err, CDDP_EIO, "rank %d posted a bad address '%s'", r, (char *)v);
     /* A loopback address reaches rank r only from its own machine and network namespace: from
      * another host it would reach this one's loopback. */
-    if (rc == CDDP_OK && apart(reach, mine) && cddp_net_is_loopback(host))
+    if (rc == CDDP_OK && cddp_net_loopback_apart(reach, mine) && cddp_net_is_loopback(host))
         rc = loopback_unreachable(r, host, from, c->rank, err);
     for (int ch = CH_DATA; ch <= CH_CONTROL && rc == CDDP_OK; ch++) {
         int *fd = ch == CH_DATA ? &t->data[r] : &t->control[r];
@@ -307,7 +301,8 @@ int cddp__tcp_setup(cddp_comm *c, cddp_store *st, double deadline, cddp_error *e
             char theirs[128] = "";
             snprintf(key, sizeof key, "comm/tcp/%d", r);
             rc = cddp_store_get(st, key, -1, &v, &len, err);
-            if (rc == CDDP_OK && sscanf(v, "%*s %*d %127s", theirs) == 1 && apart(theirs, reach))
+            if (rc == CDDP_OK && sscanf(v, "%*s %*d %127s", theirs) == 1 &&
+                cddp_net_loopback_apart(theirs, reach))
                 rc = loopback_unreachable(me, addr, from, r, err);
             cddp_free(v);
         }

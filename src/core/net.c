@@ -407,6 +407,10 @@ void cddp_net_loopback_id(char *out, size_t n) {
     snprintf(out, n, "%s/%llu", boot, ns);
 }
 
+bool cddp_net_loopback_apart(const char *a, const char *b) {
+    return *a && *b && a[0] != '?' && b[0] != '?' && strcmp(a, b) != 0;
+}
+
 bool cddp_net_own_name_loopback(const char *host) {
     unsigned char a[sizeof(struct in6_addr)];
     if (!host || !strcmp(host, "localhost") || inet_pton(AF_INET, host, a) == 1 ||

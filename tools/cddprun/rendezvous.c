@@ -282,7 +282,7 @@ static void loopback_reachable(job *j) {
     cddp_net_loopback_id(mine, sizeof mine);
     for (int k = 0; k < o->nnodes; k++) {
         if (k == o->node_rank || !j->in[k] || !node_reach(j, k, other, sizeof other) ||
-            !strcmp(mine, other) || mine[0] == '?' || other[0] == '?') /* "?": unknown */
+            !cddp_net_loopback_apart(mine, other))
             continue;
         fprintf(stderr,
                 "cddprun: node %d's address for the others is %s, a loopback address, but node "
