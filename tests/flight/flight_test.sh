@@ -131,6 +131,14 @@ node1=$(ls -d "$work"/hosts/node1/cddp-flight-*)
 has "flight records in $node1: 4 of 4 ranks"
 has "rank 0 (pid "
 has "rank 3 (pid "
+# node 0 prints its own report once node 1's records reached it through the store: wait for it
+# (node 0 waits up to 2 s for the other node's records) before stopping the job.
+i=0
+until grep -qF "flight records in $(ls -d "$work"/hosts/node0)/cddp-flight-" "$work/job"; do
+    i=$((i + 1))
+    [ $i -gt 150 ] && break
+    sleep 0.1
+done
 for node in 0 1; do
     kill "$(cat "$work"/hosts/node$node/cddp-flight-*/cddprun-node$node.pid)" ||
         fail "node $node's cddprun ended after --dump"
