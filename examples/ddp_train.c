@@ -24,18 +24,20 @@ static const float train_y[2][2] = {{8, 13}, {26, 9}};
 int main(int argc, char **argv) {
     cddp_error err = {0};
     const char *spec = "cpu", *optimizer = "sgd";
-    cddp_dcomm_transport transport = CDDP_DCOMM_AUTO;
+    const char *transport = NULL;
     for (int i = 1; i < argc; i++) {
         bool value = i + 1 < argc;
         if (!strcmp(argv[i], "--nccl"))
-            transport = CDDP_DCOMM_NCCL;
+            transport = "nccl";
         else if (!strcmp(argv[i], "--ipc"))
-            transport = CDDP_DCOMM_IPC;
+            transport = "ipc";
         else if (value && !strcmp(argv[i], "--transport")) {
-            if (cddp_dcomm_transport_parse(argv[++i], &transport, &err) != CDDP_OK) {
+            const cddp_dcomm_transport_info *t = cddp_dcomm_transport_find(argv[++i], &err);
+            if (!t) {
                 fprintf(stderr, "ddp_train: --transport: %s\n", err.msg);
                 return 2;
             }
+            transport = t->name;
         } else if (value && !strcmp(argv[i], "--device"))
             spec = argv[++i];
         else if (value && !strcmp(argv[i], "--optimizer"))

@@ -55,7 +55,7 @@ typedef struct options {
     int64_t limit;
     bool json, zero, sync_bn;
     int64_t powersgd_rank, powersgd_start;
-    cddp_dcomm_transport transport;
+    const char *transport; /* NULL: auto */
 } options;
 
 static void usage(FILE *out) {
@@ -252,10 +252,10 @@ static int parse_args(int argc, char **argv, options *o) {
             o->sync_bn = true;
             break;
         case 'N':
-            o->transport = CDDP_DCOMM_NCCL;
+            o->transport = "nccl";
             break;
         case 'Q':
-            o->transport = CDDP_DCOMM_IPC;
+            o->transport = "ipc";
             break;
         case 'X':
             ok = run_transport(P, optarg, &o->transport);

@@ -55,8 +55,8 @@ typedef struct options {
     double rope_theta;
     bool llama, llama_read;
     cddp_llama_config lc;
-    bool n_head_given; /* --n_head was given (a file of weights alone may need it) */
-    cddp_dcomm_transport transport;
+    bool n_head_given;     /* --n_head was given (a file of weights alone may need it) */
+    const char *transport; /* NULL: auto */
 } options;
 
 static void usage(FILE *out) {
@@ -303,9 +303,9 @@ static int parse_args(int argc, char **argv, options *o) {
         } else if (c == 'S') {
             o->stop = true;
         } else if (c == 'N') {
-            o->transport = CDDP_DCOMM_NCCL;
+            o->transport = "nccl";
         } else if (c == 'P') {
-            o->transport = CDDP_DCOMM_IPC;
+            o->transport = "ipc";
         } else if (c == 'X') {
             if (!run_transport("gpt_train", optarg, &o->transport)) return -1;
         } else if (c == 'h') {

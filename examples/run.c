@@ -221,9 +221,13 @@ int run_hook(const char *name) {
     return -1;
 }
 
-bool run_transport(const char *prog, const char *text, cddp_dcomm_transport *t) {
+bool run_transport(const char *prog, const char *text, const char **t) {
     cddp_error err = {0};
-    if (cddp_dcomm_transport_parse(text, t, &err) == CDDP_OK) return true;
+    const cddp_dcomm_transport_info *info = cddp_dcomm_transport_find(text, &err);
+    if (info) {
+        *t = info->name;
+        return true;
+    }
     fprintf(stderr, "%s: --transport %s: %s\n", prog, text, err.msg);
     return false;
 }

@@ -80,9 +80,9 @@ bool run_device(const char *prog, const char *device, const char *dtype, cddp_de
     "                      GPU), host (through host memory) or auto (default: nccl where\n"        \
     "                      each rank has a GPU of its own, else host; CDDP_DDP_TRANSPORT)\n"       \
     "  --nccl, --ipc       --transport nccl, --transport ipc\n"
-/* --transport NAME (cddp_dcomm_transport_parse) into *t; false, after printing "prog: --transport
+/* --transport NAME (cddp_dcomm_transport_find) into *t; false, after printing "prog: --transport
  * <name>: <why>" on stderr, when it names none. */
-bool run_transport(const char *prog, const char *text, cddp_dcomm_transport *t);
+bool run_transport(const char *prog, const char *text, const char **t);
 /* The gradient hook --hook names (none, bf16, fp16, powersgd); -1 for any other name. */
 int run_hook(const char *name);
 /* The optimizer state this process holds, in bytes (the shard's alone under ZeRO-1). */

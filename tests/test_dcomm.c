@@ -1,49 +1,68 @@
-/* test_dcomm.c: the choice CDDP_DCOMM_AUTO makes (and DistributedDataParallel with it) from what
- * every rank's device and machine are, case by case, and the transports' spellings; and how many
- * of a host's ranks share a rank's CPUs, from their CPU sets. */
+/* test_dcomm.c: the choice "auto" makes (and DistributedDataParallel with it) from what every
+ * rank's device and machine are, case by case, and the transports' names; and how many of a
+ * host's ranks share a rank's CPUs, from their CPU sets. */
 #include "helpers.h"
 #include "comm/internal.h"
-#include "ddp/internal.h"
+#include "dcomm/internal.h"
 
 enum { CPU = CDDP_DEVICE_CPU, EMU = CDDP_DEVICE_EMU, CUDA = CDDP_DEVICE_CUDA };
 
-/* decide(world, ranks) with why; asserts that why names `words`. */
-static cddp_dcomm_transport decide(const cddp__placement *all, int world, const char *words) {
+/* NCCL's place in the list: where its offer goes. */
+static int nccl_at(void) {
+    int n = 0;
+    const cddp__dtransport *const *list = cddp__dcomm_list(&n);
+    for (int i = 0; i < n; i++)
+        if (list[i] == &cddp__nccl_dtransport) return i;
+    fail_msg("nccl is not in the list");
+    return -1;
+}
+
+/* A rank on a device of `kind` named `name`, card `card`, NCCL offering `nccl` there. */
+static cddp__placement place(int kind, int64_t card, const char *name, int64_t nccl) {
+    cddp__placement p = {.kind = kind, .card = card, .host = kind == CPU};
+    snprintf(p.device, sizeof p.device, "%s", name);
+    p.offer[nccl_at()] = nccl;
+    return p;
+}
+
+/* decide(world, ranks) with why; asserts that why names `words`; the transport's name. */
+static const char *decide(const cddp__placement *all, int world, const char *words) {
     char why[200] = "";
-    cddp_dcomm_transport t = cddp__dcomm_decide(all, world, why, sizeof why);
+    const cddp__dtransport *t = cddp__dcomm_decide(all, world, why, sizeof why);
     if (!strstr(why, words)) fail_msg("why is '%s', without '%s'", why, words);
-    return t;
+    return t->info.name;
 }
 
 static void test_auto_takes_nccl_for_a_gpu_per_rank(void **state) {
     (void)state;
     /* four GPUs, on one host or two: NCCL */
-    cddp__placement four[4] = {
-        {CUDA, 11, 22809}, {CUDA, 12, 22809}, {CUDA, 13, 22809}, {CUDA, 14, 22809}};
-    assert_int_equal(decide(four, 4, "one rank per GPU, NCCL on every rank (2.28.9 on rank 0)"),
-                     CDDP_DCOMM_NCCL);
+    cddp__placement four[4] = {place(CUDA, 11, "cuda:0", 22809), place(CUDA, 12, "cuda:1", 22809),
+                               place(CUDA, 13, "cuda:0", 22809), place(CUDA, 14, "cuda:1", 22809)};
+    assert_string_equal(decide(four, 4, "one rank per GPU, NCCL on every rank (2.28.9 on rank 0)"),
+                        "nccl");
     /* two ranks on one GPU (ranks 1 and 3): NCCL would refuse them, so host copies */
     four[3].card = 12;
-    assert_int_equal(decide(four, 4, "ranks 1 and 3 share a GPU, which NCCL refuses"),
-                     CDDP_DCOMM_HOST);
+    assert_string_equal(decide(four, 4, "ranks 1 and 3 share a GPU, which NCCL refuses"), "host");
     /* NCCL missing on one rank */
     four[3].card = 14;
-    four[2].nccl = 0;
-    assert_int_equal(decide(four, 4, "NCCL does not open on rank 2"), CDDP_DCOMM_HOST);
+    four[2].offer[nccl_at()] = 0;
+    assert_string_equal(decide(four, 4, "NCCL does not open on rank 2"), "host");
 }
 
 static void test_auto_takes_host_otherwise(void **state) {
     (void)state;
-    cddp__placement one[1] = {{CUDA, 11, 22809}};
-    assert_int_equal(decide(one, 1, "one rank: nothing travels"), CDDP_DCOMM_HOST);
-    cddp__placement cpu[2] = {{CPU, 1, 0}, {CPU, 2, 0}};
-    assert_int_equal(decide(cpu, 2, "the CPU"), CDDP_DCOMM_HOST);
+    cddp__placement one[1] = {place(CUDA, 11, "cuda:0", 22809)};
+    assert_string_equal(decide(one, 1, "one rank: nothing travels"), "host");
+    cddp__placement cpu[2] = {place(CPU, 1, "cpu", -1), place(CPU, 2, "cpu", -1)};
+    assert_string_equal(decide(cpu, 2, "cpu: the group's transport works on the memory itself"),
+                        "host");
     /* the emulated device: NCCL cannot read it, and CUDA IPC only when named */
-    cddp__placement emu[2] = {{EMU, 1, 0}, {EMU, 1, 0}};
-    assert_int_equal(decide(emu, 2, "NCCL moves GPU memory only"), CDDP_DCOMM_HOST);
-    cddp__placement mixed[3] = {{CUDA, 1, 22809}, {CUDA, 2, 22809}, {CPU, 3, 0}};
-    assert_int_equal(decide(mixed, 3, "of different kinds (rank 0 cuda, rank 2 cpu)"),
-                     CDDP_DCOMM_HOST);
+    cddp__placement emu[2] = {place(EMU, 1, "emu:0", -1), place(EMU, 1, "emu:0", -1)};
+    assert_string_equal(
+        decide(emu, 2, "NCCL moves GPU memory only (cuda devices), not emu:0's (rank 0)"), "host");
+    cddp__placement mixed[3] = {place(CUDA, 1, "cuda:0", 22809), place(CUDA, 2, "cuda:1", 22809),
+                                place(CPU, 3, "cpu", -1)};
+    assert_string_equal(decide(mixed, 3, "of different kinds (rank 0 cuda:0, rank 2 cpu)"), "host");
 }
 
 /* On one process, through a group of one (the real allgather): the CPU and emu:0. */
@@ -52,30 +71,46 @@ static void test_choose_on_this_machine(void **state) {
     cddp_error err = {0};
     cddp_comm *g = cddp_comm_create(&(cddp_comm_options){.rank = 0, .world_size = 1}, &err);
     if (!g) fail_msg("%s", err.msg);
-    cddp_dcomm_transport t = CDDP_DCOMM_NCCL;
+    const cddp_dcomm_transport_info *t = NULL;
     char why[200] = "";
     assert_int_equal(cddp_dcomm_choose(g, cddp_device_cpu(), &t, why, sizeof why, &err), CDDP_OK);
-    assert_int_equal(t, CDDP_DCOMM_HOST);
+    assert_string_equal(t->name, "host");
     assert_string_equal(why, "one rank: nothing travels");
-    cddp_dcomm_destroy(cddp_dcomm_create(g, cddp_device_cpu(), NULL, &err));
-    assert_int_equal(err.code, CDDP_OK);
+    cddp_dcomm *d = cddp_dcomm_create(g, cddp_device_cpu(), NULL, &err);
+    assert_non_null(d);
+    assert_string_equal(cddp_dcomm_transport_name(d), "host");
+    cddp_dcomm_destroy(d);
+    /* a transport that cannot serve: ipc on the CPU, saying why */
+    assert_null(
+        cddp_dcomm_create(g, cddp_device_cpu(), &(cddp_dcomm_options){.transport = "ipc"}, &err));
+    assert_non_null(strstr(err.msg, "cpu shares no memory with other processes"));
     cddp_comm_destroy(g);
 }
 
-static void test_spellings(void **state) {
+/* The names: "auto" and the list's, each found by its name at its index, and its traits. */
+static void test_names(void **state) {
     (void)state;
     cddp_error err = {0};
-    const char *names[] = {"auto", "host", "ipc", "nccl"};
-    for (int i = 0; i < 4; i++) {
-        cddp_dcomm_transport t = (cddp_dcomm_transport)-1;
-        assert_int_equal(cddp_dcomm_transport_parse(names[i], &t, &err), CDDP_OK);
-        assert_int_equal(t, i);
-        assert_string_equal(cddp_dcomm_transport_spelling(t), names[i]);
+    const char *names[] = {"auto", "nccl", "ipc", "host"};
+    int n = 0;
+    cddp__dcomm_list(&n);
+    assert_int_equal(n, 3);
+    for (int i = 0; i <= n; i++) {
+        const cddp_dcomm_transport_info *t = cddp_dcomm_transport_find(names[i], &err);
+        assert_non_null(t);
+        assert_string_equal(t->name, names[i]);
+        assert_int_equal(t->index, i);
+        assert_ptr_equal(cddp_dcomm_transport_at(i), t);
+        assert_int_equal(t->automatic, i == 0);
     }
-    assert_int_equal(cddp_dcomm_transport_parse("gloo", &(cddp_dcomm_transport){0}, &err),
-                     CDDP_EINVAL);
-    assert_non_null(strstr(err.msg, "'gloo' is not a transport: expected auto, host, ipc or nccl"));
-    assert_string_equal(cddp_dcomm_transport_spelling((cddp_dcomm_transport)9), "unknown");
+    assert_null(cddp_dcomm_transport_at(n + 1));
+    assert_ptr_equal(cddp_dcomm_transport_find(NULL, &err), cddp_dcomm_transport_at(0));
+    assert_true(cddp_dcomm_transport_find("nccl", &err)->on_device);
+    assert_true(cddp_dcomm_transport_find("ipc", &err)->f32_sums);
+    assert_false(cddp_dcomm_transport_find("host", &err)->on_device);
+    assert_null(cddp_dcomm_transport_find("gloo", &err));
+    assert_int_equal(err.code, CDDP_EINVAL);
+    assert_non_null(strstr(err.msg, "'gloo' is not a transport: expected auto, nccl, ipc or host"));
     assert_string_equal(cddp_device_bus_id(cddp_device_cpu()), "cpu");
 }
 
@@ -123,7 +158,7 @@ int main(void) {
         cmocka_unit_test(test_auto_takes_nccl_for_a_gpu_per_rank),
         cmocka_unit_test(test_auto_takes_host_otherwise),
         cmocka_unit_test(test_choose_on_this_machine),
-        cmocka_unit_test(test_spellings),
+        cmocka_unit_test(test_names),
         cmocka_unit_test(test_cpu_sharers_case_by_case),
         cmocka_unit_test(test_local_cores_of_a_group_of_one),
     };

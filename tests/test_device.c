@@ -197,6 +197,47 @@ static void test_queued_copies(void **state) {
     }
 }
 
+/* What a collective library asks of a device (cddp/dcomm.h's nccl): a queue that goes first, its
+ * platform handle, an event asked after without waiting. On the CPU all is done at once; on the
+ * emulated device a queued upload is held until a wait asks for it (or 0.2 s), so a query right
+ * after says not yet, and polling sees it done without the host waiting. Neither has a platform
+ * whose libraries may queue work on it. */
+static void test_first_queue_and_event_query(void **state) {
+    (void)state;
+    cddp_device *devs[] = {cddp_device_cpu(), emu(0)};
+    for (int k = 0; k < 2; k++) {
+        cddp_device *dev = devs[k];
+        cddp_error err = {0};
+        assert_null(cddp_device_platform(dev));
+        assert_int_equal(cddp_device_make_current(dev, &err), CDDP_OK);
+        cddp_queue *q = cddp_queue_create_first(dev, &err);
+        assert_non_null(q);
+        assert_null(cddp_queue_native(q));
+        float *host = cddp_device_host_alloc(dev, 64 * sizeof(float), &err), back[64];
+        float *d = cddp_device_alloc(dev, 64 * sizeof(float), &err);
+        cddp_event *ev = cddp_event_create(dev, &err);
+        bool done = false;
+        assert_int_equal(cddp_event_query(ev, &done, &err), CDDP_OK); /* never recorded */
+        assert_true(done);
+        for (int i = 0; i < 64; i++) host[i] = (float)i;
+        double t0 = cddp_now_s();
+        assert_int_equal(cddp_queue_upload(q, d, host, 64 * sizeof(float), &err), CDDP_OK);
+        assert_int_equal(cddp_queue_record(q, ev, &err), CDDP_OK);
+        assert_int_equal(cddp_event_query(ev, &done, &err), CDDP_OK);
+        if (k == 0) assert_true(done);                             /* the CPU: at once */
+        if (k == 1 && cddp_now_s() - t0 < 0.1) assert_false(done); /* held for 0.2 s */
+        while (!done && cddp_now_s() - t0 < 5)
+            assert_int_equal(cddp_event_query(ev, &done, &err), CDDP_OK);
+        assert_true(done);
+        assert_int_equal(cddp_device_download(dev, back, d, sizeof back, &err), CDDP_OK);
+        for (int i = 0; i < 64; i++) assert_float_equal(back[i], (float)i, 0);
+        cddp_event_destroy(ev);
+        cddp_queue_destroy(q);
+        cddp_device_free(dev, d);
+        cddp_device_host_free(dev, host);
+    }
+}
+
 static void test_to_round_trip(void **state) {
     (void)state;
     float g_cpu[12], g_emu[12];
@@ -266,6 +307,7 @@ int main(void) {
         cmocka_unit_test(test_late_failure),
         cmocka_unit_test(test_mixing_devices_aborts),
         cmocka_unit_test(test_queued_copies),
+        cmocka_unit_test(test_first_queue_and_event_query),
         cmocka_unit_test(test_to_round_trip),
         cmocka_unit_test(test_attends_by_rows),
         cmocka_unit_test(test_arena_limit_is_the_devices_memory),

@@ -17,8 +17,6 @@
 #include "cddp/flight.h"
 #include "cddp/stop.h"
 #include "cddp/ddp.h"
-#include "cddp/nccl.h"
-#include "cddp/ipc.h"
 #include "cddp/dcomm.h"
 
 #endif

@@ -134,24 +134,25 @@ typedef struct cddp_ddp_options {
      * each rank's part unpacked in float32; on host memory: not with the nccl or ipc
      * transports); not with the powersgd hook or join (wrapping fails saying so). */
     bool shard_optimizer;
-    /* How the gradients of a model on a device (not the CPU) are reduced (cddp/dcomm.h's names):
-     *  - CDDP_DCOMM_NCCL: with NCCL (cddp/nccl.h) on the model's device, each bucket queued on
-     *    its stream after backward's kernels: each rank on a GPU of its own (NCCL refuses two
-     *    ranks on one). With shard_optimizer the buckets are reduce-scattered and the parameters
-     *    allgathered by NCCL too; with the bf16/fp16 hooks the gradients are rounded on the
-     *    device and summed by NCCL in 16 bits.
-     *  - CDDP_DCOMM_IPC: through CUDA IPC (cddp/ipc.h): every rank on one host, each bucket's
-     *    sums read by each rank from the others' GPU memory on a stream of its own, while
-     *    backward computes (no copy to the host; ranks sharing a GPU too). The emulated device
-     *    shares its memory alike. Not with the bf16/fp16 hooks (float32 only), nor on the CPU.
-     *  - CDDP_DCOMM_HOST: each bucket copied to page-locked host memory as it is ready, reduced
-     *    by the group's transport (shared memory, TCP, MPI: any job), copied back.
-     *  - CDDP_DCOMM_AUTO (default): CDDP_DDP_TRANSPORT (auto, host, ipc or nccl), whose auto is
+    /* How the gradients of a model on a device (not the CPU) are reduced, by cddp/dcomm.h's
+     * names:
+     *  - "nccl": with NCCL on the model's device, each bucket queued on its stream after
+     *    backward's kernels: each rank on a GPU of its own (NCCL refuses two ranks on one). With
+     *    shard_optimizer the buckets are reduce-scattered and the parameters allgathered by NCCL
+     *    too; with the bf16/fp16 hooks the gradients are rounded on the device and summed by NCCL
+     *    in 16 bits.
+     *  - "ipc": through CUDA IPC: every rank on one host, each bucket's sums read by each rank
+     *    from the others' GPU memory on a stream of its own, while backward computes (no copy to
+     *    the host; ranks sharing a GPU too). The emulated device shares its memory alike. Not
+     *    with the bf16/fp16 hooks (float32 only), nor on the CPU.
+     *  - "host": each bucket copied to page-locked host memory as it is ready, reduced by the
+     *    group's transport (shared memory, TCP, MPI: any job), copied back.
+     *  - NULL or "auto" (default): CDDP_DDP_TRANSPORT (auto, host, ipc or nccl), whose auto is
      *    cddp_dcomm_choose's: NCCL where every rank has a GPU of its own and NCCL opens on every
-     *    rank, else HOST. Rank 0 logs what was chosen and why.
+     *    rank, else host. Rank 0 logs what was chosen and why.
      * Every rank passes the same; a transport that cannot serve the job fails the wrap saying
      * why. */
-    cddp_dcomm_transport transport;
+    const char *transport;
 } cddp_ddp_options;
 
 typedef struct cddp_ddp cddp_ddp;

@@ -70,6 +70,14 @@ CDDP_API int cddp_device_count(cddp_device_kind kind);
  * (NCCL): the cudaStream_t of a CUDA device; NULL where work runs at once (the CPU) or the queue
  * is cddp's own (the emulated device). */
 CDDP_API void *cddp_device_native_queue(cddp_device *dev);
+/* The platform whose libraries may work on the device's memory and queues: "cuda" for a GPU;
+ * NULL where only cddp touches it (the CPU's memory is the host's, the emulated device's its own).
+ * A collective library serves the devices of its platform (cddp/dcomm.h). */
+CDDP_API const char *cddp_device_platform(const cddp_device *dev);
+/* Makes dev the calling thread's current device in its platform's terms (cudaSetDevice), for a
+ * library call next that takes the current device (NCCL's communicator); CDDP_OK and nothing
+ * where there is no such thing. */
+CDDP_API int cddp_device_make_current(cddp_device *dev, cddp_error *err);
 /* Waits until every piece of work queued on the device has run. CDDP_OK, or the device's failure
  * (err says what). */
 CDDP_API int cddp_device_synchronize(cddp_device *dev, cddp_error *err);
@@ -111,6 +119,9 @@ CDDP_API void cddp_event_destroy(cddp_event *ev); /* accepts NULL */
 CDDP_API int cddp_event_record(cddp_event *ev, cddp_error *err);
 /* Waits until the work queued before the last record has run. */
 CDDP_API int cddp_event_synchronize(cddp_event *ev, cddp_error *err);
+/* Whether that work has run (*done), without waiting: for a watchdog that must never block on a
+ * device a dead peer's work may hold for ever. CDDP_OK, or the device's failure. */
+CDDP_API int cddp_event_query(cddp_event *ev, bool *done, cddp_error *err);
 
 /* Host memory the device copies from and to directly: page-locked on a GPU (so that a queued copy
  * runs while the host goes on, as PyTorch's pin_memory), plain memory elsewhere. 64-byte aligned;
@@ -131,6 +142,12 @@ CDDP_API void cddp_device_host_unregister(cddp_device *dev, void *p); /* accepts
  * On the CPU, whose work runs when it is called, all of this is done at once. */
 typedef struct cddp_queue cddp_queue;
 CDDP_API cddp_queue *cddp_queue_create(cddp_device *dev, cddp_error *err);
+/* A queue whose work the device takes before the other queues' when both wait (a CUDA stream of
+ * the highest priority): for collectives the rest of a step waits on. */
+CDDP_API cddp_queue *cddp_queue_create_first(cddp_device *dev, cddp_error *err);
+/* q in its platform's terms (its cudaStream_t), as cddp_device_native_queue: NULL where work runs
+ * at once (the CPU) or the queue is cddp's own (the emulated device). */
+CDDP_API void *cddp_queue_native(cddp_queue *q);
 /* Waits for the queue's work, then ends it. Accepts NULL. */
 CDDP_API void cddp_queue_destroy(cddp_queue *q);
 CDDP_API cddp_device *cddp_queue_device(const cddp_queue *q);

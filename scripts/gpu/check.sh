@@ -27,10 +27,10 @@
 #      the CPU (1e-4), with --zero (ZeRO-1) and with --ipc (CUDA IPC, with and without --zero)
 #      against itself staged (1e-5), the 6-layer one's speed staged and with --ipc against
 #      PyTorch DDP over gloo on the same GPU; and
-#      NCCL (the wheels' library) on one rank: cddp_nccl's allreduce of device memory (and its
+#      NCCL (the wheels' library) on one rank: the nccl transport's allreduce of device memory (and its
 #      order with the device's stream), ddp_train --nccl against ddp_train, the 6-layer GPT's
 #      tokens/s with --nccl against without (bar: 2 %), and 2 ranks on the one GPU refused with
-#      --nccl (and left to the auto choice: host copies, rank 0 says why); whether CUDA IPC works between two processes on the GPU (ipc_probe) and cddp_ipc's
+#      --nccl (and left to the auto choice: host copies, rank 0 says why); whether CUDA IPC works between two processes on the GPU (ipc_probe) and the ipc transport's
 #      collectives on 2 ranks sharing it (ipc_check, bit for bit); last, rank 1 of 2 on the GPU
 #      SIGKILLed mid-training, staged and with --ipc: the job stops naming it
 #  11. gpt_train's recipe (its defaults: 4 layers, width 128, 2000 iterations on fortunes) in bf16
@@ -464,10 +464,10 @@ gpt2() {
     [ -n "$cv" ] && [ -n "$iv" ] && [ -n "$tv" ] && ok=ok
     outcome "gpt_2ranks_1gpu fp32, tokens/s" $ok "cddp staged ${cv:-none}, CUDA IPC ${iv:-none}, PyTorch DDP over gloo ${tv:-none}; best / gloo $(ratio "$best" "$tv")"
 }
-# NCCL itself (cddp_nccl, the wheels' library) on one rank: an allreduce of device memory.
+# NCCL itself (the nccl transport, the wheels' library) on one rank: an allreduce of device memory.
 nccl1() {
     if [ "$device" != cuda ] || ! fits 30; then
-        outcome "cddp_nccl, 1 rank" "not run" "NCCL needs a GPU, or out of time"
+        outcome "nccl transport, 1 rank" "not run" "NCCL needs a GPU, or out of time"
         return
     fi
     local d=$device o
@@ -475,8 +475,8 @@ nccl1() {
     o=$(cddp timeout 30 "$bin/nccl_test" 20 "$d" 2>&1)
     echo "$o" | tail -n 2
     local ok=FAIL
-    echo "$o" | grep -q "allreduce ok (1 ranks, NCCL [0-9]*, $d; ordered with the device's queue)" && ok=ok
-    outcome "cddp_nccl, 1 rank on $d" "$ok" "$(echo "$o" | tail -n 1)"
+    echo "$o" | grep -q "allreduce ok (1 ranks, NCCL, $d; ordered with the device's queue)" && ok=ok
+    outcome "nccl transport, 1 rank on $d" "$ok" "$(echo "$o" | tail -n 1)"
     # DDP over NCCL on one rank: every loss and the weights as without it
     local a b
     # the losses and weights (the log's lines, which name the backend, apart)
@@ -533,7 +533,7 @@ ipc() {
             ", \"pass\": $([ $ok = ok ] && echo true || echo false)"
     fi
     fits 40 || {
-        outcome "cddp_ipc's collectives, 2 ranks" "not run" "out of time"
+        outcome "the ipc transport's collectives, 2 ranks" "not run" "out of time"
         return
     }
     local run o n

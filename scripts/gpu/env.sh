@@ -26,7 +26,7 @@ done
 ld=$libs/usr/lib/x86_64-linux-gnu:$libs/usr/lib/x86_64-linux-gnu/openblas-pthread:$libs/lib/x86_64-linux-gnu
 # cuBLASLt: the Python wheels' (GPU.md), else the toolkit's.
 NV=$("$py" -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null) && ld=$NV/cu13/lib:$ld
-# NCCL for cddp_nccl: the wheels' (libnccl.so.2 by its full path: they have no unversioned name)
+# NCCL for the nccl transport: the wheels' (libnccl.so.2 by its full path: they have no unversioned name)
 [ -n "${NV:-}" ] && [ -f "$NV/nccl/lib/libnccl.so.2" ] && export CDDP_NCCL_LIBRARY=$NV/nccl/lib/libnccl.so.2
 [ -d /usr/local/cuda/lib64 ] && ld=$ld:/usr/local/cuda/lib64
 # cddp's programs get the carried libraries; python3 (PyTorch) keeps its own.

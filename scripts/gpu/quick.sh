@@ -5,7 +5,7 @@
 # memcheck and racecheck on a bf16 GPT step whose attention runs by rows (heads of 32, context
 # 96), then the 6-layer GPT and GPT-2 124M in bf16: cddp with attention by rows, cddp keeping
 # the weights (CDDP_FLASH_ATTENTION=0), PyTorch eager, once each (no rounds, no torch.compile:
-# check.sh's steps 7 and 10 are the benchmark); and cddp_ipc's collectives on 2 ranks sharing the
+# check.sh's steps 7 and 10 are the benchmark); and the ipc transport's collectives on 2 ranks sharing the
 # GPU (ipc_check).
 set -u
 carry=$(cd "${1:?usage: quick.sh CARRY}" && pwd)
@@ -24,7 +24,7 @@ for tool in memcheck racecheck; do
         "$bin/gpt_train" $tiny 2>&1 | grep -av "^iter\|^step" | tail -n 4
     echo "$tool rc ${PIPESTATUS[0]}"
 done
-# CUDA IPC: cddp_ipc's collectives on 2 ranks sharing the GPU, bit for bit (tests/ipc/ipc_check.c)
+# CUDA IPC: the ipc transport's collectives on 2 ranks sharing the GPU, bit for bit (tests/ipc/ipc_check.c)
 cddp timeout 60 "$bin/cddprun" --nproc_per_node 2 "$bin/ipc_check" --device cuda --rounds 3 2>&1 |
     grep "ipc ok\|rank [01]:" | head -n 4
 g6="--n_layer 6 --n_head 6 --n_embd 384 --block_size 256 --batch_size 16 --max_iters 30"

@@ -1,14 +1,8 @@
 /* ddp/internal.h: DistributedDataParallel's state, and the reducer interface.
  *
- * DDP is these files, on public APIs only (comm.h, nn.h, autograd.h, checkpoint.h, device.h),
- * lowest first:
+ * DDP is these files, on public APIs only (comm.h, dcomm.h, nn.h, autograd.h, checkpoint.h,
+ * device.h), lowest first:
  *
- *   placement.c where each rank's device is, gathered across the group
- *   nccl.c      the NCCL communicator (cddp/nccl.h, public: tests use it alone), its collectives
- *               on a stream of its own ordered with the device's queue
- *   ipc.c       the CUDA IPC communicator (cddp/ipc.h)
- *   dcomm.c     collectives on device memory over either or host copies (cddp/dcomm.h), and
- *               the choice of a transport (AUTO)
  *   stage.c     a model on a device the host cannot read: host copies of its blocks, filled and
  *               emptied around each bucket's reduction
  *   reducer.c   what reduces one bucket (the reducers below)
@@ -39,7 +33,6 @@
 #include "cddp/comm.h"
 #include "cddp/ddp.h"
 #include "cddp/dcomm.h"
-#include "cddp/nccl.h"
 
 typedef struct cddp_ddp cddp_ddp;
 
@@ -135,8 +128,9 @@ struct cddp_ddp {
      * join, find_unused_parameters, shard_optimizer or nccl): buckets are neither reduced nor,
      * on a device the host cannot read, copied to the host and back */
     bool alone;
-    cddp_dcomm *dcomm; /* the nccl or ipc transport's: buckets reduced on the device itself */
-    char why[200];     /* why the transport (o.transport) was taken, for the log */
+    const cddp_dcomm_transport_info *tr; /* the transport chosen (never "auto") */
+    cddp_dcomm *dcomm; /* an on_device transport's: buckets reduced on the device itself */
+    char why[200];     /* why the transport was taken, for the log */
     float *hgrad, *hparams, *hbufs;
     cddp_ddp_options o;
     int rank, world, nparams;
@@ -183,45 +177,17 @@ static inline float *cddp__ddp_grad(const cddp_ddp *d, int i) {
 
 /* ---- wrap.c ------------------------------------------------------------------------------ */
 
-/* Whether the options (their transport chosen) reduce on the device itself (nccl, ipc), not
- * through host copies. */
-static inline bool cddp__ddp_on_device(const cddp_ddp_options *o) {
-    return o->transport == CDDP_DCOMM_NCCL || o->transport == CDDP_DCOMM_IPC;
+/* Whether the transport chosen reduces on the device itself (nccl, ipc), not through host
+ * copies. */
+static inline bool cddp__ddp_on_device(const cddp_ddp *d) {
+    return d->tr->on_device;
 }
-
-/* ---- placement.c ------------------------------------------------------------------------- */
-
-/* Where one rank's device is (int64s: one allgather). */
-typedef struct cddp__placement {
-    int64_t kind; /* cddp_device_kind */
-    int64_t card; /* a hash of cddp__placement_where: equal for ranks on one device of one host */
-    int64_t nccl; /* what the rank said of NCCL: its version where it opens (0: not asked, none) */
-} cddp__placement;
-
-/* "HOST BUS_ID": where the device is, for the messages that name it. */
-void cddp__placement_where(cddp_device *dev, char *out, size_t n);
-/* Every rank's placement (its device, and nccl as it says) into all (world of them);
- * collective. */
-int cddp__placement_gather(cddp_comm *group, cddp_device *dev, int64_t nccl, cddp__placement *all,
-                           cddp_error *err);
-/* The first two ranks (a < b) on one device of one host, if any. */
-bool cddp__placement_shared(const cddp__placement *all, int world, int *a, int *b);
-
-/* ---- dcomm.c ----------------------------------------------------------------------------- */
-
-/* AUTO's rule (cddp/dcomm.h) over what the ranks brought: HOST or NCCL, why into `why`. */
-cddp_dcomm_transport cddp__dcomm_decide(const cddp__placement *all, int world, char *why, size_t n);
-/* cddp_dcomm_create for a transport already chosen (not AUTO), without its log line. */
-cddp_dcomm *cddp__dcomm_open(cddp_comm *group, cddp_device *dev, const cddp_dcomm_options *opts,
-                             cddp_error *err);
-/* How a transport reduces on dev, for the log lines: "by NCCL, on a stream of its own". */
-const char *cddp__dcomm_how(cddp_dcomm_transport t, cddp_device *dev);
 
 /* ---- stage.c ----------------------------------------------------------------------------- */
 
 /* Host memory of `bytes` a device copies from and to: page-locked where the device has such
  * memory (its queued copies then run while the host goes on), else plain; *locked says which
- * (the free needs it). The blocks' host copies here, dcomm.c's copies of a collective's data. */
+ * (the free needs it). */
 void *cddp__ddp_host_copy(cddp_device *dev, size_t bytes, bool *locked);
 void cddp__ddp_host_copy_free(cddp_device *dev, void *p, bool locked);
 /* Finds the model's device; when the host cannot read it, makes the host copies. */
@@ -246,7 +212,7 @@ float *cddp__ddp_buffers(const cddp_ddp *d);
 /* ---- reducer.c --------------------------------------------------------------------------- */
 
 /* The reducer the options ask for. */
-const cddp__reducer *cddp__ddp_reducer(const cddp_ddp_options *o);
+const cddp__reducer *cddp__ddp_reducer(const cddp_ddp *d);
 /* The collectives a reducer starts. */
 typedef enum cddp__ddp_kind { CDDP__DDP_ALLREDUCE, CDDP__DDP_REDUCE_SCATTER } cddp__ddp_kind;
 /* Runs fn(b) before bucket b's collective: now when buckets are reduced inline, else queued on

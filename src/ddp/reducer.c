@@ -439,8 +439,9 @@ const cddp__reducer cddp__dev_bf16_reducer = {"device_bf16", dev_half_prepare, d
 const cddp__reducer cddp__dev_fp16_reducer = {"device_fp16", dev_half_prepare, dev_half_launch,
                                               dev_half_finish};
 
-const cddp__reducer *cddp__ddp_reducer(const cddp_ddp_options *o) {
-    bool dev = cddp__ddp_on_device(o);
+const cddp__reducer *cddp__ddp_reducer(const cddp_ddp *d) {
+    const cddp_ddp_options *o = &d->o;
+    bool dev = cddp__ddp_on_device(d);
     if (dev && o->hook != CDDP_DDP_HOOK_NONE)
         return o->hook == CDDP_DDP_HOOK_BF16 ? &cddp__dev_bf16_reducer : &cddp__dev_fp16_reducer;
     if (dev) return o->shard_optimizer ? &cddp__dev_zero_reducer : &cddp__dev_reducer;

@@ -40,7 +40,7 @@ int cddp__ddp_stage_setup(cddp_ddp *d, cddp_error *err) {
     size_t np = cddp_model_numel(d->model), nb = cddp_model_buffer_numel(d->model);
     /* with nccl or ipc the gradients are reduced where they are, and alone not at all: no host
      * copy of them (nor events) */
-    bool dc = cddp__ddp_on_device(&d->o);
+    bool dc = cddp__ddp_on_device(d);
     if (!dc && !d->alone) {
         cddp_error e = {0};
         d->hgrad = cddp_comm_alloc(d->group, np * sizeof(float), &e);
@@ -82,7 +82,7 @@ void cddp__ddp_stage_release(cddp_ddp *d) {
 }
 
 int cddp__ddp_stage_bucket(cddp_ddp *d, bucket *b, cddp_error *err) {
-    if (!d->staged || cddp__ddp_on_device(&d->o) || d->alone || b->ready_ev) return CDDP_OK;
+    if (!d->staged || cddp__ddp_on_device(d) || d->alone || b->ready_ev) return CDDP_OK;
     return (b->ready_ev = cddp_event_create(d->dev, err)) ? CDDP_OK : err->code;
 }
 

@@ -72,6 +72,11 @@ typedef struct param_rec {
     int64_t shape[CDDP_MAX_DIMS];
 } param_rec;
 
+static const char *transport_name(int i) {
+    const cddp_dcomm_transport_info *t = cddp_dcomm_transport_at(i);
+    return t ? t->name : "unknown";
+}
+
 static const char *hook_name(int h) {
     return h == CDDP_DDP_HOOK_BF16       ? "bf16"
            : h == CDDP_DDP_HOOK_FP16     ? "fp16"
@@ -95,7 +100,7 @@ static int agree(cddp_ddp *d, cddp_error *err) {
                      d->o.join_throw,
                      d->o.no_broadcast_buffers,
                      d->o.shard_optimizer,
-                     d->o.transport,
+                     d->tr->index,
                      d->o.powersgd_rank,
                      d->o.comm_hook != NULL,
                      d->o.powersgd_start_step};
@@ -144,7 +149,7 @@ static int agree(cddp_ddp *d, cddp_error *err) {
         SAME(join_throw, "join_throw", "%d", ASIS)
         SAME(no_broadcast_buffers, "no_broadcast_buffers", "%d", ASIS)
         SAME(shard_optimizer, "shard_optimizer", "%d", (int))
-        SAME(transport, "transport", "%s", cddp_dcomm_transport_spelling)
+        SAME(transport, "transport", "%s", transport_name)
         SAME(powersgd_rank, "powersgd_rank", "%d", ASIS)
         SAME(powersgd_start_step, "powersgd_start_step", "%" PRId64, ASIS)
         SAME(comm_hook, "a comm_hook", "%s", HAS)
@@ -321,30 +326,30 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
                            : "join (a rank that joined could not shadow the hook's collectives)");
         return NULL;
     }
-    if ((unsigned)o.transport > CDDP_DCOMM_NCCL) {
-        cddp_error_set(err, CDDP_EINVAL, "cddp_ddp_wrap: unknown transport %d", (int)o.transport);
+    /* the transport asked for: the option's, else CDDP_DDP_TRANSPORT's */
+    bool from_knob = !o.transport || strcmp(o.transport, "auto") == 0;
+    const char *asked = from_knob ? cddp_knob_str(CDDP_KNOB_DDP_TRANSPORT) : o.transport;
+    cddp_error e = {0};
+    const cddp_dcomm_transport_info *tr = cddp_dcomm_transport_find(asked, &e);
+    if (!tr) { /* e says "'NAME' is not a transport: expected ...", after this rank's prefix */
+        const char *says = strchr(e.msg, '\'');
+        cddp_error_set(err, CDDP_EINVAL, "%s%s: %s", from_knob ? "CDDP_DDP_TRANSPORT=" : "",
+                       from_knob ? asked : "cddp_ddp_wrap", says ? says : e.msg);
         return NULL;
     }
-    bool from_knob = o.transport == CDDP_DCOMM_AUTO;
-    const char *knob = cddp_knob_str(CDDP_KNOB_DDP_TRANSPORT);
-    if (from_knob && cddp_dcomm_transport_parse(knob, &o.transport, err) != CDDP_OK) {
-        cddp_error_set(err, CDDP_EINVAL, "CDDP_DDP_TRANSPORT=%s: expected auto, host, ipc or nccl",
-                       knob);
-        return NULL;
-    }
-    if (cddp__ddp_on_device(&o) && (o.hook == CDDP_DDP_HOOK_POWERSGD || o.comm_hook)) {
+    if (tr->on_device && (o.hook == CDDP_DDP_HOOK_POWERSGD || o.comm_hook)) {
         cddp_error_set(err, CDDP_EUNSUPPORTED,
                        "cddp_ddp_wrap: %s reduces host memory: it does not go with the %s "
                        "transport (take the host transport, or another hook)",
-                       o.comm_hook ? "a comm_hook" : "the powersgd hook",
-                       cddp_dcomm_transport_spelling(o.transport));
+                       o.comm_hook ? "a comm_hook" : "the powersgd hook", tr->name);
         return NULL;
     }
-    if (o.transport == CDDP_DCOMM_IPC && o.hook != CDDP_DDP_HOOK_NONE) {
+    if (tr->f32_sums && o.hook != CDDP_DDP_HOOK_NONE) {
         cddp_error_set(err, CDDP_EUNSUPPORTED,
-                       "cddp_ddp_wrap: the ipc transport does not go with a bf16/fp16 hook: CUDA "
-                       "IPC reduces in float32 (the hooks halve what crosses a network; between "
-                       "the GPUs of one host, drop the hook)");
+                       "cddp_ddp_wrap: the %s transport does not go with a bf16/fp16 hook: %s "
+                       "reduces in float32 (the hooks halve what crosses a network; between "
+                       "the GPUs of one host, drop the hook)",
+                       tr->name, tr->says);
         return NULL;
     }
     cddp_ddp *d = cddp_calloc(1, sizeof *d);
@@ -355,6 +360,7 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
     d->model = m;
     d->group = group;
     d->o = o;
+    d->tr = tr;
     d->rank = cddp_comm_rank(group);
     d->world = cddp_comm_size(group);
     d->nparams = cddp_model_num_params(m);
@@ -380,43 +386,41 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
     cddp__ddp_straggler_init(d);
     CDDP_TRY_GOTO(agree(d, err), out);
     /* the transport, once every rank asks for the same */
-    if (o.transport == CDDP_DCOMM_AUTO && (o.hook == CDDP_DDP_HOOK_POWERSGD || o.comm_hook)) {
-        o.transport = d->o.transport = CDDP_DCOMM_HOST; /* its sums are of host memory */
+    if (tr->automatic && (o.hook == CDDP_DDP_HOOK_POWERSGD || o.comm_hook)) {
+        d->tr = cddp_dcomm_transport_find("host", NULL); /* its sums are of host memory */
         snprintf(d->why, sizeof d->why, "auto: %s reduces host memory",
                  o.comm_hook ? "the comm_hook" : "the powersgd hook");
-    } else if (o.transport == CDDP_DCOMM_AUTO) {
+    } else if (tr->automatic) {
         char why[sizeof d->why - 8];
-        CDDP_TRY_GOTO(
-            cddp_dcomm_choose(group, cddp_model_device(m), &o.transport, why, sizeof why, err),
-            out);
+        CDDP_TRY_GOTO(cddp_dcomm_choose(group, cddp_model_device(m), &d->tr, why, sizeof why, err),
+                      out);
         snprintf(d->why, sizeof d->why, "auto: %s", why);
-        d->o.transport = o.transport;
     } else {
-        snprintf(d->why, sizeof d->why, "transport %s, as %s",
-                 cddp_dcomm_transport_spelling(o.transport),
+        snprintf(d->why, sizeof d->why, "transport %s, as %s", tr->name,
                  from_knob ? "CDDP_DDP_TRANSPORT names" : "named");
     }
-    if (cddp__ddp_on_device(&o) && o.shard_optimizer && o.hook != CDDP_DDP_HOOK_NONE) {
+    d->o.transport = d->tr->name;
+    if (cddp__ddp_on_device(d) && o.shard_optimizer && o.hook != CDDP_DDP_HOOK_NONE) {
         rc = cddp_error_set(err, CDDP_EUNSUPPORTED,
                             "cddp_ddp_wrap: shard_optimizer with a bf16/fp16 hook reduces host "
                             "copies: not with the %s transport (%s); take the host transport, or "
                             "drop the hook or the option",
-                            cddp_dcomm_transport_spelling(o.transport), d->why);
+                            d->tr->name, d->why);
         goto out;
     }
-    d->reducer = cddp__ddp_reducer(&o);
+    d->reducer = cddp__ddp_reducer(d);
     d->alone = d->world == 1 && d->reducer == &cddp__allreduce_reducer && !o.join &&
                !o.find_unused_parameters;
     CDDP_TRY_GOTO(cddp__ddp_stage_setup(d, err), out);
-    if (cddp__ddp_on_device(&o)) { /* ipc: a scratch as large as the gradients (and each
-                                    * bucket's padding), so a step never waits to start it over */
+    if (cddp__ddp_on_device(d)) { /* ipc: a scratch as large as the gradients (and each
+                                   * bucket's padding), so a step never waits to start it over */
         size_t scratch = (cddp_model_numel(m) + (size_t)(d->nparams + 1) * (size_t)d->world * 64) *
                          sizeof(float);
-        if (!(d->dcomm = cddp__dcomm_open(group, d->dev,
-                                          &(cddp_dcomm_options){.transport = o.transport,
-                                                                .timeout_s = o.timeout_s,
-                                                                .scratch_bytes = scratch},
-                                          err))) {
+        if (!(d->dcomm = cddp_dcomm_create(group, d->dev,
+                                           &(cddp_dcomm_options){.transport = d->tr->name,
+                                                                 .timeout_s = o.timeout_s,
+                                                                 .scratch_bytes = scratch},
+                                           err))) {
             rc = err->code;
             goto out;
         }
@@ -430,9 +434,7 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
     else if (d->staged)
         cddp_log(d->rank == 0 ? CDDP_LOG_INFO : CDDP_LOG_DEBUG, "ddp",
                  "the model is on %s: its gradients are reduced %s (%s)", cddp_device_name(d->dev),
-                 d->dcomm ? cddp__dcomm_how(o.transport, d->dev)
-                          : "from host copies by the group's transports",
-                 d->why);
+                 d->dcomm ? d->tr->how : "from host copies by the group's transports", d->why);
     /* Everyone starts from rank 0's weights. */
     CDDP_TRY_GOTO(cddp__ddp_params_in(d, err), out);
     CDDP_TRY_GOTO(cddp_comm_broadcast(group, cddp__ddp_params(d), (int64_t)cddp_model_numel(m),

@@ -55,7 +55,15 @@ const char *cddp_device_bus_id(const cddp_device *dev) {
 }
 
 void *cddp_device_native_queue(cddp_device *dev) {
-    return dev->ops->native_queue ? dev->ops->native_queue(dev) : NULL;
+    return dev->ops->native_queue ? dev->ops->native_queue(dev, NULL) : NULL;
+}
+
+const char *cddp_device_platform(const cddp_device *dev) {
+    return dev->platform;
+}
+
+int cddp_device_make_current(cddp_device *dev, cddp_error *err) {
+    return dev->ops->make_current ? dev->ops->make_current(dev, err) : CDDP_OK;
 }
 
 int cddp_device_synchronize(cddp_device *dev, cddp_error *err) {
@@ -137,6 +145,11 @@ int cddp_event_synchronize(cddp_event *e, cddp_error *err) {
     return e->dev->ops->event_synchronize(e->dev, e->ev, err);
 }
 
+int cddp_event_query(cddp_event *e, bool *done, cddp_error *err) {
+    *done = true;
+    return e->dev->ops->event_query ? e->dev->ops->event_query(e->dev, e->ev, done, err) : CDDP_OK;
+}
+
 /* ---- host memory and queues of one's own ---------------------------------------------------- */
 
 void *cddp_device_host_alloc(cddp_device *dev, size_t bytes, cddp_error *err) {
@@ -167,18 +180,30 @@ struct cddp_queue {
     void *q; /* the device's; NULL on a device without queues of its own (the CPU) */
 };
 
-cddp_queue *cddp_queue_create(cddp_device *dev, cddp_error *err) {
+static cddp_queue *queue_create(cddp_device *dev, bool first, cddp_error *err) {
     cddp_queue *q = cddp_calloc(1, sizeof *q);
     if (!q) {
         cddp_error_set(err, CDDP_ENOMEM, "out of memory for a queue");
         return NULL;
     }
     q->dev = dev;
-    if (dev->ops->queue_create && !(q->q = dev->ops->queue_create(dev, err))) {
+    if (dev->ops->queue_create && !(q->q = dev->ops->queue_create(dev, first, err))) {
         cddp_free(q);
         return NULL;
     }
     return q;
+}
+
+cddp_queue *cddp_queue_create(cddp_device *dev, cddp_error *err) {
+    return queue_create(dev, false, err);
+}
+
+cddp_queue *cddp_queue_create_first(cddp_device *dev, cddp_error *err) {
+    return queue_create(dev, true, err);
+}
+
+void *cddp_queue_native(cddp_queue *q) {
+    return q->dev->ops->native_queue ? q->dev->ops->native_queue(q->dev, q->q) : NULL;
 }
 
 void cddp_queue_destroy(cddp_queue *q) {

@@ -75,6 +75,9 @@ typedef struct cddp__device_ops {
     void (*event_destroy)(cddp_device *dev, void *ev);
     int (*event_record)(cddp_device *dev, void *queue, void *ev, cddp_error *err);
     int (*event_synchronize)(cddp_device *dev, void *ev, cddp_error *err);
+    /* whether the work before ev's last record has run (*done), without waiting; NULL: always
+     * (a device whose work runs when it is called) */
+    int (*event_query)(cddp_device *dev, void *ev, bool *done, cddp_error *err);
     /* may be NULL: marks n bytes at p as holding nothing any more (the emulated device fills them
      * with NaNs, ordered on its default queue): a context's arena at every reset, so that a step
      * never reads what the last one left */
@@ -89,9 +92,9 @@ typedef struct cddp__device_ops {
      * and back */
     int (*host_register)(cddp_device *dev, void *p, size_t bytes, cddp_error *err);
     void (*host_unregister)(cddp_device *dev, void *p);
-    /* a queue of its own beside the default one (a second CUDA stream), and its end (after its
-     * work has run) */
-    void *(*queue_create)(cddp_device *dev, cddp_error *err);
+    /* a queue of its own beside the default one (a second CUDA stream; first: one whose work
+     * the device takes before the others' when both wait), and its end (after its work has run) */
+    void *(*queue_create)(cddp_device *dev, bool first, cddp_error *err);
     void (*queue_destroy)(cddp_device *dev, void *queue);
     /* host -> device, queued: src must stay unchanged, and dst holds the data, once an event
      * recorded after it is done */
@@ -99,9 +102,12 @@ typedef struct cddp__device_ops {
                         cddp_error *err);
     /* what is queued on queue from now on runs after ev's work (the host does not wait) */
     int (*queue_wait)(cddp_device *dev, void *queue, void *ev, cddp_error *err);
-    /* the default queue in the platform's terms (a cudaStream_t), for libraries that queue work
-     * beside cddp's (NCCL) */
-    void *(*native_queue)(cddp_device *dev);
+    /* a queue (NULL: the default one) in the platform's terms (a cudaStream_t), for libraries
+     * that queue work beside cddp's (NCCL) */
+    void *(*native_queue)(cddp_device *dev, void *queue);
+    /* makes the device the calling thread's current one in its platform (cudaSetDevice), for a
+     * library that takes the current device (NCCL's communicator) */
+    int (*make_current)(cddp_device *dev, cddp_error *err);
     /* May be NULL (the CPU): memory and events other processes on this host open (cddp/device.h's
      * "shared with other processes"). device.c writes and checks what every handle opens with
      * (which kind of device, memory or event, which process); a device fills and reads the rest,
@@ -131,6 +137,9 @@ struct cddp_device {
     const cddp__kernels *k;
     char describe[256];
     char bus_id[32]; /* a GPU's PCI address; empty: the name stands for it */
+    /* the platform whose libraries may queue work on it ("cuda"), NULL where only cddp touches its
+     * memory (the CPU's is the host's, the emulated device's its own) */
+    const char *platform;
     void *impl;
     void *slot; /* 64 bytes of its memory for results the host reads back (device.c) */
 };

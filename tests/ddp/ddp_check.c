@@ -548,7 +548,7 @@ static int hook(cddp_comm *g) {
                    {{.sum = true}, "does not go with sum"},
                    {{.shard_optimizer = true}, "does not go with shard_optimizer"},
                    {{.join = true}, "does not go with join"},
-                   {{.transport = CDDP_DCOMM_NCCL},
+                   {{.transport = "nccl"},
                     "a comm_hook reduces host memory: it does not go with the nccl transport"}};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         refused[i].o.comm_hook = counted_mean;
@@ -666,7 +666,7 @@ static int powersgd(cddp_comm *g) {
         {{.hook = CDDP_DDP_HOOK_POWERSGD, .join = true}, "the powersgd hook does not go with join"},
         {{.hook = CDDP_DDP_HOOK_POWERSGD, .shard_optimizer = true},
          "shard_optimizer does not go with the powersgd hook"},
-        {{.hook = CDDP_DDP_HOOK_POWERSGD, .transport = CDDP_DCOMM_NCCL},
+        {{.hook = CDDP_DDP_HOOK_POWERSGD, .transport = "nccl"},
          "the powersgd hook reduces host memory: it does not go with the nccl transport"},
         {{.hook = CDDP_DDP_HOOK_POWERSGD, .powersgd_rank = -1},
          "powersgd_rank and powersgd_start_step must not be negative"}};

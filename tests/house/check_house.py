@@ -12,6 +12,9 @@ for C (.c, .h) and CUDA (.cu, .cuh) alike.
 5. The floors: a file of src/ calls (or names) functions of its own module and of the modules on
    the floors below it only (FLOORS, lowest first, as docs/ARCHITECTURE.md draws them); a module
    not in FLOORS is a breach until it is given its floor.
+6. No device-kind branch above the devices' seam: outside src/tensor/ (the devices), no file of
+   src/ or tools/ names a kind of device (CDDP_DEVICE_CPU, _EMU, _CUDA); code above asks a device
+   what it can do (cddp_device_host_accessible, cddp_device_platform, ...) instead.
 
 Prints every breach and exits 1, or says what it checked and exits 0.
 """
@@ -20,7 +23,7 @@ import re
 import sys
 
 MAX_LINES = 700
-FLOORS = ["core", "store", "comm", "tensor", "autograd", "nn", "optim", "data", "io", "ddp"]
+FLOORS = ["core", "store", "comm", "tensor", "dcomm", "autograd", "nn", "optim", "data", "io", "ddp"]
 
 src = sys.argv[1] if len(sys.argv) > 1 else "."
 bad = []
@@ -197,6 +200,18 @@ for prog in sorted(os.listdir(os.path.join(src, "tools"))):
     if os.path.isdir(folder):
         program_circles(folder)
 
+# 6: device kinds named above the seam.
+kind_name = re.compile(r"\bCDDP_DEVICE_(CPU|EMU|CUDA)\b")
+kind_files = 0
+for path in list(sources("src")) + list(sources("tools")):
+    r = rel(path)
+    if r.startswith(os.path.join("src", "tensor") + os.sep):
+        continue
+    kind_files += 1
+    for m in kind_name.finditer(strip(open(path).read())):
+        bad.append(f"{r}: names {m.group(0)}: above the devices' seam, ask the device what it "
+                   f"can do (cddp/device.h) instead of which kind it is")
+
 if bad:
     print("FAIL: the house rules (docs/ARCHITECTURE.md) are broken:")
     for b in bad:
@@ -205,4 +220,5 @@ if bad:
 print(f"ok: {len(bodies)} files of src/: no private header of another module, no circle "
       f"({sum(len(e) for e in edges.values())} links between files), no call to a floor above "
       f"({len(FLOORS)} floors), none over {MAX_LINES} lines; tools/ on public headers only, "
-      f"no circle in a program of tools/")
+      f"no circle in a program of tools/; no device kind named in {kind_files} files above the "
+      f"devices' seam")

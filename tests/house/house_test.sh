@@ -37,6 +37,10 @@ plant
 mkdir "$work/t/src/extra"
 printf 'void cddp_extra(void);\nvoid cddp_extra(void) {}\n' > "$work/t/src/extra/extra.c"
 expect 'src/extra: a module without a floor'
+# A device-kind branch above the devices' seam (outside src/tensor/).
+plant
+printf 'int cddp__house_k(const cddp_device *d);\nint cddp__house_k(const cddp_device *d) { return cddp_device_kind_of(d) == CDDP_DEVICE_CUDA; }\n' >> "$work/t/src/dcomm/nccl.c"
+expect "src/dcomm/nccl.c: names CDDP_DEVICE_CUDA: above the devices' seam"
 # A program's files: no circle either (util.c is below workers.c, which calls it).
 plant
 printf 'void cddprun_house_e(void);\nvoid cddprun_house_e(void) { cddprun_pump(0, 0); }\n' >> "$work/t/tools/cddprun/util.c"
@@ -61,5 +65,5 @@ printf 'namespace {\n__device__ float house_own(float x) {\n    return x;\n}\n} 
 printf 'void cddp__house_d(void);\nvoid cddp__house_d(void) {\n    int house_own = 0;\n    (void)house_own;\n}\n' >> "$work/t/src/core/arena.c"
 "$py" "$check" "$work/t" > "$work/out" 2>&1 || { cat "$work/out"; fail "a function of an anonymous namespace was taken for a name of another file"; }
 echo "ok: the house rules hold, and a private include, a program's private include, a circle, a" \
-     "long file, a call to a floor above, a module without a floor and a circle in a program are each" \
-     "caught, in C and CUDA"
+     "long file, a call to a floor above, a module without a floor, a circle in a program and a" \
+     "device-kind branch above the seam are each caught, in C and CUDA"

@@ -1,5 +1,5 @@
 /* ipc_check.c: one rank of the checks of collectives on device memory (cddp/dcomm.h), through
- * CUDA IPC (cddp/ipc.h) or host copies, under the launcher, on the emulated device (or a GPU):
+ * CUDA IPC or host copies, under the launcher, on the emulated device (or a GPU):
  * rounds of allreduce (sum out of place, mean in place),
  * reduce-scatter and allgather, queued back to back with no wait of the host between them, each
  * round's results read back once and compared with what the ranks' values must give. The values
@@ -127,12 +127,12 @@ int main(int argc, char **argv) {
     rank = cddp_comm_rank(g), world = cddp_comm_size(g);
     cddp_device *dev = cddp_device_for_rank(device, &err);
     if (!dev) FAIL("%s", err.msg);
-    cddp_dcomm *c = cddp_dcomm_create(
-        g, dev,
-        &(cddp_dcomm_options){.transport = through_host ? CDDP_DCOMM_HOST : CDDP_DCOMM_IPC,
-                              .scratch_bytes = scratch,
-                              .timeout_s = timeout},
-        &err);
+    cddp_dcomm *c =
+        cddp_dcomm_create(g, dev,
+                          &(cddp_dcomm_options){.transport = through_host ? "host" : "ipc",
+                                                .scratch_bytes = scratch,
+                                                .timeout_s = timeout},
+                          &err);
     check(c ? CDDP_OK : err.code, &err, "cddp_dcomm_create");
 
     /* CUDA IPC refuses a double, saying what it takes */

@@ -31,7 +31,7 @@ pair() {
         sed -n "$keep" "$work/${name}_$how" | sort > "$work/${name}_$how.res"
     done
     expect_in "its gradients are reduced through CUDA IPC (each rank sums its part from the others' memory), on a stream of its own (transport ipc, as named)" "$work/${name}_ipc"
-    expect_in "its gradients are reduced from host copies by the group's transports (auto: NCCL moves GPU memory only, not the emulated device's; ipc shares it when named)" "$work/${name}_host"
+    expect_in "its gradients are reduced from host copies by the group's transports (auto: NCCL moves GPU memory only (cuda devices), not emu:0's (rank 0); ipc shares it when named)" "$work/${name}_host"
     got=$(wc -l < "$work/${name}_host.res")
     [ "$got" = "$lines" ] && cmp -s "$work/${name}_host.res" "$work/${name}_ipc.res" ||
         { diff "$work/${name}_host.res" "$work/${name}_ipc.res" | head; fail "$name: --ipc gives '$(head -n 1 "$work/${name}_ipc.res")', the host '$(head -n 1 "$work/${name}_host.res")' ($got lines)"; }
@@ -62,10 +62,10 @@ timeout 60 "$R" --standalone --nproc_per_node 2 "$build/bin/fashion_mnist" --dev
     --hook bf16 --epochs 1 --limit 64 --out none > "$work/hook" 2>&1 && fail "--ipc with a bf16 hook was taken"
 expect_in "the ipc transport does not go with a bf16/fp16 hook: CUDA IPC reduces in float32" "$work/hook"
 "$D" --transport gloo > "$work/gloo" 2>&1 && fail "--transport gloo was taken"
-expect_in "ddp_train: --transport: 'gloo' is not a transport: expected auto, host, ipc or nccl" "$work/gloo"
+expect_in "ddp_train: --transport: 'gloo' is not a transport: expected auto, nccl, ipc or host" "$work/gloo"
 CDDP_DDP_TRANSPORT=fast timeout 60 "$R" --standalone --nproc_per_node 2 "$D" --device emu > "$work/fast" 2>&1 &&
     fail "CDDP_DDP_TRANSPORT=fast was taken"
-expect_in "CDDP_DDP_TRANSPORT=fast: expected auto, host, ipc or nccl" "$work/fast"
+expect_in "CDDP_DDP_TRANSPORT=fast: 'fast' is not a transport: expected auto, nccl, ipc or host" "$work/fast"
 timeout 60 "$R" --standalone --nproc_per_node 2 sh -c \
     '[ "$RANK" = 1 ] && export CDDP_DDP_TRANSPORT=ipc; exec "$0" --device emu' "$D" > "$work/differ" 2>&1 &&
     fail "ranks asking for different transports were taken"

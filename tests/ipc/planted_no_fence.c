@@ -1,10 +1,10 @@
-/* planted_no_fence.c: the CUDA-IPC communicator (src/ddp/ipc.c) with a bug planted, for the test
+/* planted_no_fence.c: the CUDA-IPC transport (src/dcomm/ipc.c) with a bug planted, for the test
  * that must catch it: its fences no longer meet on the host (the meeting, an allgather of 4 words
  * a rank, answers at once as if every rank had come), so a rank's queue waits for the records
  * another rank had made when it got there (maybe the last round's) and reads that rank's scratch
  * before the copy into it has run. Linked before the library, this ipc.c takes the place of the
  * library's own. */
-#include "cddp/ipc.h"
+#include "cddp/dcomm.h"
 
 #include <string.h>
 
@@ -16,4 +16,4 @@ static int planted_allgather(cddp_comm *g, const void *send, void *recv, int64_t
 }
 
 #define cddp_comm_allgather planted_allgather
-#include "../../src/ddp/ipc.c"
+#include "../../src/dcomm/ipc.c"

@@ -1,5 +1,5 @@
-/* fake_nccl.c: a stand-in for NCCL's library (its functions that cddp_nccl calls, with NCCL's
- * header), for testing cddp_nccl's bootstrap and error paths on machines without a GPU. Buffers
+/* fake_nccl.c: a stand-in for NCCL's library (its functions that the nccl transport calls, with NCCL's
+ * header), for testing the nccl transport's bootstrap and error paths on machines without a GPU. Buffers
  * are host memory (cddp's CPU device); the ranks are processes of one host, meeting in a shared
  * memory segment named after the communicator's unique id: allreduce and reduce-scatter sum
  * float32 in rank order (allreduce also bfloat16 and half: summed in float32 in rank order, then

@@ -208,6 +208,13 @@ static int cuda_event_synchronize(cddp_device *dev, void *ev, cddp_error *err) {
     return failed(dev, cudaEventSynchronize((cudaEvent_t)ev), "waiting for an event", err);
 }
 
+static int cuda_event_query(cddp_device *dev, void *ev, bool *done, cddp_error *err) {
+    enter(dev);
+    cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+    *done = e == cudaSuccess;
+    return e == cudaErrorNotReady ? CDDP_OK : failed(dev, e, "asking after an event", err);
+}
+
 static int cuda_queue_wait(cddp_device *dev, void *queue, void *ev, cddp_error *err) {
     return failed(dev, cudaStreamWaitEvent(stream_of(dev, queue), (cudaEvent_t)ev, 0),
                   "a wait for an event", err);
@@ -240,10 +247,15 @@ static void cuda_host_unregister(cddp_device *dev, void *p) {
     cudaHostUnregister(p);
 }
 
-static void *cuda_queue_create(cddp_device *dev, cddp_error *err) {
+static void *cuda_queue_create(cddp_device *dev, bool first, cddp_error *err) {
     cudaStream_t s = NULL;
+    int least = 0, greatest = 0;
     enter(dev);
-    if (failed(dev, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "making a stream", err))
+    if (first && failed(dev, cudaDeviceGetStreamPriorityRange(&least, &greatest),
+                        "asking for the streams' priorities", err))
+        return NULL;
+    if (failed(dev, cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, first ? greatest : 0),
+               "making a stream", err))
         return NULL;
     return s;
 }
@@ -259,8 +271,12 @@ static int cuda_upload_async(cddp_device *dev, void *queue, void *dst, const voi
     return cuda_copy_kind(dev, queue, dst, src, n, cudaMemcpyHostToDevice, false, err);
 }
 
-static void *cuda_native_queue(cddp_device *dev) {
-    return of(dev)->stream;
+static void *cuda_native_queue(cddp_device *dev, void *queue) {
+    return queue ? queue : of(dev)->stream;
+}
+
+static int cuda_make_current(cddp_device *dev, cddp_error *err) {
+    return failed(dev, cudaSetDevice(dev->index), "making the GPU current", err);
 }
 
 /* ---- shared with other processes: CUDA IPC --------------------------------------------------- */
@@ -338,6 +354,7 @@ static const cddp__device_ops ops = {
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,
     .event_synchronize = cuda_event_synchronize,
+    .event_query = cuda_event_query,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .host_register = cuda_host_register,
@@ -347,6 +364,7 @@ static const cddp__device_ops ops = {
     .upload_async = cuda_upload_async,
     .queue_wait = cuda_queue_wait,
     .native_queue = cuda_native_queue,
+    .make_current = cuda_make_current,
     .ipc_export = cuda_ipc_export,
     .ipc_open = cuda_ipc_open,
     .ipc_close = cuda_ipc_close,
@@ -459,6 +477,7 @@ static gpu *open_gpu(int index, cddp_error *err) {
     }
     snprintf(g->dev.name, sizeof g->dev.name, "cuda:%d", index);
     g->dev.kind = CDDP_DEVICE_CUDA;
+    g->dev.platform = "cuda";
     g->dev.index = index;
     g->dev.ops = &ops;
     g->dev.k = &kernels;

@@ -350,6 +350,14 @@ static int emu_event_synchronize(cddp_device *dev, void *ev, cddp_error *err) {
     return still_whole(dev, err);
 }
 
+static int emu_event_query(cddp_device *dev, void *ev, bool *done, cddp_error *err) {
+    const emu_event *e = ev;
+    *done = e->s   ? atomic_load(&e->s->done) >= atomic_load(&e->s->recorded)
+            : e->q ? cddp__emu_queue_ran(e->q, e->mark)
+                   : true;
+    return still_whole(dev, err);
+}
+
 /* A task on one queue that waits for a mark of another. */
 static void run_wait(void *arg) {
     emu_event *e = arg;
@@ -459,7 +467,7 @@ static void *emu_ipc_event_open(cddp_device *dev, const unsigned char *payload, 
     return ev;
 }
 
-static void *emu_queue_create(cddp_device *dev, cddp_error *err);
+static void *emu_queue_create(cddp_device *dev, bool first, cddp_error *err);
 static void emu_queue_destroy(cddp_device *dev, void *queue);
 
 static int emu_copy(cddp_device *dev, void *queue, void *dst, const void *src, size_t n,
@@ -505,6 +513,7 @@ static const cddp__device_ops ops = {
     .event_destroy = emu_event_destroy,
     .event_record = emu_event_record,
     .event_synchronize = emu_event_synchronize,
+    .event_query = emu_event_query,
     .scrub = emu_scrub,
     .queue_create = emu_queue_create,
     .queue_destroy = emu_queue_destroy,
@@ -522,7 +531,8 @@ static const cddp__device_ops ops = {
 static emu *devices[MAX_EMU];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void *emu_queue_create(cddp_device *dev, cddp_error *err) {
+static void *emu_queue_create(cddp_device *dev, bool first, cddp_error *err) {
+    (void)first; /* one thread a queue: none goes first */
     emu *e = of(dev);
     pthread_mutex_lock(&lock);
     int k = 0;

@@ -61,6 +61,8 @@ void cddp__emu_queue_wait(cddp__emu_queue *q);
 /* A mark: how many tasks were queued so far; and waiting until that many have run. */
 uint64_t cddp__emu_queue_mark(cddp__emu_queue *q);
 void cddp__emu_queue_wait_mark(cddp__emu_queue *q, uint64_t mark);
+/* Whether that many have run (the host does not wait). */
+bool cddp__emu_queue_ran(cddp__emu_queue *q, uint64_t mark);
 /* Called by a task on q's thread: returns once a wait on q waits for this task (or a later one),
  * the queue is being destroyed, or max_s has passed. */
 void cddp__emu_queue_hold(cddp__emu_queue *q, double max_s);

@@ -127,6 +127,13 @@ void cddp__emu_queue_wait_mark(cddp__emu_queue *q, uint64_t mark) {
     pthread_mutex_unlock(&q->lock);
 }
 
+bool cddp__emu_queue_ran(cddp__emu_queue *q, uint64_t mark) {
+    pthread_mutex_lock(&q->lock);
+    bool ran = q->ran >= mark;
+    pthread_mutex_unlock(&q->lock);
+    return ran;
+}
+
 void cddp__emu_queue_hold(cddp__emu_queue *q, double max_s) {
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);

@@ -1,10 +1,37 @@
-/* ipc.c: collectives on device memory between the ranks of one host, through shared device memory
- * and shared events (cddp/ipc.h, which says how a collective runs and what a fence is).
+/* ipc.c: the CUDA IPC transport (cddp/dcomm.h's "ipc"): collectives on device memory between the
+ * ranks of one host, through memory each rank's device shares with the others (CUDA IPC on GPUs;
+ * the emulated device shares alike).
+ *
+ * A communicator over a group's ranks (cddp_comm_create), all on one host, each on its device
+ * (the same GPU may serve several). At creation each rank allocates a scratch block on its device
+ * and an event made for sharing, and exports both; every rank opens every other's
+ * (cddp_device_ipc_open, cddp_event_open_shared), through one allgather of the group. A
+ * collective then runs on the communicator's own queue (a CUDA stream), after the work queued so
+ * far on the device's default queue, and never makes the host wait for the device:
+ *
+ *   allreduce       each rank copies its data into its scratch; the ranks fence (below); rank r
+ *                   adds up part r of every rank's scratch, in its own (part r: the r-th of world
+ *                   nearly equal parts); they fence again; each rank copies every part from its
+ *                   owner's scratch into its result
+ *   reduce_scatter  copy, fence, rank r adds up its part of every rank's scratch into its result
+ *   allgather       copy, fence, each rank copies every rank's piece into its result
+ *
+ * A fence: each rank records its shared event on the queue, the ranks meet on the host (which only
+ * queues) in an allgather of the group that compares what each is doing (ranks that called
+ * different collectives fail, naming both), and each rank's queue waits for every other's event:
+ * so no rank reads another's scratch before that rank's copy (or sum) into it has run. The scratch
+ * is used from its start on, each collective after the last; when the next does not fit, a fence
+ * first makes sure every rank has read what it needed, and it starts over (a collective larger
+ * than the scratch runs in pieces). A dead or stuck peer shows at the next fence as the group's
+ * error (the meeting's deadline, a peer that left), and every later call reports it.
+ *
+ * Float32 only, sum and mean (the mean: the sum times 1 / world, which for a power of two is the
+ * sum divided by world bit for bit, as the host's collectives divide).
  *
  * Every rank issues the same collectives in the same order (the group's rule), so each takes the
  * same region of every rank's scratch: `used` advances alike everywhere, and a rank reads region
  * [at, at + bytes) of another's scratch knowing that the other wrote its own copy there. */
-#include "cddp/ipc.h"
+#include "dcomm/internal.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -19,7 +46,7 @@ enum { MEET_WORDS = 4 };
 enum { ALLREDUCE = 1, REDUCE_SCATTER, ALLGATHER };
 enum { FIRST, SECOND, START_OVER };
 
-struct cddp_ipc {
+typedef struct ipc {
     cddp_comm *group;
     cddp_device *dev;
     cddp_queue *queue; /* the collectives' */
@@ -31,7 +58,7 @@ struct cddp_ipc {
     cddp_event *ready, *done; /* the device's default queue -> the collectives' queue, and back */
     int64_t *met;             /* a fence's meeting: every rank's MEET_WORDS */
     cddp_error failed;        /* latched: every later call reports it */
-};
+} ipc;
 
 /* Every rank's outcome of a step of creation: CDDP_OK everywhere, or the first failing rank's
  * error on every rank. */
@@ -40,7 +67,7 @@ typedef struct outcome {
     char msg[252];
 } outcome;
 
-static int agree(cddp_ipc *c, int rc, const cddp_error *mine, cddp_error *err) {
+static int agree(ipc *c, int rc, const cddp_error *mine, cddp_error *err) {
     outcome me = {rc, ""}, *all = cddp_calloc((size_t)c->world, sizeof *all);
     if (rc != CDDP_OK) snprintf(me.msg, sizeof me.msg, "%.250s", mine->msg);
     if (!all) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
@@ -58,7 +85,7 @@ typedef struct handles {
     cddp_ipc_handle mem, ev;
 } handles;
 
-static int make_own(cddp_ipc *c, handles *h, cddp_error *err) {
+static int make_own(ipc *c, handles *h, cddp_error *err) {
     if (!cddp_device_ipc_capable(c->dev))
         return cddp_error_set(err, CDDP_EUNSUPPORTED,
                               "%s shares no memory with other processes: ranks on the CPU "
@@ -72,7 +99,7 @@ static int make_own(cddp_ipc *c, handles *h, cddp_error *err) {
     return cddp_device_ipc_export(c->dev, c->scratch[c->rank], &h->mem, err);
 }
 
-static int open_peers(cddp_ipc *c, const handles *all, cddp_error *err) {
+static int open_peers(ipc *c, const handles *all, cddp_error *err) {
     for (int r = 0; r < c->world; r++) {
         if (r == c->rank) continue;
         if (!(c->scratch[r] = cddp_device_ipc_open(c->dev, &all[r].mem, err)) ||
@@ -83,7 +110,7 @@ static int open_peers(cddp_ipc *c, const handles *all, cddp_error *err) {
 }
 
 /* Each rank's own, after a failure or once the others are done with it. */
-static void release(cddp_ipc *c) {
+static void release(ipc *c) {
     if (c->queue) {
         cddp_error e = {0};
         if (c->done && cddp_queue_record(c->queue, c->done, &e) == CDDP_OK)
@@ -105,10 +132,10 @@ static void release(cddp_ipc *c) {
     cddp_free(c);
 }
 
-cddp_ipc *cddp_ipc_create(cddp_comm *group, cddp_device *dev, const cddp_ipc_options *opts,
-                          cddp_error *err) {
-    cddp_ipc_options o = opts ? *opts : (cddp_ipc_options){0};
-    cddp_ipc *c = cddp_calloc(1, sizeof *c);
+static void *ipc_open(cddp_comm *group, cddp_device *dev, const cddp_dcomm_options *opts,
+                      cddp_error *err) {
+    const cddp_dcomm_options o = *opts;
+    ipc *c = cddp_calloc(1, sizeof *c);
     if (!c) {
         cddp_error_set(err, CDDP_ENOMEM, "out of memory");
         return NULL;
@@ -149,14 +176,15 @@ cddp_ipc *cddp_ipc_create(cddp_comm *group, cddp_device *dev, const cddp_ipc_opt
     return c;
 }
 
-int cddp_ipc_check(cddp_ipc *c, cddp_error *err) {
+static int ipc_check(void *arg, cddp_error *err) {
+    ipc *c = arg;
     if (!c->failed.code) return CDDP_OK;
     *err = c->failed;
     return c->failed.code;
 }
 
 /* A failure, latched. */
-static int fail(cddp_ipc *c, const cddp_error *e, cddp_error *err) {
+static int fail(ipc *c, const cddp_error *e, cddp_error *err) {
     if (!c->failed.code) c->failed = *e;
     *err = c->failed;
     return c->failed.code;
@@ -172,10 +200,10 @@ static void describe(const int64_t *w, char *out, size_t size) {
              fences[w[3] >= 0 && w[3] <= 2 ? w[3] : 0]);
 }
 
-/* Every rank's queue goes on only after every other rank's work queued so far (see ipc.h): this
+/* Every rank's queue goes on only after every other rank's work queued so far (see above): this
  * rank's event recorded, the ranks met on the host (comparing `what`), the others' events waited
  * for. */
-static int fence(cddp_ipc *c, int kind, int64_t count, int op, int step, cddp_error *err) {
+static int fence(ipc *c, int kind, int64_t count, int op, int step, cddp_error *err) {
     cddp_error e = {0};
     const int64_t what[MEET_WORDS] = {kind, count, op, step};
     if (cddp_queue_record(c->queue, c->ev[c->rank], &e) != CDDP_OK ||
@@ -200,9 +228,9 @@ static int fence(cddp_ipc *c, int kind, int64_t count, int op, int step, cddp_er
 }
 
 /* The start of a collective: its arguments, and its queue after the device's work so far. */
-static int begin(cddp_ipc *c, const char *what, cddp_comm_dtype dtype, cddp_comm_op op,
-                 int64_t count, cddp_error *err) {
-    CDDP_TRY(cddp_ipc_check(c, err));
+static int begin(ipc *c, const char *what, cddp_comm_dtype dtype, cddp_comm_op op, int64_t count,
+                 cddp_error *err) {
+    CDDP_TRY(ipc_check(c, err));
     if (dtype != CDDP_COMM_F32 || (op != CDDP_COMM_SUM && op != CDDP_COMM_MEAN) || count < 0)
         return cddp_error_set(err, CDDP_EUNSUPPORTED,
                               "CUDA IPC %s: float32 sums and means only (asked: %s %s of %lld)",
@@ -217,7 +245,7 @@ static int begin(cddp_ipc *c, const char *what, cddp_comm_dtype dtype, cddp_comm
 
 /* Where a piece of `bytes` goes in every rank's scratch: after the last, or (fenced) from the
  * start. */
-static int take(cddp_ipc *c, int kind, int64_t count, int op, size_t bytes, size_t *at,
+static int take(ipc *c, int kind, int64_t count, int op, size_t bytes, size_t *at,
                 cddp_error *err) {
     bytes = (bytes + ALIGN - 1) / ALIGN * ALIGN;
     if (c->used + bytes > c->cap) {
@@ -231,18 +259,18 @@ static int take(cddp_ipc *c, int kind, int64_t count, int op, size_t bytes, size
 }
 
 /* The most floats of a piece whose scratch region is `per` times its length. */
-static int64_t piece(const cddp_ipc *c, int64_t per) {
+static int64_t piece(const ipc *c, int64_t per) {
     return (int64_t)(c->cap / (sizeof(float) * (size_t)per)) / (ALIGN / sizeof(float)) *
            (ALIGN / sizeof(float));
 }
 
-static float *at_of(const cddp_ipc *c, int r, size_t at) {
+static float *at_of(const ipc *c, int r, size_t at) {
     return (float *)(void *)(c->scratch[r] + at);
 }
 
 /* dst = op over the ranks of their scratch's n floats at `at` (dst's own rank first, then the
  * others in rank order; the sum of two is the same either way round). */
-static void add_up(cddp_ipc *c, float *dst, size_t at, int64_t n, cddp_comm_op op, bool assign) {
+static void add_up(ipc *c, float *dst, size_t at, int64_t n, cddp_comm_op op, bool assign) {
     if (n <= 0) return;
     if (assign) cddp_queue_accumulate(c->queue, dst, at_of(c, c->rank, at), (size_t)n, true);
     for (int r = 0; r < c->world; r++)
@@ -251,15 +279,16 @@ static void add_up(cddp_ipc *c, float *dst, size_t at, int64_t n, cddp_comm_op o
 }
 
 /* Copies n floats, or latches the failure. */
-static int copy(cddp_ipc *c, void *dst, const void *src, int64_t n, cddp_error *err) {
+static int copy(ipc *c, void *dst, const void *src, int64_t n, cddp_error *err) {
     cddp_error e = {0};
     if (n <= 0 || cddp_queue_copy(c->queue, dst, src, (size_t)n * sizeof(float), &e) == CDDP_OK)
         return CDDP_OK;
     return fail(c, &e, err);
 }
 
-int cddp_ipc_allreduce(cddp_ipc *c, const void *send, void *recv, int64_t count,
-                       cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+static int ipc_allreduce(void *arg, const void *send, void *recv, int64_t count,
+                         cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    ipc *c = arg;
     CDDP_TRY(begin(c, "allreduce", dtype, op, count, err));
     const float *s = send;
     float *out = recv;
@@ -284,8 +313,9 @@ int cddp_ipc_allreduce(cddp_ipc *c, const void *send, void *recv, int64_t count,
     return CDDP_OK;
 }
 
-int cddp_ipc_reduce_scatter(cddp_ipc *c, const void *send, void *recv, int64_t count,
-                            cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+static int ipc_reduce_scatter(void *arg, const void *send, void *recv, int64_t count,
+                              cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    ipc *c = arg;
     CDDP_TRY(begin(c, "reduce_scatter", dtype, op, count, err));
     const float *s = send;
     float *out = recv;
@@ -302,8 +332,9 @@ int cddp_ipc_reduce_scatter(cddp_ipc *c, const void *send, void *recv, int64_t c
     return CDDP_OK;
 }
 
-int cddp_ipc_allgather(cddp_ipc *c, const void *send, void *recv, int64_t count,
-                       cddp_comm_dtype dtype, cddp_error *err) {
+static int ipc_allgather(void *arg, const void *send, void *recv, int64_t count,
+                         cddp_comm_dtype dtype, cddp_error *err) {
+    ipc *c = arg;
     CDDP_TRY(begin(c, "allgather", dtype, CDDP_COMM_SUM, count, err));
     const float *s = send;
     float *out = recv;
@@ -320,8 +351,9 @@ int cddp_ipc_allgather(cddp_ipc *c, const void *send, void *recv, int64_t count,
     return CDDP_OK;
 }
 
-int cddp_ipc_join(cddp_ipc *c, cddp_error *err) {
-    CDDP_TRY(cddp_ipc_check(c, err));
+static int ipc_join(void *arg, cddp_error *err) {
+    ipc *c = arg;
+    CDDP_TRY(ipc_check(c, err));
     cddp_error e = {0};
     if (cddp_queue_record(c->queue, c->done, &e) != CDDP_OK ||
         cddp_device_wait_event(c->dev, c->done, &e) != CDDP_OK)
@@ -329,8 +361,9 @@ int cddp_ipc_join(cddp_ipc *c, cddp_error *err) {
     return CDDP_OK;
 }
 
-int cddp_ipc_wait(cddp_ipc *c, cddp_error *err) {
-    CDDP_TRY(cddp_ipc_check(c, err));
+static int ipc_wait(void *arg, cddp_error *err) {
+    ipc *c = arg;
+    CDDP_TRY(ipc_check(c, err));
     cddp_error e = {0};
     if (cddp_queue_record(c->queue, c->done, &e) != CDDP_OK ||
         cddp_event_synchronize(c->done, &e) != CDDP_OK)
@@ -338,12 +371,29 @@ int cddp_ipc_wait(cddp_ipc *c, cddp_error *err) {
     return CDDP_OK;
 }
 
-void cddp_ipc_destroy(cddp_ipc *c) {
+static void ipc_destroy(void *arg) {
+    ipc *c = arg;
     if (!c) return;
     cddp_error e = {0};
     /* no rank frees its scratch while another may still read it: each waits for its own reads,
      * then all meet (skipped after a failure: the group may have lost a rank) */
-    if (!c->failed.code && cddp_ipc_wait(c, &e) == CDDP_OK)
-        cddp_comm_barrier(c->group, c->timeout, &e);
+    if (!c->failed.code && ipc_wait(c, &e) == CDDP_OK) cddp_comm_barrier(c->group, c->timeout, &e);
     release(c);
 }
+
+const cddp__dtransport cddp__ipc_dtransport = {
+    .info = {.name = "ipc",
+             .says = "CUDA IPC",
+             .how = "through CUDA IPC (each rank sums its part from the others' memory), on a "
+                    "stream of its own",
+             .on_device = true,
+             .f32_sums = true},
+    .open = ipc_open,
+    .allreduce = ipc_allreduce,
+    .reduce_scatter = ipc_reduce_scatter,
+    .allgather = ipc_allgather,
+    .join = ipc_join,
+    .wait = ipc_wait,
+    .watch = ipc_check,
+    .destroy = ipc_destroy,
+};

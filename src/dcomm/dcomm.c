@@ -1,0 +1,185 @@
+/* dcomm.c: the list of transports for device memory (cddp/dcomm.h), the choice AUTO makes (which
+ * DistributedDataParallel makes too), and the public calls, each through the chosen transport's
+ * table. A transport is one line in the list. */
+#include "dcomm/internal.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The transports, in the order AUTO asks them; the last one serves every job. */
+static const cddp__dtransport *const list[] = {
+    &cddp__nccl_dtransport,
+    &cddp__ipc_dtransport,
+    &cddp__host_dtransport,
+};
+enum { N = CDDP_ARRAY_LEN(list) };
+_Static_assert(N <= CDDP__DCOMM_MAX, "a placement has room for every transport's offer");
+
+const cddp__dtransport *const *cddp__dcomm_list(int *count) {
+    *count = N;
+    return list;
+}
+
+/* ---- names ------------------------------------------------------------------------------------
+ */
+
+/* "auto", then the list's, with their places. */
+static cddp_dcomm_transport_info infos[N + 1];
+static pthread_once_t infos_once = PTHREAD_ONCE_INIT;
+
+static void fill_infos(void) {
+    infos[0] = (cddp_dcomm_transport_info){.name = "auto", .says = "auto", .automatic = true};
+    for (int i = 0; i < N; i++) {
+        infos[i + 1] = list[i]->info;
+        infos[i + 1].index = i + 1;
+    }
+}
+
+const cddp_dcomm_transport_info *cddp_dcomm_transport_at(int index) {
+    pthread_once(&infos_once, fill_infos);
+    return index >= 0 && index <= N ? &infos[index] : NULL;
+}
+
+const cddp_dcomm_transport_info *cddp_dcomm_transport_find(const char *name, cddp_error *err) {
+    pthread_once(&infos_once, fill_infos);
+    if (!name || !*name) return &infos[0];
+    char names[160] = "";
+    for (int i = 0; i <= N; i++) {
+        if (strcmp(name, infos[i].name) == 0) return &infos[i];
+        size_t at = strlen(names);
+        snprintf(names + at, sizeof names - at, "%s%s",
+                 i == 0   ? ""
+                 : i == N ? " or "
+                          : ", ",
+                 infos[i].name);
+    }
+    cddp_error_set(err, CDDP_EINVAL, "'%s' is not a transport: expected %s", name, names);
+    return NULL;
+}
+
+/* ---- the choice ------------------------------------------------------------------------------ */
+
+const cddp__dtransport *cddp__dcomm_decide(const cddp__placement *all, int world, char *why,
+                                           size_t n) {
+    const cddp__dtransport *host = list[N - 1];
+    if (world == 1) {
+        snprintf(why, n, "one rank: nothing travels");
+        return host;
+    }
+    for (int r = 1; r < world; r++)
+        if (all[r].kind != all[0].kind) {
+            snprintf(why, n, "the ranks' devices are of different kinds (rank 0 %s, rank %d %s)",
+                     all[0].device, r, all[r].device);
+            return host;
+        }
+    if (all[0].host) {
+        snprintf(why, n, "%s: the group's transport works on the memory itself", all[0].device);
+        return host;
+    }
+    bool said = false;
+    for (int i = 0; i < N - 1; i++) {
+        if (!list[i]->serves) continue;
+        char mine[200];
+        if (list[i]->serves(all, world, i, mine, sizeof mine)) {
+            snprintf(why, n, "%s", mine);
+            return list[i];
+        }
+        if (!said) snprintf(why, n, "%s", mine); /* the first refusal says why */
+        said = true;
+    }
+    return host;
+}
+
+int cddp_dcomm_choose(cddp_comm *group, cddp_device *dev, const cddp_dcomm_transport_info **t,
+                      char *why, size_t why_size, cddp_error *err) {
+    int world = cddp_comm_size(group);
+    cddp__placement *all = cddp_calloc((size_t)world, sizeof *all);
+    if (!all) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    int64_t offers[CDDP__DCOMM_MAX] = {0};
+    for (int i = 0; i < N; i++) offers[i] = list[i]->offer ? list[i]->offer(dev) : 0;
+    int rc = cddp__placement_gather(group, dev, offers, all, err);
+    if (rc == CDDP_OK) {
+        const cddp__dtransport *c = cddp__dcomm_decide(all, world, why, why_size);
+        for (int i = 0; i < N; i++)
+            if (list[i] == c) *t = cddp_dcomm_transport_at(i + 1);
+    }
+    cddp_free(all);
+    return rc;
+}
+
+/* ---- the communicator ------------------------------------------------------------------------ */
+
+struct cddp_dcomm {
+    const cddp__dtransport *t;
+    void *c; /* the transport's communicator */
+};
+
+cddp_dcomm *cddp_dcomm_create(cddp_comm *group, cddp_device *dev, const cddp_dcomm_options *opts,
+                              cddp_error *err) {
+    cddp_dcomm_options o = opts ? *opts : (cddp_dcomm_options){0};
+    const cddp_dcomm_transport_info *info = cddp_dcomm_transport_find(o.transport, err),
+                                    *named = info;
+    if (!info) return NULL;
+    char why[200];
+    snprintf(why, sizeof why, "transport %s, as named", info->name);
+    if (info->automatic && cddp_dcomm_choose(group, dev, &info, why, sizeof why, err) != CDDP_OK)
+        return NULL;
+    cddp_dcomm *d = cddp_calloc(1, sizeof *d);
+    if (!d) {
+        cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+        return NULL;
+    }
+    d->t = list[info->index - 1];
+    if (!(d->c = d->t->open(group, dev, &o, err))) {
+        cddp_free(d);
+        return NULL;
+    }
+    /* said once, on rank 0, where the choice was the library's; a caller that named the transport
+     * (DistributedDataParallel, which logs its own line) knows it */
+    cddp_log(cddp_comm_rank(group) == 0 && info != named ? CDDP_LOG_INFO : CDDP_LOG_DEBUG, "dcomm",
+             "collectives on %s's memory: %s (%s%s)", cddp_device_name(dev),
+             cddp_device_host_accessible(dev) && !info->on_device
+                 ? "by the group's transport, on the memory itself"
+                 : info->how,
+             info == named ? "" : "auto: ", why);
+    return d;
+}
+
+const char *cddp_dcomm_transport_name(const cddp_dcomm *d) {
+    return d->t->info.says;
+}
+
+int cddp_dcomm_allreduce(cddp_dcomm *d, const void *send, void *recv, int64_t count,
+                         cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    return d->t->allreduce(d->c, send, recv, count, dtype, op, err);
+}
+
+int cddp_dcomm_reduce_scatter(cddp_dcomm *d, const void *send, void *recv, int64_t count,
+                              cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    return d->t->reduce_scatter(d->c, send, recv, count, dtype, op, err);
+}
+
+int cddp_dcomm_allgather(cddp_dcomm *d, const void *send, void *recv, int64_t count,
+                         cddp_comm_dtype dtype, cddp_error *err) {
+    return d->t->allgather(d->c, send, recv, count, dtype, err);
+}
+
+int cddp_dcomm_join(cddp_dcomm *d, cddp_error *err) {
+    return d->t->join(d->c, err);
+}
+
+int cddp_dcomm_wait(cddp_dcomm *d, cddp_error *err) {
+    CDDP_TRY(d->t->join(d->c, err));
+    return d->t->wait(d->c, err);
+}
+
+int cddp_dcomm_watch(cddp_dcomm *d, cddp_error *err) {
+    return d->t->watch(d->c, err);
+}
+
+void cddp_dcomm_destroy(cddp_dcomm *d) {
+    if (!d) return;
+    d->t->destroy(d->c);
+    cddp_free(d);
+}
