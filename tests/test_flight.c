@@ -2,10 +2,12 @@
  * rank at a time, as the recorder writes them: who waits where and who is behind (a rank whose
  * call failed when the group did waited at the frontier, not behind it); a rank that left no
  * record; ranks that called different collectives at one sequence number; a clean record set;
- * and this process's own record (cddp_flight_mark, cddp_flight_dump) read back.
+ * and this process's own record (cddp_flight_mark, cddp_flight_dump) read back, with collectives
+ * on a device's memory (cddp/dcomm.h) in it.
  */
 #include "helpers.h"
 
+#include <cddp/dcomm.h>
 #include <cddp/flight.h>
 
 #include <stdarg.h>
@@ -165,6 +167,53 @@ static void test_own_record(void **state) {
     unsetenv("CDDP_FLIGHT_DIR");
 }
 
+/* Collectives on a device's memory (cddp_dcomm, a group of one on the emulated device through
+ * host copies) are recorded as a group of their own, with the device and the transport: done
+ * once joined (host copies: the join waits for them), started while only issued; the report
+ * says where each rank's last one stands. */
+static void test_device_collectives(void **state) {
+    (void)state;
+    fresh();
+    setenv("CDDP_FLIGHT_DIR", dir, 1);
+    cddp_error err = {0};
+    cddp_comm *g = cddp_comm_create(&(cddp_comm_options){.rank = 0, .world_size = 1}, &err);
+    if (!g) fail_msg("%s", err.msg);
+    cddp_device *emu = cddp_device_get("emu", &err);
+    assert_non_null(emu);
+    cddp_dcomm *d = cddp_dcomm_create(g, emu, &(cddp_dcomm_options){.transport = "host"}, &err);
+    assert_non_null(d);
+    float *x = cddp_device_alloc(emu, 64 * sizeof(float), &err);
+    assert_int_equal(cddp_device_memset(emu, x, 0, 64 * sizeof(float), &err), CDDP_OK);
+    cddp_flight_label("bucket 0: w .. b");
+    assert_int_equal(cddp_dcomm_allreduce(d, x, x, 64, CDDP_COMM_F32, CDDP_COMM_MEAN, &err),
+                     CDDP_OK);
+    assert_int_equal(cddp_dcomm_join(d, &err), CDDP_OK);
+    assert_int_equal(cddp_dcomm_allgather(d, x, x, 64, CDDP_COMM_F32, &err), CDDP_OK);
+    char path[512];
+    assert_int_equal(cddp_flight_dump("a test", path, sizeof path, &err), CDDP_OK);
+    size_t n = 0;
+    char *t = (char *)slurp(path, &n);
+    assert_non_null(t);
+    has(t, "\"seq\": 1, \"op\": \"allreduce\", \"reduce\": \"mean\", \"dtype\": \"float32\", "
+           "\"count\": 64, \"bytes\": 256, \"device\": \"emu:0\", \"transport\": \"host\", "
+           "\"label\": \"bucket 0: w .. b\", \"state\": \"done\"");
+    has(t, "\"seq\": 2, \"op\": \"allgather\", \"dtype\": \"float32\", \"count\": 64, "
+           "\"bytes\": 256, \"device\": \"emu:0\", \"transport\": \"host\", \"state\": "
+           "\"started\"");
+    free(t);
+    cddp_flight_mark("optimizer", 3);
+    assert_int_equal(cddp_flight_dump("a test", path, sizeof path, &err), CDDP_OK);
+    has(report(1), "on emu:0 (host) its last collective allgather #2, issued (in flight or not yet "
+                   "known done)");
+    assert_int_equal(cddp_dcomm_wait(d, &err), CDDP_OK); /* now known done */
+    assert_int_equal(cddp_flight_dump("a test", path, sizeof path, &err), CDDP_OK);
+    has(report(1), "on emu:0 (host) its last collective allgather #2, done");
+    cddp_device_free(emu, x);
+    cddp_dcomm_destroy(d);
+    cddp_comm_destroy(g);
+    unsetenv("CDDP_FLIGHT_DIR");
+}
+
 /* The default folder: in TMPDIR by run id. */
 static void test_default_folder(void **state) {
     (void)state;
@@ -188,6 +237,7 @@ int main(void) {
         cmocka_unit_test(test_every_rank_done),
         cmocka_unit_test(test_no_records),
         cmocka_unit_test(test_own_record),
+        cmocka_unit_test(test_device_collectives),
         cmocka_unit_test(test_default_folder),
     };
     return cmocka_run_group_tests(tests, temp_dir_setup, temp_dir_teardown);

@@ -27,6 +27,7 @@
 #ifndef CDDP_FLIGHT_H
 #define CDDP_FLIGHT_H
 
+#include "cddp/comm.h"
 #include "cddp/core.h"
 
 #include <stdio.h>
@@ -40,6 +41,19 @@ extern "C" {
 CDDP_API void cddp_flight_mark(const char *phase, int64_t step);
 /* Names the next collective this thread issues (at most 87 characters kept). */
 CDDP_API void cddp_flight_label(const char *label);
+/* Collectives that do not go through a group's own calls (cddp/dcomm.h's, on a device's memory:
+ * NCCL, CUDA IPC, host copies; cddp_dcomm records its own) are recorded as a group of their own:
+ * cddp_flight_group_open says which device and transport carry them (at most 23 and 15
+ * characters kept) and gives the group's number (0: the recorder is off; every rank opens its
+ * groups in the same order, so the numbers agree). cddp_flight_issued records a collective
+ * ("allreduce", "reduce_scatter", "allgather", ...) when it is handed to the device (state
+ * "started", its sequence number the group's next, the label of cddp_flight_label), and
+ * cddp_flight_ended says when it was known done (status CDDP_OK) or failed: until then a dump
+ * shows it started, in flight on the device or done and not yet asked. */
+CDDP_API int cddp_flight_group_open(const char *device, const char *transport);
+CDDP_API uint64_t cddp_flight_issued(int group, const char *kind, cddp_comm_op op,
+                                     cddp_comm_dtype dtype, int64_t count);
+CDDP_API void cddp_flight_ended(uint64_t entry, int status);
 /* Writes the record now, saying why; the path written into path (may be NULL) of n bytes. */
 CDDP_API int cddp_flight_dump(const char *why, char *path, size_t n, cddp_error *err);
 /* The folder records are written to (CDDP_FLIGHT_DIR or its default) into out. */

@@ -36,12 +36,23 @@ typedef struct entry {
     char label[88];
 } entry;
 
+/* Groups of collectives recorded beside a group's own (cddp_flight_group_open): what carries
+ * them, and their sequence numbers. */
+enum { OWN_GROUPS = 32 };
+typedef struct own_group {
+    int group; /* its number, from 1 */
+    char device[24], transport[16];
+    uint64_t seq;
+} own_group;
+
 static struct {
     pthread_mutex_t mu;
     entry *ring;
     size_t cap;
     uint64_t next; /* the last id given */
     int rank, world, groups;
+    own_group own[OWN_GROUPS];
+    int nown;
     bool joined, made; /* made: the ring was allocated (or is off), by the first entry or group */
     int pipe[2];
 } F = {.mu = PTHREAD_MUTEX_INITIALIZER, .rank = -1};
@@ -129,6 +140,61 @@ uint64_t cddp__flight_call(const cddp_comm *c, const coll *a) {
     return id;
 }
 
+int cddp_flight_group_open(const char *device, const char *transport) {
+    pthread_mutex_lock(&F.mu);
+    if (!F.made) make_ring();
+    int g = 0;
+    if (F.ring) {
+        g = ++F.groups;
+        if (F.nown < OWN_GROUPS) {
+            own_group *o = &F.own[F.nown++];
+            *o = (own_group){.group = g};
+            snprintf(o->device, sizeof o->device, "%s", device ? device : "");
+            snprintf(o->transport, sizeof o->transport, "%s", transport ? transport : "");
+        }
+    }
+    pthread_mutex_unlock(&F.mu);
+    return g;
+}
+
+/* The group's record of its own, under the lock; NULL for a group's own calls. */
+static own_group *own_of(int group) {
+    for (int i = 0; i < F.nown; i++)
+        if (F.own[i].group == group) return &F.own[i];
+    return NULL;
+}
+
+uint64_t cddp_flight_issued(int group, const char *kind, cddp_comm_op op, cddp_comm_dtype dtype,
+                            int64_t count) {
+    if (group <= 0) return 0;
+    int k = 0;
+    while (k < K_COUNT && strcmp(cddp__comm_kind_name(k), kind ? kind : "")) k++;
+    double now = cddp_now_s();
+    pthread_mutex_lock(&F.mu);
+    entry *e = k < K_COUNT ? add(T_CALL) : NULL;
+    own_group *o = own_of(group);
+    uint64_t id = 0;
+    if (e) {
+        id = e->id;
+        e->group = (int16_t)(group - 1);
+        e->kind = k;
+        e->op = (int32_t)op;
+        e->dtype = (int32_t)dtype;
+        e->count = count;
+        e->seq = o ? ++o->seq : 0;
+        e->state = S_STARTED; /* handed to the device */
+        e->queued = e->started = now;
+        memcpy(e->label, next_label, sizeof e->label);
+    }
+    pthread_mutex_unlock(&F.mu);
+    next_label[0] = '\0';
+    return id;
+}
+
+void cddp_flight_ended(uint64_t id, int status) {
+    cddp__flight_ended(id, status);
+}
+
 void cddp__flight_started(uint64_t id, uint64_t seq) {
     if (!id) return;
     double now = cddp_now_s();
@@ -193,7 +259,8 @@ static void put_string(FILE *f, const char *s) {
     }
 }
 
-static void put_entry(FILE *f, const entry *e) {
+/* e in JSON; own: what carries its group, when it is one of cddp_flight_group_open's. */
+static void put_entry(FILE *f, const entry *e, const own_group *own) {
     if (e->type == T_MARK) {
         fprintf(f, "{\"id\": %" PRIu64 ", \"type\": \"mark\", \"phase\": \"", e->id);
         put_string(f, e->label);
@@ -213,6 +280,13 @@ static void put_entry(FILE *f, const entry *e) {
     if (e->kind == K_BROADCAST || e->kind == K_GATHER || e->kind == K_SCATTER)
         fprintf(f, ", \"root\": %d", e->root);
     if (e->kind == K_SEND || e->kind == K_RECV) fprintf(f, ", \"peer\": %d", e->root);
+    if (own) {
+        fprintf(f, ", \"device\": \"");
+        put_string(f, own->device);
+        fprintf(f, "\", \"transport\": \"");
+        put_string(f, own->transport);
+        fputc('"', f);
+    }
     if (e->label[0]) {
         fprintf(f, ", \"label\": \"");
         put_string(f, e->label);
@@ -231,6 +305,9 @@ int cddp_flight_dump(const char *why, char *path, size_t n, cddp_error *err) {
     int rank = F.rank, world = F.world ? F.world : 1; /* no group yet: a process of its own */
     entry *copy = cap ? cddp_malloc(cap * sizeof *copy) : NULL;
     if (copy) memcpy(copy, F.ring, cap * sizeof *copy);
+    own_group own[OWN_GROUPS];
+    int nown = F.nown;
+    memcpy(own, F.own, sizeof own);
     pthread_mutex_unlock(&F.mu);
     if (cap && !copy) return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
     char dir[512], file[600], tmp[640];
@@ -271,7 +348,10 @@ int cddp_flight_dump(const char *why, char *path, size_t n, cddp_error *err) {
         const entry *e = &copy[id % cap];
         if (e->id != id) continue;
         fprintf(f, "%s\n  ", first ? "" : ",");
-        put_entry(f, e);
+        const own_group *o = NULL;
+        for (int i = 0; i < nown && !o; i++)
+            if (own[i].group == e->group + 1) o = &own[i];
+        put_entry(f, e, o);
         first = false;
     }
     fprintf(f, "\n]}\n");

@@ -3,6 +3,8 @@
  * table. A transport is one line in the list. */
 #include "dcomm/internal.h"
 
+#include "cddp/flight.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -110,10 +112,34 @@ int cddp_dcomm_choose(cddp_comm *group, cddp_device *dev, const cddp_dcomm_trans
 
 /* ---- the communicator ------------------------------------------------------------------------ */
 
+/* Collectives the flight recorder shows in flight, at most: an older one stays "started". */
+enum { PENDING = 256 };
+
 struct cddp_dcomm {
     const cddp__dtransport *t;
-    void *c; /* the transport's communicator */
+    void *c;    /* the transport's communicator */
+    int flight; /* the flight recorder's group for its collectives (0: not recorded) */
+    uint64_t pending[PENDING]; /* their entries since the last one known done, oldest first */
+    int head, npending;
 };
+
+/* The flight recorder: a collective issued (rc: how the call went), and those known done. */
+static int issued(cddp_dcomm *d, uint64_t entry, int rc) {
+    if (!entry) return rc;
+    if (rc != CDDP_OK) {
+        cddp_flight_ended(entry, rc);
+        return rc;
+    }
+    if (d->npending == PENDING) d->head = (d->head + 1) % PENDING, d->npending--;
+    d->pending[(d->head + d->npending++) % PENDING] = entry;
+    return rc;
+}
+
+static int settled(cddp_dcomm *d, int rc) {
+    for (; d->npending > 0; d->npending--, d->head = (d->head + 1) % PENDING)
+        cddp_flight_ended(d->pending[d->head], rc);
+    return rc;
+}
 
 cddp_dcomm *cddp_dcomm_create(cddp_comm *group, cddp_device *dev, const cddp_dcomm_options *opts,
                               cddp_error *err) {
@@ -135,6 +161,7 @@ cddp_dcomm *cddp_dcomm_create(cddp_comm *group, cddp_device *dev, const cddp_dco
         cddp_free(d);
         return NULL;
     }
+    d->flight = cddp_flight_group_open(cddp_device_name(dev), d->t->info.says);
     /* said once, on rank 0, where the choice was the library's; a caller that named the transport
      * (DistributedDataParallel, which logs its own line) knows it */
     cddp_log(cddp_comm_rank(group) == 0 && info != named ? CDDP_LOG_INFO : CDDP_LOG_DEBUG, "dcomm",
@@ -152,34 +179,39 @@ const char *cddp_dcomm_transport_name(const cddp_dcomm *d) {
 
 int cddp_dcomm_allreduce(cddp_dcomm *d, const void *send, void *recv, int64_t count,
                          cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
-    return d->t->allreduce(d->c, send, recv, count, dtype, op, err);
+    uint64_t e = cddp_flight_issued(d->flight, "allreduce", op, dtype, count);
+    return issued(d, e, d->t->allreduce(d->c, send, recv, count, dtype, op, err));
 }
 
 int cddp_dcomm_reduce_scatter(cddp_dcomm *d, const void *send, void *recv, int64_t count,
                               cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
-    return d->t->reduce_scatter(d->c, send, recv, count, dtype, op, err);
+    uint64_t e = cddp_flight_issued(d->flight, "reduce_scatter", op, dtype, count);
+    return issued(d, e, d->t->reduce_scatter(d->c, send, recv, count, dtype, op, err));
 }
 
 int cddp_dcomm_allgather(cddp_dcomm *d, const void *send, void *recv, int64_t count,
                          cddp_comm_dtype dtype, cddp_error *err) {
-    return d->t->allgather(d->c, send, recv, count, dtype, err);
+    uint64_t e = cddp_flight_issued(d->flight, "allgather", CDDP_COMM_SUM, dtype, count);
+    return issued(d, e, d->t->allgather(d->c, send, recv, count, dtype, err));
 }
 
 int cddp_dcomm_join(cddp_dcomm *d, cddp_error *err) {
-    return d->t->join(d->c, err);
+    int rc = d->t->join(d->c, err);
+    return rc != CDDP_OK || d->t->join_waits ? settled(d, rc) : rc;
 }
 
 int cddp_dcomm_wait(cddp_dcomm *d, cddp_error *err) {
-    CDDP_TRY(d->t->join(d->c, err));
-    return d->t->wait(d->c, err);
+    int rc = d->t->join(d->c, err);
+    return settled(d, rc == CDDP_OK ? d->t->wait(d->c, err) : rc);
 }
 
 int cddp_dcomm_watch(cddp_dcomm *d, cddp_error *err) {
-    return d->t->watch(d->c, err);
+    int rc = d->t->watch(d->c, err);
+    return rc != CDDP_OK ? settled(d, rc) : rc;
 }
 
 void cddp_dcomm_destroy(cddp_dcomm *d) {
     if (!d) return;
-    d->t->destroy(d->c);
+    d->t->destroy(d->c); /* joins what is still queued: left started if it could not */
     cddp_free(d);
 }

@@ -238,6 +238,7 @@ const cddp__dtransport cddp__host_dtransport = {
     .info = {.name = "host",
              .says = "host",
              .how = "through host copies and the group's transport"},
+    .join_waits = true,
     .open = host_open,
     .allreduce = host_allreduce,
     .reduce_scatter = host_reduce_scatter,

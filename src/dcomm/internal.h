@@ -52,6 +52,8 @@ bool cddp__placement_shared(const cddp__placement *all, int world, int *a, int *
 
 typedef struct cddp__dtransport {
     cddp_dcomm_transport_info info; /* its name and traits, as the public API shows them */
+    bool join_waits; /* the join waits on the host until the collectives are done (host copies):
+                      * the flight recorder marks them done there, else at the wait */
     /* What this rank offers AUTO on dev (a number its serves reads: NCCL's version; 0 nothing).
      * NULL: never chosen by AUTO, only when named. */
     int64_t (*offer)(cddp_device *dev);

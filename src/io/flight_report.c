@@ -23,6 +23,7 @@ typedef struct rank_view {
     const char *host, *why;
     double now, wall;
     cJSON *last;       /* its last collective of group 0, or NULL */
+    cJSON *device;     /* its last collective on a device's memory (cddp/dcomm.h), or NULL */
     const char *phase; /* its last mark, or NULL */
     int64_t step;      /* the mark's step */
     double phase_t;    /* when the mark was made */
@@ -83,6 +84,8 @@ static void view_of(rank_view *v) {
             v->phase = str_of(e, "phase", "?");
             v->step = (int64_t)num_of(e, "step", 0);
             v->phase_t = num_of(e, "t", 0);
+        } else if (!strcmp(type, "collective") && str_of(e, "device", NULL)) {
+            v->device = (cJSON *)e;
         } else if (!strcmp(type, "collective") && num_of(e, "group", 0) == 0 &&
                    cJSON_GetObjectItemCaseSensitive(e, "seq") &&
                    strcmp(str_of(e, "op", ""), "alloc") != 0) {
@@ -171,9 +174,18 @@ static void where(const rank_view *v, char *out, size_t n) {
     if (v->last) {
         char c[200];
         call_named(v->last, c, sizeof c);
-        snprintf(out + at, n - at, "; its last collective %s, %s", c, str_of(v->last, "state", ""));
+        at += (size_t)snprintf(out + at, n - at, "; its last collective %s, %s", c,
+                               str_of(v->last, "state", ""));
     } else {
-        snprintf(out + at, n - at, "; it made no collective");
+        at += (size_t)snprintf(out + at, n - at, "; it made no collective");
+    }
+    if (v->device && at < n) { /* "started": handed to the device, not known done yet */
+        char c[200];
+        call_named(v->device, c, sizeof c);
+        const char *st = str_of(v->device, "state", "");
+        snprintf(out + at, n - at, "; on %s (%s) its last collective %s, %s",
+                 str_of(v->device, "device", "?"), str_of(v->device, "transport", "?"), c,
+                 !strcmp(st, "started") ? "issued (in flight or not yet known done)" : st);
     }
 }
 
@@ -209,7 +221,7 @@ static void report(rank_view *v, int world, FILE *out) {
         const rank_view *x = &v[r];
         bool at_front = x->root && x->waiting && x->seq == top;
         if (at_front) continue;
-        char w[400];
+        char w[700];
         if (!x->root) {
             fprintf(out,
                     "  rank %d left no record: it is stopped, killed, hung without answering "

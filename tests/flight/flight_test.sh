@@ -22,6 +22,7 @@ trap 'exit 1' INT TERM
 fail() {
     echo "FAIL: $*"
     [ -f "$work/out" ] && { echo "--- output"; cat "$work/out"; }
+    [ -f "$work/job" ] && { echo "--- the job's console (its end)"; tail -n 40 "$work/job"; }
     exit 1
 }
 has() { grep -qF -- "$1" "$work/out" || fail "expected: $1"; }
