@@ -614,10 +614,11 @@ EOF
             ckpt=o_fm/checkpoint.safetensors
             set -- "$FM" --epochs 2 --limit 6000 --log-every 0 --save-every 5 --json --out o_fm
         else
-            ckpt=o_gpt/checkpoints/step-00000005/manifest.safetensors
-            # 2000 iterations (0.4 ms each): the job must outlast the worker's 10 ms polls for the
-            # first set, or rank 1 ends before it can be killed (200 did not, on a quiet machine)
-            set -- $TINY_GPT --batch_size 4 --max_iters 2000 --eval_interval 1000 --eval_iters 1 --save_every 5 \
+            ckpt=o_gpt/checkpoints/step-00000050/manifest.safetensors
+            # 6000 iterations (0.4 ms each): the job must outlast the worker's 10 ms polls for the
+            # first set, or rank 1 ends before it can be killed (200 did not, on a quiet machine;
+            # 2000, about 1 s, did not once with the whole suite running on 2 cores)
+            set -- $TINY_GPT --batch_size 4 --max_iters 6000 --eval_interval 3000 --eval_iters 1 --save_every 50 \
                 --keep 2 --sample 0 --json --out o_gpt
         fi
         "$build/bin/cddprun" --standalone --nproc_per_node 2 --max_restarts 1 ./worker.sh "$ckpt" "$@" > $prog.out 2>&1 ||
