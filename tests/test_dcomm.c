@@ -5,6 +5,8 @@
 #include "comm/internal.h"
 #include "dcomm/internal.h"
 
+#include <cddp/flight.h>
+
 enum { CPU = CDDP_DEVICE_CPU, EMU = CDDP_DEVICE_EMU, CUDA = CDDP_DEVICE_CUDA };
 
 /* NCCL's place in the list: where its offer goes. */
@@ -114,6 +116,119 @@ static void test_names(void **state) {
     assert_string_equal(cddp_device_bus_id(cddp_device_cpu()), "cpu");
 }
 
+/* A transport of the test's own, for what cddp_dcomm does around every transport: its
+ * collectives succeed at once, the watchdog knows `known` of them done, a watch fails when
+ * `watch_fails` is set. */
+static uint64_t known;
+static int watch_fails;
+static int fake_collective(void *c, const void *send, void *recv, int64_t count,
+                           cddp_comm_dtype dtype, cddp_comm_op op, cddp_error *err) {
+    (void)c, (void)send, (void)recv, (void)count, (void)dtype, (void)op, (void)err;
+    return CDDP_OK;
+}
+static int fake_allgather(void *c, const void *send, void *recv, int64_t count,
+                          cddp_comm_dtype dtype, cddp_error *err) {
+    return fake_collective(c, send, recv, count, dtype, CDDP_COMM_SUM, err);
+}
+static int fake_ok(void *c, cddp_error *err) {
+    (void)c, (void)err;
+    return CDDP_OK;
+}
+static int fake_watch(void *c, cddp_error *err) {
+    (void)c;
+    return watch_fails ? cddp_error_set(err, CDDP_EIO, "the fake's peer died") : CDDP_OK;
+}
+static uint64_t fake_known_done(void *c) {
+    (void)c;
+    return known;
+}
+static void *fake_open(cddp_comm *group, cddp_device *dev, const cddp_dcomm_options *o,
+                       cddp_error *err) {
+    (void)group, (void)dev, (void)o, (void)err;
+    return &known;
+}
+static void fake_destroy(void *c) {
+    (void)c;
+}
+static const cddp__dtransport fake = {
+    .info = {.name = "fake", .says = "fake", .how = "at once", .on_device = true},
+    .open = fake_open,
+    .allreduce = fake_collective,
+    .reduce_scatter = fake_collective,
+    .allgather = fake_allgather,
+    .join = fake_ok,
+    .wait = fake_ok,
+    .watch = fake_watch,
+    .known_done = fake_known_done,
+    .destroy = fake_destroy,
+};
+
+/* Collective #seq of the fake's flight group is in the record in state `state`. */
+static void recorded(const char *text, int seq, const char *state) {
+    char want[200];
+    snprintf(want, sizeof want,
+             "\"seq\": %d, \"op\": \"allreduce\", \"reduce\": \"sum\", "
+             "\"dtype\": \"float32\", \"count\": 4, \"bytes\": 16, \"device\": \"cpu\", "
+             "\"transport\": \"fake\", \"state\": \"%s\"",
+             seq, state);
+    if (!strstr(text, want)) fail_msg("no '%s' in the record", want);
+}
+
+/* The record as it is now. */
+static char *dumped(void) {
+    char path[512];
+    size_t n = 0;
+    cddp_error err = {0};
+    assert_int_equal(cddp_flight_dump("a test", path, sizeof path, &err), CDDP_OK);
+    return (char *)slurp(path, &n);
+}
+
+/* The flight recorder sees a transport's collectives as it learns of them: started when issued,
+ * done as its watchdog counts them done (in order), failed when a watch reports the failure; past
+ * 256 not known done, the oldest stay started. */
+static void test_flight_record_of_a_transport(void **state) {
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/flight", test_dir);
+    setenv("CDDP_FLIGHT_DIR", dir, 1);
+    cddp_error err = {0};
+    cddp_comm *g = cddp_comm_create(&(cddp_comm_options){.rank = 0, .world_size = 1}, &err);
+    if (!g) fail_msg("%s", err.msg);
+    cddp_dcomm *d = cddp__dcomm_open(&fake, g, cddp_device_cpu(), &(cddp_dcomm_options){0}, &err);
+    assert_non_null(d);
+    float x[4] = {0};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(cddp_dcomm_allreduce(d, x, x, 4, CDDP_COMM_F32, CDDP_COMM_SUM, &err),
+                         CDDP_OK);
+    assert_int_equal(cddp_dcomm_watch(d, &err), CDDP_OK);
+    char *t = dumped();
+    for (int s = 1; s <= 3; s++) recorded(t, s, "started");
+    free(t);
+    known = 2; /* the watchdog saw the first two run */
+    assert_int_equal(cddp_dcomm_watch(d, &err), CDDP_OK);
+    t = dumped();
+    recorded(t, 1, "done"), recorded(t, 2, "done"), recorded(t, 3, "started");
+    free(t);
+    watch_fails = 1;
+    assert_int_equal(cddp_dcomm_watch(d, &err), CDDP_EIO);
+    t = dumped();
+    recorded(t, 2, "done"), recorded(t, 3, "failed");
+    free(t);
+    watch_fails = 0;
+    for (int i = 0; i < 300; i++) /* #4 .. #303, none known done */
+        assert_int_equal(cddp_dcomm_allreduce(d, x, x, 4, CDDP_COMM_F32, CDDP_COMM_SUM, &err),
+                         CDDP_OK);
+    known = 303;
+    assert_int_equal(cddp_dcomm_join(d, &err), CDDP_OK);
+    t = dumped();
+    recorded(t, 4, "started"), recorded(t, 47, "started"); /* let go of: 300 - 256 */
+    recorded(t, 48, "done"), recorded(t, 303, "done");
+    free(t);
+    cddp_dcomm_destroy(d);
+    cddp_comm_destroy(g);
+    unsetenv("CDDP_FLIGHT_DIR");
+}
+
 /* sets[r] = CPUs lo..hi-1 of a 64-CPU host (hi 0: not known) */
 static void cpus(cpu_set_t *s, int lo, int hi) {
     CPU_ZERO(s);
@@ -159,8 +274,9 @@ int main(void) {
         cmocka_unit_test(test_auto_takes_host_otherwise),
         cmocka_unit_test(test_choose_on_this_machine),
         cmocka_unit_test(test_names),
+        cmocka_unit_test(test_flight_record_of_a_transport),
         cmocka_unit_test(test_cpu_sharers_case_by_case),
         cmocka_unit_test(test_local_cores_of_a_group_of_one),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, temp_dir_setup, temp_dir_teardown);
 }

@@ -119,26 +119,57 @@ struct cddp_dcomm {
     const cddp__dtransport *t;
     void *c;    /* the transport's communicator */
     int flight; /* the flight recorder's group for its collectives (0: not recorded) */
-    uint64_t pending[PENDING]; /* their entries since the last one known done, oldest first */
+    /* their entries not yet known done, oldest first; first: the place of pending[head] among
+     * the collectives the transport took (from 0) */
+    uint64_t pending[PENDING];
     int head, npending;
+    uint64_t first;
 };
 
-/* The flight recorder: a collective issued (rc: how the call went), and those known done. */
-static int issued(cddp_dcomm *d, uint64_t entry, int rc) {
-    if (!entry) return rc;
-    if (rc != CDDP_OK) {
-        cddp_flight_ended(entry, rc);
-        return rc;
-    }
-    if (d->npending == PENDING) d->head = (d->head + 1) % PENDING, d->npending--;
-    d->pending[(d->head + d->npending++) % PENDING] = entry;
+/* The oldest pending entry, ended with rc. */
+static void end_oldest(cddp_dcomm *d, int rc) {
+    cddp_flight_ended(d->pending[d->head], rc);
+    d->head = (d->head + 1) % PENDING;
+    d->npending--;
+    d->first++;
+}
+
+/* The flight recorder: those the transport knows done (its watchdog), then rc for all that
+ * remain when rc is a failure (or `all`: the join or wait that waited for them). */
+static int settled(cddp_dcomm *d, int rc, bool all) {
+    uint64_t known = d->t->known_done ? d->t->known_done(d->c) : 0;
+    while (d->npending > 0 && d->first < known) end_oldest(d, CDDP_OK);
+    while (d->npending > 0 && (all || rc != CDDP_OK)) end_oldest(d, rc);
     return rc;
 }
 
-static int settled(cddp_dcomm *d, int rc) {
-    for (; d->npending > 0; d->npending--, d->head = (d->head + 1) % PENDING)
-        cddp_flight_ended(d->pending[d->head], rc);
-    return rc;
+/* A collective issued (rc: how the call went): pending while it is not known done. */
+static int issued(cddp_dcomm *d, uint64_t entry, int rc) {
+    if (entry && rc != CDDP_OK) cddp_flight_ended(entry, rc);
+    if (!entry || rc != CDDP_OK) return rc;
+    if (d->npending == PENDING) { /* the oldest stays "started" */
+        d->head = (d->head + 1) % PENDING;
+        d->npending--;
+        d->first++;
+    }
+    d->pending[(d->head + d->npending++) % PENDING] = entry;
+    return settled(d, rc, false);
+}
+
+cddp_dcomm *cddp__dcomm_open(const cddp__dtransport *t, cddp_comm *group, cddp_device *dev,
+                             const cddp_dcomm_options *o, cddp_error *err) {
+    cddp_dcomm *d = cddp_calloc(1, sizeof *d);
+    if (!d) {
+        cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+        return NULL;
+    }
+    d->t = t;
+    if (!(d->c = t->open(group, dev, o, err))) {
+        cddp_free(d);
+        return NULL;
+    }
+    d->flight = cddp_flight_group_open(cddp_device_name(dev), t->info.says);
+    return d;
 }
 
 cddp_dcomm *cddp_dcomm_create(cddp_comm *group, cddp_device *dev, const cddp_dcomm_options *opts,
@@ -151,17 +182,8 @@ cddp_dcomm *cddp_dcomm_create(cddp_comm *group, cddp_device *dev, const cddp_dco
     snprintf(why, sizeof why, "transport %s, as named", info->name);
     if (info->automatic && cddp_dcomm_choose(group, dev, &info, why, sizeof why, err) != CDDP_OK)
         return NULL;
-    cddp_dcomm *d = cddp_calloc(1, sizeof *d);
-    if (!d) {
-        cddp_error_set(err, CDDP_ENOMEM, "out of memory");
-        return NULL;
-    }
-    d->t = list[info->index - 1];
-    if (!(d->c = d->t->open(group, dev, &o, err))) {
-        cddp_free(d);
-        return NULL;
-    }
-    d->flight = cddp_flight_group_open(cddp_device_name(dev), d->t->info.says);
+    cddp_dcomm *d = cddp__dcomm_open(list[info->index - 1], group, dev, &o, err);
+    if (!d) return NULL;
     /* said once, on rank 0, where the choice was the library's; a caller that named the transport
      * (DistributedDataParallel, which logs its own line) knows it */
     cddp_log(cddp_comm_rank(group) == 0 && info != named ? CDDP_LOG_INFO : CDDP_LOG_DEBUG, "dcomm",
@@ -196,18 +218,16 @@ int cddp_dcomm_allgather(cddp_dcomm *d, const void *send, void *recv, int64_t co
 }
 
 int cddp_dcomm_join(cddp_dcomm *d, cddp_error *err) {
-    int rc = d->t->join(d->c, err);
-    return rc != CDDP_OK || d->t->join_waits ? settled(d, rc) : rc;
+    return settled(d, d->t->join(d->c, err), d->t->join_waits);
 }
 
 int cddp_dcomm_wait(cddp_dcomm *d, cddp_error *err) {
     int rc = d->t->join(d->c, err);
-    return settled(d, rc == CDDP_OK ? d->t->wait(d->c, err) : rc);
+    return settled(d, rc == CDDP_OK ? d->t->wait(d->c, err) : rc, true);
 }
 
 int cddp_dcomm_watch(cddp_dcomm *d, cddp_error *err) {
-    int rc = d->t->watch(d->c, err);
-    return rc != CDDP_OK ? settled(d, rc) : rc;
+    return settled(d, d->t->watch(d->c, err), false);
 }
 
 void cddp_dcomm_destroy(cddp_dcomm *d) {

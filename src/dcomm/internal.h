@@ -75,6 +75,10 @@ typedef struct cddp__dtransport {
     int (*join)(void *c, cddp_error *err);
     int (*wait)(void *c, cddp_error *err);
     int (*watch)(void *c, cddp_error *err);
+    /* How many of the collectives it took, the first ones in order, are known to have run (the
+     * watchdog's count; any thread). NULL: none is known before the join (join_waits) or a
+     * wait. For the flight recorder. */
+    uint64_t (*known_done)(void *c);
     void (*destroy)(void *c);
 } cddp__dtransport;
 
@@ -84,6 +88,10 @@ extern const cddp__dtransport cddp__host_dtransport, cddp__ipc_dtransport, cddp_
 
 /* The transports, in the order AUTO asks them; n into *count. */
 const cddp__dtransport *const *cddp__dcomm_list(int *count);
+/* cddp_dcomm_create with the transport t (its log line at debug level): for tests, with a table
+ * of their own. */
+cddp_dcomm *cddp__dcomm_open(const cddp__dtransport *t, cddp_comm *group, cddp_device *dev,
+                             const cddp_dcomm_options *o, cddp_error *err);
 /* AUTO's rule (cddp/dcomm.h) over what the ranks brought: the transport chosen, why into `why`. */
 const cddp__dtransport *cddp__dcomm_decide(const cddp__placement *all, int world, char *why,
                                            size_t n);

@@ -108,12 +108,14 @@ static void nccl_destroy(void *c) {
 #define nccl_join           nccl_step
 #define nccl_wait           nccl_step
 #define nccl_watch          nccl_step
+#define nccl_known_done     NULL
 
 #else
 
 #include <dlfcn.h>
 #include <nccl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 /* The NCCL functions cddp calls, by their names. */
@@ -142,6 +144,7 @@ typedef struct lib {
 typedef struct watched {
     cddp_event *ev; /* made for the slot on its first use, recorded again on each */
     double deadline;
+    uint64_t issued; /* the collectives queued before it */
 } watched;
 
 typedef struct nccl {
@@ -161,6 +164,8 @@ typedef struct nccl {
     bool watching, stop;
     watched ring[WATCHED];
     int head, count;
+    uint64_t issued;             /* collectives NCCL took, under lock */
+    _Atomic uint64_t known_done; /* of them, the first this many are known to have run */
 } nccl;
 
 /* The libraries opened, by path (a process opens one or two: NCCL, a test's stand-in). */
@@ -429,6 +434,7 @@ static int queue_collective(nccl *n, collective c, const void *send, void *recv,
                              ? n->l->ncclReduceScatter(send, recv, (size_t)count, t, o, n->comm, s)
                              : n->l->ncclAllGather(send, recv, (size_t)count, t, n->comm, s);
         rc = issued(n, r, what, err);
+        if (rc == CDDP_OK) n->issued++;
     }
     pthread_mutex_unlock(&n->lock);
     return rc;
@@ -503,7 +509,9 @@ static int wait_locked(nccl *n, cddp_error *err) {
             usleep(200);
         CDDP_TRY(rc);
     }
-    return settle(n, "a collective", deadline, err);
+    CDDP_TRY(settle(n, "a collective", deadline, err));
+    atomic_store(&n->known_done, n->issued);
+    return CDDP_OK;
 }
 
 static int nccl_wait(void *c, cddp_error *err) {
@@ -525,6 +533,7 @@ static bool poll_oldest(nccl *n) {
         if (poll_event(n, w->ev, w->deadline, &running, &e) != CDDP_OK && !n->failed.code)
             n->failed = e;
         if (running) return false;
+        if (!n->failed.code) atomic_store(&n->known_done, w->issued);
     }
     n->head = (n->head + 1) % WATCHED;
     n->count--;
@@ -572,11 +581,16 @@ static int nccl_watch(void *c, cddp_error *err) {
         rc = device_failed(n, &e, "watching the collectives", err);
     if (rc == CDDP_OK) {
         w->deadline = cddp_now_s() + n->timeout;
+        w->issued = n->issued;
         n->count++;
         pthread_cond_signal(&n->wake);
     }
     pthread_mutex_unlock(&n->lock);
     return rc;
+}
+
+static uint64_t nccl_known_done(void *c) {
+    return atomic_load(&((nccl *)c)->known_done);
 }
 
 static void nccl_destroy(void *c) {
@@ -617,5 +631,6 @@ const cddp__dtransport cddp__nccl_dtransport = {
     .join = nccl_join,
     .wait = nccl_wait,
     .watch = nccl_watch,
+    .known_done = nccl_known_done,
     .destroy = nccl_destroy,
 };
