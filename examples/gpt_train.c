@@ -617,369 +617,424 @@ static int peek_shape(const char *path, options *o, cddp_error *err) {
     return rc;
 }
 
-int main(int argc, char **argv) {
-    run_stop_watch("gpt_train"); /* before any thread: SIGTERM, SIGINT to one of their own */
+/* ---- the job ----------------------------------------------------------------------------- */
+
+/* What a run holds, from the options to the loop's statistics. */
+typedef struct job {
     options o;
-    if (parse_args(argc, argv, &o) != 0) return 2;
-    int status = 1;
-    cddp_error err = {0};
     cddp_device *dev;
     cddp_dtype compute;
-    if (!run_device("gpt_train", o.device, o.dtype, &dev, &compute)) return 2;
-    cddp_comm *group = NULL;
-    cddp_ddp *ddp = NULL;
-    corpus train_text = {0}, val_text = {0};
-    text_vocab vocab = {0};
-    cddp_dataset *train = NULL, *val = NULL;
-    cddp_sampler *sampler = NULL;
-    cddp_loader *loader = NULL;
-    cddp_model *m = NULL;
-    cddp_optim *opt = NULL;
-    cddp_ctx *ctx = NULL;
-    double *iter_s = NULL; /* the loop's iteration times */
-    int64_t n_iter_s = 0;
-    char title[200] = "", ckpt[4096] = "", resume_path[4096] = "";
-    curves curve = {.title = title, .eval_label = "validation loss"};
-    bool files = strcmp(o.out, "none") != 0 && *o.out;
+    cddp_comm *group;
+    int rank, world;
+    cddp_ddp *ddp;
+    corpus train_text, val_text;
+    text_vocab vocab;
+    text_sample_options ts;
+    cddp_dataset *train, *val;
+    cddp_sampler *sampler;
+    cddp_loader *loader;
+    cddp_model *m;
+    cddp_optim *opt;
+    cddp_ctx *ctx;
+    double *iter_s; /* the loop's iteration times */
+    int64_t n_iter_s, check, params;
+    char title[200], ckpt[4096], resume_path[4096];
+    curves curve;
+    bool files;
+    /* the loop */
+    int64_t iter, first, tokens;
+    split sp;
+    double train_s, val_loss, train_loss, last_loss;
+} job;
 
-    if (!(group = cddp_comm_create(NULL, &err))) goto fail;
-    int rank = cddp_comm_rank(group), world = cddp_comm_size(group);
-    if (files)
-        snprintf(ckpt, sizeof ckpt, "%s/%s", o.out,
-                 o.keep ? "checkpoints" : "checkpoint.safetensors");
-    char restart_at[4096]; /* a restart of the job goes on from the job's last save */
-    if (files && run_restart_from(group, "gpt_train", o.out, restart_at, sizeof restart_at,
-                                  &o.resume, &o.init_from, &err) != CDDP_OK)
-        goto fail;
-    if (o.resume) {
-        if (!*o.resume && !*ckpt) {
-            cddp_error_set(&err, CDDP_EINVAL, "--resume needs a PATH when --out is none");
-            goto fail;
-        }
-        if (cddp_checkpoint_resolve(*o.resume ? o.resume : ckpt, resume_path, sizeof resume_path,
-                                    &err) != CDDP_OK)
-            goto fail;
-        if (peek_shape(resume_path, &o, &err) != CDDP_OK) goto fail;
+/* The run's checkpoint, where --out says, and the path --resume names (a restart of the job goes
+ * on from the job's last save); the model's shape from the file it starts from. */
+static int open_paths(job *j, cddp_error *err) {
+    options *o = &j->o;
+    if (j->files)
+        snprintf(j->ckpt, sizeof j->ckpt, "%s/%s", o->out,
+                 o->keep ? "checkpoints" : "checkpoint.safetensors");
+    char restart_at[4096];
+    if (j->files && run_restart_from(j->group, "gpt_train", o->out, restart_at, sizeof restart_at,
+                                     &o->resume, &o->init_from, err) != CDDP_OK)
+        return err->code;
+    if (o->resume) {
+        if (!*o->resume && !*j->ckpt)
+            return cddp_error_set(err, CDDP_EINVAL, "--resume needs a PATH when --out is none");
+        CDDP_TRY(cddp_checkpoint_resolve(*o->resume ? o->resume : j->ckpt, j->resume_path,
+                                         sizeof j->resume_path, err));
+        CDDP_TRY(peek_shape(j->resume_path, o, err));
     }
-    if (o.init_from) { /* its shape, from the file (a file of weights alone: n_head as given) */
-        if (peek_shape(o.init_from, &o, &err) != CDDP_OK) goto fail;
-    }
+    /* its shape, from the file (a file of weights alone: n_head as given) */
+    return o->init_from ? peek_shape(o->init_from, o, err) : CDDP_OK;
+}
 
-    /* The text: every rank reads it (it is small next to the model's work). */
-    if (corpus_load(o.data, &train_text, &val_text, &err) != CDDP_OK) goto fail;
-    /* The model's vocabulary: a checkpoint's or --vocab_size, else the one the token files record
-     * (cddp-tokenize writes it), else the tokenizer's, else the data's largest token + 1, every
-     * token read now. Otherwise each window's tokens are checked as training and evaluation read
-     * them, and the start reads none (a corpus of billions of tokens, mapped, starts at once). A
-     * vocabulary the files record must be the model's, as must the tokenizer's. */
+/* The text: every rank reads it (it is small next to the model's work). The model's vocabulary:
+ * a checkpoint's or --vocab_size, else the one the token files record (cddp-tokenize writes it),
+ * else the tokenizer's, else the data's largest token + 1, every token read now. Otherwise each
+ * window's tokens are checked as training and evaluation read them, and the start reads none (a
+ * corpus of billions of tokens, mapped, starts at once). A vocabulary the files record must be
+ * the model's, as must the tokenizer's. */
+static int open_text(job *j, cddp_error *err) {
+    options *o = &j->o;
+    CDDP_TRY(corpus_load(o->data, &j->train_text, &j->val_text, err));
     int64_t data_vocab = 0;
-    if (corpus_vocab(&train_text, &data_vocab, &err) != CDDP_OK ||
-        corpus_vocab(&val_text, &data_vocab, &err) != CDDP_OK)
-        goto fail;
-    if (o.tokenizer && text_vocab_load(o.tokenizer, &vocab, &err) != CDDP_OK) goto fail;
-    if (o.vocab_size == 0 && (data_vocab || vocab.size))
-        o.vocab_size = data_vocab ? data_vocab : vocab.size;
-    int64_t check = o.vocab_size;
-    if (o.vocab_size == 0) {
-        int64_t top = CDDP_MAX(corpus_max_token(&train_text), corpus_max_token(&val_text));
-        o.vocab_size = CDDP_MAX(256, top + 1);
+    CDDP_TRY(corpus_vocab(&j->train_text, &data_vocab, err));
+    CDDP_TRY(corpus_vocab(&j->val_text, &data_vocab, err));
+    if (o->tokenizer) CDDP_TRY(text_vocab_load(o->tokenizer, &j->vocab, err));
+    if (o->vocab_size == 0 && (data_vocab || j->vocab.size))
+        o->vocab_size = data_vocab ? data_vocab : j->vocab.size;
+    j->check = o->vocab_size;
+    if (o->vocab_size == 0) {
+        int64_t top = CDDP_MAX(corpus_max_token(&j->train_text), corpus_max_token(&j->val_text));
+        o->vocab_size = CDDP_MAX(256, top + 1);
     }
-    if (text_vocab_check(o.vocab_size, data_vocab, "the data", train_text.name[0], &err) != CDDP_OK)
-        goto fail;
-    text_sample_options ts = {.prompt = o.prompt,
-                              .prompt_ids = o.prompt_ids,
-                              .n = o.sample,
-                              .top_k = o.top_k,
-                              .vocab_size = o.vocab_size,
-                              .temperature = o.temperature,
-                              .seed = o.seed + 7,
-                              .stop = o.stop,
-                              .vocab = o.tokenizer ? &vocab : NULL};
-    if (o.sample > 0) { /* the prompt, the tokenizer: refused now, not after the training */
+    CDDP_TRY(text_vocab_check(o->vocab_size, data_vocab, "the data", j->train_text.name[0], err));
+    j->ts = (text_sample_options){.prompt = o->prompt,
+                                  .prompt_ids = o->prompt_ids,
+                                  .n = o->sample,
+                                  .top_k = o->top_k,
+                                  .vocab_size = o->vocab_size,
+                                  .temperature = o->temperature,
+                                  .seed = o->seed + 7,
+                                  .stop = o->stop,
+                                  .vocab = o->tokenizer ? &j->vocab : NULL};
+    if (o->sample > 0) { /* the prompt, the tokenizer: refused now, not after the training */
         int64_t *ids, n_ids, stop;
-        if (text_prompt(&ts, &ids, &n_ids, &stop, &err) != CDDP_OK) goto fail;
+        CDDP_TRY(text_prompt(&j->ts, &ids, &n_ids, &stop, err));
         free(ids);
     }
-    int64_t n_train = train_text.tokens, n_val = val_text.tokens;
-    if (!(train = corpus_windows(&train_text, o.block_size, o.stride, check, &err))) goto fail;
-    if (!(val = corpus_windows(&val_text, o.block_size, o.block_size, check, &err))) goto fail;
-    cddp_sampler_options so = cddp_sampler_defaults();
-    so.seed = o.seed;
-    so.rank = rank;
-    so.num_replicas = world;
-    so.drop_last = true;
-    if (!(sampler = cddp_sampler_create(cddp_dataset_len(train), &so, &err))) goto fail;
-    cddp_loader_options lo = {
-        .batch_size = o.batch_size, .drop_last = true, .prefetch = 2, .device = dev};
-    if (!(loader = cddp_loader_create(train, sampler, &lo, &err))) goto fail;
+    return CDDP_OK;
+}
 
-    /* The model, its optimizer, and the wrap that makes it data-parallel. */
-    cddp_gpt_config g = {.vocab_size = o.vocab_size,
-                         .block_size = o.block_size,
-                         .n_layer = o.n_layer,
-                         .n_head = o.n_head,
-                         .n_embd = o.n_embd};
-    if (o.llama && !o.llama_read) /* from the options; a file's shape is its own */
-        o.lc = (cddp_llama_config){.max_positions = o.block_size,
-                                   .n_layer = o.n_layer,
-                                   .n_head = o.n_head,
-                                   .n_embd = o.n_embd,
-                                   .n_kv_head = o.n_kv_head ? o.n_kv_head : o.n_head,
-                                   .intermediate_size = o.intermediate_size
-                                                            ? o.intermediate_size
-                                                            : (8 * o.n_embd / 3 + 31) / 32 * 32,
-                                   .rope_theta = o.rope_theta > 0 ? o.rope_theta : 10000.0,
-                                   .rms_norm_eps = 1e-5f};
-    o.lc.vocab_size = o.vocab_size;
-    if (!(m = cddp_model_create_with(o.llama ? cddp_nn_llama(&o.lc) : cddp_nn_gpt(&g), &err))) {
-        if (!err.msg[0])
-            cddp_error_set(&err, CDDP_EINVAL,
+/* The windows, the DistributedSampler over the training ones, and the loader. */
+static int open_data(job *j, cddp_error *err) {
+    const options *o = &j->o;
+    if (!(j->train = corpus_windows(&j->train_text, o->block_size, o->stride, j->check, err)) ||
+        !(j->val = corpus_windows(&j->val_text, o->block_size, o->block_size, j->check, err)))
+        return err->code;
+    cddp_sampler_options so = cddp_sampler_defaults();
+    so.seed = o->seed;
+    so.rank = j->rank;
+    so.num_replicas = j->world;
+    so.drop_last = true;
+    if (!(j->sampler = cddp_sampler_create(cddp_dataset_len(j->train), &so, err))) return err->code;
+    cddp_loader_options lo = {
+        .batch_size = o->batch_size, .drop_last = true, .prefetch = 2, .device = j->dev};
+    return (j->loader = cddp_loader_create(j->train, j->sampler, &lo, err)) ? CDDP_OK : err->code;
+}
+
+/* The model on its device and the context its steps run in. */
+static int open_model(job *j, cddp_error *err) {
+    options *o = &j->o;
+    cddp_gpt_config g = {.vocab_size = o->vocab_size,
+                         .block_size = o->block_size,
+                         .n_layer = o->n_layer,
+                         .n_head = o->n_head,
+                         .n_embd = o->n_embd};
+    if (o->llama && !o->llama_read) /* from the options; a file's shape is its own */
+        o->lc = (cddp_llama_config){.max_positions = o->block_size,
+                                    .n_layer = o->n_layer,
+                                    .n_head = o->n_head,
+                                    .n_embd = o->n_embd,
+                                    .n_kv_head = o->n_kv_head ? o->n_kv_head : o->n_head,
+                                    .intermediate_size = o->intermediate_size
+                                                             ? o->intermediate_size
+                                                             : (8 * o->n_embd / 3 + 31) / 32 * 32,
+                                    .rope_theta = o->rope_theta > 0 ? o->rope_theta : 10000.0,
+                                    .rms_norm_eps = 1e-5f};
+    o->lc.vocab_size = o->vocab_size;
+    if (!(j->m = cddp_model_create_with(o->llama ? cddp_nn_llama(&o->lc) : cddp_nn_gpt(&g), err))) {
+        if (!err->msg[0])
+            cddp_error_set(err, CDDP_EINVAL,
                            "%s of %" PRId64 " heads, %" PRId64 " key/value heads and width %" PRId64
                            ": the width a multiple of the heads (an even number each), the heads "
                            "of the key/value heads",
-                           o.llama ? "a Llama" : "a GPT", o.n_head, o.lc.n_kv_head, o.n_embd);
-        goto fail;
+                           o->llama ? "a Llama" : "a GPT", o->n_head, o->lc.n_kv_head, o->n_embd);
+        return CDDP_EINVAL;
     }
-    if (cddp_model_build(m, o.seed) != CDDP_OK) {
-        cddp_error_set(&err, CDDP_EINVAL, "%s", cddp_model_error(m));
-        goto fail;
-    }
-    if (cddp_model_to(m, dev, &err) != CDDP_OK) goto fail;
-    if (!(ctx = cddp_ctx_create(&(cddp_ctx_options){
-              .seed = o.seed + (uint64_t)rank, .device = dev, .compute = compute}))) {
-        cddp_error_set(&err, CDDP_ENOMEM, "out of memory");
-        goto fail;
-    }
-    cddp_adamw_options aw = cddp_adamw_defaults((float)o.lr);
-    aw.beta1 = (float)o.beta1;
-    aw.beta2 = (float)o.beta2;
-    aw.weight_decay = (float)o.weight_decay;
-    aw.decay_matrices_only = true;
-    cddp_lion_options lion = {(float)o.lr, aw.beta1, aw.beta2, aw.weight_decay, true};
-    /* The optimizer after the wrap: under --zero its state is the shard's from the start. */
-    if (!(ddp = cddp_ddp_wrap(m, group,
-                              &(cddp_ddp_options){.shard_optimizer = o.zero,
-                                                  .transport = o.transport,
-                                                  .hook = (cddp_ddp_hook)run_hook(o.hook),
-                                                  .powersgd_rank = (int)o.powersgd_rank,
-                                                  .powersgd_start_step = o.powersgd_start},
-                              &err)))
-        goto fail;
-    if (!(opt = strcmp(o.optimizer, "lion") ? cddp_optim_adamw(m, &aw, &err)
-                                            : cddp_optim_lion(m, &lion, &err)))
-        goto fail;
+    if (cddp_model_build(j->m, o->seed) != CDDP_OK)
+        return cddp_error_set(err, CDDP_EINVAL, "%s", cddp_model_error(j->m));
+    CDDP_TRY(cddp_model_to(j->m, j->dev, err));
+    if (!(j->ctx = cddp_ctx_create(&(cddp_ctx_options){
+              .seed = o->seed + (uint64_t)j->rank, .device = j->dev, .compute = j->compute})))
+        return cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    j->params = (int64_t)cddp_model_numel(j->m);
+    return CDDP_OK;
+}
 
-    int64_t iter = 0;
-    if (o.init_from) {
-        int rc = o.llama ? cddp_model_load_hf(m, o.init_from, &err)
-                         : cddp_gpt_load_weights(m, o.init_from, &err);
-        if (rc != CDDP_OK) goto fail;
-        cddp_ddp_print0(ddp, "initialised from %s (weights only: a new optimizer, iteration 0)\n",
-                        o.init_from);
+/* The wrap that makes the model data-parallel, then its optimizer (under --zero its state is the
+ * shard's from the start). */
+static int open_training(job *j, cddp_error *err) {
+    const options *o = &j->o;
+    cddp_adamw_options aw = cddp_adamw_defaults((float)o->lr);
+    aw.beta1 = (float)o->beta1;
+    aw.beta2 = (float)o->beta2;
+    aw.weight_decay = (float)o->weight_decay;
+    aw.decay_matrices_only = true;
+    cddp_lion_options lion = {(float)o->lr, aw.beta1, aw.beta2, aw.weight_decay, true};
+    if (!(j->ddp = cddp_ddp_wrap(j->m, j->group,
+                                 &(cddp_ddp_options){.shard_optimizer = o->zero,
+                                                     .transport = o->transport,
+                                                     .hook = (cddp_ddp_hook)run_hook(o->hook),
+                                                     .powersgd_rank = (int)o->powersgd_rank,
+                                                     .powersgd_start_step = o->powersgd_start},
+                                 err)))
+        return err->code;
+    j->opt = strcmp(o->optimizer, "lion") ? cddp_optim_adamw(j->m, &aw, err)
+                                          : cddp_optim_lion(j->m, &lion, err);
+    return j->opt ? CDDP_OK : err->code;
+}
+
+/* --resume: the model, the optimizer, the iteration and the ranks' position in the epoch (any
+ * number of ranks continues the same order). */
+static int resume(job *j, cddp_error *err) {
+    const options *o = &j->o;
+    cddp_safetensors *f = NULL;
+    /* the path asked for: from a folder of sets, a set that fails its checks gives way to the one
+     * before it, and resume_path says which was loaded */
+    CDDP_TRY(cddp_ddp_load_from(j->ddp, *o->resume ? o->resume : j->ckpt, j->opt, &f,
+                                j->resume_path, sizeof j->resume_path, err));
+    cddp_sampler_state st = {0};
+    int64_t was = j->world;
+    const char *at = j->resume_path;
+    int rc = run_meta_int(f, at, "iter", 0, INT64_MAX, 0, &j->iter, err);
+    if (!rc) rc = run_meta_int(f, at, "data_epoch", 0, INT32_MAX, 0, &st.epoch, err);
+    if (!rc) rc = run_meta_int(f, at, "data_consumed", 0, INT64_MAX, 0, &st.consumed, err);
+    if (!rc) rc = run_meta_int(f, at, "data_position", 0, INT64_MAX, 0, &st.position, err);
+    if (!rc) rc = run_meta_int(f, at, "world", 1, 1 << 20, j->world, &was, err);
+    cddp_safetensors_destroy(f);
+    CDDP_TRY(rc);
+    if (was != j->world && st.position == 0 && st.consumed > 0) {
+        cddp_ddp_print0(j->ddp,
+                        "resuming on %d ranks from a checkpoint of %" PRId64
+                        " without the data's position: epoch %" PRId64 " starts over\n",
+                        j->world, was, st.epoch);
+        st.consumed = 0;
+    } else if (was != j->world) {
+        cddp_ddp_print0(j->ddp,
+                        "resuming on %d ranks from a checkpoint of %" PRId64 ": epoch %" PRId64
+                        " goes on after its %" PRId64 " windows seen\n",
+                        j->world, was, st.epoch, st.position);
     }
-    if (o.resume) {
-        cddp_safetensors *f = NULL;
-        /* the path asked for: from a folder of sets, a set that fails its checks gives way to
-         * the one before it, and resume_path says which was loaded */
-        if (cddp_ddp_load_from(ddp, *o.resume ? o.resume : ckpt, opt, &f, resume_path,
-                               sizeof resume_path, &err) != CDDP_OK)
-            goto fail;
-        /* The ranks' position in the epoch: any number of ranks continues the same order. */
-        cddp_sampler_state st = {0};
-        int64_t was = world;
-        int rc = run_meta_int(f, resume_path, "iter", 0, INT64_MAX, 0, &iter, &err);
-        if (!rc) rc = run_meta_int(f, resume_path, "data_epoch", 0, INT32_MAX, 0, &st.epoch, &err);
-        if (!rc)
-            rc = run_meta_int(f, resume_path, "data_consumed", 0, INT64_MAX, 0, &st.consumed, &err);
-        if (!rc)
-            rc = run_meta_int(f, resume_path, "data_position", 0, INT64_MAX, 0, &st.position, &err);
-        if (!rc) rc = run_meta_int(f, resume_path, "world", 1, 1 << 20, world, &was, &err);
-        cddp_safetensors_destroy(f);
-        if (rc) goto fail;
-        if (was != world && st.position == 0 && st.consumed > 0) {
-            cddp_ddp_print0(ddp,
-                            "resuming on %d ranks from a checkpoint of %" PRId64
-                            " without the data's position: epoch %" PRId64 " starts over\n",
-                            world, was, st.epoch);
-            st.consumed = 0;
-        } else if (was != world) {
-            cddp_ddp_print0(ddp,
-                            "resuming on %d ranks from a checkpoint of %" PRId64 ": epoch %" PRId64
-                            " goes on after its %" PRId64 " windows seen\n",
-                            world, was, st.epoch, st.position);
+    CDDP_TRY(cddp_sampler_set_state(j->sampler, st, err));
+    cddp_ddp_print0(j->ddp, "resumed from %s at iteration %" PRId64 "\n", j->resume_path, j->iter);
+    return CDDP_OK;
+}
+
+/* Where training starts: --init_from's weights, --resume's state; TensorBoard, the output folder
+ * and the curves so far; the title line. */
+static int start(job *j, cddp_error *err) {
+    const options *o = &j->o;
+    if (o->init_from) {
+        CDDP_TRY(o->llama ? cddp_model_load_hf(j->m, o->init_from, err)
+                          : cddp_gpt_load_weights(j->m, o->init_from, err));
+        cddp_ddp_print0(j->ddp,
+                        "initialised from %s (weights only: a new optimizer, iteration 0)\n",
+                        o->init_from);
+    }
+    if (o->resume) CDDP_TRY(resume(j, err));
+    if (j->rank == 0 && o->tensorboard && !curves_tensorboard(&j->curve, o->tensorboard, err))
+        return err->code;
+    if (j->files) {
+        if (j->rank == 0) CDDP_TRY(run_make_dirs(o->out, err));
+        if (j->rank == 0 && o->resume) { /* the curves so far, up to the checkpoint's iteration */
+            curves *c = &j->curve;
+            curves_load(c, o->out);
+            while (c->nloss && c->loss[c->nloss - 1].step >= j->iter) c->nloss--;
+            while (c->neval && c->eval[c->neval - 1].step > j->iter) c->neval--;
         }
-        if (cddp_sampler_set_state(sampler, st, &err) != CDDP_OK) goto fail;
-        cddp_ddp_print0(ddp, "resumed from %s at iteration %" PRId64 "\n", resume_path, iter);
     }
-    if (rank == 0 && o.tensorboard && !curves_tensorboard(&curve, o.tensorboard, &err)) goto fail;
-    if (files) {
-        if (rank == 0 && run_make_dirs(o.out, &err) != CDDP_OK) goto fail;
-        if (rank == 0 && o.resume) { /* the curves so far, up to the checkpoint's iteration */
-            curves_load(&curve, o.out);
-            while (curve.nloss && curve.loss[curve.nloss - 1].step >= iter) curve.nloss--;
-            while (curve.neval && curve.eval[curve.neval - 1].step > iter) curve.neval--;
-        }
-    }
-    int64_t params = (int64_t)cddp_model_numel(m);
-    snprintf(title, sizeof title,
+    snprintf(j->title, sizeof j->title,
              "gpt_train: %" PRId64 " layers, %" PRId64 " heads, width %" PRId64
              ", vocabulary %" PRId64 ", %.2fM parameters, "
              "%d rank%s x batch %" PRId64 " x %" PRId64 " tokens",
-             o.n_layer, o.n_head, o.n_embd, o.vocab_size, (double)params / 1e6, world,
-             world > 1 ? "s" : "", o.batch_size * o.grad_accum, o.block_size);
-    cddp_ddp_print0(ddp,
+             o->n_layer, o->n_head, o->n_embd, o->vocab_size, (double)j->params / 1e6, j->world,
+             j->world > 1 ? "s" : "", o->batch_size * o->grad_accum, o->block_size);
+    cddp_ddp_print0(j->ddp,
                     "%s\ntraining windows: %" PRId64 " (%" PRId64 " tokens), validation: %" PRId64
                     " tokens\n",
-                    title, cddp_dataset_len(train), n_train, n_val);
-
-    /* The loop. */
-    split sp = {0};
-    double train_s = 0, val_loss = NAN, train_loss = NAN, last_loss = NAN;
+                    j->title, cddp_dataset_len(j->train), j->train_text.tokens, j->val_text.tokens);
     /* each iteration's time, for the median (a run's speed once warm, as benchmarks compare) */
-    iter_s =
-        calloc((size_t)(o.max_iters - iter + 1 > 0 ? o.max_iters - iter + 1 : 1), sizeof *iter_s);
-    int64_t first = iter, T = o.block_size, tokens = 0;
-    int64_t flat[2] = {o.batch_size * T, o.vocab_size}, rows = o.batch_size * T;
-    cddp_loader_begin(loader);
+    int64_t n = o->max_iters - j->iter + 1;
+    j->iter_s = calloc((size_t)(n > 0 ? n : 1), sizeof *j->iter_s);
+    j->first = j->iter;
+    return CDDP_OK;
+}
+
+/* This iteration's checkpoint, where the options ask for one. */
+static int save_now(job *j, int64_t iter, cddp_error *err) {
+    return save(j->ddp, j->opt, j->ckpt, &j->o, iter, cddp_sampler_get_state(j->sampler), j->world,
+                err);
+}
+
+/* Every eval_interval iterations and at the end: the training and validation losses (at the
+ * end the whole validation text, or --final_eval batches), the curves and the checkpoint. */
+static int evaluate(job *j, bool last, cddp_error *err) {
+    const options *o = &j->o;
+    int64_t b = o->batch_size, iter = j->iter;
+    CDDP_TRY(
+        mean_loss(j->m, j->ctx, j->group, j->train, o->eval_iters * b, b, &j->train_loss, err));
+    CDDP_TRY(mean_loss(j->m, j->ctx, j->group, j->val,
+                       !last           ? o->eval_iters * b
+                       : o->final_eval ? o->final_eval * b
+                                       : INT64_MAX,
+                       b, &j->val_loss, err));
+    cddp_ddp_print0(j->ddp, "step %" PRId64 ": train loss %.4f, val loss %.4f%s\n", iter,
+                    j->train_loss, j->val_loss,
+                    last && !o->final_eval ? " (the whole validation text)" : "");
+    if (j->rank == 0 && iter > j->first) { /* as eval.csv: not again at a resumed iteration */
+        curves_scalar(&j->curve, "train_loss", iter, j->train_loss);
+        curves_scalar(&j->curve, "val_loss", iter, j->val_loss);
+    }
+    if (!j->files || iter <= j->first) return CDDP_OK;
+    CDDP_TRY(save_now(j, iter, err));
+    if (j->rank == 0) {
+        curves_add_eval(&j->curve, iter, 0, j->val_loss);
+        if (!curves_save(&j->curve, o->out))
+            fprintf(stderr, "gpt_train: cannot write the curves in %s: %s\n", o->out,
+                    strerror(errno));
+    }
+    return CDDP_OK;
+}
+
+/* grad_accum micro-steps (DDP reduces only on the last: no_sync): the loss summed into *loss_sum,
+ * forward's and backward's seconds into tf and tb. */
+static int micro_steps(job *j, double *loss_sum, double *tf, double *tb, cddp_error *err) {
+    const options *o = &j->o;
+    int64_t T = o->block_size, flat[2] = {o->batch_size * T, o->vocab_size},
+            rows = o->batch_size * T;
+    for (int64_t micro = 0; micro < o->grad_accum; micro++) {
+        cddp_batch b;
+        int rc = cddp_loader_next(j->loader, &b, err);
+        if (rc == 0) { /* the epoch is over: the next one (a new order) */
+            cddp_loader_begin(j->loader);
+            rc = cddp_loader_next(j->loader, &b, err);
+        }
+        if (rc == 0)
+            return cddp_error_set(err, CDDP_ERANGE,
+                                  "the training text has fewer windows than one batch per rank");
+        if (rc != 1) return err->code;
+        cddp_ddp_no_sync(j->ddp, micro < o->grad_accum - 1);
+        double tm = cddp_now_s();
+        cddp_ctx_reset(j->ctx);
+        cddp_tensor *logits = cddp_model_forward(j->m, j->ctx, cddp_batch_tensor(j->ctx, &b, 0));
+        cddp_tensor *loss = cddp_cross_entropy(
+            j->ctx, cddp_reshape(j->ctx, logits, 2, flat),
+            cddp_from_host(j->ctx, CDDP_I64, 1, &rows, b.data[1]), CDDP_REDUCE_MEAN);
+        if (o->grad_accum > 1) loss = cddp_scale(j->ctx, loss, 1.0f / (float)o->grad_accum);
+        double tm2 = cddp_now_s();
+        *tf += tm2 - tm;
+        if (cddp_backward(j->ctx, loss) != CDDP_OK)
+            return cddp_error_set(err, cddp_ctx_status(j->ctx), "%s", cddp_ctx_error(j->ctx));
+        *tb += cddp_now_s() - tm2;
+        *loss_sum += cddp_get(loss, 0);
+    }
+    cddp_ddp_no_sync(j->ddp, false);
+    return CDDP_OK;
+}
+
+/* One iteration: the schedule's learning rate, the micro-steps, clipping, the optimizer's step;
+ * its times, the loss's mean over the ranks, the curves and the log line. */
+static int train_step(job *j, cddp_error *err) {
+    const options *o = &j->o;
+    int64_t iter = j->iter, step_tokens = o->grad_accum * o->batch_size * o->block_size * j->world;
+    double t0 = cddp_now_s(), tf = 0, tb = 0, loss_sum = 0;
+    cddp_optim_set_lr(j->opt, cddp_lr_warmup_cosine(iter, (float)o->lr, (float)o->min_lr,
+                                                    o->warmup_iters, o->lr_decay_iters));
+    cddp_model_zero_grad(j->m);
+    CDDP_TRY(micro_steps(j, &loss_sum, &tf, &tb, err));
+    double to = cddp_now_s();
+    if (o->grad_clip > 0) cddp_clip_grad_norm(j->m, o->grad_clip);
+    cddp_optim_step(j->opt);
+    double t1 = cddp_now_s();
+    j->train_s += t1 - t0;
+    if (j->iter_s) j->iter_s[j->n_iter_s++] = t1 - t0;
+    j->tokens += step_tokens;
+    if (iter - j->first >= 3) { /* the first iterations warm the caches and the arena up */
+        cddp_ddp_stats st = cddp_ddp_stats_get(j->ddp);
+        j->sp.forward += tf;
+        j->sp.backward += tb;
+        j->sp.optimizer += t1 - to;
+        j->sp.comm += st.comm_s;
+        j->sp.wait += st.wait_s;
+        j->sp.iters++;
+    }
+    /* The step's loss: the mean over the ranks (each rank's is its own batch's). */
+    if (j->world > 1)
+        CDDP_TRY(cddp_comm_allreduce(j->group, &loss_sum, &loss_sum, 1, CDDP_COMM_F64,
+                                     CDDP_COMM_MEAN, -1, err));
+    j->last_loss = loss_sum;
+    if (!isfinite(j->last_loss)) /* the mean over the ranks: every rank stops here */
+        return cddp_error_set(err, CDDP_ERANGE,
+                              "the loss became %g at iteration %" PRId64
+                              ": training diverged (a smaller --lr, now %g, or --grad_clip?)",
+                              j->last_loss, iter, o->lr);
+    if (j->rank == 0) {
+        if (j->files) curves_add_loss(&j->curve, iter, 0, j->last_loss);
+        curves_scalar(&j->curve, "loss", iter, j->last_loss);
+        curves_scalar(&j->curve, "lr", iter, (double)cddp_optim_lr(j->opt));
+        curves_scalar(&j->curve, "tokens_per_s", iter,
+                      t1 > t0 ? (double)step_tokens / (t1 - t0) : 0.0);
+        curves_ddp(&j->curve, j->ddp, iter);
+    }
+    if (o->log_interval && iter % o->log_interval == 0)
+        cddp_ddp_print0(j->ddp, "iter %" PRId64 ": loss %.4f, time %.1fms, lr %.2e\n", iter,
+                        j->last_loss, (t1 - t0) * 1e3, (double)cddp_optim_lr(j->opt));
+    return CDDP_OK;
+}
+
+/* The loop, from the first iteration to max_iters: evaluations, checkpoints, steps. A stop the
+ * ranks agree on (SIGTERM, Ctrl-C) saves after the iteration and ends: *stopped then holds the
+ * program's status. */
+static int train(job *j, int *stopped, cddp_error *err) {
+    const options *o = &j->o;
+    cddp_loader_begin(j->loader);
     /* SIGTERM, Ctrl-C: a checkpoint after the iteration, then the end */
-    cddp_stop_catch(rank == 0 ? RUN_STOP_SAY : NULL);
-    for (; iter <= o.max_iters; iter++) {
-        bool last = iter == o.max_iters;
-        bool at_eval =
-            !o.bench && ((iter % o.eval_interval == 0 && !(o.resume && iter == first)) || last);
-        if (!at_eval && files && o.save_every > 0 && iter % o.save_every == 0 && iter > first &&
-            save(ddp, opt, ckpt, &o, iter, cddp_sampler_get_state(sampler), world, &err))
-            goto fail;
-        if (at_eval) {
-            if (mean_loss(m, ctx, group, train, o.eval_iters * o.batch_size, o.batch_size,
-                          &train_loss, &err) ||
-                mean_loss(m, ctx, group, val,
-                          !last          ? o.eval_iters * o.batch_size
-                          : o.final_eval ? o.final_eval * o.batch_size
-                                         : INT64_MAX,
-                          o.batch_size, &val_loss, &err))
-                goto fail;
-            cddp_ddp_print0(ddp, "step %" PRId64 ": train loss %.4f, val loss %.4f%s\n", iter,
-                            train_loss, val_loss,
-                            last && !o.final_eval ? " (the whole validation text)" : "");
-            if (rank == 0 && iter > first) { /* as eval.csv: not again at a resumed iteration */
-                curves_scalar(&curve, "train_loss", iter, train_loss);
-                curves_scalar(&curve, "val_loss", iter, val_loss);
-            }
-            if (files && iter > first) {
-                if (save(ddp, opt, ckpt, &o, iter, cddp_sampler_get_state(sampler), world, &err))
-                    goto fail;
-                if (rank == 0) {
-                    curves_add_eval(&curve, iter, 0, val_loss);
-                    if (!curves_save(&curve, o.out))
-                        fprintf(stderr, "gpt_train: cannot write the curves in %s: %s\n", o.out,
-                                strerror(errno));
-                }
-            }
-        }
+    cddp_stop_catch(j->rank == 0 ? RUN_STOP_SAY : NULL);
+    for (; j->iter <= o->max_iters; j->iter++) {
+        int64_t iter = j->iter;
+        bool last = iter == o->max_iters;
+        bool at_eval = !o->bench &&
+                       ((iter % o->eval_interval == 0 && !(o->resume && iter == j->first)) || last);
+        if (!at_eval && j->files && o->save_every > 0 && iter % o->save_every == 0 &&
+            iter > j->first)
+            CDDP_TRY(save_now(j, iter, err));
+        if (at_eval) CDDP_TRY(evaluate(j, last, err));
         if (last) break;
-        double t0 = cddp_now_s(), tf = 0, tb = 0;
-        cddp_optim_set_lr(opt, cddp_lr_warmup_cosine(iter, (float)o.lr, (float)o.min_lr,
-                                                     o.warmup_iters, o.lr_decay_iters));
-        cddp_model_zero_grad(m);
-        double loss_sum = 0;
-        for (int64_t micro = 0; micro < o.grad_accum; micro++) {
-            cddp_batch b;
-            int rc = cddp_loader_next(loader, &b, &err);
-            if (rc == 0) { /* the epoch is over: the next one (a new order) */
-                cddp_loader_begin(loader);
-                rc = cddp_loader_next(loader, &b, &err);
-            }
-            if (rc != 1) {
-                if (rc == 0)
-                    cddp_error_set(&err, CDDP_ERANGE,
-                                   "the training text has fewer windows than one batch per rank");
-                goto fail;
-            }
-            cddp_ddp_no_sync(ddp, micro < o.grad_accum - 1);
-            double tm = cddp_now_s();
-            cddp_ctx_reset(ctx);
-            cddp_tensor *logits = cddp_model_forward(m, ctx, cddp_batch_tensor(ctx, &b, 0));
-            cddp_tensor *loss = cddp_cross_entropy(
-                ctx, cddp_reshape(ctx, logits, 2, flat),
-                cddp_from_host(ctx, CDDP_I64, 1, &rows, b.data[1]), CDDP_REDUCE_MEAN);
-            if (o.grad_accum > 1) loss = cddp_scale(ctx, loss, 1.0f / (float)o.grad_accum);
-            double tm2 = cddp_now_s();
-            tf += tm2 - tm;
-            if (cddp_backward(ctx, loss) != CDDP_OK) {
-                cddp_error_set(&err, cddp_ctx_status(ctx), "%s", cddp_ctx_error(ctx));
-                goto fail;
-            }
-            tb += cddp_now_s() - tm2;
-            loss_sum += cddp_get(loss, 0);
-        }
-        cddp_ddp_no_sync(ddp, false);
-        double to = cddp_now_s();
-        if (o.grad_clip > 0) cddp_clip_grad_norm(m, o.grad_clip);
-        cddp_optim_step(opt);
-        double t1 = cddp_now_s();
-        train_s += t1 - t0;
-        if (iter_s) iter_s[n_iter_s++] = t1 - t0;
-        tokens += o.grad_accum * o.batch_size * T * world;
-        if (iter - first >= 3) { /* the first iterations warm the caches and the arena up */
-            cddp_ddp_stats st = cddp_ddp_stats_get(ddp);
-            sp.forward += tf;
-            sp.backward += tb;
-            sp.optimizer += t1 - to;
-            sp.comm += st.comm_s;
-            sp.wait += st.wait_s;
-            sp.iters++;
-        }
-        /* The step's loss: the mean over the ranks (each rank's is its own batch's). */
-        if (world > 1 && cddp_comm_allreduce(group, &loss_sum, &loss_sum, 1, CDDP_COMM_F64,
-                                             CDDP_COMM_MEAN, -1, &err) != CDDP_OK)
-            goto fail;
-        last_loss = loss_sum;
-        if (!isfinite(last_loss)) { /* the mean over the ranks: every rank stops here */
-            cddp_error_set(&err, CDDP_ERANGE,
-                           "the loss became %g at iteration %" PRId64
-                           ": training diverged (a smaller --lr, now %g, or --grad_clip?)",
-                           last_loss, iter, o.lr);
-            goto fail;
-        }
-        if (rank == 0) {
-            if (files) curves_add_loss(&curve, iter, 0, last_loss);
-            curves_scalar(&curve, "loss", iter, last_loss);
-            curves_scalar(&curve, "lr", iter, (double)cddp_optim_lr(opt));
-            curves_scalar(&curve, "tokens_per_s", iter,
-                          t1 > t0 ? (double)(o.grad_accum * o.batch_size * T * world) / (t1 - t0)
-                                  : 0.0);
-            curves_ddp(&curve, ddp, iter);
-        }
-        if (o.log_interval && iter % o.log_interval == 0)
-            cddp_ddp_print0(ddp, "iter %" PRId64 ": loss %.4f, time %.1fms, lr %.2e\n", iter,
-                            last_loss, (t1 - t0) * 1e3, (double)cddp_optim_lr(opt));
+        CDDP_TRY(train_step(j, err));
         int sig = 0;
-        if (cddp_stop_agreed(group, &sig, &err) != CDDP_OK) goto fail;
+        CDDP_TRY(cddp_stop_agreed(j->group, &sig, err));
         if (sig) {
-            if (files &&
-                save(ddp, opt, ckpt, &o, iter + 1, cddp_sampler_get_state(sampler), world, &err))
-                goto fail;
-            if (files && rank == 0 && !curves_save(&curve, o.out)) /* the losses up to here */
-                fprintf(stderr, "gpt_train: cannot write the curves in %s: %s\n", o.out,
+            if (j->files) CDDP_TRY(save_now(j, iter + 1, err));
+            if (j->files && j->rank == 0 && !curves_save(&j->curve, o->out)) /* the losses so far */
+                fprintf(stderr, "gpt_train: cannot write the curves in %s: %s\n", o->out,
                         strerror(errno));
             char after[64];
             snprintf(after, sizeof after, "iteration %" PRId64, iter);
-            status = run_stopped(ddp, sig, after, files ? ckpt : NULL);
-            goto done;
+            *stopped = run_stopped(j->ddp, sig, after, j->files ? j->ckpt : NULL);
+            return CDDP_OK;
         }
     }
     cddp_stop_release();
-    if (files && rank == 0)
-        printf("checkpoint: %s\ncurves: %s/curves.svg (loss.csv, eval.csv)\n", ckpt, o.out);
-    if (rank == 0 && o.sample > 0) {
-        printf("sample (%" PRId64 " %s, temperature %.2f, top_k %" PRId64 "):\n", o.sample,
-               o.vocab_size == 256 ? "bytes" : "tokens", o.temperature, o.top_k);
-        if (text_sample(m, ctx, &ts, stdout, NULL, &err) != CDDP_OK) goto fail;
+    return CDDP_OK;
+}
+
+/* After the loop, on rank 0: where things went, the sample, --bench's line and the JSON line. */
+static int finish(job *j, cddp_error *err) {
+    const options *o = &j->o;
+    if (j->rank != 0) return CDDP_OK;
+    if (j->files)
+        printf("checkpoint: %s\ncurves: %s/curves.svg (loss.csv, eval.csv)\n", j->ckpt, o->out);
+    if (o->sample > 0) {
+        printf("sample (%" PRId64 " %s, temperature %.2f, top_k %" PRId64 "):\n", o->sample,
+               o->vocab_size == 256 ? "bytes" : "tokens", o->temperature, o->top_k);
+        CDDP_TRY(text_sample(j->m, j->ctx, &j->ts, stdout, NULL, err));
     }
     bench b = {0};
-    if (o.bench && rank == 0) {
-        b = bench_of(&o, iter_s + BENCH_WARMUP, n_iter_s - BENCH_WARMUP, params, world, dev);
+    if (o->bench) {
+        b = bench_of(o, j->iter_s + BENCH_WARMUP, j->n_iter_s - BENCH_WARMUP, j->params, j->world,
+                     j->dev);
         printf("bench: %" PRId64 " iterations after %d: median %.2f ms (%.2f..%.2f), %.0f "
                "tokens/s, %.3g FLOPs a token",
                b.iters, BENCH_WARMUP, b.median_ms, b.min_ms, b.max_ms, b.tokens_per_s,
@@ -987,52 +1042,78 @@ int main(int argc, char **argv) {
         if (b.peak_tflops > 0)
             printf(", MFU %.1f%% of %.1f TFLOP/s\n", 100 * b.mfu, b.peak_tflops);
         else
-            printf(" (no peak known for %s: --peak_tflops)\n", cddp_device_describe(dev));
+            printf(" (no peak known for %s: --peak_tflops)\n", cddp_device_describe(j->dev));
     }
     fflush(stdout);
-    if (o.json && rank == 0) {
-        char extra[256] = "", tl[32], vl[32]; /* the losses: null when not evaluated (--bench) */
-        if (o.bench)
-            snprintf(extra, sizeof extra,
-                     ", \"bench\": {\"iters\": %" PRId64 ", \"median_ms\": %.3f, "
-                     "\"min_ms\": %.3f, \"max_ms\": %.3f, \"tokens_per_s\": %.1f, "
-                     "\"flops_per_token\": %.6g, \"peak_tflops\": %.1f, \"mfu\": %s}",
-                     b.iters, b.median_ms, b.min_ms, b.max_ms, b.tokens_per_s, b.flops_per_token,
-                     b.peak_tflops, b.mfu_text);
-        double n = sp.iters ? (double)sp.iters : 1;
-        printf("{\"iters\": %" PRId64 ", \"world\": %d, \"dtype\": \"%s\", \"params\": %" PRId64
-               ", \"tokens\": %" PRId64 ", \"train_s\": %.3f, \"tokens_per_s\": %.1f, "
-               "\"train_loss\": %s, \"last_loss\": %.4f, \"val_loss\": %s, "
-               "\"median_iter_ms\": %.3f, "
-               "\"zero\": %s, \"hook\": \"%s\", \"optim_state_bytes\": %lld, "
-               "\"peak_rss_bytes\": %lld, "
-               "\"iter_ms\": {\"forward\": %.3f, \"backward\": %.3f, \"allreduce\": %.3f, "
-               "\"allreduce_wait\": %.3f, \"optimizer\": %.3f}%s}\n",
-               iter - first, world, cddp_dtype_name(compute), params, tokens, train_s,
-               train_s > 0 ? (double)tokens / train_s : 0.0, json_number(tl, train_loss), last_loss,
-               json_number(vl, val_loss), median(iter_s, n_iter_s) * 1e3, o.zero ? "true" : "false",
-               o.hook, run_optim_state_bytes(opt), run_peak_rss_bytes(), sp.forward / n * 1e3,
-               sp.backward / n * 1e3, sp.comm / n * 1e3, sp.wait / n * 1e3, sp.optimizer / n * 1e3,
-               extra);
+    if (!o->json) return CDDP_OK;
+    char extra[256] = "", tl[32], vl[32]; /* the losses: null when not evaluated (--bench) */
+    if (o->bench)
+        snprintf(extra, sizeof extra,
+                 ", \"bench\": {\"iters\": %" PRId64 ", \"median_ms\": %.3f, "
+                 "\"min_ms\": %.3f, \"max_ms\": %.3f, \"tokens_per_s\": %.1f, "
+                 "\"flops_per_token\": %.6g, \"peak_tflops\": %.1f, \"mfu\": %s}",
+                 b.iters, b.median_ms, b.min_ms, b.max_ms, b.tokens_per_s, b.flops_per_token,
+                 b.peak_tflops, b.mfu_text);
+    const split *sp = &j->sp;
+    double n = sp->iters ? (double)sp->iters : 1;
+    printf("{\"iters\": %" PRId64 ", \"world\": %d, \"dtype\": \"%s\", \"params\": %" PRId64
+           ", \"tokens\": %" PRId64 ", \"train_s\": %.3f, \"tokens_per_s\": %.1f, "
+           "\"train_loss\": %s, \"last_loss\": %.4f, \"val_loss\": %s, "
+           "\"median_iter_ms\": %.3f, "
+           "\"zero\": %s, \"hook\": \"%s\", \"optim_state_bytes\": %lld, "
+           "\"peak_rss_bytes\": %lld, "
+           "\"iter_ms\": {\"forward\": %.3f, \"backward\": %.3f, \"allreduce\": %.3f, "
+           "\"allreduce_wait\": %.3f, \"optimizer\": %.3f}%s}\n",
+           j->iter - j->first, j->world, cddp_dtype_name(j->compute), j->params, j->tokens,
+           j->train_s, j->train_s > 0 ? (double)j->tokens / j->train_s : 0.0,
+           json_number(tl, j->train_loss), j->last_loss, json_number(vl, j->val_loss),
+           median(j->iter_s, j->n_iter_s) * 1e3, o->zero ? "true" : "false", o->hook,
+           run_optim_state_bytes(j->opt), run_peak_rss_bytes(), sp->forward / n * 1e3,
+           sp->backward / n * 1e3, sp->comm / n * 1e3, sp->wait / n * 1e3, sp->optimizer / n * 1e3,
+           extra);
+    return CDDP_OK;
+}
+
+static void job_close(job *j) {
+    free(j->iter_s);
+    curves_free(&j->curve);
+    cddp_ddp_destroy(j->ddp);
+    cddp_optim_destroy(j->opt);
+    cddp_model_destroy(j->m);
+    cddp_ctx_destroy(j->ctx);
+    cddp_loader_destroy(j->loader);
+    cddp_sampler_destroy(j->sampler);
+    cddp_dataset_destroy(j->train);
+    cddp_dataset_destroy(j->val);
+    corpus_free(&j->train_text);
+    corpus_free(&j->val_text);
+    text_vocab_free(&j->vocab);
+    cddp_comm_destroy(j->group);
+}
+
+int main(int argc, char **argv) {
+    run_stop_watch("gpt_train"); /* before any thread: SIGTERM, SIGINT to one of their own */
+    static job j = {.val_loss = NAN, .train_loss = NAN, .last_loss = NAN};
+    if (parse_args(argc, argv, &j.o) != 0) return 2;
+    if (!run_device("gpt_train", j.o.device, j.o.dtype, &j.dev, &j.compute)) return 2;
+    j.curve = (curves){.title = j.title, .eval_label = "validation loss"};
+    j.files = strcmp(j.o.out, "none") != 0 && *j.o.out;
+    cddp_error err = {0};
+    int stopped = -1;
+    if ((j.group = cddp_comm_create(NULL, &err))) {
+        j.rank = cddp_comm_rank(j.group);
+        j.world = cddp_comm_size(j.group);
     }
-    status = 0;
-    goto done;
-fail:
-    fprintf(stderr, "gpt_train: %s\n", cddp_error_msg(&err));
-done:
-    free(iter_s);
-    curves_free(&curve);
-    cddp_ddp_destroy(ddp);
-    cddp_optim_destroy(opt);
-    cddp_model_destroy(m);
-    cddp_ctx_destroy(ctx);
-    cddp_loader_destroy(loader);
-    cddp_sampler_destroy(sampler);
-    cddp_dataset_destroy(train);
-    cddp_dataset_destroy(val);
-    corpus_free(&train_text);
-    corpus_free(&val_text);
-    text_vocab_free(&vocab);
-    cddp_comm_destroy(group);
-    return status;
+    int rc = j.group ? CDDP_OK : err.code;
+    if (!rc) rc = open_paths(&j, &err);
+    if (!rc) rc = open_text(&j, &err);
+    if (!rc) rc = open_data(&j, &err);
+    if (!rc) rc = open_model(&j, &err);
+    if (!rc) rc = open_training(&j, &err);
+    if (!rc) rc = start(&j, &err);
+    if (!rc) rc = train(&j, &stopped, &err);
+    if (!rc && stopped < 0) rc = finish(&j, &err);
+    if (rc) fprintf(stderr, "gpt_train: %s\n", cddp_error_msg(&err));
+    job_close(&j);
+    return rc ? 1 : stopped >= 0 ? stopped : 0;
 }
