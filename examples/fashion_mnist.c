@@ -440,355 +440,418 @@ static int save_checkpoint(cddp_ddp *ddp, cddp_comm *group, cddp_ctx *ctx, cddp_
     return cddp_ddp_save(ddp, path, opt, meta, err);
 }
 
-int main(int argc, char **argv) {
-    run_stop_watch("fashion_mnist"); /* before any thread: SIGTERM, SIGINT to one of their own */
+/* ---- the job ----------------------------------------------------------------------------- */
+
+/* What a run holds, from the options to the loop's counts. */
+typedef struct job {
     options o;
-    if (parse_args(argc, argv, &o) != 0) return 2;
-    int status = 1;
-    cddp_error err = {0};
     cddp_device *dev;
     cddp_dtype compute;
-    if (!run_device("fashion_mnist", o.device, o.dtype, &dev, &compute)) return 2;
-    cddp_comm *group = NULL;
-    cddp_ddp *ddp = NULL;
-    cddp_dataset *train = NULL, *test = NULL;
-    cddp_sampler *sampler = NULL;
-    cddp_loader *train_loader = NULL, *test_loader = NULL;
-    cddp_model *m = NULL;
-    cddp_optim *opt = NULL;
-    cddp_ctx *ctx = NULL;
-    FILE *csv = NULL, *sample_log = NULL;
-    char title[160] = "";
-    curves curve = {.title = title, .eval_label = "test accuracy", .eval_is_fraction = true};
-    bool cnn = strcmp(o.model, "mlp") != 0, resnet = strcmp(o.model, "resnet") == 0;
-    bool cosine = strcmp(o.schedule, "cosine") == 0;
-    bool files = strcmp(o.out, "none") != 0 && *o.out;
+    cddp_comm *group;
+    int rank, world;
+    cddp_ddp *ddp;
+    cddp_dataset *train, *test;
+    cddp_sampler *sampler;
+    cddp_loader *train_loader, *test_loader;
+    cddp_model *m;
+    cddp_optim *opt;
+    cddp_ctx *ctx;
+    FILE *csv, *sample_log;
+    /* restart_at: a restart's checkpoint, which o.resume may point to */
+    char title[160], ckpt[4096], csv_path[4096], svg_path[4096], resume_at[4096], restart_at[4096];
+    curves curve;
+    bool cnn, resnet, cosine, files, tty;
+    /* where training starts: the epoch, a checkpoint's place in it (mid-epoch), the steps of an
+     * epoch and how many of the first one were done */
+    int first_epoch;
+    cddp_sampler_state mid;
+    int64_t steps, done;
+    bool trained_whole;
+    /* the loop */
+    double train_s, acc, last_loss;
+    int64_t samples, since_save;
+    int epochs_run, epochs_trained;
+} job;
 
-    /* The group: one process on its own, or the ranks cddprun (or mpirun) started. */
-    if (!(group = cddp_comm_create(NULL, &err))) goto fail;
-    int rank = cddp_comm_rank(group), world = cddp_comm_size(group);
-    if (rank == 0 && o.save && run_check_writable("--save", o.save, &err) != CDDP_OK) goto fail;
-    char restart_at[4096]; /* a restart of the job goes on from the job's last save */
-    if (files && run_restart_from(group, "fashion_mnist", o.out, restart_at, sizeof restart_at,
-                                  &o.resume, &o.init_from, &err) != CDDP_OK)
-        goto fail;
-    bool tty = rank == 0 && isatty(STDOUT_FILENO);
-    snprintf(title, sizeof title, "fashion_mnist: %s, %s, %d rank%s x batch %d (loss: rank 0's)",
-             o.model, o.optimizer, world, world > 1 ? "s" : "", o.batch);
-    if (o.sample_log) {
-        char path[4096];
-        if (snprintf(path, sizeof path, "%s.%d", o.sample_log, rank) >= (int)sizeof path) {
-            cddp_error_set(&err, CDDP_EINVAL, "--sample-log %s: the path is too long",
-                           o.sample_log);
-            goto fail;
-        }
-        if (!(sample_log = fopen(path, "a"))) {
-            cddp_error_set(&err, CDDP_EIO, "cannot open --sample-log %s: %s", path,
-                           strerror(errno));
-            goto fail;
-        }
-    }
+/* The run's files before training: --save writable, a restart's checkpoint, --sample-log. */
+static int open_files(job *j, cddp_error *err) {
+    options *o = &j->o;
+    if (j->rank == 0 && o->save) CDDP_TRY(run_check_writable("--save", o->save, err));
+    if (j->files) /* a restart of the job goes on from the job's last save */
+        CDDP_TRY(run_restart_from(j->group, "fashion_mnist", o->out, j->restart_at,
+                                  sizeof j->restart_at, &o->resume, &o->init_from, err));
+    j->tty = j->rank == 0 && isatty(STDOUT_FILENO);
+    snprintf(j->title, sizeof j->title,
+             "fashion_mnist: %s, %s, %d rank%s x batch %d (loss: rank 0's)", o->model, o->optimizer,
+             j->world, j->world > 1 ? "s" : "", o->batch);
+    if (!o->sample_log) return CDDP_OK;
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s.%d", o->sample_log, j->rank) >= (int)sizeof path)
+        return cddp_error_set(err, CDDP_EINVAL, "--sample-log %s: the path is too long",
+                              o->sample_log);
+    if (!(j->sample_log = fopen(path, "a")))
+        return cddp_error_set(err, CDDP_EIO, "cannot open --sample-log %s: %s", path,
+                              strerror(errno));
+    return CDDP_OK;
+}
 
-    train = cddp_dataset_mnist_first(o.data, true, o.limit, &err); /* --limit: its first N */
-    test = train ? cddp_dataset_mnist(o.data, false, &err) : NULL;
-    if (!test) goto fail;
-    if (cddp_field_bytes(cddp_dataset_field(train, 0)) != 784 * sizeof(float)) {
-        cddp_error_set(&err, CDDP_EFORMAT, "expected 28x28 images");
-        goto fail;
-    }
-    /* Each rank trains on its part of every epoch and evaluates its shard of the test set. */
+/* The datasets: each rank trains on its part of every epoch (the sampler) and evaluates its
+ * shard of the test set; the loaders copy batches to the device ahead of the step that needs
+ * them. */
+static int open_data(job *j, cddp_error *err) {
+    const options *o = &j->o;
+    j->train = cddp_dataset_mnist_first(o->data, true, o->limit, err); /* --limit: its first N */
+    j->test = j->train ? cddp_dataset_mnist(o->data, false, err) : NULL;
+    if (!j->test) return err->code;
+    if (cddp_field_bytes(cddp_dataset_field(j->train, 0)) != 784 * sizeof(float))
+        return cddp_error_set(err, CDDP_EFORMAT, "expected 28x28 images");
     cddp_sampler_options so = cddp_sampler_defaults();
-    so.seed = o.seed;
-    so.rank = rank; /* the group's place, whichever launcher started us */
-    so.num_replicas = world;
-    sampler = cddp_sampler_create(cddp_dataset_len(train), &so, &err);
-    if (!sampler) goto fail;
-    if (world > 1) {
-        cddp_dataset *shard = cddp_dataset_shard(test, world, rank, &err);
-        if (!shard) goto fail;
-        test = shard;
+    so.seed = o->seed;
+    so.rank = j->rank; /* the group's place, whichever launcher started us */
+    so.num_replicas = j->world;
+    if (!(j->sampler = cddp_sampler_create(cddp_dataset_len(j->train), &so, err))) return err->code;
+    if (j->world > 1) {
+        cddp_dataset *shard = cddp_dataset_shard(j->test, j->world, j->rank, err);
+        if (!shard) return err->code;
+        j->test = shard;
     }
-    cddp_loader_options lo = loader_options(o.batch);
-    lo.device = dev; /* batches copied to the device ahead of the step that needs them */
-    train_loader = cddp_loader_create(train, sampler, &lo, &err);
+    cddp_loader_options lo = loader_options(o->batch);
+    lo.device = j->dev;
+    j->train_loader = cddp_loader_create(j->train, j->sampler, &lo, err);
     lo = loader_options(250);
-    lo.device = dev;
-    test_loader = train_loader ? cddp_loader_create(test, NULL, &lo, &err) : NULL;
-    if (!test_loader) goto fail;
+    lo.device = j->dev;
+    j->test_loader = j->train_loader ? cddp_loader_create(j->test, NULL, &lo, err) : NULL;
+    return j->test_loader ? CDDP_OK : err->code;
+}
 
-    m = resnet ? make_resnet(&err) : cddp_model_create();
-    ctx = cddp_ctx_create(
-        &(cddp_ctx_options){.seed = o.seed + (uint64_t)rank, .device = dev, .compute = compute});
-    if (!m || !ctx) {
-        if (!err.msg[0]) cddp_error_set(&err, CDDP_ENOMEM, "out of memory");
-        goto fail;
-    }
-    if ((resnet ? 0 : cnn ? build_cnn(m) : build_mlp(m)) || cddp_model_build(m, o.seed)) {
-        cddp_error_set(&err, CDDP_EINVAL, "%s", cddp_model_error(m));
-        goto fail;
-    }
-    if (cddp_model_to(m, dev, &err) != CDDP_OK) goto fail;
-    if (o.sync_bn) {
-        int nbn = cddp_model_sync_batch_norm(m, group);
-        if (rank == 0)
+/* The model on its device, its context, the one call that makes it data-parallel, and its
+ * optimizer (after the wrap, so that under --zero the state is the shard's from the start). */
+static int open_model(job *j, cddp_error *err) {
+    const options *o = &j->o;
+    j->m = j->resnet ? make_resnet(err) : cddp_model_create();
+    j->ctx = cddp_ctx_create(&(cddp_ctx_options){
+        .seed = o->seed + (uint64_t)j->rank, .device = j->dev, .compute = j->compute});
+    if (!j->m || !j->ctx)
+        return err->msg[0] ? err->code : cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+    if ((j->resnet ? 0
+         : j->cnn  ? build_cnn(j->m)
+                   : build_mlp(j->m)) ||
+        cddp_model_build(j->m, o->seed))
+        return cddp_error_set(err, CDDP_EINVAL, "%s", cddp_model_error(j->m));
+    CDDP_TRY(cddp_model_to(j->m, j->dev, err));
+    if (o->sync_bn) {
+        int nbn = cddp_model_sync_batch_norm(j->m, j->group);
+        if (j->rank == 0)
             printf("sync BatchNorm: %d BatchNorms take their statistics over the %d ranks' "
                    "batches\n",
-                   nbn, world);
+                   nbn, j->world);
     }
-    /* The one call that makes it data-parallel. */
-    cddp_ddp_options dopt = {.bucket_cap_mb = o.bucket_cap_mb,
-                             .shard_optimizer = o.zero,
-                             .transport = o.transport,
-                             .powersgd_rank = (int)o.powersgd_rank,
-                             .powersgd_start_step = o.powersgd_start,
-                             .hook = (cddp_ddp_hook)run_hook(o.hook)};
-    if (!(ddp = cddp_ddp_wrap(m, group, &dopt, &err))) goto fail;
-    /* After the wrap, so that under --zero the state is the shard's from the start. */
-    if (strcmp(o.optimizer, "sgd") == 0)
-        opt = cddp_optim_sgd(m, &(cddp_sgd_options){.lr = o.lr, .momentum = o.momentum}, &err);
-    else if (strcmp(o.optimizer, "lion") == 0) {
-        cddp_lion_options lion = cddp_lion_defaults(o.lr);
-        opt = cddp_optim_lion(m, &lion, &err);
+    cddp_ddp_options dopt = {.bucket_cap_mb = o->bucket_cap_mb,
+                             .shard_optimizer = o->zero,
+                             .transport = o->transport,
+                             .powersgd_rank = (int)o->powersgd_rank,
+                             .powersgd_start_step = o->powersgd_start,
+                             .hook = (cddp_ddp_hook)run_hook(o->hook)};
+    if (!(j->ddp = cddp_ddp_wrap(j->m, j->group, &dopt, err))) return err->code;
+    if (strcmp(o->optimizer, "sgd") == 0) {
+        j->opt =
+            cddp_optim_sgd(j->m, &(cddp_sgd_options){.lr = o->lr, .momentum = o->momentum}, err);
+    } else if (strcmp(o->optimizer, "lion") == 0) {
+        cddp_lion_options lion = cddp_lion_defaults(o->lr);
+        j->opt = cddp_optim_lion(j->m, &lion, err);
     } else {
-        cddp_adamw_options aw = cddp_adamw_defaults(o.lr);
-        opt = cddp_optim_adamw(m, &aw, &err);
+        cddp_adamw_options aw = cddp_adamw_defaults(o->lr);
+        j->opt = cddp_optim_adamw(j->m, &aw, err);
     }
-    if (!opt) goto fail;
+    return j->opt ? CDDP_OK : err->code;
+}
 
-    if (o.init_from) {
-        if (cddp_ddp_load(ddp, o.init_from, NULL, NULL, &err) != CDDP_OK) goto fail;
-        cddp_ddp_print0(ddp, "initialised from %s (weights only: a new optimizer, epoch 0)\n",
-                        o.init_from);
-    }
-    int first_epoch = 0;
-    cddp_sampler_state mid = {0}; /* a checkpoint from the middle of an epoch */
-    char resume_at[4096];         /* a folder of sets: its newest complete one */
-    if (o.resume) {
-        /* from a folder of sets, a set that fails its checks gives way to the one before it:
-         * resume_at says which was loaded */
-        cddp_safetensors *f = NULL;
-        if (cddp_ddp_load_from(ddp, o.resume, opt, &f, resume_at, sizeof resume_at, &err) !=
-            CDDP_OK)
-            goto fail;
-        o.resume = resume_at;
-        int64_t ep = 0, de = -1, pos = 0;
-        int rc = run_meta_int(f, o.resume, "epoch", 0, 1000000, 0, &ep, &err);
-        if (!rc) rc = run_meta_int(f, o.resume, "data_epoch", 0, 1000000, -1, &de, &err);
-        if (!rc) rc = run_meta_int(f, o.resume, "data_position", 0, INT64_MAX, 0, &pos, &err);
-        if (rc) {
-            cddp_safetensors_destroy(f);
-            goto fail;
-        }
-        first_epoch = (int)ep;
+/* --resume: the model, the optimizer, the epoch, the place in it (a checkpoint from the middle
+ * of an epoch goes on there) and each rank's random numbers. From a folder of sets, a set that
+ * fails its checks gives way to the one before it: resume_at says which was loaded. */
+static int resume(job *j, cddp_error *err) {
+    options *o = &j->o;
+    cddp_safetensors *f = NULL;
+    CDDP_TRY(
+        cddp_ddp_load_from(j->ddp, o->resume, j->opt, &f, j->resume_at, sizeof j->resume_at, err));
+    o->resume = j->resume_at;
+    int64_t ep = 0, de = -1, pos = 0;
+    int rc = run_meta_int(f, o->resume, "epoch", 0, 1000000, 0, &ep, err);
+    if (!rc) rc = run_meta_int(f, o->resume, "data_epoch", 0, 1000000, -1, &de, err);
+    if (!rc) rc = run_meta_int(f, o->resume, "data_position", 0, INT64_MAX, 0, &pos, err);
+    if (!rc) {
+        j->first_epoch = (int)ep;
         if (de >= 0 && pos > 0) { /* mid-epoch: the same epoch goes on */
-            mid = (cddp_sampler_state){.epoch = de, .position = pos};
-            first_epoch = (int)mid.epoch;
-            rc = cddp_sampler_set_state(sampler, mid, &err);
+            j->mid = (cddp_sampler_state){.epoch = de, .position = pos};
+            j->first_epoch = (int)j->mid.epoch;
+            rc = cddp_sampler_set_state(j->sampler, j->mid, err);
         }
-        if (!rc) rc = run_rng_restore(f, o.resume, rank, cddp_ctx_rng(ctx), &err);
-        cddp_safetensors_destroy(f);
-        if (rc != CDDP_OK) goto fail;
-        if (mid.position > 0)
-            cddp_ddp_print0(ddp, "resumed from %s in epoch %d, after %lld of its samples\n",
-                            o.resume, first_epoch, (long long)mid.position);
-        else
-            cddp_ddp_print0(ddp, "resumed from %s after epoch %d\n", o.resume, first_epoch);
     }
-    if (rank == 0 && o.tensorboard && !curves_tensorboard(&curve, o.tensorboard, &err)) goto fail;
+    if (!rc) rc = run_rng_restore(f, o->resume, j->rank, cddp_ctx_rng(j->ctx), err);
+    cddp_safetensors_destroy(f);
+    CDDP_TRY(rc);
+    if (j->mid.position > 0)
+        cddp_ddp_print0(j->ddp, "resumed from %s in epoch %d, after %lld of its samples\n",
+                        o->resume, j->first_epoch, (long long)j->mid.position);
+    else
+        cddp_ddp_print0(j->ddp, "resumed from %s after epoch %d\n", o->resume, j->first_epoch);
+    return CDDP_OK;
+}
+
+/* Where training starts: --init_from's weights, --resume's state, TensorBoard; the steps'
+ * numbering; the output folder, the curves so far and the metrics file. */
+static int start(job *j, cddp_error *err) {
+    const options *o = &j->o;
+    if (o->init_from) {
+        CDDP_TRY(cddp_ddp_load(j->ddp, o->init_from, NULL, NULL, err));
+        cddp_ddp_print0(j->ddp, "initialised from %s (weights only: a new optimizer, epoch 0)\n",
+                        o->init_from);
+    }
+    if (o->resume) CDDP_TRY(resume(j, err));
+    if (j->rank == 0 && o->tensorboard && !curves_tensorboard(&j->curve, o->tensorboard, err))
+        return err->code;
     /* Steps are numbered epoch * steps + the step in the epoch; a mid-epoch checkpoint had taken
      * the first epoch's first `done` steps, and the numbers go on from there. */
-    int64_t steps = (cddp_sampler_len(sampler) + o.batch - 1) / o.batch;
-    int64_t done = mid.position / ((int64_t)o.batch * world);
+    j->steps = (cddp_sampler_len(j->sampler) + o->batch - 1) / o->batch;
+    j->done = j->mid.position / ((int64_t)o->batch * j->world);
     /* A checkpoint from an epoch's last step (--save_every, or a stop there) whose epoch-end save
      * a kill prevented: the epoch's training is whole, its evaluation and checkpoint are not. */
-    bool trained_whole = mid.position > 0 && mid.position >= cddp_sampler_len(sampler) * world;
-    if (trained_whole) done = steps;
-    if (o.resume && first_epoch >= o.epochs)
-        cddp_ddp_print0(ddp,
+    j->trained_whole =
+        j->mid.position > 0 && j->mid.position >= cddp_sampler_len(j->sampler) * j->world;
+    if (j->trained_whole) j->done = j->steps;
+    if (o->resume && j->first_epoch >= o->epochs)
+        cddp_ddp_print0(j->ddp,
                         "nothing to train: %s is from the end of epoch %d, and --epochs is %d "
                         "(training was complete; a larger --epochs goes on)\n",
-                        o.resume, first_epoch - 1, o.epochs);
-    char ckpt[4096] = "", csv_path[4096] = "", svg_path[4096] = "";
-    if (files) {
-        if (rank == 0 && run_make_dirs(o.out, &err) != CDDP_OK) goto fail;
-        snprintf(ckpt, sizeof ckpt, "%s/%s", o.out,
-                 o.keep ? "checkpoints" : "checkpoint.safetensors");
-        snprintf(csv_path, sizeof csv_path, "%s/metrics.csv", o.out);
-        snprintf(svg_path, sizeof svg_path, "%s/curves.svg", o.out);
-        if (rank == 0 && o.resume) { /* the curves so far, up to the checkpoint's epoch */
-            curves_load(&curve, o.out);
-            while (curve.nloss && curve.loss[curve.nloss - 1].step >= first_epoch * steps + done)
-                curve.nloss--; /* the steps from the checkpoint's on */
-            while (curve.neval && curve.eval[curve.neval - 1].epoch >= first_epoch) curve.neval--;
-        }
-        if (rank == 0 && !(csv = fopen(csv_path, o.resume ? "a" : "w"))) {
-            cddp_error_set(&err, CDDP_EIO, "cannot write %s: %s", csv_path, strerror(errno));
-            goto fail;
-        }
-        if (csv && !o.resume) fprintf(csv, "epoch,loss,test_acc,samples_per_s,world\n");
+                        o->resume, j->first_epoch - 1, o->epochs);
+    if (!j->files) return CDDP_OK;
+    if (j->rank == 0) CDDP_TRY(run_make_dirs(o->out, err));
+    snprintf(j->ckpt, sizeof j->ckpt, "%s/%s", o->out,
+             o->keep ? "checkpoints" : "checkpoint.safetensors");
+    snprintf(j->csv_path, sizeof j->csv_path, "%s/metrics.csv", o->out);
+    snprintf(j->svg_path, sizeof j->svg_path, "%s/curves.svg", o->out);
+    if (j->rank == 0 && o->resume) { /* the curves so far, up to the checkpoint's epoch */
+        curves *c = &j->curve;
+        curves_load(c, o->out);
+        while (c->nloss && c->loss[c->nloss - 1].step >= j->first_epoch * j->steps + j->done)
+            c->nloss--; /* the steps from the checkpoint's on */
+        while (c->neval && c->eval[c->neval - 1].epoch >= j->first_epoch) c->neval--;
     }
+    if (j->rank == 0 && !(j->csv = fopen(j->csv_path, o->resume ? "a" : "w")))
+        return cddp_error_set(err, CDDP_EIO, "cannot write %s: %s", j->csv_path, strerror(errno));
+    if (j->csv && !o->resume) fprintf(j->csv, "epoch,loss,test_acc,samples_per_s,world\n");
+    return CDDP_OK;
+}
 
-    double train_s = 0.0, acc = 0.0, last_loss = NAN;
-    int64_t samples = 0, since_save = 0;
-    int epochs_run = 0, epochs_trained = 0;
-    /* SIGTERM, Ctrl-C: a checkpoint after the step, then the end */
-    cddp_stop_catch(rank == 0 ? RUN_STOP_SAY : NULL);
-    for (int epoch = first_epoch; epoch < o.epochs; epoch++) {
-        if (!(epoch == first_epoch && mid.position > 0)) cddp_sampler_set_epoch(sampler, epoch);
+/* One step of the epoch on batch b: forward, backward, the schedule, the optimizer; the loss
+ * checked, the samples logged, a checkpoint where --save_every or a stop asks. A stop the ranks
+ * agree on sets *stopped to the program's status. */
+static int train_step(job *j, int epoch, const cddp_batch *b, int *stopped, cddp_error *err) {
+    const options *o = &j->o;
+    int64_t step = (epoch == j->first_epoch ? j->done : 0) + b->index; /* in the epoch */
+    int64_t at = epoch * j->steps + step;
+    cddp_ctx_reset(j->ctx);
+    cddp_tensor *loss =
+        cddp_cross_entropy(j->ctx, cddp_model_forward(j->m, j->ctx, images(j->ctx, b, j->cnn)),
+                           cddp_batch_tensor(j->ctx, b, 1), CDDP_REDUCE_MEAN);
+    cddp_model_zero_grad(j->m);
+    if (cddp_backward(j->ctx, loss) != CDDP_OK)
+        return cddp_error_set(err, cddp_ctx_status(j->ctx), "%s", cddp_ctx_error(j->ctx));
+    if (j->cosine)
+        cddp_optim_set_lr(j->opt, cddp_lr_warmup_cosine(at, o->lr, 0.0f, 0, o->epochs * j->steps));
+    cddp_optim_step(j->opt);
+    j->last_loss = cddp_get(loss, 0);
+    if (!isfinite(j->last_loss))
+        return cddp_error_set(err, CDDP_ERANGE,
+                              "the loss became %g in epoch %d, step %" PRId64
+                              ": training diverged (a smaller --lr, now %g?)",
+                              j->last_loss, epoch, step, (double)o->lr);
+    if (j->sample_log) { /* flushed every step: a killed job's log ends at its last step */
+        for (int64_t k = 0; k < b->size; k++)
+            fprintf(j->sample_log, "%d %" PRId64 " %" PRId64 "\n", epoch, step, b->indices[k]);
+        fflush(j->sample_log);
+    }
+    bool saved = j->files && o->save_every > 0 && ++j->since_save % o->save_every == 0;
+    int sig = 0;
+    CDDP_TRY(cddp_stop_agreed(j->group, &sig, err));
+    if (saved || (sig && j->files))
+        CDDP_TRY(save_checkpoint(j->ddp, j->group, j->ctx, j->opt, j->ckpt, o, epoch, at + 1,
+                                 cddp_sampler_get_state(j->sampler), err));
+    if (sig) {
+        if (j->files && j->rank == 0) { /* the losses up to here */
+            curves_add_loss(&j->curve, at, epoch, j->last_loss);
+            if (!curves_save(&j->curve, o->out))
+                fprintf(stderr, "fashion_mnist: cannot write the curves in %s: %s\n", o->out,
+                        strerror(errno));
+        }
+        char after[64];
+        snprintf(after, sizeof after, "step %" PRId64 " of epoch %d", step, epoch);
+        *stopped = run_stopped(j->ddp, sig, after, j->files ? j->ckpt : NULL);
+        return CDDP_OK;
+    }
+    if (j->rank == 0) {
+        progress(o, j->tty, epoch, step, j->steps, j->last_loss);
+        if (j->files) curves_add_loss(&j->curve, at, epoch, j->last_loss);
+        curves_scalar(&j->curve, "loss", at, j->last_loss);
+        curves_scalar(&j->curve, "lr", at, (double)cddp_optim_lr(j->opt));
+        curves_ddp(&j->curve, j->ddp, at);
+    }
+    return CDDP_OK;
+}
+
+/* The end of an epoch: the test accuracy, the curves, the checkpoint, then the metrics that
+ * point to it. */
+static int end_epoch(job *j, int epoch, bool trained, double epoch_s, int64_t epoch_samples,
+                     cddp_error *err) {
+    const options *o = &j->o;
+    int64_t at = (epoch + 1) * j->steps - 1;
+    if (evaluate(j->m, j->ctx, j->test_loader, j->cnn, j->group, &j->acc, err) < 0)
+        return err->code;
+    cddp_ddp_print0(j->ddp, "epoch: %d, test accuracy: %.4f\n", epoch, j->acc);
+    double sps = epoch_s > 0 ? (double)epoch_samples * j->world / epoch_s : 0.0;
+    if (j->rank == 0) {
+        curves_scalar(&j->curve, "test_accuracy", at, j->acc);
+        if (trained) /* the time of an epoch trained before the checkpoint is not known */
+            curves_scalar(&j->curve, "samples_per_s", at, sps);
+    }
+    if (!j->files) return CDDP_OK;
+    CDDP_TRY(save_checkpoint(j->ddp, j->group, j->ctx, j->opt, j->ckpt, o, epoch + 1, at + 1,
+                             (cddp_sampler_state){.epoch = epoch + 1}, err));
+    if (j->csv) {
+        fprintf(j->csv, "%d,%.6f,%.4f,%.1f,%d\n", epoch, j->last_loss, j->acc, trained ? sps : NAN,
+                j->world);
+        fflush(j->csv);
+    }
+    if (j->rank == 0) {
+        curves_add_eval(&j->curve, at, epoch, j->acc);
+        if (!curves_save(&j->curve, o->out))
+            fprintf(stderr, "fashion_mnist: cannot write the curves in %s: %s\n", o->out,
+                    strerror(errno));
+    }
+    return CDDP_OK;
+}
+
+/* The epochs, from where training starts to --epochs (or --target_acc reached). A stop the ranks
+ * agree on (SIGTERM, Ctrl-C) saves after the step and ends: *stopped then holds the program's
+ * status. */
+static int train(job *j, int *stopped, cddp_error *err) {
+    const options *o = &j->o;
+    cddp_stop_catch(j->rank == 0 ? RUN_STOP_SAY : NULL);
+    for (int epoch = j->first_epoch; epoch < o->epochs; epoch++) {
+        bool mid_epoch = epoch == j->first_epoch && j->mid.position > 0;
+        if (!mid_epoch) cddp_sampler_set_epoch(j->sampler, epoch);
         double t0 = cddp_now_s();
         int64_t epoch_samples = 0;
-        cddp_batch b;
-        int rc = 0;
-        bool train_epoch = !(epoch == first_epoch && trained_whole);
-        epochs_trained += train_epoch;
-        if (!train_epoch) {
-            cddp_ddp_print0(ddp,
+        bool trained = !(epoch == j->first_epoch && j->trained_whole);
+        j->epochs_trained += trained;
+        if (!trained) {
+            cddp_ddp_print0(j->ddp,
                             "epoch %d was trained whole before the checkpoint: its "
                             "evaluation and end-of-epoch checkpoint follow\n",
                             epoch);
-            if (curve.nloss) last_loss = curve.loss[curve.nloss - 1].value; /* its last step's */
+            if (j->curve.nloss) j->last_loss = j->curve.loss[j->curve.nloss - 1].value;
         }
-        if (train_epoch) cddp_loader_begin(train_loader);
-        while (train_epoch && (rc = cddp_loader_next(train_loader, &b, &err)) == 1) {
-            int64_t step = (epoch == first_epoch ? done : 0) + b.index; /* in the epoch */
-            cddp_ctx_reset(ctx);
-            cddp_tensor *loss =
-                cddp_cross_entropy(ctx, cddp_model_forward(m, ctx, images(ctx, &b, cnn)),
-                                   cddp_batch_tensor(ctx, &b, 1), CDDP_REDUCE_MEAN);
-            cddp_model_zero_grad(m);
-            if (cddp_backward(ctx, loss) != CDDP_OK) {
-                cddp_error_set(&err, cddp_ctx_status(ctx), "%s", cddp_ctx_error(ctx));
-                goto fail;
-            }
-            if (cosine)
-                cddp_optim_set_lr(opt, cddp_lr_warmup_cosine(epoch * steps + step, o.lr, 0.0f, 0,
-                                                             o.epochs * steps));
-            cddp_optim_step(opt);
-            last_loss = cddp_get(loss, 0);
-            if (!isfinite(last_loss)) {
-                cddp_error_set(&err, CDDP_ERANGE,
-                               "the loss became %g in epoch %d, step %" PRId64
-                               ": training diverged (a smaller --lr, now %g?)",
-                               last_loss, epoch, step, (double)o.lr);
-                goto fail;
-            }
+        cddp_batch b;
+        int rc = 0;
+        if (trained) cddp_loader_begin(j->train_loader);
+        while (trained && (rc = cddp_loader_next(j->train_loader, &b, err)) == 1) {
+            CDDP_TRY(train_step(j, epoch, &b, stopped, err));
+            if (*stopped >= 0) return CDDP_OK;
             epoch_samples += b.size;
-            if (sample_log) { /* flushed every step: a killed job's log ends at its last step */
-                for (int64_t k = 0; k < b.size; k++)
-                    fprintf(sample_log, "%d %" PRId64 " %" PRId64 "\n", epoch, step, b.indices[k]);
-                fflush(sample_log);
-            }
-            bool saved = files && o.save_every > 0 && ++since_save % o.save_every == 0;
-            int sig = 0;
-            if (cddp_stop_agreed(group, &sig, &err) != CDDP_OK) goto fail;
-            if ((saved || (sig && files)) &&
-                save_checkpoint(ddp, group, ctx, opt, ckpt, &o, epoch, epoch * steps + step + 1,
-                                cddp_sampler_get_state(sampler), &err) != CDDP_OK)
-                goto fail;
-            if (sig) {
-                if (files && rank == 0) { /* the losses up to here */
-                    curves_add_loss(&curve, epoch * steps + step, epoch, last_loss);
-                    if (!curves_save(&curve, o.out))
-                        fprintf(stderr, "fashion_mnist: cannot write the curves in %s: %s\n", o.out,
-                                strerror(errno));
-                }
-                char after[64];
-                snprintf(after, sizeof after, "step %" PRId64 " of epoch %d", step, epoch);
-                status = run_stopped(ddp, sig, after, files ? ckpt : NULL);
-                goto done;
-            }
-            if (rank == 0) {
-                progress(&o, tty, epoch, step, steps, last_loss);
-                if (files) curves_add_loss(&curve, epoch * steps + step, epoch, last_loss);
-                curves_scalar(&curve, "loss", epoch * steps + step, last_loss);
-                curves_scalar(&curve, "lr", epoch * steps + step, (double)cddp_optim_lr(opt));
-                curves_ddp(&curve, ddp, epoch * steps + step);
-            }
         }
-        if (train_epoch && rc < 0) goto fail;
+        if (trained && rc < 0) return err->code;
         double epoch_s = cddp_now_s() - t0;
-        train_s += epoch_s;
-        samples += epoch_samples;
-        epochs_run++;
-        if (evaluate(m, ctx, test_loader, cnn, group, &acc, &err) < 0) goto fail;
-        cddp_ddp_print0(ddp, "epoch: %d, test accuracy: %.4f\n", epoch, acc);
-        if (rank == 0) {
-            curves_scalar(&curve, "test_accuracy", (epoch + 1) * steps - 1, acc);
-            if (train_epoch) /* the time of an epoch trained before the checkpoint is not known */
-                curves_scalar(&curve, "samples_per_s", (epoch + 1) * steps - 1,
-                              epoch_s > 0 ? (double)epoch_samples * world / epoch_s : 0.0);
-        }
-        if (files) { /* the checkpoint, then the metrics that point to it */
-            if (save_checkpoint(ddp, group, ctx, opt, ckpt, &o, epoch + 1, (epoch + 1) * steps,
-                                (cddp_sampler_state){.epoch = epoch + 1}, &err) != CDDP_OK)
-                goto fail;
-            double sps = !train_epoch  ? NAN
-                         : epoch_s > 0 ? (double)epoch_samples * world / epoch_s
-                                       : 0;
-            if (csv) {
-                fprintf(csv, "%d,%.6f,%.4f,%.1f,%d\n", epoch, last_loss, acc, sps, world);
-                fflush(csv);
-            }
-            if (rank == 0) {
-                curves_add_eval(&curve, (epoch + 1) * steps - 1, epoch, acc);
-                if (!curves_save(&curve, o.out))
-                    fprintf(stderr, "fashion_mnist: cannot write the curves in %s: %s\n", o.out,
-                            strerror(errno));
-            }
-        }
+        j->train_s += epoch_s;
+        j->samples += epoch_samples;
+        j->epochs_run++;
+        CDDP_TRY(end_epoch(j, epoch, trained, epoch_s, epoch_samples, err));
         fflush(stdout);
-        if (o.target_acc > 0 && acc >= o.target_acc) break;
+        if (o->target_acc > 0 && j->acc >= o->target_acc) break;
     }
     cddp_stop_release();
-    if (o.save) {
+    return CDDP_OK;
+}
+
+/* After the loop: --save, where things went, the samples over the ranks (none is an error) and
+ * the JSON line. */
+static int finish(job *j, cddp_error *err) {
+    const options *o = &j->o;
+    if (o->save) {
         char ep[16];
-        snprintf(ep, sizeof ep, "%d", first_epoch + epochs_run);
-        const char *meta[] = {"epoch", ep, "model", o.model, NULL};
-        if (cddp_ddp_save(ddp, o.save, opt, meta, &err) != CDDP_OK) goto fail;
-        cddp_ddp_print0(ddp, "saved %s\n", o.save);
+        snprintf(ep, sizeof ep, "%d", j->first_epoch + j->epochs_run);
+        const char *meta[] = {"epoch", ep, "model", o->model, NULL};
+        CDDP_TRY(cddp_ddp_save(j->ddp, o->save, j->opt, meta, err));
+        cddp_ddp_print0(j->ddp, "saved %s\n", o->save);
     }
-    if (files)
-        cddp_ddp_print0(ddp, "checkpoint: %s\nmetrics: %s\ncurves: %s\n", ckpt, csv_path, svg_path);
-    int64_t total = samples;
-    if (cddp_comm_allreduce(group, &total, &total, 1, CDDP_COMM_I64, CDDP_COMM_SUM, -1, &err))
-        goto fail;
-    if (epochs_trained > 0 && total == 0) {
-        cddp_error_set(&err, CDDP_EINVAL, "trained on no samples in %d epoch%s: is %s empty?",
-                       epochs_trained, epochs_trained > 1 ? "s" : "", o.data ? o.data : "the data");
-        goto fail;
+    if (j->files)
+        cddp_ddp_print0(j->ddp, "checkpoint: %s\nmetrics: %s\ncurves: %s\n", j->ckpt, j->csv_path,
+                        j->svg_path);
+    int64_t total = j->samples;
+    CDDP_TRY(
+        cddp_comm_allreduce(j->group, &total, &total, 1, CDDP_COMM_I64, CDDP_COMM_SUM, -1, err));
+    if (j->epochs_trained > 0 && total == 0)
+        return cddp_error_set(err, CDDP_EINVAL, "trained on no samples in %d epoch%s: is %s empty?",
+                              j->epochs_trained, j->epochs_trained > 1 ? "s" : "",
+                              o->data ? o->data : "the data");
+    if (!o->json || j->rank != 0) return CDDP_OK;
+    cddp_ddp_stats st = cddp_ddp_stats_get(j->ddp);
+    printf("{\"model\": \"%s\", \"dtype\": \"%s\", \"optimizer\": \"%s\", \"epochs\": %d, "
+           "\"batch_per_rank\": %d, "
+           "\"world\": %d, \"hook\": \"%s\", \"zero\": %s, \"optim_state_bytes\": %lld, "
+           "\"peak_rss_bytes\": %lld, \"train_samples\": %lld, \"train_s\": %.3f, "
+           "\"samples_per_s\": %.1f, \"final_loss\": %.6f, \"test_acc\": %.4f, "
+           "\"last_step\": {\"forward_ms\": %.3f, \"backward_ms\": %.3f, \"allreduce_ms\": "
+           "%.3f, \"wait_ms\": %.3f, \"overlap\": %.3f}}\n",
+           o->model, cddp_dtype_name(j->compute), o->optimizer, j->epochs_run, o->batch, j->world,
+           o->hook, o->zero ? "true" : "false", run_optim_state_bytes(j->opt), run_peak_rss_bytes(),
+           (long long)total, j->train_s, j->train_s > 0 ? (double)total / j->train_s : 0.0,
+           j->last_loss, j->acc, st.forward_s * 1e3, st.backward_s * 1e3, st.comm_s * 1e3,
+           st.wait_s * 1e3, st.overlap);
+    return CDDP_OK;
+}
+
+static void job_close(job *j) {
+    if (j->csv) fclose(j->csv);
+    if (j->sample_log) fclose(j->sample_log);
+    curves_free(&j->curve);
+    cddp_ddp_destroy(j->ddp);
+    cddp_optim_destroy(j->opt);
+    cddp_model_destroy(j->m);
+    cddp_ctx_destroy(j->ctx);
+    cddp_loader_destroy(j->train_loader);
+    cddp_loader_destroy(j->test_loader);
+    cddp_sampler_destroy(j->sampler);
+    cddp_dataset_destroy(j->train);
+    cddp_dataset_destroy(j->test);
+    cddp_comm_destroy(j->group);
+}
+
+int main(int argc, char **argv) {
+    run_stop_watch("fashion_mnist"); /* before any thread: SIGTERM, SIGINT to one of their own */
+    static job j = {.last_loss = NAN};
+    options *o = &j.o;
+    if (parse_args(argc, argv, o) != 0) return 2;
+    if (!run_device("fashion_mnist", o->device, o->dtype, &j.dev, &j.compute)) return 2;
+    j.curve = (curves){.title = j.title, .eval_label = "test accuracy", .eval_is_fraction = true};
+    j.cnn = strcmp(o->model, "mlp") != 0;
+    j.resnet = strcmp(o->model, "resnet") == 0;
+    j.cosine = strcmp(o->schedule, "cosine") == 0;
+    j.files = strcmp(o->out, "none") != 0 && *o->out;
+    cddp_error err = {0};
+    int stopped = -1;
+    /* The group: one process on its own, or the ranks cddprun (or mpirun) started. */
+    if ((j.group = cddp_comm_create(NULL, &err))) {
+        j.rank = cddp_comm_rank(j.group);
+        j.world = cddp_comm_size(j.group);
     }
-    if (o.json && rank == 0) {
-        cddp_ddp_stats st = cddp_ddp_stats_get(ddp);
-        printf("{\"model\": \"%s\", \"dtype\": \"%s\", \"optimizer\": \"%s\", \"epochs\": %d, "
-               "\"batch_per_rank\": %d, "
-               "\"world\": %d, \"hook\": \"%s\", \"zero\": %s, \"optim_state_bytes\": %lld, "
-               "\"peak_rss_bytes\": %lld, \"train_samples\": %lld, \"train_s\": %.3f, "
-               "\"samples_per_s\": %.1f, \"final_loss\": %.6f, \"test_acc\": %.4f, "
-               "\"last_step\": {\"forward_ms\": %.3f, \"backward_ms\": %.3f, \"allreduce_ms\": "
-               "%.3f, \"wait_ms\": %.3f, \"overlap\": %.3f}}\n",
-               o.model, cddp_dtype_name(compute), o.optimizer, epochs_run, o.batch, world, o.hook,
-               o.zero ? "true" : "false", run_optim_state_bytes(opt), run_peak_rss_bytes(),
-               (long long)total, train_s, train_s > 0 ? (double)total / train_s : 0.0, last_loss,
-               acc, st.forward_s * 1e3, st.backward_s * 1e3, st.comm_s * 1e3, st.wait_s * 1e3,
-               st.overlap);
-    }
-    status = 0;
-    goto done;
-fail:
-    fprintf(stderr, "fashion_mnist: %s\n", cddp_error_msg(&err));
-done:
-    if (csv) fclose(csv);
-    if (sample_log) fclose(sample_log);
-    curves_free(&curve);
-    cddp_ddp_destroy(ddp);
-    cddp_optim_destroy(opt);
-    cddp_model_destroy(m);
-    cddp_ctx_destroy(ctx);
-    cddp_loader_destroy(train_loader);
-    cddp_loader_destroy(test_loader);
-    cddp_sampler_destroy(sampler);
-    cddp_dataset_destroy(train);
-    cddp_dataset_destroy(test);
-    cddp_comm_destroy(group);
-    return status;
+    int rc = j.group ? CDDP_OK : err.code;
+    if (!rc) rc = open_files(&j, &err);
+    if (!rc) rc = open_data(&j, &err);
+    if (!rc) rc = open_model(&j, &err);
+    if (!rc) rc = start(&j, &err);
+    if (!rc) rc = train(&j, &stopped, &err);
+    if (!rc && stopped < 0) rc = finish(&j, &err);
+    if (rc) fprintf(stderr, "fashion_mnist: %s\n", cddp_error_msg(&err));
+    job_close(&j);
+    return rc ? 1 : stopped >= 0 ? stopped : 0;
 }

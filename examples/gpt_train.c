@@ -638,7 +638,8 @@ typedef struct job {
     cddp_ctx *ctx;
     double *iter_s; /* the loop's iteration times */
     int64_t n_iter_s, check, params;
-    char title[200], ckpt[4096], resume_path[4096];
+    /* restart_at: a restart's checkpoint, which o.resume may point to */
+    char title[200], ckpt[4096], resume_path[4096], restart_at[4096];
     curves curve;
     bool files;
     /* the loop */
@@ -654,9 +655,9 @@ static int open_paths(job *j, cddp_error *err) {
     if (j->files)
         snprintf(j->ckpt, sizeof j->ckpt, "%s/%s", o->out,
                  o->keep ? "checkpoints" : "checkpoint.safetensors");
-    char restart_at[4096];
-    if (j->files && run_restart_from(j->group, "gpt_train", o->out, restart_at, sizeof restart_at,
-                                     &o->resume, &o->init_from, err) != CDDP_OK)
+    if (j->files &&
+        run_restart_from(j->group, "gpt_train", o->out, j->restart_at, sizeof j->restart_at,
+                         &o->resume, &o->init_from, err) != CDDP_OK)
         return err->code;
     if (o->resume) {
         if (!*o->resume && !*j->ckpt)
