@@ -84,11 +84,53 @@ static const char *hook_name(int h) {
                                          : "none";
 }
 
+/* Every rank's parameters and buffers, by name and shape, against rank 0's: the first
+ * difference named on every rank. */
+static int agree_names(cddp_ddp *d, cddp_error *err) {
+    cddp_model *m = d->model;
+    int W = d->world, rc = CDDP_OK;
+    int nrec = d->nparams + cddp_model_num_buffers(m); /* parameters, then buffers */
+    param_rec *pm = cddp_calloc((size_t)nrec + 1, sizeof *pm);
+    param_rec *pall = cddp_calloc((size_t)W * ((size_t)nrec + 1), sizeof *pall);
+    if (!pm || !pall) {
+        rc = cddp_error_set(err, CDDP_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < nrec; i++) {
+        const cddp_tensor *t =
+            i < d->nparams ? cddp_model_param(m, i) : cddp_model_buffer(m, i - d->nparams);
+        snprintf(pm[i].name, sizeof pm[i].name, "%s", t->name);
+        pm[i].ndim = t->ndim;
+        for (int k = 0; k < t->ndim; k++) pm[i].shape[k] = t->shape[k];
+    }
+    int64_t n = (int64_t)(((size_t)nrec + 1) * sizeof *pm / 8);
+    CDDP_TRY_GOTO(
+        cddp_comm_allgather(d->group, pm, pall, n, CDDP_COMM_I64, cddp__ddp_timeout(d), err), out);
+    for (int r = 1; r < W; r++)
+        for (int i = 0; i < nrec; i++) {
+            const param_rec *a = &pall[(size_t)r * ((size_t)nrec + 1) + (size_t)i], *z = &pall[i];
+            if (memcmp(a, z, sizeof *a) == 0) continue;
+            char sa[64], sz[64];
+            cddp_shape_str((int)a->ndim, a->shape, sa, sizeof sa);
+            cddp_shape_str((int)z->ndim, z->shape, sz, sizeof sz);
+            rc = cddp_error_set(err, CDDP_ESHAPE,
+                                "DDP: %s %d differs: rank %d has '%s' %s but rank 0 has "
+                                "'%s' %s; every rank must build the same model",
+                                i < d->nparams ? "parameter" : "buffer",
+                                i < d->nparams ? i : i - d->nparams, r, a->name, sa, z->name, sz);
+            goto out;
+        }
+out:
+    cddp_free(pm);
+    cddp_free(pall);
+    return rc;
+}
+
 /* Every rank compares every rank with rank 0, so each reports the same first difference. */
 static int agree(cddp_ddp *d, cddp_error *err) {
     cddp_model *m = d->model;
     int W = d->world, rc = CDDP_OK;
-    int nb = cddp_model_num_buffers(m), nrec = d->nparams + nb; /* parameters, then buffers */
+    int nb = cddp_model_num_buffers(m);
     wrap_rec mine = {d->nparams,
                      (int64_t)cddp_model_numel(m),
                      nb,
@@ -105,9 +147,7 @@ static int agree(cddp_ddp *d, cddp_error *err) {
                      d->o.comm_hook != NULL,
                      d->o.powersgd_start_step};
     wrap_rec *all = cddp_calloc((size_t)W, sizeof *all);
-    param_rec *pm = cddp_calloc((size_t)nrec + 1, sizeof *pm);
-    param_rec *pall = cddp_calloc((size_t)W * ((size_t)nrec + 1), sizeof *pall);
-    if (!all || !pm || !pall) {
+    if (!all) {
         rc = cddp_error_set(err, CDDP_ENOMEM, "out of memory");
         goto out;
     }
@@ -157,35 +197,9 @@ static int agree(cddp_ddp *d, cddp_error *err) {
 #undef ASIS
 #undef HAS
     }
-    for (int i = 0; i < nrec; i++) {
-        const cddp_tensor *t =
-            i < d->nparams ? cddp_model_param(m, i) : cddp_model_buffer(m, i - d->nparams);
-        snprintf(pm[i].name, sizeof pm[i].name, "%s", t->name);
-        pm[i].ndim = t->ndim;
-        for (int k = 0; k < t->ndim; k++) pm[i].shape[k] = t->shape[k];
-    }
-    int64_t n = (int64_t)(((size_t)nrec + 1) * sizeof *pm / 8);
-    CDDP_TRY_GOTO(
-        cddp_comm_allgather(d->group, pm, pall, n, CDDP_COMM_I64, cddp__ddp_timeout(d), err), out);
-    for (int r = 1; r < W; r++)
-        for (int i = 0; i < nrec; i++) {
-            const param_rec *a = &pall[(size_t)r * ((size_t)nrec + 1) + (size_t)i], *z = &pall[i];
-            if (memcmp(a, z, sizeof *a) == 0) continue;
-            char sa[64], sz[64];
-            cddp_shape_str((int)a->ndim, a->shape, sa, sizeof sa);
-            cddp_shape_str((int)z->ndim, z->shape, sz, sizeof sz);
-            rc = cddp_error_set(err, CDDP_ESHAPE,
-                                "DDP: %s %d differs: rank %d has '%s' %s but rank 0 has "
-                                "'%s' %s; every rank must build the same model",
-                                i < d->nparams ? "parameter" : "buffer",
-                                i < d->nparams ? i : i - d->nparams, r, a->name, sa, z->name, sz);
-            goto out;
-        }
 out:
     cddp_free(all);
-    cddp_free(pm);
-    cddp_free(pall);
-    return rc;
+    return rc == CDDP_OK ? agree_names(d, err) : rc;
 }
 
 void cddp_ddp_destroy(cddp_ddp *d) {
@@ -272,6 +286,136 @@ static int choose_overlap(cddp_ddp *d, cddp_error *err) {
     return CDDP_OK;
 }
 
+/* The options, checked alone (before any rank talks to another): bucket_cap_mb's default, the
+ * combinations that do not go together, refused in words; the transport asked for (the option's,
+ * else CDDP_DDP_TRANSPORT's: *from_knob), or NULL. */
+static const cddp_dcomm_transport_info *check_options(cddp_ddp_options *o, bool *from_knob,
+                                                      cddp_error *err) {
+    if (o->bucket_cap_mb <= 0) o->bucket_cap_mb = 25;
+    if ((unsigned)o->hook > CDDP_DDP_HOOK_POWERSGD) {
+        cddp_error_set(err, CDDP_EINVAL, "cddp_ddp_wrap: unknown hook %d", (int)o->hook);
+        return NULL;
+    }
+    if ((unsigned)o->overlap > CDDP_DDP_OVERLAP_INLINE) {
+        cddp_error_set(err, CDDP_EINVAL, "cddp_ddp_wrap: unknown overlap %d", (int)o->overlap);
+        return NULL;
+    }
+    if (o->shard_optimizer && (o->hook == CDDP_DDP_HOOK_POWERSGD || o->join)) {
+        cddp_error_set(err, CDDP_EUNSUPPORTED,
+                       "cddp_ddp_wrap: shard_optimizer does not go with %s; %s",
+                       o->join ? "join" : "the powersgd hook",
+                       o->join ? "a rank that joined takes no optimizer step, so its shard "
+                                 "would stay behind: train with even inputs (drop the last "
+                                 "batches) or without shard_optimizer"
+                               : "PowerSGD compresses whole matrices, which the shards cut: drop "
+                                 "the hook or the option");
+        return NULL;
+    }
+    if (o->hook == CDDP_DDP_HOOK_POWERSGD &&
+        (o->join || o->powersgd_rank < 0 || o->powersgd_start_step < 0)) {
+        cddp_error_set(err, CDDP_EINVAL,
+                       o->join ? "cddp_ddp_wrap: the powersgd hook does not go with join (a rank "
+                                 "that joined would have to shadow its two sums a bucket): "
+                                 "train with even inputs, or with another hook"
+                               : "cddp_ddp_wrap: powersgd_rank and powersgd_start_step must not "
+                                 "be negative (0: their defaults, 1 and 1001)");
+        return NULL;
+    }
+    if (o->comm_hook &&
+        (o->hook != CDDP_DDP_HOOK_NONE || o->sum || o->shard_optimizer || o->join)) {
+        cddp_error_set(err, CDDP_EINVAL,
+                       "cddp_ddp_wrap: a comm_hook makes the gradients itself: it does not go "
+                       "with %s",
+                       o->hook != CDDP_DDP_HOOK_NONE ? "a hook (choose one of the two)"
+                       : o->sum ? "sum (the hook decides what it leaves: a sum, or the mean)"
+                       : o->shard_optimizer
+                           ? "shard_optimizer (whose reduce-scatter gives each rank its part)"
+                           : "join (a rank that joined could not shadow the hook's collectives)");
+        return NULL;
+    }
+    /* the transport asked for: the option's, else CDDP_DDP_TRANSPORT's */
+    *from_knob = !o->transport || strcmp(o->transport, "auto") == 0;
+    const char *asked = *from_knob ? cddp_knob_str(CDDP_KNOB_DDP_TRANSPORT) : o->transport;
+    cddp_error e = {0};
+    const cddp_dcomm_transport_info *tr = cddp_dcomm_transport_find(asked, &e);
+    if (!tr) { /* e says "'NAME' is not a transport: expected ...", after this rank's prefix */
+        const char *says = strchr(e.msg, '\'');
+        cddp_error_set(err, CDDP_EINVAL, "%s%s: %s", *from_knob ? "CDDP_DDP_TRANSPORT=" : "",
+                       *from_knob ? asked : "cddp_ddp_wrap", says ? says : e.msg);
+        return NULL;
+    }
+    if (tr->on_device && (o->hook == CDDP_DDP_HOOK_POWERSGD || o->comm_hook)) {
+        cddp_error_set(err, CDDP_EUNSUPPORTED,
+                       "cddp_ddp_wrap: %s reduces host memory: it does not go with the %s "
+                       "transport (take the host transport, or another hook)",
+                       o->comm_hook ? "a comm_hook" : "the powersgd hook", tr->name);
+        return NULL;
+    }
+    if (tr->f32_sums && o->hook != CDDP_DDP_HOOK_NONE) {
+        cddp_error_set(err, CDDP_EUNSUPPORTED,
+                       "cddp_ddp_wrap: the %s transport does not go with a bf16/fp16 hook: %s "
+                       "reduces in float32 (the hooks halve what crosses a network; between "
+                       "the GPUs of one host, drop the hook)",
+                       tr->name, tr->says);
+        return NULL;
+    }
+    return tr;
+}
+
+/* The transport, once every rank asks for the same (d->tr: the one asked for): auto's choice
+ * made and why said in d->why; the reducer it takes, the host copies of a model on a device,
+ * the device communicator of a transport that reduces on the device; the line that says so. */
+static int take_transport(cddp_ddp *d, bool from_knob, cddp_error *err) {
+    const cddp_ddp_options *o = &d->o;
+    if (d->tr->automatic && (o->hook == CDDP_DDP_HOOK_POWERSGD || o->comm_hook)) {
+        d->tr = cddp_dcomm_transport_find("host", NULL); /* its sums are of host memory */
+        snprintf(d->why, sizeof d->why, "auto: %s reduces host memory",
+                 o->comm_hook ? "the comm_hook" : "the powersgd hook");
+    } else if (d->tr->automatic) {
+        char why[sizeof d->why - 8];
+        CDDP_TRY(
+            cddp_dcomm_choose(d->group, cddp_model_device(d->model), &d->tr, why, sizeof why, err));
+        snprintf(d->why, sizeof d->why, "auto: %s", why);
+    } else {
+        snprintf(d->why, sizeof d->why, "transport %s, as %s", d->tr->name,
+                 from_knob ? "CDDP_DDP_TRANSPORT names" : "named");
+    }
+    d->o.transport = d->tr->name;
+    if (cddp__ddp_on_device(d) && o->shard_optimizer && o->hook != CDDP_DDP_HOOK_NONE)
+        return cddp_error_set(err, CDDP_EUNSUPPORTED,
+                              "cddp_ddp_wrap: shard_optimizer with a bf16/fp16 hook reduces host "
+                              "copies: not with the %s transport (%s); take the host transport, "
+                              "or drop the hook or the option",
+                              d->tr->name, d->why);
+    d->reducer = cddp__ddp_reducer(d);
+    d->alone = d->world == 1 && d->reducer == &cddp__allreduce_reducer && !o->join &&
+               !o->find_unused_parameters;
+    CDDP_TRY(cddp__ddp_stage_setup(d, err));
+    if (cddp__ddp_on_device(d)) { /* ipc: a scratch as large as the gradients (and each
+                                   * bucket's padding), so a step never waits to start it over */
+        size_t scratch =
+            (cddp_model_numel(d->model) + (size_t)(d->nparams + 1) * (size_t)d->world * 64) *
+            sizeof(float);
+        if (!(d->dcomm = cddp_dcomm_create(d->group, d->dev,
+                                           &(cddp_dcomm_options){.transport = d->tr->name,
+                                                                 .timeout_s = o->timeout_s,
+                                                                 .scratch_bytes = scratch},
+                                           err)))
+            return err->code;
+    }
+    /* what a device's gradients go through and why, once, on rank 0 (as comm's backend line) */
+    if (d->staged && d->alone)
+        cddp_log(d->rank == 0 ? CDDP_LOG_INFO : CDDP_LOG_DEBUG, "ddp",
+                 "the model is on %s: its gradients are left where they are (one rank: nothing "
+                 "to reduce)",
+                 cddp_device_name(d->dev));
+    else if (d->staged)
+        cddp_log(d->rank == 0 ? CDDP_LOG_INFO : CDDP_LOG_DEBUG, "ddp",
+                 "the model is on %s: its gradients are reduced %s (%s)", cddp_device_name(d->dev),
+                 d->dcomm ? d->tr->how : "from host copies by the group's transports", d->why);
+    return CDDP_OK;
+}
+
 cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options *opts,
                         cddp_error *err) {
     if (!m || !group) {
@@ -285,73 +429,9 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
         return NULL;
     }
     cddp_ddp_options o = opts ? *opts : (cddp_ddp_options){0};
-    if (o.bucket_cap_mb <= 0) o.bucket_cap_mb = 25;
-    if ((unsigned)o.hook > CDDP_DDP_HOOK_POWERSGD) {
-        cddp_error_set(err, CDDP_EINVAL, "cddp_ddp_wrap: unknown hook %d", (int)o.hook);
-        return NULL;
-    }
-    if ((unsigned)o.overlap > CDDP_DDP_OVERLAP_INLINE) {
-        cddp_error_set(err, CDDP_EINVAL, "cddp_ddp_wrap: unknown overlap %d", (int)o.overlap);
-        return NULL;
-    }
-    if (o.shard_optimizer && (o.hook == CDDP_DDP_HOOK_POWERSGD || o.join)) {
-        cddp_error_set(err, CDDP_EUNSUPPORTED,
-                       "cddp_ddp_wrap: shard_optimizer does not go with %s; %s",
-                       o.join ? "join" : "the powersgd hook",
-                       o.join ? "a rank that joined takes no optimizer step, so its shard "
-                                "would stay behind: train with even inputs (drop the last "
-                                "batches) or without shard_optimizer"
-                              : "PowerSGD compresses whole matrices, which the shards cut: drop "
-                                "the hook or the option");
-        return NULL;
-    }
-    if (o.hook == CDDP_DDP_HOOK_POWERSGD &&
-        (o.join || o.powersgd_rank < 0 || o.powersgd_start_step < 0)) {
-        cddp_error_set(err, CDDP_EINVAL,
-                       o.join ? "cddp_ddp_wrap: the powersgd hook does not go with join (a rank "
-                                "that joined would have to shadow its two sums a bucket): "
-                                "train with even inputs, or with another hook"
-                              : "cddp_ddp_wrap: powersgd_rank and powersgd_start_step must not "
-                                "be negative (0: their defaults, 1 and 1001)");
-        return NULL;
-    }
-    if (o.comm_hook && (o.hook != CDDP_DDP_HOOK_NONE || o.sum || o.shard_optimizer || o.join)) {
-        cddp_error_set(err, CDDP_EINVAL,
-                       "cddp_ddp_wrap: a comm_hook makes the gradients itself: it does not go "
-                       "with %s",
-                       o.hook != CDDP_DDP_HOOK_NONE ? "a hook (choose one of the two)"
-                       : o.sum ? "sum (the hook decides what it leaves: a sum, or the mean)"
-                       : o.shard_optimizer
-                           ? "shard_optimizer (whose reduce-scatter gives each rank its part)"
-                           : "join (a rank that joined could not shadow the hook's collectives)");
-        return NULL;
-    }
-    /* the transport asked for: the option's, else CDDP_DDP_TRANSPORT's */
-    bool from_knob = !o.transport || strcmp(o.transport, "auto") == 0;
-    const char *asked = from_knob ? cddp_knob_str(CDDP_KNOB_DDP_TRANSPORT) : o.transport;
-    cddp_error e = {0};
-    const cddp_dcomm_transport_info *tr = cddp_dcomm_transport_find(asked, &e);
-    if (!tr) { /* e says "'NAME' is not a transport: expected ...", after this rank's prefix */
-        const char *says = strchr(e.msg, '\'');
-        cddp_error_set(err, CDDP_EINVAL, "%s%s: %s", from_knob ? "CDDP_DDP_TRANSPORT=" : "",
-                       from_knob ? asked : "cddp_ddp_wrap", says ? says : e.msg);
-        return NULL;
-    }
-    if (tr->on_device && (o.hook == CDDP_DDP_HOOK_POWERSGD || o.comm_hook)) {
-        cddp_error_set(err, CDDP_EUNSUPPORTED,
-                       "cddp_ddp_wrap: %s reduces host memory: it does not go with the %s "
-                       "transport (take the host transport, or another hook)",
-                       o.comm_hook ? "a comm_hook" : "the powersgd hook", tr->name);
-        return NULL;
-    }
-    if (tr->f32_sums && o.hook != CDDP_DDP_HOOK_NONE) {
-        cddp_error_set(err, CDDP_EUNSUPPORTED,
-                       "cddp_ddp_wrap: the %s transport does not go with a bf16/fp16 hook: %s "
-                       "reduces in float32 (the hooks halve what crosses a network; between "
-                       "the GPUs of one host, drop the hook)",
-                       tr->name, tr->says);
-        return NULL;
-    }
+    bool from_knob = false;
+    const cddp_dcomm_transport_info *tr = check_options(&o, &from_knob, err);
+    if (!tr) return NULL;
     cddp_ddp *d = cddp_calloc(1, sizeof *d);
     if (!d) {
         cddp_error_set(err, CDDP_ENOMEM, "out of memory");
@@ -385,56 +465,7 @@ cddp_ddp *cddp_ddp_wrap(cddp_model *m, cddp_comm *group, const cddp_ddp_options 
     d->stats_every = CDDP_MAX(cddp_knob_int(CDDP_KNOB_DDP_STATS_EVERY), 1);
     cddp__ddp_straggler_init(d);
     CDDP_TRY_GOTO(agree(d, err), out);
-    /* the transport, once every rank asks for the same */
-    if (tr->automatic && (o.hook == CDDP_DDP_HOOK_POWERSGD || o.comm_hook)) {
-        d->tr = cddp_dcomm_transport_find("host", NULL); /* its sums are of host memory */
-        snprintf(d->why, sizeof d->why, "auto: %s reduces host memory",
-                 o.comm_hook ? "the comm_hook" : "the powersgd hook");
-    } else if (tr->automatic) {
-        char why[sizeof d->why - 8];
-        CDDP_TRY_GOTO(cddp_dcomm_choose(group, cddp_model_device(m), &d->tr, why, sizeof why, err),
-                      out);
-        snprintf(d->why, sizeof d->why, "auto: %s", why);
-    } else {
-        snprintf(d->why, sizeof d->why, "transport %s, as %s", tr->name,
-                 from_knob ? "CDDP_DDP_TRANSPORT names" : "named");
-    }
-    d->o.transport = d->tr->name;
-    if (cddp__ddp_on_device(d) && o.shard_optimizer && o.hook != CDDP_DDP_HOOK_NONE) {
-        rc = cddp_error_set(err, CDDP_EUNSUPPORTED,
-                            "cddp_ddp_wrap: shard_optimizer with a bf16/fp16 hook reduces host "
-                            "copies: not with the %s transport (%s); take the host transport, or "
-                            "drop the hook or the option",
-                            d->tr->name, d->why);
-        goto out;
-    }
-    d->reducer = cddp__ddp_reducer(d);
-    d->alone = d->world == 1 && d->reducer == &cddp__allreduce_reducer && !o.join &&
-               !o.find_unused_parameters;
-    CDDP_TRY_GOTO(cddp__ddp_stage_setup(d, err), out);
-    if (cddp__ddp_on_device(d)) { /* ipc: a scratch as large as the gradients (and each
-                                   * bucket's padding), so a step never waits to start it over */
-        size_t scratch = (cddp_model_numel(m) + (size_t)(d->nparams + 1) * (size_t)d->world * 64) *
-                         sizeof(float);
-        if (!(d->dcomm = cddp_dcomm_create(group, d->dev,
-                                           &(cddp_dcomm_options){.transport = d->tr->name,
-                                                                 .timeout_s = o.timeout_s,
-                                                                 .scratch_bytes = scratch},
-                                           err))) {
-            rc = err->code;
-            goto out;
-        }
-    }
-    /* what a device's gradients go through and why, once, on rank 0 (as comm's backend line) */
-    if (d->staged && d->alone)
-        cddp_log(d->rank == 0 ? CDDP_LOG_INFO : CDDP_LOG_DEBUG, "ddp",
-                 "the model is on %s: its gradients are left where they are (one rank: nothing "
-                 "to reduce)",
-                 cddp_device_name(d->dev));
-    else if (d->staged)
-        cddp_log(d->rank == 0 ? CDDP_LOG_INFO : CDDP_LOG_DEBUG, "ddp",
-                 "the model is on %s: its gradients are reduced %s (%s)", cddp_device_name(d->dev),
-                 d->dcomm ? d->tr->how : "from host copies by the group's transports", d->why);
+    CDDP_TRY_GOTO(take_transport(d, from_knob, err), out);
     /* Everyone starts from rank 0's weights. */
     CDDP_TRY_GOTO(cddp__ddp_params_in(d, err), out);
     CDDP_TRY_GOTO(cddp_comm_broadcast(group, cddp__ddp_params(d), (int64_t)cddp_model_numel(m),
