@@ -10,6 +10,9 @@ for f in include/cddp/cddp.h lib/libcddp.a lib/pkgconfig/cddp.pc lib/cmake/cddp/
     [ -e "$prefix/$f" ] || { echo "FAIL: $f was not installed"; exit 1; }
 done
 ls "$prefix"/lib/libcddp.so* >/dev/null || { echo "FAIL: no shared library installed"; exit 1; }
+# the library's own seams between its modules are not part of what it installs
+[ ! -e "$prefix/include/cddp/internal" ] || { echo "FAIL: include/cddp/internal/ was installed"; exit 1; }
+! grep -rq "cddp/internal/" "$prefix/include/cddp" || { echo "FAIL: an installed header includes cddp/internal/"; exit 1; }
 cmake -S "$src/tests/install" -B "$prefix/consumer" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$prefix/consumer" >/dev/null
 "$prefix/consumer/consumer"

@@ -33,6 +33,8 @@
  * [at, at + bytes) of another's scratch knowing that the other wrote its own copy there. */
 #include "dcomm/internal.h"
 
+#include "cddp/internal/device.h"
+
 #include <stdio.h>
 #include <string.h>
 

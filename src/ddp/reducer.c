@@ -26,6 +26,8 @@
  */
 #include "ddp/internal.h"
 
+#include "cddp/internal/device.h"
+
 #include <stdio.h>
 #include <string.h>
 

@@ -14,6 +14,7 @@
 #include "io/internal.h"
 
 #include "cddp/device.h"
+#include "cddp/internal/device.h"
 
 #include <inttypes.h>
 #include <stdio.h>

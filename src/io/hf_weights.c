@@ -15,6 +15,7 @@
 #include "io/internal.h"
 
 #include "cddp/device.h"
+#include "cddp/internal/device.h"
 
 #include <inttypes.h>
 #include <stdlib.h>

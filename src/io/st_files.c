@@ -10,6 +10,7 @@
 #include "io/internal.h"
 
 #include "cddp/device.h"
+#include "cddp/internal/device.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -1,6 +1,8 @@
 /* blocks.c: a model's declarations and its flat parameter, gradient and buffer blocks. */
 #include "nn/internal.h"
 
+#include "cddp/internal/device.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>

@@ -11,6 +11,7 @@
 #define CDDP_OPTIM_INTERNAL_H
 
 #include "cddp/optim.h"
+#include "cddp/internal/device.h"
 
 #define CDDP__OPTIM_MAX_STATES 2
 

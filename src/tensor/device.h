@@ -21,6 +21,7 @@
 #define CDDP_TENSOR_DEVICE_H
 
 #include "cddp/device.h"
+#include "cddp/internal/device.h"
 #include "tensor/kernels.h"
 
 /* What a kernel runs with: its device and queue, and where its scratch memory and its failures

@@ -26,6 +26,7 @@
 #define CDDP_TENSOR_KERNELS_H
 
 #include "cddp/tensor.h"
+#include "cddp/internal/device.h"
 
 /* ---- shared argument types ----------------------------------------------------------------- */
 

@@ -20,6 +20,7 @@
  * ctest runs it on the emulated device; scripts/gpu/check.sh on a GPU (device "cuda"), and under
  * compute-sanitizer there. */
 #include <cddp/cddp.h>
+#include <cddp/internal/device.h>
 
 #include <math.h>
 #include <stdio.h>

@@ -15,6 +15,9 @@ for C (.c, .h) and CUDA (.cu, .cuh) alike.
 6. No device-kind branch above the devices' seam: outside src/tensor/ (the devices), no file of
    src/ or tools/ names a kind of device (CDDP_DEVICE_CPU, _EMU, _CUDA); code above asks a device
    what it can do (cddp_device_host_accessible, cddp_device_platform, ...) instead.
+7. The library's seams between its own modules (include/cddp/internal/) are not public: their
+   headers export nothing (no CDDP_API), no public header includes them, and no program of
+   tools/ does.
 
 Prints every breach and exits 1, or says what it checked and exits 0.
 """
@@ -200,6 +203,28 @@ for prog in sorted(os.listdir(os.path.join(src, "tools"))):
     if os.path.isdir(folder):
         program_circles(folder)
 
+# 7: include/cddp/internal/ stays internal.
+inc_dir = os.path.join(src, "include", "cddp")
+internal_headers = 0
+if os.path.isdir(inc_dir):
+    for d, _, files in os.walk(inc_dir):
+        for f in sorted(files):
+            if not f.endswith(".h"):
+                continue
+            path = os.path.join(d, f)
+            r = rel(path)
+            code = strip(open(path).read())
+            inside = os.path.basename(d) == "internal"
+            internal_headers += inside
+            if inside and re.search(r"\bCDDP_API\b", code):
+                bad.append(f"{r}: exports a function (CDDP_API): the library's seams are not "
+                           f"its public API")
+            if not inside and "cddp/internal/" in open(path).read():
+                bad.append(f"{r}: a public header includes cddp/internal/")
+for path in sources("tools"):
+    if "cddp/internal/" in open(path).read():
+        bad.append(f"{rel(path)}: includes cddp/internal/: the programs use the public API only")
+
 # 6: device kinds named above the seam.
 kind_name = re.compile(r"\bCDDP_DEVICE_(CPU|EMU|CUDA)\b")
 kind_files = 0
@@ -221,4 +246,4 @@ print(f"ok: {len(bodies)} files of src/: no private header of another module, no
       f"({sum(len(e) for e in edges.values())} links between files), no call to a floor above "
       f"({len(FLOORS)} floors), none over {MAX_LINES} lines; tools/ on public headers only, "
       f"no circle in a program of tools/; no device kind named in {kind_files} files above the "
-      f"devices' seam")
+      f"devices' seam; {internal_headers} internal header(s) kept internal")

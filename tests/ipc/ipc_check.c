@@ -20,6 +20,7 @@
  * the communicator failed, with its message). */
 #include <cddp/cddp.h>
 #include <cddp/dcomm.h>
+#include <cddp/internal/device.h>
 
 #include <math.h>
 #include <stdio.h>

@@ -14,6 +14,7 @@
  * Exit 0 when the sums are right; 3 when the communicator did not form; 4 when the collective
  * failed; 5 when a sum is wrong; 1 when the group did not form. */
 #include <cddp/cddp.h>
+#include <cddp/internal/device.h>
 
 #include <stdio.h>
 #include <stdlib.h>
