@@ -15,8 +15,14 @@
  *
  * The cases run on the test device (helpers.h): their inputs are copied there from the host for
  * every evaluation, and the outputs and gradients copied back.
+ *
+ * Every op of the library's list (src/tensor/ops/list.h) is checked here or named in
+ * `elsewhere` below with the test that checks its gradient (a fused op against its parts, bit for
+ * bit; a cast; a copy between devices): a new op fails test_every_op_is_checked until it is one
+ * or the other.
  */
 #include "helpers.h"
+#include "tensor/ops/list.h"
 
 enum {
     OP_MATMUL,
@@ -659,8 +665,54 @@ static int teardown(void **state) {
     return 0;
 }
 
+/* The ops whose gradients other tests check, and where. */
+static const char *const elsewhere[][2] = {
+    {"to_dtype", "test_bf16's test_bf16_to_dtype and the mixed-precision chains"},
+    {"to_blocked", "the blocked half of this file's cases (conv2d, batch_norm, ...)"},
+    {"to_nchw", "the blocked half of this file's cases"},
+    {"to_device", "test_device's test_to_round_trip (values and gradient, bit for bit)"},
+    {"conv2d_relu_max_pool2d", "test_ops: the fused op is its three parts, gradients included"},
+    {"batch_norm_relu", "test_ops' test_batch_norm_relu_is_the_two_ops"},
+    {"batch_norm_add_relu", "test_ops: the fused op is its parts, gradients included"},
+    {"qkv_attention", "test_bf16's test_bf16_qkv_attention_fused (against linear + attention)"},
+};
+
+/* This file's name for the op the list calls `name` (its own spelling where it differs). */
+static const char *checked_as(const char *name) {
+    return strcmp(name, "mse") == 0 ? "mse_loss" : name;
+}
+
+static void test_every_op_is_checked(void **state) {
+    (void)state;
+#define NAME(NAME_, name_) #name_,
+    static const char *const listed[] = {CDDP_OP_LIST(NAME)};
+#undef NAME
+    int n = (int)(sizeof listed / sizeof *listed), here = 0, other = 0;
+    for (int i = 0; i < n; i++) {
+        bool found = false;
+        for (int k = 0; k < OP_COUNT && !found; k++)
+            found = strcmp(op_names[k], checked_as(listed[i])) == 0;
+        here += found;
+        for (size_t k = 0; k < sizeof elsewhere / sizeof *elsewhere && !found; k++)
+            if (strcmp(elsewhere[k][0], listed[i]) == 0) found = true, other++;
+        if (!found)
+            fail_msg("op %s (src/tensor/ops/list.h) has no gradient check: add its cases here, or "
+                     "name the test that checks it in `elsewhere`",
+                     listed[i]);
+    }
+    /* and nothing named that the list no longer has */
+    for (size_t k = 0; k < sizeof elsewhere / sizeof *elsewhere; k++) {
+        bool listed_too = false;
+        for (int i = 0; i < n && !listed_too; i++) listed_too = !strcmp(listed[i], elsewhere[k][0]);
+        if (!listed_too) fail_msg("`elsewhere` names %s, which is not an op", elsewhere[k][0]);
+    }
+    assert_int_equal(here + other, n);
+    assert_int_equal(here, OP_COUNT);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_op_is_checked),
         cmocka_unit_test(test_grad_matmul),
         cmocka_unit_test(test_grad_linear),
         cmocka_unit_test(test_grad_gelu_tanh_linear),
