@@ -428,7 +428,7 @@ static void test_bf16_attention(void **state) {
 }
 
 /* Layer norm, GELU and attention, whose outputs feed linear layers, write them rounded to bf16
- * too in mixed precision (cddp_tensor.half): exactly data's rounding, which a linear layer then
+ * too in mixed precision (cddp_tensor.own.half): exactly data's rounding, which a linear layer then
  * reads instead of rounding data itself; in float32 they write none. */
 static void test_bf16_halves(void **state) {
     (void)state;
@@ -452,12 +452,12 @@ static void test_bf16_halves(void **state) {
         for (int o = 0; o < 3; o++) {
             assert_non_null(out[o]);
             if (c == ctx) {
-                assert_null(out[o]->half);
+                assert_null(out[o]->own.half);
                 continue;
             }
-            assert_non_null(out[o]->half);
+            assert_non_null(out[o]->own.half);
             const float *d = HOST(out[o]);
-            const uint16_t *h = (const uint16_t *)host_f32(out[o]->device, out[o]->half,
+            const uint16_t *h = (const uint16_t *)host_f32(out[o]->device, out[o]->own.half,
                                                            out[o]->numel / 2); /* numel: even */
             for (int64_t i = 0; i < out[o]->numel; i++) {
                 float v = bf16(d[i]);
@@ -537,15 +537,15 @@ static void gh_chain(int kind, bool keep, gh_run *out) {
     out->h_grad = NULL;
     out->h_half = NULL;
     if (keep) {
-        assert_null(h->grad_half);
+        assert_null(h->own.grad_half);
         out->h_grad = malloc((size_t)h->numel * sizeof(float));
         assert_non_null(out->h_grad);
         memcpy(out->h_grad, HOST_GRAD(h), (size_t)h->numel * sizeof(float));
-    } else if (h->grad_half) {
+    } else if (h->own.grad_half) {
         assert_null(h->grad);
         out->h_half = malloc((size_t)h->numel * sizeof(uint16_t));
         assert_non_null(out->h_half);
-        memcpy(out->h_half, host_f32(h->device, h->grad_half, h->numel / 2),
+        memcpy(out->h_half, host_f32(h->device, h->own.grad_half, h->numel / 2),
                (size_t)h->numel * sizeof(uint16_t));
     }
 }
@@ -633,16 +633,16 @@ static void linear_chain(tail t, bool keep, float *grads[3], uint16_t **half, fl
     *half = NULL;
     *h_grad = NULL;
     if (keep) {
-        assert_null(h->grad_half);
+        assert_null(h->own.grad_half);
         *h_grad = malloc(sizeof(float) * CN * COUT);
         assert_non_null(*h_grad);
         memcpy(*h_grad, HOST_GRAD(h), sizeof(float) * CN * COUT);
     } else {
-        assert_non_null(h->grad_half); /* the CPU's products take bf16 operands, emulated too */
+        assert_non_null(h->own.grad_half); /* the CPU's products take bf16 operands, emulated too */
         assert_null(h->grad);
         *half = malloc(sizeof(uint16_t) * CN * COUT);
         assert_non_null(*half);
-        memcpy(*half, host_f32(h->device, h->grad_half, CN * COUT / 2),
+        memcpy(*half, host_f32(h->device, h->own.grad_half, CN * COUT / 2),
                sizeof(uint16_t) * CN * COUT);
     }
 }
@@ -748,7 +748,7 @@ static void mlp_chain(cddp_ctx *c, bool fused, float *res[6]) {
                    fused ? cddp_gelu_tanh_linear(c, h, t[3], t[4])
                          : cddp_linear(c, cddp_gelu_tanh(c, h), t[3], t[4]),
                    res);
-    if (fused && c == lo) assert_non_null(h->grad_half); /* the first layer's, handed over */
+    if (fused && c == lo) assert_non_null(h->own.grad_half); /* the first layer's, handed over */
 }
 
 static void test_bf16_gelu_linear_fused(void **state) {

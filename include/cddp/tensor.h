@@ -53,26 +53,31 @@ struct cddp_tensor {
     int ndim;
     int64_t shape[CDDP_MAX_DIMS];
     int64_t numel;
-    void *data;         /* numel elements of dtype */
-    float *grad;        /* float32, numel; NULL until a gradient reaches a non-parameter;
-                           an op's output's is released by its backward (cddp_retain_grad) */
-    bool requires_grad; /* gradients flow to this tensor */
-    bool retain_grad;   /* an op's output keeps its gradient after backward */
-    void *half;       /* NULL, or numel bf16 values: data rounded by the op that wrote it, for mixed
-                         precision's products (a linear layer reads them instead of rounding data) */
-    void *grad_half;  /* NULL, or numel bf16 values: the whole gradient, rounded by the one op that
-                         made it, for the bf16 products of the op that made this tensor (a
-                         convolution's backward reads them instead of rounding grad); grad is then
-                         NULL */
-    bool is_param;    /* a model parameter: grad is persistent and accumulates (+=) */
-    int param_index;  /* index in its model, -1 for other tensors */
-    const char *name; /* parameter name, NULL for other tensors */
-    cddp_ready_hook ready_hook; /* autograd calls it when the gradient is final (autograd.h) */
-    void *ready_user;
+    void *data;          /* numel elements of dtype */
+    float *grad;         /* float32, numel; NULL until a gradient reaches a non-parameter;
+                            an op's output's is released by its backward (cddp_retain_grad) */
+    bool requires_grad;  /* gradients flow to this tensor */
+    bool retain_grad;    /* an op's output keeps its gradient after backward */
+    bool is_param;       /* a model parameter: grad is persistent and accumulates (+=) */
+    int param_index;     /* index in its model, -1 for other tensors */
+    const char *name;    /* parameter name, NULL for other tensors */
     cddp_node *node;     /* the op that made it (its grad_fn), NULL for leaves */
     int block;           /* 0: row-major; else a 4-D float32 tensor in the channel-blocked layout of
                             blocks of this many channels (see "Layouts"); grad in the same layout */
     cddp_device *device; /* where data and grad are (device.h) */
+    /* The library's own, not for programs (they change without notice): mixed precision's
+     * 16-bit copies and the ready hook (set it with cddp_tensor_set_ready_hook). */
+    struct cddp__tensor_own {
+        /* NULL, or numel bf16 values: data rounded by the op that wrote it, for mixed
+         * precision's products (a linear layer reads them instead of rounding data) */
+        void *half;
+        /* NULL, or numel bf16 values: the whole gradient, rounded by the one op that made it,
+         * for the bf16 products of the op that made this tensor (a convolution's backward reads
+         * them instead of rounding grad); grad is then NULL */
+        void *grad_half;
+        cddp_ready_hook ready_hook; /* autograd calls it when the gradient is final */
+        void *ready_user;
+    } own;
 };
 
 /* t's data as floats. The host may read them directly only on a host-accessible device (the

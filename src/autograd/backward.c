@@ -71,8 +71,8 @@ static int run_callbacks(cddp_ctx *ctx, backward *b) {
 }
 
 void cddp_tensor_set_ready_hook(cddp_tensor *t, cddp_ready_hook hook, void *user) {
-    t->ready_hook = hook;
-    t->ready_user = user;
+    t->own.ready_hook = hook;
+    t->own.ready_user = user;
 }
 
 /* ---- pending uses ------------------------------------------------------------------------ */
@@ -118,7 +118,8 @@ static void release_inputs(backward *b, cddp_node *n) {
     for (int i = 0; i < cddp_node_num_inputs(n); i++) {
         cddp_tensor *p = cddp_node_input(n, i);
         if (!is_param(p)) continue;
-        if (--use_of(b, p)->pending == 0 && p->ready_hook) p->ready_hook(p->ready_user, p);
+        if (--use_of(b, p)->pending == 0 && p->own.ready_hook)
+            p->own.ready_hook(p->own.ready_user, p);
     }
 }
 
@@ -167,7 +168,8 @@ int cddp_backward(cddp_ctx *ctx, cddp_tensor *loss) {
     current = b;
     for (cddp_node *n = cddp_ctx_tape(ctx); n; n = cddp_node_prev(n)) {
         if (!b->needed[cddp_node_index(n)]) continue;
-        if (cddp_node_output(n)->grad || cddp_node_output(n)->grad_half) cddp_node_backward(ctx, n);
+        if (cddp_node_output(n)->grad || cddp_node_output(n)->own.grad_half)
+            cddp_node_backward(ctx, n);
         if (failed(ctx) != CDDP_OK) break;
         release_inputs(b, n);
     }

@@ -213,7 +213,7 @@ static inline int64_t cddp__index_at(const void *ids, cddp_dtype dtype, int64_t 
             F(int64_t, C)
 /* layer_norm's y16, gelu_tanh's and attention's out16 (may be NULL; only where the device's
  * gemm_takes_bf16 says so): the output rounded to bf16 as to_bf16 rounds it, as well, for the
- * linear layer it feeds in mixed precision (cddp_tensor.half) */
+ * linear layer it feeds in mixed precision (cddp_tensor.own.half) */
 /* y = GELU(x), tanh approximation (y may be NULL when y16 is given: only the rounded copy is
  * made, for a product that reads nothing else of it); the gradient dx = GELU'(x) dy, the slope
  * made from x again, or (dx16 given, dx NULL; only where gemm_takes_bf16 says so) stored rounded

@@ -75,8 +75,8 @@ int main(int argc, char **argv) {
     if (!ddp) die("wrap", &err);
     cddp_tensor *w1 = cddp_model_find(m, "fc1.weight");
     if (me && !strcmp(fault, "backward")) {
-        ddp_hook = w1->ready_hook;
-        ddp_user = w1->ready_user;
+        ddp_hook = w1->own.ready_hook;
+        ddp_user = w1->own.ready_user;
         cddp_tensor_set_ready_hook(w1, slow_hook, ddp_user);
     }
     cddp_ctx *ctx = cddp_ctx_create(NULL);

@@ -18,6 +18,8 @@ for C (.c, .h) and CUDA (.cu, .cuh) alike.
 7. The library's seams between its own modules (include/cddp/internal/) are not public: their
    headers export nothing (no CDDP_API), no public header includes them, and no program of
    tools/ does.
+8. A tensor's own fields (cddp_tensor.own: its 16-bit copies, its ready hook) are tensor's and
+   autograd's: no other file of src/, tools/ or examples/ reads or writes them.
 
 Prints every breach and exits 1, or says what it checked and exits 0.
 """
@@ -224,6 +226,19 @@ if os.path.isdir(inc_dir):
 for path in sources("tools"):
     if "cddp/internal/" in open(path).read():
         bad.append(f"{rel(path)}: includes cddp/internal/: the programs use the public API only")
+
+# 8: a tensor's own fields.
+own_field = re.compile(r"(->|\.)own\.(half|grad_half|ready_hook|ready_user)\b")
+for top in ("src", "tools", "examples"):
+    for path in sources(top):
+        r = rel(path)
+        if r.startswith((os.path.join("src", "tensor") + os.sep,
+                         os.path.join("src", "autograd") + os.sep)):
+            continue
+        m = own_field.search(strip(open(path).read()))
+        if m:
+            bad.append(f"{r}: reads a tensor's own field (own.{m.group(2)}): tensor's and "
+                       f"autograd's only (use the accessors of cddp/tensor.h)")
 
 # 6: device kinds named above the seam.
 kind_name = re.compile(r"\bCDDP_DEVICE_(CPU|EMU|CUDA)\b")

@@ -9,10 +9,10 @@ check="$src/tests/house/check_house.py"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-plant() { # a fresh copy of src/, tools/ and include/, then the breach described by "$@"
+plant() { # a fresh copy of src/, tools/, include/ and examples/, then the breach described by "$@"
     rm -rf "$work/t"
     mkdir -p "$work/t"
-    cp -r "$src/src" "$src/tools" "$src/include" "$work/t/"
+    cp -r "$src/src" "$src/tools" "$src/include" "$src/examples" "$work/t/"
 }
 expect() { # the check fails on the copy, saying $1
     "$py" "$check" "$work/t" > "$work/out" 2>&1 && { cat "$work/out"; fail "the check passed a tree with: $1"; }
@@ -51,6 +51,10 @@ expect "include/cddp/nn.h: a public header includes cddp/internal/"
 plant
 printf '#include "cddp/internal/device.h"\n' >> "$work/t/tools/cddprun/util.c"
 expect "tools/cddprun/util.c: includes cddp/internal/: the programs use the public API only"
+# A tensor's own fields read outside tensor and autograd.
+plant
+printf 'static void *house_half(cddp_tensor *t) {\n    return t->own.half;\n}\n' >> "$work/t/src/ddp/reducer.c"
+expect "src/ddp/reducer.c: reads a tensor's own field (own.half)"
 # A program's files: no circle either (util.c is below workers.c, which calls it).
 plant
 printf 'void cddprun_house_e(void);\nvoid cddprun_house_e(void) { cddprun_pump(0, 0); }\n' >> "$work/t/tools/cddprun/util.c"
@@ -76,5 +80,5 @@ printf 'void cddp__house_d(void);\nvoid cddp__house_d(void) {\n    int house_own
 "$py" "$check" "$work/t" > "$work/out" 2>&1 || { cat "$work/out"; fail "a function of an anonymous namespace was taken for a name of another file"; }
 echo "ok: the house rules hold, and a private include, a program's private include, a circle, a" \
      "long file, a call to a floor above, a module without a floor, a circle in a program and a" \
-     "device-kind branch above the seam, and an internal header exported or included by a public" \
-     "header or a program are each caught, in C and CUDA"
+     "device-kind branch above the seam, an internal header exported or included by a public" \
+     "header or a program, and a tensor's own field read outside tensor are each caught, in C and CUDA"

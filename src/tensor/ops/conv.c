@@ -136,8 +136,8 @@ void cddp__conv2d_backward(cddp_ctx *ctx, cddp__node *n) {
     cddp__cdev *d = cddp__node_dev(ctx, n);
     if (!d || !cddp__computes(ctx, d) || !conv_grads(ctx, n, &dx, &xa, &dw, &wa, &db, &ba)) return;
     CDDP__K(&d->q, conv2d_grad, .x = cddp__f32_data(n->in[0]), .x16 = cddp__bf16_data(n->in[0]),
-            .w = n->in[1]->data, .dy = n->out->grad_half ? NULL : n->out->grad,
-            .dy16 = n->out->grad_half, .dx = dx, .dx_assign = xa, .dw = dw, .dw_assign = wa,
+            .w = n->in[1]->data, .dy = n->out->own.grad_half ? NULL : n->out->grad,
+            .dy16 = n->out->own.grad_half, .dx = dx, .dx_assign = xa, .dw = dw, .dw_assign = wa,
             .db = db, .db_assign = ba, .g = node_geom(ctx, n, n->out->block), .state = n->saved);
 }
 

@@ -17,8 +17,8 @@ static const char *const name_of[CDDP_OP_COUNT] = {
 
 void cddp_node_backward(cddp_ctx *ctx, cddp_node *n) {
     if (CDDP__FAILED(ctx)) return;
-    CDDP_CHECK(n->out->grad || n->out->grad_half, "the backward of %s needs its output's gradient",
-               name_of[n->op]);
+    CDDP_CHECK(n->out->grad || n->out->own.grad_half,
+               "the backward of %s needs its output's gradient", name_of[n->op]);
     backward_of[n->op](ctx, n);
     cddp__release_grad(ctx, n->out);
 }

@@ -1,4 +1,4 @@
-/* grad_half.c: gradients handed over in bf16 (cddp_tensor.grad_half): an op whose backward makes
+/* grad_half.c: gradients handed over in bf16 (cddp_tensor.own.grad_half): an op whose backward makes
  * the whole gradient of its input x, where the op that made x multiplies in bf16 and reads that
  * gradient rounded anyway (a convolution's or a linear layer's backward in mixed precision), writes
  * it rounded instead of in float32: a pass over it less, and half its bytes. Batch normalisation's,
@@ -13,8 +13,8 @@ bool cddp__takes_grad_half(cddp_ctx *ctx, const cddp__node *made) {
 }
 
 bool cddp__gradient_free(const cddp_tensor *x) {
-    return x->requires_grad && !x->is_param && !x->retain_grad && !x->ready_hook && !x->grad &&
-           !x->grad_half;
+    return x->requires_grad && !x->is_param && !x->retain_grad && !x->own.ready_hook && !x->grad &&
+           !x->own.grad_half;
 }
 
 /* Whether t is one of n's inputs other than its k-th. */
@@ -38,5 +38,5 @@ uint16_t *cddp__input_grad_half(cddp_ctx *ctx, cddp__node *n, int k, cddp__node 
         return NULL;
     cddp__cdev *d = cddp__node_dev(ctx, x->node);
     if (made) *made = x->node;
-    return d ? x->grad_half = cddp__dalloc(d, (size_t)x->numel * sizeof(uint16_t)) : NULL;
+    return d ? x->own.grad_half = cddp__dalloc(d, (size_t)x->numel * sizeof(uint16_t)) : NULL;
 }

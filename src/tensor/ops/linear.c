@@ -83,8 +83,8 @@ void cddp__matmul_backward(cddp_ctx *ctx, cddp__node *n) {
  * (the bias's gradient) taken in the same pass; the bias is added by the forward's product. The
  * numbers are those of the float32 operands given to the gemm kernel in bf16 (it rounds them the
  * same way), with one less pass over the output each way. An x that its op rounded as it wrote it
- * (x->half: layer norm, GELU, attention; cddp__half_for) is not rounded again. (The 6-layer GPT in
- * bf16 on one Zen 4 core: the roundings and the bias passes had taken 7 % of its step.) Its
+ * (x->own.half: layer norm, GELU, attention; cddp__half_for) is not rounded again. (The 6-layer GPT
+ * in bf16 on one Zen 4 core: the roundings and the bias passes had taken 7 % of its step.) Its
  * saved state is cddp__linear_saved (internal.h). */
 
 /* x (rows, cols) rounded on d, into arena memory, or for a value the op's next kernels alone
@@ -107,13 +107,13 @@ bool cddp__takes_bf16(cddp_ctx *ctx, cddp__cdev *d) {
 
 uint16_t *cddp__half_for(cddp_ctx *ctx, cddp__cdev *d, cddp_tensor *out) {
     if (!out || !cddp__takes_bf16(ctx, d)) return NULL;
-    return out->half = cddp__dalloc(d, (size_t)out->numel * sizeof(uint16_t));
+    return out->own.half = cddp__dalloc(d, (size_t)out->numel * sizeof(uint16_t));
 }
 
 bool cddp__linear_bf16_product(cddp_ctx *ctx, cddp__cdev *d, cddp_tensor *x, uint16_t *x16,
                                cddp_tensor *w, cddp_tensor *b, float *y, cddp__linear_saved *sv) {
     int64_t in = w->shape[1], N = x->numel / in, outf = w->shape[0];
-    if (!x16) x16 = x->half ? x->half : rounded(d, x->data, N, in, NULL, false);
+    if (!x16) x16 = x->own.half ? x->own.half : rounded(d, x->data, N, in, NULL, false);
     uint16_t *w16 = x16 ? rounded(d, w->data, outf, in, NULL, false) : NULL;
     if (!w16 || CDDP__FAILED(ctx)) return false;
     CDDP__K(&d->q, gemm, .ta = false, .tb = true, .M = N, .N = outf, .K = in, .alpha = 1.0f,
@@ -125,7 +125,7 @@ bool cddp__linear_bf16_product(cddp_ctx *ctx, cddp__cdev *d, cddp_tensor *x, uin
 
 /* y = x W^T + b in bf16, recorded as op (LINEAR, or GELU_TANH_LINEAR, whose x16 is GELU's output
  * rounded: then x is GELU's input) with x16 and W rounded kept for the backward; x16 NULL: x's
- * rounded copy where its op made one (x->half), else rounded here. */
+ * rounded copy where its op made one (x->own.half), else rounded here. */
 cddp_tensor *cddp__linear_bf16(cddp_ctx *ctx, cddp__cdev *d, cddp__op op, cddp_tensor *x,
                                uint16_t *x16, cddp_tensor *w, cddp_tensor *b, cddp_tensor *y) {
     if (!cddp__computes(ctx, d)) return NULL;
@@ -162,7 +162,7 @@ const uint16_t *cddp__linear_round_grad(cddp_ctx *ctx, cddp__cdev *d, cddp__node
  * its column sums in the bias's gradient already), or rounded here with them; NULL (the failure
  * latched) when out of memory. */
 const uint16_t *cddp__linear_grad_rounded(cddp_ctx *ctx, cddp__cdev *d, cddp__node *n) {
-    if (n->out->grad_half) return n->out->grad_half;
+    if (n->out->own.grad_half) return n->out->own.grad_half;
     return cddp__linear_round_grad(ctx, d, n, n->out->grad);
 }
 
