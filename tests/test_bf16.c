@@ -793,9 +793,10 @@ static void test_bf16_qkv_attention_fused(void **state) {
     }
 }
 
-/* comm's 16-bit conversions (bits, by hand) against the compiler's IEEE half: every half to
- * float32, and float32 to half at every midpoint between two halves and one unit either side of
- * it (where rounding to nearest even decides), then over all float32 bit patterns in steps. */
+/* core's 16-bit conversions (bits, by hand; comm's by dtype the same) against the compiler's IEEE
+ * half: every half to float32, and float32 to half at every midpoint between two halves and one
+ * unit either side of it (where rounding to nearest even decides), then over all float32 bit
+ * patterns in steps. */
 static uint16_t half_bits(float f) {
     _Float16 x = (_Float16)f;
     uint16_t h;
@@ -806,10 +807,12 @@ static uint16_t half_bits(float f) {
 static void check_narrowed(uint32_t u) {
     float f, back;
     memcpy(&f, &u, 4);
-    uint16_t h;
-    cddp_comm_from_f32(CDDP_COMM_F16, &f, &h, 1);
+    uint16_t h, hc;
+    cddp_half_from_f32(&f, &h, 1, true);
     if (h != half_bits(f)) fail_msg("float32 %08x: half %04x, want %04x", u, h, half_bits(f));
-    cddp_comm_to_f32(CDDP_COMM_F16, &h, &back, 1);
+    cddp_comm_from_f32(CDDP_COMM_F16, &f, &hc, 1); /* the collectives' dtype: the same */
+    assert_int_equal(hc, h);
+    cddp_half_to_f32(&h, &back, 1, true);
     if (f == f && (uint16_t)(h & 0x7fffu) < 0x7c00u) /* within half a unit of the half */
         assert_true(fabsf(back - f) <= fmaxf(fabsf(f) / 2048, 0x1p-25f));
 }
@@ -822,8 +825,11 @@ static void test_half_conversions(void **state) {
         float got, w;
         memcpy(&want, &x, 2);
         w = (float)want;
-        cddp_comm_to_f32(CDDP_COMM_F16, &x, &got, 1);
+        cddp_half_to_f32(&x, &got, 1, true);
         if (memcmp(&got, &w, 4)) fail_msg("half %04x: float32 %a, want %a", h, got, w);
+        float viac;
+        cddp_comm_to_f32(CDDP_COMM_F16, &x, &viac, 1);
+        if (memcmp(&viac, &w, 4)) fail_msg("half %04x by the collectives' dtype: %a", h, viac);
         if ((h & 0x7fffu) >= 0x7c00u) continue;
         uint16_t next = (uint16_t)(h + 1); /* the next half of larger magnitude */
         _Float16 hi;

@@ -92,6 +92,13 @@ CDDP_API void *cddp_aligned_alloc(size_t bytes);
 CDDP_API void cddp_aligned_free(void *ptr);
 CDDP_API char *cddp_strdup(const char *s);
 
+/* 16-bit floats, n of them: bfloat16 (f16 false) or IEEE half (f16) to float32, and float32 to
+ * them rounded to nearest even (NaNs stay NaNs, quiet; past half's range: infinity), on the bits,
+ * the same on every machine: what DDP's compressed buckets, 16-bit checkpoints and NumPy arrays
+ * and the CPU's conversions use. */
+CDDP_API void cddp_half_to_f32(const uint16_t *src, float *dst, int64_t n, bool f16);
+CDDP_API void cddp_half_from_f32(const float *src, uint16_t *dst, int64_t n, bool f16);
+
 /* The step arena: bump allocation for a step's activations and tape, one reset per step.
  *
  * On the heap the arena reserves max_bytes of address space at once, which becomes memory only as

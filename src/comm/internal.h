@@ -2,7 +2,7 @@
  *
  * The floors of comm, lowest first (a file calls only the floors below it, never a circle):
  *
- *   reduce.c    reduction kernels and 16-bit conversions
+ *   reduce.c    reduction kernels, and the 16-bit conversions by the collectives' dtype (core's)
  *   flight.c    the flight recorder: the process's last collectives and step marks, its dump
  *   fail.c      the group's latched failure, aborts, the fingerprint check and its messages
  *   cpus.c      the CPUs of the ranks on a host: how many share this rank's

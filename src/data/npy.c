@@ -20,7 +20,6 @@
  * in place) would kill a process that maps it with SIGBUS; read, it fails the sample that is gone,
  * naming the file.
  */
-#include "cddp/comm.h" /* cddp_comm_to_f32: 16-bit floats widened as the collectives do */
 #include "cddp/core.h"
 #include "cddp/data.h"
 #include "data/internal.h"
@@ -496,11 +495,10 @@ static void to_f32(const npy_array *a, const uint8_t *p, float *dst) {
             dst[k] = (float)d;
         }
     } else if (a->kind == 'B' || a->kind == 'f') { /* bfloat16, float16 */
-        cddp_comm_dtype half = a->kind == 'B' ? CDDP_COMM_BF16 : CDDP_COMM_F16;
         for (int64_t k = 0; k < n; k++) {
             uint16_t h;
             memcpy(&h, p + 2 * k, 2);
-            cddp_comm_to_f32(half, &h, dst + k, 1);
+            cddp_half_to_f32(&h, dst + k, 1, a->kind == 'f');
         }
     } else if (a->size == 1 && a->kind != 'i') { /* uint8, bool: images, masks */
         for (int64_t k = 0; k < n; k++) dst[k] = (float)p[k];

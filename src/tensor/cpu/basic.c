@@ -3,8 +3,6 @@
  * computes). */
 #include "tensor/cpu/cpu.h"
 
-#include "cddp/comm.h"
-
 #include <string.h>
 
 void cddp__cpu_fill(cddp__kq *q, const cddp__k_fill *a) {
@@ -91,16 +89,15 @@ void cddp__cpu_scale(cddp__kq *q, const cddp__k_scale *a) {
     cddp__cpu_split_values(a->n, scale_part, a);
 }
 
-/* The host path's conversions (cddp_comm_from_f32, cddp_comm_to_f32): DDP's 16-bit buckets round
- * the same on every device. */
+/* core's conversions (cddp_half_from_f32, cddp_half_to_f32), the host path's: DDP's 16-bit
+ * buckets round the same on every device. */
 void cddp__cpu_cast16(cddp__kq *q, const cddp__k_cast16 *a) {
     (void)q;
-    cddp_comm_dtype t = a->f16 ? CDDP_COMM_F16 : CDDP_COMM_BF16;
     if (!a->widen) {
-        cddp_comm_from_f32(t, a->f, a->h, a->n);
+        cddp_half_from_f32(a->f, a->h, a->n, a->f16);
         return;
     }
-    cddp_comm_to_f32(t, a->h, a->f, a->n);
+    cddp_half_to_f32(a->h, a->f, a->n, a->f16);
     if (a->scale != 1.0f)
         for (int64_t i = 0; i < a->n; i++) a->f[i] *= a->scale;
 }
