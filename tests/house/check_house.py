@@ -20,6 +20,8 @@ for C (.c, .h) and CUDA (.cu, .cuh) alike.
    tools/ does.
 8. A tensor's own fields (cddp_tensor.own: its 16-bit copies, its ready hook) are tensor's and
    autograd's: no other file of src/, tools/ or examples/ reads or writes them.
+9. The CUDA device's list of the kernels it has (CDDP_CUDA_KERNELS, src/tensor/cuda/cuda.h) is
+   the launchers its files define (cddp__cuda_NAME), no more, no fewer.
 
 Prints every breach and exits 1, or says what it checked and exits 0.
 """
@@ -240,6 +242,24 @@ for top in ("src", "tools", "examples"):
             bad.append(f"{r}: reads a tensor's own field (own.{m.group(2)}): tensor's and "
                        f"autograd's only (use the accessors of cddp/tensor.h)")
 
+# 9: CDDP_CUDA_KERNELS against the launchers the CUDA files define.
+cuda_dir = os.path.join(src, "src", "tensor", "cuda")
+cuda_listed = cuda_defined = set()
+if os.path.isdir(cuda_dir):
+    header = strip(open(os.path.join(cuda_dir, "cuda.h")).read())
+    m = re.search(r"#define CDDP_CUDA_KERNELS\(K\)((?:[^\n]*\\\n)*[^\n]*)", header)
+    cuda_listed = set(re.findall(r"\bK\((\w+)\)", m.group(1))) if m else set()
+    cuda_defined = set()
+    for path in sources(os.path.join("src", "tensor", "cuda")):
+        cuda_defined |= set(re.findall(r"^void cddp__cuda_(\w+)\(cddp__kq \*q",
+                                       strip(open(path).read()), re.M))
+    for k in sorted(cuda_listed - cuda_defined):
+        bad.append(f"src/tensor/cuda/cuda.h: CDDP_CUDA_KERNELS lists {k}, whose launcher "
+                   f"cddp__cuda_{k} no CUDA file defines")
+    for k in sorted(cuda_defined - cuda_listed):
+        bad.append(f"src/tensor/cuda/cuda.h: cddp__cuda_{k} is defined but not in "
+                   f"CDDP_CUDA_KERNELS (the device would not call it)")
+
 # 6: device kinds named above the seam.
 kind_name = re.compile(r"\bCDDP_DEVICE_(CPU|EMU|CUDA)\b")
 kind_files = 0
@@ -261,4 +281,5 @@ print(f"ok: {len(bodies)} files of src/: no private header of another module, no
       f"({sum(len(e) for e in edges.values())} links between files), no call to a floor above "
       f"({len(FLOORS)} floors), none over {MAX_LINES} lines; tools/ on public headers only, "
       f"no circle in a program of tools/; no device kind named in {kind_files} files above the "
-      f"devices' seam; {internal_headers} internal header(s) kept internal")
+      f"devices' seam; {internal_headers} internal header(s) kept internal; "
+      f"{len(cuda_listed)} CUDA kernels listed, each defined")

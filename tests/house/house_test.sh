@@ -55,6 +55,14 @@ expect "tools/cddprun/util.c: includes cddp/internal/: the programs use the publ
 plant
 printf 'static void *house_half(cddp_tensor *t) {\n    return t->own.half;\n}\n' >> "$work/t/src/ddp/reducer.c"
 expect "src/ddp/reducer.c: reads a tensor's own field (own.half)"
+# The CUDA device's kernel list against its launchers: one defined but not listed, one listed
+# but not defined.
+plant
+printf 'void cddp__cuda_house(cddp__kq *q, const void *a) {\n    (void)q, (void)a;\n}\n' >> "$work/t/src/tensor/cuda/basic.cu"
+expect "src/tensor/cuda/cuda.h: cddp__cuda_house is defined but not in CDDP_CUDA_KERNELS"
+plant
+sed -i 's/K(qkv_pack_grad)/K(qkv_pack_grad) K(house_missing)/' "$work/t/src/tensor/cuda/cuda.h"
+expect "src/tensor/cuda/cuda.h: CDDP_CUDA_KERNELS lists house_missing, whose launcher"
 # A program's files: no circle either (util.c is below workers.c, which calls it).
 plant
 printf 'void cddprun_house_e(void);\nvoid cddprun_house_e(void) { cddprun_pump(0, 0); }\n' >> "$work/t/tools/cddprun/util.c"
@@ -81,4 +89,5 @@ printf 'void cddp__house_d(void);\nvoid cddp__house_d(void) {\n    int house_own
 echo "ok: the house rules hold, and a private include, a program's private include, a circle, a" \
      "long file, a call to a floor above, a module without a floor, a circle in a program and a" \
      "device-kind branch above the seam, an internal header exported or included by a public" \
-     "header or a program, and a tensor's own field read outside tensor are each caught, in C and CUDA"
+     "header or a program, a tensor's own field read outside tensor, and the CUDA kernel list out of" \
+     "step with the launchers are each caught, in C and CUDA"

@@ -12,7 +12,8 @@
  *   flash.cu    attention by rows (flash attention) in bf16 on the tensor cores
  *
  * The kernels it has so far are CDDP_CUDA_KERNELS below (what the MLP, the seeds' programs, the
- * GPT and their optimizers need), and attention as batched products on its gemm
+ * GPT and their optimizers need; tests/house/check_house.py holds the list to the launchers the
+ * files define, cddp__cuda_NAME), and attention as batched products on its gemm
  * (tensor/attn_products.c); an op whose kernel it lacks fails its context naming the kernel
  * (CDDP_EUNSUPPORTED). tests/gpu/device_check.c tests every kernel against the CPU's, run by
  * scripts/gpu/check.sh on a GPU.
