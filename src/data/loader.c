@@ -188,55 +188,58 @@ static void stop_worker(cddp_loader *l) {
     l->stop = false;
 }
 
+/* The options against the dataset and the sampler, refused in words; *img: the image field the
+ * transforms work on (NULL without transforms). */
+static int check_options(cddp_dataset *ds, cddp_sampler *sampler, const cddp_loader_options *o,
+                         int nf, const cddp_field **img, cddp_error *err) {
+    *img = NULL;
+    if (o->batch_size < 0 || o->prefetch < 0 || o->random_crop_padding < 0) {
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "loader: batch_size %lld, prefetch %d and "
+                              "random_crop_padding %d must not be negative",
+                              (long long)o->batch_size, o->prefetch, o->random_crop_padding);
+    }
+    if (sampler && cddp_sampler_dataset_len(sampler) != cddp_dataset_len(ds)) {
+        return cddp_error_set(err, CDDP_EINVAL,
+                              "loader: the sampler was made for %lld samples but the "
+                              "dataset has %lld",
+                              (long long)cddp_sampler_dataset_len(sampler),
+                              (long long)cddp_dataset_len(ds));
+    }
+    if (has_transforms(o)) {
+        *img = o->image_field >= 0 && o->image_field < nf ? cddp_dataset_field(ds, o->image_field)
+                                                          : NULL;
+        if (!*img || (*img)->dtype != CDDP_F32 || (*img)->ndim != 3) {
+            return cddp_error_set(err, CDDP_EINVAL,
+                                  "loader: transforms need field %d to be a float32 "
+                                  "(C,H,W) image",
+                                  o->image_field);
+        }
+        int nc = o->normalize_channels;
+        if (nc != 0 && nc != 1 && nc != (*img)->shape[0]) {
+            return cddp_error_set(err, CDDP_EINVAL,
+                                  "loader: normalize_channels %d must be 0, 1 or the "
+                                  "image's %lld channels",
+                                  nc, (long long)(*img)->shape[0]);
+        }
+        for (int k = 0; k < nc && k < 4; k++)
+            if (!(o->std[k] != 0.0f)) {
+                return cddp_error_set(err, CDDP_EINVAL, "loader: std[%d] is 0", k);
+            }
+        if (nc > 4) {
+            return cddp_error_set(err, CDDP_EINVAL, "loader: at most 4 normalised channels");
+        }
+    }
+    return CDDP_OK;
+}
+
 cddp_loader *cddp_loader_create(cddp_dataset *ds, cddp_sampler *sampler,
                                 const cddp_loader_options *opts, cddp_error *err) {
     cddp_loader_options o = *opts;
     if (o.batch_size == 0) o.batch_size = 1;
     int nf = cddp_dataset_num_fields(ds);
-    if (o.batch_size < 0 || o.prefetch < 0 || o.random_crop_padding < 0) {
-        cddp_error_set(err, CDDP_EINVAL,
-                       "loader: batch_size %lld, prefetch %d and "
-                       "random_crop_padding %d must not be negative",
-                       (long long)o.batch_size, o.prefetch, o.random_crop_padding);
-        return NULL;
-    }
-    if (sampler && cddp_sampler_dataset_len(sampler) != cddp_dataset_len(ds)) {
-        cddp_error_set(err, CDDP_EINVAL,
-                       "loader: the sampler was made for %lld samples but the "
-                       "dataset has %lld",
-                       (long long)cddp_sampler_dataset_len(sampler),
-                       (long long)cddp_dataset_len(ds));
-        return NULL;
-    }
     const cddp_field *img = NULL;
-    if (has_transforms(&o)) {
-        img =
-            o.image_field >= 0 && o.image_field < nf ? cddp_dataset_field(ds, o.image_field) : NULL;
-        if (!img || img->dtype != CDDP_F32 || img->ndim != 3) {
-            cddp_error_set(err, CDDP_EINVAL,
-                           "loader: transforms need field %d to be a float32 "
-                           "(C,H,W) image",
-                           o.image_field);
-            return NULL;
-        }
-        int nc = o.normalize_channels;
-        if (nc != 0 && nc != 1 && nc != img->shape[0]) {
-            cddp_error_set(err, CDDP_EINVAL,
-                           "loader: normalize_channels %d must be 0, 1 or the "
-                           "image's %lld channels",
-                           nc, (long long)img->shape[0]);
-            return NULL;
-        }
-        for (int k = 0; k < nc && k < 4; k++)
-            if (!(o.std[k] != 0.0f)) {
-                cddp_error_set(err, CDDP_EINVAL, "loader: std[%d] is 0", k);
-                return NULL;
-            }
-        if (nc > 4) {
-            cddp_error_set(err, CDDP_EINVAL, "loader: at most 4 normalised channels");
-            return NULL;
-        }
-    }
+    if (check_options(ds, sampler, &o, nf, &img, err) != CDDP_OK) return NULL;
     cddp_loader *l = cddp_calloc(1, sizeof *l);
     if (!l) goto oom;
     if (o.device && !cddp_device_host_accessible(o.device)) l->dev = o.device;
