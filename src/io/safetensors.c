@@ -269,6 +269,61 @@ static int parse_entry(const char *path, const cJSON *e, uint64_t data_len, cddp
 
 /* Parses and checks the header of the file open as fp; the tensors' data are offsets into the
  * data section, which starts at *data_start and is *data_len bytes long. */
+/* The header's __metadata__ object e into f's key-value pairs (strings only). */
+static int parse_metadata(const char *path, const cJSON *e, cddp_safetensors *f, cddp_error *err) {
+    const cJSON *kv;
+    if (!cJSON_IsObject(e)) {
+        return cddp_error_set(err, CDDP_EFORMAT, "%s: __metadata__ is not an object", path);
+    }
+    int nkv = cJSON_GetArraySize(e);
+    char **meta = cddp_realloc(f->meta, (size_t)(2 * nkv + 2) * sizeof *meta);
+    if (!meta) {
+        return cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
+    }
+    f->meta = meta;
+    cJSON_ArrayForEach(kv, e) {
+        if (!cJSON_IsString(kv)) {
+            return cddp_error_set(err, CDDP_EFORMAT, "%s: metadata '%s' is not a string", path,
+                                  kv->string);
+        }
+        f->meta[2 * f->nmeta] = cddp_strdup(kv->string);
+        f->meta[2 * f->nmeta + 1] = cddp_strdup(kv->valuestring);
+        if (!f->meta[2 * f->nmeta] || !f->meta[2 * f->nmeta + 1]) {
+            cddp_free(f->meta[2 * f->nmeta]);
+            cddp_free(f->meta[2 * f->nmeta + 1]);
+            return cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
+        }
+        f->nmeta++;
+    }
+    return CDDP_OK;
+}
+
+/* Every name once, and every tensor's bytes its own in the data section. */
+static int check_entries(const char *path, const cddp_safetensors *f, cddp_error *err) {
+    /* A name twice (JSON allows it) would leave it open which tensor or value counts. */
+    const char *twice = NULL;
+    if (first_repeat(f, &twice) == CDDP_ENOMEM) {
+        return cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
+    }
+    if (twice) {
+        return cddp_error_set(err, CDDP_EFORMAT, "%s: '%s' appears twice in the header", path,
+                              twice);
+    }
+    const cddp_st_tensor *x, *y;
+    if (first_overlap(f, &x, &y) == CDDP_ENOMEM) {
+        return cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
+    }
+    if (x) {
+        return cddp_error_set(err, CDDP_EFORMAT,
+                              "%s: tensors '%s' (bytes %" PRIu64 "-%" PRIu64 ") and '%s' (bytes "
+                              "%" PRIu64 "-%" PRIu64 ") overlap in the data section: each tensor "
+                              "needs bytes of its own (a damaged file?)",
+                              path, x->name, st_begin(x), st_end(x), y->name, st_begin(y),
+                              st_end(y));
+    }
+    return CDDP_OK;
+}
+
 static cddp_safetensors *parse_header(const char *path, FILE *fp, uint64_t *data_start,
                                       uint64_t *data_len, cddp_error *err) {
     int rc = CDDP_OK;
@@ -326,34 +381,8 @@ static cddp_safetensors *parse_header(const char *path, FILE *fp, uint64_t *data
                 rc = cddp_error_set(err, CDDP_EFORMAT, "%s: __metadata__ appears twice", path);
                 goto out;
             }
-            const cJSON *kv;
-            if (!cJSON_IsObject(e)) {
-                rc = cddp_error_set(err, CDDP_EFORMAT, "%s: __metadata__ is not an object", path);
-                goto out;
-            }
-            int nkv = cJSON_GetArraySize(e);
-            char **meta = cddp_realloc(f->meta, (size_t)(2 * nkv + 2) * sizeof *meta);
-            if (!meta) {
-                rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
-                goto out;
-            }
-            f->meta = meta;
-            cJSON_ArrayForEach(kv, e) {
-                if (!cJSON_IsString(kv)) {
-                    rc = cddp_error_set(err, CDDP_EFORMAT, "%s: metadata '%s' is not a string",
-                                        path, kv->string);
-                    goto out;
-                }
-                f->meta[2 * f->nmeta] = cddp_strdup(kv->string);
-                f->meta[2 * f->nmeta + 1] = cddp_strdup(kv->valuestring);
-                if (!f->meta[2 * f->nmeta] || !f->meta[2 * f->nmeta + 1]) {
-                    cddp_free(f->meta[2 * f->nmeta]);
-                    cddp_free(f->meta[2 * f->nmeta + 1]);
-                    rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
-                    goto out;
-                }
-                f->nmeta++;
-            }
+            rc = parse_metadata(path, e, f, err);
+            if (rc) goto out;
             continue;
         }
         cddp_st_tensor *t = &f->tensors[f->n];
@@ -365,30 +394,7 @@ static cddp_safetensors *parse_header(const char *path, FILE *fp, uint64_t *data
         }
         f->n++;
     }
-    /* A name twice (JSON allows it) would leave it open which tensor or value counts. */
-    const char *twice = NULL;
-    rc = first_repeat(f, &twice);
-    if (rc == CDDP_ENOMEM) {
-        rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
-        goto out;
-    }
-    if (twice) {
-        rc = cddp_error_set(err, CDDP_EFORMAT, "%s: '%s' appears twice in the header", path, twice);
-        goto out;
-    }
-    const cddp_st_tensor *x, *y;
-    if (first_overlap(f, &x, &y) == CDDP_ENOMEM) {
-        rc = cddp_error_set(err, CDDP_ENOMEM, "%s: out of memory", path);
-        goto out;
-    }
-    if (x) {
-        rc = cddp_error_set(err, CDDP_EFORMAT,
-                            "%s: tensors '%s' (bytes %" PRIu64 "-%" PRIu64 ") and '%s' (bytes "
-                            "%" PRIu64 "-%" PRIu64 ") overlap in the data section: each tensor "
-                            "needs bytes of its own (a damaged file?)",
-                            path, x->name, st_begin(x), st_end(x), y->name, st_begin(y), st_end(y));
-        goto out;
-    }
+    rc = check_entries(path, f, err);
 out:
     cJSON_Delete(root);
     cddp_free(header);
