@@ -179,162 +179,50 @@ static bool get_key(cursor *c, const uint8_t **k, size_t *kl) {
 }
 
 /* Handles one complete request. Malformed requests drop the client. */
-/* What a request's handling came to. */
-typedef enum { DONE, MALFORMED, OOM } outcome;
-
-/* HELLO: the client's nonce; the store answers with its own and its proof of the token. */
-static outcome req_hello(cddp_store_server *s, client *c, cursor *cur, buf *p) {
-    const uint8_t *a;
-    size_t al;
-    if (c->challenged || !cddp__store_get_field(cur, &a, &al) || al != CDDP_NET_NONCE)
-        return MALFORMED;
-    uint8_t proof[CDDP_NET_PROOF];
-    if (cddp_net_nonce(c->nonce, NULL) != CDDP_OK) {
-        reply_error(c, "the store has no random bytes for its challenge");
-        c->closing = true;
-        return DONE;
-    }
-    memcpy(c->peer_nonce, a, CDDP_NET_NONCE);
-    cddp_net_proof(s->token, "cddp store: server", c->peer_nonce, c->nonce, proof);
-    cddp__store_put_field(p, c->nonce, CDDP_NET_NONCE);
-    cddp__store_put_field(p, proof, CDDP_NET_PROOF);
-    reply(c, REP_CHALLENGE, p);
-    c->challenged = true;
-    return DONE;
-}
-
-/* AUTH: the client's proof of the token, checked; a stranger is dropped, saying why. */
-static outcome req_auth(cddp_store_server *s, client *c, cursor *cur, buf *p) {
-    (void)p;
-    const uint8_t *a;
-    size_t al;
-    if (!c->challenged || c->authed || !cddp__store_get_field(cur, &a, &al) || al != CDDP_NET_PROOF)
-        return MALFORMED;
-    uint8_t want[CDDP_NET_PROOF];
-    cddp_net_proof(s->token, "cddp store: client", c->peer_nonce, c->nonce, want);
-    if (cddp_net_proof_equal(a, want)) {
-        c->authed = true;
-        reply(c, REP_OK, NULL);
-    } else {
-        stranger(s, c, "wrong job token");
-        reply_error(c, "wrong job token: this store belongs to another job (is "
-                       "CDDP_STORE_TOKEN the one this job's launcher set?)");
-        c->closing = true;
-    }
-    return DONE;
-}
-
-/* ADD: a counter (a key holding an integer, or none: 0) plus delta, without overflow. */
-static outcome req_add(cddp_store_server *s, client *c, cursor *cur, buf *p) {
-    const uint8_t *k;
-    size_t kl;
-    uint64_t delta;
-    if (!get_key(cur, &k, &kl) || !cddp__store_get_u64(cur, &delta)) return MALFORMED;
-    entry *e = cddp__kv_lookup(&s->kv, k, kl);
-    int64_t v = 0;
-    if (e && !counter_value(e, &v)) {
-        reply_error(c, "add: the key holds a value that is not an integer");
-        return DONE;
-    }
-    int64_t d = (int64_t)delta;
-    if ((d > 0 && v > INT64_MAX - d) || (d < 0 && v < INT64_MIN - d)) {
-        reply_error(c, "add: the counter would overflow a 64-bit integer");
-        return DONE;
-    }
-    v += d;
-    char text[32];
-    int n = snprintf(text, sizeof text, "%" PRId64, v);
-    if (!cddp__kv_put(&s->kv, k, kl, (const uint8_t *)text, (size_t)n)) return OOM;
-    cddp__store_put_u64(p, (uint64_t)v);
-    reply(c, REP_VALUE, p);
-    recheck_waits(s);
-    return DONE;
-}
-
-/* CAS: the value set when the key holds the expected one (none: expected empty). */
-static outcome req_cas(cddp_store_server *s, client *c, cursor *cur, buf *p) {
-    const uint8_t *k, *a, *b;
-    size_t kl, al, bl;
-    if (!get_key(cur, &k, &kl) || !cddp__store_get_field(cur, &a, &al) ||
-        !cddp__store_get_field(cur, &b, &bl))
-        return MALFORMED;
-    entry *e = cddp__kv_lookup(&s->kv, k, kl);
-    if ((!e && al == 0) || (e && e->len == al && memcmp(e->val, a, al) == 0)) {
-        if (!cddp__kv_put(&s->kv, k, kl, b, bl)) return OOM;
-        cddp__store_put_field(p, b, bl);
-    } else if (!e) {
-        cddp__store_put_field(p, a,
-                              al); /* PyTorch's answer for a missing key: the expected value */
-    } else {
-        cddp__store_put_field(p, e->val, e->len);
-    }
-    reply(c, REP_VALUE, p);
-    recheck_waits(s);
-    return DONE;
-}
-
-/* WILL: a key the store sets (keep) or forgets when this client goes. */
-static outcome req_will(cddp_store_server *s, client *c, cursor *cur, buf *p) {
-    (void)s, (void)p;
-    const uint8_t *k, *a;
-    size_t kl, al;
-    uint32_t keep;
-    if (!cddp__store_get_field(cur, &k, &kl) || !cddp__store_get_field(cur, &a, &al) ||
-        !cddp__store_get_u32(cur, &keep) || (keep && !kl))
-        return MALFORMED;
-    if (keep) {
-        if (!cddp__kv_put(&c->wills, k, kl, a, al)) return OOM;
-    } else if (kl) {
-        entry *e = cddp__kv_lookup(&c->wills, k, kl);
-        if (e) cddp__kv_remove(&c->wills, e);
-    } else {
-        cddp__kv_free(&c->wills);
-        c->wills = (table){0};
-    }
-    reply(c, REP_OK, NULL);
-    return DONE;
-}
-
-/* WAIT: answered when every key is there, or kept until then or the deadline. */
-static outcome req_wait(cddp_store_server *s, client *c, cursor *cur, buf *p, const uint8_t *pl,
-                        size_t len) {
-    (void)p;
-    const uint8_t *k;
-    size_t kl;
-    uint64_t ms;
-    uint32_t n;
-    if (!cddp__store_get_u64(cur, &ms) || !cddp__store_get_u32(cur, &n)) return MALFORMED;
-    for (uint32_t i = 0; i < n; i++)
-        if (!get_key(cur, &k, &kl)) return MALFORMED;
-    double deadline = ms == UINT64_MAX ? -1 : cddp_now_s() + (double)ms / 1000.0;
-    if (!settle_wait(s, c, pl, len, deadline)) {
-        c->wait_payload = cddp_malloc(len);
-        if (!c->wait_payload) return OOM;
-        memcpy(c->wait_payload, pl, len);
-        c->wait_len = len;
-        c->wait_deadline = deadline;
-        c->waiting = true;
-    }
-    return DONE;
-}
-
 static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl, size_t len) {
     cursor cur = {pl, pl + len};
-    const uint8_t *k, *a;
-    size_t kl, al;
+    const uint8_t *k, *a, *b;
+    size_t kl, al, bl;
     buf p = {0};
     if (!c->authed && type != REQ_HELLO && type != REQ_AUTH) {
         drop(c, "a request came before the job token");
         return;
     }
-    outcome o = DONE;
     switch (type) {
-    case REQ_HELLO:
-        o = req_hello(s, c, &cur, &p);
+    case REQ_HELLO: {
+        if (c->challenged || !cddp__store_get_field(&cur, &a, &al) || al != CDDP_NET_NONCE)
+            goto malformed;
+        uint8_t proof[CDDP_NET_PROOF];
+        if (cddp_net_nonce(c->nonce, NULL) != CDDP_OK) {
+            reply_error(c, "the store has no random bytes for its challenge");
+            c->closing = true;
+            break;
+        }
+        memcpy(c->peer_nonce, a, CDDP_NET_NONCE);
+        cddp_net_proof(s->token, "cddp store: server", c->peer_nonce, c->nonce, proof);
+        cddp__store_put_field(&p, c->nonce, CDDP_NET_NONCE);
+        cddp__store_put_field(&p, proof, CDDP_NET_PROOF);
+        reply(c, REP_CHALLENGE, &p);
+        c->challenged = true;
         break;
-    case REQ_AUTH:
-        o = req_auth(s, c, &cur, &p);
+    }
+    case REQ_AUTH: {
+        if (!c->challenged || c->authed || !cddp__store_get_field(&cur, &a, &al) ||
+            al != CDDP_NET_PROOF)
+            goto malformed;
+        uint8_t want[CDDP_NET_PROOF];
+        cddp_net_proof(s->token, "cddp store: client", c->peer_nonce, c->nonce, want);
+        if (cddp_net_proof_equal(a, want)) {
+            c->authed = true;
+            reply(c, REP_OK, NULL);
+        } else {
+            stranger(s, c, "wrong job token");
+            reply_error(c, "wrong job token: this store belongs to another job (is "
+                           "CDDP_STORE_TOKEN the one this job's launcher set?)");
+            c->closing = true;
+        }
         break;
+    }
     case REQ_SET:
         if (!get_key(&cur, &k, &kl) || !cddp__store_get_field(&cur, &a, &al)) goto malformed;
         if (!cddp__kv_put(&s->kv, k, kl, a, al)) goto oom;
@@ -352,12 +240,47 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
         }
         break;
     }
-    case REQ_ADD:
-        o = req_add(s, c, &cur, &p);
+    case REQ_ADD: {
+        uint64_t delta;
+        if (!get_key(&cur, &k, &kl) || !cddp__store_get_u64(&cur, &delta)) goto malformed;
+        entry *e = cddp__kv_lookup(&s->kv, k, kl);
+        int64_t v = 0;
+        if (e && !counter_value(e, &v)) {
+            reply_error(c, "add: the key holds a value that is not an integer");
+            break;
+        }
+        int64_t d = (int64_t)delta;
+        if ((d > 0 && v > INT64_MAX - d) || (d < 0 && v < INT64_MIN - d)) {
+            reply_error(c, "add: the counter would overflow a 64-bit integer");
+            break;
+        }
+        v += d;
+        char text[32];
+        int n = snprintf(text, sizeof text, "%" PRId64, v);
+        if (!cddp__kv_put(&s->kv, k, kl, (const uint8_t *)text, (size_t)n)) goto oom;
+        cddp__store_put_u64(&p, (uint64_t)v);
+        reply(c, REP_VALUE, &p);
+        recheck_waits(s);
         break;
-    case REQ_CAS:
-        o = req_cas(s, c, &cur, &p);
+    }
+    case REQ_CAS: {
+        if (!get_key(&cur, &k, &kl) || !cddp__store_get_field(&cur, &a, &al) ||
+            !cddp__store_get_field(&cur, &b, &bl))
+            goto malformed;
+        entry *e = cddp__kv_lookup(&s->kv, k, kl);
+        if ((!e && al == 0) || (e && e->len == al && memcmp(e->val, a, al) == 0)) {
+            if (!cddp__kv_put(&s->kv, k, kl, b, bl)) goto oom;
+            cddp__store_put_field(&p, b, bl);
+        } else if (!e) {
+            cddp__store_put_field(&p, a,
+                                  al); /* PyTorch's answer for a missing key: the expected value */
+        } else {
+            cddp__store_put_field(&p, e->val, e->len);
+        }
+        reply(c, REP_VALUE, &p);
+        recheck_waits(s);
         break;
+    }
     case REQ_DELETE: {
         if (!get_key(&cur, &k, &kl)) goto malformed;
         entry *e = cddp__kv_lookup(&s->kv, k, kl);
@@ -367,22 +290,48 @@ static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl,
         reply(c, REP_VALUE, &p);
         break;
     }
-    case REQ_WILL:
-        o = req_will(s, c, &cur, &p);
+    case REQ_WILL: {
+        uint32_t keep;
+        if (!cddp__store_get_field(&cur, &k, &kl) || !cddp__store_get_field(&cur, &a, &al) ||
+            !cddp__store_get_u32(&cur, &keep) || (keep && !kl))
+            goto malformed;
+        if (keep) {
+            if (!cddp__kv_put(&c->wills, k, kl, a, al)) goto oom;
+        } else if (kl) {
+            entry *e = cddp__kv_lookup(&c->wills, k, kl);
+            if (e) cddp__kv_remove(&c->wills, e);
+        } else {
+            cddp__kv_free(&c->wills);
+            c->wills = (table){0};
+        }
+        reply(c, REP_OK, NULL);
         break;
+    }
     case REQ_NUM_KEYS:
         cddp__store_put_u64(&p, s->kv.live);
         reply(c, REP_VALUE, &p);
         break;
-    case REQ_WAIT:
-        o = req_wait(s, c, &cur, &p, pl, len);
+    case REQ_WAIT: {
+        uint64_t ms;
+        uint32_t n;
+        if (!cddp__store_get_u64(&cur, &ms) || !cddp__store_get_u32(&cur, &n)) goto malformed;
+        for (uint32_t i = 0; i < n; i++)
+            if (!get_key(&cur, &k, &kl)) goto malformed;
+        double deadline = ms == UINT64_MAX ? -1 : cddp_now_s() + (double)ms / 1000.0;
+        if (!settle_wait(s, c, pl, len, deadline)) {
+            c->wait_payload = cddp_malloc(len);
+            if (!c->wait_payload) goto oom;
+            memcpy(c->wait_payload, pl, len);
+            c->wait_len = len;
+            c->wait_deadline = deadline;
+            c->waiting = true;
+        }
         break;
+    }
     default:
         drop(c, "unknown request type");
         break;
     }
-    if (o == MALFORMED) goto malformed;
-    if (o == OOM) goto oom;
     cddp_free(p.p);
     return;
 malformed:
