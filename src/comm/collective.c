@@ -155,6 +155,6 @@ int cddp__comm_execute(cddp_comm *c, const coll *a, cddp_error *err) {
     c->flight_call = id;
     int rc = execute(c, a, err);
     c->flight_call = 0;
-    cddp__flight_ended(id, rc);
+    cddp_flight_ended(id, rc);
     return rc;
 }

@@ -191,10 +191,6 @@ uint64_t cddp_flight_issued(int group, const char *kind, cddp_comm_op op, cddp_c
     return id;
 }
 
-void cddp_flight_ended(uint64_t id, int status) {
-    cddp__flight_ended(id, status);
-}
-
 void cddp__flight_started(uint64_t id, uint64_t seq) {
     if (!id) return;
     double now = cddp_now_s();
@@ -208,7 +204,7 @@ void cddp__flight_started(uint64_t id, uint64_t seq) {
     pthread_mutex_unlock(&F.mu);
 }
 
-void cddp__flight_ended(uint64_t id, int status) {
+void cddp_flight_ended(uint64_t id, int status) {
     if (!id) return;
     double now = cddp_now_s();
     pthread_mutex_lock(&F.mu);

@@ -28,6 +28,7 @@
 
 #include "cddp/comm.h"
 #include "cddp/core.h"
+#include "cddp/flight.h"
 
 #include <sched.h>
 #include <pthread.h>
@@ -232,7 +233,7 @@ void cddp__flight_join(cddp_comm *c);
  * number known) when it meets the other ranks. */
 uint64_t cddp__flight_call(const cddp_comm *c, const coll *a);
 void cddp__flight_started(uint64_t id, uint64_t seq);
-void cddp__flight_ended(uint64_t id, int status);
+/* (its end: cddp_flight_ended, cddp/flight.h) */
 /* Writes the record, saying why, and logs where it went. */
 void cddp__flight_dump_because(const char *why);
 

@@ -46,9 +46,10 @@ const cddp_dcomm_transport_info *cddp_dcomm_transport_at(int index) {
 const cddp_dcomm_transport_info *cddp_dcomm_transport_find(const char *name, cddp_error *err) {
     pthread_once(&infos_once, fill_infos);
     if (!name || !*name) return &infos[0];
-    char names[160] = "";
-    for (int i = 0; i <= N; i++) {
+    for (int i = 0; i <= N; i++)
         if (strcmp(name, infos[i].name) == 0) return &infos[i];
+    char names[160] = ""; /* "auto, nccl, ipc or host" */
+    for (int i = 0; i <= N; i++) {
         size_t at = strlen(names);
         snprintf(names + at, sizeof names - at, "%s%s",
                  i == 0   ? ""

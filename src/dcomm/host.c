@@ -4,24 +4,7 @@
  * the join. On a device whose memory the host reads (the CPU), the group works on it directly. */
 #include "dcomm/internal.h"
 
-#include <stdio.h>
-
-/* Host memory of `bytes` the device copies from and to: page-locked where the device has such
- * memory (its queued copies then run while the host goes on), else plain; *locked says which. */
-static void *host_copy(cddp_device *dev, size_t bytes, bool *locked) {
-    cddp_error e = {0};
-    void *p = cddp_device_host_alloc(dev, bytes ? bytes : 1, &e);
-    if ((*locked = p != NULL)) return p;
-    cddp_log(CDDP_LOG_DEBUG, "dcomm", "a host copy in pageable memory: %s", e.msg);
-    return cddp_aligned_alloc(bytes + 64);
-}
-
-static void host_copy_free(cddp_device *dev, void *p, bool locked) {
-    if (locked)
-        cddp_device_host_free(dev, p);
-    else
-        cddp_aligned_free(p);
-}
+#include "cddp/internal/device.h"
 
 /* A queued collective: its host copy (page-locked where the device has such memory, cap bytes),
  * the event after the copy to the host, what runs on the group's thread, what goes back at the
@@ -69,7 +52,7 @@ static int wait_ready(void *s, cddp_error *err) {
 /* Frees s once its copy back has run. */
 static void staged_free(host_comm *h, staged *s) {
     if (s->done) cddp_event_synchronize(s->done, NULL);
-    host_copy_free(h->dev, s->host, s->locked);
+    cddp_device_host_copy_free(h->dev, s->host, s->locked);
     cddp_event_destroy(s->ready);
     cddp_event_destroy(s->done);
     cddp_free(s);
@@ -91,7 +74,7 @@ static staged *staged_get(host_comm *h, size_t bytes) {
     if (!s) return NULL;
     cddp_error e = {0};
     s->cap = bytes;
-    s->host = host_copy(h->dev, bytes, &s->locked);
+    s->host = cddp_device_host_copy(h->dev, bytes, &s->locked);
     if (!s->host || !(s->ready = cddp_event_create(h->dev, &e)) ||
         !(s->done = cddp_event_create(h->dev, &e))) {
         staged_free(h, s);

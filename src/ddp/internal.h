@@ -185,11 +185,6 @@ static inline bool cddp__ddp_on_device(const cddp_ddp *d) {
 
 /* ---- stage.c ----------------------------------------------------------------------------- */
 
-/* Host memory of `bytes` a device copies from and to: page-locked where the device has such
- * memory (its queued copies then run while the host goes on), else plain; *locked says which
- * (the free needs it). */
-void *cddp__ddp_host_copy(cddp_device *dev, size_t bytes, bool *locked);
-void cddp__ddp_host_copy_free(cddp_device *dev, void *p, bool locked);
 /* Finds the model's device; when the host cannot read it, makes the host copies. */
 int cddp__ddp_stage_setup(cddp_ddp *d, cddp_error *err);
 void cddp__ddp_stage_release(cddp_ddp *d);

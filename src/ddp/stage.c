@@ -15,22 +15,9 @@
  * buffers go through host copies of those blocks the same way, whole. */
 #include "ddp/internal.h"
 
+#include "cddp/internal/device.h"
+
 #include <string.h>
-
-void *cddp__ddp_host_copy(cddp_device *dev, size_t bytes, bool *locked) {
-    cddp_error e = {0};
-    float *p = cddp_device_host_alloc(dev, bytes ? bytes : 1, &e);
-    if ((*locked = p != NULL)) return p;
-    cddp_log(CDDP_LOG_DEBUG, "ddp", "a host copy in pageable memory: %s", e.msg);
-    return cddp_aligned_alloc(bytes + 64);
-}
-
-void cddp__ddp_host_copy_free(cddp_device *dev, void *p, bool locked) {
-    if (locked)
-        cddp_device_host_free(dev, p);
-    else
-        cddp_aligned_free(p);
-}
 
 /* The model's device, and whether DDP stages its blocks; the host copies it then needs. */
 int cddp__ddp_stage_setup(cddp_ddp *d, cddp_error *err) {
@@ -56,11 +43,11 @@ int cddp__ddp_stage_setup(cddp_ddp *d, cddp_error *err) {
                 cddp_log(CDDP_LOG_DEBUG, "ddp", "the gradients' host copy stays pageable: %s",
                          e.msg);
         } else {
-            d->hgrad = cddp__ddp_host_copy(d->dev, np * sizeof(float), &d->locked[0]);
+            d->hgrad = cddp_device_host_copy(d->dev, np * sizeof(float), &d->locked[0]);
         }
     }
-    d->hparams = cddp__ddp_host_copy(d->dev, np * sizeof(float), &d->locked[1]);
-    d->hbufs = cddp__ddp_host_copy(d->dev, nb * sizeof(float), &d->locked[2]);
+    d->hparams = cddp_device_host_copy(d->dev, np * sizeof(float), &d->locked[1]);
+    d->hbufs = cddp_device_host_copy(d->dev, nb * sizeof(float), &d->locked[2]);
     if ((!d->hgrad && !dc && !d->alone) || !d->hparams || !d->hbufs)
         return cddp_error_set(err, CDDP_ENOMEM, "out of memory for the host copies of the model");
     for (int k = 0; k < d->nbuckets; k++) CDDP_TRY(cddp__ddp_stage_bucket(d, &d->buckets[k], err));
@@ -74,10 +61,10 @@ void cddp__ddp_stage_release(cddp_ddp *d) {
         if (d->locked[0]) cddp_device_host_unregister(d->dev, d->hgrad);
         cddp_comm_free(d->group, d->hgrad);
     } else {
-        cddp__ddp_host_copy_free(d->dev, d->hgrad, d->locked[0]);
+        cddp_device_host_copy_free(d->dev, d->hgrad, d->locked[0]);
     }
-    cddp__ddp_host_copy_free(d->dev, d->hparams, d->locked[1]);
-    cddp__ddp_host_copy_free(d->dev, d->hbufs, d->locked[2]);
+    cddp_device_host_copy_free(d->dev, d->hparams, d->locked[1]);
+    cddp_device_host_copy_free(d->dev, d->hbufs, d->locked[2]);
     d->hgrad = d->hparams = d->hbufs = NULL;
 }
 

@@ -167,6 +167,21 @@ void cddp_device_host_free(cddp_device *dev, void *p) {
         cddp_aligned_free(p);
 }
 
+void *cddp_device_host_copy(cddp_device *dev, size_t bytes, bool *locked) {
+    cddp_error e = {0};
+    void *p = cddp_device_host_alloc(dev, bytes ? bytes : 1, &e);
+    if ((*locked = p != NULL)) return p;
+    cddp_log(CDDP_LOG_DEBUG, "device", "a host copy in pageable memory: %s", e.msg);
+    return cddp_aligned_alloc(bytes + 64);
+}
+
+void cddp_device_host_copy_free(cddp_device *dev, void *p, bool locked) {
+    if (locked)
+        cddp_device_host_free(dev, p);
+    else
+        cddp_aligned_free(p);
+}
+
 int cddp_device_host_register(cddp_device *dev, void *p, size_t bytes, cddp_error *err) {
     return dev->ops->host_register && bytes ? dev->ops->host_register(dev, p, bytes, err) : CDDP_OK;
 }

@@ -130,8 +130,8 @@ bool cddp__computes(cddp_ctx *ctx, cddp__cdev *d);
 /* Device arena memory (64-byte aligned, uninitialised) that latches a failure; _zero: zeroed. */
 void *cddp__dalloc(cddp__cdev *d, size_t bytes);
 void *cddp__dalloc_zero(cddp__cdev *d, size_t bytes);
-/* ops/linear.c: for an op whose output usually feeds a linear layer, out->own.half allocated when the
- * context multiplies in bf16 on a device whose gemm takes bf16 operands (the op's kernel then
+/* ops/linear.c: for an op whose output usually feeds a linear layer, out->own.half allocated when
+ * the context multiplies in bf16 on a device whose gemm takes bf16 operands (the op's kernel then
  * writes it); NULL otherwise, or when out of memory (the failure latched). */
 uint16_t *cddp__half_for(cddp_ctx *ctx, cddp__cdev *d, cddp_tensor *out);
 /* grad_half.c: for node n's backward, the memory of its k-th input x's gradient in bf16
@@ -160,10 +160,10 @@ float *cddp__linear_bias_grad(cddp_ctx *ctx, const cddp__node *made);
  * checks, naming op (aborts), the output's shape into shape (CDDP_MAX_DIMS) and the device of the
  * inputs (CDDP__ON); whether d's
  * products in ctx take bf16 operands (mixed precision, a gemm that takes them); y = x16 W^T + b in
- * bf16 recorded as node op of inputs x, w, b with x16 and W rounded kept (x16 NULL: x's x->own.half,
- * or x rounded here); for such a node's backward, its output's gradient as the products read it
- * (NULL: out of memory, latched), then dx = dy W (stored when assign, else added; dx NULL: none)
- * and W's gradient dW += dy^T x16. */
+ * bf16 recorded as node op of inputs x, w, b with x16 and W rounded kept (x16 NULL: x's
+ * x->own.half, or x rounded here); for such a node's backward, its output's gradient as the
+ * products read it (NULL: out of memory, latched), then dx = dy W (stored when assign, else added;
+ * dx NULL: none) and W's gradient dW += dy^T x16. */
 cddp__cdev *cddp__linear_on(cddp_ctx *ctx, const char *op, cddp_tensor *x, cddp_tensor *w,
                             cddp_tensor *b, int64_t *shape);
 bool cddp__takes_bf16(cddp_ctx *ctx, cddp__cdev *d);

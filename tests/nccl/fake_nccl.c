@@ -1,9 +1,9 @@
-/* fake_nccl.c: a stand-in for NCCL's library (its functions that the nccl transport calls, with NCCL's
- * header), for testing the nccl transport's bootstrap and error paths on machines without a GPU. Buffers
- * are host memory (cddp's CPU device); the ranks are processes of one host, meeting in a shared
- * memory segment named after the communicator's unique id: allreduce and reduce-scatter sum
- * float32 in rank order (allreduce also bfloat16 and half: summed in float32 in rank order, then
- * rounded to nearest even), allgather copies.
+/* fake_nccl.c: a stand-in for NCCL's library (its functions that the nccl transport calls, with
+ * NCCL's header), for testing the nccl transport's bootstrap and error paths on machines without a
+ * GPU. Buffers are host memory (cddp's CPU device); the ranks are processes of one host, meeting in
+ * a shared memory segment named after the communicator's unique id: allreduce and reduce-scatter
+ * sum float32 in rank order (allreduce also bfloat16 and half: summed in float32 in rank order,
+ * then rounded to nearest even), allgather copies.
  *
  * FAKE_NCCL_INIT: ok (default), hang (forming never finishes), fail (ncclSystemError at once).
  * FAKE_NCCL_OP: ok (default), fail (allreduce refuses: ncclUnhandledCudaError), remote (allreduce

@@ -94,6 +94,13 @@ void cddp_device_to_half(cddp_device *dev, uint16_t *h, const float *x, size_t n
 void cddp_device_from_half(cddp_device *dev, float *x, const uint16_t *h, size_t n, bool f16,
                            float scale);
 
+/* Host memory of `bytes` the device copies from and to: page-locked where the device has such
+ * memory (its queued copies then run while the host goes on), else plain (where page-locked
+ * memory cannot be had: a debug line says why); *locked says which, for the free. DDP's staged
+ * blocks and dcomm's host copies. */
+void *cddp_device_host_copy(cddp_device *dev, size_t bytes, bool *locked);
+void cddp_device_host_copy_free(cddp_device *dev, void *p, bool locked);
+
 #ifdef __cplusplus
 }
 #endif

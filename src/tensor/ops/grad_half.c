@@ -1,9 +1,9 @@
-/* grad_half.c: gradients handed over in bf16 (cddp_tensor.own.grad_half): an op whose backward makes
- * the whole gradient of its input x, where the op that made x multiplies in bf16 and reads that
- * gradient rounded anyway (a convolution's or a linear layer's backward in mixed precision), writes
- * it rounded instead of in float32: a pass over it less, and half its bytes. Batch normalisation's,
- * GELU's, cross-entropy's and a same-shape add's backward do (ops/norm.c, ops/transformer.c,
- * ops/loss.c, ops/elementwise.c). */
+/* grad_half.c: gradients handed over in bf16 (cddp_tensor.own.grad_half): an op whose backward
+ * makes the whole gradient of its input x, where the op that made x multiplies in bf16 and reads
+ * that gradient rounded anyway (a convolution's or a linear layer's backward in mixed precision),
+ * writes it rounded instead of in float32: a pass over it less, and half its bytes. Batch
+ * normalisation's, GELU's, cross-entropy's and a same-shape add's backward do (ops/norm.c,
+ * ops/transformer.c, ops/loss.c, ops/elementwise.c). */
 #include "tensor/internal.h"
 
 bool cddp__takes_grad_half(cddp_ctx *ctx, const cddp__node *made) {
