@@ -126,14 +126,31 @@ typedef struct cddp_ddp_options {
      * state and updates parameters for that shard only (cddp_model_set_shard: the optimizer
      * follows at its next step), and after each optimizer step the updated parts are allgathered
      * so that every rank again holds every parameter. Outside its shard a rank's gradients are
-     * its own, not reduced. cddp_clip_grad_norm adds the shards' squares across the ranks;
-     * cddp_ddp_save gathers the optimizer state into one file, cddp_ddp_save_set writes each
-     * rank's shard as it is, and cddp_ddp_load reads each rank's shard from either, so a
-     * checkpoint loads on any number of ranks, with or without this option. Works with sum,
-     * no_sync, find_unused_parameters and the bf16/fp16 hooks (16-bit copies reduce-scattered,
-     * each rank's part unpacked in float32; on host memory: not with the nccl or ipc
-     * transports); not with the powersgd hook or join (wrapping fails saying so). */
+     * its own, not reduced (and set to zero by the forward of a micro-step that accumulates over
+     * synchronised backwards: they were reduced already). cddp_clip_grad_norm adds the shards'
+     * squares across the ranks; cddp_ddp_save gathers the optimizer state into one file,
+     * cddp_ddp_save_set writes each rank's shard as it is, and cddp_ddp_load reads each rank's
+     * shard from either, so a checkpoint loads on any number of ranks, with or without this option.
+     * Works with sum, no_sync, find_unused_parameters and the bf16/fp16 hooks (16-bit copies
+     * reduce-scattered, each rank's part unpacked in float32; on host memory: not with the nccl or
+     * ipc transports); not with the powersgd hook or join (wrapping fails saying so). */
     bool shard_optimizer;
+    /* ZeRO-2 (shard_optimizer's sharding, and more): a rank keeps the gradients of its shard only.
+     * As each bucket's reduce-scatter ends (during backward, on the thread that ran it), the
+     * bucket's gradients outside this rank's part are released (cddp_model_shard_gradients: on
+     * the CPU their pages go back to the system and read as zero; cddp_model_zero_grad releases
+     * them too, instead of writing zeros), so between steps a rank holds 1/N of the gradients,
+     * and during backward its shard plus the buckets not yet reduced. The reduction is
+     * shard_optimizer's, bit for bit: the same losses and weights. Gradient accumulation: with
+     * cddp_ddp_no_sync, the micro-steps' local gradients are kept whole until the synchronised
+     * backward (as PyTorch FSDP's no_sync: the least communication, and DDP's memory
+     * meanwhile); without it, each micro-step's backward reduce-scatters and the shard adds the
+     * results up (the memory of ZeRO-2 throughout, a reduce-scatter a micro-step; the sum of
+     * the means in another order than DDP's mean of the sums: equal to rounding). On a device
+     * (the emulated one, a GPU) the gradients outside the shard are set to zero instead: the
+     * same training, the device's memory not yet given back. Sets shard_optimizer; the same
+     * combinations. */
+    bool shard_gradients;
     /* How the gradients of a model on a device (not the CPU) are reduced, by cddp/dcomm.h's
      * names:
      *  - "nccl": with NCCL on the model's device, each bucket queued on its stream after
@@ -242,6 +259,18 @@ typedef struct cddp_ddp_stats {
     double straggler_phase_s, median_phase_s;
 } cddp_ddp_stats;
 CDDP_API cddp_ddp_stats cddp_ddp_stats_get(const cddp_ddp *ddp);
+
+/* What a rank holds for training, in bytes: the ZeRO stage (0: plain DDP, 1: shard_optimizer, 2:
+ * shard_gradients); the parameters (every stage so far: all of them); the gradients it keeps
+ * between steps (all of them, or under ZeRO-2 its shard's); the optimizer's state (opt's, its
+ * shard's under ZeRO-1 and 2; opt NULL: 0); and the process's peak resident memory so far (the
+ * system's count: what the CPU device's blocks, the activations and everything else took at
+ * most; 0 where the system does not say). */
+typedef struct cddp_ddp_memory {
+    int stage;
+    size_t params, grads, optimizer, peak_rss;
+} cddp_ddp_memory;
+CDDP_API cddp_ddp_memory cddp_ddp_memory_get(const cddp_ddp *ddp, const cddp_optim *opt);
 
 /* The buckets, for tools and tests: how many, and bucket b's parameter indices in launch order
  * (returns the count; fills up to cap). */

@@ -278,12 +278,14 @@ CDDP_API bool cddp_model_training(const cddp_model *m);
 CDDP_API void cddp_model_set_ready_hook(cddp_model *m, cddp_ready_hook hook, void *user);
 
 /* Step events, for observers such as DistributedDataParallel (its timeline, and the buffer
- * broadcast before each forward): the start of cddp_model_forward, and the start and end of an
- * optimizer step on this model. A custom forward notifies CDDP_EVENT_FORWARD itself first. */
+ * broadcast before each forward): the start of cddp_model_forward, the start and end of an
+ * optimizer step on this model, and the start of cddp_model_zero_grad. A custom forward notifies
+ * CDDP_EVENT_FORWARD itself first. */
 typedef enum cddp_model_event {
     CDDP_EVENT_FORWARD,
     CDDP_EVENT_OPTIM_BEGIN,
     CDDP_EVENT_OPTIM_END,
+    CDDP_EVENT_ZERO_GRAD,
 } cddp_model_event;
 typedef void (*cddp_model_event_hook)(void *user, cddp_model *m, cddp_model_event event);
 /* One observer per model; NULL clears it. */
@@ -304,6 +306,11 @@ CDDP_API int cddp_model_set_shard(cddp_model *m, int nranges, const int64_t *ran
 /* The shard's ranges (0 and NULL: the whole block; valid until the next set_shard) and a version
  * that every set_shard changes. */
 CDDP_API int cddp_model_shard(const cddp_model *m, const int64_t **ranges, uint64_t *version);
+/* Sharded gradients (ZeRO-2; DistributedDataParallel's shard_gradients sets it): with a shard set,
+ * this process keeps the gradients of its shard only; the rest of the gradient block holds
+ * nothing between backwards, and cddp_model_zero_grad releases its memory (on the CPU, the pages
+ * go back to the system) instead of writing zeros there; it reads as zero. */
+CDDP_API void cddp_model_shard_gradients(cddp_model *m, bool on);
 /* Adds *value over the ranks that share the model (nothing to add without a shard's sum). */
 CDDP_API int cddp_model_shard_sum(cddp_model *m, double *value, cddp_error *err);
 

@@ -151,13 +151,20 @@ static int finish_bucket(cddp_ddp *d, int k, cddp_error *err) {
     b->npre = 0;
     if (rc != CDDP_OK) {
         if (b->work) cddp_comm_wait(b->work, -1, NULL);
-        b->work = NULL;
+        if (b->post) cddp_comm_wait(b->post, -1, NULL);
+        b->work = b->post = NULL;
         b->reduced = false;
         return rc;
     }
     if (b->work) {
         rc = cddp_comm_wait_timed(b->work, -1, &b->t_start, &b->t_end, err);
         b->work = NULL;
+        if (b->post) { /* after the collective, whatever it returned */
+            cddp_error e = {0};
+            int st = cddp_comm_wait(b->post, -1, &e);
+            b->post = NULL;
+            if (st && !rc) rc = st, *err = e;
+        }
         CDDP_TRY(rc);
     } else if (b->reduced) {
         b->reduced = false;
@@ -166,7 +173,10 @@ static int finish_bucket(cddp_ddp *d, int k, cddp_error *err) {
     }
     cddp__ddp_record(d, "allreduce", k, d->inline_comm ? 0 : 1, b->t_start, b->t_end);
     d->reducer->finish(d, b);
-    return d->dcomm ? CDDP_OK : cddp__ddp_stage_out(d, b, err);
+    if (!d->dcomm) CDDP_TRY(cddp__ddp_stage_out(d, b, err));
+    /* ZeRO-2 on a device: its block's gradients outside the shard, once the shard is in place */
+    return d->o.shard_gradients && (d->staged || d->dcomm) ? cddp__ddp_release_outside(d, b, err)
+                                                           : CDDP_OK;
 }
 
 /* Waits for everything queued in this step (also after a failure: no work may outlive the
@@ -317,6 +327,7 @@ static int finish(void *user, cddp_ctx *ctx, cddp_error *err) {
     cddp_error e = {0};
     int st = cddp__ddp_wait_all(d, &e);
     if (st && !rc) rc = st, *err = e;
+    if (rc == CDDP_OK && d->o.shard_optimizer) cddp__ddp_zero_after_backward(d);
     if (rc == CDDP_OK && missing >= 0) { /* no rank used it: the gradient stays as it was */
         size_t at = 0;
         for (int i = 0; i < d->nparams && rc == CDDP_OK; i++) {
@@ -371,6 +382,11 @@ void cddp__ddp_on_event(void *user, cddp_model *m, cddp_model_event ev) {
         cddp_error e = {0};
         if (cddp__ddp_sync_buffers(d, 0, &e) != CDDP_OK && !d->hook_err.code) d->hook_err = e;
     }
+    if (ev == CDDP_EVENT_ZERO_GRAD) {
+        if (d->o.shard_optimizer) cddp__ddp_zero_on_zero_grad(d);
+        return;
+    }
+    if (ev == CDDP_EVENT_FORWARD && d->o.shard_optimizer) cddp__ddp_zero_on_forward(d);
     if (ev == CDDP_EVENT_FORWARD) {
         cddp_flight_mark("forward", d->steps + 1);
         cddp__ddp_straggler_forward(d, now);

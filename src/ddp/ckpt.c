@@ -23,6 +23,28 @@ typedef struct ckpt_call {
     size_t cap;
 } ckpt_call;
 
+/* The caller's metadata and "zero_stage" (the stage the checkpoint was saved under: 0 plain DDP, 1
+ * ZeRO-1, 2 ZeRO-2; a key the caller set is kept as it is) in out (cap entries, NULL-ended);
+ * NULL when it does not fit. */
+static const char *const *with_stage(const cddp_ddp *d, const char *const *metadata,
+                                     const char **out, int cap, char stage[2]) {
+    int n = 0;
+    bool given = false;
+    for (; metadata && metadata[n]; n += 2) {
+        if (n + 2 >= cap - 3) return NULL;
+        out[n] = metadata[n];
+        out[n + 1] = metadata[n + 1];
+        given |= strcmp(metadata[n], "zero_stage") == 0;
+    }
+    stage[0] = (char)('0' + (d->o.shard_gradients ? 2 : d->o.shard_optimizer ? 1 : 0));
+    stage[1] = '\0';
+    if (!given) out[n++] = "zero_stage", out[n++] = stage;
+    out[n] = NULL;
+    return out;
+}
+
+#define MAX_META 256
+
 static int save(cddp_ddp *d, void *arg, cddp_error *err) {
     const ckpt_call *a = arg;
     int32_t status = CDDP_OK;
@@ -99,7 +121,12 @@ static int load(cddp_ddp *d, void *arg, cddp_error *err) {
 
 int cddp_ddp_save(cddp_ddp *d, const char *path, cddp_optim *opt, const char *const *metadata,
                   cddp_error *err) {
-    ckpt_call a = {path, opt, metadata, NULL, NULL, 0};
+    const char *meta[MAX_META];
+    char stage[2];
+    ckpt_call a = {path, opt, with_stage(d, metadata, meta, MAX_META, stage), NULL, NULL, 0};
+    if (!a.metadata)
+        return cddp_error_set(err, CDDP_EINVAL, "cddp_ddp_save: more than %d metadata pairs",
+                              MAX_META / 2 - 2);
     if (d->o.shard_optimizer && opt) return cddp__ddp_zero_with_whole_state(d, opt, save, &a, err);
     return save(d, &a, err);
 }
@@ -132,7 +159,11 @@ static int agree(cddp_ddp *d, int rc, const cddp_error *mine, const char *what, 
 
 int cddp_ddp_save_set(cddp_ddp *d, const char *root, int64_t step, int keep, cddp_optim *opt,
                       const char *const *metadata, cddp_error *err) {
-    char dir[4096] = "", what[4300];
+    char dir[4096] = "", what[4300], stage[2];
+    const char *meta[MAX_META];
+    if (!(metadata = with_stage(d, metadata, meta, MAX_META, stage)))
+        return cddp_error_set(err, CDDP_EINVAL, "cddp_ddp_save_set: more than %d metadata pairs",
+                              MAX_META / 2 - 2);
     cddp_error mine = {0};
     int rc = d->rank == 0 ? cddp_ckpt_set_prepare(root, step, dir, sizeof dir, &mine) : CDDP_OK;
     snprintf(what, sizeof what, "prepare the checkpoint set in %s", root);

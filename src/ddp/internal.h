@@ -12,8 +12,10 @@
  *               with the phase its time goes to
  *   buckets.c   the buckets and a synchronised backward: ready hooks, launching complete buckets
  *               in order, the end of backward, the rebuild in ready order; the step's events
- *   zero.c      the sharded optimizer (ZeRO-1): each rank's shard of the buckets, the
- *               parameters' allgather after a step, the norm's sum, checkpoints of the state
+ *   zero.c      the sharded optimizer (ZeRO-1) and gradients (ZeRO-2): each rank's shard of the
+ *               buckets, the gradients outside it released, accumulation over synchronised
+ *               backwards, the parameters' allgather after a step, the norm's sum, checkpoints of
+ *               the state, what a rank holds
  *   wrap.c      wrapping a model: the agreement checks, the first broadcast, where the gradients
  *               live and where buckets are reduced; join, barrier
  *   ckpt.c      checkpoints: one file (rank 0's, ZeRO's state gathered first) or a set (a file
@@ -52,6 +54,7 @@ typedef struct bucket {
      * before the last: cddp__ddp_collective_first) */
     cddp_comm_work *pre[6];
     int npre;
+    cddp_comm_work *post; /* what runs after its collective on the thread (cddp__ddp_after) */
     cddp_event *ready_ev; /* staged: recorded after the copy of its gradients to the host */
     bool reduced;         /* reduced inline, not yet finished */
     double t_start, t_end;
@@ -161,6 +164,10 @@ struct cddp_ddp {
     size_t nevents, cap_events;
     /* shard_optimizer: this rank's part of every bucket, [begin, end) pairs in the flat block */
     int64_t *shard;
+    /* accumulation across synchronised backwards (zero.c): the shard holds reduced gradients
+     * (held); they wait in zacc (zacc_waits) while the next backward's local ones are reduced */
+    float *zacc;
+    bool zheld, zacc_waits;
     cddp__psgd *psgd;  /* PowerSGD: per parameter */
     size_t step_bytes; /* what this step's collectives carried, where a reducer counts them */
 };
@@ -214,6 +221,10 @@ typedef enum cddp__ddp_kind { CDDP__DDP_ALLREDUCE, CDDP__DDP_REDUCE_SCATTER } cd
  * the communication thread ahead of it (a reducer's packing, staging's wait). A failure is kept
  * for the end of backward. */
 void cddp__ddp_before(cddp_ddp *d, bucket *b, cddp_comm_fn fn);
+/* Runs fn(b) once bucket b's collective is done: now when it ran inline (and succeeded), else
+ * queued on the communication thread behind it (b->post), where it runs whether the collective
+ * succeeded or not. A failure is kept for the end of backward. */
+void cddp__ddp_after(cddp_ddp *d, bucket *b, cddp_comm_fn fn);
 /* Starts a reducer's collective (send and recv as cddp_comm_allreduce or _reduce_scatter take
  * them): inline (done when it returns: b->reduced) or queued on the group's thread (b->work).
  * A failure is kept for the end of backward. */
@@ -264,6 +275,17 @@ int cddp__ddp_zero_setup(cddp_ddp *d, cddp_error *err);
 void cddp__ddp_zero_release(cddp_ddp *d);
 /* Every rank's parts of block (a flat block of the model's layout) reach every rank. */
 int cddp__ddp_zero_gather(cddp_ddp *d, float *block, cddp_error *err);
+/* ZeRO-2 (shard_gradients): bucket b's gradients outside this rank's part released, now
+ * (release_outside) or as a step of the communication thread (release_step: its argument the
+ * bucket). */
+int cddp__ddp_release_outside(cddp_ddp *d, bucket *b, cddp_error *err);
+int cddp__ddp_release_step(void *bucket, cddp_error *err);
+/* Gradient accumulation over synchronised backwards: a forward that follows one, with no
+ * zero_grad between, moves the shard's reduced gradients aside (the next reduce-scatter must see
+ * local gradients only), and the end of the next synchronised backward adds them back. */
+void cddp__ddp_zero_on_forward(cddp_ddp *d);
+void cddp__ddp_zero_after_backward(cddp_ddp *d);
+void cddp__ddp_zero_on_zero_grad(cddp_ddp *d);
 /* After an optimizer step: the parameters' allgather (a failure is kept for the next backward). */
 void cddp__ddp_zero_after_step(cddp_ddp *d);
 /* cddp_ddp_save with a sharded optimizer: fn runs with the whole state gathered on every rank,

@@ -46,6 +46,17 @@ void cddp__ddp_before(cddp_ddp *d, bucket *b, cddp_comm_fn fn) {
         d->hook_err = err;
 }
 
+void cddp__ddp_after(cddp_ddp *d, bucket *b, cddp_comm_fn fn) {
+    cddp_error err = {0};
+    if (d->inline_comm) {
+        if (b->reduced && fn(b, &err) != CDDP_OK && !d->hook_err.code) d->hook_err = err;
+        return;
+    }
+    if (!b->work) return; /* its launch failed: the hook's error says so */
+    if (!(b->post = cddp_comm_call_async(d->group, fn, b, &err)) && !d->hook_err.code)
+        d->hook_err = err;
+}
+
 void cddp__ddp_collective(cddp_ddp *d, bucket *b, cddp__ddp_kind kind, const void *send, void *recv,
                           int64_t count, cddp_comm_dtype dtype, cddp_comm_op op) {
     cddp_error err = {0};
@@ -194,6 +205,12 @@ static int zero_pack(void *bucket_, cddp_error *err) {
     return CDDP_OK;
 }
 
+/* ZeRO-2 on host memory: the bucket's gradients outside this rank's part released as soon as
+ * its reduce-scatter has read them (a staged model's device block: at the bucket's finish). */
+static void release_after(cddp_ddp *d, bucket *b) {
+    if (d->o.shard_gradients && !d->staged) cddp__ddp_after(d, b, cddp__ddp_release_step);
+}
+
 static void zero_launch(cddp_ddp *d, bucket *b) {
     int64_t lo, hi, c = cddp__ddp_part(d, b, d->rank, &lo, &hi);
     float *buf = d->hgrad + b->offset;
@@ -203,6 +220,7 @@ static void zero_launch(cddp_ddp *d, bucket *b) {
     }
     cddp__ddp_collective(d, b, CDDP__DDP_REDUCE_SCATTER, buf, buf + (size_t)(d->rank * c), c,
                          CDDP_COMM_F32, d->o.sum ? CDDP_COMM_SUM : CDDP_COMM_MEAN);
+    release_after(d, b);
 }
 
 static void zero_finish(cddp_ddp *d, bucket *b) {
@@ -292,6 +310,7 @@ static void zero_half_launch(cddp_ddp *d, bucket *b) {
     cddp__ddp_before(d, b, zero_half_pack);
     cddp__ddp_collective(d, b, CDDP__DDP_REDUCE_SCATTER, b->half, b->half + (size_t)(d->rank * c),
                          c, half_type(d), CDDP_COMM_SUM);
+    release_after(d, b);
 }
 
 static void zero_half_finish(cddp_ddp *d, bucket *b) {

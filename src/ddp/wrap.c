@@ -62,7 +62,7 @@ typedef struct wrap_rec {
     int64_t nparams, numel, nbuffers;
     double bucket_cap_mb;
     int32_t sum, find_unused, hook, join, join_throw, no_broadcast_buffers;
-    int32_t shard_optimizer, transport, powersgd_rank, comm_hook;
+    int32_t shard_optimizer, transport, powersgd_rank, comm_hook, shard_gradients;
     int64_t powersgd_start_step;
 } wrap_rec;
 
@@ -145,6 +145,7 @@ static int agree(cddp_ddp *d, cddp_error *err) {
                      d->tr->index,
                      d->o.powersgd_rank,
                      d->o.comm_hook != NULL,
+                     d->o.shard_gradients,
                      d->o.powersgd_start_step};
     wrap_rec *all = cddp_calloc((size_t)W, sizeof *all);
     if (!all) {
@@ -189,6 +190,7 @@ static int agree(cddp_ddp *d, cddp_error *err) {
         SAME(join_throw, "join_throw", "%d", ASIS)
         SAME(no_broadcast_buffers, "no_broadcast_buffers", "%d", ASIS)
         SAME(shard_optimizer, "shard_optimizer", "%d", (int))
+        SAME(shard_gradients, "shard_gradients", "%d", (int))
         SAME(transport, "transport", "%s", transport_name)
         SAME(powersgd_rank, "powersgd_rank", "%d", ASIS)
         SAME(powersgd_start_step, "powersgd_start_step", "%" PRId64, ASIS)
@@ -292,6 +294,7 @@ static int choose_overlap(cddp_ddp *d, cddp_error *err) {
 static const cddp_dcomm_transport_info *check_options(cddp_ddp_options *o, bool *from_knob,
                                                       cddp_error *err) {
     if (o->bucket_cap_mb <= 0) o->bucket_cap_mb = 25;
+    if (o->shard_gradients) o->shard_optimizer = true; /* ZeRO-2 is ZeRO-1's sharding, and more */
     if ((unsigned)o->hook > CDDP_DDP_HOOK_POWERSGD) {
         cddp_error_set(err, CDDP_EINVAL, "cddp_ddp_wrap: unknown hook %d", (int)o->hook);
         return NULL;

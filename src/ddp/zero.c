@@ -1,4 +1,5 @@
-/* zero.c: the sharded optimizer (ZeRO-1) around DistributedDataParallel's buckets.
+/* zero.c: the sharded optimizer (ZeRO-1) and sharded gradients (ZeRO-2) around
+ * DistributedDataParallel's buckets.
  *
  * A rank's shard is its part of every bucket (cddp__ddp_part): the part of the reduced gradients
  * that the bucket's reduce-scatter hands it (reducer.c). The model is told (cddp_model_set_shard),
@@ -6,6 +7,16 @@
  * bucket's updated parts are allgathered, in place where the bucket divides evenly among the
  * ranks, else through the bucket's staging buffer. Buckets stay in reverse declaration order
  * (never rebuilt), so the shard does not move between steps.
+ *
+ * ZeRO-2 (shard_gradients) keeps the gradients of the shard only: as a bucket's reduce-scatter
+ * ends, its gradients outside this rank's part are released (cddp_device_release: the CPU gives
+ * the pages back), and the model's zero_grad releases them too (cddp_model_shard_gradients).
+ *
+ * Accumulating over synchronised backwards (no zero_grad between them): the next reduce-scatter
+ * must see each rank's local gradients only, but the shard holds the last one's result (and under
+ * ZeRO-1 the rest holds what this rank contributed already). So the forward that follows moves the
+ * shard aside (zacc) and clears the block, and the end of the next synchronised backward adds it
+ * back: the sum of the results, with sum as with mean.
  *
  * A checkpoint file keeps DDP's layout: before its save the ranks gather the optimizer state (the
  * same allgather), so it loads on any number of ranks, sharded or not (each rank then reads its
@@ -15,7 +26,10 @@
 #include "cddp/checkpoint.h"
 #include "ddp/internal.h"
 
+#include "cddp/internal/device.h"
+
 #include <string.h>
+#include <sys/resource.h>
 
 static int sum_double(void *user, double *value, cddp_error *err) {
     cddp_ddp *d = user;
@@ -36,13 +50,84 @@ int cddp__ddp_zero_setup(cddp_ddp *d, cddp_error *err) {
         d->shard[2 * n + 1] = d->buckets[k].offset + hi;
         n++;
     }
-    return cddp_model_set_shard(d->model, n, d->shard, sum_double, d, err);
+    CDDP_TRY(cddp_model_set_shard(d->model, n, d->shard, sum_double, d, err));
+    if (!d->o.shard_gradients) return CDDP_OK;
+    cddp_model_shard_gradients(d->model, true);
+    cddp_model_zero_grad(d->model); /* what the block held before: released outside the shard */
+    return CDDP_OK;
+}
+
+/* ZeRO-2: bucket b's gradients outside this rank's part, released (the model's block, on its
+ * device). */
+int cddp__ddp_release_outside(cddp_ddp *d, bucket *b, cddp_error *err) {
+    int64_t lo, hi;
+    cddp__ddp_part(d, b, d->rank, &lo, &hi);
+    float *g = cddp_model_grad(d->model) + b->offset;
+    CDDP_TRY(cddp_device_release(d->dev, g, (size_t)lo * sizeof(float), err));
+    return cddp_device_release(d->dev, g + hi, (b->numel - (size_t)hi) * sizeof(float), err);
+}
+
+/* As a step before or after a bucket's collective (cddp__ddp_before, _after). */
+int cddp__ddp_release_step(void *bucket_, cddp_error *err) {
+    bucket *b = bucket_;
+    return cddp__ddp_release_outside(b->ddp, b, err);
+}
+
+/* The shard's ranges, back to back, from (to_acc) or into the gradient block: moved aside (the
+ * block set to zero where it held anything: the shard, and under ZeRO-1 the rest, which this rank
+ * contributed already), or added back. */
+static void shard_move(cddp_ddp *d, bool to_acc) {
+    float *g = cddp_model_grad(d->model), *acc = d->zacc;
+    for (int k = 0; k < d->nbuckets; k++) {
+        size_t n = (size_t)(d->shard[2 * k + 1] - d->shard[2 * k]);
+        float *at = g + d->shard[2 * k];
+        if (to_acc) {
+            cddp_device_copy(d->dev, acc, at, n * sizeof(float), NULL);
+            if (d->o.shard_gradients) cddp_device_memset(d->dev, at, 0, n * sizeof(float), NULL);
+        } else {
+            cddp_device_accumulate(d->dev, at, acc, n);
+        }
+        acc += n;
+    }
+    if (to_acc && !d->o.shard_gradients)
+        cddp_device_memset(d->dev, g, 0, cddp_model_numel(d->model) * sizeof(float), NULL);
+}
+
+void cddp__ddp_zero_on_forward(cddp_ddp *d) {
+    if (!d->zheld || d->no_sync || d->world == 1 || !cddp_model_training(d->model)) return;
+    if (!d->zacc) {
+        size_t n = 0;
+        for (int k = 0; k < d->nbuckets; k++) n += (size_t)(d->shard[2 * k + 1] - d->shard[2 * k]);
+        cddp_error e = {0};
+        if (!(d->zacc = cddp_device_alloc(d->dev, n * sizeof(float) + 64, &e))) {
+            if (!d->hook_err.code) d->hook_err = e; /* the backward fails with it */
+            return;
+        }
+    }
+    shard_move(d, true);
+    d->zheld = false;
+    d->zacc_waits = true;
+}
+
+void cddp__ddp_zero_after_backward(cddp_ddp *d) {
+    if (d->zacc_waits) shard_move(d, false);
+    d->zacc_waits = false;
+    d->zheld = true;
+}
+
+void cddp__ddp_zero_on_zero_grad(cddp_ddp *d) {
+    d->zheld = d->zacc_waits = false;
 }
 
 void cddp__ddp_zero_release(cddp_ddp *d) {
-    if (d->model && d->shard) cddp_model_set_shard(d->model, 0, NULL, NULL, NULL, NULL);
+    if (d->model && d->shard) {
+        cddp_model_shard_gradients(d->model, false);
+        cddp_model_set_shard(d->model, 0, NULL, NULL, NULL, NULL);
+    }
     cddp_free(d->shard);
     d->shard = NULL;
+    if (d->zacc) cddp_device_free(d->dev, d->zacc);
+    d->zacc = NULL;
 }
 
 /* The allgather of every bucket's parts of block, a flat block of host memory. */
@@ -152,4 +237,23 @@ int cddp__ddp_zero_with_whole_state(cddp_ddp *d, cddp_optim *opt,
         rc = st;
     }
     return rc;
+}
+
+cddp_ddp_memory cddp_ddp_memory_get(const cddp_ddp *d, const cddp_optim *opt) {
+    size_t numel = cddp_model_numel(d->model), shard = 0;
+    for (int k = 0; k < d->nbuckets && d->shard; k++)
+        shard += (size_t)(d->shard[2 * k + 1] - d->shard[2 * k]);
+    cddp_ddp_memory m = {
+        .stage = d->o.shard_gradients   ? 2
+                 : d->o.shard_optimizer ? 1
+                                        : 0,
+        .params = numel * sizeof(float),
+        .grads = (d->o.shard_gradients ? shard : numel) * sizeof(float),
+        .optimizer =
+            opt ? cddp_optim_state_numel(opt) * (size_t)cddp_optim_num_states(opt) * sizeof(float)
+                : 0,
+    };
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) m.peak_rss = (size_t)ru.ru_maxrss * 1024;
+    return m;
 }

@@ -353,11 +353,6 @@ int cddp_model_set_grad_block(cddp_model *m, float *block) {
     return CDDP_OK;
 }
 
-void cddp_model_zero_grad(cddp_model *m) {
-    check_built(m);
-    cddp_device_memset(cddp_model_device(m), m->grad, 0, m->params.numel * sizeof(float), NULL);
-}
-
 void cddp_model_set_ready_hook(cddp_model *m, cddp_ready_hook hook, void *user) {
     check_built(m);
     for (int i = 0; i < m->params.n; i++)

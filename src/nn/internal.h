@@ -64,6 +64,7 @@ struct cddp_model {
     uint64_t shard_version;
     cddp_model_sum_fn shard_sum;
     void *shard_user;
+    bool grad_shard_only; /* cddp_model_shard_gradients: zero_grad releases the rest */
 };
 
 struct cddp_module {

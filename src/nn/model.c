@@ -2,6 +2,8 @@
  * ready hooks and step events). The blocks are in blocks.c, the module tree in module.c. */
 #include "nn/internal.h"
 
+#include "cddp/internal/device.h"
+
 #include <inttypes.h>
 #include <string.h>
 
@@ -98,6 +100,25 @@ cddp_tensor *cddp_model_forward(cddp_model *m, cddp_ctx *ctx, cddp_tensor *x) {
 
 /* ---- the shard of a sharded optimizer ---------------------------------------------------- */
 
+void cddp_model_zero_grad(cddp_model *m) {
+    CDDP_CHECK(m->built, "the model must be built with cddp_model_build first");
+    cddp_model_notify(m, CDDP_EVENT_ZERO_GRAD);
+    cddp_device *dev = cddp_model_device(m);
+    if (!m->grad_shard_only || m->nshard == 0) {
+        cddp_device_memset(dev, m->grad, 0, m->params.numel * sizeof(float), NULL);
+        return;
+    }
+    /* the shard set to zero; the rest released (what is released already costs nothing) */
+    int64_t at = 0;
+    for (int k = 0; k <= m->nshard; k++) {
+        int64_t b = k < m->nshard ? m->shard[2 * k] : (int64_t)m->params.numel;
+        cddp_device_release(dev, m->grad + at, (size_t)(b - at) * sizeof(float), NULL);
+        if (k == m->nshard) break;
+        at = m->shard[2 * k + 1];
+        cddp_device_memset(dev, m->grad + b, 0, (size_t)(at - b) * sizeof(float), NULL);
+    }
+}
+
 int cddp_model_set_shard(cddp_model *m, int nranges, const int64_t *ranges, cddp_model_sum_fn sum,
                          void *user, cddp_error *err) {
     int64_t n = (int64_t)cddp_model_numel(m), last = 0;
@@ -129,6 +150,10 @@ int cddp_model_shard(const cddp_model *m, const int64_t **ranges, uint64_t *vers
     if (ranges) *ranges = m->shard;
     if (version) *version = m->shard_version;
     return m->nshard;
+}
+
+void cddp_model_shard_gradients(cddp_model *m, bool on) {
+    m->grad_shard_only = on;
 }
 
 int cddp_model_shard_sum(cddp_model *m, double *value, cddp_error *err) {

@@ -100,6 +100,12 @@ int cddp_device_memset(cddp_device *dev, void *dst, int byte, size_t bytes, cddp
     return bytes ? dev->ops->memset(dev, NULL, dst, byte, bytes, err) : CDDP_OK;
 }
 
+int cddp_device_release(cddp_device *dev, void *p, size_t bytes, cddp_error *err) {
+    if (!bytes) return CDDP_OK;
+    return dev->ops->release ? dev->ops->release(dev, p, bytes, err)
+                             : dev->ops->memset(dev, NULL, p, 0, bytes, err);
+}
+
 int cddp_device_download_async(cddp_device *dev, void *dst, const void *src, size_t bytes,
                                cddp_error *err) {
     return bytes ? dev->ops->download_async(dev, NULL, dst, src, bytes, err) : CDDP_OK;
@@ -423,6 +429,11 @@ void cddp_device_lion(cddp_device *dev, float *p, const float *grad, float *m, s
 void cddp_device_scale(cddp_device *dev, float *x, size_t n, float s) {
     cddp__kq q = cddp__device_kq(dev);
     CDDP__K(&q, scale, .y = x, .x = x, .s = s, .n = (int64_t)n);
+}
+
+void cddp_device_accumulate(cddp_device *dev, float *dst, const float *src, size_t n) {
+    cddp__kq q = cddp__device_kq(dev);
+    CDDP__K(&q, accumulate, .dst = dst, .src = src, .n = (int64_t)n, .assign = false);
 }
 
 void cddp_device_to_half(cddp_device *dev, uint16_t *h, const float *x, size_t n, bool f16) {

@@ -83,6 +83,10 @@ typedef struct cddp__device_ops {
      * with NaNs, ordered on its default queue): a context's arena at every reset, so that a step
      * never reads what the last one left */
     void (*scrub)(cddp_device *dev, void *p, size_t n);
+    /* may be NULL (then a memset to zero): n bytes at p read as zero from now on, and the device
+     * may take back the memory behind them until they are written again (the CPU returns the
+     * whole pages inside the range to the system): what a sharded gradient drops */
+    int (*release)(cddp_device *dev, void *p, size_t n, cddp_error *err);
     /* The rest may be NULL on a device whose work runs at once (the CPU): plain host memory, one
      * queue, copies that are done when they return, nothing to wait for.
      * host_alloc: host memory the device copies from and to directly (page-locked on a GPU, so

@@ -1,8 +1,10 @@
-/* zero_check.c: the sharded optimizer (ZeRO-1) across real processes, started by cddprun,
- * against plain DistributedDataParallel in the same program: two copies of a model, one wrapped
- * with shard_optimizer, one without, the same batches on each rank.
+/* zero_check.c: the sharded optimizer (ZeRO-1) and sharded gradients (ZeRO-2) across real
+ * processes, started by cddprun, against plain DistributedDataParallel in the same program: two
+ * copies of a model, one wrapped with shard_optimizer (--stage 2: shard_gradients), one without,
+ * the same batches on each rank.
  *
- *   zero_check mlp|cnn|gpt [CAP_MB] [sum|nosync|unused|bf16]
+ *   zero_check [--stage 1|2] mlp|cnn|gpt [CAP_MB] [sum|nosync|accum|unused|bf16]
+ *       (the stage also from CDDP_TEST_ZERO_STAGE)
  *       10 AdamW steps (the GPT: GPT-2's recipe, clipping at 0.5 and the schedule); after every
  *       step the parameters within 1e-6 of DDP's (relative to the model's largest), the reduced
  *       gradients of this rank's shard within 1e-6 too; each rank's optimizer state is its shard
@@ -12,7 +14,15 @@
  *       run, bit for bit like the uninterrupted one, and loaded into a fresh plain DDP run like
  *       DDP (within 1e-6).
  *       bf16: both runs with the bf16 hook (the sharded one reduce-scatters 16-bit copies, DDP
- *       allreduces them), the same bounds.
+ *       allreduces them), the same bounds. nosync: two micro-batches a step, the first under
+ *       no_sync; accum: two, each reduced (the shard adds up the means).
+ *       Stage 2: the same, and after every synchronised backward the gradients outside this
+ *       rank's shard are exactly zero (released).
+ *   zero_check memory
+ *       ZeRO-2 on a GPT of 3.4 MB of gradients on the CPU: after a step's backward, and after
+ *       zero_grad, the pages of the gradient block the system backs (mincore) are the shard's
+ *       (1/world, plus one page at each end of each bucket's part); under ZeRO-1 all of them;
+ *       cddp_ddp_memory_get says the stage and the bytes by the formula.
  *   zero_check refuse
  *       shard_optimizer with join and with the powersgd hook: wrapping fails saying why; a
  *       sharded optimizer's state cannot go through cddp_checkpoint_save, which names the way.
@@ -20,6 +30,10 @@
  */
 #define CHECK_NAME "zero_check"
 #include "check.h"
+
+#include <errno.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 enum { B = 4, D = 6, O = 3, STEPS = 10, SAVE_AT = 5, GPT_T = 8, GPT_V = 32 };
 
@@ -136,11 +150,13 @@ static cddp_tensor *loss_of(cddp_ctx *ctx, const run *r, kind k, int s, int a, i
     return cddp_scale(ctx, loss, 1.0f / (float)accum);
 }
 
+static bool sync_every; /* accumulation without no_sync: every micro-step reduced */
+
 static void step(cddp_ctx *ctx, run *r, kind k, int s, int accum, bool unused) {
     cddp_optim_set_lr(r->opt, cddp_lr_warmup_cosine(s, 1e-2f, 1e-3f, 2, STEPS));
     cddp_model_zero_grad(r->m);
     for (int a = 0; a < accum; a++) {
-        cddp_ddp_no_sync(r->d, a + 1 < accum);
+        cddp_ddp_no_sync(r->d, !sync_every && a + 1 < accum);
         cddp_ctx_reset(ctx);
         if (cddp_backward(ctx, loss_of(ctx, r, k, s, a, accum, unused)) != CDDP_OK)
             FAIL("step %d: backward: %s", s + 1, cddp_ctx_error(ctx));
@@ -170,9 +186,28 @@ static void same_params(const run *got, const run *ref, double tol, const char *
              d);
 }
 
+/* Stage 2: after a synchronised backward, the gradients outside the shard are zero. */
+static void released_outside(const run *r, int s) {
+    int64_t n = (int64_t)cddp_model_numel(r->m), at = 0;
+    const float *g = on_host(cddp_model_grad(r->m), n);
+    const int64_t *shard;
+    int nshard = cddp_model_shard(r->m, &shard, NULL);
+    for (int i = 0; i <= nshard; i++) {
+        int64_t end = i < nshard ? shard[2 * i] : n;
+        for (int64_t e = at; e < end; e++)
+            if (g[e] != 0.0f)
+                FAIL("step %d: ZeRO-2 kept gradient %lld (%g), outside this rank's shard", s + 1,
+                     (long long)e, (double)g[e]);
+        if (i < nshard) at = shard[2 * i + 1];
+    }
+}
+
+static int stage = 1;
+
 static int equal(cddp_comm *g, kind k, double cap_mb, const char *variant) {
     bool sum = !strcmp(variant, "sum"), unused = !strcmp(variant, "unused");
-    int accum = !strcmp(variant, "nosync") ? 2 : 1;
+    int accum = !strcmp(variant, "nosync") || !strcmp(variant, "accum") ? 2 : 1;
+    sync_every = strcmp(variant, "accum") == 0;
     cddp_ddp_options o = {.bucket_cap_mb = cap_mb,
                           .sum = sum,
                           .find_unused_parameters = unused,
@@ -180,6 +215,7 @@ static int equal(cddp_comm *g, kind k, double cap_mb, const char *variant) {
                               !strcmp(variant, "bf16") ? CDDP_DDP_HOOK_BF16 : CDDP_DDP_HOOK_NONE};
     run ddp = start(k, g, o);
     o.shard_optimizer = true;
+    o.shard_gradients = stage == 2;
     run zero = start(k, g, o);
     cddp_ctx *ctx = check_ctx();
     int64_t n = (int64_t)cddp_model_numel(ddp.m);
@@ -191,6 +227,7 @@ static int equal(cddp_comm *g, kind k, double cap_mb, const char *variant) {
     for (int s = 0; s < STEPS; s++) {
         step(ctx, &ddp, k, s, accum, unused);
         step(ctx, &zero, k, s, accum, unused);
+        if (stage == 2) released_outside(&zero, s);
         const float *gz = on_host(cddp_model_grad(zero.m), n),
                     *gd = on_host(cddp_model_grad(ddp.m), n);
         double scale = largest(gd, n);
@@ -229,7 +266,7 @@ static int equal(cddp_comm *g, kind k, double cap_mb, const char *variant) {
      * plain DDP's set resumed sharded. */
     o.shard_optimizer = true;
     run again = start(k, g, o), cross = start(k, g, o);
-    o.shard_optimizer = false;
+    o.shard_optimizer = o.shard_gradients = false;
     run plain = start(k, g, o);
     if (cddp_ddp_load(again.d, "zero_sets", again.opt, NULL, &err) != CDDP_OK ||
         cddp_ddp_load(plain.d, path, plain.opt, NULL, &err) != CDDP_OK ||
@@ -247,10 +284,10 @@ static int equal(cddp_comm *g, kind k, double cap_mb, const char *variant) {
     same_params(&plain, &ddp, 1e-6, "a plain DDP run resumed from the sharded checkpoint",
                 STEPS - 1);
     same_params(&cross, &zero, 1e-6, "a sharded run resumed from plain DDP's set", STEPS - 1);
-    printf("ok: rank %d of %d: %s%s%s, %d buckets: %d AdamW steps with the optimizer sharded "
-           "(%lld of %lld elements of state here) equal DDP; its file and set resume sharded and "
-           "plain, DDP's set resumes sharded\n",
-           rank, world,
+    printf("ok: rank %d of %d: ZeRO-%d, %s%s%s, %d buckets: %d AdamW steps with the optimizer "
+           "sharded (%lld of %lld elements of state here) equal DDP; its file and set resume "
+           "sharded and plain, DDP's set resumes sharded\n",
+           rank, world, stage,
            k == GPT   ? "gpt"
            : k == CNN ? "cnn"
                       : "mlp",
@@ -299,9 +336,96 @@ static int refuse(cddp_comm *g) {
     return 0;
 }
 
+/* The pages of [p, p + bytes) the system backs now (mincore). */
+static size_t resident_pages(const void *p, size_t bytes) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(page - 1);
+    size_t n = ((uintptr_t)p + bytes - a + page - 1) / page, count = 0;
+    unsigned char *vec = malloc(n);
+    if (!vec || mincore((void *)a, n * page, vec) != 0) FAIL("mincore: %s", strerror(errno));
+    for (size_t i = 0; i < n; i++) count += vec[i] & 1;
+    free(vec);
+    return count;
+}
+
+/* One step of a GPT of 3.4 MB of gradients (a bucket of 0.25 MB: 14 of them) under ZeRO-1 and
+ * ZeRO-2: the gradient pages the system backs after backward and after zero_grad. */
+static void memory_of(cddp_comm *g, int zero_stage, size_t *after_backward, size_t *after_zero,
+                      size_t *pages, size_t *bound, cddp_ddp_memory *mem) {
+    cddp_error err = {0};
+    cddp_gpt_config c = {
+        .vocab_size = 512, .block_size = 16, .n_layer = 4, .n_head = 4, .n_embd = 128};
+    cddp_model *m = cddp_model_create_with(cddp_nn_gpt(&c), &err);
+    if (!m || cddp_model_build(m, 11)) FAIL("cannot make the GPT: %s", err.msg);
+    run r = {m, NULL, NULL};
+    cddp_ddp_options o = {.bucket_cap_mb = 0.25,
+                          .shard_optimizer = true,
+                          .shard_gradients = zero_stage == 2,
+                          .overlap = CDDP_DDP_OVERLAP_INLINE};
+    if (!(r.d = cddp_ddp_wrap(m, g, &o, &err))) FAIL("wrap: %s", err.msg);
+    cddp_adamw_options a = cddp_adamw_defaults(1e-3f);
+    if (!(r.opt = cddp_optim_adamw(m, &a, &err))) FAIL("adamw: %s", err.msg);
+    cddp_ctx *ctx = check_ctx();
+    int64_t x[2 * 16], y[2 * 16], rows = 2 * 16;
+    for (int i = 0; i < 2 * 16; i++) x[i] = (i * 7 + rank) % 512, y[i] = (i * 5 + 1) % 512;
+    cddp_model_zero_grad(m);
+    cddp_tensor *logits =
+        cddp_model_forward(m, ctx, cddp_from_data(ctx, CDDP_I64, 2, (int64_t[]){2, 16}, x));
+    cddp_tensor *loss =
+        cddp_cross_entropy(ctx, cddp_reshape(ctx, logits, 2, (int64_t[]){rows, 512}),
+                           cddp_from_data(ctx, CDDP_I64, 1, &rows, y), CDDP_REDUCE_MEAN);
+    if (cddp_backward(ctx, loss) != CDDP_OK) FAIL("backward: %s", cddp_ctx_error(ctx));
+    size_t bytes = cddp_model_numel(m) * sizeof(float), page = (size_t)sysconf(_SC_PAGESIZE);
+    *pages = (bytes + page - 1) / page + 1;
+    *after_backward = resident_pages(cddp_model_grad(m), bytes);
+    cddp_optim_step(r.opt);
+    cddp_model_zero_grad(m);
+    *after_zero = resident_pages(cddp_model_grad(m), bytes);
+    *mem = cddp_ddp_memory_get(r.d, r.opt);
+    *bound = (mem->grads + page - 1) / page + 2 * (size_t)cddp_ddp_num_buckets(r.d) + 2;
+    cddp_ctx_destroy(ctx);
+    stop(&r);
+}
+
+static int memory(cddp_comm *g) {
+    if (strcmp(cddp_device_name(check_device()), "cpu") != 0)
+        FAIL("memory: the CPU's pages only (CDDP_TEST_DEVICE is %s)",
+             cddp_device_name(check_device()));
+    size_t b1, z1, b2, z2, pages, bound1, bound2;
+    cddp_ddp_memory m1, m2;
+    memory_of(g, 1, &b1, &z1, &pages, &bound1, &m1);
+    memory_of(g, 2, &b2, &z2, &pages, &bound2, &m2);
+    size_t numel = m1.params / sizeof(float);
+    if (m1.stage != 1 || m2.stage != 2 || m1.grads != m1.params || m2.params != m1.params ||
+        m2.optimizer != m1.optimizer || m2.optimizer != 2 * m2.grads)
+        FAIL("cddp_ddp_memory_get: stage %d/%d, parameters %zu/%zu, gradients %zu/%zu, "
+             "optimizer %zu/%zu bytes (ZeRO-1/ZeRO-2)",
+             m1.stage, m2.stage, m1.params, m2.params, m1.grads, m2.grads, m1.optimizer,
+             m2.optimizer);
+    /* the shard: a world'th of the gradients, give or take an element a bucket */
+    size_t share = (numel + (size_t)world - 1) / (size_t)world * sizeof(float);
+    if (m2.grads > share + 64 * sizeof(float) ||
+        m2.grads + 64 * sizeof(float) * (size_t)world < share)
+        FAIL("ZeRO-2 keeps %zu bytes of gradients, where a world'th is %zu", m2.grads, share);
+    /* ZeRO-1 keeps every page; ZeRO-2 the shard's, after backward and after zero_grad */
+    if (b1 + 2 < pages - 1 || z1 + 2 < pages - 1)
+        FAIL("ZeRO-1 backs %zu and %zu of the gradients' %zu pages: all expected", b1, z1,
+             pages - 1);
+    if (b2 > bound2 || z2 > bound2)
+        FAIL("ZeRO-2 backs %zu pages after backward and %zu after zero_grad, of %zu: at most %zu "
+             "(the shard's)",
+             b2, z2, pages - 1, bound2);
+    printf("ok: rank %d of %d: the gradients' pages the system backs: ZeRO-1 %zu and %zu of %zu, "
+           "ZeRO-2 %zu and %zu (bound %zu), after backward and after zero_grad; %zu of %zu "
+           "bytes of gradients kept\n",
+           rank, world, b1, z1, pages - 1, b2, z2, bound2, m2.grads, m2.params);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: zero_check mlp|cnn|gpt [CAP_MB] [sum|nosync|unused] | refuse\n");
+        fprintf(stderr, "usage: zero_check [--stage 1|2] mlp|cnn|gpt [CAP_MB] "
+                        "[sum|nosync|accum|unused|bf16] | refuse | memory\n");
         return 2;
     }
     cddp_error err = {0};
@@ -310,9 +434,19 @@ int main(int argc, char **argv) {
     rank = cddp_comm_rank(g);
     world = cddp_comm_size(g);
     int status;
+    const char *env = getenv("CDDP_TEST_ZERO_STAGE");
+    if (env && *env) stage = atoi(env);
+    if (!strcmp(argv[1], "--stage") && argc > 3) {
+        stage = atoi(argv[2]);
+        if (stage != 1 && stage != 2) FAIL("--stage %s: 1 or 2", argv[2]);
+        argv += 2, argc -= 2;
+    }
+    if (stage != 1 && stage != 2) FAIL("stage %d: 1 or 2 (CDDP_TEST_ZERO_STAGE, --stage)", stage);
     const char *mode = argv[1];
     if (!strcmp(mode, "refuse"))
         status = refuse(g);
+    else if (!strcmp(mode, "memory"))
+        status = memory(g);
     else if (!strcmp(mode, "mlp") || !strcmp(mode, "cnn") || !strcmp(mode, "gpt"))
         status = equal(g,
                        !strcmp(mode, "gpt")   ? GPT

@@ -46,6 +46,15 @@ void cddp_device_ipc_close(cddp_device *dev, void *p); /* accepts NULL */
 cddp_event *cddp_event_create_shared(cddp_device *dev, cddp_ipc_handle *h, cddp_error *err);
 cddp_event *cddp_event_open_shared(cddp_device *dev, const cddp_ipc_handle *h, cddp_error *err);
 
+/* bytes at p (device memory) read as zero from now on, and the device may take the memory behind
+ * them back until they are written again: the CPU returns every whole page inside the range to
+ * the system (a private page with madvise's MADV_DONTNEED, a shared one by punching a hole in its
+ * file), the bytes at the ends are set to zero; where the system keeps a page (page-locked
+ * memory) or on a device whose allocator cannot give back part of a block, the bytes are set to
+ * zero. Ordered as cddp_device_memset. What ZeRO-2 (DDP's shard_gradients) does to the gradients
+ * outside a rank's shard. */
+int cddp_device_release(cddp_device *dev, void *p, size_t bytes, cddp_error *err);
+
 /* n bytes from src on device from to dst on device to: a copy within a device, to or from the
  * host's memory (the CPU), or between two devices through host memory. Ordered as the copies
  * above (a copy that ends on the CPU waits for it). */
@@ -88,6 +97,8 @@ int cddp_device_sum_squares(cddp_device *dev, const float *x, size_t n, double *
                             cddp_error *err);
 /* x *= s (n elements). */
 void cddp_device_scale(cddp_device *dev, float *x, size_t n, float s);
+/* dst += src (n floats), as cddp_queue_accumulate on the default queue. */
+void cddp_device_accumulate(cddp_device *dev, float *dst, const float *src, size_t n);
 /* 16-bit floats for the wire, as DDP's bf16/fp16 compression sends them: h = x rounded to nearest
  * even, to bfloat16 or (f16) IEEE half; and back, x = scale h (n elements each). */
 void cddp_device_to_half(cddp_device *dev, uint16_t *h, const float *x, size_t n, bool f16);
