@@ -1,7 +1,7 @@
 /* ddp_train.c: the OneFlow seed's ddp_train.py in C: a linear model y = x w fitted data-parallel.
  *
  *   cddprun --nproc_per_node 2 build/bin/ddp_train [--device cpu|emu|cuda] [--optimizer adamw]
- *                                                  [--transport auto|host|ipc|nccl]
+ *                                                  [--transport auto|host|ipc|nccl] [--zero 1|2]
  *
  * Each rank picks its own training data by rank (train_x[rank], train_y[rank]); w starts at
  * zero; the loss is the summed squared error; SGD with lr 0.01 runs 500 iterations. Both ranks'
@@ -11,7 +11,8 @@
  * adamw uses AdamW (lr 0.05, no weight decay) instead of SGD; --transport says how the gradients
  * of a model on a device are reduced (default auto: NCCL where each rank has a GPU of its own, else
  * host copies; ipc: through CUDA IPC, the ranks of one host, sharing a GPU or not); --nccl and
- * --ipc are --transport nccl and --transport ipc.
+ * --ipc are --transport nccl and --transport ipc; --zero 1 shards the optimizer state across the
+ * ranks (ZeRO-1), --zero 2 the gradients too (ZeRO-2).
  */
 #include <cddp/cddp.h>
 
@@ -25,9 +26,15 @@ int main(int argc, char **argv) {
     cddp_error err = {0};
     const char *spec = "cpu", *optimizer = "sgd";
     const char *transport = NULL;
+    int zero = 0;
+    bool usage = false;
     for (int i = 1; i < argc; i++) {
         bool value = i + 1 < argc;
-        if (!strcmp(argv[i], "--nccl"))
+        if (value && !strcmp(argv[i], "--zero")) {
+            const char *z = argv[++i];
+            zero = z[0] >= '0' && z[0] <= '2' && !z[1] ? z[0] - '0' : -1;
+            usage |= zero < 0;
+        } else if (!strcmp(argv[i], "--nccl"))
             transport = "nccl";
         else if (!strcmp(argv[i], "--ipc"))
             transport = "ipc";
@@ -43,12 +50,13 @@ int main(int argc, char **argv) {
         else if (value && !strcmp(argv[i], "--optimizer"))
             optimizer = argv[++i];
         else
-            optimizer = NULL;
+            usage = true;
     }
-    bool adamw = optimizer && !strcmp(optimizer, "adamw");
-    if (!optimizer || (!adamw && strcmp(optimizer, "sgd"))) {
+    bool adamw = !strcmp(optimizer, "adamw");
+    if (usage || (!adamw && strcmp(optimizer, "sgd"))) {
         fprintf(stderr, "usage: ddp_train [--device cpu|emu|cuda] [--optimizer sgd|adamw]\n"
-                        "                 [--transport auto|host|ipc|nccl | --nccl | --ipc]\n");
+                        "                 [--transport auto|host|ipc|nccl | --nccl | --ipc]\n"
+                        "                 [--zero 0|1|2]\n");
         return 2;
     }
     cddp_device *dev = cddp_device_for_rank(spec, &err);
@@ -66,8 +74,9 @@ int main(int argc, char **argv) {
     }
     /* Change 1: join the group the launcher started, and wrap the model. */
     cddp_comm *group = cddp_comm_create(NULL, &err);
-    cddp_ddp *ddp =
-        group ? cddp_ddp_wrap(m, group, &(cddp_ddp_options){.transport = transport}, &err) : NULL;
+    cddp_ddp_options o = {
+        .transport = transport, .shard_optimizer = zero >= 1, .shard_gradients = zero == 2};
+    cddp_ddp *ddp = group ? cddp_ddp_wrap(m, group, &o, &err) : NULL;
     if (!ddp) {
         fprintf(stderr, "ddp_train: %s\n", err.msg);
         return 1;

@@ -53,7 +53,8 @@ typedef struct options {
     double bucket_cap_mb;
     uint64_t seed;
     int64_t limit;
-    bool json, zero, sync_bn;
+    bool json, sync_bn;
+    int zero; /* the ZeRO stage */
     int64_t powersgd_rank, powersgd_start;
     const char *transport; /* NULL: auto */
 } options;
@@ -109,9 +110,7 @@ static void usage(FILE *out) {
         "  --powersgd-rank R   PowerSGD's rank: the columns each matrix travels as (default 1)\n"
         "  --powersgd-start S  the first step PowerSGD compresses, counted from 1 (default\n"
         "                      1001: 1000 plain steps first)\n"
-        "  --bucket-cap-mb X   DDP bucket size in MiB (default 25)\n"
-        "  --zero              shard the optimizer state across the ranks "
-        "(ZeRO-1)\n"
+        "  --bucket-cap-mb X   DDP bucket size in MiB (default 25)\n" RUN_ZERO_HELP
         "  --sync-bn           the ResNet's BatchNorms take their statistics over every rank's\n"
         "                      batch (PyTorch's SyncBatchNorm): as one process on the whole\n"
         "                      batch\n" RUN_TRANSPORT_HELP
@@ -160,7 +159,7 @@ static int parse_args(int argc, char **argv, options *o) {
                                              {"lr-schedule", required_argument, 0, 'C'},
                                              {"bucket-cap-mb", required_argument, 0, 'B'},
                                              {"json", no_argument, 0, 'j'},
-                                             {"zero", no_argument, 0, 'z'},
+                                             {"zero", optional_argument, 0, 'z'},
                                              {"sync-bn", no_argument, 0, 'Y'},
                                              {"sync_bn", no_argument, 0, 'Y'},
                                              {"nccl", no_argument, 0, 'N'},
@@ -246,7 +245,7 @@ static int parse_args(int argc, char **argv, options *o) {
             o->json = true;
             break;
         case 'z':
-            o->zero = true;
+            if (!run_zero("fashion_mnist", optarg, argc, argv, &o->zero)) return -1;
             break;
         case 'Y':
             o->sync_bn = true;
@@ -547,11 +546,11 @@ static int open_model(job *j, cddp_error *err) {
                    nbn, j->world);
     }
     cddp_ddp_options dopt = {.bucket_cap_mb = o->bucket_cap_mb,
-                             .shard_optimizer = o->zero,
                              .transport = o->transport,
                              .powersgd_rank = (int)o->powersgd_rank,
                              .powersgd_start_step = o->powersgd_start,
                              .hook = (cddp_ddp_hook)run_hook(o->hook)};
+    run_zero_options(o->zero, &dopt);
     if (!(j->ddp = cddp_ddp_wrap(j->m, j->group, &dopt, err))) return err->code;
     if (strcmp(o->optimizer, "sgd") == 0) {
         j->opt =
@@ -793,20 +792,22 @@ static int finish(job *j, cddp_error *err) {
         return cddp_error_set(err, CDDP_EINVAL, "trained on no samples in %d epoch%s: is %s empty?",
                               j->epochs_trained, j->epochs_trained > 1 ? "s" : "",
                               o->data ? o->data : "the data");
+    run_memory_line("fashion_mnist", j->ddp, j->opt);
     if (!o->json || j->rank != 0) return CDDP_OK;
     cddp_ddp_stats st = cddp_ddp_stats_get(j->ddp);
+    char mem[200];
+    run_memory_json(mem, sizeof mem, j->ddp, j->opt);
     printf("{\"model\": \"%s\", \"dtype\": \"%s\", \"optimizer\": \"%s\", \"epochs\": %d, "
            "\"batch_per_rank\": %d, "
-           "\"world\": %d, \"hook\": \"%s\", \"zero\": %s, \"optim_state_bytes\": %lld, "
-           "\"peak_rss_bytes\": %lld, \"train_samples\": %lld, \"train_s\": %.3f, "
+           "\"world\": %d, \"hook\": \"%s\", \"zero\": %s, %s, "
+           "\"train_samples\": %lld, \"train_s\": %.3f, "
            "\"samples_per_s\": %.1f, \"final_loss\": %.6f, \"test_acc\": %.4f, "
            "\"last_step\": {\"forward_ms\": %.3f, \"backward_ms\": %.3f, \"allreduce_ms\": "
            "%.3f, \"wait_ms\": %.3f, \"overlap\": %.3f}}\n",
            o->model, cddp_dtype_name(j->compute), o->optimizer, j->epochs_run, o->batch, j->world,
-           o->hook, o->zero ? "true" : "false", run_optim_state_bytes(j->opt), run_peak_rss_bytes(),
-           (long long)total, j->train_s, j->train_s > 0 ? (double)total / j->train_s : 0.0,
-           j->last_loss, j->acc, st.forward_s * 1e3, st.backward_s * 1e3, st.comm_s * 1e3,
-           st.wait_s * 1e3, st.overlap);
+           o->hook, o->zero ? "true" : "false", mem, (long long)total, j->train_s,
+           j->train_s > 0 ? (double)total / j->train_s : 0.0, j->last_loss, j->acc,
+           st.forward_s * 1e3, st.backward_s * 1e3, st.comm_s * 1e3, st.wait_s * 1e3, st.overlap);
     return CDDP_OK;
 }
 

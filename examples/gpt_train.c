@@ -49,7 +49,8 @@ typedef struct options {
     const char *data, *out, *resume, *init_from, *device, *dtype, *prompt, *tensorboard, *hook,
         *tokenizer, *prompt_ids, *arch, *optimizer;
     uint64_t seed;
-    bool json, zero, stop;
+    bool json, stop;
+    int zero; /* the ZeRO stage */
     /* --arch llama: the Llama's own sizes, and its whole shape once read from a file */
     int64_t n_kv_head, intermediate_size;
     double rope_theta;
@@ -95,8 +96,7 @@ static void usage(FILE *out) {
         "  --weight_decay X    the optimizer's, on matrices only (default 0.1)\n"
         "  --beta1 X, --beta2 X  its betas (default 0.9, 0.99)\n"
         "  --grad_clip X       clip the gradients' global norm (default 1.0; 0: never)\n"
-        "  --seed N            weights and data order (default 1337)\n"
-        "  --zero              shard AdamW's state across the ranks (ZeRO-1)\n"
+        "  --seed N            weights and data order (default 1337)\n" RUN_ZERO_HELP
         "  --hook NAME         gradient compression: none, bf16, fp16 or powersgd (low-rank\n"
         "                      with error feedback, PyTorch's PowerSGD) (default none)\n"
         "  --powersgd_rank R   PowerSGD's rank (default 1)\n"
@@ -266,7 +266,7 @@ static int parse_args(int argc, char **argv, options *o) {
     longopts[NF] = (struct option){"resume", optional_argument, 0, 'R'};
     longopts[NF + 1] = (struct option){"json", no_argument, 0, 'j'};
     longopts[NF + 2] = (struct option){"help", no_argument, 0, 'h'};
-    longopts[NF + 3] = (struct option){"zero", no_argument, 0, 'z'};
+    longopts[NF + 3] = (struct option){"zero", optional_argument, 0, 'z'};
     longopts[NF + 4] = (struct option){"nccl", no_argument, 0, 'N'};
     longopts[NF + 5] = (struct option){"ipc", no_argument, 0, 'P'};
     longopts[NF + 6] = (struct option){"transport", required_argument, 0, 'X'};
@@ -299,7 +299,7 @@ static int parse_args(int argc, char **argv, options *o) {
         } else if (c == 'j') {
             o->json = true;
         } else if (c == 'z') {
-            o->zero = true;
+            if (!run_zero("gpt_train", optarg, argc, argv, &o->zero)) return -1;
         } else if (c == 'S') {
             o->stop = true;
         } else if (c == 'N') {
@@ -774,14 +774,12 @@ static int open_training(job *j, cddp_error *err) {
     aw.weight_decay = (float)o->weight_decay;
     aw.decay_matrices_only = true;
     cddp_lion_options lion = {(float)o->lr, aw.beta1, aw.beta2, aw.weight_decay, true};
-    if (!(j->ddp = cddp_ddp_wrap(j->m, j->group,
-                                 &(cddp_ddp_options){.shard_optimizer = o->zero,
-                                                     .transport = o->transport,
-                                                     .hook = (cddp_ddp_hook)run_hook(o->hook),
-                                                     .powersgd_rank = (int)o->powersgd_rank,
-                                                     .powersgd_start_step = o->powersgd_start},
-                                 err)))
-        return err->code;
+    cddp_ddp_options d = {.transport = o->transport,
+                          .hook = (cddp_ddp_hook)run_hook(o->hook),
+                          .powersgd_rank = (int)o->powersgd_rank,
+                          .powersgd_start_step = o->powersgd_start};
+    run_zero_options(o->zero, &d);
+    if (!(j->ddp = cddp_ddp_wrap(j->m, j->group, &d, err))) return err->code;
     j->opt = strcmp(o->optimizer, "lion") ? cddp_optim_adamw(j->m, &aw, err)
                                           : cddp_optim_lion(j->m, &lion, err);
     return j->opt ? CDDP_OK : err->code;
@@ -1024,6 +1022,7 @@ static int train(job *j, int *stopped, cddp_error *err) {
 /* After the loop, on rank 0: where things went, the sample, --bench's line and the JSON line. */
 static int finish(job *j, cddp_error *err) {
     const options *o = &j->o;
+    run_memory_line("gpt_train", j->ddp, j->opt);
     if (j->rank != 0) return CDDP_OK;
     if (j->files)
         printf("checkpoint: %s\ncurves: %s/curves.svg (loss.csv, eval.csv)\n", j->ckpt, o->out);
@@ -1048,6 +1047,8 @@ static int finish(job *j, cddp_error *err) {
     fflush(stdout);
     if (!o->json) return CDDP_OK;
     char extra[256] = "", tl[32], vl[32]; /* the losses: null when not evaluated (--bench) */
+    char mem[200];
+    run_memory_json(mem, sizeof mem, j->ddp, j->opt);
     if (o->bench)
         snprintf(extra, sizeof extra,
                  ", \"bench\": {\"iters\": %" PRId64 ", \"median_ms\": %.3f, "
@@ -1061,17 +1062,15 @@ static int finish(job *j, cddp_error *err) {
            ", \"tokens\": %" PRId64 ", \"train_s\": %.3f, \"tokens_per_s\": %.1f, "
            "\"train_loss\": %s, \"last_loss\": %.4f, \"val_loss\": %s, "
            "\"median_iter_ms\": %.3f, "
-           "\"zero\": %s, \"hook\": \"%s\", \"optim_state_bytes\": %lld, "
-           "\"peak_rss_bytes\": %lld, "
+           "\"zero\": %s, \"hook\": \"%s\", %s, "
            "\"iter_ms\": {\"forward\": %.3f, \"backward\": %.3f, \"allreduce\": %.3f, "
            "\"allreduce_wait\": %.3f, \"optimizer\": %.3f}%s}\n",
            j->iter - j->first, j->world, cddp_dtype_name(j->compute), j->params, j->tokens,
            j->train_s, j->train_s > 0 ? (double)j->tokens / j->train_s : 0.0,
            json_number(tl, j->train_loss), j->last_loss, json_number(vl, j->val_loss),
-           median(j->iter_s, j->n_iter_s) * 1e3, o->zero ? "true" : "false", o->hook,
-           run_optim_state_bytes(j->opt), run_peak_rss_bytes(), sp->forward / n * 1e3,
-           sp->backward / n * 1e3, sp->comm / n * 1e3, sp->wait / n * 1e3, sp->optimizer / n * 1e3,
-           extra);
+           median(j->iter_s, j->n_iter_s) * 1e3, o->zero ? "true" : "false", o->hook, mem,
+           sp->forward / n * 1e3, sp->backward / n * 1e3, sp->comm / n * 1e3, sp->wait / n * 1e3,
+           sp->optimizer / n * 1e3, extra);
     return CDDP_OK;
 }
 

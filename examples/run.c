@@ -155,6 +155,55 @@ long long run_optim_state_bytes(const cddp_optim *opt) {
            (long long)sizeof(float);
 }
 
+bool run_zero(const char *prog, const char *optarg_, int argc, char **argv, int *stage) {
+    const char *text = optarg_;
+    if (!text && optind < argc && argv[optind][0] >= '0' && argv[optind][0] <= '9')
+        text = argv[optind++];
+    if (!text) {
+        *stage = 1;
+        return true;
+    }
+    if (!strcmp(text, "3")) {
+        fprintf(stderr,
+                "%s: --zero 3 (the parameters sharded too, FSDP) is not available yet: 1 shards "
+                "the optimizer state, 2 the gradients too\n",
+                prog);
+        return false;
+    }
+    int64_t v;
+    if (!run_int(prog, "--zero", text, 0, 2, &v)) return false;
+    *stage = (int)v;
+    return true;
+}
+
+void run_zero_options(int stage, cddp_ddp_options *o) {
+    o->shard_optimizer = stage >= 1;
+    o->shard_gradients = stage >= 2;
+}
+
+static double mib(size_t bytes) {
+    return (double)bytes / (1024.0 * 1024.0);
+}
+
+void run_memory_line(const char *prog, const cddp_ddp *ddp, const cddp_optim *opt) {
+    cddp_ddp_memory m = cddp_ddp_memory_get(ddp, opt);
+    static const char *grads[] = {"", "", " (ZeRO-2: its shard)"},
+                      *state[] = {"", " (ZeRO-1: its shard)", " (its shard)"};
+    fprintf(stderr,
+            "%s: rank %d holds parameters %.1f MiB, gradients %.1f MiB%s, optimizer state %.1f "
+            "MiB%s; peak resident %.1f MiB\n",
+            prog, cddp_ddp_rank(ddp), mib(m.params), mib(m.grads), grads[m.stage], mib(m.optimizer),
+            state[m.stage], mib(m.peak_rss));
+}
+
+int run_memory_json(char *buf, size_t cap, const cddp_ddp *ddp, const cddp_optim *opt) {
+    cddp_ddp_memory m = cddp_ddp_memory_get(ddp, opt);
+    return snprintf(buf, cap,
+                    "\"zero_stage\": %d, \"param_bytes\": %zu, \"grad_bytes\": %zu, "
+                    "\"optim_state_bytes\": %zu, \"peak_rss_bytes\": %zu",
+                    m.stage, m.params, m.grads, m.optimizer, m.peak_rss);
+}
+
 bool run_int(const char *prog, const char *what, const char *text, int64_t lo, int64_t hi,
              int64_t *out) {
     cddp_error err = {0};

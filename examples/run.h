@@ -88,4 +88,22 @@ int run_hook(const char *name);
 /* The optimizer state this process holds, in bytes (the shard's alone under ZeRO-1). */
 long long run_optim_state_bytes(const cddp_optim *opt);
 
+/* The help text of --zero. */
+#define RUN_ZERO_HELP                                                                              \
+    "  --zero [N]          ZeRO stage: 1 shards the optimizer state across the ranks, 2 the\n"     \
+    "                      gradients too (each rank keeps 1/N of them); 0 neither (default;\n"     \
+    "                      --zero alone: 1)\n"
+/* --zero's value (optarg, or the next word when it is a number: --zero 2 as well as --zero=2;
+ * none: 1) into *stage; false, after printing "prog: --zero ..." on stderr, when it is not 0, 1
+ * or 2. */
+bool run_zero(const char *prog, const char *optarg_, int argc, char **argv, int *stage);
+/* The DDP options of a ZeRO stage. */
+void run_zero_options(int stage, cddp_ddp_options *o);
+/* Every rank's line on stderr: what it holds for training (cddp_ddp_memory_get), "prog: rank R
+ * holds parameters 18.4 MiB, gradients 9.2 MiB (ZeRO-2: its shard), optimizer state 18.4 MiB;
+ * peak resident 301.0 MiB". */
+void run_memory_line(const char *prog, const cddp_ddp *ddp, const cddp_optim *opt);
+/* The same as JSON fields (no braces): "zero_stage": 2, "param_bytes": ..., "grad_bytes": .... */
+int run_memory_json(char *buf, size_t cap, const cddp_ddp *ddp, const cddp_optim *opt);
+
 #endif

@@ -94,7 +94,16 @@ ddp_train)
             || fail "rank $r: w = [$w0, $w1], not within 1e-3 of [2, 3]"
     done
     grep -q "^\[rank 1\]: 500/500 loss:" out || fail "no loss line at iteration 500"
-    echo "ok: both ranks converged to w = [[2], [3]]"
+    # ZeRO-1 and 2: the same weights and losses, each rank stepping its one parameter of w
+    for z in 1 2; do
+        run --nproc_per_node 2 --tee "$build/bin/ddp_train" --zero $z > z$z.out 2>&1 || { cat z$z.out; fail "ddp_train --zero $z failed"; }
+        grep "^\[rank" out | sort > ranks
+        grep "^\[rank" z$z.out | sort > ranks$z
+        diff ranks ranks$z > /dev/null || { diff ranks ranks$z | head; fail "ddp_train --zero $z differs from DDP"; }
+    done
+    "$build/bin/ddp_train" --zero 3 > z3.out 2>&1 && fail "ddp_train --zero 3 was taken"
+    grep -q "usage: ddp_train" z3.out || fail "ddp_train --zero 3 did not print the usage"
+    echo "ok: both ranks converged to w = [[2], [3]], under --zero 1 and 2 to the same digits"
     ;;
 linear_sampler)
     run --nproc_per_node 4 "$build/bin/linear_sampler" > out 2>&1 || { cat out; fail "linear_sampler failed"; }
@@ -460,6 +469,28 @@ gpt_zero)
         || { cat fm.out; fail "fashion_mnist --zero failed"; }
     grep -q '"zero": true' fm.out || fail "fashion_mnist --zero's JSON does not say so"
     echo "ok: --zero equals DDP at every iteration (within 2e-4), resumes exactly, loads on 1 rank; optimizer state $sz of $sd bytes"
+    # --zero 2 (ZeRO-2): ZeRO-1's losses exactly, half the gradients kept on each rank, said per
+    # rank and in the JSON; its checkpoint says the stage and resumes under --zero 1
+    run --nproc_per_node 2 $GPT --max_iters 40 --out none --zero 2 > zero2.out 2>&1 || { cat zero2.out; fail "the --zero 2 run failed"; }
+    losses zero2.out > d
+    diff b d > /dev/null || { diff b d | head; fail "--zero 2's losses differ from --zero's"; }
+    gd=$(json_of ddp.out grad_bytes)
+    g2=$(json_of zero2.out grad_bytes)
+    [ "$(json_of zero2.out zero_stage)" = 2 ] && [ "$(json_of ddp.out zero_stage)" = 0 ] || fail "the JSON does not say the stage"
+    awk -v d="$gd" -v z="$g2" 'BEGIN { exit !(z > 0 && z <= d / 2 + 4096 && z >= d / 2 - 4096) }' \
+        || fail "--zero 2 keeps $g2 bytes of gradients on rank 0, DDP $gd: not half"
+    for r in 0 1; do
+        grep -q "gpt_train: rank $r holds parameters .* MiB, gradients .* MiB (ZeRO-2: its shard), optimizer state .* MiB (its shard); peak resident .* MiB" zero2.out \
+            || { cat zero2.out; fail "rank $r did not say what it holds"; }
+    done
+    run --nproc_per_node 2 $GPT --max_iters 20 --out split2 --zero 2 > first2.out 2>&1 || { cat first2.out; fail "the first half under --zero 2 failed"; }
+    "$build/bin/cddp-ckpt" show split2/checkpoint.safetensors | grep -q "zero_stage *2" || fail "cddp-ckpt show does not say ZeRO-2"
+    run --nproc_per_node 2 $GPT --max_iters 40 --out split2 --zero 1 --resume > second2.out 2>&1 || { cat second2.out; fail "the --zero 2 checkpoint did not resume under --zero 1"; }
+    losses first2.out second2.out > e
+    diff b e > /dev/null || { diff b e | head; fail "--zero 2 resumed under --zero 1 differs from --zero uninterrupted"; }
+    run --nproc_per_node 2 $GPT --zero 3 > z3.out 2>&1 && fail "--zero 3 was taken"
+    grep -q "zero 3 (the parameters sharded too, FSDP) is not available yet" z3.out || { cat z3.out; fail "--zero 3's refusal does not say why"; }
+    echo "ok: --zero 2 equals --zero at every iteration, keeps $g2 of $gd bytes of gradients, says so per rank, and its checkpoint resumes under --zero 1"
     ;;
 gpt_lion)
     # Lion (--optimizer lion): it trains (the loss falls), --zero shards its one state block and

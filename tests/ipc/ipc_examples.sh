@@ -47,7 +47,8 @@ G="$build/bin/gpt_train --device emu --n_layer 2 --n_head 2 --n_embd 64 --block_
 gpt='s/^\(iter [0-9]*: loss [0-9.]*\),.*/\1/p'
 pair gpt 10 "$gpt" $G
 pair gpt_zero 10 "$gpt" $G --zero
-echo "ok: --transport ipc gives the host path's losses and weights (ddp_train, fashion_mnist, gpt_train, --zero)"
+pair gpt_zero2 10 "$gpt" $G --zero 2
+echo "ok: --transport ipc gives the host path's losses and weights (ddp_train, fashion_mnist, gpt_train, --zero 1 and 2)"
 CDDP_DDP_TRANSPORT=ipc CDDP_LOG_LEVEL=info timeout 60 "$R" --standalone --nproc_per_node 2 \
     "$build/bin/ddp_train" --device emu > "$work/knob" 2>&1 || { cat "$work/knob"; fail "CDDP_DDP_TRANSPORT=ipc failed"; }
 expect_in "(transport ipc, as CDDP_DDP_TRANSPORT names)" "$work/knob"

@@ -103,6 +103,8 @@ pair gpt 2 10 $G
 # ZeRO-1 over NCCL on 3 ranks (buckets that do not divide evenly are padded): the CNN and the GPT
 pair zfm 3 1 $F --limit 1536 --zero
 pair zgpt 3 10 $G --zero
+# ZeRO-2 over NCCL: the gradients outside each rank's shard released once its part is in place
+pair z2gpt 3 10 $G --zero 2
 FAKE_NCCL_OP=fail timeout 60 "$R" --standalone --nproc_per_node 2 --tee "$D" --nccl > "$work/ddpfail" 2>&1 &&
     fail "a refused NCCL allreduce in DDP was taken"
 expect_in "ddp_train: rank 0: NCCL: allreduce failed (2 ranks): unhandled cuda error" "$work/ddpfail"

@@ -56,10 +56,10 @@ static void usage(FILE *out) {
 }
 
 /* The metadata cddp writes: the checkpoint's, the optimizer's, the examples' run. */
-static const char *const keys[] = {"cddp_format", "model",         "optimizer",  "optimizer_steps",
-                                   "lr",          "iter",          "epoch",      "world",
-                                   "data_epoch",  "data_position", "n_layer",    "n_head",
-                                   "n_embd",      "block_size",    "vocab_size", "run_id"};
+static const char *const keys[] = {
+    "cddp_format", "model",      "optimizer",  "optimizer_steps", "lr",        "iter",
+    "epoch",       "world",      "data_epoch", "data_position",   "n_layer",   "n_head",
+    "n_embd",      "block_size", "vocab_size", "run_id",          "zero_stage"};
 #define NKEYS (sizeof keys / sizeof keys[0])
 
 /* A checkpoint as named tensors and metadata, whether a file or a set. */
