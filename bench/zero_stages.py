@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""zero_stages.py BUILD_DIR [ROUNDS] [ITERS]: the ZeRO stages against plain DDP on 2 ranks of this
-CPU: speed and what each rank holds.
+"""zero_stages.py BUILD_DIR [ROUNDS] [ITERS]: the ZeRO stages and activation checkpointing against
+plain DDP on 2 ranks of this CPU: speed and what each rank holds.
 
 The GPT of 6 layers, 6 heads, width 384, context 64 (10.8M parameters: 43 MB of gradients), batch
 8 per rank, ITERS iterations (default 30), one math thread per rank, under cddprun on 2 ranks,
@@ -9,6 +9,8 @@ one run of each setting per round, the rounds interleaved (ROUNDS, default 3):
   ddp    gpt_train            DistributedDataParallel: every rank holds every gradient and state
   zero1  gpt_train --zero 1   ZeRO-1: reduce-scatter, each rank's shard of the state, allgather
   zero2  gpt_train --zero 2   ZeRO-2: as ZeRO-1, and each rank keeps its shard of the gradients
+  ddp_ac   gpt_train --activation_checkpointing: DDP, each block's input kept, the block run again
+  zero2_ac gpt_train --zero 2 --activation_checkpointing
 
 Prints one line per run ("run SETTING {json}": rank 0's tokens_per_s, grad_bytes,
 optim_state_bytes, peak_rss_bytes), then a table: the median tokens/s of each setting with the
@@ -39,8 +41,11 @@ def main():
         "--max_iters", iters, "--eval_interval", "100000", "--eval_iters", "1", "--final_eval",
         "1", "--sample", "0", "--out", "none", "--log_interval", "0", "--json"]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", CDDP_LOG_LEVEL="error")
+    ac = ["--activation_checkpointing"]
     seen = rounds("zero_stages", [("ddp", gpt, env, {}), ("zero1", gpt + ["--zero", "1"], env, {}),
-                                  ("zero2", gpt + ["--zero", "2"], env, {})], n_rounds)
+                                  ("zero2", gpt + ["--zero", "2"], env, {}),
+                                  ("ddp_ac", gpt + ac, env, {}),
+                                  ("zero2_ac", gpt + ["--zero", "2"] + ac, env, {})], n_rounds)
     base = statistics.median(j["tokens_per_s"] for j in seen["ddp"])
     print("| setting | tokens/s (median) | range | vs DDP | gradients | optimizer state "
           "| peak resident |")

@@ -50,7 +50,8 @@ typedef struct options {
         *tokenizer, *prompt_ids, *arch, *optimizer;
     uint64_t seed;
     bool json, stop;
-    int zero; /* the ZeRO stage */
+    bool recompute; /* --activation_checkpointing */
+    int zero;       /* the ZeRO stage */
     /* --arch llama: the Llama's own sizes, and its whole shape once read from a file */
     int64_t n_kv_head, intermediate_size;
     double rope_theta;
@@ -97,6 +98,8 @@ static void usage(FILE *out) {
         "  --beta1 X, --beta2 X  its betas (default 0.9, 0.99)\n"
         "  --grad_clip X       clip the gradients' global norm (default 1.0; 0: never)\n"
         "  --seed N            weights and data order (default 1337)\n" RUN_ZERO_HELP
+        "  --activation_checkpointing  keep each transformer block's input only, and run the\n"
+        "                      block again in backward: less memory, about a third more compute\n"
         "  --hook NAME         gradient compression: none, bf16, fp16 or powersgd (low-rank\n"
         "                      with error feedback, PyTorch's PowerSGD) (default none)\n"
         "  --powersgd_rank R   PowerSGD's rank (default 1)\n"
@@ -260,7 +263,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"powersgd_start", 'i', &o->powersgd_start, 1, (double)INT64_MAX, false},
     };
     enum { NF = sizeof flags / sizeof flags[0] };
-    struct option longopts[NF + 9];
+    struct option longopts[NF + 10];
     for (int i = 0; i < NF; i++)
         longopts[i] = (struct option){flags[i].name, required_argument, 0, i};
     longopts[NF] = (struct option){"resume", optional_argument, 0, 'R'};
@@ -271,7 +274,8 @@ static int parse_args(int argc, char **argv, options *o) {
     longopts[NF + 5] = (struct option){"ipc", no_argument, 0, 'P'};
     longopts[NF + 6] = (struct option){"transport", required_argument, 0, 'X'};
     longopts[NF + 7] = (struct option){"stop", no_argument, 0, 'S'};
-    longopts[NF + 8] = (struct option){0, 0, 0, 0};
+    longopts[NF + 8] = (struct option){"activation_checkpointing", no_argument, 0, 'A'};
+    longopts[NF + 9] = (struct option){0, 0, 0, 0};
     int c;
     bool resume = false;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -302,6 +306,8 @@ static int parse_args(int argc, char **argv, options *o) {
             if (!run_zero("gpt_train", optarg, argc, argv, &o->zero)) return -1;
         } else if (c == 'S') {
             o->stop = true;
+        } else if (c == 'A') {
+            o->recompute = true;
         } else if (c == 'N') {
             o->transport = "nccl";
         } else if (c == 'P') {
@@ -757,6 +763,7 @@ static int open_model(job *j, cddp_error *err) {
     if (cddp_model_build(j->m, o->seed) != CDDP_OK)
         return cddp_error_set(err, CDDP_EINVAL, "%s", cddp_model_error(j->m));
     CDDP_TRY(cddp_model_to(j->m, j->dev, err));
+    if (o->recompute) cddp_model_recompute_blocks(j->m, true);
     if (!(j->ctx = cddp_ctx_create(&(cddp_ctx_options){
               .seed = o->seed + (uint64_t)j->rank, .device = j->dev, .compute = j->compute})))
         return cddp_error_set(err, CDDP_ENOMEM, "out of memory");

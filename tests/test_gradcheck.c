@@ -675,6 +675,7 @@ static const char *const elsewhere[][2] = {
     {"batch_norm_relu", "test_ops' test_batch_norm_relu_is_the_two_ops"},
     {"batch_norm_add_relu", "test_ops: the fused op is its parts, gradients included"},
     {"qkv_attention", "test_bf16's test_bf16_qkv_attention_fused (against linear + attention)"},
+    {"function", "test_recompute: checkpointed segments against the same ops kept, bit for bit"},
 };
 
 /* This file's name for the op the list calls `name` (its own spelling where it differs). */

@@ -45,6 +45,20 @@ CDDP_API int cddp_backward_queue_callback(cddp_backward_callback fn, void *user)
  * timings such as DistributedDataParallel's. */
 CDDP_API double cddp_backward_start_time(const cddp_ctx *ctx);
 
+/* Activation checkpointing (PyTorch's torch.utils.checkpoint): out = fn(user, ctx', x), where fn
+ * is a segment of the forward (a transformer block) whose intermediate results ctx does not keep:
+ * it runs on ctx's scratch context (cddp_ctx_scratch), ctx keeps x and out, and backward runs fn
+ * again there before going through it. A step's activations then cost the segments' inputs and
+ * one segment's work at a time, for a second forward of each segment in backward. fn must compute
+ * on the context it is given, from x and parameters (whose gradients come as without it, bit for
+ * bit on a device whose kernels are deterministic), and draw random numbers from that context's
+ * generator (cddp_ctx_rng: the recompute draws the same); what it changes besides its result
+ * changes twice (a BatchNorm's running statistics: do not checkpoint one). With gradients
+ * disabled fn runs on the scratch alone, its output copied into ctx: an evaluation keeps no more
+ * than training does. NULL (latched in ctx) on failure. */
+typedef cddp_tensor *(*cddp_segment_fn)(void *user, cddp_ctx *ctx, cddp_tensor *x);
+CDDP_API cddp_tensor *cddp_recompute(cddp_ctx *ctx, cddp_segment_fn fn, void *user, cddp_tensor *x);
+
 /* Sets t's ready hook (NULL clears it). t is normally a parameter. */
 CDDP_API void cddp_tensor_set_ready_hook(cddp_tensor *t, cddp_ready_hook hook, void *user);
 

@@ -190,8 +190,13 @@ CDDP_API int cddp_module_tie(cddp_module *self, const char *name, const char *ta
 /* After build: the module's k-th own parameter (buffer). */
 CDDP_API cddp_tensor *cddp_module_get_param(const cddp_module *m, int k);
 CDDP_API cddp_tensor *cddp_module_get_buffer(const cddp_module *m, int k);
-/* Runs m's forward (a module's forward calls its children's this way). */
+/* Runs m's forward (a module's forward calls its children's this way); through cddp_recompute
+ * when the module is set to (below). */
 CDDP_API cddp_tensor *cddp_module_forward(cddp_module *m, cddp_ctx *ctx, cddp_tensor *x);
+/* Activation checkpointing of m (autograd.h's cddp_recompute): in training, its forward keeps
+ * only its input and output, and backward runs it again. For a module whose forward reads its
+ * input and parameters only (not a BatchNorm: its running statistics would move twice). */
+CDDP_API void cddp_module_set_recompute(cddp_module *m, bool on);
 /* The mode of the model the module is in (training by default; cddp_model_set_training). */
 CDDP_API bool cddp_module_training(const cddp_module *m);
 
@@ -206,6 +211,11 @@ CDDP_API cddp_model *cddp_model_create(void);
 CDDP_API cddp_model *cddp_model_create_with(cddp_module *root, cddp_error *err);
 /* The root module. */
 CDDP_API cddp_module *cddp_model_root(const cddp_model *m);
+/* Activation checkpointing of every transformer block of m (the GPT's Blocks, the Llama's decoder
+ * layers; cddp_module_set_recompute): a step then keeps each block's input rather than
+ * everything inside it, and computes every block's forward twice. Returns how many blocks (0:
+ * the model has none). */
+CDDP_API int cddp_model_recompute_blocks(cddp_model *m, bool on);
 CDDP_API void cddp_model_destroy(cddp_model *m);
 /* The message of the model's last failure. */
 CDDP_API const char *cddp_model_error(const cddp_model *m);

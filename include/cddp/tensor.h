@@ -408,6 +408,23 @@ CDDP_API float *cddp_grad_buffer_assign(cddp_ctx *ctx, cddp_tensor *t, bool *ass
 /* Adds v to every element of t's gradient (made zeroed on first use), on t's device: how a
  * backward is seeded (d loss / d loss = 1). CDDP_OK, or the context's failure. */
 CDDP_API int cddp_grad_add(cddp_ctx *ctx, cddp_tensor *t, float v);
+/* A function of one input whose backward is the caller's (PyTorch's autograd.Function): records
+ * on ctx's tape that out was computed from x (the caller computed it, without recording: with
+ * gradients disabled, or on another context) and read params (nparams parameters: each counts as
+ * one use by this node, so that their ready hooks fire after its backward). The node's backward
+ * calls backward(user, ctx, x, out), out's gradient in out->grad (float32), to add x's into
+ * cddp_grad_buffer(ctx, x) (when x requires one) and the parameters' into theirs. Nothing is
+ * recorded when gradients are disabled or neither x nor a parameter requires a gradient.
+ * Returns out (NULL when the arena ran out: latched in ctx). Activation checkpointing
+ * (autograd.h) records its segments so. */
+typedef void (*cddp_function_backward)(void *user, cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *out);
+CDDP_API cddp_tensor *cddp_record_function(cddp_ctx *ctx, cddp_tensor *out, cddp_tensor *x,
+                                           cddp_tensor *const *params, int nparams,
+                                           cddp_function_backward backward, void *user);
+/* A second context on ctx's device, with its compute type and arena options, made on first call
+ * (NULL, latched in ctx, when it cannot be) and destroyed with ctx: for work whose results do not
+ * stay in ctx (activation checkpointing runs its segments there). Its reset is its user's. */
+CDDP_API cddp_ctx *cddp_ctx_scratch(cddp_ctx *ctx);
 /* A pointer that a layer built on tensors may keep for the current step (autograd keeps its
  * backward's state there, in the arena); cddp_ctx_reset sets it to NULL. */
 CDDP_API void **cddp_ctx_step_state(cddp_ctx *ctx);

@@ -6,6 +6,8 @@
  *  3. run each needed node's backward (cddp_node_backward: the op's own, in its family's file),
  *     which adds into its inputs' grads; after a node, every parameter it used loses one pending
  *     use, and a parameter reaching zero fires its hook.
+ * A backward that runs inside a node's (activation checkpointing's, recompute.c, on its scratch
+ * context) is nested: it fires no hook, the outer one does when it passes that node.
  * Because the tape is in execution order, the reverse walk sees a node only after every node that
  * consumed its output, so a gradient is complete when its node runs.
  *
@@ -14,7 +16,7 @@
  * goes with the step's tape at cddp_ctx_reset. Pending uses are counted in a small hash table
  * keyed by the parameter tensor, since parameters from several models may meet in one graph.
  */
-#include "cddp/autograd.h"
+#include "autograd/internal.h"
 
 #include <string.h>
 
@@ -31,6 +33,7 @@ typedef struct use {
 /* A step's backward. */
 typedef struct backward {
     double t0;
+    bool nested; /* inside another's node (a checkpointed segment's): its hooks are the outer's */
     int ncallbacks;
     callback callbacks[8];
     bool *needed; /* by node index */
@@ -118,7 +121,7 @@ static void release_inputs(backward *b, cddp_node *n) {
     for (int i = 0; i < cddp_node_num_inputs(n); i++) {
         cddp_tensor *p = cddp_node_input(n, i);
         if (!is_param(p)) continue;
-        if (--use_of(b, p)->pending == 0 && p->own.ready_hook)
+        if (--use_of(b, p)->pending == 0 && !b->nested && p->own.ready_hook)
             p->own.ready_hook(p->own.ready_user, p);
     }
 }
@@ -128,6 +131,8 @@ static void release_inputs(backward *b, cddp_node *n) {
 static int failed(const cddp_ctx *ctx) {
     return cddp_ctx_failed(ctx) ? cddp_ctx_status(ctx) : CDDP_OK;
 }
+
+static int walk(cddp_ctx *ctx, cddp_tensor *out, const float *seed);
 
 int cddp_backward(cddp_ctx *ctx, cddp_tensor *loss) {
     if (failed(ctx) != CDDP_OK) return failed(ctx);
@@ -140,6 +145,21 @@ int cddp_backward(cddp_ctx *ctx, cddp_tensor *loss) {
         return cddp_ctx_fail(ctx, CDDP_ESTATE,
                              "backward: the loss does not depend on any parameter; was it "
                              "computed with gradients disabled?");
+    return walk(ctx, loss, NULL);
+}
+
+int cddp__backward_from(cddp_ctx *ctx, cddp_tensor *out, const float *seed) {
+    if (failed(ctx) != CDDP_OK) return failed(ctx);
+    if (!out->requires_grad || !out->node)
+        return cddp_ctx_fail(ctx, CDDP_ESTATE,
+                             "backward: a checkpointed segment's output does not depend on its "
+                             "input or any parameter");
+    return walk(ctx, out, seed);
+}
+
+/* The backward from out, its gradient seeded with 1 (seed NULL: out is the loss) or with seed
+ * (out's numel floats on its device). */
+static int walk(cddp_ctx *ctx, cddp_tensor *out, const float *seed) {
     if (state_of(ctx))
         return cddp_ctx_fail(ctx, CDDP_ESTATE,
                              "backward already ran on this step's tape; call cddp_ctx_reset "
@@ -148,7 +168,7 @@ int cddp_backward(cddp_ctx *ctx, cddp_tensor *loss) {
     if (!b) return failed(ctx);
 
     /* Pass 1 and 2: mark needed nodes and count parameter uses. */
-    b->needed[cddp_node_index(loss->node)] = true;
+    b->needed[cddp_node_index(out->node)] = true;
     for (cddp_node *n = cddp_ctx_tape(ctx); n; n = cddp_node_prev(n)) {
         if (!b->needed[cddp_node_index(n)]) continue;
         for (int i = 0; i < cddp_node_num_inputs(n); i++) {
@@ -163,9 +183,18 @@ int cddp_backward(cddp_ctx *ctx, cddp_tensor *loss) {
         }
     }
 
-    /* Pass 3: seed d(loss) = 1 and run the needed nodes in reverse. */
-    if (cddp_grad_add(ctx, loss, 1.0f) != CDDP_OK) return failed(ctx);
-    current = b;
+    /* Pass 3: seed d(loss) = 1 and run the needed nodes in reverse. A backward inside another's
+     * node (a checkpointed segment run again) fires no hook and queues no callback: the outer
+     * backward counts the segment's parameters as its node's and fires them after it. */
+    if (!seed && cddp_grad_add(ctx, out, 1.0f) != CDDP_OK) return failed(ctx);
+    float *g = seed ? cddp_grad_buffer(ctx, out) : NULL;
+    if (seed && (!g || cddp_device_copy(out->device, g, seed, (size_t)out->numel * sizeof(float),
+                                        NULL) != CDDP_OK))
+        return failed(ctx) != CDDP_OK ? failed(ctx)
+                                      : cddp_ctx_fail(ctx, CDDP_EIO, "backward: cannot seed it");
+    backward *outer = current;
+    b->nested = outer != NULL;
+    if (!b->nested) current = b;
     for (cddp_node *n = cddp_ctx_tape(ctx); n; n = cddp_node_prev(n)) {
         if (!b->needed[cddp_node_index(n)]) continue;
         if (cddp_node_output(n)->grad || cddp_node_output(n)->own.grad_half)
@@ -173,6 +202,7 @@ int cddp_backward(cddp_ctx *ctx, cddp_tensor *loss) {
         if (failed(ctx) != CDDP_OK) break;
         release_inputs(b, n);
     }
+    if (b->nested) return failed(ctx);
     current = NULL;
     int rc = run_callbacks(ctx, b);
     return failed(ctx) != CDDP_OK ? failed(ctx) : rc;

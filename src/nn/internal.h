@@ -78,6 +78,7 @@ struct cddp_module {
     int nchildren, cap_children;
     int *params, nparams, cap_params;    /* the model's indices of its own parameters */
     int *buffers, nbuffers, cap_buffers; /* ... and buffers */
+    bool recompute; /* cddp_module_set_recompute: its forward run again in backward */
 };
 
 /* ---- blocks.c ---------------------------------------------------------------------------- */

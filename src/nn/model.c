@@ -57,6 +57,27 @@ cddp_module *cddp_model_root(const cddp_model *m) {
     return m->root;
 }
 
+/* The transformers' blocks: what activation checkpointing recomputes. */
+static bool is_block(const cddp_module *m) {
+    return m->type &&
+           (!strcmp(m->type->name, "Block") || !strcmp(m->type->name, "LlamaDecoderLayer"));
+}
+
+static int mark_blocks(cddp_module *m, bool on) {
+    int n = 0;
+    if (is_block(m)) {
+        m->recompute = on;
+        return 1;
+    }
+    for (int i = 0; i < m->nchildren; i++) n += mark_blocks(m->children[i], on);
+    return n;
+}
+
+int cddp_model_recompute_blocks(cddp_model *m, bool on) {
+    cddp_module *root = m->root;
+    return root ? mark_blocks(root, on) : 0;
+}
+
 int cddp_model_add(cddp_model *m, const char *name, cddp_module *module) {
     return cddp_module_add(m->root, name, module);
 }

@@ -9,6 +9,8 @@
  */
 #include "nn/internal.h"
 
+#include "cddp/autograd.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -189,9 +191,19 @@ int cddp_module_add(cddp_module *parent, const char *name, cddp_module *child) {
     return rc;
 }
 
+static cddp_tensor *segment(void *user, cddp_ctx *ctx, cddp_tensor *x) {
+    cddp_module *m = user;
+    return m->type->forward(m, ctx, x);
+}
+
 cddp_tensor *cddp_module_forward(cddp_module *m, cddp_ctx *ctx, cddp_tensor *x) {
     CDDP_CHECK(m->type && m->type->forward, "module '%s' has no forward", cddp_module_path(m));
-    return x ? m->type->forward(m, ctx, x) : NULL;
+    if (!x) return NULL;
+    return m->recompute ? cddp_recompute(ctx, segment, m, x) : m->type->forward(m, ctx, x);
+}
+
+void cddp_module_set_recompute(cddp_module *m, bool on) {
+    m->recompute = on;
 }
 
 bool cddp__module_add_all(cddp_module *m, const char *const *names, cddp_module *const *children,

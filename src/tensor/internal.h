@@ -64,6 +64,12 @@ struct cddp__node {
             bool training;           /* batch statistics (else the running ones) */
             struct cddp_comm *group; /* sync batch normalisation's ranks (NULL: this one's) */
         } bn;
+        struct { /* cddp_record_function: its backward, and the parameters it read (inputs too) */
+            cddp_function_backward backward;
+            void *user;
+            cddp_tensor **params;
+            int nparams;
+        } fn;
     } arg;
     void *saved;
 };
@@ -104,7 +110,9 @@ struct cddp_ctx {
     void *step_state;                   /* a higher layer's, for this step (autograd's backward) */
     cddp__cdev *dev[CDDP__CTX_DEVICES]; /* dev[0]: the context's device; the others as used */
     int ndev;
-    cddp_dtype compute; /* of the products (cddp_ctx_options.compute) */
+    cddp_dtype compute;       /* of the products (cddp_ctx_options.compute) */
+    cddp_ctx_options options; /* as created, for its scratch */
+    cddp_ctx *scratch;        /* cddp_ctx_scratch's, made on first use */
 };
 
 #define CDDP__FAILED(ctx) ((ctx)->err.code != CDDP_OK)

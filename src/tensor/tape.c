@@ -141,11 +141,13 @@ cddp_tensor *cddp_node_output(const cddp_node *n) {
     return n->out;
 }
 
+/* A function's node (cddp_record_function) has the parameters it read as inputs after x. */
 int cddp_node_num_inputs(const cddp_node *n) {
-    return n->nin;
+    return n->nin + (n->op == CDDP_OP_FUNCTION ? n->arg.fn.nparams : 0);
 }
 
 cddp_tensor *cddp_node_input(const cddp_node *n, int i) {
-    CDDP_CHECK(i >= 0 && i < n->nin, "node input %d of %d", i, n->nin);
-    return n->in[i];
+    CDDP_CHECK(i >= 0 && i < cddp_node_num_inputs(n), "node input %d of %d", i,
+               cddp_node_num_inputs(n));
+    return i < n->nin ? n->in[i] : n->arg.fn.params[i - n->nin];
 }

@@ -192,7 +192,20 @@ cddp_ctx *cddp_ctx_create(const cddp_ctx_options *opts) {
     cddp_rng_seed(&ctx->rng, o.seed);
     ctx->grad_enabled = true;
     ctx->compute = o.compute;
+    ctx->options = o;
     return ctx;
+}
+
+cddp_ctx *cddp_ctx_scratch(cddp_ctx *ctx) {
+    if (!ctx->scratch) {
+        cddp_ctx_options o = ctx->options;
+        o.device = cddp_ctx_device(ctx);
+        o.compute = ctx->compute;
+        if (!(ctx->scratch = cddp_ctx_create(&o)))
+            cddp_ctx_fail(ctx, CDDP_ENOMEM, "out of memory for a scratch context");
+    }
+    if (ctx->scratch) ctx->scratch->compute = ctx->compute;
+    return ctx->scratch;
 }
 
 cddp_dtype cddp_ctx_compute(const cddp_ctx *ctx) {
@@ -207,6 +220,7 @@ cddp_dtype cddp_ctx_set_compute(cddp_ctx *ctx, cddp_dtype dtype) {
 
 void cddp_ctx_destroy(cddp_ctx *ctx) {
     if (!ctx) return;
+    cddp_ctx_destroy(ctx->scratch);
     ctx_wait(ctx); /* nothing may still run on the arenas */
     for (int i = 0; i < ctx->ndev; i++) cdev_destroy(ctx->dev[i]);
     cddp_arena_destroy(ctx->arena);

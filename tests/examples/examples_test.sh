@@ -491,6 +491,16 @@ gpt_zero)
     run --nproc_per_node 2 $GPT --zero 3 > z3.out 2>&1 && fail "--zero 3 was taken"
     grep -q "zero 3 (the parameters sharded too, FSDP) is not available yet" z3.out || { cat z3.out; fail "--zero 3's refusal does not say why"; }
     echo "ok: --zero 2 equals --zero at every iteration, keeps $g2 of $gd bytes of gradients, says so per rank, and its checkpoint resumes under --zero 1"
+    # --activation_checkpointing: every block run again in backward, the same losses to the digit
+    # under DDP and under ZeRO-2
+    run --nproc_per_node 2 $GPT --max_iters 40 --out none --activation_checkpointing > ac.out 2>&1 || { cat ac.out; fail "the --activation_checkpointing run failed"; }
+    run --nproc_per_node 2 $GPT --max_iters 40 --out none --zero 2 --activation_checkpointing > ac2.out 2>&1 || { cat ac2.out; fail "--zero 2 --activation_checkpointing failed"; }
+    losses ac.out > f
+    losses ac2.out > g
+    diff a f > /dev/null || { diff a f | head; fail "--activation_checkpointing's losses differ from DDP's"; }
+    diff b g > /dev/null || { diff b g | head; fail "--zero 2 --activation_checkpointing's losses differ from --zero's"; }
+    [ "$(json_of ac.out val_loss)" = "$(json_of ddp.out val_loss)" ] || fail "--activation_checkpointing's validation loss differs"
+    echo "ok: --activation_checkpointing gives DDP's and ZeRO-2's losses at every iteration"
     ;;
 gpt_lion)
     # Lion (--optimizer lion): it trains (the loss falls), --zero shards its one state block and

@@ -50,6 +50,7 @@
     X(RMS_NORM, rms_norm) /* llama.c */                                                            \
     X(SILU_MUL, silu_mul)                                                                          \
     X(ROPE, rope)                                                                                  \
-    X(QKV_PACK, qkv_pack)
+    X(QKV_PACK, qkv_pack)                                                                          \
+    X(FUNCTION, function) /* function.c */
 
 #endif
