@@ -6,7 +6,7 @@
 #
 # --exit: the exit status must be N. --stdout/--stderr: that stream must contain TEXT.
 # --stdout-not: no line of stdout may match the extended regular expression RE.
-# --json-min: the last line of stdout is JSON whose number KEY must be >= MIN.
+# --json-min: the last JSON line of stdout (a line starting with {) holds a number KEY >= MIN.
 # --stdout-count: exactly N lines of stdout match the extended regular expression RE.
 set -u
 want_exit="" ; want_out="" ; want_err="" ; json_min="" ; not_out="" ; count_re="" ; count_n=""
@@ -48,9 +48,9 @@ if [ -n "$count_re" ]; then
 fi
 if [ -n "$json_min" ]; then
     key=${json_min%%=*} ; min=${json_min#*=}
-    val=$(tail -n 1 "$out" | sed -n "s/.*\"$key\": *\([-0-9.eE+]*\).*/\1/p")
+    val=$(grep "^{" "$out" | tail -n 1 | sed -n "s/.*\"$key\": *\([-0-9.eE+]*\).*/\1/p")
     if [ -z "$val" ]; then
-        echo "FAIL: no \"$key\" in the last line of stdout" >&2; fail=1
+        echo "FAIL: no \"$key\" in the last JSON line of stdout" >&2; fail=1
     elif ! awk -v v="$val" -v m="$min" 'BEGIN { exit !(v + 0 >= m + 0) }'; then
         echo "FAIL: $key = $val, below $min" >&2; fail=1
     else

@@ -262,10 +262,11 @@ CDDP_API cddp_ddp_stats cddp_ddp_stats_get(const cddp_ddp *ddp);
 
 /* What a rank holds for training, in bytes: the ZeRO stage (0: plain DDP, 1: shard_optimizer, 2:
  * shard_gradients); the parameters (every stage so far: all of them); the gradients it keeps
- * between steps (all of them, or under ZeRO-2 its shard's); the optimizer's state (opt's, its
- * shard's under ZeRO-1 and 2; opt NULL: 0); and the process's peak resident memory so far (the
- * system's count: what the CPU device's blocks, the activations and everything else took at
- * most; 0 where the system does not say). */
+ * between steps (all of them, or under ZeRO-2 its shard's: on the CPU, where the rest is given
+ * back; on a device all of them, the rest zeroed); the optimizer's state (opt's, its shard's under
+ * ZeRO-1 and 2; opt NULL: 0); and the process's peak resident memory so far (the system's count:
+ * what the CPU device's blocks, the activations and everything else took at most; 0 where the
+ * system does not say). */
 typedef struct cddp_ddp_memory {
     int stage;
     size_t params, grads, optimizer, peak_rss;

@@ -248,7 +248,9 @@ cddp_ddp_memory cddp_ddp_memory_get(const cddp_ddp *d, const cddp_optim *opt) {
                  : d->o.shard_optimizer ? 1
                                         : 0,
         .params = numel * sizeof(float),
-        .grads = (d->o.shard_gradients ? shard : numel) * sizeof(float),
+        /* released on the CPU; a device's are zeroed, their memory kept */
+        .grads = (d->o.shard_gradients && cddp_device_host_accessible(d->dev) ? shard : numel) *
+                 sizeof(float),
         .optimizer =
             opt ? cddp_optim_state_numel(opt) * (size_t)cddp_optim_num_states(opt) * sizeof(float)
                 : 0,

@@ -73,8 +73,9 @@ kill_after_checkpoint() {
     wait "$job" 2>/dev/null || true
     saved || { cat killed.out; fail "the run to kill wrote no checkpoint"; }
 }
-# json_of FILE KEY: the number KEY holds in FILE's last line (a program's --json line).
-json_of() { tail -n 1 "$1" | sed -n "s/.*\"$2\": *\([0-9.]*\).*/\1/p"; }
+# json_of FILE KEY: the number KEY holds in FILE's last JSON line (a program's --json line; the other
+# ranks' lines may come after it).
+json_of() { grep '^{' "$1" | tail -n 1 | sed -n "s/.*\"$2\": *\([0-9.]*\).*/\1/p"; }
 acc_of() { json_of "$1" test_acc; }
 # losses FILE...: "ITERATION LOSS" from every nanoGPT line of gpt_train's output.
 losses() { sed -n 's/^iter \([0-9]*\): loss \([0-9.]*\),.*/\1 \2/p' "$@"; }
@@ -339,7 +340,7 @@ gpt)
         [ "$(grep -c "^$l" out)" = 1 ] || fail "'$l' printed $(grep -c "^$l" out) times, expected once (rank 0)"
     done
     grep -q '^iter [0-9]*: loss [0-9.]*, time [0-9.]*ms' out || fail "no nanoGPT-style iteration line"
-    json=$(tail -n 1 out)
+    json=$(grep "^{" out | tail -n 1)
     for k in tokens_per_s train_s val_loss iters world params; do
         echo "$json" | grep -q "\"$k\": " || fail "the JSON line has no $k"
     done
