@@ -1,4 +1,5 @@
-/* server.c: the rendezvous store's server (contract in cddp/store.h, wire in store/internal.h).
+/* server.c: the rendezvous store's server loop (contract in cddp/store.h, wire in
+ * store/internal.h, the requests in requests.c, the state both share in store/server.h).
  *
  * The server is one thread running a poll loop over the listening socket, its clients and a
  * wake-up pipe. Each client has an input buffer (a frame is handled once complete) and an output
@@ -16,9 +17,7 @@
  * a bounded amount of memory and descriptors, and the job's own clients still get through.
  * Turned-away connections are logged once, then summed up every STRANGER_REPORT_S.
  */
-#include "cddp/net.h"
-#include "cddp/store.h"
-#include "store/internal.h"
+#include "store/server.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -34,313 +33,9 @@
 
 /* ---- the server -------------------------------------------------------------------------- */
 
-typedef struct client {
-    cddp_store_server *srv;
-    int fd;
-    char peer[64];
-    buf in, out;
-    size_t out_off;
-    double since; /* when it connected: it must prove the token within the server's auth_timeout */
-    uint8_t nonce[CDDP_NET_NONCE],
-        peer_nonce[CDDP_NET_NONCE]; /* the handshake's, once challenged */
-    bool challenged, authed, closing, dead;
-    table wills; /* keys and values set when the connection ends */
-    /* A parked wait: the request's payload (its keys), kept to re-check. */
-    bool waiting;
-    uint8_t *wait_payload;
-    size_t wait_len;
-    double wait_deadline;
-} client;
-
-struct cddp_store_server {
-    int lfd, port, wake[2];
-    int spare; /* a descriptor held back, to accept a connection when there is none left */
-    char *token;
-    pthread_t thread;
-    table kv;
-    client **clients;
-    int nclients, cap_clients;
-    double auth_timeout; /* CDDP_STORE_AUTH_TIMEOUT_S */
-    int max_pending;     /* CDDP_STORE_MAX_PENDING */
-    double listen_again; /* accept() found no descriptor: the listener rests until then */
-    /* Connections turned away before proving the token since the last report, and the latest. */
-    long strangers;
-    double strangers_said;
-    char stranger_why[160];
-};
-
-#define STRANGER_REPORT_S 10.0
 #define ACCEPT_BATCH                                                                               \
     32 /* connections accepted per turn of the loop, so clients are read between                   \
         */
-
-static void report_strangers(cddp_store_server *s, double now) {
-    if (s->strangers == 1)
-        cddp_log(CDDP_LOG_WARN, "store", "turned away %s", s->stranger_why);
-    else
-        cddp_log(CDDP_LOG_WARN, "store",
-                 "turned away %ld connections that did not prove the job token in the last "
-                 "%.0f s (the latest %s); is another job or a stranger using this port?",
-                 s->strangers, STRANGER_REPORT_S, s->stranger_why);
-    s->strangers = 0;
-    s->strangers_said = now;
-}
-
-/* A connection that never proved the token is closed: logged at once when nothing was said for
- * STRANGER_REPORT_S, else counted into the next report, so that a flood does not flood the log. */
-static void stranger(cddp_store_server *s, const client *c, const char *why) {
-    double now = cddp_now_s();
-    snprintf(s->stranger_why, sizeof s->stranger_why, "%s: %s", c->peer, why);
-    s->strangers++;
-    if (now - s->strangers_said >= STRANGER_REPORT_S) report_strangers(s, now);
-}
-
-static void drop(client *c, const char *why) {
-    if (c->dead) return;
-    if (c->authed)
-        cddp_log(CDDP_LOG_WARN, "store", "dropping client %s: %s", c->peer, why);
-    else
-        stranger(c->srv, c, why);
-    c->dead = true;
-}
-
-static void reply(client *c, int type, const buf *payload) {
-    cddp__store_frame(&c->out, type, payload);
-    if (c->out.oom || c->out.len - c->out_off > MAX_OUT) drop(c, "it does not read its replies");
-}
-
-static void reply_error(client *c, const char *msg) {
-    buf p = {0};
-    cddp__store_put_field(&p, msg, strlen(msg));
-    reply(c, REP_ERROR, &p);
-    cddp_free(p.p);
-}
-
-/* Answers a wait when it can: OK when every key exists, TIMEOUT (with the missing keys) when the
- * deadline has passed. Returns true when it replied. */
-static bool settle_wait(cddp_store_server *s, client *c, const uint8_t *payload, size_t len,
-                        double deadline) {
-    /* The payload was validated when the request arrived. */
-    cursor cur = {payload, payload + len};
-    uint64_t ms = 0;
-    uint32_t n = 0;
-    cddp__store_get_u64(&cur, &ms);
-    cddp__store_get_u32(&cur, &n);
-    buf missing = {0};
-    int nmissing = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        const uint8_t *k = NULL;
-        size_t kl = 0;
-        if (!cddp__store_get_field(&cur, &k, &kl)) break;
-        if (!cddp__kv_lookup(&s->kv, k, kl)) {
-            if (nmissing++) cddp__store_buf_put(&missing, ", ", 2);
-            cddp__store_buf_put(&missing, k, kl);
-        }
-    }
-    bool done = true;
-    if (nmissing == 0) {
-        reply(c, REP_OK, NULL);
-    } else if (deadline >= 0 && cddp_now_s() >= deadline) {
-        buf p = {0};
-        cddp__store_put_field(&p, missing.p, missing.len);
-        reply(c, REP_TIMEOUT, &p);
-        cddp_free(p.p);
-    } else {
-        done = false;
-    }
-    cddp_free(missing.p);
-    return done;
-}
-
-static void recheck_waits(cddp_store_server *s) {
-    for (int i = 0; i < s->nclients; i++) {
-        client *c = s->clients[i];
-        if (c->waiting && settle_wait(s, c, c->wait_payload, c->wait_len, c->wait_deadline)) {
-            c->waiting = false;
-            cddp_free(c->wait_payload);
-            c->wait_payload = NULL;
-        }
-    }
-}
-
-/* Parses the integer a counter key holds; false when it holds something else. */
-static bool counter_value(const entry *e, int64_t *v) {
-    char num[32] = {0}, *end = NULL;
-    if (e->len == 0 || e->len >= sizeof num) return false;
-    memcpy(num, e->val, e->len);
-    errno = 0;
-    *v = strtoll(num, &end, 10);
-    return *end == '\0' && errno == 0;
-}
-
-/* A key: a field without NUL bytes (the key space holds C strings, as clients name keys). */
-static bool get_key(cursor *c, const uint8_t **k, size_t *kl) {
-    return cddp__store_get_field(c, k, kl) && !memchr(*k, 0, *kl);
-}
-
-/* Handles one complete request. Malformed requests drop the client. */
-static void handle(cddp_store_server *s, client *c, int type, const uint8_t *pl, size_t len) {
-    cursor cur = {pl, pl + len};
-    const uint8_t *k, *a, *b;
-    size_t kl, al, bl;
-    buf p = {0};
-    if (!c->authed && type != REQ_HELLO && type != REQ_AUTH) {
-        drop(c, "a request came before the job token");
-        return;
-    }
-    switch (type) {
-    case REQ_HELLO: {
-        if (c->challenged || !cddp__store_get_field(&cur, &a, &al) || al != CDDP_NET_NONCE)
-            goto malformed;
-        uint8_t proof[CDDP_NET_PROOF];
-        if (cddp_net_nonce(c->nonce, NULL) != CDDP_OK) {
-            reply_error(c, "the store has no random bytes for its challenge");
-            c->closing = true;
-            break;
-        }
-        memcpy(c->peer_nonce, a, CDDP_NET_NONCE);
-        cddp_net_proof(s->token, "cddp store: server", c->peer_nonce, c->nonce, proof);
-        cddp__store_put_field(&p, c->nonce, CDDP_NET_NONCE);
-        cddp__store_put_field(&p, proof, CDDP_NET_PROOF);
-        reply(c, REP_CHALLENGE, &p);
-        c->challenged = true;
-        break;
-    }
-    case REQ_AUTH: {
-        if (!c->challenged || c->authed || !cddp__store_get_field(&cur, &a, &al) ||
-            al != CDDP_NET_PROOF)
-            goto malformed;
-        uint8_t want[CDDP_NET_PROOF];
-        cddp_net_proof(s->token, "cddp store: client", c->peer_nonce, c->nonce, want);
-        if (cddp_net_proof_equal(a, want)) {
-            c->authed = true;
-            reply(c, REP_OK, NULL);
-        } else {
-            stranger(s, c, "wrong job token");
-            reply_error(c, "wrong job token: this store belongs to another job (is "
-                           "CDDP_STORE_TOKEN the one this job's launcher set?)");
-            c->closing = true;
-        }
-        break;
-    }
-    case REQ_SET:
-        if (!get_key(&cur, &k, &kl) || !cddp__store_get_field(&cur, &a, &al)) goto malformed;
-        if (!cddp__kv_put(&s->kv, k, kl, a, al)) goto oom;
-        reply(c, REP_OK, NULL);
-        recheck_waits(s);
-        break;
-    case REQ_GET: {
-        if (!get_key(&cur, &k, &kl)) goto malformed;
-        entry *e = cddp__kv_lookup(&s->kv, k, kl);
-        if (e) {
-            cddp__store_put_field(&p, e->val, e->len);
-            reply(c, REP_VALUE, &p);
-        } else {
-            reply(c, REP_NOTFOUND, NULL);
-        }
-        break;
-    }
-    case REQ_ADD: {
-        uint64_t delta;
-        if (!get_key(&cur, &k, &kl) || !cddp__store_get_u64(&cur, &delta)) goto malformed;
-        entry *e = cddp__kv_lookup(&s->kv, k, kl);
-        int64_t v = 0;
-        if (e && !counter_value(e, &v)) {
-            reply_error(c, "add: the key holds a value that is not an integer");
-            break;
-        }
-        int64_t d = (int64_t)delta;
-        if ((d > 0 && v > INT64_MAX - d) || (d < 0 && v < INT64_MIN - d)) {
-            reply_error(c, "add: the counter would overflow a 64-bit integer");
-            break;
-        }
-        v += d;
-        char text[32];
-        int n = snprintf(text, sizeof text, "%" PRId64, v);
-        if (!cddp__kv_put(&s->kv, k, kl, (const uint8_t *)text, (size_t)n)) goto oom;
-        cddp__store_put_u64(&p, (uint64_t)v);
-        reply(c, REP_VALUE, &p);
-        recheck_waits(s);
-        break;
-    }
-    case REQ_CAS: {
-        if (!get_key(&cur, &k, &kl) || !cddp__store_get_field(&cur, &a, &al) ||
-            !cddp__store_get_field(&cur, &b, &bl))
-            goto malformed;
-        entry *e = cddp__kv_lookup(&s->kv, k, kl);
-        if ((!e && al == 0) || (e && e->len == al && memcmp(e->val, a, al) == 0)) {
-            if (!cddp__kv_put(&s->kv, k, kl, b, bl)) goto oom;
-            cddp__store_put_field(&p, b, bl);
-        } else if (!e) {
-            cddp__store_put_field(&p, a,
-                                  al); /* PyTorch's answer for a missing key: the expected value */
-        } else {
-            cddp__store_put_field(&p, e->val, e->len);
-        }
-        reply(c, REP_VALUE, &p);
-        recheck_waits(s);
-        break;
-    }
-    case REQ_DELETE: {
-        if (!get_key(&cur, &k, &kl)) goto malformed;
-        entry *e = cddp__kv_lookup(&s->kv, k, kl);
-        uint8_t existed = e != NULL;
-        if (e) cddp__kv_remove(&s->kv, e);
-        cddp__store_put_field(&p, &existed, 1);
-        reply(c, REP_VALUE, &p);
-        break;
-    }
-    case REQ_WILL: {
-        uint32_t keep;
-        if (!cddp__store_get_field(&cur, &k, &kl) || !cddp__store_get_field(&cur, &a, &al) ||
-            !cddp__store_get_u32(&cur, &keep) || (keep && !kl))
-            goto malformed;
-        if (keep) {
-            if (!cddp__kv_put(&c->wills, k, kl, a, al)) goto oom;
-        } else if (kl) {
-            entry *e = cddp__kv_lookup(&c->wills, k, kl);
-            if (e) cddp__kv_remove(&c->wills, e);
-        } else {
-            cddp__kv_free(&c->wills);
-            c->wills = (table){0};
-        }
-        reply(c, REP_OK, NULL);
-        break;
-    }
-    case REQ_NUM_KEYS:
-        cddp__store_put_u64(&p, s->kv.live);
-        reply(c, REP_VALUE, &p);
-        break;
-    case REQ_WAIT: {
-        uint64_t ms;
-        uint32_t n;
-        if (!cddp__store_get_u64(&cur, &ms) || !cddp__store_get_u32(&cur, &n)) goto malformed;
-        for (uint32_t i = 0; i < n; i++)
-            if (!get_key(&cur, &k, &kl)) goto malformed;
-        double deadline = ms == UINT64_MAX ? -1 : cddp_now_s() + (double)ms / 1000.0;
-        if (!settle_wait(s, c, pl, len, deadline)) {
-            c->wait_payload = cddp_malloc(len);
-            if (!c->wait_payload) goto oom;
-            memcpy(c->wait_payload, pl, len);
-            c->wait_len = len;
-            c->wait_deadline = deadline;
-            c->waiting = true;
-        }
-        break;
-    }
-    default:
-        drop(c, "unknown request type");
-        break;
-    }
-    cddp_free(p.p);
-    return;
-malformed:
-    drop(c, "malformed request");
-    return;
-oom:
-    cddp_free(p.p);
-    reply_error(c, "the store is out of memory");
-}
 
 /* Handles every complete frame in c's input buffer. */
 static void process_input(cddp_store_server *s, client *c) {
@@ -348,7 +43,7 @@ static void process_input(cddp_store_server *s, client *c) {
     while (!c->dead && !c->closing && !c->waiting && c->in.len - off >= HEADER) {
         const uint8_t *h = c->in.p + off;
         if (cddp__store_rd_u32(h) != MAGIC || h[4] != VERSION || h[5] != 0) {
-            drop(c, "not a cddp store frame (bad magic or version)");
+            cddp__store_drop(c, "not a cddp store frame (bad magic or version)");
             return;
         }
         uint32_t len = cddp__store_rd_u32(h + 8);
@@ -357,11 +52,11 @@ static void process_input(cddp_store_server *s, client *c) {
             char why[128];
             snprintf(why, sizeof why, "oversized frame (%u bytes, the limit is %u%s)", len, limit,
                      c->authed ? "" : " before the job token");
-            drop(c, why);
+            cddp__store_drop(c, why);
             return;
         }
         if (c->in.len - off < HEADER + (size_t)len) break;
-        handle(s, c, h[6] | h[7] << 8, h + HEADER, len);
+        cddp__store_handle(s, c, h[6] | h[7] << 8, h + HEADER, len);
         off += HEADER + len;
     }
     if (off) {
@@ -383,7 +78,7 @@ static void read_client(cddp_store_server *s, client *c) {
         if (r > 0) {
             cddp__store_buf_put(&c->in, chunk, (size_t)r);
             if (c->in.oom) {
-                drop(c, "out of memory for its request");
+                cddp__store_drop(c, "out of memory for its request");
                 return;
             }
             if (c->in.len > HEADER + (size_t)CDDP_STORE_MAX_FRAME) break; /* process, then drop */
@@ -391,12 +86,13 @@ static void read_client(cddp_store_server *s, client *c) {
         }
         if (r == 0) { /* the peer is gone; a partial frame left behind was cut short */
             process_input(s, c);
-            if (c->in.len && !c->dead) drop(c, "it closed the connection in the middle of a frame");
+            if (c->in.len && !c->dead)
+                cddp__store_drop(c, "it closed the connection in the middle of a frame");
             c->dead = true;
             return;
         }
         if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) drop(c, strerror(errno));
+        if (errno != EAGAIN && errno != EWOULDBLOCK) cddp__store_drop(c, strerror(errno));
         break;
     }
     process_input(s, c);
@@ -452,7 +148,7 @@ static void remove_client(cddp_store_server *s, int i) {
     }
     free_client(c);
     s->clients[i] = s->clients[--s->nclients];
-    if (wills) recheck_waits(s);
+    if (wills) cddp__store_recheck_waits(s);
 }
 
 /* Closes the oldest connection that has not proved the token, telling it to connect again (a
@@ -466,9 +162,9 @@ static bool evict_oldest_pending(cddp_store_server *s, const char *why) {
     }
     if (oldest < 0) return false;
     client *c = s->clients[oldest];
-    reply(c, REP_BUSY, NULL);
+    cddp__store_reply(c, REP_BUSY, NULL);
     flush_client(c);
-    drop(c, why);
+    cddp__store_drop(c, why);
     remove_client(s, oldest);
     return true;
 }
@@ -501,7 +197,8 @@ static int accept_without_descriptors(cddp_store_server *s, struct sockaddr_stor
         fd = -1;
         client who = {0};
         describe_peer(ss, who.peer, sizeof who.peer);
-        stranger(s, &who, "no file descriptors left, and every connection has the job token");
+        cddp__store_stranger(s, &who,
+                             "no file descriptors left, and every connection has the job token");
     }
     s->spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
     return fd;
@@ -585,7 +282,7 @@ static void *serve(void *arg) {
         for (int i = 0; r > 0 && i < n; i++)
             if (pf[i + 2].revents & (POLLIN | POLLHUP | POLLERR)) read_client(s, s->clients[i]);
         if (r > 0 && (pf[1].revents & POLLIN)) accept_clients(s);
-        recheck_waits(s); /* deadlines that passed */
+        cddp__store_recheck_waits(s); /* deadlines that passed */
         now = cddp_now_s();
         for (int i = 0; i < s->nclients; i++) {
             client *c = s->clients[i];
@@ -593,10 +290,11 @@ static void *serve(void *arg) {
                 char why[96];
                 snprintf(why, sizeof why, "it did not prove the job token within %.0f s",
                          s->auth_timeout);
-                drop(c, why);
+                cddp__store_drop(c, why);
             }
         }
-        if (s->strangers && now - s->strangers_said >= STRANGER_REPORT_S) report_strangers(s, now);
+        if (s->strangers && now - s->strangers_said >= STRANGER_REPORT_S)
+            cddp__store_report_strangers(s, now);
         for (int i = 0; i < s->nclients; i++) {
             client *c = s->clients[i];
             if (!c->dead && c->out.len > c->out_off) flush_client(c);

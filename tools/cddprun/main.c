@@ -53,48 +53,61 @@ static bool earlier_cause(double aw, const char *a, double bw, const char *b) {
     return aw < bw;
 }
 
-/* Runs one round: rendezvous, start, watch. On failure prints the report. */
-static round_result run_round(job *j) {
+/* How a round ended: the first failed (or stopped) worker of this node, another node's failure
+ * or a node that came (remote), whether node 0 found a node silent (remote says which); once
+ * settled, this node's root cause (text, at wall-clock time when; have: there is one). */
+typedef struct round_end {
+    worker *first;
+    char remote[CDDP_ERROR_MSG_MAX];
+    bool silent, have;
+    char text[CDDP_ERROR_MSG_MAX];
+    double when;
+} round_end;
+
+/* Watches the workers until one fails or stops too long, all have ended, a signal came, or (on
+ * several nodes, at each look) another node failed, a node came to join or went silent. */
+static void watch(job *j, round_end *e) {
     const options *o = &j->o;
     cddp_error err = {0};
-    cddprun_rendezvous(j);
-    j->oom_kills_at_start = cddprun_oom_kills();
-    cddprun_flight_round(j);
-    cddprun_start_workers(j);
-    worker *first = NULL;
-    char remote[CDDP_ERROR_MSG_MAX] = "", key[64];
-    bool silent = false; /* node 0 found a node silent: remote says which */
+    char key[64];
     double next_look = cddp_now_s() + o->monitor_interval;
     j->next_beat = 0;
-    while (cddprun_reap(j, &first) > 0 && !first && !cddprun_got_signal) {
+    while (cddprun_reap(j, &e->first) > 0 && !e->first && !cddprun_got_signal) {
         cddprun_pump(j, o->monitor_interval);
         cddprun_flight_watch(j);
         worker *h = cddprun_halted(j);
         if (h && o->stopped_timeout > 0 && cddp_now_s() - h->halted_since >= o->stopped_timeout) {
-            first = h; /* the root cause, stopped too long (--stopped_timeout) */
+            e->first = h; /* the root cause, stopped too long (--stopped_timeout) */
             break;
         }
         if (o->nnodes > 1 && cddp_now_s() >= next_look) {
             next_look = cddp_now_s() + o->monitor_interval;
-            if (cddprun_remote_failure(j, remote, sizeof remote)) break;
-            if (cddprun_newcomer(j, remote, sizeof remote)) break;
-            if ((silent = cddprun_heartbeat(j, remote, sizeof remote))) { /* node 0 only */
+            if (cddprun_remote_failure(j, e->remote, sizeof e->remote)) break;
+            if (cddprun_newcomer(j, e->remote, sizeof e->remote)) break;
+            if ((e->silent = cddprun_heartbeat(j, e->remote, sizeof e->remote))) { /* node 0 */
                 snprintf(key, sizeof key, "r%d/failed", j->round);
-                cddp_store_set_str(j->store, key, remote, &err);
+                cddp_store_set_str(j->store, key, e->remote, &err);
                 break;
             }
         }
     }
+}
+
+/* What the first failure seen is not: a rank that exited with an error right after a peer was
+ * killed, a rank stopped by node 0's restart for a newcomer, or (a --hosts node) the head's stop
+ * reaching this node late. */
+static void settle(job *j, round_end *e) {
+    const options *o = &j->o;
     /* A rank that exited with an error may only have found a peer dead: the peers of a rank
      * killed by a signal fail within milliseconds of it, and may be reaped first. So a failure
      * by exit code waits 0.2 s for the others, and a rank killed meanwhile is the root cause. */
-    if (!cddprun_got_signal && first && !first->running && WIFEXITED(first->status)) {
+    if (!cddprun_got_signal && e->first && !e->first->running && WIFEXITED(e->first->status)) {
         worker *more = NULL;
         double until = cddp_now_s() + 0.2;
         while (cddp_now_s() < until && cddprun_reap(j, &more) > 0) cddprun_pump(j, 0.02);
         for (int i = 0; i < o->nproc_per_node; i++)
             if (j->w[i].failed && WIFSIGNALED(j->w[i].status)) {
-                first = &j->w[i];
+                e->first = &j->w[i];
                 break;
             }
     }
@@ -103,18 +116,19 @@ static round_result run_round(job *j) {
      * them, so the store has it now, though this node's next look at it was still to come. The
      * round ends in that restart, not in a failure of this node's (which would use up a restart,
      * or end this node's part of the job). */
-    if (first && !first->running && WIFEXITED(first->status) && !remote[0] && o->nnodes > 1 &&
-        !cddprun_got_signal && cddprun_remote_failure(j, remote, sizeof remote)) {
-        if (!strncmp(remote, CDDPRUN_GROW, strlen(CDDPRUN_GROW)))
-            first = NULL;
+    if (e->first && !e->first->running && WIFEXITED(e->first->status) && !e->remote[0] &&
+        o->nnodes > 1 && !cddprun_got_signal &&
+        cddprun_remote_failure(j, e->remote, sizeof e->remote)) {
+        if (!strncmp(e->remote, CDDPRUN_GROW, strlen(CDDPRUN_GROW)))
+            e->first = NULL;
         else
-            remote[0] = 0; /* another node's failure: this node's own report, as before */
+            e->remote[0] = 0; /* another node's failure: this node's own report, as before */
     }
     /* A node that cddprun --hosts started waits up to a second for the head before it reports a
      * failure: when the head stops the job (Ctrl-C), the end of its control stream reaches this
      * node over ssh after this node's ranks may have seen their peers on the other nodes stop,
      * or this node the store go. The job was stopped then (watch_head's SIGHUP), not failed. */
-    if (o->stdin_control && (first || remote[0])) {
+    if (o->stdin_control && (e->first || e->remote[0])) {
         double until = cddp_now_s() + 1.0;
         while (!cddprun_got_signal && cddp_now_s() < until)
             if (cddprun_reap(j, NULL) > 0)
@@ -122,18 +136,16 @@ static round_result run_round(job *j) {
             else
                 usleep(20000); /* the signal cuts it short */
     }
-    if (cddprun_got_signal) {
-        fprintf(stderr, "cddprun: got SIG%s; stopping the workers\n",
-                sigabbrev_np(cddprun_got_signal));
-        cddprun_stop_workers(j, SIGTERM);
-        return ROUND_SIGNALLED;
-    }
-    char text[CDDP_ERROR_MSG_MAX];
-    double when = 0; /* the root cause's wall-clock time, to compare with other nodes' */
+}
+
+/* This node's root cause in words (e->text, at e->when): a stopped rank the others waited for, the
+ * first failed rank, or the node that node 0 found silent. */
+static void root_cause(job *j, round_end *e) {
     /* A rank stopped by a signal is why the others failed (they timed out waiting for it): it is
      * the root cause, not the first of them to give up, also when another node's failure (its
      * ranks timed out first) ended this node's round. */
-    worker *halted = first || (remote[0] && !silent) ? cddprun_halted(j) : NULL;
+    worker *first = e->first,
+           *halted = first || (e->remote[0] && !e->silent) ? cddprun_halted(j) : NULL;
     /* ... but not one that stopped after the first failure, on its way out (LeakSanitizer stops
      * a process's threads at its exit to read their stacks), nor before a rank killed by a
      * signal: a stopped rank makes the others time out and exit, never kills one. */
@@ -145,27 +157,29 @@ static round_result run_round(job *j) {
         char since[32];
         time_t t = (time_t)(time(NULL) - (cddp_now_s() - halted->halted_since));
         strftime(since, sizeof since, "%H:%M:%S", localtime(&t));
-        snprintf(text, sizeof text,
+        snprintf(e->text, sizeof e->text,
                  "rank %d (local rank %d, host %s, pid %d) stopped answering: it was stopped "
                  "(by SIGSTOP or a debugger) at %s, and the ranks below waited for it",
                  halted->rank, halted->local_rank, j->host, (int)halted->pid, since);
-        when = cddprun_wall_s() - (cddp_now_s() - halted->halted_since);
-        first = halted;
+        e->when = cddprun_wall_s() - (cddp_now_s() - halted->halted_since);
+        e->first = halted;
     } else if (first) {
-        cddprun_describe(j, first, text, sizeof text);
-        when = first->end_wall;
-    } else if (silent) {
+        cddprun_describe(j, first, e->text, sizeof e->text);
+        e->when = first->end_wall;
+    } else if (e->silent) {
         /* A node node 0's heartbeat found gone, or silent since CDDP_STORE_REPLY_S: before the
          * exits of the ranks that lost it once this node stopped its own. */
-        snprintf(text, sizeof text, "%s", remote);
-        when = j->lost_wall;
+        snprintf(e->text, sizeof e->text, "%s", e->remote);
+        e->when = j->lost_wall;
     }
-    bool have = first || silent; /* this node has a root cause: text, at when */
-    if (first && !remote[0] && o->nnodes > 1) {
-        snprintf(key, sizeof key, "r%d/failed", j->round);
-        cddp_store_set_str(j->store, key, text, &err);
-    }
-    if (first || remote[0]) {
+    e->have = e->first || e->silent;
+}
+
+/* The workers stopped (after a failure, with the flight records first) or waited for, their last
+ * output drained and their logs closed. */
+static void end_workers(job *j, const round_end *e) {
+    const options *o = &j->o;
+    if (e->first || e->remote[0]) {
         cddprun_flight_collect(j);
         cddprun_stop_workers(j, SIGTERM);
     } else
@@ -178,60 +192,68 @@ static round_result run_round(job *j) {
         if (j->w[i].out.log >= 0) close(j->w[i].out.log);
         if (j->w[i].err.log >= 0) close(j->w[i].err.log);
     }
-    if (!first && !remote[0]) return ROUND_OK;
-    if (!first && !strncmp(remote, CDDPRUN_GROW, strlen(CDDPRUN_GROW))) {
-        fprintf(stderr, "cddprun: %s (round %d)\n", remote + strlen(CDDPRUN_GROW), j->round + 1);
-        return ROUND_GROW;
-    }
+}
 
-    /* The report: on several nodes, each posts its own root cause (or none) and node 0 merges
-     * them, naming the earliest as the job's. */
-    remote_cause others[64];
-    int nothers = 0, root = -1; /* root: the index in others, or -1 for this node's */
-    if (o->nnodes > 1) {
-        char mine[CDDP_ERROR_MSG_MAX + 32];
-        snprintf(key, sizeof key, "r%d/cause/%d", j->round, o->node_rank);
-        snprintf(mine, sizeof mine, "%.3f %s", first ? when : 0.0, first ? text : "");
-        cddp_store_set_str(j->store, key, mine, &err);
-        if (o->node_rank == 0) nothers = cddprun_gather_causes(j, others, 64);
-        /* A node that is gone explains the exits by code of the ranks that lost it, whenever
-         * they came; a rank killed by a signal or stopped is still the likelier first cause. */
-        for (int k = 0; k < nothers; k++) {
-            const char *rt = root < 0 ? (have ? text : "") : others[root].text;
-            bool root_lost = root >= 0 && others[root].lost;
-            if (others[k].lost && !root_lost && !primary(rt))
-                root = k;
-            else if (root_lost && primary(others[k].text))
-                root = k;
-            else if ((!have && root < 0) ||
-                     (!others[k].lost && !root_lost &&
-                      earlier_cause(others[k].when, others[k].text,
-                                    root < 0 ? when : others[root].when, rt)))
-                root = k;
-        }
-        for (int k = 0; k < nothers; k++) j->lost[others[k].node] |= others[k].lost;
+/* On several nodes, each posts its own root cause (or none) and node 0 gathers the others' into
+ * others (returns how many) and names the earliest as the job's: *root, the index in others, or
+ * -1 for this node's. */
+static int merge_causes(job *j, const round_end *e, remote_cause *others, int cap, int *root) {
+    const options *o = &j->o;
+    cddp_error err = {0};
+    char key[64], mine[CDDP_ERROR_MSG_MAX + 32];
+    *root = -1;
+    if (o->nnodes == 1) return 0;
+    snprintf(key, sizeof key, "r%d/cause/%d", j->round, o->node_rank);
+    snprintf(mine, sizeof mine, "%.3f %s", e->first ? e->when : 0.0, e->first ? e->text : "");
+    cddp_store_set_str(j->store, key, mine, &err);
+    int n = o->node_rank == 0 ? cddprun_gather_causes(j, others, cap) : 0;
+    /* A node that is gone explains the exits by code of the ranks that lost it, whenever they
+     * came; a rank killed by a signal or stopped is still the likelier first cause. */
+    for (int k = 0; k < n; k++) {
+        const char *rt = *root < 0 ? (e->have ? e->text : "") : others[*root].text;
+        bool root_lost = *root >= 0 && others[*root].lost;
+        if (others[k].lost && !root_lost && !primary(rt))
+            *root = k;
+        else if (root_lost && primary(others[k].text))
+            *root = k;
+        else if ((!e->have && *root < 0) ||
+                 (!others[k].lost && !root_lost &&
+                  earlier_cause(others[k].when, others[k].text,
+                                *root < 0 ? e->when : others[*root].when, rt)))
+            *root = k;
     }
-    /* A node that --hosts started reports into its log folder, not onto the head's console,
-     * where node 0's merged report alone names the root cause (a node's own would show its
-     * collateral failures as causes). */
+    for (int k = 0; k < n; k++) j->lost[others[k].node] |= others[k].lost;
+    return n;
+}
+
+/* Where the report goes: stderr, or for a node that --hosts started, its log folder (node 0's
+ * merged report alone names the root cause on the head's console: a node's own would show its
+ * collateral failures as causes), saying so on stderr. */
+static FILE *report_file(job *j) {
+    const options *o = &j->o;
+    if (!o->stdin_control || o->node_rank == 0) return stderr;
+    char path[PATH_MAX] = "";
+    if (o->logdir) snprintf(path, sizeof path, "%s/cddprun-node%d.report", o->logdir, o->node_rank);
+    FILE *rep = *path ? fopen(path, j->round == 0 ? "w" : "a") : NULL;
+    fprintf(stderr,
+            "cddprun: node %d's part of the job failed; node 0's report names the root cause%s%s\n",
+            o->node_rank, rep ? ", this node's own is in " : " (--logdir keeps this node's)",
+            rep ? path : "");
+    if (!rep) rep = fopen("/dev/null", "w");
+    return rep ? rep : stderr;
+}
+
+/* The report of a failed round: the root cause, what else failed on this node and the others,
+ * the rank the others waited for (the flight records, which follow). */
+static void report(job *j, round_end *e) {
+    const options *o = &j->o;
+    remote_cause others[64];
+    int root, nothers = merge_causes(j, e, others, 64, &root);
+    worker *first = e->first;
     /* The flight records say which rank the others waited for: a rank that timed out waiting
      * (the root cause by time) names it too, but the report should say it first. */
     char *flight = cddprun_flight_final(j), behind[512];
-    FILE *rep = stderr;
-    char rep_path[PATH_MAX] = "";
-    if (o->stdin_control && o->node_rank != 0) {
-        if (o->logdir)
-            snprintf(rep_path, sizeof rep_path, "%s/cddprun-node%d.report", o->logdir,
-                     o->node_rank);
-        rep = *rep_path ? fopen(rep_path, j->round == 0 ? "w" : "a") : NULL;
-        fprintf(stderr,
-                "cddprun: node %d's part of the job failed; node 0's report names the "
-                "root cause%s%s\n",
-                o->node_rank, rep ? ", this node's own is in " : " (--logdir keeps this node's)",
-                rep ? rep_path : "");
-        if (!rep) rep = fopen("/dev/null", "w");
-        if (!rep) rep = stderr;
-    }
+    FILE *rep = report_file(j);
     fprintf(rep, "cddprun: the job failed (run %s, attempt %d of %d, node %d of %d)\n", j->run_id,
             j->failures + 1, o->max_restarts + 1, o->node_rank, j->nodes);
     if (root >= 0 && others[root].lost)
@@ -239,13 +261,13 @@ static round_result run_round(job *j) {
     else if (root >= 0)
         fprintf(rep, "  root cause, on node %d: %s\n", others[root].node, others[root].text);
     else if (first)
-        fprintf(rep, "  root cause: %s\n    log: %s\n", text, first->log_path);
+        fprintf(rep, "  root cause: %s\n    log: %s\n", e->text, first->log_path);
     else
-        fprintf(rep, "  root cause%s: %s\n", silent ? "" : ", on another node", remote);
+        fprintf(rep, "  root cause%s: %s\n", e->silent ? "" : ", on another node", e->remote);
     if (flight && cddprun_flight_behind(flight, behind, sizeof behind))
         fprintf(rep, "  the others waited for: %s (the flight records, below)\n", behind);
     if (root >= 0 && first)
-        fprintf(rep, "  also failed, here: %s\n    log: %s\n", text, first->log_path);
+        fprintf(rep, "  also failed, here: %s\n    log: %s\n", e->text, first->log_path);
     for (int k = 0; k < nothers; k++)
         if (k != root && others[k].lost)
             fprintf(rep, "  also: %s\n", others[k].text);
@@ -253,6 +275,7 @@ static round_result run_round(job *j) {
             fprintf(rep, "  also failed, on node %d: %s\n", others[k].node, others[k].text);
     if (o->nnodes > 1 && o->node_rank != 0)
         fprintf(rep, "  (node 0's report merges every node's)\n");
+    char text[CDDP_ERROR_MSG_MAX];
     for (int i = 0; i < o->nproc_per_node; i++) {
         worker *w = &j->w[i];
         if (w == first) continue;
@@ -262,7 +285,7 @@ static round_result run_round(job *j) {
         } else if (w->stopped) {
             fprintf(rep, "  stopped: rank %d (local rank %d) by cddprun\n", w->rank, w->local_rank);
         } else if (first && !w->running && WIFEXITED(w->status) && !WEXITSTATUS(w->status) &&
-                   w->end_wall <= when + o->monitor_interval + 0.2) {
+                   w->end_wall <= e->when + o->monitor_interval + 0.2) {
             /* A rank that finished while its peers still called collectives with it is why they
              * failed, though it did nothing wrong by itself. (Exits are seen at the monitor's
              * looks, and the failure waited 0.2 s for others: one that came then counts too.) */
@@ -275,7 +298,39 @@ static round_result run_round(job *j) {
     }
     if (flight) fputs(flight, rep);
     free(flight);
-    if (rep != stderr && rep) fclose(rep);
+    if (rep != stderr) fclose(rep);
+}
+
+/* Runs one round: rendezvous, start, watch. On failure prints the report. */
+static round_result run_round(job *j) {
+    const options *o = &j->o;
+    cddp_error err = {0};
+    cddprun_rendezvous(j);
+    j->oom_kills_at_start = cddprun_oom_kills();
+    cddprun_flight_round(j);
+    cddprun_start_workers(j);
+    round_end e = {0};
+    watch(j, &e);
+    settle(j, &e);
+    if (cddprun_got_signal) {
+        fprintf(stderr, "cddprun: got SIG%s; stopping the workers\n",
+                sigabbrev_np(cddprun_got_signal));
+        cddprun_stop_workers(j, SIGTERM);
+        return ROUND_SIGNALLED;
+    }
+    root_cause(j, &e);
+    if (e.first && !e.remote[0] && o->nnodes > 1) {
+        char key[64];
+        snprintf(key, sizeof key, "r%d/failed", j->round);
+        cddp_store_set_str(j->store, key, e.text, &err);
+    }
+    end_workers(j, &e);
+    if (!e.first && !e.remote[0]) return ROUND_OK;
+    if (!e.first && !strncmp(e.remote, CDDPRUN_GROW, strlen(CDDPRUN_GROW))) {
+        fprintf(stderr, "cddprun: %s (round %d)\n", e.remote + strlen(CDDPRUN_GROW), j->round + 1);
+        return ROUND_GROW;
+    }
+    report(j, &e);
     return ROUND_FAILED;
 }
 
