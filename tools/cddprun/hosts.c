@@ -383,9 +383,8 @@ static void stop_nodes(host *h, int n) {
         if (h[k].control >= 0) close(h[k].control), h[k].control = -1;
 }
 
-int cddprun_hosts_main(options *o) {
-    host *h = cddp_calloc(MAX_HOSTS, sizeof *h);
-    int n = read_hosts(o, h);
+/* The options that do not go with --hosts, refused; --nnodes against the n hosts. */
+static void check_with_hosts(options *o, int n) {
     if (o->node_rank_given)
         cddprun_die_usage("--node_rank with --hosts: each host's rank is its place in the list");
     if (o->standalone) cddprun_die_usage("--standalone is for one node, --hosts for several");
@@ -400,6 +399,111 @@ int cddprun_hosts_main(options *o) {
                           o->nnodes_min, o->nnodes, n);
     if (!o->nnodes_given) o->nnodes_min = n;
     o->nnodes = n;
+}
+
+/* Node 0's store: at the first host's name, but where that is a loopback name of this machine
+ * (localhost) and other machines take part (remote), at this machine's name; into addr. */
+static void store_address(const options *o, const host *h, bool remote, char *addr, size_t cap) {
+    if (o->addr_given) {
+        snprintf(addr, cap, "%s", o->master_addr);
+    } else if (remote && (!strcmp(h[0].addr, "localhost") || cddp_net_is_loopback(h[0].addr))) {
+        if (gethostname(addr, cap) != 0) snprintf(addr, cap, "%s", h[0].addr);
+        fprintf(stderr,
+                "cddprun: node 0 is this machine, as %s, which the other hosts cannot reach: "
+                "they reach its store at %s (--master_addr chooses)\n",
+                h[0].addr, addr);
+    } else {
+        snprintf(addr, cap, "%s", h[0].addr);
+    }
+}
+
+/* The nodes that ended since the last look, reaped: each failure explained, the status of the
+ * first taken, and when the others are to be stopped (*stop_at: node 0 ended, or a node failed
+ * in a fixed-size job; at once when it never joined). Returns how many ended. */
+static int reap_nodes(const options *o, host *h, int n, bool elastic, int running, double kill_at,
+                      int *status, double *stop_at) {
+    int st, ended = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &st, WNOHANG)) > 0)
+        for (int k = 0; k < n; k++) {
+            if (h[k].pid != pid) continue;
+            h[k].pid = 0, h[k].status = st;
+            ended++;
+            if (h[k].control >= 0) close(h[k].control), h[k].control = -1;
+            bool failed = !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+            /* one the head stopped says so itself (exit 129: its SIGHUP) */
+            bool stopped = kill_at >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGHUP;
+            if (failed && !stopped) explain(o, &h[k], k);
+            if (failed && !*status) *status = WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+            int c = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+            bool never = c == 255 || c == 127 || c == 126 || c == 2;
+            double at = cddp_now_s() + (never && !elastic ? 0 : o->grace_period + 10);
+            if ((k == 0 || (failed && !elastic)) && running - ended > 0 &&
+                (*stop_at < 0 || at < *stop_at))
+                *stop_at = at;
+        }
+    return ended;
+}
+
+/* Watch. A node that ended with an error in a fixed-size job ends the job: the others end by
+ * themselves once its failure is in the store (node 0 after its report); after --grace_period +
+ * 10 s, or at once when that node never joined (ssh failed, no cddprun there, a usage error),
+ * they are stopped. Node 0 ending ends every job. Each node hears the head's heartbeat on its
+ * control stream. Returns the job's status. */
+static int watch_nodes(const options *o, host *h, int n) {
+    bool elastic = o->nnodes_min < n;
+    int running = 0, status = 0;
+    for (int k = 0; k < n; k++) running += h[k].pid > 0;
+    double stop_at = cddprun_got_signal ? 0 : -1, kill_at = -1;
+    bool said = false;
+    double beat = 0;
+    while (running > 0) {
+        struct pollfd pf = {cddprun_wake_pipe[0], POLLIN, 0};
+        poll(&pf, 1, 200);
+        if (cddp_now_s() >= beat) { /* the heartbeat: a node that hears none stops (watch_head) */
+            for (int k = 0; k < n; k++)
+                if (h[k].control >= 0) { /* a node that ended is reaped below; a full pipe hears
+                                            the next beat */
+                    ssize_t w = write(h[k].control, ".", 1);
+                    (void)w;
+                }
+            beat = cddp_now_s() + HEAD_BEAT_S;
+        }
+        char b[64];
+        while (read(cddprun_wake_pipe[0], b, sizeof b) > 0) {}
+        running -= reap_nodes(o, h, n, elastic, running, kill_at, &status, &stop_at);
+        if (cddprun_got_signal && !said) {
+            fprintf(stderr, "cddprun: got SIG%s; stopping every node\n",
+                    sigabbrev_np(cddprun_got_signal));
+            stop_at = 0;
+        }
+        if (stop_at >= 0 && cddp_now_s() >= stop_at && kill_at < 0 && running > 0) {
+            if (!said && !cddprun_got_signal)
+                fprintf(stderr, "cddprun: stopping the %d node%s still running\n", running,
+                        running == 1 ? "" : "s");
+            stop_nodes(h, n);
+            kill_at = cddp_now_s() + o->grace_period + 5;
+        }
+        said |= cddprun_got_signal != 0;
+        if (kill_at >= 0 && cddp_now_s() >= kill_at) {
+            for (int k = 0; k < n; k++)
+                if (h[k].pid > 0) {
+                    fprintf(stderr, "cddprun: node %d (host %s) did not stop: killing its %s\n", k,
+                            h[k].name, h[k].here ? "launcher" : "ssh");
+                    kill(h[k].pid, SIGKILL);
+                }
+            kill_at = cddp_now_s() + 3600;
+        }
+    }
+    /* An elastic job's result is node 0's (a node lost on the way is what it is for). */
+    if (elastic) status = WIFEXITED(h[0].status) ? WEXITSTATUS(h[0].status) : 1;
+    return cddprun_got_signal ? 128 + cddprun_got_signal : status;
+}
+
+int cddprun_hosts_main(options *o) {
+    host *h = cddp_calloc(MAX_HOSTS, sizeof *h);
+    int n = read_hosts(o, h);
+    check_with_hosts(o, n);
     cddprun_check_program(o);
     char token[CDDPRUN_MAX_TOKEN + 1];
     if (o->token || o->token_file) {
@@ -413,20 +517,8 @@ int cddprun_hosts_main(options *o) {
         h[k].control = -1;
         remote |= !h[k].here;
     }
-    /* Node 0's store: at the first host's name, but where that is a loopback name of this
-     * machine (localhost) and other machines take part, at this machine's name. */
     static char addr[256];
-    if (o->addr_given) {
-        snprintf(addr, sizeof addr, "%s", o->master_addr);
-    } else if (remote && (!strcmp(h[0].addr, "localhost") || cddp_net_is_loopback(h[0].addr))) {
-        if (gethostname(addr, sizeof addr) != 0) snprintf(addr, sizeof addr, "%s", h[0].addr);
-        fprintf(stderr,
-                "cddprun: node 0 is this machine, as %s, which the other hosts cannot reach: "
-                "they reach its store at %s (--master_addr chooses)\n",
-                h[0].addr, addr);
-    } else {
-        snprintf(addr, sizeof addr, "%s", h[0].addr);
-    }
+    store_address(o, h, remote, addr, sizeof addr);
     char self[PATH_MAX], cwd[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     if (len <= 0 || !getcwd(cwd, sizeof cwd)) {
@@ -459,77 +551,7 @@ int cddprun_hosts_main(options *o) {
         cddp_free(argv);
     }
     cddp_free(control.p);
-
-    /* Watch. A node that ended with an error in a fixed-size job ends the job: the others end
-     * by themselves once its failure is in the store (node 0 after its report); after
-     * --grace_period + 10 s, or at once when that node never joined (ssh failed, no cddprun
-     * there, a usage error), they are stopped. Node 0 ending ends every job. */
-    bool elastic = o->nnodes_min < n;
-    int running = 0, status = 0;
-    for (int k = 0; k < n; k++) running += h[k].pid > 0;
-    double stop_at = cddprun_got_signal ? 0 : -1, kill_at = -1;
-    bool said = false;
-    double beat = 0;
-    while (running > 0) {
-        struct pollfd pf = {cddprun_wake_pipe[0], POLLIN, 0};
-        poll(&pf, 1, 200);
-        if (cddp_now_s() >= beat) { /* the heartbeat: a node that hears none stops (watch_head) */
-            for (int k = 0; k < n; k++)
-                if (h[k].control >= 0) { /* a node that ended is reaped below; a full pipe hears
-                                            the next beat */
-                    ssize_t w = write(h[k].control, ".", 1);
-                    (void)w;
-                }
-            beat = cddp_now_s() + HEAD_BEAT_S;
-        }
-        char b[64];
-        while (read(cddprun_wake_pipe[0], b, sizeof b) > 0) {}
-        int st;
-        pid_t pid;
-        while ((pid = waitpid(-1, &st, WNOHANG)) > 0)
-            for (int k = 0; k < n; k++) {
-                if (h[k].pid != pid) continue;
-                h[k].pid = 0, h[k].status = st;
-                running--;
-                if (h[k].control >= 0) close(h[k].control), h[k].control = -1;
-                bool failed = !WIFEXITED(st) || WEXITSTATUS(st) != 0;
-                /* one the head stopped says so itself (exit 129: its SIGHUP) */
-                bool stopped = kill_at >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGHUP;
-                if (failed && !stopped) explain(o, &h[k], k);
-                if (failed && !status) status = WIFEXITED(st) ? WEXITSTATUS(st) : 1;
-                int c = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-                bool never = c == 255 || c == 127 || c == 126 || c == 2;
-                double at = cddp_now_s() + (never && !elastic ? 0 : o->grace_period + 10);
-                if ((k == 0 || (failed && !elastic)) && running > 0 &&
-                    (stop_at < 0 || at < stop_at))
-                    stop_at = at;
-            }
-        if (cddprun_got_signal && !said) {
-            fprintf(stderr, "cddprun: got SIG%s; stopping every node\n",
-                    sigabbrev_np(cddprun_got_signal));
-            stop_at = 0;
-        }
-        if (stop_at >= 0 && cddp_now_s() >= stop_at && kill_at < 0 && running > 0) {
-            if (!said && !cddprun_got_signal)
-                fprintf(stderr, "cddprun: stopping the %d node%s still running\n", running,
-                        running == 1 ? "" : "s");
-            stop_nodes(h, n);
-            kill_at = cddp_now_s() + o->grace_period + 5;
-        }
-        said |= cddprun_got_signal != 0;
-        if (kill_at >= 0 && cddp_now_s() >= kill_at) {
-            for (int k = 0; k < n; k++)
-                if (h[k].pid > 0) {
-                    fprintf(stderr, "cddprun: node %d (host %s) did not stop: killing its %s\n", k,
-                            h[k].name, h[k].here ? "launcher" : "ssh");
-                    kill(h[k].pid, SIGKILL);
-                }
-            kill_at = cddp_now_s() + 3600;
-        }
-    }
-    /* An elastic job's result is node 0's (a node lost on the way is what it is for). */
-    if (elastic) status = WIFEXITED(h[0].status) ? WEXITSTATUS(h[0].status) : 1;
-    if (cddprun_got_signal) status = 128 + cddprun_got_signal;
+    int status = watch_nodes(o, h, n);
     cddp_free(h);
     return status;
 }

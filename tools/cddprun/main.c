@@ -428,57 +428,33 @@ static void say_threads(const options *o) {
                           : "");
 }
 
-int main(int argc, char **argv) {
-    job j = {0};
-    if (argc > 1 && (!strcmp(argv[1], "--dump") || !strcmp(argv[1], "--status")))
-        return cddprun_dump_main(argc, argv);
-    cddprun_parse_options(argc, argv, &j.o);
-    if (j.o.hosts || j.o.hostfile) {
-        int status = cddprun_hosts_main(&j.o);
-        cddp_free(j.o.pass);
-        return status;
-    }
-    static char control_token[CDDPRUN_MAX_TOKEN + 1];
-    if (j.o.stdin_control) cddprun_stdin_control(&j.o, control_token); /* before PATH is used */
-    cddprun_validate(&j.o);
-    options *o = &j.o;
-    j.argv = cddprun_worker_argv(o);
-    j.w = cddp_calloc((size_t)o->nproc_per_node, sizeof *j.w);
-    j.lost = cddp_calloc((size_t)o->nnodes, sizeof *j.lost);
-    j.in = cddp_calloc((size_t)o->nnodes, sizeof *j.in);
-    j.beat = cddp_calloc((size_t)o->nnodes, sizeof *j.beat);
-    j.beat_at = cddp_calloc((size_t)o->nnodes, sizeof *j.beat_at);
-    /* This node's address for the others: --local_addr (an address, a host name, or an
-     * interface's name), else CDDP_SOCKET_IFNAME's address, else the hostname; checked now. */
+/* This node's address for the others (j->host): --local_addr (an address, a host name, or an
+ * interface's name), else CDDP_SOCKET_IFNAME's address, else the hostname; checked now. */
+static void choose_host(job *j) {
+    const options *o = &j->o;
     const char *ifname = cddp_knob_str(CDDP_KNOB_SOCKET_IFNAME);
     cddp_error e = {0};
     bool by_interface = false;
     if (o->local_addr) {
-        if (cddp_net_local_host(o->local_addr, j.host, sizeof j.host, &by_interface, &e))
+        if (cddp_net_local_host(o->local_addr, j->host, sizeof j->host, &by_interface, &e))
             cddprun_die_usage("--local_addr %s: %s", o->local_addr, e.msg);
     } else if (*ifname) {
-        if (cddp_net_interface_addr(ifname, j.host, sizeof j.host, &e))
+        if (cddp_net_interface_addr(ifname, j->host, sizeof j->host, &e))
             cddprun_die_usage("CDDP_SOCKET_IFNAME=%s: %s", ifname, e.msg);
         by_interface = true;
-    } else if (gethostname(j.host, sizeof j.host) != 0) {
-        snprintf(j.host, sizeof j.host, "localhost");
+    } else if (gethostname(j->host, sizeof j->host) != 0) {
+        snprintf(j->host, sizeof j->host, "localhost");
     }
     if (by_interface)
-        fprintf(stderr, "cddprun: this node's address is %s (interface %s)\n", j.host,
+        fprintf(stderr, "cddprun: this node's address is %s (interface %s)\n", j->host,
                 o->local_addr ? o->local_addr : ifname);
-    if (o->standalone) {
-        o->master_addr = "127.0.0.1";
-        o->master_port = 0;
-    }
-    cddprun_job_token(o, j.token);
-    say_threads(o);
+}
 
-    /* Signals: while this node joins the rendezvous (no worker yet; a connection is retried for
-     * up to CDDP_RDZV_TIMEOUT_S) SIGINT/TERM/HUP end cddprun at once; then they stop the job. */
-    if (pipe2(cddprun_wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return 1;
-    on_stop_signals(quit_joining);
-    signal(SIGPIPE, SIG_IGN);
-
+/* Joins the job's rendezvous store (node 0 starting it first) and takes this node's rank when it
+ * has none yet; says what address the other nodes reach this one at. 0, or 1 when node 0 cannot
+ * start the store. */
+static int join_store(job *j) {
+    options *o = &j->o;
     cddp_error err = {0};
     /* torchrun's c10d line: the same command on every node, no --node_rank. The node that can
      * listen on the endpoint's address hosts the store and is node 0; the others take 1, 2, ...
@@ -503,34 +479,120 @@ int main(int argc, char **argv) {
                 "--master_addr this machine's network address or name\n",
                 o->master_addr);
     if (o->node_rank == 0) {
-        j.server = cddp_store_server_start(everywhere ? NULL : o->master_addr, o->master_port,
-                                           j.token, &err);
-        if (!j.server && auto_rank && cddp_net_in_use(&err)) {
+        j->server = cddp_store_server_start(everywhere ? NULL : o->master_addr, o->master_port,
+                                            j->token, &err);
+        if (!j->server && auto_rank && cddp_net_in_use(&err)) {
             o->node_rank = -1; /* another launcher on this machine hosts it, or another job */
-        } else if (!j.server) {
+        } else if (!j->server) {
             fprintf(stderr, "cddprun: %s\n", cddp_error_msg(&err));
             return 1;
         } else {
-            o->master_port = cddp_store_server_port(j.server);
+            o->master_port = cddp_store_server_port(j->server);
         }
     }
-    cddp_store_options so = {o->master_addr, o->master_port, j.token, 0, NULL};
-    j.store = cddp_store_connect(&so, &err);
-    if (!j.store) cddprun_fail_rdzv("cannot join the job's rendezvous", &err);
-    cddprun_run_id(&j); /* before a node rank is taken: a node of another job takes none */
-    if (auto_rank) take_node_rank(&j);
-    if (o->nnodes > 1 && !o->local_addr && !*ifname &&
+    cddp_store_options so = {o->master_addr, o->master_port, j->token, 0, NULL};
+    j->store = cddp_store_connect(&so, &err);
+    if (!j->store) cddprun_fail_rdzv("cannot join the job's rendezvous", &err);
+    cddprun_run_id(j); /* before a node rank is taken: a node of another job takes none */
+    if (auto_rank) take_node_rank(j);
+    if (o->nnodes > 1 && !o->local_addr && !*cddp_knob_str(CDDP_KNOB_SOCKET_IFNAME) &&
         (everywhere || !cddp_net_is_loopback(o->master_addr))) {
         /* what the other nodes reach, said */
         char dev[64];
         const char *how;
-        if (cddp_net_peer_addr(cddp_store_fd(j.store), true, j.host, sizeof j.host, dev, sizeof dev,
-                               &how) == CDDP_OK)
+        if (cddp_net_peer_addr(cddp_store_fd(j->store), true, j->host, sizeof j->host, dev,
+                               sizeof dev, &how) == CDDP_OK)
             fprintf(stderr,
                     "cddprun: node %d's address for the others is %s%s%s (%s; --local_addr "
                     "or CDDP_SOCKET_IFNAME choose another)\n",
-                    o->node_rank, j.host, *dev ? ", interface " : "", dev, how);
+                    o->node_rank, j->host, *dev ? ", interface " : "", dev, how);
     }
+    return 0;
+}
+
+/* Rounds until one ends well, a signal came, or the restarts are spent; the exit status. */
+static int run_rounds(job *j) {
+    const options *o = &j->o;
+    for (j->round = 0;; j->round++) {
+        round_result r = run_round(j);
+        if (r == ROUND_OK) return 0;
+        if (r == ROUND_SIGNALLED) return 128 + cddprun_got_signal;
+        if (r == ROUND_GROW) continue; /* not a failure: no restart is counted */
+        if (j->failures++ >= o->max_restarts) return 1;
+        fprintf(stderr, "cddprun: restarting the group (restart %d of %d)\n", j->failures,
+                o->max_restarts);
+    }
+}
+
+/* This node's end posted in the store. Node 0 hosts the store: it waits for the other nodes to
+ * finish with it, while their launchers beat (one whose workers still run, beats); one silent for
+ * CDDP_STORE_REPLY_S (its launcher frozen, its host gone) is not waited for, and said. Returns
+ * the status, 1 when another node failed after this one finished. */
+static int leave(job *j, int status) {
+    const options *o = &j->o;
+    cddp_error err = {0};
+    char key[64];
+    snprintf(key, sizeof key, "r%d/left/%d", j->round, o->node_rank);
+    cddp_store_set_str(j->store, key, status == 0 ? "ok" : "failed", &err);
+    if (o->node_rank == 0) /* for a node waiting for a round that will not form */
+        cddp_store_set_str(j->store, "ended", status == 0 ? "ok" : "failed", &err);
+    for (int k = 1; o->node_rank == 0 && k < o->nnodes && !cddprun_got_signal; k++) {
+        char other[64], why[CDDP_ERROR_MSG_MAX];
+        snprintf(other, sizeof other, "r%d/left/%d", j->round, k);
+        const char *ks = other;
+        double until = cddp_now_s() + (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
+        while (!j->lost[k] && j->in[k] && !cddprun_got_signal && cddp_now_s() < until &&
+               cddp_store_wait(j->store, &ks, 1, 0.2, &err) == CDDP_ETIMEDOUT) {
+            if (status == 0 && cddprun_remote_failure(j, why, sizeof why)) {
+                fprintf(stderr, "cddprun: another node failed after this one finished: %s\n", why);
+                status = 1;
+            }
+            if (cddprun_heartbeat(j, why, sizeof why)) {
+                fprintf(stderr,
+                        "cddprun: %s, after this node's workers finished: not waiting for "
+                        "it; its part of the job did not report an end\n",
+                        why);
+                status = 1;
+            }
+        }
+    }
+    return status;
+}
+
+int main(int argc, char **argv) {
+    job j = {0};
+    if (argc > 1 && (!strcmp(argv[1], "--dump") || !strcmp(argv[1], "--status")))
+        return cddprun_dump_main(argc, argv);
+    cddprun_parse_options(argc, argv, &j.o);
+    if (j.o.hosts || j.o.hostfile) {
+        int status = cddprun_hosts_main(&j.o);
+        cddp_free(j.o.pass);
+        return status;
+    }
+    static char control_token[CDDPRUN_MAX_TOKEN + 1];
+    if (j.o.stdin_control) cddprun_stdin_control(&j.o, control_token); /* before PATH is used */
+    cddprun_validate(&j.o);
+    options *o = &j.o;
+    j.argv = cddprun_worker_argv(o);
+    j.w = cddp_calloc((size_t)o->nproc_per_node, sizeof *j.w);
+    j.lost = cddp_calloc((size_t)o->nnodes, sizeof *j.lost);
+    j.in = cddp_calloc((size_t)o->nnodes, sizeof *j.in);
+    j.beat = cddp_calloc((size_t)o->nnodes, sizeof *j.beat);
+    j.beat_at = cddp_calloc((size_t)o->nnodes, sizeof *j.beat_at);
+    choose_host(&j);
+    if (o->standalone) {
+        o->master_addr = "127.0.0.1";
+        o->master_port = 0;
+    }
+    cddprun_job_token(o, j.token);
+    say_threads(o);
+
+    /* Signals: while this node joins the rendezvous (no worker yet; a connection is retried for
+     * up to CDDP_RDZV_TIMEOUT_S) SIGINT/TERM/HUP end cddprun at once; then they stop the job. */
+    if (pipe2(cddprun_wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return 1;
+    on_stop_signals(quit_joining);
+    signal(SIGPIPE, SIG_IGN);
+    if (join_store(&j) != 0) return 1;
     on_stop_signals(cddprun_on_signal);
     struct sigaction sa = {.sa_handler = cddprun_on_signal}; /* SIGCHLD wakes the monitor */
     sigemptyset(&sa.sa_mask);
@@ -538,53 +600,7 @@ int main(int argc, char **argv) {
     char port_text[16];
     snprintf(port_text, sizeof port_text, "%d", o->master_port);
     setenv(CDDP_ENV_STORE_PORT, port_text, 1); /* inherited by the workers */
-    int status = 1;
-    for (j.round = 0;; j.round++) {
-        round_result r = run_round(&j);
-        if (r == ROUND_OK) {
-            status = 0;
-            break;
-        }
-        if (r == ROUND_SIGNALLED) {
-            status = 128 + cddprun_got_signal;
-            break;
-        }
-        if (r == ROUND_GROW) continue; /* not a failure: no restart is counted */
-        if (j.failures++ >= o->max_restarts) break;
-        fprintf(stderr, "cddprun: restarting the group (restart %d of %d)\n", j.failures,
-                o->max_restarts);
-    }
-    /* Node 0 hosts the store: it waits for the other nodes to finish with it, while their
-     * launchers beat (one whose workers still run, beats); one silent for CDDP_STORE_REPLY_S (its
-     * launcher frozen, its host gone) is not waited for, and said. */
-    char key[64];
-    snprintf(key, sizeof key, "r%d/left/%d", j.round, o->node_rank);
-    cddp_store_set_str(j.store, key, status == 0 ? "ok" : "failed", &err);
-    if (o->node_rank == 0) /* for a node waiting for a round that will not form */
-        cddp_store_set_str(j.store, "ended", status == 0 ? "ok" : "failed", &err);
-    if (o->node_rank == 0 && o->nnodes > 1) {
-        for (int k = 1; k < o->nnodes && !cddprun_got_signal; k++) {
-            char other[64], why[CDDP_ERROR_MSG_MAX];
-            snprintf(other, sizeof other, "r%d/left/%d", j.round, k);
-            const char *ks = other;
-            double until = cddp_now_s() + (double)cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S);
-            while (!j.lost[k] && j.in[k] && !cddprun_got_signal && cddp_now_s() < until &&
-                   cddp_store_wait(j.store, &ks, 1, 0.2, &err) == CDDP_ETIMEDOUT) {
-                if (status == 0 && cddprun_remote_failure(&j, why, sizeof why)) {
-                    fprintf(stderr, "cddprun: another node failed after this one finished: %s\n",
-                            why);
-                    status = 1;
-                }
-                if (cddprun_heartbeat(&j, why, sizeof why)) {
-                    fprintf(stderr,
-                            "cddprun: %s, after this node's workers finished: not waiting for "
-                            "it; its part of the job did not report an end\n",
-                            why);
-                    status = 1;
-                }
-            }
-        }
-    }
+    int status = leave(&j, run_rounds(&j));
     cddp_store_close(j.store);
     cddp_store_server_stop(j.server);
     cddp_free(j.w);

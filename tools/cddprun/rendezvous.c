@@ -298,9 +298,11 @@ static void loopback_reachable(job *j) {
 /* Registers this node for the round, waits for the others, and computes ranks. In an elastic
  * job (--nnodes MIN:MAX) node 0 decides who is in the round; a node that comes after a round
  * formed waits for the next one, which the job's next restart starts. */
-void cddprun_rendezvous(job *j) {
+/* This node's registration for the round: its node rank claimed, its will (r<N>/gone/<k>: the
+ * store says at once when this launcher's connection ends), which loopback it reaches, its
+ * workers and address; in an elastic job, round after round until one admits it. */
+static void register_node(job *j, bool elastic) {
     const options *o = &j->o;
-    bool elastic = o->nnodes_min < o->nnodes;
     cddp_error err = {0};
     char key[128], val[512];
     void *v;
@@ -319,8 +321,6 @@ void cddprun_rendezvous(job *j) {
                 cddprun_fail_rdzv("rendezvous", &err);
         }
         claim_node_rank(j, elastic);
-        /* The store says at once when this launcher is gone (its connection ends): r<N>/gone/<k>.
-         */
         if (o->node_rank != 0) {
             snprintf(key, sizeof key, "r%d/gone/%d", j->round - 1, o->node_rank);
             if (j->round > 0 && cddp_store_clear_will(j->store, key, &err))
@@ -345,48 +345,49 @@ void cddprun_rendezvous(job *j) {
                 o->node_rank, j->round);
         j->round++;
     }
-    if (o->node_rank == 0) {
-        /* MASTER_PORT for the workers: a free port on the master address, for rank 0's store. */
-        int fd, port;
-        if (cddp_net_listen(o->master_addr, 0, &fd, &port, &err))
-            cddprun_fail_rdzv("rendezvous", &err);
-        close(fd);
-        snprintf(val, sizeof val, "%d", port);
-        snprintf(key, sizeof key, "r%d/worker_port", j->round);
-        if (cddp_store_set_str(j->store, key, val, &err)) cddprun_fail_rdzv("rendezvous", &err);
+}
+
+/* Node 0: MASTER_PORT for the workers, a free port on the master address for rank 0's store. */
+static void post_worker_port(job *j) {
+    const options *o = &j->o;
+    cddp_error err = {0};
+    char key[64], val[32];
+    int fd, port;
+    if (cddp_net_listen(o->master_addr, 0, &fd, &port, &err)) cddprun_fail_rdzv("rendezvous", &err);
+    close(fd);
+    snprintf(val, sizeof val, "%d", port);
+    snprintf(key, sizeof key, "r%d/worker_port", j->round);
+    if (cddp_store_set_str(j->store, key, val, &err)) cddprun_fail_rdzv("rendezvous", &err);
+}
+
+/* The nodes of keys (nkeys) that did not arrive in time, named, with what to do; exits. */
+static void nodes_missing(job *j, const char **keys, int nkeys) {
+    const options *o = &j->o;
+    char missing[512] = "";
+    size_t len = 0;
+    for (int i = 0; i < nkeys && len < sizeof missing - 16; i++) {
+        cddp_error e2 = {0};
+        if (cddp_store_wait(j->store, &keys[i], 1, 0, &e2) == CDDP_ETIMEDOUT)
+            len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%s", len ? ", " : "",
+                                    strrchr(keys[i], '/') + 1);
     }
-    if (!elastic)
-        for (int k = 0; k < o->nnodes; k++) j->in[k] = true;
-    const char **keys = cddp_calloc((size_t)o->nnodes + 1, sizeof *keys);
-    char(*names)[64] = cddp_calloc((size_t)o->nnodes + 1, 64);
-    int nkeys = 0;
-    for (int k = 0; k < o->nnodes; k++) {
-        if (!j->in[k]) continue;
-        snprintf(names[nkeys], 64, "r%d/node/%d", j->round, k);
-        keys[nkeys] = names[nkeys];
-        nkeys++;
-    }
-    snprintf(names[nkeys], 64, "r%d/worker_port", j->round);
-    keys[nkeys] = names[nkeys];
-    if (wait_for_nodes(j, keys, nkeys + 1, &err)) {
-        char missing[512] = "";
-        size_t len = 0;
-        for (int i = 0; i < nkeys && len < sizeof missing - 16; i++) {
-            cddp_error e2 = {0};
-            if (cddp_store_wait(j->store, &keys[i], 1, 0, &e2) == CDDP_ETIMEDOUT)
-                len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%s",
-                                        len ? ", " : "", strrchr(keys[i], '/') + 1);
-        }
-        fprintf(stderr,
-                "cddprun: rendezvous failed: node(s) %s of %d did not arrive within %ld s "
-                "(CDDP_RDZV_TIMEOUT_S) at %s\n"
-                "cddprun: start cddprun on every node with --nnodes %d, its own --node_rank, and "
-                "the same --master_addr, --master_port and --token\n",
-                missing[0] ? missing : "?", o->nnodes, cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S),
-                CDDP_NET_ENDPOINT(o->master_addr, o->master_port), o->nnodes);
-        exit(1);
-    }
-    loopback_reachable(j);
+    fprintf(stderr,
+            "cddprun: rendezvous failed: node(s) %s of %d did not arrive within %ld s "
+            "(CDDP_RDZV_TIMEOUT_S) at %s\n"
+            "cddprun: start cddprun on every node with --nnodes %d, its own --node_rank, and "
+            "the same --master_addr, --master_port and --token\n",
+            missing[0] ? missing : "?", o->nnodes, cddp_knob_int(CDDP_KNOB_RDZV_TIMEOUT_S),
+            CDDP_NET_ENDPOINT(o->master_addr, o->master_port), o->nnodes);
+    exit(1);
+}
+
+/* The world from the round's nodes (keys, one a node in the round): its size, this node's first
+ * rank and place among them; a registration that is not a worker count ends the rendezvous. */
+static void read_world(job *j, const char **keys) {
+    const options *o = &j->o;
+    cddp_error err = {0};
+    void *v;
+    size_t n;
     j->world = j->base = j->nodes = j->group_rank = 0;
     for (int i = 0, k = 0; k < o->nnodes; k++) {
         if (!j->in[k]) continue;
@@ -409,8 +410,14 @@ void cddprun_rendezvous(job *j) {
         j->nodes++;
         j->lost[k] = false;
     }
-    if (cddp_store_get(j->store, keys[nkeys], -1, &v, &n, &err))
-        cddprun_fail_rdzv("rendezvous", &err);
+}
+
+/* The workers' port node 0 posted (key), checked. */
+static void read_worker_port(job *j, const char *key) {
+    cddp_error err = {0};
+    void *v;
+    size_t n;
+    if (cddp_store_get(j->store, key, -1, &v, &n, &err)) cddprun_fail_rdzv("rendezvous", &err);
     char *pend;
     long wp = strtol(v, &pend, 10);
     if (pend == (char *)v || *pend || wp < 1 || wp > 65535) {
@@ -420,6 +427,31 @@ void cddprun_rendezvous(job *j) {
     }
     snprintf(j->worker_port, sizeof j->worker_port, "%ld", wp);
     cddp_free(v);
+}
+
+void cddprun_rendezvous(job *j) {
+    const options *o = &j->o;
+    bool elastic = o->nnodes_min < o->nnodes;
+    cddp_error err = {0};
+    register_node(j, elastic);
+    if (o->node_rank == 0) post_worker_port(j);
+    if (!elastic)
+        for (int k = 0; k < o->nnodes; k++) j->in[k] = true;
+    const char **keys = cddp_calloc((size_t)o->nnodes + 1, sizeof *keys);
+    char(*names)[64] = cddp_calloc((size_t)o->nnodes + 1, 64);
+    int nkeys = 0;
+    for (int k = 0; k < o->nnodes; k++) {
+        if (!j->in[k]) continue;
+        snprintf(names[nkeys], 64, "r%d/node/%d", j->round, k);
+        keys[nkeys] = names[nkeys];
+        nkeys++;
+    }
+    snprintf(names[nkeys], 64, "r%d/worker_port", j->round);
+    keys[nkeys] = names[nkeys];
+    if (wait_for_nodes(j, keys, nkeys + 1, &err)) nodes_missing(j, keys, nkeys);
+    loopback_reachable(j);
+    read_world(j, keys);
+    read_worker_port(j, keys[nkeys]);
     cddp_free(keys);
     cddp_free(names);
 }

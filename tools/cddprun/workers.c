@@ -210,6 +210,64 @@ static int bind_core(int local_rank, int n) {
     return 0;
 }
 
+/* In the forked worker: its own process group (so stopping it stops its children too), death
+ * with the launcher, default signal handling, its streams (the pipes, its logs, or none), the
+ * environment torchrun sets and cddp's, its math threads, then the program. */
+__attribute__((noreturn)) static void exec_worker(job *j, worker *w, bool pipes, const int po[2],
+                                                  const int pe[2], pid_t launcher) {
+    const options *o = &j->o;
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != launcher) _exit(1);
+    cddprun_default_signals();
+    if (o->stdin_control) { /* the head's control stream is the launcher's alone */
+        int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        dup2(null, 0);
+    }
+    if (pipes) {
+        dup2(po[1], 1);
+        dup2(pe[1], 2);
+    } else if (o->logdir) {
+        dup2(w->out.log, 1);
+        dup2(w->err.log, 2);
+    } else if (!w->out.console) { /* --local_ranks_filter leaves it out, no logs */
+        int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+        dup2(null, 1);
+        dup2(null, 2);
+    }
+    /* math threads: the CPUs bound to it, else one when it shares the CPUs (unless set) */
+    int threads = o->nproc_per_node > 1 ? 1 : 0, bound = 0;
+    if (o->bind_core) bound = bind_core(w->local_rank, o->nproc_per_node);
+    if (bound) threads = bound;
+    set_env_int("RANK", w->rank);
+    set_env_int("LOCAL_RANK", w->local_rank);
+    set_env_int("WORLD_SIZE", j->world);
+    set_env_int("LOCAL_WORLD_SIZE", o->nproc_per_node);
+    set_env_int("GROUP_RANK", j->group_rank);
+    set_env_int("GROUP_WORLD_SIZE", j->nodes);
+    set_env_int("ROLE_RANK", w->rank);
+    set_env_int("ROLE_WORLD_SIZE", j->world);
+    setenv("MASTER_ADDR", o->master_addr, 1);
+    setenv("MASTER_PORT", j->worker_port, 1);
+    setenv(CDDP_ENV_RUN_ID, j->run_id, 1);
+    setenv("TORCHELASTIC_RUN_ID", j->run_id, 1);
+    set_env_int(CDDP_ENV_RESTART_COUNT, j->round);
+    set_env_int("TORCHELASTIC_RESTART_COUNT", j->round);
+    set_env_int("TORCHELASTIC_MAX_RESTARTS", o->max_restarts);
+    setenv(CDDP_ENV_STORE_ADDR, o->master_addr, 1);
+    setenv(CDDP_ENV_STORE_TOKEN, j->token, 1);
+    setenv(CDDP_ENV_LOCAL_ADDR, j->host, 1);
+    if (threads) {
+        char v[16];
+        snprintf(v, sizeof v, "%d", threads);
+        setenv("OMP_NUM_THREADS", v, 0);
+        setenv("OPENBLAS_NUM_THREADS", v, 0);
+    }
+    execvp(j->argv[0], j->argv);
+    fprintf(stderr, "cddprun: cannot run %s: %s\n", j->argv[0], strerror(errno));
+    _exit(127);
+}
+
 void cddprun_start_workers(job *j) {
     const options *o = &j->o;
     start_guardian();
@@ -258,60 +316,7 @@ void cddprun_start_workers(job *j) {
             fprintf(stderr, "cddprun: cannot start a worker: %s\n", strerror(errno));
             exit(1);
         }
-        if (pid == 0) {
-            /* The worker: its own process group (so stopping it stops its children too), dies
-             * with the launcher, default signal handling, then the environment and exec. */
-            setpgid(0, 0);
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            if (getppid() != launcher) _exit(1);
-            cddprun_default_signals();
-            if (o->stdin_control) { /* the head's control stream is the launcher's alone */
-                int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
-                dup2(null, 0);
-            }
-            if (pipes) {
-                dup2(po[1], 1);
-                dup2(pe[1], 2);
-            } else if (o->logdir) {
-                dup2(w->out.log, 1);
-                dup2(w->err.log, 2);
-            } else if (!w->out.console) { /* --local_ranks_filter leaves it out, no logs */
-                int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
-                dup2(null, 1);
-                dup2(null, 2);
-            }
-            /* math threads: the CPUs bound to it, else one when it shares the CPUs (unless set) */
-            int threads = o->nproc_per_node > 1 ? 1 : 0, bound = 0;
-            if (o->bind_core) bound = bind_core(i, o->nproc_per_node);
-            if (bound) threads = bound;
-            set_env_int("RANK", w->rank);
-            set_env_int("LOCAL_RANK", i);
-            set_env_int("WORLD_SIZE", j->world);
-            set_env_int("LOCAL_WORLD_SIZE", o->nproc_per_node);
-            set_env_int("GROUP_RANK", j->group_rank);
-            set_env_int("GROUP_WORLD_SIZE", j->nodes);
-            set_env_int("ROLE_RANK", w->rank);
-            set_env_int("ROLE_WORLD_SIZE", j->world);
-            setenv("MASTER_ADDR", o->master_addr, 1);
-            setenv("MASTER_PORT", j->worker_port, 1);
-            setenv(CDDP_ENV_RUN_ID, j->run_id, 1);
-            setenv("TORCHELASTIC_RUN_ID", j->run_id, 1);
-            set_env_int(CDDP_ENV_RESTART_COUNT, j->round);
-            set_env_int("TORCHELASTIC_RESTART_COUNT", j->round);
-            set_env_int("TORCHELASTIC_MAX_RESTARTS", o->max_restarts);
-            setenv(CDDP_ENV_STORE_ADDR, o->master_addr, 1);
-            setenv(CDDP_ENV_STORE_TOKEN, j->token, 1);
-            setenv(CDDP_ENV_LOCAL_ADDR, j->host, 1);
-            if (threads) {
-                char v[16];
-                snprintf(v, sizeof v, "%d", threads);
-                setenv("OMP_NUM_THREADS", v, 0);
-                setenv("OPENBLAS_NUM_THREADS", v, 0);
-            }
-            execvp(j->argv[0], j->argv);
-            fprintf(stderr, "cddprun: cannot run %s: %s\n", j->argv[0], strerror(errno));
-            _exit(127);
-        }
+        if (pid == 0) exec_worker(j, w, pipes, po, pe, launcher);
         w->pid = pid;
         w->start_mono = cddp_now_s();
         setpgid(pid, pid); /* also here, so a signal sent right away finds the group */
