@@ -123,6 +123,8 @@ static void usage(FILE *out) {
         "once.\n");
 }
 
+static int check_args(const options *o);
+
 static int parse_args(int argc, char **argv, options *o) {
     *o = (options){.epochs = 3,
                    .batch = 64,
@@ -137,162 +139,48 @@ static int parse_args(int argc, char **argv, options *o) {
                    .device = "cpu",
                    .dtype = "fp32",
                    .limit = -1};
-    static const struct option longopts[] = {{"epochs", required_argument, 0, 'e'},
-                                             {"batch-size", required_argument, 0, 'b'},
-                                             {"lr", required_argument, 0, 'l'},
-                                             {"momentum", required_argument, 0, 'M'},
-                                             {"optimizer", required_argument, 0, 'o'},
-                                             {"model", required_argument, 0, 'm'},
-                                             {"data", required_argument, 0, 'd'},
-                                             {"seed", required_argument, 0, 's'},
-                                             {"limit", required_argument, 0, 'n'},
-                                             {"log-every", required_argument, 0, 'L'},
-                                             {"target-acc", required_argument, 0, 't'},
-                                             {"save", required_argument, 0, 'S'},
-                                             {"out", required_argument, 0, 'O'},
-                                             {"resume", required_argument, 0, 'R'},
-                                             {"hook", required_argument, 0, 'H'},
-                                             {"powersgd-rank", required_argument, 0, 'W'},
-                                             {"powersgd_rank", required_argument, 0, 'W'},
-                                             {"powersgd-start", required_argument, 0, 'V'},
-                                             {"powersgd_start", required_argument, 0, 'V'},
-                                             {"lr-schedule", required_argument, 0, 'C'},
-                                             {"bucket-cap-mb", required_argument, 0, 'B'},
-                                             {"json", no_argument, 0, 'j'},
-                                             {"zero", optional_argument, 0, 'z'},
-                                             {"sync-bn", no_argument, 0, 'Y'},
-                                             {"sync_bn", no_argument, 0, 'Y'},
-                                             {"nccl", no_argument, 0, 'N'},
-                                             {"ipc", no_argument, 0, 'Q'},
-                                             {"transport", required_argument, 0, 'X'},
-                                             {"save-every", required_argument, 0, 'E'},
-                                             {"save_every", required_argument, 0, 'E'},
-                                             {"keep", required_argument, 0, 'K'},
-                                             {"init-from", required_argument, 0, 'I'},
-                                             {"init_from", required_argument, 0, 'I'},
-                                             {"sample-log", required_argument, 0, 'G'},
-                                             {"device", required_argument, 0, 'D'},
-                                             {"dtype", required_argument, 0, 'P'},
-                                             {"tensorboard", required_argument, 0, 'T'},
-                                             {"help", no_argument, 0, 'h'},
-                                             {0, 0, 0, 0}};
-    int c;
-    int64_t i = 0;
-    double x = 0;
-    bool ok = true;
-    const char *P = "fashion_mnist";
-    while (ok && (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'e':
-            if ((ok = run_int(P, "--epochs", optarg, 1, 1000000, &i))) o->epochs = (int)i;
-            break;
-        case 'b':
-            if ((ok = run_int(P, "--batch-size", optarg, 1, 1 << 20, &i))) o->batch = (int)i;
-            break;
-        case 'l':
-            if ((ok = run_double(P, "--lr", optarg, 0, 10, true, &x))) o->lr = (float)x;
-            break;
-        case 'M':
-            if ((ok = run_double(P, "--momentum", optarg, 0, 1, false, &x))) o->momentum = (float)x;
-            break;
-        case 'o':
-            o->optimizer = optarg;
-            break;
-        case 'm':
-            o->model = optarg;
-            break;
-        case 'd':
-            o->data = optarg;
-            break;
-        case 's':
-            if ((ok = run_int(P, "--seed", optarg, 0, INT64_MAX, &i))) o->seed = (uint64_t)i;
-            break;
-        case 'n':
-            if ((ok = run_int(P, "--limit", optarg, 1, INT64_MAX, &i))) o->limit = i;
-            break;
-        case 'L':
-            if ((ok = run_int(P, "--log-every", optarg, 0, INT32_MAX, &i))) o->log_every = (int)i;
-            break;
-        case 't':
-            if ((ok = run_double(P, "--target-acc", optarg, 0, 1, false, &x)))
-                o->target_acc = (float)x;
-            break;
-        case 'S':
-            o->save = optarg;
-            break;
-        case 'O':
-            o->out = optarg;
-            break;
-        case 'R':
-            o->resume = optarg;
-            break;
-        case 'C':
-            o->schedule = optarg;
-            break;
-        case 'H':
-            o->hook = optarg;
-            break;
-        case 'W':
-            ok = run_int(P, "--powersgd-rank", optarg, 1, 1 << 16, &o->powersgd_rank);
-            break;
-        case 'V':
-            ok = run_int(P, "--powersgd-start", optarg, 1, INT64_MAX, &o->powersgd_start);
-            break;
-        case 'B':
-            ok = run_double(P, "--bucket-cap-mb", optarg, 0, 4096, true, &o->bucket_cap_mb);
-            break;
-        case 'j':
-            o->json = true;
-            break;
-        case 'z':
-            if (!run_zero("fashion_mnist", optarg, argc, argv, &o->zero)) return -1;
-            break;
-        case 'Y':
-            o->sync_bn = true;
-            break;
-        case 'N':
-            o->transport = "nccl";
-            break;
-        case 'Q':
-            o->transport = "ipc";
-            break;
-        case 'X':
-            ok = run_transport(P, optarg, &o->transport);
-            break;
-        case 'I':
-            o->init_from = optarg;
-            break;
-        case 'G':
-            o->sample_log = optarg;
-            break;
-        case 'D':
-            o->device = optarg;
-            break;
-        case 'P':
-            o->dtype = optarg;
-            break;
-        case 'T':
-            o->tensorboard = optarg;
-            break;
-        case 'E':
-            if ((ok = run_int(P, "--save-every", optarg, 0, INT32_MAX, &i))) o->save_every = (int)i;
-            break;
-        case 'K':
-            if ((ok = run_int(P, "--keep", optarg, 0, 1000000, &i))) o->keep = (int)i;
-            break;
-        case 'h':
-            usage(stdout);
-            exit(0);
-        default:
-            usage(stderr);
-            return -1;
-        }
-    }
-    if (!ok) return -1;
-    if (optind < argc) {
-        fprintf(stderr, "fashion_mnist: unexpected argument '%s'\n", argv[optind]);
+    int64_t seed = 0;
+    const run_opt opts[] = {
+        RUN_NUM("epochs", NULL, 'n', &o->epochs, 1, 1000000, false),
+        RUN_NUM("batch-size", "batch_size", 'n', &o->batch, 1, 1 << 20, false),
+        RUN_NUM("lr", NULL, 'g', &o->lr, 0, 10, true),
+        RUN_NUM("momentum", NULL, 'g', &o->momentum, 0, 1, false),
+        RUN_STR("optimizer", NULL, &o->optimizer),
+        RUN_STR("model", NULL, &o->model),
+        RUN_STR("data", NULL, &o->data),
+        RUN_NUM("seed", NULL, 'i', &seed, 0, (double)INT64_MAX, false),
+        RUN_NUM("limit", NULL, 'i', &o->limit, 1, (double)INT64_MAX, false),
+        RUN_NUM("log-every", "log_every", 'n', &o->log_every, 0, INT32_MAX, false),
+        RUN_NUM("target-acc", "target_acc", 'g', &o->target_acc, 0, 1, false),
+        RUN_STR("save", NULL, &o->save),
+        RUN_STR("out", NULL, &o->out),
+        RUN_STR("resume", NULL, &o->resume),
+        RUN_STR("hook", NULL, &o->hook),
+        RUN_NUM("powersgd-rank", "powersgd_rank", 'i', &o->powersgd_rank, 1, 1 << 16, false),
+        RUN_NUM("powersgd-start", "powersgd_start", 'i', &o->powersgd_start, 1, (double)INT64_MAX,
+                false),
+        RUN_STR("lr-schedule", "lr_schedule", &o->schedule),
+        RUN_NUM("bucket-cap-mb", "bucket_cap_mb", 'f', &o->bucket_cap_mb, 0, 4096, true),
+        RUN_SWITCH("json", NULL, &o->json),
+        RUN_SWITCH("sync-bn", "sync_bn", &o->sync_bn),
+        RUN_NUM("save-every", "save_every", 'n', &o->save_every, 0, INT32_MAX, false),
+        RUN_NUM("keep", NULL, 'n', &o->keep, 0, 1000000, false),
+        RUN_STR("init-from", "init_from", &o->init_from),
+        RUN_STR("sample-log", "sample_log", &o->sample_log),
+        RUN_STR("device", NULL, &o->device),
+        RUN_STR("dtype", NULL, &o->dtype),
+        RUN_STR("tensorboard", NULL, &o->tensorboard),
+        RUN_ZERO_AND_TRANSPORT(&o->zero, &o->transport),
+    };
+    if (run_parse("fashion_mnist", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), NULL,
+                  NULL, usage) != 0)
         return -1;
-    }
+    o->seed = (uint64_t)seed;
+    return check_args(o);
+}
+
+/* The options against each other. */
+static int check_args(const options *o) {
     if (o->resume && o->init_from) {
         fprintf(stderr, "fashion_mnist: --resume continues a run (weights, optimizer, epoch, "
                         "data); --init-from starts a new one from weights: choose one\n");

@@ -61,6 +61,9 @@ typedef struct options {
     const char *transport; /* NULL: auto */
 } options;
 
+/* The help's second half: data, output, training and throughput. */
+static void usage_training(FILE *out);
+
 static void usage(FILE *out) {
     fprintf(
         out,
@@ -109,7 +112,13 @@ static void usage(FILE *out) {
         "                      without :N is the local rank's device of it (default cpu)\n"
         "  --dtype NAME        fp32, or bf16: mixed precision, the matrix products in bf16\n"
         "                      with float32 sums (AVX512-BF16 or AMX, a GPU's tensor cores),\n"
-        "                      the rest in float32 (default fp32)\n"
+        "                      the rest in float32 (default fp32)\n");
+    usage_training(out);
+}
+
+static void usage_training(FILE *out) {
+    fprintf(
+        out,
         "data and output:\n"
         "  --data PATH         a text file, a folder of text files, a token file *train.bin\n"
         "                      (with its *val.bin), or a pattern of token files: llm.c's\n"
@@ -175,13 +184,22 @@ enum {
     MOST_VOCAB = 1 << 22 /* uint32 token files: Llama 3's 128256 and past */
 };
 
-typedef struct flag {
-    const char *name;
-    char kind; /* 'i' int64, 'f' double, 's' string */
-    void *at;
-    double lo, hi; /* the range of a number; lo excluded when lo_open */
-    bool lo_open;
-} flag;
+/* What parse_args's own options need besides the options. */
+typedef struct parsing {
+    options *o;
+    bool resume; /* --resume given (its path may come later, from --out) */
+} parsing;
+
+/* --resume [PATH] (also --resume PATH): the table's one option of gpt_train's own. */
+static bool own_option(void *user, int code, const char *arg, int argc, char **argv) {
+    (void)code;
+    parsing *p = user;
+    if (!arg && optind < argc && argv[optind][0] != '-') arg = argv[optind++];
+    p->o->resume = arg;
+    return true;
+}
+
+static int check_args(options *o, bool resume);
 
 static int parse_args(int argc, char **argv, options *o) {
     *o = (options){.n_layer = 4,
@@ -214,119 +232,74 @@ static int parse_args(int argc, char **argv, options *o) {
                    .optimizer = "adamw",
                    .seed = 1337};
     int64_t seed = (int64_t)o->seed;
-    const flag flags[] = {
-        {"n_layer", 'i', &o->n_layer, 1, MOST_LAYERS, false},
-        {"n_head", 'i', &o->n_head, 1, MOST_HEADS, false},
-        {"n_embd", 'i', &o->n_embd, 1, MOST_EMBD, false},
-        {"block_size", 'i', &o->block_size, 1, MOST_BLOCK, false},
-        {"vocab_size", 'i', &o->vocab_size, 1, MOST_VOCAB, false},
-        {"batch_size", 'i', &o->batch_size, 1, 1 << 20, false},
-        {"grad_accum", 'i', &o->grad_accum, 1, 1 << 20, false},
-        {"max_iters", 'i', &o->max_iters, 0, (double)INT64_MAX, false},
-        {"warmup_iters", 'i', &o->warmup_iters, 0, (double)INT64_MAX, false},
-        {"lr_decay_iters", 'i', &o->lr_decay_iters, 0, (double)INT64_MAX, false},
-        {"eval_interval", 'i', &o->eval_interval, 1, (double)INT64_MAX, false},
-        {"eval_iters", 'i', &o->eval_iters, 1, (double)INT64_MAX, false},
-        {"final_eval", 'i', &o->final_eval, 0, (double)INT64_MAX, false},
-        {"log_interval", 'i', &o->log_interval, 0, (double)INT64_MAX, false},
-        {"sample", 'i', &o->sample, 0, 1 << 30, false},
-        {"stride", 'i', &o->stride, 1, (double)INT64_MAX, false},
-        {"top_k", 'i', &o->top_k, 0, 65536, false},
-        {"save_every", 'i', &o->save_every, 0, (double)INT64_MAX, false},
-        {"keep", 'i', &o->keep, 0, 1000000, false},
-        {"bench", 'i', &o->bench, 0, 1e9, false},
-        {"peak_tflops", 'f', &o->peak_tflops, 0, 1e6, false},
-        {"seed", 'i', &seed, 0, (double)INT64_MAX, false},
-        {"lr", 'f', &o->lr, 0, 10, true},
-        {"min_lr", 'f', &o->min_lr, 0, 10, false},
-        {"weight_decay", 'f', &o->weight_decay, 0, 100, false},
-        {"grad_clip", 'f', &o->grad_clip, 0, 1e6, false},
-        {"beta1", 'f', &o->beta1, 0, 1, false},
-        {"beta2", 'f', &o->beta2, 0, 1, false},
-        {"temperature", 'f', &o->temperature, 0, 100, false},
-        {"data", 's', &o->data, 0, 0, false},
-        {"out", 's', &o->out, 0, 0, false},
-        {"init_from", 's', &o->init_from, 0, 0, false},
-        {"prompt", 's', &o->prompt, 0, 0, false},
-        {"prompt_ids", 's', &o->prompt_ids, 0, 0, false},
-        {"arch", 's', &o->arch, 0, 0, false},
-        {"optimizer", 's', &o->optimizer, 0, 0, false},
-        {"n_kv_head", 'i', &o->n_kv_head, 1, MOST_HEADS, false},
-        {"intermediate_size", 'i', &o->intermediate_size, 1, MOST_EMBD * 8, false},
-        {"rope_theta", 'f', &o->rope_theta, 0, 1e12, true},
-        {"tokenizer", 's', &o->tokenizer, 0, 0, false},
-        {"tensorboard", 's', &o->tensorboard, 0, 0, false},
-        {"device", 's', &o->device, 0, 0, false},
-        {"dtype", 's', &o->dtype, 0, 0, false},
-        {"hook", 's', &o->hook, 0, 0, false},
-        {"powersgd_rank", 'i', &o->powersgd_rank, 1, 65536, false},
-        {"powersgd_start", 'i', &o->powersgd_start, 1, (double)INT64_MAX, false},
+    parsing pp = {o, false}, *p = &pp;
+    const run_opt opts[] = {
+        RUN_NUM("n_layer", NULL, 'i', &o->n_layer, 1, MOST_LAYERS, false),
+        {.name = "n_head",
+         .kind = 'i',
+         .at = &o->n_head,
+         .lo = 1,
+         .hi = MOST_HEADS,
+         .given = &o->n_head_given},
+        RUN_NUM("n_embd", NULL, 'i', &o->n_embd, 1, MOST_EMBD, false),
+        RUN_NUM("block_size", NULL, 'i', &o->block_size, 1, MOST_BLOCK, false),
+        RUN_NUM("vocab_size", NULL, 'i', &o->vocab_size, 1, MOST_VOCAB, false),
+        RUN_NUM("batch_size", NULL, 'i', &o->batch_size, 1, 1 << 20, false),
+        RUN_NUM("grad_accum", NULL, 'i', &o->grad_accum, 1, 1 << 20, false),
+        RUN_NUM("max_iters", NULL, 'i', &o->max_iters, 0, (double)INT64_MAX, false),
+        RUN_NUM("warmup_iters", NULL, 'i', &o->warmup_iters, 0, (double)INT64_MAX, false),
+        RUN_NUM("lr_decay_iters", NULL, 'i', &o->lr_decay_iters, 0, (double)INT64_MAX, false),
+        RUN_NUM("eval_interval", NULL, 'i', &o->eval_interval, 1, (double)INT64_MAX, false),
+        RUN_NUM("eval_iters", NULL, 'i', &o->eval_iters, 1, (double)INT64_MAX, false),
+        RUN_NUM("final_eval", NULL, 'i', &o->final_eval, 0, (double)INT64_MAX, false),
+        RUN_NUM("log_interval", NULL, 'i', &o->log_interval, 0, (double)INT64_MAX, false),
+        RUN_NUM("sample", NULL, 'i', &o->sample, 0, 1 << 30, false),
+        RUN_NUM("stride", NULL, 'i', &o->stride, 1, (double)INT64_MAX, false),
+        RUN_NUM("top_k", NULL, 'i', &o->top_k, 0, 65536, false),
+        RUN_NUM("save_every", NULL, 'i', &o->save_every, 0, (double)INT64_MAX, false),
+        RUN_NUM("keep", NULL, 'i', &o->keep, 0, 1000000, false),
+        RUN_NUM("bench", NULL, 'i', &o->bench, 0, 1e9, false),
+        RUN_NUM("peak_tflops", NULL, 'f', &o->peak_tflops, 0, 1e6, false),
+        RUN_NUM("seed", NULL, 'i', &seed, 0, (double)INT64_MAX, false),
+        RUN_NUM("lr", NULL, 'f', &o->lr, 0, 10, true),
+        RUN_NUM("min_lr", NULL, 'f', &o->min_lr, 0, 10, false),
+        RUN_NUM("weight_decay", NULL, 'f', &o->weight_decay, 0, 100, false),
+        RUN_NUM("grad_clip", NULL, 'f', &o->grad_clip, 0, 1e6, false),
+        RUN_NUM("beta1", NULL, 'f', &o->beta1, 0, 1, false),
+        RUN_NUM("beta2", NULL, 'f', &o->beta2, 0, 1, false),
+        RUN_NUM("temperature", NULL, 'f', &o->temperature, 0, 100, false),
+        RUN_STR("data", NULL, &o->data),
+        RUN_STR("out", NULL, &o->out),
+        RUN_STR("init_from", NULL, &o->init_from),
+        RUN_STR("prompt", NULL, &o->prompt),
+        RUN_STR("prompt_ids", NULL, &o->prompt_ids),
+        RUN_STR("arch", NULL, &o->arch),
+        RUN_STR("optimizer", NULL, &o->optimizer),
+        RUN_NUM("n_kv_head", NULL, 'i', &o->n_kv_head, 1, MOST_HEADS, false),
+        RUN_NUM("intermediate_size", NULL, 'i', &o->intermediate_size, 1, MOST_EMBD * 8, false),
+        RUN_NUM("rope_theta", NULL, 'f', &o->rope_theta, 0, 1e12, true),
+        RUN_STR("tokenizer", NULL, &o->tokenizer),
+        RUN_STR("tensorboard", NULL, &o->tensorboard),
+        RUN_STR("device", NULL, &o->device),
+        RUN_STR("dtype", NULL, &o->dtype),
+        RUN_STR("hook", NULL, &o->hook),
+        RUN_NUM("powersgd_rank", NULL, 'i', &o->powersgd_rank, 1, 65536, false),
+        RUN_NUM("powersgd_start", NULL, 'i', &o->powersgd_start, 1, (double)INT64_MAX, false),
+        RUN_SWITCH("json", NULL, &o->json),
+        RUN_SWITCH("stop", NULL, &o->stop),
+        RUN_SWITCH("activation_checkpointing", NULL, &o->recompute),
+        {.name = "resume", .code = 'R', .has_arg = optional_argument, .given = &p->resume},
+        RUN_ZERO_AND_TRANSPORT(&o->zero, &o->transport),
     };
-    enum { NF = sizeof flags / sizeof flags[0] };
-    struct option longopts[NF + 10];
-    for (int i = 0; i < NF; i++)
-        longopts[i] = (struct option){flags[i].name, required_argument, 0, i};
-    longopts[NF] = (struct option){"resume", optional_argument, 0, 'R'};
-    longopts[NF + 1] = (struct option){"json", no_argument, 0, 'j'};
-    longopts[NF + 2] = (struct option){"help", no_argument, 0, 'h'};
-    longopts[NF + 3] = (struct option){"zero", optional_argument, 0, 'z'};
-    longopts[NF + 4] = (struct option){"nccl", no_argument, 0, 'N'};
-    longopts[NF + 5] = (struct option){"ipc", no_argument, 0, 'P'};
-    longopts[NF + 6] = (struct option){"transport", required_argument, 0, 'X'};
-    longopts[NF + 7] = (struct option){"stop", no_argument, 0, 'S'};
-    longopts[NF + 8] = (struct option){"activation_checkpointing", no_argument, 0, 'A'};
-    longopts[NF + 9] = (struct option){0, 0, 0, 0};
-    int c;
-    bool resume = false;
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        if (c >= 0 && c < NF) {
-            const flag *f = &flags[c];
-            if (f->kind == 's') {
-                *(const char **)f->at = optarg;
-                continue;
-            }
-            char what[64];
-            snprintf(what, sizeof what, "--%s", f->name);
-            bool ok = f->kind == 'i'
-                          ? run_int("gpt_train", what, optarg, (int64_t)f->lo,
-                                    f->hi >= (double)INT64_MAX ? INT64_MAX : (int64_t)f->hi,
-                                    (int64_t *)f->at)
-                          : run_double("gpt_train", what, optarg, f->lo, f->hi, f->lo_open,
-                                       (double *)f->at);
-            if (!ok) return -1;
-            if (f->at == &o->n_head) o->n_head_given = true;
-        } else if (c == 'R') {
-            resume = true;
-            /* --resume PATH as well as --resume=PATH */
-            if (!optarg && optind < argc && argv[optind][0] != '-') optarg = argv[optind++];
-            o->resume = optarg;
-        } else if (c == 'j') {
-            o->json = true;
-        } else if (c == 'z') {
-            if (!run_zero("gpt_train", optarg, argc, argv, &o->zero)) return -1;
-        } else if (c == 'S') {
-            o->stop = true;
-        } else if (c == 'A') {
-            o->recompute = true;
-        } else if (c == 'N') {
-            o->transport = "nccl";
-        } else if (c == 'P') {
-            o->transport = "ipc";
-        } else if (c == 'X') {
-            if (!run_transport("gpt_train", optarg, &o->transport)) return -1;
-        } else if (c == 'h') {
-            usage(stdout);
-            exit(0);
-        } else {
-            fprintf(stderr, "gpt_train: see --help for the options\n");
-            return -1;
-        }
-    }
-    o->seed = (uint64_t)seed;
-    if (optind < argc) {
-        fprintf(stderr, "gpt_train: unexpected argument '%s'\n", argv[optind]);
+    if (run_parse("gpt_train", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), own_option, p,
+                  usage) != 0)
         return -1;
-    }
+    o->seed = (uint64_t)seed;
+    return check_args(o, p->resume);
+}
+
+/* The options against each other, and what they imply; resume: --resume was given. */
+static int check_args(options *o, bool resume) {
     if (o->bench > 0) { /* a throughput run: nothing but the timed iterations */
         o->max_iters = BENCH_WARMUP + o->bench;
         o->out = "none";

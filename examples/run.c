@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,6 +154,86 @@ long long run_peak_rss_bytes(void) {
 long long run_optim_state_bytes(const cddp_optim *opt) {
     return (long long)cddp_optim_num_states(opt) * (long long)cddp_optim_state_numel(opt) *
            (long long)sizeof(float);
+}
+
+/* One table option's value, checked and stored; false when it is not one. */
+static bool store_value(const char *prog, const run_opt *r, const char *arg) {
+    char what[80];
+    snprintf(what, sizeof what, "--%s", r->name);
+    int64_t i;
+    double x;
+    int64_t hi = r->hi >= (double)INT64_MAX ? INT64_MAX : (int64_t)r->hi;
+    switch (r->kind) {
+    case 's':
+        *(const char **)r->at = arg;
+        return true;
+    case 'b':
+        *(bool *)r->at = true;
+        return true;
+    case 'c':
+        *(const char **)r->at = r->value;
+        return true;
+    case 't':
+        return run_transport(prog, arg, (const char **)r->at);
+    case 'i':
+        return run_int(prog, what, arg, (int64_t)r->lo, hi, (int64_t *)r->at);
+    case 'n':
+        if (!run_int(prog, what, arg, (int64_t)r->lo, hi, &i)) return false;
+        *(int *)r->at = (int)i;
+        return true;
+    case 'f':
+        return run_double(prog, what, arg, r->lo, r->hi, r->lo_open, (double *)r->at);
+    default: /* 'g' */
+        if (!run_double(prog, what, arg, r->lo, r->hi, r->lo_open, &x)) return false;
+        *(float *)r->at = (float)x;
+        return true;
+    }
+}
+
+int run_parse(const char *prog, int argc, char **argv, const run_opt *opts, int n,
+              bool (*own)(void *user, int code, const char *arg, int argc, char **argv), void *user,
+              void (*usage)(FILE *out)) {
+    struct option *longopts = cddp_calloc((size_t)(2 * n + 2), sizeof *longopts);
+    if (!longopts) {
+        fprintf(stderr, "%s: out of memory\n", prog);
+        return -1;
+    }
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        char kind = opts[i].kind;
+        int has = kind == 'b' || kind == 'c' ? no_argument
+                  : kind == 'z'              ? optional_argument
+                  : kind                     ? required_argument
+                                             : opts[i].has_arg;
+        longopts[k++] = (struct option){opts[i].name, has, 0, i};
+        if (opts[i].alias) longopts[k++] = (struct option){opts[i].alias, has, 0, i};
+    }
+    longopts[k++] = (struct option){"help", no_argument, 0, n};
+    int c, rc = 0;
+    optind = 1;
+    while (rc == 0 && (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (c == n || (c == 'h' && c > n)) { /* --help, -h */
+            usage(stdout);
+            exit(0);
+        }
+        if (c < 0 || c >= n) {
+            fprintf(stderr, "%s: see --help for the options\n", prog);
+            rc = -1;
+            break;
+        }
+        const run_opt *r = &opts[c];
+        bool ok = r->kind == 'z' ? run_zero(prog, optarg, argc, argv, (int *)r->at)
+                  : r->kind      ? store_value(prog, r, optarg)
+                                 : own(user, r->code, optarg, argc, argv);
+        if (!ok) rc = -1;
+        if (ok && r->given) *r->given = true;
+    }
+    if (rc == 0 && optind < argc) {
+        fprintf(stderr, "%s: unexpected argument '%s'\n", prog, argv[optind]);
+        rc = -1;
+    }
+    cddp_free(longopts);
+    return rc;
 }
 
 bool run_zero(const char *prog, const char *optarg_, int argc, char **argv, int *stage) {

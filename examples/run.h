@@ -8,6 +8,8 @@
 
 #include <cddp/cddp.h>
 
+#include <stdio.h>
+
 /* mkdir -p path. */
 int run_make_dirs(const char *path, cddp_error *err);
 
@@ -87,6 +89,51 @@ bool run_transport(const char *prog, const char *text, const char **t);
 int run_hook(const char *name);
 /* The optimizer state this process holds, in bytes (the shard's alone under ZeRO-1). */
 long long run_optim_state_bytes(const cddp_optim *opt);
+
+/* A program's option (run_parse): --name, and --alias when not NULL, with kind:
+ *   'i' an int64 in [lo, hi], 'n' an int in [lo, hi], 'f' a double in [lo, hi] and 'g' a float
+ *       (lo excluded when lo_open), each checked (cddp_parse_int/_double's words);
+ *   's' a string; 'b' a switch without a value (a bool set true); 'c' a switch that sets the
+ *       string at to value; 't' a transport's name (run_transport); 'z' a ZeRO stage, --zero [N]
+ *       into an int (run_zero);
+ *   0   the program's own: run_parse calls its own(user, code, optarg, argc, argv), has_arg saying
+ *       whether it takes a value (getopt's no_argument, required_argument, optional_argument).
+ * given, when not NULL, is set once the option is on the command line. */
+typedef struct run_opt {
+    const char *name, *alias;
+    char kind;
+    void *at;
+    double lo, hi;
+    bool lo_open;
+    int code, has_arg;
+    bool *given;
+    const char *value; /* 'c' */
+} run_opt;
+/* A table's rows: a number of kind 'i', 'n', 'f' or 'g'; a string; a switch; the program's own. */
+#define RUN_NUM(name_, alias_, kind_, at_, lo_, hi_, lo_open_)                                     \
+    {                                                                                              \
+        .name = (name_), .alias = (alias_), .kind = (kind_), .at = (at_), .lo = (lo_),             \
+        .hi = (hi_), .lo_open = (lo_open_)                                                         \
+    }
+#define RUN_STR(name_, alias_, at_)                                                                \
+    { .name = (name_), .alias = (alias_), .kind = 's', .at = (at_) }
+#define RUN_SWITCH(name_, alias_, at_)                                                             \
+    { .name = (name_), .alias = (alias_), .kind = 'b', .at = (at_) }
+/* --zero [N], --transport NAME, --nccl and --ipc into the ZeRO stage and the transport. */
+#define RUN_ZERO_AND_TRANSPORT(zero_, transport_)                                                  \
+    {.name = "zero", .kind = 'z', .at = (zero_)},                                                  \
+        {.name = "transport", .kind = 't', .at = (transport_)},                                    \
+        {.name = "nccl", .kind = 'c', .at = (transport_), .value = "nccl"}, {                      \
+        .name = "ipc", .kind = 'c', .at = (transport_), .value = "ipc"                             \
+    }
+#define RUN_OWN(name_, alias_, code_, has_arg_)                                                    \
+    { .name = (name_), .alias = (alias_), .code = (code_), .has_arg = (has_arg_) }
+/* Parses argv by opts (n of them): --help prints usage on stdout and exits 0; an unknown option
+ * says so and points at --help, a word that is no option is named, a bad value is said as
+ * run_int/run_double say it, and own's false (it said why) fails too. 0, or -1. */
+int run_parse(const char *prog, int argc, char **argv, const run_opt *opts, int n,
+              bool (*own)(void *user, int code, const char *arg, int argc, char **argv), void *user,
+              void (*usage)(FILE *out));
 
 /* The help text of --zero. */
 #define RUN_ZERO_HELP                                                                              \
