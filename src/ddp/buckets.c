@@ -273,6 +273,22 @@ int cddp__ddp_rebuild(cddp_ddp *d, cddp_error *err) {
     return same ? CDDP_OK : cddp__ddp_build_buckets(d, order, err);
 }
 
+/* Parameter i's gradient from before the backward (saved: its numel floats), where this rank keeps
+ * it: all of it, or under ZeRO-2 the part in its shard (the rest stays released). */
+static int restore_unused(cddp_ddp *d, int i, const float *saved, cddp_error *err) {
+    cddp_tensor *p = cddp_model_param(d->model, i);
+    int64_t off = (int64_t)cddp_model_param_offset(d->model, i), end = off + p->numel;
+    if (!d->o.shard_gradients)
+        return cddp_device_upload(d->dev, p->grad, saved, (size_t)p->numel * sizeof(float), err);
+    for (int k = 0; k < d->nbuckets; k++) {
+        int64_t lo = CDDP_MAX(off, d->shard[2 * k]), hi = CDDP_MIN(end, d->shard[2 * k + 1]);
+        if (lo < hi)
+            CDDP_TRY(cddp_device_upload(d->dev, p->grad + (lo - off), saved + (lo - off),
+                                        (size_t)(hi - lo) * sizeof(float), err));
+    }
+    return CDDP_OK;
+}
+
 static int finish(void *user, cddp_ctx *ctx, cddp_error *err) {
     cddp_ddp *d = user;
     double t_walk_end = cddp_now_s();
@@ -333,9 +349,7 @@ static int finish(void *user, cddp_ctx *ctx, cddp_error *err) {
         for (int i = 0; i < d->nparams && rc == CDDP_OK; i++) {
             if (!d->missing[i]) continue;
             cddp_tensor *p = cddp_model_param(d->model, i);
-            if (!d->used[i])
-                rc = cddp_device_upload(d->dev, p->grad, d->saved + at,
-                                        (size_t)p->numel * sizeof(float), err);
+            if (!d->used[i]) rc = restore_unused(d, i, d->saved + at, err);
             at += (size_t)p->numel;
         }
     }

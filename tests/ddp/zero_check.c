@@ -19,8 +19,9 @@
  *       Stage 2: the same, and after every synchronised backward the gradients outside this
  *       rank's shard are exactly zero (released).
  *   zero_check memory
- *       ZeRO-2 on a GPT of 3.4 MB of gradients on the CPU: after a step's backward, and after
- *       zero_grad, the pages of the gradient block the system backs (mincore) are the shard's
+ *       ZeRO-2 on a GPT of 3.4 MB of gradients on the CPU, and a parameter of 1 MB no rank uses
+ *       (find_unused_parameters restores its gradient: in the shard only): after a step's backward,
+ * and after zero_grad, the pages of the gradient block the system backs (mincore) are the shard's
  *       (1/world, plus one page at each end of each bucket's part); under ZeRO-1 all of them;
  *       cddp_ddp_memory_get says the stage and the bytes by the formula.
  *   zero_check refuse
@@ -348,17 +349,24 @@ static size_t resident_pages(const void *p, size_t bytes) {
     return count;
 }
 
-/* One step of a GPT of 3.4 MB of gradients (a bucket of 0.25 MB: 14 of them) under ZeRO-1 and
- * ZeRO-2: the gradient pages the system backs after backward and after zero_grad. */
+/* One step of a GPT of 3.4 MB of gradients and a parameter of 1 MB that no rank uses (wrapped with
+ * find_unused_parameters: its gradient is restored as it was), in buckets of 0.25 MB, under ZeRO-1
+ * and ZeRO-2: the gradient pages the system backs after backward and after zero_grad. */
 static void memory_of(cddp_comm *g, int zero_stage, size_t *after_backward, size_t *after_zero,
                       size_t *pages, size_t *bound, cddp_ddp_memory *mem) {
     cddp_error err = {0};
     cddp_gpt_config c = {
         .vocab_size = 512, .block_size = 16, .n_layer = 4, .n_head = 4, .n_embd = 128};
     cddp_model *m = cddp_model_create_with(cddp_nn_gpt(&c), &err);
-    if (!m || cddp_model_build(m, 11)) FAIL("cannot make the GPT: %s", err.msg);
+    int unused; /* 1 MB that no rank uses: its gradient restored as it was, each step */
+    if (!m ||
+        cddp_model_add_param(m, "unused", 1, (int64_t[]){1 << 18},
+                             (cddp_init){CDDP_INIT_CONSTANT, 0, 0}, &unused) ||
+        cddp_model_build(m, 11))
+        FAIL("cannot make the GPT: %s", err.msg);
     run r = {m, NULL, NULL};
     cddp_ddp_options o = {.bucket_cap_mb = 0.25,
+                          .find_unused_parameters = true,
                           .shard_optimizer = true,
                           .shard_gradients = zero_stage == 2,
                           .overlap = CDDP_DDP_OVERLAP_INLINE};
