@@ -343,7 +343,6 @@ static int finish(void *user, cddp_ctx *ctx, cddp_error *err) {
     cddp_error e = {0};
     int st = cddp__ddp_wait_all(d, &e);
     if (st && !rc) rc = st, *err = e;
-    if (rc == CDDP_OK && d->o.shard_optimizer) cddp__ddp_zero_after_backward(d);
     if (rc == CDDP_OK && missing >= 0) { /* no rank used it: the gradient stays as it was */
         size_t at = 0;
         for (int i = 0; i < d->nparams && rc == CDDP_OK; i++) {
@@ -353,6 +352,8 @@ static int finish(void *user, cddp_ctx *ctx, cddp_error *err) {
             at += (size_t)p->numel;
         }
     }
+    /* then the shard's gradients of the earlier backwards (moved aside at the forward) back */
+    if (rc == CDDP_OK && d->o.shard_optimizer) cddp__ddp_zero_after_backward(d);
     if (rc == CDDP_OK && d->o.join) {
         for (int r = 0; r < d->world; r++)
             if (!d->active[r] && d->o.join_throw) {

@@ -3,7 +3,7 @@
  * copies of a model, one wrapped with shard_optimizer (--stage 2: shard_gradients), one without,
  * the same batches on each rank.
  *
- *   zero_check [--stage 1|2] mlp|cnn|gpt [CAP_MB] [sum|nosync|accum|unused|bf16]
+ *   zero_check [--stage 1|2] mlp|cnn|gpt [CAP_MB] [sum|nosync|accum|accum_unused|unused|bf16]
  *       (the stage also from CDDP_TEST_ZERO_STAGE)
  *       10 AdamW steps (the GPT: GPT-2's recipe, clipping at 0.5 and the schedule); after every
  *       step the parameters within 1e-6 of DDP's (relative to the model's largest), the reduced
@@ -15,7 +15,8 @@
  *       DDP (within 1e-6).
  *       bf16: both runs with the bf16 hook (the sharded one reduce-scatters 16-bit copies, DDP
  *       allreduces them), the same bounds. nosync: two micro-batches a step, the first under
- *       no_sync; accum: two, each reduced (the shard adds up the means).
+ *       no_sync; accum: two, each reduced (the shard adds up the means); accum_unused: the same,
+ *       the aux head used in the first only (by every rank: its gradient stays the first's).
  *       Stage 2: the same, and after every synchronised backward the gradients outside this
  *       rank's shard are exactly zero (released).
  *   zero_check memory
@@ -97,6 +98,11 @@ static void stop(run *r) {
     cddp_model_destroy(r->m);
 }
 
+static bool sync_every; /* accumulation without no_sync: every micro-step reduced */
+/* accum_unused: the aux head in the first micro-step only, on every rank: in the second no rank
+ * uses it, so its gradient stays the first one's */
+static bool aux_first_only;
+
 /* The loss of this rank's micro-batch a (of accum) at step s: the same data for both copies. */
 static cddp_tensor *loss_of(cddp_ctx *ctx, const run *r, kind k, int s, int a, int accum,
                             bool unused) {
@@ -140,7 +146,7 @@ static cddp_tensor *loss_of(cddp_ctx *ctx, const run *r, kind k, int s, int a, i
             h = cddp_relu(ctx, cddp_linear(ctx, h, P("fc2.weight"), P("fc2.bias")));
             loss = cddp_cross_entropy(ctx, cddp_linear(ctx, h, P("fc3.weight"), P("fc3.bias")), yt,
                                       CDDP_REDUCE_MEAN);
-            if (!unused || (s + rank) % 2 == 0)
+            if (aux_first_only ? a == 0 : !unused || (s + rank) % 2 == 0)
                 loss = cddp_add(
                     ctx, loss,
                     cddp_cross_entropy(ctx, cddp_linear(ctx, h, P("aux.weight"), P("aux.bias")), yt,
@@ -150,8 +156,6 @@ static cddp_tensor *loss_of(cddp_ctx *ctx, const run *r, kind k, int s, int a, i
     }
     return cddp_scale(ctx, loss, 1.0f / (float)accum);
 }
-
-static bool sync_every; /* accumulation without no_sync: every micro-step reduced */
 
 static void step(cddp_ctx *ctx, run *r, kind k, int s, int accum, bool unused) {
     cddp_optim_set_lr(r->opt, cddp_lr_warmup_cosine(s, 1e-2f, 1e-3f, 2, STEPS));
@@ -206,9 +210,10 @@ static void released_outside(const run *r, int s) {
 static int stage = 1;
 
 static int equal(cddp_comm *g, kind k, double cap_mb, const char *variant) {
-    bool sum = !strcmp(variant, "sum"), unused = !strcmp(variant, "unused");
-    int accum = !strcmp(variant, "nosync") || !strcmp(variant, "accum") ? 2 : 1;
-    sync_every = strcmp(variant, "accum") == 0;
+    aux_first_only = strcmp(variant, "accum_unused") == 0;
+    bool sum = !strcmp(variant, "sum"), unused = !strcmp(variant, "unused") || aux_first_only;
+    int accum = !strcmp(variant, "nosync") || !strncmp(variant, "accum", 5) ? 2 : 1;
+    sync_every = strncmp(variant, "accum", 5) == 0;
     cddp_ddp_options o = {.bucket_cap_mb = cap_mb,
                           .sum = sum,
                           .find_unused_parameters = unused,
@@ -433,7 +438,7 @@ static int memory(cddp_comm *g) {
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: zero_check [--stage 1|2] mlp|cnn|gpt [CAP_MB] "
-                        "[sum|nosync|accum|unused|bf16] | refuse | memory\n");
+                        "[sum|nosync|accum|accum_unused|unused|bf16] | refuse | memory\n");
         return 2;
     }
     cddp_error err = {0};
