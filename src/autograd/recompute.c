@@ -69,8 +69,12 @@ static void backward(void *user, cddp_ctx *ctx, cddp_tensor *x, cddp_tensor *out
                       "a checkpointed segment run again in backward: %s", cddp_ctx_error(s));
         return;
     }
-    float *dx = grad ? cddp_grad_buffer(ctx, x) : NULL;
-    if (grad && dx && xs->grad) cddp_device_accumulate(x->device, dx, xs->grad, (size_t)x->numel);
+    bool assign = false; /* x's first gradient: copied, so that its bits are the segment's */
+    float *dx = grad && xs->grad ? cddp_grad_buffer_assign(ctx, x, &assign) : NULL;
+    if (dx && assign)
+        cddp_device_copy(x->device, dx, xs->grad, (size_t)x->numel * sizeof(float), NULL);
+    else if (dx)
+        cddp_device_accumulate(x->device, dx, xs->grad, (size_t)x->numel);
     cddp_ctx_reset(s); /* what the segment made there is not needed any more */
 }
 
