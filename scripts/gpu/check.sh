@@ -24,7 +24,8 @@
 #   7. the GPT's training speed (6 layers, width 384, context 256), cddp and PyTorch eager, in
 #      float32 and bf16, and how much of cddp's iteration the host spends queuing its kernels
 #   9. the GPT on 2 ranks sharing the GPU (host-staged reduction): the tiny one against 2 ranks on
-#      the CPU (1e-4), with --zero (ZeRO-1) and with --ipc (CUDA IPC, with and without --zero)
+#      the CPU (1e-4), with --zero (ZeRO-1), --zero 2, --activation_checkpointing (and both)
+#      and with --ipc (CUDA IPC, with and without --zero)
 #      against itself staged (1e-5), the 6-layer one's speed staged and with --ipc against
 #      PyTorch DDP over gloo on the same GPU; and
 #      NCCL (the wheels' library) on one rank: the nccl transport's allreduce of device memory (and its
@@ -422,6 +423,18 @@ gpt2() {
     ok=FAIL
     [ "$worst" != none ] && awk -v w="$worst" 'BEGIN { exit !(w <= 1e-5) }' && ok=ok
     outcome "gpt_2ranks --zero (ZeRO-1, 2 ranks on $d)" "$ok" "against DDP on $d: largest difference $worst relative (bound 1e-5); val ${vz:-none}"
+    # ZeRO-2 (the gradients outside each rank's shard zeroed on the device) and activation
+    # checkpointing (every block run again in backward, on the context's scratch): DDP's losses
+    local a
+    for a in "--zero 2" "--activation_checkpointing" "--zero 2 --activation_checkpointing"; do
+        # shellcheck disable=SC2086 # the options are their words
+        z=$(cddp timeout 60 $run "$bin/gpt_train" $tiny --device "$d" $a 2>&1)
+        vz=$(val_loss "$z") worst=$(apart "$g" "$z")
+        [ -n "$vz" ] || echo "$z" | tail -n 8
+        ok=FAIL
+        [ "$worst" != none ] && awk -v w="$worst" 'BEGIN { exit !(w <= 1e-5) }' && ok=ok
+        outcome "gpt_2ranks $a (2 ranks on $d)" "$ok" "against DDP on $d: largest difference $worst relative (bound 1e-5); val ${vz:-none}"
+    done
     # CUDA IPC (--ipc: each rank sums its part from the other's memory on the GPU): the staged
     # path's losses, with and without ZeRO-1 (each sum has the same two terms either way)
     local i vi
