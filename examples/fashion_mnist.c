@@ -332,6 +332,7 @@ static int save_checkpoint(cddp_ddp *ddp, cddp_comm *group, cddp_ctx *ctx, cddp_
 /* What a run holds, from the options to the loop's counts. */
 typedef struct job {
     options o;
+    int stopped; /* the status a stop asked for (train), else -1 */
     cddp_device *dev;
     cddp_dtype compute;
     cddp_comm *group;
@@ -619,9 +620,9 @@ static int end_epoch(job *j, int epoch, bool trained, double epoch_s, int64_t ep
 }
 
 /* The epochs, from where training starts to --epochs (or --target_acc reached). A stop the ranks
- * agree on (SIGTERM, Ctrl-C) saves after the step and ends: *stopped then holds the program's
+ * agree on (SIGTERM, Ctrl-C) saves after the step and ends: j->stopped then holds the program's
  * status. */
-static int train(job *j, int *stopped, cddp_error *err) {
+static int train(job *j, cddp_error *err) {
     const options *o = &j->o;
     cddp_stop_catch(j->rank == 0 ? RUN_STOP_SAY : NULL);
     for (int epoch = j->first_epoch; epoch < o->epochs; epoch++) {
@@ -642,8 +643,8 @@ static int train(job *j, int *stopped, cddp_error *err) {
         int rc = 0;
         if (trained) cddp_loader_begin(j->train_loader);
         while (trained && (rc = cddp_loader_next(j->train_loader, &b, err)) == 1) {
-            CDDP_TRY(train_step(j, epoch, &b, stopped, err));
-            if (*stopped >= 0) return CDDP_OK;
+            CDDP_TRY(train_step(j, epoch, &b, &j->stopped, err));
+            if (j->stopped >= 0) return CDDP_OK;
             epoch_samples += b.size;
         }
         if (trained && rc < 0) return err->code;
@@ -663,6 +664,7 @@ static int train(job *j, int *stopped, cddp_error *err) {
  * the JSON line. */
 static int finish(job *j, cddp_error *err) {
     const options *o = &j->o;
+    if (j->stopped >= 0) return CDDP_OK; /* stopped: nothing to finish */
     if (o->save) {
         char ep[16];
         snprintf(ep, sizeof ep, "%d", j->first_epoch + j->epochs_run);
@@ -717,7 +719,7 @@ static void job_close(job *j) {
 
 int main(int argc, char **argv) {
     run_stop_watch("fashion_mnist"); /* before any thread: SIGTERM, SIGINT to one of their own */
-    static job j = {.last_loss = NAN};
+    static job j = {.stopped = -1, .last_loss = NAN};
     options *o = &j.o;
     if (parse_args(argc, argv, o) != 0) return 2;
     if (!run_device("fashion_mnist", o->device, o->dtype, &j.dev, &j.compute)) return 2;
@@ -726,21 +728,11 @@ int main(int argc, char **argv) {
     j.resnet = strcmp(o->model, "resnet") == 0;
     j.cosine = strcmp(o->schedule, "cosine") == 0;
     j.files = strcmp(o->out, "none") != 0 && *o->out;
+    int (*const parts[])(job *, cddp_error *) = {open_files, open_data, open_model,
+                                                 start,      train,     finish};
     cddp_error err = {0};
-    int stopped = -1;
-    /* The group: one process on its own, or the ranks cddprun (or mpirun) started. */
-    if ((j.group = cddp_comm_create(NULL, &err))) {
-        j.rank = cddp_comm_rank(j.group);
-        j.world = cddp_comm_size(j.group);
-    }
-    int rc = j.group ? CDDP_OK : err.code;
-    if (!rc) rc = open_files(&j, &err);
-    if (!rc) rc = open_data(&j, &err);
-    if (!rc) rc = open_model(&j, &err);
-    if (!rc) rc = start(&j, &err);
-    if (!rc) rc = train(&j, &stopped, &err);
-    if (!rc && stopped < 0) rc = finish(&j, &err);
-    if (rc) fprintf(stderr, "fashion_mnist: %s\n", cddp_error_msg(&err));
+    int rc = run_group(&j.group, &j.rank, &j.world, &err);
+    for (size_t k = 0; !rc && k < sizeof parts / sizeof parts[0]; k++) rc = parts[k](&j, &err);
     job_close(&j);
-    return rc ? 1 : stopped >= 0 ? stopped : 0;
+    return run_exit("fashion_mnist", rc, j.stopped, &err);
 }

@@ -601,6 +601,7 @@ static int peek_shape(const char *path, options *o, cddp_error *err) {
 /* What a run holds, from the options to the loop's statistics. */
 typedef struct job {
     options o;
+    int stopped; /* the status a stop asked for (train), else -1 */
     cddp_device *dev;
     cddp_dtype compute;
     cddp_comm *group;
@@ -964,9 +965,9 @@ static int train_step(job *j, cddp_error *err) {
 }
 
 /* The loop, from the first iteration to max_iters: evaluations, checkpoints, steps. A stop the
- * ranks agree on (SIGTERM, Ctrl-C) saves after the iteration and ends: *stopped then holds the
+ * ranks agree on (SIGTERM, Ctrl-C) saves after the iteration and ends: j->stopped then holds the
  * program's status. */
-static int train(job *j, int *stopped, cddp_error *err) {
+static int train(job *j, cddp_error *err) {
     const options *o = &j->o;
     cddp_loader_begin(j->loader);
     /* SIGTERM, Ctrl-C: a checkpoint after the iteration, then the end */
@@ -991,7 +992,7 @@ static int train(job *j, int *stopped, cddp_error *err) {
                         strerror(errno));
             char after[64];
             snprintf(after, sizeof after, "iteration %" PRId64, iter);
-            *stopped = run_stopped(j->ddp, sig, after, j->files ? j->ckpt : NULL);
+            j->stopped = run_stopped(j->ddp, sig, after, j->files ? j->ckpt : NULL);
             return CDDP_OK;
         }
     }
@@ -1002,6 +1003,7 @@ static int train(job *j, int *stopped, cddp_error *err) {
 /* After the loop, on rank 0: where things went, the sample, --bench's line and the JSON line. */
 static int finish(job *j, cddp_error *err) {
     const options *o = &j->o;
+    if (j->stopped >= 0) return CDDP_OK; /* stopped: nothing to finish */
     run_memory_line("gpt_train", j->ddp, j->opt);
     if (j->rank != 0) return CDDP_OK;
     if (j->files)
@@ -1073,27 +1075,16 @@ static void job_close(job *j) {
 
 int main(int argc, char **argv) {
     run_stop_watch("gpt_train"); /* before any thread: SIGTERM, SIGINT to one of their own */
-    static job j = {.val_loss = NAN, .train_loss = NAN, .last_loss = NAN};
+    static job j = {.stopped = -1, .val_loss = NAN, .train_loss = NAN, .last_loss = NAN};
     if (parse_args(argc, argv, &j.o) != 0) return 2;
     if (!run_device("gpt_train", j.o.device, j.o.dtype, &j.dev, &j.compute)) return 2;
     j.curve = (curves){.title = j.title, .eval_label = "validation loss"};
     j.files = strcmp(j.o.out, "none") != 0 && *j.o.out;
+    int (*const parts[])(job *, cddp_error *) = {open_paths,    open_text, open_data, open_model,
+                                                 open_training, start,     train,     finish};
     cddp_error err = {0};
-    int stopped = -1;
-    if ((j.group = cddp_comm_create(NULL, &err))) {
-        j.rank = cddp_comm_rank(j.group);
-        j.world = cddp_comm_size(j.group);
-    }
-    int rc = j.group ? CDDP_OK : err.code;
-    if (!rc) rc = open_paths(&j, &err);
-    if (!rc) rc = open_text(&j, &err);
-    if (!rc) rc = open_data(&j, &err);
-    if (!rc) rc = open_model(&j, &err);
-    if (!rc) rc = open_training(&j, &err);
-    if (!rc) rc = start(&j, &err);
-    if (!rc) rc = train(&j, &stopped, &err);
-    if (!rc && stopped < 0) rc = finish(&j, &err);
-    if (rc) fprintf(stderr, "gpt_train: %s\n", cddp_error_msg(&err));
+    int rc = run_group(&j.group, &j.rank, &j.world, &err);
+    for (size_t k = 0; !rc && k < sizeof parts / sizeof parts[0]; k++) rc = parts[k](&j, &err);
     job_close(&j);
-    return rc ? 1 : stopped >= 0 ? stopped : 0;
+    return run_exit("gpt_train", rc, j.stopped, &err);
 }

@@ -156,6 +156,18 @@ long long run_optim_state_bytes(const cddp_optim *opt) {
            (long long)sizeof(float);
 }
 
+int run_group(cddp_comm **group, int *rank, int *world, cddp_error *err) {
+    if (!(*group = cddp_comm_create(NULL, err))) return err->code;
+    *rank = cddp_comm_rank(*group);
+    *world = cddp_comm_size(*group);
+    return CDDP_OK;
+}
+
+int run_exit(const char *prog, int rc, int stopped, const cddp_error *err) {
+    if (rc) fprintf(stderr, "%s: %s\n", prog, cddp_error_msg(err));
+    return rc ? 1 : stopped >= 0 ? stopped : 0;
+}
+
 /* One table option's value, checked and stored; false when it is not one. */
 static bool store_value(const char *prog, const run_opt *r, const char *arg) {
     char what[80];

@@ -135,6 +135,13 @@ int run_parse(const char *prog, int argc, char **argv, const run_opt *opts, int 
               bool (*own)(void *user, int code, const char *arg, int argc, char **argv), void *user,
               void (*usage)(FILE *out));
 
+/* The run's group: one process on its own, or the ranks cddprun (or mpirun, srun) started; its
+ * rank and size. CDDP_OK, or err's code. */
+int run_group(cddp_comm **group, int *rank, int *world, cddp_error *err);
+/* A program's exit status after its parts ran (rc: the first failure, said here as
+ * "prog: why"; stopped: the status a stop asked for, or -1): 1 on a failure, the stop's, else 0. */
+int run_exit(const char *prog, int rc, int stopped, const cddp_error *err);
+
 /* The help text of --zero. */
 #define RUN_ZERO_HELP                                                                              \
     "  --zero [N]          ZeRO stage: 1 shards the optimizer state across the ranks, 2 the\n"     \
