@@ -415,36 +415,31 @@ gpt2() {
     outcome "gpt_2ranks (the tiny GPT, 2 ranks on $d)" "$ok" "against 2 ranks on the CPU: largest difference $worst relative (bound 1e-4); val cpu $vc, $d ${vg:-none}"
     result gpt_2ranks_20_steps cddp "${vg:-null}" "val loss" "$d, 2 ranks; cpu: $vc; largest difference $worst" \
         ", \"pass\": $([ $ok = ok ] && echo true || echo false)"
+    # near_g NAME AGAINST ARGS...: the tiny GPT with ARGS on the device against g's run (the largest
+    # relative difference within 1e-5): the outcome NAME, its line saying what it was held against
+    near_g() {
+        local name=$1 against=$2 out v w k=FAIL
+        shift 2
+        out=$(cddp timeout 60 $run "$bin/gpt_train" $tiny --device "$d" "$@" 2>&1)
+        v=$(val_loss "$out") w=$(apart "$g" "$out")
+        [ -n "$v" ] || echo "$out" | tail -n 8
+        [ "$w" != none ] && awk -v w="$w" 'BEGIN { exit !(w <= 1e-5) }' && k=ok
+        outcome "$name" "$k" "against $against: largest difference $w relative (bound 1e-5); val ${v:-none}"
+    }
     # ZeRO-1 on the device (the optimizer's state and step sharded over the 2 ranks): DDP's losses
-    local z vz
-    z=$(cddp timeout 60 $run "$bin/gpt_train" $tiny --device "$d" --zero 2>&1)
-    vz=$(val_loss "$z") worst=$(apart "$g" "$z")
-    [ -n "$vz" ] || echo "$z" | tail -n 8
-    ok=FAIL
-    [ "$worst" != none ] && awk -v w="$worst" 'BEGIN { exit !(w <= 1e-5) }' && ok=ok
-    outcome "gpt_2ranks --zero (ZeRO-1, 2 ranks on $d)" "$ok" "against DDP on $d: largest difference $worst relative (bound 1e-5); val ${vz:-none}"
+    near_g "gpt_2ranks --zero (ZeRO-1, 2 ranks on $d)" "DDP on $d" --zero
     # ZeRO-2 (the gradients outside each rank's shard zeroed on the device) and activation
     # checkpointing (every block run again in backward, on the context's scratch): DDP's losses
-    local a
+    local a i
     for a in "--zero 2" "--activation_checkpointing" "--zero 2 --activation_checkpointing"; do
         # shellcheck disable=SC2086 # the options are their words
-        z=$(cddp timeout 60 $run "$bin/gpt_train" $tiny --device "$d" $a 2>&1)
-        vz=$(val_loss "$z") worst=$(apart "$g" "$z")
-        [ -n "$vz" ] || echo "$z" | tail -n 8
-        ok=FAIL
-        [ "$worst" != none ] && awk -v w="$worst" 'BEGIN { exit !(w <= 1e-5) }' && ok=ok
-        outcome "gpt_2ranks $a (2 ranks on $d)" "$ok" "against DDP on $d: largest difference $worst relative (bound 1e-5); val ${vz:-none}"
+        near_g "gpt_2ranks $a (2 ranks on $d)" "DDP on $d" $a
     done
     # CUDA IPC (--ipc: each rank sums its part from the other's memory on the GPU): the staged
     # path's losses, with and without ZeRO-1 (each sum has the same two terms either way)
-    local i vi
     for i in "" --zero; do
-        z=$(cddp timeout 60 $run "$bin/gpt_train" $tiny --device "$d" --ipc $i 2>&1)
-        vi=$(val_loss "$z") worst=$(apart "$g" "$z")
-        [ -n "$vi" ] || echo "$z" | tail -n 8
-        ok=FAIL
-        [ "$worst" != none ] && awk -v w="$worst" 'BEGIN { exit !(w <= 1e-5) }' && ok=ok
-        outcome "gpt_2ranks --ipc $i (CUDA IPC, 2 ranks on $d)" "$ok" "against the staged reduction: largest difference $worst relative (bound 1e-5); val ${vi:-none}"
+        # shellcheck disable=SC2086 # none, or the option
+        near_g "gpt_2ranks --ipc $i (CUDA IPC, 2 ranks on $d)" "the staged reduction" --ipc $i
     done
     fits 90 || {
         outcome "gpt_2ranks_1gpu speed" "not run" "out of time"
