@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -144,16 +143,6 @@ int run_stopped(const cddp_ddp *ddp, int sig, const char *after, const char *ckp
                     ckpt ? "--resume continues from " : "nothing saved (--out none)",
                     ckpt ? ckpt : "");
     return 128 + sig;
-}
-
-long long run_peak_rss_bytes(void) {
-    struct rusage u;
-    return getrusage(RUSAGE_SELF, &u) == 0 ? (long long)u.ru_maxrss * 1024 : 0;
-}
-
-long long run_optim_state_bytes(const cddp_optim *opt) {
-    return (long long)cddp_optim_num_states(opt) * (long long)cddp_optim_state_numel(opt) *
-           (long long)sizeof(float);
 }
 
 int run_group(cddp_comm **group, int *rank, int *world, cddp_error *err) {

@@ -56,8 +56,6 @@ void run_stop_watch(const char *prog);
  * the exit status, 128 + sig. */
 int run_stopped(const cddp_ddp *ddp, int sig, const char *after, const char *ckpt);
 
-/* The process's peak resident memory, in bytes (getrusage). */
-long long run_peak_rss_bytes(void);
 /* An option's or a checkpoint's number, checked by cddp_parse_int/_double; false, after printing
  * "prog: <what> <text>: expected ..." on stderr, when it is not one. */
 bool run_int(const char *prog, const char *what, const char *text, int64_t lo, int64_t hi,
@@ -87,8 +85,6 @@ bool run_device(const char *prog, const char *device, const char *dtype, cddp_de
 bool run_transport(const char *prog, const char *text, const char **t);
 /* The gradient hook --hook names (none, bf16, fp16, powersgd); -1 for any other name. */
 int run_hook(const char *name);
-/* The optimizer state this process holds, in bytes (the shard's alone under ZeRO-1). */
-long long run_optim_state_bytes(const cddp_optim *opt);
 
 /* A program's option (run_parse): --name, and --alias when not NULL, with kind:
  *   'i' an int64 in [lo, hi], 'n' an int in [lo, hi], 'f' a double in [lo, hi] and 'g' a float

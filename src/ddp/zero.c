@@ -73,6 +73,14 @@ int cddp__ddp_release_step(void *bucket_, cddp_error *err) {
     return cddp__ddp_release_outside(b->ddp, b, err);
 }
 
+/* The elements of this rank's shard (0 without one). */
+static size_t shard_numel(const cddp_ddp *d) {
+    size_t n = 0;
+    for (int k = 0; k < d->nbuckets && d->shard; k++)
+        n += (size_t)(d->shard[2 * k + 1] - d->shard[2 * k]);
+    return n;
+}
+
 /* The shard's ranges, back to back, from (to_acc) or into the gradient block: moved aside (the
  * block set to zero where it held anything: the shard, and under ZeRO-1 the rest, which this rank
  * contributed already), or added back. */
@@ -96,10 +104,8 @@ static void shard_move(cddp_ddp *d, bool to_acc) {
 void cddp__ddp_zero_on_forward(cddp_ddp *d) {
     if (!d->zheld || d->no_sync || d->world == 1 || !cddp_model_training(d->model)) return;
     if (!d->zacc) {
-        size_t n = 0;
-        for (int k = 0; k < d->nbuckets; k++) n += (size_t)(d->shard[2 * k + 1] - d->shard[2 * k]);
         cddp_error e = {0};
-        if (!(d->zacc = cddp_device_alloc(d->dev, n * sizeof(float) + 64, &e))) {
+        if (!(d->zacc = cddp_device_alloc(d->dev, shard_numel(d) * sizeof(float) + 64, &e))) {
             if (!d->hook_err.code) d->hook_err = e; /* the backward fails with it */
             return;
         }
@@ -240,9 +246,7 @@ int cddp__ddp_zero_with_whole_state(cddp_ddp *d, cddp_optim *opt,
 }
 
 cddp_ddp_memory cddp_ddp_memory_get(const cddp_ddp *d, const cddp_optim *opt) {
-    size_t numel = cddp_model_numel(d->model), shard = 0;
-    for (int k = 0; k < d->nbuckets && d->shard; k++)
-        shard += (size_t)(d->shard[2 * k + 1] - d->shard[2 * k]);
+    size_t numel = cddp_model_numel(d->model), shard = shard_numel(d);
     cddp_ddp_memory m = {
         .stage = d->o.shard_gradients   ? 2
                  : d->o.shard_optimizer ? 1
