@@ -237,6 +237,10 @@ bool cddp__will_record(const cddp_ctx *ctx, int n, cddp_tensor *const *in);
  * requiring a gradient. NULL when nothing was recorded (check ctx->err.code for a failure). */
 cddp__node *cddp__record(cddp_ctx *ctx, cddp__op op, cddp_tensor *out, int nin,
                          cddp_tensor *const *in);
+/* The node itself, whatever its inputs require: cddp__record's, and a node whose op decides for
+ * itself whether it records (cddp_record_function). NULL when the arena ran out. */
+cddp__node *cddp__record_node(cddp_ctx *ctx, cddp__op op, cddp_tensor *out, int nin,
+                              cddp_tensor *const *in);
 /* cddp__record for an op that returns out: false when the recording failed; *node (may be
  * NULL) receives the node or NULL. */
 bool cddp__record_op(cddp_ctx *ctx, cddp__op op, cddp_tensor *out, int nin, cddp_tensor *const *in,

@@ -21,7 +21,11 @@ bool cddp__will_record(const cddp_ctx *ctx, int n, cddp_tensor *const *in) {
 cddp__node *cddp__record(cddp_ctx *ctx, cddp__op op, cddp_tensor *out, int nin,
                          cddp_tensor *const *in) {
     CDDP_CHECK(nin >= 0 && nin <= 4, "an op with %d inputs", nin);
-    if (!cddp__will_record(ctx, nin, in)) return NULL;
+    return cddp__will_record(ctx, nin, in) ? cddp__record_node(ctx, op, out, nin, in) : NULL;
+}
+
+cddp__node *cddp__record_node(cddp_ctx *ctx, cddp__op op, cddp_tensor *out, int nin,
+                              cddp_tensor *const *in) {
     cddp__node *n = cddp__ctx_alloc(ctx, sizeof *n);
     if (!n) return NULL;
     memset(n, 0, sizeof *n);

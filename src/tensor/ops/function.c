@@ -21,22 +21,12 @@ cddp_tensor *cddp_record_function(cddp_ctx *ctx, cddp_tensor *out, cddp_tensor *
         if (!(copy = cddp__ctx_alloc(ctx, sizeof *copy * (size_t)nparams))) return NULL;
         memcpy(copy, params, sizeof *copy * (size_t)nparams);
     }
-    cddp__node *n = cddp__ctx_alloc(ctx, sizeof *n);
+    cddp__node *n = cddp__record_node(ctx, CDDP_OP_FUNCTION, out, 1, &x);
     if (!n) return NULL;
-    memset(n, 0, sizeof *n);
-    n->op = CDDP_OP_FUNCTION;
-    n->index = ctx->nnodes++;
-    n->nin = 1;
-    n->out = out;
-    n->in[0] = x;
-    n->prev = ctx->tape;
     n->arg.fn.backward = backward;
     n->arg.fn.user = user;
     n->arg.fn.params = copy;
     n->arg.fn.nparams = nparams;
-    ctx->tape = n;
-    out->node = n;
-    out->requires_grad = true;
     return out;
 }
 
