@@ -5,8 +5,8 @@
  * callers of blocking calls, marks from the training thread. An entry is found again by its id
  * (the ring's slot is id % capacity, still its own while the id matches). The dump copies the
  * ring under the lock and writes it outside, to a temporary file renamed over the last dump, so a
- * reader never sees half a record. SIGUSR1's handler only writes a byte to a pipe; a thread of the
- * recorder's own reads it and dumps.
+ * reader never sees half a record. SIGUSR1's handler only counts it and writes a byte to a pipe;
+ * a thread of the recorder's own reads what is there and answers it with one dump.
  */
 #include "comm/internal.h"
 #include "cddp/flight.h"
@@ -378,9 +378,13 @@ void cddp__flight_dump_because(const char *why) {
 
 /* ---- SIGUSR1 ----------------------------------------------------------------------------- */
 
+/* SIGUSR1s taken, and answered: each answered by a dump that began after it was taken. */
+static _Atomic unsigned long usr1_asked, usr1_answered;
+
 static void on_signal(int sig) {
     (void)sig;
     int saved = errno;
+    atomic_fetch_add(&usr1_asked, 1);
     char b = 1;
     ssize_t w = write(F.pipe[1], &b, 1);
     (void)w;
@@ -390,12 +394,20 @@ static void on_signal(int sig) {
 static void *signal_thread(void *arg) {
     (void)arg;
     for (;;) {
-        char b;
-        ssize_t r = read(F.pipe[0], &b, 1);
+        char b[64]; /* the requests so far, answered by one dump */
+        ssize_t r = read(F.pipe[0], b, sizeof b);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) return NULL;
+        unsigned long asked = atomic_load(&usr1_asked);
         cddp__flight_dump_because("SIGUSR1: asked for the record");
+        atomic_store(&usr1_answered, asked);
     }
+}
+
+void cddp__flight_settle(double timeout_s) {
+    for (double end = cddp_now_s() + timeout_s;
+         atomic_load(&usr1_answered) < atomic_load(&usr1_asked) && cddp_now_s() < end;)
+        usleep(1000);
 }
 
 /* Installs the handler, unless the program has its own. */

@@ -236,6 +236,9 @@ void cddp__flight_started(uint64_t id, uint64_t seq);
 /* (its end: cddp_flight_ended, cddp/flight.h) */
 /* Writes the record, saying why, and logs where it went. */
 void cddp__flight_dump_because(const char *why);
+/* Waits until every SIGUSR1 taken so far has been answered by a dump (at most timeout_s): the
+ * recorder's thread answers a burst of them with one. */
+void cddp__flight_settle(double timeout_s);
 
 /* ---- fail.c ------------------------------------------------------------------------------ */
 
