@@ -7,11 +7,16 @@
  */
 #include "helpers.h"
 
+#include "comm/internal.h"
+
 #include <cddp/dcomm.h>
 #include <cddp/flight.h>
 
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static char dir[300];
 static int case_no;
@@ -167,17 +172,24 @@ static void test_own_record(void **state) {
     unsetenv("CDDP_FLIGHT_DIR");
 }
 
+/* A fresh folder for the records, and a group of one rank recording into it. */
+static cddp_comm *group_of_one(void) {
+    fresh();
+    setenv("CDDP_FLIGHT_DIR", dir, 1);
+    cddp_error err = {0};
+    cddp_comm *g = cddp_comm_create(&(cddp_comm_options){.rank = 0, .world_size = 1}, &err);
+    if (!g) fail_msg("%s", err.msg);
+    return g;
+}
+
 /* Collectives on a device's memory (cddp_dcomm, a group of one on the emulated device through
  * host copies) are recorded as a group of their own, with the device and the transport: done
  * once joined (host copies: the join waits for them), started while only issued; the report
  * says where each rank's last one stands. */
 static void test_device_collectives(void **state) {
     (void)state;
-    fresh();
-    setenv("CDDP_FLIGHT_DIR", dir, 1);
+    cddp_comm *g = group_of_one();
     cddp_error err = {0};
-    cddp_comm *g = cddp_comm_create(&(cddp_comm_options){.rank = 0, .world_size = 1}, &err);
-    if (!g) fail_msg("%s", err.msg);
     cddp_device *emu = cddp_device_get("emu", &err);
     assert_non_null(emu);
     cddp_dcomm *d = cddp_dcomm_create(g, emu, &(cddp_dcomm_options){.transport = "host"}, &err);
@@ -214,6 +226,82 @@ static void test_device_collectives(void **state) {
     unsetenv("CDDP_FLIGHT_DIR");
 }
 
+/* The products of a step: an MLP's GEMMs forward and backward (oneDNN's sgemm) and a
+ * convolution (a oneDNN primitive), into out (the results one after another); returns how many. */
+static size_t products(cddp_ctx *ctx, cddp_tensor *const in[5], float *out) {
+    cddp_ctx_reset(ctx);
+    cddp_tensor *r[] = {
+        cddp_matmul(ctx, in[0], in[1], false, true), cddp_matmul(ctx, in[0], in[2], true, false),
+        cddp_matmul(ctx, in[2], in[1], false, false), cddp_conv2d(ctx, in[3], in[4], NULL, 1, 1)};
+    size_t n = 0;
+    for (size_t k = 0; k < CDDP_ARRAY_LEN(r); k++) {
+        assert_non_null(r[k]);
+        memcpy(out + n, cddp_f32(r[k]), (size_t)r[k]->numel * sizeof(float));
+        n += (size_t)r[k]->numel;
+    }
+    return n;
+}
+
+static _Atomic int storming;
+
+static void *storm(void *arg) {
+    (void)arg;
+    while (storming) {
+        kill(getpid(), SIGUSR1);
+        usleep(100);
+    }
+    return NULL;
+}
+
+/* SIGUSR1 (what `cddprun --dump` sends) every 0.1 ms while the products run: each the same to the
+ * bit as before, the process alive (a signal taken inside one of oneDNN's GEMM kernels wrote over
+ * the heap, and the process aborted in free()), and the recorder's dumps written. */
+static void test_dumps_during_products(void **state) {
+    (void)state;
+    cddp_comm *g = group_of_one();
+    struct sigaction now;
+    assert_int_equal(sigaction(SIGUSR1, NULL, &now), 0);
+    assert_true(now.sa_handler != SIG_DFL && now.sa_handler != SIG_IGN); /* the recorder's */
+    cddp_ctx *make = cddp_ctx_create(NULL), *ctx = cddp_ctx_create(NULL);
+    cddp_tensor *in[5] = {
+        cddp_uniform(make, 2, (int64_t[]){32, 64}, -1, 1, cddp_ctx_rng(make)),
+        cddp_uniform(make, 2, (int64_t[]){128, 64}, -1, 1, cddp_ctx_rng(make)),
+        cddp_uniform(make, 2, (int64_t[]){32, 128}, -1, 1, cddp_ctx_rng(make)),
+        cddp_uniform(make, 4, (int64_t[]){2, 8, 16, 16}, -1, 1, cddp_ctx_rng(make)),
+        cddp_uniform(make, 4, (int64_t[]){16, 8, 3, 3}, -1, 1, cddp_ctx_rng(make)),
+    };
+    size_t most = 32 * 128 + 64 * 128 + 32 * 64 + 2 * 16 * 16 * 16;
+    float *want = malloc(most * sizeof(float)), *got = malloc(most * sizeof(float));
+    assert_true(want && got);
+    size_t n = products(ctx, in, want);
+    assert_int_equal(n, most);
+    storming = 1;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, storm, NULL), 0);
+    int rounds = 0;
+    for (double end = cddp_now_s() + 3; cddp_now_s() < end; rounds++) {
+        assert_int_equal(products(ctx, in, got), n);
+        assert_memory_equal(got, want, n * sizeof(float));
+    }
+    storming = 0;
+    pthread_join(t, NULL);
+    cddp__flight_settle(30);
+    char path[400];
+    snprintf(path, sizeof path, "%s/rank-0.json", dir);
+    char *rec = (char *)slurp(path, &n);
+    assert_non_null(rec);
+    has(rec, "\"why\": \"SIGUSR1: asked for the record\"");
+    print_message("%d rounds of products under SIGUSR1\n", rounds);
+    assert_true(rounds > 10);
+    free(rec);
+    free(want);
+    free(got);
+    cddp_ctx_destroy(ctx);
+    cddp_ctx_destroy(make);
+    cddp_comm_destroy(g);
+    unsetenv("CDDP_FLIGHT_DIR");
+}
+
 /* The default folder: in TMPDIR by run id. */
 static void test_default_folder(void **state) {
     (void)state;
@@ -239,6 +327,7 @@ int main(void) {
         cmocka_unit_test(test_own_record),
         cmocka_unit_test(test_device_collectives),
         cmocka_unit_test(test_default_folder),
+        cmocka_unit_test(test_dumps_during_products),
     };
     return cmocka_run_group_tests(tests, temp_dir_setup, temp_dir_teardown);
 }

@@ -24,6 +24,7 @@
 
 #include "tensor/device.h"
 
+#include <signal.h>
 #include <string.h>
 
 /* ---- the kernels (tensor/kernels.h) -------------------------------------------------------- */
@@ -60,6 +61,10 @@ void cddp__cpu_split_values(int64_t n, cddp__cpu_part fn, const void *arg);
 void cddp__cpu_split_rows(int64_t rows, int64_t cols, cddp__cpu_part fn, const void *arg);
 void cddp__cpu_split_cols(int64_t rows, int64_t cols, cddp__cpu_part fn, const void *arg);
 void cddp__cpu_split(int64_t n, int64_t align, int parts, cddp__cpu_part fn, void *arg);
+/* Around every call into oneDNN (gemm.c, dnnl.c): the asynchronous signals blocked on the calling
+ * thread (its mask before in *old), and put back (par.c says why). */
+void cddp__cpu_shield(sigset_t *old);
+void cddp__cpu_unshield(const sigset_t *old);
 
 #define CDDP__CPU_DECL(name) void cddp__cpu_##name(cddp__kq *q, const cddp__k_##name *a);
 CDDP_KERNEL_LIST(CDDP__CPU_DECL)

@@ -173,8 +173,13 @@ static dnnl_memory_t memory(const dnnl_memory_desc_t *md, void *data) {
 }
 
 static void exec(dnnl_primitive_t prim, int n, const dnnl_exec_arg_t *args) {
-    cddp__dnnl_ok(dnnl_primitive_execute(prim, thread_stream(), n, args), "running a primitive");
-    cddp__dnnl_ok(dnnl_stream_wait(thread_stream()), "waiting for a primitive");
+    sigset_t old;
+    cddp__cpu_shield(&old);
+    dnnl_status_t run = dnnl_primitive_execute(prim, thread_stream(), n, args);
+    dnnl_status_t wait = run == dnnl_success ? dnnl_stream_wait(thread_stream()) : run;
+    cddp__cpu_unshield(&old);
+    cddp__dnnl_ok(run, "running a primitive");
+    cddp__dnnl_ok(wait, "waiting for a primitive");
 }
 
 /* false when its scratchpad could not be had (the failure reported through q) */

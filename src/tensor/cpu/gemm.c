@@ -25,9 +25,12 @@ void cddp__gemm_ld(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
                 C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
         return;
     }
-    if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) ==
-        dnnl_success)
-        return;
+    sigset_t old;
+    cddp__cpu_shield(&old);
+    dnnl_status_t s =
+        dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    cddp__cpu_unshield(&old);
+    if (s == dnnl_success) return;
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                 (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta,
                 C, (blasint)ldc);

@@ -9,17 +9,29 @@
  * oneDNN loaded it (GOMP_parallel, what `#pragma omp parallel` compiles to with GCC, which LLVM's
  * runtime provides too), so that cddp joins oneDNN's pool whichever compiler built cddp, and
  * without a runtime every kernel runs on the calling thread.
+ *
+ * oneDNN's float32 GEMM kernels (2.x, Debian's; fixed in 3.11.2) point the stack pointer into a
+ * heap buffer while they run, so a signal handled on a thread inside one writes its frame over
+ * the heap (the process aborts later in free(): `cddprun --dump`'s SIGUSR1 did so within seconds
+ * on AVX-512). So a thread never takes an asynchronous signal inside oneDNN: the caller blocks
+ * them for the call (cddp__cpu_shield, where a signal waits until the call returns or goes to a
+ * thread that is not computing), and the pool's threads, which run nothing but kernels, block
+ * them for good: made with them blocked (the pool is made inside the first shield), and blocked
+ * by the first part of cddp's they run (a pool grown by a split of cddp's).
  */
 #include "tensor/cpu/cpu.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <signal.h>
 
 static struct {
     void (*parallel)(void (*fn)(void *), void *data, unsigned threads, unsigned flags);
     int (*max_threads)(void), (*thread_num)(void), (*num_threads)(void), (*in_parallel)(void);
 } omp;
-static pthread_once_t omp_once = PTHREAD_ONCE_INIT;
+static pthread_once_t omp_once = PTHREAD_ONCE_INIT, shield_once = PTHREAD_ONCE_INIT;
+static sigset_t async_signals; /* every signal but those a fault raises on the faulting thread */
+static _Thread_local bool pool_blocked;
 
 static void find_omp(void) {
     *(void **)&omp.parallel = dlsym(RTLD_DEFAULT, "GOMP_parallel");
@@ -59,13 +71,46 @@ typedef struct {
 static void run_part(void *data) {
     const split_job *j = data;
     int64_t k = omp.num_threads(), i = omp.thread_num();
+    if (i != 0 && !pool_blocked) { /* a pool thread (0 is the caller's own) */
+        pthread_sigmask(SIG_BLOCK, &async_signals, NULL);
+        pool_blocked = true;
+    }
     int64_t units = (j->n + j->align - 1) / j->align;
     int64_t lo = units * i / k * j->align, hi = i + 1 == k ? j->n : units * (i + 1) / k * j->align;
     if (hi > j->n) hi = j->n;
     if (lo < hi) j->fn(lo, hi, (int)i, j->arg);
 }
 
+static void no_part(void *data) {
+    (void)data;
+}
+
+/* Once, before the first shield or split: the set, and the pool at its size, made with the set
+ * blocked (a thread starts with its maker's mask). */
+static void shield_first(void) {
+    sigfillset(&async_signals);
+    static const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
+    for (size_t k = 0; k < CDDP_ARRAY_LEN(faults); k++) sigdelset(&async_signals, faults[k]);
+    pthread_once(&omp_once, find_omp);
+    if (omp.parallel && !omp.in_parallel() && omp.max_threads() > 1) {
+        sigset_t old;
+        pthread_sigmask(SIG_BLOCK, &async_signals, &old);
+        omp.parallel(no_part, NULL, (unsigned)omp.max_threads(), 0);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+    }
+}
+
+void cddp__cpu_shield(sigset_t *old) {
+    pthread_once(&shield_once, shield_first);
+    pthread_sigmask(SIG_BLOCK, &async_signals, old);
+}
+
+void cddp__cpu_unshield(const sigset_t *old) {
+    pthread_sigmask(SIG_SETMASK, old, NULL);
+}
+
 void cddp__cpu_split(int64_t n, int64_t align, int parts, cddp__cpu_part fn, void *arg) {
+    pthread_once(&shield_once, shield_first); /* the set run_part blocks */
     if (parts <= 1 || !omp.parallel) {
         fn(0, n, 0, arg);
         return;
