@@ -94,8 +94,11 @@ PYEOF
 "$T" "$work/nothing" > "$work/out" 2>&1 && fail "cddp-trace of no records succeeded"
 has "no flight records"
 
-# cddprun --dump from another shell: every rank writes its record, the job goes on.
+# cddprun --dump from another shell: every rank writes its record, the job goes on. The round's
+# start sweeps the temporary a rank killed while writing its record left.
 rm -rf "$work/logs"
+mkdir -p "$work/logs/flight"
+: > "$work/logs/flight/rank-3.json.4242.7.tmp"
 "$R" --standalone --nproc_per_node 4 --logdir "$work/logs" "$planted" none 0 200000 > "$work/job" 2>&1 &
 bg=$!
 i=0
@@ -105,6 +108,7 @@ until [ -f "$work/logs/flight/cddprun-node0.pid" ]; do
     sleep 0.1
 done
 sleep 2
+[ ! -e "$work/logs/flight/rank-3.json.4242.7.tmp" ] || fail "a killed rank's temporary was kept"
 "$R" --dump --logdir "$work/logs" > "$work/out" 2>&1 || fail "cddprun --dump failed"
 has "flight records in $work/logs/flight: 4 of 4 ranks"
 has "wrote it: SIGUSR1: asked for the record"

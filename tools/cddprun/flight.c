@@ -271,11 +271,16 @@ void cddprun_flight_round(job *j) {
         sa.sa_flags = SA_RESTART;
         sigaction(SIGUSR1, &sa, NULL);
     }
-    DIR *d = opendir(dir); /* an earlier round's or run's records would mislead the report */
+    /* an earlier round's or run's records would mislead the report (and a rank killed while it
+     * wrote one left its temporary) */
+    DIR *d = opendir(dir);
     struct dirent *de;
     while (d && (de = readdir(d))) {
         int r, used = 0;
-        if (sscanf(de->d_name, "rank-%d.json%n", &r, &used) == 1 && !de->d_name[used]) {
+        size_t rest = 0;
+        if (sscanf(de->d_name, "rank-%d.json%n", &r, &used) == 1 &&
+            ((rest = strlen(de->d_name + used)) == 0 ||
+             (rest > 4 && !strcmp(de->d_name + used + rest - 4, ".tmp")))) {
             char path[PATH_MAX + 300];
             snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
             unlink(path);
