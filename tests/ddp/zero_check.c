@@ -3,13 +3,15 @@
  * copies of a model, one wrapped with shard_optimizer (--stage 2: shard_gradients), one without,
  * the same batches on each rank.
  *
- *   zero_check [--stage 1|2] mlp|cnn|gpt [CAP_MB] [sum|nosync|accum|accum_unused|unused|bf16]
+ *   zero_check [--stage 1|2] mlp|cnn|bn|gpt [CAP_MB] [sum|nosync|accum|accum_unused|unused|bf16]
  *       (the stage also from CDDP_TEST_ZERO_STAGE)
  *       10 AdamW steps (the GPT: GPT-2's recipe, clipping at 0.5 and the schedule); after every
  *       step the parameters within 1e-6 of DDP's (relative to the model's largest), the reduced
  *       gradients of this rank's shard within 1e-6 too; each rank's optimizer state is its shard
  *       alone (the ranks' shards add up to the model, none larger than its share plus one element
- *       per bucket); the MLP's odd layer widths give every world size uneven shards.
+ *       per bucket); the MLP's odd layer widths give every world size uneven shards. bn: the
+ *       CNN with BatchNorm, whose running statistics (rank 0's, broadcast at each forward) are
+ *       DDP's too, and its resumed run's the uninterrupted one's.
  *       A checkpoint saved at step 5 by the sharded run continues, loaded into a fresh sharded
  *       run, bit for bit like the uninterrupted one, and loaded into a fresh plain DDP run like
  *       DDP (within 1e-6).
@@ -39,7 +41,7 @@
 
 enum { B = 4, D = 6, O = 3, STEPS = 10, SAVE_AT = 5, GPT_T = 8, GPT_V = 32 };
 
-typedef enum { MLP, CNN, GPT } kind;
+typedef enum { MLP, CNN, BN, GPT } kind;
 
 typedef struct run {
     cddp_model *m;
@@ -56,9 +58,10 @@ static cddp_model *make_model(kind k) {
             .vocab_size = GPT_V, .block_size = GPT_T, .n_layer = 2, .n_head = 2, .n_embd = 16};
         m = cddp_model_create_with(cddp_nn_gpt(&c), &err);
         if (!m) FAIL("cannot make the GPT: %s", err.msg);
-    } else if (k == CNN) {
+    } else if (k == CNN || k == BN) { /* bn: BatchNorm after the first convolution */
         m = cddp_model_create();
         rc |= cddp_model_add(m, "conv1", cddp_nn_conv2d(1, 4, 3, 1, 1));
+        if (k == BN) rc |= cddp_model_add(m, "bn1", cddp_nn_batch_norm(4));
         rc |= cddp_model_add(m, "relu1", cddp_nn_relu());
         rc |= cddp_model_add(m, "pool1", cddp_nn_max_pool2d(2, 2));
         rc |= cddp_model_add(m, "conv2", cddp_nn_conv2d(4, 7, 3, 1, 1));
@@ -127,17 +130,18 @@ static cddp_tensor *loss_of(cddp_ctx *ctx, const run *r, kind k, int s, int a, i
         loss = cddp_cross_entropy(ctx, cddp_reshape(ctx, logits, 2, (int64_t[]){rows, GPT_V}), yt,
                                   CDDP_REDUCE_MEAN);
     } else {
-        int n = k == CNN ? 64 : D;
+        bool conv = k == CNN || k == BN;
+        int n = conv ? 64 : D;
         float *x = malloc(sizeof(float) * (size_t)(n * per));
         int64_t *y = malloc(sizeof(int64_t) * (size_t)per);
         for (int64_t i = 0; i < per * n; i++) x[i] = cddp_rng_uniform(&g) * 2 - 1;
         for (int64_t i = 0; i < per; i++) y[i] = (int64_t)cddp_rng_below(&g, O);
-        cddp_tensor *xt = k == CNN ? cddp_from_data(ctx, CDDP_F32, 4, (int64_t[]){per, 1, 8, 8}, x)
-                                   : cddp_from_data(ctx, CDDP_F32, 2, (int64_t[]){per, n}, x);
+        cddp_tensor *xt = conv ? cddp_from_data(ctx, CDDP_F32, 4, (int64_t[]){per, 1, 8, 8}, x)
+                               : cddp_from_data(ctx, CDDP_F32, 2, (int64_t[]){per, n}, x);
         cddp_tensor *yt = cddp_from_data(ctx, CDDP_I64, 1, &per, y);
         free(x);
         free(y);
-        if (k == CNN) {
+        if (conv) {
             loss = cddp_cross_entropy(ctx, cddp_model_forward(r->m, ctx, xt), yt, CDDP_REDUCE_MEAN);
         } else { /* fc3, and the aux head on some steps and ranks */
             cddp_model_notify(r->m, CDDP_EVENT_FORWARD);
@@ -189,6 +193,18 @@ static void same_params(const run *got, const run *ref, double tol, const char *
     if (d > tol)
         FAIL("after step %d: %s's parameters differ from DDP's by %g of the largest", s + 1, what,
              d);
+}
+
+/* BatchNorm's running statistics (DDP's broadcast from rank 0 at each forward, under every stage)
+ * within tol of the reference's, relative to its largest. */
+static void same_buffers(const run *got, const run *ref, double tol, const char *what, int s) {
+    int64_t n = (int64_t)cddp_model_buffer_numel(ref->m);
+    if (n == 0) return;
+    const float *a = on_host(cddp_model_buffer_data(got->m), n),
+                *b = on_host(cddp_model_buffer_data(ref->m), n);
+    double d = rel_diff(a, b, 0, n, largest(b, n));
+    if (d > tol)
+        FAIL("after step %d: %s's buffers differ from DDP's by %g of the largest", s + 1, what, d);
 }
 
 /* Stage 2: after a synchronised backward, the gradients outside the shard are zero. */
@@ -248,6 +264,7 @@ static int equal(cddp_comm *g, kind k, double cap_mb, const char *variant) {
         cddp_optim_step(ddp.opt);
         cddp_optim_step(zero.opt);
         same_params(&zero, &ddp, 1e-6, "the sharded run", s);
+        same_buffers(&zero, &ddp, 1e-6, "the sharded run", s);
         /* At step 5: the sharded run's file and set (each rank writes its shard), and plain
          * DDP's set (each rank an even share). */
         if (s + 1 == SAVE_AT &&
@@ -287,6 +304,7 @@ static int equal(cddp_comm *g, kind k, double cap_mb, const char *variant) {
         cddp_optim_step(cross.opt);
     }
     same_params(&again, &zero, 0.0, "the sharded run resumed from its set at step 5", STEPS - 1);
+    same_buffers(&again, &zero, 0.0, "the sharded run resumed from its set at step 5", STEPS - 1);
     same_params(&plain, &ddp, 1e-6, "a plain DDP run resumed from the sharded checkpoint",
                 STEPS - 1);
     same_params(&cross, &zero, 1e-6, "a sharded run resumed from plain DDP's set", STEPS - 1);
@@ -296,6 +314,7 @@ static int equal(cddp_comm *g, kind k, double cap_mb, const char *variant) {
            rank, world, stage,
            k == GPT   ? "gpt"
            : k == CNN ? "cnn"
+           : k == BN  ? "bn"
                       : "mlp",
            *variant ? " " : "", variant, cddp_ddp_num_buckets(zero.d), STEPS, (long long)mine,
            (long long)n);
@@ -437,7 +456,7 @@ static int memory(cddp_comm *g) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: zero_check [--stage 1|2] mlp|cnn|gpt [CAP_MB] "
+        fprintf(stderr, "usage: zero_check [--stage 1|2] mlp|cnn|bn|gpt [CAP_MB] "
                         "[sum|nosync|accum|accum_unused|unused|bf16] | refuse | memory\n");
         return 2;
     }
@@ -460,10 +479,12 @@ int main(int argc, char **argv) {
         status = refuse(g);
     else if (!strcmp(mode, "memory"))
         status = memory(g);
-    else if (!strcmp(mode, "mlp") || !strcmp(mode, "cnn") || !strcmp(mode, "gpt"))
+    else if (!strcmp(mode, "mlp") || !strcmp(mode, "cnn") || !strcmp(mode, "bn") ||
+             !strcmp(mode, "gpt"))
         status = equal(g,
                        !strcmp(mode, "gpt")   ? GPT
                        : !strcmp(mode, "cnn") ? CNN
+                       : !strcmp(mode, "bn")  ? BN
                                               : MLP,
                        argc > 2 ? atof(argv[2]) : 0, argc > 3 ? argv[3] : "");
     else
