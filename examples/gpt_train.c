@@ -1028,7 +1028,7 @@ static int finish(job *j, cddp_error *err) {
     }
     fflush(stdout);
     if (!o->json) return CDDP_OK;
-    char extra[256] = "", tl[32], vl[32]; /* the losses: null when not evaluated (--bench) */
+    char extra[256] = "", tl[32], ll[32], vl[32]; /* the losses: null when none (--bench) */
     char mem[200];
     run_memory_json(mem, sizeof mem, j->ddp, j->opt);
     if (o->bench)
@@ -1042,17 +1042,17 @@ static int finish(job *j, cddp_error *err) {
     double n = sp->iters ? (double)sp->iters : 1;
     printf("{\"iters\": %" PRId64 ", \"world\": %d, \"dtype\": \"%s\", \"params\": %" PRId64
            ", \"tokens\": %" PRId64 ", \"train_s\": %.3f, \"tokens_per_s\": %.1f, "
-           "\"train_loss\": %s, \"last_loss\": %.4f, \"val_loss\": %s, "
+           "\"train_loss\": %s, \"last_loss\": %s, \"val_loss\": %s, "
            "\"median_iter_ms\": %.3f, "
            "\"zero\": %s, \"hook\": \"%s\", %s, "
            "\"iter_ms\": {\"forward\": %.3f, \"backward\": %.3f, \"allreduce\": %.3f, "
            "\"allreduce_wait\": %.3f, \"optimizer\": %.3f}%s}\n",
            j->iter - j->first, j->world, cddp_dtype_name(j->compute), j->params, j->tokens,
            j->train_s, j->train_s > 0 ? (double)j->tokens / j->train_s : 0.0,
-           json_number(tl, j->train_loss), j->last_loss, json_number(vl, j->val_loss),
-           median(j->iter_s, j->n_iter_s) * 1e3, o->zero ? "true" : "false", o->hook, mem,
-           sp->forward / n * 1e3, sp->backward / n * 1e3, sp->comm / n * 1e3, sp->wait / n * 1e3,
-           sp->optimizer / n * 1e3, extra);
+           json_number(tl, j->train_loss), json_number(ll, j->last_loss),
+           json_number(vl, j->val_loss), median(j->iter_s, j->n_iter_s) * 1e3,
+           o->zero ? "true" : "false", o->hook, mem, sp->forward / n * 1e3, sp->backward / n * 1e3,
+           sp->comm / n * 1e3, sp->wait / n * 1e3, sp->optimizer / n * 1e3, extra);
     return CDDP_OK;
 }
 

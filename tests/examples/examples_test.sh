@@ -819,6 +819,9 @@ PYEOF
     grep -q "initialised from weights.safetensors (weights only" b.out || fail "no word of the initialisation"
     va=$(json_of a.out val_loss)
     vb=$(json_of b.out val_loss)
+    # no iteration: still JSON, its last loss null (JSON has no nan)
+    grep '^{' b.out | tail -n 1 | $PY -c 'import json, sys; assert json.load(sys.stdin)["last_loss"] is None' ||
+        fail "--max_iters 0 --json: not JSON with a null last loss: $(grep '^{' b.out | tail -n 1)"
     [ -n "$va" ] && [ "$va" = "$vb" ] || fail "validation loss $vb from the weights, $va where they were trained"
     run --nproc_per_node 2 $GPT --max_iters 10 --out none --init_from weights.safetensors > c.out 2>&1 \
         || { cat c.out; fail "training from the weights failed"; }
