@@ -17,12 +17,12 @@ libpcre2-dev"
 # CI fuzzes the readers with clang's libFuzzer (clang, libclang-rt-14-dev). A real Slurm runs on
 # this host for the srun and sbatch tests (munge, slurmctld, slurmd, slurm-client); cddprun
 # --hosts is tested over ssh, with an sshd of its own in each emulated host (openssh-server,
-# openssh-client). TensorBoard,
+# openssh-client). The GPU check's scripts are held to shellcheck's rules (shellcheck). TensorBoard,
 # which reads the event files back, comes from PyPI into a virtual environment (python3-venv;
 # scripts/pydeps.sh).
 test_pkgs="$build_pkgs libcmocka-dev dataset-fashion-mnist python3-numpy libopenmpi-dev openmpi-bin \
 python3-torch librsvg2-bin fortunes clang libclang-rt-14-dev munge slurmctld slurmd slurm-client \
-python3-venv openssh-client openssh-server"
+python3-venv openssh-client openssh-server shellcheck"
 demo_pkgs="$build_pkgs dataset-fashion-mnist"
 demo_gpt_pkgs="$build_pkgs fortunes"
 bench_pkgs="$test_pkgs stress-ng"  # PyTorch and Open MPI are the peers; stress-ng loads a core

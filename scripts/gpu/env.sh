@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2154 # carry and py: the caller's
 # env.sh (sourced by check.sh, quick.sh and profile.sh on the GPU machine, with carry and py set):
 # unpacks the carried Debian runtime packages into /tmp/cddp-libs and defines ld (the programs'
 # library path: those, cuBLASLt from PyTorch's wheels or the toolkit), CDDP_NCCL_LIBRARY (the

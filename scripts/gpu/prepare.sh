@@ -42,6 +42,7 @@ grep -q "the CUDA device is built" "$build/configure.log" || {
 programs="device_check fashion_mnist ddp_train bench_mlp gpt_train cddprun ipc_probe ipc_check"
 # nccl_test where NCCL's header was found (the toolkit's): check.sh's NCCL steps need it
 grep -q "the nccl transport is built" "$build/configure.log" && programs="$programs nccl_test"
+# shellcheck disable=SC2086 # the programs are words
 cmake --build "$build" -j "$(nproc)" --target $programs cddp-tokenize
 rm -rf "$carry"
 mkdir -p "$carry/bin" "$carry/debs" "$carry/data"
