@@ -4,7 +4,7 @@
 #   scripts/gpu/prepare.sh                      here, without a GPU: builds CARRY (build-gpu/carry)
 #   scripts/gpu/check.sh build-gpu/carry        there, with carry: ["build-gpu/carry"]
 #
-# Each step is a file of scripts/gpu/steps/, named by its number (09-*.sh: step 9's parts, in
+# Each step is a file of scripts/gpu/steps/, named by its number (08*.sh: step 8's parts, in
 # the order of their names); the steps share scripts/gpu/lib.sh, and their JSON (the programs'
 # output, results.jsonl) goes through scripts/gpu/check_json.py. Each part has its own time limit and
 # is skipped when it would not end inside the budget (CDDP_CHECK_BUDGET_S, default 330 s):
@@ -19,21 +19,21 @@
 #                            fp32, bf16 and bf16 by rows; its checkpoint into PyTorch and the CPU
 #    6  06-mlp-speed.sh      the MLP's training speed, cddp and PyTorch eager, batch 32 and 256
 #    7  07-gpt-speed.sh      the 6-layer GPT's speed in fp32 and bf16, and the host's share
-#    9  09a-two-ranks.sh     the tiny GPT on 2 ranks sharing the GPU against 2 on the CPU; ZeRO-1,
+#    8  08a-two-ranks.sh     the tiny GPT on 2 ranks sharing the GPU against 2 on the CPU; ZeRO-1,
 #                            ZeRO-2, activation checkpointing and --ipc against it; the 6-layer
 #                            GPT's speed, staged and --ipc, against PyTorch DDP over gloo
-#       09b-nccl.sh          NCCL on one rank: its allreduce, ddp_train --nccl, the overhead on
+#       08b-nccl.sh          NCCL on one rank: its allreduce, ddp_train --nccl, the overhead on
 #                            the 6-layer GPT (bar 2 %), 2 ranks on one GPU refused or host-staged
-#       09c-ipc.sh           CUDA IPC between two processes (ipc_probe); the ipc transport's
+#       08c-ipc.sh           CUDA IPC between two processes (ipc_probe); the ipc transport's
 #                            collectives on 2 ranks (ipc_check, bit for bit)
-#       09d-kill.sh          rank 1 of 2 SIGKILLed mid-training, staged and --ipc
-#   11  11-recipe.sh         gpt_train's recipe (2000 iterations) in bf16 against fp32 (0.05)
+#       08d-kill.sh          rank 1 of 2 SIGKILLed mid-training, staged and --ipc
+#    9  09-recipe.sh         gpt_train's recipe (2000 iterations) in bf16 against fp32 (0.05)
 #   10  10-gpt2.sh           (only when asked for) GPT-2 124M in bf16, batch 16 x 1024: cddp's
 #                            --bench against PyTorch eager and torch.compile; the card's bf16 rate
-#    8  08-sanitizers.sh     (last) racecheck, synccheck, initcheck on device_check; memcheck and
+#   11  11-sanitizers.sh     racecheck, synccheck, initcheck on device_check; memcheck and
 #                            racecheck on two iterations of the tiny GPT
-# CDDP_CHECK_STEPS (default "2 3 4 5 6 7 9 11 8"; 10 when asked for) picks the steps and their
-# order.
+# The steps run in their order; CDDP_CHECK_STEPS (default "2 3 4 5 6 7 8 9 11"; 10 when asked
+# for: "2 3 4 5 6 7 8 9 10 11") picks them.
 # Writes to $OUT (or build-gpu/out): check.log, results.jsonl (the lines for
 # bench/gpu/results.jsonl), device_check.jsonl, sanitizer-device_check.txt and
 # sanitizer-gpt_train.txt; prints a table of the checks that ran last and exits 1 when any failed
@@ -65,7 +65,7 @@ rm -f "$out"/sanitizer-*.txt
 . "$root/scripts/gpu/lib.sh"
 # shellcheck source=scripts/gpu/steps/01-versions.sh
 . "$root/scripts/gpu/steps/01-versions.sh"
-for step in ${CDDP_CHECK_STEPS:-2 3 4 5 6 7 9 11 8}; do
+for step in ${CDDP_CHECK_STEPS:-2 3 4 5 6 7 8 9 11}; do
     parts=("$root"/scripts/gpu/steps/"$(printf %02d "$step")"*.sh)
     [ -f "${parts[0]}" ] || {
         outcome "step $step" FAIL "no such step in scripts/gpu/steps"

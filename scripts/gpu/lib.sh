@@ -85,12 +85,12 @@ versus() {
     outcome "$3, $2" $ok "cddp ${cm:-none} ($cspread), PyTorch eager ${tm:-none} ($tspread), ratio $(ratio "$cm" "$tm")"
 }
 
-# The tiny GPT (2 layers, width 64), 20 iterations: steps 5 and 9.
+# The tiny GPT (2 layers, width 64), 20 iterations: steps 5 and 8.
 # shellcheck disable=SC2034 # the steps'
 tiny=(--n_layer 2 --n_head 4 --n_embd 64 --block_size 32 --batch_size 8 --max_iters 20
     --warmup_iters 5 --log_interval 1 --eval_interval 10 --eval_iters 2 --out none --sample 60
     --temperature 0 --prompt A --json --data "$data/fortunes")
-# The 6-layer GPT of the speed checks (steps 7 and 9): its shape and 30 iterations, for cddp and
+# The 6-layer GPT of the speed checks (steps 7 and 8): its shape and 30 iterations, for cddp and
 # bench/gpt_torch.py alike; gpt6 adds gpt_train's one short evaluation and its JSON.
 gpt6_shape=(--n_layer 6 --n_head 6 --n_embd 384 --block_size 256 --batch_size 16 --max_iters 30)
 # shellcheck disable=SC2034 # the steps'

@@ -1,8 +1,9 @@
 #!/bin/bash
 # check_scripts.sh: the GPU check's scripts (scripts/gpu: check.sh, its steps and lib.sh, and the
 # scripts beside them) are shellcheck clean, every step check.sh can be asked for is a file of
-# steps/, and check_json.py reads the programs' JSON and writes results.jsonl's lines as the check
-# needs (the GPU check itself runs only on a GPU, or rehearsed on the emulated device).
+# steps/, its default steps run in their order, and check_json.py reads the programs' JSON and
+# writes results.jsonl's lines as the check needs (the GPU check itself runs only on a GPU, or
+# rehearsed on the emulated device).
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 gpu=$root/scripts/gpu
@@ -15,6 +16,11 @@ shellcheck -x scripts/gpu/*.sh scripts/gpu/steps/*.sh || fail "shellcheck"
 for s in 1 2 3 4 5 6 7 8 9 10 11; do
     ls "$gpu/steps/$(printf %02d $s)"*.sh >/dev/null 2>&1 || fail "no file for step $s"
 done
+# the default steps run in their numbers' order
+default=$(sed -n 's/^for step in ${CDDP_CHECK_STEPS:-\([0-9 ]*\)}; do$/\1/p' "$gpu/check.sh")
+[ -n "$default" ] || fail "check.sh: no default CDDP_CHECK_STEPS found"
+[ "$(echo "$default" | tr ' ' '\n' | sort -n | tr '\n' ' ')" = "$default " ] ||
+    fail "check.sh's default steps are not in order: $default"
 # each step file names itself on its second line (check.sh prints it as the step's heading)
 for f in "$gpu"/steps/*.sh; do
     sed -n 2p "$f" | grep -q "^# $(basename "$f"): ." || fail "$f: no '# $(basename "$f"): WHAT' line"

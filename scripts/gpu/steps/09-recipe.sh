@@ -1,5 +1,5 @@
 # shellcheck shell=bash disable=SC2154 # check.sh's and lib.sh's variables
-# 11-recipe.sh: gpt_train's recipe in bf16 against fp32
+# 09-recipe.sh: gpt_train's recipe in bf16 against fp32
 # Mixed precision learns what float32 does: gpt_train's defaults (nanoGPT's CPU recipe: 4 layers,
 # 4 heads of 32, attention by rows in bf16) to the end, each validation loss over the whole
 # validation text; bf16's within 0.05 of fp32's (issue 32; on the CPU they end 3e-4 apart).

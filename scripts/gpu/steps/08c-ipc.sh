@@ -1,5 +1,5 @@
 # shellcheck shell=bash disable=SC2154 # check.sh's and lib.sh's variables
-# 09c-ipc.sh: CUDA IPC between two processes, and the ipc transport's collectives on 2 ranks
+# 08c-ipc.sh: CUDA IPC between two processes, and the ipc transport's collectives on 2 ranks
 # ipc_probe (tests/gpu/ipc_probe.c): memory and an event opened by another process, its reads and
 # writes checked; CUDA's words when a step fails. Then cddp_dcomm's collectives on 2 ranks sharing
 # the device (tests/ipc/ipc_check.c: allreduce, reduce-scatter and allgather, back to back, every

@@ -1,5 +1,5 @@
 # shellcheck shell=bash disable=SC2154 # check.sh's and lib.sh's variables
-# 09b-nccl.sh: NCCL (the wheels' library) on one rank
+# 08b-nccl.sh: NCCL (the wheels' library) on one rank
 # The nccl transport's allreduce of device memory (and its order with the device's stream);
 # ddp_train --nccl against ddp_train; the 6-layer GPT's tokens/s with --nccl against without (bar:
 # 2 %); 2 ranks on the one GPU refused with --nccl, and left to the auto choice (host copies,

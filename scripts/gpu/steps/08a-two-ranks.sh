@@ -1,5 +1,5 @@
 # shellcheck shell=bash disable=SC2154 # check.sh's and lib.sh's variables
-# 09a-two-ranks.sh: the GPT on 2 ranks sharing the GPU (host-staged reduction)
+# 08a-two-ranks.sh: the GPT on 2 ranks sharing the GPU (host-staged reduction)
 # The tiny GPT on 2 ranks, every rank on the first GPU, against the same 2 ranks on the CPU (1e-4);
 # with ZeRO-1, ZeRO-2 and activation checkpointing against DDP on the device, and with --ipc (CUDA
 # IPC, with and without ZeRO-1) against the staged reduction (1e-5); then the 6-layer GPT's speed

@@ -1,5 +1,5 @@
 # shellcheck shell=bash disable=SC2154 # check.sh's and lib.sh's variables
-# 09d-kill.sh: rank 1 of 2 on the GPU SIGKILLed mid-training, staged and with --ipc
+# 08d-kill.sh: rank 1 of 2 on the GPU SIGKILLed mid-training, staged and with --ipc
 # The job stops in seconds, naming it as the root cause (tests/ddp/device_kill.sh).
 
 kill1() {
