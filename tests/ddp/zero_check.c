@@ -3,7 +3,8 @@
  * copies of a model, one wrapped with shard_optimizer (--stage 2: shard_gradients), one without,
  * the same batches on each rank.
  *
- *   zero_check [--stage 1|2] mlp|cnn|bn|gpt [CAP_MB] [sum|nosync|accum|accum_unused|unused|bf16]
+ *   zero_check [--stage 1|2] mlp|cnn|bn|gpt [CAP_MB] [sum|nosync|accum|accum_unused|unused|
+ *                                                     bf16|fp16]
  *       (the stage also from CDDP_TEST_ZERO_STAGE)
  *       10 AdamW steps (the GPT: GPT-2's recipe, clipping at 0.5 and the schedule); after every
  *       step the parameters within 1e-6 of DDP's (relative to the model's largest), the reduced
@@ -15,7 +16,7 @@
  *       A checkpoint saved at step 5 by the sharded run continues, loaded into a fresh sharded
  *       run, bit for bit like the uninterrupted one, and loaded into a fresh plain DDP run like
  *       DDP (within 1e-6).
- *       bf16: both runs with the bf16 hook (the sharded one reduce-scatters 16-bit copies, DDP
+ *       bf16, fp16: both runs with that hook (the sharded one reduce-scatters 16-bit copies, DDP
  *       allreduces them), the same bounds. nosync: two micro-batches a step, the first under
  *       no_sync; accum: two, each reduced (the shard adds up the means); accum_unused: the same,
  *       the aux head used in the first only (by every rank: its gradient stays the first's).
@@ -233,8 +234,9 @@ static int equal(cddp_comm *g, kind k, double cap_mb, const char *variant) {
     cddp_ddp_options o = {.bucket_cap_mb = cap_mb,
                           .sum = sum,
                           .find_unused_parameters = unused,
-                          .hook =
-                              !strcmp(variant, "bf16") ? CDDP_DDP_HOOK_BF16 : CDDP_DDP_HOOK_NONE};
+                          .hook = !strcmp(variant, "bf16")   ? CDDP_DDP_HOOK_BF16
+                                  : !strcmp(variant, "fp16") ? CDDP_DDP_HOOK_FP16
+                                                             : CDDP_DDP_HOOK_NONE};
     run ddp = start(k, g, o);
     o.shard_optimizer = true;
     o.shard_gradients = stage == 2;
@@ -457,7 +459,7 @@ static int memory(cddp_comm *g) {
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: zero_check [--stage 1|2] mlp|cnn|bn|gpt [CAP_MB] "
-                        "[sum|nosync|accum|accum_unused|unused|bf16] | refuse | memory\n");
+                        "[sum|nosync|accum|accum_unused|unused|bf16|fp16] | refuse | memory\n");
         return 2;
     }
     cddp_error err = {0};
