@@ -113,6 +113,18 @@ sleep 2
 has "flight records in $work/logs/flight: 4 of 4 ranks"
 has "wrote it: SIGUSR1: asked for the record"
 kill -0 "$bg" || fail "the job ended after --dump"
+# SIGUSR1 at the launcher every 20 ms for 2 s: a report under way (it waits 1 s for the records)
+# answers the requests that come meanwhile, so each rank writes a record a second, not 100.
+sleep 1
+before=$(grep -c "flight record written" "$work/job")
+launcher=$(cat "$work/logs/flight/cddprun-node0.pid")
+for _ in $(seq 100); do
+    kill -USR1 "$launcher"
+    sleep 0.02
+done
+sleep 2
+made=$(($(grep -c "flight record written" "$work/job") - before))
+[ "$made" -ge 4 ] && [ "$made" -le 16 ] || fail "100 SIGUSR1 in 2 s made $made records of 4 ranks"
 kill "$bg"
 wait "$bg"
 bg=""

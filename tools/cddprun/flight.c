@@ -300,11 +300,13 @@ static void answered_path(const job *j, char *out, size_t n) {
 
 void cddprun_flight_watch(job *j) {
     double now = cddp_now_s();
-    if (dump_asked) {
+    if (dump_asked) { /* a report under way here answers the requests that come meanwhile */
         dump_asked = 0;
-        asked_here = true;
-        ask_all(j);
-        report_at = now + 1.0;
+        if (!(asked_here && report_at > 0)) {
+            asked_here = true;
+            ask_all(j);
+            report_at = now + 1.0;
+        }
     }
     if (now >= next_scan) {
         next_scan = now + 0.5;
