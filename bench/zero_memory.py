@@ -63,17 +63,17 @@ def main():
     worlds = [int(w) for w in (sys.argv[2] if len(sys.argv) > 2 else "2,4").split(",")]
     t = int(sys.argv[3]) if len(sys.argv) > 3 else 128
     rows = []
-    folder = tempfile.mkdtemp(prefix="zero_memory.")
-    data = tokens(folder)
-    for world in worlds:
-        for stage in (0, 1, 2):
-            j = run(build, world, stage, t, data)
-            print("run", world, stage, json.dumps(j), flush=True)
-            P = j["params"]
-            want = (4 * P, 4 * P if stage < 2 else 4 * P / world,
-                    8 * P if stage == 0 else 8 * P / world)
-            got = (j["param_bytes"], j["grad_bytes"], j["optim_state_bytes"])
-            rows.append((world, stage, P, got, want, j["peak_rss_bytes"]))
+    with tempfile.TemporaryDirectory(prefix="zero_memory.") as folder:
+        data = tokens(folder)
+        for world in worlds:
+            for stage in (0, 1, 2):
+                j = run(build, world, stage, t, data)
+                print("run", world, stage, json.dumps(j), flush=True)
+                P = j["params"]
+                want = (4 * P, 4 * P if stage < 2 else 4 * P / world,
+                        8 * P if stage == 0 else 8 * P / world)
+                got = (j["param_bytes"], j["grad_bytes"], j["optim_state_bytes"])
+                rows.append((world, stage, P, got, want, j["peak_rss_bytes"]))
     print(f"\n| ranks | stage | parameters MiB | gradients MiB | optimizer MiB | sum MiB "
           f"| formula MiB | off | peak resident MiB (batch 1 x {t}) |")
     print("|---|---|---|---|---|---|---|---|---|")
