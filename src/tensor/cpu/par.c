@@ -16,8 +16,8 @@
  * on AVX-512). So a thread never takes an asynchronous signal inside oneDNN: the caller blocks
  * them for the call (cddp__cpu_shield, where a signal waits until the call returns or goes to a
  * thread that is not computing), and the pool's threads, which run nothing but kernels, block
- * them for good: made with them blocked (the pool is made inside the first shield), and blocked
- * by the first part of cddp's they run (a pool grown by a split of cddp's).
+ * them for good: made with them blocked (find_omp makes the pool so, once), and blocked by the
+ * first part of cddp's they run (a pool grown by a split of cddp's).
  */
 #include "tensor/cpu/cpu.h"
 
@@ -29,11 +29,21 @@ static struct {
     void (*parallel)(void (*fn)(void *), void *data, unsigned threads, unsigned flags);
     int (*max_threads)(void), (*thread_num)(void), (*num_threads)(void), (*in_parallel)(void);
 } omp;
-static pthread_once_t omp_once = PTHREAD_ONCE_INIT, shield_once = PTHREAD_ONCE_INIT;
+static pthread_once_t omp_once = PTHREAD_ONCE_INIT;
 static sigset_t async_signals; /* every signal but those a fault raises on the faulting thread */
 static _Thread_local bool pool_blocked;
 
+static void no_part(void *data) {
+    (void)data;
+}
+
+/* Once, before the first split or shield: the runtime's entry points, the signals the pool's
+ * threads block, and the pool at its size, made with them blocked (a thread starts with its
+ * maker's mask). */
 static void find_omp(void) {
+    sigfillset(&async_signals);
+    static const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
+    for (size_t k = 0; k < CDDP_ARRAY_LEN(faults); k++) sigdelset(&async_signals, faults[k]);
     *(void **)&omp.parallel = dlsym(RTLD_DEFAULT, "GOMP_parallel");
     *(void **)&omp.max_threads = dlsym(RTLD_DEFAULT, "omp_get_max_threads");
     *(void **)&omp.thread_num = dlsym(RTLD_DEFAULT, "omp_get_thread_num");
@@ -41,6 +51,12 @@ static void find_omp(void) {
     *(void **)&omp.in_parallel = dlsym(RTLD_DEFAULT, "omp_in_parallel");
     if (!omp.max_threads || !omp.thread_num || !omp.num_threads || !omp.in_parallel)
         omp.parallel = NULL;
+    if (omp.parallel && !omp.in_parallel() && omp.max_threads() > 1) {
+        sigset_t old;
+        pthread_sigmask(SIG_BLOCK, &async_signals, &old);
+        omp.parallel(no_part, NULL, (unsigned)omp.max_threads(), 0);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+    }
 }
 
 int cddp__cpu_parts(int64_t n, int64_t grain) {
@@ -81,27 +97,8 @@ static void run_part(void *data) {
     if (lo < hi) j->fn(lo, hi, (int)i, j->arg);
 }
 
-static void no_part(void *data) {
-    (void)data;
-}
-
-/* Once, before the first shield or split: the set, and the pool at its size, made with the set
- * blocked (a thread starts with its maker's mask). */
-static void shield_first(void) {
-    sigfillset(&async_signals);
-    static const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
-    for (size_t k = 0; k < CDDP_ARRAY_LEN(faults); k++) sigdelset(&async_signals, faults[k]);
-    pthread_once(&omp_once, find_omp);
-    if (omp.parallel && !omp.in_parallel() && omp.max_threads() > 1) {
-        sigset_t old;
-        pthread_sigmask(SIG_BLOCK, &async_signals, &old);
-        omp.parallel(no_part, NULL, (unsigned)omp.max_threads(), 0);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-    }
-}
-
 void cddp__cpu_shield(sigset_t *old) {
-    pthread_once(&shield_once, shield_first);
+    pthread_once(&omp_once, find_omp);
     pthread_sigmask(SIG_BLOCK, &async_signals, old);
 }
 
@@ -110,7 +107,6 @@ void cddp__cpu_unshield(const sigset_t *old) {
 }
 
 void cddp__cpu_split(int64_t n, int64_t align, int parts, cddp__cpu_part fn, void *arg) {
-    pthread_once(&shield_once, shield_first); /* the set run_part blocks */
     if (parts <= 1 || !omp.parallel) {
         fn(0, n, 0, arg);
         return;
