@@ -7,13 +7,15 @@
       Numbers print as JSON writes them, strings bare.
   check_json.py result FILE WHAT IMPL VALUE UNIT CONFIG [KEY=JSON ...]
       appends one line of results.jsonl to FILE: the date, CHECK_COMMIT and CHECK_CARD from the
-      environment, then the fields given; VALUE is a number or empty (null), each KEY=JSON an extra
-      field whose value is JSON text (true, 0.25, "a..b"), or a plain string when it is not JSON.
+      environment, then the fields given; VALUE is a number, or null when empty, nan or inf; each
+      KEY=JSON an extra field whose value is JSON text (true, 0.25, "a..b"), or a plain string
+      when it is not JSON.
 
 Only the standard library: it runs under whichever python3 the GPU machine has.
 """
 import datetime
 import json
+import math
 import os
 import sys
 
@@ -44,10 +46,13 @@ def get(path, default):
 
 
 def number(text):
+    """A result's value: None (JSON's null) for none, nan or inf, which JSON cannot hold."""
     if text in ("", "null", "none"):
         return None
     value = float(text)
-    return int(value) if value.is_integer() and "." not in text and "e" not in text else value
+    if not math.isfinite(value):
+        return None
+    return int(value) if value.is_integer() and not any(c in text for c in ".eE") else value
 
 
 def result(path, what, impl, value, unit, config, extras):

@@ -40,13 +40,15 @@ trap 'rm -rf "$tmp"' EXIT
 CHECK_COMMIT=abc CHECK_CARD='NVIDIA "H100"' python3 "$j" result "$tmp/r.jsonl" gpt_train cddp 123.5 \
     tokens/s 'batch 16, "quoted"' 'spread=1.0..2.0' pass=true mfu=null || fail "check_json.py result"
 python3 "$j" result "$tmp/r.jsonl" gpt_train torch-eager "" tokens/s "no value" || fail "check_json.py result"
+python3 "$j" result "$tmp/r.jsonl" gpt_train cddp nan tokens/s "a NaN" || fail "check_json.py result"
 python3 - "$tmp/r.jsonl" <<'PYEOF' || fail "results.jsonl's lines"
 import json, sys
-a, b = [json.loads(line) for line in open(sys.argv[1])]
+a, b, c = [json.loads(line) for line in open(sys.argv[1])]
 assert list(a)[:8] == ["date", "commit", "card", "what", "impl", "value", "unit", "config"], list(a)
 assert a["commit"] == "abc" and a["card"] == 'NVIDIA "H100"', a
 assert a["value"] == 123.5 and a["config"] == 'batch 16, "quoted"', a
 assert a["spread"] == "1.0..2.0" and a["pass"] is True and a["mfu"] is None, a
 assert b["value"] is None and b["impl"] == "torch-eager", b
+assert c["value"] is None, c  # JSON has no NaN
 PYEOF
 echo "ok: scripts/gpu shellcheck clean, every step a file, check_json.py reads and writes the check's JSON"
