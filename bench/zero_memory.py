@@ -73,11 +73,11 @@ def main():
                 want = (4 * P, 4 * P if stage < 2 else 4 * P / world,
                         8 * P if stage == 0 else 8 * P / world)
                 got = (j["param_bytes"], j["grad_bytes"], j["optim_state_bytes"])
-                rows.append((world, stage, P, got, want, j["peak_rss_bytes"]))
+                rows.append((world, stage, got, want, j["peak_rss_bytes"]))
     print(f"\n| ranks | stage | parameters MiB | gradients MiB | optimizer MiB | sum MiB "
           f"| formula MiB | off | peak resident MiB (batch 1 x {t}) |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for world, stage, P, got, want, peak in rows:
+    for world, stage, got, want, peak in rows:
         name = "DDP" if stage == 0 else f"ZeRO-{stage}"
         off = (sum(got) - sum(want)) / sum(want) * 100
         print(f"| {world} | {name} | {mib(got[0])} | {mib(got[1])} | {mib(got[2])} "
